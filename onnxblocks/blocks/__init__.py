@@ -1,0 +1,68 @@
+"""Blocks: the model accessor, Block/ForwardBlock, and op blocks."""
+
+from onnxblocks.blocks.accessor import (
+    ModelAccessor,
+    active,
+    base,
+    current,
+    custom_op_libraries,
+    custom_op_library,
+    empty_base,
+)
+from onnxblocks.blocks.block import Block, ForwardBlock
+from onnxblocks.blocks.elementwise import (
+    Abs,
+    Add,
+    Cast,
+    Clip,
+    Div,
+    Exp,
+    Log,
+    Mul,
+    Neg,
+    Op,
+    Pow,
+    Sigmoid,
+    Sqrt,
+    Sub,
+)
+from onnxblocks.blocks.reductions import ReduceAllL2, ReduceMean, ReduceSum
+from onnxblocks.blocks.structural import Constant, InputLike, LabelEncoder, Linear, PassThrough, SequenceConstruct
+from onnxblocks.blocks.value import Value, value
+
+__all__ = [
+    "Abs",
+    "Add",
+    "Block",
+    "Cast",
+    "Clip",
+    "Constant",
+    "Div",
+    "Exp",
+    "ForwardBlock",
+    "InputLike",
+    "LabelEncoder",
+    "Linear",
+    "Log",
+    "ModelAccessor",
+    "Mul",
+    "Neg",
+    "Op",
+    "PassThrough",
+    "Pow",
+    "ReduceAllL2",
+    "ReduceMean",
+    "ReduceSum",
+    "SequenceConstruct",
+    "Sigmoid",
+    "Sqrt",
+    "Sub",
+    "Value",
+    "active",
+    "base",
+    "current",
+    "custom_op_libraries",
+    "custom_op_library",
+    "empty_base",
+    "value",
+]

@@ -1,0 +1,122 @@
+"""Block and ForwardBlock: the units a build is composed of."""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from typing import Any
+
+import onnx
+
+from onnxblocks.blocks.accessor import ModelAccessor, current
+from onnxblocks.blocks.value import as_values
+from onnxblocks.errors import NotBuiltError, preview
+
+
+class Block(ABC):
+    """Base class of everything that adds nodes to the model being built.
+
+    Subclasses implement :meth:`build`, which receives value names and returns
+    the name (or names) of what it produced. Calling a block runs ``build``
+    against the active build (see :func:`onnxblocks.base`); inside ``build``,
+    ``self.base`` is the ModelProto being built and :attr:`accessor` gives the
+    node-adding API.
+
+    A subclass that never calls ``super().__init__()`` still works.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # accepts the reference's temp_file_name
+        self._nodes: list[str] = []
+
+    @abstractmethod
+    def build(self, *args: Any, **kwargs: Any) -> Any:
+        """Add this block's nodes and return the name(s) of its output(s)."""
+
+    @property
+    def accessor(self) -> ModelAccessor:
+        """The accessor of the active build."""
+        return current()
+
+    @property
+    def base(self) -> onnx.ModelProto:
+        """The ModelProto being built (for code that edits the proto directly)."""
+        return current().working_model
+
+    @base.setter
+    def base(self, _model: onnx.ModelProto) -> None:  # the reference assigned it; nothing to do
+        pass
+
+    @property
+    def nodes(self) -> list[str]:
+        """Names of the nodes this block added the last time it was called."""
+        return list(getattr(self, "_nodes", []))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Build this block into the active model and return its output Value(s)."""
+        acc = current()
+        self._check_arity(acc, args, kwargs)
+        graph = acc.working_model.graph
+        start = len(graph.node)
+        acc.block_stack.append(self)
+        args = tuple(as_values(a) if isinstance(a, str) else a for a in args)
+        kwargs = {k: as_values(v) if isinstance(v, str) else v for k, v in kwargs.items()}
+        try:
+            out = self.build(*args, **kwargs)
+        finally:
+            acc.block_stack.pop()
+        self._nodes = [n.name or f"#{start + i}" for i, n in enumerate(list(graph.node)[start:])]
+        self._accessor = acc
+        return as_values(out)
+
+    def _check_arity(self, acc: ModelAccessor, args: tuple, kwargs: dict) -> None:
+        try:
+            signature = inspect.signature(self.build)
+        except (TypeError, ValueError):
+            return
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            params = [p for p in signature.parameters.values() if p.kind not in (p.VAR_KEYWORD,)]
+            required = [p.name for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
+            names = ", ".join(p.name if p.kind is not p.VAR_POSITIONAL else "*" + p.name for p in params)
+            if any(p.kind is p.VAR_POSITIONAL for p in params):
+                count = f"at least {len(required)}"
+            elif len(required) == len(params):
+                count = f"{len(params)}"
+            else:
+                count = f"{len(required)} to {len(params)}"
+            outputs = [o.name for o in acc.working_model.graph.output]
+            raise TypeError(
+                f"{type(self).__name__}.build takes {count} input(s) ({names}) but was called with "
+                f"{len(args)} positional and {len(kwargs)} keyword argument(s) ({exc}). "
+                f"The model's outputs are {preview(outputs)}; pass the ones this block needs."
+            ) from None
+
+
+class ForwardBlock(Block):
+    """A block whose outputs become the graph outputs of a forward model.
+
+    ``build`` returns the name(s) that become the graph outputs (replacing the
+    previous ones). After the block was called, :meth:`to_model_proto` returns the
+    finished model, checked once and loadable by the installed onnxruntime.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().__call__(*args, **kwargs)
+        names = list(out) if isinstance(out, (tuple, list)) else [out]
+        self._accessor.set_outputs([n for n in names if n is not None])
+        self._built = True
+        return out
+
+    def to_model_proto(self) -> onnx.ModelProto:
+        """The forward model this block built.
+
+        Raises:
+            NotBuiltError: if the block has not been called yet.
+        """
+        if not getattr(self, "_built", False):
+            raise NotBuiltError(
+                f"{type(self).__name__} has not been built yet: call it inside "
+                "`with onnxblocks.base(model):` first, then call to_model_proto()."
+            )
+        return self._accessor.finish()
