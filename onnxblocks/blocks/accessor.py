@@ -70,6 +70,14 @@ class ModelAccessor:
         self._inferred_all = False
         self._sync()
 
+    def _repr_html_(self) -> str | None:
+        """Jupyter display: a summary and picture of the model being built."""
+        try:
+            from onnxblocks.display import repr_html
+        except ImportError:
+            return None
+        return repr_html(self)
+
     # ------------------------------------------------------------------ access
     @property
     def model(self) -> onnx.ModelProto:
@@ -192,7 +200,7 @@ class ModelAccessor:
         self._inferred_all = True
         try:
             inferred = onnx.shape_inference.infer_shapes(self._model, strict_mode=False)
-        except Exception:  # noqa: BLE001 - inference is best-effort; checks happen at finish
+        except Exception:
             return
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             if vi.type.WhichOneof("value"):
@@ -296,7 +304,7 @@ class ModelAccessor:
         self.ensure_domain(domain)
         types = self._check_node(node)
         if output_types is not None:
-            types.update({o: t for o, t in zip(out_names, output_types) if t is not None})
+            types.update({o: t for o, t in zip(out_names, output_types, strict=False) if t is not None})
         self._model.graph.node.append(node)
         self._sync()
         self._types.update(types)
@@ -335,7 +343,7 @@ class ModelAccessor:
         try:
             inferred = onnx.shape_inference.infer_node_outputs(schema, node, input_types, opset_imports=[
                 helper.make_opsetid(d, v) for d, v in opsets.items()])
-        except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError and others
+        except Exception as exc:
             described = ", ".join(f"'{i}': {_describe(t)}" for i, t in input_types.items())
             raise TypeError(
                 f"{self.where()}node {node.name} ({node.op_type}) does not accept its inputs ({described}): "
@@ -452,7 +460,7 @@ class ModelAccessor:
 def _describe(t: onnx.TypeProto) -> str:
     if t.WhichOneof("value") == "tensor_type":
         dtype = onnx.TensorProto.DataType.Name(t.tensor_type.elem_type)
-        dims = ["?" if not (d.dim_value or d.dim_param) else (d.dim_value or d.dim_param) for d in t.tensor_type.shape.dim]
+        dims = [d.dim_value or d.dim_param or "?" for d in t.tensor_type.shape.dim]
         return f"{dtype.lower()}{dims}"
     return t.WhichOneof("value") or "unknown"
 

@@ -43,13 +43,21 @@ class Block(ABC):
         return current().working_model
 
     @base.setter
-    def base(self, _model: onnx.ModelProto) -> None:  # the reference assigned it; nothing to do
-        pass
+    def base(self, _model: onnx.ModelProto) -> None:  # noqa: B027 - the reference assigned it; ignored
+        """Ignored: the model is always the active build's."""
 
     @property
     def nodes(self) -> list[str]:
         """Names of the nodes this block added the last time it was called."""
         return list(getattr(self, "_nodes", []))
+
+    def _repr_html_(self) -> str | None:
+        """Jupyter display: the nodes this block added and the model around them."""
+        try:
+            from onnxblocks.display import repr_html
+        except ImportError:
+            return None
+        return repr_html(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build this block into the active model and return its output Value(s)."""
