@@ -42,9 +42,9 @@ class Block(ABC):
         """The ModelProto being built (for code that edits the proto directly)."""
         return current().working_model
 
-    @base.setter
-    def base(self, _model: onnx.ModelProto) -> None:  # noqa: B027 - the reference assigned it; ignored
-        """Ignored: the model is always the active build's."""
+    @base.setter  # noqa: B027
+    def base(self, _model: onnx.ModelProto) -> None:
+        """Ignored (the reference assigned it): the model is always the active build's."""
 
     @property
     def nodes(self) -> list[str]:
