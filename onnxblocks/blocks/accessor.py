@@ -68,6 +68,7 @@ class ModelAccessor:
         self._finished_cache: onnx.ModelProto | None = None
         self.block_stack: list[Any] = []
         self._inferred_all = False
+        self._const_data: dict[str, onnx.TensorProto] = {}
         self._sync()
 
     def _repr_html_(self) -> str | None:
@@ -199,7 +200,7 @@ class ModelAccessor:
         """Run onnx shape inference once over the skeleton and record every type it finds."""
         self._inferred_all = True
         try:
-            inferred = onnx.shape_inference.infer_shapes(self._model, strict_mode=False)
+            inferred = onnx.shape_inference.infer_shapes(self._model, strict_mode=False, data_prop=True)
         except Exception:
             return
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
@@ -333,6 +334,7 @@ class ModelAccessor:
         except onnx.checker.ValidationError as exc:
             raise ValueError(f"{self.where()}node {node.name} ({node.op_type}) is invalid: {exc}") from None
         input_types = {}
+        input_data = {i: self._const_data[i] for i in node.input if i in self._const_data}
         for i in node.input:
             if not i:
                 continue
@@ -341,13 +343,15 @@ class ModelAccessor:
                 return {}
             input_types[i] = t
         try:
-            inferred = onnx.shape_inference.infer_node_outputs(schema, node, input_types, opset_imports=[
-                helper.make_opsetid(d, v) for d, v in opsets.items()])
+            inferred = onnx.shape_inference.infer_node_outputs(
+                schema, node, input_types, input_data=input_data,
+                opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
         except Exception as exc:
             described = ", ".join(f"'{i}': {_describe(t)}" for i, t in input_types.items())
             raise TypeError(
                 f"{self.where()}node {node.name} ({node.op_type}) does not accept its inputs ({described}): "
-                f"{str(exc).strip()}. Cast the inputs to matching types (onnxblocks.blocks.Cast)."
+                f"{str(exc).strip()}. Make the inputs' dtypes and shapes fit the op (e.g. onnxblocks.blocks.Cast "
+                "for dtypes)."
             ) from None
         return {k: v for k, v in inferred.items() if v.WhichOneof("value")}
 
@@ -384,6 +388,7 @@ class ModelAccessor:
         tensor = numpy_helper.from_array(array, self.names.fresh(name_hint + "_value"))
         out = self.op("Constant", [], value=tensor, outputs=[self.names.fresh(name_hint)])
         assert isinstance(out, Value)
+        self._const_data[out] = tensor
         return out
 
     def set_outputs(self, names: Sequence[str]) -> None:
