@@ -1,0 +1,192 @@
+"""What every loss shares: option checks, input checks, target inputs and reductions.
+
+A loss is a :class:`~onnxblocks.blocks.Block` whose ``build`` takes the name of a
+model output (the *input* of the loss) and the name of what it is compared with
+(the *target*, or the *labels* of a classification loss). When the target name is
+not yet a value of the model, the loss creates a graph input of that name; when
+it is (an existing graph input, or any other value), the loss uses it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from onnxblocks.blocks.accessor import ModelAccessor
+from onnxblocks.blocks.block import Block
+from onnxblocks.blocks.value import Value
+
+#: The reductions every loss accepts.
+REDUCTIONS: tuple[str, ...] = ("mean", "sum", "none")
+
+#: Element types a loss input may have.
+FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+
+#: Element types of class-index labels.
+INDEX_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+
+Shape = list[int | str | None]
+
+# Opset from which an op takes ``axes`` as an input instead of an attribute.
+_AXES_AS_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13}
+
+
+def dtype_name(elem_type: int | None) -> str:
+    """The ONNX name of an element type in lower case (``float``, ``int64`` ...)."""
+    if not elem_type:
+        return "unknown"
+    return TensorProto.DataType.Name(elem_type).lower()
+
+
+def check_reduction(owner: str, reduction: str, valid: Sequence[str] = REDUCTIONS) -> str:
+    """Return ``reduction`` if it is one of ``valid``.
+
+    Raises:
+        ValueError: naming the reduction and listing the valid ones.
+    """
+    if reduction not in valid:
+        raise ValueError(
+            f"{owner}: unknown reduction {reduction!r}. Use one of " + ", ".join(repr(r) for r in valid) + "."
+        )
+    return reduction
+
+
+def as_float_array(owner: str, param: str, values: Any) -> np.ndarray | None:
+    """Turn a per-class weight given as a list or array into a 1-D-or-more float64 array (None stays None).
+
+    Raises:
+        ValueError: if the values are not numbers.
+    """
+    if values is None:
+        return None
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{owner}: {param} must be a list or numpy array of numbers, not {type(values).__name__}."
+        ) from None
+    return array
+
+
+def format_shape(shape: Shape | None) -> str:
+    """``[N, 5, ?]`` for a shape with symbolic and unknown dims; ``unknown`` when the rank is unknown."""
+    if shape is None:
+        return "unknown"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+class Loss(Block):
+    """Base class of the losses: holds the reduction and offers shared checks and helpers.
+
+    Args:
+        reduction: How the per-element losses are combined: ``"mean"``, ``"sum"``
+            (both give a scalar) or ``"none"`` (the per-element losses).
+        reductions: The reductions this loss accepts.
+
+    Raises:
+        ValueError: if ``reduction`` is not one of ``reductions``.
+    """
+
+    def __init__(self, reduction: str = "mean", reductions: Sequence[str] = REDUCTIONS) -> None:
+        super().__init__()
+        self._reduction = check_reduction(type(self).__name__, reduction, reductions)
+
+    @property
+    def reduction(self) -> str:
+        """The reduction this loss applies."""
+        return self._reduction
+
+    # ------------------------------------------------------------- checks
+    def _require_float(self, name: str, role: str = "input") -> int | None:
+        """Check that ``name`` exists and holds floating-point values; return its element type.
+
+        Raises:
+            UnknownNameError: if ``name`` is not a value of the model.
+            TypeError: if its element type is known and not a floating-point type.
+        """
+        acc = self.accessor
+        acc.require(name, role=role)
+        elem = acc.elem_type(name)
+        if elem is not None and elem not in FLOAT_TYPES:
+            raise TypeError(
+                f"{acc.where()}{role} '{name}' has dtype {dtype_name(elem)}, but {type(self).__name__} needs "
+                "floating-point values (float, double, float16 or bfloat16). Pass a float output of the model, "
+                f"or cast it first: onnxblocks.blocks.Cast(onnx.TensorProto.FLOAT)('{name}')."
+            )
+        return elem
+
+    def _target_like(self, input_name: str, target_name: str) -> Value:
+        """The target compared with ``input_name``: an existing value, or a new graph input like the input.
+
+        A new input has the input's element type and shape (symbolic dims are kept).
+
+        Raises:
+            TypeError: if an existing target's element type differs from the input's.
+        """
+        acc = self.accessor
+        elem = self._require_float(input_name)
+        if acc.has_value(target_name):
+            target_elem = acc.elem_type(target_name)
+            if elem is not None and target_elem is not None and target_elem != elem:
+                raise TypeError(
+                    f"{acc.where()}target '{target_name}' has dtype {dtype_name(target_elem)} but input "
+                    f"'{input_name}' has dtype {dtype_name(elem)}; they must match. Cast the target first: "
+                    f"onnxblocks.blocks.Cast({elem})('{target_name}'), or pass another target name to create "
+                    "a new graph input."
+                )
+            return Value(target_name)
+        return acc.add_input(target_name, elem or TensorProto.FLOAT, acc.shape_of(input_name))
+
+    # ------------------------------------------------------------- helpers
+    def _const(self, value: Any, like: str, name_hint: str = "loss_const") -> Value:
+        """A constant with the element type of ``like`` (float32 when unknown)."""
+        acc = self.accessor
+        elem = acc.elem_type(like) or TensorProto.FLOAT
+        return acc.constant(value, dtype=helper.tensor_dtype_to_np_dtype(elem), name_hint=name_hint)
+
+    def _reduce(self, per_element: str, name_hint: str, reduction: str | None = None) -> Value:
+        """Apply the reduction to the per-element losses (``none`` returns them as they are)."""
+        reduction = reduction or self._reduction
+        if reduction == "none":
+            return Value(per_element)
+        op_type = "ReduceMean" if reduction == "mean" else "ReduceSum"
+        out = self.accessor.op(op_type, [per_element], keepdims=0, outputs=[self.accessor.names.fresh(name_hint)])
+        assert isinstance(out, Value)
+        return out
+
+
+def axes_op(acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **attributes: Any) -> Value:
+    """Add ``op_type`` (ReduceSum, Squeeze, Unsqueeze) over ``axes``, as an input or an attribute by opset."""
+    version = acc.domain_version("") or 1
+    if version >= _AXES_AS_INPUT_SINCE[op_type]:
+        axes_value = acc.constant(list(axes), dtype=np.int64, name_hint="axes")
+        out = acc.op(op_type, [x, axes_value], **attributes)
+    else:
+        out = acc.op(op_type, [x], axes=list(axes), **attributes)
+    assert isinstance(out, Value)
+    return out
+
+
+def static_dim(acc: ModelAccessor, x: str, axis: int) -> int | None:
+    """The size of ``x`` along ``axis`` when it is a known number, else None."""
+    shape = acc.shape_of(x)
+    if shape is not None and -len(shape) <= axis < len(shape) and isinstance(shape[axis], int):
+        return shape[axis]
+    return None
+
+
+def dim_size(acc: ModelAccessor, x: str, axis: int, like: str) -> Value:
+    """The size of ``x`` along ``axis`` as a scalar of ``like``'s element type (a constant when static)."""
+    elem = acc.elem_type(like) or TensorProto.FLOAT
+    size = static_dim(acc, x, axis)
+    if size is not None:
+        return acc.constant(size, dtype=helper.tensor_dtype_to_np_dtype(elem), name_hint="dim")
+    dims = acc.op("Shape", [x])
+    index = acc.constant(axis, dtype=np.int64, name_hint="axis")
+    size = acc.op("Gather", [dims, index], axis=0)
+    out = acc.op("Cast", [size], to=elem)
+    assert isinstance(out, Value)
+    return out

@@ -1,0 +1,230 @@
+"""What the class-index losses (cross entropy, NLL) share: the class axis, labels, and the weighted NLL.
+
+Layout: the scores (logits or log-probabilities) have a *class axis*. By default it
+is axis 1, as in torch: ``[N, C]`` or ``[N, C, d1, d2, ...]``. Sequence models
+whose classes are the last axis (``[B, T, V]``) pass ``class_axis=-1``. The labels
+have the scores' shape without the class axis and hold class indices (int64 by
+default). A 1-D score vector ``[C]`` is one unbatched example whose label is a
+scalar, whatever ``class_axis`` says (as in torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from onnxblocks.blocks.value import Value
+from onnxblocks.losses._base import (
+    FLOAT_TYPES,
+    INDEX_TYPES,
+    Loss,
+    Shape,
+    as_float_array,
+    axes_op,
+    dim_size,
+    dtype_name,
+    format_shape,
+    static_dim,
+)
+
+
+def shapes_fit(expected: Shape | None, actual: Shape | None) -> bool:
+    """False only when two shapes certainly differ (rank, or two static dims)."""
+    if expected is None or actual is None:
+        return True
+    if len(expected) != len(actual):
+        return False
+    pairs = zip(expected, actual, strict=True)
+    return not any(isinstance(e, int) and isinstance(a, int) and e != a for e, a in pairs)
+
+
+class ClassLoss(Loss):
+    """Base of losses over class scores with class-index labels.
+
+    Args:
+        weight: Weight of each class, shape ``[C]`` (list or numpy array), a constant
+            of the graph. None: every class weighs 1.
+        reduction: ``"mean"`` (weighted mean over the non-ignored labels), ``"sum"`` or ``"none"``.
+        ignore_index: A label value that contributes neither to the loss nor to the
+            mean's denominator. None (default): no label is ignored.
+        class_axis: The axis of the scores that holds the classes (1 by default, as
+            torch; -1 for ``[B, T, V]`` sequence logits).
+
+    Raises:
+        ValueError: if ``reduction`` is unknown or ``weight`` is not a 1-D numeric array.
+        TypeError: if ``ignore_index`` or ``class_axis`` is not an int.
+    """
+
+    #: Name hint of the loss output.
+    _name_hint = "class_loss"
+
+    def __init__(
+        self, weight: Any = None, reduction: str = "mean", ignore_index: int | None = None, class_axis: int = 1
+    ) -> None:
+        super().__init__(reduction)
+        owner = type(self).__name__
+        self._weight = as_float_array(owner, "weight", weight)
+        if self._weight is not None and self._weight.ndim != 1:
+            raise ValueError(
+                f"{owner}: weight must be 1-D, one value per class, but has shape {list(self._weight.shape)}."
+            )
+        if ignore_index is not None and not isinstance(ignore_index, (int, np.integer)):
+            raise TypeError(f"{owner}: ignore_index must be an int or None, not {type(ignore_index).__name__}.")
+        if not isinstance(class_axis, (int, np.integer)):
+            raise TypeError(f"{owner}: class_axis must be an int, not {type(class_axis).__name__}.")
+        self._ignore_index = None if ignore_index is None else int(ignore_index)
+        self._class_axis = int(class_axis)
+
+    # ------------------------------------------------------------ layout
+    def _axis(self, scores: str) -> int:
+        """The class axis of ``scores``, normalized to be >= 0 when the rank is known.
+
+        Raises:
+            ValueError: if the scores are scalars or the axis is out of range.
+        """
+        acc = self.accessor
+        shape = acc.shape_of(scores)
+        if shape is None:
+            return self._class_axis
+        rank = len(shape)
+        if rank == 0:
+            raise ValueError(
+                f"{acc.where()}scores '{scores}' are a scalar; {type(self).__name__} needs class scores of "
+                "shape [C], [N, C] or [N, C, d1, ...]."
+            )
+        if rank == 1:
+            return 0
+        if not -rank <= self._class_axis < rank:
+            raise ValueError(
+                f"{acc.where()}class_axis={self._class_axis} is out of range for scores '{scores}' of shape "
+                f"{format_shape(shape)}. Use an axis in [{-rank}, {rank - 1}] (1 for [N, C, ...], -1 for [B, T, V])."
+            )
+        return self._class_axis % rank
+
+    def _check_weight(self, scores: str, axis: int) -> None:
+        shape = self.accessor.shape_of(scores)
+        if self._weight is None or shape is None or not isinstance(shape[axis], int):
+            return
+        if self._weight.shape[0] != shape[axis]:
+            raise ValueError(
+                f"{self.accessor.where()}weight has {self._weight.shape[0]} values but scores '{scores}' of shape "
+                f"{format_shape(shape)} have {shape[axis]} classes on axis {axis}. Give one weight per class."
+            )
+
+    def _labels(
+        self, scores: str, labels_name: str, axis: int, allow_probabilities: bool = False
+    ) -> tuple[Value, bool]:
+        """The labels: an existing value (checked), or a new int64 graph input.
+
+        Returns:
+            ``(labels, are_probabilities)``; probabilities are float labels shaped like
+            the scores (only when ``allow_probabilities``).
+
+        Raises:
+            ValueError: if the labels' shape does not fit the scores'.
+            TypeError: if the labels' dtype is neither an index type nor (when allowed) the scores' float type.
+        """
+        acc = self.accessor
+        shape = acc.shape_of(scores)
+        expected = None if shape is None or axis < 0 else shape[:axis] + shape[axis + 1:]
+        if not acc.has_value(labels_name):
+            return acc.add_input(labels_name, TensorProto.INT64, expected), False
+        labels = Value(labels_name)
+        elem = acc.elem_type(labels_name)
+        actual = acc.shape_of(labels_name)
+        if allow_probabilities and elem in FLOAT_TYPES and shapes_fit(shape, actual):
+            scores_elem = acc.elem_type(scores)
+            if scores_elem is not None and elem != scores_elem:
+                raise TypeError(
+                    f"{acc.where()}probability labels '{labels_name}' have dtype {dtype_name(elem)} but scores "
+                    f"'{scores}' have dtype {dtype_name(scores_elem)}; cast the labels to {dtype_name(scores_elem)}."
+                )
+            if self._ignore_index is not None:
+                raise ValueError(
+                    f"{acc.where()}ignore_index applies to class-index labels only, but labels '{labels_name}' are "
+                    "float class probabilities. Leave ignore_index=None, or pass int64 class indices."
+                )
+            return labels, True
+        if elem is not None and elem not in INDEX_TYPES:
+            probs = (f" or float class probabilities of the scores' shape {format_shape(shape)}"
+                     if allow_probabilities else "")
+            raise TypeError(
+                f"{acc.where()}labels '{labels_name}' have dtype {dtype_name(elem)}; {type(self).__name__} needs "
+                f"int64 (or int32) class indices{probs}. Cast them: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."
+            )
+        if not shapes_fit(expected, actual):
+            raise ValueError(
+                f"{acc.where()}labels '{labels_name}' have shape {format_shape(actual)}, but scores '{scores}' of "
+                f"shape {format_shape(shape)} need labels of shape {format_shape(expected)} (the scores' shape "
+                f"without the class axis {axis}). Pass labels of that shape, or set class_axis to the axis that "
+                "holds the classes (class_axis=-1 for [batch, sequence, classes] scores)."
+            )
+        return labels, False
+
+    def _weight_const(self, like: str, shape: list[int] | None = None) -> Value:
+        assert self._weight is not None
+        array = self._weight if shape is None else self._weight.reshape(shape)
+        return self._const(array, like, "class_weight")
+
+    def _class_weight_broadcast(self, scores: str, axis: int) -> Value:
+        """The class weights shaped ``[C, 1, ..., 1]`` so that they broadcast along ``axis`` of the scores.
+
+        Raises:
+            ValueError: if the class axis is not the last one and the scores' rank is unknown.
+        """
+        assert self._weight is not None
+        shape = self.accessor.shape_of(scores)
+        if axis == -1 or (shape is not None and axis == len(shape) - 1):
+            return self._weight_const(scores)
+        if shape is None or axis < 0:
+            raise ValueError(
+                f"{self.accessor.where()}scores '{scores}' have an unknown rank, so the class weights cannot be "
+                "broadcast along the class axis. Give the scores a known rank (e.g. with a value_info or a typed "
+                "graph output), or use class_axis=-1."
+            )
+        return self._weight_const(scores, [-1] + [1] * (len(shape) - 1 - axis))
+
+    # ------------------------------------------------------------ the loss
+    def _weighted_nll(self, log_probs: str, labels: str, axis: int, label_smoothing: float = 0.0) -> Value:
+        """Weighted negative log-likelihood (with optional label smoothing), reduced, from ops ORT differentiates.
+
+        Per element ``i`` with label ``y_i``, weight ``w_i = weight[y_i]`` (0 when ignored)::
+
+            nll_i    = -w_i * log_probs[i, y_i]
+            smooth_i = -sum_c weight[c] * log_probs[i, c]          (0 when ignored)
+            loss_i   = (1 - eps) * nll_i + eps / C * smooth_i
+
+        "mean" divides the sum by ``sum_i w_i`` (the count of non-ignored labels when unweighted).
+        """
+        acc = self.accessor
+        elem = acc.elem_type(log_probs) or TensorProto.FLOAT
+        label_dtype = helper.tensor_dtype_to_np_dtype(acc.elem_type(labels) or TensorProto.INT64)
+        mask = None
+        safe = Value(labels)
+        if self._ignore_index is not None:
+            ignored = acc.constant(self._ignore_index, dtype=label_dtype, name_hint="ignore_index")
+            keep = acc.op("Not", [acc.op("Equal", [labels, ignored])])
+            safe = acc.op("Where", [keep, labels, acc.constant(0, dtype=label_dtype, name_hint="zero_label")])
+            mask = acc.op("Cast", [keep], to=elem)
+        index = axes_op(acc, "Unsqueeze", safe, [axis])
+        picked = axes_op(acc, "Squeeze", acc.op("GatherElements", [log_probs, index], axis=axis), [axis])
+        weight_i = mask
+        if self._weight is not None:
+            weight_i = acc.op("Gather", [self._weight_const(log_probs), safe], axis=0)
+            if mask is not None:
+                weight_i = weight_i * mask
+        per_element = -picked if weight_i is None else -(picked * weight_i)
+        if label_smoothing > 0:
+            weighted = log_probs if self._weight is None else log_probs * self._class_weight_broadcast(log_probs, axis)
+            smooth = -axes_op(acc, "ReduceSum", weighted, [axis], keepdims=0)
+            if mask is not None:
+                smooth = smooth * mask
+            classes = static_dim(acc, log_probs, axis) or dim_size(acc, log_probs, axis, log_probs)
+            per_element = (1 - label_smoothing) * per_element + (label_smoothing / classes) * smooth
+        if self.reduction != "mean" or weight_i is None:
+            return self._reduce(per_element, self._name_hint)
+        total = acc.op("ReduceSum", [per_element], keepdims=0)
+        denominator = acc.op("ReduceSum", [weight_i], keepdims=0)
+        return acc.op("Div", [total, denominator], outputs=[acc.names.fresh(self._name_hint)])  # type: ignore[return-value]
