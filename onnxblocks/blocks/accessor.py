@@ -122,7 +122,11 @@ class ModelAccessor:
 
     # ------------------------------------------------------------ value table
     def _sync(self) -> None:
-        """Index graph entries appended since the last call (also by code that edits the proto)."""
+        """Index graph entries appended since the last call (also by code that edits the proto).
+
+        Only the new entries are visited (slicing a repeated field copies just the
+        slice), so a block that adds k nodes to an N-node graph costs O(k), not O(N).
+        """
         g = self._model.graph
         fields = {"input": g.input, "initializer": g.initializer, "node": g.node, "value_info": g.value_info,
                   "output": g.output}
@@ -130,23 +134,23 @@ class ModelAccessor:
             self._types.clear()
             self._defined.clear()
             self._seen = dict.fromkeys(self._seen, 0)
-        for vi in list(g.input)[self._seen["input"]:]:
+        for vi in g.input[self._seen["input"]:]:
             self._defined.add(vi.name)
             self.names.reserve(vi.name)
             if vi.type.WhichOneof("value"):
                 self._types[vi.name] = vi.type
-        for init in list(g.initializer)[self._seen["initializer"]:]:
+        for init in g.initializer[self._seen["initializer"]:]:
             self._defined.add(init.name)
             self.names.reserve(init.name)
             self._types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-        for node in list(g.node)[self._seen["node"]:]:
+        for node in g.node[self._seen["node"]:]:
             if node.name:
                 self.names.reserve(node.name)
             for out in node.output:
                 if out:
                     self._defined.add(out)
                     self.names.reserve(out)
-        for vi in list(g.value_info)[self._seen["value_info"]:] + list(g.output)[self._seen["output"]:]:
+        for vi in g.value_info[self._seen["value_info"]:] + g.output[self._seen["output"]:]:
             self.names.reserve(vi.name)
             if vi.type.WhichOneof("value"):
                 self._types.setdefault(vi.name, vi.type)
