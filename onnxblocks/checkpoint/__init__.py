@@ -1,0 +1,18 @@
+"""ONNX Runtime training checkpoints, written and read by onnxblocks (streaming large parameters).
+
+See :mod:`onnxblocks.checkpoint.format` for the file format.
+"""
+
+from onnxblocks.checkpoint.format import CheckpointFormatError
+from onnxblocks.checkpoint.load import Checkpoint, load_checkpoint, load_checkpoint_to_model
+from onnxblocks.checkpoint.save import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path, save_checkpoint
+
+__all__ = [
+    "DEFAULT_EXTERNAL_DATA_THRESHOLD",
+    "Checkpoint",
+    "CheckpointFormatError",
+    "external_data_path",
+    "load_checkpoint",
+    "load_checkpoint_to_model",
+    "save_checkpoint",
+]

@@ -1,0 +1,278 @@
+"""Saving models whose weights are held aside, streaming their bytes; atomic file writes.
+
+:func:`save_model` writes a model in which large initializers are onnxblocks
+stubs (see :mod:`onnxblocks.blocks.weights`) or large inline tensors: their
+bytes are streamed in bounded chunks into one external data file beside the
+model, and the saved initializers point at it with locations relative to the
+model's directory. Nothing is written in place: files are written to temporary
+names in the target directory and moved over the targets only when complete
+(:func:`atomic_outputs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import onnx
+from onnx import numpy_helper
+
+from onnxblocks import _limits
+from onnxblocks.blocks import weights as _weights
+
+__all__ = ["atomic_outputs", "load_model", "save_model", "tensor_chunks"]
+
+#: Inline initializers of at least this many bytes go to the external data file by default.
+DEFAULT_EXTERNAL_DATA_THRESHOLD = 1024
+#: Tensors of at least this size start on a page boundary in the data file, so runtimes can memory-map them.
+_PAGE_ALIGN_FROM = 1024 * 1024
+_PAGE = 4096
+_SMALL_ALIGN = 64
+
+
+@contextlib.contextmanager
+def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
+    """Write several files so that each appears complete or not at all.
+
+    Yields one temporary path per target, in the target's directory. When the
+    ``with`` block ends normally each temporary file is moved over its target
+    (``os.replace``), in the order given, so put the file that refers to the
+    others last. When it raises, every temporary file is removed and the
+    targets are left as they were.
+
+    Raises:
+        FileNotFoundError: if a target's directory does not exist.
+    """
+    finals = [Path(os.fspath(t)) for t in targets]
+    for final in finals:
+        if not final.parent.is_dir():
+            raise FileNotFoundError(
+                f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it first."
+            )
+    temps = [f.parent / f".{f.name}.{secrets.token_hex(6)}.tmp" for f in finals]
+    try:
+        for temp in temps:
+            with open(temp, "xb"):  # created with the user's umask, unlike mkstemp's 0600
+                pass
+        yield temps
+        for temp, final in zip(temps, finals, strict=True):
+            os.replace(temp, final)
+    except BaseException:
+        for temp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+        raise
+
+
+def tensor_chunks(
+    tensor: onnx.TensorProto | _weights.TensorSource,
+    base_dir: str | os.PathLike | None = None,
+    chunk_bytes: int = _weights.CHUNK_BYTES,
+) -> Iterator[bytes]:
+    """Yield a tensor's little-endian bytes in pieces of at most ``chunk_bytes``.
+
+    Accepts a :class:`~onnxblocks.blocks.weights.TensorSource`, an inline
+    TensorProto (raw or typed fields), or a TensorProto with external data whose
+    location is relative to ``base_dir``.
+
+    Raises:
+        ValueError: for an onnxblocks stub, external data without ``base_dir``, or string tensors.
+    """
+    if isinstance(tensor, _weights.TensorSource):
+        yield from tensor.chunks(chunk_bytes)
+        return
+    if _weights.is_stub(tensor):
+        raise ValueError(
+            f"Tensor '{tensor.name}' is an onnxblocks stub (its bytes are held by a build). Pass the build's "
+            "weights (accessor.weights) or its TensorSource instead."
+        )
+    if tensor.data_type == onnx.TensorProto.STRING:
+        raise ValueError(f"Tensor '{tensor.name}' holds strings, which cannot be streamed as raw bytes.")
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if base_dir is None:
+            raise ValueError(
+                f"Tensor '{tensor.name}' keeps its data in the external file "
+                f"'{_weights.external_info(tensor).get('location', '')}', but the directory it is relative to is "
+                "unknown. Pass base_dir= (the directory of the .onnx file it came from)."
+            )
+        store = _weights.WeightStore()
+        store.hold(tensor, base_dir)
+        yield from store.source(tensor.name).chunks(chunk_bytes)
+        return
+    if tensor.HasField("raw_data"):
+        data = memoryview(tensor.raw_data)
+    else:
+        array = numpy_helper.to_array(tensor)
+        data = memoryview(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+    for start in range(0, len(data), chunk_bytes):
+        yield bytes(data[start : start + chunk_bytes])
+
+
+def _nbytes(tensor: onnx.TensorProto | _weights.TensorSource) -> int:
+    if isinstance(tensor, _weights.TensorSource):
+        return tensor.nbytes
+    return _weights.tensor_nbytes(tensor)
+
+
+def write_aligned(out: BinaryIO, chunks: Iterable[bytes], expected: int, name: str) -> int:
+    """Append ``chunks`` to ``out`` at an aligned offset; return the offset.
+
+    Raises:
+        ValueError: if the chunks do not add up to ``expected`` bytes.
+    """
+    align = _PAGE if expected >= _PAGE_ALIGN_FROM else _SMALL_ALIGN
+    position = out.tell()
+    padding = -position % align
+    if padding:
+        out.write(b"\0" * padding)
+        position += padding
+    written = 0
+    for chunk in chunks:
+        out.write(chunk)
+        written += len(chunk)
+    if written != expected:
+        raise ValueError(
+            f"Tensor '{name}' produced {written} bytes but its dims and element type need {expected}. "
+            "Its data does not match its shape; fix the tensor."
+        )
+    return position
+
+
+def _check_location(location: str) -> str:
+    path = Path(location)
+    if path.is_absolute() or ".." in path.parts or not location or location.endswith(("/", "\\")):
+        raise ValueError(
+            f"location={location!r} must be a file name relative to the model's directory, inside it "
+            "(no absolute path, no '..')."
+        )
+    return path.as_posix()
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst``, except the field ``skip``."""
+    for descriptor, value in src.ListFields():
+        if descriptor.name == skip:
+            continue
+        if descriptor.is_repeated:
+            getattr(dst, descriptor.name).extend(value)
+        elif descriptor.message_type is not None:
+            getattr(dst, descriptor.name).CopyFrom(value)
+        else:
+            setattr(dst, descriptor.name, value)
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph has no initializers (those are added one by one)."""
+    out = onnx.ModelProto()
+    _copy_fields(model, out, skip="graph")
+    _copy_fields(model.graph, out.graph, skip="initializer")
+    return out
+
+
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    weights: _weights.WeightStore | Mapping[str, _weights.TensorSource] | None = None,
+    *,
+    external_data_threshold: int = DEFAULT_EXTERNAL_DATA_THRESHOLD,
+    location: str | None = None,
+    base_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Save ``model`` to ``path``, streaming large initializers into one external data file.
+
+    Held stubs are resolved from ``weights``; inline initializers of at least
+    ``external_data_threshold`` bytes and initializers already stored externally
+    are copied too, in bounded chunks. Smaller initializers stay inline. The
+    model is stamped with an IR version the installed ONNX Runtime loads. The
+    caller's model is not changed.
+
+    Args:
+        model: The model, e.g. ``accessor.working_model`` of a build.
+        path: The ``.onnx`` file to write.
+        weights: Where stubs' bytes are: a WeightStore (``accessor.weights``) or a
+            mapping from name to TensorSource.
+        external_data_threshold: Inline initializers of at least this many bytes
+            go to the data file; 0 moves every non-empty one.
+        location: Name of the data file, relative to the model's directory;
+            default ``<model file name>.data``.
+        base_dir: Directory that existing external-data locations in ``model`` are
+            relative to (where it was loaded from).
+
+    Returns:
+        The path of the data file, or of the model when nothing went external.
+
+    Raises:
+        ValueError: for a stub ``weights`` does not know, a bad ``location``, or
+            external data without ``base_dir``.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"save_model() takes an onnx.ModelProto, not {type(model).__name__}.")
+    target = Path(os.fspath(path))
+    data_location = _check_location(location if location is not None else target.name + ".data")
+    data_path = target.parent / data_location
+    if data_path.resolve() == target.resolve():
+        raise ValueError(f"location={data_location!r} is the model file itself; choose another name.")
+
+    def source_of(init: onnx.TensorProto) -> onnx.TensorProto | _weights.TensorSource | None:
+        if _weights.is_stub(init):
+            if weights is None or init.name not in weights:
+                raise ValueError(
+                    f"Initializer '{init.name}' is a held stub but weights= does not know it. Pass the build's "
+                    "weights (accessor.weights), or save the finished model (block.to_model_proto())."
+                )
+            return weights.source(init.name) if isinstance(weights, _weights.WeightStore) else weights[init.name]
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            return init
+        if init.data_type != onnx.TensorProto.STRING and _weights.tensor_nbytes(init) >= external_data_threshold \
+                and _weights.tensor_nbytes(init) > 0:
+            return init
+        return None
+
+    plan = [(init, source_of(init)) for init in model.graph.initializer]
+    out = _skeleton(model)
+    external = [(init, src) for init, src in plan if src is not None]
+    with atomic_outputs(*([data_path] if external else []), target) as temps:
+        offsets: dict[str, tuple[int, int]] = {}
+        if external:
+            with open(temps[0], "wb") as data:
+                for init, src in external:
+                    assert src is not None
+                    size = _nbytes(src)
+                    offset = write_aligned(data, tensor_chunks(src, base_dir), size, init.name)
+                    offsets[init.name] = (offset, size)
+        for init, src in plan:
+            if src is None:
+                out.graph.initializer.append(init)
+                continue
+            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+            if init.doc_string:
+                stub.doc_string = init.doc_string
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            offset, size = offsets[init.name]
+            for key, value in (("location", data_location), ("offset", str(offset)), ("length", str(size))):
+                entry = stub.external_data.add()
+                entry.key, entry.value = key, value
+            out.graph.initializer.append(stub)
+        _limits.stamp_versions(out)
+        with open(temps[-1], "wb") as f:
+            f.write(out.SerializeToString())
+    return data_path if external else target
+
+
+def load_model(path: str | os.PathLike, load_external_data: bool = False) -> onnx.ModelProto:
+    """Load a model file, by default leaving external data on disk.
+
+    Open a build on it with ``onnxblocks.base(model, model_path=path)``; its
+    large weights are then read in chunks only when needed.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    resolved = Path(os.fspath(path))
+    if not resolved.is_file():
+        raise FileNotFoundError(f"Model file '{resolved}' does not exist.")
+    return onnx.load(os.fspath(resolved), load_external_data=load_external_data)

@@ -1,0 +1,167 @@
+"""AdamW: the optimizer model and the single-node update block.
+
+``mode="torch"`` (the default) matches ``torch.optim.AdamW``; per step ``t``,
+with gradient ``g``::
+
+    w  = w - lr * weight_decay * w                      # decoupled decay, first
+    m1 = beta1 * m1 + (1 - beta1) * g
+    m2 = beta2 * m2 + (1 - beta2) * g**2
+    w  = w - lr / (1 - beta1**t) * m1 / (sqrt(m2) / sqrt(1 - beta2**t) + eps)
+
+``mode="hf"`` matches Hugging Face's (older ``transformers``) AdamW, which
+puts ``eps`` outside the bias correction and decays after the update::
+
+    m1, m2 as above
+    step_size = lr * sqrt(1 - beta2**t) / (1 - beta1**t)   # lr without bias_correction
+    w  = w - step_size * m1 / (sqrt(m2) + eps)
+    w  = w - lr * weight_decay * w                      # decay, last
+
+Both run ONNX Runtime's ``AdamWOptimizer`` op (``adam_mode`` 0 and 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from onnxblocks.blocks.block import Block
+from onnxblocks.blocks.value import Value
+from onnxblocks.optim import contrib
+from onnxblocks.optim.base import FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, Optimizer
+from onnxblocks.optim.clip import ClipGradNorm
+
+#: ``mode`` → the op's ``adam_mode`` attribute.
+ADAM_MODES = {"torch": 0, "hf": 1}
+
+
+def _check_hyperparameters(betas: Any, eps: float, weight_decay: float) -> tuple[float, float]:
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ValueError(f"AdamW betas must be a pair (beta1, beta2), got {betas!r}.")
+    for i, beta in enumerate(betas):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+            raise ValueError(f"AdamW betas[{i}] must be a number in [0, 1), got {beta!r}.")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"AdamW eps must be a finite number >= 0, got {eps!r}.")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not (
+        math.isfinite(weight_decay) and weight_decay >= 0
+    ):
+        raise ValueError(f"AdamW weight_decay must be a finite number >= 0, got {weight_decay!r}.")
+    return float(betas[0]), float(betas[1])
+
+
+class AdamWUpdate(Block):
+    """One ``AdamWOptimizer`` node: update parameter and moment sequences in place.
+
+    Args:
+        bias_correction: Divide the moments by ``1 - beta**t``. Must be True in torch mode.
+        betas: ``(beta1, beta2)``, the moments' decay rates.
+        eps: Added to the denominator for numerical stability.
+        weight_decay: Decoupled weight decay coefficient.
+        mode: ``"torch"`` (torch.optim.AdamW) or ``"hf"`` (Hugging Face AdamW); see the module docs.
+
+    Raises:
+        ValueError: for an unknown mode, out-of-range hyperparameters, or
+            ``bias_correction=False`` in torch mode (ONNX Runtime's kernel refuses it).
+    """
+
+    def __init__(
+        self,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        mode: str = "torch",
+    ) -> None:
+        super().__init__()
+        if mode not in ADAM_MODES:
+            raise ValueError(f"AdamW mode must be one of {sorted(ADAM_MODES)}, got {mode!r}.")
+        if mode == "torch" and not bias_correction:
+            raise ValueError(
+                "AdamW(mode='torch') always corrects the moments' bias, as torch.optim.AdamW does; ONNX Runtime's "
+                "kernel refuses bias_correction=False in this mode. Use mode='hf' for an AdamW without bias "
+                "correction."
+            )
+        self.betas = _check_hyperparameters(betas, eps, weight_decay)
+        self.bias_correction = bool(bias_correction)
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        self.mode = mode
+
+    def attributes(self) -> dict[str, float | int]:
+        """The ``AdamWOptimizer`` attributes this block writes."""
+        return {
+            "alpha": self.betas[0],
+            "beta": self.betas[1],
+            "epsilon": self.eps,
+            "weight_decay": self.weight_decay,
+            "correct_bias": int(self.bias_correction),
+            "adam_mode": ADAM_MODES[self.mode],
+        }
+
+    def build(
+        self,
+        learning_rate: str,
+        step: str,
+        params: str,
+        gradients: str,
+        first_order_moments: str,
+        second_order_moments: str,
+    ) -> Value:
+        """Add the update node and return its bool ``[1]`` updated flag."""
+        acc = self.accessor
+        inputs = [learning_rate, step, params, gradients, first_order_moments, second_order_moments]
+        flag = acc.names.fresh("adamw.updated_flag")
+        out = contrib.ADAMW_OPTIMIZER.emit(inputs, outputs=[flag], **self.attributes())
+        assert isinstance(out, Value)
+        return out
+
+
+class AdamW(Optimizer):
+    """The AdamW optimizer model for ONNX Runtime's training API.
+
+    Defaults follow ``torch.optim.AdamW``. Example::
+
+        with onnxblocks.empty_base():
+            optimizer = onnxblocks.optim.AdamW(weight_decay=0.01)
+            optimizer((trainable_params, frozen_params))
+        optimizer_model = optimizer.to_model_proto()
+
+    Args:
+        bias_correction: Correct the moments' bias (torch mode always does).
+        betas: ``(beta1, beta2)``.
+        eps: Denominator term for numerical stability.
+        weight_decay: Decoupled weight decay coefficient.
+        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or None.
+        mode: ``"torch"`` (``adam_mode=0``, torch.optim.AdamW) or ``"hf"`` (``adam_mode=1``,
+            Hugging Face AdamW, which is what ``onnxruntime.training.onnxblock.optim.AdamW`` emits).
+
+    Raises:
+        ValueError: for bad hyperparameters, see :class:`AdamWUpdate`.
+    """
+
+    state_inputs = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)
+
+    def __init__(
+        self,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        clip_grad: ClipGradNorm | float | None = None,
+        mode: str = "torch",
+    ) -> None:
+        super().__init__(clip_grad)
+        self.step_block = AdamWUpdate(bias_correction, betas, eps, weight_decay, mode)
+
+    def update(
+        self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]
+    ) -> Value:
+        """Add the AdamW update and return its flag."""
+        return self.step_block(learning_rate, step, params, gradients, states[0], states[1])
+
+    def __repr__(self) -> str:
+        s = self.step_block
+        return (
+            f"AdamW(bias_correction={s.bias_correction}, betas={s.betas}, eps={s.eps}, "
+            f"weight_decay={s.weight_decay}, clip_grad={self.clip_grad!r}, mode={s.mode!r})"
+        )
