@@ -1,0 +1,84 @@
+"""Gradient accumulation: the graph contract ONNX Runtime's training API ``Module`` expects.
+
+For each trainable parameter ``p`` the training model has:
+
+* an input ``p_grad.accumulation.buffer`` (same type and shape as ``p``): the
+  buffer ``Module`` keeps the gradient in;
+* an ``InPlaceAccumulatorV2`` node (com.microsoft) that adds ``p_grad`` into the
+  buffer, or overwrites it when ``lazy_reset_grad`` is true;
+* an output ``p_grad.accumulation.out`` (bool ``[1]``): the node's "updated" flag.
+
+and one more input, ``lazy_reset_grad`` (bool ``[1]``), after every buffer.
+``Module`` recognises buffers by their suffix and ``lazy_reset_grad`` by its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+from onnx import helper
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+#: Name of the bool input that makes the accumulators overwrite instead of add.
+LAZY_RESET_GRAD = "lazy_reset_grad"
+#: The op that accumulates a gradient in place, and its domain.
+ACCUMULATOR_OP = ("InPlaceAccumulatorV2", _limits.MS_DOMAIN)
+
+
+def gradient_name(name: str) -> str:
+    """Name of the gradient of ``name``: ``<name>_grad``."""
+    return f"{name}_grad"
+
+
+def buffer_name(param: str) -> str:
+    """Name of the accumulation buffer input of a parameter: ``<param>_grad.accumulation.buffer``."""
+    return f"{gradient_name(param)}.accumulation.buffer"
+
+
+def accumulated_name(param: str) -> str:
+    """Name of the accumulator's flag output of a parameter: ``<param>_grad.accumulation.out``."""
+    return f"{gradient_name(param)}.accumulation.out"
+
+
+def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]]) -> None:
+    """Accumulate the gradient of each parameter in a buffer, in place.
+
+    The ``<param>_grad`` graph outputs are replaced by ``<param>_grad.accumulation.out``
+    (other outputs keep their place), the buffer inputs are appended in the order of
+    ``params``, then ``lazy_reset_grad``.
+
+    Args:
+        model: A training model whose outputs include ``<param>_grad`` for each parameter.
+        params: ``(name, element type, dims)`` of each trainable parameter, in input order.
+
+    Raises:
+        ValueError: if a parameter's gradient is not a graph output.
+    """
+    graph = model.graph
+    outputs = {o.name: i for i, o in enumerate(graph.output)}
+    op_type, domain = ACCUMULATOR_OP
+    names = _graph.name_authority(graph)
+    for name, elem_type, dims in params:
+        grad = gradient_name(name)
+        if grad not in outputs:
+            raise ValueError(
+                f"The training model has no gradient output '{grad}' for trainable parameter '{name}'."
+            )
+        graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
+        graph.node.append(
+            helper.make_node(
+                op_type,
+                [buffer_name(name), grad, LAZY_RESET_GRAD],
+                [accumulated_name(name)],
+                name=names.fresh("GradientAccumulator"),
+                domain=domain,
+            )
+        )
+        graph.output[outputs[grad]].CopyFrom(
+            helper.make_tensor_value_info(accumulated_name(name), onnx.TensorProto.BOOL, [1])
+        )
+    graph.input.append(helper.make_tensor_value_info(LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [1]))
+    _limits.ensure_opset(model, _limits.MS_DOMAIN, _limits.MS_OPSET)

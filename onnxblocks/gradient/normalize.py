@@ -1,0 +1,242 @@
+"""Graph normalisation passes that run before ONNX Runtime builds the gradient.
+
+Each pass rewrites a pattern that ONNX Runtime's gradient builder cannot handle
+into an equivalent one it can, in place on the working copy of the model, and
+returns how many nodes it rewrote. The forward values are unchanged, so the
+eval model and the training model compute the same thing as the original.
+
+===================================  =====================================================
+pass                                 why
+===================================  =====================================================
+:func:`expose_layer_norm_statistics` LayerNormalization's gradient needs its mean and
+                                     inverse std-dev outputs; exporters emit one output.
+:func:`split_to_sequence_as_split`   The dynamo exporter's ``SplitToSequence`` +
+                                     ``SequenceAt`` has no gradient ("unreachable").
+:func:`cast_like_as_cast`            ``CastLike`` has no gradient builder; ``Cast`` has.
+:func:`gelu_as_contrib_gelu`         ai.onnx ``Gelu`` (opset 20) has no gradient builder;
+                                     the com.microsoft ``Gelu``/``FastGelu`` have.
+===================================  =====================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxblocks import _limits
+from onnxblocks.blocks.naming import NameAuthority
+from onnxblocks.gradient import _graph
+
+Pass = Callable[[onnx.ModelProto], int]
+
+# op type -> number of outputs the gradient needs (Y, mean, inv_std_dev) / (Y, inv_std_dev)
+_NORM_OUTPUTS = {"LayerNormalization": 3, "SimplifiedLayerNormalization": 2}
+
+
+def expose_layer_norm_statistics(model: onnx.ModelProto) -> int:
+    """Give every LayerNormalization the optional outputs its gradient reads.
+
+    ``LayerNormalization`` (ai.onnx or com.microsoft) gets its ``Mean`` and
+    ``InvStdDev`` outputs, ``SimplifiedLayerNormalization`` its ``inv_std_var``.
+    The new outputs have fresh names and nothing reads them in the forward graph.
+
+    Returns:
+        The number of nodes that got outputs.
+    """
+    names = _graph.name_authority(model.graph)
+    changed = 0
+    for node in model.graph.node:
+        wanted = _NORM_OUTPUTS.get(node.op_type)
+        if wanted is None or node.domain not in ("", "ai.onnx", _limits.MS_DOMAIN):
+            continue
+        if len(node.output) >= wanted and all(node.output[:wanted]):
+            continue
+        base = node.output[0]
+        suffixes = ["mean", "inv_std_dev"] if wanted == 3 else ["inv_std_dev"]
+        while len(node.output) < wanted:
+            node.output.append("")
+        for i, suffix in zip(range(1, wanted), suffixes):
+            if not node.output[i]:
+                node.output[i] = names.fresh(f"{base}.{suffix}")
+        changed += 1
+    return changed
+
+
+def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
+    """Rewrite ``SplitToSequence`` read only by ``SequenceAt`` at constant positions into ``Split``.
+
+    The number of pieces comes from the ``split`` input (a list of lengths) or, for
+    a chunk length or no ``split``, from the static size of the split axis. A
+    sequence that is read any other way, or whose axis size is unknown, is left
+    as it is.
+
+    Returns:
+        The number of SplitToSequence nodes rewritten.
+    """
+    graph = model.graph
+    readers = _graph.consumers(graph)
+    outputs = {o.name for o in graph.output}
+    types: dict[str, onnx.TypeProto] | None = None
+    names = _graph.name_authority(graph)
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    changed = 0
+    new_nodes: list[onnx.NodeProto] = []
+    dropped: set[int] = set()  # node indices
+    replacements: dict[int, list[onnx.NodeProto]] = {}  # node index -> nodes replacing it
+    constants = _graph.ConstantTable(graph)
+    position = {n.output[0]: i for i, n in enumerate(graph.node) if n.output}
+    for node_index, node in enumerate(graph.node):
+        if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx"):
+            continue
+        seq = node.output[0]
+        users = readers.get(seq, [])
+        if seq in outputs or not users or any(u.op_type != "SequenceAt" or u.input[0] != seq for u in users):
+            continue
+        positions = [constants.value(u.input[1]) for u in users]
+        if any(p is None or p.size != 1 for p in positions):
+            continue
+        axis = int(_graph.attribute(node, "axis", 0))  # type: ignore[arg-type]
+        keepdims = int(_graph.attribute(node, "keepdims", 1))  # type: ignore[arg-type]
+        split = constants.value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        if len(node.input) > 1 and node.input[1] and split is None:
+            continue
+        if split is not None and split.ndim == 1:
+            lengths = [int(v) for v in split]
+        else:
+            if types is None:
+                types = _graph.infer_types(model)
+            shape = _graph.shape_of(types, node.input[0])
+            if shape is None:
+                continue
+            size = shape[axis if axis >= 0 else axis + len(shape)]
+            if size is None:
+                continue
+            chunk = 1 if split is None else int(split.reshape(()))
+            lengths = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+        squeeze = split is None and keepdims == 0
+        count = len(lengths)
+        pieces: list[str] = [""] * count
+        extra: list[onnx.NodeProto] = []
+        final: dict[int, str] = {}
+        for user, pos in zip(users, positions):
+            index = int(pos.reshape(()))  # type: ignore[union-attr]
+            index = index + count if index < 0 else index
+            if not 0 <= index < count:
+                break
+            if index not in final:
+                final[index] = user.output[0]
+                if squeeze:
+                    pieces[index] = names.fresh(f"{user.output[0]}.unsqueezed")
+                    extra.extend(_squeeze(pieces[index], user.output[0], axis, opset, names))
+                else:
+                    pieces[index] = user.output[0]
+            else:
+                extra.append(helper.make_node("Identity", [final[index]], [user.output[0]],
+                                              name=names.fresh("Identity")))
+        else:
+            pieces = [p or names.fresh(f"{seq}.piece") for p in pieces]
+            rewritten = []
+            if opset >= 13:
+                lengths_name = names.fresh(f"{seq}.lengths")
+                rewritten.append(_constant(lengths_name, np.array(lengths, dtype=np.int64), names))
+                rewritten.append(helper.make_node("Split", [node.input[0], lengths_name], pieces,
+                                                  name=node.name or names.fresh("Split"), axis=axis))
+            else:
+                rewritten.append(helper.make_node("Split", [node.input[0]], pieces,
+                                                  name=node.name or names.fresh("Split"), axis=axis, split=lengths))
+            replacements[node_index] = rewritten + extra
+            dropped.update(position[u.output[0]] for u in users)
+            changed += 1
+    if not changed:
+        return 0
+    for i, node in enumerate(graph.node):
+        if i in replacements:
+            new_nodes.extend(replacements[i])
+        elif i not in dropped:
+            new_nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    return changed
+
+
+def _constant(name: str, value: np.ndarray, names: NameAuthority) -> onnx.NodeProto:
+    return helper.make_node(
+        "Constant", [], [name], name=names.fresh("Constant"), value=onnx.numpy_helper.from_array(value, name)
+    )
+
+
+def _squeeze(src: str, dst: str, axis: int, opset: int, names: NameAuthority) -> list[onnx.NodeProto]:
+    """Nodes computing ``dst = Squeeze(src, axis)`` at ``opset``."""
+    if opset >= 13:
+        axes = names.fresh(f"{dst}.axes")
+        return [_constant(axes, np.array([axis], dtype=np.int64), names),
+                helper.make_node("Squeeze", [src, axes], [dst], name=names.fresh("Squeeze"))]
+    return [helper.make_node("Squeeze", [src], [dst], name=names.fresh("Squeeze"), axes=[axis])]
+
+
+def cast_like_as_cast(model: onnx.ModelProto) -> int:
+    """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known.
+
+    Returns:
+        The number of CastLike nodes rewritten.
+    """
+    nodes = [n for n in model.graph.node if n.op_type == "CastLike" and n.domain in ("", "ai.onnx")]
+    if not nodes:
+        return 0
+    types = _graph.infer_types(model)
+    changed = 0
+    for node in nodes:
+        to = _graph.elem_type(types, node.input[1])
+        if to is None:
+            continue
+        attrs = [helper.make_attribute("to", to)]
+        saturate = _graph.attribute(node, "saturate")
+        if saturate is not None:
+            attrs.append(helper.make_attribute("saturate", saturate))
+        node.op_type = "Cast"
+        del node.input[1:]
+        del node.attribute[:]
+        node.attribute.extend(attrs)
+        changed += 1
+    return changed
+
+
+def gelu_as_contrib_gelu(model: onnx.ModelProto) -> int:
+    """Rewrite ai.onnx ``Gelu`` (opset 20) into com.microsoft ``Gelu`` or, for ``approximate="tanh"``, ``FastGelu``.
+
+    Both compute the same function and have gradient builders in ONNX Runtime.
+
+    Returns:
+        The number of Gelu nodes rewritten.
+    """
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type != "Gelu" or node.domain not in ("", "ai.onnx"):
+            continue
+        approximate = _graph.attribute(node, "approximate", b"none")
+        if isinstance(approximate, bytes):
+            approximate = approximate.decode()
+        node.op_type = "FastGelu" if approximate == "tanh" else "Gelu"
+        node.domain = _limits.MS_DOMAIN
+        del node.attribute[:]
+        changed += 1
+    if changed:
+        _limits.ensure_opset(model, _limits.MS_DOMAIN, _limits.MS_OPSET)
+    return changed
+
+
+def default_passes() -> list[Pass]:
+    """The passes :func:`normalize` runs, in order."""
+    return [cast_like_as_cast, split_to_sequence_as_split, expose_layer_norm_statistics, gelu_as_contrib_gelu]
+
+
+def normalize(model: onnx.ModelProto, passes: list[Pass] | None = None) -> dict[str, int]:
+    """Run the normalisation passes on ``model`` in place.
+
+    Returns:
+        How many nodes each pass rewrote, by pass name.
+    """
+    return {p.__name__: p(model) for p in (default_passes() if passes is None else passes)}
