@@ -1,0 +1,51 @@
+"""Torch-free training runtime: sessions, the fit loop, schedules, progress and plots.
+
+Everything here drives ONNX Runtime's training engine through its C bindings
+(``onnxruntime.capi._pybind_state``), imported on first use. Importing this
+package imports neither onnxruntime nor torch.
+"""
+
+from onnxblocks.runtime.callbacks import Accuracy, Callback, EarlyStopping, SaveCheckpoint
+from onnxblocks.runtime.data import ArrayBatches, load_npz
+from onnxblocks.runtime.fit import FitRun, History, evaluate, fit, resume
+from onnxblocks.runtime.inputs import InputSpec
+from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.plot import plot_history, save_line_plot
+from onnxblocks.runtime.progress import ProgressBar
+from onnxblocks.runtime.schedulers import (
+    ConstantSchedule,
+    CosineSchedule,
+    LinearSchedule,
+    Schedule,
+    StepSchedule,
+    make_schedule,
+    schedule_from_dict,
+)
+from onnxblocks.runtime.session import TrainingSession
+
+__all__ = [
+    "Accuracy",
+    "ArrayBatches",
+    "ArtifactFiles",
+    "Callback",
+    "ConstantSchedule",
+    "CosineSchedule",
+    "EarlyStopping",
+    "FitRun",
+    "History",
+    "InputSpec",
+    "LinearSchedule",
+    "ProgressBar",
+    "SaveCheckpoint",
+    "Schedule",
+    "StepSchedule",
+    "TrainingSession",
+    "evaluate",
+    "fit",
+    "load_npz",
+    "make_schedule",
+    "plot_history",
+    "resume",
+    "save_line_plot",
+    "schedule_from_dict",
+]

@@ -1,0 +1,343 @@
+"""fit(): the training loop over a :class:`~onnxblocks.runtime.session.TrainingSession`.
+
+Example:
+    >>> session = TrainingSession("artifacts")
+    >>> train = ArrayBatches((x, y), batch_size=32, seed=0)
+    >>> val = ArrayBatches((x_val, y_val), batch_size=256, shuffle=False)
+    >>> history = fit(session, train, epochs=20, eval_data=val, callbacks=[Accuracy()],
+    ...               scheduler=CosineSchedule(1e-2, total_steps=20 * len(train)))
+    >>> history.losses[-1], history.metric("accuracy")[-1]
+
+Gradient accumulation: with ``accumulation_steps=N`` the optimizer steps once
+every N batches, on the **sum** of their gradients (ONNX Runtime adds each
+batch's gradients into its accumulation buffers). To train on the mean over the
+N batches, build the loss scaled by ``1/N`` (``loss * (1 / N)`` in a Block) or
+divide the learning rate of SGD by N. Batches left over at the end of an epoch
+are applied as a smaller accumulation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxblocks.runtime.callbacks import Callback
+from onnxblocks.runtime.data import ArrayBatches
+from onnxblocks.runtime.progress import ProgressBar
+from onnxblocks.runtime.schedulers import Schedule
+from onnxblocks.runtime.session import TrainingSession
+
+#: Checkpoint property with the training data's state (``ArrayBatches.state_dict()``).
+DATA_PROPERTY = "onnxblocks.data"
+#: Checkpoint property with the schedule's settings (``Schedule.state_dict()``).
+SCHEDULE_PROPERTY = "onnxblocks.schedule"
+#: Checkpoint property with the number of completed epochs.
+EPOCH_PROPERTY = "onnxblocks.epoch"
+
+
+@dataclass
+class History:
+    """What :func:`fit` recorded.
+
+    Attributes:
+        losses: The loss of every ``train_step`` (micro-batch), in order.
+        learning_rates: The learning rate of every optimizer step.
+        epochs: One dict per epoch: ``epoch`` (1-based), ``loss`` (mean train
+            loss), ``eval_loss`` and metrics when there was an eval pass.
+        epoch_ends: For each epoch, ``len(losses)`` when it ended (to place
+            per-epoch values on a per-step axis).
+        steps: Optimizer steps taken by this ``fit`` call.
+        samples: Training rows processed by this ``fit`` call.
+        seconds: Wall time of this ``fit`` call.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    epoch_ends: list[int] = field(default_factory=list)
+    steps: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+
+    def metric(self, name: str) -> list[float]:
+        """The per-epoch values of ``name`` (``"loss"``, ``"eval_loss"``, ``"accuracy"`` ...).
+
+        Raises:
+            KeyError: if no epoch logged ``name``.
+        """
+        values = [e[name] for e in self.epochs if name in e]
+        if not values:
+            known = sorted({k for e in self.epochs for k in e})
+            raise KeyError(f"No epoch logged '{name}'. Logged: {known}.")
+        return values
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-encodable copy."""
+        return {
+            "losses": list(self.losses),
+            "learning_rates": list(self.learning_rates),
+            "epochs": [dict(e) for e in self.epochs],
+            "epoch_ends": list(self.epoch_ends),
+            "steps": self.steps,
+            "samples": self.samples,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class FitRun:
+    """The state of a running :func:`fit`, given to every callback hook.
+
+    Attributes:
+        session: The training session.
+        history: The history being recorded.
+        train_data: The training data.
+        epochs: The epoch to train up to.
+        epoch: The current epoch (0-based).
+        scheduler: The learning-rate schedule, or None.
+        stop_training: Set to True in a callback to stop after the current batch.
+    """
+
+    session: TrainingSession
+    history: History
+    train_data: Any
+    epochs: int
+    epoch: int = 0
+    scheduler: Schedule | None = None
+    stop_training: bool = False
+
+    def save_checkpoint(self, path: str | os.PathLike, include_optimizer_state: bool = True) -> Path:
+        """Save a checkpoint that :func:`resume` continues exactly (data and schedule state included)."""
+        values: dict[str, Any] = {EPOCH_PROPERTY: self.epoch}
+        state_dict = getattr(self.train_data, "state_dict", None)
+        if callable(state_dict):
+            values[DATA_PROPERTY] = state_dict()
+        if self.scheduler is not None:
+            values[SCHEDULE_PROPERTY] = self.scheduler.state_dict()
+        return self.session._save(Path(path), include_optimizer_state, values)
+
+
+def fit(
+    session: TrainingSession,
+    train_data: Iterable[Any],
+    epochs: int = 1,
+    eval_data: Iterable[Any] | None = None,
+    callbacks: Sequence[Callback] = (),
+    accumulation_steps: int = 1,
+    scheduler: Schedule | None = None,
+    progress: bool | ProgressBar = True,
+    max_steps: int | None = None,
+) -> History:
+    """Train ``session`` on ``train_data`` for ``epochs`` epochs.
+
+    Args:
+        session: The training session (its artifacts need an optimizer model).
+        train_data: Batches: an :class:`~onnxblocks.runtime.data.ArrayBatches`, or
+            any re-iterable of tuples of arrays (one array per training input,
+            in ``session.input_names`` order) or of dicts keyed by input name.
+        epochs: The epoch to train up to. An ``ArrayBatches`` restored from a
+            checkpoint (see :func:`resume`) starts at its saved epoch and batch.
+        eval_data: Batches for an eval pass after each epoch (eval model inputs).
+        callbacks: :class:`~onnxblocks.runtime.callbacks.Callback` objects, e.g.
+            ``Accuracy()`` or ``SaveCheckpoint(path)``.
+        accumulation_steps: Batches whose gradients are summed into one optimizer step.
+        scheduler: A learning-rate :class:`~onnxblocks.runtime.schedulers.Schedule`;
+            it sets ``session.learning_rate = scheduler(session.step)`` before each
+            optimizer step. None keeps the session's learning rate.
+        progress: Show a progress bar on stderr (or pass a configured ``ProgressBar``).
+        max_steps: Stop after this many optimizer steps of this call.
+
+    Returns:
+        The :class:`History` of this call.
+
+    Raises:
+        RuntimeError: if the artifacts have no optimizer model.
+        ValueError: for bad arguments, or a batch whose dtype or shape does not fit
+            (the message names the input, what it expects and what it got).
+    """
+    import time
+
+    if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}.")
+    if not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}.")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
+    if not session.has_optimizer:
+        session.learning_rate  # noqa: B018 - raises the clear "no optimizer model" error
+    if iter(train_data) is train_data and epochs > 1:  # type: ignore[call-overload]
+        raise ValueError(
+            "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass a re-iterable "
+            "(a list of batches, or onnxblocks.runtime.ArrayBatches) or use epochs=1."
+        )
+    bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
+    history = History()
+    run = FitRun(session, history, train_data, epochs, scheduler=scheduler)
+    start_epoch = train_data.epoch if isinstance(train_data, ArrayBatches) else 0
+    started = time.perf_counter()
+    for cb in callbacks:
+        cb.on_train_begin(run)
+    for epoch in range(start_epoch, epochs):
+        run.epoch = epoch
+        for cb in callbacks:
+            cb.on_epoch_begin(run)
+        if bar is not None:
+            bar.start_epoch(epoch + 1, epochs, _batches_left(train_data))
+        epoch_losses: list[float] = []
+        for raw in train_data:
+            batch = _as_batch(raw, session.input_names)
+            outputs = session.train_step(*batch)
+            loss = _scalar(outputs[0])
+            epoch_losses.append(loss)
+            history.losses.append(loss)
+            rows = _rows(batch)
+            history.samples += rows
+            for cb in callbacks:
+                cb.on_batch_end(run, loss, outputs, batch)
+            if session.accumulated_steps >= accumulation_steps:
+                _optimizer_step(run, callbacks)
+            if bar is not None:
+                bar.update(loss, rows, history.learning_rates[-1] if history.learning_rates else None)
+            if run.stop_training or (max_steps is not None and history.steps >= max_steps):
+                break
+        if session.accumulated_steps > 0 and not run.stop_training:
+            _optimizer_step(run, callbacks)
+        logs: dict[str, float] = {"epoch": epoch + 1}
+        if epoch_losses:
+            logs["loss"] = float(np.mean(epoch_losses))
+        if eval_data is not None:
+            logs.update(evaluate(session, eval_data, callbacks, run))
+        for cb in callbacks:
+            cb.on_epoch_end(run, logs)
+        history.epochs.append(logs)
+        history.epoch_ends.append(len(history.losses))
+        if bar is not None:
+            bar.end_epoch(_summary(logs))
+        if run.stop_training or (max_steps is not None and history.steps >= max_steps):
+            break
+    history.seconds = time.perf_counter() - started
+    for cb in callbacks:
+        cb.on_train_end(run)
+    return history
+
+
+def evaluate(
+    session: TrainingSession,
+    data: Iterable[Any],
+    callbacks: Sequence[Callback] = (),
+    run: FitRun | None = None,
+) -> dict[str, float]:
+    """Run the eval model over ``data`` and return ``eval_loss`` (row-weighted mean) and metrics.
+
+    Args:
+        session: The training session (its artifacts need an eval model).
+        data: Batches for the eval model, as for :func:`fit`.
+        callbacks: Metric callbacks (e.g. ``Accuracy()``); each adds its result.
+        run: The running fit, passed on to the callbacks (None outside fit).
+
+    Returns:
+        ``{"eval_loss": ..., <metric name>: ...}``.
+    """
+    for cb in callbacks:
+        cb.on_eval_begin(run)
+    total, rows = 0.0, 0
+    for raw in data:
+        batch = _as_batch(raw, session.eval_input_names)
+        outputs = session.eval_step(*batch)
+        n = _rows(batch)
+        total += _scalar(outputs[0]) * n
+        rows += n
+        for cb in callbacks:
+            cb.on_eval_batch(run, outputs, batch)
+    logs = {"eval_loss": total / rows if rows else math.nan}
+    for cb in callbacks:
+        cb.on_eval_end(run, logs)
+    return logs
+
+
+def resume(
+    session: TrainingSession,
+    checkpoint: str | os.PathLike,
+    train_data: Any = None,
+) -> dict[str, Any]:
+    """Load a checkpoint saved during :func:`fit` and restore the data's position.
+
+    After ``resume``, calling ``fit`` with the same arguments continues exactly
+    where the saved run was: same parameters, optimizer moments, step counter
+    (hence learning-rate schedule) and next batches.
+
+    Args:
+        session: The session to load into.
+        checkpoint: A checkpoint written by ``SaveCheckpoint`` or ``FitRun.save_checkpoint``.
+        train_data: The training data (e.g. ``ArrayBatches``) whose state to restore.
+
+    Returns:
+        The checkpoint's properties.
+
+    Raises:
+        ValueError: if ``train_data`` cannot restore the saved state.
+    """
+    properties = session.load_checkpoint(checkpoint)
+    if train_data is not None and DATA_PROPERTY in properties:
+        load = getattr(train_data, "load_state_dict", None)
+        if not callable(load):
+            raise ValueError(
+                f"The checkpoint holds a data position, but {type(train_data).__name__} cannot restore it "
+                "(it has no load_state_dict). Use onnxblocks.runtime.ArrayBatches."
+            )
+        load(properties[DATA_PROPERTY])
+    return properties
+
+
+def _optimizer_step(run: FitRun, callbacks: Sequence[Callback]) -> None:
+    session = run.session
+    if run.scheduler is not None:
+        session.learning_rate = run.scheduler(session.step)
+    run.history.learning_rates.append(session.learning_rate)
+    session.optimizer_step()
+    run.history.steps += 1
+    for cb in callbacks:
+        cb.on_step_end(run)
+
+
+def _as_batch(raw: Any, names: Sequence[str]) -> tuple:
+    if isinstance(raw, np.ndarray):
+        return (raw,)
+    if isinstance(raw, Mapping):
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise KeyError(
+                f"The batch dict has no array for input(s) {missing}; it has {sorted(raw)}. "
+                f"The model's inputs are {list(names)}."
+            )
+        return tuple(raw[n] for n in names)
+    return tuple(raw)
+
+
+def _rows(batch: tuple) -> int:
+    first = np.shape(batch[0]) if batch else ()
+    return int(first[0]) if len(first) else 1
+
+
+def _scalar(loss: np.ndarray) -> float:
+    array = np.asarray(loss, dtype=np.float64)
+    return float(array.reshape(-1)[0]) if array.size == 1 else float(array.mean())
+
+
+def _batches_left(data: Any) -> int | None:
+    if isinstance(data, ArrayBatches):
+        return data.batches_left
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _summary(logs: Mapping[str, float]) -> str:
+    return " ".join(f"{k} {v:.4f}" for k, v in logs.items() if k not in ("epoch", "loss"))

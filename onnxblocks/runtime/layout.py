@@ -1,0 +1,74 @@
+"""Where the training artifacts of a directory are.
+
+An artifact directory holds ``<prefix>training_model.onnx``, ``<prefix>eval_model.onnx``,
+``<prefix>optimizer_model.onnx`` and ``<prefix>checkpoint`` (the names
+``onnxblocks.artifacts.generate_artifacts`` writes). Models saved in ORT format
+(``.ort``) are found too; ``.onnx`` wins when both exist.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+TRAINING_MODEL = "training_model"
+EVAL_MODEL = "eval_model"
+OPTIMIZER_MODEL = "optimizer_model"
+CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class ArtifactFiles:
+    """The files of one set of training artifacts.
+
+    Attributes:
+        directory: The artifact directory.
+        training_model: Path of the training model (always present).
+        checkpoint: Path of the checkpoint (always present).
+        eval_model: Path of the eval model, or None.
+        optimizer_model: Path of the optimizer model, or None.
+    """
+
+    directory: Path
+    training_model: Path
+    checkpoint: Path
+    eval_model: Path | None
+    optimizer_model: Path | None
+
+    @classmethod
+    def find(cls, directory: str | os.PathLike, prefix: str = "") -> ArtifactFiles:
+        """Locate the artifacts in ``directory``.
+
+        Raises:
+            FileNotFoundError: if the directory, its training model or its checkpoint
+                is missing; the message lists what the directory holds.
+        """
+        root = Path(directory)
+        if not root.is_dir():
+            raise FileNotFoundError(
+                f"Artifact directory '{root}' does not exist. Generate artifacts first "
+                "(onnxblocks.artifacts.generate_artifacts or `onnxblocks artifacts MODEL.onnx -o DIR`)."
+            )
+        training = _model(root, prefix + TRAINING_MODEL)
+        checkpoint = root / (prefix + CHECKPOINT)
+        missing = [str(p) for p, ok in ((root / f"{prefix}{TRAINING_MODEL}.onnx", training is not None),
+                                       (checkpoint, checkpoint.exists())) if not ok]
+        if missing:
+            present = sorted(p.name for p in root.iterdir())
+            hint = f" (prefix is {prefix!r})" if prefix else ""
+            raise FileNotFoundError(
+                f"'{root}' is not a complete artifact directory{hint}: missing {', '.join(missing)}. "
+                f"It holds {present or 'nothing'}. Pass the directory generate_artifacts wrote, with its prefix."
+            )
+        assert training is not None
+        eval_model, optimizer_model = _model(root, prefix + EVAL_MODEL), _model(root, prefix + OPTIMIZER_MODEL)
+        return cls(root, training, checkpoint, eval_model, optimizer_model)
+
+
+def _model(root: Path, stem: str) -> Path | None:
+    for suffix in (".onnx", ".ort"):
+        path = root / (stem + suffix)
+        if path.is_file():
+            return path
+    return None
