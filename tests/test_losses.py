@@ -212,6 +212,86 @@ def test_cross_entropy_unbatched_scores() -> None:
     np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
 
 
+SYMBOLIC_CASES = [
+    ("KLDiv-batchmean", lambda: losses.KLDivLoss(reduction="batchmean"),
+     lambda: torch.nn.KLDivLoss(reduction="batchmean"), "log_prob", 1),
+    ("CE-fused-class-last", lambda: losses.CrossEntropyLoss(class_axis=-1, reduction="none"),
+     lambda: torch.nn.CrossEntropyLoss(reduction="none"), "classes", -1),
+    ("CE-smoothing-class-last",
+     lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.1, class_axis=-1),
+     lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.1),
+     "classes", -1),
+    ("NLL", lambda: losses.NLLLoss(ignore_index=1), lambda: torch.nn.NLLLoss(ignore_index=1),
+     "classes_log_prob", 1),
+]
+
+
+@pytest.mark.parametrize("rank_known", [True, False], ids=["symbolic-dims", "unknown-rank"])
+@pytest.mark.parametrize(("make", "torch_make", "kind", "axis"), [c[1:] for c in SYMBOLIC_CASES],
+                         ids=[c[0] for c in SYMBOLIC_CASES])
+def test_symbolic_and_unknown_shapes(make, torch_make, kind, axis, rank_known) -> None:
+    """Sizes known only at run time (batch, classes, even the rank of the scores) are computed in the graph."""
+    shape = (2, 3, C) if axis == -1 else (4, C)
+    case = Case("symbolic", make, torch_make, kind, shape, axis)
+    x, target = _data(case, np.random.default_rng(RNG_SEED))
+    name = _target_name(case)
+    feeds = {"x": x, name: target}
+    with onnxblocks.empty_base() as acc:
+        acc.add_input("x", TensorProto.FLOAT, ["d0", "d1", "d2"][:len(shape)])
+        scores = "x"
+        if not rank_known:  # Reshape to a shape given at run time: inference cannot know the rank
+            acc.add_input("new_shape", TensorProto.INT64, ["rank"])
+            scores = acc.op("Reshape", ["x", "new_shape"])
+            assert acc.shape_of(scores) is None
+            elem = TensorProto.FLOAT if name == "target" else TensorProto.INT64
+            acc.add_input(name, elem, ["t0", "t1", "t2"][:target.ndim])
+            feeds["new_shape"] = np.array(shape, dtype=np.int64)
+        out = make()(scores)
+        acc.set_outputs([out])
+    (got,) = run_model(acc.finish(), feeds)
+    np.testing.assert_allclose(got, _torch_value(case, x, target), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("loss_cls", [losses.MSELoss, losses.CrossEntropyLoss])
+def test_cannot_derive_target_of_unknown_rank(loss_cls) -> None:
+    with onnxblocks.empty_base() as acc:
+        acc.add_input("x", TensorProto.FLOAT, [4, C])
+        acc.add_input("new_shape", TensorProto.INT64, ["rank"])
+        scores = acc.op("Reshape", ["x", "new_shape"])
+        with pytest.raises(ValueError, match=r"cannot create the (target|labels) input.*rank .*unknown.*add_input"):
+            loss_cls()(scores)
+
+
+DOUBLE_CASES = [
+    ("BCEWithLogitsLoss", lambda: losses.BCEWithLogitsLoss(pos_weight=[2.0] * C),
+     lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.full((C,), 2.0, dtype=torch.float64)), "probability"),
+    ("HuberLoss", lambda: losses.HuberLoss(delta=0.5), lambda: torch.nn.HuberLoss(delta=0.5), "regression"),
+    ("KLDivLoss", lambda: losses.KLDivLoss(reduction="batchmean"),
+     lambda: torch.nn.KLDivLoss(reduction="batchmean"), "log_prob"),
+    ("CrossEntropyLoss", lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, label_smoothing=0.1),
+     lambda: torch.nn.CrossEntropyLoss(weight=torch.tensor(CLASS_WEIGHT, dtype=torch.float64),
+                                       label_smoothing=0.1), "classes"),
+]
+
+
+@pytest.mark.parametrize(("make", "torch_make", "kind"), [c[1:] for c in DOUBLE_CASES],
+                         ids=[c[0] for c in DOUBLE_CASES])
+def test_double_precision(make, torch_make, kind) -> None:
+    """Constants (weights, 0.5, 1 ...) take the input's dtype, so float64 models stay float64."""
+    case = Case("double", make, torch_make, kind, (4, C))
+    x, target = _data(case, np.random.default_rng(RNG_SEED))
+    x = x.astype(np.float64)
+    target = target.astype(np.float64) if target.dtype == np.float32 else target
+    with onnxblocks.empty_base() as acc:
+        acc.add_input("x", TensorProto.DOUBLE, [4, C])
+        out = make()("x")
+        acc.set_outputs([out])
+        assert acc.elem_type(out) == TensorProto.DOUBLE
+    (got,) = run_model(acc.finish(), {"x": x, _target_name(case): target})
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, _torch_value(case, x, target), rtol=1e-12, atol=1e-12)
+
+
 def test_weighted_sum_of_two_losses_in_one_line() -> None:
     rng = np.random.default_rng(RNG_SEED)
     a, b, t1, t2 = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(4))

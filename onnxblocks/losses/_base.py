@@ -125,6 +125,7 @@ class Loss(Block):
 
         Raises:
             TypeError: if an existing target's element type differs from the input's.
+            ValueError: if a new target is needed but the input's dtype or rank is unknown.
         """
         acc = self.accessor
         elem = self._require_float(input_name)
@@ -138,7 +139,14 @@ class Loss(Block):
                     "a new graph input."
                 )
             return Value(target_name)
-        return acc.add_input(target_name, elem or TensorProto.FLOAT, acc.shape_of(input_name))
+        shape = acc.shape_of(input_name)
+        if elem is None or shape is None:
+            raise ValueError(
+                f"{acc.where()}cannot create the target input '{target_name}': the dtype or rank of input "
+                f"'{input_name}' is unknown. Add the target yourself, e.g. accessor.add_input('{target_name}', "
+                "onnx.TensorProto.FLOAT, [...]), and pass its name."
+            )
+        return acc.add_input(target_name, elem, shape)
 
     # ------------------------------------------------------------- helpers
     def _const(self, value: Any, like: str, name_hint: str = "loss_const") -> Value:
@@ -153,9 +161,16 @@ class Loss(Block):
         if reduction == "none":
             return Value(per_element)
         op_type = "ReduceMean" if reduction == "mean" else "ReduceSum"
-        out = self.accessor.op(op_type, [per_element], keepdims=0, outputs=[self.accessor.names.fresh(name_hint)])
-        assert isinstance(out, Value)
-        return out
+        return reduce_all(self.accessor, op_type, per_element, self.accessor.names.fresh(name_hint))
+
+
+def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None) -> Value:
+    """``op_type`` (ReduceSum, ReduceMean) over every axis: a scalar, typed as one even when x's rank is unknown."""
+    elem = acc.elem_type(x)
+    out = acc.op(op_type, [x], keepdims=0, outputs=[name] if name else 1,
+                 output_types=[helper.make_tensor_type_proto(elem, [])] if elem else None)
+    assert isinstance(out, Value)
+    return out
 
 
 def axes_op(acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **attributes: Any) -> Value:

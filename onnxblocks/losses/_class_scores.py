@@ -26,6 +26,7 @@ from onnxblocks.losses._base import (
     dim_size,
     dtype_name,
     format_shape,
+    reduce_all,
     static_dim,
 )
 
@@ -123,13 +124,20 @@ class ClassLoss(Loss):
             the scores (only when ``allow_probabilities``).
 
         Raises:
-            ValueError: if the labels' shape does not fit the scores'.
+            ValueError: if the labels' shape does not fit the scores', or new labels are
+                needed but the scores' rank is unknown.
             TypeError: if the labels' dtype is neither an index type nor (when allowed) the scores' float type.
         """
         acc = self.accessor
         shape = acc.shape_of(scores)
         expected = None if shape is None or axis < 0 else shape[:axis] + shape[axis + 1:]
         if not acc.has_value(labels_name):
+            if expected is None:
+                raise ValueError(
+                    f"{acc.where()}cannot create the labels input '{labels_name}': the rank of scores '{scores}' is "
+                    f"unknown. Add the labels yourself, e.g. accessor.add_input('{labels_name}', "
+                    "onnx.TensorProto.INT64, ['batch']), and pass its name."
+                )
             return acc.add_input(labels_name, TensorProto.INT64, expected), False
         labels = Value(labels_name)
         elem = acc.elem_type(labels_name)
@@ -225,6 +233,6 @@ class ClassLoss(Loss):
             per_element = (1 - label_smoothing) * per_element + (label_smoothing / classes) * smooth
         if self.reduction != "mean" or weight_i is None:
             return self._reduce(per_element, self._name_hint)
-        total = acc.op("ReduceSum", [per_element], keepdims=0)
-        denominator = acc.op("ReduceSum", [weight_i], keepdims=0)
+        total = reduce_all(acc, "ReduceSum", per_element)
+        denominator = reduce_all(acc, "ReduceSum", weight_i)
         return acc.op("Div", [total, denominator], outputs=[acc.names.fresh(self._name_hint)])  # type: ignore[return-value]
