@@ -330,6 +330,7 @@ class TrainingSession:
             ValueError: if a dtype or shape differs from the parameter's.
         """
         C = _ort.capi()
+        cpu = _ort.make_device("cpu")
         checked = {}
         for name, raw in values.items():
             self._check_parameter(name)
@@ -344,7 +345,7 @@ class TrainingSession:
                 )
             checked[name] = array
         for name, array in checked.items():
-            self._state.copy_parameter_from(name, C.OrtValue.ortvalue_from_numpy(array))
+            self._state.copy_parameter_from(name, C.OrtValue.ortvalue_from_numpy(array, cpu))
 
     def _check_parameter(self, name: str) -> None:
         if not self._state.has_parameter(name):
