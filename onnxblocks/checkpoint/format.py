@@ -30,7 +30,7 @@ tensor bytes are streamed to the side file first (see
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,8 @@ class TensorRecord:
         name: The tensor name.
         data_type: ONNX element type.
         dims: The shape (empty in a nominal checkpoint).
-        raw_data: Inline bytes, or None when the data is external.
+        inline_nbytes: Number of inline bytes (0 for nominal tensors); unused when the data is external.
+        inline_chunks: Produces the inline bytes in pieces, or None when the data is external.
         external_offset: Byte offset in the side file, or None when the data is inline.
         doc_string: Optional documentation string.
     """
@@ -90,7 +91,8 @@ class TensorRecord:
     name: str
     data_type: int
     dims: tuple[int, ...]
-    raw_data: bytes | None = None
+    inline_nbytes: int = 0
+    inline_chunks: Callable[[], Iterable[bytes]] | None = None
     external_offset: int | None = None
     doc_string: str | None = None
 
@@ -114,18 +116,40 @@ def _offset_vector(builder: Any, offsets: Sequence[int]) -> int:
     return builder.EndVector()
 
 
+def _byte_vector(builder: Any, record: TensorRecord) -> int:
+    """A ``[uint8]`` vector filled piece by piece (the same bytes ``CreateByteVector`` would write)."""
+    assert record.inline_chunks is not None
+    size = record.inline_nbytes
+    builder.StartVector(1, size, 1)  # aligns and makes room for `size` bytes
+    end = builder.Head()
+    position = end - size
+    for chunk in record.inline_chunks():
+        if position + len(chunk) > end:
+            position = end + 1
+            break
+        builder.Bytes[position : position + len(chunk)] = chunk
+        position += len(chunk)
+    if position != end:
+        raise ValueError(
+            f"Tensor '{record.name}' does not hold the {size} bytes its dims {list(record.dims)} and element "
+            "type need. Fix the tensor's data or its shape."
+        )
+    builder.head = end - size
+    return builder.EndVector()
+
+
 def _tensor(builder: Any, record: TensorRecord) -> int:
     name = builder.CreateString(record.name)
     doc = builder.CreateString(record.doc_string) if record.doc_string is not None else 0
     dims = _int64_vector(builder, record.dims)
-    raw = builder.CreateByteVector(record.raw_data) if record.raw_data is not None else 0
+    raw = _byte_vector(builder, record) if record.inline_chunks is not None else 0
     builder.StartObject(len(TENSOR_FIELDS))
     builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["name"], name, 0)
     if doc:
         builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["doc_string"], doc, 0)
     builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["dims"], dims, 0)
     builder.PrependInt32Slot(TENSOR_FIELDS["data_type"], record.data_type, 0)
-    if record.raw_data is not None:
+    if record.inline_chunks is not None:
         builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["raw_data"], raw, 0)
     if record.external_offset is not None:
         builder.PrependInt64Slot(TENSOR_FIELDS["external_data_offset"], record.external_offset, -1)
@@ -138,15 +162,25 @@ def encode_checkpoint(
     *,
     nominal: bool,
     has_external_data: bool,
-) -> bytes:
+) -> memoryview:
     """Encode a checkpoint's flatbuffer (module state only, as a freshly saved checkpoint has).
 
     The layout matches ONNX Runtime's own writer: for the same inline tensors the
-    bytes are identical.
+    bytes are identical. Inline data is copied into the buffer chunk by chunk, so
+    memory use is the size of the finished buffer.
+
+    Returns:
+        A view of the finished buffer (valid until the next call).
+
+    Raises:
+        ValueError: if a tensor's inline chunks do not add up to its size.
     """
     import flatbuffers
 
-    size = 1024 + sum(len(r.raw_data or b"") + len(r.name) + 8 * len(r.dims) + 64 for r in (*trainable, *frozen))
+    size = 1024 + sum(
+        (r.inline_nbytes if r.inline_chunks is not None else 0) + 2 * len(r.name) + 8 * len(r.dims) + 64
+        for r in (*trainable, *frozen)
+    )
     builder = flatbuffers.Builder(size)
     trainable_offsets = [_tensor(builder, r) for r in trainable]
     frozen_offsets = [_tensor(builder, r) for r in frozen]
@@ -163,7 +197,7 @@ def encode_checkpoint(
     builder.PrependUOffsetTRelativeSlot(CHECKPOINT_FIELDS["module_state"], module_state, 0)
     root = builder.EndObject()
     builder.Finish(root, file_identifier=FILE_IDENTIFIER)
-    return bytes(builder.Output())
+    return memoryview(builder.Bytes)[builder.Head() :]
 
 
 # --------------------------------------------------------------------------- reading

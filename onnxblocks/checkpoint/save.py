@@ -29,6 +29,8 @@ DEFAULT_EXTERNAL_DATA_THRESHOLD = 64 * 1024 * 1024
 MAX_INLINE_BYTES = 1024 * 1024 * 1024
 #: With external data, tensors smaller than this still stay inline.
 MIN_EXTERNAL_BYTES = 64
+#: Size of the pieces tensor bytes are copied in.
+CHUNK_BYTES = 4 * 1024 * 1024
 
 Parameter = onnx.TensorProto | _weights.TensorSource
 
@@ -162,22 +164,20 @@ def save_checkpoint(
             with open(temps[0], "wb") as data:
                 for p in trainable + frozen:
                     if p.nbytes >= MIN_EXTERNAL_BYTES:
-                        offsets[p.name] = write_aligned(data, tensor_chunks(p.source, base_dir), p.nbytes, p.name)
+                        chunks = tensor_chunks(p.source, base_dir, CHUNK_BYTES)
+                        offsets[p.name] = write_aligned(data, chunks, p.nbytes, p.name)
 
         def record(p: _Param) -> _format.TensorRecord:
             if nominal_checkpoint:
-                return _format.TensorRecord(p.name, p.data_type, (), raw_data=b"", doc_string=p.doc_string)
+                return _format.TensorRecord(p.name, p.data_type, (), 0, tuple, doc_string=p.doc_string)
             if p.name in offsets:
                 return _format.TensorRecord(
                     p.name, p.data_type, p.dims, external_offset=offsets[p.name], doc_string=p.doc_string
                 )
-            raw = b"".join(tensor_chunks(p.source, base_dir))
-            if len(raw) != p.nbytes:
-                raise ValueError(
-                    f"Parameter '{p.name}' has {len(raw)} bytes of data but its dims {list(p.dims)} and element "
-                    f"type need {p.nbytes}. Fix the tensor."
-                )
-            return _format.TensorRecord(p.name, p.data_type, p.dims, raw_data=raw, doc_string=p.doc_string)
+            return _format.TensorRecord(
+                p.name, p.data_type, p.dims, p.nbytes,
+                lambda: tensor_chunks(p.source, base_dir, CHUNK_BYTES), doc_string=p.doc_string,
+            )
 
         buffer = _format.encode_checkpoint(
             [record(p) for p in trainable],
