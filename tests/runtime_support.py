@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxblocks import artifacts, optim
+
 
 def mlp_model(d_in: int = 2, hidden: int = 16, classes: int = 3, seed: int = 0) -> onnx.ModelProto:
     """``logits = relu(x @ fc1.weight + fc1.bias) @ fc2.weight + fc2.bias``; input ``x: [batch, d_in]``."""
@@ -51,24 +53,17 @@ def generate(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = model if model is not None else mlp_model()
-    try:
-        from onnxblocks import artifacts, losses, optim
-    except ImportError:  # TEMPORARY until onnxblocks.artifacts lands
-        return _generate_with_reference(directory, model, loss, optimizer, requires_grad, frozen,
-                                        additional_output_names)
     if isinstance(loss, str):
         loss = {"crossentropy": artifacts.LossType.CrossEntropyLoss, "mse": artifacts.LossType.MSELoss}[loss]
-    optimizers = {"adamw": optim.AdamW, "sgd": optim.SGD}
     artifacts.generate_artifacts(
         model,
         requires_grad=requires_grad if requires_grad is not None else PARAMS,
         frozen_params=frozen,
         loss=loss,
-        optimizer=optimizers[optimizer]() if optimizer == "sgd" else optim.AdamW(mode="torch"),
+        optimizer={"adamw": optim.AdamW, "sgd": optim.SGD}[optimizer](),
         artifact_directory=directory,
         additional_output_names=list(additional_output_names) if additional_output_names else None,
     )
-    del losses
     return directory
 
 
@@ -79,21 +74,3 @@ def classification_data(rows: int = 64, d_in: int = 2, seed: int = 0) -> tuple[n
     y = ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)).astype(np.int64)
     return x, y
 
-
-def _generate_with_reference(directory, model, loss, optimizer, requires_grad, frozen, additional_output_names):
-    from onnxruntime.training import artifacts
-
-    artifacts.generate_artifacts(
-        model,
-        requires_grad=requires_grad if requires_grad is not None else PARAMS,
-        frozen_params=frozen,
-        loss={"crossentropy": artifacts.LossType.CrossEntropyLoss, "mse": artifacts.LossType.MSELoss}[loss],
-        optimizer={"adamw": artifacts.OptimType.AdamW, "sgd": artifacts.OptimType.SGD}[optimizer],
-        artifact_directory=directory,
-        additional_output_names=list(additional_output_names) if additional_output_names else None,
-    )
-    for path in directory.glob("*.onnx"):
-        m = onnx.load(path)
-        m.ir_version = 10
-        onnx.save(m, path)
-    return directory
