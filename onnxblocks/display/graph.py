@@ -162,10 +162,12 @@ class GraphIndex:
         loss_nodes: Names of the nodes that compute the loss (e.g. a loss block's
             ``nodes``); by default they are found from ``loss`` (see :meth:`parts`).
 
-    When neither ``trainable`` nor ``frozen`` is given, parameters are guessed: in a
-    training graph, the inputs that have a ``<name>_grad`` value are trainable; in
-    any other graph, floating-point initializers are parameters of unknown status
-    and other initializers are constants.
+    When ``trainable`` is not given, it is guessed: in a training graph, the inputs
+    that have a ``<name>_grad`` value are trainable; in any other graph,
+    floating-point initializers not named in ``frozen`` are parameters of unknown
+    status, and other initializers are constants. A frozen parameter of a
+    training graph is a graph input like the data, so only ``frozen`` (or the
+    checkpoint) tells them apart.
     """
 
     def __init__(
@@ -212,8 +214,7 @@ class GraphIndex:
             name for name in list(input_names) + list(initializers)
             if f"{name}_grad" in grads or f"{name}_grad.accumulation.buffer" in input_names
         }
-        known = trainable is not None or frozen is not None
-        trainable_set = set(trainable or ()) | (inferred_trainable if not known else set())
+        trainable_set = set(trainable) if trainable is not None else inferred_trainable
         frozen_set = set(frozen or ()) - trainable_set
 
         def info(name: str, role: str, is_param: bool = False) -> TensorInfo:
@@ -250,7 +251,7 @@ class GraphIndex:
                 continue
             if name in params_named:
                 self.params.append(info(name, "param", True))
-            elif not known and not self.is_training and init.data_type in _FLOAT_TYPES:
+            elif trainable is None and not self.is_training and init.data_type in _FLOAT_TYPES:
                 self.params.append(info(name, "param", True))
             else:
                 self.constants.append(info(name, "constant"))

@@ -18,7 +18,7 @@ from typing import Any
 
 import onnx
 
-from onnxblocks.display.graph import GraphIndex, TensorInfo
+from onnxblocks.display.graph import GraphIndex, TensorInfo, type_shape
 from onnxblocks.display.scene import MAX_NODES, build_scene
 from onnxblocks.display.summary import BOX, TABLE, TD, TDR, TH, format_bytes, header_line, summary_table
 from onnxblocks.display.svg import scene_to_svg
@@ -246,7 +246,7 @@ def _show_block(block: Any, **view: Any) -> Display:
     rows = []
     for n in names:
         node = index.node(n)
-        outs = ", ".join(f"{o}: {_type_text(index, o)}" for o in node.outputs)
+        outs = ", ".join(f"{o}: {_type_text(index, o, accessor)}" for o in node.outputs)
         rows.append(
             f'<tr><td style="{TD}">{escape(node.op_type)}</td><td style="{TD}">{escape(node.name)}</td>'
             f'<td style="{TD}">{escape(", ".join(i for i in node.inputs if i))}</td>'
@@ -279,8 +279,12 @@ def _is_loss(block: Any) -> bool:
     return isinstance(block, Loss)
 
 
-def _type_text(index: GraphIndex, name: str) -> str:
+def _type_text(index: GraphIndex, name: str, accessor: Any = None) -> str:
     dtype, shape = index.value_type(name)
+    if dtype == "?" and accessor is not None:
+        known = accessor.type_of(name)
+        if known is not None:
+            dtype, shape = type_shape(known)
     return dtype + TensorInfo(name, "value", dtype, shape).shape_text
 
 

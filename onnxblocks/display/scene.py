@@ -113,7 +113,8 @@ def _empty_note(index: GraphIndex, what: str) -> str:
 def _tensor_tooltip(t: TensorInfo) -> str:
     size = f", {t.nbytes:,} bytes" if t.nbytes is not None else ""
     status = {True: ", trainable", False: ", frozen", None: ""}[t.trainable] if t.role == "param" else ""
-    return f"{t.role} {t.name}: {t.dtype}{t.shape_text}{size}{status}"
+    kind = "type unknown" if t.dtype == "?" and t.shape is None else f"{t.dtype}{t.shape_text}"
+    return f"{t.role} {t.name}: {kind}{size}{status}"
 
 
 def _value_box(index: GraphIndex, name: str, order: float, highlight: set[str]) -> Box:
