@@ -288,7 +288,8 @@ class _Inliner:
             acc.op(op_type, inputs, domain=domain, outputs=outputs, **plain)
         except (TypeError, ValueError) as exc:
             versions = {o.domain or "ai.onnx": o.version for o in proto.opset_import}
-            raise type(exc)(
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(
                 f"{exc} (while inlining node {index} ({node.op_type}) of function '{proto.name}', written for "
                 f"opsets {versions})"
             ) from None

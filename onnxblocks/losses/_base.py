@@ -55,7 +55,7 @@ def check_reduction(owner: str, reduction: str, valid: Sequence[str] = REDUCTION
 
 
 def as_float_array(owner: str, param: str, values: Any) -> np.ndarray | None:
-    """Turn a per-class weight given as a list or array into a 1-D-or-more float64 array (None stays None).
+    """Turn weights given as a list or numpy array into a float64 array (None stays None).
 
     Raises:
         ValueError: if the values are not numbers.
