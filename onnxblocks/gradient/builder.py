@@ -124,7 +124,7 @@ def _select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tu
         if not existing:
             raise ValueError("The model has no graph output to use as the loss. Return the loss from the block.")
         return tuple(existing)
-    names = tuple(outputs)
+    names = tuple(str(n) for n in outputs)
     if not names:
         raise ValueError("No output given: the first output must be the loss.")
     for name in names:

@@ -31,12 +31,17 @@ def disable_training_mode(model: onnx.ModelProto) -> int:
     outputs = {o.name for o in graph.output}
     changed = 0
     new_nodes: list[onnx.NodeProto] = []
+    orphaned: set[str] = set()  # training_mode values nothing reads any more
     for node in graph.node:
         new_nodes.append(node)
         if node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            flag = node.input[2]
             del node.input[2:]
+            readers[flag] = [r for r in readers[flag] if r is not node]
+            if not readers[flag] and flag not in outputs:
+                orphaned.add(flag)
             changed += 1
         elif node.op_type == "BatchNormalization" and (
             _graph.attribute(node, "training_mode", 0) or len(node.output) > 1
@@ -53,6 +58,7 @@ def disable_training_mode(model: onnx.ModelProto) -> int:
             del node.output[1:]
             changed += 1
     if changed:
+        kept = [n for n in new_nodes if not (n.op_type == "Constant" and n.output and n.output[0] in orphaned)]
         del graph.node[:]
-        graph.node.extend(new_nodes)
+        graph.node.extend(kept)
     return changed

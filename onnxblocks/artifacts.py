@@ -1,0 +1,447 @@
+"""Training artifacts: the files ONNX Runtime's training API runs.
+
+:func:`generate_artifacts` writes, into one directory:
+
+==============================  ==========================================================
+file                            what it is
+==============================  ==========================================================
+``{prefix}training_model.onnx`` forward + loss + gradient graph + gradient accumulation
+``{prefix}eval_model.onnx``     forward + loss, training-mode Dropout/BatchNorm off
+``{prefix}checkpoint``          trainable and frozen parameters
+``{prefix}optimizer_model.onnx`` the optimizer (only with ``optimizer=``)
+``{prefix}nominal_checkpoint``  parameter names and types only (``nominal_checkpoint=True``)
+``*.ort``                       ORT-format copies of the models (``ort_format=True``)
+``*.data``                      external data of a model or checkpoint, when large
+==============================  ==========================================================
+
+Everything is written into a temporary directory first and moved into place
+only when complete, so a failure leaves no half-written artifacts and existing
+artifacts are replaced file by file with complete ones. Weights are never
+copied in memory: a model given as a path is loaded without its external data,
+which is streamed from its file into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.blocks.accessor import base, custom_op_library, empty_base
+from onnxblocks.blocks.block import Block
+from onnxblocks.blocks.structural import PassThrough
+from onnxblocks.blocks.training import TrainingBlock
+from onnxblocks.errors import did_you_mean, preview
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Artifacts", "LossType", "OptimType", "generate_artifacts"]
+
+
+class LossType(enum.Enum):
+    """Built-in losses for ``generate_artifacts(loss=...)``.
+
+    The first four have the reference's values; the others are onnxblocks additions.
+    """
+
+    MSELoss = 1
+    CrossEntropyLoss = 2
+    BCEWithLogitsLoss = 3
+    L1Loss = 4
+    HuberLoss = 5
+    SmoothL1Loss = 6
+    NLLLoss = 7
+    KLDivLoss = 8
+
+
+class OptimType(enum.Enum):
+    """Built-in optimizers for ``generate_artifacts(optimizer=...)``."""
+
+    AdamW = 1
+    SGD = 2
+
+
+def _loss_block(loss: LossType) -> Block:
+    from onnxblocks import losses
+
+    return getattr(losses, loss.name)()
+
+
+def _optimizer_block(optimizer: OptimType) -> Block:
+    from onnxblocks import optim
+
+    return {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD}[optimizer]()
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What :func:`generate_artifacts` wrote.
+
+    Attributes:
+        directory: The artifact directory.
+        training_model: Path of the training model.
+        eval_model: Path of the eval model.
+        checkpoint: Path of the checkpoint.
+        optimizer_model: Path of the optimizer model, or None without an optimizer.
+        nominal_checkpoint: Path of the nominal checkpoint, or None.
+        training_model_ort, eval_model_ort, optimizer_model_ort: ORT-format copies, or None.
+        requires_grad: Names of the trainable parameters, in input order.
+        frozen_params: Names of the frozen parameters, in input order.
+        input_names: The user inputs of the training and eval models.
+        output_names: The user outputs (the loss first).
+        files: Every file written, external data files included.
+    """
+
+    directory: Path
+    training_model: Path
+    eval_model: Path
+    checkpoint: Path
+    optimizer_model: Path | None
+    nominal_checkpoint: Path | None
+    training_model_ort: Path | None
+    eval_model_ort: Path | None
+    optimizer_model_ort: Path | None
+    requires_grad: tuple[str, ...]
+    frozen_params: tuple[str, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    files: tuple[Path, ...]
+
+    @property
+    def loss_name(self) -> str:
+        """Name of the loss output."""
+        return self.output_names[0]
+
+    def _repr_html_(self) -> str | None:
+        try:
+            from onnxblocks.display import repr_html
+        except ImportError:
+            return None
+        return repr_html(self)
+
+
+class _ArtifactsBlock(TrainingBlock):
+    """The loss (or pass-through) on the base model's outputs, plus additional outputs."""
+
+    def __init__(self, loss: Block, loss_input_names: Sequence[str] | None, additional: Sequence[str]) -> None:
+        super().__init__()
+        self._loss = loss
+        self._loss_input_names = list(loss_input_names) if loss_input_names else None
+        self._additional = list(additional)
+
+    def build(self, *outputs: str) -> Any:
+        inputs = self._loss_input_names or list(outputs)
+        loss = self._loss(*inputs)
+        if not self._additional:
+            return loss
+        losses = tuple(loss) if isinstance(loss, (tuple, list)) else (loss,)
+        for name in self._additional:
+            self.accessor.require(name, role="additional output")
+        return (*losses, *self._additional)
+
+
+def generate_artifacts(
+    model: onnx.ModelProto | str | os.PathLike,
+    requires_grad: Sequence[str] | None = None,
+    frozen_params: Sequence[str] | None = None,
+    loss: LossType | Block | None = None,
+    optimizer: OptimType | Block | None = None,
+    artifact_directory: str | os.PathLike | None = None,
+    prefix: str = "",
+    ort_format: bool = False,
+    custom_op_library: str | os.PathLike | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    nominal_checkpoint: bool = False,
+    loss_input_names: Sequence[str] | None = None,
+) -> Artifacts:
+    """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
+
+    Example:
+        >>> artifacts = onnxblocks.generate_artifacts(
+        ...     "model.onnx", requires_grad=["fc.weight", "fc.bias"], loss=LossType.CrossEntropyLoss,
+        ...     optimizer=OptimType.AdamW, artifact_directory="artifacts")
+        >>> artifacts.training_model
+        PosixPath('artifacts/training_model.onnx')
+
+    Args:
+        model: The base model, or the path of its ``.onnx`` file (its external data is
+            streamed from disk, never loaded whole). The model is not changed.
+        requires_grad: Parameters (initializers) to train; a graph input named here
+            gets its gradient as the training model's output ``<input>_grad``.
+        frozen_params: Parameters fed from the checkpoint without a gradient. Other
+            initializers stay constants of the graphs.
+        loss: A :class:`LossType`, a Block whose first output is the loss, or None
+            (the base model's first output is the loss).
+        optimizer: An :class:`OptimType` (AdamW: ``torch.optim.AdamW`` semantics and
+            defaults), an optimizer Block, or None for no optimizer model.
+        artifact_directory: Where to write; created if missing; default the current directory.
+        prefix: Prefix of every file name.
+        ort_format: Also write ``.ort`` versions of the models.
+        custom_op_library: Shared library registering custom ops the model uses.
+        additional_output_names: Values returned by the training and eval models after the loss.
+        nominal_checkpoint: Also write a nominal checkpoint (names and types only).
+        loss_input_names: The values passed to the loss; default the base model's outputs.
+
+    Returns:
+        The :class:`Artifacts`: paths of the files and the parameter names.
+
+    Raises:
+        TypeError: for a model, loss or optimizer of the wrong kind.
+        ValueError: for a bad prefix, a parameter both trainable and frozen, a loss
+            that is not a scalar, or an optimizer without trainable parameters.
+        onnxblocks.UnknownNameError: for an unknown parameter or output name.
+        onnxblocks.GradientError: when ONNX Runtime cannot differentiate the model.
+    """
+    return _generate(
+        model, requires_grad, frozen_params, loss, optimizer, artifact_directory, prefix, ort_format,
+        custom_op_library, additional_output_names, nominal_checkpoint, loss_input_names,
+        loss_blocks=_loss_block, optimizer_blocks=_optimizer_block,
+    )
+
+
+def _generate(
+    model: onnx.ModelProto | str | os.PathLike,
+    requires_grad: Sequence[str] | None,
+    frozen_params: Sequence[str] | None,
+    loss: LossType | Block | None,
+    optimizer: OptimType | Block | None,
+    artifact_directory: str | os.PathLike | None,
+    prefix: str,
+    ort_format: bool,
+    custom_op_library_path: str | os.PathLike | None,
+    additional_output_names: Sequence[str] | None,
+    nominal_checkpoint: bool,
+    loss_input_names: Sequence[str] | None,
+    *,
+    loss_blocks: Callable[[LossType], Block],
+    optimizer_blocks: Callable[[OptimType], Block],
+) -> Artifacts:
+    """:func:`generate_artifacts` with the mapping from enums to blocks as arguments (for compat)."""
+    base_model, model_path = _load(model)
+    loss_block = _resolve_loss(loss, loss_blocks)
+    optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
+    additional = _names("additional_output_names", additional_output_names)
+    loss_inputs = _names("loss_input_names", loss_input_names)
+    requires = _names("requires_grad", requires_grad)
+    frozen = _names("frozen_params", frozen_params)
+    _check_prefix(prefix)
+    libraries = [os.fspath(custom_op_library_path)] if custom_op_library_path is not None else []
+
+    both = [n for n in requires if n in set(frozen)]
+    if both:
+        raise ValueError(
+            f"{preview(both)} cannot be both trainable (requires_grad) and frozen (frozen_params). "
+            "Remove each from one of the two lists."
+        )
+    block = _ArtifactsBlock(loss_block, loss_inputs, additional)
+    for name in requires:
+        block.requires_grad(name)
+    for name in frozen:
+        block.requires_grad(name, False)
+
+    with contextlib.ExitStack() as stack:
+        for library in libraries:
+            stack.enter_context(custom_op_library(library))
+        stack.enter_context(base(base_model, model_path))
+        block(*[o.name for o in base_model.graph.output])
+    block.check()
+    graphs = block.graphs
+    sources = block.parameter_sources()
+
+    optimizer_model = None
+    if optim_block is not None:
+        with empty_base(opset_version=_limits.onnx_opset(base_model)):
+            optim_block(sources)
+        optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]
+
+    directory = Path(os.fspath(artifact_directory)) if artifact_directory is not None else Path.cwd()
+    names = {
+        "training_model": f"{prefix}training_model.onnx",
+        "eval_model": f"{prefix}eval_model.onnx",
+        "checkpoint": f"{prefix}checkpoint",
+        "nominal_checkpoint": f"{prefix}nominal_checkpoint",
+        "optimizer_model": f"{prefix}optimizer_model.onnx",
+    }
+    with _staging(directory) as stage:
+        from onnxblocks.checkpoint import save_checkpoint
+        from onnxblocks.io import save_model
+
+        save_model(graphs.training, stage / names["training_model"], weights=block.weights)
+        save_model(graphs.eval, stage / names["eval_model"], weights=block.weights)
+        save_checkpoint(sources, stage / names["checkpoint"], nominal_checkpoint=False)
+        if nominal_checkpoint:
+            save_checkpoint(sources, stage / names["nominal_checkpoint"], nominal_checkpoint=True)
+        if optimizer_model is not None:
+            save_model(optimizer_model, stage / names["optimizer_model"])
+        models = ["training_model", "eval_model"] + (["optimizer_model"] if optimizer_model is not None else [])
+        if ort_format:
+            for key in models:
+                _to_ort_format(stage / names[key], libraries)
+        written = sorted(p.name for p in stage.iterdir())
+    files = tuple(directory / n for n in written)
+    logger.info("Wrote training artifacts to %s: %s", directory, ", ".join(written))
+
+    def path(key: str, present: bool = True, suffix: str = "") -> Path | None:
+        if not present:
+            return None
+        name = names[key]
+        return directory / (name[: -len(".onnx")] + ".ort" if suffix else name)
+
+    return Artifacts(
+        directory=directory,
+        training_model=directory / names["training_model"],
+        eval_model=directory / names["eval_model"],
+        checkpoint=directory / names["checkpoint"],
+        optimizer_model=path("optimizer_model", optimizer_model is not None),
+        nominal_checkpoint=path("nominal_checkpoint", nominal_checkpoint),
+        training_model_ort=path("training_model", ort_format, ".ort"),
+        eval_model_ort=path("eval_model", ort_format, ".ort"),
+        optimizer_model_ort=path("optimizer_model", ort_format and optimizer_model is not None, ".ort"),
+        requires_grad=graphs.partition.trainable,
+        frozen_params=graphs.partition.frozen,
+        input_names=graphs.user_inputs,
+        output_names=graphs.user_outputs,
+        files=files,
+    )
+
+
+# ------------------------------------------------------------------ arguments
+def _load(model: Any) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"Model file '{path}' does not exist.")
+        return onnx.load(path, load_external_data=False), path
+    raise TypeError(
+        f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}."
+    )
+
+
+def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
+    if loss is None:
+        logger.info("No loss given: the base model's first output is the loss.")
+        return PassThrough()
+    loss = _same_named_enum(loss, LossType)
+    if isinstance(loss, LossType):
+        return loss_blocks(loss)
+    if isinstance(loss, Block):
+        return loss
+    if isinstance(loss, type) and issubclass(loss, Block):
+        raise TypeError(f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}().")
+    raise TypeError(
+        f"loss must be a LossType ({', '.join(m.name for m in LossType)}), an onnxblocks Block, or None; "
+        f"got {type(loss).__name__}: {loss!r}."
+    )
+
+
+def _resolve_optimizer(optimizer: Any, optimizer_blocks: Callable[[OptimType], Block]) -> Block | None:
+    if optimizer is None:
+        return None
+    optimizer = _same_named_enum(optimizer, OptimType)
+    if isinstance(optimizer, OptimType):
+        return optimizer_blocks(optimizer)
+    if isinstance(optimizer, Block) and hasattr(optimizer, "to_model_proto"):
+        return optimizer
+    if isinstance(optimizer, type) and issubclass(optimizer, Block):
+        raise TypeError(
+            f"optimizer must be a Block instance, not the class {optimizer.__name__}: pass {optimizer.__name__}()."
+        )
+    raise TypeError(
+        f"optimizer must be an OptimType ({', '.join(m.name for m in OptimType)}), an optimizer ForwardBlock "
+        f"(e.g. onnxblocks.optim.AdamW()), or None; got {type(optimizer).__name__}: {optimizer!r}."
+    )
+
+
+def _same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
+    """Accept the reference's LossType/OptimType members (same names) as ours."""
+    if isinstance(value, enum.Enum) and not isinstance(value, enum_type) and type(value).__name__ == enum_type.__name__:
+        if value.name not in enum_type.__members__:
+            raise ValueError(
+                f"{enum_type.__name__}.{value.name} is not supported.{did_you_mean(value.name, enum_type.__members__)}"
+            )
+        return enum_type[value.name]
+    return value
+
+
+def _names(argument: str, names: Sequence[str] | None) -> list[str]:
+    if names is None:
+        return []
+    if isinstance(names, str) or not isinstance(names, (list, tuple, Mapping, set, frozenset)):
+        raise TypeError(
+            f"{argument} must be a list of names, not {type(names).__name__}: {names!r}. "
+            f"Pass e.g. [{names!r}]." if isinstance(names, str) else
+            f"{argument} must be a list of names, not {type(names).__name__}."
+        )
+    out = list(names)
+    for n in out:
+        if not isinstance(n, str):
+            raise TypeError(f"{argument} must contain names (str), not {type(n).__name__}: {n!r}.")
+    return out
+
+
+def _check_prefix(prefix: str) -> None:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}.")
+    if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
+        raise ValueError(
+            f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
+        )
+
+
+# ------------------------------------------------------------------ files
+@contextlib.contextmanager
+def _staging(directory: Path):  # noqa: ANN202 - generator context manager
+    """Yield a temporary directory; on success move its files into ``directory``, on failure delete it.
+
+    A missing ``directory`` is created by renaming the complete temporary
+    directory into place; an existing one gets each file moved over (``os.replace``).
+    """
+    exists = directory.is_dir()
+    if directory.exists() and not exists:
+        raise NotADirectoryError(f"artifact_directory '{directory}' exists and is not a directory.")
+    parent = directory if exists else directory.parent
+    if not exists:
+        parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".onnxblocks-artifacts-", dir=parent))
+    try:
+        yield stage
+        if exists:
+            for item in sorted(stage.iterdir()):
+                os.replace(item, directory / item.name)
+            stage.rmdir()
+        else:
+            os.replace(stage, directory)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _to_ort_format(model_path: Path, custom_op_libraries: Sequence[str]) -> Path:
+    """Write ``<model>.ort`` beside ``model_path`` (as ``convert_onnx_models_to_ort`` does, without torch)."""
+    import onnxruntime as ort
+
+    target = model_path.with_suffix(".ort")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = os.fspath(target)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.save_model_format", "ORT")
+    for library in custom_op_libraries:
+        options.register_custom_ops_library(library)
+    ort.InferenceSession(
+        os.fspath(model_path), sess_options=options, providers=["CPUExecutionProvider"],
+        disabled_optimizers=["NchwcTransformer"],
+    )
+    return target
