@@ -3,34 +3,77 @@
 Build losses as Blocks on top of any ONNX model, differentiate them with ONNX
 Runtime's native gradient builder, and write the training artifacts (training
 model, eval model, checkpoint, optimizer model) that ONNX Runtime's training API
-runs. Importing onnxblocks imports neither torch nor onnxruntime.
+runs. Importing onnxblocks imports neither torch, onnxruntime nor onnxscript:
+the submodules that need them (artifacts, runtime, checkpoint, display, compat)
+are loaded on first use.
 """
 
 from __future__ import annotations
 
-from onnxblocks import blocks
+import importlib
+from typing import Any
+
+from onnxblocks import blocks, losses, optim
 from onnxblocks.blocks import (
     Block,
     ForwardBlock,
     ModelAccessor,
+    ScriptBlock,
+    TrainingBlock,
     Value,
     base,
     custom_op_library,
     empty_base,
+    from_onnxscript,
     value,
 )
 from onnxblocks.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
 
 __version__ = "0.1.0"
 
+# Loaded on first attribute access, to keep `import onnxblocks` fast.
+_LAZY_MODULES = {"artifacts", "checkpoint", "compat", "display", "gradient", "io", "runtime", "datasets"}
+_LAZY_NAMES = {
+    "generate_artifacts": "onnxblocks.artifacts",
+    "Artifacts": "onnxblocks.artifacts",
+    "LossType": "onnxblocks.artifacts",
+    "OptimType": "onnxblocks.artifacts",
+    "save_checkpoint": "onnxblocks.checkpoint",
+    "load_checkpoint": "onnxblocks.checkpoint",
+    "load_checkpoint_to_model": "onnxblocks.checkpoint",
+    "save_model": "onnxblocks.io",
+    "TrainingSession": "onnxblocks.runtime",
+    "fit": "onnxblocks.runtime",
+    "show": "onnxblocks.display",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"onnxblocks.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    raise AttributeError(f"module 'onnxblocks' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY_MODULES | set(_LAZY_NAMES))
+
+
 __all__ = [
+    "Artifacts",
     "Block",
     "ForwardBlock",
     "GradientError",
+    "LossType",
     "ModelAccessor",
     "NoActiveModelError",
     "NotBuiltError",
     "OnnxBlocksError",
+    "OptimType",
+    "ScriptBlock",
+    "TrainingBlock",
+    "TrainingSession",
     "UnknownNameError",
     "Value",
     "__version__",
@@ -38,5 +81,15 @@ __all__ = [
     "blocks",
     "custom_op_library",
     "empty_base",
+    "fit",
+    "from_onnxscript",
+    "generate_artifacts",
+    "load_checkpoint",
+    "load_checkpoint_to_model",
+    "losses",
+    "optim",
+    "save_checkpoint",
+    "save_model",
+    "show",
     "value",
 ]

@@ -27,7 +27,9 @@ from onnxblocks.blocks.elementwise import (
     Sub,
 )
 from onnxblocks.blocks.reductions import ReduceAllL2, ReduceMean, ReduceSum
+from onnxblocks.blocks.script import ScriptBlock, from_onnxscript
 from onnxblocks.blocks.structural import Constant, InputLike, LabelEncoder, Linear, PassThrough, SequenceConstruct
+from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.blocks.value import Value, value
 
 __all__ = [
@@ -53,10 +55,12 @@ __all__ = [
     "ReduceAllL2",
     "ReduceMean",
     "ReduceSum",
+    "ScriptBlock",
     "SequenceConstruct",
     "Sigmoid",
     "Sqrt",
     "Sub",
+    "TrainingBlock",
     "Value",
     "active",
     "base",
@@ -64,5 +68,6 @@ __all__ = [
     "custom_op_libraries",
     "custom_op_library",
     "empty_base",
+    "from_onnxscript",
     "value",
 ]
