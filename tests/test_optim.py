@@ -456,3 +456,16 @@ def test_no_onnxruntime_import():
     with warnings.catch_warnings():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_generate_artifacts_with_our_optimizer_matches_torch(tmp_path):
+    artifacts = pytest.importorskip("onnxblocks.artifacts")
+    forward, _ = tiny_forward()
+    result = artifacts.generate_artifacts(forward, requires_grad=TRAINABLE, frozen_params=FROZEN, loss=None,
+                                          optimizer=AdamW(clip_grad=0.5), artifact_directory=tmp_path)
+    trainer = OrtTrainer.open(result.training_model, result.checkpoint, result.optimizer_model)
+    history = []
+    for x, t in batches(STEPS):
+        trainer.step(x, t)
+        history.append({n: trainer.param(n) for n in TRAINABLE + FROZEN})
+    assert_history_close(history, run_torch(lambda p: torch.optim.AdamW(p, lr=LR), STEPS, clip=0.5))
