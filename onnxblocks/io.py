@@ -142,6 +142,10 @@ def write_aligned(out: BinaryIO, chunks: Iterable[bytes], expected: int, name: s
     return position
 
 
+def _weights_kind(data_type: int, dims: Iterable[int]) -> str:
+    return f"{onnx.TensorProto.DataType.Name(data_type).lower()}{list(dims)}"
+
+
 def _check_location(location: str) -> str:
     path = Path(location)
     if path.is_absolute() or ".." in path.parts or not location or location.endswith(("/", "\\")):
@@ -211,6 +215,9 @@ def save_model(
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"save_model() takes an onnx.ModelProto, not {type(model).__name__}.")
+    if isinstance(external_data_threshold, bool) or not isinstance(external_data_threshold, int) \
+            or external_data_threshold < 0:
+        raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
     target = Path(os.fspath(path))
     data_location = _check_location(location if location is not None else target.name + ".data")
     data_path = target.parent / data_location
@@ -224,7 +231,14 @@ def save_model(
                     f"Initializer '{init.name}' is a held stub but weights= does not know it. Pass the build's "
                     "weights (accessor.weights), or save the finished model (block.to_model_proto())."
                 )
-            return weights.source(init.name) if isinstance(weights, _weights.WeightStore) else weights[init.name]
+            source = weights.source(init.name) if isinstance(weights, _weights.WeightStore) else weights[init.name]
+            if (source.data_type, tuple(source.dims)) != (init.data_type, tuple(init.dims)):
+                raise ValueError(
+                    f"The weights for '{init.name}' are {_weights_kind(source.data_type, source.dims)} but the "
+                    f"model's stub is {_weights_kind(init.data_type, init.dims)}. Pass the weights of the build "
+                    "this model comes from."
+                )
+            return source
         if init.data_location == onnx.TensorProto.EXTERNAL:
             return init
         if init.data_type != onnx.TensorProto.STRING and _weights.tensor_nbytes(init) >= external_data_threshold \

@@ -201,6 +201,12 @@ def test_errors(tmp_path):
             save_model(mlp(), tmp_path / "m.onnx", location=location)
     with pytest.raises(ValueError, match="is the model file itself"):
         save_model(mlp(), tmp_path / "m.onnx", location="m.onnx")
+    wrong = {n: TensorSource(n, TensorProto.FLOAT, (1,), tensor=numpy_helper.from_array(np.zeros(1, np.float32)))
+             for n in acc.weights}
+    with pytest.raises(ValueError, match=r"weights for 'W1' are float\[1\] but the model's stub is float\[16, 64\]"):
+        save_model(acc.working_model, tmp_path / "m.onnx", wrong)
+    with pytest.raises(ValueError, match="external_data_threshold"):
+        save_model(mlp(), tmp_path / "m.onnx", external_data_threshold=-5)
     with pytest.raises(TypeError, match="ModelProto"):
         save_model(str(tmp_path), tmp_path / "m.onnx")
     with pytest.raises(FileNotFoundError, match="does not exist"):
