@@ -334,3 +334,55 @@ def _rename_inputs_to_initializers(model: onnx.ModelProto, names: dict[str, str]
             if name == old_output:
                 node.output[i] = "output"
     return model
+
+
+# ---------------------------------------------------------------- ONNX Runtime training API
+class OrtTrainer:
+    """ONNX Runtime's training API (C bindings) on a set of artifacts: checkpoint state, Module, Optimizer."""
+
+    def __init__(self, artifacts, optimizer: bool = True, checkpoint: str | os.PathLike | None = None) -> None:
+        from onnxruntime.capi import _pybind_state as C
+
+        self.C = C
+        self.state = C.load_checkpoint(os.fspath(checkpoint or artifacts.checkpoint))
+        self.device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+        self.module = C.Module(os.fspath(artifacts.training_model), self.state, os.fspath(artifacts.eval_model),
+                               self.device, C.SessionOptions())
+        self.optimizer = None
+        if optimizer and artifacts.optimizer_model is not None:
+            self.optimizer = C.Optimizer(os.fspath(artifacts.optimizer_model), self.state, self.device,
+                                         C.SessionOptions())
+
+    def train_step(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        fetches = self.C.OrtValueVector()
+        self.module.train_step(list(inputs), fetches)
+        return [f.numpy() for f in fetches]
+
+    def eval_step(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        fetches = self.C.OrtValueVector()
+        self.module.eval_step(list(inputs), fetches)
+        return [f.numpy() for f in fetches]
+
+    def step(self) -> None:
+        self.optimizer.optimizer_step()
+        self.module.lazy_reset_grad()
+
+    def grad(self, name: str) -> np.ndarray:
+        return self.state.get_parameter(name).grad.numpy()
+
+    def param(self, name: str) -> np.ndarray:
+        return self.state.get_parameter(name).data.numpy()
+
+
+def torch_loss(kind: str) -> torch.nn.Module:
+    return {
+        "mse": torch.nn.MSELoss(), "cross_entropy": torch.nn.CrossEntropyLoss(), "l1": torch.nn.L1Loss(),
+        "huber": torch.nn.HuberLoss(), "smooth_l1": torch.nn.SmoothL1Loss(), "bce": torch.nn.BCEWithLogitsLoss(),
+        "nll": torch.nn.NLLLoss(), "kl_div": torch.nn.KLDivLoss(reduction="mean"),
+    }[kind]
+
+
+LOSS_TYPES = {
+    "mse": "MSELoss", "cross_entropy": "CrossEntropyLoss", "l1": "L1Loss", "huber": "HuberLoss",
+    "smooth_l1": "SmoothL1Loss", "bce": "BCEWithLogitsLoss", "nll": "NLLLoss", "kl_div": "KLDivLoss",
+}
