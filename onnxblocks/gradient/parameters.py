@@ -49,6 +49,14 @@ class ParameterPartition:
         return self.trainable + self.input_grads
 
 
+def _suggest(name: str, candidates: list[str]) -> str:
+    """A "did you mean" hint, trying a case-insensitive match first."""
+    folded = [c for c in candidates if c.lower() == name.lower()]
+    if folded:
+        return " Did you mean " + " or ".join(repr(c) for c in folded) + "?"
+    return did_you_mean(name, candidates)
+
+
 def _elem_name(elem_type: int) -> str:
     return onnx.TensorProto.DataType.Name(elem_type).lower()
 
@@ -91,7 +99,7 @@ def partition_parameters(
                 continue
             raise UnknownNameError(
                 f"{role} names '{name}', which is not a parameter (initializer) or graph input of the model."
-                f"{did_you_mean(name, list(initializers) + list(inputs))} "
+                f"{_suggest(name, list(initializers) + list(inputs))} "
                 f"Parameters: {preview(initializers)}. Graph inputs: {preview(inputs)}."
             )
     for name in requires_grad:
