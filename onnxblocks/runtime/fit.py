@@ -37,8 +37,6 @@ from onnxblocks.runtime.session import TrainingSession
 DATA_PROPERTY = "onnxblocks.data"
 #: Checkpoint property with the schedule's settings (``Schedule.state_dict()``).
 SCHEDULE_PROPERTY = "onnxblocks.schedule"
-#: Checkpoint property with the number of completed epochs.
-EPOCH_PROPERTY = "onnxblocks.epoch"
 
 
 @dataclass
@@ -114,12 +112,12 @@ class FitRun:
 
     def save_checkpoint(self, path: str | os.PathLike, include_optimizer_state: bool = True) -> Path:
         """Save a checkpoint that :func:`resume` continues exactly (data and schedule state included)."""
-        values: dict[str, Any] = {EPOCH_PROPERTY: self.epoch}
         state_dict = getattr(self.train_data, "state_dict", None)
-        if callable(state_dict):
-            values[DATA_PROPERTY] = state_dict()
-        if self.scheduler is not None:
-            values[SCHEDULE_PROPERTY] = self.scheduler.state_dict()
+        values: dict[str, Any] = {
+            # None overwrites what a checkpoint this session was resumed from said
+            DATA_PROPERTY: state_dict() if callable(state_dict) else None,
+            SCHEDULE_PROPERTY: self.scheduler.state_dict() if self.scheduler is not None else None,
+        }
         return self.session._save(Path(path), include_optimizer_state, values)
 
 
@@ -284,7 +282,7 @@ def resume(
         ValueError: if ``train_data`` cannot restore the saved state.
     """
     properties = session.load_checkpoint(checkpoint)
-    if train_data is not None and DATA_PROPERTY in properties:
+    if train_data is not None and properties.get(DATA_PROPERTY) is not None:
         load = getattr(train_data, "load_state_dict", None)
         if not callable(load):
             raise ValueError(

@@ -1,0 +1,170 @@
+"""``onnxblocks artifacts``: generate training artifacts from a model file."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from onnxblocks.cli.app import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.tables import format_bytes
+
+#: ``--loss`` choices and the LossType member each selects (None: the model's first output is the loss).
+LOSSES = {
+    "mse": "MSELoss",
+    "crossentropy": "CrossEntropyLoss",
+    "bcewithlogits": "BCEWithLogitsLoss",
+    "l1": "L1Loss",
+    "huber": "HuberLoss",
+    "smoothl1": "SmoothL1Loss",
+    "nll": "NLLLoss",
+    "kldiv": "KLDivLoss",
+    "none": None,
+}
+OPTIMIZERS = ("adamw", "sgd", "none")
+_FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+EXAMPLES = """\
+examples:
+  # train every float initializer with cross entropy and AdamW
+  onnxblocks artifacts model.onnx --loss crossentropy --all-params -o artifacts
+  # train only the classifier head; keep the embeddings in the checkpoint, frozen
+  onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' --frozen 'embed.*' -o artifacts
+  # MSE with SGD, also returning the model output 'y' from the training and eval models
+  onnxblocks artifacts model.onnx --loss mse --optimizer sgd --all-params --additional-output y -o out
+
+Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
+Run 'onnxblocks inspect model.onnx' to list the initializers."""
+
+
+def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Register the ``artifacts`` subcommand."""
+    parser = commands.add_parser(
+        "artifacts", parents=parents, help="generate training artifacts (training/eval/optimizer models, checkpoint)",
+        description="Generate the ONNX Runtime training artifacts of a model: training_model.onnx, "
+                    "eval_model.onnx, optimizer_model.onnx and checkpoint.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", metavar="MODEL.onnx", help="the forward model")
+    parser.add_argument("-o", "--output-dir", required=True, metavar="DIR", help="where to write the artifacts")
+    parser.add_argument("--loss", required=True, choices=list(LOSSES),
+                        help="loss added after the model's outputs ('none': the model's first output is the loss)")
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                        help="optimizer model to generate (default: adamw, torch.optim.AdamW semantics)")
+    parser.add_argument("--requires-grad", nargs="+", default=[], metavar="PATTERN",
+                        help="parameters to train (names or glob patterns)")
+    parser.add_argument("--all-params", action="store_true",
+                        help="train every floating-point initializer (minus --frozen)")
+    parser.add_argument("--frozen", nargs="+", default=[], metavar="PATTERN",
+                        help="parameters kept in the checkpoint without training (names or glob patterns)")
+    parser.add_argument("--additional-output", nargs="+", default=[], metavar="NAME",
+                        help="values the training and eval models return after the loss (e.g. logits)")
+    parser.add_argument("--loss-input", nargs="+", default=None, metavar="NAME",
+                        help="values passed to the loss (default: the model's outputs)")
+    parser.add_argument("--prefix", default="", help="prefix of every artifact file name")
+    parser.add_argument("--ort-format", action="store_true", help="also write .ort versions of the models")
+    parser.add_argument("--nominal-checkpoint", action="store_true", help="also write a nominal checkpoint")
+    parser.set_defaults(handler=run)
+
+
+def select_parameters(
+    initializers: Sequence[tuple[str, int]],
+    requires_grad: Sequence[str],
+    frozen: Sequence[str],
+    all_params: bool,
+) -> tuple[list[str], list[str]]:
+    """Resolve ``--requires-grad``/``--frozen``/``--all-params`` into (trainable, frozen) names.
+
+    Args:
+        initializers: ``(name, onnx element type)`` of every initializer, in model order.
+        requires_grad: Patterns of parameters to train.
+        frozen: Patterns of parameters to freeze (they win over ``requires_grad``).
+        all_params: Train every floating-point initializer.
+
+    Raises:
+        CliError: (exit 2) when neither ``requires_grad`` nor ``all_params`` is
+            given; (exit 3) for a pattern that matches no initializer or only
+            non-float ones.
+    """
+    if not requires_grad and not all_params:
+        raise CliError(
+            "choose the parameters to train: --requires-grad PATTERN... or --all-params "
+            "(see 'onnxblocks artifacts --help')", EXIT_USAGE)
+    names = [n for n, _ in initializers]
+    floats = [n for n, t in initializers if t in _FLOAT_TYPES]
+    frozen_names = _match_all(frozen, names, floats, "--frozen")
+    trainable = floats if all_params else _match_all(requires_grad, names, floats, "--requires-grad")
+    trainable = [n for n in trainable if n not in set(frozen_names)]
+    return trainable, frozen_names
+
+
+def _match_all(patterns: Sequence[str], names: Sequence[str], floats: Sequence[str], option: str) -> list[str]:
+    from onnxblocks.errors import did_you_mean, preview
+
+    chosen: dict[str, None] = {}
+    for pattern in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            raise CliError(
+                f"{option} {pattern!r} matches no initializer of the model.{did_you_mean(pattern, names)} "
+                f"Initializers: {preview(names)}.")
+        usable = [n for n in hits if n in set(floats)]
+        if not usable:
+            raise CliError(
+                f"{option} {pattern!r} matches only non-floating-point initializers {preview(hits)}, which cannot "
+                "be trained. Choose float parameters.")
+        chosen.update(dict.fromkeys(usable))
+    return list(chosen)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate the artifacts and print a summary."""
+    import onnx
+
+    from onnxblocks import artifacts, optim
+
+    if not os.path.isfile(args.model):
+        raise CliError(f"model file '{args.model}' does not exist.", EXIT_INPUT)
+    model = onnx.load(args.model, load_external_data=False)
+    initializers = [(i.name, i.data_type) for i in model.graph.initializer]
+    trainable, frozen = select_parameters(initializers, args.requires_grad, args.frozen, args.all_params)
+    if not trainable:
+        raise CliError("no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE)
+    loss_name = LOSSES[args.loss]
+    loss = artifacts.LossType[loss_name] if loss_name else None
+    optimizer = {"adamw": optim.AdamW, "sgd": optim.SGD}.get(args.optimizer)
+    result = artifacts.generate_artifacts(
+        args.model,
+        requires_grad=trainable,
+        frozen_params=frozen or None,
+        loss=loss,
+        optimizer=optimizer() if optimizer is not None else None,
+        artifact_directory=args.output_dir,
+        prefix=args.prefix,
+        ort_format=args.ort_format,
+        additional_output_names=args.additional_output or None,
+        nominal_checkpoint=args.nominal_checkpoint,
+        loss_input_names=args.loss_input,
+    )
+    sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
+    out = sys.stdout
+    out.write(f"wrote training artifacts to {result.directory}\n")
+    for path in result.files:
+        out.write(f"  {path.name:<28} {format_bytes(path.stat().st_size):>10}\n")
+    out.write(f"trainable: {len(result.requires_grad)} parameters "
+              f"({format_bytes(sum(sizes.get(n, 0) for n in result.requires_grad))}); "
+              f"frozen: {len(result.frozen_params)} "
+              f"({format_bytes(sum(sizes.get(n, 0) for n in result.frozen_params))})\n")
+    out.write(f"inputs: {', '.join(result.input_names)}; outputs: {', '.join(result.output_names)}\n")
+    prefix = f" --prefix {args.prefix}" if args.prefix else ""
+    out.write(f"next: onnxblocks train {result.directory}{prefix} --data DATA.npz --epochs 10\n")
+    return EXIT_OK
+
+
+def _nbytes(tensor: Any) -> int:
+    from onnxblocks.blocks.weights import tensor_nbytes
+
+    return tensor_nbytes(tensor)
