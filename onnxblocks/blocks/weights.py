@@ -75,8 +75,15 @@ class TensorSource:
         stub = onnx.TensorProto(data_type=self.data_type, dims=self.dims)
         return tensor_nbytes(stub)
 
-    def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-        """Yield the tensor's little-endian bytes in pieces of at most ``chunk_bytes``."""
+    def chunks(self, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes | memoryview]:
+        """Yield the tensor's little-endian bytes in pieces of at most ``chunk_bytes``.
+
+        Pieces read from a file are ``bytes``. Pieces of an in-memory tensor are
+        read-only ``memoryview`` slices of one copy of its data (protobuf hands
+        out ``raw_data`` only as a copy), so streaming it copies the bytes once,
+        not once more per piece. Both work wherever bytes-like objects do
+        (``file.write``, ``b"".join``, ``len``, slice assignment).
+        """
         if self.path is not None:
             remaining = self.nbytes
             with open(self.path, "rb") as f:
@@ -97,7 +104,7 @@ class TensorSource:
         else:
             data = memoryview(numpy_helper.to_array(self.tensor).tobytes())
         for start in range(0, len(data), chunk_bytes):
-            yield bytes(data[start : start + chunk_bytes])
+            yield data[start : start + chunk_bytes]
 
     def read(self) -> bytes:
         """All of the tensor's bytes at once."""
