@@ -208,7 +208,8 @@ def run_demo(
     session = TrainingSession(artifact_dir)
     train = ArrayBatches((x_train, y_train), batch_size=32, seed=seed)
     val = ArrayBatches((x_val, y_val), batch_size=256, shuffle=False)
-    schedule = CosineSchedule(0.01, total_steps=epochs * len(train), warmup_steps=len(train))
+    total_steps = epochs * len(train)
+    schedule = CosineSchedule(0.01, total_steps=total_steps, warmup_steps=min(len(train), total_steps // 5))
     accuracy = Accuracy(output=1)
     say(f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate from 0.01")
     history = fit(session, train, epochs=epochs, eval_data=val, callbacks=[accuracy], scheduler=schedule,
