@@ -402,7 +402,7 @@ def _check_prefix(prefix: str) -> None:
 
 # ------------------------------------------------------------------ files
 @contextlib.contextmanager
-def _staging(directory: Path):  # noqa: ANN202 - generator context manager
+def _staging(directory: Path):
     """Yield a temporary directory; on success move its files into ``directory``, on failure delete it.
 
     A missing ``directory`` is created by renaming the complete temporary

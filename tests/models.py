@@ -215,7 +215,7 @@ def export(
     return result
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(name: str, exporter: str) -> Case:
     model, inputs, target, loss = family(name)
     if exporter == "onnxscript":
@@ -253,7 +253,10 @@ def onnxscript_model(name: str, torch_model: torch.nn.Module) -> onnx.ModelProto
 
 
 @script()
-def _mlp_script(x: FLOAT["N", 4], fc1_w: FLOAT[8, 4], fc1_b: FLOAT[8], fc2_w: FLOAT[3, 8], fc2_b: FLOAT[3]) -> FLOAT["N", 3]:  # noqa: F821
+def _mlp_script(
+    x: FLOAT["N", 4],  # noqa: UP037, F821 - onnxscript shapes, not quoted annotations
+    fc1_w: FLOAT[8, 4], fc1_b: FLOAT[8], fc2_w: FLOAT[3, 8], fc2_b: FLOAT[3],
+) -> FLOAT["N", 3]:  # noqa: UP037, F821
     h = op.Relu(op.Gemm(x, fc1_w, fc1_b, transB=1))
     return op.Gemm(h, fc2_w, fc2_b, transB=1)
 
@@ -270,11 +273,11 @@ SCALE = float(1.0 / HD**0.5)
 
 @script()
 def _gpt_script(
-    idx: INT64["B", "T"],  # noqa: F821
+    idx: INT64["B", "T"],  # noqa: UP037, F821 - onnxscript shapes
     tok: FLOAT, pos: FLOAT, ln1_w: FLOAT, ln1_b: FLOAT, qkv_w: FLOAT, qkv_b: FLOAT, proj_w: FLOAT,
     proj_b: FLOAT, ln2_w: FLOAT, ln2_b: FLOAT, fc_w: FLOAT, fc_b: FLOAT, out_w: FLOAT, out_b: FLOAT,
     lnf_w: FLOAT, lnf_b: FLOAT, head_w: FLOAT, head_b: FLOAT,
-) -> FLOAT["BT", 11]:  # noqa: F821
+) -> FLOAT["BT", 11]:  # noqa: UP037, F821
     shape = op.Shape(idx)
     b = op.Slice(shape, [0], [1])
     t = op.Slice(shape, [1], [2])

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import os
 
+import models
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import helper
 
-import models
 import onnxblocks
 from onnxblocks import optim
 from onnxblocks.artifacts import Artifacts, LossType, OptimType, generate_artifacts

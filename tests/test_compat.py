@@ -13,12 +13,12 @@ import os
 import random
 import types
 
+import models
 import numpy as np
 import onnx
 import pytest
 import torch
 
-import models
 from onnxblocks.compat import artifacts, onnxblock
 
 BATCH, D_IN, HIDDEN, D_OUT = 8, 6, 5, 4
@@ -232,7 +232,7 @@ def test_set_requires_grad_on_inputs(tmp_path, simple):
     block.requires_grad("fc1.weight")
     with onnxblock.base(base_model):
         _ = block(base_model.graph.output[0].name)
-    training, evaluation = block.to_model_proto()
+    training, _ = block.to_model_proto()
     assert training.graph.output[-1].name == "input-0_grad"
     target = _target("MSELoss")
     feeds = {"input-0": x.numpy(), "target": target.numpy(), "lazy_reset_grad": np.array([True]),

@@ -56,7 +56,7 @@ def _train_run(graphs_training, feeds, params):
             feeds[f"{name}_grad.accumulation.buffer"] = buffers[name]
     feeds["lazy_reset_grad"] = np.array([True])
     outs = _run(graphs_training, feeds)
-    return dict(zip([o.name for o in graphs_training.graph.output], outs)), buffers
+    return dict(zip([o.name for o in graphs_training.graph.output], outs, strict=True)), buffers
 
 
 # ------------------------------------------------------------------ partition
@@ -325,7 +325,7 @@ def test_new_ir_version_is_stamped_down():
     model.ir_version = 13
     graphs = build_training_graphs(model, ["W"])
     assert graphs.training.ir_version <= 10 and graphs.eval.ir_version <= 10
-    outs, grads = _train_run(graphs.training, {"x": np.ones((1, 3), np.float32)},
+    _, grads = _train_run(graphs.training, {"x": np.ones((1, 3), np.float32)},
                              {"W": numpy_helper.to_array(model.graph.initializer[0])})
     np.testing.assert_allclose(grads["W"], np.ones((3, 2)), rtol=1e-6)
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import copy
 import warnings
 
+import models
 import numpy as np
 import pytest
 import torch
 
-import models
 from onnxblocks import optim
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 

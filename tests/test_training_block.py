@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 
+import models
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import numpy_helper
 
-import models
 import onnxblocks
 from onnxblocks import losses
 from onnxblocks.artifacts import Artifacts
@@ -96,7 +96,7 @@ def test_parameters_are_complete_copies_in_input_order(mlp):
 def test_models_are_complete_and_valid_with_held_weights():
     from test_gradient import _model_with_big_constant
 
-    model, weight, mask = _model_with_big_constant()
+    model, _, mask = _model_with_big_constant()
 
     class Sum(TrainingBlock):
         def build(self, loss):
@@ -137,7 +137,7 @@ def test_additional_outputs_follow_the_loss(tmp_path, mlp):
     assert [o.name for o in training.graph.output][:2] == [block.graphs.user_outputs[0], "output"]
     assert len(evaluation.graph.output) == 2
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
-    loss, output = trainer.train_step(mlp.inputs["x"], mlp.target)
+    _, output = trainer.train_step(mlp.inputs["x"], mlp.target)
     with torch.no_grad():
         expected = mlp.torch_model(torch.from_numpy(mlp.inputs["x"])).numpy()
     np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-6)

@@ -85,7 +85,7 @@ def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes read)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - inference is best-effort here
+    except Exception:
         inferred = model
     g = inferred.graph
     types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}

@@ -241,8 +241,8 @@ def _order_inputs_and_outputs(
 
 
 # ------------------------------------------------------------------ ONNX Runtime
-def _session_options(custom_op_libraries: Sequence[str]):  # noqa: ANN202 - onnxruntime type, imported lazily
-    from onnxruntime.capi import _pybind_state as C  # noqa: N812
+def _session_options(custom_op_libraries: Sequence[str]):
+    from onnxruntime.capi import _pybind_state as C  # noqa: N812 - the binding module's usual name
 
     options = C.SessionOptions()
     options.log_severity_level = 3
@@ -255,7 +255,7 @@ def _ort_gradient(
     forward: onnx.ModelProto, partition: ParameterPartition, loss: str, custom_op_libraries: Sequence[str]
 ) -> onnx.ModelProto:
     """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs in it)."""
-    from onnxruntime.capi import _pybind_state as C  # noqa: N812
+    from onnxruntime.capi import _pybind_state as C  # noqa: N812 - the binding module's usual name
 
     options = _session_options(custom_op_libraries)
     requires_grad = set(partition.requires_grad)
@@ -264,7 +264,7 @@ def _ort_gradient(
     data = stamped.SerializeToString()
     try:
         optimized = C.get_optimized_model(data, requires_grad, options)
-    except Exception as exc:  # noqa: BLE001 - pybind raises several unrelated classes
+    except Exception as exc:
         raise GradientError(
             f"ONNX Runtime could not load or optimize the model before building its gradient: "
             f"{_ort_message(exc)}"
@@ -273,7 +273,7 @@ def _ort_gradient(
         builder = C.GradientGraphBuilder(optimized, {loss}, requires_grad, loss, options)
         builder.build()
         result = builder.get_model()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise _explain(exc, forward, onnx.load_from_string(optimized), partition, loss) from None
     return onnx.load_from_string(result)
 

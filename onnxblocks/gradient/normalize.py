@@ -58,7 +58,7 @@ def expose_layer_norm_statistics(model: onnx.ModelProto) -> int:
         suffixes = ["mean", "inv_std_dev"] if wanted == 3 else ["inv_std_dev"]
         while len(node.output) < wanted:
             node.output.append("")
-        for i, suffix in zip(range(1, wanted), suffixes):
+        for i, suffix in zip(range(1, wanted), suffixes, strict=True):
             if not node.output[i]:
                 node.output[i] = names.fresh(f"{base}.{suffix}")
         changed += 1
@@ -121,7 +121,7 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
         pieces: list[str] = [""] * count
         extra: list[onnx.NodeProto] = []
         final: dict[int, str] = {}
-        for user, pos in zip(users, positions):
+        for user, pos in zip(users, positions, strict=True):
             index = int(pos.reshape(()))  # type: ignore[union-attr]
             index = index + count if index < 0 else index
             if not 0 <= index < count:
