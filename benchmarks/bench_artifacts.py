@@ -18,8 +18,12 @@ whose tool module is already imported: onnxblocks imports onnxruntime lazily
 inside the call, and that import is counted. Peak RSS is the process's
 high-water mark (``VmHWM``), imports and the caller's model included.
 
-Output: a markdown table (case, tool, wall s, peak RSS GB, ratio, note), and with
-``--json FILE`` every raw measurement.
+Columns: wall s (median over ``--repeat`` runs), cpu s (process CPU time during
+the call, all threads), peak RSS GB (the worker process's high-water mark: imports,
+the caller's ``onnx.load`` and the call), in-call peak GB (the high-water mark
+during the call alone, the caller's model included: the kernel's mark is reset
+just before the call), ratio (reference wall / onnxblocks wall), note. With
+``--json FILE`` every raw measurement is written too.
 """
 
 from __future__ import annotations
@@ -63,7 +67,13 @@ CASES: list[Case] = [
     Case("gpt162m-path", "gpt162m", "path", description="GPT 162 M, 650 MB, path"),
     Case("gpt162m-warm", "gpt162m", "proto", reference=False, extra=("--warm-ort",),
          description="GPT 162 M, ModelProto, onnxruntime imported before the call"),
+    Case("gpt162m-path-proposed", "gpt162m", "path", reference=False, extra=("--proposed",),
+         description="GPT 162 M, path, with the fixes proposed in docs/performance.md"),
+    Case("gpt162m-proposed", "gpt162m", "proto", reference=False, extra=("--proposed",),
+         description="GPT 162 M, ModelProto, with the fixes proposed in docs/performance.md"),
     Case("gpt830m-path", "gpt830m", "path", description="GPT 834 M, 3.3 GB external data, path"),
+    Case("gpt830m-path-proposed", "gpt830m", "path", reference=False, extra=("--proposed",),
+         description="GPT 834 M, path, with the fixes proposed in docs/performance.md"),
     Case("gpt830m-noext", "gpt830m", "proto-noext",
          description="GPT 834 M, ModelProto loaded with load_external_data=False + model_path"),
     Case("loss1", "gpt162m", "proto", loss="chain1", description="GPT 162 M, custom loss of 1 block"),
@@ -101,6 +111,16 @@ class Row:
     def peak(self) -> float | None:
         peaks = [r["peak_rss_gb"] for r in self.runs if r.get("peak_rss_gb")]
         return max(peaks) if peaks else None
+
+    @property
+    def call_peak(self) -> float | None:
+        peaks = [r["call_peak_rss_gb"] for r in self.runs if r.get("call_peak_rss_gb")]
+        return max(peaks) if peaks else None
+
+    @property
+    def cpu(self) -> float | None:
+        cpus = [r["cpu_s"] for r in self.runs if r.get("ok") and "cpu_s" in r]
+        return statistics.median(cpus) if cpus else None
 
 
 def run_worker(args: list[str], timeout: float, env: dict | None = None) -> dict:
@@ -149,7 +169,7 @@ def run_case(case: Case, tool: str, built: bench_models.BuiltModel | None, work:
     row = Row(case.id, tool, case.description)
     for i in range(repeat):
         if case.model is None:
-            result = run_worker(["--case", "import"], timeout)
+            result = run_worker(["--case", "import", *case.extra], timeout)
         else:
             assert built is not None
             out_dir = work / f"{case.id}-{tool}-{i}"
@@ -184,7 +204,8 @@ def _note(row: Row) -> str:
     if first.get("note"):
         notes.append(first["note"])
     if first.get("cwd_files"):
-        notes.append(f"left {first.get('cwd_bytes', 0) / 1e6:.0f} MB in the working dir ({', '.join(first['cwd_files'])})")
+        files = ", ".join(first["cwd_files"])
+        notes.append(f"left {first.get('cwd_bytes', 0) / 1e6:.0f} MB in the working dir ({files})")
     if first.get("model_dir_files"):
         notes.append(f"left files beside the model ({', '.join(first['model_dir_files'])})")
     if first.get("caller_model_unchanged") is False:
@@ -199,12 +220,17 @@ def _note(row: Row) -> str:
 
 def markdown(rows: list[Row], header: str) -> str:
     """The rows as a markdown table."""
-    lines = [header, "", "| case | tool | wall s | peak RSS GB | ratio | note |", "|---|---|---:|---:|---:|---|"]
+    lines = [header, "",
+             "| case | tool | wall s | cpu s | peak RSS GB | in-call peak GB | ratio | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+
+    def fmt(x: float | None) -> str:
+        return f"{x:.2f}" if x is not None else "-"
+
     for r in rows:
-        wall = f"{r.wall:.2f}" if r.wall is not None else "-"
-        peak = f"{r.peak:.2f}" if r.peak is not None else "-"
         ratio = f"{r.ratio:.1f}x" if r.ratio else ""
-        lines.append(f"| {r.case}: {r.description} | {r.tool} | {wall} | {peak} | {ratio} | {_note(r)} |")
+        lines.append(f"| {r.case}: {r.description} | {r.tool} | {fmt(r.wall)} | {fmt(r.cpu)} | {fmt(r.peak)} | "
+                     f"{fmt(r.call_peak)} | {ratio} | {_note(r)} |")
     return "\n".join(lines)
 
 
@@ -278,16 +304,17 @@ def main(argv: list[str] | None = None) -> int:
         from importlib.metadata import version
 
         versions += f", onnxruntime-training {version('onnxruntime-training-cpu')}"
-    except Exception:  # noqa: BLE001 - informational only
+    except Exception:
         pass
     header = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} / {os.cpu_count()} cores / "
               f"{_mem_gb():.0f} GB RAM, Python {platform.python_version()}, {versions}.\n"
               f"Command: `python benchmarks/bench_artifacts.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
     print(markdown(rows, header))
     if args.json:
-        Path(args.json).write_text(json.dumps([
-            {"case": r.case, "tool": r.tool, "description": r.description, "ok": r.ok, "wall_s": r.wall,
-             "peak_rss_gb": r.peak, "ratio": r.ratio, "note": _note(r), "runs": r.runs} for r in rows], indent=1))
+        records = [{"case": r.case, "tool": r.tool, "description": r.description, "ok": r.ok, "wall_s": r.wall,
+                    "cpu_s": r.cpu, "peak_rss_gb": r.peak, "call_peak_rss_gb": r.call_peak, "ratio": r.ratio,
+                    "note": _note(r), "runs": r.runs} for r in rows]
+        Path(args.json).write_text(json.dumps(records, indent=1))
     return 0 if all(r.ok for r in rows if r.tool == "onnxblocks") else 1
 
 

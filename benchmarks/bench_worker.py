@@ -8,8 +8,11 @@ Measured:
     * ``wall_s``: the ``generate_artifacts`` call (or the import, for the import
       case), after the tool's modules are imported and the model is loaded.
     * ``peak_rss_gb``: the process's RSS high-water mark over its whole life
-      (imports, model loading and the call).
+      (imports, the caller's ``onnx.load`` and the call).
+    * ``call_peak_rss_gb``: the RSS high-water mark during the call alone (the
+      kernel's mark is reset just before it), which includes the caller's model.
     * ``base_rss_gb``: RSS just before the call (imports + the caller's model).
+    * ``cpu_s``: CPU time of the process during the call (all threads).
 
 Optional diagnostics: ``--profile FILE`` (cProfile of the call) and
 ``--rss-trace`` (samples RSS every 5 ms and reports the Python stack of the main
@@ -44,8 +47,18 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far."""
+    """Peak resident set size of this process so far (since the last :func:`reset_peak_rss`)."""
     return _status_kb("VmHWM") * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 class RssSampler(threading.Thread):
@@ -62,7 +75,7 @@ class RssSampler(threading.Thread):
         self.start_time = time.perf_counter()
 
     def run(self) -> None:
-        statm = open("/proc/self/statm")  # noqa: SIM115
+        statm = open("/proc/self/statm")
         page = os.sysconf("SC_PAGE_SIZE")
         while not self.stop_event.is_set():
             statm.seek(0)
@@ -122,6 +135,71 @@ def _silence_ort_probe() -> None:
             del sys.modules["onnxruntime.training.ortmodule"]
 
 
+def apply_proposed_fixes() -> list[str]:
+    """Monkeypatch the fixes proposed in docs/performance.md that are not in the library yet.
+
+    Used by the ``--proposed`` runs, so one table shows the effect of each
+    recommendation before the owning module applies it. Each patch is skipped
+    when the library already behaves that way. Returns the names of the patches applied.
+    """
+    import contextlib
+    import secrets
+
+    applied = []
+    # 1. Import onnxruntime without its probe that imports torch (the first import happens inside the call).
+    if "onnxruntime" not in sys.modules:
+        sys.modules["onnxruntime.training.ortmodule"] = None  # type: ignore[assignment]
+        applied.append("ort-import-without-torch")
+    # 2. A model given as a path: read its structure only, weights stay in the file.
+    import onnxblocks.artifacts as artifacts
+    from onnxblocks.blocks import weights
+
+    if hasattr(weights, "load_structure") and getattr(artifacts, "_load", None) is not None \
+            and "load_structure" not in artifacts._load.__code__.co_names:
+        original = artifacts._load
+
+        def _load(model):
+            if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+                return weights.load_structure(model), os.fspath(model)
+            return original(model)
+
+        artifacts._load = _load
+        applied.append("path-structure-only")
+    # 3. Temporary files opened without truncation (ext4 flushes a truncated file when it is closed).
+    import onnxblocks.io as io_module
+
+    current = getattr(io_module.atomic_outputs, "__wrapped__", io_module.atomic_outputs)
+    if "xb" in current.__code__.co_consts:  # it pre-creates the temporary files, then writers truncate them
+        @contextlib.contextmanager
+        def atomic_outputs(*targets):
+            finals = [Path(os.fspath(t)) for t in targets]
+            for final in finals:
+                if not final.parent.is_dir():
+                    raise FileNotFoundError(f"Cannot write '{final}': directory '{final.parent}' does not exist.")
+            temps = [f.parent / f".{f.name}.{secrets.token_hex(6)}.tmp" for f in finals]
+            try:
+                yield temps
+                for temp, final in zip(temps, finals, strict=True):
+                    os.replace(temp, final)
+            except BaseException:
+                for temp in temps:
+                    with contextlib.suppress(FileNotFoundError):
+                        temp.unlink()
+                raise
+
+        io_module.atomic_outputs = atomic_outputs
+        for name in ("onnxblocks.checkpoint.save",):
+            module = sys.modules.get(name)
+            if module is None:
+                import importlib
+
+                module = importlib.import_module(name)
+            if hasattr(module, "atomic_outputs"):
+                module.atomic_outputs = atomic_outputs
+        applied.append("temp-files-without-truncation")
+    return applied
+
+
 def run_import_case(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     import onnxblocks  # noqa: F401
@@ -148,6 +226,7 @@ def run_generate_case(args: argparse.Namespace) -> dict:
         import onnxblocks.artifacts as tool
         import onnxblocks.blocks as blocks_mod
     import_s = time.perf_counter() - t0
+    proposed = apply_proposed_fixes() if args.proposed else []
 
     # What the caller hands over.
     t0 = time.perf_counter()
@@ -177,6 +256,8 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     if isinstance(params, dict):  # a bench_models meta.json
         params = params["model"]["params"]
     base_rss = rss_bytes()
+    process_peak = peak_rss_bytes()
+    can_reset = reset_peak_rss()
     sampler = RssSampler() if args.rss_trace else None
     if sampler:
         sampler.start()
@@ -187,6 +268,7 @@ def run_generate_case(args: argparse.Namespace) -> dict:
         profiler = cProfile.Profile()
         profiler.enable()
     start = time.perf_counter()
+    cpu_start = time.process_time()
     tool.generate_artifacts(
         model,
         requires_grad=params,
@@ -196,10 +278,19 @@ def run_generate_case(args: argparse.Namespace) -> dict:
         **extra,
     )
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
+    call_peak = peak_rss_bytes()
+    if sys.modules.get("onnxruntime.training.ortmodule", 1) is None:
+        del sys.modules["onnxruntime.training.ortmodule"]
     if profiler:
         profiler.disable()
         profiler.dump_stats(args.profile)
-    result: dict = {"wall_s": wall, "import_s": import_s, "load_s": load_s, "base_rss_gb": base_rss / GB}
+    result: dict = {"wall_s": wall, "cpu_s": cpu, "import_s": import_s, "load_s": load_s, "base_rss_gb": base_rss / GB,
+                    "process_peak_before_call_gb": process_peak / GB}
+    if can_reset:
+        result["call_peak_rss_gb"] = call_peak / GB
+    if proposed:
+        result["note"] = "with proposed fixes: " + ", ".join(proposed)
     if sampler:
         result["rss"] = sampler.stop()
     if not isinstance(model, str) and args.check_unmutated:
@@ -222,16 +313,18 @@ def main() -> None:
     parser.add_argument("--rss-trace", action="store_true")
     parser.add_argument("--check-unmutated", action="store_true")
     parser.add_argument("--warm-ort", action="store_true", help="import onnxruntime before timing (onnxblocks)")
+    parser.add_argument("--proposed", action="store_true",
+                        help="apply the fixes proposed in docs/performance.md as monkeypatches (onnxblocks)")
     parser.add_argument("--fast-ort-import", action="store_true",
                         help="import onnxruntime without its torch probe before timing (onnxblocks)")
     args = parser.parse_args()
     try:
         result = run_import_case(args) if args.case == "import" else run_generate_case(args)
         result["ok"] = True
-    except BaseException as exc:  # noqa: BLE001 - report any failure as data
+    except BaseException as exc:
         traceback.print_exc()
         result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
-    result["peak_rss_gb"] = peak_rss_bytes() / GB
+    result["peak_rss_gb"] = max(peak_rss_bytes(), int(result.get("process_peak_before_call_gb", 0) * GB)) / GB
     result["torch_imported"] = "torch" in sys.modules
     sys.stdout.flush()
     print(json.dumps(result), flush=True)
