@@ -370,11 +370,37 @@ def test_repeated_layers_collapse_into_one_box_with_a_count():
 
 def test_scope_grouping_prefers_the_deepest_scope_that_fits():
     model = layered_model(layers=4, per_block=100)  # 800 nodes: 8 scopes
+    model.graph.node[0].op_type = "Gemm"  # layers.0/attn differs from its siblings
     index = display.GraphIndex(model)
-    groups, how = collapse(index, list(range(len(index.nodes))), cap=300)
+    nodes = list(range(len(index.nodes)))
+    groups, how = collapse(index, nodes, cap=300)
     assert how == "grouped by name scope (depth 2)"
     assert [g.label for g in groups][:3] == ["layers.0/attn", "layers.0/mlp", "layers.1/attn"]
     assert sum(len(g.members) for g in groups) == 800
+    # fewer boxes wanted: repeats with the same ops merge (layers.0/attn stays apart)
+    groups, how = collapse(index, nodes, cap=300, target=3)
+    assert how == "grouped by name scope (depth 2), repeats merged"
+    assert sorted((g.label, g.repeat) for g in groups) == [("layers.0/attn", 1), ("layers.[0-3]/mlp", 4),
+                                                           ("layers.[1-3]/attn", 3)]
+    # fewer still: the shallower scope, merged
+    groups, how = collapse(index, nodes, cap=300, target=2)
+    assert how == "grouped by name scope (depth 1), repeats merged"
+    assert sorted((g.label, g.repeat) for g in groups) == [("layers.0", 1), ("layers.[1-3]", 3)]
+
+
+def test_unscoped_feeders_join_their_consumer_and_unscoped_ops_gather():
+    model = layered_model(layers=30, per_block=10)  # 600 nodes
+    extra = [helper.make_node("Identity", ["layers.3.attn.w0"], ["w0_copy"], name="Identity_7")]
+    model.graph.node[30].input[1] = "w0_copy"  # /layers.1/mlp/MatMul_0 reads an unscoped Identity
+    model.graph.node.insert(0, extra[0])
+    for k in range(3):  # unscoped nodes with inputs from the graph: gathered by op type
+        model.graph.node.append(helper.make_node("Relu", [model.graph.node[-1].output[0]], [f"r{k}"], name=f"Relu_{k}"))
+    index = display.GraphIndex(model)
+    groups, _ = collapse(index, list(range(len(index.nodes))), cap=40)
+    by_label = {g.label: g for g in groups}
+    identity = index.by_name["Identity_7"]
+    assert any(identity in g.members and g.label.startswith("layers.") for g in groups)
+    assert "Relu" in by_label and by_label["Relu"].repeat == 3
 
 
 def test_focused_view_of_a_large_graph_stays_small():

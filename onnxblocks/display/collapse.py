@@ -2,12 +2,12 @@
 
 Three steps, each tried only when the previous one leaves too many boxes:
 
-1. **Name prefix.** Nodes are grouped by the scope in their name
+1. **Name prefix and repeats.** Nodes are grouped by the scope in their name
    (``/layers.3/attn/MatMul`` is in scope ``layers.3/attn``) and by their part
-   (forward, backward ...), at the deepest scope depth that fits.
-2. **Repeats.** Sibling groups whose scope differs only by a number and that
-   hold the same ops (``layers.0`` ... ``layers.11``) become one box with a count.
-3. **Chains.** Runs of boxes joined one-to-one become one box.
+   (forward, backward ...), at the deepest scope depth that fits. Sibling
+   groups whose scope differs only by a number and that hold the same ops
+   (``layers.0`` ... ``layers.11``) become one box with a count.
+2. **Chains.** Runs of boxes joined one-to-one become one box.
 
 If a graph still has more than ``cap`` boxes, the first ``cap - 1`` in graph order
 are kept and one box says how many nodes are not drawn.
@@ -46,8 +46,12 @@ class Group:
 
     @property
     def order(self) -> int:
-        """Graph position of the first member (for stable drawing order)."""
-        return self.members[0] if self.members else 1 << 62
+        """Graph position of the median member: the drawing order, and which way cycles are broken.
+
+        The median, not the first member, so that a few early helpers (a weight's
+        ``Identity``) do not pull a whole group to the top.
+        """
+        return self.members[len(self.members) // 2] if self.members else 1 << 62
 
 
 def scope_of(name: str) -> tuple[str, ...]:
@@ -63,9 +67,10 @@ def collapse(
 ) -> tuple[list[Group], str]:
     """Group ``node_ids`` into at most ``cap`` boxes, preferably at most ``target``.
 
-    The deepest name-scope grouping with at most ``target`` boxes wins (first
-    without, then with merging repeats); failing that, the deepest with at most
-    ``cap`` boxes; failing that, chains are merged and the rest is cut.
+    The deepest name-scope grouping with at most ``target`` boxes wins, if it
+    goes at least two scopes deep; otherwise repeats are merged at depth 2 or 1
+    (``layers.[0-47]/attn x48``). Failing that, the same with at most ``cap``
+    boxes; failing that, chains are merged and the rest is cut.
 
     Args:
         index: The graph.
@@ -80,7 +85,7 @@ def collapse(
     target = min(cap, 80) if target is None else min(max(target, 2), cap)
     if len(node_ids) <= cap:
         return [Group([i], index.parts[i], index.nodes[i].op_type) for i in node_ids], "not grouped"
-    scopes = {i: scope_of(index.nodes[i].name) for i in node_ids}
+    scopes = _scopes(index, node_ids)
     max_depth = max((len(s) for s in scopes.values()), default=0)
     attempts: dict[tuple[bool, int], list[Group]] = {}
 
@@ -93,10 +98,16 @@ def collapse(
         return f"grouped by name scope (depth {depth})" + (", repeats merged" if merge else "")
 
     for limit in (target, cap):
-        for merge in (False, True):
-            for depth in range(max_depth, 0, -1):
-                if len(attempt(merge, depth)) <= limit:
-                    return attempt(merge, depth), describe(merge, depth)
+        fits = [d for d in range(max_depth, 0, -1) if len(attempt(False, d)) <= limit]
+        deepest = fits[0] if fits else 0
+        # Separate groups read best (no cycles between merged repeats), unless only the top scope fits.
+        if deepest >= 2 or (deepest and deepest == max_depth):
+            return attempt(False, deepest), describe(False, deepest)
+        for depth in sorted({min(2, max_depth), 1}, reverse=True) if max_depth else ():
+            if len(attempt(True, depth)) <= limit:
+                return attempt(True, depth), describe(True, depth)
+        if deepest:
+            return attempt(False, deepest), describe(False, deepest)
     how = ""
     groups = [Group([i], index.parts[i], index.nodes[i].op_type) for i in node_ids]
     if attempts:
@@ -128,13 +139,44 @@ def group_edges(index: GraphIndex, groups: list[Group]) -> list[tuple[int, int]]
     return sorted(edges)
 
 
+def _scopes(index: GraphIndex, node_ids: list[int]) -> dict[int, tuple[str, ...]]:
+    """The scope of each node; an unscoped node fed by no node takes the scope of its first consumer.
+
+    Exporters emit such feeders (``Identity`` of a shared weight, ``Constant``)
+    without a scope; they belong with the layer that uses them.
+    """
+    chosen = set(node_ids)
+    scopes = {i: scope_of(index.nodes[i].name) for i in node_ids}
+    for i in reversed(node_ids):
+        if scopes[i] or any(p in chosen for p in index.predecessors(i)):
+            continue
+        consumers = sorted(c for c in index.successors(i) if c in chosen and scopes[c])
+        if consumers:
+            scopes[i] = scopes[consumers[0]]
+    return scopes
+
+
 def _by_prefix(
     index: GraphIndex, node_ids: list[int], scopes: dict[int, tuple[str, ...]], depth: int, merge: bool
 ) -> list[Group]:
+    """Groups keyed by (part, scope prefix); with ``merge``, repeats become one group.
+
+    Without ``merge``, a node whose scope is shallower than ``depth`` (the
+    residual ``Add`` directly in ``layers.3``, beside ``layers.3/attn``) stays a
+    box of its own, so that grouping does not create cycles. Merging groups such
+    nodes by their own scope, and gathers the nodes that have no scope by (part,
+    op type), so that a mostly scoped graph with many unscoped helpers (gradient
+    accumulators, say) stays small.
+    """
     keyed: dict[tuple, list[int]] = {}
     for i in node_ids:
         scope = scopes[i][:depth]
-        key: tuple = (index.parts[i], scope) if scope else (index.parts[i], "#", i)
+        if scope and (merge or len(scopes[i]) >= depth):
+            key: tuple = (index.parts[i], scope)
+        elif merge:
+            key = (index.parts[i], "#op", index.nodes[i].op_type)
+        else:
+            key = (index.parts[i], "#", i)
         keyed.setdefault(key, []).append(i)
     groups: list[Group] = []
     if not merge:
@@ -144,7 +186,7 @@ def _by_prefix(
         return groups
     merged: dict[tuple, list[tuple[tuple, list[int]]]] = {}
     for key, members in keyed.items():
-        if len(key) == 3:  # an unscoped node stays alone
+        if len(key) == 3:  # unscoped nodes of one op type: one group already
             merged[key] = [(key, members)]
             continue
         signature = tuple(sorted(index.op_counts(members).items()))
@@ -162,8 +204,8 @@ def _by_prefix(
 
 
 def _group_for(index: GraphIndex, key: tuple, members: list[int]) -> Group:
-    if len(key) == 3:
-        return Group(members, key[0], index.nodes[members[0]].op_type)
+    if len(key) == 3:  # one unscoped node, or the unscoped nodes of one op type
+        return Group(members, key[0], index.nodes[members[0]].op_type, repeat=len(members))
     label = "/".join(key[1])
     return Group(members, key[0], label, scopes=[label])
 

@@ -2,8 +2,9 @@
 
 Steps, each linear or near-linear in boxes + edges:
 
-1. **Cycle breaking.** Boxes come in graph order; an edge pointing back in that
-   order (possible after grouping) is reversed for layering.
+1. **Cycle breaking.** Boxes are put in topological order (ties and cycles,
+   possible after grouping, are broken by their given graph order); an edge
+   pointing back in that order is reversed for layering.
 2. **Layering.** Longest path from the sources; sources are then pulled down to
    sit just above their first consumer (so parameters sit next to their use).
 3. **Dummy boxes** on edges that span several layers, so they route around
@@ -16,6 +17,7 @@ Steps, each linear or near-linear in boxes + edges:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,6 +65,9 @@ def layered_layout(
     Returns:
         The layout.
     """
+    order = _acyclic_order(keys, edges)
+    keys = [keys[i] for i in order]
+    sizes = [sizes[i] for i in order]
     n = len(keys)
     pos_of = {k: i for i, k in enumerate(keys)}
     widths = [s[0] for s in sizes]
@@ -220,6 +225,45 @@ def _spread_ports(
         span = w * 0.6
         for r, (_, k, p) in enumerate(items):
             edges[k][2][p] = (x + w * 0.2 + span * r / (len(items) - 1), y)
+
+
+def _acyclic_order(keys: Sequence[str], edges: Sequence[tuple[str, str]]) -> list[int]:
+    """Indices of ``keys`` in topological order.
+
+    When every remaining box has an unplaced predecessor (a cycle), the earliest
+    in the given order goes next.
+    """
+    pos_of = {k: i for i, k in enumerate(keys)}
+    succs: list[set[int]] = [set() for _ in keys]
+    indegree = [0] * len(keys)
+    for a, b in edges:
+        u, v = pos_of.get(a), pos_of.get(b)
+        if u is None or v is None or u == v or v in succs[u]:
+            continue
+        succs[u].add(v)
+        indegree[v] += 1
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    waiting = list(range(len(keys)))  # by given order, for breaking cycles
+    heapq.heapify(waiting)
+    placed = [False] * len(keys)
+    order: list[int] = []
+    while len(order) < len(keys):
+        if ready:
+            u = heapq.heappop(ready)
+            if placed[u]:
+                continue
+        else:
+            u = heapq.heappop(waiting)
+            if placed[u]:
+                continue
+        placed[u] = True
+        order.append(u)
+        for v in succs[u]:
+            indegree[v] -= 1
+            if indegree[v] == 0 and not placed[v]:
+                heapq.heappush(ready, v)
+    return order
 
 
 def _place(lay: list[int], x: list[float], width: list[float], neighbours: list[list[int]]) -> None:

@@ -485,6 +485,17 @@ def _show_artifacts_dir(
             f"'{directory}' has no training_model.onnx. Pass the directory generate_artifacts() wrote to, "
             "or an .onnx file."
         )
+    return _show_found(directory, found, trainable, frozen, **view)
+
+
+def _show_found(
+    directory: Path,
+    found: dict[str, Path],
+    trainable: Iterable[str] | None,
+    frozen: Iterable[str] | None,
+    loss: str | None = None,
+    **view: Any,
+) -> Display:
     models = {
         kind.replace("_model.onnx", ""): onnx.load(str(path), load_external_data=False)
         for kind, path in found.items()
@@ -498,26 +509,22 @@ def _show_artifacts_dir(
         else:
             trainable, frozen = params
     title = f"Training artifacts in {escape(str(directory))}"
-    return _training_display(title, models, trainable, frozen, _files_table(found, models), notes, **view)
+    return _training_display(title, models, trainable, frozen, _files_table(found, models), notes, loss=loss, **view)
 
 
 def _show_artifacts(artifacts: Any, **view: Any) -> Display:
-    directory = _artifacts_directory(artifacts)
-    trainable = getattr(artifacts, "requires_grad", None) or getattr(artifacts, "trainable", None)
-    frozen = getattr(artifacts, "frozen_params", None) or getattr(artifacts, "frozen", None)
-    if trainable is not None and "trainable" not in view:
-        view["trainable"] = list(trainable)
-        view.setdefault("frozen", list(frozen or []))
-    return _show_artifacts_dir(directory, **view)
-
-
-def _artifacts_directory(artifacts: Any) -> Path:
-    for attr in ("directory", "artifact_directory", "path", "root"):
-        value = getattr(artifacts, attr, None)
-        if isinstance(value, (str, os.PathLike)) and Path(value).is_dir():
-            return Path(value)
-    for attr in ("training_model", "training_model_path"):
-        value = getattr(artifacts, attr, None)
-        if isinstance(value, (str, os.PathLike)):
-            return Path(value).parent
-    raise TypeError(f"Cannot find the directory of {type(artifacts).__name__}; pass the directory path to show().")
+    """Display an ``onnxblocks.artifacts.Artifacts`` (paths and parameter names are known)."""
+    found = {"training_model.onnx": Path(artifacts.training_model), "eval_model.onnx": Path(artifacts.eval_model)}
+    if artifacts.optimizer_model is not None:
+        found["optimizer_model.onnx"] = Path(artifacts.optimizer_model)
+    found["checkpoint"] = Path(artifacts.checkpoint)
+    missing = [str(p) for p in found.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"Artifact file(s) {missing} no longer exist. Generate the artifacts again, or show() the directory "
+            "that holds them."
+        )
+    trainable = view.pop("trainable", list(artifacts.requires_grad))
+    frozen = view.pop("frozen", list(artifacts.frozen_params))
+    loss = artifacts.output_names[0] if artifacts.output_names else None
+    return _show_found(Path(artifacts.directory), found, trainable, frozen, loss=loss, **view)

@@ -129,7 +129,7 @@ def _value_box(index: GraphIndex, name: str, order: float, highlight: set[str]) 
         key="v:" + name,
         kind=kind,
         title=name,
-        subtitle="" if t.dtype == "?" and t.shape is None else f"{t.dtype}{t.shape_text}",
+        subtitle=(t.dtype if t.dtype != "?" else "") if t.shape is None else f"{t.dtype}{t.shape_text}",
         tooltip=_tensor_tooltip(t),
         order=order,
         emphasis=name in highlight,
