@@ -167,8 +167,7 @@ def fit(
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}.")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
-    if not session.has_optimizer:
-        session.learning_rate  # noqa: B018 - raises the clear "no optimizer model" error
+    session._require_optimizer()  # the clear "no optimizer model" error, before any work
     if iter(train_data) is train_data and epochs > 1:  # type: ignore[call-overload]
         raise ValueError(
             "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass a re-iterable "
@@ -179,6 +178,27 @@ def fit(
     run = FitRun(session, history, train_data, epochs, scheduler=scheduler)
     start_epoch = train_data.epoch if isinstance(train_data, ArrayBatches) else 0
     started = time.perf_counter()
+    try:
+        _run_epochs(run, start_epoch, eval_data, callbacks, accumulation_steps, bar, max_steps)
+    finally:
+        if bar is not None:
+            bar.close()
+    history.seconds = time.perf_counter() - started
+    for cb in callbacks:
+        cb.on_train_end(run)
+    return history
+
+
+def _run_epochs(
+    run: FitRun,
+    start_epoch: int,
+    eval_data: Iterable[Any] | None,
+    callbacks: Sequence[Callback],
+    accumulation_steps: int,
+    bar: ProgressBar | None,
+    max_steps: int | None,
+) -> None:
+    session, history, train_data, epochs = run.session, run.history, run.train_data, run.epochs
     for cb in callbacks:
         cb.on_train_begin(run)
     for epoch in range(start_epoch, epochs):
@@ -219,10 +239,6 @@ def fit(
             bar.end_epoch(_summary(logs))
         if run.stop_training or (max_steps is not None and history.steps >= max_steps):
             break
-    history.seconds = time.perf_counter() - started
-    for cb in callbacks:
-        cb.on_train_end(run)
-    return history
 
 
 def evaluate(

@@ -103,7 +103,10 @@ def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "
     out: list[np.ndarray] = []
     bound: dict[str, tuple[int, str]] = {}
     for spec, raw in zip(specs, arrays, strict=False):
-        array = np.ascontiguousarray(raw)
+        array = raw if type(raw) is np.ndarray and raw.flags.c_contiguous else np.ascontiguousarray(raw)
+        if (spec.dtype is None or array.dtype == spec.dtype) and _fits(spec.shape, array.shape, bound, spec.name):
+            out.append(array)
+            continue
         got = f"got {array.dtype} with shape {tuple(array.shape)}"
         if spec.dtype is not None and array.dtype != spec.dtype:
             raise ValueError(
@@ -130,3 +133,24 @@ def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "
                         )
         out.append(array)
     return out
+
+
+def _fits(want: tuple[Dim, ...] | None, have: tuple[int, ...], bound: dict[str, tuple[int, str]], name: str) -> bool:
+    """Fast check of a shape; records symbolic dims in ``bound`` only when everything fits."""
+    if want is None:
+        return True
+    if len(want) != len(have):
+        return False
+    new = {}
+    for w, h in zip(want, have, strict=True):
+        if isinstance(w, int):
+            if w > 0 and w != h:
+                return False
+        elif isinstance(w, str) and w:
+            seen = bound.get(w) or new.get(w)
+            if seen is not None and seen[0] != h:
+                return False
+            new[w] = (h, name)
+    for k, v in new.items():
+        bound.setdefault(k, v)
+    return True

@@ -85,6 +85,13 @@ class ProgressBar:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def close(self) -> None:
+        """End a line left half-drawn (e.g. when training stopped with an exception)."""
+        if self.dynamic and self._line_len:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._line_len = 0
+
     @property
     def throughput(self) -> float:
         """Samples per second in the current epoch (up to its last batch)."""

@@ -113,6 +113,12 @@ class TrainingSession:
         if self.files.optimizer_model is not None:
             optimizer = C.Optimizer(os.fspath(self.files.optimizer_model), state, self._device, self._options)
         self._state, self._module, self._optimizer = state, module, optimizer
+        self._names = {
+            "train_in": list(module.input_names(True)),
+            "train_out": list(module.output_names(True)),
+            "eval_in": list(module.input_names(False)) if eval_path else [],
+            "eval_out": list(module.output_names(False)) if eval_path else [],
+        }
         self._pending = 0
         stored = self._raw_properties()
         self.step = int(stored.get(STEP_PROPERTY, 0))
@@ -139,22 +145,22 @@ class TrainingSession:
     @property
     def input_names(self) -> list[str]:
         """Names of the training model's user inputs, in the order ``train_step`` takes them."""
-        return list(self._module.input_names(True))
+        return list(self._names["train_in"])
 
     @property
     def output_names(self) -> list[str]:
         """Names of the training model's user outputs (the loss first)."""
-        return list(self._module.output_names(True))
+        return list(self._names["train_out"])
 
     @property
     def eval_input_names(self) -> list[str]:
         """Names of the eval model's inputs, in the order ``eval_step`` takes them."""
-        return list(self._module.input_names(False)) if self.files.eval_model else []
+        return list(self._names["eval_in"])
 
     @property
     def eval_output_names(self) -> list[str]:
         """Names of the eval model's outputs (the loss first)."""
-        return list(self._module.output_names(False)) if self.files.eval_model else []
+        return list(self._names["eval_out"])
 
     @property
     def input_specs(self) -> list[InputSpec]:
