@@ -388,3 +388,30 @@ def test_parameters_from_external_data_are_streamed(tmp_path):
     training, _ = block.to_model_proto()
     _, grads = _train_run(training, {"x": np.ones((1, 32), np.float32)}, {"W": weight})
     np.testing.assert_allclose(grads["W"], mask, rtol=1e-6)
+
+
+def test_softplus_gradient_matches_torch_including_zero_and_large_inputs():
+    x = np.array([-30.0, -2.0, 0.0, 0.5, 19.0, 25.0, 100.0], np.float32)
+    model = _model(
+        [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Softplus", ["h"], ["s"]),
+         helper.make_node("ReduceSum", ["s"], ["loss"], keepdims=0)],
+        [_vi("x", [7])], [_vi("loss", [])], [_init("w", np.ones(7, np.float32))],
+    )
+    graphs = build_training_graphs(model, ["w"])
+    assert graphs.rewrites["softplus_as_elementary"] == 1
+    assert "Softplus" not in {n.op_type for n in graphs.training.graph.node}
+    outs, grads = _train_run(graphs.training, {"x": x}, {"w": np.ones(7, np.float32)})
+    w = torch.ones(7, requires_grad=True)
+    expected = torch.nn.functional.softplus(torch.from_numpy(x) * w).sum()
+    expected.backward()
+    np.testing.assert_allclose(outs["loss"], expected.item(), rtol=1e-6)
+    np.testing.assert_allclose(grads["w"], w.grad.numpy(), rtol=1e-5, atol=1e-7)
+    assert np.isfinite(grads["w"]).all()
+
+
+def test_names_the_training_api_would_misread_are_warned_about():
+    model = _linear()
+    model.graph.input[0].name = "x_grad"
+    model.graph.node[0].input[0] = "x_grad"
+    with pytest.warns(UserWarning, match=r"Graph inputs \['x_grad'\] end like gradient buffers"):
+        build_training_graphs(model, ["W"])

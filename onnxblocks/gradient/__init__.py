@@ -21,6 +21,7 @@ from onnxblocks.gradient.normalize import (
     expose_layer_norm_statistics,
     gelu_as_contrib_gelu,
     normalize,
+    softplus_as_elementary,
     split_to_sequence_as_split,
 )
 from onnxblocks.gradient.parameters import ParameterPartition, partition_parameters
@@ -41,5 +42,6 @@ __all__ = [
     "gradient_name",
     "normalize",
     "partition_parameters",
+    "softplus_as_elementary",
     "split_to_sequence_as_split",
 ]

@@ -25,6 +25,7 @@ constants are inputs while ONNX Runtime works.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -98,6 +99,7 @@ def build_training_graphs(
 
     param_set = set(partition.parameters)
     user_inputs = tuple(i.name for i in graph.input if i.name not in param_set)
+    _warn_gradient_like_names(user_inputs, user_outputs)
     _parameters_to_inputs(forward, partition.parameters)
 
     evaluation = _graph.copy_structure(forward)
@@ -134,6 +136,30 @@ def _select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tu
                 f"Graph outputs: {preview(existing)}."
             )
     return names
+
+
+#: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
+_GRADIENT_SUFFIXES = ("_grad", "_grad.accumulation.buffer", "_grad.accumulation.out")
+
+
+def _warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[str]) -> None:
+    """Warn about user inputs/outputs that ONNX Runtime's training API would take for gradients."""
+    inputs = [n for n in user_inputs if n.endswith(_GRADIENT_SUFFIXES)]
+    outputs = [n for n in user_outputs if n.endswith(_GRADIENT_SUFFIXES)]
+    if inputs:
+        warnings.warn(
+            f"Graph inputs {preview(inputs)} end like gradient buffers; ONNX Runtime's training API (Module) will "
+            "treat them as gradient buffers and fail to feed them. Rename them in the base model.",
+            UserWarning,
+            stacklevel=3,
+        )
+    if outputs:
+        warnings.warn(
+            f"Outputs {preview(outputs)} end like gradients; ONNX Runtime's training API (Module) will not "
+            "return them from train_step. Rename them (an InferenceSession still returns them).",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _check_loss(model: onnx.ModelProto, loss: str) -> None:

@@ -15,6 +15,8 @@ pass                                 why
 :func:`cast_like_as_cast`            ``CastLike`` has no gradient builder; ``Cast`` has.
 :func:`gelu_as_contrib_gelu`         ai.onnx ``Gelu`` (opset 20) has no gradient builder;
                                      the com.microsoft ``Gelu``/``FastGelu`` have.
+:func:`softplus_as_elementary`       ``Softplus`` has no gradient builder; Exp, Log, Min
+                                     and Where have.
 ===================================  =====================================================
 """
 
@@ -228,9 +230,63 @@ def gelu_as_contrib_gelu(model: onnx.ModelProto) -> int:
     return changed
 
 
+#: Above this input, softplus(x) is x to float precision (torch.nn.Softplus's default threshold).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+def softplus_as_elementary(model: onnx.ModelProto) -> int:
+    """Rewrite ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))``.
+
+    That is torch's Softplus (threshold 20); it differs from ``log(1 + exp(x))``
+    by less than 2e-9 relative above the threshold. ``Min`` keeps ``Exp`` finite in
+    the branch ``Where`` does not take, so its gradient is never ``0 * inf``.
+    Nodes whose input type is unknown are left as they are.
+
+    Returns:
+        The number of Softplus nodes rewritten.
+    """
+    graph = model.graph
+    targets = [i for i, n in enumerate(graph.node) if n.op_type == "Softplus" and n.domain in ("", "ai.onnx")]
+    if not targets:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        x, y = node.input[0], node.output[0]
+        elem = _graph.elem_type(types, x)
+        if elem is None:
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        limit, one = names.fresh(f"{y}.threshold"), names.fresh(f"{y}.one")
+        clipped, exp, plus, log, above = (names.fresh(f"{y}.{s}") for s in ("clipped", "exp", "plus1", "log", "above"))
+        replacements[index] = [
+            _constant(limit, np.array(SOFTPLUS_THRESHOLD, dtype=dtype), names),
+            _constant(one, np.array(1, dtype=dtype), names),
+            helper.make_node("Min", [x, limit], [clipped], name=names.fresh("Min")),
+            helper.make_node("Exp", [clipped], [exp], name=names.fresh("Exp")),
+            helper.make_node("Add", [exp, one], [plus], name=names.fresh("Add")),
+            helper.make_node("Log", [plus], [log], name=names.fresh("Log")),
+            helper.make_node("Greater", [x, limit], [above], name=names.fresh("Greater")),
+            helper.make_node("Where", [above, x, log], [y], name=node.name or names.fresh("Where")),
+        ]
+    if not replacements:
+        return 0
+    nodes = []
+    for i, node in enumerate(graph.node):
+        nodes.extend(replacements.get(i, [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replacements)
+
+
 def default_passes() -> list[Pass]:
     """The passes :func:`normalize` runs, in order."""
-    return [cast_like_as_cast, split_to_sequence_as_split, expose_layer_norm_statistics, gelu_as_contrib_gelu]
+    return [
+        cast_like_as_cast, split_to_sequence_as_split, expose_layer_norm_statistics, gelu_as_contrib_gelu,
+        softplus_as_elementary,
+    ]
 
 
 def normalize(model: onnx.ModelProto, passes: list[Pass] | None = None) -> dict[str, int]:

@@ -100,7 +100,9 @@ def partition_parameters(
             raise UnknownNameError(
                 f"{role} names '{name}', which is not a parameter (initializer) or graph input of the model."
                 f"{_suggest(name, list(initializers) + list(inputs))} "
-                f"Parameters: {preview(initializers)}. Graph inputs: {preview(inputs)}."
+                f"Parameters: {preview(initializers)}. Graph inputs: {preview(inputs)}. If the model comes "
+                "from torch.onnx.export, export it with its optimisations off (dynamo=True with optimize=False, "
+                "or do_constant_folding=False): they fold, merge and rename parameters."
             )
     for name in requires_grad:
         if name in initializers:
