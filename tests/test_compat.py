@@ -468,3 +468,14 @@ def test_nominal_checkpoint(tmp_path, simple):
         os.fspath(tmp_path / "checkpoint"))
     assert list(nominal.parameter_names()) == list(full.parameter_names()) == ["fc1.weight"]
     assert (tmp_path / "nominal_checkpoint").stat().st_size < (tmp_path / "checkpoint").stat().st_size
+
+
+def test_the_references_enums_are_accepted(tmp_path, simple):
+    from onnxruntime.training import artifacts as reference
+
+    pt_model, base_model, x = simple
+    art = artifacts.generate_artifacts(base_model, requires_grad=["fc2.bias"], loss=reference.LossType.L1Loss,
+                                       optimizer=reference.OptimType.SGD, artifact_directory=tmp_path)
+    target = _target("L1Loss")
+    (loss,) = models.OrtTrainer(art).train_step(x.numpy(), target.numpy())
+    np.testing.assert_allclose(loss, torch.nn.functional.l1_loss(pt_model(x), target).item(), rtol=1e-5)
