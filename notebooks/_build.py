@@ -1,0 +1,629 @@
+"""Write the example notebooks with nbformat and execute them with nbclient.
+
+The notebooks are committed with their outputs, so they read well on GitHub and
+in exported HTML. Run this script after changing a notebook's cells or the
+library::
+
+    .venv/bin/python notebooks/_build.py            # all notebooks
+    .venv/bin/python notebooks/_build.py 03          # the ones whose name contains "03"
+    .venv/bin/python notebooks/_build.py --no-execute
+
+Each notebook writes its artifacts into a temporary directory and needs no
+network. tests/test_notebooks.py executes the committed notebooks again.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+KERNEL = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def md(text: str) -> nbformat.NotebookNode:
+    """A markdown cell (the text is dedented)."""
+    return new_markdown_cell(textwrap.dedent(text).strip())
+
+
+def code(*parts: str) -> nbformat.NotebookNode:
+    """A code cell made of ``parts``, each dedented, separated by blank lines."""
+    return new_code_cell("\n\n".join(textwrap.dedent(p).strip() for p in parts))
+
+
+# A small MLP written with onnx.helper; its names follow torch.onnx.export's (/fc1/MatMul, fc1.weight ...).
+MLP = '''
+def make_mlp(sizes, seed=0, output="output"):
+    """x[batch, sizes[0]] -> Linear -> ReLU -> ... -> Linear -> output[batch, sizes[-1]]."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, h = [], [], "x"
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    for k, (n_in, n_out) in enumerate(layers, start=1):
+        w = (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"fc{k}.weight"),
+                  numpy_helper.from_array(np.zeros(n_out, np.float32), f"fc{k}.bias")]
+        last = k == len(layers)
+        nodes += [
+            helper.make_node("MatMul", [h, f"fc{k}.weight"], [f"/fc{k}/MatMul_output_0"], name=f"/fc{k}/MatMul"),
+            helper.make_node("Add", [f"/fc{k}/MatMul_output_0", f"fc{k}.bias"],
+                             [output if last else f"/fc{k}/Add_output_0"], name=f"/fc{k}/Add"),
+        ]
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"/fc{k}/Add_output_0"], [f"/act{k}/Relu_output_0"],
+                                          name=f"/act{k}/Relu"))
+            h = f"/act{k}/Relu_output_0"
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", sizes[0]])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", sizes[-1]])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+'''
+
+IMPORTS = '''
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxblocks
+from onnxblocks import display, losses
+'''
+
+
+def quickstart() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # Quickstart: a custom weighted loss and training artifacts
+
+        This notebook takes a small ONNX model, adds a **custom loss** made of two library losses
+        (`0.7 * MSE + 0.3 * L1`), and writes the **training artifacts** that ONNX Runtime's training API
+        runs: `training_model.onnx`, `eval_model.onnx`, `checkpoint` and `optimizer_model.onnx`.
+        Along the way, Jupyter shows each object as a summary and a picture of its graph.
+        """),
+        code(IMPORTS, "from onnxblocks.artifacts import OptimType, generate_artifacts"),
+        md("""
+        ## 1. The base model
+
+        Any `onnx.ModelProto` works: one exported from PyTorch (see notebook 04) or, as here, a two-layer
+        MLP written with `onnx.helper`. `display.show(model)` summarises its inputs, outputs and parameters
+        (with sizes in bytes) and draws its graph. Parameters have a `?` status because a plain model does
+        not say which of them will train.
+        """),
+        code(MLP, "model = make_mlp([4, 16, 2])\ndisplay.show(model)"),
+        md("""
+        ## 2. A custom loss is a Block
+
+        A loss is a `Block`: its `build` method receives value names and adds nodes. The losses of
+        `onnxblocks.losses` return `Value`s, and Python arithmetic on Values adds graph nodes, so the
+        weighted sum reads like the maths. `MSELoss` creates the graph input `target` (shaped like
+        `output`) the first time; `L1Loss` reuses it.
+        """),
+        code('''
+        class WeightedLoss(onnxblocks.Block):
+            """alpha * MSE(output, target) + (1 - alpha) * L1(output, target)."""
+
+            def __init__(self, alpha=0.7):
+                super().__init__()
+                self.alpha = alpha
+                self.mse = losses.MSELoss()
+                self.l1 = losses.L1Loss()
+
+            def build(self, output, target="target"):
+                return self.alpha * self.mse(output, target) + (1.0 - self.alpha) * self.l1(output, target)
+        '''),
+        md("""
+        Build it once on its own to look at it: inside `onnxblocks.base(model)` the block adds its nodes
+        to a working copy of the model (the caller's model is never changed). Displaying the block lists
+        the nodes it added and draws them, with the model's nodes around them faded.
+        """),
+        code('''
+        weighted = WeightedLoss(alpha=0.7)
+        with onnxblocks.base(model):
+            loss = weighted("output")
+        print("loss value:", loss)
+        weighted
+        '''),
+        md("""
+        ## 3. Generate the training artifacts
+
+        `generate_artifacts` builds the loss on the model's output, asks ONNX Runtime's gradient builder for
+        the gradients of the parameters named in `requires_grad`, adds gradient accumulation, and writes the
+        files. The returned `Artifacts` shows the training model's summary, its gradient names, and its
+        graph, with the eval and optimizer models one click away.
+        """),
+        code('''
+        work = Path(tempfile.mkdtemp(prefix="onnxblocks-quickstart-"))
+        artifacts = generate_artifacts(
+            model,
+            requires_grad=["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"],
+            loss=WeightedLoss(alpha=0.7),
+            optimizer=OptimType.AdamW,
+            artifact_directory=work / "artifacts",
+        )
+        artifacts
+        '''),
+        code('''
+        for path in sorted(artifacts.directory.iterdir()):
+            print(f"{path.name:22} {path.stat().st_size:7,} bytes")
+        '''),
+        md("""
+        ## 4. Check one training step against numpy
+
+        `onnxblocks.runtime.TrainingSession` opens the artifacts with ONNX Runtime. One `train_step`
+        returns the loss; computing the same loss with numpy from the checkpoint's parameters must agree.
+        """),
+        code('''
+        from onnxblocks.runtime import TrainingSession
+
+        session = TrainingSession(artifacts.directory)
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((8, 4)).astype(np.float32)
+        target = rng.standard_normal((8, 2)).astype(np.float32)
+
+        (loss_value,) = session.train_step(x, target)
+        p = session.parameters()
+        output = np.maximum(x @ p["fc1.weight"] + p["fc1.bias"], 0) @ p["fc2.weight"] + p["fc2.bias"]
+        expected = 0.7 * np.mean((output - target) ** 2) + 0.3 * np.mean(np.abs(output - target))
+        print(f"ONNX Runtime: {float(loss_value):.6f}   numpy: {expected:.6f}")
+        np.testing.assert_allclose(loss_value, expected, rtol=1e-5)
+        print("gradients:", {name: g.shape for name, g in session.gradients().items()})
+        '''),
+        md("""
+        Next: **02** looks inside the training graph (forward and backward parts, gradient names, frozen
+        parameters), **03** trains with `onnxblocks.runtime.fit` and plots the curves, **04** starts from a
+        PyTorch model and a loss written in onnxscript.
+        """),
+    ]
+
+
+def exploring() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # Exploring training graphs
+
+        A `TrainingBlock` builds a **training model** (forward + loss + backward + gradient accumulation)
+        and an **eval model** (forward + loss). This notebook looks at both: which nodes are forward and
+        which are backward, how gradients and accumulation buffers are named, and what changes when
+        parameters are frozen. Box colours in the pictures: blue forward, purple loss, orange gradient,
+        green accumulation; yellow boxes are trainable parameters, dashed grey ones frozen.
+        """),
+        code(IMPORTS, """
+        from onnxblocks.blocks.training import TrainingBlock
+        from onnxblocks.gradient import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
+        """),
+        code(MLP, '''
+
+        model = make_mlp([4, 16, 3], output="logits")
+
+
+        class Classifier(TrainingBlock):
+            def __init__(self):
+                super().__init__()
+                self.loss = losses.CrossEntropyLoss()
+
+            def build(self, logits):
+                return self.loss(logits, "labels")  # creates the int64 graph input "labels"
+
+
+        PARAMETERS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        block = Classifier()
+        for name in PARAMETERS:
+            block.requires_grad(name)
+        with onnxblocks.base(model):
+            loss = block("logits")
+        block
+        '''),
+        md("""
+        ## Forward and backward
+
+        `display.show(obj, view=...)` focuses the picture: `"forward"` is the model and the loss,
+        `"loss"` only the loss, `"backward"` the nodes ONNX Runtime's gradient builder added (they are
+        named `<forward node>_Grad/...` and produce `*_grad` values) plus gradient accumulation.
+        """),
+        code('display.show(block, view="forward")'),
+        code('display.show(block, view="backward")'),
+        md("""
+        ## Gradient and accumulation names
+
+        For every trainable parameter `p` the training model computes `p_grad` and adds it to the buffer
+        `p_grad.accumulation.buffer` (a graph input that ONNX Runtime keeps between steps) with an
+        `InPlaceAccumulatorV2` node whose output `p_grad.accumulation.out` is a graph output. The graph
+        input `lazy_reset_grad` tells the accumulators to start over after an optimizer step.
+        """),
+        code('''
+        training = block.graphs.training
+        produced = {o for node in training.graph.node for o in node.output}
+        inputs = {i.name for i in training.graph.input}
+        outputs = [o.name for o in training.graph.output]
+        print(f"{'parameter':12} {'gradient':17} {'buffer (input)':38} accumulated (output)")
+        for name in PARAMETERS:
+            assert gradient_name(name) in produced and buffer_name(name) in inputs
+            print(f"{name:12} {gradient_name(name):17} {buffer_name(name):38} {accumulated_name(name)}")
+        print("reset flag input:", LAZY_RESET_GRAD, LAZY_RESET_GRAD in inputs)
+        print("training outputs:", outputs)
+        print("eval outputs:    ", [o.name for o in block.graphs.eval.graph.output])
+        '''),
+        md("""
+        The neighbourhood of one parameter shows where it is used in the forward pass and where its
+        gradient comes from (`around=` takes a node or value name, `depth=` the number of hops):
+        """),
+        code('display.show(block, around="fc2.weight", depth=2)'),
+        md("""
+        ## Freezing parameters
+
+        `requires_grad(name, False)` freezes a parameter: it is still an input of the training and eval
+        models (fed from the checkpoint), but it gets no gradient. Freezing the first layer removes its
+        gradient nodes and accumulators, and the gradient builder no longer propagates past the ReLU.
+        """),
+        code('''
+        frozen_block = Classifier()
+        frozen_block.requires_grad("fc2.weight")
+        frozen_block.requires_grad("fc2.bias")
+        frozen_block.requires_grad("fc1.weight", False)
+        frozen_block.requires_grad("fc1.bias", False)
+        with onnxblocks.base(model):
+            frozen_block("logits")
+
+
+        def parts(b):
+            index = display.GraphIndex(b.graphs.training, trainable=b.graphs.partition.trainable,
+                                       frozen=b.graphs.partition.frozen, loss_nodes=b.nodes)
+            return index.part_counts()
+
+
+        frozen_training = frozen_block.graphs.training
+        print("nodes per part, all trainable:", parts(block))
+        print("nodes per part, fc1 frozen:   ", parts(frozen_block))
+        print("outputs, fc1 frozen:", [o.name for o in frozen_training.graph.output])
+        print("trainable:", frozen_block.graphs.partition.trainable, " frozen:", frozen_block.graphs.partition.frozen)
+        '''),
+        code('display.show(frozen_block, view="backward")'),
+        md("""
+        ## Large graphs
+
+        Pictures stay readable and fast for big models: beyond `max_nodes` boxes (300 by default), nodes
+        are grouped by the scope in their names (`/layers.3/attn/...`), repeated blocks with the same ops
+        become one box with a count, and what still does not fit is cut with a note. Here is a synthetic
+        10,000-node model with 48 identical layers:
+        """),
+        code('''
+        def layered_model(layers=48, per_block=104):
+            nodes, inits, prev = [], [], "x"
+            for k in range(layers):
+                for part in ("attn", "mlp"):
+                    h = prev
+                    for j in range(per_block):
+                        name = f"/layers.{k}/{part}/{'MatMul' if j % 2 == 0 else 'Add'}_{j}"
+                        if j % 2 == 0:
+                            w = f"layers.{k}.{part}.w{j}"
+                            inits.append(numpy_helper.from_array(np.zeros((8, 8), np.float32), w))
+                            nodes.append(helper.make_node("MatMul", [h, w], [name + "_output_0"], name=name))
+                        else:
+                            nodes.append(helper.make_node("Add", [h, prev], [name + "_output_0"], name=name))
+                        h = name + "_output_0"
+                    prev = h
+            graph = helper.make_graph(
+                nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["batch", 8])], inits)
+            return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+        big = layered_model()
+        print(len(big.graph.node), "nodes,", len(big.graph.initializer), "initializers")
+        display.show(big)
+        '''),
+        code('display.show(big, around="layers.7.attn.w4", depth=2)'),
+    ]
+
+
+def training_loop() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # A training loop with `onnxblocks.runtime`
+
+        Train a small classifier on synthetic data with ONNX Runtime's training engine, driven by
+        `onnxblocks.runtime.fit`, and plot the loss and accuracy curves with matplotlib. No PyTorch is
+        involved.
+        """),
+        code(IMPORTS, '''
+        import matplotlib.pyplot as plt
+
+        from onnxblocks import runtime
+        from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
+        '''),
+        md("## Data: three Gaussian blobs in the plane"),
+        code('''
+        rng = np.random.default_rng(0)
+        CENTERS = np.array([[0.0, 2.0], [-1.8, -1.0], [1.8, -1.0]])
+
+
+        def blobs(n):
+            labels = rng.integers(0, 3, n)
+            x = CENTERS[labels] + rng.standard_normal((n, 2)) * 0.9
+            return x.astype(np.float32), labels.astype(np.int64)
+
+
+        x_train, y_train = blobs(1200)
+        x_val, y_val = blobs(400)
+        fig, ax = plt.subplots(figsize=(4, 4))
+        ax.scatter(x_train[:, 0], x_train[:, 1], c=y_train, s=6, cmap="viridis")
+        ax.set_title("training data")
+        plt.show()
+        '''),
+        md("""
+        ## Model and artifacts
+
+        A 2-32-3 MLP with a cross-entropy loss and AdamW. `additional_output_names=["logits"]` makes the
+        training and eval models also return the logits, which the `Accuracy` callback reads.
+        """),
+        code(MLP, '''
+
+        model = make_mlp([2, 32, 3], output="logits")
+        work = Path(tempfile.mkdtemp(prefix="onnxblocks-training-"))
+        artifacts = generate_artifacts(
+            model,
+            requires_grad=[init.name for init in model.graph.initializer],
+            loss=LossType.CrossEntropyLoss,
+            optimizer=OptimType.AdamW,
+            artifact_directory=work,
+            additional_output_names=["logits"],
+        )
+        display.show(artifacts, view="forward")
+        '''),
+        md("""
+        ## Train
+
+        `fit` runs `train_step` on each batch, an optimizer step after each batch (or every
+        `accumulation_steps` batches), and an eval pass per epoch. It returns a `History`.
+        """),
+        code('''
+        session = runtime.TrainingSession(artifacts.directory)
+        session.learning_rate = 0.01
+        history = runtime.fit(
+            session,
+            runtime.ArrayBatches((x_train, y_train), batch_size=32, seed=0),
+            epochs=15,
+            eval_data=runtime.ArrayBatches((x_val, y_val), batch_size=200, shuffle=False),
+            callbacks=[runtime.Accuracy(output=1)],
+            progress=False,
+        )
+        print(f"{history.steps} optimizer steps, {history.samples:,} samples")
+        for logs in history.epochs[::3] + history.epochs[-1:]:
+            print({k: round(v, 4) for k, v in logs.items()})
+        assert history.epochs[-1]["accuracy"] > 0.9
+        '''),
+        md("## Curves"),
+        code('''
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
+        steps = np.arange(1, len(history.losses) + 1)
+        ax_loss.plot(steps, history.losses, lw=0.8, alpha=0.6, label="train loss (per batch)")
+        ax_loss.plot(history.epoch_ends, history.metric("loss"), "o-", label="train loss (epoch mean)")
+        ax_loss.plot(history.epoch_ends, history.metric("eval_loss"), "s-", label="eval loss")
+        ax_loss.set_xlabel("train step")
+        ax_loss.set_yscale("log")
+        ax_loss.legend()
+        epochs = [int(e["epoch"]) for e in history.epochs]
+        ax_acc.plot(epochs, history.metric("accuracy"), "o-", color="tab:green")
+        ax_acc.set_xlabel("epoch")
+        ax_acc.set_ylabel("eval accuracy")
+        ax_acc.set_ylim(0.5, 1.0)
+        plt.tight_layout()
+        plt.show()
+        '''),
+        md("""
+        ## Decision regions
+
+        `eval_step` runs the eval model (training-mode ops off). Its inputs are the training inputs, so it
+        also takes labels; their values do not change the logits.
+        """),
+        code('''
+        grid = np.stack(np.meshgrid(np.linspace(-5, 5, 120), np.linspace(-5, 5, 120)), -1).reshape(-1, 2)
+        grid = grid.astype(np.float32)
+        _, logits = session.eval_step(grid, np.zeros(len(grid), np.int64))
+        fig, ax = plt.subplots(figsize=(4, 4))
+        ax.contourf(grid[:, 0].reshape(120, 120), grid[:, 1].reshape(120, 120),
+                    logits.argmax(-1).reshape(120, 120), alpha=0.3, cmap="viridis")
+        ax.scatter(x_val[:, 0], x_val[:, 1], c=y_val, s=6, cmap="viridis")
+        ax.set_title("eval data and decision regions")
+        plt.show()
+        '''),
+    ]
+
+
+def from_pytorch() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # From PyTorch and onnxscript
+
+        Export a PyTorch model to ONNX, write a loss as an **onnxscript function**, turn it into a block
+        with `ScriptBlock`, generate the training artifacts, and check the first training steps against
+        PyTorch's autograd and `torch.optim.AdamW`. PyTorch is only used to export the model and to check
+        the numbers; onnxblocks itself never imports it.
+        """),
+        code(IMPORTS, '''
+        import warnings
+
+        import torch
+        from onnxscript import opset17 as op
+        from onnxscript import script
+
+        from onnxblocks import optim, runtime
+        from onnxblocks.artifacts import generate_artifacts
+        from onnxblocks.blocks import InputLike
+        from onnxblocks.blocks.script import ScriptBlock
+        '''),
+        md("""
+        ## Export the model
+
+        `dynamo=False` selects the TorchScript exporter, which names parameters like the module
+        (`fc1.weight`) and nodes by scope (`/fc1/Gemm`); `do_constant_folding=False` keeps the parameters
+        as initializers that can train.
+        """),
+        code('''
+        torch.manual_seed(0)
+
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = torch.nn.Linear(3, 16)
+                self.act = torch.nn.Tanh()
+                self.fc2 = torch.nn.Linear(16, 1)
+
+            def forward(self, x):
+                return self.fc2(self.act(self.fc1(x)))
+
+
+        net = Net()
+        work = Path(tempfile.mkdtemp(prefix="onnxblocks-torch-"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # dynamo=False is the legacy exporter, on purpose
+            torch.onnx.export(
+                net, (torch.randn(4, 3),), work / "net.onnx", input_names=["x"], output_names=["prediction"],
+                dynamic_axes={"x": {0: "batch"}, "prediction": {0: "batch"}}, opset_version=17,
+                dynamo=False, do_constant_folding=False,
+            )
+        model = onnx.load(work / "net.onnx")
+        display.show(model)
+        '''),
+        md("""
+        ## A loss in onnxscript
+
+        The pseudo-Huber loss `mean(delta^2 * (sqrt(1 + ((p - t) / delta)^2) - 1))` behaves like MSE near
+        zero and like L1 far from it. Written with onnxscript it reads like the formula; `delta` is an
+        attribute with a default. `ScriptBlock` inlines the function's nodes into the model being built,
+        with fresh names, so ONNX Runtime can differentiate them.
+        """),
+        code('''
+        @script(default_opset=op)
+        def pseudo_huber(prediction, target, delta: float = 1.0):
+            d = (prediction - target) / delta
+            return op.ReduceMean(delta * delta * (op.Sqrt(1.0 + d * d) - 1.0), keepdims=0)
+
+
+        class PseudoHuberLoss(onnxblocks.Block):
+            def __init__(self, delta=1.0):
+                super().__init__()
+                self.huber = ScriptBlock(pseudo_huber, delta=delta)
+
+            def build(self, prediction):
+                target = InputLike(prediction)("target")  # a graph input shaped like the prediction
+                return self.huber(prediction, target)
+
+
+        loss_block = PseudoHuberLoss(delta=0.5)
+        with onnxblocks.base(model):
+            loss_block("prediction")
+        loss_block.huber
+        '''),
+        md("## Artifacts"),
+        code('''
+        artifacts = generate_artifacts(
+            model,
+            requires_grad=[init.name for init in model.graph.initializer],
+            loss=PseudoHuberLoss(delta=0.5),
+            optimizer=optim.AdamW(),
+            artifact_directory=work / "artifacts",
+        )
+        artifacts
+        '''),
+        md("""
+        ## Check against PyTorch
+
+        The same loss in PyTorch, on the same weights: the first step's loss and gradients, then the
+        parameters after 20 AdamW steps (both sides use `torch.optim.AdamW`'s defaults with `lr=0.01`).
+        """),
+        code('''
+        def torch_pseudo_huber(prediction, target, delta=0.5):
+            d = (prediction - target) / delta
+            return (delta**2 * (torch.sqrt(1 + d * d) - 1)).mean()
+
+
+        def batch(rng, n=32):
+            x = rng.standard_normal((n, 3)).astype(np.float32)
+            return x, np.sin(x.sum(1, keepdims=True)).astype(np.float32)
+
+
+        session = runtime.TrainingSession(artifacts.directory)
+        session.learning_rate = 0.01
+        torch_optimizer = torch.optim.AdamW(net.parameters(), lr=0.01)
+        rng = np.random.default_rng(0)
+
+        x, y = batch(rng)
+        (loss_ort,) = session.train_step(x, y)
+        torch_optimizer.zero_grad()
+        loss_torch = torch_pseudo_huber(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss_torch.backward()
+        print(f"loss: ONNX Runtime {float(loss_ort):.7f}, torch {loss_torch.item():.7f}")
+        gradients = session.gradients()
+        for name, p in net.named_parameters():
+            print(f"  {name:10} gradient max |diff| = {np.abs(gradients[name] - p.grad.numpy()).max():.1e}")
+            np.testing.assert_allclose(gradients[name], p.grad.numpy(), rtol=1e-4, atol=1e-6)
+        session.optimizer_step()
+        torch_optimizer.step()
+
+        for _ in range(19):
+            x, y = batch(rng)
+            session.train_step(x, y)
+            session.optimizer_step()
+            torch_optimizer.zero_grad()
+            torch_pseudo_huber(net(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+            torch_optimizer.step()
+        params = session.parameters()
+        for name, p in net.named_parameters():
+            diff = np.abs(params[name] - p.detach().numpy()).max()
+            print(f"  {name:10} after 20 steps max |diff| = {diff:.1e}")
+            np.testing.assert_allclose(params[name], p.detach().numpy(), rtol=1e-4, atol=1e-5)
+        '''),
+    ]
+
+
+NOTEBOOKS = {
+    "01_quickstart": quickstart,
+    "02_exploring_training_graphs": exploring,
+    "03_training_loop": training_loop,
+    "04_from_pytorch_and_onnxscript": from_pytorch,
+}
+
+
+def make(name: str) -> nbformat.NotebookNode:
+    """The notebook ``name`` without outputs."""
+    nb = new_notebook(cells=NOTEBOOKS[name]())
+    nb.metadata["kernelspec"] = KERNEL
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookNode:
+    """Run every cell of ``nb`` in a fresh python3 kernel (this interpreter), in the notebooks directory."""
+    from nbclient import NotebookClient
+
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    return nb
+
+
+def main(argv: list[str]) -> int:
+    run = "--no-execute" not in argv
+    wanted = [a for a in argv if not a.startswith("--")]
+    for name in NOTEBOOKS:
+        if wanted and not any(w in name for w in wanted):
+            continue
+        nb = make(name)
+        start = time.perf_counter()
+        if run:
+            execute(nb)
+        path = HERE / f"{name}.ipynb"
+        nbformat.validate(nb)
+        nbformat.write(nb, path)
+        print(f"{path.name}: {len(nb.cells)} cells, {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
