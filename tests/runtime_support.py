@@ -44,7 +44,7 @@ def generate(
     directory: str | os.PathLike,
     model: onnx.ModelProto | None = None,
     loss: str | object = "crossentropy",
-    optimizer: str = "adamw",
+    optimizer: str | None = "adamw",
     requires_grad: list[str] | None = None,
     frozen: list[str] | None = None,
     additional_output_names: list[str] | None = ("logits",),  # type: ignore[assignment]
@@ -60,7 +60,7 @@ def generate(
         requires_grad=requires_grad if requires_grad is not None else PARAMS,
         frozen_params=frozen,
         loss=loss,
-        optimizer={"adamw": optim.AdamW, "sgd": optim.SGD}[optimizer](),
+        optimizer={"adamw": optim.AdamW, "sgd": optim.SGD}[optimizer]() if optimizer else None,
         artifact_directory=directory,
         additional_output_names=list(additional_output_names) if additional_output_names else None,
     )

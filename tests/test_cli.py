@@ -191,6 +191,14 @@ def test_train_errors(files, artifacts_dir, capsys, monkeypatch, extra, code, fr
     assert_one_line_error(err, *fragments)
 
 
+def test_train_needs_an_optimizer_model(files, tmp_path, capsys):
+    assert run(capsys, "artifacts", files / "mlp.onnx", "--loss", "crossentropy", "--all-params", "--optimizer",
+               "none", "-o", tmp_path)[0] == EXIT_OK
+    code, _, err = run(capsys, "train", tmp_path, "--data", files / "train.npz")
+    assert code == EXIT_INPUT
+    assert_one_line_error(err, "have no optimizer model", "--optimizer adamw")
+
+
 # ------------------------------------------------------------ help & codes
 def test_help_documents_examples_and_exit_codes(capsys):
     code, out, _ = run(capsys, "--help")
@@ -217,5 +225,5 @@ def test_subprocess_exit_code_and_single_error_line(tmp_path):
     assert result.stderr.splitlines() == [
         f"onnxblocks: error: '{tmp_path / 'nope.onnx'}' does not exist; pass an .onnx file, an artifact directory "
         "or a checkpoint."]
-    result = subprocess.run([sys.executable, "-m", "onnxblocks.cli", "--version"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "onnxblocks", "--version"], capture_output=True, text=True)
     assert result.returncode == EXIT_OK and result.stdout.startswith("onnxblocks ")

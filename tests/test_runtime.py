@@ -241,6 +241,16 @@ def test_fit_accumulation_matches_manual_steps(adamw_dir, data):
         np.testing.assert_array_equal(fitted.get_parameter(name), manual.get_parameter(name))
 
 
+def test_artifacts_without_optimizer_train_nothing(tmp_path, data):
+    session = TrainingSession(generate(tmp_path, optimizer=None))
+    assert not session.has_optimizer
+    loss = session.train_step(*data)[0]  # forward and backward still run
+    assert np.isfinite(loss)
+    for attempt in (session.optimizer_step, lambda: session.learning_rate, lambda: fit(session, [data])):
+        with pytest.raises(RuntimeError, match="no optimizer model"):
+            attempt()
+
+
 def test_optimizer_step_without_gradients_is_an_error(adamw_dir, data):
     session = TrainingSession(adamw_dir)
     with pytest.raises(RuntimeError, match=r"Call train_step\(...\) first"):

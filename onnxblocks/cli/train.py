@@ -129,6 +129,12 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     session = TrainingSession(args.directory, args.prefix)
+    if not session.has_optimizer:
+        raise CliError(f"the artifacts in '{args.directory}' have no optimizer model; regenerate them with "
+                       "'onnxblocks artifacts ... --optimizer adamw'.", EXIT_INPUT)
+    if (args.eval_data or args.val_fraction is not None) and not session.has_eval_model:
+        raise CliError(f"the artifacts in '{args.directory}' have no eval model, so they cannot be evaluated; "
+                       "drop --eval-data/--val-fraction or regenerate them.", EXIT_INPUT)
     train_arrays = map_arrays(load_npz(args.data), session.input_names, args.inputs, args.data)
     eval_arrays = None
     if args.eval_data:
