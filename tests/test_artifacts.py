@@ -225,6 +225,14 @@ def test_bad_arguments_are_clear_errors_and_write_nothing(tmp_path, mlp, kwargs,
     assert not (tmp_path / "out").exists()
 
 
+def test_custom_op_library_that_does_not_load(tmp_path, mlp):
+    fake = tmp_path / "ops.so"
+    fake.write_text("not a shared library")
+    with pytest.raises(OSError, match=r"could not load the custom op library '.*ops.so'"):
+        _generate(mlp, tmp_path / "out", custom_op_library=fake)
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_of_the_wrong_kind(tmp_path):
     with pytest.raises(TypeError, match="onnx.ModelProto or the path"):
         generate_artifacts(b"bytes", artifact_directory=tmp_path)

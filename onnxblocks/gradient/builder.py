@@ -273,7 +273,13 @@ def _session_options(custom_op_libraries: Sequence[str]):
     options = C.SessionOptions()
     options.log_severity_level = 3
     for library in custom_op_libraries:
-        options.register_custom_ops_library(library)
+        try:
+            options.register_custom_ops_library(library)
+        except Exception as exc:
+            raise OSError(
+                f"ONNX Runtime could not load the custom op library '{library}': {_ort_message(exc)}. Pass the "
+                "path of a shared library built against onnxruntime 1.19.2 that registers the model's custom ops."
+            ) from None
     return options
 
 
