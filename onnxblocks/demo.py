@@ -250,7 +250,7 @@ def run_demo(
         say(f"  {labels[role]:<42} {path}")
     say(f"\nDone in {result.seconds:.1f} s. Continue training from the command line with:\n"
         f"  onnxblocks train {artifact_dir} --data {result.files['dataset']} "
-        f"--eval-data {result.files['validation_dataset']} --resume {result.files['checkpoint']} --epochs 5 "
+        f"--eval-data {result.files['validation_dataset']} --resume {result.files['checkpoint']} --epochs 5 --lr 0.001 "
         "--accuracy")
     return result
 
