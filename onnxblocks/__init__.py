@@ -32,7 +32,7 @@ from onnxblocks.errors import GradientError, NoActiveModelError, NotBuiltError, 
 __version__ = "0.1.0"
 
 # Loaded on first attribute access, to keep `import onnxblocks` fast.
-_LAZY_MODULES = {"artifacts", "checkpoint", "compat", "display", "gradient", "io", "runtime", "datasets"}
+_LAZY_MODULES = {"artifacts", "checkpoint", "compat", "datasets", "demo", "display", "gradient", "io", "runtime"}
 _LAZY_NAMES = {
     "generate_artifacts": "onnxblocks.artifacts",
     "Artifacts": "onnxblocks.artifacts",
