@@ -480,3 +480,80 @@ def test_import_onnxblocks_does_not_import_display():
     code = "import sys, onnxblocks; print('onnxblocks.display' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- real training graphs
+@pytest.fixture(scope="module")
+def linear_artifacts(tmp_path_factory):
+    """Artifacts of the linear model with an MSE loss: W trainable, b frozen (built once)."""
+    from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
+
+    return generate_artifacts(
+        make_linear_model(), requires_grad=["W"], frozen_params=["b"], loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW, artifact_directory=tmp_path_factory.mktemp("artifacts"),
+    )
+
+
+def _param_rows(html: str) -> dict[str, str]:
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", html)]
+    return {r[0]: r[5] for r in rows if len(r) == 6 and r[0] in ("W", "b")}
+
+
+def test_show_artifacts_and_their_directory(linear_artifacts):
+    from_object = display.show(linear_artifacts)
+    from_directory = display.show(linear_artifacts.directory)  # frozen/trainable read from the checkpoint
+    for shown in (from_object, from_directory):
+        assert _param_rows(shown.html) == {"W": "trainable", "b": "frozen"}
+        for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"):
+            assert name in shown.html
+        assert "W_grad.accumulation.buffer" in shown.html and "lazy_reset_grad" in shown.html
+        assert "eval model" in shown.html and "optimizer model" in shown.html
+    size = linear_artifacts.training_model.stat().st_size
+    assert f">{size:,}<" in from_object.html
+    assert linear_artifacts._repr_html_() == from_object.html
+    optimizer = display.show(linear_artifacts, model="optimizer")
+    assert drawn_node_names(optimizer.svg) and "AdamWOptimizer" in svg_texts(optimizer.svg)
+    with pytest.raises(ValueError, match="model='nope' is not available"):
+        display.show(linear_artifacts, model="nope")
+
+
+def test_real_training_graph_parts(linear_artifacts):
+    training = onnx.load(linear_artifacts.training_model)
+    index = display.GraphIndex(training, trainable=["W"], frozen=["b"])
+    for node, part in zip(index.nodes, index.parts, strict=True):
+        if part == "backward":
+            assert "_Grad/" in node.name or any("_grad" in v for v in node.outputs + node.inputs)
+        elif part in ("forward", "loss"):
+            assert "_Grad/" not in node.name and not any("_grad" in v for v in node.outputs)
+    assert {n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "forward"} == {"MatMul", "Add"}
+    assert [n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "accumulation"] == [
+        "InPlaceAccumulatorV2"]
+    assert index.loss == linear_artifacts.loss_name
+
+
+def test_training_block_display_uses_its_partition_and_loss_nodes():
+    from onnxblocks.blocks.training import TrainingBlock
+
+    class MSETraining(TrainingBlock):
+        def __init__(self):
+            super().__init__()
+            self.loss = onnxblocks.losses.MSELoss()
+
+        def build(self, output):
+            return self.loss(output)
+
+    block = MSETraining()
+    assert "has not been built yet" in display.repr_html(block)
+    block.requires_grad("W")
+    block.requires_grad("b", False)
+    with onnxblocks.base(make_linear_model()) as acc:
+        block("y")
+        during = display.repr_html(acc)
+    html = display.repr_html(block)
+    assert _param_rows(html) == {"W": "trainable", "b": "frozen"}
+    assert "1 trainable, 1 frozen" in html
+    loss_svg = display.draw_svg(
+        display.GraphIndex(block.graphs.training, loss_nodes=block.nodes), "loss")
+    assert drawn_node_names(loss_svg) == set(block.loss.nodes)
+    assert drawn_node_names(display.show(block, view="loss").svg) == set(block.loss.nodes)
+    assert "Model being built" in during and "<svg" in during

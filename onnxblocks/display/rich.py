@@ -49,8 +49,8 @@ class Display:
     def _repr_html_(self) -> str:
         return self.html
 
-    def _repr_svg_(self) -> str:
-        return self.svg
+    def _repr_svg_(self) -> str | None:
+        return self.svg or None
 
     def __repr__(self) -> str:
         return f"<onnxblocks Display: {len(self.html):,} chars of HTML, {len(self.svg):,} chars of SVG>"
