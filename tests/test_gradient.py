@@ -415,3 +415,21 @@ def test_names_the_training_api_would_misread_are_warned_about():
     model.graph.node[0].input[0] = "x_grad"
     with pytest.warns(UserWarning, match=r"Graph inputs \['x_grad'\] end like gradient buffers"):
         build_training_graphs(model, ["W"])
+
+
+def test_initializers_listed_as_inputs_become_parameters_or_constants():
+    model = _linear()
+    model.graph.input.extend([_vi("W", [3, 2]), _vi("b", [2])])  # keep_initializers_as_inputs style
+    graphs = build_training_graphs(model, ["W"])
+    assert graphs.user_inputs == ("x",)
+    assert [i.name for i in graphs.eval.graph.input] == ["x", "W"]
+    assert "b" in {i.name for i in graphs.training.graph.initializer}
+    assert [i.name for i in graphs.training.graph.input] == ["x", "W", "W_grad.accumulation.buffer", "lazy_reset_grad"]
+
+
+def test_only_the_chosen_outputs_are_kept():
+    model = _linear()
+    model.graph.output.append(_vi("y", ["N", 2]))
+    graphs = build_training_graphs(model, ["W"], outputs=["loss"])
+    assert [o.name for o in graphs.eval.graph.output] == ["loss"]
+    assert [o.name for o in graphs.training.graph.output] == ["loss", "W_grad.accumulation.out"]

@@ -97,10 +97,10 @@ def build_training_graphs(
     rewrites = normalize.normalize(forward)
     _check_loss(forward, user_outputs[0])
 
-    param_set = set(partition.parameters)
-    user_inputs = tuple(i.name for i in graph.input if i.name not in param_set)
-    _warn_gradient_like_names(user_inputs, user_outputs)
+    _keep_only_outputs(graph, user_outputs)
     _parameters_to_inputs(forward, partition.parameters)
+    user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
+    _warn_gradient_like_names(user_inputs, user_outputs)
 
     evaluation = _graph.copy_structure(forward)
     eval_model.disable_training_mode(evaluation)
@@ -184,13 +184,26 @@ def _check_loss(model: onnx.ModelProto, loss: str) -> None:
         )
 
 
+def _keep_only_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
+    """Make ``names`` the graph outputs, in order."""
+    existing = {o.name: o for o in graph.output}
+    outputs = [existing[n] for n in names]
+    del graph.output[:]
+    graph.output.extend(outputs)
+
+
 def _parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> None:
-    """Move the parameter initializers to graph inputs placed after the user inputs, in ``parameters`` order."""
+    """Move the parameter initializers to graph inputs placed after the user inputs, in ``parameters`` order.
+
+    Initializers that are also listed as graph inputs (old exporters' ``keep_initializers_as_inputs``)
+    and are not parameters become plain constants: the training API would otherwise ask the user to feed them.
+    """
     graph = model.graph
     wanted = set(parameters)
     found = {init.name: init for init in graph.initializer if init.name in wanted}
     kept = [init for init in graph.initializer if init.name not in wanted]
-    user_inputs = [vi for vi in graph.input if vi.name not in wanted]
+    constants = {init.name for init in kept}
+    user_inputs = [vi for vi in graph.input if vi.name not in wanted and vi.name not in constants]
     param_inputs = [helper.make_tensor_value_info(n, found[n].data_type, list(found[n].dims)) for n in parameters]
     del graph.initializer[:]
     graph.initializer.extend(kept)
