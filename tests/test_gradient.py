@@ -433,3 +433,12 @@ def test_only_the_chosen_outputs_are_kept():
     graphs = build_training_graphs(model, ["W"], outputs=["loss"])
     assert [o.name for o in graphs.eval.graph.output] == ["loss"]
     assert [o.name for o in graphs.training.graph.output] == ["loss", "W_grad.accumulation.out"]
+
+
+def test_unread_trainable_parameter_is_named():
+    model = _linear()
+    model.graph.initializer.append(_init("spare", np.ones(3, np.float32)))
+    with pytest.raises(GradientError, match=r"\['spare'\] require a gradient but no node of the model reads them"):
+        build_training_graphs(model, ["W", "spare"])
+    graphs = build_training_graphs(model, ["W"], ["spare"])  # frozen and unread is fine
+    assert "spare" in {i.name for i in graphs.training.graph.input}

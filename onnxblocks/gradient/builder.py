@@ -98,6 +98,7 @@ def build_training_graphs(
     _check_loss(forward, user_outputs[0])
 
     _keep_only_outputs(graph, user_outputs)
+    _check_read(graph, partition)
     _parameters_to_inputs(forward, partition.parameters)
     user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
     _warn_gradient_like_names(user_inputs, user_outputs)
@@ -181,6 +182,17 @@ def _check_loss(model: onnx.ModelProto, loss: str) -> None:
             f"The loss output '{loss}' has shape {dims}, but the loss must be a scalar (shape [] or [1]): "
             "gradients start from it. Reduce it (e.g. a loss with reduction='mean' or 'sum', or "
             "onnxblocks.blocks.ReduceMean(keepdims=False)), and pass other outputs as additional outputs."
+        )
+
+
+def _check_read(graph: onnx.GraphProto, partition: ParameterPartition) -> None:
+    """Raise when a value that requires a gradient is read by no node at all."""
+    readers = _graph.consumers(graph)
+    unread = [n for n in partition.requires_grad if n not in readers]
+    if unread:
+        raise GradientError(
+            f"{preview(unread)} require a gradient but no node of the model reads them, so the loss cannot "
+            "depend on them. Freeze them (frozen_params / requires_grad(name, False)) or leave them out."
         )
 
 
