@@ -158,7 +158,8 @@ class GraphIndex:
         trainable: Names of trainable parameters, when the caller knows them.
         frozen: Names of frozen parameters, when the caller knows them.
         loss: Name of the loss output; by default the first output of a training
-            graph, or the first scalar output.
+            graph, or the first scalar output of a graph without optimizer ops.
+            ``""`` means the graph has no loss.
         loss_nodes: Names of the nodes that compute the loss (e.g. a loss block's
             ``nodes``); by default they are found from ``loss`` (see :meth:`parts`).
 
@@ -259,7 +260,7 @@ class GraphIndex:
         self.tensors: dict[str, TensorInfo] = {
             t.name: t for t in self.inputs + self.params + self.constants + self.state + self.outputs
         }
-        self.loss = loss if loss is not None else self._guess_loss(output_names)
+        self.loss = (loss or None) if loss is not None else self._guess_loss(output_names)
         self.parts: list[str] = self._classify(None if loss_nodes is None else set(loss_nodes))
 
     # ---------------------------------------------------------------- queries
@@ -319,7 +320,7 @@ class GraphIndex:
 
     # ---------------------------------------------------------------- parts
     def _guess_loss(self, output_names: list[str]) -> str | None:
-        if not output_names:
+        if not output_names or any(n.op_type in _OPTIMIZER_OPS for n in self.nodes):
             return None
         if self.is_training:
             return output_names[0]

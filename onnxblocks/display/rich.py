@@ -135,6 +135,11 @@ def draw_svg(
     return scene_to_svg(scene, edges=edges, caption=caption)
 
 
+def _count(n: int, noun: str) -> str:
+    """``3 nodes``, ``1 node``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def _picture(svg: str) -> str:
     return f'<div style="{PICTURE}">{svg}</div>'
 
@@ -195,8 +200,20 @@ def show(obj: Any, **view: Any) -> Display:
 
 
 def repr_html(obj: Any, **view: Any) -> str:
-    """The HTML Jupyter shows for ``obj`` (see :func:`show`)."""
-    return show(obj, **view).html
+    """The HTML Jupyter shows for ``obj`` (see :func:`show`).
+
+    Unlike :func:`show`, this never raises: the ``_repr_html_`` hooks call it,
+    and a display that fails (artifact files deleted since, say) shows the
+    error in a box instead of a traceback.
+    """
+    try:
+        return show(obj, **view).html
+    except Exception as exc:  # a display hook must not raise
+        return (
+            f'<div style="{BOX};border:1px solid #fca5a5;background:#fef2f2;padding:6px">'
+            f"onnxblocks could not display this {escape(type(obj).__name__)}: "
+            f"{escape(type(exc).__name__)}: {escape(str(exc))}</div>"
+        )
 
 
 def _split(view: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -355,7 +372,7 @@ def _training_display(
     trainable = list(trainable) if trainable is not None else None
     frozen = list(frozen) if frozen is not None else None
     indexes = {
-        k: GraphIndex(m, trainable, frozen, loss=None if k == "optimizer" else loss,
+        k: GraphIndex(m, trainable, frozen, loss="" if k == "optimizer" else loss,
                       loss_nodes=None if k == "optimizer" else loss_nodes)
         for k, m in models.items()
     }
@@ -367,7 +384,8 @@ def _training_display(
         out.append(_gradient_table(train))
     svg = draw_svg(indexes[main], **pic)
     out.append(f"<div style='margin-top:6px'><b>{escape(main)} model</b></div>")
-    out.append(header_line(indexes[main]))
+    if main != "training":
+        out.append(header_line(indexes[main]))
     out.append(_picture(svg))
     for kind, index in indexes.items():
         if kind == main:
@@ -379,7 +397,7 @@ def _training_display(
                 body += f'<div style="color:#475569">{only}</div>'
         small = {k: v for k, v in pic.items() if k not in ("nodes", "around")}
         body += _picture(draw_svg(index, **small))
-        out.append(_details(f"{escape(kind)} model ({len(index.nodes):,} nodes)", body))
+        out.append(_details(f"{escape(kind)} model ({_count(len(index.nodes), 'node')})", body))
     out.append("</div>")
     return Display("".join(out), svg)
 
@@ -461,8 +479,8 @@ def _files_table(found: dict[str, Path], models: dict[str, onnx.ModelProto]) -> 
     for kind, path in found.items():
         model = models.get(kind.replace("_model.onnx", ""))
         size = _checkpoint_size(path) if kind == "checkpoint" else path.stat().st_size
-        info = (f"{len(model.graph.node):,} nodes, {len(model.graph.input):,} inputs, "
-                f"{len(model.graph.output):,} outputs") if model is not None else ""
+        info = (f"{_count(len(model.graph.node), 'node')}, {_count(len(model.graph.input), 'input')}, "
+                f"{_count(len(model.graph.output), 'output')}") if model is not None else ""
         rows.append(
             f'<tr><td style="{TD}">{escape(path.name)}</td><td style="{TDR}">{size:,}</td>'
             f'<td style="{TD}">{format_bytes(size)}</td><td style="{TD}">{info}</td></tr>'

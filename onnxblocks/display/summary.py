@@ -157,7 +157,7 @@ def _table(title: str, tensors: list[TensorInfo], columns: list[str], limit: int
 def header_line(index: GraphIndex) -> str:
     """One line naming the graph, its size, opsets and parts (HTML)."""
     model = index.model
-    bits = [f"{len(index.nodes):,} nodes"]
+    bits = [f"{len(index.nodes):,} node" + ("" if len(index.nodes) == 1 else "s")]
     if model is not None:
         opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
         bits.append(f"opsets: {escape(opsets)}")
