@@ -86,7 +86,7 @@ def quickstart() -> list[nbformat.NotebookNode]:
         runs: `training_model.onnx`, `eval_model.onnx`, `checkpoint` and `optimizer_model.onnx`.
         Along the way, Jupyter shows each object as a summary and a picture of its graph.
         """),
-        code(IMPORTS, "from onnxblocks.artifacts import OptimType, generate_artifacts"),
+        code(IMPORTS, "from onnxblocks import OptimType, generate_artifacts"),
         md("""
         ## 1. The base model
 
@@ -194,7 +194,7 @@ def exploring() -> list[nbformat.NotebookNode]:
         green accumulation; yellow boxes are trainable parameters, dashed grey ones frozen.
         """),
         code(IMPORTS, """
-        from onnxblocks.blocks.training import TrainingBlock
+        from onnxblocks import TrainingBlock
         from onnxblocks.gradient import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
         """),
         code(MLP, '''
@@ -334,8 +334,7 @@ def training_loop() -> list[nbformat.NotebookNode]:
         code(IMPORTS, '''
         import matplotlib.pyplot as plt
 
-        from onnxblocks import runtime
-        from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
+        from onnxblocks import LossType, OptimType, generate_artifacts, runtime
         '''),
         md("## Data: three Gaussian blobs in the plane"),
         code('''
@@ -453,10 +452,8 @@ def from_pytorch() -> list[nbformat.NotebookNode]:
         from onnxscript import opset17 as op
         from onnxscript import script
 
-        from onnxblocks import optim, runtime
-        from onnxblocks.artifacts import generate_artifacts
+        from onnxblocks import ScriptBlock, generate_artifacts, optim, runtime
         from onnxblocks.blocks import InputLike
-        from onnxblocks.blocks.script import ScriptBlock
         '''),
         md("""
         ## Export the model
