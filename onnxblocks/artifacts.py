@@ -16,7 +16,10 @@ file                            what it is
 
 Everything is written into a temporary directory first and moved into place
 only when complete, so a failure leaves no half-written artifacts and existing
-artifacts are replaced file by file with complete ones. Weights are never
+artifacts are replaced file by file with complete ones; artifact files of an
+earlier run with the same prefix that this run does not write (an optimizer
+model, ``.ort`` copies, ``.data`` files) are removed, so the directory never
+mixes two runs. Weights are never
 copied in memory: a model given as a path is loaded without its external data,
 which is streamed from its file into the checkpoint.
 """
@@ -272,7 +275,7 @@ def _generate(
         "nominal_checkpoint": f"{prefix}nominal_checkpoint",
         "optimizer_model": f"{prefix}optimizer_model.onnx",
     }
-    with _staging(directory) as stage:
+    with _staging(directory, list(names.values())) as stage:
         from onnxblocks.checkpoint import save_checkpoint
         from onnxblocks.io import save_model
 
@@ -402,30 +405,52 @@ def _check_prefix(prefix: str) -> None:
 
 # ------------------------------------------------------------------ files
 @contextlib.contextmanager
-def _staging(directory: Path):
+def _staging(directory: Path, artifact_names: Sequence[str]):
     """Yield a temporary directory; on success move its files into ``directory``, on failure delete it.
 
     A missing ``directory`` is created by renaming the complete temporary
-    directory into place; an existing one gets each file moved over (``os.replace``).
+    directory into place; an existing one gets each file moved over
+    (``os.replace``), and files of an earlier run that this run did not write
+    (among ``artifact_names`` and their ``.ort`` / ``.data`` companions) are
+    removed, so the directory never mixes two runs' artifacts.
     """
     exists = directory.is_dir()
     if directory.exists() and not exists:
         raise NotADirectoryError(f"artifact_directory '{directory}' exists and is not a directory.")
     parent = directory if exists else directory.parent
+    created = None  # the top-most directory this call creates, removed again on failure
     if not exists:
+        created = next((p for p in reversed(parent.parents) if not p.exists()), None) or (
+            parent if not parent.exists() else None)
         parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".onnxblocks-artifacts-", dir=parent))
     try:
         yield stage
         if exists:
+            written = {item.name for item in stage.iterdir()}
             for item in sorted(stage.iterdir()):
                 os.replace(item, directory / item.name)
             stage.rmdir()
+            for name in _companions(artifact_names):
+                if name not in written and (directory / name).is_file():
+                    logger.info("Removing %s, left by an earlier run.", directory / name)
+                    (directory / name).unlink()
         else:
             os.replace(stage, directory)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
+
+
+def _companions(names: Sequence[str]) -> list[str]:
+    """The artifact file names with their ORT-format and external-data companions."""
+    out = []
+    for name in names:
+        variants = [name, name[: -len(".onnx")] + ".ort"] if name.endswith(".onnx") else [name]
+        out.extend(v for variant in variants for v in (variant, variant + ".data"))
+    return out
 
 
 def _to_ort_format(model_path: Path, custom_op_libraries: Sequence[str]) -> Path:

@@ -193,6 +193,23 @@ def test_failure_keeps_existing_artifacts_and_success_replaces_them(tmp_path, ml
     assert sorted(os.listdir(tmp_path)) == sorted([p.name for p in second.files] + ["notes.txt"])
 
 
+def test_failure_removes_the_directories_it_created(tmp_path, mlp, monkeypatch):
+    import onnxblocks.checkpoint
+
+    monkeypatch.setattr(onnxblocks.checkpoint, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(OSError("x")))
+    with pytest.raises(OSError):
+        _generate(mlp, tmp_path / "a" / "b" / "out")
+    assert os.listdir(tmp_path) == []
+
+
+def test_artifacts_of_an_earlier_run_are_not_left_behind(tmp_path, mlp):
+    _generate(mlp, tmp_path, optimizer=OptimType.SGD, ort_format=True, nominal_checkpoint=True)
+    (tmp_path / "other_training_model.onnx").write_text("another prefix: kept")
+    second = _generate(mlp, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted([p.name for p in second.files] + ["other_training_model.onnx"])
+    assert second.optimizer_model is None and not (tmp_path / "optimizer_model.onnx").exists()
+
+
 def test_nothing_written_to_the_working_directory(tmp_path, mlp, monkeypatch):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
