@@ -9,7 +9,7 @@ checkpoint.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -17,6 +17,9 @@ from onnxblocks.blocks import weights as _weights
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block
 from onnxblocks.errors import NotBuiltError
+
+if TYPE_CHECKING:
+    from onnxblocks.gradient import TrainingGraphs
 
 
 class TrainingBlock(Block):
@@ -107,7 +110,7 @@ class TrainingBlock(Block):
             )
 
     @property
-    def graphs(self) -> Any:
+    def graphs(self) -> TrainingGraphs:
         """The :class:`~onnxblocks.gradient.TrainingGraphs` (models with held stubs, partition, outputs).
 
         Raises:
