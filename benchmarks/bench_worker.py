@@ -240,6 +240,22 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     load_s = time.perf_counter() - t0
     if not isinstance(model, str):
         before = model.SerializeToString() if args.check_unmutated else None
+    if "model_path" in extra and args.tool != "reference":
+        import inspect
+
+        if "model_path" not in inspect.signature(tool.generate_artifacts).parameters:
+            if not args.proposed:
+                raise TypeError("generate_artifacts() has no model_path= parameter; a ModelProto loaded with "
+                                "load_external_data=False cannot be given its directory")
+            # Proposed: generate_artifacts(model, ..., model_path=...) passed on to base(model, model_path).
+            given_path = extra.pop("model_path")
+            original_load = tool._load
+
+            def _load(m):
+                return (m, given_path) if m is model else original_load(m)
+
+            tool._load = _load
+            proposed.append("model_path-for-ModelProto")
 
     if args.loss == "ce":
         loss = tool.LossType.CrossEntropyLoss
