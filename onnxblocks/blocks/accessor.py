@@ -156,6 +156,19 @@ class ModelAccessor:
                 self._types.setdefault(vi.name, vi.type)
         self._seen = {k: len(v) for k, v in fields.items()}
 
+    def replace_model(self, model: onnx.ModelProto) -> None:
+        """Make ``model``'s contents the working model, in place, and re-index names and types.
+
+        The working ModelProto object stays the same (code holding ``self.base`` sees the change).
+        """
+        self._model.CopyFrom(model)
+        self._types.clear()
+        self._defined.clear()
+        self._const_data.clear()
+        self._seen = dict.fromkeys(self._seen, 0)
+        self._inferred_all = False
+        self._sync()
+
     def has_value(self, name: str) -> bool:
         """True when ``name`` is a graph input, initializer or node output."""
         self._sync()

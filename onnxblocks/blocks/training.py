@@ -201,10 +201,4 @@ def _parameter_sources(
 
 def _replace_working_model(acc: ModelAccessor, model: onnx.ModelProto) -> None:
     """Make ``model`` the accessor's working model (the reference leaves the training model there)."""
-    working = acc.working_model
-    # Emptying the graph first makes the accessor re-index it from scratch on its next look-up.
-    del working.graph.node[:]
-    del working.graph.input[:]
-    del working.graph.initializer[:]
-    acc.has_value("")
-    working.CopyFrom(model)
+    acc.replace_model(model)
