@@ -166,6 +166,8 @@ def generate_artifacts(
     additional_output_names: Sequence[str] | None = None,
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
+    *,
+    model_path: str | os.PathLike | None = None,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -194,6 +196,8 @@ def generate_artifacts(
         additional_output_names: Values returned by the training and eval models after the loss.
         nominal_checkpoint: Also write a nominal checkpoint (names and types only).
         loss_input_names: The values passed to the loss; default the base model's outputs.
+        model_path: For a ModelProto loaded with ``onnx.load(path, load_external_data=False)``:
+            the ``.onnx`` file it came from, so its external data files are found (and streamed).
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -208,7 +212,7 @@ def generate_artifacts(
     return _generate(
         model, requires_grad, frozen_params, loss, optimizer, artifact_directory, prefix, ort_format,
         custom_op_library, additional_output_names, nominal_checkpoint, loss_input_names,
-        loss_blocks=_loss_block, optimizer_blocks=_optimizer_block,
+        loss_blocks=_loss_block, optimizer_blocks=_optimizer_block, model_path=model_path,
     )
 
 
@@ -228,9 +232,10 @@ def _generate(
     *,
     loss_blocks: Callable[[LossType], Block],
     optimizer_blocks: Callable[[OptimType], Block],
+    model_path: str | os.PathLike | None = None,
 ) -> Artifacts:
     """:func:`generate_artifacts` with the mapping from enums to blocks as arguments (for compat)."""
-    base_model, model_path = _load(model)
+    base_model, model_path = _load(model, model_path)
     loss_block = _resolve_loss(loss, loss_blocks)
     optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
     additional = _names("additional_output_names", additional_output_names)
@@ -319,9 +324,9 @@ def _generate(
 
 
 # ------------------------------------------------------------------ arguments
-def _load(model: Any) -> tuple[onnx.ModelProto, str | None]:
+def _load(model: Any, model_path: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, str | None]:
     if isinstance(model, onnx.ModelProto):
-        return model, None
+        return model, os.fspath(model_path) if model_path is not None else None
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isfile(path):
