@@ -16,12 +16,13 @@ import os
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import onnx
 from onnx import numpy_helper
 
 from onnxblocks import _limits
+from onnxblocks._proto import copy_fields
 from onnxblocks.blocks import weights as _weights
 
 __all__ = ["atomic_outputs", "load_model", "save_model", "tensor_chunks"]
@@ -156,24 +157,11 @@ def _check_location(location: str) -> str:
     return path.as_posix()
 
 
-def _copy_fields(src: Any, dst: Any, skip: str) -> None:
-    """Copy every set field of protobuf message ``src`` into ``dst``, except the field ``skip``."""
-    for descriptor, value in src.ListFields():
-        if descriptor.name == skip:
-            continue
-        if descriptor.is_repeated:
-            getattr(dst, descriptor.name).extend(value)
-        elif descriptor.message_type is not None:
-            getattr(dst, descriptor.name).CopyFrom(value)
-        else:
-            setattr(dst, descriptor.name, value)
-
-
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose graph has no initializers (those are added one by one)."""
     out = onnx.ModelProto()
-    _copy_fields(model, out, skip="graph")
-    _copy_fields(model.graph, out.graph, skip="initializer")
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(model.graph, out.graph, skip={"initializer"})
     return out
 
 

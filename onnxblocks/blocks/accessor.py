@@ -28,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxblocks import _limits
+from onnxblocks._proto import copy_fields
 from onnxblocks.blocks import weights as _weights
 from onnxblocks.blocks.naming import NameAuthority
 from onnxblocks.blocks.value import Value
@@ -494,8 +495,8 @@ def check_skeleton(model: onnx.ModelProto) -> None:
     type in a throw-away skeleton, so the check costs O(graph), not O(weights).
     """
     skeleton = onnx.ModelProto()
-    _copy_fields(model, skeleton, skip={"graph"})
-    _copy_fields(model.graph, skeleton.graph, skip={"initializer"})
+    copy_fields(model, skeleton, skip={"graph"})
+    copy_fields(model.graph, skeleton.graph, skip={"initializer"})
     g, sg = model.graph, skeleton.graph
     input_names = {i.name for i in g.input}
     for init in g.initializer:
@@ -506,19 +507,6 @@ def check_skeleton(model: onnx.ModelProto) -> None:
             sg.initializer.append(init)
     _limits.stamp_versions(skeleton)
     onnx.checker.check_model(skeleton)
-
-
-def _copy_fields(src: Any, dst: Any, skip: set[str]) -> None:
-    """Copy every set field of protobuf message ``src`` into ``dst`` except those in ``skip``."""
-    for descriptor, value in src.ListFields():
-        if descriptor.name in skip:
-            continue
-        if descriptor.is_repeated:
-            getattr(dst, descriptor.name).extend(value)
-        elif descriptor.message_type is not None:
-            getattr(dst, descriptor.name).CopyFrom(value)
-        else:
-            setattr(dst, descriptor.name, value)
 
 
 def current() -> ModelAccessor:
@@ -553,8 +541,8 @@ def working_copy(
     store = _weights.WeightStore()
     base_dir = Path(model_path).parent if model_path is not None else None
     copy = onnx.ModelProto()
-    _copy_fields(model, copy, skip={"graph"})
-    _copy_fields(model.graph, copy.graph, skip={"initializer"})
+    copy_fields(model, copy, skip={"graph"})
+    copy_fields(model.graph, copy.graph, skip={"initializer"})
     g, cg = model.graph, copy.graph
     for init in g.initializer:
         if _weights.should_hold(init, hold_threshold):
