@@ -158,10 +158,10 @@ def apply_proposed_fixes() -> list[str]:
             and "load_structure" not in artifacts._load.__code__.co_names:
         original = artifacts._load
 
-        def _load(model):
+        def _load(model, *args, **kwargs):
             if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
                 return weights.load_structure(model), os.fspath(model)
-            return original(model)
+            return original(model, *args, **kwargs)
 
         artifacts._load = _load
         applied.append("path-structure-only")
@@ -197,7 +197,55 @@ def apply_proposed_fixes() -> list[str]:
             if hasattr(module, "atomic_outputs"):
                 module.atomic_outputs = atomic_outputs
         applied.append("temp-files-without-truncation")
+    # 4. Checkpoint tensors that live in a file are copied by the kernel (os.copy_file_range), not read and written.
+    import onnxblocks.checkpoint.save as checkpoint_save
+
+    if hasattr(os, "copy_file_range") and hasattr(checkpoint_save, "write_aligned") \
+            and hasattr(checkpoint_save, "tensor_chunks") and "copy_file_range" not in checkpoint_save.__dict__:
+        _patch_kernel_copy(checkpoint_save, weights)
+        applied.append("checkpoint-copy_file_range")
     return applied
+
+
+def _patch_kernel_copy(checkpoint_save, weights) -> None:
+    class FileRange:
+        """A file-backed tensor's chunks, recognisable by the patched writer."""
+
+        def __init__(self, source) -> None:
+            self.source = source
+
+        def __iter__(self):
+            return iter(self.source.chunks())
+
+    original_chunks, original_write = checkpoint_save.tensor_chunks, checkpoint_save.write_aligned
+
+    def tensor_chunks(source, base_dir=None, chunk_bytes=weights.CHUNK_BYTES):
+        if isinstance(source, weights.TensorSource) and source.path is not None:
+            return FileRange(source)
+        return original_chunks(source, base_dir, chunk_bytes)
+
+    def write_aligned(out, chunks, expected, name):
+        if not isinstance(chunks, FileRange):
+            return original_write(out, chunks, expected, name)
+        align = 4096 if expected >= 1 << 20 else 64
+        position = out.tell()
+        padding = -position % align
+        if padding:
+            out.write(b"\0" * padding)
+            position += padding
+        out.flush()
+        source = chunks.source
+        with open(source.path, "rb") as f:
+            done = 0
+            while done < expected:
+                n = os.copy_file_range(f.fileno(), out.fileno(), expected - done, source.offset + done)
+                if n == 0:
+                    raise OSError(f"{source.path} ended early while copying '{name}'")
+                done += n
+        out.seek(position + expected)
+        return position
+
+    checkpoint_save.tensor_chunks, checkpoint_save.write_aligned = tensor_chunks, write_aligned
 
 
 def run_import_case(args: argparse.Namespace) -> dict:
@@ -251,8 +299,8 @@ def run_generate_case(args: argparse.Namespace) -> dict:
             given_path = extra.pop("model_path")
             original_load = tool._load
 
-            def _load(m):
-                return (m, given_path) if m is model else original_load(m)
+            def _load(m, *rest, **kwargs):
+                return (m, given_path) if m is model else original_load(m, *rest, **kwargs)
 
             tool._load = _load
             proposed.append("model_path-for-ModelProto")
