@@ -319,6 +319,7 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     params = json.loads(Path(args.params).read_text()) if args.params else None
     if isinstance(params, dict):  # a bench_models meta.json
         params = params["model"]["params"]
+    ort_before, torch_before = "onnxruntime" in sys.modules, "torch" in sys.modules
     base_rss = rss_bytes()
     process_peak = peak_rss_bytes()
     can_reset = reset_peak_rss()
@@ -353,8 +354,14 @@ def run_generate_case(args: argparse.Namespace) -> dict:
                     "process_peak_before_call_gb": process_peak / GB}
     if can_reset:
         result["call_peak_rss_gb"] = call_peak / GB
+    notes = []
+    if not ort_before and "onnxruntime" in sys.modules:
+        notes.append("the call imported onnxruntime" + (" and torch" if not torch_before and "torch" in sys.modules
+                                                          else ""))
     if proposed:
-        result["note"] = "with proposed fixes: " + ", ".join(proposed)
+        notes.append("with proposed fixes: " + ", ".join(proposed))
+    if notes:
+        result["note"] = "; ".join(notes)
     if sampler:
         result["rss"] = sampler.stop()
     if not isinstance(model, str) and args.check_unmutated:
