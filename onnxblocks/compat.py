@@ -23,14 +23,19 @@ Differences that remain: builds are context-scoped (two builds may run at once),
 ``generate_artifacts`` returns an :class:`~onnxblocks.artifacts.Artifacts`
 instead of None, and ``requires_grad`` on a graph input gives the output
 ``<input>_grad`` rather than an accumulation buffer (which ONNX Runtime's
-training API cannot feed).
+training API cannot feed). Inside a build, ``self.base`` (and ``accessor.model``)
+holds initializers of 1 KiB or more as *stubs* (name, dtype and dims, no data),
+so code that reads a large initializer's values from the proto must call
+``self.accessor.tensor(name)`` instead of ``onnx.numpy_helper.to_array``;
+appending nodes, inputs and initializers to the proto works as in the reference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import onnx
@@ -39,7 +44,8 @@ from onnxblocks import artifacts as _artifacts
 from onnxblocks import blocks as _blocks
 from onnxblocks import losses as _losses
 from onnxblocks import optim as _optim
-from onnxblocks.blocks.accessor import base, custom_op_library, empty_base
+from onnxblocks.blocks.accessor import base, empty_base
+from onnxblocks.blocks.accessor import custom_op_library as _custom_op_library
 from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.training import TrainingBlock
 
@@ -68,6 +74,17 @@ def load_checkpoint_to_model(path_to_checkpoint: str | os.PathLike, model: onnx.
     from onnxblocks.checkpoint import load_checkpoint_to_model as _load
 
     model.CopyFrom(_load(path_to_checkpoint, model))
+
+
+@contextlib.contextmanager
+def custom_op_library(custom_op_library_path: str | os.PathLike) -> Iterator[str]:
+    """Register a custom op library for the builds inside the with-block (reference signature).
+
+    Raises:
+        FileNotFoundError: if the library does not exist.
+    """
+    with _custom_op_library(custom_op_library_path) as path:
+        yield path
 
 
 def _reference_optimizer(optimizer: _artifacts.OptimType) -> Block:
