@@ -262,8 +262,9 @@ def _generate(
             stack.enter_context(custom_op_library(library))
         stack.enter_context(base(base_model, model_path))
         block(*[o.name for o in base_model.graph.output])
-    block.check()
-    graphs = block.graphs
+    block._check_models()
+    graphs = block._training_graphs()
+    store = block._weight_store()
     sources = block.parameter_sources()
 
     optimizer_model = None
@@ -284,8 +285,8 @@ def _generate(
         from onnxblocks.checkpoint import save_checkpoint
         from onnxblocks.io import save_model
 
-        save_model(graphs.training, stage / names["training_model"], weights=block.weights)
-        save_model(graphs.eval, stage / names["eval_model"], weights=block.weights)
+        save_model(graphs.training, stage / names["training_model"], weights=store)
+        save_model(graphs.eval, stage / names["eval_model"], weights=store)
         save_checkpoint(sources, stage / names["checkpoint"], nominal_checkpoint=False)
         if nominal_checkpoint:
             save_checkpoint(sources, stage / names["nominal_checkpoint"], nominal_checkpoint=True)

@@ -45,24 +45,11 @@ CPU = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
 
 
 # ------------------------------------------------------------------ torch models, export, runners
-class SimpleNet(torch.nn.Module):
-    """The reference tests' network: Linear, ReLU, Linear."""
-
-    def __init__(self, d_in: int = D_IN, hidden: int = HIDDEN, d_out: int = D_OUT) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(d_in, hidden)
-        self.relu = torch.nn.ReLU()
-        self.fc2 = torch.nn.Linear(hidden, d_out)
-
-    def forward(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
-
-
 class TwoOutputNet(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.a = SimpleNet()
-        self.b = SimpleNet()
+        self.a = models.MLP(D_IN, HIDDEN, D_OUT)
+        self.b = models.MLP(D_IN, HIDDEN, D_OUT)
 
     def forward(self, x1, x2):
         return self.a(x1), self.b(x2)
@@ -177,9 +164,9 @@ def assert_grads(session: Session, expected: dict[str, np.ndarray], names=None) 
 
 @pytest.fixture(scope="module")
 def net():
-    """SimpleNet, one batch, its ONNX export; tests copy the torch model before changing it."""
+    """An MLP (fc1, ReLU, fc2), one batch, its ONNX export; tests copy the torch model before changing it."""
     torch.manual_seed(0)
-    model = SimpleNet()
+    model = models.MLP(D_IN, HIDDEN, D_OUT)
     x = torch.randn(BATCH, D_IN)
     return types.SimpleNamespace(torch=model, x=x, onnx=export(model, (x,)),
                                  params=[n for n, _ in model.named_parameters()])
@@ -290,28 +277,24 @@ def test_loss_gradients_match_torch_in_the_training_api(tmp_path, net, case):
 
 
 # ------------------------------------------------------------------ compositions
-class WeightedAverage:
-    """The reference's weighted average of two cross-entropy losses, made of Constant, Mul and Add blocks."""
+def two_task_loss(kind, weights: tuple[float, float]):
+    """A ``kind`` block: a weighted sum of two cross entropies, composed of Constant, Mul and Add blocks."""
 
-    @staticmethod
-    def of(kind, w1: float, w2: float):
-        class WeightedAvg(kind):
-            def __init__(self):
-                super().__init__()
-                self.loss1 = onnxblock.loss.CrossEntropyLoss()
-                self.loss2 = onnxblock.loss.CrossEntropyLoss()
-                self.w1 = onnxblock.blocks.Constant(w1)
-                self.w2 = onnxblock.blocks.Constant(w2)
-                self.mul = onnxblock.blocks.Mul()
-                self.add = onnxblock.blocks.Add()
+    class TwoTaskLoss(kind):
+        def __init__(self):
+            super().__init__()
+            self.losses = [onnxblock.loss.CrossEntropyLoss() for _ in weights]
+            self.weights = [onnxblock.blocks.Constant(w) for w in weights]
+            self.scales = [onnxblock.blocks.Mul() for _ in weights]
+            self.total = onnxblock.blocks.Add()
 
-            def build(self, loss_input_name1, loss_input_name2):
-                return self.add(
-                    self.mul(self.w1(), self.loss1(loss_input_name1, labels_name="labels1")),
-                    self.mul(self.w2(), self.loss2(loss_input_name2, labels_name="labels2")),
-                )
+        def build(self, logits_a, logits_b):
+            terms = [scale(weight(), loss(logits, labels_name=f"labels{i}"))
+                     for i, (logits, loss, weight, scale) in enumerate(
+                         zip((logits_a, logits_b), self.losses, self.weights, self.scales, strict=True), start=1)]
+            return self.total(*terms)
 
-        return WeightedAvg()
+    return TwoTaskLoss()
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +315,7 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     expected.backward()
     inputs = [two_outputs.x1.numpy(), two_outputs.x2.numpy(), labels1.numpy(), labels2.numpy()]
 
-    forward = WeightedAverage.of(onnxblock.ForwardBlock, w1, w2)
+    forward = two_task_loss(onnxblock.ForwardBlock, (w1, w2))
     with onnxblock.base(two_outputs.onnx):
         _ = forward(out1, out2)
     forward_model = forward.to_model_proto()
@@ -340,7 +323,7 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     (loss,) = infer(forward_model, dict(zip(["input-0", "input-1", "labels1", "labels2"], inputs, strict=True)))
     np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
 
-    training = WeightedAverage.of(onnxblock.TrainingBlock, w1, w2)
+    training = two_task_loss(onnxblock.TrainingBlock, (w1, w2))
     for name, _ in model.named_parameters():
         training.requires_grad(name)
     with onnxblock.base(two_outputs.onnx):
@@ -366,12 +349,10 @@ def test_label_encoder_composition(tmp_path, net):
             self._loss = onnxblock.loss.CrossEntropyLoss()
 
         def build(self, output_name):
-            # a new graph input for the labels, added the reference's way: edit the proto
-            labels_input = copy.deepcopy(self.base.graph.output[0])
-            labels_input.type.tensor_type.elem_type = TensorProto.STRING
-            labels_input.name = "label_names"
-            del labels_input.type.tensor_type.shape.dim[1]
-            self.base.graph.input.append(labels_input)
+            # the labels input is added by editing the proto, as blocks written for the reference do
+            batch = self.base.graph.output[0].type.tensor_type.shape.dim[0]
+            self.base.graph.input.append(helper.make_tensor_value_info(
+                "label_names", TensorProto.STRING, [batch.dim_param or batch.dim_value]))
             encoder = onnxblock.blocks.LabelEncoder(default_int64=0, keys_strings=names, values_int64s=[0, 1, 2, 3])
             return self._loss(output_name, encoder("label_names"))
 
@@ -790,19 +771,19 @@ def test_checkpoint_round_trips(tmp_path, net):
 def test_string_inputs_with_cast(tmp_path):
     """The reference's string-input model: Cast(to=FLOAT) then Linear, built on an empty base, then trained."""
 
-    class BlockWithStringInputs(onnxblock.ForwardBlock):
+    class ParseThenDense(onnxblock.ForwardBlock):
         def __init__(self):
             super().__init__()
-            self.cast = onnxblock.blocks.Cast(to=TensorProto.FLOAT)
-            self.linear = onnxblock.blocks.Linear(4, 2)
+            self.parse = onnxblock.blocks.Cast(to=TensorProto.FLOAT)
+            self.dense = onnxblock.blocks.Linear(4, 2)
 
-        def build(self, string_input):
-            return self.linear(self.cast(string_input))
+        def build(self, text_name):
+            return self.dense(self.parse(text_name))
 
-    block = BlockWithStringInputs()
+    block = ParseThenDense()
     with onnxblock.empty_base() as accessor:
-        accessor.model.graph.input.extend([helper.make_tensor_value_info("input", TensorProto.STRING, [1, 4])])
-        _ = block("input")
+        accessor.model.graph.input.append(helper.make_tensor_value_info("text", TensorProto.STRING, [1, 4]))
+        _ = block("text")
     onnx_model = block.to_model_proto()
     params = [p.name for p in onnx_model.graph.initializer]
     art = artifacts.generate_artifacts(onnx_model, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
@@ -876,16 +857,19 @@ class ScaledRelu(onnxblock.Block):
         return "act.out"
 
 
-class MSEPlusBCE(onnxblock.Block):
-    """The reference's custom loss block: two losses with named targets, added (no super().__init__())."""
+class RegressionPlusTagging(onnxblock.Block):
+    """A loss block for two outputs: MSE on the first, BCE on the second, with named targets.
+
+    Like many blocks written for the reference, it never calls ``super().__init__()``.
+    """
 
     def __init__(self):
-        self._loss1 = onnxblock.loss.MSELoss()
-        self._loss2 = onnxblock.loss.BCEWithLogitsLoss()
-        self._add = onnxblock.blocks.Add()
+        self.parts = (onnxblock.loss.MSELoss(), onnxblock.loss.BCEWithLogitsLoss())
+        self.total = onnxblock.blocks.Add()
 
-    def build(self, input1, input2):
-        return self._add(self._loss1(input1, target_name="target1"), self._loss2(input2, target_name="target2"))
+    def build(self, regression, logits):
+        mse, bce = self.parts
+        return self.total(mse(regression, target_name="target1"), bce(logits, target_name="target2"))
 
 
 def test_custom_blocks_written_the_reference_way(tmp_path, two_outputs):
@@ -903,7 +887,7 @@ def test_custom_blocks_written_the_reference_way(tmp_path, two_outputs):
     base_model = block.to_model_proto()
     assert [o.name for o in base_model.graph.output] == ["act.out", "output-1"]
     params = [n for n, _ in two_outputs.torch.named_parameters()] + ["act.scale"]
-    art = artifacts.generate_artifacts(base_model, requires_grad=params, loss=MSEPlusBCE(),
+    art = artifacts.generate_artifacts(base_model, requires_grad=params, loss=RegressionPlusTagging(),
                                        optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
     assert art.input_names == ("input-0", "input-1", "target1", "target2")
     t1, t2 = _regression_target(12), _probability_target(13)
@@ -925,7 +909,7 @@ def test_custom_block_reads_a_large_initializer(tmp_path):
     Large initializers are stubs in ``self.base`` (a documented difference); ``self.accessor.tensor`` reads them.
     """
     torch.manual_seed(6)
-    model = SimpleNet(D_IN, 64, D_OUT)  # fc1.weight is 1.5 KiB: held as a stub during the build
+    model = models.MLP(D_IN, 64, D_OUT)  # fc1.weight is 1.5 KiB: held as a stub during the build
     x = torch.randn(BATCH, D_IN)
     base_model = export(model, (x,))
 
@@ -960,21 +944,22 @@ def test_custom_block_reads_a_large_initializer(tmp_path):
 def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
     """The reference's ``test_custom_loss_function``: constants plus inputs, two ranks, no trainable parameter."""
 
-    class TwoRanks(torch.nn.Module):
+    class Shifts(torch.nn.Module):
+        """Adds a fixed rank-4 offset to one input and a rank-3 one to the other."""
+
         def __init__(self):
             super().__init__()
-            self.a = torch.randn(2, 3, 4, 5)
-            self.b = torch.randn(4, 3, 6)
+            self.offsets = (torch.randn(2, 3, 8, 10), torch.randn(4, 3, 60))  # > 1 KiB each: held constants
 
         def forward(self, x, y):
-            return self.a + x, self.b + y
+            return x + self.offsets[0], y + self.offsets[1]
 
     torch.manual_seed(5)
-    module = TwoRanks()
-    x, y = torch.randn(2, 3, 4, 5), torch.randn(4, 3, 6)
-    art = artifacts.generate_artifacts(export(module, (x, y)), loss=MSEPlusBCE(), artifact_directory=tmp_path)
+    module = Shifts()
+    x, y = torch.randn(2, 3, 8, 10), torch.randn(4, 3, 60)
+    art = artifacts.generate_artifacts(export(module, (x, y)), loss=RegressionPlusTagging(), artifact_directory=tmp_path)
     assert art.requires_grad == () and art.optimizer_model is None
-    t1, t2 = torch.randn(2, 3, 4, 5), torch.rand(4, 3, 6)
+    t1, t2 = torch.randn(2, 3, 8, 10), torch.rand(4, 3, 60)
     o1, o2 = module(x, y)
     expected = torch.nn.functional.mse_loss(o1, t1) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
     feeds = {"input-0": x.numpy(), "input-1": y.numpy(), "target1": t1.numpy(), "target2": t2.numpy()}
@@ -999,8 +984,16 @@ def test_loss_input_names_pick_the_loss_inputs(tmp_path, two_outputs):
 
 
 def test_model_whose_output_is_the_loss(tmp_path, net):
-    """``loss=None``: the base model's first output is the loss; the model is given as a path, with a prefix."""
-    block = _loss_block(onnxblock.ForwardBlock, "L1Loss", {"reduction": "sum"})
+    """``loss=None``: the base model's first output is the loss, the others are returned after it.
+
+    The model is given as a path, with a prefix.
+    """
+
+    class LossThenLogits(onnxblock.ForwardBlock):
+        def build(self, output_name):
+            return onnxblock.loss.L1Loss(reduction="sum")(output_name), output_name
+
+    block = LossThenLogits()
     with onnxblock.base(net.onnx):
         _ = block(net.onnx.graph.output[0].name)
     path = tmp_path / "with_loss.onnx"
@@ -1014,8 +1007,9 @@ def test_model_whose_output_is_the_loss(tmp_path, net):
     expected = torch.nn.functional.l1_loss(model(net.x), target, reduction="sum")
     expected.backward()
     session = Session.of(art)
-    (loss,) = session.train(net.x.numpy(), target.numpy())
+    loss, logits = session.train(net.x.numpy(), target.numpy())
     np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
+    np.testing.assert_allclose(logits, model(net.x).detach().numpy(), rtol=RTOL, atol=ATOL)
     assert_grads(session, torch_grads(model))
 
 
@@ -1075,8 +1069,12 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     if optim == "SGD":
         for n in net.params:
             np.testing.assert_allclose(fresh.param(n), before[n] - rate * grads[n], rtol=1e-5, atol=1e-7)
-    # the state saved by ONNX Runtime loads into a fresh Module with the trained parameters
+    # the state ONNX Runtime saves (with the optimizer's state) loads into a fresh Module and into the base model
     saved = tmp_path / "trained"
-    C.save_checkpoint(session.state, os.fspath(saved), False)
+    C.save_checkpoint(session.state, os.fspath(saved), True)
     again = Session(art.training_model, art.eval_model, saved, art.optimizer_model)
     np.testing.assert_array_equal(again.flat(False).numpy(), session.flat(False).numpy())
+    trained = copy.deepcopy(net.onnx)
+    onnxblock.load_checkpoint_to_model(saved, trained)
+    (logits,) = infer(trained, {"input-0": net.x.numpy()})
+    np.testing.assert_allclose(logits, model(net.x).detach().numpy(), rtol=1e-4, atol=1e-5)

@@ -9,7 +9,8 @@ checkpoint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import onnx
 
@@ -20,6 +21,27 @@ from onnxblocks.errors import NotBuiltError
 
 if TYPE_CHECKING:
     from onnxblocks.gradient import TrainingGraphs
+
+_T = TypeVar("_T")
+
+
+class _BuildView(Generic[_T]):
+    """A read-only attribute computed from the build that a subclass may shadow with its own attribute.
+
+    Unlike a ``property``, it defines no ``__set__``: ``self.weights = [0.3, 0.7]``
+    in a subclass's ``__init__`` (common in blocks written for the reference)
+    stores an ordinary instance attribute, which then takes precedence. The
+    library itself never reads these views; it uses the private state.
+    """
+
+    def __init__(self, getter: Callable[[Any], _T]) -> None:
+        self._getter = getter
+        self.__doc__ = getter.__doc__
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._getter(obj)
 
 
 class TrainingBlock(Block):
@@ -109,8 +131,7 @@ class TrainingBlock(Block):
                 "trying to retrieve the parameters.)"
             )
 
-    @property
-    def graphs(self) -> TrainingGraphs:
+    def _training_graphs(self) -> TrainingGraphs:
         """The :class:`~onnxblocks.gradient.TrainingGraphs` (models with held stubs, partition, outputs).
 
         Raises:
@@ -119,8 +140,7 @@ class TrainingBlock(Block):
         self._require_built("training graphs")
         return self._graphs
 
-    @property
-    def weights(self) -> _weights.WeightStore:
+    def _weight_store(self) -> _weights.WeightStore:
         """Where the bytes of the models' held stubs are (for ``onnxblocks.io.save_model``).
 
         Raises:
@@ -128,6 +148,10 @@ class TrainingBlock(Block):
         """
         self._require_built("weights")
         return self._accessor.weights
+
+    # Views a subclass may shadow (``self.weights = ...``); see _BuildView.
+    graphs = _BuildView(_training_graphs)
+    weights = _BuildView(_weight_store)
 
     def parameter_sources(self) -> tuple[list[_weights.TensorSource], list[_weights.TensorSource]]:
         """``(trainable, frozen)`` parameters as TensorSources: where their bytes are, without copying them.
@@ -159,12 +183,15 @@ class TrainingBlock(Block):
             onnx.checker.ValidationError: if a model is invalid.
         """
         self._require_built("models")
-        self.check()
+        self._check_models()
         acc: ModelAccessor = self._accessor
         return acc.materialize(self._graphs.training), acc.materialize(self._graphs.eval)
 
     def check(self) -> None:
         """Run onnx's checker once on both models' skeletons (no weight bytes are read)."""
+        self._check_models()
+
+    def _check_models(self) -> None:
         self._require_built("models")
         if not self._checked:
             from onnxblocks.gradient.builder import check_training_model
