@@ -19,6 +19,10 @@ Not covered, because it cannot apply here:
 * ``requires_grad`` on a graph input giving an accumulation *buffer*: onnxblocks
   gives the output ``<input>_grad`` instead (documented difference; the training
   API cannot feed such a buffer). The gradient's value is checked.
+
+Two known gaps are marked as non-strict xfails at the end (their fix belongs in
+``onnxblocks.gradient``): models exported below opset 11 (ONNX Runtime's Gemm
+gradient), and the error for an unnamed node without a gradient.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi import _pybind_state as C
 
 from onnxblocks.compat import artifacts, onnxblock
+from onnxblocks.errors import GradientError
 
 BATCH, D_IN, HIDDEN, D_OUT = 8, 6, 5, 4
 RTOL, ATOL = 1e-5, 1e-6
@@ -331,6 +336,8 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     session = Session.of(save_block_files(tmp_path, training))
     assert list(session.module.input_names(True)) == ["input-0", "input-1", "labels1", "labels2"]
     assert list(session.module.output_names(True)) == [training.graphs.user_outputs[0]]
+    assert list(session.module.input_names(False)) == ["input-0", "input-1", "labels1", "labels2"]
+    assert list(session.module.output_names(False)) == [training.graphs.user_outputs[0]]
     (loss,) = session.train(*inputs)
     np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
     assert_grads(session, torch_grads(model))
@@ -1014,6 +1021,55 @@ def test_model_whose_output_is_the_loss(tmp_path, net):
 
 
 # ------------------------------------------------------------------ end to end with the training API
+def test_on_device_training_recipe(tmp_path, net):
+    """The low-level recipe of ONNX Runtime's on-device training examples, step by step, then trained."""
+
+    class ClassifierWithLoss(onnxblock.TrainingBlock):
+        def __init__(self):
+            super().__init__()
+            self.loss = onnxblock.loss.CrossEntropyLoss()
+
+        def build(self, output_name):
+            return self.loss(output_name), output_name  # the logits stay an output
+
+    training_block = ClassifierWithLoss()
+    for init in net.onnx.graph.initializer:
+        training_block.requires_grad(init.name, init.name != "fc1.bias")
+    with onnxblock.base(net.onnx):
+        _ = training_block(*[output.name for output in net.onnx.graph.output])
+        training_model, eval_model = training_block.to_model_proto()
+        model_params = training_block.parameters()
+    optimizer_block = onnxblock.optim.AdamW()
+    with onnxblock.empty_base():
+        _ = optimizer_block(model_params)
+        optimizer_model = optimizer_block.to_model_proto()
+    for name, proto in (("training_model.onnx", training_model), ("eval_model.onnx", eval_model),
+                        ("optimizer_model.onnx", optimizer_model)):
+        onnx.save(proto, tmp_path / name)
+    onnxblock.save_checkpoint(model_params, tmp_path / "checkpoint")
+
+    session = Session(tmp_path / "training_model.onnx", tmp_path / "eval_model.onnx", tmp_path / "checkpoint",
+                      tmp_path / "optimizer_model.onnx")
+    assert [p.name for p in model_params[1]] == ["fc1.bias"]
+    labels = _labels()
+    model = copy.deepcopy(net.torch)
+    model.fc1.bias.requires_grad_(False)
+    logits = model(net.x)
+    expected = torch.nn.functional.cross_entropy(logits, labels)
+    expected.backward()
+    loss, out = session.train(net.x.numpy(), labels.numpy())
+    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
+    np.testing.assert_allclose(out, logits.detach().numpy(), rtol=RTOL, atol=ATOL)
+    assert_grads(session, torch_grads(model))
+    session.optimizer.set_learning_rate(0.05)
+    losses = [float(loss)]
+    for _ in range(4):
+        session.step()
+        losses.append(float(session.train(net.x.numpy(), labels.numpy())[0]))
+    assert losses == sorted(losses, reverse=True)
+    np.testing.assert_array_equal(session.param("fc1.bias"), net.torch.fc1.bias.detach().numpy())  # frozen
+
+
 @pytest.mark.parametrize("optim", ["AdamW", "SGD"])
 def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.CrossEntropyLoss,
@@ -1071,10 +1127,46 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
             np.testing.assert_allclose(fresh.param(n), before[n] - rate * grads[n], rtol=1e-5, atol=1e-7)
     # the state ONNX Runtime saves (with the optimizer's state) loads into a fresh Module and into the base model
     saved = tmp_path / "trained"
+    session.state.add_property("epoch", 4)
     C.save_checkpoint(session.state, os.fspath(saved), True)
     again = Session(art.training_model, art.eval_model, saved, art.optimizer_model)
+    assert again.state.get_property("epoch") == 4
     np.testing.assert_array_equal(again.flat(False).numpy(), session.flat(False).numpy())
     trained = copy.deepcopy(net.onnx)
     onnxblock.load_checkpoint_to_model(saved, trained)
     (logits,) = infer(trained, {"input-0": net.x.numpy()})
     np.testing.assert_allclose(logits, model(net.x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ known gaps, fixed in onnxblocks.gradient
+# Non-strict xfails: they pass unchanged once the gradient module handles the case.
+@pytest.mark.xfail(reason="ONNX Runtime's Gemm gradient emits a 2-input Gemm, invalid before opset 11; "
+                          "onnxblocks.gradient should convert opset < 11 models (onnx.version_converter) first")
+def test_model_exported_at_opset_10_trains(tmp_path, net):
+    f = io.BytesIO()
+    with models._quiet():
+        torch.onnx.export(net.torch, (net.x,), f, input_names=["input-0"], output_names=["output-0"], opset_version=10,
+                          do_constant_folding=False, dynamic_axes={"input-0": {0: "n"}}, dynamo=False)
+    art = artifacts.generate_artifacts(onnx.load_from_string(f.getvalue()), requires_grad=net.params,
+                                       loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path)
+    target = _regression_target()
+    model = copy.deepcopy(net.torch)
+    expected = torch.nn.functional.mse_loss(model(net.x), target)
+    expected.backward()
+    session = Session.of(art)
+    np.testing.assert_allclose(session.train(net.x.numpy(), target.numpy())[0], expected.item(), rtol=RTOL)
+    assert_grads(session, torch_grads(model))
+
+
+@pytest.mark.xfail(reason="for a node without a name, ONNX Runtime's message names none, and GradientError "
+                          "falls back to the raw message; onnxblocks.gradient should locate the node by op type")
+def test_unnamed_node_without_gradient_is_named_in_the_error(net):
+    class SumOfSquares(onnxblock.TrainingBlock):
+        def build(self, output_name):  # nodes appended without names, as blocks written for the reference do
+            self.base.graph.node.append(helper.make_node("ReduceSumSquare", [output_name], ["sos"], keepdims=0))
+            return "sos"
+
+    block = SumOfSquares()
+    block.requires_grad("fc2.bias")
+    with pytest.raises(GradientError, match="ReduceSumSquare.*domain.*fc2.bias"), onnxblock.base(net.onnx):
+        block(net.onnx.graph.output[0].name)
