@@ -185,3 +185,21 @@ def test_type_mismatch_names_node_and_types():
         ints = B.Cast(onnx.TensorProto.INT64)("y")
         with pytest.raises(TypeError, match=r"Add.*float.*int64.*Cast"):
             B.Add()("y", ints)
+
+
+def test_subclass_may_use_nodes_and_accessor_as_its_own_attributes():
+    class Mine(ob.Block):
+        def __init__(self):
+            super().__init__()
+            self.nodes = ["my", "own"]  # reference-era blocks use such names freely
+            self.accessor = None
+
+        def build(self, x):
+            return ob.blocks.Neg()(x)
+
+    with ob.empty_base() as acc:
+        acc.add_input("x", onnx.TensorProto.FLOAT, [2])
+        block = Mine()
+        acc.set_outputs([block("x")])
+    assert block.nodes == ["my", "own"]
+    np.testing.assert_allclose(run_model(acc.finish(), {"x": np.ones(2, np.float32)})[0], [-1.0, -1.0])

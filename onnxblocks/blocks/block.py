@@ -4,13 +4,45 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import onnx
 
 from onnxblocks.blocks.accessor import ModelAccessor, current
 from onnxblocks.blocks.value import as_values
 from onnxblocks.errors import NotBuiltError, preview
+
+_T = TypeVar("_T")
+
+
+class _BuildView(Generic[_T]):
+    """A read-only attribute computed from the build that a subclass may shadow with its own attribute.
+
+    Unlike a ``property``, it defines no ``__set__``: ``self.nodes = [...]`` or
+    ``self.weights = [0.3, 0.7]`` in a subclass's ``__init__`` (common in blocks
+    written for the reference) stores an ordinary instance attribute, which then
+    takes precedence. The library itself reads the private state, not these views.
+    """
+
+    def __init__(self, getter: Callable[[Any], _T]) -> None:
+        self._getter = getter
+        self.__doc__ = getter.__doc__
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self._getter(obj)
+
+
+def _active_accessor(_block: Block) -> ModelAccessor:
+    """The accessor of the active build."""
+    return current()
+
+
+def _added_nodes(block: Block) -> list[str]:
+    """Names of the nodes this block added the last time it was called."""
+    return list(getattr(block, "_nodes", []))
 
 
 class Block(ABC):
@@ -32,10 +64,7 @@ class Block(ABC):
     def build(self, *args: Any, **kwargs: Any) -> Any:
         """Add this block's nodes and return the name(s) of its output(s)."""
 
-    @property
-    def accessor(self) -> ModelAccessor:
-        """The accessor of the active build."""
-        return current()
+    accessor = _BuildView(_active_accessor)
 
     @property
     def base(self) -> onnx.ModelProto:
@@ -46,10 +75,7 @@ class Block(ABC):
     def base(self, _model: onnx.ModelProto) -> None:
         """Ignored (the reference assigned it): the model is always the active build's."""
 
-    @property
-    def nodes(self) -> list[str]:
-        """Names of the nodes this block added the last time it was called."""
-        return list(getattr(self, "_nodes", []))
+    nodes = _BuildView(_added_nodes)
 
     def _repr_html_(self) -> str | None:
         """Jupyter display: the nodes this block added and the model around them."""

@@ -9,40 +9,17 @@ checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from onnxblocks.blocks import weights as _weights
 from onnxblocks.blocks.accessor import ModelAccessor
-from onnxblocks.blocks.block import Block
+from onnxblocks.blocks.block import Block, _BuildView
 from onnxblocks.errors import NotBuiltError
 
 if TYPE_CHECKING:
     from onnxblocks.gradient import TrainingGraphs
-
-_T = TypeVar("_T")
-
-
-class _BuildView(Generic[_T]):
-    """A read-only attribute computed from the build that a subclass may shadow with its own attribute.
-
-    Unlike a ``property``, it defines no ``__set__``: ``self.weights = [0.3, 0.7]``
-    in a subclass's ``__init__`` (common in blocks written for the reference)
-    stores an ordinary instance attribute, which then takes precedence. The
-    library itself never reads these views; it uses the private state.
-    """
-
-    def __init__(self, getter: Callable[[Any], _T]) -> None:
-        self._getter = getter
-        self.__doc__ = getter.__doc__
-
-    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return self._getter(obj)
-
 
 class TrainingBlock(Block):
     """Base class of blocks whose output is the loss that training minimises.

@@ -18,6 +18,7 @@ from typing import Any
 
 import onnx
 
+from onnxblocks.blocks.block import _added_nodes
 from onnxblocks.display.graph import GraphIndex, TensorInfo, type_shape
 from onnxblocks.display.scene import MAX_NODES, build_scene
 from onnxblocks.display.summary import BOX, TABLE, TD, TDR, TH, format_bytes, header_line, summary_table
@@ -258,8 +259,8 @@ def _show_block(block: Any, **view: Any) -> Display:
             "<code>with onnxblocks.base(model):</code> to add its nodes.</div>"
         )
         return Display(html, "")
-    index = GraphIndex(accessor.working_model, loss_nodes=block.nodes if _is_loss(block) else ())
-    names = [n for n in block.nodes if n in index.by_name or n.startswith("#")]
+    index = GraphIndex(accessor.working_model, loss_nodes=_added_nodes(block) if _is_loss(block) else ())
+    names = [n for n in _added_nodes(block) if n in index.by_name or n.startswith("#")]
     rows = []
     for n in names:
         node = index.node(n)
@@ -436,7 +437,7 @@ def _show_training_block(block: Any, **view: Any) -> Display:
         trainable,
         frozen,
         loss=graphs.user_outputs[0],
-        loss_nodes=block.nodes,
+        loss_nodes=_added_nodes(block),
         **view,
     )
 
