@@ -86,6 +86,8 @@ CASES: list[Case] = [
          description="GPT 834 M, ModelProto without external data + model_path, with the proposed fixes"),
     Case("loss1", "gpt162m", "proto", loss="chain1", description="GPT 162 M, custom loss of 1 block"),
     Case("loss20", "gpt162m", "proto", loss="chain20", description="GPT 162 M, custom loss of 20 blocks"),
+    Case("loss-ab", "gpt162m", "proto", loss="pair:chain1,chain20", extra=("--pair-repeat", "3"),
+         description="GPT 162 M, 20-block vs 1-block loss alternated in one process (wall: 20-block)"),
 ]
 QUICK = ["import", "mlp"]
 
@@ -186,8 +188,11 @@ def run_case(case: Case, tool: str, built: bench_models.BuiltModel | None, work:
         else:
             assert built is not None
             out_dir = work / f"{case.id}-{tool}-{i}"
+            extra = list(case.extra)
+            if tool == "reference" and "--pair-repeat" in extra:  # one alternation: the reference takes minutes
+                extra[extra.index("--pair-repeat") + 1] = "1"
             args = ["--tool", tool, "--model", built.path, "--params", str(Path(built.path).parent / "meta.json"),
-                    "--input", case.input, "--loss", case.loss, "--out-dir", str(out_dir), *case.extra]
+                    "--input", case.input, "--loss", case.loss, "--out-dir", str(out_dir), *extra]
             if profile_dir is not None and tool == "onnxblocks" and i == 0:
                 args += ["--profile", str(profile_dir / f"{case.id}.prof")]
             if rss_trace and i == 0:
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             tools = ["onnxblocks"] + (["reference"] if with_reference and case.reference else [])
             case_rows = []
             for tool in tools:
-                repeat = args.repeat if tool == "onnxblocks" else 1
+                repeat = args.repeat if tool == "onnxblocks" and not case.loss.startswith("pair:") else 1
                 print(f"[bench] {case.id} / {tool} ...", file=sys.stderr, flush=True)
                 row = run_case(case, tool, built, work, repeat, args.timeout, profile_dir, args.rss_trace)
                 print(f"[bench]   wall {row.wall} s, peak {row.peak} GB {'' if row.ok else row.runs[-1].get('error')}",

@@ -257,6 +257,52 @@ def run_import_case(args: argparse.Namespace) -> dict:
     return {"wall_s": wall, "note": f"imported heavy modules: {heavy}" if heavy else "no onnxruntime/onnxscript/torch"}
 
 
+def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> dict:
+    """A/B in one process: the same call with two custom losses, alternated, after one warm-up call.
+
+    ``--loss pair:chainA,chainB``. Alternating in one process cancels most of the
+    machine's noise that separate processes would add. ``wall_s`` is B's median,
+    ``delta_s`` the median of the paired differences B - A.
+    """
+    import shutil
+    import statistics
+
+    names = args.loss[len("pair:"):].split(",")
+    params = json.loads(Path(args.params).read_text())
+    params = params["model"]["params"] if isinstance(params, dict) else params
+    out_root = Path(args.out_dir)
+    walls: dict[str, list[float]] = {n: [] for n in names}
+
+    def once(name: str) -> float:
+        out = out_root / name
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        loss = chain_loss(blocks_mod, int(name[len("chain"):]))
+        start = time.perf_counter()
+        tool.generate_artifacts(model, requires_grad=params, loss=loss, optimizer=tool.OptimType.AdamW,
+                                artifact_directory=str(out), **extra)
+        wall = time.perf_counter() - start
+        shutil.rmtree(out, ignore_errors=True)
+        return wall
+
+    warmup = once(names[0])
+    for _ in range(args.pair_repeat):
+        for name in names:
+            walls[name].append(once(name))
+    a, b = names
+    deltas = [wb - wa for wa, wb in zip(walls[a], walls[b], strict=True)]
+    return {
+        "wall_s": statistics.median(walls[b]),
+        "import_s": import_s,
+        "load_s": load_s,
+        "warmup_s": warmup,
+        "pair": walls,
+        "delta_s": statistics.median(deltas),
+        "note": (f"{b} - {a}: {statistics.median(deltas):+.3f} s (median of {len(deltas)} alternated pairs in one "
+                 f"process; {a} {statistics.median(walls[a]):.2f} s, {b} {statistics.median(walls[b]):.2f} s)"),
+    }
+
+
 def run_generate_case(args: argparse.Namespace) -> dict:
     import onnx
 
@@ -305,6 +351,8 @@ def run_generate_case(args: argparse.Namespace) -> dict:
             tool._load = _load
             proposed.append("model_path-for-ModelProto")
 
+    if args.loss.startswith("pair:"):
+        return _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s)
     if args.loss == "ce":
         loss = tool.LossType.CrossEntropyLoss
     elif args.loss == "mse":
@@ -378,8 +426,10 @@ def main() -> None:
     parser.add_argument("--model", help="path of the .onnx file")
     parser.add_argument("--params", help="JSON file with the list of trainable parameter names")
     parser.add_argument("--input", choices=["path", "proto", "proto-noext"], default="path")
-    parser.add_argument("--loss", default="ce", help="ce, mse, or chainN (custom Block of N blocks)")
+    parser.add_argument("--loss", default="ce",
+                        help="ce, mse, chainN (custom Block of N blocks), or pair:chainA,chainB (A/B in one process)")
     parser.add_argument("--out-dir", help="artifact directory")
+    parser.add_argument("--pair-repeat", type=int, default=3, help="alternations for --loss pair:A,B")
     parser.add_argument("--profile", help="write a cProfile of the call to this file")
     parser.add_argument("--rss-trace", action="store_true")
     parser.add_argument("--check-unmutated", action="store_true")
