@@ -3,9 +3,10 @@
 A base model's large initializers never get copied into the model being built.
 The working model holds a *stub* for each: a TensorProto with the name, dtype
 and dims and an external-data location that marks it as held. The bytes stay
-where they were (the caller's TensorProto, or the model's external data file)
-and are read in bounded chunks only when something needs them: a checkpoint,
-a saved model, or :meth:`ModelAccessor.materialize`.
+where they were (the caller's TensorProto, the model's external data file, or
+the ``.onnx`` file itself for a model read with :func:`load_structure`) and are
+read in bounded chunks only when something needs them: a checkpoint, a saved
+model, or :meth:`ModelAccessor.materialize`.
 """
 
 from __future__ import annotations
