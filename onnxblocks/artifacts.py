@@ -40,6 +40,7 @@ from typing import Any
 import onnx
 
 from onnxblocks import _limits
+from onnxblocks.blocks import weights as _weights
 from onnxblocks.blocks.accessor import base, custom_op_library, empty_base
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.structural import PassThrough
@@ -332,7 +333,7 @@ def _load(model: Any, model_path: str | os.PathLike | None = None) -> tuple[onnx
         path = os.fspath(model)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Model file '{path}' does not exist.")
-        return onnx.load(path, load_external_data=False), path
+        return _weights.load_structure(path), path  # weights stay in the file: read in chunks when needed
     raise TypeError(
         f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}."
     )
@@ -461,7 +462,9 @@ def _companions(names: Sequence[str]) -> list[str]:
 
 def _to_ort_format(model_path: Path, custom_op_libraries: Sequence[str]) -> Path:
     """Write ``<model>.ort`` beside ``model_path`` (as ``convert_onnx_models_to_ort`` does, without torch)."""
-    import onnxruntime as ort
+    from onnxblocks._ort import onnxruntime
+
+    ort = onnxruntime()
 
     target = model_path.with_suffix(".ort")
     options = ort.SessionOptions()

@@ -256,7 +256,9 @@ def run_demo(
 
 
 def _inference_accuracy(model_path: Path, x: np.ndarray, y: np.ndarray) -> float:
-    import onnxruntime as ort
+    from onnxblocks._ort import onnxruntime
+
+    ort = onnxruntime()
 
     inference = ort.InferenceSession(os.fspath(model_path), providers=["CPUExecutionProvider"])
     (logits,) = inference.run(["logits"], {"features": x})

@@ -12,6 +12,7 @@ names in the target directory and moved over the targets only when complete
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
@@ -56,10 +57,7 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
             )
     temps = [f.parent / f".{f.name}.{secrets.token_hex(6)}.tmp" for f in finals]
     try:
-        for temp in temps:
-            with open(temp, "xb"):  # created with the user's umask, unlike mkstemp's 0600
-                pass
-        yield temps
+        yield temps  # the writers create them (pre-creating and truncating them would force a flush on ext4)
         for temp, final in zip(temps, finals, strict=True):
             os.replace(temp, final)
     except BaseException:
@@ -119,13 +117,18 @@ def _nbytes(tensor: onnx.TensorProto | _weights.TensorSource) -> int:
     return _weights.tensor_nbytes(tensor)
 
 
-def write_aligned(out: BinaryIO, chunks: Iterable[bytes], expected: int, name: str) -> int:
+def write_aligned(
+    out: BinaryIO, chunks: Iterable[bytes], expected: int, name: str, align_for: int | None = None
+) -> int:
     """Append ``chunks`` to ``out`` at an aligned offset; return the offset.
+
+    The alignment is a page for tensors of ``align_for`` (default ``expected``) bytes or more.
 
     Raises:
         ValueError: if the chunks do not add up to ``expected`` bytes.
     """
-    align = _PAGE if expected >= _PAGE_ALIGN_FROM else _SMALL_ALIGN
+    size = expected if align_for is None else align_for
+    align = _PAGE if size >= _PAGE_ALIGN_FROM else _SMALL_ALIGN
     position = out.tell()
     padding = -position % align
     if padding:
@@ -140,6 +143,47 @@ def write_aligned(out: BinaryIO, chunks: Iterable[bytes], expected: int, name: s
             f"Tensor '{name}' produced {written} bytes but its dims and element type need {expected}. "
             "Its data does not match its shape; fix the tensor."
         )
+    return position
+
+
+def write_tensor(
+    out: BinaryIO,
+    tensor: onnx.TensorProto | _weights.TensorSource,
+    base_dir: str | os.PathLike | None,
+    expected: int,
+    name: str,
+) -> int:
+    """Append one tensor's bytes to ``out`` at an aligned offset; return the offset.
+
+    A tensor whose bytes are in a file (a file-backed TensorSource) is copied by
+    the kernel (``os.copy_file_range``) without passing through Python; other
+    tensors are streamed in chunks (:func:`tensor_chunks`).
+
+    Raises:
+        ValueError: if the tensor's data does not match ``expected`` bytes.
+        OSError: if its source file ends early.
+    """
+    source = tensor if isinstance(tensor, _weights.TensorSource) and tensor.path is not None else None
+    if source is None or not hasattr(os, "copy_file_range") or expected < _PAGE_ALIGN_FROM:
+        return write_aligned(out, tensor_chunks(tensor, base_dir), expected, name)
+    position = write_aligned(out, (), 0, name, align_for=expected)
+    out.flush()
+    with open(source.path, "rb") as f:
+        done = 0
+        try:
+            while done < expected:
+                n = os.copy_file_range(f.fileno(), out.fileno(), expected - done, source.offset + done)
+                if n == 0:
+                    raise OSError(
+                        f"External data file {source.path} ended early while copying tensor '{name}' "
+                        f"({expected - done} bytes missing). Is the model's .data file complete?"
+                    )
+                done += n
+        except OSError as exc:
+            if done or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            return write_aligned(out, tensor_chunks(tensor, base_dir), expected, name)  # no kernel copy here
+    out.seek(position + expected)
     return position
 
 
@@ -244,7 +288,7 @@ def save_model(
                 for init, src in external:
                     assert src is not None
                     size = _nbytes(src)
-                    offset = write_aligned(data, tensor_chunks(src, base_dir), size, init.name)
+                    offset = write_tensor(data, src, base_dir, size, init.name)
                     offsets[init.name] = (offset, size)
         for init, src in plan:
             if src is None:

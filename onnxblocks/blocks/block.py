@@ -98,7 +98,7 @@ class Block(ABC):
             out = self.build(*args, **kwargs)
         finally:
             acc.block_stack.pop()
-        self._nodes = [n.name or f"#{start + i}" for i, n in enumerate(list(graph.node)[start:])]
+        self._nodes = [n.name or f"#{start + i}" for i, n in enumerate(graph.node[start:])]
         self._accessor = acc
         return as_values(out)
 

@@ -21,7 +21,7 @@ import onnx
 
 from onnxblocks.blocks import weights as _weights
 from onnxblocks.checkpoint import format as _format
-from onnxblocks.io import atomic_outputs, tensor_chunks, write_aligned
+from onnxblocks.io import atomic_outputs, tensor_chunks, write_tensor
 
 #: Above this many parameter bytes in total, tensor data goes to ``<checkpoint>.data``.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 64 * 1024 * 1024
@@ -164,8 +164,7 @@ def save_checkpoint(
             with open(temps[0], "wb") as data:
                 for p in trainable + frozen:
                     if p.nbytes >= MIN_EXTERNAL_BYTES:
-                        chunks = tensor_chunks(p.source, base_dir, CHUNK_BYTES)
-                        offsets[p.name] = write_aligned(data, chunks, p.nbytes, p.name)
+                        offsets[p.name] = write_tensor(data, p.source, base_dir, p.nbytes, p.name)
 
         def record(p: _Param) -> _format.TensorRecord:
             if nominal_checkpoint:

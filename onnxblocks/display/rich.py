@@ -457,7 +457,9 @@ def _checkpoint_params(path: Path) -> tuple[list[str], list[str]] | None:
     if size > CHECKPOINT_READ_LIMIT:
         return None
     try:
-        from onnxruntime.capi import _pybind_state
+        from onnxblocks._ort import capi
+
+        _pybind_state = capi()
 
         state = _pybind_state.load_checkpoint(os.fspath(path))
         trainable, frozen = [], []

@@ -22,9 +22,9 @@ _STATUS_PREFIX = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*")
 
 def capi() -> ModuleType:
     """Import and return ``onnxruntime.capi._pybind_state`` (done once, on first use)."""
-    from onnxruntime.capi import _pybind_state
+    from onnxblocks._ort import capi as _capi
 
-    return _pybind_state
+    return _capi()
 
 
 def make_device(device: str) -> Any:
