@@ -13,35 +13,51 @@ from onnxblocks.gradient.accumulation import (
     buffer_name,
     gradient_name,
 )
+from onnxblocks.gradient.activations import activations_as_elementary
 from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs
+from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.eval_model import disable_training_mode
+from onnxblocks.gradient.group_norm import group_norm_as_elementary
 from onnxblocks.gradient.normalize import (
     cast_like_as_cast,
     default_passes,
+    expose_dropout_mask,
     expose_layer_norm_statistics,
     gelu_as_contrib_gelu,
+    layer_norm_zero_bias,
     normalize,
     softplus_as_elementary,
     split_to_sequence_as_split,
 )
 from onnxblocks.gradient.parameters import ParameterPartition, partition_parameters
+from onnxblocks.gradient.pooling import average_pool_as_conv, check_pool_shapes
+from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
 
 __all__ = [
     "LAZY_RESET_GRAD",
     "ParameterPartition",
     "TrainingGraphs",
     "accumulated_name",
+    "activations_as_elementary",
     "add_gradient_accumulation",
+    "average_pool_as_conv",
     "buffer_name",
     "build_training_graphs",
     "cast_like_as_cast",
+    "check_pool_shapes",
+    "conv_transpose_as_conv",
     "default_passes",
     "disable_training_mode",
+    "expose_dropout_mask",
     "expose_layer_norm_statistics",
     "gelu_as_contrib_gelu",
     "gradient_name",
+    "group_norm_as_elementary",
+    "layer_norm_zero_bias",
     "normalize",
     "partition_parameters",
+    "recurrent_as_elementary",
+    "recurrent_directions_as_forward",
     "softplus_as_elementary",
     "split_to_sequence_as_split",
 ]

@@ -132,3 +132,100 @@ def copy_structure(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
+
+
+def constant_node(name: str, value: np.ndarray, names: NameAuthority) -> onnx.NodeProto:
+    """A ``Constant`` node whose output ``name`` holds ``value``."""
+    return onnx.helper.make_node(
+        "Constant", [], [name], name=names.fresh("Constant"), value=numpy_helper.from_array(value, name)
+    )
+
+
+def replace_nodes(graph: onnx.GraphProto, replacements: dict[int, list[onnx.NodeProto]]) -> None:
+    """Replace the node at each index by its list of nodes, keeping the graph's order."""
+    if not replacements:
+        return
+    nodes: list[onnx.NodeProto] = []
+    for i, node in enumerate(graph.node):
+        nodes.extend(replacements.get(i, [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def is_default_domain(node: onnx.NodeProto) -> bool:
+    """True for a node of the ai.onnx domain."""
+    return node.domain in ("", "ai.onnx")
+
+
+class NodeWriter:
+    """Writes the nodes of one rewrite: fresh names, opset-aware forms of ops whose inputs changed.
+
+    Each method appends its nodes to :attr:`nodes` and returns the name of the
+    (first) output. ``out=`` gives an output its final name (the name of the value
+    being rewritten); other outputs get fresh names built from ``hint``.
+    """
+
+    def __init__(self, names: NameAuthority, opset: int, hint: str) -> None:
+        self.names = names
+        self.opset = opset
+        self.hint = hint
+        self.nodes: list[onnx.NodeProto] = []
+
+    def fresh(self, suffix: str) -> str:
+        """A new value name ``<hint>.<suffix>_<n>``."""
+        return self.names.fresh(f"{self.hint}.{suffix}")
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs: object) -> str:
+        """One node with one output."""
+        (output,) = self.ops(op_type, inputs, [out or self.fresh(op_type.lower())], domain=domain, **attrs)
+        return output
+
+    def ops(self, op_type: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: object) -> list[str]:
+        """One node with the given outputs."""
+        self.nodes.append(onnx.helper.make_node(
+            op_type, inputs, outputs, name=self.names.fresh(op_type), domain=domain or None, **attrs))
+        return outputs
+
+    def const(self, value: np.ndarray | float | int | list, dtype: object = None, suffix: str = "const") -> str:
+        """A Constant node with ``value`` (numpy dtype ``dtype``)."""
+        array = np.asarray(value, dtype=dtype)
+        name = self.fresh(suffix)
+        self.nodes.append(constant_node(name, array, self.names))
+        return name
+
+    def ints(self, values: list[int] | tuple[int, ...]) -> str:
+        """An int64 1-D constant."""
+        return self.const(np.array(list(values), dtype=np.int64), suffix="ints")
+
+    def unsqueeze(self, x: str, axes: list[int], out: str | None = None) -> str:
+        if self.opset >= 13:
+            return self.op("Unsqueeze", [x, self.ints(axes)], out)
+        return self.op("Unsqueeze", [x], out, axes=axes)
+
+    def squeeze(self, x: str, axes: list[int], out: str | None = None) -> str:
+        if self.opset >= 13:
+            return self.op("Squeeze", [x, self.ints(axes)], out)
+        return self.op("Squeeze", [x], out, axes=axes)
+
+    def reduce_mean(self, x: str, axes: list[int], keepdims: int = 1, out: str | None = None) -> str:
+        if self.opset >= 18:
+            return self.op("ReduceMean", [x, self.ints(axes)], out, keepdims=keepdims)
+        return self.op("ReduceMean", [x], out, axes=axes, keepdims=keepdims)
+
+    def slice(self, x: str, starts: list[int], ends: list[int], axes: list[int], steps: list[int] | None = None,
+              out: str | None = None) -> str:
+        inputs = [x, self.ints(starts), self.ints(ends), self.ints(axes)]
+        if steps is not None:
+            inputs.append(self.ints(steps))
+        return self.op("Slice", inputs, out)
+
+    def split(self, x: str, lengths: list[int], axis: int, outputs: list[str] | None = None) -> list[str]:
+        outputs = outputs or [self.fresh("piece") for _ in lengths]
+        if self.opset >= 13:
+            return self.ops("Split", [x, self.ints(lengths)], outputs, axis=axis)
+        return self.ops("Split", [x], outputs, axis=axis, split=list(lengths))
+
+    def pad(self, x: str, pads: list[int], out: str | None = None) -> str:
+        if self.opset >= 11:
+            return self.op("Pad", [x, self.ints(pads)], out)
+        return self.op("Pad", [x], out, pads=pads)

@@ -26,6 +26,30 @@ from onnxblocks.gradient import _graph
 LAZY_RESET_GRAD = "lazy_reset_grad"
 #: The op that accumulates a gradient in place, and its domain.
 ACCUMULATOR_OP = ("InPlaceAccumulatorV2", _limits.MS_DOMAIN)
+#: Element types ONNX Runtime 1.19.2's CPU InPlaceAccumulatorV2 kernel accepts.
+ACCUMULATOR_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
+
+
+def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
+    """Raise when a trainable parameter's gradient cannot be accumulated by ONNX Runtime's training API.
+
+    Args:
+        params: ``(name, element type)`` of each trainable parameter.
+
+    Raises:
+        TypeError: naming the parameters of other element types (double, bfloat16).
+    """
+    bad = [(name, elem) for name, elem in params if elem not in ACCUMULATOR_TYPES]
+    if not bad:
+        return
+    kinds = sorted({onnx.TensorProto.DataType.Name(elem).lower() for _, elem in bad})
+    listed = ", ".join(f"'{name}'" for name, _ in bad[:5]) + (" ..." if len(bad) > 5 else "")
+    raise TypeError(
+        f"Trainable parameters {listed} are {' / '.join(kinds)}, but ONNX Runtime 1.19.2's training API "
+        "accumulates gradients with InPlaceAccumulatorV2, whose CPU kernel takes float32 and float16 only (its "
+        "training kernels are float32 too). Convert the model to float32 before exporting it "
+        "(model.float() in torch), or freeze these parameters."
+    )
 
 
 def gradient_name(name: str) -> str:

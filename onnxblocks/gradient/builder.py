@@ -35,7 +35,7 @@ from onnx import helper
 from onnxblocks import _limits
 from onnxblocks.blocks.accessor import check_skeleton
 from onnxblocks.errors import GradientError, UnknownNameError, did_you_mean, preview
-from onnxblocks.gradient import _graph, accumulation, eval_model, normalize
+from onnxblocks.gradient import _graph, accumulation, eval_model, normalize, pooling
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
 
 
@@ -91,9 +91,12 @@ def build_training_graphs(
     """
     forward = _graph.copy_structure(model)
     _limits.check_opset_supported(forward, "the model")
+    forward = _upgrade_old_opset(forward)
     graph = forward.graph
     user_outputs = _select_outputs(graph, outputs)
     partition = partition_parameters(graph, requires_grad, frozen_params)
+    elem_types = {init.name: init.data_type for init in graph.initializer}
+    accumulation.check_accumulable([(p, elem_types[p]) for p in partition.trainable])
     rewrites = normalize.normalize(forward)
     _check_loss(forward, user_outputs[0])
 
@@ -108,8 +111,9 @@ def build_training_graphs(
     _limits.stamp_versions(evaluation)
 
     signature = {vi.name: vi for vi in forward.graph.input}
-    held = _held_constants_to_inputs(forward)
+    held = _held_constants_to_inputs(forward, also=_prepare_norms(forward, partition.requires_grad))
     training = _ort_gradient(forward, partition, user_outputs[0], custom_op_libraries)
+    pooling.check_pool_shapes(forward, training)
     _restore_held_constants(training, held)
     _order_inputs_and_outputs(training, signature, user_inputs, partition, user_outputs)
     dims = {p.name: p for p in model.graph.initializer}
@@ -117,10 +121,32 @@ def build_training_graphs(
         training, [(p, dims[p].data_type, list(dims[p].dims)) for p in partition.trainable]
     )
     _limits.stamp_versions(training)
+    _check_kernels(training, forward, custom_op_libraries)
     return TrainingGraphs(training, evaluation, partition, user_outputs, user_inputs, rewrites)
 
 
 # ------------------------------------------------------------------ preparation
+#: Models below this ai.onnx opset are converted to :data:`UPGRADE_OPSET` first: ONNX Runtime's gradient
+#: builders emit ops in forms that need it (a Gemm without C, opset 11).
+MIN_GRADIENT_OPSET = 11
+UPGRADE_OPSET = 13
+
+
+def _upgrade_old_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Convert a model below opset 11 to opset 13 with onnx's version converter (the eval model is converted too)."""
+    opset = _limits.onnx_opset(model)
+    if opset is None or opset >= MIN_GRADIENT_OPSET:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(model, UPGRADE_OPSET)
+    except Exception as exc:
+        raise ValueError(
+            f"The model imports ai.onnx opset {opset}; ONNX Runtime's gradient builders need opset "
+            f"{MIN_GRADIENT_OPSET} or newer, and onnx's version converter could not convert it "
+            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}). Re-export the "
+            f"model with opset_version={UPGRADE_OPSET} or newer."
+        ) from None
+    return converted
 def _select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tuple[str, ...]:
     existing = [o.name for o in graph.output]
     if outputs is None:
@@ -223,10 +249,15 @@ def _parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> 
     graph.input.extend(user_inputs + param_inputs)
 
 
-def _held_constants_to_inputs(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    """Turn held stubs (constants, not parameters) into graph inputs; return the stubs to restore later."""
+def _held_constants_to_inputs(model: onnx.ModelProto, also: Iterable[str] = ()) -> list[onnx.TensorProto]:
+    """Turn held stubs and the initializers named in ``also`` into graph inputs; return them to restore later."""
     graph = model.graph
-    held = [init for init in graph.initializer if init.data_location == onnx.TensorProto.EXTERNAL]
+    lifted = set(also)
+
+    def is_lifted(init: onnx.TensorProto) -> bool:
+        return init.data_location == onnx.TensorProto.EXTERNAL or init.name in lifted
+
+    held = [init for init in graph.initializer if is_lifted(init)]
     if not held:
         return []
     stubs = []
@@ -234,11 +265,68 @@ def _held_constants_to_inputs(model: onnx.ModelProto) -> list[onnx.TensorProto]:
         stub = onnx.TensorProto()
         stub.CopyFrom(init)
         stubs.append(stub)
-    kept = [init for init in graph.initializer if init.data_location != onnx.TensorProto.EXTERNAL]
+    kept = [init for init in graph.initializer if not is_lifted(init)]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     graph.input.extend(helper.make_tensor_value_info(s.name, s.data_type, list(s.dims)) for s in stubs)
     return stubs
+
+
+#: Normalisation ops whose gradient always writes the gradients of its scale and bias.
+_NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
+
+
+def _prepare_norms(model: onnx.ModelProto, trainable: Iterable[str]) -> set[str]:
+    """Work around ONNX Runtime defining a LayerNormalization's scale/bias gradient twice; return constants to lift.
+
+    ONNX Runtime's LayerNormalization gradient always writes ``<scale>_grad`` and
+    ``<bias>_grad``. Two such nodes whose scale or bias is the same value (a shared
+    constant or frozen parameter), or whose constant scale and bias are fed by
+    another LayerNormalization, fail with "Duplicate definition of name
+    (<bias>_grad)". Here (in place):
+
+    * Constant nodes feeding a scale or bias become initializers;
+    * a scale or bias (not trainable) that an earlier normalisation node already reads
+      is read through an ``Identity`` of its own;
+
+    and the constant scales and biases are returned: they are graph inputs while
+    ONNX Runtime builds the gradient (as frozen parameters are, which works).
+    """
+    graph = model.graph
+
+    def is_norm(node: onnx.NodeProto) -> bool:
+        return node.op_type in _NORM_OPS and node.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
+
+    wanted = {name for node in graph.node if is_norm(node) for name in node.input[1:3] if name}
+    if not wanted:
+        return set()
+    trained = set(trainable)
+    initializers = {init.name for init in graph.initializer}
+    constants = _graph.ConstantTable(graph)
+    names = _graph.name_authority(graph)
+    seen: set[str] = set()
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] in wanted - initializers:
+            value = constants.value(node.output[0])
+            if value is not None:
+                graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
+                initializers.add(node.output[0])
+                continue
+        if is_norm(node):
+            for i in (1, 2):
+                name = node.input[i] if len(node.input) > i else ""
+                if not name or name in trained:
+                    continue
+                if name in seen:
+                    alias = names.fresh(f"{name}.alias")
+                    nodes.append(helper.make_node("Identity", [name], [alias], name=names.fresh("Identity")))
+                    node.input[i] = alias
+                seen.add(name)
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return wanted & initializers
 
 
 def _restore_held_constants(model: onnx.ModelProto, stubs: Sequence[onnx.TensorProto]) -> None:
@@ -293,7 +381,9 @@ def _order_inputs_and_outputs(
 
 # ------------------------------------------------------------------ ONNX Runtime
 def _session_options(custom_op_libraries: Sequence[str]):
-    from onnxruntime.capi import _pybind_state as C  # noqa: N812 - the binding module's usual name
+    from onnxblocks._ort import capi
+
+    C = capi()
 
     options = C.SessionOptions()
     options.log_severity_level = 3
@@ -312,12 +402,15 @@ def _ort_gradient(
     forward: onnx.ModelProto, partition: ParameterPartition, loss: str, custom_op_libraries: Sequence[str]
 ) -> onnx.ModelProto:
     """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs in it)."""
-    from onnxruntime.capi import _pybind_state as C  # noqa: N812 - the binding module's usual name
+    from onnxblocks._ort import capi
+
+    C = capi()
 
     options = _session_options(custom_op_libraries)
     requires_grad = set(partition.requires_grad)
     stamped = _graph.copy_structure(forward)
     _limits.stamp_versions(stamped)
+    seed = _float_seed(stamped, loss)
     data = stamped.SerializeToString()
     try:
         optimized = C.get_optimized_model(data, requires_grad, options)
@@ -327,12 +420,48 @@ def _ort_gradient(
             f"{_ort_message(exc)}"
         ) from None
     try:
-        builder = C.GradientGraphBuilder(optimized, {loss}, requires_grad, loss, options)
+        builder = C.GradientGraphBuilder(optimized, {seed}, requires_grad, seed, options)
         builder.build()
         result = builder.get_model()
     except Exception as exc:
         raise _explain(exc, forward, onnx.load_from_string(optimized), partition, loss) from None
-    return onnx.load_from_string(result)
+    training = onnx.load_from_string(result)
+    if seed != loss:
+        _drop_float_seed(training, seed)
+    return training
+
+
+def _float_seed(model: onnx.ModelProto, loss: str) -> str:
+    """The value ONNX Runtime differentiates: the loss, or a float32 ``Cast`` of a non-float32 loss.
+
+    ONNX Runtime seeds the backward pass with a float32 ``1`` for the loss's gradient,
+    so a double (or float16) loss fails with "bound to different types". Its float32
+    cast gets the seed instead and the ``Cast``'s gradient brings it back to the
+    loss's type (exactly: the seed is 1). The cast is a temporary graph output.
+    """
+    types = _graph.infer_types(model)
+    elem = _graph.elem_type(types, loss)
+    if elem is None or elem == onnx.TensorProto.FLOAT:
+        return loss
+    names = _graph.name_authority(model.graph)
+    seed = names.fresh(f"{loss}.float32")
+    model.graph.node.append(
+        helper.make_node("Cast", [loss], [seed], name=names.fresh("Cast"), to=onnx.TensorProto.FLOAT)
+    )
+    model.graph.output.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, _graph.shape_of(types, loss)))
+    return seed
+
+
+def _drop_float_seed(model: onnx.ModelProto, seed: str) -> None:
+    """Remove the temporary float32 loss output (and its Cast when nothing else reads it)."""
+    graph = model.graph
+    outputs = [o for o in graph.output if o.name != seed]
+    del graph.output[:]
+    graph.output.extend(outputs)
+    if seed not in _graph.consumers(graph):
+        nodes = [n for n in graph.node if seed not in n.output]
+        del graph.node[:]
+        graph.node.extend(nodes)
 
 
 _ORT_PREFIX = re.compile(r"^.*?(?:\[ONNXRuntimeError\] : \d+ : \w+ : |was false\. )", re.S)
@@ -344,7 +473,17 @@ def _ort_message(exc: BaseException) -> str:
     return _ORT_PREFIX.sub("", text, count=1).strip() or text
 
 
-_NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node (\S*)")
+_NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node ?(\S*)")
+
+#: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
+_OP_HINTS = {
+    "RNN": " onnxblocks unrolls RNN nodes whose sequence length is static (and activations Tanh, Relu or "
+    "Sigmoid, no clip, no sequence_lens): export with a static sequence length, or with dynamo=True, which "
+    "unrolls it.",
+    "Loop": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a fixed trip count).",
+    "Scan": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a fixed trip count).",
+    "If": " Control flow has no gradient in ONNX Runtime: export with the branch taken at export time.",
+}
 _UNREACHABLE = re.compile(r"Cannot compute the partial derivative for '([^']+)'")
 
 
@@ -361,8 +500,14 @@ def _explain(
     if match:
         op_type, node_name = match.groups()
         node = _find_node(forward, node_name) or _find_node(optimized, node_name)
+        origin = "" if node is None or _find_node(forward, node_name) else " (created by ONNX Runtime's optimizer)"
+        if node is None:  # an unnamed node: the first of that op type that a trainable value reaches
+            same_op = [n for n in forward.graph.node if n.op_type == op_type]
+            node = next((n for n in same_op if _upstream(forward, n, partition.requires_grad)),
+                        same_op[0] if same_op else None)
         domain = (node.domain or "ai.onnx") if node is not None else "unknown"
-        origin = "" if _find_node(forward, node_name) else " (created by ONNX Runtime's optimizer)"
+        label = f"'{node_name}'" if node_name else (
+            f"(unnamed, writing '{node.output[0]}')" if node is not None and node.output else "(unnamed)")
         params = _upstream(optimized, node, partition.requires_grad) if node is not None else []
         hint = (
             f" Freeze the parameters behind it ({preview(params)}: pass them in frozen_params or call "
@@ -372,8 +517,8 @@ def _explain(
             else " Freeze the parameters behind it, or rewrite it with ops ONNX Runtime can differentiate."
         )
         return GradientError(
-            f"ONNX Runtime cannot differentiate node '{node_name}'{origin}: op {op_type} "
-            f"(domain '{domain}') has no gradient builder.{hint}"
+            f"ONNX Runtime cannot differentiate node {label}{origin}: op {op_type} "
+            f"(domain '{domain}') has no gradient builder.{_OP_HINTS.get(op_type, '')}{hint}"
         )
     match = _UNREACHABLE.search(message)
     if match:
@@ -385,6 +530,62 @@ def _explain(
             "the ops between them (integer casts, ArgMax, Shape... stop gradients)."
         )
     return GradientError(f"ONNX Runtime could not build the gradient graph: {message}")
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
+
+#: Why ONNX Runtime's CPU build may lack a training kernel, by op type, and what to do.
+_KERNEL_HINTS = {
+    "ConvTransposeGrad": "onnxblocks rewrites ConvTranspose into Conv when its padding is explicit (auto_pad NOTSET "
+    "or VALID, no output_shape) and its weight shape static; re-export the model that way.",
+}
+
+
+def _check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op_libraries: Sequence[str]) -> None:
+    """Load the training model in an (unoptimised) CPU session so a missing kernel is reported now, not at training.
+
+    ONNX Runtime builds gradient nodes for which its CPU build has no kernel (for
+    some ops or element types) and kernels that refuse some attributes; the
+    training API would fail later with a message about a node the user never
+    wrote. Held constants are graph inputs here: no weight bytes are read.
+
+    Raises:
+        GradientError: naming the node, its op, the forward node it comes from and what to do.
+    """
+    from onnxblocks._ort import onnxruntime
+
+    ort = onnxruntime()
+
+    probe = _graph.copy_structure(training)
+    _held_constants_to_inputs(probe)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for library in custom_op_libraries:
+        options.register_custom_ops_library(library)
+    try:
+        ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        message = _ort_message(exc)
+        match = _NO_KERNEL.search(message)
+        if not match:
+            raise GradientError(
+                f"The training model does not load in ONNX Runtime's CPU session: {message}"
+            ) from None
+        op_type, name = match.groups()
+        origin = name.split("_Grad/")[0] if "_Grad/" in name else name
+        source = _find_node(forward, origin)
+        where = f" (from node '{origin}', {source.op_type})" if source is not None and origin != name else ""
+        types = _graph.infer_types(probe)
+        node = _find_node(probe, name)
+        elem = _graph.elem_type(types, node.input[0]) if node is not None and node.input else None
+        typed = f" for {onnx.TensorProto.DataType.Name(elem).lower()}" if elem else ""
+        hint = _KERNEL_HINTS.get(op_type, "Its CPU kernels are mostly float32: convert the model to float32, or "
+                                 "freeze the parameters before this node so no gradient flows through it.")
+        raise GradientError(
+            f"ONNX Runtime 1.19.2 has no CPU kernel{typed} for {op_type}, which node '{name}'{where} of the "
+            f"training model needs, so the training API could not load it. {hint}"
+        ) from None
 
 
 def _find_node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:

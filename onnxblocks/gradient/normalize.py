@@ -31,6 +31,11 @@ from onnx import helper
 from onnxblocks import _limits
 from onnxblocks.blocks.naming import NameAuthority
 from onnxblocks.gradient import _graph
+from onnxblocks.gradient.activations import activations_as_elementary
+from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
+from onnxblocks.gradient.group_norm import group_norm_as_elementary
+from onnxblocks.gradient.pooling import average_pool_as_conv
+from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
 
 Pass = Callable[[onnx.ModelProto], int]
 
@@ -65,6 +70,89 @@ def expose_layer_norm_statistics(model: onnx.ModelProto) -> int:
                 node.output[i] = names.fresh(f"{base}.{suffix}")
         changed += 1
     return changed
+
+
+def expose_dropout_mask(model: onnx.ModelProto) -> int:
+    """Give every ``Dropout`` its ``mask`` output, which its gradient reads.
+
+    The dynamo exporter emits Dropout with its output only (ONNX Runtime then
+    fails with ``i < node_->OutputDefs().size()``). The mask gets a fresh name and
+    nothing reads it in the forward graph.
+
+    Returns:
+        The number of nodes that got a mask output.
+    """
+    names = _graph.name_authority(model.graph)
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type != "Dropout" or not _graph.is_default_domain(node):
+            continue
+        if len(node.output) >= 2 and node.output[1]:
+            continue
+        del node.output[1:]
+        node.output.append(names.fresh(f"{node.output[0]}.mask"))
+        changed += 1
+    return changed
+
+
+def layer_norm_zero_bias(model: onnx.ModelProto) -> int:
+    """Give every ``LayerNormalization`` without a bias an explicit zero bias.
+
+    ONNX Runtime's LayerNormalization gradient reads the bias input
+    (``i < node_->InputDefs().size()`` otherwise); the dynamo exporter leaves it
+    out for ``bias=False``, ``elementwise_affine=False`` and ``F.layer_norm(x, shape,
+    weight)``. The zeros have the normalised shape (``x.shape[axis:]``) or the
+    scale's shape: a constant when one is static, ``ConstantOfShape(Shape(scale))``
+    otherwise.
+
+    Returns:
+        The number of nodes that got a bias.
+    """
+    graph = model.graph
+    targets = [
+        i for i, n in enumerate(graph.node)
+        if n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
+        and len(n.input) >= 2 and (len(n.input) < 3 or not n.input[2])
+    ]
+    if not targets:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        scale = node.input[1]
+        elem = _graph.elem_type(types, scale)
+        if elem is None:
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        writer = _graph.NodeWriter(names, opset, f"{node.output[0]}.bias")
+        shape = _normalized_shape(node, types)
+        if shape is not None:
+            bias = writer.const(np.zeros(shape, dtype=dtype), suffix="zeros")
+        else:
+            zero = onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype), "value")
+            bias = writer.op("ConstantOfShape", [writer.op("Shape", [scale])], value=zero)
+        del node.input[2:]
+        node.input.append(bias)
+        replacements[index] = [*writer.nodes, node]
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _normalized_shape(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> list[int] | None:
+    """The static shape a LayerNormalization normalises over (``x.shape[axis:]``), else its scale's, else None."""
+    x = _graph.shape_of(types, node.input[0])
+    if x is not None:
+        axis = int(_graph.attribute(node, "axis", -1))  # type: ignore[arg-type]
+        dims = x[axis:] if axis < 0 else x[axis:] if axis < len(x) else None
+        if dims and all(d is not None for d in dims):
+            return dims  # type: ignore[return-value]
+    scale = _graph.shape_of(types, node.input[1])
+    if scale is not None and all(d is not None for d in scale):
+        return scale  # type: ignore[return-value]
+    return None
 
 
 def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
@@ -284,8 +372,10 @@ def softplus_as_elementary(model: onnx.ModelProto) -> int:
 def default_passes() -> list[Pass]:
     """The passes :func:`normalize` runs, in order."""
     return [
-        cast_like_as_cast, split_to_sequence_as_split, expose_layer_norm_statistics, gelu_as_contrib_gelu,
-        softplus_as_elementary,
+        cast_like_as_cast, split_to_sequence_as_split, expose_dropout_mask, layer_norm_zero_bias,
+        expose_layer_norm_statistics, gelu_as_contrib_gelu, activations_as_elementary, softplus_as_elementary,
+        conv_transpose_as_conv, average_pool_as_conv, group_norm_as_elementary, recurrent_directions_as_forward,
+        recurrent_as_elementary,
     ]
 
 

@@ -102,7 +102,8 @@ def partition_parameters(
                 f"{_suggest(name, list(initializers) + list(inputs))} "
                 f"Parameters: {preview(initializers)}. Graph inputs: {preview(inputs)}. If the model comes "
                 "from torch.onnx.export, export it with its optimisations off (dynamo=True with optimize=False, "
-                "or do_constant_folding=False): they fold, merge and rename parameters."
+                "or do_constant_folding=False): they fold, merge and rename parameters. A parameter shared by "
+                "several modules (tied weights) is exported once, under one of its names."
             )
     for name in requires_grad:
         if name in initializers:

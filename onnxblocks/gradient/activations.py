@@ -1,0 +1,151 @@
+"""Activations without a gradient builder in ONNX Runtime, written with ops that have one.
+
+ONNX Runtime 1.19.2 cannot differentiate ``Elu``, ``Selu``, ``Celu``,
+``HardSigmoid``, ``HardSwish``, ``PRelu``, ``Mish``, ``ThresholdedRelu``,
+``Shrink`` and ``Softsign``; the torch exporters emit most of them (``nn.ELU``,
+``nn.SELU``, ``nn.CELU``, ``nn.Hardsigmoid``, ``nn.Hardswish``, ``nn.PReLU``,
+``nn.Mish``, ``nn.Hardshrink``/``nn.Softshrink``). :func:`activations_as_elementary`
+rewrites each into ``Where``, ``Exp``, ``Clip``, ``Mul``... with the op's ONNX
+definition, so forward values are unchanged.
+
+The exponential branches read ``Where(x > 0, 0, x)`` instead of ``x``: the branch
+``Where`` does not take stays finite, so its gradient is never ``0 * inf``. The
+``Where`` conditions follow torch's choice at the kinks (``x > 0`` selects the
+linear branch), so gradients at exactly 0 equal torch's.
+``Mish`` becomes ``x * Tanh(Softplus(x))``; the Softplus pass that runs after it
+(:func:`onnxblocks.gradient.normalize.softplus_as_elementary`) finishes the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+# (writer, node, x, y, numpy dtype) -> None; writes nodes whose last output is y
+_Rewrite = Callable[[_graph.NodeWriter, onnx.NodeProto, str, str, np.dtype], None]
+
+
+def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    return float(_graph.attribute(node, name, default))  # type: ignore[arg-type]
+
+
+def _exp_below_zero(w: _graph.NodeWriter, x: str, dtype: np.dtype, scale: float, inner: float, y: str) -> None:
+    """``y = x > 0 ? x : scale * (exp(inner * x) - 1)`` (inner, scale: the ELU family's constants)."""
+    zero, one = w.const(0, dtype), w.const(1, dtype)
+    positive = w.op("Greater", [x, zero])
+    safe = w.op("Where", [positive, zero, x])
+    if inner != 1.0:
+        safe = w.op("Mul", [safe, w.const(inner, dtype)])
+    negative = w.op("Mul", [w.op("Sub", [w.op("Exp", [safe]), one]), w.const(scale, dtype)])
+    w.op("Where", [positive, x, negative], out=y)
+
+
+def _elu(w, node, x, y, dtype):
+    _exp_below_zero(w, x, dtype, _attr(node, "alpha", 1.0), 1.0, y)
+
+
+def _celu(w, node, x, y, dtype):
+    alpha = _attr(node, "alpha", 1.0)
+    _exp_below_zero(w, x, dtype, alpha, 1.0 / alpha, y)
+
+
+def _selu(w, node, x, y, dtype):
+    alpha = _attr(node, "alpha", 1.6732632423543772848170429916717)
+    gamma = _attr(node, "gamma", 1.0507009873554804934193349852946)
+    elu = w.fresh("elu")
+    _exp_below_zero(w, x, dtype, alpha, 1.0, elu)
+    w.op("Mul", [elu, w.const(gamma, dtype)], out=y)
+
+
+def _hard_sigmoid(w, x, dtype, alpha, beta, out=None):
+    """``max(0, min(1, alpha * x + beta))`` with slope 0 at both kinks, as torch's hardsigmoid and hardswish.
+
+    (``Clip``'s gradient would include the kinks.)
+    """
+    linear = w.op("Add", [w.op("Mul", [x, w.const(alpha, dtype)]), w.const(beta, dtype)])
+    zero, one = w.const(0, dtype), w.const(1, dtype)
+    upper = w.op("Where", [w.op("Less", [linear, one]), linear, one])
+    return w.op("Where", [w.op("Greater", [linear, zero]), upper, zero], out=out)
+
+
+def _hardsigmoid(w, node, x, y, dtype):
+    _hard_sigmoid(w, x, dtype, _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5), out=y)
+
+
+def _hardswish(w, node, x, y, dtype):
+    w.op("Mul", [x, _hard_sigmoid(w, x, dtype, 1.0 / 6.0, 0.5)], out=y)
+
+
+def _prelu(w, node, x, y, dtype):
+    positive = w.op("Greater", [x, w.const(0, dtype)])
+    w.op("Where", [positive, x, w.op("Mul", [x, node.input[1]])], out=y)
+
+
+def _mish(w, node, x, y, dtype):
+    w.op("Mul", [x, w.op("Tanh", [w.op("Softplus", [x])])], out=y)
+
+
+def _thresholded_relu(w, node, x, y, dtype):
+    above = w.op("Greater", [x, w.const(_attr(node, "alpha", 1.0), dtype)])
+    w.op("Where", [above, x, w.const(0, dtype)], out=y)
+
+
+def _shrink(w, node, x, y, dtype):
+    lambd, bias = _attr(node, "lambd", 0.5), _attr(node, "bias", 0.0)
+    below = w.op("Less", [x, w.const(-lambd, dtype)])
+    above = w.op("Greater", [x, w.const(lambd, dtype)])
+    inner = w.op("Where", [above, w.op("Sub", [x, w.const(bias, dtype)]), w.const(0, dtype)])
+    w.op("Where", [below, w.op("Add", [x, w.const(bias, dtype)]), inner], out=y)
+
+
+def _softsign(w, node, x, y, dtype):
+    w.op("Div", [x, w.op("Add", [w.op("Abs", [x]), w.const(1, dtype)])], out=y)
+
+
+#: ai.onnx op type -> its rewrite.
+REWRITES: dict[str, _Rewrite] = {
+    "Elu": _elu,
+    "Celu": _celu,
+    "Selu": _selu,
+    "HardSigmoid": _hardsigmoid,
+    "HardSwish": _hardswish,
+    "PRelu": _prelu,
+    "Mish": _mish,
+    "ThresholdedRelu": _thresholded_relu,
+    "Shrink": _shrink,
+    "Softsign": _softsign,
+}
+
+
+def activations_as_elementary(model: onnx.ModelProto) -> int:
+    """Rewrite the activations in :data:`REWRITES` into ops ONNX Runtime can differentiate.
+
+    Nodes whose input element type is unknown are left as they are.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    targets = [i for i, n in enumerate(graph.node) if n.op_type in REWRITES and _graph.is_default_domain(n)]
+    if not targets:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        x, y = node.input[0], node.output[0]
+        elem = _graph.elem_type(types, x)
+        if elem is None:
+            continue
+        writer = _graph.NodeWriter(names, opset, y)
+        REWRITES[node.op_type](writer, node, x, y, onnx.helper.tensor_dtype_to_np_dtype(elem))
+        replacements[index] = writer.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)

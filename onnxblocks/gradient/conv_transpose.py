@@ -1,0 +1,124 @@
+"""ConvTranspose as Conv: ONNX Runtime 1.19.2 has no CPU kernel for ``ConvTransposeGrad``.
+
+The gradient builder knows ConvTranspose, but the training model then fails to
+load on CPU ("Could not find an implementation for ConvTransposeGrad"). A
+transposed convolution is a convolution of the zero-upsampled input with the
+flipped, channel-swapped kernel:
+
+* the input ``[N, C, D1, ...]`` gets ``stride - 1`` zeros after every element
+  (``Unsqueeze`` a unit axis after each spatial axis, ``Pad`` it to the stride,
+  ``Reshape`` back), which leaves ``stride - 1`` extra zeros at the end;
+* the kernel ``[C_in, C_out/group, k...]`` is regrouped into
+  ``[C_out, C_in/group, k...]`` and flipped along its spatial axes (``Gather``
+  with reversed indices);
+* ``Conv`` with stride 1, the same dilation and group, and padding
+  ``dilation * (k - 1) - pad`` at the start and ``dilation * (k - 1) - pad +
+  output_padding - (stride - 1)`` at the end (negative padding crops the input
+  with ``Slice``).
+
+Every op on the way has a CPU gradient, and the kernel's gradient flows back to
+the ConvTranspose weight through the regrouping.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+_INT64_MAX = 2**63 - 1
+
+
+def conv_transpose_as_conv(model: onnx.ModelProto) -> int:
+    """Rewrite ``ConvTranspose`` into ``Conv`` on a zero-upsampled input.
+
+    Rewritten: nodes whose weight shape is static, with ``auto_pad`` NOTSET or
+    VALID and no ``output_shape`` attribute (the torch exporters' form). Others are
+    left as they are.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    targets = [i for i, n in enumerate(graph.node) if n.op_type == "ConvTranspose" and _graph.is_default_domain(n)]
+    if not targets:
+        return 0
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    if opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        nodes = _rewrite(graph.node[index], types, names, opset)
+        if nodes is not None:
+            replacements[index] = nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
+    value = _graph.attribute(node, name)
+    return list(value) if value is not None else list(default)  # type: ignore[call-overload]
+
+
+def _rewrite(node, types, names, opset) -> list[onnx.NodeProto] | None:
+    x, weight = node.input[0], node.input[1]
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    wshape = _graph.shape_of(types, weight)
+    auto_pad = _graph.attribute(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if wshape is None or any(d is None for d in wshape) or len(wshape) < 3:
+        return None
+    if auto_pad not in ("NOTSET", "VALID") or _graph.attribute(node, "output_shape") is not None:
+        return None
+    n = len(wshape) - 2
+    c_in, c_out_per_group, kernel = wshape[0], wshape[1], wshape[2:]
+    group = int(_graph.attribute(node, "group", 1))  # type: ignore[arg-type]
+    strides = _ints(node, "strides", [1] * n)
+    dilations = _ints(node, "dilations", [1] * n)
+    output_padding = _ints(node, "output_padding", [0] * n)
+    pads = [0] * (2 * n) if auto_pad == "VALID" else _ints(node, "pads", [0] * (2 * n))
+    if c_in % group or _ints(node, "kernel_shape", kernel) != kernel:
+        return None
+
+    w = _graph.NodeWriter(names, opset, node.output[0])
+    spatial = list(range(2, 2 + n))
+    # 1. zero-upsample the input: stride - 1 zeros after each element
+    upsampled = x
+    if any(s > 1 for s in strides):
+        unit_axes = [3 + 2 * i for i in range(n)]
+        expanded = w.unsqueeze(x, unit_axes)
+        rank = 2 + 2 * n
+        end_pads = [0] * rank
+        for i, s in enumerate(strides):
+            end_pads[unit_axes[i]] = s - 1
+        padded = w.pad(expanded, [0] * rank + end_pads)
+        sizes = w.slice(w.op("Shape", [x]), [2], [_INT64_MAX], [0])
+        target = w.op("Concat", [w.ints([0, 0]), w.op("Mul", [sizes, w.ints(strides)])], axis=0)
+        upsampled = w.op("Reshape", [padded, target])
+    # 2. padding of the equivalent Conv; negative padding crops
+    begin = [dilations[i] * (kernel[i] - 1) - pads[i] for i in range(n)]
+    end = [dilations[i] * (kernel[i] - 1) - pads[n + i] + output_padding[i] - (strides[i] - 1) for i in range(n)]
+    if any(b < 0 for b in begin) or any(e < 0 for e in end):
+        starts = [max(0, -b) for b in begin]
+        ends = [e if e < 0 else _INT64_MAX for e in end]
+        upsampled = w.slice(upsampled, starts, ends, spatial)
+    conv_pads = [max(0, b) for b in begin] + [max(0, e) for e in end]
+    # 3. the kernel: [C_in, C_out/g, k...] -> [C_out, C_in/g, k...], flipped
+    if group == 1:
+        swapped = w.op("Transpose", [weight], perm=[1, 0, *spatial])
+    else:
+        grouped = w.op("Reshape", [weight, w.ints([group, c_in // group, c_out_per_group, *kernel])])
+        regrouped = w.op("Transpose", [grouped], perm=[0, 2, 1, *range(3, 3 + n)])
+        swapped = w.op("Reshape", [regrouped, w.ints([group * c_out_per_group, c_in // group, *kernel])])
+    flipped = swapped
+    for axis, size in zip(spatial, kernel, strict=True):
+        if size > 1:  # Gather with reversed indices: SliceGrad fails on negative steps
+            flipped = w.op("Gather", [flipped, w.ints(list(range(size - 1, -1, -1)))], axis=axis)
+    # 4. the convolution
+    inputs = [upsampled, flipped] + ([bias] if bias else [])
+    w.op("Conv", inputs, out=node.output[0], dilations=dilations, group=group, kernel_shape=kernel,
+         pads=conv_pads, strides=[1] * n)
+    return w.nodes

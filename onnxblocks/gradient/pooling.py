@@ -1,0 +1,169 @@
+"""Pooling ops whose gradient kernels need static shapes.
+
+ONNX Runtime 1.19.2's CPU ``AveragePoolGrad`` and ``MaxPoolGrad`` take the shape
+of the gradient they write from the graph's *static* shape information, not from
+the data: a dimension that is symbolic (a dynamic batch, a dynamic image size)
+reads as 0, and training crashes the process (``Floating point exception`` for
+``AveragePool``, a segmentation fault for ``MaxPool``) or fails with "The shape of
+dY and indices does not match".
+
+* :func:`average_pool_as_conv` rewrites ``AveragePool`` whose input is not fully
+  static, or not float32, into a depthwise ``Conv`` with a constant kernel (and a
+  constant divisor map where the window count varies), whose gradient reads
+  shapes from the data.
+* :func:`check_pool_shapes` raises a :class:`~onnxblocks.errors.GradientError`
+  naming any pooling node left whose gradient would crash.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.errors import GradientError
+from onnxblocks.gradient import _graph
+
+
+def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
+    value = _graph.attribute(node, name)
+    return list(value) if value is not None else list(default)  # type: ignore[call-overload]
+
+
+def _window_counts(size: int, out: int, kernel: int, stride: int, begin: int, end: int, include_pad: bool
+                   ) -> np.ndarray | None:
+    """How many elements each output position of one axis averages, or None where ONNX Runtime differs.
+
+    With ``count_include_pad`` the divisor is the window size. A window that
+    reaches past the padded input (``ceil_mode``) or that holds no input element is
+    left to ONNX Runtime's own kernel, whose results there (the full window size,
+    NaN) no exporter relies on.
+    """
+    counts = np.zeros(out, dtype=np.float64)
+    for o in range(out):
+        start = o * stride - begin
+        if start + kernel > size + end and include_pad:
+            return None
+        counts[o] = kernel if include_pad else max(0, min(start + kernel, size) - max(start, 0))
+    return counts if counts.all() else None
+
+
+def average_pool_as_conv(model: onnx.ModelProto) -> int:
+    """Rewrite ``AveragePool`` into a depthwise ``Conv`` where ONNX Runtime's AveragePoolGrad would fail.
+
+    Rewritten: AveragePool nodes whose input has a symbolic or unknown dimension
+    or is not float32, with a static channel count, ``auto_pad`` NOTSET or VALID
+    and no dilation. The kernel is ``1/prod(kernel_shape)`` everywhere; where the
+    divisor varies (``count_include_pad=0`` with padding, ``ceil_mode=1``) the
+    spatial dimensions must be static and the output is multiplied by a constant
+    map of ``prod(kernel_shape) / count``. Other nodes are left as they are
+    (:func:`check_pool_shapes` names them).
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    targets = [i for i, n in enumerate(graph.node) if n.op_type == "AveragePool" and _graph.is_default_domain(n)]
+    if not targets:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        rewritten = _average_pool(node, types, names, opset)
+        if rewritten is not None:
+            replacements[index] = rewritten
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _average_pool(node, types, names, opset) -> list[onnx.NodeProto] | None:
+    x, y = node.input[0], node.output[0]
+    shape, elem = _graph.shape_of(types, x), _graph.elem_type(types, x)
+    if shape is None or elem is None or len(shape) < 3 or shape[1] is None:
+        return None
+    if all(d is not None for d in shape) and elem == onnx.TensorProto.FLOAT:
+        return None  # AveragePoolGrad handles it
+    kernel = _ints(node, "kernel_shape", [])
+    n = len(kernel)
+    auto_pad = _graph.attribute(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    dilated = any(d != 1 for d in _ints(node, "dilations", [1] * n))
+    if n != len(shape) - 2 or auto_pad not in ("NOTSET", "VALID") or dilated:
+        return None
+    strides = _ints(node, "strides", [1] * n)
+    pads = [0] * (2 * n) if auto_pad == "VALID" else _ints(node, "pads", [0] * (2 * n))
+    ceil_mode = int(_graph.attribute(node, "ceil_mode", 0))  # type: ignore[arg-type]
+    include_pad = bool(_graph.attribute(node, "count_include_pad", 0))
+    spatial = shape[2:]
+    uniform = not ceil_mode and (include_pad or not any(pads))
+    conv_pads = list(pads)
+    scale = None
+    if not uniform:
+        out_shape = _graph.shape_of(types, y)
+        if any(d is None for d in spatial) or out_shape is None or any(d is None for d in out_shape[2:]):
+            return None
+        counts = []
+        for axis in range(n):
+            size, out = spatial[axis], out_shape[2 + axis]
+            begin, end = pads[axis], pads[n + axis]
+            count = _window_counts(size, out, kernel[axis], strides[axis], begin, end, include_pad)
+            if count is None:
+                return None
+            counts.append(count)
+            # ceil_mode: pad the end so that Conv's floor gives the same number of windows
+            needed = (out - 1) * strides[axis] + kernel[axis] - (size + begin + end)
+            conv_pads[n + axis] = end + max(0, needed)
+        grid = counts[0]
+        for more in counts[1:]:
+            grid = np.multiply.outer(grid, more)
+        scale = math.prod(kernel) / grid
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    w = _graph.NodeWriter(names, opset, y)
+    weight = w.op("Expand", [w.const(1.0 / math.prod(kernel), dtype), w.ints([shape[1], 1, *kernel])])
+    conv_out = y if scale is None else w.fresh("sum")
+    w.op("Conv", [x, weight], out=conv_out, group=shape[1], kernel_shape=kernel, pads=conv_pads, strides=strides)
+    if scale is not None:
+        w.op("Mul", [conv_out, w.const(scale.astype(dtype), suffix="divisor")], out=y)
+    return w.nodes
+
+
+def check_pool_shapes(forward: onnx.ModelProto, training: onnx.ModelProto) -> None:
+    """Raise when ONNX Runtime's pooling gradient would crash on a dynamic dimension.
+
+    ``MaxPoolGrad`` needs static channel and spatial dimensions (the batch may be
+    dynamic); ``AveragePoolGrad`` needs every dimension static. Only pooling nodes
+    that got a gradient node in ``training`` are checked, and only dimensions known
+    to be symbolic count (an unknown shape is left to ONNX Runtime).
+
+    Raises:
+        GradientError: naming the node, its input's shape and what to do.
+    """
+    grads = [n for n in training.graph.node if n.op_type in ("MaxPoolGrad", "AveragePoolGrad")]
+    if not grads:
+        return
+    differentiated = {(n.op_type[: -len("Grad")], n.name.split("_Grad/")[0]) for n in grads}
+    unnamed = {op for op, name in differentiated if not name}
+    types = _graph.infer_types(forward)
+    for node in forward.graph.node:
+        if (node.op_type, node.name) not in differentiated and node.op_type not in unnamed:
+            continue
+        t = types.get(node.input[0])
+        if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+            continue
+        dims = list(t.tensor_type.shape.dim)
+        label = [d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?") for d in dims]
+        first = 1 if node.op_type == "MaxPool" else 0
+        if all(d.WhichOneof("value") == "dim_value" for d in dims[first:]):
+            continue
+        need = "static channel and spatial dimensions (the batch may be dynamic)" if first else "static dimensions"
+        raise GradientError(
+            f"Node '{node.name}' ({node.op_type}) has input '{node.input[0]}' of shape {label}, but ONNX Runtime's "
+            f"{node.op_type}Grad needs {need}: training would crash. Export the model with static shapes there "
+            "(dynamic axes only on the batch dimension), or freeze the parameters before this node so no "
+            "gradient flows through it."
+        )

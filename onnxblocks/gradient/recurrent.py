@@ -1,0 +1,292 @@
+"""Recurrent ops (RNN, GRU, LSTM) in forms ONNX Runtime 1.19.2 can train on CPU.
+
+ONNX Runtime trains ``GRU`` and ``LSTM`` with its own kernels (``GRUTraining``,
+``LSTMTraining``), which run the forward direction only, in float32 only; ``RNN``
+has no gradient builder at all. The torch exporters emit
+``direction="bidirectional"`` for ``bidirectional=True``, double-precision nodes
+for ``.double()`` models and ``RNN`` for ``nn.RNN`` (torchscript exporter).
+
+* :func:`recurrent_directions_as_forward` splits a ``reverse`` or
+  ``bidirectional`` node into forward nodes: the reverse direction runs on the
+  time-reversed input (``Gather`` with indices ``T-1 ... 0``) and its output is
+  reversed back; the directions' outputs are concatenated as the original node
+  stacks them. Each direction's weights are ``Slice`` s of the original ones, so
+  gradients reach the same parameters.
+* :func:`recurrent_as_elementary` unrolls forward ``RNN`` nodes, and ``GRU`` /
+  ``LSTM`` nodes that are not float32, over a static sequence length into
+  ``MatMul``, ``Sigmoid``, ``Tanh``... following the ONNX equations.
+
+Nodes with ``sequence_lens``, ``layout=1``, ``clip`` or non-default activations are
+left as they are.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+#: op type -> (gates, activations per direction)
+_KINDS = {"RNN": (1, 1), "GRU": (3, 2), "LSTM": (4, 3)}
+_DEFAULT_ACTIVATIONS = {"RNN": ["tanh"], "GRU": ["sigmoid", "tanh"], "LSTM": ["sigmoid", "tanh", "tanh"]}
+_RNN_ACTIVATIONS = {"tanh": "Tanh", "relu": "Relu", "sigmoid": "Sigmoid"}
+
+
+def _input(node: onnx.NodeProto, index: int) -> str | None:
+    return node.input[index] if len(node.input) > index and node.input[index] else None
+
+
+def _output(node: onnx.NodeProto, index: int) -> str | None:
+    return node.output[index] if len(node.output) > index and node.output[index] else None
+
+
+def _direction(node: onnx.NodeProto) -> str:
+    value = _graph.attribute(node, "direction", b"forward")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _activations(node: onnx.NodeProto) -> list[str] | None:
+    value = _graph.attribute(node, "activations")
+    if value is None:
+        return None
+    return [(a.decode() if isinstance(a, bytes) else str(a)) for a in value]  # type: ignore[union-attr]
+
+
+def _supported(node: onnx.NodeProto) -> bool:
+    """Common preconditions of both rewrites."""
+    return (
+        _graph.is_default_domain(node) and node.op_type in _KINDS and _input(node, 4) is None  # sequence_lens
+        and int(_graph.attribute(node, "layout", 0)) == 0  # type: ignore[arg-type]
+        and _graph.attribute(node, "clip") is None
+        and not int(_graph.attribute(node, "input_forget", 0))  # type: ignore[arg-type]
+    )
+
+
+# ------------------------------------------------------------------ directions
+def recurrent_directions_as_forward(model: onnx.ModelProto) -> int:
+    """Split ``reverse`` and ``bidirectional`` RNN/GRU/LSTM nodes into forward-direction nodes.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    targets = [i for i, n in enumerate(graph.node) if _supported(n) and _direction(n) != "forward"]
+    if not targets:
+        return 0
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    if opset < 13:
+        return 0
+    names = _graph.name_authority(graph)
+    types = _graph.infer_types(model)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        w = _graph.NodeWriter(names, opset, node.output[0] or node.name or node.op_type)
+        shape = _graph.shape_of(types, node.input[0])
+        _split_directions(w, node, shape[0] if shape else None)
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _split_directions(w: _graph.NodeWriter, node: onnx.NodeProto, steps: int | None) -> None:
+    direction = _direction(node)
+    kinds = ["forward", "reverse"] if direction == "bidirectional" else ["reverse"]
+    per_direction = _KINDS[node.op_type][1]
+    activations = _activations(node)
+    alpha = _graph.attribute(node, "activation_alpha")
+    beta = _graph.attribute(node, "activation_beta")
+    x = node.input[0]
+    reversed_time = None
+    outputs: list[list[str | None]] = []  # per direction: Y, Y_h, (Y_c)
+    for d, kind in enumerate(kinds):
+        inputs = list(node.input)
+        # weights, biases, initial states and peepholes: this direction's slice along axis 0
+        for i in (1, 2, 3, 5, 6, 7):
+            if _input(node, i) is not None and len(kinds) > 1:
+                inputs[i] = w.slice(node.input[i], [d], [d + 1], [0])
+        if kind == "reverse":
+            if reversed_time is None:
+                reversed_time = _reversed_indices(w, x, steps)
+            inputs[0] = w.op("Gather", [x, reversed_time], axis=0)
+        outs = [w.fresh(f"{kind}.out{k}") if _output(node, k) else "" for k in range(len(node.output))]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs["direction"] = "forward"
+        if activations is not None:
+            attrs["activations"] = activations[d * per_direction:(d + 1) * per_direction]
+        for key, values in (("activation_alpha", alpha), ("activation_beta", beta)):
+            if values is not None:
+                attrs[key] = list(values)[d * per_direction:(d + 1) * per_direction]  # type: ignore[call-overload]
+        w.ops(node.op_type, inputs, outs, **attrs)
+        y = outs[0] or None
+        if kind == "reverse" and y is not None:
+            y = w.op("Gather", [y, reversed_time], axis=0)  # type: ignore[list-item]
+        outputs.append([y, *[(o or None) for o in outs[1:]]])
+    for k, final in enumerate(node.output):
+        if not final:
+            continue
+        parts = [o[k] for o in outputs]
+        if len(parts) == 1:
+            w.op("Identity", [parts[0]], out=final)  # type: ignore[list-item]
+        else:
+            w.op("Concat", parts, out=final, axis=1 if k == 0 else 0)  # type: ignore[arg-type]
+
+
+def _reversed_indices(w: _graph.NodeWriter, x: str, steps: int | None) -> str:
+    """``[T-1, ..., 0]`` for the time axis (0) of ``x``: a constant for a static length (so shapes stay known)."""
+    if steps is not None:
+        return w.ints(list(range(steps - 1, -1, -1)))
+    length = w.squeeze(w.slice(w.op("Shape", [x]), [0], [1], [0]), [0])
+    one = w.const(1, "int64")
+    return w.op("Range", [w.op("Sub", [length, one]), w.const(-1, "int64"), w.const(-1, "int64")])
+
+
+# ------------------------------------------------------------------ unrolling
+def recurrent_as_elementary(model: onnx.ModelProto) -> int:
+    """Unroll forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static sequence length.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    candidates = [i for i, n in enumerate(graph.node) if _supported(n) and _direction(n) == "forward"]
+    if not candidates:
+        return 0
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    if opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in candidates:
+        node = graph.node[index]
+        x = node.input[0]
+        elem, shape = _graph.elem_type(types, x), _graph.shape_of(types, x)
+        if elem is None or shape is None or len(shape) != 3 or shape[0] is None:
+            continue
+        if node.op_type != "RNN" and elem == onnx.TensorProto.FLOAT:
+            continue  # ONNX Runtime's GRUTraining / LSTMTraining handle it
+        activations = [a.lower() for a in (_activations(node) or _DEFAULT_ACTIVATIONS[node.op_type])]
+        if node.op_type == "RNN":
+            if len(activations) != 1 or activations[0] not in _RNN_ACTIVATIONS:
+                continue
+        elif activations != _DEFAULT_ACTIVATIONS[node.op_type]:
+            continue
+        w = _graph.NodeWriter(names, opset, node.output[0] or node.name or node.op_type)
+        _Unroller(w, node, shape[0], int(_graph.attribute(node, "hidden_size")), activations).write()  # type: ignore[arg-type]
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+class _Unroller:
+    """Writes one forward RNN/GRU/LSTM node as ``steps`` explicit time steps."""
+
+    def __init__(self, w: _graph.NodeWriter, node: onnx.NodeProto, steps: int, hidden: int,
+                 activations: list[str]) -> None:
+        self.w, self.node, self.steps, self.hidden = w, node, steps, hidden
+        self.gates = _KINDS[node.op_type][0]
+        self.activation = _RNN_ACTIVATIONS[activations[0]]
+
+    def write(self) -> None:
+        w, node, hidden, gates = self.w, self.node, self.hidden, self.gates
+        size = gates * hidden
+        x = node.input[0]
+        weight_t = w.op("Transpose", [w.squeeze(node.input[1], [0])], perm=[1, 0])  # [I, G*H]
+        recurrence_t = w.op("Transpose", [w.squeeze(node.input[2], [0])], perm=[1, 0])  # [H, G*H]
+        projected = w.op("MatMul", [x, weight_t])  # [T, B, G*H]
+        input_bias = recurrent_bias = None
+        if _input(node, 3):
+            input_bias, recurrent_bias = w.split(w.squeeze(node.input[3], [0]), [size, size], 0)
+            projected = w.op("Add", [projected, input_bias])
+        state = w.squeeze(node.input[5], [0]) if _input(node, 5) else None
+        cell = w.squeeze(node.input[6], [0]) if node.op_type == "LSTM" and _input(node, 6) else None
+        peepholes = None
+        if node.op_type == "LSTM" and _input(node, 7):
+            peepholes = w.split(w.squeeze(node.input[7], [0]), [hidden] * 3, 0)  # i, o, f
+        step_inputs = [w.squeeze(p, [0]) for p in w.split(projected, [1] * self.steps, 0)]
+        states = []
+        for t in range(self.steps):
+            if node.op_type == "RNN":
+                state = self._rnn_step(step_inputs[t], state, recurrence_t, recurrent_bias)
+            elif node.op_type == "GRU":
+                state = self._gru_step(step_inputs[t], state, recurrence_t, recurrent_bias)
+            else:
+                state, cell = self._lstm_step(step_inputs[t], state, cell, recurrence_t, recurrent_bias, peepholes)
+            states.append(state)
+        y, y_h = _output(node, 0), _output(node, 1)
+        if y:
+            w.op("Concat", [w.unsqueeze(s, [0, 1]) for s in states], out=y, axis=0)
+        if y_h:
+            w.unsqueeze(states[-1], [0], out=y_h)
+        y_c = _output(node, 2) if node.op_type == "LSTM" else None
+        if y_c:
+            w.unsqueeze(cell, [0], out=y_c)  # type: ignore[arg-type]
+
+    def _recurrent(self, state: str | None, recurrence_t: str, bias: str | None) -> str | None:
+        """``state @ R^T + Rb`` (None when both terms vanish)."""
+        term = self.w.op("MatMul", [state, recurrence_t]) if state is not None else None
+        if bias is None:
+            return term
+        return bias if term is None else self.w.op("Add", [term, bias])
+
+    def _rnn_step(self, xw: str, state: str | None, recurrence_t: str, bias: str | None) -> str:
+        total = self._recurrent(state, recurrence_t, bias)
+        pre = xw if total is None else self.w.op("Add", [xw, total])
+        return self.w.op(self.activation, [pre])
+
+    def _gru_step(self, xw: str, state: str | None, recurrence_t: str, bias: str | None) -> str:
+        w, hidden = self.w, self.hidden
+        linear_before_reset = int(_graph.attribute(self.node, "linear_before_reset", 0))  # type: ignore[arg-type]
+        xz, xr, xh = w.split(xw, [hidden] * 3, 1)
+        hz = hr = hh = None
+        if state is not None:
+            hz, hr, hh = w.split(w.op("MatMul", [state, recurrence_t]), [hidden] * 3, 1)
+        bz = br = bh = None
+        if bias is not None:
+            bz, br, bh = w.split(bias, [hidden] * 3, 0)
+        z = w.op("Sigmoid", [self._sum(xz, hz, bz)])
+        r = w.op("Sigmoid", [self._sum(xr, hr, br)])
+        if linear_before_reset:
+            inner = self._sum(hh, bh)
+            candidate_pre = xh if inner is None else w.op("Add", [xh, w.op("Mul", [r, inner])])
+        else:
+            reset = None
+            if state is not None:
+                rh_t = w.slice(recurrence_t, [2 * hidden], [3 * hidden], [1])
+                reset = w.op("MatMul", [w.op("Mul", [r, state]), rh_t])
+            candidate_pre = self._sum(xh, reset, bh)
+        candidate = w.op("Tanh", [candidate_pre])  # type: ignore[list-item]
+        if state is None:  # H = (1 - z) * h~
+            return w.op("Sub", [candidate, w.op("Mul", [z, candidate])])
+        return w.op("Add", [candidate, w.op("Mul", [z, w.op("Sub", [state, candidate])])])
+
+    def _lstm_step(self, xw: str, state: str | None, cell: str | None, recurrence_t: str, bias: str | None,
+                   peepholes: list[str] | None) -> tuple[str, str]:
+        w, hidden = self.w, self.hidden
+        total = self._recurrent(state, recurrence_t, bias)
+        gates = xw if total is None else w.op("Add", [xw, total])
+        gi, go, gf, gc = w.split(gates, [hidden] * 4, 1)
+        pi, po, pf = peepholes if peepholes is not None else (None, None, None)
+        if cell is not None and pi is not None:
+            gi = w.op("Add", [gi, w.op("Mul", [pi, cell])])
+            gf = w.op("Add", [gf, w.op("Mul", [pf, cell])])
+        i = w.op("Sigmoid", [gi])
+        candidate = w.op("Mul", [i, w.op("Tanh", [gc])])
+        if cell is None:
+            new_cell = candidate
+        else:
+            new_cell = w.op("Add", [w.op("Mul", [w.op("Sigmoid", [gf]), cell]), candidate])
+        if po is not None:
+            go = w.op("Add", [go, w.op("Mul", [po, new_cell])])
+        return w.op("Mul", [w.op("Sigmoid", [go]), w.op("Tanh", [new_cell])]), new_cell
+
+    def _sum(self, *terms: str | None) -> str | None:
+        present = [t for t in terms if t is not None]
+        if not present:
+            return None
+        total = present[0]
+        for term in present[1:]:
+            total = self.w.op("Add", [total, term])
+        return total

@@ -1,0 +1,475 @@
+"""The normalisation passes found by the exporter sweep, and the builder's early errors.
+
+Each pass is checked two ways: the rewritten model computes the same forward
+values as the original in ONNX Runtime, and gradients through the rewrite equal
+torch's (rtol 1e-4, atol 1e-5).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxblocks.errors import GradientError, UnknownNameError
+from onnxblocks.gradient import (
+    activations_as_elementary,
+    average_pool_as_conv,
+    build_training_graphs,
+    conv_transpose_as_conv,
+    expose_dropout_mask,
+    group_norm_as_elementary,
+    layer_norm_zero_bias,
+    partition_parameters,
+    recurrent_as_elementary,
+    recurrent_directions_as_forward,
+)
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset < 19 else 10
+    return model
+
+
+def _vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _rewritten(model, rewrite, expected=1):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    assert rewrite(copy) == expected
+    return copy
+
+
+def _assert_same_forward(model, rewrite, feeds, expected=1):
+    rewritten = _rewritten(model, rewrite, expected)
+    for got, want in zip(_run(rewritten, feeds), _run(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return rewritten
+
+
+def _with_loss(model, output, weights):
+    """``loss = ReduceSum(output * weights)``: a scalar whose gradient is ``weights``."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.initializer.append(numpy_helper.from_array(weights, "loss_weights"))
+    m.graph.node.extend([
+        helper.make_node("Mul", [output, "loss_weights"], ["weighted"]),
+        helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
+    ])
+    del m.graph.output[:]
+    m.graph.output.append(_vi("loss", [], TensorProto.FLOAT))
+    return m
+
+
+def _gradients(model, feeds, params, wrt):
+    """Run the training model of ``model`` (loss first output); return the gradients of ``wrt``."""
+    graphs = build_training_graphs(model, wrt)
+    feeds = dict(feeds)
+    buffers = {}
+    for name, value in params.items():
+        feeds[name] = value
+        if name in wrt:
+            buffers[name] = np.zeros_like(value)
+            feeds[f"{name}_grad.accumulation.buffer"] = buffers[name]
+    feeds["lazy_reset_grad"] = np.array([True])
+    outputs = dict(zip([o.name for o in graphs.training.graph.output], _run(graphs.training, feeds), strict=True))
+    return {n: buffers[n] if n in buffers else outputs[f"{n}_grad"] for n in wrt}, graphs
+
+
+# ------------------------------------------------------------------ activations
+ACTIVATIONS = [
+    ("Elu", {"alpha": 0.7}, lambda x: F.elu(x, 0.7)),
+    ("Celu", {"alpha": 0.5}, lambda x: F.celu(x, 0.5)),
+    ("Selu", {}, F.selu),
+    ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, F.hardsigmoid),
+    ("HardSwish", {}, F.hardswish),
+    ("Mish", {}, F.mish),  # ai.onnx opset 18
+    ("ThresholdedRelu", {"alpha": 0.3}, lambda x: torch.where(x > 0.3, x, torch.zeros_like(x))),
+    ("Shrink", {"lambd": 0.4, "bias": 0.4}, lambda x: F.softshrink(x, 0.4)),
+    ("Shrink", {"lambd": 0.4}, lambda x: F.hardshrink(x, 0.4)),
+    ("Softsign", {}, F.softsign),
+]
+
+
+@pytest.mark.parametrize(("op", "attrs", "reference"), ACTIVATIONS, ids=[f"{a[0]}-{i}" for i, a in
+                                                                          enumerate(ACTIVATIONS)])
+def test_activation_rewrite_keeps_values_and_matches_torch_gradient(op, attrs, reference):
+    x = np.concatenate([np.linspace(-4, 4, 33), [0.0, 1e-3, -1e-3, 25.0, -25.0]]).astype(np.float32).reshape(2, -1)
+    model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", ["N", x.shape[1]])],
+                   [_vi("y", ["N", x.shape[1]])], opset=18)
+    _assert_same_forward(model, activations_as_elementary, {"x": x})
+    weights = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    xt = torch.from_numpy(x).requires_grad_()
+    (reference(xt) * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_prelu_rewrite_gives_the_slope_its_gradient():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    slope = np.array([0.1, 0.2, 0.3, 0.4], np.float32).reshape(4, 1)
+    model = _model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [_vi("x", ["N", 4, 2])],
+                   [_vi("y", ["N", 4, 2])], [numpy_helper.from_array(slope, "slope")])
+    _assert_same_forward(model, activations_as_elementary, {"x": x})
+    weights = rng.standard_normal(x.shape).astype(np.float32)
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"slope": slope}, ["slope", "x"])
+    xt, st = torch.from_numpy(x).requires_grad_(), torch.from_numpy(slope.reshape(4)).requires_grad_()
+    (F.prelu(xt, st) * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(grads["slope"].reshape(4), st.grad.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ dropout, layer norm
+def test_dropout_gets_a_mask_output_and_trains():
+    model = _model(
+        [helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
+         helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
+         helper.make_node("Mul", ["x", "w"], ["h"]),
+         helper.make_node("Dropout", ["h", "ratio", "train"], ["y"])],
+        [_vi("x", ["N", 3])], [_vi("y", ["N", 3])], [numpy_helper.from_array(np.ones(3, np.float32) * 2, "w")],
+    )
+    rewritten = _rewritten(model, expose_dropout_mask)
+    dropout = next(n for n in rewritten.graph.node if n.op_type == "Dropout")
+    assert len(dropout.output) == 2 and dropout.output[1]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    weights = np.ones((2, 3), np.float32)
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"w": np.ones(3, np.float32) * 2}, ["w"])
+    np.testing.assert_allclose(grads["w"], x.sum(axis=0))  # ratio 0: the identity
+
+
+@pytest.mark.parametrize("static_scale", [True, False])
+def test_layer_norm_without_bias_gets_zeros_and_matches_torch(static_scale):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, 5).astype(np.float32)
+    if static_scale:
+        nodes = [helper.make_node("LayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5)]
+        inits = [numpy_helper.from_array(scale, "scale")]
+        inputs = [_vi("x", ["N", 5])]
+        feeds, params = {"x": x}, {}
+    else:  # a scale of unknown shape: the zeros come from ConstantOfShape(Shape(scale))
+        nodes = [helper.make_node("Identity", ["s"], ["scale"]),
+                 helper.make_node("LayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5)]
+        inits = []
+        inputs = [_vi("x", ["N", 5]), _vi("s", ["D"])]
+        feeds, params = {"x": x, "s": scale}, {}
+    model = _model(nodes, inputs, [_vi("y", ["N", 5])], inits)
+    _assert_same_forward(model, layer_norm_zero_bias, feeds)
+    weights = rng.standard_normal(x.shape).astype(np.float32)
+    wrt = ["scale", "x"] if static_scale else ["s", "x"]
+    grads, _ = _gradients(_with_loss(model, "y", weights), feeds if not static_scale else {"x": x},
+                          {"scale": scale} if static_scale else params, wrt)
+    xt, st = torch.from_numpy(x).requires_grad_(), torch.from_numpy(scale).requires_grad_()
+    (F.layer_norm(xt, (5,), st) * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(grads[wrt[0]], st.grad.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ pooling
+POOLS = [  # kernel, stride, pad, ceil_mode, count_include_pad
+    (2, 2, 0, 0, 1), (3, 2, 1, 0, 1), (3, 2, 1, 0, 0), (3, 2, 0, 1, 0), (3, 3, 1, 1, 0), (2, 1, 1, 0, 0),
+]
+
+
+@pytest.mark.parametrize(("kernel", "stride", "pad", "ceil", "include"), POOLS)
+def test_average_pool_with_dynamic_batch_becomes_conv_with_torch_gradients(kernel, stride, pad, ceil, include):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                            pads=[pad] * 4, ceil_mode=ceil, count_include_pad=include)
+    model = _model([node], [_vi("x", ["N", 3, 7, 6])], [_vi("y", None)])
+    _assert_same_forward(model, average_pool_as_conv, {"x": x})
+    xt = torch.from_numpy(x).requires_grad_()
+    y = F.avg_pool2d(xt, kernel, stride, pad, ceil_mode=bool(ceil), count_include_pad=bool(include))
+    weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    # ONNX Runtime's AveragePoolGrad would crash the process here (dynamic batch)
+    grads, graphs = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    assert graphs.rewrites["average_pool_as_conv"] == 1
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_static_float_average_pool_is_left_to_onnxruntime():
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    model = _model([node], [_vi("x", [2, 3, 4, 4])], [_vi("y", None)])
+    assert average_pool_as_conv(model) == 0
+
+
+def test_max_pool_with_dynamic_spatial_dims_is_a_clear_error():
+    w = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
+    model = _model(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+         helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0)],
+        [_vi("x", ["N", 1, "H", "W"])], [_vi("loss", [])], [w],
+    )
+    with pytest.raises(GradientError, match=r"'pool' \(MaxPool\).*'c' of shape \['N', 2, .*static channel"):
+        build_training_graphs(model, ["w"])
+    model.graph.input[0].CopyFrom(_vi("x", ["N", 1, 8, 8]))  # a dynamic batch is fine
+    build_training_graphs(model, ["w"])
+
+
+# ------------------------------------------------------------------ ConvTranspose
+CONV_TRANSPOSE = [  # dims, kernel, stride, pad, output_padding, dilation, groups
+    (1, 3, 2, 1, 1, 1, 1), (1, 3, 2, 2, 1, 1, 2), (2, 3, 2, 1, 1, 1, 1), (2, 2, 3, 0, 2, 1, 2),
+    (2, 3, 1, 2, 0, 2, 1), (2, 3, 2, 3, 0, 1, 1), (2, 1, 1, 0, 0, 1, 4),
+]
+
+
+@pytest.mark.parametrize(("dims", "kernel", "stride", "pad", "out_pad", "dilation", "groups"), CONV_TRANSPOSE)
+def test_conv_transpose_becomes_conv_with_torch_values_and_gradients(dims, kernel, stride, pad, out_pad, dilation,
+                                                                     groups):
+    rng = np.random.default_rng(4)
+    size = [5] * dims
+    x = rng.standard_normal([2, 4, *size]).astype(np.float32)
+    weight = rng.standard_normal([4, 6 // groups if groups != 4 else 1, *[kernel] * dims]).astype(np.float32)
+    bias = rng.standard_normal(weight.shape[1] * groups).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[kernel] * dims,
+                            strides=[stride] * dims, pads=[pad] * 2 * dims, output_padding=[out_pad] * dims,
+                            dilations=[dilation] * dims, group=groups)
+    model = _model([node], [_vi("x", ["N", 4, *size])], [_vi("y", None)],
+                   [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    rewritten = _rewritten(model, conv_transpose_as_conv)
+    fn = F.conv_transpose1d if dims == 1 else F.conv_transpose2d
+    xt, wt, bt = (torch.from_numpy(a).requires_grad_() for a in (x, weight, bias))
+    y = fn(xt, wt, bt, stride=stride, padding=pad, output_padding=out_pad, groups=groups, dilation=dilation)
+    np.testing.assert_allclose(_run(rewritten, {"x": x})[0], y.detach().numpy(), rtol=1e-5, atol=1e-5)
+    weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"w": weight, "b": bias}, ["w", "b", "x"])
+    for name, tensor in (("w", wt), ("b", bt), ("x", xt)):
+        np.testing.assert_allclose(grads[name], tensor.grad.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_conv_transpose_with_output_shape_is_a_clear_error():
+    weight = numpy_helper.from_array(np.ones((2, 2, 3, 3), np.float32), "w")
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2], output_shape=[9, 9])
+    model = _model([node, helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
+                   [_vi("x", [1, 2, 4, 4])], [_vi("loss", [])], [weight])
+    with pytest.raises(GradientError, match=r"no CPU kernel for float for ConvTransposeGrad.*'up'.*output_shape"):
+        build_training_graphs(model, ["w"])
+
+
+# ------------------------------------------------------------------ instance / group norm
+@pytest.mark.parametrize(("op", "groups", "opset"), [
+    ("InstanceNormalization", None, 17), ("GroupNormalization", 2, 21), ("GroupNormalization", 2, 18),
+])
+def test_group_norms_become_elementary_with_torch_values_and_gradients(op, groups, opset):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    per_group = op == "GroupNormalization" and opset < 21
+    n_affine = groups if per_group else 4
+    scale = rng.uniform(0.5, 1.5, n_affine).astype(np.float32)
+    bias = rng.standard_normal(n_affine).astype(np.float32)
+    attrs = {"epsilon": 1e-3} | ({"num_groups": groups} if groups else {})
+    model = _model([helper.make_node(op, ["x", "scale", "bias"], ["y"], **attrs)], [_vi("x", ["N", 4, "H", 5])],
+                   [_vi("y", None)], [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(bias, "bias")],
+                   opset=opset)
+    rewritten = _rewritten(model, group_norm_as_elementary)
+    xt, st, bt = (torch.from_numpy(a).requires_grad_() for a in (x, scale, bias))
+    if per_group:  # opset-18 GroupNormalization: affine per group
+        channel_scale, channel_bias = st.repeat_interleave(2), bt.repeat_interleave(2)
+    else:
+        channel_scale, channel_bias = st, bt
+    y = F.group_norm(xt, groups or 4, channel_scale, channel_bias, eps=1e-3)
+    np.testing.assert_allclose(_run(rewritten, {"x": x})[0], y.detach().numpy(), rtol=1e-5, atol=1e-5)
+    weights = rng.standard_normal(x.shape).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"scale": scale, "bias": bias},
+                          ["scale", "bias", "x"])
+    for name, tensor in (("scale", st), ("bias", bt), ("x", xt)):
+        np.testing.assert_allclose(grads[name], tensor.grad.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+# ------------------------------------------------------------------ recurrent
+def _recurrent_model(op, direction, hidden=3, steps=4, bias=True, initial=True, peepholes=False,
+                     elem=TensorProto.FLOAT, dynamic_steps=False, **attrs):
+    rng = np.random.default_rng(6)
+    dirs = 2 if direction == "bidirectional" else 1
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    arrays = {
+        "W": rng.standard_normal((dirs, gates * hidden, 2)), "R": rng.standard_normal((dirs, gates * hidden, hidden)),
+        "B": rng.standard_normal((dirs, 2 * gates * hidden)) if bias else None,
+        "h0": rng.standard_normal((dirs, 2, hidden)) if initial else None,
+        "c0": rng.standard_normal((dirs, 2, hidden)) if initial and op == "LSTM" else None,
+        "P": rng.standard_normal((dirs, 3 * hidden)) if peepholes else None,
+    }
+    inits = [numpy_helper.from_array((0.5 * a).astype(dtype), n) for n, a in arrays.items() if a is not None]
+    inputs = ["x", "W", "R", "B" if bias else "", "", "h0" if initial else ""]
+    if op == "LSTM":
+        inputs += ["c0" if initial else "", "P" if peepholes else ""]
+    outputs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, inputs, outputs, hidden_size=hidden, direction=direction, **attrs)
+    model = _model([node], [_vi("x", ["T" if dynamic_steps else steps, "N", 2], elem)],
+                   [_vi(o, None, elem) for o in outputs], inits)
+    x = rng.standard_normal((steps, 2, 2)).astype(dtype)
+    return model, x
+
+
+RECURRENT = [
+    ("GRU", "bidirectional", {"linear_before_reset": 1}), ("GRU", "reverse", {}),
+    ("LSTM", "bidirectional", {}), ("LSTM", "reverse", {"peepholes": True}),
+    ("RNN", "bidirectional", {"activations": ["Relu", "Tanh"]}),
+]
+
+
+@pytest.mark.parametrize(("op", "direction", "options"), RECURRENT)
+def test_reverse_directions_become_forward_nodes_with_same_values(op, direction, options):
+    options = dict(options)
+    model, x = _recurrent_model(op, direction, peepholes=options.pop("peepholes", False), **options)
+    rewritten = _assert_same_forward(model, recurrent_directions_as_forward, {"x": x})
+    assert {_direction(n) for n in rewritten.graph.node if n.op_type == op} == {b"forward"}
+
+
+def _direction(node):
+    return next(a.s for a in node.attribute if a.name == "direction")
+
+
+UNROLLED = [
+    ("RNN", {}), ("RNN", {"activations": ["Relu"], "bias": False, "initial": False}),
+    ("GRU", {"linear_before_reset": 1, "elem": TensorProto.DOUBLE}), ("GRU", {"elem": TensorProto.DOUBLE}),
+    ("GRU", {"initial": False, "bias": False, "elem": TensorProto.DOUBLE}),
+    ("LSTM", {"peepholes": True, "elem": TensorProto.DOUBLE}), ("LSTM", {"initial": False, "elem": TensorProto.DOUBLE}),
+]
+
+
+@pytest.mark.parametrize(("op", "options"), UNROLLED)
+def test_rnn_and_non_float_recurrences_unroll_with_same_values(op, options):
+    model, x = _recurrent_model(op, "forward", **options)
+    rewritten = _rewritten(model, recurrent_as_elementary)
+    # ONNX Runtime runs GRU / LSTM in float32 only: the reference is the float32 model
+    reference, _ = _recurrent_model(op, "forward", **{**options, "elem": TensorProto.FLOAT})
+    for got, want in zip(_run(rewritten, {"x": x}), _run(reference, {"x": x.astype(np.float32)}), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_float_gru_and_dynamic_length_rnn_are_not_unrolled():
+    model, _ = _recurrent_model("GRU", "forward")
+    assert recurrent_as_elementary(model) == 0  # ONNX Runtime's GRUTraining handles it
+    model, _ = _recurrent_model("RNN", "forward", dynamic_steps=True)
+    assert recurrent_as_elementary(model) == 0
+
+
+def test_rnn_gradient_matches_torch_after_unrolling():
+    torch.manual_seed(0)
+    rnn = torch.nn.RNN(2, 3, num_layers=1, bidirectional=True)
+    x = np.random.default_rng(7).standard_normal((4, 2, 2)).astype(np.float32)
+    params = {n: p.detach().numpy() for n, p in rnn.named_parameters()}
+
+    def stack(kind):
+        return np.stack([params[f"{kind}_l0"], params[f"{kind}_l0_reverse"]])
+
+    inits = [numpy_helper.from_array(stack("weight_ih"), "W"), numpy_helper.from_array(stack("weight_hh"), "R"),
+             numpy_helper.from_array(np.concatenate([stack("bias_ih"), stack("bias_hh")], axis=1), "B")]
+    node = helper.make_node("RNN", ["x", "W", "R", "B"], ["y"], hidden_size=3, direction="bidirectional")
+    model = _model([node], [_vi("x", [4, "N", 2])], [_vi("y", None)], inits)
+    y, _ = rnn(torch.from_numpy(x))  # [T, B, 2H]; ONNX: [T, 2, B, H]
+    weights = np.random.default_rng(8).standard_normal((4, 2, 2, 3)).astype(np.float32)
+    (y.reshape(4, 2, 2, 3).transpose(1, 2) * torch.from_numpy(weights)).sum().backward()
+    grads, graphs = _gradients(_with_loss(model, "y", weights), {"x": x},
+                               {i.name: numpy_helper.to_array(i) for i in inits}, ["W", "R", "B"])
+    assert graphs.rewrites["recurrent_as_elementary"] == 2
+    expected_w = np.stack([rnn.weight_ih_l0.grad.numpy(), rnn.weight_ih_l0_reverse.grad.numpy()])
+    np.testing.assert_allclose(grads["W"], expected_w, rtol=RTOL, atol=ATOL)
+    expected_b = np.concatenate([np.stack([rnn.bias_ih_l0.grad, rnn.bias_ih_l0_reverse.grad]),
+                                 np.stack([rnn.bias_hh_l0.grad, rnn.bias_hh_l0_reverse.grad])], axis=1)
+    np.testing.assert_allclose(grads["B"], expected_b, rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ builder: types, names
+def test_double_loss_of_float_parameters_gets_a_float_seed():
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((3, 2)).astype(np.float32)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Cast", ["y"], ["y64"], to=TensorProto.DOUBLE),
+         helper.make_node("Mul", ["y64", "y64"], ["sq"]), helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)],
+        [_vi("x", ["N", 3])], [_vi("loss", [], TensorProto.DOUBLE)], [numpy_helper.from_array(w, "w")],
+    )
+    grads, graphs = _gradients(model, {"x": x}, {"w": w}, ["w"])
+    np.testing.assert_allclose(grads["w"], 2 * x.T @ (x @ w), rtol=1e-5)
+    assert graphs.training.graph.output[0].name == "loss"
+    assert graphs.training.graph.output[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+
+
+def test_double_trainable_parameters_are_a_clear_type_error():
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"])],
+                   [_vi("x", ["N", 3], TensorProto.DOUBLE)], [_vi("loss", [1], TensorProto.DOUBLE)],
+                   [numpy_helper.from_array(np.ones((3, 2)), "w")])
+    with pytest.raises(TypeError, match=r"'w' are double.*InPlaceAccumulatorV2.*float32"):
+        build_training_graphs(model, ["w"])
+
+
+def test_unknown_name_error_mentions_tied_parameters():
+    model = _model([helper.make_node("MatMul", ["x", "lm_head.weight"], ["y"])], [_vi("x", ["N", 3])],
+                   [_vi("y", None)], [numpy_helper.from_array(np.ones((3, 2), np.float32), "lm_head.weight")])
+    with pytest.raises(UnknownNameError, match="tied weights"):
+        partition_parameters(model.graph, ["wte.weight"], [])
+
+
+def test_every_new_pass_leaves_an_unrelated_model_alone():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", None)])
+    passes = [activations_as_elementary, average_pool_as_conv, conv_transpose_as_conv, expose_dropout_mask,
+              group_norm_as_elementary, layer_norm_zero_bias, recurrent_as_elementary, recurrent_directions_as_forward]
+    for rewrite, _ in itertools.product(passes, [0]):
+        before = model.SerializeToString()
+        assert rewrite(model) == 0
+        assert model.SerializeToString() == before
+
+
+# ------------------------------------------------------------------ LayerNormalization scale/bias constants
+@pytest.mark.parametrize("variant", ["constants", "shared_constants", "shared_frozen", "shared_one_trainable"])
+def test_chained_layer_norms_with_constant_or_shared_scale_and_bias_match_torch(variant):
+    """ONNX Runtime alone fails here with "Duplicate definition of name (<bias>_grad)"."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 6)).astype(np.float32)
+    s1, s2 = rng.uniform(0.5, 1.5, (2, 6)).astype(np.float32)
+    b1, b2 = rng.standard_normal((2, 6)).astype(np.float32)
+    if variant != "constants":
+        s2, b2 = s1, b1
+    arrays = {"w": w, "s1": s1, "b1": b1} | ({"s2": s2, "b2": b2} if variant == "constants" else {})
+    second = ["s2", "b2"] if variant == "constants" else ["s1", "b1"]
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["h0"]),
+         helper.make_node("LayerNormalization", ["h0", "s1", "b1"], ["h"], epsilon=1e-5),
+         helper.make_node("LayerNormalization", ["h", *second], ["y"], epsilon=1e-5)],
+        [_vi("x", ["N", 6])], [_vi("y", ["N", 6])], [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+    )
+    weights = rng.standard_normal(x.shape).astype(np.float32)
+    wrt = ["w", "s1"] if variant == "shared_one_trainable" else ["w"]
+    frozen = ["s1", "b1"] if variant == "shared_frozen" else []
+    graphs = build_training_graphs(_with_loss(model, "y", weights), wrt, frozen)
+    feeds = {"x": x, "lazy_reset_grad": np.array([True])}
+    buffers = {n: np.zeros_like(arrays[n]) for n in wrt}
+    for name in graphs.partition.parameters:
+        feeds[name] = arrays[name]
+    feeds |= {f"{n}_grad.accumulation.buffer": b for n, b in buffers.items()}
+    _run(graphs.training, feeds)
+    wt, s1t = torch.from_numpy(w).requires_grad_(), torch.from_numpy(s1).requires_grad_()
+    s2t = s1t if variant != "constants" else torch.from_numpy(s2)
+    h = F.layer_norm(torch.from_numpy(x) @ wt, (6,), s1t, torch.from_numpy(b1))
+    (F.layer_norm(h, (6,), s2t, torch.from_numpy(b2)) * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(buffers["w"], wt.grad.numpy(), rtol=RTOL, atol=ATOL)
+    if "s1" in buffers:
+        np.testing.assert_allclose(buffers["s1"], s1t.grad.numpy(), rtol=RTOL, atol=ATOL)
