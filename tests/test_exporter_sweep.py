@@ -160,6 +160,38 @@ class NormNoBias(nn.Module):
         return self.fc2(self.ln2(self.ln(self.fc1(x))))
 
 
+class UNet(nn.Module):
+    """Conv, MaxPool, bilinear Upsample and a skip connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")
+        self.mid = nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate")
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        d = torch.relu(self.down(x))
+        m = torch.relu(self.mid(F.max_pool2d(d, 2)))
+        return self.out(torch.cat([d, self.up(m)], 1)).flatten(1)
+
+
+class Indexing(nn.Module):
+    """flip, amax, sign, nearest upsampling: ops rewritten with Gather, TopK, Where, Expand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 16)
+        self.fc2 = nn.Linear(2 * 8 + 4, 3)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        image = F.interpolate(h.reshape(-1, 1, 4, 4), scale_factor=2, mode="nearest")  # [B, 1, 8, 8]
+        peaks = image.amax(dim=-1).flatten(1)  # [B, 8]
+        flipped = torch.flip(peaks, dims=[-1]) * torch.sign(peaks)
+        return self.fc2(torch.cat([peaks, flipped, h[:, :4].amin(dim=0, keepdim=True).expand(h.shape[0], 4)], 1))
+
+
 # ------------------------------------------------------------------ cases
 @dataclass
 class Case:
@@ -171,6 +203,7 @@ class Case:
     random: bool = False
     external: bool = False
     frozen: list[str] = field(default_factory=list)
+    train_only: tuple[str, ...] = ()  # name prefixes of the trained parameters; the others stay constants
 
 
 def _case(name: str) -> Case:
@@ -228,6 +261,14 @@ def _case(name: str) -> Case:
         return Case(ResidualMLP(0.5), rows, classes(6), "cross_entropy", random=True)
     if name == "two_outputs":
         return Case(TwoHeads(), rows, classes(6), "cross_entropy", multi=True, frozen=["aux.weight", "aux.bias"])
+    if name == "unet":
+        return Case(UNet(), image, f32(2, 2 * 64), "mse")
+    if name == "indexing":
+        return Case(Indexing(), rows, f32(6, 3), "mse")
+    if name == "encoder_head_only":  # post-norm layers then a final LayerNorm, all of them constants
+        encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True), 2,
+                                        norm=nn.LayerNorm(D), enable_nested_tensor=False)
+        return Case(Head(encoder, 5 * D), sequence, classes(2), "cross_entropy", train_only=("fc.",))
     if name == "external_data":
         return Case(Activation(nn.ELU()), rows, f32(6, 3), "mse", external=True)
     raise KeyError(name)
@@ -243,11 +284,12 @@ CASES = [
     *[(n, "ts") for n in (
         "conv_transpose2d", "conv_transpose1d_groups_crop", "avg_pools", "group_norm", "instance_norm2d",
         "instance_norm1d", "gru_bidirectional", "lstm_bidirectional", "rnn_relu", "two_outputs", "external_data",
-        *[f"act_{a}" for a in ACTIVATIONS if a != "mish"],
+        "unet", "indexing", "encoder_head_only", *[f"act_{a}" for a in ACTIVATIONS if a != "mish"],
     )],
     *[(n, "dyn18") for n in (
         "gpt2_tied", "encoder_causal", "conv_transpose2d", "group_norm", "instance_norm1d",
-        "layer_norm_without_bias", "lstm_bidirectional", "dropout", "act_mish", "act_hardswish", "act_elu",
+        "layer_norm_without_bias", "lstm_bidirectional", "dropout", "act_mish", "act_hardswish", "act_elu", "unet",
+        "indexing",
     )],
     *[(n, "dyn21") for n in ("group_norm", "encoder_prenorm_gelu")],
     ("encoder_padding_mask", "ts"), ("gpt2_tied", "ts"),
@@ -315,12 +357,17 @@ def _built(name: str, exporter: str, directory: str):
                   location="model.onnx.data", size_threshold=0)
     frozen = [names[n] for n in case.frozen]
     extra = {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
+    trained = [n for t, n in names.items() if t not in case.frozen and _trained(case, t)]
     artifacts = generate_artifacts(
-        source, requires_grad=[n for t, n in names.items() if t not in case.frozen], frozen_params=frozen,
+        source, requires_grad=trained, frozen_params=frozen,
         loss=LossType[models.LOSS_TYPES[case.loss]], optimizer=OptimType.AdamW,
         artifact_directory=os.path.join(directory, "artifacts"), **extra,
     )
     return case, names, artifacts
+
+
+def _trained(case: Case, name: str) -> bool:
+    return not case.train_only or name.startswith(case.train_only)
 
 
 def _torch_loss(case: Case, model: nn.Module) -> torch.Tensor:
@@ -348,7 +395,7 @@ def test_exported_model_trains_like_torch(built, name, exporter):
         expected.backward()
         np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
         for pname, param in model.named_parameters():
-            if pname in case.frozen:
+            if pname in case.frozen or not _trained(case, pname):
                 continue
             np.testing.assert_allclose(trainer.grad(names[pname]), param.grad.numpy(), rtol=1e-4, atol=1e-5,
                                        err_msg=pname)
@@ -373,7 +420,8 @@ def test_eval_model_matches_torch_eval(built, name, exporter):
     (target,) = [n for n in inputs if n not in case.inputs and n not in set(names.values())]
     feeds[target] = case.target
     for pname, param in model.named_parameters():
-        feeds[names[pname]] = param.detach().numpy()
+        if names[pname] in inputs:  # untrained, unfrozen parameters are constants of the model
+            feeds[names[pname]] = param.detach().numpy()
     got = session.run(None, feeds)
     expected = _torch_loss(case, model)  # gradients on: torch's fused inference path stays off
     np.testing.assert_allclose(got[0], expected.item(), rtol=1e-5, atol=1e-6)

@@ -20,14 +20,18 @@ from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.gradient import (
     activations_as_elementary,
     average_pool_as_conv,
+    border_pad_as_gather,
     build_training_graphs,
     conv_transpose_as_conv,
     expose_dropout_mask,
     group_norm_as_elementary,
     layer_norm_zero_bias,
+    negative_step_slice_as_gather,
     partition_parameters,
     recurrent_as_elementary,
     recurrent_directions_as_forward,
+    reduce_extremum_as_topk,
+    resize_as_matmul,
 )
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -106,6 +110,7 @@ ACTIVATIONS = [
     ("Shrink", {"lambd": 0.4, "bias": 0.4}, lambda x: F.softshrink(x, 0.4)),
     ("Shrink", {"lambd": 0.4}, lambda x: F.hardshrink(x, 0.4)),
     ("Softsign", {}, F.softsign),
+    ("Sign", {}, lambda x: torch.sign(x) * x),  # the model multiplies too (below): d/dx = sign(x)
 ]
 
 
@@ -113,8 +118,10 @@ ACTIVATIONS = [
                                                                           enumerate(ACTIVATIONS)])
 def test_activation_rewrite_keeps_values_and_matches_torch_gradient(op, attrs, reference):
     x = np.concatenate([np.linspace(-4, 4, 33), [0.0, 1e-3, -1e-3, 25.0, -25.0]]).astype(np.float32).reshape(2, -1)
-    model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", ["N", x.shape[1]])],
-                   [_vi("y", ["N", x.shape[1]])], opset=18)
+    nodes = [helper.make_node(op, ["x"], ["y"], **attrs)]
+    if op == "Sign":  # Sign alone has no path to differentiate; sign(x) * x has gradient sign(x)
+        nodes = [helper.make_node(op, ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
+    model = _model(nodes, [_vi("x", ["N", x.shape[1]])], [_vi("y", ["N", x.shape[1]])], opset=18)
     _assert_same_forward(model, activations_as_elementary, {"x": x})
     weights = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
     grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
@@ -330,6 +337,7 @@ RECURRENT = [
     ("GRU", "bidirectional", {"linear_before_reset": 1}), ("GRU", "reverse", {}),
     ("LSTM", "bidirectional", {}), ("LSTM", "reverse", {"peepholes": True}),
     ("RNN", "bidirectional", {"activations": ["Relu", "Tanh"]}),
+    ("GRU", "bidirectional", {"dynamic_steps": True}),
 ]
 
 
@@ -429,8 +437,9 @@ def test_unknown_name_error_mentions_tied_parameters():
 
 def test_every_new_pass_leaves_an_unrelated_model_alone():
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", None)])
-    passes = [activations_as_elementary, average_pool_as_conv, conv_transpose_as_conv, expose_dropout_mask,
-              group_norm_as_elementary, layer_norm_zero_bias, recurrent_as_elementary, recurrent_directions_as_forward]
+    passes = [activations_as_elementary, average_pool_as_conv, border_pad_as_gather, conv_transpose_as_conv,
+              expose_dropout_mask, group_norm_as_elementary, layer_norm_zero_bias, negative_step_slice_as_gather,
+              recurrent_as_elementary, recurrent_directions_as_forward, reduce_extremum_as_topk, resize_as_matmul]
     for rewrite, _ in itertools.product(passes, [0]):
         before = model.SerializeToString()
         assert rewrite(model) == 0
@@ -473,3 +482,94 @@ def test_chained_layer_norms_with_constant_or_shared_scale_and_bias_match_torch(
     np.testing.assert_allclose(buffers["w"], wt.grad.numpy(), rtol=RTOL, atol=ATOL)
     if "s1" in buffers:
         np.testing.assert_allclose(buffers["s1"], s1t.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ negative-step Slice, border Pad
+SLICES = [(-1, -(2**63), -1, 3), (4, 0, -2, 2), (-2, -5, -1, -1), (10, -100, -3, 2)]  # start, end, step, axis
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize(("start", "end", "step", "axis"), SLICES)
+def test_negative_step_slice_becomes_gather_with_numpy_gradients(start, end, step, axis, dynamic):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in
+             (("s", start), ("e", end), ("a", axis), ("st", step))]
+    model = _model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+                   [_vi("x", ["N", 3, "H" if dynamic else 5, "W" if dynamic else 6])], [_vi("y", None)], inits)
+    _assert_same_forward(model, negative_step_slice_as_gather, {"x": x})
+    index = [slice(None)] * 4
+    index[axis] = slice(start, end, step)
+    weights = rng.standard_normal(x[tuple(index)].shape).astype(np.float32)
+    expected = np.zeros_like(x)
+    np.add.at(expected, tuple(index), weights)
+    # ONNX Runtime's own SliceGrad fails with "narrowing_error" for a negative step
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    np.testing.assert_allclose(grads["x"], expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize(("mode", "torch_mode"), [("reflect", "reflect"), ("edge", "replicate"), ("wrap", "circular")])
+def test_border_pad_becomes_gather_with_torch_values_and_gradients(mode, torch_mode, dynamic):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    pads = [0, 0, 1, 2, 0, 0, 2, 1]
+    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)],
+                   [_vi("x", ["N", 3, "H" if dynamic else 5, 6])], [_vi("y", None)],
+                   [numpy_helper.from_array(np.array(pads, np.int64), "p")], opset=19)
+    rewritten = _rewritten(model, border_pad_as_gather)
+    xt = torch.from_numpy(x).requires_grad_()
+    y = F.pad(xt, [pads[3], pads[7], pads[2], pads[6]], mode=torch_mode)
+    np.testing.assert_allclose(_run(rewritten, {"x": x})[0], y.detach().numpy())
+    weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ Resize, ReduceMax / ReduceMin
+@pytest.mark.parametrize(("mode", "torch_mode", "transform", "scale"), [
+    ("nearest", "nearest", "asymmetric", 2.0), ("linear", "bilinear", "pytorch_half_pixel", 2.0),
+    ("linear", "bilinear", "align_corners", 1.5), ("cubic", "bicubic", "half_pixel", 2.0),
+])
+def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(mode, torch_mode, transform, scale):
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    attrs = {"mode": mode, "coordinate_transformation_mode": transform} | (
+        {"nearest_mode": "floor"} if mode == "nearest" else {"cubic_coeff_a": -0.75} if mode == "cubic" else {})
+    model = _model([helper.make_node("Resize", ["x", "roi", "scales"], ["y"], **attrs)], [_vi("x", ["N", 3, 5, 6])],
+                   [_vi("y", None)], [numpy_helper.from_array(np.array([], np.float32), "roi"),
+                                      numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales")])
+    _assert_same_forward(model, resize_as_matmul, {"x": x})
+    xt = torch.from_numpy(x).requires_grad_()
+    y = F.interpolate(xt, scale_factor=scale, mode=torch_mode,
+                      **({"align_corners": transform == "align_corners"} if mode != "nearest" else {}))
+    weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    grads, graphs = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    assert graphs.rewrites["resize_as_matmul"] == 1  # ONNX Runtime has no CPU ResizeGrad
+    if mode != "cubic":  # torch's bicubic reads clamped borders; ONNX Runtime's values are checked above
+        np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize(("op", "axes", "keepdims"), [
+    ("ReduceMax", [1], 0), ("ReduceMax", [-1], 1), ("ReduceMin", [1, 3], 1), ("ReduceMax", [], 0),
+])
+def test_reduce_max_and_min_become_topk_with_torch_gradients(op, axes, keepdims, opset):
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    if opset >= 18:
+        node = helper.make_node(op, ["x", "axes"] if axes else ["x"], ["y"], keepdims=keepdims)
+        inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if axes else []
+    else:
+        node = helper.make_node(op, ["x"], ["y"], keepdims=keepdims, **({"axes": axes} if axes else {}))
+        inits = []
+    model = _model([node], [_vi("x", ["N", 3, 4, 5])], [_vi("y", None)], inits, opset=opset)
+    _assert_same_forward(model, reduce_extremum_as_topk, {"x": x})
+    xt = torch.from_numpy(x).requires_grad_()
+    y = (torch.amax if op == "ReduceMax" else torch.amin)(xt, dim=axes or [0, 1, 2, 3], keepdim=bool(keepdims))
+    weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)

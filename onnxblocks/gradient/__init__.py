@@ -18,6 +18,7 @@ from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.eval_model import disable_training_mode
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
+from onnxblocks.gradient.indexing import border_pad_as_gather, negative_step_slice_as_gather
 from onnxblocks.gradient.normalize import (
     cast_like_as_cast,
     default_passes,
@@ -32,6 +33,8 @@ from onnxblocks.gradient.normalize import (
 from onnxblocks.gradient.parameters import ParameterPartition, partition_parameters
 from onnxblocks.gradient.pooling import average_pool_as_conv, check_pool_shapes
 from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
+from onnxblocks.gradient.reductions import reduce_extremum_as_topk
+from onnxblocks.gradient.resize import resize_as_matmul
 
 __all__ = [
     "LAZY_RESET_GRAD",
@@ -41,6 +44,7 @@ __all__ = [
     "activations_as_elementary",
     "add_gradient_accumulation",
     "average_pool_as_conv",
+    "border_pad_as_gather",
     "buffer_name",
     "build_training_graphs",
     "cast_like_as_cast",
@@ -54,10 +58,13 @@ __all__ = [
     "gradient_name",
     "group_norm_as_elementary",
     "layer_norm_zero_bias",
+    "negative_step_slice_as_gather",
     "normalize",
     "partition_parameters",
     "recurrent_as_elementary",
     "recurrent_directions_as_forward",
+    "reduce_extremum_as_topk",
+    "resize_as_matmul",
     "softplus_as_elementary",
     "split_to_sequence_as_split",
 ]

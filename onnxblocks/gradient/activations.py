@@ -2,9 +2,10 @@
 
 ONNX Runtime 1.19.2 cannot differentiate ``Elu``, ``Selu``, ``Celu``,
 ``HardSigmoid``, ``HardSwish``, ``PRelu``, ``Mish``, ``ThresholdedRelu``,
-``Shrink`` and ``Softsign``; the torch exporters emit most of them (``nn.ELU``,
-``nn.SELU``, ``nn.CELU``, ``nn.Hardsigmoid``, ``nn.Hardswish``, ``nn.PReLU``,
-``nn.Mish``, ``nn.Hardshrink``/``nn.Softshrink``). :func:`activations_as_elementary`
+``Shrink``, ``Softsign`` and ``Sign`` (whose gradient is 0); the torch exporters emit
+most of them (``nn.ELU``, ``nn.SELU``, ``nn.CELU``, ``nn.Hardsigmoid``,
+``nn.Hardswish``, ``nn.PReLU``, ``nn.Mish``, ``nn.Hardshrink``/``nn.Softshrink``,
+``torch.sign``). :func:`activations_as_elementary`
 rewrites each into ``Where``, ``Exp``, ``Clip``, ``Mul``... with the op's ONNX
 definition, so forward values are unchanged.
 
@@ -103,6 +104,13 @@ def _shrink(w, node, x, y, dtype):
     w.op("Where", [below, w.op("Add", [x, w.const(bias, dtype)]), inner], out=y)
 
 
+def _sign(w, node, x, y, dtype):
+    # gradient 0 everywhere: the comparisons carry none (NaN gives 0 instead of NaN)
+    zero = w.const(0, dtype)
+    negative = w.op("Where", [w.op("Less", [x, zero]), w.const(-1, dtype), zero])
+    w.op("Where", [w.op("Greater", [x, zero]), w.const(1, dtype), negative], out=y)
+
+
 def _softsign(w, node, x, y, dtype):
     w.op("Div", [x, w.op("Add", [w.op("Abs", [x]), w.const(1, dtype)])], out=y)
 
@@ -119,6 +127,7 @@ REWRITES: dict[str, _Rewrite] = {
     "ThresholdedRelu": _thresholded_relu,
     "Shrink": _shrink,
     "Softsign": _softsign,
+    "Sign": _sign,
 }
 
 

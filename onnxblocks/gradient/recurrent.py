@@ -139,7 +139,7 @@ def _reversed_indices(w: _graph.NodeWriter, x: str, steps: int | None) -> str:
         return w.ints(list(range(steps - 1, -1, -1)))
     length = w.squeeze(w.slice(w.op("Shape", [x]), [0], [1], [0]), [0])
     one = w.const(1, "int64")
-    return w.op("Range", [w.op("Sub", [length, one]), w.const(-1, "int64"), w.const(-1, "int64")])
+    return w.index_range(w.op("Sub", [length, one]), w.const(-1, "int64"), w.const(-1, "int64"))
 
 
 # ------------------------------------------------------------------ unrolling

@@ -1,0 +1,171 @@
+"""Slices with negative steps and non-constant padding, written as ``Gather``.
+
+* ``Slice`` with a negative step (``torch.flip``, ``x[::-1]``): ONNX Runtime 1.19.2
+  builds a ``SliceGrad`` that fails at run time with ``narrowing_error``.
+* ``Pad`` in ``reflect``, ``edge`` or ``wrap`` mode (``F.pad(mode="reflect" |
+  "replicate" | "circular")``, ``Conv2d(padding_mode="reflect")``): its gradient
+  builder supports constant padding only.
+
+Both select elements by position, which ``Gather`` (whose gradient ONNX Runtime
+has on CPU) does with explicit indices: ``[T-1, ..., 0]`` for a flip, the
+mirrored, repeated or wrapped border positions for a pad (concatenated around the
+input, one axis after the other, as ``numpy.pad`` does). Indices are constants
+when the axis length is static, computed from ``Shape`` otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+
+def _axis_length(w: _graph.NodeWriter, x: str, axis: int) -> str:
+    """A scalar int64: the runtime length of ``x`` along ``axis``."""
+    return w.squeeze(w.slice(w.op("Shape", [x]), [axis], [axis + 1], [0]), [0])
+
+
+# ------------------------------------------------------------------ Slice
+def negative_step_slice_as_gather(model: onnx.ModelProto) -> int:
+    """Rewrite each ``Slice`` with constant arguments and a negative step into ``Slice`` (positive steps) + ``Gather``.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    targets = [i for i, n in enumerate(graph.node)
+               if n.op_type == "Slice" and _graph.is_default_domain(n) and len(n.input) > 4 and n.input[4]]
+    if not targets or opset < 13:
+        return 0
+    constants = _graph.ConstantTable(graph, opset)  # without shapes first: most steps are plain constants
+    typed: tuple[dict[str, onnx.TypeProto], _graph.ConstantTable] | None = None
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        step_values = constants.folded(node.input[4])
+        if step_values is not None and not (step_values < 0).any():
+            continue
+        if typed is None:
+            types = _graph.infer_types(model)
+            typed = (types, _graph.ConstantTable(graph, opset, types))
+        types, table = typed
+        args = [table.folded(name) for name in node.input[1:5]]
+        if any(a is None for a in args) or not (args[3] < 0).any():  # type: ignore[operator]
+            continue
+        shape = _graph.shape_of(types, node.input[0])
+        starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in args)  # type: ignore[union-attr]
+        if any(a < 0 for a in axes):
+            if shape is None:
+                continue
+            axes = [a + len(shape) if a < 0 else a for a in axes]
+        w = _graph.NodeWriter(names, opset, node.output[0])
+        kept = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st > 0]
+        flipped = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0]
+        current = node.input[0]
+        if kept:
+            current = w.slice(current, *(list(v) for v in zip(*kept, strict=True)))  # type: ignore[arg-type]
+        for i, (start, end, axis, step) in enumerate(flipped):
+            length = shape[axis] if shape is not None else None
+            indices = _slice_indices(w, current, axis, length, start, end, step)
+            out = node.output[0] if i == len(flipped) - 1 else None
+            current = w.op("Gather", [current, indices], out=out, axis=axis)
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _slice_indices(w: _graph.NodeWriter, x: str, axis: int, length: int | None, start: int, end: int,
+                   step: int) -> str:
+    """The positions a negative-step slice takes along ``axis`` (ONNX's clamping rules)."""
+    if length is not None:
+        return w.ints(np.arange(length)[slice(start, end, step)].tolist())
+    n = _axis_length(w, x, axis)
+    one = w.const(1, np.int64)
+
+    def offset(value: int) -> str:  # value, or length + value for a negative one
+        return w.op("Add", [n, w.const(value, np.int64)]) if value < 0 else w.const(value, np.int64)
+
+    last = w.op("Sub", [n, one])
+    first = w.op("Max", [w.op("Min", [offset(max(start, -(2**62))), last]), w.const(0, np.int64)])
+    stop = w.op("Max", [w.op("Min", [offset(max(end, -(2**62))), last]), w.const(-1, np.int64)])
+    return w.index_range(first, stop, w.const(step, np.int64))
+
+
+# ------------------------------------------------------------------ Pad
+def border_pad_as_gather(model: onnx.ModelProto) -> int:
+    """Rewrite ``Pad`` in reflect, edge or wrap mode (constant, non-negative pads) into ``Gather`` + ``Concat``.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    targets = [i for i, n in enumerate(graph.node) if n.op_type == "Pad" and _graph.is_default_domain(n)
+               and _mode(n) in ("reflect", "edge", "wrap")]
+    if not targets or opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    constants = _graph.ConstantTable(graph, opset, types)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        pads = constants.folded(node.input[1]) if len(node.input) > 1 else None
+        axes = constants.folded(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        if pads is None or (len(node.input) > 3 and node.input[3] and axes is None):
+            continue
+        shape = _graph.shape_of(types, node.input[0])
+        rank = len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
+        if rank is None:
+            continue
+        pad_list = [int(p) for p in pads.reshape(-1)]
+        axis_list = [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)] if axes is not None \
+            else list(range(rank))
+        if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
+            continue
+        w = _graph.NodeWriter(names, opset, node.output[0])
+        current = node.input[0]
+        todo = [(a, pad_list[i], pad_list[len(axis_list) + i]) for i, a in enumerate(axis_list)
+                if pad_list[i] or pad_list[len(axis_list) + i]]
+        if not todo:
+            w.op("Identity", [current], out=node.output[0])
+        for i, (axis, before, after) in enumerate(todo):
+            length = shape[axis] if shape is not None else None
+            parts = []
+            if before:
+                parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), before, True)],
+                                  axis=axis))
+            parts.append(current)
+            if after:
+                parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)],
+                                  axis=axis))
+            out = node.output[0] if i == len(todo) - 1 else None
+            current = w.op("Concat", parts, out=out, axis=axis)
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _mode(node: onnx.NodeProto) -> str:
+    mode = _graph.attribute(node, "mode", b"constant")
+    return mode.decode() if isinstance(mode, bytes) else str(mode)
+
+
+def _border(w: _graph.NodeWriter, x: str, axis: int, length: int | None, mode: str, count: int, before: bool) -> str:
+    """Indices of the ``count`` border elements before (or after) ``x`` along ``axis``, in output order."""
+    # positions relative to the start (non-negative) or to the end (negative: -1 is the last element)
+    if mode == "reflect":
+        relative = list(range(count, 0, -1)) if before else [-2 - k for k in range(count)]
+    elif mode == "edge":
+        relative = [0] * count if before else [-1] * count
+    else:  # wrap
+        relative = list(range(-count, 0)) if before else list(range(count))
+    if length is not None:
+        return w.ints([r % length if r < 0 else r for r in relative])
+    if all(r >= 0 for r in relative):
+        return w.ints(relative)
+    return w.op("Add", [w.ints(relative), _axis_length(w, x, axis)])  # all negative here

@@ -1,0 +1,83 @@
+"""ReduceMax and ReduceMin as TopK: ONNX Runtime 1.19.2 has no gradient builder for them.
+
+``torch.amax`` / ``amin``, ``x.max(dim)`` and ``x.min(dim)`` export as ``ReduceMax``
+/ ``ReduceMin``. :func:`reduce_extremum_as_topk` takes the largest (smallest)
+element with ``TopK(k=1)``, whose gradient ONNX Runtime has: the reduced axes are
+moved last and merged (``Transpose``, ``Reshape``) when there are several.
+
+The gradient goes to the element TopK selects. Where several elements tie for the
+maximum, torch's ``amax`` shares it among them equally (``max(dim)`` gives it to one):
+the sum over the tied elements is the same.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+_LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
+
+
+def reduce_extremum_as_topk(model: onnx.ModelProto) -> int:
+    """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (and known rank for several axes) into ``TopK``.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    targets = [i for i, n in enumerate(graph.node) if n.op_type in _LARGEST and _graph.is_default_domain(n)]
+    if not targets or opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    constants = _graph.ConstantTable(graph, opset, types)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        x, y = node.input[0], node.output[0]
+        if _graph.elem_type(types, x) not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                              onnx.TensorProto.FLOAT16):
+            continue  # integer reductions carry no gradient
+        if len(node.input) > 1 and node.input[1]:
+            value = constants.folded(node.input[1])
+            if value is None:
+                continue
+            axes = [int(a) for a in value.reshape(-1)]
+        else:
+            axes = [int(a) for a in _graph.attribute(node, "axes", [])]  # type: ignore[union-attr]
+        keepdims = int(_graph.attribute(node, "keepdims", 1))  # type: ignore[arg-type]
+        if not axes and int(_graph.attribute(node, "noop_with_empty_axes", 0)):  # type: ignore[arg-type]
+            continue
+        shape = _graph.shape_of(types, x)
+        rank = len(shape) if shape is not None else None
+        if rank is None and (len(axes) != 1 or (axes[0] < 0 and keepdims == 0)):
+            continue
+        if rank is not None:
+            axes = sorted({a + rank if a < 0 else a for a in axes} or set(range(rank)))
+        w = _graph.NodeWriter(names, opset, y)
+        largest = _LARGEST[node.op_type]
+        one = w.ints([1])
+        if len(axes) == 1:
+            values = w.ops("TopK", [x, one], [w.fresh("values"), w.fresh("indices")], axis=axes[0],
+                           largest=largest)[0]
+            if keepdims:
+                w.op("Identity", [values], out=y)
+            else:
+                w.squeeze(values, axes, out=y)
+        else:
+            kept = [a for a in range(rank) if a not in axes]  # type: ignore[arg-type]
+            moved = w.op("Transpose", [x], perm=kept + axes)
+            merged = w.op("Reshape", [moved, w.ints([0] * len(kept) + [-1])])
+            values = w.ops("TopK", [merged, one], [w.fresh("values"), w.fresh("indices")], axis=len(kept),
+                           largest=largest)[0]
+            flat = w.squeeze(values, [len(kept)])
+            if keepdims:
+                w.unsqueeze(flat, axes, out=y)
+            else:
+                w.op("Identity", [flat], out=y)
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)

@@ -1,0 +1,174 @@
+"""Resize as a product with constant interpolation matrices: ONNX Runtime 1.19.2 has no CPU ``ResizeGrad``.
+
+``F.interpolate`` and ``nn.Upsample`` export as ``Resize``; ONNX Runtime builds a
+``ResizeGrad`` node for it, which its CPU build cannot run. Every Resize mode
+(nearest, linear, cubic, with any coordinate transformation) is separable: along
+each resized axis the output is a fixed linear map ``M`` (``out x in``) of the
+input. With static input and output lengths, :func:`resize_as_matmul` computes
+``M`` once, by running ONNX Runtime's own Resize on an identity matrix with the
+node's attributes (so the values are exactly ONNX Runtime's), and applies it with
+``MatMul``. Where ``M`` only repeats elements (nearest with an integer factor), the
+cheaper ``Unsqueeze`` / ``Expand`` / ``Reshape`` repeats them instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxblocks import _limits
+from onnxblocks.gradient import _graph
+
+_SEPARABLE_ATTRIBUTES = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
+                         "extrapolation_value", "antialias")
+
+
+def resize_as_matmul(model: onnx.ModelProto) -> int:
+    """Rewrite ``Resize`` with static shapes and constant scales/sizes into ``MatMul`` s (or repeats).
+
+    Left as they are: nodes whose input or output shape is not static, whose
+    ``roi``/``scales``/``sizes`` are not constants, or with ``keep_aspect_ratio_policy``
+    other than ``stretch``.
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    targets = [i for i, n in enumerate(graph.node) if n.op_type == "Resize" and _graph.is_default_domain(n)]
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    if not targets or opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    constants = _graph.ConstantTable(graph, opset, types)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        nodes = _rewrite(node, types, constants, names, opset)
+        if nodes is not None:
+            replacements[index] = nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _argument(node: onnx.NodeProto, constants: _graph.ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
+    """(known, value) of an optional constant input: (True, None) when absent."""
+    if len(node.input) <= index or not node.input[index]:
+        return True, None
+    value = constants.folded(node.input[index])
+    if value is None:
+        return False, None
+    return True, value if value.size else None
+
+
+def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | None:
+    x, y = node.input[0], node.output[0]
+    in_shape, elem = _graph.shape_of(types, x), _graph.elem_type(types, x)
+    if in_shape is None or elem is None:
+        return None
+    policy = _graph.attribute(node, "keep_aspect_ratio_policy", b"stretch")
+    if (policy.decode() if isinstance(policy, bytes) else policy) != "stretch":
+        return None
+    known = [_argument(node, constants, i) for i in (1, 2, 3)]
+    if not all(k for k, _ in known):
+        return None
+    roi, scales, sizes = (v for _, v in known)
+    if scales is None and sizes is None:
+        return None
+    rank = len(in_shape)
+    axes = _graph.attribute(node, "axes")
+    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes] if axes is not None else list(range(rank))  # type: ignore[union-attr]
+    # output length of each axis: floor(in * scale), or the size (ONNX's definition)
+    resized: dict[int, int] = {}
+    for position, axis in enumerate(axes):
+        size = in_shape[axis]
+        if sizes is not None:
+            out = int(sizes[position])
+            if size == out:
+                continue
+        else:
+            if float(scales[position]) == 1.0:  # type: ignore[index]
+                continue
+            if size is None:
+                return None
+            out = int(np.floor(size * float(scales[position])))  # type: ignore[index]
+        if size is None:
+            return None
+        resized[axis] = out
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in _SEPARABLE_ATTRIBUTES}
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    w = _graph.NodeWriter(names, opset, y)
+    current, shape = x, list(in_shape)
+    for i, (axis, out_size) in enumerate(resized.items()):
+        position = axes.index(axis)
+        scale = float(scales[position]) if scales is not None else None
+        region = (float(roi[position]), float(roi[len(axes) + position])) if roi is not None else None
+        matrix = _interpolation_matrix(shape[axis], out_size, scale, region, attrs, opset)  # type: ignore[arg-type]
+        out = y if i == len(resized) - 1 else None
+        current = _apply(w, current, axis, shape, matrix.astype(dtype), out)
+        shape[axis] = out_size
+    if not resized:
+        w.op("Identity", [x], out=y)
+    return w.nodes
+
+
+def _interpolation_matrix(size: int, out: int, scale: float | None, region: tuple[float, float] | None,
+                          attrs: dict, opset: int) -> np.ndarray:
+    """``M`` (``out x size``) with ``resize(v) = M @ v`` along one axis, computed by ONNX Runtime's Resize."""
+    import onnxruntime as ort
+
+    inputs = ["x", "roi", "scales", "sizes"]
+    inits = [onnx.numpy_helper.from_array(np.array([0, region[0], 1, region[1]] if region else [], np.float32), "roi")]
+    if scale is not None:
+        inits += [onnx.numpy_helper.from_array(np.array([1.0, scale], np.float32), "scales")]
+        inputs = inputs[:3]
+    else:
+        inits += [onnx.numpy_helper.from_array(np.array([], np.float32), "scales"),
+                  onnx.numpy_helper.from_array(np.array([size, out], np.int64), "sizes")]
+    probe = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Resize", inputs, ["y"], **attrs)], "probe",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [size, size])],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits,
+        ),
+        opset_imports=[helper.make_opsetid("", max(opset, 13))],
+    )
+    _limits.stamp_versions(probe)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    (result,) = session.run(None, {"x": np.eye(size, dtype=np.float32)})
+    return np.asarray(result).T  # row k of the input (a unit vector) gives column k of M
+
+
+def _repeats(matrix: np.ndarray) -> int | None:
+    """The factor ``r`` when ``M`` repeats each element ``r`` times in order, else None."""
+    out, size = matrix.shape
+    if out % size:
+        return None
+    factor = out // size
+    expected = np.repeat(np.eye(size), factor, axis=0)
+    return factor if np.array_equal(matrix, expected) else None
+
+
+def _apply(w: _graph.NodeWriter, x: str, axis: int, shape: list[int | None], matrix: np.ndarray,
+           out: str | None) -> str:
+    """``M`` applied along ``axis`` of ``x`` (of ``shape``)."""
+    rank = len(shape)
+    factor = _repeats(matrix)
+    if factor is not None and all(d is not None for d in shape[axis + 1:]):
+        # nearest, integer factor: [..., n, ...] -> [..., n, r, ...] -> [..., n*r, ...]
+        expanded = w.op("Expand", [w.unsqueeze(x, [axis + 1]),
+                                   w.ints([1] * (axis + 1) + [factor] + [1] * (rank - axis - 1))])
+        target = [0] * axis + [-1] + list(shape[axis + 1:])  # 0 copies a leading dim (a dynamic batch)
+        return w.op("Reshape", [expanded, w.ints(target)], out=out)  # type: ignore[arg-type]
+    if axis == rank - 1:
+        return w.op("MatMul", [x, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")], out=out)
+    if axis == rank - 2:
+        return w.op("MatMul", [w.const(matrix, suffix="interpolation"), x], out=out)
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    moved = w.op("Transpose", [x], perm=perm)
+    product = w.op("MatMul", [moved, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")])
+    inverse = [perm.index(a) for a in range(rank)]
+    return w.op("Transpose", [product], out=out, perm=inverse)
