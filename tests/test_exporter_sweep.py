@@ -31,6 +31,8 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from onnxscript import FLOAT, script
+from onnxscript import opset18 as op
 from torch import nn
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
@@ -439,3 +441,54 @@ def test_double_model_is_refused_with_a_remedy(tmp_path):
         generate_artifacts(exported, requires_grad=[n for n, _ in model.named_parameters()],
                            loss=LossType.MSELoss, artifact_directory=tmp_path / "a")
     assert not (tmp_path / "a").exists()
+
+
+# ------------------------------------------------------------------ authored with onnxscript
+@script()
+def _onnxscript_block(x: FLOAT["N", 2, 6, 6], w: FLOAT[4, 2, 3, 3], b: FLOAT[4], s: FLOAT[4],  # noqa: UP037, F821
+                      beta: FLOAT[4]) -> FLOAT["N", 4]:  # noqa: UP037, F821
+    padded = op.Pad(x, op.Constant(value_ints=[0, 0, 1, 1, 0, 0, 1, 1]), mode="reflect")
+    normed = op.InstanceNormalization(op.Conv(padded, w, b), s, beta, epsilon=1e-5)
+    up = op.Resize(op.Elu(normed, alpha=0.5), None, op.Constant(value_floats=[1.0, 1.0, 2.0, 2.0]), mode="linear")
+    peaks = op.ReduceMax(up, op.Constant(value_ints=[3]), keepdims=0)
+    return op.ReduceMean(peaks, op.Constant(value_ints=[2]), keepdims=0) * 2.0  # a literal: CastLike
+
+
+def _onnxscript_model() -> onnx.ModelProto:
+    model = _onnxscript_block.to_model_proto()
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((4, 2, 3, 3)) * 0.3, "b": rng.standard_normal(4) * 0.1,
+              "s": rng.uniform(0.5, 1.5, 4), "beta": rng.standard_normal(4) * 0.1}
+    inputs = [i for i in model.graph.input if i.name not in params]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(v.astype(np.float32), n) for n, v in params.items())
+    return model
+
+
+def test_onnxscript_model_with_rewritten_ops_trains_like_torch(tmp_path):
+    """Reflect Pad, InstanceNormalization, Elu, linear Resize, ReduceMax and CastLike, written by hand."""
+    model = _onnxscript_model()
+    params = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    artifacts = generate_artifacts(model, requires_grad=list(params), loss=LossType.MSELoss,
+                                   optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    rng = np.random.default_rng(1)
+    x, target = rng.standard_normal((3, 2, 6, 6)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    trainer = models.OrtTrainer(artifacts)
+    (loss,) = trainer.train_step(x, target)
+
+    tensors = {n: torch.from_numpy(v.copy()).requires_grad_() for n, v in params.items()}
+    h = F.conv2d(F.pad(torch.from_numpy(x), (1, 1, 1, 1), mode="reflect"), tensors["w"], tensors["b"])
+    h = F.elu(F.instance_norm(h, weight=tensors["s"], bias=tensors["beta"], eps=1e-5), alpha=0.5)
+    h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False).amax(dim=3).mean(dim=2) * 2.0
+    expected = F.mse_loss(h, torch.from_numpy(target))
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
+    for name, tensor in tensors.items():
+        np.testing.assert_allclose(trainer.grad(name), tensor.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+    trainer.module.lazy_reset_grad()
+    losses = []
+    for _ in range(5):
+        losses.append(float(trainer.train_step(x, target)[0]))
+        trainer.step()
+    assert losses[-1] < losses[0]

@@ -155,11 +155,18 @@ def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes read)."""
+    """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes read).
+
+    Data propagation is on: shapes computed with ``Shape`` / ``Concat`` / ``Gather``
+    (as the exporters and the passes write ``Reshape`` targets) stay known.
+    """
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:
-        inferred = model
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:
+            inferred = model
     g = inferred.graph
     types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
     for init in g.initializer:
