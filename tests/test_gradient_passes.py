@@ -23,6 +23,8 @@ from onnxblocks.gradient import (
     border_pad_as_gather,
     build_training_graphs,
     conv_transpose_as_conv,
+    cumsum_as_matmul,
+    depth_to_space_as_reshape,
     expose_dropout_mask,
     group_norm_as_elementary,
     layer_norm_zero_bias,
@@ -439,7 +441,8 @@ def test_every_new_pass_leaves_an_unrelated_model_alone():
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", None)])
     passes = [activations_as_elementary, average_pool_as_conv, border_pad_as_gather, conv_transpose_as_conv,
               expose_dropout_mask, group_norm_as_elementary, layer_norm_zero_bias, negative_step_slice_as_gather,
-              recurrent_as_elementary, recurrent_directions_as_forward, reduce_extremum_as_topk, resize_as_matmul]
+              recurrent_as_elementary, recurrent_directions_as_forward, reduce_extremum_as_topk, resize_as_matmul,
+              cumsum_as_matmul, depth_to_space_as_reshape]
     for rewrite, _ in itertools.product(passes, [0]):
         before = model.SerializeToString()
         assert rewrite(model) == 0
@@ -573,3 +576,42 @@ def test_reduce_max_and_min_become_topk_with_torch_gradients(op, axes, keepdims,
     (y * torch.from_numpy(weights)).sum().backward()
     grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
     np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+# ------------------------------------------------------------------ CumSum, DepthToSpace / SpaceToDepth
+@pytest.mark.parametrize(("axis", "exclusive", "reverse"), [(-1, 0, 0), (1, 1, 0), (2, 0, 1), (-1, 1, 1)])
+def test_cumsum_becomes_matmul_with_torch_gradients(axis, exclusive, reverse):
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    model = _model([helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
+                   [_vi("x", ["N", 3, 4])], [_vi("y", None)],
+                   [numpy_helper.from_array(np.array(axis, np.int64), "axis")])
+    _assert_same_forward(model, cumsum_as_matmul, {"x": x})
+    xt = torch.from_numpy(x).requires_grad_()
+    y = torch.flip(torch.cumsum(torch.flip(xt, [axis]), axis), [axis]) if reverse else torch.cumsum(xt, axis)
+    if exclusive:
+        y = y - xt
+    weights = rng.standard_normal(x.shape).astype(np.float32)
+    (y * torch.from_numpy(weights)).sum().backward()
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("op", "mode"), [("DepthToSpace", "DCR"), ("DepthToSpace", "CRD"), ("SpaceToDepth", None)])
+def test_depth_to_space_becomes_reshape_transpose_with_numpy_gradients(op, mode):
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((2, 8, 4, 6)).astype(np.float32)
+    attrs = {"blocksize": 2} | ({"mode": mode} if mode else {})
+    model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", ["N", 8, 4, 6])], [_vi("y", None)])
+    _assert_same_forward(model, depth_to_space_as_reshape, {"x": x})
+    (reference,) = _run(model, {"x": x})
+    weights = rng.standard_normal(reference.shape).astype(np.float32)
+    # a permutation: the gradient is the weights moved back, i.e. the op's inverse applied to them
+    inverse = {"DepthToSpace": "SpaceToDepth", "SpaceToDepth": "DepthToSpace"}[op]
+    if op == "DepthToSpace" and mode == "CRD":
+        expected = torch.nn.functional.pixel_unshuffle(torch.from_numpy(weights), 2).numpy()
+    else:
+        back = _model([helper.make_node(inverse, ["w"], ["g"], blocksize=2)], [_vi("w", None)], [_vi("g", None)])
+        (expected,) = _run(back, {"w": weights})
+    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
+    np.testing.assert_allclose(grads["x"], expected, rtol=RTOL, atol=ATOL)

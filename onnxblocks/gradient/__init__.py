@@ -18,7 +18,11 @@ from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.eval_model import disable_training_mode
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
-from onnxblocks.gradient.indexing import border_pad_as_gather, negative_step_slice_as_gather
+from onnxblocks.gradient.indexing import (
+    border_pad_as_gather,
+    depth_to_space_as_reshape,
+    negative_step_slice_as_gather,
+)
 from onnxblocks.gradient.normalize import (
     cast_like_as_cast,
     default_passes,
@@ -33,7 +37,7 @@ from onnxblocks.gradient.normalize import (
 from onnxblocks.gradient.parameters import ParameterPartition, partition_parameters
 from onnxblocks.gradient.pooling import average_pool_as_conv, check_pool_shapes
 from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
-from onnxblocks.gradient.reductions import reduce_extremum_as_topk
+from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
 from onnxblocks.gradient.resize import resize_as_matmul
 
 __all__ = [
@@ -50,7 +54,9 @@ __all__ = [
     "cast_like_as_cast",
     "check_pool_shapes",
     "conv_transpose_as_conv",
+    "cumsum_as_matmul",
     "default_passes",
+    "depth_to_space_as_reshape",
     "disable_training_mode",
     "expose_dropout_mask",
     "expose_layer_norm_statistics",

@@ -1,4 +1,4 @@
-"""Slices with negative steps and non-constant padding, written as ``Gather``.
+"""Slices with negative steps and non-constant padding as ``Gather``; DepthToSpace as Reshape/Transpose.
 
 * ``Slice`` with a negative step (``torch.flip``, ``x[::-1]``): ONNX Runtime 1.19.2
   builds a ``SliceGrad`` that fails at run time with ``narrowing_error``.
@@ -169,3 +169,53 @@ def _border(w: _graph.NodeWriter, x: str, axis: int, length: int | None, mode: s
     if all(r >= 0 for r in relative):
         return w.ints(relative)
     return w.op("Add", [w.ints(relative), _axis_length(w, x, axis)])  # all negative here
+
+
+# ------------------------------------------------------------------ DepthToSpace / SpaceToDepth
+def depth_to_space_as_reshape(model: onnx.ModelProto) -> int:
+    """Rewrite ``DepthToSpace`` / ``SpaceToDepth`` with static C, H, W into ``Reshape`` / ``Transpose`` / ``Reshape``.
+
+    Neither has a gradient builder (``nn.PixelShuffle``, ``nn.PixelUnshuffle``); the
+    rearrangement is the ONNX definition's (DCR and CRD modes).
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    kinds = ("DepthToSpace", "SpaceToDepth")
+    targets = [i for i, n in enumerate(graph.node) if n.op_type in kinds and _graph.is_default_domain(n)]
+    if not targets or opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        shape = _graph.shape_of(types, node.input[0])
+        if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
+            continue
+        _, c, h, wd = shape
+        b = int(_graph.attribute(node, "blocksize"))  # type: ignore[arg-type]
+        w = _graph.NodeWriter(names, opset, node.output[0])
+        if node.op_type == "DepthToSpace":
+            if c % (b * b):  # type: ignore[operator]
+                continue
+            crd = _mode_of(node) == "CRD"
+            split = [0, c // (b * b), b, b, h, wd] if crd else [0, b, b, c // (b * b), h, wd]  # type: ignore[operator]
+            perm = [0, 1, 4, 2, 5, 3] if crd else [0, 3, 4, 1, 5, 2]
+            final = [0, c // (b * b), h * b, wd * b]  # type: ignore[operator]
+        else:
+            if h % b or wd % b:  # type: ignore[operator]
+                continue
+            split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]  # type: ignore[operator]
+        moved = w.op("Transpose", [w.op("Reshape", [node.input[0], w.ints(split)])], perm=perm)
+        w.op("Reshape", [moved, w.ints(final)], out=node.output[0])
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def _mode_of(node: onnx.NodeProto) -> str:
+    mode = _graph.attribute(node, "mode", b"DCR")
+    return mode.decode() if isinstance(mode, bytes) else str(mode)

@@ -34,10 +34,14 @@ from onnxblocks.gradient import _graph
 from onnxblocks.gradient.activations import activations_as_elementary
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
-from onnxblocks.gradient.indexing import border_pad_as_gather, negative_step_slice_as_gather
+from onnxblocks.gradient.indexing import (
+    border_pad_as_gather,
+    depth_to_space_as_reshape,
+    negative_step_slice_as_gather,
+)
 from onnxblocks.gradient.pooling import average_pool_as_conv
 from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
-from onnxblocks.gradient.reductions import reduce_extremum_as_topk
+from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
 from onnxblocks.gradient.resize import resize_as_matmul
 
 Pass = Callable[[onnx.ModelProto], int]
@@ -379,7 +383,7 @@ def default_passes() -> list[Pass]:
         expose_layer_norm_statistics, gelu_as_contrib_gelu, activations_as_elementary, softplus_as_elementary,
         conv_transpose_as_conv, average_pool_as_conv, group_norm_as_elementary, recurrent_directions_as_forward,
         recurrent_as_elementary, negative_step_slice_as_gather, border_pad_as_gather, resize_as_matmul,
-        reduce_extremum_as_topk,
+        reduce_extremum_as_topk, cumsum_as_matmul, depth_to_space_as_reshape,
     ]
 
 

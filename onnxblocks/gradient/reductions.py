@@ -1,4 +1,4 @@
-"""ReduceMax and ReduceMin as TopK: ONNX Runtime 1.19.2 has no gradient builder for them.
+"""ReduceMax / ReduceMin as TopK and CumSum as MatMul: ONNX Runtime 1.19.2 has no gradient builder for them.
 
 ``torch.amax`` / ``amin``, ``x.max(dim)`` and ``x.min(dim)`` export as ``ReduceMax``
 / ``ReduceMin``. :func:`reduce_extremum_as_topk` takes the largest (smallest)
@@ -12,6 +12,7 @@ the sum over the tied elements is the same.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from onnxblocks import _limits
@@ -78,6 +79,59 @@ def reduce_extremum_as_topk(model: onnx.ModelProto) -> int:
                 w.unsqueeze(flat, axes, out=y)
             else:
                 w.op("Identity", [flat], out=y)
+        replacements[index] = w.nodes
+    _graph.replace_nodes(graph, replacements)
+    return len(replacements)
+
+
+def cumsum_as_matmul(model: onnx.ModelProto) -> int:
+    """Rewrite float ``CumSum`` along an axis of static length ``n`` into ``MatMul`` with an ``n x n`` 0/1 matrix.
+
+    ``CumSum`` (``torch.cumsum``) has no gradient builder. Column ``j`` of the matrix
+    marks the positions summed into position ``j`` (``k <= j``; ``<`` with
+    ``exclusive``, ``>=`` / ``>`` with ``reverse``).
+
+    Returns:
+        The number of nodes rewritten.
+    """
+    graph = model.graph
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    targets = [i for i, n in enumerate(graph.node) if n.op_type == "CumSum" and _graph.is_default_domain(n)]
+    if not targets or opset < 13:
+        return 0
+    types = _graph.infer_types(model)
+    constants = _graph.ConstantTable(graph, opset, types)
+    names = _graph.name_authority(graph)
+    replacements: dict[int, list[onnx.NodeProto]] = {}
+    for index in targets:
+        node = graph.node[index]
+        x, y = node.input[0], node.output[0]
+        elem, shape = _graph.elem_type(types, x), _graph.shape_of(types, x)
+        axis_value = constants.folded(node.input[1])
+        if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16) or shape is None \
+                or axis_value is None:
+            continue
+        rank = len(shape)
+        axis = int(axis_value.reshape(-1)[0])
+        axis = axis + rank if axis < 0 else axis
+        length = shape[axis]
+        if length is None:
+            continue
+        k, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
+        exclusive = int(_graph.attribute(node, "exclusive", 0))  # type: ignore[arg-type]
+        reverse = int(_graph.attribute(node, "reverse", 0))  # type: ignore[arg-type]
+        if reverse:
+            mask = k > j if exclusive else k >= j
+        else:
+            mask = k < j if exclusive else k <= j
+        w = _graph.NodeWriter(names, opset, y)
+        matrix = w.const(mask.astype(onnx.helper.tensor_dtype_to_np_dtype(elem)), suffix="triangle")
+        if axis == rank - 1:
+            w.op("MatMul", [x, matrix], out=y)
+        else:
+            perm = [a for a in range(rank) if a != axis] + [axis]
+            product = w.op("MatMul", [w.op("Transpose", [x], perm=perm), matrix])
+            w.op("Transpose", [product], out=y, perm=[perm.index(a) for a in range(rank)])
         replacements[index] = w.nodes
     _graph.replace_nodes(graph, replacements)
     return len(replacements)
