@@ -20,9 +20,9 @@ Not covered, because it cannot apply here:
   gives the output ``<input>_grad`` instead (documented difference; the training
   API cannot feed such a buffer). The gradient's value is checked.
 
-Two known gaps are marked as non-strict xfails at the end (their fix belongs in
-``onnxblocks.gradient``): models exported below opset 11 (ONNX Runtime's Gemm
-gradient), and the error for an unnamed node without a gradient.
+Two gaps of the reference are checked at the end as fixed: models exported below
+opset 11 (ONNX Runtime's Gemm gradient; onnxblocks upgrades them to opset 11
+first), and the error for an unnamed node without a gradient (named by op type).
 """
 
 from __future__ import annotations
@@ -1138,10 +1138,7 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     np.testing.assert_allclose(logits, model(net.x).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
-# ------------------------------------------------------------------ known gaps, fixed in onnxblocks.gradient
-# Non-strict xfails: they pass unchanged once the gradient module handles the case.
-@pytest.mark.xfail(reason="ONNX Runtime's Gemm gradient emits a 2-input Gemm, invalid before opset 11; "
-                          "onnxblocks.gradient should convert opset < 11 models (onnx.version_converter) first")
+# ------------------------------------------------------------------ gaps of the reference that onnxblocks fixes
 def test_model_exported_at_opset_10_trains(tmp_path, net):
     f = io.BytesIO()
     with models._quiet():
@@ -1158,8 +1155,6 @@ def test_model_exported_at_opset_10_trains(tmp_path, net):
     assert_grads(session, torch_grads(model))
 
 
-@pytest.mark.xfail(reason="for a node without a name, ONNX Runtime's message names none, and GradientError "
-                          "falls back to the raw message; onnxblocks.gradient should locate the node by op type")
 def test_unnamed_node_without_gradient_is_named_in_the_error(net):
     class SumOfSquares(onnxblock.TrainingBlock):
         def build(self, output_name):  # nodes appended without names, as blocks written for the reference do
