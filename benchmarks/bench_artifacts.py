@@ -60,30 +60,18 @@ class Case:
     reference: bool = True
     description: str = ""
     extra: tuple[str, ...] = ()
-    compare_to: str | None = None  # a case whose reference row this row's ratio is computed against
 
 
 CASES: list[Case] = [
     Case("import", None, description="`import onnxblocks` (torch installed)", reference=False),
     Case("mlp", "mlp", "proto", description="MLP 1.3 M params, ModelProto"),
-    Case("mlp-proposed", "mlp", "proto", reference=False, extra=("--proposed",), compare_to="mlp",
-         description="MLP, ModelProto, with the fixes proposed in docs/performance.md"),
     Case("gpt162m-proto", "gpt162m", "proto", description="GPT 162 M, 650 MB, ModelProto"),
     Case("gpt162m-path", "gpt162m", "path", description="GPT 162 M, 650 MB, path"),
     Case("gpt162m-warm", "gpt162m", "proto", reference=False, extra=("--warm-ort",),
          description="GPT 162 M, ModelProto, onnxruntime imported before the call"),
-    Case("gpt162m-path-proposed", "gpt162m", "path", reference=False, extra=("--proposed",),
-         description="GPT 162 M, path, with the fixes proposed in docs/performance.md", compare_to="gpt162m-proto"),
-    Case("gpt162m-proposed", "gpt162m", "proto", reference=False, extra=("--proposed",),
-         description="GPT 162 M, ModelProto, with the fixes proposed in docs/performance.md",
-         compare_to="gpt162m-proto"),
     Case("gpt830m-path", "gpt830m", "path", description="GPT 834 M, 3.3 GB external data, path"),
-    Case("gpt830m-path-proposed", "gpt830m", "path", reference=False, extra=("--proposed",),
-         description="GPT 834 M, path, with the fixes proposed in docs/performance.md"),
     Case("gpt830m-noext", "gpt830m", "proto-noext",
          description="GPT 834 M, ModelProto loaded with load_external_data=False + model_path"),
-    Case("gpt830m-noext-proposed", "gpt830m", "proto-noext", reference=False, extra=("--proposed",),
-         description="GPT 834 M, ModelProto without external data + model_path, with the proposed fixes"),
     Case("loss1", "gpt162m", "proto", loss="chain1", description="GPT 162 M, custom loss of 1 block"),
     Case("loss20", "gpt162m", "proto", loss="chain20", description="GPT 162 M, custom loss of 20 blocks"),
     Case("loss-ab", "gpt162m", "proto", loss="pair:chain1,chain20", extra=("--pair-repeat", "3"),
@@ -308,11 +296,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     by = {(r.case, r.tool): r for r in rows}
-    for case in cases:
-        ours, theirs = by.get((case.id, "onnxblocks")), by.get((case.compare_to or "", "reference"))
-        if ours and theirs and ours.wall and theirs.wall:
-            ours.ratio = theirs.wall / ours.wall
-            ours.note = f"ratio against the reference row of {case.compare_to}"
     one, twenty = by.get(("loss1", "onnxblocks")), by.get(("loss20", "onnxblocks"))
     if one and twenty and one.wall and twenty.wall:
         twenty.note = f"{twenty.wall - one.wall:+.2f} s vs the 1-block loss"

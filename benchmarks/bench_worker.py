@@ -135,119 +135,6 @@ def _silence_ort_probe() -> None:
             del sys.modules["onnxruntime.training.ortmodule"]
 
 
-def apply_proposed_fixes() -> list[str]:
-    """Monkeypatch the fixes proposed in docs/performance.md that are not in the library yet.
-
-    Used by the ``--proposed`` runs, so one table shows the effect of each
-    recommendation before the owning module applies it. Each patch is skipped
-    when the library already behaves that way. Returns the names of the patches applied.
-    """
-    import contextlib
-    import secrets
-
-    applied = []
-    # 1. Import onnxruntime without its probe that imports torch (the first import happens inside the call).
-    if "onnxruntime" not in sys.modules:
-        sys.modules["onnxruntime.training.ortmodule"] = None  # type: ignore[assignment]
-        applied.append("ort-import-without-torch")
-    # 2. A model given as a path: read its structure only, weights stay in the file.
-    import onnxblocks.artifacts as artifacts
-    from onnxblocks.blocks import weights
-
-    if hasattr(weights, "load_structure") and getattr(artifacts, "_load", None) is not None \
-            and "load_structure" not in artifacts._load.__code__.co_names:
-        original = artifacts._load
-
-        def _load(model, *args, **kwargs):
-            if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
-                return weights.load_structure(model), os.fspath(model)
-            return original(model, *args, **kwargs)
-
-        artifacts._load = _load
-        applied.append("path-structure-only")
-    # 3. Temporary files opened without truncation (ext4 flushes a truncated file when it is closed).
-    import onnxblocks.io as io_module
-
-    current = getattr(io_module.atomic_outputs, "__wrapped__", io_module.atomic_outputs)
-    if "xb" in current.__code__.co_consts:  # it pre-creates the temporary files, then writers truncate them
-        @contextlib.contextmanager
-        def atomic_outputs(*targets):
-            finals = [Path(os.fspath(t)) for t in targets]
-            for final in finals:
-                if not final.parent.is_dir():
-                    raise FileNotFoundError(f"Cannot write '{final}': directory '{final.parent}' does not exist.")
-            temps = [f.parent / f".{f.name}.{secrets.token_hex(6)}.tmp" for f in finals]
-            try:
-                yield temps
-                for temp, final in zip(temps, finals, strict=True):
-                    os.replace(temp, final)
-            except BaseException:
-                for temp in temps:
-                    with contextlib.suppress(FileNotFoundError):
-                        temp.unlink()
-                raise
-
-        io_module.atomic_outputs = atomic_outputs
-        for name in ("onnxblocks.checkpoint.save",):
-            module = sys.modules.get(name)
-            if module is None:
-                import importlib
-
-                module = importlib.import_module(name)
-            if hasattr(module, "atomic_outputs"):
-                module.atomic_outputs = atomic_outputs
-        applied.append("temp-files-without-truncation")
-    # 4. Checkpoint tensors that live in a file are copied by the kernel (os.copy_file_range), not read and written.
-    import onnxblocks.checkpoint.save as checkpoint_save
-
-    if hasattr(os, "copy_file_range") and hasattr(checkpoint_save, "write_aligned") \
-            and hasattr(checkpoint_save, "tensor_chunks") and "copy_file_range" not in checkpoint_save.__dict__:
-        _patch_kernel_copy(checkpoint_save, weights)
-        applied.append("checkpoint-copy_file_range")
-    return applied
-
-
-def _patch_kernel_copy(checkpoint_save, weights) -> None:
-    class FileRange:
-        """A file-backed tensor's chunks, recognisable by the patched writer."""
-
-        def __init__(self, source) -> None:
-            self.source = source
-
-        def __iter__(self):
-            return iter(self.source.chunks())
-
-    original_chunks, original_write = checkpoint_save.tensor_chunks, checkpoint_save.write_aligned
-
-    def tensor_chunks(source, base_dir=None, chunk_bytes=weights.CHUNK_BYTES):
-        if isinstance(source, weights.TensorSource) and source.path is not None:
-            return FileRange(source)
-        return original_chunks(source, base_dir, chunk_bytes)
-
-    def write_aligned(out, chunks, expected, name):
-        if not isinstance(chunks, FileRange):
-            return original_write(out, chunks, expected, name)
-        align = 4096 if expected >= 1 << 20 else 64
-        position = out.tell()
-        padding = -position % align
-        if padding:
-            out.write(b"\0" * padding)
-            position += padding
-        out.flush()
-        source = chunks.source
-        with open(source.path, "rb") as f:
-            done = 0
-            while done < expected:
-                n = os.copy_file_range(f.fileno(), out.fileno(), expected - done, source.offset + done)
-                if n == 0:
-                    raise OSError(f"{source.path} ended early while copying '{name}'")
-                done += n
-        out.seek(position + expected)
-        return position
-
-    checkpoint_save.tensor_chunks, checkpoint_save.write_aligned = tensor_chunks, write_aligned
-
-
 def run_import_case(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     import onnxblocks  # noqa: F401
@@ -320,7 +207,6 @@ def run_generate_case(args: argparse.Namespace) -> dict:
         import onnxblocks.artifacts as tool
         import onnxblocks.blocks as blocks_mod
     import_s = time.perf_counter() - t0
-    proposed = apply_proposed_fixes() if args.proposed else []
 
     # What the caller hands over.
     t0 = time.perf_counter()
@@ -334,23 +220,6 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     load_s = time.perf_counter() - t0
     if not isinstance(model, str):
         before = model.SerializeToString() if args.check_unmutated else None
-    if "model_path" in extra and args.tool != "reference":
-        import inspect
-
-        if "model_path" not in inspect.signature(tool.generate_artifacts).parameters:
-            if not args.proposed:
-                raise TypeError("generate_artifacts() has no model_path= parameter; a ModelProto loaded with "
-                                "load_external_data=False cannot be given its directory")
-            # Proposed: generate_artifacts(model, ..., model_path=...) passed on to base(model, model_path).
-            given_path = extra.pop("model_path")
-            original_load = tool._load
-
-            def _load(m, *rest, **kwargs):
-                return (m, given_path) if m is model else original_load(m, *rest, **kwargs)
-
-            tool._load = _load
-            proposed.append("model_path-for-ModelProto")
-
     if args.loss.startswith("pair:"):
         return _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s)
     if args.loss == "ce":
@@ -393,8 +262,6 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
     call_peak = peak_rss_bytes()
-    if sys.modules.get("onnxruntime.training.ortmodule", 1) is None:
-        del sys.modules["onnxruntime.training.ortmodule"]
     if profiler:
         profiler.disable()
         profiler.dump_stats(args.profile)
@@ -406,8 +273,6 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     if not ort_before and "onnxruntime" in sys.modules:
         notes.append("the call imported onnxruntime" + (" and torch" if not torch_before and "torch" in sys.modules
                                                           else ""))
-    if proposed:
-        notes.append("with proposed fixes: " + ", ".join(proposed))
     if notes:
         result["note"] = "; ".join(notes)
     if sampler:
@@ -434,8 +299,6 @@ def main() -> None:
     parser.add_argument("--rss-trace", action="store_true")
     parser.add_argument("--check-unmutated", action="store_true")
     parser.add_argument("--warm-ort", action="store_true", help="import onnxruntime before timing (onnxblocks)")
-    parser.add_argument("--proposed", action="store_true",
-                        help="apply the fixes proposed in docs/performance.md as monkeypatches (onnxblocks)")
     parser.add_argument("--fast-ort-import", action="store_true",
                         help="import onnxruntime without its torch probe before timing (onnxblocks)")
     args = parser.parse_args()
