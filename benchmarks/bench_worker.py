@@ -123,18 +123,6 @@ def chain_loss(block_module, n_blocks: int):
     return ChainLoss()
 
 
-def _silence_ort_probe() -> None:
-    """Import onnxruntime without its start-up probe that imports torch (see docs/performance.md)."""
-    if "onnxruntime" in sys.modules:
-        return
-    sys.modules["onnxruntime.training.ortmodule"] = None  # type: ignore[assignment]
-    try:
-        import onnxruntime.capi._pybind_state  # noqa: F401
-    finally:
-        if sys.modules.get("onnxruntime.training.ortmodule", 1) is None:
-            del sys.modules["onnxruntime.training.ortmodule"]
-
-
 def run_import_case(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     import onnxblocks  # noqa: F401
@@ -200,9 +188,7 @@ def run_generate_case(args: argparse.Namespace) -> dict:
 
         blocks_mod = block_api.blocks
     else:
-        if args.fast_ort_import:
-            _silence_ort_probe()
-        elif args.warm_ort:
+        if args.warm_ort:
             import onnxruntime.capi._pybind_state  # noqa: F401
         import onnxblocks.artifacts as tool
         import onnxblocks.blocks as blocks_mod
@@ -299,8 +285,6 @@ def main() -> None:
     parser.add_argument("--rss-trace", action="store_true")
     parser.add_argument("--check-unmutated", action="store_true")
     parser.add_argument("--warm-ort", action="store_true", help="import onnxruntime before timing (onnxblocks)")
-    parser.add_argument("--fast-ort-import", action="store_true",
-                        help="import onnxruntime without its torch probe before timing (onnxblocks)")
     args = parser.parse_args()
     try:
         result = run_import_case(args) if args.case == "import" else run_generate_case(args)
