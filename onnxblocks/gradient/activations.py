@@ -24,7 +24,6 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from onnxblocks import _limits
 from onnxblocks.gradient import _graph
 
 # (writer, node, x, y, numpy dtype) -> None; writes nodes whose last output is y
@@ -139,22 +138,15 @@ def activations_as_elementary(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    targets = [i for i, n in enumerate(graph.node) if n.op_type in REWRITES and _graph.is_default_domain(n)]
-    if not targets:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        x, y = node.input[0], node.output[0]
-        elem = _graph.elem_type(types, x)
-        if elem is None:
-            continue
-        writer = _graph.NodeWriter(names, opset, y)
-        REWRITES[node.op_type](writer, node, x, y, onnx.helper.tensor_dtype_to_np_dtype(elem))
-        replacements[index] = writer.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type in REWRITES and _graph.is_default_domain(n), _rewrite,
+                                min_opset=None)
+
+
+def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    x, y = node.input[0], node.output[0]
+    dtype = ctx.dtype(x)
+    if dtype is None:
+        return None
+    writer = ctx.writer(y)
+    REWRITES[node.op_type](writer, node, x, y, dtype)
+    return writer.nodes

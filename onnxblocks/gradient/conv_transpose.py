@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import onnx
 
-from onnxblocks import _limits
 from onnxblocks.gradient import _graph
 
 _INT64_MAX = 2**63 - 1
@@ -40,22 +39,8 @@ def conv_transpose_as_conv(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    targets = [i for i, n in enumerate(graph.node) if n.op_type == "ConvTranspose" and _graph.is_default_domain(n)]
-    if not targets:
-        return 0
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    if opset < 13:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        nodes = _rewrite(graph.node[index], types, names, opset)
-        if nodes is not None:
-            replacements[index] = nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type == "ConvTranspose" and _graph.is_default_domain(n),
+                                lambda n, ctx: _rewrite(n, ctx.types, ctx.names, ctx.opset))
 
 
 def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:

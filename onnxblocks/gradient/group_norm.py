@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import onnx
 
-from onnxblocks import _limits
 from onnxblocks.gradient import _graph
 
 
@@ -31,33 +30,23 @@ def group_norm_as_elementary(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
     kinds = ("InstanceNormalization", "GroupNormalization")
-    targets = [i for i, n in enumerate(graph.node) if n.op_type in kinds and _graph.is_default_domain(n)]
-    if not targets:
-        return 0
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    if opset < 13:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        x, scale, bias = node.input[0], node.input[1], node.input[2]
-        elem = _graph.elem_type(types, x)
-        if elem is None:
-            continue
-        epsilon = float(_graph.attribute(node, "epsilon", 1e-5))  # type: ignore[arg-type]
-        if node.op_type == "InstanceNormalization":
-            groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
-        else:
-            groups, per_channel = int(_graph.attribute(node, "num_groups")), opset >= 21  # type: ignore[arg-type]
-        w = _graph.NodeWriter(names, opset, node.output[0])
-        _write(w, x, scale, bias, groups, per_channel, epsilon, elem, node.output[0])
-        replacements[index] = w.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type in kinds and _graph.is_default_domain(n), _rewrite)
+
+
+def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    x, scale, bias = node.input[0], node.input[1], node.input[2]
+    elem = _graph.elem_type(ctx.types, x)
+    if elem is None:
+        return None
+    epsilon = float(_graph.attribute(node, "epsilon", 1e-5))  # type: ignore[arg-type]
+    if node.op_type == "InstanceNormalization":
+        groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
+    else:
+        groups, per_channel = int(_graph.attribute(node, "num_groups")), ctx.opset >= 21  # type: ignore[arg-type]
+    w = ctx.writer(node.output[0])
+    _write(w, x, scale, bias, groups, per_channel, epsilon, elem, node.output[0])
+    return w.nodes
 
 
 def _write(w: _graph.NodeWriter, x: str, scale: str, bias: str, groups: int, per_channel: bool, epsilon: float,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from onnxblocks import _limits
 from onnxblocks.gradient import _graph
 
 
@@ -34,48 +33,37 @@ def negative_step_slice_as_gather(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    targets = [i for i, n in enumerate(graph.node)
-               if n.op_type == "Slice" and _graph.is_default_domain(n) and len(n.input) > 4 and n.input[4]]
-    if not targets or opset < 13:
-        return 0
-    constants = _graph.ConstantTable(graph, opset)  # without shapes first: most steps are plain constants
-    typed: tuple[dict[str, onnx.TypeProto], _graph.ConstantTable] | None = None
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        step_values = constants.folded(node.input[4])
-        if step_values is not None and not (step_values < 0).any():
-            continue
-        if typed is None:
-            types = _graph.infer_types(model)
-            typed = (types, _graph.ConstantTable(graph, opset, types))
-        types, table = typed
-        args = [table.folded(name) for name in node.input[1:5]]
-        if any(a is None for a in args) or not (args[3] < 0).any():  # type: ignore[operator]
-            continue
-        shape = _graph.shape_of(types, node.input[0])
-        starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in args)  # type: ignore[union-attr]
-        if any(a < 0 for a in axes):
-            if shape is None:
-                continue
-            axes = [a + len(shape) if a < 0 else a for a in axes]
-        w = _graph.NodeWriter(names, opset, node.output[0])
-        kept = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st > 0]
-        flipped = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0]
-        current = node.input[0]
-        if kept:
-            current = w.slice(current, *(list(v) for v in zip(*kept, strict=True)))  # type: ignore[arg-type]
-        for i, (start, end, axis, step) in enumerate(flipped):
-            length = shape[axis] if shape is not None else None
-            indices = _slice_indices(w, current, axis, length, start, end, step)
-            out = node.output[0] if i == len(flipped) - 1 else None
-            current = w.op("Gather", [current, indices], out=out, axis=axis)
-        replacements[index] = w.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(
+        model, lambda n: n.op_type == "Slice" and _graph.is_default_domain(n) and len(n.input) > 4 and n.input[4],
+        _negative_step_slice)
+
+
+def _negative_step_slice(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    step_values = ctx.plain_constants.folded(node.input[4])  # without shapes first: most steps are plain constants
+    if step_values is not None and not (step_values < 0).any():
+        return None
+    types, table = ctx.types, ctx.constants
+    args = [table.folded(name) for name in node.input[1:5]]
+    if any(a is None for a in args) or not (args[3] < 0).any():  # type: ignore[operator]
+        return None
+    shape = _graph.shape_of(types, node.input[0])
+    starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in args)  # type: ignore[union-attr]
+    if any(a < 0 for a in axes):
+        if shape is None:
+            return None
+        axes = [a + len(shape) if a < 0 else a for a in axes]
+    w = ctx.writer(node.output[0])
+    kept = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st > 0]
+    flipped = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0]
+    current = node.input[0]
+    if kept:
+        current = w.slice(current, *(list(v) for v in zip(*kept, strict=True)))  # type: ignore[arg-type]
+    for i, (start, end, axis, step) in enumerate(flipped):
+        length = shape[axis] if shape is not None else None
+        indices = _slice_indices(w, current, axis, length, start, end, step)
+        out = node.output[0] if i == len(flipped) - 1 else None
+        current = w.op("Gather", [current, indices], out=out, axis=axis)
+    return w.nodes
 
 
 def _slice_indices(w: _graph.NodeWriter, x: str, axis: int, length: int | None, start: int, end: int,
@@ -102,52 +90,44 @@ def border_pad_as_gather(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    targets = [i for i, n in enumerate(graph.node) if n.op_type == "Pad" and _graph.is_default_domain(n)
-               and _mode(n) in ("reflect", "edge", "wrap")]
-    if not targets or opset < 13:
-        return 0
-    types = _graph.infer_types(model)
-    constants = _graph.ConstantTable(graph, opset, types)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        pads = constants.folded(node.input[1]) if len(node.input) > 1 else None
-        axes = constants.folded(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-        if pads is None or (len(node.input) > 3 and node.input[3] and axes is None):
-            continue
-        shape = _graph.shape_of(types, node.input[0])
-        rank = len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
-        if rank is None:
-            continue
-        pad_list = [int(p) for p in pads.reshape(-1)]
-        axis_list = [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)] if axes is not None \
-            else list(range(rank))
-        if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
-            continue
-        w = _graph.NodeWriter(names, opset, node.output[0])
-        current = node.input[0]
-        todo = [(a, pad_list[i], pad_list[len(axis_list) + i]) for i, a in enumerate(axis_list)
-                if pad_list[i] or pad_list[len(axis_list) + i]]
-        if not todo:
-            w.op("Identity", [current], out=node.output[0])
-        for i, (axis, before, after) in enumerate(todo):
-            length = shape[axis] if shape is not None else None
-            parts = []
-            if before:
-                parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), before, True)],
-                                  axis=axis))
-            parts.append(current)
-            if after:
-                parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)],
-                                  axis=axis))
-            out = node.output[0] if i == len(todo) - 1 else None
-            current = w.op("Concat", parts, out=out, axis=axis)
-        replacements[index] = w.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type == "Pad" and _graph.is_default_domain(n)
+                                and _mode(n) in ("reflect", "edge", "wrap"), _border_pad)
+
+
+def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    types, constants, names, opset = ctx.types, ctx.constants, ctx.names, ctx.opset
+    pads = constants.folded(node.input[1]) if len(node.input) > 1 else None
+    axes = constants.folded(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    if pads is None or (len(node.input) > 3 and node.input[3] and axes is None):
+        return None
+    shape = _graph.shape_of(types, node.input[0])
+    rank = len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
+    if rank is None:
+        return None
+    pad_list = [int(p) for p in pads.reshape(-1)]
+    axis_list = [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)] if axes is not None \
+        else list(range(rank))
+    if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
+        return None
+    w = _graph.NodeWriter(names, opset, node.output[0])
+    current = node.input[0]
+    todo = [(a, pad_list[i], pad_list[len(axis_list) + i]) for i, a in enumerate(axis_list)
+            if pad_list[i] or pad_list[len(axis_list) + i]]
+    if not todo:
+        w.op("Identity", [current], out=node.output[0])
+    for i, (axis, before, after) in enumerate(todo):
+        length = shape[axis] if shape is not None else None
+        parts = []
+        if before:
+            parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), before, True)],
+                              axis=axis))
+        parts.append(current)
+        if after:
+            parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)],
+                              axis=axis))
+        out = node.output[0] if i == len(todo) - 1 else None
+        current = w.op("Concat", parts, out=out, axis=axis)
+    return w.nodes
 
 
 def _mode(node: onnx.NodeProto) -> str:
@@ -181,39 +161,32 @@ def depth_to_space_as_reshape(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
     kinds = ("DepthToSpace", "SpaceToDepth")
-    targets = [i for i, n in enumerate(graph.node) if n.op_type in kinds and _graph.is_default_domain(n)]
-    if not targets or opset < 13:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        shape = _graph.shape_of(types, node.input[0])
-        if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
-            continue
-        _, c, h, wd = shape
-        b = int(_graph.attribute(node, "blocksize"))  # type: ignore[arg-type]
-        w = _graph.NodeWriter(names, opset, node.output[0])
-        if node.op_type == "DepthToSpace":
-            if c % (b * b):  # type: ignore[operator]
-                continue
-            crd = _mode_of(node) == "CRD"
-            split = [0, c // (b * b), b, b, h, wd] if crd else [0, b, b, c // (b * b), h, wd]  # type: ignore[operator]
-            perm = [0, 1, 4, 2, 5, 3] if crd else [0, 3, 4, 1, 5, 2]
-            final = [0, c // (b * b), h * b, wd * b]  # type: ignore[operator]
-        else:
-            if h % b or wd % b:  # type: ignore[operator]
-                continue
-            split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]  # type: ignore[operator]
-        moved = w.op("Transpose", [w.op("Reshape", [node.input[0], w.ints(split)])], perm=perm)
-        w.op("Reshape", [moved, w.ints(final)], out=node.output[0])
-        replacements[index] = w.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type in kinds and _graph.is_default_domain(n), _depth_to_space)
+
+
+def _depth_to_space(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    types, names, opset = ctx.types, ctx.names, ctx.opset
+    shape = _graph.shape_of(types, node.input[0])
+    if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
+        return None
+    _, c, h, wd = shape
+    b = int(_graph.attribute(node, "blocksize"))  # type: ignore[arg-type]
+    w = _graph.NodeWriter(names, opset, node.output[0])
+    if node.op_type == "DepthToSpace":
+        if c % (b * b):  # type: ignore[operator]
+            return None
+        crd = _mode_of(node) == "CRD"
+        split = [0, c // (b * b), b, b, h, wd] if crd else [0, b, b, c // (b * b), h, wd]  # type: ignore[operator]
+        perm = [0, 1, 4, 2, 5, 3] if crd else [0, 3, 4, 1, 5, 2]
+        final = [0, c // (b * b), h * b, wd * b]  # type: ignore[operator]
+    else:
+        if h % b or wd % b:  # type: ignore[operator]
+            return None
+        split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]  # type: ignore[operator]
+    moved = w.op("Transpose", [w.op("Reshape", [node.input[0], w.ints(split)])], perm=perm)
+    w.op("Reshape", [moved, w.ints(final)], out=node.output[0])
+    return w.nodes
 
 
 def _mode_of(node: onnx.NodeProto) -> str:

@@ -115,37 +115,28 @@ def layer_norm_zero_bias(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes that got a bias.
     """
-    graph = model.graph
-    targets = [
-        i for i, n in enumerate(graph.node)
-        if n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
-        and len(n.input) >= 2 and (len(n.input) < 3 or not n.input[2])
-    ]
-    if not targets:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        scale = node.input[1]
-        elem = _graph.elem_type(types, scale)
-        if elem is None:
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(elem)
-        writer = _graph.NodeWriter(names, opset, f"{node.output[0]}.bias")
-        shape = _normalized_shape(node, types)
-        if shape is not None:
-            bias = writer.const(np.zeros(shape, dtype=dtype), suffix="zeros")
-        else:
-            zero = onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype), "value")
-            bias = writer.op("ConstantOfShape", [writer.op("Shape", [scale])], value=zero)
-        del node.input[2:]
-        node.input.append(bias)
-        replacements[index] = [*writer.nodes, node]
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(
+        model,
+        lambda n: n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
+        and len(n.input) >= 2 and (len(n.input) < 3 or not n.input[2]),
+        _zero_bias, min_opset=None)
+
+
+def _zero_bias(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    scale = node.input[1]
+    dtype = ctx.dtype(scale)
+    if dtype is None:
+        return None
+    writer = ctx.writer(f"{node.output[0]}.bias")
+    shape = _normalized_shape(node, ctx.types)
+    if shape is not None:
+        bias = writer.const(np.zeros(shape, dtype=dtype), suffix="zeros")
+    else:
+        zero = onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype), "value")
+        bias = writer.op("ConstantOfShape", [writer.op("Shape", [scale])], value=zero)
+    del node.input[2:]
+    node.input.append(bias)
+    return [*writer.nodes, node]
 
 
 def _normalized_shape(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> list[int] | None:
@@ -340,40 +331,27 @@ def softplus_as_elementary(model: onnx.ModelProto) -> int:
     Returns:
         The number of Softplus nodes rewritten.
     """
-    graph = model.graph
-    targets = [i for i, n in enumerate(graph.node) if n.op_type == "Softplus" and n.domain in ("", "ai.onnx")]
-    if not targets:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        x, y = node.input[0], node.output[0]
-        elem = _graph.elem_type(types, x)
-        if elem is None:
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(elem)
-        limit, one = names.fresh(f"{y}.threshold"), names.fresh(f"{y}.one")
-        clipped, exp, plus, log, above = (names.fresh(f"{y}.{s}") for s in ("clipped", "exp", "plus1", "log", "above"))
-        replacements[index] = [
-            _constant(limit, np.array(SOFTPLUS_THRESHOLD, dtype=dtype), names),
-            _constant(one, np.array(1, dtype=dtype), names),
-            helper.make_node("Min", [x, limit], [clipped], name=names.fresh("Min")),
-            helper.make_node("Exp", [clipped], [exp], name=names.fresh("Exp")),
-            helper.make_node("Add", [exp, one], [plus], name=names.fresh("Add")),
-            helper.make_node("Log", [plus], [log], name=names.fresh("Log")),
-            helper.make_node("Greater", [x, limit], [above], name=names.fresh("Greater")),
-            helper.make_node("Where", [above, x, log], [y], name=node.name or names.fresh("Where")),
-        ]
-    if not replacements:
-        return 0
-    nodes = []
-    for i, node in enumerate(graph.node):
-        nodes.extend(replacements.get(i, [node]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type == "Softplus" and n.domain in ("", "ai.onnx"), _softplus,
+                                min_opset=None)
+
+
+def _softplus(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    x, y, names = node.input[0], node.output[0], ctx.names
+    dtype = ctx.dtype(x)
+    if dtype is None:
+        return None
+    limit, one = names.fresh(f"{y}.threshold"), names.fresh(f"{y}.one")
+    clipped, exp, plus, log, above = (names.fresh(f"{y}.{s}") for s in ("clipped", "exp", "plus1", "log", "above"))
+    return [
+        _constant(limit, np.array(SOFTPLUS_THRESHOLD, dtype=dtype), names),
+        _constant(one, np.array(1, dtype=dtype), names),
+        helper.make_node("Min", [x, limit], [clipped], name=names.fresh("Min")),
+        helper.make_node("Exp", [clipped], [exp], name=names.fresh("Exp")),
+        helper.make_node("Add", [exp, one], [plus], name=names.fresh("Add")),
+        helper.make_node("Log", [plus], [log], name=names.fresh("Log")),
+        helper.make_node("Greater", [x, limit], [above], name=names.fresh("Greater")),
+        helper.make_node("Where", [above, x, log], [y], name=node.name or names.fresh("Where")),
+    ]
 
 
 def default_passes() -> list[Pass]:

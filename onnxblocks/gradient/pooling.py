@@ -22,7 +22,6 @@ import math
 import numpy as np
 import onnx
 
-from onnxblocks import _limits
 from onnxblocks.errors import GradientError
 from onnxblocks.gradient import _graph
 
@@ -64,21 +63,8 @@ def average_pool_as_conv(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    targets = [i for i, n in enumerate(graph.node) if n.op_type == "AveragePool" and _graph.is_default_domain(n)]
-    if not targets:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        rewritten = _average_pool(node, types, names, opset)
-        if rewritten is not None:
-            replacements[index] = rewritten
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type == "AveragePool" and _graph.is_default_domain(n),
+                                lambda n, ctx: _average_pool(n, ctx.types, ctx.names, ctx.opset), min_opset=None)
 
 
 def _average_pool(node, types, names, opset) -> list[onnx.NodeProto] | None:

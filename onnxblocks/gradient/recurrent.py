@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import onnx
 
-from onnxblocks import _limits
 from onnxblocks.gradient import _graph
 
 #: op type -> (gates, activations per direction)
@@ -70,24 +69,15 @@ def recurrent_directions_as_forward(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    targets = [i for i, n in enumerate(graph.node) if _supported(n) and _direction(n) != "forward"]
-    if not targets:
-        return 0
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    if opset < 13:
-        return 0
-    names = _graph.name_authority(graph)
-    types = _graph.infer_types(model)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        w = _graph.NodeWriter(names, opset, node.output[0] or node.name or node.op_type)
-        shape = _graph.shape_of(types, node.input[0])
-        _split_directions(w, node, shape[0] if shape else None)
-        replacements[index] = w.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: _supported(n) and _direction(n) != "forward", _forward_directions)
+
+
+def _forward_directions(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    names, types, opset = ctx.names, ctx.types, ctx.opset
+    w = _graph.NodeWriter(names, opset, node.output[0] or node.name or node.op_type)
+    shape = _graph.shape_of(types, node.input[0])
+    _split_directions(w, node, shape[0] if shape else None)
+    return w.nodes
 
 
 def _split_directions(w: _graph.NodeWriter, node: onnx.NodeProto, steps: int | None) -> None:
@@ -149,35 +139,25 @@ def recurrent_as_elementary(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    candidates = [i for i, n in enumerate(graph.node) if _supported(n) and _direction(n) == "forward"]
-    if not candidates:
-        return 0
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    if opset < 13:
-        return 0
-    types = _graph.infer_types(model)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in candidates:
-        node = graph.node[index]
-        x = node.input[0]
-        elem, shape = _graph.elem_type(types, x), _graph.shape_of(types, x)
-        if elem is None or shape is None or len(shape) != 3 or shape[0] is None:
-            continue
-        if node.op_type != "RNN" and elem == onnx.TensorProto.FLOAT:
-            continue  # ONNX Runtime's GRUTraining / LSTMTraining handle it
-        activations = [a.lower() for a in (_activations(node) or _DEFAULT_ACTIVATIONS[node.op_type])]
-        if node.op_type == "RNN":
-            if len(activations) != 1 or activations[0] not in _RNN_ACTIVATIONS:
-                continue
-        elif activations != _DEFAULT_ACTIVATIONS[node.op_type]:
-            continue
-        w = _graph.NodeWriter(names, opset, node.output[0] or node.name or node.op_type)
-        _Unroller(w, node, shape[0], int(_graph.attribute(node, "hidden_size")), activations).write()  # type: ignore[arg-type]
-        replacements[index] = w.nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: _supported(n) and _direction(n) == "forward", _unroll)
+
+
+def _unroll(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    x = node.input[0]
+    elem, shape = _graph.elem_type(ctx.types, x), _graph.shape_of(ctx.types, x)
+    if elem is None or shape is None or len(shape) != 3 or shape[0] is None:
+        return None
+    if node.op_type != "RNN" and elem == onnx.TensorProto.FLOAT:
+        return None  # ONNX Runtime's GRUTraining / LSTMTraining handle it
+    activations = [a.lower() for a in (_activations(node) or _DEFAULT_ACTIVATIONS[node.op_type])]
+    if node.op_type == "RNN":
+        if len(activations) != 1 or activations[0] not in _RNN_ACTIVATIONS:
+            return None
+    elif activations != _DEFAULT_ACTIVATIONS[node.op_type]:
+        return None
+    w = ctx.writer(node.output[0] or node.name or node.op_type)
+    _Unroller(w, node, shape[0], int(_graph.attribute(node, "hidden_size")), activations).write()  # type: ignore[arg-type]
+    return w.nodes
 
 
 class _Unroller:

@@ -34,22 +34,8 @@ def resize_as_matmul(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    graph = model.graph
-    targets = [i for i, n in enumerate(graph.node) if n.op_type == "Resize" and _graph.is_default_domain(n)]
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    if not targets or opset < 13:
-        return 0
-    types = _graph.infer_types(model)
-    constants = _graph.ConstantTable(graph, opset, types)
-    names = _graph.name_authority(graph)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        node = graph.node[index]
-        nodes = _rewrite(node, types, constants, names, opset)
-        if nodes is not None:
-            replacements[index] = nodes
-    _graph.replace_nodes(graph, replacements)
-    return len(replacements)
+    return _graph.rewrite_nodes(model, lambda n: n.op_type == "Resize" and _graph.is_default_domain(n),
+                                lambda n, ctx: _rewrite(n, ctx.types, ctx.constants, ctx.names, ctx.opset))
 
 
 def _argument(node: onnx.NodeProto, constants: _graph.ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
