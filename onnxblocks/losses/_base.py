@@ -164,6 +164,33 @@ class Loss(Block):
         return reduce_all(self.accessor, op_type, per_element, self.accessor.names.fresh(name_hint))
 
 
+class PointwiseLoss(Loss):
+    """Base class of the losses that compare an input with a target of the same shape, element by element.
+
+    Subclasses set ``output_hint`` and implement :meth:`_per_element`.
+    """
+
+    output_hint = "loss"
+
+    def build(self, loss_input_name: str, target_name: str = "target") -> Value:
+        """Add the loss on ``loss_input_name`` and return its output.
+
+        Args:
+            loss_input_name: The model output (floating point) to compare with the target.
+            target_name: The target. If the model has no value of that name, a graph
+                input with the dtype and shape of ``loss_input_name`` is created.
+
+        Raises:
+            TypeError: if the input is not floating point, or the target's dtype differs.
+        """
+        target = self._target_like(loss_input_name, target_name)
+        return self._reduce(self._per_element(Value(loss_input_name), target), self.output_hint)
+
+    def _per_element(self, x: Value, target: Value) -> Value:
+        """The unreduced loss of each element."""
+        raise NotImplementedError
+
+
 def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None) -> Value:
     """``op_type`` (ReduceSum, ReduceMean) over every axis: a scalar, typed as one even when x's rank is unknown."""
     elem = acc.elem_type(x)

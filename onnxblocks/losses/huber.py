@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from onnxblocks.blocks.elementwise import Clip
 from onnxblocks.blocks.value import Value
-from onnxblocks.losses._base import Loss
+from onnxblocks.losses._base import Loss, PointwiseLoss
 
 
 def clipped_abs_error(loss: Loss, loss_input_name: str, target: str, limit: float) -> tuple[Value, Value]:
@@ -18,7 +18,7 @@ def clipped_abs_error(loss: Loss, loss_input_name: str, target: str, limit: floa
     return a, Clip(clip_max=limit)(a)
 
 
-class HuberLoss(Loss):
+class HuberLoss(PointwiseLoss):
     """Huber loss, like ``torch.nn.HuberLoss``.
 
     Per element, with ``d = input - target``: ``0.5 * d**2`` where ``|d| < delta``,
@@ -38,18 +38,8 @@ class HuberLoss(Loss):
             raise ValueError(f"HuberLoss: delta must be positive, got {delta!r}.")
         self._delta = float(delta)
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> Value:
-        """Add the loss on ``loss_input_name`` and return its output.
+    output_hint = "huber_loss"
 
-        Args:
-            loss_input_name: The model output (floating point) to compare with the target.
-            target_name: The target. If the model has no value of that name, a graph
-                input with the dtype and shape of ``loss_input_name`` is created.
-
-        Raises:
-            TypeError: if the input is not floating point, or the target's dtype differs.
-        """
-        target = self._target_like(loss_input_name, target_name)
-        a, m = clipped_abs_error(self, loss_input_name, target, self._delta)
-        per_element = 0.5 * m * m + self._delta * (a - m)
-        return self._reduce(per_element, "huber_loss")
+    def _per_element(self, x: Value, target: Value) -> Value:
+        a, m = clipped_abs_error(self, x, target, self._delta)
+        return 0.5 * m * m + self._delta * (a - m)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from onnxblocks.blocks.value import Value
-from onnxblocks.losses._base import Loss
+from onnxblocks.losses._base import PointwiseLoss
 from onnxblocks.losses.huber import clipped_abs_error
 
 
-class SmoothL1Loss(Loss):
+class SmoothL1Loss(PointwiseLoss):
     """Smooth L1 loss, like ``torch.nn.SmoothL1Loss``.
 
     Per element, with ``d = input - target``: ``0.5 * d**2 / beta`` where
@@ -28,20 +28,10 @@ class SmoothL1Loss(Loss):
             raise ValueError(f"SmoothL1Loss: beta must be >= 0, got {beta!r}.")
         self._beta = float(beta)
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> Value:
-        """Add the loss on ``loss_input_name`` and return its output.
+    output_hint = "smooth_l1_loss"
 
-        Args:
-            loss_input_name: The model output (floating point) to compare with the target.
-            target_name: The target. If the model has no value of that name, a graph
-                input with the dtype and shape of ``loss_input_name`` is created.
-
-        Raises:
-            TypeError: if the input is not floating point, or the target's dtype differs.
-        """
-        target = self._target_like(loss_input_name, target_name)
+    def _per_element(self, x: Value, target: Value) -> Value:
         if self._beta == 0:
-            return self._reduce(abs(Value(loss_input_name) - target), "smooth_l1_loss")
-        a, m = clipped_abs_error(self, loss_input_name, target, self._beta)
-        per_element = 0.5 / self._beta * m * m + (a - m)
-        return self._reduce(per_element, "smooth_l1_loss")
+            return abs(x - target)
+        a, m = clipped_abs_error(self, x, target, self._beta)
+        return 0.5 / self._beta * m * m + (a - m)
