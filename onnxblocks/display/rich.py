@@ -250,15 +250,20 @@ def _show_accessor(accessor: Any, **view: Any) -> Display:
     return _show_model(model, title=f"Model {state}{extra}", **view)
 
 
+def _not_built(name: str, kind: str, purpose: str) -> Display:
+    """The display of a block that was not called yet."""
+    html = (
+        f'<div style="{BOX}"><b>{name}</b>{kind} has not been built yet: call it inside '
+        f"<code>with onnxblocks.base(model):</code> {purpose}.</div>"
+    )
+    return Display(html, "")
+
+
 def _show_block(block: Any, **view: Any) -> Display:
     name = escape(type(block).__name__)
     accessor = getattr(block, "_accessor", None)
     if accessor is None:
-        html = (
-            f'<div style="{BOX}"><b>{name}</b> has not been built yet: call it inside '
-            "<code>with onnxblocks.base(model):</code> to add its nodes.</div>"
-        )
-        return Display(html, "")
+        return _not_built(name, "", "to add its nodes")
     index = GraphIndex(accessor.working_model, loss_nodes=_added_nodes(block) if _is_loss(block) else ())
     names = [n for n in _added_nodes(block) if n in index.by_name or n.startswith("#")]
     rows = []
@@ -420,11 +425,7 @@ def _show_training_block(block: Any, **view: Any) -> Display:
     name = escape(type(block).__name__)
     graphs = getattr(block, "_graphs", None)
     if graphs is None:
-        html = (
-            f'<div style="{BOX}"><b>{name}</b> (training block) has not been built yet: call it inside '
-            "<code>with onnxblocks.base(model):</code> to build the training and eval models.</div>"
-        )
-        return Display(html, "")
+        return _not_built(name, " (training block)", "to build the training and eval models")
     partition = graphs.partition
     trainable, frozen = list(partition.trainable), list(partition.frozen)
     title = (
