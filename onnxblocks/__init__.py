@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 from onnxblocks import blocks, losses, optim
+from onnxblocks._core import html as _html
 from onnxblocks.blocks import (
     Block,
     ForwardBlock,
@@ -27,7 +28,7 @@ from onnxblocks.blocks import (
     from_onnxscript,
     value,
 )
-from onnxblocks.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
+from onnxblocks._core.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
 
 __version__ = "0.1.0"
 

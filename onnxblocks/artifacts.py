@@ -39,13 +39,14 @@ from typing import Any
 
 import onnx
 
-from onnxblocks import _limits
-from onnxblocks.blocks import weights as _weights
-from onnxblocks.blocks.accessor import base, custom_op_library, empty_base
+from onnxblocks._core import limits as _limits
+from onnxblocks._core.html import HtmlDisplay
+from onnxblocks._core import weights as _weights
+from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
-from onnxblocks.errors import did_you_mean, preview
+from onnxblocks._core.errors import did_you_mean, preview
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def _optimizer_block(optimizer: OptimType) -> Block:
 
 
 @dataclass(frozen=True)
-class Artifacts:
+class Artifacts(HtmlDisplay):
     """What :func:`generate_artifacts` wrote.
 
     Attributes:
@@ -125,13 +126,6 @@ class Artifacts:
     def loss_name(self) -> str:
         """Name of the loss output."""
         return self.output_names[0]
-
-    def _repr_html_(self) -> str | None:
-        try:
-            from onnxblocks.display import repr_html
-        except ImportError:
-            return None
-        return repr_html(self)
 
 
 class _ArtifactsBlock(TrainingBlock):
@@ -263,9 +257,9 @@ def _generate(
             stack.enter_context(custom_op_library(library))
         stack.enter_context(base(base_model, model_path))
         block(*[o.name for o in base_model.graph.output])
-    block._check_models()
-    graphs = block._training_graphs()
-    store = block._weight_store()
+    block.check()
+    graphs = block.training_graphs()
+    store = block.weight_store()
     sources = block.parameter_sources()
 
     optimizer_model = None
@@ -462,7 +456,7 @@ def _companions(names: Sequence[str]) -> list[str]:
 
 def _to_ort_format(model_path: Path, custom_op_libraries: Sequence[str]) -> Path:
     """Write ``<model>.ort`` beside ``model_path`` (as ``convert_onnx_models_to_ort`` does, without torch)."""
-    from onnxblocks._ort import onnxruntime
+    from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()
 

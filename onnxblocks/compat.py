@@ -44,8 +44,8 @@ from onnxblocks import artifacts as _artifacts
 from onnxblocks import blocks as _blocks
 from onnxblocks import losses as _losses
 from onnxblocks import optim as _optim
-from onnxblocks.blocks.accessor import base, empty_base
-from onnxblocks.blocks.accessor import custom_op_library as _custom_op_library
+from onnxblocks.blocks.context import base, empty_base
+from onnxblocks.blocks.context import custom_op_library as _custom_op_library
 from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.training import TrainingBlock
 

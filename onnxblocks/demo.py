@@ -99,7 +99,7 @@ def build_classifier(
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnxblocks-demo")
-    from onnxblocks._limits import stamp_versions
+    from onnxblocks._core.limits import stamp_versions
 
     return stamp_versions(model)
 
@@ -256,7 +256,7 @@ def run_demo(
 
 
 def _inference_accuracy(model_path: Path, x: np.ndarray, y: np.ndarray) -> float:
-    from onnxblocks._ort import onnxruntime
+    from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()
 

@@ -1,56 +1,19 @@
-"""Exceptions raised by onnxblocks.
+"""The exceptions onnxblocks raises on purpose (public home of :mod:`onnxblocks._core.errors`)."""
 
-Each one subclasses the builtin that matches its meaning (``LookupError`` for an
-unknown name, ``RuntimeError`` for a call made at the wrong time), so callers can
-catch either the precise class or the builtin.
-"""
+from onnxblocks._core.errors import (
+    CheckpointFormatError,
+    GradientError,
+    NoActiveModelError,
+    NotBuiltError,
+    OnnxBlocksError,
+    UnknownNameError,
+)
 
-from __future__ import annotations
-
-import difflib
-from collections.abc import Iterable
-
-
-class OnnxBlocksError(Exception):
-    """Base class of every error onnxblocks raises on purpose."""
-
-
-class UnknownNameError(OnnxBlocksError, LookupError):
-    """A name (value, parameter, input) that the model does not have."""
-
-    def __str__(self) -> str:  # LookupError/KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class NoActiveModelError(OnnxBlocksError, RuntimeError):
-    """A block was called outside ``onnxblocks.base(...)`` / ``onnxblocks.empty_base()``."""
-
-
-class NotBuiltError(OnnxBlocksError, RuntimeError):
-    """A result was asked of a block before the block was built."""
-
-
-class GradientError(OnnxBlocksError, RuntimeError):
-    """ONNX Runtime could not build the gradient graph."""
-
-
-def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-    """Return up to ``n`` candidates that look like ``name`` (for "did you mean" hints)."""
-    return difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
-
-
-def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """A ``" Did you mean 'x'?"`` sentence, or ``""`` when nothing is close."""
-    matches = close_matches(name, candidates)
-    if not matches:
-        return ""
-    return " Did you mean " + " or ".join(repr(m) for m in matches) + "?"
-
-
-def preview(names: Iterable[str], limit: int = 12) -> str:
-    """Format a list of names for an error message, truncated after ``limit``."""
-    names = list(names)
-    shown = ", ".join(repr(n) for n in names[:limit])
-    if len(names) > limit:
-        shown += f", ... ({len(names) - limit} more)"
-    return f"[{shown}]"
+__all__ = [
+    "CheckpointFormatError",
+    "GradientError",
+    "NoActiveModelError",
+    "NotBuiltError",
+    "OnnxBlocksError",
+    "UnknownNameError",
+]

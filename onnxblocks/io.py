@@ -1,7 +1,7 @@
 """Saving models whose weights are held aside, streaming their bytes; atomic file writes.
 
 :func:`save_model` writes a model in which large initializers are onnxblocks
-stubs (see :mod:`onnxblocks.blocks.weights`) or large inline tensors: their
+stubs (see :mod:`onnxblocks._core.weights`) or large inline tensors: their
 bytes are streamed in bounded chunks into one external data file beside the
 model, and the saved initializers point at it with locations relative to the
 model's directory. Nothing is written in place: files are written to temporary
@@ -22,9 +22,9 @@ from typing import BinaryIO
 import onnx
 from onnx import numpy_helper
 
-from onnxblocks import _limits
-from onnxblocks._proto import copy_fields
-from onnxblocks.blocks import weights as _weights
+from onnxblocks._core import limits as _limits
+from onnxblocks._core.proto import copy_fields
+from onnxblocks._core import weights as _weights
 
 __all__ = ["atomic_outputs", "load_model", "save_model", "tensor_chunks"]
 
@@ -74,7 +74,7 @@ def tensor_chunks(
 ) -> Iterator[bytes]:
     """Yield a tensor's little-endian bytes in pieces of at most ``chunk_bytes``.
 
-    Accepts a :class:`~onnxblocks.blocks.weights.TensorSource`, an inline
+    Accepts a :class:`~onnxblocks._core.weights.TensorSource`, an inline
     TensorProto (raw or typed fields), or a TensorProto with external data whose
     location is relative to ``base_dir``.
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import make_linear_model, run_model
 
 import onnxblocks as ob
-from onnxblocks import _limits
-from onnxblocks.blocks import weights
+from onnxblocks._core import limits as _limits
+from onnxblocks._core import weights
 
 
 def test_caller_model_is_not_mutated(linear_model):

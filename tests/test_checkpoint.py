@@ -27,7 +27,7 @@ from test_optim import (
 )
 
 import onnxblocks
-from onnxblocks.blocks.weights import TensorSource
+from onnxblocks._core.weights import TensorSource
 from onnxblocks.checkpoint import (
     CheckpointFormatError,
     external_data_path,

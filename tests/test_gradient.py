@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxblocks
-from onnxblocks.blocks import weights as _weights
+from onnxblocks._core import weights as _weights
 from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.gradient import (
     build_training_graphs,

@@ -13,7 +13,7 @@ from conftest import run_model
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxblocks
-from onnxblocks.blocks.weights import TensorSource, is_stub
+from onnxblocks._core.weights import TensorSource, is_stub
 from onnxblocks.io import atomic_outputs, load_model, save_model
 
 

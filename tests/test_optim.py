@@ -349,7 +349,7 @@ def test_double_parameters_give_double_sequences():
 
 
 def test_parameters_may_be_tensor_sources():
-    from onnxblocks.blocks.weights import TensorSource
+    from onnxblocks._core.weights import TensorSource
 
     source = TensorSource("w", TensorProto.FLOAT, (2, 2), tensor=numpy_helper.from_array(np.ones((2, 2), np.float32)))
     with onnxblocks.empty_base():

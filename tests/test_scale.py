@@ -11,7 +11,7 @@ memory are measured by benchmarks/bench_artifacts.py):
 * nothing is written outside the artifact directory;
 * composing blocks adds only their nodes and runs the full model check once;
 * ``import onnxblocks`` imports neither onnxruntime, onnxscript nor torch;
-* :func:`onnxblocks.blocks.weights.load_structure` reads a model without its weights.
+* :func:`onnxblocks._core.weights.load_structure` reads a model without its weights.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxblocks
 from onnxblocks import blocks
-from onnxblocks.blocks import weights
+from onnxblocks._core import weights
 
 REPO = Path(__file__).resolve().parents[1]
 N, IN, HIDDEN, OUT = 8, 16, 32, 4

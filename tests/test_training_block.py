@@ -14,7 +14,7 @@ from onnx import numpy_helper
 import onnxblocks
 from onnxblocks import losses
 from onnxblocks.artifacts import Artifacts
-from onnxblocks.blocks import weights as _weights
+from onnxblocks._core import weights as _weights
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.errors import NotBuiltError
 

@@ -1,7 +1,7 @@
 """Blocks: the model accessor, Block/ForwardBlock, and op blocks."""
 
-from onnxblocks.blocks.accessor import (
-    ModelAccessor,
+from onnxblocks.blocks.accessor import ModelAccessor
+from onnxblocks.blocks.context import (
     active,
     base,
     current,

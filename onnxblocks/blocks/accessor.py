@@ -1,55 +1,43 @@
-"""The model accessor: which model the blocks of a build add nodes to.
+"""The model accessor: the model a build adds nodes to, with its names, types and held weights.
 
-``base(model)`` and ``empty_base()`` open a build. The active accessor lives in a
-:class:`contextvars.ContextVar`, so builds in two threads (or two asyncio tasks)
-never see each other, and a nested build restores the outer one when it ends.
-
-The accessor works on a copy of the caller's model in which large initializers
-are stubs (see :mod:`onnxblocks.blocks.weights`): the caller's ModelProto is
-never mutated and its weights are never copied while the graph is built.
+:class:`ModelAccessor` adds nodes (:meth:`ModelAccessor.op`), graph inputs,
+constants and outputs on top of the :class:`~onnxblocks.blocks.value_index.ValueIndex`
+of the working model, and finishes the model once the build ends. Opening a
+build (``base`` / ``empty_base``) lives in :mod:`onnxblocks.blocks.context`.
 
 Validation model: each node added through :meth:`ModelAccessor.op` is checked on
-its own (schema, attributes, input names, and type inference from its inputs'
-types). The whole model is checked once, when it is finished
-(:meth:`ModelAccessor.finish`), on a skeleton that holds no weight bytes.
+its own (:func:`onnxblocks.blocks.checking.check_node`). The whole model is
+checked once, when it is finished (:meth:`ModelAccessor.finish`), on a skeleton
+that holds no weight bytes.
 """
 
 from __future__ import annotations
 
-import contextvars
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxblocks import _limits
-from onnxblocks._proto import copy_fields
-from onnxblocks.blocks import weights as _weights
-from onnxblocks.blocks.naming import NameAuthority
+from onnxblocks._core import context as _context
+from onnxblocks._core import limits as _limits
+from onnxblocks._core import weights as _weights
+from onnxblocks._core.errors import UnknownNameError, did_you_mean
+from onnxblocks._core.html import HtmlDisplay
+from onnxblocks._core.validation import check_skeleton
+from onnxblocks.blocks.checking import DEFAULT_DOMAIN_VERSIONS, check_node
 from onnxblocks.blocks.value import Value
-from onnxblocks.errors import NoActiveModelError, UnknownNameError, did_you_mean, preview
-
-_ACTIVE: contextvars.ContextVar[ModelAccessor | None] = contextvars.ContextVar("onnxblocks_accessor", default=None)
-_CUSTOM_OP_LIBRARIES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "onnxblocks_custom_op_libraries", default=()
-)
-
-# Domains whose schemas onnx knows, so their nodes can be checked locally.
-_ONNX_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"}
-_DEFAULT_DOMAIN_VERSIONS = {"com.microsoft": _limits.MS_OPSET, "ai.onnx.ml": 3}
+from onnxblocks.blocks.value_index import ValueIndex
 
 
-class ModelAccessor:
+class ModelAccessor(ValueIndex, HtmlDisplay):
     """Holds the model a build adds nodes to, with its names, types and held weights.
 
     Attributes:
-        weights: The :class:`~onnxblocks.blocks.weights.WeightStore` of held initializers.
-        names: The graph's :class:`~onnxblocks.blocks.naming.NameAuthority`.
+        weights: The :class:`~onnxblocks._core.weights.WeightStore` of held initializers.
+        names: The graph's :class:`~onnxblocks._core.naming.NameAuthority`.
     """
 
     def __init__(
@@ -58,27 +46,13 @@ class ModelAccessor:
         model_path: str | os.PathLike | None = None,
         store: _weights.WeightStore | None = None,
     ) -> None:
-        self._model = model
         self._path = os.fspath(model_path) if model_path is not None else None
         self.weights = store if store is not None else _weights.WeightStore()
-        self._types: dict[str, onnx.TypeProto] = {}
-        self._defined: set[str] = set()
-        self._seen = {"input": 0, "initializer": 0, "node": 0, "value_info": 0, "output": 0}
-        self.names = NameAuthority()
         self._open = True
         self._finished_cache: onnx.ModelProto | None = None
         self.block_stack: list[Any] = []
-        self._inferred_all = False
         self._const_data: dict[str, onnx.TensorProto] = {}
-        self._sync()
-
-    def _repr_html_(self) -> str | None:
-        """Jupyter display: a summary and picture of the model being built."""
-        try:
-            from onnxblocks.display import repr_html
-        except ImportError:
-            return None
-        return repr_html(self)
+        super().__init__(model)
 
     # ------------------------------------------------------------------ access
     @property
@@ -119,84 +93,18 @@ class ModelAccessor:
     @property
     def custom_op_libraries(self) -> tuple[str, ...]:
         """Custom op libraries registered with :func:`custom_op_library` for this build."""
-        return _CUSTOM_OP_LIBRARIES.get()
+        return _context.custom_op_libraries()
 
-    # ------------------------------------------------------------ value table
-    def _sync(self) -> None:
-        """Index graph entries appended since the last call (also by code that edits the proto).
-
-        Only the new entries are visited (slicing a repeated field copies just the
-        slice), so a block that adds k nodes to an N-node graph costs O(k), not O(N).
-        """
-        g = self._model.graph
-        fields = {"input": g.input, "initializer": g.initializer, "node": g.node, "value_info": g.value_info,
-                  "output": g.output}
-        if any(len(fields[k]) < self._seen[k] for k in fields):
-            self._types.clear()
-            self._defined.clear()
-            self._seen = dict.fromkeys(self._seen, 0)
-        for vi in g.input[self._seen["input"]:]:
-            self._defined.add(vi.name)
-            self.names.reserve(vi.name)
-            if vi.type.WhichOneof("value"):
-                self._types[vi.name] = vi.type
-        for init in g.initializer[self._seen["initializer"]:]:
-            self._defined.add(init.name)
-            self.names.reserve(init.name)
-            self._types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-        for node in g.node[self._seen["node"]:]:
-            if node.name:
-                self.names.reserve(node.name)
-            for out in node.output:
-                if out:
-                    self._defined.add(out)
-                    self.names.reserve(out)
-        for vi in g.value_info[self._seen["value_info"]:] + g.output[self._seen["output"]:]:
-            self.names.reserve(vi.name)
-            if vi.type.WhichOneof("value"):
-                self._types.setdefault(vi.name, vi.type)
-        self._seen = {k: len(v) for k, v in fields.items()}
-
+    # ------------------------------------------------------------ building
     def replace_model(self, model: onnx.ModelProto) -> None:
         """Make ``model``'s contents the working model, in place, and re-index names and types.
 
         The working ModelProto object stays the same (code holding ``self.base`` sees the change).
         """
         self._model.CopyFrom(model)
-        self._types.clear()
-        self._defined.clear()
         self._const_data.clear()
-        self._seen = dict.fromkeys(self._seen, 0)
-        self._inferred_all = False
+        self._reset()
         self._sync()
-
-    def has_value(self, name: str) -> bool:
-        """True when ``name`` is a graph input, initializer or node output."""
-        self._sync()
-        return name in self._defined
-
-    def value_names(self) -> set[str]:
-        """Every value name defined in the graph."""
-        self._sync()
-        return set(self._defined)
-
-    def require(self, name: str, role: str = "input") -> None:
-        """Raise a clear error when ``name`` is not a value of the model.
-
-        Raises:
-            UnknownNameError: naming the value, the block being built, the graph's
-                inputs and outputs, and close matches.
-        """
-        if not isinstance(name, str):
-            raise TypeError(f"{self.where()}{role} must be a value name (str), not {type(name).__name__}: {name!r}.")
-        if self.has_value(name):
-            return
-        g = self._model.graph
-        raise UnknownNameError(
-            f"{self.where()}{role} '{name}' is not a value of the model.{did_you_mean(name, self._defined)} "
-            f"Graph inputs: {preview(i.name for i in g.input)}; graph outputs: {preview(o.name for o in g.output)}. "
-            "Pass the name of an existing value, or create an input first (e.g. onnxblocks.blocks.InputLike)."
-        )
 
     def where(self) -> str:
         """A prefix naming the block being built, for error messages."""
@@ -204,60 +112,11 @@ class ModelAccessor:
             return ""
         return " > ".join(type(b).__name__ for b in self.block_stack) + ": "
 
-    def type_of(self, name: str) -> onnx.TypeProto | None:
-        """The TypeProto of a value, inferring types once for the whole graph if needed."""
-        self._sync()
-        if name in self._types:
-            return self._types[name]
-        if not self._inferred_all:
-            self._infer_all()
-            return self._types.get(name)
-        return None
-
-    def _infer_all(self) -> None:
-        """Run onnx shape inference once over the skeleton and record every type it finds."""
-        self._inferred_all = True
-        try:
-            inferred = onnx.shape_inference.infer_shapes(self._model, strict_mode=False, data_prop=True)
-        except Exception:
-            return
-        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-            if vi.type.WhichOneof("value"):
-                self._types.setdefault(vi.name, vi.type)
-
-    def elem_type(self, name: str) -> int | None:
-        """The tensor element type of a value (``onnx.TensorProto.FLOAT`` ...), or None if unknown."""
-        t = self.type_of(name)
-        if t is None:
-            return None
-        kind = t.WhichOneof("value")
-        if kind == "tensor_type":
-            return t.tensor_type.elem_type or None
-        if kind == "sequence_type" and t.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
-            return t.sequence_type.elem_type.tensor_type.elem_type or None
-        return None
-
-    def shape_of(self, name: str) -> list[int | str | None] | None:
-        """The shape of a tensor value: ints, symbolic dim names, or None per dim; None if unknown rank."""
-        t = self.type_of(name)
-        if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
-            return None
-        dims: list[int | str | None] = []
-        for d in t.tensor_type.shape.dim:
-            kind = d.WhichOneof("value")
-            dims.append(d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None)
-        return dims
-
-    def set_type(self, name: str, type_proto: onnx.TypeProto) -> None:
-        """Record the type of a value (used for ops whose schema onnx does not know)."""
-        self._types[name] = type_proto
-
-    # ------------------------------------------------------------ building
     def ensure_domain(self, domain: str, version: int | None = None) -> None:
         """Make the model import ``domain`` (at its default version unless given)."""
         if domain in ("", "ai.onnx"):
             return
-        _limits.ensure_opset(self._model, domain, version or _DEFAULT_DOMAIN_VERSIONS.get(domain, 1))
+        _limits.ensure_opset(self._model, domain, version or DEFAULT_DOMAIN_VERSIONS.get(domain, 1))
 
     def domain_version(self, domain: str) -> int | None:
         """The opset version the model imports for ``domain``."""
@@ -331,47 +190,8 @@ class ModelAccessor:
         return values[0] if len(values) == 1 else values
 
     def _check_node(self, node: onnx.NodeProto) -> dict[str, onnx.TypeProto]:
-        """Check one node against its schema and infer its output types from its inputs'."""
-        domain = node.domain or ""
-        if domain not in _ONNX_DOMAINS:
-            return {}
         opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self._model.opset_import}
-        version = opsets.get(domain, _DEFAULT_DOMAIN_VERSIONS.get(domain, 1))
-        try:
-            schema = onnx.defs.get_schema(node.op_type, version, domain)
-        except onnx.defs.SchemaError:
-            raise ValueError(
-                f"{self.where()}op '{node.op_type}' (domain '{domain or 'ai.onnx'}') does not exist at opset "
-                f"{version} of the model. Check the op name, or import a newer opset."
-            ) from None
-        ctx = onnx.checker.C.CheckerContext()
-        ctx.ir_version = _limits.MAX_IR_VERSION
-        ctx.opset_imports = opsets
-        try:
-            onnx.checker.check_node(node, ctx)
-        except onnx.checker.ValidationError as exc:
-            raise ValueError(f"{self.where()}node {node.name} ({node.op_type}) is invalid: {exc}") from None
-        input_types = {}
-        input_data = {i: self._const_data[i] for i in node.input if i in self._const_data}
-        for i in node.input:
-            if not i:
-                continue
-            t = self.type_of(i)
-            if t is None:
-                return {}
-            input_types[i] = t
-        try:
-            inferred = onnx.shape_inference.infer_node_outputs(
-                schema, node, input_types, input_data=input_data,
-                opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
-        except Exception as exc:
-            described = ", ".join(f"'{i}': {_describe(t)}" for i, t in input_types.items())
-            raise TypeError(
-                f"{self.where()}node {node.name} ({node.op_type}) does not accept its inputs ({described}): "
-                f"{str(exc).strip()}. Make the inputs' dtypes and shapes fit the op (e.g. onnxblocks.blocks.Cast "
-                "for dtypes)."
-            ) from None
-        return {k: v for k, v in inferred.items() if v.WhichOneof("value")}
+        return check_node(node, opsets, self.type_of, self._const_data, self.where())
 
     def add_input(
         self, name: str, elem_type: int, shape: Sequence[int | str | None] | None
@@ -478,166 +298,3 @@ class ModelAccessor:
     def close(self) -> None:
         """Mark the build as ended (``.model`` then returns the complete model)."""
         self._open = False
-
-
-def _describe(t: onnx.TypeProto) -> str:
-    if t.WhichOneof("value") == "tensor_type":
-        dtype = onnx.TensorProto.DataType.Name(t.tensor_type.elem_type)
-        dims = [d.dim_value or d.dim_param or "?" for d in t.tensor_type.shape.dim]
-        return f"{dtype.lower()}{dims}"
-    return t.WhichOneof("value") or "unknown"
-
-
-def check_skeleton(model: onnx.ModelProto) -> None:
-    """Run onnx's model checker once on ``model`` without touching weight bytes.
-
-    Stubs and external-data initializers are turned into graph inputs of the same
-    type in a throw-away skeleton, so the check costs O(graph), not O(weights).
-    """
-    skeleton = onnx.ModelProto()
-    copy_fields(model, skeleton, skip={"graph"})
-    copy_fields(model.graph, skeleton.graph, skip={"initializer"})
-    g, sg = model.graph, skeleton.graph
-    input_names = {i.name for i in g.input}
-    for init in g.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL:
-            if init.name not in input_names:
-                sg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-        else:
-            sg.initializer.append(init)
-    _limits.stamp_versions(skeleton)
-    onnx.checker.check_model(skeleton)
-
-
-def current() -> ModelAccessor:
-    """The accessor of the build this code runs in.
-
-    Raises:
-        NoActiveModelError: outside ``onnxblocks.base(...)`` / ``onnxblocks.empty_base()``.
-    """
-    accessor = _ACTIVE.get()
-    if accessor is None:
-        raise NoActiveModelError(
-            "No model is being built here. Call blocks inside `with onnxblocks.base(model):` "
-            "or `with onnxblocks.empty_base():`."
-        )
-    return accessor
-
-
-def active() -> ModelAccessor | None:
-    """The active accessor, or None outside a build."""
-    return _ACTIVE.get()
-
-
-def working_copy(
-    model: onnx.ModelProto,
-    model_path: str | os.PathLike | None = None,
-    hold_threshold: int | None = None,
-) -> tuple[onnx.ModelProto, _weights.WeightStore]:
-    """Copy a model's structure, holding large initializers aside as stubs.
-
-    The caller's model is not mutated, and held initializers' bytes are not copied.
-    """
-    store = _weights.WeightStore()
-    base_dir = Path(model_path).parent if model_path is not None else None
-    copy = onnx.ModelProto()
-    copy_fields(model, copy, skip={"graph"})
-    copy_fields(model.graph, copy.graph, skip={"initializer"})
-    g, cg = model.graph, copy.graph
-    for init in g.initializer:
-        if _weights.should_hold(init, hold_threshold):
-            cg.initializer.append(store.hold(init, base_dir))
-        else:
-            cg.initializer.append(init)
-    return copy, store
-
-
-@contextmanager
-def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) -> Iterator[ModelAccessor]:
-    """Open a build on top of ``model``.
-
-    Example:
-        >>> with onnxblocks.base(model) as accessor:
-        ...     loss = onnxblocks.losses.MSELoss()("output")
-        >>> finished = accessor.model
-
-    Args:
-        model: The base model. It is not mutated; its large initializers are not copied.
-        model_path: The file the model was loaded from; needed when the model keeps
-            its weights in external data files (loaded with ``load_external_data=False``).
-
-    Yields:
-        The :class:`ModelAccessor` of the build.
-
-    Raises:
-        TypeError: if ``model`` is not an ``onnx.ModelProto``.
-        ValueError: if the model needs a newer opset than onnxruntime-training 1.19.2 supports.
-    """
-    if not isinstance(model, onnx.ModelProto):
-        hint = " Load it first with onnx.load(path), or pass the path as model_path." if isinstance(
-            model, (str, os.PathLike)) else ""
-        raise TypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
-    _limits.check_opset_supported(model)
-    working, store = working_copy(model, model_path)
-    with _activate(ModelAccessor(working, model_path, store)) as accessor:
-        yield accessor
-
-
-@contextmanager
-def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
-    """Open a build on a new, empty model.
-
-    Args:
-        opset_version: The ai.onnx opset to import; defaults to the highest that
-            onnxruntime-training 1.19.2 supports (21).
-
-    Raises:
-        ValueError: if ``opset_version`` is above what the runtime supports.
-    """
-    version = opset_version or _limits.MAX_ONNX_OPSET
-    model = helper.make_model(
-        helper.make_graph([], "graph", [], []),
-        opset_imports=[helper.make_opsetid("", version), helper.make_opsetid(_limits.MS_DOMAIN, _limits.MS_OPSET)],
-        producer_name="onnxblocks",
-    )
-    _limits.check_opset_supported(model, f"opset_version={version}")
-    _limits.stamp_versions(model)
-    with _activate(ModelAccessor(model)) as accessor:
-        yield accessor
-
-
-@contextmanager
-def _activate(accessor: ModelAccessor) -> Iterator[ModelAccessor]:
-    token = _ACTIVE.set(accessor)
-    try:
-        yield accessor
-    finally:
-        _ACTIVE.reset(token)
-        accessor.close()
-
-
-@contextmanager
-def custom_op_library(path: str | os.PathLike) -> Iterator[str]:
-    """Register a custom op library (a shared object) for the builds inside this block.
-
-    ONNX Runtime loads it when it optimizes the model and builds its gradient.
-
-    Raises:
-        FileNotFoundError: if ``path`` does not exist.
-    """
-    resolved = os.fspath(path)
-    if not os.path.isfile(resolved):
-        raise FileNotFoundError(
-            f"Custom op library '{resolved}' does not exist. Pass the path of the compiled shared "
-            "library (.so/.dll/.dylib) that registers your custom ops."
-        )
-    token = _CUSTOM_OP_LIBRARIES.set((*_CUSTOM_OP_LIBRARIES.get(), resolved))
-    try:
-        yield resolved
-    finally:
-        _CUSTOM_OP_LIBRARIES.reset(token)
-
-
-def custom_op_libraries() -> tuple[str, ...]:
-    """Custom op libraries registered in the current context."""
-    return _CUSTOM_OP_LIBRARIES.get()

@@ -9,9 +9,11 @@ from typing import Any, Generic, TypeVar
 
 import onnx
 
-from onnxblocks.blocks.accessor import ModelAccessor, current
+from onnxblocks._core.html import HtmlDisplay
+from onnxblocks.blocks.accessor import ModelAccessor
+from onnxblocks.blocks.context import current
 from onnxblocks.blocks.value import as_values
-from onnxblocks.errors import NotBuiltError, preview
+from onnxblocks._core.errors import NotBuiltError, preview
 
 _T = TypeVar("_T")
 
@@ -45,7 +47,7 @@ def _added_nodes(block: Block) -> list[str]:
     return list(getattr(block, "_nodes", []))
 
 
-class Block(ABC):
+class Block(HtmlDisplay, ABC):
     """Base class of everything that adds nodes to the model being built.
 
     Subclasses implement :meth:`build`, which receives value names and returns
@@ -76,14 +78,6 @@ class Block(ABC):
         """Ignored (the reference assigned it): the model is always the active build's."""
 
     nodes = _BuildView(_added_nodes)
-
-    def _repr_html_(self) -> str | None:
-        """Jupyter display: the nodes this block added and the model around them."""
-        try:
-            from onnxblocks.display import repr_html
-        except ImportError:
-            return None
-        return repr_html(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build this block into the active model and return its output Value(s)."""

@@ -42,7 +42,7 @@ from onnx import AttributeProto, helper
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks.errors import did_you_mean, preview
+from onnxblocks._core.errors import did_you_mean, preview
 
 _FunctionKey = tuple[str, str]  # (domain, name)
 

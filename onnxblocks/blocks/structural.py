@@ -10,7 +10,7 @@ from onnx import numpy_helper
 
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 
 
 class Constant(Block):

@@ -9,17 +9,15 @@ checkpoint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 
-from onnxblocks.blocks import weights as _weights
+from onnxblocks._core import weights as _weights
+from onnxblocks._core.errors import NotBuiltError
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, _BuildView
-from onnxblocks.errors import NotBuiltError
-
-if TYPE_CHECKING:
-    from onnxblocks.gradient import TrainingGraphs
+from onnxblocks.gradient import TrainingGraphs, build_training_graphs, check_training_model
 
 class TrainingBlock(Block):
     """Base class of blocks whose output is the loss that training minimises.
@@ -83,8 +81,6 @@ class TrainingBlock(Block):
     # ------------------------------------------------------------- building
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build the loss, then the training and eval models; returns what ``build`` returned."""
-        from onnxblocks.gradient import build_training_graphs
-
         out = super().__call__(*args, **kwargs)
         names = [n for n in (list(out) if isinstance(out, (tuple, list)) else [out]) if n is not None]
         acc: ModelAccessor = self._accessor
@@ -108,8 +104,11 @@ class TrainingBlock(Block):
                 "trying to retrieve the parameters.)"
             )
 
-    def _training_graphs(self) -> TrainingGraphs:
+    def training_graphs(self) -> TrainingGraphs:
         """The :class:`~onnxblocks.gradient.TrainingGraphs` (models with held stubs, partition, outputs).
+
+        The models hold stubs in place of large initializers: save them with
+        ``onnxblocks.io.save_model(model, path, weights=block.weight_store())``.
 
         Raises:
             NotBuiltError: before the block was built.
@@ -117,7 +116,7 @@ class TrainingBlock(Block):
         self._require_built("training graphs")
         return self._graphs
 
-    def _weight_store(self) -> _weights.WeightStore:
+    def weight_store(self) -> _weights.WeightStore:
         """Where the bytes of the models' held stubs are (for ``onnxblocks.io.save_model``).
 
         Raises:
@@ -127,8 +126,8 @@ class TrainingBlock(Block):
         return self._accessor.weights
 
     # Views a subclass may shadow (``self.weights = ...``); see _BuildView.
-    graphs = _BuildView(_training_graphs)
-    weights = _BuildView(_weight_store)
+    graphs = _BuildView(training_graphs)
+    weights = _BuildView(weight_store)
 
     def parameter_sources(self) -> tuple[list[_weights.TensorSource], list[_weights.TensorSource]]:
         """``(trainable, frozen)`` parameters as TensorSources: where their bytes are, without copying them.
@@ -165,24 +164,20 @@ class TrainingBlock(Block):
         return acc.materialize(self._graphs.training), acc.materialize(self._graphs.eval)
 
     def check(self) -> None:
-        """Run onnx's checker once on both models' skeletons (no weight bytes are read)."""
+        """Run onnx's checker once on both models' skeletons (no weight bytes are read; done once per build).
+
+        Raises:
+            NotBuiltError: before the block was built.
+            onnx.checker.ValidationError: if a model is invalid.
+        """
         self._check_models()
 
     def _check_models(self) -> None:
         self._require_built("models")
         if not self._checked:
-            from onnxblocks.gradient.builder import check_training_model
-
             check_training_model(self._graphs.training)
             check_training_model(self._graphs.eval)
             self._checked = True
-
-    def _repr_html_(self) -> str | None:
-        try:
-            from onnxblocks.display import repr_html
-        except ImportError:
-            return None
-        return repr_html(self)
 
 
 def _parameter_sources(

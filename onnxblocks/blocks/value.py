@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.context import current
+
 
 class Value(str):
     """The name of a value in the graph being built, with graph arithmetic."""
@@ -30,8 +32,6 @@ class Value(str):
 
     # -- helpers -------------------------------------------------------------
     def _operand(self, other: Any) -> str | None:
-        from onnxblocks.blocks.accessor import current
-
         if isinstance(other, Value):
             return other
         if isinstance(other, str):  # a plain name: only + means concatenation, handled by the caller
@@ -43,8 +43,6 @@ class Value(str):
         return None
 
     def _binary(self, op_type: str, other: Any, reverse: bool = False) -> Any:
-        from onnxblocks.blocks.accessor import current
-
         operand = self._operand(other)
         if operand is None:
             return NotImplemented
@@ -52,8 +50,6 @@ class Value(str):
         return current().op(op_type, inputs)
 
     def _unary(self, op_type: str) -> Value:
-        from onnxblocks.blocks.accessor import current
-
         out = current().op(op_type, [self])
         assert isinstance(out, Value)
         return out

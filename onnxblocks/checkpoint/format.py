@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import CheckpointFormatError
+
 #: File identifier at bytes 4..8 of every checkpoint.
 FILE_IDENTIFIER = b"ODTC"
 #: The checkpoint version onnxruntime-training 1.19.2 writes (and reads).
@@ -201,10 +203,6 @@ def encode_checkpoint(
 
 
 # --------------------------------------------------------------------------- reading
-class CheckpointFormatError(ValueError):
-    """A file is not a valid ONNX Runtime training checkpoint."""
-
-
 class _Table:
     """Read access to one flatbuffer table (little-endian, as the format defines)."""
 

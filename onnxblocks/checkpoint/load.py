@@ -13,7 +13,7 @@ import onnx
 
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint.save import external_data_path
-from onnxblocks.errors import did_you_mean
+from onnxblocks._core.errors import did_you_mean
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import onnx
 
-from onnxblocks.blocks import weights as _weights
+from onnxblocks._core import weights as _weights
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.io import atomic_outputs, tensor_chunks, write_tensor
 
@@ -113,7 +113,7 @@ def save_checkpoint(
 
     Args:
         parameters: ``(trainable, frozen)``: sequences of ``onnx.TensorProto`` or
-            :class:`~onnxblocks.blocks.weights.TensorSource`. Their bytes are read,
+            :class:`~onnxblocks._core.weights.TensorSource`. Their bytes are read,
             never copied as a whole nor modified.
         path_to_checkpoint: The checkpoint file to write.
         nominal_checkpoint: Write names and element types only, no data (the

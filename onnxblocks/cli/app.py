@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an exception: 3 for bad input (files, models, data, names), else 1."""
-    from onnxblocks.errors import GradientError
+    from onnxblocks._core.errors import GradientError
     from onnxblocks.runtime import _ort
 
     if isinstance(exc, CliError):

@@ -102,7 +102,7 @@ def select_parameters(
 
 
 def _match_all(patterns: Sequence[str], names: Sequence[str], floats: Sequence[str], option: str) -> list[str]:
-    from onnxblocks.errors import did_you_mean, preview
+    from onnxblocks._core.errors import did_you_mean, preview
 
     chosen: dict[str, None] = {}
     for pattern in patterns:
@@ -165,6 +165,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _nbytes(tensor: Any) -> int:
-    from onnxblocks.blocks.weights import tensor_nbytes
+    from onnxblocks._core.weights import tensor_nbytes
 
     return tensor_nbytes(tensor)

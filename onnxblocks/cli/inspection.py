@@ -97,7 +97,7 @@ def _tensor(name: str, dtype: str, dims: list[int], status: str, nbytes: int) ->
 
 def inspect_model(path: Path) -> dict[str, Any]:
     """Describe an ONNX model file: inputs, outputs, initializers and totals."""
-    from onnxblocks.blocks.weights import tensor_nbytes
+    from onnxblocks._core.weights import tensor_nbytes
 
     model = _load(path)
     g = model.graph

@@ -86,7 +86,7 @@ def map_arrays(arrays: dict[str, np.ndarray], inputs: list[str], mapping: list[s
     Raises:
         CliError: (exit 2) for a malformed pair, (exit 3) when arrays are missing.
     """
-    from onnxblocks.errors import did_you_mean
+    from onnxblocks._core.errors import did_you_mean
 
     chosen: dict[str, str] = {}
     for pair in mapping or []:

@@ -285,7 +285,7 @@ class GraphIndex:
             return self.nodes[self.by_name[key]]
         if key.startswith("#") and key[1:].isdigit() and int(key[1:]) < len(self.nodes):
             return self.nodes[int(key[1:])]
-        from onnxblocks.errors import did_you_mean
+        from onnxblocks._core.errors import did_you_mean
 
         raise KeyError(
             f"The graph has no node named '{key}'.{did_you_mean(key, self.by_name)} "

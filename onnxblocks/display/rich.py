@@ -458,7 +458,7 @@ def _checkpoint_params(path: Path) -> tuple[list[str], list[str]] | None:
     if size > CHECKPOINT_READ_LIMIT:
         return None
     try:
-        from onnxblocks._ort import capi
+        from onnxblocks._core.ort import capi
 
         _pybind_state = capi()
 

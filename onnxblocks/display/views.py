@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from onnxblocks.display.graph import GraphIndex
-from onnxblocks.errors import UnknownNameError, did_you_mean
+from onnxblocks._core.errors import UnknownNameError, did_you_mean
 
 #: The named views and the node parts each one shows.
 VIEWS: dict[str, tuple[str, ...]] = {

@@ -14,7 +14,7 @@ from onnxblocks.gradient.accumulation import (
     gradient_name,
 )
 from onnxblocks.gradient.activations import activations_as_elementary
-from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs
+from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs, check_training_model
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.eval_model import disable_training_mode
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
@@ -51,6 +51,7 @@ __all__ = [
     "border_pad_as_gather",
     "buffer_name",
     "build_training_graphs",
+    "check_training_model",
     "cast_like_as_cast",
     "check_pool_shapes",
     "conv_transpose_as_conv",

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxblocks import _limits
-from onnxblocks.blocks import weights as _weights
-from onnxblocks.blocks.naming import NameAuthority
+from onnxblocks._core import limits as _limits
+from onnxblocks._core import weights as _weights
+from onnxblocks._core.naming import NameAuthority
 
 
 def name_authority(graph: onnx.GraphProto) -> NameAuthority:

@@ -19,13 +19,21 @@ from collections.abc import Sequence
 import onnx
 from onnx import helper
 
-from onnxblocks import _limits
+from onnxblocks._core import limits as _limits
+from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
+from onnxblocks._core.contrib import IN_PLACE_ACCUMULATOR_V2
 from onnxblocks.gradient import _graph
 
-#: Name of the bool input that makes the accumulators overwrite instead of add.
-LAZY_RESET_GRAD = "lazy_reset_grad"
-#: The op that accumulates a gradient in place, and its domain.
-ACCUMULATOR_OP = ("InPlaceAccumulatorV2", _limits.MS_DOMAIN)
+__all__ = [
+    "ACCUMULATOR_TYPES",
+    "LAZY_RESET_GRAD",
+    "accumulated_name",
+    "add_gradient_accumulation",
+    "buffer_name",
+    "check_accumulable",
+    "gradient_name",
+]
+
 #: Element types ONNX Runtime 1.19.2's CPU InPlaceAccumulatorV2 kernel accepts.
 ACCUMULATOR_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
 
@@ -52,21 +60,6 @@ def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
     )
 
 
-def gradient_name(name: str) -> str:
-    """Name of the gradient of ``name``: ``<name>_grad``."""
-    return f"{name}_grad"
-
-
-def buffer_name(param: str) -> str:
-    """Name of the accumulation buffer input of a parameter: ``<param>_grad.accumulation.buffer``."""
-    return f"{gradient_name(param)}.accumulation.buffer"
-
-
-def accumulated_name(param: str) -> str:
-    """Name of the accumulator's flag output of a parameter: ``<param>_grad.accumulation.out``."""
-    return f"{gradient_name(param)}.accumulation.out"
-
-
 def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]]) -> None:
     """Accumulate the gradient of each parameter in a buffer, in place.
 
@@ -83,7 +76,6 @@ def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str
     """
     graph = model.graph
     outputs = {o.name: i for i, o in enumerate(graph.output)}
-    op_type, domain = ACCUMULATOR_OP
     names = _graph.name_authority(graph)
     for name, elem_type, dims in params:
         grad = gradient_name(name)
@@ -93,16 +85,12 @@ def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str
             )
         graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
         graph.node.append(
-            helper.make_node(
-                op_type,
-                [buffer_name(name), grad, LAZY_RESET_GRAD],
-                [accumulated_name(name)],
-                name=names.fresh("GradientAccumulator"),
-                domain=domain,
+            IN_PLACE_ACCUMULATOR_V2.node(
+                [buffer_name(name), grad, LAZY_RESET_GRAD], [accumulated_name(name)], names.fresh("GradientAccumulator")
             )
         )
         graph.output[outputs[grad]].CopyFrom(
             helper.make_tensor_value_info(accumulated_name(name), onnx.TensorProto.BOOL, [1])
         )
     graph.input.append(helper.make_tensor_value_info(LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [1]))
-    _limits.ensure_opset(model, _limits.MS_DOMAIN, _limits.MS_OPSET)
+    _limits.ensure_opset(model, IN_PLACE_ACCUMULATOR_V2.domain, _limits.MS_OPSET)

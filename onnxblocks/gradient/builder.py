@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import helper
 
-from onnxblocks import _limits
-from onnxblocks.blocks.accessor import check_skeleton
-from onnxblocks.errors import GradientError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core import limits as _limits
+from onnxblocks._core.validation import check_skeleton
+from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
 from onnxblocks.gradient import _graph, accumulation, eval_model, normalize, pooling
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
 
@@ -44,7 +44,7 @@ class TrainingGraphs:
     """The result of :func:`build_training_graphs`.
 
     Both models may hold stubs for large constants (see
-    :mod:`onnxblocks.blocks.weights`); materialize them with the build's
+    :mod:`onnxblocks._core.weights`); materialize them with the build's
     accessor, or save them with ``onnxblocks.io.save_model(..., weights=store)``.
 
     Attributes:
@@ -381,7 +381,7 @@ def _order_inputs_and_outputs(
 
 # ------------------------------------------------------------------ ONNX Runtime
 def _session_options(custom_op_libraries: Sequence[str]):
-    from onnxblocks._ort import capi
+    from onnxblocks._core.ort import capi
 
     C = capi()
 
@@ -402,7 +402,7 @@ def _ort_gradient(
     forward: onnx.ModelProto, partition: ParameterPartition, loss: str, custom_op_libraries: Sequence[str]
 ) -> onnx.ModelProto:
     """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs in it)."""
-    from onnxblocks._ort import capi
+    from onnxblocks._core.ort import capi
 
     C = capi()
 
@@ -552,7 +552,7 @@ def _check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_o
     Raises:
         GradientError: naming the node, its op, the forward node it comes from and what to do.
     """
-    from onnxblocks._ort import onnxruntime
+    from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()
 

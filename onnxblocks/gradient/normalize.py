@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxblocks import _limits
-from onnxblocks.blocks.naming import NameAuthority
+from onnxblocks._core import limits as _limits
+from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.activations import activations_as_elementary
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxblocks.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 
 #: Element types a trainable parameter (or an input that requires a gradient) may have.
 FLOAT_TYPES = frozenset(

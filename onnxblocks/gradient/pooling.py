@@ -22,7 +22,7 @@ import math
 import numpy as np
 import onnx
 
-from onnxblocks.errors import GradientError
+from onnxblocks._core.errors import GradientError
 from onnxblocks.gradient import _graph
 
 

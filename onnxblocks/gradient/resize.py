@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxblocks import _limits
+from onnxblocks._core import limits as _limits
 from onnxblocks.gradient import _graph
 
 _SEPARABLE_ATTRIBUTES = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",

@@ -22,7 +22,7 @@ _STATUS_PREFIX = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*")
 
 def capi() -> ModuleType:
     """Import and return ``onnxruntime.capi._pybind_state`` (done once, on first use)."""
-    from onnxblocks._ort import capi as _capi
+    from onnxblocks._core.ort import capi as _capi
 
     return _capi()
 

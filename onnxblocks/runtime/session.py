@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.inputs import InputSpec, check_batch, read_input_specs

@@ -1,0 +1,117 @@
+"""Names that two parts of onnxblocks, or onnxblocks and ONNX Runtime, must agree on; defined once.
+
+* **Gradient and accumulation names** (ONNX Runtime's training API ``Module``
+  recognises the buffers by their suffix and ``lazy_reset_grad`` by its name):
+  ``<param>_grad``, ``<param>_grad.accumulation.buffer``, ``<param>_grad.accumulation.out``.
+* **Optimizer model inputs** (ONNX Runtime's ``Optimizer`` feeds them by name):
+  ``learning_rate``, ``step``, ``params``, ``gradients``, ``first_order_moments``,
+  ``second_order_moments``.
+* **Artifact file names**: what :func:`onnxblocks.artifacts.generate_artifacts`
+  writes and :mod:`onnxblocks.runtime` and the displays look for.
+
+Everything else imports these; no other module spells them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------- gradients
+#: Suffix of a value's gradient.
+GRADIENT_SUFFIX = "_grad"
+#: Suffix (after the gradient name) of a parameter's accumulation buffer input.
+BUFFER_SUFFIX = ".accumulation.buffer"
+#: Suffix (after the gradient name) of a parameter's accumulator flag output.
+ACCUMULATED_SUFFIX = ".accumulation.out"
+#: Name of the bool input that makes the accumulators overwrite instead of add.
+LAZY_RESET_GRAD = "lazy_reset_grad"
+
+_GRADIENT_VALUE = re.compile(re.escape(GRADIENT_SUFFIX) + r"($|[./:])")
+
+
+def gradient_name(name: str) -> str:
+    """Name of the gradient of ``name``: ``<name>_grad``."""
+    return f"{name}{GRADIENT_SUFFIX}"
+
+
+def buffer_name(param: str) -> str:
+    """Name of the accumulation buffer input of a parameter: ``<param>_grad.accumulation.buffer``."""
+    return f"{gradient_name(param)}{BUFFER_SUFFIX}"
+
+
+def accumulated_name(param: str) -> str:
+    """Name of the accumulator's flag output of a parameter: ``<param>_grad.accumulation.out``."""
+    return f"{gradient_name(param)}{ACCUMULATED_SUFFIX}"
+
+
+def is_gradient_value(name: str) -> bool:
+    """True for a gradient value's name (``x_grad``, or names ORT derives from it: ``x_grad/...``)."""
+    return _GRADIENT_VALUE.search(name) is not None
+
+
+def is_accumulation_value(name: str) -> bool:
+    """True for an accumulation buffer, an accumulator output, or ``lazy_reset_grad``."""
+    return name == LAZY_RESET_GRAD or name.endswith((BUFFER_SUFFIX, ACCUMULATED_SUFFIX))
+
+
+# ---------------------------------------------------------------- optimizer model
+LEARNING_RATE = "learning_rate"
+STEP = "step"
+PARAMS = "params"
+GRADIENTS = "gradients"
+FIRST_ORDER_MOMENTS = "first_order_moments"
+SECOND_ORDER_MOMENTS = "second_order_moments"
+
+# ---------------------------------------------------------------- artifact files
+TRAINING_MODEL = "training_model"
+EVAL_MODEL = "eval_model"
+OPTIMIZER_MODEL = "optimizer_model"
+CHECKPOINT = "checkpoint"
+NOMINAL_CHECKPOINT = "nominal_checkpoint"
+#: Suffix of ONNX models, of ORT-format models, and of external data files.
+ONNX_SUFFIX, ORT_SUFFIX, DATA_SUFFIX = ".onnx", ".ort", ".data"
+#: The models of a set of artifacts, in display order.
+MODEL_STEMS = (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL)
+
+
+@dataclass(frozen=True)
+class ArtifactNames:
+    """File names of one set of artifacts: ``{prefix}training_model.onnx`` and so on.
+
+    Attributes:
+        prefix: The prefix every file name starts with.
+    """
+
+    prefix: str = ""
+
+    def model(self, stem: str, ort_format: bool = False) -> str:
+        """File name of model ``stem`` (one of :data:`MODEL_STEMS`), ``.onnx`` or ``.ort``."""
+        return f"{self.prefix}{stem}{ORT_SUFFIX if ort_format else ONNX_SUFFIX}"
+
+    @property
+    def training_model(self) -> str:
+        return self.model(TRAINING_MODEL)
+
+    @property
+    def eval_model(self) -> str:
+        return self.model(EVAL_MODEL)
+
+    @property
+    def optimizer_model(self) -> str:
+        return self.model(OPTIMIZER_MODEL)
+
+    @property
+    def checkpoint(self) -> str:
+        return f"{self.prefix}{CHECKPOINT}"
+
+    @property
+    def nominal_checkpoint(self) -> str:
+        return f"{self.prefix}{NOMINAL_CHECKPOINT}"
+
+    def owned(self) -> list[str]:
+        """Every file name a set with this prefix may hold: models (``.onnx`` and ``.ort``),
+        checkpoints, and the external-data companion (``.data``) of each."""
+        names = [self.model(stem, ort) for stem in MODEL_STEMS for ort in (False, True)]
+        names += [self.checkpoint, self.nominal_checkpoint]
+        return [n for name in names for n in (name, name + DATA_SUFFIX)]

@@ -1,0 +1,130 @@
+"""Opening a build: ``base(model)`` and ``empty_base()``, and finding the active one.
+
+The active accessor sits in the context-scoped slot of :mod:`onnxblocks._core.context`,
+so builds in two threads (or two asyncio tasks) never see each other, and a nested
+build restores the outer one when it ends.
+
+``base`` works on a copy of the caller's model in which large initializers are
+stubs (see :mod:`onnxblocks._core.weights`): the caller's ModelProto is never
+mutated and its weights are never copied while the graph is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from onnxblocks._core import context as _context
+from onnxblocks._core import limits as _limits
+from onnxblocks._core import weights as _weights
+from onnxblocks._core.context import custom_op_libraries, custom_op_library
+from onnxblocks._core.proto import copy_fields
+from onnxblocks.blocks.accessor import ModelAccessor
+
+__all__ = ["active", "base", "current", "custom_op_libraries", "custom_op_library", "empty_base", "working_copy"]
+
+
+def current() -> ModelAccessor:
+    """The accessor of the build this code runs in.
+
+    Raises:
+        NoActiveModelError: outside ``onnxblocks.base(...)`` / ``onnxblocks.empty_base()``.
+    """
+    accessor: ModelAccessor = _context.current()
+    return accessor
+
+
+def active() -> ModelAccessor | None:
+    """The active accessor, or None outside a build."""
+    accessor: ModelAccessor | None = _context.active()
+    return accessor
+
+
+def working_copy(
+    model: onnx.ModelProto,
+    model_path: str | os.PathLike | None = None,
+    hold_threshold: int | None = None,
+) -> tuple[onnx.ModelProto, _weights.WeightStore]:
+    """Copy a model's structure, holding large initializers aside as stubs.
+
+    The caller's model is not mutated, and held initializers' bytes are not copied.
+    """
+    store = _weights.WeightStore()
+    base_dir = Path(model_path).parent if model_path is not None else None
+    copy = onnx.ModelProto()
+    copy_fields(model, copy, skip={"graph"})
+    copy_fields(model.graph, copy.graph, skip={"initializer"})
+    for init in model.graph.initializer:
+        if _weights.should_hold(init, hold_threshold):
+            copy.graph.initializer.append(store.hold(init, base_dir))
+        else:
+            copy.graph.initializer.append(init)
+    return copy, store
+
+
+@contextmanager
+def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) -> Iterator[ModelAccessor]:
+    """Open a build on top of ``model``.
+
+    Example:
+        >>> with onnxblocks.base(model) as accessor:
+        ...     loss = onnxblocks.losses.MSELoss()("output")
+        >>> finished = accessor.model
+
+    Args:
+        model: The base model. It is not mutated; its large initializers are not copied.
+        model_path: The file the model was loaded from; needed when the model keeps
+            its weights in external data files (loaded with ``load_external_data=False``).
+
+    Yields:
+        The :class:`ModelAccessor` of the build.
+
+    Raises:
+        TypeError: if ``model`` is not an ``onnx.ModelProto``.
+        ValueError: if the model needs a newer opset than onnxruntime-training 1.19.2 supports.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        hint = " Load it first with onnx.load(path), or pass the path as model_path." if isinstance(
+            model, (str, os.PathLike)) else ""
+        raise TypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
+    _limits.check_opset_supported(model)
+    working, store = working_copy(model, model_path)
+    with _activate(ModelAccessor(working, model_path, store)) as accessor:
+        yield accessor
+
+
+@contextmanager
+def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
+    """Open a build on a new, empty model.
+
+    Args:
+        opset_version: The ai.onnx opset to import; defaults to the highest that
+            onnxruntime-training 1.19.2 supports (21).
+
+    Raises:
+        ValueError: if ``opset_version`` is above what the runtime supports.
+    """
+    version = opset_version or _limits.MAX_ONNX_OPSET
+    model = helper.make_model(
+        helper.make_graph([], "graph", [], []),
+        opset_imports=[helper.make_opsetid("", version), helper.make_opsetid(_limits.MS_DOMAIN, _limits.MS_OPSET)],
+        producer_name="onnxblocks",
+    )
+    _limits.check_opset_supported(model, f"opset_version={version}")
+    _limits.stamp_versions(model)
+    with _activate(ModelAccessor(model)) as accessor:
+        yield accessor
+
+
+@contextmanager
+def _activate(accessor: ModelAccessor) -> Iterator[ModelAccessor]:
+    try:
+        with _context.activate(accessor):
+            yield accessor
+    finally:
+        accessor.close()
