@@ -15,6 +15,7 @@ from typing import Any
 
 from onnxblocks import blocks, losses, optim
 from onnxblocks._core import html as _html
+from onnxblocks._core.version import __version__
 from onnxblocks.blocks import (
     Block,
     ForwardBlock,
@@ -30,7 +31,6 @@ from onnxblocks.blocks import (
 )
 from onnxblocks._core.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
 
-__version__ = "0.1.0"
 
 # Loaded on first attribute access, to keep `import onnxblocks` fast.
 _LAZY_MODULES = {"artifacts", "checkpoint", "compat", "datasets", "demo", "display", "gradient", "io", "runtime"}

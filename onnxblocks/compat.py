@@ -40,13 +40,13 @@ from typing import Any
 
 import onnx
 
-from onnxblocks import artifacts as _artifacts
+from onnxblocks.artifacts import generate as _artifacts
 from onnxblocks import blocks as _blocks
 from onnxblocks import losses as _losses
 from onnxblocks import optim as _optim
+from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.context import base, empty_base
 from onnxblocks.blocks.context import custom_op_library as _custom_op_library
-from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.training import TrainingBlock
 
 __all__ = ["artifacts", "onnxblock"]
@@ -114,9 +114,19 @@ def generate_artifacts(
     the arguments.
     """
     return _artifacts._generate(
-        model, requires_grad, frozen_params, loss, optimizer, artifact_directory, prefix, ort_format,
-        custom_op_library, additional_output_names, nominal_checkpoint, loss_input_names,
-        loss_blocks=_artifacts._loss_block, optimizer_blocks=_reference_optimizer,
+        model,
+        requires_grad=requires_grad,
+        frozen_params=frozen_params,
+        loss=loss,
+        optimizer=optimizer,
+        artifact_directory=artifact_directory,
+        prefix=prefix,
+        ort_format=ort_format,
+        custom_op_library_path=custom_op_library,
+        additional_output_names=additional_output_names,
+        nominal_checkpoint=nominal_checkpoint,
+        loss_input_names=loss_input_names,
+        optimizer_blocks=_reference_optimizer,
     )
 
 

@@ -110,8 +110,11 @@ class ArtifactNames:
         return f"{self.prefix}{NOMINAL_CHECKPOINT}"
 
     def owned(self) -> list[str]:
-        """Every file name a set with this prefix may hold: models (``.onnx`` and ``.ort``),
-        checkpoints, and the external-data companion (``.data``) of each."""
+        """Every file name a set with this prefix may hold.
+
+        That is the models (``.onnx`` and ``.ort``), the checkpoints, and the
+        external-data companion (``.data``) of each.
+        """
         names = [self.model(stem, ort) for stem in MODEL_STEMS for ort in (False, True)]
         names += [self.checkpoint, self.nominal_checkpoint]
         return [n for name in names for n in (name, name + DATA_SUFFIX)]

@@ -22,7 +22,7 @@ from onnxblocks._core import limits as _limits
 from onnxblocks._core.context import Builder, current
 from onnxblocks._core.errors import did_you_mean
 
-_ATTRIBUTE_KINDS = {
+_ATTRIBUTE_KINDS: dict[int, str] = {
     onnx.AttributeProto.FLOAT: "float",
     onnx.AttributeProto.INT: "int",
     onnx.AttributeProto.STRING: "string",
@@ -49,12 +49,12 @@ class Attribute:
         Raises:
             TypeError: if ``value`` cannot represent this kind.
         """
-        ok = {
+        accepted: dict[int, bool] = {
             onnx.AttributeProto.FLOAT: isinstance(value, (int, float)) and not isinstance(value, bool),
             onnx.AttributeProto.INT: isinstance(value, (bool, int)),
             onnx.AttributeProto.STRING: isinstance(value, str),
-        }[self.kind]
-        if not ok:
+        }
+        if not accepted[self.kind]:
             raise TypeError(
                 f"{op_type} attribute '{self.name}' must be a {_ATTRIBUTE_KINDS[self.kind]}, "
                 f"not {type(value).__name__} ({value!r})."
@@ -146,7 +146,7 @@ class ContribOp:
         acc: Builder = current()
         count = outputs if isinstance(outputs, int) else len(outputs)
         self._check_arity(len(inputs), count, acc.where())
-        values = {key: self.attribute(key).coerce(self.op_type, value) for key, value in attributes.items()}
+        values: dict[str, Any] = {k: self.attribute(k).coerce(self.op_type, v) for k, v in attributes.items()}
         names = [str(i) if i else "" for i in inputs]
         types = [spec.type_for(acc, names) for spec in self.outputs[:count]]
         return acc.op(
@@ -166,7 +166,7 @@ class ContribOp:
             TypeError: for a wrong number of inputs or outputs, or an unknown or ill-typed attribute.
         """
         self._check_arity(len(inputs), len(outputs), "")
-        values = {key: self.attribute(key).coerce(self.op_type, value) for key, value in attributes.items()}
+        values: dict[str, Any] = {k: self.attribute(k).coerce(self.op_type, v) for k, v in attributes.items()}
         return onnx.helper.make_node(self.op_type, list(inputs), list(outputs), name=name, domain=self.domain, **values)
 
     def _check_arity(self, n_inputs: int, n_outputs: int, where: str) -> None:

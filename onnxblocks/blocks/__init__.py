@@ -1,6 +1,7 @@
 """Blocks: the model accessor, Block/ForwardBlock, and op blocks."""
 
 from onnxblocks.blocks.accessor import ModelAccessor
+from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.context import (
     active,
     base,
@@ -9,7 +10,6 @@ from onnxblocks.blocks.context import (
     custom_op_library,
     empty_base,
 )
-from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.elementwise import (
     Abs,
     Add,

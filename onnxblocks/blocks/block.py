@@ -9,11 +9,11 @@ from typing import Any, Generic, TypeVar
 
 import onnx
 
+from onnxblocks._core.errors import NotBuiltError, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.context import current
 from onnxblocks.blocks.value import as_values
-from onnxblocks._core.errors import NotBuiltError, preview
 
 _T = TypeVar("_T")
 
@@ -42,7 +42,7 @@ def _active_accessor(_block: Block) -> ModelAccessor:
     return current()
 
 
-def _added_nodes(block: Block) -> list[str]:
+def added_nodes(block: Block) -> list[str]:
     """Names of the nodes this block added the last time it was called."""
     return list(getattr(block, "_nodes", []))
 
@@ -73,11 +73,11 @@ class Block(HtmlDisplay, ABC):
         """The ModelProto being built (for code that edits the proto directly)."""
         return current().working_model
 
-    @base.setter  # noqa: B027
+    @base.setter
     def base(self, _model: onnx.ModelProto) -> None:
         """Ignored (the reference assigned it): the model is always the active build's."""
 
-    nodes = _BuildView(_added_nodes)
+    nodes = _BuildView(added_nodes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build this block into the active model and return its output Value(s)."""

@@ -50,7 +50,7 @@ class _Binary(Op):
 
     def build(self, input_name1: str, input_name2: str) -> Value:  # type: ignore[override]
         """Add ``op(input_name1, input_name2)`` with numpy-style broadcasting."""
-        return self.accessor.op(self._op_type, [input_name1, input_name2])  # type: ignore[return-value]
+        return self.accessor.op(self._op_type, [input_name1, input_name2])
 
 
 class Add(_Binary):
@@ -84,7 +84,7 @@ class Div(_Binary):
 class _Unary(Op):
     def build(self, input_name: str) -> Value:  # type: ignore[override]
         """Apply the op to ``input_name``."""
-        return self.accessor.op(self._op_type, [input_name], **self._attributes)  # type: ignore[return-value]
+        return self.accessor.op(self._op_type, [input_name], **self._attributes)
 
 
 class Sigmoid(_Unary):
@@ -141,7 +141,7 @@ class Pow(Block):
         acc = self.accessor
         acc.require(pow_input_name)
         exponent = acc.constant(self._exponent, dtype=_float_dtype(acc, pow_input_name), name_hint="pow_exponent")
-        return acc.op("Pow", [pow_input_name, exponent])  # type: ignore[return-value]
+        return acc.op("Pow", [pow_input_name, exponent])
 
 
 class Clip(Block):
@@ -159,7 +159,7 @@ class Clip(Block):
         dtype = _float_dtype(acc, clip_input_name)
         lo = acc.constant(self._min, dtype=dtype, name_hint="clip_min") if self._min is not None else None
         hi = acc.constant(self._max, dtype=dtype, name_hint="clip_max") if self._max is not None else None
-        return acc.op("Clip", [clip_input_name, lo, hi])  # type: ignore[return-value]
+        return acc.op("Clip", [clip_input_name, lo, hi])
 
 
 class Cast(Block):
@@ -171,4 +171,4 @@ class Cast(Block):
 
     def build(self, cast_input_name: str) -> Value:
         """Cast ``cast_input_name``."""
-        return self.accessor.op("Cast", [cast_input_name], to=self._to)  # type: ignore[return-value]
+        return self.accessor.op("Cast", [cast_input_name], to=self._to)

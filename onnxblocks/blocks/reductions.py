@@ -26,11 +26,11 @@ class _Reduce(Block):
         acc.require(input_name)
         version = acc.domain_version("") or 1
         if self._axes is None:
-            return acc.op(self._op_type, [input_name], keepdims=int(self._keepdims))  # type: ignore[return-value]
+            return acc.op(self._op_type, [input_name], keepdims=int(self._keepdims))
         if version >= _AXES_AS_INPUT_SINCE[self._op_type]:
             axes = acc.constant(self._axes, dtype=onnx.TensorProto.INT64, name_hint="axes")
-            return acc.op(self._op_type, [input_name, axes], keepdims=int(self._keepdims))  # type: ignore[return-value]
-        return acc.op(  # type: ignore[return-value]
+            return acc.op(self._op_type, [input_name, axes], keepdims=int(self._keepdims))
+        return acc.op(
             self._op_type, [input_name], keepdims=int(self._keepdims), axes=self._axes
         )
 
@@ -58,7 +58,7 @@ class ReduceAllL2(Block):
         if not reduce_node_input_names:
             raise TypeError("ReduceAllL2 needs at least one input.")
         elem = acc.elem_type(reduce_node_input_names[0]) or onnx.TensorProto.FLOAT
-        return acc.op(  # type: ignore[return-value]
+        return acc.op(
             "ReduceAllL2",
             list(reduce_node_input_names),
             domain="com.microsoft",

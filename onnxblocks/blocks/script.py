@@ -33,21 +33,21 @@ object's ``to_function_proto()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import onnx
 from onnx import AttributeProto, helper
 
+from onnxblocks._core.errors import did_you_mean, preview
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks._core.errors import did_you_mean, preview
 
 _FunctionKey = tuple[str, str]  # (domain, name)
 
 # Python values of these types convert to the attribute type of a declared default.
-_COERCE = {
+_COERCE: dict[int, Callable[[Any], object]] = {
     AttributeProto.FLOAT: lambda v: float(v),
     AttributeProto.INT: lambda v: int(v),
     AttributeProto.FLOATS: lambda v: [float(x) for x in v],

@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 
 
 class Constant(Block):
@@ -37,7 +37,7 @@ class SequenceConstruct(Block):
             seq = onnx.TypeProto()
             seq.sequence_type.elem_type.tensor_type.elem_type = types[0].tensor_type.elem_type
             out_types = [seq]
-        return acc.op("SequenceConstruct", list(sequence_input_names), output_types=out_types)  # type: ignore[return-value]
+        return acc.op("SequenceConstruct", list(sequence_input_names), output_types=out_types)
 
 
 class PassThrough(Block):
@@ -126,7 +126,7 @@ class LabelEncoder(Block):
         elem = {"values_floats": onnx.TensorProto.FLOAT, "values_int64s": onnx.TensorProto.INT64,
                 "values_strings": onnx.TensorProto.STRING}[value_kind]
         shape = acc.shape_of(label_encoder_input_name)
-        return acc.op(  # type: ignore[return-value]
+        return acc.op(
             "LabelEncoder",
             [label_encoder_input_name],
             domain="ai.onnx.ml",
@@ -174,4 +174,4 @@ class Linear(Block):
             bias = rng.uniform(-bound, bound, (self._out_features,)).astype(np.float32)
             g.initializer.append(numpy_helper.from_array(bias, bias_name))
             inputs.append(bias_name)
-        return acc.op("Gemm", inputs, alpha=self._alpha, beta=self._beta)  # type: ignore[return-value]
+        return acc.op("Gemm", inputs, alpha=self._alpha, beta=self._beta)

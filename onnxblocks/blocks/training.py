@@ -19,6 +19,7 @@ from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, _BuildView
 from onnxblocks.gradient import TrainingGraphs, build_training_graphs, check_training_model
 
+
 class TrainingBlock(Block):
     """Base class of blocks whose output is the loss that training minimises.
 
@@ -96,8 +97,13 @@ class TrainingBlock(Block):
         _replace_working_model(acc, graphs.training)
         return out
 
+    @property
+    def is_built(self) -> bool:
+        """True once the block was called in a build (its training and eval models exist)."""
+        return getattr(self, "_graphs", None) is not None
+
     def _require_built(self, what: str) -> None:
-        if getattr(self, "_graphs", None) is None:
+        if not self.is_built:
             raise NotBuiltError(
                 f"{type(self).__name__} has not been built yet, so its {what} are not known: call the block "
                 "inside `with onnxblocks.base(model):` first. (Please build the training model first before "

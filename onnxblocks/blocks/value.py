@@ -55,7 +55,7 @@ class Value(str):
         return out
 
     # -- arithmetic ----------------------------------------------------------
-    def __add__(self, other: Any) -> Any:  # type: ignore[override]
+    def __add__(self, other: Any) -> Any:
         if isinstance(other, str) and not isinstance(other, Value):
             return str(self) + other
         return self._binary("Add", other)
@@ -71,10 +71,10 @@ class Value(str):
     def __rsub__(self, other: Any) -> Any:
         return self._binary("Sub", other, reverse=True)
 
-    def __mul__(self, other: Any) -> Any:  # type: ignore[override]
+    def __mul__(self, other: Any) -> Any:
         return self._binary("Mul", other)
 
-    def __rmul__(self, other: Any) -> Any:  # type: ignore[override]
+    def __rmul__(self, other: Any) -> Any:
         return self._binary("Mul", other, reverse=True)
 
     def __truediv__(self, other: Any) -> Any:

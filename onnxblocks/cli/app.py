@@ -23,11 +23,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_INPUT = 3
-EXIT_INTERRUPTED = 130
+from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError
 
 PROG = "onnxblocks"
 
@@ -42,14 +38,6 @@ exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 input error (file, model o
 Run 'onnxblocks COMMAND --help' for the options of a command."""
 
 
-class CliError(Exception):
-    """An error to report as one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_INPUT) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (and exit code 2)."""
 
@@ -59,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``onnxblocks`` parser with its subcommands."""
-    from onnxblocks import __version__
+    from onnxblocks._core.version import __version__
     from onnxblocks.cli import artifacts, demo, inspection, train
 
     common = argparse.ArgumentParser(add_help=False)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from onnxblocks.cli.app import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.tables import format_bytes
 
 #: ``--loss`` choices and the LossType member each selects (None: the model's first output is the loss).

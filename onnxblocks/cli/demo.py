@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from onnxblocks.cli.app import EXIT_FAILURE, EXIT_OK, CliError
+from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_OK, CliError
 
 EXAMPLES = """\
 examples:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks.cli.app import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 
 EXAMPLES = """\
 examples:

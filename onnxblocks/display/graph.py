@@ -17,26 +17,26 @@ of a training graph each node belongs to:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
 
+from onnxblocks._core.contracts import buffer_name, gradient_name, is_accumulation_value
+from onnxblocks._core.contracts import is_gradient_value as _is_grad
+from onnxblocks._core.contrib import CONTRIB_OPS, IN_PLACE_ACCUMULATOR_V2
+
 #: Node parts, in drawing-priority order.
 PARTS = ("forward", "loss", "backward", "accumulation", "optimizer")
 
-_GRAD_VALUE = re.compile(r"_grad($|[./:])")
-_ACCUMULATION_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2"}
-_OPTIMIZER_OPS = {
-    "AdamWOptimizer",
+#: Accumulation ops: ours, and the first version ORT's older artifacts used.
+_ACCUMULATION_OPS = {IN_PLACE_ACCUMULATOR_V2.op_type, "InPlaceAccumulator"}
+#: Optimizer ops: the ones onnxblocks emits, and ORT optimizers found in other artifacts.
+_OPTIMIZER_OPS = {op for op in CONTRIB_OPS if op not in _ACCUMULATION_OPS} | {
     "AdamOptimizer",
     "SGDOptimizer",
-    "SGDOptimizerV2",
-    "InplaceClipGradNorm",
     "LambOptimizer",
 }
-_STATE_INPUTS = {"lazy_reset_grad"}
 _FLOAT_TYPES = {
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.DOUBLE,
@@ -207,18 +207,19 @@ class GraphIndex:
         initializers = {init.name: init for init in graph.initializer}
         input_names = [i.name for i in graph.input]
         output_names = [o.name for o in graph.output]
-        self.is_training = any(_GRAD_VALUE.search(o) for o in output_names) or any(
+        self.is_training = any(_is_grad(o) for o in output_names) or any(
             n.op_type in _ACCUMULATION_OPS for n in self.nodes
         )
         grads = {o for node in self.nodes for o in node.outputs} | set(output_names)
         inferred_trainable = {
             name for name in list(input_names) + list(initializers)
-            if f"{name}_grad" in grads or f"{name}_grad.accumulation.buffer" in input_names
+            if gradient_name(name) in grads or buffer_name(name) in input_names
         }
         trainable_set = set(trainable) if trainable is not None else inferred_trainable
         frozen_set = set(frozen or ()) - trainable_set
 
         def info(name: str, role: str, is_param: bool = False) -> TensorInfo:
+            shape: tuple[int | str | None, ...] | None
             if name in initializers:
                 init = initializers[name]
                 dtype, shape = dtype_name(init.data_type), tuple(int(d) for d in init.dims)
@@ -241,7 +242,7 @@ class GraphIndex:
             seen.add(name)
             if name in params_named:
                 self.params.append(info(name, "param", True))
-            elif name in _STATE_INPUTS or ".accumulation." in name:
+            elif is_accumulation_value(name):
                 self.state.append(info(name, "state"))
             elif name not in initializers:
                 self.inputs.append(info(name, "input"))
@@ -336,12 +337,12 @@ class GraphIndex:
         for node in self.nodes:
             if node.op_type in _OPTIMIZER_OPS:
                 parts[node.index] = "optimizer"
-            elif node.op_type in _ACCUMULATION_OPS or any(".accumulation." in o for o in node.outputs):
+            elif node.op_type in _ACCUMULATION_OPS or any(is_accumulation_value(o) for o in node.outputs):
                 parts[node.index] = "accumulation"
             elif (
                 "_Grad/" in node.name
-                or any(_GRAD_VALUE.search(o) for o in node.outputs if o)
-                or any(i in backward_values or _GRAD_VALUE.search(i) for i in node.inputs if i)
+                or any(_is_grad(o) for o in node.outputs if o)
+                or any(i in backward_values or _is_grad(i) for i in node.inputs if i)
             ):
                 parts[node.index] = "backward"
                 backward_values.update(o for o in node.outputs if o)

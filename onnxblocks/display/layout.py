@@ -65,9 +65,9 @@ def layered_layout(
     Returns:
         The layout.
     """
-    order = _acyclic_order(keys, edges)
-    keys = [keys[i] for i in order]
-    sizes = [sizes[i] for i in order]
+    acyclic = _acyclic_order(keys, edges)
+    keys = [keys[i] for i in acyclic]
+    sizes = [sizes[i] for i in acyclic]
     n = len(keys)
     pos_of = {k: i for i, k in enumerate(keys)}
     widths = [s[0] for s in sizes]
@@ -117,9 +117,9 @@ def layered_layout(
         budget -= span - 1
         chain = []
         prev = u
-        for lay in range(node_layer[u] + 1, node_layer[v]):
+        for level in range(node_layer[u] + 1, node_layer[v]):
             d = len(node_layer)
-            node_layer.append(lay)
+            node_layer.append(level)
             width_of.append(DUMMY_WIDTH)
             adj_down.append([])
             adj_up.append([])
@@ -166,7 +166,7 @@ def layered_layout(
             x[v] = cursor
             cursor += width_of[v] + H_GAP
     for it in range(iterations):
-        order = layers[1:] if it % 2 == 0 else list(reversed(layers[:-1]))
+        order: list[list[int]] = layers[1:] if it % 2 == 0 else list(reversed(layers[:-1]))
         neighbours = adj_up if it % 2 == 0 else adj_down
         for lay in order:
             _place(lay, x, width_of, neighbours)
@@ -180,8 +180,8 @@ def layered_layout(
         cursor_y += h + V_GAP
     boxes: dict[str, tuple[float, float, float, float]] = {}
     for v in range(n):
-        lay = node_layer[v]
-        y = layer_y[lay] + (layer_heights[lay] - heights[v]) / 2
+        level = node_layer[v]
+        y = layer_y[level] + (layer_heights[level] - heights[v]) / 2
         boxes[keys[v]] = (x[v] - min_x + MARGIN, y, widths[v], heights[v])
     width = max((bx + bw for bx, _, bw, _ in boxes.values()), default=0.0) + MARGIN
     height = cursor_y - V_GAP + MARGIN if layers else 2 * MARGIN
@@ -190,17 +190,17 @@ def layered_layout(
         return x[v] - min_x + MARGIN + width_of[v] / 2
 
     def mid_y(v: int) -> float:
-        lay = node_layer[v]
-        return layer_y[lay] + layer_heights[lay] / 2
+        level = node_layer[v]
+        return layer_y[level] + layer_heights[level] / 2
 
     out_edges: list[tuple[str, str, list[tuple[float, float]]]] = []
     for u, v in real_edges:
-        a, b = (u, v) if u < v else (v, u)
+        lo, hi = (u, v) if u < v else (v, u)
         downward = node_layer[u] < node_layer[v] or (node_layer[u] == node_layer[v] and u < v)
         src_box, dst_box = boxes[keys[u]], boxes[keys[v]]
         start = (src_box[0] + src_box[2] / 2, src_box[1] + (src_box[3] if downward else 0.0))
         end = (dst_box[0] + dst_box[2] / 2, dst_box[1] + (0.0 if downward else dst_box[3]))
-        middle = [(centre_x(d), mid_y(d)) for d in chains.get((a, b), [])]
+        middle = [(centre_x(d), mid_y(d)) for d in chains.get((lo, hi), [])]
         if u > v:
             middle.reverse()
         out_edges.append((keys[u], keys[v], [start, *middle, end]))

@@ -5,6 +5,7 @@ existing value or a new graph input with a documented default name (``target``
 or ``labels``) and a derived dtype and shape. See docs/losses.md.
 """
 
+from onnxblocks.losses._base import Loss
 from onnxblocks.losses.bce_with_logits import BCEWithLogitsLoss
 from onnxblocks.losses.cross_entropy import CrossEntropyLoss
 from onnxblocks.losses.huber import HuberLoss
@@ -20,6 +21,7 @@ __all__ = [
     "HuberLoss",
     "KLDivLoss",
     "L1Loss",
+    "Loss",
     "MSELoss",
     "NLLLoss",
     "SmoothL1Loss",

@@ -215,20 +215,23 @@ def axes_op(acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **att
 def static_dim(acc: ModelAccessor, x: str, axis: int) -> int | None:
     """The size of ``x`` along ``axis`` when it is a known number, else None."""
     shape = acc.shape_of(x)
-    if shape is not None and -len(shape) <= axis < len(shape) and isinstance(shape[axis], int):
-        return shape[axis]
-    return None
+    if shape is None or not -len(shape) <= axis < len(shape):
+        return None
+    dim = shape[axis]
+    return dim if isinstance(dim, int) else None
 
 
 def dim_size(acc: ModelAccessor, x: str, axis: int, like: str) -> Value:
     """The size of ``x`` along ``axis`` as a scalar of ``like``'s element type (a constant when static)."""
     elem = acc.elem_type(like) or TensorProto.FLOAT
-    size = static_dim(acc, x, axis)
-    if size is not None:
-        return acc.constant(size, dtype=helper.tensor_dtype_to_np_dtype(elem), name_hint="dim")
+    static = static_dim(acc, x, axis)
+    if static is not None:
+        return acc.constant(static, dtype=helper.tensor_dtype_to_np_dtype(elem), name_hint="dim")
     dims = acc.op("Shape", [x])
     index = acc.constant(axis, dtype=np.int64, name_hint="axis")
-    size = acc.op("Gather", [dims, index], axis=0)
-    out = acc.op("Cast", [size], to=elem)
+    assert isinstance(dims, Value)
+    gathered = acc.op("Gather", [dims, index], axis=0)
+    assert isinstance(gathered, Value)
+    out = acc.op("Cast", [gathered], to=elem)
     assert isinstance(out, Value)
     return out

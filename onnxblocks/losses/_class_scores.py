@@ -235,4 +235,4 @@ class ClassLoss(Loss):
             return self._reduce(per_element, self._name_hint)
         total = reduce_all(acc, "ReduceSum", per_element)
         denominator = reduce_all(acc, "ReduceSum", weight_i)
-        return acc.op("Div", [total, denominator], outputs=[acc.names.fresh(self._name_hint)])  # type: ignore[return-value]
+        return acc.op("Div", [total, denominator], outputs=[acc.names.fresh(self._name_hint)])

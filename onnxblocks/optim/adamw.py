@@ -87,7 +87,7 @@ class AdamWUpdate(Block):
         self.weight_decay = float(weight_decay)
         self.mode = mode
 
-    def attributes(self) -> dict[str, float | int]:
+    def attributes(self) -> dict[str, Any]:
         """The ``AdamWOptimizer`` attributes this block writes."""
         return {
             "alpha": self.betas[0],

@@ -42,7 +42,7 @@ FIRST_ORDER_MOMENTS = "first_order_moments"
 SECOND_ORDER_MOMENTS = "second_order_moments"
 
 #: Parameter element types the optimizer ops accept.
-FLOAT_TYPES = {
+FLOAT_TYPES: dict[int, str] = {
     onnx.TensorProto.FLOAT: "float32",
     onnx.TensorProto.DOUBLE: "float64",
     onnx.TensorProto.FLOAT16: "float16",

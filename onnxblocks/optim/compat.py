@@ -56,7 +56,7 @@ class AdamWOptimizer(AdamWUpdate):
     ) -> None:
         super().__init__(bias_correction, betas, eps, weight_decay, mode="hf")
 
-    def build(  # type: ignore[override]
+    def build(
         self,
         learning_rate_name: str,
         step_name: str,
@@ -98,6 +98,6 @@ class SGDOptimizer(SGDUpdate):
             )
         return super().__call__(*args, **kwargs)
 
-    def build(self, learning_rate_name: str, gradients_name: str, params_name: str) -> Value:  # type: ignore[override]
+    def build(self, learning_rate_name: str, gradients_name: str, params_name: str) -> Value:
         """Add the update node and return its updated flag."""
         return super().build(learning_rate_name, gradients_name, params_name)

@@ -3,7 +3,8 @@
 An artifact directory holds ``<prefix>training_model.onnx``, ``<prefix>eval_model.onnx``,
 ``<prefix>optimizer_model.onnx`` and ``<prefix>checkpoint`` (the names
 ``onnxblocks.artifacts.generate_artifacts`` writes). Models saved in ORT format
-(``.ort``) are found too; ``.onnx`` wins when both exist.
+(``.ort``) are found too; ``.onnx`` wins when both exist. The names are the
+contract of :class:`onnxblocks._core.contracts.ArtifactNames`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-TRAINING_MODEL = "training_model"
-EVAL_MODEL = "eval_model"
-OPTIMIZER_MODEL = "optimizer_model"
-CHECKPOINT = "checkpoint"
+from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL, ArtifactNames
 
 
 @dataclass(frozen=True)
@@ -50,9 +48,10 @@ class ArtifactFiles:
                 f"Artifact directory '{root}' does not exist. Generate artifacts first "
                 "(onnxblocks.artifacts.generate_artifacts or `onnxblocks artifacts MODEL.onnx -o DIR`)."
             )
-        training = _model(root, prefix + TRAINING_MODEL)
-        checkpoint = root / (prefix + CHECKPOINT)
-        missing = [str(p) for p, ok in ((root / f"{prefix}{TRAINING_MODEL}.onnx", training is not None),
+        names = ArtifactNames(prefix)
+        training = _model(root, names, TRAINING_MODEL)
+        checkpoint = root / names.checkpoint
+        missing = [str(p) for p, ok in ((root / names.training_model, training is not None),
                                        (checkpoint, checkpoint.exists())) if not ok]
         if missing:
             present = sorted(p.name for p in root.iterdir())
@@ -62,13 +61,14 @@ class ArtifactFiles:
                 f"It holds {present or 'nothing'}. Pass the directory generate_artifacts wrote, with its prefix."
             )
         assert training is not None
-        eval_model, optimizer_model = _model(root, prefix + EVAL_MODEL), _model(root, prefix + OPTIMIZER_MODEL)
+        eval_model, optimizer_model = _model(root, names, EVAL_MODEL), _model(root, names, OPTIMIZER_MODEL)
         return cls(root, training, checkpoint, eval_model, optimizer_model)
 
 
-def _model(root: Path, stem: str) -> Path | None:
-    for suffix in (".onnx", ".ort"):
-        path = root / (stem + suffix)
+def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
+    """The ``.onnx`` file of a model, else its ``.ort`` file, else None."""
+    for ort_format in (False, True):
+        path = root / names.model(stem, ort_format)
         if path.is_file():
             return path
     return None

@@ -1,26 +1,11 @@
-"""Training artifacts: the files ONNX Runtime's training API runs.
+"""generate_artifacts: from a forward model to the files ONNX Runtime's training API runs.
 
-:func:`generate_artifacts` writes, into one directory:
-
-==============================  ==========================================================
-file                            what it is
-==============================  ==========================================================
-``{prefix}training_model.onnx`` forward + loss + gradient graph + gradient accumulation
-``{prefix}eval_model.onnx``     forward + loss, training-mode Dropout/BatchNorm off
-``{prefix}checkpoint``          trainable and frozen parameters
-``{prefix}optimizer_model.onnx`` the optimizer (only with ``optimizer=``)
-``{prefix}nominal_checkpoint``  parameter names and types only (``nominal_checkpoint=True``)
-``*.ort``                       ORT-format copies of the models (``ort_format=True``)
-``*.data``                      external data of a model or checkpoint, when large
-==============================  ==========================================================
+The files and their names are listed in :mod:`onnxblocks.artifacts`.
 
 Everything is written into a temporary directory first and moved into place
 only when complete, so a failure leaves no half-written artifacts and existing
-artifacts are replaced file by file with complete ones; artifact files of an
-earlier run with the same prefix that this run does not write (an optimizer
-model, ``.ort`` copies, ``.data`` files) are removed, so the directory never
-mixes two runs. Weights are never
-copied in memory: a model given as a path is loaded without its external data,
+artifacts are replaced with complete ones (see :mod:`onnxblocks.artifacts.files`).
+Weights are never copied in memory: a model given as a path is loaded without its external data,
 which is streamed from its file into the checkpoint.
 """
 
@@ -30,8 +15,6 @@ import contextlib
 import enum
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,14 +22,18 @@ from typing import Any
 
 import onnx
 
+from onnxblocks import checkpoint, losses, optim
 from onnxblocks._core import limits as _limits
-from onnxblocks._core.html import HtmlDisplay
 from onnxblocks._core import weights as _weights
-from onnxblocks.blocks.context import base, custom_op_library, empty_base
+from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL, ArtifactNames
+from onnxblocks._core.errors import did_you_mean, preview
+from onnxblocks._core.html import HtmlDisplay
+from onnxblocks.artifacts.files import staging, to_ort_format
 from onnxblocks.blocks.block import Block
+from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
-from onnxblocks._core.errors import did_you_mean, preview
+from onnxblocks.io import save_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +64,11 @@ class OptimType(enum.Enum):
 
 
 def _loss_block(loss: LossType) -> Block:
-    from onnxblocks import losses
-
-    return getattr(losses, loss.name)()
+    block: Block = getattr(losses, loss.name)()
+    return block
 
 
 def _optimizer_block(optimizer: OptimType) -> Block:
-    from onnxblocks import optim
-
     return {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD}[optimizer]()
 
 
@@ -205,31 +189,45 @@ def generate_artifacts(
         onnxblocks.GradientError: when ONNX Runtime cannot differentiate the model.
     """
     return _generate(
-        model, requires_grad, frozen_params, loss, optimizer, artifact_directory, prefix, ort_format,
-        custom_op_library, additional_output_names, nominal_checkpoint, loss_input_names,
-        loss_blocks=_loss_block, optimizer_blocks=_optimizer_block, model_path=model_path,
+        model,
+        requires_grad=requires_grad,
+        frozen_params=frozen_params,
+        loss=loss,
+        optimizer=optimizer,
+        artifact_directory=artifact_directory,
+        prefix=prefix,
+        ort_format=ort_format,
+        custom_op_library_path=custom_op_library,
+        additional_output_names=additional_output_names,
+        nominal_checkpoint=nominal_checkpoint,
+        loss_input_names=loss_input_names,
+        model_path=model_path,
     )
 
 
 def _generate(
     model: onnx.ModelProto | str | os.PathLike,
-    requires_grad: Sequence[str] | None,
-    frozen_params: Sequence[str] | None,
-    loss: LossType | Block | None,
-    optimizer: OptimType | Block | None,
-    artifact_directory: str | os.PathLike | None,
-    prefix: str,
-    ort_format: bool,
-    custom_op_library_path: str | os.PathLike | None,
-    additional_output_names: Sequence[str] | None,
-    nominal_checkpoint: bool,
-    loss_input_names: Sequence[str] | None,
     *,
-    loss_blocks: Callable[[LossType], Block],
-    optimizer_blocks: Callable[[OptimType], Block],
+    requires_grad: Sequence[str] | None = None,
+    frozen_params: Sequence[str] | None = None,
+    loss: LossType | Block | None = None,
+    optimizer: OptimType | Block | None = None,
+    artifact_directory: str | os.PathLike | None = None,
+    prefix: str = "",
+    ort_format: bool = False,
+    custom_op_library_path: str | os.PathLike | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    nominal_checkpoint: bool = False,
+    loss_input_names: Sequence[str] | None = None,
     model_path: str | os.PathLike | None = None,
+    loss_blocks: Callable[[LossType], Block] = _loss_block,
+    optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
-    """:func:`generate_artifacts` with the mapping from enums to blocks as arguments (for compat)."""
+    """:func:`generate_artifacts`, keyword-only, with the mapping from enum members to blocks as arguments.
+
+    ``loss_blocks`` and ``optimizer_blocks`` turn a :class:`LossType` / :class:`OptimType`
+    into a block; :mod:`onnxblocks.compat` passes the reference's optimizer defaults.
+    """
     base_model, model_path = _load(model, model_path)
     loss_block = _resolve_loss(loss, loss_blocks)
     optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
@@ -269,48 +267,36 @@ def _generate(
         optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]
 
     directory = Path(os.fspath(artifact_directory)) if artifact_directory is not None else Path.cwd()
-    names = {
-        "training_model": f"{prefix}training_model.onnx",
-        "eval_model": f"{prefix}eval_model.onnx",
-        "checkpoint": f"{prefix}checkpoint",
-        "nominal_checkpoint": f"{prefix}nominal_checkpoint",
-        "optimizer_model": f"{prefix}optimizer_model.onnx",
-    }
-    with _staging(directory, list(names.values())) as stage:
-        from onnxblocks.checkpoint import save_checkpoint
-        from onnxblocks.io import save_model
-
-        save_model(graphs.training, stage / names["training_model"], weights=store)
-        save_model(graphs.eval, stage / names["eval_model"], weights=store)
-        save_checkpoint(sources, stage / names["checkpoint"], nominal_checkpoint=False)
+    names = ArtifactNames(prefix)
+    with staging(directory, names.owned()) as stage:
+        save_model(graphs.training, stage / names.training_model, weights=store)
+        save_model(graphs.eval, stage / names.eval_model, weights=store)
+        checkpoint.save_checkpoint(sources, stage / names.checkpoint, nominal_checkpoint=False)
         if nominal_checkpoint:
-            save_checkpoint(sources, stage / names["nominal_checkpoint"], nominal_checkpoint=True)
+            checkpoint.save_checkpoint(sources, stage / names.nominal_checkpoint, nominal_checkpoint=True)
         if optimizer_model is not None:
-            save_model(optimizer_model, stage / names["optimizer_model"])
-        models = ["training_model", "eval_model"] + (["optimizer_model"] if optimizer_model is not None else [])
+            save_model(optimizer_model, stage / names.optimizer_model)
+        models = [TRAINING_MODEL, EVAL_MODEL] + ([OPTIMIZER_MODEL] if optimizer_model is not None else [])
         if ort_format:
-            for key in models:
-                _to_ort_format(stage / names[key], libraries)
+            for stem in models:
+                to_ort_format(stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries)
         written = sorted(p.name for p in stage.iterdir())
     files = tuple(directory / n for n in written)
     logger.info("Wrote training artifacts to %s: %s", directory, ", ".join(written))
 
-    def path(key: str, present: bool = True, suffix: str = "") -> Path | None:
-        if not present:
-            return None
-        name = names[key]
-        return directory / (name[: -len(".onnx")] + ".ort" if suffix else name)
+    def ort_copy(stem: str) -> Path | None:
+        return directory / names.model(stem, ort_format=True) if ort_format and stem in models else None
 
     return Artifacts(
         directory=directory,
-        training_model=directory / names["training_model"],
-        eval_model=directory / names["eval_model"],
-        checkpoint=directory / names["checkpoint"],
-        optimizer_model=path("optimizer_model", optimizer_model is not None),
-        nominal_checkpoint=path("nominal_checkpoint", nominal_checkpoint),
-        training_model_ort=path("training_model", ort_format, ".ort"),
-        eval_model_ort=path("eval_model", ort_format, ".ort"),
-        optimizer_model_ort=path("optimizer_model", ort_format and optimizer_model is not None, ".ort"),
+        training_model=directory / names.training_model,
+        eval_model=directory / names.eval_model,
+        checkpoint=directory / names.checkpoint,
+        optimizer_model=directory / names.optimizer_model if optimizer_model is not None else None,
+        nominal_checkpoint=directory / names.nominal_checkpoint if nominal_checkpoint else None,
+        training_model_ort=ort_copy(TRAINING_MODEL),
+        eval_model_ort=ort_copy(EVAL_MODEL),
+        optimizer_model_ort=ort_copy(OPTIMIZER_MODEL),
         requires_grad=graphs.partition.trainable,
         frozen_params=graphs.partition.frozen,
         input_names=graphs.user_inputs,
@@ -402,74 +388,3 @@ def _check_prefix(prefix: str) -> None:
         raise ValueError(
             f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
         )
-
-
-# ------------------------------------------------------------------ files
-@contextlib.contextmanager
-def _staging(directory: Path, artifact_names: Sequence[str]):
-    """Yield a temporary directory; on success move its files into ``directory``, on failure delete it.
-
-    A missing ``directory`` is created by renaming the complete temporary
-    directory into place; an existing one gets each file moved over
-    (``os.replace``), and files of an earlier run that this run did not write
-    (among ``artifact_names`` and their ``.ort`` / ``.data`` companions) are
-    removed, so the directory never mixes two runs' artifacts.
-    """
-    exists = directory.is_dir()
-    if directory.exists() and not exists:
-        raise NotADirectoryError(f"artifact_directory '{directory}' exists and is not a directory.")
-    parent = directory if exists else directory.parent
-    created = None  # the top-most directory this call creates, removed again on failure
-    if not exists:
-        created = next((p for p in reversed(parent.parents) if not p.exists()), None) or (
-            parent if not parent.exists() else None)
-        parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".onnxblocks-artifacts-", dir=parent))
-    try:
-        yield stage
-        if exists:
-            written = {item.name for item in stage.iterdir()}
-            for item in sorted(stage.iterdir()):
-                os.replace(item, directory / item.name)
-            stage.rmdir()
-            for name in _companions(artifact_names):
-                if name not in written and (directory / name).is_file():
-                    logger.info("Removing %s, left by an earlier run.", directory / name)
-                    (directory / name).unlink()
-        else:
-            os.replace(stage, directory)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
-
-
-def _companions(names: Sequence[str]) -> list[str]:
-    """The artifact file names with their ORT-format and external-data companions."""
-    out = []
-    for name in names:
-        variants = [name, name[: -len(".onnx")] + ".ort"] if name.endswith(".onnx") else [name]
-        out.extend(v for variant in variants for v in (variant, variant + ".data"))
-    return out
-
-
-def _to_ort_format(model_path: Path, custom_op_libraries: Sequence[str]) -> Path:
-    """Write ``<model>.ort`` beside ``model_path`` (as ``convert_onnx_models_to_ort`` does, without torch)."""
-    from onnxblocks._core.ort import onnxruntime
-
-    ort = onnxruntime()
-
-    target = model_path.with_suffix(".ort")
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = os.fspath(target)
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.save_model_format", "ORT")
-    for library in custom_op_libraries:
-        options.register_custom_ops_library(library)
-    ort.InferenceSession(
-        os.fspath(model_path), sess_options=options, providers=["CPUExecutionProvider"],
-        disabled_optimizers=["NchwcTransformer"],
-    )
-    return target
