@@ -10,7 +10,7 @@
 4. generates the training artifacts (AdamW);
 5. trains with :func:`onnxblocks.runtime.fit` (cosine schedule, progress bar) and
    checks the validation accuracy reaches :data:`TARGET_ACCURACY`;
-6. saves the loss curve as a PNG;
+6. saves the loss curve (``loss_curve.png`` with matplotlib, else ``loss_curve.svg``);
 7. exports the trained inference model and checks, with
    ``onnxruntime.InferenceSession``, that it reaches the same accuracy;
 8. reports where every file went.
@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.reductions import ReduceSum
 from onnxblocks.blocks.value import Value, value
+from onnxblocks.io import atomic_file
 
 #: The validation accuracy the demo promises (and its test checks).
 TARGET_ACCURACY = 0.9
@@ -150,7 +151,9 @@ def run_demo(
         seed: Seed of the dataset, the initial weights and the batch order.
         progress: Show the progress bar (on stderr).
         stream: Where to print the report (default ``sys.stdout``).
-        plot_backend: ``"auto"``, ``"builtin"`` or ``"matplotlib"`` for the loss curve.
+        plot_backend: ``"auto"``, ``"builtin"`` or ``"matplotlib"`` (see
+            :func:`onnxblocks.runtime.save_line_plot`). The loss curve is
+            ``loss_curve.png`` when matplotlib can be imported, else ``loss_curve.svg``.
 
     Returns:
         The :class:`DemoResult`; check ``result.passed``.
@@ -165,10 +168,13 @@ def run_demo(
         fit,
         plot_history,
     )
+    from onnxblocks.runtime.plot import check_plot_path, default_suffix
 
     out = stream if stream is not None else sys.stdout
     started = time.perf_counter()
     root = Path(output_dir)
+    loss_curve = root / f"loss_curve{default_suffix()}"
+    check_plot_path(loss_curve, plot_backend)  # an unknown backend or missing matplotlib fails now, not after training
     root.mkdir(parents=True, exist_ok=True)
     result = DemoResult(root)
 
@@ -224,7 +230,7 @@ def run_demo(
         "samples/s")
 
     # 6. loss curve
-    result.files["loss_curve"] = plot_history(history, root / "loss_curve.png", title="Spiral classifier: loss",
+    result.files["loss_curve"] = plot_history(history, loss_curve, title="Spiral classifier: loss",
                                               backend=plot_backend)
     say("[6/7] loss curve saved")
 
@@ -266,14 +272,12 @@ def _inference_accuracy(model_path: Path, x: np.ndarray, y: np.ndarray) -> float
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with atomic_file(path) as temp, open(temp, "wb") as f:  # a file object: np.savez would append .npz to a name
+        np.savez(f, **arrays)
     return path
 
 
 def _save_model(model: onnx.ModelProto, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    onnx.save(model, os.fspath(tmp))
-    os.replace(tmp, path)
+    with atomic_file(path) as temp:
+        onnx.save(model, os.fspath(temp))
     return path

@@ -6,13 +6,14 @@ bytes are streamed in bounded chunks into one external data file beside the
 model, and the saved initializers point at it with locations relative to the
 model's directory. Nothing is written in place: files are written to temporary
 names in the target directory and moved over the targets only when complete
-(:func:`atomic_outputs`).
+(:func:`atomic_outputs`; :func:`atomic_file` for one file).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,7 +27,7 @@ from onnxblocks._core import limits as _limits
 from onnxblocks._core.proto import copy_fields
 from onnxblocks._core import weights as _weights
 
-__all__ = ["atomic_outputs", "load_model", "save_model", "tensor_chunks"]
+__all__ = ["atomic_file", "atomic_outputs", "load_model", "save_model", "tensor_chunks"]
 
 #: Inline initializers of at least this many bytes go to the external data file by default.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1024
@@ -65,6 +66,40 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | os.PathLike, companions: bool = False) -> Iterator[Path]:
+    """Write one file so that it appears complete or not at all.
+
+    The one-target form of :func:`atomic_outputs`: yields the temporary path
+    (in the target's directory, not created yet), moves it over ``target`` when
+    the ``with`` block ends normally, and removes it when the block raises.
+
+    Args:
+        target: The file to write.
+        companions: Also move the files the writer put beside the temporary file
+            under names that extend it, to the same extension of the target
+            (``<temp>.data`` becomes ``<target>.data``, as ONNX Runtime writes a
+            checkpoint's external data). They are moved before the target, and
+            removed with it when the block raises.
+
+    Raises:
+        FileNotFoundError: if the target's directory does not exist.
+    """
+    with atomic_outputs(target) as (temp,):
+        pattern = glob.escape(temp.name) + "?*"
+        try:
+            yield temp
+            if companions:
+                final = Path(os.fspath(target))
+                for companion in sorted(temp.parent.glob(pattern)):
+                    os.replace(companion, final.with_name(final.name + companion.name[len(temp.name) :]))
+        except BaseException:
+            if companions:
+                for leftover in temp.parent.glob(pattern):
+                    leftover.unlink(missing_ok=True)
+            raise
 
 
 def tensor_chunks(

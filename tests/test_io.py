@@ -214,3 +214,26 @@ def test_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(tmp_path / "none.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_file_replaces_one_file_and_its_companions(tmp_path):
+    from onnxblocks.io import atomic_file
+
+    target = tmp_path / "ckpt"
+    target.write_text("old")
+    with atomic_file(target) as temp:
+        assert temp.parent == tmp_path and not temp.exists()
+        temp.write_text("new")
+        assert target.read_text() == "old"
+    assert target.read_text() == "new"
+    with atomic_file(target, companions=True) as temp:  # e.g. ONNX Runtime's <checkpoint>.data
+        temp.write_text("main")
+        temp.with_name(temp.name + ".data").write_text("data")
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"ckpt": "main", "ckpt.data": "data"}
+    with pytest.raises(KeyError), atomic_file(target, companions=True) as temp:
+        temp.write_text("half")
+        temp.with_name(temp.name + ".data").write_text("half data")
+        raise KeyError("boom")
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"ckpt": "main", "ckpt.data": "data"}
+    with pytest.raises(FileNotFoundError, match="does not exist"), atomic_file(tmp_path / "missing" / "x"):
+        pass

@@ -71,7 +71,7 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     out.add_argument("--export", metavar="MODEL.onnx", help="export the trained inference model")
     out.add_argument("--export-output", nargs="+", default=None, metavar="NAME",
                      help="outputs of the exported model (default: the eval model's outputs after the loss)")
-    out.add_argument("--plot", metavar="FILE.png", help="save the loss curve")
+    out.add_argument("--plot", metavar="FILE.svg|FILE.png", help="save the loss curve (.png needs matplotlib)")
     out.add_argument("--history", metavar="FILE.json", help="save losses and metrics as JSON")
     parser.set_defaults(handler=run)
 
@@ -209,3 +209,10 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--scheduler step needs --step-size N.", EXIT_USAGE)
     if args.save_every is not None and not args.save:
         raise CliError("--save-every needs --save CKPT.", EXIT_USAGE)
+    if args.plot:
+        from onnxblocks.runtime.plot import check_plot_path
+
+        try:
+            check_plot_path(args.plot)  # before training, not after it
+        except (ValueError, ImportError) as exc:
+            raise CliError(f"--plot: {exc}", EXIT_USAGE) from None

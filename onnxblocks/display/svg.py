@@ -2,12 +2,15 @@
 
 The SVG uses presentation attributes only (no ``<style>``, no scripts), so it
 renders the same inline in Jupyter, in exported HTML and as an ``.svg`` file.
-Hovering a box shows its details (an SVG ``<title>``).
+Hovering a box shows its details (an SVG ``<title>``). The primitives at the end
+(:func:`svg_document`, :func:`svg_text`, :func:`svg_polyline`) serve other pictures
+too, e.g. the runtime's loss curves.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from xml.sax.saxutils import escape, quoteattr
 
 from onnxblocks.display.layout import layered_layout
@@ -198,4 +201,100 @@ def _empty_svg(lines: list[str]) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
         f'viewBox="0 0 {width:.0f} {height}" font-family={quoteattr(FONT)} font-size="11">'
         f'<rect x="0" y="0" width="{width:.0f}" height="{height}" fill="#ffffff" stroke="#e2e8f0"/>{texts}</svg>'
+    )
+
+
+# ------------------------------------------------------------ primitives
+def svg_document(width: float, height: float, body: str, font_size: float = 10, background: str = "#ffffff") -> str:
+    """Wrap ``body`` in a standalone ``<svg>`` element of ``width`` x ``height`` pixels.
+
+    The root has the same attributes as :func:`scene_to_svg`'s (namespace, size,
+    ``viewBox``, :data:`FONT`), and a background rectangle unless ``background`` is empty.
+
+    Args:
+        width: Width in pixels.
+        height: Height in pixels.
+        body: SVG elements to put inside.
+        font_size: Default font size of the text inside, in pixels.
+        background: Fill of the background rectangle (``""`` for none).
+
+    Returns:
+        SVG text (a complete ``<svg>`` element).
+    """
+    back = ""
+    if background:
+        back = f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill={quoteattr(background)}/>'
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family={quoteattr(FONT)} font-size="{font_size:g}">'
+        f"{back}{body}</svg>"
+    )
+
+
+def svg_text(
+    x: float,
+    y: float,
+    text: str,
+    size: float | None = None,
+    fill: str = "#334155",
+    anchor: str = "start",
+    rotate: float = 0.0,
+    bold: bool = False,
+    limit: int | None = None,
+) -> str:
+    """One ``<text>`` element with its baseline at ``(x, y)``; ``text`` is escaped.
+
+    Args:
+        x: Anchor point, x.
+        y: Baseline, y.
+        text: The text (plain, not markup).
+        size: Font size in pixels (default: the document's).
+        fill: Text colour.
+        anchor: ``"start"``, ``"middle"`` or ``"end"`` (SVG ``text-anchor``).
+        rotate: Degrees to rotate the text about ``(x, y)`` (``-90`` reads bottom to top).
+        bold: Bold text.
+        limit: Shorten the text to this many characters (:func:`shorten`).
+
+    Returns:
+        The ``<text>`` element.
+    """
+    if limit is not None:
+        text = shorten(text, limit)
+    attrs = f'x="{x:.1f}" y="{y:.1f}"'
+    if size is not None:
+        attrs += f' font-size="{size:g}"'
+    if anchor != "start":
+        attrs += f' text-anchor="{anchor}"'
+    if rotate:
+        attrs += f' transform="rotate({rotate:g} {x:.1f} {y:.1f})"'
+    if bold:
+        attrs += ' font-weight="bold"'
+    return f"<text {attrs} fill={quoteattr(fill)}>{escape(text)}</text>"
+
+
+def svg_polyline(
+    points: Iterable[tuple[float, float]],
+    stroke: str,
+    width: float = 1.0,
+    opacity: float = 1.0,
+    title: str = "",
+) -> str:
+    """An unfilled ``<polyline>`` through ``points`` (pixel coordinates, rounded to 0.1).
+
+    Args:
+        points: ``(x, y)`` pairs.
+        stroke: Line colour.
+        width: Line width in pixels.
+        opacity: Line opacity, 0 to 1.
+        title: Tooltip (an SVG ``<title>`` child), e.g. the series' name.
+
+    Returns:
+        The ``<polyline>`` element.
+    """
+    coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    faint = f' stroke-opacity="{opacity:g}"' if opacity < 1 else ""
+    tip = f"<title>{escape(title)}</title>" if title else ""
+    return (
+        f'<polyline points="{coords}" fill="none" stroke={quoteattr(stroke)} stroke-width="{width:g}"{faint} '
+        f'stroke-linejoin="round" stroke-linecap="round">{tip}</polyline>'
     )

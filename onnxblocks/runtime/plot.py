@@ -1,10 +1,18 @@
-"""Line plots saved as PNG, with numpy and zlib only (matplotlib is used when importable).
+"""Line plots and loss curves: SVG with no extra dependency, PNG with matplotlib.
 
 :func:`save_line_plot` draws one or more series with axes, ticks, a title and a
-legend. With ``backend="auto"`` it uses matplotlib if it can be imported (nicer
-fonts) and otherwise the built-in renderer: anti-aliased lines on a numpy canvas,
-a 5x7 bitmap font, and a PNG encoder (:func:`encode_png`). Nothing here needs
-a display or changes matplotlib's global state.
+legend. The path's suffix picks the format:
+
+- ``.svg`` always works: this module writes the SVG itself, with the primitives
+  of :mod:`onnxblocks.display.svg` (polylines, escaped text);
+- ``.png`` is drawn by matplotlib, on a :class:`matplotlib.figure.Figure` with
+  the Agg canvas (pyplot and its global figures are never touched); without
+  matplotlib it raises an :class:`ImportError` that says to install it or to use
+  a ``.svg`` path.
+
+Where the library picks the file name itself (``onnxblocks demo``),
+:func:`default_suffix` decides: ``.png`` when matplotlib can be imported, else
+``.svg``. Files are replaced atomically (:func:`onnxblocks.io.atomic_file`).
 
 :func:`plot_history` turns a :class:`~onnxblocks.runtime.fit.History` into a
 loss curve: the loss of every step (faint), its moving average, and the eval
@@ -15,8 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,184 +31,61 @@ import numpy as np
 
 #: Line colours, cycled over the series (RGB, 0-255).
 PALETTE = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189), (140, 86, 75))
+#: File suffixes :func:`save_line_plot` writes, and the format of each.
+FORMATS = {".svg": "svg", ".png": "png"}
+BACKENDS = ("auto", "builtin", "matplotlib")
 
-# 5x7 bitmap font: 7 rows per glyph, 5 bits per row (bit 4 is the leftmost pixel).
-# Lower-case letters are drawn as upper-case.
-_FONT: dict[str, tuple[int, ...]] = {
-    " ": (0, 0, 0, 0, 0, 0, 0),
-    "0": (0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E),
-    "1": (0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E),
-    "2": (0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F),
-    "3": (0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E),
-    "4": (0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02),
-    "5": (0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E),
-    "6": (0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E),
-    "7": (0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08),
-    "8": (0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E),
-    "9": (0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C),
-    "A": (0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11),
-    "B": (0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E),
-    "C": (0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E),
-    "D": (0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C),
-    "E": (0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F),
-    "F": (0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10),
-    "G": (0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F),
-    "H": (0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11),
-    "I": (0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E),
-    "J": (0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C),
-    "K": (0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11),
-    "L": (0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F),
-    "M": (0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11),
-    "N": (0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11),
-    "O": (0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E),
-    "P": (0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10),
-    "Q": (0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D),
-    "R": (0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11),
-    "S": (0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E),
-    "T": (0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04),
-    "U": (0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E),
-    "V": (0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04),
-    "W": (0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A),
-    "X": (0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11),
-    "Y": (0x11, 0x11, 0x11, 0x0A, 0x04, 0x04, 0x04),
-    "Z": (0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F),
-    ".": (0, 0, 0, 0, 0, 0x0C, 0x0C),
-    ",": (0, 0, 0, 0, 0x0C, 0x04, 0x08),
-    "-": (0, 0, 0, 0x0E, 0, 0, 0),
-    "+": (0, 0x04, 0x04, 0x1F, 0x04, 0x04, 0),
-    ":": (0, 0x0C, 0x0C, 0, 0x0C, 0x0C, 0),
-    "/": (0, 0x01, 0x02, 0x04, 0x08, 0x10, 0),
-    "(": (0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02),
-    ")": (0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08),
-    "[": (0x0E, 0x08, 0x08, 0x08, 0x08, 0x08, 0x0E),
-    "]": (0x0E, 0x02, 0x02, 0x02, 0x02, 0x02, 0x0E),
-    "%": (0x18, 0x19, 0x02, 0x04, 0x08, 0x13, 0x03),
-    "=": (0, 0, 0x1F, 0, 0x1F, 0, 0),
-    "_": (0, 0, 0, 0, 0, 0, 0x1F),
-    "<": (0x02, 0x04, 0x08, 0x10, 0x08, 0x04, 0x02),
-    ">": (0x08, 0x04, 0x02, 0x01, 0x02, 0x04, 0x08),
-    "'": (0x04, 0x04, 0x08, 0, 0, 0, 0),
-    "?": (0x0E, 0x11, 0x01, 0x02, 0x04, 0, 0x04),
-    "#": (0x0A, 0x0A, 0x1F, 0x0A, 0x1F, 0x0A, 0x0A),
-}
-_GLYPH_W, _GLYPH_H = 5, 7
+_CHAR = 7.3  # advance of one character of the monospace font at 12 px (onnxblocks.display.svg.TITLE_CHAR)
+_INK, _GRID, _MUTED = "#1e293b", "#e2e8f0", "#475569"
 
-Series = Sequence[float] | tuple[Sequence[float], Sequence[float]]
+Series = Sequence[float] | np.ndarray | tuple[Sequence[float], Sequence[float]]
+Color = tuple[int, int, int] | str
+_Data = Mapping[str, tuple[np.ndarray, np.ndarray]]
+_Styles = Mapping[str, Mapping[str, Any]]
 
 
-# ---------------------------------------------------------------------- PNG
-def encode_png(image: np.ndarray) -> bytes:
-    """Encode an ``[height, width, 3]`` uint8 RGB array as PNG bytes.
+# ------------------------------------------------------------------ format
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_suffix() -> str:
+    """The suffix of a plot file whose name the library picks: ``".png"`` with matplotlib, else ``".svg"``."""
+    return ".png" if _have_matplotlib() else ".svg"
+
+
+def check_plot_path(path: str | os.PathLike, backend: str = "auto") -> str:
+    """Check that :func:`save_line_plot` can write ``path``, and return its format.
+
+    Cheap enough to call before long work (e.g. training) whose result is to be plotted.
+
+    Args:
+        path: The plot file.
+        backend: As in :func:`save_line_plot`.
+
+    Returns:
+        ``"svg"`` or ``"png"``.
 
     Raises:
-        ValueError: if the array is not ``[h, w, 3]`` uint8.
+        ValueError: for an unknown backend, or a suffix other than ``.svg`` and ``.png``.
+        ImportError: when the file needs matplotlib (a ``.png`` path, or ``backend="matplotlib"``)
+            and it is not installed.
     """
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"encode_png takes an [height, width, 3] uint8 array, got {image.dtype} {image.shape}.")
-    height, width = image.shape[:2]
-    raw = np.concatenate([np.zeros((height, 1), np.uint8), image.reshape(height, width * 3)], axis=1)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw.tobytes(), 9)) + \
-        chunk(b"IEND", b"")
-
-
-def decode_png(data: bytes) -> np.ndarray:
-    """Decode a PNG written by :func:`encode_png` (8-bit RGB, filter 0) back to an array."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n":
-        raise ValueError("not a PNG file")
-    pos, idat, width, height = 8, b"", 0, 0
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-            if (depth, color) != (8, 2):
-                raise ValueError("decode_png reads 8-bit RGB PNGs only")
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + width * 3)
-    if rows[:, 0].any():
-        raise ValueError("decode_png reads unfiltered PNGs only")
-    return rows[:, 1:].reshape(height, width, 3).copy()
-
-
-# ------------------------------------------------------------------ canvas
-class _Canvas:
-    def __init__(self, width: int, height: int) -> None:
-        self.pixels = np.ones((height, width, 3), np.float32)
-        self.width, self.height = width, height
-
-    def fill(self, x0: int, y0: int, x1: int, y1: int, color: Sequence[float]) -> None:
-        x0, x1 = max(0, x0), min(self.width, x1)
-        y0, y1 = max(0, y0), min(self.height, y1)
-        if x0 < x1 and y0 < y1:
-            self.pixels[y0:y1, x0:x1] = color
-
-    def polyline(self, xs: np.ndarray, ys: np.ndarray, color: Sequence[float], width: float,
-                 clip: tuple[int, int, int, int]) -> None:
-        """Anti-aliased polyline: each pixel's coverage falls off with its distance to the segment."""
-        radius = width / 2.0
-        col = np.asarray(color, np.float32)
-        cx0, cy0, cx1, cy1 = clip
-        for i in range(max(1, len(xs) - 1)):
-            ax, ay = xs[i], ys[i]
-            bx, by = (xs[i + 1], ys[i + 1]) if len(xs) > 1 else (ax, ay)
-            if not all(map(math.isfinite, (ax, ay, bx, by))):
-                continue
-            x0 = max(cx0, math.floor(min(ax, bx) - radius - 1))
-            x1 = min(cx1, math.ceil(max(ax, bx) + radius + 1))
-            y0 = max(cy0, math.floor(min(ay, by) - radius - 1))
-            y1 = min(cy1, math.ceil(max(ay, by) + radius + 1))
-            if x0 >= x1 or y0 >= y1:
-                continue
-            px, py = np.meshgrid(np.arange(x0, x1) + 0.5, np.arange(y0, y1) + 0.5)
-            dx, dy = bx - ax, by - ay
-            length2 = dx * dx + dy * dy
-            t = np.clip(((px - ax) * dx + (py - ay) * dy) / length2, 0.0, 1.0) if length2 > 0 else 0.0
-            dist = np.hypot(px - (ax + t * dx), py - (ay + t * dy))
-            alpha = np.clip(radius + 0.5 - dist, 0.0, 1.0)[..., None]
-            region = self.pixels[y0:y1, x0:x1]
-            self.pixels[y0:y1, x0:x1] = region * (1 - alpha) + col * alpha
-
-    def text(self, x: int, y: int, text: str, color: Sequence[float] = (0.1, 0.1, 0.1), scale: int = 2,
-             anchor: str = "left", vertical: bool = False) -> None:
-        """Draw ``text`` with its top-left corner (or centre/right for ``anchor``) at ``(x, y)``."""
-        glyphs = [_FONT.get(ch.upper(), _FONT["?"]) for ch in text]
-        if not glyphs:
-            return
-        bitmap = np.zeros((_GLYPH_H, len(glyphs) * (_GLYPH_W + 1) - 1), bool)
-        for i, rows in enumerate(glyphs):
-            for r, bits in enumerate(rows):
-                for c in range(_GLYPH_W):
-                    if bits & (1 << (_GLYPH_W - 1 - c)):
-                        bitmap[r, i * (_GLYPH_W + 1) + c] = True
-        bitmap = np.kron(bitmap, np.ones((scale, scale), bool))
-        if vertical:
-            bitmap = np.rot90(bitmap)
-        h, w = bitmap.shape
-        if anchor == "center":
-            x -= w // 2
-        elif anchor == "right":
-            x -= w
-        if vertical:
-            y -= h // 2
-        ys, xs = np.nonzero(bitmap)
-        ys, xs = ys + y, xs + x
-        keep = (xs >= 0) & (xs < self.width) & (ys >= 0) & (ys < self.height)
-        self.pixels[ys[keep], xs[keep]] = color
-
-    def to_uint8(self) -> np.ndarray:
-        return np.clip(np.round(self.pixels * 255), 0, 255).astype(np.uint8)
-
-
-def text_width(text: str, scale: int = 2) -> int:
-    """Width in pixels of ``text`` in the built-in font."""
-    return max(0, len(text) * (_GLYPH_W + 1) - 1) * scale
+    if backend not in BACKENDS:
+        raise ValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise ValueError(f"Cannot write the plot '{path}': its suffix picks the format; use a .svg or .png path.")
+    if (fmt == "png" or backend == "matplotlib") and not _have_matplotlib():
+        hint = "install matplotlib or use a .svg path" if fmt == "png" else "install matplotlib or use backend='auto'"
+        raise ImportError(
+            f"Cannot write the plot '{path}': it needs matplotlib, which is not installed; {hint}.", name="matplotlib"
+        )
+    return fmt
 
 
 # ------------------------------------------------------------------- ticks
@@ -225,7 +108,7 @@ def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
 
 
 def format_tick(value: float) -> str:
-    """Short label for a tick value: ``0.001``, ``2.5``, ``1e-05``, ``12000``."""
+    """Short label for a tick value: ``0.001``, ``2.5``, ``1e-5``, ``1.2e5``."""
     if value == 0:
         return "0"
     magnitude = abs(value)
@@ -250,56 +133,52 @@ def save_line_plot(
     styles: Mapping[str, Mapping[str, Any]] | None = None,
     backend: str = "auto",
 ) -> Path:
-    """Save a line plot of one or more series as a PNG file.
+    """Save a line plot of one or more series as an SVG or PNG file (the suffix decides).
+
+    Points with a NaN or infinite coordinate are skipped (with ``log_y``, also
+    values <= 0); a plot with no point left is refused.
 
     Args:
-        path: The ``.png`` file to write (its directory is created).
+        path: The ``.svg`` or ``.png`` file to write (its directory is created).
         series: ``{label: ys}`` or ``{label: (xs, ys)}``, or one unnamed ``ys``.
             Without ``xs`` the points are at 0, 1, 2 ...
         title: Title above the plot.
         xlabel: Label of the x axis.
         ylabel: Label of the y axis.
-        log_y: Logarithmic y axis (non-positive values are dropped).
+        log_y: Logarithmic y axis.
         width: Image width in pixels.
         height: Image height in pixels.
-        styles: Per-label ``{"color": (r, g, b), "width": px, "alpha": 0..1}``.
-        backend: ``"auto"`` (matplotlib if importable), ``"builtin"`` or ``"matplotlib"``.
+        styles: Per-label ``{"color": (r, g, b) or "#rrggbb", "width": px, "alpha": 0..1}``.
+        backend: ``"auto"``: the built-in writer for ``.svg``, matplotlib for ``.png``.
+            ``"matplotlib"``: matplotlib for both. ``"builtin"``: kept from the time a
+            built-in PNG renderer existed; now the same as ``"auto"``.
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: for an unknown backend, empty data, or xs and ys of different lengths.
-        ImportError: for ``backend="matplotlib"`` when matplotlib is not installed.
+        ValueError: for an unknown backend or suffix, no finite points, or xs and ys of different lengths.
+        ImportError: when the file needs matplotlib and it is not installed (see :func:`check_plot_path`).
     """
-    if backend not in ("auto", "builtin", "matplotlib"):
-        raise ValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
+    from onnxblocks.io import atomic_file
+
+    fmt = check_plot_path(path, backend)
     data = _normalize(series, log_y)
-    styles = {k: dict(v) for k, v in (styles or {}).items()}
-    for i, label in enumerate(data):
-        style = styles.setdefault(label, {})
-        style.setdefault("color", PALETTE[i % len(PALETTE)])
-        style.setdefault("width", 2.0)
-        style.setdefault("alpha", 1.0)
+    full = _full_styles(data, styles)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if backend != "builtin":
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            if backend == "matplotlib":
-                raise
-        else:
-            _render_matplotlib(out, data, styles, title, xlabel, ylabel, log_y, width, height)
-            return out
-    image = render_line_plot(data, styles, title, xlabel, ylabel, log_y, width, height)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(encode_png(image))
-    os.replace(tmp, out)
+    if fmt == "svg" and backend != "matplotlib":
+        text = _svg_plot(data, full, (title, xlabel, ylabel), log_y, (width, height))
+        with atomic_file(out) as temp:
+            temp.write_text(text, encoding="utf-8")
+        return out
+    figure = _matplotlib_figure(data, full, (title, xlabel, ylabel), log_y, (width, height))
+    with atomic_file(out) as temp:
+        figure.savefig(temp, format=fmt, dpi=100)
     return out
 
 
-def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> _Data:
     if not isinstance(series, Mapping):
         series = {"": series}
     data = {}
@@ -318,132 +197,155 @@ def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> dict[str, 
     return data
 
 
-def render_line_plot(
-    data: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    styles: Mapping[str, Mapping[str, Any]],
-    title: str = "",
-    xlabel: str = "",
-    ylabel: str = "",
-    log_y: bool = False,
-    width: int = 900,
-    height: int = 540,
-) -> np.ndarray:
-    """Render a plot with the built-in renderer and return it as an ``[h, w, 3]`` uint8 array."""
-    canvas = _Canvas(width, height)
-    scale = 2
-    left, right, top, bottom = 20 + 10 * (_GLYPH_W + 1) + 8, 24, 24 + (_GLYPH_H * scale + 16 if title else 0), 70
-    px0, px1, py0, py1 = left, width - right, top, height - bottom
+def _full_styles(data: Mapping[str, Any], styles: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict]:
+    """``styles`` with a colour (from :data:`PALETTE`), a width and an alpha for every series."""
+    full = {k: dict(v) for k, v in (styles or {}).items()}
+    for i, label in enumerate(data):
+        style = full.setdefault(label, {})
+        style.setdefault("color", PALETTE[i % len(PALETTE)])
+        style.setdefault("width", 2.0)
+        style.setdefault("alpha", 1.0)
+    return full
+
+
+def _css(color: Color) -> str:
+    if isinstance(color, str):
+        return color
+    r, g, b = (round(c) for c in color)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _svg_plot(data: _Data, styles: _Styles, texts: tuple[str, str, str], log_y: bool, size: tuple[int, int]) -> str:
+    """The SVG text of a plot (``texts``: title, x label, y label; ``size``: width, height)."""
+    from onnxblocks.display.svg import svg_document, svg_polyline, svg_text
+
+    (title, xlabel, ylabel), (width, height) = texts, size
+
     all_x = np.concatenate([xs for xs, _ in data.values()])
     all_y = np.concatenate([ys for _, ys in data.values()])
-    tx = np.log10(all_y) if log_y else all_y
+    ty = np.log10(all_y) if log_y else all_y
     x_lo, x_hi = float(all_x.min()), float(all_x.max())
-    y_lo, y_hi = float(tx.min()), float(tx.max())
+    y_lo, y_hi = float(ty.min()), float(ty.max())
     if x_hi == x_lo:
         x_lo, x_hi = x_lo - 0.5, x_hi + 0.5
     if y_hi == y_lo:
         y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
     pad = (y_hi - y_lo) * 0.05
     y_lo, y_hi = y_lo - pad, y_hi + pad
-
-    def sx(x: np.ndarray) -> np.ndarray:
-        return px0 + (x - x_lo) / (x_hi - x_lo) * (px1 - px0)
-
-    def sy(y: np.ndarray) -> np.ndarray:
-        return py1 - (y - y_lo) / (y_hi - y_lo) * (py1 - py0)
-
-    grid, ink = (0.9, 0.9, 0.9), (0.15, 0.15, 0.15)
-    if log_y:
+    top, right, bottom = 16 + (28 if title else 0), 24, 30 + (22 if xlabel else 0)
+    count = max(3, (height - top - bottom) // 55)
+    if log_y:  # ticks at the powers of ten, or at round values when the range spans less than two
         yticks = [float(e) for e in range(math.ceil(y_lo), math.floor(y_hi) + 1)]
         if len(yticks) < 2:
-            yticks = [math.log10(v) for v in nice_ticks(10**y_lo, 10**y_hi) if v > 0]
+            yticks = [math.log10(v) for v in nice_ticks(10**y_lo, 10**y_hi, count) if v > 0]
         ylabels = [format_tick(10**t) for t in yticks]
     else:
-        yticks = nice_ticks(y_lo, y_hi)
+        yticks = nice_ticks(y_lo, y_hi, count)
         ylabels = [format_tick(t) for t in yticks]
-    xticks = nice_ticks(x_lo, x_hi, count=max(3, (px1 - px0) // 110))
-    for t, label in zip(yticks, ylabels, strict=False):
-        y = round(float(sy(np.float64(t))))
-        if py0 <= y <= py1:
-            canvas.fill(px0, y, px1, y + 1, grid)
-            canvas.text(px0 - 8, y - _GLYPH_H + 1, label, ink, scale=1 if len(label) > 9 else scale, anchor="right")
-    for t in xticks:
-        x = round(float(sx(np.float64(t))))
-        if px0 <= x <= px1:
-            canvas.fill(x, py0, x + 1, py1, grid)
-            canvas.fill(x, py1, x + 1, py1 + 5, ink)
-            canvas.text(x, py1 + 10, format_tick(t), ink, scale=scale, anchor="center")
+    left = 10 + (22 if ylabel else 0) + max((len(s) for s in ylabels), default=1) * _CHAR + 8
+    px0, px1, py0, py1 = left, width - right, top, height - bottom
+
+    def sx(x: np.ndarray | float) -> np.ndarray:
+        return px0 + (np.asarray(x) - x_lo) / (x_hi - x_lo) * (px1 - px0)
+
+    def sy(y: np.ndarray | float) -> np.ndarray:
+        return py1 - (np.asarray(y) - y_lo) / (y_hi - y_lo) * (py1 - py0)
+
+    parts, grid, marks = [], [], []
+    for t, label in zip(yticks, ylabels, strict=True):
+        y = float(sy(t))
+        if py0 - 0.5 <= y <= py1 + 0.5:
+            grid.append(f"M{px0:.1f},{y:.1f}H{px1:.1f}")
+            parts.append(svg_text(px0 - 6, y + 4, label, size=12, fill=_MUTED, anchor="end"))
+    for t in nice_ticks(x_lo, x_hi, count=max(3, int(px1 - px0) // 110)):
+        x = float(sx(t))
+        if px0 - 0.5 <= x <= px1 + 0.5:
+            grid.append(f"M{x:.1f},{py0:.1f}V{py1:.1f}")
+            marks.append(f"M{x:.1f},{py1:.1f}v5")
+            parts.append(svg_text(x, py1 + 18, format_tick(t), size=12, fill=_MUTED, anchor="middle"))
+    body = [f'<path d="{"".join(grid)}" stroke="{_GRID}" fill="none"/>', *parts]
     for label, (xs, ys) in data.items():
         if not len(xs):
             continue
         style = styles[label]
-        xs_px, ys_px = _decimate(sx(xs), sy(np.log10(ys) if log_y else ys), px1 - px0)
-        color = np.asarray(style["color"], np.float32) / 255.0
-        alpha = float(style["alpha"])
-        color = color * alpha + (1 - alpha)  # faint lines: blend towards the white background
-        canvas.polyline(xs_px, ys_px, color, float(style["width"]), (px0, py0, px1 + 1, py1 + 1))
-    canvas.fill(px0, py0, px1 + 1, py0 + 1, ink)
-    canvas.fill(px0, py1, px1 + 1, py1 + 1, ink)
-    canvas.fill(px0, py0, px0 + 1, py1 + 1, ink)
-    canvas.fill(px1, py0, px1 + 1, py1 + 1, ink)
+        color, alpha, line = _css(style["color"]), float(style["alpha"]), float(style["width"])
+        xs_px, ys_px = _decimate(sx(xs), sy(np.log10(ys) if log_y else ys), int(px1 - px0))
+        if len(xs_px) == 1:  # one point: a dot, since a polyline through it draws nothing
+            body.append(
+                f'<circle cx="{xs_px[0]:.1f}" cy="{ys_px[0]:.1f}" r="{line + 1:g}" fill="{color}" '
+                f'fill-opacity="{alpha:g}"/>'
+            )
+        body.append(svg_polyline(zip(xs_px, ys_px, strict=True), color, line, alpha, title=label))
+    body.append(
+        f'<rect x="{px0:.1f}" y="{py0:.1f}" width="{px1 - px0:.1f}" height="{py1 - py0:.1f}" fill="none" '
+        f'stroke="{_INK}"/><path d="{"".join(marks)}" stroke="{_INK}"/>'
+    )
     if title:
-        canvas.text(width // 2, 16, title, ink, scale=scale, anchor="center")
+        body.append(
+            svg_text(
+                width / 2, 28, title, size=15, fill=_INK, anchor="middle", bold=True, limit=max(8, int(width / 8.8))
+            )
+        )
     if xlabel:
-        canvas.text((px0 + px1) // 2, height - 8 - _GLYPH_H * scale, xlabel, ink, scale=scale, anchor="center")
+        body.append(svg_text((px0 + px1) / 2, height - 10, xlabel, size=12, fill=_INK, anchor="middle"))
     if ylabel:
-        canvas.text(6, (py0 + py1) // 2, ylabel, ink, scale=scale, vertical=True)
+        body.append(svg_text(20, (py0 + py1) / 2, ylabel, size=12, fill=_INK, anchor="middle", rotate=-90))
     labels = [lb for lb in data if lb]
     if labels:
-        box_w = max(text_width(lb, scale) for lb in labels) + 44
-        box_h = len(labels) * (_GLYPH_H * scale + 8) + 8
+        box_w, box_h = max(min(len(lb), 40) for lb in labels) * _CHAR + 46, len(labels) * 20 + 10
         bx, by = px1 - box_w - 10, py0 + 10
-        canvas.fill(bx, by, bx + box_w, by + box_h, (1, 1, 1))
-        canvas.fill(bx, by, bx + box_w, by + 1, grid)
-        canvas.fill(bx, by + box_h - 1, bx + box_w, by + box_h, grid)
+        body.append(
+            f'<g><rect x="{bx:.1f}" y="{by:.1f}" width="{box_w:.1f}" height="{box_h}" fill="#ffffff" '
+            f'fill-opacity="0.9" stroke="{_GRID}"/>'
+        )
         for i, label in enumerate(labels):
-            y = by + 8 + i * (_GLYPH_H * scale + 8) + _GLYPH_H * scale // 2
-            alpha = float(styles[label]["alpha"])
-            color = np.asarray(styles[label]["color"], np.float32) / 255.0 * alpha + (1 - alpha)
-            canvas.fill(bx + 8, y - 1, bx + 30, y + 2, color)
-            canvas.text(bx + 36, y - _GLYPH_H * scale // 2, label, ink, scale=scale)
-    return canvas.to_uint8()
+            y = by + 15 + 20 * i
+            style = styles[label]
+            body.append(
+                f'<path d="M{bx + 8:.1f},{y:.1f}h24" stroke="{_css(style["color"])}" '
+                f'stroke-width="{float(style["width"]):g}" stroke-opacity="{float(style["alpha"]):g}"/>'
+            )
+            body.append(svg_text(bx + 38, y + 4, label, size=12, fill=_INK, limit=40))
+        body.append("</g>")
+    return svg_document(width, height, "".join(body), font_size=12)
 
 
 def _decimate(xs: np.ndarray, ys: np.ndarray, pixels: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep at most ~4 points per pixel column (first, min, max, last), so long curves draw fast."""
+    """Keep at most ~4 points per pixel column (first, min, max, last), so long curves stay small."""
     if len(xs) <= 4 * max(1, pixels):
         return xs, ys
     columns = np.floor(xs - xs.min()).astype(np.int64)
     keep: list[int] = []
     bounds = np.flatnonzero(np.diff(columns)) + 1
-    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(xs)], strict=False):
+    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(xs)], strict=True):
         seg = ys[start:stop]
-        idx = sorted({start, start + int(seg.argmin()), start + int(seg.argmax()), stop - 1})
-        keep.extend(idx)
+        keep.extend(sorted({start, start + int(seg.argmin()), start + int(seg.argmax()), stop - 1}))
     return xs[keep], ys[keep]
 
 
-def _render_matplotlib(
-    path: Path,
-    data: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    styles: Mapping[str, Mapping[str, Any]],
-    title: str,
-    xlabel: str,
-    ylabel: str,
-    log_y: bool,
-    width: int,
-    height: int,
-) -> None:
+def _matplotlib_figure(
+    data: _Data, styles: _Styles, texts: tuple[str, str, str], log_y: bool, size: tuple[int, int]
+) -> Any:
+    """A :class:`matplotlib.figure.Figure` on an Agg canvas (no pyplot, no global state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    dpi = 100
-    figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    (title, xlabel, ylabel), (width, height), dpi = texts, size, 100
+    figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="tight")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
     for label, (xs, ys) in data.items():
         style = styles[label]
-        axes.plot(xs, ys, label=label or None, color=np.asarray(style["color"]) / 255.0,
-                  linewidth=float(style["width"]) * 0.75, alpha=float(style["alpha"]))
+        color = style["color"] if isinstance(style["color"], str) else np.asarray(style["color"]) / 255.0
+        axes.plot(
+            xs,
+            ys,
+            label=label or None,
+            color=color,
+            linewidth=float(style["width"]) * 0.75,
+            alpha=float(style["alpha"]),
+            marker="o" if len(xs) == 1 else None,
+        )
     if log_y:
         axes.set_yscale("log")
     axes.set_title(title)
@@ -452,10 +354,7 @@ def _render_matplotlib(
     axes.grid(True, color="0.9")
     if any(data):
         axes.legend()
-    figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    figure.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    return figure
 
 
 def plot_history(
@@ -466,24 +365,42 @@ def plot_history(
     log_y: bool = False,
     backend: str = "auto",
 ) -> Path:
-    """Save the loss curve of a :class:`~onnxblocks.runtime.fit.History` as a PNG.
+    """Save the loss curve of a :class:`~onnxblocks.runtime.fit.History` as SVG or PNG (see :func:`save_line_plot`).
 
     Plots the loss of every ``train_step`` (faint), its debiased exponential
-    moving average (weight ``smoothing`` on the past), and, when recorded, the eval loss
-    at the last step of each epoch.
+    moving average (weight ``smoothing`` on the past; non-finite losses are
+    skipped), and, when recorded, the eval loss at the last step of each epoch.
+
+    Args:
+        history: What :func:`~onnxblocks.runtime.fit` returned.
+        path: The ``.svg`` or ``.png`` file to write.
+        title: Title above the plot.
+        smoothing: Weight of the past in the moving average, in ``[0, 1)``.
+        log_y: Logarithmic loss axis.
+        backend: As in :func:`save_line_plot`.
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: if the history has no losses, none is finite, or ``smoothing`` is outside ``[0, 1)``.
+        ImportError: for a ``.png`` path without matplotlib.
     """
-    losses = np.asarray(history.losses, np.float64)
+    check_plot_path(path, backend)
+    if not 0 <= smoothing < 1:
+        raise ValueError(f"plot_history: smoothing must be in [0, 1), got {smoothing}.")
+    losses = np.asarray(history.losses, np.float64).reshape(-1)
+    if not len(losses):
+        raise ValueError(f"Cannot plot '{path}': the history has no losses (no training step was recorded).")
     series: dict[str, Series] = {"train loss (per step)": losses}
     styles: dict[str, dict[str, Any]] = {"train loss (per step)": {"color": PALETTE[0], "alpha": 0.3, "width": 1.5}}
     if len(losses) > 1:
-        smooth = np.empty_like(losses)
-        acc = 0.0
-        for i, v in enumerate(losses):  # debiased exponential moving average
-            acc = smoothing * acc + (1 - smoothing) * v
-            smooth[i] = acc / (1 - smoothing ** (i + 1))
+        smooth = np.full_like(losses, np.nan)
+        acc, seen = 0.0, 0
+        for i, v in enumerate(losses):  # debiased exponential moving average over the finite losses
+            if math.isfinite(v):
+                acc, seen = smoothing * acc + (1 - smoothing) * v, seen + 1
+                smooth[i] = acc / (1 - smoothing**seen)
         series["train loss (smoothed)"] = smooth
         styles["train loss (smoothed)"] = {"color": PALETTE[0], "width": 2.5}
     eval_losses = [e.get("eval_loss") for e in history.epochs]
@@ -492,9 +409,10 @@ def plot_history(
         if len(ends) != len(eval_losses):
             per_epoch = len(losses) / max(1, len(eval_losses))
             ends = [round(per_epoch * (i + 1)) for i in range(len(eval_losses))]
-        xs = [end - 1 for end, v in zip(ends, eval_losses, strict=False) if v is not None]
+        xs = [end - 1 for end, v in zip(ends, eval_losses, strict=True) if v is not None]
         ys = [v for v in eval_losses if v is not None]
         series["eval loss (per epoch)"] = (xs, ys)
         styles["eval loss (per epoch)"] = {"color": PALETTE[1], "width": 2.5}
-    return save_line_plot(path, series, title=title, xlabel="step", ylabel="loss", log_y=log_y, styles=styles,
-                          backend=backend)
+    return save_line_plot(
+        path, series, title=title, xlabel="step", ylabel="loss", log_y=log_y, styles=styles, backend=backend
+    )

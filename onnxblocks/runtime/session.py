@@ -20,7 +20,6 @@ accumulation buffers, and :meth:`optimizer_step` applies their sum. Call
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -417,15 +416,11 @@ class TrainingSession:
         encoded[STEP_PROPERTY] = int(self.step)
         for name, value in encoded.items():
             self._state.add_property(name, value)
+        from onnxblocks.io import atomic_file
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            C.save_checkpoint(self._state, tmp, include_optimizer_state)
-            _replace_with_companions(Path(tmp), path)
-        finally:
-            for leftover in path.parent.glob(Path(tmp).name + "*"):
-                leftover.unlink(missing_ok=True)
+        with atomic_file(path, companions=True) as temp:  # ONNX Runtime may write <temp>.data beside it
+            C.save_checkpoint(self._state, os.fspath(temp), include_optimizer_state)
         return path
 
     def set_properties(self, properties: Mapping[str, Any]) -> None:
@@ -474,19 +469,16 @@ class TrainingSession:
             )
         destination = Path(path)
         destination.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp.onnx", dir=destination.parent)
-        os.close(fd)
-        try:
+        from onnxblocks.io import atomic_file
+
+        with atomic_file(destination) as temp:
             try:
-                self._module.export_model_for_inferencing(tmp, names)
+                self._module.export_model_for_inferencing(os.fspath(temp), names)
             except RuntimeError as exc:
                 raise ValueError(
                     f"Cannot export outputs {names}: {_ort.clean_message(exc)}. Eval model outputs: "
                     f"{self.eval_output_names}."
                 ) from None
-            os.replace(tmp, destination)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
         return destination
 
     def __repr__(self) -> str:
@@ -514,10 +506,3 @@ def _forward_outputs_hint(eval_model: Path | None) -> list[str]:
             if isinstance(names, list) and all(isinstance(n, str) for n in names):
                 return names
     return []
-
-
-def _replace_with_companions(tmp: Path, path: Path) -> None:
-    """Move ``tmp`` (and files ONNX Runtime wrote beside it, e.g. ``tmp.data``) to ``path``."""
-    for companion in tmp.parent.glob(tmp.name + "?*"):
-        os.replace(companion, path.parent / (path.name + companion.name[len(tmp.name):]))
-    os.replace(tmp, path)
