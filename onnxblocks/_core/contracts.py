@@ -63,6 +63,10 @@ GRADIENTS = "gradients"
 FIRST_ORDER_MOMENTS = "first_order_moments"
 SECOND_ORDER_MOMENTS = "second_order_moments"
 
+# ---------------------------------------------------------------- model metadata
+#: Eval-model metadata key: the forward model's output names (a JSON list), for inference export.
+FORWARD_OUTPUTS_METADATA = "onnxblocks.forward_outputs"
+
 # ---------------------------------------------------------------- artifact files
 TRAINING_MODEL = "training_model"
 EVAL_MODEL = "eval_model"

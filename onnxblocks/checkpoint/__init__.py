@@ -4,7 +4,13 @@ See :mod:`onnxblocks.checkpoint.format` for the file format.
 """
 
 from onnxblocks.checkpoint.format import CheckpointFormatError
-from onnxblocks.checkpoint.load import Checkpoint, load_checkpoint, load_checkpoint_to_model
+from onnxblocks.checkpoint.load import (
+    Checkpoint,
+    is_checkpoint,
+    load_checkpoint,
+    load_checkpoint_to_model,
+    read_parameter_names,
+)
 from onnxblocks.checkpoint.save import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path, save_checkpoint
 
 __all__ = [
@@ -12,7 +18,9 @@ __all__ = [
     "Checkpoint",
     "CheckpointFormatError",
     "external_data_path",
+    "is_checkpoint",
     "load_checkpoint",
     "load_checkpoint_to_model",
+    "read_parameter_names",
     "save_checkpoint",
 ]

@@ -1,4 +1,4 @@
-"""ONNX Runtime's on-device-training checkpoint format ("ODTC"), written and read without generated code.
+"""ONNX Runtime's on-device-training checkpoint format ("ODTC"): generated accessors plus bounds checks.
 
 A checkpoint is one FlatBuffers file (file identifier ``ODTC``) whose root
 table is::
@@ -14,31 +14,73 @@ table is::
     table ParameterOptimizerState { param_name:string; momentums:[Tensor]; }
     table PropertyBag  { ints:[IntProperty]; floats:[FloatProperty]; strings:[StringProperty]; }
 
-(``onnxruntime/core/flatbuffers/schema/ort_training_checkpoint.fbs`` and
-``ort.fbs``). A tensor keeps its little-endian bytes either inline in
-``raw_data`` or, when the module state ``has_external_data``, at
-``external_data_offset`` in the side file ``<checkpoint>.data``, with the length
-implied by dims and data type. A *nominal* checkpoint stores names and element
-types only: empty dims and empty ``raw_data``, as ONNX Runtime's own writer does.
+A tensor keeps its little-endian bytes either inline in ``raw_data`` or, when
+the module state ``has_external_data``, at ``external_data_offset`` in the side
+file ``<checkpoint>.data``, with the length implied by dims and data type. A
+*nominal* checkpoint stores names and element types only: empty dims and empty
+``raw_data``, as ONNX Runtime's own writer does.
 
-FlatBuffers are built back to front, so the writer here only ever puts small
-metadata (and, below a size threshold, small tensors) into the buffer; large
-tensor bytes are streamed to the side file first (see
-:mod:`onnxblocks.checkpoint.save`). The field slots below are the schema's, as data.
+Where the layout comes from:
+    ONNX Runtime's published schema (``ort_training_checkpoint.fbs``, which
+    includes ``ort.fbs``) is stored in ``_generated/schema`` and compiled by
+    ``flatc --python`` into :mod:`onnxblocks.checkpoint._generated.ort_training_checkpoint_generated`
+    (``_generated/README.md`` has the exact command). Every table, field slot,
+    default and enum used here is the generated module's; this file spells none.
+
+Reading:
+    The generated accessors (``Checkpoint.ModuleState()``, ``Tensor.Name()``, ...)
+    do no bounds checks, so each table object they return is re-pointed at a
+    :class:`_CheckedTable` before use. That subclass of the FlatBuffers runtime's
+    ``Table`` checks every read the generated code makes (table and vtable
+    headers, scalar fields, uoffsets, vector and string lengths, alignment)
+    against the buffer, and raises :class:`CheckpointFormatError` instead of
+    reading outside it. :func:`decode_checkpoint` then checks what the schema
+    cannot say: the version, element types, non-negative dims whose product
+    matches the ``raw_data`` length, and external-data offsets.
+
+Writing:
+    :func:`encode_checkpoint` calls the generated builder functions
+    (``TensorStart``, ``TensorAddName``, ..., ``CheckpointEnd``). Two things stay
+    by hand because the generated API cannot express them: ``raw_data`` is
+    reserved with ``TensorStartRawDataVector`` and then filled in place chunk by
+    chunk (so an inline tensor is never assembled as one ``bytes`` object), and
+    an empty ``dims`` vector is written without alignment padding, exactly as ONNX
+    Runtime's C++ builder does, so inline checkpoints are byte-identical to ONNX
+    Runtime's. Large tensors never enter the buffer at all: they are streamed to
+    the side file first (see :mod:`onnxblocks.checkpoint.save`).
 """
 
 from __future__ import annotations
 
-import struct
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import flatbuffers
 import numpy as np
+from flatbuffers import encode, number_types
 
 from onnxblocks._core.errors import CheckpointFormatError
+from onnxblocks.checkpoint._generated import ort_training_checkpoint_generated as _fbs
 
-#: File identifier at bytes 4..8 of every checkpoint.
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "EXTERNAL_DATA_SUFFIX",
+    "FILE_IDENTIFIER",
+    "LOADABLE_DTYPES",
+    "READABLE_VERSIONS",
+    "CheckpointFormatError",
+    "OptimizerGroupEntry",
+    "ParsedCheckpoint",
+    "TensorEntry",
+    "TensorRecord",
+    "decode_checkpoint",
+    "dtype_of",
+    "encode_checkpoint",
+]
+
+#: File identifier at bytes 4..8 of every checkpoint (the schema's ``file_identifier``).
 FILE_IDENTIFIER = b"ODTC"
 #: The checkpoint version onnxruntime-training 1.19.2 writes (and reads).
 CHECKPOINT_VERSION = 2
@@ -47,32 +89,57 @@ READABLE_VERSIONS = (1, 2)
 #: Suffix of the side file holding external tensor data.
 EXTERNAL_DATA_SUFFIX = ".data"
 
-#: Field slots (the order of fields in each schema table).
-CHECKPOINT_FIELDS = {"version": 0, "module_state": 1, "optimizer_groups": 2, "property_bag": 3}
-MODULE_STATE_FIELDS = {"requires_grad_params": 0, "frozen_params": 1, "is_nominal_state": 2, "has_external_data": 3}
-TENSOR_FIELDS = {
-    "name": 0, "doc_string": 1, "dims": 2, "data_type": 3, "raw_data": 4, "string_data": 5,
-    "external_data_offset": 6,
-}
-OPTIMIZER_GROUP_FIELDS = {"group_name": 0, "step": 1, "initial_learning_rate": 2, "optimizer_states": 3}
-PARAMETER_OPTIMIZER_STATE_FIELDS = {"param_name": 0, "momentums": 1}
-PROPERTY_BAG_FIELDS = {"ints": 0, "floats": 1, "strings": 2}
-PROPERTY_FIELDS = {"name": 0, "value": 1}
-
+_T = _fbs.TensorDataType
 #: ONNX element types ONNX Runtime 1.19.2 can load from a checkpoint, with their numpy dtypes.
 LOADABLE_DTYPES: dict[int, np.dtype] = {
-    1: np.dtype("<f4"),   # FLOAT
-    2: np.dtype("u1"),    # UINT8
-    3: np.dtype("i1"),    # INT8
-    4: np.dtype("<u2"),   # UINT16
-    5: np.dtype("<i2"),   # INT16
-    6: np.dtype("<i4"),   # INT32
-    7: np.dtype("<i8"),   # INT64
-    9: np.dtype("?"),     # BOOL
-    11: np.dtype("<f8"),  # DOUBLE
-    12: np.dtype("<u4"),  # UINT32
-    13: np.dtype("<u8"),  # UINT64
+    _T.FLOAT: np.dtype("<f4"),
+    _T.UINT8: np.dtype("u1"),
+    _T.INT8: np.dtype("i1"),
+    _T.UINT16: np.dtype("<u2"),
+    _T.INT16: np.dtype("<i2"),
+    _T.INT32: np.dtype("<i4"),
+    _T.INT64: np.dtype("<i8"),
+    _T.BOOL: np.dtype("?"),
+    _T.DOUBLE: np.dtype("<f8"),
+    _T.UINT32: np.dtype("<u4"),
+    _T.UINT64: np.dtype("<u8"),
 }
+#: Every element type the schema's ``TensorDataType`` enum names.
+_SCHEMA_DTYPES = {v: k for k, v in vars(_T).items() if k.isupper() and isinstance(v, int) and v != _T.UNDEFINED}
+
+#: A flatbuffer cannot exceed 2 GiB, so no offset in a valid one reaches past this.
+_MAX_FLATBUFFER_BYTES = 2**31 - 1
+_U16 = number_types.VOffsetTFlags
+_U32 = number_types.UOffsetTFlags
+_I32 = number_types.SOffsetTFlags
+
+
+def _field_voffset(add_field: Callable[[Any, Any], None]) -> int:
+    """The vtable offset of the field a generated ``<Table>Add<Field>`` function writes.
+
+    The generated module states each field's slot only inside its builder
+    functions (``builder.Prepend...Slot(slot, value, default)``), so ask one.
+    """
+
+    class _Probe:
+        slot = -1
+
+        def __getattr__(self, name: str) -> Callable[..., None]:
+            def prepend(slot: int, *_: Any) -> None:
+                self.slot = slot
+
+            return prepend
+
+    probe = _Probe()
+    add_field(probe, 0)
+    if probe.slot < 0:
+        raise AssertionError(f"{add_field.__name__} wrote no slot")
+    # A vtable is [vtable size:u16][object size:u16] then one u16 per slot.
+    return 2 * _U16.bytewidth + _U16.bytewidth * probe.slot
+
+
+#: Where a Tensor's vtable says ``raw_data`` is (needed for the position of the inline bytes).
+_RAW_DATA_VOFFSET = _field_voffset(_fbs.TensorAddRawData)
 
 
 # --------------------------------------------------------------------------- writing
@@ -99,30 +166,31 @@ class TensorRecord:
     doc_string: str | None = None
 
 
-def _int64_vector(builder: Any, values: Sequence[int]) -> int:
+def _dims_vector(builder: Any, values: Sequence[int]) -> int:
     if not values:
-        # An empty vector needs no alignment padding (the C++ builder adds none).
-        builder.Prep(4, 0)
+        # An empty vector needs no alignment padding (the C++ builder adds none); the
+        # generated TensorStartDimsVector would align it to 8 bytes.
+        builder.Prep(_U32.bytewidth, 0)
         builder.PlaceUOffsetT(0)
         return builder.Offset()
-    builder.StartVector(8, len(values), 8)
+    _fbs.TensorStartDimsVector(builder, len(values))
     for v in reversed(values):
         builder.PrependInt64(v)
     return builder.EndVector()
 
 
-def _offset_vector(builder: Any, offsets: Sequence[int]) -> int:
-    builder.StartVector(4, len(offsets), 4)
+def _tensor_vector(builder: Any, start_vector: Callable[[Any, int], int], offsets: Sequence[int]) -> int:
+    start_vector(builder, len(offsets))
     for o in reversed(offsets):
         builder.PrependUOffsetTRelative(o)
     return builder.EndVector()
 
 
-def _byte_vector(builder: Any, record: TensorRecord) -> int:
-    """A ``[uint8]`` vector filled piece by piece (the same bytes ``CreateByteVector`` would write)."""
+def _raw_data_vector(builder: Any, record: TensorRecord) -> int:
+    """A ``raw_data`` vector filled piece by piece (the same bytes ``CreateByteVector`` would write)."""
     assert record.inline_chunks is not None
     size = record.inline_nbytes
-    builder.StartVector(1, size, 1)  # aligns and makes room for `size` bytes
+    _fbs.TensorStartRawDataVector(builder, size)  # aligns and makes room for `size` bytes
     end = builder.Head()
     position = end - size
     for chunk in record.inline_chunks():
@@ -143,19 +211,19 @@ def _byte_vector(builder: Any, record: TensorRecord) -> int:
 def _tensor(builder: Any, record: TensorRecord) -> int:
     name = builder.CreateString(record.name)
     doc = builder.CreateString(record.doc_string) if record.doc_string is not None else 0
-    dims = _int64_vector(builder, record.dims)
-    raw = _byte_vector(builder, record) if record.inline_chunks is not None else 0
-    builder.StartObject(len(TENSOR_FIELDS))
-    builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["name"], name, 0)
+    dims = _dims_vector(builder, record.dims)
+    raw = _raw_data_vector(builder, record) if record.inline_chunks is not None else 0
+    _fbs.TensorStart(builder)
+    _fbs.TensorAddName(builder, name)
     if doc:
-        builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["doc_string"], doc, 0)
-    builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["dims"], dims, 0)
-    builder.PrependInt32Slot(TENSOR_FIELDS["data_type"], record.data_type, 0)
+        _fbs.TensorAddDocString(builder, doc)
+    _fbs.TensorAddDims(builder, dims)
+    _fbs.TensorAddDataType(builder, record.data_type)
     if record.inline_chunks is not None:
-        builder.PrependUOffsetTRelativeSlot(TENSOR_FIELDS["raw_data"], raw, 0)
+        _fbs.TensorAddRawData(builder, raw)
     if record.external_offset is not None:
-        builder.PrependInt64Slot(TENSOR_FIELDS["external_data_offset"], record.external_offset, -1)
-    return builder.EndObject()
+        _fbs.TensorAddExternalDataOffset(builder, record.external_offset)
+    return _fbs.TensorEnd(builder)
 
 
 def encode_checkpoint(
@@ -177,8 +245,6 @@ def encode_checkpoint(
     Raises:
         ValueError: if a tensor's inline chunks do not add up to its size.
     """
-    import flatbuffers
-
     size = 1024 + sum(
         (r.inline_nbytes if r.inline_chunks is not None else 0) + 2 * len(r.name) + 8 * len(r.dims) + 64
         for r in (*trainable, *frozen)
@@ -186,93 +252,143 @@ def encode_checkpoint(
     builder = flatbuffers.Builder(size)
     trainable_offsets = [_tensor(builder, r) for r in trainable]
     frozen_offsets = [_tensor(builder, r) for r in frozen]
-    trainable_vector = _offset_vector(builder, trainable_offsets)
-    frozen_vector = _offset_vector(builder, frozen_offsets)
-    builder.StartObject(len(MODULE_STATE_FIELDS))
-    builder.PrependUOffsetTRelativeSlot(MODULE_STATE_FIELDS["requires_grad_params"], trainable_vector, 0)
-    builder.PrependUOffsetTRelativeSlot(MODULE_STATE_FIELDS["frozen_params"], frozen_vector, 0)
-    builder.PrependBoolSlot(MODULE_STATE_FIELDS["is_nominal_state"], nominal, False)
-    builder.PrependBoolSlot(MODULE_STATE_FIELDS["has_external_data"], has_external_data, False)
-    module_state = builder.EndObject()
-    builder.StartObject(len(CHECKPOINT_FIELDS))
-    builder.PrependInt32Slot(CHECKPOINT_FIELDS["version"], CHECKPOINT_VERSION, 0)
-    builder.PrependUOffsetTRelativeSlot(CHECKPOINT_FIELDS["module_state"], module_state, 0)
-    root = builder.EndObject()
+    trainable_vector = _tensor_vector(builder, _fbs.ModuleStateStartRequiresGradParamsVector, trainable_offsets)
+    frozen_vector = _tensor_vector(builder, _fbs.ModuleStateStartFrozenParamsVector, frozen_offsets)
+    _fbs.ModuleStateStart(builder)
+    _fbs.ModuleStateAddRequiresGradParams(builder, trainable_vector)
+    _fbs.ModuleStateAddFrozenParams(builder, frozen_vector)
+    _fbs.ModuleStateAddIsNominalState(builder, nominal)
+    _fbs.ModuleStateAddHasExternalData(builder, has_external_data)
+    module_state = _fbs.ModuleStateEnd(builder)
+    _fbs.CheckpointStart(builder)
+    _fbs.CheckpointAddVersion(builder, CHECKPOINT_VERSION)
+    _fbs.CheckpointAddModuleState(builder, module_state)
+    root = _fbs.CheckpointEnd(builder)
     builder.Finish(root, file_identifier=FILE_IDENTIFIER)
     return memoryview(builder.Bytes)[builder.Head() :]
 
 
-# --------------------------------------------------------------------------- reading
-class _Table:
-    """Read access to one flatbuffer table (little-endian, as the format defines)."""
+# --------------------------------------------------------------------------- reading: bounds checks
+_ADVICE = "The checkpoint is truncated or corrupted; restore it from a copy or save it again."
+
+
+class _CheckedTable(flatbuffers.table.Table):
+    """The FlatBuffers runtime's ``Table``, with every read checked against the buffer.
+
+    The generated accessors read only through their object's ``_tab``; this class
+    answers those reads (``Offset``, ``Get``, ``Indirect``, ``String``, ``Vector``,
+    ``VectorLen``, ``GetVectorAsNumpy``) after checking that each lies inside the
+    buffer and is aligned for its type, as every FlatBuffers writer aligns it.
+    """
+
+    __slots__ = ("_limit", "_object_size", "_vtable", "_vtable_size", "_where")
 
     def __init__(self, buf: Any, pos: int, where: str) -> None:
-        self.buf, self.pos, self.where = buf, pos, where
-        self._check(pos, 4)
-        vtable = pos - struct.unpack_from("<i", buf, pos)[0]
-        self._check(vtable, 4)
-        self.vtable = vtable
-        self.vtable_size = struct.unpack_from("<H", buf, vtable)[0]
-        self._check(vtable, self.vtable_size)
+        self._where = where
+        self._limit = min(len(buf), _MAX_FLATBUFFER_BYTES)
+        self._need(pos, _I32.bytewidth, "table", align=_I32.bytewidth)
+        super().__init__(buf, pos)
+        vtable = pos - encode.Get(_I32.packer_type, buf, pos)
+        self._need(vtable, 2 * _U16.bytewidth, "vtable", align=_U16.bytewidth)
+        vtable_size = encode.Get(_U16.packer_type, buf, vtable)
+        object_size = encode.Get(_U16.packer_type, buf, vtable + _U16.bytewidth)
+        if vtable_size < 2 * _U16.bytewidth or vtable_size % _U16.bytewidth:
+            self._fail(f"a vtable at byte {vtable} has the impossible size {vtable_size}")
+        if object_size < _I32.bytewidth:
+            self._fail(f"the table at byte {pos} has the impossible size {object_size}")
+        self._need(vtable, vtable_size, "vtable", align=_U16.bytewidth)
+        self._need(pos, object_size, "table", align=_I32.bytewidth)
+        self._vtable, self._vtable_size, self._object_size = vtable, vtable_size, object_size
 
-    def _check(self, pos: int, size: int) -> None:
-        if pos < 0 or pos + size > len(self.buf):
-            raise CheckpointFormatError(
-                f"{self.where}: offset {pos} (+{size} bytes) is outside the {len(self.buf)}-byte file. "
-                "The checkpoint is truncated or not an ONNX Runtime checkpoint."
-            )
+    def _fail(self, problem: str) -> None:
+        raise CheckpointFormatError(f"{self._where}: {problem}. {_ADVICE}")
 
-    def field(self, slot: int) -> int | None:
-        entry = 4 + 2 * slot
-        if entry + 2 > self.vtable_size:
-            return None
-        offset = struct.unpack_from("<H", self.buf, self.vtable + entry)[0]
-        return self.pos + offset if offset else None
+    def _need(self, pos: int, size: int, what: str, align: int) -> None:
+        """Check that ``size`` bytes at ``pos`` lie inside the buffer and ``pos`` is ``align``-aligned."""
+        if pos < 0 or size < 0 or pos + size > self._limit:
+            self._fail(f"{what} at byte {pos} (+{size} bytes) lies outside the {self._limit}-byte flatbuffer")
+        if pos % align:
+            self._fail(f"{what} at byte {pos} is not aligned to {align} bytes")
 
-    def scalar(self, slot: int, fmt: str, default: Any) -> Any:
-        at = self.field(slot)
-        if at is None:
-            return default
-        self._check(at, struct.calcsize(fmt))
-        return struct.unpack_from(fmt, self.buf, at)[0]
-
-    def _indirect(self, slot: int) -> int | None:
-        at = self.field(slot)
-        if at is None:
-            return None
-        self._check(at, 4)
-        target = at + struct.unpack_from("<I", self.buf, at)[0]
-        self._check(target, 4)
+    def _uoffset_target(self, at: int, what: str) -> int:
+        self._need(at, _U32.bytewidth, f"the offset to a {what}", align=_U32.bytewidth)
+        target = at + encode.Get(_U32.packer_type, self.Bytes, at)
+        self._need(target, _U32.bytewidth, what, align=_U32.bytewidth)
         return target
 
-    def string(self, slot: int) -> str | None:
-        at = self._indirect(slot)
-        if at is None:
-            return None
-        length = struct.unpack_from("<I", self.buf, at)[0]
-        self._check(at + 4, length)
-        return bytes(self.buf[at + 4 : at + 4 + length]).decode("utf-8")
+    # -- the reads generated code makes
+    def Offset(self, vtableOffset: int) -> int:
+        if vtableOffset >= self._vtable_size:
+            return 0
+        offset = encode.Get(_U16.packer_type, self.Bytes, self._vtable + vtableOffset)
+        if offset and not _I32.bytewidth <= offset < self._object_size:
+            self._fail(
+                f"a field of the table at byte {self.Pos} is at offset {offset}, outside the table's "
+                f"{self._object_size} bytes"
+            )
+        return offset
 
-    def vector(self, slot: int) -> tuple[int, int] | None:
-        """(position of the first element, element count) of a vector field."""
-        at = self._indirect(slot)
-        if at is None:
-            return None
-        return at + 4, struct.unpack_from("<I", self.buf, at)[0]
+    def Get(self, flags: Any, off: int) -> Any:
+        self._need(off, flags.bytewidth, "a value", align=flags.bytewidth)
+        return flags.py_type(encode.Get(flags.packer_type, self.Bytes, off))
 
-    def tables(self, slot: int, what: str) -> list[_Table]:
-        vec = self.vector(slot)
-        if vec is None:
-            return []
-        start, count = vec
-        self._check(start, 4 * count)
-        out = []
-        for i in range(count):
-            at = start + 4 * i
-            out.append(_Table(self.buf, at + struct.unpack_from("<I", self.buf, at)[0], f"{self.where} > {what}[{i}]"))
-        return out
+    def Indirect(self, off: int) -> int:
+        return self._uoffset_target(off, "table")
+
+    def String(self, off: int) -> bytes:
+        start = self._uoffset_target(off, "string")
+        length = encode.Get(_U32.packer_type, self.Bytes, start)
+        start += _U32.bytewidth
+        self._need(start, length + 1, "a string", align=1)
+        if self.Bytes[start + length] != 0:
+            self._fail(f"the string at byte {start} is not NUL-terminated")
+        return bytes(self.Bytes[start : start + length])
+
+    def VectorLen(self, off: int) -> int:
+        start = self._uoffset_target(self.Pos + off, "vector")
+        length = encode.Get(_U32.packer_type, self.Bytes, start)
+        self._need(start + _U32.bytewidth, length, f"a vector of {length} elements", align=1)
+        return length
+
+    def Vector(self, off: int) -> int:
+        return self._uoffset_target(self.Pos + off, "vector") + _U32.bytewidth
+
+    def GetVectorAsNumpy(self, flags: Any, off: int) -> np.ndarray:
+        length = self.VectorLen(off)
+        start = self.Vector(off)
+        if length:
+            self._need(start, length * flags.bytewidth, f"a vector of {length} elements", align=flags.bytewidth)
+        return encode.GetVectorAsNumpy(number_types.to_numpy_type(flags), self.Bytes, length, start)
+
+    def Union(self, t2: Any, off: int) -> None:
+        self._fail("a union field was read; checkpoints have none")
 
 
+def _checked(obj: Any, where: str) -> Any:
+    """Point a generated table object's reads at a :class:`_CheckedTable` (None stays None)."""
+    if obj is not None:
+        obj._tab = _CheckedTable(obj._tab.Bytes, obj._tab.Pos, where)
+    return obj
+
+
+def _tables(count: Callable[[], int], get: Callable[[int], Any], where: str) -> list[tuple[str, Any]]:
+    """``(where, table)`` for each table of a ``[Table]`` vector.
+
+    ``count`` and ``get`` are the vector's generated ``<Field>Length`` and ``<Field>(j)`` accessors.
+    """
+    return [(f"{where}[{i}]", _checked(get(i), f"{where}[{i}]")) for i in range(count())]
+
+
+def _text(raw: bytes | None, where: str, what: str) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointFormatError(f"{where}: the {what} {raw[:40]!r} is not UTF-8 text. {_ADVICE}") from None
+
+
+# --------------------------------------------------------------------------- reading: the model
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor of a parsed checkpoint; its bytes are at ``inline`` or ``external_offset``.
@@ -294,7 +410,7 @@ class TensorEntry:
     @property
     def nbytes(self) -> int:
         """Size of the tensor's data in bytes, from its dims and element type."""
-        return int(np.prod(self.dims, dtype=np.int64)) * dtype_of(self).itemsize
+        return math.prod(self.dims) * dtype_of(self).itemsize
 
 
 @dataclass
@@ -319,9 +435,14 @@ class ParsedCheckpoint:
     optimizer_groups: list[OptimizerGroupEntry]
     properties: dict[str, int | float | str]
 
+    def entries(self) -> list[TensorEntry]:
+        """Every tensor: parameters, then optimizer moments."""
+        moments = [m for g in self.optimizer_groups for ms in g.moments.values() for m in ms]
+        return [*self.trainable, *self.frozen, *moments]
 
-def dtype_of(entry: TensorEntry) -> np.dtype:
-    """The numpy dtype of a checkpoint tensor.
+
+def dtype_of(entry: TensorEntry, where: str = "checkpoint") -> np.dtype:
+    """The numpy dtype of a checkpoint tensor (``where`` names the file in the error).
 
     Raises:
         CheckpointFormatError: for an element type checkpoints cannot hold.
@@ -329,83 +450,114 @@ def dtype_of(entry: TensorEntry) -> np.dtype:
     try:
         return LOADABLE_DTYPES[entry.data_type]
     except KeyError:
+        kind = _SCHEMA_DTYPES.get(entry.data_type, str(entry.data_type))
         raise CheckpointFormatError(
-            f"Checkpoint tensor '{entry.name}' has ONNX element type {entry.data_type}, which ONNX Runtime "
-            "checkpoints do not support."
+            f"Tensor '{entry.name}' of {where} has ONNX element type {kind}, which ONNX Runtime 1.19.2 "
+            "cannot load from a checkpoint. Save the parameter as float32 (or another numeric type)."
         ) from None
 
 
-def _tensor_entry(table: _Table) -> TensorEntry:
-    name = table.string(TENSOR_FIELDS["name"])
-    if name is None:
-        raise CheckpointFormatError(f"{table.where}: a tensor has no name. The checkpoint is invalid.")
-    dims_vec = table.vector(TENSOR_FIELDS["dims"])
-    dims: tuple[int, ...] = ()
-    if dims_vec is not None:
-        start, count = dims_vec
-        table._check(start, 8 * count)
-        dims = struct.unpack_from(f"<{count}q", table.buf, start)
-    raw = table.vector(TENSOR_FIELDS["raw_data"])
-    offset = table.scalar(TENSOR_FIELDS["external_data_offset"], "<q", -1)
-    if raw is not None:
-        table._check(raw[0], raw[1])
-    return TensorEntry(
-        name=name,
-        data_type=table.scalar(TENSOR_FIELDS["data_type"], "<i", 0),
-        dims=tuple(dims),
-        inline=raw,
-        external_offset=offset if offset >= 0 else None,
-    )
+def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> TensorEntry:
+    name = _text(tensor.Name(), where, "name")
+    if not name:
+        raise CheckpointFormatError(f"{where}: a tensor has no name. {_ADVICE}")
+    where = f"{where} ('{name}')"
+    dims = tuple(tensor.Dims(j) for j in range(tensor.DimsLength()))  # (no numpy view pinning a memory map)
+    if any(d < 0 for d in dims):
+        raise CheckpointFormatError(f"{where}: the tensor has a negative dimension {list(dims)}. {_ADVICE}")
+    data_type = tensor.DataType()
+    if data_type not in _SCHEMA_DTYPES:
+        raise CheckpointFormatError(
+            f"{where}: the tensor has element type {data_type}, which the checkpoint schema does not define. {_ADVICE}"
+        )
+    inline = None
+    raw_at = tensor._tab.Offset(_RAW_DATA_VOFFSET)
+    if raw_at:
+        inline = (tensor._tab.Vector(raw_at), tensor.RawDataLength())
+    offset = tensor.ExternalDataOffset()
+    if offset < -1:
+        raise CheckpointFormatError(f"{where}: the tensor's external data offset is {offset}. {_ADVICE}")
+    entry = TensorEntry(name, data_type, dims, inline, offset if offset >= 0 else None)
+    if nominal:
+        return entry  # names and element types only
+    dtype_of(entry, where)  # an element type ONNX Runtime cannot load data of
+    if entry.external_offset is not None:
+        if not external:
+            raise CheckpointFormatError(
+                f"{where}: the tensor has external data but the checkpoint says it has none. {_ADVICE}"
+            )
+        return entry
+    if inline is None:
+        raise CheckpointFormatError(f"{where}: the tensor has neither inline nor external data. {_ADVICE}")
+    if inline[1] != entry.nbytes:
+        raise CheckpointFormatError(
+            f"{where}: the tensor has {inline[1]} bytes of data but its dims {list(dims)} and element type "
+            f"{_SCHEMA_DTYPES[data_type]} need {entry.nbytes}. {_ADVICE}"
+        )
+    return entry
 
 
 def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
-    """Parse a checkpoint flatbuffer (bytes or a memory map) into its metadata.
+    """Parse a checkpoint flatbuffer (bytes or a memory map) into its metadata, checking every offset.
+
+    Only the metadata is read: tensor bytes are located, never touched.
 
     Raises:
-        CheckpointFormatError: if ``buf`` is not an ONNX Runtime training checkpoint
-            or uses a version this reader does not know.
+        CheckpointFormatError: if ``buf`` is not an ONNX Runtime training checkpoint, is
+            truncated or corrupted, or uses a version this reader does not know.
     """
-    if len(buf) < 8 or bytes(buf[4:8]) != FILE_IDENTIFIER:
+    if len(buf) < 8 or not _fbs.Checkpoint.CheckpointBufferHasIdentifier(buf, 0):
         raise CheckpointFormatError(
             f"{where} is not an ONNX Runtime training checkpoint (file identifier "
-            f"{bytes(buf[4:8]) if len(buf) >= 8 else b''!r}, expected {FILE_IDENTIFIER!r})."
+            f"{bytes(buf[4:8]) if len(buf) >= 8 else b''!r}, expected {FILE_IDENTIFIER!r}). Pass a checkpoint "
+            "written by onnxblocks.checkpoint.save_checkpoint or by ONNX Runtime."
         )
-    root = _Table(buf, struct.unpack_from("<I", buf, 0)[0], where)
-    version = root.scalar(CHECKPOINT_FIELDS["version"], "<i", 0)
+    root = _checked(_fbs.Checkpoint.GetRootAs(buf, 0), where)
+    version = root.Version()
     if version not in READABLE_VERSIONS:
         raise CheckpointFormatError(
-            f"{where} has checkpoint version {version}; this reader knows versions {READABLE_VERSIONS}."
+            f"{where} has checkpoint version {version}; this reader knows versions {READABLE_VERSIONS}. "
+            "Use the ONNX Runtime version that wrote it, or check that the file is not corrupted."
         )
-    module_pos = root._indirect(CHECKPOINT_FIELDS["module_state"])
     trainable: list[TensorEntry] = []
     frozen: list[TensorEntry] = []
     nominal = external = False
-    if module_pos is not None:
-        module = _Table(buf, module_pos, f"{where} > module_state")
-        trainable = [_tensor_entry(t) for t in module.tables(MODULE_STATE_FIELDS["requires_grad_params"], "param")]
-        frozen = [_tensor_entry(t) for t in module.tables(MODULE_STATE_FIELDS["frozen_params"], "frozen_param")]
-        nominal = bool(module.scalar(MODULE_STATE_FIELDS["is_nominal_state"], "<B", 0))
-        external = bool(module.scalar(MODULE_STATE_FIELDS["has_external_data"], "<B", 0))
+    module = _checked(root.ModuleState(), f"{where} > module_state")
+    if module is not None:
+        nominal, external = module.IsNominalState(), module.HasExternalData()
+        trainable = [
+            _tensor_entry(t, w, nominal=nominal, external=external)
+            for w, t in _tables(
+                module.RequiresGradParamsLength, module.RequiresGradParams, f"{where} > requires_grad_params"
+            )
+        ]
+        frozen = [
+            _tensor_entry(t, w, nominal=nominal, external=external)
+            for w, t in _tables(module.FrozenParamsLength, module.FrozenParams, f"{where} > frozen_params")
+        ]
     groups = []
-    for g in root.tables(CHECKPOINT_FIELDS["optimizer_groups"], "optimizer_group"):
+    for g_where, g in _tables(root.OptimizerGroupsLength, root.OptimizerGroups, f"{where} > optimizer_groups"):
         group = OptimizerGroupEntry(
-            name=g.string(OPTIMIZER_GROUP_FIELDS["group_name"]) or "",
-            step=g.scalar(OPTIMIZER_GROUP_FIELDS["step"], "<q", 0),
-            initial_learning_rate=g.scalar(OPTIMIZER_GROUP_FIELDS["initial_learning_rate"], "<f", 0.0),
+            name=_text(g.GroupName(), g_where, "group name") or "",
+            step=g.Step(),
+            initial_learning_rate=g.InitialLearningRate(),
         )
-        for state in g.tables(OPTIMIZER_GROUP_FIELDS["optimizer_states"], "optimizer_state"):
-            param = state.string(PARAMETER_OPTIMIZER_STATE_FIELDS["param_name"]) or ""
+        for s_where, state in _tables(g.OptimizerStatesLength, g.OptimizerStates, f"{g_where} > optimizer_states"):
+            param = _text(state.ParamName(), s_where, "parameter name") or ""
             group.moments[param] = [
-                _tensor_entry(t) for t in state.tables(PARAMETER_OPTIMIZER_STATE_FIELDS["momentums"], "momentum")
+                _tensor_entry(t, w, nominal=nominal, external=external)
+                for w, t in _tables(state.MomentumsLength, state.Momentums, f"{s_where} > momentums")
             ]
         groups.append(group)
     properties: dict[str, int | float | str] = {}
-    bag_pos = root._indirect(CHECKPOINT_FIELDS["property_bag"])
-    if bag_pos is not None:
-        bag = _Table(buf, bag_pos, f"{where} > property_bag")
-        for kind, fmt in (("ints", "<q"), ("floats", "<f")):
-            for prop in bag.tables(PROPERTY_BAG_FIELDS[kind], kind):
-                properties[prop.string(PROPERTY_FIELDS["name"]) or ""] = prop.scalar(PROPERTY_FIELDS["value"], fmt, 0)
-        for prop in bag.tables(PROPERTY_BAG_FIELDS["strings"], "strings"):
-            properties[prop.string(PROPERTY_FIELDS["name"]) or ""] = prop.string(PROPERTY_FIELDS["value"]) or ""
+    bag = _checked(root.PropertyBag(), f"{where} > property_bag")
+    if bag is not None:
+        numbers = (("ints", bag.IntsLength, bag.Ints), ("floats", bag.FloatsLength, bag.Floats))
+        for kind, count, get in numbers:
+            for p_where, prop in _tables(count, get, f"{where} > property_bag > {kind}"):
+                properties[_text(prop.Name(), p_where, "property name") or ""] = prop.Value()
+        for p_where, prop in _tables(bag.StringsLength, bag.Strings, f"{where} > property_bag > strings"):
+            properties[_text(prop.Name(), p_where, "property name") or ""] = (
+                _text(prop.Value(), p_where, "property value") or ""
+            )
     return ParsedCheckpoint(version, nominal, external, trainable, frozen, groups, properties)

@@ -1,9 +1,17 @@
-"""Reading ONNX Runtime training checkpoints: parameter values, and models filled from them."""
+"""Reading ONNX Runtime training checkpoints: parameter values, parameter names, and models filled from them.
+
+Every reader here maps the checkpoint file into memory after checking that it is
+a regular file (a FIFO or device would otherwise block or never end), and parses
+it with :func:`onnxblocks.checkpoint.format.decode_checkpoint`, which checks every
+offset before following it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from onnxblocks._core.errors import did_you_mean
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint.save import external_data_path
-from onnxblocks._core.errors import did_you_mean
 
 
 @dataclass
@@ -55,25 +63,114 @@ class Checkpoint:
         yield from self.frozen
 
 
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_regular(path: Path, mode: int, what: str) -> _format.CheckpointFormatError:
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    return _format.CheckpointFormatError(
+        f"{what} '{path}' is {kind}, not a regular file; reading it could block or never end. Pass the "
+        "checkpoint file that save_checkpoint or ONNX Runtime wrote."
+    )
+
+
+def _regular_file_size(path: Path, what: str) -> int:
+    """The size of ``path``, after checking (without opening it) that it is an existing regular file."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} '{path}' does not exist.") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(f"'{path}' is a directory; pass the checkpoint file inside it.")
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode, what)
+    return info.st_size
+
+
+#: O_NONBLOCK: should the path turn into a FIFO between the check and the open, the open does not block.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _open_regular(path: Path, what: str) -> int:
+    """A read-only descriptor of ``path``, which is checked to be a regular file before and after opening."""
+    _regular_file_size(path, what)
+    fd = os.open(path, _OPEN_FLAGS)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _not_regular(path, info.st_mode, what)
+    return fd
+
+
+def _map(path: Path) -> mmap.mmap | bytes:
+    """The checkpoint file, memory-mapped read-only (``b""`` when empty)."""
+    fd = _open_regular(path, "Checkpoint file")
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
+    finally:
+        os.close(fd)
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a regular file that starts like an ONNX Runtime training checkpoint.
+
+    Only the file identifier (bytes 4..8, ``ODTC``) is read. A missing path, a
+    directory or a non-regular file (FIFO, device) is not a checkpoint and is never read.
+    """
+    try:
+        fd = _open_regular(Path(os.fspath(path)), "File")
+    except (OSError, _format.CheckpointFormatError):
+        return False
+    with os.fdopen(fd, "rb") as f:
+        head = f.read(8)
+    return head[4:8] == _format.FILE_IDENTIFIER
+
+
+def read_parameter_names(path_to_checkpoint: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """The ``(trainable_names, frozen_names)`` of a checkpoint, in file order, without reading tensor data.
+
+    Only the flatbuffer metadata is read (the file is memory-mapped, so pages
+    holding inline tensor bytes are never touched) and the ``.data`` side file is
+    not opened.
+
+    Raises:
+        FileNotFoundError: if the checkpoint does not exist.
+        onnxblocks.checkpoint.CheckpointFormatError: if the path is not a regular file or
+            not a valid checkpoint.
+    """
+    path = Path(os.fspath(path_to_checkpoint))
+    buf = _map(path)
+    try:
+        parsed = _format.decode_checkpoint(buf, f"checkpoint '{path}'")
+    finally:
+        if isinstance(buf, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a view kept alive by a traceback: it closes when freed
+                buf.close()
+    return [e.name for e in parsed.trainable], [e.name for e in parsed.frozen]
+
+
 class _Reader:
     """A checkpoint file mapped into memory, with its optional side data file."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(os.fspath(path))
-        if self.path.is_dir():
-            raise IsADirectoryError(f"'{self.path}' is a directory; pass the checkpoint file inside it.")
-        if not self.path.is_file():
-            raise FileNotFoundError(f"Checkpoint file '{self.path}' does not exist.")
-        with open(self.path, "rb") as f:
-            self.buf: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) \
-                if os.path.getsize(self.path) else b""
+        self.buf = _map(self.path)
         self.parsed = _format.decode_checkpoint(self.buf, f"checkpoint '{self.path}'")
         self.data_path = external_data_path(self.path)
-        if self.parsed.has_external_data and not self.data_path.is_file():
-            raise FileNotFoundError(
-                f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', which does not exist. "
-                "Keep the .data file beside the checkpoint."
-            )
+        self.data_size = 0
+        if self.parsed.has_external_data and any(e.external_offset is not None for e in self.parsed.entries()):
+            try:
+                self.data_size = _regular_file_size(self.data_path, "External data file")
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', which does not exist. "
+                    "Keep the .data file beside the checkpoint."
+                ) from None
 
     def raw(self, entry: _format.TensorEntry) -> bytes:
         """All bytes of one tensor."""
@@ -81,28 +178,27 @@ class _Reader:
 
     def array(self, entry: _format.TensorEntry, copy: bool = False) -> np.ndarray:
         """One tensor as a numpy array (a read-only memory map for external data unless ``copy``)."""
-        dtype = _format.dtype_of(entry)
+        dtype = _format.dtype_of(entry, f"checkpoint '{self.path}'")
         if self.parsed.is_nominal:
             return np.empty((0,), dtype)
         size = entry.nbytes
+        count = size // dtype.itemsize
+        if count == 0:
+            return self._shaped(np.empty((0,), dtype), entry)
         if entry.external_offset is not None:
             if not self.parsed.has_external_data:
                 raise _format.CheckpointFormatError(
                     f"Tensor '{entry.name}' of checkpoint '{self.path}' has external data but the checkpoint "
                     "says it has none. The file is invalid."
                 )
-            if entry.external_offset + size > os.path.getsize(self.data_path):
+            if entry.external_offset + size > self.data_size:
                 raise _format.CheckpointFormatError(
                     f"Tensor '{entry.name}' needs bytes {entry.external_offset}..{entry.external_offset + size} of "
-                    f"'{self.data_path}', which is shorter. The data file is truncated or belongs to another "
-                    "checkpoint."
+                    f"'{self.data_path}', which is shorter ({self.data_size} bytes). The data file is truncated or "
+                    "belongs to another checkpoint: restore the checkpoint and its .data file together."
                 )
-            count = size // dtype.itemsize
-            if count == 0:
-                return np.empty(entry.dims, dtype)
-            mapped = np.memmap(self.data_path, dtype=dtype, mode="r", offset=entry.external_offset,
-                               shape=(count,)).reshape(entry.dims)
-            return np.array(mapped) if copy else mapped
+            mapped = np.memmap(self.data_path, dtype=dtype, mode="r", offset=entry.external_offset, shape=(count,))
+            return self._shaped(np.array(mapped) if copy else mapped, entry)
         if entry.inline is None:
             raise _format.CheckpointFormatError(
                 f"Tensor '{entry.name}' of checkpoint '{self.path}' has neither inline nor external data."
@@ -113,8 +209,16 @@ class _Reader:
                 f"Tensor '{entry.name}' of checkpoint '{self.path}' has {length} bytes but its dims "
                 f"{list(entry.dims)} need {size}."
             )
-        return np.frombuffer(self.buf, dtype=dtype, count=size // dtype.itemsize, offset=start) \
-            .reshape(entry.dims).copy()
+        return self._shaped(np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy(), entry)
+
+    def _shaped(self, flat: np.ndarray, entry: _format.TensorEntry) -> np.ndarray:
+        try:
+            return flat.reshape(entry.dims)
+        except ValueError:  # e.g. a zero-size tensor whose other dims are too large for numpy
+            raise _format.CheckpointFormatError(
+                f"Tensor '{entry.name}' of checkpoint '{self.path}' has dims {list(entry.dims)}, which numpy cannot "
+                "represent. The checkpoint is corrupted; restore it from a copy or save it again."
+            ) from None
 
 
 def load_checkpoint(path_to_checkpoint: str | os.PathLike) -> Checkpoint:

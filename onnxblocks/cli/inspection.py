@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from onnxblocks.cli.app import EXIT_INPUT, EXIT_OK, CliError
+from onnxblocks._core.contracts import is_accumulation_value
+from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, CliError
 from onnxblocks.cli.tables import format_bytes, format_table
 
 EXAMPLES = """\
@@ -24,9 +25,6 @@ examples:
   onnxblocks inspect artifacts --json       # the same, machine-readable
   onnxblocks inspect ckpt                   # a checkpoint: parameters, optimizer step, properties"""
 
-_GRAD_BUFFER = "_grad.accumulation.buffer"
-_GRAD_OUT = "_grad.accumulation.out"
-_LAZY_RESET = "lazy_reset_grad"
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -46,11 +44,16 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Inspect and print."""
+    from onnxblocks.checkpoint import is_checkpoint
+
     path = Path(args.path)
     if path.is_dir():
         report = inspect_artifacts(path, args.prefix)
     elif path.is_file():
-        report = inspect_checkpoint(path) if _is_checkpoint(path) else inspect_model(path)
+        report = inspect_checkpoint(path) if is_checkpoint(path) else inspect_model(path)
+    elif path.exists():
+        raise CliError(f"'{path}' is not a regular file (a pipe or device?); pass an .onnx file, an artifact "
+                       "directory or a checkpoint.", EXIT_INPUT)
     else:
         raise CliError(f"'{path}' does not exist; pass an .onnx file, an artifact directory or a checkpoint.",
                        EXIT_INPUT)
@@ -118,13 +121,6 @@ def inspect_model(path: Path) -> dict[str, Any]:
     }
 
 
-def _is_checkpoint(path: Path) -> bool:
-    """True for an ONNX Runtime checkpoint file (flatbuffer identifier ``ODTC`` at byte 4)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-    return head[4:8] == b"ODTC"
-
-
 def inspect_checkpoint(path: Path) -> dict[str, Any]:
     """Describe a checkpoint file: parameters, optimizer state, properties."""
     from onnxblocks.checkpoint import load_checkpoint
@@ -163,9 +159,9 @@ def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
     if files.training_model.suffix == ".onnx":
         training = _load(files.training_model)
         inputs = [_value_info(i) for i in training.graph.input
-                  if i.name not in names and not i.name.endswith(_GRAD_BUFFER) and i.name != _LAZY_RESET]
+                  if i.name not in names and not is_accumulation_value(i.name)]
         source = _load(files.eval_model) if files.eval_model and files.eval_model.suffix == ".onnx" else training
-        outputs = [_value_info(o) for o in source.graph.output if not o.name.endswith(_GRAD_OUT)]
+        outputs = [_value_info(o) for o in source.graph.output if not is_accumulation_value(o.name)]
     return {
         "kind": "artifacts",
         "path": os.fspath(directory),
@@ -224,12 +220,12 @@ def render(report: dict[str, Any]) -> str:
         title = "outputs (loss first)" if report["kind"] == "artifacts" else "outputs"
         lines += ["", title, format_table(("name", "dtype", "shape"), rows) if rows else "  (none)"]
     params = report["parameters"]
-    rows = [(p["name"], p["dtype"], _shape(p["shape"]), p["status"], f"{p['elements']:,}", format_bytes(p["bytes"]))
-            for p in params]
+    param_rows = [(p["name"], p["dtype"], _shape(p["shape"]), p["status"], f"{p['elements']:,}",
+                   format_bytes(p["bytes"])) for p in params]
     title = "parameters (initializers)" if report["kind"] == "model" else "parameters (checkpoint)"
     lines += ["", title,
-              format_table(("name", "dtype", "shape", "status", "elements", "bytes"), rows, right=(4, 5))
-              if rows else "  (none)"]
+              format_table(("name", "dtype", "shape", "status", "elements", "bytes"), param_rows, right=(4, 5))
+              if param_rows else "  (none)"]
     totals = report["totals"]
     summary = f"total: {totals['count']} parameters, {totals['elements']:,} elements, {format_bytes(totals['bytes'])}"
     for status in ("trainable", "frozen"):

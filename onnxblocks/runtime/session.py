@@ -29,6 +29,7 @@ import numpy as np
 from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime import properties as _props
+from onnxblocks.runtime.export import export_inference, forward_outputs_hint
 from onnxblocks.runtime.inputs import InputSpec, check_batch, read_input_specs
 from onnxblocks.runtime.layout import ArtifactFiles
 
@@ -437,7 +438,7 @@ class TrainingSession:
         ``additional_output_names`` the artifacts were generated with.
         """
         outputs = self.eval_output_names[1:]
-        model_outputs = _forward_outputs_hint(self.files.eval_model)
+        model_outputs = forward_outputs_hint(self.files.eval_model)
         return model_outputs or outputs
 
     def export_inference_model(self, path: str | os.PathLike, output_names: Sequence[str] | None = None) -> Path:
@@ -461,48 +462,10 @@ class TrainingSession:
         if not self.has_eval_model:
             raise RuntimeError("export_inference_model needs the eval model, but the artifacts have none.")
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
-        if not names:
-            raise ValueError(
-                "export_inference_model: cannot tell which outputs the inference model should have. Pass "
-                "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
-                "additional_output_names=[...]."
-            )
-        destination = Path(path)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        from onnxblocks.io import atomic_file
-
-        with atomic_file(destination) as temp:
-            try:
-                self._module.export_model_for_inferencing(os.fspath(temp), names)
-            except RuntimeError as exc:
-                raise ValueError(
-                    f"Cannot export outputs {names}: {_ort.clean_message(exc)}. Eval model outputs: "
-                    f"{self.eval_output_names}."
-                ) from None
-        return destination
+        return export_inference(self._module, Path(path), names, self.eval_output_names)
 
     def __repr__(self) -> str:
         return (
             f"TrainingSession('{self.files.directory}', inputs={self.input_names}, outputs={self.output_names}, "
             f"parameters={len(self.parameter_names())}, step={self.step}, device='{self._device_name}')"
         )
-
-
-def _forward_outputs_hint(eval_model: Path | None) -> list[str]:
-    """Forward output names recorded in the eval model's metadata (``onnxblocks.forward_outputs``), if any."""
-    if eval_model is None or eval_model.suffix != ".onnx":
-        return []
-    import json
-
-    import onnx
-
-    model = onnx.load(os.fspath(eval_model), load_external_data=False)
-    for prop in model.metadata_props:
-        if prop.key == "onnxblocks.forward_outputs":
-            try:
-                names = json.loads(prop.value)
-            except ValueError:
-                names = [n for n in prop.value.split(",") if n]
-            if isinstance(names, list) and all(isinstance(n, str) for n in names):
-                return names
-    return []
