@@ -106,7 +106,7 @@ def tensor_chunks(
     tensor: onnx.TensorProto | _weights.TensorSource,
     base_dir: str | os.PathLike | None = None,
     chunk_bytes: int = _weights.CHUNK_BYTES,
-) -> Iterator[bytes]:
+) -> Iterator[bytes | memoryview]:
     """Yield a tensor's little-endian bytes in pieces of at most ``chunk_bytes``.
 
     Accepts a :class:`~onnxblocks._core.weights.TensorSource`, an inline
@@ -153,7 +153,7 @@ def _nbytes(tensor: onnx.TensorProto | _weights.TensorSource) -> int:
 
 
 def write_aligned(
-    out: BinaryIO, chunks: Iterable[bytes], expected: int, name: str, align_for: int | None = None
+    out: BinaryIO, chunks: Iterable[bytes | memoryview], expected: int, name: str, align_for: int | None = None
 ) -> int:
     """Append ``chunks`` to ``out`` at an aligned offset; return the offset.
 
@@ -199,7 +199,7 @@ def write_tensor(
         OSError: if its source file ends early.
     """
     source = tensor if isinstance(tensor, _weights.TensorSource) and tensor.path is not None else None
-    if source is None or not hasattr(os, "copy_file_range") or expected < _PAGE_ALIGN_FROM:
+    if source is None or source.path is None or not hasattr(os, "copy_file_range") or expected < _PAGE_ALIGN_FROM:
         return write_aligned(out, tensor_chunks(tensor, base_dir), expected, name)
     position = write_aligned(out, (), 0, name, align_for=expected)
     out.flush()
@@ -325,8 +325,8 @@ def save_model(
                     size = _nbytes(src)
                     offset = write_tensor(data, src, base_dir, size, init.name)
                     offsets[init.name] = (offset, size)
-        for init, src in plan:
-            if src is None:
+        for init, maybe_src in plan:
+            if maybe_src is None:
                 out.graph.initializer.append(init)
                 continue
             stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)

@@ -161,7 +161,7 @@ class TensorRecord:
     data_type: int
     dims: tuple[int, ...]
     inline_nbytes: int = 0
-    inline_chunks: Callable[[], Iterable[bytes]] | None = None
+    inline_chunks: Callable[[], Iterable[bytes | memoryview]] | None = None
     external_offset: int | None = None
     doc_string: str | None = None
 

@@ -1,23 +1,21 @@
-"""Lazy access to ONNX Runtime's C bindings, and turning their errors into readable ones.
+"""Lazy access to ONNX Runtime's C bindings for the runtime, and its errors made readable.
 
 Nothing here imports onnxruntime at module import time: ``import onnxblocks``
 must stay fast. Only ``onnxruntime.capi._pybind_state`` is used, never
-``onnxruntime.training`` (which imports torch).
+``onnxruntime.training`` (which imports torch). Error messages are read by
+:mod:`onnxblocks._core.ort_errors`; :func:`clean_message`, :func:`is_ort_error`
+and :func:`is_input_error` are its functions, under the names the runtime and
+the command line use.
 """
 
 from __future__ import annotations
 
-import re
 from types import ModuleType
 from typing import Any
 
-#: Names of ONNX Runtime exception classes that mean "your model or input is wrong".
-INPUT_ERROR_CLASSES = frozenset(
-    {"InvalidArgument", "NoSuchFile", "NoModel", "InvalidProtobuf", "InvalidGraph", "NotImplemented"}
-)
+from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_input_error, is_ort_error
 
-_SOURCE_PREFIX = re.compile(r"^\s*/?[\w./-]*onnxruntime[\w./-]*\.(?:cc|h|cpp):\d+\s+.*?\)\s*")
-_STATUS_PREFIX = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*")
+__all__ = ["INPUT_ERROR_CLASSES", "capi", "clean_message", "is_input_error", "is_ort_error", "make_device"]
 
 
 def capi() -> ModuleType:
@@ -39,21 +37,3 @@ def make_device(device: str) -> Any:
         raise ValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
     device_type = C.OrtDevice.cpu() if kind == "cpu" else C.OrtDevice.cuda()
     return C.OrtDevice(device_type, C.OrtDevice.default_memory(), int(index or 0))
-
-
-def clean_message(exc: BaseException) -> str:
-    """An ONNX Runtime error message without its C++ source location, on one line."""
-    text = " ".join(str(exc).split())
-    text = _SOURCE_PREFIX.sub("", text)
-    text = _STATUS_PREFIX.sub("", text)
-    return text.strip()
-
-
-def is_ort_error(exc: BaseException) -> bool:
-    """True when ``exc`` was raised by ONNX Runtime's bindings."""
-    return type(exc).__module__.startswith("onnxruntime")
-
-
-def is_input_error(exc: BaseException) -> bool:
-    """True for ONNX Runtime errors that blame the model or the input rather than the runtime."""
-    return is_ort_error(exc) and type(exc).__name__ in INPUT_ERROR_CLASSES

@@ -82,7 +82,7 @@ class ArrayBatches:
 
     def _start_epoch(self) -> np.ndarray:
         if self._order is None:
-            self._epoch_rng_state = copy.deepcopy(self._rng.bit_generator.state)
+            self._epoch_rng_state = dict(copy.deepcopy(self._rng.bit_generator.state))
             self._order = self._rng.permutation(self.num_rows) if self.shuffle else np.arange(self.num_rows)
         return self._order
 

@@ -168,7 +168,7 @@ def fit(
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
     session._require_optimizer()  # the clear "no optimizer model" error, before any work
-    if iter(train_data) is train_data and epochs > 1:  # type: ignore[call-overload]
+    if iter(train_data) is train_data and epochs > 1:
         raise ValueError(
             "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass a re-iterable "
             "(a list of batches, or onnxblocks.runtime.ArrayBatches) or use epochs=1."
@@ -335,8 +335,8 @@ def _as_batch(raw: Any, names: Sequence[str]) -> tuple:
 
 
 def _rows(batch: tuple) -> int:
-    first = np.shape(batch[0]) if batch else ()
-    return int(first[0]) if len(first) else 1
+    first: tuple[int, ...] = np.shape(batch[0]) if batch else ()
+    return int(first[0]) if first else 1
 
 
 def _scalar(loss: np.ndarray) -> float:

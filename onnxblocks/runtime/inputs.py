@@ -141,7 +141,7 @@ def _fits(want: tuple[Dim, ...] | None, have: tuple[int, ...], bound: dict[str, 
         return True
     if len(want) != len(have):
         return False
-    new = {}
+    new: dict[str, tuple[int, str]] = {}
     for w, h in zip(want, have, strict=True):
         if isinstance(w, int):
             if w > 0 and w != h:

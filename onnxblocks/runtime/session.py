@@ -73,6 +73,7 @@ class TrainingSession:
         self._device = _ort.make_device(device)
         self._options = session_options if session_options is not None else _ort.capi().SessionOptions()
         self.check_inputs = check_inputs
+        self._state: Any = None
         self.step = 0
         self._pending = 0  # train steps since the gradients were last reset
         self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
@@ -94,7 +95,7 @@ class TrainingSession:
             state = C.load_checkpoint(os.fspath(checkpoint))
         except RuntimeError as exc:
             raise ValueError(f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}") from None
-        if hasattr(self, "_state"):
+        if self._state is not None:
             before, after = set(self._state.parameter_names()), set(state.parameter_names())
             if before != after:
                 raise ValueError(
