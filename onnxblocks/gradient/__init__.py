@@ -23,13 +23,12 @@ from onnxblocks.gradient.indexing import (
     depth_to_space_as_reshape,
     negative_step_slice_as_gather,
 )
+from onnxblocks.gradient.layer_norm import expose_layer_norm_statistics, layer_norm_zero_bias
 from onnxblocks.gradient.normalize import (
     cast_like_as_cast,
     default_passes,
     expose_dropout_mask,
-    expose_layer_norm_statistics,
     gelu_as_contrib_gelu,
-    layer_norm_zero_bias,
     normalize,
     softplus_as_elementary,
     split_to_sequence_as_split,

@@ -1,23 +1,35 @@
 """Graph normalisation passes that run before ONNX Runtime builds the gradient.
 
 Each pass rewrites a pattern that ONNX Runtime's gradient builder cannot handle
-into an equivalent one it can, in place on the working copy of the model, and
-returns how many nodes it rewrote. The forward values are unchanged, so the
-eval model and the training model compute the same thing as the original.
+(or handles into a training model ONNX Runtime cannot run) into an equivalent one
+it can, in place on the working copy of the model, and returns how many nodes it
+rewrote. The forward values are unchanged, so the eval model and the training
+model compute the same thing as the original.
 
-===================================  =====================================================
-pass                                 why
-===================================  =====================================================
-:func:`expose_layer_norm_statistics` LayerNormalization's gradient needs its mean and
-                                     inverse std-dev outputs; exporters emit one output.
-:func:`split_to_sequence_as_split`   The dynamo exporter's ``SplitToSequence`` +
-                                     ``SequenceAt`` has no gradient ("unreachable").
-:func:`cast_like_as_cast`            ``CastLike`` has no gradient builder; ``Cast`` has.
-:func:`gelu_as_contrib_gelu`         ai.onnx ``Gelu`` (opset 20) has no gradient builder;
-                                     the com.microsoft ``Gelu``/``FastGelu`` have.
-:func:`softplus_as_elementary`       ``Softplus`` has no gradient builder; Exp, Log, Min
-                                     and Where have.
-===================================  =====================================================
+:func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
+
+1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
+2. :func:`split_to_sequence_as_split`: ``SplitToSequence`` + ``SequenceAt`` is "unreachable"; ``Split`` is not.
+3. :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
+4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
+5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
+6. :func:`gelu_as_contrib_gelu`: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft ``Gelu`` has.
+7. :func:`~onnxblocks.gradient.activations.activations_as_elementary`: Elu, PRelu, Mish... as elementary ops.
+8. :func:`softplus_as_elementary`: ``Softplus`` (also from Mish, step 7) as Exp, Log, Min and Where.
+9. :func:`~onnxblocks.gradient.conv_transpose.conv_transpose_as_conv`: no CPU ``ConvTransposeGrad`` kernel.
+10. :func:`~onnxblocks.gradient.pooling.average_pool_as_conv`: ``AveragePoolGrad`` needs static shapes.
+11. :func:`~onnxblocks.gradient.group_norm.group_norm_as_elementary`: no gradient builder for Instance/Group norm.
+12. :func:`~onnxblocks.gradient.recurrent.recurrent_directions_as_forward`: GRU/LSTM train forward only.
+13. :func:`~onnxblocks.gradient.recurrent.recurrent_as_elementary`: RNN (and non-float32 GRU/LSTM), unrolled.
+14. :func:`~onnxblocks.gradient.indexing.negative_step_slice_as_gather`: ``SliceGrad`` fails on negative steps.
+15. :func:`~onnxblocks.gradient.indexing.border_pad_as_gather`: ``Pad``'s gradient is for constant mode only.
+16. :func:`~onnxblocks.gradient.resize.resize_as_matmul`: no CPU ``ResizeGrad`` kernel.
+17. :func:`~onnxblocks.gradient.reductions.reduce_extremum_as_topk`: ReduceMax/Min have no gradient builder.
+18. :func:`~onnxblocks.gradient.reductions.cumsum_as_matmul`: ``CumSum`` has no gradient builder.
+19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
+
+:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` is not a pass:
+it needs the trainable set and runs later, on the training copy (see its docstring).
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from onnxblocks.gradient.indexing import (
     depth_to_space_as_reshape,
     negative_step_slice_as_gather,
 )
+from onnxblocks.gradient.layer_norm import expose_layer_norm_statistics, layer_norm_zero_bias
 from onnxblocks.gradient.pooling import average_pool_as_conv
 from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
 from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
@@ -46,37 +59,18 @@ from onnxblocks.gradient.resize import resize_as_matmul
 
 Pass = Callable[[onnx.ModelProto], int]
 
-# op type -> number of outputs the gradient needs (Y, mean, inv_std_dev) / (Y, inv_std_dev)
-_NORM_OUTPUTS = {"LayerNormalization": 3, "SimplifiedLayerNormalization": 2}
-
-
-def expose_layer_norm_statistics(model: onnx.ModelProto) -> int:
-    """Give every LayerNormalization the optional outputs its gradient reads.
-
-    ``LayerNormalization`` (ai.onnx or com.microsoft) gets its ``Mean`` and
-    ``InvStdDev`` outputs, ``SimplifiedLayerNormalization`` its ``inv_std_var``.
-    The new outputs have fresh names and nothing reads them in the forward graph.
-
-    Returns:
-        The number of nodes that got outputs.
-    """
-    names = _graph.name_authority(model.graph)
-    changed = 0
-    for node in model.graph.node:
-        wanted = _NORM_OUTPUTS.get(node.op_type)
-        if wanted is None or node.domain not in ("", "ai.onnx", _limits.MS_DOMAIN):
-            continue
-        if len(node.output) >= wanted and all(node.output[:wanted]):
-            continue
-        base = node.output[0]
-        suffixes = ["mean", "inv_std_dev"] if wanted == 3 else ["inv_std_dev"]
-        while len(node.output) < wanted:
-            node.output.append("")
-        for i, suffix in zip(range(1, wanted), suffixes, strict=True):
-            if not node.output[i]:
-                node.output[i] = names.fresh(f"{base}.{suffix}")
-        changed += 1
-    return changed
+__all__ = [
+    "Pass",
+    "cast_like_as_cast",
+    "default_passes",
+    "expose_dropout_mask",
+    "expose_layer_norm_statistics",
+    "gelu_as_contrib_gelu",
+    "layer_norm_zero_bias",
+    "normalize",
+    "softplus_as_elementary",
+    "split_to_sequence_as_split",
+]
 
 
 def expose_dropout_mask(model: onnx.ModelProto) -> int:
@@ -100,57 +94,6 @@ def expose_dropout_mask(model: onnx.ModelProto) -> int:
         node.output.append(names.fresh(f"{node.output[0]}.mask"))
         changed += 1
     return changed
-
-
-def layer_norm_zero_bias(model: onnx.ModelProto) -> int:
-    """Give every ``LayerNormalization`` without a bias an explicit zero bias.
-
-    ONNX Runtime's LayerNormalization gradient reads the bias input
-    (``i < node_->InputDefs().size()`` otherwise); the dynamo exporter leaves it
-    out for ``bias=False``, ``elementwise_affine=False`` and ``F.layer_norm(x, shape,
-    weight)``. The zeros have the normalised shape (``x.shape[axis:]``) or the
-    scale's shape: a constant when one is static, ``ConstantOfShape(Shape(scale))``
-    otherwise.
-
-    Returns:
-        The number of nodes that got a bias.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
-        and len(n.input) >= 2 and (len(n.input) < 3 or not n.input[2]),
-        _zero_bias, min_opset=None)
-
-
-def _zero_bias(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    scale = node.input[1]
-    dtype = ctx.dtype(scale)
-    if dtype is None:
-        return None
-    writer = ctx.writer(f"{node.output[0]}.bias")
-    shape = _normalized_shape(node, ctx.types)
-    if shape is not None:
-        bias = writer.const(np.zeros(shape, dtype=dtype), suffix="zeros")
-    else:
-        zero = onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype), "value")
-        bias = writer.op("ConstantOfShape", [writer.op("Shape", [scale])], value=zero)
-    del node.input[2:]
-    node.input.append(bias)
-    return [*writer.nodes, node]
-
-
-def _normalized_shape(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> list[int] | None:
-    """The static shape a LayerNormalization normalises over (``x.shape[axis:]``), else its scale's, else None."""
-    x = _graph.shape_of(types, node.input[0])
-    if x is not None:
-        axis = int(_graph.attribute(node, "axis", -1))  # type: ignore[arg-type]
-        dims = x[axis:] if axis < 0 else x[axis:] if axis < len(x) else None
-        if dims and all(d is not None for d in dims):
-            return dims  # type: ignore[return-value]
-    scale = _graph.shape_of(types, node.input[1])
-    if scale is not None and all(d is not None for d in scale):
-        return scale  # type: ignore[return-value]
-    return None
 
 
 def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
@@ -222,19 +165,35 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
                 else:
                     pieces[index] = user.output[0]
             else:
-                extra.append(helper.make_node("Identity", [final[index]], [user.output[0]],
-                                              name=names.fresh("Identity")))
+                extra.append(
+                    helper.make_node("Identity", [final[index]], [user.output[0]], name=names.fresh("Identity"))
+                )
         else:
             pieces = [p or names.fresh(f"{seq}.piece") for p in pieces]
             rewritten = []
             if opset >= 13:
                 lengths_name = names.fresh(f"{seq}.lengths")
-                rewritten.append(_constant(lengths_name, np.array(lengths, dtype=np.int64), names))
-                rewritten.append(helper.make_node("Split", [node.input[0], lengths_name], pieces,
-                                                  name=node.name or names.fresh("Split"), axis=axis))
+                rewritten.append(_graph.constant_node(lengths_name, np.array(lengths, dtype=np.int64), names))
+                rewritten.append(
+                    helper.make_node(
+                        "Split",
+                        [node.input[0], lengths_name],
+                        pieces,
+                        name=node.name or names.fresh("Split"),
+                        axis=axis,
+                    )
+                )
             else:
-                rewritten.append(helper.make_node("Split", [node.input[0]], pieces,
-                                                  name=node.name or names.fresh("Split"), axis=axis, split=lengths))
+                rewritten.append(
+                    helper.make_node(
+                        "Split",
+                        [node.input[0]],
+                        pieces,
+                        name=node.name or names.fresh("Split"),
+                        axis=axis,
+                        split=lengths,
+                    )
+                )
             replacements[node_index] = rewritten + extra
             dropped.update(position[u.output[0]] for u in users)
             changed += 1
@@ -250,18 +209,14 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
     return changed
 
 
-def _constant(name: str, value: np.ndarray, names: NameAuthority) -> onnx.NodeProto:
-    return helper.make_node(
-        "Constant", [], [name], name=names.fresh("Constant"), value=onnx.numpy_helper.from_array(value, name)
-    )
-
-
 def _squeeze(src: str, dst: str, axis: int, opset: int, names: NameAuthority) -> list[onnx.NodeProto]:
     """Nodes computing ``dst = Squeeze(src, axis)`` at ``opset``."""
     if opset >= 13:
         axes = names.fresh(f"{dst}.axes")
-        return [_constant(axes, np.array([axis], dtype=np.int64), names),
-                helper.make_node("Squeeze", [src, axes], [dst], name=names.fresh("Squeeze"))]
+        return [
+            _graph.constant_node(axes, np.array([axis], dtype=np.int64), names),
+            helper.make_node("Squeeze", [src, axes], [dst], name=names.fresh("Squeeze")),
+        ]
     return [helper.make_node("Squeeze", [src], [dst], name=names.fresh("Squeeze"), axes=[axis])]
 
 
@@ -331,8 +286,9 @@ def softplus_as_elementary(model: onnx.ModelProto) -> int:
     Returns:
         The number of Softplus nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type == "Softplus" and n.domain in ("", "ai.onnx"), _softplus,
-                                min_opset=None)
+    return _graph.rewrite_nodes(
+        model, lambda n: n.op_type == "Softplus" and n.domain in ("", "ai.onnx"), _softplus, min_opset=None
+    )
 
 
 def _softplus(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
@@ -343,8 +299,8 @@ def _softplus(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.Nod
     limit, one = names.fresh(f"{y}.threshold"), names.fresh(f"{y}.one")
     clipped, exp, plus, log, above = (names.fresh(f"{y}.{s}") for s in ("clipped", "exp", "plus1", "log", "above"))
     return [
-        _constant(limit, np.array(SOFTPLUS_THRESHOLD, dtype=dtype), names),
-        _constant(one, np.array(1, dtype=dtype), names),
+        _graph.constant_node(limit, np.array(SOFTPLUS_THRESHOLD, dtype=dtype), names),
+        _graph.constant_node(one, np.array(1, dtype=dtype), names),
         helper.make_node("Min", [x, limit], [clipped], name=names.fresh("Min")),
         helper.make_node("Exp", [clipped], [exp], name=names.fresh("Exp")),
         helper.make_node("Add", [exp, one], [plus], name=names.fresh("Add")),
@@ -357,11 +313,25 @@ def _softplus(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.Nod
 def default_passes() -> list[Pass]:
     """The passes :func:`normalize` runs, in order."""
     return [
-        cast_like_as_cast, split_to_sequence_as_split, expose_dropout_mask, layer_norm_zero_bias,
-        expose_layer_norm_statistics, gelu_as_contrib_gelu, activations_as_elementary, softplus_as_elementary,
-        conv_transpose_as_conv, average_pool_as_conv, group_norm_as_elementary, recurrent_directions_as_forward,
-        recurrent_as_elementary, negative_step_slice_as_gather, border_pad_as_gather, resize_as_matmul,
-        reduce_extremum_as_topk, cumsum_as_matmul, depth_to_space_as_reshape,
+        cast_like_as_cast,
+        split_to_sequence_as_split,
+        expose_dropout_mask,
+        layer_norm_zero_bias,
+        expose_layer_norm_statistics,
+        gelu_as_contrib_gelu,
+        activations_as_elementary,
+        softplus_as_elementary,
+        conv_transpose_as_conv,
+        average_pool_as_conv,
+        group_norm_as_elementary,
+        recurrent_directions_as_forward,
+        recurrent_as_elementary,
+        negative_step_slice_as_gather,
+        border_pad_as_gather,
+        resize_as_matmul,
+        reduce_extremum_as_topk,
+        cumsum_as_matmul,
+        depth_to_space_as_reshape,
     ]
 
 

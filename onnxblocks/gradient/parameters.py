@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
+from onnxblocks.gradient import _graph
 
 #: Element types a trainable parameter (or an input that requires a gradient) may have.
 FLOAT_TYPES = frozenset(
@@ -126,3 +127,18 @@ def partition_parameters(
     ordered = tuple(n for n in initializers if n in wanted or n in still)
     input_grads = tuple(n for n in inputs if n in wanted)
     return ParameterPartition(trainable, frozen_params, ordered, input_grads)
+
+
+def check_requires_grad_read(graph: onnx.GraphProto, partition: ParameterPartition) -> None:
+    """Raise when a value that requires a gradient is read by no node at all.
+
+    Raises:
+        GradientError: naming the values, suggesting to freeze them.
+    """
+    readers = _graph.consumers(graph)
+    unread = [n for n in partition.requires_grad if n not in readers]
+    if unread:
+        raise GradientError(
+            f"{preview(unread)} require a gradient but no node of the model reads them, so the loss cannot "
+            "depend on them. Freeze them (frozen_params / requires_grad(name, False)) or leave them out."
+        )

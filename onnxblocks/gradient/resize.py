@@ -102,8 +102,9 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
 def _interpolation_matrix(size: int, out: int, scale: float | None, region: tuple[float, float] | None,
                           attrs: dict, opset: int) -> np.ndarray:
     """``M`` (``out x size``) with ``resize(v) = M @ v`` along one axis, computed by ONNX Runtime's Resize."""
-    import onnxruntime as ort
+    from onnxblocks._core.ort import onnxruntime
 
+    ort = onnxruntime()
     inputs = ["x", "roi", "scales", "sizes"]
     inits = [onnx.numpy_helper.from_array(np.array([0, region[0], 1, region[1]] if region else [], np.float32), "roi")]
     if scale is not None:

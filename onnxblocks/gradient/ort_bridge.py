@@ -1,0 +1,243 @@
+"""The calls into ONNX Runtime: its gradient builder, and a CPU session that checks the result's kernels.
+
+* :func:`differentiate` runs ``get_optimized_model`` (ONNX Runtime's pre-training
+  transformers) and ``GradientGraphBuilder`` on the forward model, and turns a
+  failure into a :class:`~onnxblocks.errors.GradientError` that names the node, the
+  op and the parameters behind it.
+* :func:`check_kernels` loads the training model in an unoptimised CPU
+  ``InferenceSession`` so a gradient node without a kernel is reported when the
+  artifacts are built, not when training starts.
+
+ONNX Runtime is imported (through :mod:`onnxblocks._core.ort`) only when these
+run; its messages are read by :mod:`onnxblocks._core.ort_errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from onnxblocks._core import limits as _limits
+from onnxblocks._core import ort_errors
+from onnxblocks._core.errors import GradientError, preview
+from onnxblocks.gradient import _graph
+from onnxblocks.gradient.parameters import ParameterPartition
+from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
+
+#: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
+_OP_HINTS = {
+    "RNN": " onnxblocks unrolls RNN nodes whose sequence length is static (and activations Tanh, Relu or "
+    "Sigmoid, no clip, no sequence_lens): export with a static sequence length, or with dynamo=True, which "
+    "unrolls it.",
+    "Loop": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a fixed trip count).",
+    "Scan": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a fixed trip count).",
+    "If": " Control flow has no gradient in ONNX Runtime: export with the branch taken at export time.",
+}
+
+#: Why ONNX Runtime's CPU build may lack a training kernel, by op type, and what to do.
+_KERNEL_HINTS = {
+    "ConvTransposeGrad": "onnxblocks rewrites ConvTranspose into Conv when its padding is explicit (auto_pad NOTSET "
+    "or VALID, no output_shape) and its weight shape static; re-export the model that way.",
+}
+
+
+def session_options(custom_op_libraries: Sequence[str]) -> Any:
+    """ONNX Runtime ``SessionOptions`` (C bindings) that log errors only and know the custom op libraries.
+
+    Raises:
+        OSError: when ONNX Runtime cannot load a library.
+    """
+    from onnxblocks._core.ort import capi
+
+    options = capi().SessionOptions()
+    options.log_severity_level = 3
+    for library in custom_op_libraries:
+        try:
+            options.register_custom_ops_library(library)
+        except Exception as exc:
+            raise OSError(
+                f"ONNX Runtime could not load the custom op library '{library}': "
+                f"{ort_errors.clean_message(exc)}. Pass the path of a shared library built against onnxruntime "
+                "1.19.2 that registers the model's custom ops."
+            ) from None
+    return options
+
+
+def differentiate(
+    forward: onnx.ModelProto, partition: ParameterPartition, loss: str, custom_op_libraries: Sequence[str]
+) -> onnx.ModelProto:
+    """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs in it).
+
+    Args:
+        forward: The forward model, parameters and lifted constants as graph inputs (not mutated).
+        partition: The values whose gradient is built.
+        loss: The loss output (a non-float32 loss is seeded through a float32 Cast).
+        custom_op_libraries: Shared libraries with custom ops.
+
+    Returns:
+        The model ONNX Runtime built: forward and gradient graph, in ONNX Runtime's order.
+
+    Raises:
+        GradientError: when ONNX Runtime cannot optimize or differentiate the model.
+    """
+    from onnxblocks._core.ort import capi
+
+    C = capi()
+    options = session_options(custom_op_libraries)
+    requires_grad = set(partition.requires_grad)
+    stamped = _graph.copy_structure(forward)
+    _limits.stamp_versions(stamped)
+    seed = float_seed(stamped, loss)
+    data = stamped.SerializeToString()
+    try:
+        optimized = C.get_optimized_model(data, requires_grad, options)
+    except Exception as exc:
+        raise GradientError(
+            "ONNX Runtime could not load or optimize the model before building its gradient: "
+            f"{ort_errors.clean_message(exc)}"
+        ) from None
+    try:
+        builder = C.GradientGraphBuilder(optimized, {seed}, requires_grad, seed, options)
+        builder.build()
+        result = builder.get_model()
+    except Exception as exc:
+        raise explain_gradient_failure(exc, forward, onnx.load_from_string(optimized), partition, loss) from None
+    training = onnx.load_from_string(result)
+    if seed != loss:
+        drop_float_seed(training, seed)
+    return training
+
+
+def explain_gradient_failure(
+    exc: BaseException,
+    forward: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    partition: ParameterPartition,
+    loss: str,
+) -> GradientError:
+    """A GradientError naming the node, op and parameters behind the gradient builder's failure ``exc``."""
+    message = ort_errors.clean_message(exc)
+    missing = ort_errors.missing_gradient(message)
+    if missing is not None:
+        return _no_gradient_builder(missing, forward, optimized, partition)
+    name = ort_errors.unreachable_value(message)
+    if name is not None:
+        return GradientError(
+            f"The loss '{loss}' does not depend differentiably on '{name}': no path of differentiable ops "
+            f"leads from it to the loss (ONNX Runtime: {message}). Freeze '{name}' (frozen_params or "
+            "requires_grad(name, False)) or remove it from requires_grad; if it should reach the loss, check "
+            "the ops between them (integer casts, ArgMax, Shape... stop gradients)."
+        )
+    return GradientError(f"ONNX Runtime could not build the gradient graph: {message}")
+
+
+def _no_gradient_builder(
+    missing: ort_errors.MissingGradient,
+    forward: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    partition: ParameterPartition,
+) -> GradientError:
+    op_type, node_name = missing
+    node = _find_node(forward, node_name) or _find_node(optimized, node_name)
+    origin = "" if node is None or _find_node(forward, node_name) else " (created by ONNX Runtime's optimizer)"
+    if node is None:  # an unnamed node: the first of that op type that a trainable value reaches
+        same_op = [n for n in forward.graph.node if n.op_type == op_type]
+        node = next(
+            (n for n in same_op if _upstream(forward, n, partition.requires_grad)), same_op[0] if same_op else None
+        )
+    domain = (node.domain or "ai.onnx") if node is not None else "unknown"
+    if node_name:
+        label = f"'{node_name}'"
+    else:
+        label = f"(unnamed, writing '{node.output[0]}')" if node is not None and node.output else "(unnamed)"
+    params = _upstream(optimized, node, partition.requires_grad) if node is not None else []
+    hint = (
+        f" Freeze the parameters behind it ({preview(params)}: pass them in frozen_params or call "
+        "requires_grad(name, False)) so no gradient has to flow through it, or rewrite it with ops "
+        "ONNX Runtime can differentiate."
+        if params
+        else " Freeze the parameters behind it, or rewrite it with ops ONNX Runtime can differentiate."
+    )
+    return GradientError(
+        f"ONNX Runtime cannot differentiate node {label}{origin}: op {op_type} "
+        f"(domain '{domain}') has no gradient builder.{_OP_HINTS.get(op_type, '')}{hint}"
+    )
+
+
+def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op_libraries: Sequence[str]) -> None:
+    """Load the training model in an (unoptimised) CPU session so a missing kernel is reported now, not at training.
+
+    ONNX Runtime builds gradient nodes for which its CPU build has no kernel (for
+    some ops or element types) and kernels that refuse some attributes; the
+    training API would fail later with a message about a node the user never
+    wrote. Held constants are graph inputs here: no weight bytes are read.
+
+    Raises:
+        GradientError: naming the node, its op, the forward node it comes from and what to do.
+    """
+    from onnxblocks._core.ort import onnxruntime
+
+    ort = onnxruntime()
+    probe = _graph.copy_structure(training)
+    held_constants_to_inputs(probe)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for library in custom_op_libraries:
+        options.register_custom_ops_library(library)
+    try:
+        ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        message = ort_errors.clean_message(exc)
+        missing = ort_errors.missing_kernel(message)
+        if missing is None:
+            raise GradientError(f"The training model does not load in ONNX Runtime's CPU session: {message}") from None
+        raise _no_kernel(missing, probe, forward) from None
+
+
+def _no_kernel(missing: ort_errors.MissingKernel, probe: onnx.ModelProto, forward: onnx.ModelProto) -> GradientError:
+    op_type, name = missing
+    origin = name.split("_Grad/")[0] if "_Grad/" in name else name
+    source = _find_node(forward, origin)
+    where = f" (from node '{origin}', {source.op_type})" if source is not None and origin != name else ""
+    types = _graph.infer_types(probe)
+    node = _find_node(probe, name)
+    elem = _graph.elem_type(types, node.input[0]) if node is not None and node.input else None
+    typed = f" for {onnx.TensorProto.DataType.Name(elem).lower()}" if elem else ""
+    hint = _KERNEL_HINTS.get(
+        op_type,
+        "Its CPU kernels are mostly float32: convert the model to float32, or "
+        "freeze the parameters before this node so no gradient flows through it.",
+    )
+    return GradientError(
+        f"ONNX Runtime 1.19.2 has no CPU kernel{typed} for {op_type}, which node '{name}'{where} of the "
+        f"training model needs, so the training API could not load it. {hint}"
+    )
+
+
+def _find_node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
+    if not name:
+        return None
+    return next((n for n in model.graph.node if n.name == name), None)
+
+
+def _upstream(model: onnx.ModelProto, node: onnx.NodeProto, candidates: Sequence[str]) -> list[str]:
+    """The ``candidates`` the inputs of ``node`` depend on."""
+    producers = {out: n for n in model.graph.node for out in n.output if out}
+    wanted = set(candidates)
+    found: set[str] = set()
+    seen: set[str] = set()
+    stack = list(node.input)
+    while stack:
+        name = stack.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if name in wanted:
+            found.add(name)
+        producer = producers.get(name)
+        if producer is not None:
+            stack.extend(producer.input)
+    return [c for c in candidates if c in found]

@@ -1,0 +1,261 @@
+"""The inputs and outputs of the graphs on their way through ONNX Runtime's gradient builder.
+
+:func:`~onnxblocks.gradient.builder.build_training_graphs` changes the signature
+of its working copy of the forward model in steps, each undone or completed later:
+
+* outputs: the user outputs are chosen and checked (loss first, a float scalar)
+  (:func:`select_outputs`, :func:`check_loss`, :func:`keep_only_outputs`);
+* parameters become graph inputs after the user inputs (:func:`parameters_to_inputs`);
+* held constants (and the constants named by the caller) are graph inputs while
+  ONNX Runtime works, and initializers again afterwards
+  (:func:`held_constants_to_inputs`, :func:`restore_held_constants`);
+* a loss that is not float32 gets a temporary float32 ``Cast`` for ONNX Runtime
+  to seed (:func:`float_seed`, :func:`drop_float_seed`);
+* the training model's inputs and outputs are put in the documented order
+  (:func:`order_inputs_and_outputs`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+
+import onnx
+from onnx import helper
+
+from onnxblocks._core.contracts import ACCUMULATED_SUFFIX, BUFFER_SUFFIX, GRADIENT_SUFFIX, gradient_name
+from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
+from onnxblocks.gradient import _graph
+from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
+
+#: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
+GRADIENT_ENDINGS = (GRADIENT_SUFFIX, GRADIENT_SUFFIX + BUFFER_SUFFIX, GRADIENT_SUFFIX + ACCUMULATED_SUFFIX)
+
+
+# ------------------------------------------------------------------ outputs
+def select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tuple[str, ...]:
+    """The user outputs, loss first: ``outputs``, or the graph's outputs when None.
+
+    Raises:
+        ValueError: when there is no output at all.
+        UnknownNameError: for a name that is not a graph output.
+    """
+    existing = [o.name for o in graph.output]
+    if outputs is None:
+        if not existing:
+            raise ValueError("The model has no graph output to use as the loss. Return the loss from the block.")
+        return tuple(existing)
+    names = tuple(str(n) for n in outputs)
+    if not names:
+        raise ValueError("No output given: the first output must be the loss.")
+    for name in names:
+        if name not in existing:
+            raise UnknownNameError(
+                f"'{name}' is not a graph output of the model.{did_you_mean(name, existing)} "
+                f"Graph outputs: {preview(existing)}."
+            )
+    return names
+
+
+def check_loss(model: onnx.ModelProto, loss: str) -> None:
+    """Raise when the loss is known not to be a floating-point scalar (shape [] or all-ones dims).
+
+    Raises:
+        TypeError: for a loss whose element type is not floating point.
+        ValueError: for a loss with a known dimension other than 1.
+    """
+    types = _graph.infer_types(model)
+    elem = _graph.elem_type(types, loss)
+    if elem is not None and elem not in FLOAT_TYPES:
+        raise TypeError(
+            f"The loss output '{loss}' has element type {onnx.TensorProto.DataType.Name(elem).lower()}; the loss "
+            "must be a floating-point scalar. Return a float loss as the first output (Cast it if needed)."
+        )
+    t = types.get(loss)
+    if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+        return
+    dims = [
+        d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?") for d in t.tensor_type.shape.dim
+    ]
+    if any(d != 1 for d in dims):
+        raise ValueError(
+            f"The loss output '{loss}' has shape {dims}, but the loss must be a scalar (shape [] or [1]): "
+            "gradients start from it. Reduce it (e.g. a loss with reduction='mean' or 'sum', or "
+            "onnxblocks.blocks.ReduceMean(keepdims=False)), and pass other outputs as additional outputs."
+        )
+
+
+def keep_only_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
+    """Make ``names`` the graph outputs, in order."""
+    existing = {o.name: o for o in graph.output}
+    outputs = [existing[n] for n in names]
+    del graph.output[:]
+    graph.output.extend(outputs)
+
+
+def warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[str]) -> None:
+    """Warn about user inputs/outputs that ONNX Runtime's training API would take for gradients.
+
+    The warnings point at the caller of the function that calls this one
+    (``build_training_graphs``'s caller).
+    """
+    inputs = [n for n in user_inputs if n.endswith(GRADIENT_ENDINGS)]
+    outputs = [n for n in user_outputs if n.endswith(GRADIENT_ENDINGS)]
+    if inputs:
+        warnings.warn(
+            f"Graph inputs {preview(inputs)} end like gradient buffers; ONNX Runtime's training API (Module) will "
+            "treat them as gradient buffers and fail to feed them. Rename them in the base model.",
+            UserWarning,
+            stacklevel=3,
+        )
+    if outputs:
+        warnings.warn(
+            f"Outputs {preview(outputs)} end like gradients; ONNX Runtime's training API (Module) will not "
+            "return them from train_step. Rename them (an InferenceSession still returns them).",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+# ------------------------------------------------------------------ inputs
+def parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> None:
+    """Move the parameter initializers to graph inputs placed after the user inputs, in ``parameters`` order.
+
+    Initializers that are also listed as graph inputs (old exporters' ``keep_initializers_as_inputs``)
+    and are not parameters become plain constants: the training API would otherwise ask the user to feed them.
+    """
+    graph = model.graph
+    wanted = set(parameters)
+    found = {init.name: init for init in graph.initializer if init.name in wanted}
+    kept = [init for init in graph.initializer if init.name not in wanted]
+    constants = {init.name for init in kept}
+    user_inputs = [vi for vi in graph.input if vi.name not in wanted and vi.name not in constants]
+    param_inputs = [helper.make_tensor_value_info(n, found[n].data_type, list(found[n].dims)) for n in parameters]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.input[:]
+    graph.input.extend(user_inputs + param_inputs)
+
+
+def held_constants_to_inputs(model: onnx.ModelProto, also: Iterable[str] = ()) -> list[onnx.TensorProto]:
+    """Turn held stubs and the initializers named in ``also`` into graph inputs.
+
+    Returns:
+        Copies of the initializers that became inputs, for :func:`restore_held_constants`.
+    """
+    graph = model.graph
+    lifted = set(also)
+
+    def is_lifted(init: onnx.TensorProto) -> bool:
+        return init.data_location == onnx.TensorProto.EXTERNAL or init.name in lifted
+
+    held = [init for init in graph.initializer if is_lifted(init)]
+    if not held:
+        return []
+    stubs = []
+    for init in held:
+        stub = onnx.TensorProto()
+        stub.CopyFrom(init)
+        stubs.append(stub)
+    kept = [init for init in graph.initializer if not is_lifted(init)]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(helper.make_tensor_value_info(s.name, s.data_type, list(s.dims)) for s in stubs)
+    return stubs
+
+
+def restore_held_constants(model: onnx.ModelProto, stubs: Sequence[onnx.TensorProto]) -> None:
+    """Undo :func:`held_constants_to_inputs` on ONNX Runtime's output (dropping constants no node reads)."""
+    if not stubs:
+        return
+    graph = model.graph
+    names = {s.name for s in stubs}
+    inputs = [vi for vi in graph.input if vi.name not in names]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    read = _graph.consumers(graph)
+    graph.initializer.extend(s for s in stubs if s.name in read)
+
+
+# ------------------------------------------------------------------ the loss seed
+def float_seed(model: onnx.ModelProto, loss: str) -> str:
+    """The value ONNX Runtime differentiates: the loss, or a float32 ``Cast`` of a non-float32 loss.
+
+    ONNX Runtime seeds the backward pass with a float32 ``1`` for the loss's gradient,
+    so a double (or float16) loss fails with "bound to different types". Its float32
+    cast gets the seed instead and the ``Cast``'s gradient brings it back to the
+    loss's type (exactly: the seed is 1). The cast is a temporary graph output
+    (:func:`drop_float_seed` removes it).
+    """
+    types = _graph.infer_types(model)
+    elem = _graph.elem_type(types, loss)
+    if elem is None or elem == onnx.TensorProto.FLOAT:
+        return loss
+    names = _graph.name_authority(model.graph)
+    seed = names.fresh(f"{loss}.float32")
+    model.graph.node.append(
+        helper.make_node("Cast", [loss], [seed], name=names.fresh("Cast"), to=onnx.TensorProto.FLOAT)
+    )
+    model.graph.output.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, _graph.shape_of(types, loss)))
+    return seed
+
+
+def drop_float_seed(model: onnx.ModelProto, seed: str) -> None:
+    """Remove the temporary float32 loss output (and its Cast when nothing else reads it)."""
+    graph = model.graph
+    outputs = [o for o in graph.output if o.name != seed]
+    del graph.output[:]
+    graph.output.extend(outputs)
+    if seed not in _graph.consumers(graph):
+        nodes = [n for n in graph.node if seed not in n.output]
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+# ------------------------------------------------------------------ the training model
+def order_inputs_and_outputs(
+    model: onnx.ModelProto,
+    signature: dict[str, onnx.ValueInfoProto],
+    user_inputs: Sequence[str],
+    partition: ParameterPartition,
+    user_outputs: Sequence[str],
+) -> None:
+    """Inputs: user inputs, then parameters. Outputs: user outputs, parameter gradients, input gradients.
+
+    Args:
+        model: The training model ONNX Runtime built (changed in place).
+        signature: The forward model's graph inputs by name, for inputs ONNX Runtime dropped.
+        user_inputs: The user inputs, in order.
+        partition: The parameters (inputs after the user inputs) and the values with a gradient output.
+        user_outputs: The user outputs, loss first.
+
+    Raises:
+        GradientError: when ONNX Runtime added inputs or left out outputs.
+    """
+    graph = model.graph
+    inputs = {vi.name: vi for vi in graph.input}
+    wanted_inputs = [*user_inputs, *partition.parameters]
+    missing = [n for n in wanted_inputs if n not in inputs]
+    extra = [n for n in inputs if n not in set(wanted_inputs)]
+    for name in missing:  # ONNX Runtime dropped an input nothing reads; keep the documented signature
+        inputs[name] = signature[name]
+    if extra:
+        raise GradientError(
+            f"ONNX Runtime's gradient builder added unexpected graph inputs {preview(extra)}. "
+            "Please report this with the model."
+        )
+    ordered_inputs = [inputs[n] for n in wanted_inputs]
+    del graph.input[:]
+    graph.input.extend(ordered_inputs)
+
+    outputs = {vo.name: vo for vo in graph.output}
+    wanted_outputs = [*user_outputs, *(gradient_name(n) for n in partition.requires_grad)]
+    absent = [n for n in wanted_outputs if n not in outputs]
+    if absent:
+        raise GradientError(
+            f"ONNX Runtime's gradient builder produced no output for {preview(absent)}. "
+            "Please report this with the model."
+        )
+    ordered_outputs = [outputs[n] for n in wanted_outputs]
+    del graph.output[:]
+    graph.output.extend(ordered_outputs)
