@@ -67,15 +67,31 @@ CASES: list[Case] = [
     Case("mlp", "mlp", "proto", description="MLP 1.3 M params, ModelProto"),
     Case("gpt162m-proto", "gpt162m", "proto", description="GPT 162 M, 650 MB, ModelProto"),
     Case("gpt162m-path", "gpt162m", "path", description="GPT 162 M, 650 MB, path"),
-    Case("gpt162m-warm", "gpt162m", "proto", reference=False, extra=("--warm-ort",),
-         description="GPT 162 M, ModelProto, onnxruntime imported before the call"),
+    Case(
+        "gpt162m-warm",
+        "gpt162m",
+        "proto",
+        reference=False,
+        extra=("--warm-ort",),
+        description="GPT 162 M, ModelProto, onnxruntime imported before the call",
+    ),
     Case("gpt830m-path", "gpt830m", "path", description="GPT 834 M, 3.3 GB external data, path"),
-    Case("gpt830m-noext", "gpt830m", "proto-noext",
-         description="GPT 834 M, ModelProto loaded with load_external_data=False + model_path"),
+    Case(
+        "gpt830m-noext",
+        "gpt830m",
+        "proto-noext",
+        description="GPT 834 M, ModelProto loaded with load_external_data=False + model_path",
+    ),
     Case("loss1", "gpt162m", "proto", loss="chain1", description="GPT 162 M, custom loss of 1 block"),
     Case("loss20", "gpt162m", "proto", loss="chain20", description="GPT 162 M, custom loss of 20 blocks"),
-    Case("loss-ab", "gpt162m", "proto", loss="pair:chain1,chain20", extra=("--pair-repeat", "3"),
-         description="GPT 162 M, 20-block vs 1-block loss alternated in one process (wall: 20-block)"),
+    Case(
+        "loss-ab",
+        "gpt162m",
+        "proto",
+        loss="pair:chain1,chain20",
+        extra=("--pair-repeat", "3"),
+        description="GPT 162 M, 20-block vs 1-block loss alternated in one process (wall: 20-block)",
+    ),
 ]
 QUICK = ["import", "mlp"]
 
@@ -157,8 +173,9 @@ def run_worker(args: list[str], timeout: float, env: dict | None = None) -> dict
 
 def reference_available() -> bool:
     """Whether onnxruntime.training.artifacts can be imported (checked in a subprocess: it imports torch)."""
-    probe = subprocess.run([sys.executable, "-W", "ignore", "-c", "import onnxruntime.training.artifacts"],
-                           capture_output=True)
+    probe = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", "import onnxruntime.training.artifacts"], capture_output=True
+    )
     return probe.returncode == 0
 
 
@@ -166,8 +183,16 @@ def _dir_listing(path: Path) -> set[str]:
     return {p.name for p in path.iterdir()} if path.is_dir() else set()
 
 
-def run_case(case: Case, tool: str, built: bench_models.BuiltModel | None, work: Path, repeat: int,
-             timeout: float, profile_dir: Path | None, rss_trace: bool) -> Row:
+def run_case(
+    case: Case,
+    tool: str,
+    built: bench_models.BuiltModel | None,
+    work: Path,
+    repeat: int,
+    timeout: float,
+    profile_dir: Path | None,
+    rss_trace: bool,
+) -> Row:
     """Measure one case with one tool, ``repeat`` times."""
     row = Row(case.id, tool, case.description)
     for i in range(repeat):
@@ -179,8 +204,21 @@ def run_case(case: Case, tool: str, built: bench_models.BuiltModel | None, work:
             extra = list(case.extra)
             if tool == "reference" and "--pair-repeat" in extra:  # one alternation: the reference takes minutes
                 extra[extra.index("--pair-repeat") + 1] = "1"
-            args = ["--tool", tool, "--model", built.path, "--params", str(Path(built.path).parent / "meta.json"),
-                    "--input", case.input, "--loss", case.loss, "--out-dir", str(out_dir), *extra]
+            args = [
+                "--tool",
+                tool,
+                "--model",
+                built.path,
+                "--params",
+                str(Path(built.path).parent / "meta.json"),
+                "--input",
+                case.input,
+                "--loss",
+                case.loss,
+                "--out-dir",
+                str(out_dir),
+                *extra,
+            ]
             if profile_dir is not None and tool == "onnxblocks" and i == 0:
                 args += ["--profile", str(profile_dir / f"{case.id}.prof")]
             if rss_trace and i == 0:
@@ -226,17 +264,22 @@ def _note(row: Row) -> str:
 
 def markdown(rows: list[Row], header: str) -> str:
     """The rows as a markdown table."""
-    lines = [header, "",
-             "| case | tool | wall s | cpu s | import s | peak RSS GB | in-call peak GB | ratio | note |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        header,
+        "",
+        "| case | tool | wall s | cpu s | import s | peak RSS GB | in-call peak GB | ratio | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
 
     def fmt(x: float | None) -> str:
         return f"{x:.2f}" if x is not None else "-"
 
     for r in rows:
         ratio = "" if not r.ratio else f"{r.ratio:.1f}x" if r.ratio >= 1 else f"{r.ratio:.2f}x"
-        lines.append(f"| {r.case}: {r.description} | {r.tool} | {fmt(r.wall)} | {fmt(r.cpu)} | {fmt(r.import_s)} | "
-                     f"{fmt(r.peak)} | {fmt(r.call_peak)} | {ratio} | {_note(r)} |")
+        lines.append(
+            f"| {r.case}: {r.description} | {r.tool} | {fmt(r.wall)} | {fmt(r.cpu)} | {fmt(r.import_s)} | "
+            f"{fmt(r.peak)} | {fmt(r.call_peak)} | {ratio} | {_note(r)} |"
+        )
     return "\n".join(lines)
 
 
@@ -279,15 +322,21 @@ def main(argv: list[str] | None = None) -> int:
                 repeat = args.repeat if tool == "onnxblocks" and not case.loss.startswith("pair:") else 1
                 print(f"[bench] {case.id} / {tool} ...", file=sys.stderr, flush=True)
                 row = run_case(case, tool, built, work, repeat, args.timeout, profile_dir, args.rss_trace)
-                print(f"[bench]   wall {row.wall} s, peak {row.peak} GB {'' if row.ok else row.runs[-1].get('error')}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[bench]   wall {row.wall} s, peak {row.peak} GB {'' if row.ok else row.runs[-1].get('error')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 case_rows.append(row)
             ours = case_rows[0]
             for other in case_rows[1:]:
                 if ours.wall and other.wall:
                     other.ratio = other.wall / ours.wall
-                    other.note = (f"onnxblocks is {other.ratio:.1f}x faster" if other.ratio >= 1 else
-                                  f"the reference is {1 / other.ratio:.1f}x faster")
+                    other.note = (
+                        f"onnxblocks is {other.ratio:.1f}x faster"
+                        if other.ratio >= 1
+                        else f"the reference is {1 / other.ratio:.1f}x faster"
+                    )
                 elif ours.wall and other.wall_failed:
                     other.note = f"onnxblocks succeeded in {ours.wall:.1f} s"
             rows.extend(case_rows)
@@ -301,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         twenty.note = f"{twenty.wall - one.wall:+.2f} s vs the 1-block loss"
     one_r, twenty_r = by.get(("loss1", "reference")), by.get(("loss20", "reference"))
     if one_r and twenty_r and one_r.wall and twenty_r.wall:
-        twenty_r.note = (twenty_r.note + "; " if twenty_r.note else "") + \
-            f"{twenty_r.wall - one_r.wall:+.2f} s vs the 1-block loss"
+        twenty_r.note = (
+            twenty_r.note + "; " if twenty_r.note else ""
+        ) + f"{twenty_r.wall - one_r.wall:+.2f} s vs the 1-block loss"
 
     import onnx
 
@@ -313,14 +363,29 @@ def main(argv: list[str] | None = None) -> int:
         versions += f", onnxruntime-training {version('onnxruntime-training-cpu')}"
     except Exception:
         pass
-    header = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} / {os.cpu_count()} cores / "
-              f"{_mem_gb():.0f} GB RAM, Python {platform.python_version()}, {versions}.\n"
-              f"Command: `python benchmarks/bench_artifacts.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} / {os.cpu_count()} cores / "
+        f"{_mem_gb():.0f} GB RAM, Python {platform.python_version()}, {versions}.\n"
+        f"Command: `python benchmarks/bench_artifacts.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
+    )
     print(markdown(rows, header))
     if args.json:
-        records = [{"case": r.case, "tool": r.tool, "description": r.description, "ok": r.ok, "wall_s": r.wall,
-                    "cpu_s": r.cpu, "peak_rss_gb": r.peak, "call_peak_rss_gb": r.call_peak, "ratio": r.ratio,
-                    "note": _note(r), "runs": r.runs} for r in rows]
+        records = [
+            {
+                "case": r.case,
+                "tool": r.tool,
+                "description": r.description,
+                "ok": r.ok,
+                "wall_s": r.wall,
+                "cpu_s": r.cpu,
+                "peak_rss_gb": r.peak,
+                "call_peak_rss_gb": r.call_peak,
+                "ratio": r.ratio,
+                "note": _note(r),
+                "runs": r.runs,
+            }
+            for r in rows
+        ]
         Path(args.json).write_text(json.dumps(records, indent=1))
     return 0 if all(r.ok for r in rows if r.tool == "onnxblocks") else 1
 

@@ -54,8 +54,7 @@ class ModelSpec:
 SPECS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", "mlp", hidden=(784, 1024, 512, 10)),
     "gpt162m": ModelSpec("gpt162m", "gpt", vocab=50257, d_model=768, layers=12, heads=12, seq=128),
-    "gpt830m": ModelSpec("gpt830m", "gpt", vocab=50257, d_model=1536, layers=24, heads=16, seq=128,
-                         external_data=True),
+    "gpt830m": ModelSpec("gpt830m", "gpt", vocab=50257, d_model=1536, layers=24, heads=16, seq=128, external_data=True),
     # Tiny GPT used by tests and --quick runs.
     "gpt-tiny": ModelSpec("gpt-tiny", "gpt", vocab=97, d_model=32, layers=2, heads=4, seq=8),
 }
@@ -211,8 +210,14 @@ def _export(spec: ModelSpec, out_dir: Path) -> BuiltModel:
     data_path = None
     if spec.external_data:
         location = f"{spec.name}.onnx.data"
-        onnx.save_model(model, str(onnx_path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=location, size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(onnx_path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=location,
+            size_threshold=1024,
+        )
         data_path = str(out_dir / location)
     else:
         onnx.save_model(model, str(onnx_path))
@@ -244,10 +249,16 @@ def ensure_model(name: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, ve
         print(f"[bench] exporting {spec.name} into {target} (one-time) ...", file=sys.stderr, flush=True)
     try:
         built = _export(spec, tmp)
-        built_final = BuiltModel(**{**asdict(built), "path": str(target / Path(built.path).name),
-                                    "data_path": str(target / Path(built.data_path).name) if built.data_path else None})
-        (tmp / "meta.json").write_text(json.dumps({"spec": asdict(spec) | {"hidden": list(spec.hidden)},
-                                                   "model": asdict(built_final)}, indent=1))
+        built_final = BuiltModel(
+            **{
+                **asdict(built),
+                "path": str(target / Path(built.path).name),
+                "data_path": str(target / Path(built.data_path).name) if built.data_path else None,
+            }
+        )
+        (tmp / "meta.json").write_text(
+            json.dumps({"spec": asdict(spec) | {"hidden": list(spec.hidden)}, "model": asdict(built_final)}, indent=1)
+        )
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
@@ -255,8 +266,12 @@ def ensure_model(name: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, ve
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if verbose:
-        print(f"[bench] exported {spec.name}: {built.num_params / 1e6:.1f} M params, "
-              f"{built.file_bytes / 1e6:.0f} MB in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"[bench] exported {spec.name}: {built.num_params / 1e6:.1f} M params, "
+            f"{built.file_bytes / 1e6:.0f} MB in {time.perf_counter() - start:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     return built_final
 
 

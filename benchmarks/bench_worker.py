@@ -84,8 +84,11 @@ class RssSampler(threading.Thread):
             if rss > self.peak:
                 self.peak = rss
                 frame = sys._current_frames().get(self.main_id)
-                self.peak_stack = [f"{Path(f.filename).name}:{f.lineno} {f.name}"
-                                   for f in traceback.extract_stack(frame)[-12:]] if frame else []
+                self.peak_stack = (
+                    [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-12:]]
+                    if frame
+                    else []
+                )
             time.sleep(self.interval)
         statm.close()
 
@@ -142,7 +145,7 @@ def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> di
     import shutil
     import statistics
 
-    names = args.loss[len("pair:"):].split(",")
+    names = args.loss[len("pair:") :].split(",")
     params = json.loads(Path(args.params).read_text())
     params = params["model"]["params"] if isinstance(params, dict) else params
     out_root = Path(args.out_dir)
@@ -152,10 +155,11 @@ def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> di
         out = out_root / name
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        loss = chain_loss(blocks_mod, int(name[len("chain"):]))
+        loss = chain_loss(blocks_mod, int(name[len("chain") :]))
         start = time.perf_counter()
-        tool.generate_artifacts(model, requires_grad=params, loss=loss, optimizer=tool.OptimType.AdamW,
-                                artifact_directory=str(out), **extra)
+        tool.generate_artifacts(
+            model, requires_grad=params, loss=loss, optimizer=tool.OptimType.AdamW, artifact_directory=str(out), **extra
+        )
         wall = time.perf_counter() - start
         shutil.rmtree(out, ignore_errors=True)
         return wall
@@ -173,8 +177,10 @@ def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> di
         "warmup_s": warmup,
         "pair": walls,
         "delta_s": statistics.median(deltas),
-        "note": (f"{b} - {a}: {statistics.median(deltas):+.3f} s (median of {len(deltas)} alternated pairs in one "
-                 f"process; {a} {statistics.median(walls[a]):.2f} s, {b} {statistics.median(walls[b]):.2f} s)"),
+        "note": (
+            f"{b} - {a}: {statistics.median(deltas):+.3f} s (median of {len(deltas)} alternated pairs in one "
+            f"process; {a} {statistics.median(walls[a]):.2f} s, {b} {statistics.median(walls[b]):.2f} s)"
+        ),
     }
 
 
@@ -213,7 +219,7 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     elif args.loss == "mse":
         loss = tool.LossType.MSELoss
     elif args.loss.startswith("chain"):
-        loss = chain_loss(blocks_mod, int(args.loss[len("chain"):]))
+        loss = chain_loss(blocks_mod, int(args.loss[len("chain") :]))
     else:
         raise SystemExit(f"unknown loss {args.loss}")
 
@@ -251,22 +257,31 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     if profiler:
         profiler.disable()
         profiler.dump_stats(args.profile)
-    result: dict = {"wall_s": wall, "cpu_s": cpu, "import_s": import_s, "load_s": load_s, "base_rss_gb": base_rss / GB,
-                    "process_peak_before_call_gb": process_peak / GB}
+    result: dict = {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "import_s": import_s,
+        "load_s": load_s,
+        "base_rss_gb": base_rss / GB,
+        "process_peak_before_call_gb": process_peak / GB,
+    }
     if can_reset:
         result["call_peak_rss_gb"] = call_peak / GB
     notes = []
     if not ort_before and "onnxruntime" in sys.modules:
-        notes.append("the call imported onnxruntime" + (" and torch" if not torch_before and "torch" in sys.modules
-                                                          else ""))
+        notes.append(
+            "the call imported onnxruntime" + (" and torch" if not torch_before and "torch" in sys.modules else "")
+        )
     if notes:
         result["note"] = "; ".join(notes)
     if sampler:
         result["rss"] = sampler.stop()
     if not isinstance(model, str) and args.check_unmutated:
         result["caller_model_unchanged"] = model.SerializeToString() == before
-    result["artifacts"] = {p.name: p.stat().st_size if p.is_file() else sum(q.stat().st_size for q in p.rglob("*"))
-                           for p in sorted(out_dir.iterdir())}
+    result["artifacts"] = {
+        p.name: p.stat().st_size if p.is_file() else sum(q.stat().st_size for q in p.rglob("*"))
+        for p in sorted(out_dir.iterdir())
+    }
     return result
 
 
@@ -277,8 +292,11 @@ def main() -> None:
     parser.add_argument("--model", help="path of the .onnx file")
     parser.add_argument("--params", help="JSON file with the list of trainable parameter names")
     parser.add_argument("--input", choices=["path", "proto", "proto-noext"], default="path")
-    parser.add_argument("--loss", default="ce",
-                        help="ce, mse, chainN (custom Block of N blocks), or pair:chainA,chainB (A/B in one process)")
+    parser.add_argument(
+        "--loss",
+        default="ce",
+        help="ce, mse, chainN (custom Block of N blocks), or pair:chainA,chainB (A/B in one process)",
+    )
     parser.add_argument("--out-dir", help="artifact directory")
     parser.add_argument("--pair-repeat", type=int, default=3, help="alternations for --loss pair:A,B")
     parser.add_argument("--profile", help="write a cProfile of the call to this file")

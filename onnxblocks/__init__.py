@@ -15,6 +15,7 @@ from typing import Any
 
 from onnxblocks import blocks, losses, optim
 from onnxblocks._core import html as _html
+from onnxblocks._core.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
 from onnxblocks._core.version import __version__
 from onnxblocks.blocks import (
     Block,
@@ -29,8 +30,9 @@ from onnxblocks.blocks import (
     from_onnxscript,
     value,
 )
-from onnxblocks._core.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
 
+# Rich displays: the display layer registers its renderers when a notebook first asks for one.
+_html.set_loader(lambda: importlib.import_module("onnxblocks.display"))
 
 # Loaded on first attribute access, to keep `import onnxblocks` fast.
 _LAZY_MODULES = {"artifacts", "checkpoint", "compat", "datasets", "demo", "display", "gradient", "io", "runtime"}

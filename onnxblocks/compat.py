@@ -40,10 +40,10 @@ from typing import Any
 
 import onnx
 
-from onnxblocks.artifacts import generate as _artifacts
 from onnxblocks import blocks as _blocks
 from onnxblocks import losses as _losses
 from onnxblocks import optim as _optim
+from onnxblocks.artifacts import generate as _artifacts
 from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.context import base, empty_base
 from onnxblocks.blocks.context import custom_op_library as _custom_op_library

@@ -85,8 +85,10 @@ def build_classifier(
     current = "features"
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes), start=1):
         weight = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-        inits += [numpy_helper.from_array(weight, f"fc{i}.weight"),
-                  numpy_helper.from_array(np.zeros(fan_out, np.float32), f"fc{i}.bias")]
+        inits += [
+            numpy_helper.from_array(weight, f"fc{i}.weight"),
+            numpy_helper.from_array(np.zeros(fan_out, np.float32), f"fc{i}.bias"),
+        ]
         last = i == len(sizes) - 1
         out = "logits" if last else f"fc{i}.out"
         nodes.append(helper.make_node("Gemm", [current, f"fc{i}.weight", f"fc{i}.bias"], [out], name=f"fc{i}"))
@@ -94,7 +96,8 @@ def build_classifier(
             nodes.append(helper.make_node("Relu", [out], [f"relu{i}.out"], name=f"relu{i}"))
             current = f"relu{i}.out"
     graph = helper.make_graph(
-        nodes, "spiral_classifier",
+        nodes,
+        "spiral_classifier",
         [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", in_features])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
         inits,
@@ -204,8 +207,12 @@ def run_demo(
     say("[3/7] loss: cross entropy (label smoothing 0.05) + 1e-4 * sum of squared weights, composed from blocks")
     artifact_dir = root / "artifacts"
     written = artifacts.generate_artifacts(
-        model, requires_grad=params, loss=loss, optimizer=optim.AdamW(weight_decay=0.0),
-        artifact_directory=artifact_dir, additional_output_names=["logits"],
+        model,
+        requires_grad=params,
+        loss=loss,
+        optimizer=optim.AdamW(weight_decay=0.0),
+        artifact_directory=artifact_dir,
+        additional_output_names=["logits"],
     )
     result.files["artifacts"] = artifact_dir
     say(f"[4/7] training artifacts: {', '.join(p.name for p in written.files)}")
@@ -218,28 +225,34 @@ def run_demo(
     schedule = CosineSchedule(0.01, total_steps=total_steps, warmup_steps=min(len(train), total_steps // 5))
     accuracy = Accuracy(output=1)
     say(f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate from 0.01")
-    history = fit(session, train, epochs=epochs, eval_data=val, callbacks=[accuracy], scheduler=schedule,
-                  progress=progress)
+    history = fit(
+        session, train, epochs=epochs, eval_data=val, callbacks=[accuracy], scheduler=schedule, progress=progress
+    )
     result.history = history
     result.eval_accuracy = history.metric("accuracy")[-1]
     result.final_loss = history.metric("loss")[-1]
     result.files["checkpoint"] = session.save_checkpoint(root / "checkpoint", properties={"epochs": epochs})
     verdict = "reached" if result.eval_accuracy >= TARGET_ACCURACY else "MISSED"
-    say(f"      validation accuracy {result.eval_accuracy:.3f} ({verdict} the target {TARGET_ACCURACY:.2f}), "
+    say(
+        f"      validation accuracy {result.eval_accuracy:.3f} ({verdict} the target {TARGET_ACCURACY:.2f}), "
         f"final training loss {result.final_loss:.4f}, {history.samples / max(history.seconds, 1e-9):,.0f} "
-        "samples/s")
+        "samples/s"
+    )
 
     # 6. loss curve
-    result.files["loss_curve"] = plot_history(history, loss_curve, title="Spiral classifier: loss",
-                                              backend=plot_backend)
+    result.files["loss_curve"] = plot_history(
+        history, loss_curve, title="Spiral classifier: loss", backend=plot_backend
+    )
     say("[6/7] loss curve saved")
 
     # 7. inference model, checked with InferenceSession
     result.files["inference_model"] = session.export_inference_model(root / "spiral_classifier.onnx", ["logits"])
     result.inference_accuracy = _inference_accuracy(result.files["inference_model"], x_val, y_val)
     agree = "same as" if result.inference_accuracy == result.eval_accuracy else "DIFFERENT FROM"
-    say(f"[7/7] exported inference model: onnxruntime.InferenceSession accuracy {result.inference_accuracy:.3f} "
-        f"({agree} the eval model)")
+    say(
+        f"[7/7] exported inference model: onnxruntime.InferenceSession accuracy {result.inference_accuracy:.3f} "
+        f"({agree} the eval model)"
+    )
 
     result.seconds = time.perf_counter() - started
     say(f"\nFiles (in {root}):")
@@ -254,10 +267,12 @@ def run_demo(
     }
     for role, path in result.files.items():
         say(f"  {labels[role]:<42} {path}")
-    say(f"\nDone in {result.seconds:.1f} s. Continue training from the command line with:\n"
+    say(
+        f"\nDone in {result.seconds:.1f} s. Continue training from the command line with:\n"
         f"  onnxblocks train {artifact_dir} --data {result.files['dataset']} "
         f"--eval-data {result.files['validation_dataset']} --resume {result.files['checkpoint']} --epochs 5 --lr 0.001 "
-        "--accuracy")
+        "--accuracy"
+    )
     return result
 
 

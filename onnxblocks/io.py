@@ -24,8 +24,8 @@ import onnx
 from onnx import numpy_helper
 
 from onnxblocks._core import limits as _limits
-from onnxblocks._core.proto import copy_fields
 from onnxblocks._core import weights as _weights
+from onnxblocks._core.proto import copy_fields
 
 __all__ = ["atomic_file", "atomic_outputs", "load_model", "save_model", "tensor_chunks"]
 
@@ -282,8 +282,11 @@ def save_model(
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"save_model() takes an onnx.ModelProto, not {type(model).__name__}.")
-    if isinstance(external_data_threshold, bool) or not isinstance(external_data_threshold, int) \
-            or external_data_threshold < 0:
+    if (
+        isinstance(external_data_threshold, bool)
+        or not isinstance(external_data_threshold, int)
+        or external_data_threshold < 0
+    ):
         raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
     target = Path(os.fspath(path))
     data_location = _check_location(location if location is not None else target.name + ".data")
@@ -308,8 +311,11 @@ def save_model(
             return source
         if init.data_location == onnx.TensorProto.EXTERNAL:
             return init
-        if init.data_type != onnx.TensorProto.STRING and _weights.tensor_nbytes(init) >= external_data_threshold \
-                and _weights.tensor_nbytes(init) > 0:
+        if (
+            init.data_type != onnx.TensorProto.STRING
+            and _weights.tensor_nbytes(init) >= external_data_threshold
+            and _weights.tensor_nbytes(init) > 0
+        ):
             return init
         return None
 

@@ -198,8 +198,14 @@ def export(
         if exporter == "torchscript":
             f = io.BytesIO()
             torch.onnx.export(
-                model, args, f, input_names=names, output_names=["output"], dynamo=False,
-                do_constant_folding=False, opset_version=OPSET,
+                model,
+                args,
+                f,
+                input_names=names,
+                output_names=["output"],
+                dynamo=False,
+                do_constant_folding=False,
+                opset_version=OPSET,
                 training=torch.onnx.TrainingMode.TRAINING if train_mode else torch.onnx.TrainingMode.EVAL,
                 dynamic_axes={n: {0: "batch"} for n in names},
             )
@@ -255,7 +261,10 @@ def onnxscript_model(name: str, torch_model: torch.nn.Module) -> onnx.ModelProto
 @script()
 def _mlp_script(
     x: FLOAT["N", 4],  # noqa: UP037, F821 - onnxscript shapes, not quoted annotations
-    fc1_w: FLOAT[8, 4], fc1_b: FLOAT[8], fc2_w: FLOAT[3, 8], fc2_b: FLOAT[3],
+    fc1_w: FLOAT[8, 4],
+    fc1_b: FLOAT[8],
+    fc2_w: FLOAT[3, 8],
+    fc2_b: FLOAT[3],
 ) -> FLOAT["N", 3]:  # noqa: UP037, F821
     h = op.Relu(op.Gemm(x, fc1_w, fc1_b, transB=1))
     return op.Gemm(h, fc2_w, fc2_b, transB=1)
@@ -263,8 +272,9 @@ def _mlp_script(
 
 def _onnxscript_mlp() -> onnx.ModelProto:
     model = _mlp_script.to_model_proto()
-    return _rename_inputs_to_initializers(model, {"fc1_w": "fc1.weight", "fc1_b": "fc1.bias", "fc2_w": "fc2.weight",
-                                                  "fc2_b": "fc2.bias"})
+    return _rename_inputs_to_initializers(
+        model, {"fc1_w": "fc1.weight", "fc1_b": "fc1.bias", "fc2_w": "fc2.weight", "fc2_b": "fc2.bias"}
+    )
 
 
 D, HEADS, HD = 8, 2, 4  # literal in the script below
@@ -274,9 +284,24 @@ SCALE = float(1.0 / HD**0.5)
 @script()
 def _gpt_script(
     idx: INT64["B", "T"],  # noqa: UP037, F821 - onnxscript shapes
-    tok: FLOAT, pos: FLOAT, ln1_w: FLOAT, ln1_b: FLOAT, qkv_w: FLOAT, qkv_b: FLOAT, proj_w: FLOAT,
-    proj_b: FLOAT, ln2_w: FLOAT, ln2_b: FLOAT, fc_w: FLOAT, fc_b: FLOAT, out_w: FLOAT, out_b: FLOAT,
-    lnf_w: FLOAT, lnf_b: FLOAT, head_w: FLOAT, head_b: FLOAT,
+    tok: FLOAT,
+    pos: FLOAT,
+    ln1_w: FLOAT,
+    ln1_b: FLOAT,
+    qkv_w: FLOAT,
+    qkv_b: FLOAT,
+    proj_w: FLOAT,
+    proj_b: FLOAT,
+    ln2_w: FLOAT,
+    ln2_b: FLOAT,
+    fc_w: FLOAT,
+    fc_b: FLOAT,
+    out_w: FLOAT,
+    out_b: FLOAT,
+    lnf_w: FLOAT,
+    lnf_b: FLOAT,
+    head_w: FLOAT,
+    head_b: FLOAT,
 ) -> FLOAT["BT", 11]:  # noqa: UP037, F821
     shape = op.Shape(idx)
     b = op.Slice(shape, [0], [1])
@@ -307,16 +332,28 @@ def _gpt_script(
     return op.Reshape(logits, op.Constant(value_ints=[-1, 11]))
 
 
-
 def _onnxscript_gpt(torch_model: torch.nn.Module) -> onnx.ModelProto:
     assert torch_model.tok.embedding_dim == D and torch_model.attn.heads == HEADS
     model = _gpt_script.to_model_proto()
     names = {
-        "tok": "tok.weight", "pos": "pos.weight", "ln1_w": "ln1.weight", "ln1_b": "ln1.bias",
-        "qkv_w": "attn.qkv.weight", "qkv_b": "attn.qkv.bias", "proj_w": "attn.proj.weight",
-        "proj_b": "attn.proj.bias", "ln2_w": "ln2.weight", "ln2_b": "ln2.bias", "fc_w": "fc.weight",
-        "fc_b": "fc.bias", "out_w": "out.weight", "out_b": "out.bias", "lnf_w": "lnf.weight",
-        "lnf_b": "lnf.bias", "head_w": "head.weight", "head_b": "head.bias",
+        "tok": "tok.weight",
+        "pos": "pos.weight",
+        "ln1_w": "ln1.weight",
+        "ln1_b": "ln1.bias",
+        "qkv_w": "attn.qkv.weight",
+        "qkv_b": "attn.qkv.bias",
+        "proj_w": "attn.proj.weight",
+        "proj_b": "attn.proj.bias",
+        "ln2_w": "ln2.weight",
+        "ln2_b": "ln2.bias",
+        "fc_w": "fc.weight",
+        "fc_b": "fc.bias",
+        "out_w": "out.weight",
+        "out_b": "out.bias",
+        "lnf_w": "lnf.weight",
+        "lnf_b": "lnf.bias",
+        "head_w": "head.weight",
+        "head_b": "head.bias",
     }
     return _rename_inputs_to_initializers(model, names)
 
@@ -349,12 +386,18 @@ class OrtTrainer:
         self.C = C
         self.state = C.load_checkpoint(os.fspath(checkpoint or artifacts.checkpoint))
         self.device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
-        self.module = C.Module(os.fspath(artifacts.training_model), self.state, os.fspath(artifacts.eval_model),
-                               self.device, C.SessionOptions())
+        self.module = C.Module(
+            os.fspath(artifacts.training_model),
+            self.state,
+            os.fspath(artifacts.eval_model),
+            self.device,
+            C.SessionOptions(),
+        )
         self.optimizer = None
         if optimizer and artifacts.optimizer_model is not None:
-            self.optimizer = C.Optimizer(os.fspath(artifacts.optimizer_model), self.state, self.device,
-                                         C.SessionOptions())
+            self.optimizer = C.Optimizer(
+                os.fspath(artifacts.optimizer_model), self.state, self.device, C.SessionOptions()
+            )
 
     def train_step(self, *inputs: np.ndarray) -> list[np.ndarray]:
         fetches = self.C.OrtValueVector()
@@ -379,13 +422,24 @@ class OrtTrainer:
 
 def torch_loss(kind: str) -> torch.nn.Module:
     return {
-        "mse": torch.nn.MSELoss(), "cross_entropy": torch.nn.CrossEntropyLoss(), "l1": torch.nn.L1Loss(),
-        "huber": torch.nn.HuberLoss(), "smooth_l1": torch.nn.SmoothL1Loss(), "bce": torch.nn.BCEWithLogitsLoss(),
-        "nll": torch.nn.NLLLoss(), "kl_div": torch.nn.KLDivLoss(reduction="mean"),
+        "mse": torch.nn.MSELoss(),
+        "cross_entropy": torch.nn.CrossEntropyLoss(),
+        "l1": torch.nn.L1Loss(),
+        "huber": torch.nn.HuberLoss(),
+        "smooth_l1": torch.nn.SmoothL1Loss(),
+        "bce": torch.nn.BCEWithLogitsLoss(),
+        "nll": torch.nn.NLLLoss(),
+        "kl_div": torch.nn.KLDivLoss(reduction="mean"),
     }[kind]
 
 
 LOSS_TYPES = {
-    "mse": "MSELoss", "cross_entropy": "CrossEntropyLoss", "l1": "L1Loss", "huber": "HuberLoss",
-    "smooth_l1": "SmoothL1Loss", "bce": "BCEWithLogitsLoss", "nll": "NLLLoss", "kl_div": "KLDivLoss",
+    "mse": "MSELoss",
+    "cross_entropy": "CrossEntropyLoss",
+    "l1": "L1Loss",
+    "huber": "HuberLoss",
+    "smooth_l1": "SmoothL1Loss",
+    "bce": "BCEWithLogitsLoss",
+    "nll": "NLLLoss",
+    "kl_div": "KLDivLoss",
 }

@@ -27,7 +27,8 @@ def mlp_model(d_in: int = 2, hidden: int = 16, classes: int = 3, seed: int = 0) 
         helper.make_node("Gemm", ["hr", "fc2.weight", "fc2.bias"], ["logits"]),
     ]
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_in])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
         inits,
@@ -73,4 +74,3 @@ def classification_data(rows: int = 64, d_in: int = 2, seed: int = 0) -> tuple[n
     x = rng.standard_normal((rows, d_in)).astype(np.float32)
     y = ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)).astype(np.int64)
     return x, y
-

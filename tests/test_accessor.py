@@ -143,8 +143,14 @@ def test_custom_op_library_is_scoped(tmp_path):
 def test_external_data_model_without_path_is_explained(tmp_path):
     model = make_linear_model(64, 32)
     path = tmp_path / "m.onnx"
-    onnx.save_model(onnx.ModelProto.FromString(model.SerializeToString()), path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
-                    size_threshold=0)
+    onnx.save_model(
+        onnx.ModelProto.FromString(model.SerializeToString()),
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="m.data",
+        size_threshold=0,
+    )
     loaded = onnx.load(path, load_external_data=False)
     with pytest.raises(ValueError, match="model_path"):
         with ob.base(loaded):

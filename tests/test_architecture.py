@@ -114,8 +114,10 @@ def test_layers_import_only_downward():
             if other == own:
                 continue
             if LAYER_OF[other] >= LAYER_OF[own]:
-                wrong.append(f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {target} "
-                             f"({own} is layer {LAYER_OF[own]}, {other} is layer {LAYER_OF[other]})")
+                wrong.append(
+                    f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {target} "
+                    f"({own} is layer {LAYER_OF[own]}, {other} is layer {LAYER_OF[other]})"
+                )
     assert not wrong, "upward or sideways imports:\n" + "\n".join(wrong)
 
 
@@ -204,7 +206,8 @@ def test_modules_fit_in_a_head():
         if lines > MAX_LINES:
             big.append(f"{rel}: {lines} lines")
     assert not big, f"modules over {MAX_LINES} lines (split them by concept, or explain in LARGE_MODULES):\n" + (
-        "\n".join(big))
+        "\n".join(big)
+    )
 
 
 def test_the_checker_sees_upward_imports(tmp_path, monkeypatch):

@@ -33,8 +33,13 @@ def _generate(case, directory, **kwargs):
 def test_files_and_result(tmp_path, mlp):
     art = _generate(mlp, tmp_path / "out", optimizer=OptimType.AdamW, prefix="mlp_", nominal_checkpoint=True)
     assert isinstance(art, Artifacts) and art.directory == tmp_path / "out"
-    expected = {"mlp_training_model.onnx", "mlp_eval_model.onnx", "mlp_checkpoint", "mlp_optimizer_model.onnx",
-                "mlp_nominal_checkpoint"}
+    expected = {
+        "mlp_training_model.onnx",
+        "mlp_eval_model.onnx",
+        "mlp_checkpoint",
+        "mlp_optimizer_model.onnx",
+        "mlp_nominal_checkpoint",
+    }
     assert set(os.listdir(tmp_path / "out")) == expected
     assert {p.name for p in art.files} == expected
     assert art.training_model.name == "mlp_training_model.onnx" and art.optimizer_model.is_file()
@@ -61,8 +66,14 @@ def test_checkpoint_holds_the_parameters_and_frozen_ones(tmp_path, mlp):
 def test_ort_format_models_train_like_onnx_ones(tmp_path, mlp):
     art = _generate(mlp, tmp_path, optimizer=OptimType.SGD, ort_format=True)
     assert art.training_model_ort.is_file() and art.eval_model_ort.is_file() and art.optimizer_model_ort.is_file()
-    as_ort = Artifacts(**{**art.__dict__, "training_model": art.training_model_ort, "eval_model": art.eval_model_ort,
-                          "optimizer_model": art.optimizer_model_ort})
+    as_ort = Artifacts(
+        **{
+            **art.__dict__,
+            "training_model": art.training_model_ort,
+            "eval_model": art.eval_model_ort,
+            "optimizer_model": art.optimizer_model_ort,
+        }
+    )
     losses = []
     for files in (art, as_ort):
         trainer = models.OrtTrainer(files)
@@ -77,8 +88,13 @@ def test_ort_format_models_train_like_onnx_ones(tmp_path, mlp):
 
 
 def test_nominal_checkpoint_names_parameters_without_values(tmp_path, mlp):
-    art = _generate(mlp, tmp_path, nominal_checkpoint=True, frozen_params=["fc2.bias"],
-                    requires_grad=["fc1.weight", "fc1.bias", "fc2.weight"])
+    art = _generate(
+        mlp,
+        tmp_path,
+        nominal_checkpoint=True,
+        frozen_params=["fc2.bias"],
+        requires_grad=["fc1.weight", "fc1.bias", "fc2.weight"],
+    )
     nominal = load_checkpoint(art.nominal_checkpoint)
     full = load_checkpoint(art.checkpoint)
     assert nominal.is_nominal and not full.is_nominal
@@ -91,8 +107,9 @@ def test_nominal_checkpoint_names_parameters_without_values(tmp_path, mlp):
     values = np.concatenate([v.ravel() for v in (*full.trainable.values(), *full.frozen.values())])
     trainer.module.copy_buffer_to_parameters(trainer.C.OrtValue.ortvalue_from_numpy(values, trainer.device), False)
     reference = models.OrtTrainer(art)
-    np.testing.assert_allclose(trainer.train_step(mlp.inputs["x"], mlp.target),
-                               reference.train_step(mlp.inputs["x"], mlp.target), rtol=1e-6)
+    np.testing.assert_allclose(
+        trainer.train_step(mlp.inputs["x"], mlp.target), reference.train_step(mlp.inputs["x"], mlp.target), rtol=1e-6
+    )
 
 
 def test_custom_optimizer_attributes_are_used(tmp_path, mlp):
@@ -135,8 +152,14 @@ def test_loss_input_names_and_additional_outputs(tmp_path):
     x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
     onnx_model = models.export(net, {"x": x}, "torchscript")
     second = onnx_model.graph.output[1].name
-    art = generate_artifacts(onnx_model, requires_grad=["b.weight", "b.bias"], loss=LossType.L1Loss,
-                             loss_input_names=[second], additional_output_names=["output"], artifact_directory=tmp_path)
+    art = generate_artifacts(
+        onnx_model,
+        requires_grad=["b.weight", "b.bias"],
+        loss=LossType.L1Loss,
+        loss_input_names=[second],
+        additional_output_names=["output"],
+        artifact_directory=tmp_path,
+    )
     assert art.output_names[1] == "output"
     target = np.ones((4, 2), np.float32)
     trainer = models.OrtTrainer(art)
@@ -153,8 +176,7 @@ def test_model_path_with_external_data(tmp_path, mlp):
     path = tmp_path / "model" / "mlp.onnx"
     path.parent.mkdir()
     onnx.save(copy.deepcopy(mlp.onnx_model), path, save_as_external_data=True, location="mlp.data", size_threshold=0)
-    art = generate_artifacts(path, requires_grad=mlp.params, loss=LossType.MSELoss,
-                             artifact_directory=tmp_path / "art")
+    art = generate_artifacts(path, requires_grad=mlp.params, loss=LossType.MSELoss, artifact_directory=tmp_path / "art")
     ckpt = load_checkpoint(art.checkpoint)
     for name, value in models.param_arrays(mlp.torch_model).items():
         np.testing.assert_array_equal(ckpt.trainable[name], value)

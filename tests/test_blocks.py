@@ -56,8 +56,9 @@ def test_op_blocks_match_numpy(block, expected):
 
 
 def test_value_arithmetic_reads_like_the_maths():
-    (out,) = _run_blocks(lambda a, b, bt: 0.4 * (a - b) ** 2 + 0.6 * abs(a) / 2 - ((-b) @ bt) @ a,
-                         {"a": X, "b": Y, "b_t": Y.T.copy()})
+    (out,) = _run_blocks(
+        lambda a, b, bt: 0.4 * (a - b) ** 2 + 0.6 * abs(a) / 2 - ((-b) @ bt) @ a, {"a": X, "b": Y, "b_t": Y.T.copy()}
+    )
     expected = 0.4 * (X - Y) ** 2 + 0.6 * np.abs(X) / 2 - ((-Y) @ Y.T) @ X
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 

@@ -88,8 +88,12 @@ def assert_state_bitwise(state, parameters):
 @pytest.mark.parametrize("nominal", [False, True])
 def test_inline_checkpoint_equals_ort_writer_byte_for_byte(tmp_path, nominal):
     parameters = sample_parameters()
-    C().save_checkpoint([t.SerializeToString() for t in parameters[0]],
-                        [t.SerializeToString() for t in parameters[1]], os.fspath(tmp_path / "ort"), nominal)
+    C().save_checkpoint(
+        [t.SerializeToString() for t in parameters[0]],
+        [t.SerializeToString() for t in parameters[1]],
+        os.fspath(tmp_path / "ort"),
+        nominal,
+    )
     save_checkpoint(parameters, tmp_path / "ours", nominal)
     assert (tmp_path / "ours").read_bytes() == (tmp_path / "ort").read_bytes()
     assert sorted(os.listdir(tmp_path)) == ["ort", "ours"]  # no .data, no temp files
@@ -130,8 +134,12 @@ def test_external_data_loads_bitwise_and_matches_ort_semantics(tmp_path):
     assert external == {"dense.weight", "positions"}  # tensors >= 64 bytes; smaller ones stay inline
     assert_state_bitwise(C().load_checkpoint(os.fspath(tmp_path / "ckpt")), parameters)
     # Same semantics as ORT's own (inline) checkpoint of the same parameters.
-    C().save_checkpoint([t.SerializeToString() for t in parameters[0]],
-                        [t.SerializeToString() for t in parameters[1]], os.fspath(tmp_path / "ort"), False)
+    C().save_checkpoint(
+        [t.SerializeToString() for t in parameters[0]],
+        [t.SerializeToString() for t in parameters[1]],
+        os.fspath(tmp_path / "ort"),
+        False,
+    )
     ort, ours = load_checkpoint(tmp_path / "ort"), load_checkpoint(tmp_path / "ckpt")
     for name in ort:
         assert ours[name].dtype == ort[name].dtype and ours[name].tobytes() == ort[name].tobytes(), name
@@ -173,8 +181,9 @@ def _model_with_external_weights(tmp_path: Path, shape=(256, 300)) -> tuple[onnx
     model.graph.initializer.append(numpy_helper.from_array(big, "big"))
     path = tmp_path / "src" / "model.onnx"
     path.parent.mkdir()
-    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.data",
-                    size_threshold=0)
+    onnx.save_model(
+        model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.data", size_threshold=0
+    )
     return onnx.load(path, load_external_data=False), path, big
 
 
@@ -184,8 +193,15 @@ def test_streams_from_a_models_external_data_file(tmp_path):
         source = acc.weights.source("big")
     assert source.path is not None  # bytes live in model.data, not in memory
     log: list[int] = []
-    recording = RecordingSource(source.name, source.data_type, source.dims, path=source.path,
-                                offset=source.offset, length=source.length, log=log)
+    recording = RecordingSource(
+        source.name,
+        source.data_type,
+        source.dims,
+        path=source.path,
+        offset=source.offset,
+        length=source.length,
+        log=log,
+    )
     small = [acc.weights.source(n) for n in ("W1", "W2")]
     save_checkpoint(([recording, *small], []), tmp_path / "ckpt", external_data_threshold=1024)
     assert sum(log) == big.nbytes and log  # streamed, chunk by chunk
@@ -203,8 +219,9 @@ def test_external_tensor_protos_need_base_dir(tmp_path):
     with pytest.raises(ValueError, match="base_dir"):
         save_checkpoint(([init], []), tmp_path / "ckpt")
     save_checkpoint(([init], []), tmp_path / "ckpt", base_dir=path.parent, external_data_threshold=0)
-    assert C().load_checkpoint(os.fspath(tmp_path / "ckpt")).get_parameter("big").data.numpy().tobytes() == \
-        big.tobytes()
+    assert (
+        C().load_checkpoint(os.fspath(tmp_path / "ckpt")).get_parameter("big").data.numpy().tobytes() == big.tobytes()
+    )
 
 
 def test_memory_stays_bounded_while_streaming(tmp_path):
@@ -234,8 +251,9 @@ def test_training_continues_from_a_streamed_checkpoint(training_dir, tmp_path): 
         d.mkdir()
         onnx.save(optimizer_model(AdamW(), params), d / "optimizer.onnx")
     # Streamed: every parameter comes from a TensorSource and goes through <checkpoint>.data.
-    sources = tuple([TensorSource(t.name, t.data_type, tuple(t.dims), tensor=t) for t in group]
-                    for group in parameters_of(params))
+    sources = tuple(
+        [TensorSource(t.name, t.data_type, tuple(t.dims), tensor=t) for t in group] for group in parameters_of(params)
+    )
     save_checkpoint(sources, streamed / "checkpoint", external_data_threshold=0)
     save_checkpoint(parameters_of(params), inline / "checkpoint")
     assert (streamed / "checkpoint.data").exists() and not (inline / "checkpoint.data").exists()
@@ -318,8 +336,11 @@ def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
         ([], TypeError, r"\(trainable, frozen\) pair"),
         ((numpy_helper.from_array(np.zeros(2, np.float32), "w"), []), TypeError, "sequence of tensors"),
         ((["w"], []), TypeError, "str; checkpoints take onnx.TensorProto"),
-        (([numpy_helper.from_array(np.zeros(2, np.float32), "w")], [numpy_helper.from_array(np.zeros(1), "w")]),
-         ValueError, "'w' appears twice"),
+        (
+            ([numpy_helper.from_array(np.zeros(2, np.float32), "w")], [numpy_helper.from_array(np.zeros(1), "w")]),
+            ValueError,
+            "'w' appears twice",
+        ),
         (([helper.make_tensor("names", TensorProto.STRING, [1], [b"a"])], []), ValueError, "'names'.*STRING"),
         (([numpy_helper.from_array(np.zeros(2, np.float16), "half")], []), ValueError, "'half'.*FLOAT16"),
     ],

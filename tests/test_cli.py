@@ -30,8 +30,23 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def artifacts_dir(files):
     out = files / "art"
-    code = main(["artifacts", str(files / "mlp.onnx"), "--loss", "crossentropy", "--requires-grad", "fc*.weight",
-                 "fc2.bias", "--frozen", "fc1.bias", "--additional-output", "logits", "-o", str(out)])
+    code = main(
+        [
+            "artifacts",
+            str(files / "mlp.onnx"),
+            "--loss",
+            "crossentropy",
+            "--requires-grad",
+            "fc*.weight",
+            "fc2.bias",
+            "--frozen",
+            "fc1.bias",
+            "--additional-output",
+            "logits",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == EXIT_OK
     return out
 
@@ -55,12 +70,30 @@ def test_artifacts_selects_parameters_by_pattern(artifacts_dir):
     assert list(checkpoint.trainable) == ["fc1.weight", "fc2.weight", "fc2.bias"]
     assert list(checkpoint.frozen) == ["fc1.bias"]
     assert sorted(p.name for p in artifacts_dir.iterdir()) == [
-        "checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
+        "checkpoint",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "training_model.onnx",
+    ]
 
 
 def test_artifacts_all_params_minus_frozen(files, tmp_path, capsys):
-    code, out, _ = run(capsys, "artifacts", files / "mlp.onnx", "--loss", "crossentropy", "--all-params",
-                       "--frozen", "*.bias", "--optimizer", "sgd", "--prefix", "p_", "-o", tmp_path)
+    code, out, _ = run(
+        capsys,
+        "artifacts",
+        files / "mlp.onnx",
+        "--loss",
+        "crossentropy",
+        "--all-params",
+        "--frozen",
+        "*.bias",
+        "--optimizer",
+        "sgd",
+        "--prefix",
+        "p_",
+        "-o",
+        tmp_path,
+    )
     assert code == EXIT_OK
     checkpoint = load_checkpoint(tmp_path / "p_checkpoint")
     assert list(checkpoint.trainable) == ["fc1.weight", "fc2.weight"]
@@ -69,15 +102,21 @@ def test_artifacts_all_params_minus_frozen(files, tmp_path, capsys):
     assert f"next: onnxblocks train {tmp_path} --prefix p_" in out
 
 
-@pytest.mark.parametrize(("argv", "code", "fragments"), [
-    (["--loss", "mse"], EXIT_USAGE, ["--requires-grad PATTERN... or --all-params"]),
-    (["--loss", "mse", "--requires-grad", "fc3.*"], EXIT_INPUT, ["'fc3.*' matches no initializer", "fc1.weight"]),
-    (["--loss", "mse", "--requires-grad", "fc1.wieght"], EXIT_INPUT, ["Did you mean 'fc1.weight'"]),
-    (["--loss", "mse", "--all-params", "--frozen", "*"], EXIT_USAGE, ["no parameter left to train"]),
-    (["--loss", "nope", "--all-params"], EXIT_USAGE, ["argument --loss: invalid choice: 'nope'",
-                                                      "see 'onnxblocks artifacts --help'"]),
-    (["--all-params"], EXIT_USAGE, ["the following arguments are required: --loss"]),
-])
+@pytest.mark.parametrize(
+    ("argv", "code", "fragments"),
+    [
+        (["--loss", "mse"], EXIT_USAGE, ["--requires-grad PATTERN... or --all-params"]),
+        (["--loss", "mse", "--requires-grad", "fc3.*"], EXIT_INPUT, ["'fc3.*' matches no initializer", "fc1.weight"]),
+        (["--loss", "mse", "--requires-grad", "fc1.wieght"], EXIT_INPUT, ["Did you mean 'fc1.weight'"]),
+        (["--loss", "mse", "--all-params", "--frozen", "*"], EXIT_USAGE, ["no parameter left to train"]),
+        (
+            ["--loss", "nope", "--all-params"],
+            EXIT_USAGE,
+            ["argument --loss: invalid choice: 'nope'", "see 'onnxblocks artifacts --help'"],
+        ),
+        (["--all-params"], EXIT_USAGE, ["the following arguments are required: --loss"]),
+    ],
+)
 def test_artifacts_errors(files, tmp_path, capsys, argv, code, fragments):
     got, _, err = run(capsys, "artifacts", files / "mlp.onnx", "-o", tmp_path / "out", *argv)
     assert got == code
@@ -95,8 +134,9 @@ def test_artifacts_bad_model_files(files, tmp_path, capsys):
 
 
 def test_verbose_prints_the_traceback(files, tmp_path, capsys):
-    code, _, err = run(capsys, "artifacts", files / "garbage.onnx", "--loss", "mse", "--all-params", "-o", tmp_path,
-                       "--verbose")
+    code, _, err = run(
+        capsys, "artifacts", files / "garbage.onnx", "--loss", "mse", "--all-params", "-o", tmp_path, "--verbose"
+    )
     assert code == EXIT_INPUT
     assert err.startswith("Traceback (most recent call last):")
     assert err.strip().splitlines()[-1].startswith("onnxblocks: error: ")
@@ -111,8 +151,9 @@ def test_inspect_artifact_directory(artifacts_dir, capsys):
     assert any(line.split()[:2] == ["logits", "float32"] for line in lines)
     row = next(line.split() for line in lines if line.strip().startswith("fc1.bias"))
     assert row == ["fc1.bias", "float32", "[16]", "frozen", "16", "64", "B"]
-    assert ("total: 4 parameters, 99 elements, 396 B; trainable 3 (83 elements, 332 B); "
-            "frozen 1 (16 elements, 64 B)") in lines
+    assert (
+        "total: 4 parameters, 99 elements, 396 B; trainable 3 (83 elements, 332 B); frozen 1 (16 elements, 64 B)"
+    ) in lines
     assert "optimizer state: none (fresh checkpoint)" in lines
 
 
@@ -141,11 +182,38 @@ def test_inspect_errors(files, capsys):
 
 # ------------------------------------------------------------------ train
 def test_train_save_resume_export(files, artifacts_dir, tmp_path, capsys):
-    common = ["train", artifacts_dir, "--data", files / "train.npz", "--batch-size", "16", "--lr", "0.02",
-              "--scheduler", "cosine", "--warmup-steps", "3", "--no-progress", "--val-fraction", "0.25"]
-    code, out, _ = run(capsys, *common, "--epochs", "4", "--save", tmp_path / "full", "--accuracy",
-                       "--export", tmp_path / "model.onnx", "--plot", tmp_path / "loss.png",
-                       "--history", tmp_path / "h.json")
+    common = [
+        "train",
+        artifacts_dir,
+        "--data",
+        files / "train.npz",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.02",
+        "--scheduler",
+        "cosine",
+        "--warmup-steps",
+        "3",
+        "--no-progress",
+        "--val-fraction",
+        "0.25",
+    ]
+    code, out, _ = run(
+        capsys,
+        *common,
+        "--epochs",
+        "4",
+        "--save",
+        tmp_path / "full",
+        "--accuracy",
+        "--export",
+        tmp_path / "model.onnx",
+        "--plot",
+        tmp_path / "loss.png",
+        "--history",
+        tmp_path / "h.json",
+    )
     assert code == EXIT_OK, out
     assert "trained 24 steps (steps 1-24)" in out and "accuracy" in out
     history = json.loads((tmp_path / "h.json").read_text())
@@ -165,25 +233,45 @@ def test_train_save_resume_export(files, artifacts_dir, tmp_path, capsys):
 
 
 def test_train_maps_renamed_arrays(files, artifacts_dir, capsys):
-    code, out, _ = run(capsys, "train", artifacts_dir, "--data", files / "renamed.npz", "--inputs", "x=features",
-                       "labels=y", "--no-progress", "--max-steps", "2")
+    code, out, _ = run(
+        capsys,
+        "train",
+        artifacts_dir,
+        "--data",
+        files / "renamed.npz",
+        "--inputs",
+        "x=features",
+        "labels=y",
+        "--no-progress",
+        "--max-steps",
+        "2",
+    )
     assert code == EXIT_OK and "trained 2 steps" in out
 
 
-@pytest.mark.parametrize(("extra", "code", "fragments"), [
-    (["--data", "float64.npz"], EXIT_INPUT, ["input 'x' expects float32 with shape [batch, 2]; got float64",
-                                             "astype(np.float32)"]),
-    (["--data", "renamed.npz"], EXIT_INPUT, ["has arrays ['features', 'y'] but no array for model input(s) x",
-                                             "--inputs INPUT=ARRAY"]),
-    (["--data", "renamed.npz", "--inputs", "z=features"], EXIT_INPUT, ["'z', which is not a model input"]),
-    (["--data", "missing.npz"], EXIT_INPUT, ["missing.npz' does not exist"]),
-    (["--data", "train.npz", "--accuracy"], EXIT_USAGE, ["--accuracy needs evaluation data"]),
-    (["--data", "train.npz", "--eval-data", "train.npz", "--val-fraction", "0.1"], EXIT_USAGE, ["either"]),
-    (["--data", "train.npz", "--scheduler", "step"], EXIT_USAGE, ["--step-size"]),
-    (["--data", "train.npz", "--batch-size", "0"], EXIT_USAGE, ["--batch-size must be >= 1"]),
-    (["--data", "train.npz", "--resume", "missing-ckpt"], EXIT_INPUT, ["missing-ckpt' does not exist"]),
-    (["--epochs", "2"], EXIT_USAGE, ["required: --data"]),
-])
+@pytest.mark.parametrize(
+    ("extra", "code", "fragments"),
+    [
+        (
+            ["--data", "float64.npz"],
+            EXIT_INPUT,
+            ["input 'x' expects float32 with shape [batch, 2]; got float64", "astype(np.float32)"],
+        ),
+        (
+            ["--data", "renamed.npz"],
+            EXIT_INPUT,
+            ["has arrays ['features', 'y'] but no array for model input(s) x", "--inputs INPUT=ARRAY"],
+        ),
+        (["--data", "renamed.npz", "--inputs", "z=features"], EXIT_INPUT, ["'z', which is not a model input"]),
+        (["--data", "missing.npz"], EXIT_INPUT, ["missing.npz' does not exist"]),
+        (["--data", "train.npz", "--accuracy"], EXIT_USAGE, ["--accuracy needs evaluation data"]),
+        (["--data", "train.npz", "--eval-data", "train.npz", "--val-fraction", "0.1"], EXIT_USAGE, ["either"]),
+        (["--data", "train.npz", "--scheduler", "step"], EXIT_USAGE, ["--step-size"]),
+        (["--data", "train.npz", "--batch-size", "0"], EXIT_USAGE, ["--batch-size must be >= 1"]),
+        (["--data", "train.npz", "--resume", "missing-ckpt"], EXIT_INPUT, ["missing-ckpt' does not exist"]),
+        (["--epochs", "2"], EXIT_USAGE, ["required: --data"]),
+    ],
+)
 def test_train_errors(files, artifacts_dir, capsys, monkeypatch, extra, code, fragments):
     monkeypatch.chdir(files)
     got, _, err = run(capsys, "train", artifacts_dir, "--no-progress", *extra)
@@ -192,8 +280,21 @@ def test_train_errors(files, artifacts_dir, capsys, monkeypatch, extra, code, fr
 
 
 def test_train_needs_an_optimizer_model(files, tmp_path, capsys):
-    assert run(capsys, "artifacts", files / "mlp.onnx", "--loss", "crossentropy", "--all-params", "--optimizer",
-               "none", "-o", tmp_path)[0] == EXIT_OK
+    assert (
+        run(
+            capsys,
+            "artifacts",
+            files / "mlp.onnx",
+            "--loss",
+            "crossentropy",
+            "--all-params",
+            "--optimizer",
+            "none",
+            "-o",
+            tmp_path,
+        )[0]
+        == EXIT_OK
+    )
     code, _, err = run(capsys, "train", tmp_path, "--data", files / "train.npz")
     assert code == EXIT_INPUT
     assert_one_line_error(err, "have no optimizer model", "--optimizer adamw")
@@ -218,12 +319,14 @@ def test_demo_that_misses_its_target_exits_1(tmp_path, capsys):
 
 
 def test_subprocess_exit_code_and_single_error_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "onnxblocks.cli", "inspect", str(tmp_path / "nope.onnx")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxblocks.cli", "inspect", str(tmp_path / "nope.onnx")], capture_output=True, text=True
+    )
     assert result.returncode == EXIT_INPUT
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"onnxblocks: error: '{tmp_path / 'nope.onnx'}' does not exist; pass an .onnx file, an artifact directory "
-        "or a checkpoint."]
+        "or a checkpoint."
+    ]
     result = subprocess.run([sys.executable, "-m", "onnxblocks", "--version"], capture_output=True, text=True)
     assert result.returncode == EXIT_OK and result.stdout.startswith("onnxblocks ")

@@ -39,8 +39,15 @@ def _get_onnx_model(torch_model, model_inputs):
     f = io.BytesIO()
     with models._quiet():
         torch.onnx.export(
-            torch_model, model_inputs, f, input_names=input_names, output_names=output_names, opset_version=14,
-            do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING, dynamic_axes=dynamic_axes,
+            torch_model,
+            model_inputs,
+            f,
+            input_names=input_names,
+            output_names=output_names,
+            opset_version=14,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            dynamic_axes=dynamic_axes,
             dynamo=False,
         )
     return onnx.load_from_string(f.getvalue())
@@ -103,8 +110,11 @@ def test_loss_execution_matches_torch(simple, loss_name):
 def test_training_graph_execution_matches_torch(tmp_path, simple, loss_name):
     pt_model, base_model, x = simple
     art = artifacts.generate_artifacts(
-        base_model, requires_grad=[n for n, _ in pt_model.named_parameters()], loss=artifacts.LossType[loss_name],
-        optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path,
+        base_model,
+        requires_grad=[n for n, _ in pt_model.named_parameters()],
+        loss=artifacts.LossType[loss_name],
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path,
     )
     target = _target(loss_name)
     trainer = models.OrtTrainer(art)
@@ -144,8 +154,10 @@ def test_optimizer_composition_trains(tmp_path, simple, optimizer, clip):
     onnx.save(evaluation, tmp_path / "eval_model.onnx")
     onnx.save(optimizer_model, tmp_path / "optimizer_model.onnx")
     onnxblock.save_checkpoint(block.parameters(), tmp_path / "checkpoint")
-    files = types.SimpleNamespace(checkpoint=tmp_path / "checkpoint", **{
-        key: tmp_path / f"{key}.onnx" for key in ("training_model", "eval_model", "optimizer_model")})
+    files = types.SimpleNamespace(
+        checkpoint=tmp_path / "checkpoint",
+        **{key: tmp_path / f"{key}.onnx" for key in ("training_model", "eval_model", "optimizer_model")},
+    )
     trainer = models.OrtTrainer(files)
     trainer.optimizer.set_learning_rate(0.05)
     target = _target("MSELoss").numpy()
@@ -162,7 +174,9 @@ def test_grad_clipping_execution_matches_torch(simple):
     base_model.graph.name = "ClipGradNorm Model"
     base_model.opset_import.extend([onnx.helper.make_opsetid("com.microsoft", 1), onnx.helper.make_opsetid("", 17)])
     base_model.ir_version = 8
-    base_model.graph.input.append(onnx.helper.make_tensor_sequence_value_info("gradients", onnx.TensorProto.FLOAT, None))
+    base_model.graph.input.append(
+        onnx.helper.make_tensor_sequence_value_info("gradients", onnx.TensorProto.FLOAT, None)
+    )
 
     class GradClippingModel(onnxblock.ForwardBlock):
         def __init__(self, max_norm):
@@ -205,7 +219,8 @@ def test_retrieve_parameters(simple):
     for ort_param, (name, param) in zip(trainable, pt_model.named_parameters(), strict=True):
         assert ort_param.name == name
         np.testing.assert_array_equal(
-            np.frombuffer(ort_param.raw_data, dtype=np.float32).reshape(param.shape), param.detach().numpy())
+            np.frombuffer(ort_param.raw_data, dtype=np.float32).reshape(param.shape), param.detach().numpy()
+        )
 
 
 def test_set_requires_grad_on_parameters(simple):
@@ -235,9 +250,13 @@ def test_set_requires_grad_on_inputs(tmp_path, simple):
     training, _ = block.to_model_proto()
     assert training.graph.output[-1].name == "input-0_grad"
     target = _target("MSELoss")
-    feeds = {"input-0": x.numpy(), "target": target.numpy(), "lazy_reset_grad": np.array([True]),
-             "fc1.weight": pt_model.fc1.weight.detach().numpy(),
-             "fc1.weight_grad.accumulation.buffer": np.zeros((HIDDEN, D_IN), np.float32)}
+    feeds = {
+        "input-0": x.numpy(),
+        "target": target.numpy(),
+        "lazy_reset_grad": np.array([True]),
+        "fc1.weight": pt_model.fc1.weight.detach().numpy(),
+        "fc1.weight_grad.accumulation.buffer": np.zeros((HIDDEN, D_IN), np.float32),
+    }
     (input_grad,) = _run(training, feeds, ["input-0_grad"])
     xg = x.clone().requires_grad_()
     torch.nn.functional.mse_loss(pt_model(xg), target).backward()
@@ -308,8 +327,9 @@ def test_weighted_average_model_composition(tmp_path, model_type):
         _ = block(base_model.graph.output[0].name, base_model.graph.output[1].name)
     labels1, labels2 = _target("CrossEntropyLoss"), torch.flip(_target("CrossEntropyLoss"), [0])
     out1, out2 = pt_model(x1, x2)
-    expected = w1 * torch.nn.functional.cross_entropy(out1, labels1) + \
-        w2 * torch.nn.functional.cross_entropy(out2, labels2)
+    expected = w1 * torch.nn.functional.cross_entropy(out1, labels1) + w2 * torch.nn.functional.cross_entropy(
+        out2, labels2
+    )
     expected.backward()
     feeds = {"input-0": x1.numpy(), "input-1": x2.numpy(), "labels1": labels1.numpy(), "labels2": labels2.numpy()}
     if model_type == "ForwardBlock":
@@ -345,7 +365,8 @@ def test_label_encoder_composition(simple):
             del labels_input.type.tensor_type.shape.dim[1]
             self.base.graph.input.append(labels_input)
             encoder = onnxblock.blocks.LabelEncoder(
-                default_int64=0, keys_int64s=[521, 522, 523, 524], values_int64s=[0, 1, 2, 3])
+                default_int64=0, keys_int64s=[521, 522, 523, 524], values_int64s=[0, 1, 2, 3]
+            )
             return self._loss(output_name, encoder("labels"))
 
     block = SCELossWithLabelEncoder()
@@ -377,8 +398,16 @@ def test_string_targets_cast_to_numbers(tmp_path, simple):
     target = _target("MSELoss")
     text = np.array([[f"{v:.6f}" for v in row] for row in target.tolist()], dtype=object)
     buffer = np.zeros(D_OUT, np.float32)
-    (loss, _) = _run(training, {"input-0": x.numpy(), "target_text": text, "fc2.bias": pt_model.fc2.bias.detach()
-                                .numpy(), "fc2.bias_grad.accumulation.buffer": buffer, "lazy_reset_grad": np.array([True])})
+    (loss, _) = _run(
+        training,
+        {
+            "input-0": x.numpy(),
+            "target_text": text,
+            "fc2.bias": pt_model.fc2.bias.detach().numpy(),
+            "fc2.bias_grad.accumulation.buffer": buffer,
+            "lazy_reset_grad": np.array([True]),
+        },
+    )
     model = copy.deepcopy(pt_model)
     expected = torch.nn.functional.mse_loss(model(x), torch.tensor([[float(v) for v in r] for r in text]))
     expected.backward()
@@ -412,8 +441,12 @@ def test_additional_output_names(tmp_path):
     onnx_model = _get_onnx_model(DropoutModel(), (torch.randn(BATCH, D_IN),))
     artifacts.generate_artifacts(onnx_model, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path)
     assert len(onnx.load(tmp_path / "eval_model.onnx").graph.output) == 1
-    artifacts.generate_artifacts(onnx_model, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path,
-                                 additional_output_names=["output-0"])
+    artifacts.generate_artifacts(
+        onnx_model,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        artifact_directory=tmp_path,
+        additional_output_names=["output-0"],
+    )
     eval_model = onnx.load(tmp_path / "eval_model.onnx")
     assert [o.name for o in eval_model.graph.output][1:] == ["output-0"]
 
@@ -428,9 +461,12 @@ def test_eval_model_has_no_training_mode_and_matches_torch_eval(tmp_path, model_
             pt_model.batchnorm.running_mean.uniform_(-1, 1)
             pt_model.batchnorm.running_var.uniform_(0.5, 2)
     onnx_model = _get_onnx_model(pt_model, (x,))
-    art = artifacts.generate_artifacts(onnx_model, requires_grad=["conv.weight"] if model_class is BatchNormModel
-                                       else ["fc.weight"], loss=artifacts.LossType.CrossEntropyLoss,
-                                       artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        onnx_model,
+        requires_grad=["conv.weight"] if model_class is BatchNormModel else ["fc.weight"],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        artifact_directory=tmp_path,
+    )
     eval_model = onnx.load(tmp_path / "eval_model.onnx")
     for node in eval_model.graph.node:
         if node.op_type == "Dropout":
@@ -450,8 +486,11 @@ def test_eval_model_has_no_training_mode_and_matches_torch_eval(tmp_path, model_
 def test_save_ort_format(tmp_path, simple):
     _, base_model, _ = simple
     artifacts.generate_artifacts(
-        base_model, requires_grad=["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"],
-        loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path,
+        base_model,
+        requires_grad=["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path,
         ort_format=True,
     )
     for name in ("training_model", "eval_model", "optimizer_model"):
@@ -460,12 +499,19 @@ def test_save_ort_format(tmp_path, simple):
 
 def test_nominal_checkpoint(tmp_path, simple):
     _, base_model, _ = simple
-    artifacts.generate_artifacts(base_model, requires_grad=["fc1.weight"], loss=artifacts.LossType.MSELoss,
-                                 artifact_directory=tmp_path, nominal_checkpoint=True)
+    artifacts.generate_artifacts(
+        base_model,
+        requires_grad=["fc1.weight"],
+        loss=artifacts.LossType.MSELoss,
+        artifact_directory=tmp_path,
+        nominal_checkpoint=True,
+    )
     from onnxruntime.capi import _pybind_state as C
 
-    nominal, full = C.load_checkpoint(os.fspath(tmp_path / "nominal_checkpoint")), C.load_checkpoint(
-        os.fspath(tmp_path / "checkpoint"))
+    nominal, full = (
+        C.load_checkpoint(os.fspath(tmp_path / "nominal_checkpoint")),
+        C.load_checkpoint(os.fspath(tmp_path / "checkpoint")),
+    )
     assert list(nominal.parameter_names()) == list(full.parameter_names()) == ["fc1.weight"]
     assert (tmp_path / "nominal_checkpoint").stat().st_size < (tmp_path / "checkpoint").stat().st_size
 
@@ -474,8 +520,13 @@ def test_the_references_enums_are_accepted(tmp_path, simple):
     from onnxruntime.training import artifacts as reference
 
     pt_model, base_model, x = simple
-    art = artifacts.generate_artifacts(base_model, requires_grad=["fc2.bias"], loss=reference.LossType.L1Loss,
-                                       optimizer=reference.OptimType.SGD, artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        base_model,
+        requires_grad=["fc2.bias"],
+        loss=reference.LossType.L1Loss,
+        optimizer=reference.OptimType.SGD,
+        artifact_directory=tmp_path,
+    )
     target = _target("L1Loss")
     (loss,) = models.OrtTrainer(art).train_step(x.numpy(), target.numpy())
     np.testing.assert_allclose(loss, torch.nn.functional.l1_loss(pt_model(x), target).item(), rtol=1e-5)

@@ -49,7 +49,11 @@ def test_demo_writes_and_reports_every_file(demo):
         assert path.exists(), role
         assert str(path) in report, role
     assert sorted(p.name for p in result.files["artifacts"].iterdir()) == [
-        "checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
+        "checkpoint",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "training_model.onnx",
+    ]
     png = result.files["loss_curve"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     for step in range(1, 8):

@@ -79,14 +79,20 @@ def training_like_model() -> onnx.ModelProto:
         helper.make_node("Mul", ["d", "d"], ["d2"], name="Mul_0"),
         helper.make_node("ReduceMean", ["d2"], ["loss"], name="ReduceMean_0", keepdims=0),
         helper.make_node("Shape", ["d2"], ["ReduceMean_0_Grad/shape"], name="ReduceMean_0_Grad/Shape_0"),
-        helper.make_node("Expand", ["loss_grad", "ReduceMean_0_Grad/shape"], ["d2_grad"],
-                         name="ReduceMean_0_Grad/Expand_1"),
+        helper.make_node(
+            "Expand", ["loss_grad", "ReduceMean_0_Grad/shape"], ["d2_grad"], name="ReduceMean_0_Grad/Expand_1"
+        ),
         helper.make_node("Mul", ["d2_grad", "d"], ["d_grad"], name="Mul_0_Grad/Mul_0"),
         helper.make_node("Identity", ["d_grad"], ["y_grad"], name="Sub_0_Grad/Identity_0"),
         helper.make_node("Identity", ["y_grad"], ["xw_grad"], name="add_Grad/Identity_0"),
         helper.make_node("Gemm", ["x", "xw_grad"], ["W_grad"], name="mm_Grad/Gemm_0", transA=1),
-        helper.make_node("InPlaceAccumulatorV2", ["W_grad.accumulation.buffer", "W_grad", "lazy_reset_grad"],
-                         ["W_grad.accumulation.out"], name="GradientAccumulator_0", domain="com.microsoft"),
+        helper.make_node(
+            "InPlaceAccumulatorV2",
+            ["W_grad.accumulation.buffer", "W_grad", "lazy_reset_grad"],
+            ["W_grad.accumulation.out"],
+            name="GradientAccumulator_0",
+            domain="com.microsoft",
+        ),
     ]
     graph = helper.make_graph(
         nodes,
@@ -105,13 +111,21 @@ def training_like_model() -> onnx.ModelProto:
         ],
         [onnx.numpy_helper.from_array(np.array(1.0, np.float32), "loss_grad")],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 FORWARD = {"mm", "add"}
 LOSS = {"Sub_0", "Mul_0", "ReduceMean_0"}
-BACKWARD = {"ReduceMean_0_Grad/Shape_0", "ReduceMean_0_Grad/Expand_1", "Mul_0_Grad/Mul_0",
-            "Sub_0_Grad/Identity_0", "add_Grad/Identity_0", "mm_Grad/Gemm_0"}
+BACKWARD = {
+    "ReduceMean_0_Grad/Shape_0",
+    "ReduceMean_0_Grad/Expand_1",
+    "Mul_0_Grad/Mul_0",
+    "Sub_0_Grad/Identity_0",
+    "add_Grad/Identity_0",
+    "mm_Grad/Gemm_0",
+}
 ACCUMULATION = {"GradientAccumulator_0"}
 
 
@@ -128,7 +142,9 @@ def random_dag(n: int, seed: int = 0, named: bool = False) -> onnx.ModelProto:
             nodes.append(helper.make_node("Relu", [back()], [f"v{i}"], name=f"n{i}"))
         values.append(f"v{i}")
     graph = helper.make_graph(
-        nodes, "dag", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        nodes,
+        "dag",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info(values[-1], TensorProto.FLOAT, ["N", 4])],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -152,8 +168,11 @@ def layered_model(layers: int, per_block: int) -> onnx.ModelProto:
                 h = name + ":0"
             prev = h
     graph = helper.make_graph(
-        nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 4])], inits,
+        nodes,
+        "layers",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 4])],
+        inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -267,7 +286,11 @@ def test_neighbourhood_of_parameter_and_node():
     assert {index.nodes[i].name for i in display.select(index, around="W", depth=1).nodes} == {"mm"}
     assert {index.nodes[i].name for i in display.select(index, around="W", depth=2).nodes} == {"mm", "add"}
     assert {index.nodes[i].name for i in display.select(index, around="Mul_0", depth=1).nodes} == {
-        "Sub_0", "Mul_0", "ReduceMean_0", "ReduceMean_0_Grad/Shape_0"}
+        "Sub_0",
+        "Mul_0",
+        "ReduceMean_0",
+        "ReduceMean_0_Grad/Shape_0",
+    }
     svg = display.draw_svg(index, around="W", depth=1)
     assert "W" in svg_texts(svg)
     w_box = [r for tip, r in svg_boxes(svg) if tip.startswith("param W")]
@@ -380,8 +403,11 @@ def test_scope_grouping_prefers_the_deepest_scope_that_fits():
     # fewer boxes wanted: repeats with the same ops merge (layers.0/attn stays apart)
     groups, how = collapse(index, nodes, cap=300, target=3)
     assert how == "grouped by name scope (depth 2), repeats merged"
-    assert sorted((g.label, g.repeat) for g in groups) == [("layers.0/attn", 1), ("layers.[0-3]/mlp", 4),
-                                                           ("layers.[1-3]/attn", 3)]
+    assert sorted((g.label, g.repeat) for g in groups) == [
+        ("layers.0/attn", 1),
+        ("layers.[0-3]/mlp", 4),
+        ("layers.[1-3]/attn", 3),
+    ]
     # fewer still: the shallower scope, merged
     groups, how = collapse(index, nodes, cap=300, target=2)
     assert how == "grouped by name scope (depth 1), repeats merged"
@@ -490,8 +516,12 @@ def linear_artifacts(tmp_path_factory):
     from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
     return generate_artifacts(
-        make_linear_model(), requires_grad=["W"], frozen_params=["b"], loss=LossType.MSELoss,
-        optimizer=OptimType.AdamW, artifact_directory=tmp_path_factory.mktemp("artifacts"),
+        make_linear_model(),
+        requires_grad=["W"],
+        frozen_params=["b"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path_factory.mktemp("artifacts"),
     )
 
 
@@ -528,7 +558,8 @@ def test_real_training_graph_parts(linear_artifacts):
             assert "_Grad/" not in node.name and not any("_grad" in v for v in node.outputs)
     assert {n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "forward"} == {"MatMul", "Add"}
     assert [n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "accumulation"] == [
-        "InPlaceAccumulatorV2"]
+        "InPlaceAccumulatorV2"
+    ]
     assert index.loss == linear_artifacts.loss_name
 
 
@@ -553,8 +584,7 @@ def test_training_block_display_uses_its_partition_and_loss_nodes():
     html = display.repr_html(block)
     assert _param_rows(html) == {"W": "trainable", "b": "frozen"}
     assert "1 trainable, 1 frozen" in html
-    loss_svg = display.draw_svg(
-        display.GraphIndex(block.graphs.training, loss_nodes=block.nodes), "loss")
+    loss_svg = display.draw_svg(display.GraphIndex(block.graphs.training, loss_nodes=block.nodes), "loss")
     assert drawn_node_names(loss_svg) == set(block.loss.nodes)
     assert drawn_node_names(display.show(block, view="loss").svg) == set(block.loss.nodes)
     assert "Model being built" in during and "<svg" in during

@@ -69,8 +69,9 @@ class Encoder(nn.Module):
 
     def __init__(self, norm_first: bool = False, activation: str = "relu", mask: str | None = None) -> None:
         super().__init__()
-        self.layer = nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first,
-                                                activation=activation)
+        self.layer = nn.TransformerEncoderLayer(
+            D, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first, activation=activation
+        )
         self.mask = mask
         self.fc = nn.Linear(D, 3)
 
@@ -113,8 +114,7 @@ class GPT2(nn.Module):
 class Recurrent(nn.Module):
     def __init__(self, kind: str, layers: int = 2, bidirectional: bool = True, **options) -> None:
         super().__init__()
-        self.rnn = getattr(nn, kind)(3, 4, num_layers=layers, bidirectional=bidirectional, batch_first=True,
-                                     **options)
+        self.rnn = getattr(nn, kind)(3, 4, num_layers=layers, bidirectional=bidirectional, batch_first=True, **options)
         self.fc = nn.Linear(8 if bidirectional else 4, 2)
 
     def forward(self, x):
@@ -230,15 +230,21 @@ def _case(name: str) -> Case:
     if name == "gpt2_tied":
         return Case(GPT2(), {"idx": rng.integers(0, 11, (2, 6)).astype(np.int64)}, classes(12, 11), "cross_entropy")
     if name == "conv_transpose2d":
-        body = nn.Sequential(nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1), nn.Tanh(),
-                             nn.AvgPool2d(4))
+        body = nn.Sequential(
+            nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1), nn.Tanh(), nn.AvgPool2d(4)
+        )
         return Case(Head(body, 32), image, classes(2), "cross_entropy")
     if name == "conv_transpose1d_groups_crop":
         body = nn.Sequential(nn.ConvTranspose1d(4, 4, 3, stride=2, padding=2, output_padding=1, groups=2), nn.ReLU())
         return Case(Head(body, 4 * 18), {"x": f32(2, 4, 10)}, classes(2), "cross_entropy")
     if name == "avg_pools":
-        body = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.MaxPool2d(2), nn.AvgPool2d(2),
-                             nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False), nn.AdaptiveAvgPool2d(1))
+        body = nn.Sequential(
+            nn.Conv2d(4, 4, 3, padding=1),
+            nn.MaxPool2d(2),
+            nn.AvgPool2d(2),
+            nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False),
+            nn.AdaptiveAvgPool2d(1),
+        )
         return Case(Head(body, 4), image, classes(2), "cross_entropy")
     if name == "group_norm":
         body = nn.Sequential(nn.Conv2d(4, 4, 3), nn.GroupNorm(2, 4), nn.SiLU(), nn.AdaptiveAvgPool2d(1))
@@ -268,8 +274,12 @@ def _case(name: str) -> Case:
     if name == "indexing":
         return Case(Indexing(), rows, f32(6, 3), "mse")
     if name == "encoder_head_only":  # post-norm layers then a final LayerNorm, all of them constants
-        encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True), 2,
-                                        norm=nn.LayerNorm(D), enable_nested_tensor=False)
+        encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True),
+            2,
+            norm=nn.LayerNorm(D),
+            enable_nested_tensor=False,
+        )
         return Case(Head(encoder, 5 * D), sequence, classes(2), "cross_entropy", train_only=("fc.",))
     if name == "external_data":
         return Case(Activation(nn.ELU()), rows, f32(6, 3), "mse", external=True)
@@ -277,24 +287,59 @@ def _case(name: str) -> Case:
 
 
 ACTIVATIONS = {
-    "elu": nn.ELU(), "selu": nn.SELU(), "celu": nn.CELU(0.5), "hardswish": nn.Hardswish(),
-    "hardsigmoid": nn.Hardsigmoid(), "prelu": nn.PReLU(8), "mish": nn.Mish(), "hardshrink": nn.Hardshrink(0.3),
+    "elu": nn.ELU(),
+    "selu": nn.SELU(),
+    "celu": nn.CELU(0.5),
+    "hardswish": nn.Hardswish(),
+    "hardsigmoid": nn.Hardsigmoid(),
+    "prelu": nn.PReLU(8),
+    "mish": nn.Mish(),
+    "hardshrink": nn.Hardshrink(0.3),
     "softshrink": nn.Softshrink(0.3),
 }
 
 CASES = [
-    *[(n, "ts") for n in (
-        "conv_transpose2d", "conv_transpose1d_groups_crop", "avg_pools", "group_norm", "instance_norm2d",
-        "instance_norm1d", "gru_bidirectional", "lstm_bidirectional", "rnn_relu", "two_outputs", "external_data",
-        "unet", "indexing", "encoder_head_only", *[f"act_{a}" for a in ACTIVATIONS if a != "mish"],
-    )],
-    *[(n, "dyn18") for n in (
-        "gpt2_tied", "encoder_causal", "conv_transpose2d", "group_norm", "instance_norm1d",
-        "layer_norm_without_bias", "lstm_bidirectional", "dropout", "act_mish", "act_hardswish", "act_elu", "unet",
-        "indexing",
-    )],
+    *[
+        (n, "ts")
+        for n in (
+            "conv_transpose2d",
+            "conv_transpose1d_groups_crop",
+            "avg_pools",
+            "group_norm",
+            "instance_norm2d",
+            "instance_norm1d",
+            "gru_bidirectional",
+            "lstm_bidirectional",
+            "rnn_relu",
+            "two_outputs",
+            "external_data",
+            "unet",
+            "indexing",
+            "encoder_head_only",
+            *[f"act_{a}" for a in ACTIVATIONS if a != "mish"],
+        )
+    ],
+    *[
+        (n, "dyn18")
+        for n in (
+            "gpt2_tied",
+            "encoder_causal",
+            "conv_transpose2d",
+            "group_norm",
+            "instance_norm1d",
+            "layer_norm_without_bias",
+            "lstm_bidirectional",
+            "dropout",
+            "act_mish",
+            "act_hardswish",
+            "act_elu",
+            "unet",
+            "indexing",
+        )
+    ],
     *[(n, "dyn21") for n in ("group_norm", "encoder_prenorm_gelu")],
-    ("encoder_padding_mask", "ts"), ("gpt2_tied", "ts"),
+    ("encoder_padding_mask", "ts"),
+    ("gpt2_tied", "ts"),
 ]
 
 
@@ -320,13 +365,23 @@ def _export(case: Case, exporter: str) -> onnx.ModelProto:
     with _quiet():
         if exporter == "ts":
             f = io.BytesIO()
-            torch.onnx.export(case.model, args, f, input_names=names, output_names=outputs, dynamo=False,
-                              do_constant_folding=False, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                              dynamic_axes={n: {0: "batch"} for n in names})
+            torch.onnx.export(
+                case.model,
+                args,
+                f,
+                input_names=names,
+                output_names=outputs,
+                dynamo=False,
+                do_constant_folding=False,
+                opset_version=17,
+                training=torch.onnx.TrainingMode.TRAINING,
+                dynamic_axes={n: {0: "batch"} for n in names},
+            )
             return onnx.load_from_string(f.getvalue())
-        opset = int(exporter[len("dyn"):])
-        program = torch.onnx.export(case.model, args, dynamo=True, optimize=False, input_names=names,
-                                    output_names=outputs, opset_version=opset)
+        opset = int(exporter[len("dyn") :])
+        program = torch.onnx.export(
+            case.model, args, dynamo=True, optimize=False, input_names=names, output_names=outputs, opset_version=opset
+        )
         return program.model_proto
 
 
@@ -339,8 +394,11 @@ def _onnx_names(case: Case, model: onnx.ModelProto) -> dict[str, str]:
             names[name] = name
             continue
         value = param.detach().numpy()
-        same = [k for k, i in initializers.items()
-                if tuple(i.dims) == value.shape and np.array_equal(onnx.numpy_helper.to_array(i), value)]
+        same = [
+            k
+            for k, i in initializers.items()
+            if tuple(i.dims) == value.shape and np.array_equal(onnx.numpy_helper.to_array(i), value)
+        ]
         assert len(same) == 1, f"no initializer for {name}"
         names[name] = same[0]
     return names
@@ -355,15 +413,25 @@ def _built(name: str, exporter: str, directory: str):
     if case.external:
         source = os.path.join(directory, "model", "model.onnx")
         os.makedirs(os.path.dirname(source))
-        onnx.save(model, source, save_as_external_data=True, all_tensors_to_one_file=True,
-                  location="model.onnx.data", size_threshold=0)
+        onnx.save(
+            model,
+            source,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="model.onnx.data",
+            size_threshold=0,
+        )
     frozen = [names[n] for n in case.frozen]
     extra = {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
     trained = [n for t, n in names.items() if t not in case.frozen and _trained(case, t)]
     artifacts = generate_artifacts(
-        source, requires_grad=trained, frozen_params=frozen,
-        loss=LossType[models.LOSS_TYPES[case.loss]], optimizer=OptimType.AdamW,
-        artifact_directory=os.path.join(directory, "artifacts"), **extra,
+        source,
+        requires_grad=trained,
+        frozen_params=frozen,
+        loss=LossType[models.LOSS_TYPES[case.loss]],
+        optimizer=OptimType.AdamW,
+        artifact_directory=os.path.join(directory, "artifacts"),
+        **extra,
     )
     return case, names, artifacts
 
@@ -399,8 +467,9 @@ def test_exported_model_trains_like_torch(built, name, exporter):
         for pname, param in model.named_parameters():
             if pname in case.frozen or not _trained(case, pname):
                 continue
-            np.testing.assert_allclose(trainer.grad(names[pname]), param.grad.numpy(), rtol=1e-4, atol=1e-5,
-                                       err_msg=pname)
+            np.testing.assert_allclose(
+                trainer.grad(names[pname]), param.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=pname
+            )
     trainer.module.lazy_reset_grad()
     trainer.optimizer.set_learning_rate(1e-2)
     losses = []
@@ -438,15 +507,24 @@ def test_double_model_is_refused_with_a_remedy(tmp_path):
     case = Case(model, {"x": np.random.default_rng(0).standard_normal((6, 4))}, np.zeros((6, 3)), "mse")
     exported = _export(case, "ts")
     with pytest.raises(TypeError, match=r"double.*model\.float\(\)"):
-        generate_artifacts(exported, requires_grad=[n for n, _ in model.named_parameters()],
-                           loss=LossType.MSELoss, artifact_directory=tmp_path / "a")
+        generate_artifacts(
+            exported,
+            requires_grad=[n for n, _ in model.named_parameters()],
+            loss=LossType.MSELoss,
+            artifact_directory=tmp_path / "a",
+        )
     assert not (tmp_path / "a").exists()
 
 
 # ------------------------------------------------------------------ authored with onnxscript
 @script()
-def _onnxscript_block(x: FLOAT["N", 2, 6, 6], w: FLOAT[4, 2, 3, 3], b: FLOAT[4], s: FLOAT[4],  # noqa: UP037, F821
-                      beta: FLOAT[4]) -> FLOAT["N", 4]:  # noqa: UP037, F821
+def _onnxscript_block(
+    x: FLOAT["N", 2, 6, 6],  # noqa: UP037, F821
+    w: FLOAT[4, 2, 3, 3],
+    b: FLOAT[4],
+    s: FLOAT[4],
+    beta: FLOAT[4],
+) -> FLOAT["N", 4]:  # noqa: UP037, F821
     padded = op.Pad(x, op.Constant(value_ints=[0, 0, 1, 1, 0, 0, 1, 1]), mode="reflect")
     normed = op.InstanceNormalization(op.Conv(padded, w, b), s, beta, epsilon=1e-5)
     up = op.Resize(op.Elu(normed, alpha=0.5), None, op.Constant(value_floats=[1.0, 1.0, 2.0, 2.0]), mode="linear")
@@ -457,8 +535,12 @@ def _onnxscript_block(x: FLOAT["N", 2, 6, 6], w: FLOAT[4, 2, 3, 3], b: FLOAT[4],
 def _onnxscript_model() -> onnx.ModelProto:
     model = _onnxscript_block.to_model_proto()
     rng = np.random.default_rng(0)
-    params = {"w": rng.standard_normal((4, 2, 3, 3)) * 0.3, "b": rng.standard_normal(4) * 0.1,
-              "s": rng.uniform(0.5, 1.5, 4), "beta": rng.standard_normal(4) * 0.1}
+    params = {
+        "w": rng.standard_normal((4, 2, 3, 3)) * 0.3,
+        "b": rng.standard_normal(4) * 0.1,
+        "s": rng.uniform(0.5, 1.5, 4),
+        "beta": rng.standard_normal(4) * 0.1,
+    }
     inputs = [i for i in model.graph.input if i.name not in params]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
@@ -470,8 +552,9 @@ def test_onnxscript_model_with_rewritten_ops_trains_like_torch(tmp_path):
     """Reflect Pad, InstanceNormalization, Elu, linear Resize, ReduceMax and CastLike, written by hand."""
     model = _onnxscript_model()
     params = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
-    artifacts = generate_artifacts(model, requires_grad=list(params), loss=LossType.MSELoss,
-                                   optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    artifacts = generate_artifacts(
+        model, requires_grad=list(params), loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path
+    )
     rng = np.random.default_rng(1)
     x, target = rng.standard_normal((3, 2, 6, 6)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
     trainer = models.OrtTrainer(artifacts)

@@ -63,11 +63,18 @@ def _train_run(graphs_training, feeds, params):
 def _linear():
     rng = np.random.default_rng(0)
     return _model(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"]),
-         helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
-        [_vi("x", ["N", 3])], [_vi("loss", [])],
-        [_init("W", rng.standard_normal((3, 2)).astype(np.float32)), _init("b", np.zeros(2, np.float32)),
-         _init("steps", np.array([3], np.int64))],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+            helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", ["N", 3])],
+        [_vi("loss", [])],
+        [
+            _init("W", rng.standard_normal((3, 2)).astype(np.float32)),
+            _init("b", np.zeros(2, np.float32)),
+            _init("steps", np.array([3], np.int64)),
+        ],
     )
 
 
@@ -102,7 +109,8 @@ def test_layer_norm_gets_statistics_outputs_with_same_values():
     rng = np.random.default_rng(0)
     model = _model(
         [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
-        [_vi("x", [2, 3, 4])], [_vi("y", [2, 3, 4])],
+        [_vi("x", [2, 3, 4])],
+        [_vi("y", [2, 3, 4])],
         [_init("s", rng.standard_normal(4).astype(np.float32)), _init("b", rng.standard_normal(4).astype(np.float32))],
     )
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
@@ -119,9 +127,14 @@ def test_layer_norm_gradient_matches_torch():
     rng = np.random.default_rng(1)
     scale, bias = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
     model = _model(
-        [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1),
-         helper.make_node("Mul", ["y", "y"], ["yy"]), helper.make_node("ReduceMean", ["yy"], ["loss"], keepdims=0)],
-        [_vi("x", [2, 4])], [_vi("loss", [])], [_init("s", scale), _init("b", bias)],
+        [
+            helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1),
+            helper.make_node("Mul", ["y", "y"], ["yy"]),
+            helper.make_node("ReduceMean", ["yy"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", [2, 4])],
+        [_vi("loss", [])],
+        [_init("s", scale), _init("b", bias)],
     )
     graphs = build_training_graphs(model, ["s", "b"])
     assert graphs.rewrites["expose_layer_norm_statistics"] == 1
@@ -174,9 +187,12 @@ def test_split_to_sequence_becomes_split_with_same_values(split, axis, keepdims,
 
 def test_split_to_sequence_read_otherwise_is_left_alone():
     model = _model(
-        [helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0),
-         helper.make_node("SequenceLength", ["seq"], ["n"])],
-        [_vi("x", [3, 2])], [_vi("n", [], TensorProto.INT64)],
+        [
+            helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0),
+            helper.make_node("SequenceLength", ["seq"], ["n"]),
+        ],
+        [_vi("x", [3, 2])],
+        [_vi("n", [], TensorProto.INT64)],
     )
     assert split_to_sequence_as_split(model) == 0
     assert [n.op_type for n in model.graph.node] == ["SplitToSequence", "SequenceLength"]
@@ -185,7 +201,8 @@ def test_split_to_sequence_read_otherwise_is_left_alone():
 def test_cast_like_becomes_cast_with_same_values():
     model = _model(
         [helper.make_node("CastLike", ["i", "x"], ["c"]), helper.make_node("Mul", ["c", "x"], ["y"])],
-        [_vi("i", [3], TensorProto.INT64), _vi("x", [3], TensorProto.DOUBLE)], [_vi("y", [3], TensorProto.DOUBLE)],
+        [_vi("i", [3], TensorProto.INT64), _vi("x", [3], TensorProto.DOUBLE)],
+        [_vi("y", [3], TensorProto.DOUBLE)],
     )
     feeds = {"i": np.array([1, -2, 3]), "x": np.array([0.5, 1.5, 2.5])}
     (before,) = _run(model, feeds)
@@ -199,8 +216,9 @@ def test_cast_like_becomes_cast_with_same_values():
 
 @pytest.mark.parametrize(("approximate", "expected_op"), [("none", "Gelu"), ("tanh", "FastGelu")])
 def test_opset20_gelu_becomes_contrib_gelu_with_same_values(approximate, expected_op):
-    model = _model([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], [_vi("x", [7])],
-                   [_vi("y", [7])], opset=20)
+    model = _model(
+        [helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], [_vi("x", [7])], [_vi("y", [7])], opset=20
+    )
     x = np.linspace(-3, 3, 7, dtype=np.float32)
     (before,) = _run(model, {"x": x})
     assert gelu_as_contrib_gelu(model) == 1
@@ -220,10 +238,16 @@ def test_eval_mode_dropout_and_single_output_batchnorm():
             helper.make_node("Constant", [], ["ratio"], value=_init("ratio", np.array(0.5, np.float32))),
             helper.make_node("Constant", [], ["train"], value=_init("train", np.array(True))),
             helper.make_node("Dropout", ["x", "ratio", "train"], ["d", "mask"]),
-            helper.make_node("BatchNormalization", ["d", "scale", "bias", "mean", "var"],
-                             ["y", "running_mean", "running_var"], training_mode=1, momentum=0.9),
+            helper.make_node(
+                "BatchNormalization",
+                ["d", "scale", "bias", "mean", "var"],
+                ["y", "running_mean", "running_var"],
+                training_mode=1,
+                momentum=0.9,
+            ),
         ],
-        [_vi("x", [4, c, 2])], [_vi("y", [4, c, 2]), _vi("running_mean", [c])],
+        [_vi("x", [4, c, 2])],
+        [_vi("y", [4, c, 2]), _vi("running_mean", [c])],
         [_init("scale", scale), _init("bias", bias), _init("mean", mean), _init("var", var)],
     )
     assert disable_training_mode(model) == 2
@@ -243,13 +267,25 @@ def test_training_model_contract_order_and_names():
     graphs = build_training_graphs(_linear(), ["b", "W", "x"], ["steps"])
     training = graphs.training
     assert [i.name for i in training.graph.input] == [
-        "x", "W", "b", "steps", "W_grad.accumulation.buffer", "b_grad.accumulation.buffer", "lazy_reset_grad"]
+        "x",
+        "W",
+        "b",
+        "steps",
+        "W_grad.accumulation.buffer",
+        "b_grad.accumulation.buffer",
+        "lazy_reset_grad",
+    ]
     assert [o.name for o in training.graph.output] == [
-        "loss", "W_grad.accumulation.out", "b_grad.accumulation.out", "x_grad"]
+        "loss",
+        "W_grad.accumulation.out",
+        "b_grad.accumulation.out",
+        "x_grad",
+    ]
     accumulators = [n for n in training.graph.node if n.op_type == "InPlaceAccumulatorV2"]
     assert [list(n.input) for n in accumulators] == [
         ["W_grad.accumulation.buffer", "W_grad", "lazy_reset_grad"],
-        ["b_grad.accumulation.buffer", "b_grad", "lazy_reset_grad"]]
+        ["b_grad.accumulation.buffer", "b_grad", "lazy_reset_grad"],
+    ]
     assert all(n.domain == "com.microsoft" for n in accumulators)
     flag = training.graph.output[1].type.tensor_type
     assert flag.elem_type == TensorProto.BOOL and [d.dim_value for d in flag.shape.dim] == [1]
@@ -279,9 +315,14 @@ def test_caller_model_is_not_mutated():
 
 def test_op_without_gradient_names_node_op_domain_and_parameters():
     model = _model(
-        [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Round", ["h"], ["r"], name="rounding"),
-         helper.make_node("ReduceSum", ["r"], ["loss"], keepdims=0)],
-        [_vi("x", [3])], [_vi("loss", [])], [_init("w", np.ones(3, np.float32))],
+        [
+            helper.make_node("Mul", ["x", "w"], ["h"]),
+            helper.make_node("Round", ["h"], ["r"], name="rounding"),
+            helper.make_node("ReduceSum", ["r"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", [3])],
+        [_vi("loss", [])],
+        [_init("w", np.ones(3, np.float32))],
     )
     with pytest.raises(GradientError) as info:
         build_training_graphs(model, ["w"])
@@ -293,7 +334,9 @@ def test_op_without_gradient_names_node_op_domain_and_parameters():
 def test_parameter_that_does_not_reach_the_loss_is_named():
     model = _model(
         [helper.make_node("ReduceSum", ["x"], ["loss"], keepdims=0), helper.make_node("Mul", ["x", "w"], ["other"])],
-        [_vi("x", [3])], [_vi("loss", []), _vi("other", [3])], [_init("w", np.ones(3, np.float32))],
+        [_vi("x", [3])],
+        [_vi("loss", []), _vi("other", [3])],
+        [_init("w", np.ones(3, np.float32))],
     )
     with pytest.raises(GradientError, match="loss 'loss' does not depend differentiably on 'w'.*Freeze 'w'"):
         build_training_graphs(model, ["w"])
@@ -325,8 +368,9 @@ def test_new_ir_version_is_stamped_down():
     model.ir_version = 13
     graphs = build_training_graphs(model, ["W"])
     assert graphs.training.ir_version <= 10 and graphs.eval.ir_version <= 10
-    _, grads = _train_run(graphs.training, {"x": np.ones((1, 3), np.float32)},
-                             {"W": numpy_helper.to_array(model.graph.initializer[0])})
+    _, grads = _train_run(
+        graphs.training, {"x": np.ones((1, 3), np.float32)}, {"W": numpy_helper.to_array(model.graph.initializer[0])}
+    )
     np.testing.assert_allclose(grads["W"], np.ones((3, 2)), rtol=1e-6)
 
 
@@ -336,9 +380,14 @@ def _model_with_big_constant():
     mask = (rng.uniform(size=(32, 32)) > 0.5).astype(np.float32)  # 4 KiB constant, not a parameter
     weight = rng.standard_normal((32, 32)).astype(np.float32)  # 4 KiB parameter
     model = _model(
-        [helper.make_node("Mul", ["W", "mask"], ["mw"]), helper.make_node("MatMul", ["x", "mw"], ["y"]),
-         helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
-        [_vi("x", ["N", 32])], [_vi("loss", [])], [_init("W", weight), _init("mask", mask)],
+        [
+            helper.make_node("Mul", ["W", "mask"], ["mw"]),
+            helper.make_node("MatMul", ["x", "mw"], ["y"]),
+            helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", ["N", 32])],
+        [_vi("loss", [])],
+        [_init("W", weight), _init("mask", mask)],
     )
     return model, weight, mask
 
@@ -393,9 +442,14 @@ def test_parameters_from_external_data_are_streamed(tmp_path):
 def test_softplus_gradient_matches_torch_including_zero_and_large_inputs():
     x = np.array([-30.0, -2.0, 0.0, 0.5, 19.0, 25.0, 100.0], np.float32)
     model = _model(
-        [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Softplus", ["h"], ["s"]),
-         helper.make_node("ReduceSum", ["s"], ["loss"], keepdims=0)],
-        [_vi("x", [7])], [_vi("loss", [])], [_init("w", np.ones(7, np.float32))],
+        [
+            helper.make_node("Mul", ["x", "w"], ["h"]),
+            helper.make_node("Softplus", ["h"], ["s"]),
+            helper.make_node("ReduceSum", ["s"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", [7])],
+        [_vi("loss", [])],
+        [_init("w", np.ones(7, np.float32))],
     )
     graphs = build_training_graphs(model, ["w"])
     assert graphs.rewrites["softplus_as_elementary"] == 1

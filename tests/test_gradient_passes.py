@@ -76,10 +76,12 @@ def _with_loss(model, output, weights):
     m = onnx.ModelProto()
     m.CopyFrom(model)
     m.graph.initializer.append(numpy_helper.from_array(weights, "loss_weights"))
-    m.graph.node.extend([
-        helper.make_node("Mul", [output, "loss_weights"], ["weighted"]),
-        helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
-    ])
+    m.graph.node.extend(
+        [
+            helper.make_node("Mul", [output, "loss_weights"], ["weighted"]),
+            helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
+        ]
+    )
     del m.graph.output[:]
     m.graph.output.append(_vi("loss", [], TensorProto.FLOAT))
     return m
@@ -116,8 +118,9 @@ ACTIVATIONS = [
 ]
 
 
-@pytest.mark.parametrize(("op", "attrs", "reference"), ACTIVATIONS, ids=[f"{a[0]}-{i}" for i, a in
-                                                                          enumerate(ACTIVATIONS)])
+@pytest.mark.parametrize(
+    ("op", "attrs", "reference"), ACTIVATIONS, ids=[f"{a[0]}-{i}" for i, a in enumerate(ACTIVATIONS)]
+)
 def test_activation_rewrite_keeps_values_and_matches_torch_gradient(op, attrs, reference):
     x = np.concatenate([np.linspace(-4, 4, 33), [0.0, 1e-3, -1e-3, 25.0, -25.0]]).astype(np.float32).reshape(2, -1)
     nodes = [helper.make_node(op, ["x"], ["y"], **attrs)]
@@ -136,8 +139,12 @@ def test_prelu_rewrite_gives_the_slope_its_gradient():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 4, 2)).astype(np.float32)
     slope = np.array([0.1, 0.2, 0.3, 0.4], np.float32).reshape(4, 1)
-    model = _model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [_vi("x", ["N", 4, 2])],
-                   [_vi("y", ["N", 4, 2])], [numpy_helper.from_array(slope, "slope")])
+    model = _model(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"])],
+        [_vi("x", ["N", 4, 2])],
+        [_vi("y", ["N", 4, 2])],
+        [numpy_helper.from_array(slope, "slope")],
+    )
     _assert_same_forward(model, activations_as_elementary, {"x": x})
     weights = rng.standard_normal(x.shape).astype(np.float32)
     grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"slope": slope}, ["slope", "x"])
@@ -150,11 +157,15 @@ def test_prelu_rewrite_gives_the_slope_its_gradient():
 # ------------------------------------------------------------------ dropout, layer norm
 def test_dropout_gets_a_mask_output_and_trains():
     model = _model(
-        [helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
-         helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
-         helper.make_node("Mul", ["x", "w"], ["h"]),
-         helper.make_node("Dropout", ["h", "ratio", "train"], ["y"])],
-        [_vi("x", ["N", 3])], [_vi("y", ["N", 3])], [numpy_helper.from_array(np.ones(3, np.float32) * 2, "w")],
+        [
+            helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
+            helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
+            helper.make_node("Mul", ["x", "w"], ["h"]),
+            helper.make_node("Dropout", ["h", "ratio", "train"], ["y"]),
+        ],
+        [_vi("x", ["N", 3])],
+        [_vi("y", ["N", 3])],
+        [numpy_helper.from_array(np.ones(3, np.float32) * 2, "w")],
     )
     rewritten = _rewritten(model, expose_dropout_mask)
     dropout = next(n for n in rewritten.graph.node if n.op_type == "Dropout")
@@ -176,8 +187,10 @@ def test_layer_norm_without_bias_gets_zeros_and_matches_torch(static_scale):
         inputs = [_vi("x", ["N", 5])]
         feeds, params = {"x": x}, {}
     else:  # a scale of unknown shape: the zeros come from ConstantOfShape(Shape(scale))
-        nodes = [helper.make_node("Identity", ["s"], ["scale"]),
-                 helper.make_node("LayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5)]
+        nodes = [
+            helper.make_node("Identity", ["s"], ["scale"]),
+            helper.make_node("LayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5),
+        ]
         inits = []
         inputs = [_vi("x", ["N", 5]), _vi("s", ["D"])]
         feeds, params = {"x": x, "s": scale}, {}
@@ -185,8 +198,12 @@ def test_layer_norm_without_bias_gets_zeros_and_matches_torch(static_scale):
     _assert_same_forward(model, layer_norm_zero_bias, feeds)
     weights = rng.standard_normal(x.shape).astype(np.float32)
     wrt = ["scale", "x"] if static_scale else ["s", "x"]
-    grads, _ = _gradients(_with_loss(model, "y", weights), feeds if not static_scale else {"x": x},
-                          {"scale": scale} if static_scale else params, wrt)
+    grads, _ = _gradients(
+        _with_loss(model, "y", weights),
+        feeds if not static_scale else {"x": x},
+        {"scale": scale} if static_scale else params,
+        wrt,
+    )
     xt, st = torch.from_numpy(x).requires_grad_(), torch.from_numpy(scale).requires_grad_()
     (F.layer_norm(xt, (5,), st) * torch.from_numpy(weights)).sum().backward()
     np.testing.assert_allclose(grads[wrt[0]], st.grad.numpy(), rtol=RTOL, atol=ATOL)
@@ -195,7 +212,12 @@ def test_layer_norm_without_bias_gets_zeros_and_matches_torch(static_scale):
 
 # ------------------------------------------------------------------ pooling
 POOLS = [  # kernel, stride, pad, ceil_mode, count_include_pad
-    (2, 2, 0, 0, 1), (3, 2, 1, 0, 1), (3, 2, 1, 0, 0), (3, 2, 0, 1, 0), (3, 3, 1, 1, 0), (2, 1, 1, 0, 0),
+    (2, 2, 0, 0, 1),
+    (3, 2, 1, 0, 1),
+    (3, 2, 1, 0, 0),
+    (3, 2, 0, 1, 0),
+    (3, 3, 1, 1, 0),
+    (2, 1, 1, 0, 0),
 ]
 
 
@@ -203,8 +225,16 @@ POOLS = [  # kernel, stride, pad, ceil_mode, count_include_pad
 def test_average_pool_with_dynamic_batch_becomes_conv_with_torch_gradients(kernel, stride, pad, ceil, include):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
-    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
-                            pads=[pad] * 4, ceil_mode=ceil, count_include_pad=include)
+    node = helper.make_node(
+        "AveragePool",
+        ["x"],
+        ["y"],
+        kernel_shape=[kernel, kernel],
+        strides=[stride, stride],
+        pads=[pad] * 4,
+        ceil_mode=ceil,
+        count_include_pad=include,
+    )
     model = _model([node], [_vi("x", ["N", 3, 7, 6])], [_vi("y", None)])
     _assert_same_forward(model, average_pool_as_conv, {"x": x})
     xt = torch.from_numpy(x).requires_grad_()
@@ -226,10 +256,14 @@ def test_static_float_average_pool_is_left_to_onnxruntime():
 def test_max_pool_with_dynamic_spatial_dims_is_a_clear_error():
     w = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
     model = _model(
-        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-         helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
-         helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0)],
-        [_vi("x", ["N", 1, "H", "W"])], [_vi("loss", [])], [w],
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+            helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+            helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", ["N", 1, "H", "W"])],
+        [_vi("loss", [])],
+        [w],
     )
     with pytest.raises(GradientError, match=r"'pool' \(MaxPool\).*'c' of shape \['N', 2, .*static channel"):
         build_training_graphs(model, ["w"])
@@ -239,24 +273,42 @@ def test_max_pool_with_dynamic_spatial_dims_is_a_clear_error():
 
 # ------------------------------------------------------------------ ConvTranspose
 CONV_TRANSPOSE = [  # dims, kernel, stride, pad, output_padding, dilation, groups
-    (1, 3, 2, 1, 1, 1, 1), (1, 3, 2, 2, 1, 1, 2), (2, 3, 2, 1, 1, 1, 1), (2, 2, 3, 0, 2, 1, 2),
-    (2, 3, 1, 2, 0, 2, 1), (2, 3, 2, 3, 0, 1, 1), (2, 1, 1, 0, 0, 1, 4),
+    (1, 3, 2, 1, 1, 1, 1),
+    (1, 3, 2, 2, 1, 1, 2),
+    (2, 3, 2, 1, 1, 1, 1),
+    (2, 2, 3, 0, 2, 1, 2),
+    (2, 3, 1, 2, 0, 2, 1),
+    (2, 3, 2, 3, 0, 1, 1),
+    (2, 1, 1, 0, 0, 1, 4),
 ]
 
 
 @pytest.mark.parametrize(("dims", "kernel", "stride", "pad", "out_pad", "dilation", "groups"), CONV_TRANSPOSE)
-def test_conv_transpose_becomes_conv_with_torch_values_and_gradients(dims, kernel, stride, pad, out_pad, dilation,
-                                                                     groups):
+def test_conv_transpose_becomes_conv_with_torch_values_and_gradients(
+    dims, kernel, stride, pad, out_pad, dilation, groups
+):
     rng = np.random.default_rng(4)
     size = [5] * dims
     x = rng.standard_normal([2, 4, *size]).astype(np.float32)
     weight = rng.standard_normal([4, 6 // groups if groups != 4 else 1, *[kernel] * dims]).astype(np.float32)
     bias = rng.standard_normal(weight.shape[1] * groups).astype(np.float32)
-    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[kernel] * dims,
-                            strides=[stride] * dims, pads=[pad] * 2 * dims, output_padding=[out_pad] * dims,
-                            dilations=[dilation] * dims, group=groups)
-    model = _model([node], [_vi("x", ["N", 4, *size])], [_vi("y", None)],
-                   [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    node = helper.make_node(
+        "ConvTranspose",
+        ["x", "w", "b"],
+        ["y"],
+        kernel_shape=[kernel] * dims,
+        strides=[stride] * dims,
+        pads=[pad] * 2 * dims,
+        output_padding=[out_pad] * dims,
+        dilations=[dilation] * dims,
+        group=groups,
+    )
+    model = _model(
+        [node],
+        [_vi("x", ["N", 4, *size])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
     rewritten = _rewritten(model, conv_transpose_as_conv)
     fn = F.conv_transpose1d if dims == 1 else F.conv_transpose2d
     xt, wt, bt = (torch.from_numpy(a).requires_grad_() for a in (x, weight, bias))
@@ -272,16 +324,25 @@ def test_conv_transpose_becomes_conv_with_torch_values_and_gradients(dims, kerne
 def test_conv_transpose_with_output_shape_is_a_clear_error():
     weight = numpy_helper.from_array(np.ones((2, 2, 3, 3), np.float32), "w")
     node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2], output_shape=[9, 9])
-    model = _model([node, helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
-                   [_vi("x", [1, 2, 4, 4])], [_vi("loss", [])], [weight])
+    model = _model(
+        [node, helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
+        [_vi("x", [1, 2, 4, 4])],
+        [_vi("loss", [])],
+        [weight],
+    )
     with pytest.raises(GradientError, match=r"no CPU kernel for float for ConvTransposeGrad.*'up'.*output_shape"):
         build_training_graphs(model, ["w"])
 
 
 # ------------------------------------------------------------------ instance / group norm
-@pytest.mark.parametrize(("op", "groups", "opset"), [
-    ("InstanceNormalization", None, 17), ("GroupNormalization", 2, 21), ("GroupNormalization", 2, 18),
-])
+@pytest.mark.parametrize(
+    ("op", "groups", "opset"),
+    [
+        ("InstanceNormalization", None, 17),
+        ("GroupNormalization", 2, 21),
+        ("GroupNormalization", 2, 18),
+    ],
+)
 def test_group_norms_become_elementary_with_torch_values_and_gradients(op, groups, opset):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
@@ -290,9 +351,13 @@ def test_group_norms_become_elementary_with_torch_values_and_gradients(op, group
     scale = rng.uniform(0.5, 1.5, n_affine).astype(np.float32)
     bias = rng.standard_normal(n_affine).astype(np.float32)
     attrs = {"epsilon": 1e-3} | ({"num_groups": groups} if groups else {})
-    model = _model([helper.make_node(op, ["x", "scale", "bias"], ["y"], **attrs)], [_vi("x", ["N", 4, "H", 5])],
-                   [_vi("y", None)], [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(bias, "bias")],
-                   opset=opset)
+    model = _model(
+        [helper.make_node(op, ["x", "scale", "bias"], ["y"], **attrs)],
+        [_vi("x", ["N", 4, "H", 5])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(bias, "bias")],
+        opset=opset,
+    )
     rewritten = _rewritten(model, group_norm_as_elementary)
     xt, st, bt = (torch.from_numpy(a).requires_grad_() for a in (x, scale, bias))
     if per_group:  # opset-18 GroupNormalization: affine per group
@@ -303,21 +368,33 @@ def test_group_norms_become_elementary_with_torch_values_and_gradients(op, group
     np.testing.assert_allclose(_run(rewritten, {"x": x})[0], y.detach().numpy(), rtol=1e-5, atol=1e-5)
     weights = rng.standard_normal(x.shape).astype(np.float32)
     (y * torch.from_numpy(weights)).sum().backward()
-    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"scale": scale, "bias": bias},
-                          ["scale", "bias", "x"])
+    grads, _ = _gradients(
+        _with_loss(model, "y", weights), {"x": x}, {"scale": scale, "bias": bias}, ["scale", "bias", "x"]
+    )
     for name, tensor in (("scale", st), ("bias", bt), ("x", xt)):
         np.testing.assert_allclose(grads[name], tensor.grad.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 # ------------------------------------------------------------------ recurrent
-def _recurrent_model(op, direction, hidden=3, steps=4, bias=True, initial=True, peepholes=False,
-                     elem=TensorProto.FLOAT, dynamic_steps=False, **attrs):
+def _recurrent_model(
+    op,
+    direction,
+    hidden=3,
+    steps=4,
+    bias=True,
+    initial=True,
+    peepholes=False,
+    elem=TensorProto.FLOAT,
+    dynamic_steps=False,
+    **attrs,
+):
     rng = np.random.default_rng(6)
     dirs = 2 if direction == "bidirectional" else 1
     gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
     dtype = helper.tensor_dtype_to_np_dtype(elem)
     arrays = {
-        "W": rng.standard_normal((dirs, gates * hidden, 2)), "R": rng.standard_normal((dirs, gates * hidden, hidden)),
+        "W": rng.standard_normal((dirs, gates * hidden, 2)),
+        "R": rng.standard_normal((dirs, gates * hidden, hidden)),
         "B": rng.standard_normal((dirs, 2 * gates * hidden)) if bias else None,
         "h0": rng.standard_normal((dirs, 2, hidden)) if initial else None,
         "c0": rng.standard_normal((dirs, 2, hidden)) if initial and op == "LSTM" else None,
@@ -329,15 +406,21 @@ def _recurrent_model(op, direction, hidden=3, steps=4, bias=True, initial=True, 
         inputs += ["c0" if initial else "", "P" if peepholes else ""]
     outputs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
     node = helper.make_node(op, inputs, outputs, hidden_size=hidden, direction=direction, **attrs)
-    model = _model([node], [_vi("x", ["T" if dynamic_steps else steps, "N", 2], elem)],
-                   [_vi(o, None, elem) for o in outputs], inits)
+    model = _model(
+        [node],
+        [_vi("x", ["T" if dynamic_steps else steps, "N", 2], elem)],
+        [_vi(o, None, elem) for o in outputs],
+        inits,
+    )
     x = rng.standard_normal((steps, 2, 2)).astype(dtype)
     return model, x
 
 
 RECURRENT = [
-    ("GRU", "bidirectional", {"linear_before_reset": 1}), ("GRU", "reverse", {}),
-    ("LSTM", "bidirectional", {}), ("LSTM", "reverse", {"peepholes": True}),
+    ("GRU", "bidirectional", {"linear_before_reset": 1}),
+    ("GRU", "reverse", {}),
+    ("LSTM", "bidirectional", {}),
+    ("LSTM", "reverse", {"peepholes": True}),
     ("RNN", "bidirectional", {"activations": ["Relu", "Tanh"]}),
     ("GRU", "bidirectional", {"dynamic_steps": True}),
 ]
@@ -356,10 +439,13 @@ def _direction(node):
 
 
 UNROLLED = [
-    ("RNN", {}), ("RNN", {"activations": ["Relu"], "bias": False, "initial": False}),
-    ("GRU", {"linear_before_reset": 1, "elem": TensorProto.DOUBLE}), ("GRU", {"elem": TensorProto.DOUBLE}),
+    ("RNN", {}),
+    ("RNN", {"activations": ["Relu"], "bias": False, "initial": False}),
+    ("GRU", {"linear_before_reset": 1, "elem": TensorProto.DOUBLE}),
+    ("GRU", {"elem": TensorProto.DOUBLE}),
     ("GRU", {"initial": False, "bias": False, "elem": TensorProto.DOUBLE}),
-    ("LSTM", {"peepholes": True, "elem": TensorProto.DOUBLE}), ("LSTM", {"initial": False, "elem": TensorProto.DOUBLE}),
+    ("LSTM", {"peepholes": True, "elem": TensorProto.DOUBLE}),
+    ("LSTM", {"initial": False, "elem": TensorProto.DOUBLE}),
 ]
 
 
@@ -389,20 +475,29 @@ def test_rnn_gradient_matches_torch_after_unrolling():
     def stack(kind):
         return np.stack([params[f"{kind}_l0"], params[f"{kind}_l0_reverse"]])
 
-    inits = [numpy_helper.from_array(stack("weight_ih"), "W"), numpy_helper.from_array(stack("weight_hh"), "R"),
-             numpy_helper.from_array(np.concatenate([stack("bias_ih"), stack("bias_hh")], axis=1), "B")]
+    inits = [
+        numpy_helper.from_array(stack("weight_ih"), "W"),
+        numpy_helper.from_array(stack("weight_hh"), "R"),
+        numpy_helper.from_array(np.concatenate([stack("bias_ih"), stack("bias_hh")], axis=1), "B"),
+    ]
     node = helper.make_node("RNN", ["x", "W", "R", "B"], ["y"], hidden_size=3, direction="bidirectional")
     model = _model([node], [_vi("x", [4, "N", 2])], [_vi("y", None)], inits)
     y, _ = rnn(torch.from_numpy(x))  # [T, B, 2H]; ONNX: [T, 2, B, H]
     weights = np.random.default_rng(8).standard_normal((4, 2, 2, 3)).astype(np.float32)
     (y.reshape(4, 2, 2, 3).transpose(1, 2) * torch.from_numpy(weights)).sum().backward()
-    grads, graphs = _gradients(_with_loss(model, "y", weights), {"x": x},
-                               {i.name: numpy_helper.to_array(i) for i in inits}, ["W", "R", "B"])
+    grads, graphs = _gradients(
+        _with_loss(model, "y", weights), {"x": x}, {i.name: numpy_helper.to_array(i) for i in inits}, ["W", "R", "B"]
+    )
     assert graphs.rewrites["recurrent_as_elementary"] == 2
     expected_w = np.stack([rnn.weight_ih_l0.grad.numpy(), rnn.weight_ih_l0_reverse.grad.numpy()])
     np.testing.assert_allclose(grads["W"], expected_w, rtol=RTOL, atol=ATOL)
-    expected_b = np.concatenate([np.stack([rnn.bias_ih_l0.grad, rnn.bias_ih_l0_reverse.grad]),
-                                 np.stack([rnn.bias_hh_l0.grad, rnn.bias_hh_l0_reverse.grad])], axis=1)
+    expected_b = np.concatenate(
+        [
+            np.stack([rnn.bias_ih_l0.grad, rnn.bias_ih_l0_reverse.grad]),
+            np.stack([rnn.bias_hh_l0.grad, rnn.bias_hh_l0_reverse.grad]),
+        ],
+        axis=1,
+    )
     np.testing.assert_allclose(grads["B"], expected_b, rtol=RTOL, atol=ATOL)
 
 
@@ -412,9 +507,15 @@ def test_double_loss_of_float_parameters_gets_a_float_seed():
     w = rng.standard_normal((3, 2)).astype(np.float32)
     x = rng.standard_normal((4, 3)).astype(np.float32)
     model = _model(
-        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Cast", ["y"], ["y64"], to=TensorProto.DOUBLE),
-         helper.make_node("Mul", ["y64", "y64"], ["sq"]), helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)],
-        [_vi("x", ["N", 3])], [_vi("loss", [], TensorProto.DOUBLE)], [numpy_helper.from_array(w, "w")],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("Cast", ["y"], ["y64"], to=TensorProto.DOUBLE),
+            helper.make_node("Mul", ["y64", "y64"], ["sq"]),
+            helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+        ],
+        [_vi("x", ["N", 3])],
+        [_vi("loss", [], TensorProto.DOUBLE)],
+        [numpy_helper.from_array(w, "w")],
     )
     grads, graphs = _gradients(model, {"x": x}, {"w": w}, ["w"])
     np.testing.assert_allclose(grads["w"], 2 * x.T @ (x @ w), rtol=1e-5)
@@ -423,26 +524,45 @@ def test_double_loss_of_float_parameters_gets_a_float_seed():
 
 
 def test_double_trainable_parameters_are_a_clear_type_error():
-    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"])],
-                   [_vi("x", ["N", 3], TensorProto.DOUBLE)], [_vi("loss", [1], TensorProto.DOUBLE)],
-                   [numpy_helper.from_array(np.ones((3, 2)), "w")])
+    model = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"])],
+        [_vi("x", ["N", 3], TensorProto.DOUBLE)],
+        [_vi("loss", [1], TensorProto.DOUBLE)],
+        [numpy_helper.from_array(np.ones((3, 2)), "w")],
+    )
     with pytest.raises(TypeError, match=r"'w' are double.*InPlaceAccumulatorV2.*float32"):
         build_training_graphs(model, ["w"])
 
 
 def test_unknown_name_error_mentions_tied_parameters():
-    model = _model([helper.make_node("MatMul", ["x", "lm_head.weight"], ["y"])], [_vi("x", ["N", 3])],
-                   [_vi("y", None)], [numpy_helper.from_array(np.ones((3, 2), np.float32), "lm_head.weight")])
+    model = _model(
+        [helper.make_node("MatMul", ["x", "lm_head.weight"], ["y"])],
+        [_vi("x", ["N", 3])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(np.ones((3, 2), np.float32), "lm_head.weight")],
+    )
     with pytest.raises(UnknownNameError, match="tied weights"):
         partition_parameters(model.graph, ["wte.weight"], [])
 
 
 def test_every_new_pass_leaves_an_unrelated_model_alone():
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 3])], [_vi("y", None)])
-    passes = [activations_as_elementary, average_pool_as_conv, border_pad_as_gather, conv_transpose_as_conv,
-              expose_dropout_mask, group_norm_as_elementary, layer_norm_zero_bias, negative_step_slice_as_gather,
-              recurrent_as_elementary, recurrent_directions_as_forward, reduce_extremum_as_topk, resize_as_matmul,
-              cumsum_as_matmul, depth_to_space_as_reshape]
+    passes = [
+        activations_as_elementary,
+        average_pool_as_conv,
+        border_pad_as_gather,
+        conv_transpose_as_conv,
+        expose_dropout_mask,
+        group_norm_as_elementary,
+        layer_norm_zero_bias,
+        negative_step_slice_as_gather,
+        recurrent_as_elementary,
+        recurrent_directions_as_forward,
+        reduce_extremum_as_topk,
+        resize_as_matmul,
+        cumsum_as_matmul,
+        depth_to_space_as_reshape,
+    ]
     for rewrite, _ in itertools.product(passes, [0]):
         before = model.SerializeToString()
         assert rewrite(model) == 0
@@ -463,10 +583,14 @@ def test_chained_layer_norms_with_constant_or_shared_scale_and_bias_match_torch(
     arrays = {"w": w, "s1": s1, "b1": b1} | ({"s2": s2, "b2": b2} if variant == "constants" else {})
     second = ["s2", "b2"] if variant == "constants" else ["s1", "b1"]
     model = _model(
-        [helper.make_node("MatMul", ["x", "w"], ["h0"]),
-         helper.make_node("LayerNormalization", ["h0", "s1", "b1"], ["h"], epsilon=1e-5),
-         helper.make_node("LayerNormalization", ["h", *second], ["y"], epsilon=1e-5)],
-        [_vi("x", ["N", 6])], [_vi("y", ["N", 6])], [numpy_helper.from_array(a, n) for n, a in arrays.items()],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h0"]),
+            helper.make_node("LayerNormalization", ["h0", "s1", "b1"], ["h"], epsilon=1e-5),
+            helper.make_node("LayerNormalization", ["h", *second], ["y"], epsilon=1e-5),
+        ],
+        [_vi("x", ["N", 6])],
+        [_vi("y", ["N", 6])],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()],
     )
     weights = rng.standard_normal(x.shape).astype(np.float32)
     wrt = ["w", "s1"] if variant == "shared_one_trainable" else ["w"]
@@ -496,10 +620,16 @@ SLICES = [(-1, -(2**63), -1, 3), (4, 0, -2, 2), (-2, -5, -1, -1), (10, -100, -3,
 def test_negative_step_slice_becomes_gather_with_numpy_gradients(start, end, step, axis, dynamic):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
-    inits = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in
-             (("s", start), ("e", end), ("a", axis), ("st", step))]
-    model = _model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
-                   [_vi("x", ["N", 3, "H" if dynamic else 5, "W" if dynamic else 6])], [_vi("y", None)], inits)
+    inits = [
+        numpy_helper.from_array(np.array([v], np.int64), n)
+        for n, v in (("s", start), ("e", end), ("a", axis), ("st", step))
+    ]
+    model = _model(
+        [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+        [_vi("x", ["N", 3, "H" if dynamic else 5, "W" if dynamic else 6])],
+        [_vi("y", None)],
+        inits,
+    )
     _assert_same_forward(model, negative_step_slice_as_gather, {"x": x})
     index = [slice(None)] * 4
     index[axis] = slice(start, end, step)
@@ -517,9 +647,13 @@ def test_border_pad_becomes_gather_with_torch_values_and_gradients(mode, torch_m
     rng = np.random.default_rng(12)
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
     pads = [0, 0, 1, 2, 0, 0, 2, 1]
-    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)],
-                   [_vi("x", ["N", 3, "H" if dynamic else 5, 6])], [_vi("y", None)],
-                   [numpy_helper.from_array(np.array(pads, np.int64), "p")], opset=19)
+    model = _model(
+        [helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)],
+        [_vi("x", ["N", 3, "H" if dynamic else 5, 6])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(np.array(pads, np.int64), "p")],
+        opset=19,
+    )
     rewritten = _rewritten(model, border_pad_as_gather)
     xt = torch.from_numpy(x).requires_grad_()
     y = F.pad(xt, [pads[3], pads[7], pads[2], pads[6]], mode=torch_mode)
@@ -531,22 +665,38 @@ def test_border_pad_becomes_gather_with_torch_values_and_gradients(mode, torch_m
 
 
 # ------------------------------------------------------------------ Resize, ReduceMax / ReduceMin
-@pytest.mark.parametrize(("mode", "torch_mode", "transform", "scale"), [
-    ("nearest", "nearest", "asymmetric", 2.0), ("linear", "bilinear", "pytorch_half_pixel", 2.0),
-    ("linear", "bilinear", "align_corners", 1.5), ("cubic", "bicubic", "half_pixel", 2.0),
-])
+@pytest.mark.parametrize(
+    ("mode", "torch_mode", "transform", "scale"),
+    [
+        ("nearest", "nearest", "asymmetric", 2.0),
+        ("linear", "bilinear", "pytorch_half_pixel", 2.0),
+        ("linear", "bilinear", "align_corners", 1.5),
+        ("cubic", "bicubic", "half_pixel", 2.0),
+    ],
+)
 def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(mode, torch_mode, transform, scale):
     rng = np.random.default_rng(13)
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
     attrs = {"mode": mode, "coordinate_transformation_mode": transform} | (
-        {"nearest_mode": "floor"} if mode == "nearest" else {"cubic_coeff_a": -0.75} if mode == "cubic" else {})
-    model = _model([helper.make_node("Resize", ["x", "roi", "scales"], ["y"], **attrs)], [_vi("x", ["N", 3, 5, 6])],
-                   [_vi("y", None)], [numpy_helper.from_array(np.array([], np.float32), "roi"),
-                                      numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales")])
+        {"nearest_mode": "floor"} if mode == "nearest" else {"cubic_coeff_a": -0.75} if mode == "cubic" else {}
+    )
+    model = _model(
+        [helper.make_node("Resize", ["x", "roi", "scales"], ["y"], **attrs)],
+        [_vi("x", ["N", 3, 5, 6])],
+        [_vi("y", None)],
+        [
+            numpy_helper.from_array(np.array([], np.float32), "roi"),
+            numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales"),
+        ],
+    )
     _assert_same_forward(model, resize_as_matmul, {"x": x})
     xt = torch.from_numpy(x).requires_grad_()
-    y = F.interpolate(xt, scale_factor=scale, mode=torch_mode,
-                      **({"align_corners": transform == "align_corners"} if mode != "nearest" else {}))
+    y = F.interpolate(
+        xt,
+        scale_factor=scale,
+        mode=torch_mode,
+        **({"align_corners": transform == "align_corners"} if mode != "nearest" else {}),
+    )
     weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)
     (y * torch.from_numpy(weights)).sum().backward()
     grads, graphs = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
@@ -556,9 +706,15 @@ def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(mode,
 
 
 @pytest.mark.parametrize("opset", [17, 18])
-@pytest.mark.parametrize(("op", "axes", "keepdims"), [
-    ("ReduceMax", [1], 0), ("ReduceMax", [-1], 1), ("ReduceMin", [1, 3], 1), ("ReduceMax", [], 0),
-])
+@pytest.mark.parametrize(
+    ("op", "axes", "keepdims"),
+    [
+        ("ReduceMax", [1], 0),
+        ("ReduceMax", [-1], 1),
+        ("ReduceMin", [1, 3], 1),
+        ("ReduceMax", [], 0),
+    ],
+)
 def test_reduce_max_and_min_become_topk_with_torch_gradients(op, axes, keepdims, opset):
     rng = np.random.default_rng(14)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
@@ -583,9 +739,12 @@ def test_reduce_max_and_min_become_topk_with_torch_gradients(op, axes, keepdims,
 def test_cumsum_becomes_matmul_with_torch_gradients(axis, exclusive, reverse):
     rng = np.random.default_rng(15)
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
-    model = _model([helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
-                   [_vi("x", ["N", 3, 4])], [_vi("y", None)],
-                   [numpy_helper.from_array(np.array(axis, np.int64), "axis")])
+    model = _model(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
+        [_vi("x", ["N", 3, 4])],
+        [_vi("y", None)],
+        [numpy_helper.from_array(np.array(axis, np.int64), "axis")],
+    )
     _assert_same_forward(model, cumsum_as_matmul, {"x": x})
     xt = torch.from_numpy(x).requires_grad_()
     y = torch.flip(torch.cumsum(torch.flip(xt, [axis]), axis), [axis]) if reverse else torch.cumsum(xt, axis)

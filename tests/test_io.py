@@ -21,15 +21,19 @@ def mlp(seed: int = 0) -> onnx.ModelProto:
     """``y = relu(x @ W1 + b1) @ W2 + b2`` with two large and two small initializers."""
     rng = np.random.default_rng(seed)
     inits = {
-        "W1": rng.standard_normal((16, 64)).astype(np.float32),   # 4 KiB
-        "b1": rng.standard_normal(64).astype(np.float32),         # 256 B
-        "W2": rng.standard_normal((64, 8)).astype(np.float32),    # 2 KiB
-        "b2": rng.standard_normal(8).astype(np.float32),          # 32 B
+        "W1": rng.standard_normal((16, 64)).astype(np.float32),  # 4 KiB
+        "b1": rng.standard_normal(64).astype(np.float32),  # 256 B
+        "W2": rng.standard_normal((64, 8)).astype(np.float32),  # 2 KiB
+        "b2": rng.standard_normal(8).astype(np.float32),  # 32 B
     }
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h1"]),
-         helper.make_node("Relu", ["h1"], ["h2"]), helper.make_node("MatMul", ["h2", "W2"], ["y0"]),
-         helper.make_node("Add", ["y0", "b2"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"]),
+            helper.make_node("Add", ["h", "b1"], ["h1"]),
+            helper.make_node("Relu", ["h1"], ["h2"]),
+            helper.make_node("MatMul", ["h2", "W2"], ["y0"]),
+            helper.make_node("Add", ["y0", "b2"], ["y"]),
+        ],
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
@@ -121,8 +125,9 @@ def test_existing_external_data_is_copied_with_base_dir(tmp_path):
     np.testing.assert_array_equal(run_file(tmp_path / "copy.onnx", {"x": X})[0], run_reference(mlp()))
 
 
-@pytest.mark.parametrize(("threshold", "external"), [(0, {"W1", "b1", "W2", "b2"}), (1024, {"W1", "W2"}),
-                                                     (10**9, set())])
+@pytest.mark.parametrize(
+    ("threshold", "external"), [(0, {"W1", "b1", "W2", "b2"}), (1024, {"W1", "W2"}), (10**9, set())]
+)
 def test_threshold_for_inline_initializers(tmp_path, threshold, external):
     save_model(mlp(), tmp_path / "m.onnx", external_data_threshold=threshold)
     saved = initializers(tmp_path / "m.onnx")
@@ -167,8 +172,10 @@ def test_failed_save_leaves_old_files_and_no_temps(tmp_path):
     save_model(mlp(), tmp_path / "m.onnx")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     acc = build_scaled(mlp())
-    weights = {n: Broken(n, acc.weights.source(n).data_type, acc.weights.source(n).dims,
-                         tensor=acc.weights.source(n).tensor) for n in acc.weights}
+    weights = {
+        n: Broken(n, acc.weights.source(n).data_type, acc.weights.source(n).dims, tensor=acc.weights.source(n).tensor)
+        for n in acc.weights
+    }
     with pytest.raises(OSError, match="read error"):
         save_model(acc.working_model, tmp_path / "m.onnx", weights)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
@@ -201,8 +208,10 @@ def test_errors(tmp_path):
             save_model(mlp(), tmp_path / "m.onnx", location=location)
     with pytest.raises(ValueError, match="is the model file itself"):
         save_model(mlp(), tmp_path / "m.onnx", location="m.onnx")
-    wrong = {n: TensorSource(n, TensorProto.FLOAT, (1,), tensor=numpy_helper.from_array(np.zeros(1, np.float32)))
-             for n in acc.weights}
+    wrong = {
+        n: TensorSource(n, TensorProto.FLOAT, (1,), tensor=numpy_helper.from_array(np.zeros(1, np.float32)))
+        for n in acc.weights
+    }
     with pytest.raises(ValueError, match=r"weights for 'W1' are float\[1\] but the model's stub is float\[16, 64\]"):
         save_model(acc.working_model, tmp_path / "m.onnx", wrong)
     with pytest.raises(ValueError, match="external_data_threshold"):

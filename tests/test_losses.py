@@ -50,46 +50,103 @@ def _cases() -> list[Case]:
     for reduction in reductions:
         for name, kw in [("MSELoss", {}), ("L1Loss", {})]:
             opts = {"reduction": reduction, **kw}
-            cases.append(Case(_opts_id(name, opts), lambda n=name, o=opts: getattr(losses, n)(**o),
-                              lambda n=name, o=opts: getattr(torch.nn, n)(**o), "regression", (4, 3, 2)))
+            cases.append(
+                Case(
+                    _opts_id(name, opts),
+                    lambda n=name, o=opts: getattr(losses, n)(**o),
+                    lambda n=name, o=opts: getattr(torch.nn, n)(**o),
+                    "regression",
+                    (4, 3, 2),
+                )
+            )
         for delta in (1.0, 0.5, 2.0):
             opts = {"reduction": reduction, "delta": delta}
-            cases.append(Case(_opts_id("HuberLoss", opts), lambda o=opts: losses.HuberLoss(**o),
-                              lambda o=opts: torch.nn.HuberLoss(**o), "regression", (4, 3, 2)))
+            cases.append(
+                Case(
+                    _opts_id("HuberLoss", opts),
+                    lambda o=opts: losses.HuberLoss(**o),
+                    lambda o=opts: torch.nn.HuberLoss(**o),
+                    "regression",
+                    (4, 3, 2),
+                )
+            )
         for beta in (1.0, 0.3, 0.0):
             opts = {"reduction": reduction, "beta": beta}
-            cases.append(Case(_opts_id("SmoothL1Loss", opts), lambda o=opts: losses.SmoothL1Loss(**o),
-                              lambda o=opts: torch.nn.SmoothL1Loss(**o), "regression", (4, 3, 2)))
+            cases.append(
+                Case(
+                    _opts_id("SmoothL1Loss", opts),
+                    lambda o=opts: losses.SmoothL1Loss(**o),
+                    lambda o=opts: torch.nn.SmoothL1Loss(**o),
+                    "regression",
+                    (4, 3, 2),
+                )
+            )
         for weight, pos_weight in itertools.product((None, CLASS_WEIGHT), (None, [1.5, 0.5, 3.0, 1.0, 2.0])):
             opts = {"reduction": reduction, "weight": weight, "pos_weight": pos_weight}
-            cases.append(Case(
-                _opts_id("BCEWithLogitsLoss", opts), lambda o=opts: losses.BCEWithLogitsLoss(**o),
-                lambda o=opts: torch.nn.BCEWithLogitsLoss(
-                    **{k: v if k == "reduction" else _tensor_or_none(v) for k, v in o.items()}),
-                "probability", (3, 2, C)))
+            cases.append(
+                Case(
+                    _opts_id("BCEWithLogitsLoss", opts),
+                    lambda o=opts: losses.BCEWithLogitsLoss(**o),
+                    lambda o=opts: torch.nn.BCEWithLogitsLoss(
+                        **{k: v if k == "reduction" else _tensor_or_none(v) for k, v in o.items()}
+                    ),
+                    "probability",
+                    (3, 2, C),
+                )
+            )
     for reduction, log_target in itertools.product(("mean", "sum", "none", "batchmean"), (False, True)):
         opts = {"reduction": reduction, "log_target": log_target}
-        cases.append(Case(_opts_id("KLDivLoss", opts), lambda o=opts: losses.KLDivLoss(**o),
-                          lambda o=opts: torch.nn.KLDivLoss(**o), "log_prob", (4, C)))
+        cases.append(
+            Case(
+                _opts_id("KLDivLoss", opts),
+                lambda o=opts: losses.KLDivLoss(**o),
+                lambda o=opts: torch.nn.KLDivLoss(**o),
+                "log_prob",
+                (4, C),
+            )
+        )
     layouts = [("NC", (6, C), 1), ("NCd1d2", (3, C, 2, 3), 1), ("BTV", (2, 3, C), -1)]
     for (layout, shape, axis), reduction, weight, ignore_index in itertools.product(
         layouts, reductions, (None, CLASS_WEIGHT), (None, 1)
     ):
         for smoothing in (0.0, 0.2):
-            opts = {"reduction": reduction, "weight": weight, "ignore_index": ignore_index,
-                    "label_smoothing": smoothing}
-            torch_opts = {**opts, "ignore_index": -100 if ignore_index is None else ignore_index,
-                          "weight": _tensor_or_none(weight)}
-            cases.append(Case(
-                _opts_id(f"CrossEntropyLoss-{layout}", opts),
-                lambda o=opts, a=axis: losses.CrossEntropyLoss(**o, class_axis=a),
-                lambda o=torch_opts: torch.nn.CrossEntropyLoss(**o), "classes", shape, axis))
+            opts = {
+                "reduction": reduction,
+                "weight": weight,
+                "ignore_index": ignore_index,
+                "label_smoothing": smoothing,
+            }
+            torch_opts = {
+                **opts,
+                "ignore_index": -100 if ignore_index is None else ignore_index,
+                "weight": _tensor_or_none(weight),
+            }
+            cases.append(
+                Case(
+                    _opts_id(f"CrossEntropyLoss-{layout}", opts),
+                    lambda o=opts, a=axis: losses.CrossEntropyLoss(**o, class_axis=a),
+                    lambda o=torch_opts: torch.nn.CrossEntropyLoss(**o),
+                    "classes",
+                    shape,
+                    axis,
+                )
+            )
         opts = {"reduction": reduction, "weight": weight, "ignore_index": ignore_index}
-        torch_opts = {**opts, "ignore_index": -100 if ignore_index is None else ignore_index,
-                      "weight": _tensor_or_none(weight)}
-        cases.append(Case(
-            _opts_id(f"NLLLoss-{layout}", opts), lambda o=opts, a=axis: losses.NLLLoss(**o, class_axis=a),
-            lambda o=torch_opts: torch.nn.NLLLoss(**o), "classes_log_prob", shape, axis))
+        torch_opts = {
+            **opts,
+            "ignore_index": -100 if ignore_index is None else ignore_index,
+            "weight": _tensor_or_none(weight),
+        }
+        cases.append(
+            Case(
+                _opts_id(f"NLLLoss-{layout}", opts),
+                lambda o=opts, a=axis: losses.NLLLoss(**o, class_axis=a),
+                lambda o=torch_opts: torch.nn.NLLLoss(**o),
+                "classes_log_prob",
+                shape,
+                axis,
+            )
+        )
     return cases
 
 
@@ -119,7 +176,7 @@ def _data(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]
             p = np.log(p + 0.1).astype(np.float32)
         return log_q, p
     axis = case.class_axis % len(case.shape)
-    labels_shape = case.shape[:axis] + case.shape[axis + 1:]
+    labels_shape = case.shape[:axis] + case.shape[axis + 1 :]
     labels = rng.integers(0, case.shape[axis], labels_shape).astype(np.int64)
     labels.flat[0] = 1  # at least one label hits ignore_index=1
     if case.kind == "classes_log_prob":
@@ -175,15 +232,17 @@ def test_cross_entropy_probability_labels(reduction, weight, smoothing, layout) 
     with onnxblocks.empty_base() as acc:
         acc.add_input("x", TensorProto.FLOAT, list(shape))
         acc.add_input("probs", TensorProto.FLOAT, list(shape))
-        out = losses.CrossEntropyLoss(weight=weight, reduction=reduction, label_smoothing=smoothing,
-                                      class_axis=axis)("x", "probs")
+        out = losses.CrossEntropyLoss(weight=weight, reduction=reduction, label_smoothing=smoothing, class_axis=axis)(
+            "x", "probs"
+        )
         acc.set_outputs([out])
     (got,) = run_model(acc.finish(), {"x": x, "probs": p})
     tx, tp = torch.from_numpy(x), torch.from_numpy(p)
     if axis == -1:
         tx, tp = tx.movedim(-1, 1), tp.movedim(-1, 1)
-    expected = torch.nn.CrossEntropyLoss(weight=_tensor_or_none(weight), reduction=reduction,
-                                         label_smoothing=smoothing)(tx, tp).numpy()
+    expected = torch.nn.CrossEntropyLoss(
+        weight=_tensor_or_none(weight), reduction=reduction, label_smoothing=smoothing
+    )(tx, tp).numpy()
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
 
 
@@ -198,8 +257,9 @@ def test_cross_entropy_symbolic_class_dim_and_middle_axis() -> None:
         acc.set_outputs([out])
         assert acc.shape_of("labels") == ["B", "T", 4]
     (got,) = run_model(acc.finish(), {"x": x, "labels": labels})
-    expected = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(torch.from_numpy(x).movedim(2, 1),
-                                                              torch.from_numpy(labels))
+    expected = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(
+        torch.from_numpy(x).movedim(2, 1), torch.from_numpy(labels)
+    )
     np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
 
 
@@ -213,22 +273,35 @@ def test_cross_entropy_unbatched_scores() -> None:
 
 
 SYMBOLIC_CASES = [
-    ("KLDiv-batchmean", lambda: losses.KLDivLoss(reduction="batchmean"),
-     lambda: torch.nn.KLDivLoss(reduction="batchmean"), "log_prob", 1),
-    ("CE-fused-class-last", lambda: losses.CrossEntropyLoss(class_axis=-1, reduction="none"),
-     lambda: torch.nn.CrossEntropyLoss(reduction="none"), "classes", -1),
-    ("CE-smoothing-class-last",
-     lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.1, class_axis=-1),
-     lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.1),
-     "classes", -1),
-    ("NLL", lambda: losses.NLLLoss(ignore_index=1), lambda: torch.nn.NLLLoss(ignore_index=1),
-     "classes_log_prob", 1),
+    (
+        "KLDiv-batchmean",
+        lambda: losses.KLDivLoss(reduction="batchmean"),
+        lambda: torch.nn.KLDivLoss(reduction="batchmean"),
+        "log_prob",
+        1,
+    ),
+    (
+        "CE-fused-class-last",
+        lambda: losses.CrossEntropyLoss(class_axis=-1, reduction="none"),
+        lambda: torch.nn.CrossEntropyLoss(reduction="none"),
+        "classes",
+        -1,
+    ),
+    (
+        "CE-smoothing-class-last",
+        lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.1, class_axis=-1),
+        lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.1),
+        "classes",
+        -1,
+    ),
+    ("NLL", lambda: losses.NLLLoss(ignore_index=1), lambda: torch.nn.NLLLoss(ignore_index=1), "classes_log_prob", 1),
 ]
 
 
 @pytest.mark.parametrize("rank_known", [True, False], ids=["symbolic-dims", "unknown-rank"])
-@pytest.mark.parametrize(("make", "torch_make", "kind", "axis"), [c[1:] for c in SYMBOLIC_CASES],
-                         ids=[c[0] for c in SYMBOLIC_CASES])
+@pytest.mark.parametrize(
+    ("make", "torch_make", "kind", "axis"), [c[1:] for c in SYMBOLIC_CASES], ids=[c[0] for c in SYMBOLIC_CASES]
+)
 def test_symbolic_and_unknown_shapes(make, torch_make, kind, axis, rank_known) -> None:
     """Sizes known only at run time (batch, classes, even the rank of the scores) are computed in the graph."""
     shape = (2, 3, C) if axis == -1 else (4, C)
@@ -237,14 +310,14 @@ def test_symbolic_and_unknown_shapes(make, torch_make, kind, axis, rank_known) -
     name = _target_name(case)
     feeds = {"x": x, name: target}
     with onnxblocks.empty_base() as acc:
-        acc.add_input("x", TensorProto.FLOAT, ["d0", "d1", "d2"][:len(shape)])
+        acc.add_input("x", TensorProto.FLOAT, ["d0", "d1", "d2"][: len(shape)])
         scores = "x"
         if not rank_known:  # Reshape to a shape given at run time: inference cannot know the rank
             acc.add_input("new_shape", TensorProto.INT64, ["rank"])
             scores = acc.op("Reshape", ["x", "new_shape"])
             assert acc.shape_of(scores) is None
             elem = TensorProto.FLOAT if name == "target" else TensorProto.INT64
-            acc.add_input(name, elem, ["t0", "t1", "t2"][:target.ndim])
+            acc.add_input(name, elem, ["t0", "t1", "t2"][: target.ndim])
             feeds["new_shape"] = np.array(shape, dtype=np.int64)
         out = make()(scores)
         acc.set_outputs([out])
@@ -263,19 +336,31 @@ def test_cannot_derive_target_of_unknown_rank(loss_cls) -> None:
 
 
 DOUBLE_CASES = [
-    ("BCEWithLogitsLoss", lambda: losses.BCEWithLogitsLoss(pos_weight=[2.0] * C),
-     lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.full((C,), 2.0, dtype=torch.float64)), "probability"),
+    (
+        "BCEWithLogitsLoss",
+        lambda: losses.BCEWithLogitsLoss(pos_weight=[2.0] * C),
+        lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.full((C,), 2.0, dtype=torch.float64)),
+        "probability",
+    ),
     ("HuberLoss", lambda: losses.HuberLoss(delta=0.5), lambda: torch.nn.HuberLoss(delta=0.5), "regression"),
-    ("KLDivLoss", lambda: losses.KLDivLoss(reduction="batchmean"),
-     lambda: torch.nn.KLDivLoss(reduction="batchmean"), "log_prob"),
-    ("CrossEntropyLoss", lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, label_smoothing=0.1),
-     lambda: torch.nn.CrossEntropyLoss(weight=torch.tensor(CLASS_WEIGHT, dtype=torch.float64),
-                                       label_smoothing=0.1), "classes"),
+    (
+        "KLDivLoss",
+        lambda: losses.KLDivLoss(reduction="batchmean"),
+        lambda: torch.nn.KLDivLoss(reduction="batchmean"),
+        "log_prob",
+    ),
+    (
+        "CrossEntropyLoss",
+        lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, label_smoothing=0.1),
+        lambda: torch.nn.CrossEntropyLoss(weight=torch.tensor(CLASS_WEIGHT, dtype=torch.float64), label_smoothing=0.1),
+        "classes",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("make", "torch_make", "kind"), [c[1:] for c in DOUBLE_CASES],
-                         ids=[c[0] for c in DOUBLE_CASES])
+@pytest.mark.parametrize(
+    ("make", "torch_make", "kind"), [c[1:] for c in DOUBLE_CASES], ids=[c[0] for c in DOUBLE_CASES]
+)
 def test_double_precision(make, torch_make, kind) -> None:
     """Constants (weights, 0.5, 1 ...) take the input's dtype, so float64 models stay float64."""
     case = Case("double", make, torch_make, kind, (4, C))
@@ -307,8 +392,14 @@ def test_weighted_sum_of_two_losses_in_one_line() -> None:
 
 
 # ------------------------------------------------------------------ inputs
-TARGET_LOSSES = [losses.MSELoss, losses.L1Loss, losses.HuberLoss, losses.SmoothL1Loss, losses.BCEWithLogitsLoss,
-                 losses.KLDivLoss]
+TARGET_LOSSES = [
+    losses.MSELoss,
+    losses.L1Loss,
+    losses.HuberLoss,
+    losses.SmoothL1Loss,
+    losses.BCEWithLogitsLoss,
+    losses.KLDivLoss,
+]
 CLASS_LOSSES = [losses.CrossEntropyLoss, losses.NLLLoss]
 
 
@@ -331,11 +422,14 @@ def test_default_target_input(loss_cls) -> None:
 
 
 @pytest.mark.parametrize("loss_cls", CLASS_LOSSES)
-@pytest.mark.parametrize(("shape", "axis", "labels_shape"), [
-    (["N", C], 1, ["N"]),
-    (["N", C, "H", 7], 1, ["N", "H", 7]),
-    (["B", "T", 50], -1, ["B", "T"]),
-])
+@pytest.mark.parametrize(
+    ("shape", "axis", "labels_shape"),
+    [
+        (["N", C], 1, ["N"]),
+        (["N", C, "H", 7], 1, ["N", "H", 7]),
+        (["B", "T", 50], -1, ["B", "T"]),
+    ],
+)
 def test_default_labels_input(loss_cls, shape, axis, labels_shape) -> None:
     with onnxblocks.empty_base() as acc:
         acc.add_input("y", TensorProto.FLOAT, shape)
@@ -363,7 +457,7 @@ def test_existing_input_is_reused(loss_cls) -> None:
     y, z = rng.standard_normal((2, 3, C)).astype(np.float32)
     if loss_cls in (losses.NLLLoss, losses.KLDivLoss):
         y, z = (torch.log_softmax(torch.from_numpy(v), 1).numpy() for v in (y, z))
-    target = (rng.integers(0, C, 3) if is_class else rng.uniform(0, 1, (3, C)).astype(np.float32))
+    target = rng.integers(0, C, 3) if is_class else rng.uniform(0, 1, (3, C)).astype(np.float32)
     (got,) = run_model(model, {"y": y, "z": z, name: target})
     torch_loss = getattr(torch.nn, loss_cls.__name__)()
     expected = sum(torch_loss(torch.from_numpy(v), torch.from_numpy(target)) for v in (y, z))
@@ -384,7 +478,8 @@ def test_labels_may_be_any_existing_value() -> None:
     raw = np.array([0, 2, 4, 1], dtype=np.float32)
     (got,) = run_model(model, {"y": y, "raw": raw})
     expected = torch.nn.CrossEntropyLoss(ignore_index=2, label_smoothing=0.1)(
-        torch.from_numpy(y), torch.from_numpy(raw).long())
+        torch.from_numpy(y), torch.from_numpy(raw).long()
+    )
     np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
 
 
@@ -402,8 +497,11 @@ def test_labels_of_wrong_shape(loss_cls) -> None:
     with onnxblocks.empty_base() as acc:
         acc.add_input("logits", TensorProto.FLOAT, [4, C, 3])
         acc.add_input("labels", TensorProto.INT64, [4, C])
-        with pytest.raises(ValueError, match=r"labels 'labels' have shape \[4, 5\].*'logits' of shape "
-                                             r"\[4, 5, 3\] need labels of shape \[4, 3\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"labels 'labels' have shape \[4, 5\].*'logits' of shape "
+            r"\[4, 5, 3\] need labels of shape \[4, 3\]",
+        ):
             loss_cls()("logits")
 
 
@@ -443,13 +541,16 @@ def test_unknown_reduction(loss_cls) -> None:
         loss_cls(reduction="avg")
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: losses.HuberLoss(delta=0.0), "delta must be positive"),
-    (lambda: losses.SmoothL1Loss(beta=-1.0), "beta must be >= 0"),
-    (lambda: losses.CrossEntropyLoss(label_smoothing=1.5), r"label_smoothing must be in \[0, 1\]"),
-    (lambda: losses.CrossEntropyLoss(weight=[[1.0]]), "weight must be 1-D"),
-    (lambda: losses.BCEWithLogitsLoss(pos_weight="abc"), "pos_weight must be a list or numpy array"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: losses.HuberLoss(delta=0.0), "delta must be positive"),
+        (lambda: losses.SmoothL1Loss(beta=-1.0), "beta must be >= 0"),
+        (lambda: losses.CrossEntropyLoss(label_smoothing=1.5), r"label_smoothing must be in \[0, 1\]"),
+        (lambda: losses.CrossEntropyLoss(weight=[[1.0]]), "weight must be 1-D"),
+        (lambda: losses.BCEWithLogitsLoss(pos_weight="abc"), "pos_weight must be a list or numpy array"),
+    ],
+)
 def test_bad_options(make, message) -> None:
     with pytest.raises(ValueError, match=message):
         make()
@@ -466,14 +567,18 @@ def test_unknown_input_name() -> None:
 def _linear_model(x_shape: list, out_features: int, seed: int = 0) -> tuple[onnx.ModelProto, dict]:
     """``y = x @ W + b`` with W, b as initializers; returns the model and the parameter arrays."""
     rng = np.random.default_rng(seed)
-    params = {"W": rng.standard_normal((x_shape[-1], out_features)).astype(np.float32) * 0.5,
-              "b": rng.standard_normal(out_features).astype(np.float32) * 0.5}
+    params = {
+        "W": rng.standard_normal((x_shape[-1], out_features)).astype(np.float32) * 0.5,
+        "b": rng.standard_normal(out_features).astype(np.float32) * 0.5,
+    }
     y_shape = [*x_shape[:-1], out_features]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])], "linear",
+        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
-        [numpy_helper.from_array(v, k) for k, v in params.items()])
+        [numpy_helper.from_array(v, k) for k, v in params.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), params
 
 
@@ -488,8 +593,9 @@ def _ort_gradients(model: onnx.ModelProto, loss_name: str, params: dict, feeds: 
     kept = [i for i in model.graph.initializer if i.name not in params]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
-    builder = C_.GradientGraphBuilder(model.SerializeToString(), {loss_name}, set(params), loss_name,
-                                      C_.SessionOptions())
+    builder = C_.GradientGraphBuilder(
+        model.SerializeToString(), {loss_name}, set(params), loss_name, C_.SessionOptions()
+    )
     builder.build()
     grad_model = onnx.load_from_string(builder.get_model())
     names = [f"{p}_grad" for p in params]
@@ -501,34 +607,72 @@ GRADIENT_CASES = [
     ("MSELoss", lambda: losses.MSELoss(), lambda: torch.nn.MSELoss(), "regression", 1),
     ("L1Loss", lambda: losses.L1Loss(reduction="sum"), lambda: torch.nn.L1Loss(reduction="sum"), "regression", 1),
     ("HuberLoss", lambda: losses.HuberLoss(delta=0.7), lambda: torch.nn.HuberLoss(delta=0.7), "regression", 1),
-    ("SmoothL1Loss", lambda: losses.SmoothL1Loss(beta=0.4), lambda: torch.nn.SmoothL1Loss(beta=0.4),
-     "regression", 1),
-    ("BCEWithLogitsLoss", lambda: losses.BCEWithLogitsLoss(weight=CLASS_WEIGHT, pos_weight=CLASS_WEIGHT[::-1]),
-     lambda: torch.nn.BCEWithLogitsLoss(weight=_tensor_or_none(CLASS_WEIGHT),
-                                        pos_weight=_tensor_or_none(CLASS_WEIGHT[::-1])), "probability", 1),
-    ("KLDivLoss", lambda: losses.KLDivLoss(reduction="batchmean"),
-     lambda: torch.nn.KLDivLoss(reduction="batchmean"), "probability", 1),
-    ("KLDivLoss-log_target", lambda: losses.KLDivLoss(log_target=True),
-     lambda: torch.nn.KLDivLoss(log_target=True), "regression", 1),
-    ("CrossEntropyLoss-fused", lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1),
-     lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1), "classes", 1),
-    ("CrossEntropyLoss-BTV-fused", lambda: losses.CrossEntropyLoss(class_axis=-1),
-     lambda: torch.nn.CrossEntropyLoss(), "classes", -1),
-    ("CrossEntropyLoss-smoothing", lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1,
-                                                                   label_smoothing=0.2),
-     lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.2),
-     "classes", 1),
-    ("CrossEntropyLoss-BTV-smoothing", lambda: losses.CrossEntropyLoss(label_smoothing=0.2, class_axis=-1,
-                                                                       reduction="sum"),
-     lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.2, reduction="sum"), "classes", -1),
-    ("NLLLoss", lambda: losses.NLLLoss(weight=CLASS_WEIGHT, ignore_index=1),
-     lambda: torch.nn.NLLLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1), "classes", 1),
+    ("SmoothL1Loss", lambda: losses.SmoothL1Loss(beta=0.4), lambda: torch.nn.SmoothL1Loss(beta=0.4), "regression", 1),
+    (
+        "BCEWithLogitsLoss",
+        lambda: losses.BCEWithLogitsLoss(weight=CLASS_WEIGHT, pos_weight=CLASS_WEIGHT[::-1]),
+        lambda: torch.nn.BCEWithLogitsLoss(
+            weight=_tensor_or_none(CLASS_WEIGHT), pos_weight=_tensor_or_none(CLASS_WEIGHT[::-1])
+        ),
+        "probability",
+        1,
+    ),
+    (
+        "KLDivLoss",
+        lambda: losses.KLDivLoss(reduction="batchmean"),
+        lambda: torch.nn.KLDivLoss(reduction="batchmean"),
+        "probability",
+        1,
+    ),
+    (
+        "KLDivLoss-log_target",
+        lambda: losses.KLDivLoss(log_target=True),
+        lambda: torch.nn.KLDivLoss(log_target=True),
+        "regression",
+        1,
+    ),
+    (
+        "CrossEntropyLoss-fused",
+        lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1),
+        lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1),
+        "classes",
+        1,
+    ),
+    (
+        "CrossEntropyLoss-BTV-fused",
+        lambda: losses.CrossEntropyLoss(class_axis=-1),
+        lambda: torch.nn.CrossEntropyLoss(),
+        "classes",
+        -1,
+    ),
+    (
+        "CrossEntropyLoss-smoothing",
+        lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.2),
+        lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.2),
+        "classes",
+        1,
+    ),
+    (
+        "CrossEntropyLoss-BTV-smoothing",
+        lambda: losses.CrossEntropyLoss(label_smoothing=0.2, class_axis=-1, reduction="sum"),
+        lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.2, reduction="sum"),
+        "classes",
+        -1,
+    ),
+    (
+        "NLLLoss",
+        lambda: losses.NLLLoss(weight=CLASS_WEIGHT, ignore_index=1),
+        lambda: torch.nn.NLLLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1),
+        "classes",
+        1,
+    ),
     ("NLLLoss-BTV", lambda: losses.NLLLoss(class_axis=-1), lambda: torch.nn.NLLLoss(), "classes", -1),
 ]
 
 
-@pytest.mark.parametrize(("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES],
-                         ids=[c[0] for c in GRADIENT_CASES])
+@pytest.mark.parametrize(
+    ("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES], ids=[c[0] for c in GRADIENT_CASES]
+)
 def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
     """ORT's gradient builder differentiates the loss; W/b gradients of a linear layer equal torch.autograd's."""
     rng = np.random.default_rng(RNG_SEED)

@@ -24,11 +24,18 @@ from onnxblocks import optim
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
 CASES = [
-    ("mlp", "torchscript"), ("mlp", "dynamo"), ("mlp", "onnxscript"),
-    ("cnn", "torchscript"), ("cnn", "dynamo"),
-    ("gpt", "torchscript"), ("gpt", "dynamo"), ("gpt", "onnxscript"),
-    ("gru", "torchscript"), ("gru", "dynamo"),
-    ("lstm", "torchscript"), ("lstm", "dynamo"),
+    ("mlp", "torchscript"),
+    ("mlp", "dynamo"),
+    ("mlp", "onnxscript"),
+    ("cnn", "torchscript"),
+    ("cnn", "dynamo"),
+    ("gpt", "torchscript"),
+    ("gpt", "dynamo"),
+    ("gpt", "onnxscript"),
+    ("gru", "torchscript"),
+    ("gru", "dynamo"),
+    ("lstm", "torchscript"),
+    ("lstm", "dynamo"),
 ]
 LR = 1e-2
 
@@ -44,8 +51,11 @@ def built(tmp_path_factory):
             case = models.case(name, exporter)
             directory = tmp_path_factory.mktemp(f"{name}-{exporter}")
             artifacts = generate_artifacts(
-                case.onnx_model, requires_grad=case.params, loss=LossType[models.LOSS_TYPES[case.loss]],
-                optimizer=OptimType.AdamW, artifact_directory=directory,
+                case.onnx_model,
+                requires_grad=case.params,
+                loss=LossType[models.LOSS_TYPES[case.loss]],
+                optimizer=OptimType.AdamW,
+                artifact_directory=directory,
             )
             cache[key] = (case, artifacts)
         return cache[key]
@@ -96,8 +106,9 @@ def test_adamw_steps_track_torch(built, name, exporter):
         # Elements whose gradient is zero in exact arithmetic (a conv bias before BatchNorm, the key bias of
         # attention) get rounding noise that Adam normalises to full-size steps: compare the others only.
         live = param.grad.abs().numpy() > 1e-6
-        np.testing.assert_allclose(trainer.param(pname)[live], param.detach().numpy()[live], rtol=1e-3, atol=1e-5,
-                                   err_msg=pname)
+        np.testing.assert_allclose(
+            trainer.param(pname)[live], param.detach().numpy()[live], rtol=1e-3, atol=1e-5, err_msg=pname
+        )
 
 
 @pytest.mark.parametrize(("name", "exporter"), CASES)
@@ -129,8 +140,11 @@ def _loss_case(kind: str) -> tuple[np.ndarray, np.ndarray]:
 def test_every_builtin_loss_matches_torch(tmp_path, kind):
     case = models.case("mlp", "torchscript")
     artifacts = generate_artifacts(
-        case.onnx_model, requires_grad=case.params, loss=LossType[models.LOSS_TYPES[kind]],
-        optimizer=optim.SGD(), artifact_directory=tmp_path,
+        case.onnx_model,
+        requires_grad=case.params,
+        loss=LossType[models.LOSS_TYPES[kind]],
+        optimizer=optim.SGD(),
+        artifact_directory=tmp_path,
     )
     x, target = _loss_case(kind)
     trainer = models.OrtTrainer(artifacts)

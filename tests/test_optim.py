@@ -53,8 +53,10 @@ def tiny_forward(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]
     graph = helper.make_graph(
         nodes,
         "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4]),
-         helper.make_tensor_value_info("t", TensorProto.FLOAT, [5, 3])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 4]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, [5, 3]),
+        ],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
         [numpy_helper.from_array(v, k) for k, v in params.items()],
     )
@@ -97,9 +99,15 @@ def training_model(forward: onnx.ModelProto, trainable: list[str], frozen: list[
         buffer.CopyFrom(outputs[g])
         buffer.name = f"{g}.accumulation.buffer"
         grad.graph.input.append(buffer)
-        grad.graph.node.append(helper.make_node(
-            "InPlaceAccumulatorV2", [buffer.name, g, "lazy_reset_grad"], [f"{g}.accumulation.out"],
-            domain="com.microsoft", name=f"accumulate_{name}"))
+        grad.graph.node.append(
+            helper.make_node(
+                "InPlaceAccumulatorV2",
+                [buffer.name, g, "lazy_reset_grad"],
+                [f"{g}.accumulation.out"],
+                domain="com.microsoft",
+                name=f"accumulate_{name}",
+            )
+        )
         new_outputs.append(helper.make_tensor_value_info(f"{g}.accumulation.out", TensorProto.BOOL, [1]))
     grad.graph.input.append(helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1]))
     del grad.graph.output[:]
@@ -118,8 +126,10 @@ def training_dir(tmp_path_factory) -> Path:
 
 def batches(n: int, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32))
-            for _ in range(n)]
+    return [
+        (rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32))
+        for _ in range(n)
+    ]
 
 
 @dataclass
@@ -155,8 +165,10 @@ class OrtTrainer:
 
 
 def parameters_of(params: dict[str, np.ndarray]) -> tuple[list[TensorProto], list[TensorProto]]:
-    return ([numpy_helper.from_array(params[n], n) for n in TRAINABLE],
-            [numpy_helper.from_array(params[n], n) for n in FROZEN])
+    return (
+        [numpy_helper.from_array(params[n], n) for n in TRAINABLE],
+        [numpy_helper.from_array(params[n], n) for n in FROZEN],
+    )
 
 
 def optimizer_model(block: onnxblocks.ForwardBlock, params: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -224,7 +236,7 @@ def hf_adamw(lr: float, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_
             m2 = b2 * m2 + (1 - b2) * g * g
             step_size = lr
             if correct_bias:
-                step_size = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
+                step_size = lr * np.sqrt(1 - b2**step) / (1 - b1**step)
             p = params[n] - np.float32(step_size) * m1 / (np.sqrt(m2) + np.float32(eps))
             if weight_decay > 0:
                 p = p - np.float32(lr * weight_decay) * p
@@ -251,8 +263,7 @@ TORCH_CASES = {
         None,
     ),
     "adamw-no-decay": (lambda: AdamW(weight_decay=0.0), lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0), None),
-    "adamw-clip": (
-        lambda: AdamW(clip_grad=ClipGradNorm(0.5)), lambda p: torch.optim.AdamW(p, lr=LR), 0.5),
+    "adamw-clip": (lambda: AdamW(clip_grad=ClipGradNorm(0.5)), lambda p: torch.optim.AdamW(p, lr=LR), 0.5),
     "sgd": (lambda: SGD(), lambda p: torch.optim.SGD(p, lr=LR), None),
     "sgd-clip": (lambda: SGD(clip_grad=0.3), lambda p: torch.optim.SGD(p, lr=LR), 0.3),
 }
@@ -277,10 +288,14 @@ def test_clip_actually_clips(training_dir, tmp_path):
 
 
 HF_CASES = {
-    "hf-bias-correction": (lambda: AdamW(mode="hf", eps=1e-6, weight_decay=0.05),
-                           hf_adamw(LR, eps=1e-6, weight_decay=0.05)),
-    "hf-no-bias-correction": (lambda: AdamW(mode="hf", bias_correction=False, weight_decay=0.05),
-                              hf_adamw(LR, eps=1e-8, weight_decay=0.05, correct_bias=False)),
+    "hf-bias-correction": (
+        lambda: AdamW(mode="hf", eps=1e-6, weight_decay=0.05),
+        hf_adamw(LR, eps=1e-6, weight_decay=0.05),
+    ),
+    "hf-no-bias-correction": (
+        lambda: AdamW(mode="hf", bias_correction=False, weight_decay=0.05),
+        hf_adamw(LR, eps=1e-8, weight_decay=0.05, correct_bias=False),
+    ),
     "reference-defaults": (lambda: ReferenceAdamW(), hf_adamw(LR)),
 }
 
@@ -310,8 +325,14 @@ def test_adamw_model_contract():
     _, params = tiny_forward()
     model = optimizer_model(AdamW(betas=(0.8, 0.9), eps=1e-7, weight_decay=0.2), params)
     inputs = _inputs(model)
-    assert list(inputs) == ["learning_rate", "step", "params", "gradients", "first_order_moments",
-                            "second_order_moments"]
+    assert list(inputs) == [
+        "learning_rate",
+        "step",
+        "params",
+        "gradients",
+        "first_order_moments",
+        "second_order_moments",
+    ]
     assert inputs["learning_rate"].tensor_type.elem_type == TensorProto.FLOAT
     assert inputs["step"].tensor_type.elem_type == TensorProto.INT64
     for name in ["params", "gradients", "first_order_moments", "second_order_moments"]:
@@ -320,8 +341,9 @@ def test_adamw_model_contract():
     assert (node.op_type, node.domain) == ("AdamWOptimizer", "com.microsoft")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["adam_mode"] == 0 and attrs["correct_bias"] == 1
-    np.testing.assert_allclose([attrs["alpha"], attrs["beta"], attrs["epsilon"], attrs["weight_decay"]],
-                               [0.8, 0.9, 1e-7, 0.2], rtol=1e-6)
+    np.testing.assert_allclose(
+        [attrs["alpha"], attrs["beta"], attrs["epsilon"], attrs["weight_decay"]], [0.8, 0.9, 1e-7, 0.2], rtol=1e-6
+    )
     (out,) = model.graph.output
     assert out.type.tensor_type.elem_type == TensorProto.BOOL
     assert [d.dim_value for d in out.type.tensor_type.shape.dim] == [1]
@@ -361,7 +383,13 @@ def test_parameters_may_be_tensor_sources():
 def test_reference_compat_blocks():
     reference = ReferenceAdamW()
     assert reference.step_block.attributes() == {
-        "alpha": 0.9, "beta": 0.999, "epsilon": 1e-6, "weight_decay": 0.0, "correct_bias": 1, "adam_mode": 1}
+        "alpha": 0.9,
+        "beta": 0.999,
+        "epsilon": 1e-6,
+        "weight_decay": 0.0,
+        "correct_bias": 1,
+        "adam_mode": 1,
+    }
     with onnxblocks.empty_base() as acc:
         for name in ["lr", "step"]:
             acc.add_input(name, TensorProto.FLOAT if name == "lr" else TensorProto.INT64, [1])
@@ -380,14 +408,22 @@ def test_reference_compat_blocks():
 
 
 def test_contrib_ops_are_declared_once_as_data():
-    assert set(contrib.CONTRIB_OPS) == {"AdamWOptimizer", "SGDOptimizerV2", "InPlaceAccumulatorV2",
-                                        "InplaceClipGradNorm"}
+    assert set(contrib.CONTRIB_OPS) == {
+        "AdamWOptimizer",
+        "SGDOptimizerV2",
+        "InPlaceAccumulatorV2",
+        "InplaceClipGradNorm",
+    }
     adamw = contrib.ADAMW_OPTIMIZER
     assert adamw.domain == "com.microsoft"
     assert {a.name: a.kind for a in adamw.attributes} == {
-        "alpha": onnx.AttributeProto.FLOAT, "beta": onnx.AttributeProto.FLOAT, "epsilon": onnx.AttributeProto.FLOAT,
-        "weight_decay": onnx.AttributeProto.FLOAT, "correct_bias": onnx.AttributeProto.INT,
-        "adam_mode": onnx.AttributeProto.INT}
+        "alpha": onnx.AttributeProto.FLOAT,
+        "beta": onnx.AttributeProto.FLOAT,
+        "epsilon": onnx.AttributeProto.FLOAT,
+        "weight_decay": onnx.AttributeProto.FLOAT,
+        "correct_bias": onnx.AttributeProto.INT,
+        "adam_mode": onnx.AttributeProto.INT,
+    }
     with onnxblocks.empty_base() as acc:
         acc.working_model.graph.input.append(helper.make_tensor_sequence_value_info("g", TensorProto.FLOAT, None))
         with pytest.raises(TypeError, match="no attribute 'max_nrom'.*max_norm"):
@@ -432,8 +468,11 @@ def test_bad_hyperparameters(make, error, match):
         ([numpy_helper.from_array(np.zeros(2, np.float32), "w")], TypeError, r"\(trainable, frozen\)"),
         (([], []), ValueError, "at least one trainable"),
         (([numpy_helper.from_array(np.zeros(2, np.int64), "steps")], []), ValueError, "'steps' has element type INT64"),
-        (([numpy_helper.from_array(np.zeros(2, np.float32), "a"), numpy_helper.from_array(np.zeros(2), "b")], []),
-         ValueError, "'a' is float32 and 'b' is float64"),
+        (
+            ([numpy_helper.from_array(np.zeros(2, np.float32), "a"), numpy_helper.from_array(np.zeros(2), "b")], []),
+            ValueError,
+            "'a' is float32 and 'b' is float64",
+        ),
         ((["w"], []), TypeError, "str .name"),
     ],
 )
@@ -451,8 +490,10 @@ def test_no_onnxruntime_import():
     import subprocess
     import sys
 
-    code = ("import sys, onnxblocks.optim, onnxblocks.checkpoint, onnxblocks.io; "
-            "print([m for m in ('onnxruntime', 'torch', 'onnxscript') if m in sys.modules])")
+    code = (
+        "import sys, onnxblocks.optim, onnxblocks.checkpoint, onnxblocks.io; "
+        "print([m for m in ('onnxruntime', 'torch', 'onnxscript') if m in sys.modules])"
+    )
     with warnings.catch_warnings():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -461,8 +502,14 @@ def test_no_onnxruntime_import():
 def test_generate_artifacts_with_our_optimizer_matches_torch(tmp_path):
     artifacts = pytest.importorskip("onnxblocks.artifacts")
     forward, _ = tiny_forward()
-    result = artifacts.generate_artifacts(forward, requires_grad=TRAINABLE, frozen_params=FROZEN, loss=None,
-                                          optimizer=AdamW(clip_grad=0.5), artifact_directory=tmp_path)
+    result = artifacts.generate_artifacts(
+        forward,
+        requires_grad=TRAINABLE,
+        frozen_params=FROZEN,
+        loss=None,
+        optimizer=AdamW(clip_grad=0.5),
+        artifact_directory=tmp_path,
+    )
     trainer = OrtTrainer.open(result.training_model, result.checkpoint, result.optimizer_model)
     history = []
     for x, t in batches(STEPS):

@@ -80,13 +80,23 @@ def export(torch_model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> on
     outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
     names_in = [f"input-{i}" for i in range(len(inputs))]
     names_out = [f"output-{i}" for i in range(len(outputs))]
-    axes = {n: {d: f"{n}_dim{d}" for d in range(t.dim())} for n, t in zip(names_in + names_out,
-                                                                          (*inputs, *outputs), strict=True)}
+    axes = {
+        n: {d: f"{n}_dim{d}" for d in range(t.dim())}
+        for n, t in zip(names_in + names_out, (*inputs, *outputs), strict=True)
+    }
     f = io.BytesIO()
     with models._quiet():
         torch.onnx.export(
-            torch_model, inputs, f, input_names=names_in, output_names=names_out, opset_version=14,
-            do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING, dynamic_axes=axes, dynamo=False,
+            torch_model,
+            inputs,
+            f,
+            input_names=names_in,
+            output_names=names_out,
+            opset_version=14,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            dynamic_axes=axes,
+            dynamo=False,
         )
     torch_model.train()
     return onnx.load_from_string(f.getvalue())
@@ -105,10 +115,10 @@ class Session:
 
     def __init__(self, training, eval_model, checkpoint, optimizer=None) -> None:
         self.state = C.load_checkpoint(os.fspath(checkpoint))
-        self.module = C.Module(os.fspath(training), self.state, os.fspath(eval_model) if eval_model else None, CPU,
-                               C.SessionOptions())
-        self.optimizer = (C.Optimizer(os.fspath(optimizer), self.state, CPU, C.SessionOptions())
-                          if optimizer else None)
+        self.module = C.Module(
+            os.fspath(training), self.state, os.fspath(eval_model) if eval_model else None, CPU, C.SessionOptions()
+        )
+        self.optimizer = C.Optimizer(os.fspath(optimizer), self.state, CPU, C.SessionOptions()) if optimizer else None
 
     @classmethod
     def of(cls, art, ort: bool = False) -> Session:
@@ -146,9 +156,12 @@ class Session:
 def save_block_files(directory, block, optimizer_model: onnx.ModelProto | None = None):
     """Write a built TrainingBlock the reference's low-level way: to_model_proto, save_checkpoint, onnx.save."""
     training, evaluation = block.to_model_proto()
-    files = types.SimpleNamespace(training_model=directory / "training_model.onnx",
-                                  eval_model=directory / "eval_model.onnx", checkpoint=directory / "checkpoint",
-                                  optimizer_model=None)
+    files = types.SimpleNamespace(
+        training_model=directory / "training_model.onnx",
+        eval_model=directory / "eval_model.onnx",
+        checkpoint=directory / "checkpoint",
+        optimizer_model=None,
+    )
     onnx.save(training, files.training_model)
     onnx.save(evaluation, files.eval_model)
     onnxblock.save_checkpoint(block.parameters(), files.checkpoint)
@@ -173,8 +186,9 @@ def net():
     torch.manual_seed(0)
     model = models.MLP(D_IN, HIDDEN, D_OUT)
     x = torch.randn(BATCH, D_IN)
-    return types.SimpleNamespace(torch=model, x=x, onnx=export(model, (x,)),
-                                 params=[n for n, _ in model.named_parameters()])
+    return types.SimpleNamespace(
+        torch=model, x=x, onnx=export(model, (x,)), params=[n for n, _ in model.named_parameters()]
+    )
 
 
 def _labels(seed: int = 1, with_ignored: bool = False) -> torch.Tensor:
@@ -204,30 +218,57 @@ LOSS_CASES = {
     "l1-sum": ("L1Loss", {"reduction": "sum"}, _regression_target, lambda: torch.nn.L1Loss(reduction="sum")),
     "l1-none": ("L1Loss", {"reduction": "none"}, _regression_target, lambda: torch.nn.L1Loss(reduction="none")),
     "ce-mean": ("CrossEntropyLoss", {}, _labels, lambda: torch.nn.CrossEntropyLoss()),
-    "ce-weight": ("CrossEntropyLoss", {"weight": CLASS_WEIGHT}, _labels,
-                  lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT))),
-    "ce-ignore": ("CrossEntropyLoss", {"ignore_index": -100}, lambda: _labels(with_ignored=True),
-                  lambda: torch.nn.CrossEntropyLoss(ignore_index=-100)),
-    "ce-weight-ignore-sum": (
-        "CrossEntropyLoss", {"weight": CLASS_WEIGHT, "ignore_index": -100, "reduction": "sum"},
+    "ce-weight": (
+        "CrossEntropyLoss",
+        {"weight": CLASS_WEIGHT},
+        _labels,
+        lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT)),
+    ),
+    "ce-ignore": (
+        "CrossEntropyLoss",
+        {"ignore_index": -100},
         lambda: _labels(with_ignored=True),
-        lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT), ignore_index=-100, reduction="sum")),
+        lambda: torch.nn.CrossEntropyLoss(ignore_index=-100),
+    ),
+    "ce-weight-ignore-sum": (
+        "CrossEntropyLoss",
+        {"weight": CLASS_WEIGHT, "ignore_index": -100, "reduction": "sum"},
+        lambda: _labels(with_ignored=True),
+        lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT), ignore_index=-100, reduction="sum"),
+    ),
     "ce-weight-ignore-mean": (
-        "CrossEntropyLoss", {"weight": CLASS_WEIGHT, "ignore_index": -100}, lambda: _labels(with_ignored=True),
-        lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT), ignore_index=-100)),
-    "ce-none": ("CrossEntropyLoss", {"reduction": "none"}, _labels,
-                lambda: torch.nn.CrossEntropyLoss(reduction="none")),
+        "CrossEntropyLoss",
+        {"weight": CLASS_WEIGHT, "ignore_index": -100},
+        lambda: _labels(with_ignored=True),
+        lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT), ignore_index=-100),
+    ),
+    "ce-none": (
+        "CrossEntropyLoss",
+        {"reduction": "none"},
+        _labels,
+        lambda: torch.nn.CrossEntropyLoss(reduction="none"),
+    ),
     "bce-mean": ("BCEWithLogitsLoss", {}, _probability_target, lambda: torch.nn.BCEWithLogitsLoss()),
-    "bce-weight": ("BCEWithLogitsLoss", {"weight": CLASS_WEIGHT}, _probability_target,
-                   lambda: torch.nn.BCEWithLogitsLoss(weight=torch.from_numpy(CLASS_WEIGHT))),
-    "bce-pos-weight-sum": (
-        "BCEWithLogitsLoss", {"pos_weight": POS_WEIGHT, "reduction": "sum"}, _probability_target,
-        lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.from_numpy(POS_WEIGHT), reduction="sum")),
-    "bce-both-none": (
-        "BCEWithLogitsLoss", {"weight": CLASS_WEIGHT, "pos_weight": POS_WEIGHT, "reduction": "none"},
+    "bce-weight": (
+        "BCEWithLogitsLoss",
+        {"weight": CLASS_WEIGHT},
         _probability_target,
-        lambda: torch.nn.BCEWithLogitsLoss(weight=torch.from_numpy(CLASS_WEIGHT), pos_weight=torch.from_numpy(
-            POS_WEIGHT), reduction="none")),
+        lambda: torch.nn.BCEWithLogitsLoss(weight=torch.from_numpy(CLASS_WEIGHT)),
+    ),
+    "bce-pos-weight-sum": (
+        "BCEWithLogitsLoss",
+        {"pos_weight": POS_WEIGHT, "reduction": "sum"},
+        _probability_target,
+        lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.from_numpy(POS_WEIGHT), reduction="sum"),
+    ),
+    "bce-both-none": (
+        "BCEWithLogitsLoss",
+        {"weight": CLASS_WEIGHT, "pos_weight": POS_WEIGHT, "reduction": "none"},
+        _probability_target,
+        lambda: torch.nn.BCEWithLogitsLoss(
+            weight=torch.from_numpy(CLASS_WEIGHT), pos_weight=torch.from_numpy(POS_WEIGHT), reduction="none"
+        ),
+    ),
 }
 
 
@@ -294,9 +335,12 @@ def two_task_loss(kind, weights: tuple[float, float]):
             self.total = onnxblock.blocks.Add()
 
         def build(self, logits_a, logits_b):
-            terms = [scale(weight(), loss(logits, labels_name=f"labels{i}"))
-                     for i, (logits, loss, weight, scale) in enumerate(
-                         zip((logits_a, logits_b), self.losses, self.weights, self.scales, strict=True), start=1)]
+            terms = [
+                scale(weight(), loss(logits, labels_name=f"labels{i}"))
+                for i, (logits, loss, weight, scale) in enumerate(
+                    zip((logits_a, logits_b), self.losses, self.weights, self.scales, strict=True), start=1
+                )
+            ]
             return self.total(*terms)
 
     return TwoTaskLoss()
@@ -358,8 +402,9 @@ def test_label_encoder_composition(tmp_path, net):
         def build(self, output_name):
             # the labels input is added by editing the proto, as blocks written for the reference do
             batch = self.base.graph.output[0].type.tensor_type.shape.dim[0]
-            self.base.graph.input.append(helper.make_tensor_value_info(
-                "label_names", TensorProto.STRING, [batch.dim_param or batch.dim_value]))
+            self.base.graph.input.append(
+                helper.make_tensor_value_info("label_names", TensorProto.STRING, [batch.dim_param or batch.dim_value])
+            )
             encoder = onnxblock.blocks.LabelEncoder(default_int64=0, keys_strings=names, values_int64s=[0, 1, 2, 3])
             return self._loss(output_name, encoder("label_names"))
 
@@ -394,8 +439,9 @@ def test_label_encoder_on_integer_labels(net):
 
         def build(self, output_name):
             self.accessor.add_input("codes", TensorProto.INT64, ["batch"])
-            encoder = onnxblock.blocks.LabelEncoder(default_int64=0, keys_int64s=[521, 522, 523, 524],
-                                                    values_int64s=[0, 1, 2, 3])
+            encoder = onnxblock.blocks.LabelEncoder(
+                default_int64=0, keys_int64s=[521, 522, 523, 524], values_int64s=[0, 1, 2, 3]
+            )
             return self._loss(output_name, encoder("codes"))
 
     block = CodesToClasses()
@@ -413,8 +459,9 @@ def test_label_encoder_on_integer_labels(net):
 
 # ------------------------------------------------------------------ parameters: inputs, partitions, outputs
 def test_requires_grad_on_an_input(tmp_path, net):
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=["input-0", "fc1.weight"],
-                                       loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        net.onnx, requires_grad=["input-0", "fc1.weight"], loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path
+    )
     assert art.requires_grad == ("fc1.weight",)
     training = onnx.load(art.training_model)
     assert training.graph.output[-1].name == "input-0_grad"
@@ -440,8 +487,13 @@ def test_requires_grad_on_an_input(tmp_path, net):
 
 def test_frozen_and_trainable_parameters(tmp_path, net):
     art = artifacts.generate_artifacts(
-        net.onnx, requires_grad=["fc2.weight", "fc2.bias"], frozen_params=["fc1.weight", "fc1.bias"],
-        loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+        net.onnx,
+        requires_grad=["fc2.weight", "fc2.bias"],
+        frozen_params=["fc1.weight", "fc1.bias"],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.SGD,
+        artifact_directory=tmp_path,
+    )
     assert (art.requires_grad, art.frozen_params) == (("fc2.weight", "fc2.bias"), ("fc1.weight", "fc1.bias"))
     session = Session.of(art)
     torch_params = {n: p.detach().numpy() for n, p in net.torch.named_parameters()}
@@ -472,8 +524,12 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         if name.startswith("fc1"):
             np.testing.assert_array_equal(session.param(name), torch_params[name])
         else:
-            np.testing.assert_allclose(session.param(name), torch_params[name] - 0.1 * dict(
-                model.named_parameters())[name].grad.numpy(), rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(
+                session.param(name),
+                torch_params[name] - 0.1 * dict(model.named_parameters())[name].grad.numpy(),
+                rtol=1e-5,
+                atol=1e-7,
+            )
     # the reference's copy_buffer_to_parameters round trip
     buffer = C.OrtValue.ortvalue_from_numpy(before, CPU)
     session.module.copy_buffer_to_parameters(buffer, True)
@@ -491,8 +547,9 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
 
 
 def test_parameters_neither_trainable_nor_frozen_stay_constants(tmp_path, net):
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=["fc2.bias"], loss=artifacts.LossType.L1Loss,
-                                       artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        net.onnx, requires_grad=["fc2.bias"], loss=artifacts.LossType.L1Loss, artifact_directory=tmp_path
+    )
     training = onnx.load(art.training_model)
     assert {i.name for i in training.graph.initializer} >= {"fc1.weight", "fc1.bias", "fc2.weight"}
     session = Session.of(art)
@@ -525,11 +582,17 @@ def test_retrieve_parameters_and_partition(net):
 
 
 def test_additional_outputs(tmp_path, net):
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.MSELoss,
-                                       artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        net.onnx, requires_grad=net.params, loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path
+    )
     assert len(onnx.load(art.eval_model).graph.output) == 1
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.MSELoss,
-                                       artifact_directory=tmp_path, additional_output_names=["output-0"])
+    art = artifacts.generate_artifacts(
+        net.onnx,
+        requires_grad=net.params,
+        loss=artifacts.LossType.MSELoss,
+        artifact_directory=tmp_path,
+        additional_output_names=["output-0"],
+    )
     assert [o.name for o in onnx.load(art.eval_model).graph.output][1:] == ["output-0"]
     session = Session.of(art)
     target = _regression_target()
@@ -550,9 +613,14 @@ def test_eval_model_runs_in_inference_mode(tmp_path):
     x = torch.randn(BATCH, D_IN)
     base_model = export(model, (x,))
     assert {"Dropout", "BatchNormalization"} <= {n.op_type for n in base_model.graph.node}
-    art = artifacts.generate_artifacts(base_model, requires_grad=["fc1.weight", "fc2.weight"],
-                                       frozen_params=["bn.weight", "bn.bias"], loss=artifacts.LossType.CrossEntropyLoss,
-                                       artifact_directory=tmp_path, additional_output_names=["output-0"])
+    art = artifacts.generate_artifacts(
+        base_model,
+        requires_grad=["fc1.weight", "fc2.weight"],
+        frozen_params=["bn.weight", "bn.bias"],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        artifact_directory=tmp_path,
+        additional_output_names=["output-0"],
+    )
     eval_model = onnx.load(art.eval_model)
     for node in eval_model.graph.node:
         if node.op_type == "Dropout":
@@ -613,8 +681,13 @@ def test_custom_optimizer_block(tmp_path, net, kind, clip):
         optimizer = onnxblock.optim.AdamW(betas=betas, eps=eps, weight_decay=weight_decay, clip_grad=clip_grad)
     else:
         optimizer = onnxblock.optim.SGD(clip_grad=clip_grad)
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.CrossEntropyLoss,
-                                       optimizer=optimizer, artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        net.onnx,
+        requires_grad=net.params,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=optimizer,
+        artifact_directory=tmp_path,
+    )
     optimizer_model = onnx.load(art.optimizer_model)
     nodes = {n.op_type: n for n in optimizer_model.graph.node}
     if kind == "AdamW":
@@ -662,8 +735,14 @@ def test_optimizer_block_in_an_empty_base(tmp_path, net):
     target = _regression_target()
     model = copy.deepcopy(net.torch)
     torch.nn.functional.mse_loss(model(net.x), target).backward()
-    feeds = {"learning_rate": np.full(1, 0.01, np.float32), "step": np.full(1, 1, np.int64),
-             "params": [], "gradients": [], "first_order_moments": [], "second_order_moments": []}
+    feeds = {
+        "learning_rate": np.full(1, 0.01, np.float32),
+        "step": np.full(1, 1, np.int64),
+        "params": [],
+        "gradients": [],
+        "first_order_moments": [],
+        "second_order_moments": [],
+    }
     for _, p in model.named_parameters():
         feeds["params"].append(p.detach().numpy().copy())
         feeds["gradients"].append(p.grad.numpy().copy())
@@ -686,9 +765,14 @@ def test_optimizer_block_in_an_empty_base(tmp_path, net):
 
 # ------------------------------------------------------------------ checkpoints and ORT format
 def test_nominal_checkpoint_trains_like_the_complete_one(tmp_path, net):
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.CrossEntropyLoss,
-                                       optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path,
-                                       nominal_checkpoint=True)
+    art = artifacts.generate_artifacts(
+        net.onnx,
+        requires_grad=net.params,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path,
+        nominal_checkpoint=True,
+    )
     assert art.nominal_checkpoint.stat().st_size < art.checkpoint.stat().st_size
     complete = Session.of(art)
     nominal = Session(art.training_model, art.eval_model, art.nominal_checkpoint, art.optimizer_model)
@@ -708,9 +792,14 @@ def test_nominal_checkpoint_trains_like_the_complete_one(tmp_path, net):
 
 
 def test_ort_format_files_train_like_the_onnx_files(tmp_path, net):
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.CrossEntropyLoss,
-                                       optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path,
-                                       ort_format=True)
+    art = artifacts.generate_artifacts(
+        net.onnx,
+        requires_grad=net.params,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path,
+        ort_format=True,
+    )
     for path in (art.training_model_ort, art.eval_model_ort, art.optimizer_model_ort):
         assert path.suffix == ".ort" and path.is_file()
     base_opset = {o.domain: o.version for o in net.onnx.opset_import}[""]
@@ -725,8 +814,9 @@ def test_ort_format_files_train_like_the_onnx_files(tmp_path, net):
         from_onnx.step()
         from_ort.step()
     np.testing.assert_allclose(from_ort.flat(False).numpy(), from_onnx.flat(False).numpy(), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(from_ort.eval(net.x.numpy(), labels.numpy())[0],
-                               from_onnx.eval(net.x.numpy(), labels.numpy())[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        from_ort.eval(net.x.numpy(), labels.numpy())[0], from_onnx.eval(net.x.numpy(), labels.numpy())[0], rtol=1e-6
+    )
 
 
 def test_checkpoint_round_trips(tmp_path, net):
@@ -793,16 +883,23 @@ def test_string_inputs_with_cast(tmp_path):
         _ = block("text")
     onnx_model = block.to_model_proto()
     params = [p.name for p in onnx_model.graph.initializer]
-    art = artifacts.generate_artifacts(onnx_model, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
-                                       optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        onnx_model,
+        requires_grad=params,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path,
+    )
     session = Session.of(art)
     strs = np.array([["1.0", "2.0", "3.0", "4.0"]], dtype=object)
     label = np.array([1], dtype=np.int64)
-    weights = {p.name: torch.from_numpy(numpy_helper.to_array(p).copy()).requires_grad_()
-               for p in onnx_model.graph.initializer}
+    weights = {
+        p.name: torch.from_numpy(numpy_helper.to_array(p).copy()).requires_grad_() for p in onnx_model.graph.initializer
+    }
     weight, bias = (weights[n] for n in params)  # Linear's (in, out) weight, then its bias
-    expected = torch.nn.functional.cross_entropy(torch.tensor([[1.0, 2.0, 3.0, 4.0]]) @ weight + bias,
-                                                 torch.from_numpy(label))
+    expected = torch.nn.functional.cross_entropy(
+        torch.tensor([[1.0, 2.0, 3.0, 4.0]]) @ weight + bias, torch.from_numpy(label)
+    )
     expected.backward()
     (loss,) = session.train(strs, label)
     np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
@@ -816,8 +913,10 @@ def test_string_inputs_with_cast(tmp_path):
 def test_custom_op_library_takes_the_references_argument(tmp_path):
     # A real library needs ONNX Runtime's test build (see the module docstring); the argument and the check apply.
     missing = tmp_path / "libcustom_op_library.so"
-    with pytest.raises(FileNotFoundError, match="libcustom_op_library.so"), \
-            onnxblock.custom_op_library(custom_op_library_path=missing):
+    with (
+        pytest.raises(FileNotFoundError, match="libcustom_op_library.so"),
+        onnxblock.custom_op_library(custom_op_library_path=missing),
+    ):
         pass
 
 
@@ -847,8 +946,9 @@ def test_forward_block_usage_patterns(net):
     a, b = infer(inside, {"input-0": net.x.numpy(), "target_a": ta.numpy(), "target_b": tb.numpy()})
     with torch.no_grad():
         out = net.torch(net.x)
-    np.testing.assert_allclose([a, b], [torch.nn.functional.mse_loss(out, ta).item(),
-                                        torch.nn.functional.mse_loss(out, tb).item()], rtol=RTOL)
+    np.testing.assert_allclose(
+        [a, b], [torch.nn.functional.mse_loss(out, ta).item(), torch.nn.functional.mse_loss(out, tb).item()], rtol=RTOL
+    )
 
 
 class ScaledRelu(onnxblock.Block):
@@ -894,15 +994,21 @@ def test_custom_blocks_written_the_reference_way(tmp_path, two_outputs):
     base_model = block.to_model_proto()
     assert [o.name for o in base_model.graph.output] == ["act.out", "output-1"]
     params = [n for n, _ in two_outputs.torch.named_parameters()] + ["act.scale"]
-    art = artifacts.generate_artifacts(base_model, requires_grad=params, loss=RegressionPlusTagging(),
-                                       optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        base_model,
+        requires_grad=params,
+        loss=RegressionPlusTagging(),
+        optimizer=artifacts.OptimType.SGD,
+        artifact_directory=tmp_path,
+    )
     assert art.input_names == ("input-0", "input-1", "target1", "target2")
     t1, t2 = _regression_target(12), _probability_target(13)
     model = copy.deepcopy(two_outputs.torch)
     scale = torch.tensor([1.5], requires_grad=True)
     o1, o2 = model(two_outputs.x1, two_outputs.x2)
-    expected = (torch.nn.functional.mse_loss(torch.relu(o1) * scale, t1)
-                + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2))
+    expected = torch.nn.functional.mse_loss(
+        torch.relu(o1) * scale, t1
+    ) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
     expected.backward()
     session = Session.of(art)
     (loss,) = session.train(two_outputs.x1.numpy(), two_outputs.x2.numpy(), t1.numpy(), t2.numpy())
@@ -930,7 +1036,8 @@ def test_custom_block_reads_a_large_initializer(tmp_path):
             assert list(stub.dims) == [64, D_IN]
             start = self.accessor.constant(self.accessor.tensor("fc1.weight") + 0.5, name_hint="fc1_start")
             drift = onnxblock.blocks.ReduceSum(keepdims=False)(
-                onnxblock.blocks.Pow(2.0)(onnxblock.blocks.Sub()("fc1.weight", start)))
+                onnxblock.blocks.Pow(2.0)(onnxblock.blocks.Sub()("fc1.weight", start))
+            )
             return self.mse(output_name) + 0.25 * drift
 
     block = StayNear()
@@ -964,7 +1071,9 @@ def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
     torch.manual_seed(5)
     module = Shifts()
     x, y = torch.randn(2, 3, 8, 10), torch.randn(4, 3, 60)
-    art = artifacts.generate_artifacts(export(module, (x, y)), loss=RegressionPlusTagging(), artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        export(module, (x, y)), loss=RegressionPlusTagging(), artifact_directory=tmp_path
+    )
     assert art.requires_grad == () and art.optimizer_model is None
     t1, t2 = torch.randn(2, 3, 8, 10), torch.rand(4, 3, 60)
     o1, o2 = module(x, y)
@@ -976,9 +1085,14 @@ def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
 
 def test_loss_input_names_pick_the_loss_inputs(tmp_path, two_outputs):
     b_params = [n for n, _ in two_outputs.torch.named_parameters() if n.startswith("b.")]
-    art = artifacts.generate_artifacts(two_outputs.onnx, requires_grad=b_params, frozen_params=["a.fc1.weight"],
-                                       loss=artifacts.LossType.CrossEntropyLoss, loss_input_names=["output-1"],
-                                       artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        two_outputs.onnx,
+        requires_grad=b_params,
+        frozen_params=["a.fc1.weight"],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        loss_input_names=["output-1"],
+        artifact_directory=tmp_path,
+    )
     assert art.input_names == ("input-0", "input-1", "labels")
     labels = _labels(14)
     model = copy.deepcopy(two_outputs.torch)
@@ -1005,10 +1119,19 @@ def test_model_whose_output_is_the_loss(tmp_path, net):
         _ = block(net.onnx.graph.output[0].name)
     path = tmp_path / "with_loss.onnx"
     onnx.save(block.to_model_proto(), path)
-    art = artifacts.generate_artifacts(os.fspath(path), requires_grad=net.params, optimizer=artifacts.OptimType.SGD,
-                                       artifact_directory=tmp_path / "out", prefix="l1_")
-    assert sorted(p.name for p in art.files) == ["l1_checkpoint", "l1_eval_model.onnx", "l1_optimizer_model.onnx",
-                                                  "l1_training_model.onnx"]
+    art = artifacts.generate_artifacts(
+        os.fspath(path),
+        requires_grad=net.params,
+        optimizer=artifacts.OptimType.SGD,
+        artifact_directory=tmp_path / "out",
+        prefix="l1_",
+    )
+    assert sorted(p.name for p in art.files) == [
+        "l1_checkpoint",
+        "l1_eval_model.onnx",
+        "l1_optimizer_model.onnx",
+        "l1_training_model.onnx",
+    ]
     target = _regression_target()
     model = copy.deepcopy(net.torch)
     expected = torch.nn.functional.l1_loss(model(net.x), target, reduction="sum")
@@ -1043,13 +1166,20 @@ def test_on_device_training_recipe(tmp_path, net):
     with onnxblock.empty_base():
         _ = optimizer_block(model_params)
         optimizer_model = optimizer_block.to_model_proto()
-    for name, proto in (("training_model.onnx", training_model), ("eval_model.onnx", eval_model),
-                        ("optimizer_model.onnx", optimizer_model)):
+    for name, proto in (
+        ("training_model.onnx", training_model),
+        ("eval_model.onnx", eval_model),
+        ("optimizer_model.onnx", optimizer_model),
+    ):
         onnx.save(proto, tmp_path / name)
     onnxblock.save_checkpoint(model_params, tmp_path / "checkpoint")
 
-    session = Session(tmp_path / "training_model.onnx", tmp_path / "eval_model.onnx", tmp_path / "checkpoint",
-                      tmp_path / "optimizer_model.onnx")
+    session = Session(
+        tmp_path / "training_model.onnx",
+        tmp_path / "eval_model.onnx",
+        tmp_path / "checkpoint",
+        tmp_path / "optimizer_model.onnx",
+    )
     assert [p.name for p in model_params[1]] == ["fc1.bias"]
     labels = _labels()
     model = copy.deepcopy(net.torch)
@@ -1072,8 +1202,13 @@ def test_on_device_training_recipe(tmp_path, net):
 
 @pytest.mark.parametrize("optim", ["AdamW", "SGD"])
 def test_training_end_to_end_matches_torch(tmp_path, net, optim):
-    art = artifacts.generate_artifacts(net.onnx, requires_grad=net.params, loss=artifacts.LossType.CrossEntropyLoss,
-                                       optimizer=artifacts.OptimType[optim], artifact_directory=tmp_path)
+    art = artifacts.generate_artifacts(
+        net.onnx,
+        requires_grad=net.params,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType[optim],
+        artifact_directory=tmp_path,
+    )
     session = Session.of(art)
     assert session.optimizer.get_learning_rate() == pytest.approx(0.001)  # ONNX Runtime's default
     lr = 0.05
@@ -1084,8 +1219,9 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     m = {n: np.zeros(p.shape) for n, p in model.named_parameters()}
     v = {n: np.zeros(p.shape) for n, p in model.named_parameters()}
     g = torch.Generator().manual_seed(9)
-    batches = [(torch.randn(BATCH, D_IN, generator=g), torch.randint(0, D_OUT, (BATCH,), generator=g))
-               for _ in range(2)]
+    batches = [
+        (torch.randn(BATCH, D_IN, generator=g), torch.randint(0, D_OUT, (BATCH,), generator=g)) for _ in range(2)
+    ]
     losses = []
     for t in range(1, 9):
         x, labels = batches[t % 2]
@@ -1101,8 +1237,9 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
             continue
         with torch.no_grad():  # the reference's AdamW: Hugging Face mode, eps=1e-6, no weight decay
             for n, p in model.named_parameters():
-                w, m[n], v[n] = _hf_adamw(p.double().numpy(), p.grad.double().numpy(), m[n], v[n], t, lr, 0.9,
-                                          0.999, 1e-6, 0.0)
+                w, m[n], v[n] = _hf_adamw(
+                    p.double().numpy(), p.grad.double().numpy(), m[n], v[n], t, lr, 0.9, 0.999, 1e-6, 0.0
+                )
                 p.copy_(torch.from_numpy(w))
     for n, p in model.named_parameters():
         np.testing.assert_allclose(session.param(n), p.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=n)
@@ -1142,10 +1279,23 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
 def test_model_exported_at_opset_10_trains(tmp_path, net):
     f = io.BytesIO()
     with models._quiet():
-        torch.onnx.export(net.torch, (net.x,), f, input_names=["input-0"], output_names=["output-0"], opset_version=10,
-                          do_constant_folding=False, dynamic_axes={"input-0": {0: "n"}}, dynamo=False)
-    art = artifacts.generate_artifacts(onnx.load_from_string(f.getvalue()), requires_grad=net.params,
-                                       loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path)
+        torch.onnx.export(
+            net.torch,
+            (net.x,),
+            f,
+            input_names=["input-0"],
+            output_names=["output-0"],
+            opset_version=10,
+            do_constant_folding=False,
+            dynamic_axes={"input-0": {0: "n"}},
+            dynamo=False,
+        )
+    art = artifacts.generate_artifacts(
+        onnx.load_from_string(f.getvalue()),
+        requires_grad=net.params,
+        loss=artifacts.LossType.MSELoss,
+        artifact_directory=tmp_path,
+    )
     target = _regression_target()
     model = copy.deepcopy(net.torch)
     expected = torch.nn.functional.mse_loss(model(net.x), target)

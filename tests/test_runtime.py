@@ -68,7 +68,7 @@ def data():
 
 
 def batches(x, y, size=16):
-    return [(x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)]
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
 
 
 # ------------------------------------------------------------- ORT parity
@@ -143,8 +143,16 @@ def run_fit(directory, x, y, max_steps, checkpoint=None, resume_from=None, save_
         resume(session, resume_from, train)
     callbacks = [SaveCheckpoint(checkpoint, every_steps=save_every, at_epoch_end=False)] if checkpoint else []
     schedule = CosineSchedule(0.05, total_steps=40, warmup_steps=4)
-    history = fit(session, train, epochs=20, callbacks=callbacks, scheduler=schedule, accumulation_steps=2,
-                  progress=False, max_steps=max_steps)
+    history = fit(
+        session,
+        train,
+        epochs=20,
+        callbacks=callbacks,
+        scheduler=schedule,
+        accumulation_steps=2,
+        progress=False,
+        max_steps=max_steps,
+    )
     return session, history
 
 
@@ -346,11 +354,13 @@ def test_schedule_formulas():
     assert ConstantSchedule(0.1).values(3) == [0.1, 0.1, 0.1]
     assert ConstantSchedule(0.1, warmup_steps=4).values(6) == pytest.approx([0, 0.025, 0.05, 0.075, 0.1, 0.1])
     linear = LinearSchedule(1.0, total_steps=10, warmup_steps=2, end_lr=0.1)
-    assert linear.values(12) == pytest.approx([0, 0.5, 1.0] + [0.1 + 0.9 * (10 - t) / 8 for t in range(3, 11)]
-                                              + [0.1])
+    assert linear.values(12) == pytest.approx([0, 0.5, 1.0] + [0.1 + 0.9 * (10 - t) / 8 for t in range(3, 11)] + [0.1])
     cosine = CosineSchedule(1.0, total_steps=12, warmup_steps=2, min_lr=0.2)
-    expected = [t / 2 for t in range(2)] + [0.2 + 0.8 * (1 + math.cos(math.pi * (t - 2) / 10)) / 2
-                                            for t in range(2, 13)] + [0.2]
+    expected = (
+        [t / 2 for t in range(2)]
+        + [0.2 + 0.8 * (1 + math.cos(math.pi * (t - 2) / 10)) / 2 for t in range(2, 13)]
+        + [0.2]
+    )
     assert cosine.values(14) == pytest.approx(expected)
     assert StepSchedule(1.0, step_size=3, gamma=0.5).values(7) == [1, 1, 1, 0.5, 0.5, 0.5, 0.25]
     for schedule in (linear, cosine, StepSchedule(1.0, 3), ConstantSchedule(0.1, 2)):
@@ -358,13 +368,16 @@ def test_schedule_formulas():
     assert make_schedule("cosine", 0.1, total_steps=5) == CosineSchedule(0.1, 5)
 
 
-@pytest.mark.parametrize("bad", [
-    lambda: LinearSchedule(0.1, total_steps=3, warmup_steps=3),
-    lambda: CosineSchedule(-1.0, total_steps=3),
-    lambda: StepSchedule(0.1, step_size=0),
-    lambda: make_schedule("exp", 0.1),
-    lambda: make_schedule("linear", 0.1),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: LinearSchedule(0.1, total_steps=3, warmup_steps=3),
+        lambda: CosineSchedule(-1.0, total_steps=3),
+        lambda: StepSchedule(0.1, step_size=0),
+        lambda: make_schedule("exp", 0.1),
+        lambda: make_schedule("linear", 0.1),
+    ],
+)
 def test_schedule_errors(bad):
     with pytest.raises(ValueError):
         bad()
@@ -387,12 +400,14 @@ def test_schedules_match_torch():
     from torch.optim import lr_scheduler
 
     assert CosineSchedule(1.0, total_steps=20, min_lr=0.1).values(25) == pytest.approx(
-        torch_lrs(lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=20, eta_min=0.1), 21) + [0.1] * 4, rel=1e-9)
+        torch_lrs(lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=20, eta_min=0.1), 21) + [0.1] * 4, rel=1e-9
+    )
     assert StepSchedule(1.0, step_size=4, gamma=0.3).values(20) == pytest.approx(
-        torch_lrs(lambda o: lr_scheduler.StepLR(o, step_size=4, gamma=0.3), 20), rel=1e-12)
+        torch_lrs(lambda o: lr_scheduler.StepLR(o, step_size=4, gamma=0.3), 20), rel=1e-12
+    )
     assert LinearSchedule(1.0, total_steps=10).values(14) == pytest.approx(
-        torch_lrs(lambda o: lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=10), 14),
-        abs=1e-12)
+        torch_lrs(lambda o: lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=10), 14), abs=1e-12
+    )
     warm = LinearSchedule(1.0, total_steps=10, warmup_steps=3)
     assert warm.values(12) == pytest.approx(torch_lrs(lambda o: lr_scheduler.LambdaLR(o, warm), 12))
 
@@ -410,8 +425,14 @@ def test_fit_history_eval_and_accuracy(adamw_dir, data):
     x, y = data
     session = TrainingSession(adamw_dir)
     accuracy = Accuracy()
-    history = fit(session, ArrayBatches((x, y), 16), epochs=3, eval_data=[(x[:30], y[:30]), (x[30:], y[30:])],
-                  callbacks=[accuracy], progress=False)
+    history = fit(
+        session,
+        ArrayBatches((x, y), 16),
+        epochs=3,
+        eval_data=[(x[:30], y[:30]), (x[30:], y[30:])],
+        callbacks=[accuracy],
+        progress=False,
+    )
     assert len(history.losses) == 9 and history.steps == 9 and history.samples == 3 * 48
     assert [e["epoch"] for e in history.epochs] == [1, 2, 3] and history.epoch_ends == [3, 6, 9]
     logits = session.eval_step(x, y)[1]
@@ -427,8 +448,14 @@ def test_early_stopping_stops(adamw_dir, data):
     x, y = data
     session = TrainingSession(adamw_dir)
     session.learning_rate = 0.0  # nothing improves
-    history = fit(session, batches(x, y), epochs=10, eval_data=[(x, y)],
-                  callbacks=[EarlyStopping("eval_loss", patience=2)], progress=False)
+    history = fit(
+        session,
+        batches(x, y),
+        epochs=10,
+        eval_data=[(x, y)],
+        callbacks=[EarlyStopping("eval_loss", patience=2)],
+        progress=False,
+    )
     assert len(history.epochs) == 3
 
 
@@ -481,8 +508,15 @@ def test_png_plot(tmp_path):
     # The home-made PNG encoder is gone (issue 9): PNG is drawn by matplotlib, SVG by onnxblocks.
     from matplotlib.image import imread
 
-    path = plotting.save_line_plot(tmp_path / "p.png", {"a": [3.0, 2.0, 1.5, 1.0], "b": ([0, 3], [1.0, 3.0])},
-                                   title="Loss", xlabel="step", ylabel="loss", width=320, height=200)
+    path = plotting.save_line_plot(
+        tmp_path / "p.png",
+        {"a": [3.0, 2.0, 1.5, 1.0], "b": ([0, 3], [1.0, 3.0])},
+        title="Loss",
+        xlabel="step",
+        ylabel="loss",
+        width=320,
+        height=200,
+    )
     image = np.round(imread(path)[..., :3] * 255).astype(int)
     assert image.shape == (200, 320, 3)
     blue, red = np.array(plotting.PALETTE[0]), np.array(plotting.PALETTE[1])

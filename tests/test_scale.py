@@ -55,7 +55,8 @@ def make_mlp(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Add", ["h3", "b2"], ["y"], name="add2"),
     ]
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", IN])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", OUT])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
@@ -74,8 +75,14 @@ def save_with_external_data(model: onnx.ModelProto, directory: Path) -> Path:
     path = directory / "mlp.onnx"
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    onnx.save_model(copy, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="mlp.onnx.data", size_threshold=64)
+    onnx.save_model(
+        copy,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="mlp.onnx.data",
+        size_threshold=64,
+    )
     return path
 
 
@@ -118,8 +125,12 @@ def generate(model_arg, out: Path, loss=None, **kwargs):
     from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
     return generate_artifacts(
-        model_arg, requires_grad=PARAMS, loss=loss if loss is not None else LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW, artifact_directory=out, **kwargs,
+        model_arg,
+        requires_grad=PARAMS,
+        loss=loss if loss is not None else LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=out,
+        **kwargs,
     )
 
 
@@ -212,8 +223,11 @@ def test_training_continues_from_streamed_checkpoint(mlp_on_disk, tmp_path, low_
     labels = rng.integers(0, OUT, N)
     w = source_arrays(model)
     logits = np.maximum(x @ w["W1"] + w["b1"], 0) @ w["W2"] + w["b2"]
-    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(
-        1, keepdims=True)
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+        - logits.max(1, keepdims=True)
+    )
     np.testing.assert_allclose(losses[0], -logp[np.arange(N), labels].mean(), rtol=1e-5)
 
 
@@ -291,7 +305,7 @@ def test_twenty_blocks_add_only_their_nodes_and_check_once(count_checks, low_thr
         loss = chain_loss(20)
         out = loss("y")
         graph = acc.working_model.graph
-        added = graph.node[len(nodes_before):]
+        added = graph.node[len(nodes_before) :]
         assert [n.SerializeToString() for n in graph.node[: len(nodes_before)]] == nodes_before
         assert [n.op_type for n in added] == ["Sigmoid", "Neg"] * 9 + ["Sigmoid", "ReduceMean"]
         assert [(i.name, weights.is_stub(i)) for i in graph.initializer] == inits_before
@@ -340,8 +354,11 @@ def _mixed_model(directory: Path) -> Path:
     ext = numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float16), "ext")
     nodes = [helper.make_node("MatMul", ["x", "big"], ["y"], name="mm", doc_string="keeps its doc")]
     graph = helper.make_graph(
-        nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], [big, typed, tiny, text, ext],
+        nodes,
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [big, typed, tiny, text, ext],
         value_info=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
@@ -370,8 +387,9 @@ def test_load_structure_matches_onnx_load(tmp_path):
         assert by_name[name].SerializeToString() == original.SerializeToString()
     # Everything but the initializers is byte-identical.
     for field in ("node", "input", "output", "value_info"):
-        assert [m.SerializeToString() for m in getattr(lazy.graph, field)] == \
-            [m.SerializeToString() for m in getattr(plain.graph, field)]
+        assert [m.SerializeToString() for m in getattr(lazy.graph, field)] == [
+            m.SerializeToString() for m in getattr(plain.graph, field)
+        ]
     lazy_meta, plain_meta = onnx.ModelProto(), onnx.ModelProto()
     lazy_meta.CopyFrom(lazy)
     plain_meta.CopyFrom(plain)
@@ -389,7 +407,8 @@ def test_load_structure_matches_onnx_load(tmp_path):
     onnx.load_external_data_for_model(lazy, str(path.parent))
     np.testing.assert_array_equal(
         numpy_helper.to_array(next(i for i in lazy.graph.initializer if i.name == "big")),
-        numpy_helper.to_array(next(i for i in full.graph.initializer if i.name == "big")))
+        numpy_helper.to_array(next(i for i in full.graph.initializer if i.name == "big")),
+    )
 
 
 def test_load_structure_threshold_and_build(tmp_path, mlp_on_disk):
@@ -440,9 +459,20 @@ def test_benchmark_quick_run(tmp_path):
     pytest.importorskip("torch")
     report = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_artifacts.py"), "--quick", "--skip-reference",
-         "--cache-dir", str(tmp_path / "cache"), "--json", str(report)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "bench_artifacts.py"),
+            "--quick",
+            "--skip-reference",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(report.read_text())

@@ -82,14 +82,17 @@ def test_weighted_sum_of_two_losses() -> None:
     assert isinstance(total, onnxblocks.Value) and total.startswith("weighted.")
     assert not model.functions, "the function is inlined, not referenced"
     (got,) = run_model(model, {"a": a, "b": b, "t1": t1, "t2": t2})
-    np.testing.assert_allclose(got, 0.4 * np.mean((a - t1) ** 2) + 0.6 * np.mean(np.abs(b - t2)),
-                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got, 0.4 * np.mean((a - t1) ** 2) + 0.6 * np.mean(np.abs(b - t2)), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize(("function", "torch_loss"), [
-    (log_cosh, lambda p, t: torch.mean(torch.log(torch.cosh(p - t)))),
-    (scaled_mse, lambda p, t: 2.5 * torch.nn.functional.mse_loss(p, t)),
-], ids=["log_cosh", "scaled_mse"])
+@pytest.mark.parametrize(
+    ("function", "torch_loss"),
+    [
+        (log_cosh, lambda p, t: torch.mean(torch.log(torch.cosh(p - t)))),
+        (scaled_mse, lambda p, t: 2.5 * torch.nn.functional.mse_loss(p, t)),
+    ],
+    ids=["log_cosh", "scaled_mse"],
+)
 def test_custom_loss_value_and_ort_gradient(function, torch_loss) -> None:
     """A loss written in onnxscript: its value and its ORT-built gradient equal torch's."""
     from onnxruntime.capi import _pybind_state as C
@@ -99,10 +102,12 @@ def test_custom_loss_value_and_ort_gradient(function, torch_loss) -> None:
     x = rng.standard_normal((5, 3)).astype(np.float32)
     target = rng.standard_normal((5, 2)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
-        [numpy_helper.from_array(w, "W")])
+        [numpy_helper.from_array(w, "W")],
+    )
     base = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     attrs = {"scale": 2.5} if function is scaled_mse else {}
     with onnxblocks.base(base) as acc:
@@ -178,12 +183,17 @@ def test_several_outputs_are_a_tuple() -> None:
 
 def test_function_proto_with_library() -> None:
     """A plain onnx.FunctionProto (and the functions it calls) works too."""
-    inner = helper.make_function("lib", "twice", ["v"], ["r"], [helper.make_node("Add", ["v", "v"], ["r"])],
-                                 [helper.make_opsetid("", 17)])
-    outer = helper.make_function("lib", "four_times", ["v"], ["r"],
-                                 [helper.make_node("twice", ["v"], ["t"], domain="lib"),
-                                  helper.make_node("twice", ["t"], ["r"], domain="lib")],
-                                 [helper.make_opsetid("", 17), helper.make_opsetid("lib", 1)])
+    inner = helper.make_function(
+        "lib", "twice", ["v"], ["r"], [helper.make_node("Add", ["v", "v"], ["r"])], [helper.make_opsetid("", 17)]
+    )
+    outer = helper.make_function(
+        "lib",
+        "four_times",
+        ["v"],
+        ["r"],
+        [helper.make_node("twice", ["v"], ["t"], domain="lib"), helper.make_node("twice", ["t"], ["r"], domain="lib")],
+        [helper.make_opsetid("", 17), helper.make_opsetid("lib", 1)],
+    )
     with onnxblocks.empty_base(17) as acc:
         acc.add_input("x", TensorProto.FLOAT, [2])
         out = ScriptBlock(outer, functions=[inner])("x")
@@ -198,8 +208,11 @@ def test_function_proto_with_library() -> None:
 def test_function_needing_newer_opset() -> None:
     with onnxblocks.empty_base(17) as acc:
         acc.add_input("a", TensorProto.FLOAT, [2])
-        with pytest.raises(ValueError, match=r"'weighted' uses ai.onnx opset 18, but the model imports opset 17.*"
-                                             r"opset17 as op"):
+        with pytest.raises(
+            ValueError,
+            match=r"'weighted' uses ai.onnx opset 18, but the model imports opset 17.*"
+            r"opset17 as op",
+        ):
             ScriptBlock(weighted)("a", "a")
 
 
@@ -246,7 +259,9 @@ def test_not_a_function() -> None:
 
 
 def test_import_onnxblocks_does_not_import_onnxscript() -> None:
-    code = ("import sys, onnxblocks, onnxblocks.losses, onnxblocks.blocks.script; "
-            "print(sorted(m for m in ('onnxscript', 'onnxruntime', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, onnxblocks, onnxblocks.losses, onnxblocks.blocks.script; "
+        "print(sorted(m for m in ('onnxscript', 'onnxruntime', 'torch') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -13,8 +13,8 @@ from onnx import numpy_helper
 
 import onnxblocks
 from onnxblocks import losses
-from onnxblocks.artifacts import Artifacts
 from onnxblocks._core import weights as _weights
+from onnxblocks.artifacts import Artifacts
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.errors import NotBuiltError
 
@@ -52,9 +52,22 @@ def _write(tmp_path, block) -> Artifacts:
     onnx.save(evaluation, tmp_path / "eval_model.onnx")
     save_checkpoint(block.parameter_sources(), tmp_path / "checkpoint")
     p = block.graphs.partition
-    return Artifacts(tmp_path, tmp_path / "training_model.onnx", tmp_path / "eval_model.onnx", tmp_path / "checkpoint",
-                     None, None, None, None, None, p.trainable, p.frozen, block.graphs.user_inputs,
-                     block.graphs.user_outputs, ())
+    return Artifacts(
+        tmp_path,
+        tmp_path / "training_model.onnx",
+        tmp_path / "eval_model.onnx",
+        tmp_path / "checkpoint",
+        None,
+        None,
+        None,
+        None,
+        None,
+        p.trainable,
+        p.frozen,
+        block.graphs.user_inputs,
+        block.graphs.user_outputs,
+        (),
+    )
 
 
 def test_requires_grad_toggles_between_trainable_and_frozen(mlp):
@@ -177,10 +190,14 @@ def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
     class Weighted(TrainingBlock):
         def build(self, output_name):
             acc = self.accessor  # two heads of 2 outputs each
-            a = acc.op("Slice", [output_name, acc.constant([0], np.int64), acc.constant([2], np.int64),
-                                 acc.constant([1], np.int64)])
-            b = acc.op("Slice", [output_name, acc.constant([2], np.int64), acc.constant([4], np.int64),
-                                 acc.constant([1], np.int64)])
+            a = acc.op(
+                "Slice",
+                [output_name, acc.constant([0], np.int64), acc.constant([2], np.int64), acc.constant([1], np.int64)],
+            )
+            b = acc.op(
+                "Slice",
+                [output_name, acc.constant([2], np.int64), acc.constant([4], np.int64), acc.constant([1], np.int64)],
+            )
             return 0.4 * losses.MSELoss()(a, "t1") + 0.6 * losses.L1Loss()(b, "t2")
 
     block = Weighted()
@@ -193,8 +210,9 @@ def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     (loss,) = trainer.train_step(x, t1, t2)
     out = net(torch.from_numpy(x))
-    expected = 0.4 * torch.nn.functional.mse_loss(out[:, :2], torch.from_numpy(t1)) + \
-        0.6 * torch.nn.functional.l1_loss(out[:, 2:], torch.from_numpy(t2))
+    expected = 0.4 * torch.nn.functional.mse_loss(out[:, :2], torch.from_numpy(t1)) + 0.6 * torch.nn.functional.l1_loss(
+        out[:, 2:], torch.from_numpy(t2)
+    )
     expected.backward()
     np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
     for name, param in net.named_parameters():
@@ -221,9 +239,12 @@ def test_parameters_created_by_blocks_can_be_trained(tmp_path, mlp):
     with torch.no_grad():
         features = mlp.torch_model(torch.from_numpy(mlp.inputs["x"])).numpy()
     residual = features @ w + b - target
-    np.testing.assert_allclose(trainer.grad("linear.bias_0"), 2 * residual.sum(axis=0) / residual.size, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(trainer.grad("linear.weight_0"), 2 * features.T @ residual / residual.size,
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        trainer.grad("linear.bias_0"), 2 * residual.sum(axis=0) / residual.size, rtol=1e-4, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        trainer.grad("linear.weight_0"), 2 * features.T @ residual / residual.size, rtol=1e-4, atol=1e-6
+    )
 
 
 def test_html_display_hook(mlp):

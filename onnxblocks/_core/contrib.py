@@ -119,8 +119,7 @@ class ContribOp:
                 return attr
         known = [a.name for a in self.attributes]
         raise TypeError(
-            f"{self.op_type} has no attribute '{name}'.{did_you_mean(name, known)} "
-            f"Its attributes are {known}."
+            f"{self.op_type} has no attribute '{name}'.{did_you_mean(name, known)} Its attributes are {known}."
         )
 
     def emit(

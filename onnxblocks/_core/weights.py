@@ -47,9 +47,9 @@ def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
 
 def is_stub(tensor: onnx.TensorProto) -> bool:
     """True for a stub standing in for a held tensor."""
-    return tensor.data_location == onnx.TensorProto.EXTERNAL and external_info(tensor).get(
-        "location", ""
-    ).startswith(HELD_LOCATION_PREFIX)
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and external_info(tensor).get("location", "").startswith(
+        HELD_LOCATION_PREFIX
+    )
 
 
 @dataclass(frozen=True)

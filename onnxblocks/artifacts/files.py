@@ -37,7 +37,8 @@ def staging(directory: Path, artifact_names: Sequence[str]) -> Iterator[Path]:
     created = None  # the top-most directory this call creates, removed again on failure
     if not exists:
         created = next((p for p in reversed(parent.parents) if not p.exists()), None) or (
-            parent if not parent.exists() else None)
+            parent if not parent.exists() else None
+        )
         parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".onnxblocks-artifacts-", dir=parent))
     try:
@@ -75,7 +76,9 @@ def to_ort_format(model_path: Path, target: Path, custom_op_libraries: Sequence[
     for library in custom_op_libraries:
         options.register_custom_ops_library(library)
     ort.InferenceSession(
-        os.fspath(model_path), sess_options=options, providers=["CPUExecutionProvider"],
+        os.fspath(model_path),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
         disabled_optimizers=["NchwcTransformer"],
     )
     return target

@@ -314,9 +314,7 @@ def _load(model: Any, model_path: str | os.PathLike | None = None) -> tuple[onnx
         if not os.path.isfile(path):
             raise FileNotFoundError(f"Model file '{path}' does not exist.")
         return _weights.load_structure(path), path  # weights stay in the file: read in chunks when needed
-    raise TypeError(
-        f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}."
-    )
+    raise TypeError(f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}.")
 
 
 def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
@@ -370,9 +368,9 @@ def _names(argument: str, names: Sequence[str] | None) -> list[str]:
         return []
     if isinstance(names, str) or not isinstance(names, (list, tuple, Mapping, set, frozenset)):
         raise TypeError(
-            f"{argument} must be a list of names, not {type(names).__name__}: {names!r}. "
-            f"Pass e.g. [{names!r}]." if isinstance(names, str) else
-            f"{argument} must be a list of names, not {type(names).__name__}."
+            f"{argument} must be a list of names, not {type(names).__name__}: {names!r}. Pass e.g. [{names!r}]."
+            if isinstance(names, str)
+            else f"{argument} must be a list of names, not {type(names).__name__}."
         )
     out = list(names)
     for n in out:

@@ -193,9 +193,7 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self._model.opset_import}
         return check_node(node, opsets, self.type_of, self._const_data, self.where())
 
-    def add_input(
-        self, name: str, elem_type: int, shape: Sequence[int | str | None] | None
-    ) -> Value:
+    def add_input(self, name: str, elem_type: int, shape: Sequence[int | str | None] | None) -> Value:
         """Add a graph input, or return the existing input of that name.
 
         Raises:

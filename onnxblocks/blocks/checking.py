@@ -73,8 +73,12 @@ def check_node(
         input_types[i] = t
     try:
         inferred = onnx.shape_inference.infer_node_outputs(
-            schema, node, input_types, input_data=input_data,
-            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+            schema,
+            node,
+            input_types,
+            input_data=input_data,
+            opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+        )
     except Exception as exc:
         described = ", ".join(f"'{i}': {describe_type(t)}" for i, t in input_types.items())
         raise TypeError(

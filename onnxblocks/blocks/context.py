@@ -89,8 +89,11 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
         ValueError: if the model needs a newer opset than onnxruntime-training 1.19.2 supports.
     """
     if not isinstance(model, onnx.ModelProto):
-        hint = " Load it first with onnx.load(path), or pass the path as model_path." if isinstance(
-            model, (str, os.PathLike)) else ""
+        hint = (
+            " Load it first with onnx.load(path), or pass the path as model_path."
+            if isinstance(model, (str, os.PathLike))
+            else ""
+        )
         raise TypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
     _limits.check_opset_supported(model)
     working, store = working_copy(model, model_path)

@@ -30,9 +30,7 @@ class _Reduce(Block):
         if version >= _AXES_AS_INPUT_SINCE[self._op_type]:
             axes = acc.constant(self._axes, dtype=onnx.TensorProto.INT64, name_hint="axes")
             return acc.op(self._op_type, [input_name, axes], keepdims=int(self._keepdims))
-        return acc.op(
-            self._op_type, [input_name], keepdims=int(self._keepdims), axes=self._axes
-        )
+        return acc.op(self._op_type, [input_name], keepdims=int(self._keepdims), axes=self._axes)
 
 
 class ReduceMean(_Reduce):

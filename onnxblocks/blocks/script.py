@@ -67,7 +67,8 @@ def _function_protos(function: Any) -> tuple[onnx.FunctionProto, dict[_FunctionK
     if not callable(to_proto):
         hint = (
             " Decorate it with @onnxscript.script() (e.g. `@script(default_opset=opset17)`)."
-            if callable(function) else ""
+            if callable(function)
+            else ""
         )
         raise TypeError(
             f"ScriptBlock takes an onnxscript function or an onnx.FunctionProto, not "
@@ -126,9 +127,7 @@ class ScriptBlock(Block):
             wrong type, or a required attribute is missing.
     """
 
-    def __init__(
-        self, function: Any, *, functions: Iterable[onnx.FunctionProto] = (), **attributes: Any
-    ) -> None:
+    def __init__(self, function: Any, *, functions: Iterable[onnx.FunctionProto] = (), **attributes: Any) -> None:
         super().__init__()
         self._proto, self._library = _function_protos(function)
         for extra in functions:
@@ -243,8 +242,11 @@ class _Inliner:
             callee = self._library.get((node.domain, node.op_type))
             if callee is not None:
                 results = self.inline(
-                    callee, node_inputs, {a.name: a for a in node_attributes},
-                    prefix=f"{prefix}.{callee.name}", depth=depth + 1,
+                    callee,
+                    node_inputs,
+                    {a.name: a for a in node_attributes},
+                    prefix=f"{prefix}.{callee.name}",
+                    depth=depth + 1,
                 )
                 env.update(dict(zip(node.output, results, strict=False)))
                 continue

@@ -123,8 +123,11 @@ class LabelEncoder(Block):
         """Encode ``label_encoder_input_name``."""
         acc = self.accessor
         value_kind = next(k for k in ("values_floats", "values_int64s", "values_strings") if self._attributes[k])
-        elem = {"values_floats": onnx.TensorProto.FLOAT, "values_int64s": onnx.TensorProto.INT64,
-                "values_strings": onnx.TensorProto.STRING}[value_kind]
+        elem = {
+            "values_floats": onnx.TensorProto.FLOAT,
+            "values_int64s": onnx.TensorProto.INT64,
+            "values_strings": onnx.TensorProto.STRING,
+        }[value_kind]
         shape = acc.shape_of(label_encoder_input_name)
         return acc.op(
             "LabelEncoder",
@@ -147,7 +150,12 @@ class Linear(Block):
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, alpha: float = 1.0, beta: float = 1.0,
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        alpha: float = 1.0,
+        beta: float = 1.0,
         seed: int | None = None,
     ) -> None:
         super().__init__()

@@ -40,27 +40,32 @@ class ValueIndex:
     def _sync(self) -> None:
         """Index graph entries appended since the last call."""
         g = self._model.graph
-        fields = {"input": g.input, "initializer": g.initializer, "node": g.node, "value_info": g.value_info,
-                  "output": g.output}
+        fields = {
+            "input": g.input,
+            "initializer": g.initializer,
+            "node": g.node,
+            "value_info": g.value_info,
+            "output": g.output,
+        }
         if any(len(fields[k]) < self._seen[k] for k in fields):
             self._reset()
-        for vi in g.input[self._seen["input"]:]:
+        for vi in g.input[self._seen["input"] :]:
             self._defined.add(vi.name)
             self.names.reserve(vi.name)
             if vi.type.WhichOneof("value"):
                 self._types[vi.name] = vi.type
-        for init in g.initializer[self._seen["initializer"]:]:
+        for init in g.initializer[self._seen["initializer"] :]:
             self._defined.add(init.name)
             self.names.reserve(init.name)
             self._types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-        for node in g.node[self._seen["node"]:]:
+        for node in g.node[self._seen["node"] :]:
             if node.name:
                 self.names.reserve(node.name)
             for out in node.output:
                 if out:
                     self._defined.add(out)
                     self.names.reserve(out)
-        for vi in g.value_info[self._seen["value_info"]:] + g.output[self._seen["output"]:]:
+        for vi in g.value_info[self._seen["value_info"] :] + g.output[self._seen["output"] :]:
             self.names.reserve(vi.name)
             if vi.type.WhichOneof("value"):
                 self._types.setdefault(vi.name, vi.type)

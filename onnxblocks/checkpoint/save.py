@@ -77,8 +77,11 @@ def _check(params: list[_Param], nominal: bool) -> None:
             )
         seen.add(p.name)
         if p.data_type not in _format.LOADABLE_DTYPES and not nominal:
-            kind = onnx.TensorProto.DataType.Name(p.data_type) if p.data_type in \
-                onnx.TensorProto.DataType.values() else str(p.data_type)
+            kind = (
+                onnx.TensorProto.DataType.Name(p.data_type)
+                if p.data_type in onnx.TensorProto.DataType.values()
+                else str(p.data_type)
+            )
             raise ValueError(
                 f"Parameter '{p.name}' has element type {kind}, which ONNX Runtime 1.19.2 cannot load from a "
                 "checkpoint. Cast it to float32 (or another numeric type) first."
@@ -135,8 +138,11 @@ def save_checkpoint(
             "parameters must be a (trainable, frozen) pair of sequences of onnx.TensorProto / TensorSource, "
             f"not {type(parameters).__name__}. Pass e.g. ([w, b], [])."
         )
-    if isinstance(external_data_threshold, bool) or not isinstance(external_data_threshold, int) \
-            or external_data_threshold < 0:
+    if (
+        isinstance(external_data_threshold, bool)
+        or not isinstance(external_data_threshold, int)
+        or external_data_threshold < 0
+    ):
         raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
     groups = []
     for role, params in zip(("Trainable", "Frozen"), parameters, strict=True):
@@ -174,8 +180,12 @@ def save_checkpoint(
                     p.name, p.data_type, p.dims, external_offset=offsets[p.name], doc_string=p.doc_string
                 )
             return _format.TensorRecord(
-                p.name, p.data_type, p.dims, p.nbytes,
-                lambda: tensor_chunks(p.source, base_dir, CHUNK_BYTES), doc_string=p.doc_string,
+                p.name,
+                p.data_type,
+                p.dims,
+                p.nbytes,
+                lambda: tensor_chunks(p.source, base_dir, CHUNK_BYTES),
+                doc_string=p.doc_string,
             )
 
         buffer = _format.encode_checkpoint(

@@ -51,12 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     from onnxblocks.cli import artifacts, demo, inspection, train
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="print the traceback of errors")
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="print the traceback of errors"
+    )
     parser = _Parser(
         prog=PROG,
         description="Compose ONNX training graphs, generate ONNX Runtime training artifacts, and train "
-                    "them without torch.",
+        "them without torch.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],

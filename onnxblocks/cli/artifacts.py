@@ -43,27 +43,55 @@ Run 'onnxblocks inspect model.onnx' to list the initializers."""
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``artifacts`` subcommand."""
     parser = commands.add_parser(
-        "artifacts", parents=parents, help="generate training artifacts (training/eval/optimizer models, checkpoint)",
+        "artifacts",
+        parents=parents,
+        help="generate training artifacts (training/eval/optimizer models, checkpoint)",
         description="Generate the ONNX Runtime training artifacts of a model: training_model.onnx, "
-                    "eval_model.onnx, optimizer_model.onnx and checkpoint.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "eval_model.onnx, optimizer_model.onnx and checkpoint.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", metavar="MODEL.onnx", help="the forward model")
     parser.add_argument("-o", "--output-dir", required=True, metavar="DIR", help="where to write the artifacts")
-    parser.add_argument("--loss", required=True, choices=list(LOSSES),
-                        help="loss added after the model's outputs ('none': the model's first output is the loss)")
-    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
-                        help="optimizer model to generate (default: adamw, torch.optim.AdamW semantics)")
-    parser.add_argument("--requires-grad", nargs="+", default=[], metavar="PATTERN",
-                        help="parameters to train (names or glob patterns)")
-    parser.add_argument("--all-params", action="store_true",
-                        help="train every floating-point initializer (minus --frozen)")
-    parser.add_argument("--frozen", nargs="+", default=[], metavar="PATTERN",
-                        help="parameters kept in the checkpoint without training (names or glob patterns)")
-    parser.add_argument("--additional-output", nargs="+", default=[], metavar="NAME",
-                        help="values the training and eval models return after the loss (e.g. logits)")
-    parser.add_argument("--loss-input", nargs="+", default=None, metavar="NAME",
-                        help="values passed to the loss (default: the model's outputs)")
+    parser.add_argument(
+        "--loss",
+        required=True,
+        choices=list(LOSSES),
+        help="loss added after the model's outputs ('none': the model's first output is the loss)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=OPTIMIZERS,
+        help="optimizer model to generate (default: adamw, torch.optim.AdamW semantics)",
+    )
+    parser.add_argument(
+        "--requires-grad", nargs="+", default=[], metavar="PATTERN", help="parameters to train (names or glob patterns)"
+    )
+    parser.add_argument(
+        "--all-params", action="store_true", help="train every floating-point initializer (minus --frozen)"
+    )
+    parser.add_argument(
+        "--frozen",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="parameters kept in the checkpoint without training (names or glob patterns)",
+    )
+    parser.add_argument(
+        "--additional-output",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="values the training and eval models return after the loss (e.g. logits)",
+    )
+    parser.add_argument(
+        "--loss-input",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="values passed to the loss (default: the model's outputs)",
+    )
     parser.add_argument("--prefix", default="", help="prefix of every artifact file name")
     parser.add_argument("--ort-format", action="store_true", help="also write .ort versions of the models")
     parser.add_argument("--nominal-checkpoint", action="store_true", help="also write a nominal checkpoint")
@@ -92,7 +120,9 @@ def select_parameters(
     if not requires_grad and not all_params:
         raise CliError(
             "choose the parameters to train: --requires-grad PATTERN... or --all-params "
-            "(see 'onnxblocks artifacts --help')", EXIT_USAGE)
+            "(see 'onnxblocks artifacts --help')",
+            EXIT_USAGE,
+        )
     names = [n for n, _ in initializers]
     floats = [n for n, t in initializers if t in _FLOAT_TYPES]
     frozen_names = _match_all(frozen, names, floats, "--frozen")
@@ -110,12 +140,14 @@ def _match_all(patterns: Sequence[str], names: Sequence[str], floats: Sequence[s
         if not hits:
             raise CliError(
                 f"{option} {pattern!r} matches no initializer of the model.{did_you_mean(pattern, names)} "
-                f"Initializers: {preview(names)}.")
+                f"Initializers: {preview(names)}."
+            )
         usable = [n for n in hits if n in set(floats)]
         if not usable:
             raise CliError(
                 f"{option} {pattern!r} matches only non-floating-point initializers {preview(hits)}, which cannot "
-                "be trained. Choose float parameters.")
+                "be trained. Choose float parameters."
+            )
         chosen.update(dict.fromkeys(usable))
     return list(chosen)
 
@@ -154,10 +186,12 @@ def run(args: argparse.Namespace) -> int:
     out.write(f"wrote training artifacts to {result.directory}\n")
     for path in result.files:
         out.write(f"  {path.name:<28} {format_bytes(path.stat().st_size):>10}\n")
-    out.write(f"trainable: {len(result.requires_grad)} parameters "
-              f"({format_bytes(sum(sizes.get(n, 0) for n in result.requires_grad))}); "
-              f"frozen: {len(result.frozen_params)} "
-              f"({format_bytes(sum(sizes.get(n, 0) for n in result.frozen_params))})\n")
+    out.write(
+        f"trainable: {len(result.requires_grad)} parameters "
+        f"({format_bytes(sum(sizes.get(n, 0) for n in result.requires_grad))}); "
+        f"frozen: {len(result.frozen_params)} "
+        f"({format_bytes(sum(sizes.get(n, 0) for n in result.frozen_params))})\n"
+    )
     out.write(f"inputs: {', '.join(result.input_names)}; outputs: {', '.join(result.output_names)}\n")
     prefix = f" --prefix {args.prefix}" if args.prefix else ""
     out.write(f"next: onnxblocks train {result.directory}{prefix} --data DATA.npz --epochs 10\n")

@@ -18,20 +18,31 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     from onnxblocks.demo import DEFAULT_OUTPUT_DIR, TARGET_ACCURACY
 
     parser = commands.add_parser(
-        "demo", parents=parents, help="train a small classifier end to end (no torch, no downloads)",
+        "demo",
+        parents=parents,
+        help="train a small classifier end to end (no torch, no downloads)",
         description="Build a small MLP with onnx.helper, compose a custom loss from blocks, generate artifacts, "
-                    "train on a built-in 3-class spiral dataset with a progress bar, save the loss curve as PNG, "
-                    f"export the inference model and check it with onnxruntime (target accuracy "
-                    f">= {TARGET_ACCURACY}). Takes seconds on a laptop CPU.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "train on a built-in 3-class spiral dataset with a progress bar, save the loss curve as PNG, "
+        f"export the inference model and check it with onnxruntime (target accuracy "
+        f">= {TARGET_ACCURACY}). Takes seconds on a laptop CPU.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, metavar="DIR",
-                        help=f"where to write the files (default ./{DEFAULT_OUTPUT_DIR})")
+    parser.add_argument(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        metavar="DIR",
+        help=f"where to write the files (default ./{DEFAULT_OUTPUT_DIR})",
+    )
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, weights and batch order (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--plot-backend", choices=("auto", "builtin", "matplotlib"), default="auto",
-                        help="renderer of the loss curve (default: matplotlib if installed, else built-in)")
+    parser.add_argument(
+        "--plot-backend",
+        choices=("auto", "builtin", "matplotlib"),
+        default="auto",
+        help="renderer of the loss curve (default: matplotlib if installed, else built-in)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -41,10 +52,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.epochs < 1:
         raise CliError(f"--epochs must be >= 1, got {args.epochs}.", 2)
-    result = run_demo(args.output_dir, epochs=args.epochs, seed=args.seed, progress=not args.no_progress,
-                      plot_backend=args.plot_backend)
+    result = run_demo(
+        args.output_dir,
+        epochs=args.epochs,
+        seed=args.seed,
+        progress=not args.no_progress,
+        plot_backend=args.plot_backend,
+    )
     if not result.passed:
         raise CliError(
             f"the demo reached validation accuracy {result.eval_accuracy:.3f} (inference model: "
-            f"{result.inference_accuracy:.3f}); the target is {TARGET_ACCURACY}. Try more --epochs.", EXIT_FAILURE)
+            f"{result.inference_accuracy:.3f}); the target is {TARGET_ACCURACY}. Try more --epochs.",
+            EXIT_FAILURE,
+        )
     return EXIT_OK

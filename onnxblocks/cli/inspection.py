@@ -26,17 +26,20 @@ examples:
   onnxblocks inspect ckpt                   # a checkpoint: parameters, optimizer step, properties"""
 
 
-
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``inspect`` subcommand."""
     parser = commands.add_parser(
-        "inspect", parents=parents, help="show inputs, outputs and parameters of a model or artifact directory",
+        "inspect",
+        parents=parents,
+        help="show inputs, outputs and parameters of a model or artifact directory",
         description="Print a table of the inputs, outputs and parameters (shape, dtype, trainable/frozen, "
-                    "bytes, totals) of an ONNX model file or of a training artifact directory.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "bytes, totals) of an ONNX model file or of a training artifact directory.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", metavar="MODEL.onnx|DIR|CHECKPOINT",
-                        help="an .onnx file, an artifact directory or a checkpoint file")
+    parser.add_argument(
+        "path", metavar="MODEL.onnx|DIR|CHECKPOINT", help="an .onnx file, an artifact directory or a checkpoint file"
+    )
     parser.add_argument("--prefix", default="", help="file-name prefix of the artifacts (for a directory)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(handler=run)
@@ -52,11 +55,15 @@ def run(args: argparse.Namespace) -> int:
     elif path.is_file():
         report = inspect_checkpoint(path) if is_checkpoint(path) else inspect_model(path)
     elif path.exists():
-        raise CliError(f"'{path}' is not a regular file (a pipe or device?); pass an .onnx file, an artifact "
-                       "directory or a checkpoint.", EXIT_INPUT)
+        raise CliError(
+            f"'{path}' is not a regular file (a pipe or device?); pass an .onnx file, an artifact "
+            "directory or a checkpoint.",
+            EXIT_INPUT,
+        )
     else:
-        raise CliError(f"'{path}' does not exist; pass an .onnx file, an artifact directory or a checkpoint.",
-                       EXIT_INPUT)
+        raise CliError(
+            f"'{path}' does not exist; pass an .onnx file, an artifact directory or a checkpoint.", EXIT_INPUT
+        )
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render(report))
     return EXIT_OK
 
@@ -68,8 +75,11 @@ def _load(path: Path) -> Any:
     try:
         return onnx.load(os.fspath(path), load_external_data=False)
     except Exception as exc:
-        raise CliError(f"cannot read '{path}' as an ONNX model: {' '.join(str(exc).split()) or type(exc).__name__}."
-                       " Pass an .onnx file.", EXIT_INPUT) from None
+        raise CliError(
+            f"cannot read '{path}' as an ONNX model: {' '.join(str(exc).split()) or type(exc).__name__}."
+            " Pass an .onnx file.",
+            EXIT_INPUT,
+        ) from None
 
 
 def _dtype(elem_type: int) -> str:
@@ -106,8 +116,9 @@ def inspect_model(path: Path) -> dict[str, Any]:
     g = model.graph
     init_names = {i.name for i in g.initializer}
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
-    params = [_tensor(i.name, _dtype(i.data_type), list(i.dims), "initializer", tensor_nbytes(i))
-              for i in g.initializer]
+    params = [
+        _tensor(i.name, _dtype(i.data_type), list(i.dims), "initializer", tensor_nbytes(i)) for i in g.initializer
+    ]
     return {
         "kind": "model",
         "path": os.fspath(path),
@@ -128,8 +139,13 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
     checkpoint = load_checkpoint(path)
     params = [_param(name, array, "trainable") for name, array in checkpoint.trainable.items()]
     params += [_param(name, array, "frozen") for name, array in checkpoint.frozen.items()]
-    return {"kind": "checkpoint", "path": os.fspath(path), "parameters": params, "totals": _totals(params),
-            **_checkpoint_state(checkpoint)}
+    return {
+        "kind": "checkpoint",
+        "path": os.fspath(path),
+        "parameters": params,
+        "totals": _totals(params),
+        **_checkpoint_state(checkpoint),
+    }
 
 
 def _checkpoint_state(checkpoint: Any) -> dict[str, Any]:
@@ -158,8 +174,9 @@ def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
     outputs: list[dict[str, Any]] = []
     if files.training_model.suffix == ".onnx":
         training = _load(files.training_model)
-        inputs = [_value_info(i) for i in training.graph.input
-                  if i.name not in names and not is_accumulation_value(i.name)]
+        inputs = [
+            _value_info(i) for i in training.graph.input if i.name not in names and not is_accumulation_value(i.name)
+        ]
         source = _load(files.eval_model) if files.eval_model and files.eval_model.suffix == ".onnx" else training
         outputs = [_value_info(o) for o in source.graph.output if not is_accumulation_value(o.name)]
     return {
@@ -184,13 +201,19 @@ def _param(name: str, array: Any, status: str) -> dict[str, Any]:
 
 
 def _totals(params: list[dict[str, Any]]) -> dict[str, Any]:
-    totals: dict[str, Any] = {"count": len(params), "elements": sum(p["elements"] for p in params),
-                              "bytes": sum(p["bytes"] for p in params)}
+    totals: dict[str, Any] = {
+        "count": len(params),
+        "elements": sum(p["elements"] for p in params),
+        "bytes": sum(p["bytes"] for p in params),
+    }
     for status in ("trainable", "frozen"):
         chosen = [p for p in params if p["status"] == status]
         if chosen:
-            totals[status] = {"count": len(chosen), "elements": sum(p["elements"] for p in chosen),
-                              "bytes": sum(p["bytes"] for p in chosen)}
+            totals[status] = {
+                "count": len(chosen),
+                "elements": sum(p["elements"] for p in chosen),
+                "bytes": sum(p["bytes"] for p in chosen),
+            }
     return totals
 
 
@@ -220,12 +243,18 @@ def render(report: dict[str, Any]) -> str:
         title = "outputs (loss first)" if report["kind"] == "artifacts" else "outputs"
         lines += ["", title, format_table(("name", "dtype", "shape"), rows) if rows else "  (none)"]
     params = report["parameters"]
-    param_rows = [(p["name"], p["dtype"], _shape(p["shape"]), p["status"], f"{p['elements']:,}",
-                   format_bytes(p["bytes"])) for p in params]
+    param_rows = [
+        (p["name"], p["dtype"], _shape(p["shape"]), p["status"], f"{p['elements']:,}", format_bytes(p["bytes"]))
+        for p in params
+    ]
     title = "parameters (initializers)" if report["kind"] == "model" else "parameters (checkpoint)"
-    lines += ["", title,
-              format_table(("name", "dtype", "shape", "status", "elements", "bytes"), param_rows, right=(4, 5))
-              if param_rows else "  (none)"]
+    lines += [
+        "",
+        title,
+        format_table(("name", "dtype", "shape", "status", "elements", "bytes"), param_rows, right=(4, 5))
+        if param_rows
+        else "  (none)",
+    ]
     totals = report["totals"]
     summary = f"total: {totals['count']} parameters, {totals['elements']:,} elements, {format_bytes(totals['bytes'])}"
     for status in ("trainable", "frozen"):
@@ -236,7 +265,8 @@ def render(report: dict[str, Any]) -> str:
     if report["kind"] != "model":
         state = report["optimizer_state"]
         lines.append(
-            "optimizer state: " + (f"saved (step {state['step']})" if state["saved"] else "none (fresh checkpoint)"))
+            "optimizer state: " + (f"saved (step {state['step']})" if state["saved"] else "none (fresh checkpoint)")
+        )
         if report["properties"]:
             shown = ", ".join(f"{k}={_short(v)}" for k, v in report["properties"].items())
             lines.append(f"properties: {shown}")

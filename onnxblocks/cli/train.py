@@ -32,20 +32,33 @@ so --resume continues bit for bit."""
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``train`` subcommand."""
     parser = commands.add_parser(
-        "train", parents=parents, help="train artifacts on an .npz dataset",
+        "train",
+        parents=parents,
+        help="train artifacts on an .npz dataset",
         description="Train the artifacts of DIR with ONNX Runtime on arrays from an .npz file, with a progress "
-                    "bar, optional evaluation, learning-rate schedule, checkpoints and export.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "bar, optional evaluation, learning-rate schedule, checkpoints and export.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("directory", metavar="DIR", help="artifact directory")
     parser.add_argument("--prefix", default="", help="file-name prefix of the artifacts")
     data = parser.add_argument_group("data")
     data.add_argument("--data", required=True, metavar="FILE.npz", help="training arrays, one per model input")
-    data.add_argument("--inputs", nargs="+", default=None, metavar="INPUT=ARRAY",
-                      help="map model inputs to arrays of the .npz file (default: same names, or arr_0, arr_1 ...)")
+    data.add_argument(
+        "--inputs",
+        nargs="+",
+        default=None,
+        metavar="INPUT=ARRAY",
+        help="map model inputs to arrays of the .npz file (default: same names, or arr_0, arr_1 ...)",
+    )
     data.add_argument("--eval-data", metavar="FILE.npz", help="evaluation arrays (same names as --data)")
-    data.add_argument("--val-fraction", type=float, default=None, metavar="F",
-                      help="hold out the last fraction F of --data for evaluation")
+    data.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="hold out the last fraction F of --data for evaluation",
+    )
     data.add_argument("--batch-size", type=int, default=32, help="rows per batch (default 32)")
     data.add_argument("--no-shuffle", action="store_true", help="keep the row order")
     data.add_argument("--seed", type=int, default=0, help="seed of the shuffling (default 0)")
@@ -54,30 +67,43 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     loop.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     loop.add_argument("--accumulation-steps", type=int, default=1, help="batches summed into one optimizer step")
     loop.add_argument("--lr", type=float, default=None, help="learning rate (default: the optimizer model's)")
-    loop.add_argument("--scheduler", choices=("constant", "linear", "cosine", "step"), default=None,
-                      help="learning-rate schedule (default: none, constant lr)")
+    loop.add_argument(
+        "--scheduler",
+        choices=("constant", "linear", "cosine", "step"),
+        default=None,
+        help="learning-rate schedule (default: none, constant lr)",
+    )
     loop.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps of the schedule")
     loop.add_argument("--step-size", type=int, default=None, help="steps between decays (step schedule)")
     loop.add_argument("--gamma", type=float, default=0.1, help="decay factor (step schedule, default 0.1)")
     loop.add_argument("--min-lr", type=float, default=0.0, help="final learning rate (cosine schedule)")
-    loop.add_argument("--accuracy", action="store_true",
-                      help="report classification accuracy (needs --eval-data/--val-fraction and artifacts "
-                           "generated with the logits as --additional-output)")
+    loop.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="report classification accuracy (needs --eval-data/--val-fraction and artifacts "
+        "generated with the logits as --additional-output)",
+    )
     loop.add_argument("--no-progress", action="store_true", help="no progress bar")
     out = parser.add_argument_group("output")
     out.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint saved by --save")
     out.add_argument("--save", metavar="CKPT", help="save a resumable checkpoint after each epoch and at the end")
     out.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N optimizer steps")
     out.add_argument("--export", metavar="MODEL.onnx", help="export the trained inference model")
-    out.add_argument("--export-output", nargs="+", default=None, metavar="NAME",
-                     help="outputs of the exported model (default: the eval model's outputs after the loss)")
+    out.add_argument(
+        "--export-output",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="outputs of the exported model (default: the eval model's outputs after the loss)",
+    )
     out.add_argument("--plot", metavar="FILE.svg|FILE.png", help="save the loss curve (.png needs matplotlib)")
     out.add_argument("--history", metavar="FILE.json", help="save losses and metrics as JSON")
     parser.set_defaults(handler=run)
 
 
-def map_arrays(arrays: dict[str, np.ndarray], inputs: list[str], mapping: list[str] | None, source: str
-               ) -> tuple[np.ndarray, ...]:
+def map_arrays(
+    arrays: dict[str, np.ndarray], inputs: list[str], mapping: list[str] | None, source: str
+) -> tuple[np.ndarray, ...]:
     """Pick one array per model input from an ``.npz`` archive.
 
     By ``--inputs INPUT=ARRAY`` pairs if given; else by input name; else, for
@@ -94,8 +120,11 @@ def map_arrays(arrays: dict[str, np.ndarray], inputs: list[str], mapping: list[s
         if not sep or not name or not key:
             raise CliError(f"--inputs takes INPUT=ARRAY pairs, got {pair!r}.", EXIT_USAGE)
         if name not in inputs:
-            raise CliError(f"--inputs names {name!r}, which is not a model input.{did_you_mean(name, inputs)} "
-                           f"Model inputs: {inputs}.", EXIT_INPUT)
+            raise CliError(
+                f"--inputs names {name!r}, which is not a model input.{did_you_mean(name, inputs)} "
+                f"Model inputs: {inputs}.",
+                EXIT_INPUT,
+            )
         chosen[name] = key
     for name in inputs:
         chosen.setdefault(name, name)
@@ -108,7 +137,9 @@ def map_arrays(arrays: dict[str, np.ndarray], inputs: list[str], mapping: list[s
             raise CliError(
                 f"{source} has arrays {sorted(arrays)} but no array for model input(s) {', '.join(missing)}. "
                 f"Save the arrays under the input names (np.savez(path, {', '.join(f'{n}=...' for n in inputs)})) "
-                "or map them with --inputs INPUT=ARRAY.", EXIT_INPUT)
+                "or map them with --inputs INPUT=ARRAY.",
+                EXIT_INPUT,
+            )
     return tuple(arrays[chosen[n]] for n in inputs)
 
 
@@ -130,11 +161,17 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     session = TrainingSession(args.directory, args.prefix)
     if not session.has_optimizer:
-        raise CliError(f"the artifacts in '{args.directory}' have no optimizer model; regenerate them with "
-                       "'onnxblocks artifacts ... --optimizer adamw'.", EXIT_INPUT)
+        raise CliError(
+            f"the artifacts in '{args.directory}' have no optimizer model; regenerate them with "
+            "'onnxblocks artifacts ... --optimizer adamw'.",
+            EXIT_INPUT,
+        )
     if (args.eval_data or args.val_fraction is not None) and not session.has_eval_model:
-        raise CliError(f"the artifacts in '{args.directory}' have no eval model, so they cannot be evaluated; "
-                       "drop --eval-data/--val-fraction or regenerate them.", EXIT_INPUT)
+        raise CliError(
+            f"the artifacts in '{args.directory}' have no eval model, so they cannot be evaluated; "
+            "drop --eval-data/--val-fraction or regenerate them.",
+            EXIT_INPUT,
+        )
     train_arrays = map_arrays(load_npz(args.data), session.input_names, args.inputs, args.data)
     eval_arrays = None
     if args.eval_data:
@@ -159,26 +196,41 @@ def run(args: argparse.Namespace) -> int:
     if args.scheduler:
         steps_per_epoch = math.ceil(len(train) / args.accumulation_steps)
         scheduler = make_schedule(
-            args.scheduler, args.lr if args.lr is not None else session.learning_rate,
-            total_steps=max(args.warmup_steps + 1, args.epochs * steps_per_epoch), warmup_steps=args.warmup_steps,
-            step_size=args.step_size, gamma=args.gamma, min_lr=args.min_lr)
+            args.scheduler,
+            args.lr if args.lr is not None else session.learning_rate,
+            total_steps=max(args.warmup_steps + 1, args.epochs * steps_per_epoch),
+            warmup_steps=args.warmup_steps,
+            step_size=args.step_size,
+            gamma=args.gamma,
+            min_lr=args.min_lr,
+        )
     callbacks: list[Any] = []
     if args.accuracy:
         callbacks.append(Accuracy(output=1))
     if args.save:
         callbacks.append(SaveCheckpoint(args.save, every_steps=args.save_every))
     start_step = session.step
-    history = fit(session, train, epochs=args.epochs, eval_data=evaluation, callbacks=callbacks,
-                  accumulation_steps=args.accumulation_steps, scheduler=scheduler,
-                  progress=not args.no_progress, max_steps=args.max_steps)
+    history = fit(
+        session,
+        train,
+        epochs=args.epochs,
+        eval_data=evaluation,
+        callbacks=callbacks,
+        accumulation_steps=args.accumulation_steps,
+        scheduler=scheduler,
+        progress=not args.no_progress,
+        max_steps=args.max_steps,
+    )
     out = sys.stdout
     if not history.epochs:
         out.write(f"nothing to train: the data is already at epoch {train.epoch} of --epochs {args.epochs}.\n")
     else:
         last = history.epochs[-1]
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k != "epoch")
-        out.write(f"trained {history.steps} steps (steps {start_step + 1}-{session.step}) in {history.seconds:.2f} s "
-                  f"({history.samples / max(history.seconds, 1e-9):,.0f} samples/s): {metrics}\n")
+        out.write(
+            f"trained {history.steps} steps (steps {start_step + 1}-{session.step}) in {history.seconds:.2f} s "
+            f"({history.samples / max(history.seconds, 1e-9):,.0f} samples/s): {metrics}\n"
+        )
     if args.save:
         if not history.epochs:  # fit saved after each epoch it ran; here it ran none
             FitRun(session, history, train, args.epochs, train.epoch, scheduler).save_checkpoint(args.save)

@@ -62,9 +62,7 @@ def scope_of(name: str) -> tuple[str, ...]:
     return tuple(parts[:-1])
 
 
-def collapse(
-    index: GraphIndex, node_ids: list[int], cap: int, target: int | None = None
-) -> tuple[list[Group], str]:
+def collapse(index: GraphIndex, node_ids: list[int], cap: int, target: int | None = None) -> tuple[list[Group], str]:
     """Group ``node_ids`` into at most ``cap`` boxes, preferably at most ``target``.
 
     The deepest name-scope grouping with at most ``target`` boxes wins, if it

@@ -25,7 +25,7 @@ def _quote(text: str) -> str:
 
 def scene_to_dot(scene: Scene) -> str:
     """The scene as DOT source text."""
-    lines = ["digraph G {", "  node [shape=box, style=\"rounded,filled\", fontname=\"monospace\", fontsize=10];"]
+    lines = ["digraph G {", '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10];']
     if scene.caption:
         lines.append(f"  label={_quote(scene.caption)}; labelloc=t; fontsize=10;")
     for box in scene.boxes:
@@ -33,10 +33,10 @@ def scene_to_dot(scene: Scene) -> str:
         style = "rounded,filled" + (",dashed" if dash else "")
         label = shorten(box.title, 30) + ("\n" + shorten(box.subtitle, 38) if box.subtitle else "")
         extra = ", penwidth=2.5" if box.emphasis else ""
-        extra += ", fontcolor=\"#94a3b8\"" if box.dim else ""
+        extra += ', fontcolor="#94a3b8"' if box.dim else ""
         lines.append(
             f"  {_quote(box.key)} [label={_quote(label)}, tooltip={_quote(box.tooltip or box.title)}, "
-            f"fillcolor=\"{fill}\", color=\"{stroke}\", style=\"{style}\"{extra}];"
+            f'fillcolor="{fill}", color="{stroke}", style="{style}"{extra}];'
         )
     for a, b in scene.edges:
         lines.append(f"  {_quote(a)} -> {_quote(b)};")

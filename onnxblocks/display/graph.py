@@ -115,9 +115,25 @@ class TensorInfo:
 
 
 _ITEMSIZE = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2,
-    "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "bool": 1, "complex64": 8, "complex128": 16,
-    "float8e4m3fn": 1, "float8e4m3fnuz": 1, "float8e5m2": 1, "float8e5m2fnuz": 1,
+    "float32": 4,
+    "float64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+    "float8e4m3fn": 1,
+    "float8e4m3fnuz": 1,
+    "float8e5m2": 1,
+    "float8e5m2fnuz": 1,
 }
 
 
@@ -212,7 +228,8 @@ class GraphIndex:
         )
         grads = {o for node in self.nodes for o in node.outputs} | set(output_names)
         inferred_trainable = {
-            name for name in list(input_names) + list(initializers)
+            name
+            for name in list(input_names) + list(initializers)
             if gradient_name(name) in grads or buffer_name(name) in input_names
         }
         trainable_set = set(trainable) if trainable is not None else inferred_trainable

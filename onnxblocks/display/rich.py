@@ -310,4 +310,3 @@ def register_html() -> None:
     for cls in render.registry:
         if isinstance(cls, type) and issubclass(cls, _html.HtmlDisplay):
             _html.register(cls)(repr_html)
-

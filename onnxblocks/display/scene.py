@@ -172,8 +172,11 @@ def _node_scene(
             if role == "value" and not focused_only:
                 continue
             sources[v] = min(sources.get(v, i), i) - 0.5
-    sinks = {o.name: index.producer[o.name] + 0.5 for o in index.outputs
-             if o.name in index.producer and index.producer[o.name] in drawn_set}
+    sinks = {
+        o.name: index.producer[o.name] + 0.5
+        for o in index.outputs
+        if o.name in index.producer and index.producer[o.name] in drawn_set
+    }
     param_names = [v for v in sources if index.tensors.get(v) is not None and index.tensors[v].role == "param"]
     notes: list[str] = []
     show_params = params if params is not None else len(boxes) + len(sources) + len(sinks) <= max_nodes
@@ -232,8 +235,12 @@ def _group_scene(index: GraphIndex, groups: list[Group], focus: set[int]) -> Sce
         else:
             title = g.label + (f" {TIMES}{g.repeat}" if g.repeat > 1 else "")
             subtitle = f"{len(g.members):,} nodes: {top}"
-        n_params = sum(1 for m in g.members for v in index.nodes[m].inputs
-                       if v in index.tensors and index.tensors[v].role == "param")
+        n_params = sum(
+            1
+            for m in g.members
+            for v in index.nodes[m].inputs
+            if v in index.tensors and index.tensors[v].role == "param"
+        )
         tip_scopes = ("\nscopes: " + ", ".join(g.scopes[:8]) + (" …" if len(g.scopes) > 8 else "")) if g.scopes else ""
         boxes.append(
             Box(

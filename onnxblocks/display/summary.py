@@ -118,9 +118,7 @@ def _rows(tensors: list[TensorInfo], columns: list[str], limit: int) -> list[str
             "bytes": "?" if t.nbytes is None else f"{t.nbytes:,}",
             "status": _status(t),
         }
-        tds = "".join(
-            f'<td style="{TDR if c in ("elements", "bytes") else TD}">{cells[c]}</td>' for c in columns
-        )
+        tds = "".join(f'<td style="{TDR if c in ("elements", "bytes") else TD}">{cells[c]}</td>' for c in columns)
         rows.append(f"<tr>{tds}</tr>")
     if len(tensors) > limit:
         rows.append(
@@ -211,8 +209,11 @@ def summary_table(
     if s.constants.count:
         line.append(f"constants (not parameters): {s.constants.count:,} ({format_bytes(s.constants.nbytes)})")
     if index.state:
-        line.append("gradient state inputs: " + ", ".join(f"<code>{escape(t.name)}</code>" for t in index.state[:6])
-                    + (" …" if len(index.state) > 6 else ""))
+        line.append(
+            "gradient state inputs: "
+            + ", ".join(f"<code>{escape(t.name)}</code>" for t in index.state[:6])
+            + (" …" if len(index.state) > 6 else "")
+        )
     if line:
         out.append("<div>" + " · ".join(line) + "</div>")
     if s.unknown.count:

@@ -42,8 +42,13 @@ STYLES: dict[str, tuple[str, str, str, float, str]] = {
     "group": ("#e0e7ff", "#4338ca", "", 8, "group of nodes"),
     "more": ("#f8fafc", "#94a3b8", "6 3", 8, "not drawn"),
 }
-_GROUP_FILLS = {"forward": "#dbeafe", "loss": "#ede9fe", "backward": "#ffedd5", "accumulation": "#dcfce7",
-                "optimizer": "#fce7f3"}
+_GROUP_FILLS = {
+    "forward": "#dbeafe",
+    "loss": "#ede9fe",
+    "backward": "#ffedd5",
+    "accumulation": "#dcfce7",
+    "optimizer": "#fce7f3",
+}
 
 
 def shorten(text: str, limit: int) -> str:
@@ -167,12 +172,16 @@ def _box_svg(box: Box, x: float, y: float, w: float, h: float) -> str:
         )
     weight = ' font-weight="bold"' if box.kind not in ("input", "output", "param", "frozen", "state", "value") else ""
     if sub:
-        out.append(f'<text x="{cx:.1f}" y="{y + 15:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
-                   f"{escape(title)}</text>")
+        out.append(
+            f'<text x="{cx:.1f}" y="{y + 15:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
+            f"{escape(title)}</text>"
+        )
         out.append(f'<text x="{cx:.1f}" y="{y + 29:.1f}" text-anchor="middle" fill="#475569">{escape(sub)}</text>')
     else:
-        out.append(f'<text x="{cx:.1f}" y="{y + 16:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
-                   f"{escape(title)}</text>")
+        out.append(
+            f'<text x="{cx:.1f}" y="{y + 16:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
+            f"{escape(title)}</text>"
+        )
     out.append("</g>")
     return "".join(out)
 
@@ -183,8 +192,10 @@ def _legend(kinds: list[str], y: float) -> str:
     for kind in kinds:
         fill, stroke, dash, radius, label = STYLES.get(kind, STYLES["forward"])
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        out.append(f'<rect x="{x:.0f}" y="2" width="18" height="12" rx="{min(radius, 6)}" fill="{fill}" '
-                   f'stroke="{stroke}"{dash_attr}/>')
+        out.append(
+            f'<rect x="{x:.0f}" y="2" width="18" height="12" rx="{min(radius, 6)}" fill="{fill}" '
+            f'stroke="{stroke}"{dash_attr}/>'
+        )
         out.append(f'<text x="{x + 23:.0f}" y="12" fill="#475569">{escape(label)}</text>')
         x += len(label) * SUB_CHAR + 34
     out.append("</g>")

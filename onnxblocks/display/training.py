@@ -79,8 +79,7 @@ def _gradient_table(index: GraphIndex) -> str:
         )
     if not rows:
         return "<div>No gradients: this graph has no trainable parameter.</div>"
-    more = (f'<tr><td colspan="4" style="{TD}">… {len(trainable) - 50:,} more</td></tr>'
-            if len(trainable) > 50 else "")
+    more = f'<tr><td colspan="4" style="{TD}">… {len(trainable) - 50:,} more</td></tr>' if len(trainable) > 50 else ""
     return (
         f'<div style="margin-top:6px"><b>Gradients</b> ({len(trainable):,})</div>'
         f'<table style="{TABLE}"><thead><tr><th style="{TH}">parameter</th><th style="{TH}">gradient</th>'
@@ -108,8 +107,13 @@ def _training_display(
     trainable = list(trainable) if trainable is not None else None
     frozen = list(frozen) if frozen is not None else None
     indexes = {
-        k: GraphIndex(m, trainable, frozen, loss="" if k == "optimizer" else loss,
-                      loss_nodes=None if k == "optimizer" else loss_nodes)
+        k: GraphIndex(
+            m,
+            trainable,
+            frozen,
+            loss="" if k == "optimizer" else loss,
+            loss_nodes=None if k == "optimizer" else loss_nodes,
+        )
         for k, m in models.items()
     }
     out = [f'<div style="{BOX}"><div style="font-size:13px;margin-bottom:4px"><b>{title}</b></div>', files]
@@ -209,8 +213,14 @@ def _files_table(found: dict[str, Path], models: dict[str, onnx.ModelProto]) -> 
     for kind, path in found.items():
         model = models.get(_model_key(kind))
         size = _checkpoint_size(path) if kind == CHECKPOINT else path.stat().st_size
-        info = (f"{count_noun(len(model.graph.node), 'node')}, {count_noun(len(model.graph.input), 'input')}, "
-                f"{count_noun(len(model.graph.output), 'output')}") if model is not None else ""
+        info = (
+            (
+                f"{count_noun(len(model.graph.node), 'node')}, {count_noun(len(model.graph.input), 'input')}, "
+                f"{count_noun(len(model.graph.output), 'output')}"
+            )
+            if model is not None
+            else ""
+        )
         rows.append(
             f'<tr><td style="{TD}">{escape(path.name)}</td><td style="{TDR}">{size:,}</td>'
             f'<td style="{TD}">{format_bytes(size)}</td><td style="{TD}">{info}</td></tr>'
@@ -269,8 +279,10 @@ def _show_found(
 def _show_artifacts(artifacts: Artifacts, **view: Any) -> Display:
     """Display an ``onnxblocks.artifacts.Artifacts`` (paths and parameter names are known)."""
     unprefixed = ArtifactNames()
-    found = {unprefixed.training_model: Path(artifacts.training_model),
-             unprefixed.eval_model: Path(artifacts.eval_model)}
+    found = {
+        unprefixed.training_model: Path(artifacts.training_model),
+        unprefixed.eval_model: Path(artifacts.eval_model),
+    }
     if artifacts.optimizer_model is not None:
         found[unprefixed.optimizer_model] = Path(artifacts.optimizer_model)
     found[unprefixed.checkpoint] = Path(artifacts.checkpoint)

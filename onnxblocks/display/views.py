@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from onnxblocks.display.graph import GraphIndex
 from onnxblocks._core.errors import UnknownNameError, did_you_mean
+from onnxblocks.display.graph import GraphIndex
 
 #: The named views and the node parts each one shows.
 VIEWS: dict[str, tuple[str, ...]] = {

@@ -52,11 +52,35 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
 
 
 #: Ops :meth:`ConstantTable.folded` evaluates when all their inputs are constants (index arithmetic).
-_FOLDABLE = frozenset({
-    "Constant", "ConstantOfShape", "Concat", "Cast", "Unsqueeze", "Squeeze", "Slice", "Reshape", "Transpose", "Add",
-    "Sub", "Mul", "Div", "Neg", "Gather", "Identity", "Range", "Expand", "Flatten", "Min", "Max", "Abs", "Floor",
-    "Ceil", "Sqrt",
-})
+_FOLDABLE = frozenset(
+    {
+        "Constant",
+        "ConstantOfShape",
+        "Concat",
+        "Cast",
+        "Unsqueeze",
+        "Squeeze",
+        "Slice",
+        "Reshape",
+        "Transpose",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Neg",
+        "Gather",
+        "Identity",
+        "Range",
+        "Expand",
+        "Flatten",
+        "Min",
+        "Max",
+        "Abs",
+        "Floor",
+        "Ceil",
+        "Sqrt",
+    }
+)
 #: Largest result (elements) folding produces.
 _FOLD_LIMIT = 4096
 
@@ -64,8 +88,9 @@ _FOLD_LIMIT = 4096
 class ConstantTable:
     """Values of a graph's Constant nodes and inline initializers, by name (indexed once)."""
 
-    def __init__(self, graph: onnx.GraphProto, opset: int | None = None,
-                 types: dict[str, onnx.TypeProto] | None = None) -> None:
+    def __init__(
+        self, graph: onnx.GraphProto, opset: int | None = None, types: dict[str, onnx.TypeProto] | None = None
+    ) -> None:
         self._initializers = {i.name: i for i in graph.initializer}
         self._constants = {
             n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output
@@ -124,9 +149,13 @@ class ConstantTable:
             from onnx.reference import ReferenceEvaluator
 
             graph = onnx.helper.make_graph(
-                [node], "fold",
-                [onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-                 for i, v in zip(node.input, inputs, strict=True) if i],
+                [node],
+                "fold",
+                [
+                    onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                    for i, v in zip(node.input, inputs, strict=True)
+                    if i
+                ],
                 [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o],
             )
             model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self._opset)])
@@ -154,7 +183,7 @@ class ConstantTable:
 def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
     start = int(attribute(node, "start", 0))  # type: ignore[arg-type]
     end = attribute(node, "end")
-    return dims[start:] if end is None else dims[start:int(end)]  # type: ignore[call-overload]
+    return dims[start:] if end is None else dims[start : int(end)]  # type: ignore[call-overload]
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -276,9 +305,13 @@ class RewriteContext:
         return NodeWriter(self.names, self.opset, hint)
 
 
-def rewrite_nodes(model: onnx.ModelProto, select: Callable[[onnx.NodeProto], bool],
-                  rewrite: Callable[[onnx.NodeProto, RewriteContext], list[onnx.NodeProto] | None], *,
-                  min_opset: int | None = 13) -> int:
+def rewrite_nodes(
+    model: onnx.ModelProto,
+    select: Callable[[onnx.NodeProto], bool],
+    rewrite: Callable[[onnx.NodeProto, RewriteContext], list[onnx.NodeProto] | None],
+    *,
+    min_opset: int | None = 13,
+) -> int:
     """Replace each top-level node ``select`` picks by the nodes ``rewrite(node, ctx)`` returns (None keeps it).
 
     Nothing is done (and nothing inferred) when no node is selected or the model's
@@ -334,8 +367,11 @@ class NodeWriter:
 
     def ops(self, op_type: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: object) -> list[str]:
         """One node with the given outputs."""
-        self.nodes.append(onnx.helper.make_node(
-            op_type, inputs, outputs, name=self.names.fresh(op_type), domain=domain or None, **attrs))
+        self.nodes.append(
+            onnx.helper.make_node(
+                op_type, inputs, outputs, name=self.names.fresh(op_type), domain=domain or None, **attrs
+            )
+        )
         return outputs
 
     def const(self, value: np.ndarray | float | int | list, dtype: object = None, suffix: str = "const") -> str:
@@ -364,8 +400,15 @@ class NodeWriter:
             return self.op("ReduceMean", [x, self.ints(axes)], out, keepdims=keepdims)
         return self.op("ReduceMean", [x], out, axes=axes, keepdims=keepdims)
 
-    def slice(self, x: str, starts: list[int], ends: list[int], axes: list[int], steps: list[int] | None = None,
-              out: str | None = None) -> str:
+    def slice(
+        self,
+        x: str,
+        starts: list[int],
+        ends: list[int],
+        axes: list[int],
+        steps: list[int] | None = None,
+        out: str | None = None,
+    ) -> str:
         inputs = [x, self.ints(starts), self.ints(ends), self.ints(axes)]
         if steps is not None:
             inputs.append(self.ints(steps))

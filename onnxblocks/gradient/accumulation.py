@@ -80,9 +80,7 @@ def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str
     for name, elem_type, dims in params:
         grad = gradient_name(name)
         if grad not in outputs:
-            raise ValueError(
-                f"The training model has no gradient output '{grad}' for trainable parameter '{name}'."
-            )
+            raise ValueError(f"The training model has no gradient output '{grad}' for trainable parameter '{name}'.")
         graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
         graph.node.append(
             IN_PLACE_ACCUMULATOR_V2.node(

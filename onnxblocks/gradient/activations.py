@@ -138,8 +138,9 @@ def activations_as_elementary(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type in REWRITES and _graph.is_default_domain(n), _rewrite,
-                                min_opset=None)
+    return _graph.rewrite_nodes(
+        model, lambda n: n.op_type in REWRITES and _graph.is_default_domain(n), _rewrite, min_opset=None
+    )
 
 
 def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:

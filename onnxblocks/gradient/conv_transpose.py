@@ -39,8 +39,11 @@ def conv_transpose_as_conv(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type == "ConvTranspose" and _graph.is_default_domain(n),
-                                lambda n, ctx: _rewrite(n, ctx.types, ctx.names, ctx.opset))
+    return _graph.rewrite_nodes(
+        model,
+        lambda n: n.op_type == "ConvTranspose" and _graph.is_default_domain(n),
+        lambda n, ctx: _rewrite(n, ctx.types, ctx.names, ctx.opset),
+    )
 
 
 def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
@@ -104,6 +107,14 @@ def _rewrite(node, types, names, opset) -> list[onnx.NodeProto] | None:
             flipped = w.op("Gather", [flipped, w.ints(list(range(size - 1, -1, -1)))], axis=axis)
     # 4. the convolution
     inputs = [upsampled, flipped] + ([bias] if bias else [])
-    w.op("Conv", inputs, out=node.output[0], dilations=dilations, group=group, kernel_shape=kernel,
-         pads=conv_pads, strides=[1] * n)
+    w.op(
+        "Conv",
+        inputs,
+        out=node.output[0],
+        dilations=dilations,
+        group=group,
+        kernel_shape=kernel,
+        pads=conv_pads,
+        strides=[1] * n,
+    )
     return w.nodes

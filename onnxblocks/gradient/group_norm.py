@@ -49,8 +49,17 @@ def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.Node
     return w.nodes
 
 
-def _write(w: _graph.NodeWriter, x: str, scale: str, bias: str, groups: int, per_channel: bool, epsilon: float,
-           elem: int, y: str) -> None:
+def _write(
+    w: _graph.NodeWriter,
+    x: str,
+    scale: str,
+    bias: str,
+    groups: int,
+    per_channel: bool,
+    epsilon: float,
+    elem: int,
+    y: str,
+) -> None:
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
     grouped = w.op("Reshape", [x, w.ints([0, groups, -1])])
     mean = w.reduce_mean(grouped, [2])

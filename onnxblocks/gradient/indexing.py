@@ -34,8 +34,10 @@ def negative_step_slice_as_gather(model: onnx.ModelProto) -> int:
         The number of nodes rewritten.
     """
     return _graph.rewrite_nodes(
-        model, lambda n: n.op_type == "Slice" and _graph.is_default_domain(n) and len(n.input) > 4 and n.input[4],
-        _negative_step_slice)
+        model,
+        lambda n: n.op_type == "Slice" and _graph.is_default_domain(n) and len(n.input) > 4 and n.input[4],
+        _negative_step_slice,
+    )
 
 
 def _negative_step_slice(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
@@ -66,8 +68,7 @@ def _negative_step_slice(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> li
     return w.nodes
 
 
-def _slice_indices(w: _graph.NodeWriter, x: str, axis: int, length: int | None, start: int, end: int,
-                   step: int) -> str:
+def _slice_indices(w: _graph.NodeWriter, x: str, axis: int, length: int | None, start: int, end: int, step: int) -> str:
     """The positions a negative-step slice takes along ``axis`` (ONNX's clamping rules)."""
     if length is not None:
         return w.ints(np.arange(length)[slice(start, end, step)].tolist())
@@ -90,8 +91,11 @@ def border_pad_as_gather(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type == "Pad" and _graph.is_default_domain(n)
-                                and _mode(n) in ("reflect", "edge", "wrap"), _border_pad)
+    return _graph.rewrite_nodes(
+        model,
+        lambda n: n.op_type == "Pad" and _graph.is_default_domain(n) and _mode(n) in ("reflect", "edge", "wrap"),
+        _border_pad,
+    )
 
 
 def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
@@ -105,26 +109,32 @@ def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.N
     if rank is None:
         return None
     pad_list = [int(p) for p in pads.reshape(-1)]
-    axis_list = [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)] if axes is not None \
-        else list(range(rank))
+    axis_list = (
+        [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)] if axes is not None else list(range(rank))
+    )
     if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
         return None
     w = _graph.NodeWriter(names, opset, node.output[0])
     current = node.input[0]
-    todo = [(a, pad_list[i], pad_list[len(axis_list) + i]) for i, a in enumerate(axis_list)
-            if pad_list[i] or pad_list[len(axis_list) + i]]
+    todo = [
+        (a, pad_list[i], pad_list[len(axis_list) + i])
+        for i, a in enumerate(axis_list)
+        if pad_list[i] or pad_list[len(axis_list) + i]
+    ]
     if not todo:
         w.op("Identity", [current], out=node.output[0])
     for i, (axis, before, after) in enumerate(todo):
         length = shape[axis] if shape is not None else None
         parts = []
         if before:
-            parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), before, True)],
-                              axis=axis))
+            parts.append(
+                w.op("Gather", [current, _border(w, current, axis, length, _mode(node), before, True)], axis=axis)
+            )
         parts.append(current)
         if after:
-            parts.append(w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)],
-                              axis=axis))
+            parts.append(
+                w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)], axis=axis)
+            )
         out = node.output[0] if i == len(todo) - 1 else None
         current = w.op("Concat", parts, out=out, axis=axis)
     return w.nodes

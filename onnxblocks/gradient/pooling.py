@@ -31,8 +31,9 @@ def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
     return list(value) if value is not None else list(default)  # type: ignore[call-overload]
 
 
-def _window_counts(size: int, out: int, kernel: int, stride: int, begin: int, end: int, include_pad: bool
-                   ) -> np.ndarray | None:
+def _window_counts(
+    size: int, out: int, kernel: int, stride: int, begin: int, end: int, include_pad: bool
+) -> np.ndarray | None:
     """How many elements each output position of one axis averages, or None where ONNX Runtime differs.
 
     With ``count_include_pad`` the divisor is the window size. A window that
@@ -63,8 +64,12 @@ def average_pool_as_conv(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type == "AveragePool" and _graph.is_default_domain(n),
-                                lambda n, ctx: _average_pool(n, ctx.types, ctx.names, ctx.opset), min_opset=None)
+    return _graph.rewrite_nodes(
+        model,
+        lambda n: n.op_type == "AveragePool" and _graph.is_default_domain(n),
+        lambda n, ctx: _average_pool(n, ctx.types, ctx.names, ctx.opset),
+        min_opset=None,
+    )
 
 
 def _average_pool(node, types, names, opset) -> list[onnx.NodeProto] | None:

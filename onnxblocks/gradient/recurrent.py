@@ -55,7 +55,9 @@ def _activations(node: onnx.NodeProto) -> list[str] | None:
 def _supported(node: onnx.NodeProto) -> bool:
     """Common preconditions of both rewrites."""
     return (
-        _graph.is_default_domain(node) and node.op_type in _KINDS and _input(node, 4) is None  # sequence_lens
+        _graph.is_default_domain(node)
+        and node.op_type in _KINDS
+        and _input(node, 4) is None  # sequence_lens
         and int(_graph.attribute(node, "layout", 0)) == 0  # type: ignore[arg-type]
         and _graph.attribute(node, "clip") is None
         and not int(_graph.attribute(node, "input_forget", 0))  # type: ignore[arg-type]
@@ -104,10 +106,10 @@ def _split_directions(w: _graph.NodeWriter, node: onnx.NodeProto, steps: int | N
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         attrs["direction"] = "forward"
         if activations is not None:
-            attrs["activations"] = activations[d * per_direction:(d + 1) * per_direction]
+            attrs["activations"] = activations[d * per_direction : (d + 1) * per_direction]
         for key, values in (("activation_alpha", alpha), ("activation_beta", beta)):
             if values is not None:
-                attrs[key] = list(values)[d * per_direction:(d + 1) * per_direction]  # type: ignore[call-overload]
+                attrs[key] = list(values)[d * per_direction : (d + 1) * per_direction]  # type: ignore[call-overload]
         w.ops(node.op_type, inputs, outs, **attrs)
         y = outs[0] or None
         if kind == "reverse" and y is not None:
@@ -163,8 +165,9 @@ def _unroll(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeP
 class _Unroller:
     """Writes one forward RNN/GRU/LSTM node as ``steps`` explicit time steps."""
 
-    def __init__(self, w: _graph.NodeWriter, node: onnx.NodeProto, steps: int, hidden: int,
-                 activations: list[str]) -> None:
+    def __init__(
+        self, w: _graph.NodeWriter, node: onnx.NodeProto, steps: int, hidden: int, activations: list[str]
+    ) -> None:
         self.w, self.node, self.steps, self.hidden = w, node, steps, hidden
         self.gates = _KINDS[node.op_type][0]
         self.activation = _RNN_ACTIVATIONS[activations[0]]
@@ -242,8 +245,15 @@ class _Unroller:
             return w.op("Sub", [candidate, w.op("Mul", [z, candidate])])
         return w.op("Add", [candidate, w.op("Mul", [z, w.op("Sub", [state, candidate])])])
 
-    def _lstm_step(self, xw: str, state: str | None, cell: str | None, recurrence_t: str, bias: str | None,
-                   peepholes: list[str] | None) -> tuple[str, str]:
+    def _lstm_step(
+        self,
+        xw: str,
+        state: str | None,
+        cell: str | None,
+        recurrence_t: str,
+        bias: str | None,
+        peepholes: list[str] | None,
+    ) -> tuple[str, str]:
         w, hidden = self.w, self.hidden
         total = self._recurrent(state, recurrence_t, bias)
         gates = xw if total is None else w.op("Add", [xw, total])

@@ -26,15 +26,15 @@ def reduce_extremum_as_topk(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type in _LARGEST and _graph.is_default_domain(n),
-                                _reduce_extremum)
+    return _graph.rewrite_nodes(
+        model, lambda n: n.op_type in _LARGEST and _graph.is_default_domain(n), _reduce_extremum
+    )
 
 
 def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
     types, constants, names, opset = ctx.types, ctx.constants, ctx.names, ctx.opset
     x, y = node.input[0], node.output[0]
-    if _graph.elem_type(types, x) not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
-                                          onnx.TensorProto.FLOAT16):
+    if _graph.elem_type(types, x) not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
         return None  # integer reductions carry no gradient
     if len(node.input) > 1 and node.input[1]:
         value = constants.folded(node.input[1])
@@ -56,8 +56,7 @@ def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[o
     largest = _LARGEST[node.op_type]
     one = w.ints([1])
     if len(axes) == 1:
-        values = w.ops("TopK", [x, one], [w.fresh("values"), w.fresh("indices")], axis=axes[0],
-                       largest=largest)[0]
+        values = w.ops("TopK", [x, one], [w.fresh("values"), w.fresh("indices")], axis=axes[0], largest=largest)[0]
         if keepdims:
             w.op("Identity", [values], out=y)
         else:
@@ -66,8 +65,9 @@ def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[o
         kept = [a for a in range(rank) if a not in axes]  # type: ignore[arg-type]
         moved = w.op("Transpose", [x], perm=kept + axes)
         merged = w.op("Reshape", [moved, w.ints([0] * len(kept) + [-1])])
-        values = w.ops("TopK", [merged, one], [w.fresh("values"), w.fresh("indices")], axis=len(kept),
-                       largest=largest)[0]
+        values = w.ops("TopK", [merged, one], [w.fresh("values"), w.fresh("indices")], axis=len(kept), largest=largest)[
+            0
+        ]
         flat = w.squeeze(values, [len(kept)])
         if keepdims:
             w.unsqueeze(flat, axes, out=y)
@@ -94,8 +94,11 @@ def _cumsum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeP
     x, y = node.input[0], node.output[0]
     elem, shape = _graph.elem_type(types, x), _graph.shape_of(types, x)
     axis_value = constants.folded(node.input[1])
-    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16) or shape is None \
-            or axis_value is None:
+    if (
+        elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+        or shape is None
+        or axis_value is None
+    ):
         return None
     rank = len(shape)
     axis = int(axis_value.reshape(-1)[0])

@@ -20,8 +20,15 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks.gradient import _graph
 
-_SEPARABLE_ATTRIBUTES = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
-                         "extrapolation_value", "antialias")
+_SEPARABLE_ATTRIBUTES = (
+    "mode",
+    "coordinate_transformation_mode",
+    "nearest_mode",
+    "cubic_coeff_a",
+    "exclude_outside",
+    "extrapolation_value",
+    "antialias",
+)
 
 
 def resize_as_matmul(model: onnx.ModelProto) -> int:
@@ -34,8 +41,11 @@ def resize_as_matmul(model: onnx.ModelProto) -> int:
     Returns:
         The number of nodes rewritten.
     """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type == "Resize" and _graph.is_default_domain(n),
-                                lambda n, ctx: _rewrite(n, ctx.types, ctx.constants, ctx.names, ctx.opset))
+    return _graph.rewrite_nodes(
+        model,
+        lambda n: n.op_type == "Resize" and _graph.is_default_domain(n),
+        lambda n, ctx: _rewrite(n, ctx.types, ctx.constants, ctx.names, ctx.opset),
+    )
 
 
 def _argument(node: onnx.NodeProto, constants: _graph.ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
@@ -99,8 +109,9 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
     return w.nodes
 
 
-def _interpolation_matrix(size: int, out: int, scale: float | None, region: tuple[float, float] | None,
-                          attrs: dict, opset: int) -> np.ndarray:
+def _interpolation_matrix(
+    size: int, out: int, scale: float | None, region: tuple[float, float] | None, attrs: dict, opset: int
+) -> np.ndarray:
     """``M`` (``out x size``) with ``resize(v) = M @ v`` along one axis, computed by ONNX Runtime's Resize."""
     from onnxblocks._core.ort import onnxruntime
 
@@ -111,13 +122,17 @@ def _interpolation_matrix(size: int, out: int, scale: float | None, region: tupl
         inits += [onnx.numpy_helper.from_array(np.array([1.0, scale], np.float32), "scales")]
         inputs = inputs[:3]
     else:
-        inits += [onnx.numpy_helper.from_array(np.array([], np.float32), "scales"),
-                  onnx.numpy_helper.from_array(np.array([size, out], np.int64), "sizes")]
+        inits += [
+            onnx.numpy_helper.from_array(np.array([], np.float32), "scales"),
+            onnx.numpy_helper.from_array(np.array([size, out], np.int64), "sizes"),
+        ]
     probe = helper.make_model(
         helper.make_graph(
-            [helper.make_node("Resize", inputs, ["y"], **attrs)], "probe",
+            [helper.make_node("Resize", inputs, ["y"], **attrs)],
+            "probe",
             [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [size, size])],
-            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits,
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+            inits,
         ),
         opset_imports=[helper.make_opsetid("", max(opset, 13))],
     )
@@ -139,16 +154,18 @@ def _repeats(matrix: np.ndarray) -> int | None:
     return factor if np.array_equal(matrix, expected) else None
 
 
-def _apply(w: _graph.NodeWriter, x: str, axis: int, shape: list[int | None], matrix: np.ndarray,
-           out: str | None) -> str:
+def _apply(
+    w: _graph.NodeWriter, x: str, axis: int, shape: list[int | None], matrix: np.ndarray, out: str | None
+) -> str:
     """``M`` applied along ``axis`` of ``x`` (of ``shape``)."""
     rank = len(shape)
     factor = _repeats(matrix)
-    if factor is not None and all(d is not None for d in shape[axis + 1:]):
+    if factor is not None and all(d is not None for d in shape[axis + 1 :]):
         # nearest, integer factor: [..., n, ...] -> [..., n, r, ...] -> [..., n*r, ...]
-        expanded = w.op("Expand", [w.unsqueeze(x, [axis + 1]),
-                                   w.ints([1] * (axis + 1) + [factor] + [1] * (rank - axis - 1))])
-        target = [0] * axis + [-1] + list(shape[axis + 1:])  # 0 copies a leading dim (a dynamic batch)
+        expanded = w.op(
+            "Expand", [w.unsqueeze(x, [axis + 1]), w.ints([1] * (axis + 1) + [factor] + [1] * (rank - axis - 1))]
+        )
+        target = [0] * axis + [-1] + list(shape[axis + 1 :])  # 0 copies a leading dim (a dynamic batch)
         return w.op("Reshape", [expanded, w.ints(target)], out=out)  # type: ignore[arg-type]
     if axis == rank - 1:
         return w.op("MatMul", [x, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")], out=out)

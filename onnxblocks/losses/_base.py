@@ -194,8 +194,13 @@ class PointwiseLoss(Loss):
 def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None) -> Value:
     """``op_type`` (ReduceSum, ReduceMean) over every axis: a scalar, typed as one even when x's rank is unknown."""
     elem = acc.elem_type(x)
-    out = acc.op(op_type, [x], keepdims=0, outputs=[name] if name else 1,
-                 output_types=[helper.make_tensor_type_proto(elem, [])] if elem else None)
+    out = acc.op(
+        op_type,
+        [x],
+        keepdims=0,
+        outputs=[name] if name else 1,
+        output_types=[helper.make_tensor_type_proto(elem, [])] if elem else None,
+    )
     assert isinstance(out, Value)
     return out
 

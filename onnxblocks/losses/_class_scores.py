@@ -130,7 +130,7 @@ class ClassLoss(Loss):
         """
         acc = self.accessor
         shape = acc.shape_of(scores)
-        expected = None if shape is None or axis < 0 else shape[:axis] + shape[axis + 1:]
+        expected = None if shape is None or axis < 0 else shape[:axis] + shape[axis + 1 :]
         if not acc.has_value(labels_name):
             if expected is None:
                 raise ValueError(
@@ -156,8 +156,11 @@ class ClassLoss(Loss):
                 )
             return labels, True
         if elem is not None and elem not in INDEX_TYPES:
-            probs = (f" or float class probabilities of the scores' shape {format_shape(shape)}"
-                     if allow_probabilities else "")
+            probs = (
+                f" or float class probabilities of the scores' shape {format_shape(shape)}"
+                if allow_probabilities
+                else ""
+            )
             raise TypeError(
                 f"{acc.where()}labels '{labels_name}' have dtype {dtype_name(elem)}; {type(self).__name__} needs "
                 f"int64 (or int32) class indices{probs}. Cast them: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."

@@ -111,8 +111,10 @@ class CrossEntropyLoss(ClassLoss):
         loss, _ = acc.op(
             "SoftmaxCrossEntropyLoss",
             inputs,
-            outputs=[loss_name if layout == "direct" or self.reduction != "none" else acc.names.fresh("flat_loss"),
-                     acc.names.fresh("log_prob")],
+            outputs=[
+                loss_name if layout == "direct" or self.reduction != "none" else acc.names.fresh("flat_loss"),
+                acc.names.fresh("log_prob"),
+            ],
             reduction=self.reduction,
             ignore_index=self._ignore_index,
         )

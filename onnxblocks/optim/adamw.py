@@ -42,8 +42,10 @@ def _check_hyperparameters(betas: Any, eps: float, weight_decay: float) -> tuple
             raise ValueError(f"AdamW betas[{i}] must be a number in [0, 1), got {beta!r}.")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"AdamW eps must be a finite number >= 0, got {eps!r}.")
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not (
-        math.isfinite(weight_decay) and weight_decay >= 0
+    if (
+        isinstance(weight_decay, bool)
+        or not isinstance(weight_decay, (int, float))
+        or not (math.isfinite(weight_decay) and weight_decay >= 0)
     ):
         raise ValueError(f"AdamW weight_decay must be a finite number >= 0, got {weight_decay!r}.")
     return float(betas[0]), float(betas[1])
@@ -153,9 +155,7 @@ class AdamW(Optimizer):
         super().__init__(clip_grad)
         self.step_block = AdamWUpdate(bias_correction, betas, eps, weight_decay, mode)
 
-    def update(
-        self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]
-    ) -> Value:
+    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
         """Add the AdamW update and return its flag."""
         return self.step_block(learning_rate, step, params, gradients, states[0], states[1])
 

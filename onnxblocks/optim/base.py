@@ -96,8 +96,11 @@ def parameter_elem_type(parameters: Any) -> int:
                 f"TensorSource); got {type(param).__name__}."
             )
         if data_type not in FLOAT_TYPES:
-            dtype = onnx.TensorProto.DataType.Name(data_type) if data_type in onnx.TensorProto.DataType.values() \
+            dtype = (
+                onnx.TensorProto.DataType.Name(data_type)
+                if data_type in onnx.TensorProto.DataType.values()
                 else str(data_type)
+            )
             raise ValueError(
                 f"Trainable parameter '{name}' has element type {dtype}; the optimizer ops update only "
                 f"{sorted(FLOAT_TYPES.values())} parameters. Freeze it (move it to the frozen list) or cast it."
@@ -169,7 +172,5 @@ class Optimizer(ForwardBlock):
         return self.update(learning_rate, step, params, gradients, states)
 
     @abstractmethod
-    def update(
-        self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]
-    ) -> Value:
+    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
         """Add the update node(s) and return the bool ``[1]`` updated flag."""

@@ -35,9 +35,7 @@ class SGD(Optimizer):
         super().__init__(clip_grad)
         self.step_block = SGDUpdate()
 
-    def update(
-        self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]
-    ) -> Value:
+    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
         """Add the SGD update and return its flag."""
         return self.step_block(learning_rate, params, gradients)
 

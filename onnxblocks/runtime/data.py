@@ -90,7 +90,7 @@ class ArrayBatches:
         order = self._start_epoch()
         while self.position < len(self):
             start = self.position * self.batch_size
-            rows = order[start:start + self.batch_size]
+            rows = order[start : start + self.batch_size]
             self.position += 1
             yield tuple(a[rows] for a in self.arrays)
         self.epoch += 1

@@ -51,8 +51,11 @@ class ArtifactFiles:
         names = ArtifactNames(prefix)
         training = _model(root, names, TRAINING_MODEL)
         checkpoint = root / names.checkpoint
-        missing = [str(p) for p, ok in ((root / names.training_model, training is not None),
-                                       (checkpoint, checkpoint.exists())) if not ok]
+        missing = [
+            str(p)
+            for p, ok in ((root / names.training_model, training is not None), (checkpoint, checkpoint.exists()))
+            if not ok
+        ]
         if missing:
             present = sorted(p.name for p in root.iterdir())
             hint = f" (prefix is {prefix!r})" if prefix else ""

@@ -52,7 +52,7 @@ def encode(value: Any, name: str = "property") -> int | float | str:
 def decode(value: int | float | str) -> Any:
     """Turn a stored property back into the value that was saved."""
     if isinstance(value, str) and value.startswith(JSON_MARKER):
-        return json.loads(value[len(JSON_MARKER):])
+        return json.loads(value[len(JSON_MARKER) :])
     return value
 
 

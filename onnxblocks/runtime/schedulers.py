@@ -221,6 +221,5 @@ def _check_total(owner: object, total_steps: Any, warmup_steps: int) -> None:
     _check_count(owner, "total_steps", total_steps)
     if total_steps <= warmup_steps:
         raise ValueError(
-            f"{type(owner).__name__}: total_steps ({total_steps}) must be greater than warmup_steps "
-            f"({warmup_steps})."
+            f"{type(owner).__name__}: total_steps ({total_steps}) must be greater than warmup_steps ({warmup_steps})."
         )
