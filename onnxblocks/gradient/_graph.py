@@ -11,8 +11,15 @@ import onnx
 from onnx import numpy_helper
 
 from onnxblocks._core import limits as _limits
-from onnxblocks._core import weights as _weights
 from onnxblocks._core.naming import NameAuthority
+
+# re-exported: the passes read values through `_graph`
+from onnxblocks.gradient._values import attribute as attribute
+from onnxblocks.gradient._values import elem_type as elem_type
+from onnxblocks.gradient._values import infer_types as infer_types
+from onnxblocks.gradient._values import set_attribute as set_attribute
+from onnxblocks.gradient._values import shape_of as shape_of
+from onnxblocks.gradient.folding import ConstantTable as ConstantTable
 
 
 def name_authority(graph: onnx.GraphProto) -> NameAuthority:
@@ -49,194 +56,6 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
                 names.update(inner.input)
                 names |= _subgraph_reads(inner)
     return names
-
-
-#: Ops :meth:`ConstantTable.folded` evaluates when all their inputs are constants (index arithmetic).
-_FOLDABLE = frozenset(
-    {
-        "Constant",
-        "ConstantOfShape",
-        "Concat",
-        "Cast",
-        "Unsqueeze",
-        "Squeeze",
-        "Slice",
-        "Reshape",
-        "Transpose",
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Neg",
-        "Gather",
-        "Identity",
-        "Range",
-        "Expand",
-        "Flatten",
-        "Min",
-        "Max",
-        "Abs",
-        "Floor",
-        "Ceil",
-        "Sqrt",
-    }
-)
-#: Largest result (elements) folding produces.
-_FOLD_LIMIT = 4096
-
-
-class ConstantTable:
-    """Values of a graph's Constant nodes and inline initializers, by name (indexed once)."""
-
-    def __init__(
-        self, graph: onnx.GraphProto, opset: int | None = None, types: dict[str, onnx.TypeProto] | None = None
-    ) -> None:
-        self._initializers = {i.name: i for i in graph.initializer}
-        self._constants = {
-            n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output
-        }
-        self._producers = {o: n for n in graph.node for o in n.output if o}
-        self._opset = opset
-        self._types = types or {}
-        self._folded: dict[str, np.ndarray | None] = {}
-
-    def value(self, name: str) -> np.ndarray | None:
-        """The value of ``name``, or None when it is not a known constant (held weights included)."""
-        init = self._initializers.get(name)
-        if init is not None:
-            if _weights.is_stub(init) or init.data_location == onnx.TensorProto.EXTERNAL:
-                return None
-            return numpy_helper.to_array(init)
-        node = self._constants.get(name)
-        if node is None:
-            return None
-        for attr in node.attribute:
-            if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
-            if attr.name == "value_int":
-                return np.array(attr.i, dtype=np.int64)
-            if attr.name == "value_ints":
-                return np.array(list(attr.ints), dtype=np.int64)
-            if attr.name == "value_float":
-                return np.array(attr.f, dtype=np.float32)
-            if attr.name == "value_floats":
-                return np.array(list(attr.floats), dtype=np.float32)
-        return None
-
-    def folded(self, name: str, depth: int = 0) -> np.ndarray | None:
-        """The value of ``name``, also when small index arithmetic on constants computes it, else None.
-
-        The torchscript exporter without constant folding computes pads, scales and
-        shapes with Concat / Cast / Slice... of Constants; onnx's reference evaluator
-        runs those nodes (results up to 4096 elements).
-        """
-        direct = self.value(name)
-        if direct is not None or self._opset is None:
-            return direct
-        if name in self._folded:
-            return self._folded[name]
-        self._folded[name] = None  # also guards cycles
-        node = self._producers.get(name)
-        if node is not None and node.op_type == "Shape" and node.domain in ("", "ai.onnx"):
-            self._folded[name] = self._static_shape(node)
-            return self._folded[name]
-        if node is None or node.op_type not in _FOLDABLE or node.domain not in ("", "ai.onnx") or depth > 24:
-            return None
-        inputs = [self.folded(i, depth + 1) if i else None for i in node.input]
-        if any(v is None for v, i in zip(inputs, node.input, strict=True) if i):
-            return None
-        try:
-            from onnx.reference import ReferenceEvaluator
-
-            graph = onnx.helper.make_graph(
-                [node],
-                "fold",
-                [
-                    onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-                    for i, v in zip(node.input, inputs, strict=True)
-                    if i
-                ],
-                [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o],
-            )
-            model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self._opset)])
-            feeds = {i: v for i, v in zip(node.input, inputs, strict=True) if i}
-            results = ReferenceEvaluator(model).run(None, feeds)
-        except Exception:
-            return None
-        for output, result in zip([o for o in node.output if o], results, strict=False):
-            array = np.asarray(result)
-            self._folded[output] = array if array.size <= _FOLD_LIMIT else None
-        return self._folded.get(name)
-
-    def _static_shape(self, node: onnx.NodeProto) -> np.ndarray | None:
-        """``Shape(x)`` when the (sliced) shape of ``x`` is static in the inferred types (or x is a folded constant)."""
-        known = self.folded(node.input[0]) if node.input[0] in self._producers else self.value(node.input[0])
-        dims = list(known.shape) if known is not None else shape_of(self._types, node.input[0])
-        if dims is None:
-            return None
-        dims = _shape_slice(node, dims)
-        if any(d is None for d in dims):
-            return None
-        return np.array(dims, dtype=np.int64)
-
-
-def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
-    start = int(attribute(node, "start", 0))  # type: ignore[arg-type]
-    end = attribute(node, "end")
-    return dims[start:] if end is None else dims[start : int(end)]  # type: ignore[call-overload]
-
-
-def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes read).
-
-    Data propagation is on: shapes computed with ``Shape`` / ``Concat`` / ``Gather``
-    (as the exporters and the passes write ``Reshape`` targets) stay known.
-    """
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:
-            inferred = model
-    g = inferred.graph
-    types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
-    for init in g.initializer:
-        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-    return types
-
-
-def shape_of(types: dict[str, onnx.TypeProto], name: str) -> list[int | None] | None:
-    """Static dims of a tensor value (None for a symbolic or unknown dim), or None for an unknown rank."""
-    t = types.get(name)
-    if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in t.tensor_type.shape.dim]
-
-
-def elem_type(types: dict[str, onnx.TypeProto], name: str) -> int | None:
-    """Element type of a tensor value, or None if unknown."""
-    t = types.get(name)
-    if t is None or t.WhichOneof("value") != "tensor_type":
-        return None
-    return t.tensor_type.elem_type or None
-
-
-def attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    """The value of a node attribute, or ``default``."""
-    for attr in node.attribute:
-        if attr.name == name:
-            return onnx.helper.get_attribute_value(attr)
-    return default
-
-
-def set_attribute(node: onnx.NodeProto, name: str, value: object) -> None:
-    """Set (or replace) a node attribute."""
-    for i, attr in enumerate(node.attribute):
-        if attr.name == name:
-            del node.attribute[i]
-            break
-    node.attribute.append(onnx.helper.make_attribute(name, value))
 
 
 def copy_structure(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -23,6 +23,7 @@ from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks.gradient import _graph
+from onnxblocks.gradient.folding import ConstantTable
 
 #: Normalisation ops whose gradient reads extra outputs and writes the gradients of its scale and bias.
 NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
@@ -160,7 +161,7 @@ def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str
         return set()
     trained = set(trainable)
     initializers = {init.name for init in graph.initializer}
-    constants = _graph.ConstantTable(graph)
+    constants = ConstantTable(graph)
     names = _graph.name_authority(graph)
     seen: set[str] = set()
     nodes: list[onnx.NodeProto] = []

@@ -45,6 +45,7 @@ from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.activations import activations_as_elementary
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
+from onnxblocks.gradient.folding import ConstantTable
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
 from onnxblocks.gradient.indexing import (
     border_pad_as_gather,
@@ -117,7 +118,7 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
     new_nodes: list[onnx.NodeProto] = []
     dropped: set[int] = set()  # node indices
     replacements: dict[int, list[onnx.NodeProto]] = {}  # node index -> nodes replacing it
-    constants = _graph.ConstantTable(graph)
+    constants = ConstantTable(graph)
     position = {n.output[0]: i for i, n in enumerate(graph.node) if n.output}
     for node_index, node in enumerate(graph.node):
         if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx"):

@@ -19,6 +19,7 @@ from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks.gradient import _graph
+from onnxblocks.gradient.folding import ConstantTable
 
 _SEPARABLE_ATTRIBUTES = (
     "mode",
@@ -48,7 +49,7 @@ def resize_as_matmul(model: onnx.ModelProto) -> int:
     )
 
 
-def _argument(node: onnx.NodeProto, constants: _graph.ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
+def _argument(node: onnx.NodeProto, constants: ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
     """(known, value) of an optional constant input: (True, None) when absent."""
     if len(node.input) <= index or not node.input[index]:
         return True, None
