@@ -22,7 +22,7 @@ from typing import Any
 
 import onnx
 
-from onnxblocks import checkpoint, losses, optim
+from onnxblocks import losses, optim
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL, ArtifactNames
@@ -33,7 +33,6 @@ from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
-from onnxblocks.io import save_model
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +266,10 @@ def _generate(
         optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]
 
     directory = Path(os.fspath(artifact_directory)) if artifact_directory is not None else Path.cwd()
+    # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
+    from onnxblocks import checkpoint
+    from onnxblocks.io import save_model
+
     names = ArtifactNames(prefix)
     with staging(directory, names.owned()) as stage:
         save_model(graphs.training, stage / names.training_model, weights=store)

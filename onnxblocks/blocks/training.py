@@ -9,7 +9,7 @@ checkpoint.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -17,7 +17,9 @@ from onnxblocks._core import weights as _weights
 from onnxblocks._core.errors import NotBuiltError
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, _BuildView
-from onnxblocks.gradient import TrainingGraphs, build_training_graphs, check_training_model
+
+if TYPE_CHECKING:
+    from onnxblocks.gradient import TrainingGraphs
 
 
 class TrainingBlock(Block):
@@ -82,6 +84,8 @@ class TrainingBlock(Block):
     # ------------------------------------------------------------- building
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build the loss, then the training and eval models; returns what ``build`` returned."""
+        from onnxblocks.gradient import build_training_graphs  # a lower layer, loaded on first build (import time)
+
         out = super().__call__(*args, **kwargs)
         names = [n for n in (list(out) if isinstance(out, (tuple, list)) else [out]) if n is not None]
         acc: ModelAccessor = self._accessor
@@ -181,6 +185,8 @@ class TrainingBlock(Block):
     def _check_models(self) -> None:
         self._require_built("models")
         if not self._checked:
+            from onnxblocks.gradient import check_training_model
+
             check_training_model(self._graphs.training)
             check_training_model(self._graphs.eval)
             self._checked = True
