@@ -132,9 +132,8 @@ def generate_artifacts(
 
 def _namespace(name: str, doc: str, **members: Any) -> types.ModuleType:
     module = types.ModuleType(name, doc)
-    for key, value in members.items():
+    for key, value in {**members, "__all__": sorted(members)}.items():
         setattr(module, key, value)
-    module.__all__ = sorted(members)  # type: ignore[attr-defined]
     return module
 
 

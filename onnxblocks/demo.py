@@ -288,7 +288,7 @@ def _inference_accuracy(model_path: Path, x: np.ndarray, y: np.ndarray) -> float
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> Path:
     with atomic_file(path) as temp, open(temp, "wb") as f:  # a file object: np.savez would append .npz to a name
-        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool (allow_pickle)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # stub: **kwds may fill allow_pickle: bool (older numpy lacks it)
     return path
 
 

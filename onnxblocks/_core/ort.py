@@ -22,7 +22,7 @@ def onnxruntime() -> ModuleType:
         return sys.modules["onnxruntime"]
     guarded = _PROBE not in sys.modules
     if guarded:
-        sys.modules[_PROBE] = None  # type: ignore[assignment]  # makes the probe's import fail as "absent"
+        sys.modules[_PROBE] = None  # type: ignore[assignment]  # None makes the import fail; typeshed allows modules only
     try:
         import onnxruntime as ort
     finally:

@@ -263,7 +263,7 @@ def _generate(
     if optim_block is not None:
         with empty_base(opset_version=_limits.onnx_opset(base_model)):
             optim_block(sources)
-        optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]
+        optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]  # any Block with it, checked by hasattr
 
     directory = Path(os.fspath(artifact_directory)) if artifact_directory is not None else Path.cwd()
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light

@@ -48,7 +48,7 @@ class _Binary(Op):
     def __init__(self, op_type: str) -> None:
         super().__init__(op_type)
 
-    def build(self, input_name1: str, input_name2: str) -> Value:  # type: ignore[override]
+    def build(self, input_name1: str, input_name2: str) -> Value:  # type: ignore[override]  # Op.build(*names) fixed to two inputs
         """Add ``op(input_name1, input_name2)`` with numpy-style broadcasting."""
         return self.accessor.op(self._op_type, [input_name1, input_name2])
 
@@ -82,7 +82,7 @@ class Div(_Binary):
 
 
 class _Unary(Op):
-    def build(self, input_name: str) -> Value:  # type: ignore[override]
+    def build(self, input_name: str) -> Value:  # type: ignore[override]  # Op.build(*names) fixed to one input
         """Apply the op to ``input_name``."""
         return self.accessor.op(self._op_type, [input_name], **self._attributes)
 

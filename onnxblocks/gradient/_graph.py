@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
@@ -16,9 +18,16 @@ from onnxblocks._core.naming import NameAuthority
 # re-exported: the passes read values through `_graph`
 from onnxblocks.gradient._values import attribute as attribute
 from onnxblocks.gradient._values import elem_type as elem_type
+from onnxblocks.gradient._values import float_attribute as float_attribute
+from onnxblocks.gradient._values import floats_attribute as floats_attribute
 from onnxblocks.gradient._values import infer_types as infer_types
+from onnxblocks.gradient._values import int_attribute as int_attribute
+from onnxblocks.gradient._values import ints_attribute as ints_attribute
 from onnxblocks.gradient._values import set_attribute as set_attribute
 from onnxblocks.gradient._values import shape_of as shape_of
+from onnxblocks.gradient._values import static_dims as static_dims
+from onnxblocks.gradient._values import string_attribute as string_attribute
+from onnxblocks.gradient._values import strings_attribute as strings_attribute
 from onnxblocks.gradient.folding import ConstantTable as ConstantTable
 
 
@@ -179,13 +188,13 @@ class NodeWriter:
         """A new value name ``<hint>.<suffix>_<n>``."""
         return self.names.fresh(f"{self.hint}.{suffix}")
 
-    def op(self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, domain: str = "", **attrs: Any) -> str:
         """One node with one output."""
         (output,) = self.ops(op_type, inputs, [out or self.fresh(op_type.lower())], domain=domain, **attrs)
         return output
 
-    def ops(self, op_type: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: object) -> list[str]:
-        """One node with the given outputs."""
+    def ops(self, op_type: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> list[str]:
+        """One node with the given outputs (``attrs``: any value ``onnx.helper.make_attribute`` takes)."""
         self.nodes.append(
             onnx.helper.make_node(
                 op_type, inputs, outputs, name=self.names.fresh(op_type), domain=domain or None, **attrs
@@ -193,7 +202,9 @@ class NodeWriter:
         )
         return outputs
 
-    def const(self, value: np.ndarray | float | int | list, dtype: object = None, suffix: str = "const") -> str:
+    def const(
+        self, value: np.ndarray | float | int | list, dtype: npt.DTypeLike | None = None, suffix: str = "const"
+    ) -> str:
         """A Constant node with ``value`` (numpy dtype ``dtype``)."""
         array = np.asarray(value, dtype=dtype)
         name = self.fresh(suffix)

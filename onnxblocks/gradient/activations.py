@@ -31,7 +31,7 @@ _Rewrite = Callable[[_graph.NodeWriter, onnx.NodeProto, str, str, np.dtype], Non
 
 
 def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    return float(_graph.attribute(node, name, default))  # type: ignore[arg-type]
+    return _graph.float_attribute(node, name, default)
 
 
 def _exp_below_zero(w: _graph.NodeWriter, x: str, dtype: np.dtype, scale: float, inner: float, y: str) -> None:

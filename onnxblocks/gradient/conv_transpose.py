@@ -46,29 +46,23 @@ def conv_transpose_as_conv(model: onnx.ModelProto) -> int:
     )
 
 
-def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
-    value = _graph.attribute(node, name)
-    return list(value) if value is not None else list(default)  # type: ignore[call-overload]
-
-
 def _rewrite(node, types, names, opset) -> list[onnx.NodeProto] | None:
     x, weight = node.input[0], node.input[1]
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    wshape = _graph.shape_of(types, weight)
-    auto_pad = _graph.attribute(node, "auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if wshape is None or any(d is None for d in wshape) or len(wshape) < 3:
+    wshape = _graph.static_dims(_graph.shape_of(types, weight))
+    auto_pad = _graph.string_attribute(node, "auto_pad", "NOTSET")
+    if wshape is None or len(wshape) < 3:
         return None
     if auto_pad not in ("NOTSET", "VALID") or _graph.attribute(node, "output_shape") is not None:
         return None
     n = len(wshape) - 2
     c_in, c_out_per_group, kernel = wshape[0], wshape[1], wshape[2:]
-    group = int(_graph.attribute(node, "group", 1))  # type: ignore[arg-type]
-    strides = _ints(node, "strides", [1] * n)
-    dilations = _ints(node, "dilations", [1] * n)
-    output_padding = _ints(node, "output_padding", [0] * n)
-    pads = [0] * (2 * n) if auto_pad == "VALID" else _ints(node, "pads", [0] * (2 * n))
-    if c_in % group or _ints(node, "kernel_shape", kernel) != kernel:
+    group = _graph.int_attribute(node, "group", 1)
+    strides = _graph.ints_attribute(node, "strides", [1] * n)
+    dilations = _graph.ints_attribute(node, "dilations", [1] * n)
+    output_padding = _graph.ints_attribute(node, "output_padding", [0] * n)
+    pads = [0] * (2 * n) if auto_pad == "VALID" else _graph.ints_attribute(node, "pads", [0] * (2 * n))
+    if c_in % group or _graph.ints_attribute(node, "kernel_shape", kernel) != kernel:
         return None
 
     w = _graph.NodeWriter(names, opset, node.output[0])

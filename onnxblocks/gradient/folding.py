@@ -11,7 +11,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxblocks._core import weights as _weights
-from onnxblocks.gradient._values import attribute, shape_of
+from onnxblocks.gradient._values import int_attribute, shape_of
 
 #: Ops :meth:`ConstantTable.folded` evaluates when all their inputs are constants (index arithmetic).
 _FOLDABLE = frozenset(
@@ -105,7 +105,8 @@ class ConstantTable:
         if node is None or node.op_type not in _FOLDABLE or node.domain not in ("", "ai.onnx") or depth > 24:
             return None
         inputs = [self.folded(i, depth + 1) if i else None for i in node.input]
-        if any(v is None for v, i in zip(inputs, node.input, strict=True) if i):
+        feeds = {i: v for i, v in zip(node.input, inputs, strict=True) if i and v is not None}
+        if any(i and i not in feeds for i in node.input):
             return None
         try:
             from onnx.reference import ReferenceEvaluator
@@ -114,14 +115,15 @@ class ConstantTable:
                 [node],
                 "fold",
                 [
-                    onnx.helper.make_tensor_value_info(i, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-                    for i, v in zip(node.input, inputs, strict=True)
+                    onnx.helper.make_tensor_value_info(
+                        i, onnx.helper.np_dtype_to_tensor_dtype(feeds[i].dtype), feeds[i].shape
+                    )
+                    for i in node.input
                     if i
                 ],
                 [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o],
             )
             model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self._opset)])
-            feeds = {i: v for i, v in zip(node.input, inputs, strict=True) if i}
             results = ReferenceEvaluator(model).run(None, feeds)
         except Exception:
             return None
@@ -142,7 +144,7 @@ class ConstantTable:
         return np.array(dims, dtype=np.int64)
 
 
-def _shape_slice(node: onnx.NodeProto, dims: list) -> list:
-    start = int(attribute(node, "start", 0))  # type: ignore[arg-type]
-    end = attribute(node, "end")
-    return dims[start:] if end is None else dims[start : int(end)]  # type: ignore[call-overload]
+def _shape_slice(node: onnx.NodeProto, dims: list[int | None]) -> list[int | None]:
+    start = int_attribute(node, "start", 0)
+    end = int_attribute(node, "end", None)
+    return dims[start:] if end is None else dims[start:end]

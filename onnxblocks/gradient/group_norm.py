@@ -39,11 +39,11 @@ def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.Node
     elem = _graph.elem_type(ctx.types, x)
     if elem is None:
         return None
-    epsilon = float(_graph.attribute(node, "epsilon", 1e-5))  # type: ignore[arg-type]
+    epsilon = _graph.float_attribute(node, "epsilon", 1e-5)
     if node.op_type == "InstanceNormalization":
         groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
     else:
-        groups, per_channel = int(_graph.attribute(node, "num_groups")), ctx.opset >= 21  # type: ignore[arg-type]
+        groups, per_channel = _graph.int_attribute(node, "num_groups"), ctx.opset >= 21
     w = ctx.writer(node.output[0])
     _write(w, x, scale, bias, groups, per_channel, epsilon, elem, node.output[0])
     return w.nodes

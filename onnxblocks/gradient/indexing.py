@@ -46,10 +46,11 @@ def _negative_step_slice(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> li
         return None
     types, table = ctx.types, ctx.constants
     args = [table.folded(name) for name in node.input[1:5]]
-    if any(a is None for a in args) or not (args[3] < 0).any():  # type: ignore[operator]
+    known = [a for a in args if a is not None]
+    if len(known) < len(args) or not (known[3] < 0).any():
         return None
     shape = _graph.shape_of(types, node.input[0])
-    starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in args)  # type: ignore[union-attr]
+    starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in known)
     if any(a < 0 for a in axes):
         if shape is None:
             return None
@@ -59,7 +60,8 @@ def _negative_step_slice(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> li
     flipped = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0]
     current = node.input[0]
     if kept:
-        current = w.slice(current, *(list(v) for v in zip(*kept, strict=True)))  # type: ignore[arg-type]
+        kept_starts, kept_ends, kept_axes, kept_steps = (list(v) for v in zip(*kept, strict=True))
+        current = w.slice(current, kept_starts, kept_ends, kept_axes, kept_steps)
     for i, (start, end, axis, step) in enumerate(flipped):
         length = shape[axis] if shape is not None else None
         indices = _slice_indices(w, current, axis, length, start, end, step)
@@ -141,8 +143,7 @@ def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.N
 
 
 def _mode(node: onnx.NodeProto) -> str:
-    mode = _graph.attribute(node, "mode", b"constant")
-    return mode.decode() if isinstance(mode, bytes) else str(mode)
+    return _graph.string_attribute(node, "mode", "constant")
 
 
 def _border(w: _graph.NodeWriter, x: str, axis: int, length: int | None, mode: str, count: int, before: bool) -> str:
@@ -178,27 +179,27 @@ def depth_to_space_as_reshape(model: onnx.ModelProto) -> int:
 def _depth_to_space(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
     types, names, opset = ctx.types, ctx.names, ctx.opset
     shape = _graph.shape_of(types, node.input[0])
-    if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
+    chw = _graph.static_dims(shape[1:]) if shape is not None and len(shape) == 4 else None
+    if chw is None:
         return None
-    _, c, h, wd = shape
-    b = int(_graph.attribute(node, "blocksize"))  # type: ignore[arg-type]
+    c, h, wd = chw
+    b = _graph.int_attribute(node, "blocksize")
     w = _graph.NodeWriter(names, opset, node.output[0])
     if node.op_type == "DepthToSpace":
-        if c % (b * b):  # type: ignore[operator]
+        if c % (b * b):
             return None
         crd = _mode_of(node) == "CRD"
-        split = [0, c // (b * b), b, b, h, wd] if crd else [0, b, b, c // (b * b), h, wd]  # type: ignore[operator]
+        split = [0, c // (b * b), b, b, h, wd] if crd else [0, b, b, c // (b * b), h, wd]
         perm = [0, 1, 4, 2, 5, 3] if crd else [0, 3, 4, 1, 5, 2]
-        final = [0, c // (b * b), h * b, wd * b]  # type: ignore[operator]
+        final = [0, c // (b * b), h * b, wd * b]
     else:
-        if h % b or wd % b:  # type: ignore[operator]
+        if h % b or wd % b:
             return None
-        split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]  # type: ignore[operator]
+        split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]
     moved = w.op("Transpose", [w.op("Reshape", [node.input[0], w.ints(split)])], perm=perm)
     w.op("Reshape", [moved, w.ints(final)], out=node.output[0])
     return w.nodes
 
 
 def _mode_of(node: onnx.NodeProto) -> str:
-    mode = _graph.attribute(node, "mode", b"DCR")
-    return mode.decode() if isinstance(mode, bytes) else str(mode)
+    return _graph.string_attribute(node, "mode", "DCR")

@@ -112,14 +112,11 @@ def _normalized_shape(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) ->
     """The static shape a LayerNormalization normalises over (``x.shape[axis:]``), else its scale's, else None."""
     x = _graph.shape_of(types, node.input[0])
     if x is not None:
-        axis = int(_graph.attribute(node, "axis", -1))  # type: ignore[arg-type]
-        dims = x[axis:] if axis < 0 else x[axis:] if axis < len(x) else None
-        if dims and all(d is not None for d in dims):
-            return dims  # type: ignore[return-value]
-    scale = _graph.shape_of(types, node.input[1])
-    if scale is not None and all(d is not None for d in scale):
-        return scale  # type: ignore[return-value]
-    return None
+        axis = _graph.int_attribute(node, "axis", -1)
+        dims = _graph.static_dims(x[axis:] if axis < 0 else x[axis:] if axis < len(x) else None)
+        if dims:
+            return dims
+    return _graph.static_dims(_graph.shape_of(types, node.input[1]))
 
 
 def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str]) -> set[str]:

@@ -127,11 +127,12 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
         users = readers.get(seq, [])
         if seq in outputs or not users or any(u.op_type != "SequenceAt" or u.input[0] != seq for u in users):
             continue
-        positions = [constants.value(u.input[1]) for u in users]
-        if any(p is None or p.size != 1 for p in positions):
+        values = [constants.value(u.input[1]) for u in users]
+        positions = [p for p in values if p is not None and p.size == 1]
+        if len(positions) < len(values):
             continue
-        axis = int(_graph.attribute(node, "axis", 0))  # type: ignore[arg-type]
-        keepdims = int(_graph.attribute(node, "keepdims", 1))  # type: ignore[arg-type]
+        axis = _graph.int_attribute(node, "axis", 0)
+        keepdims = _graph.int_attribute(node, "keepdims", 1)
         split = constants.value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
         if len(node.input) > 1 and node.input[1] and split is None:
             continue
@@ -154,7 +155,7 @@ def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
         extra: list[onnx.NodeProto] = []
         final: dict[int, str] = {}
         for user, pos in zip(users, positions, strict=True):
-            index = int(pos.reshape(()))  # type: ignore[union-attr]
+            index = int(pos.reshape(()))
             index = index + count if index < 0 else index
             if not 0 <= index < count:
                 break
@@ -260,9 +261,7 @@ def gelu_as_contrib_gelu(model: onnx.ModelProto) -> int:
     for node in model.graph.node:
         if node.op_type != "Gelu" or node.domain not in ("", "ai.onnx"):
             continue
-        approximate = _graph.attribute(node, "approximate", b"none")
-        if isinstance(approximate, bytes):
-            approximate = approximate.decode()
+        approximate = _graph.string_attribute(node, "approximate", "none")
         node.op_type = "FastGelu" if approximate == "tanh" else "Gelu"
         node.domain = _limits.MS_DOMAIN
         del node.attribute[:]

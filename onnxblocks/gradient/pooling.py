@@ -26,11 +26,6 @@ from onnxblocks._core.errors import GradientError
 from onnxblocks.gradient import _graph
 
 
-def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
-    value = _graph.attribute(node, name)
-    return list(value) if value is not None else list(default)  # type: ignore[call-overload]
-
-
 def _window_counts(
     size: int, out: int, kernel: int, stride: int, begin: int, end: int, include_pad: bool
 ) -> np.ndarray | None:
@@ -79,28 +74,28 @@ def _average_pool(node, types, names, opset) -> list[onnx.NodeProto] | None:
         return None
     if all(d is not None for d in shape) and elem == onnx.TensorProto.FLOAT:
         return None  # AveragePoolGrad handles it
-    kernel = _ints(node, "kernel_shape", [])
+    kernel = _graph.ints_attribute(node, "kernel_shape", [])
     n = len(kernel)
-    auto_pad = _graph.attribute(node, "auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    dilated = any(d != 1 for d in _ints(node, "dilations", [1] * n))
+    auto_pad = _graph.string_attribute(node, "auto_pad", "NOTSET")
+    dilated = any(d != 1 for d in _graph.ints_attribute(node, "dilations", [1] * n))
     if n != len(shape) - 2 or auto_pad not in ("NOTSET", "VALID") or dilated:
         return None
-    strides = _ints(node, "strides", [1] * n)
-    pads = [0] * (2 * n) if auto_pad == "VALID" else _ints(node, "pads", [0] * (2 * n))
-    ceil_mode = int(_graph.attribute(node, "ceil_mode", 0))  # type: ignore[arg-type]
-    include_pad = bool(_graph.attribute(node, "count_include_pad", 0))
-    spatial = shape[2:]
+    strides = _graph.ints_attribute(node, "strides", [1] * n)
+    pads = [0] * (2 * n) if auto_pad == "VALID" else _graph.ints_attribute(node, "pads", [0] * (2 * n))
+    ceil_mode = _graph.int_attribute(node, "ceil_mode", 0)
+    include_pad = bool(_graph.int_attribute(node, "count_include_pad", 0))
     uniform = not ceil_mode and (include_pad or not any(pads))
     conv_pads = list(pads)
     scale = None
     if not uniform:
         out_shape = _graph.shape_of(types, y)
-        if any(d is None for d in spatial) or out_shape is None or any(d is None for d in out_shape[2:]):
+        spatial = _graph.static_dims(shape[2:])
+        out_spatial = _graph.static_dims(out_shape[2:] if out_shape is not None else None)
+        if spatial is None or out_spatial is None:
             return None
         counts = []
         for axis in range(n):
-            size, out = spatial[axis], out_shape[2 + axis]
+            size, out = spatial[axis], out_spatial[axis]
             begin, end = pads[axis], pads[n + axis]
             count = _window_counts(size, out, kernel[axis], strides[axis], begin, end, include_pad)
             if count is None:

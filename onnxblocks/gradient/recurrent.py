@@ -22,6 +22,8 @@ left as they are.
 
 from __future__ import annotations
 
+from typing import overload
+
 import onnx
 
 from onnxblocks.gradient import _graph
@@ -41,15 +43,11 @@ def _output(node: onnx.NodeProto, index: int) -> str | None:
 
 
 def _direction(node: onnx.NodeProto) -> str:
-    value = _graph.attribute(node, "direction", b"forward")
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return _graph.string_attribute(node, "direction", "forward")
 
 
 def _activations(node: onnx.NodeProto) -> list[str] | None:
-    value = _graph.attribute(node, "activations")
-    if value is None:
-        return None
-    return [(a.decode() if isinstance(a, bytes) else str(a)) for a in value]  # type: ignore[union-attr]
+    return _graph.strings_attribute(node, "activations", None)
 
 
 def _supported(node: onnx.NodeProto) -> bool:
@@ -58,9 +56,9 @@ def _supported(node: onnx.NodeProto) -> bool:
         _graph.is_default_domain(node)
         and node.op_type in _KINDS
         and _input(node, 4) is None  # sequence_lens
-        and int(_graph.attribute(node, "layout", 0)) == 0  # type: ignore[arg-type]
+        and _graph.int_attribute(node, "layout", 0) == 0
         and _graph.attribute(node, "clip") is None
-        and not int(_graph.attribute(node, "input_forget", 0))  # type: ignore[arg-type]
+        and not _graph.int_attribute(node, "input_forget", 0)
     )
 
 
@@ -87,21 +85,23 @@ def _split_directions(w: _graph.NodeWriter, node: onnx.NodeProto, steps: int | N
     kinds = ["forward", "reverse"] if direction == "bidirectional" else ["reverse"]
     per_direction = _KINDS[node.op_type][1]
     activations = _activations(node)
-    alpha = _graph.attribute(node, "activation_alpha")
-    beta = _graph.attribute(node, "activation_beta")
+    alpha = _graph.floats_attribute(node, "activation_alpha", None)
+    beta = _graph.floats_attribute(node, "activation_beta", None)
     x = node.input[0]
     reversed_time = None
-    outputs: list[list[str | None]] = []  # per direction: Y, Y_h, (Y_c)
+    outputs: list[list[str]] = []  # per direction: Y, Y_h, (Y_c); "" where absent
     for d, kind in enumerate(kinds):
         inputs = list(node.input)
         # weights, biases, initial states and peepholes: this direction's slice along axis 0
         for i in (1, 2, 3, 5, 6, 7):
             if _input(node, i) is not None and len(kinds) > 1:
                 inputs[i] = w.slice(node.input[i], [d], [d + 1], [0])
+        flip = None  # the time-reversal indices when this direction runs reversed
         if kind == "reverse":
             if reversed_time is None:
                 reversed_time = _reversed_indices(w, x, steps)
-            inputs[0] = w.op("Gather", [x, reversed_time], axis=0)
+            flip = reversed_time
+            inputs[0] = w.op("Gather", [x, flip], axis=0)
         outs = [w.fresh(f"{kind}.out{k}") if _output(node, k) else "" for k in range(len(node.output))]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         attrs["direction"] = "forward"
@@ -109,20 +109,20 @@ def _split_directions(w: _graph.NodeWriter, node: onnx.NodeProto, steps: int | N
             attrs["activations"] = activations[d * per_direction : (d + 1) * per_direction]
         for key, values in (("activation_alpha", alpha), ("activation_beta", beta)):
             if values is not None:
-                attrs[key] = list(values)[d * per_direction : (d + 1) * per_direction]  # type: ignore[call-overload]
+                attrs[key] = values[d * per_direction : (d + 1) * per_direction]
         w.ops(node.op_type, inputs, outs, **attrs)
-        y = outs[0] or None
-        if kind == "reverse" and y is not None:
-            y = w.op("Gather", [y, reversed_time], axis=0)  # type: ignore[list-item]
-        outputs.append([y, *[(o or None) for o in outs[1:]]])
+        y = outs[0]
+        if flip is not None and y:
+            y = w.op("Gather", [y, flip], axis=0)
+        outputs.append([y, *outs[1:]])
     for k, final in enumerate(node.output):
         if not final:
             continue
-        parts = [o[k] for o in outputs]
+        parts = [o[k] for o in outputs]  # not "": each direction named its output k (final is set)
         if len(parts) == 1:
-            w.op("Identity", [parts[0]], out=final)  # type: ignore[list-item]
+            w.op("Identity", [parts[0]], out=final)
         else:
-            w.op("Concat", parts, out=final, axis=1 if k == 0 else 0)  # type: ignore[arg-type]
+            w.op("Concat", parts, out=final, axis=1 if k == 0 else 0)
 
 
 def _reversed_indices(w: _graph.NodeWriter, x: str, steps: int | None) -> str:
@@ -158,7 +158,7 @@ def _unroll(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeP
     elif activations != _DEFAULT_ACTIVATIONS[node.op_type]:
         return None
     w = ctx.writer(node.output[0] or node.name or node.op_type)
-    _Unroller(w, node, shape[0], int(_graph.attribute(node, "hidden_size")), activations).write()  # type: ignore[arg-type]
+    _Unroller(w, node, shape[0], _graph.int_attribute(node, "hidden_size"), activations).write()
     return w.nodes
 
 
@@ -205,7 +205,8 @@ class _Unroller:
             w.unsqueeze(states[-1], [0], out=y_h)
         y_c = _output(node, 2) if node.op_type == "LSTM" else None
         if y_c:
-            w.unsqueeze(cell, [0], out=y_c)  # type: ignore[arg-type]
+            assert cell is not None  # LSTM: every time step returns the cell state
+            w.unsqueeze(cell, [0], out=y_c)
 
     def _recurrent(self, state: str | None, recurrence_t: str, bias: str | None) -> str | None:
         """``state @ R^T + Rb`` (None when both terms vanish)."""
@@ -221,7 +222,7 @@ class _Unroller:
 
     def _gru_step(self, xw: str, state: str | None, recurrence_t: str, bias: str | None) -> str:
         w, hidden = self.w, self.hidden
-        linear_before_reset = int(_graph.attribute(self.node, "linear_before_reset", 0))  # type: ignore[arg-type]
+        linear_before_reset = _graph.int_attribute(self.node, "linear_before_reset", 0)
         xz, xr, xh = w.split(xw, [hidden] * 3, 1)
         hz = hr = hh = None
         if state is not None:
@@ -240,7 +241,7 @@ class _Unroller:
                 rh_t = w.slice(recurrence_t, [2 * hidden], [3 * hidden], [1])
                 reset = w.op("MatMul", [w.op("Mul", [r, state]), rh_t])
             candidate_pre = self._sum(xh, reset, bh)
-        candidate = w.op("Tanh", [candidate_pre])  # type: ignore[list-item]
+        candidate = w.op("Tanh", [candidate_pre])
         if state is None:  # H = (1 - z) * h~
             return w.op("Sub", [candidate, w.op("Mul", [z, candidate])])
         return w.op("Add", [candidate, w.op("Mul", [z, w.op("Sub", [state, candidate])])])
@@ -258,8 +259,8 @@ class _Unroller:
         total = self._recurrent(state, recurrence_t, bias)
         gates = xw if total is None else w.op("Add", [xw, total])
         gi, go, gf, gc = w.split(gates, [hidden] * 4, 1)
-        pi, po, pf = peepholes if peepholes is not None else (None, None, None)
-        if cell is not None and pi is not None:
+        if cell is not None and peepholes is not None:
+            pi, _, pf = peepholes
             gi = w.op("Add", [gi, w.op("Mul", [pi, cell])])
             gf = w.op("Add", [gf, w.op("Mul", [pf, cell])])
         i = w.op("Sigmoid", [gi])
@@ -268,11 +269,17 @@ class _Unroller:
             new_cell = candidate
         else:
             new_cell = w.op("Add", [w.op("Mul", [w.op("Sigmoid", [gf]), cell]), candidate])
-        if po is not None:
+        if peepholes is not None:
+            po = peepholes[1]
             go = w.op("Add", [go, w.op("Mul", [po, new_cell])])
         return w.op("Mul", [w.op("Sigmoid", [go]), w.op("Tanh", [new_cell])]), new_cell
 
+    @overload
+    def _sum(self, first: str, /, *terms: str | None) -> str: ...
+    @overload
+    def _sum(self, *terms: str | None) -> str | None: ...
     def _sum(self, *terms: str | None) -> str | None:
+        """The sum of the terms present (None when none is)."""
         present = [t for t in terms if t is not None]
         if not present:
             return None

@@ -42,9 +42,9 @@ def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[o
             return None
         axes = [int(a) for a in value.reshape(-1)]
     else:
-        axes = [int(a) for a in _graph.attribute(node, "axes", [])]  # type: ignore[union-attr]
-    keepdims = int(_graph.attribute(node, "keepdims", 1))  # type: ignore[arg-type]
-    if not axes and int(_graph.attribute(node, "noop_with_empty_axes", 0)):  # type: ignore[arg-type]
+        axes = _graph.ints_attribute(node, "axes", [])
+    keepdims = _graph.int_attribute(node, "keepdims", 1)
+    if not axes and _graph.int_attribute(node, "noop_with_empty_axes", 0):
         return None
     shape = _graph.shape_of(types, x)
     rank = len(shape) if shape is not None else None
@@ -62,7 +62,8 @@ def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[o
         else:
             w.squeeze(values, axes, out=y)
     else:
-        kept = [a for a in range(rank) if a not in axes]  # type: ignore[arg-type]
+        assert rank is not None  # several axes: an unknown rank returned above
+        kept = [a for a in range(rank) if a not in axes]
         moved = w.op("Transpose", [x], perm=kept + axes)
         merged = w.op("Reshape", [moved, w.ints([0] * len(kept) + [-1])])
         values = w.ops("TopK", [merged, one], [w.fresh("values"), w.fresh("indices")], axis=len(kept), largest=largest)[
@@ -107,8 +108,8 @@ def _cumsum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeP
     if length is None:
         return None
     k, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
-    exclusive = int(_graph.attribute(node, "exclusive", 0))  # type: ignore[arg-type]
-    reverse = int(_graph.attribute(node, "reverse", 0))  # type: ignore[arg-type]
+    exclusive = _graph.int_attribute(node, "exclusive", 0)
+    reverse = _graph.int_attribute(node, "reverse", 0)
     if reverse:
         mask = k > j if exclusive else k >= j
     else:

@@ -64,8 +64,7 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
     in_shape, elem = _graph.shape_of(types, x), _graph.elem_type(types, x)
     if in_shape is None or elem is None:
         return None
-    policy = _graph.attribute(node, "keep_aspect_ratio_policy", b"stretch")
-    if (policy.decode() if isinstance(policy, bytes) else policy) != "stretch":
+    if _graph.string_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
         return None
     known = [_argument(node, constants, i) for i in (1, 2, 3)]
     if not all(k for k, _ in known):
@@ -74,10 +73,10 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
     if scales is None and sizes is None:
         return None
     rank = len(in_shape)
-    axes = _graph.attribute(node, "axes")
-    axes = [int(a) + rank if int(a) < 0 else int(a) for a in axes] if axes is not None else list(range(rank))  # type: ignore[union-attr]
-    # output length of each axis: floor(in * scale), or the size (ONNX's definition)
-    resized: dict[int, int] = {}
+    listed = _graph.ints_attribute(node, "axes", None)
+    axes = [a + rank if a < 0 else a for a in listed] if listed is not None else list(range(rank))
+    # (input, output) length of each resized axis: floor(in * scale), or the size (ONNX's definition)
+    resized: dict[int, tuple[int, int]] = {}
     for position, axis in enumerate(axes):
         size = in_shape[axis]
         if sizes is not None:
@@ -85,25 +84,26 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
             if size == out:
                 continue
         else:
-            if float(scales[position]) == 1.0:  # type: ignore[index]
+            assert scales is not None  # one of scales and sizes is given (checked above)
+            if float(scales[position]) == 1.0:
                 continue
             if size is None:
                 return None
-            out = int(np.floor(size * float(scales[position])))  # type: ignore[index]
+            out = int(np.floor(size * float(scales[position])))
         if size is None:
             return None
-        resized[axis] = out
+        resized[axis] = (size, out)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in _SEPARABLE_ATTRIBUTES}
     dtype = helper.tensor_dtype_to_np_dtype(elem)
     w = _graph.NodeWriter(names, opset, y)
     current, shape = x, list(in_shape)
-    for i, (axis, out_size) in enumerate(resized.items()):
+    for i, (axis, (size, out_size)) in enumerate(resized.items()):
         position = axes.index(axis)
         scale = float(scales[position]) if scales is not None else None
         region = (float(roi[position]), float(roi[len(axes) + position])) if roi is not None else None
-        matrix = _interpolation_matrix(shape[axis], out_size, scale, region, attrs, opset)  # type: ignore[arg-type]
-        out = y if i == len(resized) - 1 else None
-        current = _apply(w, current, axis, shape, matrix.astype(dtype), out)
+        matrix = _interpolation_matrix(size, out_size, scale, region, attrs, opset)
+        output = y if i == len(resized) - 1 else None
+        current = _apply(w, current, axis, shape, matrix.astype(dtype), output)
         shape[axis] = out_size
     if not resized:
         w.op("Identity", [x], out=y)
@@ -161,13 +161,14 @@ def _apply(
     """``M`` applied along ``axis`` of ``x`` (of ``shape``)."""
     rank = len(shape)
     factor = _repeats(matrix)
-    if factor is not None and all(d is not None for d in shape[axis + 1 :]):
+    trailing = _graph.static_dims(shape[axis + 1 :])
+    if factor is not None and trailing is not None:
         # nearest, integer factor: [..., n, ...] -> [..., n, r, ...] -> [..., n*r, ...]
         expanded = w.op(
             "Expand", [w.unsqueeze(x, [axis + 1]), w.ints([1] * (axis + 1) + [factor] + [1] * (rank - axis - 1))]
         )
-        target = [0] * axis + [-1] + list(shape[axis + 1 :])  # 0 copies a leading dim (a dynamic batch)
-        return w.op("Reshape", [expanded, w.ints(target)], out=out)  # type: ignore[arg-type]
+        target = [0] * axis + [-1] + trailing  # 0 copies a leading dim (a dynamic batch)
+        return w.op("Reshape", [expanded, w.ints(target)], out=out)
     if axis == rank - 1:
         return w.op("MatMul", [x, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")], out=out)
     if axis == rank - 2:

@@ -77,7 +77,7 @@ class Schedule(ABC):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Schedule) and self.state_dict() == other.state_dict()
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable on purpose; typeshed types object.__hash__ as a method
 
 
 class ConstantSchedule(Schedule):
