@@ -15,7 +15,6 @@ import contextlib
 import errno
 import glob
 import os
-import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -24,7 +23,9 @@ import onnx
 from onnx import numpy_helper
 
 from onnxblocks._core import limits as _limits
+from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core import weights as _weights
+from onnxblocks._core.paths import as_path
 from onnxblocks._core.proto import copy_fields
 
 __all__ = ["atomic_file", "atomic_outputs", "load_model", "save_model", "tensor_chunks"]
@@ -45,26 +46,40 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
     ``with`` block ends normally each temporary file is moved over its target
     (``os.replace``), in the order given, so put the file that refers to the
     others last. When it raises, every temporary file is removed and the
-    targets are left as they were.
+    targets are left as they were. Temporary names carry the writer's process
+    id (:mod:`onnxblocks._core.tempfiles`): those left by killed runs in the
+    targets' directories are removed first. Files are created with the umask,
+    as ``open()`` creates them.
 
     Raises:
         FileNotFoundError: if a target's directory does not exist.
+        NotADirectoryError: if a target's directory is a file.
     """
     finals = [Path(os.fspath(t)) for t in targets]
     for final in finals:
         if not final.parent.is_dir():
+            if final.parent.exists() or any(p.is_file() for p in final.parents):
+                raise NotADirectoryError(
+                    f"Cannot write '{final}': '{final.parent}' is not a directory (a path below a file?). "
+                    "Choose a path inside a directory."
+                )
             raise FileNotFoundError(
                 f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it first."
             )
-    temps = [f.parent / f".{f.name}.{secrets.token_hex(6)}.tmp" for f in finals]
+    for parent in dict.fromkeys(f.parent for f in finals):
+        _tempfiles.remove_stale(parent)
+    temps = [_tempfiles.temp_path(f) for f in finals]
     try:
         yield temps  # the writers create them (pre-creating and truncating them would force a flush on ext4)
         for temp, final in zip(temps, finals, strict=True):
             os.replace(temp, final)
-    except BaseException:
+    except BaseException as exc:
         for temp in temps:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
+        shown = _tempfiles.without_temp_names(exc, dict(zip(temps, finals, strict=True)))
+        if shown is not None:
+            raise shown from None  # messages name the targets, not temporary files
         raise
 
 
@@ -288,7 +303,7 @@ def save_model(
         or external_data_threshold < 0
     ):
         raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
-    target = Path(os.fspath(path))
+    target = as_path(path, "path")
     data_location = _check_location(location if location is not None else target.name + ".data")
     data_path = target.parent / data_location
     if data_path.resolve() == target.resolve():
@@ -357,9 +372,27 @@ def load_model(path: str | os.PathLike, load_external_data: bool = False) -> onn
     large weights are then read in chunks only when needed.
 
     Raises:
+        TypeError: if ``path`` is not a path.
         FileNotFoundError: if ``path`` does not exist.
+        IsADirectoryError: if it is a directory.
+        ValueError: if it is not a regular file, not an ONNX model (a protobuf
+            decoding error), or its external data is refused (a location outside
+            the model's directory, data shorter than its dims need).
     """
-    resolved = Path(os.fspath(path))
-    if not resolved.is_file():
+    resolved = as_path(path, "path")
+    if not resolved.exists():
         raise FileNotFoundError(f"Model file '{resolved}' does not exist.")
-    return onnx.load(os.fspath(resolved), load_external_data=load_external_data)
+    if resolved.is_dir():
+        raise IsADirectoryError(f"'{resolved}' is a directory; pass the .onnx file inside it.")
+    if not resolved.is_file():
+        raise ValueError(f"'{resolved}' is not a regular file (a pipe or device?); pass an .onnx file.")
+    try:
+        return onnx.load(os.fspath(resolved), load_external_data=load_external_data)
+    except (OSError, MemoryError):
+        raise
+    except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError for external data
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(
+            f"Cannot load '{resolved}' as an ONNX model: {detail}. Check that the file is a complete .onnx model "
+            "(and its external data files are beside it)."
+        ) from None

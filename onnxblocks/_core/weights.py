@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath, PureWindowsPath
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from onnxblocks._core import structure as _structure
 
 #: Initializers of at least this many bytes are held aside rather than copied.
 HOLD_THRESHOLD_BYTES = 1024
@@ -162,7 +163,9 @@ class WeightStore:
         ``base_dir`` is the directory its location is relative to.
 
         Raises:
-            ValueError: if the tensor has external data but ``base_dir`` is unknown.
+            ValueError: if the tensor has external data but ``base_dir`` is unknown, or
+                its external data is refused by :func:`external_source` (a location
+                outside ``base_dir``, a length its dims do not need, a short file).
             FileNotFoundError: if its external data file does not exist.
         """
         dims = tuple(tensor.dims)
@@ -180,20 +183,7 @@ class WeightStore:
                     "model's directory is unknown. Pass model_path= (the .onnx file the model was loaded "
                     "from) or load the model from a path."
                 )
-            path = Path(base_dir) / location
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"External data file '{path}' of initializer '{tensor.name}' does not exist. Keep the "
-                    "model's .data file beside the .onnx file, or pass the right model_path=."
-                )
-            length = int(info["length"]) if "length" in info else None
-            source = TensorSource(
-                tensor.name, tensor.data_type, dims, path=path, offset=int(info.get("offset", 0)), length=length
-            )
-            if length is None:
-                source = TensorSource(
-                    tensor.name, tensor.data_type, dims, path=path, offset=source.offset, length=source.nbytes
-                )
+            source = external_source(tensor, base_dir)
         else:
             source = TensorSource(tensor.name, tensor.data_type, dims, tensor=tensor)
         self._sources[tensor.name] = source
@@ -203,6 +193,96 @@ class WeightStore:
         """Register an existing source (e.g. from another store) and return its stub."""
         self._sources[source.name] = source
         return make_stub(source.name, source.data_type, source.dims)
+
+
+def _external_int(tensor: onnx.TensorProto, info: dict[str, str], key: str) -> int | None:
+    raw = info.get(key)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"Initializer '{tensor.name}' has external data {key}={raw!r}; it must be an integer >= 0. The model "
+            "file is corrupted; export it again."
+        )
+    return value
+
+
+def _external_path(tensor: onnx.TensorProto, location: str, base_dir: str | os.PathLike) -> Path:
+    """The data file of an external tensor, refused (as ``onnx.load`` refuses it) when outside ``base_dir``."""
+    relative = PurePath(location)
+    parts = Path(os.path.normpath(location)).parts if location else ()
+    if (
+        not location
+        or "\0" in location
+        or relative.is_absolute()
+        or PureWindowsPath(location).anchor
+        or location.startswith(("/", "\\"))
+        or (parts and parts[0] == os.pardir)
+    ):
+        raise ValueError(
+            f"Initializer '{tensor.name}' keeps its data at location {location!r}, which is not a file inside the "
+            f"model's directory '{base_dir}' (onnx.load refuses it too: absolute paths and '..' could read any "
+            "file). Keep the data file beside the .onnx file and give its name relative to it."
+        )
+    path = Path(base_dir) / location
+    if path.is_symlink():
+        raise ValueError(
+            f"Initializer '{tensor.name}' keeps its data in '{path}', which is a symbolic link; onnx.load refuses "
+            "those. Replace the link by the file itself."
+        )
+    if not path.exists():
+        raise FileNotFoundError(
+            f"External data file '{path}' of initializer '{tensor.name}' does not exist. Keep the "
+            "model's .data file beside the .onnx file, or pass the right model_path=."
+        )
+    if not path.is_file():
+        raise ValueError(
+            f"External data '{path}' of initializer '{tensor.name}' is not a regular file (a directory, pipe or "
+            "device). Point the location at the model's data file."
+        )
+    return path
+
+
+def external_source(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> TensorSource:
+    """Where the bytes of a tensor with external data are, checked against its dims and the file.
+
+    Raises:
+        ValueError: for a location outside ``base_dir`` (absolute, ``..``, a symbolic
+            link), an offset or length that is not an integer >= 0, a length other
+            than the dims and element type need, or data past the end of the file.
+        FileNotFoundError: if the data file does not exist.
+    """
+    info = external_info(tensor)
+    path = _external_path(tensor, info.get("location", ""), base_dir)
+    offset = _external_int(tensor, info, "offset") or 0
+    length = _external_int(tensor, info, "length")
+    dims = tuple(tensor.dims)
+    if tensor.data_type == onnx.TensorProto.STRING or tensor.data_type not in onnx.TensorProto.DataType.values():
+        raise ValueError(
+            f"Initializer '{tensor.name}' has external data of element type {tensor.data_type}, which cannot be "
+            "read as raw bytes. Store it inline."
+        )
+    if any(d < 0 for d in dims):
+        raise ValueError(f"Initializer '{tensor.name}' has a negative dimension {list(dims)}.")
+    need = tensor_nbytes(tensor)
+    if length is not None and length != need:
+        raise ValueError(
+            f"Initializer '{tensor.name}' declares {length} bytes of external data (length={length}) but its dims "
+            f"{list(dims)} and element type {onnx.TensorProto.DataType.Name(tensor.data_type)} need {need}. The "
+            "model file is corrupted or was edited; export it again."
+        )
+    size = path.stat().st_size
+    if offset + need > size:
+        raise ValueError(
+            f"Initializer '{tensor.name}' needs bytes {offset}..{offset + need} of '{path}', which has only {size} "
+            "bytes. The data file is truncated or belongs to another model; keep the .onnx file and its data file "
+            "together."
+        )
+    return TensorSource(tensor.name, tensor.data_type, dims, path=path, offset=offset, length=need)
 
 
 def make_stub(name: str, data_type: int, dims: tuple[int, ...] | list[int]) -> onnx.TensorProto:
@@ -223,147 +303,15 @@ def should_hold(tensor: onnx.TensorProto, threshold: int | None = None) -> bool:
     return tensor_nbytes(tensor) >= limit
 
 
-# ------------------------------------------------------------------ loading a model file without its weights
-# Protobuf field numbers (onnx.proto) and wire types used by load_structure().
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
-_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
-_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
-
-
 def load_structure(path: str | os.PathLike, threshold: int | None = None) -> onnx.ModelProto:
-    """Load an ``.onnx`` file without reading the bytes of its large inline initializers.
+    """Load an ``.onnx`` file without reading its large inline initializers (see :mod:`onnxblocks._core.structure`).
 
-    ``onnx.load`` parses the whole file, weights included. This reads only the
-    model's structure: every initializer whose ``raw_data`` has at least
-    ``threshold`` bytes (default :data:`HOLD_THRESHOLD_BYTES`) comes back as an
-    external-data tensor whose ``location`` is the ``.onnx`` file itself, with
-    the ``offset`` and ``length`` of its bytes there. Tensors that already use
-    external data files keep their locations. Locations are relative to the
-    file's directory, so ``base(model, model_path=path)`` holds every such
-    tensor as a :class:`TensorSource` that reads straight from disk.
-
-    The cost is O(graph structure): the weights are skipped, not read.
-
-    Args:
-        path: The ``.onnx`` file.
-        threshold: Smallest ``raw_data`` size (bytes) left in the file.
-
-    Returns:
-        The model, with large inline initializers turned into references into ``path``.
+    Every initializer whose ``raw_data`` has at least ``threshold`` bytes (default
+    :data:`HOLD_THRESHOLD_BYTES`) comes back as an external-data reference into the
+    file itself, so ``base(model, model_path=path)`` holds it as a :class:`TensorSource`.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
         ValueError: if the file is not a valid protobuf-encoded ModelProto.
     """
-    import mmap
-
-    path = Path(os.fspath(path))
-    limit = HOLD_THRESHOLD_BYTES if threshold is None else threshold
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            raise ValueError(f"'{path}' is empty; it is not an ONNX model.")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            try:
-                blob = _rewrite_model(data, path.name, limit)
-            except (IndexError, ValueError) as exc:
-                raise ValueError(
-                    f"'{path}' is not a valid ONNX model file ({exc}). Check that the file is complete."
-                ) from None
-    model = onnx.ModelProto()
-    try:
-        model.ParseFromString(blob)
-    except Exception as exc:  # protobuf raises DecodeError and others
-        raise ValueError(f"'{path}' is not a valid ONNX model file ({exc}).") from None
-    return model
-
-
-def _varint(data: Any, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("malformed varint")
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """Yield ``(field, wire_type, field_start, payload_start, field_end)`` for each field in ``data[start:end]``."""
-    pos = start
-    while pos < end:
-        field_start = pos
-        key, pos = _varint(data, pos)
-        field, wire = key >> 3, key & 7
-        if wire == _VARINT:
-            _, pos = _varint(data, pos)
-            payload = pos
-        elif wire == _FIXED64:
-            payload, pos = pos, pos + 8
-        elif wire == _FIXED32:
-            payload, pos = pos, pos + 4
-        elif wire == _LENGTH:
-            length, payload = _varint(data, pos)
-            pos = payload + length
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        if pos > end:
-            raise ValueError("truncated protobuf field")
-        yield field, wire, field_start, payload, pos
-
-
-def _length_field(field: int, payload: bytes) -> bytes:
-    return _encode_varint(field << 3 | _LENGTH) + _encode_varint(len(payload)) + payload
-
-
-def _rewrite_model(data: Any, location: str, limit: int) -> bytes:
-    out = bytearray()
-    for field, wire, start, payload, end in _fields(data, 0, len(data)):
-        if field == _MODEL_GRAPH and wire == _LENGTH:
-            out += _length_field(field, _rewrite_graph(data, payload, end, location, limit))
-        else:
-            out += data[start:end]
-    return bytes(out)
-
-
-def _rewrite_graph(data: Any, start: int, end: int, location: str, limit: int) -> bytes:
-    out = bytearray()
-    for field, wire, f_start, payload, f_end in _fields(data, start, end):
-        if field == _GRAPH_INITIALIZER and wire == _LENGTH:
-            out += _length_field(field, _rewrite_tensor(data, payload, f_end, location, limit))
-        else:
-            out += data[f_start:f_end]
-    return bytes(out)
-
-
-def _rewrite_tensor(data: Any, start: int, end: int, location: str, limit: int) -> bytes:
-    raw: tuple[int, int] | None = None
-    kept = bytearray()
-    for field, wire, f_start, payload, f_end in _fields(data, start, end):
-        if field == _TENSOR_RAW_DATA and wire == _LENGTH:
-            raw = (payload, f_end - payload)
-            continue
-        kept += data[f_start:f_end]
-    if raw is None or raw[1] < limit:
-        return bytes(data[start:end])
-    offset, length = raw
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = _length_field(1, key.encode()) + _length_field(2, value.encode())
-        kept += _length_field(_TENSOR_EXTERNAL_DATA, entry)
-    kept += _encode_varint(_TENSOR_DATA_LOCATION << 3 | _VARINT) + _encode_varint(onnx.TensorProto.EXTERNAL)
-    return bytes(kept)
+    return _structure.load_structure(path, HOLD_THRESHOLD_BYTES if threshold is None else threshold)

@@ -80,7 +80,10 @@ class _CheckedTable(flatbuffers.table.Table):
 
     def _uoffset_target(self, at: int, what: str) -> int:
         self._need(at, _U32.bytewidth, f"the offset to a {what}", align=_U32.bytewidth)
-        target = at + encode.Get(_U32.packer_type, self.Bytes, at)
+        offset = encode.Get(_U32.packer_type, self.Bytes, at)
+        if offset == 0 or offset >= 2**31:  # as FlatBuffers' verifier: no offset to itself, none that wraps
+            self._fail(f"the offset to a {what} at byte {at} is {offset}")
+        target = at + offset
         self._need(target, _U32.bytewidth, what, align=_U32.bytewidth)
         return target
 
@@ -156,6 +159,14 @@ def _text(raw: bytes | None, where: str, what: str) -> str | None:
         raise CheckpointFormatError(f"{where}: the {what} {raw[:40]!r} is not UTF-8 text. {_ADVICE}") from None
 
 
+def _required_text(raw: bytes | None, where: str, what: str) -> str:
+    """A string field ONNX Runtime dereferences without checking: absent, it would crash it."""
+    text = _text(raw, where, what)
+    if text is None:
+        raise CheckpointFormatError(f"{where}: the {what} is missing. {_ADVICE}")
+    return text
+
+
 # --------------------------------------------------------------------------- reading: the model
 @dataclass(frozen=True)
 class TensorEntry:
@@ -202,6 +213,8 @@ class ParsedCheckpoint:
     frozen: list[TensorEntry]
     optimizer_groups: list[OptimizerGroupEntry]
     properties: dict[str, int | float | str]
+    #: Fields ONNX Runtime requires that the file lacks (this reader reads them as empty).
+    missing: list[str] = field(default_factory=list)
 
     def entries(self) -> list[TensorEntry]:
         """Every tensor: parameters, then optimizer moments."""
@@ -230,6 +243,11 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
     if not name:
         raise CheckpointFormatError(f"{where}: a tensor has no name. {_ADVICE}")
     where = f"{where} ('{name}')"
+    _text(tensor.DocString(), where, "doc string")  # never used, but ONNX Runtime's verifier follows it
+    for j in range(tensor.StringDataLength()):
+        tensor.StringData(j)
+    if tensor.DimsIsNone():
+        raise CheckpointFormatError(f"{where}: the tensor has no dims vector (ONNX Runtime requires one). {_ADVICE}")
     dims = tuple(tensor.Dims(j) for j in range(tensor.DimsLength()))  # (no numpy view pinning a memory map)
     if any(d < 0 for d in dims):
         raise CheckpointFormatError(f"{where}: the tensor has a negative dimension {list(dims)}. {_ADVICE}")
@@ -247,6 +265,8 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
         raise CheckpointFormatError(f"{where}: the tensor's external data offset is {offset}. {_ADVICE}")
     entry = TensorEntry(name, data_type, dims, inline, offset if offset >= 0 else None)
     if nominal:
+        if inline is None and entry.external_offset is None:
+            raise CheckpointFormatError(f"{where}: the nominal tensor has no (empty) data field. {_ADVICE}")
         return entry  # names and element types only
     dtype_of(entry, where)  # an element type ONNX Runtime cannot load data of
     if entry.external_offset is not None:
@@ -289,10 +309,13 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
         )
     trainable: list[TensorEntry] = []
     frozen: list[TensorEntry] = []
+    missing: list[str] = []
     nominal = external = False
     module = _checked(root.ModuleState(), f"{where} > module_state")
     if module is not None:
         nominal, external = module.IsNominalState(), module.HasExternalData()
+        if module.RequiresGradParamsIsNone() or module.FrozenParamsIsNone():
+            missing.append(f"{where} > module_state: the trainable or the frozen parameter vector")
         trainable = [
             _tensor_entry(t, w, nominal=nominal, external=external)
             for w, t in _tables(
@@ -303,15 +326,23 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
             _tensor_entry(t, w, nominal=nominal, external=external)
             for w, t in _tables(module.FrozenParamsLength, module.FrozenParams, f"{where} > frozen_params")
         ]
-    groups = []
+    groups: list[OptimizerGroupEntry] = []
     for g_where, g in _tables(root.OptimizerGroupsLength, root.OptimizerGroups, f"{where} > optimizer_groups"):
         group = OptimizerGroupEntry(
-            name=_text(g.GroupName(), g_where, "group name") or "",
+            name=_required_text(g.GroupName(), g_where, "group name"),
             step=g.Step(),
             initial_learning_rate=g.InitialLearningRate(),
         )
+        if g.OptimizerStatesIsNone():
+            raise CheckpointFormatError(f"{g_where}: the group has no optimizer state vector. {_ADVICE}")
+        if any(other.name == group.name for other in groups):
+            raise CheckpointFormatError(f"{g_where}: optimizer group '{group.name}' appears twice. {_ADVICE}")
         for s_where, state in _tables(g.OptimizerStatesLength, g.OptimizerStates, f"{g_where} > optimizer_states"):
-            param = _text(state.ParamName(), s_where, "parameter name") or ""
+            param = _required_text(state.ParamName(), s_where, "parameter name")
+            if state.MomentumsIsNone() or param in group.moments:
+                raise CheckpointFormatError(
+                    f"{s_where}: the state of parameter '{param}' has no moment vector or appears twice. {_ADVICE}"
+                )
             group.moments[param] = [
                 _tensor_entry(t, w, nominal=nominal, external=external)
                 for w, t in _tables(state.MomentumsLength, state.Momentums, f"{s_where} > momentums")
@@ -323,9 +354,9 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
         numbers = (("ints", bag.IntsLength, bag.Ints), ("floats", bag.FloatsLength, bag.Floats))
         for kind, count, get in numbers:
             for p_where, prop in _tables(count, get, f"{where} > property_bag > {kind}"):
-                properties[_text(prop.Name(), p_where, "property name") or ""] = prop.Value()
+                properties[_required_text(prop.Name(), p_where, "property name")] = prop.Value()
         for p_where, prop in _tables(bag.StringsLength, bag.Strings, f"{where} > property_bag > strings"):
-            properties[_text(prop.Name(), p_where, "property name") or ""] = (
-                _text(prop.Value(), p_where, "property value") or ""
+            properties[_required_text(prop.Name(), p_where, "property name")] = _required_text(
+                prop.Value(), p_where, "property value"
             )
-    return ParsedCheckpoint(version, nominal, external, trainable, frozen, groups, properties)
+    return ParsedCheckpoint(version, nominal, external, trainable, frozen, groups, properties, missing)

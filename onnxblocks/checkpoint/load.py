@@ -12,6 +12,7 @@ import contextlib
 import mmap
 import os
 import stat
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxblocks._core.errors import did_you_mean
+from onnxblocks._core.errors import did_you_mean, preview
+from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
+from onnxblocks.checkpoint import storage as _storage
 from onnxblocks.checkpoint.save import external_data_path
 
 
@@ -107,9 +110,12 @@ def _open_regular(path: Path, what: str) -> int:
     return fd
 
 
-def _map(path: Path) -> mmap.mmap | bytes:
-    """The checkpoint file, memory-mapped read-only (``b""`` when empty)."""
-    fd = _open_regular(path, "Checkpoint file")
+def _map(path: Path, shown: Path | None = None) -> mmap.mmap | bytes:
+    """The checkpoint file, memory-mapped read-only (``b""`` when empty); errors name ``shown`` (default ``path``)."""
+    try:
+        fd = _open_regular(path, "Checkpoint file")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"Checkpoint file '{shown or path}' does not exist.") from None
     try:
         return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
     finally:
@@ -143,8 +149,8 @@ def read_parameter_names(path_to_checkpoint: str | os.PathLike) -> tuple[list[st
         onnxblocks.checkpoint.CheckpointFormatError: if the path is not a regular file or
             not a valid checkpoint.
     """
-    path = Path(os.fspath(path_to_checkpoint))
-    buf = _map(path)
+    path = as_path(path_to_checkpoint, "path_to_checkpoint")
+    buf = _map(_storage.resolve(path), path)
     try:
         parsed = _format.decode_checkpoint(buf, f"checkpoint '{path}'")
     finally:
@@ -158,19 +164,26 @@ class _Reader:
     """A checkpoint file mapped into memory, with its optional side data file."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(os.fspath(path))
-        self.buf = _map(self.path)
+        self.path = as_path(path, "path_to_checkpoint")
+        self.real = _storage.resolve(self.path)  # one version's header and data, whatever a save does meanwhile
+        self.buf = _map(self.real, self.path)
         self.parsed = _format.decode_checkpoint(self.buf, f"checkpoint '{self.path}'")
-        self.data_path = external_data_path(self.path)
+        self.data_path = external_data_path(self.path)  # (the name messages use)
         self.data_size = 0
         if self.parsed.has_external_data and any(e.external_offset is not None for e in self.parsed.entries()):
             try:
-                self.data_size = _regular_file_size(self.data_path, "External data file")
+                self.data_size = _regular_file_size(external_data_path(self.real), "External data file")
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', which does not exist. "
                     "Keep the .data file beside the checkpoint."
                 ) from None
+
+    def close(self) -> None:
+        """Unmap the checkpoint file (arrays already returned stay valid: they are copies or own maps)."""
+        if isinstance(self.buf, mmap.mmap):
+            with contextlib.suppress(BufferError):  # a view kept alive by a traceback: it closes when freed
+                self.buf.close()
 
     def raw(self, entry: _format.TensorEntry) -> bytes:
         """All bytes of one tensor."""
@@ -197,7 +210,9 @@ class _Reader:
                     f"'{self.data_path}', which is shorter ({self.data_size} bytes). The data file is truncated or "
                     "belongs to another checkpoint: restore the checkpoint and its .data file together."
                 )
-            mapped = np.memmap(self.data_path, dtype=dtype, mode="r", offset=entry.external_offset, shape=(count,))
+            mapped = np.memmap(
+                external_data_path(self.real), dtype=dtype, mode="r", offset=entry.external_offset, shape=(count,)
+            )
             return self._shaped(np.array(mapped) if copy else mapped, entry)
         if entry.inline is None:
             raise _format.CheckpointFormatError(
@@ -249,15 +264,33 @@ def load_checkpoint(path_to_checkpoint: str | os.PathLike) -> Checkpoint:
     )
 
 
-def load_checkpoint_to_model(path_to_checkpoint: str | os.PathLike, model: onnx.ModelProto) -> onnx.ModelProto:
+def load_checkpoint_to_model(
+    path_to_checkpoint: str | os.PathLike, model: onnx.ModelProto, *, strict: bool = False
+) -> onnx.ModelProto:
     """Return a copy of ``model`` whose initializers hold the checkpoint's parameter values.
 
     Initializers named like a checkpoint parameter get its data (inline, in
-    ``raw_data``); others are kept. ``model`` itself is not changed.
+    ``raw_data``); the model's other initializers (constants, buffers) are kept.
+    ``model`` itself is not changed.
+
+    At least one parameter must match an initializer: a checkpoint that matches
+    none is not a checkpoint of this model, and loading it would silently change
+    nothing. Checkpoint parameters the model does not have (e.g. parameters only
+    the loss uses) are skipped with a :class:`UserWarning` naming them, or refused
+    with ``strict=True``.
+
+    Args:
+        path_to_checkpoint: The checkpoint file.
+        model: The model to fill (typically the inference model).
+        strict: Refuse a checkpoint with parameters that are not initializers of ``model``.
 
     Raises:
-        ValueError: for a nominal checkpoint (it has no values), or a parameter whose
-            element type or shape differs from the model's initializer.
+        TypeError: if ``model`` is not an ``onnx.ModelProto``.
+        ValueError: for a nominal checkpoint (it has no values), a checkpoint none of
+            whose parameters is an initializer of the model (or, with ``strict``, one
+            that has parameters the model lacks), or a parameter whose element type
+            or shape differs from the model's initializer.
+        onnxblocks.errors.CheckpointFormatError: if the file is not a valid checkpoint.
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"load_checkpoint_to_model() takes an onnx.ModelProto, not {type(model).__name__}.")
@@ -269,6 +302,29 @@ def load_checkpoint_to_model(path_to_checkpoint: str | os.PathLike, model: onnx.
             "complete checkpoint (saved with nominal_checkpoint=False, or by a training session)."
         )
     entries = {e.name: e for e in (*parsed.trainable, *parsed.frozen)}
+    initializers = {init.name for init in model.graph.initializer}
+    unmatched = [name for name in entries if name not in initializers]
+    if len(unmatched) == len(entries) or (strict and unmatched):
+        inputs = [name for name in unmatched if name in {i.name for i in model.graph.input}]
+        hint = (
+            f" The model takes {preview(inputs)} as graph inputs (a training or eval model?): pass the inference "
+            "model, whose parameters are initializers."
+            if inputs
+            else " Pass the model the checkpoint was trained from."
+        )
+        what = "none of its parameters" if len(unmatched) == len(entries) else f"parameters {preview(unmatched)}"
+        raise ValueError(
+            f"Checkpoint '{reader.path}' is not a checkpoint of this model: {what} "
+            f"({preview(entries)}) {'is' if len(unmatched) == 1 else 'are'} an initializer of the model "
+            f"(initializers: {preview(sorted(initializers))}).{hint}"
+        )
+    if unmatched:
+        warnings.warn(
+            f"Checkpoint parameters {preview(unmatched)} are not initializers of the model; they were not loaded. "
+            "Pass strict=True to refuse such checkpoints.",
+            UserWarning,
+            stacklevel=2,
+        )
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for init in out.graph.initializer:
@@ -278,8 +334,9 @@ def load_checkpoint_to_model(path_to_checkpoint: str | os.PathLike, model: onnx.
         if entry.data_type != init.data_type or tuple(entry.dims) != tuple(init.dims):
             raise ValueError(
                 f"Checkpoint parameter '{entry.name}' is {_format.dtype_of(entry)} {list(entry.dims)} but the "
-                f"model's initializer is {onnx.helper.tensor_dtype_to_np_dtype(init.data_type)} {list(init.dims)}. "
-                "The checkpoint belongs to a different model."
+                f"model's initializer is {_np_name(init.data_type)} {list(init.dims)}. "
+                "The checkpoint belongs to a different model (same names, other shapes); pass the model it was "
+                "trained from."
             )
         replacement = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
         if init.doc_string:
@@ -287,3 +344,10 @@ def load_checkpoint_to_model(path_to_checkpoint: str | os.PathLike, model: onnx.
         replacement.raw_data = reader.raw(entry)
         init.CopyFrom(replacement)
     return out
+
+
+def _np_name(data_type: int) -> str:
+    try:
+        return str(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+    except (KeyError, ValueError):
+        return f"element type {data_type}"

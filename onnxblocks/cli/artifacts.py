@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.paths import output_dir
 from onnxblocks.cli.tables import format_bytes
 
 #: ``--loss`` choices and the LossType member each selects (None: the model's first output is the loss).
@@ -35,6 +36,8 @@ examples:
   onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' --frozen 'embed.*' -o artifacts
   # MSE with SGD, also returning the model output 'y' from the training and eval models
   onnxblocks artifacts model.onnx --loss mse --optimizer sgd --all-params --additional-output y -o out
+  # portable artifacts: they train on stock onnxruntime (any Python, also 3.13), with a fused step model
+  onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable -o artifacts
 
 Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
 Run 'onnxblocks inspect model.onnx' to list the initializers."""
@@ -95,6 +98,17 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--prefix", default="", help="prefix of every artifact file name")
     parser.add_argument("--ort-format", action="store_true", help="also write .ort versions of the models")
     parser.add_argument("--nominal-checkpoint", action="store_true", help="also write a nominal checkpoint")
+    parser.add_argument(
+        "--portable",
+        action="store_true",
+        help="write models that train on stock onnxruntime (standard ONNX ops only; see docs/portable.md)",
+    )
+    parser.add_argument(
+        "--no-fused-step",
+        dest="fused_step",
+        action="store_false",
+        help="with --portable: do not write step_model.onnx (forward, backward and update in one graph)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -159,7 +173,9 @@ def run(args: argparse.Namespace) -> int:
     from onnxblocks import artifacts, optim
 
     if not os.path.isfile(args.model):
-        raise CliError(f"model file '{args.model}' does not exist.", EXIT_INPUT)
+        problem = "is not a regular file (a directory?)" if os.path.exists(args.model) else "does not exist"
+        raise CliError(f"model file '{args.model}' {problem}; pass an .onnx file.", EXIT_INPUT)
+    output_dir(args.output_dir, "--output-dir")  # before the work, not after it
     model = onnx.load(args.model, load_external_data=False)
     initializers = [(i.name, i.data_type) for i in model.graph.initializer]
     trainable, frozen = select_parameters(initializers, args.requires_grad, args.frozen, args.all_params)
@@ -180,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         additional_output_names=args.additional_output or None,
         nominal_checkpoint=args.nominal_checkpoint,
         loss_input_names=args.loss_input,
+        portable=args.portable,
+        fused_step=args.fused_step,
     )
     sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
     out = sys.stdout

@@ -6,11 +6,14 @@ import argparse
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_OK, CliError
+from onnxblocks.cli.paths import output_dir, require
 
 EXAMPLES = """\
 examples:
   onnxblocks demo                          # writes ./onnxblocks-demo/
-  onnxblocks demo --output-dir /tmp/demo --no-progress"""
+  onnxblocks demo --output-dir /tmp/demo --no-progress
+  onnxblocks demo --portable               # portable artifacts, trained by the portable backend
+  onnxblocks demo --web                    # the same classifier trained in your browser (onnxruntime-web)"""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -43,6 +46,20 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         default="auto",
         help="renderer of the loss curve (default: matplotlib if installed, else built-in)",
     )
+    parser.add_argument(
+        "--portable",
+        action="store_true",
+        help="generate portable artifacts (standard ops, fused step model) and train them on the portable backend",
+    )
+    parser.add_argument(
+        "--web",
+        action="store_true",
+        help="instead, write a page that trains the classifier in the browser (onnxruntime-web, WASM) and serve it "
+        "on 127.0.0.1 until Ctrl-C (docs/web.md; the first run npm-installs onnxruntime-web into a cache)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="with --web: the port (default 8000, another if taken; 0: any free)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -52,12 +69,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.epochs < 1:
         raise CliError(f"--epochs must be >= 1, got {args.epochs}.", 2)
+    require(args.seed, "--seed", minimum=0)
+    output_dir(args.output_dir, "--output-dir")
+    if args.web:
+        from onnxblocks.web.demo import run_web_demo
+
+        require(args.port, "--port", minimum=0)
+        run_web_demo(args.output_dir, epochs=args.epochs, seed=args.seed, port=args.port)
+        return EXIT_OK
     result = run_demo(
         args.output_dir,
         epochs=args.epochs,
         seed=args.seed,
         progress=not args.no_progress,
         plot_backend=args.plot_backend,
+        portable=args.portable,
     )
     if not result.passed:
         raise CliError(

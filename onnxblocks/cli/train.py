@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.paths import output_file, require
 
 EXAMPLES = """\
 examples:
@@ -22,6 +23,8 @@ examples:
       --scheduler cosine --warmup-steps 50 --plot loss.png --export model.onnx
   # arrays with other names: map input=array
   onnxblocks train artifacts --data d.npz --inputs x=features labels=y
+  # portable artifacts train on stock onnxruntime, e.g. under Python 3.13 (the backend is chosen by itself)
+  onnxblocks train portable-artifacts --data train.npz --epochs 10
   # continue exactly where a saved run stopped (same data, batch size and seed)
   onnxblocks train artifacts --data train.npz --resume ckpt --epochs 20 --save ckpt
 
@@ -42,6 +45,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("directory", metavar="DIR", help="artifact directory")
     parser.add_argument("--prefix", default="", help="file-name prefix of the artifacts")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "training", "portable"),
+        default="auto",
+        help="engine: the training build (onnxruntime-training) or the portable backend (any onnxruntime); "
+        "default auto: portable artifacts on the portable backend, others on the training build",
+    )
     data = parser.add_argument_group("data")
     data.add_argument("--data", required=True, metavar="FILE.npz", help="training arrays, one per model input")
     data.add_argument(
@@ -159,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     _check(args)
-    session = TrainingSession(args.directory, args.prefix)
+    session = TrainingSession(args.directory, args.prefix, backend=args.backend)
     if not session.has_optimizer:
         raise CliError(
             f"the artifacts in '{args.directory}' have no optimizer model; regenerate them with "
@@ -183,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--val-fraction {args.val_fraction} leaves an empty part of {rows} rows.", EXIT_USAGE)
         eval_arrays = tuple(a[cut:] for a in train_arrays)
         train_arrays = tuple(a[:cut] for a in train_arrays)
+    _check_data(session, train_arrays, eval_arrays, args)  # all of it, before training on any of it
+    _check_export(session, args)
     try:
         train = ArrayBatches(train_arrays, args.batch_size, shuffle=not args.no_shuffle, seed=args.seed)
         evaluation = ArrayBatches(eval_arrays, max(args.batch_size, 256), shuffle=False) if eval_arrays else None
@@ -261,6 +273,17 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--scheduler step needs --step-size N.", EXIT_USAGE)
     if args.save_every is not None and not args.save:
         raise CliError("--save-every needs --save CKPT.", EXIT_USAGE)
+    for option, value, low in (
+        ("--max-steps", args.max_steps, 1),
+        ("--save-every", args.save_every, 1),
+        ("--warmup-steps", args.warmup_steps, 0),
+        ("--step-size", args.step_size, 1),
+        ("--seed", args.seed, 0),
+    ):
+        require(value, option, minimum=low)
+    require(args.lr, "--lr", minimum=0)
+    require(args.gamma, "--gamma", above=0)
+    require(args.min_lr, "--min-lr", minimum=0)
     if args.plot:
         from onnxblocks.runtime.plot import check_plot_path
 
@@ -268,3 +291,63 @@ def _check(args: argparse.Namespace) -> None:
             check_plot_path(args.plot)  # before training, not after it
         except (ValueError, ImportError) as exc:
             raise CliError(f"--plot: {exc}", EXIT_USAGE) from None
+    # output paths: a run must not fail at its end for a file it cannot write (exit 3)
+    output_file(args.save, "--save", create_parents=True)
+    for option, value in (("--export", args.export), ("--plot", args.plot), ("--history", args.history)):
+        output_file(value, option)
+
+
+def _check_export(session: Any, args: Any) -> None:
+    """Refuse, before training, an export the artifacts cannot make (no eval model, unknown output names).
+
+    Raises:
+        CliError: (exit 3) naming the option and the names the eval model has.
+    """
+    if not args.export:
+        if args.export_output:
+            raise CliError("--export-output needs --export MODEL.onnx.", EXIT_USAGE)
+        return
+    if not session.has_eval_model:
+        raise CliError(
+            f"--export: the artifacts in '{args.directory}' have no eval model to cut the inference model from; "
+            "regenerate them (generate_artifacts writes eval_model.onnx) or drop --export.",
+            EXIT_INPUT,
+        )
+    if not args.export_output or session.files.eval_model.suffix != ".onnx":
+        return
+    import onnx
+
+    from onnxblocks._core.errors import did_you_mean, preview
+
+    graph = onnx.load(session.files.eval_model, load_external_data=False).graph
+    values = {o for node in graph.node for o in node.output} | {i.name for i in graph.input}
+    for name in args.export_output:
+        if name not in values:
+            raise CliError(
+                f"--export-output {name!r} is not a value of the eval model.{did_you_mean(name, values)} Its outputs: "
+                f"{preview(o.name for o in graph.output)}.",
+                EXIT_INPUT,
+            )
+
+
+def _check_data(
+    session: Any, train: tuple[np.ndarray, ...], evaluation: tuple[np.ndarray, ...] | None, args: Any
+) -> None:
+    """Refuse data ONNX Runtime would crash on or train wrongly on (labels out of range, no rows), before training.
+
+    Raises:
+        CliError: (exit 3) naming the file, the input, the offending value and the valid range.
+    """
+    from onnxblocks.runtime.guards import session_guards
+    from onnxblocks.runtime.inputs import read_input_specs
+
+    eval_specs = (
+        read_input_specs(session.files.eval_model, session.eval_input_names) if session.files.eval_model else []
+    )
+    guards = session_guards(session.files, session.input_specs, eval_specs)
+    try:
+        guards["train_step"].check(train, f"--data {args.data}")
+        if evaluation is not None:
+            guards["eval_step"].check(evaluation, f"--eval-data {args.eval_data or args.data}")
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_INPUT) from None

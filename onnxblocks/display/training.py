@@ -28,7 +28,7 @@ from onnxblocks._core.errors import CheckpointFormatError
 from onnxblocks.artifacts import Artifacts
 from onnxblocks.blocks.block import added_nodes
 from onnxblocks.blocks.training import TrainingBlock
-from onnxblocks.checkpoint import read_parameter_names
+from onnxblocks.checkpoint import check_checkpoint
 from onnxblocks.display.graph import GraphIndex
 from onnxblocks.display.rich import (
     BOX,
@@ -193,12 +193,16 @@ def _model_key(file_name: str) -> str:
     return file_name.removesuffix(ONNX_SUFFIX).removesuffix("_model")
 
 
-def _checkpoint_params(path: Path) -> tuple[list[str], list[str]] | None:
-    """(trainable, frozen) parameter names from a checkpoint's metadata, or None when it is unreadable."""
+def _checkpoint_params(path: Path, model: onnx.ModelProto | None) -> tuple[list[str], list[str]] | None:
+    """(trainable, frozen) parameter names of a checkpoint; None when it is unreadable or another model's.
+
+    The checkpoint is checked completely, and against the training model, from its metadata alone.
+    """
     try:
-        return read_parameter_names(path)
+        parsed = check_checkpoint(path, model)
     except (OSError, CheckpointFormatError):  # fall back to what the graph says
         return None
+    return [e.name for e in parsed.trainable], [e.name for e in parsed.frozen]
 
 
 def _checkpoint_size(path: Path) -> int:
@@ -266,9 +270,11 @@ def _show_found(
     }
     notes: list[str] = []
     if trainable is None and frozen is None and CHECKPOINT in found:
-        params = _checkpoint_params(found[CHECKPOINT])
+        params = _checkpoint_params(found[CHECKPOINT], models.get("training"))
         if params is None:
-            notes.append("The checkpoint could not be read: frozen parameters show as inputs.")
+            notes.append(
+                "The checkpoint could not be read, or belongs to another model: frozen parameters show as inputs."
+            )
         else:
             trainable, frozen = params
     title = f"Training artifacts in {escape(str(directory))}"
