@@ -1,0 +1,110 @@
+#!/usr/bin/env node
+// Train portable artifacts in Node on the batches of a plan file; print a JSON report.
+//
+//   onnxblocks-train ARTIFACTS --plan plan.safetensors [--steps N] [--lr 0.01] [--state FILE]
+//                    [--save trained.safetensors] [--eval-outputs eval.safetensors] [--threads 1]
+//
+// The plan is a safetensors file: tensors `train/<i>/<input>` (batch i of the step model's
+// user inputs) and optionally `eval/<i>/<input>` (eval batches, run after training); its
+// __metadata__ may hold `learning_rates`, a JSON list with one rate per step (else --lr).
+// Steps cycle through the training batches. The report (one JSON line on stdout):
+// {"losses": [...], "evalLosses": [...], "step": n, "seconds": s, "onnxruntime": version}.
+
+import { readFile, writeFile } from 'node:fs/promises';
+import { parseArgs } from 'node:util';
+
+import { loadTrainer, ort, parseSafetensors, serializeSafetensors, writeState } from '../src/node.mjs';
+
+const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N]';
+
+/** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
+
+/**
+ * Group a plan's tensors `<split>/<i>/<input>` into batches.
+ * @param {Map<string, NamedTensor>} tensors
+ * @param {string} split
+ * @returns {Record<string, NamedTensor>[]}
+ */
+function batches(tensors, split) {
+  /** @type {Record<string, NamedTensor>[]} */
+  const out = [];
+  for (const [key, tensor] of tensors) {
+    const [head, index, ...rest] = key.split('/');
+    if (head !== split || rest.length === 0) continue;
+    const i = Number(index);
+    if (!Number.isSafeInteger(i) || i < 0) throw new RangeError(`plan tensor '${key}': '${index}' is not a batch index`);
+    (out[i] ??= {})[rest.join('/')] = tensor;
+  }
+  for (let i = 0; i < out.length; i++) if (!out[i]) throw new RangeError(`plan: ${split} batch ${i} is missing`);
+  return out;
+}
+
+async function main() {
+  const { values, positionals } = parseArgs({
+    allowPositionals: true,
+    options: {
+      plan: { type: 'string' },
+      steps: { type: 'string' },
+      lr: { type: 'string' },
+      state: { type: 'string' },
+      save: { type: 'string' },
+      'eval-outputs': { type: 'string' },
+      threads: { type: 'string', default: '1' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (positionals.length !== 1 || !values.plan) throw new TypeError(USAGE);
+  const plan = parseSafetensors(await readFile(values.plan), values.plan);
+  const train = batches(plan.tensors, 'train');
+  const evaluation = batches(plan.tensors, 'eval');
+  const rates = plan.metadata.learning_rates ? JSON.parse(plan.metadata.learning_rates) : null;
+  const steps = values.steps !== undefined ? Number(values.steps) : rates ? rates.length : train.length;
+  if (!Number.isSafeInteger(steps) || steps < 0) throw new RangeError(`--steps must be a non-negative integer, got ${values.steps}`);
+  if (steps > 0 && !train.length) throw new RangeError(`plan '${values.plan}' has no train/<i>/<input> tensors`);
+  const lr = values.lr !== undefined ? Number(values.lr) : null;
+  if (lr !== null && !Number.isFinite(lr)) throw new TypeError(`--lr must be a finite number, got ${values.lr}`);
+  if (!rates && lr === null) throw new TypeError('give --lr, or learning_rates in the plan metadata');
+  if (rates && rates.length < steps) throw new RangeError(`the plan has ${rates.length} learning rates for ${steps} steps`);
+  const threads = Number(values.threads);
+
+  const trainer = await loadTrainer(positionals[0], {
+    state: values.state,
+    evaluate: evaluation.length > 0,
+    sessionOptions: { executionProviders: ['cpu'], intraOpNumThreads: threads, interOpNumThreads: 1 },
+  });
+  const started = performance.now();
+  const losses = [];
+  for (let i = 0; i < steps; i++) {
+    const { loss } = await trainer.trainStep(train[i % train.length], rates ? rates[i] : /** @type {number} */ (lr));
+    losses.push(loss);
+  }
+  const seconds = (performance.now() - started) / 1000;
+  const evalLosses = [];
+  /** @type {NamedTensor[]} */
+  const evalOutputs = [];
+  for (const [i, batch] of evaluation.entries()) {
+    const { loss, outputs } = await trainer.evalStep(batch);
+    evalLosses.push(loss);
+    for (const [name, tensor] of Object.entries(outputs)) {
+      const data = /** @type {any} */ (await tensor.getData());
+      evalOutputs.push({ name: `eval/${i}/${name}`, dtype: /** @type {any} */ (tensor.type), shape: [...tensor.dims], data });
+    }
+  }
+  if (values.save) await writeState(values.save, await trainer.state());
+  if (values['eval-outputs']) await writeFile(values['eval-outputs'], serializeSafetensors(evalOutputs));
+  await trainer.release();
+  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, onnxruntime: ort.env.versions?.node ?? null }));
+  return 0;
+}
+
+main().then(
+  (code) => (process.exitCode = code),
+  (error) => {
+    console.error(`onnxblocks-train: ${error instanceof Error ? error.message : String(error)}`);
+    process.exitCode = 1;
+  },
+);

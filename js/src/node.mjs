@@ -1,0 +1,74 @@
+// Node entry point: the Trainer on onnxruntime-node, with file helpers.
+
+import { access, readFile, writeFile, rename } from 'node:fs/promises';
+import { join } from 'node:path';
+import ort from 'onnxruntime-node';
+
+import { Trainer } from './trainer.mjs';
+import { parseState, serializeState } from './state.mjs';
+
+export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
+export { parseState, serializeState, momentNames, STATE_FORMAT } from './state.mjs';
+export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
+export { ort };
+
+/** @typedef {import('./state.mjs').TrainingState} TrainingState */
+
+/** File names inside a portable artifact directory (onnxblocks `ArtifactNames`, docs/web.md). */
+export const FILES = Object.freeze({ stepModel: 'step_model.onnx', evalModel: 'eval_model.onnx', state: 'params.safetensors' });
+
+/**
+ * Read a state file (`params.safetensors`).
+ * @param {string} path
+ * @returns {Promise<TrainingState>}
+ */
+export async function readState(path) {
+  return parseState(await readFile(path), path);
+}
+
+/**
+ * Write a state file, replacing `path` atomically.
+ * @param {string} path
+ * @param {TrainingState} state
+ * @returns {Promise<string>} the path
+ */
+export async function writeState(path, state) {
+  const temp = `${path}.${process.pid}.tmp`;
+  await writeFile(temp, serializeState(state));
+  await rename(temp, path);
+  return path;
+}
+
+/**
+ * A Trainer over a portable artifact directory.
+ * @param {string} directory  holds `step_model.onnx`, `eval_model.onnx` (optional) and `params.safetensors`
+ * @param {object} [options]
+ * @param {string} [options.state]  another state file (default `<directory>/params.safetensors`)
+ * @param {boolean} [options.evaluate]  open the eval model (default: true)
+ * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
+ * @returns {Promise<Trainer>}
+ */
+export async function loadTrainer(directory, { state, evaluate = true, sessionOptions } = {}) {
+  const stepModel = join(directory, FILES.stepModel);
+  try {
+    await access(stepModel);
+  } catch {
+    throw new Error(`no ${FILES.stepModel} in '${directory}': the JavaScript client trains portable artifacts with a fused step; generate them with generate_artifacts(..., portable=True) (fused_step=True, the default)`);
+  }
+  const statePath = state ?? join(directory, FILES.state);
+  let loaded;
+  try {
+    loaded = await readState(statePath);
+  } catch (error) {
+    if (/** @type {NodeJS.ErrnoException} */ (error).code === 'ENOENT') {
+      throw new Error(`no state file '${statePath}': write it from the checkpoint with onnxblocks.web.write_state('${directory}') in Python`);
+    }
+    throw error;
+  }
+  return Trainer.create(/** @type {any} */ (ort), {
+    stepModel,
+    evalModel: evaluate ? join(directory, FILES.evalModel) : undefined,
+    state: loaded,
+    sessionOptions,
+  });
+}

@@ -1,0 +1,303 @@
+// Training on portable artifacts with any ONNX Runtime JavaScript package (onnxruntime-web, onnxruntime-node).
+//
+// The fused step model (onnxblocks docs/portable.md) does forward, backward and the
+// optimizer update in one run:
+//
+//   inputs:  user inputs, learning_rate (float [1]), step (int64 [1], the step being taken, 1 first),
+//            for each trainable p: p, p.exp_avg, p.exp_avg_sq (AdamW; p alone for SGD), frozen parameters
+//   outputs: loss, additional outputs, for each trainable p: p.out, p.exp_avg.out, p.exp_avg_sq.out
+//
+// The Trainer keeps the parameters and moments as ORT tensors and feeds each step's
+// outputs to the next step. This module imports nothing: the ORT package is passed in.
+
+import { elementCount, zeros } from './safetensors.mjs';
+import { momentNames } from './state.mjs';
+
+/** @typedef {typeof import('onnxruntime-common')} Ort  the module of onnxruntime-web or onnxruntime-node */
+/** @typedef {import('onnxruntime-common').Tensor} Tensor */
+/** @typedef {import('onnxruntime-common').InferenceSession} Session */
+/** @typedef {import('onnxruntime-common').InferenceSession.SessionOptions} SessionOptions */
+/** @typedef {import('./safetensors.mjs').NamedTensor} NamedTensor */
+/** @typedef {import('./state.mjs').TrainingState} TrainingState */
+/** @typedef {string | Uint8Array | ArrayBuffer} ModelSource  a path (Node), a URL (browser) or the model's bytes */
+/** @typedef {Tensor | NamedTensor} InputValue  an ORT tensor, or a plain `{dtype, shape, data}` */
+/** @typedef {InputValue[] | Record<string, InputValue>} Inputs  in the model's input order, or by name */
+
+/**
+ * What one training or eval step returns.
+ * @typedef {object} StepResult
+ * @property {number} loss  the first output, as a number
+ * @property {Record<string, Tensor>} outputs  the additional outputs (e.g. logits) by name
+ */
+
+/** Input and output names of the contract (onnxblocks `_core/contracts.py`). */
+export const LEARNING_RATE = 'learning_rate';
+export const STEP = 'step';
+export const UPDATED_SUFFIX = '.out';
+
+export class Trainer {
+  /**
+   * Open the step model (and the eval model) and take the parameters from a state.
+   *
+   * @param {Ort} ort  `import * as ort from 'onnxruntime-web'` or `onnxruntime-node`'s default export
+   * @param {object} options
+   * @param {ModelSource} options.stepModel  `step_model.onnx` of portable artifacts
+   * @param {ModelSource} [options.evalModel]  `eval_model.onnx` (for evalStep)
+   * @param {TrainingState} options.state  parameters (and moments), e.g. from `params.safetensors`
+   * @param {SessionOptions} [options.sessionOptions]  passed to `InferenceSession.create`
+   * @returns {Promise<Trainer>}
+   * @throws {TypeError | RangeError} when the models and the state do not fit each other
+   */
+  static async create(ort, { stepModel, evalModel, state, sessionOptions = {} }) {
+    const step = await openSession(ort, stepModel, 'step model', sessionOptions);
+    const evaluation = evalModel === undefined ? null : await openSession(ort, evalModel, 'eval model', sessionOptions);
+    return new Trainer(ort, step, evaluation, state);
+  }
+
+  /**
+   * Use `Trainer.create`; this checks the sessions against the state.
+   * @param {Ort} ort
+   * @param {Session} stepSession
+   * @param {Session | null} evalSession
+   * @param {TrainingState} state
+   */
+  constructor(ort, stepSession, evalSession, state) {
+    this.ort = ort;
+    this.stepSession = stepSession;
+    this.evalSession = evalSession;
+    /** Optimizer steps taken. */
+    this.step = state.step;
+    /** The last learning rate used (or the state's). */
+    this.learningRate = state.learningRate;
+    this.extra = { ...state.extra };
+    this.trainable = [...state.trainable];
+    this.frozen = [...state.frozen];
+
+    const inputs = new Set(stepSession.inputNames);
+    const outputs = new Set(stepSession.outputNames);
+    for (const name of [LEARNING_RATE, STEP]) {
+      if (!inputs.has(name)) throw new TypeError(`the step model has no '${name}' input; is it the step_model.onnx of portable artifacts (generate_artifacts(..., portable=True))?`);
+    }
+    const missing = this.trainable.filter((p) => !inputs.has(p) || !outputs.has(p + UPDATED_SUFFIX));
+    if (missing.length) {
+      throw new RangeError(`trainable parameter(s) ${missing.join(', ')} of the state are not inputs with a '.out' output of the step model; was the state written for other artifacts?`);
+    }
+    const withMoments = this.trainable.filter((p) => momentNames(p).every((m) => inputs.has(m)));
+    if (withMoments.length && withMoments.length !== this.trainable.length) {
+      throw new RangeError(`the step model takes moments for ${withMoments.length} of ${this.trainable.length} trainable parameters; expected all or none`);
+    }
+    /** The optimizer's state tensors per trainable parameter (AdamW: 2, SGD: 0). */
+    this.momentsPerParameter = withMoments.length ? 2 : 0;
+    /** Names of the tensors the step model updates: each trainable parameter and its moments. */
+    this.updated = this.trainable.flatMap((p) => [p, ...(this.momentsPerParameter ? momentNames(p) : [])]);
+
+    /** @type {Map<string, Tensor>} the current parameters and moments, as ORT tensors */
+    this.values = new Map();
+    const types = inputTypes(stepSession);
+    for (const name of [...this.trainable, ...this.frozen]) {
+      const tensor = state.tensors.get(name);
+      if (!tensor) throw new RangeError(`the state has no tensor for parameter '${name}'`);
+      checkType(name, tensor.dtype, types.get(name));
+      this.values.set(name, toOrt(ort, tensor));
+    }
+    for (const param of this.momentsPerParameter ? this.trainable : []) {
+      const source = /** @type {NamedTensor} */ (state.tensors.get(param));
+      for (const name of momentNames(param)) {
+        const saved = state.tensors.get(name);
+        if (saved && (saved.dtype !== source.dtype || String(saved.shape) !== String(source.shape))) {
+          throw new RangeError(`moment '${name}' is ${saved.dtype} [${saved.shape}], its parameter ${source.dtype} [${source.shape}]`);
+        }
+        const value = saved ?? { name, dtype: source.dtype, shape: source.shape, data: zeros(source.dtype, elementCount(source.shape)) };
+        this.values.set(name, toOrt(ort, value));
+      }
+    }
+    /** The held tensors the step model reads (a frozen parameter only the eval model reads is held, not fed). */
+    this.stepFeeds = [...this.values.keys()].filter((n) => inputs.has(n));
+    const own = new Set([LEARNING_RATE, STEP, ...this.values.keys()]);
+    /** The step model's user inputs (data and labels), in order. */
+    this.inputNames = stepSession.inputNames.filter((n) => !own.has(n));
+    const updatedOutputs = new Set(this.updated.map((n) => n + UPDATED_SUFFIX));
+    /** The step model's loss and additional outputs, in order. */
+    this.outputNames = stepSession.outputNames.filter((n) => !updatedOutputs.has(n));
+    /** The eval model's user inputs, in order (empty without an eval model). */
+    this.evalInputNames = evalSession ? evalSession.inputNames.filter((n) => !this.values.has(n)) : [];
+    /** The eval model's outputs (loss first). */
+    this.evalOutputNames = evalSession ? [...evalSession.outputNames] : [];
+  }
+
+  /**
+   * One training step: forward, backward and optimizer update, in one run of the step model.
+   * @param {Inputs} inputs  the user inputs (see `inputNames`)
+   * @param {number} learningRate
+   * @returns {Promise<StepResult>}
+   */
+  async trainStep(inputs, learningRate) {
+    if (typeof learningRate !== 'number' || !Number.isFinite(learningRate)) {
+      throw new TypeError(`learningRate must be a finite number, got ${String(learningRate)}`);
+    }
+    const ort = this.ort;
+    /** @type {Record<string, Tensor>} */
+    const feeds = this.feeds(inputs, this.inputNames, 'trainStep');
+    for (const name of this.stepFeeds) feeds[name] = /** @type {Tensor} */ (this.values.get(name));
+    feeds[LEARNING_RATE] = new ort.Tensor('float32', Float32Array.of(learningRate), [1]);
+    feeds[STEP] = new ort.Tensor('int64', BigInt64Array.of(BigInt(this.step + 1)), [1]);
+    const results = await this.stepSession.run(feeds);
+    for (const name of this.updated) this.values.set(name, /** @type {Tensor} */ (results[name + UPDATED_SUFFIX]));
+    this.step += 1;
+    this.learningRate = learningRate;
+    return result(results, this.outputNames);
+  }
+
+  /**
+   * One eval step on the current parameters (no update).
+   * @param {Inputs} inputs  the eval model's user inputs (see `evalInputNames`)
+   * @returns {Promise<StepResult>}
+   */
+  async evalStep(inputs) {
+    if (!this.evalSession) throw new TypeError('this Trainer has no eval model; pass evalModel to Trainer.create');
+    const feeds = this.feeds(inputs, this.evalInputNames, 'evalStep');
+    for (const name of this.evalSession.inputNames) {
+      const value = this.values.get(name);
+      if (value) feeds[name] = value;
+    }
+    return result(await this.evalSession.run(feeds), this.evalOutputNames);
+  }
+
+  /**
+   * The current parameters as ORT tensors (shared, do not modify).
+   * @param {boolean} [trainableOnly]
+   * @returns {Map<string, Tensor>}
+   */
+  parameters(trainableOnly = false) {
+    const names = trainableOnly ? this.trainable : [...this.trainable, ...this.frozen];
+    return new Map(names.filter((n) => this.values.has(n)).map((n) => [n, /** @type {Tensor} */ (this.values.get(n))]));
+  }
+
+  /**
+   * A copy of the parameters and optimizer state, to save (`serializeState`) and load back in Python.
+   * @returns {Promise<TrainingState>}
+   */
+  async state() {
+    /** @type {Map<string, NamedTensor>} */
+    const tensors = new Map();
+    for (const name of [...this.trainable, ...this.frozen, ...this.updated]) {
+      if (!tensors.has(name)) tensors.set(name, await fromOrt(name, /** @type {Tensor} */ (this.values.get(name))));
+    }
+    return { tensors, trainable: [...this.trainable], frozen: [...this.frozen], step: this.step, learningRate: this.learningRate, extra: { ...this.extra } };
+  }
+
+  /** Release the ORT sessions. */
+  async release() {
+    await this.stepSession.release();
+    if (this.evalSession) await this.evalSession.release();
+  }
+
+  /**
+   * @param {Inputs} inputs
+   * @param {string[]} names
+   * @param {string} what
+   * @returns {Record<string, Tensor>}
+   */
+  feeds(inputs, names, what) {
+    /** @type {Record<string, Tensor>} */
+    const feeds = {};
+    if (Array.isArray(inputs)) {
+      if (inputs.length !== names.length) throw new RangeError(`${what} takes ${names.length} inputs (${names.join(', ')}), got ${inputs.length}`);
+      names.forEach((name, i) => (feeds[name] = asOrt(this.ort, inputs[i], name)));
+      return feeds;
+    }
+    if (inputs === null || typeof inputs !== 'object') throw new TypeError(`${what} takes an array or an object of inputs (${names.join(', ')})`);
+    for (const name of names) {
+      if (!(name in inputs)) throw new RangeError(`${what}: missing input '${name}'; the model's inputs are ${names.join(', ')}`);
+      feeds[name] = asOrt(this.ort, inputs[name], name);
+    }
+    const unknown = Object.keys(inputs).filter((n) => !names.includes(n));
+    if (unknown.length) throw new RangeError(`${what}: unknown input(s) ${unknown.join(', ')}; the model's inputs are ${names.join(', ')}`);
+    return feeds;
+  }
+}
+
+/**
+ * @param {Ort} ort
+ * @param {ModelSource} source
+ * @param {string} what
+ * @param {SessionOptions} options
+ * @returns {Promise<Session>}
+ */
+async function openSession(ort, source, what, options) {
+  try {
+    // @ts-ignore -- create() is overloaded on the source type
+    return await ort.InferenceSession.create(source instanceof ArrayBuffer ? new Uint8Array(source) : source, options);
+  } catch (error) {
+    const shown = typeof source === 'string' ? ` '${source}'` : '';
+    throw new TypeError(`ONNX Runtime cannot load the ${what}${shown}: ${/** @type {Error} */ (error).message}. Portable artifacts (generate_artifacts(..., portable=True)) use standard ops only.`);
+  }
+}
+
+/**
+ * @param {Session} session
+ * @returns {Map<string, string>}
+ */
+function inputTypes(session) {
+  const types = new Map();
+  for (const meta of session.inputMetadata ?? []) if (meta.isTensor) types.set(meta.name, meta.type);
+  return types;
+}
+
+/**
+ * @param {string} name
+ * @param {string} have
+ * @param {string | undefined} want
+ */
+function checkType(name, have, want) {
+  if (want !== undefined && want !== have) throw new TypeError(`parameter '${name}' is ${have} in the state, ${want} in the step model`);
+}
+
+/**
+ * @param {Ort} ort
+ * @param {NamedTensor} tensor
+ * @returns {Tensor}
+ */
+function toOrt(ort, tensor) {
+  // @ts-ignore -- the (type, data, dims) constructor is overloaded per type
+  return new ort.Tensor(tensor.dtype, tensor.data, tensor.shape);
+}
+
+/**
+ * @param {Ort} ort
+ * @param {InputValue} value
+ * @param {string} name
+ * @returns {Tensor}
+ */
+function asOrt(ort, value, name) {
+  if (value instanceof ort.Tensor) return value;
+  if (value && typeof value === 'object' && 'dtype' in value && 'data' in value && 'shape' in value) return toOrt(ort, value);
+  if (value && typeof value === 'object' && 'type' in value && 'dims' in value && 'data' in value) {
+    // a tensor of another copy of onnxruntime-common (instanceof fails across copies)
+    return toOrt(ort, { name, dtype: /** @type {any} */ (value.type), shape: [...value.dims], data: /** @type {any} */ (value.data) });
+  }
+  throw new TypeError(`input '${name}' must be an ort.Tensor or a {dtype, shape, data} object`);
+}
+
+/**
+ * @param {string} name
+ * @param {Tensor} tensor
+ * @returns {Promise<NamedTensor>}
+ */
+async function fromOrt(name, tensor) {
+  const data = /** @type {import('./safetensors.mjs').TypedArray} */ (await tensor.getData());
+  return { name, dtype: /** @type {import('./safetensors.mjs').DType} */ (tensor.type), shape: [...tensor.dims], data: data.slice() };
+}
+
+/**
+ * @param {Record<string, import('onnxruntime-common').OnnxValue>} results
+ * @param {string[]} names  loss first
+ * @returns {StepResult}
+ */
+function result(results, names) {
+  const lossTensor = /** @type {Tensor} */ (results[names[0]]);
+  /** @type {Record<string, Tensor>} */
+  const outputs = {};
+  for (const name of names.slice(1)) outputs[name] = /** @type {Tensor} */ (results[name]);
+  return { loss: Number(lossTensor.data[0]), outputs };
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env node
+// Open the browser demo in headless system Chromium (playwright-core, never a downloaded browser),
+// wait until it has trained, print what the page reports as one JSON line, take a screenshot.
+//
+//   node tools/browser-run.mjs URL [--screenshot FILE] [--state FILE] [--chromium /usr/bin/chromium] [--timeout 180]
+//
+// Chromium runs with the flags a machine without network access needs (docs/web.md) and a fresh
+// --user-data-dir, removed afterwards. Every request that leaves the page's own origin is aborted
+// and reported (`offOrigin`): the page must work offline, from the served files.
+
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+
+import { chromium } from 'playwright-core';
+
+/** Flags for headless Chromium on a machine without network access (docs/web.md). */
+export const CHROMIUM_FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--disable-quic',
+];
+
+async function main() {
+  const { values, positionals } = parseArgs({
+    allowPositionals: true,
+    options: {
+      screenshot: { type: 'string' },
+      state: { type: 'string' },
+      chromium: { type: 'string', default: '/usr/bin/chromium' },
+      timeout: { type: 'string', default: '180' },
+    },
+  });
+  if (positionals.length !== 1) throw new TypeError('usage: browser-run.mjs URL [--screenshot FILE] [--state FILE] [--chromium PATH] [--timeout S]');
+  const url = new URL(positionals[0]);
+  const timeout = Number(values.timeout) * 1000;
+  const profile = await mkdtemp(join(tmpdir(), 'onnxblocks-chromium-'));
+  /** @type {string[]} */
+  const offOrigin = [];
+  /** @type {string[]} */
+  const console_ = [];
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: values.chromium,
+    headless: true,
+    args: CHROMIUM_FLAGS,
+    viewport: { width: 1000, height: 580 },
+    deviceScaleFactor: 1,
+    offline: false,
+  });
+  try {
+    await context.route('**/*', (route) => {
+      const target = new URL(route.request().url());
+      if (target.origin === url.origin || target.protocol === 'blob:' || target.protocol === 'data:') return route.continue();
+      offOrigin.push(target.href);
+      return route.abort();
+    });
+    const page = context.pages()[0] ?? (await context.newPage());
+    page.on('console', (message) => {
+      if (message.type() === 'error' || message.type() === 'warning') console_.push(`${message.type()}: ${message.text()}`);
+    });
+    page.on('pageerror', (error) => console_.push(`pageerror: ${error.message}`));
+    await page.goto(url.href, { timeout });
+    await page.waitForFunction(
+      () => {
+        const demo = /** @type {any} */ (window).onnxblocksDemo;
+        return demo && (demo.status === 'done' || demo.status === 'error');
+      },
+      undefined,
+      { timeout, polling: 100 },
+    );
+    const report = await page.evaluate(() => {
+      const { exportState, ...rest } = /** @type {any} */ (window).onnxblocksDemo;
+      return rest;
+    });
+    if (values.state && report.status === 'done') {
+      const encoded = await page.evaluate(() => /** @type {any} */ (window).onnxblocksDemo.exportState());
+      await writeFile(values.state, Buffer.from(encoded, 'base64'));
+    }
+    if (values.screenshot) await page.screenshot({ path: values.screenshot, fullPage: true });
+    const browserVersion = context.browser()?.version() ?? null;
+    console.log(JSON.stringify({ ...report, offOrigin, console: console_, chromium: browserVersion }));
+  } finally {
+    await context.close();
+    await rm(profile, { recursive: true, force: true });
+  }
+}
+
+main().catch((error) => {
+  console.error(`browser-run: ${error instanceof Error ? error.message : String(error)}`);
+  process.exitCode = 1;
+});
