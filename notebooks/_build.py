@@ -581,11 +581,111 @@ def from_pytorch() -> list[nbformat.NotebookNode]:
     ]
 
 
+def torch_module() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # A torch module trained through ONNX Runtime
+
+        `onnxblocks.torch.OrtModule` wraps a `torch.nn.Module`: on the first call it exports the module
+        with torch's exporter, builds the forward and backward graphs with onnxblocks, and from then on
+        runs both in ONNX Runtime. The parameters and buffers stay the module's own, so a
+        `torch.optim` optimizer, `state_dict()` and `train()` / `eval()` work as usual.
+        (`pip install "onnxblocks[torch]"`; see `docs/torch.md`.)
+        """),
+        code('''
+        import copy
+
+        import numpy as np
+        import torch
+
+        from onnxblocks import datasets, display
+        from onnxblocks.torch import OrtModule
+
+        torch.manual_seed(0)
+        features, labels = datasets.spirals(points_per_class=200, classes=3, seed=0)
+        x, y = torch.from_numpy(features), torch.from_numpy(labels)
+
+
+        class Net(torch.nn.Module):
+            def __init__(self, hidden=64):
+                super().__init__()
+                self.fc1 = torch.nn.Linear(2, hidden)
+                self.bn = torch.nn.BatchNorm1d(hidden)
+                self.drop = torch.nn.Dropout(0.1)
+                self.fc2 = torch.nn.Linear(hidden, hidden)
+                self.head = torch.nn.Linear(hidden, 3)
+
+            def forward(self, x):
+                h = self.drop(torch.relu(self.bn(self.fc1(x))))
+                return self.head(torch.relu(self.fc2(h)))
+
+
+        net = Net()
+        model = OrtModule(net)  # exports on the first call (dynamo), per mode and input signature
+        print(list(model.state_dict())[:4], "...")  # the module's own names
+        '''),
+        md("""
+        ## Train
+
+        A plain torch training loop. Only the forward and backward run in ONNX Runtime; the loss and
+        AdamW are torch's. BatchNorm's running statistics are updated as torch updates them.
+        """),
+        code('''
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+        model.train()
+        for step in range(1, 151):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if step % 50 == 0:
+                print(f"step {step:3d}  loss {loss.item():.4f}")
+        print("BatchNorm batches tracked:", int(net.bn.num_batches_tracked))
+
+        model.eval()
+        with torch.no_grad():
+            accuracy = (model(x).argmax(1) == y).float().mean().item()
+        print(f"training accuracy (eval mode): {accuracy:.1%}")
+        '''),
+        md("""
+        ## Same numbers as torch
+
+        In eval mode (no Dropout mask to draw) the wrapped module and the module itself give the same
+        outputs and gradients.
+        """),
+        code('''
+        reference = copy.deepcopy(net).eval()
+        for m in (model, reference):
+            m.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+        for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-4, atol=1e-5)
+        print("gradients equal torch's for", [name for name, _ in net.named_parameters()])
+        '''),
+        md("""
+        ## The graphs
+
+        The exported model (eval mode, the latest export), with its trainable parameters marked, and the
+        backward half that ONNX Runtime runs: it reads the values the forward half saved, not a second
+        forward pass.
+        """),
+        code('''
+        display.show(model.onnx_model, trainable=[name for name, _ in net.named_parameters()])
+        '''),
+        code('''
+        graphs = model.gradient_graphs
+        print(f"saved by the forward for the backward: {len(graphs.saved)} values")
+        display.show(graphs.backward)
+        '''),
+    ]
+
+
 NOTEBOOKS = {
     "01_quickstart": quickstart,
     "02_exploring_training_graphs": exploring,
     "03_training_loop": training_loop,
     "04_from_pytorch_and_onnxscript": from_pytorch,
+    "05_torch_module": torch_module,
 }
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import onnx
@@ -145,6 +145,7 @@ def run_demo(
     progress: bool = True,
     stream: IO[str] | None = None,
     plot_backend: str = "auto",
+    portable: bool = False,
 ) -> DemoResult:
     """Run the demo and return what it produced (see the module docstring for the steps).
 
@@ -157,6 +158,8 @@ def run_demo(
         plot_backend: ``"auto"``, ``"builtin"`` or ``"matplotlib"`` (see
             :func:`onnxblocks.runtime.save_line_plot`). The loss curve is
             ``loss_curve.png`` when matplotlib can be imported, else ``loss_curve.svg``.
+        portable: Generate portable artifacts (standard ops, a fused step model) and
+            train them on the portable backend, which runs on stock onnxruntime too.
 
     Returns:
         The :class:`DemoResult`; check ``result.passed``.
@@ -206,6 +209,7 @@ def run_demo(
     loss = SmoothedCrossEntropyWithL2(weights, l2=1e-4, label_smoothing=0.05)
     say("[3/7] loss: cross entropy (label smoothing 0.05) + 1e-4 * sum of squared weights, composed from blocks")
     artifact_dir = root / "artifacts"
+    portable_options: dict[str, Any] = {"portable": True} if portable else {}
     written = artifacts.generate_artifacts(
         model,
         requires_grad=params,
@@ -213,18 +217,22 @@ def run_demo(
         optimizer=optim.AdamW(weight_decay=0.0),
         artifact_directory=artifact_dir,
         additional_output_names=["logits"],
+        **portable_options,
     )
     result.files["artifacts"] = artifact_dir
     say(f"[4/7] training artifacts: {', '.join(p.name for p in written.files)}")
 
     # 5. training
-    session = TrainingSession(artifact_dir)
+    session = TrainingSession(artifact_dir)  # portable artifacts run on the portable backend (any onnxruntime)
     train = ArrayBatches((x_train, y_train), batch_size=32, seed=seed)
     val = ArrayBatches((x_val, y_val), batch_size=256, shuffle=False)
     total_steps = epochs * len(train)
     schedule = CosineSchedule(0.01, total_steps=total_steps, warmup_steps=min(len(train), total_steps // 5))
     accuracy = Accuracy(output=1)
-    say(f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate from 0.01")
+    say(
+        f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate from 0.01 "
+        f"({session.backend} backend)"
+    )
     history = fit(
         session, train, epochs=epochs, eval_data=val, callbacks=[accuracy], scheduler=schedule, progress=progress
     )

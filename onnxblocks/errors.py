@@ -2,18 +2,24 @@
 
 from onnxblocks._core.errors import (
     CheckpointFormatError,
+    CheckpointMismatchError,
     GradientError,
     NoActiveModelError,
     NotBuiltError,
     OnnxBlocksError,
+    PortabilityError,
+    TrainingBuildRequiredError,
     UnknownNameError,
 )
 
 __all__ = [
     "CheckpointFormatError",
+    "CheckpointMismatchError",
     "GradientError",
     "NoActiveModelError",
     "NotBuiltError",
     "OnnxBlocksError",
+    "PortabilityError",
+    "TrainingBuildRequiredError",
     "UnknownNameError",
 ]

@@ -43,3 +43,17 @@ def make_linear_model(in_features: int = 8, out_features: int = 4, seed: int = 0
 def linear_model() -> onnx.ModelProto:
     """A fresh one-layer float model (``x`` -> ``y``)."""
     return make_linear_model()
+
+
+@pytest.fixture(scope="session")
+def portable_python():
+    """The Python of a cached 3.13 venv with stock onnxruntime (see ``tests/portable_env.py``), built once.
+
+    Fails, never skips, when CPython 3.13 or the packages cannot be had.
+    """
+    from portable_env import PortableEnvError, ensure_python313
+
+    try:
+        return ensure_python313()
+    except PortableEnvError as exc:
+        pytest.fail(str(exc))

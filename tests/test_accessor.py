@@ -109,11 +109,11 @@ def test_ir_version_of_new_onnx_is_stamped_down(linear_model):
     assert block.to_model_proto().ir_version <= 10
 
 
-def test_too_new_opset_is_refused_with_a_remedy():
-    model = make_linear_model(opset=22)
-    with pytest.raises(ValueError, match=r"opset 22.*up to 21.*convert_version"):
-        with ob.base(model):
-            pass
+def test_too_new_opset_is_converted_down_or_refused_with_a_remedy():
+    model = make_linear_model(opset=22)  # issue 12: converted down with onnx's version converter, not refused
+    with ob.base(model) as acc:
+        assert acc.domain_version("") == 21
+    assert model.opset_import[0].version == 22  # the caller's model is not changed
     with pytest.raises(ValueError, match="opset"):
         with ob.empty_base(opset_version=23):
             pass

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_core",),
     ("errors",),
     ("gradient", "io", "datasets"),
+    ("portable",),
     ("checkpoint",),
     ("blocks",),
     ("losses", "optim"),
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("display",),
     ("runtime",),
     ("demo",),
+    ("web",),
     ("cli", "compat", "torch"),
     ("__init__", "__main__"),
 ]

@@ -252,7 +252,7 @@ def test_eval_mode_dropout_and_single_output_batchnorm():
     )
     assert disable_training_mode(model) == 2
     dropout, bn = (n for n in model.graph.node if n.op_type in ("Dropout", "BatchNormalization"))
-    assert list(dropout.input) == ["x", "ratio"]
+    assert list(dropout.input) == ["x", "ratio", ""]  # the slot stays, empty, as the reference leaves it
     assert "train" not in {o for n in model.graph.node for o in n.output}  # orphaned flag removed
     assert list(bn.output) == ["y"] and helper.get_attribute_value(bn.attribute[-1]) == 0
     x = rng.standard_normal((4, c, 2)).astype(np.float32)
@@ -356,11 +356,11 @@ def test_loss_must_be_a_float_scalar():
         build_training_graphs(model, ["W"], outputs=["yy"])
 
 
-def test_opset_above_runtime_is_a_clear_error():
+def test_opset_above_runtime_is_converted_down():
     model = _linear()
-    model.opset_import[0].version = 23
-    with pytest.raises(ValueError, match="opset 23.*convert_version"):
-        build_training_graphs(model, ["W"])
+    model.opset_import[0].version = 23  # issue 12: converted down with onnx's version converter, not refused
+    graphs = build_training_graphs(model, ["W"])
+    assert [o.version for o in graphs.training.opset_import if o.domain in ("", "ai.onnx")] == [21]
 
 
 def test_new_ir_version_is_stamped_down():

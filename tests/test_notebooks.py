@@ -14,7 +14,13 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NAMES = ["01_quickstart", "02_exploring_training_graphs", "03_training_loop", "04_from_pytorch_and_onnxscript"]
+NAMES = [
+    "01_quickstart",
+    "02_exploring_training_graphs",
+    "03_training_loop",
+    "04_from_pytorch_and_onnxscript",
+    "05_torch_module",
+]
 KERNEL = "onnxblocks-test-python"
 
 
@@ -89,6 +95,7 @@ def test_notebook_executes_without_errors(name, kernel_env):
         "02_exploring_training_graphs": "fc1.weight_grad.accumulation.buffer",
         "03_training_loop": "optimizer steps",
         "04_from_pytorch_and_onnxscript": "after 20 steps",
+        "05_torch_module": "gradients equal torch's",
     }[name]
     assert expected in text
 

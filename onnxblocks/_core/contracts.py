@@ -67,10 +67,31 @@ SECOND_ORDER_MOMENTS = "second_order_moments"
 #: Eval-model metadata key: the forward model's output names (a JSON list), for inference export.
 FORWARD_OUTPUTS_METADATA = "onnxblocks.forward_outputs"
 
+# ---------------------------------------------------------------- portable artifacts (docs/portable.md)
+#: Model metadata key marking portable artifacts (value ``"1"``): they run on stock onnxruntime.
+PORTABLE_METADATA = "onnxblocks.portable"
+#: Suffix of a value's updated copy among a portable model's outputs (``params.out``, ``<p>.out``).
+UPDATED_SUFFIX = ".out"
+#: Suffixes of a parameter's AdamW moments among the fused step model's inputs.
+FIRST_MOMENT_SUFFIX, SECOND_MOMENT_SUFFIX = ".exp_avg", ".exp_avg_sq"
+
+
+def updated_name(name: str) -> str:
+    """Name of the output holding the updated value of input ``name``: ``<name>.out``."""
+    return f"{name}{UPDATED_SUFFIX}"
+
+
+def moment_names(param: str) -> tuple[str, str]:
+    """The fused step model's inputs holding a parameter's AdamW moments: ``<p>.exp_avg``, ``<p>.exp_avg_sq``."""
+    return f"{param}{FIRST_MOMENT_SUFFIX}", f"{param}{SECOND_MOMENT_SUFFIX}"
+
+
 # ---------------------------------------------------------------- artifact files
 TRAINING_MODEL = "training_model"
 EVAL_MODEL = "eval_model"
 OPTIMIZER_MODEL = "optimizer_model"
+#: The fused training step of portable artifacts (forward, backward and optimizer update in one graph).
+STEP_MODEL = "step_model"
 CHECKPOINT = "checkpoint"
 NOMINAL_CHECKPOINT = "nominal_checkpoint"
 #: Suffix of ONNX models, of ORT-format models, and of external data files.
@@ -106,6 +127,10 @@ class ArtifactNames:
         return self.model(OPTIMIZER_MODEL)
 
     @property
+    def step_model(self) -> str:
+        return self.model(STEP_MODEL)
+
+    @property
     def checkpoint(self) -> str:
         return f"{self.prefix}{CHECKPOINT}"
 
@@ -116,9 +141,9 @@ class ArtifactNames:
     def owned(self) -> list[str]:
         """Every file name a set with this prefix may hold.
 
-        That is the models (``.onnx`` and ``.ort``), the checkpoints, and the
-        external-data companion (``.data``) of each.
+        That is the models (``.onnx`` and ``.ort``; the portable step model included),
+        the checkpoints, and the external-data companion (``.data``) of each.
         """
-        names = [self.model(stem, ort) for stem in MODEL_STEMS for ort in (False, True)]
+        names = [self.model(stem, ort) for stem in (*MODEL_STEMS, STEP_MODEL) for ort in (False, True)]
         names += [self.checkpoint, self.nominal_checkpoint]
         return [n for name in names for n in (name, name + DATA_SUFFIX)]

@@ -38,6 +38,28 @@ class CheckpointFormatError(OnnxBlocksError, ValueError):
     """A file is not a valid ONNX Runtime training checkpoint."""
 
 
+class CheckpointMismatchError(CheckpointFormatError):
+    """A valid checkpoint that does not belong to the model it is used with (names, element types, shapes)."""
+
+
+class TrainingBuildRequiredError(OnnxBlocksError, ImportError):
+    """The installed onnxruntime is the stock build, and the call needs onnxruntime-training.
+
+    Generating artifacts (autodiff) and running non-portable artifacts need the
+    training build (``onnxruntime-training``, Python <= 3.12). Portable artifacts
+    (``generate_artifacts(..., portable=True)``) train on stock onnxruntime.
+    """
+
+
+class PortabilityError(OnnxBlocksError, ValueError):
+    """A training graph holds an op that portable artifacts cannot express in standard ONNX ops.
+
+    Raised by :mod:`onnxblocks.portable` (``generate_artifacts(..., portable=True)``)
+    for a training-only op without a lowering, or one whose lowering needs what the
+    graph does not give (a newer opset, a known rank).
+    """
+
+
 def close_matches(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """Return up to ``n`` candidates that look like ``name`` (for "did you mean" hints)."""
     return difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)

@@ -6,12 +6,20 @@
 :func:`onnxruntime` imports the package with that probe answered "not present"
 (exactly what the check reports on a machine without torch), then removes the
 guard, so a later ``import onnxruntime.training`` by the user still works.
+
+Two builds install the module ``onnxruntime``: the training build
+(``onnxruntime-training``, Python <= 3.12, with the gradient builder and the
+training API) and the stock one (any Python, inference kernels only).
+:func:`has_training_build` tells them apart by the C bindings alone, without
+importing ``onnxruntime.training`` (and so torch).
 """
 
 from __future__ import annotations
 
 import sys
 from types import ModuleType
+
+from onnxblocks._core.errors import TrainingBuildRequiredError
 
 _PROBE = "onnxruntime.training.ortmodule"
 
@@ -37,3 +45,37 @@ def capi() -> ModuleType:
     from onnxruntime.capi import _pybind_state
 
     return _pybind_state
+
+
+#: The C bindings only the training build has: gradient builder, training module, optimizer, checkpoints.
+_TRAINING_BINDINGS = ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint")
+
+
+def has_training_build() -> bool:
+    """True when the installed onnxruntime is the training build (onnxruntime-training)."""
+    C = capi()
+    return all(hasattr(C, name) for name in _TRAINING_BINDINGS)
+
+
+def require_training_build(what: str) -> ModuleType:
+    """Return the C bindings, or raise :class:`TrainingBuildRequiredError` on the stock build.
+
+    Args:
+        what: What needs the training build, for the message (``"generate_artifacts"``).
+
+    Raises:
+        TrainingBuildRequiredError: on stock onnxruntime, saying what to install and
+            that portable artifacts train on stock onnxruntime.
+    """
+    C = capi()
+    if all(hasattr(C, name) for name in _TRAINING_BINDINGS):
+        return C
+    version = getattr(onnxruntime(), "__version__", "?")
+    raise TrainingBuildRequiredError(
+        f"{what} needs onnxruntime-training (ONNX Runtime's training build, Python <= 3.12), but the installed "
+        f"onnxruntime {version} (Python {sys.version_info.major}.{sys.version_info.minor}) is the stock build, "
+        "which has no gradient builder or training kernels. Generate the artifacts on Python 3.10-3.12 with "
+        "`pip install onnxblocks` (it installs onnxruntime-training-cpu==1.19.2) and portable=True "
+        "(`onnxblocks artifacts MODEL.onnx --portable`): the artifacts it writes then train on stock onnxruntime, "
+        "on any Python, with onnxblocks.runtime.TrainingSession. See docs/portable.md."
+    )

@@ -39,7 +39,10 @@ _QUALIFIER = re.compile(r" (?:const|volatile|noexcept|override|&&?)(?=[ \[]|$)")
 _MAX_SIGNATURE = 2000
 
 _NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node ?(\S*)")
-_UNREACHABLE = re.compile(r"Cannot compute the partial derivative for '([^']+)'")
+#: Two forms: no path at all to the value, or none through ops with a gradient (a value read only by ``Shape``).
+_UNREACHABLE = re.compile(
+    r"Cannot compute the partial derivative for '([^']+)'|(?:^|\s)(\S+) couldn't find the consumer node"
+)
 _NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
 
 
@@ -149,7 +152,7 @@ def missing_gradient(error: BaseException | str) -> MissingGradient | None:
 def unreachable_value(error: BaseException | str) -> str | None:
     """The value whose gradient the builder's ``error`` says the loss cannot reach, else None."""
     match = _UNREACHABLE.search(clean_message(error))
-    return match.group(1) if match else None
+    return (match.group(1) or match.group(2)) if match else None
 
 
 def missing_kernel(error: BaseException | str) -> MissingKernel | None:

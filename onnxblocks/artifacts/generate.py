@@ -15,7 +15,7 @@ import contextlib
 import enum
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,10 @@ import onnx
 
 from onnxblocks import losses, optim
 from onnxblocks._core import limits as _limits
-from onnxblocks._core import weights as _weights
-from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL, ArtifactNames
+from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, STEP_MODEL, TRAINING_MODEL, ArtifactNames
 from onnxblocks._core.errors import did_you_mean, preview
 from onnxblocks._core.html import HtmlDisplay
+from onnxblocks.artifacts import arguments as _arguments
 from onnxblocks.artifacts.files import staging, to_ort_format
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
@@ -88,6 +88,7 @@ class Artifacts(HtmlDisplay):
         input_names: The user inputs of the training and eval models.
         output_names: The user outputs (the loss first).
         files: Every file written, external data files included.
+        step_model: Path of the fused step model of portable artifacts (docs/portable.md), or None.
     """
 
     directory: Path
@@ -104,6 +105,7 @@ class Artifacts(HtmlDisplay):
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     files: tuple[Path, ...]
+    step_model: Path | None = None
 
     @property
     def loss_name(self) -> str:
@@ -146,6 +148,8 @@ def generate_artifacts(
     loss_input_names: Sequence[str] | None = None,
     *,
     model_path: str | os.PathLike | None = None,
+    portable: bool = False,
+    fused_step: bool = True,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -176,16 +180,28 @@ def generate_artifacts(
         loss_input_names: The values passed to the loss; default the base model's outputs.
         model_path: For a ModelProto loaded with ``onnx.load(path, load_external_data=False)``:
             the ``.onnx`` file it came from, so its external data files are found (and streamed).
+        portable: Write models that train on stock ``onnxruntime`` (standard ops; see docs/portable.md).
+        fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
 
     Raises:
-        TypeError: for a model, loss or optimizer of the wrong kind.
-        ValueError: for a bad prefix, a parameter both trainable and frozen, a loss
-            that is not a scalar, or an optimizer without trainable parameters.
+        TypeError: for an argument of the wrong kind (a model, loss or optimizer; a number
+            where a path is expected; a str where a list of names is expected; a flag that
+            is not a bool).
+        ValueError: for a bad prefix (a separator, a NUL, too long), a parameter both
+            trainable and frozen, a loss that is not a scalar, an optimizer without trainable
+            parameters, a model file that is not an ONNX model, or a model without an opset
+            import or that cannot be converted to opset 21.
+        FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError: for paths
+            that are not what they must be (checked before any work: a read-only or file-like
+            artifact_directory is found before the gradient is built).
+        FileExistsError: when a file would replace another prefix's artifact.
+        TimeoutError: when another call writing into the same directory holds it too long.
         onnxblocks.UnknownNameError: for an unknown parameter or output name.
         onnxblocks.GradientError: when ONNX Runtime cannot differentiate the model.
+        onnxblocks.errors.PortabilityError: with ``portable``, for an op without a standard-op form.
     """
     return _generate(
         model,
@@ -201,6 +217,8 @@ def generate_artifacts(
         nominal_checkpoint=nominal_checkpoint,
         loss_input_names=loss_input_names,
         model_path=model_path,
+        portable=portable,
+        fused_step=fused_step,
     )
 
 
@@ -219,6 +237,8 @@ def _generate(
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
     model_path: str | os.PathLike | None = None,
+    portable: bool = False,
+    fused_step: bool = True,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
@@ -227,15 +247,18 @@ def _generate(
     ``loss_blocks`` and ``optimizer_blocks`` turn a :class:`LossType` / :class:`OptimType`
     into a block; :mod:`onnxblocks.compat` passes the reference's optimizer defaults.
     """
-    base_model, model_path = _load(model, model_path)
+    base_model, model_path = _arguments.load_model(model, model_path)
     loss_block = _resolve_loss(loss, loss_blocks)
     optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
-    additional = _names("additional_output_names", additional_output_names)
-    loss_inputs = _names("loss_input_names", loss_input_names)
-    requires = _names("requires_grad", requires_grad)
-    frozen = _names("frozen_params", frozen_params)
-    _check_prefix(prefix)
-    libraries = [os.fspath(custom_op_library_path)] if custom_op_library_path is not None else []
+    additional = _arguments.names("additional_output_names", additional_output_names)
+    loss_inputs = _arguments.names("loss_input_names", loss_input_names)
+    requires = _arguments.names("requires_grad", requires_grad)
+    frozen = _arguments.names("frozen_params", frozen_params)
+    _arguments.check_prefix(prefix)
+    ort_format = _arguments.flag("ort_format", ort_format)
+    nominal_checkpoint = _arguments.flag("nominal_checkpoint", nominal_checkpoint)
+    libraries = _arguments.library(custom_op_library_path)
+    directory = _arguments.directory(artifact_directory)  # writable: checked before the work, not after
 
     both = [n for n in requires if n in set(frozen)]
     if both:
@@ -261,25 +284,37 @@ def _generate(
 
     optimizer_model = None
     if optim_block is not None:
-        with empty_base(opset_version=_limits.onnx_opset(base_model)):
+        with empty_base(opset_version=_limits.onnx_opset(graphs.eval)):  # the base's, converted if it was above 21
             optim_block(sources)
         optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]  # any Block with it, checked by hasattr
+    training_model, eval_model, step_model = graphs.training, graphs.eval, None
+    if portable:  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
+        from onnxblocks import portable as _portable
 
-    directory = Path(os.fspath(artifact_directory)) if artifact_directory is not None else Path.cwd()
+        made = _portable.make_portable(
+            training_model, optimizer_model, fused_step=fused_step, frozen_params=graphs.partition.frozen
+        )
+        training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
+        _portable.check_portable(eval_model, "the eval model")
+        eval_model = _portable.mark_portable(eval_model)
+
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
     from onnxblocks.io import save_model
 
     names = ArtifactNames(prefix)
-    with staging(directory, names.owned()) as stage:
-        save_model(graphs.training, stage / names.training_model, weights=store)
-        save_model(graphs.eval, stage / names.eval_model, weights=store)
+    with staging(directory, prefix) as stage:
+        save_model(training_model, stage / names.training_model, weights=store)
+        save_model(eval_model, stage / names.eval_model, weights=store)
+        if step_model is not None:
+            save_model(step_model, stage / names.step_model, weights=store)
         checkpoint.save_checkpoint(sources, stage / names.checkpoint, nominal_checkpoint=False)
         if nominal_checkpoint:
             checkpoint.save_checkpoint(sources, stage / names.nominal_checkpoint, nominal_checkpoint=True)
         if optimizer_model is not None:
             save_model(optimizer_model, stage / names.optimizer_model)
         models = [TRAINING_MODEL, EVAL_MODEL] + ([OPTIMIZER_MODEL] if optimizer_model is not None else [])
+        models += [STEP_MODEL] if step_model is not None else []
         if ort_format:
             for stem in models:
                 to_ort_format(stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries)
@@ -305,21 +340,11 @@ def _generate(
         input_names=graphs.user_inputs,
         output_names=graphs.user_outputs,
         files=files,
+        step_model=directory / names.step_model if step_model is not None else None,
     )
 
 
 # ------------------------------------------------------------------ arguments
-def _load(model: Any, model_path: str | os.PathLike | None = None) -> tuple[onnx.ModelProto, str | None]:
-    if isinstance(model, onnx.ModelProto):
-        return model, os.fspath(model_path) if model_path is not None else None
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"Model file '{path}' does not exist.")
-        return _weights.load_structure(path), path  # weights stay in the file: read in chunks when needed
-    raise TypeError(f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}.")
-
-
 def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
     if loss is None:
         logger.info("No loss given: the base model's first output is the loss.")
@@ -364,28 +389,3 @@ def _same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
             )
         return enum_type[value.name]
     return value
-
-
-def _names(argument: str, names: Sequence[str] | None) -> list[str]:
-    if names is None:
-        return []
-    if isinstance(names, str) or not isinstance(names, (list, tuple, Mapping, set, frozenset)):
-        raise TypeError(
-            f"{argument} must be a list of names, not {type(names).__name__}: {names!r}. Pass e.g. [{names!r}]."
-            if isinstance(names, str)
-            else f"{argument} must be a list of names, not {type(names).__name__}."
-        )
-    out = list(names)
-    for n in out:
-        if not isinstance(n, str):
-            raise TypeError(f"{argument} must contain names (str), not {type(n).__name__}: {n!r}.")
-    return out
-
-
-def _check_prefix(prefix: str) -> None:
-    if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}.")
-    if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
-        raise ValueError(
-            f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
-        )

@@ -180,6 +180,8 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             **{k: v for k, v in attributes.items() if v is not None},
         )
         self.ensure_domain(domain)
+        if not domain and self._upgrade_for(op_type):
+            self._sync()
         types = self._check_node(node)
         if output_types is not None:
             types.update({o: t for o, t in zip(out_names, output_types, strict=False) if t is not None})
@@ -188,6 +190,40 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         self._types.update(types)
         values = tuple(Value(o) for o in out_names)
         return values[0] if len(values) == 1 else values
+
+    def _upgrade_for(self, op_type: str) -> bool:
+        """Convert the working model to the gradient builder's opset (13) when ``op_type`` needs a newer one.
+
+        This is the conversion the gradient builder applies to models below opset 11
+        (:func:`onnxblocks.gradient.builder.upgrade_old_opset`), run before a block adds an
+        op the model's opset lacks, e.g. ``SoftmaxCrossEntropyLoss`` (opset 12) for a
+        ``CrossEntropyLoss`` on an opset-10 model.
+
+        Returns:
+            True when the model was converted.
+
+        Raises:
+            ValueError: when onnx's version converter cannot convert the model.
+        """
+        from onnxblocks.gradient.builder import UPGRADE_OPSET  # a lower layer, loaded on first use
+
+        version = self.domain_version("")
+        if version is None or version >= UPGRADE_OPSET or not onnx.defs.has(op_type):
+            return False
+        try:
+            onnx.defs.get_schema(op_type, version, "")
+            return False
+        except onnx.defs.SchemaError:
+            pass
+        try:
+            onnx.defs.get_schema(op_type, UPGRADE_OPSET, "")
+        except onnx.defs.SchemaError:
+            return False
+        converted = _limits.convert_opset(
+            self._model, UPGRADE_OPSET, f"the model (for {op_type}, which needs a newer opset)"
+        )
+        self.replace_model(converted)
+        return True
 
     def _check_node(self, node: onnx.NodeProto) -> dict[str, onnx.TypeProto]:
         opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self._model.opset_import}
@@ -237,13 +273,18 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         outs = []
         for n in names:
             self.require(n, role="output")
-            if n in existing:
-                outs.append(existing[n])
+            declared = existing.get(n)
+            if declared is not None and (
+                declared.type.WhichOneof("value") != "tensor_type" or declared.type.tensor_type.HasField("shape")
+            ):
+                outs.append(declared)
                 continue
-            t = self.type_of(n)
+            t = self.type_of(n)  # inferred; also for a declared output whose rank is unknown
             vi = onnx.ValueInfoProto(name=n)
-            if t is not None:
+            if t is not None and (declared is None or t.tensor_type.HasField("shape")):
                 vi.type.CopyFrom(t)
+            elif declared is not None:
+                vi.CopyFrom(declared)
             outs.append(vi)
         del self._model.graph.output[:]
         self._model.graph.output.extend(outs)
@@ -283,8 +324,12 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         stamped so that the installed onnxruntime loads the model.
 
         Raises:
+            ValueError: naming graph inputs or outputs whose rank is unknown.
             onnx.checker.ValidationError: if the model is invalid.
         """
+        from onnxblocks.gradient.intake import check_ranks  # a lower layer, loaded on first use
+
+        check_ranks(self._model, "the model")
         check_skeleton(self._model)
         if materialize:
             model = self.materialize()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -84,9 +85,15 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
     Yields:
         The :class:`ModelAccessor` of the build.
 
+    The build works on a copy that onnxblocks fixes where it can: a model above the
+    opset onnxruntime-training 1.19.2 implements (21) is converted down with onnx's
+    version converter, and nodes out of topological order are sorted.
+
     Raises:
-        TypeError: if ``model`` is not an ``onnx.ModelProto``.
-        ValueError: if the model needs a newer opset than onnxruntime-training 1.19.2 supports.
+        TypeError: if ``model`` is not an ``onnx.ModelProto`` or ``model_path`` not a path.
+        ValueError: if the model has no ai.onnx opset import, needs a newer opset than
+            onnxruntime-training 1.19.2 supports and cannot be converted (the message names
+            the ops that block it), or its nodes form a cycle.
     """
     if not isinstance(model, onnx.ModelProto):
         hint = (
@@ -95,8 +102,15 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
             else ""
         )
         raise TypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
-    _limits.check_opset_supported(model)
+    if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
+        raise TypeError(
+            f"model_path must be the path (str or os.PathLike) of the model's .onnx file, not "
+            f"{type(model_path).__name__}: {model_path!r}."
+        )
+    from onnxblocks.gradient.intake import fit_model  # a lower layer, loaded on first use (import time)
+
     working, store = working_copy(model, model_path)
+    working = fit_model(working, "the base model")
     with _activate(ModelAccessor(working, model_path, store)) as accessor:
         yield accessor
 
@@ -106,12 +120,25 @@ def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
     """Open a build on a new, empty model.
 
     Args:
-        opset_version: The ai.onnx opset to import; defaults to the highest that
+        opset_version: The ai.onnx opset to import, 1 to 21; defaults to the highest that
             onnxruntime-training 1.19.2 supports (21).
 
     Raises:
-        ValueError: if ``opset_version`` is above what the runtime supports.
+        TypeError: if ``opset_version`` is not an int.
+        ValueError: if ``opset_version`` is below 1 or above what the runtime supports.
     """
+    if isinstance(opset_version, np.integer):
+        opset_version = int(opset_version)
+    if opset_version is not None and (isinstance(opset_version, bool) or not isinstance(opset_version, int)):
+        raise TypeError(
+            f"empty_base(opset_version=...) takes an int (1 to {_limits.MAX_ONNX_OPSET}) or None, not "
+            f"{type(opset_version).__name__}: {opset_version!r}."
+        )
+    if opset_version is not None and opset_version < 1:
+        raise ValueError(
+            f"empty_base(opset_version={opset_version}): ai.onnx opsets start at 1. Pass a version from 1 to "
+            f"{_limits.MAX_ONNX_OPSET}, or None for {_limits.MAX_ONNX_OPSET}."
+        )
     version = opset_version or _limits.MAX_ONNX_OPSET
     model = helper.make_model(
         helper.make_graph([], "graph", [], []),

@@ -188,7 +188,7 @@ class TrainingBlock(Block):
             from onnxblocks.gradient import check_training_model
 
             check_training_model(self._graphs.training)
-            check_training_model(self._graphs.eval)
+            check_training_model(self._graphs.eval, "the eval model")
             self._checked = True
 
 

@@ -10,16 +10,21 @@ Rules: an operator between a Value and a number, a numpy array, another Value
 or a plain name adds a node. The one exception is ``Value + "text"``, which stays
 string concatenation so names can still be built from names; wrap a plain name
 with :func:`value` to add it in the graph.
+
+Operands of different element types are promoted as torch promotes them
+(:mod:`onnxblocks.blocks.promotion`): ``int64_labels * 0.5`` is float32, a
+constant beside a float Value takes the Value's type, and ``/`` is true
+division. numpy scalars and arrays work on either side (``np.float32(0.5) * v``).
 """
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
 from onnxblocks._core.context import current
+from onnxblocks.blocks import promotion
 
 
 class Value(str):
@@ -30,24 +35,40 @@ class Value(str):
     def __repr__(self) -> str:
         return f"Value({str.__repr__(self)})"
 
-    # -- helpers -------------------------------------------------------------
-    def _operand(self, other: Any) -> str | None:
-        if isinstance(other, Value):
-            return other
-        if isinstance(other, str):  # a plain name: only + means concatenation, handled by the caller
-            return Value(other)
-        if isinstance(other, (numbers.Number, np.ndarray, np.generic, list, tuple)):
-            acc = current()
-            dtype = acc.elem_type(self)
-            return acc.constant(other, dtype=dtype if dtype else np.float32, name_hint="scalar")
-        return None
+    #: numpy defers to Value's reflected operators (``np.float32(0.5) * v`` calls ``v.__rmul__``).
+    __array_ufunc__ = None
 
+    # -- helpers -------------------------------------------------------------
     def _binary(self, op_type: str, other: Any, reverse: bool = False) -> Any:
-        operand = self._operand(other)
-        if operand is None:
-            return NotImplemented
-        inputs = [operand, self] if reverse else [self, operand]
-        return current().op(op_type, inputs)
+        acc = current()
+        own_type = acc.elem_type(self)
+        array = None
+        operand: Value | None = None
+        if isinstance(other, str):  # a Value or a plain name (only + means concatenation, handled by the caller)
+            operand = Value(other)
+            other_type = acc.elem_type(operand)
+            target = promotion.promote_types(own_type, other_type) if own_type and other_type else None
+        else:
+            array = promotion.as_constant_array(other)
+            if array is None:
+                return NotImplemented
+            target = promotion.constant_type(own_type, array)
+            other_type = target
+        if op_type == "Div" and target is not None and promotion.kind_of_type(target) != promotion.FLOATING:
+            target = promotion.DEFAULT_TYPE[promotion.FLOATING]  # true division, as Python and torch
+        left = _cast(self, own_type, target)
+        if array is not None:
+            if target is None:  # unknown own type: integer arrays keep int64, other numbers are float32
+                dtype: Any = np.int64 if promotion.kind_of_array(array) == promotion.INTEGER else np.float32
+                array = array.astype(dtype)
+            else:
+                array = promotion.cast_constant(array, target, self)
+            right: str = acc.constant(array, dtype=array.dtype, name_hint="scalar")
+        else:
+            assert operand is not None
+            right = _cast(operand, other_type, target)
+        inputs = [right, left] if reverse else [left, right]
+        return acc.op(op_type, inputs)
 
     def _unary(self, op_type: str) -> Value:
         out = current().op(op_type, [self])
@@ -103,6 +124,14 @@ class Value(str):
 
     # str defines __mod__ for %-formatting; keep it. Hashing and == stay str's.
     __hash__ = str.__hash__
+
+
+def _cast(name: str, elem_type: int | None, target: int | None) -> str:
+    """``name`` cast to ``target`` (a Cast node), or ``name`` itself when no cast is needed."""
+    if target is None or elem_type is None or elem_type == target:
+        return name
+    out: str = current().op("Cast", [name], to=target)
+    return out
 
 
 def value(name: str) -> Value:

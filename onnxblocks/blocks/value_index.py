@@ -67,7 +67,8 @@ class ValueIndex:
                     self.names.reserve(out)
         for vi in g.value_info[self._seen["value_info"] :] + g.output[self._seen["output"] :]:
             self.names.reserve(vi.name)
-            if vi.type.WhichOneof("value"):
+            kind = vi.type.WhichOneof("value")
+            if kind and (kind != "tensor_type" or vi.type.tensor_type.HasField("shape")):  # else: left to inference
                 self._types.setdefault(vi.name, vi.type)
         self._seen = {k: len(v) for k, v in fields.items()}
 

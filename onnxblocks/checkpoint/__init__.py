@@ -3,6 +3,7 @@
 See :mod:`onnxblocks.checkpoint.format` for the file format.
 """
 
+from onnxblocks._core.errors import CheckpointMismatchError
 from onnxblocks.checkpoint.format import CheckpointFormatError
 from onnxblocks.checkpoint.load import (
     Checkpoint,
@@ -12,11 +13,14 @@ from onnxblocks.checkpoint.load import (
     read_parameter_names,
 )
 from onnxblocks.checkpoint.save import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path, save_checkpoint
+from onnxblocks.checkpoint.validate import check_checkpoint
 
 __all__ = [
     "DEFAULT_EXTERNAL_DATA_THRESHOLD",
     "Checkpoint",
     "CheckpointFormatError",
+    "CheckpointMismatchError",
+    "check_checkpoint",
     "external_data_path",
     "is_checkpoint",
     "load_checkpoint",

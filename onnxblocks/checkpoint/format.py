@@ -28,7 +28,13 @@ reader). This module gathers their public names.
 
 from onnxblocks._core.errors import CheckpointFormatError
 from onnxblocks.checkpoint.decode import OptimizerGroupEntry, ParsedCheckpoint, TensorEntry, decode_checkpoint, dtype_of
-from onnxblocks.checkpoint.encode import TensorRecord, encode_checkpoint
+from onnxblocks.checkpoint.encode import (
+    OptimizerGroupRecord,
+    PropertyValue,
+    TensorRecord,
+    check_property,
+    encode_checkpoint,
+)
 from onnxblocks.checkpoint.schema import (
     CHECKPOINT_VERSION,
     EXTERNAL_DATA_SUFFIX,
@@ -45,9 +51,12 @@ __all__ = [
     "READABLE_VERSIONS",
     "CheckpointFormatError",
     "OptimizerGroupEntry",
+    "OptimizerGroupRecord",
     "ParsedCheckpoint",
+    "PropertyValue",
     "TensorEntry",
     "TensorRecord",
+    "check_property",
     "decode_checkpoint",
     "dtype_of",
     "encode_checkpoint",

@@ -6,22 +6,31 @@ metadata and small data. When the parameters' total size is above
 caller's TensorProtos, from a model's external data file, or from an
 onnxblocks TensorSource) into ``<checkpoint>.data``, and the flatbuffer records
 only each tensor's offset there. ONNX Runtime's ``load_checkpoint`` reads both.
+
+A checkpoint can also carry a training run's optimizer state (step, learning
+rate and moments per optimizer group) and its property bag, laid out as ONNX
+Runtime's ``save_checkpoint`` lays them out, so a run saved by one backend
+resumes on another: ``save_checkpoint((ck.trainable, ck.frozen), path,
+optimizer_state=ck.optimizer_state, properties=ck.properties)`` re-writes what
+:func:`~onnxblocks.checkpoint.load_checkpoint` read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from onnxblocks._core import weights as _weights
+from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
-from onnxblocks.io import atomic_outputs, tensor_chunks, write_tensor
+from onnxblocks.checkpoint import storage as _storage
+from onnxblocks.io import tensor_chunks, write_aligned, write_tensor
 
 #: Above this many parameter bytes in total, tensor data goes to ``<checkpoint>.data``.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 64 * 1024 * 1024
@@ -33,18 +42,47 @@ MIN_EXTERNAL_BYTES = 64
 CHUNK_BYTES = 4 * 1024 * 1024
 
 Parameter = onnx.TensorProto | _weights.TensorSource
+#: Name of the i-th moment of a parameter in an optimizer group (ONNX Runtime's ``momentum0``, ``momentum1``).
+MOMENT_NAME = "momentum{}"
 
 
 @dataclass(frozen=True)
 class _Param:
-    """One parameter to save: its metadata and where its bytes come from."""
+    """One tensor to save (a parameter or a moment): its metadata and where its bytes come from."""
 
     name: str
     data_type: int
     dims: tuple[int, ...]
     nbytes: int
-    source: Parameter
+    source: Parameter | np.ndarray
     doc_string: str | None
+
+    def chunks(self, base_dir: str | os.PathLike | None) -> Iterator[bytes | memoryview]:
+        source = self.source
+        if isinstance(source, np.ndarray):
+            data = source.reshape(-1).view(np.uint8).data  # the array's bytes, not a copy
+            for start in range(0, len(data), CHUNK_BYTES):
+                yield data[start : start + CHUNK_BYTES]
+            return
+        yield from tensor_chunks(source, base_dir, CHUNK_BYTES)
+
+    def write(self, out: Any, base_dir: str | os.PathLike | None) -> int:
+        if isinstance(self.source, np.ndarray):
+            return write_aligned(out, self.chunks(base_dir), self.nbytes, self.name)
+        return write_tensor(out, self.source, base_dir, self.nbytes, self.name)
+
+
+def _from_array(name: str, value: Any, role: str) -> _Param:
+    array = np.asarray(value)
+    dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    data_type = next((t for t, d in _format.LOADABLE_DTYPES.items() if d == dtype), None)
+    if data_type is None:
+        raise ValueError(
+            f"{role} '{name}' is a {array.dtype} array, which ONNX Runtime cannot load from a checkpoint. "
+            "Cast it to float32 (or another numeric type) first."
+        )
+    array = np.ascontiguousarray(array, dtype=dtype)
+    return _Param(name, data_type, tuple(int(d) for d in array.shape), array.nbytes, array, None)
 
 
 def external_data_path(path: str | os.PathLike) -> Path:
@@ -54,6 +92,8 @@ def external_data_path(path: str | os.PathLike) -> Path:
 
 
 def _describe(param: Any, role: str, index: int) -> _Param:
+    if isinstance(param, tuple) and len(param) == 2 and isinstance(param[0], str):
+        return _from_array(param[0], param[1], f"{role} parameter")
     if isinstance(param, _weights.TensorSource):
         return _Param(param.name, param.data_type, tuple(param.dims), param.nbytes, param, None)
     if isinstance(param, onnx.TensorProto):
@@ -61,7 +101,7 @@ def _describe(param: Any, role: str, index: int) -> _Param:
         return _Param(param.name, param.data_type, tuple(param.dims), _weights.tensor_nbytes(param), param, doc)
     raise TypeError(
         f"{role} parameter #{index} is a {type(param).__name__}; checkpoints take onnx.TensorProto or "
-        "onnxblocks TensorSource objects (e.g. accessor.weights.source(name))."
+        "onnxblocks TensorSource objects (e.g. accessor.weights.source(name)), or a {name: array} mapping."
     )
 
 
@@ -88,7 +128,7 @@ def _check(params: list[_Param], nominal: bool) -> None:
             )
         if any(d < 0 for d in p.dims):
             raise ValueError(f"Parameter '{p.name}' has a negative dimension {list(p.dims)}.")
-        if not isinstance(p.source, _weights.TensorSource) and _weights.is_stub(p.source):
+        if isinstance(p.source, onnx.TensorProto) and _weights.is_stub(p.source):
             raise ValueError(
                 f"Parameter '{p.name}' is an onnxblocks stub, not data. Pass its TensorSource "
                 "(accessor.weights.source(name)) or the finished model's initializer."
@@ -96,12 +136,14 @@ def _check(params: list[_Param], nominal: bool) -> None:
 
 
 def save_checkpoint(
-    parameters: tuple[Sequence[Parameter], Sequence[Parameter]],
+    parameters: tuple[Sequence[Parameter] | Mapping[str, Any], Sequence[Parameter] | Mapping[str, Any]],
     path_to_checkpoint: str | os.PathLike,
     nominal_checkpoint: bool = False,
     *,
     external_data_threshold: int = DEFAULT_EXTERNAL_DATA_THRESHOLD,
     base_dir: str | os.PathLike | None = None,
+    optimizer_state: Mapping[str, Mapping[str, Any]] | None = None,
+    properties: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``(trainable, frozen)`` parameters as an ONNX Runtime training checkpoint.
 
@@ -110,28 +152,41 @@ def save_checkpoint(
     the checkpoint file, byte for byte as ONNX Runtime's own writer does. Above
     it, every tensor of at least 64 bytes is streamed in bounded chunks into
     ``<checkpoint>.data`` instead, so memory use stays flat however large the
-    model. Both files are written atomically (temporary files in the target
-    directory, then renamed); a stale ``.data`` file from an earlier save is
-    removed when the new checkpoint does not need one.
+    model. The old checkpoint is replaced all-or-nothing, its data file with it,
+    even when interrupted or killed (see :mod:`onnxblocks.checkpoint.storage`);
+    a stale ``.data`` file is removed when the new checkpoint does not need
+    one, and temporary files of killed saves are removed.
 
     Args:
         parameters: ``(trainable, frozen)``: sequences of ``onnx.TensorProto`` or
-            :class:`~onnxblocks._core.weights.TensorSource`. Their bytes are read,
-            never copied as a whole nor modified.
+            :class:`~onnxblocks._core.weights.TensorSource`, or ``{name: array}``
+            mappings (numpy arrays, e.g. a loaded :class:`Checkpoint`'s
+            ``trainable`` and ``frozen``). Their bytes are read, never copied as
+            a whole nor modified.
         path_to_checkpoint: The checkpoint file to write.
         nominal_checkpoint: Write names and element types only, no data (the
             training session later takes the values from the training model).
         external_data_threshold: Total parameter bytes above which data goes to
             the side file; 0 always uses it. At most 1 GiB is ever kept inline.
         base_dir: Directory that TensorProtos with external data are relative to.
+        optimizer_state: The optimizer state, as :class:`Checkpoint.optimizer_state`
+            holds it: ``{group: {"step": int, "initial_learning_rate": float,
+            "moments": {param: [first, second, ...]}}}`` (AdamW: two moments per
+            trainable parameter, SGD: none). ONNX Runtime's group is ``"group0"``.
+            None writes a freshly generated checkpoint's layout (no group vector);
+            ``{}`` a training session's without optimizer state.
+        properties: The property bag: int (int64), float (stored as float32) or
+            str values by name.
 
     Returns:
         The path of the checkpoint file.
 
     Raises:
-        TypeError: if ``parameters`` is not a (trainable, frozen) pair of tensors.
-        ValueError: for duplicate names, unsupported element types, stubs, or
-            data that does not match its shape.
+        TypeError: if ``parameters`` is not a (trainable, frozen) pair of tensors, or
+            a property is not an int, float or str.
+        ValueError: for duplicate names, unsupported element types, stubs, data
+            that does not match its shape, or moments that do not match a
+            trainable parameter.
     """
     if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2):
         raise TypeError(
@@ -145,47 +200,48 @@ def save_checkpoint(
     ):
         raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
     groups = []
+    params: Any
     for role, params in zip(("Trainable", "Frozen"), parameters, strict=True):
+        if isinstance(params, Mapping):
+            params = list(params.items())  # (name, array) pairs, see _describe
         if isinstance(params, (str, bytes, onnx.TensorProto)) or not isinstance(params, Sequence):
             raise TypeError(
-                f"The {role.lower()} parameters must be a sequence of tensors, not {type(params).__name__}."
+                f"The {role.lower()} parameters must be a sequence of tensors or a {{name: array}} mapping, not "
+                f"{type(params).__name__}."
             )
         groups.append([_describe(p, role, i) for i, p in enumerate(params)])
     trainable, frozen = groups
     _check(trainable + frozen, nominal_checkpoint)
+    bag = {name: _format.check_property(name, value) for name, value in (properties or {}).items()}
+    states = _optimizer_states(optimizer_state, trainable, nominal_checkpoint)
+    moments = [m for _, per_param in states for ms in per_param.values() for m in ms.values()]
 
-    target = Path(os.fspath(path_to_checkpoint))
+    target = as_path(path_to_checkpoint, "path_to_checkpoint")
     if target.is_dir():
         raise IsADirectoryError(
             f"'{target}' is a directory; save_checkpoint writes a checkpoint *file*. Pass a file path, e.g. "
             f"'{target / 'checkpoint'}'."
         )
-    data_path = external_data_path(target)
-    total = sum(p.nbytes for p in trainable + frozen)
+    total = sum(p.nbytes for p in trainable + frozen + moments)
     use_external = not nominal_checkpoint and total > min(external_data_threshold, MAX_INLINE_BYTES)
 
-    with atomic_outputs(*([data_path] if use_external else []), target) as temps:
-        offsets: dict[str, int] = {}
+    with _storage.replacing(target) as staged:  # header and data file replace the old pair all-or-nothing
+        offsets: dict[int, int] = {}  # by id(_Param): a moment has its parameter's tensor name
         if use_external:
-            with open(temps[0], "wb") as data:
-                for p in trainable + frozen:
+            with open(staged.data, "wb") as data:
+                for p in trainable + frozen + moments:
                     if p.nbytes >= MIN_EXTERNAL_BYTES:
-                        offsets[p.name] = write_tensor(data, p.source, base_dir, p.nbytes, p.name)
+                        offsets[id(p)] = p.write(data, base_dir)
 
         def record(p: _Param) -> _format.TensorRecord:
             if nominal_checkpoint:
                 return _format.TensorRecord(p.name, p.data_type, (), 0, tuple, doc_string=p.doc_string)
-            if p.name in offsets:
+            if id(p) in offsets:
                 return _format.TensorRecord(
-                    p.name, p.data_type, p.dims, external_offset=offsets[p.name], doc_string=p.doc_string
+                    p.name, p.data_type, p.dims, external_offset=offsets[id(p)], doc_string=p.doc_string
                 )
             return _format.TensorRecord(
-                p.name,
-                p.data_type,
-                p.dims,
-                p.nbytes,
-                lambda: tensor_chunks(p.source, base_dir, CHUNK_BYTES),
-                doc_string=p.doc_string,
+                p.name, p.data_type, p.dims, p.nbytes, lambda: p.chunks(base_dir), doc_string=p.doc_string
             )
 
         buffer = _format.encode_checkpoint(
@@ -193,10 +249,66 @@ def save_checkpoint(
             [record(p) for p in frozen],
             nominal=nominal_checkpoint,
             has_external_data=use_external,
+            optimizer_groups=None
+            if optimizer_state is None
+            else [
+                _format.OptimizerGroupRecord(
+                    name, step, lr, {param: {k: record(m) for k, m in ms.items()} for param, ms in per_param.items()}
+                )
+                for (name, step, lr), per_param in states
+            ],
+            properties=bag,
         )
-        with open(temps[-1], "wb") as f:
+        with open(staged.header, "wb") as f:
             f.write(buffer)
-    if not use_external:
-        with contextlib.suppress(FileNotFoundError):
-            data_path.unlink()
     return target
+
+
+def _optimizer_states(
+    optimizer_state: Mapping[str, Mapping[str, Any]] | None, trainable: list[_Param], nominal: bool
+) -> list[tuple[tuple[str, int, float], dict[str, dict[str, _Param]]]]:
+    """Check the optimizer state against the trainable parameters.
+
+    Returns:
+        ``((group, step, learning rate), {param: {moment name: tensor}})`` per group.
+    """
+    if not optimizer_state:
+        return []
+    if nominal:
+        raise ValueError(
+            "A nominal checkpoint holds no values, so it cannot hold optimizer state. Pass one or the other."
+        )
+    if not isinstance(optimizer_state, Mapping):
+        raise TypeError(
+            f"optimizer_state must be a mapping {{group: {{'step', 'initial_learning_rate', 'moments'}}}}, not "
+            f"{type(optimizer_state).__name__}."
+        )
+    shapes = {p.name: (p.data_type, p.dims) for p in trainable}
+    out = []
+    for group, state in optimizer_state.items():
+        missing = [k for k in ("step", "initial_learning_rate", "moments") if k not in state]
+        if not isinstance(group, str) or missing:
+            raise ValueError(
+                f"optimizer group {group!r} must be named by a str and hold 'step', 'initial_learning_rate' and "
+                f"'moments'; it lacks {missing}."
+            )
+        per_param: dict[str, dict[str, _Param]] = {}
+        for param, arrays in dict(state["moments"]).items():
+            if param not in shapes:
+                raise ValueError(
+                    f"optimizer group '{group}' holds moments of '{param}', which is not a trainable parameter of the "
+                    f"checkpoint ({sorted(shapes)}). Save the optimizer state with the parameters it belongs to."
+                )
+            moments = {MOMENT_NAME.format(i): _from_array(param, a, "moment of") for i, a in enumerate(arrays)}
+            for name, m in moments.items():
+                if (m.data_type, m.dims) != shapes[param]:
+                    raise ValueError(
+                        f"moment '{name}' of parameter '{param}' in optimizer group '{group}' has shape {list(m.dims)} "
+                        f"(element type {m.data_type}); the parameter has shape {list(shapes[param][1])} (element "
+                        f"type {shapes[param][0]}). Moments have their parameter's shape and type."
+                    )
+            per_param[param] = {
+                name: _Param(name, m.data_type, m.dims, m.nbytes, m.source, None) for name, m in moments.items()
+            }
+        out.append(((group, int(state["step"]), float(state["initial_learning_rate"])), per_param))
+    return out

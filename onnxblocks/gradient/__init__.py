@@ -14,6 +14,7 @@ from onnxblocks.gradient.accumulation import (
     gradient_name,
 )
 from onnxblocks.gradient.activations import activations_as_elementary
+from onnxblocks.gradient.batch_norm import batch_norm_inference_as_elementary
 from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs, check_training_model
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.eval_model import disable_training_mode
@@ -38,18 +39,24 @@ from onnxblocks.gradient.pooling import average_pool_as_conv, check_pool_shapes
 from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
 from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
 from onnxblocks.gradient.resize import resize_as_matmul
+from onnxblocks.gradient.split import SplitVjp, split_vjp_graph
+from onnxblocks.gradient.vjp import VjpGraph, build_vjp_graph
 
 __all__ = [
     "LAZY_RESET_GRAD",
     "ParameterPartition",
+    "SplitVjp",
     "TrainingGraphs",
+    "VjpGraph",
     "accumulated_name",
     "activations_as_elementary",
     "add_gradient_accumulation",
     "average_pool_as_conv",
+    "batch_norm_inference_as_elementary",
     "border_pad_as_gather",
     "buffer_name",
     "build_training_graphs",
+    "build_vjp_graph",
     "check_training_model",
     "cast_like_as_cast",
     "check_pool_shapes",
@@ -72,5 +79,6 @@ __all__ = [
     "reduce_extremum_as_topk",
     "resize_as_matmul",
     "softplus_as_elementary",
+    "split_vjp_graph",
     "split_to_sequence_as_split",
 ]

@@ -5,7 +5,9 @@ ONNX Runtime's native gradient builder (``GradientGraphBuilder`` in
 orchestrates the steps that prepare the forward graph for it and turn its result
 into the models ONNX Runtime's training API runs:
 
-1. A model below opset 11 is converted to opset 13 (:func:`upgrade_old_opset`).
+1. The model is checked where it enters (:mod:`onnxblocks.gradient.intake`: an
+   opset import, nodes in topological order, an opset above 21 converted down),
+   and a model below opset 11 is converted to opset 13 (:func:`upgrade_old_opset`).
 2. The normalisation passes (:mod:`onnxblocks.gradient.normalize`) rewrite
    patterns the gradient builder cannot handle.
 3. Trainable and frozen parameters become graph inputs, after the user inputs
@@ -19,6 +21,10 @@ into the models ONNX Runtime's training API runs:
    into held stubs afterwards.
 6. ``get_optimized_model`` runs ONNX Runtime's pre-training transformers and
    ``GradientGraphBuilder`` adds the gradient graph (:mod:`onnxblocks.gradient.ort_bridge`).
+   Before, a ``Pow`` whose exponent needs a gradient is rewritten so that ONNX
+   Runtime differentiates it (:mod:`onnxblocks.gradient.power`), and what its
+   gradient builder would abort on or misreport (control flow over parameters, a
+   constant loss) is refused (:mod:`onnxblocks.gradient.dependencies`).
 7. Inputs and outputs are put in the documented order, the gradients are
    accumulated (:mod:`onnxblocks.gradient.accumulation`) and a CPU session checks
    that every node of the training model has a kernel.
@@ -36,10 +42,12 @@ import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.validation import check_skeleton
-from onnxblocks.gradient import _graph, accumulation, eval_model, ort_bridge, pooling, signature
+from onnxblocks.gradient import _graph, accumulation, dependencies, eval_model, ort_bridge, pooling, signature
+from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
 from onnxblocks.gradient.normalize import normalize  # not `gradient.normalize`: __init__ rebinds it to this
 from onnxblocks.gradient.parameters import ParameterPartition, check_requires_grad_read, partition_parameters
+from onnxblocks.gradient.power import pow_exponent_as_exp_log
 
 __all__ = [
     "MIN_GRADIENT_OPSET",
@@ -101,8 +109,7 @@ def build_training_graphs(
         TypeError: for a non-float trainable parameter or loss.
         GradientError: when ONNX Runtime cannot differentiate the graph.
     """
-    forward = _graph.copy_structure(model)
-    _limits.check_opset_supported(forward, "the model")
+    forward = fit_model(_graph.copy_structure(model), "the model")
     forward = upgrade_old_opset(forward)
     graph = forward.graph
     user_outputs = signature.select_outputs(graph, outputs)
@@ -123,6 +130,8 @@ def build_training_graphs(
     _limits.stamp_versions(evaluation)
 
     forward_inputs = {vi.name: vi for vi in forward.graph.input}
+    rewrites[pow_exponent_as_exp_log.__name__] = pow_exponent_as_exp_log(forward, partition.requires_grad)
+    dependencies.check_differentiable(forward.graph, partition.requires_grad, user_outputs[0])
     norm_constants = unshare_layer_norm_constants(forward, partition.requires_grad)
     held = signature.held_constants_to_inputs(forward, also=norm_constants)
     training = ort_bridge.differentiate(forward, partition, user_outputs[0], custom_op_libraries)
@@ -156,27 +165,20 @@ def upgrade_old_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = _limits.onnx_opset(model)
     if opset is None or opset >= MIN_GRADIENT_OPSET:
         return model
-    try:
-        converted = onnx.version_converter.convert_version(model, UPGRADE_OPSET)
-    except Exception as exc:
-        raise ValueError(
-            f"The model imports ai.onnx opset {opset}; ONNX Runtime's gradient builders need opset "
-            f"{MIN_GRADIENT_OPSET} or newer, and onnx's version converter could not convert it "
-            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}). Re-export the "
-            f"model with opset_version={UPGRADE_OPSET} or newer."
-        ) from None
-    return converted
+    return _limits.convert_opset(model, UPGRADE_OPSET, "the model (ONNX Runtime's gradient builders need opset 11)")
 
 
-def check_training_model(model: onnx.ModelProto) -> None:
+def check_training_model(model: onnx.ModelProto, what: str = "the training model") -> None:
     """Run onnx's checker once on a training or eval model's skeleton (no weight bytes read).
 
     ONNX Runtime's gradient ops that live in the default domain (``MaxPoolGrad``
     ...) are unknown to onnx; they are checked as contrib ops, i.e. structurally.
 
     Raises:
+        ValueError: naming graph inputs or outputs whose rank is unknown.
         onnx.checker.ValidationError: if the model is invalid.
     """
+    check_ranks(model, what)
     skeleton = onnx.ModelProto()
     skeleton.CopyFrom(model)  # callers pass models whose large weights are stubs
     opset = _limits.onnx_opset(skeleton) or _limits.DEFAULT_ONNX_OPSET

@@ -4,7 +4,9 @@ Exporters in training mode emit ``Dropout`` with a ``training_mode`` input set t
 true and ``BatchNormalization`` with ``training_mode=1`` and three outputs
 (``Y``, ``running_mean``, ``running_var``). In the eval model:
 
-* ``Dropout`` loses its ``training_mode`` input (it then passes its input through);
+* ``Dropout``'s ``training_mode`` input becomes an empty name (it then passes its
+  input through), as the reference does: the slot stays, so code that reads
+  ``node.input[2]`` (ONNX Runtime's own onnxblock tests do) finds ``""``;
 * ``BatchNormalization`` gets ``training_mode=0`` and keeps only ``Y``: ONNX
   Runtime refuses a BatchNormalization with ``training_mode=0`` and more than one
   output. If something reads the running-statistics outputs, it reads the
@@ -38,7 +40,7 @@ def disable_training_mode(model: onnx.ModelProto) -> int:
             continue
         if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
             flag = node.input[2]
-            del node.input[2:]
+            node.input[2] = ""
             readers[flag] = [r for r in readers[flag] if r is not node]
             if not readers[flag] and flag not in outputs:
                 orphaned.add(flag)

@@ -81,10 +81,11 @@ def differentiate(
 
     Raises:
         GradientError: when ONNX Runtime cannot optimize or differentiate the model.
+        TrainingBuildRequiredError: on stock onnxruntime (no gradient builder).
     """
-    from onnxblocks._core.ort import capi
+    from onnxblocks._core.ort import require_training_build
 
-    C = capi()
+    C = require_training_build("Generating training artifacts (ONNX Runtime's gradient builder)")
     options = session_options(custom_op_libraries)
     requires_grad = set(partition.requires_grad)
     stamped = _graph.copy_structure(forward)

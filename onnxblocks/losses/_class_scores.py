@@ -212,28 +212,29 @@ class ClassLoss(Loss):
         acc = self.accessor
         elem = acc.elem_type(log_probs) or TensorProto.FLOAT
         label_dtype = helper.tensor_dtype_to_np_dtype(acc.elem_type(labels) or TensorProto.INT64)
-        mask = None
+        keep = ignored = None
         safe = Value(labels)
         if self._ignore_index is not None:
-            ignored = acc.constant(self._ignore_index, dtype=label_dtype, name_hint="ignore_index")
-            keep = acc.op("Not", [acc.op("Equal", [labels, ignored])])
+            ignore_index = acc.constant(self._ignore_index, dtype=label_dtype, name_hint="ignore_index")
+            ignored = acc.op("Equal", [labels, ignore_index])
+            keep = acc.op("Not", [ignored])
             safe = acc.op("Where", [keep, labels, acc.constant(0, dtype=label_dtype, name_hint="zero_label")])
-            mask = acc.op("Cast", [keep], to=elem)
         index = axes_op(acc, "Unsqueeze", safe, [axis])
         picked = axes_op(acc, "Squeeze", acc.op("GatherElements", [log_probs, index], axis=axis), [axis])
-        weight_i = mask
-        if self._weight is not None:
-            weight_i = acc.op("Gather", [self._weight_const(log_probs), safe], axis=0)
-            if mask is not None:
-                weight_i = weight_i * mask
-        per_element = -picked if weight_i is None else -(picked * weight_i)
+        class_weight = None if self._weight is None else acc.op("Gather", [self._weight_const(log_probs), safe], axis=0)
+        per_element = -picked if class_weight is None else -(picked * class_weight)
         if label_smoothing > 0:
             weighted = log_probs if self._weight is None else log_probs * self._class_weight_broadcast(log_probs, axis)
             smooth = -axes_op(acc, "ReduceSum", weighted, [axis], keepdims=0)
-            if mask is not None:
-                smooth = smooth * mask
             classes = static_dim(acc, log_probs, axis) or dim_size(acc, log_probs, axis, log_probs)
             per_element = (1 - label_smoothing) * per_element + (label_smoothing / classes) * smooth
+        weight_i = class_weight
+        if keep is not None:
+            # An ignored element is +0.0, as torch: not -(x * 0), which is -0.0 for x >= 0 and NaN for x = -inf.
+            # The kept values are Where's last input: ONNX Runtime's Where turns a -0.0 it takes from X into +0.0.
+            per_element = acc.op("Where", [ignored, self._const(0.0, log_probs, "ignored"), per_element])
+            mask = acc.op("Cast", [keep], to=elem)
+            weight_i = mask if class_weight is None else class_weight * mask
         if self.reduction != "mean" or weight_i is None:
             return self._reduce(per_element, self._name_hint)
         total = reduce_all(acc, "ReduceSum", per_element)

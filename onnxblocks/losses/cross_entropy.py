@@ -45,6 +45,7 @@ class CrossEntropyLoss(ClassLoss):
     Raises:
         ValueError: if ``reduction`` is unknown, ``label_smoothing`` is outside
             ``[0, 1]`` or ``weight`` is not 1-D.
+        TypeError: if ``label_smoothing`` is not a number.
     """
 
     _name_hint = "cross_entropy_loss"
@@ -58,6 +59,11 @@ class CrossEntropyLoss(ClassLoss):
         class_axis: int = 1,
     ) -> None:
         super().__init__(weight, reduction, ignore_index, class_axis)
+        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.integer, np.floating)):
+            raise TypeError(
+                f"CrossEntropyLoss: label_smoothing must be a number in [0, 1], not {type(label_smoothing).__name__}: "
+                f"{label_smoothing!r}."
+            )
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}.")
         self._label_smoothing = float(label_smoothing)

@@ -1,8 +1,9 @@
 """Torch-free training runtime: sessions, the fit loop, schedules, progress and plots.
 
-Everything here drives ONNX Runtime's training engine through its C bindings
-(``onnxruntime.capi._pybind_state``), imported on first use. Importing this
-package imports neither onnxruntime nor torch.
+A session runs on the training build's training engine (C bindings of
+``onnxruntime-training``) or, for portable artifacts, on plain inference
+sessions of any onnxruntime (see :mod:`onnxblocks.runtime.backend`); onnxruntime
+is imported on first use. Importing this package imports neither onnxruntime nor torch.
 """
 
 from onnxblocks.runtime.callbacks import Accuracy, Callback, EarlyStopping, SaveCheckpoint
@@ -21,7 +22,7 @@ from onnxblocks.runtime.schedulers import (
     make_schedule,
     schedule_from_dict,
 )
-from onnxblocks.runtime.session import TrainingSession
+from onnxblocks.runtime.session import StepCount, TrainingSession
 
 __all__ = [
     "Accuracy",
@@ -38,6 +39,7 @@ __all__ = [
     "ProgressBar",
     "SaveCheckpoint",
     "Schedule",
+    "StepCount",
     "StepSchedule",
     "TrainingSession",
     "evaluate",

@@ -15,7 +15,18 @@ from typing import Any
 
 from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_input_error, is_ort_error
 
-__all__ = ["INPUT_ERROR_CLASSES", "capi", "clean_message", "is_input_error", "is_ort_error", "make_device"]
+__all__ = [
+    "INPUT_ERROR_CLASSES",
+    "capi",
+    "clean_message",
+    "has_training_build",
+    "is_input_error",
+    "is_ort_error",
+    "make_device",
+    "onnxruntime",
+    "providers",
+    "require_training_build",
+]
 
 
 def capi() -> ModuleType:
@@ -23,6 +34,39 @@ def capi() -> ModuleType:
     from onnxblocks._core.ort import capi as _capi
 
     return _capi()
+
+
+def onnxruntime() -> ModuleType:
+    """Import and return the ``onnxruntime`` package (without its torch probe)."""
+    from onnxblocks._core.ort import onnxruntime as _onnxruntime
+
+    return _onnxruntime()
+
+
+def has_training_build() -> bool:
+    """True when the installed onnxruntime is the training build (it has the training API's bindings)."""
+    from onnxblocks._core.ort import has_training_build as _has
+
+    return _has()
+
+
+def require_training_build(what: str) -> ModuleType:
+    """The C bindings, or :class:`~onnxblocks.errors.TrainingBuildRequiredError` on stock onnxruntime."""
+    from onnxblocks._core.ort import require_training_build as _require
+
+    return _require(what)
+
+
+def providers(device: str) -> list[str]:
+    """The execution providers of an ``InferenceSession`` on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+
+    Raises:
+        ValueError: for a device string that is neither cpu nor cuda[:N].
+    """
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
+    return ["CPUExecutionProvider"] if kind == "cpu" else ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 def make_device(device: str) -> Any:

@@ -8,6 +8,10 @@ Example:
     ...               scheduler=CosineSchedule(1e-2, total_steps=20 * len(train)))
     >>> history.losses[-1], history.metric("accuracy")[-1]
 
+With ``accumulation_steps=1`` (the default) each batch is one
+:meth:`~onnxblocks.runtime.session.TrainingSession.train_and_update` call: a
+single run when the artifacts have a fused step model (portable artifacts).
+
 Gradient accumulation: with ``accumulation_steps=N`` the optimizer steps once
 every N batches, on the **sum** of their gradients (ONNX Runtime adds each
 batch's gradients into its accumulation buffers). To train on the mean over the
@@ -208,9 +212,16 @@ def _run_epochs(
         if bar is not None:
             bar.start_epoch(epoch + 1, epochs, _batches_left(train_data))
         epoch_losses: list[float] = []
+        names = session.input_names
         for raw in train_data:
-            batch = _as_batch(raw, session.input_names)
-            outputs = session.train_step(*batch)
+            batch = _as_batch(raw, names)
+            # one step per batch: train, update and reset in one call (one run with a fused step model)
+            fused = accumulation_steps == 1 and session.accumulated_steps == 0
+            if fused:
+                _set_learning_rate(run)
+                outputs = session.train_and_update(*batch)
+            else:
+                outputs = session.train_step(*batch)
             loss = _scalar(outputs[0])
             epoch_losses.append(loss)
             history.losses.append(loss)
@@ -218,7 +229,9 @@ def _run_epochs(
             history.samples += rows
             for cb in callbacks:
                 cb.on_batch_end(run, loss, outputs, batch)
-            if session.accumulated_steps >= accumulation_steps:
+            if fused:
+                _step_taken(run, callbacks)
+            elif session.accumulated_steps >= accumulation_steps:
                 _optimizer_step(run, callbacks)
             if bar is not None:
                 bar.update(loss, rows, history.learning_rates[-1] if history.learning_rates else None)
@@ -309,15 +322,24 @@ def resume(
     return properties
 
 
-def _optimizer_step(run: FitRun, callbacks: Sequence[Callback]) -> None:
+def _set_learning_rate(run: FitRun) -> None:
+    """Set the scheduled learning rate for the next optimizer step and record the rate used."""
     session = run.session
     if run.scheduler is not None:
-        session.learning_rate = run.scheduler(session.step)
+        session.learning_rate = run.scheduler(int(session.step))
     run.history.learning_rates.append(session.learning_rate)
-    session.optimizer_step()
+
+
+def _step_taken(run: FitRun, callbacks: Sequence[Callback]) -> None:
     run.history.steps += 1
     for cb in callbacks:
         cb.on_step_end(run)
+
+
+def _optimizer_step(run: FitRun, callbacks: Sequence[Callback]) -> None:
+    _set_learning_rate(run)
+    run.session.optimizer_step()
+    _step_taken(run, callbacks)
 
 
 def _as_batch(raw: Any, names: Sequence[str]) -> tuple:

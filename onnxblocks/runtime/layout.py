@@ -2,9 +2,11 @@
 
 An artifact directory holds ``<prefix>training_model.onnx``, ``<prefix>eval_model.onnx``,
 ``<prefix>optimizer_model.onnx`` and ``<prefix>checkpoint`` (the names
-``onnxblocks.artifacts.generate_artifacts`` writes). Models saved in ORT format
+``onnxblocks.artifacts.generate_artifacts`` writes), and, for portable artifacts,
+``<prefix>step_model.onnx`` (the fused training step). Models saved in ORT format
 (``.ort``) are found too; ``.onnx`` wins when both exist. The names are the
-contract of :class:`onnxblocks._core.contracts.ArtifactNames`.
+contract of :class:`onnxblocks._core.contracts.ArtifactNames`. Portable artifacts
+say so in their models' metadata (``onnxblocks.portable``; see docs/portable.md).
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL, ArtifactNames
+from onnxblocks._core.contracts import (
+    EVAL_MODEL,
+    OPTIMIZER_MODEL,
+    PORTABLE_METADATA,
+    STEP_MODEL,
+    TRAINING_MODEL,
+    ArtifactNames,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,7 @@ class ArtifactFiles:
         checkpoint: Path of the checkpoint (always present).
         eval_model: Path of the eval model, or None.
         optimizer_model: Path of the optimizer model, or None.
+        step_model: Path of the fused step model (portable artifacts), or None.
     """
 
     directory: Path
@@ -33,6 +43,15 @@ class ArtifactFiles:
     checkpoint: Path
     eval_model: Path | None
     optimizer_model: Path | None
+    step_model: Path | None = None
+
+    @property
+    def portable(self) -> bool:
+        """True for portable artifacts (the training model's metadata says ``onnxblocks.portable = "1"``).
+
+        Only the model's metadata is read (no weights); ORT-format models are not portable.
+        """
+        return _metadata(self.training_model).get(PORTABLE_METADATA) == "1"
 
     @classmethod
     def find(cls, directory: str | os.PathLike, prefix: str = "") -> ArtifactFiles:
@@ -65,7 +84,7 @@ class ArtifactFiles:
             )
         assert training is not None
         eval_model, optimizer_model = _model(root, names, EVAL_MODEL), _model(root, names, OPTIMIZER_MODEL)
-        return cls(root, training, checkpoint, eval_model, optimizer_model)
+        return cls(root, training, checkpoint, eval_model, optimizer_model, _model(root, names, STEP_MODEL))
 
 
 def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
@@ -75,3 +94,13 @@ def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def _metadata(model: Path) -> dict[str, str]:
+    """A model file's ``metadata_props`` (empty for ``.ort`` files)."""
+    if model.suffix != ".onnx":
+        return {}
+    import onnx
+
+    proto = onnx.load(os.fspath(model), load_external_data=False)
+    return {p.key: p.value for p in proto.metadata_props}

@@ -1,0 +1,518 @@
+"""Per-step time of portable artifacts on stock onnxruntime against the training build, and the session's overhead.
+
+One run measures, side by side:
+
+* **step time**: one training step (forward, backward, AdamW update) of the
+  training build's artifacts on onnxruntime-training 1.19.2 (this Python, 3.10-3.12)
+  and of portable artifacts (``generate_artifacts(..., portable=True)``) on stock
+  onnxruntime under Python 3.13 (a cached venv, see ``tests/portable_env.py``), with
+  the fused step model (one run) and without it (``fused_step=False``: training
+  model + optimizer model), for an MLP 784-512-512-10, a CNN and a small GPT;
+* **session overhead**: ``TrainingSession.step`` against ONNX Runtime's bare API on
+  the same artifacts (784-128-10 MLP), on both backends. The bare loop of the
+  training build is the C bindings' ``Module.train_step`` + ``Optimizer.optimizer_step``
+  + ``lazy_reset_grad``, every output turned into numpy (what
+  ``onnxruntime.training.api.Module.__call__`` returns). The bare loop of the
+  portable backend is the same artifacts on a stock ``InferenceSession`` with two
+  IOBindings bound once (ping-pong buffers), the batch bound per step.
+
+Timing: each measurement alternates the compared loops in rounds (``--rounds``) of
+``--steps`` steps after a warm-up, and reports the median of the per-round means, so
+machine noise hits both sides alike.
+
+    python benchmarks/bench_portable.py                      # everything
+    python benchmarks/bench_portable.py --only overhead      # the overhead table
+    python benchmarks/bench_portable.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+BATCH = 64
+
+
+# ------------------------------------------------------------------ models (built with onnx, no torch)
+def _mlp(dims: tuple[int, ...], seed: int = 0):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, params, x = [], [], [], "input"
+    for i in range(len(dims) - 1):
+        w, b = f"fc{i}.weight", f"fc{i}.bias"
+        inits += [
+            numpy_helper.from_array(
+                (rng.standard_normal((dims[i], dims[i + 1])) / dims[i] ** 0.5).astype(np.float32), w
+            ),
+            numpy_helper.from_array(np.zeros(dims[i + 1], np.float32) + 0.01 * i, b),
+        ]
+        params += [w, b]
+        y = "logits" if i == len(dims) - 2 else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, w, b], [y if y == "logits" else y + "_pre"]))
+        if y != "logits":
+            nodes.append(helper.make_node("Relu", [y + "_pre"], [y]))
+        x = y
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", dims[0]])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", dims[-1]])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model, params, [np.random.default_rng(1).standard_normal((BATCH, dims[0])).astype(np.float32)]
+
+
+def _cnn(seed: int = 0):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def init(name, shape, scale):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+    inits = [
+        init("conv1.weight", (8, 1, 3, 3), 0.3),
+        init("conv1.bias", (8,), 0.01),
+        init("conv2.weight", (16, 8, 3, 3), 0.1),
+        init("conv2.bias", (16,), 0.01),
+        init("fc.weight", (16 * 7 * 7, 10), 0.03),
+        init("fc.bias", (10,), 0.01),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv1.weight", "conv1.bias"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "conv2.weight", "conv2.bias"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p2"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 28, 28])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return (
+        model,
+        [i.name for i in inits],
+        [np.random.default_rng(1).standard_normal((BATCH, 1, 28, 28)).astype(np.float32)],
+    )
+
+
+def _gpt():
+    import bench_models
+    import onnx
+
+    spec = bench_models.ModelSpec("gpt-small", "gpt", vocab=256, d_model=64, layers=2, heads=4, seq=32)
+    bench_models.SPECS[spec.name] = spec
+    built = bench_models.ensure_model(spec.name, verbose=False)
+    model = onnx.load(built.path)
+    ids = np.random.default_rng(1).integers(0, spec.vocab, (8, spec.seq)).astype(np.int64)
+    return model, built.params, [ids], np.random.default_rng(2).integers(0, spec.vocab, 8 * spec.seq).astype(np.int64)
+
+
+def build_models(names: list[str]) -> dict:
+    out = {}
+    for name in names:
+        if name == "mlp":
+            model, params, inputs = _mlp((784, 512, 512, 10))
+            labels = np.random.default_rng(2).integers(0, 10, BATCH).astype(np.int64)
+        elif name == "mlp-small":
+            model, params, inputs = _mlp((784, 128, 10))
+            labels = np.random.default_rng(2).integers(0, 10, BATCH).astype(np.int64)
+        elif name == "cnn":
+            model, params, inputs = _cnn()
+            labels = np.random.default_rng(2).integers(0, 10, BATCH).astype(np.int64)
+        elif name == "gpt":
+            model, params, inputs, labels = _gpt()
+        else:
+            raise KeyError(name)
+        out[name] = (model, params, [*inputs, labels])
+    return out
+
+
+def generate(model, params, directory: Path, portable: bool, fused: bool = True) -> Path | None:
+    from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
+
+    extra = {}
+    if portable:
+        accepted = inspect.signature(generate_artifacts).parameters
+        if "portable" not in accepted:
+            return None
+        extra = {"portable": True, "fused_step": fused} if "fused_step" in accepted else {"portable": True}
+    generate_artifacts(
+        model,
+        requires_grad=params,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        **extra,
+    )
+    return directory
+
+
+# ------------------------------------------------------------------ loops
+def _median_of_rounds(loops: dict, steps: int, rounds: int, warmup: int) -> dict[str, float]:
+    """Median step time (us) of each loop, over ``rounds`` blocks of ``steps`` steps each.
+
+    The loops take turns block by block (the order flips every round), so machine noise
+    hits all alike; the median of single-step times ignores the first steps of a block,
+    which the previous session's spinning thread pool slows down.
+    """
+    for step in loops.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    clock = time.perf_counter
+    order = list(loops.items())
+    for r in range(rounds):
+        for key, step in order if r % 2 == 0 else order[::-1]:
+            record = times[key].append
+            for _ in range(steps):
+                start = clock()
+                step()
+                record(clock() - start)
+    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+def _interleaved(loops: dict, steps: int, rounds: int, warmup: int) -> dict[str, float]:
+    """Median step time (us) of each loop, the loops taking turns step by step (for the overhead table).
+
+    The sessions run without spinning thread pools (``_options``), so one loop's idle workers never slow
+    the next loop's step; every loop, the bare API included, has the same options.
+    """
+    for step in loops.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    clock = time.perf_counter
+    order = list(loops.items())
+    n = len(order)
+    for _ in range(rounds):
+        for turn in range(steps):
+            for key, step in order[turn % n :] + order[: turn % n]:  # each loop takes each place equally often
+                start = clock()
+                step()
+                times[key].append(clock() - start)
+    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+def _options(spin: bool = True):
+    from onnxblocks._core.ort import onnxruntime
+
+    options = onnxruntime().SessionOptions()
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+class _NullBackend:
+    """Stands in for a backend's ONNX Runtime calls: timing ``session.step`` with it gives the session's own cost."""
+
+    has_optimizer = True
+
+    def __init__(self, outputs: tuple) -> None:
+        self.outputs = outputs
+
+    def step(self, arrays):
+        return self.outputs
+
+
+def session_layer_us(session, batch: list[np.ndarray], steps: int = 20000) -> dict[str, float]:
+    """Microseconds per ``session.step`` spent outside ONNX Runtime (checked and unchecked), backend calls stubbed."""
+    real = session._impl
+    session._impl = _NullBackend(tuple(session.step(*batch)))
+    out = {}
+    try:
+        for check in (True, False):
+            session.check_inputs = check
+            for _ in range(200):
+                session.step(*batch)
+            best = []
+            for _ in range(5):
+                start = time.perf_counter()
+                for _ in range(steps // 5):
+                    session.step(*batch)
+                best.append((time.perf_counter() - start) / (steps // 5) * 1e6)
+            out["layer" if check else "layer unchecked"] = min(best)
+    finally:
+        session._impl, session.check_inputs = real, True
+    return out
+
+
+def training_build_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) -> dict:
+    from onnxblocks._core.ort import capi
+    from onnxblocks.runtime import TrainingSession
+
+    C = capi()
+    device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    state = C.load_checkpoint(str(directory / "checkpoint"))
+    module = C.Module(
+        str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"), device, _options(spin)
+    )
+    optimizer = C.Optimizer(str(directory / "optimizer_model.onnx"), state, device, _options(spin))
+    session = TrainingSession(directory, backend="training", session_options=_options(spin))
+
+    unchecked = TrainingSession(directory, backend="training", check_inputs=False, session_options=_options(spin))
+
+    def bare(state=state) -> None:  # the Module points into the state: keep it alive
+        fetches = C.OrtValueVector()
+        module.train_step(batch, fetches)
+        optimizer.optimizer_step()
+        module.lazy_reset_grad()
+        tuple(f.numpy() for f in fetches)
+
+    return {
+        "bare": bare,
+        "session": lambda: session.step(*batch),
+        "session unchecked": lambda: unchecked.step(*batch),
+    }
+
+
+def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) -> dict:
+    """The session and a hand-written IOBinding loop on portable artifacts (fused step model when present)."""
+    from onnxblocks._core.contracts import moment_names, updated_name
+    from onnxblocks._core.ort import capi, onnxruntime
+    from onnxblocks.checkpoint import load_checkpoint
+    from onnxblocks.runtime import TrainingSession
+
+    session = TrainingSession(directory, backend="portable", session_options=_options(spin))
+    unchecked = TrainingSession(directory, backend="portable", check_inputs=False, session_options=_options(spin))
+    loops: dict = {"session": lambda: session.step(*batch), "session unchecked": lambda: unchecked.step(*batch)}
+    step_model = directory / "step_model.onnx"
+    if not step_model.exists():
+        return loops
+    ort, C = onnxruntime(), capi()
+    sess = ort.InferenceSession(str(step_model), sess_options=_options(spin), providers=["CPUExecutionProvider"])
+    cpu = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    ck = load_checkpoint(directory / "checkpoint")
+    inputs = {i.name for i in sess.get_inputs()}
+    keep, pairs = [], {}
+    for p, value in ck.trainable.items():
+        for name in (p, *moment_names(p)):
+            if name in inputs:
+                a = np.array(value if name == p else np.zeros_like(value))
+                b = np.empty_like(a)
+                keep += [a, b]
+                pairs[name] = (C.OrtValue.ortvalue_from_numpy(a, cpu), C.OrtValue.ortvalue_from_numpy(b, cpu))
+    lr, stepno = np.array([1e-3], np.float32), np.zeros(1, np.int64)
+    lr_v, step_v = C.OrtValue.ortvalue_from_numpy(lr, cpu), C.OrtValue.ortvalue_from_numpy(stepno, cpu)
+    user_in = [
+        n
+        for n in (i.name for i in sess.get_inputs())
+        if n not in pairs and n not in ("learning_rate", "step") and n not in ck.frozen
+    ]
+    user_out = session.output_names
+    bindings = []
+    for parity in (0, 1):
+        b = C.SessionIOBinding(sess._sess)
+        for name in user_out:
+            b.bind_output(name, cpu)
+        b.bind_ortvalue_input("learning_rate", lr_v)
+        b.bind_ortvalue_input("step", step_v)
+        for name, frozen in ck.frozen.items():
+            if name in inputs:
+                a = np.array(frozen)
+                keep.append(a)
+                b.bind_ortvalue_input(name, C.OrtValue.ortvalue_from_numpy(a, cpu))
+        for name, pair in pairs.items():
+            b.bind_ortvalue_input(name, pair[parity])
+            b.bind_ortvalue_output(updated_name(name), pair[1 - parity])
+        bindings.append(b)
+    # the OrtValues share the arrays' memory: the loop must keep them alive
+    run, options, state = (
+        sess._sess.run_with_iobinding,
+        C.RunOptions(),
+        {"parity": 0, "step": 0, "keep": keep, "lr": lr},
+    )
+    count = len(user_out)
+
+    def bare() -> None:
+        b = bindings[state["parity"]]
+        for name, array in zip(user_in, batch, strict=True):
+            b.bind_input(name, array)
+        state["step"] += 1
+        stepno[0] = state["step"]
+        run(b, options)
+        outs = b.get_outputs()
+        tuple(np.array(outs[i].numpy()) for i in range(count))  # copies: the binding reuses its output buffers
+        state["parity"] ^= 1
+
+    loops["bare"] = bare
+    return loops
+
+
+def measure(
+    kind: str, directory: Path, batch: list[np.ndarray], steps: int, rounds: int, warmup: int, overhead: bool = False
+) -> dict:
+    """Step times of the session and the bare API; for the overhead table interleaved, without spinning, plus the
+    session's own cost per step (:func:`session_layer_us`)."""
+    make = training_build_loops if kind == "training" else portable_loops
+    loops = make(directory, batch, spin=not overhead)
+    if not overhead:
+        return _median_of_rounds(loops, steps, rounds, warmup)
+    from onnxblocks.runtime import TrainingSession
+
+    got = _interleaved(loops, steps, rounds, warmup)
+    return {**got, **session_layer_us(TrainingSession(directory, backend=kind), batch)}
+
+
+# ------------------------------------------------------------------ the Python 3.13 side
+def worker() -> int:
+    """``--worker``: read jobs as JSON on stdin, measure each on this Python's (stock) onnxruntime, print JSON."""
+    jobs = json.load(sys.stdin)
+    results = []
+    for job in jobs["jobs"]:
+        with np.load(job["batch"]) as data:
+            batch = [data[k] for k in sorted(data.files, key=lambda k: int(k[1:]))]
+        results.append(
+            measure(
+                "portable", Path(job["directory"]), batch, job["steps"], job["rounds"], job["warmup"], job["overhead"]
+            )
+        )
+    import onnxruntime
+
+    print(json.dumps({"results": results, "onnxruntime": onnxruntime.__version__, "python": sys.version.split()[0]}))
+    return 0
+
+
+def run_py313(jobs: list[dict]) -> dict:
+    from portable_env import ensure_python313
+
+    python = ensure_python313()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    done = subprocess.run(
+        [str(python), __file__, "--worker"], input=json.dumps({"jobs": jobs}), capture_output=True, text=True, env=env
+    )
+    if done.returncode:
+        raise SystemExit(f"the Python 3.13 worker failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=("steps", "overhead"), default=None)
+    parser.add_argument("--models", default="mlp,cnn,gpt")
+    parser.add_argument("--steps", type=int, default=40, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--overhead-steps", type=int, default=300)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.worker:
+        return worker()
+    import onnxruntime  # noqa: F401  (the training build, for the version line)
+
+    from onnxblocks._core.ort import onnxruntime as ort_module
+
+    report: dict = {
+        "python": sys.version.split()[0],
+        "onnxruntime": ort_module().__version__,
+        "steps": [],
+        "overhead": [],
+    }
+    work = Path(tempfile.mkdtemp(prefix="bench-portable-"))
+    cases: list[tuple[str, str]] = []  # (table, model)
+    if args.only != "overhead":
+        cases += [("steps", m) for m in args.models.split(",")]
+    if args.only != "steps":
+        cases.append(("overhead", "mlp-small"))
+    models = build_models(sorted({m for _, m in cases}))
+    jobs, local = [], []
+    for table, name in cases:
+        model, params, batch = models[name]
+        np.savez(work / f"{name}.npz", **{f"a{i}": a for i, a in enumerate(batch)})
+        base = work / name
+        training = generate(model, params, base / "training", portable=False)
+        fused = generate(model, params, base / "portable", portable=True, fused=True)
+        unfused = (
+            generate(model, params, base / "portable-unfused", portable=True, fused=False) if table == "steps" else None
+        )
+        steps = args.overhead_steps if table == "overhead" else args.steps
+        local.append((table, name, "training build (py3.11, ort-training 1.19.2)", training, batch, steps))
+        for label, directory in (("portable fused", fused), ("portable unfused", unfused)):
+            if directory is not None:
+                jobs.append(
+                    {
+                        "table": table,
+                        "model": name,
+                        "label": label,
+                        "directory": str(directory),
+                        "batch": str(work / f"{name}.npz"),
+                        "steps": steps,
+                        "rounds": args.rounds,
+                        "warmup": args.warmup,
+                        "overhead": table == "overhead",
+                    }
+                )
+    for table, name, label, directory, batch, steps in local:
+        got = measure("training", directory, batch, steps, args.rounds, args.warmup, overhead=table == "overhead")
+        report[table].append({"model": name, "label": label, **got})
+        print(f"{table:8} {name:9} {label:45} " + "  ".join(f"{k} {v:9.1f} us" for k, v in got.items()), flush=True)
+    if jobs:
+        remote = run_py313(jobs)
+        for job, got in zip(jobs, remote["results"], strict=True):
+            label = f"{job['label']} (py{remote['python']}, ort {remote['onnxruntime']})"
+            report[job["table"]].append({"model": job["model"], "label": label, **got})
+            print(
+                f"{job['table']:8} {job['model']:9} {label:45} "
+                + "  ".join(f"{k} {v:9.1f} us" for k, v in got.items()),
+                flush=True,
+            )
+    else:
+        print("portable artifacts: generate_artifacts has no portable=True here; portable rows skipped", flush=True)
+    print()
+    _summary(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _summary(report: dict) -> None:
+    steps: dict[str, dict[str, float]] = {}
+    for row in report["steps"]:
+        steps.setdefault(row["model"], {})[row["label"]] = row.get("session", float("nan"))
+    for model, rows in steps.items():
+        base = next((v for k, v in rows.items() if k.startswith("training build")), float("nan"))
+        for label, value in rows.items():
+            print(f"step time  {model:9} {label:60} {value:9.1f} us  ({value / base:5.2f}x the training build)")
+    for row in report["overhead"]:
+        if "bare" in row:
+            for key, layer in (("session", "layer"), ("session unchecked", "layer unchecked")):
+                print(
+                    f"overhead   {row['model']:9} {row['label']:60} {key:17} {row[key]:7.1f} us / "
+                    f"bare {row['bare']:7.1f} us = {row[key] / row['bare']:.3f}x ({row[key] - row['bare']:+.1f} us); "
+                    f"session's own code {row[layer]:.1f} us/step = {(row['bare'] + row[layer]) / row['bare']:.3f}x"
+                )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Checking :func:`~onnxblocks.artifacts.generate_artifacts`' arguments by type and value, before any work.
+
+Each check raises the builtin exception that fits (``TypeError`` for a wrong
+kind, ``ValueError`` for a wrong value, ``FileNotFoundError``,
+``IsADirectoryError``, ``NotADirectoryError``, ``PermissionError`` for paths)
+with a message naming the parameter and what to pass instead. Paths go through
+:mod:`onnxblocks._core.paths`, so the artifact directory is known to be
+writable before the gradient is built.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence, Set
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxblocks._core import paths as _paths
+from onnxblocks._core import weights as _weights
+from onnxblocks._core.contracts import ArtifactNames
+
+#: Longest file name (bytes) most file systems take.
+NAME_MAX = 255
+#: Start of the names of the staging directories (a prefix may not start so: they would be taken for one).
+RESERVED_PREFIX = ".onnxblocks-artifacts"
+
+
+def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str | None]:
+    """The base model, and the file its external data is relative to.
+
+    A path is loaded without its large weights (they stay in the file, read in chunks when needed).
+
+    Raises:
+        TypeError: for a model that is neither a ModelProto nor a path, or a bad ``model_path``.
+        FileNotFoundError, IsADirectoryError, NotADirectoryError: for a model path that is no file.
+        ValueError: for a file that is not a regular file or not an ONNX model (naming it).
+    """
+    if model_path is not None:
+        model_path = os.fspath(_paths.as_path(model_path, "model_path"))
+        if os.path.isdir(model_path):
+            raise IsADirectoryError(
+                f"model_path '{model_path}' is a directory; pass the .onnx file the model was loaded from."
+            )
+    if isinstance(model, onnx.ModelProto):
+        return model, model_path
+    if isinstance(model, (bytes, bytearray)):
+        raise TypeError(
+            "model must be an onnx.ModelProto or the path of an .onnx file, not bytes: parse serialized bytes "
+            "first with onnx.load_from_string(data)."
+        )
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}.")
+    path = os.fspath(_paths.as_path(model, "model"))
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"Model file '{path}' does not exist.") from None
+    except NotADirectoryError:
+        raise NotADirectoryError(f"Model file '{path}' cannot exist: a directory on its path is a file.") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(f"model '{path}' is a directory; pass the .onnx file inside it.")
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"model '{path}' is not a regular file (a pipe or device?); pass an .onnx file.")
+    try:
+        return _weights.load_structure(path), path
+    except (OSError, MemoryError, ValueError):
+        raise
+    except Exception as exc:  # protobuf's DecodeError and the like, whatever their type
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(
+            f"'{path}' is not a valid ONNX model file ({detail}). Check that the file is complete."
+        ) from None
+
+
+def names(argument: str, values: Sequence[str] | None) -> list[str]:
+    """A list of value names (a str alone is refused: it would be split into characters).
+
+    Raises:
+        TypeError: for a str, a non-collection, or an element that is not a str.
+        ValueError: for an empty name.
+    """
+    if values is None:
+        return []
+    if isinstance(values, str) or not isinstance(values, (list, tuple, Mapping, Set)):
+        raise TypeError(
+            f"{argument} must be a list of names, not {type(values).__name__}: {values!r}. Pass e.g. [{values!r}]."
+            if isinstance(values, str)
+            else f"{argument} must be a list of names, not {type(values).__name__}."
+        )
+    out = list(values)
+    for n in out:
+        if not isinstance(n, str):
+            raise TypeError(f"{argument} must contain names (str), not {type(n).__name__}: {n!r}.")
+        if not n:
+            raise ValueError(f"{argument} contains an empty name; every value of a model has a non-empty name.")
+    return out
+
+
+def check_prefix(prefix: Any) -> None:
+    """Check that ``prefix`` makes valid file names.
+
+    Raises:
+        TypeError: if it is not a str.
+        ValueError: for a path separator, a NUL character, a name too long for the file
+            system, or the start of onnxblocks' staging directories' names.
+    """
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}: {prefix!r}.")
+    if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
+        raise ValueError(
+            f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
+        )
+    if "\0" in prefix:
+        raise ValueError(f"prefix {prefix!r} holds a NUL character, which no file name can; remove it.")
+    longest = max(len(os.fsencode(n)) for n in ArtifactNames("").owned())
+    size = len(os.fsencode(prefix))
+    if size + longest > NAME_MAX:
+        raise ValueError(
+            f"prefix {prefix[:40]!r}... is {size} bytes long; with the longest artifact name it needs "
+            f"({longest} bytes) the file names would exceed {NAME_MAX} bytes. Use a prefix of at most "
+            f"{NAME_MAX - longest} bytes."
+        )
+    if prefix.startswith(RESERVED_PREFIX):
+        raise ValueError(
+            f"prefix {prefix!r} starts like the names of onnxblocks' staging directories ({RESERVED_PREFIX!r}); "
+            "choose another prefix."
+        )
+
+
+def flag(argument: str, value: Any) -> bool:
+    """A bool argument (numpy's bool too).
+
+    Raises:
+        TypeError: for anything else (a string like "false" would count as true).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{argument} must be True or False, not {type(value).__name__}: {value!r}.")
+
+
+def library(value: Any) -> list[str]:
+    """The custom op library as a list of zero or one path, checked to be an existing file.
+
+    Raises:
+        TypeError, ValueError: for a value that is not a path.
+        FileNotFoundError, IsADirectoryError: for a path that is not a file.
+    """
+    if value is None:
+        return []
+    path = _paths.as_path(value, "custom_op_library")
+    if path.is_dir():
+        raise IsADirectoryError(f"custom_op_library '{path}' is a directory; pass the shared library file.")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Custom op library '{path}' does not exist. Pass the path of the compiled shared library "
+            "(.so/.dll/.dylib) that registers your custom ops."
+        )
+    return [os.fspath(path)]
+
+
+def directory(value: Any) -> Path:
+    """The artifact directory (default: the working directory), checked to be creatable and writable.
+
+    Raises:
+        TypeError, ValueError: for a value that is not a path, or a name too long.
+        NotADirectoryError: if it (or a parent) is a file.
+        PermissionError: if it (or its nearest existing parent) is not writable.
+    """
+    if value is None:
+        return Path.cwd()
+    return _paths.check_output_dir(value, "artifact_directory")

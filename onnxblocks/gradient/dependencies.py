@@ -1,0 +1,207 @@
+"""What depends on what in a forward graph, and the checks that must pass before ONNX Runtime sees it.
+
+ONNX Runtime's gradient builder aborts the process (SIGABRT, an assertion on a
+node's input index) on a control-flow node whose subgraphs read values that
+depend on a trainable parameter, and reports a constant loss as "couldn't find
+the producer node". :func:`check_differentiable` finds both cases first and
+raises a :class:`~onnxblocks.errors.GradientError` naming the node or values.
+
+A value *depends differentiably* on another when a path of nodes leads from one
+to the other without crossing an input that ONNX Runtime never differentiates
+(:data:`STOP_INPUTS`: shapes, indices, conditions, comparisons...) or a cast to
+a non-float type. Reads from inside a subgraph count as inputs of the node that
+holds the subgraph.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import onnx
+
+from onnxblocks._core.errors import GradientError, preview
+
+#: Inputs (by position; ``None``: all of them) through which ONNX Runtime builds no gradient.
+#: A subset of ONNX Runtime 1.19's own list, plus ops whose outputs are indices or booleans.
+STOP_INPUTS: dict[str, frozenset[int] | None] = {
+    **dict.fromkeys(
+        (
+            "Not",
+            "And",
+            "Or",
+            "Xor",
+            "Equal",
+            "Less",
+            "LessOrEqual",
+            "Greater",
+            "GreaterOrEqual",
+            "IsInf",
+            "IsNaN",
+            "NonZero",
+            "Shape",
+            "Size",
+            "ConstantOfShape",
+            "Range",
+            "OneHot",
+            "ArgMax",
+            "ArgMin",
+            "EyeLike",
+            "RandomNormalLike",
+            "RandomUniformLike",
+            "Bernoulli",
+            "Multinomial",
+        ),
+        None,
+    ),
+    "Pow": frozenset({1}),
+    "Gather": frozenset({1}),
+    "GatherElements": frozenset({1}),
+    "GatherND": frozenset({1}),
+    "Reshape": frozenset({1}),
+    "Expand": frozenset({1}),
+    "Tile": frozenset({1}),
+    "Squeeze": frozenset({1}),
+    "Unsqueeze": frozenset({1}),
+    "ReduceSum": frozenset({1}),
+    "Split": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}),
+    "TopK": frozenset({1}),
+    "Dropout": frozenset({1, 2}),
+    "Clip": frozenset({1, 2}),
+    "Where": frozenset({0}),
+    "Scatter": frozenset({1}),
+    "ScatterElements": frozenset({1}),
+    "ScatterND": frozenset({1}),
+    "SoftmaxCrossEntropyLoss": frozenset({1, 2}),
+}
+#: Element types a differentiable value may have.
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+
+
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of ``node`` read (outer values included; recursively)."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names.update(inner.input)
+                names |= subgraph_reads(inner)
+    return names
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    """True for a node with a graph attribute (``If``, ``Loop``, ``Scan``...)."""
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _passes(node: onnx.NodeProto, name: str) -> bool:
+    """Whether a gradient can flow from ``node``'s outputs back into its input ``name``."""
+    if node.domain not in ("", "ai.onnx"):
+        return True
+    if node.op_type == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), 0)
+        return to in _FLOAT_TYPES
+    stops = STOP_INPUTS.get(node.op_type, frozenset())
+    if stops is None:
+        return False
+    positions = [i for i, n in enumerate(node.input) if n == name]
+    return not positions or any(i not in stops for i in positions)  # not positions: a subgraph read
+
+
+def downstream(graph: onnx.GraphProto, sources: Iterable[str], differentiable: bool = True) -> set[str]:
+    """The values of ``graph`` that depend on ``sources`` (``sources`` included).
+
+    Args:
+        graph: The graph (subgraph reads count as reads of the node holding the subgraph).
+        sources: The values to start from.
+        differentiable: Follow only the inputs a gradient flows through (see :data:`STOP_INPUTS`).
+    """
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in set(node.input) | subgraph_reads(node):
+            if name:
+                readers[name].append(node)
+    reached = set(sources)
+    stack = list(reached)
+    while stack:
+        name = stack.pop()
+        for node in readers.get(name, ()):
+            if differentiable and not _passes(node, name):
+                continue
+            for out in node.output:
+                if out and out not in reached:
+                    reached.add(out)
+                    stack.append(out)
+    return reached
+
+
+def upstream(graph: onnx.GraphProto, targets: Iterable[str], differentiable: bool = True) -> set[str]:
+    """The values ``targets`` depend on (``targets`` included).
+
+    Args:
+        graph: The graph (subgraph reads count as reads of the node holding the subgraph).
+        targets: The values to start from.
+        differentiable: Follow only the inputs a gradient flows through (see :data:`STOP_INPUTS`).
+    """
+    producers = {out: node for node in graph.node for out in node.output if out}
+    reached = set(targets)
+    stack = list(reached)
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None:
+            continue
+        for name in set(node.input) | subgraph_reads(node):
+            if name and name not in reached and (not differentiable or _passes(node, name)):
+                reached.add(name)
+                stack.append(name)
+    return reached
+
+
+def check_differentiable(graph: onnx.GraphProto, requires_grad: Iterable[str], loss: str) -> None:
+    """Refuse what ONNX Runtime's gradient builder would crash on, or report without naming the cause.
+
+    Run it once parameters are graph inputs. A parameter that does not reach a loss
+    that depends on something else is left to ONNX Runtime, whose message names it.
+
+    Raises:
+        GradientError: for a control-flow node (``If``, ``Loop``, ``Scan``) that reads a
+            value depending on a value of ``requires_grad`` and that the loss depends on;
+            for a loss that depends differentiably on no graph input (a constant loss).
+    """
+    wanted = list(dict.fromkeys(requires_grad))
+    if wanted:
+        _check_control_flow(graph, wanted, loss)
+    if loss not in downstream(graph, [i.name for i in graph.input]):
+        what = f"any value that requires a gradient ({preview(wanted)})" if wanted else "any graph input"
+        raise GradientError(
+            f"The loss '{loss}' does not depend on {what}: for training it is a constant (computed from constants, "
+            "or from shapes, comparisons or integer casts, which have no gradient), so there is nothing to "
+            "differentiate. Compute the loss from the model's outputs, and name in requires_grad the parameters "
+            "those outputs are computed from."
+        )
+
+
+def _check_control_flow(graph: onnx.GraphProto, wanted: list[str], loss: str) -> None:
+    nodes = [n for n in graph.node if has_subgraph(n)]
+    if not nodes:
+        return
+    reached = downstream(graph, wanted)
+    needed = upstream(graph, [loss], differentiable=False)
+    for node in nodes:
+        if not any(o in needed for o in node.output):
+            continue
+        reads = [n for n in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]) if n and n in reached]
+        if not reads:
+            continue
+        feeding = upstream(graph, reads)
+        params = [p for p in wanted if p in feeding]
+        label = f"'{node.name}'" if node.name else f"(unnamed, writing '{node.output[0]}')"
+        raise GradientError(
+            f"ONNX Runtime cannot differentiate control flow: {node.op_type} node {label} reads "
+            f"{preview(reads)}, which depend on the trainable {preview(params)}, and the loss '{loss}' depends on "
+            f"its outputs. ONNX Runtime has no gradient for {node.op_type} (its gradient builder would abort the "
+            "process). Export the model with the branch or loop resolved (a fixed condition, an unrolled loop), or "
+            "freeze the parameters upstream of it (frozen_params / requires_grad(name, False))."
+        )

@@ -1,0 +1,111 @@
+"""``Pow`` whose exponent needs a gradient, written so that ONNX Runtime differentiates the exponent too.
+
+ONNX Runtime 1.19's gradient builder differentiates ``Pow(a, b)`` in its base
+only: the exponent is one of its "stop gradient" edges. For ``a ** b`` with both
+sides depending on a parameter the exponent's share of the gradient was silently
+lost (the sign could even come out wrong against torch); with only the exponent
+depending on one, the builder said the parameter was unreachable.
+
+:func:`pow_exponent_as_exp_log` rewrites each ``Pow`` whose (floating-point)
+exponent depends differentiably on a value that requires a gradient into
+``|a| ** b`` as ``exp(b * log|a|)`` times a sign, with no ``Pow`` of ``b`` left
+(ONNX Runtime refuses any ``Pow`` whose exponent is on the gradient's path):
+
+* The arithmetic runs in float64 for a float32 ``Pow`` (float32 for float16 and
+  bfloat16) and the result is cast back, so the value equals ``Pow``'s to its
+  precision (for a float64 ``Pow`` it is within a few ulps).
+* ``a > 0``: the gradients are torch's, ``b * a ** (b - 1)`` and ``a ** b * log(a)``.
+* ``a < 0``: the value is ``Pow``'s, ``(-1) ** b * |a| ** b`` for an integer ``b``
+  and NaN otherwise; the base's gradient is torch's, and the exponent's is NaN,
+  as torch's ``a ** b * log(a)``.
+* ``a == 0``: the value (0, 1 or inf) and the base's gradient (0, 1, inf or
+  -inf) are torch's; the exponent's gradient is 0, torch's too except for
+  ``b < 0``, where the value is inf and torch's gradient ``-inf``. The sign of a
+  zero result may differ (``(-0.0) ** 3``).
+
+The eval model keeps the original ``Pow`` (the rewrite runs on the training copy only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+
+from onnxblocks.gradient import _graph
+from onnxblocks.gradient.dependencies import downstream
+
+_F = onnx.TensorProto
+#: The type ``exp(b * log(a))`` is computed in, by the base's type.
+_WORK_TYPE: dict[int, int] = {_F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE, _F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT}
+
+
+def pow_exponent_as_exp_log(model: onnx.ModelProto, requires_grad: Iterable[str]) -> int:
+    """Rewrite each ``Pow`` whose exponent depends on ``requires_grad`` so that its exponent gets a gradient.
+
+    Nodes whose base or exponent type is unknown or not floating point are left as
+    they are (an integer exponent has no gradient).
+
+    Returns:
+        The number of Pow nodes rewritten.
+    """
+    wanted = list(requires_grad)
+    if not wanted or not any(n.op_type == "Pow" for n in model.graph.node):
+        return 0
+    reached = downstream(model.graph, wanted)
+
+    def select(node: onnx.NodeProto) -> bool:
+        return node.op_type == "Pow" and _graph.is_default_domain(node) and node.input[1] in reached
+
+    return _graph.rewrite_nodes(model, select, _rewrite, min_opset=None)
+
+
+def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
+    a, b, y = node.input[0], node.input[1], node.output[0]
+    a_type, b_type = _graph.elem_type(ctx.types, a), _graph.elem_type(ctx.types, b)
+    if a_type not in _WORK_TYPE or b_type not in _WORK_TYPE:
+        return None
+    work = _WORK_TYPE[a_type]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(work)
+    w = ctx.writer(y)
+
+    def const(value: float) -> str:
+        return w.const(value, dtype)
+
+    a, b = _cast(w, a, a_type, work), _cast(w, b, b_type, work)
+    zero, one = const(0), const(1)
+    # |a| ** b = exp(b * log|a|) where a != 0 (on a base of 1 elsewhere: the untaken branch stays finite)
+    nonzero = w.op("Not", [w.op("Equal", [a, zero])])
+    magnitude = w.op("Exp", [w.op("Mul", [b, w.op("Log", [w.op("Where", [nonzero, w.op("Abs", [a]), one])])])])
+    # the sign for a < 0: (-1) ** b for an integer b, NaN otherwise; comparisons carry no gradient
+    negative = w.op("Less", [a, zero])
+    floor = w.op("Floor", [b])
+    half = w.op("Mul", [floor, const(0.5)])
+    odd = w.op("Not", [w.op("Equal", [w.op("Floor", [half]), half])])
+    parity = w.op("Where", [odd, const(-1), one])
+    sign = w.op("Where", [negative, w.op("Where", [w.op("Equal", [b, floor]), parity, const(np.nan)]), one])
+    # Pow(z, 0) is 1, and its gradient is NaN where z is NaN: the exponent's gradient for a < 0, as torch.
+    # z = b * 0 + (NaN where a < 0, else 1): b's gradient is that NaN times 0 there, and 0 elsewhere.
+    z = w.op("Add", [w.op("Mul", [b, zero]), w.op("Where", [negative, const(np.nan), one])])
+    nan_gradient = w.op("Pow", [z, zero])
+    nonzero_value = w.op("Mul", [w.op("Mul", [magnitude, sign]), nan_gradient])
+    # a == 0: Pow(a, e) with an exponent e of b's class that carries no gradient back to b (built from
+    # comparisons): the value (0, 1 or inf) and the base's gradient e * 0 ** (e - 1) (0, 1, inf, -inf) are torch's
+    positive_b, b_is_zero = w.op("Greater", [b, zero]), w.op("Equal", [b, zero])
+    stand_in = w.op("Where", [w.op("Less", [b, zero]), const(-2), const(np.nan)])
+    stand_in = w.op("Where", [b_is_zero, zero, stand_in])
+    stand_in = w.op("Where", [positive_b, const(0.5), stand_in])
+    stand_in = w.op("Where", [w.op("Equal", [b, one]), one, stand_in])
+    stand_in = w.op("Where", [w.op("Greater", [b, one]), const(2), stand_in])
+    zero_base = w.op("Where", [w.op("Or", [nonzero, b_is_zero]), one, a])  # 1 where it is not used, or b == 0
+    zero_value = w.op("Pow", [zero_base, stand_in])
+    result = w.op("Where", [nonzero, nonzero_value, zero_value])
+    _cast(w, result, work, a_type, out=y)
+    return w.nodes
+
+
+def _cast(w: _graph.NodeWriter, name: str, from_type: int, to_type: int, out: str | None = None) -> str:
+    if from_type == to_type:
+        return w.op("Identity", [name], out=out) if out else name
+    return w.op("Cast", [name], out=out, to=to_type)

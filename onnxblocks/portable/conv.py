@@ -1,0 +1,186 @@
+"""Convolution and pooling gradients: ``ConvGrad``, ``MaxPoolGrad``, ``AveragePoolGrad``.
+
+* ``dX`` of a convolution is the transposed convolution of ``dY`` with the same
+  weights; it is cut or zero-padded at the end of each spatial axis to ``X``'s
+  size (the input positions no window reached get no gradient).
+* ``dW`` is itself a convolution: the batch becomes the channels, ``X`` (as
+  ``[C_in/group, group*N, ...]``) is convolved with ``dY`` (as ``[C_out, N, ...]``,
+  the kernel) with the forward stride as dilation and the dilation as stride.
+* ``MaxPoolGrad`` scatters ``dY`` to the positions in ``Indices`` (flat over ``X``,
+  as ONNX's ``MaxPool`` returns them), adding where windows overlap.
+* ``AveragePoolGrad`` is the transposed convolution of ``dY / window size`` with
+  a kernel of ones, per channel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from onnxblocks.gradient import _graph
+from onnxblocks.portable.context import GRADIENT_OF, LoweringContext, Writer, inputs, outputs, unsupported
+from onnxblocks.portable.indexing import zeros
+
+
+class _Window:
+    """The window attributes of a Conv or pool node, with ONNX's defaults for ``spatial`` axes."""
+
+    def __init__(self, node: onnx.NodeProto, spatial: int, padding: bool = True) -> None:
+        self.spatial = spatial
+        self.kernel = _graph.ints_attribute(node, "kernel_shape", None)
+        self.strides = _graph.ints_attribute(node, "strides", [1] * spatial)
+        self.dilations = _graph.ints_attribute(node, "dilations", [1] * spatial)
+        self.pads = _graph.ints_attribute(node, "pads", [0] * (2 * spatial))
+        if not padding:  # the caller reads only the kernel, strides and dilations
+            return
+        auto_pad = _graph.string_attribute(node, "auto_pad", "NOTSET")
+        if auto_pad == "VALID":
+            self.pads = [0] * (2 * spatial)
+        elif auto_pad not in ("NOTSET", ""):
+            raise unsupported(node, f"auto_pad={auto_pad!r}")
+        if _graph.int_attribute(node, "ceil_mode", 0):
+            raise unsupported(node, "ceil_mode=1")
+
+
+def _spatial_rank(node: onnx.NodeProto, ctx: LoweringContext, weight: str = "") -> int:
+    for name in ("kernel_shape", "strides", "dilations"):
+        values = _graph.ints_attribute(node, name, None)
+        if values:
+            return len(values)
+    if weight and ctx.rank(weight) is not None:
+        return ctx.require_rank(node, weight) - 2
+    raise unsupported(node, "a window without kernel_shape on an input of unknown rank")
+
+
+def _fit_to(w: Writer, y: str, like: str, spatial: int, out: str) -> None:
+    """Cut ``y`` to ``like``'s spatial size, then zero-pad its ends up to it (``y``: ``[N, C, ...]``)."""
+    target = w.shape(like, 2)
+    axes = w.ints(list(range(2, 2 + spatial)))
+    cut = w.op("Slice", [y, w.ints([0] * spatial), target, axes])
+    missing = w.op("Sub", [target, w.shape(cut, 2)])
+    pads = w.concat([w.ints([0] * (2 + spatial + 2)), missing])
+    w.op("Pad", [cut, pads], out)
+
+
+def _transposed(w: Writer, dy: str, weight: str, window: _Window, group: int = 1) -> str:
+    """``ConvTranspose(dy, weight)`` with the window's strides, dilations and leading pads only."""
+    begin = window.pads[: window.spatial]
+    return w.op(
+        "ConvTranspose",
+        [dy, weight],
+        group=group,
+        strides=window.strides,
+        dilations=window.dilations,
+        pads=begin + [0] * window.spatial,
+    )
+
+
+def conv_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+    """``ConvGrad(dY, X, W) -> dX, dW, dB`` (see the module docs)."""
+    dy, x, weight = inputs(node, 3)
+    dx, dw, db = outputs(node, 3)
+    spatial = _spatial_rank(node, ctx, weight)
+    window = _Window(node, spatial)
+    group = _graph.int_attribute(node, "group", 1)
+    w = ctx.writer(node)
+    rest = list(range(3, 3 + spatial))
+    if db:
+        w.reduce("ReduceSum", w.reshape(dy, [0, 0, -1]), [0, 2], keepdims=0, out=db)
+    if dx:
+        _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, dx)
+    if dw:
+        x_shape, dy_shape = w.shape(x), w.shape(dy)
+        batch = w.op("Gather", [x_shape, w.ints([0])], axis=0)
+        per_group = w.dim(weight, 1)
+        groups = w.ints([group])
+        # X [N, Cin, S] -> [N, g, Cin/g, S] -> [Cin/g, g, N, S] -> [Cin/g, g*N, S]
+        x5 = w.reshape(x, w.concat([batch, groups, per_group, w.shape(x, 2)]))
+        xt = w.op("Transpose", [x5], perm=[2, 1, 0, *rest])
+        xt = w.reshape(xt, w.concat([per_group, w.op("Mul", [groups, batch]), w.shape(x, 2)]))
+        # dY [N, Cout, O] -> [N, g, Cout/g, O] -> [g, Cout/g, N, O] -> [Cout, N, O]
+        dy5 = w.reshape(dy, w.concat([batch, groups, w.ints([-1]), w.shape(dy, 2)]))
+        dyt = w.op("Transpose", [dy5], perm=[1, 2, 0, *rest])
+        dyt = w.reshape(dyt, w.concat([w.op("Gather", [dy_shape, w.ints([1])], axis=0), batch, w.shape(dy, 2)]))
+        full = w.op(
+            "Conv", [xt, dyt], group=group, strides=window.dilations, dilations=window.strides, pads=window.pads
+        )  # [Cin/g, Cout, K']
+        kernel = w.ints(window.kernel) if window.kernel else w.shape(weight, 2)
+        cut = w.op("Slice", [full, w.ints([0] * spatial), kernel, w.ints(list(range(2, 2 + spatial)))])
+        w.op("Transpose", [cut], dw, perm=[1, 0, *range(2, 2 + spatial)])
+    return w.nodes
+
+
+def max_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+    """``MaxPoolGrad(dY, Indices)``: ``dY`` scatter-added at the flat ``Indices`` into zeros of ``X``'s shape."""
+    dy, indices = inputs(node, 2)
+    pool = ctx.producer(indices)
+    if pool is None or pool.op_type != "MaxPool" or list(pool.output[1:2]) != [indices]:
+        raise unsupported(node, f"Indices '{indices}' that are not the second output of a MaxPool node")
+    if _graph.int_attribute(pool, "storage_order", 0):
+        raise unsupported(node, "MaxPool storage_order=1")
+    x = pool.input[0]
+    window = _Window(pool, _spatial_rank(pool, ctx), padding=False)
+    kernel = window.kernel or []
+    overlapping = not kernel or any(
+        s < (k - 1) * d + 1 for s, k, d in zip(window.strides, kernel, window.dilations, strict=False)
+    )
+    w = ctx.writer(node)
+    flat = zeros(w, w.reshape(w.op("Size", [x]), [1]), ctx.float_type(dy))
+    attrs = {}
+    if overlapping:
+        ctx.require_opset(node, 16, "ScatterElements with reduction='add' (overlapping windows)")
+        attrs["reduction"] = "add"
+    scattered = w.op("ScatterElements", [flat, w.reshape(indices, [-1]), w.reshape(dy, [-1])], axis=0, **attrs)
+    w.reshape(scattered, w.shape(x), node.output[0])
+    return w.nodes
+
+
+def average_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+    """``AveragePoolGrad(dY)``: each output's gradient spread evenly over its window (pads excluded or not)."""
+    (dy,) = inputs(node, 1)
+    x = _pooled_input(node, ctx)
+    spatial = _spatial_rank(node, ctx)
+    window = _Window(node, spatial)
+    if window.kernel is None:
+        raise unsupported(node, "a pool without kernel_shape")
+    if any(d != 1 for d in window.dilations):
+        raise unsupported(node, "dilations")
+    w = ctx.writer(node)
+    elem = ctx.float_type(dy)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    ones = w.const(np.ones([1, 1, *window.kernel], dtype), suffix="window")
+    include_pad = _graph.int_attribute(node, "count_include_pad", 0)
+    if include_pad or not any(window.pads):
+        scaled = w.op("Div", [dy, w.scalar(float(math.prod(window.kernel)), elem)])
+    else:  # divide by how many input (not pad) positions each window covered
+        image = zeros(w, w.concat([w.ints([1, 1]), w.shape(x, 2)]), elem)
+        image = w.op("Add", [image, w.scalar(1, elem)])
+        counts = w.op("Conv", [image, ones], strides=window.strides, pads=window.pads)
+        scaled = w.op("Div", [dy, counts])
+    per_channel = w.reshape(scaled, w.concat([w.ints([-1, 1]), w.shape(dy, 2)]))
+    spread = _transposed(w, per_channel, ones, window)
+    back = w.fresh("fit")
+    _fit_to(w, spread, w.reshape(x, w.concat([w.ints([-1, 1]), w.shape(x, 2)])), spatial, back)
+    w.reshape(back, w.shape(x), node.output[0])
+    return w.nodes
+
+
+def _pooled_input(node: onnx.NodeProto, ctx: LoweringContext) -> str:
+    """The pooled input ``X``, from the gradient's name (``X_grad``) or from the pool that wrote ``Y``."""
+    match = GRADIENT_OF.match(node.output[0])
+    if match and match.group("value") in ctx.types:
+        return match.group("value")
+    match = GRADIENT_OF.match(node.input[0])
+    pool = ctx.producer(match.group("value")) if match else None
+    if pool is not None and pool.op_type == "AveragePool":
+        return pool.input[0]
+    raise unsupported(node, f"a gradient whose pooled input cannot be found (output '{node.output[0]}')")
+
+
+LOWERINGS = {
+    "ConvGrad": conv_grad,
+    "MaxPoolGrad": max_pool_grad,
+    "AveragePoolGrad": average_pool_grad,
+}

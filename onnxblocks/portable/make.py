@@ -1,0 +1,109 @@
+"""``make_portable``: the portable training, optimizer and fused step models from the training build's ones.
+
+The entry point of the graph side of portable artifacts (docs/portable.md): it
+never changes its arguments, and checks that what it returns holds only ops
+stock ONNX Runtime runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import onnx
+
+from onnxblocks._core.contracts import PORTABLE_METADATA
+from onnxblocks._core.errors import PortabilityError, preview
+from onnxblocks.gradient import _graph
+from onnxblocks.portable.accumulation import portable_accumulation
+from onnxblocks.portable.lower import lower_training_ops
+from onnxblocks.portable.ops import non_portable_ops
+from onnxblocks.portable.optimizer import portable_optimizer_model, read_optimizer
+from onnxblocks.portable.step import step_model
+
+
+@dataclass(frozen=True)
+class PortableModels:
+    """What :func:`make_portable` returns.
+
+    Attributes:
+        training: The training model: standard ops, accumulated gradients as outputs.
+        optimizer: The optimizer model (updated sequences out), or None without an optimizer.
+        step: The fused step model, or None (no optimizer, or ``fused_step=False``).
+        trainable: The trainable parameters, in the training model's order.
+        lowered: How many nodes of each training-only op were lowered.
+    """
+
+    training: onnx.ModelProto
+    optimizer: onnx.ModelProto | None
+    step: onnx.ModelProto | None
+    trainable: tuple[str, ...]
+    lowered: dict[str, int] = field(default_factory=dict)
+
+
+def make_portable(
+    training_model: onnx.ModelProto,
+    optimizer_model: onnx.ModelProto | None = None,
+    *,
+    fused_step: bool = True,
+    frozen_params: Sequence[str] | None = None,
+) -> PortableModels:
+    """Rewrite a training model (and its optimizer model) into models stock ONNX Runtime trains.
+
+    Example:
+        >>> models = make_portable(onnx.load("training_model.onnx"), onnx.load("optimizer_model.onnx"))
+        >>> onnx.save(models.step, "step_model.onnx")
+
+    Args:
+        training_model: A training model from :func:`onnxblocks.generate_artifacts` (its
+            large initializers may be held stubs; they are kept as they are).
+        optimizer_model: Its optimizer model (:mod:`onnxblocks.optim`), or None.
+        fused_step: Also build the fused step model (needs ``optimizer_model``).
+        frozen_params: The frozen parameters (the step model's last inputs); default:
+            read from the training model's input order.
+
+    Returns:
+        The :class:`PortableModels`, each with ``onnxblocks.portable = "1"`` in its metadata.
+
+    Raises:
+        PortabilityError: for an op without a standard-op lowering (naming it and its node),
+            or an optimizer model of another form than onnxblocks' own.
+    """
+    if not isinstance(training_model, onnx.ModelProto):
+        raise TypeError(f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}.")
+    if optimizer_model is not None and not isinstance(optimizer_model, onnx.ModelProto):
+        raise TypeError(f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}.")
+    spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
+    lowered = _graph.copy_structure(training_model)
+    counts = lower_training_ops(lowered)
+    step = step_model(lowered, spec, frozen_params) if spec is not None and fused_step else None
+    trainable = portable_accumulation(lowered)
+    optimizer = portable_optimizer_model(optimizer_model, len(trainable)) if optimizer_model is not None else None
+    for what, model in (("training", lowered), ("optimizer", optimizer), ("step", step)):
+        if model is not None:
+            check_portable(model, f"the portable {what} model")
+            mark_portable(model)
+    return PortableModels(lowered, optimizer, step, tuple(trainable), counts)
+
+
+def check_portable(model: onnx.ModelProto, what: str = "the model") -> None:
+    """Raise :class:`PortabilityError` when ``model`` holds ops stock ONNX Runtime cannot run."""
+    found = non_portable_ops(model)
+    if found:
+        node = found[0][0]
+        ops = sorted({f"{domain}:{op}" for _, op, domain in found})
+        raise PortabilityError(
+            f"{what} holds ops stock ONNX Runtime cannot run: {preview(ops)} (first: node '{node.name}'). "
+            "Generate non-portable artifacts (portable=False) for onnxruntime-training, or rewrite that part of "
+            "the model."
+        )
+
+
+def mark_portable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Record ``onnxblocks.portable = "1"`` in ``model``'s metadata, in place; returns ``model``."""
+    for prop in model.metadata_props:
+        if prop.key == PORTABLE_METADATA:
+            prop.value = "1"
+            return model
+    model.metadata_props.add(key=PORTABLE_METADATA, value="1")
+    return model

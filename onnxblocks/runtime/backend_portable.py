@@ -1,0 +1,399 @@
+"""The portable backend: portable artifacts on plain ``InferenceSession`` objects of any onnxruntime.
+
+Portable artifacts (``generate_artifacts(..., portable=True)``, contract in
+docs/portable.md) use standard ONNX ops only, and state that the training build
+keeps inside its kernels is explicit: the training model takes each gradient
+accumulation buffer and returns its new value, the optimizer (and the fused step
+model) take parameters and moments and return the updated ones.
+
+Everything the training loop updates lives in ONNX Runtime as ``OrtValue``
+buffers, two per tensor, bound with IOBinding once per (model, buffer parity):
+a run reads one buffer of each pair and writes the other, then the parity
+flips. So a step binds only the batch; no parameter, gradient or moment passes
+through numpy. The learning rate, step and ``lazy_reset_grad`` inputs are
+one-element arrays whose memory the bound ``OrtValue`` shares, updated in place.
+
+The optimizer model's tensor sequences are wrapped into per-tensor inputs and
+outputs at load time (:func:`~onnxblocks.runtime.portable_graphs.per_tensor_optimizer`).
+Checkpoints are read and written by :mod:`onnxblocks.checkpoint` in ONNX
+Runtime's layout (optimizer group ``group0``, moments ``momentum0`` /
+``momentum1``), so a run moves between this backend and the training build.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxblocks._core.contracts import (
+    FIRST_ORDER_MOMENTS,
+    GRADIENTS,
+    LAZY_RESET_GRAD,
+    LEARNING_RATE,
+    PARAMS,
+    SECOND_ORDER_MOMENTS,
+    STEP,
+    accumulated_name,
+    buffer_name,
+    moment_names,
+    updated_name,
+)
+from onnxblocks._core.errors import preview
+from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.runtime import _ort
+from onnxblocks.runtime.backend import BackendName
+from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.portable_graphs import PerTensorOptimizer, inference_model, per_tensor_optimizer
+
+#: The learning rate ONNX Runtime's ``Optimizer`` starts with (until set, or restored from a checkpoint).
+DEFAULT_LEARNING_RATE = 1e-3
+#: ONNX Runtime's name for its single optimizer group in a checkpoint.
+OPTIMIZER_GROUP = "group0"
+#: ONNX Runtime's names of a parameter's moments in a checkpoint (first, second).
+CHECKPOINT_MOMENTS = ("momentum0", "momentum1")
+_MOMENT_SEQUENCES = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)
+
+
+class _Model:
+    """One InferenceSession, its C session (the hot path calls it directly) and its signature."""
+
+    def __init__(self, source: str | bytes, options: Any, providers: list[str], what: str) -> None:
+        ort = _ort.onnxruntime()
+        try:
+            self.session = ort.InferenceSession(source, sess_options=options, providers=providers)
+        except Exception as exc:
+            raise ValueError(
+                f"onnxruntime {ort.__version__} cannot load the {what}: {_ort.clean_message(exc)}. Portable "
+                "artifacts use standard ops only; regenerate them with generate_artifacts(..., portable=True)."
+            ) from None
+        self.run = self.session._sess.run_with_iobinding
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def binding(self) -> Any:
+        return _ort.capi().SessionIOBinding(self.session._sess)
+
+
+class PortableBackend:
+    """Portable artifacts on any onnxruntime, state bound with IOBinding (see the module docstring)."""
+
+    name: BackendName = "portable"
+
+    def __init__(self, files: ArtifactFiles, checkpoint: Path, device: str, options: Any) -> None:
+        self.files = files
+        C = self._C = _ort.capi()
+        providers = _ort.providers(device)
+        self._device = _ort.make_device(device)
+        self._cpu = _ort.make_device("cpu")
+        options = options if options is not None else _ort.onnxruntime().SessionOptions()
+        self._run_options = C.RunOptions()
+        self._keep: list[np.ndarray] = []  # numpy memory that CPU OrtValues share
+        ck = _read(checkpoint)
+        self._trainable, self._frozen = sorted(ck.trainable), sorted(ck.frozen)
+        self._specs = {n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())}
+        self._train = _Model(os.fspath(files.training_model), options, providers, "training model")
+        inputs = set(self._train.inputs)
+        missing = [n for n in self._trainable if n not in inputs or buffer_name(n) not in inputs]
+        if missing:
+            raise ValueError(
+                f"Checkpoint '{checkpoint}' holds trainable parameters {preview(missing)} that the training model "
+                f"'{files.training_model}' does not take (with their gradient buffers). Load a checkpoint saved from "
+                "these artifacts."
+            )
+        special = {*self._trainable, *self._frozen, *map(buffer_name, self._trainable), LAZY_RESET_GRAD}
+        accumulated = set(map(accumulated_name, self._trainable))
+        self.train_inputs = [n for n in self._train.inputs if n not in special]
+        self.train_outputs = [n for n in self._train.outputs if n not in accumulated]
+        self._eval = _Model(os.fspath(files.eval_model), options, providers, "eval model") if files.eval_model else None
+        self.eval_inputs = [n for n in self._eval.inputs if n not in special] if self._eval else []
+        self.eval_outputs = list(self._eval.outputs) if self._eval else []
+        self._fused = (
+            _Model(os.fspath(files.step_model), options, providers, "step model") if files.step_model else None
+        )
+        self.has_fused_step = self._fused is not None
+        self._optimizer: _Model | None = None
+        self._opt_map: PerTensorOptimizer | None = None
+        self._sequence_order: list[str] = []
+        moments = 0
+        if files.optimizer_model is not None:
+            proto = onnx.load(os.fspath(files.optimizer_model))
+            # the sequences in the training model's order of the parameters, as the generator writes them
+            trainable = set(self._trainable)
+            self._sequence_order = [n for n in self._train.inputs if n in trainable]
+            params = [
+                (n, onnx.helper.np_dtype_to_tensor_dtype(ck.trainable[n].dtype), ck.trainable[n].shape)
+                for n in self._sequence_order
+            ]
+            self._opt_map = per_tensor_optimizer(proto, params, f"optimizer model '{files.optimizer_model}'")
+            self._optimizer = _Model(self._opt_map.model.SerializeToString(), options, providers, "optimizer model")
+            moments = sum(any(key[0] == s for key in self._opt_map.inputs) for s in _MOMENT_SEQUENCES)
+        elif self._fused is not None and self._trainable:
+            moments = sum(name in self._fused.inputs for name in moment_names(self._trainable[0]))
+        self.has_optimizer = self._optimizer is not None or self._fused is not None
+        self._moments = moments
+        self._lr = np.array([DEFAULT_LEARNING_RATE], np.float32)
+        self._step = np.zeros(1, np.int64)
+        self._reset = np.ones(1, np.bool_)
+        self._scalars = {
+            LEARNING_RATE: self._value(self._lr),
+            STEP: self._value(self._step),
+            LAZY_RESET_GRAD: self._value(self._reset),
+        }
+        self._p = {n: self._pair(ck.trainable[n]) for n in self._trainable}
+        self._g = {n: self._pair(np.zeros_like(ck.trainable[n])) for n in self._trainable}
+        self._m = {(n, k): self._pair(np.zeros_like(ck.trainable[n])) for n in self._trainable for k in range(moments)}
+        self._f = {n: self._value(np.array(ck.frozen[n], order="C")) for n in self._frozen}
+        self._pp = self._gp = 0  # which buffer of each pair holds the parameters+moments / the gradients
+        self._bindings: dict[tuple[str, int, int], Any] = {}
+        self._props: dict[str, int | float | str] = {}
+        self._grads_valid = False
+        self._opt_step = 0
+        self._initial_lr = DEFAULT_LEARNING_RATE
+        self._apply(ck, checkpoint, first=True)
+
+    def _value(self, array: np.ndarray) -> Any:
+        self._keep.append(array)
+        return self._C.OrtValue.ortvalue_from_numpy(array, self._device)
+
+    def _pair(self, initial: np.ndarray) -> tuple[Any, Any]:
+        # both hold the value: a moment no model updates (SGD's) is read from either
+        return self._value(np.array(initial, copy=True, order="C")), self._value(
+            np.array(initial, copy=True, order="C")
+        )
+
+    # ------------------------------------------------------------- loading
+    def load(self, checkpoint: Path) -> None:
+        self._apply(_read(checkpoint), checkpoint, first=False)
+
+    def _apply(self, ck: Any, checkpoint: Path, first: bool) -> None:
+        """Take parameters, optimizer state and properties from a read checkpoint."""
+        if sorted(ck.trainable) != self._trainable or sorted(ck.frozen) != self._frozen:
+            raise ValueError(
+                f"Checkpoint '{checkpoint}' holds parameters {preview(sorted([*ck.trainable, *ck.frozen]))}, but the "
+                f"session has {preview(sorted([*self._trainable, *self._frozen]))}. Load a checkpoint saved from "
+                "these artifacts."
+            )
+        self._check_specs(ck, checkpoint)
+        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(iter(ck.optimizer_state.values()), None)
+        moments: dict[str, list[np.ndarray]] = group["moments"] if group is not None else {}
+        for name in self._trainable:
+            saved = moments.get(name, [])
+            if group is not None and self._moments == 2 and len(saved) < 2:
+                raise ValueError(
+                    f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for '{name}'; these artifacts' "
+                    "AdamW needs two (momentum0, momentum1). Save the checkpoint with the same optimizer, or save it "
+                    "with include_optimizer_state=False."
+                )
+            if not first:
+                self._p[name][self._pp].update_inplace(np.ascontiguousarray(ck.trainable[name]))
+            for k in range(self._moments):
+                value = saved[k] if k < len(saved) else np.zeros(self._specs[name][1], self._specs[name][0])
+                for buffer in self._m[(name, k)]:
+                    buffer.update_inplace(np.ascontiguousarray(value))
+        if not first:
+            for name in self._frozen:
+                self._f[name].update_inplace(np.ascontiguousarray(ck.frozen[name]))
+        self._opt_step = int(group["step"]) if group is not None else 0
+        self._initial_lr = float(group["initial_learning_rate"]) if group is not None else DEFAULT_LEARNING_RATE
+        self._lr[0] = self._initial_lr
+        self._props = dict(ck.properties)
+        self.lazy_reset_grad()
+        self._grads_valid = False
+
+    def _check_specs(self, ck: Any, checkpoint: Path) -> None:
+        for name, array in (*ck.trainable.items(), *ck.frozen.items()):
+            dtype, shape = self._specs[name]
+            if array.dtype != dtype or tuple(array.shape) != shape:
+                raise ValueError(
+                    f"Checkpoint '{checkpoint}' holds '{name}' as {array.dtype} {list(array.shape)}, but the session's "
+                    f"is {dtype} {list(shape)}. Load a checkpoint saved from these artifacts."
+                )
+
+    # ------------------------------------------------------------ bindings
+    def _binding(self, kind: str) -> Any:
+        """The binding of model ``kind`` for the current buffer parities, made on first use."""
+        key = (kind, self._pp, self._gp if kind in ("train", "optimizer") else 0)
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._bindings[key] = self._bind(kind, key[1], key[2])
+        return binding
+
+    def _bind(self, kind: str, pp: int, gp: int) -> Any:
+        model = {"train": self._train, "eval": self._eval, "optimizer": self._optimizer, "step": self._fused}[kind]
+        assert model is not None
+        binding = model.binding()
+        user_outputs = {"train": self.train_outputs, "eval": self.eval_outputs, "step": self.train_outputs}
+        for name in user_outputs.get(kind, ()):
+            binding.bind_output(name, self._cpu)  # first: get_outputs() starts with them
+        inputs = set(model.inputs)
+        bind_in, bind_out = binding.bind_ortvalue_input, binding.bind_ortvalue_output
+        for name, value in self._scalars.items():
+            if name in inputs:
+                bind_in(name, value)
+        for name, value in self._f.items():
+            if name in inputs:
+                bind_in(name, value)
+        if kind == "optimizer":
+            assert self._opt_map is not None
+            sources = {PARAMS: self._p, GRADIENTS: self._g}
+            for (sequence, index), name in self._opt_map.inputs.items():
+                param = self._sequence_order[index]
+                if sequence in sources:
+                    pair, parity = sources[sequence][param], (gp if sequence == GRADIENTS else pp)
+                else:
+                    pair, parity = self._m[(param, _MOMENT_SEQUENCES.index(sequence))], pp
+                bind_in(name, pair[parity])
+            for (sequence, index), name in self._opt_map.outputs.items():
+                param = self._sequence_order[index]
+                pair = self._p[param] if sequence == PARAMS else self._m[(param, _MOMENT_SEQUENCES.index(sequence))]
+                bind_out(name, pair[1 - pp])
+            return binding
+        for name in self._trainable:
+            bind_in(name, self._p[name][pp])
+            if kind == "train":
+                bind_in(buffer_name(name), self._g[name][gp])
+                bind_out(accumulated_name(name), self._g[name][1 - gp])
+            if kind == "step":
+                bind_out(updated_name(name), self._p[name][1 - pp])
+                for k, moment in enumerate(moment_names(name)[: self._moments]):
+                    if moment in inputs:  # (SGD keeps a moment for ONNX Runtime's checkpoints, but reads none)
+                        bind_in(moment, self._m[(name, k)][pp])
+                        bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
+        return binding
+
+    def _run(self, model: _Model, binding: Any, names: Sequence[str], arrays: Sequence[Any], count: int) -> tuple:
+        for name, array in zip(names, arrays, strict=True):
+            binding.bind_input(name, array)
+        try:
+            model.run(binding, self._run_options)
+        except Exception as exc:
+            raise RuntimeError(_ort.clean_message(exc)) from None
+        outputs = binding.get_outputs()
+        # copies: the binding keeps its output tensors and the next run with it writes into them again
+        return tuple(np.array(outputs[i].numpy()) for i in range(count))
+
+    # --------------------------------------------------------------- steps
+    def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        out = self._run(self._train, self._binding("train"), self.train_inputs, arrays, len(self.train_outputs))
+        self._gp ^= 1
+        self._reset[0] = False
+        self._grads_valid = True
+        return out
+
+    def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        assert self._eval is not None
+        return self._run(self._eval, self._binding("eval"), self.eval_inputs, arrays, len(self.eval_outputs))
+
+    def optimizer_step(self) -> None:
+        if self._optimizer is None:
+            raise RuntimeError(
+                f"The artifacts in '{self.files.directory}' have a fused step model but no optimizer model, so "
+                "gradients cannot be applied after train_step. Use session.step(...) for each batch."
+            )
+        self._step[0] = self._opt_step + 1  # the step being taken, as ONNX Runtime's AdamW counts
+        self._run(self._optimizer, self._binding("optimizer"), (), (), 0)
+        self._pp ^= 1
+        self._opt_step += 1
+
+    def lazy_reset_grad(self) -> None:
+        self._reset[0] = True
+
+    def step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        fused = self._fused
+        if fused is None:
+            out = self.train_step(arrays)
+            self.optimizer_step()
+            self.lazy_reset_grad()
+            return out
+        self._step[0] = self._opt_step + 1
+        out = self._run(fused, self._binding("step"), self.train_inputs, arrays, len(self.train_outputs))
+        self._pp ^= 1
+        self._opt_step += 1
+        self._reset[0] = True  # the accumulation buffers hold no gradient of this step
+        self._grads_valid = False
+        return out
+
+    def get_learning_rate(self) -> float:
+        return float(self._lr[0])
+
+    def set_learning_rate(self, value: float) -> None:
+        self._lr[0] = value
+
+    # ---------------------------------------------------------- parameters
+    def _current(self, name: str) -> Any:
+        return self._p[name][self._pp] if name in self._p else self._f[name]
+
+    def parameter_names(self) -> list[str]:
+        return sorted([*self._trainable, *self._frozen])
+
+    def has_parameter(self, name: str) -> bool:
+        return name in self._specs
+
+    def is_trainable(self, name: str) -> bool:
+        return name in self._p
+
+    def get_parameter(self, name: str) -> np.ndarray:
+        return np.array(self._current(name).numpy(), copy=True)
+
+    def parameter_spec(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        return self._specs[name]
+
+    def write_parameters(self, values: dict[str, np.ndarray]) -> None:
+        for name, array in values.items():
+            self._current(name).update_inplace(array)
+
+    def gradient(self, name: str) -> np.ndarray | None:
+        return np.array(self._g[name][self._gp].numpy(), copy=True) if self._grads_valid else None
+
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(self._specs[n][1])) for n in self._trainable)
+
+    # --------------------------------------------------------- checkpoints
+    def properties(self) -> dict[str, int | float | str]:
+        return dict(self._props)
+
+    def set_property(self, name: str, value: int | float | str) -> None:
+        self._props[name] = value
+
+    def save(self, path: Path, include_optimizer_state: bool) -> None:
+        state: dict[str, Any] = {}
+        if include_optimizer_state and self.has_optimizer:
+            moments = {n: [self._m[(n, k)][self._pp].numpy() for k in range(self._moments)] for n in self._trainable}
+            state[OPTIMIZER_GROUP] = {
+                "step": self._opt_step,
+                "initial_learning_rate": self._initial_lr,
+                "moments": moments,
+            }
+        save_checkpoint(
+            ({n: self._current(n).numpy() for n in self._trainable}, {n: self._f[n].numpy() for n in self._frozen}),
+            path,
+            optimizer_state=state,
+            properties=self._props,
+        )
+
+    def export(self, path: Path, output_names: Sequence[str]) -> None:
+        from onnxblocks.io import save_model
+
+        eval_model = self.files.eval_model
+        assert eval_model is not None
+        if eval_model.suffix != ".onnx":
+            raise ValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
+        model = onnx.load(os.fspath(eval_model), load_external_data=False)
+        values = {n: self._current(n).numpy() for n in self.parameter_names()}
+        cut = inference_model(model, values, output_names, self.eval_outputs)
+        save_model(cut, path, base_dir=eval_model.parent)
+
+
+def _read(checkpoint: Path) -> Any:
+    ck = load_checkpoint(checkpoint)
+    if ck.is_nominal:
+        raise ValueError(
+            f"Checkpoint '{checkpoint}' is nominal (parameter names without values); the portable backend trains "
+            "from values. Pass the complete checkpoint generate_artifacts wrote."
+        )
+    return ck

@@ -1,0 +1,149 @@
+"""The training-build backend: ONNX Runtime's training API (``Module``, ``Optimizer``, ``CheckpointState``).
+
+It drives the C bindings of the training build (``onnxruntime.capi._pybind_state``
+of ``onnxruntime-training``), never ``onnxruntime.training`` (which imports
+torch). Parameters, gradients and moments live in ONNX Runtime's
+``CheckpointState``; checkpoints are ONNX Runtime's own ``save_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxblocks._core.errors import preview
+from onnxblocks.runtime import _ort
+from onnxblocks.runtime.backend import BackendName
+from onnxblocks.runtime.export import export_inference
+from onnxblocks.runtime.layout import ArtifactFiles
+
+
+class TrainingBuildBackend:
+    """A training-build ``Module`` + ``Optimizer`` over one checkpoint state (see :class:`~.backend.Backend`)."""
+
+    name: BackendName = "training"
+
+    def __init__(self, files: ArtifactFiles, checkpoint: Path, device: str, options: Any) -> None:
+        self.files = files
+        self._C = _ort.require_training_build(f"Training the artifacts in '{files.directory}'")
+        self._device = _ort.make_device(device)
+        self._options = options if options is not None else self._C.SessionOptions()
+        self._state: Any = None
+        self.has_fused_step = False
+        self.load(checkpoint)
+
+    # ------------------------------------------------------------- loading
+    def load(self, checkpoint: Path) -> None:
+        C = self._C
+        try:
+            state = C.load_checkpoint(os.fspath(checkpoint))
+        except RuntimeError as exc:
+            raise ValueError(f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}") from None
+        if self._state is not None:
+            before, after = set(self._state.parameter_names()), set(state.parameter_names())
+            if before != after:
+                raise ValueError(
+                    f"Checkpoint '{checkpoint}' holds parameters {preview(sorted(after))}, but the session has "
+                    f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
+                )
+        eval_path = os.fspath(self.files.eval_model) if self.files.eval_model else None
+        try:
+            module = C.Module(os.fspath(self.files.training_model), state, eval_path, self._device, self._options)
+        except RuntimeError as exc:
+            raise ValueError(
+                f"ONNX Runtime cannot load the training model '{self.files.training_model}' with checkpoint "
+                f"'{checkpoint}': {_ort.clean_message(exc)}. Check that the checkpoint belongs to these artifacts."
+            ) from None
+        optimizer = None
+        if self.files.optimizer_model is not None:
+            optimizer = C.Optimizer(os.fspath(self.files.optimizer_model), state, self._device, self._options)
+        self._state, self._module, self._optimizer = state, module, optimizer
+        self.train_inputs = list(module.input_names(True))
+        self.train_outputs = list(module.output_names(True))
+        self.eval_inputs = list(module.input_names(False)) if eval_path else []
+        self.eval_outputs = list(module.output_names(False)) if eval_path else []
+        self.has_optimizer = optimizer is not None
+        # bound methods: the hot path calls them without attribute lookups
+        self._train = module.train_step
+        self._reset = module.lazy_reset_grad
+        self._vector = C.OrtValueVector
+        self._update = optimizer.optimizer_step if optimizer is not None else None
+
+    # --------------------------------------------------------------- steps
+    def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        fetches = self._vector()
+        self._train(arrays, fetches)
+        return tuple(f.numpy() for f in fetches)
+
+    def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        fetches = self._vector()
+        self._module.eval_step(arrays, fetches)
+        return tuple(f.numpy() for f in fetches)
+
+    def optimizer_step(self) -> None:
+        assert self._update is not None
+        self._update()
+
+    def lazy_reset_grad(self) -> None:
+        self._reset()
+
+    def step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
+        fetches = self._vector()
+        self._train(arrays, fetches)
+        self._update()  # type: ignore[misc]  # the session checked that there is an optimizer
+        self._reset()
+        return tuple(f.numpy() for f in fetches)
+
+    def get_learning_rate(self) -> float:
+        assert self._optimizer is not None
+        return float(self._optimizer.get_learning_rate())
+
+    def set_learning_rate(self, value: float) -> None:
+        assert self._optimizer is not None
+        self._optimizer.set_learning_rate(value)
+
+    # ---------------------------------------------------------- parameters
+    def parameter_names(self) -> list[str]:
+        return sorted(self._state.parameter_names())
+
+    def has_parameter(self, name: str) -> bool:
+        return bool(self._state.has_parameter(name))
+
+    def is_trainable(self, name: str) -> bool:
+        return bool(self._state.get_parameter(name).requires_grad)
+
+    def get_parameter(self, name: str) -> np.ndarray:
+        return np.array(self._state.get_parameter(name).data.numpy(), copy=True)
+
+    def parameter_spec(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        data = self._state.get_parameter(name).data
+        return data.numpy().dtype, tuple(data.shape())
+
+    def write_parameters(self, values: dict[str, np.ndarray]) -> None:
+        cpu = _ort.make_device("cpu")
+        for name, array in values.items():
+            self._state.copy_parameter_from(name, self._C.OrtValue.ortvalue_from_numpy(array, cpu))
+
+    def gradient(self, name: str) -> np.ndarray | None:
+        grad = self._state.get_parameter(name).grad
+        return np.array(grad.numpy(), copy=True) if grad.has_value() else None
+
+    def num_parameters(self) -> int:
+        return int(self._module.get_parameters_size(True))
+
+    # --------------------------------------------------------- checkpoints
+    def properties(self) -> dict[str, int | float | str]:
+        return {n: self._state.get_property(n) for n in self._state.property_names()}
+
+    def set_property(self, name: str, value: int | float | str) -> None:
+        self._state.add_property(name, value)
+
+    def save(self, path: Path, include_optimizer_state: bool) -> None:
+        self._C.save_checkpoint(self._state, os.fspath(path), include_optimizer_state and self.has_optimizer)
+
+    def export(self, path: Path, output_names: Sequence[str]) -> None:
+        export_inference(self._module, path, output_names, self.eval_outputs)

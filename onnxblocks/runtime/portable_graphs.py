@@ -1,0 +1,292 @@
+"""Graph surgery the portable backend does at load time: a per-tensor optimizer, and the inference cut.
+
+* :func:`per_tensor_optimizer` turns a portable optimizer model (tensor-sequence
+  inputs and outputs, as the contract in docs/portable.md says) into one whose
+  parameters, gradients and moments are each their own tensor input and output.
+  The runtime can then bind them with IOBinding, once, to the buffers they live
+  in (Python cannot build a tensor sequence without a numpy round trip). When the
+  sequences are only read by ``SequenceAt`` at constant positions and built by
+  ``SequenceConstruct`` (as onnxblocks writes them), those nodes are replaced by
+  the tensors themselves (no copy); otherwise ``SequenceConstruct`` in front and
+  ``SequenceAt`` behind wrap the model as it is.
+* :func:`inference_model` cuts an eval model down to the nodes that compute the
+  asked outputs and turns the parameters into initializers holding their
+  current values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxblocks._core.contracts import PORTABLE_METADATA, UPDATED_SUFFIX, updated_name
+
+#: Sequence ops (SequenceConstruct, SequenceAt) exist from this opset of the default domain on.
+_SEQUENCE_OPSET = 11
+
+
+@dataclass(frozen=True)
+class PerTensorOptimizer:
+    """A per-tensor optimizer model and where each sequence element went.
+
+    Attributes:
+        model: The wrapped model (tensor inputs and outputs only).
+        inputs: ``(sequence input, index) -> tensor input name``.
+        outputs: ``(sequence input, index) -> tensor output name`` for each updated
+            sequence (``params``, and the moments the optimizer keeps).
+        scalars: The model's tensor inputs (``learning_rate``, ``step``).
+    """
+
+    model: onnx.ModelProto
+    inputs: dict[tuple[str, int], str]
+    outputs: dict[tuple[str, int], str]
+    scalars: list[str]
+
+
+def _all_names(graph: onnx.GraphProto) -> Iterator[str]:
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        yield value.name
+    for init in graph.initializer:
+        yield init.name
+    for node in graph.node:
+        yield from node.input
+        yield from node.output
+        for attr in node.attribute:
+            for sub in (attr.g, *attr.graphs) if attr.HasField("g") or attr.graphs else ():
+                yield from _all_names(sub)
+
+
+def per_tensor_optimizer(
+    model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]], path: str = "optimizer model"
+) -> PerTensorOptimizer:
+    """Wrap a sequence-based optimizer model into a per-tensor one (``model`` is not changed).
+
+    Args:
+        model: The optimizer model: ``learning_rate``, ``step`` and tensor-sequence
+            inputs (``params``, ``gradients``, moments), and ``<sequence>.out``
+            sequence outputs with the updated values.
+        params: ``(name, ONNX element type, shape)`` of each trainable parameter, in
+            the order the sequences are built.
+        path: The model's file, for error messages.
+
+    Returns:
+        The wrapped model with the maps from sequence elements to tensor names.
+
+    Raises:
+        ValueError: if the model's sequence outputs do not follow the contract or its
+            opset is too old for sequence ops.
+    """
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < _SEQUENCE_OPSET:
+        raise ValueError(
+            f"The {path} imports opset {opset} of the default domain; the portable backend needs opset >= "
+            f"{_SEQUENCE_OPSET} (sequence ops). Regenerate the artifacts."
+        )
+    sequences = [i.name for i in graph.input if i.type.WhichOneof("value") == "sequence_type"]
+    scalars = [i.name for i in graph.input if i.name not in sequences]
+    updated = {o.name: o for o in graph.output}
+    missing = [updated_name(s) for s in sequences[:1] if updated_name(s) not in updated]
+    if not sequences or missing:
+        raise ValueError(
+            f"The {path} has sequence inputs {sequences} and outputs {list(updated)}; a portable optimizer model "
+            "takes the parameters as a tensor sequence and returns 'params.out' (see docs/portable.md). Regenerate "
+            "the artifacts with portable=True."
+        )
+    taken = set(_all_names(graph))
+    direct = _unwrapped(model, params, sequences, scalars, taken)
+    if direct is not None:
+        return direct
+
+    def fresh(base: str) -> str:
+        name, n = base, 0
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        return name
+
+    wrapped = onnx.ModelProto()
+    wrapped.CopyFrom(model)
+    body = wrapped.graph
+    del body.input[:]
+    del body.output[:]
+    body.input.extend(i for i in graph.input if i.name in scalars)
+    inputs: dict[tuple[str, int], str] = {}
+    outputs: dict[tuple[str, int], str] = {}
+    front, back, positions = [], [], []
+    for index in range(len(params)):
+        position = fresh(f"onnxblocks.position.{index}")
+        positions.append(numpy_helper.from_array(np.array(index, np.int64), position))
+    for sequence in sequences:
+        names = []
+        for index, (param, elem, shape) in enumerate(params):
+            name = inputs[(sequence, index)] = fresh(f"{sequence}.{param}")
+            body.input.append(helper.make_tensor_value_info(name, elem, list(shape)))
+            names.append(name)
+        front.append(helper.make_node("SequenceConstruct", names, [sequence], name=fresh(f"construct.{sequence}")))
+        result = updated_name(sequence)
+        if result not in updated:
+            continue  # a sequence the optimizer only reads (SGD's moments)
+        for index, (param, elem, shape) in enumerate(params):
+            name = outputs[(sequence, index)] = fresh(f"{result}.{param}")
+            back.append(
+                helper.make_node("SequenceAt", [result, positions[index].name], [name], name=fresh(f"at.{name}"))
+            )
+            body.output.append(helper.make_tensor_value_info(name, elem, list(shape)))
+    nodes = [*front, *graph.node, *back]
+    del body.node[:]
+    body.node.extend(nodes)
+    body.initializer.extend(positions)
+    return PerTensorOptimizer(wrapped, inputs, outputs, scalars)
+
+
+def _constant_positions(graph: onnx.GraphProto) -> dict[str, int]:
+    """Scalar integer constants of the graph (initializers and ``Constant`` nodes), by name."""
+    out = {}
+    tensors = [(t.name, t) for t in graph.initializer]
+    tensors += [(n.output[0], n.attribute[0].t) for n in graph.node if n.op_type == "Constant" and n.attribute]
+    for name, tensor in tensors:
+        if tensor.data_type in (TensorProto.INT64, TensorProto.INT32) and len(tensor.dims) <= 1:
+            value = numpy_helper.to_array(tensor).reshape(-1)
+            if value.size == 1:
+                out[name] = int(value[0])
+    return out
+
+
+def _unwrapped(
+    model: onnx.ModelProto,
+    params: Sequence[tuple[str, int, Sequence[int]]],
+    sequences: list[str],
+    scalars: list[str],
+    taken: set[str],
+) -> PerTensorOptimizer | None:
+    """The optimizer with its SequenceAt / SequenceConstruct nodes replaced by tensors, or None if it has others."""
+    graph, count = model.graph, len(params)
+    positions = _constant_positions(graph)
+    outputs = {o.name for o in graph.output}
+    at: dict[int, tuple[str, int]] = {}  # node index -> (sequence, element)
+    built: dict[int, str] = {}  # node index -> the sequence output it builds
+    for index, node in enumerate(graph.node):
+        if any(a.HasField("g") or a.graphs for a in node.attribute):
+            return None  # a subgraph might read the sequences
+        if node.op_type == "SequenceAt" and node.input[0] in sequences:
+            position = positions.get(node.input[1])
+            if position is None or not -count <= position < count:
+                return None
+            at[index] = (node.input[0], position % count)
+        elif any(name in sequences for name in node.input):
+            return None
+        if node.op_type == "SequenceConstruct" and node.output[0] in outputs and len(node.input) == count:
+            built[index] = node.output[0]
+    consumed = {name for node in graph.node for name in node.input}
+    if set(built.values()) != outputs or outputs & consumed:
+        return None
+
+    def fresh(base: str) -> str:
+        name, n = base, 0
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        return name
+
+    inputs = {(s, i): fresh(f"{s}.{p}") for s in sequences for i, (p, _, _) in enumerate(params)}
+    result = {(o[: -len(UPDATED_SUFFIX)], i): fresh(f"{o}.{p}") for o in outputs for i, (p, _, _) in enumerate(params)}
+    nodes = []
+    for index, node in enumerate(graph.node):
+        if index in at:
+            nodes.append(helper.make_node("Identity", [inputs[at[index]]], [node.output[0]], name=node.name))
+        elif index in built:
+            sequence = built[index][: -len(UPDATED_SUFFIX)]
+            for i, value in enumerate(node.input):
+                nodes.append(helper.make_node("Identity", [value], [result[(sequence, i)]], name=fresh(f"out.{value}")))
+        else:
+            nodes.append(node)
+    wrapped = onnx.ModelProto()
+    wrapped.CopyFrom(model)
+    body = wrapped.graph
+    del body.input[:], body.output[:], body.node[:]
+    body.input.extend(i for i in graph.input if i.name in scalars)
+    for (_, i), name in inputs.items():
+        body.input.append(helper.make_tensor_value_info(name, params[i][1], list(params[i][2])))
+    for (_, i), name in result.items():
+        body.output.append(helper.make_tensor_value_info(name, params[i][1], list(params[i][2])))
+    body.node.extend(nodes)
+    gone = {*sequences, *outputs}
+    kept = [v for v in graph.value_info if v.name not in gone]
+    del body.value_info[:]
+    body.value_info.extend(kept)
+    return PerTensorOptimizer(wrapped, inputs, result, scalars)
+
+
+def _used_names(node: onnx.NodeProto) -> Iterator[str]:
+    """The node's inputs and every name its subgraphs read (outer-scope references included)."""
+    yield from node.input
+    for attr in node.attribute:
+        for sub in (attr.g, *attr.graphs) if attr.HasField("g") or attr.graphs else ():
+            for inner in sub.node:
+                yield from _used_names(inner)
+
+
+def inference_model(
+    eval_model: onnx.ModelProto, values: Mapping[str, np.ndarray], outputs: Sequence[str], eval_outputs: Sequence[str]
+) -> onnx.ModelProto:
+    """The eval model cut down to ``outputs``, with ``values`` (the parameters) as initializers.
+
+    Inputs that no kept node reads (the labels the loss used) are dropped.
+
+    Raises:
+        ValueError: for an output name the eval model does not compute.
+    """
+    graph = eval_model.graph
+    producers = {name: i for i, node in enumerate(graph.node) for name in node.output}
+    graph_inputs = {i.name: i for i in graph.input}
+    initializers = {t.name: t for t in graph.initializer}
+    unknown = [n for n in outputs if n not in producers and n not in graph_inputs and n not in initializers]
+    if unknown:
+        raise ValueError(
+            f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model outputs: "
+            f"{list(eval_outputs)}; any value of the eval graph can be exported."
+        )
+    keep: set[int] = set()
+    needed: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        index = producers.get(name)
+        if index is not None and index not in keep:
+            keep.add(index)
+            stack.extend(n for n in _used_names(graph.node[index]) if n)
+    known = {v.name: v for v in (*graph.value_info, *graph.output, *graph.input)}
+    cut = helper.make_graph(
+        [graph.node[i] for i in sorted(keep)],
+        graph.name or "inference",
+        [graph_inputs[n] for n in graph_inputs if n in needed and n not in values],
+        [],
+        [
+            *(t for n, t in initializers.items() if n in needed and n not in values),
+            *(numpy_helper.from_array(np.asarray(values[n]), n) for n in graph_inputs if n in needed and n in values),
+        ],
+        value_info=[v for v in graph.value_info if v.name in needed],
+    )
+    model = helper.make_model(cut, opset_imports=list(eval_model.opset_import), ir_version=eval_model.ir_version)
+    model.producer_name = eval_model.producer_name
+    model.metadata_props.extend(p for p in eval_model.metadata_props if p.key != PORTABLE_METADATA)
+    missing = [n for n in outputs if n not in known]
+    if missing:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known.update({v.name: v for v in inferred.graph.value_info})
+    for name in outputs:
+        info = known.get(name)
+        model.graph.output.append(
+            info if info is not None else helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
+        )
+    return model

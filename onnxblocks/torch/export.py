@@ -1,0 +1,358 @@
+"""Exporting a torch module for one input signature, and the map from its graph back to the module.
+
+:func:`export_module` wraps the module in a small holder whose ``forward``
+takes the tensor leaves of ``(args, kwargs)`` by position and returns the tensor
+leaves of the module's output: both exporters then see plain tensors in and out,
+whatever keywords and nesting the module uses (non-tensor arguments are baked into
+the graph and are part of the signature). It exports with
+
+* ``"dynamo"`` (default): ``torch.onnx.export(..., dynamo=True, optimize=False)``
+  with the first dim of every tensor ``Dim.AUTO`` (``dynamic="batch"``; ``"all"``
+  for every dim, ``"none"`` for static shapes): torch.export keeps such a dim
+  symbolic unless the code fixes it, so one export serves every batch size the code
+  allows. Other dims are static: ONNX Runtime's pooling gradients need static
+  spatial sizes;
+* ``"torchscript"``: ``torch.onnx.export(..., dynamo=False, do_constant_folding=False)``
+  in ``TrainingMode.PRESERVE`` with static shapes (a trace bakes shapes in). The
+  holder is in training mode so that torch does not merge initializers that happen
+  to hold equal values (it does so for eval-mode exports, and their gradients would mix).
+
+The module's state is untouched: buffers and the RNG state are restored after
+the export and after the eager run that records the output structure.
+
+Then the graph is fitted to the module's mode (:func:`fit_batch_norms`): in
+training mode every BatchNormalization uses batch statistics and exposes its input
+so the running statistics can be updated in torch, exactly as torch does; in eval
+mode every BatchNormalization uses the running statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import onnx
+import torch
+from torch.utils import _pytree as pytree
+
+from onnxblocks.gradient import _graph
+
+__all__ = ["BatchNormUpdate", "ExportError", "Exported", "export_module", "fit_batch_norms"]
+
+EXPORTERS = ("dynamo", "torchscript")
+DYNAMIC = ("batch", "all", "none")
+_PREFIX = "module."
+
+
+class ExportError(RuntimeError):
+    """torch's exporter could not export a module (the message names the module and what failed)."""
+
+
+@dataclass(frozen=True)
+class BatchNormUpdate:
+    """A BatchNorm module whose running statistics the wrapper updates after each training-mode forward.
+
+    Attributes:
+        path: The module's qualified name.
+        value: The graph value normalised (its input), exposed as a graph output.
+    """
+
+    path: str
+    value: str
+
+
+@dataclass
+class Exported:
+    """A module exported for one signature, with the map between graph names and module tensors.
+
+    Attributes:
+        model: The ONNX model (parameters and floating-point buffers are its initializers).
+        inputs: The graph inputs, ``input_<k>`` for the k-th tensor leaf of ``(args, kwargs)``.
+        input_leaves: For each graph input, the index of its tensor leaf.
+        weights: Initializers fed from the module (named as the module names them), in order.
+        outputs: The graph outputs holding the module's tensor outputs, in order.
+        out_spec: The pytree structure of the module's output.
+        out_leaves: The output's leaves: None where a graph output goes, else the constant value.
+        batch_norms: The running statistics to update (training mode).
+        baked: Module buffers baked into the graph as constants, with their version at export.
+    """
+
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    input_leaves: tuple[int, ...]
+    weights: tuple[str, ...]
+    outputs: tuple[str, ...]
+    out_spec: Any
+    out_leaves: list[Any]
+    batch_norms: list[BatchNormUpdate] = field(default_factory=list)
+    baked: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+
+
+class _Holder(torch.nn.Module):
+    """Calls a module on ``(args, kwargs)`` rebuilt from tensor leaves; returns its output's tensor leaves."""
+
+    def __init__(self, module: torch.nn.Module, in_spec: Any, leaves: Sequence[Any]) -> None:
+        super().__init__()
+        self.module = module
+        self.in_spec = in_spec
+        self.constants = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        #: Which output leaves are tensors in eager mode (a trace turns sizes into tensors too).
+        self.tensor_outputs: list[bool] | None = None
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feed = iter(tensors)
+        leaves = [next(feed) if c is None else c for c in self.constants]
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        flat, _ = pytree.tree_flatten(self.module(*args, **kwargs))
+        keep = self.tensor_outputs or [isinstance(leaf, torch.Tensor) for leaf in flat]
+        return tuple(leaf for leaf, kept in zip(flat, keep, strict=True) if kept)
+
+
+def export_module(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exporter: str,
+    opset: int | None = None,
+    dynamic: str = "batch",
+) -> Exported:
+    """Export ``module`` for the signature of ``(args, kwargs)`` in its current mode.
+
+    Raises:
+        ValueError: for an unknown exporter or ``dynamic`` policy.
+        ExportError: when the module does not run on these inputs, or torch cannot export it.
+    """
+    if exporter not in EXPORTERS:
+        raise ValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
+    if dynamic not in DYNAMIC:
+        raise ValueError(f"dynamic must be one of {DYNAMIC}, not {dynamic!r}.")
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    holder = _Holder(module, in_spec, leaves)
+    label = type(module).__name__
+    with _preserved(module):
+        try:
+            with torch.no_grad():
+                out = module(*args, **kwargs)
+        except Exception as exc:
+            raise ExportError(f"{label} fails on these inputs in torch itself: {type(exc).__name__}: {exc}") from exc
+        out_leaves, out_spec = pytree.tree_flatten(out)
+        holder.tensor_outputs = [isinstance(leaf, torch.Tensor) for leaf in out_leaves]
+        names = [f"input_{k}" for k in range(len(tensors))]
+        try:
+            model = _export(holder, tuple(tensors), names, exporter, opset, dynamic)
+        except Exception as exc:
+            raise ExportError(_export_failure(label, exporter, exc)) from exc
+    graph_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+    if len(model.graph.output) != len(graph_tensors):
+        raise ExportError(
+            f"{label}'s export has {len(model.graph.output)} graph outputs for {len(graph_tensors)} tensor outputs; "
+            "return tensors (in tuples, lists or dicts) from forward."
+        )
+    _strip_prefix(model)
+    inputs = tuple(vi.name for vi in model.graph.input if vi.name in set(names))
+    tensors_by_name = _module_tensors(module)
+    weights: list[str] = []
+    baked: list[tuple[torch.Tensor, int]] = []
+    for init in model.graph.initializer:
+        tensor = tensors_by_name.get(init.name)
+        if tensor is None:
+            continue
+        if isinstance(tensor, torch.nn.Parameter) or tensor.is_floating_point():
+            weights.append(init.name)
+        else:
+            baked.append((tensor, tensor._version))
+    return Exported(
+        model=model,
+        inputs=inputs,
+        input_leaves=tuple(names.index(n) for n in inputs),
+        weights=tuple(weights),
+        outputs=tuple(o.name for o in model.graph.output),
+        out_spec=out_spec,
+        out_leaves=[None if isinstance(leaf, torch.Tensor) else leaf for leaf in out_leaves],
+        baked=baked,
+    )
+
+
+def _export(
+    holder: _Holder,
+    tensors: tuple[torch.Tensor, ...],
+    names: list[str],
+    exporter: str,
+    opset: int | None,
+    dynamic: str,
+) -> onnx.ModelProto:
+    with _quiet():
+        if exporter == "dynamo":
+            count = {"batch": 1, "all": None, "none": 0}[dynamic]
+            dims = tuple(
+                {i: torch.export.Dim.AUTO for i in range(t.dim() if count is None else min(count, t.dim()))}
+                for t in tensors
+            )
+            program = torch.onnx.export(
+                holder,
+                tensors,
+                dynamo=True,
+                optimize=False,
+                input_names=names,
+                dynamic_shapes=(dims,),
+                opset_version=opset,
+            )
+            if program is None:  # pragma: no cover - torch returns the program when no file is given
+                raise RuntimeError("torch.onnx.export returned no program")
+            return program.model_proto
+        buffer = io.BytesIO()
+        mode = holder.training
+        holder.training = True  # not train(): the module's own mode is what gets exported
+        try:
+            torch.onnx.export(
+                holder,
+                tensors,
+                cast(Any, buffer),  # TorchScript writes to a file object too; the annotation says paths
+                dynamo=False,
+                input_names=names,
+                do_constant_folding=False,
+                training=torch.onnx.TrainingMode.PRESERVE,
+                opset_version=opset or 17,
+            )
+        finally:
+            holder.training = mode
+        return onnx.load_from_string(buffer.getvalue())
+
+
+def _export_failure(label: str, exporter: str, exc: BaseException) -> str:
+    text = str(exc).strip()
+    summary = text
+    marker = "## Exception summary"
+    if marker in text:
+        summary = text.split(marker, 1)[1].strip().split("\n\n", 1)[0]
+    lines = [line for line in summary.splitlines() if line.strip()][:6]
+    how = "dynamo=True" if exporter == "dynamo" else "dynamo=False (TorchScript)"
+    other = "torchscript" if exporter == "dynamo" else "dynamo"
+    return (
+        f"torch.onnx.export({how}) could not export {label}: {type(exc).__name__}: " + "\n".join(lines) + "\n"
+        f"Try exporter='{other}', rewrite the part of {label} named above, or pass fallback=True to run "
+        "such inputs eagerly in torch."
+    )
+
+
+def _strip_prefix(model: onnx.ModelProto) -> None:
+    """Rename ``module.<name>`` initializers (the holder's child) to the module's own names, in place."""
+    renamed = {
+        init.name: init.name[len(_PREFIX) :] for init in model.graph.initializer if init.name.startswith(_PREFIX)
+    }
+    if not renamed:
+        return
+    taken = _graph.name_authority(model.graph)
+    renamed = {old: new for old, new in renamed.items() if not taken.is_used(new)}
+    for init in model.graph.initializer:
+        init.name = renamed.get(init.name, init.name)
+    for vi in (*model.graph.input, *model.graph.value_info):
+        vi.name = renamed.get(vi.name, vi.name)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
+        _rename_in_subgraphs(node, renamed)
+
+
+def _rename_in_subgraphs(node: onnx.NodeProto, renamed: dict[str, str]) -> None:
+    for attr in node.attribute:
+        for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            for inner in g.node:
+                for i, name in enumerate(inner.input):
+                    inner.input[i] = renamed.get(name, name)
+                _rename_in_subgraphs(inner, renamed)
+
+
+def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    found: dict[str, torch.Tensor] = dict(module.named_buffers(remove_duplicate=False))
+    found.update(module.named_parameters(remove_duplicate=False))
+    return found
+
+
+def fit_batch_norms(exported: Exported, module: torch.nn.Module, training: bool) -> list[str]:
+    """Put every BatchNormalization of ``exported.model`` in the module's mode, in place.
+
+    Training mode: ``training_mode=1`` (torch's dynamo exporter writes 0 for a
+    training-mode BatchNorm) and, for a BatchNorm module that tracks running
+    statistics, its input becomes a graph output so the wrapper updates them in torch.
+    Eval mode: ``training_mode=0`` and the running-statistics outputs dropped.
+
+    Returns:
+        The graph outputs added (they take no gradient).
+    """
+    graph = exported.model.graph
+    outputs = {o.name for o in graph.output}
+    inputs = {vi.name for vi in graph.input}
+    added: list[str] = []
+    names = _graph.name_authority(graph)
+    for node in graph.node:
+        if node.op_type != "BatchNormalization" or not _graph.is_default_domain(node):
+            continue
+        _graph.set_attribute(node, "training_mode", 1 if training else 0)
+        if not training:
+            del node.output[1:]
+            continue
+        while len(node.output) < 3:  # ONNX: three outputs in training mode (ONNX Runtime's values are unused)
+            node.output.append(names.fresh(f"{node.output[0]}.running_{'mean' if len(node.output) == 1 else 'var'}"))
+        path = node.input[3].rpartition(".")[0] if len(node.input) > 3 else ""
+        owner = _submodule(module, path)
+        if not isinstance(owner, torch.nn.modules.batchnorm._BatchNorm) or not owner.track_running_stats:
+            continue
+        value = node.input[0]
+        if value not in outputs and value not in inputs:
+            graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
+            outputs.add(value)
+            added.append(value)
+        exported.batch_norms.append(BatchNormUpdate(path, value))
+    return added
+
+
+def _submodule(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    try:
+        return module.get_submodule(path) if path else None
+    except AttributeError:
+        return None
+
+
+@contextlib.contextmanager
+def _preserved(module: torch.nn.Module) -> Iterator[None]:
+    """Restore the module's buffers, modes and torch's RNG state afterwards (exporters run the module)."""
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    modes = [(m, m.training) for m in module.modules()]
+    rng = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in buffers:
+                if buffer.shape == value.shape:
+                    buffer.copy_(value)
+        for m, mode in modes:
+            m.training = mode
+        torch.set_rng_state(rng)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporters' progress lines and warnings."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    with (
+        warnings.catch_warnings(),
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+        contextlib.redirect_stderr(devnull),
+    ):
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.setLevel(level)

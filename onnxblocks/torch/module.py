@@ -1,0 +1,290 @@
+"""A torch module trained through ONNX Runtime (the successor of ``onnxruntime.training.ORTModule``).
+
+``OrtModule(module)`` exports ``module`` with torch's exporter on the first call
+(:mod:`onnxblocks.torch.export`), builds its forward and backward graphs with
+onnxblocks (:mod:`onnxblocks.torch.function`) and runs both in ONNX Runtime.
+
+* The parameters and buffers stay the module's own: they are fed to ONNX Runtime
+  on every call, without copies. ``named_parameters``, ``parameters``,
+  ``state_dict`` and ``load_state_dict`` are the module's (no ``module.``
+  prefix), so an optimizer built on either trains the same tensors.
+* ``train()`` / ``eval()`` switch Dropout and BatchNorm: the module is exported once
+  per mode. In training mode BatchNorm's running statistics (and
+  ``num_batches_tracked``) are updated in torch after each forward, as torch does.
+* A call whose signature differs (training mode, tensor dtypes and ranks,
+  non-tensor arguments, the structure of ``args`` / ``kwargs``, or a size the
+  export fixed) exports again; each export is cached. Integer and bool buffers
+  (masks, positions) are baked into the graph; changing one in place re-exports.
+* On a module or input the exporter or ONNX Runtime cannot handle it raises an
+  error naming the module and what failed, unless ``fallback=True``: then it warns
+  once per signature and runs those calls eagerly in torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from onnxblocks._core.errors import GradientError
+from onnxblocks.gradient import SplitVjp
+from onnxblocks.torch.export import DYNAMIC, EXPORTERS, Exported, ExportError, export_module, fit_batch_norms
+from onnxblocks.torch.function import OnnxFunction, onnx_function
+
+__all__ = ["OrtModule"]
+
+
+@dataclass
+class _Entry:
+    """One cached export: the graph, its Function, and how to find the tensors it reads."""
+
+    exported: Exported | None  # None: this signature runs eagerly
+    function: type[OnnxFunction] | None = None
+    dims: list[list[int | None] | None] = field(default_factory=list)
+    owners: list[tuple[torch.nn.Module, str]] = field(default_factory=list)
+    dtypes: list[torch.dtype] = field(default_factory=list)
+    #: BatchNorm modules to update, each with where its normalised batch is: a graph input or an extra output.
+    batch_norms: list[tuple[torch.nn.Module, bool, int]] = field(default_factory=list)
+
+
+class OrtModule(torch.nn.Module):
+    """Train a torch module through ONNX Runtime: forward and backward run as ONNX graphs.
+
+    Args:
+        module: The module to wrap (its parameters and buffers stay its own).
+        exporter: ``"dynamo"`` (``torch.onnx.export(dynamo=True, optimize=False)``) or
+            ``"torchscript"`` (``dynamo=False``, static shapes).
+        dynamic: With dynamo, the dims left symbolic where the code allows: ``"batch"``
+            (the first dim of each tensor input), ``"all"`` or ``"none"``.
+        fallback: Run a signature the exporter or ONNX Runtime cannot handle eagerly in
+            torch, with a warning, instead of raising.
+        opset: The ai.onnx opset to export with (the exporter's default when None).
+        custom_op_libraries: Shared libraries with custom ops, registered with ONNX Runtime.
+
+    Raises:
+        TypeError: when ``module`` is not a torch module.
+        ValueError: for an unknown exporter.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        exporter: str = "dynamo",
+        dynamic: str = "batch",
+        fallback: bool = False,
+        opset: int | None = None,
+        custom_op_libraries: Sequence[str] = (),
+    ) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"OrtModule wraps a torch.nn.Module, not {type(module).__name__}.")
+        if exporter not in EXPORTERS:
+            raise ValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
+        if dynamic not in DYNAMIC:
+            raise ValueError(f"dynamic must be one of {DYNAMIC}, not {dynamic!r}.")
+        super().__init__()
+        self.module = module
+        self.exporter = exporter
+        self.dynamic = dynamic
+        self.fallback = fallback
+        self.opset = opset
+        self.custom_op_libraries = tuple(custom_op_libraries)
+        self._cache: dict[Hashable, list[_Entry]] = {}
+        self._last: _Entry | None = None
+
+    # ---------------------------------------------------------------- the module's own state
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        return self.module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def named_buffers(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.module.named_buffers(prefix, recurse, remove_duplicate)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(self.module, name)
+
+    @property
+    def onnx_model(self) -> Any:
+        """The ONNX model of the latest export (None before the first call)."""
+        return None if self._last is None or self._last.exported is None else self._last.exported.model
+
+    @property
+    def gradient_graphs(self) -> SplitVjp | None:
+        """The forward and backward halves ONNX Runtime ran for the latest export (None before a training call).
+
+        ``forward`` computes the outputs and the values saved for the backward
+        (``saved``); ``backward`` computes the gradients from them and the output gradients.
+        """
+        if self._last is None or self._last.function is None:
+            return None
+        latest = self._last.function.program.latest
+        return None if latest is None else latest.split
+
+    @property
+    def exports(self) -> int:
+        """How many exports are cached (eager signatures not counted)."""
+        return sum(1 for entries in self._cache.values() for e in entries if e.exported is not None)
+
+    # ---------------------------------------------------------------- calls
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module's forward through ONNX Runtime (or eagerly for a fallback signature)."""
+        spec: Hashable
+        if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+        else:  # the common case, without pytree's cost
+            leaves, spec = list(args), len(args)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        key = (self.module.training, spec, _constants(leaves), tuple((t.dtype, t.dim()) for t in tensors))
+        entry = self._find(key, tensors)
+        if entry is None:
+            entry = self._build(args, kwargs)
+            self._cache.setdefault(key, []).append(entry)
+        self._last = entry
+        if entry.exported is None or entry.function is None:
+            return self.module(*args, **kwargs)
+        exported = entry.exported
+        weights = [_tensor(owner, attr) for owner, attr in entry.owners]
+        result = entry.function.apply(*(tensors[i] for i in exported.input_leaves), *weights)
+        outputs = list(result) if isinstance(result, tuple) else [result]
+        count = len(exported.outputs)
+        if entry.batch_norms and self.module.training:
+            inputs = [tensors[i] for i in exported.input_leaves]
+            batches = [(inputs if is_input else outputs)[index] for _, is_input, index in entry.batch_norms]
+            _update_running_stats([bn for bn, _, _ in entry.batch_norms], batches)
+        feed = iter(outputs[:count])
+        leaves_out = [next(feed) if c is None else c for c in exported.out_leaves]
+        return pytree.tree_unflatten(leaves_out, exported.out_spec)
+
+    def _find(self, key: Hashable, tensors: list[torch.Tensor]) -> _Entry | None:
+        for entry in self._cache.get(key, []):
+            exported = entry.exported
+            if exported is None:
+                return entry
+            if any(t._version != version for t, version in exported.baked):
+                continue
+            if any(_tensor(o, a).dtype != d for (o, a), d in zip(entry.owners, entry.dtypes, strict=True)):
+                continue
+            if all(
+                dims is None
+                or (len(dims) == t.dim() and all(d is None or d == s for d, s in zip(dims, t.shape, strict=True)))
+                for dims, t in zip(entry.dims, (tensors[i] for i in exported.input_leaves), strict=True)
+            ):
+                return entry
+        return None
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        label = type(self.module).__name__
+        training = self.module.training
+        try:
+            exported = export_module(self.module, args, kwargs, self.exporter, self.opset, self.dynamic)
+            statistics = fit_batch_norms(exported, self.module, training)
+            function = onnx_function(
+                exported.model,
+                exported.weights,
+                inputs=exported.inputs,
+                outputs=[*exported.outputs, *statistics],
+                no_grad_outputs=statistics,
+                custom_op_libraries=self.custom_op_libraries,
+                check=False,
+            )
+            trained = dict(self.module.named_parameters())
+            wanted = frozenset(n for n in exported.weights if n in trained and trained[n].requires_grad)
+            if wanted and torch.is_grad_enabled():  # build the backward now: a failure names the node here
+                function.program.compiled(wanted)
+        except (ExportError, GradientError) as exc:
+            if not self.fallback:
+                if isinstance(exc, GradientError):
+                    raise GradientError(f"Training {label} through ONNX Runtime: {exc}") from exc
+                raise
+            warnings.warn(
+                f"OrtModule({label}): running these inputs ({'training' if training else 'eval'} mode) eagerly in "
+                f"torch, not in ONNX Runtime, because: {exc}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return _Entry(None)
+        owners = [_owner(self.module, name) for name in exported.weights]
+        program = function.program
+        extra = {name: len(exported.outputs) + i for i, name in enumerate(statistics)}
+        positions = {name: i for i, name in enumerate(exported.inputs)}
+        batch_norms = [
+            (self.module.get_submodule(b.path), b.value in positions, positions.get(b.value, extra.get(b.value, -1)))
+            for b in exported.batch_norms
+        ]
+        return _Entry(
+            exported,
+            function,
+            dims=[dims for _, dims in program.signature[: len(exported.inputs)]],
+            owners=owners,
+            dtypes=[_tensor(o, a).dtype for o, a in owners],
+            batch_norms=batch_norms,
+        )
+
+
+def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
+    """The non-tensor leaves of a call, as part of its signature."""
+    found: list[Hashable] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            raise TypeError(
+                f"OrtModule bakes non-tensor arguments into the exported graph, and {type(leaf).__name__} "
+                f"{leaf!r} is not hashable: pass tensors, numbers, strings or None."
+            ) from None
+        found.append((type(leaf), leaf))
+    return tuple(found)
+
+
+def _owner(module: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return (module.get_submodule(path) if path else module), attr
+
+
+def _tensor(owner: torch.nn.Module, attr: str) -> torch.Tensor:
+    found: torch.Tensor | None = owner._parameters.get(attr)
+    if found is None:
+        found = owner._buffers[attr]
+    if found is None:
+        raise RuntimeError(f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as one.")
+    return found
+
+
+def _update_running_stats(modules: list[torch.nn.Module], inputs: list[torch.Tensor]) -> None:
+    """BatchNorm's training-mode update of its running statistics, from the normalised batch (as torch does)."""
+    with torch.no_grad():
+        for bn, x in zip(modules, inputs, strict=True):
+            tracked = bn.num_batches_tracked
+            if isinstance(tracked, torch.Tensor):
+                tracked.add_(1)
+            momentum = bn.momentum
+            if momentum is None:  # a cumulative average
+                factor = 1.0 / float(tracked) if isinstance(tracked, torch.Tensor) else 0.0
+            else:
+                factor = float(momentum)  # type: ignore[arg-type]  # nn.Module attributes type as Tensor | Module
+            dims = [0, *range(2, x.dim())]
+            var, mean = torch.var_mean(x, dim=dims, correction=1)
+            running_mean, running_var = bn.running_mean, bn.running_var
+            if isinstance(running_mean, torch.Tensor) and isinstance(running_var, torch.Tensor):
+                running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+                running_var.mul_(1 - factor).add_(var.to(running_var.dtype), alpha=factor)

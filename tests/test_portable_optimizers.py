@@ -1,0 +1,205 @@
+"""Optimizers in standard ops (onnxblocks.portable.optimizer) against the training build and torch.
+
+Over several steps with random gradients and a changing learning rate:
+
+* the portable optimizer model equals the training build's ``AdamWOptimizer`` /
+  ``SGDOptimizerV2`` (+ ``InplaceClipGradNorm``) kernels at rtol 1e-6;
+* and ``torch.optim.AdamW`` / ``torch.optim.SGD`` (+ ``torch.nn.utils.clip_grad_norm_``)
+  at rtol 1e-5; Hugging Face mode against its update rule written in torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import onnxblocks
+from onnxblocks import optim
+from onnxblocks._core.contracts import FIRST_ORDER_MOMENTS, PARAMS, SECOND_ORDER_MOMENTS, updated_name
+from onnxblocks._core.ort import onnxruntime
+from onnxblocks.errors import PortabilityError
+from onnxblocks.portable import non_portable_ops, portable_optimizer_model, read_optimizer
+
+SHAPES = [(3, 4), (5,), (2, 3, 2), (1,)]
+STEPS = 6
+LRS = [1e-2, 2e-2, 5e-3, 1e-2, 3e-2, 1e-3]
+
+
+def _params() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+
+
+def _gradients(step: int, scale: float = 1.0) -> list[np.ndarray]:
+    rng = np.random.default_rng(100 + step)
+    return [(scale * rng.standard_normal(s)).astype(np.float32) for s in SHAPES]
+
+
+def _optimizer_model(block: onnxblocks.Block) -> onnx.ModelProto:
+    trainable = [onnx.numpy_helper.from_array(p, f"p{i}") for i, p in enumerate(_params())]
+    with onnxblocks.empty_base():
+        block((trainable, []))
+    return block.to_model_proto()  # type: ignore[attr-defined]
+
+
+def _session(model: onnx.ModelProto):
+    return onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _with_updated_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The training build's optimizer model, also returning the update node's updated sequences."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    (update,) = [n for n in out.graph.node if n.op_type in ("AdamWOptimizer", "SGDOptimizerV2")]
+    names = [PARAMS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS][: 3 if update.op_type == "AdamWOptimizer" else 1]
+    update.output.extend(f"kernel.{n}" for n in names)
+    out.graph.output.extend(helper.make_tensor_sequence_value_info(f"kernel.{n}", 1, None) for n in names)
+    return out
+
+
+def _run_training_build(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> list[list[np.ndarray]]:
+    session = _session(_with_updated_outputs(model))
+    params = _params()
+    m1 = [np.zeros_like(p) for p in params]
+    m2 = [np.zeros_like(p) for p in params]
+    history = []
+    for step in range(STEPS):
+        # the kernels update their inputs in place, and numpy inputs are not copied: feed copies
+        feeds = {"learning_rate": np.array([LRS[step]], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds |= {
+            "params": _copies(params),
+            "gradients": _gradients(step, grad_scale),
+            "first_order_moments": _copies(m1),
+        }
+        if adamw:
+            feeds["second_order_moments"] = _copies(m2)
+        outputs = session.run(None, feeds)
+        params = _copies(outputs[1])
+        if adamw:
+            m1, m2 = _copies(outputs[2]), _copies(outputs[3])
+        history.append(params)
+    return history
+
+
+def _copies(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [a.copy() for a in arrays]
+
+
+def _run_portable(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> list[list[np.ndarray]]:
+    portable = portable_optimizer_model(model, len(SHAPES))
+    assert non_portable_ops(portable) == []
+    session = _session(portable)
+    names = [o.name for o in session.get_outputs()]
+    assert (
+        names == ([updated_name(n) for n in (PARAMS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)][: 3 if adamw else 1])
+    )
+    params = _params()
+    m1 = [np.zeros_like(p) for p in params]
+    m2 = [np.zeros_like(p) for p in params]
+    history = []
+    for step in range(STEPS):
+        feeds = {"learning_rate": np.array([LRS[step]], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds |= {"params": params, "gradients": _gradients(step, grad_scale), "first_order_moments": m1}
+        if adamw:
+            feeds["second_order_moments"] = m2
+        outputs = session.run(None, feeds)
+        params = outputs[0]
+        if adamw:
+            m1, m2 = outputs[1], outputs[2]
+        history.append(params)
+    return history
+
+
+def _hf_adamw_step(p, g, m1, m2, lr, step, betas, eps, decay):  # Hugging Face's AdamW, written in torch
+    m1.mul_(betas[0]).add_(g, alpha=1 - betas[0])
+    m2.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
+    step_size = lr * (1 - betas[1] ** step) ** 0.5 / (1 - betas[0] ** step)
+    p.addcdiv_(m1, m2.sqrt().add_(eps), value=-step_size)
+    p.add_(p, alpha=-lr * decay)
+
+
+def _run_torch(kind: str, mode: str, decay: float, clip: float | None, grad_scale: float) -> list[list[np.ndarray]]:
+    params = [torch.from_numpy(p.copy()).requires_grad_() for p in _params()]
+    betas, eps = (0.9, 0.999), 1e-8
+    opt = None
+    if kind == "sgd":
+        opt = torch.optim.SGD(params, lr=LRS[0])
+    elif mode == "torch":
+        opt = torch.optim.AdamW(params, lr=LRS[0], betas=betas, eps=eps, weight_decay=decay)
+    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    history = []
+    for step in range(STEPS):
+        for p, g in zip(params, _gradients(step, grad_scale), strict=True):
+            p.grad = torch.from_numpy(g.astype(np.float32))
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        if opt is not None:
+            for group in opt.param_groups:
+                group["lr"] = LRS[step]
+            opt.step()
+        else:
+            with torch.no_grad():
+                for p, (m1, m2) in zip(params, moments, strict=True):
+                    _hf_adamw_step(p, p.grad, m1, m2, LRS[step], step + 1, betas, eps, decay)
+        history.append([p.detach().numpy().copy() for p in params])
+    return history
+
+
+CASES = [
+    ("adamw", "torch", 0.01, None),
+    ("adamw", "torch", 0.0, None),
+    ("adamw", "torch", 0.1, 0.5),
+    ("adamw", "hf", 0.01, None),
+    ("adamw", "hf", 0.0, 1.0),
+    ("sgd", "", 0.0, None),
+    ("sgd", "", 0.0, 0.3),
+]
+
+
+def _block(kind: str, mode: str, decay: float, clip: float | None) -> onnxblocks.Block:
+    if kind == "sgd":
+        return optim.SGD(clip_grad=clip)
+    return optim.AdamW(weight_decay=decay, mode=mode, clip_grad=clip)
+
+
+@pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)
+@pytest.mark.parametrize("grad_scale", [1.0, 1e-3], ids=["grads1", "grads1e-3"])
+def test_portable_optimizer_equals_the_training_build(kind, mode, decay, clip, grad_scale):
+    model = _optimizer_model(_block(kind, mode, decay, clip))
+    expected = _run_training_build(model, kind == "adamw", grad_scale)
+    got = _run_portable(model, kind == "adamw", grad_scale)
+    for step, (e, g) in enumerate(zip(expected, got, strict=True)):
+        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
+            np.testing.assert_allclose(gp, ep, rtol=1e-6, atol=1e-7, err_msg=f"step {step + 1}, param {i}")
+
+
+@pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)
+def test_portable_optimizer_equals_torch(kind, mode, decay, clip):
+    model = _optimizer_model(_block(kind, mode, decay, clip))
+    expected = _run_torch(kind, mode, decay, clip, 1.0)
+    got = _run_portable(model, kind == "adamw", 1.0)
+    for step, (e, g) in enumerate(zip(expected, got, strict=True)):
+        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
+            np.testing.assert_allclose(gp, ep, rtol=1e-5, atol=1e-7, err_msg=f"step {step + 1}, param {i}")
+
+
+def test_clipping_actually_clips_in_these_cases():
+    norms = [np.sqrt(sum(float((g**2).sum()) for g in _gradients(s))) for s in range(STEPS)]
+    assert min(norms) > 1.0  # every clipped case above scales its gradients
+
+
+def test_read_optimizer_reads_the_block():
+    spec = read_optimizer(_optimizer_model(optim.AdamW(betas=(0.8, 0.99), eps=1e-6, mode="hf", clip_grad=2.0)))
+    assert (spec.kind, spec.max_norm) == ("adamw", 2.0)
+    assert spec.attributes["alpha"] == pytest.approx(0.8) and spec.attributes["adam_mode"] == 1
+    assert read_optimizer(_optimizer_model(optim.SGD())).kind == "sgd"
+
+
+def test_an_unknown_optimizer_model_is_refused_with_a_remedy():
+    model = _optimizer_model(optim.SGD())
+    model.graph.node.append(helper.make_node("Relu", ["learning_rate"], ["r"]))
+    with pytest.raises(PortabilityError, match=r"onnxblocks\.optim .*portable=False"):
+        portable_optimizer_model(model, len(SHAPES))
