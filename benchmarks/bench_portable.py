@@ -248,18 +248,18 @@ class _NullBackend:
 def session_layer_us(session, batch: list[np.ndarray], steps: int = 20000) -> dict[str, float]:
     """Microseconds per ``session.step`` spent outside ONNX Runtime (checked and unchecked), backend calls stubbed."""
     real = session._impl
-    session._impl = _NullBackend(tuple(session.step(*batch)))
+    session._impl = _NullBackend(tuple(session.train_and_update(*batch)))
     out = {}
     try:
         for check in (True, False):
             session.check_inputs = check
             for _ in range(200):
-                session.step(*batch)
+                session.train_and_update(*batch)
             best = []
             for _ in range(5):
                 start = time.perf_counter()
                 for _ in range(steps // 5):
-                    session.step(*batch)
+                    session.train_and_update(*batch)
                 best.append((time.perf_counter() - start) / (steps // 5) * 1e6)
             out["layer" if check else "layer unchecked"] = min(best)
     finally:
@@ -291,7 +291,7 @@ def training_build_loops(directory: Path, batch: list[np.ndarray], spin: bool = 
 
     return {
         "bare": bare,
-        "session": lambda: session.step(*batch),
+        "session": lambda: session.train_and_update(*batch),
         "session unchecked": lambda: unchecked.step(*batch),
     }
 
@@ -305,7 +305,10 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
 
     session = TrainingSession(directory, backend="portable", session_options=_options(spin))
     unchecked = TrainingSession(directory, backend="portable", check_inputs=False, session_options=_options(spin))
-    loops: dict = {"session": lambda: session.step(*batch), "session unchecked": lambda: unchecked.step(*batch)}
+    loops: dict = {
+        "session": lambda: session.train_and_update(*batch),
+        "session unchecked": lambda: unchecked.step(*batch),
+    }
     step_model = directory / "step_model.onnx"
     if not step_model.exists():
         return loops

@@ -43,7 +43,7 @@ def python_run(artifacts: Path, plan, steps: int) -> tuple[list[float], float]:
     started = time.perf_counter()
     for step in range(steps):
         session.learning_rate = float(plan.learning_rates[step])
-        losses.append(float(session.step(*plan.batch(step))[0]))
+        losses.append(float(session.train_and_update(*plan.batch(step))[0]))
     return losses, (time.perf_counter() - started) / steps
 
 

@@ -116,7 +116,7 @@ def train(task: dict) -> dict:
             session.learning_rate = lr  # the training API keeps the initial rate in checkpoints, not the current one
         batch = batches[(int(task.get("start", 0)) + i) % len(batches)]
         if mode == "step":
-            out = session.step(*batch)
+            out = session.train_and_update(*batch)
         else:
             out = session.train_step(*batch)
             session.optimizer_step()

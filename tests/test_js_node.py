@@ -74,7 +74,7 @@ def model(request, tmp_path_factory):
 def _python(directory, batches, steps=STEPS, lr=LR):
     session = TrainingSession(directory)
     session.learning_rate = lr
-    losses = [float(session.step(*batches[i % len(batches)])[0]) for i in range(steps)]
+    losses = [float(session.train_and_update(*batches[i % len(batches)])[0]) for i in range(steps)]
     return session, np.array(losses)
 
 
@@ -156,7 +156,7 @@ def test_node_state_resumes_in_python_with_its_optimizer_state(model, node_run, 
     resumed = TrainingSession(directory, checkpoint=checkpoint)
     assert int(resumed.step) == STEPS
     assert resumed.learning_rate == pytest.approx(LR)
-    loss = float(resumed.step(*batches[STEPS % len(batches)])[0])
+    loss = float(resumed.train_and_update(*batches[STEPS % len(batches)])[0])
     np.testing.assert_allclose(loss, uninterrupted[STEPS], rtol=RTOL)
     moments = read_state(trained).moments
     assert moments and all(len(m) == 2 for m in moments.values())

@@ -62,9 +62,9 @@ def test_rewritten_ort_checkpoint_is_byte_identical_and_resumes_bit_exactly(tmp_
     session = TrainingSession(directory, backend="training")
     session.learning_rate = 0.01
     for i in range(5):
-        session.step(x[i * 8 : i * 8 + 8], y[i * 8 : i * 8 + 8])
+        session.train_and_update(x[i * 8 : i * 8 + 8], y[i * 8 : i * 8 + 8])
     saved = session.save_checkpoint(tmp_path / "ort", properties={"note": "x", "ratio": 0.5, "big": 2**40})
-    expected = [session.step(x[:16], y[:16])[0] for _ in range(5)]
+    expected = [session.train_and_update(x[:16], y[:16])[0] for _ in range(5)]
 
     ck = load_checkpoint(saved)
     group = ck.optimizer_state["group0"]
@@ -85,7 +85,7 @@ def test_rewritten_ort_checkpoint_is_byte_identical_and_resumes_bit_exactly(tmp_
         resumed = TrainingSession(directory, checkpoint=ours, backend="training")
         resumed.learning_rate = 0.01  # ONNX Runtime restores the initial learning rate, not the current one
         assert resumed.step == 5 and resumed.properties["note"] == "x" and resumed.properties["big"] == 2**40
-        got = [resumed.step(x[:16], y[:16])[0] for _ in range(5)]
+        got = [resumed.train_and_update(x[:16], y[:16])[0] for _ in range(5)]
         assert [float(a) for a in got] == [float(b) for b in expected], name
         for p in session.parameter_names():
             np.testing.assert_array_equal(resumed.get_parameter(p), session.get_parameter(p))
@@ -118,7 +118,7 @@ def test_portable_adamw_matches_torch(linear_dirs, kind):
     session = TrainingSession(linear_dirs[kind])
     assert session.backend == "portable" and session.has_fused_step == (kind == "fused")
     session.learning_rate = 0.01
-    losses = [float(session.step(x, t)[0]) for x, t in batches]
+    losses = [float(session.train_and_update(x, t)[0]) for x, t in batches]
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     for name, value in expected_params.items():
         np.testing.assert_allclose(session.get_parameter(name), value, rtol=1e-5, atol=1e-7)
@@ -164,24 +164,24 @@ def test_portable_resume_is_bit_exact(linear_dirs, tmp_path, kind):
     batches = pl.batches(8)
     session = TrainingSession(linear_dirs[kind])
     for x, t in batches[:4]:
-        session.step(x, t)
+        session.train_and_update(x, t)
     path = session.save_checkpoint(tmp_path / "ck", properties={"epoch": 2, "history": [1.5, 2.5]})
-    straight = [session.step(x, t)[0] for x, t in batches[4:]]
+    straight = [session.train_and_update(x, t)[0] for x, t in batches[4:]]
     resumed = TrainingSession(linear_dirs[kind], checkpoint=path)
     assert resumed.step == 4 and resumed.properties["history"] == [1.5, 2.5]
-    again = [resumed.step(x, t)[0] for x, t in batches[4:]]
+    again = [resumed.train_and_update(x, t)[0] for x, t in batches[4:]]
     assert [float(a) for a in again] == [float(b) for b in straight]
     for name in session.parameter_names():
         np.testing.assert_array_equal(resumed.get_parameter(name), session.get_parameter(name))
     # load_checkpoint into a live session rewinds it the same way
     assert session.load_checkpoint(path)["epoch"] == 2
-    assert [float(session.step(x, t)[0]) for x, t in batches[4:]] == [float(b) for b in straight]
+    assert [float(session.train_and_update(x, t)[0]) for x, t in batches[4:]] == [float(b) for b in straight]
 
 
 def test_fit_takes_one_fused_step_per_batch(linear_dirs):
     batches = pl.batches(6)
     manual = TrainingSession(linear_dirs["fused"])
-    expected = [float(manual.step(x, t)[0]) for x, t in batches]
+    expected = [float(manual.train_and_update(x, t)[0]) for x, t in batches]
     session = TrainingSession(linear_dirs["fused"])
     history = fit(session, ArrayBatches(_stack(batches), batch_size=8, shuffle=False), epochs=1, progress=False)
     assert history.losses == expected and history.steps == 6
@@ -198,24 +198,24 @@ def test_a_run_moves_between_the_backends(linear_dirs, linear_training_build, tm
     # training build -> portable
     first = TrainingSession(linear_training_build, backend="training")
     first.learning_rate = 0.01
-    losses = [float(first.step(x, t)[0]) for x, t in batches[:4]]
+    losses = [float(first.train_and_update(x, t)[0]) for x, t in batches[:4]]
     path = first.save_checkpoint(tmp_path / "from_training")
     second = TrainingSession(linear_dirs["fused"], checkpoint=path)
     assert second.backend == "portable" and second.step == 4
     second.learning_rate = 0.01
-    losses += [float(second.step(x, t)[0]) for x, t in batches[4:]]
+    losses += [float(second.train_and_update(x, t)[0]) for x, t in batches[4:]]
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     for name, value in expected_params.items():
         np.testing.assert_allclose(second.get_parameter(name), value, rtol=1e-5, atol=1e-7)
     # portable -> training build (ONNX Runtime's Optimizer takes the moments and step the portable backend wrote)
     first = TrainingSession(linear_dirs["unfused"])
     first.learning_rate = 0.01
-    losses = [float(first.step(x, t)[0]) for x, t in batches[:4]]
+    losses = [float(first.train_and_update(x, t)[0]) for x, t in batches[:4]]
     path = first.save_checkpoint(tmp_path / "from_portable")
     second = TrainingSession(linear_training_build, checkpoint=path)
     assert second.backend == "training" and second.step == 4
     second.learning_rate = 0.01
-    losses += [float(second.step(x, t)[0]) for x, t in batches[4:]]
+    losses += [float(second.train_and_update(x, t)[0]) for x, t in batches[4:]]
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     for name, value in expected_params.items():
         np.testing.assert_allclose(second.get_parameter(name), value, rtol=1e-5, atol=1e-7)
@@ -226,7 +226,7 @@ def test_portable_export_and_parameters(linear_dirs, tmp_path):
 
     session = TrainingSession(linear_dirs["fused"])
     x, t = pl.batches(1)[0]
-    session.step(x, t)
+    session.train_and_update(x, t)
     w = session.get_parameter("W")
     session.set_parameter("W", w * 2)
     np.testing.assert_array_equal(session.get_parameter("W"), w * 2)
@@ -284,7 +284,7 @@ def test_generated_portable_artifacts_follow_the_training_build(tmp_path, optimi
     for portable, session in sessions.items():
         session.learning_rate = 0.05
         for x_b, y_b in batches[:2]:
-            losses[portable].append(float(session.step(x_b, y_b)[0]))
+            losses[portable].append(float(session.train_and_update(x_b, y_b)[0]))
         session.train_step(*batches[2])  # and once through the training + optimizer models
         session.train_step(*batches[3])
         session.optimizer_step()
@@ -302,7 +302,9 @@ def test_generated_portable_artifacts_follow_the_training_build(tmp_path, optimi
         crossed.learning_rate = 0.05
         same = TrainingSession(dirs[not portable], checkpoint=tmp_path / f"ck_{not portable}")
         same.learning_rate = 0.05
-        np.testing.assert_allclose(crossed.step(*batches[0])[0], same.step(*batches[0])[0], rtol=1e-5)
+        np.testing.assert_allclose(
+            crossed.train_and_update(*batches[0])[0], same.train_and_update(*batches[0])[0], rtol=1e-5
+        )
 
 
 def test_demo_trains_portable_artifacts_on_the_portable_backend(tmp_path):

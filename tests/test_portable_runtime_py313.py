@@ -34,7 +34,7 @@ def test_portable_training_on_python_313_with_stock_onnxruntime(portable_python,
     )
     first = TrainingSession(training)  # 4 steps on the training build, then on to Python 3.13
     first.learning_rate = LR
-    handed = [float(first.step(*b)[0]) for b in batches[:4]]
+    handed = [float(first.train_and_update(*b)[0]) for b in batches[:4]]
     first.save_checkpoint(tmp_path / "from_311")
 
     common = {"task": "train", "data": str(data), "steps": 10, "lr": LR}

@@ -101,7 +101,7 @@ def test_browser_losses_equal_python_step_by_step(page):
     python = []
     for step in range(PARITY_STEPS):
         session.learning_rate = float(plan.learning_rates[step])
-        python.append(float(session.step(*plan.batch(step))[0]))
+        python.append(float(session.train_and_update(*plan.batch(step))[0]))
     np.testing.assert_allclose(report["losses"][:PARITY_STEPS], python, rtol=RTOL, atol=0)
 
 

@@ -122,7 +122,7 @@ def trained_checkpoint(tmp_path_factory):
     session = TrainingSession(directory)
     session.learning_rate = 0.05
     for x, t in portable_linear.batches(3):
-        session.step(x, t)
+        session.train_and_update(x, t)
     path = session.save_checkpoint(directory.parent / "trained", properties={"epoch": 2, "name": "web", "f": 1.0})
     return directory, path, session
 
@@ -165,7 +165,7 @@ def test_state_back_to_a_checkpoint_resumes_exactly(trained_checkpoint, tmp_path
         TrainingSession(directory, checkpoint=tmp_path / "resumed"),
     )
     assert one.learning_rate == two.learning_rate
-    assert one.step(*batch)[0] == two.step(*batch)[0]
+    assert one.train_and_update(*batch)[0] == two.train_and_update(*batch)[0]
     np.testing.assert_array_equal(one.get_parameter("W"), two.get_parameter("W"))
 
 

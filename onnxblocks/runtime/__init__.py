@@ -22,7 +22,7 @@ from onnxblocks.runtime.schedulers import (
     make_schedule,
     schedule_from_dict,
 )
-from onnxblocks.runtime.session import StepCount, TrainingSession
+from onnxblocks.runtime.session import TrainingSession
 
 __all__ = [
     "Accuracy",
@@ -39,7 +39,6 @@ __all__ = [
     "ProgressBar",
     "SaveCheckpoint",
     "Schedule",
-    "StepCount",
     "StepSchedule",
     "TrainingSession",
     "evaluate",

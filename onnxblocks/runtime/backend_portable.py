@@ -293,7 +293,7 @@ class PortableBackend:
         if self._optimizer is None:
             raise RuntimeError(
                 f"The artifacts in '{self.files.directory}' have a fused step model but no optimizer model, so "
-                "gradients cannot be applied after train_step. Use session.step(...) for each batch."
+                "gradients cannot be applied after train_step. Use session.train_and_update(...) for each batch."
             )
         self._step[0] = self._opt_step + 1  # the step being taken, as ONNX Runtime's AdamW counts
         self._run(self._optimizer, self._binding("optimizer"), (), (), 0)

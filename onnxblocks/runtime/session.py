@@ -11,7 +11,7 @@ Example:
     >>> session = TrainingSession("artifacts")
     >>> loss, logits = session.train_step(x, labels)
     >>> session.optimizer_step()          # applies the gradients, then resets them
-    >>> loss, logits = session.step(x, labels)   # both at once (one run with a fused step model)
+    >>> loss, logits = session.train_and_update(x, labels)   # both at once (one run with a fused step model)
     >>> session.save_checkpoint("ckpt", properties={"epoch": 3})
     >>> session.export_inference_model("model.onnx")
 
@@ -23,7 +23,7 @@ accumulation buffers, and :meth:`optimizer_step` applies their sum. Call
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,35 +54,6 @@ def open_backend(name: BackendName, files: ArtifactFiles, checkpoint: Path, devi
     return TrainingBuildBackend(files, checkpoint, device, options)
 
 
-class StepCount(int):
-    """``session.step``: the number of optimizer steps taken, an ``int``, that also trains one step when called.
-
-    ``session.step`` counts the updates (schedules read it; checkpoints keep it),
-    and ``session.step(x, labels)`` is :meth:`TrainingSession.train_and_update`:
-    train step, optimizer step and gradient reset on one batch, a single run with
-    a fused step model.
-    """
-
-    _run: Callable[..., tuple[np.ndarray, ...]]
-
-    def __call__(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        return self._run(*inputs)
-
-
-class _StepAttribute:
-    """The ``step`` attribute of a session: reads give a :class:`StepCount`, writes set the count."""
-
-    def __get__(self, session: TrainingSession | None, owner: type | None = None) -> StepCount:
-        if session is None:
-            return StepCount(0)
-        count = StepCount(session._steps)
-        count._run = session.train_and_update
-        return count
-
-    def __set__(self, session: TrainingSession, value: int) -> None:
-        session._steps = int(value)
-
-
 class TrainingSession:
     """Training, evaluation, optimizer steps and checkpoints for one set of artifacts.
 
@@ -106,9 +77,7 @@ class TrainingSession:
 
     Attributes:
         files: The :class:`~onnxblocks.runtime.layout.ArtifactFiles` in use.
-        step: Number of optimizer steps taken (restored from checkpoints), an int;
-            calling it, ``session.step(*inputs)``, trains one step
-            (:meth:`train_and_update`).
+        step: Number of optimizer steps taken (restored from checkpoints).
         backend: ``"training"`` or ``"portable"``: the backend in use.
 
     Raises:
@@ -117,8 +86,6 @@ class TrainingSession:
         onnxblocks.errors.TrainingBuildRequiredError: for non-portable artifacts on
             stock onnxruntime.
     """
-
-    step = _StepAttribute()
 
     def __init__(
         self,
@@ -138,7 +105,7 @@ class TrainingSession:
         self._options = session_options
         self.check_inputs = check_inputs
         self._impl: Backend | None = None
-        self._steps = 0
+        self.step = 0
         self._pending = 0  # train steps since the gradients were last reset
         self._checked: set[tuple] = set()
         self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
@@ -162,7 +129,7 @@ class TrainingSession:
         else:
             self._impl.load(checkpoint)
         self._pending = 0
-        self._steps = int(self._impl.properties().get(STEP_PROPERTY, 0))
+        self.step = int(self._impl.properties().get(STEP_PROPERTY, 0))
 
     @property
     def _backend(self) -> Backend:
@@ -226,7 +193,7 @@ class TrainingSession:
 
     @property
     def has_fused_step(self) -> bool:
-        """True when the artifacts include a fused step model, so :meth:`step` is one run."""
+        """True when the artifacts include a fused step model, so :meth:`train_and_update` is one run."""
         return self._backend.has_fused_step
 
     @property
@@ -306,14 +273,12 @@ class TrainingSession:
                 "gradients to apply. Call train_step(...) first."
             )
         self._backend.optimizer_step()
-        self._steps += 1
+        self.step += 1
         if reset_grad:
             self.lazy_reset_grad()
 
     def train_and_update(self, *inputs: Any) -> tuple[np.ndarray, ...]:
         """One training step on one batch: ``train_step``, ``optimizer_step`` and the gradient reset.
-
-        ``session.step(*inputs)`` calls it (``session.step`` is also the step count).
 
         With a fused step model (portable artifacts generated with
         ``fused_step=True``, the default) it is a single ``run``; otherwise, or
@@ -338,7 +303,7 @@ class TrainingSession:
             self.optimizer_step()
             return outputs
         outputs = impl.step(arrays)  # type: ignore[union-attr]  # (opened in __init__)
-        self._steps += 1
+        self.step += 1
         return outputs
 
     def lazy_reset_grad(self) -> None:
@@ -503,7 +468,7 @@ class TrainingSession:
 
     def _save(self, path: Path, include_optimizer_state: bool, values: Mapping[str, Any]) -> Path:
         encoded = {name: _props.encode(value, name) for name, value in values.items()}
-        encoded[STEP_PROPERTY] = self._steps
+        encoded[STEP_PROPERTY] = self.step
         for name, value in encoded.items():
             self._backend.set_property(name, value)
         with _guards.checkpoint_output(path) as temp:  # with <temp>.data, if any, replaces the old pair at once
@@ -562,6 +527,6 @@ class TrainingSession:
     def __repr__(self) -> str:
         return (
             f"TrainingSession('{self.files.directory}', inputs={self.input_names}, outputs={self.output_names}, "
-            f"parameters={len(self.parameter_names())}, step={self._steps}, device='{self._device_name}', "
+            f"parameters={len(self.parameter_names())}, step={self.step}, device='{self._device_name}', "
             f"backend='{self.backend}')"
         )
