@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
+from onnxblocks.gradient import _graph
 from onnxblocks.portable.context import LoweringContext, Writer, describe, inputs, outputs
 
 Dims = Sequence[int | str | None]
@@ -126,7 +127,7 @@ def broadcast_gradient_args(node: onnx.NodeProto, ctx: LoweringContext) -> list[
     if static is not None:
         for name, axes in zip((a_out, b_out), static, strict=True):
             if name:
-                w.op("Identity", [w.ints(axes)], name)
+                w.nodes.append(_graph.constant_node(name, np.array(axes, dtype=np.int64), w.names))
         return w.nodes
     computed = broadcast_axes(w, a_shape, b_shape, (bool(a_out), bool(b_out)))
     for name, value in zip((a_out, b_out), computed, strict=True):

@@ -123,7 +123,9 @@ class LoweringContext:
     def shape_source(self, shape_value: str) -> str | None:
         """The tensor whose ``Shape`` (whole, no start/end) ``shape_value`` is, or None."""
         node = self.producers.get(shape_value)
-        if node is None or node.op_type != "Shape" or not _graph.is_default_domain(node) or node.attribute:
+        if node is None or node.op_type != "Shape" or not _graph.is_default_domain(node):
+            return None
+        if _graph.int_attribute(node, "start", 0) != 0 or _graph.int_attribute(node, "end", None) is not None:
             return None
         return node.input[0]
 

@@ -83,10 +83,22 @@ def lower_training_ops(model: onnx.ModelProto) -> dict[str, int]:
         nodes.extend(replacement)
         if replacement != [node]:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    nodes = [_without_noop_reduction(n, ctx) for n in nodes]
     del model.graph.node[:]
     model.graph.node.extend(_live(nodes, {o.name for o in model.graph.output}))
     _prune_unused_opsets(model)
     return counts
+
+
+def _without_noop_reduction(node: onnx.NodeProto, ctx: LoweringContext) -> onnx.NodeProto:
+    """``ReduceSum(x, [])`` with ``noop_with_empty_axes=1`` (broadcast axes that turned out empty) as ``Identity``."""
+    if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 or not node.input[1]:
+        return node
+    noop = any(a.name == "noop_with_empty_axes" and a.i == 1 for a in node.attribute)
+    axes = ctx.constant(node.input[1])
+    if not noop or axes is None or axes.size:
+        return node
+    return onnx.helper.make_node("Identity", [node.input[0]], list(node.output), name=node.name)
 
 
 def _live(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:

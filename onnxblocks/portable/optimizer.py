@@ -125,16 +125,15 @@ class AdamWScalars:
     """The per-step float32 scalars AdamW shares across parameters.
 
     Attributes:
-        lr: The learning rate.
         decay: ``1 - lr * weight_decay`` (the decoupled decay as one product), or "" without decay.
-        inverse_beta_correction: ``1 / (1 - beta2**t)`` (torch mode).
-        step_size: ``lr / (1 - beta1**t)`` (torch mode), ``lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` (HF mode).
+        step_size: ``lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` (``lr`` without bias correction).
+        epsilon: What is added to ``sqrt(m2)``: ``eps * sqrt(1 - beta2**t)`` in torch mode
+            (``sqrt(m2 / c2) + eps`` scaled by ``sqrt(c2)``), ``eps`` in Hugging Face mode.
     """
 
-    lr: str
     decay: str
-    inverse_beta_correction: str
     step_size: str
+    epsilon: str
 
 
 def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: str, step: str) -> AdamWScalars:
@@ -143,20 +142,20 @@ def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: str, step: str)
     f32 = onnx.TensorProto.FLOAT
     lr = w.reshape(learning_rate, [])
     one = w.scalar(1.0, f32)
+    eps = w.scalar(float(a["epsilon"]), f32)
     decay_rate = float(a["weight_decay"])
     decay = w.op("Sub", [one, w.op("Mul", [lr, w.scalar(decay_rate, f32)])]) if decay_rate else ""
     if not int(a["correct_bias"]):
-        return AdamWScalars(lr, decay, one, lr)
+        return AdamWScalars(decay, lr, eps)
     step_d = w.cast(w.reshape(step, []), onnx.TensorProto.DOUBLE)
 
     def correction(beta: float) -> str:
         power = w.op("Pow", [w.const(np.float64(_f32(beta)), suffix="beta"), step_d])
         return w.op("Sub", [one, w.cast(power, f32)])
 
-    alpha_c, beta_c = correction(float(a["alpha"])), correction(float(a["beta"]))
-    if int(a["adam_mode"]) == 0:
-        return AdamWScalars(lr, decay, w.op("Div", [one, beta_c]), w.op("Div", [lr, alpha_c]))
-    return AdamWScalars(lr, decay, one, w.op("Mul", [lr, w.op("Div", [w.op("Sqrt", [beta_c]), alpha_c])]))
+    alpha_c, root_beta_c = correction(float(a["alpha"])), w.op("Sqrt", [correction(float(a["beta"]))])
+    step_size = w.op("Mul", [lr, w.op("Div", [root_beta_c, alpha_c])])
+    return AdamWScalars(decay, step_size, w.op("Mul", [eps, root_beta_c]) if int(a["adam_mode"]) == 0 else eps)
 
 
 def adamw_update(
@@ -164,32 +163,29 @@ def adamw_update(
 ) -> None:
     """Write ``outs = (param, m1, m2)`` after one AdamW step (``adam_mode`` 0: torch, 1: Hugging Face).
 
-    13 to 14 passes over the parameter's size, each a standard op (ONNX Runtime
-    runs no elementwise fusion on CPU, so the count is what costs): the moments as
-    the kernel writes them (``beta * m + (1 - beta) * g``, ``((1 - beta) * g) * g``),
+    13 passes over the parameter's size (12 without weight decay), each a standard op:
+    ONNX Runtime runs no elementwise fusion on CPU, so the count is what costs. The
+    moments as the kernel writes them (``beta * m + (1 - beta) * g``, ``((1 - beta) * g) * g``);
     the decay and the bias corrections folded into scalars (``w * (1 - lr * wd)``,
-    ``m1 * (lr / (1 - beta1**t))``), which moves the result by about an ulp of the update.
+    :class:`AdamWScalars`), which moves the result by about an ulp of the update.
     """
     a = spec.attributes
     f32 = onnx.TensorProto.FLOAT
     alpha, beta = _f32(float(a["alpha"])), _f32(float(a["beta"]))
-    eps = w.scalar(float(a["epsilon"]), f32)
     new_m1 = w.op(
         "Add", [w.op("Mul", [m1, w.scalar(alpha, f32)]), w.op("Mul", [grad, w.scalar(_f32(1.0 - alpha), f32)])], outs[1]
     )
     scaled_g = w.op("Mul", [grad, w.scalar(_f32(1.0 - beta), f32)])
     new_m2 = w.op("Add", [w.op("Mul", [m2, w.scalar(beta, f32)]), w.op("Mul", [scaled_g, grad])], outs[2])
-    if int(a["adam_mode"]) == 0:  # torch: decay first, eps added after the bias correction
+    denom = w.op("Add", [w.op("Sqrt", [new_m2]), s.epsilon])
+    update = w.op("Div", [w.op("Mul", [new_m1, s.step_size]), denom])
+    if int(a["adam_mode"]) == 0:  # torch: decay first
         weight = w.op("Mul", [param, s.decay]) if s.decay else param
-        denom = w.op("Add", [w.op("Sqrt", [w.op("Mul", [new_m2, s.inverse_beta_correction])]), eps])
-        w.op("Sub", [weight, w.op("Div", [w.op("Mul", [new_m1, s.step_size]), denom])], outs[0])
-    else:  # Hugging Face: eps added before the bias correction (in the step size), decay last
-        denom = w.op("Add", [w.op("Sqrt", [new_m2]), eps])
-        updated = w.op(
-            "Sub", [param, w.op("Div", [w.op("Mul", [new_m1, s.step_size]), denom])], None if s.decay else outs[0]
-        )
-        if s.decay:
-            w.op("Mul", [updated, s.decay], outs[0])
+        w.op("Sub", [weight, update], outs[0])
+    elif s.decay:  # Hugging Face: decay last
+        w.op("Mul", [w.op("Sub", [param, update]), s.decay], outs[0])
+    else:
+        w.op("Sub", [param, update], outs[0])
 
 
 def sgd_update(w: Writer, learning_rate: str, param: str, grad: str, out: str) -> None:

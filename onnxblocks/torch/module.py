@@ -155,7 +155,7 @@ class OrtModule(torch.nn.Module):
         key = (self.module.training, spec, _constants(leaves), tuple((t.dtype, t.dim()) for t in tensors))
         entry = self._find(key, tensors)
         if entry is None:
-            entry = self._build(args, kwargs)
+            entry = self._build(args, kwargs, tensors)
             self._cache.setdefault(key, []).append(entry)
         self._last = entry
         if entry.exported is None or entry.function is None:
@@ -190,7 +190,7 @@ class OrtModule(torch.nn.Module):
                 return entry
         return None
 
-    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> _Entry:
         label = type(self.module).__name__
         training = self.module.training
         try:
@@ -229,10 +229,14 @@ class OrtModule(torch.nn.Module):
             (self.module.get_submodule(b.path), b.value in positions, positions.get(b.value, extra.get(b.value, -1)))
             for b in exported.batch_norms
         ]
+        dims: list[list[int | None] | None] = [dims for _, dims in program.signature[: len(exported.inputs)]]
+        if any(leaf is not None for leaf in exported.out_leaves):
+            # a non-tensor output (a size) is the eager run's value: valid for these exact shapes only
+            dims = [list(tensors[i].shape) for i in exported.input_leaves]
         return _Entry(
             exported,
             function,
-            dims=[dims for _, dims in program.signature[: len(exported.inputs)]],
+            dims=dims,
             owners=owners,
             dtypes=[_tensor(o, a).dtype for o, a in owners],
             batch_norms=batch_norms,
