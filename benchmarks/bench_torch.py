@@ -5,6 +5,7 @@ Usage::
     python benchmarks/bench_torch.py                 # MLP, CNN, small GPT, both exporters
     python benchmarks/bench_torch.py --steps 50 --models mlp,gpt --exporters dynamo
     python benchmarks/bench_torch.py --quick         # small sizes, few steps (a smoke run)
+    python benchmarks/bench_torch.py --threads 1     # one intra-op thread each (steadier on a busy machine)
 
 A step is what a training loop does: ``zero_grad``, forward, the loss, backward
 and ``torch.optim.AdamW.step``. Each model is built once; the eager copy and the
@@ -148,10 +149,10 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y:
     return loss.item()
 
 
-def measure(name: str, exporter: str, steps: int, blocks: int, quick: bool) -> dict[str, float]:
+def measure(name: str, exporter: str, steps: int, blocks: int, quick: bool, threads: int) -> dict[str, float]:
     base, x, y = make_case(name, quick)
     eager = copy.deepcopy(base).train()
-    wrapped = OrtModule(copy.deepcopy(base).train(), exporter=exporter)
+    wrapped = OrtModule(copy.deepcopy(base).train(), exporter=exporter, threads=threads)
     runs = {"eager": (eager, torch.optim.AdamW(eager.parameters(), lr=1e-3))}
     runs["onnxblocks"] = (wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3))
     start = time.perf_counter()
@@ -185,8 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per model and side")
     parser.add_argument("--blocks", type=int, default=4, help="alternating blocks the steps are split into")
     parser.add_argument("--quick", action="store_true", help="small models, 8 steps")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch and ONNX Runtime intra-op threads (0: each library's default)"
+    )
     args = parser.parse_args(argv)
     steps = 8 if args.quick else args.steps
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs; {steps} steps per side (zero_grad, forward, loss, backward, AdamW.step)"
@@ -201,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     for name in args.models.split(","):
         for exporter in args.exporters.split(","):
-            r = measure(name, exporter, steps, args.blocks, args.quick)
+            r = measure(name, exporter, steps, args.blocks, args.quick, args.threads)
             cells = (
                 r["eager_min"],
                 r["eager_median"],

@@ -19,8 +19,9 @@ except ImportError as _exc:  # pragma: no cover - exercised in a venv without to
         'onnxblocks.torch needs PyTorch, which is not installed. Install it with: pip install "onnxblocks[torch]"'
     ) from _exc
 
+from onnxblocks.torch._sessions import OrtRunError
 from onnxblocks.torch.export import ExportError
 from onnxblocks.torch.function import OnnxFunction, OnnxModule, onnx_function
 from onnxblocks.torch.module import OrtModule
 
-__all__ = ["ExportError", "OnnxFunction", "OnnxModule", "OrtModule", "onnx_function"]
+__all__ = ["ExportError", "OnnxFunction", "OnnxModule", "OrtModule", "OrtRunError", "onnx_function"]

@@ -10,19 +10,20 @@ converted.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 import torch
-from torch.utils import dlpack
 
 from onnxblocks._core.ort import capi
 
 __all__ = [
     "ONNX_OF_TORCH",
     "TORCH_OF_ONNX",
+    "new_vector",
     "onnx_type_name",
     "push",
     "to_torch",
@@ -49,19 +50,33 @@ def onnx_type_name(elem_type: int) -> str:
     return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "unknown"
 
 
+_to_dlpack = torch._C._to_dlpack  # what torch.utils.dlpack calls, without the Python frame (once per tensor)
+_from_dlpack = torch._C._from_dlpack
+
+
+@functools.cache
+def _capi() -> Any:
+    return capi()
+
+
 def push(vector: Any, tensor: torch.Tensor) -> None:
     """Append ``tensor`` (CPU) to an ``OrtValueVector`` without copying it (unless it is not contiguous)."""
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     if tensor.dtype == torch.bool:
-        vector.push_back(dlpack.to_dlpack(tensor.detach().view(torch.uint8)), True)
+        vector.push_back(_to_dlpack(tensor.detach().view(torch.uint8)), True)
     else:
-        vector.push_back(dlpack.to_dlpack(tensor.detach()), False)
+        vector.push_back(_to_dlpack(tensor.detach()), False)
+
+
+def new_vector() -> Any:
+    """An empty ``OrtValueVector``."""
+    return _capi().OrtValueVector()
 
 
 def vector_of(tensors: Sequence[torch.Tensor]) -> Any:
     """A new ``OrtValueVector`` holding ``tensors``."""
-    vector = capi().OrtValueVector()
+    vector = _capi().OrtValueVector()
     vector.reserve(len(tensors))
     for tensor in tensors:
         push(vector, tensor)
@@ -76,7 +91,7 @@ def ortvalue_of(array: np.ndarray) -> Any:
 
 def to_torch(vector: Any, index: int) -> torch.Tensor:
     """The ``OrtValue`` at ``index`` of an ``OrtValueVector`` as a torch tensor sharing its memory."""
-    tensor = dlpack.from_dlpack(vector.dlpack_at(index))
+    tensor = _from_dlpack(vector.dlpack_at(index))
     if vector.element_type_at(index) == onnx.TensorProto.BOOL:
         tensor = tensor.to(torch.bool)
     return tensor

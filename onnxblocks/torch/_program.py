@@ -19,7 +19,7 @@ from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.gradient import build_vjp_graph
 from onnxblocks.gradient.signature import select_outputs
 from onnxblocks.torch import _interop
-from onnxblocks.torch._sessions import Compiled
+from onnxblocks.torch._sessions import DEFAULT_CONFIG, Compiled, SessionConfig
 
 __all__ = ["Program", "load_model"]
 
@@ -51,7 +51,7 @@ class Program:
         inputs: The order of the user inputs; defaults to the graph's order.
         outputs: The outputs to return, in order; defaults to the graph outputs.
         no_grad_outputs: Outputs that never take a gradient.
-        custom_op_libraries: Shared libraries with custom ops.
+        config: How the ONNX Runtime sessions are made (custom op libraries, threads).
 
     Raises:
         UnknownNameError: for a name the model does not have.
@@ -65,7 +65,7 @@ class Program:
         inputs: Sequence[str] | None = None,
         outputs: Sequence[str] | None = None,
         no_grad_outputs: Iterable[str] = (),
-        custom_op_libraries: Sequence[str] = (),
+        config: SessionConfig = DEFAULT_CONFIG,
     ) -> None:
         self.model = model
         graph = model.graph
@@ -96,7 +96,7 @@ class Program:
                 )
         self.outputs = select_outputs(graph, outputs)
         self.no_grad_outputs = tuple(no_grad_outputs)
-        self.custom_op_libraries = tuple(custom_op_libraries)
+        self.config = config
         self.arguments = (*self.inputs, *self.weights)
         self.signature = [_declared(graph_inputs[n].type) for n in self.inputs] + [
             (initializers[n].data_type, [int(d) for d in initializers[n].dims]) for n in self.weights
@@ -115,9 +115,9 @@ class Program:
                 frozen_params=[n for n in self.weights if n not in requires_grad],
                 outputs=self.outputs,
                 no_grad_outputs=self.no_grad_outputs,
-                custom_op_libraries=self.custom_op_libraries,
+                custom_op_libraries=self.config.custom_op_libraries,
             )
-            found = Compiled(vjp, self.arguments, self.custom_op_libraries)
+            found = Compiled(vjp, self.arguments, self.config)
             self._compiled[requires_grad] = found
         if requires_grad:
             self.latest = found

@@ -28,11 +28,29 @@ import torch
 from onnxblocks._core import ort_errors
 from onnxblocks._core.errors import GradientError
 from onnxblocks._core.ort import capi
+from onnxblocks.gradient import ort_bridge
 from onnxblocks.gradient.split import SplitVjp, set_input_types, split_vjp_graph, untyped_inputs
 from onnxblocks.gradient.vjp import VjpGraph
 from onnxblocks.torch import _interop
 
-__all__ = ["Compiled", "OrtRunError", "Session"]
+__all__ = ["DEFAULT_CONFIG", "Compiled", "OrtRunError", "Session", "SessionConfig"]
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How the ONNX Runtime sessions are made.
+
+    Attributes:
+        custom_op_libraries: Shared libraries with custom ops, registered with each session.
+        threads: ONNX Runtime's intra-op threads (0: its default, one per physical core).
+    """
+
+    custom_op_libraries: tuple[str, ...] = ()
+    threads: int = 0
+
+
+#: ONNX Runtime's default threads, no custom ops.
+DEFAULT_CONFIG = SessionConfig()
 
 
 class OrtRunError(RuntimeError):
@@ -42,15 +60,13 @@ class OrtRunError(RuntimeError):
 class Session:
     """An ONNX Runtime CPU session (C bindings) run on ``OrtValueVector`` feeds and fetches."""
 
-    def __init__(self, model: onnx.ModelProto, label: str, custom_op_libraries: Sequence[str] = ()) -> None:
+    def __init__(self, model: onnx.ModelProto, label: str, config: SessionConfig = DEFAULT_CONFIG) -> None:
         C = capi()
-        options = C.SessionOptions()
-        options.log_severity_level = 3
+        options = ort_bridge.session_options(config.custom_op_libraries)  # OSError naming a library that fails
+        options.intra_op_num_threads = config.threads
         # torch runs between the sessions (the loss, the optimizer): ONNX Runtime's threads must not spin-wait
         # for more work after a run, or they take the cores torch needs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        for library in custom_op_libraries:
-            options.register_custom_ops_library(library)
         try:
             self._session = C.InferenceSession(options, model.SerializeToString(), False, False)
             self._session.initialize_session(["CPUExecutionProvider"], [{}], set())
@@ -75,8 +91,7 @@ class Session:
 
     def run(self, feeds: Any) -> Any:
         """Run on an ``OrtValueVector`` in :attr:`inputs` order; return the ``OrtValueVector`` of :attr:`outputs`."""
-        C = capi()
-        fetches = C.OrtValueVector()
+        fetches = _interop.new_vector()
         try:
             self._session.run_with_ortvaluevector(
                 self._run_options, self.inputs, feeds, self.outputs, fetches, self._devices
@@ -102,10 +117,10 @@ class Compiled:
     Args:
         vjp: The graph from :func:`~onnxblocks.gradient.vjp.build_vjp_graph`.
         arguments: The graph inputs in the order the caller passes tensors (user inputs, then weights).
-        custom_op_libraries: Shared libraries with custom ops.
+        config: How the sessions are made.
     """
 
-    def __init__(self, vjp: VjpGraph, arguments: Sequence[str], custom_op_libraries: Sequence[str] = ()) -> None:
+    def __init__(self, vjp: VjpGraph, arguments: Sequence[str], config: SessionConfig = DEFAULT_CONFIG) -> None:
         self.vjp = vjp
         position = {name: i for i, name in enumerate(arguments)}
         self.outputs = vjp.outputs
@@ -114,7 +129,7 @@ class Compiled:
         self.gradient_of = tuple(position[name] for name in vjp.gradients)
         self.split: SplitVjp | None = None
         if not vjp.gradients:
-            self.forward = Session(vjp.model, "forward graph", custom_op_libraries)
+            self.forward = Session(vjp.model, "forward graph", config)
             self._feed = [position[n] for n in self.forward.inputs]
             self._shared: list[Any] = []
             self.backward: Session | None = None
@@ -124,7 +139,7 @@ class Compiled:
             return
         split = split_vjp_graph(vjp)
         self.split = split
-        self.forward = Session(split.forward, "forward half of the VJP graph", custom_op_libraries)
+        self.forward = Session(split.forward, "forward half of the VJP graph", config)
         n_args = len(self.forward.inputs) - len(split.shared)
         self._feed = [position[n] for n in self.forward.inputs[:n_args]]
         self._shared = [_interop.ortvalue_of(onnx.numpy_helper.to_array(t)) for t in split.shared_values]
@@ -132,7 +147,7 @@ class Compiled:
         missing = untyped_inputs(backward_model)
         if missing:
             set_input_types(backward_model, self.forward.output_types())
-        self.backward = Session(backward_model, "backward half of the VJP graph", custom_op_libraries)
+        self.backward = Session(backward_model, "backward half of the VJP graph", config)
         fetched = {name: i for i, name in enumerate(self.forward.outputs)}
         grads = {name: i for i, name in enumerate(vjp.output_grads)}
         output_index = {name: i for i, name in enumerate(vjp.outputs)}
@@ -175,8 +190,7 @@ class Compiled:
             grad_outputs: The incoming gradient of each output (zeros are used for None).
         """
         assert self.backward is not None
-        C = capi()
-        feeds = C.OrtValueVector()
+        feeds = _interop.new_vector()
         feeds.reserve(len(self._backward_sources))
         for source in self._backward_sources:
             if source.kind == "fetch":

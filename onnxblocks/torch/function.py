@@ -40,6 +40,7 @@ import torch
 
 from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.torch._program import Program, load_model
+from onnxblocks.torch._sessions import SessionConfig
 
 __all__ = ["OnnxFunction", "OnnxModule", "onnx_function"]
 
@@ -69,8 +70,12 @@ class OnnxFunction(torch.autograd.Function):
         """
         if kwargs:
             raise TypeError(f"{cls.__name__}.apply takes tensors by position: inputs, then weights.")
+        return cls.apply_checked(cls.program.check(args))
+
+    @classmethod
+    def apply_checked(cls, tensors: Sequence[torch.Tensor]) -> Any:
+        """:meth:`apply` for tensors already checked against the graph (as :class:`OrtModule` does)."""
         program = cls.program
-        tensors = program.check(args)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return super().apply(program, *tensors)
         outputs, _ = program.compiled(frozenset()).run_forward(tensors)
@@ -127,6 +132,7 @@ def onnx_function(
     outputs: Sequence[str] | None = None,
     no_grad_outputs: Iterable[str] = (),
     custom_op_libraries: Sequence[str] = (),
+    threads: int = 0,
     check: bool = True,
 ) -> type[OnnxFunction]:
     """An autograd Function class that runs ``model`` forward and backward in ONNX Runtime.
@@ -144,6 +150,7 @@ def onnx_function(
         outputs: The outputs to return, in order; defaults to the graph outputs.
         no_grad_outputs: Outputs that never take a gradient.
         custom_op_libraries: Shared libraries with custom ops.
+        threads: ONNX Runtime's intra-op threads (0: its default, one per physical core).
         check: Build the backward graph now for the weights, so a graph ONNX Runtime
             cannot differentiate fails here (naming the node and op), not at the first call.
 
@@ -154,7 +161,8 @@ def onnx_function(
         UnknownNameError: for an input, output or initializer name the model does not have.
         GradientError: when ``check`` and ONNX Runtime cannot differentiate the graph.
     """
-    program = Program(load_model(model), trainable, inputs, outputs, no_grad_outputs, custom_op_libraries)
+    config = SessionConfig(tuple(custom_op_libraries), threads)
+    program = Program(load_model(model), trainable, inputs, outputs, no_grad_outputs, config)
     if check:
         program.compiled(frozenset(program.weights))
     return type(
@@ -184,6 +192,7 @@ class OnnxModule(torch.nn.Module):
         outputs: The outputs ``forward`` returns; defaults to the graph outputs.
         no_grad_outputs: Outputs that never take a gradient.
         custom_op_libraries: Shared libraries with custom ops.
+        threads: ONNX Runtime's intra-op threads (0: its default, one per physical core).
 
     Raises:
         UnknownNameError: for a name the model does not have.
@@ -199,6 +208,7 @@ class OnnxModule(torch.nn.Module):
         outputs: Sequence[str] | None = None,
         no_grad_outputs: Iterable[str] = (),
         custom_op_libraries: Sequence[str] = (),
+        threads: int = 0,
     ) -> None:
         super().__init__()
         loaded = load_model(model)
@@ -209,6 +219,7 @@ class OnnxModule(torch.nn.Module):
             outputs=outputs,
             no_grad_outputs=no_grad_outputs,
             custom_op_libraries=custom_op_libraries,
+            threads=threads,
         )
         initializers = {init.name: init for init in loaded.graph.initializer}
         self._weights: list[tuple[torch.nn.Module, str]] = []

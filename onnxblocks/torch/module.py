@@ -49,6 +49,8 @@ class _Entry:
     dtypes: list[torch.dtype] = field(default_factory=list)
     #: BatchNorm modules to update, each with where its normalised batch is: a graph input or an extra output.
     batch_norms: list[tuple[torch.nn.Module, bool, int]] = field(default_factory=list)
+    #: The module returns one tensor (no pytree to rebuild).
+    single_output: bool = False
 
 
 class OrtModule(torch.nn.Module):
@@ -64,6 +66,7 @@ class OrtModule(torch.nn.Module):
             torch, with a warning, instead of raising.
         opset: The ai.onnx opset to export with (the exporter's default when None).
         custom_op_libraries: Shared libraries with custom ops, registered with ONNX Runtime.
+        threads: ONNX Runtime's intra-op threads (0: its default, one per physical core).
 
     Raises:
         TypeError: when ``module`` is not a torch module.
@@ -79,6 +82,7 @@ class OrtModule(torch.nn.Module):
         fallback: bool = False,
         opset: int | None = None,
         custom_op_libraries: Sequence[str] = (),
+        threads: int = 0,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"OrtModule wraps a torch.nn.Module, not {type(module).__name__}.")
@@ -93,6 +97,7 @@ class OrtModule(torch.nn.Module):
         self.fallback = fallback
         self.opset = opset
         self.custom_op_libraries = tuple(custom_op_libraries)
+        self.threads = threads
         self._cache: dict[Hashable, list[_Entry]] = {}
         self._last: _Entry | None = None
 
@@ -153,42 +158,46 @@ class OrtModule(torch.nn.Module):
             leaves, spec = list(args), len(args)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         key = (self.module.training, spec, _constants(leaves), tuple((t.dtype, t.dim()) for t in tensors))
-        entry = self._find(key, tensors)
+        entry, weights = self._find(key, tensors)
         if entry is None:
             entry = self._build(args, kwargs, tensors)
             self._cache.setdefault(key, []).append(entry)
+            weights = [_tensor(owner, attr) for owner, attr in entry.owners]
         self._last = entry
         if entry.exported is None or entry.function is None:
             return self.module(*args, **kwargs)
         exported = entry.exported
-        weights = [_tensor(owner, attr) for owner, attr in entry.owners]
-        result = entry.function.apply(*(tensors[i] for i in exported.input_leaves), *weights)
+        inputs = [tensors[i] for i in exported.input_leaves]
+        result = entry.function.apply_checked([*inputs, *weights])  # _find checked them against the export
         outputs = list(result) if isinstance(result, tuple) else [result]
         count = len(exported.outputs)
         if entry.batch_norms and self.module.training:
-            inputs = [tensors[i] for i in exported.input_leaves]
             batches = [(inputs if is_input else outputs)[index] for _, is_input, index in entry.batch_norms]
             _update_running_stats([bn for bn, _, _ in entry.batch_norms], batches)
+        if entry.single_output:
+            return outputs[0]
         feed = iter(outputs[:count])
         leaves_out = [next(feed) if c is None else c for c in exported.out_leaves]
         return pytree.tree_unflatten(leaves_out, exported.out_spec)
 
-    def _find(self, key: Hashable, tensors: list[torch.Tensor]) -> _Entry | None:
+    def _find(self, key: Hashable, tensors: list[torch.Tensor]) -> tuple[_Entry | None, list[torch.Tensor]]:
+        """The cached export for this call, and the module's tensors it reads (checked against the export)."""
         for entry in self._cache.get(key, []):
             exported = entry.exported
             if exported is None:
-                return entry
+                return entry, []
             if any(t._version != version for t, version in exported.baked):
                 continue
-            if any(_tensor(o, a).dtype != d for (o, a), d in zip(entry.owners, entry.dtypes, strict=True)):
+            weights = [_tensor(o, a) for o, a in entry.owners]
+            if any(w.dtype != d or w.device.type != "cpu" for w, d in zip(weights, entry.dtypes, strict=True)):
                 continue
             if all(
                 dims is None
                 or (len(dims) == t.dim() and all(d is None or d == s for d, s in zip(dims, t.shape, strict=True)))
                 for dims, t in zip(entry.dims, (tensors[i] for i in exported.input_leaves), strict=True)
-            ):
-                return entry
-        return None
+            ) and all(tensors[i].device.type == "cpu" for i in exported.input_leaves):
+                return entry, weights
+        return None, []
 
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> _Entry:
         label = type(self.module).__name__
@@ -203,6 +212,7 @@ class OrtModule(torch.nn.Module):
                 outputs=[*exported.outputs, *statistics],
                 no_grad_outputs=statistics,
                 custom_op_libraries=self.custom_op_libraries,
+                threads=self.threads,
                 check=False,
             )
             trained = dict(self.module.named_parameters())
@@ -237,6 +247,7 @@ class OrtModule(torch.nn.Module):
             exported,
             function,
             dims=dims,
+            single_output=exported.out_spec.is_leaf() and exported.out_leaves == [None],
             owners=owners,
             dtypes=[_tensor(o, a).dtype for o, a in owners],
             batch_norms=batch_norms,
@@ -275,7 +286,12 @@ def _tensor(owner: torch.nn.Module, attr: str) -> torch.Tensor:
 
 
 def _update_running_stats(modules: list[torch.nn.Module], inputs: list[torch.Tensor]) -> None:
-    """BatchNorm's training-mode update of its running statistics, from the normalised batch (as torch does)."""
+    """BatchNorm's training-mode update of its running statistics from the normalised batch, by torch itself.
+
+    ``torch.nn.functional.batch_norm`` in training mode updates the running mean and
+    (unbiased) variance in place with torch's own formula; its normalised output is
+    dropped (computing it costs less than a separate ``var_mean`` over the batch).
+    """
     with torch.no_grad():
         for bn, x in zip(modules, inputs, strict=True):
             tracked = bn.num_batches_tracked
@@ -286,9 +302,13 @@ def _update_running_stats(modules: list[torch.nn.Module], inputs: list[torch.Ten
                 factor = 1.0 / float(tracked) if isinstance(tracked, torch.Tensor) else 0.0
             else:
                 factor = float(momentum)  # type: ignore[arg-type]  # nn.Module attributes type as Tensor | Module
-            dims = [0, *range(2, x.dim())]
-            var, mean = torch.var_mean(x, dim=dims, correction=1)
             running_mean, running_var = bn.running_mean, bn.running_var
             if isinstance(running_mean, torch.Tensor) and isinstance(running_var, torch.Tensor):
-                running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
-                running_var.mul_(1 - factor).add_(var.to(running_var.dtype), alpha=factor)
+                torch.nn.functional.batch_norm(
+                    x,
+                    running_mean,
+                    running_var,
+                    training=True,
+                    momentum=factor,
+                    eps=float(bn.eps),  # type: ignore[arg-type]
+                )
