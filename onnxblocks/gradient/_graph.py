@@ -50,20 +50,21 @@ def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     """Map each value name to the nodes that read it (subgraph reads included, attributed to the outer node)."""
     readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in graph.node:
-        for name in set(node.input) | _subgraph_reads(node):
+        for name in set(node.input) | subgraph_reads(node):
             if name:
                 readers[name].append(node)
     return readers
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of ``node`` read (outer values included; recursively)."""
     names: set[str] = set()
     for attr in node.attribute:
         graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
         for g in graphs:
             for inner in g.node:
                 names.update(inner.input)
-                names |= _subgraph_reads(inner)
+                names |= subgraph_reads(inner)
     return names
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import onnx
 
 from onnxblocks._core.errors import GradientError, preview
+from onnxblocks.gradient._graph import subgraph_reads
 
 #: Inputs (by position; ``None``: all of them) through which ONNX Runtime builds no gradient.
 #: A subset of ONNX Runtime 1.19's own list, plus ops whose outputs are indices or booleans.
@@ -77,18 +78,6 @@ STOP_INPUTS: dict[str, frozenset[int] | None] = {
 }
 #: Element types a differentiable value may have.
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
-
-
-def subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Names the subgraphs of ``node`` read (outer values included; recursively)."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for graph in graphs:
-            for inner in graph.node:
-                names.update(inner.input)
-                names |= subgraph_reads(inner)
-    return names
 
 
 def has_subgraph(node: onnx.NodeProto) -> bool:

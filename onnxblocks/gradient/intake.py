@@ -20,7 +20,7 @@ import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import preview
-from onnxblocks.gradient.dependencies import subgraph_reads
+from onnxblocks.gradient._graph import subgraph_reads
 
 __all__ = ["check_ranks", "fit_model", "is_sorted", "sort_topologically"]
 

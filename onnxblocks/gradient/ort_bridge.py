@@ -91,14 +91,7 @@ def differentiate(
     stamped = _graph.copy_structure(forward)
     _limits.stamp_versions(stamped)
     seed = float_seed(stamped, loss)
-    data = stamped.SerializeToString()
-    try:
-        optimized = C.get_optimized_model(data, requires_grad, options)
-    except Exception as exc:
-        raise GradientError(
-            "ONNX Runtime could not load or optimize the model before building its gradient: "
-            f"{ort_errors.clean_message(exc)}"
-        ) from None
+    optimized = optimize_for_gradient(C, stamped, requires_grad, options)
     try:
         builder = C.GradientGraphBuilder(optimized, {seed}, requires_grad, seed, options)
         builder.build()
@@ -109,6 +102,28 @@ def differentiate(
     if seed != loss:
         drop_float_seed(training, seed)
     return training
+
+
+def optimize_for_gradient(C: Any, model: onnx.ModelProto, requires_grad: set[str], options: Any) -> bytes:
+    """ONNX Runtime's pre-training graph optimizations of ``model`` (serialized), run before its gradient builder.
+
+    Args:
+        C: ONNX Runtime's C bindings (the training build).
+        model: The model, already stamped with versions the runtime loads.
+        requires_grad: The values gradients are wanted for.
+        options: Session options (custom op libraries registered).
+
+    Raises:
+        GradientError: when ONNX Runtime cannot load or optimize the model.
+    """
+    try:
+        optimized: bytes = C.get_optimized_model(model.SerializeToString(), requires_grad, options)
+    except Exception as exc:
+        raise GradientError(
+            "ONNX Runtime could not load or optimize the model before building its gradient: "
+            f"{ort_errors.clean_message(exc)}"
+        ) from None
+    return optimized
 
 
 def explain_gradient_failure(

@@ -81,7 +81,7 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         raise ValueError("The VJP graph has no gradient output: run its model as the forward model instead.")
     graph = vjp.model.graph
     producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
-    reads = [set(node.input) | _graph._subgraph_reads(node) for node in graph.node]
+    reads = [set(node.input) | _graph.subgraph_reads(node) for node in graph.node]
     grads_out = [gradient_name(n) for n in vjp.gradients]
     forward_nodes = _ancestors(vjp.outputs, producer, reads)
     backward_nodes = _ancestors(grads_out, producer, reads) - forward_nodes
@@ -201,7 +201,7 @@ def _submodel(
 ) -> onnx.ModelProto:
     graph = model.graph
     chosen = [graph.node[i] for i in nodes]
-    read = set().union(*(set(n.input) | _graph._subgraph_reads(n) for n in chosen)) if chosen else set()
+    read = set().union(*(set(n.input) | _graph.subgraph_reads(n) for n in chosen)) if chosen else set()
     inits = [initializers[n] for n in initializers if n in read and n not in exclude]
     new_graph = helper.make_graph(
         chosen,

@@ -207,7 +207,7 @@ def _sources(graph: onnx.GraphProto) -> dict[str, set[str]]:
     inputs = {vi.name for vi in graph.input}
     found: dict[str, set[str]] = {name: {name} for name in inputs}
     for node in graph.node:  # graphs are topologically sorted
-        reads = set(node.input) | _graph._subgraph_reads(node)
+        reads = set(node.input) | _graph.subgraph_reads(node)
         depends = set().union(*(found.get(name, set()) for name in reads if name))
         for out in node.output:
             if out:
@@ -263,20 +263,14 @@ def _differentiate(
     forward: onnx.ModelProto, gradients: Sequence[str], ys: Sequence[str], custom_op_libraries: Sequence[str]
 ) -> onnx.ModelProto:
     """ONNX Runtime's pre-training optimizer and gradient builder, with ``ys`` as y nodes and no loss."""
-    from onnxblocks._core.ort import capi
+    from onnxblocks._core.ort import require_training_build
 
-    C = capi()
+    C = require_training_build("Building a gradient graph (ONNX Runtime's gradient builder)")
     options = ort_bridge.session_options(custom_op_libraries)
     stamped = _graph.copy_structure(forward)
     _limits.stamp_versions(stamped)
     wanted = set(gradients)
-    try:
-        optimized = C.get_optimized_model(stamped.SerializeToString(), wanted, options)
-    except Exception as exc:
-        raise GradientError(
-            "ONNX Runtime could not load or optimize the model before building its gradient: "
-            f"{ort_errors.clean_message(exc)}"
-        ) from None
+    optimized = ort_bridge.optimize_for_gradient(C, stamped, wanted, options)
     try:
         builder = C.GradientGraphBuilder(optimized, set(ys), wanted, "", options)
         builder.build()

@@ -28,18 +28,17 @@ from typing import Any
 
 import onnx
 
+# the optimizer model's input names (re-exported: the contract of onnxblocks._core.contracts)
+from onnxblocks._core.contracts import FIRST_ORDER_MOMENTS as FIRST_ORDER_MOMENTS
+from onnxblocks._core.contracts import GRADIENTS as GRADIENTS
+from onnxblocks._core.contracts import LEARNING_RATE as LEARNING_RATE
+from onnxblocks._core.contracts import PARAMS as PARAMS
+from onnxblocks._core.contracts import SECOND_ORDER_MOMENTS as SECOND_ORDER_MOMENTS
+from onnxblocks._core.contracts import STEP as STEP
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import ForwardBlock
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim.clip import ClipGradNorm
-
-#: Names of the optimizer model's inputs (documented contract).
-LEARNING_RATE = "learning_rate"
-STEP = "step"
-PARAMS = "params"
-GRADIENTS = "gradients"
-FIRST_ORDER_MOMENTS = "first_order_moments"
-SECOND_ORDER_MOMENTS = "second_order_moments"
 
 #: Parameter element types the optimizer ops accept.
 FLOAT_TYPES: dict[int, str] = {
