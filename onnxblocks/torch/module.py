@@ -310,5 +310,5 @@ def _update_running_stats(modules: list[torch.nn.Module], inputs: list[torch.Ten
                     running_var,
                     training=True,
                     momentum=factor,
-                    eps=float(bn.eps),  # type: ignore[arg-type]
+                    eps=float(bn.eps),  # type: ignore[arg-type]  # as above
                 )
