@@ -292,7 +292,7 @@ def training_build_loops(directory: Path, batch: list[np.ndarray], spin: bool = 
     return {
         "bare": bare,
         "session": lambda: session.train_and_update(*batch),
-        "session unchecked": lambda: unchecked.step(*batch),
+        "session unchecked": lambda: unchecked.train_and_update(*batch),
     }
 
 
@@ -307,7 +307,7 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
     unchecked = TrainingSession(directory, backend="portable", check_inputs=False, session_options=_options(spin))
     loops: dict = {
         "session": lambda: session.train_and_update(*batch),
-        "session unchecked": lambda: unchecked.step(*batch),
+        "session unchecked": lambda: unchecked.train_and_update(*batch),
     }
     step_model = directory / "step_model.onnx"
     if not step_model.exists():
