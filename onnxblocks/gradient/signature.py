@@ -239,23 +239,38 @@ def order_inputs_and_outputs(
     extra = [n for n in inputs if n not in set(wanted_inputs)]
     for name in missing:  # ONNX Runtime dropped an input nothing reads; keep the documented signature
         inputs[name] = signature[name]
+    refuse_extra_inputs(extra)
+    del graph.input[:]
+    graph.input.extend(inputs[n] for n in wanted_inputs)
+    order_outputs(graph, [*user_outputs, *(gradient_name(n) for n in partition.requires_grad)])
+
+
+def refuse_extra_inputs(extra: Sequence[str]) -> None:
+    """Raise when ONNX Runtime's gradient builder added graph inputs the signature does not have.
+
+    Raises:
+        GradientError: naming them.
+    """
     if extra:
         raise GradientError(
             f"ONNX Runtime's gradient builder added unexpected graph inputs {preview(extra)}. "
             "Please report this with the model."
         )
-    ordered_inputs = [inputs[n] for n in wanted_inputs]
-    del graph.input[:]
-    graph.input.extend(ordered_inputs)
 
-    outputs = {vo.name: vo for vo in graph.output}
-    wanted_outputs = [*user_outputs, *(gradient_name(n) for n in partition.requires_grad)]
-    absent = [n for n in wanted_outputs if n not in outputs]
+
+def order_outputs(graph: onnx.GraphProto, wanted: Sequence[str]) -> None:
+    """Make ``wanted`` the graph's outputs, in that order (ONNX Runtime's builder orders them its own way).
+
+    Raises:
+        GradientError: when the builder produced no output for a wanted name.
+    """
+    produced = {vo.name: vo for vo in graph.output}
+    absent = [n for n in wanted if n not in produced]
     if absent:
         raise GradientError(
             f"ONNX Runtime's gradient builder produced no output for {preview(absent)}. "
             "Please report this with the model."
         )
-    ordered_outputs = [outputs[n] for n in wanted_outputs]
+    ordered = [produced[n] for n in wanted]
     del graph.output[:]
-    graph.output.extend(ordered_outputs)
+    graph.output.extend(ordered)

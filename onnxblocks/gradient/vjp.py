@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.contracts import gradient_name
-from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.gradient import _graph, ort_bridge, pooling, signature
 from onnxblocks.gradient.batch_norm import batch_norm_inference_as_elementary
 from onnxblocks.gradient.builder import upgrade_old_opset
@@ -305,21 +305,7 @@ def _order_signature(
         inputs.append(grad)
     wanted = {vi.name for vi in inputs}
     extra = [n for n in present if n not in wanted]
-    if extra:
-        raise GradientError(
-            f"ONNX Runtime's gradient builder added unexpected graph inputs {preview(extra)}. "
-            "Please report this with the model."
-        )
+    signature.refuse_extra_inputs(extra)
     del graph.input[:]
     graph.input.extend(inputs)
-    produced = {vo.name: vo for vo in graph.output}
-    wanted_outputs = [*user_outputs, *(gradient_name(n) for n in gradients)]
-    absent = [n for n in wanted_outputs if n not in produced]
-    if absent:
-        raise GradientError(
-            f"ONNX Runtime's gradient builder produced no output for {preview(absent)}. "
-            "Please report this with the model."
-        )
-    ordered = [produced[n] for n in wanted_outputs]
-    del graph.output[:]
-    graph.output.extend(ordered)
+    signature.order_outputs(graph, [*user_outputs, *(gradient_name(n) for n in gradients)])

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,13 +102,7 @@ def per_tensor_optimizer(
     if direct is not None:
         return direct
 
-    def fresh(base: str) -> str:
-        name, n = base, 0
-        while name in taken:
-            n += 1
-            name = f"{base}_{n}"
-        taken.add(name)
-        return name
+    fresh = _namer(taken)
 
     wrapped = onnx.ModelProto()
     wrapped.CopyFrom(model)
@@ -187,13 +181,7 @@ def _unwrapped(
     if set(built.values()) != outputs or outputs & consumed:
         return None
 
-    def fresh(base: str) -> str:
-        name, n = base, 0
-        while name in taken:
-            n += 1
-            name = f"{base}_{n}"
-        taken.add(name)
-        return name
+    fresh = _namer(taken)
 
     inputs = {(s, i): fresh(f"{s}.{p}") for s in sequences for i, (p, _, _) in enumerate(params)}
     result = {(o[: -len(UPDATED_SUFFIX)], i): fresh(f"{o}.{p}") for o in outputs for i, (p, _, _) in enumerate(params)}
@@ -290,3 +278,17 @@ def inference_model(
             info if info is not None else helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
         )
     return model
+
+
+def _namer(taken: set[str]) -> Callable[[str], str]:
+    """A name maker: ``base`` when it is free, else ``base_1``, ``base_2`` ... (each reserved in ``taken``)."""
+
+    def fresh(base: str) -> str:
+        name, n = base, 0
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        return name
+
+    return fresh
