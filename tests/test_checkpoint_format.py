@@ -18,6 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from system_tools import debian_tool
+
 from onnxblocks._core.ort import capi
 from onnxblocks.checkpoint import (
     CheckpointFormatError,
@@ -124,9 +126,8 @@ def test_generated_layout_equals_ort_1_19_2_bindings():
 
 
 def test_generated_code_is_what_flatc_writes(tmp_path):
-    flatc = shutil.which("flatc")
-    assert flatc is not None, (
-        "flatc is not installed: `apt-get install flatbuffers-compiler` (Debian 12 ships 2.0.8; .ci/run installs it)"
+    flatc = os.fspath(
+        debian_tool("flatbuffers-compiler", ["flatc"], "Debian 12's flatc 2.0.8 wrote the committed checkpoint code")
     )
     version = subprocess.run([flatc, "--version"], capture_output=True, text=True, check=True).stdout
     assert "2.0.8" in version, f"the committed code is from flatc 2.0.8, not {version.strip()}: regenerate it"

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from system_tools import SystemToolError, debian_tool
+
 from onnxblocks.web.npm import NpmError, install_js_dependencies, js_dir
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
@@ -63,23 +65,12 @@ def workspace(directory: Path) -> Path:
 @functools.cache
 def chromium() -> Path:
     """Debian's Chromium, installed with apt-get when missing (as root)."""
-    for candidate in CHROMIUM_CANDIDATES:
-        if Path(candidate).exists():
-            return Path(candidate)
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise WebEnvError(
-            "Chromium is not installed (looked at " + ", ".join(CHROMIUM_CANDIDATES) + "). Install Debian's package: "
-            "`apt-get install -y chromium` (the browser test drives it with playwright-core; it never downloads one)."
+    try:
+        return debian_tool(
+            "chromium", CHROMIUM_CANDIDATES, "the browser test drives it with playwright-core; it never downloads one"
         )
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-        if done.returncode != 0:
-            raise WebEnvError(
-                f"Chromium is missing and `{' '.join(command)}` failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
-            )
-    if not Path(CHROMIUM_CANDIDATES[0]).exists():
-        raise WebEnvError("apt-get installed the chromium package but /usr/bin/chromium is not there.")
-    return Path(CHROMIUM_CANDIDATES[0])
+    except SystemToolError as exc:
+        raise WebEnvError(str(exc)) from None
 
 
 def run_node(js: Path, script: str, *args: str, timeout: float = 300) -> dict:

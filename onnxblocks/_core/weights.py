@@ -12,8 +12,8 @@ model, or :meth:`ModelAccessor.materialize`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PureWindowsPath
 
 import numpy as np
@@ -53,13 +53,30 @@ def is_stub(tensor: onnx.TensorProto) -> bool:
     )
 
 
+def _little_endian(values: np.ndarray, source: TensorSource) -> np.ndarray:
+    """``values`` as a C-contiguous little-endian array of the source's dtype and shape.
+
+    Raises:
+        ValueError: if the values do not have the source's dtype and shape.
+    """
+    array = np.asarray(values)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(source.data_type)
+    if array.dtype != dtype or tuple(array.shape) != tuple(source.dims):
+        raise ValueError(
+            f"Tensor '{source.name}' was declared {dtype}{list(source.dims)} but its values are "
+            f"{array.dtype}{list(array.shape)}. Pass values of the declared dtype and shape."
+        )
+    return np.ascontiguousarray(array.astype(dtype.newbyteorder("<"), copy=False))
+
+
 @dataclass(frozen=True)
 class TensorSource:
     """Where the bytes of one held tensor live.
 
     Exactly one of ``tensor`` (a TensorProto owned by the caller, never copied or
-    mutated) or ``path`` (an external data file, with ``offset`` and ``length``)
-    is set.
+    mutated), ``path`` (an external data file, with ``offset`` and ``length``) or
+    ``load`` (a function returning the values as a numpy array, called only when
+    the bytes are read, e.g. a trained parameter fetched from a runtime) is set.
     """
 
     name: str
@@ -69,6 +86,7 @@ class TensorSource:
     path: Path | None = None
     offset: int = 0
     length: int | None = None
+    load: Callable[[], np.ndarray] | None = field(default=None, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -101,6 +119,11 @@ class TensorSource:
                     remaining -= len(piece)
                     yield piece
             return
+        if self.load is not None:
+            data = memoryview(_little_endian(self.load(), self)).cast("B")
+            for start in range(0, len(data), chunk_bytes):
+                yield data[start : start + chunk_bytes]
+            return
         assert self.tensor is not None
         if self.tensor.HasField("raw_data"):
             data = memoryview(self.tensor.raw_data)
@@ -119,6 +142,8 @@ class TensorSource:
         """The tensor as a numpy array."""
         if self.tensor is not None:
             return numpy_helper.to_array(self.tensor)
+        if self.load is not None:
+            return _little_endian(self.load(), self)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(self.data_type)
         if self.path is not None:
             return np.fromfile(self.path, dtype=dtype, count=self.nbytes // dtype.itemsize, offset=self.offset).reshape(

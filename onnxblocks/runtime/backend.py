@@ -97,10 +97,6 @@ class Backend(Protocol):
         """Replace parameters, optimizer state and properties with a checkpoint's."""
         ...
 
-    def export(self, path: Path, output_names: Sequence[str]) -> None:
-        """Write the inference model (eval model cut to ``output_names``, current parameters) to ``path``."""
-        ...
-
 
 def select_backend(requested: str, files: ArtifactFiles) -> BackendName:
     """The backend to run ``files`` with.

@@ -48,7 +48,7 @@ from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.layout import ArtifactFiles
-from onnxblocks.runtime.portable_graphs import PerTensorOptimizer, inference_model, per_tensor_optimizer
+from onnxblocks.runtime.portable_graphs import PerTensorOptimizer, per_tensor_optimizer
 
 #: The learning rate ONNX Runtime's ``Optimizer`` starts with (until set, or restored from a checkpoint).
 DEFAULT_LEARNING_RATE = 1e-3
@@ -375,18 +375,6 @@ class PortableBackend:
             optimizer_state=state,
             properties=self._props,
         )
-
-    def export(self, path: Path, output_names: Sequence[str]) -> None:
-        from onnxblocks.io import save_model
-
-        eval_model = self.files.eval_model
-        assert eval_model is not None
-        if eval_model.suffix != ".onnx":
-            raise ValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
-        model = onnx.load(os.fspath(eval_model), load_external_data=False)
-        values = {n: self._current(n).numpy() for n in self.parameter_names()}
-        cut = inference_model(model, values, output_names, self.eval_outputs)
-        save_model(cut, path, base_dir=eval_model.parent)
 
 
 def _read(checkpoint: Path) -> Any:

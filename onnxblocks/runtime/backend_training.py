@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from onnxblocks._core.errors import preview
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
-from onnxblocks.runtime.export import export_inference
 from onnxblocks.runtime.layout import ArtifactFiles
 
 
@@ -120,8 +120,8 @@ class TrainingBuildBackend:
         return np.array(self._state.get_parameter(name).data.numpy(), copy=True)
 
     def parameter_spec(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
-        data = self._state.get_parameter(name).data
-        return data.numpy().dtype, tuple(data.shape())
+        data = self._state.get_parameter(name).data  # its element type, not its values: no copy
+        return onnx.helper.tensor_dtype_to_np_dtype(data.element_type()), tuple(data.shape())
 
     def write_parameters(self, values: dict[str, np.ndarray]) -> None:
         cpu = _ort.make_device("cpu")
@@ -144,6 +144,3 @@ class TrainingBuildBackend:
 
     def save(self, path: Path, include_optimizer_state: bool) -> None:
         self._C.save_checkpoint(self._state, os.fspath(path), include_optimizer_state and self.has_optimizer)
-
-    def export(self, path: Path, output_names: Sequence[str]) -> None:
-        export_inference(self._module, path, output_names, self.eval_outputs)

@@ -1,35 +1,141 @@
-"""Exporting an inference model from a training session's eval model and current parameters."""
+"""Exporting an inference model from a training session's eval model and current parameters.
+
+Both backends export the same way: the eval model (read without its external
+data) is cut down to the nodes that compute the asked outputs, its parameter
+inputs become initializers, and :func:`onnxblocks.io.save_model` streams the
+trained values (fetched one parameter at a time) and the eval model's own
+constants into the destination. The result is self-contained: a single
+``.onnx`` file when the weights total less than :data:`EXTERNAL_DATA_FROM`
+bytes, else the ``.onnx`` file and ``<file name>.data`` beside it, referenced
+by a relative location. Nothing refers back to the artifacts directory, and
+models over 2 GB work (no tensor ever sits inside a protobuf message).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
-from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA
-from onnxblocks.io import atomic_file
-from onnxblocks.runtime import _ort
+from onnxblocks._core import weights as _weights
+from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADATA
+
+#: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the model.
+EXTERNAL_DATA_FROM = 1 << 30
 
 
-def export_inference(module: Any, destination: Path, names: Sequence[str], eval_outputs: Sequence[str]) -> Path:
-    """Write the inference model that ONNX Runtime's training ``Module`` cuts from its eval model.
+def _used_names(node: onnx.NodeProto) -> Iterator[str]:
+    """The node's inputs and every name its subgraphs read (outer-scope references included)."""
+    yield from node.input
+    for attr in node.attribute:
+        for sub in (attr.g, *attr.graphs) if attr.HasField("g") or attr.graphs else ():
+            for inner in sub.node:
+                yield from _used_names(inner)
+
+
+def inference_model(
+    eval_model: onnx.ModelProto,
+    parameters: Mapping[str, tuple[int, Sequence[int]]],
+    outputs: Sequence[str],
+    eval_outputs: Sequence[str],
+) -> onnx.ModelProto:
+    """The eval model cut down to ``outputs``, with the parameters it reads as held stubs.
+
+    Inputs that no kept node reads (the labels the loss used) are dropped; the
+    parameters (``name -> (ONNX data type, dims)``) that kept nodes read become
+    initializers whose bytes are held aside (:func:`onnxblocks._core.weights.make_stub`),
+    to be streamed by :func:`onnxblocks.io.save_model`. ``eval_model`` is not changed.
+
+    Raises:
+        ValueError: for an output name the eval model does not compute.
+    """
+    graph = eval_model.graph
+    producers = {name: i for i, node in enumerate(graph.node) for name in node.output}
+    graph_inputs = {i.name: i for i in graph.input}
+    initializers = {t.name: t for t in graph.initializer}
+    unknown = [n for n in outputs if n not in producers and n not in graph_inputs and n not in initializers]
+    if unknown:
+        raise ValueError(
+            f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model outputs: "
+            f"{list(eval_outputs)}; any value of the eval graph can be exported."
+        )
+    keep: set[int] = set()
+    needed: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        index = producers.get(name)
+        if index is not None and index not in keep:
+            keep.add(index)
+            stack.extend(n for n in _used_names(graph.node[index]) if n)
+    known = {v.name: v for v in (*graph.value_info, *graph.output, *graph.input)}
+    cut = helper.make_graph(
+        [graph.node[i] for i in sorted(keep)],
+        graph.name or "inference",
+        [graph_inputs[n] for n in graph_inputs if n in needed and n not in parameters],
+        [],
+        [
+            *(t for n, t in initializers.items() if n in needed and n not in parameters),
+            *(
+                _weights.make_stub(n, parameters[n][0], list(parameters[n][1]))
+                for n in graph_inputs
+                if n in needed and n in parameters
+            ),
+        ],
+        value_info=[v for v in graph.value_info if v.name in needed],
+    )
+    model = helper.make_model(cut, opset_imports=list(eval_model.opset_import), ir_version=eval_model.ir_version)
+    model.producer_name = eval_model.producer_name
+    model.metadata_props.extend(p for p in eval_model.metadata_props if p.key != PORTABLE_METADATA)
+    missing = [n for n in outputs if n not in known]
+    if missing:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known.update({v.name: v for v in inferred.graph.value_info})
+    for name in outputs:
+        info = known.get(name)
+        model.graph.output.append(
+            info if info is not None else helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
+        )
+    return model
+
+
+def export_inference(
+    eval_model: Path,
+    destination: Path,
+    names: Sequence[str],
+    parameters: Mapping[str, tuple[np.dtype, Sequence[int]]],
+    fetch: Callable[[str], np.ndarray],
+    eval_outputs: Sequence[str],
+) -> Path:
+    """Write the inference model cut from ``eval_model`` with the parameters ``fetch`` returns.
 
     Args:
-        module: The ONNX Runtime training ``Module`` (its parameters are the trained ones).
-        destination: The ``.onnx`` file, written atomically.
+        eval_model: The artifacts' eval model (``.onnx``; its external data is read from beside it).
+        destination: The ``.onnx`` file to write; its data file, when it needs one, is
+            ``<destination name>.data`` beside it. Both appear complete or not at all.
         names: The outputs to keep.
+        parameters: ``name -> (dtype, shape)`` of every parameter the session holds.
+        fetch: Returns a parameter's current value; called once per parameter the
+            export keeps, while its bytes are written (one parameter in memory at a time).
         eval_outputs: The eval model's outputs, for the error message.
 
     Returns:
         ``destination``.
 
     Raises:
-        ValueError: if ``names`` is empty or ONNX Runtime rejects them.
+        ValueError: if ``names`` is empty or names a value the eval model does not
+            compute, or the eval model is an ORT-format file.
     """
+    from onnxblocks.io import save_model
+
     names = list(names)
     if not names:
         raise ValueError(
@@ -37,14 +143,33 @@ def export_inference(module: Any, destination: Path, names: Sequence[str], eval_
             "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
             "additional_output_names=[...]."
         )
+    if eval_model.suffix != ".onnx":
+        raise ValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
+    model = onnx.load(os.fspath(eval_model), load_external_data=False)
+    specs = {n: (helper.np_dtype_to_tensor_dtype(np.dtype(d)), tuple(s)) for n, (d, s) in parameters.items()}
+    cut = inference_model(model, specs, names, eval_outputs)
+    total = sum(_weights.tensor_nbytes(t) for t in cut.graph.initializer)
+    stored_outside = any(
+        t.data_location == TensorProto.EXTERNAL and not _weights.is_stub(t) for t in cut.graph.initializer
+    )
+    external = total >= EXTERNAL_DATA_FROM or stored_outside
+    sources: dict[str, _weights.TensorSource] = {}
+    for index, init in enumerate(cut.graph.initializer):
+        if not _weights.is_stub(init):
+            continue
+        if external:
+            data_type, dims = specs[init.name]
+            sources[init.name] = _weights.TensorSource(
+                init.name, data_type, dims, load=lambda name=init.name: fetch(name)
+            )
+        else:  # one self-contained file
+            cut.graph.initializer[index].CopyFrom(numpy_helper.from_array(fetch(init.name), init.name))
+    threshold = 1024 if external else 1 << 62
     destination.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(destination) as temp:
-        try:
-            module.export_model_for_inferencing(os.fspath(temp), names)
-        except RuntimeError as exc:
-            raise ValueError(
-                f"Cannot export outputs {names}: {_ort.clean_message(exc)}. Eval model outputs: {list(eval_outputs)}."
-            ) from None
+    written = save_model(cut, destination, sources, external_data_threshold=threshold, base_dir=eval_model.parent)
+    stale = destination.with_name(destination.name + ".data")
+    if written == destination and stale.is_file():
+        stale.unlink()  # an earlier export's data file: the new model does not read it
     return destination
 
 

@@ -1,4 +1,4 @@
-"""Graph surgery the portable backend does at load time: a per-tensor optimizer, and the inference cut.
+"""Graph surgery the portable backend does at load time: a per-tensor optimizer.
 
 * :func:`per_tensor_optimizer` turns a portable optimizer model (tensor-sequence
   inputs and outputs, as the contract in docs/portable.md says) into one whose
@@ -9,21 +9,18 @@
   ``SequenceConstruct`` (as onnxblocks writes them), those nodes are replaced by
   the tensors themselves (no copy); otherwise ``SequenceConstruct`` in front and
   ``SequenceAt`` behind wrap the model as it is.
-* :func:`inference_model` cuts an eval model down to the nodes that compute the
-  asked outputs and turns the parameters into initializers holding their
-  current values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxblocks._core.contracts import PORTABLE_METADATA, UPDATED_SUFFIX, updated_name
+from onnxblocks._core.contracts import UPDATED_SUFFIX, updated_name
 
 #: Sequence ops (SequenceConstruct, SequenceAt) exist from this opset of the default domain on.
 _SEQUENCE_OPSET = 11
@@ -210,74 +207,6 @@ def _unwrapped(
     del body.value_info[:]
     body.value_info.extend(kept)
     return PerTensorOptimizer(wrapped, inputs, result, scalars)
-
-
-def _used_names(node: onnx.NodeProto) -> Iterator[str]:
-    """The node's inputs and every name its subgraphs read (outer-scope references included)."""
-    yield from node.input
-    for attr in node.attribute:
-        for sub in (attr.g, *attr.graphs) if attr.HasField("g") or attr.graphs else ():
-            for inner in sub.node:
-                yield from _used_names(inner)
-
-
-def inference_model(
-    eval_model: onnx.ModelProto, values: Mapping[str, np.ndarray], outputs: Sequence[str], eval_outputs: Sequence[str]
-) -> onnx.ModelProto:
-    """The eval model cut down to ``outputs``, with ``values`` (the parameters) as initializers.
-
-    Inputs that no kept node reads (the labels the loss used) are dropped.
-
-    Raises:
-        ValueError: for an output name the eval model does not compute.
-    """
-    graph = eval_model.graph
-    producers = {name: i for i, node in enumerate(graph.node) for name in node.output}
-    graph_inputs = {i.name: i for i in graph.input}
-    initializers = {t.name: t for t in graph.initializer}
-    unknown = [n for n in outputs if n not in producers and n not in graph_inputs and n not in initializers]
-    if unknown:
-        raise ValueError(
-            f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model outputs: "
-            f"{list(eval_outputs)}; any value of the eval graph can be exported."
-        )
-    keep: set[int] = set()
-    needed: set[str] = set()
-    stack = list(outputs)
-    while stack:
-        name = stack.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        index = producers.get(name)
-        if index is not None and index not in keep:
-            keep.add(index)
-            stack.extend(n for n in _used_names(graph.node[index]) if n)
-    known = {v.name: v for v in (*graph.value_info, *graph.output, *graph.input)}
-    cut = helper.make_graph(
-        [graph.node[i] for i in sorted(keep)],
-        graph.name or "inference",
-        [graph_inputs[n] for n in graph_inputs if n in needed and n not in values],
-        [],
-        [
-            *(t for n, t in initializers.items() if n in needed and n not in values),
-            *(numpy_helper.from_array(np.asarray(values[n]), n) for n in graph_inputs if n in needed and n in values),
-        ],
-        value_info=[v for v in graph.value_info if v.name in needed],
-    )
-    model = helper.make_model(cut, opset_imports=list(eval_model.opset_import), ir_version=eval_model.ir_version)
-    model.producer_name = eval_model.producer_name
-    model.metadata_props.extend(p for p in eval_model.metadata_props if p.key != PORTABLE_METADATA)
-    missing = [n for n in outputs if n not in known]
-    if missing:
-        inferred = onnx.shape_inference.infer_shapes(model)
-        known.update({v.name: v for v in inferred.graph.value_info})
-    for name in outputs:
-        info = known.get(name)
-        model.graph.output.append(
-            info if info is not None else helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
-        )
-    return model
 
 
 def _namer(taken: set[str]) -> Callable[[str], str]:

@@ -33,7 +33,7 @@ from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks.runtime import guards as _guards
 from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.backend import Backend, BackendName, select_backend
-from onnxblocks.runtime.export import forward_outputs_hint
+from onnxblocks.runtime.export import export_inference, forward_outputs_hint
 from onnxblocks.runtime.inputs import InputSpec, check_batch, read_input_specs
 from onnxblocks.runtime.layout import ArtifactFiles
 
@@ -496,10 +496,15 @@ class TrainingSession:
         """Write an inference model with the current (trained) parameters.
 
         The eval model is cut down to the nodes that compute ``output_names``;
-        the loss and label inputs are dropped.
+        the loss and label inputs are dropped. The export is self-contained on
+        both backends and at any size: one ``.onnx`` file, or, when the weights
+        total 1 GiB or more (or the eval model keeps constants in external data),
+        the ``.onnx`` file and ``<file name>.data`` beside it, referenced by a
+        relative location. Both are written atomically; nothing refers back to
+        the artifacts directory.
 
         Args:
-            path: Destination ``.onnx`` file (written atomically).
+            path: Destination ``.onnx`` file.
             output_names: Outputs to keep; default :meth:`default_inference_outputs`.
 
         Returns:
@@ -519,10 +524,12 @@ class TrainingSession:
                 "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
                 "additional_output_names=[...]."
             )
-        destination = Path(path)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        self._backend.export(destination, names)
-        return destination
+        assert self.files.eval_model is not None
+        backend = self._backend
+        specs = {n: backend.parameter_spec(n) for n in backend.parameter_names()}
+        return export_inference(
+            self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names
+        )
 
     def __repr__(self) -> str:
         return (
