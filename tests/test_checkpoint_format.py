@@ -17,7 +17,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-
 from system_tools import debian_tool
 
 from onnxblocks._core.ort import capi

@@ -120,7 +120,7 @@ class TensorSource:
                     yield piece
             return
         if self.load is not None:
-            data = memoryview(_little_endian(self.load(), self)).cast("B")
+            data = _little_endian(self.load(), self).reshape(-1).view(np.uint8).data
             for start in range(0, len(data), chunk_bytes):
                 yield data[start : start + chunk_bytes]
             return

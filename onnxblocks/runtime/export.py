@@ -13,6 +13,7 @@ models over 2 GB work (no tensor ever sits inside a protobuf message).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -160,7 +161,7 @@ def export_inference(
         if external:
             data_type, dims = specs[init.name]
             sources[init.name] = _weights.TensorSource(
-                init.name, data_type, dims, load=lambda name=init.name: fetch(name)
+                init.name, data_type, dims, load=functools.partial(fetch, init.name)
             )
         else:  # one self-contained file
             cut.graph.initializer[index].CopyFrom(numpy_helper.from_array(fetch(init.name), init.name))
