@@ -1,0 +1,24 @@
+"""The one graph IR under every graph edit onnxblocks makes.
+
+onnxblocks edits graphs in one in-memory form, `onnx-ir <https://github.com/onnx/ir-py>`_
+(``import onnx_ir as ir``): values with def-use chains, nodes in a linked list,
+recursive iteration, lazy external tensors, and protobuf serde. This package holds
+what every editing package shares, so no other package walks, rebuilds, names or
+prunes a graph by hand:
+
+* :mod:`~onnxblocks.ir.serde`: ``ModelProto`` <-> ``ir.Model`` at the boundaries
+  (held weight stubs stay stubs; no tensor is copied);
+* :mod:`~onnxblocks.ir.passes`: the one pass contract (:class:`Pass`, returning a
+  :class:`PassResult` that says what changed) and :func:`run_passes`;
+* :mod:`~onnxblocks.ir.walk`: recursive iteration over nodes and the values subgraphs read;
+* :mod:`~onnxblocks.ir.edit`: graph surgery (dead-node removal, cutting a graph down to
+  some outputs, renaming values, replacing a node by others);
+* :mod:`~onnxblocks.ir.names`: the graph's name authority (names derived from the
+  graph, never from a process-wide counter; a user's name is never changed);
+* :mod:`~onnxblocks.ir.writer`: :class:`Writer`, which builds the nodes of one rewrite
+  with fresh names and the opset-dependent forms of ops (``Squeeze``, ``Reduce*``,
+  ``Split``, ``Pad``...) spelled once.
+
+The IR is imported only by the packages that edit graphs (gradient, portable,
+artifacts, torch), never by ``import onnxblocks``.
+"""

@@ -1,0 +1,47 @@
+"""Iterating over a graph and the graphs nested in its nodes' attributes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+
+def all_nodes(graph: ir.Graph | ir.Function) -> Iterator[ir.Node]:
+    """Every node of ``graph`` and of the subgraphs in its nodes' attributes, depth first, in order."""
+    yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
+def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
+    """The graphs in ``node``'s attributes (``If`` branches, ``Loop``/``Scan`` bodies), not recursively."""
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def outer_reads(node: ir.Node) -> set[ir.Value]:
+    """The values defined outside ``node`` that its subgraphs read (recursively)."""
+    inner_graphs = {id(g) for g in _nested(node)}
+    reads: set[ir.Value] = set()
+    for sub in subgraphs(node):
+        for inner in all_nodes(sub):
+            for value in inner.inputs:
+                if value is not None and id(value.graph) not in inner_graphs:
+                    reads.add(value)
+    return reads
+
+
+def reads(node: ir.Node) -> list[ir.Value]:
+    """The values ``node`` reads: its inputs, then what its subgraphs read from outside it."""
+    direct = [v for v in node.inputs if v is not None]
+    seen = set(direct)
+    return direct + [v for v in outer_reads(node) if v not in seen]
+
+
+def _nested(node: ir.Node) -> Iterator[ir.Graph]:
+    for sub in subgraphs(node):
+        yield sub
+        for inner in sub:
+            yield from _nested(inner)
