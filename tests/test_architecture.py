@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "onnxblocks"
 #: packages that share a layer may not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("_core",),
+    ("ir",),
     ("errors",),
     ("gradient", "io", "datasets"),
     ("portable",),
