@@ -15,7 +15,14 @@ from typing import Any
 
 from onnxblocks import blocks, losses, optim
 from onnxblocks._core import html as _html
-from onnxblocks._core.errors import GradientError, NoActiveModelError, NotBuiltError, OnnxBlocksError, UnknownNameError
+from onnxblocks._core.errors import (
+    GradientError,
+    NoActiveModelError,
+    NotBuiltError,
+    OnnxBlocksError,
+    UnknownNameError,
+    ValueOperandError,
+)
 from onnxblocks._core.version import __version__
 from onnxblocks.blocks import (
     Block,
@@ -79,6 +86,7 @@ __all__ = [
     "TrainingSession",
     "UnknownNameError",
     "Value",
+    "ValueOperandError",
     "__version__",
     "base",
     "blocks",

@@ -10,6 +10,7 @@ from onnxblocks._core.errors import (
     PortabilityError,
     TrainingBuildRequiredError,
     UnknownNameError,
+    ValueOperandError,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "PortabilityError",
     "TrainingBuildRequiredError",
     "UnknownNameError",
+    "ValueOperandError",
 ]

@@ -68,9 +68,42 @@ def test_value_is_a_plain_string_for_name_code():
         acc.add_input("a", onnx.TensorProto.FLOAT, [2])
         out = B.Neg()("a")
         assert isinstance(out, str)
-        assert out + "_grad" == str(out) + "_grad"
+        assert str(out) + "_grad" == "neg_out_0_grad"  # issue 18: names are built from str(v), not v + "..."
         assert f"{out}.buffer" == str(out) + ".buffer"
         assert {out: 1}[str(out)] == 1
+
+
+OPERATORS = [
+    ("+", lambda a, b: a + b),
+    ("-", lambda a, b: a - b),
+    ("*", lambda a, b: a * b),
+    ("/", lambda a, b: a / b),
+    ("**", lambda a, b: a**b),
+    ("@", lambda a, b: a @ b),
+]
+
+
+@pytest.mark.parametrize(("symbol", "apply"), OPERATORS, ids=[o[0] for o in OPERATORS])
+@pytest.mark.parametrize("order", ["value_first", "str_first"])
+def test_value_and_plain_str_raise_for_every_operator(symbol, apply, order):
+    with ob.empty_base() as acc:
+        acc.add_input("a", onnx.TensorProto.FLOAT, [2, 2])
+        acc.add_input("target", onnx.TensorProto.FLOAT, [2, 2])
+        v = B.Neg()("a")
+        nodes = len(acc.model.graph.node)
+        with pytest.raises(ob.ValueOperandError) as info:
+            apply(v, "target") if order == "value_first" else apply("target", v)
+        assert isinstance(info.value, TypeError) and isinstance(info.value, ob.OnnxBlocksError)
+        message = str(info.value)
+        assert "ob.value('target')" in message and "str(v)" in message and f" {symbol} " in message
+        assert len(acc.model.graph.node) == nodes  # nothing was added
+        # the remedy works: the wrapped name adds exactly one node of the operator's op type
+        wrapped = ob.value("target")
+        out = apply(v, wrapped) if order == "value_first" else apply(wrapped, v)
+        op = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow", "@": "MatMul"}[symbol]
+        (node,) = [n for n in acc.model.graph.node if str(out) in n.output]
+        assert node.op_type == op
+        assert list(node.input) == ([str(v), "target"] if order == "value_first" else ["target", str(v)])
 
 
 def test_sequence_construct_pass_through_and_input_like():

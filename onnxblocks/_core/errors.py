@@ -26,6 +26,10 @@ class NoActiveModelError(OnnxBlocksError, RuntimeError):
     """A block was called outside ``onnxblocks.base(...)`` / ``onnxblocks.empty_base()``."""
 
 
+class ValueOperandError(OnnxBlocksError, TypeError):
+    """An operator between a graph ``Value`` and an operand it cannot combine with (a plain ``str``)."""
+
+
 class NotBuiltError(OnnxBlocksError, RuntimeError):
     """A result was asked of a block before the block was built."""
 

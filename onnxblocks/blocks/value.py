@@ -6,10 +6,12 @@ active build, so losses read like the maths::
 
     loss = 0.4 * mse(a, "t1") + 0.6 * mse(b, "t2")
 
-Rules: an operator between a Value and a number, a numpy array, another Value
-or a plain name adds a node. The one exception is ``Value + "text"``, which stays
-string concatenation so names can still be built from names; wrap a plain name
-with :func:`value` to add it in the graph.
+Rules: an operator between a Value and a number, a numpy array or another Value
+adds a node. Every operator between a Value and a plain ``str`` raises a
+:class:`~onnxblocks.errors.ValueOperandError` (a ``TypeError``), in both operand
+orders: ``v + "target"`` could mean a graph ``Add`` or a name, so neither is
+guessed. Write ``value("target")`` (``ob.value``) for the graph value of that
+name, or ``str(v) + "_suffix"`` to build a name.
 
 Operands of different element types are promoted as torch promotes them
 (:mod:`onnxblocks.blocks.promotion`): ``int64_labels * 0.5`` is float32, a
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from onnxblocks._core.context import current
+from onnxblocks._core.errors import ValueOperandError
 from onnxblocks.blocks import promotion
 
 
@@ -44,8 +47,10 @@ class Value(str):
         own_type = acc.elem_type(self)
         array = None
         operand: Value | None = None
-        if isinstance(other, str):  # a Value or a plain name (only + means concatenation, handled by the caller)
-            operand = Value(other)
+        if isinstance(other, str) and not isinstance(other, Value):
+            raise _plain_string(self, op_type, other, reverse)
+        if isinstance(other, Value):
+            operand = other
             other_type = acc.elem_type(operand)
             target = promotion.promote_types(own_type, other_type) if own_type and other_type else None
         else:
@@ -77,13 +82,9 @@ class Value(str):
 
     # -- arithmetic ----------------------------------------------------------
     def __add__(self, other: Any) -> Any:
-        if isinstance(other, str) and not isinstance(other, Value):
-            return str(self) + other
         return self._binary("Add", other)
 
     def __radd__(self, other: Any) -> Any:
-        if isinstance(other, str) and not isinstance(other, Value):
-            return other + str(self)
         return self._binary("Add", other, reverse=True)
 
     def __sub__(self, other: Any) -> Any:
@@ -124,6 +125,20 @@ class Value(str):
 
     # str defines __mod__ for %-formatting; keep it. Hashing and == stay str's.
     __hash__ = str.__hash__
+
+
+_SYMBOLS = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "**", "MatMul": "@"}
+
+
+def _plain_string(v: Value, op_type: str, other: str, reverse: bool) -> ValueOperandError:
+    symbol = _SYMBOLS[op_type]
+    written = f"{other!r} {symbol} {v!r}" if reverse else f"{v!r} {symbol} {other!r}"
+    fixed = f"ob.value({other!r}) {symbol} v" if reverse else f"v {symbol} ob.value({other!r})"
+    as_name = f"{other!r} + str(v)" if reverse else f"str(v) + {other!r}"
+    return ValueOperandError(
+        f"{written}: a Value and a plain str do not combine. For the graph value named {other!r} write "
+        f"{fixed}; to build a name write {as_name}."
+    )
 
 
 def _cast(name: str, elem_type: int | None, target: int | None) -> str:
