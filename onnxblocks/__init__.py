@@ -15,14 +15,6 @@ from typing import Any
 
 from onnxblocks import blocks, losses, optim
 from onnxblocks._core import html as _html
-from onnxblocks._core.errors import (
-    GradientError,
-    NoActiveModelError,
-    NotBuiltError,
-    OnnxBlocksError,
-    UnknownNameError,
-    ValueOperandError,
-)
 from onnxblocks._core.version import __version__
 from onnxblocks.blocks import (
     Block,
@@ -36,6 +28,31 @@ from onnxblocks.blocks import (
     empty_base,
     from_onnxscript,
     value,
+)
+from onnxblocks.errors import (
+    CheckpointFormatError,
+    CheckpointMismatchError,
+    DataFileError,
+    FileAccessError,
+    FileConflictError,
+    FileMissingError,
+    GradientError,
+    InvalidIndexError,
+    InvalidTypeError,
+    InvalidValueError,
+    IsAFolderError,
+    LockTimeoutError,
+    MissingDependencyError,
+    NoActiveModelError,
+    NotAFolderError,
+    NotBuiltError,
+    OnnxBlocksError,
+    OrtRunError,
+    PortabilityError,
+    StateError,
+    TrainingBuildRequiredError,
+    UnknownNameError,
+    ValueOperandError,
 )
 
 # Rich displays: the display layer registers its renderers when a notebook first asks for one.
@@ -73,16 +90,33 @@ def __dir__() -> list[str]:
 __all__ = [
     "Artifacts",
     "Block",
+    "CheckpointFormatError",
+    "CheckpointMismatchError",
+    "DataFileError",
+    "FileAccessError",
+    "FileConflictError",
+    "FileMissingError",
     "ForwardBlock",
     "GradientError",
+    "InvalidIndexError",
+    "InvalidTypeError",
+    "InvalidValueError",
+    "IsAFolderError",
+    "LockTimeoutError",
     "LossType",
+    "MissingDependencyError",
     "ModelAccessor",
     "NoActiveModelError",
+    "NotAFolderError",
     "NotBuiltError",
     "OnnxBlocksError",
     "OptimType",
+    "OrtRunError",
+    "PortabilityError",
     "ScriptBlock",
+    "StateError",
     "TrainingBlock",
+    "TrainingBuildRequiredError",
     "TrainingSession",
     "UnknownNameError",
     "Value",

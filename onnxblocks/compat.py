@@ -43,6 +43,7 @@ import onnx
 from onnxblocks import blocks as _blocks
 from onnxblocks import losses as _losses
 from onnxblocks import optim as _optim
+from onnxblocks._core.errors import StateError
 from onnxblocks.artifacts import generate as _artifacts
 from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.context import base, empty_base
@@ -65,7 +66,7 @@ def save_checkpoint(
     from onnxblocks.checkpoint import save_checkpoint as _save
 
     if parameters is None:
-        raise RuntimeError("No checkpoint parameters provided.")
+        raise StateError("No checkpoint parameters provided.")
     _save(parameters, path_to_checkpoint, nominal_checkpoint=nominal_checkpoint)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidValueError
+
 
 def spirals(
     points_per_class: int = 400,
@@ -37,9 +39,11 @@ def spirals(
         ValueError: for fewer than 1 point or 2 classes, or negative noise.
     """
     if points_per_class < 1 or classes < 2:
-        raise ValueError(f"spirals needs points_per_class >= 1 and classes >= 2, got {points_per_class}, {classes}.")
+        raise InvalidValueError(
+            f"spirals needs points_per_class >= 1 and classes >= 2, got {points_per_class}, {classes}."
+        )
     if noise < 0:
-        raise ValueError(f"spirals: noise must be >= 0, got {noise}.")
+        raise InvalidValueError(f"spirals: noise must be >= 0, got {noise}.")
     rng = np.random.default_rng(seed)
     t = np.linspace(0.05, 1.0, points_per_class)
     features, labels = [], []
@@ -63,8 +67,8 @@ def train_val_split(
         ValueError: if ``val_fraction`` is not in ``(0, 1)`` or leaves a part empty.
     """
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}.")
+        raise InvalidValueError(f"val_fraction must be between 0 and 1, got {val_fraction}.")
     cut = len(features) - round(len(features) * val_fraction)
     if cut <= 0 or cut >= len(features):
-        raise ValueError(f"val_fraction={val_fraction} leaves an empty part of {len(features)} rows.")
+        raise InvalidValueError(f"val_fraction={val_fraction} leaves an empty part of {len(features)} rows.")
     return (features[:cut], labels[:cut]), (features[cut:], labels[cut:])

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import onnx
 
-from onnxblocks._core.errors import NoActiveModelError
+from onnxblocks._core.errors import FileMissingError, NoActiveModelError
 
 
 class Builder(Protocol):
@@ -90,7 +90,7 @@ def custom_op_library(path: str | os.PathLike) -> Iterator[str]:
     """
     resolved = os.fspath(path)
     if not os.path.isfile(resolved):
-        raise FileNotFoundError(
+        raise FileMissingError(
             f"Custom op library '{resolved}' does not exist. Pass the path of the compiled shared "
             "library (.so/.dll/.dylib) that registers your custom ops."
         )

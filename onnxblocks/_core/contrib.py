@@ -20,7 +20,7 @@ import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.context import Builder, current
-from onnxblocks._core.errors import did_you_mean
+from onnxblocks._core.errors import InvalidTypeError, did_you_mean
 
 _ATTRIBUTE_KINDS: dict[int, str] = {
     onnx.AttributeProto.FLOAT: "float",
@@ -55,7 +55,7 @@ class Attribute:
             onnx.AttributeProto.STRING: isinstance(value, str),
         }
         if not accepted[self.kind]:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{op_type} attribute '{self.name}' must be a {_ATTRIBUTE_KINDS[self.kind]}, "
                 f"not {type(value).__name__} ({value!r})."
             )
@@ -118,7 +118,7 @@ class ContribOp:
             if attr.name == name:
                 return attr
         known = [a.name for a in self.attributes]
-        raise TypeError(
+        raise InvalidTypeError(
             f"{self.op_type} has no attribute '{name}'.{did_you_mean(name, known)} Its attributes are {known}."
         )
 
@@ -170,12 +170,12 @@ class ContribOp:
 
     def _check_arity(self, n_inputs: int, n_outputs: int, where: str) -> None:
         if not self.required_inputs <= n_inputs <= len(self.inputs):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{where}{self.op_type} takes {self.required_inputs} to {len(self.inputs)} inputs "
                 f"({', '.join(self.inputs)}), got {n_inputs}."
             )
         if not 1 <= n_outputs <= len(self.outputs):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{where}{self.op_type} has 1 to {len(self.outputs)} outputs "
                 f"({', '.join(o.name for o in self.outputs)}), {n_outputs} were asked for."
             )

@@ -1,8 +1,11 @@
 """Exceptions raised by onnxblocks.
 
-Each one subclasses the builtin that matches its meaning (``LookupError`` for an
-unknown name, ``RuntimeError`` for a call made at the wrong time), so callers can
-catch either the precise class or the builtin.
+Every error onnxblocks raises on purpose is an :class:`OnnxBlocksError`. Each
+class also subclasses the builtin that matches its meaning (``ValueError`` for a
+bad value, ``TypeError`` for a wrong kind, ``KeyError`` for an unknown name,
+``RuntimeError`` for a call made at the wrong time, ``FileNotFoundError`` for a
+missing file...), so callers can catch the precise class, ``OnnxBlocksError``,
+or the builtin their code already catches.
 """
 
 from __future__ import annotations
@@ -15,11 +18,63 @@ class OnnxBlocksError(Exception):
     """Base class of every error onnxblocks raises on purpose."""
 
 
-class UnknownNameError(OnnxBlocksError, LookupError):
+class InvalidValueError(OnnxBlocksError, ValueError):
+    """An argument, attribute, tensor or file content that onnxblocks cannot use as it is."""
+
+
+class InvalidTypeError(OnnxBlocksError, TypeError):
+    """An argument of the wrong kind (a path where a model was expected, a float where an int was...)."""
+
+
+class UnknownNameError(OnnxBlocksError, KeyError):
     """A name (value, parameter, input) that the model does not have."""
 
     def __str__(self) -> str:  # LookupError/KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidIndexError(OnnxBlocksError, IndexError):
+    """A position outside what it indexes (a step outside a plan, an epoch not logged...)."""
+
+
+class StateError(OnnxBlocksError, RuntimeError):
+    """A call made when its object cannot serve it (no eval model to export, no optimizer to step...)."""
+
+
+class OrtRunError(OnnxBlocksError, RuntimeError):
+    """ONNX Runtime failed to run a model (its message, cleaned, says why)."""
+
+
+class MissingDependencyError(OnnxBlocksError, ImportError):
+    """An optional package the call needs is not installed (the message names the pip command)."""
+
+
+class FileMissingError(OnnxBlocksError, FileNotFoundError):
+    """A file or folder the call needs does not exist."""
+
+
+class IsAFolderError(OnnxBlocksError, IsADirectoryError):
+    """A folder where a file was expected."""
+
+
+class NotAFolderError(OnnxBlocksError, NotADirectoryError):
+    """A file where a folder was expected."""
+
+
+class FileConflictError(OnnxBlocksError, FileExistsError):
+    """A file is in the way of one onnxblocks would write."""
+
+
+class FileAccessError(OnnxBlocksError, PermissionError):
+    """A file or folder onnxblocks may not read or write."""
+
+
+class DataFileError(OnnxBlocksError, OSError):
+    """A data file that cannot be read as its model says (it ends early, it is not where it should be...)."""
+
+
+class LockTimeoutError(OnnxBlocksError, TimeoutError):
+    """Another process held a lock for longer than the call would wait."""
 
 
 class NoActiveModelError(OnnxBlocksError, RuntimeError):

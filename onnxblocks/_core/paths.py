@@ -16,6 +16,14 @@ import os
 from pathlib import Path
 
 from onnxblocks._core import tempfiles as _tempfiles
+from onnxblocks._core.errors import (
+    FileAccessError,
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    IsAFolderError,
+    NotAFolderError,
+)
 
 #: Longest file name (bytes) most file systems take, when ``pathconf`` cannot tell.
 _NAME_MAX = 255
@@ -31,14 +39,16 @@ def as_path(value: object, parameter: str) -> Path:
         ValueError: if it is empty or holds a NUL character.
     """
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{parameter} must be a path (str or os.PathLike), not {type(value).__name__} {value!r:.60}.")
+        raise InvalidTypeError(
+            f"{parameter} must be a path (str or os.PathLike), not {type(value).__name__} {value!r:.60}."
+        )
     text = os.fspath(value)
     if not isinstance(text, str):
-        raise TypeError(f"{parameter} must be a str path, not bytes {text!r:.60}; decode it first.")
+        raise InvalidTypeError(f"{parameter} must be a str path, not bytes {text!r:.60}; decode it first.")
     if not text:
-        raise ValueError(f"{parameter} is an empty path; pass a file or directory name.")
+        raise InvalidValueError(f"{parameter} is an empty path; pass a file or directory name.")
     if "\0" in text:
-        raise ValueError(f"{parameter} {text!r:.80} holds a NUL character, which no file name can; remove it.")
+        raise InvalidValueError(f"{parameter} {text!r:.80} holds a NUL character, which no file name can; remove it.")
     return Path(text)
 
 
@@ -59,18 +69,20 @@ def _check_names(path: Path, parameter: str, directory: Path) -> None:
     name_max = _limit(directory, "PC_NAME_MAX", _NAME_MAX)
     for part in path.parts:
         if len(os.fsencode(part)) > name_max:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{parameter}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes long; the file system "
                 f"takes at most {name_max}. Choose a shorter name."
             )
     if len(os.fsencode(os.path.abspath(path))) >= _limit(directory, "PC_PATH_MAX", _PATH_MAX):
-        raise ValueError(f"{parameter}: the path '{path}' is too long for the file system. Choose a shorter one.")
+        raise InvalidValueError(
+            f"{parameter}: the path '{path}' is too long for the file system. Choose a shorter one."
+        )
 
 
 def _check_writable_dir(directory: Path, parameter: str, target: Path) -> None:
     """Create and remove a probe file in ``directory``: the check that sees permissions, ACLs and read-only mounts."""
     if not directory.is_dir():
-        raise NotADirectoryError(
+        raise NotAFolderError(
             f"{parameter}: cannot write '{target}': '{directory}' is a file, not a directory (a path below a "
             "file?). Choose a path inside a directory."
         )
@@ -80,7 +92,7 @@ def _check_writable_dir(directory: Path, parameter: str, target: Path) -> None:
     except OSError as exc:
         read_only = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
         reason = "is read-only" if read_only else f"cannot hold new files ({exc.strerror})"
-        raise PermissionError(
+        raise FileAccessError(
             f"{parameter}: cannot write '{target}': directory '{directory}' {reason}. Choose a writable directory."
         ) from None
     os.close(fd)
@@ -109,9 +121,9 @@ def check_output_file(value: object, parameter: str, *, create_parents: bool = F
     existing = _existing_ancestor(parent)
     _check_names(path, parameter, existing if existing.is_dir() else existing.parent)
     if path.is_dir():
-        raise IsADirectoryError(f"{parameter}: '{path}' is a directory; pass a file path inside it.")
+        raise IsAFolderError(f"{parameter}: '{path}' is a directory; pass a file path inside it.")
     if existing != parent and existing.is_dir() and not create_parents:
-        raise FileNotFoundError(
+        raise FileMissingError(
             f"{parameter}: cannot write '{path}': directory '{parent}' does not exist. Create it first."
         )
     _check_writable_dir(existing, parameter, path)
@@ -130,6 +142,6 @@ def check_output_dir(value: object, parameter: str) -> Path:
     existing = _existing_ancestor(path)
     _check_names(path, parameter, existing if existing.is_dir() else existing.parent)
     if existing == path and not path.is_dir():
-        raise NotADirectoryError(f"{parameter}: '{path}' exists and is not a directory. Choose a directory path.")
+        raise NotAFolderError(f"{parameter}: '{path}' exists and is not a directory. Choose a directory path.")
     _check_writable_dir(existing, parameter, path)
     return path

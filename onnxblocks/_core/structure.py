@@ -14,6 +14,8 @@ from typing import Any
 
 import onnx
 
+from onnxblocks._core.errors import InvalidValueError
+
 # Protobuf field numbers (onnx.proto) and wire types used by load_structure().
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
 _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
@@ -52,19 +54,19 @@ def load_structure(path: str | os.PathLike, threshold: int) -> onnx.ModelProto:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
-            raise ValueError(f"'{path}' is empty; it is not an ONNX model.")
+            raise InvalidValueError(f"'{path}' is empty; it is not an ONNX model.")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             try:
                 blob = _rewrite_model(data, path.name, limit)
             except (IndexError, ValueError) as exc:
-                raise ValueError(
+                raise InvalidValueError(
                     f"'{path}' is not a valid ONNX model file ({exc}). Check that the file is complete."
                 ) from None
     model = onnx.ModelProto()
     try:
         model.ParseFromString(blob)
     except Exception as exc:  # protobuf raises DecodeError and others
-        raise ValueError(f"'{path}' is not a valid ONNX model file ({exc}).") from None
+        raise InvalidValueError(f"'{path}' is not a valid ONNX model file ({exc}).") from None
     return model
 
 
@@ -78,7 +80,7 @@ def _varint(data: Any, pos: int) -> tuple[int, int]:
             return result, pos
         shift += 7
         if shift > 63:
-            raise ValueError("malformed varint")
+            raise InvalidValueError("malformed varint")
 
 
 def _encode_varint(value: int) -> bytes:
@@ -111,9 +113,9 @@ def _fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, in
             length, payload = _varint(data, pos)
             pos = payload + length
         else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
+            raise InvalidValueError(f"unsupported protobuf wire type {wire}")
         if pos > end:
-            raise ValueError("truncated protobuf field")
+            raise InvalidValueError("truncated protobuf field")
         yield field, wire, field_start, payload, pos
 
 

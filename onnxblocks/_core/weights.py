@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxblocks._core import structure as _structure
+from onnxblocks._core.errors import DataFileError, FileMissingError, InvalidValueError
 
 #: Initializers of at least this many bytes are held aside rather than copied.
 HOLD_THRESHOLD_BYTES = 1024
@@ -62,7 +63,7 @@ def _little_endian(values: np.ndarray, source: TensorSource) -> np.ndarray:
     array = np.asarray(values)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(source.data_type)
     if array.dtype != dtype or tuple(array.shape) != tuple(source.dims):
-        raise ValueError(
+        raise InvalidValueError(
             f"Tensor '{source.name}' was declared {dtype}{list(source.dims)} but its values are "
             f"{array.dtype}{list(array.shape)}. Pass values of the declared dtype and shape."
         )
@@ -112,7 +113,7 @@ class TensorSource:
                 while remaining > 0:
                     piece = f.read(min(chunk_bytes, remaining))
                     if not piece:
-                        raise OSError(
+                        raise DataFileError(
                             f"External data file {self.path} ended early while reading tensor "
                             f"'{self.name}' ({remaining} bytes missing). Is the model's .data file complete?"
                         )
@@ -198,12 +199,12 @@ class WeightStore:
             info = external_info(tensor)
             location = info.get("location", "")
             if location.startswith(HELD_LOCATION_PREFIX):
-                raise ValueError(
+                raise InvalidValueError(
                     f"Initializer '{tensor.name}' is an onnxblocks stub, not real data. Pass the model "
                     "returned by to_model_proto() or accessor.materialize() instead of the working model."
                 )
             if base_dir is None:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Initializer '{tensor.name}' keeps its data in the external file '{location}', but the "
                     "model's directory is unknown. Pass model_path= (the .onnx file the model was loaded "
                     "from) or load the model from a path."
@@ -229,7 +230,7 @@ def _external_int(tensor: onnx.TensorProto, info: dict[str, str], key: str) -> i
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(
+        raise InvalidValueError(
             f"Initializer '{tensor.name}' has external data {key}={raw!r}; it must be an integer >= 0. The model "
             "file is corrupted; export it again."
         )
@@ -248,24 +249,24 @@ def _external_path(tensor: onnx.TensorProto, location: str, base_dir: str | os.P
         or location.startswith(("/", "\\"))
         or (parts and parts[0] == os.pardir)
     ):
-        raise ValueError(
+        raise InvalidValueError(
             f"Initializer '{tensor.name}' keeps its data at location {location!r}, which is not a file inside the "
             f"model's directory '{base_dir}' (onnx.load refuses it too: absolute paths and '..' could read any "
             "file). Keep the data file beside the .onnx file and give its name relative to it."
         )
     path = Path(base_dir) / location
     if path.is_symlink():
-        raise ValueError(
+        raise InvalidValueError(
             f"Initializer '{tensor.name}' keeps its data in '{path}', which is a symbolic link; onnx.load refuses "
             "those. Replace the link by the file itself."
         )
     if not path.exists():
-        raise FileNotFoundError(
+        raise FileMissingError(
             f"External data file '{path}' of initializer '{tensor.name}' does not exist. Keep the "
             "model's .data file beside the .onnx file, or pass the right model_path=."
         )
     if not path.is_file():
-        raise ValueError(
+        raise InvalidValueError(
             f"External data '{path}' of initializer '{tensor.name}' is not a regular file (a directory, pipe or "
             "device). Point the location at the model's data file."
         )
@@ -287,22 +288,22 @@ def external_source(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> Te
     length = _external_int(tensor, info, "length")
     dims = tuple(tensor.dims)
     if tensor.data_type == onnx.TensorProto.STRING or tensor.data_type not in onnx.TensorProto.DataType.values():
-        raise ValueError(
+        raise InvalidValueError(
             f"Initializer '{tensor.name}' has external data of element type {tensor.data_type}, which cannot be "
             "read as raw bytes. Store it inline."
         )
     if any(d < 0 for d in dims):
-        raise ValueError(f"Initializer '{tensor.name}' has a negative dimension {list(dims)}.")
+        raise InvalidValueError(f"Initializer '{tensor.name}' has a negative dimension {list(dims)}.")
     need = tensor_nbytes(tensor)
     if length is not None and length != need:
-        raise ValueError(
+        raise InvalidValueError(
             f"Initializer '{tensor.name}' declares {length} bytes of external data (length={length}) but its dims "
             f"{list(dims)} and element type {onnx.TensorProto.DataType.Name(tensor.data_type)} need {need}. The "
             "model file is corrupted or was edited; export it again."
         )
     size = path.stat().st_size
     if offset + need > size:
-        raise ValueError(
+        raise InvalidValueError(
             f"Initializer '{tensor.name}' needs bytes {offset}..{offset + need} of '{path}', which has only {size} "
             "bytes. The data file is truncated or belongs to another model; keep the .onnx file and its data file "
             "together."

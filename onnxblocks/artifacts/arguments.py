@@ -22,6 +22,13 @@ import onnx
 from onnxblocks._core import paths as _paths
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.contracts import ArtifactNames
+from onnxblocks._core.errors import (
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    IsAFolderError,
+    NotAFolderError,
+)
 
 #: Longest file name (bytes) most file systems take.
 NAME_MAX = 255
@@ -42,36 +49,38 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
     if model_path is not None:
         model_path = os.fspath(_paths.as_path(model_path, "model_path"))
         if os.path.isdir(model_path):
-            raise IsADirectoryError(
+            raise IsAFolderError(
                 f"model_path '{model_path}' is a directory; pass the .onnx file the model was loaded from."
             )
     if isinstance(model, onnx.ModelProto):
         return model, model_path
     if isinstance(model, (bytes, bytearray)):
-        raise TypeError(
+        raise InvalidTypeError(
             "model must be an onnx.ModelProto or the path of an .onnx file, not bytes: parse serialized bytes "
             "first with onnx.load_from_string(data)."
         )
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}.")
+        raise InvalidTypeError(
+            f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}."
+        )
     path = os.fspath(_paths.as_path(model, "model"))
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"Model file '{path}' does not exist.") from None
+        raise FileMissingError(f"Model file '{path}' does not exist.") from None
     except NotADirectoryError:
-        raise NotADirectoryError(f"Model file '{path}' cannot exist: a directory on its path is a file.") from None
+        raise NotAFolderError(f"Model file '{path}' cannot exist: a directory on its path is a file.") from None
     if stat.S_ISDIR(info.st_mode):
-        raise IsADirectoryError(f"model '{path}' is a directory; pass the .onnx file inside it.")
+        raise IsAFolderError(f"model '{path}' is a directory; pass the .onnx file inside it.")
     if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"model '{path}' is not a regular file (a pipe or device?); pass an .onnx file.")
+        raise InvalidValueError(f"model '{path}' is not a regular file (a pipe or device?); pass an .onnx file.")
     try:
         return _weights.load_structure(path), path
     except (OSError, MemoryError, ValueError):
         raise
     except Exception as exc:  # protobuf's DecodeError and the like, whatever their type
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise ValueError(
+        raise InvalidValueError(
             f"'{path}' is not a valid ONNX model file ({detail}). Check that the file is complete."
         ) from None
 
@@ -86,7 +95,7 @@ def names(argument: str, values: Sequence[str] | None) -> list[str]:
     if values is None:
         return []
     if isinstance(values, str) or not isinstance(values, (list, tuple, Mapping, Set)):
-        raise TypeError(
+        raise InvalidTypeError(
             f"{argument} must be a list of names, not {type(values).__name__}: {values!r}. Pass e.g. [{values!r}]."
             if isinstance(values, str)
             else f"{argument} must be a list of names, not {type(values).__name__}."
@@ -94,9 +103,9 @@ def names(argument: str, values: Sequence[str] | None) -> list[str]:
     out = list(values)
     for n in out:
         if not isinstance(n, str):
-            raise TypeError(f"{argument} must contain names (str), not {type(n).__name__}: {n!r}.")
+            raise InvalidTypeError(f"{argument} must contain names (str), not {type(n).__name__}: {n!r}.")
         if not n:
-            raise ValueError(f"{argument} contains an empty name; every value of a model has a non-empty name.")
+            raise InvalidValueError(f"{argument} contains an empty name; every value of a model has a non-empty name.")
     return out
 
 
@@ -109,23 +118,23 @@ def check_prefix(prefix: Any) -> None:
             system, or the start of onnxblocks' staging directories' names.
     """
     if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}: {prefix!r}.")
+        raise InvalidTypeError(f"prefix must be a str, not {type(prefix).__name__}: {prefix!r}.")
     if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
-        raise ValueError(
+        raise InvalidValueError(
             f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
         )
     if "\0" in prefix:
-        raise ValueError(f"prefix {prefix!r} holds a NUL character, which no file name can; remove it.")
+        raise InvalidValueError(f"prefix {prefix!r} holds a NUL character, which no file name can; remove it.")
     longest = max(len(os.fsencode(n)) for n in ArtifactNames("").owned())
     size = len(os.fsencode(prefix))
     if size + longest > NAME_MAX:
-        raise ValueError(
+        raise InvalidValueError(
             f"prefix {prefix[:40]!r}... is {size} bytes long; with the longest artifact name it needs "
             f"({longest} bytes) the file names would exceed {NAME_MAX} bytes. Use a prefix of at most "
             f"{NAME_MAX - longest} bytes."
         )
     if prefix.startswith(RESERVED_PREFIX):
-        raise ValueError(
+        raise InvalidValueError(
             f"prefix {prefix!r} starts like the names of onnxblocks' staging directories ({RESERVED_PREFIX!r}); "
             "choose another prefix."
         )
@@ -139,7 +148,7 @@ def flag(argument: str, value: Any) -> bool:
     """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise TypeError(f"{argument} must be True or False, not {type(value).__name__}: {value!r}.")
+    raise InvalidTypeError(f"{argument} must be True or False, not {type(value).__name__}: {value!r}.")
 
 
 def library(value: Any) -> list[str]:
@@ -153,9 +162,9 @@ def library(value: Any) -> list[str]:
         return []
     path = _paths.as_path(value, "custom_op_library")
     if path.is_dir():
-        raise IsADirectoryError(f"custom_op_library '{path}' is a directory; pass the shared library file.")
+        raise IsAFolderError(f"custom_op_library '{path}' is a directory; pass the shared library file.")
     if not path.is_file():
-        raise FileNotFoundError(
+        raise FileMissingError(
             f"Custom op library '{path}' does not exist. Pass the path of the compiled shared library "
             "(.so/.dll/.dylib) that registers your custom ops."
         )

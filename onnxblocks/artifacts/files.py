@@ -35,6 +35,7 @@ from pathlib import Path
 
 from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core.contracts import ArtifactNames
+from onnxblocks._core.errors import FileConflictError, IsAFolderError, NotAFolderError
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.artifacts import lock as _lock
 
@@ -72,7 +73,7 @@ def staging(
     """
     owned = list(artifact_names) if artifact_names is not None else ArtifactNames(prefix).owned()
     if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f"artifact_directory '{directory}' exists and is not a directory.")
+        raise NotAFolderError(f"artifact_directory '{directory}' exists and is not a directory.")
     created = _make_directory(directory)
     stage: Path | None = None
     try:
@@ -102,7 +103,7 @@ def _make_directory(directory: Path) -> list[Path]:
     missing = [p for p in (directory, *directory.parents) if not p.exists()][::-1]
     for path in missing:
         if path.parent.exists() and not path.parent.is_dir():
-            raise NotADirectoryError(f"Cannot create artifact_directory '{directory}': '{path.parent}' is a file.")
+            raise NotAFolderError(f"Cannot create artifact_directory '{directory}': '{path.parent}' is a file.")
     directory.mkdir(parents=True, exist_ok=True)
     return missing
 
@@ -123,13 +124,13 @@ def _commit(directory: Path, stage: Path, prefix: str, owned: Sequence[str]) -> 
     for name in new:
         target = directory / name
         if target.is_dir() and not target.is_symlink():
-            raise IsADirectoryError(
+            raise IsAFolderError(
                 f"Cannot write '{target}': it is a directory, not an artifact file. Nothing was changed; remove or "
                 "rename that directory, or write the artifacts into another artifact_directory."
             )
         other = _owner(name, directory, prefix)
         if other is not None and target.exists():
-            raise FileExistsError(
+            raise FileConflictError(
                 f"Cannot write '{target}' for the artifacts with prefix {prefix!r}: it is also a file of the artifacts "
                 f"with prefix {other!r} in the same directory. Nothing was changed; choose another prefix or directory."
             )

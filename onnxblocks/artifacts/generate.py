@@ -25,7 +25,7 @@ import onnx
 from onnxblocks import losses, optim
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, STEP_MODEL, TRAINING_MODEL, ArtifactNames
-from onnxblocks._core.errors import did_you_mean, preview
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, did_you_mean, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
 from onnxblocks.artifacts.files import staging, to_ort_format
@@ -262,7 +262,7 @@ def _generate(
 
     both = [n for n in requires if n in set(frozen)]
     if both:
-        raise ValueError(
+        raise InvalidValueError(
             f"{preview(both)} cannot be both trainable (requires_grad) and frozen (frozen_params). "
             "Remove each from one of the two lists."
         )
@@ -355,8 +355,8 @@ def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
     if isinstance(loss, Block):
         return loss
     if isinstance(loss, type) and issubclass(loss, Block):
-        raise TypeError(f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}().")
-    raise TypeError(
+        raise InvalidTypeError(f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}().")
+    raise InvalidTypeError(
         f"loss must be a LossType ({', '.join(m.name for m in LossType)}), an onnxblocks Block, or None; "
         f"got {type(loss).__name__}: {loss!r}."
     )
@@ -371,10 +371,10 @@ def _resolve_optimizer(optimizer: Any, optimizer_blocks: Callable[[OptimType], B
     if isinstance(optimizer, Block) and hasattr(optimizer, "to_model_proto"):
         return optimizer
     if isinstance(optimizer, type) and issubclass(optimizer, Block):
-        raise TypeError(
+        raise InvalidTypeError(
             f"optimizer must be a Block instance, not the class {optimizer.__name__}: pass {optimizer.__name__}()."
         )
-    raise TypeError(
+    raise InvalidTypeError(
         f"optimizer must be an OptimType ({', '.join(m.name for m in OptimType)}), an optimizer ForwardBlock "
         f"(e.g. onnxblocks.optim.AdamW()), or None; got {type(optimizer).__name__}: {optimizer!r}."
     )
@@ -384,7 +384,7 @@ def _same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
     """Accept the reference's LossType/OptimType members (same names) as ours."""
     if isinstance(value, enum.Enum) and not isinstance(value, enum_type) and type(value).__name__ == enum_type.__name__:
         if value.name not in enum_type.__members__:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{enum_type.__name__}.{value.name} is not supported.{did_you_mean(value.name, enum_type.__members__)}"
             )
         return enum_type[value.name]

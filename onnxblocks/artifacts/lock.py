@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from onnxblocks._core.errors import LockTimeoutError
+
 try:  # POSIX
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -73,7 +75,7 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
         try:
             while not _try_lock(fd):
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(
+                    raise LockTimeoutError(
                         f"Another generate_artifacts call has been writing into '{directory}' for more than "
                         f"{timeout:g} s, so this one gave up waiting for it. Wait until it has finished and try "
                         "again, or write into another artifact_directory."

@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 from onnxblocks._core import context as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.errors import UnknownNameError, did_you_mean
+from onnxblocks._core.errors import InvalidValueError, StateError, UnknownNameError, did_you_mean
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks._core.validation import check_skeleton
 from onnxblocks.blocks.checking import DEFAULT_DOMAIN_VERSIONS, check_node
@@ -82,7 +82,7 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             RuntimeError: if the build was opened without ``model_path``.
         """
         if self._path is None:
-            raise RuntimeError("This build has no model path: pass model_path= to onnxblocks.base().")
+            raise StateError("This build has no model path: pass model_path= to onnxblocks.base().")
         return self._path
 
     @property
@@ -166,7 +166,7 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             out_names = [str(o) for o in outputs]
             for o in out_names:
                 if o in self._defined:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{self.where()}output name '{o}' of {op_type} is already a value of the model; "
                         "choose another name or leave the name out to get a fresh one."
                     )
@@ -239,7 +239,7 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         if name in self._defined:
             if any(i.name == name for i in self._model.graph.input):
                 return Value(name)
-            raise ValueError(
+            raise InvalidValueError(
                 f"{self.where()}cannot create graph input '{name}': the model already has a value of that "
                 "name that is not a graph input. Choose another name."
             )

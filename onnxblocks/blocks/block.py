@@ -9,7 +9,7 @@ from typing import Any, Generic, TypeVar
 
 import onnx
 
-from onnxblocks._core.errors import NotBuiltError, preview
+from onnxblocks._core.errors import InvalidTypeError, NotBuiltError, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.context import current
@@ -114,7 +114,7 @@ class Block(HtmlDisplay, ABC):
             else:
                 count = f"{len(required)} to {len(params)}"
             outputs = [o.name for o in acc.working_model.graph.output]
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{type(self).__name__}.build takes {count} input(s) ({names}) but was called with "
                 f"{len(args)} positional and {len(kwargs)} keyword argument(s) ({exc}). "
                 f"The model's outputs are {preview(outputs)}; pass the ones this block needs."

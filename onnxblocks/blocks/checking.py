@@ -13,6 +13,7 @@ import onnx
 from onnx import helper
 
 from onnxblocks._core import limits as _limits
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 
 #: Domains whose schemas onnx knows, so their nodes can be checked locally.
 ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
@@ -51,7 +52,7 @@ def check_node(
     try:
         schema = onnx.defs.get_schema(node.op_type, version, domain)
     except onnx.defs.SchemaError:
-        raise ValueError(
+        raise InvalidValueError(
             f"{where}op '{node.op_type}' (domain '{domain or 'ai.onnx'}') does not exist at opset "
             f"{version} of the model. Check the op name, or import a newer opset."
         ) from None
@@ -61,7 +62,7 @@ def check_node(
     try:
         onnx.checker.check_node(node, ctx)
     except onnx.checker.ValidationError as exc:
-        raise ValueError(f"{where}node {node.name} ({node.op_type}) is invalid: {exc}") from None
+        raise InvalidValueError(f"{where}node {node.name} ({node.op_type}) is invalid: {exc}") from None
     input_types = {}
     input_data = {i: const_data[i] for i in node.input if i in const_data}
     for i in node.input:
@@ -81,7 +82,7 @@ def check_node(
         )
     except Exception as exc:
         described = ", ".join(f"'{i}': {describe_type(t)}" for i, t in input_types.items())
-        raise TypeError(
+        raise InvalidTypeError(
             f"{where}node {node.name} ({node.op_type}) does not accept its inputs ({described}): "
             f"{str(exc).strip()}. Make the inputs' dtypes and shapes fit the op (e.g. onnxblocks.blocks.Cast "
             "for dtypes)."

@@ -24,6 +24,7 @@ from onnxblocks._core import context as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.context import custom_op_libraries, custom_op_library
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks._core.proto import copy_fields
 from onnxblocks.blocks.accessor import ModelAccessor
 
@@ -101,9 +102,9 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
             if isinstance(model, (str, os.PathLike))
             else ""
         )
-        raise TypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
+        raise InvalidTypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
     if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
-        raise TypeError(
+        raise InvalidTypeError(
             f"model_path must be the path (str or os.PathLike) of the model's .onnx file, not "
             f"{type(model_path).__name__}: {model_path!r}."
         )
@@ -130,12 +131,12 @@ def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
     if isinstance(opset_version, np.integer):
         opset_version = int(opset_version)
     if opset_version is not None and (isinstance(opset_version, bool) or not isinstance(opset_version, int)):
-        raise TypeError(
+        raise InvalidTypeError(
             f"empty_base(opset_version=...) takes an int (1 to {_limits.MAX_ONNX_OPSET}) or None, not "
             f"{type(opset_version).__name__}: {opset_version!r}."
         )
     if opset_version is not None and opset_version < 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"empty_base(opset_version={opset_version}): ai.onnx opsets start at 1. Pass a version from 1 to "
             f"{_limits.MAX_ONNX_OPSET}, or None for {_limits.MAX_ONNX_OPSET}."
         )

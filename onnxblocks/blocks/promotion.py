@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
+
 BOOL, INTEGER, FLOATING = 0, 1, 2
 
 _FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE}
@@ -112,7 +114,7 @@ def as_constant_array(other: Any) -> np.ndarray | None:
         try:
             array = np.asarray(other)
         except ValueError:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"Cannot use {type(other).__name__} {other!r} as a constant: it is not a rectangular array of "
                 "numbers. Pass a numpy array."
             ) from None
@@ -134,7 +136,7 @@ def cast_constant(array: np.ndarray, elem_type: int, value: str) -> np.ndarray:
         info = np.iinfo(dtype)
         low, high = int(array.min()), int(array.max())
         if low < info.min or high > info.max:
-            raise ValueError(
+            raise InvalidValueError(
                 f"The constant {array.tolist() if array.size <= 8 else f'[{low} ... {high}]'} does not fit "
                 f"{dtype} Value '{value}' (range [{info.min}, {info.max}]). Cast the Value to a wider type first: "
                 "onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."

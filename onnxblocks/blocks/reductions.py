@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import onnx
 
+from onnxblocks._core.errors import InvalidTypeError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 
@@ -54,7 +55,7 @@ class ReduceAllL2(Block):
         """Return ``sqrt(sum(x**2 for every x in every input))`` as a scalar."""
         acc = self.accessor
         if not reduce_node_input_names:
-            raise TypeError("ReduceAllL2 needs at least one input.")
+            raise InvalidTypeError("ReduceAllL2 needs at least one input.")
         elem = acc.elem_type(reduce_node_input_names[0]) or onnx.TensorProto.FLOAT
         return acc.op(
             "ReduceAllL2",

@@ -39,7 +39,7 @@ from typing import Any
 import onnx
 from onnx import AttributeProto, helper
 
-from onnxblocks._core.errors import did_you_mean, preview
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, did_you_mean, preview
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
@@ -70,7 +70,7 @@ def _function_protos(function: Any) -> tuple[onnx.FunctionProto, dict[_FunctionK
             if callable(function)
             else ""
         )
-        raise TypeError(
+        raise InvalidTypeError(
             f"ScriptBlock takes an onnxscript function or an onnx.FunctionProto, not "
             f"{type(function).__name__} {getattr(function, '__name__', '')!s}.{hint}"
         )
@@ -94,7 +94,7 @@ def _attribute(name: str, value: Any, declared: AttributeProto | None) -> Attrib
         try:
             value = _COERCE[declared.type](value)
         except (TypeError, ValueError):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"attribute '{name}' must be {AttributeProto.AttributeType.Name(declared.type).lower()}, "
                 f"not {type(value).__name__} {value!r}."
             ) from None
@@ -146,17 +146,17 @@ class ScriptBlock(Block):
         out = {}
         for name, value in attributes.items():
             if name not in known:
-                raise TypeError(
+                raise InvalidTypeError(
                     f"ScriptBlock({proto.name}): unknown attribute '{name}'.{did_you_mean(name, known)} "
                     f"The function's attributes are {preview(known)}."
                 )
             try:
                 out[name] = _attribute(name, value, defaults.get(name))
             except (TypeError, ValueError) as exc:
-                raise TypeError(f"ScriptBlock({proto.name}): {exc}") from None
+                raise InvalidTypeError(f"ScriptBlock({proto.name}): {exc}") from None
         missing = [a for a in proto.attribute if a not in out]
         if missing:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"ScriptBlock({proto.name}): attribute(s) {preview(missing)} have no default; pass them, e.g. "
                 f"ScriptBlock({proto.name}, {missing[0]}=...)."
             )
@@ -181,7 +181,7 @@ class ScriptBlock(Block):
         acc = self.accessor
         proto = self._proto
         if len(input_names) != len(proto.input):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{acc.where()}function '{proto.name}' takes {len(proto.input)} input(s) "
                 f"({', '.join(proto.input)}) but was given {len(input_names)}."
             )
@@ -207,7 +207,7 @@ class ScriptBlock(Block):
                     acc.ensure_domain(domain, opset.version)
                 elif opset.version > have:
                     shown = domain or "ai.onnx"
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{acc.where()}function '{proto.name}' uses {shown} opset {opset.version}, but the model "
                         f"imports opset {have}. Write the function against opset {have} (e.g. "
                         f"`from onnxscript import opset{have} as op` and @script(default_opset=op)), or convert "
@@ -232,7 +232,7 @@ class _Inliner:
     ) -> list[Value]:
         """Add ``proto``'s body on ``inputs``; return the graph names of its outputs."""
         if depth > 32:
-            raise ValueError(f"function '{proto.name}' calls itself (recursion is not supported in ONNX).")
+            raise InvalidValueError(f"function '{proto.name}' calls itself (recursion is not supported in ONNX).")
         scope = {a.name: a for a in proto.attribute_proto}
         scope.update(attributes)
         env = dict(zip(proto.input, inputs, strict=True))
@@ -261,7 +261,7 @@ class _Inliner:
             return ""
         if name not in env:
             where = f"node {node.op_type}" if node is not None else "its outputs"
-            raise ValueError(f"function '{proto.name}' uses value '{name}' in {where} before defining it.")
+            raise InvalidValueError(f"function '{proto.name}' uses value '{name}' in {where} before defining it.")
         return env[name]
 
     def _add_node(
@@ -280,7 +280,7 @@ class _Inliner:
             op_type, inputs = "Cast", inputs[:1]
             attributes = [*attributes, helper.make_attribute("to", like_type)]
         if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in attributes):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{acc.where()}function '{proto.name}' node {index} ({op_type}) has a control-flow body; "
                 "ScriptBlock inlines straight-line functions only. Write the loss without If/Loop/Scan "
                 "(e.g. with Where), or add the nodes with accessor.op()."

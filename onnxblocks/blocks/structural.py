@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import InvalidValueError, UnknownNameError, did_you_mean, preview
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 
@@ -112,12 +112,12 @@ class LabelEncoder(Block):
         keys = [k for k in ("keys_floats", "keys_int64s", "keys_strings") if self._attributes[k] is not None]
         vals = [k for k in ("values_floats", "values_int64s", "values_strings") if self._attributes[k] is not None]
         if len(keys) != 1 or len(vals) != 1:
-            raise ValueError(
+            raise InvalidValueError(
                 "LabelEncoder needs exactly one of keys_floats/keys_int64s/keys_strings and one of "
                 f"values_floats/values_int64s/values_strings; got keys {keys} and values {vals}."
             )
         if len(self._attributes[keys[0]]) != len(self._attributes[vals[0]]):
-            raise ValueError(f"LabelEncoder: {keys[0]} and {vals[0]} must have the same length.")
+            raise InvalidValueError(f"LabelEncoder: {keys[0]} and {vals[0]} must have the same length.")
 
     def build(self, label_encoder_input_name: str) -> Value:
         """Encode ``label_encoder_input_name``."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.errors import NotBuiltError
+from onnxblocks._core.errors import InvalidTypeError, NotBuiltError
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, _BuildView
 
@@ -72,7 +72,7 @@ class TrainingBlock(Block):
             TypeError: if ``argument_name`` is not a string.
         """
         if not isinstance(argument_name, str):
-            raise TypeError(f"requires_grad takes a parameter name (str), not {type(argument_name).__name__}.")
+            raise InvalidTypeError(f"requires_grad takes a parameter name (str), not {type(argument_name).__name__}.")
         trainable, frozen = self._sets()
         if value:
             trainable[argument_name] = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import InvalidTypeError, UnknownNameError, did_you_mean, preview
 from onnxblocks._core.naming import NameAuthority
 
 _FIELDS = ("input", "initializer", "node", "value_info", "output")
@@ -98,7 +98,9 @@ class ValueIndex:
                 inputs and outputs, and close matches.
         """
         if not isinstance(name, str):
-            raise TypeError(f"{self.where()}{role} must be a value name (str), not {type(name).__name__}: {name!r}.")
+            raise InvalidTypeError(
+                f"{self.where()}{role} must be a value name (str), not {type(name).__name__}: {name!r}."
+            )
         if self.has_value(name):
             return
         g = self._model.graph

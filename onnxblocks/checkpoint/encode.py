@@ -28,6 +28,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.checkpoint._generated import ort_training_checkpoint_generated as _fbs
 from onnxblocks.checkpoint.schema import (
     _U32,
@@ -115,7 +116,7 @@ def _raw_data_vector(builder: Any, record: TensorRecord) -> int:
         builder.Bytes[position : position + len(chunk)] = chunk
         position += len(chunk)
     if position != end:
-        raise ValueError(
+        raise InvalidValueError(
             f"Tensor '{record.name}' does not hold the {size} bytes its dims {list(record.dims)} and element "
             "type need. Fix the tensor's data or its shape."
         )
@@ -202,15 +203,15 @@ def check_property(name: Any, value: Any) -> PropertyValue:
         ValueError: for an int outside int64.
     """
     if not isinstance(name, str):
-        raise TypeError(f"checkpoint property names must be str, not {type(name).__name__} ({name!r}).")
+        raise InvalidTypeError(f"checkpoint property names must be str, not {type(name).__name__} ({name!r}).")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, str, np.integer, np.floating)):
-        raise TypeError(
+        raise InvalidTypeError(
             f"checkpoint property '{name}' is a {type(value).__name__}; the property bag holds int, float "
             "(stored as float32) and str. Convert it, or encode it as a str (e.g. json.dumps)."
         )
     if isinstance(value, (int, np.integer)):
         if not -(2**63) <= int(value) < 2**63:
-            raise ValueError(f"checkpoint property '{name}' = {value} does not fit in int64.")
+            raise InvalidValueError(f"checkpoint property '{name}' = {value} does not fit in int64.")
         return int(value)
     return value if isinstance(value, str) else float(value)
 

@@ -20,7 +20,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxblocks._core.errors import did_you_mean, preview
+from onnxblocks._core.errors import (
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    IsAFolderError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint import storage as _storage
@@ -59,7 +67,7 @@ class Checkpoint:
         if name in self.frozen:
             return self.frozen[name]
         names = [*self.trainable, *self.frozen]
-        raise KeyError(f"The checkpoint has no parameter '{name}'.{did_you_mean(name, names)}")
+        raise UnknownNameError(f"The checkpoint has no parameter '{name}'.{did_you_mean(name, names)}")
 
     def __iter__(self) -> Iterator[str]:
         yield from self.trainable
@@ -87,9 +95,9 @@ def _regular_file_size(path: Path, what: str) -> int:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} '{path}' does not exist.") from None
+        raise FileMissingError(f"{what} '{path}' does not exist.") from None
     if stat.S_ISDIR(info.st_mode):
-        raise IsADirectoryError(f"'{path}' is a directory; pass the checkpoint file inside it.")
+        raise IsAFolderError(f"'{path}' is a directory; pass the checkpoint file inside it.")
     if not stat.S_ISREG(info.st_mode):
         raise _not_regular(path, info.st_mode, what)
     return info.st_size
@@ -115,7 +123,7 @@ def _map(path: Path, shown: Path | None = None) -> mmap.mmap | bytes:
     try:
         fd = _open_regular(path, "Checkpoint file")
     except FileNotFoundError:
-        raise FileNotFoundError(f"Checkpoint file '{shown or path}' does not exist.") from None
+        raise FileMissingError(f"Checkpoint file '{shown or path}' does not exist.") from None
     try:
         return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else b""
     finally:
@@ -174,7 +182,7 @@ class _Reader:
             try:
                 self.data_size = _regular_file_size(external_data_path(self.real), "External data file")
             except FileNotFoundError:
-                raise FileNotFoundError(
+                raise FileMissingError(
                     f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', which does not exist. "
                     "Keep the .data file beside the checkpoint."
                 ) from None
@@ -293,11 +301,11 @@ def load_checkpoint_to_model(
         onnxblocks.errors.CheckpointFormatError: if the file is not a valid checkpoint.
     """
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"load_checkpoint_to_model() takes an onnx.ModelProto, not {type(model).__name__}.")
+        raise InvalidTypeError(f"load_checkpoint_to_model() takes an onnx.ModelProto, not {type(model).__name__}.")
     reader = _Reader(path_to_checkpoint)
     parsed = reader.parsed
     if parsed.is_nominal:
-        raise ValueError(
+        raise InvalidValueError(
             f"Checkpoint '{reader.path}' is nominal: it names the parameters but holds no values. Load a "
             "complete checkpoint (saved with nominal_checkpoint=False, or by a training session)."
         )
@@ -313,7 +321,7 @@ def load_checkpoint_to_model(
             else " Pass the model the checkpoint was trained from."
         )
         what = "none of its parameters" if len(unmatched) == len(entries) else f"parameters {preview(unmatched)}"
-        raise ValueError(
+        raise InvalidValueError(
             f"Checkpoint '{reader.path}' is not a checkpoint of this model: {what} "
             f"({preview(entries)}) {'is' if len(unmatched) == 1 else 'are'} an initializer of the model "
             f"(initializers: {preview(sorted(initializers))}).{hint}"
@@ -332,7 +340,7 @@ def load_checkpoint_to_model(
         if entry is None:
             continue
         if entry.data_type != init.data_type or tuple(entry.dims) != tuple(init.dims):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Checkpoint parameter '{entry.name}' is {_format.dtype_of(entry)} {list(entry.dims)} but the "
                 f"model's initializer is {_np_name(init.data_type)} {list(init.dims)}. "
                 "The checkpoint belongs to a different model (same names, other shapes); pass the model it was "

@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from onnxblocks._core import weights as _weights
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, IsAFolderError
 from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint import storage as _storage
@@ -77,7 +78,7 @@ def _from_array(name: str, value: Any, role: str) -> _Param:
     dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
     data_type = next((t for t, d in _format.LOADABLE_DTYPES.items() if d == dtype), None)
     if data_type is None:
-        raise ValueError(
+        raise InvalidValueError(
             f"{role} '{name}' is a {array.dtype} array, which ONNX Runtime cannot load from a checkpoint. "
             "Cast it to float32 (or another numeric type) first."
         )
@@ -99,7 +100,7 @@ def _describe(param: Any, role: str, index: int) -> _Param:
     if isinstance(param, onnx.TensorProto):
         doc = param.doc_string if param.HasField("doc_string") else None
         return _Param(param.name, param.data_type, tuple(param.dims), _weights.tensor_nbytes(param), param, doc)
-    raise TypeError(
+    raise InvalidTypeError(
         f"{role} parameter #{index} is a {type(param).__name__}; checkpoints take onnx.TensorProto or "
         "onnxblocks TensorSource objects (e.g. accessor.weights.source(name)), or a {name: array} mapping."
     )
@@ -109,9 +110,9 @@ def _check(params: list[_Param], nominal: bool) -> None:
     seen: set[str] = set()
     for p in params:
         if not p.name:
-            raise ValueError("A parameter has an empty name; every checkpoint parameter needs a unique name.")
+            raise InvalidValueError("A parameter has an empty name; every checkpoint parameter needs a unique name.")
         if p.name in seen:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Parameter '{p.name}' appears twice in the checkpoint parameters; names must be unique across "
                 "the trainable and frozen lists. Remove the duplicate."
             )
@@ -122,14 +123,14 @@ def _check(params: list[_Param], nominal: bool) -> None:
                 if p.data_type in onnx.TensorProto.DataType.values()
                 else str(p.data_type)
             )
-            raise ValueError(
+            raise InvalidValueError(
                 f"Parameter '{p.name}' has element type {kind}, which ONNX Runtime 1.19.2 cannot load from a "
                 "checkpoint. Cast it to float32 (or another numeric type) first."
             )
         if any(d < 0 for d in p.dims):
-            raise ValueError(f"Parameter '{p.name}' has a negative dimension {list(p.dims)}.")
+            raise InvalidValueError(f"Parameter '{p.name}' has a negative dimension {list(p.dims)}.")
         if isinstance(p.source, onnx.TensorProto) and _weights.is_stub(p.source):
-            raise ValueError(
+            raise InvalidValueError(
                 f"Parameter '{p.name}' is an onnxblocks stub, not data. Pass its TensorSource "
                 "(accessor.weights.source(name)) or the finished model's initializer."
             )
@@ -189,7 +190,7 @@ def save_checkpoint(
             trainable parameter.
     """
     if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2):
-        raise TypeError(
+        raise InvalidTypeError(
             "parameters must be a (trainable, frozen) pair of sequences of onnx.TensorProto / TensorSource, "
             f"not {type(parameters).__name__}. Pass e.g. ([w, b], [])."
         )
@@ -198,14 +199,14 @@ def save_checkpoint(
         or not isinstance(external_data_threshold, int)
         or external_data_threshold < 0
     ):
-        raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
+        raise InvalidValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
     groups = []
     params: Any
     for role, params in zip(("Trainable", "Frozen"), parameters, strict=True):
         if isinstance(params, Mapping):
             params = list(params.items())  # (name, array) pairs, see _describe
         if isinstance(params, (str, bytes, onnx.TensorProto)) or not isinstance(params, Sequence):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"The {role.lower()} parameters must be a sequence of tensors or a {{name: array}} mapping, not "
                 f"{type(params).__name__}."
             )
@@ -218,7 +219,7 @@ def save_checkpoint(
 
     target = as_path(path_to_checkpoint, "path_to_checkpoint")
     if target.is_dir():
-        raise IsADirectoryError(
+        raise IsAFolderError(
             f"'{target}' is a directory; save_checkpoint writes a checkpoint *file*. Pass a file path, e.g. "
             f"'{target / 'checkpoint'}'."
         )
@@ -275,11 +276,11 @@ def _optimizer_states(
     if not optimizer_state:
         return []
     if nominal:
-        raise ValueError(
+        raise InvalidValueError(
             "A nominal checkpoint holds no values, so it cannot hold optimizer state. Pass one or the other."
         )
     if not isinstance(optimizer_state, Mapping):
-        raise TypeError(
+        raise InvalidTypeError(
             f"optimizer_state must be a mapping {{group: {{'step', 'initial_learning_rate', 'moments'}}}}, not "
             f"{type(optimizer_state).__name__}."
         )
@@ -288,21 +289,21 @@ def _optimizer_states(
     for group, state in optimizer_state.items():
         missing = [k for k in ("step", "initial_learning_rate", "moments") if k not in state]
         if not isinstance(group, str) or missing:
-            raise ValueError(
+            raise InvalidValueError(
                 f"optimizer group {group!r} must be named by a str and hold 'step', 'initial_learning_rate' and "
                 f"'moments'; it lacks {missing}."
             )
         per_param: dict[str, dict[str, _Param]] = {}
         for param, arrays in dict(state["moments"]).items():
             if param not in shapes:
-                raise ValueError(
+                raise InvalidValueError(
                     f"optimizer group '{group}' holds moments of '{param}', which is not a trainable parameter of the "
                     f"checkpoint ({sorted(shapes)}). Save the optimizer state with the parameters it belongs to."
                 )
             moments = {MOMENT_NAME.format(i): _from_array(param, a, "moment of") for i, a in enumerate(arrays)}
             for name, m in moments.items():
                 if (m.data_type, m.dims) != shapes[param]:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"moment '{name}' of parameter '{param}' in optimizer group '{group}' has shape {list(m.dims)} "
                         f"(element type {m.data_type}); the parameter has shape {list(shapes[param][1])} (element "
                         f"type {shapes[param][0]}). Moments have their parameter's shape and type."

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxblocks._core import tempfiles as _tempfiles
+from onnxblocks._core.errors import FileMissingError, IsAFolderError
 from onnxblocks.checkpoint.schema import EXTERNAL_DATA_SUFFIX
 
 #: Suffix of the directory holding the versions of a checkpoint with external data.
@@ -93,9 +94,9 @@ def replacing(target: str | os.PathLike) -> Iterator[Staged]:
     """
     final = Path(os.fspath(target))
     if not final.parent.is_dir():
-        raise FileNotFoundError(f"Cannot write checkpoint '{final}': directory '{final.parent}' does not exist.")
+        raise FileMissingError(f"Cannot write checkpoint '{final}': directory '{final.parent}' does not exist.")
     if final.is_dir():
-        raise IsADirectoryError(
+        raise IsAFolderError(
             f"'{final}' is a directory; a checkpoint is a file. Pass a file path, e.g. '{final / 'checkpoint'}'."
         )
     remove_stale(final)

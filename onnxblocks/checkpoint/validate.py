@@ -27,7 +27,14 @@ from pathlib import Path
 import onnx
 
 from onnxblocks._core.contracts import buffer_name
-from onnxblocks._core.errors import CheckpointFormatError, CheckpointMismatchError, preview
+from onnxblocks._core.errors import (
+    CheckpointFormatError,
+    CheckpointMismatchError,
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    preview,
+)
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint.load import _Reader
 from onnxblocks.checkpoint.save import MOMENT_NAME
@@ -138,14 +145,18 @@ def _model_slots(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, 
     if isinstance(model, onnx.ModelProto):
         return model_parameter_slots(model), f"the model '{model.graph.name}'"
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}.")
+        raise InvalidTypeError(
+            f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}."
+        )
     path = Path(os.fspath(model))
     try:
         loaded = onnx.load(os.fspath(path), load_external_data=False)
     except FileNotFoundError:
-        raise FileNotFoundError(f"Model file '{path}' does not exist.") from None
+        raise FileMissingError(f"Model file '{path}' does not exist.") from None
     except Exception as exc:  # protobuf's DecodeError and friends
-        raise ValueError(f"Cannot read '{path}' as an ONNX model ({type(exc).__name__}). Pass an .onnx file.") from None
+        raise InvalidValueError(
+            f"Cannot read '{path}' as an ONNX model ({type(exc).__name__}). Pass an .onnx file."
+        ) from None
     return model_parameter_slots(loaded), f"the model '{path.name}'"
 
 

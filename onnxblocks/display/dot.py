@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+from onnxblocks._core.errors import FileMissingError, StateError
 from onnxblocks.display.scene import Scene
 from onnxblocks.display.svg import STYLES, shorten
 
@@ -53,12 +54,12 @@ def scene_to_dot_svg(scene: Scene, timeout: float = 60.0) -> str:
     """
     exe = shutil.which("dot")
     if exe is None:
-        raise FileNotFoundError("graphviz 'dot' is not on PATH; install graphviz or use engine='python'.")
+        raise FileMissingError("graphviz 'dot' is not on PATH; install graphviz or use engine='python'.")
     result = subprocess.run(
         [exe, "-Tsvg"], input=scene_to_dot(scene).encode(), capture_output=True, timeout=timeout, check=False
     )
     if result.returncode != 0:
-        raise RuntimeError(f"graphviz 'dot' failed: {result.stderr.decode(errors='replace').strip()}")
+        raise StateError(f"graphviz 'dot' failed: {result.stderr.decode(errors='replace').strip()}")
     text = result.stdout.decode()
     start = text.find("<svg")
     return text[start:] if start >= 0 else text

@@ -25,6 +25,7 @@ import onnx
 from onnxblocks._core.contracts import buffer_name, gradient_name, is_accumulation_value
 from onnxblocks._core.contracts import is_gradient_value as _is_grad
 from onnxblocks._core.contrib import CONTRIB_OPS, IN_PLACE_ACCUMULATOR_V2
+from onnxblocks._core.errors import UnknownNameError
 
 #: Node parts, in drawing-priority order.
 PARTS = ("forward", "loss", "backward", "accumulation", "optimizer")
@@ -305,7 +306,7 @@ class GraphIndex:
             return self.nodes[int(key[1:])]
         from onnxblocks._core.errors import did_you_mean
 
-        raise KeyError(
+        raise UnknownNameError(
             f"The graph has no node named '{key}'.{did_you_mean(key, self.by_name)} "
             "Pass a node name (or '#<index>' for an unnamed node)."
         )

@@ -25,6 +25,7 @@ from typing import Any
 import onnx
 
 from onnxblocks._core import html as _html
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, added_nodes
 from onnxblocks.display.graph import GraphIndex, TensorInfo, type_shape
@@ -76,7 +77,7 @@ class Display:
                 encoding="utf-8",
             )
         else:
-            raise ValueError(f"Cannot save a display as '{target.suffix}': use a .svg or .html file name.")
+            raise InvalidValueError(f"Cannot save a display as '{target.suffix}': use a .svg or .html file name.")
         return target
 
 
@@ -137,7 +138,7 @@ def draw_svg(
             stacklevel=2,
         )
     elif engine != "python":
-        raise ValueError(f"engine must be 'python' or 'dot', not {engine!r}.")
+        raise InvalidValueError(f"engine must be 'python' or 'dot', not {engine!r}.")
     return scene_to_svg(scene, edges=edges, caption=caption)
 
 
@@ -183,7 +184,7 @@ def show(obj: Any, **view: Any) -> Display:
     allowed = _VIEW_KEYS | {"model", "trainable", "frozen"}
     unknown = set(view) - allowed
     if unknown:
-        raise TypeError(f"show() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}.")
+        raise InvalidTypeError(f"show() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}.")
     return render(obj, **view)
 
 
@@ -194,7 +195,7 @@ def render(obj: Any, **view: Any) -> Display:
     Raises:
         TypeError: for a class no renderer is registered for.
     """
-    raise TypeError(
+    raise InvalidTypeError(
         f"onnxblocks.display.show() cannot display a {type(obj).__name__}. Pass an onnx.ModelProto, a path to "
         "an .onnx file or artifacts directory, a ModelAccessor, a built Block or TrainingBlock, or Artifacts."
     )

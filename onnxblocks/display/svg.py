@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Iterable
 from xml.sax.saxutils import escape, quoteattr
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.display.layout import layered_layout
 from onnxblocks.display.scene import Box, Scene
 
@@ -83,7 +84,7 @@ def scene_to_svg(scene: Scene, edges: str = "curved", caption: bool = True) -> s
         ValueError: for an unknown edge style.
     """
     if edges not in ("curved", "straight", "orthogonal"):
-        raise ValueError(f"edges must be 'curved', 'straight' or 'orthogonal', not {edges!r}.")
+        raise InvalidValueError(f"edges must be 'curved', 'straight' or 'orthogonal', not {edges!r}.")
     lines = [scene.caption, *scene.notes] if caption and scene.caption else []
     top = CAPTION_HEIGHT + 14.0 * (len(lines) - 1) if lines else 0.0
     if not scene.boxes:

@@ -24,7 +24,7 @@ from onnxblocks._core.contracts import (
     buffer_name,
     gradient_name,
 )
-from onnxblocks._core.errors import CheckpointFormatError
+from onnxblocks._core.errors import CheckpointFormatError, FileMissingError, InvalidValueError
 from onnxblocks.artifacts import Artifacts
 from onnxblocks.blocks.block import added_nodes
 from onnxblocks.blocks.training import TrainingBlock
@@ -55,7 +55,7 @@ def _show_path(path: str | os.PathLike, **view: Any) -> Display:
     if path.is_dir():
         return render_artifacts_dir(path, **view)
     if not path.is_file():
-        raise FileNotFoundError(f"'{path}' does not exist. Pass an .onnx file or a directory of training artifacts.")
+        raise FileMissingError(f"'{path}' does not exist. Pass an .onnx file or a directory of training artifacts.")
     model = onnx.load(str(path), load_external_data=False)
     return show_model(model, title=f"{escape(path.name)} ({format_bytes(path.stat().st_size)})", **view)
 
@@ -103,7 +103,7 @@ def _training_display(
     pic, rest = split_view(view)
     main = rest.get("model", "training")
     if main not in models:
-        raise ValueError(f"model={main!r} is not available here; choose one of {sorted(models)}.")
+        raise InvalidValueError(f"model={main!r} is not available here; choose one of {sorted(models)}.")
     trainable = list(trainable) if trainable is not None else None
     frozen = list(frozen) if frozen is not None else None
     indexes = {
@@ -248,7 +248,7 @@ def render_artifacts_dir(
     """
     found = _find_artifacts(directory)
     if ArtifactNames().training_model not in found:
-        raise FileNotFoundError(
+        raise FileMissingError(
             f"'{directory}' has no training_model.onnx. Pass the directory generate_artifacts() wrote to, "
             "or an .onnx file."
         )
@@ -294,7 +294,7 @@ def _show_artifacts(artifacts: Artifacts, **view: Any) -> Display:
     found[unprefixed.checkpoint] = Path(artifacts.checkpoint)
     missing = [str(p) for p in found.values() if not p.exists()]
     if missing:
-        raise FileNotFoundError(
+        raise FileMissingError(
             f"Artifact file(s) {missing} no longer exist. Generate the artifacts again, or show() the directory "
             "that holds them."
         )

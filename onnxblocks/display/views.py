@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean
+from onnxblocks._core.errors import InvalidValueError, UnknownNameError, did_you_mean
 from onnxblocks.display.graph import GraphIndex
 
 #: The named views and the node parts each one shows.
@@ -69,7 +69,7 @@ def select(
         UnknownNameError: for a node or value name the graph does not have.
     """
     if depth < 0 or context < 0:
-        raise ValueError(f"depth and context must be >= 0, got depth={depth}, context={context}.")
+        raise InvalidValueError(f"depth and context must be >= 0, got depth={depth}, context={context}.")
     highlight: set[str] = set()
     if nodes is not None:
         chosen = sorted({_node_index(index, n) for n in nodes})
@@ -97,7 +97,7 @@ def select(
         description = f"neighbourhood of {', '.join(names)} (depth {depth})"
     else:
         if view not in VIEWS:
-            raise ValueError(f"Unknown view '{view}'.{did_you_mean(view, VIEWS)} Choose one of {sorted(VIEWS)}.")
+            raise InvalidValueError(f"Unknown view '{view}'.{did_you_mean(view, VIEWS)} Choose one of {sorted(VIEWS)}.")
         parts = VIEWS[view]
         chosen = [i for i, p in enumerate(index.parts) if p in parts]
         description = "whole graph" if view == "full" else f"{view} part"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
@@ -48,7 +49,7 @@ def check_reduction(owner: str, reduction: str, valid: Sequence[str] = REDUCTION
         ValueError: naming the reduction and listing the valid ones.
     """
     if reduction not in valid:
-        raise ValueError(
+        raise InvalidValueError(
             f"{owner}: unknown reduction {reduction!r}. Use one of " + ", ".join(repr(r) for r in valid) + "."
         )
     return reduction
@@ -65,7 +66,7 @@ def as_float_array(owner: str, param: str, values: Any) -> np.ndarray | None:
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise InvalidValueError(
             f"{owner}: {param} must be a list or numpy array of numbers, not {type(values).__name__}."
         ) from None
     return array
@@ -111,7 +112,7 @@ class Loss(Block):
         acc.require(name, role=role)
         elem = acc.elem_type(name)
         if elem is not None and elem not in FLOAT_TYPES:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{acc.where()}{role} '{name}' has dtype {dtype_name(elem)}, but {type(self).__name__} needs "
                 "floating-point values (float, double, float16 or bfloat16). Pass a float output of the model, "
                 f"or cast it first: onnxblocks.blocks.Cast(onnx.TensorProto.FLOAT)('{name}')."
@@ -132,7 +133,7 @@ class Loss(Block):
         if acc.has_value(target_name):
             target_elem = acc.elem_type(target_name)
             if elem is not None and target_elem is not None and target_elem != elem:
-                raise TypeError(
+                raise InvalidTypeError(
                     f"{acc.where()}target '{target_name}' has dtype {dtype_name(target_elem)} but input "
                     f"'{input_name}' has dtype {dtype_name(elem)}; they must match. Cast the target first: "
                     f"onnxblocks.blocks.Cast({elem})('{target_name}'), or pass another target name to create "
@@ -141,7 +142,7 @@ class Loss(Block):
             return Value(target_name)
         shape = acc.shape_of(input_name)
         if elem is None or shape is None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{acc.where()}cannot create the target input '{target_name}': the dtype or rank of input "
                 f"'{input_name}' is unknown. Add the target yourself, e.g. accessor.add_input('{target_name}', "
                 "onnx.TensorProto.FLOAT, [...]), and pass its name."

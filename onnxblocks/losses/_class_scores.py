@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.value import Value
 from onnxblocks.losses._base import (
     FLOAT_TYPES,
@@ -68,13 +69,13 @@ class ClassLoss(Loss):
         owner = type(self).__name__
         self._weight = as_float_array(owner, "weight", weight)
         if self._weight is not None and self._weight.ndim != 1:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{owner}: weight must be 1-D, one value per class, but has shape {list(self._weight.shape)}."
             )
         if ignore_index is not None and not isinstance(ignore_index, (int, np.integer)):
-            raise TypeError(f"{owner}: ignore_index must be an int or None, not {type(ignore_index).__name__}.")
+            raise InvalidTypeError(f"{owner}: ignore_index must be an int or None, not {type(ignore_index).__name__}.")
         if not isinstance(class_axis, (int, np.integer)):
-            raise TypeError(f"{owner}: class_axis must be an int, not {type(class_axis).__name__}.")
+            raise InvalidTypeError(f"{owner}: class_axis must be an int, not {type(class_axis).__name__}.")
         self._ignore_index = None if ignore_index is None else int(ignore_index)
         self._class_axis = int(class_axis)
 
@@ -91,14 +92,14 @@ class ClassLoss(Loss):
             return self._class_axis
         rank = len(shape)
         if rank == 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{acc.where()}scores '{scores}' are a scalar; {type(self).__name__} needs class scores of "
                 "shape [C], [N, C] or [N, C, d1, ...]."
             )
         if rank == 1:
             return 0
         if not -rank <= self._class_axis < rank:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{acc.where()}class_axis={self._class_axis} is out of range for scores '{scores}' of shape "
                 f"{format_shape(shape)}. Use an axis in [{-rank}, {rank - 1}] (1 for [N, C, ...], -1 for [B, T, V])."
             )
@@ -109,7 +110,7 @@ class ClassLoss(Loss):
         if self._weight is None or shape is None or not isinstance(shape[axis], int):
             return
         if self._weight.shape[0] != shape[axis]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{self.accessor.where()}weight has {self._weight.shape[0]} values but scores '{scores}' of shape "
                 f"{format_shape(shape)} have {shape[axis]} classes on axis {axis}. Give one weight per class."
             )
@@ -133,7 +134,7 @@ class ClassLoss(Loss):
         expected = None if shape is None or axis < 0 else shape[:axis] + shape[axis + 1 :]
         if not acc.has_value(labels_name):
             if expected is None:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{acc.where()}cannot create the labels input '{labels_name}': the rank of scores '{scores}' is "
                     f"unknown. Add the labels yourself, e.g. accessor.add_input('{labels_name}', "
                     "onnx.TensorProto.INT64, ['batch']), and pass its name."
@@ -145,12 +146,12 @@ class ClassLoss(Loss):
         if allow_probabilities and elem in FLOAT_TYPES and shapes_fit(shape, actual):
             scores_elem = acc.elem_type(scores)
             if scores_elem is not None and elem != scores_elem:
-                raise TypeError(
+                raise InvalidTypeError(
                     f"{acc.where()}probability labels '{labels_name}' have dtype {dtype_name(elem)} but scores "
                     f"'{scores}' have dtype {dtype_name(scores_elem)}; cast the labels to {dtype_name(scores_elem)}."
                 )
             if self._ignore_index is not None:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{acc.where()}ignore_index applies to class-index labels only, but labels '{labels_name}' are "
                     "float class probabilities. Leave ignore_index=None, or pass int64 class indices."
                 )
@@ -161,12 +162,12 @@ class ClassLoss(Loss):
                 if allow_probabilities
                 else ""
             )
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{acc.where()}labels '{labels_name}' have dtype {dtype_name(elem)}; {type(self).__name__} needs "
                 f"int64 (or int32) class indices{probs}. Cast them: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."
             )
         if not shapes_fit(expected, actual):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{acc.where()}labels '{labels_name}' have shape {format_shape(actual)}, but scores '{scores}' of "
                 f"shape {format_shape(shape)} need labels of shape {format_shape(expected)} (the scores' shape "
                 f"without the class axis {axis}). Pass labels of that shape, or set class_axis to the axis that "
@@ -190,7 +191,7 @@ class ClassLoss(Loss):
         if axis == -1 or (shape is not None and axis == len(shape) - 1):
             return self._weight_const(scores)
         if shape is None or axis < 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{self.accessor.where()}scores '{scores}' have an unknown rank, so the class weights cannot be "
                 "broadcast along the class axis. Give the scores a known rank (e.g. with a value_info or a typed "
                 "graph output), or use class_axis=-1."

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.value import Value
 from onnxblocks.losses._base import axes_op, dim_size, static_dim
 from onnxblocks.losses._class_scores import ClassLoss
@@ -60,12 +61,12 @@ class CrossEntropyLoss(ClassLoss):
     ) -> None:
         super().__init__(weight, reduction, ignore_index, class_axis)
         if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.integer, np.floating)):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"CrossEntropyLoss: label_smoothing must be a number in [0, 1], not {type(label_smoothing).__name__}: "
                 f"{label_smoothing!r}."
             )
         if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}.")
+            raise InvalidValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}.")
         self._label_smoothing = float(label_smoothing)
 
     def build(self, scores_input_name: str, labels_name: str = "labels") -> Value:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.elementwise import Clip
 from onnxblocks.blocks.value import Value
 from onnxblocks.losses._base import Loss, PointwiseLoss
@@ -18,10 +19,10 @@ def positive_number(owner: str, name: str, value: object, allow_zero: bool = Fal
         ValueError: if it is NaN or not positive.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{owner}: {name} must be a real number, not {type(value).__name__}: {value!r}.")
+        raise InvalidTypeError(f"{owner}: {name} must be a real number, not {type(value).__name__}: {value!r}.")
     number = float(value)
     if not (number >= 0 if allow_zero else number > 0):
-        raise ValueError(f"{owner}: {name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}.")
+        raise InvalidValueError(f"{owner}: {name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}.")
     return number
 
 

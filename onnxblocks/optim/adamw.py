@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
@@ -36,18 +37,18 @@ ADAM_MODES = {"torch": 0, "hf": 1}
 
 def _check_hyperparameters(betas: Any, eps: float, weight_decay: float) -> tuple[float, float]:
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-        raise ValueError(f"AdamW betas must be a pair (beta1, beta2), got {betas!r}.")
+        raise InvalidValueError(f"AdamW betas must be a pair (beta1, beta2), got {betas!r}.")
     for i, beta in enumerate(betas):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
-            raise ValueError(f"AdamW betas[{i}] must be a number in [0, 1), got {beta!r}.")
+            raise InvalidValueError(f"AdamW betas[{i}] must be a number in [0, 1), got {beta!r}.")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"AdamW eps must be a finite number >= 0, got {eps!r}.")
+        raise InvalidValueError(f"AdamW eps must be a finite number >= 0, got {eps!r}.")
     if (
         isinstance(weight_decay, bool)
         or not isinstance(weight_decay, (int, float))
         or not (math.isfinite(weight_decay) and weight_decay >= 0)
     ):
-        raise ValueError(f"AdamW weight_decay must be a finite number >= 0, got {weight_decay!r}.")
+        raise InvalidValueError(f"AdamW weight_decay must be a finite number >= 0, got {weight_decay!r}.")
     return float(betas[0]), float(betas[1])
 
 
@@ -76,9 +77,9 @@ class AdamWUpdate(Block):
     ) -> None:
         super().__init__()
         if mode not in ADAM_MODES:
-            raise ValueError(f"AdamW mode must be one of {sorted(ADAM_MODES)}, got {mode!r}.")
+            raise InvalidValueError(f"AdamW mode must be one of {sorted(ADAM_MODES)}, got {mode!r}.")
         if mode == "torch" and not bias_correction:
-            raise ValueError(
+            raise InvalidValueError(
                 "AdamW(mode='torch') always corrects the moments' bias, as torch.optim.AdamW does; ONNX Runtime's "
                 "kernel refuses bias_correction=False in this mode. Use mode='hf' for an AdamW without bias "
                 "correction."

@@ -35,6 +35,7 @@ from onnxblocks._core.contracts import LEARNING_RATE as LEARNING_RATE
 from onnxblocks._core.contracts import PARAMS as PARAMS
 from onnxblocks._core.contracts import SECOND_ORDER_MOMENTS as SECOND_ORDER_MOMENTS
 from onnxblocks._core.contracts import STEP as STEP
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import ForwardBlock
 from onnxblocks.blocks.value import Value
@@ -58,7 +59,7 @@ def as_clip(clip_grad: ClipGradNorm | float | None) -> ClipGradNorm | None:
         return clip_grad
     if isinstance(clip_grad, (int, float)) and not isinstance(clip_grad, bool):
         return ClipGradNorm(clip_grad)
-    raise TypeError(
+    raise InvalidTypeError(
         f"clip_grad must be a ClipGradNorm block, a max norm (float) or None, not {type(clip_grad).__name__}."
     )
 
@@ -73,16 +74,16 @@ def parameter_elem_type(parameters: Any) -> int:
             float element type.
     """
     if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2):
-        raise TypeError(
+        raise InvalidTypeError(
             "parameters must be a (trainable, frozen) pair of sequences of parameters (onnx.TensorProto or "
             f"onnxblocks TensorSource), not {type(parameters).__name__}. Pass the pair returned by the artifact "
             "builder, e.g. (trainable_params, frozen_params)."
         )
     trainable = parameters[0]
     if isinstance(trainable, (str, bytes)) or not isinstance(trainable, Sequence):
-        raise TypeError(f"The trainable parameters must be a sequence, not {type(trainable).__name__}.")
+        raise InvalidTypeError(f"The trainable parameters must be a sequence, not {type(trainable).__name__}.")
     if not trainable:
-        raise ValueError(
+        raise InvalidValueError(
             "An optimizer needs at least one trainable parameter, but the trainable list is empty. "
             "Mark some parameters as requiring gradients."
         )
@@ -90,7 +91,7 @@ def parameter_elem_type(parameters: Any) -> int:
     for param in trainable:
         name, data_type = getattr(param, "name", None), getattr(param, "data_type", None)
         if not isinstance(name, str) or not isinstance(data_type, int):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"Each trainable parameter needs a str .name and an int .data_type (onnx.TensorProto or "
                 f"TensorSource); got {type(param).__name__}."
             )
@@ -100,14 +101,14 @@ def parameter_elem_type(parameters: Any) -> int:
                 if data_type in onnx.TensorProto.DataType.values()
                 else str(data_type)
             )
-            raise ValueError(
+            raise InvalidValueError(
                 f"Trainable parameter '{name}' has element type {dtype}; the optimizer ops update only "
                 f"{sorted(FLOAT_TYPES.values())} parameters. Freeze it (move it to the frozen list) or cast it."
             )
         if first is None:
             first = (name, data_type)
         elif data_type != first[1]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Trainable parameters must share one element type, but '{first[0]}' is {FLOAT_TYPES[first[1]]} "
                 f"and '{name}' is {FLOAT_TYPES[data_type]}. Cast them to one type, or freeze one of them."
             )
@@ -125,7 +126,7 @@ def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
         existing = next((i for i in acc.working_model.graph.input if i.name == name), None)
         if existing is not None and existing.type.WhichOneof("value") == "sequence_type":
             return Value(name)
-        raise ValueError(
+        raise InvalidValueError(
             f"{acc.where()}the optimizer needs a graph input '{name}' (a sequence of tensors), but the model "
             "already has a different value of that name. Build optimizers with onnxblocks.empty_base()."
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
@@ -17,9 +18,9 @@ def check_max_norm(max_norm: float) -> float:
         ValueError: if it is not positive and finite.
     """
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
-        raise TypeError(f"ClipGradNorm max_norm must be a number, not {type(max_norm).__name__} ({max_norm!r}).")
+        raise InvalidTypeError(f"ClipGradNorm max_norm must be a number, not {type(max_norm).__name__} ({max_norm!r}).")
     if not (math.isfinite(max_norm) and max_norm > 0):
-        raise ValueError(f"ClipGradNorm max_norm must be a positive finite number, got {max_norm}.")
+        raise InvalidValueError(f"ClipGradNorm max_norm must be a positive finite number, got {max_norm}.")
     return float(max_norm)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_input_error, is_ort_error
 
 __all__ = [
@@ -65,7 +66,7 @@ def providers(device: str) -> list[str]:
     """
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-        raise ValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
+        raise InvalidValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
     return ["CPUExecutionProvider"] if kind == "cpu" else ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
@@ -78,6 +79,6 @@ def make_device(device: str) -> Any:
     C = capi()
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-        raise ValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
+        raise InvalidValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
     device_type = C.OrtDevice.cpu() if kind == "cpu" else C.OrtDevice.cuda()
     return C.OrtDevice(device_type, C.OrtDevice.default_memory(), int(index or 0))

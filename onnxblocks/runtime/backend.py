@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.layout import ArtifactFiles
 
@@ -109,18 +110,18 @@ def select_backend(requested: str, files: ArtifactFiles) -> BackendName:
         TrainingBuildRequiredError: for non-portable artifacts on stock onnxruntime.
     """
     if requested not in BACKEND_CHOICES:
-        raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {requested!r}.")
+        raise InvalidValueError(f"backend must be one of {BACKEND_CHOICES}, got {requested!r}.")
     portable = files.portable
     if portable:
         if requested == "training":
-            raise ValueError(
+            raise InvalidValueError(
                 f"The artifacts in '{files.directory}' are portable (standard ops, explicit gradient accumulation): "
                 "they run on the portable backend only. Use backend='portable' or 'auto', or generate the artifacts "
                 "without portable=True for the training build."
             )
         return "portable"
     if requested == "portable":
-        raise ValueError(
+        raise InvalidValueError(
             f"The artifacts in '{files.directory}' are not portable: their training and optimizer models use ONNX "
             "Runtime's training kernels. Regenerate them with generate_artifacts(..., portable=True) (or "
             "`onnxblocks artifacts ... --portable`) to train on stock onnxruntime, or use backend='training'."

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxblocks._core.errors import preview
+from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.layout import ArtifactFiles
@@ -42,11 +42,11 @@ class TrainingBuildBackend:
         try:
             state = C.load_checkpoint(os.fspath(checkpoint))
         except RuntimeError as exc:
-            raise ValueError(f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}") from None
+            raise InvalidValueError(f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}") from None
         if self._state is not None:
             before, after = set(self._state.parameter_names()), set(state.parameter_names())
             if before != after:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds parameters {preview(sorted(after))}, but the session has "
                     f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
                 )
@@ -54,7 +54,7 @@ class TrainingBuildBackend:
         try:
             module = C.Module(os.fspath(self.files.training_model), state, eval_path, self._device, self._options)
         except RuntimeError as exc:
-            raise ValueError(
+            raise InvalidValueError(
                 f"ONNX Runtime cannot load the training model '{self.files.training_model}' with checkpoint "
                 f"'{checkpoint}': {_ort.clean_message(exc)}. Check that the checkpoint belongs to these artifacts."
             ) from None

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidIndexError, InvalidValueError, UnknownNameError
+
 if TYPE_CHECKING:
     from onnxblocks.runtime.fit import FitRun
 
@@ -82,7 +84,7 @@ class Accuracy(Callback):
 
     def on_eval_batch(self, run: FitRun | None, outputs: tuple[np.ndarray, ...], batch: tuple) -> None:
         if self.output >= len(outputs) or -self.output > len(outputs):
-            raise IndexError(
+            raise InvalidIndexError(
                 f"Accuracy: output index {self.output} is out of range; the eval model has {len(outputs)} "
                 "output(s) (the loss first). Generate the artifacts with additional_output_names=[<logits>] "
                 "and pass output=1."
@@ -94,7 +96,7 @@ class Accuracy(Callback):
         else:
             predicted = (scores > self.threshold).astype(labels.dtype)
         if predicted.shape != labels.shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Accuracy: predictions have shape {predicted.shape} but labels have shape {labels.shape}. "
                 "Check the output and target indices."
             )
@@ -134,7 +136,7 @@ class SaveCheckpoint(Callback):
         include_optimizer_state: bool = True,
     ) -> None:
         if every_steps is not None and every_steps < 1:
-            raise ValueError(f"SaveCheckpoint: every_steps must be >= 1 or None, got {every_steps}.")
+            raise InvalidValueError(f"SaveCheckpoint: every_steps must be >= 1 or None, got {every_steps}.")
         self.path = os.fspath(path)
         self.every_steps = every_steps
         self.at_epoch_end = at_epoch_end
@@ -166,7 +168,7 @@ class EarlyStopping(Callback):
 
     def __init__(self, monitor: str = "eval_loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0):
         if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
+            raise InvalidValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
         self.monitor = monitor
         self.patience = patience
         self.mode = mode
@@ -180,7 +182,7 @@ class EarlyStopping(Callback):
 
     def on_epoch_end(self, run: FitRun, logs: dict[str, Any]) -> None:
         if self.monitor not in logs:
-            raise KeyError(
+            raise UnknownNameError(
                 f"EarlyStopping monitors '{self.monitor}', which the epoch logs do not have; they have "
                 f"{sorted(logs)}. Pass eval_data (for eval_loss) or a metric callback."
             )

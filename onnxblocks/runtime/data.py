@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import FileMissingError, InvalidValueError
+
 
 class ArrayBatches:
     """Iterate over aligned arrays in batches, one epoch per ``iter()``.
@@ -51,16 +53,18 @@ class ArrayBatches:
             arrays = (arrays,)
         self.arrays = tuple(np.asarray(a) for a in arrays)
         if not self.arrays:
-            raise ValueError("ArrayBatches needs at least one array.")
+            raise InvalidValueError("ArrayBatches needs at least one array.")
         lengths = {len(a) for a in self.arrays}
         if len(lengths) != 1:
             shapes = ", ".join(str(a.shape) for a in self.arrays)
-            raise ValueError(f"ArrayBatches: the arrays must have the same first dimension; got shapes {shapes}.")
+            raise InvalidValueError(
+                f"ArrayBatches: the arrays must have the same first dimension; got shapes {shapes}."
+            )
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"ArrayBatches: batch_size must be an int >= 1, got {batch_size!r}.")
+            raise InvalidValueError(f"ArrayBatches: batch_size must be an int >= 1, got {batch_size!r}.")
         self.num_rows = lengths.pop()
         if self.num_rows == 0:
-            raise ValueError("ArrayBatches: the arrays have no rows.")
+            raise InvalidValueError("ArrayBatches: the arrays have no rows.")
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.drop_last = drop_last
@@ -116,7 +120,7 @@ class ArrayBatches:
         """
         for key, mine in (("num_rows", self.num_rows), ("batch_size", self.batch_size)):
             if key in state and state[key] != mine:
-                raise ValueError(
+                raise InvalidValueError(
                     f"ArrayBatches: the saved data state has {key}={state[key]}, but these batches have "
                     f"{key}={mine}. Resume with the same data and batch size."
                 )
@@ -143,11 +147,11 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"Data file '{path}' does not exist. Pass an .npz file (numpy.savez).")
+        raise FileMissingError(f"Data file '{path}' does not exist. Pass an .npz file (numpy.savez).")
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
-                raise ValueError("not an .npz archive")
+                raise InvalidValueError("not an .npz archive")
             return {name: archive[name] for name in archive.files}
     except (OSError, ValueError) as exc:
-        raise ValueError(f"Cannot read '{path}' as an .npz archive of arrays: {exc}.") from None
+        raise InvalidValueError(f"Cannot read '{path}' as an .npz archive of arrays: {exc}.") from None

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidValueError, UnknownNameError
 from onnxblocks.runtime.callbacks import Callback
 from onnxblocks.runtime.data import ArrayBatches
 from onnxblocks.runtime.progress import ProgressBar
@@ -76,7 +77,7 @@ class History:
         values = [e[name] for e in self.epochs if name in e]
         if not values:
             known = sorted({k for e in self.epochs for k in e})
-            raise KeyError(f"No epoch logged '{name}'. Logged: {known}.")
+            raise UnknownNameError(f"No epoch logged '{name}'. Logged: {known}.")
         return values
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,14 +167,14 @@ def fit(
     import time
 
     if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise ValueError(f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}.")
+        raise InvalidValueError(f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}.")
     if not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}.")
+        raise InvalidValueError(f"epochs must be an int >= 0, got {epochs!r}.")
     if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
+        raise InvalidValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
     session._require_optimizer()  # the clear "no optimizer model" error, before any work
     if iter(train_data) is train_data and epochs > 1:
-        raise ValueError(
+        raise InvalidValueError(
             "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass a re-iterable "
             "(a list of batches, or onnxblocks.runtime.ArrayBatches) or use epochs=1."
         )
@@ -314,7 +315,7 @@ def resume(
     if train_data is not None and properties.get(DATA_PROPERTY) is not None:
         load = getattr(train_data, "load_state_dict", None)
         if not callable(load):
-            raise ValueError(
+            raise InvalidValueError(
                 f"The checkpoint holds a data position, but {type(train_data).__name__} cannot restore it "
                 "(it has no load_state_dict). Use onnxblocks.runtime.ArrayBatches."
             )
@@ -348,7 +349,7 @@ def _as_batch(raw: Any, names: Sequence[str]) -> tuple:
     if isinstance(raw, Mapping):
         missing = [n for n in names if n not in raw]
         if missing:
-            raise KeyError(
+            raise UnknownNameError(
                 f"The batch dict has no array for input(s) {missing}; it has {sorted(raw)}. "
                 f"The model's inputs are {list(names)}."
             )

@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks._core.paths import as_path, check_output_file
 from onnxblocks.checkpoint import check_checkpoint
 from onnxblocks.checkpoint.storage import replacing
@@ -87,9 +88,11 @@ def check_session_arguments(
         as_path(checkpoint, "checkpoint")
     for name, value in (("prefix", prefix), ("device", device)):
         if not isinstance(value, str):
-            raise TypeError(f"{name} must be a str, not {type(value).__name__} {value!r:.60}.")
+            raise InvalidTypeError(f"{name} must be a str, not {type(value).__name__} {value!r:.60}.")
     if not isinstance(check_inputs, (bool, np.bool_)):
-        raise TypeError(f"check_inputs must be True or False, not {type(check_inputs).__name__} {check_inputs!r:.60}.")
+        raise InvalidTypeError(
+            f"check_inputs must be True or False, not {type(check_inputs).__name__} {check_inputs!r:.60}."
+        )
 
 
 @contextlib.contextmanager
@@ -367,7 +370,7 @@ def _refuse_empty(spec: InputSpec, shape: tuple[int, ...], what: str) -> None:
     for axis, size in enumerate(shape):
         if size == 0 and not (declared is not None and declared[axis] == 0):
             name = f" ('{declared[axis]}')" if declared is not None and isinstance(declared[axis], str) else ""
-            raise ValueError(
+            raise InvalidValueError(
                 f"{what} got an empty batch: input '{spec.name}' has shape {shape}, dimension {axis}{name} is 0. "
                 "ONNX Runtime cannot train or evaluate on zero rows (it would crash); skip empty batches."
             )
@@ -391,7 +394,7 @@ def _refuse_indices(rule: IndexRule, array: np.ndarray, what: str) -> None:
         if "classes" in rule.what
         else " Check the data."
     )
-    raise ValueError(
+    raise InvalidValueError(
         f"{what}: input '{rule.input}' holds {value} at position {where} ({int(bad.sum())} value(s) out of range); "
         f"it indexes {rule.what}, so its values must be in {valid}{extra}. ONNX Runtime does not check this: it "
         f"would crash or compute a wrong loss.{hint}"

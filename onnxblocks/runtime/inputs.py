@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
+
 Dim = int | str | None
 
 
@@ -96,7 +98,7 @@ def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "
     """
     if len(arrays) != len(specs):
         names = ", ".join(s.name for s in specs)
-        raise TypeError(
+        raise InvalidTypeError(
             f"{what} takes {len(specs)} input(s) ({names}) but got {len(arrays)}. "
             "Pass one array per model input, in this order."
         )
@@ -109,25 +111,25 @@ def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "
             continue
         got = f"got {array.dtype} with shape {tuple(array.shape)}"
         if spec.dtype is not None and array.dtype != spec.dtype:
-            raise ValueError(
+            raise InvalidValueError(
                 f"input '{spec.name}' expects {spec.describe()}; {got}. "
                 f"Convert it with array.astype(np.{spec.dtype.name})."
             )
         if spec.shape is not None:
             if array.ndim != len(spec.shape):
-                raise ValueError(
+                raise InvalidValueError(
                     f"input '{spec.name}' expects {spec.describe()} (rank {len(spec.shape)}); {got}. "
                     "Reshape the array to the model's rank."
                 )
             for axis, (want, have) in enumerate(zip(spec.shape, array.shape, strict=False)):
                 if isinstance(want, int) and want > 0 and want != have:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"input '{spec.name}' expects {spec.describe()}; {got}: dimension {axis} must be {want}."
                     )
                 if isinstance(want, str) and want:
                     first = bound.setdefault(want, (have, spec.name))
                     if first[0] != have:
-                        raise ValueError(
+                        raise InvalidValueError(
                             f"input '{spec.name}' expects {spec.describe()}; {got}: dimension {axis} ('{want}') "
                             f"is {have} but input '{first[1]}' has {want}={first[0]}. Batch the inputs together."
                         )

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidValueError, MissingDependencyError
+
 #: Line colours, cycled over the series (RGB, 0-255).
 PALETTE = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189), (140, 86, 75))
 #: File suffixes :func:`save_line_plot` writes, and the format of each.
@@ -76,13 +78,15 @@ def check_plot_path(path: str | os.PathLike, backend: str = "auto") -> str:
             and it is not installed.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
+        raise InvalidValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise ValueError(f"Cannot write the plot '{path}': its suffix picks the format; use a .svg or .png path.")
+        raise InvalidValueError(
+            f"Cannot write the plot '{path}': its suffix picks the format; use a .svg or .png path."
+        )
     if (fmt == "png" or backend == "matplotlib") and not _have_matplotlib():
         hint = "install matplotlib or use a .svg path" if fmt == "png" else "install matplotlib or use backend='auto'"
-        raise ImportError(
+        raise MissingDependencyError(
             f"Cannot write the plot '{path}': it needs matplotlib, which is not installed; {hint}.", name="matplotlib"
         )
     return fmt
@@ -189,11 +193,13 @@ def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> _Data:
             ys = np.asarray(values, np.float64).reshape(-1)
             xs = np.arange(len(ys), dtype=np.float64)
         if xs.shape != ys.shape:
-            raise ValueError(f"series '{label}': {len(xs)} x values but {len(ys)} y values.")
+            raise InvalidValueError(f"series '{label}': {len(xs)} x values but {len(ys)} y values.")
         keep = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
         data[label] = (xs[keep], ys[keep])
     if not any(len(xs) for xs, _ in data.values()):
-        raise ValueError("save_line_plot: no finite points to plot" + (" (log_y drops values <= 0)." if log_y else "."))
+        raise InvalidValueError(
+            "save_line_plot: no finite points to plot" + (" (log_y drops values <= 0)." if log_y else ".")
+        )
     return data
 
 
@@ -388,10 +394,10 @@ def plot_history(
     """
     check_plot_path(path, backend)
     if not 0 <= smoothing < 1:
-        raise ValueError(f"plot_history: smoothing must be in [0, 1), got {smoothing}.")
+        raise InvalidValueError(f"plot_history: smoothing must be in [0, 1), got {smoothing}.")
     losses = np.asarray(history.losses, np.float64).reshape(-1)
     if not len(losses):
-        raise ValueError(f"Cannot plot '{path}': the history has no losses (no training step was recorded).")
+        raise InvalidValueError(f"Cannot plot '{path}': the history has no losses (no training step was recorded).")
     series: dict[str, Series] = {"train loss (per step)": losses}
     styles: dict[str, dict[str, Any]] = {"train loss (per step)": {"color": PALETTE[0], "alpha": 0.3, "width": 1.5}}
     if len(losses) > 1:

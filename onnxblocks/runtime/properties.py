@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
+
 JSON_MARKER = "onnxblocks-json:"
 #: Prefix of the properties the runtime itself stores (step counter, data state ...).
 RESERVED_PREFIX = "onnxblocks."
@@ -43,7 +45,7 @@ def encode(value: Any, name: str = "property") -> int | float | str:
     try:
         return JSON_MARKER + json.dumps(_plain(value), allow_nan=True)
     except (TypeError, ValueError) as exc:
-        raise TypeError(
+        raise InvalidTypeError(
             f"checkpoint property '{name}' of type {type(value).__name__} cannot be stored ({exc}). "
             "Use int, float, str, or a JSON-encodable list/dict of them."
         ) from None
@@ -65,9 +67,9 @@ def check_names(properties: Mapping[str, Any]) -> None:
     """
     for name in properties:
         if not isinstance(name, str):
-            raise TypeError(f"checkpoint property names must be str, not {type(name).__name__} ({name!r}).")
+            raise InvalidTypeError(f"checkpoint property names must be str, not {type(name).__name__} ({name!r}).")
         if name.startswith(RESERVED_PREFIX):
-            raise ValueError(
+            raise InvalidValueError(
                 f"checkpoint property '{name}' uses the prefix '{RESERVED_PREFIX}', which the runtime "
                 "reserves for its own state. Choose another name."
             )

@@ -33,6 +33,8 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any
 
+from onnxblocks._core.errors import InvalidValueError
+
 
 class Schedule(ABC):
     """A learning rate as a function of the number of optimizer steps taken.
@@ -46,7 +48,7 @@ class Schedule(ABC):
 
     def __init__(self, base_lr: float, warmup_steps: int = 0) -> None:
         if not (isinstance(base_lr, (int, float)) and math.isfinite(base_lr) and base_lr >= 0):
-            raise ValueError(f"{type(self).__name__}: base_lr must be a finite number >= 0, got {base_lr!r}.")
+            raise InvalidValueError(f"{type(self).__name__}: base_lr must be a finite number >= 0, got {base_lr!r}.")
         _check_count(self, "warmup_steps", warmup_steps)
         self.base_lr = float(base_lr)
         self.warmup_steps = int(warmup_steps)
@@ -54,7 +56,7 @@ class Schedule(ABC):
     def __call__(self, step: int) -> float:
         """The learning rate of the update that follows ``step`` completed updates."""
         if step < 0:
-            raise ValueError(f"{type(self).__name__}: step must be >= 0, got {step}.")
+            raise InvalidValueError(f"{type(self).__name__}: step must be >= 0, got {step}.")
         if step < self.warmup_steps:
             return self.base_lr * step / self.warmup_steps
         return self._after_warmup(step)
@@ -149,9 +151,9 @@ class StepSchedule(Schedule):
     def __init__(self, base_lr: float, step_size: int, gamma: float = 0.1) -> None:
         super().__init__(base_lr, 0)
         if not isinstance(step_size, int) or step_size < 1:
-            raise ValueError(f"StepSchedule: step_size must be an int >= 1, got {step_size!r}.")
+            raise InvalidValueError(f"StepSchedule: step_size must be an int >= 1, got {step_size!r}.")
         if not (math.isfinite(gamma) and gamma >= 0):
-            raise ValueError(f"StepSchedule: gamma must be a finite number >= 0, got {gamma!r}.")
+            raise InvalidValueError(f"StepSchedule: gamma must be a finite number >= 0, got {gamma!r}.")
         self.step_size = step_size
         self.gamma = float(gamma)
 
@@ -178,7 +180,7 @@ def schedule_from_dict(state: dict[str, Any]) -> Schedule:
     settings = dict(state)
     kind = settings.pop("kind", None)
     if kind not in SCHEDULES:
-        raise ValueError(f"Unknown schedule kind {kind!r}; known kinds: {sorted(SCHEDULES)}.")
+        raise InvalidValueError(f"Unknown schedule kind {kind!r}; known kinds: {sorted(SCHEDULES)}.")
     return SCHEDULES[kind](**settings)
 
 
@@ -201,25 +203,25 @@ def make_schedule(
         return ConstantSchedule(base_lr, warmup_steps)
     if kind in ("linear", "cosine"):
         if total_steps is None:
-            raise ValueError(f"The {kind} schedule needs total_steps.")
+            raise InvalidValueError(f"The {kind} schedule needs total_steps.")
         if kind == "linear":
             return LinearSchedule(base_lr, total_steps, warmup_steps)
         return CosineSchedule(base_lr, total_steps, warmup_steps, min_lr)
     if kind == "step":
         if step_size is None:
-            raise ValueError("The step schedule needs step_size.")
+            raise InvalidValueError("The step schedule needs step_size.")
         return StepSchedule(base_lr, step_size, gamma)
-    raise ValueError(f"Unknown schedule {kind!r}; choose one of {sorted(SCHEDULES)}.")
+    raise InvalidValueError(f"Unknown schedule {kind!r}; choose one of {sorted(SCHEDULES)}.")
 
 
 def _check_count(owner: object, name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{type(owner).__name__}: {name} must be an int >= 0, got {value!r}.")
+        raise InvalidValueError(f"{type(owner).__name__}: {name} must be an int >= 0, got {value!r}.")
 
 
 def _check_total(owner: object, total_steps: Any, warmup_steps: int) -> None:
     _check_count(owner, "total_steps", total_steps)
     if total_steps <= warmup_steps:
-        raise ValueError(
+        raise InvalidValueError(
             f"{type(owner).__name__}: total_steps ({total_steps}) must be greater than warmup_steps ({warmup_steps})."
         )

@@ -29,7 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import (
+    FileMissingError,
+    InvalidValueError,
+    StateError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks.runtime import guards as _guards
 from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.backend import Backend, BackendName, select_backend
@@ -119,7 +126,7 @@ class TrainingSession:
     # ---------------------------------------------------------------- loading
     def _open(self, checkpoint: Path) -> None:
         if not checkpoint.exists():
-            raise FileNotFoundError(
+            raise FileMissingError(
                 f"Checkpoint '{checkpoint}' does not exist. Pass a file written by "
                 "TrainingSession.save_checkpoint or generate_artifacts."
             )
@@ -248,7 +255,7 @@ class TrainingSession:
             TypeError, ValueError: as for :meth:`train_step`.
         """
         if not self.has_eval_model:
-            raise RuntimeError(
+            raise StateError(
                 f"The artifacts in '{self.files.directory}' have no eval model; regenerate them "
                 "(generate_artifacts writes eval_model.onnx)."
             )
@@ -268,7 +275,7 @@ class TrainingSession:
         """
         self._require_optimizer()
         if self._pending == 0:
-            raise RuntimeError(
+            raise StateError(
                 "optimizer_step: no train_step ran since the gradients were last reset, so there are no "
                 "gradients to apply. Call train_step(...) first."
             )
@@ -329,12 +336,12 @@ class TrainingSession:
     def learning_rate(self, value: float) -> None:
         value = float(value)
         if not np.isfinite(value) or value < 0:
-            raise ValueError(f"learning_rate must be a finite number >= 0, got {value}.")
+            raise InvalidValueError(f"learning_rate must be a finite number >= 0, got {value}.")
         self._require_optimizer().set_learning_rate(value)
 
     def _require_optimizer(self) -> Backend:
         if not self._backend.has_optimizer:
-            raise RuntimeError(
+            raise StateError(
                 f"The artifacts in '{self.files.directory}' have no optimizer model; regenerate them with "
                 "optimizer=... (e.g. onnxblocks.optim.AdamW())."
             )
@@ -403,7 +410,7 @@ class TrainingSession:
             array = np.ascontiguousarray(raw)
             want_dtype, want_shape = self._backend.parameter_spec(name)
             if array.dtype != want_dtype or array.shape != want_shape:
-                raise ValueError(
+                raise InvalidValueError(
                     f"parameter '{name}' is {want_dtype} with shape {want_shape}; got {array.dtype} with shape "
                     f"{array.shape}. Pass an array of the parameter's dtype and shape."
                 )
@@ -516,10 +523,10 @@ class TrainingSession:
                 ONNX Runtime rejects them.
         """
         if not self.has_eval_model:
-            raise RuntimeError("export_inference_model needs the eval model, but the artifacts have none.")
+            raise StateError("export_inference_model needs the eval model, but the artifacts have none.")
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
         if not names:
-            raise ValueError(
+            raise InvalidValueError(
                 "export_inference_model: cannot tell which outputs the inference model should have. Pass "
                 "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
                 "additional_output_names=[...]."

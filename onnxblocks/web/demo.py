@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.web.server import serve, url_of
 from onnxblocks.web.site import build_site
 
@@ -44,7 +45,7 @@ def run_web_demo(
         onnxblocks.web.npm.NpmError: when the client or onnxruntime-web cannot be had.
     """
     if not 0 <= port <= 65535:
-        raise ValueError(f"port must be between 0 and 65535 (0: any free port), got {port}.")
+        raise InvalidValueError(f"port must be between 0 and 65535 (0: any free port), got {port}.")
     out = stream if stream is not None else sys.stdout
     started = time.perf_counter()
     site = build_site(Path(os.fspath(output_dir)) / "web", epochs=epochs, seed=seed)

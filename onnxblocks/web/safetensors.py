@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.io import atomic_file
 
 #: safetensors dtype codes and their numpy dtypes (the ones ONNX Runtime's JavaScript API has).
@@ -46,7 +47,7 @@ def _code(name: str, array: np.ndarray) -> str:
     code = _CODES.get(dtype)
     if code is None:
         supported = ", ".join(str(d) for d in _CODES)
-        raise TypeError(f"tensor '{name}' has dtype {array.dtype}; the web format supports {supported}.")
+        raise InvalidTypeError(f"tensor '{name}' has dtype {array.dtype}; the web format supports {supported}.")
     return code
 
 
@@ -70,13 +71,13 @@ def write_safetensors(
     if metadata:
         bad = [k for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
-            raise TypeError(f"safetensors metadata must map strings to strings; not so for {bad[:5]}.")
+            raise InvalidTypeError(f"safetensors metadata must map strings to strings; not so for {bad[:5]}.")
         header[_METADATA] = dict(metadata)
     arrays = []
     offset = 0
     for name, value in tensors.items():
         if name == _METADATA:
-            raise TypeError(f"'{_METADATA}' is reserved in safetensors files; rename the tensor.")
+            raise InvalidTypeError(f"'{_METADATA}' is reserved in safetensors files; rename the tensor.")
         array = np.asarray(value)
         code = _code(name, array)
         array = np.asarray(array, dtype=DTYPES[code], order="C")  # not ascontiguousarray: it makes scalars 1-D
@@ -109,19 +110,21 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     target = Path(os.fspath(path))
     raw = target.read_bytes()
     if len(raw) < 8:
-        raise ValueError(f"'{target}' has {len(raw)} bytes: too short for a safetensors file.")
+        raise InvalidValueError(f"'{target}' has {len(raw)} bytes: too short for a safetensors file.")
     (length,) = struct.unpack("<Q", raw[:8])
     if length > min(len(raw) - 8, MAX_HEADER_BYTES):
-        raise ValueError(f"'{target}' claims a {length}-byte header but has {len(raw) - 8} bytes after the length.")
+        raise InvalidValueError(
+            f"'{target}' claims a {length}-byte header but has {len(raw) - 8} bytes after the length."
+        )
     try:
         header = json.loads(raw[8 : 8 + length].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"'{target}': the safetensors header is not UTF-8 JSON ({exc}).") from None
+        raise InvalidValueError(f"'{target}': the safetensors header is not UTF-8 JSON ({exc}).") from None
     if not isinstance(header, dict):
-        raise ValueError(f"'{target}': the safetensors header must be a JSON object.")
+        raise InvalidValueError(f"'{target}': the safetensors header must be a JSON object.")
     metadata = header.pop(_METADATA, None) or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ValueError(f"'{target}': __metadata__ must be an object of strings.")
+        raise InvalidValueError(f"'{target}': __metadata__ must be an object of strings.")
     data = memoryview(raw)[8 + length :]
     tensors: dict[str, np.ndarray] = {}
     for name, entry in header.items():
@@ -131,25 +134,25 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
 
 def _tensor(target: Path, name: str, entry: object, data: memoryview) -> np.ndarray:
     if not isinstance(entry, dict):
-        raise ValueError(f"'{target}': the header entry of '{name}' is not an object.")
+        raise InvalidValueError(f"'{target}': the header entry of '{name}' is not an object.")
     code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if code not in DTYPES:
-        raise TypeError(f"'{target}': tensor '{name}' has dtype {code!r}; supported: {', '.join(DTYPES)}.")
+        raise InvalidTypeError(f"'{target}': tensor '{name}' has dtype {code!r}; supported: {', '.join(DTYPES)}.")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"'{target}': tensor '{name}' has shape {shape!r}; expected non-negative integers.")
+        raise InvalidValueError(f"'{target}': tensor '{name}' has shape {shape!r}; expected non-negative integers.")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1] <= len(data)
     ):
-        raise ValueError(
+        raise InvalidValueError(
             f"'{target}': tensor '{name}' has data_offsets {offsets!r} outside the {len(data)} data bytes."
         )
     dtype = DTYPES[code]
     count = int(np.prod(shape, dtype=np.int64))
     if offsets[1] - offsets[0] != count * dtype.itemsize:
-        raise ValueError(
+        raise InvalidValueError(
             f"'{target}': tensor '{name}' ({code} {shape}) needs {count * dtype.itemsize} bytes, "
             f"its data_offsets span {offsets[1] - offsets[0]}."
         )

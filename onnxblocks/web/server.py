@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from onnxblocks._core.errors import NotAFolderError
+
 #: Types browsers insist on: module scripts must be JavaScript, ``WebAssembly.instantiateStreaming`` needs wasm.
 MIME_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -49,7 +51,7 @@ def serve(directory: str | os.PathLike, port: int = 0, host: str = "127.0.0.1") 
     """
     root = Path(os.fspath(directory))
     if not root.is_dir():
-        raise NotADirectoryError(f"Cannot serve '{root}': not a directory. Build the site first (build_site).")
+        raise NotAFolderError(f"Cannot serve '{root}': not a directory. Build the site first (build_site).")
     handler = functools.partial(_Handler, directory=os.fspath(root))
     return http.server.ThreadingHTTPServer((host, port), handler)
 

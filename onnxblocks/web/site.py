@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxblocks._core.errors import InvalidIndexError, InvalidValueError
 from onnxblocks.web.npm import WASM_RUNTIME_FILES, js_dir, onnxruntime_web_dist
 from onnxblocks.web.safetensors import write_safetensors
 from onnxblocks.web.state import write_state
@@ -82,7 +83,7 @@ class SpiralPlan:
     def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """``(features, labels)`` of training step ``step`` (0-based), as the page builds it."""
         if not 0 <= step < self.steps:
-            raise IndexError(f"step {step} is outside the plan's {self.steps} steps.")
+            raise InvalidIndexError(f"step {step} is outside the plan's {self.steps} steps.")
         epoch, position = divmod(step, self.batches_per_epoch)
         rows = self.order[epoch, position * self.batch_size : (position + 1) * self.batch_size]
         return self.features[rows], self.labels[rows]
@@ -107,7 +108,7 @@ def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
     from onnxblocks.runtime import ArrayBatches, CosineSchedule
 
     if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}.")
+        raise InvalidValueError(f"epochs must be >= 1, got {epochs}.")
     x, y = spirals(points_per_class=POINTS_PER_CLASS, classes=CLASSES, seed=seed)
     (x_train, y_train), (x_val, y_val) = train_val_split(x, y, VAL_FRACTION)
     rows = ArrayBatches((np.arange(len(x_train), dtype=np.int32),), batch_size=BATCH_SIZE, seed=seed)
