@@ -84,7 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_MODULES | set(_LAZY_NAMES))
+    return sorted(set(__all__) | _LAZY_MODULES)
 
 
 __all__ = [

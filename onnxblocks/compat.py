@@ -49,8 +49,9 @@ from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.context import base, empty_base
 from onnxblocks.blocks.context import custom_op_library as _custom_op_library
 from onnxblocks.blocks.training import TrainingBlock
+from onnxblocks.optim._reference import AdamWOptimizer, ReferenceAdamW, ReferenceSGD, SGDOptimizer
 
-__all__ = ["artifacts", "onnxblock"]
+__all__ = ["AdamWOptimizer", "ReferenceAdamW", "ReferenceSGD", "SGDOptimizer", "artifacts", "onnxblock"]
 
 
 def save_checkpoint(
@@ -89,9 +90,7 @@ def custom_op_library(custom_op_library_path: str | os.PathLike) -> Iterator[str
 
 
 def _reference_optimizer(optimizer: _artifacts.OptimType) -> Block:
-    return {_artifacts.OptimType.AdamW: _optim.ReferenceAdamW, _artifacts.OptimType.SGD: _optim.ReferenceSGD}[
-        optimizer
-    ]()
+    return {_artifacts.OptimType.AdamW: ReferenceAdamW, _artifacts.OptimType.SGD: ReferenceSGD}[optimizer]()
 
 
 def generate_artifacts(
@@ -154,11 +153,11 @@ loss = _namespace(
 optim = _namespace(
     "onnxblocks.compat.onnxblock.optim",
     "Optimizers with the reference's defaults.",
-    AdamW=_optim.ReferenceAdamW,
-    SGD=_optim.ReferenceSGD,
+    AdamW=ReferenceAdamW,
+    SGD=ReferenceSGD,
     ClipGradNorm=_optim.ClipGradNorm,
-    AdamWOptimizer=_optim.AdamWOptimizer,
-    SGDOptimizer=_optim.SGDOptimizer,
+    AdamWOptimizer=AdamWOptimizer,
+    SGDOptimizer=SGDOptimizer,
 )
 
 onnxblock = _namespace(

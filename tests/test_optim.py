@@ -20,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxblocks
 from onnxblocks.checkpoint import save_checkpoint
-from onnxblocks.optim import SGD, AdamW, ClipGradNorm, ReferenceAdamW, contrib
-from onnxblocks.optim.compat import AdamWOptimizer, SGDOptimizer
+from onnxblocks.compat import AdamWOptimizer, ReferenceAdamW, SGDOptimizer
+from onnxblocks.optim import SGD, AdamW, ClipGradNorm, contrib
 
 LR = 0.05
 STEPS = 4

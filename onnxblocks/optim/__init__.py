@@ -1,27 +1,44 @@
-"""Optimizer models for ONNX Runtime's training API: AdamW, SGD and gradient clipping.
+"""Optimizers for ONNX Runtime's training API: AdamW and SGD, with gradient-norm clipping.
 
 Build one inside ``with onnxblocks.empty_base():`` by calling it with the
-``(trainable, frozen)`` parameters, then take ``.to_model_proto()``. The model
-follows the input contract documented in :mod:`onnxblocks.optim.base`.
+``(trainable, frozen)`` parameters, then take ``.to_model_proto()``; or pass it to
+``generate_artifacts(optimizer=...)``. The model follows the input contract
+documented in :mod:`onnxblocks.optim.base`. The reference's classes (its AdamW
+defaults, ``AdamWOptimizer``, ``SGDOptimizer``) are in :mod:`onnxblocks.compat`.
 """
 
-from onnxblocks.optim import contrib
-from onnxblocks.optim.adamw import AdamW, AdamWUpdate
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from onnxblocks.optim.adamw import AdamW
 from onnxblocks.optim.base import Optimizer
 from onnxblocks.optim.clip import ClipGradNorm
-from onnxblocks.optim.compat import AdamWOptimizer, ReferenceAdamW, ReferenceSGD, SGDOptimizer
-from onnxblocks.optim.sgd import SGD, SGDUpdate
+from onnxblocks.optim.sgd import SGD
 
-__all__ = [
-    "SGD",
-    "AdamW",
-    "AdamWOptimizer",
-    "AdamWUpdate",
-    "ClipGradNorm",
-    "Optimizer",
-    "ReferenceAdamW",
-    "ReferenceSGD",
-    "SGDOptimizer",
-    "SGDUpdate",
-    "contrib",
-]
+__all__ = ["SGD", "AdamW", "ClipGradNorm", "Optimizer"]
+
+#: Names that moved, for one release: name -> (module, new home for the message).
+_MOVED = {
+    "ReferenceAdamW": ("onnxblocks.optim._reference", "onnxblocks.compat.ReferenceAdamW"),
+    "ReferenceSGD": ("onnxblocks.optim._reference", "onnxblocks.compat.ReferenceSGD"),
+    "AdamWOptimizer": ("onnxblocks.optim._reference", "onnxblocks.compat.AdamWOptimizer"),
+    "SGDOptimizer": ("onnxblocks.optim._reference", "onnxblocks.compat.SGDOptimizer"),
+    "AdamWUpdate": ("onnxblocks.optim.adamw", "onnxblocks.optim.adamw.AdamWUpdate"),
+    "SGDUpdate": ("onnxblocks.optim.sgd", "onnxblocks.optim.sgd.SGDUpdate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        module, home = _MOVED[name]
+        warnings.warn(f"onnxblocks.optim.{name} is deprecated: use {home}.", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'onnxblocks.optim' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

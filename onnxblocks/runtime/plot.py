@@ -5,10 +5,8 @@ legend. The path's suffix picks the format:
 
 - ``.svg`` always works: this module writes the SVG itself, with the primitives
   of :mod:`onnxblocks.display.svg` (polylines, escaped text);
-- ``.png`` is drawn by matplotlib, on a :class:`matplotlib.figure.Figure` with
-  the Agg canvas (pyplot and its global figures are never touched); without
-  matplotlib it raises an :class:`ImportError` that says to install it or to use
-  a ``.svg`` path.
+- ``.png`` is drawn by matplotlib on a :class:`matplotlib.figure.Figure` (Agg canvas, never
+  pyplot); without matplotlib it raises an ``ImportError`` saying to install it or use ``.svg``.
 
 Where the library picks the file name itself (``onnxblocks demo``),
 :func:`default_suffix` decides: ``.png`` when matplotlib can be imported, else
@@ -81,9 +79,7 @@ def check_plot_path(path: str | os.PathLike, backend: str = "auto") -> str:
         raise InvalidValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise InvalidValueError(
-            f"Cannot write the plot '{path}': its suffix picks the format; use a .svg or .png path."
-        )
+        raise InvalidValueError(f"Cannot write the plot '{path}': its suffix picks the format; use .svg or .png.")
     if (fmt == "png" or backend == "matplotlib") and not _have_matplotlib():
         hint = "install matplotlib or use a .svg path" if fmt == "png" else "install matplotlib or use backend='auto'"
         raise MissingDependencyError(
@@ -197,9 +193,8 @@ def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> _Data:
         keep = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
         data[label] = (xs[keep], ys[keep])
     if not any(len(xs) for xs, _ in data.values()):
-        raise InvalidValueError(
-            "save_line_plot: no finite points to plot" + (" (log_y drops values <= 0)." if log_y else ".")
-        )
+        suffix = " (log_y drops values <= 0)." if log_y else "."
+        raise InvalidValueError("save_line_plot: no finite points to plot" + suffix)
     return data
 
 
