@@ -7,6 +7,7 @@ Every one is an :class:`OnnxBlocksError` and also the builtin that matches its m
 from onnxblocks._core.errors import (
     CheckpointFormatError,
     CheckpointMismatchError,
+    CliError,
     DataFileError,
     FileAccessError,
     FileConflictError,
@@ -21,6 +22,7 @@ from onnxblocks._core.errors import (
     NoActiveModelError,
     NotAFolderError,
     NotBuiltError,
+    NpmError,
     OnnxBlocksError,
     OrtRunError,
     PortabilityError,
@@ -33,6 +35,7 @@ from onnxblocks._core.errors import (
 __all__ = [
     "CheckpointFormatError",
     "CheckpointMismatchError",
+    "CliError",
     "DataFileError",
     "FileAccessError",
     "FileConflictError",
@@ -47,6 +50,7 @@ __all__ = [
     "NoActiveModelError",
     "NotAFolderError",
     "NotBuiltError",
+    "NpmError",
     "OnnxBlocksError",
     "OrtRunError",
     "PortabilityError",

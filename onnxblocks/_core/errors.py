@@ -77,6 +77,18 @@ class LockTimeoutError(OnnxBlocksError, TimeoutError):
     """Another process held a lock for longer than the call would wait."""
 
 
+class NpmError(OnnxBlocksError, RuntimeError):
+    """npm or the JavaScript client cannot be had; the message says what to install or set."""
+
+
+class CliError(OnnxBlocksError):
+    """An error the ``onnxblocks`` command reports as one line, with its exit code (3: bad input by default)."""
+
+    def __init__(self, message: str, code: int = 3) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class NoActiveModelError(OnnxBlocksError, RuntimeError):
     """A block was called outside ``onnxblocks.base(...)`` / ``onnxblocks.empty_base()``."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onnxblocks._core.errors import OnnxBlocksError
+from onnxblocks._core.errors import CliError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -10,10 +10,4 @@ EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_INTERRUPTED = 130
 
-
-class CliError(OnnxBlocksError):
-    """An error to report as one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_INPUT) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["EXIT_FAILURE", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "CliError"]

@@ -26,16 +26,12 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from onnxblocks._core.errors import OnnxBlocksError
+from onnxblocks._core.errors import NpmError
 
 #: The onnxruntime-web (and onnxruntime-node) version the client pins (``js/package.json``; a test checks).
 ORT_WEB_VERSION = "1.30.0"
 #: The client's files that decide its npm install.
 _LOCK_FILES = ("package.json", "package-lock.json", ".npmrc")
-
-
-class NpmError(OnnxBlocksError, RuntimeError):
-    """npm or the JavaScript client cannot be had; the message says what to install or set."""
 
 
 def cache_root() -> Path:
