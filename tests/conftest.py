@@ -57,3 +57,25 @@ def portable_python():
         return ensure_python313()
     except PortableEnvError as exc:
         pytest.fail(str(exc))
+
+
+#: Markers for files that need a real component; `slow` is set on tests themselves.
+_FILE_MARKERS = {
+    "test_js_node.py": "node",
+    "test_web_browser.py": "browser",
+    "test_portable_runtime_py313.py": "py313",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark tests that need Node, Chromium or the Python 3.13 venv, so a fast subset can leave them out.
+
+    ``pytest -m "not slow and not node and not browser and not py313"`` runs the fast subset;
+    the README's command (no ``-m``) runs everything.
+    """
+    for item in items:
+        marker = _FILE_MARKERS.get(item.path.name)
+        if marker:
+            item.add_marker(marker)
+        if "portable_python" in getattr(item, "fixturenames", ()):
+            item.add_marker("py313")

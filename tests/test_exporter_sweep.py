@@ -37,6 +37,8 @@ from torch import nn
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
+pytestmark = pytest.mark.slow
+
 D = 8
 
 

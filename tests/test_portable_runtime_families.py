@@ -93,6 +93,7 @@ def _torch_losses(loss_fn, optimizer) -> list[float]:
 CASES = [("families", n, e) for n, e in families.CASES] + [("sweep", n, e) for n, e in sweep.CASES]
 
 
+@pytest.mark.slow
 def test_every_family_trains_on_stock_onnxruntime_like_torch(portable_python, tmp_path):
     tasks, expected = [], {}
     for suite, name, exporter in CASES:

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

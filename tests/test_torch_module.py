@@ -22,6 +22,8 @@ import torch
 from onnxblocks.errors import GradientError
 from onnxblocks.torch import ExportError, OrtModule
 
+pytestmark = pytest.mark.slow
+
 RTOL, ATOL = 1e-4, 1e-5
 EXPORTERS = ("torchscript", "dynamo")
 

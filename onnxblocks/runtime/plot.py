@@ -12,9 +12,8 @@ Where the library picks the file name itself (``onnxblocks demo``),
 :func:`default_suffix` decides: ``.png`` when matplotlib can be imported, else
 ``.svg``. Files are replaced atomically (:func:`onnxblocks.io.atomic_file`).
 
-:func:`plot_history` turns a :class:`~onnxblocks.runtime.fit.History` into a
-loss curve: the loss of every step (faint), its moving average, and the eval
-loss at the end of each epoch.
+:func:`plot_history` draws a :class:`~onnxblocks.runtime.fit.History`: every step's loss
+(faint), its moving average, and the eval loss at the end of each epoch.
 """
 
 from __future__ import annotations
@@ -79,7 +78,9 @@ def check_plot_path(path: str | os.PathLike, backend: str = "auto") -> str:
         raise InvalidValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise InvalidValueError(f"Cannot write the plot '{path}': its suffix picks the format; use .svg or .png.")
+        raise InvalidValueError(
+            f"Cannot write the plot '{path}': its suffix picks the format; use a .svg or .png path."
+        )
     if (fmt == "png" or backend == "matplotlib") and not _have_matplotlib():
         hint = "install matplotlib or use a .svg path" if fmt == "png" else "install matplotlib or use backend='auto'"
         raise MissingDependencyError(
