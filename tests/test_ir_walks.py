@@ -1,4 +1,4 @@
-"""The IR layer's protobuf walk and opset conversion see nodes inside subgraphs."""
+"""The IR layer's protobuf-level helpers (walk, names, opset conversion) see inside subgraphs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from onnxblocks.ir.names import proto_graph_names
 from onnxblocks.ir.opset import convert_opset, fit_opset
 from onnxblocks.ir.walk import proto_nodes
 
@@ -46,3 +47,10 @@ def test_an_op_missing_at_the_target_is_named_even_inside_a_subgraph():
 def test_fit_opset_returns_a_supported_model_itself():
     model = _model_with_if("Sigmoid", 17)
     assert fit_opset(model) is model
+
+
+def test_proto_graph_names_knows_subgraph_names():
+    model = _model_with_if("Sigmoid", 17)
+    names = proto_graph_names(model.graph)
+    assert names.is_used("a_out") and names.is_used("y2") and names.is_used("top")
+    assert names.fresh("a_out") == "a_out_0"
