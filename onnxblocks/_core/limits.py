@@ -3,19 +3,13 @@
 onnx 1.23 writes IR version 14 by default, but onnxruntime-training 1.19.2 loads
 IR <= 10 and default-domain opsets <= 21. Every model onnxblocks emits goes
 through :func:`stamp_versions`. A model that comes in above opset 21 is converted
-down with onnx's version converter where every op allows it (:func:`fit_opset`);
-:func:`convert_opset` converts either way and names the ops that block it.
+down with onnx's version converter where every op allows it
+(:func:`onnxblocks.ir.opset.fit_opset`, above this layer: converting walks subgraphs).
 """
 
 from __future__ import annotations
 
-import logging
-import re
-
 import onnx
-from onnx import version_converter
-
-logger = logging.getLogger(__name__)
 
 #: Highest IR version onnxruntime-training 1.19.2 loads.
 MAX_IR_VERSION = 10
@@ -84,75 +78,6 @@ def check_opset_import(model: onnx.ModelProto, what: str = "the base model") -> 
             "ONNX Runtime require it). Add the opset it was written for, e.g. "
             "model.opset_import.append(onnx.helper.make_opsetid('', 17)), or re-export it."
         )
-
-
-def convert_opset(model: onnx.ModelProto, target: int, what: str = "the base model") -> onnx.ModelProto:
-    """A copy of ``model`` converted to ai.onnx opset ``target`` with onnx's version converter.
-
-    Raises:
-        ValueError: naming the ops that have no definition at ``target`` (or that the
-            converter cannot adapt), when the conversion is impossible.
-    """
-    current = onnx_opset(model)
-    blocking = sorted({n.op_type for n in _default_domain_nodes(model.graph) if not _defined_at(n.op_type, target)})
-    if blocking:
-        raise ValueError(
-            f"{what} imports ai.onnx opset {current}; it cannot be converted to opset {target}, because these ops "
-            f"do not exist there: {', '.join(blocking)}. Re-export the model with opset_version={target} (or write "
-            "those ops with older ones)."
-        )
-    try:
-        converted = version_converter.convert_version(model, target)
-    except Exception as exc:
-        reason = _converter_reason(exc)
-        ops = sorted({op for op in re.findall(r"\b([A-Z][A-Za-z0-9]+)\b", reason) if onnx.defs.has(op)})
-        named = f" (blocked by {', '.join(ops)})" if ops else ""
-        raise ValueError(
-            f"{what} imports ai.onnx opset {current}; onnx's version converter could not convert it to opset "
-            f"{target}{named}: {reason}. Re-export the model with opset_version={target}."
-        ) from None
-    logger.info("Converted %s from ai.onnx opset %s to %s with onnx's version converter.", what, current, target)
-    return converted
-
-
-def fit_opset(model: onnx.ModelProto, what: str = "the base model") -> onnx.ModelProto:
-    """``model`` itself if the installed runtime implements its opset, else a copy converted down to it.
-
-    Raises:
-        ValueError: if the model has no ai.onnx opset import, or cannot be converted
-            (naming the ops that block it).
-    """
-    check_opset_import(model, what)
-    version = onnx_opset(model)
-    if version is None or version <= MAX_ONNX_OPSET:
-        return model
-    return convert_opset(model, MAX_ONNX_OPSET, what)
-
-
-def _default_domain_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    nodes = []
-    for node in graph.node:
-        if node.domain in ("", "ai.onnx"):
-            nodes.append(node)
-        for attr in node.attribute:
-            for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                nodes.extend(_default_domain_nodes(g))
-    return nodes
-
-
-def _defined_at(op_type: str, version: int) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, version, "")
-    except onnx.defs.SchemaError:
-        return not onnx.defs.has(op_type)  # an op onnx does not know: not ours to judge
-    return True
-
-
-def _converter_reason(exc: BaseException) -> str:
-    """The version converter's message without its C++ file, line and assertion text."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = re.sub(r"^\S+\.(?:h|cc|cpp):\d+:\s*\w*:?\s*", "", text)
-    return re.sub(r"^Assertion `[^`]*` failed:\s*", "", text).rstrip(".")
 
 
 def ensure_opset(model: onnx.ModelProto, domain: str, version: int) -> None:

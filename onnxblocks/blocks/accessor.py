@@ -219,9 +219,9 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             onnx.defs.get_schema(op_type, UPGRADE_OPSET, "")
         except onnx.defs.SchemaError:
             return False
-        converted = _limits.convert_opset(
-            self._model, UPGRADE_OPSET, f"the model (for {op_type}, which needs a newer opset)"
-        )
+        from onnxblocks.ir.opset import convert_opset  # converting walks subgraphs (the IR layer)
+
+        converted = convert_opset(self._model, UPGRADE_OPSET, f"the model (for {op_type}, which needs a newer opset)")
         self.replace_model(converted)
         return True
 

@@ -48,6 +48,7 @@ from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
 from onnxblocks.gradient.normalize import normalize  # not `gradient.normalize`: __init__ rebinds it to this
 from onnxblocks.gradient.parameters import ParameterPartition, check_requires_grad_read, partition_parameters
 from onnxblocks.gradient.power import pow_exponent_as_exp_log
+from onnxblocks.ir.opset import convert_opset
 
 __all__ = [
     "MIN_GRADIENT_OPSET",
@@ -165,7 +166,7 @@ def upgrade_old_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = _limits.onnx_opset(model)
     if opset is None or opset >= MIN_GRADIENT_OPSET:
         return model
-    return _limits.convert_opset(model, UPGRADE_OPSET, "the model (ONNX Runtime's gradient builders need opset 11)")
+    return convert_opset(model, UPGRADE_OPSET, "the model (ONNX Runtime's gradient builders need opset 11)")
 
 
 def check_training_model(model: onnx.ModelProto, what: str = "the training model") -> None:

@@ -1,7 +1,7 @@
 """What a model must satisfy when it enters onnxblocks, fixed on a copy where it can be, refused clearly where not.
 
 * :func:`fit_model`: an ai.onnx opset import is required, a model above the
-  runtime's opset is converted down (:func:`onnxblocks._core.limits.fit_opset`),
+  runtime's opset is converted down (:func:`onnxblocks.ir.opset.fit_opset`),
   and nodes out of order are sorted topologically.
 * :func:`sort_topologically`: the node order onnx and ONNX Runtime require
   (a producer before its readers, subgraph reads included), stable for a graph
@@ -18,9 +18,9 @@ import heapq
 
 import onnx
 
-from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import preview
 from onnxblocks.gradient._graph import subgraph_reads
+from onnxblocks.ir.opset import fit_opset
 
 __all__ = ["check_ranks", "fit_model", "is_sorted", "sort_topologically"]
 
@@ -39,7 +39,7 @@ def fit_model(model: onnx.ModelProto, what: str = "the base model") -> onnx.Mode
         ValueError: for a model without an ai.onnx opset import, one that cannot be converted
             to a supported opset (naming the ops that block it), or whose nodes form a cycle.
     """
-    model = _limits.fit_opset(model, what)
+    model = fit_opset(model, what)
     sort_topologically(model.graph, what)
     return model
 

@@ -10,15 +10,19 @@ prunes a graph by hand:
   (held weight stubs stay stubs; no tensor is copied);
 * :mod:`~onnxblocks.ir.passes`: the one pass contract (:class:`Pass`, returning a
   :class:`PassResult` that says what changed) and :func:`run_passes`;
-* :mod:`~onnxblocks.ir.walk`: recursive iteration over nodes and the values subgraphs read;
+* :mod:`~onnxblocks.ir.walk`: recursive iteration over nodes and the values subgraphs read
+  (and :func:`~onnxblocks.ir.walk.proto_nodes`, a read-only walk of a ``GraphProto``);
 * :mod:`~onnxblocks.ir.edit`: graph surgery (dead-node removal, cutting a graph down to
   some outputs, renaming values, replacing a node by others);
 * :mod:`~onnxblocks.ir.names`: the graph's name authority (names derived from the
-  graph, never from a process-wide counter; a user's name is never changed);
+  graph, never from a process-wide counter; a user's name is never changed), for an
+  ``ir.Graph`` or a ``GraphProto``;
+* :mod:`~onnxblocks.ir.opset`: converting a model's ai.onnx opset (onnx's version
+  converter), naming the ops, subgraphs included, that block it;
 * :mod:`~onnxblocks.ir.writer`: :class:`Writer`, which builds the nodes of one rewrite
   with fresh names and the opset-dependent forms of ops (``Squeeze``, ``Reduce*``,
   ``Split``, ``Pad``...) spelled once.
 
 The IR is imported only by the packages that edit graphs (gradient, portable,
-artifacts, torch), never by ``import onnxblocks``.
+artifacts, torch, and the runtime when it exports), never by ``import onnxblocks``.
 """

@@ -4,12 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import onnx
 import onnx_ir as ir
 
 
 def all_nodes(graph: ir.Graph | ir.Function) -> Iterator[ir.Node]:
     """Every node of ``graph`` and of the subgraphs in its nodes' attributes, depth first, in order."""
     yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
+def proto_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a ``GraphProto`` and of the subgraphs in its nodes' attributes, depth first, in order.
+
+    For a read-only look at a protobuf model where building its IR would cost more
+    than the work at hand (e.g. listing op types before onnx's version converter,
+    which copies the model anyway); edits go through the IR.
+    """
+    stack: list[Iterator[onnx.NodeProto]] = [iter(graph.node)]
+    while stack:
+        node = next(stack[-1], None)
+        if node is None:
+            stack.pop()
+            continue
+        yield node
+        inner = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+        inner += [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+        for sub in reversed(inner):
+            stack.append(iter(sub.node))
 
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +28,6 @@ from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADA
 
 #: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the model.
 EXTERNAL_DATA_FROM = 1 << 30
-
-
-def _used_names(node: onnx.NodeProto) -> Iterator[str]:
-    """The node's inputs and every name its subgraphs read (outer-scope references included)."""
-    yield from node.input
-    for attr in node.attribute:
-        for sub in (attr.g, *attr.graphs) if attr.HasField("g") or attr.graphs else ():
-            for inner in sub.node:
-                yield from _used_names(inner)
 
 
 def inference_model(
@@ -55,57 +46,46 @@ def inference_model(
     Raises:
         ValueError: for an output name the eval model does not compute.
     """
-    graph = eval_model.graph
-    producers = {name: i for i, node in enumerate(graph.node) for name in node.output}
-    graph_inputs = {i.name: i for i in graph.input}
-    initializers = {t.name: t for t in graph.initializer}
-    unknown = [n for n in outputs if n not in producers and n not in graph_inputs and n not in initializers]
+    import onnx_ir as ir  # the IR is loaded when exporting, not with the session
+
+    from onnxblocks.ir import serde
+    from onnxblocks.ir.edit import cut_to_outputs, values_by_name
+
+    model = serde.from_proto(eval_model)
+    graph = model.graph
+    values = values_by_name(graph)
+    unknown = [n for n in outputs if n not in values]
     if unknown:
         raise ValueError(
             f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model outputs: "
             f"{list(eval_outputs)}; any value of the eval graph can be exported."
         )
-    keep: set[int] = set()
-    needed: set[str] = set()
-    stack = list(outputs)
-    while stack:
-        name = stack.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        index = producers.get(name)
-        if index is not None and index not in keep:
-            keep.add(index)
-            stack.extend(n for n in _used_names(graph.node[index]) if n)
-    known = {v.name: v for v in (*graph.value_info, *graph.output, *graph.input)}
-    cut = helper.make_graph(
-        [graph.node[i] for i in sorted(keep)],
-        graph.name or "inference",
-        [graph_inputs[n] for n in graph_inputs if n in needed and n not in parameters],
-        [],
-        [
-            *(t for n, t in initializers.items() if n in needed and n not in parameters),
-            *(
-                _weights.make_stub(n, parameters[n][0], list(parameters[n][1]))
-                for n in graph_inputs
-                if n in needed and n in parameters
-            ),
-        ],
-        value_info=[v for v in graph.value_info if v.name in needed],
-    )
-    model = helper.make_model(cut, opset_imports=list(eval_model.opset_import), ir_version=eval_model.ir_version)
+    cut_to_outputs(graph, [values[n] for n in outputs])
+    for value in list(graph.inputs):  # the parameters it reads become held initializers, after the constants
+        name = value.name or ""
+        if name in parameters:
+            data_type, dims = parameters[name]
+            graph.inputs.remove(value)
+            graph.initializers.pop(name, None)
+            value.const_value = ir.serde.deserialize_tensor(_weights.make_stub(name, data_type, list(dims)))
+            graph.initializers[name] = value
+    graph.name = graph.name or "inference"
+    graph.doc_string = None
     model.producer_name = eval_model.producer_name
-    model.metadata_props.extend(p for p in eval_model.metadata_props if p.key != PORTABLE_METADATA)
-    missing = [n for n in outputs if n not in known]
-    if missing:
-        inferred = onnx.shape_inference.infer_shapes(model)
-        known.update({v.name: v for v in inferred.graph.value_info})
-    for name in outputs:
-        info = known.get(name)
-        model.graph.output.append(
-            info if info is not None else helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
-        )
-    return model
+    model.producer_version = model.domain = model.model_version = model.doc_string = None
+    model.metadata_props.pop(PORTABLE_METADATA, None)
+    untyped = [v for v in graph.outputs if v.type is None]
+    if untyped:
+        inferred = onnx.shape_inference.infer_shapes(serde.to_proto(model)).graph.value_info
+        infos = {info.name: info for info in inferred}
+        for value in untyped:
+            info = infos.get(value.name or "")
+            if info is not None and info.HasField("type"):
+                value.type = ir.serde.deserialize_type_proto_for_type(info.type)
+                value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            else:
+                value.type = ir.TensorType(ir.DataType.UNDEFINED)
+    return serde.to_proto(model)
 
 
 def export_inference(

@@ -38,10 +38,15 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import onnx
+import onnx_ir as ir
 import torch
 from torch.utils import _pytree as pytree
 
+from onnxblocks._core.errors import OnnxBlocksError
 from onnxblocks.gradient import _graph
+from onnxblocks.ir import serde
+from onnxblocks.ir.edit import rename_values
+from onnxblocks.ir.names import graph_names, proto_graph_names
 
 __all__ = ["BatchNormUpdate", "ExportError", "Exported", "export_module", "fit_batch_norms"]
 
@@ -50,7 +55,7 @@ DYNAMIC = ("batch", "all", "none")
 _PREFIX = "module."
 
 
-class ExportError(RuntimeError):
+class ExportError(OnnxBlocksError, RuntimeError):
     """torch's exporter could not export a module (the message names the module and what failed)."""
 
 
@@ -146,16 +151,17 @@ def export_module(
         holder.tensor_outputs = [isinstance(leaf, torch.Tensor) for leaf in out_leaves]
         names = [f"input_{k}" for k in range(len(tensors))]
         try:
-            model = _export(holder, tuple(tensors), names, exporter, opset, dynamic)
+            exported = _export(holder, tuple(tensors), names, exporter, opset, dynamic)
         except Exception as exc:
             raise ExportError(_export_failure(label, exporter, exc)) from exc
+        _strip_prefix(exported)
+        model = serde.to_proto(exported)  # the module's tensors as they were exported
     graph_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
     if len(model.graph.output) != len(graph_tensors):
         raise ExportError(
             f"{label}'s export has {len(model.graph.output)} graph outputs for {len(graph_tensors)} tensor outputs; "
             "return tensors (in tuples, lists or dicts) from forward."
         )
-    _strip_prefix(model)
     inputs = tuple(vi.name for vi in model.graph.input if vi.name in set(names))
     tensors_by_name = _module_tensors(module)
     weights: list[str] = []
@@ -187,7 +193,7 @@ def _export(
     exporter: str,
     opset: int | None,
     dynamic: str,
-) -> onnx.ModelProto:
+) -> ir.Model:
     with _quiet():
         if exporter == "dynamo":
             count = {"batch": 1, "all": None, "none": 0}[dynamic]
@@ -206,7 +212,7 @@ def _export(
             )
             if program is None:  # pragma: no cover - torch returns the program when no file is given
                 raise RuntimeError("torch.onnx.export returned no program")
-            return program.model_proto
+            return program.model  # torch's exporter builds the same onnx-ir model
         buffer = io.BytesIO()
         mode = holder.training
         holder.training = True  # not train(): the module's own mode is what gets exported
@@ -223,7 +229,7 @@ def _export(
             )
         finally:
             holder.training = mode
-        return onnx.load_from_string(buffer.getvalue())
+        return serde.from_proto(onnx.load_from_string(buffer.getvalue()))
 
 
 def _export_failure(label: str, exporter: str, exc: BaseException) -> str:
@@ -242,32 +248,17 @@ def _export_failure(label: str, exporter: str, exc: BaseException) -> str:
     )
 
 
-def _strip_prefix(model: onnx.ModelProto) -> None:
-    """Rename ``module.<name>`` initializers (the holder's child) to the module's own names, in place."""
-    renamed = {
-        init.name: init.name[len(_PREFIX) :] for init in model.graph.initializer if init.name.startswith(_PREFIX)
-    }
+def _strip_prefix(model: ir.Model) -> None:
+    """Rename ``module.<name>`` initializers (the holder's child) to the module's own names, in place.
+
+    A name the graph already uses elsewhere keeps its prefix.
+    """
+    graph = model.graph
+    renamed = {name: name[len(_PREFIX) :] for name in graph.initializers if name.startswith(_PREFIX)}
     if not renamed:
         return
-    taken = _graph.name_authority(model.graph)
-    renamed = {old: new for old, new in renamed.items() if not taken.is_used(new)}
-    for init in model.graph.initializer:
-        init.name = renamed.get(init.name, init.name)
-    for vi in (*model.graph.input, *model.graph.value_info):
-        vi.name = renamed.get(vi.name, vi.name)
-    for node in model.graph.node:
-        for i, name in enumerate(node.input):
-            node.input[i] = renamed.get(name, name)
-        _rename_in_subgraphs(node, renamed)
-
-
-def _rename_in_subgraphs(node: onnx.NodeProto, renamed: dict[str, str]) -> None:
-    for attr in node.attribute:
-        for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-            for inner in g.node:
-                for i, name in enumerate(inner.input):
-                    inner.input[i] = renamed.get(name, name)
-                _rename_in_subgraphs(inner, renamed)
+    taken = graph_names(graph)
+    rename_values(graph, {old: new for old, new in renamed.items() if not taken.is_used(new)})
 
 
 def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -291,7 +282,7 @@ def fit_batch_norms(exported: Exported, module: torch.nn.Module, training: bool)
     outputs = {o.name for o in graph.output}
     inputs = {vi.name for vi in graph.input}
     added: list[str] = []
-    names = _graph.name_authority(graph)
+    names = proto_graph_names(graph)
     for node in graph.node:
         if node.op_type != "BatchNormalization" or not _graph.is_default_domain(node):
             continue
