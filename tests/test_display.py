@@ -459,7 +459,9 @@ def test_show_unbuilt_block_and_unknown_objects():
     assert "has not been built yet" in display.repr_html(onnxblocks.blocks.Sigmoid())
     with pytest.raises(TypeError, match="cannot display a int"):
         display.show(3)
-    assert "could not display this int: InvalidTypeError: onnxblocks.display.show() cannot display" in display.repr_html(3)
+    assert (
+        "could not display this int: InvalidTypeError: onnxblocks.display.show() cannot display" in display.repr_html(3)
+    )
     with pytest.raises(TypeError, match="unknown option"):
         display.show(make_linear_model(), colour="red")
 
