@@ -12,11 +12,10 @@ from onnxblocks.checkpoint.load import (
     load_checkpoint_to_model,
     read_parameter_names,
 )
-from onnxblocks.checkpoint.save import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path, save_checkpoint
+from onnxblocks.checkpoint.save import external_data_path, save_checkpoint
 from onnxblocks.checkpoint.validate import check_checkpoint
 
 __all__ = [
-    "DEFAULT_EXTERNAL_DATA_THRESHOLD",
     "Checkpoint",
     "CheckpointFormatError",
     "CheckpointMismatchError",
