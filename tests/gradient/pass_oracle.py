@@ -43,6 +43,7 @@ def check_pass(
     changes: Mapping[str, int],
     *,
     gone: str | None = None,
+    before_with_reference: bool = False,
     rtol: float = 1e-5,
     atol: float = 1e-6,
 ) -> onnx.ModelProto:
@@ -54,6 +55,8 @@ def check_pass(
         feeds: Inputs to run both models on.
         changes: The changes the pass must report.
         gone: An op type that must be absent after the pass.
+        before_with_reference: Run the model before with onnx's reference evaluator (for ops ONNX
+            Runtime has no kernel for, e.g. a double-precision GRU).
         rtol: Relative tolerance of the comparison.
         atol: Absolute tolerance of the comparison.
 
@@ -66,7 +69,12 @@ def check_pass(
     after = to_proto(ir_model)
     if gone is not None:
         assert gone not in {n.op_type for n in after.graph.node}
-    want = run(model, feeds)
+    if before_with_reference:
+        from onnx.reference import ReferenceEvaluator
+
+        want = [np.asarray(v) for v in ReferenceEvaluator(model).run(None, dict(feeds))]
+    else:
+        want = run(model, feeds)
     got = run(after, feeds)
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
