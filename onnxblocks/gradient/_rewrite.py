@@ -162,13 +162,27 @@ def changed(result: Mapping[str, int]) -> int:
     return sum(result.values())
 
 
-def on_proto(pass_factory: Callable[[], Pass], name: str, doc: str | None) -> Callable[[onnx.ModelProto], int]:
+def on_proto(
+    pass_factory: Callable[[], Pass],
+    name: str,
+    doc: str | None,
+    wanted: Callable[[onnx.ModelProto], bool] | None = None,
+) -> Callable[[onnx.ModelProto], int]:
     """``pass_factory()``'s pass as a function that edits a ModelProto in place and returns its number of changes.
 
     The model is converted to the IR once and back once (only when something changed).
+
+    Args:
+        pass_factory: Makes the pass (its class).
+        name: The function's name.
+        doc: The function's docstring.
+        wanted: A cheap look at the ModelProto: False when the pass has nothing to do
+            (the IR is then not built at all).
     """
 
     def run(model: onnx.ModelProto) -> int:
+        if wanted is not None and not wanted(model):
+            return 0
         ir_model = from_proto(model)
         result = pass_factory()(ir_model)
         count = changed(getattr(result, "changes", {}))
