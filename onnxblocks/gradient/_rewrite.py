@@ -162,6 +162,11 @@ def changed(result: Mapping[str, int]) -> int:
     return sum(result.values())
 
 
+def run_pass(pass_: Pass, model: ir.Model) -> Mapping[str, int]:
+    """Run ``pass_`` on ``model``; return its changes by kind."""
+    return getattr(pass_(model), "changes", {})
+
+
 def on_proto(
     pass_factory: Callable[[], Pass],
     name: str,
@@ -184,8 +189,7 @@ def on_proto(
         if wanted is not None and not wanted(model):
             return 0
         ir_model = from_proto(model)
-        result = pass_factory()(ir_model)
-        count = changed(getattr(result, "changes", {}))
+        count = changed(run_pass(pass_factory(), ir_model))
         if count:
             model.CopyFrom(to_proto(ir_model))
         return count

@@ -181,13 +181,20 @@ def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str
     if not any(_is_norm(node) for node in model.graph.node):
         return set()
     ir_model = from_proto(model)
-    lifted = _unshare(ir_model.graph, set(trainable))
-    model.CopyFrom(to_proto(ir_model))
+    lifted, changed = unshare_norm_constants(ir_model.graph, trainable)
+    if changed:
+        model.CopyFrom(to_proto(ir_model))
     return lifted
 
 
-def _unshare(graph: ir.Graph, trained: set[str]) -> set[str]:
-    """:func:`unshare_layer_norm_constants` on the IR."""
+def unshare_norm_constants(graph: ir.Graph, trainable: Iterable[str]) -> tuple[set[str], bool]:
+    """:func:`unshare_layer_norm_constants` on the IR, in place.
+
+    Returns:
+        The names of the constant scales and biases of normalisation nodes, and whether the graph changed.
+    """
+    trained = set(trainable)
+    changed = False
     wanted = {v for node in graph if _is_norm(node) for v in node.inputs[1:3] if v is not None}
     wanted_names = {v.name for v in wanted if v.name}
     constants = ConstantTable(graph)
@@ -204,6 +211,7 @@ def _unshare(graph: ir.Graph, trained: set[str]) -> set[str]:
                 ir.convenience.replace_all_uses_with(out, init, replace_graph_outputs=True)
                 graph.remove(node, safe=True)
                 graph.register_initializer(init)
+                changed = True
                 continue
         if _is_norm(node):
             for i in (1, 2):
@@ -216,5 +224,6 @@ def _unshare(graph: ir.Graph, trained: set[str]) -> set[str]:
                         node, ir.Node("", "Identity", [read], outputs=[alias], name=names.fresh("Identity"))
                     )
                     node.replace_input_with(i, alias)
+                    changed = True
                 seen.add(read)
-    return wanted_names & set(graph.initializers)
+    return wanted_names & set(graph.initializers), changed

@@ -52,6 +52,7 @@ from onnxblocks.gradient._rewrite import (
     is_default_domain,
     on_proto,
     opset_of,
+    run_pass,
 )
 from onnxblocks.gradient.activations import ActivationsAsElementary
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
@@ -383,8 +384,7 @@ def normalize(model: onnx.ModelProto, passes: Sequence[Pass] | None = None) -> d
     ir_model = from_proto(model)
     report: dict[str, int] = {}
     for p in default_passes() if passes is None else passes:
-        result = p(ir_model)
-        report[p.name or type(p).__name__] = changed(getattr(result, "changes", {}))
+        report[p.name or type(p).__name__] = changed(run_pass(p, ir_model))
     if any(report.values()):
         model.CopyFrom(to_proto(ir_model))
     return report

@@ -39,10 +39,10 @@ from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import _graph, ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import on_proto
-from onnxblocks.gradient.batch_norm import batch_norm_inference_as_elementary
+from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
-from onnxblocks.gradient.normalize import normalize
+from onnxblocks.gradient.normalize import default_passes, normalize
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.names import graph_names
@@ -127,8 +127,7 @@ def build_vjp_graph(
                 f"Outputs: {preview(user_outputs)}."
             )
     partition = partition_parameters(graph, requires_grad, frozen_params)
-    rewrites = normalize(forward)
-    rewrites["batch_norm_inference_as_elementary"] = batch_norm_inference_as_elementary(forward)
+    rewrites = normalize(forward, [*default_passes(), BatchNormInferenceAsElementary()])
     signature.keep_only_outputs(graph, user_outputs)
     signature.parameters_to_inputs(forward, partition.parameters)
     rewrites["copy_inputs_written_in_place"] = copy_inputs_written_in_place(forward)
