@@ -113,6 +113,8 @@ class NodeRewrite(Pass):
 
     #: The lowest default-domain opset the rewrite writes for (None: any).
     min_opset: int | None = 13
+    #: The op types :meth:`select` can pick (None: unknown), for :func:`may_apply`.
+    op_types: frozenset[str] | None = None
 
     def select(self, node: ir.Node) -> bool:
         """True for a node to rewrite."""
@@ -157,6 +159,23 @@ def apply_rewrite(node: ir.Node, new_nodes: Sequence[ir.Node]) -> None:
     replace_node(node, new_nodes, [produced.get(v.name) if v.name else None for v in node.outputs])
 
 
+def may_apply(passes: Sequence[Pass], model: onnx.ModelProto) -> bool:
+    """False when no pass of ``passes`` can change ``model``, so the IR need not be built at all.
+
+    That is when every pass declares the op types it rewrites (``op_types``) and none
+    of them is a top-level op of ``model``.
+    """
+    present: set[str] | None = None
+    for p in passes:
+        op_types = getattr(p, "op_types", None)
+        if op_types is None:
+            return True
+        present = present if present is not None else {n.op_type for n in model.graph.node}
+        if op_types & present:
+            return True
+    return False
+
+
 def changed(result: Mapping[str, int]) -> int:
     """The total of a pass's changes."""
     return sum(result.values())
@@ -188,8 +207,11 @@ def on_proto(
     def run(model: onnx.ModelProto) -> int:
         if wanted is not None and not wanted(model):
             return 0
+        pass_ = pass_factory()
+        if not may_apply([pass_], model):
+            return 0
         ir_model = from_proto(model)
-        count = changed(run_pass(pass_factory(), ir_model))
+        count = changed(run_pass(pass_, ir_model))
         if count:
             model.CopyFrom(to_proto(ir_model))
         return count

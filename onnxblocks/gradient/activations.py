@@ -138,6 +138,7 @@ class ActivationsAsElementary(NodeRewrite):
     """
 
     name = "activations_as_elementary"
+    op_types = frozenset(REWRITES)
     min_opset = None
 
     def select(self, node: ir.Node) -> bool:

@@ -46,6 +46,7 @@ class BatchNormInferenceAsElementary(NodeRewrite):
     """
 
     name = "batch_norm_inference_as_elementary"
+    op_types = frozenset({"BatchNormalization"})
     min_opset = None
 
     def select(self, node: ir.Node) -> bool:

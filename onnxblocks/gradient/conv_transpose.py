@@ -41,6 +41,7 @@ class ConvTransposeAsConv(NodeRewrite):
     """
 
     name = "conv_transpose_as_conv"
+    op_types = frozenset({"ConvTranspose"})
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "ConvTranspose" and is_default_domain(node)

@@ -33,6 +33,7 @@ class DisableTrainingMode(Pass):
     """
 
     name = "disable_training_mode"
+    op_types = frozenset({"Dropout", "BatchNormalization"})
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         graph = model.graph

@@ -36,6 +36,7 @@ class GroupNormAsElementary(NodeRewrite):
     """
 
     name = "group_norm_as_elementary"
+    op_types = frozenset(_KINDS)
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type in _KINDS and is_default_domain(node)

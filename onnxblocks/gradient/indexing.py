@@ -36,6 +36,7 @@ class NegativeStepSliceAsGather(NodeRewrite):
     """Rewrite each ``Slice`` with constant arguments and a negative step into ``Slice`` (steps > 0) + ``Gather``."""
 
     name = "negative_step_slice_as_gather"
+    op_types = frozenset({"Slice"})
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Slice" and is_default_domain(node) and optional_input(node, 4) is not None
@@ -108,6 +109,7 @@ class BorderPadAsGather(NodeRewrite):
     """Rewrite ``Pad`` in reflect, edge or wrap mode (constant, non-negative pads) into ``Gather`` + ``Concat``."""
 
     name = "border_pad_as_gather"
+    op_types = frozenset({"Pad"})
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Pad" and is_default_domain(node) and _mode(node) in ("reflect", "edge", "wrap")
@@ -201,6 +203,7 @@ class DepthToSpaceAsReshape(NodeRewrite):
     """
 
     name = "depth_to_space_as_reshape"
+    op_types = frozenset({"DepthToSpace", "SpaceToDepth"})
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type in ("DepthToSpace", "SpaceToDepth") and is_default_domain(node)

@@ -51,6 +51,7 @@ class ExposeLayerNormStatistics(Pass):
     """
 
     name = "expose_layer_norm_statistics"
+    op_types = frozenset(NORM_OPS)
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         names: NameAuthority | None = None
@@ -96,6 +97,7 @@ class LayerNormZeroBias(NodeRewrite):
     """
 
     name = "layer_norm_zero_bias"
+    op_types = frozenset({"LayerNormalization"})
     min_opset = None
 
     def select(self, node: ir.Node) -> bool:

@@ -50,6 +50,7 @@ from onnxblocks.gradient._rewrite import (
     RewriteContext,
     changed,
     is_default_domain,
+    may_apply,
     on_proto,
     opset_of,
     run_pass,
@@ -99,6 +100,7 @@ class ExposeDropoutMask(Pass):
     """
 
     name = "expose_dropout_mask"
+    op_types = frozenset({"Dropout"})
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         names: NameAuthority | None = None
@@ -125,6 +127,7 @@ class SplitToSequenceAsSplit(Pass):
     """
 
     name = "split_to_sequence_as_split"
+    op_types = frozenset({"SplitToSequence"})
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         graph = model.graph
@@ -234,6 +237,7 @@ class CastLikeAsCast(Pass):
     """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known."""
 
     name = "cast_like_as_cast"
+    op_types = frozenset({"CastLike"})
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         nodes = [n for n in model.graph if n.op_type == "CastLike" and is_default_domain(n)]
@@ -274,6 +278,7 @@ class GeluAsContribGelu(Pass):
     """
 
     name = "gelu_as_contrib_gelu"
+    op_types = frozenset({"Gelu"})
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         count = 0
@@ -315,6 +320,7 @@ class SoftplusAsElementary(NodeRewrite):
     """
 
     name = "softplus_as_elementary"
+    op_types = frozenset({"Softplus"})
     min_opset = None
 
     def select(self, node: ir.Node) -> bool:
@@ -381,9 +387,12 @@ def normalize(model: onnx.ModelProto, passes: Sequence[Pass] | None = None) -> d
     Returns:
         How many nodes each pass rewrote, by pass name.
     """
+    passes = default_passes() if passes is None else passes
+    if not may_apply(passes, model):  # nothing to rewrite: the IR is not built
+        return {p.name or type(p).__name__: 0 for p in passes}
     ir_model = from_proto(model)
     report: dict[str, int] = {}
-    for p in default_passes() if passes is None else passes:
+    for p in passes:
         report[p.name or type(p).__name__] = changed(run_pass(p, ir_model))
     if any(report.values()):
         model.CopyFrom(to_proto(ir_model))

@@ -63,6 +63,7 @@ class AveragePoolAsConv(NodeRewrite):
     """
 
     name = "average_pool_as_conv"
+    op_types = frozenset({"AveragePool"})
     min_opset = None
 
     def select(self, node: ir.Node) -> bool:

@@ -54,6 +54,7 @@ class PowExponentAsExpLog(NodeRewrite):
     """
 
     name = "pow_exponent_as_exp_log"
+    op_types = frozenset({"Pow"})
     min_opset = None
 
     def __init__(self, requires_grad: Iterable[str] = ()) -> None:

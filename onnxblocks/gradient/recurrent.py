@@ -75,6 +75,7 @@ class RecurrentDirectionsAsForward(NodeRewrite):
     """Split ``reverse`` and ``bidirectional`` RNN/GRU/LSTM nodes into forward-direction nodes."""
 
     name = "recurrent_directions_as_forward"
+    op_types = frozenset(_KINDS)
 
     def select(self, node: ir.Node) -> bool:
         return _supported(node) and _direction(node) != "forward"
@@ -160,6 +161,7 @@ class RecurrentAsElementary(NodeRewrite):
     """Unroll forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static sequence length."""
 
     name = "recurrent_as_elementary"
+    op_types = frozenset(_KINDS)
 
     def select(self, node: ir.Node) -> bool:
         return _supported(node) and _direction(node) == "forward"

@@ -29,6 +29,7 @@ class ReduceExtremumAsTopK(NodeRewrite):
     """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (known rank for several) into ``TopK``."""
 
     name = "reduce_extremum_as_topk"
+    op_types = frozenset(_LARGEST)
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type in _LARGEST and is_default_domain(node)
@@ -104,6 +105,7 @@ class CumSumAsMatMul(NodeRewrite):
     """
 
     name = "cumsum_as_matmul"
+    op_types = frozenset({"CumSum"})
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "CumSum" and is_default_domain(node)

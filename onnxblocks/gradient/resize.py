@@ -47,6 +47,7 @@ class ResizeAsMatMul(NodeRewrite):
     """
 
     name = "resize_as_matmul"
+    op_types = frozenset({"Resize"})
 
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Resize" and is_default_domain(node)

@@ -184,6 +184,7 @@ class CopyInputsWrittenInPlace(Pass):
     """
 
     name = "copy_inputs_written_in_place"
+    op_types = frozenset({"BatchNormalization"})
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         graph = model.graph

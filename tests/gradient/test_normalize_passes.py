@@ -151,3 +151,16 @@ def test_a_round_trip_through_the_ir_keeps_the_model():
     again = to_proto(from_proto(model))
     assert [n.op_type for n in again.graph.node] == ["Relu"]
     assert [i.name for i in again.graph.input] == ["x"]
+
+
+def test_every_default_pass_declares_its_op_types_so_normalize_can_skip_the_ir():
+    from onnxblocks.gradient._rewrite import may_apply
+
+    passes = default_passes()
+    assert all(isinstance(p.op_types, frozenset) and p.op_types for p in passes)
+    relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])])
+    assert not may_apply(passes, relu)
+    mish = make_model([helper.make_node("Mish", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])], opset=18)
+    assert may_apply(passes, mish)
+    report = normalize_function(mish)  # Mish writes a Softplus, which the later pass rewrites in the same run
+    assert report["activations_as_elementary"] == 1 and report["softplus_as_elementary"] == 1
