@@ -244,10 +244,6 @@ NAME_MAKER = "onnxblocks/_core/naming.py"
 PENDING_SURGERY: frozenset[str] = frozenset(
     {
         "onnxblocks/gradient/_graph.py",
-        "onnxblocks/gradient/eval_model.py",
-        "onnxblocks/gradient/intake.py",
-        "onnxblocks/gradient/layer_norm.py",
-        "onnxblocks/gradient/normalize.py",
         "onnxblocks/gradient/signature.py",
         "onnxblocks/gradient/vjp.py",
         "onnxblocks/portable/accumulation.py",

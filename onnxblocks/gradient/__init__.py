@@ -6,6 +6,7 @@ that ONNX Runtime's training API runs. onnxruntime is imported only when a
 gradient is built.
 """
 
+import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if symbolic dims are computed with
 from onnxblocks.gradient.accumulation import (
     LAZY_RESET_GRAD,
     accumulated_name,

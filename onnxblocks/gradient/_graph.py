@@ -1,10 +1,12 @@
-"""Small graph helpers shared by the gradient passes (no onnxruntime here)."""
+"""Protobuf graph helpers kept for the packages that still edit ``ModelProto`` s (no onnxruntime here).
+
+The gradient passes edit the IR (:mod:`onnxblocks.ir`, :mod:`onnxblocks.gradient._rewrite`);
+these helpers remain for callers outside ``gradient/`` until they move to the IR too.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -12,7 +14,6 @@ import numpy.typing as npt
 import onnx
 from onnx import numpy_helper
 
-from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
 
 # re-exported: the passes read values through `_graph`
@@ -28,7 +29,6 @@ from onnxblocks.gradient._values import shape_of as shape_of
 from onnxblocks.gradient._values import static_dims as static_dims
 from onnxblocks.gradient._values import string_attribute as string_attribute
 from onnxblocks.gradient._values import strings_attribute as strings_attribute
-from onnxblocks.gradient.folding import ConstantTable as ConstantTable
 
 
 def name_authority(graph: onnx.GraphProto) -> NameAuthority:
@@ -80,90 +80,6 @@ def constant_node(name: str, value: np.ndarray, names: NameAuthority) -> onnx.No
     return onnx.helper.make_node(
         "Constant", [], [name], name=names.fresh("Constant"), value=numpy_helper.from_array(value, name)
     )
-
-
-def replace_nodes(graph: onnx.GraphProto, replacements: dict[int, list[onnx.NodeProto]]) -> None:
-    """Replace the node at each index by its list of nodes, keeping the graph's order."""
-    if not replacements:
-        return
-    nodes: list[onnx.NodeProto] = []
-    for i, node in enumerate(graph.node):
-        nodes.extend(replacements.get(i, [node]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-
-
-class RewriteContext:
-    """What a :func:`rewrite_nodes` pass reads: the model's opset, and types, names and constants computed on first use.
-
-    All are computed from the graph as it was before any replacement.
-    """
-
-    def __init__(self, model: onnx.ModelProto, opset: int) -> None:
-        self.model = model
-        self.graph = model.graph
-        self.opset = opset
-
-    @cached_property
-    def types(self) -> dict[str, onnx.TypeProto]:
-        """:func:`infer_types` of the model."""
-        return infer_types(self.model)
-
-    @cached_property
-    def names(self) -> NameAuthority:
-        """:func:`name_authority` of the graph."""
-        return name_authority(self.graph)
-
-    @cached_property
-    def constants(self) -> ConstantTable:
-        """A :class:`ConstantTable` that folds with the opset and the inferred types."""
-        return ConstantTable(self.graph, self.opset, self.types)
-
-    @cached_property
-    def plain_constants(self) -> ConstantTable:
-        """A :class:`ConstantTable` that folds with the opset, without inferring types (cheaper)."""
-        return ConstantTable(self.graph, self.opset)
-
-    def dtype(self, name: str) -> np.dtype | None:
-        """The numpy dtype of value ``name``, or None when its element type is unknown."""
-        elem = elem_type(self.types, name)
-        return None if elem is None else onnx.helper.tensor_dtype_to_np_dtype(elem)
-
-    def writer(self, hint: str) -> NodeWriter:
-        """A :class:`NodeWriter` at the model's opset naming its values after ``hint``."""
-        return NodeWriter(self.names, self.opset, hint)
-
-
-def rewrite_nodes(
-    model: onnx.ModelProto,
-    select: Callable[[onnx.NodeProto], bool],
-    rewrite: Callable[[onnx.NodeProto, RewriteContext], list[onnx.NodeProto] | None],
-    *,
-    min_opset: int | None = 13,
-) -> int:
-    """Replace each top-level node ``select`` picks by the nodes ``rewrite(node, ctx)`` returns (None keeps it).
-
-    Nothing is done (and nothing inferred) when no node is selected or the model's
-    default-domain opset is below ``min_opset``. Replacements are spliced in after
-    every selected node has been seen, keeping the graph's order.
-
-    Returns:
-        The number of nodes replaced.
-    """
-    targets = [i for i, n in enumerate(model.graph.node) if select(n)]
-    if not targets:
-        return 0
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    if min_opset is not None and opset < min_opset:
-        return 0
-    ctx = RewriteContext(model, opset)
-    replacements: dict[int, list[onnx.NodeProto]] = {}
-    for index in targets:
-        nodes = rewrite(model.graph.node[index], ctx)
-        if nodes is not None:
-            replacements[index] = nodes
-    replace_nodes(model.graph, replacements)
-    return len(replacements)
 
 
 def is_default_domain(node: onnx.NodeProto) -> bool:

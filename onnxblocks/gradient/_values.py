@@ -15,20 +15,12 @@ def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes read).
 
     Data propagation is on: shapes computed with ``Shape`` / ``Concat`` / ``Gather``
-    (as the exporters and the passes write ``Reshape`` targets) stay known.
+    (as the exporters and the passes write ``Reshape`` targets) stay known. The same
+    inference as :func:`onnxblocks.ir.types.infer_proto_types`, which it is.
     """
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:
-            inferred = model
-    g = inferred.graph
-    types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
-    for init in g.initializer:
-        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-    return types
+    from onnxblocks.ir.types import infer_proto_types
+
+    return infer_proto_types(model)
 
 
 def shape_of(types: dict[str, onnx.TypeProto], name: str) -> list[int | None] | None:

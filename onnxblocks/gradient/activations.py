@@ -19,22 +19,24 @@ linear branch), so gradients at exactly 0 equal torch's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.ir.attributes import float_attribute
+from onnxblocks.ir.writer import Writer
 
-# (writer, node, x, y, numpy dtype) -> None; writes nodes whose last output is y
-_Rewrite = Callable[[_graph.NodeWriter, onnx.NodeProto, str, str, np.dtype], None]
-
-
-def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
-    return _graph.float_attribute(node, name, default)
+# (writer, node, x, y, numpy dtype) -> None; writes nodes whose last output is named y
+_Rewrite = Callable[[Writer, ir.Node, ir.Value, str, np.dtype], None]
 
 
-def _exp_below_zero(w: _graph.NodeWriter, x: str, dtype: np.dtype, scale: float, inner: float, y: str) -> None:
+def _attr(node: ir.Node, name: str, default: float) -> float:
+    return float_attribute(node, name, default)
+
+
+def _exp_below_zero(w: Writer, x: ir.Value, dtype: np.dtype, scale: float, inner: float, y: str) -> ir.Value:
     """``y = x > 0 ? x : scale * (exp(inner * x) - 1)`` (inner, scale: the ELU family's constants)."""
     zero, one = w.const(0, dtype), w.const(1, dtype)
     positive = w.op("Greater", [x, zero])
@@ -42,7 +44,7 @@ def _exp_below_zero(w: _graph.NodeWriter, x: str, dtype: np.dtype, scale: float,
     if inner != 1.0:
         safe = w.op("Mul", [safe, w.const(inner, dtype)])
     negative = w.op("Mul", [w.op("Sub", [w.op("Exp", [safe]), one]), w.const(scale, dtype)])
-    w.op("Where", [positive, x, negative], out=y)
+    return w.op("Where", [positive, x, negative], out=y)
 
 
 def _elu(w, node, x, y, dtype):
@@ -57,8 +59,7 @@ def _celu(w, node, x, y, dtype):
 def _selu(w, node, x, y, dtype):
     alpha = _attr(node, "alpha", 1.6732632423543772848170429916717)
     gamma = _attr(node, "gamma", 1.0507009873554804934193349852946)
-    elu = w.fresh("elu")
-    _exp_below_zero(w, x, dtype, alpha, 1.0, elu)
+    elu = _exp_below_zero(w, x, dtype, alpha, 1.0, w.fresh("elu"))
     w.op("Mul", [elu, w.const(gamma, dtype)], out=y)
 
 
@@ -83,7 +84,7 @@ def _hardswish(w, node, x, y, dtype):
 
 def _prelu(w, node, x, y, dtype):
     positive = w.op("Greater", [x, w.const(0, dtype)])
-    w.op("Where", [positive, x, w.op("Mul", [x, node.input[1]])], out=y)
+    w.op("Where", [positive, x, w.op("Mul", [x, node.inputs[1]])], out=y)
 
 
 def _mish(w, node, x, y, dtype):
@@ -130,24 +131,37 @@ REWRITES: dict[str, _Rewrite] = {
 }
 
 
-def activations_as_elementary(model: onnx.ModelProto) -> int:
+class ActivationsAsElementary(NodeRewrite):
     """Rewrite the activations in :data:`REWRITES` into ops ONNX Runtime can differentiate.
+
+    Nodes whose input element type is unknown are left as they are.
+    """
+
+    name = "activations_as_elementary"
+    op_types = frozenset(REWRITES)
+    min_opset = None
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type in REWRITES and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        x, y = node.inputs[0], node.outputs[0].name or ""
+        dtype = ctx.dtype(x)
+        if x is None or dtype is None:
+            return None
+        writer = ctx.writer(y)
+        REWRITES[node.op_type](writer, node, x, y, dtype)
+        return writer.nodes
+
+
+activations_as_elementary = on_proto(
+    ActivationsAsElementary,
+    "activations_as_elementary",
+    """Rewrite the activations in :data:`REWRITES` into ops ONNX Runtime can differentiate, in place.
 
     Nodes whose input element type is unknown are left as they are.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model, lambda n: n.op_type in REWRITES and _graph.is_default_domain(n), _rewrite, min_opset=None
-    )
-
-
-def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    x, y = node.input[0], node.output[0]
-    dtype = ctx.dtype(x)
-    if dtype is None:
-        return None
-    writer = ctx.writer(y)
-    REWRITES[node.op_type](writer, node, x, y, dtype)
-    return writer.nodes
+    """,
+)

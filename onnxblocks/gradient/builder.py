@@ -43,12 +43,14 @@ import onnx
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.validation import check_skeleton
 from onnxblocks.gradient import _graph, accumulation, dependencies, eval_model, ort_bridge, pooling, signature
+from onnxblocks.gradient._rewrite import run_pass
 from onnxblocks.gradient.intake import check_ranks, fit_model
-from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
+from onnxblocks.gradient.layer_norm import unshare_norm_constants
 from onnxblocks.gradient.normalize import normalize  # not `gradient.normalize`: __init__ rebinds it to this
 from onnxblocks.gradient.parameters import ParameterPartition, check_requires_grad_read, partition_parameters
-from onnxblocks.gradient.power import pow_exponent_as_exp_log
+from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.ir.opset import convert_opset
+from onnxblocks.ir.serde import from_proto, to_proto
 
 __all__ = [
     "MIN_GRADIENT_OPSET",
@@ -131,9 +133,14 @@ def build_training_graphs(
     _limits.stamp_versions(evaluation)
 
     forward_inputs = {vi.name: vi for vi in forward.graph.input}
-    rewrites[pow_exponent_as_exp_log.__name__] = pow_exponent_as_exp_log(forward, partition.requires_grad)
-    dependencies.check_differentiable(forward.graph, partition.requires_grad, user_outputs[0])
-    norm_constants = unshare_layer_norm_constants(forward, partition.requires_grad)
+    # the training copy's last edits, on one IR: the Pow rewrite, the checks, unshared norm constants
+    ir_forward = from_proto(forward)
+    pow_changes = run_pass(PowExponentAsExpLog(partition.requires_grad), ir_forward)
+    rewrites[PowExponentAsExpLog.name] = sum(pow_changes.values())
+    dependencies.check_differentiable(ir_forward.graph, partition.requires_grad, user_outputs[0])
+    norm_constants, unshared = unshare_norm_constants(ir_forward.graph, partition.requires_grad)
+    if pow_changes or unshared:
+        forward = to_proto(ir_forward)
     held = signature.held_constants_to_inputs(forward, also=norm_constants)
     training = ort_bridge.differentiate(forward, partition, user_outputs[0], custom_op_libraries)
     pooling.check_pool_shapes(forward, training)

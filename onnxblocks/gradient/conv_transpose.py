@@ -22,50 +22,65 @@ the ConvTranspose weight through the regrouping.
 
 from __future__ import annotations
 
-import onnx
+from collections.abc import Sequence
 
-from onnxblocks.gradient import _graph
+import onnx_ir as ir
 
-_INT64_MAX = 2**63 - 1
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute, value
+from onnxblocks.ir.types import static_dims
+from onnxblocks.ir.writer import INT64_MAX as _INT64_MAX
 
 
-def conv_transpose_as_conv(model: onnx.ModelProto) -> int:
+class ConvTransposeAsConv(NodeRewrite):
     """Rewrite ``ConvTranspose`` into ``Conv`` on a zero-upsampled input.
 
     Rewritten: nodes whose weight shape is static, with ``auto_pad`` NOTSET or
     VALID and no ``output_shape`` attribute (the torch exporters' form). Others are
     left as they are.
+    """
+
+    name = "conv_transpose_as_conv"
+    op_types = frozenset({"ConvTranspose"})
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "ConvTranspose" and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _rewrite(node, ctx)
+
+
+conv_transpose_as_conv = on_proto(
+    ConvTransposeAsConv,
+    "conv_transpose_as_conv",
+    """Rewrite ``ConvTranspose`` into ``Conv`` on a zero-upsampled input, in place.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: n.op_type == "ConvTranspose" and _graph.is_default_domain(n),
-        lambda n, ctx: _rewrite(n, ctx.types, ctx.names, ctx.opset),
-    )
+    """,
+)
 
 
-def _rewrite(node, types, names, opset) -> list[onnx.NodeProto] | None:
-    x, weight = node.input[0], node.input[1]
-    bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    wshape = _graph.static_dims(_graph.shape_of(types, weight))
-    auto_pad = _graph.string_attribute(node, "auto_pad", "NOTSET")
-    if wshape is None or len(wshape) < 3:
+def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    x, weight = node.inputs[0], node.inputs[1]
+    bias = optional_input(node, 2)
+    wshape = static_dims(ctx.types.shape(weight))
+    auto_pad = string_attribute(node, "auto_pad", "NOTSET")
+    if x is None or weight is None or wshape is None or len(wshape) < 3:
         return None
-    if auto_pad not in ("NOTSET", "VALID") or _graph.attribute(node, "output_shape") is not None:
+    if auto_pad not in ("NOTSET", "VALID") or value(node, "output_shape") is not None:
         return None
     n = len(wshape) - 2
     c_in, c_out_per_group, kernel = wshape[0], wshape[1], wshape[2:]
-    group = _graph.int_attribute(node, "group", 1)
-    strides = _graph.ints_attribute(node, "strides", [1] * n)
-    dilations = _graph.ints_attribute(node, "dilations", [1] * n)
-    output_padding = _graph.ints_attribute(node, "output_padding", [0] * n)
-    pads = [0] * (2 * n) if auto_pad == "VALID" else _graph.ints_attribute(node, "pads", [0] * (2 * n))
-    if c_in % group or _graph.ints_attribute(node, "kernel_shape", kernel) != kernel:
+    group = int_attribute(node, "group", 1)
+    strides = ints_attribute(node, "strides", [1] * n)
+    dilations = ints_attribute(node, "dilations", [1] * n)
+    output_padding = ints_attribute(node, "output_padding", [0] * n)
+    pads = [0] * (2 * n) if auto_pad == "VALID" else ints_attribute(node, "pads", [0] * (2 * n))
+    if c_in % group or ints_attribute(node, "kernel_shape", kernel) != kernel:
         return None
 
-    w = _graph.NodeWriter(names, opset, node.output[0])
+    w = ctx.writer(node.outputs[0].name or "conv_transpose")
     spatial = list(range(2, 2 + n))
     # 1. zero-upsample the input: stride - 1 zeros after each element
     upsampled = x
@@ -100,11 +115,11 @@ def _rewrite(node, types, names, opset) -> list[onnx.NodeProto] | None:
         if size > 1:  # Gather with reversed indices: SliceGrad fails on negative steps
             flipped = w.op("Gather", [flipped, w.ints(list(range(size - 1, -1, -1)))], axis=axis)
     # 4. the convolution
-    inputs = [upsampled, flipped] + ([bias] if bias else [])
+    inputs = [upsampled, flipped] + ([bias] if bias is not None else [])
     w.op(
         "Conv",
         inputs,
-        out=node.output[0],
+        out=node.outputs[0].name,
         dilations=dilations,
         group=group,
         kernel_shape=kernel,

@@ -19,9 +19,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core.errors import GradientError, preview
-from onnxblocks.gradient._graph import subgraph_reads
+from onnxblocks.ir.edit import values_by_name
+from onnxblocks.ir.walk import outer_reads, reads, subgraphs
 
 #: Inputs (by position; ``None``: all of them) through which ONNX Runtime builds no gradient.
 #: A subset of ONNX Runtime 1.19's own list, plus ops whose outputs are indices or booleans.
@@ -80,75 +82,85 @@ STOP_INPUTS: dict[str, frozenset[int] | None] = {
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 
 
-def has_subgraph(node: onnx.NodeProto) -> bool:
+def has_subgraph(node: ir.Node) -> bool:
     """True for a node with a graph attribute (``If``, ``Loop``, ``Scan``...)."""
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+    return next(subgraphs(node), None) is not None
 
 
-def _passes(node: onnx.NodeProto, name: str) -> bool:
-    """Whether a gradient can flow from ``node``'s outputs back into its input ``name``."""
+def _passes(node: ir.Node, value: ir.Value) -> bool:
+    """Whether a gradient can flow from ``node``'s outputs back into its input ``value``."""
     if node.domain not in ("", "ai.onnx"):
         return True
     if node.op_type == "Cast":
-        to = next((a.i for a in node.attribute if a.name == "to"), 0)
-        return to in _FLOAT_TYPES
+        return node.attributes.get_int("to", 0) in _FLOAT_TYPES
     stops = STOP_INPUTS.get(node.op_type, frozenset())
     if stops is None:
         return False
-    positions = [i for i, n in enumerate(node.input) if n == name]
+    positions = [i for i, v in enumerate(node.inputs) if v is value]
     return not positions or any(i not in stops for i in positions)  # not positions: a subgraph read
 
 
-def downstream(graph: onnx.GraphProto, sources: Iterable[str], differentiable: bool = True) -> set[str]:
-    """The values of ``graph`` that depend on ``sources`` (``sources`` included).
+def _values(graph: ir.Graph, names: Iterable[str | ir.Value]) -> list[ir.Value]:
+    table: dict[str, ir.Value] | None = None
+    found = []
+    for item in names:
+        if isinstance(item, ir.Value):
+            found.append(item)
+            continue
+        table = table if table is not None else values_by_name(graph)
+        if item in table:
+            found.append(table[item])
+    return found
+
+
+def downstream_values(graph: ir.Graph, sources: Iterable[str | ir.Value], differentiable: bool = True) -> set[ir.Value]:
+    """The values of ``graph`` that depend on ``sources`` (values or names; ``sources`` included).
 
     Args:
         graph: The graph (subgraph reads count as reads of the node holding the subgraph).
-        sources: The values to start from.
+        sources: The values to start from (names of values the graph does not have are ignored).
         differentiable: Follow only the inputs a gradient flows through (see :data:`STOP_INPUTS`).
     """
-    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in set(node.input) | subgraph_reads(node):
-            if name:
-                readers[name].append(node)
-    reached = set(sources)
+    readers: dict[ir.Value, list[ir.Node]] = defaultdict(list)
+    for node in graph:
+        for value in reads(node):
+            readers[value].append(node)
+    reached = set(_values(graph, sources))
     stack = list(reached)
     while stack:
-        name = stack.pop()
-        for node in readers.get(name, ()):
-            if differentiable and not _passes(node, name):
+        value = stack.pop()
+        for node in readers.get(value, ()):
+            if differentiable and not _passes(node, value):
                 continue
-            for out in node.output:
-                if out and out not in reached:
+            for out in node.outputs:
+                if out not in reached:
                     reached.add(out)
                     stack.append(out)
     return reached
 
 
-def upstream(graph: onnx.GraphProto, targets: Iterable[str], differentiable: bool = True) -> set[str]:
-    """The values ``targets`` depend on (``targets`` included).
+def upstream_values(graph: ir.Graph, targets: Iterable[str | ir.Value], differentiable: bool = True) -> set[ir.Value]:
+    """The values ``targets`` (values or names) depend on (``targets`` included).
 
     Args:
         graph: The graph (subgraph reads count as reads of the node holding the subgraph).
         targets: The values to start from.
         differentiable: Follow only the inputs a gradient flows through (see :data:`STOP_INPUTS`).
     """
-    producers = {out: node for node in graph.node for out in node.output if out}
-    reached = set(targets)
+    reached = set(_values(graph, targets))
     stack = list(reached)
     while stack:
-        node = producers.get(stack.pop())
-        if node is None:
+        node = stack.pop().producer()
+        if node is None or node.graph is not graph:
             continue
-        for name in set(node.input) | subgraph_reads(node):
-            if name and name not in reached and (not differentiable or _passes(node, name)):
-                reached.add(name)
-                stack.append(name)
+        for value in reads(node):
+            if value not in reached and (not differentiable or _passes(node, value)):
+                reached.add(value)
+                stack.append(value)
     return reached
 
 
-def check_differentiable(graph: onnx.GraphProto, requires_grad: Iterable[str], loss: str) -> None:
+def check_differentiable(graph: ir.Graph, requires_grad: Iterable[str], loss: str) -> None:
     """Refuse what ONNX Runtime's gradient builder would crash on, or report without naming the cause.
 
     Run it once parameters are graph inputs. A parameter that does not reach a loss
@@ -162,7 +174,7 @@ def check_differentiable(graph: onnx.GraphProto, requires_grad: Iterable[str], l
     wanted = list(dict.fromkeys(requires_grad))
     if wanted:
         _check_control_flow(graph, wanted, loss)
-    if loss not in downstream(graph, [i.name for i in graph.input]):
+    if loss not in {v.name for v in downstream_values(graph, list(graph.inputs))}:
         what = f"any value that requires a gradient ({preview(wanted)})" if wanted else "any graph input"
         raise GradientError(
             f"The loss '{loss}' does not depend on {what}: for training it is a constant (computed from constants, "
@@ -172,24 +184,27 @@ def check_differentiable(graph: onnx.GraphProto, requires_grad: Iterable[str], l
         )
 
 
-def _check_control_flow(graph: onnx.GraphProto, wanted: list[str], loss: str) -> None:
-    nodes = [n for n in graph.node if has_subgraph(n)]
+def _check_control_flow(graph: ir.Graph, wanted: list[str], loss: str) -> None:
+    nodes = [n for n in graph if has_subgraph(n)]
     if not nodes:
         return
-    reached = downstream(graph, wanted)
-    needed = upstream(graph, [loss], differentiable=False)
+    reached = downstream_values(graph, wanted)
+    needed = upstream_values(graph, [loss], differentiable=False)
     for node in nodes:
-        if not any(o in needed for o in node.output):
+        if not any(o in needed for o in node.outputs):
             continue
-        reads = [n for n in dict.fromkeys([*node.input, *sorted(subgraph_reads(node))]) if n and n in reached]
-        if not reads:
+        direct = [v for v in node.inputs if v is not None]
+        inner = sorted(outer_reads(node) - set(direct), key=lambda v: v.name or "")
+        read = [v for v in dict.fromkeys([*direct, *inner]) if v in reached]
+        if not read:
             continue
-        feeding = upstream(graph, reads)
+        feeding = {v.name for v in upstream_values(graph, read)}
         params = [p for p in wanted if p in feeding]
-        label = f"'{node.name}'" if node.name else f"(unnamed, writing '{node.output[0]}')"
+        names = [v.name or "" for v in read]
+        label = f"'{node.name}'" if node.name else f"(unnamed, writing '{node.outputs[0].name}')"
         raise GradientError(
             f"ONNX Runtime cannot differentiate control flow: {node.op_type} node {label} reads "
-            f"{preview(reads)}, which depend on the trainable {preview(params)}, and the loss '{loss}' depends on "
+            f"{preview(names)}, which depend on the trainable {preview(params)}, and the loss '{loss}' depends on "
             f"its outputs. ONNX Runtime has no gradient for {node.op_type} (its gradient builder would abort the "
             "process). Export the model with the branch or loop resolved (a fixed condition, an unrolled loop), or "
             "freeze the parameters upstream of it (frozen_params / requires_grad(name, False))."

@@ -15,52 +15,81 @@ true and ``BatchNormalization`` with ``training_mode=1`` and three outputs
 
 from __future__ import annotations
 
-import onnx
-from onnx import helper
+from collections.abc import Mapping
 
-from onnxblocks.gradient import _graph
+import onnx_ir as ir
+
+from onnxblocks._core.naming import NameAuthority
+from onnxblocks.gradient._rewrite import is_default_domain, on_proto
+from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
 
 
-def disable_training_mode(model: onnx.ModelProto) -> int:
-    """Switch Dropout and BatchNormalization to inference behaviour, in place.
+class DisableTrainingMode(Pass):
+    """Switch Dropout and BatchNormalization to inference behaviour.
+
+    A ``Constant`` training flag nothing reads any more is removed.
+    """
+
+    name = "disable_training_mode"
+    op_types = frozenset({"Dropout", "BatchNormalization"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        changes: dict[str, int] = {}
+        names: list[NameAuthority] = []  # made on first use
+        for node in list(graph):
+            if not is_default_domain(node):
+                continue
+            if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2] is not None:
+                flag = node.inputs[2]
+                node.replace_input_with(2, None)
+                producer = flag.producer()
+                if (
+                    producer is not None
+                    and producer.op_type == "Constant"
+                    and producer.graph is graph
+                    and not flag.uses()
+                    and not flag.is_graph_output()
+                ):
+                    graph.remove(producer, safe=True)
+            elif node.op_type == "BatchNormalization" and (
+                int_attribute(node, "training_mode", 0) or len(node.outputs) > 1
+            ):
+                node.attributes["training_mode"] = ir.AttrInt64("training_mode", 0)
+                # outputs 1, 2 (running mean / var) come from inputs 3, 4 when nothing is updated
+                for out_index, in_index in ((1, 3), (2, 4)):
+                    if out_index < len(node.outputs):
+                        _read_input_instead(graph, node, node.outputs[out_index], node.inputs[in_index], names)
+                node.resize_outputs(1)
+            else:
+                continue
+            changes[node.op_type] = changes.get(node.op_type, 0) + 1
+        return changes
+
+
+def _read_input_instead(
+    graph: ir.Graph, node: ir.Node, output: ir.Value, source: ir.Value | None, names: list[NameAuthority]
+) -> None:
+    """Have whatever reads ``output`` read an ``Identity`` of ``source``, written after ``node``, instead."""
+    if not output.uses() and not output.is_graph_output():
+        return
+    if not names:
+        names.append(graph_names(graph))
+    copy = ir.Node("", "Identity", [source], name=names[0].fresh("Identity"))
+    graph.insert_after(node, copy)
+    ir.convenience.replace_all_uses_with(output, copy.outputs[0], replace_graph_outputs=True)
+    copy.outputs[0].name, output.name = output.name, None
+
+
+disable_training_mode = on_proto(
+    DisableTrainingMode,
+    "disable_training_mode",
+    wanted=lambda model: any(n.op_type in ("Dropout", "BatchNormalization") for n in model.graph.node),
+    doc="""Switch Dropout and BatchNormalization to inference behaviour, in place.
 
     Returns:
         The number of nodes changed.
-    """
-    graph = model.graph
-    names = _graph.name_authority(graph)
-    readers = _graph.consumers(graph)
-    outputs = {o.name for o in graph.output}
-    changed = 0
-    new_nodes: list[onnx.NodeProto] = []
-    orphaned: set[str] = set()  # training_mode values nothing reads any more
-    for node in graph.node:
-        new_nodes.append(node)
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            flag = node.input[2]
-            node.input[2] = ""
-            readers[flag] = [r for r in readers[flag] if r is not node]
-            if not readers[flag] and flag not in outputs:
-                orphaned.add(flag)
-            changed += 1
-        elif node.op_type == "BatchNormalization" and (
-            _graph.attribute(node, "training_mode", 0) or len(node.output) > 1
-        ):
-            _graph.set_attribute(node, "training_mode", 0)
-            # outputs 1, 2 (running mean / var) come from inputs 3, 4 when nothing is updated
-            for out_index, in_index in ((1, 3), (2, 4)):
-                if out_index < len(node.output) and node.output[out_index]:
-                    name = node.output[out_index]
-                    if readers.get(name) or name in outputs:
-                        new_nodes.append(
-                            helper.make_node("Identity", [node.input[in_index]], [name], name=names.fresh("Identity"))
-                        )
-            del node.output[1:]
-            changed += 1
-    if changed:
-        kept = [n for n in new_nodes if not (n.op_type == "Constant" and n.output and n.output[0] in orphaned)]
-        del graph.node[:]
-        graph.node.extend(kept)
-    return changed
+    """,
+)

@@ -16,44 +16,63 @@ Instance normalization is the case ``G = C``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.ir.attributes import float_attribute, int_attribute
+from onnxblocks.ir.writer import Writer
+
+_KINDS = ("InstanceNormalization", "GroupNormalization")
 
 
-def group_norm_as_elementary(model: onnx.ModelProto) -> int:
+class GroupNormAsElementary(NodeRewrite):
     """Rewrite ``InstanceNormalization`` and ``GroupNormalization`` into elementary ops.
 
     Any input shape works. Nodes whose input element type is unknown are left as
     they are.
+    """
+
+    name = "group_norm_as_elementary"
+    op_types = frozenset(_KINDS)
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type in _KINDS and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        x, scale, bias = node.inputs[0], node.inputs[1], node.inputs[2]
+        elem = ctx.types.elem(x)
+        if x is None or scale is None or bias is None or elem is None:
+            return None
+        epsilon = float_attribute(node, "epsilon", 1e-5)
+        if node.op_type == "InstanceNormalization":
+            groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
+        else:
+            groups, per_channel = int_attribute(node, "num_groups"), ctx.opset >= 21
+        y = node.outputs[0].name or "norm"
+        w = ctx.writer(y)
+        _write(w, x, scale, bias, groups, per_channel, epsilon, elem, y)
+        return w.nodes
+
+
+group_norm_as_elementary = on_proto(
+    GroupNormAsElementary,
+    "group_norm_as_elementary",
+    """Rewrite ``InstanceNormalization`` and ``GroupNormalization`` into elementary ops, in place.
 
     Returns:
         The number of nodes rewritten.
-    """
-    kinds = ("InstanceNormalization", "GroupNormalization")
-    return _graph.rewrite_nodes(model, lambda n: n.op_type in kinds and _graph.is_default_domain(n), _rewrite)
-
-
-def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    x, scale, bias = node.input[0], node.input[1], node.input[2]
-    elem = _graph.elem_type(ctx.types, x)
-    if elem is None:
-        return None
-    epsilon = _graph.float_attribute(node, "epsilon", 1e-5)
-    if node.op_type == "InstanceNormalization":
-        groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
-    else:
-        groups, per_channel = _graph.int_attribute(node, "num_groups"), ctx.opset >= 21
-    w = ctx.writer(node.output[0])
-    _write(w, x, scale, bias, groups, per_channel, epsilon, elem, node.output[0])
-    return w.nodes
+    """,
+)
 
 
 def _write(
-    w: _graph.NodeWriter,
-    x: str,
-    scale: str,
-    bias: str,
+    w: Writer,
+    x: ir.Value,
+    scale: ir.Value,
+    bias: ir.Value,
     groups: int,
     per_channel: bool,
     epsilon: float,

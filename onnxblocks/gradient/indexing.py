@@ -15,69 +15,87 @@ when the axis length is static, computed from ``Shape`` otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
-import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.ir.attributes import int_attribute, string_attribute
+from onnxblocks.ir.types import static_dims
+from onnxblocks.ir.writer import Writer
 
 
-def _axis_length(w: _graph.NodeWriter, x: str, axis: int) -> str:
+def _axis_length(w: Writer, x: ir.Value, axis: int) -> ir.Value:
     """A scalar int64: the runtime length of ``x`` along ``axis``."""
     return w.squeeze(w.slice(w.op("Shape", [x]), [axis], [axis + 1], [0]), [0])
 
 
 # ------------------------------------------------------------------ Slice
-def negative_step_slice_as_gather(model: onnx.ModelProto) -> int:
-    """Rewrite each ``Slice`` with constant arguments and a negative step into ``Slice`` (positive steps) + ``Gather``.
+class NegativeStepSliceAsGather(NodeRewrite):
+    """Rewrite each ``Slice`` with constant arguments and a negative step into ``Slice`` (steps > 0) + ``Gather``."""
+
+    name = "negative_step_slice_as_gather"
+    op_types = frozenset({"Slice"})
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "Slice" and is_default_domain(node) and optional_input(node, 4) is not None
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _negative_step_slice(node, ctx)
+
+
+negative_step_slice_as_gather = on_proto(
+    NegativeStepSliceAsGather,
+    "negative_step_slice_as_gather",
+    """Rewrite, in place, each ``Slice`` with constant arguments and a negative step into ``Slice`` + ``Gather``.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: n.op_type == "Slice" and _graph.is_default_domain(n) and len(n.input) > 4 and n.input[4],
-        _negative_step_slice,
-    )
+    """,
+)
 
 
-def _negative_step_slice(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    step_values = ctx.plain_constants.folded(node.input[4])  # without shapes first: most steps are plain constants
+def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    step_values = ctx.plain_constants.folded(node.inputs[4])  # without shapes first: most steps are plain constants
     if step_values is not None and not (step_values < 0).any():
         return None
     types, table = ctx.types, ctx.constants
-    args = [table.folded(name) for name in node.input[1:5]]
+    args = [table.folded(value) for value in node.inputs[1:5]]
     known = [a for a in args if a is not None]
-    if len(known) < len(args) or not (known[3] < 0).any():
+    x = node.inputs[0]
+    if x is None or len(known) < len(args) or not (known[3] < 0).any():
         return None
-    shape = _graph.shape_of(types, node.input[0])
+    shape = types.shape(x)
     starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in known)
     if any(a < 0 for a in axes):
         if shape is None:
             return None
         axes = [a + len(shape) if a < 0 else a for a in axes]
-    w = ctx.writer(node.output[0])
+    y = node.outputs[0].name or "slice"
+    w = ctx.writer(y)
     kept = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st > 0]
     flipped = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0]
-    current = node.input[0]
+    current = x
     if kept:
         kept_starts, kept_ends, kept_axes, kept_steps = (list(v) for v in zip(*kept, strict=True))
         current = w.slice(current, kept_starts, kept_ends, kept_axes, kept_steps)
     for i, (start, end, axis, step) in enumerate(flipped):
         length = shape[axis] if shape is not None else None
         indices = _slice_indices(w, current, axis, length, start, end, step)
-        out = node.output[0] if i == len(flipped) - 1 else None
+        out = y if i == len(flipped) - 1 else None
         current = w.op("Gather", [current, indices], out=out, axis=axis)
     return w.nodes
 
 
-def _slice_indices(w: _graph.NodeWriter, x: str, axis: int, length: int | None, start: int, end: int, step: int) -> str:
+def _slice_indices(w: Writer, x: ir.Value, axis: int, length: int | None, start: int, end: int, step: int) -> ir.Value:
     """The positions a negative-step slice takes along ``axis`` (ONNX's clamping rules)."""
     if length is not None:
         return w.ints(np.arange(length)[slice(start, end, step)].tolist())
     n = _axis_length(w, x, axis)
     one = w.const(1, np.int64)
 
-    def offset(value: int) -> str:  # value, or length + value for a negative one
+    def offset(value: int) -> ir.Value:  # value, or length + value for a negative one
         return w.op("Add", [n, w.const(value, np.int64)]) if value < 0 else w.const(value, np.int64)
 
     last = w.op("Sub", [n, one])
@@ -87,26 +105,39 @@ def _slice_indices(w: _graph.NodeWriter, x: str, axis: int, length: int | None, 
 
 
 # ------------------------------------------------------------------ Pad
-def border_pad_as_gather(model: onnx.ModelProto) -> int:
-    """Rewrite ``Pad`` in reflect, edge or wrap mode (constant, non-negative pads) into ``Gather`` + ``Concat``.
+class BorderPadAsGather(NodeRewrite):
+    """Rewrite ``Pad`` in reflect, edge or wrap mode (constant, non-negative pads) into ``Gather`` + ``Concat``."""
+
+    name = "border_pad_as_gather"
+    op_types = frozenset({"Pad"})
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "Pad" and is_default_domain(node) and _mode(node) in ("reflect", "edge", "wrap")
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _border_pad(node, ctx)
+
+
+border_pad_as_gather = on_proto(
+    BorderPadAsGather,
+    "border_pad_as_gather",
+    """Rewrite, in place, ``Pad`` in reflect, edge or wrap mode into ``Gather`` + ``Concat``.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: n.op_type == "Pad" and _graph.is_default_domain(n) and _mode(n) in ("reflect", "edge", "wrap"),
-        _border_pad,
-    )
+    """,
+)
 
 
-def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    types, constants, names, opset = ctx.types, ctx.constants, ctx.names, ctx.opset
-    pads = constants.folded(node.input[1]) if len(node.input) > 1 else None
-    axes = constants.folded(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-    if pads is None or (len(node.input) > 3 and node.input[3] and axes is None):
+def _border_pad(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    types, constants = ctx.types, ctx.constants
+    pads = constants.folded(optional_input(node, 1))
+    axes_input = optional_input(node, 3)
+    axes = constants.folded(axes_input)
+    x = node.inputs[0]
+    if x is None or pads is None or (axes_input is not None and axes is None):
         return None
-    shape = _graph.shape_of(types, node.input[0])
+    shape = types.shape(x)
     rank = len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
     if rank is None:
         return None
@@ -116,15 +147,16 @@ def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.N
     )
     if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
         return None
-    w = _graph.NodeWriter(names, opset, node.output[0])
-    current = node.input[0]
+    y = node.outputs[0].name or "pad"
+    w = ctx.writer(y)
+    current = x
     todo = [
         (a, pad_list[i], pad_list[len(axis_list) + i])
         for i, a in enumerate(axis_list)
         if pad_list[i] or pad_list[len(axis_list) + i]
     ]
     if not todo:
-        w.op("Identity", [current], out=node.output[0])
+        w.op("Identity", [current], out=y)
     for i, (axis, before, after) in enumerate(todo):
         length = shape[axis] if shape is not None else None
         parts = []
@@ -137,16 +169,16 @@ def _border_pad(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.N
             parts.append(
                 w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)], axis=axis)
             )
-        out = node.output[0] if i == len(todo) - 1 else None
+        out = y if i == len(todo) - 1 else None
         current = w.op("Concat", parts, out=out, axis=axis)
     return w.nodes
 
 
-def _mode(node: onnx.NodeProto) -> str:
-    return _graph.string_attribute(node, "mode", "constant")
+def _mode(node: ir.Node) -> str:
+    return string_attribute(node, "mode", "constant")
 
 
-def _border(w: _graph.NodeWriter, x: str, axis: int, length: int | None, mode: str, count: int, before: bool) -> str:
+def _border(w: Writer, x: ir.Value, axis: int, length: int | None, mode: str, count: int, before: bool) -> ir.Value:
     """Indices of the ``count`` border elements before (or after) ``x`` along ``axis``, in output order."""
     # positions relative to the start (non-negative) or to the end (negative: -1 is the last element)
     if mode == "reflect":
@@ -163,28 +195,44 @@ def _border(w: _graph.NodeWriter, x: str, axis: int, length: int | None, mode: s
 
 
 # ------------------------------------------------------------------ DepthToSpace / SpaceToDepth
-def depth_to_space_as_reshape(model: onnx.ModelProto) -> int:
+class DepthToSpaceAsReshape(NodeRewrite):
     """Rewrite ``DepthToSpace`` / ``SpaceToDepth`` with static C, H, W into ``Reshape`` / ``Transpose`` / ``Reshape``.
 
     Neither has a gradient builder (``nn.PixelShuffle``, ``nn.PixelUnshuffle``); the
     rearrangement is the ONNX definition's (DCR and CRD modes).
+    """
+
+    name = "depth_to_space_as_reshape"
+    op_types = frozenset({"DepthToSpace", "SpaceToDepth"})
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type in ("DepthToSpace", "SpaceToDepth") and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _depth_to_space(node, ctx)
+
+
+depth_to_space_as_reshape = on_proto(
+    DepthToSpaceAsReshape,
+    "depth_to_space_as_reshape",
+    """Rewrite, in place, ``DepthToSpace`` / ``SpaceToDepth`` with static C, H, W into Reshape / Transpose / Reshape.
 
     Returns:
         The number of nodes rewritten.
-    """
-    kinds = ("DepthToSpace", "SpaceToDepth")
-    return _graph.rewrite_nodes(model, lambda n: n.op_type in kinds and _graph.is_default_domain(n), _depth_to_space)
+    """,
+)
 
 
-def _depth_to_space(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    types, names, opset = ctx.types, ctx.names, ctx.opset
-    shape = _graph.shape_of(types, node.input[0])
-    chw = _graph.static_dims(shape[1:]) if shape is not None and len(shape) == 4 else None
-    if chw is None:
+def _depth_to_space(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    x = node.inputs[0]
+    shape = ctx.types.shape(x)
+    chw = static_dims(shape[1:]) if shape is not None and len(shape) == 4 else None
+    if x is None or chw is None:
         return None
     c, h, wd = chw
-    b = _graph.int_attribute(node, "blocksize")
-    w = _graph.NodeWriter(names, opset, node.output[0])
+    b = int_attribute(node, "blocksize")
+    y = node.outputs[0].name or "depth_to_space"
+    w = ctx.writer(y)
     if node.op_type == "DepthToSpace":
         if c % (b * b):
             return None
@@ -196,10 +244,10 @@ def _depth_to_space(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[on
         if h % b or wd % b:
             return None
         split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]
-    moved = w.op("Transpose", [w.op("Reshape", [node.input[0], w.ints(split)])], perm=perm)
-    w.op("Reshape", [moved, w.ints(final)], out=node.output[0])
+    moved = w.op("Transpose", [w.op("Reshape", [x, w.ints(split)])], perm=perm)
+    w.op("Reshape", [moved, w.ints(final)], out=y)
     return w.nodes
 
 
-def _mode_of(node: onnx.NodeProto) -> str:
-    return _graph.string_attribute(node, "mode", "DCR")
+def _mode_of(node: ir.Node) -> str:
+    return string_attribute(node, "mode", "DCR")

@@ -15,12 +15,15 @@ The caller's ModelProto is never changed: :func:`fit_model` works on the copy it
 from __future__ import annotations
 
 import heapq
+import itertools
 
 import onnx
+from onnx_ir.serde import serialize_graph
 
 from onnxblocks._core.errors import preview
-from onnxblocks.gradient._graph import subgraph_reads
+from onnxblocks.ir import walk
 from onnxblocks.ir.opset import fit_opset
+from onnxblocks.ir.serde import graph_from_proto
 
 __all__ = ["check_ranks", "fit_model", "is_sorted", "sort_topologically"]
 
@@ -44,16 +47,20 @@ def fit_model(model: onnx.ModelProto, what: str = "the base model") -> onnx.Mode
     return model
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
-    return {n for n in node.input if n} | subgraph_reads(node)
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def is_sorted(graph: onnx.GraphProto) -> bool:
-    """True when every node comes after the producers of the values it reads."""
+    """True when every node comes after the producers of the values it reads (subgraph reads included)."""
+    if any(_has_subgraph(node) for node in graph.node):  # what subgraphs read: from the IR's def-use chains
+        nodes = list(graph_from_proto(graph))
+        position = {node: i for i, node in enumerate(nodes)}
+        return all(position.get(v.producer(), -1) < i for i, node in enumerate(nodes) for v in walk.reads(node))  # type: ignore[arg-type]
     produced = {out for node in graph.node for out in node.output if out}
     seen: set[str] = set()
     for node in graph.node:
-        if any(name in produced and name not in seen for name in _reads(node)):
+        if any(name in produced and name not in seen for name in node.input):
             return False
         seen.update(node.output)
     return True
@@ -70,12 +77,14 @@ def sort_topologically(graph: onnx.GraphProto, what: str = "the base model") -> 
     """
     if is_sorted(graph):
         return 0
-    nodes = list(graph.node)
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    ir_graph = graph_from_proto(graph)
+    nodes = list(ir_graph)
+    position = {node: i for i, node in enumerate(nodes)}
     waiting = [0] * len(nodes)
     readers: list[list[int]] = [[] for _ in nodes]
     for i, node in enumerate(nodes):
-        for source in {producer[n] for n in _reads(node) if n in producer and producer[n] != i}:
+        producers = {position[p] for v in walk.reads(node) if (p := v.producer()) in position}
+        for source in producers - {i}:
             waiting[i] += 1
             readers[source].append(i)
     ready = [i for i, count in enumerate(waiting) if count == 0]
@@ -90,16 +99,20 @@ def sort_topologically(graph: onnx.GraphProto, what: str = "the base model") -> 
                 heapq.heappush(ready, reader)
     if len(order) < len(nodes):
         stuck = [
-            nodes[i].name or f"{nodes[i].op_type} writing '{nodes[i].output[0]}'"
+            nodes[i].name or f"{nodes[i].op_type} writing '{nodes[i].outputs[0].name}'"
             for i in set(range(len(nodes))) - set(order)
         ]
         raise ValueError(
             f"The nodes of {what} read each other in a cycle, so no order computes them: {preview(sorted(stuck))}. "
             "An ONNX graph must be acyclic; fix the model (a loop must be a Loop node)."
         )
-    moved = sum(1 for position, i in enumerate(order) if position != i)
-    del graph.node[:]
-    graph.node.extend(nodes[i] for i in order)
+    moved = sum(1 for place, i in enumerate(order) if place != i)
+    first = nodes[order[0]]
+    if ir_graph.node(0) is not first:
+        ir_graph.insert_before(ir_graph.node(0), first)
+    for before, after in itertools.pairwise(order):
+        ir_graph.insert_after(nodes[before], nodes[after])  # moves the node
+    graph.CopyFrom(serialize_graph(ir_graph))
     return moved
 
 

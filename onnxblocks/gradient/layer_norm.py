@@ -15,15 +15,21 @@ out, and always writes the gradients of its scale and bias:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
-from onnxblocks.gradient import _graph
-from onnxblocks.gradient.folding import ConstantTable
+from onnxblocks._core.naming import NameAuthority
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, on_proto
+from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import ValueTypes, static_dims
 
 #: Normalisation ops whose gradient reads extra outputs and writes the gradients of its scale and bias.
 NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
@@ -32,40 +38,54 @@ NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
 _NORM_OUTPUTS = {"LayerNormalization": 3, "SimplifiedLayerNormalization": 2}
 
 
-def _is_norm(node: onnx.NodeProto) -> bool:
+def _is_norm(node: ir.Node | onnx.NodeProto) -> bool:
     return node.op_type in NORM_OPS and node.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
 
 
-def expose_layer_norm_statistics(model: onnx.ModelProto) -> int:
+class ExposeLayerNormStatistics(Pass):
     """Give every LayerNormalization the optional outputs its gradient reads.
 
     ``LayerNormalization`` (ai.onnx or com.microsoft) gets its ``Mean`` and
     ``InvStdDev`` outputs, ``SimplifiedLayerNormalization`` its ``inv_std_var``.
     The new outputs have fresh names and nothing reads them in the forward graph.
+    """
+
+    name = "expose_layer_norm_statistics"
+    op_types = frozenset(NORM_OPS)
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        names: NameAuthority | None = None
+        changes: dict[str, int] = {}
+        for node in model.graph:
+            wanted = _NORM_OUTPUTS.get(node.op_type)
+            if wanted is None or not _is_norm(node):
+                continue
+            if len(node.outputs) >= wanted and all(v.name for v in node.outputs[:wanted]):
+                continue
+            names = names or graph_names(model.graph)
+            base = node.outputs[0].name
+            suffixes = ["mean", "inv_std_dev"] if wanted == 3 else ["inv_std_dev"]
+            if len(node.outputs) < wanted:
+                node.resize_outputs(wanted)
+            for i, suffix in zip(range(1, wanted), suffixes, strict=True):
+                if not node.outputs[i].name:
+                    node.outputs[i].name = names.fresh(f"{base}.{suffix}")
+            changes[node.op_type] = changes.get(node.op_type, 0) + 1
+        return changes
+
+
+expose_layer_norm_statistics = on_proto(
+    ExposeLayerNormStatistics,
+    "expose_layer_norm_statistics",
+    """Give every LayerNormalization, in place, the optional outputs its gradient reads (fresh names).
 
     Returns:
         The number of nodes that got outputs.
-    """
-    names = _graph.name_authority(model.graph)
-    changed = 0
-    for node in model.graph.node:
-        wanted = _NORM_OUTPUTS.get(node.op_type)
-        if wanted is None or not _is_norm(node):
-            continue
-        if len(node.output) >= wanted and all(node.output[:wanted]):
-            continue
-        base = node.output[0]
-        suffixes = ["mean", "inv_std_dev"] if wanted == 3 else ["inv_std_dev"]
-        while len(node.output) < wanted:
-            node.output.append("")
-        for i, suffix in zip(range(1, wanted), suffixes, strict=True):
-            if not node.output[i]:
-                node.output[i] = names.fresh(f"{base}.{suffix}")
-        changed += 1
-    return changed
+    """,
+)
 
 
-def layer_norm_zero_bias(model: onnx.ModelProto) -> int:
+class LayerNormZeroBias(NodeRewrite):
     """Give every ``LayerNormalization`` without a bias an explicit zero bias.
 
     ONNX Runtime's LayerNormalization gradient reads the bias input
@@ -74,49 +94,57 @@ def layer_norm_zero_bias(model: onnx.ModelProto) -> int:
     weight)``. The zeros have the normalised shape (``x.shape[axis:]``) or the
     scale's shape: a constant when one is static, ``ConstantOfShape(Shape(scale))``
     otherwise.
+    """
+
+    name = "layer_norm_zero_bias"
+    op_types = frozenset({"LayerNormalization"})
+    min_opset = None
+
+    def select(self, node: ir.Node) -> bool:
+        return (
+            node.op_type == "LayerNormalization"
+            and _is_norm(node)
+            and len(node.inputs) >= 2
+            and (len(node.inputs) < 3 or node.inputs[2] is None)
+        )
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        scale = node.inputs[1]
+        dtype = ctx.dtype(scale)
+        if scale is None or dtype is None:
+            return None
+        writer = ctx.writer(f"{node.outputs[0].name}.bias")
+        shape = _normalized_shape(node, ctx.types)
+        if shape is not None:
+            bias = writer.const(np.zeros(shape, dtype=dtype), suffix="zeros")
+        else:
+            zero = ir.tensor(np.zeros(1, dtype=dtype), name="value")
+            bias = writer.op("ConstantOfShape", [writer.op("Shape", [scale])], value=zero)
+        node.resize_inputs(3)
+        node.replace_input_with(2, bias)
+        return [*writer.nodes, node]
+
+
+layer_norm_zero_bias = on_proto(
+    LayerNormZeroBias,
+    "layer_norm_zero_bias",
+    """Give every ``LayerNormalization`` without a bias an explicit zero bias, in place.
 
     Returns:
         The number of nodes that got a bias.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: (
-            n.op_type == "LayerNormalization"
-            and _is_norm(n)
-            and len(n.input) >= 2
-            and (len(n.input) < 3 or not n.input[2])
-        ),
-        _zero_bias,
-        min_opset=None,
-    )
+    """,
+)
 
 
-def _zero_bias(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    scale = node.input[1]
-    dtype = ctx.dtype(scale)
-    if dtype is None:
-        return None
-    writer = ctx.writer(f"{node.output[0]}.bias")
-    shape = _normalized_shape(node, ctx.types)
-    if shape is not None:
-        bias = writer.const(np.zeros(shape, dtype=dtype), suffix="zeros")
-    else:
-        zero = onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype), "value")
-        bias = writer.op("ConstantOfShape", [writer.op("Shape", [scale])], value=zero)
-    del node.input[2:]
-    node.input.append(bias)
-    return [*writer.nodes, node]
-
-
-def _normalized_shape(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> list[int] | None:
+def _normalized_shape(node: ir.Node, types: ValueTypes) -> list[int] | None:
     """The static shape a LayerNormalization normalises over (``x.shape[axis:]``), else its scale's, else None."""
-    x = _graph.shape_of(types, node.input[0])
+    x = types.shape(node.inputs[0])
     if x is not None:
-        axis = _graph.int_attribute(node, "axis", -1)
-        dims = _graph.static_dims(x[axis:] if axis < 0 else x[axis:] if axis < len(x) else None)
+        axis = int_attribute(node, "axis", -1)
+        dims = static_dims(x[axis:] if axis < 0 else x[axis:] if axis < len(x) else None)
         if dims:
             return dims
-    return _graph.static_dims(_graph.shape_of(types, node.input[1]))
+    return static_dims(types.shape(node.inputs[1]))
 
 
 def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str]) -> set[str]:
@@ -152,34 +180,52 @@ def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str
     Returns:
         The names of the constant (initializer) scales and biases of normalisation nodes.
     """
-    graph = model.graph
-    wanted = {name for node in graph.node if _is_norm(node) for name in node.input[1:3] if name}
-    if not wanted:
+    if not any(_is_norm(node) for node in model.graph.node):
         return set()
+    ir_model = from_proto(model)
+    lifted, changed = unshare_norm_constants(ir_model.graph, trainable)
+    if changed:
+        model.CopyFrom(to_proto(ir_model))
+    return lifted
+
+
+def unshare_norm_constants(graph: ir.Graph, trainable: Iterable[str]) -> tuple[set[str], bool]:
+    """:func:`unshare_layer_norm_constants` on the IR, in place.
+
+    Returns:
+        The names of the constant scales and biases of normalisation nodes, and whether the graph changed.
+    """
     trained = set(trainable)
-    initializers = {init.name for init in graph.initializer}
+    changed = False
+    wanted = {v for node in graph if _is_norm(node) for v in node.inputs[1:3] if v is not None}
+    wanted_names = {v.name for v in wanted if v.name}
     constants = ConstantTable(graph)
-    names = _graph.name_authority(graph)
-    seen: set[str] = set()
-    nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output and node.output[0] in wanted - initializers:
-            value = constants.value(node.output[0])
-            if value is not None:
-                graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
-                initializers.add(node.output[0])
+    names = graph_names(graph)
+    seen: set[ir.Value] = set()
+    for node in list(graph):
+        out = node.outputs[0] if node.outputs else None
+        if node.op_type == "Constant" and out in wanted and not out.is_initializer():
+            value = constants.value(out)
+            if value is not None:  # the constant becomes an initializer of the same name
+                init = ir.Value(name=out.name, type=ir.TensorType(ir.DataType.from_numpy(value.dtype)))
+                init.shape = ir.Shape(value.shape)
+                init.const_value = ir.tensor(value, name=out.name)
+                ir.convenience.replace_all_uses_with(out, init, replace_graph_outputs=True)
+                graph.remove(node, safe=True)
+                graph.register_initializer(init)
+                changed = True
                 continue
         if _is_norm(node):
             for i in (1, 2):
-                name = node.input[i] if len(node.input) > i else ""
-                if not name or name in trained:
+                read = node.inputs[i] if len(node.inputs) > i else None
+                if read is None or read.name in trained:
                     continue
-                if name in seen:
-                    alias = names.fresh(f"{name}.alias")
-                    nodes.append(helper.make_node("Identity", [name], [alias], name=names.fresh("Identity")))
-                    node.input[i] = alias
-                seen.add(name)
-        nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return wanted & initializers
+                if read in seen:
+                    alias = ir.Value(name=names.fresh(f"{read.name}.alias"))
+                    graph.insert_before(
+                        node, ir.Node("", "Identity", [read], outputs=[alias], name=names.fresh("Identity"))
+                    )
+                    node.replace_input_with(i, alias)
+                    changed = True
+                seen.add(read)
+    return wanted_names & set(graph.initializers), changed

@@ -2,9 +2,12 @@
 
 Each pass rewrites a pattern that ONNX Runtime's gradient builder cannot handle
 (or handles into a training model ONNX Runtime cannot run) into an equivalent one
-it can, in place on the working copy of the model, and returns how many nodes it
-rewrote. The forward values are unchanged, so the eval model and the training
-model compute the same thing as the original.
+it can. Each is an :class:`onnxblocks.ir.passes.Pass` over one ``ir.Model``
+(:func:`normalize` converts the model to the IR once and back once) that reports
+how many nodes it rewrote; each is also a function of the same name in snake case
+that edits a ``ModelProto`` in place and returns that number. The forward values
+are unchanged, so the eval model and the training model compute the same thing as
+the original.
 
 :func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
 
@@ -34,31 +37,45 @@ it needs the trainable set and runs later, on the training copy (see its docstri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient import _graph
-from onnxblocks.gradient.activations import activations_as_elementary
-from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
-from onnxblocks.gradient.folding import ConstantTable
-from onnxblocks.gradient.group_norm import group_norm_as_elementary
-from onnxblocks.gradient.indexing import (
-    border_pad_as_gather,
-    depth_to_space_as_reshape,
-    negative_step_slice_as_gather,
+from onnxblocks.gradient._rewrite import (
+    NodeRewrite,
+    RewriteContext,
+    changed,
+    is_default_domain,
+    may_apply,
+    on_proto,
+    opset_of,
+    run_pass,
 )
-from onnxblocks.gradient.layer_norm import expose_layer_norm_statistics, layer_norm_zero_bias
-from onnxblocks.gradient.pooling import average_pool_as_conv
-from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
-from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
-from onnxblocks.gradient.resize import resize_as_matmul
-
-Pass = Callable[[onnx.ModelProto], int]
+from onnxblocks.gradient.activations import ActivationsAsElementary
+from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
+from onnxblocks.gradient.group_norm import GroupNormAsElementary
+from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
+from onnxblocks.gradient.layer_norm import (
+    ExposeLayerNormStatistics,
+    LayerNormZeroBias,
+    expose_layer_norm_statistics,
+    layer_norm_zero_bias,
+)
+from onnxblocks.gradient.pooling import AveragePoolAsConv
+from onnxblocks.gradient.recurrent import RecurrentAsElementary, RecurrentDirectionsAsForward
+from onnxblocks.gradient.reductions import CumSumAsMatMul, ReduceExtremumAsTopK
+from onnxblocks.gradient.resize import ResizeAsMatMul
+from onnxblocks.ir.attributes import int_attribute, string_attribute
+from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import ValueTypes
+from onnxblocks.ir.writer import Writer
 
 __all__ = [
     "Pass",
@@ -74,271 +91,320 @@ __all__ = [
 ]
 
 
-def expose_dropout_mask(model: onnx.ModelProto) -> int:
+class ExposeDropoutMask(Pass):
     """Give every ``Dropout`` its ``mask`` output, which its gradient reads.
 
     The dynamo exporter emits Dropout with its output only (ONNX Runtime then
     fails with ``i < node_->OutputDefs().size()``). The mask gets a fresh name and
     nothing reads it in the forward graph.
-
-    Returns:
-        The number of nodes that got a mask output.
     """
-    names = _graph.name_authority(model.graph)
-    changed = 0
-    for node in model.graph.node:
-        if node.op_type != "Dropout" or not _graph.is_default_domain(node):
-            continue
-        if len(node.output) >= 2 and node.output[1]:
-            continue
-        del node.output[1:]
-        node.output.append(names.fresh(f"{node.output[0]}.mask"))
-        changed += 1
-    return changed
+
+    name = "expose_dropout_mask"
+    op_types = frozenset({"Dropout"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        names: NameAuthority | None = None
+        count = 0
+        for node in model.graph:
+            if node.op_type != "Dropout" or not is_default_domain(node):
+                continue
+            if len(node.outputs) >= 2 and node.outputs[1].name:
+                continue
+            names = names or graph_names(model.graph)
+            node.resize_outputs(2)
+            node.outputs[1].name = names.fresh(f"{node.outputs[0].name}.mask")
+            count += 1
+        return {"Dropout": count}
 
 
-def split_to_sequence_as_split(model: onnx.ModelProto) -> int:
+class SplitToSequenceAsSplit(Pass):
     """Rewrite ``SplitToSequence`` read only by ``SequenceAt`` at constant positions into ``Split``.
 
     The number of pieces comes from the ``split`` input (a list of lengths) or, for
     a chunk length or no ``split``, from the static size of the split axis. A
     sequence that is read any other way, or whose axis size is unknown, is left
     as it is.
+    """
+
+    name = "split_to_sequence_as_split"
+    op_types = frozenset({"SplitToSequence"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        targets = [n for n in graph if n.op_type == "SplitToSequence" and is_default_domain(n)]
+        if not targets:
+            return {}
+        position = {n: i for i, n in enumerate(graph)}
+        constants = ConstantTable(graph)
+        types: ValueTypes | None = None
+        names = graph_names(graph)
+        opset = opset_of(model)
+        planned: list[tuple[ir.Node, list[ir.Node], list[ir.Node]]] = []  # node, its readers, new nodes
+        for node in targets:
+            seq = node.outputs[0]
+            users = sorted({u.node for u in seq.uses()}, key=lambda n: position.get(n, -1))
+            if seq.is_graph_output() or not users:
+                continue
+            if any(u.graph is not graph or u.op_type != "SequenceAt" or u.inputs[0] is not seq for u in users):
+                continue
+            values = [constants.value(u.inputs[1]) for u in users]
+            positions = [p for p in values if p is not None and p.size == 1]
+            if len(positions) < len(values):
+                continue
+            axis = int_attribute(node, "axis", 0)
+            keepdims = int_attribute(node, "keepdims", 1)
+            split_input = node.inputs[1] if len(node.inputs) > 1 else None
+            split = constants.value(split_input)
+            if split_input is not None and split is None:
+                continue
+            if split is not None and split.ndim == 1:
+                lengths = [int(v) for v in split]
+            else:
+                if types is None:
+                    types = ValueTypes.infer(model)
+                shape = types.shape(node.inputs[0])
+                if shape is None:
+                    continue
+                size = shape[axis if axis >= 0 else axis + len(shape)]
+                if size is None:
+                    continue
+                chunk = 1 if split is None else int(split.reshape(()))
+                lengths = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+            new_nodes = _split_nodes(node, users, positions, lengths, split is None and keepdims == 0, names, opset)
+            if new_nodes is not None:
+                planned.append((node, users, new_nodes))
+        for node, users, new_nodes in planned:
+            produced = {v.name: v for n in new_nodes for v in n.outputs if v.name}
+            olds = [u.outputs[0] for u in users]
+            ir.convenience.replace_nodes_and_values(
+                graph, node, [node, *users], new_nodes, olds, [produced[v.name or ""] for v in olds]
+            )
+        return {"SplitToSequence": len(planned)}
+
+
+def _split_nodes(
+    node: ir.Node,
+    users: Sequence[ir.Node],
+    positions: Sequence[np.ndarray],
+    lengths: list[int],
+    squeeze: bool,
+    names: NameAuthority,
+    opset: int,
+) -> list[ir.Node] | None:
+    """The ``Split`` (and ``Squeeze`` / ``Identity``) nodes computing each reader's output, or None."""
+    seq = node.outputs[0].name or "sequence"
+    axis = int_attribute(node, "axis", 0)
+    count = len(lengths)
+    pieces: list[str] = [""] * count
+    first: set[int] = set()
+    readers: list[tuple[int, str, bool]] = []  # (piece index, reader's output, first reader of the piece)
+    for user, pos in zip(users, positions, strict=True):
+        index = int(pos.reshape(()))
+        index = index + count if index < 0 else index
+        if not 0 <= index < count:
+            return None
+        out = user.outputs[0].name or ""
+        readers.append((index, out, index not in first))
+        if index not in first:
+            first.add(index)
+            pieces[index] = names.fresh(f"{out}.unsqueezed") if squeeze else out
+    x = node.inputs[0]
+    if x is None:
+        return None
+    w = Writer(names, opset, seq)
+    outputs = w.split(x, lengths, axis, [p or names.fresh(f"{seq}.piece") for p in pieces])
+    result = dict(enumerate(outputs))  # piece index -> the first reader's value
+    for index, out, is_first in readers:
+        if is_first and squeeze:
+            result[index] = w.squeeze(outputs[index], [axis], out=out)
+        elif not is_first:
+            w.op("Identity", [result[index]], out=out)
+    return w.nodes
+
+
+split_to_sequence_as_split = on_proto(
+    SplitToSequenceAsSplit,
+    "split_to_sequence_as_split",
+    """Rewrite, in place, ``SplitToSequence`` read only by ``SequenceAt`` at constant positions into ``Split``.
 
     Returns:
         The number of SplitToSequence nodes rewritten.
-    """
-    graph = model.graph
-    readers = _graph.consumers(graph)
-    outputs = {o.name for o in graph.output}
-    types: dict[str, onnx.TypeProto] | None = None
-    names = _graph.name_authority(graph)
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-    changed = 0
-    new_nodes: list[onnx.NodeProto] = []
-    dropped: set[int] = set()  # node indices
-    replacements: dict[int, list[onnx.NodeProto]] = {}  # node index -> nodes replacing it
-    constants = ConstantTable(graph)
-    position = {n.output[0]: i for i, n in enumerate(graph.node) if n.output}
-    for node_index, node in enumerate(graph.node):
-        if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx"):
-            continue
-        seq = node.output[0]
-        users = readers.get(seq, [])
-        if seq in outputs or not users or any(u.op_type != "SequenceAt" or u.input[0] != seq for u in users):
-            continue
-        values = [constants.value(u.input[1]) for u in users]
-        positions = [p for p in values if p is not None and p.size == 1]
-        if len(positions) < len(values):
-            continue
-        axis = _graph.int_attribute(node, "axis", 0)
-        keepdims = _graph.int_attribute(node, "keepdims", 1)
-        split = constants.value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-        if len(node.input) > 1 and node.input[1] and split is None:
-            continue
-        if split is not None and split.ndim == 1:
-            lengths = [int(v) for v in split]
-        else:
-            if types is None:
-                types = _graph.infer_types(model)
-            shape = _graph.shape_of(types, node.input[0])
-            if shape is None:
+    """,
+)
+
+
+class CastLikeAsCast(Pass):
+    """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known."""
+
+    name = "cast_like_as_cast"
+    op_types = frozenset({"CastLike"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        nodes = [n for n in model.graph if n.op_type == "CastLike" and is_default_domain(n)]
+        if not nodes:
+            return {}
+        types = ValueTypes.infer(model)
+        count = 0
+        for node in nodes:
+            to = types.elem(node.inputs[1] if len(node.inputs) > 1 else None)
+            if to is None:
                 continue
-            size = shape[axis if axis >= 0 else axis + len(shape)]
-            if size is None:
-                continue
-            chunk = 1 if split is None else int(split.reshape(()))
-            lengths = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
-        squeeze = split is None and keepdims == 0
-        count = len(lengths)
-        pieces: list[str] = [""] * count
-        extra: list[onnx.NodeProto] = []
-        final: dict[int, str] = {}
-        for user, pos in zip(users, positions, strict=True):
-            index = int(pos.reshape(()))
-            index = index + count if index < 0 else index
-            if not 0 <= index < count:
-                break
-            if index not in final:
-                final[index] = user.output[0]
-                if squeeze:
-                    pieces[index] = names.fresh(f"{user.output[0]}.unsqueezed")
-                    extra.extend(_squeeze(pieces[index], user.output[0], axis, opset, names))
-                else:
-                    pieces[index] = user.output[0]
-            else:
-                extra.append(
-                    helper.make_node("Identity", [final[index]], [user.output[0]], name=names.fresh("Identity"))
-                )
-        else:
-            pieces = [p or names.fresh(f"{seq}.piece") for p in pieces]
-            rewritten = []
-            if opset >= 13:
-                lengths_name = names.fresh(f"{seq}.lengths")
-                rewritten.append(_graph.constant_node(lengths_name, np.array(lengths, dtype=np.int64), names))
-                rewritten.append(
-                    helper.make_node(
-                        "Split",
-                        [node.input[0], lengths_name],
-                        pieces,
-                        name=node.name or names.fresh("Split"),
-                        axis=axis,
-                    )
-                )
-            else:
-                rewritten.append(
-                    helper.make_node(
-                        "Split",
-                        [node.input[0]],
-                        pieces,
-                        name=node.name or names.fresh("Split"),
-                        axis=axis,
-                        split=lengths,
-                    )
-                )
-            replacements[node_index] = rewritten + extra
-            dropped.update(position[u.output[0]] for u in users)
-            changed += 1
-    if not changed:
-        return 0
-    for i, node in enumerate(graph.node):
-        if i in replacements:
-            new_nodes.extend(replacements[i])
-        elif i not in dropped:
-            new_nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    return changed
+            saturate = node.attributes.get("saturate")
+            node.op_type = "Cast"
+            node.resize_inputs(1)
+            node.attributes.clear()
+            node.attributes["to"] = ir.AttrInt64("to", to)
+            if saturate is not None:
+                node.attributes["saturate"] = saturate
+            count += 1
+        return {"CastLike": count}
 
 
-def _squeeze(src: str, dst: str, axis: int, opset: int, names: NameAuthority) -> list[onnx.NodeProto]:
-    """Nodes computing ``dst = Squeeze(src, axis)`` at ``opset``."""
-    if opset >= 13:
-        axes = names.fresh(f"{dst}.axes")
-        return [
-            _graph.constant_node(axes, np.array([axis], dtype=np.int64), names),
-            helper.make_node("Squeeze", [src, axes], [dst], name=names.fresh("Squeeze")),
-        ]
-    return [helper.make_node("Squeeze", [src], [dst], name=names.fresh("Squeeze"), axes=[axis])]
-
-
-def cast_like_as_cast(model: onnx.ModelProto) -> int:
-    """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known.
+cast_like_as_cast = on_proto(
+    CastLikeAsCast,
+    "cast_like_as_cast",
+    """Rewrite, in place, ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known.
 
     Returns:
         The number of CastLike nodes rewritten.
-    """
-    nodes = [n for n in model.graph.node if n.op_type == "CastLike" and n.domain in ("", "ai.onnx")]
-    if not nodes:
-        return 0
-    types = _graph.infer_types(model)
-    changed = 0
-    for node in nodes:
-        to = _graph.elem_type(types, node.input[1])
-        if to is None:
-            continue
-        attrs = [helper.make_attribute("to", to)]
-        saturate = _graph.attribute(node, "saturate")
-        if saturate is not None:
-            attrs.append(helper.make_attribute("saturate", saturate))
-        node.op_type = "Cast"
-        del node.input[1:]
-        del node.attribute[:]
-        node.attribute.extend(attrs)
-        changed += 1
-    return changed
+    """,
+)
 
 
-def gelu_as_contrib_gelu(model: onnx.ModelProto) -> int:
+class GeluAsContribGelu(Pass):
     """Rewrite ai.onnx ``Gelu`` (opset 20) into com.microsoft ``Gelu`` or, for ``approximate="tanh"``, ``FastGelu``.
 
     Both compute the same function and have gradient builders in ONNX Runtime.
+    """
+
+    name = "gelu_as_contrib_gelu"
+    op_types = frozenset({"Gelu"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        count = 0
+        for node in model.graph:
+            if node.op_type != "Gelu" or not is_default_domain(node):
+                continue
+            approximate = string_attribute(node, "approximate", "none")
+            node.op_type = "FastGelu" if approximate == "tanh" else "Gelu"
+            node.domain = _limits.MS_DOMAIN
+            node.attributes.clear()
+            count += 1
+        if count:
+            model.opset_imports.setdefault(_limits.MS_DOMAIN, _limits.MS_OPSET)
+        return {"Gelu": count}
+
+
+gelu_as_contrib_gelu = on_proto(
+    GeluAsContribGelu,
+    "gelu_as_contrib_gelu",
+    """Rewrite, in place, ai.onnx ``Gelu`` into com.microsoft ``Gelu`` or ``FastGelu`` (``approximate="tanh"``).
 
     Returns:
         The number of Gelu nodes rewritten.
-    """
-    changed = 0
-    for node in model.graph.node:
-        if node.op_type != "Gelu" or node.domain not in ("", "ai.onnx"):
-            continue
-        approximate = _graph.string_attribute(node, "approximate", "none")
-        node.op_type = "FastGelu" if approximate == "tanh" else "Gelu"
-        node.domain = _limits.MS_DOMAIN
-        del node.attribute[:]
-        changed += 1
-    if changed:
-        _limits.ensure_opset(model, _limits.MS_DOMAIN, _limits.MS_OPSET)
-    return changed
+    """,
+)
 
 
 #: Above this input, softplus(x) is x to float precision (torch.nn.Softplus's default threshold).
 SOFTPLUS_THRESHOLD = 20.0
 
 
-def softplus_as_elementary(model: onnx.ModelProto) -> int:
+class SoftplusAsElementary(NodeRewrite):
     """Rewrite ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))``.
 
     That is torch's Softplus (threshold 20); it differs from ``log(1 + exp(x))``
     by less than 2e-9 relative above the threshold. ``Min`` keeps ``Exp`` finite in
     the branch ``Where`` does not take, so its gradient is never ``0 * inf``.
     Nodes whose input type is unknown are left as they are.
+    """
+
+    name = "softplus_as_elementary"
+    op_types = frozenset({"Softplus"})
+    min_opset = None
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "Softplus" and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        x, y = node.inputs[0], node.outputs[0].name or ""
+        dtype = ctx.dtype(x)
+        if x is None or dtype is None:
+            return None
+        w = ctx.writer(y)
+        limit, one = w.const(SOFTPLUS_THRESHOLD, dtype, "threshold"), w.const(1, dtype, "one")
+        log = w.op("Log", [w.op("Add", [w.op("Exp", [w.op("Min", [x, limit])]), one])])
+        w.op("Where", [w.op("Greater", [x, limit]), x, log], out=y)
+        return w.nodes
+
+
+softplus_as_elementary = on_proto(
+    SoftplusAsElementary,
+    "softplus_as_elementary",
+    """Rewrite, in place, ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))`` (torch's Softplus).
 
     Returns:
         The number of Softplus nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model, lambda n: n.op_type == "Softplus" and n.domain in ("", "ai.onnx"), _softplus, min_opset=None
-    )
-
-
-def _softplus(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    x, y, names = node.input[0], node.output[0], ctx.names
-    dtype = ctx.dtype(x)
-    if dtype is None:
-        return None
-    limit, one = names.fresh(f"{y}.threshold"), names.fresh(f"{y}.one")
-    clipped, exp, plus, log, above = (names.fresh(f"{y}.{s}") for s in ("clipped", "exp", "plus1", "log", "above"))
-    return [
-        _graph.constant_node(limit, np.array(SOFTPLUS_THRESHOLD, dtype=dtype), names),
-        _graph.constant_node(one, np.array(1, dtype=dtype), names),
-        helper.make_node("Min", [x, limit], [clipped], name=names.fresh("Min")),
-        helper.make_node("Exp", [clipped], [exp], name=names.fresh("Exp")),
-        helper.make_node("Add", [exp, one], [plus], name=names.fresh("Add")),
-        helper.make_node("Log", [plus], [log], name=names.fresh("Log")),
-        helper.make_node("Greater", [x, limit], [above], name=names.fresh("Greater")),
-        helper.make_node("Where", [above, x, log], [y], name=node.name or names.fresh("Where")),
-    ]
+    """,
+)
 
 
 def default_passes() -> list[Pass]:
-    """The passes :func:`normalize` runs, in order."""
+    """The passes :func:`normalize` runs, in order (new instances)."""
     return [
-        cast_like_as_cast,
-        split_to_sequence_as_split,
-        expose_dropout_mask,
-        layer_norm_zero_bias,
-        expose_layer_norm_statistics,
-        gelu_as_contrib_gelu,
-        activations_as_elementary,
-        softplus_as_elementary,
-        conv_transpose_as_conv,
-        average_pool_as_conv,
-        group_norm_as_elementary,
-        recurrent_directions_as_forward,
-        recurrent_as_elementary,
-        negative_step_slice_as_gather,
-        border_pad_as_gather,
-        resize_as_matmul,
-        reduce_extremum_as_topk,
-        cumsum_as_matmul,
-        depth_to_space_as_reshape,
+        CastLikeAsCast(),
+        SplitToSequenceAsSplit(),
+        ExposeDropoutMask(),
+        LayerNormZeroBias(),
+        ExposeLayerNormStatistics(),
+        GeluAsContribGelu(),
+        ActivationsAsElementary(),
+        SoftplusAsElementary(),
+        ConvTransposeAsConv(),
+        AveragePoolAsConv(),
+        GroupNormAsElementary(),
+        RecurrentDirectionsAsForward(),
+        RecurrentAsElementary(),
+        NegativeStepSliceAsGather(),
+        BorderPadAsGather(),
+        ResizeAsMatMul(),
+        ReduceExtremumAsTopK(),
+        CumSumAsMatMul(),
+        DepthToSpaceAsReshape(),
     ]
 
 
-def normalize(model: onnx.ModelProto, passes: list[Pass] | None = None) -> dict[str, int]:
+def normalize(model: onnx.ModelProto, passes: Sequence[Pass] | None = None) -> dict[str, int]:
     """Run the normalisation passes on ``model`` in place.
+
+    The model is converted to the IR once, every pass edits that IR in turn, and
+    the result is written back into ``model`` once (only when a pass changed it).
+
+    Args:
+        model: The model to normalise (edited in place).
+        passes: The passes to run, in order; :func:`default_passes` by default.
 
     Returns:
         How many nodes each pass rewrote, by pass name.
     """
-    return {p.__name__: p(model) for p in (default_passes() if passes is None else passes)}
+    passes = default_passes() if passes is None else passes
+    if not may_apply(passes, model):  # nothing to rewrite: the IR is not built
+        return {p.name or type(p).__name__: 0 for p in passes}
+    ir_model = from_proto(model)
+    report: dict[str, int] = {}
+    for p in passes:
+        report[p.name or type(p).__name__] = changed(run_pass(p, ir_model))
+    if any(report.values()):
+        model.CopyFrom(to_proto(ir_model))
+    return report
+
+
+expose_dropout_mask = on_proto(
+    ExposeDropoutMask,
+    "expose_dropout_mask",
+    """Give every ``Dropout`` its ``mask`` output (a fresh name), in place.
+
+    Returns:
+        The number of nodes that got a mask output.
+    """,
+)

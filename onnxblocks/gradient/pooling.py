@@ -18,12 +18,17 @@ dY and indices does not match".
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core.errors import GradientError
 from onnxblocks.gradient import _graph
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute
+from onnxblocks.ir.types import static_dims
 
 
 def _window_counts(
@@ -45,7 +50,7 @@ def _window_counts(
     return counts if counts.all() else None
 
 
-def average_pool_as_conv(model: onnx.ModelProto) -> int:
+class AveragePoolAsConv(NodeRewrite):
     """Rewrite ``AveragePool`` into a depthwise ``Conv`` where ONNX Runtime's AveragePoolGrad would fail.
 
     Rewritten: AveragePool nodes whose input has a symbolic or unknown dimension
@@ -55,42 +60,55 @@ def average_pool_as_conv(model: onnx.ModelProto) -> int:
     spatial dimensions must be static and the output is multiplied by a constant
     map of ``prod(kernel_shape) / count``. Other nodes are left as they are
     (:func:`check_pool_shapes` names them).
+    """
+
+    name = "average_pool_as_conv"
+    op_types = frozenset({"AveragePool"})
+    min_opset = None
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "AveragePool" and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _average_pool(node, ctx)
+
+
+average_pool_as_conv = on_proto(
+    AveragePoolAsConv,
+    "average_pool_as_conv",
+    """Rewrite, in place, ``AveragePool`` into a depthwise ``Conv`` where ONNX Runtime's AveragePoolGrad would fail.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: n.op_type == "AveragePool" and _graph.is_default_domain(n),
-        lambda n, ctx: _average_pool(n, ctx.types, ctx.names, ctx.opset),
-        min_opset=None,
-    )
+    """,
+)
 
 
-def _average_pool(node, types, names, opset) -> list[onnx.NodeProto] | None:
-    x, y = node.input[0], node.output[0]
-    shape, elem = _graph.shape_of(types, x), _graph.elem_type(types, x)
-    if shape is None or elem is None or len(shape) < 3 or shape[1] is None:
+def _average_pool(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    types = ctx.types
+    x, y = node.inputs[0], node.outputs[0].name or "pool"
+    shape, elem = types.shape(x), types.elem(x)
+    if x is None or shape is None or elem is None or len(shape) < 3 or shape[1] is None:
         return None
     if all(d is not None for d in shape) and elem == onnx.TensorProto.FLOAT:
         return None  # AveragePoolGrad handles it
-    kernel = _graph.ints_attribute(node, "kernel_shape", [])
+    kernel = ints_attribute(node, "kernel_shape", [])
     n = len(kernel)
-    auto_pad = _graph.string_attribute(node, "auto_pad", "NOTSET")
-    dilated = any(d != 1 for d in _graph.ints_attribute(node, "dilations", [1] * n))
+    auto_pad = string_attribute(node, "auto_pad", "NOTSET")
+    dilated = any(d != 1 for d in ints_attribute(node, "dilations", [1] * n))
     if n != len(shape) - 2 or auto_pad not in ("NOTSET", "VALID") or dilated:
         return None
-    strides = _graph.ints_attribute(node, "strides", [1] * n)
-    pads = [0] * (2 * n) if auto_pad == "VALID" else _graph.ints_attribute(node, "pads", [0] * (2 * n))
-    ceil_mode = _graph.int_attribute(node, "ceil_mode", 0)
-    include_pad = bool(_graph.int_attribute(node, "count_include_pad", 0))
+    strides = ints_attribute(node, "strides", [1] * n)
+    pads = [0] * (2 * n) if auto_pad == "VALID" else ints_attribute(node, "pads", [0] * (2 * n))
+    ceil_mode = int_attribute(node, "ceil_mode", 0)
+    include_pad = bool(int_attribute(node, "count_include_pad", 0))
     uniform = not ceil_mode and (include_pad or not any(pads))
     conv_pads = list(pads)
     scale = None
     if not uniform:
-        out_shape = _graph.shape_of(types, y)
-        spatial = _graph.static_dims(shape[2:])
-        out_spatial = _graph.static_dims(out_shape[2:] if out_shape is not None else None)
+        out_shape = types.shape(node.outputs[0])
+        spatial = static_dims(shape[2:])
+        out_spatial = static_dims(out_shape[2:] if out_shape is not None else None)
         if spatial is None or out_spatial is None:
             return None
         counts = []
@@ -109,10 +127,17 @@ def _average_pool(node, types, names, opset) -> list[onnx.NodeProto] | None:
             grid = np.multiply.outer(grid, more)
         scale = math.prod(kernel) / grid
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-    w = _graph.NodeWriter(names, opset, y)
+    w = ctx.writer(y)
     weight = w.op("Expand", [w.const(1.0 / math.prod(kernel), dtype), w.ints([shape[1], 1, *kernel])])
-    conv_out = y if scale is None else w.fresh("sum")
-    w.op("Conv", [x, weight], out=conv_out, group=shape[1], kernel_shape=kernel, pads=conv_pads, strides=strides)
+    conv_out = w.op(
+        "Conv",
+        [x, weight],
+        out=y if scale is None else w.fresh("sum"),
+        group=shape[1],
+        kernel_shape=kernel,
+        pads=conv_pads,
+        strides=strides,
+    )
     if scale is not None:
         w.op("Mul", [conv_out, w.const(scale.astype(dtype), suffix="divisor")], out=y)
     return w.nodes

@@ -28,24 +28,54 @@ The eval model keeps the original ``Pow`` (the rewrite runs on the training copy
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
-from onnxblocks.gradient.dependencies import downstream
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient.dependencies import downstream_values
+from onnxblocks.ir.writer import Writer
 
 _F = onnx.TensorProto
 #: The type ``exp(b * log(a))`` is computed in, by the base's type.
 _WORK_TYPE: dict[int, int] = {_F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE, _F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT}
 
 
-def pow_exponent_as_exp_log(model: onnx.ModelProto, requires_grad: Iterable[str]) -> int:
+class PowExponentAsExpLog(NodeRewrite):
     """Rewrite each ``Pow`` whose exponent depends on ``requires_grad`` so that its exponent gets a gradient.
 
     Nodes whose base or exponent type is unknown or not floating point are left as
     they are (an integer exponent has no gradient).
+
+    Args:
+        requires_grad: The names of the values a gradient is wanted for.
+    """
+
+    name = "pow_exponent_as_exp_log"
+    op_types = frozenset({"Pow"})
+    min_opset = None
+
+    def __init__(self, requires_grad: Iterable[str] = ()) -> None:
+        self.requires_grad = list(requires_grad)
+        self._reached: set[ir.Value] = set()
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        if not self.requires_grad or not any(n.op_type == "Pow" for n in model.graph):
+            return {}
+        self._reached = downstream_values(model.graph, self.requires_grad)
+        return super().apply(model)
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "Pow" and is_default_domain(node) and node.inputs[1] in self._reached
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _rewrite(node, ctx)
+
+
+def pow_exponent_as_exp_log(model: onnx.ModelProto, requires_grad: Iterable[str]) -> int:
+    """Rewrite, in place, each ``Pow`` whose exponent depends on ``requires_grad`` so its exponent gets a gradient.
 
     Returns:
         The number of Pow nodes rewritten.
@@ -53,24 +83,19 @@ def pow_exponent_as_exp_log(model: onnx.ModelProto, requires_grad: Iterable[str]
     wanted = list(requires_grad)
     if not wanted or not any(n.op_type == "Pow" for n in model.graph.node):
         return 0
-    reached = downstream(model.graph, wanted)
-
-    def select(node: onnx.NodeProto) -> bool:
-        return node.op_type == "Pow" and _graph.is_default_domain(node) and node.input[1] in reached
-
-    return _graph.rewrite_nodes(model, select, _rewrite, min_opset=None)
+    return on_proto(lambda: PowExponentAsExpLog(wanted), "pow_exponent_as_exp_log", None)(model)
 
 
-def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    a, b, y = node.input[0], node.input[1], node.output[0]
-    a_type, b_type = _graph.elem_type(ctx.types, a), _graph.elem_type(ctx.types, b)
-    if a_type not in _WORK_TYPE or b_type not in _WORK_TYPE:
+def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0].name or "pow"
+    a_type, b_type = ctx.types.elem(a), ctx.types.elem(b)
+    if a is None or b is None or a_type not in _WORK_TYPE or b_type not in _WORK_TYPE:
         return None
     work = _WORK_TYPE[a_type]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(work)
     w = ctx.writer(y)
 
-    def const(value: float) -> str:
+    def const(value: float) -> ir.Value:
         return w.const(value, dtype)
 
     a, b = _cast(w, a, a_type, work), _cast(w, b, b_type, work)
@@ -105,7 +130,7 @@ def _rewrite(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.Node
     return w.nodes
 
 
-def _cast(w: _graph.NodeWriter, name: str, from_type: int, to_type: int, out: str | None = None) -> str:
+def _cast(w: Writer, value: ir.Value, from_type: int, to_type: int, out: str | None = None) -> ir.Value:
     if from_type == to_type:
-        return w.op("Identity", [name], out=out) if out else name
-    return w.op("Cast", [name], out=out, to=to_type)
+        return w.op("Identity", [value], out=out) if out else value
+    return w.op("Cast", [value], out=out, to=to_type)

@@ -22,11 +22,15 @@ left as they are.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import overload
 
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.ir import attributes
+from onnxblocks.ir.writer import Writer
 
 #: op type -> (gates, activations per direction)
 _KINDS = {"RNN": (1, 1), "GRU": (3, 2), "LSTM": (4, 3)}
@@ -34,98 +38,116 @@ _DEFAULT_ACTIVATIONS = {"RNN": ["tanh"], "GRU": ["sigmoid", "tanh"], "LSTM": ["s
 _RNN_ACTIVATIONS = {"tanh": "Tanh", "relu": "Relu", "sigmoid": "Sigmoid"}
 
 
-def _input(node: onnx.NodeProto, index: int) -> str | None:
-    return node.input[index] if len(node.input) > index and node.input[index] else None
+def _input(node: ir.Node, index: int) -> ir.Value | None:
+    return node.inputs[index] if len(node.inputs) > index else None
 
 
-def _output(node: onnx.NodeProto, index: int) -> str | None:
-    return node.output[index] if len(node.output) > index and node.output[index] else None
+def _output(node: ir.Node, index: int) -> str | None:
+    return node.outputs[index].name if len(node.outputs) > index and node.outputs[index].name else None
 
 
-def _direction(node: onnx.NodeProto) -> str:
-    return _graph.string_attribute(node, "direction", "forward")
+def _direction(node: ir.Node) -> str:
+    return attributes.string_attribute(node, "direction", "forward")
 
 
-def _activations(node: onnx.NodeProto) -> list[str] | None:
-    return _graph.strings_attribute(node, "activations", None)
+def _activations(node: ir.Node) -> list[str] | None:
+    return attributes.strings_attribute(node, "activations", None)
 
 
-def _supported(node: onnx.NodeProto) -> bool:
+def _supported(node: ir.Node) -> bool:
     """Common preconditions of both rewrites."""
     return (
-        _graph.is_default_domain(node)
+        is_default_domain(node)
         and node.op_type in _KINDS
         and _input(node, 4) is None  # sequence_lens
-        and _graph.int_attribute(node, "layout", 0) == 0
-        and _graph.attribute(node, "clip") is None
-        and not _graph.int_attribute(node, "input_forget", 0)
+        and attributes.int_attribute(node, "layout", 0) == 0
+        and attributes.value(node, "clip") is None
+        and not attributes.int_attribute(node, "input_forget", 0)
     )
 
 
+def _hint(node: ir.Node) -> str:
+    return node.outputs[0].name or node.name or node.op_type
+
+
 # ------------------------------------------------------------------ directions
-def recurrent_directions_as_forward(model: onnx.ModelProto) -> int:
-    """Split ``reverse`` and ``bidirectional`` RNN/GRU/LSTM nodes into forward-direction nodes.
+class RecurrentDirectionsAsForward(NodeRewrite):
+    """Split ``reverse`` and ``bidirectional`` RNN/GRU/LSTM nodes into forward-direction nodes."""
+
+    name = "recurrent_directions_as_forward"
+    op_types = frozenset(_KINDS)
+
+    def select(self, node: ir.Node) -> bool:
+        return _supported(node) and _direction(node) != "forward"
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        w = ctx.writer(_hint(node))
+        shape = ctx.types.shape(node.inputs[0])
+        _split_directions(w, node, shape[0] if shape else None)
+        return w.nodes
+
+
+recurrent_directions_as_forward = on_proto(
+    RecurrentDirectionsAsForward,
+    "recurrent_directions_as_forward",
+    """Split, in place, ``reverse`` and ``bidirectional`` RNN/GRU/LSTM nodes into forward-direction nodes.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(model, lambda n: _supported(n) and _direction(n) != "forward", _forward_directions)
+    """,
+)
 
 
-def _forward_directions(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    names, types, opset = ctx.names, ctx.types, ctx.opset
-    w = _graph.NodeWriter(names, opset, node.output[0] or node.name or node.op_type)
-    shape = _graph.shape_of(types, node.input[0])
-    _split_directions(w, node, shape[0] if shape else None)
-    return w.nodes
-
-
-def _split_directions(w: _graph.NodeWriter, node: onnx.NodeProto, steps: int | None) -> None:
+def _split_directions(w: Writer, node: ir.Node, steps: int | None) -> None:
     direction = _direction(node)
     kinds = ["forward", "reverse"] if direction == "bidirectional" else ["reverse"]
     per_direction = _KINDS[node.op_type][1]
     activations = _activations(node)
-    alpha = _graph.floats_attribute(node, "activation_alpha", None)
-    beta = _graph.floats_attribute(node, "activation_beta", None)
-    x = node.input[0]
+    alpha = attributes.floats_attribute(node, "activation_alpha", None)
+    beta = attributes.floats_attribute(node, "activation_beta", None)
+    x = node.inputs[0]
+    assert x is not None  # an RNN's X is required
     reversed_time = None
-    outputs: list[list[str]] = []  # per direction: Y, Y_h, (Y_c); "" where absent
+    outputs: list[list[ir.Value | None]] = []  # per direction: Y, Y_h, (Y_c); None where absent
     for d, kind in enumerate(kinds):
-        inputs = list(node.input)
+        inputs: list[ir.Value | None] = list(node.inputs)
         # weights, biases, initial states and peepholes: this direction's slice along axis 0
         for i in (1, 2, 3, 5, 6, 7):
-            if _input(node, i) is not None and len(kinds) > 1:
-                inputs[i] = w.slice(node.input[i], [d], [d + 1], [0])
+            read = _input(node, i)
+            if read is not None and len(kinds) > 1:
+                inputs[i] = w.slice(read, [d], [d + 1], [0])
         flip = None  # the time-reversal indices when this direction runs reversed
         if kind == "reverse":
             if reversed_time is None:
                 reversed_time = _reversed_indices(w, x, steps)
             flip = reversed_time
             inputs[0] = w.op("Gather", [x, flip], axis=0)
-        outs = [w.fresh(f"{kind}.out{k}") if _output(node, k) else "" for k in range(len(node.output))]
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        names = [w.fresh(f"{kind}.out{k}") if _output(node, k) else "" for k in range(len(node.outputs))]
+        attrs = {k: attributes.value(node, k) for k in node.attributes}
         attrs["direction"] = "forward"
         if activations is not None:
             attrs["activations"] = activations[d * per_direction : (d + 1) * per_direction]
         for key, values in (("activation_alpha", alpha), ("activation_beta", beta)):
             if values is not None:
                 attrs[key] = values[d * per_direction : (d + 1) * per_direction]
-        w.ops(node.op_type, inputs, outs, **attrs)
+        outs: list[ir.Value | None] = [v if v.name else None for v in w.ops(node.op_type, inputs, names, **attrs)]
         y = outs[0]
-        if flip is not None and y:
+        if flip is not None and y is not None:
             y = w.op("Gather", [y, flip], axis=0)
         outputs.append([y, *outs[1:]])
-    for k, final in enumerate(node.output):
+    for k, value in enumerate(node.outputs):
+        final = value.name
         if not final:
             continue
-        parts = [o[k] for o in outputs]  # not "": each direction named its output k (final is set)
-        if len(parts) == 1:
-            w.op("Identity", [parts[0]], out=final)
+        parts = [o[k] for o in outputs]  # each direction named its output k (final is set)
+        present = [p for p in parts if p is not None]
+        if len(present) == 1:
+            w.op("Identity", present, out=final)
         else:
-            w.op("Concat", parts, out=final, axis=1 if k == 0 else 0)
+            w.op("Concat", present, out=final, axis=1 if k == 0 else 0)
 
 
-def _reversed_indices(w: _graph.NodeWriter, x: str, steps: int | None) -> str:
+def _reversed_indices(w: Writer, x: ir.Value, steps: int | None) -> ir.Value:
     """``[T-1, ..., 0]`` for the time axis (0) of ``x``: a constant for a static length (so shapes stay known)."""
     if steps is not None:
         return w.ints(list(range(steps - 1, -1, -1)))
@@ -135,19 +157,34 @@ def _reversed_indices(w: _graph.NodeWriter, x: str, steps: int | None) -> str:
 
 
 # ------------------------------------------------------------------ unrolling
-def recurrent_as_elementary(model: onnx.ModelProto) -> int:
-    """Unroll forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static sequence length.
+class RecurrentAsElementary(NodeRewrite):
+    """Unroll forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static sequence length."""
+
+    name = "recurrent_as_elementary"
+    op_types = frozenset(_KINDS)
+
+    def select(self, node: ir.Node) -> bool:
+        return _supported(node) and _direction(node) == "forward"
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _unroll(node, ctx)
+
+
+recurrent_as_elementary = on_proto(
+    RecurrentAsElementary,
+    "recurrent_as_elementary",
+    """Unroll, in place, forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static length.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(model, lambda n: _supported(n) and _direction(n) == "forward", _unroll)
+    """,
+)
 
 
-def _unroll(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    x = node.input[0]
-    elem, shape = _graph.elem_type(ctx.types, x), _graph.shape_of(ctx.types, x)
-    if elem is None or shape is None or len(shape) != 3 or shape[0] is None:
+def _unroll(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    x = node.inputs[0]
+    elem, shape = ctx.types.elem(x), ctx.types.shape(x)
+    if x is None or elem is None or shape is None or len(shape) != 3 or shape[0] is None:
         return None
     if node.op_type != "RNN" and elem == onnx.TensorProto.FLOAT:
         return None  # ONNX Runtime's GRUTraining / LSTMTraining handle it
@@ -157,17 +194,15 @@ def _unroll(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeP
             return None
     elif activations != _DEFAULT_ACTIVATIONS[node.op_type]:
         return None
-    w = ctx.writer(node.output[0] or node.name or node.op_type)
-    _Unroller(w, node, shape[0], _graph.int_attribute(node, "hidden_size"), activations).write()
+    w = ctx.writer(_hint(node))
+    _Unroller(w, node, shape[0], attributes.int_attribute(node, "hidden_size"), activations).write()
     return w.nodes
 
 
 class _Unroller:
     """Writes one forward RNN/GRU/LSTM node as ``steps`` explicit time steps."""
 
-    def __init__(
-        self, w: _graph.NodeWriter, node: onnx.NodeProto, steps: int, hidden: int, activations: list[str]
-    ) -> None:
+    def __init__(self, w: Writer, node: ir.Node, steps: int, hidden: int, activations: list[str]) -> None:
         self.w, self.node, self.steps, self.hidden = w, node, steps, hidden
         self.gates = _KINDS[node.op_type][0]
         self.activation = _RNN_ACTIVATIONS[activations[0]]
@@ -175,19 +210,22 @@ class _Unroller:
     def write(self) -> None:
         w, node, hidden, gates = self.w, self.node, self.hidden, self.gates
         size = gates * hidden
-        x = node.input[0]
-        weight_t = w.op("Transpose", [w.squeeze(node.input[1], [0])], perm=[1, 0])  # [I, G*H]
-        recurrence_t = w.op("Transpose", [w.squeeze(node.input[2], [0])], perm=[1, 0])  # [H, G*H]
+        x, weight, recurrence = node.inputs[0], node.inputs[1], node.inputs[2]
+        assert x is not None and weight is not None and recurrence is not None  # required inputs
+        weight_t = w.op("Transpose", [w.squeeze(weight, [0])], perm=[1, 0])  # [I, G*H]
+        recurrence_t = w.op("Transpose", [w.squeeze(recurrence, [0])], perm=[1, 0])  # [H, G*H]
         projected = w.op("MatMul", [x, weight_t])  # [T, B, G*H]
         input_bias = recurrent_bias = None
-        if _input(node, 3):
-            input_bias, recurrent_bias = w.split(w.squeeze(node.input[3], [0]), [size, size], 0)
+        bias, initial_state = _input(node, 3), _input(node, 5)
+        initial_cell, peephole = _input(node, 6), _input(node, 7)
+        if bias is not None:
+            input_bias, recurrent_bias = w.split(w.squeeze(bias, [0]), [size, size], 0)
             projected = w.op("Add", [projected, input_bias])
-        state = w.squeeze(node.input[5], [0]) if _input(node, 5) else None
-        cell = w.squeeze(node.input[6], [0]) if node.op_type == "LSTM" and _input(node, 6) else None
+        state = w.squeeze(initial_state, [0]) if initial_state is not None else None
+        cell = w.squeeze(initial_cell, [0]) if node.op_type == "LSTM" and initial_cell is not None else None
         peepholes = None
-        if node.op_type == "LSTM" and _input(node, 7):
-            peepholes = w.split(w.squeeze(node.input[7], [0]), [hidden] * 3, 0)  # i, o, f
+        if node.op_type == "LSTM" and peephole is not None:
+            peepholes = w.split(w.squeeze(peephole, [0]), [hidden] * 3, 0)  # i, o, f
         step_inputs = [w.squeeze(p, [0]) for p in w.split(projected, [1] * self.steps, 0)]
         states = []
         for t in range(self.steps):
@@ -208,21 +246,25 @@ class _Unroller:
             assert cell is not None  # LSTM: every time step returns the cell state
             w.unsqueeze(cell, [0], out=y_c)
 
-    def _recurrent(self, state: str | None, recurrence_t: str, bias: str | None) -> str | None:
+    def _recurrent(self, state: ir.Value | None, recurrence_t: ir.Value, bias: ir.Value | None) -> ir.Value | None:
         """``state @ R^T + Rb`` (None when both terms vanish)."""
         term = self.w.op("MatMul", [state, recurrence_t]) if state is not None else None
         if bias is None:
             return term
         return bias if term is None else self.w.op("Add", [term, bias])
 
-    def _rnn_step(self, xw: str, state: str | None, recurrence_t: str, bias: str | None) -> str:
+    def _rnn_step(
+        self, xw: ir.Value, state: ir.Value | None, recurrence_t: ir.Value, bias: ir.Value | None
+    ) -> ir.Value:
         total = self._recurrent(state, recurrence_t, bias)
         pre = xw if total is None else self.w.op("Add", [xw, total])
         return self.w.op(self.activation, [pre])
 
-    def _gru_step(self, xw: str, state: str | None, recurrence_t: str, bias: str | None) -> str:
+    def _gru_step(
+        self, xw: ir.Value, state: ir.Value | None, recurrence_t: ir.Value, bias: ir.Value | None
+    ) -> ir.Value:
         w, hidden = self.w, self.hidden
-        linear_before_reset = _graph.int_attribute(self.node, "linear_before_reset", 0)
+        linear_before_reset = attributes.int_attribute(self.node, "linear_before_reset", 0)
         xz, xr, xh = w.split(xw, [hidden] * 3, 1)
         hz = hr = hh = None
         if state is not None:
@@ -248,13 +290,13 @@ class _Unroller:
 
     def _lstm_step(
         self,
-        xw: str,
-        state: str | None,
-        cell: str | None,
-        recurrence_t: str,
-        bias: str | None,
-        peepholes: list[str] | None,
-    ) -> tuple[str, str]:
+        xw: ir.Value,
+        state: ir.Value | None,
+        cell: ir.Value | None,
+        recurrence_t: ir.Value,
+        bias: ir.Value | None,
+        peepholes: list[ir.Value] | None,
+    ) -> tuple[ir.Value, ir.Value]:
         w, hidden = self.w, self.hidden
         total = self._recurrent(state, recurrence_t, bias)
         gates = xw if total is None else w.op("Add", [xw, total])
@@ -275,10 +317,10 @@ class _Unroller:
         return w.op("Mul", [w.op("Sigmoid", [go]), w.op("Tanh", [new_cell])]), new_cell
 
     @overload
-    def _sum(self, first: str, /, *terms: str | None) -> str: ...
+    def _sum(self, first: ir.Value, /, *terms: ir.Value | None) -> ir.Value: ...
     @overload
-    def _sum(self, *terms: str | None) -> str | None: ...
-    def _sum(self, *terms: str | None) -> str | None:
+    def _sum(self, *terms: ir.Value | None) -> ir.Value | None: ...
+    def _sum(self, *terms: ir.Value | None) -> ir.Value | None:
         """The sum of the terms present (None when none is)."""
         present = [t for t in terms if t is not None]
         if not present:

@@ -12,47 +12,66 @@ the sum over the tied elements is the same.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.ir.attributes import int_attribute, ints_attribute
 
 _LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
 
-def reduce_extremum_as_topk(model: onnx.ModelProto) -> int:
-    """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (and known rank for several axes) into ``TopK``.
+class ReduceExtremumAsTopK(NodeRewrite):
+    """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (known rank for several) into ``TopK``."""
+
+    name = "reduce_extremum_as_topk"
+    op_types = frozenset(_LARGEST)
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type in _LARGEST and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _reduce_extremum(node, ctx)
+
+
+reduce_extremum_as_topk = on_proto(
+    ReduceExtremumAsTopK,
+    "reduce_extremum_as_topk",
+    """Rewrite, in place, float ``ReduceMax`` / ``ReduceMin`` with constant axes into ``TopK``.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model, lambda n: n.op_type in _LARGEST and _graph.is_default_domain(n), _reduce_extremum
-    )
+    """,
+)
 
 
-def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    types, constants, names, opset = ctx.types, ctx.constants, ctx.names, ctx.opset
-    x, y = node.input[0], node.output[0]
-    if _graph.elem_type(types, x) not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+def _reduce_extremum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    types, constants = ctx.types, ctx.constants
+    x, y = node.inputs[0], node.outputs[0].name or "reduce"
+    if x is None or types.elem(x) not in _FLOATS:
         return None  # integer reductions carry no gradient
-    if len(node.input) > 1 and node.input[1]:
-        value = constants.folded(node.input[1])
+    axes_input = optional_input(node, 1)
+    if axes_input is not None:
+        value = constants.folded(axes_input)
         if value is None:
             return None
         axes = [int(a) for a in value.reshape(-1)]
     else:
-        axes = _graph.ints_attribute(node, "axes", [])
-    keepdims = _graph.int_attribute(node, "keepdims", 1)
-    if not axes and _graph.int_attribute(node, "noop_with_empty_axes", 0):
+        axes = ints_attribute(node, "axes", [])
+    keepdims = int_attribute(node, "keepdims", 1)
+    if not axes and int_attribute(node, "noop_with_empty_axes", 0):
         return None
-    shape = _graph.shape_of(types, x)
+    shape = types.shape(x)
     rank = len(shape) if shape is not None else None
     if rank is None and (len(axes) != 1 or (axes[0] < 0 and keepdims == 0)):
         return None
     if rank is not None:
         axes = sorted({a + rank if a < 0 else a for a in axes} or set(range(rank)))
-    w = _graph.NodeWriter(names, opset, y)
+    w = ctx.writer(y)
     largest = _LARGEST[node.op_type]
     one = w.ints([1])
     if len(axes) == 1:
@@ -77,29 +96,41 @@ def _reduce_extremum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[o
     return w.nodes
 
 
-def cumsum_as_matmul(model: onnx.ModelProto) -> int:
+class CumSumAsMatMul(NodeRewrite):
     """Rewrite float ``CumSum`` along an axis of static length ``n`` into ``MatMul`` with an ``n x n`` 0/1 matrix.
 
     ``CumSum`` (``torch.cumsum``) has no gradient builder. Column ``j`` of the matrix
     marks the positions summed into position ``j`` (``k <= j``; ``<`` with
     ``exclusive``, ``>=`` / ``>`` with ``reverse``).
+    """
+
+    name = "cumsum_as_matmul"
+    op_types = frozenset({"CumSum"})
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "CumSum" and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _cumsum(node, ctx)
+
+
+cumsum_as_matmul = on_proto(
+    CumSumAsMatMul,
+    "cumsum_as_matmul",
+    """Rewrite, in place, float ``CumSum`` along an axis of static length into ``MatMul`` with a 0/1 matrix.
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(model, lambda n: n.op_type == "CumSum" and _graph.is_default_domain(n), _cumsum)
+    """,
+)
 
 
-def _cumsum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeProto] | None:
-    types, constants, names, opset = ctx.types, ctx.constants, ctx.names, ctx.opset
-    x, y = node.input[0], node.output[0]
-    elem, shape = _graph.elem_type(types, x), _graph.shape_of(types, x)
-    axis_value = constants.folded(node.input[1])
-    if (
-        elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
-        or shape is None
-        or axis_value is None
-    ):
+def _cumsum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    types, constants = ctx.types, ctx.constants
+    x, y = node.inputs[0], node.outputs[0].name or "cumsum"
+    elem, shape = types.elem(x), types.shape(x)
+    axis_value = constants.folded(optional_input(node, 1))
+    if x is None or elem not in _FLOATS or shape is None or axis_value is None:
         return None
     rank = len(shape)
     axis = int(axis_value.reshape(-1)[0])
@@ -108,13 +139,13 @@ def _cumsum(node: onnx.NodeProto, ctx: _graph.RewriteContext) -> list[onnx.NodeP
     if length is None:
         return None
     k, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
-    exclusive = _graph.int_attribute(node, "exclusive", 0)
-    reverse = _graph.int_attribute(node, "reverse", 0)
+    exclusive = int_attribute(node, "exclusive", 0)
+    reverse = int_attribute(node, "reverse", 0)
     if reverse:
         mask = k > j if exclusive else k >= j
     else:
         mask = k < j if exclusive else k <= j
-    w = _graph.NodeWriter(names, opset, y)
+    w = ctx.writer(y)
     matrix = w.const(mask.astype(onnx.helper.tensor_dtype_to_np_dtype(elem)), suffix="triangle")
     if axis == rank - 1:
         w.op("MatMul", [x, matrix], out=y)

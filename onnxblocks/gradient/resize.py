@@ -13,13 +13,19 @@ cheaper ``Unsqueeze`` / ``Expand`` / ``Reshape`` repeats them instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
 from onnxblocks._core import limits as _limits
-from onnxblocks.gradient import _graph
-from onnxblocks.gradient.folding import ConstantTable
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.ir import attributes
+from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.types import static_dims
+from onnxblocks.ir.writer import Writer
 
 _SEPARABLE_ATTRIBUTES = (
     "mode",
@@ -32,39 +38,53 @@ _SEPARABLE_ATTRIBUTES = (
 )
 
 
-def resize_as_matmul(model: onnx.ModelProto) -> int:
+class ResizeAsMatMul(NodeRewrite):
     """Rewrite ``Resize`` with static shapes and constant scales/sizes into ``MatMul`` s (or repeats).
 
     Left as they are: nodes whose input or output shape is not static, whose
     ``roi``/``scales``/``sizes`` are not constants, or with ``keep_aspect_ratio_policy``
     other than ``stretch``.
+    """
+
+    name = "resize_as_matmul"
+    op_types = frozenset({"Resize"})
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "Resize" and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        return _rewrite(node, ctx)
+
+
+resize_as_matmul = on_proto(
+    ResizeAsMatMul,
+    "resize_as_matmul",
+    """Rewrite, in place, ``Resize`` with static shapes and constant scales/sizes into ``MatMul`` s (or repeats).
 
     Returns:
         The number of nodes rewritten.
-    """
-    return _graph.rewrite_nodes(
-        model,
-        lambda n: n.op_type == "Resize" and _graph.is_default_domain(n),
-        lambda n, ctx: _rewrite(n, ctx.types, ctx.constants, ctx.names, ctx.opset),
-    )
+    """,
+)
 
 
-def _argument(node: onnx.NodeProto, constants: ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
+def _argument(node: ir.Node, constants: ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
     """(known, value) of an optional constant input: (True, None) when absent."""
-    if len(node.input) <= index or not node.input[index]:
+    argument = optional_input(node, index)
+    if argument is None:
         return True, None
-    value = constants.folded(node.input[index])
+    value = constants.folded(argument)
     if value is None:
         return False, None
     return True, value if value.size else None
 
 
-def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | None:
-    x, y = node.input[0], node.output[0]
-    in_shape, elem = _graph.shape_of(types, x), _graph.elem_type(types, x)
-    if in_shape is None or elem is None:
+def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+    types, constants, opset = ctx.types, ctx.constants, ctx.opset
+    x, y = node.inputs[0], node.outputs[0].name or "resize"
+    in_shape, elem = types.shape(x), types.elem(x)
+    if x is None or in_shape is None or elem is None:
         return None
-    if _graph.string_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
+    if attributes.string_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
         return None
     known = [_argument(node, constants, i) for i in (1, 2, 3)]
     if not all(k for k, _ in known):
@@ -73,7 +93,7 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
     if scales is None and sizes is None:
         return None
     rank = len(in_shape)
-    listed = _graph.ints_attribute(node, "axes", None)
+    listed = attributes.ints_attribute(node, "axes", None)
     axes = [a + rank if a < 0 else a for a in listed] if listed is not None else list(range(rank))
     # (input, output) length of each resized axis: floor(in * scale), or the size (ONNX's definition)
     resized: dict[int, tuple[int, int]] = {}
@@ -93,9 +113,9 @@ def _rewrite(node, types, constants, names, opset) -> list[onnx.NodeProto] | Non
         if size is None:
             return None
         resized[axis] = (size, out)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in _SEPARABLE_ATTRIBUTES}
+    attrs = {k: attributes.value(node, k) for k in node.attributes if k in _SEPARABLE_ATTRIBUTES}
     dtype = helper.tensor_dtype_to_np_dtype(elem)
-    w = _graph.NodeWriter(names, opset, y)
+    w = ctx.writer(y)
     current, shape = x, list(in_shape)
     for i, (axis, (size, out_size)) in enumerate(resized.items()):
         position = axes.index(axis)
@@ -155,13 +175,11 @@ def _repeats(matrix: np.ndarray) -> int | None:
     return factor if np.array_equal(matrix, expected) else None
 
 
-def _apply(
-    w: _graph.NodeWriter, x: str, axis: int, shape: list[int | None], matrix: np.ndarray, out: str | None
-) -> str:
+def _apply(w: Writer, x: ir.Value, axis: int, shape: list[int | None], matrix: np.ndarray, out: str | None) -> ir.Value:
     """``M`` applied along ``axis`` of ``x`` (of ``shape``)."""
     rank = len(shape)
     factor = _repeats(matrix)
-    trailing = _graph.static_dims(shape[axis + 1 :])
+    trailing = static_dims(shape[axis + 1 :])
     if factor is not None and trailing is not None:
         # nearest, integer factor: [..., n, ...] -> [..., n, r, ...] -> [..., n*r, ...]
         expanded = w.op(

@@ -21,12 +21,16 @@ import warnings
 from collections.abc import Iterable, Sequence
 
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
 from onnxblocks._core.contracts import ACCUMULATED_SUFFIX, BUFFER_SUFFIX, GRADIENT_SUFFIX, gradient_name
 from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
+from onnxblocks.ir.edit import values_by_name
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.serde import from_proto, to_proto
 
 #: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
 GRADIENT_ENDINGS = (GRADIENT_SUFFIX, GRADIENT_SUFFIX + BUFFER_SUFFIX, GRADIENT_SUFFIX + ACCUMULATED_SUFFIX)
@@ -191,25 +195,41 @@ def float_seed(model: onnx.ModelProto, loss: str) -> str:
     elem = _graph.elem_type(types, loss)
     if elem is None or elem == onnx.TensorProto.FLOAT:
         return loss
-    names = _graph.name_authority(model.graph)
-    seed = names.fresh(f"{loss}.float32")
-    model.graph.node.append(
-        helper.make_node("Cast", [loss], [seed], name=names.fresh("Cast"), to=onnx.TensorProto.FLOAT)
+    ir_model = from_proto(model)
+    graph = ir_model.graph
+    names = graph_names(graph)
+    value = next(v for v in graph.outputs if v.name == loss)  # the caller's loss is a graph output
+    cast = ir.Node(
+        "",
+        "Cast",
+        [value],
+        [ir.AttrInt64("to", onnx.TensorProto.FLOAT)],
+        outputs=[ir.Value(name=names.fresh(f"{loss}.float32"))],
+        name=names.fresh("Cast"),
     )
-    model.graph.output.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, _graph.shape_of(types, loss)))
-    return seed
+    graph.append(cast)
+    seed = cast.outputs[0]
+    seed.type = ir.TensorType(ir.DataType.FLOAT)
+    dims = _graph.shape_of(types, loss)
+    seed.shape = ir.Shape(dims) if dims is not None else None
+    graph.outputs.append(seed)
+    model.CopyFrom(to_proto(ir_model))
+    return seed.name or ""
 
 
 def drop_float_seed(model: onnx.ModelProto, seed: str) -> None:
     """Remove the temporary float32 loss output (and its Cast when nothing else reads it)."""
-    graph = model.graph
-    outputs = [o for o in graph.output if o.name != seed]
-    del graph.output[:]
-    graph.output.extend(outputs)
-    if seed not in _graph.consumers(graph):
-        nodes = [n for n in graph.node if seed not in n.output]
-        del graph.node[:]
-        graph.node.extend(nodes)
+    ir_model = from_proto(model)
+    graph = ir_model.graph
+    found = [v for v in graph.outputs if v.name == seed]
+    for output in found:
+        graph.outputs.remove(output)
+    value = found[0] if found else values_by_name(graph).get(seed)
+    producer = value.producer() if value is not None else None
+    if value is not None and producer is not None and producer.graph is graph:
+        if not value.uses() and not value.is_graph_output():
+            graph.remove(producer, safe=True)
+    model.CopyFrom(to_proto(ir_model))
 
 
 # ------------------------------------------------------------------ the training model

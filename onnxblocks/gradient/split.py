@@ -25,13 +25,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import GradientError
 from onnxblocks.gradient import _graph
+from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.vjp import VjpGraph
+from onnxblocks.ir import walk
+from onnxblocks.ir.serde import from_proto
 
 __all__ = ["SHARED_CONSTANT_BYTES", "SplitVjp", "set_input_types", "split_vjp_graph", "untyped_inputs"]
 
@@ -80,11 +84,12 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
     if not vjp.gradients:
         raise ValueError("The VJP graph has no gradient output: run its model as the forward model instead.")
     graph = vjp.model.graph
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
-    reads = [set(node.input) | _graph.subgraph_reads(node) for node in graph.node]
+    ir_graph = from_proto(vjp.model).graph  # the same nodes, in the same order, with def-use chains
+    position = {node: i for i, node in enumerate(ir_graph)}
+    reads = [{v.name for v in walk.reads(node) if v.name} for node in ir_graph]
     grads_out = [gradient_name(n) for n in vjp.gradients]
-    forward_nodes = _ancestors(vjp.outputs, producer, reads)
-    backward_nodes = _ancestors(grads_out, producer, reads) - forward_nodes
+    forward_nodes = _ancestors(ir_graph, vjp.outputs, position)
+    backward_nodes = _ancestors(ir_graph, grads_out, position) - forward_nodes
     late = set(vjp.output_grads)
     early_reads = set().union(*(reads[i] for i in forward_nodes)) if forward_nodes else set()
     if early_reads & late:
@@ -127,6 +132,7 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         initializers,
         exclude=set(shared),
         types=types,
+        reads=reads,
     )
     backward = _submodel(
         vjp.model,
@@ -137,26 +143,15 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         initializers,
         exclude=set(shared) | set(backward_inputs),
         types=types,
+        reads=reads,
     )
     return SplitVjp(forward, backward, saved, backward_inputs, shared, tuple(initializers[name] for name in shared))
 
 
-def _ancestors(targets: Iterable[str], producer: dict[str, int], reads: Sequence[set[str]]) -> set[int]:
-    """The indices of the nodes ``targets`` depend on."""
-    found: set[int] = set()
-    stack = [t for t in targets if t]
-    seen: set[str] = set()
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        index = producer.get(name)
-        if index is None or index in found:
-            continue
-        found.add(index)
-        stack.extend(n for n in reads[index] if n)
-    return found
+def _ancestors(graph: ir.Graph, targets: Iterable[str], position: dict[ir.Node, int]) -> set[int]:
+    """The positions of the nodes ``targets`` depend on."""
+    values = upstream_values(graph, list(targets), differentiable=False)
+    return {position[n] for v in values if (n := v.producer()) is not None and n in position}
 
 
 def _nbytes(init: onnx.TensorProto) -> int:
@@ -198,10 +193,11 @@ def _submodel(
     initializers: dict[str, onnx.TensorProto],
     exclude: set[str],
     types: dict[str, onnx.TypeProto],
+    reads: Sequence[set[str]],
 ) -> onnx.ModelProto:
     graph = model.graph
     chosen = [graph.node[i] for i in nodes]
-    read = set().union(*(set(n.input) | _graph.subgraph_reads(n) for n in chosen)) if chosen else set()
+    read = set().union(*(reads[i] for i in nodes)) if nodes else set()
     inits = [initializers[n] for n in initializers if n in read and n not in exclude]
     new_graph = helper.make_graph(
         chosen,

@@ -24,23 +24,31 @@ layer-norm constants unshared) plus
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
+from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import _graph, ort_bridge, pooling, signature
-from onnxblocks.gradient.batch_norm import batch_norm_inference_as_elementary
+from onnxblocks.gradient._rewrite import on_proto
+from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
-from onnxblocks.gradient.normalize import normalize
+from onnxblocks.gradient.normalize import default_passes, normalize
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
+from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.walk import reads
 
 __all__ = ["VjpGraph", "build_vjp_graph"]
 
@@ -119,15 +127,15 @@ def build_vjp_graph(
                 f"Outputs: {preview(user_outputs)}."
             )
     partition = partition_parameters(graph, requires_grad, frozen_params)
-    rewrites = normalize(forward)
-    rewrites["batch_norm_inference_as_elementary"] = batch_norm_inference_as_elementary(forward)
+    rewrites = normalize(forward, [*default_passes(), BatchNormInferenceAsElementary()])
     signature.keep_only_outputs(graph, user_outputs)
     signature.parameters_to_inputs(forward, partition.parameters)
     rewrites["copy_inputs_written_in_place"] = copy_inputs_written_in_place(forward)
     user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
 
     types = _graph.infer_types(forward)
-    sources = _sources(graph)
+    ir_forward = from_proto(forward)
+    sources = _sources(ir_forward.graph)
     differentiable = tuple(
         o
         for o in user_outputs
@@ -141,8 +149,9 @@ def build_vjp_graph(
         _limits.stamp_versions(forward)
         return VjpGraph(forward, user_inputs, partition, user_outputs, (), (), (), rewrites)
 
-    _give_outputs_their_own_writer(graph, differentiable)
-    signature_inputs = {vi.name: vi for vi in graph.input}
+    if _give_outputs_their_own_writer(ir_forward.graph, differentiable):
+        forward.CopyFrom(to_proto(ir_forward))
+    signature_inputs = {vi.name: vi for vi in forward.graph.input}
     while True:  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
         attempt = _graph.copy_structure(forward)
         norm_constants = unshare_layer_norm_constants(attempt, gradients)
@@ -164,91 +173,101 @@ def build_vjp_graph(
     return VjpGraph(vjp, user_inputs, partition, user_outputs, differentiable, output_grads, gradients, rewrites)
 
 
-def copy_inputs_written_in_place(model: onnx.ModelProto) -> int:
-    """Make ops that write into an input read a copy when that input is a graph input, in place.
+class CopyInputsWrittenInPlace(Pass):
+    """Make ops that write into an input read a copy when that input is a graph input.
 
     ONNX Runtime's training-mode BatchNorm kernel writes the updated running mean and
     variance into the buffers of its inputs 3 and 4 (its outputs alias them). When
     those are graph inputs, the caller's tensors (fed without copies) would change
     behind its back; an ``Add`` of zero gives the node a buffer of its own.
+    Changes are counted per node input now read through a copy.
+    """
+
+    name = "copy_inputs_written_in_place"
+    op_types = frozenset({"BatchNormalization"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        inputs = {v for v in graph.inputs if isinstance(v.type, ir.TensorType)}
+        names: NameAuthority | None = None
+        copies: dict[ir.Value, ir.Value] = {}
+        changed = 0
+        for node in list(graph):
+            training = node.op_type == "BatchNormalization" and int_attribute(node, "training_mode", 0)
+            for index in (3, 4) if training else ():
+                source = node.inputs[index] if index < len(node.inputs) else None
+                if source is None or source not in inputs:
+                    continue
+                if source not in copies:
+                    names = names or graph_names(graph)
+                    zero = ir.Value(name=names.fresh(f"{source.name}.zero"))
+                    zero.const_value = ir.tensor(np.zeros((), dtype=source.dtype.numpy()), name=zero.name)  # type: ignore[union-attr]
+                    zero.type, zero.shape = ir.TensorType(source.dtype), ir.Shape([])  # type: ignore[arg-type]
+                    graph.register_initializer(zero)
+                    add = ir.Node(
+                        "",
+                        "Add",
+                        [source, zero],
+                        outputs=[ir.Value(name=names.fresh(f"{source.name}.copy"))],
+                        name=names.fresh("Add"),
+                    )
+                    graph.insert_before(node, add)
+                    copies[source] = add.outputs[0]
+                node.replace_input_with(index, copies[source])
+                changed += 1
+        return {"BatchNormalization": changed}
+
+
+copy_inputs_written_in_place = on_proto(
+    CopyInputsWrittenInPlace,
+    "copy_inputs_written_in_place",
+    """Make ops that write into a graph input read a copy of it, in place.
 
     Returns:
         The number of node inputs now read through a copy.
+    """,
+    wanted=lambda model: any(n.op_type == "BatchNormalization" for n in model.graph.node),
+)
+
+
+def _sources(graph: ir.Graph) -> dict[str, set[str]]:
+    """For each value, by name, the graph inputs it depends on (through nodes and subgraph reads)."""
+    found: dict[ir.Value, set[str]] = {v: {v.name} for v in graph.inputs if v.name}
+    for node in graph:  # graphs are topologically sorted
+        depends = set().union(*(found.get(v, set()) for v in reads(node)))
+        for out in node.outputs:
+            found[out] = depends
+    return {v.name: depends for v, depends in found.items() if v.name}
+
+
+def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> bool:
+    """Make each output in ``outputs`` that a node also reads the output of an ``Identity`` nothing else reads.
+
+    Returns:
+        Whether the graph changed.
     """
-    graph = model.graph
-    elem_types = {vi.name: vi.type.tensor_type.elem_type for vi in graph.input}
-    names = _graph.name_authority(graph)
-    copies: dict[str, str] = {}
-    nodes: list[onnx.NodeProto] = []
-    changed = 0
-    for node in graph.node:
-        training = node.op_type == "BatchNormalization" and _graph.int_attribute(node, "training_mode", 0)
-        for index in (3, 4) if training else ():
-            source = node.input[index] if index < len(node.input) else ""
-            if not elem_types.get(source):
-                continue
-            if source not in copies:
-                zero, copy = names.fresh(f"{source}.zero"), names.fresh(f"{source}.copy")
-                dtype = helper.tensor_dtype_to_np_dtype(elem_types[source])
-                graph.initializer.append(numpy_helper.from_array(np.zeros((), dtype=dtype), zero))
-                nodes.append(helper.make_node("Add", [source, zero], [copy], name=names.fresh("Add")))
-                copies[source] = copy
-            node.input[index] = copies[source]
-            changed += 1
-        nodes.append(node)
-    if changed:
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return changed
-
-
-def _sources(graph: onnx.GraphProto) -> dict[str, set[str]]:
-    """For each value, the graph inputs it depends on (through nodes and subgraph reads)."""
-    inputs = {vi.name for vi in graph.input}
-    found: dict[str, set[str]] = {name: {name} for name in inputs}
-    for node in graph.node:  # graphs are topologically sorted
-        reads = set(node.input) | _graph.subgraph_reads(node)
-        depends = set().union(*(found.get(name, set()) for name in reads if name))
-        for out in node.output:
-            if out:
-                found[out] = depends
-    return found
-
-
-def _give_outputs_their_own_writer(graph: onnx.GraphProto, outputs: Sequence[str]) -> None:
-    """Make each output in ``outputs`` that a node also reads the output of an ``Identity`` nothing else reads."""
-    readers = _graph.consumers(graph)
-    inputs = {vi.name for vi in graph.input} | {init.name for init in graph.initializer}
-    names = _graph.name_authority(graph)
+    by_name = {v.name: v for v in graph.outputs}
+    sources = {v.name for v in graph.inputs} | set(graph.initializers)
+    names: NameAuthority | None = None
+    changed = False
     for name in outputs:
-        if name in inputs:
+        if name in sources:
             raise ValueError(
                 f"Output '{name}' is a graph input passed through unchanged; give it a node of its own "
                 "(an Identity to a new name) to differentiate it."
             )
-        if not readers.get(name):
+        value = by_name[name]
+        if not value.uses():
             continue
-        inner = names.fresh(f"{name}.value")
-        for node in graph.node:
-            for i, value in enumerate(node.output):
-                if value == name:
-                    node.output[i] = inner
-            for i, value in enumerate(node.input):
-                if value == name:
-                    node.input[i] = inner
-            _rename_subgraph_reads(node, name, inner)
-        graph.node.append(helper.make_node("Identity", [inner], [name], name=names.fresh(f"{name}.output")))
-
-
-def _rename_subgraph_reads(node: onnx.NodeProto, old: str, new: str) -> None:
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            for inner in g.node:
-                for i, value in enumerate(inner.input):
-                    if value == old:
-                        inner.input[i] = new
-                _rename_subgraph_reads(inner, old, new)
+        names = names or graph_names(graph)
+        # the value keeps its readers (subgraphs included) under a new name; an Identity writes the output
+        value.name = names.fresh(f"{name}.value")
+        copy = ir.Node("", "Identity", [value], outputs=[ir.Value(name=name)], name=names.fresh(f"{name}.output"))
+        graph.append(copy)
+        copy.outputs[0].type, copy.outputs[0].shape = value.type, value.shape
+        graph.outputs[graph.outputs.index(value)] = copy.outputs[0]
+        changed = True
+    return changed
 
 
 class _UnreachableError(Exception):

@@ -1,0 +1,221 @@
+"""The shape of most normalisation passes: replace each node a predicate picks by the nodes a rewrite writes.
+
+A :class:`NodeRewrite` is an :class:`onnxblocks.ir.passes.Pass`. Its
+:meth:`~NodeRewrite.rewrite` reads one selected node (through the
+:class:`RewriteContext`: opset, inferred types, constants, a :class:`~onnxblocks.ir.writer.Writer`)
+and returns the new nodes, or None to keep the node. Each output of the old node
+is taken over by the new node output of the same name (``out=`` in the writer),
+so a rewrite reads like the maths and the def-use chains are rewired by
+:func:`onnxblocks.ir.edit.replace_node`.
+
+:func:`on_proto` turns a pass into the ``ModelProto -> int`` function the
+public API has always offered (one deserialization, one serialization).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnxblocks._core import limits as _limits
+from onnxblocks._core.naming import NameAuthority
+from onnxblocks.ir.edit import replace_node
+from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import ValueTypes
+from onnxblocks.ir.writer import Writer
+
+
+def opset_of(model: ir.Model) -> int:
+    """The model's default-domain opset (the library's default when it imports none)."""
+    for domain in ("", "ai.onnx"):
+        if domain in model.opset_imports:
+            return model.opset_imports[domain]
+    return _limits.DEFAULT_ONNX_OPSET
+
+
+def is_default_domain(node: ir.Node) -> bool:
+    """True for a node of the ai.onnx domain."""
+    return node.domain in ("", "ai.onnx")
+
+
+def optional_input(node: ir.Node, index: int) -> ir.Value | None:
+    """Input ``index`` of ``node``, or None when it is absent."""
+    return node.inputs[index] if len(node.inputs) > index else None
+
+
+def optional_output(node: ir.Node, index: int) -> ir.Value | None:
+    """Output ``index`` of ``node``, or None when it is absent (not there, or unnamed)."""
+    if len(node.outputs) > index and node.outputs[index].name:
+        return node.outputs[index]
+    return None
+
+
+def name_of(value: ir.Value) -> str:
+    """The name of a value (every value a pass reads by name is named)."""
+    return value.name or ""
+
+
+class RewriteContext:
+    """What a :class:`NodeRewrite` reads: the opset, and types, names and constants computed on first use.
+
+    Types and constants are computed from the graph before any replacement of the pass.
+    """
+
+    def __init__(self, model: ir.Model, opset: int) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.opset = opset
+
+    @cached_property
+    def types(self) -> ValueTypes:
+        """The inferred types of the graph's values."""
+        return ValueTypes.infer(self.model)
+
+    @cached_property
+    def names(self) -> NameAuthority:
+        """The graph's name authority."""
+        return graph_names(self.graph)
+
+    @cached_property
+    def constants(self) -> ConstantTable:
+        """Constants, folded with the opset and the inferred types."""
+        return ConstantTable(self.graph, self.opset, self.types)
+
+    @cached_property
+    def plain_constants(self) -> ConstantTable:
+        """Constants, folded with the opset, without inferring types (cheaper)."""
+        return ConstantTable(self.graph, self.opset)
+
+    def dtype(self, value: ir.Value | None) -> np.dtype | None:
+        """The numpy dtype of ``value``, or None when its element type is unknown."""
+        return self.types.dtype(value)
+
+    def writer(self, hint: str) -> Writer:
+        """A :class:`~onnxblocks.ir.writer.Writer` at the model's opset naming its values after ``hint``."""
+        return Writer(self.names, self.opset, hint)
+
+
+class NodeRewrite(Pass):
+    """Replace each top-level node :meth:`select` picks by the nodes :meth:`rewrite` returns.
+
+    Nothing is done (and nothing inferred) when no node is selected or the model's
+    opset is below :attr:`min_opset`. Every selected node is rewritten before any is
+    replaced, so each rewrite reads the graph as it was; replacements then take the
+    places of the nodes they replace. Changes are counted per op type replaced.
+    """
+
+    #: The lowest default-domain opset the rewrite writes for (None: any).
+    min_opset: int | None = 13
+    #: The op types :meth:`select` can pick (None: unknown), for :func:`may_apply`.
+    op_types: frozenset[str] | None = None
+
+    def select(self, node: ir.Node) -> bool:
+        """True for a node to rewrite."""
+        raise NotImplementedError
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        """The nodes replacing ``node`` (outputs named as ``node``'s), or None to keep it.
+
+        The returned list may hold ``node`` itself (edited in place): the others are
+        then inserted before it and nothing is replaced.
+        """
+        raise NotImplementedError
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        targets = [n for n in model.graph if self.select(n)]
+        if not targets:
+            return {}
+        opset = opset_of(model)
+        if self.min_opset is not None and opset < self.min_opset:
+            return {}
+        ctx = RewriteContext(model, opset)
+        planned = [(node, self.rewrite(node, ctx)) for node in targets]
+        changes: dict[str, int] = {}
+        for node, new_nodes in planned:
+            if new_nodes is None:
+                continue
+            changes[node.op_type] = changes.get(node.op_type, 0) + 1
+            apply_rewrite(node, new_nodes)
+        return changes
+
+
+def apply_rewrite(node: ir.Node, new_nodes: Sequence[ir.Node]) -> None:
+    """Put ``new_nodes`` where ``node`` is; each output of ``node`` is replaced by the new output of its name."""
+    if any(n is node for n in new_nodes):
+        graph = node.graph
+        assert graph is not None, f"node {node.name!r} belongs to no graph"
+        before = [n for n in new_nodes if n is not node]
+        if before:
+            graph.insert_before(node, before)
+        return
+    produced = {v.name: v for n in new_nodes for v in n.outputs if v.name}
+    replace_node(node, new_nodes, [produced.get(v.name) if v.name else None for v in node.outputs])
+
+
+def may_apply(passes: Sequence[Pass], model: onnx.ModelProto) -> bool:
+    """False when no pass of ``passes`` can change ``model``, so the IR need not be built at all.
+
+    That is when every pass declares the op types it rewrites (``op_types``) and none
+    of them is a top-level op of ``model``.
+    """
+    present: set[str] | None = None
+    for p in passes:
+        op_types = getattr(p, "op_types", None)
+        if op_types is None:
+            return True
+        present = present if present is not None else {n.op_type for n in model.graph.node}
+        if op_types & present:
+            return True
+    return False
+
+
+def changed(result: Mapping[str, int]) -> int:
+    """The total of a pass's changes."""
+    return sum(result.values())
+
+
+def run_pass(pass_: Pass, model: ir.Model) -> Mapping[str, int]:
+    """Run ``pass_`` on ``model``; return its changes by kind."""
+    return getattr(pass_(model), "changes", {})
+
+
+def on_proto(
+    pass_factory: Callable[[], Pass],
+    name: str,
+    doc: str | None,
+    wanted: Callable[[onnx.ModelProto], bool] | None = None,
+) -> Callable[[onnx.ModelProto], int]:
+    """``pass_factory()``'s pass as a function that edits a ModelProto in place and returns its number of changes.
+
+    The model is converted to the IR once and back once (only when something changed).
+
+    Args:
+        pass_factory: Makes the pass (its class).
+        name: The function's name.
+        doc: The function's docstring.
+        wanted: A cheap look at the ModelProto: False when the pass has nothing to do
+            (the IR is then not built at all).
+    """
+
+    def run(model: onnx.ModelProto) -> int:
+        if wanted is not None and not wanted(model):
+            return 0
+        pass_ = pass_factory()
+        if not may_apply([pass_], model):
+            return 0
+        ir_model = from_proto(model)
+        count = changed(run_pass(pass_, ir_model))
+        if count:
+            model.CopyFrom(to_proto(ir_model))
+        return count
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = doc
+    return run
