@@ -25,6 +25,14 @@ from onnx import numpy_helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core import weights as _weights
+from onnxblocks._core.errors import (
+    DataFileError,
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    IsAFolderError,
+    NotAFolderError,
+)
 from onnxblocks._core.paths import as_path
 from onnxblocks._core.proto import copy_fields
 
@@ -59,11 +67,11 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
     for final in finals:
         if not final.parent.is_dir():
             if final.parent.exists() or any(p.is_file() for p in final.parents):
-                raise NotADirectoryError(
+                raise NotAFolderError(
                     f"Cannot write '{final}': '{final.parent}' is not a directory (a path below a file?). "
                     "Choose a path inside a directory."
                 )
-            raise FileNotFoundError(
+            raise FileMissingError(
                 f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it first."
             )
     for parent in dict.fromkeys(f.parent for f in finals):
@@ -135,15 +143,15 @@ def tensor_chunks(
         yield from tensor.chunks(chunk_bytes)
         return
     if _weights.is_stub(tensor):
-        raise ValueError(
+        raise InvalidValueError(
             f"Tensor '{tensor.name}' is an onnxblocks stub (its bytes are held by a build). Pass the build's "
             "weights (accessor.weights) or its TensorSource instead."
         )
     if tensor.data_type == onnx.TensorProto.STRING:
-        raise ValueError(f"Tensor '{tensor.name}' holds strings, which cannot be streamed as raw bytes.")
+        raise InvalidValueError(f"Tensor '{tensor.name}' holds strings, which cannot be streamed as raw bytes.")
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         if base_dir is None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Tensor '{tensor.name}' keeps its data in the external file "
                 f"'{_weights.external_info(tensor).get('location', '')}', but the directory it is relative to is "
                 "unknown. Pass base_dir= (the directory of the .onnx file it came from)."
@@ -189,7 +197,7 @@ def write_aligned(
         out.write(chunk)
         written += len(chunk)
     if written != expected:
-        raise ValueError(
+        raise InvalidValueError(
             f"Tensor '{name}' produced {written} bytes but its dims and element type need {expected}. "
             "Its data does not match its shape; fix the tensor."
         )
@@ -224,7 +232,7 @@ def write_tensor(
             while done < expected:
                 n = os.copy_file_range(f.fileno(), out.fileno(), expected - done, source.offset + done)
                 if n == 0:
-                    raise OSError(
+                    raise DataFileError(
                         f"External data file {source.path} ended early while copying tensor '{name}' "
                         f"({expected - done} bytes missing). Is the model's .data file complete?"
                     )
@@ -244,7 +252,7 @@ def _weights_kind(data_type: int, dims: Iterable[int]) -> str:
 def _check_location(location: str) -> str:
     path = Path(location)
     if path.is_absolute() or ".." in path.parts or not location or location.endswith(("/", "\\")):
-        raise ValueError(
+        raise InvalidValueError(
             f"location={location!r} must be a file name relative to the model's directory, inside it "
             "(no absolute path, no '..')."
         )
@@ -296,29 +304,29 @@ def save_model(
             external data without ``base_dir``.
     """
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"save_model() takes an onnx.ModelProto, not {type(model).__name__}.")
+        raise InvalidTypeError(f"save_model() takes an onnx.ModelProto, not {type(model).__name__}.")
     if (
         isinstance(external_data_threshold, bool)
         or not isinstance(external_data_threshold, int)
         or external_data_threshold < 0
     ):
-        raise ValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
+        raise InvalidValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
     target = as_path(path, "path")
     data_location = _check_location(location if location is not None else target.name + ".data")
     data_path = target.parent / data_location
     if data_path.resolve() == target.resolve():
-        raise ValueError(f"location={data_location!r} is the model file itself; choose another name.")
+        raise InvalidValueError(f"location={data_location!r} is the model file itself; choose another name.")
 
     def source_of(init: onnx.TensorProto) -> onnx.TensorProto | _weights.TensorSource | None:
         if _weights.is_stub(init):
             if weights is None or init.name not in weights:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Initializer '{init.name}' is a held stub but weights= does not know it. Pass the build's "
                     "weights (accessor.weights), or save the finished model (block.to_model_proto())."
                 )
             source = weights.source(init.name) if isinstance(weights, _weights.WeightStore) else weights[init.name]
             if (source.data_type, tuple(source.dims)) != (init.data_type, tuple(init.dims)):
-                raise ValueError(
+                raise InvalidValueError(
                     f"The weights for '{init.name}' are {_weights_kind(source.data_type, source.dims)} but the "
                     f"model's stub is {_weights_kind(init.data_type, init.dims)}. Pass the weights of the build "
                     "this model comes from."
@@ -381,18 +389,18 @@ def load_model(path: str | os.PathLike, load_external_data: bool = False) -> onn
     """
     resolved = as_path(path, "path")
     if not resolved.exists():
-        raise FileNotFoundError(f"Model file '{resolved}' does not exist.")
+        raise FileMissingError(f"Model file '{resolved}' does not exist.")
     if resolved.is_dir():
-        raise IsADirectoryError(f"'{resolved}' is a directory; pass the .onnx file inside it.")
+        raise IsAFolderError(f"'{resolved}' is a directory; pass the .onnx file inside it.")
     if not resolved.is_file():
-        raise ValueError(f"'{resolved}' is not a regular file (a pipe or device?); pass an .onnx file.")
+        raise InvalidValueError(f"'{resolved}' is not a regular file (a pipe or device?); pass an .onnx file.")
     try:
         return onnx.load(os.fspath(resolved), load_external_data=load_external_data)
     except (OSError, MemoryError):
         raise
     except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError for external data
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise ValueError(
+        raise InvalidValueError(
             f"Cannot load '{resolved}' as an ONNX model: {detail}. Check that the file is a complete .onnx model "
             "(and its external data files are beside it)."
         ) from None

@@ -45,6 +45,10 @@ class OrtRunError(OnnxBlocksError, RuntimeError):
     """ONNX Runtime failed to run a model (its message, cleaned, says why)."""
 
 
+class TorchExportError(OnnxBlocksError, RuntimeError):
+    """torch's exporter could not export a module (the message names the module and what failed)."""
+
+
 class MissingDependencyError(OnnxBlocksError, ImportError):
     """An optional package the call needs is not installed (the message names the pip command)."""
 

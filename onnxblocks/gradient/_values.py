@@ -8,6 +8,8 @@ from typing import Final, TypeVar, overload
 
 import onnx
 
+from onnxblocks._core.errors import InvalidValueError
+
 _T = TypeVar("_T")
 
 
@@ -74,13 +76,13 @@ def _typed_attribute(
     value = attribute(node, name)
     if value is None:  # absent (or of type UNDEFINED)
         if default is _REQUIRED:
-            raise ValueError(f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind}).")
+            raise InvalidValueError(f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind}).")
         return default
     converted = convert(value)
     if converted is None:
         shown = repr(value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ValueError(
+        raise InvalidValueError(
             f"Node '{node.name}' ({node.op_type}): attribute '{name}' should be {kind}, "
             f"got {type(value).__name__} {shown}."
         )

@@ -22,6 +22,7 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
 from onnxblocks._core.contrib import IN_PLACE_ACCUMULATOR_V2
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.gradient import _graph
 
 __all__ = [
@@ -52,7 +53,7 @@ def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
         return
     kinds = sorted({onnx.TensorProto.DataType.Name(elem).lower() for _, elem in bad})
     listed = ", ".join(f"'{name}'" for name, _ in bad[:5]) + (" ..." if len(bad) > 5 else "")
-    raise TypeError(
+    raise InvalidTypeError(
         f"Trainable parameters {listed} are {' / '.join(kinds)}, but ONNX Runtime 1.19.2's training API "
         "accumulates gradients with InPlaceAccumulatorV2, whose CPU kernel takes float32 and float16 only (its "
         "training kernels are float32 too). Convert the model to float32 before exporting it "
@@ -80,7 +81,9 @@ def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str
     for name, elem_type, dims in params:
         grad = gradient_name(name)
         if grad not in outputs:
-            raise ValueError(f"The training model has no gradient output '{grad}' for trainable parameter '{name}'.")
+            raise InvalidValueError(
+                f"The training model has no gradient output '{grad}' for trainable parameter '{name}'."
+            )
         graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
         graph.node.append(
             IN_PLACE_ACCUMULATOR_V2.node(

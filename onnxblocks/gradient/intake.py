@@ -20,7 +20,7 @@ import itertools
 import onnx
 from onnx_ir.serde import serialize_graph
 
-from onnxblocks._core.errors import preview
+from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks.ir import walk
 from onnxblocks.ir.opset import fit_opset
 from onnxblocks.ir.serde import graph_from_proto
@@ -102,7 +102,7 @@ def sort_topologically(graph: onnx.GraphProto, what: str = "the base model") -> 
             nodes[i].name or f"{nodes[i].op_type} writing '{nodes[i].outputs[0].name}'"
             for i in set(range(len(nodes))) - set(order)
         ]
-        raise ValueError(
+        raise InvalidValueError(
             f"The nodes of {what} read each other in a cycle, so no order computes them: {preview(sorted(stuck))}. "
             "An ONNX graph must be acyclic; fix the model (a loop must be a Loop node)."
         )
@@ -135,7 +135,7 @@ def check_ranks(model: onnx.ModelProto, what: str, outputs: bool = True) -> None
         return
     names = preview(missing)
     roles = "graph inputs" if inputs else "graph outputs"  # the inputs first: outputs computed from them follow
-    raise ValueError(
+    raise InvalidValueError(
         f"The {roles} {names} of {what} have no shape (their rank is unknown), which onnx's checker refuses "
         "and the losses need. Declare their shape in the base model (symbolic dims are fine, e.g. ['batch', 3]), "
         "for instance with onnx.helper.make_tensor_value_info(name, elem_type, shape)."

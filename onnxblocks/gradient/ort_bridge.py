@@ -21,7 +21,7 @@ import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
-from onnxblocks._core.errors import GradientError, preview
+from onnxblocks._core.errors import DataFileError, GradientError, preview
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.parameters import ParameterPartition
 from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
@@ -57,7 +57,7 @@ def session_options(custom_op_libraries: Sequence[str]) -> Any:
         try:
             options.register_custom_ops_library(library)
         except Exception as exc:
-            raise OSError(
+            raise DataFileError(
                 f"ONNX Runtime could not load the custom op library '{library}': "
                 f"{ort_errors.clean_message(exc)}. Pass the path of a shared library built against onnxruntime "
                 "1.19.2 that registers the model's custom ops."

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import (
+    GradientError,
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks.gradient import _graph
 
 #: Element types a trainable parameter (or an input that requires a gradient) may have.
@@ -86,7 +93,7 @@ def partition_parameters(
     frozen = list(dict.fromkeys(frozen))
     both = [n for n in requires_grad if n in set(frozen)]
     if both:
-        raise ValueError(
+        raise InvalidValueError(
             f"{preview(both)} cannot be both trainable (requires_grad) and frozen (frozen_params). "
             "Remove each from one of the two lists."
         )
@@ -95,7 +102,7 @@ def partition_parameters(
     for role, names in (("requires_grad", requires_grad), ("frozen_params", frozen)):
         for name in names:
             if not isinstance(name, str):
-                raise TypeError(f"{role} must list value names (str), not {type(name).__name__}: {name!r}.")
+                raise InvalidTypeError(f"{role} must list value names (str), not {type(name).__name__}: {name!r}.")
             if name in initializers or name in inputs:
                 continue
             raise UnknownNameError(
@@ -115,7 +122,7 @@ def partition_parameters(
             elem = t.tensor_type.elem_type if t.WhichOneof("value") == "tensor_type" else 0
             kind = "graph input"
         if elem not in FLOAT_TYPES:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{kind} '{name}' has element type {_elem_name(elem)}, but only floating-point tensors "
                 "(float, float16, bfloat16, double) can require a gradient. Freeze it instead "
                 "(frozen_params / requires_grad(name, False)) or leave it out."

@@ -25,7 +25,14 @@ import onnx_ir as ir
 from onnx import helper
 
 from onnxblocks._core.contracts import ACCUMULATED_SUFFIX, BUFFER_SUFFIX, GRADIENT_SUFFIX, gradient_name
-from onnxblocks._core.errors import GradientError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import (
+    GradientError,
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
 from onnxblocks.ir.edit import values_by_name
@@ -47,11 +54,11 @@ def select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tup
     existing = [o.name for o in graph.output]
     if outputs is None:
         if not existing:
-            raise ValueError("The model has no graph output to use as the loss. Return the loss from the block.")
+            raise InvalidValueError("The model has no graph output to use as the loss. Return the loss from the block.")
         return tuple(existing)
     names = tuple(str(n) for n in outputs)
     if not names:
-        raise ValueError("No output given: the first output must be the loss.")
+        raise InvalidValueError("No output given: the first output must be the loss.")
     for name in names:
         if name not in existing:
             raise UnknownNameError(
@@ -71,7 +78,7 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
     types = _graph.infer_types(model)
     elem = _graph.elem_type(types, loss)
     if elem is not None and elem not in FLOAT_TYPES:
-        raise TypeError(
+        raise InvalidTypeError(
             f"The loss output '{loss}' has element type {onnx.TensorProto.DataType.Name(elem).lower()}; the loss "
             "must be a floating-point scalar. Return a float loss as the first output (Cast it if needed)."
         )
@@ -82,7 +89,7 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
         d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?") for d in t.tensor_type.shape.dim
     ]
     if any(d != 1 for d in dims):
-        raise ValueError(
+        raise InvalidValueError(
             f"The loss output '{loss}' has shape {dims}, but the loss must be a scalar (shape [] or [1]): "
             "gradients start from it. Reduce it (e.g. a loss with reduction='mean' or 'sum', or "
             "onnxblocks.blocks.ReduceMean(keepdims=False)), and pass other outputs as additional outputs."

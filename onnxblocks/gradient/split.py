@@ -30,7 +30,7 @@ from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import gradient_name
-from onnxblocks._core.errors import GradientError
+from onnxblocks._core.errors import GradientError, InvalidValueError
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.vjp import VjpGraph
@@ -82,7 +82,7 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         GradientError: when a forward node reads an output gradient (a graph ONNX Runtime should not build).
     """
     if not vjp.gradients:
-        raise ValueError("The VJP graph has no gradient output: run its model as the forward model instead.")
+        raise InvalidValueError("The VJP graph has no gradient output: run its model as the forward model instead.")
     graph = vjp.model.graph
     ir_graph = from_proto(vjp.model).graph  # the same nodes, in the same order, with def-use chains
     position = {node: i for i, node in enumerate(ir_graph)}

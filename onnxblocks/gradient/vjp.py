@@ -35,7 +35,7 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.contracts import gradient_name
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import InvalidValueError, UnknownNameError, did_you_mean, preview
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import _graph, ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import on_proto
@@ -117,7 +117,7 @@ def build_vjp_graph(
     forward = upgrade_old_opset(forward)
     graph = forward.graph
     if not graph.output and outputs is None:
-        raise ValueError("The model has no graph output: there is nothing to differentiate.")
+        raise InvalidValueError("The model has no graph output: there is nothing to differentiate.")
     user_outputs = signature.select_outputs(graph, outputs)
     silent = tuple(dict.fromkeys(no_grad_outputs))
     for name in silent:
@@ -252,7 +252,7 @@ def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> b
     changed = False
     for name in outputs:
         if name in sources:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Output '{name}' is a graph input passed through unchanged; give it a node of its own "
                 "(an Identity to a new name) to differentiate it."
             )

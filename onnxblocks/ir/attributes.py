@@ -13,6 +13,8 @@ from typing import Any, Final, TypeVar
 
 import onnx_ir as ir
 
+from onnxblocks._core.errors import InvalidValueError
+
 _T = TypeVar("_T")
 
 
@@ -45,12 +47,12 @@ def _typed(
     attr = node.attributes.get(name)
     if attr is None or attr.is_ref() or attr.type == _A.UNDEFINED:
         if default is REQUIRED:
-            raise ValueError(f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind}).")
+            raise InvalidValueError(f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind}).")
         return list(default) if isinstance(default, Sequence) and not isinstance(default, str) else default
     if attr.type not in types:
         shown = repr(attr.value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ValueError(
+        raise InvalidValueError(
             f"Node '{node.name}' ({node.op_type}): attribute '{name}' should be {kind}, got {attr.type.name} {shown}."
         )
     return convert(attr.value)

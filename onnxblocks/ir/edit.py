@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import onnx_ir as ir
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.ir.walk import all_nodes, reads
 
 
@@ -28,7 +29,9 @@ def replace_node(node: ir.Node, new_nodes: Sequence[ir.Node], new_outputs: Seque
     for old, new in zip(node.outputs, new_outputs, strict=True):
         if new is None:
             if old.uses() or old.is_graph_output():
-                raise ValueError(f"Output {old.name!r} of node {node.name!r} is still read but has no replacement.")
+                raise InvalidValueError(
+                    f"Output {old.name!r} of node {node.name!r} is still read but has no replacement."
+                )
             continue
         olds.append(old)
         news.append(new)

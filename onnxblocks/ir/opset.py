@@ -14,6 +14,7 @@ import onnx
 from onnx import version_converter
 
 from onnxblocks._core import limits as _limits
+from onnxblocks._core.errors import InvalidValueError
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def convert_opset(model: onnx.ModelProto, target: int, what: str = "the base mod
     default_domain = (n.op_type for n in proto_nodes(model.graph) if n.domain in ("", "ai.onnx"))
     blocking = sorted({op for op in default_domain if not _defined_at(op, target)})
     if blocking:
-        raise ValueError(
+        raise InvalidValueError(
             f"{what} imports ai.onnx opset {current}; it cannot be converted to opset {target}, because these ops "
             f"do not exist there: {', '.join(blocking)}. Re-export the model with opset_version={target} (or write "
             "those ops with older ones)."
@@ -42,7 +43,7 @@ def convert_opset(model: onnx.ModelProto, target: int, what: str = "the base mod
         reason = _converter_reason(exc)
         ops = sorted({op for op in re.findall(r"\b([A-Z][A-Za-z0-9]+)\b", reason) if onnx.defs.has(op)})
         named = f" (blocked by {', '.join(ops)})" if ops else ""
-        raise ValueError(
+        raise InvalidValueError(
             f"{what} imports ai.onnx opset {current}; onnx's version converter could not convert it to opset "
             f"{target}{named}: {reason}. Re-export the model with opset_version={target}."
         ) from None

@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.naming import NameAuthority
 
 #: Largest int64: an open end for ``Slice``.
@@ -121,7 +122,9 @@ class Writer:
             axes_value = axes if isinstance(axes, ir.Value) else self.ints(list(axes))
             return self.op(op_type, [x, axes_value], out, keepdims=keepdims, **attrs)
         if isinstance(axes, ir.Value):
-            raise ValueError(f"{op_type} takes run-time axes from opset {axes_input_since}; the model has {self.opset}")
+            raise InvalidValueError(
+                f"{op_type} takes run-time axes from opset {axes_input_since}; the model has {self.opset}"
+            )
         return self.op(op_type, [x], out, axes=list(axes), keepdims=keepdims, **attrs)
 
     def reduce_mean(

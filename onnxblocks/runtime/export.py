@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADATA
+from onnxblocks._core.errors import InvalidValueError
 
 #: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the model.
 EXTERNAL_DATA_FROM = 1 << 30
@@ -56,7 +57,7 @@ def inference_model(
     values = values_by_name(graph)
     unknown = [n for n in outputs if n not in values]
     if unknown:
-        raise ValueError(
+        raise InvalidValueError(
             f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model outputs: "
             f"{list(eval_outputs)}; any value of the eval graph can be exported."
         )
@@ -119,13 +120,13 @@ def export_inference(
 
     names = list(names)
     if not names:
-        raise ValueError(
+        raise InvalidValueError(
             "export_inference_model: cannot tell which outputs the inference model should have. Pass "
             "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
             "additional_output_names=[...]."
         )
     if eval_model.suffix != ".onnx":
-        raise ValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
+        raise InvalidValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
     model = onnx.load(os.fspath(eval_model), load_external_data=False)
     specs = {n: (helper.np_dtype_to_tensor_dtype(np.dtype(d)), tuple(s)) for n, (d, s) in parameters.items()}
     cut = inference_model(model, specs, names, eval_outputs)

@@ -12,14 +12,15 @@ torch is an optional dependency: ``pip install "onnxblocks[torch]"``. This is th
 only package of onnxblocks that imports it.
 """
 
+from onnxblocks._core.errors import MissingDependencyError, OrtRunError
+
 try:
     import torch as _torch  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - exercised in a venv without torch
-    raise ImportError(
+    raise MissingDependencyError(
         'onnxblocks.torch needs PyTorch, which is not installed. Install it with: pip install "onnxblocks[torch]"'
     ) from _exc
 
-from onnxblocks.torch._sessions import OrtRunError
 from onnxblocks.torch.export import ExportError
 from onnxblocks.torch.function import OnnxFunction, OnnxModule, onnx_function
 from onnxblocks.torch.module import OrtModule

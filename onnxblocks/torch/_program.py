@@ -15,7 +15,14 @@ from collections.abc import Iterable, Sequence
 import onnx
 import torch
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import (
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks.gradient import build_vjp_graph
 from onnxblocks.gradient.signature import select_outputs
 from onnxblocks.torch import _interop
@@ -37,9 +44,9 @@ def load_model(model: onnx.ModelProto | str | os.PathLike[str]) -> onnx.ModelPro
         return copy
     if isinstance(model, (str, os.PathLike)):
         if not os.path.exists(model):
-            raise FileNotFoundError(f"No ONNX model at '{os.fspath(model)}'.")
+            raise FileMissingError(f"No ONNX model at '{os.fspath(model)}'.")
         return onnx.load(os.fspath(model))
-    raise TypeError(f"model must be an onnx.ModelProto or a path, not {type(model).__name__}.")
+    raise InvalidTypeError(f"model must be an onnx.ModelProto or a path, not {type(model).__name__}.")
 
 
 class Program:
@@ -90,7 +97,7 @@ class Program:
                     )
             left_out = [n for n in graph_inputs if n not in set(self.inputs)]
             if left_out:
-                raise ValueError(
+                raise InvalidValueError(
                     f"inputs leaves out graph inputs {preview(left_out)}; list every graph input, in the order "
                     "the tensors will be passed."
                 )
@@ -131,21 +138,21 @@ class Program:
             ValueError: for a tensor on another device, or of the wrong rank or size.
         """
         if len(args) != len(self.arguments):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"Expected {len(self.inputs)} input(s) {preview(self.inputs)} then {len(self.weights)} weight(s) "
                 f"{preview(self.weights)}, got {len(args)} tensors."
             )
         tensors = []
         for name, value, (elem, dims) in zip(self.arguments, args, self.signature, strict=True):
             if not isinstance(value, torch.Tensor):
-                raise TypeError(f"'{name}' must be a torch.Tensor, not {type(value).__name__}.")
+                raise InvalidTypeError(f"'{name}' must be a torch.Tensor, not {type(value).__name__}.")
             if value.device.type != "cpu":
-                raise ValueError(
+                raise InvalidValueError(
                     f"'{name}' is on {value.device}; onnxruntime-training-cpu runs on the CPU: pass CPU tensors."
                 )
             given = _interop.ONNX_OF_TORCH.get(value.dtype)
             if elem and given != elem:
-                raise TypeError(
+                raise InvalidTypeError(
                     f"'{name}' is {value.dtype}, but the graph declares it "
                     f"{_interop.onnx_type_name(elem)} ({_interop.TORCH_OF_ONNX.get(elem, 'no torch dtype')}). "
                     "Convert it with .to(dtype)."
@@ -155,7 +162,7 @@ class Program:
                 or any(d is not None and d != s for d, s in zip(dims, value.shape, strict=True))
             ):
                 declared = ["?" if d is None else d for d in dims]
-                raise ValueError(f"'{name}' has shape {list(value.shape)}, but the graph declares {declared}.")
+                raise InvalidValueError(f"'{name}' has shape {list(value.shape)}, but the graph declares {declared}.")
             tensors.append(value)
         return tensors
 
@@ -173,10 +180,10 @@ def _unique(names: Iterable[str], role: str) -> tuple[str, ...]:
     listed = list(names)
     for name in listed:
         if not isinstance(name, str):
-            raise TypeError(f"{role} must list names (str), not {type(name).__name__}: {name!r}.")
+            raise InvalidTypeError(f"{role} must list names (str), not {type(name).__name__}: {name!r}.")
     twice = sorted({n for n in listed if listed.count(n) > 1})
     if twice:
-        raise ValueError(f"{role} lists {preview(twice)} more than once.")
+        raise InvalidValueError(f"{role} lists {preview(twice)} more than once.")
     return tuple(listed)
 
 

@@ -26,7 +26,7 @@ import onnx
 import torch
 
 from onnxblocks._core import ort_errors
-from onnxblocks._core.errors import GradientError
+from onnxblocks._core.errors import GradientError, OrtRunError
 from onnxblocks._core.ort import capi
 from onnxblocks.gradient import ort_bridge
 from onnxblocks.gradient.split import SplitVjp, set_input_types, split_vjp_graph, untyped_inputs
@@ -51,10 +51,6 @@ class SessionConfig:
 
 #: ONNX Runtime's default threads, no custom ops.
 DEFAULT_CONFIG = SessionConfig()
-
-
-class OrtRunError(RuntimeError):
-    """ONNX Runtime failed while running a graph (the message says which and why)."""
 
 
 class Session:

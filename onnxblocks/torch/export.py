@@ -42,7 +42,7 @@ import onnx_ir as ir
 import torch
 from torch.utils import _pytree as pytree
 
-from onnxblocks._core.errors import OnnxBlocksError
+from onnxblocks._core.errors import InvalidValueError, StateError, TorchExportError
 from onnxblocks.gradient import _graph
 from onnxblocks.ir import serde
 from onnxblocks.ir.edit import rename_values
@@ -55,8 +55,8 @@ DYNAMIC = ("batch", "all", "none")
 _PREFIX = "module."
 
 
-class ExportError(OnnxBlocksError, RuntimeError):
-    """torch's exporter could not export a module (the message names the module and what failed)."""
+#: The exporter's failure (the name torch users know; one class with :class:`onnxblocks.TorchExportError`).
+ExportError = TorchExportError
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,9 @@ def export_module(
         ExportError: when the module does not run on these inputs, or torch cannot export it.
     """
     if exporter not in EXPORTERS:
-        raise ValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
+        raise InvalidValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
     if dynamic not in DYNAMIC:
-        raise ValueError(f"dynamic must be one of {DYNAMIC}, not {dynamic!r}.")
+        raise InvalidValueError(f"dynamic must be one of {DYNAMIC}, not {dynamic!r}.")
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
     holder = _Holder(module, in_spec, leaves)
@@ -211,7 +211,7 @@ def _export(
                 opset_version=opset,
             )
             if program is None:  # pragma: no cover - torch returns the program when no file is given
-                raise RuntimeError("torch.onnx.export returned no program")
+                raise StateError("torch.onnx.export returned no program")
             return program.model  # torch's exporter builds the same onnx-ir model
         buffer = io.BytesIO()
         mode = holder.training

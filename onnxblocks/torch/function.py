@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import onnx
 import torch
 
-from onnxblocks._core.errors import UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import InvalidTypeError, StateError, UnknownNameError, did_you_mean, preview
 from onnxblocks.torch._program import Program, load_model
 from onnxblocks.torch._sessions import SessionConfig
 
@@ -69,7 +69,7 @@ class OnnxFunction(torch.autograd.Function):
             ValueError: for a shape the graph does not declare, or a tensor off the CPU.
         """
         if kwargs:
-            raise TypeError(f"{cls.__name__}.apply takes tensors by position: inputs, then weights.")
+            raise InvalidTypeError(f"{cls.__name__}.apply takes tensors by position: inputs, then weights.")
         return cls.apply_checked(cls.program.check(args))
 
     @classmethod
@@ -106,12 +106,12 @@ class OnnxFunction(torch.autograd.Function):
         if compiled.backward is None:
             return tuple(nothing)
         if torch.is_grad_enabled():
-            raise RuntimeError(
+            raise StateError(
                 "Double backward (create_graph=True) through an ONNX graph is not supported: its backward runs "
                 "in ONNX Runtime and is not itself differentiable. Call backward() without create_graph."
             )
         if ctx.state is None:
-            raise RuntimeError(
+            raise StateError(
                 "The values an ONNX graph saved for its backward were freed by the first backward "
                 "(retain_graph=True does not keep them). Run the forward again before a second backward."
             )
@@ -272,11 +272,11 @@ class OnnxModule(torch.nn.Module):
             given = dict(zip(names, inputs, strict=False))
             twice = [k for k in named if k in given]
             if twice:
-                raise TypeError(f"Inputs {preview(twice)} were given both by position and by name.")
+                raise InvalidTypeError(f"Inputs {preview(twice)} were given both by position and by name.")
             given.update(named)
             missing = [n for n in names if n not in given]
             if missing:
-                raise TypeError(f"Missing graph inputs {preview(missing)}.")
+                raise InvalidTypeError(f"Missing graph inputs {preview(missing)}.")
             inputs = tuple(given[n] for n in names)
         weights = [getattr(owner, leaf) for owner, leaf in self._weights]
         return self.function.apply(*inputs, *weights)

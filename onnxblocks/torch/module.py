@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from onnxblocks._core.errors import GradientError
+from onnxblocks._core.errors import GradientError, InvalidTypeError, InvalidValueError, StateError
 from onnxblocks.gradient import SplitVjp
 from onnxblocks.torch.export import DYNAMIC, EXPORTERS, Exported, ExportError, export_module, fit_batch_norms
 from onnxblocks.torch.function import OnnxFunction, onnx_function
@@ -85,11 +85,11 @@ class OrtModule(torch.nn.Module):
         threads: int = 0,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"OrtModule wraps a torch.nn.Module, not {type(module).__name__}.")
+            raise InvalidTypeError(f"OrtModule wraps a torch.nn.Module, not {type(module).__name__}.")
         if exporter not in EXPORTERS:
-            raise ValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
+            raise InvalidValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
         if dynamic not in DYNAMIC:
-            raise ValueError(f"dynamic must be one of {DYNAMIC}, not {dynamic!r}.")
+            raise InvalidValueError(f"dynamic must be one of {DYNAMIC}, not {dynamic!r}.")
         super().__init__()
         self.module = module
         self.exporter = exporter
@@ -263,7 +263,7 @@ def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
         try:
             hash(leaf)
         except TypeError:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"OrtModule bakes non-tensor arguments into the exported graph, and {type(leaf).__name__} "
                 f"{leaf!r} is not hashable: pass tensors, numbers, strings or None."
             ) from None
@@ -281,7 +281,7 @@ def _tensor(owner: torch.nn.Module, attr: str) -> torch.Tensor:
     if found is None:
         found = owner._buffers[attr]
     if found is None:
-        raise RuntimeError(f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as one.")
+        raise StateError(f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as one.")
     return found
 
 
