@@ -35,7 +35,7 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.contracts import gradient_name
-from onnxblocks._core.errors import InvalidValueError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import GradientError, InvalidValueError, UnknownNameError, did_you_mean, preview
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import _graph, ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import on_proto
@@ -270,7 +270,7 @@ def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> b
     return changed
 
 
-class _UnreachableError(Exception):
+class _UnreachableError(GradientError):
     """ONNX Runtime found no differentiable path from the outputs to ``name``."""
 
     def __init__(self, name: str) -> None:
