@@ -11,16 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxblocks
 from onnxblocks._core import weights as _weights
 from onnxblocks.errors import GradientError, UnknownNameError
-from onnxblocks.gradient import (
-    build_training_graphs,
-    cast_like_as_cast,
-    disable_training_mode,
-    expose_layer_norm_statistics,
-    gelu_as_contrib_gelu,
-    partition_parameters,
-    split_to_sequence_as_split,
-)
+from onnxblocks.gradient import build_training_graphs, partition_parameters
 from onnxblocks.gradient.builder import check_training_model
+from onnxblocks.gradient.eval_model import disable_training_mode
+from onnxblocks.gradient.layer_norm import expose_layer_norm_statistics
+from onnxblocks.gradient.normalization import cast_like_as_cast, gelu_as_contrib_gelu, split_to_sequence_as_split
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

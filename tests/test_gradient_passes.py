@@ -17,24 +17,17 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxblocks.errors import GradientError, UnknownNameError
-from onnxblocks.gradient import (
-    activations_as_elementary,
-    average_pool_as_conv,
-    border_pad_as_gather,
-    build_training_graphs,
-    conv_transpose_as_conv,
-    cumsum_as_matmul,
-    depth_to_space_as_reshape,
-    expose_dropout_mask,
-    group_norm_as_elementary,
-    layer_norm_zero_bias,
-    negative_step_slice_as_gather,
-    partition_parameters,
-    recurrent_as_elementary,
-    recurrent_directions_as_forward,
-    reduce_extremum_as_topk,
-    resize_as_matmul,
-)
+from onnxblocks.gradient import build_training_graphs, partition_parameters
+from onnxblocks.gradient.activations import activations_as_elementary
+from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
+from onnxblocks.gradient.group_norm import group_norm_as_elementary
+from onnxblocks.gradient.indexing import border_pad_as_gather, depth_to_space_as_reshape, negative_step_slice_as_gather
+from onnxblocks.gradient.layer_norm import layer_norm_zero_bias
+from onnxblocks.gradient.normalization import expose_dropout_mask
+from onnxblocks.gradient.pooling import average_pool_as_conv
+from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
+from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
+from onnxblocks.gradient.resize import resize_as_matmul
 
 RTOL, ATOL = 1e-4, 1e-5
 

@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxblocks.gradient import batch_norm_inference_as_elementary, build_vjp_graph, split_vjp_graph
+from onnxblocks.gradient import build_vjp_graph, split_vjp_graph
+from onnxblocks.gradient.batch_norm import batch_norm_inference_as_elementary
 
 F = onnx.TensorProto.FLOAT
 

@@ -14,7 +14,7 @@ The exponential branches read ``Where(x > 0, 0, x)`` instead of ``x``: the branc
 ``Where`` conditions follow torch's choice at the kinks (``x > 0`` selects the
 linear branch), so gradients at exactly 0 equal torch's.
 ``Mish`` becomes ``x * Tanh(Softplus(x))``; the Softplus pass that runs after it
-(:func:`onnxblocks.gradient.normalize.softplus_as_elementary`) finishes the job.
+(:func:`onnxblocks.gradient.normalization.softplus_as_elementary`) finishes the job.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ into the models ONNX Runtime's training API runs:
 1. The model is checked where it enters (:mod:`onnxblocks.gradient.intake`: an
    opset import, nodes in topological order, an opset above 21 converted down),
    and a model below opset 11 is converted to opset 13 (:func:`upgrade_old_opset`).
-2. The normalisation passes (:mod:`onnxblocks.gradient.normalize`) rewrite
+2. The normalisation passes (:mod:`onnxblocks.gradient.normalization`) rewrite
    patterns the gradient builder cannot handle.
 3. Trainable and frozen parameters become graph inputs, after the user inputs
    (:mod:`onnxblocks.gradient.signature`, as are the other changes of inputs and outputs).
@@ -46,7 +46,7 @@ from onnxblocks.gradient import _graph, accumulation, dependencies, eval_model, 
 from onnxblocks.gradient._rewrite import run_pass
 from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
-from onnxblocks.gradient.normalize import normalize  # not `gradient.normalize`: __init__ rebinds it to this
+from onnxblocks.gradient.normalization import normalize
 from onnxblocks.gradient.parameters import ParameterPartition, check_requires_grad_read, partition_parameters
 from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.ir.opset import convert_opset

@@ -17,7 +17,7 @@ Each such output is therefore written by an ``Identity`` of its own, which
 nothing else reads.
 
 The same preparation as for the training graphs runs first (opset upgrade,
-:func:`~onnxblocks.gradient.normalize.normalize`, parameters as graph inputs,
+:func:`~onnxblocks.gradient.normalization.normalize`, parameters as graph inputs,
 layer-norm constants unshared) plus
 :func:`~onnxblocks.gradient.batch_norm.batch_norm_inference_as_elementary`.
 """
@@ -42,7 +42,7 @@ from onnxblocks.gradient._rewrite import on_proto
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
-from onnxblocks.gradient.normalize import default_passes, normalize
+from onnxblocks.gradient.normalization import default_passes, normalize
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.names import graph_names

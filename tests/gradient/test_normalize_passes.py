@@ -1,4 +1,4 @@
-"""The passes of gradient/normalize.py, and normalize() itself over one IR."""
+"""The passes of gradient/normalization.py, and normalize() itself over one IR."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pass_oracle import check_pass, make_model, vi
 
 from onnxblocks.gradient import normalize as normalize_function
-from onnxblocks.gradient.normalize import (
+from onnxblocks.gradient.normalization import (
     CastLikeAsCast,
     ExposeDropoutMask,
     GeluAsContribGelu,
