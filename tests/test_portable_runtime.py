@@ -9,6 +9,7 @@ its numbers are checked against torch eager AdamW.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from runtime_support import classification_data, generate
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.errors import OnnxBlocksError
 from onnxblocks.runtime import ArrayBatches, TrainingSession, fit
 
 
@@ -327,9 +329,9 @@ def test_optimizer_sequences_become_tensors(tmp_path):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from onnxblocks.runtime.portable_graphs import per_tensor_optimizer
+    from onnxblocks.portable.sequences import per_tensor_optimizer
 
-    directory = pl.write(tmp_path / "a", fused=False)
+    directory = pl.write(tmp_path / "a", fused=False, sequence_optimizer=True)
     params = [("W", TensorProto.FLOAT, (pl.IN, pl.OUT)), ("b", TensorProto.FLOAT, (pl.OUT,))]
     direct = per_tensor_optimizer(onnx.load(directory / "optimizer_model.onnx"), params)
     assert not {n.op_type for n in direct.model.graph.node} & {"SequenceAt", "SequenceConstruct"}
@@ -373,3 +375,28 @@ def test_optimizer_sequences_become_tensors(tmp_path):
             ),
             params,
         )
+
+
+#: Portable artifacts as onnxblocks wrote them before the optimizer model took one tensor per parameter (its
+#: optimizer model takes tensor sequences): the linear model of portable_linear.py, MSE, AdamW, from
+#: ``generate_artifacts(..., portable=True)`` of that release (see tests/data/portable_sequence_optimizer/README.md).
+SEQUENCE_LAYOUT = Path(__file__).parent / "data" / "portable_sequence_optimizer"
+
+
+def test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_regenerates_them(tmp_path):
+    hand_written = pl.write(tmp_path / "hand", fused=False, sequence_optimizer=True)
+    for directory in (SEQUENCE_LAYOUT, hand_written):
+        with pytest.raises(OnnxBlocksError, match=r"tensor sequences.*--portable.*portable=True"):
+            TrainingSession(directory)
+    generate_artifacts(
+        pl.forward_model(),
+        requires_grad=["W", "b"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "regenerated",
+        portable=True,
+    )
+    session = TrainingSession(tmp_path / "regenerated")
+    x, t = pl.batches(1)[0]
+    session.train_step(x, t)
+    session.optimizer_step()

@@ -1,10 +1,13 @@
-"""Graph surgery the portable backend does at load time: a per-tensor optimizer.
+"""Upgrading a sequence optimizer model (the first portable layout) to one tensor per parameter.
 
-* :func:`per_tensor_optimizer` turns a portable optimizer model (tensor-sequence
-  inputs and outputs, as the contract in docs/portable.md says) into one whose
-  parameters, gradients and moments are each their own tensor input and output.
-  The runtime can then bind them with IOBinding, once, to the buffers they live
-  in (Python cannot build a tensor sequence without a numpy round trip). When the
+* :func:`per_tensor_optimizer` turns an optimizer model with tensor-sequence inputs
+  and outputs (what portable artifacts held before the optimizer model was written
+  per tensor, :func:`onnxblocks.portable.optimizer.optimizer_model`) into one whose
+  parameters, gradients and moments are each their own tensor input and output,
+  named as the portable contract names them (``p``, ``<p>_grad``, ``p.exp_avg``,
+  ``p.exp_avg_sq``; outputs ``<input>.out``) where those names are free. A runtime
+  can then bind them with IOBinding, once, to the buffers they live in (Python
+  cannot build a tensor sequence without a numpy round trip). When the
   sequences are only read by ``SequenceAt`` at constant positions and built by
   ``SequenceConstruct`` (as onnxblocks writes them), those nodes are replaced by
   the tensors themselves (no copy); otherwise ``SequenceConstruct`` in front and
@@ -20,7 +23,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxblocks._core.contracts import UPDATED_SUFFIX, updated_name
+from onnxblocks._core.contracts import (
+    FIRST_ORDER_MOMENTS,
+    GRADIENTS,
+    PARAMS,
+    SECOND_ORDER_MOMENTS,
+    UPDATED_SUFFIX,
+    gradient_name,
+    moment_names,
+    updated_name,
+)
 
 #: Sequence ops (SequenceConstruct, SequenceAt) exist from this opset of the default domain on.
 _SEQUENCE_OPSET = 11
@@ -42,6 +54,17 @@ class PerTensorOptimizer:
     inputs: dict[tuple[str, int], str]
     outputs: dict[tuple[str, int], str]
     scalars: list[str]
+
+
+def _element_name(sequence: str, param: str) -> str:
+    """The contract's name of ``param``'s element of ``sequence`` (``<sequence>.<param>`` for another sequence)."""
+    named = {
+        PARAMS: param,
+        GRADIENTS: gradient_name(param),
+        FIRST_ORDER_MOMENTS: moment_names(param)[0],
+        SECOND_ORDER_MOMENTS: moment_names(param)[1],
+    }
+    return named.get(sequence, f"{sequence}.{param}")
 
 
 def _all_names(graph: onnx.GraphProto) -> Iterator[str]:
@@ -116,7 +139,7 @@ def per_tensor_optimizer(
     for sequence in sequences:
         names = []
         for index, (param, elem, shape) in enumerate(params):
-            name = inputs[(sequence, index)] = fresh(f"{sequence}.{param}")
+            name = inputs[(sequence, index)] = fresh(_element_name(sequence, param))
             body.input.append(helper.make_tensor_value_info(name, elem, list(shape)))
             names.append(name)
         front.append(helper.make_node("SequenceConstruct", names, [sequence], name=fresh(f"construct.{sequence}")))
@@ -124,7 +147,7 @@ def per_tensor_optimizer(
         if result not in updated:
             continue  # a sequence the optimizer only reads (SGD's moments)
         for index, (param, elem, shape) in enumerate(params):
-            name = outputs[(sequence, index)] = fresh(f"{result}.{param}")
+            name = outputs[(sequence, index)] = fresh(updated_name(_element_name(sequence, param)))
             back.append(
                 helper.make_node("SequenceAt", [result, positions[index].name], [name], name=fresh(f"at.{name}"))
             )
@@ -180,8 +203,12 @@ def _unwrapped(
 
     fresh = _namer(taken)
 
-    inputs = {(s, i): fresh(f"{s}.{p}") for s in sequences for i, (p, _, _) in enumerate(params)}
-    result = {(o[: -len(UPDATED_SUFFIX)], i): fresh(f"{o}.{p}") for o in outputs for i, (p, _, _) in enumerate(params)}
+    inputs = {(s, i): fresh(_element_name(s, p)) for s in sequences for i, (p, _, _) in enumerate(params)}
+    result = {
+        (o[: -len(UPDATED_SUFFIX)], i): fresh(updated_name(_element_name(o[: -len(UPDATED_SUFFIX)], p)))
+        for o in outputs
+        for i, (p, _, _) in enumerate(params)
+    }
     nodes = []
     for index, node in enumerate(graph.node):
         if index in at:
