@@ -400,3 +400,33 @@ def test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_rege
     x, t = pl.batches(1)[0]
     session.train_step(x, t)
     session.optimizer_step()
+
+
+def test_a_sequence_optimizer_model_converted_offline_trains_like_a_regenerated_one(tmp_path):
+    """``per_tensor_optimizer`` turns the first layout's optimizer model into the one the runtime runs."""
+    import shutil
+
+    from onnx import TensorProto
+
+    from onnxblocks.portable.sequences import per_tensor_optimizer
+
+    old = shutil.copytree(SEQUENCE_LAYOUT, tmp_path / "old")
+    params = [("W", TensorProto.FLOAT, (pl.IN, pl.OUT)), ("b", TensorProto.FLOAT, (pl.OUT,))]
+    converted = per_tensor_optimizer(onnx.load(old / "optimizer_model.onnx"), params)
+    onnx.save(converted.model, old / "optimizer_model.onnx")
+    generate_artifacts(
+        pl.forward_model(),
+        requires_grad=["W", "b"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "new",
+        portable=True,
+    )
+    sessions = [TrainingSession(old), TrainingSession(tmp_path / "new")]
+    for x, t in pl.batches(3):
+        for session in sessions:
+            session.train_step(x, t)
+            session.optimizer_step()
+            session.lazy_reset_grad()
+    for name in ("W", "b"):
+        np.testing.assert_array_equal(*(s.get_parameter(name) for s in sessions))

@@ -12,16 +12,18 @@
   ``SequenceConstruct`` (as onnxblocks writes them), those nodes are replaced by
   the tensors themselves (no copy); otherwise ``SequenceConstruct`` in front and
   ``SequenceAt`` behind wrap the model as it is.
+
+The rewrite is an edit of the model's IR (:mod:`onnxblocks.ir`); the model passed in is not changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
 
 from onnxblocks._core.contracts import (
     FIRST_ORDER_MOMENTS,
@@ -33,9 +35,18 @@ from onnxblocks._core.contracts import (
     moment_names,
     updated_name,
 )
+from onnxblocks._core.naming import NameAuthority
+from onnxblocks.ir.edit import remove_unused_nodes
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.walk import subgraphs
+from onnxblocks.ir.writer import Writer
 
 #: Sequence ops (SequenceConstruct, SequenceAt) exist from this opset of the default domain on.
 _SEQUENCE_OPSET = 11
+
+#: ``(name, ONNX element type, shape)`` of a parameter.
+Param = tuple[str, int, Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -67,21 +78,20 @@ def _element_name(sequence: str, param: str) -> str:
     return named.get(sequence, f"{sequence}.{param}")
 
 
-def _all_names(graph: onnx.GraphProto) -> Iterator[str]:
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        yield value.name
-    for init in graph.initializer:
-        yield init.name
-    for node in graph.node:
-        yield from node.input
-        yield from node.output
-        for attr in node.attribute:
-            for sub in (attr.g, *attr.graphs) if attr.HasField("g") or attr.graphs else ():
-                yield from _all_names(sub)
+def _fresh(names: NameAuthority, base: str) -> str:
+    """``base`` when the graph does not use it yet, else a fresh name built from it (reserved either way)."""
+    if names.is_used(base):
+        return names.fresh(base)
+    names.reserve(base)
+    return base
+
+
+def _tensor(name: str, param: Param) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(ir.DataType(param[1])), shape=ir.Shape(list(param[2])))
 
 
 def per_tensor_optimizer(
-    model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]], path: str = "optimizer model"
+    model: onnx.ModelProto, params: Sequence[Param], path: str = "optimizer model"
 ) -> PerTensorOptimizer:
     """Wrap a sequence-based optimizer model into a per-tensor one (``model`` is not changed).
 
@@ -100,151 +110,138 @@ def per_tensor_optimizer(
         ValueError: if the model's sequence outputs do not follow the contract or its
             opset is too old for sequence ops.
     """
-    graph = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    ir_model = from_proto(model)
+    graph = ir_model.graph
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
     if opset < _SEQUENCE_OPSET:
         raise ValueError(
             f"The {path} imports opset {opset} of the default domain; the portable backend needs opset >= "
             f"{_SEQUENCE_OPSET} (sequence ops). Regenerate the artifacts."
         )
-    sequences = [i.name for i in graph.input if i.type.WhichOneof("value") == "sequence_type"]
-    scalars = [i.name for i in graph.input if i.name not in sequences]
-    updated = {o.name: o for o in graph.output}
-    missing = [updated_name(s) for s in sequences[:1] if updated_name(s) not in updated]
+    sequences = [v for v in graph.inputs if isinstance(v.type, ir.SequenceType)]
+    scalars = [v for v in graph.inputs if v not in sequences]
+    updated = {o.name: o for o in graph.outputs}
+    names_in = [str(s.name) for s in sequences]
+    missing = [updated_name(s) for s in names_in[:1] if updated_name(s) not in updated]
     if not sequences or missing:
         raise ValueError(
-            f"The {path} has sequence inputs {sequences} and outputs {list(updated)}; a portable optimizer model "
+            f"The {path} has sequence inputs {names_in} and outputs {list(updated)}; a portable optimizer model "
             "takes the parameters as a tensor sequence and returns 'params.out' (see docs/portable.md). Regenerate "
             "the artifacts with portable=True."
         )
-    taken = set(_all_names(graph))
-    direct = _unwrapped(model, params, sequences, scalars, taken)
-    if direct is not None:
-        return direct
+    names = graph_names(graph)
+    done = _unwrapped(graph, params, sequences, names) or _wrapped(graph, params, sequences, updated, names, opset)
+    inputs, outputs = done
+    return PerTensorOptimizer(to_proto(ir_model), inputs, outputs, [str(v.name) for v in scalars])
 
-    fresh = _namer(taken)
 
-    wrapped = onnx.ModelProto()
-    wrapped.CopyFrom(model)
-    body = wrapped.graph
-    del body.input[:]
-    del body.output[:]
-    body.input.extend(i for i in graph.input if i.name in scalars)
+Maps = tuple[dict[tuple[str, int], str], dict[tuple[str, int], str]]
+
+
+def _wrapped(
+    graph: ir.Graph,
+    params: Sequence[Param],
+    sequences: list[ir.Value],
+    updated: dict[str | None, ir.Value],
+    names: NameAuthority,
+    opset: int,
+) -> Maps:
+    """``SequenceConstruct`` in front of the model and ``SequenceAt`` behind it."""
+    w = Writer(names, opset, "per_tensor")
     inputs: dict[tuple[str, int], str] = {}
     outputs: dict[tuple[str, int], str] = {}
-    front, back, positions = [], [], []
-    for index in range(len(params)):
-        position = fresh(f"onnxblocks.position.{index}")
-        positions.append(numpy_helper.from_array(np.array(index, np.int64), position))
+    new_inputs: list[ir.Value] = []
     for sequence in sequences:
-        names = []
-        for index, (param, elem, shape) in enumerate(params):
-            name = inputs[(sequence, index)] = fresh(_element_name(sequence, param))
-            body.input.append(helper.make_tensor_value_info(name, elem, list(shape)))
-            names.append(name)
-        front.append(helper.make_node("SequenceConstruct", names, [sequence], name=fresh(f"construct.{sequence}")))
-        result = updated_name(sequence)
-        if result not in updated:
+        name = str(sequence.name)
+        elements = []
+        for index, param in enumerate(params):
+            value = _tensor(_fresh(names, _element_name(name, param[0])), param)
+            inputs[(name, index)] = str(value.name)
+            elements.append(value)
+        new_inputs += elements
+        built = w.op("SequenceConstruct", elements, ir.Value(name=names.fresh(f"construct.{name}")))
+        ir.convenience.replace_all_uses_with(sequence, built)
+    front = list(w.nodes)
+    w.nodes.clear()
+    new_outputs: list[ir.Value] = []
+    for sequence in sequences:
+        name = str(sequence.name)
+        result = updated.get(updated_name(name))
+        if result is None:
             continue  # a sequence the optimizer only reads (SGD's moments)
-        for index, (param, elem, shape) in enumerate(params):
-            name = outputs[(sequence, index)] = fresh(updated_name(_element_name(sequence, param)))
-            back.append(
-                helper.make_node("SequenceAt", [result, positions[index].name], [name], name=fresh(f"at.{name}"))
-            )
-            body.output.append(helper.make_tensor_value_info(name, elem, list(shape)))
-    nodes = [*front, *graph.node, *back]
-    del body.node[:]
-    body.node.extend(nodes)
-    body.initializer.extend(positions)
-    return PerTensorOptimizer(wrapped, inputs, outputs, scalars)
+        for index, param in enumerate(params):
+            out = _tensor(_fresh(names, updated_name(_element_name(name, param[0]))), param)
+            w.op("SequenceAt", [result, w.const(np.int64(index), suffix="position")], out)
+            outputs[(name, index)] = str(out.name)
+            new_outputs.append(out)
+    scalars = [v for v in graph.inputs if v not in sequences]
+    graph.inputs.clear()
+    graph.inputs.extend([*scalars, *new_inputs])
+    for node, value in zip(front, sequences, strict=True):  # the sequences keep their names inside the model
+        node.outputs[0].name = value.name
+    if len(graph):
+        graph.insert_before(graph.node(0), front)
+    else:
+        graph.extend(front)
+    graph.extend(w.nodes)
+    graph.outputs.clear()
+    graph.outputs.extend(new_outputs)
+    return inputs, outputs
 
 
-def _constant_positions(graph: onnx.GraphProto) -> dict[str, int]:
-    """Scalar integer constants of the graph (initializers and ``Constant`` nodes), by name."""
-    out = {}
-    tensors = [(t.name, t) for t in graph.initializer]
-    tensors += [(n.output[0], n.attribute[0].t) for n in graph.node if n.op_type == "Constant" and n.attribute]
-    for name, tensor in tensors:
-        if tensor.data_type in (TensorProto.INT64, TensorProto.INT32) and len(tensor.dims) <= 1:
-            value = numpy_helper.to_array(tensor).reshape(-1)
-            if value.size == 1:
-                out[name] = int(value[0])
-    return out
+def _position(value: ir.Value | None) -> int | None:
+    """The scalar integer a constant ``value`` holds, or None."""
+    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or len(tensor.shape) > 1:
+        return None
+    array = tensor.numpy().reshape(-1)
+    return int(array[0]) if array.size == 1 else None
 
 
 def _unwrapped(
-    model: onnx.ModelProto,
-    params: Sequence[tuple[str, int, Sequence[int]]],
-    sequences: list[str],
-    scalars: list[str],
-    taken: set[str],
-) -> PerTensorOptimizer | None:
+    graph: ir.Graph, params: Sequence[Param], sequences: list[ir.Value], names: NameAuthority
+) -> Maps | None:
     """The optimizer with its SequenceAt / SequenceConstruct nodes replaced by tensors, or None if it has others."""
-    graph, count = model.graph, len(params)
-    positions = _constant_positions(graph)
-    outputs = {o.name for o in graph.output}
-    at: dict[int, tuple[str, int]] = {}  # node index -> (sequence, element)
-    built: dict[int, str] = {}  # node index -> the sequence output it builds
-    for index, node in enumerate(graph.node):
-        if any(a.HasField("g") or a.graphs for a in node.attribute):
+    count = len(params)
+    outputs = set(graph.outputs)
+    at: list[tuple[ir.Node, ir.Value, int]] = []  # (node, sequence, element)
+    built: list[ir.Node] = []
+    for node in graph:
+        if any(True for _ in subgraphs(node)):
             return None  # a subgraph might read the sequences
-        if node.op_type == "SequenceAt" and node.input[0] in sequences:
-            position = positions.get(node.input[1])
+        if node.op_type == "SequenceAt" and node.inputs[0] in sequences:
+            position = _position(node.inputs[1])
             if position is None or not -count <= position < count:
                 return None
-            at[index] = (node.input[0], position % count)
-        elif any(name in sequences for name in node.input):
+            at.append((node, node.inputs[0], position % count))
+        elif any(v in sequences for v in node.inputs):
             return None
-        if node.op_type == "SequenceConstruct" and node.output[0] in outputs and len(node.input) == count:
-            built[index] = node.output[0]
-    consumed = {name for node in graph.node for name in node.input}
-    if set(built.values()) != outputs or outputs & consumed:
+        if node.op_type == "SequenceConstruct" and node.outputs[0] in outputs and len(node.inputs) == count:
+            built.append(node)
+    if {n.outputs[0] for n in built} != outputs or any(o.uses() for o in outputs):
         return None
 
-    fresh = _namer(taken)
-
-    inputs = {(s, i): fresh(_element_name(s, p)) for s in sequences for i, (p, _, _) in enumerate(params)}
-    result = {
-        (o[: -len(UPDATED_SUFFIX)], i): fresh(updated_name(_element_name(o[: -len(UPDATED_SUFFIX)], p)))
-        for o in outputs
-        for i, (p, _, _) in enumerate(params)
+    element = {
+        (str(s.name), i): _tensor(_fresh(names, _element_name(str(s.name), p[0])), p)
+        for s in sequences
+        for i, p in enumerate(params)
     }
-    nodes = []
-    for index, node in enumerate(graph.node):
-        if index in at:
-            nodes.append(helper.make_node("Identity", [inputs[at[index]]], [node.output[0]], name=node.name))
-        elif index in built:
-            sequence = built[index][: -len(UPDATED_SUFFIX)]
-            for i, value in enumerate(node.input):
-                nodes.append(helper.make_node("Identity", [value], [result[(sequence, i)]], name=fresh(f"out.{value}")))
-        else:
-            nodes.append(node)
-    wrapped = onnx.ModelProto()
-    wrapped.CopyFrom(model)
-    body = wrapped.graph
-    del body.input[:], body.output[:], body.node[:]
-    body.input.extend(i for i in graph.input if i.name in scalars)
-    for (_, i), name in inputs.items():
-        body.input.append(helper.make_tensor_value_info(name, params[i][1], list(params[i][2])))
-    for (_, i), name in result.items():
-        body.output.append(helper.make_tensor_value_info(name, params[i][1], list(params[i][2])))
-    body.node.extend(nodes)
-    gone = {*sequences, *outputs}
-    kept = [v for v in graph.value_info if v.name not in gone]
-    del body.value_info[:]
-    body.value_info.extend(kept)
-    return PerTensorOptimizer(wrapped, inputs, result, scalars)
-
-
-def _namer(taken: set[str]) -> Callable[[str], str]:
-    """A name maker: ``base`` when it is free, else ``base_1``, ``base_2`` ... (each reserved in ``taken``)."""
-
-    def fresh(base: str) -> str:
-        name, n = base, 0
-        while name in taken:
-            n += 1
-            name = f"{base}_{n}"
-        taken.add(name)
-        return name
-
-    return fresh
+    results: dict[tuple[str, int], ir.Value] = {}
+    w = Writer(names, graph.opset_imports.get("", _SEQUENCE_OPSET), "per_tensor")
+    for node in built:
+        updated = str(node.outputs[0].name)[: -len(UPDATED_SUFFIX)]
+        for i, value in enumerate(node.inputs):
+            out = _tensor(_fresh(names, updated_name(_element_name(updated, params[i][0]))), params[i])
+            results[(updated, i)] = w.op("Identity", [value], out)
+    for node, read, index in at:
+        ir.convenience.replace_all_uses_with(node.outputs[0], element[(str(read.name), index)])
+    graph.outputs.clear()
+    graph.remove([n for n, _, _ in at] + built, safe=True)
+    graph.extend(w.nodes)
+    scalars = [v for v in graph.inputs if v not in sequences]
+    graph.inputs.clear()
+    graph.inputs.extend([*scalars, *element.values()])
+    graph.outputs.extend(results.values())
+    remove_unused_nodes(graph)  # the positions the SequenceAt nodes read
+    inputs = {key: str(v.name) for key, v in element.items()}
+    return inputs, {key: str(v.name) for key, v in results.items()}
