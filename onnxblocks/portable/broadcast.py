@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from onnxblocks.portable.context import LoweringContext, Writer, attributes, describe, inputs, outputs
@@ -70,9 +69,7 @@ def broadcast_axes(
     ndim = w.op("Max", [rank_a, rank_b])
     padded = []
     for shape, rank in ((a_shape, rank_a), (b_shape, rank_b)):
-        ones = w.op(
-            "ConstantOfShape", [w.op("Sub", [ndim, rank])], value=onnx.numpy_helper.from_array(np.ones(1, np.int64))
-        )
+        ones = w.op("ConstantOfShape", [w.op("Sub", [ndim, rank])], value=ir.tensor(np.ones(1, np.int64)))
         padded.append(w.concat([ones, shape]))
     a_pad, b_pad = padded
     descending = w.op("Range", [w.reshape(w.op("Sub", [ndim, one]), []), w.const(np.int64(-1)), w.const(np.int64(-1))])

@@ -21,7 +21,7 @@ from onnxblocks.portable.context import INT64_MAX, LoweringContext, Writer, inpu
 def zeros(w: Writer, shape: ir.Value | None, elem_type: int) -> ir.Value:
     """``ConstantOfShape(shape)`` of ``elem_type`` zeros."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
-    return w.op("ConstantOfShape", [shape], value=onnx.numpy_helper.from_array(np.zeros(1, dtype)))
+    return w.op("ConstantOfShape", [shape], value=ir.tensor(np.zeros(1, dtype)))
 
 
 def _product(w: Writer, dims: ir.Value) -> ir.Value:

@@ -15,6 +15,7 @@ peepholes (the normalisation passes split other directions into forward nodes).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -84,9 +85,9 @@ class _Parts:
             self.wb = self.rb = zeros
 
 
-def _zero(w: Writer, like: ir.Value | None) -> onnx.TensorProto:
+def _zero(w: Writer, like: ir.Value | None) -> ir.TensorProtocol:
     del w, like
-    return onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])
+    return ir.tensor(np.zeros(1, np.float32), name="zero")
 
 
 def _steps(w: Writer, hall: ir.Value, first: ir.Value | None, batch_hidden: ir.Value) -> ir.Value:
