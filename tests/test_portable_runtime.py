@@ -430,3 +430,25 @@ def test_a_sequence_optimizer_model_converted_offline_trains_like_a_regenerated_
             session.lazy_reset_grad()
     for name in ("W", "b"):
         np.testing.assert_array_equal(*(s.get_parameter(name) for s in sessions))
+
+
+def test_the_portable_runtime_needs_no_graph_tooling(linear_dirs):
+    """Training portable artifacts loads and binds them as written: onnx_ir is never imported (nor needed)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['onnx_ir'] = None\n"  # an import of it now fails
+        "import portable_linear as pl\n"
+        "from onnxblocks.runtime import TrainingSession\n"
+        f"for directory in {[str(d) for d in linear_dirs.values()]!r}:\n"
+        "    session = TrainingSession(directory)\n"
+        "    x, t = pl.batches(1)[0]\n"
+        "    session.train_step(x, t); session.optimizer_step(); session.train_and_update(x, t)\n"
+        "print('trained')\n"
+    )
+    tests = str(Path(__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tests, check=False, timeout=300
+    )
+    assert done.returncode == 0 and "trained" in done.stdout, done.stderr[-3000:]
