@@ -452,3 +452,12 @@ def test_the_portable_runtime_needs_no_graph_tooling(linear_dirs):
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tests, check=False, timeout=300
     )
     assert done.returncode == 0 and "trained" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_optimizer_model_of_other_artifacts_is_refused_at_load(tmp_path):
+    directory = pl.write(tmp_path / "a", fused=False)
+    model = onnx.load(directory / "optimizer_model.onnx")
+    model.graph.input.append(onnx.helper.make_tensor_value_info("V", onnx.TensorProto.FLOAT, [3]))
+    onnx.save(model, directory / "optimizer_model.onnx")
+    with pytest.raises(ValueError, match=r"takes \['V'\], which are not this checkpoint's trainable parameters"):
+        TrainingSession(directory)

@@ -114,6 +114,16 @@ class PortableBackend:
         )
         if self._optimizer is not None:
             _refuse_sequences(self._optimizer, files)
+            bound = {LEARNING_RATE, STEP, *self._frozen}
+            for name in self._trainable:
+                bound.update((name, gradient_name(name), *moment_names(name)))
+            unknown = [n for n in self._optimizer.inputs if n not in bound]
+            if unknown:
+                raise ValueError(
+                    f"The optimizer model '{files.optimizer_model}' takes {preview(unknown)}, which are not this "
+                    "checkpoint's trainable parameters, their gradients or moments. Use the optimizer model "
+                    "generated with these artifacts."
+                )
         # a moment input the models take for each parameter (SGD's optimizer model takes one it never reads)
         stateful = self._optimizer or self._fused
         moments = 0
