@@ -9,6 +9,8 @@ providers implement fewer contrib ops).
 
 from __future__ import annotations
 
+import functools
+
 import onnx
 import onnx_ir as ir
 
@@ -34,6 +36,7 @@ PORTABLE_CONTRIB_OPS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def is_portable_op(op_type: str, domain: str = "", opset: int | None = None) -> bool:
     """True for a standard ONNX op (at ``opset``, any opset when None) or a portable contrib op."""
     if domain in ("", "ai.onnx"):
