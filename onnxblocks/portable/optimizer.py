@@ -46,7 +46,7 @@ from onnxblocks._core.contrib import ADAMW_OPTIMIZER, INPLACE_CLIP_GRAD_NORM, SG
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
-from onnxblocks.ir.writer import Writer
+from onnxblocks.portable.context import Writer
 
 #: ``InplaceClipGradNorm``'s epsilon: ``coefficient = min(max_norm / (norm + 1e-6), 1)``.
 CLIP_EPSILON = 1e-6

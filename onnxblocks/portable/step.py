@@ -33,8 +33,8 @@ from onnxblocks._core.errors import PortabilityError
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
-from onnxblocks.ir.writer import Writer
 from onnxblocks.portable.accumulation import _parameters, accumulators
+from onnxblocks.portable.context import Writer
 from onnxblocks.portable.optimizer import OptimizerSpec, adamw_scalars, adamw_update, clip_gradients, sgd_update
 
 
