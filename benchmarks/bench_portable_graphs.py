@@ -44,7 +44,7 @@ def training_build_step(directory: Path, batch: list[np.ndarray]):
     optimizer.set_learning_rate(1e-3)
     fetches = C.OrtValueVector()
 
-    def step() -> None:
+    def step(state=state) -> None:  # the Module points into the state: keep it alive (freed, the run fails at random)
         module.train_step(batch, fetches)
         optimizer.optimizer_step()
         module.lazy_reset_grad()

@@ -27,6 +27,7 @@ from onnxblocks._core.contracts import (
     STEP,
     accumulated_name,
     buffer_name,
+    gradient_name,
     moment_names,
     updated_name,
 )
@@ -144,8 +145,58 @@ def _seq(name: str):
     return helper.make_tensor_sequence_value_info(name, F, None)
 
 
-def write(directory: str | Path, fused: bool = True, seed: int = 0) -> Path:
-    """Write the artifacts (training, eval, optimizer, step model when ``fused``, checkpoint) into ``directory``."""
+def _sequence_optimizer() -> onnx.ModelProto:
+    """AdamW over tensor sequences (the first portable layout)."""
+    nodes: list = []
+    _scalars(nodes)
+    outs: dict[str, list[str]] = {PARAMS: [], FIRST_ORDER_MOMENTS: [], SECOND_ORDER_MOMENTS: []}
+    for i, p in enumerate(PARAM_NAMES):
+        pos = f"pos{i}"
+        got = {}
+        for seq in (PARAMS, GRADIENTS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS):
+            got[seq] = f"{seq}.{i}"
+            nodes.append(helper.make_node("SequenceAt", [seq, pos], [got[seq]]))
+        new = _adamw(nodes, got[PARAMS], got[GRADIENTS], got[FIRST_ORDER_MOMENTS], got[SECOND_ORDER_MOMENTS], p)
+        for seq, value in zip(outs, new, strict=True):
+            outs[seq].append(value)
+    for seq, values in outs.items():
+        nodes.append(helper.make_node("SequenceConstruct", values, [updated_name(seq)]))
+    positions = [numpy_helper.from_array(np.array(i, np.int64), f"pos{i}") for i in range(len(PARAM_NAMES))]
+    return _model(
+        nodes,
+        [
+            _vi(LEARNING_RATE, [1]),
+            _vi(STEP, [1], TensorProto.INT64),
+            *(_seq(s) for s in (PARAMS, GRADIENTS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)),
+        ],
+        [_seq(updated_name(s)) for s in outs],
+        [*_adamw_constants(), *positions],
+    )
+
+
+def _per_tensor_optimizer(shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """AdamW with one tensor input and output per parameter, gradient and moment (docs/portable.md)."""
+    nodes: list = []
+    _scalars(nodes)
+    inputs = [_vi(LEARNING_RATE, [1]), _vi(STEP, [1], TensorProto.INT64)]
+    outputs = []
+    for p in PARAM_NAMES:
+        m, v = moment_names(p)
+        inputs += [_vi(n, shapes[p]) for n in (p, gradient_name(p), m, v)]
+        new = _adamw(nodes, p, gradient_name(p), m, v, p)
+        for name, value in zip((p, m, v), new, strict=True):
+            nodes.append(helper.make_node("Identity", [value], [updated_name(name)]))
+            outputs.append(_vi(updated_name(name), shapes[p]))
+    return _model(nodes, inputs, outputs, _adamw_constants())
+
+
+def write(directory: str | Path, fused: bool = True, seed: int = 0, sequence_optimizer: bool = False) -> Path:
+    """Write the artifacts (training, eval, optimizer, step model when ``fused``, checkpoint) into ``directory``.
+
+    The optimizer model takes one tensor per parameter, gradient and moment; with
+    ``sequence_optimizer``, tensor sequences instead (the first portable layout, which
+    the runtime refuses).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     shapes = {"W": [IN, OUT], "b": [OUT]}
@@ -176,31 +227,7 @@ def write(directory: str | Path, fused: bool = True, seed: int = 0) -> Path:
     _forward(nodes, "W", "b")
     evaluation = _model(nodes, [*data_inputs, *param_inputs], user_outputs)
 
-    nodes = []
-    _scalars(nodes)
-    outs: dict[str, list[str]] = {PARAMS: [], FIRST_ORDER_MOMENTS: [], SECOND_ORDER_MOMENTS: []}
-    for i, p in enumerate(PARAM_NAMES):
-        pos = f"pos{i}"
-        got = {}
-        for seq in (PARAMS, GRADIENTS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS):
-            got[seq] = f"{seq}.{i}"
-            nodes.append(helper.make_node("SequenceAt", [seq, pos], [got[seq]]))
-        new = _adamw(nodes, got[PARAMS], got[GRADIENTS], got[FIRST_ORDER_MOMENTS], got[SECOND_ORDER_MOMENTS], p)
-        for seq, value in zip(outs, new, strict=True):
-            outs[seq].append(value)
-    for seq, values in outs.items():
-        nodes.append(helper.make_node("SequenceConstruct", values, [updated_name(seq)]))
-    positions = [numpy_helper.from_array(np.array(i, np.int64), f"pos{i}") for i in range(len(PARAM_NAMES))]
-    optimizer = _model(
-        nodes,
-        [
-            _vi(LEARNING_RATE, [1]),
-            _vi(STEP, [1], TensorProto.INT64),
-            *(_seq(s) for s in (PARAMS, GRADIENTS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)),
-        ],
-        [_seq(updated_name(s)) for s in outs],
-        [*_adamw_constants(), *positions],
-    )
+    optimizer = _sequence_optimizer() if sequence_optimizer else _per_tensor_optimizer(shapes)
     models = {"training_model": training, "eval_model": evaluation, "optimizer_model": optimizer}
     if fused:
         nodes = []

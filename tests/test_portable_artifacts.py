@@ -5,7 +5,7 @@ environment (stock onnxruntime under Python 3.13 is tests/test_portable_runtime*
 
 * 20 AdamW steps with the portable models track the training build's artifacts
   (rtol 1e-5) and torch eager AdamW (rtol 1e-4): once through the training model
-  (accumulated gradients out) and the optimizer model (updated sequences out), once
+  (accumulated gradients out) and the optimizer model (updated parameters and moments out), once
   through the fused step model; the demo MLP, the CNN and the small GPT.
 * The accumulation contract: buffers add up, ``lazy_reset_grad`` overwrites.
 * For models of every lowering family of the exporter sweep, the portable
@@ -34,6 +34,7 @@ from onnxblocks._core.contracts import (
     STEP,
     accumulated_name,
     buffer_name,
+    gradient_name,
     moment_names,
     updated_name,
 )
@@ -81,11 +82,14 @@ class PortableTrainer:
     def step(self) -> None:
         self.step_count += 1
         feeds = {LEARNING_RATE: np.array([LR], np.float32), STEP: np.array([self.step_count], np.int64)}
-        feeds |= {"params": [self.params[n] for n in self.names], "gradients": [self.buffers[n] for n in self.names]}
-        feeds |= {"first_order_moments": self.moments[0], "second_order_moments": self.moments[1]}
-        params, m1, m2 = self.optimizer.run(None, feeds)
-        self.params = dict(zip(self.names, params, strict=True))
-        self.moments = [m1, m2]
+        for i, name in enumerate(self.names):  # one tensor per parameter, gradient and moment
+            first, second = moment_names(name)
+            feeds |= {name: self.params[name], gradient_name(name): self.buffers[name]}
+            feeds |= {first: self.moments[0][i], second: self.moments[1][i]}
+        names = [o.name for o in self.optimizer.get_outputs()]
+        out = dict(zip(names, self.optimizer.run(None, feeds), strict=True))
+        self.params = {n: out[updated_name(n)] for n in self.names}
+        self.moments = [[out[updated_name(moment_names(n)[k])] for n in self.names] for k in range(2)]
 
 
 class StepTrainer:

@@ -9,6 +9,7 @@ its numbers are checked against torch eager AdamW.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from runtime_support import classification_data, generate
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.errors import OnnxBlocksError
 from onnxblocks.runtime import ArrayBatches, TrainingSession, fit
 
 
@@ -327,9 +329,9 @@ def test_optimizer_sequences_become_tensors(tmp_path):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from onnxblocks.runtime.portable_graphs import per_tensor_optimizer
+    from onnxblocks.portable.sequences import per_tensor_optimizer
 
-    directory = pl.write(tmp_path / "a", fused=False)
+    directory = pl.write(tmp_path / "a", fused=False, sequence_optimizer=True)
     params = [("W", TensorProto.FLOAT, (pl.IN, pl.OUT)), ("b", TensorProto.FLOAT, (pl.OUT,))]
     direct = per_tensor_optimizer(onnx.load(directory / "optimizer_model.onnx"), params)
     assert not {n.op_type for n in direct.model.graph.node} & {"SequenceAt", "SequenceConstruct"}
@@ -373,3 +375,89 @@ def test_optimizer_sequences_become_tensors(tmp_path):
             ),
             params,
         )
+
+
+#: Portable artifacts as onnxblocks wrote them before the optimizer model took one tensor per parameter (its
+#: optimizer model takes tensor sequences): the linear model of portable_linear.py, MSE, AdamW, from
+#: ``generate_artifacts(..., portable=True)`` of that release (see tests/data/portable_sequence_optimizer/README.md).
+SEQUENCE_LAYOUT = Path(__file__).parent / "data" / "portable_sequence_optimizer"
+
+
+def test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_regenerates_them(tmp_path):
+    hand_written = pl.write(tmp_path / "hand", fused=False, sequence_optimizer=True)
+    for directory in (SEQUENCE_LAYOUT, hand_written):
+        with pytest.raises(OnnxBlocksError, match=r"tensor sequences.*--portable.*portable=True"):
+            TrainingSession(directory)
+    generate_artifacts(
+        pl.forward_model(),
+        requires_grad=["W", "b"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "regenerated",
+        portable=True,
+    )
+    session = TrainingSession(tmp_path / "regenerated")
+    x, t = pl.batches(1)[0]
+    session.train_step(x, t)
+    session.optimizer_step()
+
+
+def test_a_sequence_optimizer_model_converted_offline_trains_like_a_regenerated_one(tmp_path):
+    """``per_tensor_optimizer`` turns the first layout's optimizer model into the one the runtime runs."""
+    import shutil
+
+    from onnx import TensorProto
+
+    from onnxblocks.portable.sequences import per_tensor_optimizer
+
+    old = shutil.copytree(SEQUENCE_LAYOUT, tmp_path / "old")
+    params = [("W", TensorProto.FLOAT, (pl.IN, pl.OUT)), ("b", TensorProto.FLOAT, (pl.OUT,))]
+    converted = per_tensor_optimizer(onnx.load(old / "optimizer_model.onnx"), params)
+    onnx.save(converted.model, old / "optimizer_model.onnx")
+    generate_artifacts(
+        pl.forward_model(),
+        requires_grad=["W", "b"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "new",
+        portable=True,
+    )
+    sessions = [TrainingSession(old), TrainingSession(tmp_path / "new")]
+    for x, t in pl.batches(3):
+        for session in sessions:
+            session.train_step(x, t)
+            session.optimizer_step()
+            session.lazy_reset_grad()
+    for name in ("W", "b"):
+        np.testing.assert_array_equal(*(s.get_parameter(name) for s in sessions))
+
+
+def test_the_portable_runtime_needs_no_graph_tooling(linear_dirs):
+    """Training portable artifacts loads and binds them as written: onnx_ir is never imported (nor needed)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['onnx_ir'] = None\n"  # an import of it now fails
+        "import portable_linear as pl\n"
+        "from onnxblocks.runtime import TrainingSession\n"
+        f"for directory in {[str(d) for d in linear_dirs.values()]!r}:\n"
+        "    session = TrainingSession(directory)\n"
+        "    x, t = pl.batches(1)[0]\n"
+        "    session.train_step(x, t); session.optimizer_step(); session.train_and_update(x, t)\n"
+        "print('trained')\n"
+    )
+    tests = str(Path(__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tests, check=False, timeout=300
+    )
+    assert done.returncode == 0 and "trained" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_optimizer_model_of_other_artifacts_is_refused_at_load(tmp_path):
+    directory = pl.write(tmp_path / "a", fused=False)
+    model = onnx.load(directory / "optimizer_model.onnx")
+    model.graph.input.append(onnx.helper.make_tensor_value_info("V", onnx.TensorProto.FLOAT, [3]))
+    onnx.save(model, directory / "optimizer_model.onnx")
+    with pytest.raises(ValueError, match=r"takes \['V'\], which are not this checkpoint's trainable parameters"):
+        TrainingSession(directory)

@@ -72,8 +72,16 @@ FORWARD_OUTPUTS_METADATA = "onnxblocks.forward_outputs"
 PORTABLE_METADATA = "onnxblocks.portable"
 #: Suffix of a value's updated copy among a portable model's outputs (``params.out``, ``<p>.out``).
 UPDATED_SUFFIX = ".out"
-#: Suffixes of a parameter's AdamW moments among the fused step model's inputs.
+#: Suffixes of a parameter's AdamW moments among the step and optimizer models' inputs.
 FIRST_MOMENT_SUFFIX, SECOND_MOMENT_SUFFIX = ".exp_avg", ".exp_avg_sq"
+
+# ---------------------------------------------------------------- optimizer state (ONNX Runtime's checkpoint layout)
+#: The learning rate ONNX Runtime's ``Optimizer`` starts with (until set, or restored from a checkpoint).
+DEFAULT_LEARNING_RATE = 1e-3
+#: ONNX Runtime's name for its single optimizer group in a checkpoint.
+OPTIMIZER_GROUP = "group0"
+#: ONNX Runtime's names of a parameter's moments in a checkpoint (first, second).
+CHECKPOINT_MOMENTS = ("momentum0", "momentum1")
 
 
 def updated_name(name: str) -> str:
@@ -82,7 +90,7 @@ def updated_name(name: str) -> str:
 
 
 def moment_names(param: str) -> tuple[str, str]:
-    """The fused step model's inputs holding a parameter's AdamW moments: ``<p>.exp_avg``, ``<p>.exp_avg_sq``."""
+    """The step and optimizer models' inputs holding a parameter's moments: ``<p>.exp_avg``, ``<p>.exp_avg_sq``."""
     return f"{param}{FIRST_MOMENT_SUFFIX}", f"{param}{SECOND_MOMENT_SUFFIX}"
 
 

@@ -7,25 +7,33 @@ models run on stock ``onnxruntime`` (any Python, ``onnxruntime-web``, ``-node``)
 * :func:`make_portable`: the entry point, from the training build's models.
 * :data:`LOWERINGS`: one small named function per training-only op (families in
   ``activations``, ``broadcast``, ``matmul``, ``softmax``, ``normalization``,
-  ``indexing``, ``conv``, ``recurrent``), applied by :func:`lower_training_ops`.
-* :func:`portable_accumulation`, :func:`portable_optimizer_model`, :func:`step_model`:
-  the contract rewrites (accumulated gradients out, updated sequences out, one fused step).
+  ``indexing``, ``conv``, ``recurrent``), applied by the :class:`LowerTrainingOps` pass
+  (:func:`lower_training_ops` on a ``ModelProto``).
+* :class:`AccumulateGradients`, :func:`optimizer_model`, :class:`FuseStep`: the contract
+  rewrites (accumulated gradients out; updated parameters and moments out, one tensor
+  each; one fused step), passes on :mod:`onnxblocks.ir`'s contract;
+  :func:`portable_accumulation`, :func:`step_model` run them on a ``ModelProto``;
+  :func:`portable_optimizer_model` writes the optimizer with the training build's
+  sequence inputs.
 * :func:`non_portable_ops` / :func:`is_portable_op`: the check against what stock
   ONNX Runtime runs (:data:`PORTABLE_CONTRIB_OPS`).
 
-It sits on ``_core`` and ``gradient`` only.
+It sits on ``_core`` and ``ir`` only (every graph edit is an :mod:`onnxblocks.ir` pass).
 """
 
-from onnxblocks.portable.accumulation import portable_accumulation, trainable_parameters
-from onnxblocks.portable.lower import CONTRACT_OPS, LOWERINGS, lower_training_ops
+from onnxblocks.portable.accumulation import AccumulateGradients, portable_accumulation, trainable_parameters
+from onnxblocks.portable.lower import CONTRACT_OPS, LOWERINGS, LowerTrainingOps, lower_training_ops
 from onnxblocks.portable.make import PortableModels, check_portable, make_portable, mark_portable
 from onnxblocks.portable.ops import PORTABLE_CONTRIB_OPS, is_portable_op, non_portable_ops
-from onnxblocks.portable.optimizer import OptimizerSpec, portable_optimizer_model, read_optimizer
-from onnxblocks.portable.step import step_model
+from onnxblocks.portable.optimizer import OptimizerSpec, optimizer_model, portable_optimizer_model, read_optimizer
+from onnxblocks.portable.step import FuseStep, step_model
 
 __all__ = [
+    "AccumulateGradients",
     "CONTRACT_OPS",
+    "FuseStep",
     "LOWERINGS",
+    "LowerTrainingOps",
     "PORTABLE_CONTRIB_OPS",
     "OptimizerSpec",
     "PortableModels",
@@ -36,6 +44,7 @@ __all__ = [
     "make_portable",
     "mark_portable",
     "non_portable_ops",
+    "optimizer_model",
     "portable_optimizer_model",
     "read_optimizer",
     "step_model",

@@ -14,103 +14,137 @@ runtime feeds it back as the next step's buffer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name
 from onnxblocks._core.errors import PortabilityError
-from onnxblocks.gradient import _graph
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
 
 ACCUMULATOR = "InPlaceAccumulatorV2"
 
 
-def accumulators(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The ``InPlaceAccumulatorV2`` nodes of a training model, in graph order."""
-    return [n for n in model.graph.node if n.op_type == ACCUMULATOR]
+def accumulators(graph: ir.Graph) -> list[ir.Node]:
+    """The ``InPlaceAccumulatorV2`` nodes of a training graph, in graph order."""
+    return [n for n in graph if n.op_type == ACCUMULATOR]
 
 
-def trainable_parameters(model: onnx.ModelProto) -> list[str]:
+def trainable_parameters(model: ir.Model | onnx.ModelProto) -> list[str]:
     """Names of the trainable parameters of a training model: those whose gradient it accumulates.
 
     Raises:
         PortabilityError: if an accumulator's output is not named ``<p>_grad.accumulation.out``
             for a parameter ``p`` among the graph inputs.
     """
-    graph_inputs = {i.name for i in model.graph.input}
-    names = []
-    for node in accumulators(model):
-        out = node.output[0] if node.output else ""
-        param = next((p for p in graph_inputs if accumulated_name(p) == out), None)
+    graph = (from_proto(model) if isinstance(model, onnx.ModelProto) else model).graph
+    return [p.name for p in _parameters(graph) if p.name is not None]
+
+
+def _parameters(graph: ir.Graph) -> list[ir.Value]:
+    by_output = {accumulated_name(v.name): v for v in graph.inputs if v.name}
+    found = []
+    for node in accumulators(graph):
+        out = node.outputs[0].name if node.outputs else ""
+        param = by_output.get(out or "")
         if param is None:
             raise PortabilityError(
                 f"Accumulator node '{node.name}' writes '{out}', which is not '<param>_grad.accumulation.out' for a "
                 "graph input: the training model does not follow onnxblocks' contract. Generate it with "
                 "onnxblocks.generate_artifacts."
             )
-        names.append(param)
-    return names
+        found.append(param)
+    return found
 
 
-def portable_accumulation(model: onnx.ModelProto) -> list[str]:
-    """Rewrite the accumulators of ``model``, in place, into one standard ``If`` on ``lazy_reset_grad``.
+class AccumulateGradients(Pass):
+    """Rewrite the accumulators into one standard ``If`` on ``lazy_reset_grad``.
 
     Its ``then`` branch passes each gradient through, its ``else`` branch adds it to the
     buffer (one pass over each buffer either way; ``Where`` would read both and runs
     several times slower on ONNX Runtime's CPU). Each ``<p>_grad.accumulation.out``
-    output becomes a tensor of ``p``'s type and shape.
+    output becomes a tensor of ``p``'s type and shape. :attr:`trainable` holds the
+    trainable parameters afterwards, in the order of the accumulators.
+    """
+
+    name = "accumulation"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trainable: list[str] = []
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        params = _parameters(graph)
+        self.trainable = [p.name for p in params if p.name is not None]
+        found = accumulators(graph)
+        if not found:
+            return {}
+        flags = {n.inputs[2] for n in found if len(n.inputs) > 2 and n.inputs[2] is not None}
+        if len(flags) > 1:
+            raise PortabilityError(
+                f"The accumulators read different reset flags {sorted(str(f.name) for f in flags)}; expected "
+                f"'{LAZY_RESET_GRAD}'."
+            )
+        names = graph_names(graph)
+        new_nodes: list[ir.Node] = []
+        new_values: list[ir.Value] = []
+        if not flags:
+            for node in found:
+                buffer, grad = node.inputs[0], node.inputs[1]
+                add = ir.node("Add", [buffer, grad], name=names.fresh("Add"))
+                new_nodes.append(add)
+                new_values.append(add.outputs[0])
+        else:
+            then_nodes, else_nodes = [], []
+            for node in found:
+                buffer, grad = node.inputs[0], node.inputs[1]
+                hint = grad.name if grad is not None and grad.name else "gradient"
+                passed = ir.Value(name=names.fresh(f"{hint}.reset"))
+                summed = ir.Value(name=names.fresh(f"{hint}.accumulated"))
+                then_nodes.append(ir.node("Identity", [grad], outputs=[passed], name=names.fresh("Identity")))
+                else_nodes.append(ir.node("Add", [buffer, grad], outputs=[summed], name=names.fresh("Add")))
+            for param, node in zip(params, then_nodes, strict=True):
+                _like(node.outputs[0], param)
+            for param, node in zip(params, else_nodes, strict=True):
+                _like(node.outputs[0], param)
+            then_branch = ir.Graph([], [n.outputs[0] for n in then_nodes], nodes=then_nodes, name=names.fresh("reset"))
+            else_branch = ir.Graph(
+                [], [n.outputs[0] for n in else_nodes], nodes=else_nodes, name=names.fresh("accumulate")
+            )
+            (flag,) = flags
+            branch = ir.node(
+                "If",
+                [flag],
+                {"then_branch": then_branch, "else_branch": else_branch},
+                num_outputs=len(found),
+                name=names.fresh("GradientAccumulation"),
+            )
+            new_nodes.append(branch)
+            new_values.extend(branch.outputs)
+        olds = [n.outputs[0] for n in found]
+        ir.convenience.replace_nodes_and_values(graph, found[-1], found, new_nodes, olds, new_values)
+        for value, param in zip(new_values, params, strict=True):
+            _like(value, param)
+        return {ACCUMULATOR: len(found)}
+
+
+def _like(value: ir.Value, param: ir.Value) -> None:
+    value.type = param.type
+    value.shape = ir.Shape(param.shape) if param.shape is not None else None
+
+
+def portable_accumulation(model: onnx.ModelProto) -> list[str]:
+    """Rewrite the accumulators of ``model``, in place, with :class:`AccumulateGradients`.
 
     Returns:
         The trainable parameters, in the order of the accumulators.
     """
-    params = trainable_parameters(model)
-    graph = model.graph
-    names = _graph.name_authority(graph)
-    types = {i.name: i.type for i in graph.input}
-    found = [(i, n) for i, n in enumerate(graph.node) if n.op_type == ACCUMULATOR]
-    flags = {n.input[2] for _, n in found if len(n.input) > 2 and n.input[2]}
-    if len(flags) > 1:
-        raise PortabilityError(
-            f"The accumulators read different reset flags {sorted(flags)}; expected '{LAZY_RESET_GRAD}'."
-        )
-    replacement: list[onnx.NodeProto] = []
-    then_nodes: list[onnx.NodeProto] = []
-    else_nodes: list[onnx.NodeProto] = []
-    then_out: list[onnx.ValueInfoProto] = []
-    else_out: list[onnx.ValueInfoProto] = []
-    outs: list[str] = []
-    for (_, node), param in zip(found, params, strict=True):
-        buffer, grad, out = node.input[0], node.input[1], node.output[0]
-        if not flags:
-            replacement.append(helper.make_node("Add", [buffer, grad], [out], name=names.fresh("Add")))
-            continue
-        passed, summed = names.fresh(f"{grad}.reset"), names.fresh(f"{grad}.accumulated")
-        then_nodes.append(helper.make_node("Identity", [grad], [passed], name=names.fresh("Identity")))
-        else_nodes.append(helper.make_node("Add", [buffer, grad], [summed], name=names.fresh("Add")))
-        then_out.append(helper.make_value_info(passed, types[param]))
-        else_out.append(helper.make_value_info(summed, types[param]))
-        outs.append(out)
-    if flags:
-        then_branch = helper.make_graph(then_nodes, names.fresh("reset"), [], then_out)
-        else_branch = helper.make_graph(else_nodes, names.fresh("accumulate"), [], else_out)
-        (flag,) = flags
-        replacement.append(
-            helper.make_node(
-                "If",
-                [flag],
-                outs,
-                name=names.fresh("GradientAccumulation"),
-                then_branch=then_branch,
-                else_branch=else_branch,
-            )
-        )
-    last = found[-1][0] if found else -1
-    nodes = [n for i, n in enumerate(graph.node) if n.op_type != ACCUMULATOR or i == last]
-    at = next((i for i, n in enumerate(nodes) if n.op_type == ACCUMULATOR), len(nodes))
-    del graph.node[:]
-    graph.node.extend([*nodes[:at], *replacement, *nodes[at + 1 :]])
-    positions = {o.name: i for i, o in enumerate(graph.output)}
-    for param in params:
-        out = accumulated_name(param)
-        if out in positions:
-            graph.output[positions[out]].CopyFrom(helper.make_value_info(out, types[param]))
-    return params
+    ir_model = from_proto(model)
+    rewrite = AccumulateGradients()
+    rewrite(ir_model)
+    model.CopyFrom(to_proto(ir_model))
+    return rewrite.trainable

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.context import LoweringContext, Writer, inputs
+from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
 
 #: erf(x / sqrt 2) GELU: x * exp(-x^2 / 2) * (1 / sqrt(2 pi)).
 _GELU_ALPHA = 2.0 / math.sqrt(math.pi) * math.sqrt(0.5) * 0.5
@@ -22,7 +22,7 @@ _FAST_ALPHA = 2.0 / math.sqrt(math.pi) * math.sqrt(0.5)
 _FAST_GAMMA = 0.044715
 
 
-def relu_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def relu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``ReluGrad(dY, X) = dY * (X > 0)`` (X may be Relu's input or output).
 
     A product with the 0/1 mask rather than ``Where``, which ONNX Runtime's CPU kernel runs
@@ -32,40 +32,40 @@ def relu_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
     positive = w.op("Greater", [x, w.scalar(0, ctx.float_type(x))])
-    w.op("Mul", [dy, w.cast(positive, elem)], node.output[0])
+    w.op("Mul", [dy, w.cast(positive, elem)], outputs(node, 1)[0])
     return w.nodes
 
 
-def leaky_relu_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def leaky_relu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``LeakyReluGrad(dY, Y) = Y > 0 ? dY : alpha * dY``."""
     dy, y = inputs(node, 2)
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
-    alpha = _graph.float_attribute(node, "alpha", 0.01)
+    alpha = node.attributes.get_float("alpha", 0.01)
     scaled = w.op("Mul", [dy, w.scalar(alpha, elem)])
-    w.op("Where", [w.op("Greater", [y, w.scalar(0, elem)]), dy, scaled], node.output[0])
+    w.op("Where", [w.op("Greater", [y, w.scalar(0, elem)]), dy, scaled], outputs(node, 1)[0])
     return w.nodes
 
 
-def sigmoid_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def sigmoid_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``SigmoidGrad(dY, Y) = dY * Y * (1 - Y)``."""
     dy, y = inputs(node, 2)
     w = ctx.writer(node)
     one_minus = w.op("Sub", [w.scalar(1, ctx.float_type(y)), y])
-    w.op("Mul", [w.op("Mul", [dy, y]), one_minus], node.output[0])
+    w.op("Mul", [w.op("Mul", [dy, y]), one_minus], outputs(node, 1)[0])
     return w.nodes
 
 
-def tanh_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def tanh_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``TanhGrad(dY, Y) = dY * (1 - Y * Y)``."""
     dy, y = inputs(node, 2)
     w = ctx.writer(node)
     one_minus = w.op("Sub", [w.scalar(1, ctx.float_type(y)), w.op("Mul", [y, y])])
-    w.op("Mul", [dy, one_minus], node.output[0])
+    w.op("Mul", [dy, one_minus], outputs(node, 1)[0])
     return w.nodes
 
 
-def _gelu_grad(w: Writer, x: str, dy: str, elem: int, out: str) -> None:
+def _gelu_grad(w: Writer, x: ir.Value, dy: ir.Value, elem: int, out: str) -> None:
     """``dY * (0.5 * (erf(x / sqrt 2) + 1) + x * alpha * exp(-0.5 * x * x))``."""
     erf = w.op("Erf", [w.op("Mul", [x, w.scalar(math.sqrt(0.5), elem)])])
     cdf = w.op("Mul", [w.scalar(0.5, elem), w.op("Add", [erf, w.scalar(1, elem)])])
@@ -74,7 +74,7 @@ def _gelu_grad(w: Writer, x: str, dy: str, elem: int, out: str) -> None:
     w.op("Mul", [dy, w.op("Add", [cdf, pdf])], out)
 
 
-def _fast_gelu_grad(w: Writer, x: str, dy: str, elem: int, out: str) -> None:
+def _fast_gelu_grad(w: Writer, x: ir.Value, dy: ir.Value, elem: int, out: str) -> None:
     """``dY * 0.5 * (t + (1 - t^2) * (a x + 3 a g x^3) + 1)`` with ``t = tanh(a x + a g x^3)``."""
     alpha = w.scalar(_FAST_ALPHA, elem)
     cube = w.op("Mul", [w.op("Mul", [x, x]), x])
@@ -86,38 +86,40 @@ def _fast_gelu_grad(w: Writer, x: str, dy: str, elem: int, out: str) -> None:
     w.op("Mul", [dy, w.op("Mul", [w.scalar(0.5, elem), total])], out)
 
 
-def gelu_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GeluGrad(dY, X)`` (erf GELU) and ``BiasGeluGrad_dX(dY, X, B)`` (on ``X + B``)."""
     dy, x, bias = inputs(node, 3)
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
-    _gelu_grad(w, w.op("Add", [x, bias]) if bias else x, dy, elem, node.output[0])
+    _gelu_grad(w, w.op("Add", [x, bias]) if bias else x, dy, elem, outputs(node, 1)[0])
     return w.nodes
 
 
-def fast_gelu_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def fast_gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``FastGeluGrad(dY, X)`` (tanh GELU) and ``BiasFastGeluGrad_dX(dY, X, B)``."""
     dy, x, bias = inputs(node, 3)
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
-    _fast_gelu_grad(w, w.op("Add", [x, bias]) if bias else x, dy, elem, node.output[0])
+    _fast_gelu_grad(w, w.op("Add", [x, bias]) if bias else x, dy, elem, outputs(node, 1)[0])
     return w.nodes
 
 
-def quick_gelu_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def quick_gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``QuickGeluGrad(dY, X) = dY * s * (1 + alpha * x * (1 - s))`` with ``s = sigmoid(alpha * x)``."""
     dy, x = inputs(node, 2)
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
-    alpha = w.scalar(_graph.float_attribute(node, "alpha", 1.702), elem)
+    alpha = w.scalar(node.attributes.get_float("alpha", 1.702), elem)
     ax = w.op("Mul", [x, alpha])
     s = w.op("Sigmoid", [ax])
     one = w.scalar(1, elem)
-    w.op("Mul", [w.op("Mul", [dy, s]), w.op("Add", [one, w.op("Mul", [ax, w.op("Sub", [one, s])])])], node.output[0])
+    w.op(
+        "Mul", [w.op("Mul", [dy, s]), w.op("Add", [one, w.op("Mul", [ax, w.op("Sub", [one, s])])])], outputs(node, 1)[0]
+    )
     return w.nodes
 
 
-def dropout_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def dropout_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``DropoutGrad(dY, mask, ratio=0.5) = mask * dY / (1 - ratio)``, ``dY`` itself when ``ratio == 0``.
 
     ``training_mode`` is not read (as in ONNX Runtime's kernel).
@@ -127,7 +129,7 @@ def dropout_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodePr
     elem = ctx.float_type(dy)
     known = ctx.constant(ratio) if ratio else np.float32(0.5)
     if known is not None and float(np.asarray(known).reshape(-1)[0]) == 0.0:
-        w.op("Identity", [dy], node.output[0])
+        w.op("Identity", [dy], outputs(node, 1)[0])
         return w.nodes
     kept = w.op("Mul", [w.cast(mask, elem), dy])
     ratio_f = w.reshape(w.cast(ratio, onnx.TensorProto.FLOAT), []) if ratio else w.scalar(0.5, onnx.TensorProto.FLOAT)
@@ -135,21 +137,21 @@ def dropout_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodePr
     scaled = w.op("Div", [kept, w.cast(keep, elem) if elem != onnx.TensorProto.FLOAT else keep])
     if known is None:  # a run-time ratio: 0 passes dY through, whatever the mask
         zero = w.op("Equal", [ratio_f, w.scalar(0, onnx.TensorProto.FLOAT)])
-        w.op("Where", [zero, dy, scaled], node.output[0])
+        w.op("Where", [zero, dy, scaled], outputs(node, 1)[0])
     else:
-        w.op("Identity", [scaled], node.output[0])
+        w.op("Identity", [scaled], outputs(node, 1)[0])
     return w.nodes
 
 
-def scale(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def scale(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``Scale(X, s) = X * (T)(float)s``, or ``X * (T)(1.0f / (float)s)`` with ``scale_down=1``."""
     x, s = inputs(node, 2)
     w = ctx.writer(node)
     elem = ctx.float_type(x)
     factor = w.reshape(w.cast(s, onnx.TensorProto.FLOAT), [])
-    if _graph.int_attribute(node, "scale_down", 0):
+    if node.attributes.get_int("scale_down", 0):
         factor = w.op("Div", [w.scalar(1, onnx.TensorProto.FLOAT), factor])
-    w.op("Mul", [x, w.cast(factor, elem) if elem != onnx.TensorProto.FLOAT else factor], node.output[0])
+    w.op("Mul", [x, w.cast(factor, elem) if elem != onnx.TensorProto.FLOAT else factor], outputs(node, 1)[0])
     return w.nodes
 
 

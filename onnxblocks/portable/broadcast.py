@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.context import LoweringContext, Writer, describe, inputs, outputs
+from onnxblocks.portable.context import LoweringContext, Writer, attributes, describe, inputs, outputs
 
 Dims = Sequence[int | str | None]
 
@@ -54,49 +53,49 @@ def static_broadcast_axes(a: Dims, b: Dims) -> tuple[list[int], list[int]] | Non
     return a_axes, b_axes
 
 
-def broadcast_axes(w: Writer, a_shape: str, b_shape: str, which: Sequence[bool] = (True, True)) -> list[str]:
+def broadcast_axes(
+    w: Writer, a_shape: ir.Value, b_shape: ir.Value, which: Sequence[bool] = (True, True)
+) -> list[ir.Value | None]:
     """Run-time ``BroadcastGradientArgs``: int64 axes (descending) to reduce ``a`` and ``b`` over.
 
     Args:
         w: The writer.
         a_shape: The first int64 1-D shape.
         b_shape: The second int64 1-D shape.
-        which: Which of the two axes lists to compute (``""`` for the others).
+        which: Which of the two axes lists to compute (None for the others).
     """
     one = w.ints([1])
     rank_a, rank_b = w.op("Shape", [a_shape]), w.op("Shape", [b_shape])
     ndim = w.op("Max", [rank_a, rank_b])
     padded = []
     for shape, rank in ((a_shape, rank_a), (b_shape, rank_b)):
-        ones = w.op(
-            "ConstantOfShape", [w.op("Sub", [ndim, rank])], value=onnx.numpy_helper.from_array(np.ones(1, np.int64))
-        )
+        ones = w.op("ConstantOfShape", [w.op("Sub", [ndim, rank])], value=ir.tensor(np.ones(1, np.int64)))
         padded.append(w.concat([ones, shape]))
     a_pad, b_pad = padded
     descending = w.op("Range", [w.reshape(w.op("Sub", [ndim, one]), []), w.const(np.int64(-1)), w.const(np.int64(-1))])
     a_rev, b_rev = w.op("Gather", [a_pad, descending], axis=0), w.op("Gather", [b_pad, descending], axis=0)
     differ = w.op("Not", [w.op("Equal", [a_rev, b_rev])])
     a_one, b_one = w.op("Equal", [a_rev, one]), w.op("Equal", [b_rev, one])
-    out = []
+    out: list[ir.Value | None] = []
     for wanted, rank, mask in (
         (which[0], rank_a, w.op("And", [differ, a_one])),
         (which[1], rank_b, w.op("And", [differ, w.op("And", [w.op("Not", [a_one]), b_one])])),
     ):
         if not wanted:
-            out.append("")
+            out.append(None)
             continue
         leading = w.op("Less", [descending, w.op("Sub", [ndim, rank])])
         out.append(w.op("Compress", [descending, w.op("Or", [leading, mask])], axis=0))
     return out
 
 
-def unbroadcast(w: Writer, ctx: LoweringContext, grad: str, like: str, out: str) -> None:
+def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value, out: str) -> None:
     """Write ``out``: ``grad`` summed over the axes along which ``like`` was broadcast, in ``like``'s shape."""
     g_dims, x_dims = ctx.dims(grad), ctx.dims(like)
     if g_dims is not None and x_dims is not None and list(g_dims) == list(x_dims) and None not in g_dims:
         w.op("Identity", [grad], out)
         return
-    axes: str | list[int] | None = None
+    axes: ir.Value | list[int] | None = None
     if g_dims is not None and x_dims is not None:
         static = static_broadcast_axes(x_dims, g_dims)
         if static is not None:
@@ -107,16 +106,16 @@ def unbroadcast(w: Writer, ctx: LoweringContext, grad: str, like: str, out: str)
     if axes is None:
         if w.opset < 13:
             raise ValueError("run-time broadcast axes need ReduceSum with an axes input (opset 13)")
-        (axes,) = [a for a in broadcast_axes(w, w.shape(like), w.shape(grad), (True, False)) if a]
+        (axes,) = [a for a in broadcast_axes(w, w.shape(like), w.shape(grad), (True, False)) if a is not None]
     summed = (
         w.reduce("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
-        if isinstance(axes, str)
+        if isinstance(axes, ir.Value)
         else (w.reduce("ReduceSum", grad, axes, keepdims=1))
     )
     w.reshape(summed, w.shape(like), out)
 
 
-def broadcast_gradient_args(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def broadcast_gradient_args(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``BroadcastGradientArgs(a_shape, b_shape) -> (a_axes, b_axes)``: constants when decidable, else run-time."""
     a_shape, b_shape = inputs(node, 2)
     a_out, b_out = outputs(node, 2)
@@ -127,16 +126,16 @@ def broadcast_gradient_args(node: onnx.NodeProto, ctx: LoweringContext) -> list[
     if static is not None:
         for name, axes in zip((a_out, b_out), static, strict=True):
             if name:
-                w.nodes.append(_graph.constant_node(name, np.array(axes, dtype=np.int64), w.names))
+                w.named_const(name, np.array(axes, dtype=np.int64))
         return w.nodes
     computed = broadcast_axes(w, a_shape, b_shape, (bool(a_out), bool(b_out)))
     for name, value in zip((a_out, b_out), computed, strict=True):
-        if name:
+        if name and value is not None:
             w.op("Identity", [value], name)
     return w.nodes
 
 
-def div_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def div_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``DivGrad(dY, A, B) -> (dY / B, -dY * A / B^2)``, each summed back to its input's shape."""
     dy, a, b = inputs(node, 3)
     da, db = outputs(node, 2)
@@ -154,19 +153,18 @@ def div_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]
     return w.nodes
 
 
-def _needs_runtime_axes(ctx: LoweringContext, dy: str, a: str, b: str) -> bool:
+def _needs_runtime_axes(ctx: LoweringContext, dy: ir.Value | None, a: ir.Value | None, b: ir.Value | None) -> bool:
     g = ctx.dims(dy)
     return any(g is None or ctx.dims(x) is None or static_broadcast_axes(ctx.dims(x) or [], g) is None for x in (a, b))
 
 
-def reduce_sum_training(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def reduce_sum_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``ReduceSumTraining(X, axes)``: ``ReduceSum`` with an axes input (opset 13)."""
     ctx.require_opset(node, 13, "ReduceSum with an axes input")
     w = ctx.writer(node)
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    w.ops("ReduceSum", list(node.input), list(node.output), **attrs)
-    if len(node.output) != 1:
-        raise ValueError(f"{describe(node)} has {len(node.output)} outputs")
+    w.ops("ReduceSum", list(node.inputs), outputs(node, len(node.outputs)), **attributes(node))
+    if len(node.outputs) != 1:
+        raise ValueError(f"{describe(node)} has {len(node.outputs)} outputs")
     return w.nodes
 
 

@@ -1,10 +1,11 @@
-"""What a lowering reads and writes: the graph's types, names, producers, and a node writer with helpers.
+"""What a lowering reads and writes: the graph's types and producers, and a node writer with helpers.
 
-A lowering is a function ``(node, ctx) -> list[NodeProto]`` that replaces one
-training-only node by standard ONNX nodes writing the same output names. It reads
-the element type, rank or static dims of values through :class:`LoweringContext`
-(onnx shape inference of the graph, kept up to date node by node as the pass
-rewrites it) and writes through a :class:`Writer`, whose helpers build the
+A lowering is a function ``(node, ctx) -> list[ir.Node]`` that replaces one
+training-only node (an ``onnx_ir`` node of the model being lowered) by standard
+ONNX nodes writing outputs of the same names. It reads the element type, rank or
+static dims of values through :class:`LoweringContext` (onnx shape inference of the
+graph, kept up to date node by node as the pass rewrites it) and writes through a
+:class:`Writer` (:class:`onnxblocks.ir.writer.Writer`), whose helpers build the
 run-time shape arithmetic (``Shape``, ``Gather``, ``Slice``...) that keeps dynamic
 dims dynamic.
 """
@@ -17,101 +18,115 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import PortabilityError
-from onnxblocks.gradient import _graph
+from onnxblocks.ir import writer as _writer
+from onnxblocks.ir.edit import values_by_name
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.serde import to_proto
 
 #: ``<value>_grad`` or ``<value>_grad_<n>`` (ORT's partial gradients): the gradient of ``<value>``.
 GRADIENT_OF = re.compile(r"^(?P<value>.+)_grad(_\d+)?$")
 #: Largest int64: an open end for ``Slice``.
-INT64_MAX = int(np.iinfo(np.int64).max)
+INT64_MAX = _writer.INT64_MAX
+#: A float32 tensor of unknown shape (Scan bodies' inputs and outputs).
+FLOAT_TENSOR = ir.TensorType(ir.DataType.FLOAT)
 
 
-class Writer(_graph.NodeWriter):
-    """A :class:`~onnxblocks.gradient._graph.NodeWriter` with the helpers the lowerings share."""
+def numpy_type(elem_type: Any) -> np.dtype:
+    """The numpy dtype of an ONNX element type (``onnx.TensorProto.FLOAT``, ``ir.DataType``) or a numpy dtype."""
+    if isinstance(elem_type, (int, ir.DataType)) and not isinstance(elem_type, bool):
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(elem_type)))
+    return np.dtype(elem_type)
 
-    def scalar(self, value: float | int, elem_type: int | None, shape: Sequence[int] = ()) -> str:
-        """A constant of ``elem_type`` (float32 when None) holding ``value``, of shape ``shape`` (a scalar)."""
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type or onnx.TensorProto.FLOAT)
-        return self.const(np.full(tuple(shape), value, dtype=dtype), suffix="scalar")
 
-    def shape(self, x: str, start: int | None = None, end: int | None = None) -> str:
-        """``Shape(x)[start:end]`` (int64 1-D), with ``Shape``'s own slicing from opset 15."""
-        if start is None and end is None:
-            return self.op("Shape", [x])
-        if self.opset >= 15:
-            attrs: dict[str, Any] = {"start": start or 0} | ({"end": end} if end is not None else {})
-            return self.op("Shape", [x], **attrs)
-        return self.slice(self.op("Shape", [x]), [start or 0], [INT64_MAX if end is None else end], [0])
+class Writer(_writer.Writer):
+    """The IR :class:`~onnxblocks.ir.writer.Writer`, whose constants also take an ONNX element type."""
 
-    def dim(self, x: str, axis: int) -> str:
-        """``Shape(x)[axis]`` as an int64 ``[1]`` (``axis`` may be negative)."""
-        return self.op("Gather", [self.op("Shape", [x]), self.ints([axis])], axis=0)
+    def const(self, value: np.ndarray | float | int | list, dtype: Any = None, suffix: str = "const") -> ir.Value:
+        """A ``Constant`` node holding ``value`` (``dtype``: a numpy dtype or an ONNX element type)."""
+        array = np.asarray(value, dtype=None if dtype is None else numpy_type(dtype))
+        return self._constant(self.fresh(suffix), array)
 
-    def cast(self, x: str, to: int, out: str | None = None) -> str:
-        return self.op("Cast", [x], out, to=to)
+    def scalar(self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()) -> ir.Value:
+        """A constant of ``dtype`` (numpy, or an ONNX element type; float32 when None) holding ``value``."""
+        return super().scalar(value, numpy_type(dtype if dtype is not None else np.float32), shape)
 
-    def reduce(self, op_type: str, x: str, axes: str | Sequence[int] | None, keepdims: int, **kw: Any) -> str:
-        """``ReduceSum`` / ``ReduceMean`` / ... over ``axes`` (a list, or an int64 value at opset 13+/18+)."""
-        out = kw.pop("out", None)
-        axes_input_since = 13 if op_type == "ReduceSum" else 18
-        if axes is None:
-            return self.op(op_type, [x], out, keepdims=keepdims, **kw)
-        if self.opset >= axes_input_since:
-            axes_value = axes if isinstance(axes, str) else self.ints(list(axes))
-            return self.op(op_type, [x, axes_value], out, keepdims=keepdims, **kw)
-        if isinstance(axes, str):
-            raise ValueError(f"{op_type} takes run-time axes from opset {axes_input_since}")
-        return self.op(op_type, [x], out, axes=list(axes), keepdims=keepdims, **kw)
+    def named_const(self, name: str, value: np.ndarray) -> ir.Value:
+        """A ``Constant`` node whose output is named ``name`` (the name of the value it replaces)."""
+        return self._constant(name, np.asarray(value))
 
-    def reshape(self, x: str, shape: str | Sequence[int], out: str | None = None) -> str:
-        target = shape if isinstance(shape, str) else self.ints(list(shape))
-        return self.op("Reshape", [x, target], out)
+    def _constant(self, name: str, array: np.ndarray) -> ir.Value:
+        """The ``Constant`` node of :meth:`const`, built from IR classes directly.
 
-    def concat(self, parts: Sequence[str], axis: int = 0, out: str | None = None) -> str:
-        return self.op("Concat", list(parts), out, axis=axis)
+        ``ir.tensor`` and attribute inference check runtime protocols, which costs more
+        than the rest of a lowering on graphs of a thousand nodes.
+        """
+        tensor = ir.Tensor(array, name=name)
+        out = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+        node = ir.Node(
+            "",
+            "Constant",
+            [],
+            attributes=[ir.AttrTensor("value", tensor)],
+            outputs=[out],
+            name=self.names.fresh("Constant"),
+        )
+        self.nodes.append(node)
+        out.const_value = tensor
+        return out
+
+    def body_input(self, hint: str) -> ir.Value:
+        """A fresh float input of a subgraph (a ``Scan`` body) written with this writer."""
+        return ir.Value(name=self.fresh(hint), type=FLOAT_TENSOR)
 
 
 class LoweringContext:
     """The state of one lowering pass over a model.
 
     Attributes:
-        model: The model being lowered (its graph is rewritten at the end of the pass).
+        model: The model being lowered (edited in place by the pass).
         opset: Its default-domain opset; lowerings write nodes of this opset.
-        types: Known value types, updated as nodes are lowered.
-        producers: The node writing each value (as the pass has seen them so far).
-        readers: The nodes reading each value in the original graph.
+        types: Known value types by value name, updated as nodes are lowered.
+        original_producers: The node writing each value in the original graph (training-only nodes included).
     """
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: ir.Model) -> None:
         self.model = model
-        self.opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
-        self.types: dict[str, onnx.TypeProto] = _graph.infer_types(model)
-        self.names = _graph.name_authority(model.graph)
-        self.producers: dict[str, onnx.NodeProto] = {o: n for n in model.graph.node for o in n.output if o}
-        #: The node writing each value in the original graph (training-only nodes included).
-        self.original_producers = dict(self.producers)
-        self.readers = _graph.consumers(model.graph)
-        self._constants: dict[str, onnx.TensorProto] = {}
-        self._initializers = {i.name: i for i in model.graph.initializer}
+        graph = model.graph
+        self.opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET))
+        self.types: dict[str, onnx.TypeProto] = _infer_types(to_proto(model))
+        self.names = graph_names(graph)
+        self.original_producers: dict[str, ir.Node] = {v.name: n for n in graph for v in n.outputs if v.name}
+        self._original_inputs = {n: tuple(n.inputs) for n in graph}
+        self._opsets = [onnx.helper.make_opsetid(d, v) for d, v in graph.opset_imports.items()]
+        self._constants: dict[str, np.ndarray | None] = {}
 
     # -------------------------------------------------------------- reading values
-    def elem_type(self, name: str, default: int | None = None) -> int | None:
-        """Element type of ``name`` (``default`` when unknown)."""
-        return _graph.elem_type(self.types, name) or default
+    def _type(self, value: ir.Value | None) -> onnx.TypeProto | None:
+        return self.types.get(value.name or "") if value is not None else None
 
-    def float_type(self, name: str) -> int:
-        """Element type of the float value ``name`` (float32 when unknown)."""
-        return self.elem_type(name) or onnx.TensorProto.FLOAT
+    def elem_type(self, value: ir.Value | None, default: int | None = None) -> int | None:
+        """Element type of ``value`` (``default`` when unknown)."""
+        t = self._type(value)
+        if t is None or t.WhichOneof("value") != "tensor_type":
+            return default
+        return t.tensor_type.elem_type or default
 
-    def shape(self, name: str) -> list[int | None] | None:
-        """Static dims of ``name`` (None for a symbolic dim), or None when its rank is unknown."""
-        return _graph.shape_of(self.types, name)
+    def float_type(self, value: ir.Value | None) -> int:
+        """Element type of the float value ``value`` (float32 when unknown)."""
+        return self.elem_type(value) or onnx.TensorProto.FLOAT
 
-    def dims(self, name: str) -> list[int | str | None] | None:
-        """Dims of ``name``: an int when static, the symbol's name when symbolic, None when unknown."""
-        t = self.types.get(name)
+    def shape(self, value: ir.Value | None) -> list[int | None] | None:
+        """Static dims of ``value`` (None for a symbolic dim), or None when its rank is unknown."""
+        dims = self.dims(value)
+        return None if dims is None else [d if isinstance(d, int) else None for d in dims]
+
+    def dims(self, value: ir.Value | None) -> list[int | str | None] | None:
+        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when unknown."""
+        t = self._type(value)
         if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
             return None
         out: list[int | str | None] = []
@@ -120,24 +135,25 @@ class LoweringContext:
             out.append(d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None)
         return out
 
-    def shape_source(self, shape_value: str) -> str | None:
+    def shape_source(self, shape_value: ir.Value | None) -> ir.Value | None:
         """The tensor whose ``Shape`` (whole, no start/end) ``shape_value`` is, or None."""
-        node = self.producers.get(shape_value)
-        if node is None or node.op_type != "Shape" or not _graph.is_default_domain(node):
+        node = shape_value.producer() if shape_value is not None else None
+        if node is None or node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
             return None
-        if _graph.int_attribute(node, "start", 0) != 0 or _graph.int_attribute(node, "end", None) is not None:
+        if node.attributes.get_int("start", 0) != 0 or node.attributes.get_int("end", None) is not None:
             return None
-        return node.input[0]
+        return node.inputs[0]
 
-    def rank(self, name: str) -> int | None:
-        """Rank of ``name``, or None when unknown."""
-        dims = self.shape(name)
+    def rank(self, value: ir.Value | None) -> int | None:
+        """Rank of ``value``, or None when unknown."""
+        dims = self.shape(value)
         return None if dims is None else len(dims)
 
-    def require_rank(self, node: onnx.NodeProto, name: str) -> int:
-        """Rank of ``name``, or a :class:`PortabilityError` naming the node when it is unknown."""
-        rank = self.rank(name)
+    def require_rank(self, node: ir.Node, value: ir.Value | None) -> int:
+        """Rank of ``value``, or a :class:`PortabilityError` naming the node when it is unknown."""
+        rank = self.rank(value)
         if rank is None:
+            name = value.name if value is not None else ""
             raise PortabilityError(
                 f"{describe(node)}: the rank of its input '{name}' is unknown, and its standard-op form needs it. "
                 "Export the model with shape information (torch.onnx.export does), or give the graph inputs a "
@@ -145,7 +161,7 @@ class LoweringContext:
             )
         return rank
 
-    def require_opset(self, node: onnx.NodeProto, version: int, what: str) -> None:
+    def require_opset(self, node: ir.Node, version: int, what: str) -> None:
         """Raise :class:`PortabilityError` when the model's opset is below ``version``."""
         if self.opset < version:
             raise PortabilityError(
@@ -153,72 +169,81 @@ class LoweringContext:
                 f"imports opset {self.opset}. Re-export the model with opset_version={max(version, 17)}."
             )
 
-    def constant(self, name: str) -> np.ndarray | None:
-        """The value of ``name`` when a ``Constant`` node or a small inline initializer holds it."""
-        tensor = self._constants.get(name)
-        if tensor is None:
-            node = self.producers.get(name)
-            if node is not None and node.op_type == "Constant" and _graph.is_default_domain(node):
-                value = _graph.attribute(node, "value")
-                tensor = value if isinstance(value, onnx.TensorProto) else None
-        if tensor is None:
-            init = self._initializers.get(name)
-            if init is not None and (init.raw_data or _has_typed_data(init)) and not init.external_data:
-                tensor = init
-        if tensor is None:
+    def constant(self, value: ir.Value | None) -> np.ndarray | None:
+        """The value of ``value`` when a ``Constant`` node or an inline initializer holds it (no file is read)."""
+        if value is None:
             return None
-        self._constants[name] = tensor
-        return onnx.numpy_helper.to_array(tensor)
+        key = value.name or str(id(value))
+        if key in self._constants:
+            return self._constants[key]
+        array = None
+        producer = value.producer()
+        if producer is None or (producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")):
+            tensor = ir.convenience.get_const_tensor(value)
+            if tensor is not None and not isinstance(tensor, ir.ExternalTensor):
+                array = tensor.numpy()
+        self._constants[key] = array
+        return array
 
-    def producer(self, name: str) -> onnx.NodeProto | None:
-        """The node writing ``name`` (None for graph inputs and initializers)."""
-        return self.producers.get(name)
+    def original_inputs(self, node: ir.Node) -> tuple[ir.Value | None, ...]:
+        """The inputs ``node`` had in the original graph (a lowered node no longer reads them)."""
+        return self._original_inputs.get(node, tuple(node.inputs))
+
+    def value(self, name: str) -> ir.Value | None:
+        """The value of the top-level graph named ``name`` (a graph input, initializer or node output), or None."""
+        return values_by_name(self.model.graph).get(name)
+
+    def producer(self, value: ir.Value | None) -> ir.Node | None:
+        """The node writing ``value`` (None for graph inputs and initializers)."""
+        return value.producer() if value is not None else None
 
     # -------------------------------------------------------------- writing values
-    def writer(self, node: onnx.NodeProto) -> Writer:
+    def writer(self, node: ir.Node) -> Writer:
         """A :class:`Writer` naming new values after ``node``."""
         return Writer(self.names, self.opset, node.name or node.op_type)
 
-    def set_type(self, name: str, like: str | None = None, elem_type: int | None = None, shape: Any = None) -> None:
+    def set_type(
+        self, name: str, like: ir.Value | str | None = None, elem_type: int | None = None, shape: Any = None
+    ) -> None:
         """Record the type of ``name``: that of value ``like``, or ``elem_type`` with ``shape``."""
         if not name or name in self.types:
             return
         if like is not None:
-            if like in self.types:
-                self.types[name] = self.types[like]
+            key = like if isinstance(like, str) else like.name or ""
+            if key in self.types:
+                self.types[name] = self.types[key]
             return
         if elem_type:
             self.types[name] = onnx.helper.make_tensor_type_proto(elem_type, shape)
 
-    def record(self, nodes: Sequence[onnx.NodeProto]) -> None:
-        """Note the producers of ``nodes``' outputs and infer their types, node by node (best effort)."""
+    def record(self, nodes: Sequence[ir.Node]) -> None:
+        """Infer the types of ``nodes``' outputs, node by node (best effort)."""
         for node in nodes:
-            for out in node.output:
-                if out:
-                    self.producers[out] = node
-            if all(not o or o in self.types for o in node.output):
+            if all(not o.name or o.name in self.types for o in node.outputs):
                 continue
             self._infer(node)
-            for out in node.output:
-                match = GRADIENT_OF.match(out) if out else None
-                if match and out not in self.types:
-                    self.set_type(out, like=match.group("value"))
+            for out in node.outputs:
+                match = GRADIENT_OF.match(out.name) if out.name else None
+                if match and out.name not in self.types:
+                    self.set_type(out.name or "", like=match.group("value"))
 
-    def _infer(self, node: onnx.NodeProto) -> None:
-        if not _graph.is_default_domain(node):
+    def _infer(self, node: ir.Node) -> None:
+        if node.domain not in ("", "ai.onnx"):
             return
         try:
             schema = onnx.defs.get_schema(node.op_type, self.opset, "")
         except onnx.defs.SchemaError:
             return
-        inputs = {i: self.types[i] for i in node.input if i in self.types}
+        inputs = {v.name: self.types[v.name] for v in node.inputs if v is not None and v.name in self.types}
         data: dict[str, onnx.TensorProto] = {}
-        for i in node.input:
-            if i and self.constant(i) is not None:
-                data[i] = self._constants[i]
+        for v in node.inputs:
+            array = self.constant(v) if v is not None and v.name else None
+            if array is not None and v is not None and v.name:
+                data[v.name] = onnx.numpy_helper.from_array(array, v.name)
         try:
+            proto = ir.serde.serialize_node(node)
             inferred = onnx.shape_inference.infer_node_outputs(
-                schema, node, inputs, data, None, list(self.model.opset_import), self.model.ir_version or 8
+                schema, proto, inputs, data, None, self._opsets, self.model.ir_version or 8
             )
         except Exception:  # inference is best effort: a lowering that needs a type says so
             return
@@ -227,17 +252,29 @@ class LoweringContext:
                 self.types[name] = value
 
 
-def _has_typed_data(tensor: onnx.TensorProto) -> bool:
-    return bool(tensor.float_data or tensor.int32_data or tensor.int64_data or tensor.double_data or tensor.uint64_data)
+def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Types of the values of ``model`` from onnx shape inference (best effort; data propagation on)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:
+            inferred = model
+    g = inferred.graph
+    types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
+    for init in g.initializer:
+        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    return types
 
 
-def describe(node: onnx.NodeProto) -> str:
+def describe(node: ir.Node) -> str:
     """``"Node 'name' (domain:Op)"`` for error messages."""
     domain = node.domain or "ai.onnx"
     return f"Node '{node.name}' ({domain}:{node.op_type})"
 
 
-def unsupported(node: onnx.NodeProto, what: str) -> PortabilityError:
+def unsupported(node: ir.Node, what: str) -> PortabilityError:
     """The error for a node whose form (``what``) the lowering does not cover."""
     return PortabilityError(
         f"{describe(node)}: {what} has no standard-op form in onnxblocks.portable, so the model cannot be made "
@@ -246,13 +283,26 @@ def unsupported(node: onnx.NodeProto, what: str) -> PortabilityError:
     )
 
 
-def inputs(node: onnx.NodeProto, count: int) -> list[str]:
-    """The first ``count`` inputs of ``node``, ``""`` for the missing ones."""
-    names = list(node.input[:count])
+def inputs(node: ir.Node, count: int) -> list[Any]:
+    """The first ``count`` inputs of ``node`` (``ir.Value``), None for the missing ones.
+
+    Typed ``Any``: which inputs are optional is each op's own contract, checked by its lowering.
+    """
+    values = list(node.inputs[:count])
+    return values + [None] * (count - len(values))
+
+
+def outputs(node: ir.Node, count: int) -> list[str]:
+    """The names of the first ``count`` outputs of ``node``, ``""`` for the missing (unused optional) ones."""
+    names = [v.name or "" for v in node.outputs[:count]]
     return names + [""] * (count - len(names))
 
 
-def outputs(node: onnx.NodeProto, count: int) -> list[str]:
-    """The first ``count`` outputs of ``node``, ``""`` for the missing ones."""
-    names = list(node.output[:count])
-    return names + [""] * (count - len(names))
+def attributes(node: ir.Node, *names: str) -> dict[str, Any]:
+    """``node``'s attributes (those named in ``names`` when given), to copy onto a standard node."""
+    return {k: a for k, a in node.attributes.items() if not names or k in names}
+
+
+def name_of(value: ir.Value | None) -> str:
+    """The name of ``value`` (``""`` for a missing optional input), for messages and name hints."""
+    return value.name or "" if value is not None else ""

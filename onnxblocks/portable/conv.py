@@ -18,43 +18,48 @@ import math
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.context import GRADIENT_OF, LoweringContext, Writer, inputs, outputs, unsupported
+from onnxblocks.portable.context import GRADIENT_OF, LoweringContext, Writer, inputs, name_of, outputs, unsupported
 from onnxblocks.portable.indexing import zeros
+
+
+def _ints(node: ir.Node, name: str, default: list[int] | None) -> list[int] | None:
+    values = node.attributes.get_ints(name, None)
+    return list(values) if values is not None else default
 
 
 class _Window:
     """The window attributes of a Conv or pool node, with ONNX's defaults for ``spatial`` axes."""
 
-    def __init__(self, node: onnx.NodeProto, spatial: int, padding: bool = True) -> None:
+    def __init__(self, node: ir.Node, spatial: int, padding: bool = True) -> None:
         self.spatial = spatial
-        self.kernel = _graph.ints_attribute(node, "kernel_shape", None)
-        self.strides = _graph.ints_attribute(node, "strides", [1] * spatial)
-        self.dilations = _graph.ints_attribute(node, "dilations", [1] * spatial)
-        self.pads = _graph.ints_attribute(node, "pads", [0] * (2 * spatial))
+        self.kernel = _ints(node, "kernel_shape", None)
+        self.strides: list[int] = _ints(node, "strides", None) or [1] * spatial
+        self.dilations: list[int] = _ints(node, "dilations", None) or [1] * spatial
+        self.pads: list[int] = _ints(node, "pads", None) or [0] * (2 * spatial)
         if not padding:  # the caller reads only the kernel, strides and dilations
             return
-        auto_pad = _graph.string_attribute(node, "auto_pad", "NOTSET")
+        auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
         if auto_pad == "VALID":
             self.pads = [0] * (2 * spatial)
         elif auto_pad not in ("NOTSET", ""):
             raise unsupported(node, f"auto_pad={auto_pad!r}")
-        if _graph.int_attribute(node, "ceil_mode", 0):
+        if node.attributes.get_int("ceil_mode", 0):
             raise unsupported(node, "ceil_mode=1")
 
 
-def _spatial_rank(node: onnx.NodeProto, ctx: LoweringContext, weight: str = "") -> int:
+def _spatial_rank(node: ir.Node, ctx: LoweringContext, weight: ir.Value | None = None) -> int:
     for name in ("kernel_shape", "strides", "dilations"):
-        values = _graph.ints_attribute(node, name, None)
+        values = _ints(node, name, None)
         if values:
             return len(values)
-    if weight and ctx.rank(weight) is not None:
+    if weight is not None and ctx.rank(weight) is not None:
         return ctx.require_rank(node, weight) - 2
     raise unsupported(node, "a window without kernel_shape on an input of unknown rank")
 
 
-def _fit_to(w: Writer, y: str, like: str, spatial: int, out: str) -> None:
+def _fit_to(w: Writer, y: ir.Value, like: ir.Value, spatial: int, out: str | ir.Value) -> None:
     """Cut ``y`` to ``like``'s spatial size, then zero-pad its ends up to it (``y``: ``[N, C, ...]``)."""
     target = w.shape(like, 2)
     axes = w.ints(list(range(2, 2 + spatial)))
@@ -64,7 +69,7 @@ def _fit_to(w: Writer, y: str, like: str, spatial: int, out: str) -> None:
     w.op("Pad", [cut, pads], out)
 
 
-def _transposed(w: Writer, dy: str, weight: str, window: _Window, group: int = 1) -> str:
+def _transposed(w: Writer, dy: ir.Value | None, weight: ir.Value | None, window: _Window, group: int = 1) -> ir.Value:
     """``ConvTranspose(dy, weight)`` with the window's strides, dilations and leading pads only."""
     begin = window.pads[: window.spatial]
     return w.op(
@@ -77,13 +82,13 @@ def _transposed(w: Writer, dy: str, weight: str, window: _Window, group: int = 1
     )
 
 
-def conv_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``ConvGrad(dY, X, W) -> dX, dW, dB`` (see the module docs)."""
     dy, x, weight = inputs(node, 3)
     dx, dw, db = outputs(node, 3)
     spatial = _spatial_rank(node, ctx, weight)
     window = _Window(node, spatial)
-    group = _graph.int_attribute(node, "group", 1)
+    group = node.attributes.get_int("group", 1)
     w = ctx.writer(node)
     rest = list(range(3, 3 + spatial))
     if db:
@@ -112,15 +117,17 @@ def conv_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto
     return w.nodes
 
 
-def max_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def max_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``MaxPoolGrad(dY, Indices)``: ``dY`` scatter-added at the flat ``Indices`` into zeros of ``X``'s shape."""
     dy, indices = inputs(node, 2)
     pool = ctx.producer(indices)
-    if pool is None or pool.op_type != "MaxPool" or list(pool.output[1:2]) != [indices]:
-        raise unsupported(node, f"Indices '{indices}' that are not the second output of a MaxPool node")
-    if _graph.int_attribute(pool, "storage_order", 0):
+    if pool is None or pool.op_type != "MaxPool" or list(pool.outputs[1:2]) != [indices]:
+        raise unsupported(node, f"Indices '{name_of(indices)}' that are not the second output of a MaxPool node")
+    if pool.attributes.get_int("storage_order", 0):
         raise unsupported(node, "MaxPool storage_order=1")
-    x = pool.input[0]
+    x = pool.inputs[0]
+    if x is None:
+        raise unsupported(node, "a MaxPool without an input")
     window = _Window(pool, _spatial_rank(pool, ctx), padding=False)
     kernel = window.kernel or []
     overlapping = not kernel or any(
@@ -133,11 +140,11 @@ def max_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeP
         ctx.require_opset(node, 16, "ScatterElements with reduction='add' (overlapping windows)")
         attrs["reduction"] = "add"
     scattered = w.op("ScatterElements", [flat, w.reshape(indices, [-1]), w.reshape(dy, [-1])], axis=0, **attrs)
-    w.reshape(scattered, w.shape(x), node.output[0])
+    w.reshape(scattered, w.shape(x), outputs(node, 1)[0])
     return w.nodes
 
 
-def average_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def average_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``AveragePoolGrad(dY)``: each output's gradient spread evenly over its window (pads excluded or not)."""
     (dy,) = inputs(node, 1)
     x = _pooled_input(node, ctx)
@@ -151,7 +158,7 @@ def average_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.N
     elem = ctx.float_type(dy)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
     ones = w.const(np.ones([1, 1, *window.kernel], dtype), suffix="window")
-    include_pad = _graph.int_attribute(node, "count_include_pad", 0)
+    include_pad = node.attributes.get_int("count_include_pad", 0)
     if include_pad or not any(window.pads):
         scaled = w.op("Div", [dy, w.scalar(float(math.prod(window.kernel)), elem)])
     else:  # divide by how many input (not pad) positions each window covered
@@ -161,22 +168,24 @@ def average_pool_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.N
         scaled = w.op("Div", [dy, counts])
     per_channel = w.reshape(scaled, w.concat([w.ints([-1, 1]), w.shape(dy, 2)]))
     spread = _transposed(w, per_channel, ones, window)
-    back = w.fresh("fit")
+    back = ir.Value(name=w.fresh("fit"))
     _fit_to(w, spread, w.reshape(x, w.concat([w.ints([-1, 1]), w.shape(x, 2)])), spatial, back)
-    w.reshape(back, w.shape(x), node.output[0])
+    w.reshape(back, w.shape(x), outputs(node, 1)[0])
     return w.nodes
 
 
-def _pooled_input(node: onnx.NodeProto, ctx: LoweringContext) -> str:
+def _pooled_input(node: ir.Node, ctx: LoweringContext) -> ir.Value:
     """The pooled input ``X``, from the gradient's name (``X_grad``) or from the pool that wrote ``Y``."""
-    match = GRADIENT_OF.match(node.output[0])
+    match = GRADIENT_OF.match(outputs(node, 1)[0])
     if match and match.group("value") in ctx.types:
-        return match.group("value")
-    match = GRADIENT_OF.match(node.input[0])
-    pool = ctx.producer(match.group("value")) if match else None
-    if pool is not None and pool.op_type == "AveragePool":
-        return pool.input[0]
-    raise unsupported(node, f"a gradient whose pooled input cannot be found (output '{node.output[0]}')")
+        found = ctx.value(match.group("value"))
+        if found is not None:
+            return found
+    match = GRADIENT_OF.match(name_of(node.inputs[0] if node.inputs else None))
+    pool = ctx.producer(ctx.value(match.group("value"))) if match else None
+    if pool is not None and pool.op_type == "AveragePool" and pool.inputs[0] is not None:
+        return pool.inputs[0]
+    raise unsupported(node, f"a gradient whose pooled input cannot be found (output '{outputs(node, 1)[0]}')")
 
 
 LOWERINGS = {

@@ -13,23 +13,23 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
 from onnxblocks.portable.context import INT64_MAX, LoweringContext, Writer, inputs, outputs, unsupported
 
 
-def zeros(w: Writer, shape: str, elem_type: int) -> str:
+def zeros(w: Writer, shape: ir.Value | None, elem_type: int) -> ir.Value:
     """``ConstantOfShape(shape)`` of ``elem_type`` zeros."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
-    return w.op("ConstantOfShape", [shape], value=onnx.numpy_helper.from_array(np.zeros(1, dtype)))
+    return w.op("ConstantOfShape", [shape], value=ir.tensor(np.zeros(1, dtype)))
 
 
-def _product(w: Writer, dims: str) -> str:
+def _product(w: Writer, dims: ir.Value) -> ir.Value:
     """Product of an int64 1-D tensor as ``[1]`` (1 for an empty one)."""
     return w.reduce("ReduceProd", w.concat([w.ints([1]), dims]), [0], keepdims=1)
 
 
-def gather_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def gather_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GatherGrad(shape, indices, dY)``: scatter-add the rows of ``dY`` at ``indices`` along ``axis``.
 
     ``X`` is seen as ``[P, D, Q]`` around ``axis`` and ``dY`` as ``[P, K, Q]`` (``K``:
@@ -39,7 +39,7 @@ def gather_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodePro
     shape, indices, dy = inputs(node, 3)
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
-    axis = _graph.int_attribute(node, "axis", 0)
+    axis = node.attributes.get_int("axis", 0)
     index = w.cast(indices, onnx.TensorProto.INT64)
     if axis < 0:
         axis_value = w.op("Add", [w.ints([axis]), w.op("Shape", [shape])])
@@ -49,7 +49,7 @@ def gather_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodePro
     index = w.op("Where", [w.op("Less", [index, w.const(0, "int64")]), w.op("Add", [index, size]), index])
     size = w.reshape(size, [1])
     if axis == 0:
-        w.op("ScatterND", [zeros(w, shape, elem), w.unsqueeze(index, [-1]), dy], node.output[0], reduction="add")
+        w.op("ScatterND", [zeros(w, shape, elem), w.unsqueeze(index, [-1]), dy], outputs(node, 1)[0], reduction="add")
         return w.nodes
     before = _product(w, w.op("Slice", [shape, w.ints([0]), axis_value, w.ints([0])]))
     after = _product(
@@ -59,33 +59,33 @@ def gather_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodePro
     rows = w.op("Transpose", [w.reshape(dy, w.concat([before, count, after]))], perm=[1, 0, 2])  # [K, P, Q]
     target = zeros(w, w.concat([size, before, after]), elem)
     scattered = w.op("ScatterND", [target, w.reshape(index, [-1, 1]), rows], reduction="add")  # [D, P, Q]
-    w.reshape(w.op("Transpose", [scattered], perm=[1, 0, 2]), shape, node.output[0])
+    w.reshape(w.op("Transpose", [scattered], perm=[1, 0, 2]), shape, outputs(node, 1)[0])
     return w.nodes
 
 
-def gather_elements_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def gather_elements_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GatherElementsGrad(dY, shape, indices) = ScatterElements(zeros(shape), indices, dY, reduction="add")``."""
     ctx.require_opset(node, 16, "ScatterElements with reduction='add'")
     dy, shape, indices = inputs(node, 3)
     w = ctx.writer(node)
-    axis = _graph.int_attribute(node, "axis", 0)
+    axis = node.attributes.get_int("axis", 0)
     target = zeros(w, shape, ctx.float_type(dy))
-    w.op("ScatterElements", [target, indices, dy], node.output[0], axis=axis, reduction="add")
+    w.op("ScatterElements", [target, indices, dy], outputs(node, 1)[0], axis=axis, reduction="add")
     return w.nodes
 
 
-def gather_nd_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def gather_nd_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GatherNDGrad(shape, indices, dY)`` with ``batch_dims=0``: ``ScatterND(zeros, indices, dY, "add")``."""
     ctx.require_opset(node, 16, "ScatterND with reduction='add'")
-    if _graph.int_attribute(node, "batch_dims", 0) != 0:
+    if node.attributes.get_int("batch_dims", 0) != 0:
         raise unsupported(node, "batch_dims other than 0")
     shape, indices, dy = inputs(node, 3)
     w = ctx.writer(node)
-    w.op("ScatterND", [zeros(w, shape, ctx.float_type(dy)), indices, dy], node.output[0], reduction="add")
+    w.op("ScatterND", [zeros(w, shape, ctx.float_type(dy)), indices, dy], outputs(node, 1)[0], reduction="add")
     return w.nodes
 
 
-def slice_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def slice_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``SliceGrad(dY, shape, starts, ends[, axes][, steps])``: ``dY`` written where the slice read, zeros elsewhere.
 
     The same ``Slice`` applied to the flat positions ``0..size-1`` (in ``shape``)
@@ -99,28 +99,29 @@ def slice_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProt
     read = w.op("Slice", [positions, starts, ends, *([axes] if axes or steps else []), *([steps] if steps else [])])
     flat = zeros(w, w.reshape(size, [1]), ctx.float_type(dy))
     scattered = w.op("ScatterND", [flat, w.reshape(read, [-1, 1]), w.reshape(dy, [-1])])
-    w.reshape(scattered, shape, node.output[0])
+    w.reshape(scattered, shape, outputs(node, 1)[0])
     return w.nodes
 
 
-def concat_training(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def concat_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``ConcatTraining(x...) -> (Concat(x...), [len(x_i) along axis])``."""
     concat, lengths = outputs(node, 2)
     w = ctx.writer(node)
-    axis = _graph.int_attribute(node, "axis")
-    w.concat(list(node.input), axis, out=concat)
+    axis = node.attributes.get_int("axis", 0)
+    parts = [x for x in node.inputs if x is not None]
+    w.concat(parts, axis, out=concat)
     if lengths:
-        w.concat([w.dim(x, axis) for x in node.input], 0, out=lengths)
+        w.concat([w.dim(x, axis) for x in parts], 0, out=lengths)
     return w.nodes
 
 
-def split_training(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def split_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``SplitTraining(x, split) = Split(x, split)`` (``Slice`` s of the running sums before opset 13)."""
     x, split = inputs(node, 2)
     w = ctx.writer(node)
-    axis = _graph.int_attribute(node, "axis", 0)
-    pieces = list(node.output)
-    if not split:
+    axis = node.attributes.get_int("axis", 0)
+    pieces = outputs(node, len(node.outputs))
+    if split is None:
         attrs: dict[str, Any] = {"num_outputs": len(pieces)} if ctx.opset >= 18 else {}
         w.ops("Split", [x], pieces, axis=axis, **attrs)
     elif ctx.opset >= 13:

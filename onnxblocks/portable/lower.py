@@ -14,18 +14,23 @@ models' contract, and :mod:`onnxblocks.portable.optimizer` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import PortabilityError, preview
+from onnxblocks.ir.edit import remove_unused_nodes, replace_node
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.walk import all_nodes
 from onnxblocks.portable import activations, broadcast, conv, indexing, matmul, normalization, recurrent, softmax
 from onnxblocks.portable.context import LoweringContext, describe
 from onnxblocks.portable.ops import PORTABLE_CONTRIB_OPS, is_portable_op
 
-#: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs with standard ops.
-Lowering = Callable[[onnx.NodeProto, LoweringContext], list[onnx.NodeProto]]
+#: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs (by name) with standard ops.
+Lowering = Callable[[ir.Node, LoweringContext], list[ir.Node]]
 
 #: Every lowering, by op type (``com.microsoft`` ops and ONNX Runtime's default-domain gradient ops).
 LOWERINGS: dict[str, Lowering] = {
@@ -39,8 +44,61 @@ LOWERINGS: dict[str, Lowering] = {
     **recurrent.LOWERINGS,
 }
 
-#: Ops handled by the contract rewrites, not by :func:`lower_training_ops`.
+#: Ops handled by the contract rewrites, not by :class:`LowerTrainingOps`.
 CONTRACT_OPS = frozenset({"InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimizerV2", "InplaceClipGradNorm"})
+
+
+class LowerTrainingOps(Pass):
+    """Replace every node that stock ONNX Runtime cannot run by standard ops (see :func:`lower_training_ops`).
+
+    Its changes are how many nodes of each op type were lowered.
+    """
+
+    name = "lowering"
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        """Raises: PortabilityError: as :func:`lower_training_ops` says."""
+        graph = model.graph
+        blocked = [n for n in graph if n.op_type not in CONTRACT_OPS and _to_lower(n) and not _lowerable(n)]
+        if blocked:
+            missing = sorted({(n.domain or "ai.onnx", n.op_type) for n in blocked})
+            first = blocked[0]
+            raise PortabilityError(
+                f"{describe(first)} has no standard-op lowering, so these artifacts cannot train on stock ONNX "
+                f"Runtime (ops without one: {preview(f'{d}:{o}' for d, o in missing)}). Rewrite that part of the "
+                "model with ops onnxblocks lowers (docs/portable.md lists them), or generate non-portable artifacts "
+                "(portable=False) for onnxruntime-training."
+            )
+        ctx = LoweringContext(model)
+        counts: dict[str, int] = {}
+        for node in list(graph):
+            if node.op_type in CONTRACT_OPS or not _to_lower(node):
+                ctx.record([node])
+                continue
+            replacement = LOWERINGS[node.op_type](node, ctx)
+            if replacement == [node]:  # kept as it is (e.g. contrib Trilu below opset 14)
+                ctx.record([node])
+                continue
+            produced = {v.name: v for n in replacement for v in n.outputs if v.name}
+            old_types = {v.name: ctx.types.get(v.name or "") for v in node.outputs}
+            new_outputs = [produced.get(v.name) if v.name else None for v in node.outputs]
+            for old, new in zip(node.outputs, new_outputs, strict=True):
+                if new is None:
+                    _unlink(node, old)
+            replace_node(node, replacement, new_outputs)
+            for name, known in old_types.items():
+                if name and known is not None:
+                    ctx.types[name] = known
+            ctx.record(replacement)
+            like = _OUTPUT_LIKE_INPUT.get(node.op_type)
+            if like is not None and len(node.inputs) > like and node.outputs:  # when inference could not type it
+                ctx.set_type(node.outputs[0].name or "", like=node.inputs[like])
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        for node in list(graph):
+            _drop_noop_reduction(node, ctx)
+        remove_unused_nodes(graph)
+        _prune_unused_opsets(model)
+        return counts
 
 
 def lower_training_ops(model: onnx.ModelProto) -> dict[str, int]:
@@ -48,7 +106,9 @@ def lower_training_ops(model: onnx.ModelProto) -> dict[str, int]:
 
     Portable ``com.microsoft`` ops that have a standard form (``FusedMatMul``) are
     lowered too; the others (``Gelu``...) stay. Nodes of the contract ops
-    (:data:`CONTRACT_OPS`) are left for the contract rewrites.
+    (:data:`CONTRACT_OPS`) are left for the contract rewrites. Nodes nothing reads
+    afterwards (shape arithmetic that became a constant) are dropped. The model is
+    rewritten through :class:`LowerTrainingOps` on its IR.
 
     Returns:
         How many nodes of each op type were lowered.
@@ -57,69 +117,41 @@ def lower_training_ops(model: onnx.ModelProto) -> dict[str, int]:
         PortabilityError: naming the first node (and every other op type) without a lowering,
             or a node whose lowering needs what the model lacks (a newer opset, a known rank).
     """
-    blocked = [n for n in model.graph.node if n.op_type not in CONTRACT_OPS and _to_lower(n) and not _lowerable(n)]
-    if blocked:
-        missing = sorted({(n.domain or "ai.onnx", n.op_type) for n in blocked})
-        first = blocked[0]
-        raise PortabilityError(
-            f"{describe(first)} has no standard-op lowering, so these artifacts cannot train on stock ONNX Runtime "
-            f"(ops without one: {preview(f'{d}:{o}' for d, o in missing)}). Rewrite that part of the model with "
-            "ops onnxblocks lowers (docs/portable.md lists them), or generate non-portable artifacts "
-            "(portable=False) for onnxruntime-training."
-        )
-    ctx = LoweringContext(model)
-    nodes: list[onnx.NodeProto] = []
-    counts: dict[str, int] = {}
-    for node in list(model.graph.node):
-        if node.op_type in CONTRACT_OPS or not _to_lower(node):
-            nodes.append(node)
-            ctx.record([node])
-            continue
-        replacement = LOWERINGS[node.op_type](node, ctx)
-        ctx.record(replacement)
-        like = _OUTPUT_LIKE_INPUT.get(node.op_type)
-        if like is not None and len(node.input) > like:  # when inference could not type the gradient
-            ctx.set_type(node.output[0], like=node.input[like])
-        nodes.extend(replacement)
-        if replacement != [node]:
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    nodes = [_without_noop_reduction(n, ctx) for n in nodes]
-    del model.graph.node[:]
-    model.graph.node.extend(_live(nodes, {o.name for o in model.graph.output}))
-    _prune_unused_opsets(model)
+    ir_model = from_proto(model)
+    counts = dict(LowerTrainingOps().apply(ir_model))
+    model.CopyFrom(to_proto(ir_model))
     return counts
 
 
-def _without_noop_reduction(node: onnx.NodeProto, ctx: LoweringContext) -> onnx.NodeProto:
+def _unlink(node: ir.Node, value: ir.Value) -> None:
+    """Detach an output the lowering does not write from its readers, which must be lowered too (and ignore it).
+
+    Raises:
+        PortabilityError: if a node that stays reads it (or it is a graph output).
+    """
+    keeping = [use.node for use in value.uses() if not _to_lower(use.node)]
+    if keeping or value.is_graph_output():
+        reader = f"node '{keeping[0].name}' ({keeping[0].op_type})" if keeping else "a graph output"
+        raise PortabilityError(
+            f"{describe(node)}: its output '{value.name}' has no standard-op form, but {reader} reads it. Generate "
+            "non-portable artifacts (portable=False) for onnxruntime-training."
+        )
+    for use in list(value.uses()):
+        use.node.replace_input_with(use.idx, None)
+
+
+def _drop_noop_reduction(node: ir.Node, ctx: LoweringContext) -> None:
     """``ReduceSum(x, [])`` with ``noop_with_empty_axes=1`` (broadcast axes that turned out empty) as ``Identity``."""
-    if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 or not node.input[1]:
-        return node
-    noop = any(a.name == "noop_with_empty_axes" and a.i == 1 for a in node.attribute)
-    axes = ctx.constant(node.input[1])
-    if not noop or axes is None or axes.size:
-        return node
-    return onnx.helper.make_node("Identity", [node.input[0]], list(node.output), name=node.name)
-
-
-def _live(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:
-    """``nodes`` without those whose outputs nothing reads (shape arithmetic a lowering made constant)."""
-    needed = set(graph_outputs)
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output if o):
-            kept.append(node)
-            needed.update(_reads(node))
-    return kept[::-1]
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The values ``node`` reads, its subgraphs' outer-scope reads included."""
-    names = {i for i in node.input if i}
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-            for inner in graph.node:
-                names |= _reads(inner)
-    return names
+    if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return
+    axes_value = node.inputs[1]
+    if axes_value is None or node.attributes.get_int("noop_with_empty_axes", 0) != 1:
+        return
+    axes = ctx.constant(axes_value)
+    if axes is None or axes.size:
+        return
+    identity = ir.node("Identity", [node.inputs[0]], name=node.name)
+    replace_node(node, [identity], [identity.outputs[0]])
 
 
 #: Ops whose first output has the type of one of their inputs (by index), for the type table.
@@ -143,34 +175,23 @@ _OUTPUT_LIKE_INPUT = {
 }
 
 
-def _to_lower(node: onnx.NodeProto) -> bool:
+def _to_lower(node: ir.Node) -> bool:
     """True for a node the pass replaces: not portable, or a portable contrib op with a standard form."""
     if node.domain in ("", "ai.onnx", "ai.onnx.ml"):
         return not is_portable_op(node.op_type, node.domain)
     return node.domain != _limits.MS_DOMAIN or node.op_type in LOWERINGS or node.op_type not in PORTABLE_CONTRIB_OPS
 
 
-def _lowerable(node: onnx.NodeProto) -> bool:
+def _lowerable(node: ir.Node) -> bool:
     return node.op_type in LOWERINGS and node.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
 
 
-def _prune_unused_opsets(model: onnx.ModelProto) -> None:
+def _prune_unused_opsets(model: ir.Model) -> None:
     """Drop the opset imports of domains no node uses any more (ONNX Runtime's training domains)."""
-    used = {n.domain or "" for n in _all_nodes(model.graph)}
-    keep = [o for o in model.opset_import if (o.domain or "") in used or o.domain in ("", "ai.onnx")]
-    if len(keep) != len(model.opset_import):
-        del model.opset_import[:]
-        model.opset_import.extend(keep)
+    used = {n.domain or "" for n in all_nodes(model.graph)}
+    for domain in list(model.graph.opset_imports):
+        if domain not in used and domain not in ("", "ai.onnx"):
+            del model.graph.opset_imports[domain]
 
 
-def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    out = []
-    for node in graph.node:
-        out.append(node)
-        for attr in node.attribute:
-            for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                out.extend(_all_nodes(g))
-    return out
-
-
-__all__ = ["CONTRACT_OPS", "LOWERINGS", "Lowering", "lower_training_ops"]
+__all__ = ["CONTRACT_OPS", "LOWERINGS", "LowerTrainingOps", "Lowering", "lower_training_ops"]

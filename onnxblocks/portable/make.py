@@ -11,15 +11,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
+import onnx_ir as ir
 
+from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import PORTABLE_METADATA
 from onnxblocks._core.errors import PortabilityError, preview
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.accumulation import portable_accumulation
-from onnxblocks.portable.lower import lower_training_ops
+from onnxblocks.ir.passes import run_passes
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.portable.accumulation import AccumulateGradients
+from onnxblocks.portable.lower import LowerTrainingOps
 from onnxblocks.portable.ops import non_portable_ops
-from onnxblocks.portable.optimizer import portable_optimizer_model, read_optimizer
-from onnxblocks.portable.step import step_model
+from onnxblocks.portable.optimizer import optimizer_model as per_tensor_optimizer_model
+from onnxblocks.portable.optimizer import read_optimizer
+from onnxblocks.portable.step import FuseStep
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class PortableModels:
 
     Attributes:
         training: The training model: standard ops, accumulated gradients as outputs.
-        optimizer: The optimizer model (updated sequences out), or None without an optimizer.
+        optimizer: The optimizer model (one tensor in and out per parameter and moment), or None without one.
         step: The fused step model, or None (no optimizer, or ``fused_step=False``).
         trainable: The trainable parameters, in the training model's order.
         lowered: How many nodes of each training-only op were lowered.
@@ -74,19 +78,38 @@ def make_portable(
     if optimizer_model is not None and not isinstance(optimizer_model, onnx.ModelProto):
         raise TypeError(f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}.")
     spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
-    lowered = _graph.copy_structure(training_model)
-    counts = lower_training_ops(lowered)
-    step = step_model(lowered, spec, frozen_params) if spec is not None and fused_step else None
-    trainable = portable_accumulation(lowered)
-    optimizer = portable_optimizer_model(optimizer_model, len(trainable)) if optimizer_model is not None else None
-    for what, model in (("training", lowered), ("optimizer", optimizer), ("step", step)):
-        if model is not None:
-            check_portable(model, f"the portable {what} model")
-            mark_portable(model)
+    training = from_proto(training_model)  # not changed: the IR shares its tensors, and the passes edit the IR
+    lowering = LowerTrainingOps()
+    counts = dict(run_passes(training, [lowering])[lowering.name])
+    step = None
+    if spec is not None and fused_step:
+        fused = training.clone()
+        FuseStep(spec, frozen_params)(fused)
+        step = _finish(fused, "step")
+    accumulation = AccumulateGradients()
+    accumulation(training)
+    trainable = accumulation.trainable
+    optimizer = None
+    if optimizer_model is not None:
+        by_name = {v.name: v for v in training.graph.inputs}
+        optimizer = per_tensor_optimizer_model(optimizer_model, [by_name[p] for p in trainable])
+        check_portable(optimizer, "the portable optimizer model")
+        mark_portable(optimizer)
+    lowered = _finish(training, "training", stamp=False)
     return PortableModels(lowered, optimizer, step, tuple(trainable), counts)
 
 
-def check_portable(model: onnx.ModelProto, what: str = "the model") -> None:
+def _finish(model: ir.Model, what: str, stamp: bool = True) -> onnx.ModelProto:
+    """Check ``model`` is portable, mark it so, and serialize it (with the IR version set when ``stamp``)."""
+    check_portable(model, f"the portable {what} model")
+    model.metadata_props[PORTABLE_METADATA] = "1"
+    proto = to_proto(model)
+    if stamp:
+        _limits.stamp_versions(proto)
+    return proto
+
+
+def check_portable(model: onnx.ModelProto | ir.Model, what: str = "the model") -> None:
     """Raise :class:`PortabilityError` when ``model`` holds ops stock ONNX Runtime cannot run."""
     found = non_portable_ops(model)
     if found:

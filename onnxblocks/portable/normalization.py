@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
 from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
 
 
-def layer_norm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def layer_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``(Simplified)LayerNormalizationGrad(dY, X, scale[, mean], inv_std_dev) -> dX, dScale[, dBias]``.
 
     With ``x = (X - mean) * inv_std`` (``X * inv_std`` when simplified),
@@ -24,15 +24,15 @@ def layer_norm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.Nod
     simplified = node.op_type.startswith("Simplified")
     if simplified:
         dy, x, scale, inv_std = inputs(node, 4)
-        mean = ""
+        mean = None
     else:
         dy, x, scale, mean, inv_std = inputs(node, 5)
     dx, dscale, dbias = outputs(node, 3)
     w = ctx.writer(node)
     elem = ctx.float_type(x)
-    axis = _graph.int_attribute(node, "axis", -1)
+    axis = node.attributes.get_int("axis", -1)
 
-    def rows(stat: str) -> str:  # float statistics [rows..., 1...] -> [rows, 1] in X's type
+    def rows(stat: ir.Value) -> ir.Value:  # float statistics [rows..., 1...] -> [rows, 1] in X's type
         column = w.reshape(stat, [-1, 1])
         return w.cast(column, elem) if ctx.elem_type(stat, onnx.TensorProto.FLOAT) != elem else column
 
@@ -52,12 +52,12 @@ def layer_norm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.Nod
     return w.nodes
 
 
-def _channels(w: Writer, value: str) -> str:
+def _channels(w: Writer, value: ir.Value) -> ir.Value:
     """``[C]`` -> ``[1, C, 1]``, to broadcast over ``X`` as ``[N, C, spatial]``."""
     return w.reshape(value, [1, -1, 1])
 
 
-def batch_norm_internal(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def batch_norm_internal(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """Training-mode ``BatchNormInternal(X, scale, B, mean, var) -> Y, running_mean, running_var, saved_mean, inv_std``.
 
     Batch statistics over ``N`` and the spatial dims, the biased variance,
@@ -69,8 +69,8 @@ def batch_norm_internal(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx
     w = ctx.writer(node)
     elem = ctx.float_type(x)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-    epsilon = _graph.float_attribute(node, "epsilon", 1e-5)
-    momentum = _graph.float_attribute(node, "momentum", 0.9)
+    epsilon = node.attributes.get_float("epsilon", 1e-5)
+    momentum = node.attributes.get_float("momentum", 0.9)
     x3 = w.reshape(x, [0, 0, -1])
     mean = w.reduce("ReduceMean", x3, [0, 2], keepdims=1)
     centered = w.op("Sub", [x3, mean])
@@ -91,7 +91,7 @@ def batch_norm_internal(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx
     return w.nodes
 
 
-def batch_norm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def batch_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``BatchNormalizationGrad(dY, X, scale, saved_mean, saved_inv_std) -> dX, dScale, dBias``.
 
     With ``m = N * spatial`` and ``x = (X - mean) * inv_std``: ``dBias = sum(dY)``,

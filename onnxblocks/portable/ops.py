@@ -9,11 +9,14 @@ providers implement fewer contrib ops).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
 
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
+from onnxblocks.ir.serde import from_proto
+from onnxblocks.ir.walk import all_nodes
 
 #: ``com.microsoft`` ops that stock ONNX Runtime runs on CPU, which a portable model may hold.
 PORTABLE_CONTRIB_OPS = frozenset(
@@ -33,6 +36,7 @@ PORTABLE_CONTRIB_OPS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def is_portable_op(op_type: str, domain: str = "", opset: int | None = None) -> bool:
     """True for a standard ONNX op (at ``opset``, any opset when None) or a portable contrib op."""
     if domain in ("", "ai.onnx"):
@@ -50,23 +54,18 @@ def is_portable_op(op_type: str, domain: str = "", opset: int | None = None) -> 
     return domain == _limits.MS_DOMAIN and op_type in PORTABLE_CONTRIB_OPS
 
 
-def non_portable_ops(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, str]]:
+def non_portable_ops(model: onnx.ModelProto | ir.Model) -> list[tuple[ir.Node, str, str]]:
     """Nodes of ``model`` (subgraphs included) that stock ONNX Runtime cannot run.
 
     Returns:
-        ``(node, op_type, domain)`` of each such node, in graph order; empty for a portable model.
+        ``(node, op_type, domain)`` of each such node (an ``onnx_ir`` node), in graph order;
+        empty for a portable model.
     """
-    opset = _limits.onnx_opset(model)
+    ir_model = from_proto(model) if isinstance(model, onnx.ModelProto) else model
+    graph = ir_model.graph
+    opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx"))
     return [
         (n, n.op_type, n.domain or "ai.onnx")
-        for n in _nodes(model.graph.node)
+        for n in all_nodes(graph)
         if not is_portable_op(n.op_type, n.domain, opset)
     ]
-
-
-def _nodes(nodes: Iterable[onnx.NodeProto]) -> Iterable[onnx.NodeProto]:
-    for node in nodes:
-        yield node
-        for attr in node.attribute:
-            for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                yield from _nodes(graph.node)

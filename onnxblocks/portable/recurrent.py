@@ -15,69 +15,102 @@ peepholes (the normalisation passes split other directions into forward nodes).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs, unsupported
+from onnxblocks.portable.context import (
+    FLOAT_TENSOR,
+    LoweringContext,
+    Writer,
+    attributes,
+    inputs,
+    name_of,
+    outputs,
+    unsupported,
+)
 
 _DEFAULTS = {"GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 
 
-def _check(node: onnx.NodeProto, kind: str, sequence_lens: str, peephole: str = "") -> int:
+def _check(node: ir.Node, kind: str, sequence_lens: ir.Value | None, peephole: ir.Value | None = None) -> int:
     """The hidden size, after checking the node is in the covered form."""
-    if _graph.string_attribute(node, "direction", "forward") != "forward":
+    if node.attributes.get_string("direction", "forward") != "forward":
         raise unsupported(node, "a reverse or bidirectional direction")
-    activations = _graph.strings_attribute(node, "activations", None)
+    activations = node.attributes.get_strings("activations", None)
     if activations and [a.lower() for a in activations] != [a.lower() for a in _DEFAULTS[kind]]:
         raise unsupported(node, f"activations {activations}")
-    if _graph.float_attribute(node, "clip", None) is not None:
+    if node.attributes.get_float("clip", None) is not None:
         raise unsupported(node, "clip")
-    if _graph.int_attribute(node, "input_forget", 0):
+    if node.attributes.get_int("input_forget", 0):
         raise unsupported(node, "input_forget=1")
-    if sequence_lens or peephole:
+    if sequence_lens is not None or peephole is not None:
         raise unsupported(node, "sequence_lens or peephole weights")
-    return _graph.int_attribute(node, "hidden_size")
+    hidden = node.attributes.get_int("hidden_size", None)
+    if hidden is None:
+        raise unsupported(node, "a node without hidden_size")
+    return hidden
 
 
-def _only_read_by(ctx: LoweringContext, node: onnx.NodeProto, names: list[str], grad_op: str) -> None:
-    for name in names:
-        readers = [r for r in ctx.readers.get(name, []) if r.op_type != grad_op]
-        if name and readers:
-            raise unsupported(node, f"its output '{name}' read by {readers[0].op_type} (only {grad_op} may read it)")
+def _only_read_by(node: ir.Node, names: list[str], grad_op: str) -> None:
+    for value in node.outputs:
+        if not value.name or value.name not in names:
+            continue
+        readers = [use.node for use in value.uses() if use.node.op_type != grad_op]
+        if readers:
+            raise unsupported(
+                node, f"its output '{value.name}' read by {readers[0].op_type} (only {grad_op} may read it)"
+            )
 
 
 class _Parts:
     """Weights of one direction split per gate: ``W [G*H, I]``, ``R [G*H, H]``, ``Wb``, ``Rb`` (``[G*H]``)."""
 
-    def __init__(self, w: Writer, weight: str, recurrence: str, bias: str, gates: int, hidden: int) -> None:
+    def __init__(
+        self,
+        w: Writer,
+        weight: ir.Value,
+        recurrence: ir.Value,
+        bias: ir.Value | None,
+        gates: int,
+        hidden: int,
+    ) -> None:
         self.w2 = w.squeeze(weight, [0])
         self.r2 = w.squeeze(recurrence, [0])
         self.wt, self.rt = w.op("Transpose", [self.w2]), w.op("Transpose", [self.r2])
-        if bias:
+        if bias is not None:
             self.wb, self.rb = w.split(w.squeeze(bias, [0]), [gates * hidden, gates * hidden], 0)
         else:
             zeros = w.op("ConstantOfShape", [w.ints([gates * hidden])], value=_zero(w, weight))
             self.wb = self.rb = zeros
 
 
-def _zero(w: Writer, like: str) -> onnx.TensorProto:
+def _zero(w: Writer, like: ir.Value | None) -> ir.TensorProtocol:
     del w, like
-    return onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])
+    return ir.tensor(np.zeros(1, np.float32), name="zero")
 
 
-def _steps(w: Writer, hall: str, first: str, batch_hidden: str) -> str:
+def _steps(w: Writer, hall: ir.Value, first: ir.Value | None, batch_hidden: ir.Value) -> ir.Value:
     """``[first, hall[0], ..., hall[T-2]]``: each step's previous state, ``[T, B, H]``."""
     sequence = w.squeeze(hall, [1])
-    start = w.squeeze(first, [0]) if first else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, hall))
+    start = (
+        w.squeeze(first, [0]) if first is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, hall))
+    )
     earlier = w.op("Slice", [sequence, w.ints([0]), w.ints([-1]), w.ints([0])])
     return w.concat([w.unsqueeze(start, [0]), earlier], 0)
 
 
 def _scan(
-    w: Writer, body: onnx.GraphProto, states: list[str], scanned: list[str], outputs_: list[str], reverse: bool
-) -> None:
+    w: Writer,
+    body: ir.Graph,
+    states: list[ir.Value],
+    scanned: list[ir.Value | None],
+    outputs_: list[str],
+    reverse: bool,
+) -> list[ir.Value]:
+    """A ``Scan`` over ``body``; returns its outputs (named ``outputs_``)."""
     direction = [1 if reverse else 0]
-    w.ops(
+    return w.ops(
         "Scan",
         [*states, *scanned],
         outputs_,
@@ -88,34 +121,30 @@ def _scan(
     )
 
 
-def _body(w: Writer, name: str, ins: list[str], outs: list[str]) -> onnx.GraphProto:
-    """A Scan body over float tensors of unknown shape."""
-    info = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ins]
-    out_info = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outs]
-    return onnx.helper.make_graph(w.nodes, name, info, out_info)
+def _body(w: Writer, name: str, ins: list[ir.Value], outs: list[ir.Value]) -> ir.Graph:
+    """A Scan body over float tensors of unknown shape (its inputs from :meth:`Writer.body_input`)."""
+    for value in outs:
+        value.type = FLOAT_TENSOR
+    return ir.Graph(ins, outs, nodes=w.nodes, name=name)
 
 
-def gru_training(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def gru_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GRUTraining(X, W, R, B, _, H0) -> Y, Y_h, zrh``: the standard ``GRU`` (zrh is left to ``GRUGrad``)."""
     x, weight, recurrence, bias, sequence_lens, h0 = inputs(node, 6)
     _check(node, "GRU", sequence_lens)
     y, y_h, zrh = outputs(node, 3)
-    _only_read_by(ctx, node, [zrh], "GRUGrad")
+    _only_read_by(node, [zrh], "GRUGrad")
     w = ctx.writer(node)
-    attrs = {
-        a.name: onnx.helper.get_attribute_value(a)
-        for a in node.attribute
-        if a.name in ("hidden_size", "linear_before_reset", "direction", "activations", "layout")
-    }
-    w.ops("GRU", [x, weight, recurrence, bias, "", h0], [y, y_h], **attrs)
+    attrs = attributes(node, "hidden_size", "linear_before_reset", "direction", "activations", "layout")
+    w.ops("GRU", [x, weight, recurrence, bias, None, h0], [y, y_h], **attrs)
     return w.nodes
 
 
-def gru_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GRUGrad(X, W, R, B, _, H0, Y, zrh, dY, dY_h) -> dX, dW, dR, dB, dH0`` as a reverse ``Scan``."""
     x, weight, recurrence, bias, sequence_lens, h0, hall, _, dhall, dh_final = inputs(node, 10)
     hidden = _check(node, "GRU", sequence_lens)
-    before_reset = _graph.int_attribute(node, "linear_before_reset", 0)
+    before_reset = node.attributes.get_int("linear_before_reset", 0)
     dx, dw, dr, db, dh0 = outputs(node, 5)
     w = ctx.writer(node)
     p = _Parts(w, weight, recurrence, bias, 3, hidden)
@@ -124,11 +153,13 @@ def gru_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]
     rb_zr, rb_h = w.split(p.rb, [2 * hidden, hidden], 0)
     batch_hidden = w.concat([w.dim(x, 1), w.ints([hidden])])
     previous = _steps(w, hall, h0, batch_hidden)
-    d_steps = w.squeeze(dhall, [1]) if dhall else w.op("ConstantOfShape", [w.shape(previous)], value=_zero(w, x))
+    d_steps = (
+        w.squeeze(dhall, [1]) if dhall is not None else w.op("ConstantOfShape", [w.shape(previous)], value=_zero(w, x))
+    )
 
     b = ctx.writer(node)  # the body: state dh, dW, dR, dWb, dRb; scanned x_t, h_t-1, dy_t
     s_dh, s_dw, s_dr, s_dwb, s_drb, x_t, h_prev, dy_t = (
-        b.fresh(n) for n in ("dh", "dw", "dr", "dwb", "drb", "x", "h", "dy")
+        b.body_input(n) for n in ("dh", "dw", "dr", "dwb", "drb", "x", "h", "dy")
     )
     gx = b.op("Add", [b.op("MatMul", [x_t, p.wt]), p.wb])
     gx_zr, gx_h = b.split(gx, [2 * hidden, hidden], 1)
@@ -175,16 +206,25 @@ def gru_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]
         [dh_prev, new_dw, new_dr, new_dwb, new_drb, dx_t],
     )
 
-    start_dh = w.squeeze(dh_final, [0]) if dh_final else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+    start_dh = (
+        w.squeeze(dh_final, [0]) if dh_final is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+    )
     zeros = [w.op("ConstantOfShape", [w.shape(v)], value=_zero(w, x)) for v in (p.w2, p.r2, p.wb, p.rb)]
-    finals = [w.fresh(n) for n in ("dh0", "dw", "dr", "dwb", "drb", "dx")]
-    _scan(w, body, [start_dh, *zeros], [x, previous, d_steps], finals, reverse=True)
+    names = [w.fresh(n) for n in ("dh0", "dw", "dr", "dwb", "drb", "dx")]
+    finals = _scan(w, body, [start_dh, *zeros], [x, previous, d_steps], names, reverse=True)
     _gradients_out(w, finals, dx, dw, dr, db, dh0, bias_parts=(finals[3], finals[4]))
     return w.nodes
 
 
 def _gradients_out(
-    w: Writer, finals: list[str], dx: str, dw: str, dr: str, db: str, dh0: str, bias_parts: tuple[str, str]
+    w: Writer,
+    finals: list[ir.Value],
+    dx: str,
+    dw: str,
+    dr: str,
+    db: str,
+    dh0: str,
+    bias_parts: tuple[ir.Value, ir.Value],
 ) -> None:
     """Write the gradient outputs from the Scan's final states (``[dh0, dW, dR, ...]`` then ``dX``)."""
     if dx:
@@ -199,18 +239,21 @@ def _gradients_out(
         w.unsqueeze(finals[0], [0], dh0)
 
 
-def lstm_training(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def lstm_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``LSTMTraining(X, W, R, B, _, H0, C0) -> Y, Y_h, Y_c, all cell states, (iofc)`` as a forward ``Scan``."""
     x, weight, recurrence, bias, sequence_lens, h0, c0, peephole = inputs(node, 8)
     hidden = _check(node, "LSTM", sequence_lens, peephole)
     y, y_h, y_c, cells, iofc = outputs(node, 5)
-    _only_read_by(ctx, node, [iofc], "LSTMGrad")
+    _only_read_by(node, [iofc], "LSTMGrad")
     w = ctx.writer(node)
     p = _Parts(w, weight, recurrence, bias, 4, hidden)
     batch_hidden = w.concat([w.dim(x, 1), w.ints([hidden])])
-    start = [w.squeeze(v, [0]) if v else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x)) for v in (h0, c0)]
+    start = [
+        w.squeeze(v, [0]) if v is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+        for v in (h0, c0)
+    ]
     b = ctx.writer(node)
-    s_h, s_c, x_t = b.fresh("h"), b.fresh("c"), b.fresh("x")
+    s_h, s_c, x_t = b.body_input("h"), b.body_input("c"), b.body_input("x")
     bias_sum = b.op("Add", [p.wb, p.rb])
     gates = b.op("Add", [b.op("Add", [b.op("MatMul", [x_t, p.wt]), b.op("MatMul", [s_h, p.rt])]), bias_sum])
     i, o, f, g = b.split(gates, [hidden] * 4, 1)
@@ -219,35 +262,39 @@ def lstm_training(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeP
     h = b.op("Mul", [o, b.op("Tanh", [c])])
     h_out, c_out = b.op("Identity", [h]), b.op("Identity", [c])
     body = _body(b, "lstm_step", [s_h, s_c, x_t], [h, c, h_out, c_out])
-    finals = [w.fresh(n) for n in ("h", "c", "hall", "call")]
-    _scan(w, body, start, [x], finals, reverse=False)
+    finals = _scan(w, body, start, [x], [w.fresh(n) for n in ("h", "c", "hall", "call")], reverse=False)
     for out, value, axis in ((y, finals[2], 1), (y_h, finals[0], 0), (y_c, finals[1], 0), (cells, finals[3], 1)):
         if out:
             w.unsqueeze(value, [axis], out)
     return w.nodes
 
 
-def lstm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def lstm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``LSTMGrad(X, W, R, _, H0, C0, Y, cells, iofc, dY, dY_h, dY_c) -> dX, dW, dR, dB, dH0, dC0``, a reverse Scan."""
     x, weight, recurrence, sequence_lens, h0, c0, hall, cells, _, dhall, dh_final, dc_final = inputs(node, 12)
     hidden = _check(node, "LSTM", sequence_lens)
     dx, dw, dr, db, dh0, dc0, dp = outputs(node, 7)
     if dp:
         raise unsupported(node, "peephole weights")
-    forward = ctx.original_producers.get(hall)
+    forward = ctx.original_producers.get(name_of(hall))
     if forward is None or forward.op_type != "LSTMTraining":
-        raise unsupported(node, f"all hidden states '{hall}' not written by an LSTMTraining node")
-    bias = inputs(forward, 4)[3]
+        raise unsupported(node, f"all hidden states '{name_of(hall)}' not written by an LSTMTraining node")
+    original = ctx.original_inputs(forward)
+    bias = original[3] if len(original) > 3 else None
     w = ctx.writer(node)
     p = _Parts(w, weight, recurrence, bias, 4, hidden)
     batch_hidden = w.concat([w.dim(x, 1), w.ints([hidden])])
     h_prev_all = _steps(w, hall, h0, batch_hidden)
     c_prev_all = _steps(w, cells, c0, batch_hidden)
-    d_steps = w.squeeze(dhall, [1]) if dhall else w.op("ConstantOfShape", [w.shape(h_prev_all)], value=_zero(w, x))
+    d_steps = (
+        w.squeeze(dhall, [1])
+        if dhall is not None
+        else w.op("ConstantOfShape", [w.shape(h_prev_all)], value=_zero(w, x))
+    )
 
     b = ctx.writer(node)
     s_dh, s_dc, s_dw, s_dr, s_db, x_t, h_prev, c_prev, dy_t = (
-        b.fresh(n) for n in ("dh", "dc", "dw", "dr", "db", "x", "h", "c", "dy")
+        b.body_input(n) for n in ("dh", "dc", "dw", "dr", "db", "x", "h", "c", "dy")
     )
     one = b.scalar(1, onnx.TensorProto.FLOAT)
     bias_sum = b.op("Add", [p.wb, p.rb])
@@ -259,7 +306,7 @@ def lstm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto
     d_h = b.op("Add", [s_dh, dy_t])
     d_c = b.op("Add", [s_dc, b.op("Mul", [b.op("Mul", [d_h, o]), b.op("Sub", [one, b.op("Mul", [tc, tc])])])])
 
-    def sigmoid_back(grad: str, gate: str) -> str:
+    def sigmoid_back(grad: ir.Value, gate: ir.Value) -> ir.Value:
         return b.op("Mul", [b.op("Mul", [grad, gate]), b.op("Sub", [one, gate])])
 
     di = sigmoid_back(b.op("Mul", [d_c, g]), i)
@@ -281,12 +328,12 @@ def lstm_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto
     )
 
     starts = [
-        w.squeeze(v, [0]) if v else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+        w.squeeze(v, [0]) if v is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
         for v in (dh_final, dc_final)
     ]
     zeros = [w.op("ConstantOfShape", [w.shape(v)], value=_zero(w, x)) for v in (p.w2, p.r2, p.wb)]
-    finals = [w.fresh(n) for n in ("dh0", "dc0", "dw", "dr", "db", "dx")]
-    _scan(w, body, [*starts, *zeros], [x, h_prev_all, c_prev_all, d_steps], finals, reverse=True)
+    names = [w.fresh(n) for n in ("dh0", "dc0", "dw", "dr", "db", "dx")]
+    finals = _scan(w, body, [*starts, *zeros], [x, h_prev_all, c_prev_all, d_steps], names, reverse=True)
     # finals: dh0, dc0, dW, dR, dB, dX -> the GRU layout [dh0, dW, dR, ...] for _gradients_out
     _gradients_out(
         w, [finals[0], finals[2], finals[3], finals[5]], dx, dw, dr, db, dh0, bias_parts=(finals[4], finals[4])

@@ -7,17 +7,18 @@ input to 2-D at ``axis`` first (``Flatten``), as opset-1..12 ``Softmax`` did.
 from __future__ import annotations
 
 import onnx
+import onnx_ir as ir
 
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.context import LoweringContext, Writer, inputs
+from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
 
 
-def _softmax_family(node: onnx.NodeProto, ctx: LoweringContext, log: bool) -> list[onnx.NodeProto]:
+def _softmax_family(node: ir.Node, ctx: LoweringContext, log: bool) -> list[ir.Node]:
     dy, y = inputs(node, 2)
     w = ctx.writer(node)
     opset13 = node.op_type.endswith("_13")
-    axis = _graph.int_attribute(node, "axis", -1 if opset13 else 1)
-    out = node.output[0]
+    axis = node.attributes.get_int("axis", -1 if opset13 else 1)
+    out = outputs(node, 1)[0]
+    shape = None
     if not opset13:  # coerce to [prod(dims[:axis]), prod(dims[axis:])]
         shape = w.shape(dy)
         dy, y = w.op("Flatten", [dy], axis=axis), w.op("Flatten", [y], axis=axis)
@@ -28,22 +29,22 @@ def _softmax_family(node: onnx.NodeProto, ctx: LoweringContext, log: bool) -> li
     else:  # dX = (dY - sum(dY * Y)) * Y
         total = w.reduce("ReduceSum", w.op("Mul", [dy, y]), [axis], keepdims=1)
         result = w.op("Mul", [w.op("Sub", [dy, total]), y], out)
-    if not opset13:
-        w.reshape(result, shape, node.output[0])
+    if shape is not None:
+        w.reshape(result, shape, outputs(node, 1)[0])
     return w.nodes
 
 
-def softmax_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def softmax_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``SoftmaxGrad(_13)(dY, Y) = (dY - sum(dY * Y, axis)) * Y``."""
     return _softmax_family(node, ctx, log=False)
 
 
-def log_softmax_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def log_softmax_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``LogSoftmaxGrad(_13)(dY, Y) = dY - exp(Y) * sum(dY, axis)``."""
     return _softmax_family(node, ctx, log=True)
 
 
-def softmax_cross_entropy_loss_grad(node: onnx.NodeProto, ctx: LoweringContext) -> list[onnx.NodeProto]:
+def softmax_cross_entropy_loss_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``SoftmaxCrossEntropyLoss(Internal)Grad(dY, log_prob, label[, weight][, ignore_index])``.
 
     ``dX[n, c, ...] = (exp(log_prob) - onehot(label)) * weight[label] * dY``, zero where
@@ -53,8 +54,8 @@ def softmax_cross_entropy_loss_grad(node: onnx.NodeProto, ctx: LoweringContext) 
     dy, log_prob, label, weight, ignore_input = inputs(node, 5)
     w = ctx.writer(node)
     elem = ctx.float_type(log_prob)
-    reduction = _graph.string_attribute(node, "reduction", "mean")
-    ignore_attr = _graph.int_attribute(node, "ignore_index", None)
+    reduction = node.attributes.get_string("reduction", "mean")
+    ignore_attr = node.attributes.get_int("ignore_index", None)
 
     depth = w.dim(log_prob, 1)
     valid, safe_label = _valid_labels(w, label, ignore_input, ignore_attr)
@@ -62,7 +63,7 @@ def softmax_cross_entropy_loss_grad(node: onnx.NodeProto, ctx: LoweringContext) 
     onehot = w.op("OneHot", [safe_label, depth, off_on], axis=1)
     diff = w.op("Sub", [w.op("Exp", [log_prob]), onehot])
 
-    sample_weight = w.op("Gather", [weight, safe_label], axis=0) if weight else None
+    sample_weight = w.op("Gather", [weight, safe_label], axis=0) if weight is not None else None
     if reduction == "none":
         factor = w.op("Mul", [sample_weight, dy]) if sample_weight else dy
     else:
@@ -84,18 +85,20 @@ def softmax_cross_entropy_loss_grad(node: onnx.NodeProto, ctx: LoweringContext) 
         factor = w.op("Mul", [factor, w.cast(valid, elem)])
     if sample_weight or valid or reduction == "none":
         factor = w.unsqueeze(factor, [1])
-    w.op("Mul", [diff, factor], node.output[0])
+    w.op("Mul", [diff, factor], outputs(node, 1)[0])
     return w.nodes
 
 
-def _valid_labels(w: Writer, label: str, ignore_input: str, ignore_attr: int | None) -> tuple[str, str]:
-    """``(label != ignore_index, label with ignored entries set to 0)``, or ``("", label)`` without an ignore index."""
-    if ignore_input:
+def _valid_labels(
+    w: Writer, label: ir.Value, ignore_input: ir.Value | None, ignore_attr: int | None
+) -> tuple[ir.Value | None, ir.Value]:
+    """``(label != ignore_index, label with ignored entries set to 0)``; ``(None, label)`` without an ignore index."""
+    if ignore_input is not None:
         ignore = w.cast(ignore_input, onnx.TensorProto.INT64)
     elif ignore_attr is not None:
         ignore = w.const(ignore_attr, "int64")
     else:
-        return "", label
+        return None, label
     label64 = w.cast(label, onnx.TensorProto.INT64)
     valid = w.op("Not", [w.op("Equal", [label64, ignore])])
     return valid, w.op("Where", [valid, label64, w.const(0, "int64")])

@@ -15,81 +15,132 @@ the optional gradient clipping. Its signature (docs/portable.md)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
-from onnxblocks._core.contracts import LAZY_RESET_GRAD, LEARNING_RATE, STEP, moment_names, updated_name
+from onnxblocks._core.contracts import (
+    ACCUMULATED_SUFFIX,
+    LAZY_RESET_GRAD,
+    LEARNING_RATE,
+    STEP,
+    moment_names,
+    updated_name,
+)
 from onnxblocks._core.errors import PortabilityError
-from onnxblocks.gradient import _graph
-from onnxblocks.portable.accumulation import ACCUMULATOR, trainable_parameters
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.portable.accumulation import _parameters, accumulators
 from onnxblocks.portable.context import Writer
 from onnxblocks.portable.optimizer import OptimizerSpec, adamw_scalars, adamw_update, clip_gradients, sgd_update
 
 
+class FuseStep(Pass):
+    """Turn a lowered training model (its accumulators not yet rewritten) into the fused step model.
+
+    Args:
+        spec: The optimizer (:func:`~onnxblocks.portable.optimizer.read_optimizer`).
+        frozen: The frozen parameters; default: the graph inputs between the last
+            trainable parameter and the first accumulation buffer.
+    """
+
+    name = "step"
+
+    def __init__(self, spec: OptimizerSpec, frozen: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.frozen = list(frozen) if frozen is not None else None
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        """Raises: PortabilityError: if the model has no accumulators (nothing is trained)."""
+        graph, spec = model.graph, self.spec
+        params = _parameters(graph)
+        if not params:
+            raise PortabilityError("The training model has no trainable parameters: there is no step to fuse.")
+        found = accumulators(graph)
+        grads: list[ir.Value] = []
+        for node in found:
+            grad = node.inputs[1]
+            if grad is None:
+                raise PortabilityError(f"Accumulator node '{node.name}' reads no gradient.")
+            grads.append(grad)
+        buffers = {n.inputs[0] for n in found}
+        outputs = [o for o in graph.outputs if not (o.name or "").endswith(ACCUMULATED_SUFFIX)]
+        graph.outputs.clear()
+        graph.outputs.extend(outputs)
+        graph.remove(found, safe=True)
+
+        order = list(graph.inputs)
+        by_name = {v.name: v for v in order}
+        frozen = (
+            [by_name[n] for n in self.frozen]
+            if self.frozen is not None
+            else _frozen_by_position(order, params, buffers)
+        )
+        skip = {*params, *frozen, *buffers}
+        user = [v for v in order if v not in skip and v.name != LAZY_RESET_GRAD]
+
+        opset = graph.opset_imports.get("", _limits.DEFAULT_ONNX_OPSET)
+        w = Writer(graph_names(graph), opset, "step")
+        if spec.max_norm is not None:
+            grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+        lr = ir.Value(name=LEARNING_RATE, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1]))
+        step = ir.Value(name=STEP, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
+        new_inputs = [*user, lr, step]
+        scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" else None
+        for param, grad in zip(params, grads, strict=True):
+            assert param.name is not None
+            new_inputs.append(param)
+            if scalars is not None:
+                first, second = (_like(n, param) for n in moment_names(param.name))
+                new_inputs += [first, second]
+                outs = [updated_name(n) for n in (param.name, *moment_names(param.name))]
+                new = adamw_update(w, spec, scalars, param, grad, first, second, outs)
+            else:
+                new = [sgd_update(w, lr, param, grad, updated_name(param.name))]
+            for value in new:
+                value.type, value.shape = param.type, _shape(param)
+            outputs += new
+        new_inputs += frozen
+        graph.extend(w.nodes)
+        graph.inputs.clear()
+        graph.inputs.extend(new_inputs)
+        graph.outputs.clear()
+        graph.outputs.extend(outputs)
+        return {"updates": len(params)}
+
+
+def _shape(value: ir.Value) -> ir.Shape | None:
+    return ir.Shape(value.shape) if value.shape is not None else None
+
+
+def _like(name: str, param: ir.Value) -> ir.Value:
+    return ir.Value(name=name, type=param.type, shape=_shape(param))
+
+
+def _frozen_by_position(order: list[ir.Value], params: list[ir.Value], buffers: set[ir.Value | None]) -> list[ir.Value]:
+    """The inputs after the last trainable parameter and before the first buffer (onnxblocks' input order)."""
+    last = max(order.index(p) for p in params)
+    first_buffer = min((order.index(b) for b in buffers if b is not None), default=len(order))
+    return [v for v in order[last + 1 : first_buffer] if v.name != LAZY_RESET_GRAD]
+
+
 def step_model(lowered: onnx.ModelProto, spec: OptimizerSpec, frozen: Sequence[str] | None = None) -> onnx.ModelProto:
-    """The fused step model of a lowered training model (its accumulators not yet rewritten).
+    """The fused step model of a lowered training model (its accumulators not yet rewritten; see :class:`FuseStep`).
 
     Args:
         lowered: The training model after :func:`~onnxblocks.portable.lower.lower_training_ops` (not changed).
         spec: The optimizer (:func:`~onnxblocks.portable.optimizer.read_optimizer`).
-        frozen: The frozen parameters; default: the graph inputs between the last
-            trainable parameter and the first accumulation buffer.
+        frozen: The frozen parameters; default: read from the input order.
 
     Raises:
         PortabilityError: if the model has no accumulators (nothing is trained).
     """
-    model = _graph.copy_structure(lowered)
-    graph = model.graph
-    params = trainable_parameters(model)
-    if not params:
-        raise PortabilityError("The training model has no trainable parameters: there is no step to fuse.")
-    accumulators = [n for n in graph.node if n.op_type == ACCUMULATOR]
-    grads = [n.input[1] for n in accumulators]
-    buffers = {n.input[0] for n in accumulators}
-    kept = [n for n in graph.node if n.op_type != ACCUMULATOR]
-    del graph.node[:]
-    graph.node.extend(kept)
-
-    inputs = {i.name: i for i in graph.input}
-    order = [i.name for i in graph.input]
-    frozen_names = list(frozen) if frozen is not None else _frozen_by_position(order, params, buffers)
-    user = [n for n in order if n not in set(params) | set(frozen_names) | buffers | {LAZY_RESET_GRAD}]
-
-    w = Writer(_graph.name_authority(graph), _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET, "step")
-    if spec.max_norm is not None:
-        grads = clip_gradients(w, grads, spec.max_norm, spec.elem_type)
-    new_inputs = [inputs[n] for n in user]
-    new_inputs.append(helper.make_tensor_value_info(LEARNING_RATE, onnx.TensorProto.FLOAT, [1]))
-    new_inputs.append(helper.make_tensor_value_info(STEP, onnx.TensorProto.INT64, [1]))
-    outputs = [o for o in graph.output if not o.name.endswith(".accumulation.out")]
-    scalars = adamw_scalars(w, spec, LEARNING_RATE, STEP) if spec.kind == "adamw" else None
-    for param, grad in zip(params, grads, strict=True):
-        p_type = inputs[param].type
-        new_inputs.append(inputs[param])
-        if scalars is not None:
-            first, second = moment_names(param)
-            new_inputs += [helper.make_value_info(first, p_type), helper.make_value_info(second, p_type)]
-            trio = [updated_name(param), updated_name(first), updated_name(second)]
-            adamw_update(w, spec, scalars, param, grad, first, second, trio)
-            outputs += [helper.make_value_info(n, p_type) for n in trio]
-        else:
-            sgd_update(w, LEARNING_RATE, param, grad, updated_name(param))
-            outputs.append(helper.make_value_info(updated_name(param), p_type))
-    new_inputs += [inputs[n] for n in frozen_names]
-    graph.node.extend(w.nodes)
-    del graph.input[:]
-    graph.input.extend(new_inputs)
-    del graph.output[:]
-    graph.output.extend(outputs)
-    _limits.stamp_versions(model)
-    return model
-
-
-def _frozen_by_position(order: list[str], params: list[str], buffers: set[str]) -> list[str]:
-    """The inputs after the last trainable parameter and before the first buffer (onnxblocks' input order)."""
-    last = max(order.index(p) for p in params)
-    first_buffer = min((order.index(b) for b in buffers), default=len(order))
-    return [n for n in order[last + 1 : first_buffer] if n != LAZY_RESET_GRAD]
+    model = from_proto(lowered)
+    FuseStep(spec, frozen)(model)
+    result = to_proto(model)
+    _limits.stamp_versions(result)
+    return result

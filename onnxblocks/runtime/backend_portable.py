@@ -13,9 +13,11 @@ flips. So a step binds only the batch; no parameter, gradient or moment passes
 through numpy. The learning rate, step and ``lazy_reset_grad`` inputs are
 one-element arrays whose memory the bound ``OrtValue`` shares, updated in place.
 
-The optimizer model's tensor sequences are wrapped into per-tensor inputs and
-outputs at load time (:func:`~onnxblocks.runtime.portable_graphs.per_tensor_optimizer`).
-Checkpoints are read and written by :mod:`onnxblocks.checkpoint` in ONNX
+The models are run as they are written: nothing is rewritten at load time (the
+optimizer model takes each parameter, gradient and moment as a tensor of its own,
+so it binds like the others). Portable artifacts of the first layout, whose
+optimizer model takes tensor sequences, are refused with the command that
+regenerates them. Checkpoints are read and written by :mod:`onnxblocks.checkpoint` in ONNX
 Runtime's layout (optimizer group ``group0``, moments ``momentum0`` /
 ``momentum1``), so a run moves between this backend and the training build.
 """
@@ -28,35 +30,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from onnxblocks._core.contracts import (
-    FIRST_ORDER_MOMENTS,
-    GRADIENTS,
+    DEFAULT_LEARNING_RATE,
     LAZY_RESET_GRAD,
     LEARNING_RATE,
-    PARAMS,
-    SECOND_ORDER_MOMENTS,
+    OPTIMIZER_GROUP,
     STEP,
     accumulated_name,
     buffer_name,
+    gradient_name,
     moment_names,
     updated_name,
 )
-from onnxblocks._core.errors import preview
+from onnxblocks._core.errors import PortabilityError, preview
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.layout import ArtifactFiles
-from onnxblocks.runtime.portable_graphs import PerTensorOptimizer, per_tensor_optimizer
-
-#: The learning rate ONNX Runtime's ``Optimizer`` starts with (until set, or restored from a checkpoint).
-DEFAULT_LEARNING_RATE = 1e-3
-#: ONNX Runtime's name for its single optimizer group in a checkpoint.
-OPTIMIZER_GROUP = "group0"
-#: ONNX Runtime's names of a parameter's moments in a checkpoint (first, second).
-CHECKPOINT_MOMENTS = ("momentum0", "momentum1")
-_MOMENT_SEQUENCES = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)
 
 
 class _Model:
@@ -116,24 +107,28 @@ class PortableBackend:
             _Model(os.fspath(files.step_model), options, providers, "step model") if files.step_model else None
         )
         self.has_fused_step = self._fused is not None
-        self._optimizer: _Model | None = None
-        self._opt_map: PerTensorOptimizer | None = None
-        self._sequence_order: list[str] = []
+        self._optimizer = (
+            _Model(os.fspath(files.optimizer_model), options, providers, "optimizer model")
+            if files.optimizer_model is not None
+            else None
+        )
+        if self._optimizer is not None:
+            _refuse_sequences(self._optimizer, files)
+            bound = {LEARNING_RATE, STEP, *self._frozen}
+            for name in self._trainable:
+                bound.update((name, gradient_name(name), *moment_names(name)))
+            unknown = [n for n in self._optimizer.inputs if n not in bound]
+            if unknown:
+                raise ValueError(
+                    f"The optimizer model '{files.optimizer_model}' takes {preview(unknown)}, which are not this "
+                    "checkpoint's trainable parameters, their gradients or moments. Use the optimizer model "
+                    "generated with these artifacts."
+                )
+        # a moment input the models take for each parameter (SGD's optimizer model takes one it never reads)
+        stateful = self._optimizer or self._fused
         moments = 0
-        if files.optimizer_model is not None:
-            proto = onnx.load(os.fspath(files.optimizer_model))
-            # the sequences in the training model's order of the parameters, as the generator writes them
-            trainable = set(self._trainable)
-            self._sequence_order = [n for n in self._train.inputs if n in trainable]
-            params = [
-                (n, onnx.helper.np_dtype_to_tensor_dtype(ck.trainable[n].dtype), ck.trainable[n].shape)
-                for n in self._sequence_order
-            ]
-            self._opt_map = per_tensor_optimizer(proto, params, f"optimizer model '{files.optimizer_model}'")
-            self._optimizer = _Model(self._opt_map.model.SerializeToString(), options, providers, "optimizer model")
-            moments = sum(any(key[0] == s for key in self._opt_map.inputs) for s in _MOMENT_SEQUENCES)
-        elif self._fused is not None and self._trainable:
-            moments = sum(name in self._fused.inputs for name in moment_names(self._trainable[0]))
+        if stateful is not None and self._trainable:
+            moments = sum(name in stateful.inputs for name in moment_names(self._trainable[0]))
         self.has_optimizer = self._optimizer is not None or self._fused is not None
         self._moments = moments
         self._lr = np.array([DEFAULT_LEARNING_RATE], np.float32)
@@ -238,31 +233,20 @@ class PortableBackend:
         for name, value in self._f.items():
             if name in inputs:
                 bind_in(name, value)
-        if kind == "optimizer":
-            assert self._opt_map is not None
-            sources = {PARAMS: self._p, GRADIENTS: self._g}
-            for (sequence, index), name in self._opt_map.inputs.items():
-                param = self._sequence_order[index]
-                if sequence in sources:
-                    pair, parity = sources[sequence][param], (gp if sequence == GRADIENTS else pp)
-                else:
-                    pair, parity = self._m[(param, _MOMENT_SEQUENCES.index(sequence))], pp
-                bind_in(name, pair[parity])
-            for (sequence, index), name in self._opt_map.outputs.items():
-                param = self._sequence_order[index]
-                pair = self._p[param] if sequence == PARAMS else self._m[(param, _MOMENT_SEQUENCES.index(sequence))]
-                bind_out(name, pair[1 - pp])
-            return binding
+        outputs = set(model.outputs)
         for name in self._trainable:
             bind_in(name, self._p[name][pp])
             if kind == "train":
                 bind_in(buffer_name(name), self._g[name][gp])
                 bind_out(accumulated_name(name), self._g[name][1 - gp])
-            if kind == "step":
+            if kind == "optimizer":
+                bind_in(gradient_name(name), self._g[name][gp])
+            if kind in ("step", "optimizer"):
                 bind_out(updated_name(name), self._p[name][1 - pp])
                 for k, moment in enumerate(moment_names(name)[: self._moments]):
-                    if moment in inputs:  # (SGD keeps a moment for ONNX Runtime's checkpoints, but reads none)
+                    if moment in inputs:  # (SGD keeps a moment for ONNX Runtime's checkpoints, but updates none)
                         bind_in(moment, self._m[(name, k)][pp])
+                    if updated_name(moment) in outputs:
                         bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
         return binding
 
@@ -374,6 +358,23 @@ class PortableBackend:
             path,
             optimizer_state=state,
             properties=self._props,
+        )
+
+
+def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:
+    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs), saying how to regenerate.
+
+    Raises:
+        PortabilityError: if the model takes tensor sequences.
+    """
+    sequences = [i.name for i in model.session.get_inputs() if i.type.startswith("seq(")]
+    if sequences:
+        raise PortabilityError(
+            f"The optimizer model '{files.optimizer_model}' takes tensor sequences {preview(sequences)}: it was "
+            "written by an earlier onnxblocks, whose portable runtime rewrote it at load time. The portable runtime "
+            "now runs the artifacts as they are written, with one tensor per parameter, gradient and moment "
+            "(docs/portable.md). Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... --portable`, or "
+            "onnxblocks.generate_artifacts(..., portable=True)."
         )
 
 

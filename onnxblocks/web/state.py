@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.contracts import ArtifactNames, moment_names
+from onnxblocks._core.contracts import DEFAULT_LEARNING_RATE, OPTIMIZER_GROUP, ArtifactNames, moment_names
 from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from onnxblocks.runtime.backend_portable import DEFAULT_LEARNING_RATE, OPTIMIZER_GROUP
 from onnxblocks.runtime.session import STEP_PROPERTY
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
 
