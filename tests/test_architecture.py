@@ -246,11 +246,6 @@ PENDING_SURGERY: frozenset[str] = frozenset(
         "onnxblocks/gradient/_graph.py",
         "onnxblocks/gradient/signature.py",
         "onnxblocks/gradient/vjp.py",
-        "onnxblocks/portable/accumulation.py",
-        "onnxblocks/portable/lower.py",
-        "onnxblocks/portable/ops.py",
-        "onnxblocks/portable/step.py",
-        "onnxblocks/runtime/portable_graphs.py",
     }
 )
 #: Single statements allowed outside the IR layer, each with its reason (file, the statement as written).

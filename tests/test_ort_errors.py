@@ -251,3 +251,55 @@ def test_parsed_facts_are_named_tuples():
     assert fact is not None and (fact.op_type, fact.node) == ("Round", "rounding")
     kernel = ort_errors.missing_kernel("Could not find an implementation for Erf(13) node with name 'e'")
     assert kernel is not None and (kernel.op_type, kernel.node) == ("Erf", "e")
+
+
+def _reshape_model():
+    """``y = Reshape(x, [-1, 3]) @ W``: a batch whose element count is not a multiple of 3 fails inside ONNX Runtime."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "W"], ["y"])],
+        "reshape",
+        [_vi("x", ["N", 2])],
+        [_vi("y", ["M", 1])],
+        [
+            numpy_helper.from_array(np.array([-1, 3], np.int64), "shape"),
+            numpy_helper.from_array(np.ones((3, 1), np.float32), "W"),
+        ],
+    )
+    return _model([*graph.node], [*graph.input], [*graph.output], [*graph.initializer])
+
+
+@pytest.mark.parametrize("backend", ["training", "portable"])
+def test_run_failures_are_translated_once_on_both_backends(tmp_path, backend):
+    from onnxblocks import OrtRunError, artifacts, optim
+
+    art = tmp_path / backend
+    artifacts.generate_artifacts(
+        _reshape_model(),
+        requires_grad=["W"],
+        loss=artifacts.LossType.MSELoss,
+        optimizer=optim.SGD(),
+        artifact_directory=art,
+        portable=backend == "portable",
+    )
+    session = TrainingSession(art, backend=backend)
+    (loss,) = session.train_step(np.ones((3, 2), np.float32), np.ones((2, 1), np.float32))
+    np.testing.assert_allclose(loss, 4.0)  # ((1+1+1) - 1) ** 2, averaged: the model runs
+    with pytest.raises(OrtRunError) as info:
+        session.train_step(np.ones((4, 2), np.float32), np.ones((2, 1), np.float32))
+    message = str(info.value)
+    assert message.startswith("ONNX Runtime failed running the training model: ")
+    assert "The input tensor cannot be reshaped to the requested shape. Input shape:{4,2}" in message
+    assert ".cc:" not in message and ".h:" not in message and "Error in execution" not in message
+    assert isinstance(info.value, RuntimeError) and info.value.input_error is False
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_run_error_keeps_whether_ort_blamed_the_input():
+    exc = _raised(
+        lambda: _session(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])])).run(
+            None, {"x": np.zeros(3, np.float32)}
+        )
+    )
+    translated = ort_errors.run_error(exc, "the model")
+    assert translated.input_error is ort_errors.is_input_error(exc) is True
+    assert str(translated) == "ONNX Runtime failed running the model: " + ort_errors.clean_message(exc)

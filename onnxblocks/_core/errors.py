@@ -42,7 +42,14 @@ class StateError(OnnxBlocksError, RuntimeError):
 
 
 class OrtRunError(OnnxBlocksError, RuntimeError):
-    """ONNX Runtime failed to run a model (its message, cleaned, says why)."""
+    """ONNX Runtime failed to run a model (its message, cleaned, says why).
+
+    Attributes:
+        input_error: True when ONNX Runtime blamed the model or its inputs
+            (``InvalidArgument`` and the like), False for a failure while running.
+    """
+
+    input_error: bool = False
 
 
 class TorchExportError(OnnxBlocksError, RuntimeError):

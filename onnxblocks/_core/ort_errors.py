@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from onnxblocks._core.errors import OrtRunError
+
 #: Names of ONNX Runtime exception classes that mean "your model or input is wrong".
 INPUT_ERROR_CLASSES = frozenset(
     {"InvalidArgument", "NoSuchFile", "NoModel", "InvalidProtobuf", "InvalidGraph", "NotImplemented"}
@@ -68,6 +70,26 @@ class MissingKernel(NamedTuple):
 
     op_type: str
     node: str
+
+
+def run_error(error: BaseException, what: str) -> OrtRunError:
+    """The one translation of an ONNX Runtime failure while running a model, for every backend and ``torch``.
+
+    Args:
+        error: What ONNX Runtime raised.
+        what: What was being run, for the message (``"the training model"``); empty for none.
+
+    Returns:
+        An :class:`~onnxblocks.errors.OrtRunError` with the cleaned message (raise it
+        ``from None``: ONNX Runtime's own text carries C++ locations), whose
+        ``input_error`` says whether ONNX Runtime blamed the model or its inputs
+        (:func:`is_input_error`).
+    """
+    prefix = f"ONNX Runtime failed running {what}: " if what else ""
+    message = clean_message(error).removeprefix("Error in execution: ")  # onnxruntime's Python layer adds it
+    translated = OrtRunError(prefix + message)
+    translated.input_error = is_input_error(error)
+    return translated
 
 
 def clean_message(error: BaseException | str) -> str:

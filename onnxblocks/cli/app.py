@@ -98,11 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an exception: 3 for bad input (files, models, data, names), else 1."""
-    from onnxblocks._core.errors import GradientError
+    from onnxblocks._core.errors import GradientError, OrtRunError
     from onnxblocks.runtime import _ort
 
     if isinstance(exc, CliError):
         return exc.code
+    if isinstance(exc, OrtRunError):
+        return EXIT_INPUT if exc.input_error else EXIT_FAILURE
     if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
         return EXIT_INPUT
     if _ort.is_ort_error(exc):

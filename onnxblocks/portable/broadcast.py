@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.portable.context import LoweringContext, Writer, attributes, describe, inputs, outputs
 
 Dims = Sequence[int | str | None]
@@ -105,7 +106,7 @@ def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value,
                 return
     if axes is None:
         if w.opset < 13:
-            raise ValueError("run-time broadcast axes need ReduceSum with an axes input (opset 13)")
+            raise InvalidValueError("run-time broadcast axes need ReduceSum with an axes input (opset 13)")
         (axes,) = [a for a in broadcast_axes(w, w.shape(like), w.shape(grad), (True, False)) if a is not None]
     summed = (
         w.reduce("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
@@ -164,7 +165,7 @@ def reduce_sum_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     w = ctx.writer(node)
     w.ops("ReduceSum", list(node.inputs), outputs(node, len(node.outputs)), **attributes(node))
     if len(node.outputs) != 1:
-        raise ValueError(f"{describe(node)} has {len(node.outputs)} outputs")
+        raise InvalidValueError(f"{describe(node)} has {len(node.outputs)} outputs")
     return w.nodes
 
 

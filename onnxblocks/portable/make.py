@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import PORTABLE_METADATA
-from onnxblocks._core.errors import PortabilityError, preview
+from onnxblocks._core.errors import InvalidTypeError, PortabilityError, preview
 from onnxblocks.ir.passes import run_passes
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import AccumulateGradients
@@ -74,9 +74,11 @@ def make_portable(
             or an optimizer model of another form than onnxblocks' own.
     """
     if not isinstance(training_model, onnx.ModelProto):
-        raise TypeError(f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}.")
+        raise InvalidTypeError(f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}.")
     if optimizer_model is not None and not isinstance(optimizer_model, onnx.ModelProto):
-        raise TypeError(f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}.")
+        raise InvalidTypeError(
+            f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}."
+        )
     spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
     training = from_proto(training_model)  # not changed: the IR shares its tensors, and the passes edit the IR
     lowering = LowerTrainingOps()

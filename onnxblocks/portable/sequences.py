@@ -35,6 +35,7 @@ from onnxblocks._core.contracts import (
     moment_names,
     updated_name,
 )
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.edit import remove_unused_nodes
 from onnxblocks.ir.names import graph_names
@@ -114,7 +115,7 @@ def per_tensor_optimizer(
     graph = ir_model.graph
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
     if opset < _SEQUENCE_OPSET:
-        raise ValueError(
+        raise InvalidValueError(
             f"The {path} imports opset {opset} of the default domain; the portable backend needs opset >= "
             f"{_SEQUENCE_OPSET} (sequence ops). Regenerate the artifacts."
         )
@@ -124,7 +125,7 @@ def per_tensor_optimizer(
     names_in = [str(s.name) for s in sequences]
     missing = [updated_name(s) for s in names_in[:1] if updated_name(s) not in updated]
     if not sequences or missing:
-        raise ValueError(
+        raise InvalidValueError(
             f"The {path} has sequence inputs {names_in} and outputs {list(updated)}; a portable optimizer model "
             "takes the parameters as a tensor sequence and returns 'params.out' (see docs/portable.md). Regenerate "
             "the artifacts with portable=True."

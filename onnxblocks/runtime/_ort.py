@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from onnxblocks._core.errors import InvalidValueError
-from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_input_error, is_ort_error
+from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_input_error, is_ort_error, run_error
 
 __all__ = [
     "INPUT_ERROR_CLASSES",
@@ -27,6 +27,7 @@ __all__ = [
     "onnxruntime",
     "providers",
     "require_training_build",
+    "run_error",
 ]
 
 

@@ -43,7 +43,7 @@ from onnxblocks._core.contracts import (
     moment_names,
     updated_name,
 )
-from onnxblocks._core.errors import PortabilityError, preview
+from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateError, preview
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
@@ -58,11 +58,12 @@ class _Model:
         try:
             self.session = ort.InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:
-            raise ValueError(
+            raise InvalidValueError(
                 f"onnxruntime {ort.__version__} cannot load the {what}: {_ort.clean_message(exc)}. Portable "
                 "artifacts use standard ops only; regenerate them with generate_artifacts(..., portable=True)."
             ) from None
         self.run = self.session._sess.run_with_iobinding
+        self.what = what
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
 
@@ -91,7 +92,7 @@ class PortableBackend:
         inputs = set(self._train.inputs)
         missing = [n for n in self._trainable if n not in inputs or buffer_name(n) not in inputs]
         if missing:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Checkpoint '{checkpoint}' holds trainable parameters {preview(missing)} that the training model "
                 f"'{files.training_model}' does not take (with their gradient buffers). Load a checkpoint saved from "
                 "these artifacts."
@@ -119,7 +120,7 @@ class PortableBackend:
                 bound.update((name, gradient_name(name), *moment_names(name)))
             unknown = [n for n in self._optimizer.inputs if n not in bound]
             if unknown:
-                raise ValueError(
+                raise InvalidValueError(
                     f"The optimizer model '{files.optimizer_model}' takes {preview(unknown)}, which are not this "
                     "checkpoint's trainable parameters, their gradients or moments. Use the optimizer model "
                     "generated with these artifacts."
@@ -168,7 +169,7 @@ class PortableBackend:
     def _apply(self, ck: Any, checkpoint: Path, first: bool) -> None:
         """Take parameters, optimizer state and properties from a read checkpoint."""
         if sorted(ck.trainable) != self._trainable or sorted(ck.frozen) != self._frozen:
-            raise ValueError(
+            raise InvalidValueError(
                 f"Checkpoint '{checkpoint}' holds parameters {preview(sorted([*ck.trainable, *ck.frozen]))}, but the "
                 f"session has {preview(sorted([*self._trainable, *self._frozen]))}. Load a checkpoint saved from "
                 "these artifacts."
@@ -179,7 +180,7 @@ class PortableBackend:
         for name in self._trainable:
             saved = moments.get(name, [])
             if group is not None and self._moments == 2 and len(saved) < 2:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for '{name}'; these artifacts' "
                     "AdamW needs two (momentum0, momentum1). Save the checkpoint with the same optimizer, or save it "
                     "with include_optimizer_state=False."
@@ -204,7 +205,7 @@ class PortableBackend:
         for name, array in (*ck.trainable.items(), *ck.frozen.items()):
             dtype, shape = self._specs[name]
             if array.dtype != dtype or tuple(array.shape) != shape:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds '{name}' as {array.dtype} {list(array.shape)}, but the session's "
                     f"is {dtype} {list(shape)}. Load a checkpoint saved from these artifacts."
                 )
@@ -256,7 +257,7 @@ class PortableBackend:
         try:
             model.run(binding, self._run_options)
         except Exception as exc:
-            raise RuntimeError(_ort.clean_message(exc)) from None
+            raise _ort.run_error(exc, f"the {model.what}") from None
         outputs = binding.get_outputs()
         # copies: the binding keeps its output tensors and the next run with it writes into them again
         return tuple(np.array(outputs[i].numpy()) for i in range(count))
@@ -275,7 +276,7 @@ class PortableBackend:
 
     def optimizer_step(self) -> None:
         if self._optimizer is None:
-            raise RuntimeError(
+            raise StateError(
                 f"The artifacts in '{self.files.directory}' have a fused step model but no optimizer model, so "
                 "gradients cannot be applied after train_step. Use session.train_and_update(...) for each batch."
             )
@@ -381,7 +382,7 @@ def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:
 def _read(checkpoint: Path) -> Any:
     ck = load_checkpoint(checkpoint)
     if ck.is_nominal:
-        raise ValueError(
+        raise InvalidValueError(
             f"Checkpoint '{checkpoint}' is nominal (parameter names without values); the portable backend trains "
             "from values. Pass the complete checkpoint generate_artifacts wrote."
         )

@@ -22,6 +22,11 @@ from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.layout import ArtifactFiles
 
 
+def _ort_failure(exc: BaseException) -> bool:
+    """True for what ONNX Runtime's training bindings raise when a run fails (their classes, or a RuntimeError)."""
+    return _ort.is_ort_error(exc) or type(exc) is RuntimeError
+
+
 class TrainingBuildBackend:
     """A training-build ``Module`` + ``Optimizer`` over one checkpoint state (see :class:`~.backend.Backend`)."""
 
@@ -76,26 +81,46 @@ class TrainingBuildBackend:
     # --------------------------------------------------------------- steps
     def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
         fetches = self._vector()
-        self._train(arrays, fetches)
+        try:
+            self._train(arrays, fetches)
+        except Exception as exc:  # ONNX Runtime's exceptions; translated once, as the other backends do
+            if not _ort_failure(exc):
+                raise
+            raise _ort.run_error(exc, "the training model") from None
         return tuple(f.numpy() for f in fetches)
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
         fetches = self._vector()
-        self._module.eval_step(arrays, fetches)
+        try:
+            self._module.eval_step(arrays, fetches)
+        except Exception as exc:
+            if not _ort_failure(exc):
+                raise
+            raise _ort.run_error(exc, "the eval model") from None
         return tuple(f.numpy() for f in fetches)
 
     def optimizer_step(self) -> None:
         assert self._update is not None
-        self._update()
+        try:
+            self._update()
+        except Exception as exc:
+            if not _ort_failure(exc):
+                raise
+            raise _ort.run_error(exc, "the optimizer model") from None
 
     def lazy_reset_grad(self) -> None:
         self._reset()
 
     def step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
         fetches = self._vector()
-        self._train(arrays, fetches)
-        self._update()  # type: ignore[misc]  # the session checked that there is an optimizer
-        self._reset()
+        try:
+            self._train(arrays, fetches)
+            self._update()  # type: ignore[misc]  # the session checked that there is an optimizer
+            self._reset()
+        except Exception as exc:
+            if not _ort_failure(exc):
+                raise
+            raise _ort.run_error(exc, "a training step") from None
         return tuple(f.numpy() for f in fetches)
 
     def get_learning_rate(self) -> float:

@@ -23,6 +23,7 @@ from onnxblocks._core.contracts import (
     TRAINING_MODEL,
     ArtifactNames,
 )
+from onnxblocks._core.errors import FileMissingError
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class ArtifactFiles:
         """
         root = Path(directory)
         if not root.is_dir():
-            raise FileNotFoundError(
+            raise FileMissingError(
                 f"Artifact directory '{root}' does not exist. Generate artifacts first "
                 "(onnxblocks.artifacts.generate_artifacts or `onnxblocks artifacts MODEL.onnx -o DIR`)."
             )
@@ -78,7 +79,7 @@ class ArtifactFiles:
         if missing:
             present = sorted(p.name for p in root.iterdir())
             hint = f" (prefix is {prefix!r})" if prefix else ""
-            raise FileNotFoundError(
+            raise FileMissingError(
                 f"'{root}' is not a complete artifact directory{hint}: missing {', '.join(missing)}. "
                 f"It holds {present or 'nothing'}. Pass the directory generate_artifacts wrote, with its prefix."
             )

@@ -26,14 +26,14 @@ import onnx
 import torch
 
 from onnxblocks._core import ort_errors
-from onnxblocks._core.errors import GradientError, OrtRunError
+from onnxblocks._core.errors import GradientError
 from onnxblocks._core.ort import capi
 from onnxblocks.gradient import ort_bridge
 from onnxblocks.gradient.split import SplitVjp, set_input_types, split_vjp_graph, untyped_inputs
 from onnxblocks.gradient.vjp import VjpGraph
 from onnxblocks.torch import _interop
 
-__all__ = ["DEFAULT_CONFIG", "Compiled", "OrtRunError", "Session", "SessionConfig"]
+__all__ = ["DEFAULT_CONFIG", "Compiled", "Session", "SessionConfig"]
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,7 @@ class Session:
                 self._run_options, self.inputs, feeds, self.outputs, fetches, self._devices
             )
         except Exception as exc:
-            raise OrtRunError(
-                f"ONNX Runtime failed running the {self.label}: {ort_errors.clean_message(exc)}"
-            ) from None
+            raise ort_errors.run_error(exc, f"the {self.label}") from None
         return fetches
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from onnxblocks._core.contracts import DEFAULT_LEARNING_RATE, OPTIMIZER_GROUP, ArtifactNames, moment_names
+from onnxblocks._core.errors import FileMissingError, InvalidValueError
 from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from onnxblocks.runtime.session import STEP_PROPERTY
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
@@ -71,7 +72,7 @@ class WebState:
     def from_checkpoint(cls, checkpoint: Checkpoint) -> WebState:
         """The state of a loaded checkpoint (ONNX Runtime's optimizer group ``group0``, if it has one)."""
         if checkpoint.is_nominal:
-            raise ValueError(
+            raise InvalidValueError(
                 "A nominal checkpoint holds no parameter values; generate the artifacts with "
                 "nominal_checkpoint=False for the web."
             )
@@ -110,12 +111,12 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
     """
     if isinstance(source, (Checkpoint, WebState)):
         if path is None:
-            raise ValueError("write_state: pass `path` when the source is not a file or directory.")
+            raise InvalidValueError("write_state: pass `path` when the source is not a file or directory.")
         state = source if isinstance(source, WebState) else WebState.from_checkpoint(source)
     else:
         checkpoint = _checkpoint_path(source)
         if not checkpoint.exists():
-            raise FileNotFoundError(
+            raise FileMissingError(
                 f"No checkpoint at '{checkpoint}'. Pass an artifact directory or a checkpoint written by "
                 "generate_artifacts or TrainingSession.save_checkpoint."
             )
@@ -124,9 +125,9 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
     tensors: dict[str, np.ndarray] = {**state.trainable, **state.frozen}
     for name, moments in state.moments.items():
         if name not in state.trainable:
-            raise ValueError(f"write_state: moments given for '{name}', which is not a trainable parameter.")
+            raise InvalidValueError(f"write_state: moments given for '{name}', which is not a trainable parameter.")
         if len(moments) not in (0, 2):
-            raise ValueError(
+            raise InvalidValueError(
                 f"write_state: '{name}' has {len(moments)} optimizer moments; the web format holds AdamW's two."
             )
         tensors.update(zip(moment_names(name), moments, strict=False))  # none or both, checked above
@@ -152,24 +153,24 @@ def read_state(path: str | os.PathLike) -> WebState:
     target = Path(os.fspath(path))
     tensors, metadata = read_safetensors(target)
     if metadata.get("format") != STATE_FORMAT:
-        raise ValueError(
+        raise InvalidValueError(
             f"'{target}' is not an onnxblocks web state file (__metadata__ format is {metadata.get('format')!r}, "
             f"expected {STATE_FORMAT!r}). Write one with onnxblocks.web.write_state."
         )
     trainable, frozen = _names(metadata, "trainable", target), _names(metadata, "frozen", target)
     missing = [n for n in (*trainable, *frozen) if n not in tensors]
     if missing:
-        raise ValueError(f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor.")
+        raise InvalidValueError(f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor.")
     moments: dict[str, list[np.ndarray]] = {}
     for name in trainable:
         present = [m for m in moment_names(name) if m in tensors]
         if len(present) == 1:
-            raise ValueError(f"'{target}': '{name}' has only one of its two moments ({present[0]}).")
+            raise InvalidValueError(f"'{target}': '{name}' has only one of its two moments ({present[0]}).")
         if present:
             moments[name] = [tensors[m] for m in moment_names(name)]
             for moment, value in zip(moment_names(name), moments[name], strict=True):
                 if value.shape != tensors[name].shape or value.dtype != tensors[name].dtype:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"'{target}': moment '{moment}' is {value.dtype} {value.shape}, its parameter "
                         f"{tensors[name].dtype} {tensors[name].shape}."
                     )
@@ -178,9 +179,9 @@ def read_state(path: str | os.PathLike) -> WebState:
         learning_rate = float(json.loads(metadata["learning_rate"])) if "learning_rate" in metadata else None
         properties = {k: _KINDS[kind](v) for k, (kind, v) in json.loads(metadata.get("properties", "{}")).items()}
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"'{target}': malformed step, learning_rate or properties metadata ({exc}).") from None
+        raise InvalidValueError(f"'{target}': malformed step, learning_rate or properties metadata ({exc}).") from None
     if step < 0:
-        raise ValueError(f"'{target}': step {step} is negative.")
+        raise InvalidValueError(f"'{target}': step {step} is negative.")
     return WebState(
         trainable={n: tensors[n] for n in trainable},
         frozen={n: tensors[n] for n in frozen},
@@ -197,7 +198,7 @@ def _names(metadata: dict[str, str], key: str, target: Path) -> list[str]:
     except json.JSONDecodeError:
         names = None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"'{target}': __metadata__ {key} must be a JSON list of parameter names.")
+        raise InvalidValueError(f"'{target}': __metadata__ {key} must be a JSON list of parameter names.")
     return names
 
 
@@ -248,6 +249,6 @@ def load_state(session: Any, path: str | os.PathLike) -> WebState:
     web = read_state(path)
     missing = sorted(set(session.parameter_names()) - set(web.parameters))
     if missing:
-        raise ValueError(f"'{path}' has no values for the session's parameters {missing[:5]}.")
+        raise InvalidValueError(f"'{path}' has no values for the session's parameters {missing[:5]}.")
     session.set_parameters(web.parameters)
     return web
