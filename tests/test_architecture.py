@@ -238,16 +238,6 @@ def test_the_diagram_names_every_layer(doc):
 SURGERY_HOMES = ("onnxblocks/ir/", "onnxblocks/checkpoint/_generated/")
 #: The one name maker.
 NAME_MAKER = "onnxblocks/_core/naming.py"
-#: PENDING (issue 17): files that still walk, rebuild, name or prune graphs by hand because their owners
-#: are migrating them onto onnxblocks.ir right now (gradient/, portable/, runtime/portable_graphs.py).
-#: Shrink this list as they land; test_pending_surgery_is_still_pending names the entries to drop.
-PENDING_SURGERY: frozenset[str] = frozenset(
-    {
-        "onnxblocks/gradient/_graph.py",
-        "onnxblocks/gradient/signature.py",
-        "onnxblocks/gradient/vjp.py",
-    }
-)
 #: Single statements allowed outside the IR layer, each with its reason (file, the statement as written).
 SURGERY_ALLOWED: dict[tuple[str, str], str] = {
     ("onnxblocks/blocks/accessor.py", "del self._model.graph.output[:]"): (
@@ -356,25 +346,12 @@ SURGERY = _surgery_by_file()
 
 def test_graph_surgery_lives_in_the_ir_layer():
     """No hand-written subgraph walk, node-list rebuild, name maker or dead-node removal outside onnxblocks/ir."""
-    wrong = [
-        f"{rel}:{line}: {what}"
-        for rel, found in sorted(SURGERY.items())
-        if rel not in PENDING_SURGERY
-        for line, what in found
-    ]
+    wrong = [f"{rel}:{line}: {what}" for rel, found in sorted(SURGERY.items()) for line, what in found]
     assert not wrong, (
         "graph surgery outside onnxblocks/ir (use onnxblocks.ir: walk.all_nodes / proto_nodes, serde + edit."
         "cut_to_outputs / rename_values / replace_node / remove_unused_nodes, names.graph_names, Writer):\n"
         + "\n".join(wrong)
     )
-
-
-def test_pending_surgery_is_still_pending():
-    """Every PENDING_SURGERY entry is a module that still has surgery (drop the entries that do not)."""
-    done = sorted(rel for rel in PENDING_SURGERY if rel not in SURGERY)
-    missing = sorted(rel for rel in PENDING_SURGERY if not (PACKAGE.parent / rel).is_file())
-    assert not done, f"these files no longer do graph surgery by hand: remove them from PENDING_SURGERY: {done}"
-    assert not missing, f"PENDING_SURGERY names files that do not exist: {missing}"
 
 
 SURGERY_SNIPPET = """\

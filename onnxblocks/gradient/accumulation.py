@@ -23,7 +23,7 @@ from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
 from onnxblocks._core.contrib import IN_PLACE_ACCUMULATOR_V2
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
-from onnxblocks.gradient import _graph
+from onnxblocks.ir.names import proto_graph_names
 
 __all__ = [
     "ACCUMULATOR_TYPES",
@@ -77,7 +77,7 @@ def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str
     """
     graph = model.graph
     outputs = {o.name: i for i, o in enumerate(graph.output)}
-    names = _graph.name_authority(graph)
+    names = proto_graph_names(graph)
     for name, elem_type, dims in params:
         grad = gradient_name(name)
         if grad not in outputs:

@@ -42,7 +42,7 @@ import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.validation import check_skeleton
-from onnxblocks.gradient import _graph, accumulation, dependencies, eval_model, ort_bridge, pooling, signature
+from onnxblocks.gradient import accumulation, dependencies, eval_model, ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import run_pass
 from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
@@ -50,6 +50,7 @@ from onnxblocks.gradient.normalization import normalize
 from onnxblocks.gradient.parameters import ParameterPartition, check_requires_grad_read, partition_parameters
 from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.ir.opset import convert_opset
+from onnxblocks.ir.proto import copy_model
 from onnxblocks.ir.serde import from_proto, to_proto
 
 __all__ = [
@@ -112,7 +113,7 @@ def build_training_graphs(
         TypeError: for a non-float trainable parameter or loss.
         GradientError: when ONNX Runtime cannot differentiate the graph.
     """
-    forward = fit_model(_graph.copy_structure(model), "the model")
+    forward = fit_model(copy_model(model), "the model")
     forward = upgrade_old_opset(forward)
     graph = forward.graph
     user_outputs = signature.select_outputs(graph, outputs)
@@ -128,7 +129,7 @@ def build_training_graphs(
     user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
     signature.warn_gradient_like_names(user_inputs, user_outputs)
 
-    evaluation = _graph.copy_structure(forward)
+    evaluation = copy_model(forward)
     eval_model.disable_training_mode(evaluation)
     _limits.stamp_versions(evaluation)
 

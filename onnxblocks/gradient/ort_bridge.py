@@ -25,6 +25,7 @@ from onnxblocks._core.errors import DataFileError, GradientError, preview
 from onnxblocks.gradient import _graph
 from onnxblocks.gradient.parameters import ParameterPartition
 from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
+from onnxblocks.ir.proto import copy_model
 
 #: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
 _OP_HINTS = {
@@ -88,7 +89,7 @@ def differentiate(
     C = require_training_build("Generating training artifacts (ONNX Runtime's gradient builder)")
     options = session_options(custom_op_libraries)
     requires_grad = set(partition.requires_grad)
-    stamped = _graph.copy_structure(forward)
+    stamped = copy_model(forward)
     _limits.stamp_versions(stamped)
     seed = float_seed(stamped, loss)
     optimized = optimize_for_gradient(C, stamped, requires_grad, options)
@@ -196,7 +197,7 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
     from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()
-    probe = _graph.copy_structure(training)
+    probe = copy_model(training)
     held_constants_to_inputs(probe)
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -26,7 +26,7 @@ from onnxblocks._core.errors import (
     did_you_mean,
     preview,
 )
-from onnxblocks.gradient import _graph
+from onnxblocks.ir.proto import readers
 
 #: Element types a trainable parameter (or an input that requires a gradient) may have.
 FLOAT_TYPES = frozenset(
@@ -142,8 +142,8 @@ def check_requires_grad_read(graph: onnx.GraphProto, partition: ParameterPartiti
     Raises:
         GradientError: naming the values, suggesting to freeze them.
     """
-    readers = _graph.consumers(graph)
-    unread = [n for n in partition.requires_grad if n not in readers]
+    read = readers(graph)
+    unread = [n for n in partition.requires_grad if n not in read]
     if unread:
         raise GradientError(
             f"{preview(unread)} require a gradient but no node of the model reads them, so the loss cannot "

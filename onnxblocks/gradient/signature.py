@@ -37,6 +37,7 @@ from onnxblocks.gradient import _graph
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.proto import readers, replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
 
 #: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
@@ -100,8 +101,7 @@ def keep_only_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
     """Make ``names`` the graph outputs, in order."""
     existing = {o.name: o for o in graph.output}
     outputs = [existing[n] for n in names]
-    del graph.output[:]
-    graph.output.extend(outputs)
+    replace_field(graph.output, outputs)
 
 
 def warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[str]) -> None:
@@ -142,10 +142,8 @@ def parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> N
     constants = {init.name for init in kept}
     user_inputs = [vi for vi in graph.input if vi.name not in wanted and vi.name not in constants]
     param_inputs = [helper.make_tensor_value_info(n, found[n].data_type, list(found[n].dims)) for n in parameters]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    del graph.input[:]
-    graph.input.extend(user_inputs + param_inputs)
+    replace_field(graph.initializer, kept)
+    replace_field(graph.input, user_inputs + param_inputs)
 
 
 def held_constants_to_inputs(model: onnx.ModelProto, also: Iterable[str] = ()) -> list[onnx.TensorProto]:
@@ -169,8 +167,7 @@ def held_constants_to_inputs(model: onnx.ModelProto, also: Iterable[str] = ()) -
         stub.CopyFrom(init)
         stubs.append(stub)
     kept = [init for init in graph.initializer if not is_lifted(init)]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    replace_field(graph.initializer, kept)
     graph.input.extend(helper.make_tensor_value_info(s.name, s.data_type, list(s.dims)) for s in stubs)
     return stubs
 
@@ -182,9 +179,8 @@ def restore_held_constants(model: onnx.ModelProto, stubs: Sequence[onnx.TensorPr
     graph = model.graph
     names = {s.name for s in stubs}
     inputs = [vi for vi in graph.input if vi.name not in names]
-    del graph.input[:]
-    graph.input.extend(inputs)
-    read = _graph.consumers(graph)
+    replace_field(graph.input, inputs)
+    read = readers(graph)
     graph.initializer.extend(s for s in stubs if s.name in read)
 
 
@@ -267,8 +263,7 @@ def order_inputs_and_outputs(
     for name in missing:  # ONNX Runtime dropped an input nothing reads; keep the documented signature
         inputs[name] = signature[name]
     refuse_extra_inputs(extra)
-    del graph.input[:]
-    graph.input.extend(inputs[n] for n in wanted_inputs)
+    replace_field(graph.input, [inputs[n] for n in wanted_inputs])
     order_outputs(graph, [*user_outputs, *(gradient_name(n) for n in partition.requires_grad)])
 
 
@@ -299,5 +294,4 @@ def order_outputs(graph: onnx.GraphProto, wanted: Sequence[str]) -> None:
             "Please report this with the model."
         )
     ordered = [produced[n] for n in wanted]
-    del graph.output[:]
-    graph.output.extend(ordered)
+    replace_field(graph.output, ordered)

@@ -47,6 +47,7 @@ from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, part
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.proto import copy_model, replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.walk import reads
 
@@ -112,7 +113,7 @@ def build_vjp_graph(
         TypeError: for a non-float value that requires a gradient.
         GradientError: when ONNX Runtime cannot differentiate the graph (naming the node and op).
     """
-    forward = _graph.copy_structure(model)
+    forward = copy_model(model)
     _limits.check_opset_supported(forward, "the model")
     forward = upgrade_old_opset(forward)
     graph = forward.graph
@@ -153,7 +154,7 @@ def build_vjp_graph(
         forward.CopyFrom(to_proto(ir_forward))
     signature_inputs = {vi.name: vi for vi in forward.graph.input}
     while True:  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
-        attempt = _graph.copy_structure(forward)
+        attempt = copy_model(forward)
         norm_constants = unshare_layer_norm_constants(attempt, gradients)
         held = signature.held_constants_to_inputs(attempt, also=norm_constants)
         try:
@@ -286,7 +287,7 @@ def _differentiate(
 
     C = require_training_build("Building a gradient graph (ONNX Runtime's gradient builder)")
     options = ort_bridge.session_options(custom_op_libraries)
-    stamped = _graph.copy_structure(forward)
+    stamped = copy_model(forward)
     _limits.stamp_versions(stamped)
     wanted = set(gradients)
     optimized = ort_bridge.optimize_for_gradient(C, stamped, wanted, options)
@@ -325,6 +326,5 @@ def _order_signature(
     wanted = {vi.name for vi in inputs}
     extra = [n for n in present if n not in wanted]
     signature.refuse_extra_inputs(extra)
-    del graph.input[:]
-    graph.input.extend(inputs)
+    replace_field(graph.input, inputs)
     signature.order_outputs(graph, [*user_outputs, *(gradient_name(n) for n in gradients)])
