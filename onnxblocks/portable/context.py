@@ -26,6 +26,7 @@ from onnxblocks.ir import writer as _writer
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.serde import to_proto
+from onnxblocks.ir.types import infer_proto_types
 
 #: ``<value>_grad`` or ``<value>_grad_<n>`` (ORT's partial gradients): the gradient of ``<value>``.
 GRADIENT_OF = re.compile(r"^(?P<value>.+)_grad(_\d+)?$")
@@ -97,7 +98,7 @@ class LoweringContext:
         self.model = model
         graph = model.graph
         self.opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET))
-        self.types: dict[str, onnx.TypeProto] = _infer_types(to_proto(model))
+        self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))
         self.names = graph_names(graph)
         self.original_producers: dict[str, ir.Node] = {v.name: n for n in graph for v in n.outputs if v.name}
         self._original_inputs = {n: tuple(n.inputs) for n in graph}
@@ -250,22 +251,6 @@ class LoweringContext:
         for name, value in inferred.items():
             if name and name not in self.types:
                 self.types[name] = value
-
-
-def _infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Types of the values of ``model`` from onnx shape inference (best effort; data propagation on)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:
-            inferred = model
-    g = inferred.graph
-    types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
-    for init in g.initializer:
-        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-    return types
 
 
 def describe(node: ir.Node) -> str:
