@@ -36,7 +36,7 @@ from onnxblocks._core.errors import (
 from onnxblocks._core.paths import as_path
 from onnxblocks._core.proto import copy_fields
 
-__all__ = ["atomic_file", "atomic_outputs", "load_model", "save_model", "tensor_chunks"]
+__all__ = ["load_model", "save_model"]
 
 #: Inline initializers of at least this many bytes go to the external data file by default.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1024

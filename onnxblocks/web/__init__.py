@@ -9,22 +9,19 @@
 * :mod:`~onnxblocks.web.npm`: the client's npm packages, installed once into a cache.
 """
 
-from onnxblocks.web.npm import NpmError, install_js_dependencies, js_dir, onnxruntime_web_dist
+from onnxblocks.web.npm import NpmError, install_js_dependencies
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
 from onnxblocks.web.server import serve, serving
 from onnxblocks.web.site import SpiralPlan, build_site, spiral_artifacts, spiral_plan
-from onnxblocks.web.state import STATE_FILE, WebState, load_state, read_state, state_to_checkpoint, write_state
+from onnxblocks.web.state import WebState, load_state, read_state, state_to_checkpoint, write_state
 
 __all__ = [
-    "STATE_FILE",
     "NpmError",
     "SpiralPlan",
     "WebState",
     "build_site",
     "install_js_dependencies",
-    "js_dir",
     "load_state",
-    "onnxruntime_web_dist",
     "read_safetensors",
     "read_state",
     "serve",
