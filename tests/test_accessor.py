@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import onnx
 import pytest
-from conftest import make_linear_model, run_model
+from support.onnx_models import make_linear_model, run_model
 
 import onnxblocks as ob
 from onnxblocks._core import limits as _limits

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 import os
 
-import models
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import helper
+from support import models
 
 import onnxblocks
 from onnxblocks import optim

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import make_linear_model, run_model
+from support.onnx_models import make_linear_model, run_model
 
 import onnxblocks as ob
 from onnxblocks import blocks as B

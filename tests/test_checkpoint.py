@@ -13,7 +13,7 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from test_optim import (
+from support.optim_oracle import (
     FROZEN,
     TRAINABLE,
     OrtTrainer,
@@ -23,7 +23,6 @@ from test_optim import (
     parameters_of,
     run_torch,
     tiny_forward,
-    training_dir,  # noqa: F401 - a fixture shared with test_optim
 )
 
 import onnxblocks
@@ -244,7 +243,7 @@ def test_memory_stays_bounded_while_streaming(tmp_path):
 # --------------------------------------------------------------------------- training from our checkpoints
 
 
-def test_training_continues_from_a_streamed_checkpoint(training_dir, tmp_path):  # noqa: F811
+def test_training_continues_from_a_streamed_checkpoint(training_dir, tmp_path):
     _, params = tiny_forward()
     streamed, inline = tmp_path / "streamed", tmp_path / "inline"
     for d in (streamed, inline):

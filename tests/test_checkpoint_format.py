@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from system_tools import debian_tool
+from support.system_tools import debian_tool
 
 from onnxblocks._core.ort import capi
 from onnxblocks.checkpoint import (
@@ -527,7 +527,7 @@ def test_corruption_sweep_of_a_checkpoint_ort_wrote_after_training(tmp_path, tra
 @pytest.fixture
 def trained_checkpoint(tmp_path, training_dir):
     """A checkpoint ONNX Runtime saved after 2 AdamW steps: optimizer groups, moments and properties."""
-    from test_optim import OrtTrainer, batches, optimizer_model, parameters_of, tiny_forward
+    from support.optim_oracle import OrtTrainer, batches, optimizer_model, parameters_of, tiny_forward
 
     from onnxblocks.optim import AdamW
 
@@ -552,7 +552,7 @@ def trained_checkpoint(tmp_path, training_dir):
 
 @pytest.fixture
 def training_dir(tmp_path_factory):
-    from test_optim import FROZEN, TRAINABLE, tiny_forward, training_model
+    from support.optim_oracle import FROZEN, TRAINABLE, tiny_forward, training_model
 
     d = tmp_path_factory.mktemp("training")
     onnx.save(training_model(tiny_forward()[0], TRAINABLE, FROZEN), d / "training.onnx")

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from runtime_support import classification_data, mlp_model
+from support.runtime_support import classification_data, mlp_model
 
 from onnxblocks.checkpoint import load_checkpoint
 from onnxblocks.cli import EXIT_FAILURE, EXIT_INPUT, EXIT_OK, EXIT_USAGE, main

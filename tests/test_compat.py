@@ -13,11 +13,11 @@ import os
 import random
 import types
 
-import models
 import numpy as np
 import onnx
 import pytest
 import torch
+from support import models
 
 from onnxblocks.compat import artifacts, onnxblock
 

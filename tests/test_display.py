@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import onnx
 import pytest
-from conftest import make_linear_model
 from onnx import TensorProto, helper
+from support.onnx_models import make_linear_model
 
 import onnxblocks
 from onnxblocks import display

@@ -7,6 +7,7 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from support.held_weights import model_with_big_constant
 
 import onnxblocks
 from onnxblocks._core import weights as _weights
@@ -370,27 +371,10 @@ def test_new_ir_version_is_stamped_down():
 
 
 # ------------------------------------------------------------------ held weights
-def _model_with_big_constant():
-    rng = np.random.default_rng(0)
-    mask = (rng.uniform(size=(32, 32)) > 0.5).astype(np.float32)  # 4 KiB constant, not a parameter
-    weight = rng.standard_normal((32, 32)).astype(np.float32)  # 4 KiB parameter
-    model = _model(
-        [
-            helper.make_node("Mul", ["W", "mask"], ["mw"]),
-            helper.make_node("MatMul", ["x", "mw"], ["y"]),
-            helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
-        ],
-        [_vi("x", ["N", 32])],
-        [_vi("loss", [])],
-        [_init("W", weight), _init("mask", mask)],
-    )
-    return model, weight, mask
-
-
 def test_held_constants_never_reach_onnxruntime_and_come_back_as_stubs(monkeypatch):
     from onnxruntime.capi import _pybind_state as C
 
-    model, weight, mask = _model_with_big_constant()
+    model, weight, mask = model_with_big_constant()
     sizes = []
     original = C.get_optimized_model
 
@@ -413,7 +397,7 @@ def test_held_constants_never_reach_onnxruntime_and_come_back_as_stubs(monkeypat
 
 
 def test_parameters_from_external_data_are_streamed(tmp_path):
-    model, weight, mask = _model_with_big_constant()
+    model, weight, mask = model_with_big_constant()
     onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
     loaded = onnx.load(tmp_path / "m.onnx", load_external_data=False)
 

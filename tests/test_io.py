@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import run_model
 from onnx import TensorProto, helper, numpy_helper
+from support.onnx_models import run_model
 
 import onnxblocks
 from onnxblocks._core.weights import TensorSource, is_stub

@@ -16,8 +16,8 @@ import shutil
 
 import numpy as np
 import pytest
-import web_support
-from portable_env import run_worker
+from support import web_support
+from support.portable_env import run_worker
 
 from onnxblocks import artifacts
 from onnxblocks.runtime import TrainingSession
@@ -36,7 +36,7 @@ def js(tmp_path_factory):
 
 
 def _gpt_case():
-    from models import case
+    from support.models import case
 
     c = case("gpt", "onnxscript")
     rng = np.random.default_rng(3)
@@ -178,7 +178,7 @@ def test_javascript_sources_type_check(js):
 
 
 def test_node_errors_say_what_to_do(js, tmp_path):
-    import portable_linear
+    from support import portable_linear
 
     from onnxblocks.web import write_state
 

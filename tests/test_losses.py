@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import run_model
 from onnx import TensorProto, helper, numpy_helper
+from support.onnx_models import run_model
 
 import onnxblocks
 from onnxblocks import losses

@@ -15,28 +15,15 @@ from __future__ import annotations
 import copy
 import warnings
 
-import models
 import numpy as np
 import pytest
 import torch
+from support import models
 
 from onnxblocks import optim
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
-CASES = [
-    ("mlp", "torchscript"),
-    ("mlp", "dynamo"),
-    ("mlp", "onnxscript"),
-    ("cnn", "torchscript"),
-    ("cnn", "dynamo"),
-    ("gpt", "torchscript"),
-    ("gpt", "dynamo"),
-    ("gpt", "onnxscript"),
-    ("gru", "torchscript"),
-    ("gru", "dynamo"),
-    ("lstm", "torchscript"),
-    ("lstm", "dynamo"),
-]
+CASES = models.FAMILY_CASES
 LR = 1e-2
 
 

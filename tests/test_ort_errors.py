@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from runtime_support import generate
+from support.runtime_support import generate
 
 from onnxblocks._core import ort_errors
 from onnxblocks._core.ort import capi, onnxruntime

@@ -18,13 +18,12 @@ from __future__ import annotations
 import copy
 import os
 
-import models
 import numpy as np
 import onnx
 import pytest
-import test_exporter_sweep as sweep
 import torch
 from onnx import helper
+from support import models, sweep
 
 from onnxblocks import demo
 from onnxblocks._core.contracts import (
@@ -388,7 +387,7 @@ GRADIENT_CASES = [  # one model per lowering family; the exports are cached for 
 
 @pytest.mark.parametrize(("name", "exporter"), GRADIENT_CASES, ids=[f"{n}-{e}" for n, e in GRADIENT_CASES])
 def test_portable_gradients_equal_the_training_build_across_the_sweep(tmp_path, name, exporter):
-    case, _, artifacts = sweep._built(name, exporter, str(tmp_path))
+    case, _, artifacts = sweep.build(name, exporter, str(tmp_path))
     made = make_portable(onnx.load(artifacts.training_model), onnx.load(artifacts.optimizer_model))
     session = _session(made.training)
     checkpoint = load_checkpoint(artifacts.checkpoint)

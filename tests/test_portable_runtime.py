@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import portable_linear as pl
 import pytest
 import torch
-from runtime_support import classification_data, generate
+from support import portable_linear as pl
+from support.adamw_oracle import torch_adamw
+from support.runtime_support import classification_data, generate
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
@@ -39,21 +40,6 @@ def linear_training_build(tmp_path_factory):
         model, requires_grad=["W", "b"], loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=directory
     )
     return directory
-
-
-def torch_adamw(batches, lr=1e-3, accumulate=1):
-    """Losses and final parameters of torch eager AdamW on the linear model (``accumulate`` batches per step)."""
-    params = {n: torch.tensor(v, requires_grad=True) for n, v in pl.initial_parameters().items()}
-    opt = torch.optim.AdamW(params.values(), lr=lr, betas=pl.BETAS, eps=pl.EPS, weight_decay=pl.WEIGHT_DECAY)
-    losses = []
-    for i, (x, t) in enumerate(batches):
-        loss = ((torch.from_numpy(x) @ params["W"] + params["b"] - torch.from_numpy(t)) ** 2).mean()
-        loss.backward()
-        losses.append(loss.item())
-        if (i + 1) % accumulate == 0:
-            opt.step()
-            opt.zero_grad()
-    return losses, {n: p.detach().numpy() for n, p in params.items()}
 
 
 # ------------------------------------------------------------------ the checkpoint format, ORT's layout
@@ -264,7 +250,7 @@ def test_backend_choice_errors(linear_dirs, tmp_path):
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_generated_portable_artifacts_follow_the_training_build(tmp_path, optimizer):
     """generate_artifacts(portable=True) artifacts on the portable backend, against the training build's."""
-    from runtime_support import PARAMS, mlp_model
+    from support.runtime_support import PARAMS, mlp_model
 
     dirs = {}
     for portable in (True, False):
@@ -439,7 +425,7 @@ def test_the_portable_runtime_needs_no_graph_tooling(linear_dirs):
 
     script = (
         "import sys; sys.modules['onnx_ir'] = None\n"  # an import of it now fails
-        "import portable_linear as pl\n"
+        "from support import portable_linear as pl\n"
         "from onnxblocks.runtime import TrainingSession\n"
         f"for directory in {[str(d) for d in linear_dirs.values()]!r}:\n"
         "    session = TrainingSession(directory)\n"

@@ -13,13 +13,11 @@ from __future__ import annotations
 import copy
 import os
 
-import models
 import numpy as np
 import pytest
-import test_exporter_sweep as sweep
-import test_model_families as families
 import torch
-from portable_env import run_worker
+from support import models, sweep
+from support.portable_env import run_worker
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
@@ -48,9 +46,9 @@ def _family(name: str, exporter: str, directory):
 
 
 def _sweep(name: str, exporter: str, directory):
-    case = sweep._case(name)
-    onnx_model = sweep._export(case, exporter)
-    names = sweep._onnx_names(case, onnx_model)
+    case = sweep.make_case(name)
+    onnx_model = sweep.export(case, exporter)
+    names = sweep.onnx_names(case, onnx_model)
     source = onnx_model
     if case.external:
         import onnx
@@ -58,7 +56,7 @@ def _sweep(name: str, exporter: str, directory):
         source = os.path.join(directory, "model", "model.onnx")
         os.makedirs(os.path.dirname(source))
         onnx.save(onnx_model, source, save_as_external_data=True, location="model.onnx.data", size_threshold=0)
-    trained = [t for t in names if t not in case.frozen and sweep._trained(case, t)]
+    trained = [t for t in names if t not in case.frozen and sweep.is_trained(case, t)]
     extra = {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
     generate_artifacts(
         source,
@@ -74,7 +72,7 @@ def _sweep(name: str, exporter: str, directory):
     optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if n in trained], lr=LR)
     return (
         [*case.inputs.values(), case.target],
-        _torch_losses(lambda: sweep._torch_loss(case, model), optimizer),
+        _torch_losses(lambda: sweep.torch_loss(case, model), optimizer),
         case.random,
     )
 
@@ -90,7 +88,7 @@ def _torch_losses(loss_fn, optimizer) -> list[float]:
     return losses
 
 
-CASES = [("families", n, e) for n, e in families.CASES] + [("sweep", n, e) for n, e in sweep.CASES]
+CASES = [("families", n, e) for n, e in models.FAMILY_CASES] + [("sweep", n, e) for n, e in sweep.CASES]
 
 
 @pytest.mark.slow
@@ -141,5 +139,5 @@ def test_every_family_trains_on_stock_onnxruntime_like_torch(portable_python, tm
 @pytest.mark.parametrize("kind", ["sweep", "families"])
 def test_the_case_lists_are_the_suites(kind):
     """The families and sweep here are exactly those of the two suites (no case silently left out)."""
-    source = families.CASES if kind == "families" else sweep.CASES
+    source = models.FAMILY_CASES if kind == "families" else sweep.CASES
     assert [(n, e) for s, n, e in CASES if s == kind] == list(source)

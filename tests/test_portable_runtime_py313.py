@@ -9,9 +9,9 @@ checked here against torch eager AdamW and the training build.
 from __future__ import annotations
 
 import numpy as np
-import portable_linear as pl
-from portable_env import run_worker
-from test_portable_runtime import torch_adamw
+from support import portable_linear as pl
+from support.adamw_oracle import torch_adamw
+from support.portable_env import run_worker
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from onnxblocks.runtime import TrainingSession

@@ -32,13 +32,13 @@ import io
 import os
 import types
 
-import models
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi import _pybind_state as C
+from support import models
 
 from onnxblocks.compat import artifacts, onnxblock
 from onnxblocks.errors import GradientError

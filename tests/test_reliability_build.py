@@ -13,13 +13,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-import models
 import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import make_linear_model, run_model
 from onnx import TensorProto, helper, numpy_helper
+from support import models
+from support.onnx_models import make_linear_model, run_model
 
 import onnxblocks as ob
 from onnxblocks import LossType, OptimType, losses

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import make_linear_model
+from support.onnx_models import make_linear_model
 
 from onnxblocks import LossType, OptimType, generate_artifacts
 from onnxblocks.artifacts import files

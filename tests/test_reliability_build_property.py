@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import models
 import numpy as np
 import onnx
 import pytest
@@ -23,6 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from support import models
 
 import onnxblocks as ob
 from onnxblocks import losses

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from runtime_support import PARAMS, classification_data, generate, mlp_model
+from support.runtime_support import PARAMS, classification_data, generate, mlp_model
 
 from onnxblocks import losses
 from onnxblocks._core.ort import capi

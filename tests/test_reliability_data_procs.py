@@ -174,7 +174,7 @@ if __name__ == "__main__":
 
 # =========================================================================== the tests
 import pytest  # noqa: E402
-from runtime_support import classification_data, generate  # noqa: E402
+from support.runtime_support import classification_data, generate  # noqa: E402
 
 from onnxblocks._core.ort import capi  # noqa: E402
 from onnxblocks.checkpoint import load_checkpoint  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from runtime_support import PARAMS, classification_data, generate, mlp_model
+from support.runtime_support import PARAMS, classification_data, generate, mlp_model
 
 from onnxblocks.errors import UnknownNameError
 from onnxblocks.runtime import (

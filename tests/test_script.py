@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import run_model
 from onnx import TensorProto, helper, numpy_helper
 from onnxscript import opset17 as op17
 from onnxscript import opset18 as op18
 from onnxscript import script
+from support.onnx_models import run_model
 
 import onnxblocks
 from onnxblocks import losses

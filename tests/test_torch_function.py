@@ -14,12 +14,12 @@ import subprocess
 import sys
 import textwrap
 
-import models
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import helper, numpy_helper
+from support import models
 
 from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.torch import OnnxModule, _interop, onnx_function

@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 import warnings
 
-import models
 import numpy as np
 import pytest
 import torch
+from support import models
 
 from onnxblocks.errors import GradientError
 from onnxblocks.torch import ExportError, OrtModule

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 
-import models
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import numpy_helper
+from support import models
 
 import onnxblocks
 from onnxblocks import losses
@@ -107,9 +107,9 @@ def test_parameters_are_complete_copies_in_input_order(mlp):
 
 
 def test_models_are_complete_and_valid_with_held_weights():
-    from test_gradient import _model_with_big_constant
+    from support.held_weights import model_with_big_constant
 
-    model, _, mask = _model_with_big_constant()
+    model, _, mask = model_with_big_constant()
 
     class Sum(TrainingBlock):
         def build(self, loss):

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 import pytest
-import web_support
+from support import web_support
 
 from onnxblocks.demo import TARGET_ACCURACY
 from onnxblocks.runtime import TrainingSession

@@ -116,7 +116,7 @@ def test_safetensors_refuses_what_javascript_cannot_hold(tmp_path):
 @pytest.fixture(scope="module")
 def trained_checkpoint(tmp_path_factory):
     """Hand-written portable linear artifacts (tests/portable_linear.py) after 3 AdamW steps, saved with state."""
-    import portable_linear
+    from support import portable_linear
 
     directory = portable_linear.write(tmp_path_factory.mktemp("linear") / "artifacts")
     session = TrainingSession(directory)
@@ -147,7 +147,7 @@ def test_state_from_a_checkpoint_holds_parameters_moments_step_and_properties(tr
 
 
 def test_state_back_to_a_checkpoint_resumes_exactly(trained_checkpoint, tmp_path):
-    import portable_linear
+    from support import portable_linear
 
     directory, checkpoint, _ = trained_checkpoint
     state_to_checkpoint(write_state(checkpoint, tmp_path / "p.safetensors"), tmp_path / "resumed")
@@ -170,7 +170,7 @@ def test_state_back_to_a_checkpoint_resumes_exactly(trained_checkpoint, tmp_path
 
 
 def test_a_fresh_artifact_directory_gives_a_step_zero_state(tmp_path):
-    import portable_linear
+    from support import portable_linear
 
     directory = portable_linear.write(tmp_path / "a")
     path = write_state(directory)

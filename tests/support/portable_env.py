@@ -27,8 +27,9 @@ from pathlib import Path
 
 import tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
+SUPPORT = Path(__file__).resolve().parent
+TESTS = SUPPORT.parent
+ROOT = TESTS.parent
 PYPROJECT = ROOT / "pyproject.toml"
 WANTED = (3, 13)
 
@@ -140,7 +141,7 @@ def ensure_python313() -> Path:
 
 
 def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
-    """Run ``tests/portable_worker.py`` with ``payload`` (JSON on stdin) in ``python``; return its JSON answer.
+    """Run ``tests/support/portable_worker.py`` with ``payload`` (JSON on stdin) in ``python``; return its JSON answer.
 
     Raises:
         AssertionError: when the worker fails, with its error output.
@@ -148,7 +149,7 @@ def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.fspath(ROOT), os.fspath(TESTS)])}
     env.pop("PYTHONHOME", None)
     done = subprocess.run(
-        [os.fspath(python), os.fspath(TESTS / "portable_worker.py")],
+        [os.fspath(python), os.fspath(SUPPORT / "portable_worker.py")],
         input=json.dumps(payload),
         capture_output=True,
         text=True,

@@ -23,9 +23,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from system_tools import SystemToolError, debian_tool
-
 from onnxblocks.web.npm import NpmError, install_js_dependencies, js_dir
+from support.system_tools import SystemToolError, debian_tool
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 

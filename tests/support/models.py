@@ -443,3 +443,20 @@ LOSS_TYPES = {
     "nll": "NLLLoss",
     "kl_div": "KLDivLoss",
 }
+
+
+#: The (family, exporter) pairs the model-family tests train.
+FAMILY_CASES = [
+    ("mlp", "torchscript"),
+    ("mlp", "dynamo"),
+    ("mlp", "onnxscript"),
+    ("cnn", "torchscript"),
+    ("cnn", "dynamo"),
+    ("gpt", "torchscript"),
+    ("gpt", "dynamo"),
+    ("gpt", "onnxscript"),
+    ("gru", "torchscript"),
+    ("gru", "dynamo"),
+    ("lstm", "torchscript"),
+    ("lstm", "dynamo"),
+]
