@@ -7,7 +7,7 @@ relative per step; the parameters trained in Node load back into Python and give
 the same eval loss and accuracy; the state Node saves resumes in Python.
 
 Needs Node and the client's npm packages (installed into a cache on first use,
-tests/web_support.py); fails, never skips, without them.
+tests/support/web_support.py); fails, never skips, without them.
 """
 
 from __future__ import annotations

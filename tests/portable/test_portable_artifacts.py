@@ -1,7 +1,7 @@
 """generate_artifacts(..., portable=True) end to end, run with a plain onnxruntime.InferenceSession.
 
 Standard ops run on the training build too, so these tests run in the main
-environment (stock onnxruntime under Python 3.13 is tests/test_portable_runtime*).
+environment (stock onnxruntime under Python 3.13 is tests/portable/test_portable_runtime*).
 
 * 20 AdamW steps with the portable models track the training build's artifacts
   (rtol 1e-5) and torch eager AdamW (rtol 1e-4): once through the training model

@@ -1,8 +1,8 @@
 """Portable artifacts on stock onnxruntime under Python 3.13, where onnxruntime-training has no wheel.
 
-A cached 3.13 venv (``tests/portable_env.py``) gets the project's dependencies as
+A cached 3.13 venv (``tests/support/portable_env.py``) gets the project's dependencies as
 ``pip install onnxblocks`` resolves them there (stock onnxruntime), and one worker
-call (``tests/portable_worker.py``) does everything on that side; the numbers are
+call (``tests/support/portable_worker.py``) does everything on that side; the numbers are
 checked here against torch eager AdamW and the training build.
 """
 

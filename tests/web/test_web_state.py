@@ -1,6 +1,6 @@
 """The Python side of training in JavaScript: safetensors, params.safetensors <-> checkpoints, the demo site.
 
-No Node here (tests/test_js_node.py and tests/test_web_browser.py run the client).
+No Node here (tests/web/test_js_node.py and tests/web/test_web_browser.py run the client).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_safetensors_refuses_what_javascript_cannot_hold(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_checkpoint(tmp_path_factory):
-    """Hand-written portable linear artifacts (tests/portable_linear.py) after 3 AdamW steps, saved with state."""
+    """Hand-written portable linear artifacts (tests/support/portable_linear.py) after 3 AdamW steps, saved with state."""
     from support import portable_linear
 
     directory = portable_linear.write(tmp_path_factory.mktemp("linear") / "artifacts")

@@ -1,8 +1,8 @@
-"""Issue 12, the data side: checkpoints against their model, external data, guarded runtime calls, the CLI.
+"""Guards on the data a user hands in: checkpoints against their model, external data, runtime calls, the CLI.
 
-Each test is one example of the issue, asserting the exact behaviour: the exception type, the offender it names,
+Each test is one bad input or environment, asserting the exact behaviour: the exception type, the offender it names,
 the numbers (against torch), and the directory before and after. The tests that need separate processes
-(corruption fuzzing, kills) are in ``test_reliability_data_procs.py``.
+(corruption fuzzing, kills) are in ``tests/checkpoint/test_crash_and_corruption.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from onnxblocks.errors import CheckpointFormatError, CheckpointMismatchError
 from onnxblocks.io import load_model, save_model
 from onnxblocks.runtime import TrainingSession
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def listing(directory: Path) -> list[str]:

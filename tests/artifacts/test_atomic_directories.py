@@ -1,4 +1,4 @@
-"""Issue 12, lost or mixed artifacts: a directory holds the old complete set or the new complete set.
+"""Artifact directories are replaced atomically: a directory holds the old complete set or the new complete set.
 
 Each test lists the directory before and after. The kill tests run ``generate_artifacts`` in a
 subprocess and SIGKILL it: at random moments, and deterministically at each file move of the commit.

@@ -1,4 +1,4 @@
-"""Issue 12, property: random losses and Value arithmetic on a small model equal torch, or fail as a library error.
+"""Property test: random losses and Value arithmetic on a small model equal torch, or fail as a library error.
 
 Hypothesis composes expressions over two model outputs (``Value`` arithmetic with Python and numpy
 constants on either side, powers with both sides depending on the parameters) and sums of losses over

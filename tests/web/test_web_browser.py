@@ -8,7 +8,7 @@ within 1e-5 relative; the page reaches the demo's accuracy target; the parameter
 exports load into Python and give the page's accuracy; no request leaves 127.0.0.1;
 a screenshot is taken.
 
-Fails, never skips, without Node, npm or Chromium (tests/web_support.py says how to get them).
+Fails, never skips, without Node, npm or Chromium (tests/support/web_support.py says how to get them).
 """
 
 from __future__ import annotations

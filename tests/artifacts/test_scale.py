@@ -33,7 +33,7 @@ import onnxblocks
 from onnxblocks import blocks
 from onnxblocks._core import weights
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 N, IN, HIDDEN, OUT = 8, 16, 32, 4
 
 

@@ -1,4 +1,4 @@
-"""Issue 12, the data side, in separate processes: checkpoint corruption fuzzing, and saves killed at any point.
+"""Checkpoints under crashes and corruption, in separate processes: byte-flip fuzzing, and saves killed at any point.
 
 * **Corruption**: one child process flips random bytes of small checkpoints 2000 times and loads each with
   ``load_checkpoint``, ``read_parameter_names`` and ``TrainingSession(checkpoint=...)``. It must not crash
@@ -9,7 +9,7 @@
   and by ONNX Runtime, is entirely the old values or entirely the new ones, and after the next save no stray
   file remains.
 
-Run as a script, this file is the child process (``python test_reliability_data_procs.py ROLE ...``).
+Run as a script, this file is the child process (``python tests/checkpoint/test_crash_and_corruption.py ROLE ...``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+TESTS = HERE.parent
+sys.path.insert(0, str(TESTS))  # run as a script, ``support`` comes from tests/
 
 #: Every value of one saved set equals its number: set 1, set 2, ...
 PARAMS = {"w": (64,), "b": (16,)}
@@ -183,7 +184,7 @@ from onnxblocks.runtime import TrainingSession  # noqa: E402
 
 def child(*args: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, cwd=HERE.parent
+        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, cwd=TESTS.parent
     )
 
 

@@ -366,7 +366,7 @@ def test_optimizer_sequences_become_tensors(tmp_path):
 #: Portable artifacts as onnxblocks wrote them before the optimizer model took one tensor per parameter (its
 #: optimizer model takes tensor sequences): the linear model of portable_linear.py, MSE, AdamW, from
 #: ``generate_artifacts(..., portable=True)`` of that release (see tests/data/portable_sequence_optimizer/README.md).
-SEQUENCE_LAYOUT = Path(__file__).parent / "data" / "portable_sequence_optimizer"
+SEQUENCE_LAYOUT = Path(__file__).parents[1] / "data" / "portable_sequence_optimizer"
 
 
 def test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_regenerates_them(tmp_path):
@@ -433,7 +433,7 @@ def test_the_portable_runtime_needs_no_graph_tooling(linear_dirs):
         "    session.train_step(x, t); session.optimizer_step(); session.train_and_update(x, t)\n"
         "print('trained')\n"
     )
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).parents[1])
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tests, check=False, timeout=300
     )

@@ -1,6 +1,6 @@
-"""Issue 12, build side: values, losses and gradients equal to torch; models and arguments refused clearly.
+"""Edge cases of building artifacts: values, losses and gradients equal torch; bad models and arguments refused.
 
-Each test is one example of the issue, asserting the exact behaviour: the exception type and the named
+Each test is one edge case, asserting the exact behaviour: the exception type and the named
 offender, or numbers equal to torch (gradients through ONNX Runtime's training API).
 """
 

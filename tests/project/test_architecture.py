@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "onnxblocks"
+PACKAGE = Path(__file__).resolve().parents[2] / "onnxblocks"
 
 #: The layers, bottom first. A module may import its own package and the packages of lower layers;
 #: packages that share a layer may not import each other.
@@ -106,7 +106,7 @@ GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
 
 def test_every_package_has_a_layer():
     unplaced = sorted({_package(m) for m in MODULES} - set(LAYER_OF))
-    assert not unplaced, f"place {unplaced} in LAYERS (tests/test_architecture.py) and in docs/architecture.md"
+    assert not unplaced, f"place {unplaced} in LAYERS (tests/project/test_architecture.py) and in docs/architecture.md"
 
 
 def test_layers_import_only_downward():
