@@ -74,3 +74,12 @@ def classification_data(rows: int = 64, d_in: int = 2, seed: int = 0) -> tuple[n
     x = rng.standard_normal((rows, d_in)).astype(np.float32)
     y = ((x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)).astype(np.int64)
     return x, y
+
+
+def listing(directory: Path) -> list[str]:
+    """Every entry below ``directory`` (hidden ones too), relative, sorted."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def tensors(values: dict[str, np.ndarray]) -> list[TensorProto]:
+    return [numpy_helper.from_array(np.ascontiguousarray(v), k) for k, v in values.items()]
