@@ -28,7 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from runtime_support import classification_data, generate  # noqa: E402
+from support.runtime_support import classification_data, generate  # noqa: E402
 
 from onnxblocks.runtime import TrainingSession  # noqa: E402
 from onnxblocks.runtime.guards import BatchGuard, IndexRule  # noqa: E402

@@ -5,7 +5,7 @@ One run measures, side by side:
 * **step time**: one training step (forward, backward, AdamW update) of the
   training build's artifacts on onnxruntime-training 1.19.2 (this Python, 3.10-3.12)
   and of portable artifacts (``generate_artifacts(..., portable=True)``) on stock
-  onnxruntime under Python 3.13 (a cached venv, see ``tests/portable_env.py``), with
+  onnxruntime under Python 3.13 (a cached venv, see ``tests/support/portable_env.py``), with
   the fused step model (one run) and without it (``fused_step=False``: training
   model + optimizer model), for an MLP 784-512-512-10, a CNN and a small GPT;
 * **session overhead**: ``TrainingSession.step`` against ONNX Runtime's bare API on
@@ -407,7 +407,7 @@ def worker() -> int:
 
 
 def run_py313(jobs: list[dict]) -> dict:
-    from portable_env import ensure_python313
+    from support.portable_env import ensure_python313
 
     python = ensure_python313()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}

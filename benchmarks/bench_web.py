@@ -11,7 +11,7 @@ with the batches and learning rates of the demo's plan (``onnxblocks.web.spiral_
   decision-region evaluation after each epoch and the drawing.
 
 and the largest relative difference of the first 20 losses against Python's.
-Needs Node, npm and Chromium (set up as the tests do, tests/web_support.py).
+Needs Node, npm and Chromium (set up as the tests do, tests/support/web_support.py).
 
     python benchmarks/bench_web.py [--steps 900] [--rounds 3]
 """
@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import web_support  # noqa: E402
+from support import web_support  # noqa: E402
 
 from onnxblocks.runtime import TrainingSession  # noqa: E402
 from onnxblocks.web import build_site, serving, spiral_plan, write_safetensors  # noqa: E402

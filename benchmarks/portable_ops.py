@@ -1,7 +1,7 @@
 """List the ops of every training model the test families generate (what a portable lowering must cover).
 
-Generates artifacts for every case of ``tests/test_exporter_sweep.py`` and
-``tests/test_model_families.py`` (plus every built-in loss on the MLP, with SGD)
+Generates artifacts for every case of the exporter sweep and the model families
+(``tests/support/sweep.py``, ``tests/support/models.py``) (plus every built-in loss on the MLP, with SGD)
 and prints, per ``(domain, op)``, how many training models use it and
 whether it is portable as it is, lowered by :mod:`onnxblocks.portable`, or rewritten by the
 contract (optimizers, accumulation).
@@ -26,13 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def _cases():
-    import models
-    import test_exporter_sweep as sweep
-    import test_model_families as families
+    from support import models, sweep
 
     from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
-    for name, exporter in families.CASES:
+    for name, exporter in models.FAMILY_CASES:
         case = models.case(name, exporter)
 
         def build(directory, case=case):
@@ -61,13 +59,13 @@ def _cases():
     for name, exporter in sweep.CASES:
 
         def build_sweep(directory, name=name, exporter=exporter):
-            return sweep._built(name, exporter, directory)[2]
+            return sweep.build(name, exporter, directory)[2]
 
         yield f"sweep/{name}-{exporter}", build_sweep
     yield (
         "sweep/onnxscript",
         lambda directory: generate_artifacts(
-            sweep._onnxscript_model(),
+            sweep.onnxscript_model(),
             requires_grad=["w", "b", "s", "beta"],
             loss=LossType.MSELoss,
             optimizer=OptimType.AdamW,

@@ -1,42 +1,19 @@
-"""Shared fixtures: small models and an ONNX Runtime runner."""
+"""Shared fixtures: small models and an ONNX Runtime runner (helpers live in ``support/``)."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from support.onnx_models import make_linear_model, run_model
 
-
-def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list:
-    """Run a model through onnxruntime's InferenceSession."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(outputs, feeds)
+#: ``training_dir`` (the optimizer oracle's training model), for the optimizer and checkpoint tests.
+pytest_plugins = ["support.optim_oracle"]
 
 
 @pytest.fixture
 def ort_run():
     """The ONNX Runtime runner: ``ort_run(model, feeds) -> list of outputs``."""
     return run_model
-
-
-def make_linear_model(in_features: int = 8, out_features: int = 4, seed: int = 0, opset: int = 17) -> onnx.ModelProto:
-    """``y = x @ W + b``: a one-layer model with float inputs ``x: [N, in]`` and output ``y: [N, out]``."""
-    rng = np.random.default_rng(seed)
-    w = onnx.numpy_helper.from_array(rng.standard_normal((in_features, out_features)).astype(np.float32), "W")
-    b = onnx.numpy_helper.from_array(rng.standard_normal(out_features).astype(np.float32), "b")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
-        "linear",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", in_features])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", out_features])],
-        [w, b],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
 
 
 @pytest.fixture
@@ -47,11 +24,11 @@ def linear_model() -> onnx.ModelProto:
 
 @pytest.fixture(scope="session")
 def portable_python():
-    """The Python of a cached 3.13 venv with stock onnxruntime (see ``tests/portable_env.py``), built once.
+    """The Python of a cached 3.13 venv with stock onnxruntime (see ``tests/support/portable_env.py``), built once.
 
     Fails, never skips, when CPython 3.13 or the packages cannot be had.
     """
-    from portable_env import PortableEnvError, ensure_python313
+    from support.portable_env import PortableEnvError, ensure_python313
 
     try:
         return ensure_python313()

@@ -2,7 +2,7 @@
 
 :data:`LOWERINGS` is the table, op type -> lowering, gathered from the family
 modules (each lowering is a small named function, tested on its own in
-``tests/test_portable_lowering.py``). :func:`lower_training_ops` walks the graph in
+``tests/portable/test_portable_lowering.py``). :func:`lower_training_ops` walks the graph in
 order, keeps standard and portable nodes, lowers the others, and raises
 :class:`~onnxblocks.errors.PortabilityError` for a node without a lowering.
 

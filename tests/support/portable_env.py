@@ -1,0 +1,172 @@
+"""A cached Python 3.13 environment with stock onnxruntime, and worker scripts run in it (JSON in, JSON out).
+
+The environment is what ``pip install onnxblocks`` gives on Python 3.13: the
+project's dependencies, read from ``pyproject.toml`` with their environment
+markers, so stock ``onnxruntime`` comes in instead of onnxruntime-training. The
+package itself is not installed: the worker imports it from this checkout
+(``PYTHONPATH``), so the environment stays valid while the code changes.
+
+It is built once per ``pyproject.toml`` (the hash is in the directory name) under
+``~/.cache/onnxblocks-test/`` (``$XDG_CACHE_HOME`` respected), in a temporary
+directory renamed into place, so concurrent test sessions never see half an
+environment. The interpreter comes from ``$ONNXBLOCKS_PYTHON313``, pyenv
+(``~/.pyenv/versions/3.13*``, ``pyenv which python3.13``) or ``python3.13`` on the PATH;
+without one, :func:`ensure_python313` raises a :class:`PortableEnvError` that says how
+to get it (the tests fail with it; they never skip).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+SUPPORT = Path(__file__).resolve().parent
+TESTS = SUPPORT.parent
+ROOT = TESTS.parent
+PYPROJECT = ROOT / "pyproject.toml"
+WANTED = (3, 13)
+
+
+class PortableEnvError(RuntimeError):
+    """The Python 3.13 environment with stock onnxruntime cannot be had."""
+
+
+def cache_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "onnxblocks-test"
+
+
+def _version(python: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run(
+            [os.fspath(python), "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.split()
+        return int(out[0]), int(out[1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def find_python313() -> Path:
+    """A CPython 3.13 interpreter.
+
+    Raises:
+        PortableEnvError: when none is found, with how to install one.
+    """
+    candidates: list[Path] = []
+    if os.environ.get("ONNXBLOCKS_PYTHON313"):
+        candidates.append(Path(os.environ["ONNXBLOCKS_PYTHON313"]))
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates += sorted((pyenv_root / "versions").glob("3.13*/bin/python3.13"))
+    pyenv = shutil.which("pyenv") or (pyenv_root / "bin" / "pyenv")
+    try:
+        found = subprocess.run(
+            [os.fspath(pyenv), "which", "python3.13"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout.strip()
+        if found:
+            candidates.append(Path(found))
+    except OSError:
+        pass
+    if shutil.which("python3.13"):
+        candidates.append(Path(shutil.which("python3.13")))  # type: ignore[arg-type]
+    for candidate in candidates:
+        if candidate.exists() and _version(candidate) == WANTED:
+            return candidate
+    raise PortableEnvError(
+        "The portable-runtime tests need CPython 3.13 (stock onnxruntime, no onnxruntime-training wheel), and none "
+        f"was found (looked at $ONNXBLOCKS_PYTHON313, {pyenv_root}/versions/3.13*, `pyenv which python3.13`, "
+        "python3.13 on PATH). Install one with `pyenv install 3.13.0`, or point $ONNXBLOCKS_PYTHON313 at it."
+    )
+
+
+def requirements() -> list[str]:
+    """The project's dependencies with their environment markers, as ``pyproject.toml`` lists them."""
+    with open(PYPROJECT, "rb") as f:
+        return list(tomllib.load(f)["project"]["dependencies"])
+
+
+def _run(cmd: list[str], what: str, timeout: int = 900) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise PortableEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
+    if done.returncode != 0:
+        raise PortableEnvError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def ensure_python313() -> Path:
+    """The Python of the cached 3.13 environment with stock onnxruntime, built on first use.
+
+    Raises:
+        PortableEnvError: when the interpreter is missing or the environment cannot be built.
+    """
+    interpreter = find_python313()
+    key = hashlib.sha256(PYPROJECT.read_bytes() + os.fspath(interpreter).encode()).hexdigest()[:16]
+    venv = cache_dir() / f"py313-stock-ort-{key}"
+    python = venv / "bin" / "python"
+    if (venv / "ready").exists() and python.exists():
+        return python
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    staging = cache_dir() / f".building-{key}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _run([os.fspath(interpreter), "-m", "venv", os.fspath(staging)], "Creating the Python 3.13 venv")
+        pip = [os.fspath(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        _run([*pip, *requirements()], "Installing onnxblocks' dependencies (stock onnxruntime) into the 3.13 venv")
+        probe = "from onnxruntime.capi import _pybind_state as C; assert not hasattr(C, 'Module'), 'training build'"
+        _run([os.fspath(staging / "bin" / "python"), "-c", probe], "Checking that the 3.13 venv has stock onnxruntime")
+        (staging / "ready").write_text(
+            json.dumps({"interpreter": os.fspath(interpreter), "requirements": requirements()})
+        )
+        try:
+            staging.rename(venv)
+        except OSError:  # another session finished first: use its environment
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # a venv's scripts name its original path; python -m works from anywhere, so only the interpreter is used
+    return python
+
+
+def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
+    """Run ``tests/support/portable_worker.py`` with ``payload`` (JSON on stdin) in ``python``; return its JSON answer.
+
+    Raises:
+        AssertionError: when the worker fails, with its error output.
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.fspath(ROOT), os.fspath(TESTS)])}
+    env.pop("PYTHONHOME", None)
+    done = subprocess.run(
+        [os.fspath(python), os.fspath(SUPPORT / "portable_worker.py")],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise AssertionError(
+            f"the Python 3.13 worker printed no JSON answer:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1])
+
+
+if __name__ == "__main__":
+    print(ensure_python313())
+    sys.exit(0)

@@ -1,0 +1,89 @@
+"""What the JavaScript tests need: Node, the client's npm packages (cached), system Chromium, and runners.
+
+Everything is set up on first use and cached; what cannot be had raises
+:class:`WebEnvError` with what to install (the tests turn it into a failure,
+never a skip):
+
+* the client's packages: ``npm ci`` of ``js/package.json`` + lock into
+  ``~/.cache/onnxblocks-test/npm-<hash of the lock files>`` (``$XDG_CACHE_HOME`` respected);
+* Chromium: ``/usr/bin/chromium`` (Debian's package), installed with
+  ``apt-get install -y chromium`` when missing and running as root. Never a downloaded browser.
+
+The client's files are copied into a per-test folder next to a ``node_modules`` link to the
+cache, so Node resolves ``onnxruntime-node`` and ``playwright-core`` from there and the
+checkout's ``js/`` is never written to.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from onnxblocks.web.npm import NpmError, install_js_dependencies, js_dir
+from support.system_tools import SystemToolError, debian_tool
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+
+
+class WebEnvError(RuntimeError):
+    """Node, npm or Chromium cannot be had."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxblocks-test"
+
+
+@functools.cache
+def node_modules() -> Path:
+    """The client's ``node_modules`` (npm-installed into the test cache once per lock file)."""
+    if shutil.which("node") is None:
+        raise WebEnvError(
+            "Node.js is not on the PATH; the JavaScript tests need Node 20+ with npm (apt-get install nodejs npm)."
+        )
+    try:
+        return install_js_dependencies(cache=cache_dir())
+    except NpmError as exc:
+        raise WebEnvError(str(exc)) from None
+
+
+def workspace(directory: Path) -> Path:
+    """A copy of the client (src, bin, tools, demo, package.json) in ``directory/js`` with ``node_modules`` linked."""
+    source, target = js_dir(), directory / "js"
+    for sub in ("src", "bin", "tools", "demo"):
+        shutil.copytree(source / sub, target / sub)
+    for name in ("package.json", "jsconfig.json"):
+        shutil.copyfile(source / name, target / name)
+    (target / "node_modules").symlink_to(node_modules(), target_is_directory=True)
+    return target
+
+
+@functools.cache
+def chromium() -> Path:
+    """Debian's Chromium, installed with apt-get when missing (as root)."""
+    try:
+        return debian_tool(
+            "chromium", CHROMIUM_CANDIDATES, "the browser test drives it with playwright-core; it never downloads one"
+        )
+    except SystemToolError as exc:
+        raise WebEnvError(str(exc)) from None
+
+
+def run_node(js: Path, script: str, *args: str, timeout: float = 300) -> dict:
+    """Run ``node js/<script> args`` and return the JSON line it prints.
+
+    Raises:
+        AssertionError: when it fails, with its error output.
+    """
+    done = subprocess.run(
+        ["node", str(js / script), *args], capture_output=True, text=True, timeout=timeout, cwd=js, check=False
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"node {script} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise AssertionError(f"node {script} printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1])

@@ -1,0 +1,118 @@
+"""``onnxblocks demo --web`` in headless Chromium: the page trains, offline, as Python does.
+
+The test runs the user's command (``python -m onnxblocks demo --web --port 0``, which
+npm-installs onnxruntime-web into a cache on first use), drives Debian's Chromium
+with playwright-core (never a downloaded browser) through the whole demo, and checks:
+the first 20 losses equal Python's on the same artifacts, batches and learning rates
+within 1e-5 relative; the page reaches the demo's accuracy target; the parameters it
+exports load into Python and give the page's accuracy; no request leaves 127.0.0.1;
+a screenshot is taken.
+
+Fails, never skips, without Node, npm or Chromium (tests/support/web_support.py says how to get them).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from support import web_support
+
+from onnxblocks.demo import TARGET_ACCURACY
+from onnxblocks.runtime import TrainingSession
+from onnxblocks.web import load_state, spiral_plan
+
+PARITY_STEPS, RTOL = 20, 1e-5
+
+
+@pytest.fixture(scope="module")
+def browser_env(tmp_path_factory):
+    try:
+        return web_support.workspace(tmp_path_factory.mktemp("client")), web_support.chromium()
+    except web_support.WebEnvError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def served(browser_env, tmp_path_factory):
+    """``onnxblocks demo --web`` running in a subprocess: ``(url, output dir)``."""
+    out = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "ONNXBLOCKS_CACHE": str(web_support.cache_dir() / "user-cache"), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "onnxblocks", "demo", "--web", "--port", "0", "--output-dir", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout or ()], daemon=True).start()
+    seen: list[str] = []
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=600)
+            except queue.Empty:
+                pytest.fail("`onnxblocks demo --web` printed no URL in 600 s:\n" + "".join(seen))
+            seen.append(line)
+            if line.strip().startswith("open http://127.0.0.1:"):
+                break
+            if process.poll() is not None and lines.empty():
+                pytest.fail(f"`onnxblocks demo --web` exited with {process.returncode}:\n" + "".join(seen))
+        yield line.split()[1], out
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page(browser_env, served, tmp_path_factory):
+    js, chromium = browser_env
+    url, out = served
+    shots = tmp_path_factory.mktemp("shots")
+    report = web_support.run_node(
+        js,
+        "tools/browser-run.mjs",
+        url + "demo/",
+        "--chromium", str(chromium),
+        "--screenshot", str(shots / "demo.png"),
+        "--state", str(shots / "trained.safetensors"),
+        "--timeout", "300",
+        timeout=600,
+    )  # fmt: skip
+    return report, out / "web", shots
+
+
+def test_the_page_trains_offline_without_errors(page):
+    report, _, shots = page
+    assert report["status"] == "done", report["error"]
+    assert report["offOrigin"] == [], "the page must not leave 127.0.0.1 (no CDN)"
+    assert [line for line in report["console"] if line.startswith(("error", "pageerror"))] == []
+    assert report["onnxruntime"] == "1.30.0" and report["chromium"]
+    assert report["steps"] == spiral_plan().steps == len(report["losses"])
+    png = (shots / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def test_browser_losses_equal_python_step_by_step(page):
+    report, site, _ = page
+    plan = spiral_plan()
+    session = TrainingSession(site / "artifacts")
+    python = []
+    for step in range(PARITY_STEPS):
+        session.learning_rate = float(plan.learning_rates[step])
+        python.append(float(session.train_and_update(*plan.batch(step))[0]))
+    np.testing.assert_allclose(report["losses"][:PARITY_STEPS], python, rtol=RTOL, atol=0)
+
+
+def test_browser_reaches_the_demo_accuracy_and_its_parameters_load_into_python(page):
+    report, site, shots = page
+    plan = spiral_plan()
+    accuracy = report["valAccuracy"][-1]
+    assert accuracy >= TARGET_ACCURACY
+    assert len(report["valAccuracy"]) == 1 + 30  # before training, then after each epoch
+    session = TrainingSession(site / "artifacts")
+    state = load_state(session, shots / "trained.safetensors")
+    assert state.step == plan.steps
+    _, logits = session.eval_step(plan.val_features, plan.val_labels)
+    assert float(np.mean(logits.argmax(1) == plan.val_labels)) == accuracy
