@@ -9,7 +9,7 @@ library::
     .venv/bin/python notebooks/_build.py --no-execute
 
 Each notebook writes its artifacts into a temporary directory and needs no
-network. tests/test_notebooks.py executes the committed notebooks again.
+network. tests/project/test_notebooks.py executes the committed notebooks again.
 """
 
 from __future__ import annotations

@@ -290,13 +290,14 @@ def _generate(
     training_model, eval_model, step_model = graphs.training, graphs.eval, None
     if portable:  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
         from onnxblocks import portable as _portable
+        from onnxblocks.portable.make import mark_portable
 
         made = _portable.make_portable(
             training_model, optimizer_model, fused_step=fused_step, frozen_params=graphs.partition.frozen
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
         _portable.check_portable(eval_model, "the eval model")
-        eval_model = _portable.mark_portable(eval_model)
+        eval_model = mark_portable(eval_model)
 
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint

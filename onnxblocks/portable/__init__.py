@@ -21,32 +21,15 @@ models run on stock ``onnxruntime`` (any Python, ``onnxruntime-web``, ``-node``)
 It sits on ``_core`` and ``ir`` only (every graph edit is an :mod:`onnxblocks.ir` pass).
 """
 
-from onnxblocks.portable.accumulation import AccumulateGradients, portable_accumulation, trainable_parameters
-from onnxblocks.portable.lower import CONTRACT_OPS, LOWERINGS, LowerTrainingOps, lower_training_ops
-from onnxblocks.portable.make import PortableModels, check_portable, make_portable, mark_portable
-from onnxblocks.portable.ops import PORTABLE_CONTRIB_OPS, is_portable_op, non_portable_ops
-from onnxblocks.portable.optimizer import OptimizerSpec, optimizer_model, portable_optimizer_model, read_optimizer
-from onnxblocks.portable.step import FuseStep, step_model
+from onnxblocks.portable.lower import LOWERINGS
+from onnxblocks.portable.make import PortableModels, check_portable, make_portable
+from onnxblocks.portable.ops import is_portable_op, non_portable_ops
 
 __all__ = [
-    "AccumulateGradients",
-    "CONTRACT_OPS",
-    "FuseStep",
     "LOWERINGS",
-    "LowerTrainingOps",
-    "PORTABLE_CONTRIB_OPS",
-    "OptimizerSpec",
     "PortableModels",
-    "portable_accumulation",
     "check_portable",
     "is_portable_op",
-    "lower_training_ops",
     "make_portable",
-    "mark_portable",
     "non_portable_ops",
-    "optimizer_model",
-    "portable_optimizer_model",
-    "read_optimizer",
-    "step_model",
-    "trainable_parameters",
 ]

@@ -19,7 +19,8 @@ from onnx import helper
 
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.errors import PortabilityError
-from onnxblocks.portable import LOWERINGS, lower_training_ops, non_portable_ops
+from onnxblocks.portable import LOWERINGS, non_portable_ops
+from onnxblocks.portable.lower import lower_training_ops
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(0)

@@ -21,7 +21,8 @@ from onnxblocks import optim
 from onnxblocks._core.contracts import FIRST_ORDER_MOMENTS, PARAMS, SECOND_ORDER_MOMENTS, updated_name
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.errors import PortabilityError
-from onnxblocks.portable import non_portable_ops, portable_optimizer_model, read_optimizer
+from onnxblocks.portable import non_portable_ops
+from onnxblocks.portable.optimizer import portable_optimizer_model, read_optimizer
 
 SHAPES = [(3, 4), (5,), (2, 3, 2), (1,)]
 STEPS = 6
