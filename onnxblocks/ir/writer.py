@@ -74,12 +74,28 @@ class Writer:
         self, value: np.ndarray | float | int | list, dtype: npt.DTypeLike | None = None, suffix: str = "const"
     ) -> ir.Value:
         """A ``Constant`` node holding ``value`` (numpy dtype ``dtype``)."""
-        array = np.asarray(value, dtype=dtype)
-        name = self.fresh(suffix)
-        out = self.op("Constant", [], name, value=ir.tensor(array, name=name))
-        out.const_value = out.producer().attributes["value"].as_tensor()  # type: ignore[union-attr]  # just made
-        out.type = ir.TensorType(ir.DataType.from_numpy(array.dtype))
-        out.shape = ir.Shape(array.shape)
+        return self.named_const(self.fresh(suffix), np.asarray(value, dtype=dtype))
+
+    def named_const(self, name: str, value: np.ndarray) -> ir.Value:
+        """A ``Constant`` node whose output is named ``name``, its type, shape and value known.
+
+        Built from IR classes directly: ``ir.tensor`` and attribute inference check
+        runtime protocols, which costs more than the rest of a rewrite on graphs of a
+        thousand nodes.
+        """
+        array = np.asarray(value)
+        tensor = ir.Tensor(array, name=name)
+        out = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+        node = ir.Node(
+            "",
+            "Constant",
+            [],
+            attributes=[ir.AttrTensor("value", tensor)],
+            outputs=[out],
+            name=self.names.fresh("Constant"),
+        )
+        self.nodes.append(node)
+        out.const_value = tensor
         return out
 
     def ints(self, values: Sequence[int]) -> ir.Value:

@@ -49,35 +49,11 @@ class Writer(_writer.Writer):
     def const(self, value: np.ndarray | float | int | list, dtype: Any = None, suffix: str = "const") -> ir.Value:
         """A ``Constant`` node holding ``value`` (``dtype``: a numpy dtype or an ONNX element type)."""
         array = np.asarray(value, dtype=None if dtype is None else numpy_type(dtype))
-        return self._constant(self.fresh(suffix), array)
+        return self.named_const(self.fresh(suffix), array)
 
     def scalar(self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()) -> ir.Value:
         """A constant of ``dtype`` (numpy, or an ONNX element type; float32 when None) holding ``value``."""
         return super().scalar(value, numpy_type(dtype if dtype is not None else np.float32), shape)
-
-    def named_const(self, name: str, value: np.ndarray) -> ir.Value:
-        """A ``Constant`` node whose output is named ``name`` (the name of the value it replaces)."""
-        return self._constant(name, np.asarray(value))
-
-    def _constant(self, name: str, array: np.ndarray) -> ir.Value:
-        """The ``Constant`` node of :meth:`const`, built from IR classes directly.
-
-        ``ir.tensor`` and attribute inference check runtime protocols, which costs more
-        than the rest of a lowering on graphs of a thousand nodes.
-        """
-        tensor = ir.Tensor(array, name=name)
-        out = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
-        node = ir.Node(
-            "",
-            "Constant",
-            [],
-            attributes=[ir.AttrTensor("value", tensor)],
-            outputs=[out],
-            name=self.names.fresh("Constant"),
-        )
-        self.nodes.append(node)
-        out.const_value = tensor
-        return out
 
     def body_input(self, hint: str) -> ir.Value:
         """A fresh float input of a subgraph (a ``Scan`` body) written with this writer."""
