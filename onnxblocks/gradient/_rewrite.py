@@ -50,13 +50,6 @@ def optional_input(node: ir.Node, index: int) -> ir.Value | None:
     return node.inputs[index] if len(node.inputs) > index else None
 
 
-def optional_output(node: ir.Node, index: int) -> ir.Value | None:
-    """Output ``index`` of ``node``, or None when it is absent (not there, or unnamed)."""
-    if len(node.outputs) > index and node.outputs[index].name:
-        return node.outputs[index]
-    return None
-
-
 def name_of(value: ir.Value) -> str:
     """The name of a value (every value a pass reads by name is named)."""
     return value.name or ""

@@ -22,7 +22,7 @@ import onnx
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.errors import DataFileError, GradientError, preview
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.parameters import ParameterPartition
 from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
 from onnxblocks.ir.proto import copy_model
@@ -219,9 +219,9 @@ def _no_kernel(missing: ort_errors.MissingKernel, probe: onnx.ModelProto, forwar
     origin = name.split("_Grad/")[0] if "_Grad/" in name else name
     source = _find_node(forward, origin)
     where = f" (from node '{origin}', {source.op_type})" if source is not None and origin != name else ""
-    types = _graph.infer_types(probe)
+    types = infer_types(probe)
     node = _find_node(probe, name)
-    elem = _graph.elem_type(types, node.input[0]) if node is not None and node.input else None
+    elem = elem_type(types, node.input[0]) if node is not None and node.input else None
     typed = f" for {onnx.TensorProto.DataType.Name(elem).lower()}" if elem else ""
     hint = _KERNEL_HINTS.get(
         op_type,

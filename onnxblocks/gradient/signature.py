@@ -33,7 +33,7 @@ from onnxblocks._core.errors import (
     did_you_mean,
     preview,
 )
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._values import elem_type, infer_types, shape_of
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
@@ -76,8 +76,8 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
         TypeError: for a loss whose element type is not floating point.
         ValueError: for a loss with a known dimension other than 1.
     """
-    types = _graph.infer_types(model)
-    elem = _graph.elem_type(types, loss)
+    types = infer_types(model)
+    elem = elem_type(types, loss)
     if elem is not None and elem not in FLOAT_TYPES:
         raise InvalidTypeError(
             f"The loss output '{loss}' has element type {onnx.TensorProto.DataType.Name(elem).lower()}; the loss "
@@ -194,8 +194,8 @@ def float_seed(model: onnx.ModelProto, loss: str) -> str:
     loss's type (exactly: the seed is 1). The cast is a temporary graph output
     (:func:`drop_float_seed` removes it).
     """
-    types = _graph.infer_types(model)
-    elem = _graph.elem_type(types, loss)
+    types = infer_types(model)
+    elem = elem_type(types, loss)
     if elem is None or elem == onnx.TensorProto.FLOAT:
         return loss
     ir_model = from_proto(model)
@@ -213,7 +213,7 @@ def float_seed(model: onnx.ModelProto, loss: str) -> str:
     graph.append(cast)
     seed = cast.outputs[0]
     seed.type = ir.TensorType(ir.DataType.FLOAT)
-    dims = _graph.shape_of(types, loss)
+    dims = shape_of(types, loss)
     seed.shape = ir.Shape(dims) if dims is not None else None
     graph.outputs.append(seed)
     model.CopyFrom(to_proto(ir_model))

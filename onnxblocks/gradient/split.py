@@ -31,7 +31,7 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import GradientError, InvalidValueError
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._values import infer_types
 from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.vjp import VjpGraph
 from onnxblocks.ir import walk
@@ -164,7 +164,7 @@ def _nbytes(init: onnx.TensorProto) -> int:
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of the values of ``model``: declared ones, then onnx's inference (gradient ops are unknown to it)."""
-    types = _graph.infer_types(model)
+    types = infer_types(model)
     for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output):
         if vi.type.WhichOneof("value") is not None:
             types[vi.name] = vi.type

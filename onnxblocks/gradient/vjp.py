@@ -37,8 +37,9 @@ from onnxblocks._core import ort_errors
 from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import GradientError, InvalidValueError, UnknownNameError, did_you_mean, preview
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient import _graph, ort_bridge, pooling, signature
+from onnxblocks.gradient import ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import on_proto
+from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
@@ -134,14 +135,14 @@ def build_vjp_graph(
     rewrites["copy_inputs_written_in_place"] = copy_inputs_written_in_place(forward)
     user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
 
-    types = _graph.infer_types(forward)
+    types = infer_types(forward)
     ir_forward = from_proto(forward)
     sources = _sources(ir_forward.graph)
     differentiable = tuple(
         o
         for o in user_outputs
         if o not in silent
-        and _graph.elem_type(types, o) in FLOAT_TYPES
+        and elem_type(types, o) in FLOAT_TYPES
         and sources.get(o, set()) & set(partition.requires_grad)
     )
     reached = set().union(*(sources.get(o, set()) for o in differentiable)) if differentiable else set()

@@ -86,8 +86,3 @@ def floats_attribute(node: ir.Node, name: str, default: Any = REQUIRED) -> Any:
 def strings_attribute(node: ir.Node, name: str, default: Any = REQUIRED) -> Any:
     """A ``STRINGS`` attribute, as a new list (``default`` copied)."""
     return _typed(node, name, default, "a list of strings", (_A.STRINGS,), lambda v: [str(x) for x in v])
-
-
-def copy_attributes(node: ir.Node) -> dict[str, ir.Attr]:
-    """``node``'s attributes, by name, to pass on to a node that replaces it."""
-    return {k: v for k, v in node.attributes.items() if not v.is_ref()}

@@ -18,10 +18,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-import onnx
 import onnx_ir as ir
-
-from onnxblocks.ir.serde import from_proto, to_proto
 
 
 @dataclasses.dataclass
@@ -66,10 +63,3 @@ def run_passes(model: ir.Model, passes: Iterable[Pass]) -> dict[str, Counter[str
         result = p(model)
         report.setdefault(p.name or type(p).__name__, Counter()).update(getattr(result, "changes", {}))
     return report
-
-
-def run_on_proto(model: onnx.ModelProto, passes: Iterable[Pass]) -> tuple[onnx.ModelProto, dict[str, Counter[str]]]:
-    """Run ``passes`` over the IR of ``model``; return the new ModelProto and the report (``model`` is unchanged)."""
-    ir_model = from_proto(model)
-    report = run_passes(ir_model, passes)
-    return to_proto(ir_model), report

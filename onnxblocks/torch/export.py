@@ -43,7 +43,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from onnxblocks._core.errors import InvalidValueError, StateError, TorchExportError
-from onnxblocks.gradient import _graph
+from onnxblocks.gradient._values import set_attribute
 from onnxblocks.ir import serde
 from onnxblocks.ir.edit import rename_values
 from onnxblocks.ir.names import graph_names, proto_graph_names
@@ -284,9 +284,9 @@ def fit_batch_norms(exported: Exported, module: torch.nn.Module, training: bool)
     added: list[str] = []
     names = proto_graph_names(graph)
     for node in graph.node:
-        if node.op_type != "BatchNormalization" or not _graph.is_default_domain(node):
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
             continue
-        _graph.set_attribute(node, "training_mode", 1 if training else 0)
+        set_attribute(node, "training_mode", 1 if training else 0)
         if not training:
             del node.output[1:]
             continue
