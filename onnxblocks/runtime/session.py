@@ -520,18 +520,12 @@ class TrainingSession:
         Raises:
             RuntimeError: if the artifacts have no eval model.
             ValueError: if no output names are given and none can be inferred, or
-                ONNX Runtime rejects them.
+                the eval model computes no value of that name.
         """
         if not self.has_eval_model:
             raise StateError("export_inference_model needs the eval model, but the artifacts have none.")
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
-        if not names:
-            raise InvalidValueError(
-                "export_inference_model: cannot tell which outputs the inference model should have. Pass "
-                "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
-                "additional_output_names=[...]."
-            )
-        assert self.files.eval_model is not None
+        assert self.files.eval_model is not None  # export_inference refuses an empty `names`, saying what to pass
         backend = self._backend
         specs = {n: backend.parameter_spec(n) for n in backend.parameter_names()}
         return export_inference(
