@@ -80,6 +80,8 @@ FIRST_MOMENT_SUFFIX, SECOND_MOMENT_SUFFIX = ".exp_avg", ".exp_avg_sq"
 DEFAULT_LEARNING_RATE = 1e-3
 #: ONNX Runtime's name for its single optimizer group in a checkpoint.
 OPTIMIZER_GROUP = "group0"
+#: Checkpoint property holding the number of optimizer steps taken (the session's ``step``).
+STEP_PROPERTY = "onnxblocks.step"
 #: ONNX Runtime's names of a parameter's moments in a checkpoint (first, second).
 CHECKPOINT_MOMENTS = ("momentum0", "momentum1")
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from onnxblocks._core import hyperparams as _hyper
+from onnxblocks._core.contracts import STEP_PROPERTY
 from onnxblocks._core.errors import (
     FileMissingError,
     InvalidTypeError,
@@ -244,6 +246,31 @@ class _Reader:
             ) from None
 
 
+def check_scalars(parsed: _format.ParsedCheckpoint, where: str) -> None:
+    """The step counters and learning rates, through the same checks as the session's setters.
+
+    Raises:
+        onnxblocks.errors.CheckpointFormatError: naming ``where`` and the value.
+    """
+    values: list[tuple[str, object, object]] = (
+        [(f"the step property '{STEP_PROPERTY}'", parsed.properties[STEP_PROPERTY], _hyper.step)]
+        if STEP_PROPERTY in parsed.properties
+        else []
+    )
+    for group in parsed.optimizer_groups:
+        values.append((f"the step of optimizer group '{group.name}'", group.step, _hyper.step))
+        values.append(
+            (f"the learning rate of optimizer group '{group.name}'", group.initial_learning_rate, _hyper.learning_rate)
+        )
+    for what, value, check in values:
+        try:
+            check(value, what)  # type: ignore[operator]
+        except (InvalidTypeError, InvalidValueError) as exc:
+            raise _format.CheckpointFormatError(
+                f"{where}: {exc} The checkpoint is corrupted; restore it from a copy or save it again."
+            ) from None
+
+
 def load_checkpoint(path_to_checkpoint: str | os.PathLike) -> Checkpoint:
     """Read a checkpoint written by onnxblocks or by ONNX Runtime.
 
@@ -253,6 +280,7 @@ def load_checkpoint(path_to_checkpoint: str | os.PathLike) -> Checkpoint:
     """
     reader = _Reader(path_to_checkpoint)
     parsed = reader.parsed
+    check_scalars(parsed, f"Checkpoint '{reader.path}'")
     optimizer_state = {
         g.name: {
             "step": g.step,

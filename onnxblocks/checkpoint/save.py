@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core import weights as _weights
+from onnxblocks._core.contracts import STEP_PROPERTY
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, IsAFolderError
 from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
@@ -214,6 +216,8 @@ def save_checkpoint(
     trainable, frozen = groups
     _check(trainable + frozen, nominal_checkpoint)
     bag = {name: _format.check_property(name, value) for name, value in (properties or {}).items()}
+    if STEP_PROPERTY in bag:
+        _hyper.step(bag[STEP_PROPERTY], f"property '{STEP_PROPERTY}'")
     states = _optimizer_states(optimizer_state, trainable, nominal_checkpoint)
     moments = [m for _, per_param in states for ms in per_param.values() for m in ms.values()]
 
@@ -311,5 +315,7 @@ def _optimizer_states(
             per_param[param] = {
                 name: _Param(name, m.data_type, m.dims, m.nbytes, m.source, None) for name, m in moments.items()
             }
-        out.append(((group, int(state["step"]), float(state["initial_learning_rate"])), per_param))
+        step = _hyper.step(state["step"], f"the step of optimizer group '{group}'")
+        rate = _hyper.learning_rate(state["initial_learning_rate"], f"the learning rate of optimizer group '{group}'")
+        out.append(((group, step, rate), per_param))
     return out

@@ -36,7 +36,7 @@ from onnxblocks._core.errors import (
     preview,
 )
 from onnxblocks.checkpoint import format as _format
-from onnxblocks.checkpoint.load import _Reader
+from onnxblocks.checkpoint.load import _Reader, check_scalars
 from onnxblocks.checkpoint.save import MOMENT_NAME
 
 __all__ = ["check_checkpoint", "model_parameter_slots"]
@@ -110,6 +110,7 @@ def _check_file(reader: _Reader) -> None:
                 f" of '{reader.data_path}', which has {reader.data_size} bytes. The data file is truncated or belongs "
                 "to another checkpoint: restore the checkpoint and its .data file together."
             )
+    check_scalars(parsed, where)
     params = {e.name: e for e in parsed.trainable}
     for group in parsed.optimizer_groups:
         counts = {len(moments) for moments in group.moments.values()}

@@ -21,9 +21,9 @@ Both run ONNX Runtime's ``AdamWOptimizer`` op (``adam_mode`` 0 and 1).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
@@ -38,18 +38,10 @@ ADAM_MODES = {"torch": 0, "hf": 1}
 def _check_hyperparameters(betas: Any, eps: float, weight_decay: float) -> tuple[float, float]:
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
         raise InvalidValueError(f"AdamW betas must be a pair (beta1, beta2), got {betas!r}.")
-    for i, beta in enumerate(betas):
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
-            raise InvalidValueError(f"AdamW betas[{i}] must be a number in [0, 1), got {beta!r}.")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
-        raise InvalidValueError(f"AdamW eps must be a finite number >= 0, got {eps!r}.")
-    if (
-        isinstance(weight_decay, bool)
-        or not isinstance(weight_decay, (int, float))
-        or not (math.isfinite(weight_decay) and weight_decay >= 0)
-    ):
-        raise InvalidValueError(f"AdamW weight_decay must be a finite number >= 0, got {weight_decay!r}.")
-    return float(betas[0]), float(betas[1])
+    beta1, beta2 = (_hyper.beta(b, f"AdamW betas[{i}]") for i, b in enumerate(betas))
+    _hyper.eps(eps, "AdamW eps")
+    _hyper.weight_decay(weight_decay, "AdamW weight_decay")
+    return beta1, beta2
 
 
 class AdamWUpdate(Block):

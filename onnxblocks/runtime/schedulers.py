@@ -33,6 +33,7 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidValueError
 
 
@@ -47,19 +48,18 @@ class Schedule(ABC):
     kind: str = ""
 
     def __init__(self, base_lr: float, warmup_steps: int = 0) -> None:
-        if not (isinstance(base_lr, (int, float)) and math.isfinite(base_lr) and base_lr >= 0):
-            raise InvalidValueError(f"{type(self).__name__}: base_lr must be a finite number >= 0, got {base_lr!r}.")
+        _hyper.learning_rate(base_lr, f"{type(self).__name__}: base_lr")
         _check_count(self, "warmup_steps", warmup_steps)
         self.base_lr = float(base_lr)
         self.warmup_steps = int(warmup_steps)
 
     def __call__(self, step: int) -> float:
         """The learning rate of the update that follows ``step`` completed updates."""
-        if step < 0:
-            raise InvalidValueError(f"{type(self).__name__}: step must be >= 0, got {step}.")
+        step = _hyper.step(step, f"{type(self).__name__}: step")
         if step < self.warmup_steps:
             return self.base_lr * step / self.warmup_steps
-        return self._after_warmup(step)
+        # the same check as the session's setter: a schedule cannot hand ONNX Runtime what the setter refuses
+        return _hyper.learning_rate(self._after_warmup(step), f"{type(self).__name__}({step})")
 
     @abstractmethod
     def _after_warmup(self, step: int) -> float: ...
@@ -107,7 +107,7 @@ class LinearSchedule(Schedule):
         super().__init__(base_lr, warmup_steps)
         _check_total(self, total_steps, warmup_steps)
         self.total_steps = int(total_steps)
-        self.end_lr = float(end_lr)
+        self.end_lr = _hyper.learning_rate(end_lr, "LinearSchedule: end_lr")
 
     def _after_warmup(self, step: int) -> float:
         remaining = max(0.0, (self.total_steps - step) / (self.total_steps - self.warmup_steps))
@@ -130,7 +130,7 @@ class CosineSchedule(Schedule):
         super().__init__(base_lr, warmup_steps)
         _check_total(self, total_steps, warmup_steps)
         self.total_steps = int(total_steps)
-        self.min_lr = float(min_lr)
+        self.min_lr = _hyper.learning_rate(min_lr, "CosineSchedule: min_lr")
 
     def _after_warmup(self, step: int) -> float:
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
@@ -152,10 +152,8 @@ class StepSchedule(Schedule):
         super().__init__(base_lr, 0)
         if not isinstance(step_size, int) or step_size < 1:
             raise InvalidValueError(f"StepSchedule: step_size must be an int >= 1, got {step_size!r}.")
-        if not (math.isfinite(gamma) and gamma >= 0):
-            raise InvalidValueError(f"StepSchedule: gamma must be a finite number >= 0, got {gamma!r}.")
         self.step_size = step_size
-        self.gamma = float(gamma)
+        self.gamma = _hyper.nonnegative(gamma, "StepSchedule: gamma")
 
     def _after_warmup(self, step: int) -> float:
         return self.base_lr * self.gamma ** (step // self.step_size)

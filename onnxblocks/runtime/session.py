@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core import hyperparams as _hyper
+from onnxblocks._core.contracts import STEP_PROPERTY
 from onnxblocks._core.errors import (
     FileMissingError,
     InvalidValueError,
@@ -44,8 +46,6 @@ from onnxblocks.runtime.export import export_inference, forward_outputs_hint
 from onnxblocks.runtime.inputs import InputSpec, check_batch, read_input_specs
 from onnxblocks.runtime.layout import ArtifactFiles
 
-#: Checkpoint property holding the number of optimizer steps taken.
-STEP_PROPERTY = "onnxblocks.step"
 #: Batch signatures (dtype and shape of each input) whose check passed are remembered, up to this many.
 _CHECKED_SIGNATURES = 64
 
@@ -334,10 +334,8 @@ class TrainingSession:
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
-        value = float(value)
-        if not np.isfinite(value) or value < 0:
-            raise InvalidValueError(f"learning_rate must be a finite number >= 0, got {value}.")
-        self._require_optimizer().set_learning_rate(value)
+        checked = _hyper.learning_rate(value, "learning_rate")
+        self._require_optimizer().set_learning_rate(checked)
 
     def _require_optimizer(self) -> Backend:
         if not self._backend.has_optimizer:

@@ -11,14 +11,23 @@ same format; so does the ``safetensors`` package.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
+from onnxblocks._core.errors import (
+    DataFileError,
+    FileAccessError,
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    IsAFolderError,
+)
 from onnxblocks.io import atomic_file
 
 #: safetensors dtype codes and their numpy dtypes (the ones ONNX Runtime's JavaScript API has).
@@ -96,65 +105,150 @@ def write_safetensors(
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Read a safetensors file.
+    """Read a safetensors file, trusting nothing in it.
+
+    The header must be a JSON object without repeated keys; each tensor a
+    supported dtype, a shape of at most 64 non-negative integers (not booleans),
+    and ``data_offsets`` that are exactly the bytes its dtype and shape need.
+    Sorted by offset, the tensors tile the data bytes: the first starts at 0, each
+    starts where the one before ends, the last ends at the end of the file, so
+    no tensor is read out of another's bytes and none overlaps or aliases another
+    (the rule of the reference implementation).
 
     Returns:
         ``(tensors, metadata)``: arrays by name in file order (native byte order, writable copies)
         and the ``__metadata__`` strings.
 
     Raises:
-        FileNotFoundError: if the file does not exist.
-        ValueError: for a truncated or malformed file (the message names it).
-        TypeError: for a dtype numpy/ONNX Runtime JS cannot hold here (e.g. ``BF16``).
+        onnxblocks.errors.FileMissingError: if the file does not exist.
+        onnxblocks.errors.IsAFolderError: if the path is a folder.
+        onnxblocks.errors.FileAccessError: if the file may not be read.
+        onnxblocks.errors.InvalidValueError: for a truncated or malformed file (the message names it).
+        onnxblocks.errors.InvalidTypeError: for a dtype numpy/ONNX Runtime JS cannot hold here (e.g. ``BF16``).
     """
     target = Path(os.fspath(path))
-    raw = target.read_bytes()
+    raw = _read_bytes(target)
     if len(raw) < 8:
         raise InvalidValueError(f"'{target}' has {len(raw)} bytes: too short for a safetensors file.")
     (length,) = struct.unpack("<Q", raw[:8])
     if length > min(len(raw) - 8, MAX_HEADER_BYTES):
         raise InvalidValueError(
-            f"'{target}' claims a {length}-byte header but has {len(raw) - 8} bytes after the length."
+            f"'{target}' claims a {length}-byte header but has {len(raw) - 8} bytes after the length: the file is "
+            "truncated or not a safetensors file."
         )
     try:
-        header = json.loads(raw[8 : 8 + length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = json.loads(raw[8 : 8 + length].decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _RepeatedKeyError as exc:
+        raise InvalidValueError(f"'{target}': the safetensors header holds {exc.args[0]!r} twice.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InvalidValueError(f"'{target}': the safetensors header is not UTF-8 JSON ({exc}).") from None
     if not isinstance(header, dict):
         raise InvalidValueError(f"'{target}': the safetensors header must be a JSON object.")
-    metadata = header.pop(_METADATA, None) or {}
+    metadata = header.pop(_METADATA, None)
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise InvalidValueError(f"'{target}': __metadata__ must be an object of strings.")
     data = memoryview(raw)[8 + length :]
-    tensors: dict[str, np.ndarray] = {}
-    for name, entry in header.items():
-        tensors[name] = _tensor(target, name, entry, data)
+    entries = {name: _entry(target, name, entry) for name, entry in header.items()}
+    _check_tiling(target, entries, len(data))
+    tensors = {name: _tensor(entry, data) for name, entry in entries.items()}
     return tensors, dict(metadata)
 
 
-def _tensor(target: Path, name: str, entry: object, data: memoryview) -> np.ndarray:
+class _RepeatedKeyError(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKeyError(key)
+        out[key] = value
+    return out
+
+
+def _read_bytes(target: Path) -> bytes:
+    try:
+        return target.read_bytes()
+    except FileNotFoundError:
+        raise FileMissingError(f"No file at '{target}'. Pass the path of a safetensors state file.") from None
+    except IsADirectoryError:
+        raise IsAFolderError(f"'{target}' is a folder; pass the path of a safetensors file.") from None
+    except PermissionError:
+        raise FileAccessError(f"'{target}' may not be read (permission denied); check its permissions.") from None
+    except OSError as exc:
+        raise DataFileError(f"'{target}' cannot be read ({exc.strerror or exc}).") from None
+
+
+#: Most dimensions a tensor may have (numpy's limit); no dimension may reach ``_MAX_DIM``.
+_MAX_RANK, _MAX_DIM = 64, 2**62
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry(target: Path, name: str, entry: object) -> _Entry:
     if not isinstance(entry, dict):
         raise InvalidValueError(f"'{target}': the header entry of '{name}' is not an object.")
+    extra = sorted(set(entry) - {"dtype", "shape", "data_offsets"})
+    if extra:
+        raise InvalidValueError(f"'{target}': the header entry of '{name}' has unknown fields {extra}.")
     code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if code not in DTYPES:
+    if not isinstance(code, str) or code not in DTYPES:
         raise InvalidTypeError(f"'{target}': tensor '{name}' has dtype {code!r}; supported: {', '.join(DTYPES)}.")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InvalidValueError(f"'{target}': tensor '{name}' has shape {shape!r}; expected non-negative integers.")
     if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1] <= len(data)
+        not isinstance(shape, list)
+        or len(shape) > _MAX_RANK
+        or not all(_is_int(d) and 0 <= d < _MAX_DIM for d in shape)
     ):
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' has data_offsets {offsets!r} outside the {len(data)} data bytes."
+            f"'{target}': tensor '{name}' has shape {shape!r:.80}; expected at most {_MAX_RANK} integers in [0, 2**62)."
+        )
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) and o >= 0 for o in offsets):
+        raise InvalidValueError(
+            f"'{target}': tensor '{name}' has data_offsets {offsets!r:.80}; expected [begin, end], two integers >= 0."
         )
     dtype = DTYPES[code]
-    count = int(np.prod(shape, dtype=np.int64))
-    if offsets[1] - offsets[0] != count * dtype.itemsize:
+    needed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if offsets[1] - offsets[0] != needed:
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' ({code} {shape}) needs {count * dtype.itemsize} bytes, "
-            f"its data_offsets span {offsets[1] - offsets[0]}."
+            f"'{target}': tensor '{name}' ({code} {shape}) needs {needed} bytes, its data_offsets {offsets} span "
+            f"{offsets[1] - offsets[0]}."
         )
-    flat = np.frombuffer(data[offsets[0] : offsets[1]], dtype=dtype, count=count)
-    return flat.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
+    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _check_tiling(target: Path, entries: Mapping[str, _Entry], size: int) -> None:
+    """The tensors, sorted by offset, cover the ``size`` data bytes exactly once."""
+    at, previous = 0, None
+    for entry in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
+        if entry.begin != at:
+            what = f"'{previous}' ends at byte {at}" if previous else "the data starts at byte 0"
+            problem = "overlaps" if entry.begin < at else "leaves a gap after"
+            raise InvalidValueError(
+                f"'{target}': tensor '{entry.name}' starts at data byte {entry.begin} but {what}: it {problem} "
+                "another tensor's bytes. The file is corrupted; write it again."
+            )
+        at, previous = entry.end, entry.name
+    if at != size:
+        raise InvalidValueError(
+            f"'{target}': the tensors end at data byte {at} but the file has {size} data bytes: it is "
+            f"{'truncated' if at > size else 'followed by bytes no tensor owns'}. Write it again."
+        )
+
+
+def _tensor(entry: _Entry, data: memoryview) -> np.ndarray:
+    count = math.prod(entry.shape)
+    flat = np.frombuffer(data[entry.begin : entry.end], dtype=entry.dtype, count=count)
+    return flat.astype(entry.dtype.newbyteorder("="), copy=True).reshape(entry.shape)

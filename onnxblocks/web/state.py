@@ -21,18 +21,27 @@ The file holds every parameter by name; AdamW's moments as ``<p>.exp_avg`` and
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.contracts import DEFAULT_LEARNING_RATE, OPTIMIZER_GROUP, ArtifactNames, moment_names
-from onnxblocks._core.errors import FileMissingError, InvalidValueError
+from onnxblocks._core import hyperparams as _hyper
+from onnxblocks._core.contracts import (
+    DEFAULT_LEARNING_RATE,
+    OPTIMIZER_GROUP,
+    STEP_PROPERTY,
+    ArtifactNames,
+    moment_names,
+)
+from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError
 from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from onnxblocks.runtime.session import STEP_PROPERTY
+from onnxblocks.runtime import properties as _props
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
 
 #: The state file's name inside an artifact directory.
@@ -144,11 +153,18 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
 
 
 def read_state(path: str | os.PathLike) -> WebState:
-    """Read a state file (written by :func:`write_state` or by the JavaScript client).
+    """Read a state file (written by :func:`write_state` or by the JavaScript client), trusting nothing in it.
+
+    The file's layout is checked by :func:`~onnxblocks.web.read_safetensors`
+    (offsets, sizes, dtypes, shapes, repeated names); its content by
+    :func:`check_state`: the parameter lists, the moments, and every scalar
+    (step, learning rate, properties) through the checks the session's setters make.
 
     Raises:
-        FileNotFoundError: if the file does not exist.
-        ValueError: if it is not a state file of this format, or is inconsistent.
+        onnxblocks.errors.FileMissingError: if the file does not exist.
+        onnxblocks.errors.InvalidValueError: if it is not a state file of this format, or is inconsistent;
+            the message names the file.
+        onnxblocks.errors.InvalidTypeError: for a dtype the format does not hold.
     """
     target = Path(os.fspath(path))
     tensors, metadata = read_safetensors(target)
@@ -158,48 +174,134 @@ def read_state(path: str | os.PathLike) -> WebState:
             f"expected {STATE_FORMAT!r}). Write one with onnxblocks.web.write_state."
         )
     trainable, frozen = _names(metadata, "trainable", target), _names(metadata, "frozen", target)
-    missing = [n for n in (*trainable, *frozen) if n not in tensors]
+    listed = [*trainable, *frozen]
+    missing = [n for n in listed if n not in tensors]
     if missing:
         raise InvalidValueError(f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor.")
-    moments: dict[str, list[np.ndarray]] = {}
-    for name in trainable:
-        present = [m for m in moment_names(name) if m in tensors]
-        if len(present) == 1:
-            raise InvalidValueError(f"'{target}': '{name}' has only one of its two moments ({present[0]}).")
-        if present:
-            moments[name] = [tensors[m] for m in moment_names(name)]
-            for moment, value in zip(moment_names(name), moments[name], strict=True):
-                if value.shape != tensors[name].shape or value.dtype != tensors[name].dtype:
-                    raise InvalidValueError(
-                        f"'{target}': moment '{moment}' is {value.dtype} {value.shape}, its parameter "
-                        f"{tensors[name].dtype} {tensors[name].shape}."
-                    )
-    try:
-        step = int(metadata.get("step", "0"))
-        learning_rate = float(json.loads(metadata["learning_rate"])) if "learning_rate" in metadata else None
-        properties = {k: _KINDS[kind](v) for k, (kind, v) in json.loads(metadata.get("properties", "{}")).items()}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidValueError(f"'{target}': malformed step, learning_rate or properties metadata ({exc}).") from None
-    if step < 0:
-        raise InvalidValueError(f"'{target}': step {step} is negative.")
-    return WebState(
+    moments = {name: [tensors[m] for m in moment_names(name) if m in tensors] for name in trainable}
+    known = set(listed) | {m for name in trainable for m in moment_names(name)}
+    stray = [n for n in tensors if n not in known]
+    if stray:
+        raise InvalidValueError(
+            f"'{target}': tensors {stray[:5]} are neither listed parameters nor their moments. Write the file with "
+            "onnxblocks.web.write_state or the JavaScript client."
+        )
+    step = metadata.get("step", "0")
+    if not _DECIMAL.match(step):
+        raise InvalidValueError(f"'{target}': __metadata__ step {step!r:.40} is not a decimal integer.")
+    state = WebState(
         trainable={n: tensors[n] for n in trainable},
         frozen={n: tensors[n] for n in frozen},
-        moments=moments,
-        step=step,
-        learning_rate=learning_rate,
-        properties=properties,
+        moments={k: v for k, v in moments.items() if v},
+        step=int(step),
+        learning_rate=_json(metadata, "learning_rate", target),
+        properties=_properties(metadata, target),
     )
+    check_state(state, f"'{target}'")
+    return state
 
 
 def _names(metadata: dict[str, str], key: str, target: Path) -> list[str]:
     try:
         names = json.loads(metadata.get(key, "[]"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         names = None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise InvalidValueError(f"'{target}': __metadata__ {key} must be a JSON list of parameter names.")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidValueError(f"'{target}': __metadata__ {key} lists {repeated[:5]} more than once.")
     return names
+
+
+_DECIMAL = re.compile(r"^[0-9]{1,20}$")
+
+
+def _json(metadata: dict[str, str], key: str, target: Path) -> Any:
+    if key not in metadata:
+        return None
+    try:
+        return json.loads(metadata[key])
+    except (json.JSONDecodeError, RecursionError):
+        raise InvalidValueError(f"'{target}': __metadata__ {key} {metadata[key]!r:.40} is not JSON.") from None
+
+
+def _properties(metadata: dict[str, str], target: Path) -> dict[str, Any]:
+    raw = _json(metadata, "properties", target)
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict) or not all(
+        isinstance(v, list) and len(v) == 2 and v[0] in _KINDS for v in raw.values()
+    ):
+        raise InvalidValueError(
+            f"'{target}': __metadata__ properties must be a JSON object of [kind, value] pairs, kind one of "
+            f"{sorted(_KINDS)}."
+        )
+    return {name: (kind, value) for name, (kind, value) in raw.items()}
+
+
+def check_state(state: WebState, where: str = "state") -> None:
+    """Check a state's parameters, moments and scalars, and decode its properties in place.
+
+    The one validation of a state, for :func:`read_state` and for a
+    :class:`WebState` given to :func:`state_to_checkpoint`: names unique and each
+    parameter trainable or frozen, not both; moments none or two per trainable
+    parameter, of its dtype and shape; ``step`` and ``learning_rate`` through the
+    session's checks (:mod:`onnxblocks._core.hyperparams`); each property an int
+    in int64, a float or a str, through the checks of ``set_properties``.
+
+    Raises:
+        onnxblocks.errors.InvalidValueError, onnxblocks.errors.InvalidTypeError: naming ``where`` and the field.
+    """
+    both = sorted(set(state.trainable) & set(state.frozen))
+    if both:
+        raise InvalidValueError(f"{where}: parameters {both[:5]} are listed as trainable and as frozen.")
+    for name, moments in state.moments.items():
+        if name not in state.trainable:
+            raise InvalidValueError(f"{where}: moments given for '{name}', which is not a trainable parameter.")
+        if len(moments) not in (0, 2):
+            count = "only one of its two moments" if len(moments) == 1 else f"{len(moments)} moments"
+            raise InvalidValueError(
+                f"{where}: '{name}' has {count}; a state holds none or both of {list(moment_names(name))}."
+            )
+        param = np.asarray(state.trainable[name])
+        for moment, value in zip(moment_names(name), moments, strict=False):
+            value = np.asarray(value)
+            if value.shape != param.shape or value.dtype != param.dtype:
+                raise InvalidValueError(
+                    f"{where}: moment '{moment}' is {value.dtype} {value.shape}, its parameter "
+                    f"{param.dtype} {param.shape}."
+                )
+    try:
+        state.step = _hyper.step(state.step, "step")
+        if state.learning_rate is not None:
+            state.learning_rate = _hyper.learning_rate(state.learning_rate, "learning_rate")
+        state.properties = {name: _property(name, value) for name, value in state.properties.items()}
+    except (InvalidValueError, InvalidTypeError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def _property(name: object, value: object) -> int | float | str:
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"property names must be str, not {type(name).__name__} {name!r:.40}.")
+    if isinstance(value, tuple):  # (kind, value) as the file holds it
+        kind, value = value
+        wrong = (
+            (kind == "int" and (not isinstance(value, int) or isinstance(value, bool)))
+            or (kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)))
+            or (kind == "str" and not isinstance(value, str))
+        )
+        if wrong:
+            raise InvalidValueError(f"property '{name}' is of kind {kind!r} but holds {value!r:.40}.")
+        value = float(value) if kind == "float" else value  # type: ignore[arg-type]
+    if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+        raise InvalidTypeError(f"property '{name}' must be an int, float or str, not {type(value).__name__}.")
+    encoded = _props.encode(value, name)  # what set_properties stores
+    if type(encoded) is not type(value):
+        raise InvalidValueError(
+            f"property '{name}' = {value!r:.40} cannot be stored in a checkpoint as it is (ints are int64, floats "
+            "float32)."
+        )
+    return value
 
 
 def state_to_checkpoint(
@@ -221,7 +323,11 @@ def state_to_checkpoint(
     Returns:
         The checkpoint path.
     """
-    web = state if isinstance(state, WebState) else read_state(state)
+    if isinstance(state, WebState):
+        web = copy.copy(state)
+        check_state(web, "state")
+    else:
+        web = read_state(state)
     optimizer: dict[str, Any] = {}
     if include_optimizer_state and (web.step or web.moments):
         lr = web.learning_rate if web.learning_rate is not None else DEFAULT_LEARNING_RATE
