@@ -66,13 +66,23 @@ export function zeros(dtype, length) {
   return new entry[1](new ArrayBuffer(length * entry[2]));
 }
 
+/** Most dimensions a tensor may have (numpy's limit); no dimension may reach 2**62. */
+const MAX_RANK = 64;
+const MAX_DIM = 2 ** 62;
+const ENTRY_KEYS = new Set(['dtype', 'shape', 'data_offsets']);
+
 /**
- * Parse a safetensors file.
+ * Parse a safetensors file, trusting nothing in it (the rules of onnxblocks' Python reader,
+ * `onnxblocks/web/safetensors.py`): the header is a JSON object with no repeated key; each
+ * tensor has a supported dtype, a shape of at most 64 non-negative integers, and
+ * `data_offsets` spanning exactly the bytes its dtype and shape need; sorted by offset, the
+ * tensors tile the data bytes (each starts where the one before ends, the last ends at the
+ * end of the file), so no tensor overlaps or aliases another.
  * @param {ArrayBuffer | Uint8Array} bytes  the whole file
  * @param {string} [what]  how to name the file in errors
  * @returns {{tensors: Map<string, NamedTensor>, metadata: Record<string, string>}}
  *   tensors in file order; each tensor's data is a copy (aligned, independent of `bytes`)
- * @throws {RangeError | SyntaxError | TypeError} on a malformed file or an unsupported dtype
+ * @throws {RangeError | SyntaxError | TypeError} on a malformed file or an unsupported dtype (the message starts with `what`)
  */
 export function parseSafetensors(bytes, what = 'safetensors file') {
   requireLittleEndian();
@@ -80,44 +90,109 @@ export function parseSafetensors(bytes, what = 'safetensors file') {
   if (view.byteLength < 8) throw new RangeError(`${what}: ${view.byteLength} bytes, too short for a safetensors header`);
   const headerLength = new DataView(view.buffer, view.byteOffset, 8).getBigUint64(0, true);
   if (headerLength > BigInt(view.byteLength - 8)) {
-    throw new RangeError(`${what}: the header claims ${headerLength} bytes but the file has ${view.byteLength - 8} after the length`);
+    throw new RangeError(`${what}: the header claims ${headerLength} bytes but the file has ${view.byteLength - 8} after the length: it is truncated or not a safetensors file`);
   }
   const start = 8 + Number(headerLength);
   let header;
+  let text;
   try {
-    header = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(view.subarray(8, start)));
+    text = new TextDecoder('utf-8', { fatal: true }).decode(view.subarray(8, start));
+    header = JSON.parse(text);
   } catch (error) {
     throw new SyntaxError(`${what}: the header is not UTF-8 JSON (${/** @type {Error} */ (error).message})`);
   }
   if (header === null || typeof header !== 'object' || Array.isArray(header)) {
     throw new SyntaxError(`${what}: the header must be a JSON object`);
   }
-  const { __metadata__: metadata = {}, ...entries } = header;
+  const hidden = hiddenProblem(text);
+  if (hidden !== null) throw new SyntaxError(`${what}: the header holds ${hidden}`);
+  const { __metadata__: rawMetadata = null, ...entries } = header;
+  const metadata = rawMetadata ?? {};
+  if (typeof metadata !== 'object' || Array.isArray(metadata) || !Object.values(metadata).every((v) => typeof v === 'string')) {
+    throw new TypeError(`${what}: __metadata__ must be an object of strings`);
+  }
   const dataLength = view.byteLength - start;
+  /** @type {{name: string, dtype: DType, shape: number[], begin: number, end: number}[]} */
+  const parsed = [];
+  for (const [name, entry] of Object.entries(entries)) {
+    if (entry === null || typeof entry !== 'object' || Array.isArray(entry)) throw new TypeError(`${what}: the header entry of '${name}' is not an object`);
+    const extra = Object.keys(entry).filter((key) => !ENTRY_KEYS.has(key));
+    if (extra.length) throw new TypeError(`${what}: the header entry of '${name}' has unknown fields ${JSON.stringify(extra)}`);
+    const dtype = typeof entry.dtype === 'string' && Object.hasOwn(FROM_SAFETENSORS, entry.dtype) ? FROM_SAFETENSORS[entry.dtype] : undefined;
+    if (!dtype) throw new TypeError(`${what}: tensor '${name}' has dtype ${JSON.stringify(entry.dtype)}; supported: ${Object.keys(FROM_SAFETENSORS).join(', ')}`);
+    const { shape, data_offsets: offsets } = entry;
+    if (!Array.isArray(shape) || shape.length > MAX_RANK || !shape.every((d) => Number.isInteger(d) && d >= 0 && d < MAX_DIM)) {
+      throw new TypeError(`${what}: tensor '${name}' has shape ${JSON.stringify(shape)}; expected at most ${MAX_RANK} integers in [0, 2**62)`);
+    }
+    if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every((o) => Number.isSafeInteger(o) && o >= 0)) {
+      throw new RangeError(`${what}: tensor '${name}' has data_offsets ${JSON.stringify(offsets)}; expected [begin, end], two integers >= 0`);
+    }
+    const needed = shape.reduce((a, d) => a * BigInt(d), 1n) * BigInt(DTYPES[dtype][2]); // BigInt: no overflow
+    if (BigInt(offsets[1] - offsets[0]) !== needed) {
+      throw new RangeError(`${what}: tensor '${name}' of shape [${shape}] ${dtype} needs ${needed} bytes, its data_offsets span ${offsets[1] - offsets[0]}`);
+    }
+    parsed.push({ name, dtype, shape: [...shape], begin: offsets[0], end: offsets[1] });
+  }
+  let at = 0;
+  for (const entry of [...parsed].sort((a, b) => a.begin - b.begin || a.end - b.end)) {
+    if (entry.begin !== at) {
+      throw new RangeError(`${what}: tensor '${entry.name}' starts at data byte ${entry.begin} but the tensors before it end at ${at}: it ${entry.begin < at ? 'overlaps' : 'leaves a gap after'} another tensor's bytes`);
+    }
+    at = entry.end;
+  }
+  if (at !== dataLength) {
+    throw new RangeError(`${what}: the tensors end at data byte ${at} but the file has ${dataLength} data bytes: it is ${at > dataLength ? 'truncated' : 'followed by bytes no tensor owns'}`);
+  }
   /** @type {Map<string, NamedTensor>} */
   const tensors = new Map();
-  for (const [name, entry] of Object.entries(entries)) {
-    const dtype = FROM_SAFETENSORS[entry?.dtype];
-    if (!dtype) throw new TypeError(`${what}: tensor '${name}' has dtype ${JSON.stringify(entry?.dtype)}; supported: ${Object.keys(FROM_SAFETENSORS).join(', ')}`);
-    const shape = entry.shape;
-    const offsets = entry.data_offsets;
-    if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
-      throw new TypeError(`${what}: tensor '${name}' has shape ${JSON.stringify(shape)}; expected a list of non-negative integers`);
-    }
-    if (!Array.isArray(offsets) || offsets.length !== 2 || !(offsets[0] <= offsets[1]) || offsets[1] > dataLength) {
-      throw new RangeError(`${what}: tensor '${name}' has data_offsets ${JSON.stringify(offsets)} outside the ${dataLength} data bytes`);
-    }
-    const [, ArrayType, size] = DTYPES[dtype];
-    if (offsets[1] - offsets[0] !== elementCount(shape) * size) {
-      throw new RangeError(`${what}: tensor '${name}' of shape [${shape}] ${dtype} needs ${elementCount(shape) * size} bytes, its offsets span ${offsets[1] - offsets[0]}`);
-    }
-    const copy = new Uint8Array(view.subarray(start + offsets[0], start + offsets[1])); // a copy (Node's Buffer.slice is not)
-    tensors.set(name, { name, dtype, shape: [...shape], data: new ArrayType(copy.buffer) });
-  }
-  for (const [key, value] of Object.entries(metadata)) {
-    if (typeof value !== 'string') throw new TypeError(`${what}: __metadata__ value '${key}' is not a string`);
+  for (const { name, dtype, shape, begin, end } of parsed) {
+    const copy = new Uint8Array(view.subarray(start + begin, start + end)); // a copy (Node's Buffer.slice is not)
+    tensors.set(name, { name, dtype, shape, data: new DTYPES[dtype][1](copy.buffer) });
   }
   return { tensors, metadata };
+}
+
+/**
+ * What `JSON.parse` hides in a header: the first key an object holds twice (it keeps the last
+ * silently), or a number written as a float (`48.0`, `1e2`) in a `shape` or `data_offsets`
+ * (it reads them as integers). Null when there is neither.
+ * @param {string} text  valid JSON
+ * @returns {string | null}  what is wrong, for the error message
+ */
+function hiddenProblem(text) {
+  /** @type {{keys: Set<string> | null, expectKey: boolean, key: string | null}[]} */
+  const stack = [];
+  /** @type {string | null} */
+  let lastKey = null;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    const top = stack[stack.length - 1];
+    if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
+      if (top?.keys && top.expectKey) {
+        const key = JSON.parse(text.slice(i, j + 1));
+        if (top.keys.has(key)) return `${JSON.stringify(key)} twice`;
+        top.keys.add(key);
+        top.expectKey = false;
+        lastKey = key;
+      }
+      i = j;
+    } else if (c === '{' || c === '[') {
+      stack.push({ keys: c === '{' ? new Set() : null, expectKey: c === '{', key: lastKey });
+    } else if (c === '}' || c === ']') {
+      stack.pop();
+    } else if (c === ',' && top?.keys) {
+      top.expectKey = true;
+    } else if (c === '-' || (c >= '0' && c <= '9')) {
+      const token = /^-?[0-9.eE+-]+/.exec(text.slice(i))?.[0] ?? c;
+      if (!top?.keys && (top?.key === 'shape' || top?.key === 'data_offsets') && /[.eE]/.test(token)) {
+        return `${token} in a ${top.key}, where integers belong`;
+      }
+      i += token.length - 1;
+    }
+  }
+  return null;
 }
 
 /**

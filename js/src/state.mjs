@@ -43,12 +43,23 @@ export function momentNames(param) {
   return [param + MOMENT_SUFFIXES[0], param + MOMENT_SUFFIXES[1]];
 }
 
+/** Largest step counter (onnxblocks `_core/hyperparams.py`: MAX_STEP, the largest exact JavaScript integer). */
+export const MAX_STEP = Number.MAX_SAFE_INTEGER;
+const FLOAT32_MAX = 3.4028234663852886e38;
+const INT64_LIMIT = 2 ** 63;
+
 /**
- * Parse a state file.
+ * Parse a state file, trusting nothing in it: the safetensors layout (`parseSafetensors`), then
+ * the rules of onnxblocks' Python reader (`onnxblocks/web/state.py`, `check_state`): parameter
+ * lists without repeats, no parameter both trainable and frozen, every listed parameter present
+ * and no other tensor than the parameters and their moments, none or both moments per trainable
+ * parameter with its dtype and shape, `step` a decimal integer in [0, 2**53 - 1], `learning_rate`
+ * a finite number >= 0 that is finite as float32, and each property an int in int64, a float32
+ * float or a str.
  * @param {ArrayBuffer | Uint8Array} bytes
  * @param {string} [what]  how to name the file in errors
  * @returns {TrainingState}
- * @throws {TypeError | RangeError | SyntaxError} on a file that is not a state file of this format
+ * @throws {TypeError | RangeError | SyntaxError} on a file that is not a state file of this format (the message starts with `what`)
  */
 export function parseState(bytes, what = 'state file') {
   const { tensors, metadata } = parseSafetensors(bytes, what);
@@ -57,14 +68,71 @@ export function parseState(bytes, what = 'state file') {
   }
   const trainable = jsonList(metadata.trainable, 'trainable', what);
   const frozen = jsonList(metadata.frozen, 'frozen', what);
+  const both = trainable.filter((name) => frozen.includes(name));
+  if (both.length) throw new RangeError(`${what}: parameters ${JSON.stringify(both)} are listed as trainable and as frozen`);
   for (const name of [...trainable, ...frozen]) {
     if (!tensors.has(name)) throw new RangeError(`${what}: parameter '${name}' is listed in the metadata but has no tensor`);
   }
-  const step = Number(metadata.step ?? '0');
-  if (!Number.isSafeInteger(step) || step < 0) throw new RangeError(`${what}: step ${JSON.stringify(metadata.step)} is not a non-negative integer`);
-  const learningRate = metadata.learning_rate === undefined ? null : Number(JSON.parse(metadata.learning_rate));
+  const known = new Set([...trainable, ...frozen, ...trainable.flatMap(momentNames)]);
+  const stray = [...tensors.keys()].filter((name) => !known.has(name));
+  if (stray.length) throw new RangeError(`${what}: tensors ${JSON.stringify(stray.slice(0, 5))} are neither listed parameters nor their moments`);
+  for (const name of trainable) {
+    const param = /** @type {NamedTensor} */ (tensors.get(name));
+    const present = momentNames(name).filter((m) => tensors.has(m));
+    if (present.length === 1) throw new RangeError(`${what}: '${name}' has only one of its two moments (${present[0]})`);
+    for (const moment of present) {
+      const value = /** @type {NamedTensor} */ (tensors.get(moment));
+      if (value.dtype !== param.dtype || value.shape.join(',') !== param.shape.join(',')) {
+        throw new RangeError(`${what}: moment '${moment}' is ${value.dtype} [${value.shape}], its parameter ${param.dtype} [${param.shape}]`);
+      }
+    }
+  }
+  const stepText = metadata.step ?? '0';
+  const step = /^[0-9]{1,20}$/.test(stepText) ? Number(stepText) : NaN;
+  if (!(step <= MAX_STEP)) throw new RangeError(`${what}: step ${JSON.stringify(stepText)} is not an integer in [0, ${MAX_STEP}]`);
+  let learningRate = null;
+  if (metadata.learning_rate !== undefined) {
+    learningRate = jsonValue(metadata.learning_rate, 'learning_rate', what);
+    if (typeof learningRate !== 'number' || !(learningRate >= 0 && learningRate <= FLOAT32_MAX)) {
+      throw new RangeError(`${what}: learning_rate ${metadata.learning_rate} must be a finite number >= 0 (and finite as float32)`);
+    }
+  }
+  checkProperties(metadata.properties, what);
   const extra = Object.fromEntries(Object.entries(metadata).filter(([key]) => !OWN_KEYS.has(key)));
   return { tensors, trainable, frozen, step, learningRate, extra };
+}
+
+/**
+ * Check `__metadata__.properties`: a JSON object of `[kind, value]` pairs (kept as text: the client writes it back unchanged).
+ * @param {string | undefined} text
+ * @param {string} what
+ */
+function checkProperties(text, what) {
+  if (text === undefined) return;
+  const properties = jsonValue(text, 'properties', what) ?? {};
+  if (typeof properties !== 'object' || Array.isArray(properties)) throw new TypeError(`${what}: __metadata__.properties must be a JSON object`);
+  for (const [name, pair] of Object.entries(properties)) {
+    const [kind, value] = Array.isArray(pair) && pair.length === 2 ? pair : [null, null];
+    const ok =
+      (kind === 'int' && Number.isInteger(value) && value >= -INT64_LIMIT && value < INT64_LIMIT) ||
+      (kind === 'float' && typeof value === 'number' && Math.fround(value) === value) ||
+      (kind === 'str' && typeof value === 'string');
+    if (!ok) throw new TypeError(`${what}: property '${name}' is ${JSON.stringify(pair)}; expected ["int", int64], ["float", float32] or ["str", string]`);
+  }
+}
+
+/**
+ * @param {string} text
+ * @param {string} key
+ * @param {string} what
+ * @returns {unknown}
+ */
+function jsonValue(text, key, what) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new SyntaxError(`${what}: __metadata__.${key} is not JSON`);
+  }
 }
 
 /**
@@ -116,5 +184,7 @@ function jsonList(text, key, what) {
   if (!Array.isArray(value) || !value.every((v) => typeof v === 'string')) {
     throw new TypeError(`${what}: __metadata__.${key} must be a JSON list of names`);
   }
+  const repeated = value.filter((v, i) => value.indexOf(v) !== i);
+  if (repeated.length) throw new RangeError(`${what}: __metadata__.${key} lists ${JSON.stringify(repeated)} more than once`);
   return value;
 }
