@@ -16,21 +16,31 @@ creates it). When the caller has written the new set there, the set is
 4. On any failure or interrupt (``KeyboardInterrupt`` included) before that
    point, the new files are taken out again and the old ones put back.
 
-A writer killed during step 3 leaves its journal behind: the next writer into the
-directory (or :func:`recover`) rolls the set back to the old files first. Files
-that are not this prefix's artifacts are never touched. A failure removes the
-directories the call created.
+A writer killed during step 3 leaves its journal behind: the next call that opens
+the directory rolls the set back to the old files first. Staging directories
+whose owner is dead on this host (its pid no longer runs) are *leftovers*:
+:func:`clean` removes them, and every onnxblocks call that opens an artifact
+directory calls it (``generate_artifacts``, ``TrainingSession``, ``onnxblocks
+inspect`` / ``train``, ``onnxblocks.web.write_state``), as does ``onnxblocks clean
+DIR``. :func:`leftovers` lists them without removing anything. Staging
+directories of other hosts (a shared file system) and of live processes are never
+touched. Files that are not this prefix's artifacts are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from onnxblocks._core import tempfiles as _tempfiles
@@ -41,25 +51,87 @@ from onnxblocks.artifacts import lock as _lock
 
 logger = logging.getLogger(__name__)
 
-#: Start of a staging directory's name; the rest is ``<pid>-<12 hex digits>``.
+#: In a staging directory's name: what comes before ``<pid>-<token>@<host>``.
 STAGE_PREFIX = ".onnxblocks-artifacts-"
-#: Inside a staging directory: the journal of a commit in progress, and the old files moved aside.
-_JOURNAL, _OLD = ".journal", ".old"
+#: A staging directory's name: ``[.<target>].onnxblocks-artifacts-<pid>-<token>[@<host>]``.
+STAGE_NAME = re.compile(
+    r"^(?:\.(?P<target>.+))?\.onnxblocks-artifacts-(?P<pid>\d+)-(?P<token>[0-9a-f]{12})(?:@(?P<host>[0-9a-f]{8}))?$"
+)
+#: Inside a staging directory: the journal of a commit in progress, the old files moved aside, the owner record.
+_JOURNAL, _OLD, _OWNER = ".journal", ".old", ".owner"
+#: The owner record of a staging directory (the one file in it before the caller writes).
+OWNER_FILE = _OWNER
+_BOOKKEEPING = (_JOURNAL, _OLD, _OWNER, ".journal.tmp")
 #: Every file name a set may hold, without its prefix.
 _SUFFIXES = tuple(ArtifactNames("").owned())
+#: This host, as staging directories name it.
+HOST_TAG = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 _active: set[Path] = set()  # staging directories of this process in use (another thread may be staging)
 _active_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A staging directory found beside or in an artifact directory.
+
+    Attributes:
+        path: The staging directory.
+        pid: Its owner's process id.
+        host: Its owner's host tag (:data:`HOST_TAG` on this host).
+        stale: True when its owner is dead on this host (it can be removed).
+        interrupted_commit: True when it holds the journal of a commit cut short.
+        nbytes: The size of the files in it.
+    """
+
+    path: Path
+    pid: int
+    host: str
+    stale: bool
+    interrupted_commit: bool
+    nbytes: int
+
+
+def _stage_name(target: str | None) -> str:
+    token = f"{_tempfiles.writer_token()}@{HOST_TAG}"
+    return f".{target}{STAGE_PREFIX}{token}" if target is not None else f"{STAGE_PREFIX}{token}"
+
+
+def _make_stage(stage: Path) -> None:
+    with _active_lock:  # before it exists: another thread's cleanup must never take it for a stale one
+        _active.add(stage)
+    os.mkdir(stage)  # the umask applies, as for any mkdir
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "host_tag": HOST_TAG, "started": time.time()}
+    (stage / _OWNER).write_text(json.dumps(owner))
+
+
+def _forget(stage: Path | None) -> None:
+    if stage is not None:
+        with _active_lock:
+            _active.discard(stage)
+
+
+def _missing_top(directory: Path) -> Path | None:
+    """The topmost missing directory of ``directory`` and its parents (None if ``directory`` exists)."""
+    if directory.is_dir():
+        return None
+    missing = [p for p in (directory, *directory.parents) if not p.exists()]
+    for path in missing:
+        if path.parent.exists() and not path.parent.is_dir():
+            raise NotAFolderError(f"Cannot create artifact_directory '{directory}': '{path.parent}' is a file.")
+    return missing[-1] if missing else None
 
 
 @contextlib.contextmanager
 def staging(
     directory: Path, prefix: str, artifact_names: Sequence[str] | None = None, lock_timeout: float | None = None
 ) -> Iterator[Path]:
-    """Yield an empty staging directory; on success commit what it holds as the set of ``prefix`` in ``directory``.
+    """Yield a staging directory; on success commit what it holds as the set of ``prefix`` in ``directory``.
+
+    The directory yielded holds nothing but, perhaps, :data:`OWNER_FILE`.
 
     Args:
-        directory: The artifact directory; created (with its parents) if missing.
+        directory: The artifact directory; created (with its parents) if missing, in one rename.
         prefix: The set's prefix: its files are ``ArtifactNames(prefix).owned()``.
         artifact_names: The names the set owns (default: those of ``prefix``).
         lock_timeout: Seconds to wait for another writer of ``directory``
@@ -74,38 +146,59 @@ def staging(
     owned = list(artifact_names) if artifact_names is not None else ArtifactNames(prefix).owned()
     if directory.exists() and not directory.is_dir():
         raise NotAFolderError(f"artifact_directory '{directory}' exists and is not a directory.")
-    created = _make_directory(directory)
+    top = _missing_top(directory)
+    clean(directory, lock_timeout=lock_timeout)  # what killed writers left in or beside it
     stage: Path | None = None
+    moved: Path | None = None
+    timeout = _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout
     try:
-        stage = directory / f"{STAGE_PREFIX}{_tempfiles.writer_token()}"
-        with _active_lock:  # before it exists: another thread's recovery must never take it for a stale one
-            _active.add(stage)
-        os.mkdir(stage)  # the umask applies, as for any mkdir
-        yield stage
-        with _lock.directory_lock(directory, _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout):
+        if top is None:
+            stage = directory / _stage_name(None)
+            _make_stage(stage)
+            inner = stage
+        else:  # a new directory: built whole beside where it goes, then renamed into place
+            stage = top.parent / _stage_name(top.name)
+            _make_stage(stage)
+            inner = stage / directory.relative_to(top)
+            inner.mkdir(parents=True, exist_ok=True)
+        yield inner
+        if top is not None and _rename_new(stage, top):
+            return
+        if top is not None:  # another writer created the directory meanwhile: commit into it as into any
+            directory.mkdir(parents=True, exist_ok=True)
+            moved = directory / _stage_name(None)
+            with _active_lock:
+                _active.add(moved)
+            os.rename(inner, moved)
+            (moved / _OWNER).write_text((stage / _OWNER).read_text())
+            shutil.rmtree(stage, ignore_errors=True)
+            _forget(stage)
+            stage, inner = moved, moved
+        with _lock.directory_lock(directory, timeout):
             recover_stale(directory)
-            _commit(directory, stage, prefix, owned)
+            _commit(directory, inner, prefix, owned)
     except BaseException:
-        if stage is not None and not (stage / _JOURNAL).exists():  # else a rollback was cut short: the old
-            shutil.rmtree(stage, ignore_errors=True)  # files are still in it, for the next run to put back
-        for path in reversed(created):  # only empty directories: another writer may be using one
-            with contextlib.suppress(OSError):
-                path.rmdir()
+        for path in (stage, moved):  # a rollback cut short keeps its journal and the old files, for the next run
+            if path is not None and path.exists() and not (path / _JOURNAL).exists():
+                shutil.rmtree(path, ignore_errors=True)
         raise
     finally:
-        if stage is not None:
-            with _active_lock:
-                _active.discard(stage)
+        _forget(stage)
+        _forget(moved)
 
 
-def _make_directory(directory: Path) -> list[Path]:
-    """Create ``directory`` and its missing parents (with the umask); return those created, top first."""
-    missing = [p for p in (directory, *directory.parents) if not p.exists()][::-1]
-    for path in missing:
-        if path.parent.exists() and not path.parent.is_dir():
-            raise NotAFolderError(f"Cannot create artifact_directory '{directory}': '{path.parent}' is a file.")
-    directory.mkdir(parents=True, exist_ok=True)
-    return missing
+def _rename_new(stage: Path, top: Path) -> bool:
+    """Rename the staged new directory ``stage`` to ``top``; False if ``top`` exists by now."""
+    (stage / _OWNER).unlink()
+    if top.exists():
+        return False
+    try:
+        os.rename(stage, top)
+    except OSError:
+        if top.exists():  # created by another writer in between
+            return False
+        raise
+    return True
 
 
 def _owner(name: str, directory: Path, prefix: str) -> str | None:
@@ -120,7 +213,7 @@ def _owner(name: str, directory: Path, prefix: str) -> str | None:
 
 
 def _commit(directory: Path, stage: Path, prefix: str, owned: Sequence[str]) -> None:
-    new = sorted(p.name for p in stage.iterdir() if p.name not in (_JOURNAL, _OLD))
+    new = sorted(p.name for p in stage.iterdir() if p.name not in _BOOKKEEPING)
     for name in new:
         target = directory / name
         if target.is_dir() and not target.is_symlink():
@@ -185,13 +278,10 @@ def _roll_back(directory: Path, stage: Path, new: Sequence[str], old: Sequence[s
         (stage / _JOURNAL).unlink()
 
 
-def _is_stale(path: Path) -> bool:
-    if (path / _JOURNAL).exists():  # a commit runs only under the lock, which the caller holds
-        return True
-    token = path.name[len(STAGE_PREFIX) :]
-    match = _tempfiles.WRITER_NAME.match(token)
-    if match is None:
-        return False
+def _is_stale(path: Path, match: re.Match[str]) -> bool:
+    host = match.group("host")
+    if host is not None and host != HOST_TAG:
+        return False  # another host's (a shared file system): its pid means nothing here
     pid = int(match.group("pid"))
     if pid == os.getpid():
         with _active_lock:
@@ -199,20 +289,104 @@ def _is_stale(path: Path) -> bool:
     return not _tempfiles.writer_alive(pid)
 
 
+def _candidates(directory: Path) -> list[tuple[Path, re.Match[str]]]:
+    """The staging directories in ``directory`` and those beside it (or beside its missing parents) for it."""
+    found: list[tuple[Path, re.Match[str]]] = []
+    places: list[tuple[Path, str | None]] = []
+    path = directory
+    while True:
+        places.append((path.parent, path.name))
+        if path.exists() or path.parent == path:
+            break
+        path = path.parent
+    if directory.is_dir():
+        places.append((directory, None))
+    for place, target in places:
+        with contextlib.suppress(OSError), os.scandir(place) as entries:
+            for entry in entries:
+                match = STAGE_NAME.match(entry.name)
+                if match and match.group("target") == target and entry.is_dir(follow_symlinks=False):
+                    found.append((Path(entry.path), match))
+    return found
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def leftovers(directory: str | os.PathLike) -> list[Leftover]:
+    """The staging directories in and beside ``directory``: stale ones (of dead owners) and live ones.
+
+    Nothing is removed (see :func:`clean`).
+    """
+    path = Path(os.fspath(directory))
+    return [
+        Leftover(
+            stage,
+            int(match.group("pid")),
+            match.group("host") or HOST_TAG,
+            _is_stale(stage, match),
+            (stage / _JOURNAL).exists(),
+            _size(stage),
+        )
+        for stage, match in _candidates(path)
+    ]
+
+
+def clean(directory: str | os.PathLike, lock_timeout: float | None = None) -> list[Path]:
+    """Remove the leftovers of killed runs in and beside ``directory``; roll back their commits cut short.
+
+    Temporary files of dead writers (:mod:`onnxblocks._core.tempfiles`: a write
+    probe, a checkpoint being saved) go too. Cheap when there is nothing to remove
+    (a directory listing or two, no lock). The lock
+    file of a killed writer is removed too (by taking and releasing the lock). A commit
+    cut short is rolled back under the directory's lock; if the lock file cannot be
+    created (a read-only directory), such a leftover is kept and logged.
+
+    Returns:
+        The staging directories removed.
+
+    Raises:
+        TimeoutError: if another writer holds the directory's lock for more than ``lock_timeout``.
+    """
+    path = Path(os.fspath(directory))
+    stale = [(stage, match) for stage, match in _candidates(path) if _is_stale(stage, match)]
+    removed: list[Path] = _tempfiles.remove_stale(path) if path.is_dir() else []  # probes, half-saved checkpoints
+    inside = False
+    for stage, match in stale:
+        if match.group("target") is None:
+            inside = True  # in the artifact directory: under its lock, with any rollback
+            continue
+        shutil.rmtree(stage, ignore_errors=True)  # a new directory never committed: no journal in it
+        logger.info("Removed %s, left by a killed run.", stage)
+        removed.append(stage)
+    if inside or (path / _lock.LOCK_NAME).exists():  # a lock file left by a killed writer goes with the lock
+        try:
+            with _lock.directory_lock(path, _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout):
+                removed += recover_stale(path)
+        except PermissionError:
+            logger.warning("Cannot lock %s to remove what killed runs left in it (no write permission).", path)
+    return removed
+
+
 def recover_stale(directory: Path) -> list[Path]:
     """Roll back the interrupted commits of killed writers and remove their staging directories.
 
-    The caller holds the directory's lock (see :func:`recover`).
+    The caller holds the directory's lock (see :func:`clean`).
 
     Returns:
         The staging directories removed.
     """
     removed = []
-    with contextlib.suppress(OSError), os.scandir(directory) as entries:
-        stages = [Path(e.path) for e in entries if e.name.startswith(STAGE_PREFIX) and e.is_dir(follow_symlinks=False)]
-    for stage in stages:
-        if not _is_stale(stage):
-            continue
+    stages = [(p, m) for p, m in _candidates(directory) if m.group("target") is None]
+    for stage, match in stages:
+        if not (stage / _JOURNAL).exists() and not _is_stale(stage, match):
+            continue  # a commit runs only under the lock, which the caller holds: a journal means its writer died
         journal = stage / _JOURNAL
         if journal.exists():
             try:
@@ -229,19 +403,12 @@ def recover_stale(directory: Path) -> list[Path]:
 
 
 def recover(directory: str | os.PathLike, lock_timeout: float | None = None) -> list[Path]:
-    """Under the directory's lock, undo what killed writers left half done in ``directory``.
-
-    :func:`staging` does this before each commit; call it before reading a directory
-    that a killed run may have been writing.
+    """Undo what killed writers left half done in ``directory`` (the same as :func:`clean`).
 
     Returns:
         The staging directories removed.
     """
-    path = Path(os.fspath(directory))
-    if not path.is_dir():
-        return []
-    with _lock.directory_lock(path, _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout):
-        return recover_stale(path)
+    return clean(directory, lock_timeout)
 
 
 def to_ort_format(model_path: Path, target: Path, custom_op_libraries: Sequence[str]) -> Path:

@@ -28,7 +28,7 @@ from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, STEP_MODEL, 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, did_you_mean, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
-from onnxblocks.artifacts.files import staging, to_ort_format
+from onnxblocks.artifacts.files import OWNER_FILE, staging, to_ort_format
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
@@ -319,7 +319,7 @@ def _generate(
         if ort_format:
             for stem in models:
                 to_ort_format(stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries)
-        written = sorted(p.name for p in stage.iterdir())
+        written = sorted(p.name for p in stage.iterdir() if p.name != OWNER_FILE)
     files = tuple(directory / n for n in written)
     logger.info("Wrote training artifacts to %s: %s", directory, ", ".join(written))
 

@@ -33,6 +33,7 @@ examples:
   onnxblocks artifacts model.onnx --loss crossentropy --all-params -o artifacts
   onnxblocks inspect artifacts
   onnxblocks train artifacts --data train.npz --epochs 10 --batch-size 32 --lr 1e-3 --save ckpt
+  onnxblocks clean artifacts
 
 exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 input error (file, model or data), 130 interrupted.
 Run 'onnxblocks COMMAND --help' for the options of a command."""
@@ -48,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The full ``onnxblocks`` parser with its subcommands."""
     from onnxblocks._core.version import __version__
-    from onnxblocks.cli import artifacts, demo, inspection, train
+    from onnxblocks.cli import artifacts, clean, demo, inspection, train
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (artifacts, inspection, train, demo):
+    for module in (artifacts, inspection, train, clean, demo):
         module.add_parser(commands, [common])
     return parser
 

@@ -162,10 +162,22 @@ def _checkpoint_state(checkpoint: Any) -> dict[str, Any]:
 
 def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
     """Describe an artifact directory: user inputs/outputs, checkpoint parameters, optimizer state."""
+    from onnxblocks.artifacts.files import HOST_TAG, leftovers
     from onnxblocks.checkpoint import load_checkpoint
     from onnxblocks.runtime.layout import ArtifactFiles
 
-    files = ArtifactFiles.find(directory, prefix)
+    staged = [
+        {
+            "path": os.fspath(found.path),
+            "pid": found.pid,
+            "bytes": found.nbytes,
+            "state": "removed (its run was killed)"
+            if found.stale
+            else ("in progress" if found.host == HOST_TAG else "another host's (kept)"),
+        }
+        for found in leftovers(directory)
+    ]
+    files = ArtifactFiles.find(directory, prefix)  # removes the leftovers of killed runs
     checkpoint = load_checkpoint(files.checkpoint)
     params = [_param(name, array, "trainable") for name, array in checkpoint.trainable.items()]
     params += [_param(name, array, "frozen") for name, array in checkpoint.frozen.items()]
@@ -193,6 +205,7 @@ def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
         "parameters": params,
         "totals": _totals(params),
         **_checkpoint_state(checkpoint),
+        "staging": staged,
     }
 
 
@@ -270,6 +283,10 @@ def render(report: dict[str, Any]) -> str:
         if report["properties"]:
             shown = ", ".join(f"{k}={_short(v)}" for k, v in report["properties"].items())
             lines.append(f"properties: {shown}")
+    for stage in report.get("staging", []):
+        lines.append(
+            f"staging folder {stage['path']} (pid {stage['pid']}, {format_bytes(stage['bytes'])}): {stage['state']}"
+        )
     return "\n".join(lines) + "\n"
 
 

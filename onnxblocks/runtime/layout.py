@@ -11,6 +11,7 @@ say so in their models' metadata (``onnxblocks.portable``; see docs/portable.md)
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,23 @@ from onnxblocks._core.contracts import (
     ArtifactNames,
 )
 from onnxblocks._core.errors import FileMissingError
+
+
+def remove_leftovers(directory: Path) -> None:
+    """Remove what killed ``generate_artifacts`` runs left in and beside ``directory`` (and roll back their commits).
+
+    Readers wait at most :data:`READER_LOCK_TIMEOUT_S` for a writer holding the
+    directory; the writer itself cleans up before it commits.
+    """
+    from onnxblocks._core.errors import LockTimeoutError
+    from onnxblocks.artifacts.files import clean
+
+    with contextlib.suppress(LockTimeoutError):
+        clean(directory, lock_timeout=READER_LOCK_TIMEOUT_S)
+
+
+#: How long opening an artifact directory waits for a writer's lock to remove leftovers, in seconds.
+READER_LOCK_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +81,7 @@ class ArtifactFiles:
                 is missing; the message lists what the directory holds.
         """
         root = Path(directory)
+        remove_leftovers(root)
         if not root.is_dir():
             raise FileMissingError(
                 f"Artifact directory '{root}' does not exist. Generate artifacts first "

@@ -42,6 +42,7 @@ from onnxblocks._core.contracts import (
 from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError
 from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from onnxblocks.runtime import properties as _props
+from onnxblocks.runtime.layout import remove_leftovers
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
 
 #: The state file's name inside an artifact directory.
@@ -98,7 +99,10 @@ class WebState:
 
 def _checkpoint_path(source: str | os.PathLike) -> Path:
     path = Path(os.fspath(source))
-    return path / ArtifactNames().checkpoint if path.is_dir() else path
+    if not path.is_dir():
+        return path
+    remove_leftovers(path)  # an artifact directory: what killed writers left in it goes first
+    return path / ArtifactNames().checkpoint
 
 
 def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | os.PathLike | None = None) -> Path:
