@@ -285,11 +285,13 @@ def run_demo(
 
 
 def _inference_accuracy(model_path: Path, x: np.ndarray, y: np.ndarray) -> float:
-    from onnxblocks._core.ort import onnxruntime
+    from onnxblocks._core.ort import onnxruntime, session_options
 
     ort = onnxruntime()
 
-    inference = ort.InferenceSession(os.fspath(model_path), providers=["CPUExecutionProvider"])
+    inference = ort.InferenceSession(
+        os.fspath(model_path), sess_options=session_options(), providers=["CPUExecutionProvider"]
+    )
     (logits,) = inference.run(["logits"], {"features": x})
     return float(np.mean(logits.argmax(axis=1) == y))
 

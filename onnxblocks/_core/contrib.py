@@ -182,6 +182,11 @@ class ContribOp:
 
 
 _BOOL_FLAG = Output("updated_flag", elem_type=onnx.TensorProto.BOOL, shape=(1,))
+#: SGDOptimizerV2's flag: ONNX Runtime 1.19.2's shape inference says scalar, its kernel returns ``[1]``; declared
+#: with either shape, every load or every step warned ("Error merging shape info for output 'sgd.updated_flag_0'",
+#: "Expected shape from model of {} does not match actual shape of {1}"). So its shape is left unstated here, and
+#: the SGD block reshapes it to ``[1]`` for the graph output (``onnxblocks.optim.sgd``).
+_UNSHAPED_BOOL_FLAG = Output("updated_flag", elem_type=onnx.TensorProto.BOOL, shape=None)
 
 #: ``AdamWOptimizer``: one AdamW step over sequences of parameters, gradients and moments.
 #: ``adam_mode`` 0 follows torch.optim.AdamW (decay applied before the update; needs
@@ -211,7 +216,7 @@ SGD_OPTIMIZER_V2 = ContribOp(
     "SGDOptimizerV2",
     inputs=("lr", "weights", "gradients", "update_signal"),
     required_inputs=3,
-    outputs=(_BOOL_FLAG, Output("updated_weights", like_input=1)),
+    outputs=(_UNSHAPED_BOOL_FLAG, Output("updated_weights", like_input=1)),
 )
 
 #: ``InPlaceAccumulatorV2``: ``buffer = value if overwrite_flag else buffer + value``.

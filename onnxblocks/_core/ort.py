@@ -16,12 +16,56 @@ importing ``onnxruntime.training`` (and so torch).
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from onnxblocks._core.errors import TrainingBuildRequiredError
 
 _PROBE = "onnxruntime.training.ortmodule"
+
+#: Environment variable: ONNX Runtime's log severity for the sessions onnxblocks opens
+#: (0 verbose, 1 info, 2 warning, 3 error, 4 fatal).
+LOG_LEVEL_ENV = "ONNXBLOCKS_ORT_LOG_LEVEL"
+#: The severity by default: errors only, so ONNX Runtime's warnings (an unused initializer removed, ...)
+#: stay out of the output. A failed run is reported once, by the exception, not logged besides.
+DEFAULT_LOG_LEVEL = 3
+_asked: int | None = None  # set by the command line's --verbose
+
+
+def set_log_level(level: int | None) -> None:
+    """Ask for ONNX Runtime's log ``level`` (0-4) in the sessions opened from now on (None: the default)."""
+    global _asked
+    _asked = level
+
+
+def log_level() -> tuple[int, bool]:
+    """``(severity, asked)``: :data:`LOG_LEVEL_ENV` if set to 0-4, else :func:`set_log_level`'s, else the default."""
+    text = os.environ.get(LOG_LEVEL_ENV, "").strip()
+    if text in ("0", "1", "2", "3", "4"):
+        return int(text), True
+    if _asked is not None:
+        return _asked, True
+    return DEFAULT_LOG_LEVEL, False
+
+
+def session_options() -> Any:
+    """A new ``SessionOptions`` at :func:`log_level`'s severity (ONNX Runtime's default logger set to it too)."""
+    ort = onnxruntime()
+    level, _ = log_level()
+    ort.set_default_logger_severity(level)
+    options = ort.SessionOptions()
+    options.log_severity_level = level
+    return options
+
+
+def run_options() -> Any:
+    """A new ``RunOptions``: a failed run raises, so by default nothing is logged besides (fatal only)."""
+    level, asked = log_level()
+    options = capi().RunOptions()
+    options.log_severity_level = level if asked else 4
+    return options
 
 
 def onnxruntime() -> ModuleType:

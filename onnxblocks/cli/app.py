@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="print the traceback of errors"
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the traceback of errors, and ONNX Runtime's warnings",
     )
     parser = _Parser(
         prog=PROG,
@@ -81,11 +85,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_OK
         verbose = bool(getattr(args, "verbose", False))
-        handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
-        if handler is None:
-            parser.print_help(sys.stderr)
-            return EXIT_USAGE
-        return handler(args)
+        if verbose:  # ONNX Runtime's warnings too (by default the sessions onnxblocks opens log errors only)
+            from onnxblocks._core.ort import set_log_level
+
+            set_log_level(2)
+            try:
+                return _run(parser, args)
+            finally:
+                set_log_level(None)
+        return _run(parser, args)
     except KeyboardInterrupt:
         _report("interrupted", verbose)
         return EXIT_INTERRUPTED
@@ -95,6 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         _report(describe(exc), verbose)
         return exit_code_for(exc)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    return handler(args)
 
 
 def exit_code_for(exc: BaseException) -> int:

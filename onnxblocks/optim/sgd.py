@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
@@ -14,8 +16,13 @@ class SGDUpdate(Block):
 
     def build(self, learning_rate: str, params: str, gradients: str) -> Value:
         """Add the update node and return its bool ``[1]`` updated flag."""
-        flag = self.accessor.names.fresh("sgd.updated_flag")
-        out = contrib.SGD_OPTIMIZER_V2.emit([learning_rate, params, gradients], outputs=[flag])
+        acc = self.accessor
+        raw = contrib.SGD_OPTIMIZER_V2.emit(
+            [learning_rate, params, gradients], outputs=[acc.names.fresh("sgd.update_completed")]
+        )
+        # the op's flag has no consistent shape in ONNX Runtime (inferred [], returned [1]): a Reshape states it
+        shape = acc.constant(np.array([1], dtype=np.int64), name_hint="sgd.flag_shape")
+        out = acc.op("Reshape", [raw, shape], outputs=[acc.names.fresh("sgd.updated_flag")])
         assert isinstance(out, Value)
         return out
 

@@ -91,7 +91,21 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
         PortabilityError: for an optimizer model of another form (a custom optimizer block).
     """
     ops = {n.op_type: n for n in model.graph.node}
-    extra = [n.op_type for n in model.graph.node if n.op_type not in (*_UPDATES, INPLACE_CLIP_GRAD_NORM.op_type)]
+    flag = [o for n in model.graph.node if n.op_type in _UPDATES for o in n.output[:1]]
+    reshape = [n for n in model.graph.node if n.op_type == "Reshape" and list(n.input[:1]) == flag]
+    shaping = (
+        {id(n) for n in reshape}
+        | {  # SGD's flag reshaped to [1] (onnxblocks.optim.sgd), and its shape
+            id(n)
+            for n in model.graph.node
+            if n.op_type == "Constant" and any(n.output[0] in r.input[1:] for r in reshape)
+        }
+    )
+    extra = [
+        n.op_type
+        for n in model.graph.node
+        if n.op_type not in (*_UPDATES, INPLACE_CLIP_GRAD_NORM.op_type) and id(n) not in shaping
+    ]
     updates = [n for n in model.graph.node if n.op_type in _UPDATES]
     if len(updates) != 1 or extra:
         raise PortabilityError(

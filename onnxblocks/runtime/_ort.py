@@ -28,6 +28,8 @@ __all__ = [
     "providers",
     "require_training_build",
     "run_error",
+    "run_options",
+    "session_options",
 ]
 
 
@@ -57,6 +59,20 @@ def require_training_build(what: str) -> ModuleType:
     from onnxblocks._core.ort import require_training_build as _require
 
     return _require(what)
+
+
+def session_options() -> Any:
+    """A ``SessionOptions`` at the log level onnxblocks uses (errors only, unless asked; see ``_core.ort``)."""
+    from onnxblocks._core.ort import session_options as _options
+
+    return _options()
+
+
+def run_options() -> Any:
+    """A ``RunOptions`` at the log level onnxblocks uses for runs (see ``_core.ort``)."""
+    from onnxblocks._core.ort import run_options as _options
+
+    return _options()
 
 
 def providers(device: str) -> list[str]:

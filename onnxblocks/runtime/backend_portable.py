@@ -78,12 +78,12 @@ class PortableBackend:
 
     def __init__(self, files: ArtifactFiles, checkpoint: Path, device: str, options: Any) -> None:
         self.files = files
-        C = self._C = _ort.capi()
+        self._C = _ort.capi()
         providers = _ort.providers(device)
         self._device = _ort.make_device(device)
         self._cpu = _ort.make_device("cpu")
-        options = options if options is not None else _ort.onnxruntime().SessionOptions()
-        self._run_options = C.RunOptions()
+        options = options if options is not None else _ort.session_options()
+        self._run_options = _ort.run_options()
         self._keep: list[np.ndarray] = []  # numpy memory that CPU OrtValues share
         ck = _read(checkpoint)
         self._trainable, self._frozen = sorted(ck.trainable), sorted(ck.frozen)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.errors import FileMissingError, InvalidValueError
+from onnxblocks._core.errors import FileAccessError, FileMissingError, InvalidValueError, IsAFolderError
 
 
 class ArrayBatches:
@@ -143,7 +143,8 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
         FileNotFoundError: if the file does not exist.
-        ValueError: if it is not a readable ``.npz`` archive.
+        ValueError: if it is not a readable ``.npz`` archive (corrupt, truncated, pickled); the message names it.
+        IsADirectoryError, PermissionError: for a folder, or a file that may not be read.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -153,5 +154,14 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             if not hasattr(archive, "files"):
                 raise InvalidValueError("not an .npz archive")
             return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as exc:
-        raise InvalidValueError(f"Cannot read '{path}' as an .npz archive of arrays: {exc}.") from None
+    except IsADirectoryError:
+        raise IsAFolderError(f"Data file '{path}' is a folder; pass an .npz file (numpy.savez).") from None
+    except PermissionError:
+        raise FileAccessError(
+            f"Data file '{path}' may not be read (permission denied); check its permissions."
+        ) from None
+    except Exception as exc:  # zipfile, zlib, numpy's format parser: a corrupt archive raises any of a dozen types
+        raise InvalidValueError(
+            f"Cannot read '{path}' as an .npz archive of arrays ({type(exc).__name__}: {exc}): the file is corrupt "
+            "or not an .npz file. Write it again with numpy.savez."
+        ) from None

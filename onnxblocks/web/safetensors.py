@@ -155,8 +155,8 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     return tensors, dict(metadata)
 
 
-class _RepeatedKeyError(Exception):
-    pass
+class _RepeatedKeyError(InvalidValueError):
+    """A JSON object holds a key twice (raised inside the parser, reported naming the file)."""
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
