@@ -47,6 +47,10 @@ def added_nodes(block: Block) -> list[str]:
     return list(getattr(block, "_nodes", []))
 
 
+#: ``build`` parameter annotations that mean "the name of a value of the model" (checked before ``build`` runs).
+_NAME_ANNOTATIONS = ("str", "Value", "str | Value", "Value | str", str)
+
+
 class Block(HtmlDisplay, ABC):
     """Base class of everything that adds nodes to the model being built.
 
@@ -102,7 +106,7 @@ class Block(HtmlDisplay, ABC):
         except (TypeError, ValueError):
             return
         try:
-            signature.bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
             params = [p for p in signature.parameters.values() if p.kind not in (p.VAR_KEYWORD,)]
             required = [p.name for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
@@ -119,6 +123,18 @@ class Block(HtmlDisplay, ABC):
                 f"{len(args)} positional and {len(kwargs)} keyword argument(s) ({exc}). "
                 f"The model's outputs are {preview(outputs)}; pass the ones this block needs."
             ) from None
+        for name, given in bound.arguments.items():  # a value name given as a number, a list...: say which
+            param = signature.parameters[name]
+            if param.annotation not in _NAME_ANNOTATIONS:
+                continue
+            for value in given if param.kind is param.VAR_POSITIONAL else (given,):
+                if isinstance(value, str):
+                    continue
+                outputs = [o.name for o in acc.working_model.graph.output]
+                raise InvalidTypeError(
+                    f"{type(self).__name__}: {name} must be the name of a value of the model (a str or Value), "
+                    f"not {type(value).__name__} {value!r:.40}. The model's outputs are {preview(outputs)}."
+                )
 
 
 class ForwardBlock(Block):

@@ -168,15 +168,14 @@ def _match_all(patterns: Sequence[str], names: Sequence[str], floats: Sequence[s
 
 def run(args: argparse.Namespace) -> int:
     """Generate the artifacts and print a summary."""
-    import onnx
-
     from onnxblocks import artifacts, optim
+    from onnxblocks.io import load_model
 
     if not os.path.isfile(args.model):
         problem = "is not a regular file (a directory?)" if os.path.exists(args.model) else "does not exist"
         raise CliError(f"model file '{args.model}' {problem}; pass an .onnx file.", EXIT_INPUT)
     output_dir(args.output_dir, "--output-dir")  # before the work, not after it
-    model = onnx.load(args.model, load_external_data=False)
+    model = load_model(args.model)
     initializers = [(i.name, i.data_type) for i in model.graph.initializer]
     trainable, frozen = select_parameters(initializers, args.requires_grad, args.frozen, args.all_params)
     if not trainable:

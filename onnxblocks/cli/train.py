@@ -315,11 +315,10 @@ def _check_export(session: Any, args: Any) -> None:
         )
     if not args.export_output or session.files.eval_model.suffix != ".onnx":
         return
-    import onnx
-
     from onnxblocks._core.errors import did_you_mean, preview
+    from onnxblocks.io import load_model
 
-    graph = onnx.load(session.files.eval_model, load_external_data=False).graph
+    graph = load_model(session.files.eval_model).graph
     values = {o for node in graph.node for o in node.output} | {i.name for i in graph.input}
     for name in args.export_output:
         if name not in values:

@@ -43,6 +43,7 @@ from onnxblocks.display.rich import (
     split_view,
 )
 from onnxblocks.display.summary import TABLE, TD, TDR, TH, format_bytes, header_line, summary_table
+from onnxblocks.io import load_model
 
 #: Artifact files, in display order (a prefix may come before each name).
 ARTIFACT_FILES = (*(ArtifactNames().model(stem) for stem in MODEL_STEMS), CHECKPOINT)
@@ -56,7 +57,7 @@ def _show_path(path: str | os.PathLike, **view: Any) -> Display:
         return render_artifacts_dir(path, **view)
     if not path.is_file():
         raise FileMissingError(f"'{path}' does not exist. Pass an .onnx file or a directory of training artifacts.")
-    model = onnx.load(str(path), load_external_data=False)
+    model = load_model(path)
     return show_model(model, title=f"{escape(path.name)} ({format_bytes(path.stat().st_size)})", **view)
 
 
@@ -263,11 +264,7 @@ def _show_found(
     loss: str | None = None,
     **view: Any,
 ) -> Display:
-    models = {
-        _model_key(kind): onnx.load(str(path), load_external_data=False)
-        for kind, path in found.items()
-        if kind.endswith(ONNX_SUFFIX)
-    }
+    models = {_model_key(kind): load_model(path) for kind, path in found.items() if kind.endswith(ONNX_SUFFIX)}
     notes: list[str] = []
     if trainable is None and frozen is None and CHECKPOINT in found:
         params = _checkpoint_params(found[CHECKPOINT], models.get("training"))

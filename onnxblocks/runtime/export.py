@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADATA
 from onnxblocks._core.errors import InvalidValueError
+from onnxblocks.io import load_model
 
 #: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the model.
 EXTERNAL_DATA_FROM = 1 << 30
@@ -127,7 +127,7 @@ def export_inference(
         )
     if eval_model.suffix != ".onnx":
         raise InvalidValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
-    model = onnx.load(os.fspath(eval_model), load_external_data=False)
+    model = load_model(eval_model)
     specs = {n: (helper.np_dtype_to_tensor_dtype(np.dtype(d)), tuple(s)) for n, (d, s) in parameters.items()}
     cut = inference_model(model, specs, names, eval_outputs)
     total = sum(_weights.tensor_nbytes(t) for t in cut.graph.initializer)
@@ -162,7 +162,7 @@ def forward_outputs_hint(eval_model: Path | None) -> list[str]:
     """
     if eval_model is None or eval_model.suffix != ".onnx":
         return []
-    model = onnx.load(os.fspath(eval_model), load_external_data=False)
+    model = load_model(eval_model)
     for prop in model.metadata_props:
         if prop.key == FORWARD_OUTPUTS_METADATA:
             try:

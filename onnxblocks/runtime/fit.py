@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.errors import InvalidValueError, UnknownNameError
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.runtime.callbacks import Callback
 from onnxblocks.runtime.data import ArrayBatches
 from onnxblocks.runtime.progress import ProgressBar
@@ -173,6 +173,12 @@ def fit(
     if max_steps is not None and max_steps < 1:
         raise InvalidValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
     session._require_optimizer()  # the clear "no optimizer model" error, before any work
+    for name, data in (("train_data", train_data), ("eval_data", eval_data)):
+        if (data is None and name == "train_data") or (data is not None and not _iterable(data)):
+            raise InvalidTypeError(
+                f"fit: {name} must be an iterable of batches (an ArrayBatches, a list of (inputs...) tuples), not "
+                f"{type(data).__name__} {data!r:.60}. Wrap arrays with onnxblocks.runtime.ArrayBatches((x, y), 32)."
+            )
     if iter(train_data) is train_data and epochs > 1:
         raise InvalidValueError(
             "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass a re-iterable "
@@ -378,3 +384,11 @@ def _batches_left(data: Any) -> int | None:
 
 def _summary(logs: Mapping[str, float]) -> str:
     return " ".join(f"{k} {v:.4f}" for k, v in logs.items() if k not in ("epoch", "loss"))
+
+
+def _iterable(data: object) -> bool:
+    try:
+        iter(data)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return not isinstance(data, (str, bytes))

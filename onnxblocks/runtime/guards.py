@@ -44,6 +44,7 @@ from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks._core.paths import as_path, check_output_file
 from onnxblocks.checkpoint import check_checkpoint
 from onnxblocks.checkpoint.storage import replacing
+from onnxblocks.io import load_model
 from onnxblocks.runtime.inputs import InputSpec
 from onnxblocks.runtime.layout import ArtifactFiles
 
@@ -321,7 +322,7 @@ class BatchGuard:
         self.rules: dict[int, list[IndexRule]] = {}
         path = None if model_path is None else Path(os.fspath(model_path))
         if path is not None and path.suffix == ".onnx":
-            model = onnx.load(os.fspath(path), load_external_data=False)
+            model = load_model(path)  # a truncated file: an error naming it
             names = [s.name for s in self.specs]
             for rule in index_rules(model, names):
                 self.rules.setdefault(names.index(rule.input), []).append(rule)

@@ -78,9 +78,9 @@ def read_input_specs(model_path: str | os.PathLike, names: Sequence[str]) -> lis
     path = os.fspath(model_path)
     if path.endswith(".ort"):
         return [InputSpec(n, None, None) for n in names]
-    import onnx
+    from onnxblocks.io import load_model
 
-    model = onnx.load(path, load_external_data=False)
+    model = load_model(path)
     specs = specs_from_value_infos(model.graph.input)
     return [specs.get(n, InputSpec(n, None, None)) for n in names]
 

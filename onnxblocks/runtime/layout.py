@@ -120,7 +120,7 @@ def _metadata(model: Path) -> dict[str, str]:
     """A model file's ``metadata_props`` (empty for ``.ort`` files)."""
     if model.suffix != ".onnx":
         return {}
-    import onnx
+    from onnxblocks.io import load_model
 
-    proto = onnx.load(os.fspath(model), load_external_data=False)
+    proto = load_model(model)
     return {p.key: p.value for p in proto.metadata_props}

@@ -33,6 +33,7 @@ from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.contracts import STEP_PROPERTY
 from onnxblocks._core.errors import (
     FileMissingError,
+    InvalidTypeError,
     InvalidValueError,
     StateError,
     UnknownNameError,
@@ -517,11 +518,20 @@ class TrainingSession:
 
         Raises:
             RuntimeError: if the artifacts have no eval model.
+            TypeError: if ``output_names`` is a str (one name: pass ``[name]``) or holds a non-str.
             ValueError: if no output names are given and none can be inferred, or
                 the eval model computes no value of that name.
         """
         if not self.has_eval_model:
             raise StateError("export_inference_model needs the eval model, but the artifacts have none.")
+        if output_names is not None and (
+            not isinstance(output_names, (list, tuple)) or not all(isinstance(n, str) for n in output_names)
+        ):
+            one = f" For one output pass [{output_names!r:.40}]." if isinstance(output_names, str) else ""
+            raise InvalidTypeError(
+                f"export_inference_model: output_names must be a list of output names (str), not "
+                f"{type(output_names).__name__} {output_names!r:.60}.{one}"
+            )
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
         assert self.files.eval_model is not None  # export_inference refuses an empty `names`, saying what to pass
         backend = self._backend
