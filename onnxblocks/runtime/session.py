@@ -113,7 +113,7 @@ class TrainingSession:
         self._options = session_options
         self.check_inputs = check_inputs
         self._impl: Backend | None = None
-        self.step = 0
+        self._step = 0
         self._pending = 0  # train steps since the gradients were last reset
         self._checked: set[tuple] = set()
         self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
@@ -137,7 +137,7 @@ class TrainingSession:
         else:
             self._impl.load(checkpoint)
         self._pending = 0
-        self.step = int(self._impl.properties().get(STEP_PROPERTY, 0))
+        self._step = int(self._impl.properties().get(STEP_PROPERTY, 0))  # checked with the checkpoint
 
     @property
     def _backend(self) -> Backend:
@@ -281,7 +281,7 @@ class TrainingSession:
                 "gradients to apply. Call train_step(...) first."
             )
         self._backend.optimizer_step()
-        self.step += 1
+        self._step += 1
         if reset_grad:
             self.lazy_reset_grad()
 
@@ -311,13 +311,22 @@ class TrainingSession:
             self.optimizer_step()
             return outputs
         outputs = impl.step(arrays)  # type: ignore[union-attr]  # (opened in __init__)
-        self.step += 1
+        self._step += 1
         return outputs
 
     def lazy_reset_grad(self) -> None:
         """Reset the accumulated gradients; the reset happens at the start of the next ``train_step``."""
         self._backend.lazy_reset_grad()
         self._pending = 0
+
+    @property
+    def step(self) -> int:
+        """Number of optimizer steps taken (restored from checkpoints, saved with them)."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = _hyper.step(value, "step")  # an int in [0, 2**53 - 1]: refused here, not at the next step
 
     @property
     def accumulated_steps(self) -> int:

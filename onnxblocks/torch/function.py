@@ -91,6 +91,7 @@ class OnnxFunction(torch.autograd.Function):
         ctx.state = state if compiled.backward is not None else None
         ctx.argument_count = len(args)
         ctx.gradient_shapes = [args[i].shape for i in compiled.gradient_of]
+        ctx.gradient_dtypes = [args[i].dtype for i in compiled.gradient_of]
         ctx.save_for_backward(
             *(args[i] for i in compiled.backward_args), *(outputs[i] for i in compiled.backward_outputs)
         )
@@ -115,6 +116,13 @@ class OnnxFunction(torch.autograd.Function):
                 "The values an ONNX graph saved for its backward were freed by the first backward "
                 "(retain_graph=True does not keep them). Run the forward again before a second backward."
             )
+        if any(g is not None for g in grad_outputs) and all(g is None or g.numel() == 0 for g in grad_outputs):
+            ctx.state = None  # empty output gradients (an empty batch): the vector-Jacobian product is zero, as torch's
+            for position, shape, dtype in zip(
+                compiled.gradient_of, ctx.gradient_shapes, ctx.gradient_dtypes, strict=True
+            ):
+                nothing[1 + position] = torch.zeros(shape, dtype=dtype)
+            return tuple(nothing)
         saved_args = ctx.saved_tensors[: len(compiled.backward_args)]  # reading them checks their versions
         saved = dict(zip(compiled.backward_args, saved_args, strict=True))
         gradients = compiled.run_backward(ctx.state, saved, grad_outputs)
