@@ -248,13 +248,24 @@ def run(args: argparse.Namespace) -> int:
             FitRun(session, history, train, args.epochs, train.epoch, scheduler).save_checkpoint(args.save)
         out.write(f"checkpoint: {args.save}\n")
     if args.export:
+        _parent(args.export)
         out.write(f"inference model: {session.export_inference_model(args.export, args.export_output)}\n")
     if args.plot and history.losses:
+        _parent(args.plot)
         out.write(f"loss curve: {plot_history(history, args.plot)}\n")
     if args.history:
-        Path(args.history).write_text(json.dumps(history.to_dict(), indent=1))
+        from onnxblocks.io import atomic_file
+
+        _parent(args.history)
+        with atomic_file(args.history) as temp:
+            temp.write_text(json.dumps(history.to_dict(), indent=1))
         out.write(f"history: {args.history}\n")
     return EXIT_OK
+
+
+def _parent(path: str) -> None:
+    """Create the missing directories of an output file (checked writable before training)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -292,9 +303,14 @@ def _check(args: argparse.Namespace) -> None:
         except (ValueError, ImportError) as exc:
             raise CliError(f"--plot: {exc}", EXIT_USAGE) from None
     # output paths: a run must not fail at its end for a file it cannot write (exit 3)
-    output_file(args.save, "--save", create_parents=True)
-    for option, value in (("--export", args.export), ("--plot", args.plot), ("--history", args.history)):
-        output_file(value, option)
+    # missing directories of the outputs are created (when they are written)
+    for option, value in (
+        ("--save", args.save),
+        ("--export", args.export),
+        ("--plot", args.plot),
+        ("--history", args.history),
+    ):
+        output_file(value, option, create_parents=True)
 
 
 def _check_export(session: Any, args: Any) -> None:
@@ -311,6 +327,13 @@ def _check_export(session: Any, args: Any) -> None:
         raise CliError(
             f"--export: the artifacts in '{args.directory}' have no eval model to cut the inference model from; "
             "regenerate them (generate_artifacts writes eval_model.onnx) or drop --export.",
+            EXIT_INPUT,
+        )
+    if not args.export_output and not session.default_inference_outputs():
+        raise CliError(
+            f"--export: the artifacts in '{args.directory}' do not say which outputs the inference model has; "
+            "name them with --export-output NAME... (the forward model's outputs), or regenerate the artifacts "
+            "with --additional-output.",
             EXIT_INPUT,
         )
     if not args.export_output or session.files.eval_model.suffix != ".onnx":

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from onnxblocks._core.errors import InvalidIndexError, InvalidValueError, UnknownNameError
+from onnxblocks._core.paths import as_path, check_output_file
 
 if TYPE_CHECKING:
     from onnxblocks.runtime.fit import FitRun
@@ -135,16 +136,32 @@ class SaveCheckpoint(Callback):
         at_epoch_end: bool = True,
         include_optimizer_state: bool = True,
     ) -> None:
-        if every_steps is not None and every_steps < 1:
-            raise InvalidValueError(f"SaveCheckpoint: every_steps must be >= 1 or None, got {every_steps}.")
-        self.path = os.fspath(path)
+        if every_steps is not None and (
+            isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
+        ):
+            raise InvalidValueError(f"SaveCheckpoint: every_steps must be an int >= 1 or None, got {every_steps!r}.")
+        self.path = os.fspath(as_path(path, "SaveCheckpoint: path"))
+        self._target(0, 1)  # a template that cannot be filled in is refused here, not after the first epoch
         self.every_steps = every_steps
         self.at_epoch_end = at_epoch_end
         self.include_optimizer_state = include_optimizer_state
         self.saved: list[Path] = []
 
+    def _target(self, step: int, epoch: int) -> Path:
+        try:
+            return Path(self.path.format(step=step, epoch=epoch))
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise InvalidValueError(
+                f"SaveCheckpoint: the path template {self.path!r} cannot be filled in ({type(exc).__name__}: {exc}); "
+                "it may use {step} and {epoch} only (write a literal brace as {{ or }})."
+            ) from None
+
+    def on_train_begin(self, run: FitRun) -> None:
+        """Check, before the first step, that the checkpoints can be written where the template says."""
+        check_output_file(self._target(run.session.step, run.epoch + 1), "SaveCheckpoint: path", create_parents=True)
+
     def _save(self, run: FitRun) -> None:
-        target = Path(self.path.format(step=run.session.step, epoch=run.epoch + 1))
+        target = self._target(run.session.step, run.epoch + 1)
         self.saved.append(run.save_checkpoint(target, self.include_optimizer_state))
 
     def on_step_end(self, run: FitRun) -> None:

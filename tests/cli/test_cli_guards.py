@@ -58,7 +58,7 @@ def test_cli_refuses_labels_out_of_range_before_training(art, tmp_path, capsys, 
     [
         ("--export", ".", "is a directory"),
         ("--save", "file/ck", "is a file, not a directory"),
-        ("--plot", "missing/loss.svg", "directory 'missing' does not exist"),
+        ("--plot", "file/loss.svg", "is a file, not a directory"),
         ("--history", "file/h.json", "is a file, not a directory"),
     ],
 )
