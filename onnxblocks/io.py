@@ -428,6 +428,8 @@ def load_model(path: str | os.PathLike, load_external_data: bool = False) -> onn
         raise
     except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError for external data
         detail = " ".join(str(exc).split()) or type(exc).__name__
+        if type(exc).__name__ == "DecodeError":  # protobuf's wording ("Wire format was corrupt") says nothing more
+            detail = "its bytes do not decode as an ONNX model (the file is truncated or of another kind)"
         raise InvalidValueError(
             f"Cannot load '{resolved}' as an ONNX model: {detail}. Check that the file is a complete .onnx model "
             "(and its external data files are beside it)."

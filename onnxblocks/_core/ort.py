@@ -50,21 +50,31 @@ def log_level() -> tuple[int, bool]:
     return DEFAULT_LOG_LEVEL, False
 
 
-def session_options() -> Any:
-    """A new ``SessionOptions`` at :func:`log_level`'s severity (ONNX Runtime's default logger set to it too)."""
+def run_log_level() -> int:
+    """The severity for runs: :func:`log_level`'s if asked for, else fatal only (a failed run raises, once)."""
+    level, asked = log_level()
+    return level if asked else 4
+
+
+def session_options(runs: bool = False) -> Any:
+    """A new ``SessionOptions`` at :func:`log_level`'s severity (ONNX Runtime's default logger set to it too).
+
+    Args:
+        runs: The session's own logger also logs its runs (the training build's ``Module``, which
+            takes no run options): use :func:`run_log_level`.
+    """
     ort = onnxruntime()
     level, _ = log_level()
     ort.set_default_logger_severity(level)
     options = ort.SessionOptions()
-    options.log_severity_level = level
+    options.log_severity_level = run_log_level() if runs else level
     return options
 
 
 def run_options() -> Any:
-    """A new ``RunOptions``: a failed run raises, so by default nothing is logged besides (fatal only)."""
-    level, asked = log_level()
+    """A new ``RunOptions`` at :func:`run_log_level`'s severity."""
     options = capi().RunOptions()
-    options.log_severity_level = level if asked else 4
+    options.log_severity_level = run_log_level()
     return options
 
 

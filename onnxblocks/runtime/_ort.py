@@ -61,11 +61,11 @@ def require_training_build(what: str) -> ModuleType:
     return _require(what)
 
 
-def session_options() -> Any:
+def session_options(runs: bool = False) -> Any:
     """A ``SessionOptions`` at the log level onnxblocks uses (errors only, unless asked; see ``_core.ort``)."""
     from onnxblocks._core.ort import session_options as _options
 
-    return _options()
+    return _options(runs)
 
 
 def run_options() -> Any:
