@@ -27,15 +27,13 @@ from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.errors import (
     DataFileError,
-    FileAccessError,
     FileMissingError,
     InvalidTypeError,
     InvalidValueError,
     IsAFolderError,
     NotAFolderError,
-    OnnxBlocksError,
 )
-from onnxblocks._core.paths import as_path
+from onnxblocks._core.paths import as_path, write_error
 from onnxblocks._core.proto import copy_fields
 
 __all__ = ["load_model", "save_model"]
@@ -90,33 +88,13 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
         for temp in temps:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
-        named = _write_error(exc, finals)
+        named = write_error(exc, finals)
         if named is not None:
             raise named from None  # a clear error naming the target, not "[Errno 13] ... <temp name>"
         shown = _tempfiles.without_temp_names(exc, dict(zip(temps, finals, strict=True)))
         if shown is not None:
             raise shown from None  # messages name the targets, not temporary files
         raise
-
-
-_WRITE_ERRORS: tuple[tuple[type[OSError], type[OnnxBlocksError], str], ...] = (
-    (PermissionError, FileAccessError, "permission denied (a read-only file or directory?); choose a writable path"),
-    (IsADirectoryError, IsAFolderError, "a directory is in the way; pass a file path"),
-    (NotADirectoryError, NotAFolderError, "a file is in the way of its directory; choose a path inside a directory"),
-    (FileNotFoundError, FileMissingError, "its directory disappeared while writing; create it and try again"),
-)
-
-
-def _write_error(exc: BaseException, finals: list[Path]) -> OnnxBlocksError | None:
-    """An ``OSError`` of the file system as an onnxblocks error naming the target(s) and what to do (else None)."""
-    if not isinstance(exc, OSError) or isinstance(exc, OnnxBlocksError) or exc.errno is None:
-        return None  # not the file system's (a reader's own OSError keeps its message)
-    where = ", ".join(f"'{f}'" for f in finals)
-    for builtin, ours, advice in _WRITE_ERRORS:
-        if isinstance(exc, builtin):
-            return ours(f"Cannot write {where}: {advice}.")
-    reason = exc.strerror or type(exc).__name__
-    return DataFileError(f"Cannot write {where}: {reason} (no space left, or a file system error?).")
 
 
 @contextlib.contextmanager

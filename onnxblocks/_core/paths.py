@@ -13,16 +13,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core.errors import (
+    DataFileError,
     FileAccessError,
     FileMissingError,
     InvalidTypeError,
     InvalidValueError,
     IsAFolderError,
     NotAFolderError,
+    OnnxBlocksError,
 )
 
 #: Longest file name (bytes) most file systems take, when ``pathconf`` cannot tell.
@@ -145,3 +148,27 @@ def check_output_dir(value: object, parameter: str) -> Path:
         raise NotAFolderError(f"{parameter}: '{path}' exists and is not a directory. Choose a directory path.")
     _check_writable_dir(existing, parameter, path)
     return path
+
+
+_WRITE_ERRORS: tuple[tuple[type[OSError], type[OnnxBlocksError], str], ...] = (
+    (PermissionError, FileAccessError, "permission denied (a read-only file or directory?); choose a writable path"),
+    (IsADirectoryError, IsAFolderError, "a directory is in the way; pass a file path"),
+    (NotADirectoryError, NotAFolderError, "a file is in the way of its directory; choose a path inside a directory"),
+    (FileNotFoundError, FileMissingError, "its directory disappeared while writing; create it and try again"),
+)
+
+
+def write_error(exc: BaseException, finals: Sequence[Path]) -> OnnxBlocksError | None:
+    """An ``OSError`` of the file system while writing ``finals``, as an onnxblocks error naming them (else None).
+
+    ``[Errno 13] Permission denied: '.x.123-abc.tmp'`` becomes ``FileAccessError("Cannot write 'x': permission
+    denied ...")``; an ``OSError`` without an errno (a reader's own) is left as it is.
+    """
+    if not isinstance(exc, OSError) or isinstance(exc, OnnxBlocksError) or exc.errno is None:
+        return None  # not the file system's (a reader's own OSError keeps its message)
+    where = ", ".join(f"'{f}'" for f in finals)
+    for builtin, ours, advice in _WRITE_ERRORS:
+        if isinstance(exc, builtin):
+            return ours(f"Cannot write {where}: {advice}.")
+    reason = exc.strerror or type(exc).__name__
+    return DataFileError(f"Cannot write {where}: {reason} (no space left, or a file system error?).")

@@ -135,6 +135,8 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
             )
         state = WebState.from_checkpoint(load_checkpoint(checkpoint))
         path = checkpoint.with_name(STATE_FILE) if path is None else path
+    state = copy.copy(state)
+    check_state(state, "write_state")  # never write a file read_state would refuse
     tensors: dict[str, np.ndarray] = {**state.trainable, **state.frozen}
     for name, moments in state.moments.items():
         if name not in state.trainable:
