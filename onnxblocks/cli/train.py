@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.paths import output_file, require
 
@@ -292,9 +293,13 @@ def _check(args: argparse.Namespace) -> None:
         ("--seed", args.seed, 0),
     ):
         require(value, option, minimum=low)
-    require(args.lr, "--lr", minimum=0)
+    for option, rate in (("--lr", args.lr), ("--min-lr", args.min_lr)):  # the session's own check
+        try:
+            if rate is not None:
+                _hyper.learning_rate(rate, option)
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
     require(args.gamma, "--gamma", above=0)
-    require(args.min_lr, "--min-lr", minimum=0)
     if args.plot:
         from onnxblocks.runtime.plot import check_plot_path
 

@@ -186,6 +186,11 @@ def fit(
         )
     bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
     history = History()
+    guards = getattr(session, "_guards", None) if getattr(session, "check_inputs", False) else None
+    for name, data, what in (("train_data", train_data, "train_step"), ("eval_data", eval_data, "eval_step")):
+        if guards is not None and isinstance(data, ArrayBatches):
+            # all of it, before the first step: a label out of range in the last batch fails now, not an epoch later
+            guards[what].check(data.arrays, f"fit: {name}")
     run = FitRun(session, history, train_data, epochs, scheduler=scheduler)
     start_epoch = train_data.epoch if isinstance(train_data, ArrayBatches) else 0
     started = time.perf_counter()

@@ -101,8 +101,9 @@ def test_cli_read_only_output_directory_exits_3_before_training(art, data, read_
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--lr", "nan"], "--lr must be a finite number, got nan"),
-        (["--lr", "-1"], "--lr must be >= 0"),
+        (["--lr", "nan"], "--lr must be a finite number >= 0, got nan"),
+        (["--lr", "-1"], "--lr must be a finite number >= 0, got -1.0"),
+        (["--lr", "1e40"], "past float32"),
         (["--max-steps", "0"], "--max-steps must be >= 1"),
         (["--gamma", "0"], "--gamma must be > 0"),
         (["--seed", "-3"], "--seed must be >= 0"),
