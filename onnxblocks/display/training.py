@@ -7,6 +7,7 @@ checkpoint reader (no tensor data is read), or from the objects themselves.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from html import escape
@@ -247,6 +248,11 @@ def render_artifacts_dir(
     Raises:
         FileNotFoundError: if the directory holds no training model.
     """
+    from onnxblocks._core.errors import LockTimeoutError
+    from onnxblocks.artifacts.files import clean
+
+    with contextlib.suppress(LockTimeoutError):  # what killed generate_artifacts runs left goes first
+        clean(directory, lock_timeout=5.0)
     found = _find_artifacts(directory)
     if ArtifactNames().training_model not in found:
         raise FileMissingError(
