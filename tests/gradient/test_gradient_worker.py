@@ -8,6 +8,7 @@ The Python 3.13 run against 3.11 is in ``tests/artifacts/test_generate_any_pytho
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +134,38 @@ def test_a_broken_worker_is_reported(tmp_path, monkeypatch):
     fake.chmod(0o755)
     with pytest.raises(GradientError, match=r"failed \(exit 3\) without an answer:\nboom"):
         worker._exchange(fake, {"task": "probe"}, [], timeout=30)
+
+
+def test_the_environment_is_created_once_with_progress_and_renamed_into_place(tmp_path, monkeypatch, capsys):
+    """The staging and progress of the first use, with venv and pip replaced by stand-ins (the real run is in
+    tests/artifacts/test_generate_any_python.py, against a cached environment)."""
+    commands = []
+
+    def fake_run(argv, what):
+        commands.append(argv[1:4])
+        if argv[1:3] == ["-m", "venv"]:
+            (Path(argv[3]) / "bin").mkdir(parents=True)
+            (Path(argv[3]) / "bin" / "python").write_text("")
+
+    monkeypatch.setattr(worker, "_run_logged", fake_run)
+    monkeypatch.setattr(worker, "probe", lambda python: {"training_build": True, "onnxruntime": "1.19.2"})
+    target = worker.environment_dir(Path(sys.executable), (3, 11), tmp_path)
+    worker._create_environment(Path(sys.executable), (3, 11), target)
+    err = capsys.readouterr().err
+    assert "creating a Python 3.11 environment with onnxruntime-training-cpu==1.19.2" in err
+    assert "[1/3]" in err and "[2/3] installing onnxruntime-training-cpu==1.19.2" in err and "[3/3]" in err
+    assert worker.environment_ready(target) and [p.name for p in tmp_path.iterdir()] == [target.name]
+    assert commands[0][:2] == ["-m", "venv"] and commands[1] == ["-m", "pip", "install"]
+
+
+def test_an_environment_without_the_training_build_is_not_kept(tmp_path, monkeypatch):
+    def fake_run(argv, what):
+        if argv[1:3] == ["-m", "venv"]:
+            (Path(argv[3]) / "bin").mkdir(parents=True)
+
+    monkeypatch.setattr(worker, "_run_logged", fake_run)
+    monkeypatch.setattr(worker, "probe", lambda python: {"training_build": False, "onnxruntime": "1.32.0"})
+    target = worker.environment_dir(Path(sys.executable), (3, 11), tmp_path)
+    with pytest.raises(TrainingBuildRequiredError, match="does not have onnxruntime-training 1.19.2"):
+        worker._create_environment(Path(sys.executable), (3, 11), target)
+    assert list(tmp_path.iterdir()) == []  # no half-built environment left
