@@ -11,8 +11,9 @@ never ``onnxruntime.training``, which imports torch), so the worker environment
 needs only ``onnxruntime-training-cpu``. It is run as a file with ``python -I``,
 so it does not import onnxblocks either.
 
-Protocol, one request per process, on stdin/stdout: a JSON header line followed
-by the bytes it announces (``sizes``), answered the same way. Tasks:
+Protocol, on stdin/stdout: requests one after the other until stdin closes, each a
+JSON header line followed by the bytes it announces (``sizes``), each answered the
+same way. Tasks:
 
 * ``probe``: ``{"python", "onnxruntime", "training_build"}``.
 * ``gradient``: the model (bytes), ``requires_grad``, ``ys`` (the y nodes), ``seed``
@@ -126,28 +127,34 @@ def _answer(out: BinaryIO, header: dict[str, Any], blobs: list[bytes]) -> None:
 
 
 def main() -> int:
-    """Answer one request from stdin on stdout; exit 0 (an ONNX Runtime error is an answer, not a crash)."""
+    """Answer requests from stdin on stdout until stdin closes (an ONNX Runtime error is an answer, not a crash)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    header = json.loads(stdin.readline())
-    payload = [stdin.read(size) for size in header.get("sizes", [])]
     ort = _onnxruntime()
     from onnxruntime.capi import _pybind_state as capi
 
-    task = header["task"]
-    answer: Answer
-    if task == "probe":
-        training = all(hasattr(capi, n) for n in ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint"))
-        answer = {"python": list(sys.version_info[:3]), "onnxruntime": ort.__version__, "training_build": training}, []
-    elif task == "gradient":
-        answer = _gradient(ort, header, payload[0])
-    elif task == "load":
-        answer = _load(ort, header, payload[0])
-    elif task == "ort_format":
-        answer = _ort_format(ort, header)
-    else:
-        answer = _failed("protocol", f"unknown task {task!r}")
-    _answer(stdout, *answer)
-    return 0
+    while True:
+        line = stdin.readline()
+        if not line.strip():
+            return 0
+        header = json.loads(line)
+        payload = [stdin.read(size) for size in header.get("sizes", [])]
+        if [len(p) for p in payload] != header.get("sizes", []):
+            return 1  # the caller went away mid-request
+        task = header["task"]
+        answer: Answer
+        if task == "probe":
+            training = all(hasattr(capi, n) for n in ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint"))
+            info = {"python": list(sys.version_info[:3]), "onnxruntime": ort.__version__, "training_build": training}
+            answer = info, []
+        elif task == "gradient":
+            answer = _gradient(ort, header, payload[0])
+        elif task == "load":
+            answer = _load(ort, header, payload[0])
+        elif task == "ort_format":
+            answer = _ort_format(ort, header)
+        else:
+            answer = _failed("protocol", f"unknown task {task!r}")
+        _answer(stdout, *answer)
 
 
 if __name__ == "__main__":

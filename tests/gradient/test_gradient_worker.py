@@ -169,3 +169,26 @@ def test_an_environment_without_the_training_build_is_not_kept(tmp_path, monkeyp
     with pytest.raises(TrainingBuildRequiredError, match="does not have onnxruntime-training 1.19.2"):
         worker._create_environment(Path(sys.executable), (3, 11), target)
     assert list(tmp_path.iterdir()) == []  # no half-built environment left
+
+
+def test_one_worker_serves_the_calls_and_is_restarted_when_it_died(use_worker):
+    channel = worker._channel(worker.worker_python())
+    first, _ = channel.exchange({"task": "probe"}, [], timeout=120)
+    process = channel.process
+    assert first["training_build"] is True and process is not None
+    channel.exchange({"task": "probe"}, [], timeout=120)
+    assert channel.process is process  # the same process answered twice
+    process.kill()
+    process.wait()
+    again, _ = channel.exchange({"task": "probe"}, [], timeout=120)
+    assert again == first and channel.process is not process
+
+
+def test_a_worker_that_hangs_is_killed_at_its_timeout(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    channel = worker._Channel(fake)
+    with pytest.raises(GradientError, match=r"did not answer in 1 s"):
+        channel.exchange({"task": "probe"}, [], timeout=1)
+    assert channel.process is None
