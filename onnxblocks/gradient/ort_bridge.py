@@ -9,7 +9,12 @@
   artifacts are built, not when training starts.
 
 ONNX Runtime is imported (through :mod:`onnxblocks._core.ort`) only when these
-run; its messages are read by :mod:`onnxblocks._core.ort_errors`.
+run; its messages are read by :mod:`onnxblocks._core.ort_errors`. On a Python
+whose onnxruntime is the stock build (3.13+), :func:`run_gradient_builder`,
+:func:`check_kernels` and :func:`to_ort_format_in_worker` send the serialised
+skeleton (no weight bytes) to a worker Python with onnxruntime-training
+(:mod:`onnxblocks.gradient.worker`); its failures are explained exactly as
+in-process ones.
 """
 
 from __future__ import annotations
