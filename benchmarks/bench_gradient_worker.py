@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
-from onnxblocks.gradient import worker
+from onnxblocks.gradient import worker, worker_process
 
 
 def mlp(widths: list[int], seed: int = 0) -> onnx.ModelProto:
@@ -90,15 +90,15 @@ def main() -> None:
             os.environ["ONNXBLOCKS_TRAINING_PYTHON"] = sys.executable
             worker._worker_python.cache_clear()
         sent: list[int] = []
-        original = worker._Channel.exchange
+        original = worker_process.Channel.exchange
 
         def counting(self, header, blobs, timeout, _original=original, _sent=sent):
             _sent.append(sum(len(b) for b in blobs))
             return _original(self, header, blobs, timeout)
 
-        worker._Channel.exchange = counting  # type: ignore[method-assign]
+        worker_process.Channel.exchange = counting  # type: ignore[method-assign]
         in_worker = timed(model, args.repeat)
-        worker._Channel.exchange = original  # type: ignore[method-assign]
+        worker_process.Channel.exchange = original  # type: ignore[method-assign]
         ratio = f"{in_worker / in_process:.2f}" if in_process else "-"
         shown = f"{in_process:.3f}" if in_process is not None else "-"
         print(f"{name:<10} {shown:>13} {in_worker:>9.3f} {ratio:>6} {max(sent):>15,}")

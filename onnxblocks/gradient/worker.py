@@ -23,7 +23,6 @@ onnxruntime.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import hashlib
 import json
@@ -31,13 +30,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from onnxblocks._core.errors import GradientError, InvalidValueError, TrainingBuildRequiredError
+from onnxblocks.gradient.worker_process import Channel, exchange_once
 
 #: What the worker environment installs.
 TRAINING_PACKAGE = "onnxruntime-training-cpu==1.19.2"
@@ -45,8 +43,6 @@ TRAINING_PACKAGE = "onnxruntime-training-cpu==1.19.2"
 TRAINING_VERSION = "1.19.2"
 #: The Pythons onnxruntime-training 1.19.2 has wheels for, newest first.
 TRAINING_PYTHONS = ((3, 12), (3, 11), (3, 10))
-#: The script the worker Python runs.
-WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
 #: Seconds one worker call may take (the gradient builder on a large skeleton graph).
 CALL_TIMEOUT_S = 1800.0
 
@@ -165,7 +161,7 @@ def find_base_python() -> tuple[Path, tuple[int, int], str]:
 def probe(python: str | os.PathLike[str]) -> dict[str, Any] | None:
     """What onnxruntime ``python`` has (``{"python", "onnxruntime", "training_build"}``), or None without one."""
     try:
-        header, _ = _exchange(Path(python), {"task": "probe"}, [], timeout=120)
+        header, _ = exchange_once(Path(python), {"task": "probe"}, [], timeout=120)
     except GradientError:
         return None
     return header
@@ -271,141 +267,9 @@ def worker_python() -> Path:
     return _worker_python(os.environ.get("ONNXBLOCKS_TRAINING_PYTHON") or None, os.fspath(cache_root()))
 
 
-def _exchange(
-    python: Path, header: dict[str, Any], blobs: Sequence[bytes], timeout: float
-) -> tuple[dict[str, Any], list[bytes]]:
-    request = json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n" + b"".join(blobs)
-    try:
-        done = subprocess.run(
-            [os.fspath(python), "-I", os.fspath(WORKER_SCRIPT)],
-            input=request,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise GradientError(f"The gradient-builder worker ({python}) did not answer in {timeout:.0f} s.") from None
-    except OSError as exc:
-        raise GradientError(f"The gradient-builder worker ({python}) could not start: {exc}.") from None
-    line, _, rest = done.stdout.partition(b"\n")
-    try:
-        answer = json.loads(line)
-        sizes = [int(s) for s in answer.pop("sizes")]
-    except (ValueError, KeyError, TypeError):
-        stderr = done.stderr.decode(errors="replace")[-3000:]
-        raise GradientError(
-            f"The gradient-builder worker ({python}) failed (exit {done.returncode}) without an answer:\n{stderr}\n"
-            f"Delete its environment (under {cache_root()}) to have it created again."
-        ) from None
-    out: list[bytes] = []
-    for size in sizes:
-        out.append(rest[:size])
-        rest = rest[size:]
-    if sum(sizes) != sum(len(b) for b in out):
-        raise GradientError(f"The gradient-builder worker ({python}) sent a truncated answer.")
-    return answer, out
-
-
-class _Channel:
-    """One worker process kept running for this process's calls (its start, ~0.3 s, is paid once).
-
-    Calls are serialised by a lock; a call that runs past its timeout kills the worker
-    (a watchdog timer), and a worker that died is started again on the next call.
-    Its stderr goes to a temporary file, read back when it fails.
-    """
-
-    def __init__(self, python: Path) -> None:
-        self.python = python
-        self.lock = threading.Lock()
-        self.process: subprocess.Popen[bytes] | None = None
-        self.stderr: IO[bytes] | None = None
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        self.close()
-        self.stderr = tempfile.TemporaryFile()
-        try:
-            self.process = subprocess.Popen(
-                [os.fspath(self.python), "-I", os.fspath(WORKER_SCRIPT)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self.stderr,
-            )
-        except OSError as exc:
-            raise GradientError(f"The gradient-builder worker ({self.python}) could not start: {exc}.") from None
-        return self.process
-
-    def _stderr_tail(self) -> str:
-        if self.stderr is None:
-            return ""
-        self.stderr.seek(0)
-        return self.stderr.read().decode(errors="replace")[-3000:]
-
-    def exchange(
-        self, header: dict[str, Any], blobs: Sequence[bytes], timeout: float
-    ) -> tuple[dict[str, Any], list[bytes]]:
-        with self.lock:
-            process = self.process if self.process is not None and self.process.poll() is None else self._start()
-            assert process.stdin is not None and process.stdout is not None
-            fired = threading.Event()
-
-            def expire() -> None:
-                fired.set()
-                process.kill()
-
-            watchdog = threading.Timer(timeout, expire)
-            watchdog.start()
-            try:
-                process.stdin.write(json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n")
-                for blob in blobs:
-                    process.stdin.write(blob)
-                process.stdin.flush()
-                answer = json.loads(process.stdout.readline())
-                sizes = [int(s) for s in answer.pop("sizes")]
-                out = [process.stdout.read(size) for size in sizes]
-                if [len(b) for b in out] == sizes:
-                    return answer, out
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-            finally:
-                watchdog.cancel()
-            # no complete answer: the worker crashed, or the watchdog killed it
-            timed_out = fired.is_set()
-            process.kill()
-            process.wait()
-            tail = self._stderr_tail()
-            self.close()
-            if timed_out:
-                raise GradientError(
-                    f"The gradient-builder worker ({self.python}) did not answer in {timeout:.0f} s."
-                ) from None
-            raise GradientError(
-                f"The gradient-builder worker ({self.python}) failed (exit {process.returncode}) without an "
-                f"answer:\n{tail}\nDelete its environment (under {cache_root()}) to have it created again."
-            )
-
-    def close(self) -> None:
-        """End the worker (it exits when its stdin closes)."""
-        process, self.process = self.process, None
-        if process is not None:
-            with contextlib.suppress(OSError):
-                if process.stdin is not None:
-                    process.stdin.close()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            with contextlib.suppress(OSError):
-                if process.stdout is not None:
-                    process.stdout.close()
-        if self.stderr is not None:
-            self.stderr.close()
-            self.stderr = None
-
-
 @functools.lru_cache(maxsize=8)
-def _channel(python: Path) -> _Channel:
-    channel = _Channel(python)
+def _channel(python: Path) -> Channel:
+    channel = Channel(python, f"Delete its environment (under {cache_root()}) to have it created again.")
     atexit.register(channel.close)
     return channel
 

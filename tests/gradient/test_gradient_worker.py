@@ -18,7 +18,7 @@ from support.onnx_models import make_linear_model
 from onnxblocks import Block, losses
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.errors import GradientError, InvalidValueError, TrainingBuildRequiredError
-from onnxblocks.gradient import build_training_graphs, worker
+from onnxblocks.gradient import build_training_graphs, worker, worker_process
 
 
 class ScaledHuber(Block):
@@ -133,7 +133,7 @@ def test_a_broken_worker_is_reported(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
     fake.chmod(0o755)
     with pytest.raises(GradientError, match=r"failed \(exit 3\) without an answer:\nboom"):
-        worker._exchange(fake, {"task": "probe"}, [], timeout=30)
+        worker_process.exchange_once(fake, {"task": "probe"}, [], timeout=30)
 
 
 def test_the_environment_is_created_once_with_progress_and_renamed_into_place(tmp_path, monkeypatch, capsys):
@@ -188,7 +188,7 @@ def test_a_worker_that_hangs_is_killed_at_its_timeout(tmp_path):
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\nexec sleep 60\n")
     fake.chmod(0o755)
-    channel = worker._Channel(fake)
+    channel = worker_process.Channel(fake)
     with pytest.raises(GradientError, match=r"did not answer in 1 s"):
         channel.exchange({"task": "probe"}, [], timeout=1)
     assert channel.process is None
