@@ -36,7 +36,7 @@ def scatter_add(
     elem_type: int,
     indices: ir.Value,
     updates: ir.Value,
-    out: ir.Value | None = None,
+    out: str | ir.Value | None = None,
     **attrs: Any,
 ) -> ir.Value:
     """``op_type`` (``ScatterElements`` / ``ScatterND``) adding ``updates`` at ``indices`` into zeros of ``shape``.
