@@ -146,6 +146,7 @@ class PortableBackend:
         self._f = {n: self._value(np.array(ck.frozen[n], order="C")) for n in self._frozen}
         self._pp = self._gp = 0  # which buffer of each pair holds the parameters+moments / the gradients
         self._bindings: dict[tuple[str, int, int], Any] = {}
+        self._batch_shapes: dict[int, tuple] = {}  # per binding (its id): the input shapes of its last run
         self._props: dict[str, int | float | str] = {}
         self._grads_valid = False
         self._opt_step = 0
@@ -251,9 +252,21 @@ class PortableBackend:
                         bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
         return binding
 
-    def _run(self, model: _Model, binding: Any, names: Sequence[str], arrays: Sequence[Any], count: int) -> tuple:
+    def _run(
+        self, model: _Model, binding: Any, names: Sequence[str], arrays: Sequence[Any], user_outputs: Sequence[str]
+    ) -> tuple:
         for name, array in zip(names, arrays, strict=True):
             binding.bind_input(name, array)
+        count = len(user_outputs)
+        if count:
+            # A binding keeps its output tensors and writes the next run into them: an output whose shape follows
+            # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the batch's shapes
+            # change, so ONNX Runtime allocates it in the new shape.
+            shapes = tuple(getattr(a, "shape", None) for a in arrays)
+            if self._batch_shapes.get(id(binding), shapes) != shapes:
+                for name in user_outputs:
+                    binding.bind_output(name, self._cpu)
+            self._batch_shapes[id(binding)] = shapes
         try:
             model.run(binding, self._run_options)
         except Exception as exc:
@@ -264,7 +277,7 @@ class PortableBackend:
 
     # --------------------------------------------------------------- steps
     def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        out = self._run(self._train, self._binding("train"), self.train_inputs, arrays, len(self.train_outputs))
+        out = self._run(self._train, self._binding("train"), self.train_inputs, arrays, self.train_outputs)
         self._gp ^= 1
         self._reset[0] = False
         self._grads_valid = True
@@ -272,7 +285,7 @@ class PortableBackend:
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
         assert self._eval is not None
-        return self._run(self._eval, self._binding("eval"), self.eval_inputs, arrays, len(self.eval_outputs))
+        return self._run(self._eval, self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs)
 
     def optimizer_step(self) -> None:
         if self._optimizer is None:
@@ -281,7 +294,7 @@ class PortableBackend:
                 "gradients cannot be applied after train_step. Use session.train_and_update(...) for each batch."
             )
         self._step[0] = self._opt_step + 1  # the step being taken, as ONNX Runtime's AdamW counts
-        self._run(self._optimizer, self._binding("optimizer"), (), (), 0)
+        self._run(self._optimizer, self._binding("optimizer"), (), (), ())
         self._pp ^= 1
         self._opt_step += 1
 
@@ -296,7 +309,7 @@ class PortableBackend:
             self.lazy_reset_grad()
             return out
         self._step[0] = self._opt_step + 1
-        out = self._run(fused, self._binding("step"), self.train_inputs, arrays, len(self.train_outputs))
+        out = self._run(fused, self._binding("step"), self.train_inputs, arrays, self.train_outputs)
         self._pp ^= 1
         self._opt_step += 1
         self._reset[0] = True  # the accumulation buffers hold no gradient of this step
