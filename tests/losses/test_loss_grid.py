@@ -24,9 +24,6 @@ dtypes rotated over the cells rather than fully crossed (one generation per cell
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +33,7 @@ import numpy as np
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from support.loss_grid import run_grid_worker
 
 import onnxblocks
 from onnxblocks import losses
@@ -265,32 +263,18 @@ def _generate(cell: Cell, directory: Path, portable: bool) -> None:
     )
 
 
-def _run_worker(python: Path, payload: dict) -> dict:
-    support = Path(__file__).resolve().parents[1] / "support"
-    root = support.parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(support.parent)])}
-    env.pop("PYTHONHOME", None)
-    done = subprocess.run(
-        [os.fspath(python), os.fspath(support / "loss_grid_worker.py")],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"the Python 3.13 worker printed no answer:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-    return json.loads(lines[-1])
-
-
 @pytest.fixture(scope="module")
-def grid(tmp_path_factory, portable_python) -> dict[str, Outcome]:
+def grid(request, tmp_path_factory, portable_python) -> dict[str, Outcome]:
+    """Every selected cell: generated, trained here, then (one worker run) on stock onnxruntime."""
     root = tmp_path_factory.mktemp("loss_grid")
+    selected = {
+        item.callspec.params["cell"].id
+        for item in request.session.items
+        if hasattr(item, "callspec") and isinstance(item.callspec.params.get("cell"), Cell)
+    }
     outcomes: dict[str, Outcome] = {}
     tasks = []
-    for n, cell in enumerate(CELLS):
+    for n, cell in enumerate(c for c in CELLS if c.id in selected):
         outcome = outcomes[cell.id] = Outcome()
         inputs = _data(cell)
         try:
@@ -305,8 +289,7 @@ def grid(tmp_path_factory, portable_python) -> dict[str, Outcome]:
         outcome.training = (float(loss), session.gradients()["W"])
         np.savez(root / f"{n}.npz", **{f"x{i}": a for i, a in enumerate(inputs)})
         tasks.append({"id": cell.id, "directory": str(root / f"{n}-portable"), "data": str(root / f"{n}.npz")})
-    answer = _run_worker(portable_python, {"cells": tasks})
-    assert answer["python"] == [3, 13], answer["python"]
+    answer = run_grid_worker(portable_python, {"cells": tasks})
     for cell_id, result in answer["cells"].items():
         outcomes[cell_id].portable = result
     return outcomes

@@ -4,8 +4,8 @@ An output whose shape follows the batch (extra outputs such as the logits, a
 ``"none"`` loss) must come back in each batch's shape from the fused step, the
 unfused step (training + optimizer model) and the eval model. The training
 build's artifacts are the oracle: the portable backend gives the same losses,
-outputs and parameters, batch after batch. The Python 3.13 side (stock
-onnxruntime) is checked by ``tests/losses/test_loss_grid.py``'s worker run.
+outputs and parameters, batch after batch, here and on stock onnxruntime in
+the Python 3.13 worker (``support/loss_grid_worker.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from support.loss_grid import run_grid_worker
 from support.runtime_support import classification_data, mlp_model
 
 from onnxblocks import losses
@@ -93,3 +94,30 @@ def test_cli_trains_a_last_short_batch_with_an_extra_output(tmp_path, capsys):
         saved[portable] = load_checkpoint(tmp_path / f"ckpt-{portable}")
     for name, value in saved[False].trainable.items():
         np.testing.assert_allclose(saved[True][name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_outputs_follow_the_batch_size_on_stock_onnxruntime(tmp_path, portable_python):
+    expected = _run(_generate(tmp_path / "training", "sum", portable=False), "training")
+    x, y = classification_data(sum(SIZES) * 2)
+    np.savez(tmp_path / "data.npz", x0=x, x1=y)
+    tasks = [
+        {
+            "id": str(fused),
+            "directory": str(_generate(tmp_path / f"portable-{fused}", "sum", portable=True, fused=fused)),
+            "data": str(tmp_path / "data.npz"),
+            "sizes": list(SIZES),
+            "lr": 0.05,
+        }
+        for fused in (True, False)
+    ]
+    answer = run_grid_worker(portable_python, {"batches": tasks})
+    for fused in ("True", "False"):
+        got = answer["batches"][fused]
+        assert "error" not in got, got.get("trace")
+        for kind in ("step", "eval", "train"):
+            for size, want, have in zip(SIZES, expected[kind], got[kind], strict=True):
+                assert np.shape(have[1]) == (size, 3)
+                for w, h in zip(want, have, strict=True):
+                    np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-5, err_msg=f"{kind}, batch of {size}")
+        for name, value in expected["params"].items():
+            np.testing.assert_allclose(got["params"][name], value, rtol=1e-4, atol=1e-5, err_msg=name)
