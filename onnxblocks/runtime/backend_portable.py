@@ -47,6 +47,7 @@ from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateEr
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
+from onnxblocks.runtime.consistency import check_artifact_set
 from onnxblocks.runtime.layout import ArtifactFiles
 
 
@@ -88,6 +89,8 @@ class PortableBackend:
         ck = _read(checkpoint)
         self._trainable, self._frozen = sorted(ck.trainable), sorted(ck.frozen)
         self._specs = {n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())}
+        # every model against the checkpoint and the others, from their structure, before ONNX Runtime loads them
+        check_artifact_set(files, dict(self._specs), self._trainable, checkpoint, portable=True)
         self._train = _Model(os.fspath(files.training_model), options, providers, "training model")
         inputs = set(self._train.inputs)
         missing = [n for n in self._trainable if n not in inputs or buffer_name(n) not in inputs]
