@@ -204,10 +204,11 @@ def check_artifact_set(
     step = read_signature(files.step_model, "step model")
     if step is not None:
         _check_updates(check, step, trainable, gradients=False)
-        if optimizer is not None and trainable and _moments(optimizer, trainable[0]) != _moments(step, trainable[0]):
+        first = trainable[0] if trainable else None
+        if optimizer is not None and first is not None and _updated(optimizer, first) != _updated(step, first):
             raise InvalidValueError(
-                f"{step.title} keeps the optimizer moments {preview(_moments(step, trainable[0]))} of parameter "
-                f"'{trainable[0]}', but {optimizer.label} keeps {preview(_moments(optimizer, trainable[0]))}: they "
+                f"{step.title} updates the optimizer moments {preview(_updated(step, first))} of parameter "
+                f"'{first}', but {optimizer.label} updates {preview(_updated(optimizer, first))}: they "
                 f"update with different optimizers. {_REGENERATE}"
             )
         for param in frozen:
@@ -243,6 +244,11 @@ def _check_eval(
 def _moments(sig: Signature, param: str) -> list[str]:
     """The moment inputs ``sig`` takes for ``param`` (``<p>.exp_avg``, ``<p>.exp_avg_sq``; none for SGD's step)."""
     return [m for m in moment_names(param) if m in sig.inputs]
+
+
+def _updated(sig: Signature, param: str) -> list[str]:
+    """The moments of ``param`` that ``sig`` returns updated (two for AdamW, none for SGD, which keeps its moment)."""
+    return [m for m in moment_names(param) if updated_name(m) in sig.outputs]
 
 
 def _check_updates(check: _Checker, sig: Signature, trainable: list[str], gradients: bool) -> None:

@@ -138,3 +138,20 @@ def test_a_step_model_of_another_optimizer_is_refused(generations, tmp_path):
     mixed = _mixed(tmp_path, generations["base", True], other, "step_model.onnx")
     with pytest.raises(InvalidValueError, match=r"step_model\.onnx.*optimizer_model\.onnx.*different optimizers"):
         TrainingSession(mixed)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Could not find an implementation for OneHot(11) node with name 'OneHot_0'",
+        "Failed to find kernel for OneHot(11) (node:'OneHot_0' ep:'CPUExecutionProvider'). Op with name ...",
+    ],
+)
+def test_a_portable_model_without_a_kernel_names_the_op_and_does_not_say_regenerate_portable(message):
+    from onnxblocks.runtime.backend_portable import _load_error
+
+    error = _load_error("1.32.0", "training model", "/a/training_model.onnx", message)
+    assert isinstance(error, OnnxBlocksError) and isinstance(error, ValueError)
+    text = str(error)
+    assert "no kernel for OneHot (node 'OneHot_0')" in text and "'/a/training_model.onnx'" in text
+    assert "regenerate" not in text
