@@ -25,7 +25,6 @@ Runtime's layout (optimizer group ``group0``, moments ``momentum0`` /
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateEr
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
-from onnxblocks.runtime.consistency import check_artifact_set
+from onnxblocks.runtime.consistency import check_artifact_set, load_error
 from onnxblocks.runtime.layout import ArtifactFiles
 
 
@@ -60,7 +59,7 @@ class _Model:
         try:
             self.session = ort.InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:
-            raise _load_error(ort.__version__, what, source, _ort.clean_message(exc)) from None
+            raise load_error(ort.__version__, what, source, _ort.clean_message(exc)) from None
         self.run = self.session._sess.run_with_iobinding
         self.what = what
         self.inputs = [i.name for i in self.session.get_inputs()]
@@ -374,34 +373,6 @@ class PortableBackend:
             optimizer_state=state,
             properties=self._props,
         )
-
-
-#: How ONNX Runtime says it has no kernel for a node (its two wordings), capturing the op and the node.
-_NO_KERNEL = re.compile(
-    r"(?:Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'"
-    r"|Failed to find kernel for (\w+)\(\d+\) \(node:'([^']*)')"
-)
-
-
-def _load_error(version: str, what: str, source: str | bytes, message: str) -> PortabilityError:
-    """The error for a portable model this onnxruntime cannot load, naming the op without a kernel when it is one.
-
-    The artifacts are portable already: regenerating them the same way would not help.
-    """
-    where = f" '{source}'" if isinstance(source, str) else ""
-    match = _NO_KERNEL.search(message)
-    if match is None:
-        return PortabilityError(
-            f"onnxruntime {version} cannot load the {what}{where}: {message}. The file is not a model of these "
-            "portable artifacts, or it is damaged: regenerate the artifacts (generate_artifacts(..., portable=True))."
-        )
-    op_type, node = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-    return PortabilityError(
-        f"onnxruntime {version} has no kernel for {op_type} (node '{node}') of the {what}{where}, for the element "
-        f"types these portable artifacts use ({message}). Generation refuses the options it knows ONNX Runtime "
-        "cannot run (docs/losses.md, 'Loss options and dtypes'); for this one, use float32 values for the part of "
-        "the model around that node, or train on the training build (portable=False)."
-    )
 
 
 def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:

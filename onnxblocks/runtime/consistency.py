@@ -22,10 +22,14 @@ A mismatch raises :class:`~onnxblocks.errors.CheckpointMismatchError` (a file
 against the checkpoint) or :class:`~onnxblocks.errors.InvalidValueError` (two
 models against each other) naming the file and the parameter or input.
 ORT-format models (``.ort``) cannot be read here and are not checked.
+
+:func:`load_error` words the error for a portable model the installed
+onnxruntime cannot load (naming the op without a kernel).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +47,7 @@ from onnxblocks._core.contracts import (
     moment_names,
     updated_name,
 )
-from onnxblocks._core.errors import CheckpointMismatchError, InvalidValueError, preview
+from onnxblocks._core.errors import CheckpointMismatchError, InvalidValueError, PortabilityError, preview
 from onnxblocks._core.weights import load_structure
 from onnxblocks.runtime.layout import ArtifactFiles
 
@@ -289,3 +293,31 @@ def _check_step_user_values(
             f"{step.title} returns {preview(list(step.outputs)[: len(user_outputs)])} first, but {training.label} "
             f"returns {preview(user_outputs)}: the two come from different models. {_REGENERATE}"
         )
+
+
+#: How ONNX Runtime says it has no kernel for a node (its two wordings), capturing the op and the node.
+_NO_KERNEL = re.compile(
+    r"(?:Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'"
+    r"|Failed to find kernel for (\w+)\(\d+\) \(node:'([^']*)')"
+)
+
+
+def load_error(version: str, what: str, source: str | bytes, message: str) -> PortabilityError:
+    """The error for a portable model this onnxruntime cannot load, naming the op without a kernel when it is one.
+
+    The artifacts are portable already: regenerating them the same way would not help.
+    """
+    where = f" '{source}'" if isinstance(source, str) else ""
+    match = _NO_KERNEL.search(message)
+    if match is None:
+        return PortabilityError(
+            f"onnxruntime {version} cannot load the {what}{where}: {message}. The file is not a model of these "
+            "portable artifacts, or it is damaged: regenerate the artifacts (generate_artifacts(..., portable=True))."
+        )
+    op_type, node = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return PortabilityError(
+        f"onnxruntime {version} has no kernel for {op_type} (node '{node}') of the {what}{where}, for the element "
+        f"types these portable artifacts use ({message}). Generation refuses the options it knows ONNX Runtime "
+        "cannot run (docs/losses.md, 'Loss options and dtypes'); for this one, use float32 values for the part of "
+        "the model around that node, or train on the training build (portable=False)."
+    )

@@ -148,9 +148,9 @@ def test_a_step_model_of_another_optimizer_is_refused(generations, tmp_path):
     ],
 )
 def test_a_portable_model_without_a_kernel_names_the_op_and_does_not_say_regenerate_portable(message):
-    from onnxblocks.runtime.backend_portable import _load_error
+    from onnxblocks.runtime.consistency import load_error
 
-    error = _load_error("1.32.0", "training model", "/a/training_model.onnx", message)
+    error = load_error("1.32.0", "training model", "/a/training_model.onnx", message)
     assert isinstance(error, OnnxBlocksError) and isinstance(error, ValueError)
     text = str(error)
     assert "no kernel for OneHot (node 'OneHot_0')" in text and "'/a/training_model.onnx'" in text
