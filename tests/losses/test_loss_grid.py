@@ -7,7 +7,8 @@ unbatched ``[C]``, with ``ignore_index``, ``weight``, ``label_smoothing`` and
 every reduction (``"none"`` is summed, so that it is a trainable scalar). Each
 cell's artifacts are generated once per backend:
 
-* the training build's artifacts train here (Python 3.11, onnxruntime-training 1.19.2);
+* the training build's artifacts train here (Python 3.11, onnxruntime-training 1.19.2), and so do the
+  portable artifacts, on that build's inference kernels;
 * the portable artifacts train on stock onnxruntime in the Python 3.13 worker
   (``support/loss_grid_worker.py``; every cell in one worker run), by ``train_step``
   and by the fused step model.
@@ -249,6 +250,7 @@ class Outcome:
     refused: str | None = None
     expected: tuple[float, np.ndarray] | None = None
     training: tuple[float, np.ndarray] | None = None
+    portable_here: tuple[float, np.ndarray] | None = None
     portable: dict | None = None
 
 
@@ -287,6 +289,9 @@ def grid(request, tmp_path_factory, portable_python) -> dict[str, Outcome]:
         session = TrainingSession(root / f"{n}-training")
         loss = session.train_step(*inputs)[0]
         outcome.training = (float(loss), session.gradients()["W"])
+        session = TrainingSession(root / f"{n}-portable")  # on the training build's inference kernels
+        loss = session.train_step(*inputs)[0]
+        outcome.portable_here = (float(loss), session.gradients()["W"])
         np.savez(root / f"{n}.npz", **{f"x{i}": a for i, a in enumerate(inputs)})
         tasks.append({"id": cell.id, "directory": str(root / f"{n}-portable"), "data": str(root / f"{n}.npz")})
     answer = run_grid_worker(portable_python, {"cells": tasks})
@@ -308,6 +313,7 @@ def test_loss_cell_trains_on_both_backends_or_is_refused_at_generation(grid, cel
         return
     assert outcome.refused is None, outcome.refused
     assert outcome.expected is not None and outcome.training is not None and outcome.portable is not None
+    assert outcome.portable_here is not None
     assert "error" not in outcome.portable, outcome.portable.get("trace", outcome.portable)
     assert outcome.portable["backend"] == "portable"
     loss_rtol, loss_atol, grad_rtol, grad_atol = TOLERANCES[cell.dtype]
@@ -317,6 +323,7 @@ def test_loss_cell_trains_on_both_backends_or_is_refused_at_generation(grid, cel
         np.testing.assert_array_equal(want_grad, 0.0)
     for backend, loss, grad in (
         ("training build", outcome.training[0], outcome.training[1]),
+        ("portable, onnxruntime-training 1.19.2", outcome.portable_here[0], outcome.portable_here[1]),
         ("stock onnxruntime (portable)", outcome.portable["loss"], outcome.portable["gradients"]["W"]),
         ("stock onnxruntime (fused step)", outcome.portable["fused_loss"], None),
     ):
