@@ -115,8 +115,8 @@ class CrossEntropyLoss(ClassLoss):
         """ONNX ``SoftmaxCrossEntropyLoss``; ORT's gradient needs its second output (log-probabilities).
 
         A weighted or masked ``"mean"`` is the op's ``"none"`` losses summed and divided
-        here: ONNX Runtime 1.19.2's kernel gives 0 when every label is ignored, where
-        torch (and later ONNX Runtimes) give NaN.
+        here: ONNX Runtime 1.19.2's kernel gives 0 when no label counts (every label
+        ignored, or weighing 0), where torch (and later ONNX Runtimes) give NaN.
         """
         acc = self.accessor
         if layout == "flatten":
@@ -124,7 +124,7 @@ class CrossEntropyLoss(ClassLoss):
             flat_shape = acc.constant([-1], dtype=np.int64, name_hint="flat_shape")
             labels_2d, labels = labels, acc.op("Reshape", [labels, flat_shape])
         inputs = [scores, labels] + ([self._weight_const(scores)] if self._weight is not None else [])
-        own_mean = self.reduction == "mean" and self._ignore_index is not None
+        own_mean = self.reduction == "mean" and (self._ignore_index is not None or self._weight is not None)
         reduction = "none" if own_mean else self.reduction
         loss_name = acc.names.fresh(self._name_hint)
         loss, _ = acc.op(
