@@ -64,6 +64,12 @@ class _Model:
         self.what = what
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
+        #: outputs whose shape is not fixed (it may follow the batch): bound afresh when the batch's shapes change
+        self.dynamic = frozenset(
+            o.name
+            for o in self.session.get_outputs()
+            if o.shape is None or not all(isinstance(d, int) for d in o.shape)
+        )
 
     def binding(self) -> Any:
         return _ort.capi().SessionIOBinding(self.session._sess)
@@ -258,7 +264,7 @@ class PortableBackend:
         for name, array in zip(names, arrays, strict=True):
             binding.bind_input(name, array)
         count = len(user_outputs)
-        if count:
+        if count and not model.dynamic.isdisjoint(user_outputs):
             # A binding keeps its output tensors and writes the next run into them: an output whose shape follows
             # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the batch's shapes
             # change, so ONNX Runtime allocates it in the new shape.
