@@ -7,21 +7,29 @@
 //                        row order of each epoch) and learning_rates (one per step): the batches
 //                        and the schedule of the Python demo, so Python can replay them exactly
 //
+//   artifacts/inference_model.onnx (+ .json)  the inference model with the initial weights and where they lie:
+//                        "Download model" fills it with the trained weights (src/inference.mjs)
+//
 // Query parameters: ?steps=N stops after N steps (the parity test uses it); ?grid=N sets the
-// decision-region resolution. `window.onnxblocksDemo` reports progress to tests.
+// decision-region resolution; ?epochs=N and ?lr=X (the form) train N epochs with the plan's
+// schedule stretched to them and scaled to peak X (the defaults replay the plan exactly).
+// `window.onnxblocksDemo` reports progress to tests.
 
-import { downloadState, fetchBytes, loadTrainer, ort, parseSafetensors, serializeState } from '../src/browser.mjs';
-import { drawLoss, drawRegions, gridPoints, softmaxRows } from './plot.mjs';
+import { downloadBytes, downloadState, fetchBytes, fetchInferenceTemplate, fillInferenceModel, loadTrainer, ort, parseSafetensors, serializeState } from '../src/browser.mjs';
+import { drawLoss, drawRegions, gridPoints, schedule, softmaxRows, stepsPerSecond } from './plot.mjs';
 
 const query = new URLSearchParams(location.search);
 const maxSteps = query.has('steps') ? Number(query.get('steps')) : Infinity;
 const gridSize = Number(query.get('grid') ?? 72);
+/** The file name the trained model downloads as. */
+const MODEL_FILE = 'spiral_classifier.onnx';
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
 
 /**
  * What the page reports (read by the browser test through `window.onnxblocksDemo`).
  * @type {{status: string, steps: number, losses: number[], valAccuracy: number[], error: string | null,
- *   onnxruntime: string | undefined, stepsPerSecond: number, exportState: () => Promise<string>}}
+ *   onnxruntime: string | undefined, stepsPerSecond: number | null, epochs: number, peakLearningRate: number,
+ *   shown: string[], exportState: () => Promise<string>}}
  */
 const report = {
   status: 'loading',
@@ -30,7 +38,10 @@ const report = {
   valAccuracy: [],
   error: null,
   onnxruntime: ort.env.versions?.web,
-  stepsPerSecond: 0,
+  stepsPerSecond: null,
+  epochs: 0,
+  peakLearningRate: 0,
+  shown: [],
   exportState: async () => '',
 };
 Object.assign(window, { onnxblocksDemo: report });
@@ -58,22 +69,41 @@ async function main() {
   const valFeatures = get('val_features');
   const valLabels = get('val_labels');
   const order = /** @type {Int32Array} */ (get('order').data);
-  const rates = /** @type {Float64Array} */ (get('learning_rates').data);
+  const planRates = /** @type {Float64Array} */ (get('learning_rates').data);
   const rows = labels.length;
   const batchSize = Number(plan.metadata.batch_size);
   const classes = Number(plan.metadata.classes);
   const extent = Number(plan.metadata.extent);
   const perEpoch = Math.ceil(rows / batchSize);
+  const planEpochs = Math.round(planRates.length / perEpoch);
+  const planPeak = planRates.reduce((a, b) => Math.max(a, b), 0);
+  const epochs = positive(query.get('epochs'), planEpochs, true);
+  const peak = positive(query.get('lr'), planPeak, false);
+  const rates = schedule(planRates, epochs * perEpoch, peak / planPeak);
   const totalSteps = Math.min(rates.length, maxSteps);
+  Object.assign(report, { epochs, peakLearningRate: peak });
+  const epochsInput = /** @type {HTMLInputElement} */ ($('epochs'));
+  const lrInput = /** @type {HTMLInputElement} */ ($('lr'));
+  epochsInput.value = String(epochs);
+  lrInput.value = String(Number(peak.toPrecision(6)));
+  $('settings').onsubmit = (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams(location.search);
+    next.set('epochs', epochsInput.value);
+    next.set('lr', lrInput.value);
+    next.delete('steps');
+    location.search = next.toString();
+  };
 
-  const { trainer } = await loadTrainer('../artifacts/');
+  const [{ trainer }, inference] = await Promise.all([loadTrainer('../artifacts/'), fetchInferenceTemplate('../artifacts/')]);
+  for (const element of document.querySelectorAll('#usage .input')) element.textContent = inference.layout.inputs[0];
   const [featureName, labelName] = trainer.inputNames;
   const grid = { features: gridPoints(gridSize, extent), labels: new BigInt64Array(gridSize * gridSize) };
   report.exportState = async () => base64(serializeState(await trainer.state()));
 
   /** @param {number} step */
   const batch = (step) => {
-    const epoch = Math.floor(step / perEpoch);
+    const epoch = Math.floor(step / perEpoch) % planEpochs; // more epochs than the plan: its orders again
     const start = epoch * rows + (step % perEpoch) * batchSize;
     const picked = order.subarray(start, Math.min(start + batchSize, (epoch + 1) * rows));
     const x = new Float32Array(picked.length * 2);
@@ -110,7 +140,11 @@ async function main() {
     const epoch = Math.floor(report.steps / perEpoch);
     const accuracy = report.valAccuracy.length ? report.valAccuracy[report.valAccuracy.length - 1].toFixed(3) : '—';
     const loss = report.losses.length ? report.losses[report.losses.length - 1].toFixed(4) : '—';
-    $('status').textContent = `onnxruntime-web ${report.onnxruntime} (wasm)   epoch ${epoch}/${Math.ceil(totalSteps / perEpoch)}   step ${report.steps}/${totalSteps}   loss ${loss}   validation accuracy ${accuracy}   ${report.stepsPerSecond.toFixed(0)} steps/s   ${report.status}`;
+    const speed = report.stepsPerSecond === null ? '—' : report.stepsPerSecond.toFixed(0);
+    const text = `onnxruntime-web ${report.onnxruntime} (wasm)   epoch ${epoch}/${Math.ceil(totalSteps / perEpoch)}   step ${report.steps}/${totalSteps}   loss ${loss}   validation accuracy ${accuracy}   ${speed} steps/s   ${report.status}`;
+    $('status').textContent = text;
+    report.shown.push(text);
+    if (report.shown.length > 50) report.shown.splice(0, report.shown.length - 50);
   };
 
   let paused = false;
@@ -121,22 +155,27 @@ async function main() {
   };
   /** @type {HTMLButtonElement} */ ($('restart')).onclick = () => location.reload();
   /** @type {HTMLButtonElement} */ ($('download')).onclick = async () => downloadState(await trainer.state());
-  for (const id of ['pause', 'restart', 'download']) /** @type {HTMLButtonElement} */ ($(id)).disabled = false;
+  /** @type {HTMLButtonElement} */ ($('download-model')).onclick = async () => {
+    downloadBytes(fillInferenceModel(inference.template, inference.layout, (await trainer.state()).tensors), MODEL_FILE);
+  };
+  for (const id of ['pause', 'restart', 'download', 'download-model']) /** @type {HTMLButtonElement} */ ($(id)).disabled = false;
 
   await evaluate();
   report.status = 'training';
   show();
-  const started = performance.now();
-  let lastFrame = started;
+  let trainingMs = 0; // time spent in training steps only: pauses, evaluation and painting do not count
+  let lastFrame = performance.now();
   while (report.steps < totalSteps) {
     if (paused) {
       await new Promise((resolve) => setTimeout(resolve, 100));
       continue;
     }
+    const before = performance.now();
     const { loss } = await trainer.trainStep(batch(report.steps), rates[report.steps]);
+    trainingMs += performance.now() - before;
     report.losses.push(loss);
     report.steps += 1;
-    report.stepsPerSecond = report.steps / ((performance.now() - started) / 1000);
+    report.stepsPerSecond = stepsPerSecond(report.steps, trainingMs);
     if (report.steps % perEpoch === 0 || report.steps === totalSteps) await evaluate();
     if (performance.now() - lastFrame > 50 || report.steps === totalSteps) {
       show();
@@ -147,6 +186,19 @@ async function main() {
   report.status = 'done';
   pause.disabled = true;
   show();
+}
+
+/**
+ * A query parameter as a positive number, else the default.
+ * @param {string | null} text
+ * @param {number} fallback
+ * @param {boolean} integer
+ * @returns {number}
+ */
+function positive(text, fallback, integer) {
+  const value = Number(text);
+  if (text === null || !Number.isFinite(value) || value <= 0 || (integer && !Number.isInteger(value))) return fallback;
+  return value;
 }
 
 /**

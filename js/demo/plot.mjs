@@ -1,4 +1,4 @@
-// Canvas drawings of the demo page: the loss curve and the decision regions. No dependencies.
+// Canvas drawings of the demo page (the loss curve, the decision regions) and the numbers it shows. No dependencies.
 
 /** Class colours (RGB). */
 export const COLORS = /** @type {const} */ ([
@@ -158,4 +158,30 @@ function niceStep(value) {
   const magnitude = 10 ** Math.floor(Math.log10(value));
   for (const step of [1, 2, 2.5, 5]) if (value <= step * magnitude) return step * magnitude;
   return 10 * magnitude;
+}
+
+/**
+ * Steps per second, or null while it cannot be told (no time measured yet: a paused or coarse clock).
+ * @param {number} steps
+ * @param {number} ms
+ * @returns {number | null}
+ */
+export function stepsPerSecond(steps, ms) {
+  const rate = steps / (ms / 1000);
+  return ms > 0 && Number.isFinite(rate) ? rate : null;
+}
+
+/**
+ * The learning rate of each of `steps` steps: the plan's schedule stretched to them and scaled by `scale`
+ * (the plan's own rates when `steps` and `scale` are the plan's).
+ * @param {Float64Array} plan
+ * @param {number} steps
+ * @param {number} scale
+ * @returns {Float64Array}
+ */
+export function schedule(plan, steps, scale) {
+  if (steps === plan.length && scale === 1) return plan;
+  const out = new Float64Array(steps);
+  for (let i = 0; i < steps; i++) out[i] = plan[Math.min(plan.length - 1, Math.floor((i * plan.length) / steps))] * scale;
+  return out;
 }

@@ -8,11 +8,15 @@ import * as ort from 'onnxruntime-web/wasm';
 
 import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
+import { fillInferenceModel, parseLayout } from './inference.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
+export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
 export { ort };
+
+/** @typedef {import('./inference.mjs').TemplateLayout} TemplateLayout */
 
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */
 
@@ -48,13 +52,37 @@ export async function loadTrainer(base, { evaluate = true, sessionOptions = { ex
 }
 
 /**
+ * Offer bytes to the user as a file download.
+ * @param {Uint8Array} bytes
+ * @param {string} filename
+ */
+export function downloadBytes(bytes, filename) {
+  const url = URL.createObjectURL(new Blob([/** @type {Uint8Array<ArrayBuffer>} */ (bytes)], { type: 'application/octet-stream' }));
+  const link = Object.assign(document.createElement('a'), { href: url, download: filename });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+/**
  * Offer a state to the user as a file download (`params.safetensors`).
  * @param {TrainingState} state
  * @param {string} [filename]
  */
 export function downloadState(state, filename = 'params.safetensors') {
-  const url = URL.createObjectURL(new Blob([/** @type {Uint8Array<ArrayBuffer>} */ (serializeState(state))], { type: 'application/octet-stream' }));
-  const link = Object.assign(document.createElement('a'), { href: url, download: filename });
-  link.click();
-  setTimeout(() => URL.revokeObjectURL(url), 1000);
+  downloadBytes(serializeState(state), filename);
+}
+
+/**
+ * The inference-model template of the artifacts served at `base` (`inference_model.onnx` and its `.json` layout),
+ * written by Python's `onnxblocks.web.write_inference_template`.
+ * @param {string | URL} base  the directory URL (ends with `/`)
+ * @param {string} [name]  the template's file name
+ * @returns {Promise<{template: Uint8Array, layout: TemplateLayout}>}
+ */
+export async function fetchInferenceTemplate(base, name = 'inference_model.onnx') {
+  const at = (/** @type {string} */ file) => new URL(file, new URL(base, globalThis.location?.href)).href;
+  const [template, layoutBytes] = await Promise.all([fetchBytes(at(name)), fetchBytes(at(`${name}.json`))]);
+  return { template, layout: parseLayout(JSON.parse(new TextDecoder().decode(layoutBytes)), template.length) };
 }

@@ -6,16 +6,23 @@ import ort from 'onnxruntime-node';
 
 import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
+import { fillInferenceModel, parseLayout } from './inference.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
+export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
 export { ort };
 
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */
 
 /** File names inside a portable artifact directory (onnxblocks `ArtifactNames`, docs/web.md). */
-export const FILES = Object.freeze({ stepModel: 'step_model.onnx', evalModel: 'eval_model.onnx', state: 'params.safetensors' });
+export const FILES = Object.freeze({
+  stepModel: 'step_model.onnx',
+  evalModel: 'eval_model.onnx',
+  state: 'params.safetensors',
+  inferenceModel: 'inference_model.onnx',
+});
 
 /**
  * Read a state file (`params.safetensors`).
@@ -71,4 +78,33 @@ export async function loadTrainer(directory, { state, evaluate = true, sessionOp
     state: loaded,
     sessionOptions,
   });
+}
+
+/**
+ * Write the trained inference model: the artifacts' `inference_model.onnx` template filled with the trainer's
+ * parameters (the template and its `.json` layout come from Python's `onnxblocks.web.write_inference_template`).
+ * @param {string} directory  the artifact directory holding the template
+ * @param {Trainer} trainer
+ * @param {string} path  the `.onnx` file to write (replaced atomically)
+ * @returns {Promise<string>} the path
+ */
+export async function exportInferenceModel(directory, trainer, path) {
+  const templatePath = join(directory, FILES.inferenceModel);
+  let template;
+  let layoutText;
+  try {
+    [template, layoutText] = await Promise.all([readFile(templatePath), readFile(`${templatePath}.json`, 'utf8')]);
+  } catch (error) {
+    if (/** @type {NodeJS.ErrnoException} */ (error).code === 'ENOENT') {
+      throw new Error(`no inference model template '${templatePath}' (+ .json): write it in Python with onnxblocks.web.write_inference_template('${directory}', ['<output>'])`);
+    }
+    throw error;
+  }
+  const bytes = new Uint8Array(template.buffer, template.byteOffset, template.byteLength);
+  const layout = parseLayout(JSON.parse(layoutText), bytes.length);
+  const filled = fillInferenceModel(bytes, layout, (await trainer.state()).tensors);
+  const temp = `${path}.${process.pid}.tmp`;
+  await writeFile(temp, filled);
+  await rename(temp, path);
+  return path;
 }

@@ -20,7 +20,7 @@ import { momentNames } from './state.mjs';
 /** @typedef {import('./safetensors.mjs').NamedTensor} NamedTensor */
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */
 /** @typedef {string | Uint8Array | ArrayBuffer} ModelSource  a path (Node), a URL (browser) or the model's bytes */
-/** @typedef {Tensor | NamedTensor} InputValue  an ORT tensor, or a plain `{dtype, shape, data}` */
+/** @typedef {Tensor | Omit<NamedTensor, 'name'> & {name?: string}} InputValue  an ORT tensor, or a plain `{dtype, shape, data}` */
 /** @typedef {InputValue[] | Record<string, InputValue>} Inputs  in the model's input order, or by name */
 
 /**
@@ -271,7 +271,7 @@ function toOrt(ort, tensor) {
  */
 function asOrt(ort, value, name) {
   if (value instanceof ort.Tensor) return value;
-  if (value && typeof value === 'object' && 'dtype' in value && 'data' in value && 'shape' in value) return toOrt(ort, value);
+  if (value && typeof value === 'object' && 'dtype' in value && 'data' in value && 'shape' in value) return toOrt(ort, { ...value, name });
   if (value && typeof value === 'object' && 'type' in value && 'dims' in value && 'data' in value) {
     // a tensor of another copy of onnxruntime-common (instanceof fails across copies)
     return toOrt(ort, { name, dtype: /** @type {any} */ (value.type), shape: [...value.dims], data: /** @type {any} */ (value.data) });

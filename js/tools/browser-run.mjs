@@ -2,8 +2,11 @@
 // Open the browser demo in headless system Chromium (playwright-core, never a downloaded browser),
 // wait until it has trained, print what the page reports as one JSON line, take a screenshot.
 //
-//   node tools/browser-run.mjs URL [--screenshot FILE] [--state FILE] [--chromium /usr/bin/chromium] [--timeout 180]
+//   node tools/browser-run.mjs URL [--screenshot FILE] [--state FILE] [--model FILE] [--widths 360,420]
+//                              [--chromium /usr/bin/chromium] [--timeout 180]
 //
+// --model clicks the page's "Download model" button and saves the download; --widths reports, for each
+// viewport width, how many pixels the page overflows horizontally (`overflow`: {width: pixels}).
 // Chromium runs with the flags a machine without network access needs (docs/web.md) and a fresh
 // --user-data-dir, removed afterwards. Every request that leaves the page's own origin is aborted
 // and reported (`offOrigin`): the page must work offline, from the served files.
@@ -33,11 +36,13 @@ async function main() {
     options: {
       screenshot: { type: 'string' },
       state: { type: 'string' },
+      model: { type: 'string' },
+      widths: { type: 'string' },
       chromium: { type: 'string', default: '/usr/bin/chromium' },
       timeout: { type: 'string', default: '180' },
     },
   });
-  if (positionals.length !== 1) throw new TypeError('usage: browser-run.mjs URL [--screenshot FILE] [--state FILE] [--chromium PATH] [--timeout S]');
+  if (positionals.length !== 1) throw new TypeError('usage: browser-run.mjs URL [--screenshot FILE] [--state FILE] [--model FILE] [--widths W,W] [--chromium PATH] [--timeout S]');
   const url = new URL(positionals[0]);
   const timeout = Number(values.timeout) * 1000;
   const profile = await mkdtemp(join(tmpdir(), 'onnxblocks-chromium-'));
@@ -52,6 +57,7 @@ async function main() {
     viewport: { width: 1000, height: 580 },
     deviceScaleFactor: 1,
     offline: false,
+    acceptDownloads: true,
   });
   try {
     await context.route('**/*', (route) => {
@@ -82,9 +88,21 @@ async function main() {
       const encoded = await page.evaluate(() => /** @type {any} */ (window).onnxblocksDemo.exportState());
       await writeFile(values.state, Buffer.from(encoded, 'base64'));
     }
+    if (values.model && report.status === 'done') {
+      const [download] = await Promise.all([page.waitForEvent('download', { timeout }), page.click('#download-model')]);
+      await download.saveAs(values.model);
+      report.modelFile = download.suggestedFilename();
+    }
     if (values.screenshot) await page.screenshot({ path: values.screenshot, fullPage: true });
+    /** @type {Record<string, number>} */
+    const overflow = {};
+    for (const width of (values.widths ?? '').split(',').filter(Boolean).map(Number)) {
+      await page.setViewportSize({ width, height: 800 });
+      overflow[width] = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      if (values.screenshot) await page.screenshot({ path: values.screenshot.replace(/\.png$/, `-${width}.png`), fullPage: true });
+    }
     const browserVersion = context.browser()?.version() ?? null;
-    console.log(JSON.stringify({ ...report, offOrigin, console: console_, chromium: browserVersion }));
+    console.log(JSON.stringify({ ...report, overflow, offOrigin, console: console_, chromium: browserVersion }));
   } finally {
     await context.close();
     await rm(profile, { recursive: true, force: true });

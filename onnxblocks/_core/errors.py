@@ -127,9 +127,11 @@ class CheckpointMismatchError(CheckpointFormatError):
 class TrainingBuildRequiredError(OnnxBlocksError, ImportError):
     """The installed onnxruntime is the stock build, and the call needs onnxruntime-training.
 
-    Generating artifacts (autodiff) and running non-portable artifacts need the
-    training build (``onnxruntime-training``, Python <= 3.12). Portable artifacts
-    (``generate_artifacts(..., portable=True)``) train on stock onnxruntime.
+    Running non-portable artifacts needs the training build (``onnxruntime-training``,
+    Python <= 3.12); portable artifacts (``generate_artifacts(..., portable=True)``)
+    train on stock onnxruntime. Generating artifacts on stock onnxruntime sends ONNX
+    Runtime's gradient builder to a worker Python 3.10-3.12 (docs/training.md); this
+    is raised when none can be found or set up, saying what to install.
     """
 
 

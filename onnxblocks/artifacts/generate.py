@@ -33,6 +33,7 @@ from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
+from onnxblocks.gradient import ort_bridge, worker
 
 logger = logging.getLogger(__name__)
 
@@ -317,8 +318,9 @@ def _generate(
         models = [TRAINING_MODEL, EVAL_MODEL] + ([OPTIMIZER_MODEL] if optimizer_model is not None else [])
         models += [STEP_MODEL] if step_model is not None else []
         if ort_format:
+            convert = ort_bridge.to_ort_format_in_worker if worker.uses_worker() else to_ort_format
             for stem in models:
-                to_ort_format(stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries)
+                convert(stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries)
         written = sorted(p.name for p in stage.iterdir() if p.name != OWNER_FILE)
     files = tuple(directory / n for n in written)
     logger.info("Wrote training artifacts to %s: %s", directory, ", ".join(written))

@@ -1,4 +1,4 @@
-"""The ``onnxblocks`` command line: artifacts, inspect, train, demo.
+"""The ``onnxblocks`` command line: artifacts, inspect, train, demo, doctor.
 
 Run ``onnxblocks --help`` (or ``python -m onnxblocks.cli --help``). Exit codes
 are documented in :mod:`onnxblocks.cli.app`.

@@ -9,19 +9,27 @@
   artifacts are built, not when training starts.
 
 ONNX Runtime is imported (through :mod:`onnxblocks._core.ort`) only when these
-run; its messages are read by :mod:`onnxblocks._core.ort_errors`.
+run; its messages are read by :mod:`onnxblocks._core.ort_errors`. On a Python
+whose onnxruntime is the stock build (3.13+), :func:`run_gradient_builder`,
+:func:`check_kernels` and :func:`to_ort_format_in_worker` send the serialised
+skeleton (no weight bytes) to a worker Python with onnxruntime-training
+(:mod:`onnxblocks.gradient.worker`); its failures are explained exactly as
+in-process ones.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.errors import DataFileError, GradientError, preview
+from onnxblocks.gradient import worker
 from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.parameters import ParameterPartition
 from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
@@ -58,12 +66,81 @@ def session_options(custom_op_libraries: Sequence[str]) -> Any:
         try:
             options.register_custom_ops_library(library)
         except Exception as exc:
-            raise DataFileError(
-                f"ONNX Runtime could not load the custom op library '{library}': "
-                f"{ort_errors.clean_message(exc)}. Pass the path of a shared library built against onnxruntime "
-                "1.19.2 that registers the model's custom ops."
-            ) from None
+            raise _library_error(library, exc) from None
     return options
+
+
+def _library_error(library: str, error: BaseException | str) -> DataFileError:
+    return DataFileError(
+        f"ONNX Runtime could not load the custom op library '{library}': "
+        f"{ort_errors.clean_message(error)}. Pass the path of a shared library built against onnxruntime "
+        "1.19.2 that registers the model's custom ops."
+    )
+
+
+class GradientBuilderError(GradientError):
+    """ONNX Runtime's gradient builder refused the (optimized) model; callers turn it into a GradientError."""
+
+    def __init__(self, message: str, optimized: onnx.ModelProto) -> None:
+        super().__init__(message)
+        self.message = message
+        self.optimized = optimized
+
+
+def run_gradient_builder(
+    model: onnx.ModelProto, requires_grad: set[str], ys: set[str], seed: str, custom_op_libraries: Sequence[str]
+) -> onnx.ModelProto:
+    """ONNX Runtime's pre-training optimizer and gradient builder on ``model`` (already stamped), bytes in, bytes out.
+
+    In this process when its onnxruntime is the training build, else in the worker
+    Python (:mod:`onnxblocks.gradient.worker`), which gets the serialised skeleton
+    graph and the names only.
+
+    Args:
+        model: The model, parameters as graph inputs, large weights held (no weight bytes).
+        requires_grad: The values gradients are wanted for.
+        ys: The y nodes (the loss, or the outputs a VJP starts from).
+        seed: The loss whose gradient is seeded with 1, or ``""`` (the ys' gradients are inputs).
+        custom_op_libraries: Shared libraries with custom ops.
+
+    Raises:
+        GradientError: when ONNX Runtime cannot load or optimize the model.
+        GradientBuilderError: when its gradient builder fails (the message and the optimized model).
+        DataFileError: when a custom op library does not load.
+        TrainingBuildRequiredError: on stock onnxruntime without a Python 3.10-3.12 for the worker.
+    """
+    serialized = model.SerializeToString()
+    if worker.uses_worker():
+        fields = {"requires_grad": sorted(requires_grad), "ys": sorted(ys), "seed": seed}
+        fields["custom_op_libraries"] = list(custom_op_libraries)
+        answer, blobs = worker.call("gradient", fields, [serialized])
+        if "error" not in answer:
+            return onnx.load_from_string(blobs[0])
+        _raise_failure(answer["stage"], answer["error"], blobs[0] if blobs else b"")
+    from onnxblocks._core.ort import require_training_build
+
+    C = require_training_build("Generating training artifacts (ONNX Runtime's gradient builder)")
+    options = session_options(custom_op_libraries)
+    optimized = optimize_for_gradient(C, serialized, requires_grad, options)
+    try:
+        builder = C.GradientGraphBuilder(optimized, ys, requires_grad, seed, options)
+        builder.build()
+        result: bytes = builder.get_model()
+    except Exception as exc:
+        raise GradientBuilderError(ort_errors.clean_message(exc), onnx.load_from_string(optimized)) from None
+    return onnx.load_from_string(result)
+
+
+def _raise_failure(stage: str, message: str, optimized: bytes) -> NoReturn:
+    """Raise what the in-process call raises for the worker's failure at ``stage``."""
+    if stage == "library":
+        library, _, detail = message.partition("\n")
+        raise _library_error(library, detail)
+    if stage == "optimize":
+        raise _optimize_error(message)
+    if stage == "build":
+        raise GradientBuilderError(ort_errors.clean_message(message), onnx.load_from_string(optimized))
+    raise GradientError(f"The gradient-builder worker failed ({stage}): {ort_errors.clean_message(message)}")
 
 
 def differentiate(
@@ -82,35 +159,27 @@ def differentiate(
 
     Raises:
         GradientError: when ONNX Runtime cannot optimize or differentiate the model.
-        TrainingBuildRequiredError: on stock onnxruntime (no gradient builder).
+        TrainingBuildRequiredError: on stock onnxruntime without a Python 3.10-3.12 for the worker.
     """
-    from onnxblocks._core.ort import require_training_build
-
-    C = require_training_build("Generating training artifacts (ONNX Runtime's gradient builder)")
-    options = session_options(custom_op_libraries)
     requires_grad = set(partition.requires_grad)
     stamped = copy_model(forward)
     _limits.stamp_versions(stamped)
     seed = float_seed(stamped, loss)
-    optimized = optimize_for_gradient(C, stamped, requires_grad, options)
     try:
-        builder = C.GradientGraphBuilder(optimized, {seed}, requires_grad, seed, options)
-        builder.build()
-        result = builder.get_model()
-    except Exception as exc:
-        raise explain_gradient_failure(exc, forward, onnx.load_from_string(optimized), partition, loss) from None
-    training = onnx.load_from_string(result)
+        training = run_gradient_builder(stamped, requires_grad, {seed}, seed, custom_op_libraries)
+    except GradientBuilderError as failure:
+        raise explain_gradient_failure(failure.message, forward, failure.optimized, partition, loss) from None
     if seed != loss:
         drop_float_seed(training, seed)
     return training
 
 
-def optimize_for_gradient(C: Any, model: onnx.ModelProto, requires_grad: set[str], options: Any) -> bytes:
+def optimize_for_gradient(C: Any, model: bytes, requires_grad: set[str], options: Any) -> bytes:
     """ONNX Runtime's pre-training graph optimizations of ``model`` (serialized), run before its gradient builder.
 
     Args:
         C: ONNX Runtime's C bindings (the training build).
-        model: The model, already stamped with versions the runtime loads.
+        model: The serialized model, already stamped with versions the runtime loads.
         requires_grad: The values gradients are wanted for.
         options: Session options (custom op libraries registered).
 
@@ -118,17 +187,21 @@ def optimize_for_gradient(C: Any, model: onnx.ModelProto, requires_grad: set[str
         GradientError: when ONNX Runtime cannot load or optimize the model.
     """
     try:
-        optimized: bytes = C.get_optimized_model(model.SerializeToString(), requires_grad, options)
+        optimized: bytes = C.get_optimized_model(model, requires_grad, options)
     except Exception as exc:
-        raise GradientError(
-            "ONNX Runtime could not load or optimize the model before building its gradient: "
-            f"{ort_errors.clean_message(exc)}"
-        ) from None
+        raise _optimize_error(exc) from None
     return optimized
 
 
+def _optimize_error(error: BaseException | str) -> GradientError:
+    return GradientError(
+        "ONNX Runtime could not load or optimize the model before building its gradient: "
+        f"{ort_errors.clean_message(error)}"
+    )
+
+
 def explain_gradient_failure(
-    exc: BaseException,
+    exc: BaseException | str,
     forward: onnx.ModelProto,
     optimized: onnx.ModelProto,
     partition: ParameterPartition,
@@ -194,11 +267,19 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
     Raises:
         GradientError: naming the node, its op, the forward node it comes from and what to do.
     """
+    probe = copy_model(training)
+    held_constants_to_inputs(probe)
+    if worker.uses_worker():
+        answer, _ = worker.call("load", {"custom_op_libraries": list(custom_op_libraries)}, [probe.SerializeToString()])
+        if "error" in answer:
+            if answer["stage"] == "library":
+                library, _, detail = answer["error"].partition("\n")
+                raise _library_error(library, detail)
+            raise _load_error(answer["error"], probe, forward)
+        return
     from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()
-    probe = copy_model(training)
-    held_constants_to_inputs(probe)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -207,11 +288,33 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
     try:
         ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        message = ort_errors.clean_message(exc)
-        missing = ort_errors.missing_kernel(message)
-        if missing is None:
-            raise GradientError(f"The training model does not load in ONNX Runtime's CPU session: {message}") from None
-        raise _no_kernel(missing, probe, forward) from None
+        raise _load_error(exc, probe, forward) from None
+
+
+def _load_error(error: BaseException | str, probe: onnx.ModelProto, forward: onnx.ModelProto) -> GradientError:
+    message = ort_errors.clean_message(error)
+    missing = ort_errors.missing_kernel(message)
+    if missing is None:
+        return GradientError(f"The training model does not load in ONNX Runtime's CPU session: {message}")
+    return _no_kernel(missing, probe, forward)
+
+
+def to_ort_format_in_worker(model_path: Path, target: Path, custom_op_libraries: Sequence[str]) -> Path:
+    """Write the ORT-format copy of ``model_path`` to ``target`` with the worker's onnxruntime-training.
+
+    The stock onnxruntime of a Python 3.13+ has no training kernels (and writes
+    another ORT format version); the worker reads the model file and writes the
+    copy itself, so no weights go through the pipe.
+
+    Raises:
+        GradientError: when ONNX Runtime cannot convert the model.
+    """
+    fields = {"model_path": os.fspath(model_path), "target": os.fspath(target)}
+    answer, _ = worker.call("ort_format", {**fields, "custom_op_libraries": list(custom_op_libraries)})
+    if "error" in answer:
+        message = ort_errors.clean_message(answer["error"])
+        raise GradientError(f"ONNX Runtime could not write the ORT format of {model_path.name}: {message}")
+    return target
 
 
 def _no_kernel(missing: ort_errors.MissingKernel, probe: onnx.ModelProto, forward: onnx.ModelProto) -> GradientError:

@@ -284,27 +284,18 @@ def _differentiate(
     forward: onnx.ModelProto, gradients: Sequence[str], ys: Sequence[str], custom_op_libraries: Sequence[str]
 ) -> onnx.ModelProto:
     """ONNX Runtime's pre-training optimizer and gradient builder, with ``ys`` as y nodes and no loss."""
-    from onnxblocks._core.ort import require_training_build
-
-    C = require_training_build("Building a gradient graph (ONNX Runtime's gradient builder)")
-    options = ort_bridge.session_options(custom_op_libraries)
     stamped = copy_model(forward)
     _limits.stamp_versions(stamped)
     wanted = set(gradients)
-    optimized = ort_bridge.optimize_for_gradient(C, stamped, wanted, options)
     try:
-        builder = C.GradientGraphBuilder(optimized, set(ys), wanted, "", options)
-        builder.build()
-        result = builder.get_model()
-    except Exception as exc:
-        name = ort_errors.unreachable_value(ort_errors.clean_message(exc))
+        return ort_bridge.run_gradient_builder(stamped, wanted, set(ys), "", custom_op_libraries)
+    except ort_bridge.GradientBuilderError as failure:
+        name = ort_errors.unreachable_value(failure.message)
         if name is not None and name in wanted:
             raise _UnreachableError(name) from None
         partition = ParameterPartition(tuple(gradients), (), tuple(gradients))
-        raise ort_bridge.explain_gradient_failure(
-            exc, forward, onnx.load_from_string(optimized), partition, ys[0]
-        ) from None
-    return onnx.load_from_string(result)
+        message, optimized = failure.message, failure.optimized
+        raise ort_bridge.explain_gradient_failure(message, forward, optimized, partition, ys[0]) from None
 
 
 def _order_signature(

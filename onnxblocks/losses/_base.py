@@ -32,7 +32,7 @@ INDEX_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
 Shape = list[int | str | None]
 
 # Opset from which an op takes ``axes`` as an input instead of an attribute.
-_AXES_AS_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13}
+_AXES_AS_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceLogSumExp": 18}
 
 
 def dtype_name(elem_type: int | None) -> str:
@@ -207,7 +207,7 @@ def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None
 
 
 def axes_op(acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **attributes: Any) -> Value:
-    """Add ``op_type`` (ReduceSum, Squeeze, Unsqueeze) over ``axes``, as an input or an attribute by opset."""
+    """Add ``op_type`` (ReduceSum, ReduceLogSumExp, Squeeze, Unsqueeze) over ``axes`` (input or attribute by opset)."""
     version = acc.domain_version("") or 1
     if version >= _AXES_AS_INPUT_SINCE[op_type]:
         axes_value = acc.constant(list(axes), dtype=np.int64, name_hint="axes")

@@ -199,6 +199,87 @@ class ClassLoss(Loss):
         return self._weight_const(scores, [-1] + [1] * (len(shape) - 1 - axis))
 
     # ------------------------------------------------------------ the loss
+    def _unbatched(self, scores: str) -> bool:
+        """True for one unbatched example: scores of shape ``[C]`` (a scalar label)."""
+        shape = self.accessor.shape_of(scores)
+        return shape is not None and len(shape) == 1
+
+    def _as_batch(self, scores: str, labels: str) -> tuple[Value, Value]:
+        """``[C]`` scores and a scalar label as a batch of one: ``[1, C]`` and ``[1]`` (class axis 1).
+
+        ONNX Runtime's gradients of ``GatherElements`` and of the masks cannot take
+        rank-0 labels; the loss of a batch of one is the example's loss.
+        """
+        acc = self.accessor
+        return axes_op(acc, "Unsqueeze", scores, [0]), axes_op(acc, "Unsqueeze", labels, [0])
+
+    def _unbatch(self, loss: Value) -> Value:
+        """The ``"none"`` loss of a batch of one (``[1]``) as the scalar of its example; others as they are."""
+        if self.reduction != "none":
+            return loss
+        return axes_op(self.accessor, "Squeeze", loss, [0], outputs=[self.accessor.names.fresh(self._name_hint)])
+
+    def _label_mask(self, labels: str) -> tuple[Value | None, Value | None, Value]:
+        """``(keep, ignored, safe)``: which labels count, which are ignored, and labels with ignored ones set to 0.
+
+        Without an ``ignore_index``, ``keep`` and ``ignored`` are None and ``safe`` is the labels.
+        """
+        acc = self.accessor
+        if self._ignore_index is None:
+            return None, None, Value(labels)
+        label_dtype = helper.tensor_dtype_to_np_dtype(acc.elem_type(labels) or TensorProto.INT64)
+        ignore_index = acc.constant(self._ignore_index, dtype=label_dtype, name_hint="ignore_index")
+        ignored = acc.op("Equal", [labels, ignore_index])
+        keep = acc.op("Not", [ignored])
+        safe = acc.op("Where", [keep, labels, acc.constant(0, dtype=label_dtype, name_hint="zero_label")])
+        assert isinstance(keep, Value) and isinstance(ignored, Value) and isinstance(safe, Value)
+        return keep, ignored, safe
+
+    def _class_weight_of(self, safe: Value, like: str) -> Value | None:
+        """``weight[y_i]`` for each (safe) label, or None without class weights."""
+        if self._weight is None:
+            return None
+        out = self.accessor.op("Gather", [self._weight_const(like), safe], axis=0)
+        assert isinstance(out, Value)
+        return out
+
+    def _label_weights(self, keep: Value | None, class_weight: Value | None, like: str) -> Value | None:
+        """``w_i``: the weight of each label (``weight[y_i]``, 0 when ignored); None when every label weighs 1."""
+        acc = self.accessor
+        if keep is None:
+            return class_weight
+        mask = acc.op("Cast", [keep], to=acc.elem_type(like) or TensorProto.FLOAT)
+        return mask if class_weight is None else class_weight * mask
+
+    def _weighted_mean(self, per_element: str, weight_i: str) -> Value:
+        """``sum_i loss_i / sum_i w_i``, NaN when no label counts (``sum_i w_i == 0``), as torch.
+
+        The quotient divides by 1 where the denominator is 0 and NaN is selected
+        instead, so the gradient there is 0 (torch's), not ``inf * 0``.
+        """
+        acc = self.accessor
+        total = reduce_all(acc, "ReduceSum", per_element)
+        denominator = reduce_all(acc, "ReduceSum", weight_i)
+        empty = acc.op("Equal", [denominator, self._const(0.0, per_element, "zero")])
+        safe = acc.op("Where", [empty, self._const(1.0, per_element, "one"), denominator])
+        nan = self._const(float("nan"), per_element, "nan")
+        quotient = acc.op("Div", [total, safe])
+        return acc.op("Where", [empty, nan, quotient], outputs=[acc.names.fresh(self._name_hint)])
+
+    def _log_softmax(self, scores: str, axis: int) -> Value:
+        """``log_softmax(scores)`` along ``axis``.
+
+        In double it is ``scores - logsumexp(scores)``: ONNX Runtime 1.19.2 has no
+        double kernel for ``LogSoftmax``'s gradient, and the gradient of
+        ``ReduceLogSumExp`` is written in ops it has double kernels for.
+        """
+        acc = self.accessor
+        if acc.elem_type(scores) != TensorProto.DOUBLE:
+            out = acc.op("LogSoftmax", [scores], axis=axis)
+            assert isinstance(out, Value)
+            return out
+        return Value(scores) - axes_op(acc, "ReduceLogSumExp", scores, [axis], keepdims=1)
+
     def _weighted_nll(self, log_probs: str, labels: str, axis: int, label_smoothing: float = 0.0) -> Value:
         """Weighted negative log-likelihood (with optional label smoothing), reduced, from ops ORT differentiates.
 
@@ -211,33 +292,21 @@ class ClassLoss(Loss):
         "mean" divides the sum by ``sum_i w_i`` (the count of non-ignored labels when unweighted).
         """
         acc = self.accessor
-        elem = acc.elem_type(log_probs) or TensorProto.FLOAT
-        label_dtype = helper.tensor_dtype_to_np_dtype(acc.elem_type(labels) or TensorProto.INT64)
-        keep = ignored = None
-        safe = Value(labels)
-        if self._ignore_index is not None:
-            ignore_index = acc.constant(self._ignore_index, dtype=label_dtype, name_hint="ignore_index")
-            ignored = acc.op("Equal", [labels, ignore_index])
-            keep = acc.op("Not", [ignored])
-            safe = acc.op("Where", [keep, labels, acc.constant(0, dtype=label_dtype, name_hint="zero_label")])
+        keep, ignored, safe = self._label_mask(labels)
         index = axes_op(acc, "Unsqueeze", safe, [axis])
         picked = axes_op(acc, "Squeeze", acc.op("GatherElements", [log_probs, index], axis=axis), [axis])
-        class_weight = None if self._weight is None else acc.op("Gather", [self._weight_const(log_probs), safe], axis=0)
+        class_weight = self._class_weight_of(safe, log_probs)
         per_element = -picked if class_weight is None else -(picked * class_weight)
         if label_smoothing > 0:
             weighted = log_probs if self._weight is None else log_probs * self._class_weight_broadcast(log_probs, axis)
             smooth = -axes_op(acc, "ReduceSum", weighted, [axis], keepdims=0)
             classes = static_dim(acc, log_probs, axis) or dim_size(acc, log_probs, axis, log_probs)
             per_element = (1 - label_smoothing) * per_element + (label_smoothing / classes) * smooth
-        weight_i = class_weight
-        if keep is not None:
+        if ignored is not None:
             # An ignored element is +0.0, as torch: not -(x * 0), which is -0.0 for x >= 0 and NaN for x = -inf.
             # The kept values are Where's last input: ONNX Runtime's Where turns a -0.0 it takes from X into +0.0.
             per_element = acc.op("Where", [ignored, self._const(0.0, log_probs, "ignored"), per_element])
-            mask = acc.op("Cast", [keep], to=elem)
-            weight_i = mask if class_weight is None else class_weight * mask
+        weight_i = self._label_weights(keep, class_weight, log_probs)
         if self.reduction != "mean" or weight_i is None:
             return self._reduce(per_element, self._name_hint)
-        total = reduce_all(acc, "ReduceSum", per_element)
-        denominator = reduce_all(acc, "ReduceSum", weight_i)
-        return acc.op("Div", [total, denominator], outputs=[acc.names.fresh(self._name_hint)])
+        return self._weighted_mean(per_element, weight_i)

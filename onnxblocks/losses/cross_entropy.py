@@ -82,18 +82,23 @@ class CrossEntropyLoss(ClassLoss):
             TypeError: if the scores are not floating point or the labels' dtype is wrong.
             ValueError: if the labels' shape does not fit the scores'.
         """
-        acc = self.accessor
         self._require_float(scores_input_name, role="scores")
         axis = self._axis(scores_input_name)
         self._check_weight(scores_input_name, axis)
         labels, probabilities = self._labels(scores_input_name, labels_name, axis, allow_probabilities=True)
         if probabilities:
             return self._soft_targets(scores_input_name, labels, axis)
-        fused = self._fused_layout(scores_input_name, axis)
+        scores: str = scores_input_name
+        unbatched = self._unbatched(scores)
+        if unbatched:
+            scores, labels = self._as_batch(scores, labels)
+            axis = 1
+        fused = self._fused_layout(scores, axis)
         if self._label_smoothing == 0 and fused is not None:
-            return self._fused(scores_input_name, labels, fused)
-        log_probs = acc.op("LogSoftmax", [scores_input_name], axis=axis)
-        return self._weighted_nll(log_probs, labels, axis, self._label_smoothing)
+            loss = self._fused(scores, labels, fused)
+        else:
+            loss = self._weighted_nll(self._log_softmax(scores, axis), labels, axis, self._label_smoothing)
+        return self._unbatch(loss) if unbatched else loss
 
     def _fused_layout(self, scores: str, axis: int) -> str | None:
         """``"direct"`` for ``[N, C, ...]``, ``"flatten"`` for class-last ``[..., C]``, None otherwise."""
@@ -107,32 +112,44 @@ class CrossEntropyLoss(ClassLoss):
         return "flatten" if axis == len(shape) - 1 else None
 
     def _fused(self, scores: str, labels: str, layout: str) -> Value:
-        """ONNX ``SoftmaxCrossEntropyLoss``; ORT's gradient needs its second output (log-probabilities)."""
+        """ONNX ``SoftmaxCrossEntropyLoss``; ORT's gradient needs its second output (log-probabilities).
+
+        A weighted or masked ``"mean"`` is the op's ``"none"`` losses summed and divided
+        here: ONNX Runtime 1.19.2's kernel gives 0 when no label counts (every label
+        ignored, or weighing 0), where torch (and later ONNX Runtimes) give NaN.
+        """
         acc = self.accessor
         if layout == "flatten":
             scores = acc.op("Flatten", [scores], axis=-1)
             flat_shape = acc.constant([-1], dtype=np.int64, name_hint="flat_shape")
             labels_2d, labels = labels, acc.op("Reshape", [labels, flat_shape])
         inputs = [scores, labels] + ([self._weight_const(scores)] if self._weight is not None else [])
+        own_mean = self.reduction == "mean" and (self._ignore_index is not None or self._weight is not None)
+        reduction = "none" if own_mean else self.reduction
         loss_name = acc.names.fresh(self._name_hint)
         loss, _ = acc.op(
             "SoftmaxCrossEntropyLoss",
             inputs,
             outputs=[
-                loss_name if layout == "direct" or self.reduction != "none" else acc.names.fresh("flat_loss"),
+                loss_name if layout == "direct" or reduction != "none" else acc.names.fresh("flat_loss"),
                 acc.names.fresh("log_prob"),
             ],
-            reduction=self.reduction,
+            reduction=reduction,
             ignore_index=self._ignore_index,
         )
-        if layout == "flatten" and self.reduction == "none":
+        if own_mean:
+            keep, _, safe = self._label_mask(labels)
+            weight_i = self._label_weights(keep, self._class_weight_of(safe, scores), scores)
+            assert weight_i is not None
+            return self._weighted_mean(loss, weight_i)
+        if layout == "flatten" and reduction == "none":
             loss = acc.op("Reshape", [loss, acc.op("Shape", [labels_2d])], outputs=[loss_name])
         return loss
 
     def _soft_targets(self, scores: str, probabilities: str, axis: int) -> Value:
         """``-sum_c weight[c] * p[c] * log_softmax(scores)[c]``, optionally smoothed; mean over examples."""
         acc = self.accessor
-        log_probs = acc.op("LogSoftmax", [scores], axis=axis)
+        log_probs = self._log_softmax(scores, axis)
         target = Value(probabilities)
         if self._label_smoothing > 0:
             eps = self._label_smoothing

@@ -47,4 +47,7 @@ class NLLLoss(ClassLoss):
         axis = self._axis(loss_input_name)
         self._check_weight(loss_input_name, axis)
         labels, _ = self._labels(loss_input_name, labels_name, axis)
-        return self._weighted_nll(loss_input_name, labels, axis)
+        if not self._unbatched(loss_input_name):
+            return self._weighted_nll(loss_input_name, labels, axis)
+        log_probs, labels = self._as_batch(loss_input_name, labels)
+        return self._unbatch(self._weighted_nll(log_probs, labels, 1))

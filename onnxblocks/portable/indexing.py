@@ -2,7 +2,8 @@
 
 ``GatherGrad`` and ``GatherElementsGrad`` scatter-add ``dY`` into zeros of the
 input's shape (``ScatterND`` / ``ScatterElements`` with ``reduction="add"``, opset
-16). ``SliceGrad`` scatters ``dY`` to the positions the slice read (each position
+16; in float32 for float16 and bfloat16, which ONNX Runtime's CPU kernels cannot add
+in). ``SliceGrad`` scatters ``dY`` to the positions the slice read (each position
 once, so opset 11 suffices). ``ConcatTraining`` / ``SplitTraining`` are ``Concat``
 / ``Split`` plus the per-input lengths along the axis.
 """
@@ -22,6 +23,32 @@ def zeros(w: Writer, shape: ir.Value | None, elem_type: int) -> ir.Value:
     """``ConstantOfShape(shape)`` of ``elem_type`` zeros."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
     return w.op("ConstantOfShape", [shape], value=ir.tensor(np.zeros(1, dtype)))
+
+
+#: Element types ONNX Runtime's CPU ``ScatterElements`` / ``ScatterND`` cannot add in (``reduction="add"``).
+_NO_SCATTER_ADD = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def scatter_add(
+    w: Writer,
+    op_type: str,
+    shape: ir.Value,
+    elem_type: int,
+    indices: ir.Value,
+    updates: ir.Value,
+    out: str | ir.Value | None = None,
+    **attrs: Any,
+) -> ir.Value:
+    """``op_type`` (``ScatterElements`` / ``ScatterND``) adding ``updates`` at ``indices`` into zeros of ``shape``.
+
+    In float16 and bfloat16 the sum is taken in float32 and cast back: ONNX Runtime's
+    CPU kernels have no ``reduction="add"`` for them (it fails at the first run).
+    """
+    if elem_type not in _NO_SCATTER_ADD:
+        return w.op(op_type, [zeros(w, shape, elem_type), indices, updates], out, reduction="add", **attrs)
+    wide = onnx.TensorProto.FLOAT
+    summed = w.op(op_type, [zeros(w, shape, wide), indices, w.cast(updates, wide)], reduction="add", **attrs)
+    return w.cast(summed, elem_type, out)
 
 
 def _product(w: Writer, dims: ir.Value) -> ir.Value:
@@ -49,7 +76,7 @@ def gather_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     index = w.op("Where", [w.op("Less", [index, w.const(0, "int64")]), w.op("Add", [index, size]), index])
     size = w.reshape(size, [1])
     if axis == 0:
-        w.op("ScatterND", [zeros(w, shape, elem), w.unsqueeze(index, [-1]), dy], outputs(node, 1)[0], reduction="add")
+        scatter_add(w, "ScatterND", shape, elem, w.unsqueeze(index, [-1]), dy, outputs(node, 1)[0])
         return w.nodes
     before = _product(w, w.op("Slice", [shape, w.ints([0]), axis_value, w.ints([0])]))
     after = _product(
@@ -57,8 +84,8 @@ def gather_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     )
     count = w.reshape(w.op("Size", [index]), [1])
     rows = w.op("Transpose", [w.reshape(dy, w.concat([before, count, after]))], perm=[1, 0, 2])  # [K, P, Q]
-    target = zeros(w, w.concat([size, before, after]), elem)
-    scattered = w.op("ScatterND", [target, w.reshape(index, [-1, 1]), rows], reduction="add")  # [D, P, Q]
+    target = w.concat([size, before, after])
+    scattered = scatter_add(w, "ScatterND", target, elem, w.reshape(index, [-1, 1]), rows)  # [D, P, Q]
     w.reshape(w.op("Transpose", [scattered], perm=[1, 0, 2]), shape, outputs(node, 1)[0])
     return w.nodes
 
@@ -69,8 +96,7 @@ def gather_elements_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     dy, shape, indices = inputs(node, 3)
     w = ctx.writer(node)
     axis = node.attributes.get_int("axis", 0)
-    target = zeros(w, shape, ctx.float_type(dy))
-    w.op("ScatterElements", [target, indices, dy], outputs(node, 1)[0], axis=axis, reduction="add")
+    scatter_add(w, "ScatterElements", shape, ctx.float_type(dy), indices, dy, outputs(node, 1)[0], axis=axis)
     return w.nodes
 
 
@@ -81,7 +107,7 @@ def gather_nd_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         raise unsupported(node, "batch_dims other than 0")
     shape, indices, dy = inputs(node, 3)
     w = ctx.writer(node)
-    w.op("ScatterND", [zeros(w, shape, ctx.float_type(dy)), indices, dy], outputs(node, 1)[0], reduction="add")
+    scatter_add(w, "ScatterND", shape, ctx.float_type(dy), indices, dy, outputs(node, 1)[0])
     return w.nodes
 
 

@@ -6,6 +6,7 @@ input to 2-D at ``axis`` first (``Flatten``), as opset-1..12 ``Softmax`` did.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -57,11 +58,8 @@ def softmax_cross_entropy_loss_grad(node: ir.Node, ctx: LoweringContext) -> list
     reduction = node.attributes.get_string("reduction", "mean")
     ignore_attr = node.attributes.get_int("ignore_index", None)
 
-    depth = w.dim(log_prob, 1)
     valid, safe_label = _valid_labels(w, label, ignore_input, ignore_attr)
-    off_on = w.const([0, 1], onnx.helper.tensor_dtype_to_np_dtype(elem))
-    onehot = w.op("OneHot", [safe_label, depth, off_on], axis=1)
-    diff = w.op("Sub", [w.op("Exp", [log_prob]), onehot])
+    diff = w.op("Sub", [w.op("Exp", [log_prob]), _one_hot(w, log_prob, safe_label, elem)])
 
     sample_weight = w.op("Gather", [weight, safe_label], axis=0) if weight is not None else None
     if reduction == "none":
@@ -87,6 +85,19 @@ def softmax_cross_entropy_loss_grad(node: ir.Node, ctx: LoweringContext) -> list
         factor = w.unsqueeze(factor, [1])
     w.op("Mul", [diff, factor], outputs(node, 1)[0])
     return w.nodes
+
+
+def _one_hot(w: Writer, scores: ir.Value, label: ir.Value, elem: int) -> ir.Value:
+    """The one-hot encoding of ``label`` (``[N, d...]``) along axis 1 of ``scores`` (``[N, C, d...]``), of ``elem``.
+
+    A ``ScatterElements`` of ones into zeros, not ``OneHot``: ONNX Runtime's ``OneHot``
+    kernels cover few (index, value) type pairs (not int32 labels, not double).
+    """
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    index = w.unsqueeze(label, [1])
+    zeros = w.op("ConstantOfShape", [w.op("Shape", [scores])], value=ir.tensor(np.zeros(1, dtype)))
+    ones = w.op("ConstantOfShape", [w.op("Shape", [index])], value=ir.tensor(np.ones(1, dtype)))
+    return w.op("ScatterElements", [zeros, index, ones], axis=1)
 
 
 def _valid_labels(

@@ -47,6 +47,7 @@ from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateEr
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
+from onnxblocks.runtime.consistency import check_artifact_set, load_error
 from onnxblocks.runtime.layout import ArtifactFiles
 
 
@@ -58,14 +59,17 @@ class _Model:
         try:
             self.session = ort.InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:
-            raise InvalidValueError(
-                f"onnxruntime {ort.__version__} cannot load the {what}: {_ort.clean_message(exc)}. Portable "
-                "artifacts use standard ops only; regenerate them with generate_artifacts(..., portable=True)."
-            ) from None
+            raise load_error(ort.__version__, what, source, _ort.clean_message(exc)) from None
         self.run = self.session._sess.run_with_iobinding
         self.what = what
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
+        #: outputs whose shape is not fixed (it may follow the batch): bound afresh when the batch's shapes change
+        self.dynamic = frozenset(
+            o.name
+            for o in self.session.get_outputs()
+            if o.shape is None or not all(isinstance(d, int) for d in o.shape)
+        )
 
     def binding(self) -> Any:
         return _ort.capi().SessionIOBinding(self.session._sess)
@@ -88,6 +92,8 @@ class PortableBackend:
         ck = _read(checkpoint)
         self._trainable, self._frozen = sorted(ck.trainable), sorted(ck.frozen)
         self._specs = {n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())}
+        # every model against the checkpoint and the others, from their structure, before ONNX Runtime loads them
+        check_artifact_set(files, dict(self._specs), self._trainable, checkpoint, portable=True)
         self._train = _Model(os.fspath(files.training_model), options, providers, "training model")
         inputs = set(self._train.inputs)
         missing = [n for n in self._trainable if n not in inputs or buffer_name(n) not in inputs]
@@ -146,6 +152,7 @@ class PortableBackend:
         self._f = {n: self._value(np.array(ck.frozen[n], order="C")) for n in self._frozen}
         self._pp = self._gp = 0  # which buffer of each pair holds the parameters+moments / the gradients
         self._bindings: dict[tuple[str, int, int], Any] = {}
+        self._batch_shapes: dict[int, tuple] = {}  # per binding (its id): the input shapes of its last run
         self._props: dict[str, int | float | str] = {}
         self._grads_valid = False
         self._opt_step = 0
@@ -251,9 +258,21 @@ class PortableBackend:
                         bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
         return binding
 
-    def _run(self, model: _Model, binding: Any, names: Sequence[str], arrays: Sequence[Any], count: int) -> tuple:
+    def _run(
+        self, model: _Model, binding: Any, names: Sequence[str], arrays: Sequence[Any], user_outputs: Sequence[str]
+    ) -> tuple:
         for name, array in zip(names, arrays, strict=True):
             binding.bind_input(name, array)
+        count = len(user_outputs)
+        if count and not model.dynamic.isdisjoint(user_outputs):
+            # A binding keeps its output tensors and writes the next run into them: an output whose shape follows
+            # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the batch's shapes
+            # change, so ONNX Runtime allocates it in the new shape.
+            shapes = tuple(getattr(a, "shape", None) for a in arrays)
+            if self._batch_shapes.get(id(binding), shapes) != shapes:
+                for name in user_outputs:
+                    binding.bind_output(name, self._cpu)
+            self._batch_shapes[id(binding)] = shapes
         try:
             model.run(binding, self._run_options)
         except Exception as exc:
@@ -264,7 +283,7 @@ class PortableBackend:
 
     # --------------------------------------------------------------- steps
     def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        out = self._run(self._train, self._binding("train"), self.train_inputs, arrays, len(self.train_outputs))
+        out = self._run(self._train, self._binding("train"), self.train_inputs, arrays, self.train_outputs)
         self._gp ^= 1
         self._reset[0] = False
         self._grads_valid = True
@@ -272,7 +291,7 @@ class PortableBackend:
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
         assert self._eval is not None
-        return self._run(self._eval, self._binding("eval"), self.eval_inputs, arrays, len(self.eval_outputs))
+        return self._run(self._eval, self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs)
 
     def optimizer_step(self) -> None:
         if self._optimizer is None:
@@ -281,7 +300,7 @@ class PortableBackend:
                 "gradients cannot be applied after train_step. Use session.train_and_update(...) for each batch."
             )
         self._step[0] = self._opt_step + 1  # the step being taken, as ONNX Runtime's AdamW counts
-        self._run(self._optimizer, self._binding("optimizer"), (), (), 0)
+        self._run(self._optimizer, self._binding("optimizer"), (), (), ())
         self._pp ^= 1
         self._opt_step += 1
 
@@ -296,7 +315,7 @@ class PortableBackend:
             self.lazy_reset_grad()
             return out
         self._step[0] = self._opt_step + 1
-        out = self._run(fused, self._binding("step"), self.train_inputs, arrays, len(self.train_outputs))
+        out = self._run(fused, self._binding("step"), self.train_inputs, arrays, self.train_outputs)
         self._pp ^= 1
         self._opt_step += 1
         self._reset[0] = True  # the accumulation buffers hold no gradient of this step

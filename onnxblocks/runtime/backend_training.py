@@ -19,6 +19,7 @@ import onnx
 from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
+from onnxblocks.runtime.consistency import check_artifact_set
 from onnxblocks.runtime.layout import ArtifactFiles
 
 
@@ -55,6 +56,7 @@ class TrainingBuildBackend:
                     f"Checkpoint '{checkpoint}' holds parameters {preview(sorted(after))}, but the session has "
                     f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
                 )
+        _check_models(self.files, state, checkpoint)
         eval_path = os.fspath(self.files.eval_model) if self.files.eval_model else None
         try:
             module = C.Module(os.fspath(self.files.training_model), state, eval_path, self._device, self._options)
@@ -169,3 +171,20 @@ class TrainingBuildBackend:
 
     def save(self, path: Path, include_optimizer_state: bool) -> None:
         self._C.save_checkpoint(self._state, os.fspath(path), include_optimizer_state and self.has_optimizer)
+
+
+def _check_models(files: ArtifactFiles, state: Any, checkpoint: Path) -> None:
+    """The training and eval models against the checkpoint's parameters (names, dtypes, shapes) and each other.
+
+    Raises:
+        CheckpointMismatchError, InvalidValueError: naming the file and the parameter or input.
+    """
+    params: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    trainable: list[str] = []
+    for name in sorted(state.parameter_names()):
+        parameter = state.get_parameter(name)
+        data = parameter.data  # its element type and shape, not its values: no copy
+        params[name] = (np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data.element_type())), tuple(data.shape()))
+        if parameter.requires_grad:
+            trainable.append(name)
+    check_artifact_set(files, params, trainable, checkpoint, portable=False)

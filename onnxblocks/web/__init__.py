@@ -6,9 +6,12 @@
 * :mod:`~onnxblocks.web.safetensors`: the file format, in numpy;
 * :mod:`~onnxblocks.web.site`: the browser demo (``onnxblocks demo --web``), :mod:`~onnxblocks.web.server`
   serves it on 127.0.0.1;
+* :mod:`~onnxblocks.web.inference`: the trained inference model as ``.onnx`` from JavaScript
+  (:func:`write_inference_template`: the model and where its weights lie, filled by the client);
 * :mod:`~onnxblocks.web.npm`: the client's npm packages, installed once into a cache.
 """
 
+from onnxblocks.web.inference import write_inference_template
 from onnxblocks.web.npm import NpmError, install_js_dependencies
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
 from onnxblocks.web.server import serve, serving
@@ -29,6 +32,7 @@ __all__ = [
     "spiral_artifacts",
     "spiral_plan",
     "state_to_checkpoint",
+    "write_inference_template",
     "write_safetensors",
     "write_state",
 ]

@@ -1,6 +1,7 @@
 """Where the JavaScript side comes from: the client in ``js/`` and npm packages installed once into a cache.
 
-* :func:`js_dir`: the JavaScript client (``js/`` of a source checkout, or ``$ONNXBLOCKS_JS_DIR``).
+* :func:`js_dir`: the JavaScript client: ``$ONNXBLOCKS_JS_DIR``, else ``js/`` of a source checkout,
+  else the copy an installed wheel carries (``onnxblocks/web/js``: ``package.json``, ``src/``, ``demo/``).
 * :func:`install_js_dependencies`: ``npm ci`` of the client's ``package.json`` and lock file
   (onnxruntime-node, onnxruntime-web, playwright-core, typescript) into
   ``<cache>/npm-<hash>/node_modules``, once per lock file. The tests use it.
@@ -48,13 +49,15 @@ def js_dir() -> Path:
         NpmError: when it cannot be found (an installed wheel has no ``js/``).
     """
     candidates = [Path(os.environ["ONNXBLOCKS_JS_DIR"])] if os.environ.get("ONNXBLOCKS_JS_DIR") else []
-    candidates.append(Path(__file__).resolve().parents[2] / "js")
+    candidates.append(Path(__file__).resolve().parents[2] / "js")  # a source checkout
+    candidates.append(Path(__file__).resolve().parent / "js")  # the copy a wheel carries (setup.py)
     for candidate in candidates:
         if (candidate / "package.json").is_file() and (candidate / "src" / "trainer.mjs").is_file():
             return candidate
     raise NpmError(
-        f"The JavaScript client is not at {', '.join(map(str, candidates))}. It lives in js/ of the onnxblocks "
-        "source checkout: install onnxblocks from a clone (pip install -e .), or point $ONNXBLOCKS_JS_DIR at js/."
+        f"The JavaScript client is not at {', '.join(map(str, candidates))}. A wheel carries it in "
+        "onnxblocks/web/js: reinstall onnxblocks from a wheel built with its setup.py (pip install onnxblocks), "
+        "install it from a clone (pip install -e .), or point $ONNXBLOCKS_JS_DIR at js/ of the source checkout."
     )
 
 

@@ -8,6 +8,7 @@ here binds 127.0.0.1)::
     src/                             the JavaScript training client (js/src)
     ort/                             onnxruntime-web's WASM runtime (ort.wasm.min.mjs, .mjs + .wasm loader)
     artifacts/                       portable artifacts + params.safetensors (the checkpoint, for the web)
+                                     + inference_model.onnx and .json (the model "Download model" fills)
     spirals.safetensors              the plan (:class:`SpiralPlan`): data, batch order, learning rates
 
 (``demo/`` and ``src/`` sit side by side as in ``js/``, so the page's imports are the
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxblocks._core.errors import InvalidIndexError, InvalidValueError
+from onnxblocks.web.inference import write_inference_template
 from onnxblocks.web.npm import WASM_RUNTIME_FILES, js_dir, onnxruntime_web_dist
 from onnxblocks.web.safetensors import write_safetensors
 from onnxblocks.web.state import write_state
@@ -123,7 +125,12 @@ def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
 
 
 def spiral_artifacts(directory: str | os.PathLike, seed: int = 0) -> Path:
-    """Portable artifacts of the demo's classifier and loss (AdamW), with ``params.safetensors`` beside them."""
+    """Portable artifacts of the demo's classifier and loss (AdamW), with ``params.safetensors`` beside them.
+
+    The folder also gets ``inference_model.onnx`` and its layout
+    (:func:`~onnxblocks.web.inference.write_inference_template`): the page's "Download model"
+    fills it with the trained weights.
+    """
     from onnxblocks import artifacts, optim
     from onnxblocks.demo import SmoothedCrossEntropyWithL2, build_classifier
 
@@ -141,6 +148,7 @@ def spiral_artifacts(directory: str | os.PathLike, seed: int = 0) -> Path:
         portable=True,
     )
     write_state(target)
+    write_inference_template(target, ["logits"])
     return target
 
 

@@ -75,7 +75,8 @@ def test_portable_training_on_python_313_with_stock_onnxruntime(portable_python,
     assert env["checkpoint_properties"] == {"k": 1} and env["html"] > 0 and env["loss_output"]
     name, message, is_import_error = env["generate_error"]
     assert name == "TrainingBuildRequiredError" and is_import_error
-    assert "onnxruntime-training" in message and "Python <= 3.12" in message and "portable=True" in message
+    assert "onnxruntime-training" in message and "no Python 3.10-3.12 to run it was found" in message
+    assert "uv python install 3.12" in message and "$ONNXBLOCKS_TRAINING_PYTHON" in message
     assert env["session_error"][0] == "TrainingBuildRequiredError" and "not portable" in env["session_error"][1]
 
     expected_losses, expected_params = torch_adamw(batches, lr=LR)

@@ -5,7 +5,8 @@ as one JSON line. Each task is a dict with a ``"task"`` key:
 
 * ``environment``: versions, the training-build probe, the DSL/losses/display/
   checkpoint tools on this Python, and the one clear error of
-  ``generate_artifacts`` (and of non-portable artifacts, given ``"training_artifacts"``).
+  ``generate_artifacts`` without a Python 3.10-3.12 for its gradient builder (and of
+  non-portable artifacts, given ``"training_artifacts"``).
 * ``train``: train ``"directory"`` on the batches of ``"data"`` (an ``.npz`` with
   ``x{i}_{k}``: input k of batch i) for ``"steps"`` steps with ``"mode"`` ``"step"``
   (``session.step``) or ``"train_step"`` (train_step + optimizer_step), learning
@@ -18,6 +19,7 @@ as one JSON line. Each task is a dict with a ``"task"`` key:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import traceback
@@ -76,11 +78,22 @@ def environment(task: dict) -> dict:
         result["checkpoint_properties"] = load_checkpoint(path).properties
         from onnxblocks.artifacts import LossType, generate_artifacts
 
+        # with no Python 3.10-3.12 to run the gradient builder in (tests/artifacts/test_generate_any_python.py
+        # generates with one), the error says what to install
+        saved = {k: os.environ.get(k) for k in ("PATH", "PYENV_ROOT", "ONNXBLOCKS_TRAINING_PYTHON")}
+        os.environ.update(PATH=tmp, PYENV_ROOT=tmp)
+        os.environ.pop("ONNXBLOCKS_TRAINING_PYTHON", None)
         try:
             generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp + "/a")
             result["generate_error"] = None
         except TrainingBuildRequiredError as exc:
             result["generate_error"] = [type(exc).__name__, str(exc), isinstance(exc, ImportError)]
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
     if task.get("training_artifacts"):
         from onnxblocks.runtime import TrainingSession
 

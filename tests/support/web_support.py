@@ -51,11 +51,11 @@ def node_modules() -> Path:
 
 
 def workspace(directory: Path) -> Path:
-    """A copy of the client (src, bin, tools, demo, package.json) in ``directory/js`` with ``node_modules`` linked."""
+    """A copy of the client (src, bin, tools, demo, test, package files) in ``directory/js``, ``node_modules`` linked."""
     source, target = js_dir(), directory / "js"
-    for sub in ("src", "bin", "tools", "demo"):
+    for sub in ("src", "bin", "tools", "demo", "test"):
         shutil.copytree(source / sub, target / sub)
-    for name in ("package.json", "jsconfig.json"):
+    for name in ("package.json", "package-lock.json", "jsconfig.json", "tsconfig.types.json", "README.md", ".npmrc"):
         shutil.copyfile(source / name, target / name)
     (target / "node_modules").symlink_to(node_modules(), target_is_directory=True)
     return target

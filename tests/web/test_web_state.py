@@ -217,8 +217,10 @@ def test_state_files_that_do_not_fit_are_refused(tmp_path):
 def test_the_javascript_client_pins_the_onnxruntime_it_is_tested_with():
     package = json.loads((js_dir() / "package.json").read_text())
     lock = json.loads((js_dir() / "package-lock.json").read_text())
-    assert package["dependencies"] == {"onnxruntime-node": ORT_WEB_VERSION, "onnxruntime-web": ORT_WEB_VERSION}
-    for name, version in {**package["dependencies"], **package["devDependencies"]}.items():
+    pinned = {"onnxruntime-node": ORT_WEB_VERSION, "onnxruntime-web": ORT_WEB_VERSION}
+    assert package["peerDependencies"] == pinned and "dependencies" not in package  # users install the one they run
+    assert {n: package["devDependencies"][n] for n in pinned} == pinned  # the tests run both
+    for name, version in package["devDependencies"].items():
         assert version[0].isdigit(), f"{name} must be pinned exactly, not {version}"
         assert lock["packages"][f"node_modules/{name}"]["version"] == version
     assert "onnxruntime-node-install=skip" in (js_dir() / ".npmrc").read_text()

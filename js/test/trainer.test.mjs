@@ -1,0 +1,84 @@
+// node --test: the Trainer's bookkeeping over a fake ONNX Runtime (step counter, feeds, moments, state, refusals).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { Trainer } from '../src/trainer.mjs';
+
+class Tensor {
+  /** @param {string} type @param {any} data @param {number[]} dims */
+  constructor(type, data, dims) {
+    Object.assign(this, { type, data, dims });
+  }
+
+  async getData() {
+    return /** @type {any} */ (this).data;
+  }
+}
+
+/** A step model: w.out = w - lr * x * step, moments + 1; loss = sum(w); one feed log per run. */
+function fakeOrt() {
+  /** @type {Record<string, any>[]} */
+  const runs = [];
+  const step = {
+    inputNames: ['x', 'learning_rate', 'step', 'w', 'w.exp_avg', 'w.exp_avg_sq'],
+    outputNames: ['loss', 'w.out', 'w.exp_avg.out', 'w.exp_avg_sq.out'],
+    inputMetadata: [{ name: 'w', isTensor: true, type: 'float32' }],
+    /** @param {Record<string, any>} feeds */
+    async run(feeds) {
+      runs.push(feeds);
+      const lr = feeds.learning_rate.data[0];
+      const n = Number(feeds.step.data[0]);
+      const w = feeds.w.data.map((/** @type {number} */ v, /** @type {number} */ i) => v - lr * feeds.x.data[i] * n);
+      const plus = (/** @type {string} */ name) => new Tensor('float32', feeds[name].data.map((/** @type {number} */ v) => v + 1), [2]);
+      return {
+        loss: new Tensor('float32', Float32Array.of(feeds.w.data[0] + feeds.w.data[1]), []),
+        'w.out': new Tensor('float32', Float32Array.from(w), [2]),
+        'w.exp_avg.out': plus('w.exp_avg'),
+        'w.exp_avg_sq.out': plus('w.exp_avg_sq'),
+      };
+    },
+    async release() {},
+  };
+  const ort = { Tensor, InferenceSession: { create: async () => step } };
+  return { ort, runs };
+}
+
+const initial = () => ({
+  tensors: new Map([['w', { name: 'w', dtype: /** @type {const} */ ('float32'), shape: [2], data: Float32Array.of(1, 2) }]]),
+  trainable: ['w'],
+  frozen: [],
+  step: 4,
+  learningRate: null,
+  extra: {},
+});
+
+test('steps feed the next step number, the learning rate and the updated values', async () => {
+  const { ort, runs } = fakeOrt();
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel: 'step.onnx', state: initial() });
+  assert.deepEqual(trainer.inputNames, ['x']);
+  assert.equal(trainer.momentsPerParameter, 2);
+  const x = { dtype: /** @type {const} */ ('float32'), shape: [2], data: Float32Array.of(1, 1) };
+  const first = await trainer.trainStep([x], 0.5);
+  const second = await trainer.trainStep({ x }, 0.25);
+  assert.equal(first.loss, 3);
+  assert.deepEqual(runs.map((f) => Number(f.step.data[0])), [5, 6]);
+  assert.deepEqual([...runs[1].w.data], [1 - 0.5 * 5, 2 - 0.5 * 5]);
+  assert.deepEqual([...runs[1]['w.exp_avg'].data], [1, 1], 'missing moments start at zero, then are fed back');
+  assert.equal(second.loss, 1 - 2.5 + 2 - 2.5);
+  const state = await trainer.state();
+  assert.equal(state.step, 6);
+  assert.equal(state.learningRate, 0.25);
+  assert.deepEqual([.../** @type {any} */ (state.tensors.get('w')).data], [1 - 2.5 - 1.5, 2 - 2.5 - 1.5]);
+  assert.deepEqual([.../** @type {any} */ (state.tensors.get('w.exp_avg_sq')).data], [2, 2]);
+});
+
+test('bad learning rates and inputs are refused, naming what is wrong', async () => {
+  const { ort } = fakeOrt();
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel: 'step.onnx', state: initial() });
+  const x = { dtype: /** @type {const} */ ('float32'), shape: [2], data: Float32Array.of(1, 1) };
+  await assert.rejects(trainer.trainStep([x], Number.NaN), TypeError);
+  await assert.rejects(trainer.trainStep([x, x], 0.1), /trainStep takes 1 inputs \(x\), got 2/);
+  await assert.rejects(trainer.trainStep(/** @type {any} */ ({ x, y: x }), 0.1), /unknown input\(s\) y/);
+  const wrong = { ...initial(), trainable: ['v'], tensors: new Map([['v', /** @type {any} */ (initial().tensors.get('w'))]]) };
+  await assert.rejects(Trainer.create(/** @type {any} */ (ort), { stepModel: 'step.onnx', state: wrong }), /trainable parameter\(s\) v/);
+});
