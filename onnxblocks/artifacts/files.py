@@ -42,9 +42,7 @@ from pathlib import Path
 from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core.contracts import ArtifactNames
 from onnxblocks._core.errors import FileConflictError, IsAFolderError, NotAFolderError
-from onnxblocks._core.ort import onnxruntime
-from onnxblocks.artifacts import lock as _lock
-from onnxblocks.artifacts.leftovers import (
+from onnxblocks._core.leftovers import (
     _BOOKKEEPING,
     _JOURNAL,
     _OLD,
@@ -63,6 +61,8 @@ from onnxblocks.artifacts.leftovers import (
     recover,
     recover_stale,
 )
+from onnxblocks._core.ort import onnxruntime
+from onnxblocks.artifacts import lock as _lock
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def staging(
     if directory.exists() and not directory.is_dir():
         raise NotAFolderError(f"artifact_directory '{directory}' exists and is not a directory.")
     top = _missing_top(directory)
-    clean(directory, lock_timeout=lock_timeout)  # what killed writers left in or beside it
+    clean(directory, lock_timeout=_lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout)
     stage: Path | None = None
     moved: Path | None = None
     timeout = _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout

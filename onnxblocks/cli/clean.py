@@ -38,7 +38,7 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Clean and report."""
-    from onnxblocks.artifacts.files import HOST_TAG, clean, leftovers
+    from onnxblocks._core.leftovers import HOST_TAG, clean, leftovers
 
     directory = Path(args.directory)
     if directory.exists() and not directory.is_dir():

@@ -162,7 +162,7 @@ def _checkpoint_state(checkpoint: Any) -> dict[str, Any]:
 
 def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
     """Describe an artifact directory: user inputs/outputs, checkpoint parameters, optimizer state."""
-    from onnxblocks.artifacts.files import HOST_TAG, leftovers
+    from onnxblocks._core.leftovers import HOST_TAG, leftovers
     from onnxblocks.checkpoint import load_checkpoint
     from onnxblocks.runtime.layout import ArtifactFiles
 

@@ -249,7 +249,7 @@ def render_artifacts_dir(
         FileNotFoundError: if the directory holds no training model.
     """
     from onnxblocks._core.errors import LockTimeoutError
-    from onnxblocks.artifacts.files import clean
+    from onnxblocks._core.leftovers import clean
 
     with contextlib.suppress(LockTimeoutError):  # what killed generate_artifacts runs left goes first
         clean(directory, lock_timeout=5.0)

@@ -34,7 +34,7 @@ def remove_leftovers(directory: Path) -> None:
     directory; the writer itself cleans up before it commits.
     """
     from onnxblocks._core.errors import LockTimeoutError
-    from onnxblocks.artifacts.files import clean
+    from onnxblocks._core.leftovers import clean
 
     with contextlib.suppress(LockTimeoutError):
         clean(directory, lock_timeout=READER_LOCK_TIMEOUT_S)

@@ -1,6 +1,6 @@
 """Staging folders of artifact writers: their names, and the leftovers of killed writers, found and removed.
 
-A staging folder (:mod:`onnxblocks.artifacts.files`) is named
+A staging folder (of :mod:`onnxblocks.artifacts.files`) is named
 ``[.<target>].onnxblocks-artifacts-<pid>-<token>@<host>``: inside an artifact
 directory, or beside a directory ``<target>`` not created yet. Its owner is the
 process ``pid`` on the host whose name hashes to ``host``. When that process is
@@ -8,6 +8,9 @@ gone (on this host), the folder is a *leftover*: :func:`leftovers` lists those i
 and beside a directory, :func:`clean` removes them (rolling back a commit one cut
 short, from its journal) together with a killed writer's lock and temporary files.
 Folders of live processes, and of other hosts (a shared file system), are never touched.
+
+It lives in ``_core`` so that readers (the runtime, the display) can clean a directory
+without importing the generator.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxblocks._core import dirlock as _lock
 from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core.contracts import ArtifactNames
-from onnxblocks.artifacts import lock as _lock
+from onnxblocks._core.errors import LockTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -178,12 +182,19 @@ def clean(directory: str | os.PathLike, lock_timeout: float | None = None) -> li
         shutil.rmtree(stage, ignore_errors=True)  # a new directory never committed: no journal in it
         logger.info("Removed %s, left by a killed run.", stage)
         removed.append(stage)
-    if inside or (path / _lock.LOCK_NAME).exists():  # a lock file left by a killed writer goes with the lock
-        try:
-            with _lock.directory_lock(path, _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout):
-                removed += recover_stale(path)
-        except PermissionError:
-            logger.warning("Cannot lock %s to remove what killed runs left in it (no write permission).", path)
+    if not inside and not (path / _lock.LOCK_NAME).exists():
+        return removed
+    # a rollback waits for the lock; a lock file alone (a killed writer's, or a live one's) is only tried:
+    # taking and releasing the lock removes a dead writer's file, and a live writer removes its own
+    timeout = (_lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout) if inside else 0.0
+    try:
+        with _lock.directory_lock(path, timeout):
+            removed += recover_stale(path)
+    except PermissionError:
+        logger.warning("Cannot lock %s to remove what killed runs left in it (no write permission).", path)
+    except LockTimeoutError:
+        if inside:
+            raise
     return removed
 
 
