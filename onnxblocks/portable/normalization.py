@@ -43,22 +43,37 @@ def _normalize(
     (no mean when simplified: ``inv_std = 1 / sqrt(mean(x^2) + epsilon)``).
     """
     y, mean_out, inv_out = outs
-    rank = ctx.require_rank(node, like or x)
-    first = axis + rank if axis < 0 else axis
-    axes = list(range(first, rank))
+    rank = ctx.rank(like or x)
     elem = ctx.float_type(like or x)
     stash = node.attributes.get_int("stash_type", 1)
     stat_elem = onnx.TensorProto.FLOAT if stash == 1 and elem in _LOW_PRECISION else elem
-    xs = w.cast(x, stat_elem) if stat_elem != elem else x
     epsilon = node.attributes.get_float("epsilon", 1e-5)
-    centered = xs
+    xs = w.cast(x, stat_elem) if stat_elem != elem else x
+    if rank is None:  # rank unknown (behind other ONNX Runtime ops): on X flattened to [rows, normalized]
+        flat, axes = w.op("Flatten", [xs], axis=axis), [1]
+    else:
+        flat, axes = xs, list(range(axis + rank if axis < 0 else axis, rank))
+
+    def stat_shape(value: ir.Value, out: str) -> ir.Value:  # [rows, 1] -> X's dims before axis, then 1s
+        if rank is not None:
+            return w.op("Identity", [value], out)
+        leading, trailing = w.shape(x, end=axis), w.shape(x, start=axis)
+        ones = w.op("Add", [w.op("Mul", [trailing, w.ints([0])]), w.ints([1])])
+        return w.reshape(value, w.concat([leading, ones]), out)
+
+    centered = flat
     if not simplified:
-        mean = w.reduce("ReduceMean", xs, axes, keepdims=1, out=mean_out or None)
-        centered = w.op("Sub", [xs, mean])
+        mean = w.reduce("ReduceMean", flat, axes, keepdims=1)
+        centered = w.op("Sub", [flat, mean])
+        if mean_out:
+            stat_shape(mean, mean_out)
     variance = w.reduce("ReduceMean", w.op("Mul", [centered, centered]), axes, keepdims=1)
-    std = w.op("Sqrt", [w.op("Add", [variance, w.scalar(epsilon, stat_elem)])])
-    inv_std = w.op("Reciprocal", [std], inv_out or None)
+    inv_std = w.op("Reciprocal", [w.op("Sqrt", [w.op("Add", [variance, w.scalar(epsilon, stat_elem)])])])
+    if inv_out:
+        stat_shape(inv_std, inv_out)
     normed = w.op("Mul", [centered, inv_std])
+    if rank is None:
+        normed = w.reshape(normed, w.shape(x))
     if stat_elem != elem:
         normed = w.cast(normed, elem)
     scaled = w.op("Mul", [normed, scale], None if bias is not None else y) if scale is not None else normed

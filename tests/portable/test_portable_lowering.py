@@ -571,6 +571,23 @@ def test_simplified_layer_norm(shape, axis, inv_std, symbolic):
     assert check(case, symbolic) == {"SimplifiedLayerNormalization": 1}
 
 
+@pytest.mark.parametrize(("shape", "axis"), NORM_CASES, ids=str)
+@pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "LayerNormalization"])
+def test_layer_norm_forwards_of_unknown_rank(op, shape, axis):
+    """Behind other ONNX Runtime ops, shape inference knows no rank: the forms on X flattened at axis."""
+    x, scale = f32(*shape), f32(*shape[axis:])
+    outputs = ["Y", "inv_std"] if op.startswith("Simplified") else ["Y", "mean", "inv_std"]
+    case = Case(op, {"X": x, "scale": scale}, outputs, {"axis": axis}, domain="", opset=16)
+    expected = _run(_model(case, symbolic=False), {"X": x, "scale": scale})
+    model = _model(case, symbolic=False)
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    assert lower_training_ops(model) == {op: 1}
+    assert non_portable_ops(model) == []
+    for name, e, g in zip(outputs, expected, _run(model, {"X": x, "scale": scale}), strict=True):
+        assert g.shape == e.shape, name
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize(("shape", "axis"), NORM_CASES[:4], ids=str)
 @pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
 def test_layer_norm_below_opset_17(shape, axis, bias):
