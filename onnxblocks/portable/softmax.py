@@ -57,7 +57,7 @@ def softmax_cross_entropy_loss_grad(node: ir.Node, ctx: LoweringContext) -> list
     reduction = node.attributes.get_string("reduction", "mean")
     ignore_attr = node.attributes.get_int("ignore_index", None)
 
-    depth = w.dim(log_prob, 1)
+    depth = w.reshape(w.dim(log_prob, 1), [])  # a scalar: onnx's reference OneHot takes no [1] depth
     valid, safe_label = _valid_labels(w, label, ignore_input, ignore_attr)
     off_on = w.const([0, 1], onnx.helper.tensor_dtype_to_np_dtype(elem))
     onehot = w.op("OneHot", [safe_label, depth, off_on], axis=1)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import helper
 
 from onnxblocks._core.ort import onnxruntime
@@ -397,6 +398,7 @@ CONVS = [
     ((1, 2, 10, 10), (3, 2, 3, 3), {"dilations": [2, 2], "strides": [3, 2]}),
     ((2, 2, 8), (2, 1, 3), {"group": 2, "strides": [2], "pads": [0, 2]}),
     ((3, 1, 5, 5), (2, 1, 1, 1), {"auto_pad": "VALID"}),
+    ((2, 3, 5, 5), (4, 3, 1, 1), {"auto_pad": "SAME_UPPER"}),
 ]
 
 
@@ -418,6 +420,34 @@ def test_conv_grad(x, w, attrs, symbolic):
     )
     attrs = {"kernel_shape": list(w[2:])} | attrs
     check(Case("ConvGrad", {"dY": f32(*y[0].shape), "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs, rtol=1e-4), symbolic)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "auto_pad", "dilation"),
+    [((2, 3, 6, 5), (4, 3, 3, 3), "SAME_UPPER", 1), ((2, 3, 7), (2, 3, 4), "SAME_UPPER", 1),
+     ((2, 2, 9), (2, 2, 4), "SAME_LOWER", 2), ((1, 2, 8), (3, 2, 2), "SAME_LOWER", 1)],
+    ids=str,
+)  # fmt: skip
+def test_conv_grad_with_same_padding(x, w, auto_pad, dilation):
+    """torch's padding="same" (TorchScript writes auto_pad=SAME_UPPER). torch is the oracle: 1.19.2's ConvGrad
+    kernel ignores auto_pad (its gradients are those of an unpadded Conv)."""
+    xv, wv = f32(*x), f32(*w)
+    spatial = len(x) - 2
+    dy = f32(*x[:1], w[0], *x[2:])
+    total = [(k - 1) * dilation for k in w[2:]]
+    small = [t // 2 for t in total]
+    pads = [(h, t - h) if auto_pad == "SAME_UPPER" else (t - h, h) for t, h in zip(total, small, strict=True)]
+    xt, wt = torch.tensor(xv, requires_grad=True), torch.tensor(wv, requires_grad=True)
+    padded = torch.nn.functional.pad(xt, [p for pair in reversed(pads) for p in pair])
+    conv = torch.nn.functional.conv1d if spatial == 1 else torch.nn.functional.conv2d
+    conv(padded, wt, dilation=dilation).backward(torch.from_numpy(dy))
+    attrs = {"auto_pad": auto_pad, "kernel_shape": list(w[2:]), "dilations": [dilation] * spatial}
+    model = _model(Case("ConvGrad", {"dY": dy, "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs), symbolic=True)
+    assert lower_training_ops(model) == {"ConvGrad": 1}
+    dx, dw, db = _run(model, {"dY": dy, "X": xv, "W": wv})
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw, wt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, *range(2, 2 + spatial))), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
