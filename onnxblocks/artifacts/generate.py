@@ -297,14 +297,13 @@ def _generate(
     training_model, eval_model, step_model = graphs.training, graphs.eval, None
     if mode is not None:  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
         from onnxblocks import portable as _portable
-        from onnxblocks.portable.make import mark_portable
+        from onnxblocks.portable.make import portable_eval_model
 
         made = _portable.make_portable(
             training_model, optimizer_model, fused_step=fused_step, frozen_params=graphs.partition.frozen, mode=mode
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
-        _portable.check_portable(eval_model, "the eval model", mode)
-        eval_model = mark_portable(eval_model, mode)
+        eval_model = portable_eval_model(eval_model, mode)  # ORT's fusions may have written contrib ops there too
 
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint

@@ -110,6 +110,22 @@ def make_portable(
     return PortableModels(lowered, optimizer, step, tuple(trainable), counts, checked)
 
 
+def portable_eval_model(eval_model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> onnx.ModelProto:
+    """The eval model with the ops a portable model of ``mode`` may not hold lowered, checked and marked.
+
+    ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
+    ``FusedMatMul``...); ``eval_model`` is not changed.
+
+    Raises:
+        PortabilityError: for an op without a standard-op lowering.
+        InvalidValueError: for an unknown ``mode``.
+    """
+    checked = portable_mode(mode, "mode")
+    model = from_proto(eval_model)
+    run_passes(model, [LowerTrainingOps(checked)])
+    return _finish(model, "eval", checked, stamp=False)
+
+
 def _finish(model: ir.Model, what: str, mode: PortableMode, stamp: bool = True) -> onnx.ModelProto:
     """Check ``model`` is portable, mark it so, and serialize it (with the IR version set when ``stamp``)."""
     check_portable(model, f"the portable {what} model", mode)

@@ -1,11 +1,12 @@
-"""Standard-op portable artifacts run on ONNX's own reference evaluator, which knows no ``com.microsoft`` op.
+"""Portable modes: standard-op artifacts run on ONNX's reference evaluator; ``"onnxruntime"`` keeps contrib ops.
 
 On small models (an MLP, a transformer block with GELU and layer norm, an RMSNorm
 block with SiLU, all exported by TorchScript, so ONNX Runtime's fusions emit their
 contrib ops while the gradient is built), one fused AdamW step computed by
 ``onnx.reference.ReferenceEvaluator`` on ``step_model.onnx`` equals ONNX Runtime's run of
 the same model within 1e-5 relative: the loss, every updated parameter and moment. With
-``portable="onnxruntime"`` the same model keeps contrib ops the evaluator cannot run.
+``portable="onnxruntime"`` the same model keeps contrib ops the evaluator cannot run (and gives the same
+step); the CLI's ``--portable [standard|onnxruntime]``; an unknown mode is refused before any work.
 """
 
 from __future__ import annotations
@@ -156,3 +157,38 @@ def test_the_onnxruntime_mode_keeps_contrib_ops(name, tmp_path):
     reference = onnxruntime().InferenceSession(str(standard.step_model), providers=["CPUExecutionProvider"])
     for e, g in zip(reference.run(None, feeds), session.run(None, feeds), strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
+
+
+def test_the_cli_flag_takes_the_mode(tmp_path):
+    from onnxblocks.cli import main as cli_main
+
+    torch.manual_seed(0)
+    f = io.BytesIO()
+    torch.onnx.export(
+        GeluBlock().train(), (torch.zeros(2, 5, D),), f, input_names=["x"], output_names=["y"], dynamo=False
+    )
+    path = tmp_path / "model.onnx"
+    path.write_bytes(f.getvalue())
+    found = {}
+    for flag in (["--portable"], ["--portable", "onnxruntime"], ["--portable", "standard"]):
+        out = tmp_path / "-".join(flag)
+        args = ["artifacts", str(path), "--loss", "crossentropy", "--all-params", *flag, "-o", str(out)]
+        assert cli_main(args) == 0
+        step = onnx.load(out / "step_model.onnx")
+        found[" ".join(flag)] = {p.key: p.value for p in step.metadata_props}[PORTABLE_MODE_METADATA]
+        assert (non_portable_ops(step) == []) == (found[" ".join(flag)] == "standard")
+        for file in out.glob("*.onnx"):  # the eval model too: ORT's fusions write Gelu into the forward graph
+            assert non_portable_ops(onnx.load(file), found[" ".join(flag)]) == [], file.name
+    assert found == {
+        "--portable": "standard",
+        "--portable onnxruntime": "onnxruntime",
+        "--portable standard": "standard",
+    }
+
+
+def test_an_unknown_mode_is_refused_before_any_work(tmp_path):
+    from onnxblocks.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError, match=r"portable must be True, 'standard'.*'onnxruntime'.*not 'ort'"):
+        generate_artifacts("missing.onnx", requires_grad=["w"], artifact_directory=tmp_path / "a", portable="ort")
+    assert not (tmp_path / "a").exists()
