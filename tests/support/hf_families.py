@@ -311,37 +311,12 @@ def trainable(family: Family, model: onnx.ModelProto) -> dict[str, str]:
     return names
 
 
-#: Families whose gradients from ONNX Runtime's gradient build (the training build's own artifacts, and so the
-#: portable ones) differ from torch's beyond rounding: MobileNetV2's by up to 6% of a tensor's largest element at
-#: the first step, from both exporters (not yet explained). Their oracle is the training build's run.
-TORCH_MISMATCH = frozenset({"mobilenet"})
-
-
-def training_build_losses(
-    family: Family, model: onnx.ModelProto, params: dict[str, str], frozen: list[str], steps: int, lr: float
-) -> list[float]:
-    """The losses of ``steps`` AdamW steps of the training build's (non-portable) artifacts of ``model``."""
-    import tempfile
-
-    from onnxblocks.artifacts import OptimType, generate_artifacts
-    from onnxblocks.runtime import TrainingSession
-
-    with tempfile.TemporaryDirectory() as directory:
-        generate_artifacts(
-            model,
-            requires_grad=list(params.values()),
-            frozen_params=frozen or None,
-            loss=onnxblocks_loss(family),
-            optimizer=OptimType.AdamW,
-            artifact_directory=directory,
-        )
-        session = TrainingSession(directory, backend="training")
-        session.learning_rate = lr
-        losses = []
-        for _ in range(steps):
-            losses.append(float(np.asarray(session.train_step(*family.inputs.values(), family.target)[0])))
-            session.optimizer_step()
-        return losses
+#: Families whose 5-step trajectories are chaotic at these tiny sizes: MobileNetV2 (batch 2, 32 px, a batch norm
+#: after every convolution) diverges by 1-30% from step 1 or 2 between any two implementations: torch against
+#: the training build, the training build against stock onnxruntime, and at 64-128 px or batch 4-8 too. Its
+#: first-step gradients differ from torch's by up to 6% of a tensor's largest element, on the training build as
+#: in the portable artifacts (cause not found yet). The sweep checks its first loss and that it trains.
+CHAOTIC = frozenset({"mobilenet"})
 
 
 def with_gradient(family: Family, params: dict[str, str], threshold: float = 1e-5) -> dict[str, str]:
