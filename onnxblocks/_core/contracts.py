@@ -70,6 +70,9 @@ FORWARD_OUTPUTS_METADATA = "onnxblocks.forward_outputs"
 # ---------------------------------------------------------------- portable artifacts (docs/portable.md)
 #: Model metadata key marking portable artifacts (value ``"1"``): they run on stock onnxruntime.
 PORTABLE_METADATA = "onnxblocks.portable"
+#: Model metadata key of portable artifacts: their portable mode, ``"standard"`` (standard ONNX ops only) or
+#: ``"onnxruntime"`` (also the contrib ops stock onnxruntime runs on CPU).
+PORTABLE_MODE_METADATA = "onnxblocks.portable.mode"
 #: Suffix of a value's updated copy among a portable model's outputs (``params.out``, ``<p>.out``).
 UPDATED_SUFFIX = ".out"
 #: Suffixes of a parameter's AdamW moments among the step and optimizer models' inputs.

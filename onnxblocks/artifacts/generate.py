@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -34,6 +34,9 @@ from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.ops import PortableMode
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +152,7 @@ def generate_artifacts(
     loss_input_names: Sequence[str] | None = None,
     *,
     model_path: str | os.PathLike | None = None,
-    portable: bool = False,
+    portable: bool | str = False,
     fused_step: bool = True,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
@@ -181,7 +184,9 @@ def generate_artifacts(
         loss_input_names: The values passed to the loss; default the base model's outputs.
         model_path: For a ModelProto loaded with ``onnx.load(path, load_external_data=False)``:
             the ``.onnx`` file it came from, so its external data files are found (and streamed).
-        portable: Write models that train on stock ``onnxruntime`` (standard ops; see docs/portable.md).
+        portable: Write models that train on stock ``onnxruntime`` (docs/portable.md): ``True`` or
+            ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
+            the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
 
     Returns:
@@ -203,6 +208,7 @@ def generate_artifacts(
         onnxblocks.UnknownNameError: for an unknown parameter or output name.
         onnxblocks.GradientError: when ONNX Runtime cannot differentiate the model.
         onnxblocks.errors.PortabilityError: with ``portable``, for an op without a standard-op form.
+        onnxblocks.errors.InvalidValueError: for a ``portable`` other than a bool, ``"standard"`` or ``"onnxruntime"``.
     """
     return _generate(
         model,
@@ -238,7 +244,7 @@ def _generate(
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
     model_path: str | os.PathLike | None = None,
-    portable: bool = False,
+    portable: bool | str = False,
     fused_step: bool = True,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
@@ -248,6 +254,7 @@ def _generate(
     ``loss_blocks`` and ``optimizer_blocks`` turn a :class:`LossType` / :class:`OptimType`
     into a block; :mod:`onnxblocks.compat` passes the reference's optimizer defaults.
     """
+    mode = None if portable is False else _portable_mode(portable)
     base_model, model_path = _arguments.load_model(model, model_path)
     loss_block = _resolve_loss(loss, loss_blocks)
     optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
@@ -289,16 +296,15 @@ def _generate(
             optim_block(sources)
         optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]  # any Block with it, checked by hasattr
     training_model, eval_model, step_model = graphs.training, graphs.eval, None
-    if portable:  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
+    if mode is not None:  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
         from onnxblocks import portable as _portable
-        from onnxblocks.portable.make import mark_portable
+        from onnxblocks.portable.make import portable_eval_model
 
         made = _portable.make_portable(
-            training_model, optimizer_model, fused_step=fused_step, frozen_params=graphs.partition.frozen
+            training_model, optimizer_model, fused_step=fused_step, frozen_params=graphs.partition.frozen, mode=mode
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
-        _portable.check_portable(eval_model, "the eval model")
-        eval_model = mark_portable(eval_model)
+        eval_model = portable_eval_model(eval_model, mode)  # ORT's fusions may have written contrib ops there too
 
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
@@ -348,6 +354,17 @@ def _generate(
 
 
 # ------------------------------------------------------------------ arguments
+def _portable_mode(portable: Any) -> PortableMode:
+    """The portable mode ``portable`` asks for (``True`` -> ``"standard"``).
+
+    Raises:
+        InvalidValueError: for anything but True, ``"standard"`` or ``"onnxruntime"``.
+    """
+    from onnxblocks.portable.ops import portable_mode  # a lower layer, loaded on first use
+
+    return portable_mode(portable, "portable")
+
+
 def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
     if loss is None:
         logger.info("No loss given: the base model's first output is the loss.")

@@ -38,6 +38,8 @@ examples:
   onnxblocks artifacts model.onnx --loss mse --optimizer sgd --all-params --additional-output y -o out
   # portable artifacts: they train on stock onnxruntime (any Python, also 3.13), with a fused step model
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable -o artifacts
+  # the same, keeping the contrib ops stock onnxruntime runs (Gelu, FusedMatMul...): onnxruntime only
+  onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable onnxruntime -o artifacts
 
 Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
 Run 'onnxblocks inspect model.onnx' to list the initializers."""
@@ -100,8 +102,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument("--nominal-checkpoint", action="store_true", help="also write a nominal checkpoint")
     parser.add_argument(
         "--portable",
-        action="store_true",
-        help="write models that train on stock onnxruntime (standard ONNX ops only; see docs/portable.md)",
+        nargs="?",
+        const="standard",
+        default=False,
+        choices=("standard", "onnxruntime"),
+        help="write models that train on stock onnxruntime (see docs/portable.md): standard ONNX ops only "
+        "(--portable, --portable standard), or also the contrib ops stock onnxruntime runs, for speed "
+        "(--portable onnxruntime)",
     )
     parser.add_argument(
         "--no-fused-step",

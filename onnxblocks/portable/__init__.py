@@ -5,8 +5,8 @@ package rewrites what it emits so that the training, optimizer and fused step
 models run on stock ``onnxruntime`` (any Python, ``onnxruntime-web``, ``-node``):
 
 * :func:`make_portable`: the entry point, from the training build's models.
-* :data:`LOWERINGS`: one small named function per training-only op (families in
-  ``activations``, ``broadcast``, ``matmul``, ``softmax``, ``normalization``,
+* :data:`LOWERINGS`: one small named function per training-only or contrib op (families in
+  ``activations``, ``broadcast``, ``matmul``, ``contrib``, ``softmax``, ``normalization``,
   ``indexing``, ``conv``, ``recurrent``), applied by the :class:`LowerTrainingOps` pass
   (:func:`lower_training_ops` on a ``ModelProto``).
 * :class:`AccumulateGradients`, :func:`optimizer_model`, :class:`FuseStep`: the contract
@@ -15,8 +15,9 @@ models run on stock ``onnxruntime`` (any Python, ``onnxruntime-web``, ``-node``)
   :func:`portable_accumulation`, :func:`step_model` run them on a ``ModelProto``;
   :func:`portable_optimizer_model` writes the optimizer with the training build's
   sequence inputs.
-* :func:`non_portable_ops` / :func:`is_portable_op`: the check against what stock
-  ONNX Runtime runs (:data:`PORTABLE_CONTRIB_OPS`).
+* :func:`non_portable_ops` / :func:`is_portable_op`: the check of a portable mode:
+  ``"standard"`` (the default: standard ONNX ops only) or ``"onnxruntime"`` (also the
+  contrib ops stock ONNX Runtime runs on CPU, :data:`PORTABLE_CONTRIB_OPS`).
 
 It sits on ``_core`` and ``ir`` only (every graph edit is an :mod:`onnxblocks.ir` pass).
 """

@@ -1,8 +1,11 @@
-"""Elementwise gradients: ``ReluGrad``, ``SigmoidGrad``, ``TanhGrad``, the GELU family, ``DropoutGrad``, ``Scale``.
+"""Elementwise ops: the GELU family and ``ReluGrad``, ``SigmoidGrad``, ``TanhGrad``, ``DropoutGrad``, ``Scale``.
+
+The GELU family: ``Gelu``, ``FastGelu``, ``QuickGelu``, ``BiasGelu`` and their gradients.
 
 Each follows the arithmetic of ONNX Runtime's CPU kernel step by step (same
 operations, same float32 constants), so the standard-op form gives the kernel's
-numbers.
+numbers. The forward GELUs are ``com.microsoft`` inference ops that ONNX Runtime's
+fusions write while the gradient is built (even from the standard opset-20 ``Gelu``).
 """
 
 from __future__ import annotations
@@ -86,6 +89,47 @@ def _fast_gelu_grad(w: Writer, x: ir.Value, dy: ir.Value, elem: int, out: str) -
     w.op("Mul", [dy, w.op("Mul", [w.scalar(0.5, elem), total])], out)
 
 
+def _biased(w: Writer, x: ir.Value, bias: ir.Value | None) -> ir.Value:
+    return w.op("Add", [x, bias]) if bias is not None else x
+
+
+def gelu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+    """``Gelu(X) = 0.5 * X * (1 + erf(X / sqrt 2))`` and ``BiasGelu(A, B) = Gelu(A + B)``."""
+    x, bias = inputs(node, 2)
+    w = ctx.writer(node)
+    elem = ctx.float_type(x)
+    x = _biased(w, x, bias)
+    erf = w.op("Erf", [w.op("Mul", [x, w.scalar(math.sqrt(0.5), elem)])])
+    half_x = w.op("Mul", [x, w.scalar(0.5, elem)])
+    w.op("Mul", [half_x, w.op("Add", [erf, w.scalar(1, elem)])], outputs(node, 1)[0])
+    return w.nodes
+
+
+def fast_gelu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+    """``FastGelu(X[, bias]) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`` with ``x = X + bias``."""
+    x, bias = inputs(node, 2)
+    w = ctx.writer(node)
+    elem = ctx.float_type(x)
+    x = _biased(w, x, bias)
+    cube = w.op("Mul", [w.op("Mul", [x, x]), x])
+    inner = w.op("Add", [x, w.op("Mul", [cube, w.scalar(_FAST_GAMMA, elem)])])
+    t = w.op("Tanh", [w.op("Mul", [inner, w.scalar(_FAST_ALPHA, elem)])])
+    half_x = w.op("Mul", [x, w.scalar(0.5, elem)])
+    w.op("Mul", [half_x, w.op("Add", [t, w.scalar(1, elem)])], outputs(node, 1)[0])
+    return w.nodes
+
+
+def quick_gelu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+    """``QuickGelu(X) = X * sigmoid(alpha * X)`` (``alpha`` 1.702 by default)."""
+    (x,) = inputs(node, 1)
+    w = ctx.writer(node)
+    elem = ctx.float_type(x)
+    alpha = node.attributes.get_float("alpha", 1.702)
+    scaled = w.op("Mul", [x, w.scalar(alpha, elem)]) if alpha != 1.0 else x
+    w.op("Mul", [x, w.op("Sigmoid", [scaled])], outputs(node, 1)[0])
+    return w.nodes
+
+
 def gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``GeluGrad(dY, X)`` (erf GELU) and ``BiasGeluGrad_dX(dY, X, B)`` (on ``X + B``)."""
     dy, x, bias = inputs(node, 3)
@@ -156,6 +200,10 @@ def scale(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 LOWERINGS = {
+    "Gelu": gelu,
+    "BiasGelu": gelu,
+    "FastGelu": fast_gelu,
+    "QuickGelu": quick_gelu,
     "ReluGrad": relu_grad,
     "LeakyReluGrad": leaky_relu_grad,
     "SigmoidGrad": sigmoid_grad,

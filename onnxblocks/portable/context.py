@@ -65,13 +65,16 @@ class LoweringContext:
 
     Attributes:
         model: The model being lowered (edited in place by the pass).
+        mode: The portable mode (``"standard"`` or ``"onnxruntime"``, :mod:`onnxblocks.portable.ops`): which
+            contrib ops a lowering may write (none in ``"standard"``).
         opset: Its default-domain opset; lowerings write nodes of this opset.
         types: Known value types by value name, updated as nodes are lowered.
         original_producers: The node writing each value in the original graph (training-only nodes included).
     """
 
-    def __init__(self, model: ir.Model) -> None:
+    def __init__(self, model: ir.Model, mode: str = "standard") -> None:
         self.model = model
+        self.mode = mode
         graph = model.graph
         self.opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET))
         self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))

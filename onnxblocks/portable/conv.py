@@ -43,8 +43,14 @@ class _Window:
         auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
         if auto_pad == "VALID":
             self.pads = [0] * (2 * spatial)
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER") and self.kernel and all(s == 1 for s in self.strides):
+            # stride 1 (torch's padding="same"): (k - 1) * d in total, the odd one at the end (UPPER) or start
+            total = [(k - 1) * d for k, d in zip(self.kernel, self.dilations, strict=True)]
+            small = [t // 2 for t in total]
+            large = [t - h for t, h in zip(total, small, strict=True)]
+            self.pads = small + large if auto_pad == "SAME_UPPER" else large + small
         elif auto_pad not in ("NOTSET", ""):
-            raise unsupported(node, f"auto_pad={auto_pad!r}")
+            raise unsupported(node, f"auto_pad={auto_pad!r} with strides {self.strides} or no kernel_shape")
         if node.attributes.get_int("ceil_mode", 0):
             raise unsupported(node, "ceil_mode=1")
 

@@ -25,9 +25,19 @@ from onnxblocks.ir.edit import remove_unused_nodes, replace_node
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.walk import all_nodes
-from onnxblocks.portable import activations, broadcast, conv, indexing, matmul, normalization, recurrent, softmax
+from onnxblocks.portable import (
+    activations,
+    broadcast,
+    contrib,
+    conv,
+    indexing,
+    matmul,
+    normalization,
+    recurrent,
+    softmax,
+)
 from onnxblocks.portable.context import LoweringContext, describe
-from onnxblocks.portable.ops import PORTABLE_CONTRIB_OPS, is_portable_op
+from onnxblocks.portable.ops import PortableMode, is_portable_op, portable_mode
 
 #: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs (by name) with standard ops.
 Lowering = Callable[[ir.Node, LoweringContext], list[ir.Node]]
@@ -37,6 +47,7 @@ LOWERINGS: dict[str, Lowering] = {
     **activations.LOWERINGS,
     **broadcast.LOWERINGS,
     **matmul.LOWERINGS,
+    **contrib.LOWERINGS,
     **softmax.LOWERINGS,
     **normalization.LOWERINGS,
     **indexing.LOWERINGS,
@@ -49,17 +60,33 @@ CONTRACT_OPS = frozenset({"InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimize
 
 
 class LowerTrainingOps(Pass):
-    """Replace every node that stock ONNX Runtime cannot run by standard ops (see :func:`lower_training_ops`).
+    """Replace every node a portable model of ``mode`` may not hold by standard ops (see :func:`lower_training_ops`).
 
     Its changes are how many nodes of each op type were lowered.
+
+    Args:
+        mode: ``"standard"`` (default): every non-standard op is lowered; ``"onnxruntime"``:
+            the contrib ops stock ONNX Runtime runs (:data:`~onnxblocks.portable.ops.PORTABLE_CONTRIB_OPS`) stay.
+
+    Raises:
+        InvalidValueError: for an unknown ``mode``.
     """
 
     name = "lowering"
 
+    def __init__(self, mode: PortableMode | bool = "standard") -> None:
+        self.mode: PortableMode = portable_mode(mode, "mode")
+
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         """Raises: PortabilityError: as :func:`lower_training_ops` says."""
         graph = model.graph
-        blocked = [n for n in graph if n.op_type not in CONTRACT_OPS and _to_lower(n) and not _lowerable(n)]
+        ctx = LoweringContext(model, self.mode)
+        opset = ctx.opset
+
+        def to_lower(node: ir.Node) -> bool:
+            return node.op_type not in CONTRACT_OPS and _to_lower(node, self.mode, opset)
+
+        blocked = [n for n in graph if to_lower(n) and not _lowerable(n)]
         if blocked:
             missing = sorted({(n.domain or "ai.onnx", n.op_type) for n in blocked})
             first = blocked[0]
@@ -69,10 +96,9 @@ class LowerTrainingOps(Pass):
                 "model with ops onnxblocks lowers (docs/portable.md lists them), or generate non-portable artifacts "
                 "(portable=False) for onnxruntime-training."
             )
-        ctx = LoweringContext(model)
         counts: dict[str, int] = {}
         for node in list(graph):
-            if node.op_type in CONTRACT_OPS or not _to_lower(node):
+            if not to_lower(node):
                 ctx.record([node])
                 continue
             replacement = LOWERINGS[node.op_type](node, ctx)
@@ -84,7 +110,7 @@ class LowerTrainingOps(Pass):
             new_outputs = [produced.get(v.name) if v.name else None for v in node.outputs]
             for old, new in zip(node.outputs, new_outputs, strict=True):
                 if new is None:
-                    _unlink(node, old)
+                    _unlink(node, old, lambda n: n.op_type in CONTRACT_OPS or to_lower(n))
             replace_node(node, replacement, new_outputs)
             for name, known in old_types.items():
                 if name and known is not None:
@@ -101,11 +127,12 @@ class LowerTrainingOps(Pass):
         return counts
 
 
-def lower_training_ops(model: onnx.ModelProto) -> dict[str, int]:
-    """Replace, in place, every node of ``model`` that stock ONNX Runtime cannot run by standard ops.
+def lower_training_ops(model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> dict[str, int]:
+    """Replace, in place, every node of ``model`` that a portable model of ``mode`` may not hold by standard ops.
 
-    Portable ``com.microsoft`` ops that have a standard form (``FusedMatMul``) are
-    lowered too; the others (``Gelu``...) stay. Nodes of the contract ops
+    ``mode="standard"`` (the default) lowers every ``com.microsoft`` op and every op of
+    ONNX Runtime's own (``SimplifiedLayerNormalization``...); ``mode="onnxruntime"``
+    keeps the contrib ops stock ONNX Runtime runs on CPU (``Gelu``, ``FusedMatMul``...). Nodes of the contract ops
     (:data:`CONTRACT_OPS`) are left for the contract rewrites. Nodes nothing reads
     afterwards (shape arithmetic that became a constant) are dropped. The model is
     rewritten through :class:`LowerTrainingOps` on its IR.
@@ -116,20 +143,22 @@ def lower_training_ops(model: onnx.ModelProto) -> dict[str, int]:
     Raises:
         PortabilityError: naming the first node (and every other op type) without a lowering,
             or a node whose lowering needs what the model lacks (a newer opset, a known rank).
+        InvalidValueError: for an unknown ``mode``.
     """
+    lowering = LowerTrainingOps(mode)
     ir_model = from_proto(model)
-    counts = dict(LowerTrainingOps().apply(ir_model))
+    counts = dict(lowering.apply(ir_model))
     model.CopyFrom(to_proto(ir_model))
     return counts
 
 
-def _unlink(node: ir.Node, value: ir.Value) -> None:
+def _unlink(node: ir.Node, value: ir.Value, lowered: Callable[[ir.Node], bool]) -> None:
     """Detach an output the lowering does not write from its readers, which must be lowered too (and ignore it).
 
     Raises:
         PortabilityError: if a node that stays reads it (or it is a graph output).
     """
-    keeping = [use.node for use in value.uses() if not _to_lower(use.node)]
+    keeping = [use.node for use in value.uses() if not lowered(use.node)]
     if keeping or value.is_graph_output():
         reader = f"node '{keeping[0].name}' ({keeping[0].op_type})" if keeping else "a graph output"
         raise PortabilityError(
@@ -162,6 +191,10 @@ _OUTPUT_LIKE_INPUT = {
     "GeluGrad": 0,
     "FastGeluGrad": 0,
     "QuickGeluGrad": 0,
+    "Gelu": 0,
+    "FastGelu": 0,
+    "QuickGelu": 0,
+    "BiasGelu": 0,
     "DropoutGrad": 0,
     "Scale": 0,
     "SoftmaxGrad_13": 0,
@@ -175,11 +208,9 @@ _OUTPUT_LIKE_INPUT = {
 }
 
 
-def _to_lower(node: ir.Node) -> bool:
-    """True for a node the pass replaces: not portable, or a portable contrib op with a standard form."""
-    if node.domain in ("", "ai.onnx", "ai.onnx.ml"):
-        return not is_portable_op(node.op_type, node.domain)
-    return node.domain != _limits.MS_DOMAIN or node.op_type in LOWERINGS or node.op_type not in PORTABLE_CONTRIB_OPS
+def _to_lower(node: ir.Node, mode: PortableMode, opset: int) -> bool:
+    """True for a node the pass replaces: one a portable model of ``mode`` may not hold."""
+    return not is_portable_op(node.op_type, node.domain, opset, mode)
 
 
 def _lowerable(node: ir.Node) -> bool:

@@ -14,13 +14,13 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
-from onnxblocks._core.contracts import PORTABLE_METADATA
+from onnxblocks._core.contracts import PORTABLE_METADATA, PORTABLE_MODE_METADATA
 from onnxblocks._core.errors import InvalidTypeError, PortabilityError, preview
 from onnxblocks.ir.passes import run_passes
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import AccumulateGradients
 from onnxblocks.portable.lower import LowerTrainingOps
-from onnxblocks.portable.ops import non_portable_ops
+from onnxblocks.portable.ops import PortableMode, non_portable_ops, portable_mode
 from onnxblocks.portable.optimizer import optimizer_model as per_tensor_optimizer_model
 from onnxblocks.portable.optimizer import read_optimizer
 from onnxblocks.portable.step import FuseStep
@@ -36,6 +36,7 @@ class PortableModels:
         step: The fused step model, or None (no optimizer, or ``fused_step=False``).
         trainable: The trainable parameters, in the training model's order.
         lowered: How many nodes of each training-only op were lowered.
+        mode: The portable mode: ``"standard"`` (standard ONNX ops only) or ``"onnxruntime"``.
     """
 
     training: onnx.ModelProto
@@ -43,6 +44,7 @@ class PortableModels:
     step: onnx.ModelProto | None
     trainable: tuple[str, ...]
     lowered: dict[str, int] = field(default_factory=dict)
+    mode: PortableMode = "standard"
 
 
 def make_portable(
@@ -51,6 +53,7 @@ def make_portable(
     *,
     fused_step: bool = True,
     frozen_params: Sequence[str] | None = None,
+    mode: PortableMode | bool = "standard",
 ) -> PortableModels:
     """Rewrite a training model (and its optimizer model) into models stock ONNX Runtime trains.
 
@@ -65,13 +68,18 @@ def make_portable(
         fused_step: Also build the fused step model (needs ``optimizer_model``).
         frozen_params: The frozen parameters (the step model's last inputs); default:
             read from the training model's input order.
+        mode: ``"standard"`` (default; ``True`` too): standard ONNX ops only, which any ONNX
+            runtime runs; ``"onnxruntime"``: also keep the ``com.microsoft`` ops stock ONNX Runtime
+            runs on CPU (``Gelu``, ``FusedMatMul``, ...; docs/portable.md measures what it gains).
 
     Returns:
-        The :class:`PortableModels`, each with ``onnxblocks.portable = "1"`` in its metadata.
+        The :class:`PortableModels`, each with ``onnxblocks.portable = "1"`` and
+        ``onnxblocks.portable.mode = mode`` in its metadata.
 
     Raises:
         PortabilityError: for an op without a standard-op lowering (naming it and its node),
             or an optimizer model of another form than onnxblocks' own.
+        InvalidValueError: for an unknown ``mode``.
     """
     if not isinstance(training_model, onnx.ModelProto):
         raise InvalidTypeError(f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}.")
@@ -79,15 +87,16 @@ def make_portable(
         raise InvalidTypeError(
             f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}."
         )
+    checked = portable_mode(mode, "mode")
     spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
     training = from_proto(training_model)  # not changed: the IR shares its tensors, and the passes edit the IR
-    lowering = LowerTrainingOps()
+    lowering = LowerTrainingOps(checked)
     counts = dict(run_passes(training, [lowering])[lowering.name])
     step = None
     if spec is not None and fused_step:
         fused = training.clone()
         FuseStep(spec, frozen_params)(fused)
-        step = _finish(fused, "step")
+        step = _finish(fused, "step", checked)
     accumulation = AccumulateGradients()
     accumulation(training)
     trainable = accumulation.trainable
@@ -95,40 +104,70 @@ def make_portable(
     if optimizer_model is not None:
         by_name = {v.name: v for v in training.graph.inputs}
         optimizer = per_tensor_optimizer_model(optimizer_model, [by_name[p] for p in trainable])
-        check_portable(optimizer, "the portable optimizer model")
-        mark_portable(optimizer)
-    lowered = _finish(training, "training", stamp=False)
-    return PortableModels(lowered, optimizer, step, tuple(trainable), counts)
+        check_portable(optimizer, "the portable optimizer model", checked)
+        mark_portable(optimizer, checked)
+    lowered = _finish(training, "training", checked, stamp=False)
+    return PortableModels(lowered, optimizer, step, tuple(trainable), counts, checked)
 
 
-def _finish(model: ir.Model, what: str, stamp: bool = True) -> onnx.ModelProto:
+def portable_eval_model(eval_model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> onnx.ModelProto:
+    """The eval model with the ops a portable model of ``mode`` may not hold lowered, checked and marked.
+
+    ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
+    ``FusedMatMul``...); ``eval_model`` is not changed.
+
+    Raises:
+        PortabilityError: for an op without a standard-op lowering.
+        InvalidValueError: for an unknown ``mode``.
+    """
+    checked = portable_mode(mode, "mode")
+    model = from_proto(eval_model)
+    run_passes(model, [LowerTrainingOps(checked)])
+    return _finish(model, "eval", checked, stamp=False)
+
+
+def _finish(model: ir.Model, what: str, mode: PortableMode, stamp: bool = True) -> onnx.ModelProto:
     """Check ``model`` is portable, mark it so, and serialize it (with the IR version set when ``stamp``)."""
-    check_portable(model, f"the portable {what} model")
+    check_portable(model, f"the portable {what} model", mode)
     model.metadata_props[PORTABLE_METADATA] = "1"
+    model.metadata_props[PORTABLE_MODE_METADATA] = mode
     proto = to_proto(model)
     if stamp:
         _limits.stamp_versions(proto)
     return proto
 
 
-def check_portable(model: onnx.ModelProto | ir.Model, what: str = "the model") -> None:
-    """Raise :class:`PortabilityError` when ``model`` holds ops stock ONNX Runtime cannot run."""
-    found = non_portable_ops(model)
+def check_portable(
+    model: onnx.ModelProto | ir.Model, what: str = "the model", mode: PortableMode | bool = "standard"
+) -> None:
+    """Raise :class:`PortabilityError` when ``model`` holds ops a portable model of ``mode`` may not hold.
+
+    Raises:
+        PortabilityError: naming the ops and the first node.
+        InvalidValueError: for an unknown ``mode``.
+    """
+    found = non_portable_ops(model, mode)
     if found:
         node = found[0][0]
         ops = sorted({f"{domain}:{op}" for _, op, domain in found})
+        runs = "stock ONNX Runtime cannot run" if portable_mode(mode) == "onnxruntime" else "are not standard ONNX"
         raise PortabilityError(
-            f"{what} holds ops stock ONNX Runtime cannot run: {preview(ops)} (first: node '{node.name}'). "
+            f"{what} holds ops that {runs}: {preview(ops)} (first: node '{node.name}'). "
             "Generate non-portable artifacts (portable=False) for onnxruntime-training, or rewrite that part of "
             "the model."
         )
 
 
-def mark_portable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Record ``onnxblocks.portable = "1"`` in ``model``'s metadata, in place; returns ``model``."""
+def mark_portable(model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> onnx.ModelProto:
+    """Record ``onnxblocks.portable = "1"`` and ``onnxblocks.portable.mode`` in ``model``'s metadata, in place.
+
+    Returns:
+        ``model``.
+    """
+    marks = {PORTABLE_METADATA: "1", PORTABLE_MODE_METADATA: portable_mode(mode, "mode")}
     for prop in model.metadata_props:
-        if prop.key == PORTABLE_METADATA:
-            prop.value = "1"
-            return model
-    model.metadata_props.add(key=PORTABLE_METADATA, value="1")
+        if prop.key in marks:
+            prop.value = marks.pop(prop.key)
+    for key, value in marks.items():
+        model.metadata_props.add(key=key, value=value)
     return model

@@ -49,9 +49,15 @@ def fused_matmul(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def contrib_trilu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``com.microsoft:Trilu`` as the standard ``Trilu`` (opset 14); kept as it is on older opsets."""
+    """``com.microsoft:Trilu`` as the standard ``Trilu`` (opset 14); kept on older opsets in ``"onnxruntime"`` mode.
+
+    Raises:
+        PortabilityError: below opset 14 in ``"standard"`` mode.
+    """
     if ctx.opset < 14:
-        return [node]
+        if ctx.mode == "onnxruntime":
+            return [node]
+        ctx.require_opset(node, 14, "Trilu")
     w = ctx.writer(node)
     w.ops("Trilu", list(node.inputs), outputs(node, len(node.outputs)), **attributes(node))
     return w.nodes

@@ -1,8 +1,14 @@
-"""Normalisation in training: ``LayerNormalizationGrad``, ``BatchNormInternal`` and ``BatchNormalizationGrad``.
+"""Normalisation: layer norm and RMSNorm forwards and gradients, batch norm in training.
 
-Layer norm works on ``X`` flattened to ``[rows, normalized]`` at ``axis``, batch
-norm on ``X`` reshaped to ``[N, C, spatial]``: both forms hold for any rank and
-keep every dim dynamic. The arithmetic follows ONNX Runtime's CPU kernels.
+The ops: ``SimplifiedLayerNormalization``, ``SkipLayerNormalization``,
+``SkipSimplifiedLayerNormalization``, ``LayerNormalization`` below opset 17, their gradients
+(``(Simplified)LayerNormalizationGrad``), ``BatchNormInternal`` and ``BatchNormalizationGrad``.
+
+The layer-norm forwards reduce over the dims from ``axis`` on (their statistics
+keep those dims as 1, as ONNX's ``LayerNormalization`` does); the gradients work on
+``X`` flattened to ``[rows, normalized]`` at ``axis``, batch norm on ``X`` reshaped to
+``[N, C, spatial]``: every form keeps every dim dynamic. The arithmetic follows
+ONNX Runtime's CPU kernels (statistics in float32 for a float16 ``X``).
 """
 
 from __future__ import annotations
@@ -12,6 +18,112 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
+
+#: Element types whose layer-norm statistics ONNX Runtime computes in float32 (``stash_type=1``).
+_LOW_PRECISION = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+
+
+def _normalize(
+    node: ir.Node,
+    ctx: LoweringContext,
+    w: Writer,
+    x: ir.Value,
+    scale: ir.Value | None,
+    bias: ir.Value | None,
+    outs: tuple[str, str, str],
+    simplified: bool,
+    axis: int = -1,
+    like: ir.Value | None = None,
+) -> None:
+    """Write layer norm (RMSNorm when ``simplified``) of ``x`` over the dims from ``axis`` on.
+
+    ``outs``: the names of ``Y``, the mean and the inverse standard deviation (``""`` when unused);
+    ``like``: a graph value of ``x``'s type (when ``x`` is new, so not typed yet).
+    ``Y = (x - mean) * inv_std * scale + bias`` with ``inv_std = 1 / sqrt(mean((x - mean)^2) + epsilon)``
+    (no mean when simplified: ``inv_std = 1 / sqrt(mean(x^2) + epsilon)``).
+    """
+    y, mean_out, inv_out = outs
+    rank = ctx.rank(like or x)
+    elem = ctx.float_type(like or x)
+    stash = node.attributes.get_int("stash_type", 1)
+    stat_elem = onnx.TensorProto.FLOAT if stash == 1 and elem in _LOW_PRECISION else elem
+    epsilon = node.attributes.get_float("epsilon", 1e-5)
+    xs = w.cast(x, stat_elem) if stat_elem != elem else x
+    if rank is None:  # rank unknown (behind other ONNX Runtime ops): on X flattened to [rows, normalized]
+        flat, axes = w.op("Flatten", [xs], axis=axis), [1]
+    else:
+        flat, axes = xs, list(range(axis + rank if axis < 0 else axis, rank))
+
+    def stat_shape(value: ir.Value, out: str) -> ir.Value:  # [rows, 1] -> X's dims before axis, then 1s
+        if rank is not None:
+            return w.op("Identity", [value], out)
+        leading, trailing = w.shape(x, end=axis), w.shape(x, start=axis)
+        ones = w.op("Add", [w.op("Mul", [trailing, w.ints([0])]), w.ints([1])])
+        return w.reshape(value, w.concat([leading, ones]), out)
+
+    centered = flat
+    if not simplified:
+        mean = w.reduce("ReduceMean", flat, axes, keepdims=1)
+        centered = w.op("Sub", [flat, mean])
+        if mean_out:
+            stat_shape(mean, mean_out)
+    variance = w.reduce("ReduceMean", w.op("Mul", [centered, centered]), axes, keepdims=1)
+    inv_std = w.op("Reciprocal", [w.op("Sqrt", [w.op("Add", [variance, w.scalar(epsilon, stat_elem)])])])
+    if inv_out:
+        stat_shape(inv_std, inv_out)
+    normed = w.op("Mul", [centered, inv_std])
+    if rank is None:
+        normed = w.reshape(normed, w.shape(x))
+    if stat_elem != elem:
+        normed = w.cast(normed, elem)
+    scaled = w.op("Mul", [normed, scale], None if bias is not None else y) if scale is not None else normed
+    if bias is not None:
+        w.op("Add", [scaled, bias], y)
+    elif scale is None:
+        w.op("Identity", [scaled], y)
+
+
+def simplified_layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+    """``SimplifiedLayerNormalization(X, scale) -> Y[, inv_std_var]`` (RMSNorm): ``X * inv_std * scale``.
+
+    ``inv_std = 1 / sqrt(mean(X^2) + epsilon)`` over the dims from ``axis`` on.
+    """
+    x, scale = inputs(node, 2)
+    y, inv = outputs(node, 2)
+    w = ctx.writer(node)
+    _normalize(node, ctx, w, x, scale, None, (y, "", inv), True, node.attributes.get_int("axis", -1))
+    return w.nodes
+
+
+def layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+    """ONNX Runtime's ``LayerNormalization(X, scale[, B]) -> Y[, mean, inv_std_dev]`` below opset 17."""
+    x, scale, bias = inputs(node, 3)
+    w = ctx.writer(node)
+    outs = outputs(node, 3)
+    _normalize(node, ctx, w, x, scale, bias, (outs[0], outs[1], outs[2]), False, node.attributes.get_int("axis", -1))
+    return w.nodes
+
+
+def skip_layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+    """``Skip(Simplified)LayerNormalization(input, skip, gamma[, beta][, bias])`` over the last dim.
+
+    ``s = input + skip (+ bias)``, then layer norm (RMSNorm when simplified) of ``s``;
+    outputs ``Y``, the mean, the inverse standard deviation and ``s`` (each optional but ``Y``).
+    The simplified form has no ``beta`` (its fourth input is ``bias``).
+    """
+    simplified = node.op_type.startswith("SkipSimplified")
+    if simplified:
+        x, skip, gamma, bias = inputs(node, 4)
+        beta = None
+    else:
+        x, skip, gamma, beta, bias = inputs(node, 5)
+    y, mean, inv, total = outputs(node, 4)
+    w = ctx.writer(node)
+    summed = w.op("Add", [x, skip], None if bias is not None else total or None)
+    if bias is not None:
+        summed = w.op("Add", [summed, bias], total or None)
+    _normalize(node, ctx, w, summed, gamma, beta, (y, mean, inv), simplified, like=x)
+    return w.nodes
 
 
 def layer_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
@@ -121,6 +233,10 @@ def batch_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 LOWERINGS = {
+    "SimplifiedLayerNormalization": simplified_layer_norm,
+    "LayerNormalization": layer_norm,
+    "SkipLayerNormalization": skip_layer_norm,
+    "SkipSimplifiedLayerNormalization": skip_layer_norm,
     "LayerNormalizationGrad": layer_norm_grad,
     "SimplifiedLayerNormalizationGrad": layer_norm_grad,
     "BatchNormInternal": batch_norm_internal,

@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADATA
+from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADATA, PORTABLE_MODE_METADATA
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.io import load_model
 
@@ -75,6 +75,7 @@ def inference_model(
     model.producer_name = eval_model.producer_name
     model.producer_version = model.domain = model.model_version = model.doc_string = None
     model.metadata_props.pop(PORTABLE_METADATA, None)
+    model.metadata_props.pop(PORTABLE_MODE_METADATA, None)
     untyped = [v for v in graph.outputs if v.type is None]
     if untyped:
         inferred = onnx.shape_inference.infer_shapes(serde.to_proto(model)).graph.value_info

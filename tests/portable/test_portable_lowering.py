@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import helper
 
 from onnxblocks._core.ort import onnxruntime
-from onnxblocks.errors import PortabilityError
+from onnxblocks.errors import InvalidValueError, PortabilityError
 from onnxblocks.portable import LOWERINGS, non_portable_ops
 from onnxblocks.portable.lower import lower_training_ops
 
@@ -397,6 +398,7 @@ CONVS = [
     ((1, 2, 10, 10), (3, 2, 3, 3), {"dilations": [2, 2], "strides": [3, 2]}),
     ((2, 2, 8), (2, 1, 3), {"group": 2, "strides": [2], "pads": [0, 2]}),
     ((3, 1, 5, 5), (2, 1, 1, 1), {"auto_pad": "VALID"}),
+    ((2, 3, 5, 5), (4, 3, 1, 1), {"auto_pad": "SAME_UPPER"}),
 ]
 
 
@@ -418,6 +420,34 @@ def test_conv_grad(x, w, attrs, symbolic):
     )
     attrs = {"kernel_shape": list(w[2:])} | attrs
     check(Case("ConvGrad", {"dY": f32(*y[0].shape), "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs, rtol=1e-4), symbolic)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "auto_pad", "dilation"),
+    [((2, 3, 6, 5), (4, 3, 3, 3), "SAME_UPPER", 1), ((2, 3, 7), (2, 3, 4), "SAME_UPPER", 1),
+     ((2, 2, 9), (2, 2, 4), "SAME_LOWER", 2), ((1, 2, 8), (3, 2, 2), "SAME_LOWER", 1)],
+    ids=str,
+)  # fmt: skip
+def test_conv_grad_with_same_padding(x, w, auto_pad, dilation):
+    """torch's padding="same" (TorchScript writes auto_pad=SAME_UPPER). torch is the oracle: 1.19.2's ConvGrad
+    kernel ignores auto_pad (its gradients are those of an unpadded Conv)."""
+    xv, wv = f32(*x), f32(*w)
+    spatial = len(x) - 2
+    dy = f32(*x[:1], w[0], *x[2:])
+    total = [(k - 1) * dilation for k in w[2:]]
+    small = [t // 2 for t in total]
+    pads = [(h, t - h) if auto_pad == "SAME_UPPER" else (t - h, h) for t, h in zip(total, small, strict=True)]
+    xt, wt = torch.tensor(xv, requires_grad=True), torch.tensor(wv, requires_grad=True)
+    padded = torch.nn.functional.pad(xt, [p for pair in reversed(pads) for p in pair])
+    conv = torch.nn.functional.conv1d if spatial == 1 else torch.nn.functional.conv2d
+    conv(padded, wt, dilation=dilation).backward(torch.from_numpy(dy))
+    attrs = {"auto_pad": auto_pad, "kernel_shape": list(w[2:]), "dilations": [dilation] * spatial}
+    model = _model(Case("ConvGrad", {"dY": dy, "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs), symbolic=True)
+    assert lower_training_ops(model) == {"ConvGrad": 1}
+    dx, dw, db = _run(model, {"dY": dy, "X": xv, "W": wv})
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw, wt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, *range(2, 2 + spatial))), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -535,6 +565,136 @@ def test_recurrent_training_and_grad(kind, before_reset, with_state, final_grad)
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+# ------------------------------------------------------------------ forward contrib ops (ONNX Runtime's fusions)
+@pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 3, 4), (0, 4)], ids=str)
+@pytest.mark.parametrize(
+    ("op", "attrs", "bias"),
+    [("Gelu", {}, False), ("FastGelu", {}, False), ("FastGelu", {}, True), ("BiasGelu", {}, True),
+     ("QuickGelu", {}, False), ("QuickGelu", {"alpha": 0.8}, False)],
+    ids=["gelu", "fast", "fast-bias", "bias", "quick", "quick-alpha"],
+)  # fmt: skip
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_gelu_family_forward(op, attrs, bias, shape, symbolic):
+    inputs = {"X": f32(*shape, low=-4, high=4)}
+    if bias:
+        inputs["B"] = f32(shape[-1])
+    assert check(Case(op, inputs, ["Y"], attrs), symbolic) == {op: 1}
+
+
+NORM_CASES = [((4, 6), -1), ((2, 3, 5), -1), ((2, 3, 4), 1), ((1, 1, 4), 2), ((0, 4), -1)]
+
+
+@pytest.mark.parametrize(("shape", "axis"), NORM_CASES, ids=str)
+@pytest.mark.parametrize("inv_std", [False, True], ids=["y", "inv_std"])
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_simplified_layer_norm(shape, axis, inv_std, symbolic):
+    """RMSNorm (LLaMA, Qwen2, Mistral, T5): what ONNX Runtime's fusion writes while it builds the gradient."""
+    scale = f32(*shape[axis:])
+    case = Case(
+        "SimplifiedLayerNormalization",
+        {"X": f32(*shape), "scale": scale},
+        ["Y", "inv_std_var" if inv_std else ""],
+        {"axis": axis, "epsilon": 1e-6},
+        domain="",
+        compare=["Y", *(["inv_std_var"] if inv_std else [])],
+    )
+    assert check(case, symbolic) == {"SimplifiedLayerNormalization": 1}
+
+
+@pytest.mark.parametrize(("shape", "axis"), NORM_CASES, ids=str)
+@pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "LayerNormalization"])
+def test_layer_norm_forwards_of_unknown_rank(op, shape, axis):
+    """Behind other ONNX Runtime ops, shape inference knows no rank: the forms on X flattened at axis."""
+    x, scale = f32(*shape), f32(*shape[axis:])
+    outputs = ["Y", "inv_std"] if op.startswith("Simplified") else ["Y", "mean", "inv_std"]
+    case = Case(op, {"X": x, "scale": scale}, outputs, {"axis": axis}, domain="", opset=16)
+    expected = _run(_model(case, symbolic=False), {"X": x, "scale": scale})
+    model = _model(case, symbolic=False)
+    model.graph.input[0].type.tensor_type.ClearField("shape")
+    assert lower_training_ops(model) == {op: 1}
+    assert non_portable_ops(model) == []
+    for name, e, g in zip(outputs, expected, _run(model, {"X": x, "scale": scale}), strict=True):
+        assert g.shape == e.shape, name
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(("shape", "axis"), NORM_CASES[:4], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_layer_norm_below_opset_17(shape, axis, bias):
+    """ONNX Runtime's own default-domain LayerNormalization, which its fusion writes at opsets below 17."""
+    inputs = {"X": f32(*shape), "scale": f32(*shape[axis:])}
+    if bias:
+        inputs["B"] = f32(*shape[axis:])
+    case = Case("LayerNormalization", inputs, ["Y", "mean", "inv_std"], {"axis": axis}, domain="", opset=16)
+    assert check(case) == {"LayerNormalization": 1}
+
+
+SKIP_NORMS = [("SkipLayerNormalization", beta, bias) for beta in (False, True) for bias in (False, True)] + [
+    ("SkipSimplifiedLayerNormalization", False, False)
+]
+
+
+@pytest.mark.parametrize(("op", "beta", "bias"), SKIP_NORMS, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 8), (4, 8)], ids=str)
+def test_skip_layer_norm(op, beta, bias, shape):
+    simplified = op.startswith("SkipSimplified")
+    hidden = shape[-1]
+    inputs: dict[str, np.ndarray | None] = {"input": f32(*shape), "skip": f32(*shape), "gamma": f32(hidden)}
+    if not simplified:
+        inputs["beta"] = f32(hidden) if beta else None
+    inputs["bias"] = f32(hidden) if bias else None
+    case = Case(op, inputs, ["Y", "", "", "sum"], {"epsilon": 1e-5}, compare=["Y", "sum"])
+    assert check(case) == {op: 1}
+
+
+def test_skip_simplified_layer_norm_adds_its_bias():
+    """With a bias (input 3), as the op's schema says: 1.19.2's CPU kernel ignores it, so numpy is the oracle."""
+    x, skip, gamma, bias = f32(2, 3, 8), f32(2, 3, 8), f32(8), f32(8)
+    case = Case(
+        "SkipSimplifiedLayerNormalization",
+        {"input": x, "skip": skip, "gamma": gamma, "bias": bias},
+        ["Y", "", "inv_std", "sum"],
+        {"epsilon": 1e-5},
+        compare=["Y", "inv_std", "sum"],
+    )
+    model = _model(case, symbolic=True)
+    lower_training_ops(model)
+    assert non_portable_ops(model) == []
+    y, inv_std, total = _run(model, {"input": x, "skip": skip, "gamma": gamma, "bias": bias})
+    expected_sum = x + skip + bias
+    expected_inv = 1 / np.sqrt(np.mean(expected_sum**2, axis=-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(total, expected_sum, rtol=1e-6)
+    np.testing.assert_allclose(inv_std, expected_inv, rtol=1e-5)
+    np.testing.assert_allclose(y, expected_sum * expected_inv * gamma, rtol=1e-5, atol=1e-6)
+
+
+def test_contrib_range_fused_gemm_and_fused_conv():
+    bounds = {"start": np.array(2.0, np.float32), "limit": np.array(11.0, np.float32), "delta": np.array(3, np.float32)}
+    check(Case("Range", bounds, ["Y"]))
+    gemm = {"activation": "LeakyRelu", "activation_alpha": 0.2, "transB": 1, "alpha": 0.5}
+    check(Case("FusedGemm", {"A": f32(3, 4), "B": f32(5, 4), "C": f32(5)}, ["Y"], gemm))
+    conv = {"activation": "Relu", "kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    check(Case("FusedConv", {"X": f32(1, 2, 5, 5), "W": f32(3, 2, 3, 3), "B": f32(3)}, ["Y"], conv))
+
+
+def test_onnxruntime_mode_keeps_the_contrib_ops_stock_onnxruntime_runs():
+    case = Case("Gelu", {"X": f32(3, 4)}, ["Y"])
+    model = _model(case, symbolic=False)
+    assert lower_training_ops(model, mode="onnxruntime") == {}
+    assert [n.op_type for n in model.graph.node] == ["Gelu"] and non_portable_ops(model, "onnxruntime") == []
+    assert [op for _, op, _ in non_portable_ops(model)] == ["Gelu"]
+    rms = _model(Case("SimplifiedLayerNormalization", {"X": f32(2, 4), "s": f32(4)}, ["Y"], domain=""), False)
+    assert lower_training_ops(rms, mode="onnxruntime") == {} and non_portable_ops(rms, "onnxruntime") == []
+
+
+def test_contrib_trilu_below_opset_14_is_refused_in_standard_mode():
+    case = Case("Trilu", {"X": f32(3, 3)}, ["Y"], opset=13)
+    with pytest.raises(PortabilityError, match=r"Trilu.*opset 14.*imports opset 13"):
+        lower_training_ops(_model(case, symbolic=False))
+    kept = _model(case, symbolic=False)
+    assert lower_training_ops(kept, mode="onnxruntime") == {}
+
+
 # ------------------------------------------------------------------ errors and the table
 def test_an_op_without_lowering_names_the_op_the_node_and_the_remedy():
     model = _model(Case("FooGrad", {"dY": f32(3)}, ["dX"]), False)
@@ -554,7 +714,7 @@ def test_a_lowering_that_needs_a_newer_opset_says_so():
         lower_training_ops(model)
 
 
-def test_non_portable_ops_lists_training_ops_and_accepts_standard_and_portable_contrib_ops():
+def test_non_portable_ops_lists_training_ops_and_contrib_ops_by_mode():
     nodes = [
         helper.make_node("Relu", ["x"], ["a"]),
         helper.make_node("Gelu", ["a"], ["b"], domain=MS),
@@ -565,7 +725,13 @@ def test_non_portable_ops_lists_training_ops_and_accepts_standard_and_portable_c
         nodes, "g", [helper.make_tensor_value_info("x", 1, [2])], [helper.make_empty_tensor_value_info("d")]
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
-    assert [(op, domain) for _, op, domain in non_portable_ops(model)] == [("ReluGrad", MS), ("MaxPoolGrad", "ai.onnx")]
+    standard = [("Gelu", MS), ("ReluGrad", MS), ("MaxPoolGrad", "ai.onnx")]
+    assert [(op, domain) for _, op, domain in non_portable_ops(model)] == standard
+    assert [(op, domain) for _, op, domain in non_portable_ops(model, True)] == standard
+    onnxruntime_mode = [("ReluGrad", MS), ("MaxPoolGrad", "ai.onnx")]
+    assert [(op, domain) for _, op, domain in non_portable_ops(model, "onnxruntime")] == onnxruntime_mode
+    with pytest.raises(InvalidValueError, match=r"mode must be True, 'standard'.*'onnxruntime'.*not 'ort'"):
+        non_portable_ops(model, "ort")
 
 
 #: Every op the test families' training models hold that is not portable (benchmarks/portable_ops.py lists them).
