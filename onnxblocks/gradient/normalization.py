@@ -13,6 +13,7 @@ the original.
 
 1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
 2. :func:`split_to_sequence_as_split`: ``SplitToSequence`` + ``SequenceAt`` is "unreachable"; ``Split`` is not.
+   :func:`~onnxblocks.gradient.dynamic_split.split_to_sequence_as_slice`: the same on a symbolic axis, as ``Slice``.
 3. :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
 4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
 5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
@@ -57,6 +58,7 @@ from onnxblocks.gradient._rewrite import (
 )
 from onnxblocks.gradient.activations import ActivationsAsElementary
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
+from onnxblocks.gradient.dynamic_split import SplitToSequenceAsSlice
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
 from onnxblocks.gradient.layer_norm import (
@@ -354,6 +356,7 @@ def default_passes() -> list[Pass]:
     return [
         CastLikeAsCast(),
         SplitToSequenceAsSplit(),
+        SplitToSequenceAsSlice(),
         ExposeDropoutMask(),
         LayerNormZeroBias(),
         ExposeLayerNormStatistics(),

@@ -1,0 +1,101 @@
+"""``SplitToSequence`` by a run-time chunk length as ``Slice``: the pieces of ``chunk`` / ``split`` on a dynamic dim.
+
+``x.chunk(2, dim=0)`` or ``x.split(n, dim=0)`` exported with a symbolic batch dim
+becomes ``SplitToSequence(x, c)`` with ``c`` computed from the batch size, read by
+``SequenceAt`` at constant positions. :func:`~onnxblocks.gradient.normalization.split_to_sequence_as_split`
+needs the length of the split axis; when it is symbolic, ONNX Runtime's gradient
+builder finds no path through the sequence ops and the pieces would silently get
+no gradient. :func:`split_to_sequence_as_slice` writes piece ``i`` as
+``Slice(x, i * c, (i + 1) * c)`` along the axis instead (``Slice`` clamps the last
+piece, as ``SplitToSequence`` shortens it), with ``Squeeze`` for ``keepdims=0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxblocks.gradient._rewrite import is_default_domain, on_proto, opset_of
+from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.types import ValueTypes
+from onnxblocks.ir.writer import Writer
+
+__all__ = ["SplitToSequenceAsSlice", "split_to_sequence_as_slice"]
+
+
+class SplitToSequenceAsSlice(Pass):
+    """Rewrite ``SplitToSequence`` by a scalar chunk length, read only by ``SequenceAt`` at constant positions.
+
+    A sequence read any other way, at a negative position, or split by a list of
+    lengths known only at run time, is left as it is.
+    """
+
+    name = "split_to_sequence_as_slice"
+    op_types = frozenset({"SplitToSequence"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        targets = [n for n in graph if n.op_type == "SplitToSequence" and is_default_domain(n)]
+        if not targets:
+            return {}
+        constants = ConstantTable(graph)
+        types: ValueTypes | None = None
+        names = graph_names(graph)
+        opset = opset_of(model)
+        count = 0
+        for node in targets:
+            seq, x = node.outputs[0], node.inputs[0]
+            users = list(dict.fromkeys(u.node for u in seq.uses()))
+            if x is None or seq.is_graph_output() or not users or opset < 13:
+                continue
+            if any(u.graph is not graph or u.op_type != "SequenceAt" or u.inputs[0] is not seq for u in users):
+                continue
+            positions = [constants.value(u.inputs[1]) for u in users]
+            if any(p is None or p.size != 1 or int(p.reshape(())) < 0 for p in positions):
+                continue
+            split = node.inputs[1] if len(node.inputs) > 1 else None
+            if split is not None:
+                value = constants.value(split)
+                if value is not None and value.ndim != 0:
+                    continue  # a list of lengths: split_to_sequence_as_split's case
+                if value is None:
+                    types = types or ValueTypes.infer(model)
+                    if types.shape(split) not in ([], [1]):
+                        continue
+            axis = int_attribute(node, "axis", 0)
+            squeeze = split is None and int_attribute(node, "keepdims", 1) == 0
+            w = Writer(names, opset, seq.name or "sequence")
+            if split is None:
+                chunk = w.ints([1])
+            else:
+                chunk = w.reshape(w.cast(split, ir.DataType.INT64), [1])
+            axes = w.ints([axis])
+            outs: list[ir.Value] = []
+            for user, position in zip(users, positions, strict=True):
+                index = int(np.asarray(position).reshape(()))
+                out = user.outputs[0].name or w.fresh("piece")
+                starts = w.op("Mul", [chunk, w.ints([index])])
+                ends = w.op("Mul", [chunk, w.ints([index + 1])])
+                piece = w.op("Slice", [x, starts, ends, axes], out=w.fresh("piece") if squeeze else out)
+                outs.append(w.squeeze(piece, [axis], out=out) if squeeze else piece)
+            ir.convenience.replace_nodes_and_values(
+                graph, node, [node, *users], w.nodes, [u.outputs[0] for u in users], outs
+            )
+            count += 1
+        return {"SplitToSequence": count} if count else {}
+
+
+split_to_sequence_as_slice = on_proto(
+    SplitToSequenceAsSlice,
+    "split_to_sequence_as_slice",
+    """Rewrite, in place, ``SplitToSequence`` by a scalar chunk length (read by ``SequenceAt``) into ``Slice``.
+
+    Returns:
+        The number of SplitToSequence nodes rewritten.
+    """,
+)
