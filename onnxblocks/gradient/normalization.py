@@ -31,6 +31,8 @@ the original.
 17. :func:`~onnxblocks.gradient.reductions.reduce_extremum_as_topk`: ReduceMax/Min have no gradient builder.
 18. :func:`~onnxblocks.gradient.reductions.cumsum_as_matmul`: ``CumSum`` has no gradient builder.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
+20. :func:`~onnxblocks.gradient.einsum.einsum_as_matmul`: ``Einsum`` has no gradient builder.
+21. :func:`~onnxblocks.gradient.comparisons.small_int_comparison_as_int32`: no CPU kernels for uint8 ``Equal``...
 
 :func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` is not a pass:
 it needs the trainable set and runs later, on the training copy (see its docstring).
@@ -57,8 +59,10 @@ from onnxblocks.gradient._rewrite import (
     run_pass,
 )
 from onnxblocks.gradient.activations import ActivationsAsElementary
+from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
 from onnxblocks.gradient.dynamic_split import SplitToSequenceAsSlice
+from onnxblocks.gradient.einsum import EinsumAsMatMul
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
 from onnxblocks.gradient.layer_norm import (
@@ -374,6 +378,8 @@ def default_passes() -> list[Pass]:
         ReduceExtremumAsTopK(),
         CumSumAsMatMul(),
         DepthToSpaceAsReshape(),
+        EinsumAsMatMul(),
+        SmallIntComparisonAsInt32(),
     ]
 
 
