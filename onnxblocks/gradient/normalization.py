@@ -33,6 +33,7 @@ the original.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
 20. :func:`~onnxblocks.gradient.einsum.einsum_as_matmul`: ``Einsum`` has no gradient builder.
 21. :func:`~onnxblocks.gradient.comparisons.small_int_comparison_as_int32`: no CPU kernels for uint8 ``Equal``...
+22. :func:`~onnxblocks.gradient.cross_entropy.expose_cross_entropy_log_prob`: its gradient reads ``log_prob``.
 
 :func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` is not a pass:
 it needs the trainable set and runs later, on the training copy (see its docstring).
@@ -61,6 +62,7 @@ from onnxblocks.gradient._rewrite import (
 from onnxblocks.gradient.activations import ActivationsAsElementary
 from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
+from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
 from onnxblocks.gradient.dynamic_split import SplitToSequenceAsSlice
 from onnxblocks.gradient.einsum import EinsumAsMatMul
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
@@ -380,6 +382,7 @@ def default_passes() -> list[Pass]:
         DepthToSpaceAsReshape(),
         EinsumAsMatMul(),
         SmallIntComparisonAsInt32(),
+        ExposeCrossEntropyLogProb(),
     ]
 
 

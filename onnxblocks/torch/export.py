@@ -47,8 +47,17 @@ from onnxblocks.gradient._values import set_attribute
 from onnxblocks.ir import serde
 from onnxblocks.ir.edit import rename_values
 from onnxblocks.ir.names import graph_names, proto_graph_names
+from onnxblocks.torch._outputs import CONSTANT_TYPES, OutputSlot, output_plan, register_dataclasses
 
-__all__ = ["BatchNormUpdate", "ExportError", "Exported", "OutputSlot", "export_module", "fit_batch_norms"]
+__all__ = [
+    "BatchNormUpdate",
+    "ExportError",
+    "Exported",
+    "OutputSlot",
+    "export_module",
+    "fit_batch_norms",
+    "register_dataclasses",
+]
 
 EXPORTERS = ("dynamo", "torchscript")
 DYNAMIC = ("batch", "all", "none")
@@ -99,20 +108,6 @@ class Exported:
     batch_norms: list[BatchNormUpdate] = field(default_factory=list)
     baked: list[tuple[torch.Tensor, int]] = field(default_factory=list)
     graphless: bool = False
-
-
-@dataclass(frozen=True)
-class OutputSlot:
-    """Where a tensor leaf of the module's output comes from.
-
-    Attributes:
-        graph: True: graph output ``index`` (a tensor returned twice has one graph output);
-            False: tensor argument ``index`` of the call, returned unchanged (as torch returns it).
-        index: The position in the graph outputs, or among the tensor leaves of ``(args, kwargs)``.
-    """
-
-    graph: bool
-    index: int
 
 
 #: Marks a tensor leaf among the holder's constants (None is a constant argument like any other).
@@ -169,8 +164,15 @@ def export_module(
                 out = module(*args, **kwargs)
         except Exception as exc:
             raise ExportError(f"{label} fails on these inputs in torch itself: {type(exc).__name__}: {exc}") from exc
+        register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
-        plan, holder.graph_outputs = _output_plan(out_leaves, tensors)
+        odd = next((leaf for leaf in out_leaves if not isinstance(leaf, (torch.Tensor, *CONSTANT_TYPES))), None)
+        if odd is not None:
+            raise ExportError(
+                f"{label} returns a {type(odd).__name__}, which OrtModule cannot rebuild around ONNX Runtime's "
+                "outputs: return tensors in tuples, lists, dicts, namedtuples, dataclasses or ModelOutputs."
+            )
+        plan, holder.graph_outputs = output_plan(out_leaves, tensors)
         names = [f"input_{k}" for k in range(len(tensors))]
         if not holder.graph_outputs:  # nothing computed: the module's own call returns it
             return Exported(onnx.ModelProto(), (), (), (), (), out_spec, plan, graphless=True)
@@ -208,30 +210,6 @@ def export_module(
         out_leaves=plan,
         baked=baked,
     )
-
-
-def _output_plan(leaves: list[Any], inputs: list[torch.Tensor]) -> tuple[list[Any], list[int]]:
-    """Each output leaf as an :class:`OutputSlot` or a constant, and the leaves that become graph outputs.
-
-    An input returned unchanged stays the caller's tensor (no graph output, as torch returns it), and a
-    tensor returned several times is one graph output.
-    """
-    plan: list[Any] = []
-    graph_outputs: list[int] = []
-    seen: dict[int, int] = {}
-    for position, leaf in enumerate(leaves):
-        if not isinstance(leaf, torch.Tensor):
-            plan.append(leaf)
-            continue
-        argument = next((j for j, t in enumerate(inputs) if t is leaf), None)
-        if argument is not None:
-            plan.append(OutputSlot(False, argument))
-            continue
-        if id(leaf) not in seen:
-            seen[id(leaf)] = len(graph_outputs)
-            graph_outputs.append(position)
-        plan.append(OutputSlot(True, seen[id(leaf)]))
-    return plan, graph_outputs
 
 
 def _export(

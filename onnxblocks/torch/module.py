@@ -42,6 +42,7 @@ from onnxblocks.torch.export import (
     OutputSlot,
     export_module,
     fit_batch_norms,
+    register_dataclasses,
 )
 from onnxblocks.torch.function import OnnxFunction, onnx_function
 
@@ -169,6 +170,7 @@ class OrtModule(torch.nn.Module):
         """Run the module's forward through ONNX Runtime (or eagerly for a fallback signature)."""
         spec: Hashable
         if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+            register_dataclasses((args, kwargs))
             leaves, spec = pytree.tree_flatten((args, kwargs))
         else:  # the common case, without pytree's cost
             leaves, spec = list(args), len(args)
@@ -217,11 +219,24 @@ class OrtModule(torch.nn.Module):
                 return entry, weights
         return None, []
 
+    def _export(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exported:
+        """Export for this call; a dynamo export that fails with symbolic dims is retried with static shapes.
+
+        (A size that becomes symbolic can reach where the exporter needs a constant: an ``ignore_index``
+        computed from ``x.size(1)``.)
+        """
+        try:
+            return export_module(self.module, args, kwargs, self.exporter, self.opset, self.dynamic)
+        except ExportError as exc:
+            if self.exporter != "dynamo" or self.dynamic == "none" or "fails on these inputs in torch" in str(exc):
+                raise
+            return _static_retry(exc, lambda: export_module(self.module, args, kwargs, "dynamo", self.opset, "none"))
+
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> _Entry:
         label = type(self.module).__name__
         training = self.module.training
         try:
-            exported = export_module(self.module, args, kwargs, self.exporter, self.opset, self.dynamic)
+            exported = self._export(args, kwargs)
             if exported.graphless:
                 return _Entry(None)
             weight_names = list(exported.weights)
@@ -310,6 +325,14 @@ def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
             ) from None
         found.append((type(leaf), leaf))
     return tuple(found)
+
+
+def _static_retry(first: ExportError, export: Any) -> Exported:
+    """``export()`` with static shapes after a failure with symbolic ones; the first failure when both fail."""
+    try:
+        return export()
+    except ExportError:
+        raise first from None
 
 
 def _weights(entry: _Entry) -> list[torch.Tensor]:
