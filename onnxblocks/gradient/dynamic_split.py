@@ -7,7 +7,9 @@ needs the length of the split axis; when it is symbolic, ONNX Runtime's gradient
 builder finds no path through the sequence ops and the pieces would silently get
 no gradient. :func:`split_to_sequence_as_slice` writes piece ``i`` as
 ``Slice(x, i * c, (i + 1) * c)`` along the axis instead (``Slice`` clamps the last
-piece, as ``SplitToSequence`` shortens it), with ``Squeeze`` for ``keepdims=0``.
+piece, as ``SplitToSequence`` shortens it), with ``Squeeze`` for ``keepdims=0``; for a
+list of lengths known at run time (``x.split([1, n - 1])``), piece ``i`` starts at the
+sum of the lengths before it.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ __all__ = ["SplitToSequenceAsSlice", "split_to_sequence_as_slice"]
 
 
 class SplitToSequenceAsSlice(Pass):
-    """Rewrite ``SplitToSequence`` by a scalar chunk length, read only by ``SequenceAt`` at constant positions.
+    """Rewrite ``SplitToSequence`` by a run-time length or lengths, read only by ``SequenceAt`` at constant positions.
 
-    A sequence read any other way, at a negative position, or split by a list of
-    lengths known only at run time, is left as it is.
+    A sequence read any other way, or at a negative position, is left as it is.
     """
 
     name = "split_to_sequence_as_slice"
@@ -59,28 +60,36 @@ class SplitToSequenceAsSlice(Pass):
             if any(p is None or p.size != 1 or int(p.reshape(())) < 0 for p in positions):
                 continue
             split = node.inputs[1] if len(node.inputs) > 1 else None
+            lengths = False  # split holds one length per piece (a 1-D list), not one chunk length
             if split is not None:
                 value = constants.value(split)
                 if value is not None and value.ndim != 0:
-                    continue  # a list of lengths: split_to_sequence_as_split's case
+                    continue  # constant lengths: split_to_sequence_as_split's case
                 if value is None:
                     types = types or ValueTypes.infer(model)
-                    if types.shape(split) not in ([], [1]):
+                    shape = types.shape(split)
+                    if shape is None or len(shape) > 1:
                         continue
+                    lengths = len(shape) == 1
             axis = int_attribute(node, "axis", 0)
             squeeze = split is None and int_attribute(node, "keepdims", 1) == 0
             w = Writer(names, opset, seq.name or "sequence")
             if split is None:
                 chunk = w.ints([1])
             else:
-                chunk = w.reshape(w.cast(split, ir.DataType.INT64), [1])
+                chunk = w.reshape(w.cast(split, ir.DataType.INT64), [-1 if lengths else 1])
             axes = w.ints([axis])
             outs: list[ir.Value] = []
             for user, position in zip(users, positions, strict=True):
                 index = int(np.asarray(position).reshape(()))
                 out = user.outputs[0].name or w.fresh("piece")
-                starts = w.op("Mul", [chunk, w.ints([index])])
-                ends = w.op("Mul", [chunk, w.ints([index + 1])])
+                if lengths:  # piece i: from the sum of the lengths before it, for its own length
+                    before = w.op("Slice", [chunk, w.ints([0]), w.ints([index]), w.ints([0])])
+                    starts = w.reduce("ReduceSum", before, [0], keepdims=1)
+                    ends = w.op("Add", [starts, w.op("Gather", [chunk, w.ints([index])], axis=0)])
+                else:
+                    starts = w.op("Mul", [chunk, w.ints([index])])
+                    ends = w.op("Mul", [chunk, w.ints([index + 1])])
                 piece = w.op("Slice", [x, starts, ends, axes], out=w.fresh("piece") if squeeze else out)
                 outs.append(w.squeeze(piece, [axis], out=out) if squeeze else piece)
             ir.convenience.replace_nodes_and_values(

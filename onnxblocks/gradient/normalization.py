@@ -12,8 +12,8 @@ the original.
 :func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
 
 1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
-2. :func:`split_to_sequence_as_split`: ``SplitToSequence`` + ``SequenceAt`` is "unreachable"; ``Split`` is not.
-   :func:`~onnxblocks.gradient.dynamic_split.split_to_sequence_as_slice`: the same on a symbolic axis, as ``Slice``.
+2. :func:`split_to_sequence_as_split`: ``SplitToSequence`` + ``SequenceAt`` is "unreachable" (then, on a symbolic
+   axis, :func:`~onnxblocks.gradient.dynamic_split.split_to_sequence_as_slice`).
 3. :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
 4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
 5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
@@ -31,9 +31,7 @@ the original.
 17. :func:`~onnxblocks.gradient.reductions.reduce_extremum_as_topk`: ReduceMax/Min have no gradient builder.
 18. :func:`~onnxblocks.gradient.reductions.cumsum_as_matmul`: ``CumSum`` has no gradient builder.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
-20. :func:`~onnxblocks.gradient.einsum.einsum_as_matmul`: ``Einsum`` has no gradient builder.
-21. :func:`~onnxblocks.gradient.comparisons.small_int_comparison_as_int32`: no CPU kernels for uint8 ``Equal``...
-22. :func:`~onnxblocks.gradient.cross_entropy.expose_cross_entropy_log_prob`: its gradient reads ``log_prob``.
+20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal kernel, log_prob.
 
 :func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` is not a pass:
 it needs the trainable set and runs later, on the training copy (see its docstring).
