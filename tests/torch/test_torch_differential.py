@@ -14,7 +14,7 @@ torch at fp32 tolerance (rtol 1e-4 / atol 1e-5); a gradient torch leaves None mu
   no gradient), and two forwards before their backwards.
 
 The modules are drawn from a fixed pool (every stage and every structure appears), so the exports are
-cached across examples and 200 examples stay within a few minutes.
+cached across examples: 200 examples build 48 graphs at most.
 """
 
 from __future__ import annotations
@@ -120,11 +120,11 @@ OUTPUTS = ["tuple", *(f"chunks_{d}" for d in DIMS), "repeated", "passthrough", "
 
 
 def _pool() -> list[tuple[tuple[str, str], str]]:
-    """Module configurations: every stage first and second, every output structure, in 20 modules."""
+    """Module configurations: every stage first and second, every output structure, in 12 modules."""
     rng = np.random.default_rng(21)
-    firsts = list(STAGES) * 2
-    seconds = list(rng.permutation(STAGES)) * 2
-    outputs = (OUTPUTS * 3)[: len(firsts)]
+    firsts = [*STAGES, "chunk_0", "split_0"]
+    seconds = [*rng.permutation(STAGES), "shared", "inplace"]
+    outputs = (OUTPUTS * 2)[: len(firsts)]
     return [((str(a), str(b)), o) for a, b, o in zip(firsts, seconds, outputs, strict=True)]
 
 
@@ -166,7 +166,7 @@ def _close(actual, expected, what: str) -> None:
     index=st.integers(0, len(POOL) - 1),
     batch=st.sampled_from([2, 3, 5]),
     x_grad=st.booleans(),
-    y_kind=st.sampled_from(["none", "tensor", "tensor_grad"]),
+    y_kind=st.sampled_from(["none", "tensor_grad"]),
     weights=st.lists(st.sampled_from([0.0, 1.0, -0.5, 2.0]), min_size=4, max_size=4),
     twice=st.booleans(),
     seed=st.integers(0, 2**16),
