@@ -10,6 +10,9 @@ no gradient. :func:`split_to_sequence_as_slice` writes piece ``i`` as
 piece, as ``SplitToSequence`` shortens it), with ``Squeeze`` for ``keepdims=0``; for a
 list of lengths known at run time (``x.split([1, n - 1])``), piece ``i`` starts at the
 sum of the lengths before it.
+
+:class:`PartlyUsedSplitAsSlice` rewrites a ``Split`` some of whose outputs are unused into
+``Slice`` nodes: ONNX Runtime's ``Split`` gradient would leave the unused pieces out.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ import onnx_ir as ir
 
 from onnxblocks.gradient._rewrite import is_default_domain, on_proto, opset_of
 from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.edit import replace_node
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.types import ValueTypes
 from onnxblocks.ir.writer import Writer
 
-__all__ = ["SplitToSequenceAsSlice", "split_to_sequence_as_slice"]
+__all__ = ["PartlyUsedSplitAsSlice", "SplitToSequenceAsSlice", "split_to_sequence_as_slice"]
 
 
 class SplitToSequenceAsSlice(Pass):
@@ -108,3 +112,75 @@ split_to_sequence_as_slice = on_proto(
         The number of SplitToSequence nodes rewritten.
     """,
 )
+
+
+class PartlyUsedSplitAsSlice(Pass):
+    """Rewrite a ``Split`` some of whose outputs nothing reads into one ``Slice`` per output that is read.
+
+    ONNX Runtime's gradient of ``Split`` concatenates the gradients of the outputs that
+    have one and leaves the others out, so the input's gradient comes out too short
+    (a Reshape downstream fails) or, where it still broadcasts, wrong. ``x.chunk(2, 1)[1]``
+    after an in-place op exports that way. ``SliceGrad`` pads with zeros instead. The
+    piece lengths must be known (a ``split`` input or attribute, or ``num_outputs`` and a
+    static axis).
+    """
+
+    name = "partly_used_split_as_slice"
+    op_types = frozenset({"Split"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        targets = [
+            n
+            for n in graph
+            if n.op_type == "Split"
+            and is_default_domain(n)
+            and any(not o.uses() and not o.is_graph_output() for o in n.outputs)
+            and any(o.uses() or o.is_graph_output() for o in n.outputs)
+        ]
+        if not targets:
+            return {}
+        opset = opset_of(model)
+        if opset < 13:
+            return {}
+        constants = ConstantTable(graph)
+        types = ValueTypes.infer(model)
+        names = graph_names(graph)
+        count = 0
+        for node in targets:
+            x = node.inputs[0]
+            lengths = _split_lengths(node, constants, types)
+            if x is None or lengths is None:
+                continue
+            axis = int_attribute(node, "axis", 0)
+            w = Writer(names, opset, node.outputs[0].name or "split")
+            news: list[ir.Value | None] = []
+            start = 0
+            for out, length in zip(node.outputs, lengths, strict=True):
+                if out.uses() or out.is_graph_output():
+                    news.append(w.slice(x, [start], [start + length], [axis], out=w.fresh("piece")))
+                else:
+                    news.append(None)
+                start += length
+            replace_node(node, w.nodes, news)
+            count += 1
+        return {"Split": count} if count else {}
+
+
+def _split_lengths(node: ir.Node, constants: ConstantTable, types: ValueTypes) -> list[int] | None:
+    """The length of each output of a ``Split``, or None when they are not known."""
+    split = node.inputs[1] if len(node.inputs) > 1 else None
+    if split is not None:
+        value = constants.value(split)
+        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+    listed = node.attributes.get_ints("split", None)
+    if listed:
+        return [int(v) for v in listed]
+    shape = types.shape(node.inputs[0])
+    axis = int_attribute(node, "axis", 0)
+    if shape is None or shape[axis] is None:
+        return None
+    size, count = int(shape[axis]), len(node.outputs)
+    chunk = -(-size // count)  # num_outputs (opset 18), or an even split: the last piece is shorter
+    lengths = [min(chunk, max(size - i * chunk, 0)) for i in range(count)]
+    return lengths if sum(lengths) == size and all(lengths) else None

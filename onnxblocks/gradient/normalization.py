@@ -12,8 +12,7 @@ the original.
 :func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
 
 1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
-2. :func:`split_to_sequence_as_split`: ``SplitToSequence`` + ``SequenceAt`` is "unreachable" (then, on a symbolic
-   axis, :func:`~onnxblocks.gradient.dynamic_split.split_to_sequence_as_slice`).
+2. :func:`split_to_sequence_as_split` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits ORT misreads.
 3. :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
 4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
 5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
@@ -61,7 +60,7 @@ from onnxblocks.gradient.activations import ActivationsAsElementary
 from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
 from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
-from onnxblocks.gradient.dynamic_split import SplitToSequenceAsSlice
+from onnxblocks.gradient.dynamic_split import PartlyUsedSplitAsSlice, SplitToSequenceAsSlice
 from onnxblocks.gradient.einsum import EinsumAsMatMul
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
@@ -361,6 +360,7 @@ def default_passes() -> list[Pass]:
         CastLikeAsCast(),
         SplitToSequenceAsSplit(),
         SplitToSequenceAsSlice(),
+        PartlyUsedSplitAsSlice(),
         ExposeDropoutMask(),
         LayerNormZeroBias(),
         ExposeLayerNormStatistics(),

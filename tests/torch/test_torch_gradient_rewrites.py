@@ -1,4 +1,5 @@
-"""Gradients ONNX Runtime's builder lacks, against torch: Einsum, upsample on the CPU, bfloat16 min/max, uint8 comparisons.
+"""Gradients ONNX Runtime's builder lacks or gets wrong, against torch: Einsum, upsample, bfloat16 min/max, uint8
+comparisons, a Split with unused outputs.
 
 Each module is exported with torch's dynamo exporter and differentiated two ways:
 
@@ -72,6 +73,18 @@ class ByteMask(torch.nn.Module):
         return self.fc(x) * (t == 3).float().unsqueeze(1) + self.fc(x) * (t < 2).float().unsqueeze(1)
 
 
+class PartlyUsedChunk(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = torch.sin(self.fc(x))
+        h = h.clone()
+        h.mul_(2)  # functionalised: each piece read comes from a Split whose other output is unused
+        return h.chunk(2, dim=1)[1] * 3
+
+
 EINSUMS = {
     "matmul": ("bi,ij->bj", (3, 4), [(4, 5)]),
     "attention": ("bhqd,bhkd->bhqk", (2, 2, 3, 4), [(2, 2, 5, 4)]),
@@ -94,6 +107,7 @@ def _cases():
     for mode in ("nearest", "bilinear", "bicubic"):
         yield pytest.param(lambda m=mode: Upsample(m), [torch.randn(2, 2, 4, 5)], id=f"upsample-{mode}")
     yield pytest.param(BFloat16Extrema, [torch.randn(3, 6)], id="bfloat16-min-max")
+    yield pytest.param(PartlyUsedChunk, [torch.randn(2, 4, 6)], id="partly-used-split")
     yield pytest.param(
         ByteMask, [torch.randn(5, 6), torch.tensor([3, 1, 3, 0, 7], dtype=torch.uint8)], id="uint8-comparisons"
     )
