@@ -122,6 +122,25 @@ def test_argument_styles_match_eager(cls, count, keywords):
     _grads_match(wrapped, eager)
 
 
+def test_keyword_only_arguments():
+    class KeywordOnly(MLP):
+        def forward(self, input1, *, scale, shift=None):
+            out = self.fc2(self.relu(self.fc1(input1))) * scale
+            return out if shift is None else out + shift
+
+    torch.manual_seed(0)
+    wrapped, eager = _pair(KeywordOnly())
+    assert inspect.signature(wrapped.forward) == inspect.signature(eager.forward)
+    x, scale = torch.randn(3, 12), torch.randn(3, 1, requires_grad=True)
+    grads = []
+    for model in (wrapped, eager):
+        s = scale.detach().clone().requires_grad_(True)
+        (model(x, scale=s).sum() + model(x, scale=s, shift=torch.ones(5)).pow(2).sum()).backward()
+        grads.append(s.grad)
+    _close(*grads)
+    _grads_match(wrapped, eager)
+
+
 def test_string_argument_is_part_of_the_signature():
     class Greeter(torch.nn.Module):
         def forward(self, x, word):
