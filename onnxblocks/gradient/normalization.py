@@ -12,7 +12,7 @@ the original.
 :func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
 
 1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
-2. :func:`split_to_sequence_as_split`: ``SplitToSequence`` + ``SequenceAt`` is "unreachable"; ``Split`` is not.
+2. :func:`split_to_sequence_as_split` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits ORT misreads.
 3. :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
 4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
 5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
@@ -30,6 +30,7 @@ the original.
 17. :func:`~onnxblocks.gradient.reductions.reduce_extremum_as_topk`: ReduceMax/Min have no gradient builder.
 18. :func:`~onnxblocks.gradient.reductions.cumsum_as_matmul`: ``CumSum`` has no gradient builder.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
+20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal kernel, log_prob.
 
 :func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` is not a pass:
 it needs the trainable set and runs later, on the training copy (see its docstring).
@@ -56,7 +57,11 @@ from onnxblocks.gradient._rewrite import (
     run_pass,
 )
 from onnxblocks.gradient.activations import ActivationsAsElementary
+from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
+from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
+from onnxblocks.gradient.dynamic_split import PartlyUsedSplitAsSlice, SplitToSequenceAsSlice
+from onnxblocks.gradient.einsum import EinsumAsMatMul
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
 from onnxblocks.gradient.layer_norm import (
@@ -354,6 +359,8 @@ def default_passes() -> list[Pass]:
     return [
         CastLikeAsCast(),
         SplitToSequenceAsSplit(),
+        SplitToSequenceAsSlice(),
+        PartlyUsedSplitAsSlice(),
         ExposeDropoutMask(),
         LayerNormZeroBias(),
         ExposeLayerNormStatistics(),
@@ -371,6 +378,9 @@ def default_passes() -> list[Pass]:
         ReduceExtremumAsTopK(),
         CumSumAsMatMul(),
         DepthToSpaceAsReshape(),
+        EinsumAsMatMul(),
+        SmallIntComparisonAsInt32(),
+        ExposeCrossEntropyLogProb(),
     ]
 
 

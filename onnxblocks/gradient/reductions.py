@@ -26,7 +26,10 @@ _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLO
 
 
 class ReduceExtremumAsTopK(NodeRewrite):
-    """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (known rank for several) into ``TopK``."""
+    """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (known rank for several) into ``TopK``.
+
+    bfloat16 is reduced in float32 (``Cast``, ``TopK``, ``Cast``): ONNX Runtime's CPU has no bfloat16 TopK.
+    """
 
     name = "reduce_extremum_as_topk"
     op_types = frozenset(_LARGEST)
@@ -52,7 +55,8 @@ reduce_extremum_as_topk = on_proto(
 def _reduce_extremum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     types, constants = ctx.types, ctx.constants
     x, y = node.inputs[0], node.outputs[0].name or "reduce"
-    if x is None or types.elem(x) not in _FLOATS:
+    bfloat16 = x is not None and types.elem(x) == onnx.TensorProto.BFLOAT16
+    if x is None or (types.elem(x) not in _FLOATS and not bfloat16):
         return None  # integer reductions carry no gradient
     axes_input = optional_input(node, 1)
     if axes_input is not None:
@@ -72,6 +76,9 @@ def _reduce_extremum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None
     if rank is not None:
         axes = sorted({a + rank if a < 0 else a for a in axes} or set(range(rank)))
     w = ctx.writer(y)
+    final = y
+    if bfloat16:  # no bfloat16 TopK kernel on the CPU: the extremum of the float32 values is exact
+        x, y = w.cast(x, onnx.TensorProto.FLOAT), w.fresh("float32")
     largest = _LARGEST[node.op_type]
     one = w.ints([1])
     if len(axes) == 1:
@@ -93,6 +100,8 @@ def _reduce_extremum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None
             w.unsqueeze(flat, axes, out=y)
         else:
             w.op("Identity", [flat], out=y)
+    if bfloat16:
+        w.cast(w.nodes[-1].outputs[0], onnx.TensorProto.BFLOAT16, out=final)
     return w.nodes
 
 

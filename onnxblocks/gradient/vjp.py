@@ -42,6 +42,7 @@ from onnxblocks.gradient._rewrite import on_proto
 from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
+from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
 from onnxblocks.gradient.normalization import default_passes, normalize
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
@@ -162,6 +163,7 @@ def build_vjp_graph(
             vjp = _differentiate(attempt, gradients, differentiable, custom_op_libraries)
             break
         except _UnreachableError as unreachable:
+            _refuse_silent_zero(ir_forward.graph, unreachable.name, differentiable)
             gradients = tuple(n for n in gradients if n != unreachable.name)
             if not gradients:
                 _limits.stamp_versions(forward)
@@ -270,6 +272,39 @@ def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> b
         graph.outputs[graph.outputs.index(value)] = copy.outputs[0]
         changed = True
     return changed
+
+
+#: Ops whose outputs carry their inputs' values but that ONNX Runtime's gradient builder treats as a dead end.
+_VALUE_CARRYING_DEAD_ENDS = frozenset(
+    {"SplitToSequence", "SequenceAt", "SequenceConstruct", "SequenceInsert", "ConcatFromSequence"}
+)
+
+
+def _refuse_silent_zero(graph: ir.Graph, name: str, outputs: Sequence[str]) -> None:
+    """Raise when ONNX Runtime finds no path to ``name`` although the outputs carry its values through sequences.
+
+    torch would give ``name`` a gradient there; leaving it out would be a silently wrong (zero) gradient.
+
+    Raises:
+        GradientError: naming the sequence nodes on the way.
+    """
+    upstream = upstream_values(graph, list(outputs))
+    if name not in {v.name for v in upstream}:
+        return
+    dead = sorted(
+        {
+            f"{n.op_type} '{n.name}'"
+            for v in upstream
+            if (n := v.producer()) is not None and n.op_type in _VALUE_CARRYING_DEAD_ENDS
+        }
+    )
+    if dead:
+        raise GradientError(
+            f"ONNX Runtime finds no gradient path from the outputs {preview(list(outputs))} to '{name}', although "
+            f"they carry its values through {preview(dead)}: its gradient would silently be zero. Sequence ops have "
+            "no gradient in ONNX Runtime; export with static shapes (OrtModule(..., dynamic='none')) so the split "
+            "becomes a Split, or split with constant lengths."
+        )
 
 
 class _UnreachableError(GradientError):

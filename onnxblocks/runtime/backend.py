@@ -82,6 +82,10 @@ class Backend(Protocol):
         """A copy of a trainable parameter's accumulated gradient, or None when there is none yet."""
         ...
 
+    def write_gradients(self, values: dict[str, np.ndarray]) -> None:
+        """Overwrite accumulated gradients (pending ones) with arrays already checked against :meth:`parameter_spec`."""
+        ...
+
     def num_parameters(self) -> int: ...
 
     def properties(self) -> dict[str, int | float | str]:

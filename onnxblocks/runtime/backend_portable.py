@@ -354,6 +354,10 @@ class PortableBackend:
     def gradient(self, name: str) -> np.ndarray | None:
         return np.array(self._g[name][self._gp].numpy(), copy=True) if self._grads_valid else None
 
+    def write_gradients(self, values: dict[str, np.ndarray]) -> None:
+        for name, array in values.items():  # the buffer the optimizer model is bound to
+            self._g[name][self._gp].update_inplace(array)
+
     def num_parameters(self) -> int:
         return sum(int(np.prod(self._specs[n][1])) for n in self._trainable)
 

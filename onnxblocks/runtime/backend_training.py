@@ -159,6 +159,10 @@ class TrainingBuildBackend:
         grad = self._state.get_parameter(name).grad
         return np.array(grad.numpy(), copy=True) if grad.has_value() else None
 
+    def write_gradients(self, values: dict[str, np.ndarray]) -> None:
+        for name, array in values.items():  # the state's gradient buffer, which the optimizer model reads
+            self._state.get_parameter(name).grad.update_inplace(array)
+
     def num_parameters(self) -> int:
         return int(self._module.get_parameters_size(True))
 

@@ -31,6 +31,10 @@ class ArrayBatches:
         shuffle: Draw a new permutation of the rows at each epoch.
         seed: Seed of the permutation generator (``numpy.random.default_rng``).
         drop_last: Leave out the last batch of an epoch when it is smaller.
+        shard: ``(rank, world_size)`` for data-parallel training: each epoch's permutation
+            (the same on every rank, from ``seed``) is cut to a multiple of ``world_size``
+            rows and rank ``r`` takes rows ``r, r + world_size, ...`` of it, so batch ``k``
+            of the ranks together is batch ``k`` of ``batch_size * world_size`` rows.
 
     Attributes:
         epoch: Epochs completed.
@@ -48,6 +52,7 @@ class ArrayBatches:
         shuffle: bool = True,
         seed: int | None = 0,
         drop_last: bool = False,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         if isinstance(arrays, np.ndarray):
             arrays = (arrays,)
@@ -66,6 +71,13 @@ class ArrayBatches:
         if self.num_rows == 0:
             raise InvalidValueError("ArrayBatches: the arrays have no rows.")
         self.batch_size = int(batch_size)
+        rank, world = shard
+        if not 0 <= rank < world or world > self.num_rows:
+            raise InvalidValueError(
+                f"ArrayBatches: shard must be (rank, world_size) with 0 <= rank < world_size <= "
+                f"the number of rows ({self.num_rows}), got {shard!r}."
+            )
+        self.shard = (int(rank), int(world))
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.epoch = 0
@@ -76,7 +88,7 @@ class ArrayBatches:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(self.num_rows, self.batch_size)
+        full, rest = divmod(self.num_rows // self.shard[1], self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
     @property
@@ -88,6 +100,9 @@ class ArrayBatches:
         if self._order is None:
             self._epoch_rng_state = dict(copy.deepcopy(self._rng.bit_generator.state))
             self._order = self._rng.permutation(self.num_rows) if self.shuffle else np.arange(self.num_rows)
+            rank, world = self.shard
+            if world > 1:
+                self._order = self._order[: self.num_rows // world * world][rank::world]
         return self._order
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:

@@ -116,7 +116,12 @@ class FitRun:
     stop_training: bool = False
 
     def save_checkpoint(self, path: str | os.PathLike, include_optimizer_state: bool = True) -> Path:
-        """Save a checkpoint that :func:`resume` continues exactly (data and schedule state included)."""
+        """Save a checkpoint that :func:`resume` continues exactly (data and schedule state included).
+
+        In data-parallel training only rank 0 writes it (the others return the path).
+        """
+        if not is_main_process(self.session):
+            return Path(path)
         state_dict = getattr(self.train_data, "state_dict", None)
         values: dict[str, Any] = {
             # None overwrites what a checkpoint this session was resumed from said
@@ -124,6 +129,11 @@ class FitRun:
             SCHEDULE_PROPERTY: self.scheduler.state_dict() if self.scheduler is not None else None,
         }
         return self.session._save(Path(path), include_optimizer_state, values)
+
+
+def is_main_process(session: TrainingSession) -> bool:
+    """False on the ranks other than 0 of data-parallel training (``session.gradient_reducer.rank``)."""
+    return int(getattr(session.gradient_reducer, "rank", 0)) == 0
 
 
 def fit(
@@ -185,6 +195,8 @@ def fit(
             "(a list of batches, or onnxblocks.runtime.ArrayBatches) or use epochs=1."
         )
     bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
+    if not is_main_process(session):  # data-parallel: rank 0 shows the progress
+        bar = None
     history = History()
     guards = getattr(session, "_guards", None) if getattr(session, "check_inputs", False) else None
     for name, data, what in (("train_data", train_data, "train_step"), ("eval_data", eval_data, "eval_step")):

@@ -23,7 +23,7 @@ accumulation buffers, and :meth:`optimizer_step` applies their sum. Call
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,9 @@ class TrainingSession:
         self._impl: Backend | None = None
         self._step = 0
         self._pending = 0  # train steps since the gradients were last reset
+        #: Called with the session by :meth:`optimizer_step` before the parameters are updated (data-parallel
+        #: training all-reduces the gradients there: ``onnxblocks.torch.distributed``); None: nothing.
+        self.gradient_reducer: Callable[[TrainingSession], None] | None = None
         self._checked: set[tuple] = set()
         self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
         self._open(self._checkpoint_path)
@@ -280,6 +283,8 @@ class TrainingSession:
                 "optimizer_step: no train_step ran since the gradients were last reset, so there are no "
                 "gradients to apply. Call train_step(...) first."
             )
+        if self.gradient_reducer is not None:
+            self.gradient_reducer(self)
         self._backend.optimizer_step()
         self._step += 1
         if reset_grad:
@@ -305,7 +310,7 @@ class TrainingSession:
         impl = self._impl
         if impl is None or not impl.has_optimizer:
             self._require_optimizer()
-        if self._pending:
+        if self._pending or self.gradient_reducer is not None:  # the gradients are read between the two
             outputs = self._backend.train_step(arrays)
             self._pending += 1
             self.optimizer_step()
@@ -395,6 +400,31 @@ class TrainingSession:
             if grad is not None:
                 out[name] = grad
         return out
+
+    def set_gradients(self, values: Mapping[str, Any]) -> None:
+        """Overwrite the accumulated gradients of trainable parameters before :meth:`optimizer_step` applies them.
+
+        Raises:
+            StateError: when no ``train_step`` ran since the gradients were last reset.
+            UnknownNameError: if a name is not a trainable parameter.
+            ValueError: if a dtype or shape differs from the parameter's.
+        """
+        if self._pending == 0:
+            raise StateError("set_gradients: no train_step ran since the gradients were last reset; run one first.")
+        checked = {}
+        for name, raw in values.items():
+            self._check_parameter(name)
+            if not self._backend.is_trainable(name):
+                raise UnknownNameError(f"'{name}' is a frozen parameter: it has no gradient.")
+            array = np.ascontiguousarray(raw)
+            want_dtype, want_shape = self._backend.parameter_spec(name)
+            if array.dtype != want_dtype or array.shape != want_shape:
+                raise InvalidValueError(
+                    f"the gradient of '{name}' is {want_dtype} with shape {want_shape}; got {array.dtype} with "
+                    f"shape {array.shape}."
+                )
+            checked[name] = array
+        self._backend.write_gradients(checked)
 
     def set_parameter(self, name: str, value: Any) -> None:
         """Overwrite parameter ``name`` with ``value`` (same dtype and shape).

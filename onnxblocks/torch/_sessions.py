@@ -26,11 +26,14 @@ import onnx
 import torch
 
 from onnxblocks._core import ort_errors
+from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import GradientError
 from onnxblocks._core.ort import capi
 from onnxblocks.gradient import ort_bridge
+from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.split import SplitVjp, set_input_types, split_vjp_graph, untyped_inputs
 from onnxblocks.gradient.vjp import VjpGraph
+from onnxblocks.ir import serde
 from onnxblocks.torch import _interop
 
 __all__ = ["DEFAULT_CONFIG", "Compiled", "Session", "SessionConfig"]
@@ -128,6 +131,7 @@ class Compiled:
             self._shared: list[Any] = []
             self.backward: Session | None = None
             self._backward_sources: list[_Source] = []
+            self.gradient_sources: tuple[frozenset[int], ...] = ()
             self.backward_args: tuple[int, ...] = ()
             self.backward_outputs: tuple[int, ...] = ()
             return
@@ -157,6 +161,9 @@ class Compiled:
             else:
                 sources.append(_Source("arg", position[name]))
         self._backward_sources = sources
+        #: For each gradient, the outputs whose incoming gradients it reads: when all of those are None (the loss
+        #: does not use them), torch gives the argument no gradient (None), not zeros.
+        self.gradient_sources = _gradient_sources(vjp, output_index)
         #: The arguments and outputs the backward reads (saved with ``ctx.save_for_backward``, so torch's version
         #: counters catch an in-place change between the forward and the backward).
         self.backward_args = tuple(sorted({s.index for s in sources if s.kind == "arg"}))
@@ -201,3 +208,14 @@ class Compiled:
                 _interop.push(feeds, grad)
         fetches = self.backward.run(feeds)
         return [_interop.to_torch(fetches, i) for i in range(len(self.vjp.gradients))]
+
+
+def _gradient_sources(vjp: VjpGraph, output_index: dict[str, int]) -> tuple[frozenset[int], ...]:
+    """For each gradient of ``vjp``, the positions of the outputs whose incoming gradient it depends on."""
+    graph = serde.from_proto(vjp.model).graph
+    by_grad = {name: output_index[y] for name, y in zip(vjp.output_grads, vjp.differentiable, strict=True)}
+    found = []
+    for name in vjp.gradients:
+        upstream = upstream_values(graph, [gradient_name(name)], differentiable=False)
+        found.append(frozenset(by_grad[v.name] for v in upstream if v.name in by_grad))
+    return tuple(found)

@@ -47,8 +47,17 @@ from onnxblocks.gradient._values import set_attribute
 from onnxblocks.ir import serde
 from onnxblocks.ir.edit import rename_values
 from onnxblocks.ir.names import graph_names, proto_graph_names
+from onnxblocks.torch._outputs import CONSTANT_TYPES, OutputSlot, output_plan, register_dataclasses
 
-__all__ = ["BatchNormUpdate", "ExportError", "Exported", "export_module", "fit_batch_norms"]
+__all__ = [
+    "BatchNormUpdate",
+    "ExportError",
+    "Exported",
+    "OutputSlot",
+    "export_module",
+    "fit_batch_norms",
+    "register_dataclasses",
+]
 
 EXPORTERS = ("dynamo", "torchscript")
 DYNAMIC = ("batch", "all", "none")
@@ -83,7 +92,8 @@ class Exported:
         weights: Initializers fed from the module (named as the module names them), in order.
         outputs: The graph outputs holding the module's tensor outputs, in order.
         out_spec: The pytree structure of the module's output.
-        out_leaves: The output's leaves: None where a graph output goes, else the constant value.
+        out_leaves: The output's leaves: an :class:`OutputSlot` where a tensor goes, else the constant value.
+        graphless: The module returns no tensor it computes (only its inputs and constants): no graph to run.
         batch_norms: The running statistics to update (training mode).
         baked: Module buffers baked into the graph as constants, with their version at export.
     """
@@ -97,6 +107,11 @@ class Exported:
     out_leaves: list[Any]
     batch_norms: list[BatchNormUpdate] = field(default_factory=list)
     baked: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    graphless: bool = False
+
+
+#: Marks a tensor leaf among the holder's constants (None is a constant argument like any other).
+_TENSOR = object()
 
 
 class _Holder(torch.nn.Module):
@@ -106,17 +121,19 @@ class _Holder(torch.nn.Module):
         super().__init__()
         self.module = module
         self.in_spec = in_spec
-        self.constants = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-        #: Which output leaves are tensors in eager mode (a trace turns sizes into tensors too).
-        self.tensor_outputs: list[bool] | None = None
+        self.constants = [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        #: The output leaves that become graph outputs, by position (from the eager run: a trace turns sizes
+        #: into tensors too, and loses which tensors are the same object).
+        self.graph_outputs: list[int] | None = None
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         feed = iter(tensors)
-        leaves = [next(feed) if c is None else c for c in self.constants]
+        leaves = [next(feed) if c is _TENSOR else c for c in self.constants]
         args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
         flat, _ = pytree.tree_flatten(self.module(*args, **kwargs))
-        keep = self.tensor_outputs or [isinstance(leaf, torch.Tensor) for leaf in flat]
-        return tuple(leaf for leaf, kept in zip(flat, keep, strict=True) if kept)
+        if self.graph_outputs is None:
+            return tuple(leaf for leaf in flat if isinstance(leaf, torch.Tensor))
+        return tuple(flat[i] for i in self.graph_outputs)
 
 
 def export_module(
@@ -147,19 +164,28 @@ def export_module(
                 out = module(*args, **kwargs)
         except Exception as exc:
             raise ExportError(f"{label} fails on these inputs in torch itself: {type(exc).__name__}: {exc}") from exc
+        register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
-        holder.tensor_outputs = [isinstance(leaf, torch.Tensor) for leaf in out_leaves]
+        odd = next((leaf for leaf in out_leaves if not isinstance(leaf, (torch.Tensor, *CONSTANT_TYPES))), None)
+        if odd is not None:
+            raise ExportError(
+                f"{label} returns a {type(odd).__name__}, which OrtModule cannot rebuild around ONNX Runtime's "
+                "outputs: return tensors in tuples, lists, dicts, namedtuples, dataclasses or ModelOutputs."
+            )
+        plan, holder.graph_outputs = output_plan(out_leaves, tensors)
         names = [f"input_{k}" for k in range(len(tensors))]
-        try:
-            exported = _export(holder, tuple(tensors), names, exporter, opset, dynamic)
+        if not holder.graph_outputs:  # nothing computed: the module's own call returns it
+            return Exported(onnx.ModelProto(), (), (), (), (), out_spec, plan, graphless=True)
+        try:  # detached: an input that already holds a .grad trips the exporter
+            exported = _export(holder, tuple(t.detach() for t in tensors), names, exporter, opset, dynamic)
         except Exception as exc:
             raise ExportError(_export_failure(label, exporter, exc)) from exc
         _strip_prefix(exported)
         model = serde.to_proto(exported)  # the module's tensors as they were exported
-    graph_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
-    if len(model.graph.output) != len(graph_tensors):
+    if len(model.graph.output) != len(holder.graph_outputs):
         raise ExportError(
-            f"{label}'s export has {len(model.graph.output)} graph outputs for {len(graph_tensors)} tensor outputs; "
+            f"{label}'s export has {len(model.graph.output)} graph outputs for {len(holder.graph_outputs)} tensor "
+            "outputs; "
             "return tensors (in tuples, lists or dicts) from forward."
         )
     inputs = tuple(vi.name for vi in model.graph.input if vi.name in set(names))
@@ -181,7 +207,7 @@ def export_module(
         weights=tuple(weights),
         outputs=tuple(o.name for o in model.graph.output),
         out_spec=out_spec,
-        out_leaves=[None if isinstance(leaf, torch.Tensor) else leaf for leaf in out_leaves],
+        out_leaves=plan,
         baked=baked,
     )
 

@@ -124,11 +124,18 @@ class OnnxFunction(torch.autograd.Function):
                 nothing[1 + position] = torch.zeros(shape, dtype=dtype)
             return tuple(nothing)
         saved_args = ctx.saved_tensors[: len(compiled.backward_args)]  # reading them checks their versions
+        reached = [any(grad_outputs[i] is not None for i in sources) for sources in compiled.gradient_sources]
+        if not any(reached):  # the loss uses no output the gradients depend on: None for all, as torch gives
+            ctx.state = None
+            return tuple(nothing)
         saved = dict(zip(compiled.backward_args, saved_args, strict=True))
         gradients = compiled.run_backward(ctx.state, saved, grad_outputs)
         ctx.state = None
-        for position, shape, grad in zip(compiled.gradient_of, ctx.gradient_shapes, gradients, strict=True):
-            nothing[1 + position] = grad if grad.shape == shape else grad.reshape(shape)
+        for position, shape, grad, used in zip(
+            compiled.gradient_of, ctx.gradient_shapes, gradients, reached, strict=True
+        ):
+            if used:
+                nothing[1 + position] = grad if grad.shape == shape else grad.reshape(shape)
         return tuple(nothing)
 
 

@@ -22,6 +22,7 @@ onnxblocks (:mod:`onnxblocks.torch.function`) and runs both in ONNX Runtime.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,17 @@ from torch.utils import _pytree as pytree
 
 from onnxblocks._core.errors import GradientError, InvalidTypeError, InvalidValueError, StateError
 from onnxblocks.gradient import SplitVjp
-from onnxblocks.torch.export import DYNAMIC, EXPORTERS, Exported, ExportError, export_module, fit_batch_norms
+from onnxblocks.torch.embedding import FrozenWeight, fit_embeddings_proto
+from onnxblocks.torch.export import (
+    DYNAMIC,
+    EXPORTERS,
+    Exported,
+    ExportError,
+    OutputSlot,
+    export_module,
+    fit_batch_norms,
+    register_dataclasses,
+)
 from onnxblocks.torch.function import OnnxFunction, onnx_function
 
 __all__ = ["OrtModule"]
@@ -51,6 +62,8 @@ class _Entry:
     batch_norms: list[tuple[torch.nn.Module, bool, int]] = field(default_factory=list)
     #: The module returns one tensor (no pytree to rebuild).
     single_output: bool = False
+    #: Weights fed detached (frozen copies for Embedding's gradient semantics), by position among the weights.
+    frozen: list[tuple[int, FrozenWeight]] = field(default_factory=list)
 
 
 class OrtModule(torch.nn.Module):
@@ -100,6 +113,7 @@ class OrtModule(torch.nn.Module):
         self.threads = threads
         self._cache: dict[Hashable, list[_Entry]] = {}
         self._last: _Entry | None = None
+        self.forward = _Forward(self)  # carries the module's own signature
 
     # ---------------------------------------------------------------- the module's own state
     def named_parameters(
@@ -110,7 +124,10 @@ class OrtModule(torch.nn.Module):
     def named_buffers(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.module.named_buffers(prefix, recurse, remove_duplicate)
+        yield from self.module.named_buffers(prefix, recurse, remove_duplicate)
+        for name, buffer in self._buffers.items():  # registered on the wrapper itself
+            if buffer is not None:
+                yield (f"{prefix}.{name}" if prefix else name), buffer
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.module.state_dict(*args, **kwargs)
@@ -149,10 +166,11 @@ class OrtModule(torch.nn.Module):
         return sum(1 for entries in self._cache.values() for e in entries if e.exported is not None)
 
     # ---------------------------------------------------------------- calls
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module's forward through ONNX Runtime (or eagerly for a fallback signature)."""
         spec: Hashable
         if kwargs or not all(isinstance(a, torch.Tensor) for a in args):
+            register_dataclasses((args, kwargs))
             leaves, spec = pytree.tree_flatten((args, kwargs))
         else:  # the common case, without pytree's cost
             leaves, spec = list(args), len(args)
@@ -162,9 +180,9 @@ class OrtModule(torch.nn.Module):
         if entry is None:
             entry = self._build(args, kwargs, tensors)
             self._cache.setdefault(key, []).append(entry)
-            weights = [_tensor(owner, attr) for owner, attr in entry.owners]
+            weights = _weights(entry)
         self._last = entry
-        if entry.exported is None or entry.function is None:
+        if entry.exported is None or entry.function is None:  # eager: a fallback, or nothing to compute
             return self.module(*args, **kwargs)
         exported = entry.exported
         inputs = [tensors[i] for i in exported.input_leaves]
@@ -176,8 +194,10 @@ class OrtModule(torch.nn.Module):
             _update_running_stats([bn for bn, _, _ in entry.batch_norms], batches)
         if entry.single_output:
             return outputs[0]
-        feed = iter(outputs[:count])
-        leaves_out = [next(feed) if c is None else c for c in exported.out_leaves]
+        leaves_out = [
+            ((outputs[:count] if leaf.graph else tensors)[leaf.index] if isinstance(leaf, OutputSlot) else leaf)
+            for leaf in exported.out_leaves
+        ]
         return pytree.tree_unflatten(leaves_out, exported.out_spec)
 
     def _find(self, key: Hashable, tensors: list[torch.Tensor]) -> tuple[_Entry | None, list[torch.Tensor]]:
@@ -188,7 +208,7 @@ class OrtModule(torch.nn.Module):
                 return entry, []
             if any(t._version != version for t, version in exported.baked):
                 continue
-            weights = [_tensor(o, a) for o, a in entry.owners]
+            weights = _weights(entry)
             if any(w.dtype != d or w.device.type != "cpu" for w, d in zip(weights, entry.dtypes, strict=True)):
                 continue
             if all(
@@ -199,11 +219,29 @@ class OrtModule(torch.nn.Module):
                 return entry, weights
         return None, []
 
+    def _export(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exported:
+        """Export for this call; a dynamo export that fails with symbolic dims is retried with static shapes.
+
+        (A size that becomes symbolic can reach where the exporter needs a constant: an ``ignore_index``
+        computed from ``x.size(1)``.)
+        """
+        try:
+            return export_module(self.module, args, kwargs, self.exporter, self.opset, self.dynamic)
+        except ExportError as exc:
+            if self.exporter != "dynamo" or self.dynamic == "none" or "fails on these inputs in torch" in str(exc):
+                raise
+            return _static_retry(exc, lambda: export_module(self.module, args, kwargs, "dynamo", self.opset, "none"))
+
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> _Entry:
         label = type(self.module).__name__
         training = self.module.training
         try:
-            exported = export_module(self.module, args, kwargs, self.exporter, self.opset, self.dynamic)
+            exported = self._export(args, kwargs)
+            if exported.graphless:
+                return _Entry(None)
+            weight_names = list(exported.weights)
+            exported.model, frozen = fit_embeddings_proto(exported.model, self.module, weight_names)
+            exported.weights = tuple(weight_names)
             statistics = fit_batch_norms(exported, self.module, training)
             function = onnx_function(
                 exported.model,
@@ -219,6 +257,8 @@ class OrtModule(torch.nn.Module):
             wanted = frozenset(n for n in exported.weights if n in trained and trained[n].requires_grad)
             if wanted and torch.is_grad_enabled():  # build the backward now: a failure names the node here
                 function.program.compiled(wanted)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"OrtModule({label}): {exc}") from exc
         except (ExportError, GradientError) as exc:
             if not self.fallback:
                 if isinstance(exc, GradientError):
@@ -231,7 +271,7 @@ class OrtModule(torch.nn.Module):
                 stacklevel=3,
             )
             return _Entry(None)
-        owners = [_owner(self.module, name) for name in exported.weights]
+        owners = [_owner(self.module, frozen[n].source if n in frozen else n) for n in exported.weights]
         program = function.program
         extra = {name: len(exported.outputs) + i for i, name in enumerate(statistics)}
         positions = {name: i for i, name in enumerate(exported.inputs)}
@@ -240,18 +280,34 @@ class OrtModule(torch.nn.Module):
             for b in exported.batch_norms
         ]
         dims: list[list[int | None] | None] = [dims for _, dims in program.signature[: len(exported.inputs)]]
-        if any(leaf is not None for leaf in exported.out_leaves):
+        if any(not isinstance(leaf, (OutputSlot, str, bool, type(None))) for leaf in exported.out_leaves):
             # a non-tensor output (a size) is the eager run's value: valid for these exact shapes only
             dims = [list(tensors[i].shape) for i in exported.input_leaves]
         return _Entry(
             exported,
             function,
             dims=dims,
-            single_output=exported.out_spec.is_leaf() and exported.out_leaves == [None],
+            single_output=exported.out_spec.is_leaf() and exported.out_leaves == [OutputSlot(True, 0)],
             owners=owners,
             dtypes=[_tensor(o, a).dtype for o, a in owners],
+            frozen=[(i, frozen[n]) for i, n in enumerate(exported.weights) if n in frozen],
             batch_norms=batch_norms,
         )
+
+
+class _Forward:
+    """``OrtModule.forward``: runs the wrapper, with the wrapped module's own ``inspect.signature``."""
+
+    def __init__(self, owner: OrtModule) -> None:
+        self.owner = owner
+        try:
+            self.__signature__ = inspect.signature(owner.module.forward)
+        except (TypeError, ValueError):  # a builtin or C forward: no signature to show
+            self.__signature__ = inspect.signature(owner._call)
+        self.__doc__ = owner.module.forward.__doc__ or OrtModule._call.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.owner._call(*args, **kwargs)
 
 
 def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
@@ -269,6 +325,23 @@ def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
             ) from None
         found.append((type(leaf), leaf))
     return tuple(found)
+
+
+def _static_retry(first: ExportError, export: Any) -> Exported:
+    """``export()`` with static shapes after a failure with symbolic ones; the first failure when both fail."""
+    try:
+        return export()
+    except ExportError:
+        raise first from None
+
+
+def _weights(entry: _Entry) -> list[torch.Tensor]:
+    """The module's tensors an export reads, in order (frozen copies detached)."""
+    weights = [_tensor(o, a) for o, a in entry.owners]
+    for position, spec in entry.frozen:
+        tensor = weights[position].detach()
+        weights[position] = tensor if spec.row is None else tensor[spec.row : spec.row + 1]
+    return weights
 
 
 def _owner(module: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:

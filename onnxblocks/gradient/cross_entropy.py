@@ -1,0 +1,52 @@
+"""``SoftmaxCrossEntropyLoss`` with its ``log_prob`` output, which ONNX Runtime's gradient of it reads.
+
+torch's exporter writes ``F.cross_entropy`` inside a module as ``SoftmaxCrossEntropyLoss``
+with its loss output only; ONNX Runtime's gradient builder then fails with
+``i < node_->OutputDefs().size()``. :func:`expose_cross_entropy_log_prob` gives the node
+its second output under a fresh name (nothing reads it in the forward graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx_ir as ir
+
+from onnxblocks._core.naming import NameAuthority
+from onnxblocks.gradient._rewrite import is_default_domain, on_proto
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.passes import Pass
+
+__all__ = ["ExposeCrossEntropyLogProb", "expose_cross_entropy_log_prob"]
+
+
+class ExposeCrossEntropyLogProb(Pass):
+    """Give every ``SoftmaxCrossEntropyLoss`` its ``log_prob`` output."""
+
+    name = "expose_cross_entropy_log_prob"
+    op_types = frozenset({"SoftmaxCrossEntropyLoss"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        names: NameAuthority | None = None
+        count = 0
+        for node in model.graph:
+            if node.op_type != "SoftmaxCrossEntropyLoss" or not is_default_domain(node):
+                continue
+            if len(node.outputs) >= 2 and node.outputs[1].name:
+                continue
+            names = names or graph_names(model.graph)
+            node.resize_outputs(2)
+            node.outputs[1].name = names.fresh(f"{node.outputs[0].name}.log_prob")
+            count += 1
+        return {"SoftmaxCrossEntropyLoss": count} if count else {}
+
+
+expose_cross_entropy_log_prob = on_proto(
+    ExposeCrossEntropyLogProb,
+    "expose_cross_entropy_log_prob",
+    """Give, in place, every ``SoftmaxCrossEntropyLoss`` its ``log_prob`` output.
+
+    Returns:
+        The number of nodes given one.
+    """,
+)
