@@ -22,8 +22,9 @@ sequences instead of a flag.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -35,17 +36,22 @@ from onnxblocks._core.contracts import (
     FIRST_ORDER_MOMENTS,
     GRADIENTS,
     LEARNING_RATE,
+    OPTIMIZER_METADATA,
     PARAMS,
     SECOND_ORDER_MOMENTS,
+    STATE_SEQUENCES,
     STEP,
     gradient_name,
     moment_names,
+    state_names,
     updated_name,
 )
 from onnxblocks._core.contrib import ADAMW_OPTIMIZER, INPLACE_CLIP_GRAD_NORM, SGD_OPTIMIZER_V2, Attribute
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
+from onnxblocks.portable import groups as _groups
+from onnxblocks.portable import rules as _rules
 from onnxblocks.portable.context import Writer
 
 #: ``InplaceClipGradNorm``'s epsilon: ``coefficient = min(max_norm / (norm + 1e-6), 1)``.
@@ -57,21 +63,49 @@ class OptimizerSpec:
     """What an optimizer model does.
 
     Attributes:
-        kind: ``"adamw"`` or ``"sgd"``.
+        kind: ``"adamw"`` or ``"sgd"`` (the contrib ops), or a rule of :mod:`onnxblocks.portable.rules`
+            when ``groups`` is set.
         attributes: The ``AdamWOptimizer`` attributes (declared defaults filled in); empty for SGD.
         max_norm: The gradient-clipping norm, or None without clipping.
         elem_type: The parameters' element type.
+        groups: For an optimizer in standard ops: each parameter group's hyperparameters (the rule's
+            defaults filled in) and ``lr_scale`` (its learning rate over the session's); empty for the contrib ops.
+        params: The trainable parameters in the optimizer model's order, each with its group's index.
     """
 
     kind: str
     attributes: dict[str, float | int | str] = field(default_factory=dict)
     max_norm: float | None = None
     elem_type: int = onnx.TensorProto.FLOAT
+    groups: tuple[Mapping[str, Any], ...] = ()
+    params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def rule(self) -> _rules.Rule | None:
+        """The standard-op rule of an optimizer with groups, or None for the contrib ops."""
+        return _rules.rule(self.kind) if self.groups else None
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        """The rule's state tensors per parameter (torch's names), in slot order; () for the contrib ops."""
+        rule = self.rule
+        return rule.states([g["hyper"] for g in self.groups]) if rule is not None else ()
 
     @property
     def state_inputs(self) -> tuple[str, ...]:
         """The moment sequences the optimizer model reads."""
+        if self.groups:
+            return STATE_SEQUENCES[: len(self.states)]
         return (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS) if self.kind == "adamw" else (FIRST_ORDER_MOMENTS,)
+
+    def to_json(self) -> str:
+        """The metadata an optimizer model in standard ops carries (:data:`OPTIMIZER_METADATA`)."""
+        return _groups.metadata(self.kind, self.groups, self.params, self.max_norm)
+
+    def layout(self) -> _groups.Layout:
+        """The groups' layout of a spec with groups (:func:`~onnxblocks.portable.groups.write_updates`)."""
+        assert self.rule is not None, "a spec with groups"
+        return _groups.Layout(self.rule, self.groups, dict(self.params), self.states, self.dtype)
 
     @property
     def moments(self) -> int:
@@ -90,6 +124,13 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     Raises:
         PortabilityError: for an optimizer model of another form (a custom optimizer block).
     """
+    params = next((i for i in model.graph.input if i.name == PARAMS), None)
+    elem = params.type.sequence_type.elem_type.tensor_type.elem_type if params is not None else 0
+    elem = elem or onnx.TensorProto.FLOAT
+    meta = next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA), None)
+    if meta is not None:  # an optimizer in standard ops
+        algorithm, groups, order, max_norm = _groups.parse_metadata(meta)
+        return OptimizerSpec(algorithm, {}, max_norm, elem, groups, order)
     ops = {n.op_type: n for n in model.graph.node}
     extra = [n.op_type for n in model.graph.node if n.op_type not in (*_UPDATES, INPLACE_CLIP_GRAD_NORM.op_type)]
     updates = [n for n in model.graph.node if n.op_type in _UPDATES]
@@ -104,9 +145,6 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     max_norm = None
     if clip is not None:
         max_norm = float(_attributes(clip, INPLACE_CLIP_GRAD_NORM.attributes)["max_norm"])
-    params = next((i for i in model.graph.input if i.name == PARAMS), None)
-    elem = params.type.sequence_type.elem_type.tensor_type.elem_type if params is not None else 0
-    elem = elem or onnx.TensorProto.FLOAT
     if update.op_type == ADAMW_OPTIMIZER.op_type:
         return OptimizerSpec("adamw", _attributes(update, ADAMW_OPTIMIZER.attributes), max_norm, elem)
     return OptimizerSpec("sgd", {}, max_norm, elem)
@@ -267,7 +305,7 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
         assert p.name is not None, "parameters have names"
         names.reserve(p.name)
         names.reserve(gradient_name(p.name))
-        for n in (p.name, *moment_names(p.name)):
+        for n in (p.name, *state_names(p.name)):
             names.reserve(n)
             names.reserve(updated_name(n))
     w = Writer(names, opset, "optimizer")
@@ -282,12 +320,24 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
             return ir.Value(name=name, type=p.type, shape=ir.Shape(p.shape) if p.shape is not None else None)
 
         value, grad = like(p.name), like(gradient_name(p.name))
-        moments = [like(m) for m in moment_names(p.name)[: spec.moments]]
+        moments = [like(m) for m in state_names(p.name, spec.moments)]
         inputs += [value, grad, *moments]
         state.append((value, grad, moments))
     grads = [g for _, g, _ in state]
     if spec.max_norm is not None:
         grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+    if spec.rule is not None:
+        items = [(v.name or "", v, g, m) for (v, _, m), g in zip(state, grads, strict=True)]
+        targets = [
+            [updated_name(n) for n in (v.name or "", *state_names(v.name or "", spec.moments))] for v, _, _ in state
+        ]
+        for (value, _, moments), new in zip(
+            state, _groups.write_updates(w, spec.layout(), lr, step, items, targets), strict=True
+        ):
+            for out, old in zip(new, (value, *moments), strict=True):
+                out.type, out.shape = old.type, old.shape
+                outputs.append(out)
+        return _finish(inputs, outputs, w, opset, "portable_optimizer")
     scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" else None
     for (value, _, moments), grad in zip(state, grads, strict=True):
         assert value.name is not None
@@ -328,13 +378,21 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
         grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}
     lr = by_name[LEARNING_RATE]
-    if spec.kind == "adamw":
+    if spec.rule is not None:
+        names = [n for n, _ in spec.params] if len(spec.params) == count else [f"p{i}" for i in range(count)]
+        rule_items = [
+            (names[i], items[PARAMS][i], grads[i], [items[s][i] for s in spec.state_inputs]) for i in range(count)
+        ]
+        rule_outs = [[outs[s][i] for s in (PARAMS, *spec.state_inputs)] for i in range(count)]
+        _groups.write_updates(w, spec.layout(), lr, by_name[STEP], rule_items, rule_outs)
+        produced: tuple[str, ...] = (PARAMS, *spec.state_inputs)
+    elif spec.kind == "adamw":
         scalars = adamw_scalars(w, spec, lr, by_name[STEP])
         for i in range(count):
             m1, m2 = items[FIRST_ORDER_MOMENTS][i], items[SECOND_ORDER_MOMENTS][i]
             trio = (outs[PARAMS][i], outs[FIRST_ORDER_MOMENTS][i], outs[SECOND_ORDER_MOMENTS][i])
             adamw_update(w, spec, scalars, items[PARAMS][i], grads[i], m1, m2, trio)
-        produced: tuple[str, ...] = (PARAMS, *spec.state_inputs)
+        produced = (PARAMS, *spec.state_inputs)
     else:
         for i in range(count):
             sgd_update(w, lr, items[PARAMS][i], grads[i], outs[PARAMS][i])

@@ -27,6 +27,7 @@ from onnxblocks._core.contracts import (
     LEARNING_RATE,
     STEP,
     moment_names,
+    state_names,
     updated_name,
 )
 from onnxblocks._core.errors import PortabilityError
@@ -35,7 +36,14 @@ from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import _parameters, accumulators
 from onnxblocks.portable.context import Writer
-from onnxblocks.portable.optimizer import OptimizerSpec, adamw_scalars, adamw_update, clip_gradients, sgd_update
+from onnxblocks.portable.groups import write_updates
+from onnxblocks.portable.optimizer import (
+    OptimizerSpec,
+    adamw_scalars,
+    adamw_update,
+    clip_gradients,
+    sgd_update,
+)
 
 
 class FuseStep(Pass):
@@ -90,8 +98,20 @@ class FuseStep(Pass):
         lr = ir.Value(name=LEARNING_RATE, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1]))
         step = ir.Value(name=STEP, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
         new_inputs = [*user, lr, step]
-        scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" else None
-        for param, grad in zip(params, grads, strict=True):
+        if spec.rule is not None:
+            items, targets = [], []
+            for param, grad in zip(params, grads, strict=True):
+                assert param.name is not None
+                states: list[ir.Value] = [_like(n, param) for n in state_names(param.name, spec.moments)]
+                new_inputs += [param, *states]
+                items.append((param.name, param, grad, states))
+                targets.append([updated_name(n) for n in (param.name, *state_names(param.name, spec.moments))])
+            for param, new in zip(params, write_updates(w, spec.layout(), lr, step, items, targets), strict=True):
+                for value in new:
+                    value.type, value.shape = param.type, _shape(param)
+                outputs += new
+        scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" and spec.rule is None else None
+        for param, grad in zip(params, grads, strict=True) if spec.rule is None else ():
             assert param.name is not None
             new_inputs.append(param)
             if scalars is not None:

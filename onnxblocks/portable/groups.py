@@ -1,0 +1,125 @@
+"""Parameter groups of an optimizer in standard ops: a rule applied per group, and the metadata that records them.
+
+A :class:`Layout` is what a layout (one tensor per parameter today, flattened
+tensors later) needs to apply a rule of :mod:`onnxblocks.portable.rules`: the
+groups' hyperparameters and learning-rate scales, each parameter's group, the state
+slots and the element type. :func:`write_updates` writes each group's scalars once
+and the elementwise update per parameter. :func:`metadata` / :func:`parse_metadata`
+are the JSON an optimizer model built by :mod:`onnxblocks.optim` carries under
+``onnxblocks.optimizer``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxblocks._core.errors import PortabilityError
+from onnxblocks.portable.context import Writer
+from onnxblocks.portable.rules import Rule, Scalars, rule
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a layout needs to apply a rule: the groups, each parameter's group, the state slots, the type.
+
+    Attributes:
+        rule: The algorithm.
+        groups: Each group's ``{"hyper": ..., "lr_scale": ...}`` (the default group first).
+        group_of: Each parameter's group index (parameters not named are in group 0).
+        states: The state slots per parameter, in order.
+        dtype: The parameters' numpy type.
+    """
+
+    rule: Rule
+    groups: Sequence[Mapping[str, Any]]
+    group_of: Mapping[str, int]
+    states: tuple[str, ...]
+    dtype: np.dtype
+
+
+def write_updates(
+    w: Writer,
+    layout: Layout,
+    learning_rate: ir.Value,
+    step: ir.Value,
+    items: Sequence[tuple[str, ir.Value, ir.Value, Sequence[ir.Value]]],
+    targets: Sequence[Sequence[str | ir.Value]],
+) -> list[list[ir.Value]]:
+    """Write the rule's update for each parameter, its group's scalars written once.
+
+    Args:
+        w: The writer.
+        layout: The rule, groups and state slots.
+        learning_rate: The float ``[1]`` learning rate (the default group's; a group scales it by its ``lr_scale``).
+        step: The int64 ``[1]`` step being taken (1 for the first).
+        items: ``(name, param, grad, states)`` per parameter, states in ``layout.states`` order.
+        targets: Per parameter, the names (or values) of the updated parameter and states.
+
+    Returns:
+        Per parameter, the updated parameter and states (a state its group does not use passes through).
+    """
+    lr_d = w.cast(w.reshape(learning_rate, []), ir.DataType.DOUBLE)
+    step_d = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
+    scalars: dict[int, Scalars] = {}
+    result = []
+    for (name, param, grad, states), target in zip(items, targets, strict=True):
+        index = layout.group_of.get(name, 0)
+        group = layout.groups[index]
+        hyper = {**group["hyper"], "dtype": layout.dtype}
+        if index not in scalars:
+            scale = float(group["lr_scale"])
+            lr = lr_d if scale == 1.0 else w.op("Mul", [lr_d, w.scalar(scale, np.float64)])
+            scalars[index] = layout.rule.scalars(w, hyper, lr, step_d, layout.dtype)
+        by_slot = dict(zip(layout.states, states, strict=True))
+        new_param, new_states = layout.rule.update(w, hyper, scalars[index], param, grad, by_slot)
+        values = [w.op("Identity", [new_param], target[0])]
+        for slot, out in zip(layout.states, target[1:], strict=True):
+            values.append(w.op("Identity", [new_states.get(slot, by_slot[slot])], out))
+        result.append(values)
+    return result
+
+
+def metadata(
+    algorithm: str, groups: Sequence[Mapping[str, Any]], params: Sequence[tuple[str, int]], max_norm: float | None
+) -> str:
+    """The JSON an optimizer model in standard ops carries: what :func:`parse_metadata` reads back."""
+    plain = [{"hyper": dict(g["hyper"]), "lr_scale": g["lr_scale"]} for g in groups]
+    return json.dumps(
+        {"algorithm": algorithm, "groups": plain, "params": [list(p) for p in params], "max_norm": max_norm}
+    )
+
+
+def parse_metadata(text: str) -> tuple[str, tuple[dict[str, Any], ...], tuple[tuple[str, int], ...], float | None]:
+    """Read the optimizer metadata of a model in standard ops: algorithm, groups, parameters' groups, max norm.
+
+    Raises:
+        PortabilityError: for metadata of another form.
+    """
+    try:
+        data = json.loads(text)
+        found = rule(str(data["algorithm"]))
+        groups = tuple(
+            {"hyper": {**found.defaults, **g["hyper"]}, "lr_scale": float(g["lr_scale"])} for g in data["groups"]
+        )
+        params = tuple((str(name), int(index)) for name, index in data["params"])
+        max_norm = None if data.get("max_norm") is None else float(data["max_norm"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PortabilityError(
+            f"The optimizer model's optimizer metadata cannot be read ({exc}). Rebuild the optimizer model with "
+            "onnxblocks.optim."
+        ) from None
+    if not groups or any(not 0 <= i < len(groups) for _, i in params):
+        raise PortabilityError(
+            "The optimizer model's optimizer metadata names a parameter group that does not exist. Rebuild the "
+            "optimizer model with onnxblocks.optim."
+        )
+    return found.name, groups, params, max_norm
+
+
+__all__ = ["Layout", "metadata", "parse_metadata", "write_updates"]
