@@ -139,3 +139,57 @@ def optim_states(ours, options: dict) -> tuple[str, ...]:
     standard = getattr(block, "standard", block)
     trainable = [onnx.numpy_helper.from_array(np.zeros(2, np.float32), n) for n in PARAMS]
     return standard.spec(trainable, onnx.TensorProto.FLOAT).states
+
+
+def _training_artifacts(directory: Path, ours, options: dict) -> Path:
+    artifacts.generate_artifacts(
+        mlp_model(d_in=3, hidden=8),
+        requires_grad=PARAMS,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options),
+        artifact_directory=directory,
+    )
+    return directory
+
+
+@pytest.mark.parametrize("case", ["sgd-nesterov", "adamw-amsgrad", "rmsprop"])
+def test_training_build_drives_the_standard_optimizer_and_moves_between_backends(case: str, tmp_path: Path) -> None:
+    ours, theirs, options = CASES[case]
+    training = _training_artifacts(tmp_path / "training", ours, options)
+    portable = _artifacts(tmp_path / "portable", ours, options)
+    expected = _torch(theirs, options)
+    session = TrainingSession(training, backend="training")
+    ran = _train(session, range(STEPS), fused=False)
+    for step, ((loss, params), (want_loss, want)) in enumerate(zip(ran, expected, strict=True)):
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=f"loss, step {step + 1}")
+        for n in PARAMS:
+            np.testing.assert_allclose(params[n], want[n], rtol=1e-5, atol=1e-6, err_msg=f"{n}, step {step + 1}")
+    # resume on the training build is bit-exact; its checkpoint moves to the portable backend and back unchanged
+    first = TrainingSession(training, backend="training")
+    _train(first, range(10), fused=False)
+    first.save_checkpoint(tmp_path / "train.ckpt")
+    resumed = _train(
+        TrainingSession(training, checkpoint=tmp_path / "train.ckpt", backend="training"), range(10, 12), False
+    )
+    for (loss, params), (whole_loss, whole) in zip(resumed, ran[10:12], strict=True):
+        assert loss == whole_loss
+        for n in PARAMS:
+            np.testing.assert_array_equal(params[n], whole[n])
+    moved = TrainingSession(portable, checkpoint=tmp_path / "train.ckpt", backend="portable")
+    moved.save_checkpoint(tmp_path / "portable.ckpt")
+    back = TrainingSession(training, checkpoint=tmp_path / "portable.ckpt", backend="training")
+    back.save_checkpoint(tmp_path / "back.ckpt")
+    a, b = load_checkpoint(tmp_path / "train.ckpt"), load_checkpoint(tmp_path / "back.ckpt")
+    assert a.optimizer_state["group0"]["step"] == b.optimizer_state["group0"]["step"] == 10
+    for n in PARAMS:
+        np.testing.assert_array_equal(a.trainable[n], b.trainable[n])
+        for m, m2 in zip(
+            a.optimizer_state["group0"]["moments"][n], b.optimizer_state["group0"]["moments"][n], strict=True
+        ):
+            np.testing.assert_array_equal(m, m2)
+    # and the portable backend continues the run within the torch tolerance
+    continued = _train(moved, range(10, STEPS), fused=True)
+    for step, ((loss, params), (want_loss, want)) in enumerate(zip(continued, expected[10:], strict=True), start=11):
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=f"loss, step {step}")
+        for n in PARAMS:
+            np.testing.assert_allclose(params[n], want[n], rtol=1e-5, atol=1e-6, err_msg=f"{n}, step {step}")
