@@ -32,7 +32,15 @@ def _ints(node: ir.Node, name: str, default: list[int] | None) -> list[int] | No
 class _Window:
     """The window attributes of a Conv or pool node, with ONNX's defaults for ``spatial`` axes."""
 
-    def __init__(self, node: ir.Node, spatial: int, padding: bool = True) -> None:
+    def __init__(
+        self,
+        node: ir.Node,
+        spatial: int,
+        padding: bool = True,
+        kernel: list[int | None] | None = None,
+        sizes: list[int | None] | None = None,
+    ) -> None:
+        """``kernel`` / ``sizes``: the static kernel and input spatial dims when known (``auto_pad=SAME_*``)."""
         self.spatial = spatial
         self.kernel = _ints(node, "kernel_shape", None)
         self.strides: list[int] = _ints(node, "strides", None) or [1] * spatial
@@ -43,10 +51,39 @@ class _Window:
         auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
         if auto_pad == "VALID":
             self.pads = [0] * (2 * spatial)
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            known: list[int | None] | None = list(self.kernel) if self.kernel else kernel
+            self.pads = self._same(node, auto_pad, known, sizes)
         elif auto_pad not in ("NOTSET", ""):
             raise unsupported(node, f"auto_pad={auto_pad!r}")
         if node.attributes.get_int("ceil_mode", 0):
             raise unsupported(node, "ceil_mode=1")
+
+    def _same(
+        self, node: ir.Node, auto_pad: str, kernel: list[int | None] | None, sizes: list[int | None] | None
+    ) -> list[int]:
+        """Explicit pads of ``auto_pad=SAME_*``.
+
+        ``ceil(size / stride)`` outputs, the odd pad at the end (UPPER) or the start (LOWER). With stride 1
+        the total is ``(kernel - 1) * dilation`` whatever the size; other strides need the static size.
+        """
+        if kernel is None or any(k is None for k in kernel):
+            raise unsupported(node, f"auto_pad={auto_pad!r} with a kernel of unknown size")
+        begin, end = [], []
+        for axis, (k, s, d) in enumerate(zip(kernel, self.strides, self.dilations, strict=True)):
+            assert k is not None
+            reach = (k - 1) * d + 1
+            if s == 1:
+                total = reach - 1
+            else:
+                size = sizes[axis] if sizes is not None and axis < len(sizes) else None
+                if size is None:
+                    raise unsupported(node, f"auto_pad={auto_pad!r} with stride {s} over a dim known only at run time")
+                total = max(0, (-(-size // s) - 1) * s + reach - size)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        return begin + end
 
 
 def _spatial_rank(node: ir.Node, ctx: LoweringContext, weight: ir.Value | None = None) -> int:
@@ -87,7 +124,13 @@ def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     dy, x, weight = inputs(node, 3)
     dx, dw, db = outputs(node, 3)
     spatial = _spatial_rank(node, ctx, weight)
-    window = _Window(node, spatial)
+    weight_dims, x_dims = ctx.shape(weight), ctx.shape(x)
+    window = _Window(
+        node,
+        spatial,
+        kernel=weight_dims[2:] if weight_dims is not None else None,
+        sizes=x_dims[2:] if x_dims is not None else None,
+    )
     group = node.attributes.get_int("group", 1)
     w = ctx.writer(node)
     rest = list(range(3, 3 + spatial))

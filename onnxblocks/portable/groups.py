@@ -3,8 +3,9 @@
 A :class:`Layout` is what a layout (one tensor per parameter today, flattened
 tensors later) needs to apply a rule of :mod:`onnxblocks.portable.rules`: the
 groups' hyperparameters and learning-rate scales, each parameter's group, the state
-slots and the element type. :func:`write_updates` writes each group's scalars once
-and the elementwise update per parameter. :func:`metadata` / :func:`parse_metadata`
+slots and the element type. :class:`GroupUpdater` writes each group's scalars once
+and the elementwise update per parameter or per flat buffer of a group's parameters
+(``onnxblocks.portable.optimizer.update_parameters`` picks the layout). :func:`metadata` / :func:`parse_metadata`
 are the JSON an optimizer model built by :mod:`onnxblocks.optim` carries under
 ``onnxblocks.optimizer``.
 """
@@ -43,46 +44,50 @@ class Layout:
     dtype: np.dtype
 
 
-def write_updates(
-    w: Writer,
-    layout: Layout,
-    learning_rate: ir.Value,
-    step: ir.Value,
-    items: Sequence[tuple[str, ir.Value, ir.Value, Sequence[ir.Value]]],
-    targets: Sequence[Sequence[str | ir.Value]],
-) -> list[list[ir.Value]]:
-    """Write the rule's update for each parameter, its group's scalars written once.
+class GroupUpdater:
+    """Writes a rule's update for one parameter (or a flat buffer of a group's parameters) at a time.
+
+    Each group's scalars are written once, on first use.
 
     Args:
         w: The writer.
         layout: The rule, groups and state slots.
         learning_rate: The float ``[1]`` learning rate (the default group's; a group scales it by its ``lr_scale``).
         step: The int64 ``[1]`` step being taken (1 for the first).
-        items: ``(name, param, grad, states)`` per parameter, states in ``layout.states`` order.
-        targets: Per parameter, the names (or values) of the updated parameter and states.
-
-    Returns:
-        Per parameter, the updated parameter and states (a state its group does not use passes through).
     """
-    lr_d = w.cast(w.reshape(learning_rate, []), ir.DataType.DOUBLE)
-    step_d = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
-    scalars: dict[int, Scalars] = {}
-    result = []
-    for (name, param, grad, states), target in zip(items, targets, strict=True):
-        index = layout.group_of.get(name, 0)
-        group = layout.groups[index]
-        hyper = {**group["hyper"], "dtype": layout.dtype}
-        if index not in scalars:
-            scale = float(group["lr_scale"])
-            lr = lr_d if scale == 1.0 else w.op("Mul", [lr_d, w.scalar(scale, np.float64)])
-            scalars[index] = layout.rule.scalars(w, hyper, lr, step_d, layout.dtype)
+
+    def __init__(self, w: Writer, layout: Layout, learning_rate: ir.Value, step: ir.Value) -> None:
+        self.w, self.layout = w, layout
+        self.group_of = layout.group_of
+        self._lr = w.cast(w.reshape(learning_rate, []), ir.DataType.DOUBLE)
+        self._step = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
+        self._scalars: dict[int, Scalars] = {}
+
+    def __call__(
+        self,
+        group: int,
+        param: ir.Value,
+        grad: ir.Value,
+        states: Sequence[ir.Value],
+        targets: Sequence[str | ir.Value],
+    ) -> list[ir.Value]:
+        """Write ``targets = (param, *states)`` after one step of group ``group``'s rule; return them.
+
+        A state the group does not use passes through unchanged.
+        """
+        w, layout = self.w, self.layout
+        spec = layout.groups[group]
+        hyper = {**spec["hyper"], "dtype": layout.dtype}
+        if group not in self._scalars:
+            scale = float(spec["lr_scale"])
+            lr = self._lr if scale == 1.0 else w.op("Mul", [self._lr, w.scalar(scale, np.float64)])
+            self._scalars[group] = layout.rule.scalars(w, hyper, lr, self._step, layout.dtype)
         by_slot = dict(zip(layout.states, states, strict=True))
-        new_param, new_states = layout.rule.update(w, hyper, scalars[index], param, grad, by_slot)
-        values = [w.op("Identity", [new_param], target[0])]
-        for slot, out in zip(layout.states, target[1:], strict=True):
+        new_param, new_states = layout.rule.update(w, hyper, self._scalars[group], param, grad, by_slot)
+        values = [w.op("Identity", [new_param], targets[0])]
+        for slot, out in zip(layout.states, targets[1:], strict=True):
             values.append(w.op("Identity", [new_states.get(slot, by_slot[slot])], out))
-        result.append(values)
-    return result
+        return values
 
 
 def metadata(
@@ -122,4 +127,4 @@ def parse_metadata(text: str) -> tuple[str, tuple[dict[str, Any], ...], tuple[tu
     return found.name, groups, params, max_norm
 
 
-__all__ = ["Layout", "metadata", "parse_metadata", "write_updates"]
+__all__ = ["GroupUpdater", "Layout", "metadata", "parse_metadata"]

@@ -22,6 +22,7 @@ sequences instead of a flag.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,6 @@ from onnxblocks._core.contracts import (
     STATE_SEQUENCES,
     STEP,
     gradient_name,
-    moment_names,
     state_names,
     updated_name,
 )
@@ -52,7 +52,28 @@ from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
 from onnxblocks.portable import groups as _groups
 from onnxblocks.portable import rules as _rules
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.context import Writer, numpy_type
+
+
+class OptimizerWriter(Writer):
+    """A :class:`~onnxblocks.portable.context.Writer` that writes each scalar constant once.
+
+    Stock onnxruntime merges equal scalar initializers and removes the copies, warning
+    "Removing initializer ..." for each: an optimizer graph shares its scalars instead.
+    """
+
+    def __init__(self, names: NameAuthority, opset: int, hint: str) -> None:
+        super().__init__(names, opset, hint)
+        self._scalars: dict[tuple[str, bytes, tuple[int, ...]], ir.Value] = {}
+
+    def scalar(self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()) -> ir.Value:
+        """The constant of ``dtype`` holding ``value`` (one node per distinct value, type and shape)."""
+        array = np.full(tuple(shape), value, dtype=numpy_type(dtype if dtype is not None else np.float32))
+        key = (array.dtype.str, array.tobytes(), tuple(array.shape))
+        if key not in self._scalars:
+            self._scalars[key] = super().scalar(value, dtype, shape)
+        return self._scalars[key]
+
 
 #: ``InplaceClipGradNorm``'s epsilon: ``coefficient = min(max_norm / (norm + 1e-6), 1)``.
 CLIP_EPSILON = 1e-6
@@ -92,20 +113,25 @@ class OptimizerSpec:
         return rule.states([g["hyper"] for g in self.groups]) if rule is not None else ()
 
     @property
-    def state_inputs(self) -> tuple[str, ...]:
-        """The moment sequences the optimizer model reads."""
-        if self.groups:
-            return STATE_SEQUENCES[: len(self.states)]
-        return (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS) if self.kind == "adamw" else (FIRST_ORDER_MOMENTS,)
+    def updated_states(self) -> int:
+        """How many state tensors per parameter the update writes (ONNX Runtime's SGD: none)."""
+        return len(self.states) if self.groups else 2 if self.kind == "adamw" else 0
 
     def to_json(self) -> str:
         """The metadata an optimizer model in standard ops carries (:data:`OPTIMIZER_METADATA`)."""
         return _groups.metadata(self.kind, self.groups, self.params, self.max_norm)
 
     def layout(self) -> _groups.Layout:
-        """The groups' layout of a spec with groups (:func:`~onnxblocks.portable.groups.write_updates`)."""
+        """The groups' layout of a spec with groups (:class:`~onnxblocks.portable.groups.GroupUpdater`)."""
         assert self.rule is not None, "a spec with groups"
         return _groups.Layout(self.rule, self.groups, dict(self.params), self.states, self.dtype)
+
+    @property
+    def state_inputs(self) -> tuple[str, ...]:
+        """The moment sequences the optimizer model reads."""
+        if self.groups:
+            return STATE_SEQUENCES[: len(self.states)]
+        return (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS) if self.kind == "adamw" else (FIRST_ORDER_MOMENTS,)
 
     @property
     def moments(self) -> int:
@@ -184,24 +210,35 @@ class AdamWScalars:
         step_size: ``lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` (``lr`` without bias correction).
         epsilon: What is added to ``sqrt(m2)``: ``eps * sqrt(1 - beta2**t)`` in torch mode
             (``sqrt(m2 / c2) + eps`` scaled by ``sqrt(c2)``), ``eps`` in Hugging Face mode.
+        coefficients: ``beta1, 1 - beta1, beta2, 1 - beta2`` as float32 constants, written once and shared
+            by every update (None: each update writes its own).
     """
 
     decay: ir.Value | None
     step_size: ir.Value
     epsilon: ir.Value
+    coefficients: tuple[ir.Value, ir.Value, ir.Value, ir.Value] | None = None
 
 
 def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step: ir.Value) -> AdamWScalars:
     """The step's scalars; bias corrections ``1 - float(pow(double(beta), step))`` as the kernel computes them."""
     a = spec.attributes
     f32 = np.float32
+    alpha, beta = _f32(float(a["alpha"])), _f32(float(a["beta"]))
+    coefficients = (
+        w.scalar(alpha, f32),
+        w.scalar(_f32(1.0 - alpha), f32),
+        w.scalar(beta, f32),
+        w.scalar(_f32(1.0 - beta), f32),
+    )
     lr = w.reshape(learning_rate, [])
-    one = w.scalar(1.0, f32)
     eps = w.scalar(float(a["epsilon"]), f32)
     decay_rate = float(a["weight_decay"])
+    one = w.scalar(1.0, f32) if decay_rate or int(a["correct_bias"]) else None  # no constant nothing reads
     decay = w.op("Sub", [one, w.op("Mul", [lr, w.scalar(decay_rate, f32)])]) if decay_rate else None
     if not int(a["correct_bias"]):
-        return AdamWScalars(decay, lr, eps)
+        return AdamWScalars(decay, lr, eps, coefficients)
+    assert one is not None
     step_d = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
 
     def correction(beta: float) -> ir.Value:
@@ -210,7 +247,8 @@ def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step:
 
     alpha_c, root_beta_c = correction(float(a["alpha"])), w.op("Sqrt", [correction(float(a["beta"]))])
     step_size = w.op("Mul", [lr, w.op("Div", [root_beta_c, alpha_c])])
-    return AdamWScalars(decay, step_size, w.op("Mul", [eps, root_beta_c]) if int(a["adam_mode"]) == 0 else eps)
+    epsilon = w.op("Mul", [eps, root_beta_c]) if int(a["adam_mode"]) == 0 else eps
+    return AdamWScalars(decay, step_size, epsilon, coefficients)
 
 
 def adamw_update(
@@ -236,12 +274,15 @@ def adamw_update(
     """
     a = spec.attributes
     f32 = np.float32
-    alpha, beta = _f32(float(a["alpha"])), _f32(float(a["beta"]))
-    new_m1 = w.op(
-        "Add", [w.op("Mul", [m1, w.scalar(alpha, f32)]), w.op("Mul", [grad, w.scalar(_f32(1.0 - alpha), f32)])], outs[1]
-    )
-    scaled_g = w.op("Mul", [grad, w.scalar(_f32(1.0 - beta), f32)])
-    new_m2 = w.op("Add", [w.op("Mul", [m2, w.scalar(beta, f32)]), w.op("Mul", [scaled_g, grad])], outs[2])
+    if s.coefficients is not None:
+        alpha_c, rest_alpha, beta_c, rest_beta = s.coefficients
+    else:
+        alpha, beta = _f32(float(a["alpha"])), _f32(float(a["beta"]))
+        alpha_c, rest_alpha = w.scalar(alpha, f32), w.scalar(_f32(1.0 - alpha), f32)
+        beta_c, rest_beta = w.scalar(beta, f32), w.scalar(_f32(1.0 - beta), f32)
+    new_m1 = w.op("Add", [w.op("Mul", [m1, alpha_c]), w.op("Mul", [grad, rest_alpha])], outs[1])
+    scaled_g = w.op("Mul", [grad, rest_beta])
+    new_m2 = w.op("Add", [w.op("Mul", [m2, beta_c]), w.op("Mul", [scaled_g, grad])], outs[2])
     denom = w.op("Add", [w.op("Sqrt", [new_m2]), s.epsilon])
     update = w.op("Div", [w.op("Mul", [new_m1, s.step_size]), denom])
     if int(a["adam_mode"]) == 0:  # torch: decay first
@@ -257,6 +298,124 @@ def adamw_update(
 def sgd_update(w: Writer, learning_rate: ir.Value, param: ir.Value, grad: ir.Value, out: str | ir.Value) -> ir.Value:
     """``out = param - lr * grad``."""
     return w.op("Sub", [param, w.op("Mul", [w.reshape(learning_rate, []), grad])], out)
+
+
+#: Parameters of at most this many elements are updated together, in flat buffers (:func:`update_parameters`).
+#: Above it a tensor's own elementwise passes cost more than their nodes' dispatch, and flattening
+#: (a ``Concat`` of each input, a ``Split`` of each output) would only add passes over memory.
+FLAT_LIMIT = 1 << 16
+
+
+def _numel(value: ir.Value) -> int | None:
+    """The element count of ``value`` when its shape is static, else None."""
+    if value.shape is None or not value.shape.is_static():
+        return None
+    return math.prod(value.shape.numpy())
+
+
+def _static_shape(value: ir.Value) -> tuple[int, ...]:
+    assert value.shape is not None, "grouped parameters have static shapes"
+    return tuple(int(d) for d in value.shape.numpy())
+
+
+def _flat(w: Writer, value: ir.Value) -> ir.Value:
+    return value if value.shape is not None and len(value.shape) == 1 else w.reshape(value, [-1])
+
+
+def update_parameters(
+    w: Writer,
+    spec: OptimizerSpec,
+    learning_rate: ir.Value,
+    step: ir.Value,
+    params: Sequence[ir.Value],
+    grads: Sequence[ir.Value],
+    moments: Sequence[Sequence[ir.Value]],
+    outs: Sequence[Sequence[str | ir.Value]],
+    flat_limit: int | None = None,
+    names: Sequence[str] | None = None,
+) -> list[list[ir.Value]]:
+    """Write one optimizer step for every parameter: each writes ``outs[i] = (p, *moments)`` (SGD: ``(p,)``).
+
+    Multi-tensor layout: the parameters of at most ``flat_limit`` elements (static shapes) are updated together,
+    per element type: their parameters, gradients and moments flattened and concatenated into one buffer each,
+    every elementwise op of the update run once over the buffer, and the results split back to each
+    parameter's shape and output name (what torch's ``foreach`` optimizers do with their tensor lists). The
+    arithmetic per element is the same ops in the same order, so the results equal the per-tensor update bit
+    for bit; a model of many small tensors (biases, norms, depthwise kernels) runs a few dozen nodes for them
+    instead of 13 per tensor. Larger parameters keep their own update (flattening would cost more passes over
+    memory than the nodes it saves).
+
+    Args:
+        w: The writer.
+        spec: The optimizer.
+        learning_rate: The ``[1]`` float learning rate.
+        step: The ``[1]`` int64 step being taken (read by AdamW's bias corrections).
+        params: The parameters.
+        grads: Their (clipped) gradients.
+        moments: Per parameter, its moments (AdamW: two; SGD: none read).
+        outs: Per parameter, the names (or values) of the updated parameter and moments.
+        flat_limit: The largest tensor updated in the flat buffers (0: none; default :data:`FLAT_LIMIT`).
+        names: The parameters' names, for an optimizer with parameter groups (default: the values' names);
+            parameters are flattened together per element type and group.
+
+    Returns:
+        Per parameter, the values written to ``outs[i]``.
+    """
+    limit = FLAT_LIMIT if flat_limit is None else flat_limit
+    rule = _groups.GroupUpdater(w, spec.layout(), learning_rate, step) if spec.rule is not None else None
+    adamw = spec.kind == "adamw" and rule is None
+    scalars = adamw_scalars(w, spec, learning_rate, step) if adamw else None
+    lr = w.reshape(learning_rate, []) if not adamw and rule is None else None
+    keys: list[str] = [str(p.name) for p in params] if names is None else list(names)
+    group_of = rule.group_of if rule is not None else {}
+
+    def update(
+        p: ir.Value, g: ir.Value, ms: Sequence[ir.Value], names: Sequence[str | ir.Value], group: int = 0
+    ) -> list[ir.Value]:
+        if rule is not None:
+            return rule(group, p, g, ms, names)
+        if scalars is not None:
+            return adamw_update(w, spec, scalars, p, g, ms[0], ms[1], names)
+        assert lr is not None
+        return [w.op("Sub", [p, w.op("Mul", [lr, g])], names[0])]
+
+    count = len(params)
+    result: list[list[ir.Value] | None] = [None] * count
+    groups: dict[tuple[object, int], list[int]] = {}
+    for i, p in enumerate(params):
+        size = _numel(p)
+        if size is not None and 0 < size <= limit and p.dtype is not None:
+            groups.setdefault((p.dtype, group_of.get(keys[i], 0)), []).append(i)
+        else:
+            result[i] = update(params[i], grads[i], moments[i], outs[i], group_of.get(keys[i], 0))
+    for (_, group), members in groups.items():
+        if len(members) == 1:
+            (i,) = members
+            result[i] = update(params[i], grads[i], moments[i], outs[i], group)
+            continue
+        arity = 1 + spec.updated_states
+
+        def joined(tensors: Sequence[ir.Value], members: list[int] = members) -> ir.Value:
+            return w.concat([_flat(w, tensors[i]) for i in members], 0)
+
+        flat_moments = [joined([moments[i][k] for i in range(count)]) for k in range(arity - 1)]
+        new = update(joined(params), joined(grads), flat_moments, [w.fresh("flat") for _ in range(arity)], group)
+        sizes = [int(_numel(params[i]) or 0) for i in members]
+        for k, value in enumerate(new):
+            shapes = [list(_static_shape(params[i])) for i in members]
+            pieces = w.split(
+                value,
+                sizes,
+                0,
+                [outs[i][k] if len(shape) == 1 else w.fresh("piece") for i, shape in zip(members, shapes, strict=True)],
+            )
+            for i, shape, piece in zip(members, shapes, pieces, strict=True):
+                written = piece if len(shape) == 1 else w.reshape(piece, shape, outs[i][k])
+                slot = result[i]
+                if slot is None:
+                    slot = result[i] = []
+                slot.append(written)
+    return [r if r is not None else [] for r in result]
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -308,7 +467,7 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
         for n in (p.name, *state_names(p.name)):
             names.reserve(n)
             names.reserve(updated_name(n))
-    w = Writer(names, opset, "optimizer")
+    w = OptimizerWriter(names, opset, "optimizer")
     lr = _input(model, LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
     step = _input(model, STEP, onnx.TensorProto.INT64, [1])
     inputs, outputs = [lr, step], []
@@ -326,26 +485,12 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
     grads = [g for _, g, _ in state]
     if spec.max_norm is not None:
         grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
-    if spec.rule is not None:
-        items = [(v.name or "", v, g, m) for (v, _, m), g in zip(state, grads, strict=True)]
-        targets = [
-            [updated_name(n) for n in (v.name or "", *state_names(v.name or "", spec.moments))] for v, _, _ in state
-        ]
-        for (value, _, moments), new in zip(
-            state, _groups.write_updates(w, spec.layout(), lr, step, items, targets), strict=True
-        ):
-            for out, old in zip(new, (value, *moments), strict=True):
-                out.type, out.shape = old.type, old.shape
-                outputs.append(out)
-        return _finish(inputs, outputs, w, opset, "portable_optimizer")
-    scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" else None
-    for (value, _, moments), grad in zip(state, grads, strict=True):
+    names_out = []
+    for value, _, _ in state:
         assert value.name is not None
-        if scalars is not None:
-            outs = [updated_name(n) for n in (value.name, *moment_names(value.name))]
-            new = adamw_update(w, spec, scalars, value, grad, moments[0], moments[1], outs)
-        else:
-            new = [sgd_update(w, lr, value, grad, updated_name(value.name))]
+        names_out.append([updated_name(n) for n in (value.name, *state_names(value.name, spec.updated_states))])
+    written = update_parameters(w, spec, lr, step, [v for v, _, _ in state], grads, [m for _, _, m in state], names_out)
+    for (value, _, moments), new in zip(state, written, strict=True):
         for out, old in zip(new, (value, *moments), strict=False):
             out.type, out.shape = old.type, old.shape
             outputs.append(out)
@@ -370,33 +515,27 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     opset = _opset(model)
     inputs = [ir.serde.deserialize_value_info_proto(i, None) for i in model.graph.input]
     by_name = {v.name: v for v in inputs}
-    w = Writer(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
+    w = OptimizerWriter(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
     sequences = [PARAMS, GRADIENTS, *spec.state_inputs]
     items = {s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)] for s in sequences}
     grads = items[GRADIENTS]
     if spec.max_norm is not None:
         grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}
-    lr = by_name[LEARNING_RATE]
-    if spec.rule is not None:
-        names = [n for n, _ in spec.params] if len(spec.params) == count else [f"p{i}" for i in range(count)]
-        rule_items = [
-            (names[i], items[PARAMS][i], grads[i], [items[s][i] for s in spec.state_inputs]) for i in range(count)
-        ]
-        rule_outs = [[outs[s][i] for s in (PARAMS, *spec.state_inputs)] for i in range(count)]
-        _groups.write_updates(w, spec.layout(), lr, by_name[STEP], rule_items, rule_outs)
-        produced: tuple[str, ...] = (PARAMS, *spec.state_inputs)
-    elif spec.kind == "adamw":
-        scalars = adamw_scalars(w, spec, lr, by_name[STEP])
-        for i in range(count):
-            m1, m2 = items[FIRST_ORDER_MOMENTS][i], items[SECOND_ORDER_MOMENTS][i]
-            trio = (outs[PARAMS][i], outs[FIRST_ORDER_MOMENTS][i], outs[SECOND_ORDER_MOMENTS][i])
-            adamw_update(w, spec, scalars, items[PARAMS][i], grads[i], m1, m2, trio)
-        produced = (PARAMS, *spec.state_inputs)
-    else:
-        for i in range(count):
-            sgd_update(w, lr, items[PARAMS][i], grads[i], outs[PARAMS][i])
-        produced = (PARAMS,)
+    produced: tuple[str, ...] = (PARAMS, *spec.state_inputs[: spec.updated_states])
+    moments = [[items[m][i] for m in produced[1:]] for i in range(count)]
+    order = [n for n, _ in spec.params] if len(spec.params) == count else None
+    update_parameters(
+        w,
+        spec,
+        by_name[LEARNING_RATE],
+        by_name[STEP],
+        items[PARAMS],
+        grads,
+        moments,
+        [[outs[s][i] for s in produced] for i in range(count)],
+        names=order,
+    )
     values = {v.name: v for n in w.nodes for v in n.outputs}
     outputs = []
     for s in produced:
@@ -409,6 +548,7 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
 __all__ = [
     "AdamWScalars",
     "OptimizerSpec",
+    "OptimizerWriter",
     "adamw_scalars",
     "adamw_update",
     "clip_gradients",
@@ -416,4 +556,5 @@ __all__ = [
     "portable_optimizer_model",
     "read_optimizer",
     "sgd_update",
+    "update_parameters",
 ]

@@ -210,20 +210,27 @@ class TrainingSession:
 
     # ---------------------------------------------------------------- steps
     def _batch(self, specs: list[InputSpec], inputs: tuple, what: str) -> Sequence[Any]:
-        """``inputs`` checked against ``specs`` (once per signature of dtypes and shapes), as arrays."""
-        self._guards[what].check(inputs, what, values=self.check_inputs)  # empty batches, labels out of range
+        """``inputs`` checked against ``specs`` (once per signature of types, dtypes, shapes and strides), as arrays.
+
+        A batch whose signature passed before gets only the per-batch check (index values in range); a new
+        signature gets every check (empty batches, dtypes, shapes, contiguity), then is remembered.
+        """
+        guard = self._guards[what]
         if not self.check_inputs:
+            guard.check(inputs, what, values=False)  # empty batches: ONNX Runtime would crash
             return inputs
         try:
-            signature = (what, *[(a.dtype, a.shape, a.flags.c_contiguous) for a in inputs])
+            signature = (what, *[(type(a), a.dtype, a.shape, a.strides) for a in inputs])
         except AttributeError:  # not arrays: check_batch converts them
             signature = ()
         if signature in self._checked:
+            guard.check_checked(inputs, what)
             return inputs
+        guard.check(inputs, what)
         arrays = check_batch(specs, inputs, what)
         if len(self._checked) >= _CHECKED_SIGNATURES:
             self._checked.clear()
-        self._checked.add((what, *[(a.dtype, a.shape, True) for a in arrays]))
+        self._checked.add((what, *[(type(a), a.dtype, a.shape, a.strides) for a in arrays]))
         return arrays
 
     def train_step(self, *inputs: Any) -> tuple[np.ndarray, ...]:
