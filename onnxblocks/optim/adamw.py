@@ -155,7 +155,7 @@ class AdamW(Optimizer):
         super().__init__(clip_grad)
         self.step_block = AdamWUpdate(bias_correction, betas, eps, weight_decay, mode)
         hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
-        standard = StandardOptimizer("adamw", hyper, lr, param_groups, clip_grad)
+        standard = StandardOptimizer("adamw", hyper, lr, param_groups, clip_grad, owner="AdamW")
         self.standard = standard if (amsgrad is not False or maximize is not False or param_groups) else None
         if self.standard is not None and mode != "torch":
             raise InvalidValueError(
@@ -175,7 +175,7 @@ class AdamW(Optimizer):
     def __repr__(self) -> str:
         s = self.step_block
         if self.standard is not None:
-            return repr(self.standard).replace("StandardOptimizer", "AdamW", 1)
+            return repr(self.standard)
         return (
             f"AdamW(bias_correction={s.bias_correction}, betas={s.betas}, eps={s.eps}, "
             f"weight_decay={s.weight_decay}, clip_grad={self.clip_grad!r}, mode={s.mode!r})"

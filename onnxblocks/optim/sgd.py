@@ -70,7 +70,7 @@ class SGD(Optimizer):
             "nesterov": nesterov,
             "maximize": maximize,
         }
-        standard = StandardOptimizer("sgd", hyper, lr, param_groups, clip_grad)
+        standard = StandardOptimizer("sgd", hyper, lr, param_groups, clip_grad, owner="SGD")
         plain = not param_groups and all(not v for v in standard.hyper.values())
         self.standard = None if plain else standard
 
@@ -86,5 +86,5 @@ class SGD(Optimizer):
 
     def __repr__(self) -> str:
         if self.standard is not None:
-            return repr(self.standard).replace("StandardOptimizer", "SGD", 1)
+            return repr(self.standard)
         return f"SGD(clip_grad={self.clip_grad!r})"

@@ -136,10 +136,11 @@ class StandardOptimizer(Optimizer):
         lr: float,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
         clip_grad: ClipGradNorm | float | None = None,
+        owner: str | None = None,
     ) -> None:
         super().__init__(clip_grad)
         self.algorithm = algorithm
-        name = type(self).__name__
+        self._owner = name = owner or type(self).__name__
         self.lr = _hyper.learning_rate(lr, f"{name} lr")
         if self.lr == 0:
             raise InvalidValueError(f"{name} lr must be > 0: groups' learning rates are kept as ratios to it.")
@@ -147,7 +148,7 @@ class StandardOptimizer(Optimizer):
         self.param_groups = [self._check_group(i, g) for i, g in enumerate(param_groups or ())]
 
     def _check_group(self, index: int, group: Any) -> dict[str, Any]:
-        where = f"{type(self).__name__} param_groups[{index}]"
+        where = f"{self._owner} param_groups[{index}]"
         if not isinstance(group, Mapping) or "params" not in group:
             raise InvalidTypeError(f"{where} must be a dict with 'params' (names or a predicate), got {group!r:.80}.")
         params = group["params"]
@@ -192,7 +193,7 @@ class StandardOptimizer(Optimizer):
                 for n in chosen:
                     if n not in known:
                         raise UnknownNameError(
-                            f"{type(self).__name__} param_groups[{index - 1}] names '{n}', which is not a trainable "
+                            f"{self._owner} param_groups[{index - 1}] names '{n}', which is not a trainable "
                             f"parameter.{did_you_mean(n, names)}"
                         )
                     if n in owner:
@@ -242,7 +243,7 @@ class StandardOptimizer(Optimizer):
         hyper = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items())
         groups = f", param_groups={self.param_groups!r}" if self.param_groups else ""
         clip = f", clip_grad={self.clip_grad!r}" if self.clip_grad is not None else ""
-        return f"{type(self).__name__}(lr={self.lr!r}{', ' + hyper if hyper else ''}{groups}{clip})"
+        return f"{self._owner}(lr={self.lr!r}{', ' + hyper if hyper else ''}{groups}{clip})"
 
 
 class Adam(StandardOptimizer):
