@@ -8,7 +8,7 @@ import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
-export { parseState, serializeState, momentNames, STATE_FORMAT } from './state.mjs';
+export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { ort };
 
