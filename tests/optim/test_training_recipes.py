@@ -9,7 +9,11 @@ differ by an ulp, which Adam's normalised steps carry to parameters crossing zer
 fed the same gradients, the updates match at atol 1e-7, see test_torch_family.py), through the
 optimizer model (``train_step`` + ``optimizer_step``) and through the fused step
 model (``train_and_update``). Resuming from a checkpoint saved after 10 steps
-gives bit-for-bit the parameters of the uninterrupted run.
+gives bit-for-bit the parameters of the uninterrupted run. The training build
+drives the same optimizer models itself, and its checkpoints move to the
+portable backend and back unchanged. Stock onnxruntime under Python 3.13 (the
+cached environment of tests/support/portable_env.py) trains the same artifacts as
+torch does and resumes in the middle bit for bit.
 """
 
 from __future__ import annotations
@@ -193,3 +197,45 @@ def test_training_build_drives_the_standard_optimizer_and_moves_between_backends
         np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=f"loss, step {step}")
         for n in PARAMS:
             np.testing.assert_allclose(params[n], want[n], rtol=1e-5, atol=1e-6, err_msg=f"{n}, step {step}")
+
+
+@pytest.mark.parametrize("case", ["sgd-nesterov", "adamw-amsgrad", "adagrad", "rmsprop"])
+def test_stock_onnxruntime_on_python_313_trains_as_torch_and_resumes_bit_exact(
+    case: str, portable_python, tmp_path: Path
+) -> None:
+    from support.portable_env import run_worker
+
+    ours, theirs, options = CASES[case]
+    directory = _artifacts(tmp_path / "artifacts", ours, options)
+    x, y = _data()
+    data = tmp_path / "batches.npz"
+    np.savez(data, x0_0=x, x0_1=y)
+    task = {"task": "train", "directory": str(directory), "data": str(data), "steps": STEPS, "lr": BASE_LR}
+    whole, resumed = run_worker(
+        portable_python,
+        {"tasks": [{**task, "params_out": str(tmp_path / "p.npz")}, {**task, "resume_at": 10}]},
+    )["results"]
+    assert "error" not in whole, whole.get("trace")
+    assert whole["backend"] == "portable"
+    assert resumed["losses"] == whole["losses"]  # resume in the middle is bit-exact
+    expected = _torch_constant(theirs, options)
+    np.testing.assert_allclose(whole["losses"], [loss for loss, _ in expected], rtol=1e-5, atol=1e-7)
+    params = np.load(tmp_path / "p.npz")
+    for n in PARAMS:
+        np.testing.assert_allclose(params[n], expected[-1][1][n], rtol=1e-5, atol=1e-6)
+    # this venv's onnxruntime (another version: its kernels round differently in the last bits) agrees
+    ours_here = TrainingSession(directory, backend="portable")
+    ours_here.learning_rate = BASE_LR
+    here = [float(ours_here.train_and_update(x, y)[0]) for _ in range(STEPS)]
+    np.testing.assert_allclose(here, whole["losses"], rtol=1e-5, atol=1e-7)
+
+
+def _torch_constant(theirs, options: dict) -> list[tuple[float, dict[str, np.ndarray]]]:
+    """The torch run of :func:`_torch` with the learning rate held at ``BASE_LR``."""
+    global lr_at
+    changing = lr_at
+    lr_at = lambda step: BASE_LR  # noqa: E731
+    try:
+        return _torch(theirs, options)
+    finally:
+        lr_at = changing
