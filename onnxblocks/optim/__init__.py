@@ -1,4 +1,4 @@
-"""Optimizers: the torch.optim family (SGD, Adam, AdamW, Adagrad, RMSprop), parameter groups, gradient clipping.
+"""Optimizers: the torch.optim family (SGD, Adam, AdamW, Adagrad, RMSprop), Lamb, parameter groups, gradient clipping.
 
 Build one inside ``with onnxblocks.empty_base():`` by calling it with the
 ``(trainable, frozen)`` parameters, then take ``.to_model_proto()``; or pass it to
@@ -16,7 +16,15 @@ from onnxblocks.optim.adamw import AdamW
 from onnxblocks.optim.base import Optimizer
 from onnxblocks.optim.clip import ClipGradNorm
 from onnxblocks.optim.sgd import SGD
-from onnxblocks.optim.standard import Adagrad, Adam, NormBiasParams, RMSprop, StandardOptimizer, no_decay_norm_bias
+from onnxblocks.optim.standard import (
+    Adagrad,
+    Adam,
+    Lamb,
+    NormBiasParams,
+    RMSprop,
+    StandardOptimizer,
+    no_decay_norm_bias,
+)
 
 __all__ = [
     "SGD",
@@ -24,6 +32,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "ClipGradNorm",
+    "Lamb",
     "NormBiasParams",
     "Optimizer",
     "RMSprop",

@@ -272,6 +272,47 @@ class Adam(StandardOptimizer):
         super().__init__("adam", hyper, lr, param_groups, clip_grad)
 
 
+class Lamb(StandardOptimizer):
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning", Algorithm 2) in standard ops.
+
+    Per parameter tensor, with Adam's moments ``m``, ``v`` (bias-corrected unless
+    ``bias_correction=False``, which is ONNX Runtime's ``LambOptimizer`` default)::
+
+        u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w
+        w = w - lr * (||w|| / ||u||) * u          # the trust ratio is 1 when either norm is 0
+
+    (the scaling function phi of the paper is the identity; no ratio clamping). torch has no Lamb.
+
+    Args:
+        lr, betas, eps, weight_decay: As above (``eps`` 1e-6 as ONNX Runtime's ``LambOptimizer``).
+        bias_correction: Divide the moments by ``1 - beta**t``.
+        maximize: Ascend instead.
+        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
+        clip_grad: Clip the gradients' global L2 norm first.
+    """
+
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        bias_correction: bool = True,
+        *,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        clip_grad: ClipGradNorm | float | None = None,
+    ) -> None:
+        hyper = {
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "bias_correction": bias_correction,
+            "maximize": maximize,
+        }
+        super().__init__("lamb", hyper, lr, param_groups, clip_grad)
+
+
 class Adagrad(StandardOptimizer):
     """``torch.optim.Adagrad`` in standard ops (same arguments and defaults)."""
 

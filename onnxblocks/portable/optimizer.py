@@ -384,7 +384,8 @@ def update_parameters(
     groups: dict[tuple[object, int], list[int]] = {}
     for i, p in enumerate(params):
         size = _numel(p)
-        if size is not None and 0 < size <= limit and p.dtype is not None:
+        flat = rule is None or rule.layout.rule.elementwise  # Lamb reads each tensor's norm: never flattened
+        if flat and size is not None and 0 < size <= limit and p.dtype is not None:
             groups.setdefault((p.dtype, group_of.get(keys[i], 0)), []).append(i)
         else:
             result[i] = update(params[i], grads[i], moments[i], outs[i], group_of.get(keys[i], 0))

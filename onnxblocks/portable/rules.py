@@ -58,6 +58,8 @@ class Rule:
     needs: Callable[[Hyper], tuple[str, ...]]
     scalars: Callable[[Writer, Hyper, ir.Value, ir.Value, np.dtype], Scalars]
     update: Callable[[Writer, Hyper, Scalars, ir.Value, ir.Value, dict[str, ir.Value]], tuple[ir.Value, Scalars]]
+    #: False for a rule that reads whole-tensor norms (Lamb): layouts apply it per tensor, never flattened.
+    elementwise: bool = True
 
     def states(self, groups: Sequence[Hyper]) -> tuple[str, ...]:
         """The slots any of ``groups`` keeps, in the rule's order (the layout's per-parameter state)."""
@@ -265,6 +267,50 @@ def _rmsprop_update(
     return w.op("Sub", [param, w.op("Div", [w.op("Mul", [g, s["lr"]]), avg])]), new
 
 
+# --------------------------------------------------------------------------- Lamb
+
+
+def _lamb_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
+    beta1, beta2 = (float(b) for b in hyper["betas"])
+    s: Scalars = {
+        "lr": _cast(w, lr, dtype),
+        "beta1": w.scalar(beta1, dtype),
+        "beta1c": w.scalar(1.0 - beta1, dtype),
+        "beta2": w.scalar(beta2, dtype),
+        "beta2c": w.scalar(1.0 - beta2, dtype),
+        "eps": w.scalar(float(hyper["eps"]), dtype),
+        "zero": w.scalar(0.0, dtype),
+        "one": w.scalar(1.0, dtype),
+    }
+    if float(hyper["weight_decay"]):
+        s["wd"] = w.scalar(float(hyper["weight_decay"]), dtype)
+    if hyper["bias_correction"]:
+        one = w.scalar(1.0, np.float64)
+        for key, beta in (("c1", beta1), ("c2", beta2)):
+            s[key] = _cast(w, w.op("Sub", [one, w.op("Pow", [w.scalar(beta, np.float64), step])]), dtype)
+    return s
+
+
+def _lamb_update(
+    w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value, states: dict[str, ir.Value]
+) -> tuple[ir.Value, Scalars]:
+    """LAMB (You et al., 2019, Algorithm 2): Adam's direction plus decay, times the trust ratio ``||w|| / ||u||``."""
+    g = w.op("Neg", [grad]) if hyper["maximize"] else grad
+    m1 = w.op("Add", [w.op("Mul", [states["exp_avg"], s["beta1"]]), w.op("Mul", [g, s["beta1c"]])])
+    m2 = w.op("Add", [w.op("Mul", [states["exp_avg_sq"], s["beta2"]]), w.op("Mul", [w.op("Mul", [g, g]), s["beta2c"]])])
+    m1_hat = w.op("Div", [m1, s["c1"]]) if "c1" in s else m1
+    m2_hat = w.op("Div", [m2, s["c2"]]) if "c2" in s else m2
+    u = w.op("Div", [m1_hat, w.op("Add", [sqrt(w, m2_hat, hyper["dtype"]), s["eps"]])])
+    if "wd" in s:
+        u = w.op("Add", [u, w.op("Mul", [param, s["wd"]])])
+    w_norm = w.op("Sqrt", [w.reduce("ReduceSumSquare", param, None, keepdims=0)])
+    u_norm = w.op("Sqrt", [w.reduce("ReduceSumSquare", u, None, keepdims=0)])
+    both = w.op("And", [w.op("Greater", [w_norm, s["zero"]]), w.op("Greater", [u_norm, s["zero"]])])
+    ratio = w.op("Where", [both, w.op("Div", [w_norm, u_norm]), s["one"]])
+    step = w.op("Mul", [u, w.op("Mul", [ratio, s["lr"]])])
+    return w.op("Sub", [param, step]), {"exp_avg": m1, "exp_avg_sq": m2}
+
+
 _ADAM_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
 
 #: The algorithms, by name.
@@ -292,6 +338,15 @@ RULES: dict[str, Rule] = {
         _adam_needs,
         _adam_scalars(True),
         _adam_update,
+    ),
+    "lamb": Rule(
+        "lamb",
+        {"betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0, "bias_correction": True, "maximize": False},
+        ("exp_avg", "exp_avg_sq"),
+        lambda hyper: ("exp_avg", "exp_avg_sq"),
+        _lamb_scalars,
+        _lamb_update,
+        elementwise=False,
     ),
     "adagrad": Rule(
         "adagrad",

@@ -133,6 +133,7 @@ PUBLIC: dict[str, list[str]] = {
         "Adam",
         "AdamW",
         "ClipGradNorm",
+        "Lamb",
         "NormBiasParams",
         "Optimizer",
         "RMSprop",
