@@ -25,7 +25,7 @@ LOSSES = {
     "kldiv": "KLDivLoss",
     "none": None,
 }
-OPTIMIZERS = ("adamw", "sgd", "adam", "adagrad", "rmsprop", "none")
+OPTIMIZERS = ("adamw", "sgd", "adam", "adagrad", "rmsprop", "lamb", "none")
 _FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 EXAMPLES = """\
@@ -147,9 +147,13 @@ def optimizer_block(args: argparse.Namespace) -> Any:
         options["amsgrad"] = True
     if args.no_decay_norm_bias:
         options["param_groups"] = optim.no_decay_norm_bias()
-    cls = {"adamw": optim.AdamW, "sgd": optim.SGD, "adam": optim.Adam, "adagrad": optim.Adagrad}.get(
-        args.optimizer, optim.RMSprop
-    )
+    cls = {
+        "adamw": optim.AdamW,
+        "sgd": optim.SGD,
+        "adam": optim.Adam,
+        "adagrad": optim.Adagrad,
+        "lamb": optim.Lamb,
+    }.get(args.optimizer, optim.RMSprop)
     try:
         return cls(**options)
     except TypeError as exc:  # an option this optimizer does not take

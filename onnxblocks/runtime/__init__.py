@@ -8,6 +8,7 @@ is imported on first use. Importing this package imports neither onnxruntime nor
 
 from onnxblocks.runtime.callbacks import Accuracy, Callback, EarlyStopping, SaveCheckpoint
 from onnxblocks.runtime.data import ArrayBatches, load_npz
+from onnxblocks.runtime.ema import WeightEMA
 from onnxblocks.runtime.fit import FitRun, History, evaluate, fit, resume
 from onnxblocks.runtime.inputs import InputSpec
 from onnxblocks.runtime.layout import ArtifactFiles
@@ -61,6 +62,7 @@ __all__ = [
     "StepLR",
     "StepSchedule",
     "TrainingSession",
+    "WeightEMA",
     "evaluate",
     "fit",
     "load_npz",

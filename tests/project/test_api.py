@@ -206,6 +206,7 @@ PUBLIC: dict[str, list[str]] = {
         "StepLR",
         "StepSchedule",
         "TrainingSession",
+        "WeightEMA",
         "evaluate",
         "fit",
         "load_npz",
