@@ -33,7 +33,7 @@ from onnxblocks._core.contracts import GRADIENTS, LEARNING_RATE, OPTIMIZER_METAD
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input
-from onnxblocks.optim.clip import ClipGradNorm
+from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
 from onnxblocks.portable.optimizer import OptimizerSpec, portable_optimizer_model
 from onnxblocks.portable.rules import rule
 
@@ -122,7 +122,8 @@ class StandardOptimizer(Optimizer):
         hyper: The default group's hyperparameters (the rule's defaults fill the rest).
         lr: The default group's learning rate, to which groups' absolute ``lr`` are relative.
         param_groups: Parameter groups, each a dict with ``"params"`` (names or a name predicate),
-            optionally ``"lr"`` or ``"lr_scale"``, and hyperparameters of the algorithm.
+            optionally ``"lr"`` or ``"lr_scale"``, ``"max_grad_norm"`` (clip this group's gradients by
+            their joint L2 norm, after the global ``clip_grad``), and hyperparameters of the algorithm.
         clip_grad: Clip the gradients' global L2 norm first.
 
     Raises:
@@ -165,10 +166,11 @@ class StandardOptimizer(Optimizer):
             scale = _hyper.learning_rate(group["lr"], f"{where} lr") / self.lr
         else:
             scale = _hyper.nonnegative(group.get("lr_scale", 1.0), f"{where} lr_scale")
-        hyper = check_hyper(
-            self.algorithm, {k: v for k, v in group.items() if k not in ("params", "lr", "lr_scale")}, where
-        )
-        return {"params": params if callable(params) else list(params), "lr_scale": scale, "hyper": hyper}
+        own = ("params", "lr", "lr_scale", "max_grad_norm")
+        hyper = check_hyper(self.algorithm, {k: v for k, v in group.items() if k not in own}, where)
+        max_norm = check_max_norm(group["max_grad_norm"]) if group.get("max_grad_norm") is not None else None
+        chosen = params if callable(params) else list(params)
+        return {"params": chosen, "lr_scale": scale, "hyper": hyper, "max_norm": max_norm}
 
     def spec(self, trainable: Sequence[Any], elem_type: int) -> OptimizerSpec:
         """The optimizer for these trainable parameters: each one's group resolved.
@@ -206,7 +208,8 @@ class StandardOptimizer(Optimizer):
         defaults = rule(self.algorithm).defaults
         groups = [{"hyper": {**defaults, **self.hyper}, "lr_scale": 1.0}]
         groups += [
-            {"hyper": {**defaults, **self.hyper, **g["hyper"]}, "lr_scale": g["lr_scale"]} for g in self.param_groups
+            {"hyper": {**defaults, **self.hyper, **g["hyper"]}, "lr_scale": g["lr_scale"], "max_norm": g["max_norm"]}
+            for g in self.param_groups
         ]
         params = tuple((n, owner.get(n, 0)) for n in names)
         max_norm = self.clip_grad.max_norm if self.clip_grad is not None else None

@@ -13,7 +13,7 @@ are the JSON an optimizer model built by :mod:`onnxblocks.optim` carries under
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +90,43 @@ class GroupUpdater:
         return values
 
 
+def clip_by_group(
+    layout: Layout,
+    names: Sequence[str],
+    grads: Sequence[ir.Value],
+    clip: Callable[[list[ir.Value], float], list[ir.Value]],
+) -> list[ir.Value]:
+    """Clip each group's gradients by their joint L2 norm where the group has a ``max_norm``.
+
+    Args:
+        layout: The groups.
+        names: Each gradient's parameter name.
+        grads: The gradients.
+        clip: Clips a list of gradients to a max norm (``clip_gradients``).
+    """
+    out = list(grads)
+    for index, group in enumerate(layout.groups):
+        if group.get("max_norm") is None:
+            continue
+        members = [i for i, n in enumerate(names) if layout.group_of.get(n, 0) == index]
+        if members:
+            for i, clipped in zip(members, clip([out[i] for i in members], float(group["max_norm"])), strict=True):
+                out[i] = clipped
+    return out
+
+
 def metadata(
     algorithm: str, groups: Sequence[Mapping[str, Any]], params: Sequence[tuple[str, int]], max_norm: float | None
 ) -> str:
     """The JSON an optimizer model in standard ops carries: what :func:`parse_metadata` reads back."""
-    plain = [{"hyper": dict(g["hyper"]), "lr_scale": g["lr_scale"]} for g in groups]
+    plain = [
+        {
+            "hyper": dict(g["hyper"]),
+            "lr_scale": g["lr_scale"],
+            **({"max_norm": g["max_norm"]} if g.get("max_norm") else {}),
+        }
+        for g in groups
+    ]
     return json.dumps(
         {"algorithm": algorithm, "groups": plain, "params": [list(p) for p in params], "max_norm": max_norm}
     )
@@ -110,7 +142,12 @@ def parse_metadata(text: str) -> tuple[str, tuple[dict[str, Any], ...], tuple[tu
         data = json.loads(text)
         found = rule(str(data["algorithm"]))
         groups = tuple(
-            {"hyper": {**found.defaults, **g["hyper"]}, "lr_scale": float(g["lr_scale"])} for g in data["groups"]
+            {
+                "hyper": {**found.defaults, **g["hyper"]},
+                "lr_scale": float(g["lr_scale"]),
+                **({"max_norm": float(g["max_norm"])} if g.get("max_norm") is not None else {}),
+            }
+            for g in data["groups"]
         )
         params = tuple((str(name), int(index)) for name, index in data["params"])
         max_norm = None if data.get("max_norm") is None else float(data["max_norm"])

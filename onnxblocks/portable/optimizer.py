@@ -201,6 +201,14 @@ def clip_gradients(w: Writer, gradients: Sequence[ir.Value], max_norm: float, dt
     return [w.op("Mul", [g, coefficient]) for g in gradients]
 
 
+def clip(w: Writer, spec: OptimizerSpec, gradients: Sequence[ir.Value], names: Sequence[str]) -> list[ir.Value]:
+    """The gradients clipped by the global norm (``spec.max_norm``), then by each group's ``max_norm``, as asked."""
+    grads = clip_gradients(w, gradients, spec.max_norm, spec.dtype) if spec.max_norm is not None else list(gradients)
+    if not spec.groups:
+        return grads
+    return _groups.clip_by_group(spec.layout(), names, grads, lambda gs, m: clip_gradients(w, gs, m, spec.dtype))
+
+
 @dataclass(frozen=True)
 class AdamWScalars:
     """The per-step float32 scalars AdamW shares across parameters.
@@ -483,9 +491,7 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
         moments = [like(m) for m in state_names(p.name, spec.moments)]
         inputs += [value, grad, *moments]
         state.append((value, grad, moments))
-    grads = [g for _, g, _ in state]
-    if spec.max_norm is not None:
-        grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+    grads = clip(w, spec, [g for _, g, _ in state], [v.name or "" for v, _, _ in state])
     names_out = []
     for value, _, _ in state:
         assert value.name is not None
@@ -519,13 +525,11 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     w = OptimizerWriter(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
     sequences = [PARAMS, GRADIENTS, *spec.state_inputs]
     items = {s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)] for s in sequences}
-    grads = items[GRADIENTS]
-    if spec.max_norm is not None:
-        grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+    order = [n for n, _ in spec.params] if len(spec.params) == count else None
+    grads = clip(w, spec, items[GRADIENTS], order or [f"#{i}" for i in range(count)])
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}
     produced: tuple[str, ...] = (PARAMS, *spec.state_inputs[: spec.updated_states])
     moments = [[items[m][i] for m in produced[1:]] for i in range(count)]
-    order = [n for n, _ in spec.params] if len(spec.params) == count else None
     update_parameters(
         w,
         spec,

@@ -34,7 +34,7 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import _parameters, accumulators
-from onnxblocks.portable.optimizer import OptimizerSpec, OptimizerWriter, clip_gradients, update_parameters
+from onnxblocks.portable.optimizer import OptimizerSpec, OptimizerWriter, clip, update_parameters
 
 
 class FuseStep(Pass):
@@ -84,8 +84,7 @@ class FuseStep(Pass):
 
         opset = graph.opset_imports.get("", _limits.DEFAULT_ONNX_OPSET)
         w = OptimizerWriter(graph_names(graph), opset, "step")
-        if spec.max_norm is not None:
-            grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+        grads = clip(w, spec, grads, [p.name or "" for p in params])
         lr = ir.Value(name=LEARNING_RATE, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1]))
         step = ir.Value(name=STEP, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
         new_inputs = [*user, lr, step]

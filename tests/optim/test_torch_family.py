@@ -147,3 +147,32 @@ def test_bad_groups_and_hyperparameters_are_refused_by_name() -> None:
         optim.SGD(momentum=-0.1)
     with pytest.raises(InvalidValueError, match="mode='torch'"):
         optim.AdamW(mode="hf", amsgrad=True)
+
+
+def test_global_then_per_group_gradient_clipping_matches_torch() -> None:
+    groups = [{"params": SECOND, "lr": 2.5 * BASE_LR, "weight_decay": 0.03, "max_grad_norm": 0.5}]
+    model = _model(optim.SGD(lr=BASE_LR, momentum=0.9, clip_grad=2.0, param_groups=groups))
+    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = list(SHAPES)
+    params, buffers = [initial()[n] for n in names], [np.zeros(s, np.float32) for s in SHAPES.values()]
+    torch_params = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in initial().items()}
+    first = [torch_params[n] for n in names if n not in SECOND]
+    second = [torch_params[n] for n in SECOND]
+    opt = torch.optim.SGD(
+        [{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}], lr=BASE_LR, momentum=0.9
+    )
+    for step in range(STEPS):
+        grads = gradients(step)
+        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds |= {"params": params, "gradients": [grads[n] for n in names], "first_order_moments": buffers}
+        params, buffers = session.run(None, feeds)
+        for group, scale in zip(opt.param_groups, (1.0, 2.5), strict=True):
+            group["lr"] = float(np.float32(lr_at(step))) * scale
+        for n in names:
+            torch_params[n].grad = torch.from_numpy(grads[n].copy())
+        torch.nn.utils.clip_grad_norm_(list(torch_params.values()), 2.0)
+        torch.nn.utils.clip_grad_norm_(second, 0.5)
+        opt.step()
+        for i, n in enumerate(names):
+            want = torch_params[n].detach().numpy()
+            np.testing.assert_allclose(params[i], want, rtol=1e-5, atol=1e-7, err_msg=f"{n} step {step + 1}")
