@@ -192,6 +192,9 @@ def average_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     (dy,) = inputs(node, 1)
     x = _pooled_input(node, ctx)
     spatial = _spatial_rank(node, ctx)
+    auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+    if auto_pad.startswith("SAME"):  # (ConvGrad's SAME pads are tested against torch; pools' are not)
+        raise unsupported(node, f"auto_pad={auto_pad!r}")
     window = _Window(node, spatial)
     if window.kernel is None:
         raise unsupported(node, "a pool without kernel_shape")

@@ -311,7 +311,7 @@ def sgd_update(w: Writer, learning_rate: ir.Value, param: ir.Value, grad: ir.Val
 #: Parameters of at most this many elements are updated together, in flat buffers (:func:`update_parameters`).
 #: Above it a tensor's own elementwise passes cost more than their nodes' dispatch, and flattening
 #: (a ``Concat`` of each input, a ``Split`` of each output) would only add passes over memory.
-FLAT_LIMIT = 1 << 16
+FLAT_LIMIT = 1 << 18
 
 
 def _numel(value: ir.Value) -> int | None:

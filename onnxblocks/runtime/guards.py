@@ -13,10 +13,12 @@ before each ONNX Runtime call that takes such data:
 * :class:`BatchGuard` before each ``train_step`` / ``eval_step``: an input with a
   zero-size dimension the model does not declare is refused always (about 0.5 µs
   a step); index inputs (class labels, token ids) are checked against their range
-  when ``check_inputs`` is on (the default), because that reads every element: one
-  ``min``/``max`` pass per index input and batch, 2.4 µs for 32 labels, 23 µs for
-  256 x 512 token ids, against 44 µs for a ``train_step`` of a 2-16-3 MLP on 32 rows
-  (``benchmarks/bench_guards.py``).
+  when ``check_inputs`` is on (the default), because that reads every element. The
+  session runs the whole check once per batch signature (types, dtypes, shapes,
+  strides) and then only :meth:`BatchGuard.check_checked`: for an input whose
+  values must lie in ``[0, high)`` one ``max`` of the values viewed as unsigned (a
+  negative value reads as a huge one), else a ``min`` and a ``max``
+  (``benchmarks/bench_guards.py``, ``benchmarks/bench_portable.py --only overhead``).
 
 Which inputs are indices, and their ranges, is read from the model: an integer
 graph input that reaches, through reshapes, casts and ``Where``, the label input
