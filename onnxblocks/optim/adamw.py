@@ -151,11 +151,12 @@ class AdamW(Optimizer):
         amsgrad: bool = False,
         maximize: bool = False,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
+        exact: bool = True,
     ) -> None:
         super().__init__(clip_grad)
         self.step_block = AdamWUpdate(bias_correction, betas, eps, weight_decay, mode)
         hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
-        standard = StandardOptimizer("adamw", hyper, lr, param_groups, clip_grad, owner="AdamW")
+        standard = StandardOptimizer("adamw", hyper, lr, param_groups, clip_grad, owner="AdamW", exact=exact)
         self.standard = standard if (amsgrad is not False or maximize is not False or param_groups) else None
         if self.standard is not None and mode != "torch":
             raise InvalidValueError(

@@ -60,6 +60,7 @@ class SGD(Optimizer):
         nesterov: bool = False,
         maximize: bool = False,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
+        exact: bool = True,
     ) -> None:
         super().__init__(clip_grad)
         self.step_block = SGDUpdate()
@@ -70,7 +71,7 @@ class SGD(Optimizer):
             "nesterov": nesterov,
             "maximize": maximize,
         }
-        standard = StandardOptimizer("sgd", hyper, lr, param_groups, clip_grad, owner="SGD")
+        standard = StandardOptimizer("sgd", hyper, lr, param_groups, clip_grad, owner="SGD", exact=exact)
         plain = not param_groups and all(not v for v in standard.hyper.values())
         self.standard = None if plain else standard
 

@@ -23,7 +23,7 @@ every group.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -34,8 +34,19 @@ from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, Unknown
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input
 from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
-from onnxblocks.portable.optimizer import OptimizerSpec, portable_optimizer_model
-from onnxblocks.portable.rules import rule
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.optimizer import OptimizerSpec
+    from onnxblocks.portable.rules import Rule
+
+
+def rule(algorithm: str) -> Rule:
+    """The rule of :mod:`onnxblocks.portable.rules`, imported on first use (``import onnxblocks`` skips onnx-ir)."""
+    import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if symbolic dims are computed with
+    from onnxblocks.portable.rules import rule as find
+
+    return find(algorithm)
+
 
 #: A group's parameters: names, or a predicate over a parameter's name.
 GroupParams = Sequence[str] | Callable[[str], bool]
@@ -125,6 +136,10 @@ class StandardOptimizer(Optimizer):
             optionally ``"lr"`` or ``"lr_scale"``, ``"max_grad_norm"`` (clip this group's gradients by
             their joint L2 norm, after the global ``clip_grad``), and hyperparameters of the algorithm.
         clip_grad: Clip the gradients' global L2 norm first.
+        owner: The class name errors and ``repr`` give (default: this class's).
+        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double, so the
+            numbers are torch's to the last bit or so); False writes them in float32 (about 2x fewer passes
+            over memory, an ulp apart per step: ``benchmarks/bench_optim_rules.py``).
 
     Raises:
         UnknownNameError, InvalidTypeError, InvalidValueError: for bad hyperparameters or groups.
@@ -138,8 +153,10 @@ class StandardOptimizer(Optimizer):
         param_groups: Sequence[Mapping[str, Any]] | None = None,
         clip_grad: ClipGradNorm | float | None = None,
         owner: str | None = None,
+        exact: bool = True,
     ) -> None:
         super().__init__(clip_grad)
+        self.exact = _flag(exact, f"{owner or type(self).__name__} exact")
         self.algorithm = algorithm
         self._owner = name = owner or type(self).__name__
         self.lr = _hyper.learning_rate(lr, f"{name} lr")
@@ -213,7 +230,9 @@ class StandardOptimizer(Optimizer):
         ]
         params = tuple((n, owner.get(n, 0)) for n in names)
         max_norm = self.clip_grad.max_norm if self.clip_grad is not None else None
-        return OptimizerSpec(self.algorithm, {}, max_norm, elem_type, tuple(groups), params)
+        from onnxblocks.portable.optimizer import OptimizerSpec
+
+        return OptimizerSpec(self.algorithm, {}, max_norm, elem_type, tuple(groups), params, self.exact)
 
     def build(self, parameters: Any) -> list[Value]:  # type: ignore[override]
         """Declare the optimizer inputs and write the update in standard ops; return the updated sequences.
@@ -233,6 +252,8 @@ class StandardOptimizer(Optimizer):
         meta = {p.key: p.value for p in working.metadata_props}
         meta[OPTIMIZER_METADATA] = spec.to_json()
         onnx.helper.set_model_props(working, meta)
+        from onnxblocks.portable.optimizer import portable_optimizer_model
+
         model = portable_optimizer_model(working, len(trainable))
         onnx.helper.set_model_props(model, meta)
         acc.replace_model(model)
@@ -257,6 +278,7 @@ class Adam(StandardOptimizer):
         betas, eps, weight_decay, amsgrad, maximize: As ``torch.optim.Adam``'s.
         param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
         clip_grad: Clip the gradients' global L2 norm first.
+        exact: Torch's rounding (default) or float32 ops (see :class:`StandardOptimizer`).
     """
 
     def __init__(
@@ -270,9 +292,10 @@ class Adam(StandardOptimizer):
         maximize: bool = False,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
         clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
     ) -> None:
         hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
-        super().__init__("adam", hyper, lr, param_groups, clip_grad)
+        super().__init__("adam", hyper, lr, param_groups, clip_grad, exact=exact)
 
 
 class Lamb(StandardOptimizer):
@@ -292,6 +315,7 @@ class Lamb(StandardOptimizer):
         maximize: Ascend instead.
         param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
         clip_grad: Clip the gradients' global L2 norm first.
+        exact: Torch's rounding (default) or float32 ops (see :class:`StandardOptimizer`).
     """
 
     def __init__(
@@ -305,6 +329,7 @@ class Lamb(StandardOptimizer):
         maximize: bool = False,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
         clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
     ) -> None:
         hyper = {
             "betas": betas,
@@ -313,7 +338,7 @@ class Lamb(StandardOptimizer):
             "bias_correction": bias_correction,
             "maximize": maximize,
         }
-        super().__init__("lamb", hyper, lr, param_groups, clip_grad)
+        super().__init__("lamb", hyper, lr, param_groups, clip_grad, exact=exact)
 
 
 class Adagrad(StandardOptimizer):
@@ -330,6 +355,7 @@ class Adagrad(StandardOptimizer):
         maximize: bool = False,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
         clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
     ) -> None:
         hyper = {
             "lr_decay": lr_decay,
@@ -338,7 +364,7 @@ class Adagrad(StandardOptimizer):
             "eps": eps,
             "maximize": maximize,
         }
-        super().__init__("adagrad", hyper, lr, param_groups, clip_grad)
+        super().__init__("adagrad", hyper, lr, param_groups, clip_grad, exact=exact)
 
 
 class RMSprop(StandardOptimizer):
@@ -356,6 +382,7 @@ class RMSprop(StandardOptimizer):
         maximize: bool = False,
         param_groups: Sequence[Mapping[str, Any]] | None = None,
         clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
     ) -> None:
         hyper = {
             "alpha": alpha,
@@ -365,4 +392,4 @@ class RMSprop(StandardOptimizer):
             "centered": centered,
             "maximize": maximize,
         }
-        super().__init__("rmsprop", hyper, lr, param_groups, clip_grad)
+        super().__init__("rmsprop", hyper, lr, param_groups, clip_grad, exact=exact)

@@ -35,6 +35,8 @@ class Layout:
         group_of: Each parameter's group index (parameters not named are in group 0).
         states: The state slots per parameter, in order.
         dtype: The parameters' numpy type.
+        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double); False
+            writes them in the parameters' type (fewer passes, an ulp apart).
     """
 
     rule: Rule
@@ -42,6 +44,7 @@ class Layout:
     group_of: Mapping[str, int]
     states: tuple[str, ...]
     dtype: np.dtype
+    exact: bool = True
 
 
 class GroupUpdater:
@@ -77,7 +80,7 @@ class GroupUpdater:
         """
         w, layout = self.w, self.layout
         spec = layout.groups[group]
-        hyper = {**spec["hyper"], "dtype": layout.dtype}
+        hyper = {**spec["hyper"], "dtype": layout.dtype if layout.exact else None}
         if group not in self._scalars:
             scale = float(spec["lr_scale"])
             lr = self._lr if scale == 1.0 else w.op("Mul", [self._lr, w.scalar(scale, np.float64)])
@@ -116,7 +119,11 @@ def clip_by_group(
 
 
 def metadata(
-    algorithm: str, groups: Sequence[Mapping[str, Any]], params: Sequence[tuple[str, int]], max_norm: float | None
+    algorithm: str,
+    groups: Sequence[Mapping[str, Any]],
+    params: Sequence[tuple[str, int]],
+    max_norm: float | None,
+    exact: bool = True,
 ) -> str:
     """The JSON an optimizer model in standard ops carries: what :func:`parse_metadata` reads back."""
     plain = [
@@ -128,12 +135,20 @@ def metadata(
         for g in groups
     ]
     return json.dumps(
-        {"algorithm": algorithm, "groups": plain, "params": [list(p) for p in params], "max_norm": max_norm}
+        {
+            "algorithm": algorithm,
+            "groups": plain,
+            "params": [list(p) for p in params],
+            "max_norm": max_norm,
+            **({} if exact else {"exact": False}),
+        }
     )
 
 
-def parse_metadata(text: str) -> tuple[str, tuple[dict[str, Any], ...], tuple[tuple[str, int], ...], float | None]:
-    """Read the optimizer metadata of a model in standard ops: algorithm, groups, parameters' groups, max norm.
+def parse_metadata(
+    text: str,
+) -> tuple[str, tuple[dict[str, Any], ...], tuple[tuple[str, int], ...], float | None, bool]:
+    """Read the optimizer metadata of a model in standard ops: algorithm, groups, parameters' groups, max norm, exact.
 
     Raises:
         PortabilityError: for metadata of another form.
@@ -151,6 +166,9 @@ def parse_metadata(text: str) -> tuple[str, tuple[dict[str, Any], ...], tuple[tu
         )
         params = tuple((str(name), int(index)) for name, index in data["params"])
         max_norm = None if data.get("max_norm") is None else float(data["max_norm"])
+        exact = data.get("exact", True)
+        if not isinstance(exact, bool):
+            raise TypeError(f"exact is {exact!r}, not a bool")
     except (ValueError, KeyError, TypeError) as exc:
         raise PortabilityError(
             f"The optimizer model's optimizer metadata cannot be read ({exc}). Rebuild the optimizer model with "
@@ -161,7 +179,7 @@ def parse_metadata(text: str) -> tuple[str, tuple[dict[str, Any], ...], tuple[tu
             "The optimizer model's optimizer metadata names a parameter group that does not exist. Rebuild the "
             "optimizer model with onnxblocks.optim."
         )
-    return found.name, groups, params, max_norm
+    return found.name, groups, params, max_norm, exact
 
 
 __all__ = ["GroupUpdater", "Layout", "metadata", "parse_metadata"]

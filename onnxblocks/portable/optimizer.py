@@ -92,6 +92,7 @@ class OptimizerSpec:
         groups: For an optimizer in standard ops: each parameter group's hyperparameters (the rule's
             defaults filled in) and ``lr_scale`` (its learning rate over the session's); empty for the contrib ops.
         params: The trainable parameters in the optimizer model's order, each with its group's index.
+        exact: For an optimizer in standard ops: round as torch's CPU kernels (see :mod:`~onnxblocks.portable.rules`).
     """
 
     kind: str
@@ -100,6 +101,7 @@ class OptimizerSpec:
     elem_type: int = onnx.TensorProto.FLOAT
     groups: tuple[Mapping[str, Any], ...] = ()
     params: tuple[tuple[str, int], ...] = ()
+    exact: bool = True
 
     @property
     def rule(self) -> _rules.Rule | None:
@@ -119,12 +121,12 @@ class OptimizerSpec:
 
     def to_json(self) -> str:
         """The metadata an optimizer model in standard ops carries (:data:`OPTIMIZER_METADATA`)."""
-        return _groups.metadata(self.kind, self.groups, self.params, self.max_norm)
+        return _groups.metadata(self.kind, self.groups, self.params, self.max_norm, self.exact)
 
     def layout(self) -> _groups.Layout:
         """The groups' layout of a spec with groups (:class:`~onnxblocks.portable.groups.GroupUpdater`)."""
         assert self.rule is not None, "a spec with groups"
-        return _groups.Layout(self.rule, self.groups, dict(self.params), self.states, self.dtype)
+        return _groups.Layout(self.rule, self.groups, dict(self.params), self.states, self.dtype, self.exact)
 
     @property
     def state_inputs(self) -> tuple[str, ...]:
@@ -155,8 +157,8 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     elem = elem or onnx.TensorProto.FLOAT
     meta = next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA), None)
     if meta is not None:  # an optimizer in standard ops
-        algorithm, groups, order, max_norm = _groups.parse_metadata(meta)
-        return OptimizerSpec(algorithm, {}, max_norm, elem, groups, order)
+        algorithm, groups, order, max_norm, exact = _groups.parse_metadata(meta)
+        return OptimizerSpec(algorithm, {}, max_norm, elem, groups, order, exact)
     ops = {n.op_type: n for n in model.graph.node}
     extra = [n.op_type for n in model.graph.node if n.op_type not in (*_UPDATES, INPLACE_CLIP_GRAD_NORM.op_type)]
     updates = [n for n in model.graph.node if n.op_type in _UPDATES]

@@ -49,7 +49,7 @@ class Rule:
         needs: Which slots a group with given hyperparameters keeps.
         scalars: ``(w, hyper, lr, step, dtype) -> scalars`` (``lr``, ``step``: double scalars).
         update: ``(w, hyper, scalars, param, grad, states) -> (param, states)``; ``hyper["dtype"]`` is the
-            parameters' numpy type.
+            parameters' numpy type for torch-exact rounding (:func:`fma`, :func:`sqrt`), None for float32 ops.
     """
 
     name: str
@@ -71,26 +71,27 @@ def _cast(w: Writer, x: ir.Value, dtype: np.dtype) -> ir.Value:
     return w.cast(x, ir.DataType.from_numpy(dtype))
 
 
-def fma(w: Writer, a: ir.Value, b: ir.Value, c: ir.Value, dtype: np.dtype) -> ir.Value:
+def fma(w: Writer, a: ir.Value, b: ir.Value, c: ir.Value, dtype: np.dtype | None) -> ir.Value:
     """``a * b + c`` rounded once, as torch's CPU kernels compute ``add(alpha=)``, ``addcmul`` and ``lerp``.
 
     The compiler fuses them into one fused multiply-add; ONNX has none, so the
     product and sum are taken in double (the product of two floats is exact there)
-    and rounded back to ``dtype`` (the parameters' type).
+    and rounded back to ``dtype`` (the parameters' type). ``dtype=None`` (an optimizer built with
+    ``exact=False``) takes both in the operands' type: two roundings, three fewer passes over memory.
     """
-    if np.dtype(dtype) == np.float64:
+    if dtype is None or np.dtype(dtype) == np.float64:
         return w.op("Add", [w.op("Mul", [a, b]), c])
     up = [w.cast(x, ir.DataType.DOUBLE) for x in (a, b, c)]
     return _cast(w, w.op("Add", [w.op("Mul", up[:2]), up[2]]), np.dtype(dtype))
 
 
-def sqrt(w: Writer, x: ir.Value, dtype: np.dtype) -> ir.Value:
+def sqrt(w: Writer, x: ir.Value, dtype: np.dtype | None) -> ir.Value:
     """``sqrt(x)`` correctly rounded, as torch's CPU kernel takes it.
 
     ONNX Runtime's vectorised float ``Sqrt`` may be off by an ulp, so it is taken
-    in double and rounded back to ``dtype``.
+    in double and rounded back to ``dtype`` (``None``: ONNX Runtime's ``Sqrt`` as it is).
     """
-    if np.dtype(dtype) == np.float64:
+    if dtype is None or np.dtype(dtype) == np.float64:
         return w.op("Sqrt", [x])
     return _cast(w, w.op("Sqrt", [w.cast(x, ir.DataType.DOUBLE)]), np.dtype(dtype))
 
