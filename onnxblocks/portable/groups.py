@@ -167,13 +167,16 @@ def parse_metadata(
         params = tuple((str(name), int(index)) for name, index in data["params"])
         max_norm = None if data.get("max_norm") is None else float(data["max_norm"])
         exact = data.get("exact", True)
-        if not isinstance(exact, bool):
-            raise TypeError(f"exact is {exact!r}, not a bool")
     except (ValueError, KeyError, TypeError) as exc:
         raise PortabilityError(
             f"The optimizer model's optimizer metadata cannot be read ({exc}). Rebuild the optimizer model with "
             "onnxblocks.optim."
         ) from None
+    if not isinstance(exact, bool):
+        raise PortabilityError(
+            f"The optimizer model's optimizer metadata has exact={exact!r:.40}, not true or false. Rebuild the "
+            "optimizer model with onnxblocks.optim."
+        )
     if not groups or any(not 0 <= i < len(groups) for _, i in params):
         raise PortabilityError(
             "The optimizer model's optimizer metadata names a parameter group that does not exist. Rebuild the "
