@@ -527,7 +527,9 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     w = OptimizerWriter(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
     sequences = [PARAMS, GRADIENTS, *spec.state_inputs]
     items = {s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)] for s in sequences}
-    order = [n for n, _ in spec.params] if len(spec.params) == count else None
+    if spec.groups and len(spec.params) != count:
+        raise PortabilityError(f"The optimizer model names {len(spec.params)} parameters, not {count}: regenerate it.")
+    order = [n for n, _ in spec.params] if spec.groups else None
     grads = clip(w, spec, items[GRADIENTS], order or [f"#{i}" for i in range(count)])
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}
     produced: tuple[str, ...] = (PARAMS, *spec.state_inputs[: spec.updated_states])
