@@ -106,17 +106,68 @@ def _fit_to(w: Writer, y: ir.Value, like: ir.Value, spatial: int, out: str | ir.
     w.op("Pad", [cut, pads], out)
 
 
-def _transposed(w: Writer, dy: ir.Value | None, weight: ir.Value | None, window: _Window, group: int = 1) -> ir.Value:
+def _transposed(
+    w: Writer,
+    dy: ir.Value | None,
+    weight: ir.Value | None,
+    window: _Window,
+    group: int = 1,
+    out: str | ir.Value | None = None,
+) -> ir.Value:
     """``ConvTranspose(dy, weight)`` with the window's strides, dilations and leading pads only."""
     begin = window.pads[: window.spatial]
     return w.op(
         "ConvTranspose",
         [dy, weight],
+        out,
         group=group,
         strides=window.strides,
         dilations=window.dilations,
         pads=begin + [0] * window.spatial,
     )
+
+
+def _transposed_into(
+    ctx: LoweringContext,
+    w: Writer,
+    dy: ir.Value | None,
+    weight: ir.Value | None,
+    x: ir.Value | None,
+    window: _Window,
+    group: int,
+    out: str | ir.Value,
+) -> None:
+    """``out = _fit_to(_transposed(dy, weight), x)``, with the cut and the pad written only where needed.
+
+    When the spatial sizes of ``dY``, ``X`` and the kernel are static (a dynamic batch leaves them so), the
+    transposed convolution's size is known: it is written straight to ``out`` when it is ``X``'s (each
+    ``Slice`` and ``Pad`` copies the whole gradient), else cut or padded by constants.
+    """
+    spatial = window.spatial
+    dy_dims, x_dims, w_dims = ctx.shape(dy), ctx.shape(x), ctx.shape(weight)
+    kernel = window.kernel or (w_dims[2:] if w_dims is not None else None)
+    sizes = [dy_dims[2:] if dy_dims else None, x_dims[2:] if x_dims else None, kernel]
+    if any(v is None or len(v) != spatial or any(d is None for d in v) for v in sizes):
+        assert x is not None
+        _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, out)
+        return
+    begin = window.pads[:spatial]
+    dy_sizes, x_sizes, k_sizes = ([int(d or 0) for d in v or []] for v in sizes)
+    have = [
+        s * (n - 1) + (k - 1) * d + 1 - b
+        for n, k, s, d, b in zip(dy_sizes, k_sizes, window.strides, window.dilations, begin, strict=True)
+    ]
+    want = x_sizes
+    cut = [min(h, x) for h, x in zip(have, want, strict=True)]
+    missing = [x - c for x, c in zip(want, cut, strict=True)]
+    if cut == have and not any(missing):
+        _transposed(w, dy, weight, window, group, out)
+        return
+    y = _transposed(w, dy, weight, window, group)
+    if cut != have:
+        y = w.slice(y, [0] * spatial, cut, list(range(2, 2 + spatial)), out=None if any(missing) else out)
+    if any(missing):
+        w.op("Pad", [y, w.ints([0] * (2 + spatial + 2) + missing)], out)
 
 
 def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
@@ -137,7 +188,7 @@ def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     if db:
         w.reduce("ReduceSum", w.reshape(dy, [0, 0, -1]), [0, 2], keepdims=0, out=db)
     if dx:
-        _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, dx)
+        _transposed_into(ctx, w, dy, weight, x, window, group, dx)
     if dw:
         x_shape, dy_shape = w.shape(x), w.shape(dy)
         batch = w.op("Gather", [x_shape, w.ints([0])], axis=0)

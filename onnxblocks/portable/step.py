@@ -34,7 +34,7 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import _parameters, accumulators
-from onnxblocks.portable.optimizer import OptimizerSpec, OptimizerWriter, clip, update_parameters
+from onnxblocks.portable.updates import OptimizerSpec, OptimizerWriter, clip, update_parameters
 
 
 class FuseStep(Pass):

@@ -14,11 +14,9 @@ before each ONNX Runtime call that takes such data:
   zero-size dimension the model does not declare is refused always (about 0.5 µs
   a step); index inputs (class labels, token ids) are checked against their range
   when ``check_inputs`` is on (the default), because that reads every element. The
-  session runs the whole check once per batch signature (types, dtypes, shapes,
-  strides) and then only :meth:`BatchGuard.check_checked`: for an input whose
-  values must lie in ``[0, high)`` one ``max`` of the values viewed as unsigned (a
-  negative value reads as a huge one), else a ``min`` and a ``max``
-  (``benchmarks/bench_guards.py``, ``benchmarks/bench_portable.py --only overhead``).
+  session checks all once per batch signature, then only the values
+  (:meth:`BatchGuard.check_checked`: one ``max`` of the values viewed as unsigned
+  for a ``[0, high)`` input, else a ``min`` and a ``max``; ``bench_guards.py``).
 
 Which inputs are indices, and their ranges, is read from the model: an integer
 graph input that reaches, through reshapes, casts and ``Where``, the label input
@@ -327,19 +325,11 @@ class BatchGuard:
             names = [s.name for s in self.specs]
             for rule in index_rules(model, names):
                 self.rules.setdefault(names.index(rule.input), []).append(rule)
-        #: Per index input whose values must all be in ``[0, high)`` (no ``ignore_index``): the smallest ``high``.
-        self._below: dict[int, int] = {}
+        self._fast: dict[int, tuple[int, np.dtype]] = {}  # [0, high) inputs, no ignore_index: (high, unsigned)
         for index, rules in self.rules.items():
-            if all(r.low == 0 and r.high is not None and not r.allowed for r in rules):
-                self._below[index] = min(int(r.high) for r in rules if r.high is not None)
-        #: The one-reduction checks of inputs of a known integer dtype: (index, high, unsigned view type).
-        self._fast: list[tuple[int, int, np.dtype]] = []
-        for index, high in self._below.items():
-            dtype = self.specs[index].dtype
-            unsigned = _UNSIGNED.get(dtype) if dtype is not None else None
-            if unsigned is not None:
-                self._fast.append((index, high, unsigned))
-        self._slow = {i: r for i, r in self.rules.items() if i not in {f[0] for f in self._fast}}
+            unsigned = _UNSIGNED.get(self.specs[index].dtype)
+            if unsigned is not None and all(r.low == 0 and r.high is not None and not r.allowed for r in rules):
+                self._fast[index] = (min(int(r.high or 0) for r in rules), unsigned)
 
     def check(self, arrays: Sequence[Any], what: str, values: bool = True) -> None:
         """Refuse an empty batch, and (``values``) index values out of range.
@@ -361,61 +351,37 @@ class BatchGuard:
                     continue  # ragged: the dtype and shape check says what is wrong
             if 0 in shape:
                 _refuse_empty(spec, tuple(shape), what)
-        if values:
-            self.check_values(arrays, what)
+        for index, rules in self.rules.items() if values else ():
+            if index < len(arrays):
+                _check_values(rules, arrays[index], what)
 
     def check_checked(self, arrays: Sequence[np.ndarray], what: str) -> None:
-        """:meth:`check_values` of a batch whose types, dtypes and shapes passed the checks before.
-
-        An index input whose rules all read ``[0, high)`` with no value allowed besides costs one
-        reduction: the maximum of its values read as unsigned (a negative value reads as a huge one).
-
-        Raises:
-            ValueError: naming the input, the offending value and its position, and the valid range.
-        """
-        for index, high, unsigned in self._fast:
+        """The value checks of a batch whose signature passed :meth:`check`: ``[0, high)`` costs one max."""
+        for index, rules in self.rules.items():
+            fast = self._fast.get(index)
             array = arrays[index]
-            if array.size and int(_MAXIMUM(array.view(unsigned))) >= high:
-                _refuse_all(self.rules[index], array, what)
-        if self._slow:
-            self.check_values(arrays, what, self._slow)
-
-    def check_values(
-        self, arrays: Sequence[Any], what: str, rules_by_input: dict[int, list[IndexRule]] | None = None
-    ) -> None:
-        """Refuse index values out of range (``rules_by_input``: those of some inputs only; default: all).
-
-        Raises:
-            ValueError: naming the input, the offending value and its position, and the valid range.
-        """
-        count = len(arrays)
-        for index, rules in (self.rules if rules_by_input is None else rules_by_input).items():
-            if index >= count:
-                continue
-            array = arrays[index]
-            if type(array) is not np.ndarray:
-                try:
-                    array = np.asarray(array)
-                except ValueError:
-                    continue
-            if array.dtype.kind not in "iu" or array.size == 0:
-                continue
-            low, top = int(array.min()), int(array.max())
-            for rule in rules:
-                if (rule.low is not None and low < rule.low) or (rule.high is not None and top >= rule.high):
-                    _refuse_indices(rule, array, what)
+            if fast is None or (array.size and int(_MAXIMUM(array.view(fast[1]))) >= fast[0]):
+                _check_values(rules, array, what)
 
 
-#: The unsigned type of the same size as each signed integer type (a view reads negatives as huge values).
-_UNSIGNED = {np.dtype(f"int{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)} | {
-    np.dtype(f"uint{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)
-}
-_MAXIMUM = np.maximum.reduce
-
-
-def _refuse_all(rules: Sequence[IndexRule], array: np.ndarray, what: str) -> None:
+def _check_values(rules: Sequence[IndexRule], array: Any, what: str) -> None:
+    """Refuse values of ``array`` out of the ``rules``' range (a ``min`` and a ``max``)."""
+    if type(array) is not np.ndarray:
+        try:
+            array = np.asarray(array)
+        except ValueError:
+            return
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return
+    low, top = int(array.min()), int(array.max())
     for rule in rules:
-        _refuse_indices(rule, array, what)
+        if (rule.low is not None and low < rule.low) or (rule.high is not None and top >= rule.high):
+            _refuse_indices(rule, array, what)
+
+
+_UNSIGNED: dict[np.dtype | None, np.dtype] = {np.dtype(f"int{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)}
+_UNSIGNED |= {np.dtype(f"uint{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)}
+_MAXIMUM = np.maximum.reduce
 
 
 def _refuse_empty(spec: InputSpec, shape: tuple[int, ...], what: str) -> None:

@@ -212,17 +212,18 @@ def _per_tensor_model(model: onnx.ModelProto, flat_limit: int) -> onnx.ModelProt
     import onnx_ir as ir
 
     from onnxblocks.portable import optimizer as portable_optimizer
+    from onnxblocks.portable import updates
 
     params = [
         ir.Value(name=f"p{i}", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(list(s)))
         for i, s in enumerate(SHAPES)
     ]
-    saved = portable_optimizer.FLAT_LIMIT
-    portable_optimizer.FLAT_LIMIT = flat_limit
+    saved = updates.FLAT_LIMIT
+    updates.FLAT_LIMIT = flat_limit
     try:
         return portable_optimizer.optimizer_model(model, params)
     finally:
-        portable_optimizer.FLAT_LIMIT = saved
+        updates.FLAT_LIMIT = saved
 
 
 def _run_per_tensor(model: onnx.ModelProto, adamw: bool) -> list[list[np.ndarray]]:
