@@ -5,7 +5,7 @@ tensors later) needs to apply a rule of :mod:`onnxblocks.portable.rules`: the
 groups' hyperparameters and learning-rate scales, each parameter's group, the state
 slots and the element type. :class:`GroupUpdater` writes each group's scalars once
 and the elementwise update per parameter or per flat buffer of a group's parameters
-(``onnxblocks.portable.optimizer.update_parameters`` picks the layout). :func:`metadata` / :func:`parse_metadata`
+(``onnxblocks.portable.updates.update_parameters`` picks the layout). :func:`metadata` / :func:`parse_metadata`
 are the JSON an optimizer model built by :mod:`onnxblocks.optim` carries under
 ``onnxblocks.optimizer``.
 """
