@@ -2,32 +2,41 @@
 
 One run measures, side by side:
 
-* **step time**: one training step (forward, backward, AdamW update) of the
-  training build's artifacts on onnxruntime-training 1.19.2 (this Python, 3.10-3.12)
-  and of portable artifacts (``generate_artifacts(..., portable=True)``) on stock
-  onnxruntime under Python 3.13 (a cached venv, see ``tests/support/portable_env.py``), with
-  the fused step model (one run) and without it (``fused_step=False``: training
-  model + optimizer model), for an MLP 784-512-512-10, a CNN and a small GPT;
-* **session overhead**: ``TrainingSession.step`` against ONNX Runtime's bare API on
-  the same artifacts (784-128-10 MLP), on both backends. The bare loop of the
-  training build is the C bindings' ``Module.train_step`` + ``Optimizer.optimizer_step``
-  + ``lazy_reset_grad``, every output turned into numpy (what
-  ``onnxruntime.training.api.Module.__call__`` returns). The bare loop of the
+* **step time** (``--only steps``): one training step (forward, backward, AdamW
+  update; ``TrainingSession.train_and_update``) of real architectures
+  (``portable_real_models.py``: ResNet-18, MobileNetV2, EfficientNet-B0, ViT, GPT-2,
+  LLaMA, BERT configs from ``transformers`` with random init, and an LSTM; or the
+  small ``mlp``, ``cnn``, ``gpt``) on the training build (onnxruntime-training 1.19.2,
+  this Python) and as portable artifacts (``generate_artifacts(..., portable=True)``,
+  the fused step model) on stock onnxruntime under Python 3.13 (a cached venv, see
+  ``tests/support/portable_env.py``), run by a worker process kept open. The two
+  runtimes **alternate** in blocks of ``--steps`` steps (the order flips every round),
+  and each side's time is the median of its single steps. It prints each model's
+  ratio and the median ratio; a model that fails to export or generate is reported
+  and skipped. ``--profile`` adds ORT's per-op-type profile of each step model
+  (``SessionOptions.enable_profiling``); ``--unfused`` also times the training +
+  optimizer models;
+* **session overhead** (``--only overhead``): ``TrainingSession.step`` against ONNX
+  Runtime's bare API on the same artifacts (784-128-10 MLP), on both backends. The
+  bare loop of the training build is the C bindings' ``Module.train_step`` +
+  ``Optimizer.optimizer_step`` + ``lazy_reset_grad``, every output turned into numpy
+  (what ``onnxruntime.training.api.Module.__call__`` returns). The bare loop of the
   portable backend is the same artifacts on a stock ``InferenceSession`` with two
-  IOBindings bound once (ping-pong buffers), the batch bound per step.
-
-Timing: each measurement alternates the compared loops in rounds (``--rounds``) of
-``--steps`` steps after a warm-up, and reports the median of the per-round means, so
-machine noise hits both sides alike.
+  IOBindings bound once (ping-pong buffers), the batch bound per step. The loops take
+  turns step by step, without spinning thread pools.
 
     python benchmarks/bench_portable.py                      # everything
+    python benchmarks/bench_portable.py --only steps --models resnet18,gpt2 --profile
     python benchmarks/bench_portable.py --only overhead      # the overhead table
     python benchmarks/bench_portable.py --json out.json
+
+Needs ``transformers`` for the real models (``pip install torch==2.13.0 transformers``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import os
@@ -39,6 +48,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from portable_real_models import REAL_MODELS, export_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,6 +56,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 BATCH = 64
+#: The models measured by default: real architectures (``portable_real_models.py``).
+REAL = "resnet18,mobilenet_v2,efficientnet_b0,vit,gpt2,llama,bert,lstm"
 
 
 # ------------------------------------------------------------------ models (built with onnx, no torch)
@@ -152,6 +164,14 @@ def build_models(names: list[str]) -> dict:
             labels = np.random.default_rng(2).integers(0, 10, BATCH).astype(np.int64)
         elif name == "gpt":
             model, params, inputs, labels = _gpt()
+        elif name in REAL_MODELS:
+            try:
+                model, params, batch = export_model(name)
+            except Exception as error:  # a model that fails to export is reported
+                print(f"{name}: export failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                continue
+            out[name] = (model, params, batch)
+            continue
         else:
             raise KeyError(name)
         out[name] = (model, params, [*inputs, labels])
@@ -228,6 +248,7 @@ def _options(spin: bool = True):
     from onnxblocks._core.ort import onnxruntime
 
     options = onnxruntime().SessionOptions()
+    options.log_severity_level = 3  # no "Removing initializer" warnings of the training build's eval models
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
@@ -419,19 +440,274 @@ def run_py313(jobs: list[dict]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# ------------------------------------------------------------------ the step table: both runtimes, alternating
+def _load_batch(path: str) -> list[np.ndarray]:
+    with np.load(path) as data:
+        return [data[k] for k in sorted(data.files, key=lambda k: int(k[1:]))]
+
+
+def _block(step, steps: int) -> list[float]:
+    """Times (s) of ``steps`` calls of ``step``."""
+    clock, out = time.perf_counter, []
+    for _ in range(steps):
+        start = clock()
+        step()
+        out.append(clock() - start)
+    return out
+
+
+def profile_step(directory: Path, batch: list[np.ndarray], steps: int, top: int = 12) -> dict:
+    """Per-op-type time (ms per step) of the step model (or training + optimizer model) from ORT's profiler.
+
+    The session runs ``steps`` steps with ``SessionOptions.enable_profiling``; the profile's node events
+    (``*_kernel_time``) are summed per op type and divided by the steps (the warm-up step excluded).
+    """
+    from onnxblocks.runtime import TrainingSession
+
+    options = _options()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(directory / "profile")
+    session = TrainingSession(directory, backend="portable", session_options=options)
+    session.train_and_update(*batch)
+    for _ in range(steps):
+        session.train_and_update(*batch)
+    impl = session._impl
+    files = []
+    for sess in _inference_sessions(impl):
+        files.append(sess.end_profiling())
+    by_op: dict[str, list[float]] = {}
+    runs = 0
+    for name in files:
+        events = json.loads(Path(name).read_text())
+        runs = max(runs, sum(1 for e in events if e.get("name") == "model_run"))
+        for e in events:
+            if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time"):
+                op = e.get("args", {}).get("op_name", "?")
+                by_op.setdefault(op, []).append(e["dur"])
+    total = {op: sum(v) / 1e3 / max(runs, 1) for op, v in by_op.items()}
+    nodes = {op: len(v) // max(runs, 1) for op, v in by_op.items()}
+    ranked = sorted(total, key=total.__getitem__, reverse=True)[:top]
+    return {
+        "ms_per_step": sum(total.values()),
+        "ops": [[op, round(total[op], 3), nodes[op]] for op in ranked],
+        "nodes": sum(nodes.values()),
+    }
+
+
+def _inference_sessions(impl) -> list:
+    """The stock ``InferenceSession`` objects the portable backend ran (the step model's, else training + optimizer)."""
+    fused = getattr(impl, "_fused", None)
+    if fused is not None:
+        return [fused.session]
+    return [m.session for m in (impl._train, impl._optimizer) if m is not None]
+
+
+def step_worker() -> int:
+    """``--step-worker``: a JSON line per command on stdin, a JSON line per answer on stdout.
+
+    ``{"open": directory, "batch": npz}`` opens a portable session; ``{"run": steps}`` runs a block and
+    answers its step times; ``{"profile": steps}`` profiles the open model; ``{"quit": true}`` ends.
+    """
+    import onnxruntime
+
+    from onnxblocks.runtime import TrainingSession
+
+    session = batch = directory = None
+    print(json.dumps({"onnxruntime": onnxruntime.__version__, "python": sys.version.split()[0]}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            if "open" in command:
+                directory = Path(command["open"])
+                batch = _load_batch(command["batch"])
+                session = TrainingSession(directory, backend="portable", session_options=_options())
+                answer: dict = {"ok": True}
+            elif "run" in command:
+                assert session is not None and batch is not None
+                answer = {"times": _block(functools.partial(session.train_and_update, *batch), command["run"])}
+            elif "profile" in command:
+                assert directory is not None and batch is not None
+                answer = profile_step(directory, batch, command["profile"])
+            else:
+                return 0
+        except Exception as error:  # reported to the parent, which prints it
+            answer = {"error": f"{type(error).__name__}: {str(error)[:400]}"}
+        print(json.dumps(answer), flush=True)
+    return 0
+
+
+class Remote:
+    """The Python 3.13 step worker, kept running: the parent alternates blocks between it and its own loop."""
+
+    def __init__(self) -> None:
+        from support.portable_env import ensure_python313
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+        self.process = subprocess.Popen(
+            [str(ensure_python313()), __file__, "--step-worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.version = self._read()
+
+    def _read(self) -> dict:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("the Python 3.13 step worker ended (see its stderr above)")
+        return json.loads(line)
+
+    def ask(self, command: dict) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.ask({"quit": True}) if self.process.poll() is None else None
+        self.process.wait(timeout=60)
+
+
+def _generate_cases(names: list[str], work: Path, unfused: bool) -> list[dict]:
+    """Export and generate each model's artifacts; a model that fails to export or generate is reported."""
+    cases = []
+    for name in names:
+        built = build_models([name])
+        if name not in built:
+            cases.append({"model": name, "error": "export failed"})
+            continue
+        model, params, batch = built[name]
+        npz = work / f"{name}.npz"
+        np.savez(npz, **{f"a{i}": a for i, a in enumerate(batch)})
+        case: dict = {"model": name, "batch": str(npz), "params": len(params)}
+        try:
+            case["training"] = str(generate(model, params, work / name / "training", portable=False))
+            case["portable fused"] = str(generate(model, params, work / name / "portable", portable=True))
+            if unfused:
+                case["portable unfused"] = str(
+                    generate(model, params, work / name / "portable-unfused", portable=True, fused=False)
+                )
+        except Exception as error:  # reported in the table
+            case["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        cases.append(case)
+        print(f"generated {name:16} {case.get('error', 'ok')}", flush=True)
+    return cases
+
+
+def step_table(args: argparse.Namespace, work: Path) -> list[dict]:
+    """Step time of each model, training build (here) and portable artifacts (the 3.13 worker), alternating."""
+    from onnxblocks.runtime import TrainingSession
+
+    cases = _generate_cases(args.models.split(","), work, args.unfused)
+    remote = Remote()
+    label = f"py{remote.version['python']}, ort {remote.version['onnxruntime']}"
+    print(f"portable side: {label}; training build: py{sys.version.split()[0]}", flush=True)
+    rows = []
+    try:
+        for case in cases:
+            row = {"model": case["model"], "params": case.get("params")}
+            rows.append(row)
+            if "error" in case:
+                row["error"] = case["error"]
+                print(f"step  {case['model']:16} not measured: {case['error']}", flush=True)
+                continue
+            batch = _load_batch(case["batch"])
+            local = TrainingSession(Path(case["training"]), backend="training", session_options=_options())
+            step = functools.partial(local.train_and_update, *batch)
+            kinds = [k for k in ("portable fused", "portable unfused") if k in case]
+            times: dict[str, list[float]] = {"training": [], **{k: [] for k in kinds}}
+            for kind in kinds:
+                opened = remote.ask({"open": case[kind], "batch": case["batch"]})
+                if "error" in opened:
+                    row["error"] = opened["error"]
+                    break
+                remote.ask({"run": args.warmup})
+                _block(step, args.warmup)
+                for r in range(args.rounds):
+                    order = [("local", step), ("remote", None)]
+                    for where, _ in order if r % 2 == 0 else order[::-1]:
+                        if where == "local":
+                            times["training"] += _block(step, args.steps)
+                        else:
+                            times[kind] += remote.ask({"run": args.steps})["times"]
+                if args.profile and kind == "portable fused":
+                    row["profile"] = remote.ask({"profile": args.steps})
+            if "error" in row:
+                print(f"step  {case['model']:16} failed on stock onnxruntime: {row['error']}", flush=True)
+                continue
+            for key, values in times.items():
+                row[key] = statistics.median(values) * 1e3
+            row["ratio"] = row["portable fused"] / row["training"]
+            print(
+                f"step  {case['model']:16} training build {row['training']:8.2f} ms   "
+                + "   ".join(f"{k} {row[k]:8.2f} ms ({row[k] / row['training']:.2f}x)" for k in kinds),
+                flush=True,
+            )
+            if "profile" in row:
+                p = row["profile"]
+                print(f"      profile: {p['nodes']} nodes, {p['ms_per_step']:.1f} ms/step in kernels; by op type:")
+                for op, ms, count in p["ops"]:
+                    print(f"        {op:28} {ms:8.2f} ms  x{count}")
+    finally:
+        remote.close()
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    print()
+    print("| model | params | training build (ms) | portable fused (ms) | ratio |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if "ratio" in r:
+            times = f"{r['training']:.2f} | {r['portable fused']:.2f}"
+            print(f"| {r['model']} | {r['params']} | {times} | {r['ratio']:.2f}x |")
+        else:
+            print(f"| {r['model']} | {r.get('params')} | - | - | {r['error']} |")
+    if ratios:
+        print(f"median ratio over {len(ratios)} models: {statistics.median(ratios):.2f}x")
+    return rows
+
+
+def overhead_table(args: argparse.Namespace, work: Path, report: dict) -> None:
+    """The session's overhead against ONNX Runtime's bare API (784-128-10 MLP), on both backends."""
+    model, params, batch = build_models(["mlp-small"])["mlp-small"]
+    np.savez(work / "mlp-small.npz", **{f"a{i}": a for i, a in enumerate(batch)})
+    training = generate(model, params, work / "mlp-small" / "training", portable=False)
+    fused = generate(model, params, work / "mlp-small" / "portable", portable=True, fused=True)
+    assert training is not None
+    got = measure("training", training, batch, args.overhead_steps, args.rounds, args.warmup, overhead=True)
+    report["overhead"].append({"model": "mlp-small", "label": "training build (py3.11, ort-training 1.19.2)", **got})
+    job = {
+        "directory": str(fused),
+        "batch": str(work / "mlp-small.npz"),
+        "steps": args.overhead_steps,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "overhead": True,
+    }
+    remote = run_py313([job])
+    label = f"portable fused (py{remote['python']}, ort {remote['onnxruntime']})"
+    report["overhead"].append({"model": "mlp-small", "label": label, **remote["results"][0]})
+    _summary(report)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--step-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=("steps", "overhead"), default=None)
-    parser.add_argument("--models", default="mlp,cnn,gpt")
-    parser.add_argument("--steps", type=int, default=40, help="steps per block")
+    parser.add_argument("--models", default=REAL, help=f"comma-separated: {REAL},mlp,cnn,gpt")
+    parser.add_argument("--steps", type=int, default=10, help="steps per block")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--unfused", action="store_true", help="also time training + optimizer models")
+    parser.add_argument("--profile", action="store_true", help="ORT's per-op-type profile of each step model")
     parser.add_argument("--overhead-steps", type=int, default=300)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.worker:
         return worker()
+    if args.step_worker:
+        return step_worker()
     import onnxruntime  # noqa: F401  (the training build, for the version line)
 
     from onnxblocks._core.ort import onnxruntime as ort_module
@@ -443,70 +719,16 @@ def main() -> int:
         "overhead": [],
     }
     work = Path(tempfile.mkdtemp(prefix="bench-portable-"))
-    cases: list[tuple[str, str]] = []  # (table, model)
     if args.only != "overhead":
-        cases += [("steps", m) for m in args.models.split(",")]
+        report["steps"] = step_table(args, work)
     if args.only != "steps":
-        cases.append(("overhead", "mlp-small"))
-    models = build_models(sorted({m for _, m in cases}))
-    jobs, local = [], []
-    for table, name in cases:
-        model, params, batch = models[name]
-        np.savez(work / f"{name}.npz", **{f"a{i}": a for i, a in enumerate(batch)})
-        base = work / name
-        training = generate(model, params, base / "training", portable=False)
-        fused = generate(model, params, base / "portable", portable=True, fused=True)
-        unfused = (
-            generate(model, params, base / "portable-unfused", portable=True, fused=False) if table == "steps" else None
-        )
-        steps = args.overhead_steps if table == "overhead" else args.steps
-        local.append((table, name, "training build (py3.11, ort-training 1.19.2)", training, batch, steps))
-        for label, directory in (("portable fused", fused), ("portable unfused", unfused)):
-            if directory is not None:
-                jobs.append(
-                    {
-                        "table": table,
-                        "model": name,
-                        "label": label,
-                        "directory": str(directory),
-                        "batch": str(work / f"{name}.npz"),
-                        "steps": steps,
-                        "rounds": args.rounds,
-                        "warmup": args.warmup,
-                        "overhead": table == "overhead",
-                    }
-                )
-    for table, name, label, directory, batch, steps in local:
-        got = measure("training", directory, batch, steps, args.rounds, args.warmup, overhead=table == "overhead")
-        report[table].append({"model": name, "label": label, **got})
-        print(f"{table:8} {name:9} {label:45} " + "  ".join(f"{k} {v:9.1f} us" for k, v in got.items()), flush=True)
-    if jobs:
-        remote = run_py313(jobs)
-        for job, got in zip(jobs, remote["results"], strict=True):
-            label = f"{job['label']} (py{remote['python']}, ort {remote['onnxruntime']})"
-            report[job["table"]].append({"model": job["model"], "label": label, **got})
-            print(
-                f"{job['table']:8} {job['model']:9} {label:45} "
-                + "  ".join(f"{k} {v:9.1f} us" for k, v in got.items()),
-                flush=True,
-            )
-    else:
-        print("portable artifacts: generate_artifacts has no portable=True here; portable rows skipped", flush=True)
-    print()
-    _summary(report)
+        overhead_table(args, work, report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
 
 
 def _summary(report: dict) -> None:
-    steps: dict[str, dict[str, float]] = {}
-    for row in report["steps"]:
-        steps.setdefault(row["model"], {})[row["label"]] = row.get("session", float("nan"))
-    for model, rows in steps.items():
-        base = next((v for k, v in rows.items() if k.startswith("training build")), float("nan"))
-        for label, value in rows.items():
-            print(f"step time  {model:9} {label:60} {value:9.1f} us  ({value / base:5.2f}x the training build)")
     for row in report["overhead"]:
         if "bare" in row:
             for key, layer in (("session", "layer"), ("session unchecked", "layer unchecked")):

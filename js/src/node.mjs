@@ -9,7 +9,7 @@ import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
-export { parseState, serializeState, momentNames, STATE_FORMAT } from './state.mjs';
+export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
 export { ort };

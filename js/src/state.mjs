@@ -4,13 +4,15 @@
 // (`Trainer.state()`), read by both; `onnxblocks.web.state_to_checkpoint` turns it back into
 // an ONNX Runtime checkpoint. Layout (docs/web.md):
 //
-//   tensors:       every parameter by name; AdamW moments as `<p>.exp_avg`, `<p>.exp_avg_sq`
-//                  (the fused step model's input names), when the state has them
+//   tensors:       every parameter by name; the optimizer's state tensors as `<p>.exp_avg`,
+//                  `<p>.exp_avg_sq`, `<p>.state2`, `<p>.state3` (the fused step model's input names),
+//                  when the state has them
 //   __metadata__:  format     "onnxblocks-web/1"
 //                  trainable  JSON list of the trainable parameters, in order
 //                  frozen     JSON list of the frozen parameters
 //                  step       optimizer steps taken so far (decimal)
 //                  learning_rate  JSON number: the learning rate the state was saved with (optional)
+//                  states     state tensors per trainable parameter (decimal, 1 to 4; absent: 2, AdamW's)
 //                  other keys (e.g. the checkpoint's properties) are kept as they are
 
 import { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
@@ -21,7 +23,9 @@ import { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export const STATE_FORMAT = 'onnxblocks-web/1';
 /** Suffixes of a parameter's AdamW moments (onnxblocks `_core/contracts.py`: `moment_names`). */
 export const MOMENT_SUFFIXES = /** @type {const} */ (['.exp_avg', '.exp_avg_sq']);
-const OWN_KEYS = new Set(['format', 'trainable', 'frozen', 'step', 'learning_rate']);
+const OWN_KEYS = new Set(['format', 'trainable', 'frozen', 'step', 'learning_rate', 'states']);
+/** The most state tensors per parameter an optimizer keeps (onnxblocks `_core/contracts.py`: MAX_STATES). */
+export const MAX_STATES = 4;
 
 /**
  * Parameters and optimizer state, in JavaScript memory.
@@ -32,6 +36,7 @@ const OWN_KEYS = new Set(['format', 'trainable', 'frozen', 'step', 'learning_rat
  * @property {number} step  optimizer steps taken
  * @property {number | null} learningRate  learning rate saved with the state, if any
  * @property {Record<string, string>} extra  other metadata, written back unchanged
+ * @property {number} [states]  state tensors per trainable parameter the optimizer declares (default 2)
  */
 
 /**
@@ -41,6 +46,19 @@ const OWN_KEYS = new Set(['format', 'trainable', 'frozen', 'step', 'learning_rat
  */
 export function momentNames(param) {
   return [param + MOMENT_SUFFIXES[0], param + MOMENT_SUFFIXES[1]];
+}
+
+/**
+ * The names of a parameter's first `count` optimizer state tensors, in slot order
+ * (onnxblocks `_core/contracts.py`: `state_names`): the two moments, then `<p>.state2`, `<p>.state3`.
+ * @param {string} param
+ * @param {number} [count]
+ * @returns {string[]}
+ */
+export function stateNames(param, count = MAX_STATES) {
+  const names = [...momentNames(param)];
+  for (let k = 2; k < MAX_STATES; k++) names.push(`${param}.state${k}`);
+  return names.slice(0, count);
 }
 
 /** Largest step counter (onnxblocks `_core/hyperparams.py`: MAX_STEP, the largest exact JavaScript integer). */
@@ -73,13 +91,17 @@ export function parseState(bytes, what = 'state file') {
   for (const name of [...trainable, ...frozen]) {
     if (!tensors.has(name)) throw new RangeError(`${what}: parameter '${name}' is listed in the metadata but has no tensor`);
   }
-  const known = new Set([...trainable, ...frozen, ...trainable.flatMap(momentNames)]);
+  const statesText = metadata.states ?? '2';
+  const states = /^[0-9]{1,2}$/.test(statesText) ? Number(statesText) : NaN;
+  if (!(states >= 1 && states <= MAX_STATES)) throw new RangeError(`${what}: __metadata__.states ${JSON.stringify(statesText)} must be an integer in [1, ${MAX_STATES}]`);
+  const known = new Set([...trainable, ...frozen, ...trainable.flatMap((name) => stateNames(name, states))]);
   const stray = [...tensors.keys()].filter((name) => !known.has(name));
   if (stray.length) throw new RangeError(`${what}: tensors ${JSON.stringify(stray.slice(0, 5))} are neither listed parameters nor their moments`);
   for (const name of trainable) {
     const param = /** @type {NamedTensor} */ (tensors.get(name));
-    const present = momentNames(name).filter((m) => tensors.has(m));
-    if (present.length === 1) throw new RangeError(`${what}: '${name}' has only one of its two moments (${present[0]})`);
+    const present = stateNames(name, states).filter((m) => tensors.has(m));
+    if (states === 2 && present.length === 1) throw new RangeError(`${what}: '${name}' has only one of its two moments (${present[0]})`);
+    if (present.length && present.length !== states) throw new RangeError(`${what}: '${name}' has ${present.length} of its ${states} optimizer state tensors; give all or none`);
     for (const moment of present) {
       const value = /** @type {NamedTensor} */ (tensors.get(moment));
       if (value.dtype !== param.dtype || value.shape.join(',') !== param.shape.join(',')) {
@@ -99,7 +121,7 @@ export function parseState(bytes, what = 'state file') {
   }
   checkProperties(metadata.properties, what);
   const extra = Object.fromEntries(Object.entries(metadata).filter(([key]) => !OWN_KEYS.has(key)));
-  return { tensors, trainable, frozen, step, learningRate, extra };
+  return { tensors, trainable, frozen, step, learningRate, extra, states };
 }
 
 /**
@@ -155,7 +177,8 @@ export function serializeState(state) {
     if (!state.tensors.has(name)) throw new RangeError(`state: parameter '${name}' has no tensor`);
     add(name);
   }
-  for (const name of state.trainable) momentNames(name).forEach(add);
+  const states = state.states ?? 2;
+  for (const name of state.trainable) stateNames(name, states).forEach(add);
   /** @type {Record<string, string>} */
   const metadata = {
     ...state.extra,
@@ -165,6 +188,7 @@ export function serializeState(state) {
     step: String(state.step),
   };
   if (state.learningRate !== null && Number.isFinite(state.learningRate)) metadata.learning_rate = JSON.stringify(state.learningRate);
+  if (states !== 2) metadata.states = String(states);
   return serializeSafetensors(ordered, metadata);
 }
 

@@ -11,7 +11,7 @@
 // outputs to the next step. This module imports nothing: the ORT package is passed in.
 
 import { elementCount, zeros } from './safetensors.mjs';
-import { momentNames } from './state.mjs';
+import { stateNames, MAX_STATES } from './state.mjs';
 
 /** @typedef {typeof import('onnxruntime-common')} Ort  the module of onnxruntime-web or onnxruntime-node */
 /** @typedef {import('onnxruntime-common').Tensor} Tensor */
@@ -82,14 +82,15 @@ export class Trainer {
     if (missing.length) {
       throw new RangeError(`trainable parameter(s) ${missing.join(', ')} of the state are not inputs with a '.out' output of the step model; was the state written for other artifacts?`);
     }
-    const withMoments = this.trainable.filter((p) => momentNames(p).every((m) => inputs.has(m)));
-    if (withMoments.length && withMoments.length !== this.trainable.length) {
-      throw new RangeError(`the step model takes moments for ${withMoments.length} of ${this.trainable.length} trainable parameters; expected all or none`);
+    // the state tensors the optimizer declares: the step model takes the first k state names of each parameter
+    const counts = this.trainable.map((p) => stateNames(p, MAX_STATES).findIndex((m) => !inputs.has(m))).map((i) => (i < 0 ? MAX_STATES : i));
+    if (new Set(counts).size > 1) {
+      throw new RangeError(`the step model takes ${Math.min(...counts)} to ${Math.max(...counts)} state tensors per trainable parameter; expected the same number for all`);
     }
-    /** The optimizer's state tensors per trainable parameter (AdamW: 2, SGD: 0). */
-    this.momentsPerParameter = withMoments.length ? 2 : 0;
-    /** Names of the tensors the step model updates: each trainable parameter and its moments. */
-    this.updated = this.trainable.flatMap((p) => [p, ...(this.momentsPerParameter ? momentNames(p) : [])]);
+    /** The optimizer's state tensors per trainable parameter (AdamW: 2, SGD: 0, SGD with momentum: 1, Adam with amsgrad: 3). */
+    this.momentsPerParameter = counts.length ? counts[0] : 0;
+    /** Names of the tensors the step model updates: each trainable parameter and its state tensors. */
+    this.updated = this.trainable.flatMap((p) => [p, ...stateNames(p, this.momentsPerParameter)]);
 
     /** @type {Map<string, Tensor>} the current parameters and moments, as ORT tensors */
     this.values = new Map();
@@ -102,7 +103,7 @@ export class Trainer {
     }
     for (const param of this.momentsPerParameter ? this.trainable : []) {
       const source = /** @type {NamedTensor} */ (state.tensors.get(param));
-      for (const name of momentNames(param)) {
+      for (const name of stateNames(param, this.momentsPerParameter)) {
         const saved = state.tensors.get(name);
         if (saved && (saved.dtype !== source.dtype || String(saved.shape) !== String(source.shape))) {
           throw new RangeError(`moment '${name}' is ${saved.dtype} [${saved.shape}], its parameter ${source.dtype} [${source.shape}]`);
@@ -183,7 +184,8 @@ export class Trainer {
     for (const name of [...this.trainable, ...this.frozen, ...this.updated]) {
       if (!tensors.has(name)) tensors.set(name, await fromOrt(name, /** @type {Tensor} */ (this.values.get(name))));
     }
-    return { tensors, trainable: [...this.trainable], frozen: [...this.frozen], step: this.step, learningRate: this.learningRate, extra: { ...this.extra } };
+    const states = this.momentsPerParameter || 2;
+    return { tensors, trainable: [...this.trainable], frozen: [...this.frozen], step: this.step, learningRate: this.learningRate, extra: { ...this.extra }, states };
   }
 
   /** Release the ORT sessions. */

@@ -62,6 +62,11 @@ PARAMS = "params"
 GRADIENTS = "gradients"
 FIRST_ORDER_MOMENTS = "first_order_moments"
 SECOND_ORDER_MOMENTS = "second_order_moments"
+#: The state sequences of an optimizer model, in slot order (AdamW's two moments first, as ONNX Runtime names them).
+STATE_SEQUENCES = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, "third_order_moments", "fourth_order_moments")
+#: Optimizer-model metadata key: the algorithm, its parameter groups and hyperparameters (JSON), for the
+#: optimizers written in standard ops (``onnxblocks.portable.rules``).
+OPTIMIZER_METADATA = "onnxblocks.optimizer"
 
 # ---------------------------------------------------------------- model metadata
 #: Eval-model metadata key: the forward model's output names (a JSON list), for inference export.
@@ -97,6 +102,19 @@ def updated_name(name: str) -> str:
 def moment_names(param: str) -> tuple[str, str]:
     """The step and optimizer models' inputs holding a parameter's moments: ``<p>.exp_avg``, ``<p>.exp_avg_sq``."""
     return f"{param}{FIRST_MOMENT_SUFFIX}", f"{param}{SECOND_MOMENT_SUFFIX}"
+
+
+#: The most state tensors per parameter an optimizer keeps (Adam with amsgrad: 3; RMSprop centered with momentum: 3).
+MAX_STATES = len(STATE_SEQUENCES)
+
+
+def state_names(param: str, count: int = MAX_STATES) -> tuple[str, ...]:
+    """The step and optimizer models' inputs holding a parameter's first ``count`` state tensors, in slot order.
+
+    The first two are :func:`moment_names` (``<p>.exp_avg``, ``<p>.exp_avg_sq``); later ones ``<p>.state<k>``.
+    In a checkpoint, slot ``k`` is ONNX Runtime's ``momentum<k>``.
+    """
+    return (*moment_names(param), *(f"{param}.state{k}" for k in range(2, MAX_STATES)))[:count]
 
 
 # ---------------------------------------------------------------- artifact files

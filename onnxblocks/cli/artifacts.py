@@ -25,7 +25,7 @@ LOSSES = {
     "kldiv": "KLDivLoss",
     "none": None,
 }
-OPTIMIZERS = ("adamw", "sgd", "none")
+OPTIMIZERS = ("adamw", "sgd", "adam", "adagrad", "rmsprop", "lamb", "none")
 _FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 EXAMPLES = """\
@@ -68,7 +68,21 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--optimizer",
         default="adamw",
         choices=OPTIMIZERS,
-        help="optimizer model to generate (default: adamw, torch.optim.AdamW semantics)",
+        help="optimizer model to generate, with torch.optim's semantics and defaults (default: adamw)",
+    )
+    parser.add_argument(
+        "--weight-decay", type=float, default=None, metavar="WD", help="the optimizer's weight_decay (torch's default)"
+    )
+    parser.add_argument(
+        "--momentum", type=float, default=None, help="sgd and rmsprop: momentum (sgd: with --nesterov for Nesterov)"
+    )
+    parser.add_argument("--nesterov", action="store_true", help="sgd: Nesterov momentum")
+    parser.add_argument("--amsgrad", action="store_true", help="adam, adamw: the amsgrad variant")
+    parser.add_argument(
+        "--no-decay-norm-bias",
+        action="store_true",
+        help="no weight decay on biases and normalisation weights (tensors of at most one dimension): "
+        "the usual fine-tuning parameter groups",
     )
     parser.add_argument(
         "--requires-grad", nargs="+", default=[], metavar="PATTERN", help="parameters to train (names or glob patterns)"
@@ -117,6 +131,47 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="with --portable: do not write step_model.onnx (forward, backward and update in one graph)",
     )
     parser.set_defaults(handler=run)
+
+
+def optimizer_block(args: argparse.Namespace) -> Any:
+    """The optimizer block the options ask for (None for ``--optimizer none``).
+
+    Raises:
+        CliError: for an option the optimizer does not take, or a value out of torch's range.
+    """
+    from onnxblocks import optim  # imported when used: the CLI starts without the DSL
+
+    if args.optimizer == "none":
+        return None
+    options: dict[str, Any] = {}
+    if args.weight_decay is not None:
+        options["weight_decay"] = args.weight_decay
+    if args.momentum is not None:
+        options["momentum"] = args.momentum
+    if args.nesterov:
+        options["nesterov"] = True
+    if args.amsgrad:
+        options["amsgrad"] = True
+    if args.no_decay_norm_bias:
+        options["param_groups"] = optim.no_decay_norm_bias()
+    cls = {
+        "adamw": optim.AdamW,
+        "sgd": optim.SGD,
+        "adam": optim.Adam,
+        "adagrad": optim.Adagrad,
+        "lamb": optim.Lamb,
+    }.get(args.optimizer, optim.RMSprop)
+    try:
+        return cls(**options)
+    except TypeError as exc:  # an option this optimizer does not take
+        option = str(exc).rsplit("'", 2)[-2] if "'" in str(exc) else str(exc)
+        raise CliError(
+            f"--optimizer {args.optimizer} takes no --{option.replace('_', '-')} option; see "
+            "`onnxblocks artifacts --help`.",
+            EXIT_USAGE,
+        ) from None
+    except ValueError as exc:
+        raise CliError(f"--optimizer {args.optimizer}: {exc}", EXIT_USAGE) from None
 
 
 def select_parameters(
@@ -175,7 +230,7 @@ def _match_all(patterns: Sequence[str], names: Sequence[str], floats: Sequence[s
 
 def run(args: argparse.Namespace) -> int:
     """Generate the artifacts and print a summary."""
-    from onnxblocks import artifacts, optim
+    from onnxblocks import artifacts
     from onnxblocks.io import load_model
 
     if not os.path.isfile(args.model):
@@ -189,13 +244,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE)
     loss_name = LOSSES[args.loss]
     loss = artifacts.LossType[loss_name] if loss_name else None
-    optimizer = {"adamw": optim.AdamW, "sgd": optim.SGD}.get(args.optimizer)
+    optimizer = optimizer_block(args)
     result = artifacts.generate_artifacts(
         args.model,
         requires_grad=trainable,
         frozen_params=frozen or None,
         loss=loss,
-        optimizer=optimizer() if optimizer is not None else None,
+        optimizer=optimizer,
         artifact_directory=args.output_dir,
         prefix=args.prefix,
         ort_format=args.ort_format,

@@ -1,4 +1,4 @@
-"""Optimizers for ONNX Runtime's training API: AdamW and SGD, with gradient-norm clipping.
+"""Optimizers: the torch.optim family (SGD, Adam, AdamW, Adagrad, RMSprop), Lamb, parameter groups, gradient clipping.
 
 Build one inside ``with onnxblocks.empty_base():`` by calling it with the
 ``(trainable, frozen)`` parameters, then take ``.to_model_proto()``; or pass it to
@@ -16,8 +16,29 @@ from onnxblocks.optim.adamw import AdamW
 from onnxblocks.optim.base import Optimizer
 from onnxblocks.optim.clip import ClipGradNorm
 from onnxblocks.optim.sgd import SGD
+from onnxblocks.optim.standard import (
+    Adagrad,
+    Adam,
+    Lamb,
+    NormBiasParams,
+    RMSprop,
+    StandardOptimizer,
+    no_decay_norm_bias,
+)
 
-__all__ = ["SGD", "AdamW", "ClipGradNorm", "Optimizer"]
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "ClipGradNorm",
+    "Lamb",
+    "NormBiasParams",
+    "Optimizer",
+    "RMSprop",
+    "StandardOptimizer",
+    "no_decay_norm_bias",
+]
 
 #: Names that moved, for one release: name -> (module, new home for the message).
 _MOVED = {

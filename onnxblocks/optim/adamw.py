@@ -21,6 +21,7 @@ Both run ONNX Runtime's ``AdamWOptimizer`` op (``adam_mode`` 0 and 1).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onnxblocks._core import hyperparams as _hyper
@@ -30,6 +31,7 @@ from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
 from onnxblocks.optim.base import FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, Optimizer
 from onnxblocks.optim.clip import ClipGradNorm
+from onnxblocks.optim.standard import StandardOptimizer
 
 #: ``mode`` → the op's ``adam_mode`` attribute.
 ADAM_MODES = {"torch": 0, "hf": 1}
@@ -144,9 +146,28 @@ class AdamW(Optimizer):
         weight_decay: float = 0.01,
         clip_grad: ClipGradNorm | float | None = None,
         mode: str = "torch",
+        *,
+        lr: float = 1e-3,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        exact: bool = True,
     ) -> None:
         super().__init__(clip_grad)
         self.step_block = AdamWUpdate(bias_correction, betas, eps, weight_decay, mode)
+        hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
+        standard = StandardOptimizer("adamw", hyper, lr, param_groups, clip_grad, owner="AdamW", exact=exact)
+        self.standard = standard if (amsgrad is not False or maximize is not False or param_groups) else None
+        if self.standard is not None and mode != "torch":
+            raise InvalidValueError(
+                "AdamW amsgrad, maximize and param_groups follow torch.optim.AdamW: use mode='torch' with them."
+            )
+
+    def build(self, parameters: Any) -> Any:
+        """ONNX Runtime's ``AdamWOptimizer`` model, or the standard-op one with amsgrad, maximize or groups."""
+        if self.standard is not None:
+            return self.standard.build(parameters)
+        return super().build(parameters)
 
     def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
         """Add the AdamW update and return its flag."""
@@ -154,6 +175,8 @@ class AdamW(Optimizer):
 
     def __repr__(self) -> str:
         s = self.step_block
+        if self.standard is not None:
+            return repr(self.standard)
         return (
             f"AdamW(bias_correction={s.bias_correction}, betas={s.betas}, eps={s.eps}, "
             f"weight_decay={s.weight_decay}, clip_grad={self.clip_grad!r}, mode={s.mode!r})"

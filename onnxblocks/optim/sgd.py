@@ -1,6 +1,14 @@
-"""SGD: the optimizer model and the single-node update block (``w -= lr * g``)."""
+"""SGD: the optimizer model and the single-node update block (``w -= lr * g``).
+
+Plain SGD is ONNX Runtime's ``SGDOptimizerV2``; with momentum, dampening,
+Nesterov, weight decay, ``maximize`` or parameter groups it is written in
+standard ops (:class:`~onnxblocks.optim.standard.StandardOptimizer`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -9,6 +17,7 @@ from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
 from onnxblocks.optim.base import Optimizer
 from onnxblocks.optim.clip import ClipGradNorm
+from onnxblocks.optim.standard import StandardOptimizer
 
 
 class SGDUpdate(Block):
@@ -28,23 +37,62 @@ class SGDUpdate(Block):
 
 
 class SGD(Optimizer):
-    """Plain SGD (no momentum), as ``torch.optim.SGD(params, lr)`` does it.
+    """``torch.optim.SGD``: plain, or with momentum, dampening, Nesterov, weight decay and parameter groups.
 
-    The model declares every input ONNX Runtime's training API requires
-    (``learning_rate``, ``step``, ``params``, ``gradients``, ``first_order_moments``)
-    although SGD reads only three of them.
+    Plain SGD (the defaults, no groups) is ONNX Runtime's ``SGDOptimizerV2``: the
+    model declares every input ONNX Runtime's training API requires (``learning_rate``,
+    ``step``, ``params``, ``gradients``, ``first_order_moments``) although SGD reads
+    only three of them. Any other option writes the update in standard ops
+    (:class:`~onnxblocks.optim.standard.StandardOptimizer`).
 
     Args:
         clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or None.
+        lr: The default group's learning rate (the session's learning rate replaces it at run time;
+            groups' absolute ``lr`` keep their ratio to it).
+        momentum, dampening, weight_decay, nesterov, maximize: As ``torch.optim.SGD``'s.
+        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
+
+    Raises:
+        ValueError: for hyperparameters out of torch's ranges.
     """
 
-    def __init__(self, clip_grad: ClipGradNorm | float | None = None) -> None:
+    def __init__(
+        self,
+        clip_grad: ClipGradNorm | float | None = None,
+        *,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        exact: bool = True,
+    ) -> None:
         super().__init__(clip_grad)
         self.step_block = SGDUpdate()
+        hyper = {
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "maximize": maximize,
+        }
+        standard = StandardOptimizer("sgd", hyper, lr, param_groups, clip_grad, owner="SGD", exact=exact)
+        plain = not param_groups and all(not v for v in standard.hyper.values())
+        self.standard = None if plain else standard
+
+    def build(self, parameters: Any) -> Any:
+        """The plain SGD model, or the standard-op one (see the class docs)."""
+        if self.standard is not None:
+            return self.standard.build(parameters)
+        return super().build(parameters)
 
     def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
         """Add the SGD update and return its flag."""
         return self.step_block(learning_rate, params, gradients)
 
     def __repr__(self) -> str:
+        if self.standard is not None:
+            return repr(self.standard)
         return f"SGD(clip_grad={self.clip_grad!r})"

@@ -32,7 +32,15 @@ def _ints(node: ir.Node, name: str, default: list[int] | None) -> list[int] | No
 class _Window:
     """The window attributes of a Conv or pool node, with ONNX's defaults for ``spatial`` axes."""
 
-    def __init__(self, node: ir.Node, spatial: int, padding: bool = True) -> None:
+    def __init__(
+        self,
+        node: ir.Node,
+        spatial: int,
+        padding: bool = True,
+        kernel: list[int | None] | None = None,
+        sizes: list[int | None] | None = None,
+    ) -> None:
+        """``kernel`` / ``sizes``: the static kernel and input spatial dims when known (``auto_pad=SAME_*``)."""
         self.spatial = spatial
         self.kernel = _ints(node, "kernel_shape", None)
         self.strides: list[int] = _ints(node, "strides", None) or [1] * spatial
@@ -43,16 +51,39 @@ class _Window:
         auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
         if auto_pad == "VALID":
             self.pads = [0] * (2 * spatial)
-        elif auto_pad in ("SAME_UPPER", "SAME_LOWER") and self.kernel and all(s == 1 for s in self.strides):
-            # stride 1 (torch's padding="same"): (k - 1) * d in total, the odd one at the end (UPPER) or start
-            total = [(k - 1) * d for k, d in zip(self.kernel, self.dilations, strict=True)]
-            small = [t // 2 for t in total]
-            large = [t - h for t, h in zip(total, small, strict=True)]
-            self.pads = small + large if auto_pad == "SAME_UPPER" else large + small
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            known: list[int | None] | None = list(self.kernel) if self.kernel else kernel
+            self.pads = self._same(node, auto_pad, known, sizes)
         elif auto_pad not in ("NOTSET", ""):
             raise unsupported(node, f"auto_pad={auto_pad!r} with strides {self.strides} or no kernel_shape")
         if node.attributes.get_int("ceil_mode", 0):
             raise unsupported(node, "ceil_mode=1")
+
+    def _same(
+        self, node: ir.Node, auto_pad: str, kernel: list[int | None] | None, sizes: list[int | None] | None
+    ) -> list[int]:
+        """Explicit pads of ``auto_pad=SAME_*``.
+
+        ``ceil(size / stride)`` outputs, the odd pad at the end (UPPER) or the start (LOWER). With stride 1
+        the total is ``(kernel - 1) * dilation`` whatever the size; other strides need the static size.
+        """
+        if kernel is None or any(k is None for k in kernel):
+            raise unsupported(node, f"auto_pad={auto_pad!r} with a kernel of unknown size")
+        begin, end = [], []
+        for axis, (k, s, d) in enumerate(zip(kernel, self.strides, self.dilations, strict=True)):
+            assert k is not None
+            reach = (k - 1) * d + 1
+            if s == 1:
+                total = reach - 1
+            else:
+                size = sizes[axis] if sizes is not None and axis < len(sizes) else None
+                if size is None:
+                    raise unsupported(node, f"auto_pad={auto_pad!r} with stride {s} over a dim known only at run time")
+                total = max(0, (-(-size // s) - 1) * s + reach - size)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        return begin + end
 
 
 def _spatial_rank(node: ir.Node, ctx: LoweringContext, weight: ir.Value | None = None) -> int:
@@ -75,12 +106,20 @@ def _fit_to(w: Writer, y: ir.Value, like: ir.Value, spatial: int, out: str | ir.
     w.op("Pad", [cut, pads], out)
 
 
-def _transposed(w: Writer, dy: ir.Value | None, weight: ir.Value | None, window: _Window, group: int = 1) -> ir.Value:
+def _transposed(
+    w: Writer,
+    dy: ir.Value | None,
+    weight: ir.Value | None,
+    window: _Window,
+    group: int = 1,
+    out: str | ir.Value | None = None,
+) -> ir.Value:
     """``ConvTranspose(dy, weight)`` with the window's strides, dilations and leading pads only."""
     begin = window.pads[: window.spatial]
     return w.op(
         "ConvTranspose",
         [dy, weight],
+        out,
         group=group,
         strides=window.strides,
         dilations=window.dilations,
@@ -88,19 +127,68 @@ def _transposed(w: Writer, dy: ir.Value | None, weight: ir.Value | None, window:
     )
 
 
+def _transposed_into(
+    ctx: LoweringContext,
+    w: Writer,
+    dy: ir.Value | None,
+    weight: ir.Value | None,
+    x: ir.Value | None,
+    window: _Window,
+    group: int,
+    out: str | ir.Value,
+) -> None:
+    """``out = _fit_to(_transposed(dy, weight), x)``, with the cut and the pad written only where needed.
+
+    When the spatial sizes of ``dY``, ``X`` and the kernel are static (a dynamic batch leaves them so), the
+    transposed convolution's size is known: it is written straight to ``out`` when it is ``X``'s (each
+    ``Slice`` and ``Pad`` copies the whole gradient), else cut or padded by constants.
+    """
+    spatial = window.spatial
+    dy_dims, x_dims, w_dims = ctx.shape(dy), ctx.shape(x), ctx.shape(weight)
+    kernel = window.kernel or (w_dims[2:] if w_dims is not None else None)
+    sizes = [dy_dims[2:] if dy_dims else None, x_dims[2:] if x_dims else None, kernel]
+    if any(v is None or len(v) != spatial or any(d is None for d in v) for v in sizes):
+        assert x is not None
+        _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, out)
+        return
+    begin = window.pads[:spatial]
+    dy_sizes, x_sizes, k_sizes = ([int(d or 0) for d in v or []] for v in sizes)
+    have = [
+        s * (n - 1) + (k - 1) * d + 1 - b
+        for n, k, s, d, b in zip(dy_sizes, k_sizes, window.strides, window.dilations, begin, strict=True)
+    ]
+    want = x_sizes
+    cut = [min(h, x) for h, x in zip(have, want, strict=True)]
+    missing = [x - c for x, c in zip(want, cut, strict=True)]
+    if cut == have and not any(missing):
+        _transposed(w, dy, weight, window, group, out)
+        return
+    y = _transposed(w, dy, weight, window, group)
+    if cut != have:
+        y = w.slice(y, [0] * spatial, cut, list(range(2, 2 + spatial)), out=None if any(missing) else out)
+    if any(missing):
+        w.op("Pad", [y, w.ints([0] * (2 + spatial + 2) + missing)], out)
+
+
 def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``ConvGrad(dY, X, W) -> dX, dW, dB`` (see the module docs)."""
     dy, x, weight = inputs(node, 3)
     dx, dw, db = outputs(node, 3)
     spatial = _spatial_rank(node, ctx, weight)
-    window = _Window(node, spatial)
+    weight_dims, x_dims = ctx.shape(weight), ctx.shape(x)
+    window = _Window(
+        node,
+        spatial,
+        kernel=weight_dims[2:] if weight_dims is not None else None,
+        sizes=x_dims[2:] if x_dims is not None else None,
+    )
     group = node.attributes.get_int("group", 1)
     w = ctx.writer(node)
     rest = list(range(3, 3 + spatial))
     if db:
         w.reduce("ReduceSum", w.reshape(dy, [0, 0, -1]), [0, 2], keepdims=0, out=db)
     if dx:
-        _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, dx)
+        _transposed_into(ctx, w, dy, weight, x, window, group, dx)
     if dw:
         x_shape, dy_shape = w.shape(x), w.shape(dy)
         batch = w.op("Gather", [x_shape, w.ints([0])], axis=0)
@@ -155,6 +243,9 @@ def average_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     (dy,) = inputs(node, 1)
     x = _pooled_input(node, ctx)
     spatial = _spatial_rank(node, ctx)
+    auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+    if auto_pad.startswith("SAME"):  # (ConvGrad's SAME pads are tested against torch; pools' are not)
+        raise unsupported(node, f"auto_pad={auto_pad!r}")
     window = _Window(node, spatial)
     if window.kernel is None:
         raise unsupported(node, "a pool without kernel_shape")

@@ -1,16 +1,9 @@
-"""Optimizers in standard ops: AdamW (torch and Hugging Face modes), SGD, gradient-norm clipping.
+"""Optimizer models in standard ops: what an ``onnxblocks.optim`` optimizer model does, rewritten.
 
 :func:`read_optimizer` reads what an optimizer model built by :mod:`onnxblocks.optim`
 does (its ``AdamWOptimizer`` / ``SGDOptimizerV2`` node and an optional
-``InplaceClipGradNorm``). :func:`adamw_update`, :func:`sgd_update` and
-:func:`clip_gradients` write the same arithmetic for one tensor (or one list of
-gradients) with standard ops, as IR nodes (:class:`onnxblocks.ir.writer.Writer`): the
-moments as ONNX Runtime's CPU kernels compute them, the bias corrections
-``1 - float(pow(double(beta), step))`` as the kernel does, and the per-step scalars
-folded so that each parameter costs as few passes over memory as possible (the
-result moves by about an ulp of the update: rtol 1e-6 of the kernels). They serve
-the portable optimizer model (:func:`optimizer_model`) and the fused step model
-(:mod:`onnxblocks.portable.step`).
+``InplaceClipGradNorm``); :mod:`onnxblocks.portable.updates` writes that update in
+standard ops (re-exported here).
 
 The portable optimizer model (:func:`optimizer_model`, what ``optimizer_model.onnx``
 holds) takes each parameter, its gradient and its moments as tensors of their own
@@ -23,7 +16,6 @@ sequences instead of a flag.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -32,56 +24,34 @@ from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import (
-    FIRST_ORDER_MOMENTS,
     GRADIENTS,
     LEARNING_RATE,
+    OPTIMIZER_METADATA,
     PARAMS,
-    SECOND_ORDER_MOMENTS,
     STEP,
     gradient_name,
-    moment_names,
+    state_names,
     updated_name,
 )
 from onnxblocks._core.contrib import ADAMW_OPTIMIZER, INPLACE_CLIP_GRAD_NORM, SGD_OPTIMIZER_V2, Attribute
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
+from onnxblocks.portable import groups as _groups
 from onnxblocks.portable.context import Writer
-
-#: ``InplaceClipGradNorm``'s epsilon: ``coefficient = min(max_norm / (norm + 1e-6), 1)``.
-CLIP_EPSILON = 1e-6
-
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """What an optimizer model does.
-
-    Attributes:
-        kind: ``"adamw"`` or ``"sgd"``.
-        attributes: The ``AdamWOptimizer`` attributes (declared defaults filled in); empty for SGD.
-        max_norm: The gradient-clipping norm, or None without clipping.
-        elem_type: The parameters' element type.
-    """
-
-    kind: str
-    attributes: dict[str, float | int | str] = field(default_factory=dict)
-    max_norm: float | None = None
-    elem_type: int = onnx.TensorProto.FLOAT
-
-    @property
-    def state_inputs(self) -> tuple[str, ...]:
-        """The moment sequences the optimizer model reads."""
-        return (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS) if self.kind == "adamw" else (FIRST_ORDER_MOMENTS,)
-
-    @property
-    def moments(self) -> int:
-        """How many moments per parameter the optimizer keeps (ONNX Runtime's SGD keeps one of zeros)."""
-        return len(self.state_inputs)
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The parameters' numpy element type."""
-        return np.dtype(helper.tensor_dtype_to_np_dtype(self.elem_type))
+from onnxblocks.portable.updates import (
+    CLIP_EPSILON,
+    FLAT_LIMIT,
+    AdamWScalars,
+    OptimizerSpec,
+    OptimizerWriter,
+    adamw_scalars,
+    adamw_update,
+    clip,
+    clip_gradients,
+    sgd_update,
+    update_parameters,
+)
 
 
 def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
@@ -90,6 +60,13 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     Raises:
         PortabilityError: for an optimizer model of another form (a custom optimizer block).
     """
+    params = next((i for i in model.graph.input if i.name == PARAMS), None)
+    elem = params.type.sequence_type.elem_type.tensor_type.elem_type if params is not None else 0
+    elem = elem or onnx.TensorProto.FLOAT
+    meta = next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA), None)
+    if meta is not None:  # an optimizer in standard ops
+        algorithm, groups, order, max_norm, exact = _groups.parse_metadata(meta)
+        return OptimizerSpec(algorithm, {}, max_norm, elem, groups, order, exact)
     ops = {n.op_type: n for n in model.graph.node}
     flag = [o for n in model.graph.node if n.op_type in _UPDATES for o in n.output[:1]]
     reshape = [n for n in model.graph.node if n.op_type == "Reshape" and list(n.input[:1]) == flag]
@@ -118,9 +95,6 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     max_norm = None
     if clip is not None:
         max_norm = float(_attributes(clip, INPLACE_CLIP_GRAD_NORM.attributes)["max_norm"])
-    params = next((i for i in model.graph.input if i.name == PARAMS), None)
-    elem = params.type.sequence_type.elem_type.tensor_type.elem_type if params is not None else 0
-    elem = elem or onnx.TensorProto.FLOAT
     if update.op_type == ADAMW_OPTIMIZER.op_type:
         return OptimizerSpec("adamw", _attributes(update, ADAMW_OPTIMIZER.attributes), max_norm, elem)
     return OptimizerSpec("sgd", {}, max_norm, elem)
@@ -135,104 +109,6 @@ def _attributes(node: onnx.NodeProto, declared: Sequence[Attribute]) -> dict[str
         value = helper.get_attribute_value(attr)
         values[attr.name] = value.decode() if isinstance(value, bytes) else value
     return values
-
-
-def _f32(value: float) -> float:
-    """``value`` rounded to float32 (what the kernels' float attributes hold), as a Python float."""
-    return float(np.float32(value))
-
-
-def clip_gradients(w: Writer, gradients: Sequence[ir.Value], max_norm: float, dtype: np.dtype) -> list[ir.Value]:
-    """Scale ``gradients`` by ``min(max_norm / (global L2 norm + 1e-6), 1)``."""
-    squares = [w.reduce("ReduceSumSquare", g, None, keepdims=0) for g in gradients]
-    total = w.op("Sqrt", [w.op("Sum", squares) if len(squares) > 1 else squares[0]])
-    ratio = w.op("Div", [w.scalar(max_norm, dtype), w.op("Add", [total, w.scalar(CLIP_EPSILON, dtype)])])
-    coefficient = w.op("Min", [ratio, w.scalar(1.0, dtype)])
-    return [w.op("Mul", [g, coefficient]) for g in gradients]
-
-
-@dataclass(frozen=True)
-class AdamWScalars:
-    """The per-step float32 scalars AdamW shares across parameters.
-
-    Attributes:
-        decay: ``1 - lr * weight_decay`` (the decoupled decay as one product), or None without decay.
-        step_size: ``lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` (``lr`` without bias correction).
-        epsilon: What is added to ``sqrt(m2)``: ``eps * sqrt(1 - beta2**t)`` in torch mode
-            (``sqrt(m2 / c2) + eps`` scaled by ``sqrt(c2)``), ``eps`` in Hugging Face mode.
-    """
-
-    decay: ir.Value | None
-    step_size: ir.Value
-    epsilon: ir.Value
-
-
-def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step: ir.Value) -> AdamWScalars:
-    """The step's scalars; bias corrections ``1 - float(pow(double(beta), step))`` as the kernel computes them."""
-    a = spec.attributes
-    f32 = np.float32
-    lr = w.reshape(learning_rate, [])
-    one = w.scalar(1.0, f32)
-    eps = w.scalar(float(a["epsilon"]), f32)
-    decay_rate = float(a["weight_decay"])
-    decay = w.op("Sub", [one, w.op("Mul", [lr, w.scalar(decay_rate, f32)])]) if decay_rate else None
-    if not int(a["correct_bias"]):
-        return AdamWScalars(decay, lr, eps)
-    step_d = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
-
-    def correction(beta: float) -> ir.Value:
-        power = w.op("Pow", [w.const(np.float64(_f32(beta)), suffix="beta"), step_d])
-        return w.op("Sub", [one, w.cast(power, ir.DataType.FLOAT)])
-
-    alpha_c, root_beta_c = correction(float(a["alpha"])), w.op("Sqrt", [correction(float(a["beta"]))])
-    step_size = w.op("Mul", [lr, w.op("Div", [root_beta_c, alpha_c])])
-    return AdamWScalars(decay, step_size, w.op("Mul", [eps, root_beta_c]) if int(a["adam_mode"]) == 0 else eps)
-
-
-def adamw_update(
-    w: Writer,
-    spec: OptimizerSpec,
-    s: AdamWScalars,
-    param: ir.Value,
-    grad: ir.Value,
-    m1: ir.Value,
-    m2: ir.Value,
-    outs: Sequence[str | ir.Value],
-) -> list[ir.Value]:
-    """Write ``outs = (param, m1, m2)`` after one AdamW step (``adam_mode`` 0: torch, 1: Hugging Face).
-
-    13 passes over the parameter's size (12 without weight decay), each a standard op:
-    ONNX Runtime runs no elementwise fusion on CPU, so the count is what costs. The
-    moments as the kernel writes them (``beta * m + (1 - beta) * g``, ``((1 - beta) * g) * g``);
-    the decay and the bias corrections folded into scalars (``w * (1 - lr * wd)``,
-    :class:`AdamWScalars`), which moves the result by about an ulp of the update.
-
-    Returns:
-        The new parameter and moments.
-    """
-    a = spec.attributes
-    f32 = np.float32
-    alpha, beta = _f32(float(a["alpha"])), _f32(float(a["beta"]))
-    new_m1 = w.op(
-        "Add", [w.op("Mul", [m1, w.scalar(alpha, f32)]), w.op("Mul", [grad, w.scalar(_f32(1.0 - alpha), f32)])], outs[1]
-    )
-    scaled_g = w.op("Mul", [grad, w.scalar(_f32(1.0 - beta), f32)])
-    new_m2 = w.op("Add", [w.op("Mul", [m2, w.scalar(beta, f32)]), w.op("Mul", [scaled_g, grad])], outs[2])
-    denom = w.op("Add", [w.op("Sqrt", [new_m2]), s.epsilon])
-    update = w.op("Div", [w.op("Mul", [new_m1, s.step_size]), denom])
-    if int(a["adam_mode"]) == 0:  # torch: decay first
-        weight = w.op("Mul", [param, s.decay]) if s.decay is not None else param
-        new_p = w.op("Sub", [weight, update], outs[0])
-    elif s.decay is not None:  # Hugging Face: decay last
-        new_p = w.op("Mul", [w.op("Sub", [param, update]), s.decay], outs[0])
-    else:
-        new_p = w.op("Sub", [param, update], outs[0])
-    return [new_p, new_m1, new_m2]
-
-
-def sgd_update(w: Writer, learning_rate: ir.Value, param: ir.Value, grad: ir.Value, out: str | ir.Value) -> ir.Value:
-    """``out = param - lr * grad``."""
-    return w.op("Sub", [param, w.op("Mul", [w.reshape(learning_rate, []), grad])], out)
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -281,10 +157,10 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
         assert p.name is not None, "parameters have names"
         names.reserve(p.name)
         names.reserve(gradient_name(p.name))
-        for n in (p.name, *moment_names(p.name)):
+        for n in (p.name, *state_names(p.name)):
             names.reserve(n)
             names.reserve(updated_name(n))
-    w = Writer(names, opset, "optimizer")
+    w = OptimizerWriter(names, opset, "optimizer")
     lr = _input(model, LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
     step = _input(model, STEP, onnx.TensorProto.INT64, [1])
     inputs, outputs = [lr, step], []
@@ -296,20 +172,16 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
             return ir.Value(name=name, type=p.type, shape=ir.Shape(p.shape) if p.shape is not None else None)
 
         value, grad = like(p.name), like(gradient_name(p.name))
-        moments = [like(m) for m in moment_names(p.name)[: spec.moments]]
+        moments = [like(m) for m in state_names(p.name, spec.moments)]
         inputs += [value, grad, *moments]
         state.append((value, grad, moments))
-    grads = [g for _, g, _ in state]
-    if spec.max_norm is not None:
-        grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
-    scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" else None
-    for (value, _, moments), grad in zip(state, grads, strict=True):
+    grads = clip(w, spec, [g for _, g, _ in state], [v.name or "" for v, _, _ in state])
+    names_out = []
+    for value, _, _ in state:
         assert value.name is not None
-        if scalars is not None:
-            outs = [updated_name(n) for n in (value.name, *moment_names(value.name))]
-            new = adamw_update(w, spec, scalars, value, grad, moments[0], moments[1], outs)
-        else:
-            new = [sgd_update(w, lr, value, grad, updated_name(value.name))]
+        names_out.append([updated_name(n) for n in (value.name, *state_names(value.name, spec.updated_states))])
+    written = update_parameters(w, spec, lr, step, [v for v, _, _ in state], grads, [m for _, _, m in state], names_out)
+    for (value, _, moments), new in zip(state, written, strict=True):
         for out, old in zip(new, (value, *moments), strict=False):
             out.type, out.shape = old.type, old.shape
             outputs.append(out)
@@ -334,25 +206,27 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     opset = _opset(model)
     inputs = [ir.serde.deserialize_value_info_proto(i, None) for i in model.graph.input]
     by_name = {v.name: v for v in inputs}
-    w = Writer(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
+    w = OptimizerWriter(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
     sequences = [PARAMS, GRADIENTS, *spec.state_inputs]
     items = {s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)] for s in sequences}
-    grads = items[GRADIENTS]
-    if spec.max_norm is not None:
-        grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+    if spec.groups and len(spec.params) != count:
+        raise PortabilityError(f"The optimizer model names {len(spec.params)} parameters, not {count}: regenerate it.")
+    order = [n for n, _ in spec.params] if spec.groups else None
+    grads = clip(w, spec, items[GRADIENTS], order or [f"#{i}" for i in range(count)])
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}
-    lr = by_name[LEARNING_RATE]
-    if spec.kind == "adamw":
-        scalars = adamw_scalars(w, spec, lr, by_name[STEP])
-        for i in range(count):
-            m1, m2 = items[FIRST_ORDER_MOMENTS][i], items[SECOND_ORDER_MOMENTS][i]
-            trio = (outs[PARAMS][i], outs[FIRST_ORDER_MOMENTS][i], outs[SECOND_ORDER_MOMENTS][i])
-            adamw_update(w, spec, scalars, items[PARAMS][i], grads[i], m1, m2, trio)
-        produced: tuple[str, ...] = (PARAMS, *spec.state_inputs)
-    else:
-        for i in range(count):
-            sgd_update(w, lr, items[PARAMS][i], grads[i], outs[PARAMS][i])
-        produced = (PARAMS,)
+    produced: tuple[str, ...] = (PARAMS, *spec.state_inputs[: spec.updated_states])
+    moments = [[items[m][i] for m in produced[1:]] for i in range(count)]
+    update_parameters(
+        w,
+        spec,
+        by_name[LEARNING_RATE],
+        by_name[STEP],
+        items[PARAMS],
+        grads,
+        moments,
+        [[outs[s][i] for s in produced] for i in range(count)],
+        names=order,
+    )
     values = {v.name: v for n in w.nodes for v in n.outputs}
     outputs = []
     for s in produced:
@@ -363,8 +237,11 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
 
 
 __all__ = [
+    "CLIP_EPSILON",
+    "FLAT_LIMIT",
     "AdamWScalars",
     "OptimizerSpec",
+    "OptimizerWriter",
     "adamw_scalars",
     "adamw_update",
     "clip_gradients",
@@ -372,4 +249,5 @@ __all__ = [
     "portable_optimizer_model",
     "read_optimizer",
     "sgd_update",
+    "update_parameters",
 ]

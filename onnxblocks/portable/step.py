@@ -26,7 +26,7 @@ from onnxblocks._core.contracts import (
     LAZY_RESET_GRAD,
     LEARNING_RATE,
     STEP,
-    moment_names,
+    state_names,
     updated_name,
 )
 from onnxblocks._core.errors import PortabilityError
@@ -34,8 +34,7 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import _parameters, accumulators
-from onnxblocks.portable.context import Writer
-from onnxblocks.portable.optimizer import OptimizerSpec, adamw_scalars, adamw_update, clip_gradients, sgd_update
+from onnxblocks.portable.updates import OptimizerSpec, OptimizerWriter, clip, update_parameters
 
 
 class FuseStep(Pass):
@@ -84,23 +83,20 @@ class FuseStep(Pass):
         user = [v for v in order if v not in skip and v.name != LAZY_RESET_GRAD]
 
         opset = graph.opset_imports.get("", _limits.DEFAULT_ONNX_OPSET)
-        w = Writer(graph_names(graph), opset, "step")
-        if spec.max_norm is not None:
-            grads = clip_gradients(w, grads, spec.max_norm, spec.dtype)
+        w = OptimizerWriter(graph_names(graph), opset, "step")
+        grads = clip(w, spec, grads, [p.name or "" for p in params])
         lr = ir.Value(name=LEARNING_RATE, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1]))
         step = ir.Value(name=STEP, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
         new_inputs = [*user, lr, step]
-        scalars = adamw_scalars(w, spec, lr, step) if spec.kind == "adamw" else None
-        for param, grad in zip(params, grads, strict=True):
+        moments, outs = [], []
+        for param in params:
             assert param.name is not None
-            new_inputs.append(param)
-            if scalars is not None:
-                first, second = (_like(n, param) for n in moment_names(param.name))
-                new_inputs += [first, second]
-                outs = [updated_name(n) for n in (param.name, *moment_names(param.name))]
-                new = adamw_update(w, spec, scalars, param, grad, first, second, outs)
-            else:
-                new = [sgd_update(w, lr, param, grad, updated_name(param.name))]
+            kept = [_like(n, param) for n in state_names(param.name, spec.updated_states)]
+            new_inputs += [param, *kept]
+            moments.append(kept)
+            outs.append([updated_name(n) for n in (param.name, *state_names(param.name, spec.updated_states))])
+        written = update_parameters(w, spec, lr, step, params, grads, moments, outs)
+        for param, new in zip(params, written, strict=True):
             for value in new:
                 value.type, value.shape = param.type, _shape(param)
             outputs += new

@@ -8,9 +8,21 @@ is imported on first use. Importing this package imports neither onnxruntime nor
 
 from onnxblocks.runtime.callbacks import Accuracy, Callback, EarlyStopping, SaveCheckpoint
 from onnxblocks.runtime.data import ArrayBatches, load_npz
+from onnxblocks.runtime.ema import WeightEMA
 from onnxblocks.runtime.fit import FitRun, History, evaluate, fit, resume
 from onnxblocks.runtime.inputs import InputSpec
 from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.lr_schedulers import (
+    CosineAnnealingLR,
+    ExponentialLR,
+    LambdaLR,
+    LinearLR,
+    MultiStepLR,
+    OneCycleLR,
+    ReduceLROnPlateau,
+    SequentialLR,
+    StepLR,
+)
 from onnxblocks.runtime.plot import plot_history, save_line_plot
 from onnxblocks.runtime.progress import ProgressBar
 from onnxblocks.runtime.schedulers import (
@@ -30,17 +42,27 @@ __all__ = [
     "ArtifactFiles",
     "Callback",
     "ConstantSchedule",
+    "CosineAnnealingLR",
     "CosineSchedule",
     "EarlyStopping",
+    "ExponentialLR",
     "FitRun",
     "History",
     "InputSpec",
+    "LambdaLR",
+    "LinearLR",
     "LinearSchedule",
+    "MultiStepLR",
+    "OneCycleLR",
     "ProgressBar",
+    "ReduceLROnPlateau",
     "SaveCheckpoint",
     "Schedule",
+    "SequentialLR",
+    "StepLR",
     "StepSchedule",
     "TrainingSession",
+    "WeightEMA",
     "evaluate",
     "fit",
     "load_npz",

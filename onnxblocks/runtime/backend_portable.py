@@ -40,7 +40,7 @@ from onnxblocks._core.contracts import (
     accumulated_name,
     buffer_name,
     gradient_name,
-    moment_names,
+    state_names,
     updated_name,
 )
 from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateError, preview
@@ -123,7 +123,7 @@ class PortableBackend:
             _refuse_sequences(self._optimizer, files)
             bound = {LEARNING_RATE, STEP, *self._frozen}
             for name in self._trainable:
-                bound.update((name, gradient_name(name), *moment_names(name)))
+                bound.update((name, gradient_name(name), *state_names(name)))
             unknown = [n for n in self._optimizer.inputs if n not in bound]
             if unknown:
                 raise InvalidValueError(
@@ -131,11 +131,11 @@ class PortableBackend:
                     "checkpoint's trainable parameters, their gradients or moments. Use the optimizer model "
                     "generated with these artifacts."
                 )
-        # a moment input the models take for each parameter (SGD's optimizer model takes one it never reads)
+        # the state inputs the models take for each parameter (SGD's optimizer model takes one it never reads)
         stateful = self._optimizer or self._fused
         moments = 0
         if stateful is not None and self._trainable:
-            moments = sum(name in stateful.inputs for name in moment_names(self._trainable[0]))
+            moments = sum(name in stateful.inputs for name in state_names(self._trainable[0]))
         self.has_optimizer = self._optimizer is not None or self._fused is not None
         self._moments = moments
         self._lr = np.array([DEFAULT_LEARNING_RATE], np.float32)
@@ -186,11 +186,11 @@ class PortableBackend:
         moments: dict[str, list[np.ndarray]] = group["moments"] if group is not None else {}
         for name in self._trainable:
             saved = moments.get(name, [])
-            if group is not None and self._moments == 2 and len(saved) < 2:
+            if group is not None and self._moments >= 2 and len(saved) < self._moments:
                 raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for '{name}'; these artifacts' "
-                    "AdamW needs two (momentum0, momentum1). Save the checkpoint with the same optimizer, or save it "
-                    "with include_optimizer_state=False."
+                    f"optimizer keeps {self._moments} (momentum0...). Save the checkpoint with the same optimizer, or "
+                    "save it with include_optimizer_state=False."
                 )
             if not first:
                 self._p[name][self._pp].update_inplace(np.ascontiguousarray(ck.trainable[name]))
@@ -251,7 +251,7 @@ class PortableBackend:
                 bind_in(gradient_name(name), self._g[name][gp])
             if kind in ("step", "optimizer"):
                 bind_out(updated_name(name), self._p[name][1 - pp])
-                for k, moment in enumerate(moment_names(name)[: self._moments]):
+                for k, moment in enumerate(state_names(name, self._moments)):
                     if moment in inputs:  # (SGD keeps a moment for ONNX Runtime's checkpoints, but updates none)
                         bind_in(moment, self._m[(name, k)][pp])
                     if updated_name(moment) in outputs:

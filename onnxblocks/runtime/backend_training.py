@@ -21,6 +21,7 @@ from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.consistency import check_artifact_set
 from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.optimizer_driver import StandardOptimizerDriver, standard_optimizer_order
 
 
 def _ort_failure(exc: BaseException) -> bool:
@@ -65,9 +66,13 @@ class TrainingBuildBackend:
                 f"ONNX Runtime cannot load the training model '{self.files.training_model}' with checkpoint "
                 f"'{checkpoint}': {_ort.clean_message(exc)}. Check that the checkpoint belongs to these artifacts."
             ) from None
-        optimizer = None
+        optimizer: Any = None
         if self.files.optimizer_model is not None:
-            optimizer = C.Optimizer(os.fspath(self.files.optimizer_model), state, self._device, self._options)
+            order = standard_optimizer_order(self.files.optimizer_model)
+            if order is not None:  # an optimizer in standard ops: the runtime drives it (optimizer_driver.py)
+                optimizer = StandardOptimizerDriver(self.files.optimizer_model, order, state, checkpoint, C)
+            else:
+                optimizer = C.Optimizer(os.fspath(self.files.optimizer_model), state, self._device, self._options)
         self._state, self._module, self._optimizer = state, module, optimizer
         self.train_inputs = list(module.input_names(True))
         self.train_outputs = list(module.output_names(True))
@@ -127,11 +132,16 @@ class TrainingBuildBackend:
 
     def get_learning_rate(self) -> float:
         assert self._optimizer is not None
+        if isinstance(self._optimizer, StandardOptimizerDriver):
+            return float(np.float32(self._optimizer.learning_rate))
         return float(self._optimizer.get_learning_rate())
 
     def set_learning_rate(self, value: float) -> None:
         assert self._optimizer is not None
-        self._optimizer.set_learning_rate(value)
+        if isinstance(self._optimizer, StandardOptimizerDriver):
+            self._optimizer.learning_rate = value
+        else:
+            self._optimizer.set_learning_rate(value)
 
     # ---------------------------------------------------------- parameters
     def parameter_names(self) -> list[str]:
@@ -174,7 +184,11 @@ class TrainingBuildBackend:
         self._state.add_property(name, value)
 
     def save(self, path: Path, include_optimizer_state: bool) -> None:
-        self._C.save_checkpoint(self._state, os.fspath(path), include_optimizer_state and self.has_optimizer)
+        driver = self._optimizer if isinstance(self._optimizer, StandardOptimizerDriver) else None
+        ort_state = include_optimizer_state and self.has_optimizer and driver is None
+        self._C.save_checkpoint(self._state, os.fspath(path), ort_state)
+        if driver is not None and include_optimizer_state:
+            driver.add_state(path)
 
 
 def _check_models(files: ArtifactFiles, state: Any, checkpoint: Path) -> None:

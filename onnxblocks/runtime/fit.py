@@ -34,6 +34,7 @@ import numpy as np
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.runtime.callbacks import Callback
 from onnxblocks.runtime.data import ArrayBatches
+from onnxblocks.runtime.lr_schedulers import ReduceLROnPlateau
 from onnxblocks.runtime.progress import ProgressBar
 from onnxblocks.runtime.schedulers import Schedule
 from onnxblocks.runtime.session import TrainingSession
@@ -112,7 +113,7 @@ class FitRun:
     train_data: Any
     epochs: int
     epoch: int = 0
-    scheduler: Schedule | None = None
+    scheduler: Schedule | ReduceLROnPlateau | None = None
     stop_training: bool = False
 
     def save_checkpoint(self, path: str | os.PathLike, include_optimizer_state: bool = True) -> Path:
@@ -143,7 +144,7 @@ def fit(
     eval_data: Iterable[Any] | None = None,
     callbacks: Sequence[Callback] = (),
     accumulation_steps: int = 1,
-    scheduler: Schedule | None = None,
+    scheduler: Schedule | ReduceLROnPlateau | None = None,
     progress: bool | ProgressBar = True,
     max_steps: int | None = None,
 ) -> History:
@@ -162,7 +163,10 @@ def fit(
         accumulation_steps: Batches whose gradients are summed into one optimizer step.
         scheduler: A learning-rate :class:`~onnxblocks.runtime.schedulers.Schedule`;
             it sets ``session.learning_rate = scheduler(session.step)`` before each
-            optimizer step. None keeps the session's learning rate.
+            optimizer step. A :class:`~onnxblocks.runtime.lr_schedulers.ReduceLROnPlateau`
+            instead sets its rate, and is stepped with its ``monitor`` metric (``eval_loss``
+            by default, or the epoch's training ``loss``) at the end of each epoch.
+            None keeps the session's learning rate.
         progress: Show a progress bar on stderr (or pass a configured ``ProgressBar``).
         max_steps: Stop after this many optimizer steps of this call.
 
@@ -268,6 +272,8 @@ def _run_epochs(
             logs["loss"] = float(np.mean(epoch_losses))
         if eval_data is not None:
             logs.update(evaluate(session, eval_data, callbacks, run))
+        if isinstance(run.scheduler, ReduceLROnPlateau):
+            run.scheduler.step(_monitored(logs, run.scheduler.monitor))
         for cb in callbacks:
             cb.on_epoch_end(run, logs)
         history.epochs.append(logs)
@@ -349,9 +355,25 @@ def resume(
 def _set_learning_rate(run: FitRun) -> None:
     """Set the scheduled learning rate for the next optimizer step and record the rate used."""
     session = run.session
-    if run.scheduler is not None:
+    if isinstance(run.scheduler, ReduceLROnPlateau):
+        session.learning_rate = run.scheduler.lr
+    elif run.scheduler is not None:
         session.learning_rate = run.scheduler(int(session.step))
     run.history.learning_rates.append(session.learning_rate)
+
+
+def _monitored(logs: Mapping[str, float], monitor: str) -> float:
+    """The metric ``ReduceLROnPlateau`` follows, from the epoch's logs.
+
+    Raises:
+        UnknownNameError: when the epoch has no such metric (no eval data, or no such callback).
+    """
+    if monitor not in logs:
+        raise UnknownNameError(
+            f"ReduceLROnPlateau monitors '{monitor}', but the epoch's logs hold {sorted(logs)}. Pass eval_data (for "
+            "'eval_loss') or the metric's callback, or monitor one of these."
+        )
+    return float(logs[monitor])
 
 
 def _step_taken(run: FitRun, callbacks: Sequence[Callback]) -> None:

@@ -34,10 +34,11 @@ import numpy as np
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.contracts import (
     DEFAULT_LEARNING_RATE,
+    MAX_STATES,
     OPTIMIZER_GROUP,
     STEP_PROPERTY,
     ArtifactNames,
-    moment_names,
+    state_names,
 )
 from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError
 from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -64,6 +65,9 @@ class WebState:
         step: Optimizer steps taken.
         learning_rate: The learning rate saved with the state (None: not recorded).
         properties: The checkpoint's property bag.
+        states: The state tensors per trainable parameter the optimizer declares (AdamW's two moments by
+            default; SGD with momentum one, Adam with amsgrad three: ``onnxblocks.portable.rules``), named
+            ``state_names(p, states)`` in the file; every trainable parameter has all of them or none.
     """
 
     trainable: dict[str, np.ndarray]
@@ -72,6 +76,7 @@ class WebState:
     step: int = 0
     learning_rate: float | None = None
     properties: dict[str, int | float | str] = field(default_factory=dict)
+    states: int = 2
 
     @property
     def parameters(self) -> dict[str, np.ndarray]:
@@ -87,10 +92,13 @@ class WebState:
                 "nominal_checkpoint=False for the web."
             )
         group = checkpoint.optimizer_state.get(OPTIMIZER_GROUP) or next(iter(checkpoint.optimizer_state.values()), None)
+        moments = {k: list(v) for k, v in (group or {}).get("moments", {}).items() if len(v)}
+        counts = {len(v) for v in moments.values()}
         return cls(
             trainable=dict(checkpoint.trainable),
             frozen=dict(checkpoint.frozen),
-            moments={k: list(v) for k, v in (group or {}).get("moments", {}).items() if len(v)},
+            moments=moments,
+            states=counts.pop() if len(counts) == 1 else 2,
             step=int(group["step"]) if group else 0,
             learning_rate=float(group["initial_learning_rate"]) if group else None,
             properties=dict(checkpoint.properties),
@@ -141,11 +149,12 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
     for name, moments in state.moments.items():
         if name not in state.trainable:
             raise InvalidValueError(f"write_state: moments given for '{name}', which is not a trainable parameter.")
-        if len(moments) not in (0, 2):
+        if len(moments) not in (0, state.states):
             raise InvalidValueError(
-                f"write_state: '{name}' has {len(moments)} optimizer moments; the web format holds AdamW's two."
+                f"write_state: '{name}' has {len(moments)} optimizer state tensors, but the state declares "
+                f"{state.states} per parameter (WebState.states)."
             )
-        tensors.update(zip(moment_names(name), moments, strict=False))  # none or both, checked above
+        tensors.update(zip(state_names(name, state.states), moments, strict=False))
     metadata = {
         "format": STATE_FORMAT,
         "trainable": json.dumps(list(state.trainable)),
@@ -155,6 +164,8 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
     }
     if state.learning_rate is not None:
         metadata["learning_rate"] = json.dumps(float(state.learning_rate))
+    if state.states != 2:  # AdamW's files stay as they were
+        metadata["states"] = str(state.states)
     return write_safetensors(path, tensors, metadata)
 
 
@@ -184,8 +195,9 @@ def read_state(path: str | os.PathLike) -> WebState:
     missing = [n for n in listed if n not in tensors]
     if missing:
         raise InvalidValueError(f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor.")
-    moments = {name: [tensors[m] for m in moment_names(name) if m in tensors] for name in trainable}
-    known = set(listed) | {m for name in trainable for m in moment_names(name)}
+    count = _state_count(metadata, target)
+    moments = {name: [tensors[m] for m in state_names(name, count) if m in tensors] for name in trainable}
+    known = set(listed) | {m for name in trainable for m in state_names(name, count)}
     stray = [n for n in tensors if n not in known]
     if stray:
         raise InvalidValueError(
@@ -202,6 +214,7 @@ def read_state(path: str | os.PathLike) -> WebState:
         step=int(step),
         learning_rate=_json(metadata, "learning_rate", target),
         properties=_properties(metadata, target),
+        states=count,
     )
     check_state(state, f"'{target}'")
     return state
@@ -221,6 +234,17 @@ def _names(metadata: dict[str, str], key: str, target: Path) -> list[str]:
 
 
 _DECIMAL = re.compile(r"^[0-9]{1,20}$")
+
+
+def _state_count(metadata: dict[str, str], target: Path) -> int:
+    """The ``states`` metadata: state tensors per trainable parameter (2, AdamW's moments, when absent)."""
+    text = metadata.get("states", "2")
+    if not (_DECIMAL.match(text) and 1 <= int(text) <= MAX_STATES):
+        raise InvalidValueError(
+            f"'{target}': __metadata__ states {text!r:.40} must be an integer in [1, {MAX_STATES}] (the optimizer's "
+            "state tensors per parameter)."
+        )
+    return int(text)
 
 
 def _json(metadata: dict[str, str], key: str, target: Path) -> Any:
@@ -264,13 +288,19 @@ def check_state(state: WebState, where: str = "state") -> None:
     for name, moments in state.moments.items():
         if name not in state.trainable:
             raise InvalidValueError(f"{where}: moments given for '{name}', which is not a trainable parameter.")
-        if len(moments) not in (0, 2):
-            count = "only one of its two moments" if len(moments) == 1 else f"{len(moments)} moments"
+        if not (isinstance(state.states, int) and 1 <= state.states <= MAX_STATES):
+            raise InvalidValueError(f"{where}: states must be an int in [1, {MAX_STATES}], got {state.states!r:.40}.")
+        names = state_names(name, state.states)
+        if len(moments) not in (0, state.states):
+            if state.states == 2:
+                count = "only one of its two moments" if len(moments) == 1 else f"{len(moments)} moments"
+                raise InvalidValueError(f"{where}: '{name}' has {count}; a state holds none or both of {list(names)}.")
             raise InvalidValueError(
-                f"{where}: '{name}' has {count}; a state holds none or both of {list(moment_names(name))}."
+                f"{where}: '{name}' has {len(moments)} optimizer state tensors; the optimizer declares "
+                f"{state.states} ({list(names)}): give all or none."
             )
         param = np.asarray(state.trainable[name])
-        for moment, value in zip(moment_names(name), moments, strict=False):
+        for moment, value in zip(names, moments, strict=False):
             value = np.asarray(value)
             if value.shape != param.shape or value.dtype != param.dtype:
                 raise InvalidValueError(

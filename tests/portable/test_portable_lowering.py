@@ -399,6 +399,16 @@ CONVS = [
     ((2, 2, 8), (2, 1, 3), {"group": 2, "strides": [2], "pads": [0, 2]}),
     ((3, 1, 5, 5), (2, 1, 1, 1), {"auto_pad": "VALID"}),
     ((2, 3, 5, 5), (4, 3, 1, 1), {"auto_pad": "SAME_UPPER"}),
+    ((3, 2, 5, 5), (2, 2, 1, 1), {"auto_pad": "SAME_UPPER"}),  # a 1x1 kernel: no pads
+]
+#: ``auto_pad=SAME_*`` with a kernel that pads: the training build's ConvGrad kernel ignores ``auto_pad`` (its
+#: gradients are those of an unpadded convolution), so these are compared with torch's autograd.
+SAME_CONVS = [
+    ((2, 3, 6, 5), (4, 3, 3, 3), {"auto_pad": "SAME_UPPER"}),
+    ((2, 2, 6, 5), (2, 2, 2, 2), {"auto_pad": "SAME_LOWER", "dilations": [2, 1]}),
+    ((2, 3, 7, 6), (4, 3, 3, 2), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((2, 3, 7, 6), (4, 3, 2, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}),
+    ((2, 4, 7, 6), (4, 1, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2], "group": 4}),  # depthwise
 ]
 
 
@@ -420,6 +430,40 @@ def test_conv_grad(x, w, attrs, symbolic):
     )
     attrs = {"kernel_shape": list(w[2:])} | attrs
     check(Case("ConvGrad", {"dY": f32(*y[0].shape), "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs, rtol=1e-4), symbolic)
+
+
+def _same_pads(size: int, kernel: int, stride: int, dilation: int, upper: bool) -> tuple[int, int]:
+    total = max(0, (-(-size // stride) - 1) * stride + (kernel - 1) * dilation + 1 - size)
+    return (total // 2, total - total // 2) if upper else (total - total // 2, total // 2)
+
+
+@pytest.mark.parametrize(("x", "w", "attrs"), SAME_CONVS, ids=str)
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_conv_grad_with_same_padding_equals_torch(x, w, attrs, symbolic):
+    import torch
+
+    strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    group, upper = attrs.get("group", 1), attrs["auto_pad"] == "SAME_UPPER"
+    xt, wt = torch.from_numpy(f32(*x)).requires_grad_(), torch.from_numpy(f32(*w)).requires_grad_()
+    (top, bottom), (left, right) = (_same_pads(x[2 + i], w[2 + i], strides[i], dilations[i], upper) for i in range(2))
+    padded = torch.nn.functional.pad(xt, [left, right, top, bottom])
+    y = torch.nn.functional.conv2d(padded, wt, stride=strides, dilation=dilations, groups=group)
+    dy = f32(*y.shape)
+    y.backward(torch.from_numpy(dy))
+    attrs = {"kernel_shape": list(w[2:])} | attrs
+    case = Case("ConvGrad", {"dY": dy, "X": xt.detach().numpy(), "W": wt.detach().numpy()}, ["dX", "dW", "dB"], attrs)
+    lowered = _model(case, symbolic)
+    if symbolic and any(s > 1 for s in strides):
+        # SAME pads with a stride depend on the input size: refused when it is known only at run time
+        with pytest.raises(PortabilityError, match=r"auto_pad='SAME_\w+' with stride \d over a dim known only at run"):
+            lower_training_ops(lowered)
+        return
+    lower_training_ops(lowered)
+    assert non_portable_ops(lowered) == []
+    got = _run(lowered, {n: v for n, v in case.inputs.items() if v is not None})
+    expected = [xt.grad.numpy(), wt.grad.numpy(), dy.sum(axis=(0, 2, 3))]
+    for name, e, g in zip(["dX", "dW", "dB"], expected, got, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize(

@@ -204,3 +204,81 @@ def test_an_unknown_optimizer_model_is_refused_with_a_remedy():
     model.graph.node.append(helper.make_node("Relu", ["learning_rate"], ["r"]))
     with pytest.raises(PortabilityError, match=r"onnxblocks\.optim .*portable=False"):
         portable_optimizer_model(model, len(SHAPES))
+
+
+# ------------------------------------------------------------------ the multi-tensor (flat) layout
+def _per_tensor_model(model: onnx.ModelProto, flat_limit: int) -> onnx.ModelProto:
+    """``optimizer_model`` (one input and output per tensor) with ``flat_limit`` for the flat buffers."""
+    import onnx_ir as ir
+
+    from onnxblocks.portable import optimizer as portable_optimizer
+    from onnxblocks.portable import updates
+
+    params = [
+        ir.Value(name=f"p{i}", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(list(s)))
+        for i, s in enumerate(SHAPES)
+    ]
+    saved = updates.FLAT_LIMIT
+    updates.FLAT_LIMIT = flat_limit
+    try:
+        return portable_optimizer.optimizer_model(model, params)
+    finally:
+        updates.FLAT_LIMIT = saved
+
+
+def _run_per_tensor(model: onnx.ModelProto, adamw: bool) -> list[list[np.ndarray]]:
+    session = _session(model)
+    params = _params()
+    m1 = [np.zeros_like(p) for p in params]
+    m2 = [np.zeros_like(p) for p in params]
+    history = []
+    for step in range(STEPS):
+        feeds = {"learning_rate": np.array([LRS[step]], np.float32), "step": np.array([step + 1], np.int64)}
+        for i, g in enumerate(_gradients(step)):
+            feeds |= {f"p{i}": params[i], f"p{i}_grad": g, f"p{i}.exp_avg": m1[i]}
+            if adamw:
+                feeds[f"p{i}.exp_avg_sq"] = m2[i]
+        got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        params = [got[f"p{i}.out"] for i in range(len(SHAPES))]
+        if adamw:
+            m1 = [got[f"p{i}.exp_avg.out"] for i in range(len(SHAPES))]
+            m2 = [got[f"p{i}.exp_avg_sq.out"] for i in range(len(SHAPES))]
+        history.append(params)
+    return history
+
+
+def _count(model: onnx.ModelProto, op: str) -> int:
+    return sum(n.op_type == op for n in model.graph.node)
+
+
+@pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)
+def test_flat_buffers_give_the_per_tensor_update_bit_for_bit(kind, mode, decay, clip):
+    model = _optimizer_model(_block(kind, mode, decay, clip))
+    flat, per_tensor = _per_tensor_model(model, 1 << 16), _per_tensor_model(model, 0)
+    assert non_portable_ops(flat) == []
+    # one update over the concatenated tensors instead of one per tensor
+    one_per_update = "Div" if kind == "adamw" else "Sub"  # AdamW: m1 / (sqrt(m2) + eps); SGD: p - lr * g
+    assert _count(per_tensor, one_per_update) - _count(flat, one_per_update) == len(SHAPES) - 1
+    assert _count(flat, "Concat") == (4 if kind == "adamw" else 2)
+    got, expected = _run_per_tensor(flat, kind == "adamw"), _run_per_tensor(per_tensor, kind == "adamw")
+    for step, (e, g) in enumerate(zip(expected, got, strict=True)):
+        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
+            np.testing.assert_array_equal(gp, ep, err_msg=f"step {step + 1}, param {i}")
+            assert gp.shape == SHAPES[i]
+    reference = _run_torch(kind, mode, decay, clip, 1.0)
+    for step, (e, g) in enumerate(zip(reference, got, strict=True)):
+        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
+            np.testing.assert_allclose(gp, ep, rtol=1e-5, atol=1e-7, err_msg=f"step {step + 1}, param {i}")
+
+
+@pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)
+def test_optimizer_graphs_hold_no_unused_or_duplicate_constants(kind, mode, decay, clip):
+    """Stock onnxruntime warns "Removing initializer ..." for a constant nothing reads or one it merges."""
+    model = _optimizer_model(_block(kind, mode, decay, clip))
+    for portable in (_per_tensor_model(model, 1 << 16), _per_tensor_model(model, 0)):
+        read = {i for n in portable.graph.node for i in n.input}
+        constants = [n for n in portable.graph.node if n.op_type == "Constant"]
+        assert [n.output[0] for n in constants if n.output[0] not in read] == []
+        scalars = [onnx.numpy_helper.to_array(n.attribute[0].t) for n in constants]
+        scalars = [(a.dtype.str, a.tobytes()) for a in scalars if a.ndim == 0]
+        assert len(scalars) == len(set(scalars))

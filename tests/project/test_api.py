@@ -128,7 +128,19 @@ PUBLIC: dict[str, list[str]] = {
         "NLLLoss",
         "SmoothL1Loss",
     ],
-    "onnxblocks.optim": ["AdamW", "ClipGradNorm", "Optimizer", "SGD"],
+    "onnxblocks.optim": [
+        "Adagrad",
+        "Adam",
+        "AdamW",
+        "ClipGradNorm",
+        "Lamb",
+        "NormBiasParams",
+        "Optimizer",
+        "RMSprop",
+        "SGD",
+        "StandardOptimizer",
+        "no_decay_norm_bias",
+    ],
     "onnxblocks.artifacts": ["Artifacts", "LossType", "OptimType", "generate_artifacts"],
     "onnxblocks.gradient": [
         "LAZY_RESET_GRAD",
@@ -174,17 +186,27 @@ PUBLIC: dict[str, list[str]] = {
         "ArtifactFiles",
         "Callback",
         "ConstantSchedule",
+        "CosineAnnealingLR",
         "CosineSchedule",
         "EarlyStopping",
+        "ExponentialLR",
         "FitRun",
         "History",
         "InputSpec",
+        "LambdaLR",
+        "LinearLR",
         "LinearSchedule",
+        "MultiStepLR",
+        "OneCycleLR",
         "ProgressBar",
+        "ReduceLROnPlateau",
         "SaveCheckpoint",
         "Schedule",
+        "SequentialLR",
+        "StepLR",
         "StepSchedule",
         "TrainingSession",
+        "WeightEMA",
         "evaluate",
         "fit",
         "load_npz",
@@ -276,8 +298,8 @@ def test_moved_names_warn_for_one_release():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert optim.AdamW is importlib.import_module("onnxblocks.optim.adamw").AdamW  # the algorithms do not warn
-    with pytest.raises(AttributeError, match="no attribute 'Adam'"):
-        optim.Adam  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'Lion'"):
+        optim.Lion  # noqa: B018
 
 
 def test_the_gradient_function_no_longer_shadows_its_module():

@@ -68,6 +68,34 @@ def test_labels_out_of_range_are_refused_with_the_offending_value(art, bad):
     assert session.accumulated_steps == 0
 
 
+@pytest.mark.parametrize("bad", [10**9, 3, -1, -(2**63)])
+def test_labels_out_of_range_are_refused_after_the_batch_signature_passed(art, bad):
+    """A signature checked once gets the per-batch check only (one unsigned max): the values are still read."""
+    session = TrainingSession(art)
+    x, y = classification_data()
+    before = session.eval_step(x, y)  # the signature (types, dtypes, shapes) passes and is remembered
+    bad_y = y.copy()
+    bad_y[5] = bad
+    for step in (session.train_step, session.eval_step):
+        with pytest.raises(ValueError, match=rf"input 'labels' holds {bad} at position \(5,\).*\[0, 3\)"):
+            step(x, bad_y)
+    assert session.accumulated_steps == 0
+    np.testing.assert_array_equal(session.eval_step(x, y)[0], before[0])
+
+
+@pytest.mark.parametrize(("name", "ignore"), [("ce_ignore", -100), ("nll_ignore", -1)])
+def test_ignore_index_is_still_accepted_after_the_batch_signature_passed(ignore_art, name, ignore):
+    session = TrainingSession(ignore_art[name])
+    x, y = classification_data()
+    session.eval_step(x, y)
+    y = y.copy()
+    y[::4] = ignore
+    session.eval_step(x, y)  # accepted: the fast one-reduction check does not apply where values are allowed
+    y[1] = -7
+    with pytest.raises(ValueError, match=r"holds -7 at position \(1,\)"):
+        session.eval_step(x, y)
+
+
 def _torch_loss(kind: str, logits: np.ndarray, labels: np.ndarray, ignore_index: int) -> float:
     import torch
 

@@ -1,0 +1,395 @@
+"""Optimizers written in standard ops: the torch.optim family, with parameter groups.
+
+:class:`StandardOptimizer` builds an optimizer model whose update is a rule of
+:mod:`onnxblocks.portable.rules` (SGD with momentum, Adam, AdamW with amsgrad,
+Adagrad, RMSprop) written with standard ONNX ops over ONNX Runtime's optimizer
+inputs (``learning_rate``, ``step``, ``params``, ``gradients`` and one state
+sequence per state tensor the algorithm keeps), returning the updated sequences.
+The algorithm, its groups and hyperparameters are recorded in the model's
+metadata (``onnxblocks.optimizer``), from which the portable optimizer and fused
+step models are written per tensor.
+
+Parameter groups are spelled as in torch, naming parameters instead of passing
+tensors: ``param_groups=[{"params": ["fc1.bias"], "weight_decay": 0.0}]``, or a
+predicate over names (``{"params": lambda name: name.endswith("bias"), ...}``).
+Parameters no group takes are in the default group (the optimizer's own
+hyperparameters). A group's ``"lr"`` is absolute, as in torch (its ratio to the
+optimizer's ``lr`` is kept); ``"lr_scale"`` gives the ratio directly. The
+session's (or a scheduler's) learning rate replaces the optimizer's ``lr`` at
+run time, and each group keeps its ratio to it, as torch's ``LambdaLR`` scales
+every group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from onnxblocks._core import hyperparams as _hyper
+from onnxblocks._core.contracts import GRADIENTS, LEARNING_RATE, OPTIMIZER_METADATA, PARAMS, STEP
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean
+from onnxblocks.blocks.value import Value
+from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input
+from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.optimizer import OptimizerSpec
+    from onnxblocks.portable.rules import Rule
+
+
+def rule(algorithm: str) -> Rule:
+    """The rule of :mod:`onnxblocks.portable.rules`, imported on first use (``import onnxblocks`` skips onnx-ir)."""
+    import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if symbolic dims are computed with
+    from onnxblocks.portable.rules import rule as find
+
+    return find(algorithm)
+
+
+#: A group's parameters: names, or a predicate over a parameter's name.
+GroupParams = Sequence[str] | Callable[[str], bool]
+
+
+class NormBiasParams:
+    """The usual no-decay rule as a group predicate: biases and normalisation weights.
+
+    A parameter is taken when its name ends in ``bias`` or it has at most one
+    dimension (LayerNorm, BatchNorm, GroupNorm scales and shifts, and biases), which
+    is what Hugging Face's ``Trainer`` and timm exclude from weight decay.
+    """
+
+    def __call__(self, name: str, shape: Sequence[int] | None = None) -> bool:
+        """True for a bias or a normalisation weight."""
+        return name.lower().endswith("bias") or (shape is not None and len(shape) <= 1)
+
+    def __repr__(self) -> str:
+        return "NormBiasParams()"
+
+
+def no_decay_norm_bias(**hyper: Any) -> list[dict[str, Any]]:
+    """The parameter groups of the usual fine-tuning recipe: no weight decay on biases and normalisation weights.
+
+    Example:
+        >>> AdamW(weight_decay=0.01, param_groups=no_decay_norm_bias())
+
+    Args:
+        hyper: More hyperparameters of the no-decay group (its ``lr`` for instance).
+
+    Returns:
+        One group, ``{"params": NormBiasParams(), "weight_decay": 0.0, **hyper}``.
+    """
+    return [{"params": NormBiasParams(), "weight_decay": 0.0, **hyper}]
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidTypeError(f"{what} must be True or False, not {type(value).__name__} {value!r:.60}.")
+    return bool(value)
+
+
+def check_hyper(algorithm: str, hyper: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``hyper`` checked against the algorithm's hyperparameters and torch's ranges, as plain Python values.
+
+    Raises:
+        UnknownNameError: for a hyperparameter the algorithm does not have.
+        InvalidTypeError: for a value of the wrong kind.
+        InvalidValueError: for a value out of torch's range, or ``nesterov`` without momentum or with dampening.
+    """
+    defaults = rule(algorithm).defaults
+    out: dict[str, Any] = {}
+    for key, value in hyper.items():
+        if key not in defaults:
+            raise UnknownNameError(
+                f"{where}: {algorithm} has no hyperparameter {key!r}; it has {sorted(defaults)} (and lr)."
+                f"{did_you_mean(key, defaults)}"
+            )
+        what = f"{where} {key}"
+        if key == "betas":
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise InvalidValueError(f"{what} must be a pair (beta1, beta2), got {value!r:.60}.")
+            out[key] = [_hyper.beta(b, f"{what}[{i}]") for i, b in enumerate(value)]
+        elif isinstance(defaults[key], bool):
+            out[key] = _flag(value, what)
+        elif key == "alpha" or key == "momentum" or key == "dampening":
+            number = _hyper.nonnegative(value, what)
+            if key == "alpha" and number > 1:
+                raise InvalidValueError(f"{what} must be in [0, 1], got {number!r}.")
+            out[key] = number
+        else:
+            out[key] = _hyper.nonnegative(value, what)
+    merged = {**defaults, **out}
+    if merged.get("nesterov") and (float(merged["momentum"]) <= 0 or float(merged["dampening"]) != 0):
+        raise InvalidValueError(f"{where}: nesterov momentum requires a momentum > 0 and zero dampening (as in torch).")
+    return out
+
+
+class StandardOptimizer(Optimizer):
+    """An optimizer of the torch.optim family in standard ops, with parameter groups (see the module docs).
+
+    Args:
+        algorithm: A rule of :mod:`onnxblocks.portable.rules` (``"sgd"``, ``"adam"``, ...).
+        hyper: The default group's hyperparameters (the rule's defaults fill the rest).
+        lr: The default group's learning rate, to which groups' absolute ``lr`` are relative.
+        param_groups: Parameter groups, each a dict with ``"params"`` (names or a name predicate),
+            optionally ``"lr"`` or ``"lr_scale"``, ``"max_grad_norm"`` (clip this group's gradients by
+            their joint L2 norm, after the global ``clip_grad``), and hyperparameters of the algorithm.
+        clip_grad: Clip the gradients' global L2 norm first.
+        owner: The class name errors and ``repr`` give (default: this class's).
+        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double, so the
+            numbers are torch's to the last bit or so); False writes them in float32 (about 2x fewer passes
+            over memory, an ulp apart per step: ``benchmarks/bench_optim_rules.py``).
+
+    Raises:
+        UnknownNameError, InvalidTypeError, InvalidValueError: for bad hyperparameters or groups.
+    """
+
+    def __init__(
+        self,
+        algorithm: str,
+        hyper: Mapping[str, Any],
+        lr: float,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        clip_grad: ClipGradNorm | float | None = None,
+        owner: str | None = None,
+        exact: bool = True,
+    ) -> None:
+        super().__init__(clip_grad)
+        self.exact = _flag(exact, f"{owner or type(self).__name__} exact")
+        self.algorithm = algorithm
+        self._owner = name = owner or type(self).__name__
+        self.lr = _hyper.learning_rate(lr, f"{name} lr")
+        if self.lr == 0:
+            raise InvalidValueError(f"{name} lr must be > 0: groups' learning rates are kept as ratios to it.")
+        self.hyper = check_hyper(algorithm, hyper, name)
+        self.param_groups = [self._check_group(i, g) for i, g in enumerate(param_groups or ())]
+
+    def _check_group(self, index: int, group: Any) -> dict[str, Any]:
+        where = f"{self._owner} param_groups[{index}]"
+        if not isinstance(group, Mapping) or "params" not in group:
+            raise InvalidTypeError(f"{where} must be a dict with 'params' (names or a predicate), got {group!r:.80}.")
+        params = group["params"]
+        if isinstance(params, str) or not (callable(params) or isinstance(params, Sequence)):
+            raise InvalidTypeError(
+                f"{where}['params'] must be a list of parameter names or a predicate over names, not "
+                f"{type(params).__name__} {params!r:.60}."
+            )
+        if not callable(params) and not all(isinstance(p, str) for p in params):
+            raise InvalidTypeError(f"{where}['params'] must hold parameter names (str).")
+        if "lr" in group and "lr_scale" in group:
+            raise InvalidValueError(f"{where} gives both 'lr' and 'lr_scale'; give one.")
+        if "lr" in group:
+            scale = _hyper.learning_rate(group["lr"], f"{where} lr") / self.lr
+        else:
+            scale = _hyper.nonnegative(group.get("lr_scale", 1.0), f"{where} lr_scale")
+        own = ("params", "lr", "lr_scale", "max_grad_norm")
+        hyper = check_hyper(self.algorithm, {k: v for k, v in group.items() if k not in own}, where)
+        max_norm = check_max_norm(group["max_grad_norm"]) if group.get("max_grad_norm") is not None else None
+        chosen = params if callable(params) else list(params)
+        return {"params": chosen, "lr_scale": scale, "hyper": hyper, "max_norm": max_norm}
+
+    def spec(self, trainable: Sequence[Any], elem_type: int) -> OptimizerSpec:
+        """The optimizer for these trainable parameters: each one's group resolved.
+
+        Raises:
+            UnknownNameError: for a group naming a parameter that is not trainable.
+            InvalidValueError: for a parameter two groups name.
+        """
+        names = [p.name for p in trainable]
+        shapes = {p.name: tuple(getattr(p, "dims", getattr(p, "shape", ()))) for p in trainable}
+        known = set(names)
+        owner: dict[str, int] = {}
+        for index, group in enumerate(self.param_groups, start=1):
+            chosen = group["params"]
+            if callable(chosen):
+                takes = [
+                    n
+                    for n in names
+                    if n not in owner and (chosen(n, shapes[n]) if isinstance(chosen, NormBiasParams) else chosen(n))
+                ]
+            else:
+                for n in chosen:
+                    if n not in known:
+                        raise UnknownNameError(
+                            f"{self._owner} param_groups[{index - 1}] names '{n}', which is not a trainable "
+                            f"parameter.{did_you_mean(n, names)}"
+                        )
+                    if n in owner:
+                        raise InvalidValueError(
+                            f"'{n}' is in param_groups[{owner[n] - 1}] and param_groups[{index - 1}]; a parameter "
+                            "belongs to one group (as in torch)."
+                        )
+                takes = list(chosen)
+            owner.update(dict.fromkeys(takes, index))
+        defaults = rule(self.algorithm).defaults
+        groups = [{"hyper": {**defaults, **self.hyper}, "lr_scale": 1.0}]
+        groups += [
+            {"hyper": {**defaults, **self.hyper, **g["hyper"]}, "lr_scale": g["lr_scale"], "max_norm": g["max_norm"]}
+            for g in self.param_groups
+        ]
+        params = tuple((n, owner.get(n, 0)) for n in names)
+        max_norm = self.clip_grad.max_norm if self.clip_grad is not None else None
+        from onnxblocks.portable.optimizer import OptimizerSpec
+
+        return OptimizerSpec(self.algorithm, {}, max_norm, elem_type, tuple(groups), params, self.exact)
+
+    def build(self, parameters: Any) -> list[Value]:  # type: ignore[override]
+        """Declare the optimizer inputs and write the update in standard ops; return the updated sequences.
+
+        Args:
+            parameters: ``(trainable, frozen)``, as for :class:`~onnxblocks.optim.base.Optimizer`.
+        """
+        acc = self.accessor
+        elem_type = parameter_elem_type(parameters)
+        trainable = list(parameters[0])
+        spec = self.spec(trainable, elem_type)
+        acc.add_input(LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
+        acc.add_input(STEP, onnx.TensorProto.INT64, [1])
+        for name in (PARAMS, GRADIENTS, *spec.state_inputs):
+            sequence_input(acc, name, elem_type)
+        working = acc.working_model
+        meta = {p.key: p.value for p in working.metadata_props}
+        meta[OPTIMIZER_METADATA] = spec.to_json()
+        onnx.helper.set_model_props(working, meta)
+        from onnxblocks.portable.optimizer import portable_optimizer_model
+
+        model = portable_optimizer_model(working, len(trainable))
+        onnx.helper.set_model_props(model, meta)
+        acc.replace_model(model)
+        return [Value(o.name) for o in model.graph.output]
+
+    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
+        """Not used: :meth:`build` writes the whole model."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        hyper = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items())
+        groups = f", param_groups={self.param_groups!r}" if self.param_groups else ""
+        clip = f", clip_grad={self.clip_grad!r}" if self.clip_grad is not None else ""
+        return f"{self._owner}(lr={self.lr!r}{', ' + hyper if hyper else ''}{groups}{clip})"
+
+
+class Adam(StandardOptimizer):
+    """``torch.optim.Adam``: L2 weight decay added to the gradient, optional amsgrad, in standard ops.
+
+    Args:
+        lr: The default group's learning rate (the session's learning rate replaces it at run time).
+        betas, eps, weight_decay, amsgrad, maximize: As ``torch.optim.Adam``'s.
+        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
+        clip_grad: Clip the gradients' global L2 norm first.
+        exact: Torch's rounding (default) or float32 ops (see :class:`StandardOptimizer`).
+    """
+
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
+    ) -> None:
+        hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
+        super().__init__("adam", hyper, lr, param_groups, clip_grad, exact=exact)
+
+
+class Lamb(StandardOptimizer):
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning", Algorithm 2) in standard ops.
+
+    Per parameter tensor, with Adam's moments ``m``, ``v`` (bias-corrected unless
+    ``bias_correction=False``, which is ONNX Runtime's ``LambOptimizer`` default)::
+
+        u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w
+        w = w - lr * (||w|| / ||u||) * u          # the trust ratio is 1 when either norm is 0
+
+    (the scaling function phi of the paper is the identity; no ratio clamping). torch has no Lamb.
+
+    Args:
+        lr, betas, eps, weight_decay: As above (``eps`` 1e-6 as ONNX Runtime's ``LambOptimizer``).
+        bias_correction: Divide the moments by ``1 - beta**t``.
+        maximize: Ascend instead.
+        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
+        clip_grad: Clip the gradients' global L2 norm first.
+        exact: Torch's rounding (default) or float32 ops (see :class:`StandardOptimizer`).
+    """
+
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        bias_correction: bool = True,
+        *,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
+    ) -> None:
+        hyper = {
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "bias_correction": bias_correction,
+            "maximize": maximize,
+        }
+        super().__init__("lamb", hyper, lr, param_groups, clip_grad, exact=exact)
+
+
+class Adagrad(StandardOptimizer):
+    """``torch.optim.Adagrad`` in standard ops (same arguments and defaults)."""
+
+    def __init__(
+        self,
+        lr: float = 1e-2,
+        lr_decay: float = 0.0,
+        weight_decay: float = 0.0,
+        initial_accumulator_value: float = 0.0,
+        eps: float = 1e-10,
+        *,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
+    ) -> None:
+        hyper = {
+            "lr_decay": lr_decay,
+            "weight_decay": weight_decay,
+            "initial_accumulator_value": initial_accumulator_value,
+            "eps": eps,
+            "maximize": maximize,
+        }
+        super().__init__("adagrad", hyper, lr, param_groups, clip_grad, exact=exact)
+
+
+class RMSprop(StandardOptimizer):
+    """``torch.optim.RMSprop`` in standard ops (same arguments and defaults)."""
+
+    def __init__(
+        self,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+        *,
+        maximize: bool = False,
+        param_groups: Sequence[Mapping[str, Any]] | None = None,
+        clip_grad: ClipGradNorm | float | None = None,
+        exact: bool = True,
+    ) -> None:
+        hyper = {
+            "alpha": alpha,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "centered": centered,
+            "maximize": maximize,
+        }
+        super().__init__("rmsprop", hyper, lr, param_groups, clip_grad, exact=exact)

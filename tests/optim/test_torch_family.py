@@ -1,0 +1,202 @@
+"""The torch.optim family in standard ops (onnxblocks.optim.standard) against torch.optim itself.
+
+For each algorithm and each option, the optimizer model (its standard-op sequence
+form) runs 20 steps on four parameters in two parameter groups (the second with
+its own absolute ``lr`` and ``weight_decay``) under a changing learning rate, fed
+the same random gradients as ``torch.optim``; parameters and every state tensor
+match at rtol 1e-5, atol 1e-7 after each step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import onnxblocks
+from onnxblocks import optim
+from onnxblocks._core.ort import onnxruntime
+from onnxblocks.errors import InvalidValueError, UnknownNameError
+from onnxblocks.portable.optimizer import read_optimizer
+
+SHAPES = {"fc1.weight": (3, 4), "fc1.bias": (4,), "fc2.weight": (4, 2), "norm.weight": (2,)}
+STEPS = 20
+BASE_LR = 0.01
+
+
+def lr_at(step: int) -> float:
+    return BASE_LR * (1.0 + 0.5 * math.sin(step))
+
+
+def initial() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+def gradients(step: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1000 + step)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+#: (our class, torch class, options); the second group gets lr 2.5 x and its own weight decay.
+CASES = [
+    (optim.SGD, torch.optim.SGD, {}),
+    (optim.SGD, torch.optim.SGD, {"momentum": 0.9}),
+    (optim.SGD, torch.optim.SGD, {"momentum": 0.9, "dampening": 0.3}),
+    (optim.SGD, torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+    (optim.SGD, torch.optim.SGD, {"weight_decay": 0.1}),
+    (optim.SGD, torch.optim.SGD, {"momentum": 0.5, "weight_decay": 0.05, "maximize": True}),
+    (optim.Adam, torch.optim.Adam, {}),
+    (optim.Adam, torch.optim.Adam, {"amsgrad": True}),
+    (optim.Adam, torch.optim.Adam, {"weight_decay": 0.1, "betas": (0.8, 0.99), "eps": 1e-6}),
+    (optim.Adam, torch.optim.Adam, {"maximize": True, "amsgrad": True}),
+    (optim.AdamW, torch.optim.AdamW, {"amsgrad": True}),
+    (optim.AdamW, torch.optim.AdamW, {"weight_decay": 0.1, "maximize": True}),
+    (optim.AdamW, torch.optim.AdamW, {}),
+    (optim.Adagrad, torch.optim.Adagrad, {}),
+    (optim.Adagrad, torch.optim.Adagrad, {"lr_decay": 0.1}),
+    (optim.Adagrad, torch.optim.Adagrad, {"initial_accumulator_value": 0.5, "eps": 1e-6}),
+    (optim.Adagrad, torch.optim.Adagrad, {"weight_decay": 0.1, "maximize": True}),
+    (optim.RMSprop, torch.optim.RMSprop, {}),
+    (optim.RMSprop, torch.optim.RMSprop, {"momentum": 0.9}),
+    (optim.RMSprop, torch.optim.RMSprop, {"centered": True, "alpha": 0.9}),
+    (optim.RMSprop, torch.optim.RMSprop, {"centered": True, "momentum": 0.5, "weight_decay": 0.1}),
+    (optim.RMSprop, torch.optim.RMSprop, {"maximize": True, "eps": 1e-4}),
+]
+SECOND = ["fc1.bias", "norm.weight"]
+
+
+def _ours(cls, options: dict) -> optim.Optimizer:
+    groups = [{"params": SECOND, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}]
+    if cls is optim.SGD and options.get("nesterov"):
+        groups[0]["weight_decay"] = 0.03
+    return cls(lr=BASE_LR, param_groups=groups, **options)
+
+
+def _model(block) -> onnx.ModelProto:
+    trainable = [onnx.numpy_helper.from_array(v, n) for n, v in initial().items()]
+    with onnxblocks.empty_base():
+        block((trainable, []))
+    return block.to_model_proto()
+
+
+def _torch_run(cls, options: dict):
+    params = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in initial().items()}
+    first = [params[n] for n in SHAPES if n not in SECOND]
+    second = [params[n] for n in SECOND]
+    opt = cls([{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}], lr=BASE_LR, **options)
+    history = []
+    for step in range(STEPS):
+        for group, scale in zip(opt.param_groups, (1.0, 2.5), strict=True):
+            group["lr"] = float(np.float32(lr_at(step))) * scale  # the session's learning rate is a float32
+        for n, g in gradients(step).items():
+            params[n].grad = torch.from_numpy(g)
+        opt.step()
+        states = {n: {k: v.numpy().copy() for k, v in opt.state[params[n]].items() if k != "step"} for n in SHAPES}
+        history.append(({n: p.detach().numpy().copy() for n, p in params.items()}, states))
+    return history
+
+
+@pytest.mark.parametrize(("ours", "theirs", "options"), CASES, ids=lambda c: getattr(c, "__name__", None) or str(c))
+def test_matches_torch_over_twenty_steps_with_two_groups(ours, theirs, options) -> None:
+    model = _model(_ours(ours, options))
+    spec = read_optimizer(model)
+    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = list(SHAPES)
+    params = [initial()[n] for n in names]
+    states = [[np.zeros_like(p) for p in params] for _ in spec.states]
+    expected = _torch_run(theirs, options)
+    for step in range(STEPS):
+        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
+        feeds |= dict(zip(spec.state_inputs, states, strict=True))
+        out = session.run(None, feeds)
+        params, states = out[0], out[1:]
+        want_params, want_states = expected[step]
+        for i, n in enumerate(names):
+            np.testing.assert_allclose(params[i], want_params[n], rtol=1e-5, atol=1e-7, err_msg=f"{n} step {step + 1}")
+            for slot, values in zip(spec.states, states, strict=True):
+                if slot in want_states[n]:  # torch keeps no buffer a group does not use
+                    np.testing.assert_allclose(
+                        values[i], want_states[n][slot], rtol=1e-5, atol=1e-7, err_msg=f"{n} {slot} step {step + 1}"
+                    )
+
+
+def test_no_decay_helper_takes_biases_and_one_dimensional_weights() -> None:
+    spec = optim.AdamW(param_groups=optim.no_decay_norm_bias()).standard.spec(
+        [onnx.numpy_helper.from_array(v, n) for n, v in initial().items()], onnx.TensorProto.FLOAT
+    )
+    groups = dict(spec.params)
+    assert groups == {"fc1.weight": 0, "fc1.bias": 1, "fc2.weight": 0, "norm.weight": 1}
+    assert spec.groups[1]["hyper"]["weight_decay"] == 0.0 and spec.groups[0]["hyper"]["weight_decay"] == 0.01
+
+
+def test_bad_groups_and_hyperparameters_are_refused_by_name() -> None:
+    with pytest.raises(UnknownNameError, match="fc3.bias"):
+        _model(optim.SGD(momentum=0.9, param_groups=[{"params": ["fc3.bias"]}]))
+    with pytest.raises(InvalidValueError, match="one group"):
+        _model(optim.Adam(param_groups=[{"params": ["fc1.bias"]}, {"params": ["fc1.bias"]}]))
+    with pytest.raises(UnknownNameError, match="momentum"):
+        optim.Adam(param_groups=[{"params": ["fc1.bias"], "momentum": 0.9}])
+    with pytest.raises(InvalidValueError, match="nesterov"):
+        optim.SGD(nesterov=True)
+    with pytest.raises(InvalidValueError, match="momentum"):
+        optim.SGD(momentum=-0.1)
+    with pytest.raises(InvalidValueError, match="mode='torch'"):
+        optim.AdamW(mode="hf", amsgrad=True)
+
+
+def test_global_then_per_group_gradient_clipping_matches_torch() -> None:
+    groups = [{"params": SECOND, "lr": 2.5 * BASE_LR, "weight_decay": 0.03, "max_grad_norm": 0.5}]
+    model = _model(optim.SGD(lr=BASE_LR, momentum=0.9, clip_grad=2.0, param_groups=groups))
+    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = list(SHAPES)
+    params, buffers = [initial()[n] for n in names], [np.zeros(s, np.float32) for s in SHAPES.values()]
+    torch_params = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in initial().items()}
+    first = [torch_params[n] for n in names if n not in SECOND]
+    second = [torch_params[n] for n in SECOND]
+    opt = torch.optim.SGD(
+        [{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}], lr=BASE_LR, momentum=0.9
+    )
+    for step in range(STEPS):
+        grads = gradients(step)
+        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds |= {"params": params, "gradients": [grads[n] for n in names], "first_order_moments": buffers}
+        params, buffers = session.run(None, feeds)
+        for group, scale in zip(opt.param_groups, (1.0, 2.5), strict=True):
+            group["lr"] = float(np.float32(lr_at(step))) * scale
+        for n in names:
+            torch_params[n].grad = torch.from_numpy(grads[n].copy())
+        torch.nn.utils.clip_grad_norm_(list(torch_params.values()), 2.0)
+        torch.nn.utils.clip_grad_norm_(second, 0.5)
+        opt.step()
+        for i, n in enumerate(names):
+            want = torch_params[n].detach().numpy()
+            np.testing.assert_allclose(params[i], want, rtol=1e-5, atol=1e-7, err_msg=f"{n} step {step + 1}")
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "options"), CASES[::3], ids=lambda c: getattr(c, "__name__", None) or str(c)
+)
+def test_float32_ops_stay_within_an_ulp_per_step_of_torch(ours, theirs, options) -> None:
+    """``exact=False`` writes the fused multiply-adds and square roots in float32: rtol 1e-5, atol 1e-6 of torch."""
+    block = _ours(ours, options)
+    (block.standard if hasattr(block, "standard") and block.standard is not None else block).exact = False
+    model = _model(block)
+    assert '"exact": false' in next(p.value for p in model.metadata_props)
+    assert not [n for n in model.graph.node if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.DOUBLE][3:]
+    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    spec, names = read_optimizer(model), list(SHAPES)
+    params = [initial()[n] for n in names]
+    states = [[np.zeros_like(p) for p in params] for _ in spec.states]
+    expected = _torch_run(theirs, options)
+    for step in range(STEPS):
+        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
+        feeds |= dict(zip(spec.state_inputs, states, strict=True))
+        params, *states = session.run(None, feeds)
+        for i, n in enumerate(names):
+            np.testing.assert_allclose(params[i], expected[step][0][n], rtol=1e-5, atol=1e-6, err_msg=f"{n} {step + 1}")

@@ -1,0 +1,241 @@
+"""The torch.optim family trained end to end: portable artifacts on a TrainingSession against torch.optim.
+
+An MLP with a cross-entropy loss trains 20 steps under a changing learning rate
+with two parameter groups (biases apart, with their own lr and weight decay);
+the loss and every parameter match a torch model trained with the same
+``torch.optim`` optimizer and groups (rtol 1e-5; atol 1e-6, since here the
+gradients come from two engines: ONNX Runtime's backward and torch's autograd
+differ by an ulp, which Adam's normalised steps carry to parameters crossing zero;
+fed the same gradients, the updates match at atol 1e-7, see test_torch_family.py), through the
+optimizer model (``train_step`` + ``optimizer_step``) and through the fused step
+model (``train_and_update``). Resuming from a checkpoint saved after 10 steps
+gives bit-for-bit the parameters of the uninterrupted run. The training build
+drives the same optimizer models itself, and its checkpoints move to the
+portable backend and back unchanged. Stock onnxruntime under Python 3.13 (the
+cached environment of tests/support/portable_env.py) trains the same artifacts as
+torch does and resumes in the middle bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from support.runtime_support import PARAMS, classification_data, mlp_model
+
+from onnxblocks import artifacts, optim
+from onnxblocks.checkpoint import load_checkpoint
+from onnxblocks.runtime import TrainingSession
+
+STEPS = 20
+BASE_LR = 0.05
+BIASES = ["fc1.bias", "fc2.bias"]
+
+
+def lr_at(step: int) -> float:
+    return BASE_LR * (1.0 + 0.5 * math.cos(step))
+
+
+#: (our optimizer, torch's, its options); the bias group gets 2 x the lr and weight decay 0.
+CASES = {
+    "sgd-nesterov": (optim.SGD, torch.optim.SGD, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}),
+    "sgd-dampening": (optim.SGD, torch.optim.SGD, {"momentum": 0.8, "dampening": 0.2, "maximize": False}),
+    "adam-amsgrad": (optim.Adam, torch.optim.Adam, {"amsgrad": True, "weight_decay": 1e-3}),
+    "adamw-amsgrad": (optim.AdamW, torch.optim.AdamW, {"amsgrad": True, "weight_decay": 0.05}),
+    "adagrad": (optim.Adagrad, torch.optim.Adagrad, {"lr_decay": 0.01, "initial_accumulator_value": 0.1}),
+    "rmsprop": (optim.RMSprop, torch.optim.RMSprop, {"centered": True, "momentum": 0.5, "weight_decay": 1e-3}),
+}
+
+
+def _groups(lr: float) -> list[dict]:
+    return [{"params": BIASES, "lr": 2 * lr, "weight_decay": 0.0}]
+
+
+def _artifacts(directory: Path, ours, options: dict) -> Path:
+    artifacts.generate_artifacts(
+        mlp_model(d_in=3, hidden=8),
+        requires_grad=PARAMS,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options),
+        artifact_directory=directory,
+        portable=True,
+    )
+    return directory
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    return classification_data(rows=16, d_in=3, seed=3)
+
+
+def _torch(theirs, options: dict) -> list[tuple[float, dict[str, np.ndarray]]]:
+    init = {i.name: onnx.numpy_helper.to_array(i).copy() for i in mlp_model(d_in=3, hidden=8).graph.initializer}
+    P = {n: torch.nn.Parameter(torch.from_numpy(v)) for n, v in init.items()}
+    opt = theirs(
+        [
+            {"params": [P[n] for n in PARAMS if n not in BIASES]},
+            {"params": [P[n] for n in BIASES], "lr": 2 * BASE_LR, "weight_decay": 0.0},
+        ],
+        lr=BASE_LR,
+        **options,
+    )
+    x, y = (torch.from_numpy(a) for a in _data())
+    history = []
+    for step in range(STEPS):
+        lr = float(np.float32(lr_at(step)))
+        opt.param_groups[0]["lr"], opt.param_groups[1]["lr"] = lr, 2 * lr
+        opt.zero_grad()
+        h = torch.relu(x @ P["fc1.weight"] + P["fc1.bias"])
+        loss = torch.nn.functional.cross_entropy(h @ P["fc2.weight"] + P["fc2.bias"], y)
+        loss.backward()
+        opt.step()
+        history.append((float(loss.detach()), {n: p.detach().numpy().copy() for n, p in P.items()}))
+    return history
+
+
+def _train(session: TrainingSession, steps: range, fused: bool) -> list[tuple[float, dict[str, np.ndarray]]]:
+    x, y = _data()
+    history = []
+    for step in steps:
+        session.learning_rate = lr_at(step)
+        if fused:
+            loss = session.train_and_update(x, y)[0]
+        else:
+            loss = session.train_step(x, y)[0]
+            session.optimizer_step()
+        history.append((float(loss), session.parameters(trainable_only=True)))
+    return history
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_portable_training_matches_torch_and_resumes_bit_exact(case: str, tmp_path: Path) -> None:
+    ours, theirs, options = CASES[case]
+    directory = _artifacts(tmp_path / "artifacts", ours, options)
+    expected = _torch(theirs, options)
+    for fused in (False, True):
+        session = TrainingSession(directory, backend="portable")
+        ran = _train(session, range(STEPS), fused)
+        for step, ((loss, params), (want_loss, want)) in enumerate(zip(ran, expected, strict=True)):
+            np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=f"loss, step {step + 1}")
+            for n in PARAMS:
+                np.testing.assert_allclose(params[n], want[n], rtol=1e-5, atol=1e-6, err_msg=f"{n}, step {step + 1}")
+    # resume after 10 steps: the state round-trips through the checkpoint exactly
+    first = TrainingSession(directory, backend="portable")
+    _train(first, range(10), fused=True)
+    first.save_checkpoint(tmp_path / "ckpt")
+    saved = load_checkpoint(tmp_path / "ckpt").optimizer_state["group0"]
+    assert saved["step"] == 10
+    assert len(saved["moments"]["fc1.weight"]) == len(optim_states(ours, options))
+    resumed = TrainingSession(directory, checkpoint=tmp_path / "ckpt", backend="portable")
+    rest = _train(resumed, range(10, STEPS), fused=True)
+    whole = _train(TrainingSession(directory, backend="portable"), range(STEPS), fused=True)
+    for (loss, params), (whole_loss, whole_params) in zip(rest, whole[10:], strict=True):
+        assert loss == whole_loss
+        for n in PARAMS:
+            np.testing.assert_array_equal(params[n], whole_params[n])
+
+
+def optim_states(ours, options: dict) -> tuple[str, ...]:
+    block = ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options)
+    standard = getattr(block, "standard", block)
+    trainable = [onnx.numpy_helper.from_array(np.zeros(2, np.float32), n) for n in PARAMS]
+    return standard.spec(trainable, onnx.TensorProto.FLOAT).states
+
+
+def _training_artifacts(directory: Path, ours, options: dict) -> Path:
+    artifacts.generate_artifacts(
+        mlp_model(d_in=3, hidden=8),
+        requires_grad=PARAMS,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options),
+        artifact_directory=directory,
+    )
+    return directory
+
+
+@pytest.mark.parametrize("case", ["sgd-nesterov", "adamw-amsgrad", "rmsprop"])
+def test_training_build_drives_the_standard_optimizer_and_moves_between_backends(case: str, tmp_path: Path) -> None:
+    ours, theirs, options = CASES[case]
+    training = _training_artifacts(tmp_path / "training", ours, options)
+    portable = _artifacts(tmp_path / "portable", ours, options)
+    expected = _torch(theirs, options)
+    session = TrainingSession(training, backend="training")
+    ran = _train(session, range(STEPS), fused=False)
+    for step, ((loss, params), (want_loss, want)) in enumerate(zip(ran, expected, strict=True)):
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=f"loss, step {step + 1}")
+        for n in PARAMS:
+            np.testing.assert_allclose(params[n], want[n], rtol=1e-5, atol=1e-6, err_msg=f"{n}, step {step + 1}")
+    # resume on the training build is bit-exact; its checkpoint moves to the portable backend and back unchanged
+    first = TrainingSession(training, backend="training")
+    _train(first, range(10), fused=False)
+    first.save_checkpoint(tmp_path / "train.ckpt")
+    resumed = _train(
+        TrainingSession(training, checkpoint=tmp_path / "train.ckpt", backend="training"), range(10, 12), False
+    )
+    for (loss, params), (whole_loss, whole) in zip(resumed, ran[10:12], strict=True):
+        assert loss == whole_loss
+        for n in PARAMS:
+            np.testing.assert_array_equal(params[n], whole[n])
+    moved = TrainingSession(portable, checkpoint=tmp_path / "train.ckpt", backend="portable")
+    moved.save_checkpoint(tmp_path / "portable.ckpt")
+    back = TrainingSession(training, checkpoint=tmp_path / "portable.ckpt", backend="training")
+    back.save_checkpoint(tmp_path / "back.ckpt")
+    a, b = load_checkpoint(tmp_path / "train.ckpt"), load_checkpoint(tmp_path / "back.ckpt")
+    assert a.optimizer_state["group0"]["step"] == b.optimizer_state["group0"]["step"] == 10
+    for n in PARAMS:
+        np.testing.assert_array_equal(a.trainable[n], b.trainable[n])
+        for m, m2 in zip(
+            a.optimizer_state["group0"]["moments"][n], b.optimizer_state["group0"]["moments"][n], strict=True
+        ):
+            np.testing.assert_array_equal(m, m2)
+    # and the portable backend continues the run within the torch tolerance
+    continued = _train(moved, range(10, STEPS), fused=True)
+    for step, ((loss, params), (want_loss, want)) in enumerate(zip(continued, expected[10:], strict=True), start=11):
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-7, err_msg=f"loss, step {step}")
+        for n in PARAMS:
+            np.testing.assert_allclose(params[n], want[n], rtol=1e-5, atol=1e-6, err_msg=f"{n}, step {step}")
+
+
+@pytest.mark.parametrize("case", ["sgd-nesterov", "adamw-amsgrad", "adagrad", "rmsprop"])
+def test_stock_onnxruntime_on_python_313_trains_as_torch_and_resumes_bit_exact(
+    case: str, portable_python, tmp_path: Path
+) -> None:
+    from support.portable_env import run_worker
+
+    ours, theirs, options = CASES[case]
+    directory = _artifacts(tmp_path / "artifacts", ours, options)
+    x, y = _data()
+    data = tmp_path / "batches.npz"
+    np.savez(data, x0_0=x, x0_1=y)
+    task = {"task": "train", "directory": str(directory), "data": str(data), "steps": STEPS, "lr": BASE_LR}
+    whole, resumed = run_worker(
+        portable_python,
+        {"tasks": [{**task, "params_out": str(tmp_path / "p.npz")}, {**task, "resume_at": 10}]},
+    )["results"]
+    assert "error" not in whole, whole.get("trace")
+    assert whole["backend"] == "portable"
+    assert resumed["losses"] == whole["losses"]  # resume in the middle is bit-exact
+    expected = _torch_constant(theirs, options)
+    np.testing.assert_allclose(whole["losses"], [loss for loss, _ in expected], rtol=1e-5, atol=1e-7)
+    params = np.load(tmp_path / "p.npz")
+    for n in PARAMS:
+        np.testing.assert_allclose(params[n], expected[-1][1][n], rtol=1e-5, atol=1e-6)
+    # this venv's onnxruntime (another version: its kernels round differently in the last bits) agrees
+    ours_here = TrainingSession(directory, backend="portable")
+    ours_here.learning_rate = BASE_LR
+    here = [float(ours_here.train_and_update(x, y)[0]) for _ in range(STEPS)]
+    np.testing.assert_allclose(here, whole["losses"], rtol=1e-5, atol=1e-7)
+
+
+def _torch_constant(theirs, options: dict) -> list[tuple[float, dict[str, np.ndarray]]]:
+    """The torch run of :func:`_torch` with the learning rate held at ``BASE_LR``."""
+    global lr_at
+    changing = lr_at
+    lr_at = lambda step: BASE_LR  # noqa: E731
+    try:
+        return _torch(theirs, options)
+    finally:
+        lr_at = changing
