@@ -44,7 +44,7 @@ from onnxblocks._core.contracts import (
     accumulated_name,
     buffer_name,
     gradient_name,
-    moment_names,
+    state_names,
     updated_name,
 )
 from onnxblocks._core.errors import CheckpointMismatchError, InvalidValueError, PortabilityError, preview
@@ -246,13 +246,16 @@ def _check_eval(
 
 
 def _moments(sig: Signature, param: str) -> list[str]:
-    """The moment inputs ``sig`` takes for ``param`` (``<p>.exp_avg``, ``<p>.exp_avg_sq``; none for SGD's step)."""
-    return [m for m in moment_names(param) if m in sig.inputs]
+    """The state inputs ``sig`` takes for ``param`` (``<p>.exp_avg``, ``<p>.exp_avg_sq``, ``<p>.state<k>``).
+
+    None for SGD's step.
+    """
+    return [m for m in state_names(param) if m in sig.inputs]
 
 
 def _updated(sig: Signature, param: str) -> list[str]:
     """The moments of ``param`` that ``sig`` returns updated (two for AdamW, none for SGD, which keeps its moment)."""
-    return [m for m in moment_names(param) if updated_name(m) in sig.outputs]
+    return [m for m in state_names(param) if updated_name(m) in sig.outputs]
 
 
 def _check_updates(check: _Checker, sig: Signature, trainable: list[str], gradients: bool) -> None:
@@ -275,7 +278,7 @@ def _check_step_user_values(
     step: Signature, training: Signature, user_inputs: dict[str, Spec], user_outputs: list[str], params: set[str]
 ) -> None:
     """The step model takes the training model's user inputs (same order, types) and returns its user outputs first."""
-    contract = {LEARNING_RATE, STEP, *params, *(m for p in params for m in moment_names(p))}
+    contract = {LEARNING_RATE, STEP, *params, *(m for p in params for m in state_names(p))}
     step_inputs = {n: s for n, s in step.inputs.items() if n not in contract}
     if list(step_inputs) != list(user_inputs):
         raise InvalidValueError(

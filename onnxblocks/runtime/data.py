@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.errors import FileAccessError, FileMissingError, InvalidValueError, IsAFolderError
+from onnxblocks._core.errors import (
+    FileAccessError,
+    FileMissingError,
+    InvalidValueError,
+    IsAFolderError,
+    UnknownNameError,
+)
 
 
 class ArrayBatches:
@@ -180,3 +186,43 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             f"Cannot read '{path}' as an .npz archive of arrays ({type(exc).__name__}: {exc}): the file is corrupt "
             "or not an .npz file. Write it again with numpy.savez."
         ) from None
+
+
+def as_batch(raw: Any, names: Sequence[str]) -> tuple:
+    """One batch as a tuple of arrays in ``names`` order (a bare array, a dict by input name, or a sequence)."""
+    if isinstance(raw, np.ndarray):
+        return (raw,)
+    if isinstance(raw, Mapping):
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise UnknownNameError(
+                f"The batch dict has no array for input(s) {missing}; it has {sorted(raw)}. "
+                f"The model's inputs are {list(names)}."
+            )
+        return tuple(raw[n] for n in names)
+    return tuple(raw)
+
+
+def batch_rows(batch: tuple) -> int:
+    """The number of rows of a batch (its first array's leading dim; 1 for a scalar)."""
+    first: tuple[int, ...] = np.shape(batch[0]) if batch else ()
+    return int(first[0]) if first else 1
+
+
+def batches_left(data: Any) -> int | None:
+    """How many batches ``data`` still yields in this epoch, when it can tell (None otherwise)."""
+    if isinstance(data, ArrayBatches):
+        return data.batches_left
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def is_iterable(data: object) -> bool:
+    """Whether ``data`` can be iterated over as batches (a str or bytes cannot)."""
+    try:
+        iter(data)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return not isinstance(data, (str, bytes))

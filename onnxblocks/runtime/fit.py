@@ -33,7 +33,7 @@ import numpy as np
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.runtime.callbacks import Callback
-from onnxblocks.runtime.data import ArrayBatches
+from onnxblocks.runtime.data import ArrayBatches, as_batch, batch_rows, batches_left, is_iterable
 from onnxblocks.runtime.lr_schedulers import ReduceLROnPlateau
 from onnxblocks.runtime.progress import ProgressBar
 from onnxblocks.runtime.schedulers import Schedule
@@ -188,7 +188,7 @@ def fit(
         raise InvalidValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
     session._require_optimizer()  # the clear "no optimizer model" error, before any work
     for name, data in (("train_data", train_data), ("eval_data", eval_data)):
-        if (data is None and name == "train_data") or (data is not None and not _iterable(data)):
+        if (data is None and name == "train_data") or (data is not None and not is_iterable(data)):
             raise InvalidTypeError(
                 f"fit: {name} must be an iterable of batches (an ArrayBatches, a list of (inputs...) tuples), not "
                 f"{type(data).__name__} {data!r:.60}. Wrap arrays with onnxblocks.runtime.ArrayBatches((x, y), 32)."
@@ -238,11 +238,11 @@ def _run_epochs(
         for cb in callbacks:
             cb.on_epoch_begin(run)
         if bar is not None:
-            bar.start_epoch(epoch + 1, epochs, _batches_left(train_data))
+            bar.start_epoch(epoch + 1, epochs, batches_left(train_data))
         epoch_losses: list[float] = []
         names = session.input_names
         for raw in train_data:
-            batch = _as_batch(raw, names)
+            batch = as_batch(raw, names)
             # one step per batch: train, update and reset in one call (one run with a fused step model)
             fused = accumulation_steps == 1 and session.accumulated_steps == 0
             if fused:
@@ -253,7 +253,7 @@ def _run_epochs(
             loss = _scalar(outputs[0])
             epoch_losses.append(loss)
             history.losses.append(loss)
-            rows = _rows(batch)
+            rows = batch_rows(batch)
             history.samples += rows
             for cb in callbacks:
                 cb.on_batch_end(run, loss, outputs, batch)
@@ -305,9 +305,9 @@ def evaluate(
         cb.on_eval_begin(run)
     total, rows = 0.0, 0
     for raw in data:
-        batch = _as_batch(raw, session.eval_input_names)
+        batch = as_batch(raw, session.eval_input_names)
         outputs = session.eval_step(*batch)
-        n = _rows(batch)
+        n = batch_rows(batch)
         total += _scalar(outputs[0]) * n
         rows += n
         for cb in callbacks:
@@ -388,46 +388,10 @@ def _optimizer_step(run: FitRun, callbacks: Sequence[Callback]) -> None:
     _step_taken(run, callbacks)
 
 
-def _as_batch(raw: Any, names: Sequence[str]) -> tuple:
-    if isinstance(raw, np.ndarray):
-        return (raw,)
-    if isinstance(raw, Mapping):
-        missing = [n for n in names if n not in raw]
-        if missing:
-            raise UnknownNameError(
-                f"The batch dict has no array for input(s) {missing}; it has {sorted(raw)}. "
-                f"The model's inputs are {list(names)}."
-            )
-        return tuple(raw[n] for n in names)
-    return tuple(raw)
-
-
-def _rows(batch: tuple) -> int:
-    first: tuple[int, ...] = np.shape(batch[0]) if batch else ()
-    return int(first[0]) if first else 1
-
-
 def _scalar(loss: np.ndarray) -> float:
     array = np.asarray(loss, dtype=np.float64)
     return float(array.reshape(-1)[0]) if array.size == 1 else float(array.mean())
 
 
-def _batches_left(data: Any) -> int | None:
-    if isinstance(data, ArrayBatches):
-        return data.batches_left
-    try:
-        return len(data)
-    except TypeError:
-        return None
-
-
 def _summary(logs: Mapping[str, float]) -> str:
     return " ".join(f"{k} {v:.4f}" for k, v in logs.items() if k not in ("epoch", "loss"))
-
-
-def _iterable(data: object) -> bool:
-    try:
-        iter(data)  # type: ignore[call-overload]
-    except TypeError:
-        return False
-    return not isinstance(data, (str, bytes))
