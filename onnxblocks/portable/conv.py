@@ -148,8 +148,17 @@ def _transposed_into(
     kernel = window.kernel or (w_dims[2:] if w_dims is not None else None)
     sizes = [dy_dims[2:] if dy_dims else None, x_dims[2:] if x_dims else None, kernel]
     if any(v is None or len(v) != spatial or any(d is None for d in v) for v in sizes):
+        # sizes known only at run time: the transposed size is X's plus the end pad, less what the stride's
+        # floor dropped (at most stride - 1), so the attributes tell when a cut alone, or nothing, fits it
         assert x is not None
-        _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, out)
+        end = window.pads[spatial:]
+        if not any(end) and all(s == 1 for s in window.strides):
+            _transposed(w, dy, weight, window, group, out)
+        elif all(e >= s - 1 for e, s in zip(end, window.strides, strict=True)):
+            y = _transposed(w, dy, weight, window, group)
+            w.op("Slice", [y, w.ints([0] * spatial), w.shape(x, 2), w.ints(list(range(2, 2 + spatial)))], out)
+        else:
+            _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, out)
         return
     begin = window.pads[:spatial]
     dy_sizes, x_sizes, k_sizes = ([int(d or 0) for d in v or []] for v in sizes)
