@@ -1,11 +1,9 @@
 """Guards in front of ONNX Runtime: data it would crash on, or silently compute garbage from, refused first.
 
-ONNX Runtime's CPU kernels trust their inputs. A checkpoint that does not fit the
-training model, an empty batch (a division by the batch size: SIGFPE), a class
-label past the number of classes (``SoftmaxCrossEntropyLoss`` reads outside the
-scores: SIGSEGV, or a garbage loss for ``5`` of 5 classes and ``-1``) kill the
-process or give wrong numbers without a word. The session calls these guards
-before each ONNX Runtime call that takes such data:
+ONNX Runtime's CPU kernels trust their inputs. A checkpoint that does not fit the training model, an empty
+batch (a division by the batch size: SIGFPE), a class label past the number of classes (``SoftmaxCrossEntropyLoss``
+reads outside the scores: SIGSEGV, or a garbage loss for ``5`` of 5 classes and ``-1``) kill the process or give
+wrong numbers without a word. The session calls these guards before each ONNX Runtime call that takes such data:
 
 * :func:`check_checkpoint_for` before a checkpoint is loaded (also by
   ``load_checkpoint``): the whole file, then its names, element types and shapes
