@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,6 +39,8 @@ class GradientGraphBuilder:
         y_node_arg_names: Outputs the gradient model keeps (the loss is added when missing).
         x_node_arg_names: Weights (initializers) and graph inputs whose gradient is output as ``<x>_grad``.
         loss_node_arg_name: The scalar loss the gradients are taken of.
+        gradient_graph_config: Accepted for compatibility and unused: onnxblocks' normalisation
+            and ONNX Runtime's default builder settings apply.
 
     Raises:
         UnknownNameError: for a loss, y or x name the model does not have.
@@ -49,6 +52,7 @@ class GradientGraphBuilder:
         y_node_arg_names: Iterable[str],
         x_node_arg_names: Iterable[str],
         loss_node_arg_name: str,
+        gradient_graph_config: Any = None,
     ) -> None:
         if isinstance(model_bytes, onnx.ModelProto):
             self._forward = onnx.ModelProto()

@@ -90,7 +90,7 @@ def _trained(model: onnx.ModelProto, parameters: TrainingParameters) -> list[str
 
 
 def _cache_dir(model_bytes: bytes, parameters: TrainingParameters) -> Path:
-    from onnxblocks import __version__
+    from onnxblocks._core.version import __version__
     from onnxblocks.gradient.worker import cache_root
 
     digest = hashlib.sha256(model_bytes)

@@ -256,6 +256,7 @@ PUBLIC: dict[str, list[str]] = {
     ],
     "onnxblocks.cli": ["CliError", "EXIT_FAILURE", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"],
     "onnxblocks.compat": ["AdamWOptimizer", "ReferenceAdamW", "ReferenceSGD", "SGDOptimizer", "artifacts", "onnxblock"],
+    "onnxblocks.compat.legacy": ["GradientGraphBuilder", "TrainingParameters", "TrainingSession"],
     "onnxblocks.torch": ["ExportError", "OnnxFunction", "OnnxModule", "OrtModule", "OrtRunError", "onnx_function"],
     "onnxblocks.torch.distributed": ["DataParallel"],
 }
