@@ -80,7 +80,7 @@ def _trained(model: onnx.ModelProto, parameters: TrainingParameters) -> list[str
     if missing:
         raise UnknownNameError(
             f"weights_to_train names '{missing[0]}', which is not a float initializer of the model."
-            f"{did_you_mean(missing[0], floats)}"
+            f"{did_you_mean(missing[0], floats)} The float initializers: {', '.join(floats[:20])}."
         )
     skip = set(parameters.weights_not_to_train or ()) | _immutable(model, parameters.immutable_weights or {})
     names = [name for name in (given or floats) if name not in skip]
@@ -96,6 +96,11 @@ def _cache_dir(model_bytes: bytes, parameters: TrainingParameters) -> Path:
     digest = hashlib.sha256(model_bytes)
     digest.update(json.dumps([__version__, parameters._key()], sort_keys=True, default=repr).encode())
     return cache_root() / "legacy-training" / digest.hexdigest()[:32]
+
+
+def dict_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays copied out of a checkpoint's memory maps (the file they map is about to be replaced)."""
+    return {name: np.array(value) for name, value in arrays.items()}
 
 
 class TrainingSession:
@@ -285,23 +290,63 @@ class TrainingSession:
         return state
 
     def load_state(self, dict: Mapping[str, Any], strict: bool = False) -> None:  # legacy name
-        """Set the weights from a :meth:`get_state` dict (optimizer entries are checked, then left as they are).
+        """Set weights and optimizer state from a :meth:`get_state` dict; names it does not hold keep their values.
 
         Raises:
-            UnknownNameError: with ``strict``, for a weight missing from the dict or a name the session lacks.
+            UnknownNameError: for a name the session does not have (with ``strict``, also for one it lacks).
+            InvalidValueError: for an array of the wrong shape, or ``Update_Count`` values that differ.
         """
         if not isinstance(dict, Mapping):
             raise InvalidTypeError(f"load_state takes a dict {{name: array}}, not {type(dict).__name__}.")
-        known = set(self.get_state()) if strict else set(self._weights)
-        if strict:
-            extra = [k for k in dict if k not in known]
-            missing = [k for k in self._weights if k not in dict]
-            if extra or missing:
-                raise UnknownNameError(
-                    f"load_state(strict=True): {'unknown name' if extra else 'missing weight'} "
-                    f"'{(extra or missing)[0]}'.{did_you_mean((extra or missing)[0], sorted(known))}"
+        current = self.get_state()
+        extra = [k for k in dict if k not in current]
+        missing = [k for k in current if k not in dict] if strict else []
+        if extra or missing:
+            bad = (extra or missing)[0]
+            raise UnknownNameError(
+                f"load_state{'(strict=True)' if strict else ''}: {'unknown name' if extra else 'missing entry'} "
+                f"'{bad}'.{did_you_mean(bad, sorted(current))}"
+            )
+        values = {}
+        for name, value in dict.items():
+            array = np.asarray(value, dtype=current[name].dtype)
+            if array.shape != current[name].shape:
+                raise InvalidValueError(
+                    f"load_state: '{name}' has shape {array.shape}; the session's is {current[name].shape}."
                 )
-        self._session.set_parameters({k: v for k, v in dict.items() if k in self._weights})
+            values[name] = array
+        self._session.set_parameters({k: v for k, v in values.items() if k in self._weights})
+        if any(k not in self._weights for k in values):
+            self._load_optimizer_state({**current, **values})
+
+    def _load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
+        from onnxblocks._core.contracts import STEP_PROPERTY
+        from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+
+        counts = {int(v.reshape(-1)[0]) for k, v in state.items() if k.startswith("Update_Count_")}
+        if len(counts) > 1:
+            raise InvalidValueError(f"load_state: the Update_Count entries differ ({sorted(counts)}); give one value.")
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = load_checkpoint(self._session.save_checkpoint(Path(tmp) / "now", include_optimizer_state=True))
+            groups = {}
+            for group_name, group in saved.optimizer_state.items():
+                moments = {
+                    w: [state.get(f"Moment_{i + 1}_{w}", m) for i, m in enumerate(arrays)]
+                    for w, arrays in group.get("moments", {}).items()
+                }
+                step = next(iter(counts)) - 1 if counts else group.get("step", 0)
+                groups[group_name] = {**group, "moments": moments, "step": step}
+            properties = dict(saved.properties)
+            if STEP_PROPERTY in properties and groups:
+                properties[STEP_PROPERTY] = next(iter(groups.values()))["step"]
+            target = Path(tmp) / "loaded"
+            save_checkpoint(
+                (dict_copy(saved.trainable), dict_copy(saved.frozen)),
+                target,
+                optimizer_state=groups,
+                properties=properties,
+            )
+            self._session.load_checkpoint(target)
 
     def __repr__(self) -> str:
         return (

@@ -48,8 +48,12 @@ def _lamb_numpy(params: dict[str, torch.Tensor], state: dict, lr: float, wd: flo
 def _reference(case: str) -> tuple[list[float], dict[str, np.ndarray]]:
     optimizer_name, floats, _, accumulate = CASES[case]
     params = {n: torch.tensor(v, requires_grad=True) for n, v in weights().items()}
-    if optimizer_name == "AdamOptimizer":
-        optimizer: torch.optim.Optimizer | None = torch.optim.Adam(params.values(), lr=lr_at(0))
+    if optimizer_name == "AdamOptimizer" and floats.get("lambda"):  # mode 0: decoupled, as torch.optim.AdamW
+        optimizer: torch.optim.Optimizer | None = torch.optim.AdamW(
+            params.values(), lr=lr_at(0), eps=floats["epsilon"], weight_decay=floats["lambda"]
+        )
+    elif optimizer_name == "AdamOptimizer":
+        optimizer = torch.optim.Adam(params.values(), lr=lr_at(0))
     elif optimizer_name == "SGDOptimizer":
         optimizer = torch.optim.SGD(params.values(), lr=lr_at(0))
     else:
@@ -154,28 +158,82 @@ def test_set_gradients_as_graph_outputs_fetches_the_gradients(legacy_cache):
     params = {n: torch.tensor(v, requires_grad=True) for n, v in weights().items()}
     want = _forward(params, 0)
     want.backward()
-    np.testing.assert_allclose(loss, float(want), rtol=1e-6)
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-6)
     np.testing.assert_allclose(grad, params["W1"].grad.numpy(), rtol=1e-5, atol=1e-7)
     # the step was applied: W1 moved by -lr * grad
     np.testing.assert_allclose(session.get_state()["W1"], weights()["W1"] - 0.1 * grad, rtol=1e-6, atol=1e-7)
 
 
-def test_load_state_round_trips_and_checks_names(legacy_cache):
+def _adam_session() -> TrainingSession:
     from support.legacy_program import mlp_with_loss
 
     parameters = TrainingParameters()
     parameters.loss_output_name = "loss"
-    session = TrainingSession(mlp_with_loss().SerializeToString(), parameters)
+    parameters.training_optimizer_name = "AdamOptimizer"
+    return TrainingSession(mlp_with_loss().SerializeToString(), parameters)
+
+
+def _feeds(step: int) -> dict[str, np.ndarray]:
+    x, y = batch(step)
+    return {"x": x, "y": y, "Learning_Rate": np.array([lr_at(step)], np.float32)}
+
+
+def test_get_state_then_load_state_resumes_bit_exact(legacy_cache):
+    whole = _adam_session()
+    for step in range(6):
+        whole.run(None, _feeds(step))
+    state = whole.get_state()
+    assert set(whole.get_optimizer_state()) == set(NAMES)
+    resumed = _adam_session()  # a fresh session: initial weights, no moments
+    resumed.load_state(state, strict=True)
+    for name, value in state.items():
+        np.testing.assert_array_equal(resumed.get_state()[name], value, err_msg=name)
+    for step in range(6, 10):
+        want = whole.run(["loss"], _feeds(step))[0]
+        assert resumed.run(["loss"], _feeds(step))[0] == want
+    for name, value in whole.get_state().items():
+        np.testing.assert_array_equal(resumed.get_state()[name], value, err_msg=name)
+
+
+def test_load_state_and_run_check_names(legacy_cache):
+    session = _adam_session()
     state = {n: v + 1.0 for n, v in weights().items()}
-    session.load_state(state, strict=True)
+    session.load_state(state)  # weights only: the moments stay
     for name in NAMES:
         np.testing.assert_array_equal(session.get_state()[name], state[name])
+    with pytest.raises(UnknownNameError, match="missing entry 'Moment_1_W1'"):
+        session.load_state(state, strict=True)
     with pytest.raises(UnknownNameError, match="'nope'"):
-        session.load_state({**state, "nope": np.zeros(1)}, strict=True)
+        session.load_state({**state, "nope": np.zeros(1)})
+    with pytest.raises(InvalidValueError, match="'W1' has shape"):
+        session.load_state({"W1": np.zeros(3)})
     with pytest.raises(UnknownNameError, match="Learning_Rate"):
         session.run(None, {"x": batch(0)[0], "y": batch(0)[1]})
     with pytest.raises(UnknownNameError, match="'z'"):
-        session.run(["z"], {"x": batch(0)[0], "y": batch(0)[1], "Learning_Rate": np.array([0.1], np.float32)})
+        session.run(["z"], _feeds(0))
+    with pytest.raises(UnknownNameError, match="lacks the input 'y'"):
+        session.run(None, {"x": batch(0)[0], "Learning_Rate": np.array([0.1], np.float32)})
+
+
+def test_weights_to_train_and_immutable_weights_choose_what_trains(legacy_cache):
+    from support.legacy_program import mlp_with_loss
+
+    data = mlp_with_loss().SerializeToString()
+    parameters = TrainingParameters()
+    parameters.loss_output_name = "loss"
+    parameters.weights_not_to_train = {"b1"}
+    parameters.immutable_weights = {"Add": [(1, 0.0)]}  # b2: one element, 0.0, the second input of an Add
+    session = TrainingSession(data, parameters)
+    assert sorted(session.get_model_state()["full_precision"]) == ["W1", "W2"]
+    session.run(None, _feeds(0))
+    parameters = TrainingParameters()
+    parameters.loss_output_name = "loss"
+    parameters.weights_to_train = {"W2", "b2"}
+    session = TrainingSession(data, parameters)
+    assert sorted(session.get_model_state()["full_precision"]) == ["W2", "b2"]
+    parameters.weights_to_train = {"W3"}
+    with pytest.raises(UnknownNameError, match="'W3'.*float initializers: W1, b1, W2, b2"):
+        TrainingSession(data, parameters)
 
 
 def test_parameters_refuse_distributed_fields_and_unknown_names():

@@ -76,6 +76,7 @@ def mlp_with_loss(tag: str = "") -> onnx.ModelProto:
 #: The cases: optimizer, float attributes, int attributes, gradient accumulation steps.
 CASES: dict[str, tuple[str, dict, dict, int]] = {
     "adam": ("AdamOptimizer", {}, {"do_bias_correction": 1}, 1),
+    "adam-lambda": ("AdamOptimizer", {"lambda": 0.05, "epsilon": 1e-7}, {"weight_decay_mode": 0}, 1),
     "sgd": ("SGDOptimizer", {}, {}, 1),
     "lamb": ("LambOptimizer", {"lambda": 0.01}, {}, 1),
     "adam-accumulate-4": ("AdamOptimizer", {}, {"do_bias_correction": 1}, 4),
