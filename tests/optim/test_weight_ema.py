@@ -22,6 +22,7 @@ import torch
 from support.runtime_support import PARAMS, classification_data, mlp_model
 
 from onnxblocks import artifacts, optim
+from onnxblocks.checkpoint import load_checkpoint
 from onnxblocks.errors import InvalidValueError, StateError
 from onnxblocks.runtime import TrainingSession, fit, resume
 from onnxblocks.runtime.callbacks import Callback
@@ -128,8 +129,6 @@ def test_the_checkpoint_holds_the_ema_and_resume_continues_it_bit_exactly(tmp_pa
     checkpoint = first.save_checkpoint(tmp_path / "checkpoint")
     assert first.parameter_names() == sorted(PARAMS)  # the average is no model parameter
 
-    from onnxblocks.checkpoint import load_checkpoint
-
     stored = load_checkpoint(checkpoint)
     assert sorted(stored.frozen) == sorted(f"onnxblocks.extra/ema/{n}" for n in PARAMS)
     if not portable:  # ONNX Runtime's own training API loads it, trains, and counts only the model's parameters
@@ -181,3 +180,6 @@ def test_use_ema_without_an_average_and_a_decay_mismatch_are_refused(tmp_path) -
     resumed = TrainingSession(directory, checkpoint=session.save_checkpoint(tmp_path / "ck"))
     with pytest.raises(InvalidValueError, match=f"decay {DECAY}"):
         fit(resumed, [(x, y)], epochs=1, callbacks=[WeightEMA(0.5)], progress=False)
+    resumed.weight_ema = None  # dropped: the next checkpoint holds no average
+    plain = TrainingSession(directory, checkpoint=resumed.save_checkpoint(tmp_path / "plain"))
+    assert plain.weight_ema is None and not load_checkpoint(tmp_path / "plain").frozen
