@@ -47,6 +47,10 @@ CHUNK_BYTES = 4 * 1024 * 1024
 Parameter = onnx.TensorProto | _weights.TensorSource
 #: Name of the i-th moment of a parameter in an optimizer group (ONNX Runtime's ``momentum0``, ``momentum1``).
 MOMENT_NAME = "momentum{}"
+#: Frozen tensors whose names start with this are kept beside the model's parameters (a weight EMA:
+#: ``onnxblocks.extra/ema/<parameter>``): ONNX Runtime loads and saves them as it does any frozen parameter, the
+#: model never reads them, and onnxblocks' checks and backends leave them out of the model's parameters.
+EXTRA_PREFIX = "onnxblocks.extra/"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from onnxblocks._core.errors import (
 )
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint.load import _Reader, check_scalars
-from onnxblocks.checkpoint.save import MOMENT_NAME
+from onnxblocks.checkpoint.save import EXTRA_PREFIX, MOMENT_NAME
 
 __all__ = ["check_checkpoint", "model_parameter_slots"]
 
@@ -164,7 +164,8 @@ def _model_slots(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, 
 def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) -> None:
     parsed = reader.parsed
     where = f"Checkpoint '{reader.path}'"
-    entries = [*parsed.trainable, *parsed.frozen]
+    # tensors kept beside the model's (a weight EMA) under the reserved prefix are no model parameters
+    entries = [e for e in (*parsed.trainable, *parsed.frozen) if not e.name.startswith(EXTRA_PREFIX)]
     names = [e.name for e in entries]
     unknown = [n for n in names if n not in slots]
     trained = {n for n in slots if buffer_name(n) in slots}

@@ -45,6 +45,7 @@ from onnxblocks._core.contracts import (
 )
 from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateError, preview
 from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.consistency import check_artifact_set, load_error
@@ -409,4 +410,6 @@ def _read(checkpoint: Path) -> Any:
             f"Checkpoint '{checkpoint}' is nominal (parameter names without values); the portable backend trains "
             "from values. Pass the complete checkpoint generate_artifacts wrote."
         )
+    # a weight EMA's tensors are no model parameters: the session reads and writes them (runtime/ema.py)
+    ck.frozen = {n: v for n, v in ck.frozen.items() if not n.startswith(EXTRA_PREFIX)}
     return ck

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from onnxblocks._core.errors import InvalidValueError, preview
+from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.consistency import check_artifact_set
@@ -51,7 +52,10 @@ class TrainingBuildBackend:
         except RuntimeError as exc:
             raise InvalidValueError(f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}") from None
         if self._state is not None:
-            before, after = set(self._state.parameter_names()), set(state.parameter_names())
+            # a weight EMA (EXTRA_PREFIX tensors) may come or go: the model's parameters must stay
+            before, after = (
+                {n for n in st.parameter_names() if not n.startswith(EXTRA_PREFIX)} for st in (self._state, state)
+            )
             if before != after:
                 raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds parameters {preview(sorted(after))}, but the session has "

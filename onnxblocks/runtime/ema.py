@@ -6,9 +6,18 @@ keeps: the first update copies the trainable parameters, each later one moves th
 average towards them, ``ema = lerp(ema, w, 1 - decay)`` (rounded once, as torch's
 fused multiply-add). :meth:`WeightEMA.applied` puts the averaged weights into the
 session for an evaluation or an export (``session.export_inference_model(...)`` inside it exports
-them instead of the raw weights) and puts the raw ones back after; :meth:`WeightEMA.save`
-and :meth:`WeightEMA.load` keep the average in an ``.npz`` file beside the checkpoint
-(ONNX Runtime's checkpoint layout has no slot for it).
+them instead of the raw weights) and puts the raw ones back after.
+
+In the checkpoint: during ``fit`` the callback attaches itself to the session
+(``session.weight_ema``), and every checkpoint the session saves holds the average
+as frozen tensors ``onnxblocks.extra/ema/<parameter>`` (plus the decay and update
+count in the property ``onnxblocks.ema``). ONNX Runtime's training API loads and
+saves such a checkpoint as any other (the model never reads those tensors);
+onnxblocks leaves them out of the model's parameters. Loading the checkpoint
+(``resume``, ``load_checkpoint``, ``TrainingSession(checkpoint=...)``) restores the
+average into ``session.weight_ema``, a fresh ``WeightEMA`` callback of the same decay
+takes it over, and ``session.export_inference_model(path, use_ema=True)`` exports it.
+:meth:`WeightEMA.save` and :meth:`WeightEMA.load` keep an ``.npz`` file instead.
 """
 
 from __future__ import annotations
@@ -17,12 +26,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidValueError, StateError
+from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime.callbacks import Callback
 
 if TYPE_CHECKING:
@@ -56,6 +67,18 @@ class WeightEMA(Callback):
                 moved = ema.astype(np.float64) + np.float64(np.float32(weight)) * (value - ema).astype(np.float64)
                 self.average[name] = moved.astype(ema.dtype)
         self.updates += 1
+
+    def on_train_begin(self, run: FitRun) -> None:
+        """Attach to the session (its checkpoints hold the average); take over an average it restored."""
+        restored = getattr(run.session, "weight_ema", None)
+        if restored is not None and restored is not self and self.average is None:
+            if restored.decay != self.decay:
+                raise InvalidValueError(
+                    f"The checkpoint holds a weight EMA of decay {restored.decay}, but this WeightEMA has decay "
+                    f"{self.decay}: pass WeightEMA({restored.decay}) to continue it."
+                )
+            self.average, self.updates = restored.average, restored.updates
+        run.session.weight_ema = self
 
     def on_step_end(self, run: FitRun) -> None:
         self.update(run.session.parameters(trainable_only=True))
@@ -105,5 +128,52 @@ class WeightEMA(Callback):
 
 #: The key of the update count in the saved file.
 _UPDATES = "__weight_ema_updates__"
+#: The checkpoint's frozen tensors of the average: ``onnxblocks.extra/ema/<parameter>``.
+EMA_PREFIX = f"{EXTRA_PREFIX}ema/"
+#: The checkpoint property holding ``{"decay": d, "updates": n}``.
+EMA_PROPERTY = "onnxblocks.ema"
+
+
+def ema_from_checkpoint(properties: dict[str, Any], path: Path) -> WeightEMA | None:
+    """The average the checkpoint ``path`` holds (``properties``: its properties, decoded), or None.
+
+    Raises:
+        InvalidValueError: for an ``onnxblocks.ema`` property that is not ``{"decay": d, "updates": n}``.
+    """
+    info = properties.get(EMA_PROPERTY)
+    if info is None:
+        return None
+    tensors = {n: v for n, v in load_checkpoint(path).frozen.items() if n.startswith(EMA_PREFIX)}
+    if not tensors:
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("updates"), int) or info["updates"] < 1:
+        raise InvalidValueError(
+            f"The checkpoint property '{EMA_PROPERTY}' is {info!r:.80}, not {{'decay': d, 'updates': n}}: "
+            "save the checkpoint again from a session with a WeightEMA."
+        )
+    ema = WeightEMA(info.get("decay", 0.999))
+    ema.average = {n[len(EMA_PREFIX) :]: np.array(v, copy=True) for n, v in tensors.items()}
+    ema.updates = info["updates"]
+    return ema
+
+
+def ema_property(ema: WeightEMA | None) -> dict[str, Any] | None:
+    """The ``onnxblocks.ema`` property value of ``ema`` (None without an average)."""
+    return None if ema is None or ema.average is None else {"decay": ema.decay, "updates": ema.updates}
+
+
+def write_ema_tensors(path: Path, ema: WeightEMA | None) -> None:
+    """Rewrite the checkpoint ``path`` with the average as its ``EMA_PREFIX`` frozen tensors (or none)."""
+    checkpoint = load_checkpoint(path)
+    frozen: dict[str, Any] = {n: v for n, v in checkpoint.frozen.items() if not n.startswith(EMA_PREFIX)}
+    if ema is not None and ema.average is not None:
+        frozen |= {f"{EMA_PREFIX}{n}": v for n, v in ema.average.items()}
+    save_checkpoint(
+        (checkpoint.trainable, frozen),
+        path,
+        optimizer_state=checkpoint.optimizer_state or None,
+        properties=checkpoint.properties,
+    )
+
 
 __all__ = ["WeightEMA"]

@@ -40,9 +40,18 @@ from onnxblocks._core.errors import (
     did_you_mean,
     preview,
 )
+from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import guards as _guards
 from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.backend import Backend, BackendName, select_backend
+from onnxblocks.runtime.ema import (
+    EMA_PREFIX,
+    EMA_PROPERTY,
+    WeightEMA,
+    ema_from_checkpoint,
+    ema_property,
+    write_ema_tensors,
+)
 from onnxblocks.runtime.export import export_inference, forward_outputs_hint
 from onnxblocks.runtime.inputs import InputSpec, check_batch, read_input_specs
 from onnxblocks.runtime.layout import ArtifactFiles
@@ -119,6 +128,9 @@ class TrainingSession:
         #: Called with the session by :meth:`optimizer_step` before the parameters are updated (data-parallel
         #: training all-reduces the gradients there: ``onnxblocks.torch.distributed``); None: nothing.
         self.gradient_reducer: Callable[[TrainingSession], None] | None = None
+        #: The weight EMA the session's checkpoints hold (``onnxblocks.runtime.WeightEMA``: attached by it in
+        #: ``fit``, restored from a checkpoint that holds one); None: none.
+        self.weight_ema: WeightEMA | None = None
         self._checked: set[tuple] = set()
         self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
         self._open(self._checkpoint_path)
@@ -142,6 +154,7 @@ class TrainingSession:
             self._impl.load(checkpoint)
         self._pending = 0
         self._step = int(self._impl.properties().get(STEP_PROPERTY, 0))  # checked with the checkpoint
+        self.weight_ema = ema_from_checkpoint(self._raw_properties(), checkpoint)
 
     @property
     def _backend(self) -> Backend:
@@ -371,7 +384,7 @@ class TrainingSession:
     # ------------------------------------------------------------ parameters
     def parameter_names(self, trainable_only: bool = False) -> list[str]:
         """Names of the parameters in the checkpoint state, sorted."""
-        names = self._backend.parameter_names()
+        names = [n for n in self._backend.parameter_names() if not n.startswith(EXTRA_PREFIX)]  # no EMA tensors
         if trainable_only:
             names = [n for n in names if self._backend.is_trainable(n)]
         return names
@@ -522,10 +535,16 @@ class TrainingSession:
     def _save(self, path: Path, include_optimizer_state: bool, values: Mapping[str, Any]) -> Path:
         encoded = {name: _props.encode(value, name) for name, value in values.items()}
         encoded[STEP_PROPERTY] = self.step
+        ema = ema_property(self.weight_ema)
+        if ema is not None or EMA_PROPERTY in self._backend.properties():
+            encoded[EMA_PROPERTY] = _props.encode(ema, EMA_PROPERTY)
         for name, value in encoded.items():
             self._backend.set_property(name, value)
+        stale = any(n.startswith(EMA_PREFIX) for n in self._backend.parameter_names())
         with _guards.checkpoint_output(path) as temp:  # with <temp>.data, if any, replaces the old pair at once
             self._backend.save(temp, include_optimizer_state)
+            if ema is not None or stale:  # the average as frozen tensors ONNX Runtime loads and ignores
+                write_ema_tensors(temp, self.weight_ema)
         return path
 
     def set_properties(self, properties: Mapping[str, Any]) -> None:
@@ -545,7 +564,9 @@ class TrainingSession:
         model_outputs = forward_outputs_hint(self.files.eval_model)
         return model_outputs or outputs
 
-    def export_inference_model(self, path: str | os.PathLike, output_names: Sequence[str] | None = None) -> Path:
+    def export_inference_model(
+        self, path: str | os.PathLike, output_names: Sequence[str] | None = None, *, use_ema: bool = False
+    ) -> Path:
         """Write an inference model with the current (trained) parameters.
 
         The eval model is cut down to the nodes that compute ``output_names``;
@@ -559,12 +580,14 @@ class TrainingSession:
         Args:
             path: Destination ``.onnx`` file.
             output_names: Outputs to keep; default :meth:`default_inference_outputs`.
+            use_ema: Export the weight EMA (:attr:`weight_ema`: a ``WeightEMA`` of ``fit``, or the one the
+                loaded checkpoint holds) instead of the trained weights.
 
         Returns:
             The path written.
 
         Raises:
-            RuntimeError: if the artifacts have no eval model.
+            RuntimeError: if the artifacts have no eval model, or ``use_ema`` without a weight EMA.
             TypeError: if ``output_names`` is a str (one name: pass ``[name]``) or holds a non-str.
             ValueError: if no output names are given and none can be inferred, or
                 the eval model computes no value of that name.
@@ -582,10 +605,20 @@ class TrainingSession:
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
         assert self.files.eval_model is not None  # export_inference refuses an empty `names`, saying what to pass
         backend = self._backend
-        specs = {n: backend.parameter_spec(n) for n in backend.parameter_names()}
-        return export_inference(
-            self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names
-        )
+        specs = {n: backend.parameter_spec(n) for n in self.parameter_names()}
+        if not use_ema:
+            return export_inference(
+                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names
+            )
+        if self.weight_ema is None or self.weight_ema.average is None:
+            raise StateError(
+                "export_inference_model(use_ema=True): the session holds no weight EMA. Train with "
+                "fit(..., callbacks=[WeightEMA(decay)]) or load a checkpoint saved from such a run."
+            )
+        with self.weight_ema.applied(self):
+            return export_inference(
+                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names
+            )
 
     def __repr__(self) -> str:
         return (

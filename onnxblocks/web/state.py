@@ -42,6 +42,7 @@ from onnxblocks._core.contracts import (
 )
 from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError
 from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.layout import remove_leftovers
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
@@ -96,7 +97,8 @@ class WebState:
         counts = {len(v) for v in moments.values()}
         return cls(
             trainable=dict(checkpoint.trainable),
-            frozen=dict(checkpoint.frozen),
+            # a weight EMA's tensors (EXTRA_PREFIX) stay in Python: the web state carries the model's parameters
+            frozen={n: v for n, v in checkpoint.frozen.items() if not n.startswith(EXTRA_PREFIX)},
             moments=moments,
             states=counts.pop() if len(counts) == 1 else 2,
             step=int(group["step"]) if group else 0,

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from support.optim_family import CASES
 
 import onnxblocks
 from onnxblocks import optim
@@ -41,31 +42,6 @@ def gradients(step: int) -> dict[str, np.ndarray]:
     return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
 
 
-#: (our class, torch class, options); the second group gets lr 2.5 x and its own weight decay.
-CASES = [
-    (optim.SGD, torch.optim.SGD, {}),
-    (optim.SGD, torch.optim.SGD, {"momentum": 0.9}),
-    (optim.SGD, torch.optim.SGD, {"momentum": 0.9, "dampening": 0.3}),
-    (optim.SGD, torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
-    (optim.SGD, torch.optim.SGD, {"weight_decay": 0.1}),
-    (optim.SGD, torch.optim.SGD, {"momentum": 0.5, "weight_decay": 0.05, "maximize": True}),
-    (optim.Adam, torch.optim.Adam, {}),
-    (optim.Adam, torch.optim.Adam, {"amsgrad": True}),
-    (optim.Adam, torch.optim.Adam, {"weight_decay": 0.1, "betas": (0.8, 0.99), "eps": 1e-6}),
-    (optim.Adam, torch.optim.Adam, {"maximize": True, "amsgrad": True}),
-    (optim.AdamW, torch.optim.AdamW, {"amsgrad": True}),
-    (optim.AdamW, torch.optim.AdamW, {"weight_decay": 0.1, "maximize": True}),
-    (optim.AdamW, torch.optim.AdamW, {}),
-    (optim.Adagrad, torch.optim.Adagrad, {}),
-    (optim.Adagrad, torch.optim.Adagrad, {"lr_decay": 0.1}),
-    (optim.Adagrad, torch.optim.Adagrad, {"initial_accumulator_value": 0.5, "eps": 1e-6}),
-    (optim.Adagrad, torch.optim.Adagrad, {"weight_decay": 0.1, "maximize": True}),
-    (optim.RMSprop, torch.optim.RMSprop, {}),
-    (optim.RMSprop, torch.optim.RMSprop, {"momentum": 0.9}),
-    (optim.RMSprop, torch.optim.RMSprop, {"centered": True, "alpha": 0.9}),
-    (optim.RMSprop, torch.optim.RMSprop, {"centered": True, "momentum": 0.5, "weight_decay": 0.1}),
-    (optim.RMSprop, torch.optim.RMSprop, {"maximize": True, "eps": 1e-4}),
-]
 SECOND = ["fc1.bias", "norm.weight"]
 
 
