@@ -359,7 +359,7 @@ class BatchGuard:
         for index, rules in self.rules.items():
             fast = self._fast.get(index)
             array = arrays[index]
-            if fast is None or (array.size and int(_MAXIMUM(array.view(fast[1]))) >= fast[0]):
+            if fast is None or (array.size and int(_MAXIMUM(array.view(fast[1]), axis=None)) >= fast[0]):
                 _check_values(rules, array, what)
 
 

@@ -166,3 +166,39 @@ def test_no_warnings_from_the_guards(art):
         warnings.simplefilter("error")
         session = TrainingSession(art)
         session.train_step(*classification_data())
+
+
+@pytest.mark.parametrize("bad", [3, -7])
+def test_two_dimensional_labels_after_the_batch_signature_passed(tmp_path, bad):
+    """Class-last labels ``[B, T]`` (language models): the per-batch check reduces over every element."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxblocks.artifacts import OptimType, generate_artifacts
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["logits"])],
+        "class_last",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "T", 3])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    for portable in (False, True):
+        directory = tmp_path / f"portable-{portable}"
+        generate_artifacts(
+            model, requires_grad=["W"], loss=losses.CrossEntropyLoss(class_axis=-1),
+            optimizer=OptimType.AdamW, artifact_directory=directory, portable=portable,
+        )  # fmt: skip
+        session = TrainingSession(directory)
+        x = np.ones((2, 5, 4), np.float32)
+        y = np.arange(10, dtype=np.int64).reshape(2, 5) % 3
+        first = session.train_step(x, y)[0]  # the signature is checked in full and remembered
+        again = session.train_step(x, y)[0]  # the per-batch check only: the labels' max over all [2, 5] values
+        np.testing.assert_array_equal(first, again)
+        bad_y = y.copy()
+        bad_y[1, 3] = bad
+        with pytest.raises(ValueError, match=rf"input 'labels' holds {bad} at position \(1, 3\)"):
+            session.train_step(x, bad_y)
