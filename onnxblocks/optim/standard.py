@@ -36,8 +36,8 @@ from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input
 from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
 
 if TYPE_CHECKING:
-    from onnxblocks.portable.optimizer import OptimizerSpec
     from onnxblocks.portable.rules import Rule
+    from onnxblocks.portable.updates import OptimizerSpec
 
 
 def rule(algorithm: str) -> Rule:
@@ -230,7 +230,7 @@ class StandardOptimizer(Optimizer):
         ]
         params = tuple((n, owner.get(n, 0)) for n in names)
         max_norm = self.clip_grad.max_norm if self.clip_grad is not None else None
-        from onnxblocks.portable.optimizer import OptimizerSpec
+        from onnxblocks.portable.updates import OptimizerSpec
 
         return OptimizerSpec(self.algorithm, {}, max_norm, elem_type, tuple(groups), params, self.exact)
 

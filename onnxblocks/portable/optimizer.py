@@ -40,16 +40,9 @@ from onnxblocks.ir.serde import to_proto
 from onnxblocks.portable import groups as _groups
 from onnxblocks.portable.context import Writer
 from onnxblocks.portable.updates import (
-    CLIP_EPSILON,
-    FLAT_LIMIT,
-    AdamWScalars,
     OptimizerSpec,
     OptimizerWriter,
-    adamw_scalars,
-    adamw_update,
     clip,
-    clip_gradients,
-    sgd_update,
     update_parameters,
 )
 
@@ -236,18 +229,4 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     return _finish(inputs, outputs, w, opset, "portable_optimizer")
 
 
-__all__ = [
-    "CLIP_EPSILON",
-    "FLAT_LIMIT",
-    "AdamWScalars",
-    "OptimizerSpec",
-    "OptimizerWriter",
-    "adamw_scalars",
-    "adamw_update",
-    "clip_gradients",
-    "optimizer_model",
-    "portable_optimizer_model",
-    "read_optimizer",
-    "sgd_update",
-    "update_parameters",
-]
+__all__ = ["optimizer_model", "portable_optimizer_model", "read_optimizer"]
