@@ -7,6 +7,8 @@
 * :mod:`~onnxblocks.federated.strategy`: Flower's strategies by name (:func:`build_strategy`) and
   :class:`ValidatingStrategy`, which drops bad replies before they are aggregated
   (:mod:`~onnxblocks.federated.validation`);
+* :mod:`~onnxblocks.federated.simulation`: :func:`simulate`, a federation on Flower's simulation
+  runtime started with ``flwr run``;
 * :mod:`~onnxblocks.federated.history`: :class:`FederatedHistory`, per-round metrics, JSON and plots;
 * :mod:`~onnxblocks.federated.app`: ``client_app`` and ``server_app`` for a Flower app's pyproject.
 
@@ -26,6 +28,7 @@ from onnxblocks.federated.client import make_client_app
 from onnxblocks.federated.history import FederatedHistory
 from onnxblocks.federated.local import ClientUpdate, LocalConfig, evaluate_client, train_client
 from onnxblocks.federated.server import ServerSettings, make_server_app, run_server
+from onnxblocks.federated.simulation import simulate
 from onnxblocks.federated.strategy import ValidatingStrategy, build_strategy
 from onnxblocks.federated.validation import check_arrays
 
@@ -41,5 +44,6 @@ __all__ = [
     "make_client_app",
     "make_server_app",
     "run_server",
+    "simulate",
     "train_client",
 ]

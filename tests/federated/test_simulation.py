@@ -1,6 +1,8 @@
 """Federations on Flower's simulation runtime (Ray): exactness, convergence, FedProx, FedAdam, DP clipping.
 
-Each test is one simulation run (Ray starts once per run, some seconds on two cores), checked several ways.
+Each test is one simulation run (Ray starts once per run, some seconds on two cores), checked several ways:
+in-process with ``flwr.simulation.run_simulation`` (the strategy objects stay inspectable), and the
+convergence run end to end with ``flwr run`` against ``flower-superlink --simulation`` (:func:`simulate`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import pytest
 from support.flower_apps import client_files, non_iid_files, sgd_reference, simulate, spiral_artifacts
 
 from onnxblocks.federated import FederatedHistory, make_client_app, make_server_app
+from onnxblocks.federated import simulate as simulate_with_flwr_run
 from onnxblocks.runtime import TrainingSession
 
 pytestmark = pytest.mark.slow
@@ -169,10 +172,11 @@ def test_non_iid_spirals_converge_with_fedavg(tmp_path):
         with np.load(path) as data:
             counts = np.bincount(data["labels"], minlength=3)
         assert counts.max() / counts.sum() > 0.6
-    server = make_server_app(
+    history = simulate_with_flwr_run(  # `flwr run` against a SuperLink in simulation mode: Flower's own commands
         art,
+        files,
+        workdir=tmp_path / "flower",
         rounds=10,
-        min_nodes=4,
         local_epochs=2,
         lr=0.01,
         batch_size=32,
@@ -180,7 +184,7 @@ def test_non_iid_spirals_converge_with_fedavg(tmp_path):
         history=str(tmp_path / "history.json"),
         plot=str(tmp_path / "rounds.svg"),
     )
-    simulate(server, make_client_app(art, data=files), 4)
+    assert (tmp_path / "flower" / "app" / "pyproject.toml").exists()
     history = FederatedHistory.load(tmp_path / "history.json")
     accuracy = history.metric("accuracy", "server")
     assert [r for r, _ in accuracy] == list(range(11))

@@ -266,6 +266,7 @@ PUBLIC: dict[str, list[str]] = {
         "make_client_app",
         "make_server_app",
         "run_server",
+        "simulate",
         "train_client",
     ],
     "onnxblocks.cli": ["CliError", "EXIT_FAILURE", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"],
