@@ -98,7 +98,8 @@ class ClientUpdate:
     Attributes:
         parameters: The trained trainable parameters, by name (the checkpoint's dtypes and shapes).
         num_examples: Training rows the client holds (the weight of its update).
-        metrics: ``train-loss`` (mean over the round's steps) and ``steps``.
+        metrics: ``train-loss`` (mean over the round's steps), ``steps`` and ``train-seconds`` (the wall time
+            of ``fit``).
         backend: The session's backend (``training`` or ``portable``).
     """
 
@@ -233,7 +234,11 @@ def train_client(
     history = fit(session, batches, epochs=epochs, progress=False, max_steps=steps)
     trained = session.parameters(trainable_only=True)
     losses = np.asarray(history.losses, np.float64)
-    metrics = {"train-loss": float(losses.mean()) if losses.size else math.nan, "steps": float(history.steps)}
+    metrics = {
+        "train-loss": float(losses.mean()) if losses.size else math.nan,
+        "steps": float(history.steps),
+        "train-seconds": float(history.seconds),
+    }
     return ClientUpdate(trained, batches.num_rows, metrics, session.backend)
 
 
