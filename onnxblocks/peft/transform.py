@@ -127,6 +127,8 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     targets: dict[str, LoraTarget] = {}
     for site in sites:
+        if not site.node.name:  # the record names the node: give an unnamed one a name
+            site.node.name = names.fresh(site.node.op_type)
         writer = Writer(names, opset, f"{site.module}.lora")
         targets[site.module] = _add_branch(graph, writer, site, config, rng)
     info = LoraInfo(config=config, targets=targets)
