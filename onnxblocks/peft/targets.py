@@ -5,7 +5,8 @@ read in this order:
 
 1. the dynamo exporter (``torch.onnx.export(dynamo=True)``) writes each node's module scopes in
    its metadata ``pkg.torch.onnx.name_scopes`` (``['', 'model', ..., 'model.layers.0.self_attn.q_proj',
-   'linear']``: the second to last is the module the op ran in);
+   'linear']``: the second to last is the module the op ran in), and in ``namespace``
+   (``...model.layers.0.self_attn.q_proj: torch.nn.modules.linear.Linear/linear: aten.linear.default``);
 2. the TorchScript exporter (``dynamo=False``) names each node after its scope
    (``/model/layers.0/self_attn/q_proj/MatMul``);
 3. a graph without either: the weight initializer's name (``model.layers.0.self_attn.q_proj.weight``).
@@ -38,6 +39,8 @@ __all__ = ["LinearSite", "find_targets", "linear_sites", "matches"]
 
 #: Node metadata key where the dynamo exporter lists the module scopes a node ran in.
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+#: Node metadata key where the dynamo exporter writes the module path and class of each scope.
+NAMESPACE = "namespace"
 _LINEAR_OPS = ("MatMul", "Gemm")
 _PASS_THROUGH = ("Identity",)
 
@@ -88,6 +91,9 @@ def node_module(node: ir.Node) -> str | None:
             parsed = None
         if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
             return parsed[-2]
+    namespace = node.metadata_props.get(NAMESPACE)  # ": Root/path: Class/.../op: aten.op" (older dynamo exports)
+    if namespace and namespace.count("/") >= 1:
+        return namespace.split("/")[-2].split(": ")[0]
     name = node.name or ""
     if name.startswith("/"):
         return ".".join(name.split("/")[1:-1])

@@ -192,3 +192,16 @@ def test_targets_from_each_exporter_and_the_adapted_output(exporter):
         expected = module.out(torch.relu(module.v_proj(h) + h @ lora_v * 2)).numpy()
     (got,) = run_model(out, {"x": x.numpy()})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamo_namespace_metadata_names_the_module_without_name_scopes():
+    """The dynamo exporter's ``namespace`` metadata (module path: class / ... / op) is read too."""
+    model = _model()
+    for i, node in enumerate(model.graph.node):
+        node.name = f"node_{i}"  # no TorchScript scopes
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    gemm.metadata_props.add(
+        key="namespace", value=": M/enc: Enc/enc.fc3: torch.nn.modules.linear.Linear/linear: aten.linear.default"
+    )
+    info = lora_info(apply_lora(model, LoraConfig(target_modules=["fc3", "head"])))
+    assert info is not None and list(info.targets) == ["enc.fc3", "head"]  # head: from its weight's name
