@@ -106,10 +106,11 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
     from onnxblocks.ir import serde
     from onnxblocks.ir.names import graph_names
     from onnxblocks.ir.writer import Writer
-    from onnxblocks.peft.targets import find_targets
+    from onnxblocks.peft.targets import find_targets, resolve_all_linear
 
     working = serde.from_proto(model)
     graph = working.graph
+    config = resolve_all_linear(graph, config)  # the record names the modules, as PEFT's saved config does
     sites = find_targets(graph, config)
     opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
     if config.lora_dropout > 0 and opset < _DROPOUT_INPUTS_SINCE:

@@ -120,7 +120,6 @@ def test_regex_and_exclude_modules_follow_peft_matching():
         (["act"], r"'enc.act'.*not a Linear layer"),
         (["enc"], r"'enc'.*not a Linear layer"),
         (None, r"target_modules=None: name the modules.*enc.fc1"),
-        ("all-linear", "name the modules"),
     ],
 )
 def test_targets_that_cannot_be_adapted_are_refused(targets, match):
@@ -205,3 +204,14 @@ def test_dynamo_namespace_metadata_names_the_module_without_name_scopes():
     )
     info = lora_info(apply_lora(model, LoraConfig(target_modules=["fc3", "head"])))
     assert info is not None and list(info.targets) == ["enc.fc3", "head"]  # head: from its weight's name
+
+
+def test_all_linear_is_every_linear_layer_but_the_output_layer():
+    """PEFT's ``all-linear``: the record names the modules it stood for, as PEFT's saved config does."""
+    info = lora_info(apply_lora(_model(), LoraConfig(target_modules="all-linear", exclude_modules=["fc2"])))
+    assert info is not None and list(info.targets) == ["enc.fc1", "enc.fc3"]  # head: its result is the output
+    assert info.config.target_modules == ("enc.fc1", "enc.fc3")
+    f = io.BytesIO()
+    torch.onnx.export(_Projections(), (torch.randn(2, 5, 8),), f, dynamo=False, input_names=["x"], output_names=["y"])
+    info = lora_info(apply_lora(onnx.load_from_string(f.getvalue()), LoraConfig(target_modules="ALL-LINEAR")))
+    assert info is not None and list(info.targets) == ["q_proj", "v_proj"]  # out: MatMul + bias Add = the output
