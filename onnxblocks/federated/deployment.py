@@ -1,0 +1,548 @@
+"""Flower's deployment engine on localhost: a SuperLink and SuperNodes started with Flower's own commands.
+
+:class:`LocalDeployment` starts ``flower-superlink --insecure`` and one ``flower-supernode --insecure``
+per :class:`NodeSpec` (its ``--node-config``, e.g. ``data-path="a.npz"``), all on free ports of
+127.0.0.1, then submits a Flower app with ``flwr run`` and follows it to the end
+(:meth:`LocalDeployment.run`). Every process logs to a file of the run directory
+(``logs/superlink.log``, ``logs/supernode-<i>.log``, ``logs/run.log``), and ``flwr`` reads its
+connection from a ``config.toml`` there (``FLWR_HOME``), so nothing in ``~/.flwr`` is touched.
+
+Stopping is the point of the class: Flower's SuperLink and SuperNodes start helpers (SuperExec,
+``flwr-serverapp``, ``flwr-clientapp``) in sessions of their own, which a signal to the parent's
+process group does not reach. :meth:`LocalDeployment.stop` (run on leaving the ``with`` block, on
+success, on error and on ``KeyboardInterrupt``) collects every descendant of every process it
+started, sends SIGTERM to each, waits, and sends SIGKILL to whatever is still running.
+
+A SuperNode may run under another interpreter (``NodeSpec.python``: e.g. a Python 3.13 venv with
+stock onnxruntime, where onnxblocks and flwr are importable): Flower's commands are started through
+``python -c`` shims in the run directory, never through the venv's console scripts, so a node's
+SuperExec and ClientApp run under that interpreter too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, StateError
+from onnxblocks.federated.project import ConfigValue, config_arg
+
+logger = logging.getLogger("onnxblocks.federated")
+
+#: The name of the SuperLink connection in the run directory's Flower config.
+CONNECTION = "onnxblocks"
+#: Flower's console scripts the shims stand in for.
+COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
+#: Seconds a process gets between SIGTERM and SIGKILL.
+GRACE_S = 5.0
+
+_SHIM = """#!/bin/sh
+exec {python} -c 'import sys
+from importlib.metadata import entry_points
+(ep,) = entry_points(group="console_scripts", name="{name}")
+sys.argv[0] = "{name}"
+sys.exit(ep.load()())' "$@"
+"""
+
+
+class DeploymentError(StateError):
+    """The deployment engine could not start, or a run on it did not finish."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One SuperNode.
+
+    Attributes:
+        node_config: Its ``--node-config`` (e.g. ``{"data-path": "a.npz"}``): what its ClientApp reads
+            from ``context.node_config``.
+        python: The interpreter it runs under (None: this one). flwr and onnxblocks must be importable there.
+        env: Extra environment variables of the node and its ClientApp (e.g. ``PYTHONPATH``).
+    """
+
+    node_config: Mapping[str, ConfigValue] = field(default_factory=dict)
+    python: str | os.PathLike | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run on the deployment engine ended.
+
+    Attributes:
+        run_id: Flower's run id.
+        status: Flower's status, e.g. ``finished:completed`` or ``finished:failed``.
+        details: Flower's status details (the ServerApp's error when it failed).
+        seconds: Wall time from ``flwr run`` to the end of the run.
+        log: The run's log (``flwr run --stream``: the ServerApp's output).
+    """
+
+    run_id: str
+    status: str
+    details: str
+    seconds: float
+    log: Path
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run completed."""
+        return self.status == "finished:completed"
+
+
+def free_port(taken: Iterable[int] = ()) -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now, and not one of ``taken``."""
+    avoid = set(taken)
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise DeploymentError("No free TCP port was found on 127.0.0.1 in 100 tries.")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _children_table() -> dict[int, list[int]]:
+    """``{ppid: [pid, ...]}`` of every process (Linux ``/proc``; psutil elsewhere, else empty)."""
+    table: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if len(fields) >= 2 and fields[0] != "Z":
+                table.setdefault(int(fields[1]), []).append(int(entry.name))
+        return table
+    try:
+        import psutil  # type: ignore[import-untyped]
+    except ImportError:
+        return table
+    for p in psutil.process_iter(["pid", "ppid"]):
+        table.setdefault(int(p.info["ppid"]), []).append(int(p.info["pid"]))
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of every living descendant of ``pid`` (children first level by level)."""
+    table = _children_table()
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = table.get(todo.pop(0), [])
+        found += [k for k in kids if k not in found]
+        todo += kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():
+        try:
+            text = stat.read_text()
+        except OSError:
+            return False
+        return text[text.rfind(")") + 2 :].split()[:1] != ["Z"]
+    return True
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def terminate_tree(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
+    """SIGTERM ``pids`` and all their descendants; SIGKILL whatever still runs after ``grace_s`` seconds."""
+    everyone: list[int] = []
+    for pid in pids:
+        for p in [pid, *descendants(pid)]:
+            if p not in everyone:
+                everyone.append(p)
+    _signal(everyone, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        # helpers started after the first sweep (a SuperExec launching a ClientApp) are caught too
+        late = [d for pid in pids for d in descendants(pid) if d not in everyone]
+        _signal(late, signal.SIGTERM)
+        everyone += late
+        if not any(alive(p) for p in everyone):
+            return
+        time.sleep(0.1)
+    _signal([p for p in everyone if alive(p)], signal.SIGKILL)
+
+
+class _Process:
+    """One process the deployment started, its log file and its descendants."""
+
+    def __init__(self, name: str, command: list[str], log: Path, env: Mapping[str, str]) -> None:
+        self.name = name
+        self.log = log
+        self._log_file: IO[bytes] = open(log, "ab")  # closed in close()
+        self._log_file.write(f"$ {shlex.join(command)}\n".encode())
+        self._log_file.flush()
+        self.popen = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,  # Ctrl-C at a terminal reaches onnxblocks, which stops everything in order
+        )
+
+    @property
+    def pid(self) -> int:
+        return int(self.popen.pid)
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        try:
+            self.popen.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self._log_file.close()
+
+
+class LocalDeployment:
+    """A SuperLink and SuperNodes on 127.0.0.1, started with Flower's own commands, stopped with everything they start.
+
+    Use it as a context manager::
+
+        with LocalDeployment([NodeSpec({"data-path": "a.npz"}), NodeSpec({"data-path": "b.npz"})], "run") as fed:
+            outcome = fed.run(app_dir, timeout=600)
+
+    Args:
+        nodes: One :class:`NodeSpec` per SuperNode.
+        run_dir: Where the logs, Flower's config and state go (created).
+        startup_timeout: Seconds each process gets to listen on its port.
+        env: Extra environment variables of every process.
+
+    Raises:
+        InvalidValueError: when ``nodes`` is empty.
+        InvalidTypeError: when a node is not a :class:`NodeSpec`.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        run_dir: str | os.PathLike,
+        *,
+        startup_timeout: float = 120.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        nodes = list(nodes)
+        if not nodes:
+            raise InvalidValueError("LocalDeployment needs at least one NodeSpec (one SuperNode per client).")
+        for i, node in enumerate(nodes):
+            if not isinstance(node, NodeSpec):
+                raise InvalidTypeError(f"LocalDeployment: nodes[{i}] is a {type(node).__name__}, not a NodeSpec.")
+        self.nodes = nodes
+        self.run_dir = Path(run_dir).resolve()
+        self.logs = self.run_dir / "logs"
+        self.home = self.run_dir / "flwr-home"
+        self.startup_timeout = float(startup_timeout)
+        self._env = dict(env or {})
+        self.superlink: _Process | None = None
+        self.supernodes: list[_Process] = []
+        self.port: int | None = None
+        self._ports: list[int] = []
+        self._runs = 0
+
+    # ------------------------------------------------------------------ start
+
+    def __enter__(self) -> LocalDeployment:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the SuperLink and the SuperNodes, and wait until each listens on its port.
+
+        Raises:
+            DeploymentError: when a process exits or does not listen within ``startup_timeout``
+                (the message holds the end of its log).
+        """
+        if self.superlink is not None:
+            raise StateError("This LocalDeployment is started already; stop() it first.")
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self._ports = [self.port]
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n',
+            encoding="utf-8",
+        )
+        link_cmd = [
+            self._command(None, "flower-superlink"),
+            "--insecure",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-runtime-dependency-installation",  # the apps are installed; nothing is fetched
+        ]
+        self.superlink = _Process("superlink", link_cmd, self.logs / "superlink.log", self._environment(None, {}))
+        self._wait_listening(self.superlink, self.port)
+        for i, node in enumerate(self.nodes):
+            port = free_port(self._ports)
+            self._ports.append(port)
+            cmd = [
+                self._command(node.python, "flower-supernode"),
+                "--insecure",
+                "--superlink",
+                f"127.0.0.1:{self.port}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
+            if node.node_config:
+                cmd += ["--node-config", config_arg(node.node_config)]
+            process = _Process(
+                f"supernode-{i}", cmd, self.logs / f"supernode-{i}.log", self._environment(node.python, node.env)
+            )
+            self.supernodes.append(process)
+        for process, port in zip(self.supernodes, self._ports[1:], strict=True):
+            self._wait_listening(process, port)
+
+    def _shims(self, python: str | os.PathLike | None) -> Path:
+        """A folder of ``python -c`` scripts named like Flower's commands, for ``python``."""
+        interpreter = os.fspath(python) if python is not None else sys.executable
+        key = "default" if python is None else f"py-{abs(hash(os.path.abspath(interpreter))) % 10**10}"
+        folder = self.run_dir / "bin" / key
+        if not folder.is_dir():
+            folder.mkdir(parents=True)
+            for name in COMMANDS:
+                script = folder / name
+                script.write_text(_SHIM.format(python=shlex.quote(interpreter), name=name), encoding="utf-8")
+                script.chmod(0o755)
+        return folder
+
+    def _command(self, python: str | os.PathLike | None, name: str) -> str:
+        return os.fspath(self._shims(python) / name)
+
+    def _environment(self, python: str | os.PathLike | None, extra: Mapping[str, str]) -> dict[str, str]:
+        env = {**os.environ, **self._env, **extra}
+        # the SuperLink and SuperNodes find SuperExec, flwr-serverapp and flwr-clientapp on the PATH
+        env["PATH"] = os.pathsep.join([os.fspath(self._shims(python)), env.get("PATH", "")])
+        env["FLWR_HOME"] = os.fspath(self.home)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PYTHONHOME", None)
+        return env
+
+    def _wait_listening(self, process: _Process, port: int) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if not process.running():
+                raise DeploymentError(
+                    f"Flower's {process.name} exited with code {process.popen.returncode} while starting "
+                    f"(log {process.log}):\n{process.tail()}"
+                )
+            if _listening(port):
+                return
+            time.sleep(0.2)
+        raise DeploymentError(
+            f"Flower's {process.name} did not listen on 127.0.0.1:{port} within {self.startup_timeout:.0f} s "
+            f"(log {process.log}):\n{process.tail()}"
+        )
+
+    # ------------------------------------------------------------------ runs
+
+    def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run Flower's ``flwr`` command against this SuperLink (its output captured)."""
+        try:
+            return subprocess.run(
+                [self._command(None, "flwr"), *args],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=self._environment(None, {}),
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DeploymentError(f"'flwr {' '.join(args)}' did not answer within {timeout:.0f} s.") from exc
+
+    def run(
+        self,
+        app_dir: str | os.PathLike,
+        *,
+        run_config: Mapping[str, ConfigValue] | None = None,
+        timeout: float = 3600.0,
+    ) -> RunOutcome:
+        """Submit the Flower app in ``app_dir`` with ``flwr run`` and wait until the run finishes.
+
+        Args:
+            app_dir: A Flower app directory (see :func:`~onnxblocks.federated.project.write_app`).
+            run_config: Overrides of its ``[tool.flwr.app.config]`` (``flwr run --run-config``).
+            timeout: Seconds the run may take; past them it is stopped (``flwr stop``).
+
+        Returns:
+            How the run ended (its status is Flower's: check :attr:`RunOutcome.ok`).
+
+        Raises:
+            StateError: when the deployment is not started.
+            DeploymentError: when ``flwr run`` fails, or the run outlasts ``timeout``.
+        """
+        if self.superlink is None or not self.superlink.running():
+            raise StateError("The SuperLink is not running: use LocalDeployment as a context manager, or start().")
+        self._runs += 1
+        log = self.logs / ("run.log" if self._runs == 1 else f"run-{self._runs}.log")
+        args = ["run", os.fspath(Path(app_dir).resolve()), CONNECTION, "--format", "json"]
+        if run_config:
+            args += ["--run-config", config_arg(run_config)]
+        started = time.monotonic()
+        submitted = self.flwr(*args)
+        log.write_text(submitted.stdout + submitted.stderr, encoding="utf-8")
+        run_id = _run_id(submitted.stdout)
+        if submitted.returncode != 0 or run_id is None:
+            raise DeploymentError(
+                f"'flwr run' failed (exit {submitted.returncode}; log {log}):\n"
+                f"{(submitted.stdout + submitted.stderr)[-3000:]}"
+            )
+        deadline = started + timeout
+        status, details = "pending", ""
+        while True:
+            status, details = self.status(run_id)
+            if status.startswith("finished"):
+                break
+            if time.monotonic() > deadline:
+                self.flwr("stop", run_id, CONNECTION, timeout=60)
+                raise DeploymentError(
+                    f"Run {run_id} did not finish within {timeout:.0f} s (status {status}); it was stopped. "
+                    f"See the logs in {self.logs}."
+                )
+            for process in [self.superlink, *self.supernodes]:
+                if process is self.superlink and not process.running():
+                    raise DeploymentError(
+                        f"The SuperLink exited (code {process.popen.returncode}) during run {run_id}:\n{process.tail()}"
+                    )
+            time.sleep(0.5)
+        seconds = time.monotonic() - started
+        logs = self.flwr("log", run_id, CONNECTION, "--show", timeout=60)
+        with log.open("a", encoding="utf-8") as f:
+            f.write(logs.stdout + logs.stderr)
+        return RunOutcome(run_id=run_id, status=status, details=details, seconds=seconds, log=log)
+
+    def status(self, run_id: str) -> tuple[str, str]:
+        """Flower's ``(status, status details)`` of run ``run_id`` (``flwr ls --run-id``)."""
+        listed = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60)
+        try:
+            runs = json.loads(listed.stdout)["runs"]
+            row = next(r for r in runs if str(r["run-id"]) == str(run_id))
+        except (ValueError, KeyError, TypeError, StopIteration):
+            raise DeploymentError(
+                f"'flwr ls --run-id {run_id}' gave no status:\n{(listed.stdout + listed.stderr)[-2000:]}"
+            ) from None
+        return str(row.get("status", "")), str(row.get("status-details", ""))
+
+    # ------------------------------------------------------------------ processes
+
+    def client_app_pids(self, node: int) -> list[int]:
+        """The pids of the ``flwr-clientapp`` processes SuperNode ``node`` runs now."""
+        process = self.supernodes[node]
+        found = []
+        for pid in descendants(process.pid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"flwr-clientapp" in cmdline:
+                found.append(pid)
+        return found
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL SuperNode ``node`` and everything it started (a client that crashes)."""
+        process = self.supernodes[node]
+        pids = [process.pid, *descendants(process.pid)]
+        _signal(pids, signal.SIGKILL)
+        try:
+            process.popen.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused
+            pass
+
+    def pids(self) -> list[int]:
+        """Every living process this deployment started, and their descendants."""
+        roots = [p.pid for p in [*self.supernodes, *([self.superlink] if self.superlink else [])]]
+        out = []
+        for pid in roots:
+            out += [p for p in [pid, *descendants(pid)] if alive(p)]
+        return out
+
+    def stop(self) -> None:
+        """Stop every process this deployment started, and everything they started (SIGTERM, then SIGKILL).
+
+        Safe to call twice, and after a failed start.
+        """
+        processes = [*self.supernodes, *([self.superlink] if self.superlink else [])]
+        if processes:
+            terminate_tree([p.pid for p in processes])
+        for process in processes:
+            process.close()
+        self.supernodes = []
+        self.superlink = None
+
+
+def _run_id(stdout: str) -> str | None:
+    """The run id ``flwr run --format json`` printed."""
+    for line in reversed(stdout.splitlines()):
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            data = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("run-id"):
+            return str(data["run-id"])
+    try:
+        data = json.loads(stdout[stdout.find("{") :])
+    except ValueError:
+        return None
+    return str(data["run-id"]) if isinstance(data, dict) and data.get("run-id") else None
