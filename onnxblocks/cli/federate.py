@@ -109,6 +109,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         default=None,
         help="clients to wait for and sample each round (default: all of them)",
     )
+    training.add_argument(
+        "--fraction-evaluate",
+        type=float,
+        default=None,
+        metavar="F",
+        help="fraction of the clients that evaluate the global model on their data each round (default 1; 0: none)",
+    )
     training.add_argument("--eval-data", metavar="FILE.npz", help="held-out data the server evaluates on each round")
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--save", required=True, metavar="CKPT", help="the final checkpoint")
@@ -146,6 +153,9 @@ def _check(args: argparse.Namespace) -> None:
         require(getattr(args, option), f"--{option.replace('_', '-')}", above=0)
     require(args.proximal_mu, "--proximal-mu", minimum=0)
     require(args.seed, "--seed", minimum=0)
+    require(args.fraction_evaluate, "--fraction-evaluate", minimum=0)
+    if args.fraction_evaluate is not None and args.fraction_evaluate > 1:
+        raise CliError(f"--fraction-evaluate must be between 0 and 1, got {args.fraction_evaluate}.", EXIT_USAGE)
     if args.proximal_mu is not None and args.strategy != "fedprox":
         raise CliError("--proximal-mu is FedProx's: add --strategy fedprox (or drop --proximal-mu).", EXIT_USAGE)
     if args.server_lr is not None and args.strategy not in ("fedadam", "fedyogi"):
@@ -191,6 +201,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "proximal-mu": args.proximal_mu,
         "server-lr": args.server_lr,
         "round-timeout": args.round_timeout,
+        "fraction-evaluate": args.fraction_evaluate,
         "eval-data": os.path.abspath(args.eval_data) if args.eval_data else None,
         "export": os.path.abspath(args.export) if args.export else None,
         "history": os.path.abspath(args.history) if args.history else None,
