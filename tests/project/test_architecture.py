@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("display",),
     ("runtime",),
     ("demo",),
-    ("web",),
+    ("web", "federated"),
     ("cli", "compat", "torch"),
     ("__init__", "__main__"),
 ]

@@ -1,0 +1,20 @@
+"""Parameters as Flower records: an ``ArrayRecord`` keyed by parameter name, and back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def to_record(arrays: Mapping[str, np.ndarray]) -> Any:
+    """An ``ArrayRecord`` holding ``arrays`` under their names (dtypes and shapes kept)."""
+    from flwr.app import Array, ArrayRecord
+
+    return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
+
+
+def from_record(record: Any) -> dict[str, np.ndarray]:
+    """The arrays of an ``ArrayRecord``, by name."""
+    return {name: array.numpy() for name, array in record.items()}

@@ -1,0 +1,111 @@
+"""Small federations for the tests of ``onnxblocks.federated``: spiral artifacts, client data, a simulation run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxblocks import artifacts, optim
+from onnxblocks.datasets import spirals, train_val_split
+from onnxblocks.demo import build_classifier
+from onnxblocks.losses import CrossEntropyLoss
+
+
+def spiral_artifacts(root: Path, hidden: tuple[int, ...] = (16,), optimizer: str = "sgd", **options: Any) -> Path:
+    """Artifacts of the demo's spiral MLP (cross entropy, ``logits`` as extra output), with SGD or AdamW."""
+    model = build_classifier(hidden=hidden, seed=0)
+    params = [i.name for i in model.graph.initializer]
+    opt = optim.SGD() if optimizer == "sgd" else optim.AdamW(weight_decay=0.0)
+    out = root / f"artifacts-{optimizer}-{'x'.join(map(str, hidden))}{'-portable' if options.get('portable') else ''}"
+    artifacts.generate_artifacts(
+        model,
+        requires_grad=params,
+        loss=CrossEntropyLoss(),
+        optimizer=opt,
+        artifact_directory=out,
+        additional_output_names=["logits"],
+        **options,
+    )
+    return out
+
+
+def client_files(root: Path, sizes: tuple[int, ...] = (20, 30, 40), seed: int = 0) -> list[str]:
+    """One ``.npz`` per client (``features``, ``labels``), of the given numbers of rows."""
+    x, y = spirals(points_per_class=sum(sizes), seed=seed)
+    paths, start = [], 0
+    for k, size in enumerate(sizes):
+        path = root / f"client{k}.npz"
+        np.savez(path, features=x[start : start + size], labels=y[start : start + size])
+        paths.append(str(path))
+        start += size
+    return paths
+
+
+def non_iid_files(root: Path, clients: int = 4, major: float = 0.8, seed: int = 0) -> tuple[list[str], str]:
+    """Spirals split over ``clients`` clients, client k holding mostly class ``k % 3``; and a held-out ``.npz``."""
+    x, y = spirals(points_per_class=400, seed=seed)
+    (xt, yt), (xv, yv) = train_val_split(x, y, 0.2)
+    rng = np.random.default_rng(seed)
+    owner = np.empty(len(yt), np.int64)
+    for i, label in enumerate(yt):
+        mains = [k for k in range(clients) if k % 3 == label]
+        others = [k for k in range(clients) if k not in mains]
+        owner[i] = rng.choice(mains) if rng.random() < major else rng.choice(others)
+    paths = []
+    for k in range(clients):
+        path = root / f"noniid{k}.npz"
+        np.savez(path, features=xt[owner == k], labels=yt[owner == k])
+        paths.append(str(path))
+    held_out = root / "held_out.npz"
+    np.savez(held_out, features=xv, labels=yv)
+    return paths, str(held_out)
+
+
+def simulate(server_app: Any, client_app: Any, nodes: int) -> None:
+    """Run a federation on Flower's simulation runtime (Ray), one CPU per client."""
+    from flwr.simulation import run_simulation
+
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=nodes,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}},
+    )
+
+
+def sgd_reference(
+    artifacts_dir: Path,
+    path: str,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    start: dict[str, np.ndarray] | None = None,
+    mu: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """``steps`` SGD steps on batches in file order, computed in NumPy from the model's raw gradients.
+
+    The gradient of each step comes from a plain ``train_step`` at the current parameters; the update
+    ``w -= lr * (g + mu * (w - start))`` (FedProx when ``mu > 0``) is NumPy's, not the optimizer model's.
+    """
+    from onnxblocks.runtime import TrainingSession
+
+    session = TrainingSession(artifacts_dir)
+    if start is not None:
+        session.set_parameters(start)
+    anchor = {k: v.astype(np.float64) for k, v in session.parameters(trainable_only=True).items()}
+    with np.load(path) as data:
+        x, y = data["features"], data["labels"]
+    assert steps * batch_size <= len(x), "the reference takes batches without wrapping around"
+    for step in range(steps):
+        rows = slice(step * batch_size, (step + 1) * batch_size)
+        session.lazy_reset_grad()
+        session.train_step(x[rows], y[rows])
+        weights = session.parameters(trainable_only=True)
+        new = {}
+        for name, grad in session.gradients().items():
+            w = weights[name].astype(np.float64)
+            new[name] = (w - lr * (grad + mu * (w - anchor[name]))).astype(np.float32)
+        session.set_parameters(new)
+    return session.parameters(trainable_only=True)
