@@ -108,6 +108,7 @@ class ValidatingStrategy(Strategy):
         self.history = history
         self._global: dict[str, np.ndarray] = {}
         self._started = time.perf_counter()
+        self._sampled: dict[str, set[int]] = {"train": set(), "evaluate": set()}
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary."""
@@ -119,12 +120,14 @@ class ValidatingStrategy(Strategy):
         """The wrapped strategy's messages (the global parameters are kept to measure each update)."""
         self._started = time.perf_counter()
         self._global = from_record(arrays)
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        return self._sample("train", self.strategy.configure_train(server_round, arrays, config, grid))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop the replies that fail the checks, then aggregate the others with the wrapped strategy."""
+        replies = list(replies)
+        self._silent(server_round, "train", replies)
         kept = []
         for message in replies:
             reason = self._reason(message, lambda content: check_train_reply(content, self.reference))
@@ -158,10 +161,12 @@ class ValidatingStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's evaluation messages."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        return self._sample("evaluate", self.strategy.configure_evaluate(server_round, arrays, config, grid))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Drop the evaluation replies that fail the checks, then aggregate the others."""
+        replies = list(replies)
+        self._silent(server_round, "evaluate", replies)
         kept = []
         for message in replies:
             reason = self._reason(message, check_evaluate_reply)
@@ -187,6 +192,21 @@ class ValidatingStrategy(Strategy):
             same_kind = want is not None and array.dtype.kind == "f" and np.dtype(want[0]).kind == "f"
             out[name] = array.astype(want[0]) if same_kind and array.dtype != want[0] else array  # type: ignore[index]
         return out
+
+    def _sample(self, phase: str, messages: Iterable[Message]) -> list[Message]:
+        """Remember the nodes a phase's messages go to, to report those that never answer."""
+        out = list(messages)
+        self._sampled[phase] = {int(m.metadata.dst_node_id) for m in out}
+        return out
+
+    def _silent(self, server_round: int, phase: str, replies: list[Message]) -> None:
+        """Record the sampled nodes without a reply: crashed, hung past the round timeout, or disconnected."""
+        answered = {_node(m) for m in replies}
+        for node in sorted(self._sampled[phase] - answered):
+            reason = "no reply within the round timeout (the client crashed, hung or lost its connection)"
+            logger.warning("round %d: dropped node %s from the %s phase: %s", server_round, node, phase, reason)
+            self.history.dropped.append({"round": server_round, "phase": phase, "node": node, "reason": reason})
+        self._sampled[phase] = set()
 
     @staticmethod
     def _reason(message: Message, check: Any) -> str | None:
