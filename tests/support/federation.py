@@ -62,7 +62,7 @@ FAULT_APP = """
 import time
 
 import numpy as np
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
 
 from onnxblocks.federated.app import client_app as inner
@@ -80,7 +80,7 @@ def train(msg, context):
     reply = inner(msg, context)
     if fault == "nan" and reply.has_content():
         record = reply.content["arrays"]
-        arrays = {name: np.full_like(array.numpy(), np.nan) for name, array in record.items()}
+        arrays = {name: Array(np.full_like(array.numpy(), np.nan)) for name, array in record.items()}
         reply.content["arrays"] = ArrayRecord(arrays)
     return reply
 
