@@ -26,16 +26,25 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, StateError
+from onnxblocks.federated.processes import (
+    GRACE_S,
+    DeploymentError,
+    Process,
+    alive,
+    descendants,
+    free_port,
+    listening,
+    send_signal,
+    terminate_tree,
+)
 from onnxblocks.federated.project import ConfigValue, config_arg
 
 logger = logging.getLogger("onnxblocks.federated")
@@ -44,8 +53,6 @@ logger = logging.getLogger("onnxblocks.federated")
 CONNECTION = "onnxblocks"
 #: Flower's console scripts the shims stand in for.
 COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
-#: Seconds a process gets between SIGTERM and SIGKILL.
-GRACE_S = 5.0
 
 _SHIM = """#!/bin/sh
 exec {python} -c 'import sys
@@ -54,10 +61,6 @@ from importlib.metadata import entry_points
 sys.argv[0] = "{name}"
 sys.exit(ep.load()())' "$@"
 """
-
-
-class DeploymentError(StateError):
-    """The deployment engine could not start, or a run on it did not finish."""
 
 
 @dataclass(frozen=True)
@@ -100,148 +103,6 @@ class RunOutcome:
         return self.status == "finished:completed"
 
 
-def free_port(taken: Iterable[int] = ()) -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now, and not one of ``taken``."""
-    avoid = set(taken)
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in avoid:
-            return port
-    raise DeploymentError("No free TCP port was found on 127.0.0.1 in 100 tries.")
-
-
-def _listening(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _children_table() -> dict[int, list[int]]:
-    """``{ppid: [pid, ...]}`` of every process (Linux ``/proc``; psutil elsewhere, else empty)."""
-    table: dict[int, list[int]] = {}
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if len(fields) >= 2 and fields[0] != "Z":
-                table.setdefault(int(fields[1]), []).append(int(entry.name))
-        return table
-    try:
-        import psutil  # type: ignore[import-untyped]
-    except ImportError:
-        return table
-    for p in psutil.process_iter(["pid", "ppid"]):
-        table.setdefault(int(p.info["ppid"]), []).append(int(p.info["pid"]))
-    return table
-
-
-def descendants(pid: int) -> list[int]:
-    """The pids of every living descendant of ``pid`` (children first level by level)."""
-    table = _children_table()
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        kids = table.get(todo.pop(0), [])
-        found += [k for k in kids if k not in found]
-        todo += kids
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        try:
-            text = stat.read_text()
-        except OSError:
-            return False
-        return text[text.rfind(")") + 2 :].split()[:1] != ["Z"]
-    return True
-
-
-def _signal(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def terminate_tree(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
-    """SIGTERM ``pids`` and all their descendants; SIGKILL whatever still runs after ``grace_s`` seconds."""
-    everyone: list[int] = []
-    for pid in pids:
-        for p in [pid, *descendants(pid)]:
-            if p not in everyone:
-                everyone.append(p)
-    _signal(everyone, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        # helpers started after the first sweep (a SuperExec launching a ClientApp) are caught too
-        late = [d for pid in pids for d in descendants(pid) if d not in everyone]
-        _signal(late, signal.SIGTERM)
-        everyone += late
-        if not any(alive(p) for p in everyone):
-            return
-        time.sleep(0.1)
-    _signal([p for p in everyone if alive(p)], signal.SIGKILL)
-
-
-class _Process:
-    """One process the deployment started, its log file and its descendants."""
-
-    def __init__(self, name: str, command: list[str], log: Path, env: Mapping[str, str]) -> None:
-        self.name = name
-        self.log = log
-        self._log_file: IO[bytes] = open(log, "ab")  # closed in close()
-        self._log_file.write(f"$ {shlex.join(command)}\n".encode())
-        self._log_file.flush()
-        self.popen = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,  # Ctrl-C at a terminal reaches onnxblocks, which stops everything in order
-        )
-
-    @property
-    def pid(self) -> int:
-        return int(self.popen.pid)
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        try:
-            self.popen.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        self._log_file.close()
-
-
 class LocalDeployment:
     """A SuperLink and SuperNodes on 127.0.0.1, started with Flower's own commands, stopped with everything they start.
 
@@ -281,8 +142,8 @@ class LocalDeployment:
         self.home = self.run_dir / "flwr-home"
         self.startup_timeout = float(startup_timeout)
         self._env = dict(env or {})
-        self.superlink: _Process | None = None
-        self.supernodes: list[_Process] = []
+        self.superlink: Process | None = None
+        self.supernodes: list[Process] = []
         self.port: int | None = None
         self._ports: list[int] = []
         self._runs = 0
@@ -327,8 +188,8 @@ class LocalDeployment:
             str(self.port),
             "--disable-runtime-dependency-installation",  # the apps are installed; nothing is fetched
         ]
-        self.superlink = _Process("superlink", link_cmd, self.logs / "superlink.log", self._environment(None, {}))
-        self._wait_listening(self.superlink, self.port)
+        self.superlink = Process("superlink", link_cmd, self.logs / "superlink.log", self._environment(None, {}))
+        self._waitlistening(self.superlink, self.port)
         for i, node in enumerate(self.nodes):
             port = free_port(self._ports)
             self._ports.append(port)
@@ -344,12 +205,12 @@ class LocalDeployment:
             ]
             if node.node_config:
                 cmd += ["--node-config", config_arg(node.node_config)]
-            process = _Process(
+            process = Process(
                 f"supernode-{i}", cmd, self.logs / f"supernode-{i}.log", self._environment(node.python, node.env)
             )
             self.supernodes.append(process)
         for process, port in zip(self.supernodes, self._ports[1:], strict=True):
-            self._wait_listening(process, port)
+            self._waitlistening(process, port)
 
     def _shims(self, python: str | os.PathLike | None) -> Path:
         """A folder of ``python -c`` scripts named like Flower's commands, for ``python``."""
@@ -376,7 +237,7 @@ class LocalDeployment:
         env.pop("PYTHONHOME", None)
         return env
 
-    def _wait_listening(self, process: _Process, port: int) -> None:
+    def _waitlistening(self, process: Process, port: int) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if not process.running():
@@ -384,7 +245,7 @@ class LocalDeployment:
                     f"Flower's {process.name} exited with code {process.popen.returncode} while starting "
                     f"(log {process.log}):\n{process.tail()}"
                 )
-            if _listening(port):
+            if listening(port):
                 return
             time.sleep(0.2)
         raise DeploymentError(
@@ -501,7 +362,7 @@ class LocalDeployment:
         """SIGKILL SuperNode ``node`` and everything it started (a client that crashes)."""
         process = self.supernodes[node]
         pids = [process.pid, *descendants(process.pid)]
-        _signal(pids, signal.SIGKILL)
+        send_signal(pids, signal.SIGKILL)
         try:
             process.popen.wait(timeout=GRACE_S)
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused
