@@ -21,15 +21,16 @@ SuperExec and ClientApp run under that interpreter too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-import shlex
+import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,11 +40,13 @@ from onnxblocks.federated.processes import (
     DeploymentError,
     Process,
     alive,
+    command_line,
     descendants,
     free_port,
     listening,
     send_signal,
     terminate_tree,
+    write_shims,
 )
 from onnxblocks.federated.project import ConfigValue, config_arg
 
@@ -51,16 +54,6 @@ logger = logging.getLogger("onnxblocks.federated")
 
 #: The name of the SuperLink connection in the run directory's Flower config.
 CONNECTION = "onnxblocks"
-#: Flower's console scripts the shims stand in for.
-COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
-
-_SHIM = """#!/bin/sh
-exec {python} -c 'import sys
-from importlib.metadata import entry_points
-(ep,) = entry_points(group="console_scripts", name="{name}")
-sys.argv[0] = "{name}"
-sys.exit(ep.load()())' "$@"
-"""
 
 
 @dataclass(frozen=True)
@@ -172,58 +165,96 @@ class LocalDeployment:
             raise StateError("This LocalDeployment is started already; stop() it first.")
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self._ports = [self.port]
+        self._ports = []
+        self.superlink = self._launch("superlink", self._superlink_command, self.logs / "superlink.log", None, {})
+        self.port = self._ports[0]
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n',
             encoding="utf-8",
         )
-        link_cmd = [
+        # the SuperNodes start side by side; each is then waited for (and moved if its port was taken meanwhile)
+        ports = []
+        for i, node in enumerate(self.nodes):
+            port = free_port(self._ports)
+            self._ports.append(port)
+            ports.append(port)
+            env = self._environment(node.python, node.env)
+            log = self.logs / f"supernode-{i}.log"
+            self.supernodes.append(Process(f"supernode-{i}", self._supernode_argv(node, port), log, env))
+        for i, (node, port) in enumerate(zip(self.nodes, ports, strict=True)):
+            self.supernodes[i] = self._launch(
+                f"supernode-{i}",
+                lambda p, node=node: self._supernode_argv(node, p),  # type: ignore[misc]
+                self.logs / f"supernode-{i}.log",
+                node.python,
+                node.env,
+                started=(self.supernodes[i], port),
+            )
+
+    def _superlink_command(self, port: int) -> list[str]:
+        return [
             self._command(None, "flower-superlink"),
             "--insecure",
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.port),
+            str(port),
             "--disable-runtime-dependency-installation",  # the apps are installed; nothing is fetched
         ]
-        self.superlink = Process("superlink", link_cmd, self.logs / "superlink.log", self._environment(None, {}))
-        self._waitlistening(self.superlink, self.port)
-        for i, node in enumerate(self.nodes):
-            port = free_port(self._ports)
-            self._ports.append(port)
-            cmd = [
-                self._command(node.python, "flower-supernode"),
-                "--insecure",
-                "--superlink",
-                f"127.0.0.1:{self.port}",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ]
-            if node.node_config:
-                cmd += ["--node-config", config_arg(node.node_config)]
-            process = Process(
-                f"supernode-{i}", cmd, self.logs / f"supernode-{i}.log", self._environment(node.python, node.env)
-            )
-            self.supernodes.append(process)
-        for process, port in zip(self.supernodes, self._ports[1:], strict=True):
-            self._waitlistening(process, port)
+
+    def _supernode_argv(self, node: NodeSpec, port: int) -> list[str]:
+        cmd = [
+            self._command(node.python, "flower-supernode"),
+            "--insecure",
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        if node.node_config:
+            cmd += ["--node-config", config_arg(node.node_config)]
+        return cmd
+
+    def _launch(
+        self,
+        name: str,
+        command: Callable[[int], list[str]],
+        log: Path,
+        python: str | os.PathLike | None,
+        extra_env: Mapping[str, str],
+        started: tuple[Process, int] | None = None,
+    ) -> Process:
+        """Start ``name`` on a free port (or take the ``started`` one) and wait until it listens.
+
+        A process whose port was taken between choosing and binding it starts again on another one.
+        """
+        for attempt in range(3):
+            if started is not None and attempt == 0:
+                process, port = started
+            else:
+                port = free_port(self._ports)
+                self._ports.append(port)
+                process = Process(name, command(port), log, self._environment(python, extra_env))
+            try:
+                self._wait_until_listening(process, port)
+            except DeploymentError:
+                taken = "address already in use" in process.tail(4000).lower()
+                terminate_tree([process.pid])
+                process.close()
+                if not taken or attempt == 2:
+                    raise
+                continue
+            return process
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _shims(self, python: str | os.PathLike | None) -> Path:
         """A folder of ``python -c`` scripts named like Flower's commands, for ``python``."""
         interpreter = os.fspath(python) if python is not None else sys.executable
-        key = "default" if python is None else f"py-{abs(hash(os.path.abspath(interpreter))) % 10**10}"
-        folder = self.run_dir / "bin" / key
-        if not folder.is_dir():
-            folder.mkdir(parents=True)
-            for name in COMMANDS:
-                script = folder / name
-                script.write_text(_SHIM.format(python=shlex.quote(interpreter), name=name), encoding="utf-8")
-                script.chmod(0o755)
-        return folder
+        digest = hashlib.sha256(os.path.abspath(interpreter).encode()).hexdigest()[:12]
+        return write_shims(self.run_dir / "bin" / ("default" if python is None else f"py-{digest}"), interpreter)
 
     def _command(self, python: str | os.PathLike | None, name: str) -> str:
         return os.fspath(self._shims(python) / name)
@@ -237,7 +268,7 @@ class LocalDeployment:
         env.pop("PYTHONHOME", None)
         return env
 
-    def _waitlistening(self, process: Process, port: int) -> None:
+    def _wait_until_listening(self, process: Process, port: int) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if not process.running():
@@ -347,16 +378,7 @@ class LocalDeployment:
 
     def client_app_pids(self, node: int) -> list[int]:
         """The pids of the ``flwr-clientapp`` processes SuperNode ``node`` runs now."""
-        process = self.supernodes[node]
-        found = []
-        for pid in descendants(process.pid):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"flwr-clientapp" in cmdline:
-                found.append(pid)
-        return found
+        return [pid for pid in descendants(self.supernodes[node].pid) if "flwr-clientapp" in command_line(pid)]
 
     def kill_node(self, node: int) -> None:
         """SIGKILL SuperNode ``node`` and everything it started (a client that crashes)."""
@@ -391,19 +413,6 @@ class LocalDeployment:
 
 
 def _run_id(stdout: str) -> str | None:
-    """The run id ``flwr run --format json`` printed."""
-    for line in reversed(stdout.splitlines()):
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            data = json.loads(line[start:])
-        except ValueError:
-            continue
-        if isinstance(data, dict) and data.get("run-id"):
-            return str(data["run-id"])
-    try:
-        data = json.loads(stdout[stdout.find("{") :])
-    except ValueError:
-        return None
-    return str(data["run-id"]) if isinstance(data, dict) and data.get("run-id") else None
+    """The run id ``flwr run --format json`` printed (its JSON holds ``"run-id": "<digits>"``)."""
+    found = re.findall(r'"run-id"\s*:\s*"?(\d+)', stdout)
+    return found[-1] if found else None

@@ -171,3 +171,39 @@ class Process:
             self.popen.kill()
             self.popen.wait()
         self._log_file.close()
+
+
+#: Flower's console scripts the shims stand in for.
+COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
+
+_SHIM = """#!/bin/sh
+exec {python} -c 'import sys
+from importlib.metadata import entry_points
+(ep,) = entry_points(group="console_scripts", name="{name}")
+sys.argv[0] = "{name}"
+sys.exit(ep.load()())' "$@"
+"""
+
+
+def write_shims(folder: Path, interpreter: str) -> Path:
+    """``folder`` with one script per Flower command that runs it under ``interpreter`` (written once).
+
+    Flower's SuperLink and SuperNodes start SuperExec, ``flwr-serverapp`` and ``flwr-clientapp`` by name
+    from the PATH; with this folder first on it they run under ``interpreter``, whatever its venv's
+    console scripts say (a venv built elsewhere and moved has scripts naming its old path).
+    """
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        for name in COMMANDS:
+            script = folder / name
+            script.write_text(_SHIM.format(python=shlex.quote(interpreter), name=name), encoding="utf-8")
+            script.chmod(0o755)
+    return folder
+
+
+def command_line(pid: int) -> str:
+    """The command line of process ``pid`` (empty when it is gone or unreadable)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
