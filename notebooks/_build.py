@@ -680,12 +680,157 @@ def torch_module() -> list[nbformat.NotebookNode]:
     ]
 
 
+def federated() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # Federated learning on Flower
+
+        Four clients each hold part of the demo's spiral data, most of it from one class, and never share it.
+        Every round a Flower server sends the global parameters of one set of training artifacts to the
+        clients, each trains a few local epochs with `onnxblocks.runtime.fit`, and the server averages the
+        updates with Flower's FedAvg. `onnxblocks.federated.simulate` runs this on Flower's simulation
+        runtime with Flower's own commands (`flower-superlink --simulation`, `flwr run`).
+        (`pip install "onnxblocks[flower]"`; see `docs/federated.md`.)
+        """),
+        code('''
+        import tempfile
+        from pathlib import Path
+
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        from onnxblocks import artifacts, federated, optim
+        from onnxblocks.datasets import spirals, train_val_split
+        from onnxblocks.demo import build_classifier
+        from onnxblocks.losses import CrossEntropyLoss
+        '''),
+        md("""
+        ## Data: non-IID clients
+
+        The training points go to four clients; client *k* gets 80% of its points from class *k* mod 3. The
+        server keeps a held-out set to measure the global model after each round.
+        """),
+        code('''
+        work = Path(tempfile.mkdtemp(prefix="onnxblocks-federated-"))
+        x, y = spirals(points_per_class=400, seed=0)
+        (x_train, y_train), (x_val, y_val) = train_val_split(x, y, 0.2)
+        rng = np.random.default_rng(0)
+        owner = np.array([
+            rng.choice([k for k in range(4) if k % 3 == c]) if rng.random() < 0.8
+            else rng.choice([k for k in range(4) if k % 3 != c])
+            for c in y_train
+        ])
+        files = []
+        for k in range(4):
+            files.append(work / f"client{k}.npz")
+            np.savez(files[-1], features=x_train[owner == k], labels=y_train[owner == k])
+            print(f"client {k}: {np.bincount(y_train[owner == k], minlength=3)} points per class")
+        np.savez(work / "held_out.npz", features=x_val, labels=y_val)
+
+        fig, axes = plt.subplots(1, 4, figsize=(12, 3), sharex=True, sharey=True)
+        for k, ax in enumerate(axes):
+            ax.scatter(x_train[owner == k, 0], x_train[owner == k, 1], c=y_train[owner == k], s=4,
+                       cmap="viridis", vmin=0, vmax=2)
+            ax.set_title(f"client {k}")
+        plt.show()
+        '''),
+        md("""
+        ## Artifacts
+
+        The demo's 2-64-64-3 classifier with cross entropy and AdamW. Every client trains these artifacts;
+        only their trainable parameters travel (here all of them).
+        """),
+        code('''
+        model = build_classifier(seed=0)
+        written = artifacts.generate_artifacts(
+            model,
+            requires_grad=[init.name for init in model.graph.initializer],
+            loss=CrossEntropyLoss(),
+            optimizer=optim.AdamW(weight_decay=0.0),
+            artifact_directory=work / "artifacts",
+            additional_output_names=["logits"],
+        )
+        print([f.name for f in written.files])
+        '''),
+        md("""
+        ## Ten rounds of FedAvg
+
+        Each round every client trains two local epochs (batches of 32, learning rate 0.01, a fresh optimizer
+        state) from the global parameters, then evaluates the new global model on its own data; the server
+        evaluates it on the held-out set. After the last round the server writes a checkpoint in the
+        artifacts' format and an inference model.
+        """),
+        code('''
+        history = federated.simulate(
+            work / "artifacts",
+            files,
+            workdir=work / "flower",
+            rounds=10,
+            strategy="fedavg",
+            local_epochs=2,
+            lr=0.01,
+            batch_size=32,
+            eval_data=str(work / "held_out.npz"),
+            save=str(work / "global.ckpt"),
+            export=str(work / "global.onnx"),
+        )
+        for (r, loss), (_, acc) in zip(history.metric("train-loss"), history.metric("accuracy", "server")[1:]):
+            print(f"round {r:2d}: clients' train loss {loss:.3f}, held-out accuracy {acc:.3f}")
+        print("dropped replies:", history.dropped)
+        assert history.metric("accuracy", "server")[-1][1] >= 0.9
+        '''),
+        md("""
+        ## Per-client and global metrics per round
+
+        The history keeps the strategy's aggregates, every client's reply and the server's evaluations.
+        `history.plot(path)` writes the same curves as SVG; here they are drawn with matplotlib.
+        """),
+        code('''
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 3.8))
+        for client, points in history.client_metric("train-loss").items():
+            ax_loss.plot(*zip(*points), "-", lw=1, alpha=0.6, label=f"client {client}")
+        ax_loss.plot(*zip(*history.metric("train-loss")), "o-", color="black", label="global (weighted)")
+        ax_loss.set_xlabel("round")
+        ax_loss.set_ylabel("local training loss")
+        ax_loss.legend()
+        for client, points in history.client_metric("accuracy", phase="evaluate").items():
+            ax_acc.plot(*zip(*points), "-", lw=1, alpha=0.6, label=f"client {client} (own data)")
+        ax_acc.plot(*zip(*history.metric("accuracy", "server")), "s-", color="black", label="server (held out)")
+        ax_acc.set_xlabel("round")
+        ax_acc.set_ylabel("accuracy of the global model")
+        ax_acc.legend()
+        plt.tight_layout()
+        plt.show()
+        '''),
+        md("""
+        ## The global model
+
+        The exported inference model runs on any onnxruntime.
+        """),
+        code('''
+        import onnxruntime
+
+        logits = onnxruntime.InferenceSession(str(work / "global.onnx")).run(None, {"features": x_val})[0]
+        print(f"global model accuracy on the held-out set: {np.mean(logits.argmax(1) == y_val):.3f}")
+        grid = np.stack(np.meshgrid(np.linspace(-1.2, 1.2, 150), np.linspace(-1.2, 1.2, 150)), -1)
+        regions = onnxruntime.InferenceSession(str(work / "global.onnx")).run(
+            None, {"features": grid.reshape(-1, 2).astype(np.float32)})[0].argmax(1)
+        fig, ax = plt.subplots(figsize=(4, 4))
+        ax.contourf(grid[..., 0], grid[..., 1], regions.reshape(150, 150), alpha=0.3, cmap="viridis")
+        ax.scatter(x_val[:, 0], x_val[:, 1], c=y_val, s=5, cmap="viridis")
+        ax.set_title("held-out data and the global model's regions")
+        plt.show()
+        '''),
+    ]
+
+
 NOTEBOOKS = {
     "01_quickstart": quickstart,
     "02_exploring_training_graphs": exploring,
     "03_training_loop": training_loop,
     "04_from_pytorch_and_onnxscript": from_pytorch,
     "05_torch_module": torch_module,
+    "07_federated": federated,
 }
 
 

@@ -87,7 +87,10 @@ class ClientSources:
                 return given  # one source for every node
             if partition is None:
                 raise UnknownNameError(f"Per-partition {key} sources need the node config 'partition-id'.")
-            return given[int(partition)]
+            try:
+                return given[int(partition)]
+            except (IndexError, KeyError):
+                raise UnknownNameError(f"No {key} source for partition {partition} ({len(given)} given).") from None
         if key in node:
             return str(node[key])
         if partition is not None and f"{key}-{partition}" in run:

@@ -208,7 +208,8 @@ def run_server(grid: Any, settings: ServerSettings, strategy: Any = None) -> Fed
     session = TrainingSession(settings.artifacts, backend=settings.backend)
     initial = session.parameters(trainable_only=True)
     history = FederatedHistory()
-    wrapped = ValidatingStrategy(strategy or build_server_strategy(settings), specs_of(initial), history)
+    chosen = strategy or build_server_strategy(settings)
+    wrapped = ValidatingStrategy(chosen, specs_of(initial), history, timeout=float(settings.round_timeout))
     evaluate_fn = None
     if settings.eval_data is not None:
         held_out = _held_out(session, settings.eval_data)

@@ -100,15 +100,19 @@ class ValidatingStrategy(Strategy):
         strategy: The Flower strategy that samples, configures and aggregates.
         reference: ``{name: (dtype, shape)}`` of the global trainable parameters.
         history: Where to record per-client metrics and dropped replies.
+        timeout: The round timeout in seconds, named in the reason recorded for a node that sent no reply.
     """
 
-    def __init__(self, strategy: Strategy, reference: Specs, history: FederatedHistory) -> None:
+    def __init__(
+        self, strategy: Strategy, reference: Specs, history: FederatedHistory, timeout: float | None = None
+    ) -> None:
         self.strategy = strategy
         self.reference = dict(reference)
         self.history = history
+        self.timeout = timeout
         self._global: dict[str, np.ndarray] = {}
         self._started = time.perf_counter()
-        self._sampled: dict[str, set[int]] = {"train": set(), "evaluate": set()}
+        self._asked: dict[str, list[int]] = {"train": [], "evaluate": []}
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary."""
@@ -120,15 +124,15 @@ class ValidatingStrategy(Strategy):
         """The wrapped strategy's messages (the global parameters are kept to measure each update)."""
         self._started = time.perf_counter()
         self._global = from_record(arrays)
-        return self._sample("train", self.strategy.configure_train(server_round, arrays, config, grid))
+        return self._sent("train", self.strategy.configure_train(server_round, arrays, config, grid))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop the replies that fail the checks, then aggregate the others with the wrapped strategy."""
+        kept = []
         replies = list(replies)
         self._silent(server_round, "train", replies)
-        kept = []
         for message in replies:
             reason = self._reason(message, lambda content: check_train_reply(content, self.reference))
             if reason is not None:
@@ -161,13 +165,13 @@ class ValidatingStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's evaluation messages."""
-        return self._sample("evaluate", self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        return self._sent("evaluate", self.strategy.configure_evaluate(server_round, arrays, config, grid))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Drop the evaluation replies that fail the checks, then aggregate the others."""
+        kept = []
         replies = list(replies)
         self._silent(server_round, "evaluate", replies)
-        kept = []
         for message in replies:
             reason = self._reason(message, check_evaluate_reply)
             if reason is not None:
@@ -184,6 +188,23 @@ class ValidatingStrategy(Strategy):
         return metrics
 
     # ------------------------------------------------------------------ helpers
+    def _sent(self, phase: str, messages: Iterable[Message]) -> list[Message]:
+        """The messages, with the nodes they go to remembered (to name the ones that never answer)."""
+        sent = list(messages)
+        self._asked[phase] = [int(m.metadata.dst_node_id) for m in sent]
+        return sent
+
+    def _silent(self, server_round: int, phase: str, replies: list[Message]) -> None:
+        """Record the nodes that were asked and sent no reply (they hung, or died without an error reply)."""
+        answered = {_node(m) for m in replies}
+        within = f" within the round timeout ({self.timeout:g} s)" if self.timeout is not None else ""
+        for node in self._asked[phase]:
+            if node not in answered:
+                reason = f"no reply{within}"
+                logger.warning("round %d: dropped node %s from %s: %s", server_round, node, phase, reason)
+                self.history.dropped.append({"round": server_round, "phase": phase, "node": node, "reason": reason})
+        self._asked[phase] = []
+
     def _as_reference_dtypes(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Flower's server optimizers and DP noise compute in float64: back to the global parameters' float dtypes."""
         out = {}
@@ -192,21 +213,6 @@ class ValidatingStrategy(Strategy):
             same_kind = want is not None and array.dtype.kind == "f" and np.dtype(want[0]).kind == "f"
             out[name] = array.astype(want[0]) if same_kind and array.dtype != want[0] else array  # type: ignore[index]
         return out
-
-    def _sample(self, phase: str, messages: Iterable[Message]) -> list[Message]:
-        """Remember the nodes a phase's messages go to, to report those that never answer."""
-        out = list(messages)
-        self._sampled[phase] = {int(m.metadata.dst_node_id) for m in out}
-        return out
-
-    def _silent(self, server_round: int, phase: str, replies: list[Message]) -> None:
-        """Record the sampled nodes without a reply: crashed, hung past the round timeout, or disconnected."""
-        answered = {_node(m) for m in replies}
-        for node in sorted(self._sampled[phase] - answered):
-            reason = "no reply within the round timeout (the client crashed, hung or lost its connection)"
-            logger.warning("round %d: dropped node %s from the %s phase: %s", server_round, node, phase, reason)
-            self.history.dropped.append({"round": server_round, "phase": phase, "node": node, "reason": reason})
-        self._sampled[phase] = set()
 
     @staticmethod
     def _reason(message: Message, check: Any) -> str | None:

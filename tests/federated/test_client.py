@@ -137,3 +137,15 @@ def test_client_sources_read_node_and_run_configs():
         ClientSources().resolve(SimpleNamespace(node_id=1, node_config={}, run_config={"artifacts": "a"}))
     with pytest.raises(UnknownNameError, match="artifacts"):
         ClientSources().resolve(SimpleNamespace(node_id=1, node_config={}, run_config={}))
+    with pytest.raises(UnknownNameError, match="partition 1"):
+        ClientSources(data=["only.npz"]).resolve(context)
+
+
+def test_importing_without_flower_names_the_extra():
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['flwr'] = None\nimport onnxblocks.federated"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "MissingDependencyError" in done.stderr and 'pip install "onnxblocks[flower]"' in done.stderr

@@ -33,12 +33,15 @@ def reply(arrays=None, metrics=None, node=1):
         content["arrays"] = to_record(arrays)
     content["metrics"] = MetricRecord(metrics if metrics is not None else {"num-examples": 10, "train-loss": 0.5})
     content["client"] = ConfigRecord({"partition-id": node})
-    return Message(content=content, dst_node_id=node, message_type="train")
+    return Message(content=content, reply_to=request(node))
+
+
+def request(node):
+    return Message(content=RecordDict(), dst_node_id=node, message_type="train")
 
 
 def failed(node=9):
-    request = Message(content=RecordDict(), dst_node_id=node, message_type="train")
-    return Message(Error(code=1, reason="ClientApp raised MemoryError"), reply_to=request)
+    return Message(Error(code=1, reason="ClientApp raised MemoryError"), reply_to=request(node))
 
 
 def filled(value, **changes):
@@ -96,6 +99,21 @@ def test_a_round_without_a_good_reply_keeps_the_global_model():
     arrays, metrics = wrapped.aggregate_train(2, [failed(), reply(filled(np.inf))])
     assert arrays is None and metrics is None
     assert len(history.dropped) == 2 and history.rounds == 2
+
+
+def test_a_node_that_never_answers_is_reported():
+    history = FederatedHistory()
+    wrapped = ValidatingStrategy(
+        FedAvg(min_train_nodes=1, min_available_nodes=1), specs_of(GLOBAL), history, timeout=30
+    )
+    wrapped._global = dict(GLOBAL)
+    wrapped._sent("train", [request(node) for node in (11, 12, 13)])
+    arrays, _ = wrapped.aggregate_train(1, [reply(filled(2.0), node=11), failed(node=13)])
+    np.testing.assert_allclose(arrays["w"].numpy(), 2.0)
+    assert {(d["node"], d["reason"]) for d in history.dropped} == {
+        (12, "no reply within the round timeout (30 s)"),
+        (13, "the client failed: ClientApp raised MemoryError"),
+    }
 
 
 def test_check_arrays_and_strategy_names():

@@ -141,13 +141,16 @@ def test_server_side_dp_clips_each_client_update(small):
     assert all(n > clip for n in norms)  # the history holds the norms the clients sent, before clipping
 
 
-def test_fedadam_runs_and_keeps_float32_parameters(small):
+def test_fedadam_runs_drops_a_nan_client_and_keeps_float32_parameters(small):
     root, art, files = small
     out = root / "fedadam"
+    out.mkdir()
+    with np.load(files[0]) as data:  # a fourth client whose data makes its parameters NaN
+        np.savez(out / "nan.npz", features=np.full_like(data["features"], np.nan), labels=data["labels"])
     server = make_server_app(
         art,
         rounds=3,
-        min_nodes=3,
+        min_nodes=4,
         fraction_evaluate=0.0,
         strategy="fedadam",
         server_lr=0.05,
@@ -156,9 +159,12 @@ def test_fedadam_runs_and_keeps_float32_parameters(small):
         history=str(out / "history.json"),
         **LOCAL,
     )
-    simulate(server, make_client_app(art, data=files), 3)
+    simulate(server, make_client_app(art, data=[*files, str(out / "nan.npz")]), 4)
     history = FederatedHistory.load(out / "history.json")
-    assert not history.dropped and history.rounds == 3
+    assert history.rounds == 3
+    assert [(d["round"], d["phase"]) for d in history.dropped] == [(1, "train"), (2, "train"), (3, "train")]
+    assert all("non-finite" in d["reason"] for d in history.dropped)
+    assert len([c for c in history.clients if c["phase"] == "train"]) == 9  # the three good clients, each round
     losses = [v for _, v in history.metric("eval-loss", "server")]
     assert losses[-1] < losses[0]
     final = TrainingSession(art, checkpoint=out / "final.ckpt").parameters(trainable_only=True)

@@ -22,6 +22,7 @@ NAMES = [
     "03_training_loop",
     "04_from_pytorch_and_onnxscript",
     "05_torch_module",
+    "07_federated",
 ]
 KERNEL = "onnxblocks-test-python"
 
@@ -89,6 +90,8 @@ def test_notebook_executes_without_errors(name, kernel_env):
     html = [o.data["text/html"] for o in outputs if "data" in o and "text/html" in o.data]
     if name == "03_training_loop":
         assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # data, curves, regions
+    elif name == "07_federated":
+        assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # clients' data, rounds, regions
     else:
         assert any("<svg" in h for h in html), "the rich display drew no picture"
     text = "".join(o.text for o in outputs if o.output_type == "stream")
@@ -98,6 +101,7 @@ def test_notebook_executes_without_errors(name, kernel_env):
         "03_training_loop": "optimizer steps",
         "04_from_pytorch_and_onnxscript": "after 20 steps",
         "05_torch_module": "gradients equal torch's",
+        "07_federated": "held-out accuracy",
     }[name]
     assert expected in text
 
