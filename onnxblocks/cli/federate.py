@@ -219,10 +219,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         from onnxblocks.federated.deployment import LocalDeployment, NodeSpec
         from onnxblocks.federated.project import write_app
-    except ImportError as exc:
-        raise CliError(
-            f'{exc} (onnxblocks federate needs Flower: pip install "onnxblocks[flower]")', EXIT_INPUT
-        ) from None
+    except ImportError as exc:  # Flower is an optional extra (MissingDependencyError says how to install it)
+        message = str(exc) if "onnxblocks[flower]" in str(exc) else f'{exc}: pip install "onnxblocks[flower]"'
+        raise CliError(f"onnxblocks federate needs Flower. {message}", EXIT_FAILURE) from None
 
     keep = args.run_dir is not None
     run_dir = Path(args.run_dir) if keep else Path(tempfile.mkdtemp(prefix="onnxblocks-federate-"))

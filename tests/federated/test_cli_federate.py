@@ -189,3 +189,13 @@ def test_the_run_config_carries_every_option(setup, tmp_path):
     assert config["shuffle"] is False and config["round-timeout"] == 30.0 and config["min-nodes"] == 3
     assert config["artifacts"] == os.path.abspath(art) and config["save"] == str(tmp_path / "c")
     assert "export" not in config and "local-steps" not in config
+
+
+def test_without_flower_the_command_says_how_to_install_it(setup, capsys, monkeypatch, tmp_path):
+    art, files, _ = setup
+    for name in [m for m in sys.modules if m == "flwr" or m.startswith(("flwr.", "onnxblocks.federated"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError
+    assert main(_args(art, files, f"--save={tmp_path / 'c'}")) == 1
+    err = capsys.readouterr().err
+    assert 'pip install "onnxblocks[flower]"' in err and "onnxblocks federate needs Flower" in err
