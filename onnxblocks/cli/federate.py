@@ -165,9 +165,15 @@ def _check(args: argparse.Namespace) -> None:
             f"--min-clients {args.min_clients} is more than the {len(args.client_data)} clients (--client-data).",
             EXIT_USAGE,
         )
+    from onnxblocks.runtime.layout import ArtifactFiles
+
     for directory in [args.directory, *(args.client_artifacts or [])]:
         if not Path(directory).is_dir():
             raise CliError(f"artifact directory {directory} does not exist (or is not a directory).", EXIT_INPUT)
+        try:  # checked here, before Flower starts: a server or client failing on it would cost a whole start-up
+            ArtifactFiles.find(directory, "")
+        except FileNotFoundError as exc:
+            raise CliError(str(exc), EXIT_INPUT) from None
     for data in [*args.client_data, *([args.eval_data] if args.eval_data else [])]:
         if not Path(data).is_file():
             raise CliError(f"data file {data} does not exist (or is not a file).", EXIT_INPUT)

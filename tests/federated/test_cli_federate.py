@@ -144,6 +144,7 @@ def _args(art, files, *extra):
         (["--save=X", "--client-python=/no/such/python"], 3, "no such interpreter"),
         (["--save=X", "--client-artifacts=/no/such/dir"], 3, "does not exist"),
         (["--save=X", "--eval-data=/no/such.npz"], 3, "does not exist"),
+        (["--save=X", "--client-artifacts=."], 3, "not a complete artifact directory"),
         ([], 2, "--save"),
     ],
 )
