@@ -7,16 +7,13 @@ per :class:`NodeSpec` (its ``--node-config``, e.g. ``data-path="a.npz"``), all o
 (``logs/superlink.log``, ``logs/supernode-<i>.log``, ``logs/run.log``), and ``flwr`` reads its
 connection from a ``config.toml`` there (``FLWR_HOME``), so nothing in ``~/.flwr`` is touched.
 
-Stopping is the point of the class: Flower's SuperLink and SuperNodes start helpers (SuperExec,
-``flwr-serverapp``, ``flwr-clientapp``) in sessions of their own, which a signal to the parent's
-process group does not reach. :meth:`LocalDeployment.stop` (run on leaving the ``with`` block, on
-success, on error and on ``KeyboardInterrupt``) collects every descendant of every process it
-started, sends SIGTERM to each, waits, and sends SIGKILL to whatever is still running.
+Stopping is the point of the class: :meth:`LocalDeployment.stop` (on leaving the ``with`` block, on
+success, error and ``KeyboardInterrupt``) stops every process tree it started, helpers that Flower
+starts in sessions of their own included (:mod:`onnxblocks.federated.processes`).
 
-A SuperNode may run under another interpreter (``NodeSpec.python``: e.g. a Python 3.13 venv with
-stock onnxruntime, where onnxblocks and flwr are importable): Flower's commands are started through
-``python -c`` shims in the run directory, never through the venv's console scripts, so a node's
-SuperExec and ClientApp run under that interpreter too.
+A SuperNode may run under another interpreter (``NodeSpec.python``, e.g. a Python 3.13 venv with
+stock onnxruntime): Flower's commands start through ``python -c`` shims, so its SuperExec and
+ClientApp run under that interpreter too.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +34,6 @@ from pathlib import Path
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, StateError
 from onnxblocks.federated.processes import (
-    GRACE_S,
     DeploymentError,
     Process,
     alive,
@@ -44,7 +41,6 @@ from onnxblocks.federated.processes import (
     descendants,
     free_port,
     listening,
-    send_signal,
     terminate_tree,
     write_shims,
 )
@@ -380,16 +376,6 @@ class LocalDeployment:
         """The pids of the ``flwr-clientapp`` processes SuperNode ``node`` runs now."""
         return [pid for pid in descendants(self.supernodes[node].pid) if "flwr-clientapp" in command_line(pid)]
 
-    def kill_node(self, node: int) -> None:
-        """SIGKILL SuperNode ``node`` and everything it started (a client that crashes)."""
-        process = self.supernodes[node]
-        pids = [process.pid, *descendants(process.pid)]
-        send_signal(pids, signal.SIGKILL)
-        try:
-            process.popen.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused
-            pass
-
     def pids(self) -> list[int]:
         """Every living process this deployment started, and their descendants."""
         roots = [p.pid for p in [*self.supernodes, *([self.superlink] if self.superlink else [])]]
@@ -401,13 +387,20 @@ class LocalDeployment:
     def stop(self) -> None:
         """Stop every process this deployment started, and everything they started (SIGTERM, then SIGKILL).
 
-        Safe to call twice, and after a failed start.
+        Safe to call twice, and after a failed start. A second Ctrl-C while it stops is ignored (in the
+        main thread), so that an impatient one cannot leave processes behind.
         """
         processes = [*self.supernodes, *([self.superlink] if self.superlink else [])]
-        if processes:
-            terminate_tree([p.pid for p in processes])
-        for process in processes:
-            process.close()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            if processes:
+                terminate_tree([p.pid for p in processes])
+            for process in processes:
+                process.close()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         self.supernodes = []
         self.superlink = None
 
