@@ -110,7 +110,7 @@ def make_client_app(
     On a ``train`` message it runs :func:`train_client` with the message's single ArrayRecord (the
     global trainable parameters) and its ``config`` ConfigRecord, and replies with the trained
     parameters (ArrayRecord ``arrays``), the metrics (MetricRecord ``metrics``: ``num-examples``,
-    ``train-loss``, ``steps``) and a ConfigRecord ``client`` saying who answered (``partition-id``,
+    ``train-loss``, ``steps``, ``train-seconds``) and a ConfigRecord ``client`` saying who answered (``partition-id``,
     ``backend``, ``python``). On ``evaluate`` it replies with :func:`evaluate_client`'s metrics.
     A failure becomes Flower's error reply, which the server logs and drops.
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean, preview
 from onnxblocks.federated.validation import WEIGHT_KEY
 from onnxblocks.runtime import Accuracy, ArrayBatches, TrainingSession, evaluate, fit, load_npz
@@ -60,11 +61,9 @@ class LocalConfig:
             low = 0 if name == "seed" else 1
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise InvalidValueError(f"LocalConfig: {_key(name)} must be an int >= {low}, got {value!r}.")
-        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise InvalidValueError(f"LocalConfig: lr must be a positive finite number, got {self.lr!r}.")
-        mu = self.proximal_mu
-        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not math.isfinite(mu) or mu < 0:
-            raise InvalidValueError(f"LocalConfig: proximal-mu must be a finite number >= 0, got {mu!r}.")
+        if self.lr is not None:
+            _hyper.learning_rate(self.lr, "LocalConfig: lr")  # the one check of learning rates
+        _hyper.nonnegative(self.proximal_mu, "LocalConfig: proximal-mu")
         if not isinstance(self.shuffle, (bool, np.bool_)):
             raise InvalidTypeError(f"LocalConfig: shuffle must be a bool, got {self.shuffle!r}.")
 
@@ -80,10 +79,9 @@ class LocalConfig:
             key = _key(f.name)
             if key in config and config[key] is not None:
                 values[f.name] = config[key]
-        if values.get("lr") is not None:
-            values["lr"] = float(values["lr"])
-        if "proximal_mu" in values:
-            values["proximal_mu"] = float(values["proximal_mu"])
+        for name in ("lr", "proximal_mu"):  # TOML and Flower give ints for whole numbers
+            if isinstance(values.get(name), int) and not isinstance(values[name], bool):
+                values[name] = float(values[name])
         return cls(**values)
 
     def to_config(self) -> dict[str, Any]:
@@ -98,7 +96,8 @@ class ClientUpdate:
     Attributes:
         parameters: The trained trainable parameters, by name (the checkpoint's dtypes and shapes).
         num_examples: Training rows the client holds (the weight of its update).
-        metrics: ``train-loss`` (mean over the round's steps) and ``steps``.
+        metrics: ``train-loss`` (mean over the round's steps), ``steps`` and ``train-seconds`` (the wall time
+            of ``fit``).
         backend: The session's backend (``training`` or ``portable``).
     """
 
@@ -233,7 +232,11 @@ def train_client(
     history = fit(session, batches, epochs=epochs, progress=False, max_steps=steps)
     trained = session.parameters(trainable_only=True)
     losses = np.asarray(history.losses, np.float64)
-    metrics = {"train-loss": float(losses.mean()) if losses.size else math.nan, "steps": float(history.steps)}
+    metrics = {
+        "train-loss": float(losses.mean()) if losses.size else math.nan,
+        "steps": float(history.steps),
+        "train-seconds": float(history.seconds),
+    }
     return ClientUpdate(trained, batches.num_rows, metrics, session.backend)
 
 

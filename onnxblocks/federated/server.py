@@ -260,9 +260,14 @@ def write_outputs(session: TrainingSession, history: FederatedHistory, settings:
         history.save(settings.history)
     if settings.plot:
         path = Path(settings.plot)
-        history.plot(path, "loss")
-        if any("accuracy" in row for row in (*history.evaluate, *history.server)):
-            history.plot(path.with_name(f"{path.stem}-accuracy{path.suffix}"), "accuracy")
+        measured = any("accuracy" in row for row in (*history.evaluate, *history.server))
+        metrics = ["loss", "accuracy"] if measured else ["loss"]
+        for metric in metrics:
+            target = path if metric == "loss" else path.with_name(f"{path.stem}-{metric}{path.suffix}")
+            try:
+                history.plot(target, metric)
+            except InvalidValueError as exc:  # nothing finite to draw (every round dropped): the run still succeeded
+                logger.warning("no plot written to %s: %s", target, exc)
 
 
 def make_server_app(artifacts: str | os.PathLike | None = None, *, strategy: Any = None, **settings: Any) -> Any:

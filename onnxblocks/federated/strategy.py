@@ -148,9 +148,11 @@ class ValidatingStrategy(Strategy):
             return None, None
         arrays, metrics = self.strategy.aggregate_train(server_round, kept)
         if arrays is not None:
-            aggregate = self._as_reference_dtypes(from_record(arrays))
+            received = from_record(arrays)
+            aggregate = self._as_reference_dtypes(received)
             reason = check_arrays(aggregate, self.reference)
-            arrays = to_record(aggregate)
+            if any(aggregate[n] is not received[n] for n in received):
+                arrays = to_record(aggregate)
             if reason is not None:
                 logger.warning("round %d: the aggregate was refused: %s", server_round, reason)
                 self.history.dropped.append(

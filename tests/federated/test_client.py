@@ -32,7 +32,7 @@ def test_local_training_is_sgd_from_the_global_parameters(setup):
     for name, value in expected.items():
         np.testing.assert_allclose(update.parameters[name], value, rtol=1e-5, atol=1e-7)
     assert update.num_examples == 20 and update.metrics["steps"] == 3 and update.backend == "training"
-    assert np.isfinite(update.metrics["train-loss"])
+    assert np.isfinite(update.metrics["train-loss"]) and update.metrics["train-seconds"] > 0
 
 
 def test_file_order_is_reproducible_and_shuffling_follows_the_seed(setup):
