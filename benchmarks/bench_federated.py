@@ -17,7 +17,9 @@ load the global parameters, one epoch of ``fit``), once per client after a warm-
 
 Columns: clients, round s (median over the rounds after the first, which also starts the
 SuperNodes' app processes), sum local s (the N clients' local training, one after another), max
-local s (the slowest client: the round's lower bound when clients run in parallel), overhead s
+local s (the slowest client: the round's lower bound when clients run in parallel), sum fit s (the
+clients' own ``train-seconds`` inside their ClientApps in the run, summed over a round: ``fit``
+alone, under the run's contention), overhead s
 (round minus max local: Flower's messaging, a ClientApp process per client and round with its
 imports, and onnxblocks' validation and aggregation), ratio (round / sum local).
 """
@@ -79,8 +81,11 @@ def local_seconds(art: Path, files: list[str], batch_size: int) -> list[float]:
     return times
 
 
-def round_seconds(art: Path, files: list[str], root: Path, rounds: int, batch_size: int) -> tuple[list[float], float]:
-    """The history's per-round wall times of a deployment-engine run, and the run's wall time."""
+def round_seconds(
+    art: Path, files: list[str], root: Path, rounds: int, batch_size: int
+) -> tuple[list[float], list[float], float]:
+    """A deployment-engine run: the history's per-round wall times, the per-round sums of the clients'
+    own ``train-seconds`` (``fit`` inside each ClientApp), and the run's wall time."""
     from onnxblocks.federated.deployment import LocalDeployment, NodeSpec
     from onnxblocks.federated.project import write_app
 
@@ -102,7 +107,11 @@ def round_seconds(art: Path, files: list[str], root: Path, rounds: int, batch_si
     if not outcome.ok:
         raise SystemExit(f"the run failed ({outcome.status}: {outcome.details}); see {outcome.log}")
     history = json.loads((root / "out" / "history.json").read_text())
-    return [float(s) for s in history["seconds"]], outcome.seconds
+    fits = [
+        sum(float(c.get("train-seconds", 0.0)) for c in history["clients"] if c["phase"] == "train" and c["round"] == r)
+        for r in range(1, rounds + 1)
+    ]
+    return [float(s) for s in history["seconds"]], fits, outcome.seconds
 
 
 def main() -> int:
@@ -118,7 +127,10 @@ def main() -> int:
     hidden = tuple(int(h) for h in args.hidden.split(","))
     print(f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, MLP 2-{args.hidden}-3")
     print(f"# {args.rows} rows per client, batch {args.batch_size}, 1 local epoch, {args.rounds} rounds of FedAvg")
-    header = f"{'clients':>7} {'round s':>8} {'sum local s':>11} {'max local s':>11} {'overhead s':>10} {'ratio':>6}"
+    header = (
+        f"{'clients':>7} {'round s':>8} {'sum local s':>11} {'max local s':>11} {'sum fit s':>9} "
+        f"{'overhead s':>10} {'ratio':>6}"
+    )
     print(header)
     results = []
     for count in counts:
@@ -126,9 +138,10 @@ def main() -> int:
             root = Path(tmp)
             art, files = make_inputs(root, count, args.rows, hidden)
             local = local_seconds(art, files, args.batch_size)
-            rounds, wall = round_seconds(art, files, root, args.rounds, args.batch_size)
+            rounds, fits, wall = round_seconds(art, files, root, args.rounds, args.batch_size)
         steady = rounds[1:] or rounds
         round_s = statistics.median(steady)
+        fit_s = statistics.median(fits[1:] or fits)
         row = {
             "clients": count,
             "round_s": round_s,
@@ -137,10 +150,12 @@ def main() -> int:
             "local_s": local,
             "sum_local_s": sum(local),
             "max_local_s": max(local),
+            "client_fit_s": fits,
         }
         results.append(row)
         print(
-            f"{count:>7} {round_s:>8.2f} {sum(local):>11.3f} {max(local):>11.3f} {round_s - max(local):>10.2f} "
+            f"{count:>7} {round_s:>8.2f} {sum(local):>11.3f} {max(local):>11.3f} {fit_s:>9.3f} "
+            f"{round_s - max(local):>10.2f} "
             f"{round_s / sum(local):>6.1f}",
             flush=True,
         )
