@@ -34,6 +34,7 @@ examples:
   onnxblocks inspect artifacts
   onnxblocks train artifacts --data train.npz --epochs 10 --batch-size 32 --lr 1e-3 --save ckpt
   onnxblocks clean artifacts
+  onnxblocks federate artifacts --client-data a.npz --client-data b.npz --rounds 5 --save ckpt
 
 exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 input error (file, model or data), 130 interrupted.
 Run 'onnxblocks COMMAND --help' for the options of a command."""
@@ -49,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The full ``onnxblocks`` parser with its subcommands."""
     from onnxblocks._core.version import __version__
-    from onnxblocks.cli import artifacts, clean, demo, doctor, inspection, train
+    from onnxblocks.cli import artifacts, clean, demo, doctor, federate, inspection, train
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (artifacts, inspection, train, clean, demo, doctor):
+    for module in (artifacts, inspection, train, clean, demo, doctor, federate):
         module.add_parser(commands, [common])
     return parser
 

@@ -55,7 +55,9 @@ class ClientSources:
             UnknownNameError: when the configs name no artifacts or no data for this node.
         """
         run, node = dict(context.run_config), dict(context.node_config)
-        artifacts = self.artifacts if self.artifacts is not None else run.get("artifacts")
+        # a node's own artifacts (node config) win over the run's: clients of different kinds train
+        # artifact sets of one model, e.g. portable ones on stock onnxruntime (onnxblocks federate --client-artifacts)
+        artifacts = self.artifacts if self.artifacts is not None else node.get("artifacts", run.get("artifacts"))
         if artifacts is None:
             raise UnknownNameError(
                 "The ClientApp has no artifacts directory: set run config 'artifacts' (flwr run --run-config "

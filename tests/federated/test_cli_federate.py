@@ -1,0 +1,202 @@
+"""``onnxblocks federate``: a real SuperLink and SuperNodes on localhost, the numbers, the exit codes, Ctrl-C.
+
+The exactness test is the issue's: one round of FedAvg with 3 clients, each taking E SGD steps on
+batches in file order from the same global parameters, equals the row-weighted average of what 3
+separate :class:`~onnxblocks.runtime.TrainingSession` runs produce (rtol 1e-5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.federation import flower_processes
+from support.flower_apps import client_files, spiral_artifacts
+
+from onnxblocks.cli import main
+from onnxblocks.runtime import TrainingSession
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, BATCH, LR = 3, 6, 0.1
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("federate")
+    return spiral_artifacts(root), client_files(root), root
+
+
+def _separate_sessions(art: Path, files: list[str]) -> dict[str, np.ndarray]:
+    """The row-weighted average of E SGD steps (file order) of one fresh TrainingSession per client."""
+    total: dict[str, np.ndarray] = {}
+    rows_all = 0
+    for path in files:
+        session = TrainingSession(art)
+        session.learning_rate = LR
+        with np.load(path) as data:
+            x, y = data["features"], data["labels"]
+        for step in range(STEPS):
+            rows = slice(step * BATCH, (step + 1) * BATCH)
+            session.train_step(x[rows], y[rows])
+            session.optimizer_step()
+        for name, value in session.parameters(trainable_only=True).items():
+            total[name] = total.get(name, 0.0) + len(x) * value.astype(np.float64)
+        rows_all += len(x)
+    return {name: value / rows_all for name, value in total.items()}
+
+
+@pytest.mark.slow
+def test_one_round_of_fedavg_is_the_weighted_average_of_separate_sessions(setup, capsys):
+    art, files, root = setup
+    out = root / "exact"
+    argv = [
+        "federate",
+        str(art),
+        *[a for f in files for a in ("--client-data", f)],
+        "--rounds=1",
+        f"--local-steps={STEPS}",
+        f"--batch-size={BATCH}",
+        f"--lr={LR}",
+        "--no-shuffle",
+        "--fraction-evaluate=0",
+        "--strategy=fedavg",
+        f"--save={out / 'ckpt'}",
+        f"--export={out / 'model.onnx'}",
+        f"--history={out / 'history.json'}",
+        f"--run-dir={out / 'run'}",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    final = TrainingSession(art, checkpoint=out / "ckpt").parameters(trainable_only=True)
+    expected = _separate_sessions(art, files)
+    initial = TrainingSession(art).parameters(trainable_only=True)
+    assert sorted(final) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+        assert not np.allclose(final[name], initial[name])  # the round did move every parameter
+    history = json.loads((out / "history.json").read_text())
+    rows = sorted((c["partition"], c["num-examples"]) for c in history["clients"] if c["phase"] == "train")
+    assert rows == [(0, 20), (1, 30), (2, 40)]
+    assert history["dropped"] == []
+    assert (out / "model.onnx").stat().st_size > 0
+    assert flower_processes(out / "run") == []
+    printed = capsys.readouterr().out
+    assert "round 1: train-loss" in printed and "done in" in printed
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_flower_process_and_exits_130(setup):
+    """SIGINT to the CLI process in the middle of a run: exit 130, and no Flower process is left."""
+    art, files, root = setup
+    run_dir = root / "interrupted"
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnxblocks",
+        "federate",
+        str(art),
+        *[a for f in files[:2] for a in ("--client-data", f)],
+        "--rounds=100",
+        f"--save={root / 'never' / 'ckpt'}",
+        f"--run-dir={run_dir}",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            if any("flwr-clientapp" in p for p in flower_processes(run_dir)):
+                break  # a round is running
+            time.sleep(0.5)
+        assert process.poll() is None, process.communicate()
+        assert any("flwr-clientapp" in p for p in flower_processes(run_dir)), "no round started within 240 s"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "interrupted" in err
+    assert flower_processes(run_dir) == []
+    assert not (root / "never" / "ckpt").exists()
+
+
+def _args(art, files, *extra):
+    return ["federate", str(art), *[a for f in files for a in ("--client-data", f)], *extra]
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (["--save=X", "--proximal-mu=0.1"], 2, "--strategy fedprox"),
+        (["--save=X", "--server-lr=0.1"], 2, "fedadam or fedyogi"),
+        (["--save=X", "--rounds=0"], 2, "--rounds must be >= 1"),
+        (["--save=X", "--lr=-1"], 2, "--lr must be > 0"),
+        (["--save=X", "--fraction-evaluate=2"], 2, "between 0 and 1"),
+        (["--save=X", "--min-clients=9"], 2, "more than the 3 clients"),
+        (["--save=X", "--client-python", sys.executable, "--client-python", sys.executable], 2, "once per client"),
+        (["--save=X", "--client-python=/no/such/python"], 3, "no such interpreter"),
+        (["--save=X", "--client-artifacts=/no/such/dir"], 3, "does not exist"),
+        (["--save=X", "--eval-data=/no/such.npz"], 3, "does not exist"),
+        (["--save=X", "--client-artifacts=."], 3, "not a complete artifact directory"),
+        ([], 2, "--save"),
+    ],
+)
+def test_bad_options_exit_with_the_cli_codes_before_anything_starts(
+    setup, capsys, extra, code, message, monkeypatch, tmp_path
+):
+    art, files, _ = setup
+    monkeypatch.chdir(tmp_path)
+    assert main(_args(art, files, *extra)) == code
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "X").exists()
+
+
+def test_a_missing_data_file_is_an_input_error(setup, capsys, tmp_path):
+    art, files, _ = setup
+    assert main(_args(art, [files[0], str(tmp_path / "missing.npz")], f"--save={tmp_path / 'c'}")) == 3
+    assert "missing.npz does not exist" in capsys.readouterr().err
+
+
+def test_the_run_config_carries_every_option(setup, tmp_path):
+    from onnxblocks.cli.app import build_parser
+    from onnxblocks.cli.federate import run_config
+
+    art, files, _ = setup
+    args = build_parser().parse_args(
+        _args(
+            art,
+            files,
+            "--rounds=4",
+            "--local-epochs=2",
+            "--batch-size=8",
+            "--lr=0.05",
+            "--strategy=fedprox",
+            "--proximal-mu=0.3",
+            "--no-shuffle",
+            "--round-timeout=30",
+            f"--save={tmp_path / 'c'}",
+        )
+    )
+    config = run_config(args)
+    assert config["num-server-rounds"] == 4 and config["local-epochs"] == 2 and config["batch-size"] == 8
+    assert config["lr"] == 0.05 and config["strategy"] == "fedprox" and config["proximal-mu"] == 0.3
+    assert config["shuffle"] is False and config["round-timeout"] == 30.0 and config["min-nodes"] == 3
+    assert config["artifacts"] == os.path.abspath(art) and config["save"] == str(tmp_path / "c")
+    assert "export" not in config and "local-steps" not in config
+
+
+def test_without_flower_the_command_says_how_to_install_it(setup, capsys, monkeypatch, tmp_path):
+    art, files, _ = setup
+    for name in [m for m in sys.modules if m == "flwr" or m.startswith(("flwr.", "onnxblocks.federated"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError
+    assert main(_args(art, files, f"--save={tmp_path / 'c'}")) == 1
+    err = capsys.readouterr().err
+    assert 'pip install "onnxblocks[flower]"' in err and "onnxblocks federate needs Flower" in err
