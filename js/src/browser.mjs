@@ -9,11 +9,13 @@ import * as ort from 'onnxruntime-web/wasm';
 import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
+import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
+export { ADAPTER_FILES, LORA_METADATA, loraRecord, modelMetadata, peftAdapterFiles } from './adapters.mjs';
 export { ort };
 
 /** @typedef {import('./inference.mjs').TemplateLayout} TemplateLayout */
@@ -48,7 +50,29 @@ export async function loadTrainer(base, { evaluate = true, sessionOptions = { ex
   ]);
   const state = parseState(stateBytes, at('params.safetensors'));
   const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions });
+  trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
   return { trainer, state };
+}
+
+/**
+ * The trainer's LoRA adapters as the two files of a PEFT directory, offered as downloads
+ * (`adapter_model.safetensors` and `adapter_config.json`: put both in one folder for
+ * `peft.PeftModel.from_pretrained(base, folder)` or onnxblocks' `TrainingSession.load_adapters(folder)`).
+ * @param {Trainer} trainer  a trainer of adapter artifacts (from `loadTrainer`)
+ * @param {object} [options]
+ * @param {boolean} [options.download]  offer the files as downloads (default: true)
+ * @returns {Promise<{weights: Uint8Array, config: string}>}  the files' contents
+ */
+export async function downloadAdapters(trainer, { download = true } = {}) {
+  if (!trainer.lora) {
+    throw new TypeError("downloadAdapters: the trainer's artifacts have no LoRA adapters (no 'onnxblocks.lora' metadata in the step model)");
+  }
+  const files = peftAdapterFiles(trainer.lora, (await trainer.state()).tensors);
+  if (download) {
+    downloadBytes(files.weights, ADAPTER_FILES.weights);
+    downloadBytes(new TextEncoder().encode(files.config), ADAPTER_FILES.config);
+  }
+  return files;
 }
 
 /**

@@ -72,6 +72,12 @@ export class Trainer {
     this.extra = { ...state.extra };
     this.trainable = [...state.trainable];
     this.frozen = [...state.frozen];
+    /**
+     * The LoRA record of the step model (metadata `onnxblocks.lora`), set by `loadTrainer` for adapter artifacts;
+     * `saveAdapters` / `downloadAdapters` write the trained adapters with it as a PEFT directory.
+     * @type {import('./adapters.mjs').LoraRecord | null}
+     */
+    this.lora = null;
 
     const inputs = new Set(stepSession.inputNames);
     const outputs = new Set(stepSession.outputNames);
