@@ -1,4 +1,4 @@
-"""The safetensors format for the web state: it lives in :mod:`onnxblocks.safetensors` (PEFT adapter files use it too)."""
+"""The safetensors format of the web state: it lives in :mod:`onnxblocks.safetensors` (PEFT files use it too)."""
 
 from __future__ import annotations
 
