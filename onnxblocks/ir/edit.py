@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
+from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.walk import all_nodes, reads
 
 
@@ -110,3 +111,42 @@ def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
     for node in graph:
         table.update({v.name: v for v in node.outputs if v.name})
     return table
+
+
+def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) -> list[str]:
+    """Store initializers in another element type and cast them back where they are read; return those changed.
+
+    For each ``name -> tensor`` of ``stored``, the initializer ``name`` keeps its
+    name and takes ``tensor`` (e.g. a float16 stub of a float32 weight) as its
+    value, and every node that read it (in subgraphs too) reads ``Cast(name)`` to
+    its old element type instead: one node per initializer, at the top of the
+    graph. Initializers that are also graph inputs or outputs are left alone (a
+    feed or a reader outside the graph expects the old type).
+    """
+    names = graph_names(graph)
+    changed: list[str] = []
+    casts: list[ir.Node] = []
+    for name, tensor in stored.items():
+        value = graph.initializers.get(name)
+        if value is None or value.is_graph_input() or value.is_graph_output() or value.dtype is None:
+            continue
+        old = value.dtype
+        cast = ir.Node(
+            "", "Cast", [value], attributes=[ir.AttrInt64("to", old.value)], name=names.fresh(f"{name}.cast")
+        )
+        out = cast.outputs[0]
+        out.name, out.dtype, out.shape = names.fresh(f"{name}.{old.name.lower()}"), old, value.shape
+        for user, index in list(value.uses()):
+            if user is not cast:
+                user.replace_input_with(index, out)
+        value.const_value = tensor
+        value.dtype = tensor.dtype
+        casts.append(cast)
+        changed.append(name)
+    if casts:
+        first = next(iter(graph), None)
+        if first is None:
+            graph.extend(casts)
+        else:
+            graph.insert_before(first, casts)
+    return changed
