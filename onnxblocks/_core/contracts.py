@@ -127,6 +127,8 @@ CHECKPOINT = "checkpoint"
 NOMINAL_CHECKPOINT = "nominal_checkpoint"
 #: The frozen base weights every model of a set references as external data, stored once (docs/training.md).
 BASE_WEIGHTS = "base_weights.bin"
+#: Model metadata key naming the element type the frozen base is stored in (absent: as exported).
+BASE_DTYPE_METADATA = "onnxblocks.base_dtype"
 #: Suffix of ONNX models, of ORT-format models, and of external data files.
 ONNX_SUFFIX, ORT_SUFFIX, DATA_SUFFIX = ".onnx", ".ort", ".data"
 #: The models of a set of artifacts, in display order.

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.contracts import ONNX_SUFFIX
+from onnxblocks._core.contracts import BASE_DTYPE_METADATA, ONNX_SUFFIX
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,6 @@ __all__ = [
 BASE_THRESHOLD = 1024
 #: The element types a float32 base can be stored in (``generate_artifacts(base_dtype=...)``).
 BASE_DTYPES = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
-#: Model metadata key naming the element type the base is stored in (absent: as exported).
-BASE_DTYPE_METADATA = "onnxblocks.base_dtype"
 _FLOAT = onnx.TensorProto.FLOAT
 #: The largest finite float16.
 _FLOAT16_MAX = 65504.0

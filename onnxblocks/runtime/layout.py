@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxblocks._core.contracts import (
+    BASE_DTYPE_METADATA,
     EVAL_MODEL,
     OPTIMIZER_MODEL,
     PORTABLE_METADATA,
@@ -71,6 +72,11 @@ class ArtifactFiles:
         Only the model's metadata is read (no weights); ORT-format models are not portable.
         """
         return _metadata(self.training_model).get(PORTABLE_METADATA) == "1"
+
+    @property
+    def base_dtype(self) -> str | None:
+        """The element type ``generate_artifacts(base_dtype=...)`` stored the frozen base in, or None."""
+        return _metadata(self.training_model).get(BASE_DTYPE_METADATA)
 
     @classmethod
     def find(cls, directory: str | os.PathLike, prefix: str = "") -> ArtifactFiles:

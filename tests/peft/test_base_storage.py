@@ -272,3 +272,57 @@ def test_a_generation_killed_after_writing_the_base_leaves_the_old_set(tmp_path)
     assert {p.name: p.read_bytes() for p in (tmp_path / "art").iterdir()} == before
     x, y = batch()
     assert float(session.train_step(x, y)[0]) == pytest.approx(_numpy_loss(), rel=1e-5)
+
+
+# ------------------------------------------------------------------ a float16 / bfloat16 base
+def _rounded_model(dtype) -> onnx.ModelProto:
+    """The model with its base weight rounded to ``dtype`` and back: what a cast base computes."""
+    model = make_model()
+    w1 = numpy_helper.to_array(model.graph.initializer[0]).astype(dtype).astype(np.float32)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w1, "W1"))
+    return model
+
+
+@pytest.mark.parametrize(("portable", "backend"), BACKENDS, ids=[b for _, b in BACKENDS])
+@pytest.mark.parametrize("base_dtype", ["float16", "bfloat16"])
+def test_a_cast_base_trains_as_float32_with_the_rounded_weights(tmp_path, portable, backend, base_dtype):
+    import ml_dtypes
+
+    dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[base_dtype]
+    art = generate(exported(tmp_path), tmp_path / "cast", portable, base_dtype=base_dtype)
+    generate(_rounded_model(dtype), tmp_path / "rounded", portable)
+    assert art.base_weights is not None and art.base_weights.stat().st_size == D * D * 2  # half of float32's
+    model = onnx.load(art.training_model, load_external_data=False)
+    (w1,) = (i for i in model.graph.initializer if i.name == "W1")
+    assert w1.data_type == {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[base_dtype]
+    assert {p.key: p.value for p in model.metadata_props}["onnxblocks.base_dtype"] == base_dtype
+    assert not os.path.samefile(art.base_weights, tmp_path / "src" / "m.onnx.data")
+    cast, rounded = losses(tmp_path / "cast", backend), losses(tmp_path / "rounded", backend)
+    np.testing.assert_allclose(cast, rounded, rtol=1e-6)
+    assert abs(cast[0] - _numpy_loss()) < 1e-2 * _numpy_loss()  # near float32's, not equal: the weights are rounded
+
+
+def test_a_cast_base_keeps_trainable_parameters_and_the_checkpoint_in_float32(tmp_path):
+    art = generate(make_model(), tmp_path / "art", True, base_dtype="float16")
+    checkpoint = load_checkpoint(art.checkpoint)
+    assert {n: a.dtype for n, a in checkpoint.trainable.items()} == {"W2": np.float32}
+    step = onnx.load(art.step_model, load_external_data=False)
+    inputs = {i.name: i.type.tensor_type.elem_type for i in step.graph.input}
+    assert inputs["W2"] == TensorProto.FLOAT and inputs["W2.exp_avg"] == TensorProto.FLOAT
+
+
+def test_a_float16_base_refuses_weights_beyond_its_range(tmp_path):
+    model = make_model()
+    w1 = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    w1[3, 5] = 1e6
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w1, "W1"))
+    with pytest.raises(InvalidValueError, match=r"'W1'.*bfloat16"):
+        generate(model, tmp_path / "art", False, base_dtype="float16")
+    assert not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize(("value", "error"), [("int8", InvalidValueError), (16, onnxblocks.errors.InvalidTypeError)])
+def test_an_unknown_base_dtype_is_refused_before_any_work(tmp_path, value, error):
+    with pytest.raises(error, match="base_dtype"):
+        generate(make_model(), tmp_path / "art", False, base_dtype=value)
+    assert not (tmp_path / "art").exists()
