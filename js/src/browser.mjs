@@ -39,17 +39,21 @@ export async function fetchBytes(url) {
  * @param {object} [options]
  * @param {boolean} [options.evaluate]  open the eval model (default: true)
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
+ * @param {string} [options.baseWeights]  the frozen base the models share (default `base_weights.bin`; none if absent)
  * @returns {Promise<{trainer: Trainer, state: TrainingState}>}  the trainer and the state it started from
  */
-export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] } } = {}) {
+export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin' } = {}) {
   const at = (/** @type {string} */ name) => new URL(name, new URL(base, globalThis.location?.href)).href;
-  const [stepModel, evalModel, stateBytes] = await Promise.all([
+  const [stepModel, evalModel, stateBytes, baseBytes] = await Promise.all([
     fetchBytes(at('step_model.onnx')),
     evaluate ? fetchBytes(at('eval_model.onnx')) : Promise.resolve(undefined),
     fetchBytes(at('params.safetensors')),
+    fetchOptional(at(baseWeights)),
   ]);
   const state = parseState(stateBytes, at('params.safetensors'));
-  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions });
+  // the frozen base the models share, fetched once (artifacts whose models hold no large constant have none)
+  const externalData = baseBytes ? [{ path: baseWeights, data: baseBytes }] : undefined;
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions, externalData });
   trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
   return { trainer, state };
 }
@@ -73,6 +77,18 @@ export async function downloadAdapters(trainer, { download = true } = {}) {
     downloadBytes(new TextEncoder().encode(files.config), ADAPTER_FILES.config);
   }
   return files;
+}
+
+/**
+ * The bytes at `url`, or null when the server has no such file (HTTP 404).
+ * @param {string | URL} url
+ * @returns {Promise<Uint8Array | null>}
+ */
+async function fetchOptional(url) {
+  const response = await fetch(url);
+  if (response.status === 404) return null;
+  if (!response.ok) throw new Error(`GET ${url}: HTTP ${response.status}`);
+  return new Uint8Array(await response.arrayBuffer());
 }
 
 /**

@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.naming import NameAuthority
+from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.walk import all_nodes, reads
 
 
@@ -153,3 +154,67 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     value.const_value = tensor
     graph.register_initializer(value)
     return value
+
+
+def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) -> list[str]:
+    """Store initializers in another element type and cast them back where they are read; return those changed.
+
+    For each ``name -> tensor`` of ``stored``, the initializer ``name`` keeps its
+    name and takes ``tensor`` (e.g. a float16 stub of a float32 weight) as its
+    value, and each node that read it (in subgraphs too) reads a ``Cast`` of it to
+    its old element type instead: one ``Cast`` per reading node, inserted before
+    it. A runtime may run a node as soon as its inputs are ready, so every ``Cast``
+    would run first and all the cast copies would be alive at once; so each
+    ``Cast`` reads the weight through a ``Reshape`` to its own shape whose shape
+    input is computed from the reader's first computed input (an empty slice of
+    its ``Shape``): the copy is made when its reader is about to run and freed
+    after it. Initializers that are also graph inputs or outputs are left alone
+    (a feed or a reader outside the graph expects the old type).
+    """
+    names = graph_names(graph)
+    changed: list[str] = []
+    for name, tensor in stored.items():
+        value = graph.initializers.get(name)
+        if value is None or value.is_graph_input() or value.is_graph_output() or value.dtype is None:
+            continue
+        old = value.dtype
+        readers: dict[ir.Node, list[int]] = {}
+        for user, index in list(value.uses()):
+            readers.setdefault(user, []).append(index)
+        for user, indices in readers.items():
+            assert user.graph is not None, f"node {user.name!r} belongs to no graph"
+            nodes = _cast_before(user, value, old, names, name)
+            user.graph.insert_before(user, nodes)
+            for index in indices:
+                user.replace_input_with(index, nodes[-1].outputs[0])
+        value.const_value = tensor
+        value.dtype = tensor.dtype
+        changed.append(name)
+    return changed
+
+
+def _cast_before(user: ir.Node, value: ir.Value, to: ir.DataType, names: NameAuthority, hint: str) -> list[ir.Node]:
+    """The nodes computing ``Cast(value, to)`` once ``user``'s first computed input is ready (see above)."""
+
+    def node(op: str, inputs: Sequence[ir.Value], **attributes: int) -> ir.Node:
+        attrs = [ir.AttrInt64(k, v) for k, v in attributes.items()]
+        made = ir.Node("", op, inputs, attributes=attrs, name=names.fresh(f"{hint}.{op.lower()}"))
+        made.outputs[0].name = names.fresh(f"{hint}.{op.lower()}_out")
+        return made
+
+    nodes: list[ir.Node] = []
+    source = value
+    trigger = next((v for v in user.inputs if v is not None and v is not value and v.producer() is not None), None)
+    if trigger is not None and value.shape is not None and all(isinstance(d, int) for d in value.shape):
+        dims = ir.Value(name=names.fresh(f"{hint}.dims"), const_value=ir.tensor(list(value.shape.numpy()), name=""))
+        dims.const_value.name = dims.name  # type: ignore[union-attr]
+        assert user.graph is not None
+        user.graph.register_initializer(dims)
+        shape = node("Shape", [trigger], start=0, end=0)  # empty, but only once the reader's input exists
+        joined = node("Concat", [shape.outputs[0], dims], axis=0)
+        reshaped = node("Reshape", [value, joined.outputs[0]])
+        nodes += [shape, joined, reshaped]
+        source = reshaped.outputs[0]
+    cast = node("Cast", [source], to=to.value)
+    cast.outputs[0].dtype, cast.outputs[0].shape = to, value.shape
+    return [*nodes, cast]

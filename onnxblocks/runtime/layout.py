@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from onnxblocks._core.contracts import (
+    BASE_DTYPE_METADATA,
     EVAL_MODEL,
     OPTIMIZER_MODEL,
     PORTABLE_METADATA,
@@ -75,6 +76,11 @@ class ArtifactFiles:
         Only the model's metadata is read (no weights); ORT-format models are not portable.
         """
         return _metadata(self.training_model).get(PORTABLE_METADATA) == "1"
+
+    @property
+    def base_dtype(self) -> str | None:
+        """The element type ``generate_artifacts(base_dtype=...)`` stored the frozen base in, or None."""
+        return _metadata(self.training_model).get(BASE_DTYPE_METADATA)
 
     @classmethod
     def find(cls, directory: str | os.PathLike, prefix: str = "") -> ArtifactFiles:
