@@ -30,7 +30,7 @@ from onnxblocks.peft.info import LoraInfo, LoraTarget, lora_info
 __all__ = ["fold", "merge_lora", "strip_adapter_branches"]
 
 #: Ops a base weight may pass through before its MatMul or Gemm (a transposed or cast frozen base).
-_WEIGHT_PATH_OPS = frozenset({"Transpose", "Cast", "Identity", "CastLike"})
+_WEIGHT_PATH_OPS = frozenset({"Transpose", "Cast", "Identity", "CastLike", "Reshape"})
 #: Most nodes an adapter branch may have (x @ A^T @ B^T * s, dropout, casts...); a guard, not a limit in practice.
 _MAX_BRANCH_NODES = 64
 
