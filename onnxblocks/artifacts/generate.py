@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 
@@ -35,9 +35,7 @@ from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
-
-if TYPE_CHECKING:
-    from onnxblocks.peft.config import LoraConfig
+from onnxblocks.peft.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -193,11 +191,9 @@ def generate_artifacts(
             ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
             the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
-        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
-            train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
-            model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
-        base_dtype: ``"float16"`` or ``"bfloat16"``: store the float32 weights that stay graph constants (the
-            frozen base, in ``base_weights.bin``) in that type, cast to float32 where they are read; None keeps them.
+        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), trained with
+            what ``requires_grad`` names (an :func:`~onnxblocks.peft.apply_lora` model's train without ``lora``).
+        base_dtype: ``"float16"``/``"bfloat16"``: the frozen base (``base_weights.bin``) stored so, cast where read.
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
