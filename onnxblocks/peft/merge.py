@@ -15,17 +15,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 from onnx import numpy_helper
 
 from onnxblocks._core.contracts import LORA_METADATA
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
-from onnxblocks.ir import serde
-from onnxblocks.ir.edit import remove_unused_nodes, values_by_name
 from onnxblocks.peft.info import LoraInfo, LoraTarget, lora_info
+
+if TYPE_CHECKING:  # the IR is loaded when merging: `import onnxblocks.peft` stays light for the runtime
+    import onnx_ir as ir
 
 __all__ = ["fold", "merge_lora", "strip_adapter_branches"]
 
@@ -120,6 +121,8 @@ def _strip_one(graph: ir.Graph, values: Mapping[str, ir.Value], module: str, tar
             f"Cannot merge the adapters of '{module}': no Add joins their branch to the layer "
             f"'{target.node}'. merge_lora handles the graphs apply_lora writes."
         )
+    import onnx_ir as ir
+
     kept = next(v for v in join.inputs if v is not None and v in anchors)
     out = join.outputs[0]
     if out.is_graph_output():
@@ -144,6 +147,8 @@ def strip_adapter_branches(model: ir.Model, info: LoraInfo) -> list[LoraTarget]:
     Raises:
         InvalidValueError: if the graph does not have the branch the record describes.
     """
+    from onnxblocks.ir.edit import remove_unused_nodes, values_by_name
+
     graph = model.graph
     values = values_by_name(graph)
     stripped = [t for module, t in info.targets.items() if _strip_one(graph, values, module, t)]
@@ -205,6 +210,10 @@ def merge_lora(
         if name not in stored:
             raise UnknownNameError(f"merge_lora: no value for '{name}'; pass it in adapters={{...}}.")
         return numpy_helper.to_array(stored[name], os.fspath(folder) if folder else "")
+
+    import onnx_ir as ir
+
+    from onnxblocks.ir import serde
 
     work = serde.from_proto(model)
     for target in strip_adapter_branches(work, info):
