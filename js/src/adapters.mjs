@@ -8,8 +8,9 @@
 // what `peft.PeftModel.from_pretrained(base_model, directory)` and onnxblocks'
 // `TrainingSession.load_adapters(directory)` read: the tensors under PEFT's keys
 // `base_model.model.<module>.lora_A.weight` ([r, in_features]) and `...lora_B.weight` ([out_features, r]).
-// This module imports nothing but the safetensors writer: browser and Node alike.
+// This module imports only the safetensors writer and the protobuf reader: browser and Node alike.
 
+import { modelMetadata } from './onnx_proto.mjs';
 import { serializeSafetensors } from './safetensors.mjs';
 
 /** @typedef {import('./safetensors.mjs').NamedTensor} NamedTensor */
@@ -34,73 +35,6 @@ export const ADAPTER_FILES = Object.freeze({ weights: 'adapter_model.safetensors
  * @property {Record<string, unknown> & {r: number}} config  the PEFT config (`adapter_config.json`)
  * @property {Record<string, LoraTarget>} targets  the adapted layers by torch module path
  */
-
-/**
- * Read the `metadata_props` of an ONNX model's bytes without decoding its graph (ModelProto field 14:
- * StringStringEntryProto {key = 1, value = 2}); every other field is skipped by its wire type.
- * @param {Uint8Array} bytes  an `.onnx` file's bytes
- * @returns {Record<string, string>}
- * @throws {RangeError} on bytes that are not a protobuf message
- */
-export function modelMetadata(bytes) {
-  /** @type {Record<string, string>} */
-  const out = {};
-  const decoder = new TextDecoder();
-  for (const [field, value] of fields(bytes, 0, bytes.length)) {
-    if (field !== 14 || !(value instanceof Uint8Array)) continue;
-    let key = '';
-    let text = '';
-    for (const [inner, part] of fields(value, 0, value.length)) {
-      if (inner === 1 && part instanceof Uint8Array) key = decoder.decode(part);
-      if (inner === 2 && part instanceof Uint8Array) text = decoder.decode(part);
-    }
-    out[key] = text;
-  }
-  return out;
-}
-
-/**
- * The top-level fields of a protobuf message: `[field number, bytes (length-delimited) | null]`.
- * @param {Uint8Array} bytes
- * @param {number} begin
- * @param {number} end
- * @returns {Generator<[number, Uint8Array | null]>}
- */
-function* fields(bytes, begin, end) {
-  let at = begin;
-  const varint = () => {
-    let result = 0;
-    let scale = 1;
-    for (let i = 0; i < 10; i++) {
-      if (at >= end) throw new RangeError('model bytes: truncated varint (not an ONNX model?)');
-      const byte = bytes[at++];
-      result += (byte & 0x7f) * scale;
-      if (byte < 0x80) return result;
-      scale *= 128;
-    }
-    throw new RangeError('model bytes: varint too long (not an ONNX model?)');
-  };
-  while (at < end) {
-    const tag = varint();
-    const field = Math.floor(tag / 8);
-    const wire = tag % 8;
-    if (wire === 0) {
-      varint();
-      yield [field, null];
-    } else if (wire === 1 || wire === 5) {
-      at += wire === 1 ? 8 : 4;
-      yield [field, null];
-    } else if (wire === 2) {
-      const length = varint();
-      if (at + length > end) throw new RangeError(`model bytes: field ${field} runs past the end (truncated model?)`);
-      yield [field, bytes.subarray(at, at + length)];
-      at += length;
-    } else {
-      throw new RangeError(`model bytes: unsupported wire type ${wire} (not an ONNX model?)`);
-    }
-  }
-  if (at !== end) throw new RangeError('model bytes: the last field runs past the end (truncated model?)');
-}
 
 /**
  * The LoRA record of a model's bytes, or null when it has none.

@@ -10,12 +10,14 @@ import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
+import { externalDataFiles } from './onnx_proto.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
-export { ADAPTER_FILES, LORA_METADATA, loraRecord, modelMetadata, peftAdapterFiles } from './adapters.mjs';
+export { ADAPTER_FILES, LORA_METADATA, loraRecord, peftAdapterFiles } from './adapters.mjs';
+export { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
 export { ort };
 
 /** @typedef {import('./inference.mjs').TemplateLayout} TemplateLayout */
@@ -39,20 +41,24 @@ export async function fetchBytes(url) {
  * @param {object} [options]
  * @param {boolean} [options.evaluate]  open the eval model (default: true)
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
- * @param {string} [options.baseWeights]  the frozen base the models share (default `base_weights.bin`; none if absent)
+ * @param {string} [options.baseWeights]  the frozen base the models share (default `base_weights.bin`), fetched when they
+ *   name it; every external data file the models name is fetched once (read from their initializers)
  * @returns {Promise<{trainer: Trainer, state: TrainingState}>}  the trainer and the state it started from
  */
 export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin' } = {}) {
   const at = (/** @type {string} */ name) => new URL(name, new URL(base, globalThis.location?.href)).href;
-  const [stepModel, evalModel, stateBytes, baseBytes] = await Promise.all([
+  const [stepModel, evalModel, stateBytes] = await Promise.all([
     fetchBytes(at('step_model.onnx')),
     evaluate ? fetchBytes(at('eval_model.onnx')) : Promise.resolve(undefined),
     fetchBytes(at('params.safetensors')),
-    fetchOptional(at(baseWeights)),
   ]);
   const state = parseState(stateBytes, at('params.safetensors'));
-  // the frozen base the models share, fetched once (artifacts whose models hold no large constant have none)
-  const externalData = baseBytes ? [{ path: baseWeights, data: baseBytes }] : undefined;
+  // the external data files the models name, each fetched once: the frozen base they share (`baseWeights`) and
+  // a model's own `<model>.data` where its writer put a constant over 1 KiB; none for models that hold all inline
+  const names = [...new Set([...externalDataFiles(stepModel), ...(evalModel ? externalDataFiles(evalModel) : [])])];
+  names.sort((a, b) => Number(b === baseWeights) - Number(a === baseWeights));
+  const datas = await Promise.all(names.map((name) => fetchBytes(at(name))));
+  const externalData = names.length ? names.map((path, i) => ({ path, data: datas[i] })) : undefined;
   const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions, externalData });
   trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
   return { trainer, state };
@@ -77,18 +83,6 @@ export async function downloadAdapters(trainer, { download = true } = {}) {
     downloadBytes(new TextEncoder().encode(files.config), ADAPTER_FILES.config);
   }
   return files;
-}
-
-/**
- * The bytes at `url`, or null when the server has no such file (HTTP 404).
- * @param {string | URL} url
- * @returns {Promise<Uint8Array | null>}
- */
-async function fetchOptional(url) {
-  const response = await fetch(url);
-  if (response.status === 404) return null;
-  if (!response.ok) throw new Error(`GET ${url}: HTTP ${response.status}`);
-  return new Uint8Array(await response.arrayBuffer());
 }
 
 /**

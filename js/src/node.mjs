@@ -13,7 +13,8 @@ export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
-export { ADAPTER_FILES, LORA_METADATA, loraRecord, modelMetadata, peftAdapterFiles } from './adapters.mjs';
+export { ADAPTER_FILES, LORA_METADATA, loraRecord, peftAdapterFiles } from './adapters.mjs';
+export { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
 export { ort };
 
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */

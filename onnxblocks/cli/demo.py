@@ -14,7 +14,8 @@ examples:
   onnxblocks demo --output-dir /tmp/demo --no-progress
   onnxblocks demo --portable               # portable artifacts, trained by the portable backend
   onnxblocks demo --web                    # the same classifier trained in your browser (onnxruntime-web)
-  onnxblocks demo --lora                   # LoRA adapters on a small LLaMA (needs torch and transformers)"""
+  onnxblocks demo --lora                   # LoRA adapters on a small LLaMA (needs torch and transformers)
+  onnxblocks demo --lora --web             # the same fine-tune in your browser, adapters downloaded for peft"""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -125,11 +126,12 @@ def _run_lora(args: argparse.Namespace) -> int:
             "command). The fine-tune itself runs on ONNX Runtime.",
             EXIT_FAILURE,
         )
-    if args.web:
-        raise CliError("demo --lora --web is not available yet: run demo --lora, or demo --web.", 2)
     directory = args.output_dir if args.output_dir != DEFAULT_OUTPUT_DIR else "onnxblocks-lora-demo"
     command = [sys.executable, "-m", "onnxblocks.torch.lora_demo", "--output-dir", directory, "--seed", str(args.seed)]
     if args.portable:
         command.append("--portable")
+    if args.web:
+        require(args.port, "--port", minimum=0)
+        command += ["--web", "--port", str(args.port)]
     done = subprocess.run(command, check=False)
     return EXIT_OK if done.returncode == 0 else EXIT_FAILURE
