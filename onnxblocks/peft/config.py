@@ -117,8 +117,9 @@ class LoraConfig:
         lora_alpha: The scale numerator: the adapter branch is multiplied by ``lora_alpha / r``.
         target_modules: The torch modules to adapt: a list of names, each matching a module whose
             path is that name or ends with ``.name`` (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``),
-            or one regex string matched against the whole module path. None (PEFT's per-architecture
-            default) is refused when LoRA is applied: name the modules.
+            or one regex string matched against the whole module path, or ``"all-linear"`` (every Linear
+            layer but the output layer). None (PEFT's per-architecture default) is refused when LoRA is
+            applied: name the modules.
         exclude_modules: Modules never adapted, by the same rule.
         lora_dropout: Dropout probability on the adapter branch's input, in the training graph only.
         fan_in_fan_out: True for layers that store their weight as ``[in, out]`` (GPT-2's ``Conv1D``).

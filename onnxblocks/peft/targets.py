@@ -5,7 +5,8 @@ read in this order:
 
 1. the dynamo exporter (``torch.onnx.export(dynamo=True)``) writes each node's module scopes in
    its metadata ``pkg.torch.onnx.name_scopes`` (``['', 'model', ..., 'model.layers.0.self_attn.q_proj',
-   'linear']``: the second to last is the module the op ran in);
+   'linear']``: the second to last is the module the op ran in), and in ``namespace``
+   (``...model.layers.0.self_attn.q_proj: torch.nn.modules.linear.Linear/linear: aten.linear.default``);
 2. the TorchScript exporter (``dynamo=False``) names each node after its scope
    (``/model/layers.0/self_attn/q_proj/MatMul``);
 3. a graph without either: the weight initializer's name (``model.layers.0.self_attn.q_proj.weight``).
@@ -25,7 +26,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -34,10 +34,14 @@ from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.peft.config import LoraConfig
 
-__all__ = ["LinearSite", "find_targets", "linear_sites", "matches"]
+__all__ = ["ALL_LINEAR", "LinearSite", "find_targets", "linear_sites", "matches", "resolve_all_linear"]
 
 #: Node metadata key where the dynamo exporter lists the module scopes a node ran in.
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+#: Node metadata key where the dynamo exporter writes the module path and class of each scope.
+NAMESPACE = "namespace"
+#: PEFT's shorthand for every Linear layer but the output layer.
+ALL_LINEAR = "all-linear"
 _LINEAR_OPS = ("MatMul", "Gemm")
 _PASS_THROUGH = ("Identity",)
 
@@ -88,6 +92,9 @@ def node_module(node: ir.Node) -> str | None:
             parsed = None
         if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
             return parsed[-2]
+    namespace = node.metadata_props.get(NAMESPACE)  # ": Root/path: Class/.../op: aten.op" (older dynamo exports)
+    if namespace and namespace.count("/") >= 1:
+        return namespace.split("/")[-2].split(": ")[0]
     name = node.name or ""
     if name.startswith("/"):
         return ".".join(name.split("/")[1:-1])
@@ -178,17 +185,58 @@ def _describe(rule: tuple[str, ...] | str | None) -> str:
     return repr(rule) if isinstance(rule, str) else repr(list(rule or ()))
 
 
+def _is_all_linear(rule: tuple[str, ...] | str | None) -> bool:
+    return isinstance(rule, str) and rule.lower() == ALL_LINEAR
+
+
+def _feeds_output(node: ir.Node, outputs: set[ir.Value]) -> bool:
+    """Whether ``node``'s result is a graph output, itself or after one ``Add`` of a constant (a bias)."""
+    value = node.outputs[0]
+    if value in outputs:
+        return True
+    uses = list(value.uses())
+    if len(uses) != 1 or uses[0].node.op_type != "Add":
+        return False
+    add = uses[0].node
+    other = [v for v in add.inputs if v is not value]
+    return len(other) == 1 and other[0] is not None and other[0].is_initializer() and add.outputs[0] in outputs
+
+
+def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
+    """``config`` with ``target_modules="all-linear"`` replaced by the module paths it stands for (PEFT's way).
+
+    PEFT's ``all-linear`` is every Linear and ``Conv1D`` module but the output layer (a language model's
+    output embedding, a classifier head). Here: every Linear site but those whose result is a model output,
+    itself or after a bias ``Add``, and but ``exclude_modules``. Other configs come back as they are.
+
+    Raises:
+        InvalidValueError: no Linear layer is left.
+    """
+    if not _is_all_linear(config.target_modules):
+        return config
+    sites, _ = linear_sites(graph)
+    outputs = set(graph.outputs)
+    heads = {s.module for s in sites if _feeds_output(s.node, outputs)}
+    modules = [s.module for s in sites if s.module not in heads and not _rule(config.exclude_modules, s.module)]
+    if not modules:
+        raise InvalidValueError(
+            f"LoraConfig target_modules='all-linear' finds no Linear layer besides the output layer {sorted(heads)}"
+        )
+    return dataclasses.replace(config, target_modules=tuple(dict.fromkeys(modules)))
+
+
 def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
     """The Linear sites ``config.target_modules`` selects, in graph order.
 
     Raises:
-        InvalidValueError: ``target_modules`` is None or ``"all-linear"``; it matches no module; it
-            matches a module that is not a Linear layer with a float32 constant weight, or a module
-            applied by more than one node (each message names the module and what was found).
+        InvalidValueError: ``target_modules`` is None; it matches no module; it matches a module that is
+            not a Linear layer with a float32 constant weight, or a module applied by more than one node
+            (each message names the module and what was found).
     """
+    config = resolve_all_linear(graph, config)
     sites, module_ops = linear_sites(graph)
     linear = sorted({s.module for s in sites})
-    if config.target_modules is None or config.target_modules == "all-linear":
+    if config.target_modules is None:
         raise InvalidValueError(
             f"LoraConfig target_modules={config.target_modules!r}: name the modules to adapt "
             f"(e.g. ['q_proj', 'v_proj']); this model's Linear modules: {preview(linear)}"
@@ -228,8 +276,3 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
         chosen.append(site)
     order = {node: i for i, node in enumerate(graph)}
     return sorted(chosen, key=lambda s: order[s.node])
-
-
-def target_names(sites: Iterable[LinearSite]) -> list[str]:
-    """The module paths of ``sites``."""
-    return [s.module for s in sites]

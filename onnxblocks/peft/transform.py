@@ -106,10 +106,11 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
     from onnxblocks.ir import serde
     from onnxblocks.ir.names import graph_names
     from onnxblocks.ir.writer import Writer
-    from onnxblocks.peft.targets import find_targets
+    from onnxblocks.peft.targets import find_targets, resolve_all_linear
 
     working = serde.from_proto(model)
     graph = working.graph
+    config = resolve_all_linear(graph, config)  # the record names the modules, as PEFT's saved config does
     sites = find_targets(graph, config)
     opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
     if config.lora_dropout > 0 and opset < _DROPOUT_INPUTS_SINCE:
@@ -127,6 +128,8 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     targets: dict[str, LoraTarget] = {}
     for site in sites:
+        if not site.node.name:  # the record names the node: give an unnamed one a name
+            site.node.name = names.fresh(site.node.op_type)
         writer = Writer(names, opset, f"{site.module}.lora")
         targets[site.module] = _add_branch(graph, writer, site, config, rng)
     info = LoraInfo(config=config, targets=targets)

@@ -34,7 +34,7 @@ CELLS = [(f, e) for f in CONFIGS for e in hf_families.EXPORTERS]
 FAST = {("llama", "ts"), ("gpt2", "dynamo")}
 
 
-def _artifacts(name: str, exporter: str, directory, portable: bool = False):
+def _artifacts(name: str, exporter: str, directory, portable: bool = False, config: LoraConfig | None = None):
     family = hf_families.make(name)
     model = hf_families.export(family, exporter)
     artifacts = generate_artifacts(
@@ -42,7 +42,7 @@ def _artifacts(name: str, exporter: str, directory, portable: bool = False):
         loss=hf_families.onnxblocks_loss(family),
         optimizer=OptimType.AdamW,
         artifact_directory=directory,
-        lora=CONFIGS[name],
+        lora=config or CONFIGS[name],
         portable=portable,
     )
     info = lora_info(artifacts.training_model)
@@ -62,12 +62,18 @@ def _check(label, losses, adapters, expected_losses, expected_adapters) -> list[
     return problems
 
 
+ALL_LINEAR = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+
+
 @pytest.mark.parametrize(
-    ("name", "exporter"),
-    [pytest.param(*c, marks=() if c in FAST else pytest.mark.slow, id=f"{c[0]}-{c[1]}") for c in CELLS],
+    ("name", "exporter", "config"),
+    [pytest.param(*c, None, marks=() if c in FAST else pytest.mark.slow, id=f"{c[0]}-{c[1]}") for c in CELLS]
+    + [pytest.param("llama", "dynamo", ALL_LINEAR, marks=pytest.mark.slow, id="llama-dynamo-all-linear")],
 )
-def test_training_build_matches_peft(name, exporter, tmp_path):
-    family, artifacts, info = _artifacts(name, exporter, tmp_path)
+def test_training_build_matches_peft(name, exporter, config, tmp_path):
+    family, artifacts, info = _artifacts(name, exporter, tmp_path, config=config)
+    if config is ALL_LINEAR:  # every projection of the block, not the LM head
+        assert len(info.targets) == 7 and not any("lm_head" in m for m in info.targets)
     session = TrainingSession(artifacts.directory)
     session.learning_rate = LR
     initial = session.parameters()

@@ -120,7 +120,6 @@ def test_regex_and_exclude_modules_follow_peft_matching():
         (["act"], r"'enc.act'.*not a Linear layer"),
         (["enc"], r"'enc'.*not a Linear layer"),
         (None, r"target_modules=None: name the modules.*enc.fc1"),
-        ("all-linear", "name the modules"),
     ],
 )
 def test_targets_that_cannot_be_adapted_are_refused(targets, match):
@@ -192,3 +191,27 @@ def test_targets_from_each_exporter_and_the_adapted_output(exporter):
         expected = module.out(torch.relu(module.v_proj(h) + h @ lora_v * 2)).numpy()
     (got,) = run_model(out, {"x": x.numpy()})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamo_namespace_metadata_names_the_module_without_name_scopes():
+    """The dynamo exporter's ``namespace`` metadata (module path: class / ... / op) is read too."""
+    model = _model()
+    for i, node in enumerate(model.graph.node):
+        node.name = f"node_{i}"  # no TorchScript scopes
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    gemm.metadata_props.add(
+        key="namespace", value=": M/enc: Enc/enc.fc3: torch.nn.modules.linear.Linear/linear: aten.linear.default"
+    )
+    info = lora_info(apply_lora(model, LoraConfig(target_modules=["fc3", "head"])))
+    assert info is not None and list(info.targets) == ["enc.fc3", "head"]  # head: from its weight's name
+
+
+def test_all_linear_is_every_linear_layer_but_the_output_layer():
+    """PEFT's ``all-linear``: the record names the modules it stood for, as PEFT's saved config does."""
+    info = lora_info(apply_lora(_model(), LoraConfig(target_modules="all-linear", exclude_modules=["fc2"])))
+    assert info is not None and list(info.targets) == ["enc.fc1", "enc.fc3"]  # head: its result is the output
+    assert info.config.target_modules == ("enc.fc1", "enc.fc3")
+    f = io.BytesIO()
+    torch.onnx.export(_Projections(), (torch.randn(2, 5, 8),), f, dynamo=False, input_names=["x"], output_names=["y"])
+    info = lora_info(apply_lora(onnx.load_from_string(f.getvalue()), LoraConfig(target_modules="ALL-LINEAR")))
+    assert info is not None and list(info.targets) == ["q_proj", "v_proj"]  # out: MatMul + bias Add = the output

@@ -64,6 +64,8 @@ def test_requires_grad_adds_to_the_adapters_and_a_prepared_model_trains_its_adap
     )
     assert sorted(artifacts.requires_grad) == sorted([*ADAPTERS, "fc2.bias"])
     prepared = apply_lora(mlp_model(), LoraConfig(r=2, target_modules=["fc2"]), seed=3)
+    node = lora_info(prepared).targets["fc2"].node  # the unnamed Gemm got a name, for the record
+    assert node and [n.op_type for n in prepared.graph.node if n.name == node] == ["Gemm"]
     again = generate_artifacts(prepared, loss=losses.CrossEntropyLoss(), artifact_directory=tmp_path / "b")
     assert list(again.requires_grad) == ADAPTERS[2:]
     with pytest.raises(InvalidTypeError, match="lora must be an onnxblocks.peft.LoraConfig"):

@@ -103,3 +103,30 @@ def test_info_json_round_trip_and_checks():
     bad["targets"]["m.q_proj"]["weight_layout"] = "sideways"
     with pytest.raises(InvalidValueError, match="m.q_proj.*weight_layout"):
         LoraInfo.from_json(json.dumps(bad))
+
+
+def test_lora_info_of_files_and_malformed_records(tmp_path):
+    import onnx
+    from support.runtime_support import mlp_model
+
+    from onnxblocks._core.contracts import LORA_METADATA
+    from onnxblocks.peft import apply_lora, lora_info
+
+    assert lora_info(mlp_model()) is None
+    path = tmp_path / "lora.onnx"
+    onnx.save(apply_lora(mlp_model(), LoraConfig(r=2, target_modules=["fc1"])), path)
+    info = lora_info(path)
+    assert info is not None and info.targets["fc1"].lora_A == "fc1.lora_A.weight"
+    with pytest.raises(FileMissingError, match="missing.onnx"):
+        lora_info(tmp_path / "missing.onnx")
+    with pytest.raises(InvalidTypeError, match="ModelProto or a path"):
+        lora_info(3)  # type: ignore[arg-type]
+    for text, match in [("{", "not JSON"), ("[]", "no 'config'"), ('{"config": {}}', "no 'targets'")]:
+        model = mlp_model()
+        model.metadata_props.add(key=LORA_METADATA, value=text)
+        with pytest.raises(InvalidValueError, match=match):
+            lora_info(model)
+    bad = json.loads(info.to_json())
+    bad["targets"]["fc1"]["in_features"] = -1
+    with pytest.raises(InvalidValueError, match="'fc1'.*in_features"):
+        LoraInfo.from_json(json.dumps(bad))
