@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -35,6 +35,9 @@ from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
+
+if TYPE_CHECKING:
+    from onnxblocks.peft.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +158,7 @@ def generate_artifacts(
     portable: bool | str = False,
     fused_step: bool = True,
     base_dtype: str | None = None,
+    lora: LoraConfig | None = None,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -189,8 +193,10 @@ def generate_artifacts(
             ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
             the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
-        base_dtype: ``"float16"`` or ``"bfloat16"``: store the float32 weights that stay graph constants (the
-            frozen base, in ``base_weights.bin``) in that type, cast to float32 where they are read; None keeps them.
+        base_dtype: ``"float16"`` or ``"bfloat16"``: store the frozen base (``base_weights.bin``) so, cast where read.
+        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
+            train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
+            model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -230,6 +236,7 @@ def generate_artifacts(
         portable=portable,
         fused_step=fused_step,
         base_dtype=base_dtype,
+        lora=lora,
     )
 
 
@@ -251,6 +258,7 @@ def _generate(
     portable: bool | str = False,
     fused_step: bool = True,
     base_dtype: str | None = None,
+    lora: LoraConfig | None = None,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
@@ -262,12 +270,14 @@ def _generate(
     mode = None if portable is False else _arguments.portable_mode(portable)
     stored_as = _base.base_dtype(base_dtype)
     base_model, model_path = _arguments.load_model(model, model_path)
+    base_model, adapters = _arguments.with_lora(base_model, lora)
     loss_block = _resolve_loss(loss, loss_blocks)
     optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
     additional = _arguments.names("additional_output_names", additional_output_names)
     loss_inputs = _arguments.names("loss_input_names", loss_input_names)
     requires = _arguments.names("requires_grad", requires_grad)
     frozen = _arguments.names("frozen_params", frozen_params)
+    requires = list(dict.fromkeys([*adapters, *requires]))  # LoRA adapters train, with what requires_grad names
     _arguments.check_prefix(prefix)
     ort_format = _arguments.flag("ort_format", ort_format)
     nominal_checkpoint = _arguments.flag("nominal_checkpoint", nominal_checkpoint)
@@ -312,11 +322,8 @@ def _generate(
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
         eval_model = portable_eval_model(eval_model, mode)  # ORT's fusions may have written contrib ops there too
 
-    if stored_as is not None:  # the base weights stored in float16 / bfloat16, cast to float32 where read
-        training_model, eval_model, step_model, store = _base.cast_base(
-            training_model, eval_model, step_model, store, stored_as
-        )
-
+    cast = _base.cast_base(training_model, eval_model, step_model, store, stored_as)  # a float16/bfloat16 base
+    training_model, eval_model, step_model, store = cast
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
     from onnxblocks.io import save_model
