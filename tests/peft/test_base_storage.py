@@ -255,3 +255,38 @@ def test_an_unknown_base_dtype_is_refused_before_any_work(tmp_path, value, error
     with pytest.raises(error, match="base_dtype"):
         generate(make_model(), tmp_path / "art", False, base_dtype=value)
     assert not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize("frozen_base", [False, True], ids=["onnxruntime-defaults", "onnxblocks-options"])
+def test_onnxruntime_keeps_the_cast_base_only_without_constant_folding(tmp_path, frozen_base):
+    """What the runtime's session options are for: with ONNX Runtime's defaults the casts are folded into float32."""
+    from onnxblocks.runtime import _ort
+
+    art = generate(make_model(), tmp_path / "art", True, base_dtype="float16")
+    options = _ort.session_options(prepack=not frozen_base, frozen_base=frozen_base)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    _ort.onnxruntime().InferenceSession(str(art.step_model), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx", load_external_data=False)
+    kinds = {i.data_type for i in optimized.graph.initializer if i.name.startswith("W1")}
+    casts = sum(n.op_type == "Cast" for n in optimized.graph.node)
+    if frozen_base:
+        assert kinds == {TensorProto.FLOAT16} and casts >= 2  # the forward's reader and the backward's
+    else:
+        assert TensorProto.FLOAT in kinds  # a folded float32 copy: the memory the float16 file saved
+
+
+def test_each_cast_waits_for_its_reader_input(tmp_path):
+    model = make_model()
+    first = model.graph.node[0]
+    first.input[0] = "x_relu"  # the base's reader now reads a computed value: its Cast can wait for it
+    model.graph.node.insert(0, onnx.helper.make_node("Relu", ["x"], ["x_relu"], name="pre"))
+    art = generate(model, tmp_path / "art", False, base_dtype="float16")
+    model = onnx.load(art.training_model, load_external_data=False)
+    produced = {o: n for n in model.graph.node for o in n.output}
+    casts = [n for n in model.graph.node if n.op_type == "Cast" and produced.get(n.input[0]) is not None]
+    assert casts, "every Cast of the base reads it through a Reshape"
+    for cast in casts:
+        reshape = produced[cast.input[0]]
+        assert reshape.op_type == "Reshape" and reshape.input[0] == "W1"
+        shape = produced[produced[reshape.input[1]].input[0]]  # Concat(Shape(trigger)[0:0], dims)
+        assert shape.op_type == "Shape" and shape.input[0] not in {i.name for i in model.graph.initializer}
