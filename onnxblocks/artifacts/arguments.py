@@ -190,6 +190,17 @@ def directory(value: Any) -> Path:
     return _paths.check_output_dir(value, "artifact_directory")
 
 
+def portable_mode(portable: Any) -> PortableMode:
+    """The portable mode ``generate_artifacts(portable=...)`` asks for (``True`` -> ``"standard"``).
+
+    Raises:
+        InvalidValueError: for anything but True, ``"standard"`` or ``"onnxruntime"``.
+    """
+    from onnxblocks.portable.ops import portable_mode as mode  # a lower layer, loaded on first use
+
+    return mode(portable, "portable")
+
+
 def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tuple[str, ...]]:
     """``model`` with the LoRA adapters of ``generate_artifacts(lora=config)``, and its adapters' names.
 
@@ -207,14 +218,3 @@ def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tup
         model = apply_lora(model, config)
     info = lora_info(model)
     return model, info.adapter_names if info is not None else ()
-
-
-def portable_mode(portable: Any) -> PortableMode:
-    """The portable mode ``generate_artifacts(portable=...)`` asks for (``True`` -> ``"standard"``).
-
-    Raises:
-        InvalidValueError: for anything but True, ``"standard"`` or ``"onnxruntime"``.
-    """
-    from onnxblocks.portable.ops import portable_mode as mode  # a lower layer, loaded on first use
-
-    return mode(portable, "portable")

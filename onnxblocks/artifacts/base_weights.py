@@ -193,7 +193,7 @@ def cast_base(
     evaluation: onnx.ModelProto,
     step: onnx.ModelProto | None,
     store: _weights.WeightStore,
-    dtype: int,
+    dtype: int | None,
 ) -> tuple[onnx.ModelProto, onnx.ModelProto, onnx.ModelProto | None, _weights.WeightStore]:
     """The models with their float32 base weights stored as ``dtype``, each cast back to float32 where it is read.
 
@@ -202,14 +202,14 @@ def cast_base(
     :func:`onnxblocks.ir.edit.cast_initializers`). Their bytes are converted when the
     base file is written (rounded to nearest even), one tensor at a time. The models
     record ``onnxblocks.base_dtype`` in their metadata. Neither the models nor
-    ``store`` is changed.
+    ``store`` is changed; a ``dtype`` of None changes nothing.
 
     Returns:
         The training, eval and step models (the step model None if it was) and a store
         holding the converted weights.
     """
     names = [n for n in base_names((training, evaluation, step), store) if store.source(n).data_type == _FLOAT]
-    if not names:
+    if dtype is None or not names:
         return training, evaluation, step, store
     import onnx_ir as ir
 

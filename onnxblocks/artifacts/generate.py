@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -35,7 +35,9 @@ from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
-from onnxblocks.peft.config import LoraConfig
+
+if TYPE_CHECKING:
+    from onnxblocks.peft.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +157,8 @@ def generate_artifacts(
     model_path: str | os.PathLike | None = None,
     portable: bool | str = False,
     fused_step: bool = True,
-    lora: LoraConfig | None = None,
     base_dtype: str | None = None,
+    lora: LoraConfig | None = None,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -191,9 +193,10 @@ def generate_artifacts(
             ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
             the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
-        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), trained with
-            what ``requires_grad`` names (an :func:`~onnxblocks.peft.apply_lora` model's train without ``lora``).
-        base_dtype: ``"float16"``/``"bfloat16"``: the frozen base (``base_weights.bin``) stored so, cast where read.
+        base_dtype: ``"float16"`` or ``"bfloat16"``: store the frozen base (``base_weights.bin``) so, cast where read.
+        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
+            train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
+            model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -232,8 +235,8 @@ def generate_artifacts(
         model_path=model_path,
         portable=portable,
         fused_step=fused_step,
-        lora=lora,
         base_dtype=base_dtype,
+        lora=lora,
     )
 
 
@@ -254,8 +257,8 @@ def _generate(
     model_path: str | os.PathLike | None = None,
     portable: bool | str = False,
     fused_step: bool = True,
-    lora: LoraConfig | None = None,
     base_dtype: str | None = None,
+    lora: LoraConfig | None = None,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
@@ -319,11 +322,8 @@ def _generate(
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
         eval_model = portable_eval_model(eval_model, mode)  # ORT's fusions may have written contrib ops there too
 
-    if stored_as is not None:  # the base weights stored in float16 / bfloat16, cast to float32 where read
-        training_model, eval_model, step_model, store = _base.cast_base(
-            training_model, eval_model, step_model, store, stored_as
-        )
-
+    cast = _base.cast_base(training_model, eval_model, step_model, store, stored_as)  # a float16/bfloat16 base
+    training_model, eval_model, step_model, store = cast
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
     from onnxblocks.io import save_model

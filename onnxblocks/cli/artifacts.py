@@ -41,10 +41,10 @@ examples:
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable -o artifacts
   # the same, keeping the contrib ops stock onnxruntime runs (Gelu, FusedMatMul...): onnxruntime only
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable onnxruntime -o artifacts
-  # LoRA adapters on the attention's q and v projections (docs/lora.md): only the adapters train
-  onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj -o artifacts
   # train the head only; the rest stays constant, stored once in base_weights.bin, in float16
   onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' --base-dtype float16 -o artifacts
+  # LoRA adapters on the attention's q and v projections (docs/lora.md): only the adapters train
+  onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj -o artifacts
 
 Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
 Run 'onnxblocks inspect model.onnx' to list the initializers."""
@@ -136,19 +136,19 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="with --portable: do not write step_model.onnx (forward, backward and update in one graph)",
     )
     parser.add_argument(
+        "--base-dtype",
+        choices=("float16", "bfloat16"),
+        default=None,
+        help="store the weights that do not train (the frozen base, in base_weights.bin) in this type, cast to "
+        "float32 where they are read: half the disk and memory (see docs/lora.md)",
+    )
+    parser.add_argument(
         "--lora",
         default=None,
         metavar="SPEC",
         help="add LoRA adapters and train them (docs/lora.md): r=8,alpha=16,targets=q_proj,v_proj with optional "
         "dropout=P, fan_in_fan_out=1, exclude=NAME (comma-separated; names after targets= or exclude= belong to it); "
         "--requires-grad then names parameters to train besides the adapters",
-    )
-    parser.add_argument(
-        "--base-dtype",
-        choices=("float16", "bfloat16"),
-        default=None,
-        help="store the weights that do not train (the frozen base, in base_weights.bin) in this type, cast to "
-        "float32 where they are read: half the disk and memory (see docs/lora.md)",
     )
     parser.set_defaults(handler=run)
 
@@ -354,8 +354,8 @@ def run(args: argparse.Namespace) -> int:
         loss_input_names=args.loss_input,
         portable=args.portable,
         fused_step=args.fused_step,
-        lora=lora,
         base_dtype=args.base_dtype,
+        lora=lora,
     )
     sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
     if lora is not None:

@@ -87,9 +87,9 @@ class PortableBackend:
         providers = _ort.providers(device)
         self._device = _ort.make_device(device)
         self._cpu = _ort.make_device("cpu")
-        # no pre-packed copies of constant weights: for a frozen base, one (or two: W and its transpose) per session
-        cast = options is None and files.base_dtype is not None
-        options = options or _ort.session_options(prepack=False, cast_base=cast)
+        # no pre-packed or folded copies of the memory-mapped frozen base in each session (runtime/_ort.py)
+        frozen = files.base_weights is not None
+        options = options or _ort.session_options(prepack=not frozen, frozen_base=frozen)
         self._run_options = _ort.run_options()
         self._keep: list[np.ndarray] = []  # numpy memory that CPU OrtValues share
         ck = _read(checkpoint)

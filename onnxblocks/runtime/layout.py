@@ -60,6 +60,7 @@ class ArtifactFiles:
         eval_model: Path of the eval model, or None.
         optimizer_model: Path of the optimizer model, or None.
         step_model: Path of the fused step model (portable artifacts), or None.
+        base_weights: Path of the frozen base weights the models share (``base_weights.bin``), or None.
     """
 
     directory: Path
@@ -68,6 +69,7 @@ class ArtifactFiles:
     eval_model: Path | None
     optimizer_model: Path | None
     step_model: Path | None = None
+    base_weights: Path | None = None
 
     @property
     def portable(self) -> bool:
@@ -114,7 +116,9 @@ class ArtifactFiles:
             )
         assert training is not None
         eval_model, optimizer_model = _model(root, names, EVAL_MODEL), _model(root, names, OPTIMIZER_MODEL)
-        return cls(root, training, checkpoint, eval_model, optimizer_model, _model(root, names, STEP_MODEL))
+        base = root / names.base_weights
+        step = _model(root, names, STEP_MODEL)
+        return cls(root, training, checkpoint, eval_model, optimizer_model, step, base if base.is_file() else None)
 
 
 def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:

@@ -26,89 +26,24 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
+from support.frozen_base import (
+    BACKENDS,
+    D,
+    batch,
+    exported,
+    generate,
+    losses,
+    make_model,
+    numpy_loss,
+    references,
+    weights,
+)
 
 import onnxblocks
-from onnxblocks import LossType, OptimType, generate_artifacts
 from onnxblocks.checkpoint import load_checkpoint
 from onnxblocks.errors import FileMissingError, InvalidValueError
 from onnxblocks.runtime import TrainingSession
-
-D, OUT, N = 128, 4, 8
-BACKENDS = [(False, "training"), (True, "portable")]
-
-
-def _weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((D, D)) * 0.1).astype(np.float32), (rng.standard_normal((D, OUT)) * 0.1).astype(
-        np.float32
-    )
-
-
-def make_model(inline_base: bool = False) -> onnx.ModelProto:
-    """The model; with ``inline_base`` the base weight is a ``Constant`` node (never stored apart)."""
-    w1, w2 = _weights()
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h"], name="base"),
-        helper.make_node("Relu", ["h"], ["r"], name="relu"),
-        helper.make_node("MatMul", ["r", "W2"], ["y"], name="head"),
-    ]
-    inits = [numpy_helper.from_array(w2, "W2")]
-    if inline_base:
-        nodes.insert(0, helper.make_node("Constant", [], ["W1"], value=numpy_helper.from_array(w1, "W1_value")))
-    else:
-        inits.insert(0, numpy_helper.from_array(w1, "W1"))
-    graph = helper.make_graph(
-        nodes,
-        "frozen_base",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", OUT])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def exported(tmp_path: Path) -> Path:
-    """The model saved with its weights in ``m.onnx.data``, as exporters save large models."""
-    folder = tmp_path / "src"
-    folder.mkdir()
-    path = folder / "m.onnx"
-    onnx.save(make_model(), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
-    return path
-
-
-def generate(model, directory: Path, portable: bool, **kwargs) -> onnxblocks.Artifacts:
-    return generate_artifacts(
-        model,
-        requires_grad=["W2"],
-        loss=LossType.MSELoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=directory,
-        portable=portable,
-        **kwargs,
-    )
-
-
-def batch() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1)
-    return rng.standard_normal((N, D)).astype(np.float32), rng.standard_normal((N, OUT)).astype(np.float32)
-
-
-def references(model_path: Path) -> dict[str, tuple[str, int, int]]:
-    """Name -> (location, offset, length) of each external initializer of a model file."""
-    model = onnx.load(model_path, load_external_data=False)
-    out = {}
-    for init in model.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            info = {e.key: e.value for e in init.external_data}
-            out[init.name] = (info["location"], int(info["offset"]), int(info["length"]))
-    return out
-
-
-def losses(directory: Path, backend: str, steps: int = 3) -> list[float]:
-    session = TrainingSession(directory, backend=backend)
-    x, y = batch()
-    return [float(session.train_and_update(x, y)[0]) for _ in range(steps)]
 
 
 # ------------------------------------------------------------------ one file, referenced by every model
@@ -120,7 +55,7 @@ def test_the_base_is_stored_once_as_a_hard_link_of_the_source_data(tmp_path, por
     assert art.base_weights == base
     assert os.path.samefile(base, source.with_name("m.onnx.data"))  # a hard link: the same inode, no copy
     models = [art.training_model, art.eval_model] + ([art.step_model] if portable else [])
-    w1, _ = _weights()
+    w1, _ = weights()
     for model in models:
         refs = references(model)
         assert set(refs) == {"W1"}, model  # the head is a graph input (fed from the checkpoint), not a constant
@@ -161,7 +96,7 @@ def test_unaligned_source_data_is_copied_not_linked(tmp_path):
     onnx.save(stored, folder / "m.onnx")
     art = generate(folder / "m.onnx", tmp_path / "art", False)
     assert art.base_weights is not None and not os.path.samefile(art.base_weights, folder / "m.onnx.data")
-    assert losses(tmp_path / "art", "training", 1)[0] == pytest.approx(_numpy_loss(), rel=1e-5)
+    assert losses(tmp_path / "art", "training", 1)[0] == pytest.approx(numpy_loss(), rel=1e-5)
 
 
 def test_the_checkpoint_holds_only_the_trainable_head(tmp_path):
@@ -179,19 +114,13 @@ def test_regenerating_without_a_large_constant_removes_the_old_base_file(tmp_pat
 
 
 # ------------------------------------------------------------------ training is unchanged
-def _numpy_loss() -> float:
-    (w1, w2), (x, y) = _weights(), batch()
-    pred = np.maximum(x @ w1, 0) @ w2
-    return float(np.mean((pred - y) ** 2))
-
-
 @pytest.mark.parametrize(("portable", "backend"), BACKENDS, ids=[b for _, b in BACKENDS])
 def test_both_backends_train_as_with_the_base_inline(tmp_path, portable, backend):
     generate(exported(tmp_path), tmp_path / "shared", portable)
     art = generate(make_model(inline_base=True), tmp_path / "inline", portable)
     assert art.base_weights is None
     shared, inline = losses(tmp_path / "shared", backend), losses(tmp_path / "inline", backend)
-    assert shared[0] == pytest.approx(_numpy_loss(), rel=1e-5)
+    assert shared[0] == pytest.approx(numpy_loss(), rel=1e-5)
     np.testing.assert_allclose(shared, inline, rtol=1e-6)
     assert shared[-1] < shared[0]
 
@@ -271,7 +200,7 @@ def test_a_generation_killed_after_writing_the_base_leaves_the_old_set(tmp_path)
     session = TrainingSession(tmp_path / "art", backend="training")  # a reader removes the killed run's stage
     assert {p.name: p.read_bytes() for p in (tmp_path / "art").iterdir()} == before
     x, y = batch()
-    assert float(session.train_step(x, y)[0]) == pytest.approx(_numpy_loss(), rel=1e-5)
+    assert float(session.train_step(x, y)[0]) == pytest.approx(numpy_loss(), rel=1e-5)
 
 
 # ------------------------------------------------------------------ a float16 / bfloat16 base
@@ -299,7 +228,7 @@ def test_a_cast_base_trains_as_float32_with_the_rounded_weights(tmp_path, portab
     assert not os.path.samefile(art.base_weights, tmp_path / "src" / "m.onnx.data")
     cast, rounded = losses(tmp_path / "cast", backend), losses(tmp_path / "rounded", backend)
     np.testing.assert_allclose(cast, rounded, rtol=1e-6)
-    assert abs(cast[0] - _numpy_loss()) < 1e-2 * _numpy_loss()  # near float32's, not equal: the weights are rounded
+    assert abs(cast[0] - numpy_loss()) < 1e-2 * numpy_loss()  # near float32's, not equal: the weights are rounded
 
 
 def test_a_cast_base_keeps_trainable_parameters_and_the_checkpoint_in_float32(tmp_path):
@@ -326,3 +255,38 @@ def test_an_unknown_base_dtype_is_refused_before_any_work(tmp_path, value, error
     with pytest.raises(error, match="base_dtype"):
         generate(make_model(), tmp_path / "art", False, base_dtype=value)
     assert not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize("frozen_base", [False, True], ids=["onnxruntime-defaults", "onnxblocks-options"])
+def test_onnxruntime_keeps_the_cast_base_only_without_constant_folding(tmp_path, frozen_base):
+    """What the runtime's session options are for: with ONNX Runtime's defaults the casts are folded into float32."""
+    from onnxblocks.runtime import _ort
+
+    art = generate(make_model(), tmp_path / "art", True, base_dtype="float16")
+    options = _ort.session_options(prepack=not frozen_base, frozen_base=frozen_base)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    _ort.onnxruntime().InferenceSession(str(art.step_model), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx", load_external_data=False)
+    kinds = {i.data_type for i in optimized.graph.initializer if i.name.startswith("W1")}
+    casts = sum(n.op_type == "Cast" for n in optimized.graph.node)
+    if frozen_base:
+        assert kinds == {TensorProto.FLOAT16} and casts >= 2  # the forward's reader and the backward's
+    else:
+        assert TensorProto.FLOAT in kinds  # a folded float32 copy: the memory the float16 file saved
+
+
+def test_each_cast_waits_for_its_reader_input(tmp_path):
+    model = make_model()
+    first = model.graph.node[0]
+    first.input[0] = "x_relu"  # the base's reader now reads a computed value: its Cast can wait for it
+    model.graph.node.insert(0, onnx.helper.make_node("Relu", ["x"], ["x_relu"], name="pre"))
+    art = generate(model, tmp_path / "art", False, base_dtype="float16")
+    model = onnx.load(art.training_model, load_external_data=False)
+    produced = {o: n for n in model.graph.node for o in n.output}
+    casts = [n for n in model.graph.node if n.op_type == "Cast" and produced.get(n.input[0]) is not None]
+    assert casts, "every Cast of the base reads it through a Reshape"
+    for cast in casts:
+        reshape = produced[cast.input[0]]
+        assert reshape.op_type == "Reshape" and reshape.input[0] == "W1"
+        shape = produced[produced[reshape.input[1]].input[0]]  # Concat(Shape(trigger)[0:0], dims)
+        assert shape.op_type == "Shape" and shape.input[0] not in {i.name for i in model.graph.initializer}

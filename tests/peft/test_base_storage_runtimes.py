@@ -17,8 +17,8 @@ import shutil
 import numpy as np
 import pytest
 from support import web_support
+from support.frozen_base import batch, exported, generate
 from support.portable_env import run_worker
-from test_base_storage import batch, exported, generate
 
 from onnxblocks.runtime import TrainingSession
 from onnxblocks.web import read_safetensors, write_state
