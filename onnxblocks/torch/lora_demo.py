@@ -130,11 +130,12 @@ def pretrain(model: torch.nn.Module, steps: int, seed: int = 0, batch: int = 32,
     return losses
 
 
-def export_lm(model: torch.nn.Module, path: Path, batch: int, seq: int = SEQ) -> Path:
-    """Export a Hugging Face causal LM as ``input_ids [batch, seq] -> logits [batch, seq, vocab]`` (TorchScript).
+def export_lm(model: torch.nn.Module, path: Path, batch: int, seq: int = SEQ, exporter: str = "torchscript") -> Path:
+    """Export a Hugging Face causal LM as ``input_ids [batch, seq] -> logits [batch, seq, vocab]``.
 
     The graph keeps the LM's own module paths (``model.layers.0.self_attn.q_proj``), so its LoRA
-    adapters carry PEFT's keys for the LM itself.
+    adapters carry PEFT's keys for the LM itself. ``exporter`` is ``"torchscript"`` (opset 17) or
+    ``"dynamo"`` (opset 18, ``optimize=False``).
     """
     model.eval()
     ids = torch.zeros((batch, seq), dtype=torch.int64)
@@ -145,20 +146,24 @@ def export_lm(model: torch.nn.Module, path: Path, batch: int, seq: int = SEQ) ->
         return full(self, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), return_dict=True).logits
 
     model.forward = types.MethodType(logits, model)  # the module paths stay the LM's own (PEFT's keys)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (ids,),
-            os.fspath(path),
-            input_names=["input_ids"],
-            output_names=["logits"],
-            dynamo=False,
-            do_constant_folding=False,
-            opset_version=17,
-            training=torch.onnx.TrainingMode.TRAINING,
-        )
-    del model.forward
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                program = torch.onnx.export(
+                    model, (ids,), dynamo=True, optimize=False, input_names=["input_ids"],
+                    output_names=["logits"], opset_version=18,
+                )  # fmt: skip
+                assert program is not None  # torch returns the program when no file is given
+                program.save(os.fspath(path))
+            else:
+                torch.onnx.export(
+                    model, (ids,), os.fspath(path), input_names=["input_ids"], output_names=["logits"],
+                    dynamo=False, do_constant_folding=False, opset_version=17,
+                    training=torch.onnx.TrainingMode.TRAINING,
+                )  # fmt: skip
+    finally:
+        del model.forward
     return path
 
 

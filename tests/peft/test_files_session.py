@@ -1,4 +1,6 @@
-"""TrainingSession.save_adapters / load_adapters against peft, on both backends, LLaMA and GPT-2 (fan_in_fan_out).
+"""TrainingSession.save_adapters / load_adapters against peft: both backends, both exporters, LLaMA and GPT-2.
+
+GPT-2's ``c_attn`` is a ``Conv1D`` (``fan_in_fan_out``).
 
 * adapters trained by onnxblocks and saved load into ``peft.PeftModel.from_pretrained(base, dir)``,
   whose logits are the onnxblocks merged model's within 1e-5;
@@ -47,15 +49,24 @@ def _model(family: str):
     return transformers.GPT2LMHeadModel(config), ["c_attn"], True
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("llama", "torchscript"),
+        ("gpt2", "torchscript"),
+        pytest.param(("llama", "dynamo"), marks=pytest.mark.slow),
+        pytest.param(("gpt2", "dynamo"), marks=pytest.mark.slow),
+    ],
+)
 def family(request, tmp_path_factory):
     from onnxblocks.torch.lora_demo import export_lm
 
-    lm, targets, fan = _model(request.param)
-    root = tmp_path_factory.mktemp(request.param)
-    export_lm(copy.deepcopy(lm), root / "base.onnx", BATCH, SEQ)
+    name, exporter = request.param
+    lm, targets, fan = _model(name)
+    root = tmp_path_factory.mktemp(f"{name}-{exporter}")
+    export_lm(copy.deepcopy(lm), root / "base.onnx", BATCH, SEQ, exporter=exporter)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=fan)
-    return request.param, lm, root, config
+    return name, lm, root, config
 
 
 @pytest.fixture(scope="module", params=["training", "portable"])
