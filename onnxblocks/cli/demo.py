@@ -110,7 +110,7 @@ LORA_NEEDS = {"torch": "torch==2.13.0", "transformers": "transformers"}
 
 
 def _run_lora(args: argparse.Namespace) -> int:
-    """Run the LoRA demo (``onnxblocks.torch.lora_demo``) in a child Python: the CLI itself never imports torch."""
+    """Run the LoRA demo (``onnxblocks.torch.lora_demo`` or ``lora_web``) in a child Python: the CLI loads no torch."""
     import importlib.util
     import subprocess
     import sys
@@ -127,11 +127,12 @@ def _run_lora(args: argparse.Namespace) -> int:
             EXIT_FAILURE,
         )
     directory = args.output_dir if args.output_dir != DEFAULT_OUTPUT_DIR else "onnxblocks-lora-demo"
-    command = [sys.executable, "-m", "onnxblocks.torch.lora_demo", "--output-dir", directory, "--seed", str(args.seed)]
-    if args.portable:
-        command.append("--portable")
+    module = "onnxblocks.torch.lora_web" if args.web else "onnxblocks.torch.lora_demo"
+    command = [sys.executable, "-m", module, "--output-dir", directory, "--seed", str(args.seed)]
     if args.web:
         require(args.port, "--port", minimum=0)
-        command += ["--web", "--port", str(args.port)]
+        command += ["--port", str(args.port)]
+    elif args.portable:
+        command.append("--portable")
     done = subprocess.run(command, check=False)
     return EXIT_OK if done.returncode == 0 else EXIT_FAILURE

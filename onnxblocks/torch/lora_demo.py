@@ -17,7 +17,8 @@
 
 It needs torch and transformers (``pip install 'onnxblocks[torch]' transformers``, torch pinned) for
 step 1 and 2 only; the fine-tune runs on ONNX Runtime. It takes under a minute on two CPU cores.
-The command line reaches it through ``python -m onnxblocks.torch.lora_demo`` (the CLI never imports torch).
+The command line reaches it through ``python -m onnxblocks.torch.lora_demo`` (the CLI never imports torch);
+``demo --lora --web`` through ``python -m onnxblocks.torch.lora_web``.
 """
 
 from __future__ import annotations
@@ -290,20 +291,13 @@ def run_lora_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m onnxblocks.torch.lora_demo [--output-dir DIR] [--seed N] [--portable | --web [--port P]]``."""
+    """``python -m onnxblocks.torch.lora_demo [--output-dir DIR] [--seed N] [--portable]`` (``demo --lora``)."""
     parser = argparse.ArgumentParser(prog="onnxblocks demo --lora", description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--portable", action="store_true")
-    parser.add_argument("--web", action="store_true", help="fine-tune in the browser instead (served on 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    if args.web:
-        from onnxblocks.torch.lora_web import run_lora_web_demo
-
-        run_lora_web_demo(args.output_dir, seed=args.seed, port=args.port)
-        return 0
     result = run_lora_demo(args.output_dir, seed=args.seed, portable=args.portable)
     if not result.passed:
         print(

@@ -10,6 +10,7 @@ offers the adapters as a PEFT directory ("Download adapters"). :func:`run_lora_w
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -134,3 +135,21 @@ def run_lora_web_demo(
     finally:
         server.server_close()
     return url
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m onnxblocks.torch.lora_web [--output-dir DIR] [--seed N] [--port P]`` (``demo --lora --web``)."""
+    import torch
+
+    parser = argparse.ArgumentParser(prog="onnxblocks demo --lora --web", description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", default="onnxblocks-lora-demo")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    run_lora_web_demo(args.output_dir, seed=args.seed, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,7 +71,7 @@ def test_cli_runs_the_demo_in_a_child_python(monkeypatch, tmp_path, capsys):
         ]
     ]
     assert main(["demo", "--lora", "--web", "--port", "0", "--output-dir", str(tmp_path / "w")]) == 0
-    assert calls[-1][-3:] == ["--web", "--port", "0"]
+    assert calls[-1][2] == "onnxblocks.torch.lora_web" and calls[-1][-2:] == ["--port", "0"]
     monkeypatch.setattr(subprocess, "run", lambda command, check: subprocess.CompletedProcess(command, 1))
     assert main(["demo", "--lora", "--output-dir", str(tmp_path / "d")]) == 1
 
