@@ -43,7 +43,7 @@ from support.frozen_base import (
 import onnxblocks
 from onnxblocks.checkpoint import load_checkpoint
 from onnxblocks.errors import FileMissingError, InvalidValueError
-from onnxblocks.runtime import TrainingSession
+from onnxblocks.runtime import TrainingSession, _ort
 
 
 # ------------------------------------------------------------------ one file, referenced by every model
@@ -290,3 +290,41 @@ def test_each_cast_waits_for_its_reader_input(tmp_path):
         assert reshape.op_type == "Reshape" and reshape.input[0] == "W1"
         shape = produced[produced[reshape.input[1]].input[0]]  # Concat(Shape(trigger)[0:0], dims)
         assert shape.op_type == "Shape" and shape.input[0] not in {i.name for i in model.graph.initializer}
+
+
+def test_a_transposed_base_is_cast_and_transposed_again_for_each_reader():
+    """``x @ W^T`` as TorchScript exports a Linear, and ``W`` read again: each reader gets its own Cast."""
+    import onnx_ir as ir
+
+    from onnxblocks.ir import edit, serde
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 5)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Relu", ["x"], ["r"], name="pre"),
+        onnx.helper.make_node("Transpose", ["W"], ["Wt"], name="t"),
+        onnx.helper.make_node("MatMul", ["r", "Wt"], ["h"], name="first"),
+        onnx.helper.make_node("Tanh", ["h"], ["g"], name="mid"),
+        onnx.helper.make_node("MatMul", ["g", "W"], ["y"], name="second"),  # and the weight itself
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "g",
+        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5])],
+        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    model = serde.from_proto(proto)
+    half = ir.tensor(w.astype(np.float16), name="W")
+    assert edit.cast_initializers(model.graph, {"W": half}) == ["W"]
+    cast = serde.to_proto(model)
+    onnx.checker.check_model(cast)
+    ops = [n.op_type for n in cast.graph.node]
+    assert ops.count("Cast") == 2 and ops.count("Reshape") == 2  # one per reader, each waiting for its input
+    transposes = [n for n in cast.graph.node if n.op_type == "Transpose"]
+    assert len(transposes) == 1 and transposes[0].input[0] != "W"  # transposed after the cast
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    got = _ort.onnxruntime().InferenceSession(cast.SerializeToString()).run(None, {"x": x})[0]
+    w16 = w.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(got, np.tanh(np.maximum(x, 0) @ w16.T) @ w16, rtol=1e-5, atol=1e-6)
