@@ -680,6 +680,126 @@ def torch_module() -> list[nbformat.NotebookNode]:
     ]
 
 
+def lora() -> list[nbformat.NotebookNode]:
+    return [
+        md("""
+        # LoRA adapters on an exported transformer
+
+        `onnxblocks.peft` adds LoRA adapters (Hugging Face PEFT's names and numbers) to an exported model:
+        each target projection `y = x @ W^T` gets `x @ A^T @ B^T * (lora_alpha / r)` added, only `A` and `B`
+        train, and the base stays a frozen constant. This notebook pre-trains a small LLaMA briefly in torch
+        on a synthetic language (sequences counting up by one), adds adapters to its attention, fine-tunes
+        them with onnxblocks on counting by two, and generates from the merged model. (torch and transformers
+        build the base; see `docs/lora.md`.)
+        """),
+        code('''
+        import tempfile
+        import warnings
+        from pathlib import Path
+
+        import numpy as np
+        import onnx
+        import torch
+
+        warnings.filterwarnings("ignore", message="IProgress not found")  # transformers' tqdm, without ipywidgets
+
+        from onnxblocks import display
+        from onnxblocks.artifacts import OptimType, generate_artifacts
+        from onnxblocks.losses import CrossEntropyLoss
+        from onnxblocks.peft import LoraConfig, apply_lora, lora_info
+        from onnxblocks.runtime import TrainingSession
+        from onnxblocks.torch import lora_demo as demo  # the helpers of `onnxblocks demo --lora`
+
+        torch.manual_seed(0)
+        work = Path(tempfile.mkdtemp())
+        lm = demo.build_llama(seed=0)  # transformers.LlamaConfig: 2 layers, hidden 32, 4 heads, vocabulary 16
+        losses = demo.pretrain(lm, steps=50)
+        print(f"pre-trained on counting by one: loss {losses[0]:.3f} -> {losses[-1]:.4f}")
+        base = onnx.load(demo.export_lm(lm, work / "base.onnx", batch=16))  # TorchScript export, input_ids -> logits
+        '''),
+        md("""
+        ## One attention block, before and after
+
+        The first layer's query, key and value projections and their neighbours in the exported graph, then
+        the same after `apply_lora`: the adapter branches of `q_proj` and `v_proj` (two MatMuls with the
+        transposed adapters, the scale, and the Add that joins the layer's output) appear beside the frozen
+        projections.
+        """),
+        code('''
+        projections = [f"/model/layers.0/self_attn/{p}/MatMul" for p in ("q_proj", "k_proj", "v_proj")]
+        display.show(base, around=projections, depth=2)
+        '''),
+        code('''
+        config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        lora_model = apply_lora(base, config, seed=0)
+        info = lora_info(lora_model)
+        layer0 = [n for t in info.targets.values() if ".layers.0." in t.lora_A for n in (t.lora_A, t.lora_B)]
+        display.show(lora_model, around=projections + layer0, depth=2, trainable=list(info.adapter_names))
+        '''),
+        md("""
+        ## Frozen and trainable parameters
+
+        The adapters are the model's only trainable tensors; every base weight is frozen. `lora_A` is
+        `[r, in_features]`, `lora_B` `[out_features, r]` (zero at first), as PEFT stores them.
+        """),
+        code('''
+        shapes = {t.name: list(t.dims) for t in lora_model.graph.initializer}
+        trainable = set(info.adapter_names)
+        print(f"{'parameter':<52} {'shape':>9} {'':>9}")
+        for name in sorted(shapes, key=lambda n: (n not in trainable, n)):
+            if name in trainable or np.prod(shapes[name]) > 100:
+                print(f"{name:<52} {str(shapes[name]):>9} {'trainable' if name in trainable else 'frozen':>9}")
+        n_train = sum(int(np.prod(shapes[n])) for n in trainable)
+        n_frozen = sum(int(np.prod(s)) for n, s in shapes.items() if n not in trainable)
+        print(f"trainable {n_train:,} ({n_train / (n_train + n_frozen):.1%}), frozen {n_frozen:,}")
+        '''),
+        md("""
+        ## Train the adapters
+
+        `generate_artifacts(..., lora=config)` applies the same transform and trains only the adapters (the
+        checkpoint holds them and their AdamW moments, nothing of the base). The task shifts to counting by two.
+        """),
+        code('''
+        generate_artifacts(
+            str(work / "base.onnx"), loss=CrossEntropyLoss(class_axis=-1), optimizer=OptimType.AdamW,
+            artifact_directory=work / "artifacts", additional_output_names=["logits"], lora=config,
+        )
+        session = TrainingSession(work / "artifacts")
+        print("checkpoint holds only the adapters:", set(session.parameter_names()) == trainable)
+        rng = np.random.default_rng(1)
+        held_out = demo.counting(rng, 16, stride=2)
+        before = float(session.eval_step(held_out[:, :-1], held_out[:, 1:])[0])
+        session.learning_rate = 3e-2
+        for step in range(1, 61):
+            batch = demo.counting(rng, 16, stride=2)
+            loss = session.train_and_update(batch[:, :-1], batch[:, 1:])[0]
+            if step % 20 == 0:
+                print(f"step {step}: loss {float(loss):.4f}")
+        after = float(session.eval_step(held_out[:, :-1], held_out[:, 1:])[0])
+        print(f"held-out loss on counting by two: {before:.3f} -> {after:.3f}")
+        '''),
+        md("""
+        ## Merge, save, generate
+
+        `export_inference_model(..., merge_adapters=True)` folds `W + scale * B @ A` into each base weight and
+        removes the branches: the merged model has the base model's nodes. `save_adapters` writes the PEFT
+        directory that `peft.PeftModel.from_pretrained(base_model, directory)` loads. Greedy generation with
+        onnxruntime: the base model still counts by one, the merged model by two.
+        """),
+        code('''
+        merged = session.export_inference_model(work / "merged.onnx", ["logits"], merge_adapters=True)
+        adapters = session.save_adapters(work / "adapters")
+        print("merged model:", len(onnx.load(merged).graph.node), "nodes; base:", len(base.graph.node))
+        print("PEFT directory:", sorted(p.name for p in adapters.iterdir()))
+
+        prompts = np.array([[1, 3, 5], [4, 6, 8], [10, 12, 14]] + [[0, 2, 4]] * 13)
+        for name, path in (("base", work / "base.onnx"), ("merged", merged)):
+            for prompt, cont in zip(prompts[:3], demo.greedy(path, prompts, 7)):
+                print(f"{name:>6}: {' '.join(map(str, prompt))} | {' '.join(map(str, cont))}")
+        '''),
+    ]
+
+
 def federated() -> list[nbformat.NotebookNode]:
     return [
         md("""
@@ -830,6 +950,7 @@ NOTEBOOKS = {
     "03_training_loop": training_loop,
     "04_from_pytorch_and_onnxscript": from_pytorch,
     "05_torch_module": torch_module,
+    "06_lora": lora,
     "07_federated": federated,
 }
 

@@ -281,6 +281,7 @@ def save_model(
     external_data_threshold: int = DEFAULT_EXTERNAL_DATA_THRESHOLD,
     location: str | None = None,
     base_dir: str | os.PathLike | None = None,
+    references: Mapping[str, tuple[str, int, int]] | None = None,
 ) -> Path:
     """Save ``model`` to ``path``, streaming large initializers into one external data file.
 
@@ -301,6 +302,8 @@ def save_model(
             default ``<model file name>.data``.
         base_dir: Directory that existing external-data locations in ``model`` are
             relative to (where it was loaded from).
+        references: Initializers whose bytes are in a file beside the model already (the
+            base weights a set shares): name -> (location, offset, length), not copied.
 
     Returns:
         The path of the data file, or of the model when nothing went external.
@@ -322,6 +325,8 @@ def save_model(
     data_path = target.parent / data_location
     if data_path.resolve() == target.resolve():
         raise InvalidValueError(f"location={data_location!r} is the model file itself; choose another name.")
+
+    shared = {name: (_check_location(where), at, n) for name, (where, at, n) in (references or {}).items()}
 
     def source_of(init: onnx.TensorProto) -> onnx.TensorProto | _weights.TensorSource | None:
         if _weights.is_stub(init):
@@ -348,7 +353,7 @@ def save_model(
             return init
         return None
 
-    plan = [(init, source_of(init)) for init in model.graph.initializer]
+    plan = [(init, None if init.name in shared else source_of(init)) for init in model.graph.initializer]
     out = _skeleton(model)
     external = [(init, src) for init, src in plan if src is not None]
     with atomic_outputs(*([data_path] if external else []), target) as temps:
@@ -361,15 +366,15 @@ def save_model(
                     offset = write_tensor(data, src, base_dir, size, init.name)
                     offsets[init.name] = (offset, size)
         for init, maybe_src in plan:
-            if maybe_src is None:
+            if maybe_src is None and init.name not in shared:
                 out.graph.initializer.append(init)
                 continue
             stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
             if init.doc_string:
                 stub.doc_string = init.doc_string
             stub.data_location = onnx.TensorProto.EXTERNAL
-            offset, size = offsets[init.name]
-            for key, value in (("location", data_location), ("offset", str(offset)), ("length", str(size))):
+            where, offset, size = shared.get(init.name) or (data_location, *offsets[init.name])
+            for key, value in (("location", where), ("offset", str(offset)), ("length", str(size))):
                 entry = stub.external_data.add()
                 entry.key, entry.value = key, value
             out.graph.initializer.append(stub)

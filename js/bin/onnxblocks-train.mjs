@@ -3,19 +3,21 @@
 //
 //   onnxblocks-train ARTIFACTS --plan plan.safetensors [--steps N] [--lr 0.01] [--state FILE]
 //                    [--save trained.safetensors] [--eval-outputs eval.safetensors] [--threads 1]
+//                    [--save-adapters DIR]
 //
 // The plan is a safetensors file: tensors `train/<i>/<input>` (batch i of the step model's
 // user inputs) and optionally `eval/<i>/<input>` (eval batches, run after training); its
 // __metadata__ may hold `learning_rates`, a JSON list with one rate per step (else --lr).
 // Steps cycle through the training batches. The report (one JSON line on stdout):
 // {"losses": [...], "evalLosses": [...], "step": n, "seconds": s, "onnxruntime": version}.
+// --save-adapters writes the LoRA adapters of adapter artifacts as a PEFT directory (docs/lora.md).
 
 import { readFile, writeFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
 
-import { loadTrainer, ort, parseSafetensors, serializeSafetensors, writeState } from '../src/node.mjs';
+import { loadTrainer, ort, parseSafetensors, saveAdapters, serializeSafetensors, writeState } from '../src/node.mjs';
 
-const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N]';
+const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR]';
 
 /** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
 
@@ -48,6 +50,7 @@ async function main() {
       lr: { type: 'string' },
       state: { type: 'string' },
       save: { type: 'string' },
+      'save-adapters': { type: 'string' },
       'eval-outputs': { type: 'string' },
       threads: { type: 'string', default: '1' },
       help: { type: 'boolean', short: 'h' },
@@ -95,6 +98,7 @@ async function main() {
     }
   }
   if (values.save) await writeState(values.save, await trainer.state());
+  if (values['save-adapters']) await saveAdapters(trainer, values['save-adapters']);
   if (values['eval-outputs']) await writeFile(values['eval-outputs'], serializeSafetensors(evalOutputs));
   await trainer.release();
   console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, onnxruntime: ort.env.versions?.node ?? null }));

@@ -9,11 +9,15 @@ import * as ort from 'onnxruntime-web/wasm';
 import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
+import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
+import { externalDataFiles } from './onnx_proto.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
+export { ADAPTER_FILES, LORA_METADATA, loraRecord, peftAdapterFiles } from './adapters.mjs';
+export { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
 export { ort };
 
 /** @typedef {import('./inference.mjs').TemplateLayout} TemplateLayout */
@@ -37,9 +41,11 @@ export async function fetchBytes(url) {
  * @param {object} [options]
  * @param {boolean} [options.evaluate]  open the eval model (default: true)
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
+ * @param {string} [options.baseWeights]  the frozen base the models share (default `base_weights.bin`), fetched when they
+ *   name it; every external data file the models name is fetched once (read from their initializers)
  * @returns {Promise<{trainer: Trainer, state: TrainingState}>}  the trainer and the state it started from
  */
-export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] } } = {}) {
+export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin' } = {}) {
   const at = (/** @type {string} */ name) => new URL(name, new URL(base, globalThis.location?.href)).href;
   const [stepModel, evalModel, stateBytes] = await Promise.all([
     fetchBytes(at('step_model.onnx')),
@@ -47,8 +53,36 @@ export async function loadTrainer(base, { evaluate = true, sessionOptions = { ex
     fetchBytes(at('params.safetensors')),
   ]);
   const state = parseState(stateBytes, at('params.safetensors'));
-  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions });
+  // the external data files the models name, each fetched once: the frozen base they share (`baseWeights`) and
+  // a model's own `<model>.data` where its writer put a constant over 1 KiB; none for models that hold all inline
+  const names = [...new Set([...externalDataFiles(stepModel), ...(evalModel ? externalDataFiles(evalModel) : [])])];
+  names.sort((a, b) => Number(b === baseWeights) - Number(a === baseWeights));
+  const datas = await Promise.all(names.map((name) => fetchBytes(at(name))));
+  const externalData = names.length ? names.map((path, i) => ({ path, data: datas[i] })) : undefined;
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions, externalData });
+  trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
   return { trainer, state };
+}
+
+/**
+ * The trainer's LoRA adapters as the two files of a PEFT directory, offered as downloads
+ * (`adapter_model.safetensors` and `adapter_config.json`: put both in one folder for
+ * `peft.PeftModel.from_pretrained(base, folder)` or onnxblocks' `TrainingSession.load_adapters(folder)`).
+ * @param {Trainer} trainer  a trainer of adapter artifacts (from `loadTrainer`)
+ * @param {object} [options]
+ * @param {boolean} [options.download]  offer the files as downloads (default: true)
+ * @returns {Promise<{weights: Uint8Array, config: string}>}  the files' contents
+ */
+export async function downloadAdapters(trainer, { download = true } = {}) {
+  if (!trainer.lora) {
+    throw new TypeError("downloadAdapters: the trainer's artifacts have no LoRA adapters (no 'onnxblocks.lora' metadata in the step model)");
+  }
+  const files = peftAdapterFiles(trainer.lora, (await trainer.state()).tensors);
+  if (download) {
+    downloadBytes(files.weights, ADAPTER_FILES.weights);
+    downloadBytes(new TextEncoder().encode(files.config), ADAPTER_FILES.config);
+  }
+  return files;
 }
 
 /**

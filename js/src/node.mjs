@@ -1,17 +1,20 @@
 // Node entry point: the Trainer on onnxruntime-node, with file helpers.
 
-import { access, readFile, writeFile, rename } from 'node:fs/promises';
+import { access, mkdir, readFile, writeFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
 
 import { Trainer } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
+import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
 
 export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
+export { ADAPTER_FILES, LORA_METADATA, loraRecord, peftAdapterFiles } from './adapters.mjs';
+export { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
 export { ort };
 
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */
@@ -72,12 +75,37 @@ export async function loadTrainer(directory, { state, evaluate = true, sessionOp
     }
     throw error;
   }
-  return Trainer.create(/** @type {any} */ (ort), {
+  const trainer = await Trainer.create(/** @type {any} */ (ort), {
     stepModel,
     evalModel: evaluate ? join(directory, FILES.evalModel) : undefined,
     state: loaded,
     sessionOptions,
   });
+  trainer.lora = loraRecord(await readFile(stepModel), stepModel);
+  return trainer;
+}
+
+/**
+ * Write the trainer's LoRA adapters as a PEFT directory (`adapter_model.safetensors` + `adapter_config.json`),
+ * which `peft.PeftModel.from_pretrained(base, directory)` and onnxblocks' `TrainingSession.load_adapters` read.
+ * Each file is written beside its destination and renamed into place.
+ * @param {Trainer} trainer  a trainer of adapter artifacts (from `loadTrainer`)
+ * @param {string} directory  created if missing
+ * @returns {Promise<string>} the directory
+ */
+export async function saveAdapters(trainer, directory) {
+  if (!trainer.lora) {
+    throw new TypeError("saveAdapters: the trainer's artifacts have no LoRA adapters (no 'onnxblocks.lora' metadata in the step model); generate them with generate_artifacts(..., lora=LoraConfig(...))");
+  }
+  const { weights, config } = peftAdapterFiles(trainer.lora, (await trainer.state()).tensors);
+  await mkdir(directory, { recursive: true });
+  for (const [name, bytes] of /** @type {const} */ ([[ADAPTER_FILES.weights, weights], [ADAPTER_FILES.config, config]])) {
+    const path = join(directory, name);
+    const temp = `${path}.${process.pid}.tmp`;
+    await writeFile(temp, bytes);
+    await rename(temp, path);
+  }
+  return directory;
 }
 
 /**

@@ -20,6 +20,7 @@ import { stateNames, MAX_STATES } from './state.mjs';
 /** @typedef {import('./safetensors.mjs').NamedTensor} NamedTensor */
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */
 /** @typedef {string | Uint8Array | ArrayBuffer} ModelSource  a path (Node), a URL (browser) or the model's bytes */
+/** @typedef {{path: string, data: Uint8Array | ArrayBuffer | string}[]} ExternalData  external data files by the name the models reference */
 /** @typedef {Tensor | Omit<NamedTensor, 'name'> & {name?: string}} InputValue  an ORT tensor, or a plain `{dtype, shape, data}` */
 /** @typedef {InputValue[] | Record<string, InputValue>} Inputs  in the model's input order, or by name */
 
@@ -45,12 +46,16 @@ export class Trainer {
    * @param {ModelSource} [options.evalModel]  `eval_model.onnx` (for evalStep)
    * @param {TrainingState} options.state  parameters (and moments), e.g. from `params.safetensors`
    * @param {SessionOptions} [options.sessionOptions]  passed to `InferenceSession.create`
+   * @param {ExternalData} [options.externalData]  the external data files the models reference, for models given
+   *   as bytes: the frozen base `base_weights.bin` the artifacts share (`[{path: 'base_weights.bin', data}]`), loaded
+   *   once and handed to both sessions (a model given as a path finds it beside itself)
    * @returns {Promise<Trainer>}
    * @throws {TypeError | RangeError} when the models and the state do not fit each other
    */
-  static async create(ort, { stepModel, evalModel, state, sessionOptions = {} }) {
-    const step = await openSession(ort, stepModel, 'step model', sessionOptions);
-    const evaluation = evalModel === undefined ? null : await openSession(ort, evalModel, 'eval model', sessionOptions);
+  static async create(ort, { stepModel, evalModel, state, sessionOptions = {}, externalData }) {
+    const options = externalData?.length ? { ...sessionOptions, externalData } : sessionOptions;
+    const step = await openSession(ort, stepModel, 'step model', options);
+    const evaluation = evalModel === undefined ? null : await openSession(ort, evalModel, 'eval model', options);
     return new Trainer(ort, step, evaluation, state);
   }
 
@@ -72,6 +77,12 @@ export class Trainer {
     this.extra = { ...state.extra };
     this.trainable = [...state.trainable];
     this.frozen = [...state.frozen];
+    /**
+     * The LoRA record of the step model (metadata `onnxblocks.lora`), set by `loadTrainer` for adapter artifacts;
+     * `saveAdapters` / `downloadAdapters` write the trained adapters with it as a PEFT directory.
+     * @type {import('./adapters.mjs').LoraRecord | null}
+     */
+    this.lora = null;
 
     const inputs = new Set(stepSession.inputNames);
     const outputs = new Set(stepSession.outputNames);
@@ -232,7 +243,11 @@ async function openSession(ort, source, what, options) {
     return await ort.InferenceSession.create(source instanceof ArrayBuffer ? new Uint8Array(source) : source, options);
   } catch (error) {
     const shown = typeof source === 'string' ? ` '${source}'` : '';
-    throw new TypeError(`ONNX Runtime cannot load the ${what}${shown}: ${/** @type {Error} */ (error).message}. Portable artifacts (generate_artifacts(..., portable=True)) use standard ops only.`);
+    const message = /** @type {Error} */ (error).message;
+    if (/external|base_weights/i.test(message)) {
+      throw new TypeError(`ONNX Runtime cannot load the ${what}${shown}: ${message}. Its frozen base weights are in the artifacts' base_weights.bin: keep it beside the model (or pass it as externalData), complete, from the same generate_artifacts run.`);
+    }
+    throw new TypeError(`ONNX Runtime cannot load the ${what}${shown}: ${message}. Portable artifacts (generate_artifacts(..., portable=True)) use standard ops only.`);
   }
 }
 

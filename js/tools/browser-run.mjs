@@ -3,15 +3,16 @@
 // wait until it has trained, print what the page reports as one JSON line, take a screenshot.
 //
 //   node tools/browser-run.mjs URL [--screenshot FILE] [--state FILE] [--model FILE] [--widths 360,420]
-//                              [--chromium /usr/bin/chromium] [--timeout 180]
+//                              [--chromium /usr/bin/chromium] [--timeout 180] [--adapters DIR]
 //
+// --adapters clicks the LoRA page's "Download adapters" button and saves its two downloads into DIR;
 // --model clicks the page's "Download model" button and saves the download; --widths reports, for each
 // viewport width, how many pixels the page overflows horizontally (`overflow`: {width: pixels}).
 // Chromium runs with the flags a machine without network access needs (docs/web.md) and a fresh
 // --user-data-dir, removed afterwards. Every request that leaves the page's own origin is aborted
 // and reported (`offOrigin`): the page must work offline, from the served files.
 
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -37,6 +38,7 @@ async function main() {
       screenshot: { type: 'string' },
       state: { type: 'string' },
       model: { type: 'string' },
+      adapters: { type: 'string' },
       widths: { type: 'string' },
       chromium: { type: 'string', default: '/usr/bin/chromium' },
       timeout: { type: 'string', default: '180' },
@@ -92,6 +94,17 @@ async function main() {
       const [download] = await Promise.all([page.waitForEvent('download', { timeout }), page.click('#download-model')]);
       await download.saveAs(values.model);
       report.modelFile = download.suggestedFilename();
+    }
+    if (values.adapters && report.status === 'done') {
+      /** @type {import('playwright-core').Download[]} */
+      const downloads = [];
+      page.on('download', (download) => downloads.push(download));
+      await page.click('#download-adapters');
+      const until = Date.now() + timeout;
+      while (downloads.length < 2 && Date.now() < until) await new Promise((resolve) => setTimeout(resolve, 100));
+      await mkdir(values.adapters, { recursive: true });
+      for (const download of downloads) await download.saveAs(join(values.adapters, download.suggestedFilename()));
+      report.adapterFiles = downloads.map((download) => download.suggestedFilename()).sort();
     }
     if (values.screenshot) await page.screenshot({ path: values.screenshot, fullPage: true });
     /** @type {Record<string, number>} */

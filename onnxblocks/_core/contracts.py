@@ -128,6 +128,10 @@ OPTIMIZER_MODEL = "optimizer_model"
 STEP_MODEL = "step_model"
 CHECKPOINT = "checkpoint"
 NOMINAL_CHECKPOINT = "nominal_checkpoint"
+#: The frozen base weights every model of a set references as external data, stored once (docs/training.md).
+BASE_WEIGHTS = "base_weights.bin"
+#: Model metadata key naming the element type the frozen base is stored in (absent: as exported).
+BASE_DTYPE_METADATA = "onnxblocks.base_dtype"
 #: Suffix of ONNX models, of ORT-format models, and of external data files.
 ONNX_SUFFIX, ORT_SUFFIX, DATA_SUFFIX = ".onnx", ".ort", ".data"
 #: The models of a set of artifacts, in display order.
@@ -169,6 +173,10 @@ class ArtifactNames:
         return f"{self.prefix}{CHECKPOINT}"
 
     @property
+    def base_weights(self) -> str:
+        return f"{self.prefix}{BASE_WEIGHTS}"
+
+    @property
     def nominal_checkpoint(self) -> str:
         return f"{self.prefix}{NOMINAL_CHECKPOINT}"
 
@@ -176,8 +184,9 @@ class ArtifactNames:
         """Every file name a set with this prefix may hold.
 
         That is the models (``.onnx`` and ``.ort``; the portable step model included),
-        the checkpoints, and the external-data companion (``.data``) of each.
+        the checkpoints, the external-data companion (``.data``) of each, and the
+        frozen base weights the models share (``base_weights.bin``).
         """
         names = [self.model(stem, ort) for stem in (*MODEL_STEMS, STEP_MODEL) for ort in (False, True)]
         names += [self.checkpoint, self.nominal_checkpoint]
-        return [n for name in names for n in (name, name + DATA_SUFFIX)]
+        return [n for name in names for n in (name, name + DATA_SUFFIX)] + [self.base_weights]

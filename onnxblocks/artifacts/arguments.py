@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -32,6 +32,9 @@ from onnxblocks._core.errors import (
 from onnxblocks.peft.config import LoraConfig
 from onnxblocks.peft.info import lora_info
 from onnxblocks.peft.transform import apply_lora
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.ops import PortableMode
 
 #: Longest file name (bytes) most file systems take.
 NAME_MAX = 255
@@ -185,6 +188,17 @@ def directory(value: Any) -> Path:
     if value is None:
         return Path.cwd()
     return _paths.check_output_dir(value, "artifact_directory")
+
+
+def portable_mode(portable: Any) -> PortableMode:
+    """The portable mode ``generate_artifacts(portable=...)`` asks for (``True`` -> ``"standard"``).
+
+    Raises:
+        InvalidValueError: for anything but True, ``"standard"`` or ``"onnxruntime"``.
+    """
+    from onnxblocks.portable.ops import portable_mode as mode  # a lower layer, loaded on first use
+
+    return mode(portable, "portable")
 
 
 def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tuple[str, ...]]:

@@ -28,6 +28,7 @@ from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, STEP_MODEL, 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, did_you_mean, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
+from onnxblocks.artifacts import base_weights as _base
 from onnxblocks.artifacts.files import OWNER_FILE, staging, to_ort_format
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
@@ -37,7 +38,6 @@ from onnxblocks.gradient import ort_bridge, worker
 
 if TYPE_CHECKING:
     from onnxblocks.peft.config import LoraConfig
-    from onnxblocks.portable.ops import PortableMode
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class Artifacts(HtmlDisplay):
         output_names: The user outputs (the loss first).
         files: Every file written, external data files included.
         step_model: Path of the fused step model of portable artifacts (docs/portable.md), or None.
+        base_weights: Path of the base weights the models share (``base_weights.bin``), or None.
     """
 
     directory: Path
@@ -111,6 +112,7 @@ class Artifacts(HtmlDisplay):
     output_names: tuple[str, ...]
     files: tuple[Path, ...]
     step_model: Path | None = None
+    base_weights: Path | None = None
 
     @property
     def loss_name(self) -> str:
@@ -155,6 +157,7 @@ def generate_artifacts(
     model_path: str | os.PathLike | None = None,
     portable: bool | str = False,
     fused_step: bool = True,
+    base_dtype: str | None = None,
     lora: LoraConfig | None = None,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
@@ -190,6 +193,7 @@ def generate_artifacts(
             ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
             the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
+        base_dtype: ``"float16"`` or ``"bfloat16"``: store the frozen base (``base_weights.bin``) so, cast where read.
         lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
             train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
             model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
@@ -231,6 +235,7 @@ def generate_artifacts(
         model_path=model_path,
         portable=portable,
         fused_step=fused_step,
+        base_dtype=base_dtype,
         lora=lora,
     )
 
@@ -252,6 +257,7 @@ def _generate(
     model_path: str | os.PathLike | None = None,
     portable: bool | str = False,
     fused_step: bool = True,
+    base_dtype: str | None = None,
     lora: LoraConfig | None = None,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
@@ -261,7 +267,8 @@ def _generate(
     ``loss_blocks`` and ``optimizer_blocks`` turn a :class:`LossType` / :class:`OptimType`
     into a block; :mod:`onnxblocks.compat` passes the reference's optimizer defaults.
     """
-    mode = None if portable is False else _portable_mode(portable)
+    mode = None if portable is False else _arguments.portable_mode(portable)
+    stored_as = _base.base_dtype(base_dtype)
     base_model, model_path = _arguments.load_model(model, model_path)
     base_model, adapters = _arguments.with_lora(base_model, lora)
     loss_block = _resolve_loss(loss, loss_blocks)
@@ -315,16 +322,19 @@ def _generate(
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
         eval_model = portable_eval_model(eval_model, mode)  # ORT's fusions may have written contrib ops there too
 
+    cast = _base.cast_base(training_model, eval_model, step_model, store, stored_as)  # a float16/bfloat16 base
+    training_model, eval_model, step_model, store = cast
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
     from onnxblocks.io import save_model
 
     names = ArtifactNames(prefix)
     with staging(directory, prefix) as stage:
-        save_model(training_model, stage / names.training_model, weights=store)
-        save_model(eval_model, stage / names.eval_model, weights=store)
+        shared = _base.store_base(stage / names.base_weights, (training_model, eval_model, step_model), store)
+        save_model(training_model, stage / names.training_model, weights=store, references=shared)
+        save_model(eval_model, stage / names.eval_model, weights=store, references=shared)
         if step_model is not None:
-            save_model(step_model, stage / names.step_model, weights=store)
+            save_model(step_model, stage / names.step_model, weights=store, references=shared)
         checkpoint.save_checkpoint(sources, stage / names.checkpoint, nominal_checkpoint=False)
         if nominal_checkpoint:
             checkpoint.save_checkpoint(sources, stage / names.nominal_checkpoint, nominal_checkpoint=True)
@@ -359,21 +369,11 @@ def _generate(
         output_names=graphs.user_outputs,
         files=files,
         step_model=directory / names.step_model if step_model is not None else None,
+        base_weights=directory / names.base_weights if shared else None,
     )
 
 
 # ------------------------------------------------------------------ arguments
-def _portable_mode(portable: Any) -> PortableMode:
-    """The portable mode ``portable`` asks for (``True`` -> ``"standard"``).
-
-    Raises:
-        InvalidValueError: for anything but True, ``"standard"`` or ``"onnxruntime"``.
-    """
-    from onnxblocks.portable.ops import portable_mode  # a lower layer, loaded on first use
-
-    return portable_mode(portable, "portable")
-
-
 def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
     if loss is None:
         logger.info("No loss given: the base model's first output is the loss.")

@@ -41,6 +41,8 @@ examples:
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable -o artifacts
   # the same, keeping the contrib ops stock onnxruntime runs (Gelu, FusedMatMul...): onnxruntime only
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable onnxruntime -o artifacts
+  # train the head only; the rest stays constant, stored once in base_weights.bin, in float16
+  onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' --base-dtype float16 -o artifacts
   # LoRA adapters on the attention's q and v projections (docs/lora.md): only the adapters train
   onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj -o artifacts
 
@@ -132,6 +134,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         dest="fused_step",
         action="store_false",
         help="with --portable: do not write step_model.onnx (forward, backward and update in one graph)",
+    )
+    parser.add_argument(
+        "--base-dtype",
+        choices=("float16", "bfloat16"),
+        default=None,
+        help="store the weights that do not train (the frozen base, in base_weights.bin) in this type, cast to "
+        "float32 where they are read: half the disk and memory (see docs/lora.md)",
     )
     parser.add_argument(
         "--lora",
@@ -345,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         loss_input_names=args.loss_input,
         portable=args.portable,
         fused_step=args.fused_step,
+        base_dtype=args.base_dtype,
         lora=lora,
     )
     sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
@@ -358,6 +368,10 @@ def run(args: argparse.Namespace) -> int:
     out.write(f"wrote training artifacts to {result.directory}\n")
     for path in result.files:
         out.write(f"  {path.name:<28} {format_bytes(path.stat().st_size):>10}\n")
+    if result.base_weights is not None:
+        how = "a hard link of the model's data file" if result.base_weights.stat().st_nlink > 1 else "written"
+        kind = f", stored as {args.base_dtype}" if args.base_dtype else ""
+        out.write(f"frozen base: {result.base_weights.name} ({how}{kind}), shared by every model\n")
     out.write(
         f"trainable: {len(result.requires_grad)} parameters "
         f"({format_bytes(sum(sizes.get(n, 0) for n in result.requires_grad))}); "

@@ -13,7 +13,9 @@ examples:
   onnxblocks demo                          # writes ./onnxblocks-demo/
   onnxblocks demo --output-dir /tmp/demo --no-progress
   onnxblocks demo --portable               # portable artifacts, trained by the portable backend
-  onnxblocks demo --web                    # the same classifier trained in your browser (onnxruntime-web)"""
+  onnxblocks demo --web                    # the same classifier trained in your browser (onnxruntime-web)
+  onnxblocks demo --lora                   # LoRA adapters on a small LLaMA (needs torch and transformers)
+  onnxblocks demo --lora --web             # the same fine-tune in your browser, adapters downloaded for peft"""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -58,6 +60,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "on 127.0.0.1 until Ctrl-C (docs/web.md; the first run npm-installs onnxruntime-web into a cache)",
     )
     parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="instead, pre-train a small LLaMA-architecture LM in torch on a synthetic language, fine-tune LoRA "
+        "adapters on a shifted task with onnxblocks, write them as a PEFT directory, merge them and generate text "
+        "with onnxruntime (docs/lora.md; needs torch and transformers: pip install 'onnxblocks[torch]' transformers)",
+    )
+    parser.add_argument(
         "--port", type=int, default=8000, help="with --web: the port (default 8000, another if taken; 0: any free)"
     )
     parser.set_defaults(handler=run)
@@ -71,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--epochs must be >= 1, got {args.epochs}.", 2)
     require(args.seed, "--seed", minimum=0)
     output_dir(args.output_dir, "--output-dir")
+    if args.lora:
+        return _run_lora(args)
     if args.web:
         from onnxblocks.web.demo import run_web_demo
 
@@ -92,3 +103,36 @@ def run(args: argparse.Namespace) -> int:
             EXIT_FAILURE,
         )
     return EXIT_OK
+
+
+#: What ``demo --lora`` imports besides onnxblocks, and how to get it.
+LORA_NEEDS = {"torch": "torch==2.13.0", "transformers": "transformers"}
+
+
+def _run_lora(args: argparse.Namespace) -> int:
+    """Run the LoRA demo (``onnxblocks.torch.lora_demo`` or ``lora_web``) in a child Python: the CLI loads no torch."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from onnxblocks.demo import DEFAULT_OUTPUT_DIR
+
+    missing = [name for name in LORA_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        install = " ".join(LORA_NEEDS[name] for name in missing)
+        raise CliError(
+            f"demo --lora builds and pre-trains its LLaMA with {' and '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: pip install {install} (torch pinned in the same "
+            "command). The fine-tune itself runs on ONNX Runtime.",
+            EXIT_FAILURE,
+        )
+    directory = args.output_dir if args.output_dir != DEFAULT_OUTPUT_DIR else "onnxblocks-lora-demo"
+    module = "onnxblocks.torch.lora_web" if args.web else "onnxblocks.torch.lora_demo"
+    command = [sys.executable, "-m", module, "--output-dir", directory, "--seed", str(args.seed)]
+    if args.web:
+        require(args.port, "--port", minimum=0)
+        command += ["--port", str(args.port)]
+    elif args.portable:
+        command.append("--portable")
+    done = subprocess.run(command, check=False)
+    return EXIT_OK if done.returncode == 0 else EXIT_FAILURE

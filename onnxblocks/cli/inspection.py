@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from onnxblocks._core.contracts import is_accumulation_value
+from onnxblocks._core.contracts import ArtifactNames, is_accumulation_value
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, CliError
 from onnxblocks.cli.tables import format_bytes, format_table
 
@@ -206,7 +206,15 @@ def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
         "totals": _totals(params),
         **_checkpoint_state(checkpoint),
         "staging": staged,
+        "base": _base(directory / ArtifactNames(prefix).base_weights, files),
     }
+
+
+def _base(path: Path, files: Any) -> dict[str, Any] | None:
+    """The frozen base the models share (docs/lora.md): its file, size and element type; None without one."""
+    if not path.is_file():
+        return None
+    return {"file": path.name, "bytes": path.stat().st_size, "dtype": files.base_dtype or "as exported"}
 
 
 def _param(name: str, array: Any, status: str) -> dict[str, Any]:
@@ -283,6 +291,11 @@ def render(report: dict[str, Any]) -> str:
         if report["properties"]:
             shown = ", ".join(f"{k}={_short(v)}" for k, v in report["properties"].items())
             lines.append(f"properties: {shown}")
+    base = report.get("base")
+    if base:
+        lines.append(
+            f"frozen base: {base['file']} ({format_bytes(base['bytes'])}, {base['dtype']}), shared by the models"
+        )
     for stage in report.get("staging", []):
         lines.append(
             f"staging folder {stage['path']} (pid {stage['pid']}, {format_bytes(stage['bytes'])}): {stage['state']}"

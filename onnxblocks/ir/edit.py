@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.naming import NameAuthority
+from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.walk import all_nodes, reads
 
 
@@ -112,6 +113,113 @@ def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
     for node in graph:
         table.update({v.name: v for v in node.outputs if v.name})
     return table
+
+
+def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) -> list[str]:
+    """Store initializers in another element type and cast them back where they are read; return those changed.
+
+    For each ``name -> tensor`` of ``stored``, the initializer ``name`` keeps its
+    name and takes ``tensor`` (e.g. a float16 stub of a float32 weight) as its
+    value, and each node that read it (in subgraphs too) reads a ``Cast`` of it to
+    its old element type instead: one ``Cast`` per reading node, inserted before
+    it. A node that only moves the weight's elements (``Transpose``, ``Reshape``...)
+    is repeated after the ``Cast`` for each of its readers, so each float32 copy
+    lives only while its reader runs (and ONNX Runtime can still fuse a
+    ``Transpose`` into the ``MatMul`` after it).
+
+    A runtime may run a node as soon as its inputs are ready, so every ``Cast`` of
+    a constant would run first and all the cast copies would be alive at once. So
+    each ``Cast`` reads through a ``Reshape`` to the same shape whose shape input
+    is computed from its reader's first computed input (an empty ``Shape`` slice
+    of it): the copy is made when its reader is about to run, and freed after it.
+    Initializers that are also graph inputs or outputs are left alone (a feed or a
+    reader outside the graph expects the old type).
+    """
+    names = graph_names(graph)
+    changed: list[str] = []
+    for name, tensor in stored.items():
+        value = graph.initializers.get(name)
+        if value is None or value.is_graph_input() or value.is_graph_output() or value.dtype is None:
+            continue
+        old = value.dtype
+        readers: dict[ir.Node, list[int]] = {}
+        for user, index in list(value.uses()):
+            readers.setdefault(user, []).append(index)
+        for user, indices in readers.items():
+            assert user.graph is not None, f"node {user.name!r} belongs to no graph"
+            if _moves_only(user, value):  # a Transpose of the weight: one cast and one copy of it per reader
+                out = user.outputs[0]
+                for reader, index in list(out.uses()):
+                    assert reader.graph is not None, f"node {reader.name!r} belongs to no graph"
+                    nodes = _delayed_cast(reader.graph, value, old, _computed_input(reader, out), names, name)
+                    mover = ir.Node(
+                        user.domain,
+                        user.op_type,
+                        [nodes[-1].outputs[0], *user.inputs[1:]],
+                        attributes=list(user.attributes.values()),
+                        name=names.fresh(user.name or f"{name}.{user.op_type.lower()}"),
+                    )
+                    mover.outputs[0].name = names.fresh(out.name or f"{name}.moved")
+                    mover.outputs[0].dtype, mover.outputs[0].shape = old, out.shape
+                    reader.graph.insert_before(reader, [*nodes, mover])
+                    reader.replace_input_with(index, mover.outputs[0])
+                user.graph.remove(user, safe=True)
+                continue
+            nodes = _delayed_cast(user.graph, value, old, _computed_input(user, value), names, name)
+            user.graph.insert_before(user, nodes)
+            for index in indices:
+                user.replace_input_with(index, nodes[-1].outputs[0])
+        value.const_value = tensor
+        value.dtype = tensor.dtype
+        changed.append(name)
+    return changed
+
+
+#: Ops that move a tensor's elements without computing with them (they run in any element type).
+_MOVERS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
+def _moves_only(user: ir.Node, value: ir.Value) -> bool:
+    """True for a node that only moves the elements of ``value`` (and reads nothing else computed)."""
+    if user.op_type not in _MOVERS or user.domain not in ("", "ai.onnx") or len(user.outputs) != 1:
+        return False
+    if len(user.inputs) == 0 or user.inputs[0] is not value or value in user.inputs[1:]:
+        return False
+    out = user.outputs[0]
+    return not out.is_graph_output() and all(v is None or v.producer() is None for v in user.inputs[1:])
+
+
+def _computed_input(node: ir.Node, other_than: ir.Value) -> ir.Value | None:
+    """The first input of ``node`` that a node computes (not ``other_than``), or None."""
+    return next((v for v in node.inputs if v is not None and v is not other_than and v.producer() is not None), None)
+
+
+def _delayed_cast(
+    graph: ir.Graph, value: ir.Value, to: ir.DataType, trigger: ir.Value | None, names: NameAuthority, hint: str
+) -> list[ir.Node]:
+    """The nodes (for ``graph``) computing ``Cast(value, to)`` once ``trigger`` is ready (None: at once)."""
+
+    def node(op: str, inputs: Sequence[ir.Value], **attributes: int) -> ir.Node:
+        attrs = [ir.AttrInt64(k, v) for k, v in attributes.items()]
+        made = ir.Node("", op, inputs, attributes=attrs, name=names.fresh(f"{hint}.{op.lower()}"))
+        made.outputs[0].name = names.fresh(f"{hint}.{op.lower()}_out")
+        return made
+
+    nodes: list[ir.Node] = []
+    source = value
+    shape = value.shape
+    if trigger is not None and shape is not None and all(isinstance(d, int) for d in shape):
+        dims = ir.Value(name=names.fresh(f"{hint}.dims"), const_value=ir.tensor(list(shape.numpy()), name=""))
+        dims.const_value.name = dims.name  # type: ignore[union-attr]
+        graph.register_initializer(dims)
+        empty = node("Shape", [trigger], start=0, end=0)  # empty, but only once the trigger exists
+        joined = node("Concat", [empty.outputs[0], dims], axis=0)
+        reshaped = node("Reshape", [value, joined.outputs[0]])
+        nodes += [empty, joined, reshaped]
+        source = reshaped.outputs[0]
+    cast = node("Cast", [source], to=to.value)
+    cast.outputs[0].dtype, cast.outputs[0].shape = to, shape
+    return [*nodes, cast]
 
 
 def splice_after(value: ir.Value, nodes: Sequence[ir.Node], output: ir.Value, names: NameAuthority) -> None:

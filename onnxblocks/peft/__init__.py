@@ -6,6 +6,7 @@ The package sits beside ``losses`` and ``optim``: it edits graphs through :mod:`
 
 from onnxblocks.peft.config import LoraConfig
 from onnxblocks.peft.info import LoraInfo, LoraTarget, lora_info
+from onnxblocks.peft.merge import merge_lora
 from onnxblocks.peft.transform import apply_lora
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "LoraTarget",
     "apply_lora",
     "lora_info",
+    "merge_lora",
 ]

@@ -18,6 +18,8 @@ from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_i
 
 __all__ = [
     "INPUT_ERROR_CLASSES",
+    "NO_CONSTANT_FOLDING",
+    "NO_PREPACKING",
     "capi",
     "clean_message",
     "has_training_build",
@@ -61,11 +63,31 @@ def require_training_build(what: str) -> ModuleType:
     return _require(what)
 
 
-def session_options(runs: bool = False) -> Any:
-    """A ``SessionOptions`` at the log level onnxblocks uses (errors only, unless asked; see ``_core.ort``)."""
+#: Session config entries: no pre-packed copy of constant MatMul weights; no constant folding.
+NO_PREPACKING = ("session.disable_prepacking", "1")
+NO_CONSTANT_FOLDING = ("optimization.disable_specified_optimizers", "ConstantFolding")
+
+
+def session_options(runs: bool = False, *, prepack: bool = True, frozen_base: bool = False) -> Any:
+    """A ``SessionOptions`` at the log level onnxblocks uses (errors only, unless asked; see ``_core.ort``).
+
+    Args:
+        runs: The session's own logger also logs its runs (see ``_core.ort.session_options``).
+        prepack: False: ONNX Runtime keeps no pre-packed copy of the constant MatMul weights (a
+            second copy of the frozen base per session; its memory-mapped bytes are read instead).
+        frozen_base: The models read a frozen base (``base_weights.bin``, memory-mapped by ONNX
+            Runtime): constant folding is turned off, as it would write a new copy of every base
+            weight a node transforms (a ``Transpose`` of a tied embedding, the ``Cast`` of a float16
+            base back to float32) into each session, and take seconds to do so.
+    """
     from onnxblocks._core.ort import session_options as _options
 
-    return _options(runs)
+    options = _options(runs)
+    if not prepack:
+        options.add_session_config_entry(*NO_PREPACKING)
+    if frozen_base:
+        options.add_session_config_entry(*NO_CONSTANT_FOLDING)
+    return options
 
 
 def run_options() -> Any:

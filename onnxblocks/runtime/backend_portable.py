@@ -87,7 +87,9 @@ class PortableBackend:
         providers = _ort.providers(device)
         self._device = _ort.make_device(device)
         self._cpu = _ort.make_device("cpu")
-        options = options if options is not None else _ort.session_options()
+        # no pre-packed or folded copies of the memory-mapped frozen base in each session (runtime/_ort.py)
+        frozen = files.base_weights is not None
+        options = options or _ort.session_options(prepack=not frozen, frozen_base=frozen)
         self._run_options = _ort.run_options()
         self._keep: list[np.ndarray] = []  # numpy memory that CPU OrtValues share
         ck = _read(checkpoint)

@@ -39,7 +39,8 @@ class TrainingBuildBackend:
         self.files = files
         self._C = _ort.require_training_build(f"Training the artifacts in '{files.directory}'")
         self._device = _ort.make_device(device)
-        self._options = options if options is not None else _ort.session_options(runs=True)
+        frozen = files.base_weights is not None  # no folded copies of the memory-mapped base (runtime/_ort.py)
+        self._options = options if options is not None else _ort.session_options(runs=True, frozen_base=frozen)
         self._state: Any = None
         self.has_fused_step = False
         self.load(checkpoint)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from onnxblocks._core.contracts import (
@@ -47,8 +48,14 @@ from onnxblocks._core.contracts import (
     state_names,
     updated_name,
 )
-from onnxblocks._core.errors import CheckpointMismatchError, InvalidValueError, PortabilityError, preview
-from onnxblocks._core.weights import load_structure
+from onnxblocks._core.errors import (
+    CheckpointMismatchError,
+    FileMissingError,
+    InvalidValueError,
+    PortabilityError,
+    preview,
+)
+from onnxblocks._core.weights import external_info, external_source, load_structure
 from onnxblocks.runtime.layout import ArtifactFiles
 
 Dims = tuple[int | str | None, ...]
@@ -91,7 +98,36 @@ def read_signature(path: Path | None, what: str) -> Signature | None:
     if path is None or path.suffix != ".onnx":
         return None
     graph = load_structure(path, _SKIP_BYTES).graph
+    check_external_data(path, graph, what)
     return Signature(path, what, _specs(graph.input), _specs(graph.output))
+
+
+def check_external_data(path: Path, graph: onnx.GraphProto, what: str) -> None:
+    """Check every external-data reference of ``graph`` (the model ``path``) before ONNX Runtime reads it.
+
+    The frozen base weights an artifact set shares (``base_weights.bin``) and each
+    model's own ``.data`` file are found relative to the model's directory; each
+    reference must stay inside it and its offset and length must lie inside the
+    file and match the tensor's dims. Only file sizes are read, never the bytes.
+
+    Raises:
+        InvalidValueError: for a location outside the directory, an offset or length
+            past the end of the file or other than the dims need, naming the model,
+            the tensor and the data file.
+        FileMissingError: for a data file that does not exist.
+    """
+    for init in graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        if external_info(init).get("location") == path.name:
+            continue  # a large inline tensor of the model file itself (load_structure's reference), already bounded
+        try:
+            external_source(init, path.parent)
+        except (InvalidValueError, FileMissingError) as exc:
+            where = external_info(init).get("location", "")
+            raise type(exc)(
+                f"The {what} '{path}' cannot be loaded (its tensor '{init.name}' in {where!r}): {exc}"
+            ) from None
 
 
 def _specs(value_infos: object) -> dict[str, Spec]:

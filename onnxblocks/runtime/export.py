@@ -15,17 +15,27 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.contracts import FORWARD_OUTPUTS_METADATA, PORTABLE_METADATA, PORTABLE_MODE_METADATA
+from onnxblocks._core.contracts import (
+    FORWARD_OUTPUTS_METADATA,
+    LORA_METADATA,
+    PORTABLE_METADATA,
+    PORTABLE_MODE_METADATA,
+)
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.io import load_model
+
+if TYPE_CHECKING:
+    from onnxblocks.peft.info import LoraInfo, LoraTarget
 
 #: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the model.
 EXTERNAL_DATA_FROM = 1 << 30
@@ -36,13 +46,21 @@ def inference_model(
     parameters: Mapping[str, tuple[int, Sequence[int]]],
     outputs: Sequence[str],
     eval_outputs: Sequence[str],
-) -> onnx.ModelProto:
+    lora: LoraInfo | None = None,
+) -> tuple[onnx.ModelProto, list[LoraTarget]]:
     """The eval model cut down to ``outputs``, with the parameters it reads as held stubs.
 
     Inputs that no kept node reads (the labels the loss used) are dropped; the
     parameters (``name -> (ONNX data type, dims)``) that kept nodes read become
     initializers whose bytes are held aside (:func:`onnxblocks._core.weights.make_stub`),
     to be streamed by :func:`onnxblocks.io.save_model`. ``eval_model`` is not changed.
+
+    With ``lora`` (the model's LoRA record), the adapter branches are removed
+    (:func:`onnxblocks.peft.merge.strip_adapter_branches`) and each adapted layer's weight
+    becomes a held stub too, for the caller to stream merged (``W + scale * B @ A``).
+
+    Returns:
+        The model, and the LoRA targets whose weights are to be merged (empty without ``lora``).
 
     Raises:
         ValueError: for an output name the eval model does not compute.
@@ -70,6 +88,17 @@ def inference_model(
             graph.initializers.pop(name, None)
             value.const_value = ir.serde.deserialize_tensor(_weights.make_stub(name, data_type, list(dims)))
             graph.initializers[name] = value
+    merged: list[LoraTarget] = []
+    if lora is not None:
+        from onnxblocks.peft.merge import strip_adapter_branches
+
+        merged = strip_adapter_branches(model, lora)
+        for target in merged:  # the merged weight is streamed like a parameter
+            value = graph.initializers[target.weight]
+            tensor = value.const_value
+            assert tensor is not None  # an initializer (a parameter's stub, or a frozen constant)
+            dims = [int(d) for d in tensor.shape.numpy()]
+            value.const_value = ir.serde.deserialize_tensor(_weights.make_stub(target.weight, int(tensor.dtype), dims))
     graph.name = graph.name or "inference"
     graph.doc_string = None
     model.producer_name = eval_model.producer_name
@@ -87,7 +116,7 @@ def inference_model(
                 value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
             else:
                 value.type = ir.TensorType(ir.DataType.UNDEFINED)
-    return serde.to_proto(model)
+    return serde.to_proto(model), merged
 
 
 def export_inference(
@@ -97,6 +126,7 @@ def export_inference(
     parameters: Mapping[str, tuple[np.dtype, Sequence[int]]],
     fetch: Callable[[str], np.ndarray],
     eval_outputs: Sequence[str],
+    merge_adapters: bool = False,
 ) -> Path:
     """Write the inference model cut from ``eval_model`` with the parameters ``fetch`` returns.
 
@@ -109,13 +139,16 @@ def export_inference(
         fetch: Returns a parameter's current value; called once per parameter the
             export keeps, while its bytes are written (one parameter in memory at a time).
         eval_outputs: The eval model's outputs, for the error message.
+        merge_adapters: Fold the LoRA adapters into their base weights (``W + scale * B @ A``, in the
+            weight's layout and dtype) and remove the adapter branches (docs/lora.md).
 
     Returns:
         ``destination``.
 
     Raises:
         ValueError: if ``names`` is empty or names a value the eval model does not
-            compute, or the eval model is an ORT-format file.
+            compute, the eval model is an ORT-format file, or ``merge_adapters`` is asked
+            of a model without LoRA adapters.
     """
     from onnxblocks.io import save_model
 
@@ -130,7 +163,21 @@ def export_inference(
         raise InvalidValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
     model = load_model(eval_model)
     specs = {n: (helper.np_dtype_to_tensor_dtype(np.dtype(d)), tuple(s)) for n, (d, s) in parameters.items()}
-    cut = inference_model(model, specs, names, eval_outputs)
+    from onnxblocks.peft.info import lora_info  # the LoRA record and merge are loaded only when merging
+
+    lora = lora_info(model) if merge_adapters else None
+    if merge_adapters and lora is None:
+        raise InvalidValueError(
+            f"export_inference_model(merge_adapters=True): the eval model '{eval_model}' has no LoRA adapters "
+            f"('{LORA_METADATA}' metadata). Generate the artifacts with lora=LoraConfig(...), or export without "
+            "merge_adapters."
+        )
+    cut, merged = inference_model(model, specs, names, eval_outputs, lora)
+    if merged:
+        fetch = _merging_fetch(fetch, merged, model, specs, eval_model.parent)
+        for target in merged:
+            stub = next(t for t in cut.graph.initializer if t.name == target.weight)
+            specs[target.weight] = (stub.data_type, tuple(stub.dims))
     total = sum(_weights.tensor_nbytes(t) for t in cut.graph.initializer)
     stored_outside = any(
         t.data_location == TensorProto.EXTERNAL and not _weights.is_stub(t) for t in cut.graph.initializer
@@ -154,6 +201,30 @@ def export_inference(
     if written == destination and stale.is_file():
         stale.unlink()  # an earlier export's data file: the new model does not read it
     return destination
+
+
+def _merging_fetch(
+    fetch: Callable[[str], np.ndarray],
+    targets: Sequence[LoraTarget],
+    model: onnx.ModelProto,
+    parameters: Mapping[str, tuple[int, Sequence[int]]],
+    base_dir: Path,
+) -> Callable[[str], np.ndarray]:
+    """``fetch``, but a merged layer's weight comes back as ``W + scale * B @ A`` (W: a parameter or a constant)."""
+    from onnxblocks.peft.merge import fold
+
+    by_weight = {t.weight: t for t in targets}
+    held = frozenset(parameters)  # now: the caller adds the merged constants' specs afterwards
+    constants = {t.name: t for t in model.graph.initializer if t.name in by_weight and t.name not in held}
+
+    def merged_fetch(name: str) -> np.ndarray:
+        target = by_weight.get(name)
+        if target is None:
+            return fetch(name)
+        base = fetch(name) if name in held else numpy_helper.to_array(constants[name], os.fspath(base_dir))
+        return fold(base, fetch(target.lora_A), fetch(target.lora_B), target.scale_value, target.weight_layout)
+
+    return merged_fetch
 
 
 def forward_outputs_hint(eval_model: Path | None) -> list[str]:

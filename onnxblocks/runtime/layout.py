@@ -15,8 +15,10 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onnxblocks._core.contracts import (
+    BASE_DTYPE_METADATA,
     EVAL_MODEL,
     OPTIMIZER_MODEL,
     PORTABLE_METADATA,
@@ -25,6 +27,9 @@ from onnxblocks._core.contracts import (
     ArtifactNames,
 )
 from onnxblocks._core.errors import FileMissingError
+
+if TYPE_CHECKING:
+    from onnxblocks.peft.info import LoraInfo
 
 
 def remove_leftovers(directory: Path) -> None:
@@ -55,6 +60,7 @@ class ArtifactFiles:
         eval_model: Path of the eval model, or None.
         optimizer_model: Path of the optimizer model, or None.
         step_model: Path of the fused step model (portable artifacts), or None.
+        base_weights: Path of the frozen base weights the models share (``base_weights.bin``), or None.
     """
 
     directory: Path
@@ -63,6 +69,7 @@ class ArtifactFiles:
     eval_model: Path | None
     optimizer_model: Path | None
     step_model: Path | None = None
+    base_weights: Path | None = None
 
     @property
     def portable(self) -> bool:
@@ -71,6 +78,11 @@ class ArtifactFiles:
         Only the model's metadata is read (no weights); ORT-format models are not portable.
         """
         return _metadata(self.training_model).get(PORTABLE_METADATA) == "1"
+
+    @property
+    def base_dtype(self) -> str | None:
+        """The element type ``generate_artifacts(base_dtype=...)`` stored the frozen base in, or None."""
+        return _metadata(self.training_model).get(BASE_DTYPE_METADATA)
 
     @classmethod
     def find(cls, directory: str | os.PathLike, prefix: str = "") -> ArtifactFiles:
@@ -104,7 +116,9 @@ class ArtifactFiles:
             )
         assert training is not None
         eval_model, optimizer_model = _model(root, names, EVAL_MODEL), _model(root, names, OPTIMIZER_MODEL)
-        return cls(root, training, checkpoint, eval_model, optimizer_model, _model(root, names, STEP_MODEL))
+        base = root / names.base_weights
+        step = _model(root, names, STEP_MODEL)
+        return cls(root, training, checkpoint, eval_model, optimizer_model, step, base if base.is_file() else None)
 
 
 def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
@@ -113,6 +127,19 @@ def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
         path = root / names.model(stem, ort_format)
         if path.is_file():
             return path
+    return None
+
+
+def artifact_lora(files: ArtifactFiles) -> LoraInfo | None:
+    """The LoRA record of an artifact set (``onnxblocks.lora`` in its training or eval model), or None."""
+    from onnxblocks._core.contracts import LORA_METADATA
+    from onnxblocks.peft.info import LoraInfo
+
+    for model in (files.training_model, files.eval_model):
+        if model is not None:
+            text = _metadata(model).get(LORA_METADATA)
+            if text is not None:
+                return LoraInfo.from_json(text)
     return None
 
 

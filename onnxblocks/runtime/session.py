@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,8 +54,13 @@ from onnxblocks.runtime.ema import (
 )
 from onnxblocks.runtime.export import export_inference, forward_outputs_hint
 from onnxblocks.runtime.inputs import InputSpec, check_batch, read_input_specs
-from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.layout import ArtifactFiles, artifact_lora
 
+if TYPE_CHECKING:
+    from onnxblocks.peft.info import LoraInfo
+
+#: The LoRA record not read yet (it is read from the training model's metadata on first use).
+_UNREAD = object()
 #: Batch signatures (dtype and shape of each input) whose check passed are remembered, up to this many.
 _CHECKED_SIGNATURES = 64
 
@@ -132,6 +137,7 @@ class TrainingSession:
         #: ``fit``, restored from a checkpoint that holds one); None: none.
         self.weight_ema: WeightEMA | None = None
         self._checked: set[tuple] = set()
+        self._lora: object = _UNREAD
         self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
         self._open(self._checkpoint_path)
         self._train_specs = read_input_specs(self.files.training_model, self.input_names)
@@ -565,7 +571,12 @@ class TrainingSession:
         return model_outputs or outputs
 
     def export_inference_model(
-        self, path: str | os.PathLike, output_names: Sequence[str] | None = None, *, use_ema: bool = False
+        self,
+        path: str | os.PathLike,
+        output_names: Sequence[str] | None = None,
+        *,
+        use_ema: bool = False,
+        merge_adapters: bool = False,
     ) -> Path:
         """Write an inference model with the current (trained) parameters.
 
@@ -582,6 +593,11 @@ class TrainingSession:
             output_names: Outputs to keep; default :meth:`default_inference_outputs`.
             use_ema: Export the weight EMA (:attr:`weight_ema`: a ``WeightEMA`` of ``fit``, or the one the
                 loaded checkpoint holds) instead of the trained weights.
+            merge_adapters: For artifacts with LoRA adapters (docs/lora.md): write a plain model with
+                each adapted weight replaced by ``W + (lora_alpha / r) * B @ A`` (in the weight's stored
+                layout and dtype) and the adapter branches removed, as PEFT's ``merge_and_unload()``.
+                False (default) keeps the branches, with the current adapters as initializers, so
+                they stay swappable.
 
         Returns:
             The path written.
@@ -589,8 +605,9 @@ class TrainingSession:
         Raises:
             RuntimeError: if the artifacts have no eval model, or ``use_ema`` without a weight EMA.
             TypeError: if ``output_names`` is a str (one name: pass ``[name]``) or holds a non-str.
-            ValueError: if no output names are given and none can be inferred, or
-                the eval model computes no value of that name.
+            ValueError: if no output names are given and none can be inferred, the
+                eval model computes no value of that name, or ``merge_adapters`` is asked of
+                artifacts without LoRA adapters.
         """
         if not self.has_eval_model:
             raise StateError("export_inference_model needs the eval model, but the artifacts have none.")
@@ -602,13 +619,16 @@ class TrainingSession:
                 f"export_inference_model: output_names must be a list of output names (str), not "
                 f"{type(output_names).__name__} {output_names!r:.60}.{one}"
             )
+        if not isinstance(merge_adapters, bool):
+            raise InvalidTypeError(f"merge_adapters must be True or False, not {merge_adapters!r:.40}.")
+        merge = merge_adapters
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
         assert self.files.eval_model is not None  # export_inference refuses an empty `names`, saying what to pass
         backend = self._backend
         specs = {n: backend.parameter_spec(n) for n in self.parameter_names()}
         if not use_ema:
             return export_inference(
-                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names
+                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names, merge
             )
         if self.weight_ema is None or self.weight_ema.average is None:
             raise StateError(
@@ -617,8 +637,69 @@ class TrainingSession:
             )
         with self.weight_ema.applied(self):
             return export_inference(
-                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names
+                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names, merge
             )
+
+    # ------------------------------------------------------------ adapters
+    @property
+    def lora(self) -> LoraInfo | None:
+        """The artifacts' LoRA adapters (:class:`onnxblocks.peft.LoraInfo`), or None without them."""
+        if self._lora is _UNREAD:
+            self._lora = artifact_lora(self.files)
+        return self._lora  # type: ignore[return-value]
+
+    def _require_lora(self, what: str) -> LoraInfo:
+        info = self.lora
+        if info is None:
+            raise StateError(
+                f"{what}: the artifacts in '{self.files.directory}' have no LoRA adapters. Generate them with "
+                "generate_artifacts(..., lora=onnxblocks.peft.LoraConfig(...)) (docs/lora.md)."
+            )
+        return info
+
+    def save_adapters(self, directory: str | os.PathLike) -> Path:
+        """Write the current LoRA adapters as a PEFT directory that ``peft.PeftModel.from_pretrained`` loads.
+
+        ``adapter_model.safetensors`` (``base_model.model.<module>.lora_A.weight`` ``[r, in]`` and
+        ``lora_B.weight`` ``[out, r]``) and ``adapter_config.json`` are written by onnxblocks itself
+        (no torch, no peft), each beside its destination and renamed into place.
+
+        Args:
+            directory: The directory (created if missing).
+
+        Returns:
+            The directory.
+
+        Raises:
+            StateError: if the artifacts have no LoRA adapters.
+            NotAFolderError: if ``directory`` is a file.
+        """
+        from onnxblocks.peft.files import write_adapters
+
+        info = self._require_lora("save_adapters")
+        target = _guards.as_path(directory, "directory")
+        return write_adapters(target, info, {name: self.get_parameter(name) for name in info.adapter_names})
+
+    def load_adapters(self, directory: str | os.PathLike) -> None:
+        """Replace the LoRA adapters with those of a PEFT directory (saved by :meth:`save_adapters` or ``peft``).
+
+        The directory's ``adapter_config.json`` must fit the artifacts (same ``r`` and scale
+        ``lora_alpha / r``, no option onnxblocks does not support) and its ``adapter_model.safetensors``
+        hold exactly the adapters of the artifacts' target modules (F32, F16 or BF16, read as float32);
+        nothing is written unless all of it does. The optimizer state is kept (zero in fresh artifacts).
+
+        Args:
+            directory: The PEFT adapter directory.
+
+        Raises:
+            StateError: if the artifacts have no LoRA adapters.
+            FileMissingError: if the directory or one of its two files is missing.
+            InvalidValueError: for a config or a tensor that does not fit (the message names the file and tensor).
+        """
+        from onnxblocks.peft.files import read_adapters
+
+        info = self._require_lora("load_adapters")
+        self.set_parameters(read_adapters(_guards.as_path(directory, "directory"), info))
 
     def __repr__(self) -> str:
         return (

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors",),
     ("gradient", "io", "datasets"),
     ("portable",),
-    ("checkpoint",),
+    ("checkpoint", "safetensors"),
     ("blocks",),
     ("losses", "optim", "peft"),
     ("artifacts",),

@@ -22,6 +22,7 @@ NAMES = [
     "03_training_loop",
     "04_from_pytorch_and_onnxscript",
     "05_torch_module",
+    "06_lora",
     "07_federated",
 ]
 KERNEL = "onnxblocks-test-python"
@@ -101,6 +102,7 @@ def test_notebook_executes_without_errors(name, kernel_env):
         "03_training_loop": "optimizer steps",
         "04_from_pytorch_and_onnxscript": "after 20 steps",
         "05_torch_module": "gradients equal torch's",
+        "06_lora": "merged: 4 6 8 | 10 12 14 0 2 4 6",
         "07_federated": "held-out accuracy",
     }[name]
     assert expected in text

@@ -1,0 +1,322 @@
+"""LoRA on a SmolLM2-135M-shaped LLaMA: artifacts, step time and peak memory, side by side (docs/lora.md).
+
+    python benchmarks/bench_lora.py                  # everything (about 15 minutes on 2 cores)
+    python benchmarks/bench_lora.py --layers 4       # a shallow copy of the shape, to try the script
+    python benchmarks/bench_lora.py --only torch-peft portable-fp16
+
+The model is ``transformers.LlamaForCausalLM`` with SmolLM2-135M's shape (hidden 576,
+30 layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings),
+random weights (seed 0, no download), exported once by torch's TorchScript exporter
+(batch and sequence dynamic) to ``~/.cache/onnxblocks-bench/smollm2-135m-L<layers>-v1``
+with its weights in ``model.onnx.data``. LoRA r=8, alpha=16 on ``q_proj`` and ``v_proj``;
+AdamW; cross entropy over 4 x 128 tokens.
+
+Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is its own:
+
+* ``generate-*``: ``generate_artifacts(..., lora=...)``: seconds and peak RSS;
+* ``training-*`` (onnxruntime-training's training API), ``portable-*`` (this venv's onnxruntime,
+  portable artifacts, fused step), ``stock-*`` (stock onnxruntime in the Python 3.13 environment
+  of ``tests/support/portable_env.py``, when it exists), ``torch-peft`` (transformers + peft,
+  eager, ``torch.optim.AdamW``): seconds to open, RSS once open, median seconds per step
+  (after one warm-up step) and peak RSS; ``-fp32`` / ``-fp16`` is the frozen base's storage
+  (``generate_artifacts(base_dtype="float16")``);
+* the sizes of ``base_weights.bin``, the checkpoint and the web state file (``params.safetensors``).
+
+The frozen base's size (fp32) is printed first: the peaks are compared with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "onnxblocks-bench"
+SHAPE = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
+BATCH, SEQ, R, ALPHA, TARGETS, LR = 4, 128, 8, 16, ["q_proj", "v_proj"], 1e-3
+#: Step configurations: name -> (kind, portable, base dtype).
+STEPS = {
+    "training-fp32": ("session", False, None),
+    "training-fp16": ("session", False, "float16"),
+    "portable-fp32": ("session", True, None),
+    "portable-fp16": ("session", True, "float16"),
+    "stock-fp32": ("stock", True, None),
+    "stock-fp16": ("stock", True, "float16"),
+    "torch-peft": ("torch", False, None),
+}
+
+
+def peak_mib() -> float:
+    """This process's peak RSS (``VmHWM``), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ------------------------------------------------------------------ children (one configuration each)
+def torch_model(layers: int):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**SHAPE, "num_hidden_layers": layers}, use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    model.set_attn_implementation("eager")
+    return model
+
+
+def logits_module(model):
+    """``input_ids -> logits`` with an all-ones attention mask (what the export traces)."""
+    import torch
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+
+    return Logits()
+
+
+def batch() -> tuple:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, SHAPE["vocab_size"], (BATCH, SEQ + 1)).astype(np.int64)
+    return tokens[:, :-1].copy(), tokens[:, 1:].copy()
+
+
+def child_export(layers: int, target: Path) -> dict:
+    import onnx
+    import torch
+
+    model = logits_module(torch_model(layers)).train()
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
+    start = time.perf_counter()
+    torch.onnx.export(
+        model,
+        (torch.from_numpy(batch()[0]),),
+        tmp / "raw.onnx",
+        input_names=["input_ids"],
+        output_names=["logits"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
+        dynamo=False,
+        do_constant_folding=False,
+        opset_version=17,
+        training=torch.onnx.TrainingMode.TRAINING,
+    )
+    proto = onnx.load(tmp / "raw.onnx")
+    onnx.save(proto, tmp / "model.onnx", save_as_external_data=True, location="model.onnx.data", size_threshold=1024)
+    (tmp / "raw.onnx").unlink()
+    for leftover in tmp.iterdir():
+        if leftover.name not in ("model.onnx", "model.onnx.data"):
+            leftover.unlink()
+    os.rename(tmp, target)
+    return {"export_s": time.perf_counter() - start, "peak_mib": peak_mib()}
+
+
+def child_generate(model: Path, directory: Path, portable: bool, base_dtype: str | None) -> dict:
+    import onnxblocks
+    from onnxblocks import losses
+    from onnxblocks.peft import LoraConfig
+
+    start = time.perf_counter()
+    art = onnxblocks.generate_artifacts(
+        model,
+        loss=losses.CrossEntropyLoss(class_axis=-1),
+        optimizer=onnxblocks.OptimType.AdamW,
+        artifact_directory=directory,
+        lora=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS),
+        portable=portable,
+        base_dtype=base_dtype,
+    )
+    seconds = time.perf_counter() - start
+    linked = art.base_weights is not None and art.base_weights.stat().st_nlink > 1
+    return {"generate_s": seconds, "peak_mib": peak_mib(), "trainable": len(art.requires_grad), "linked": linked}
+
+
+def child_session(directory: Path, steps: int) -> dict:
+    import numpy as np
+
+    from onnxblocks.runtime import TrainingSession
+
+    start = time.perf_counter()
+    session = TrainingSession(directory)
+    opened, open_s = rss_mib(), time.perf_counter() - start
+    session.learning_rate = LR
+    x, y = batch()
+    times, losses = [], []
+    for _ in range(steps + 1):
+        t = time.perf_counter()
+        losses.append(float(np.asarray(session.train_and_update(x, y)[0])))
+        times.append(time.perf_counter() - t)
+    return {
+        "backend": session.backend,
+        "open_s": open_s,
+        "rss_open_mib": opened,
+        "step_s": statistics.median(times[1:]),
+        "peak_mib": peak_mib(),
+        "losses": losses,
+    }
+
+
+def child_torch(layers: int, steps: int) -> dict:
+    import peft
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = torch_model(layers)
+    opened = rss_mib()
+    config = peft.LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS, lora_dropout=0.0)
+    lora = peft.get_peft_model(model, config).train()
+    optimizer = torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=LR)
+    x, y = (torch.from_numpy(a) for a in batch())
+    times, losses = [], []
+    for _ in range(steps + 1):
+        t = time.perf_counter()
+        optimizer.zero_grad()
+        logits = lora(input_ids=x, attention_mask=torch.ones_like(x)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - t)
+    return {
+        "backend": f"torch {torch.__version__} + peft {peft.__version__}",
+        "rss_open_mib": opened,
+        "step_s": statistics.median(times[1:]),
+        "peak_mib": peak_mib(),
+        "losses": losses,
+    }
+
+
+# ------------------------------------------------------------------ the parent
+def run_child(args: list[str], python: str = sys.executable) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
+    out = subprocess.run(
+        [python, __file__, "--child", *args], capture_output=True, text=True, env=env, check=False, cwd=ROOT
+    )
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stock_python() -> str | None:
+    """The Python 3.13 of tests/support/portable_env.py's environment (stock onnxruntime), if it is built."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from support.portable_env import ensure_python313
+
+        return str(ensure_python313())
+    except Exception as exc:  # no CPython 3.13 here: the stock rows are left out, saying why
+        print(f"(stock onnxruntime rows left out: {exc})")
+        return None
+    finally:
+        sys.path.pop(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    parser.add_argument("--only", nargs="*", help="configurations to run (names of the table)")
+    parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        kind, *rest = args.child
+        result = {
+            "export": lambda: child_export(int(rest[0]), Path(rest[1])),
+            "generate": lambda: child_generate(Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None),
+            "session": lambda: child_session(Path(rest[0]), int(rest[1])),
+            "torch": lambda: child_torch(int(rest[0]), int(rest[1])),
+        }[kind]()
+        print(json.dumps(result))
+        return
+
+    cache = CACHE / f"smollm2-135m-L{args.layers}-v1"
+    if not (cache / "model.onnx").exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        print(f"exporting the model to {cache} ...", flush=True)
+        print("export:", run_child(["export", str(args.layers), str(cache)]), flush=True)
+    model = cache / "model.onnx"
+    base = (cache / "model.onnx.data").stat().st_size
+    print(f"model: LLaMA {args.layers} layers (SmolLM2-135M's shape), weights {base / 2**20:.0f} MiB fp32")
+    wanted = set(args.only or [])
+    chosen = [n for n in STEPS if not wanted or n in wanted]
+    stock = stock_python() if any(STEPS[n][0] == "stock" for n in chosen) else None
+    rows: list[tuple[str, dict]] = []
+    made: dict[tuple[bool, str | None], Path] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-lora-", dir=CACHE) as tmp:
+        for name in chosen:
+            kind, portable, dtype = STEPS[name]
+            if kind == "torch":
+                rows.append((name, run_child(["torch", str(args.layers), str(args.steps)])))
+                print(name, rows[-1][1], flush=True)
+                continue
+            key = (portable, dtype)
+            if key not in made:
+                directory = Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}"
+                gen = run_child(["generate", str(model), str(directory), "1" if portable else "0", dtype or ""])
+                rows.append((f"generate-{directory.name}", gen))
+                print(rows[-1][0], gen, flush=True)
+                if "error" in gen:
+                    continue
+                from onnxblocks.web import write_state
+
+                write_state(directory)
+                made[key] = directory
+                files = {p.name: p.stat().st_size for p in directory.iterdir()}
+                print(
+                    f"  files of {directory.name}: "
+                    + ", ".join(f"{n} {s / 2**20:.2f} MiB" for n, s in sorted(files.items()))
+                )
+            if kind == "stock" and stock is None:
+                continue
+            python = stock if kind == "stock" and stock else sys.executable
+            rows.append((name, run_child(["session", str(made[key]), str(args.steps)], python=python)))
+            print(name, rows[-1][1], flush=True)
+    print()
+    print(f"{'configuration':<28} {'seconds':>9} {'step s':>8} {'RSS open':>9} {'peak RSS':>9} {'peak/base':>9}")
+    for name, r in rows:
+        if "error" in r:
+            print(f"{name:<28} error: {r['error']}")
+            continue
+        seconds = r.get("generate_s", r.get("open_s", float("nan")))
+        step = r.get("step_s", float("nan"))
+        opened = r.get("rss_open_mib", float("nan"))
+        print(
+            f"{name:<28} {seconds:>9.2f} {step:>8.2f} {opened:>9.0f} {r['peak_mib']:>9.0f} "
+            f"{r['peak_mib'] * 2**20 / base:>9.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
