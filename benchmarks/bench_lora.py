@@ -1,6 +1,6 @@
 """LoRA on a SmolLM2-135M-shaped LLaMA: artifacts, step time and peak memory, side by side (docs/lora.md).
 
-    python benchmarks/bench_lora.py                  # everything (about 15 minutes on 2 cores)
+    python benchmarks/bench_lora.py                  # everything
     python benchmarks/bench_lora.py --layers 4       # a shallow copy of the shape, to try the script
     python benchmarks/bench_lora.py --only torch-peft portable-fp16
 
