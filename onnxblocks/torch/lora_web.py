@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,6 @@ from onnxblocks.torch.lora_demo import FINETUNE_STRIDE, SEQ, TARGETS, VOCAB, bui
 
 #: The site's files besides the client: the artifacts folder, the plan, the base model's weights (for peft).
 LORA_ARTIFACTS, LORA_PLAN, BASE_WEIGHTS = "lora", "lora_plan.safetensors", "base_model.safetensors"
-_REDIRECT = '<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=demo/lora.html">\n'
 
 
 def build_lora_site(
@@ -57,8 +55,8 @@ def build_lora_site(
     from onnxblocks.losses import CrossEntropyLoss
     from onnxblocks.peft import LoraConfig
     from onnxblocks.runtime import TrainingSession
-    from onnxblocks.web.npm import WASM_RUNTIME_FILES, js_dir, onnxruntime_web_dist
     from onnxblocks.web.safetensors import write_safetensors
+    from onnxblocks.web.site import copy_client
     from onnxblocks.web.state import write_state
 
     site = Path(os.fspath(directory))
@@ -91,16 +89,7 @@ def build_lora_site(
     tensors["prompts"] = ((starts + FINETUNE_STRIDE * np.arange(3)) % VOCAB).astype(np.int64)
     metadata = {"learning_rate": repr(float(lr)), "steps": str(steps), "seq": str(SEQ)}
     write_safetensors(site / LORA_PLAN, tensors, metadata=metadata)
-    client = js_dir()
-    dist = Path(os.fspath(ort_web_dist)) if ort_web_dist is not None else onnxruntime_web_dist()
-    for sub, pattern in (("demo", "*"), ("src", "*.mjs")):
-        (site / sub).mkdir(exist_ok=True)
-        for path in sorted((client / sub).glob(pattern)):
-            shutil.copyfile(path, site / sub / path.name)
-    (site / "index.html").write_text(_REDIRECT, encoding="utf-8")
-    (site / "ort").mkdir(exist_ok=True)
-    for name in WASM_RUNTIME_FILES:
-        shutil.copyfile(dist / name, site / "ort" / name)
+    copy_client(site, "demo/lora.html", ort_web_dist)
     return site
 
 

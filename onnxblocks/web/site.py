@@ -45,7 +45,6 @@ PLAN_FILE = "spirals.safetensors"
 ARTIFACTS = "artifacts"
 #: The page's path in the site.
 PAGE = "demo/"
-_REDIRECT = '<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=demo/">\n'
 
 
 @dataclass(frozen=True)
@@ -152,6 +151,27 @@ def spiral_artifacts(directory: str | os.PathLike, seed: int = 0) -> Path:
     return target
 
 
+def copy_client(site: Path, start: str, ort_web_dist: str | os.PathLike | None = None) -> None:
+    """Copy the JS client's pages and modules and onnxruntime-web's WASM files into ``site``.
+
+    Args:
+        site: An existing directory.
+        start: The page ``index.html`` redirects to (relative to ``site``).
+        ort_web_dist: onnxruntime-web's ``dist`` directory; None takes the cached npm install's.
+    """
+    client = js_dir()
+    dist = Path(os.fspath(ort_web_dist)) if ort_web_dist is not None else onnxruntime_web_dist()
+    for sub, pattern in (("demo", "*"), ("src", "*.mjs")):
+        (site / sub).mkdir(exist_ok=True)
+        for path in sorted((client / sub).glob(pattern)):
+            shutil.copyfile(path, site / sub / path.name)
+    redirect = f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={start}">\n'
+    (site / "index.html").write_text(redirect, encoding="utf-8")
+    (site / "ort").mkdir(exist_ok=True)
+    for name in WASM_RUNTIME_FILES:
+        shutil.copyfile(dist / name, site / "ort" / name)
+
+
 def build_site(
     directory: str | os.PathLike, epochs: int = 30, seed: int = 0, ort_web_dist: str | os.PathLike | None = None
 ) -> Path:
@@ -171,17 +191,8 @@ def build_site(
         onnxblocks.web.npm.NpmError: when the client or onnxruntime-web cannot be had.
     """
     site = Path(os.fspath(directory))
-    client = js_dir()
-    dist = Path(os.fspath(ort_web_dist)) if ort_web_dist is not None else onnxruntime_web_dist()
     site.mkdir(parents=True, exist_ok=True)
-    for sub, pattern in (("demo", "*"), ("src", "*.mjs")):
-        (site / sub).mkdir(exist_ok=True)
-        for path in sorted((client / sub).glob(pattern)):
-            shutil.copyfile(path, site / sub / path.name)
-    (site / "index.html").write_text(_REDIRECT, encoding="utf-8")
-    (site / "ort").mkdir(exist_ok=True)
-    for name in WASM_RUNTIME_FILES:
-        shutil.copyfile(dist / name, site / "ort" / name)
+    copy_client(site, "demo/", ort_web_dist)
     spiral_artifacts(site / ARTIFACTS, seed=seed)
     spiral_plan(epochs, seed).save(site / PLAN_FILE)
     return site
