@@ -71,6 +71,9 @@ OPTIMIZER_METADATA = "onnxblocks.optimizer"
 # ---------------------------------------------------------------- model metadata
 #: Eval-model metadata key: the forward model's output names (a JSON list), for inference export.
 FORWARD_OUTPUTS_METADATA = "onnxblocks.forward_outputs"
+#: Model metadata key of a model with LoRA adapters (docs/lora.md): JSON ``{"config": <PEFT adapter config>,
+#: "targets": {<module>: {...}}}``, written by ``onnxblocks.peft.apply_lora`` and copied into every artifact model.
+LORA_METADATA = "onnxblocks.lora"
 
 # ---------------------------------------------------------------- portable artifacts (docs/portable.md)
 #: Model metadata key marking portable artifacts (value ``"1"``): they run on stock onnxruntime.

@@ -29,6 +29,9 @@ from onnxblocks._core.errors import (
     IsAFolderError,
     NotAFolderError,
 )
+from onnxblocks.peft.config import LoraConfig
+from onnxblocks.peft.info import lora_info
+from onnxblocks.peft.transform import apply_lora
 
 #: Longest file name (bytes) most file systems take.
 NAME_MAX = 255
@@ -182,3 +185,22 @@ def directory(value: Any) -> Path:
     if value is None:
         return Path.cwd()
     return _paths.check_output_dir(value, "artifact_directory")
+
+
+def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """``model`` with the LoRA adapters of ``generate_artifacts(lora=config)``, and its adapters' names.
+
+    Without ``config``, the model itself and the adapters it already carries (none for most models).
+
+    Raises:
+        TypeError: for a ``config`` that is neither a :class:`~onnxblocks.peft.LoraConfig` nor None.
+    """
+    if config is not None and not isinstance(config, LoraConfig):
+        raise InvalidTypeError(
+            f"lora must be an onnxblocks.peft.LoraConfig or None, not {type(config).__name__}: "
+            "pass lora=LoraConfig(r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj'])."
+        )
+    if config is not None:
+        model = apply_lora(model, config)
+    info = lora_info(model)
+    return model, info.adapter_names if info is not None else ()

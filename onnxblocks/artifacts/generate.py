@@ -36,6 +36,7 @@ from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
 
 if TYPE_CHECKING:
+    from onnxblocks.peft.config import LoraConfig
     from onnxblocks.portable.ops import PortableMode
 
 logger = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ def generate_artifacts(
     model_path: str | os.PathLike | None = None,
     portable: bool | str = False,
     fused_step: bool = True,
+    lora: LoraConfig | None = None,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -188,6 +190,9 @@ def generate_artifacts(
             ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
             the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
+        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
+            train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
+            model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -226,6 +231,7 @@ def generate_artifacts(
         model_path=model_path,
         portable=portable,
         fused_step=fused_step,
+        lora=lora,
     )
 
 
@@ -246,6 +252,7 @@ def _generate(
     model_path: str | os.PathLike | None = None,
     portable: bool | str = False,
     fused_step: bool = True,
+    lora: LoraConfig | None = None,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
@@ -256,12 +263,14 @@ def _generate(
     """
     mode = None if portable is False else _portable_mode(portable)
     base_model, model_path = _arguments.load_model(model, model_path)
+    base_model, adapters = _arguments.with_lora(base_model, lora)
     loss_block = _resolve_loss(loss, loss_blocks)
     optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
     additional = _arguments.names("additional_output_names", additional_output_names)
     loss_inputs = _arguments.names("loss_input_names", loss_input_names)
     requires = _arguments.names("requires_grad", requires_grad)
     frozen = _arguments.names("frozen_params", frozen_params)
+    requires = list(dict.fromkeys([*adapters, *requires]))  # LoRA adapters train, with what requires_grad names
     _arguments.check_prefix(prefix)
     ort_format = _arguments.flag("ort_format", ort_format)
     nominal_checkpoint = _arguments.flag("nominal_checkpoint", nominal_checkpoint)

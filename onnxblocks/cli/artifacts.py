@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,8 @@ examples:
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable -o artifacts
   # the same, keeping the contrib ops stock onnxruntime runs (Gelu, FusedMatMul...): onnxruntime only
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable onnxruntime -o artifacts
+  # LoRA adapters on the attention's q and v projections (docs/lora.md): only the adapters train
+  onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj -o artifacts
 
 Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
 Run 'onnxblocks inspect model.onnx' to list the initializers."""
@@ -130,7 +133,84 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         action="store_false",
         help="with --portable: do not write step_model.onnx (forward, backward and update in one graph)",
     )
+    parser.add_argument(
+        "--lora",
+        default=None,
+        metavar="SPEC",
+        help="add LoRA adapters and train them (docs/lora.md): r=8,alpha=16,targets=q_proj,v_proj with optional "
+        "dropout=P, fan_in_fan_out=1, exclude=NAME (comma-separated; names after targets= or exclude= belong to it); "
+        "--requires-grad then names parameters to train besides the adapters",
+    )
     parser.set_defaults(handler=run)
+
+
+#: ``--lora`` keys and the LoraConfig field each sets.
+LORA_KEYS = {
+    "r": "r",
+    "alpha": "lora_alpha",
+    "lora_alpha": "lora_alpha",
+    "targets": "target_modules",
+    "target_modules": "target_modules",
+    "exclude": "exclude_modules",
+    "exclude_modules": "exclude_modules",
+    "dropout": "lora_dropout",
+    "lora_dropout": "lora_dropout",
+    "fan_in_fan_out": "fan_in_fan_out",
+}
+_LORA_LISTS = ("target_modules", "exclude_modules")
+
+
+def lora_config(spec: str) -> Any:
+    """The :class:`~onnxblocks.peft.LoraConfig` of a ``--lora`` spec (``r=8,alpha=16,targets=q_proj,v_proj``).
+
+    Raises:
+        CliError: (exit 2) for an unknown key, a value that is not a number where one is expected, a
+            spec without targets, or a value LoraConfig refuses (the message names the key).
+    """
+    from onnxblocks._core.errors import did_you_mean
+    from onnxblocks.peft import LoraConfig
+
+    values: dict[str, Any] = {}
+    field: str | None = None
+    for token in (t.strip() for t in spec.split(",")):
+        if not token:
+            continue
+        key, eq, value = token.partition("=")
+        if not eq:  # a further name of the list key before it
+            if field is None or field not in _LORA_LISTS:
+                raise CliError(f"--lora: {token!r} is not KEY=VALUE (keys: {', '.join(LORA_KEYS)})", EXIT_USAGE)
+            values[field].append(token)
+            continue
+        field = LORA_KEYS.get(key.strip())
+        if field is None:
+            raise CliError(
+                f"--lora: unknown key {key!r}{did_you_mean(key, LORA_KEYS)} (keys: {', '.join(LORA_KEYS)})", EXIT_USAGE
+            )
+        values[field] = [value] if field in _LORA_LISTS else _lora_value(key, field, value)
+    if "target_modules" not in values:
+        raise CliError(
+            "--lora: name the modules to adapt with targets=NAME[,NAME...] (e.g. targets=q_proj,v_proj)", EXIT_USAGE
+        )
+    try:
+        return LoraConfig(**values)
+    except (TypeError, ValueError) as exc:
+        short = {"lora_alpha": "alpha", "target_modules": "targets", "exclude_modules": "exclude"}
+        short |= {"lora_dropout": "dropout", "fan_in_fan_out": "fan_in_fan_out", "r": "r"}
+        key = next((k for f, k in short.items() if re.search(rf"\b{f}\b", str(exc))), "")
+        raise CliError(f"--lora {key}: {exc}" if key else f"--lora: {exc}", EXIT_USAGE) from None
+
+
+def _lora_value(key: str, field: str, value: str) -> Any:
+    kind = "an int" if field == "r" else "0 or 1" if field == "fan_in_fan_out" else "a number"
+    if field == "fan_in_fan_out":
+        if value.lower() in ("0", "1", "true", "false"):
+            return value.lower() in ("1", "true")
+    else:
+        try:
+            return int(value) if field == "r" else float(value)
+        except ValueError:
+            pass
+    raise CliError(f"--lora: {key}={value!r} must be {kind}", EXIT_USAGE)
 
 
 def optimizer_block(args: argparse.Namespace) -> Any:
@@ -239,15 +319,21 @@ def run(args: argparse.Namespace) -> int:
     output_dir(args.output_dir, "--output-dir")  # before the work, not after it
     model = load_model(args.model)
     initializers = [(i.name, i.data_type) for i in model.graph.initializer]
-    trainable, frozen = select_parameters(initializers, args.requires_grad, args.frozen, args.all_params)
-    if not trainable:
-        raise CliError("no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE)
+    lora = lora_config(args.lora) if args.lora is not None else None
+    if lora is not None and not args.requires_grad and not args.all_params:  # the adapters alone train
+        floats = [n for n, t in initializers if t in _FLOAT_TYPES]
+        trainable: list[str] = []
+        frozen = _match_all(args.frozen, [n for n, _ in initializers], floats, "--frozen")
+    else:
+        trainable, frozen = select_parameters(initializers, args.requires_grad, args.frozen, args.all_params)
+        if not trainable:
+            raise CliError("no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE)
     loss_name = LOSSES[args.loss]
     loss = artifacts.LossType[loss_name] if loss_name else None
     optimizer = optimizer_block(args)
     result = artifacts.generate_artifacts(
         args.model,
-        requires_grad=trainable,
+        requires_grad=trainable or None,
         frozen_params=frozen or None,
         loss=loss,
         optimizer=optimizer,
@@ -259,8 +345,15 @@ def run(args: argparse.Namespace) -> int:
         loss_input_names=args.loss_input,
         portable=args.portable,
         fused_step=args.fused_step,
+        lora=lora,
     )
     sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
+    if lora is not None:
+        from onnxblocks.peft import lora_info
+
+        info = lora_info(result.training_model)
+        for t in info.targets.values() if info is not None else ():
+            sizes.update({t.lora_A: 4 * lora.r * t.in_features, t.lora_B: 4 * lora.r * t.out_features})
     out = sys.stdout
     out.write(f"wrote training artifacts to {result.directory}\n")
     for path in result.files:

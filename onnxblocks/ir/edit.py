@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
+from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.walk import all_nodes, reads
 
 
@@ -110,3 +112,44 @@ def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
     for node in graph:
         table.update({v.name: v for v in node.outputs if v.name})
     return table
+
+
+def splice_after(value: ir.Value, nodes: Sequence[ir.Node], output: ir.Value, names: NameAuthority) -> None:
+    """Insert ``nodes`` after ``value``'s producer and make every other reader of ``value`` read ``output``.
+
+    ``nodes`` read ``value`` (and keep reading it) and compute ``output`` from it, e.g. ``output = value + delta``.
+    A graph output keeps its name: ``output`` takes ``value``'s name and ``value`` gets a fresh one.
+
+    Raises:
+        ValueError: if ``value`` has no producer in a graph (a graph input or initializer).
+    """
+    producer = value.producer()
+    graph = producer.graph if producer is not None else None
+    if producer is None or graph is None:
+        raise InvalidValueError(f"value {value.name!r} has no producer node: nothing to insert nodes after")
+    own = set(nodes)
+    kept = [(use.node, use.idx) for use in value.uses() if use.node in own]
+    was_output = value.is_graph_output()
+    value.replace_all_uses_with(output, replace_graph_outputs=True)
+    for node, index in kept:
+        node.replace_input_with(index, value)
+    if was_output:
+        name = value.name
+        value.name = names.fresh(f"{name}.before")
+        output.name = name
+    graph.insert_after(producer, list(nodes))
+
+
+def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """Add an initializer ``name`` holding ``array`` (its type and shape set) to ``graph``; return its value.
+
+    Raises:
+        ValueError: if ``graph`` already has a value named ``name``.
+    """
+    if name in graph.initializers or any(v.name == name for v in graph.inputs):
+        raise InvalidValueError(f"the graph already has a value named {name!r}")
+    tensor = ir.Tensor(array, name=name)
+    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+    value.const_value = tensor
+    graph.register_initializer(value)
+    return value

@@ -142,6 +142,7 @@ PUBLIC: dict[str, list[str]] = {
         "no_decay_norm_bias",
     ],
     "onnxblocks.artifacts": ["Artifacts", "LossType", "OptimType", "generate_artifacts"],
+    "onnxblocks.peft": ["LoraConfig", "LoraInfo", "LoraTarget", "apply_lora", "lora_info"],
     "onnxblocks.gradient": [
         "LAZY_RESET_GRAD",
         "ParameterPartition",

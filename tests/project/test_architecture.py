@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("portable",),
     ("checkpoint",),
     ("blocks",),
-    ("losses", "optim"),
+    ("losses", "optim", "peft"),
     ("artifacts",),
     ("display",),
     ("runtime",),
