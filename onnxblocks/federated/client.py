@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
-from onnxblocks.federated.local import DataSource, OptimizerState, evaluate_client, train_client
+from onnxblocks.federated.local import DataSource, evaluate_client, train_client
+from onnxblocks.federated.optimizer_state import OptimizerState
 from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.federated.validation import WEIGHT_KEY
 

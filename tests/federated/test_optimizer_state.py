@@ -16,7 +16,7 @@ from support.flower_apps import client_files, simulate, spiral_artifacts
 from onnxblocks.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.federated import make_client_app, make_server_app, train_client
 from onnxblocks.federated.client import STATE_ARRAYS, STATE_SCALARS, keeps_optimizer_state
-from onnxblocks.federated.local import OptimizerState, read_optimizer_state, write_optimizer_state
+from onnxblocks.federated.optimizer_state import OptimizerState, read_optimizer_state, write_optimizer_state
 from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.runtime import TrainingSession
 
