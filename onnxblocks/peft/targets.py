@@ -160,7 +160,8 @@ def linear_sites(graph: ir.Graph) -> tuple[list[LinearSite], dict[str, list[str]
 
     Returns:
         ``(sites, module_ops)``: the sites in graph order; for every module path seen (ancestors
-        included), a description of its own MatMul/Gemm nodes that are not sites, for error messages.
+        included), a description of its own MatMul/Gemm nodes that are not sites, for error messages
+        (under ``""``: the Linear nodes no module name was found for).
     """
     sites: list[LinearSite] = []
     module_ops: dict[str, list[str]] = {}
@@ -171,6 +172,8 @@ def linear_sites(graph: ir.Graph) -> tuple[list[LinearSite], dict[str, list[str]
             if site is not None and module is None:  # no scope: the weight's own name, if it is a parameter's
                 name = site.weight.name or ""
                 module = name[: -len(".weight")] if name.endswith(".weight") else None
+                if module is None:  # a Linear layer without a module name: said when targets match nothing
+                    module_ops.setdefault("", []).append(f"{node.op_type} {node.name!r} (weight {name!r})")
                 site = dataclasses.replace(site, module=module) if module else None
             if site is not None:
                 sites.append(site)
@@ -246,9 +249,17 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
         by_module.setdefault(site.module, []).append(site)
     matched = sorted(m for m in {*module_ops, *by_module} if m and matches(config, m))
     if not matched:
+        anonymous = module_ops.get("", [])
+        unnamed = (
+            f"; {len(anonymous)} Linear nodes carry no module name (no exporter scope, and a weight not named "
+            f"<module>.weight): {preview(anonymous, 4)}"
+            if anonymous
+            else ""
+        )
         raise InvalidValueError(
             f"LoraConfig target_modules={_describe(config.target_modules)} matches no module of the model"
             f"{' (after exclude_modules)' if config.exclude_modules else ''}; its Linear modules: {preview(linear)}"
+            f"{unnamed}"
         )
     chosen: list[LinearSite] = []
     for module in matched:

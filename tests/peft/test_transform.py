@@ -215,3 +215,13 @@ def test_all_linear_is_every_linear_layer_but_the_output_layer():
     torch.onnx.export(_Projections(), (torch.randn(2, 5, 8),), f, dynamo=False, input_names=["x"], output_names=["y"])
     info = lora_info(apply_lora(onnx.load_from_string(f.getvalue()), LoraConfig(target_modules="ALL-LINEAR")))
     assert info is not None and list(info.targets) == ["q_proj", "v_proj"]  # out: MatMul + bias Add = the output
+
+
+def test_linear_nodes_without_a_module_name_are_named_when_targets_match_nothing():
+    model = _model()
+    for i, node in enumerate(model.graph.node):
+        node.name = f"node_{i}"  # no scopes: fc1 and fc3 keep their weights' names, fc2's is onnx::MatMul_7
+    with pytest.raises(
+        InvalidValueError, match=r"1 Linear nodes carry no module name.*'node_3' \(weight 'onnx::MatMul_7'\)"
+    ):
+        apply_lora(model, LoraConfig(target_modules=["fc2"]))
