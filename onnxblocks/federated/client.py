@@ -7,7 +7,11 @@ Where a ClientApp finds its inputs (the factory's arguments win over the configs
 * the training data: node config ``data-path`` (a SuperNode's ``--node-config``), else run config
   ``data-path-<partition-id>`` (simulation: the node config holds ``partition-id``);
 * the evaluation data: node config ``eval-data-path``, else run config
-  ``eval-data-path-<partition-id>``, else the training data.
+  ``eval-data-path-<partition-id>``, else the training data;
+* whether the node keeps its optimizer state between rounds: run config ``keep-optimizer-state``
+  (default false). When true, each node keeps its state in Flower's per-node ``Context.state`` (an
+  ``ArrayRecord`` ``optimizer-state`` of ``optimizer/<param>/<slot>`` moments and a ``ConfigRecord``
+  ``optimizer-scalars``); it never travels to the server.
 
 The ``.npz`` files use ``onnxblocks train``'s format (docs/cli.md).
 """
@@ -22,14 +26,48 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.errors import InvalidValueError, UnknownNameError
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.federated.local import DataSource, evaluate_client, train_client
+from onnxblocks.federated.optimizer_state import OptimizerState
 from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.federated.validation import WEIGHT_KEY
+
+#: The ``Context.state`` records where a node keeps its optimizer state between rounds.
+STATE_ARRAYS, STATE_SCALARS = "optimizer-state", "optimizer-scalars"
 
 
 def _key(name: str) -> str:
     return name.replace("_", "-")
+
+
+def keeps_optimizer_state(given: bool | None, run_config: Mapping[str, Any]) -> bool:
+    """``given``, else run config ``keep-optimizer-state`` (a bool, or ``"true"``/``"false"``; default false).
+
+    Raises:
+        InvalidTypeError: for a value that is not a bool.
+    """
+    value: Any = given if given is not None else run_config.get("keep-optimizer-state", False)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"Run config 'keep-optimizer-state' must be true or false, got {value!r:.60}.")
+    return value
+
+
+def kept_state(context: Any) -> OptimizerState | None:
+    """The optimizer state this node kept in ``context.state`` last round (None: none yet)."""
+    if STATE_ARRAYS not in context.state or STATE_SCALARS not in context.state:
+        return None
+    arrays = from_record(context.state[STATE_ARRAYS])
+    return OptimizerState.from_parts(arrays, dict(context.state[STATE_SCALARS]))
+
+
+def keep_state(context: Any, state: OptimizerState) -> None:
+    """Keep ``state`` in ``context.state`` for this node's next round."""
+    from flwr.app import ConfigRecord
+
+    context.state[STATE_ARRAYS] = to_record(state.moments)
+    context.state[STATE_SCALARS] = ConfigRecord(state.scalars())
 
 
 @dataclass(frozen=True)
@@ -104,6 +142,7 @@ def make_client_app(
     data: DataSource | Sequence[DataSource] | Mapping[int, DataSource] | None = None,
     eval_data: DataSource | Sequence[DataSource] | Mapping[int, DataSource] | None = None,
     backend: str | None = None,
+    keep_optimizer_state: bool | None = None,
 ) -> Any:
     """A Flower ``ClientApp`` training ``artifacts`` on each node's local data.
 
@@ -120,6 +159,9 @@ def make_client_app(
             the module docstring).
         eval_data: Evaluation data, as ``data``; None: the configs, else the training data.
         backend: ``auto``, ``training`` or ``portable``; None: run config ``backend`` (default ``auto``).
+        keep_optimizer_state: Each node keeps its optimizer state between rounds in its ``Context.state``
+            and restores it before training; None: run config ``keep-optimizer-state`` (default false: the
+            optimizer state starts fresh every round).
 
     Returns:
         The ``flwr.clientapp.ClientApp``.
@@ -148,7 +190,18 @@ def make_client_app(
     @app.train()
     def train(message: Any, context: Any) -> Any:
         path, local, backend_name = sources.resolve(context)
-        update = train_client(path, local, _global(message), _config(message), backend=backend_name)
+        keep = keeps_optimizer_state(keep_optimizer_state, dict(context.run_config))
+        update = train_client(
+            path,
+            local,
+            _global(message),
+            _config(message),
+            backend=backend_name,
+            optimizer_state=kept_state(context) if keep else None,
+            keep_optimizer_state=keep,
+        )
+        if update.optimizer_state is not None:
+            keep_state(context, update.optimizer_state)
         reply = RecordDict(
             {
                 "arrays": to_record(update.parameters),

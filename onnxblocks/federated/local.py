@@ -7,6 +7,10 @@ train with :func:`~onnxblocks.runtime.fit` (or evaluate) on the client's data. F
 term is a gradient hook (:func:`proximal_term`) that the session runs between ``train_step`` and the
 optimizer step.
 
+A client may keep its optimizer state between rounds (opt-in: ``keep-optimizer-state``):
+:func:`train_client` returns it (``keep_optimizer_state=True``) and restores it (``optimizer_state=``)
+after writing the global parameters (:mod:`~onnxblocks.federated.optimizer_state`; either backend).
+
 The data is an ``.npz`` in ``onnxblocks train``'s format (docs/cli.md): one array per model input
 named after it, or ``arr_0, arr_1, ...`` in input order.
 """
@@ -23,6 +27,7 @@ import numpy as np
 
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean, preview
+from onnxblocks.federated.optimizer_state import OptimizerState, read_optimizer_state, write_optimizer_state
 from onnxblocks.federated.validation import WEIGHT_KEY
 from onnxblocks.runtime import Accuracy, ArrayBatches, TrainingSession, evaluate, fit, load_npz
 
@@ -99,12 +104,14 @@ class ClientUpdate:
         metrics: ``train-loss`` (mean over the round's steps), ``steps`` and ``train-seconds`` (the wall time
             of ``fit``).
         backend: The session's backend (``training`` or ``portable``).
+        optimizer_state: The optimizer state after training, when asked for (``keep_optimizer_state``).
     """
 
     parameters: dict[str, np.ndarray]
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
     backend: str = ""
+    optimizer_state: OptimizerState | None = None
 
 
 def open_session(artifacts: str | os.PathLike, backend: str = "auto") -> TrainingSession:
@@ -137,7 +144,7 @@ def load_global(session: TrainingSession, parameters: Mapping[str, Any]) -> dict
             f"The global parameters lack the trainable parameter(s) {preview(missing)}; the server must send "
             "every trainable parameter of the artifacts."
         )
-    arrays = {n: np.ascontiguousarray(parameters[n]) for n in trainable}
+    arrays = {n: np.asarray(parameters[n], order="C") for n in trainable}  # 0-d stays 0-d
     session.set_parameters(arrays)
     return arrays
 
@@ -196,11 +203,14 @@ def train_client(
     config: LocalConfig | Mapping[str, Any] = LocalConfig(),
     *,
     backend: str = "auto",
+    optimizer_state: OptimizerState | None = None,
+    keep_optimizer_state: bool = False,
 ) -> ClientUpdate:
     """One client's local training in one round.
 
-    The session starts from the artifacts' checkpoint (so its optimizer state is fresh), takes the
-    global ``parameters``, and trains with :func:`~onnxblocks.runtime.fit` on ``data``.
+    The session starts from the artifacts' checkpoint (so its optimizer state is fresh unless
+    ``optimizer_state`` is given), takes the global ``parameters``, and trains with
+    :func:`~onnxblocks.runtime.fit` on ``data``.
 
     Args:
         artifacts: The artifacts directory (``generate_artifacts``; portable ones run on stock onnxruntime).
@@ -208,6 +218,9 @@ def train_client(
         parameters: The global trainable parameters, by name.
         config: A :class:`LocalConfig`, or the ConfigRecord the strategy sent.
         backend: ``auto``, ``training`` or ``portable``.
+        optimizer_state: The client's optimizer state from its previous round
+            (:attr:`ClientUpdate.optimizer_state`), restored before training; None starts fresh.
+        keep_optimizer_state: Return the optimizer state after training in the update.
 
     Returns:
         The :class:`ClientUpdate`.
@@ -215,11 +228,14 @@ def train_client(
     Raises:
         UnknownNameError: if ``parameters`` are not the artifacts' trainable parameters, or the data
             lacks an input.
-        InvalidValueError: for a config value out of range or data that does not fit the model.
+        InvalidValueError: for a config value out of range, data that does not fit the model, or an
+            ``optimizer_state`` of other artifacts.
     """
     settings = config if isinstance(config, LocalConfig) else LocalConfig.from_config(config)
     session = open_session(artifacts, backend)
     anchor = load_global(session, parameters)
+    if optimizer_state is not None:
+        write_optimizer_state(session, optimizer_state)
     arrays, source = _arrays_of(data)
     columns = pick_arrays(arrays, session.input_names, source)
     batches = ArrayBatches(columns, batch_size=settings.batch_size, shuffle=settings.shuffle, seed=settings.seed)
@@ -237,7 +253,8 @@ def train_client(
         "steps": float(history.steps),
         "train-seconds": float(history.seconds),
     }
-    return ClientUpdate(trained, batches.num_rows, metrics, session.backend)
+    kept = read_optimizer_state(session) if keep_optimizer_state else None
+    return ClientUpdate(trained, batches.num_rows, metrics, session.backend, kept)
 
 
 def evaluate_client(

@@ -9,10 +9,10 @@ import numpy as np
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> Any:
-    """An ``ArrayRecord`` holding ``arrays`` under their names (dtypes and shapes kept)."""
+    """An ``ArrayRecord`` holding ``arrays`` under their names (dtypes and shapes kept: a 0-d array stays 0-d)."""
     from flwr.app import Array, ArrayRecord
 
-    return ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
+    return ArrayRecord({name: Array(np.asarray(a, order="C")) for name, a in arrays.items()})
 
 
 def from_record(record: Any) -> dict[str, np.ndarray]:

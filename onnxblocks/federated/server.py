@@ -14,7 +14,8 @@ is a field of :class:`ServerSettings` with ``-`` for ``_``, and ``num-server-rou
 ``artifacts``, ``backend``, ``num-server-rounds``, ``strategy``, ``local-epochs``, ``lr``,
 ``batch-size``, ``shuffle``, ``seed``, ``local-steps``, ``proximal-mu``, ``server-lr``,
 ``min-nodes``, ``fraction-train``, ``fraction-evaluate``, ``round-timeout``, ``eval-data``,
-``save``, ``export``, ``history``, ``plot``, ``dp-clipping-norm``, ``dp-noise-multiplier``.
+``save``, ``export``, ``history``, ``plot``, ``dp-clipping-norm``, ``dp-noise-multiplier``,
+``keep-optimizer-state`` (read by the ClientApp: each node keeps its optimizer state between rounds).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class ServerSettings:
             (``<stem>-accuracy<suffix>``) when accuracy was measured.
         dp_clipping_norm: Server-side differential privacy with this fixed clipping norm.
         dp_noise_multiplier: The DP noise multiplier.
+        keep_optimizer_state: Each client keeps its optimizer state between rounds in its node's
+            ``Context.state`` (the ClientApp reads ``keep-optimizer-state`` from the run config); False: it
+            starts fresh every round.
     """
 
     artifacts: str
@@ -96,6 +100,7 @@ class ServerSettings:
     plot: str | None = None
     dp_clipping_norm: float | None = None
     dp_noise_multiplier: float = 0.0
+    keep_optimizer_state: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
