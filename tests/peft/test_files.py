@@ -11,15 +11,15 @@ import os
 import struct
 
 import numpy as np
+import peft  # the test extra: fails, never skips, without it
 import pytest
+import torch  # the test extra: fails, never skips, without it
 
 from onnxblocks.errors import FileMissingError, InvalidTypeError, InvalidValueError, NotAFolderError
 from onnxblocks.peft import LoraConfig, LoraInfo, LoraTarget
 from onnxblocks.peft.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, peft_key, read_adapters, write_adapters
 from onnxblocks.safetensors import write_safetensors
 
-torch = pytest.importorskip("torch", reason="install the test extra: pip install -e '.[test]' (torch==2.13.0)")
-peft = pytest.importorskip("peft", reason="install the test extra: pip install -e '.[test]' (peft)")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

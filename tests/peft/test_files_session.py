@@ -16,7 +16,9 @@ import os
 
 import numpy as np
 import onnxruntime as ort
+import peft  # the test extra: fails, never skips, without it
 import pytest
+import torch  # the test extra: fails, never skips, without it
 
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.errors import InvalidValueError, StateError
@@ -24,8 +26,6 @@ from onnxblocks.losses import CrossEntropyLoss
 from onnxblocks.peft import LoraConfig
 from onnxblocks.runtime import TrainingSession
 
-torch = pytest.importorskip("torch", reason="install the test extra: pip install -e '.[test]' (torch==2.13.0)")
-peft = pytest.importorskip("peft", reason="install the test extra: pip install -e '.[test]' (peft)")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 VOCAB, SEQ, BATCH = 32, 6, 2

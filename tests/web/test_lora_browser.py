@@ -18,18 +18,17 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import peft  # the test extra: fails, never skips, without it
 import pytest
+import torch  # the test extra: fails, never skips, without it
 from support import web_support
 
 from onnxblocks.runtime import TrainingSession
+from onnxblocks.torch import lora_demo, lora_web  # the test extra (torch==2.13.0): fails, never skips, without it
 from onnxblocks.web import read_safetensors
 from onnxblocks.web.server import serving
 
 pytestmark = pytest.mark.browser
-torch = pytest.importorskip("torch", reason="install the test extra: pip install -e '.[test]' (torch==2.13.0)")
-peft = pytest.importorskip("peft", reason="install the test extra: pip install -e '.[test]' (peft)")
-lora_web = pytest.importorskip("onnxblocks.torch.lora_web")
-lora_demo = pytest.importorskip("onnxblocks.torch.lora_demo")
 
 STEPS = 40
 

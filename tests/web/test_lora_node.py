@@ -16,19 +16,19 @@ import copy
 import os
 
 import numpy as np
+import peft  # the test extra: fails, never skips, without it
 import pytest
+import torch  # the test extra: fails, never skips, without it
 from support import web_support
 
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.losses import CrossEntropyLoss
 from onnxblocks.peft import LoraConfig
 from onnxblocks.runtime import TrainingSession
+from onnxblocks.torch import lora_demo  # the test extra (torch==2.13.0): fails, never skips, without it
 from onnxblocks.web import read_state, write_safetensors, write_state
 
 pytestmark = pytest.mark.node
-torch = pytest.importorskip("torch", reason="install the test extra: pip install -e '.[test]' (torch==2.13.0)")
-peft = pytest.importorskip("peft", reason="install the test extra: pip install -e '.[test]' (peft)")
-lora_demo = pytest.importorskip("onnxblocks.torch.lora_demo")
 
 STEPS, LR, BATCH = 12, 0.05, 4
 
