@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.federation import flower_processes
+from support.federation import flower_processes, kill_flower_processes
 from support.flower_apps import client_files, spiral_artifacts
 
 from onnxblocks.cli import main
@@ -123,9 +123,13 @@ def test_ctrl_c_stops_every_flower_process_and_exits_130(setup):
     finally:
         if process.poll() is None:
             process.kill()
+            process.communicate()
+            kill_flower_processes(run_dir)  # the killed command could not stop its federation
+    left = flower_processes(run_dir)
+    kill_flower_processes(run_dir)  # never leave a federation running into the next tests
     assert process.returncode == 130, err
     assert "interrupted" in err
-    assert flower_processes(run_dir) == []
+    assert left == []
     assert not (root / "never" / "ckpt").exists()
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 ECHO_APP = """
@@ -109,3 +110,12 @@ def flower_processes(run_dir: str | os.PathLike) -> list[str]:
         if any(item.startswith(home) for item in environ):
             found.append(f"{entry.name} {cmdline[:200]}")
     return found
+
+
+def kill_flower_processes(run_dir: str | os.PathLike) -> None:
+    """SIGKILL every process :func:`flower_processes` finds: a failed test never leaves a federation running."""
+    for line in flower_processes(run_dir):
+        try:
+            os.kill(int(line.split(" ", 1)[0]), signal.SIGKILL)
+        except OSError:
+            pass
