@@ -1,10 +1,11 @@
 """Broadcasting in reverse: ``BroadcastGradientArgs``, ``DivGrad``, ``ReduceSumTraining``.
 
 The gradient builder reduces a broadcast gradient back to an input's shape with
-``ReduceSum(dY, BroadcastGradientArgs(Shape(A), Shape(B)))``. The axes are
-computed at run time from the two shapes (:func:`broadcast_axes`), so a dynamic
-batch stays dynamic; when the dims are known when lowering (static, or the same
-symbol) they become a constant instead.
+``ReduceSum(dY, BroadcastGradientArgs(Shape(A), Shape(B)))``. Each axis is decided
+when lowering where the dims decide it (static, the same symbol, the other side
+static 1: :func:`plan_reduction`); only an undecided axis is checked at run time,
+on the two shapes, so a dynamic batch stays dynamic at the cost of a few nodes.
+With a rank unknown, the whole computation runs at run time (:func:`broadcast_axes`).
 """
 
 from __future__ import annotations
@@ -20,38 +21,61 @@ from onnxblocks.portable.context import LoweringContext, Writer, attributes, des
 Dims = Sequence[int | str | None]
 
 
-def static_broadcast_axes(a: Dims, b: Dims) -> tuple[list[int], list[int]] | None:
-    """The axes (descending, as ONNX Runtime lists them) along which ``a`` and ``b`` are broadcast.
+def plan_reduction(own: Dims, other: Dims) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Which axes (descending) to sum a broadcast gradient over, back to the shape of one operand.
 
-    A symbolic dim against 1 counts as broadcast (when the symbol is 1 at run time,
-    the reduction is over a size-1 axis: the same numbers). Returns None when a pair
-    cannot be decided before run time (an unknown dim, two different symbols).
+    ``own`` are that operand's dims, ``other`` the other operand's (an int when static,
+    a symbol's name, None when unknown). As in ONNX Runtime's ``BroadcastGradientArgs``,
+    an axis is summed when the operand lacks it (a leading axis), or holds 1 there
+    while the other operand does not. An axis is decided here when the dims decide
+    it: static dims, the same symbol on both sides, or the other operand static 1.
+    The others are checked at run time.
+
+    Returns:
+        ``(fixed, checked)``: the axes summed for sure, and ``(axis, own axis, other
+        axis)`` of those summed when, at run time, the operand's dim is 1 and the other's is not.
     """
-    ndim = max(len(a), len(b))
-    a_axes: list[int] = []
-    b_axes: list[int] = []
+    ndim = max(len(own), len(other))
+    fixed: list[int] = []
+    checked: list[tuple[int, int, int]] = []
     for k in range(ndim - 1, -1, -1):
-        i, j = k - (ndim - len(a)), k - (ndim - len(b))
+        i, j = k - (ndim - len(own)), k - (ndim - len(other))
         if i < 0:
-            a_axes.append(k)
+            fixed.append(k)
             continue
         if j < 0:
-            b_axes.append(k)
+            continue  # the other operand lacks this axis: it is the one broadcast there, if any
+        d, e = own[i], other[j]
+        if d is not None and d == e:
             continue
-        da, db = a[i], b[j]
-        if da is None or db is None:
-            return None
-        if da == db:
-            continue
-        if da == 1:
-            a_axes.append(k)
-        elif db == 1:
-            b_axes.append(k)
-        elif isinstance(da, str) or isinstance(db, str):
-            return None
-        else:
-            return None  # not broadcastable: leave it to the run time to report
-    return a_axes, b_axes
+        if isinstance(d, int) and (d != 1 or isinstance(e, int)):
+            if d == 1 and e != 1:
+                fixed.append(k)
+        elif e != 1:
+            checked.append((k, i, j))
+    return fixed, checked
+
+
+def reduction_axes(w: Writer, shape: ir.Value, other_shape: ir.Value, own: Dims, other: Dims) -> ir.Value | list[int]:
+    """The axes of :func:`plan_reduction`: a list when all are decided, else an int64 1-D value.
+
+    The undecided axes are checked together on the two shapes (``Shape`` of the
+    operand and of the other): ``own == 1 and own != other``, and a ``Compress``
+    keeps those that hold.
+    """
+    fixed, checked = plan_reduction(own, other)
+    if not checked:
+        return fixed
+    mine = w.op("Gather", [shape, w.ints([i for _, i, _ in checked])], axis=0)
+    theirs = w.op("Gather", [other_shape, w.ints([j for _, _, j in checked])], axis=0)
+    one = w.op("Equal", [mine, w.ints([1] * len(checked))])
+    summed = w.op("And", [one, w.op("Not", [w.op("Equal", [mine, theirs])])])
+    candidates = sorted(fixed + [k for k, _, _ in checked], reverse=True)
+    if fixed:  # one mask over every candidate, in descending order: True for the fixed ones
+        position = {k: n + 1 for n, (k, _, _) in enumerate(checked)}
+        padded = w.concat([w.named_const(w.fresh("true"), np.array([True])), summed])
+        summed = w.op("Gather", [padded, w.ints([position.get(k, 0) for k in candidates])], axis=0)
+    return w.op("Compress", [w.ints(candidates), summed], axis=0)
 
 
 def broadcast_axes(
@@ -96,17 +120,18 @@ def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value,
     if g_dims is not None and x_dims is not None and list(g_dims) == list(x_dims) and None not in g_dims:
         w.op("Identity", [grad], out)
         return
-    axes: ir.Value | list[int] | None = None
+    axes: ir.Value | list[int]
     if g_dims is not None and x_dims is not None:
-        static = static_broadcast_axes(x_dims, g_dims)
-        if static is not None:
-            axes = static[0]
-            if not axes:
-                w.reshape(grad, w.shape(like), out)
-                return
-    if axes is None:
+        axes = reduction_axes(w, w.shape(like), w.shape(grad), x_dims, g_dims)
+        if isinstance(axes, list) and not axes:
+            w.reshape(grad, w.shape(like), out)
+            return
+        if not isinstance(axes, list):
+            ctx.undecided_axes += 1
+    else:
         if w.opset < 13:
             raise InvalidValueError("run-time broadcast axes need ReduceSum with an axes input (opset 13)")
+        ctx.undecided_axes += 1
         (axes,) = [a for a in broadcast_axes(w, w.shape(like), w.shape(grad), (True, False)) if a is not None]
     summed = (
         w.reduce("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
@@ -117,18 +142,30 @@ def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value,
 
 
 def broadcast_gradient_args(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``BroadcastGradientArgs(a_shape, b_shape) -> (a_axes, b_axes)``: constants when decidable, else run-time."""
+    """``BroadcastGradientArgs(a_shape, b_shape) -> (a_axes, b_axes)``: decided here per axis where the dims allow.
+
+    With both ranks known, each output is a constant, or a constant joined with a
+    run-time check of the undecided axes (:func:`reduction_axes`); with a rank
+    unknown, the whole computation runs at run time (:func:`broadcast_axes`).
+    """
     a_shape, b_shape = inputs(node, 2)
     a_out, b_out = outputs(node, 2)
     w = ctx.writer(node)
     sources = [ctx.shape_source(a_shape), ctx.shape_source(b_shape)]
     dims = [ctx.dims(s) if s else None for s in sources]
-    static = static_broadcast_axes(dims[0], dims[1]) if dims[0] is not None and dims[1] is not None else None
-    if static is not None:
-        for name, axes in zip((a_out, b_out), static, strict=True):
-            if name:
+    if dims[0] is not None and dims[1] is not None:
+        pairs = ((a_out, a_shape, b_shape, dims[0], dims[1]), (b_out, b_shape, a_shape, dims[1], dims[0]))
+        for name, shape, other_shape, own, other in pairs:
+            if not name:
+                continue
+            axes = reduction_axes(w, shape, other_shape, own, other)
+            if isinstance(axes, list):
                 w.named_const(name, np.array(axes, dtype=np.int64))
+            else:
+                ctx.undecided_axes += 1
+                w.op("Identity", [axes], name)
         return w.nodes
+    ctx.undecided_axes += 1
     computed = broadcast_axes(w, a_shape, b_shape, (bool(a_out), bool(b_out)))
     for name, value in zip((a_out, b_out), computed, strict=True):
         if name and value is not None:
@@ -156,7 +193,7 @@ def div_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 def _needs_runtime_axes(ctx: LoweringContext, dy: ir.Value | None, a: ir.Value | None, b: ir.Value | None) -> bool:
     g = ctx.dims(dy)
-    return any(g is None or ctx.dims(x) is None or static_broadcast_axes(ctx.dims(x) or [], g) is None for x in (a, b))
+    return any(g is None or ctx.dims(x) is None or plan_reduction(ctx.dims(x) or [], g)[1] for x in (a, b))
 
 
 def reduce_sum_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:

@@ -72,12 +72,19 @@ class LoweringContext:
         original_producers: The node writing each value in the original graph (training-only nodes included).
     """
 
-    def __init__(self, model: ir.Model, mode: str = "standard") -> None:
+    def __init__(self, model: ir.Model, mode: str = "standard", hints: dict[str, onnx.TypeProto] | None = None) -> None:
         self.model = model
         self.mode = mode
         graph = model.graph
         self.opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET))
         self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))
+        for name, hint in (hints or {}).items():
+            if _known_dims(hint) > _known_dims(self.types.get(name)):
+                self.types[name] = hint
+        #: How many broadcast reductions were left (in part) to run-time shape arithmetic.
+        self.undecided_axes = 0
+        #: How many nodes of each op type were lowered.
+        self.counts: dict[str, int] = {}
         self.names = graph_names(graph)
         self.original_producers: dict[str, ir.Node] = {v.name: n for n in graph for v in n.outputs if v.name}
         self._original_inputs = {n: tuple(n.inputs) for n in graph}
@@ -230,6 +237,15 @@ class LoweringContext:
         for name, value in inferred.items():
             if name and name not in self.types:
                 self.types[name] = value
+
+
+def _known_dims(t: onnx.TypeProto | None) -> int:
+    """How much a type says: -1 when absent, 0 without a shape, else 1 + the dims known (a value or a symbol)."""
+    if t is None:
+        return -1
+    if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+        return 0
+    return 1 + sum(1 for d in t.tensor_type.shape.dim if d.WhichOneof("value") is not None)
 
 
 def describe(node: ir.Node) -> str:

@@ -24,6 +24,7 @@ from onnxblocks._core.errors import PortabilityError, preview
 from onnxblocks.ir.edit import remove_unused_nodes, replace_node
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import infer_proto_types
 from onnxblocks.ir.walk import all_nodes
 from onnxblocks.portable import (
     activations,
@@ -78,9 +79,26 @@ class LowerTrainingOps(Pass):
         self.mode: PortableMode = portable_mode(mode, "mode")
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
-        """Raises: PortabilityError: as :func:`lower_training_ops` says."""
+        """Raises: PortabilityError: as :func:`lower_training_ops` says.
+
+        The types the lowerings read come from onnx shape inference, which knows none
+        of ONNX Runtime's own ops (``SimplifiedLayerNormalization``, ``ConcatTraining``...),
+        so what follows them in the graph is often of unknown shape. When that left a
+        broadcast reduction undecided, the graph is lowered a second time, from the
+        original, reading the types that inference finds on the first, all-standard result.
+        """
+        original = model.clone() if _has_broadcast_gradients(model.graph) else None
+        first = self._lower(model, None)
+        if original is None or not first.undecided_axes:
+            return first.counts
+        hints = infer_proto_types(to_proto(model))
+        second = self._lower(original, hints)
+        model.graph = original.graph
+        return second.counts
+
+    def _lower(self, model: ir.Model, hints: dict[str, onnx.TypeProto] | None) -> LoweringContext:
         graph = model.graph
-        ctx = LoweringContext(model, self.mode)
+        ctx = LoweringContext(model, self.mode, hints)
         opset = ctx.opset
 
         def to_lower(node: ir.Node) -> bool:
@@ -124,7 +142,8 @@ class LowerTrainingOps(Pass):
             _drop_noop_reduction(node, ctx)
         remove_unused_nodes(graph)
         _prune_unused_opsets(model)
-        return counts
+        ctx.counts.update(counts)
+        return ctx
 
 
 def lower_training_ops(model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> dict[str, int]:
@@ -206,6 +225,10 @@ _OUTPUT_LIKE_INPUT = {
     "BatchNormalizationGrad": 1,
     "BatchNormInternal": 0,
 }
+
+
+def _has_broadcast_gradients(graph: ir.Graph) -> bool:
+    return any(n.op_type in ("BroadcastGradientArgs", "DivGrad") for n in graph)
 
 
 def _to_lower(node: ir.Node, mode: PortableMode, opset: int) -> bool:

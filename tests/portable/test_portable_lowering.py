@@ -183,6 +183,67 @@ def test_broadcast_gradient_args_known_shapes_fold_to_constants(a, b):
     assert not any(n.op_type == "Compress" for n in lowered.graph.node)
 
 
+SIZE_ONE_AT_RUN_TIME = [((2, 1, 4), (2, 3, 4)), ((1, 1), (1,)), ((1, 3), (1, 1)), ((2, 0, 3), (1, 3)), ((1,), (1,))]
+
+
+@pytest.mark.parametrize(("a", "b"), BROADCAST_PAIRS + SIZE_ONE_AT_RUN_TIME, ids=str)
+def test_broadcast_gradient_args_symbolic_dims_are_checked_per_axis(a, b):
+    """Every dim its own symbol: the ranks decide the leading axes, a few nodes check the rest, as the kernel does."""
+    before = [helper.make_node("Shape", ["A"], ["a"]), helper.make_node("Shape", ["B"], ["b"])]
+    case = Case("BroadcastGradientArgs", {"A": f32(*a), "B": f32(*b)}, ["a_axes", "b_axes"], before=before)
+    case.node_inputs = ["a", "b"]
+    check(case, symbolic=True)
+    lowered = _model(case, symbolic=True)
+    lower_training_ops(lowered)
+    ops = [n.op_type for n in lowered.graph.node]
+    assert "Max" not in ops and "Range" not in ops, ops  # not the whole run-time computation
+    assert ops.count("Compress") <= 2
+
+
+@pytest.mark.parametrize(
+    ("own", "other", "fixed", "checked"),
+    [
+        (["b", "s", 576], ["b", "s", 576], [], []),
+        ([576], ["b", "s", 576], [1, 0], []),
+        (["b", "s", 576], [576], [], []),
+        ([1, 1, "s", 64], ["b", 9, "s", 64], [1], [(0, 0, 0)]),
+        (["n", 4], [1, 4], [], []),
+        ([1, 4], [1, "m"], [], []),
+        ([1, 4], [0, 4], [0], []),
+        ([None, 4], [None, 4], [], [(0, 0, 0)]),
+        (["x", 3], ["y", 3], [], [(0, 0, 0)]),
+    ],
+)
+def test_plan_reduction_decides_what_the_dims_decide(own, other, fixed, checked):
+    from onnxblocks.portable.broadcast import plan_reduction
+
+    assert plan_reduction(own, other) == (fixed, checked)
+
+
+def test_types_behind_onnx_runtime_ops_are_found_for_broadcast_gradients():
+    """What follows an op onnx shape inference does not know (``SimplifiedLayerNormalization``) gets its type anyway.
+
+    ONNX Runtime's gradient graphs declare such values without a shape; the lowering
+    finds the shape on the lowered (all-standard) graph, so the gradient reduction
+    needs no run-time rank arithmetic. Its axes equal the kernel's.
+    """
+    x, scale, bias = f32(2, 3, 4), f32(4), f32(4)
+    before = [
+        helper.make_node("SimplifiedLayerNormalization", ["X", "S"], ["Y"], axis=-1, epsilon=1e-5),
+        helper.make_node("Mul", ["Y", "Y"], ["Z"]),
+        helper.make_node("Shape", ["Z"], ["z_shape"]),
+        helper.make_node("Shape", ["Bias"], ["b_shape"]),
+    ]
+    case = Case("BroadcastGradientArgs", {"X": x, "S": scale, "Bias": bias}, ["a_axes", "b_axes"], before=before)
+    case.node_inputs = ["z_shape", "b_shape"]
+    check(case, symbolic=True)
+    lowered = _model(case, symbolic=True)
+    lowered.graph.value_info.append(helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT, None))
+    lower_training_ops(lowered)
+    ops = [n.op_type for n in lowered.graph.node]
+    assert "Max" not in ops and "Range" not in ops, ops
+
+
 @pytest.mark.parametrize(
     ("a", "b"), [((2, 3), (3,)), ((3,), (2, 3)), ((2, 3), ()), ((2, 1), (1, 3)), ((4,), (4,))], ids=str
 )
