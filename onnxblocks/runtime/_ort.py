@@ -78,7 +78,10 @@ def session_options(runs: bool = False, *, prepack: bool = True, frozen_base: bo
         frozen_base: The models read a frozen base (``base_weights.bin``, memory-mapped by ONNX
             Runtime): constant folding is turned off, as it would write a new copy of every base
             weight a node transforms (a ``Transpose`` of a tied embedding, the ``Cast`` of a float16
-            base back to float32) into each session, and take seconds to do so.
+            base back to float32) into each session, and take seconds to do so. The memory pattern
+            is turned off too: with dynamic batch and sequence, stock ONNX Runtime 1.32 planned
+            1.9 GiB more for one step of a 30-layer LoRA model with it, and stepped slower
+            (``benchmarks/bench_lora.py``, docs/lora.md).
     """
     from onnxblocks._core.ort import session_options as _options
 
@@ -87,6 +90,7 @@ def session_options(runs: bool = False, *, prepack: bool = True, frozen_base: bo
         options.add_session_config_entry(*NO_PREPACKING)
     if frozen_base:
         options.add_session_config_entry(*NO_CONSTANT_FOLDING)
+        options.enable_mem_pattern = False
     return options
 
 

@@ -264,6 +264,7 @@ def test_onnxruntime_keeps_the_cast_base_only_without_constant_folding(tmp_path,
 
     art = generate(make_model(), tmp_path / "art", True, base_dtype="float16")
     options = _ort.session_options(prepack=not frozen_base, frozen_base=frozen_base)
+    assert options.enable_mem_pattern is not frozen_base  # planned per shape: GiBs with a dynamic sequence
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     _ort.onnxruntime().InferenceSession(str(art.step_model), options, providers=["CPUExecutionProvider"])
     optimized = onnx.load(tmp_path / "optimized.onnx", load_external_data=False)

@@ -10,16 +10,13 @@ one (the tests fail with it; they never skip).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import tomllib
 
-from support.portable_env import PYPROJECT, ROOT, PortableEnvError, _run, cache_dir, find_python313, requirements
+from support.portable_env import PYPROJECT, ROOT, PortableEnvError, cached_venv, requirements
 
 
 def flower_requirement() -> str:
@@ -35,39 +32,18 @@ def flower_requirement() -> str:
 def ensure_python313_flower() -> Path:
     """The Python of the cached 3.13 environment with stock onnxruntime and Flower, built on first use.
 
+    Flower's commands are started through this interpreter (``python -c``) by
+    :mod:`onnxblocks.federated.deployment`, never through the venv's console scripts.
+
     Raises:
         PortableEnvError: when the interpreter is missing or the environment cannot be built.
     """
-    interpreter = find_python313()
-    key = hashlib.sha256(PYPROJECT.read_bytes() + os.fspath(interpreter).encode() + b"flower").hexdigest()[:16]
-    venv = cache_dir() / f"py313-flower-{key}"
-    python = venv / "bin" / "python"
-    if (venv / "ready").exists() and python.exists():
-        return python
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    staging = cache_dir() / f".building-flower-{key}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    probe = (
+        "import flwr; from onnxruntime.capi import _pybind_state as C; "
+        "assert not hasattr(C, 'Module'), 'training build'"
+    )
     wanted = [*requirements(), flower_requirement()]
-    try:
-        _run([os.fspath(interpreter), "-m", "venv", os.fspath(staging)], "Creating the Python 3.13 Flower venv")
-        pip = [os.fspath(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        _run([*pip, *wanted], "Installing onnxblocks' dependencies and Flower into the 3.13 venv", timeout=1800)
-        probe = (
-            "import flwr; from onnxruntime.capi import _pybind_state as C; "
-            "assert not hasattr(C, 'Module'), 'training build'"
-        )
-        _run([os.fspath(staging / "bin" / "python"), "-c", probe], "Checking the 3.13 Flower venv")
-        (staging / "ready").write_text(json.dumps({"interpreter": os.fspath(interpreter), "requirements": wanted}))
-        try:
-            staging.rename(venv)
-        except OSError:  # another session finished first: use its environment
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    # the venv's console scripts name the staging path: onnxblocks.federated.deployment starts Flower's
-    # commands through the interpreter (python -c), never through those scripts
-    return python
+    return cached_venv("py313-flower", b"flower", wanted, probe, "onnxblocks' dependencies and Flower")
 
 
 def checkout_pythonpath() -> str:

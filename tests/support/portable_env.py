@@ -111,24 +111,35 @@ def ensure_python313() -> Path:
     Raises:
         PortableEnvError: when the interpreter is missing or the environment cannot be built.
     """
+    probe = "from onnxruntime.capi import _pybind_state as C; assert not hasattr(C, 'Module'), 'training build'"
+    return cached_venv("py313-stock-ort", b"", requirements(), probe, "onnxblocks' dependencies (stock onnxruntime)")
+
+
+def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: str) -> Path:
+    """The Python of a cached 3.13 venv with ``wanted`` installed, built on first use.
+
+    The venv is ``<cache>/<prefix>-<hash>``, the hash of ``pyproject.toml``, the interpreter and ``salt``.
+    It is built in a staging directory, checked with ``probe`` (Python code), marked ready and renamed
+    into place, so a concurrent session never sees half an environment.
+
+    Raises:
+        PortableEnvError: when the interpreter is missing or the environment cannot be built.
+    """
     interpreter = find_python313()
-    key = hashlib.sha256(PYPROJECT.read_bytes() + os.fspath(interpreter).encode()).hexdigest()[:16]
-    venv = cache_dir() / f"py313-stock-ort-{key}"
+    key = hashlib.sha256(PYPROJECT.read_bytes() + os.fspath(interpreter).encode() + salt).hexdigest()[:16]
+    venv = cache_dir() / f"{prefix}-{key}"
     python = venv / "bin" / "python"
     if (venv / "ready").exists() and python.exists():
         return python
     cache_dir().mkdir(parents=True, exist_ok=True)
-    staging = cache_dir() / f".building-{key}-{os.getpid()}"
+    staging = cache_dir() / f".building-{prefix}-{key}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        _run([os.fspath(interpreter), "-m", "venv", os.fspath(staging)], "Creating the Python 3.13 venv")
+        _run([os.fspath(interpreter), "-m", "venv", os.fspath(staging)], f"Creating the Python 3.13 venv {prefix}")
         pip = [os.fspath(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        _run([*pip, *requirements()], "Installing onnxblocks' dependencies (stock onnxruntime) into the 3.13 venv")
-        probe = "from onnxruntime.capi import _pybind_state as C; assert not hasattr(C, 'Module'), 'training build'"
-        _run([os.fspath(staging / "bin" / "python"), "-c", probe], "Checking that the 3.13 venv has stock onnxruntime")
-        (staging / "ready").write_text(
-            json.dumps({"interpreter": os.fspath(interpreter), "requirements": requirements()})
-        )
+        _run([*pip, *wanted], f"Installing {what} into the 3.13 venv", timeout=1800)
+        _run([os.fspath(staging / "bin" / "python"), "-c", probe], f"Checking the 3.13 venv {prefix}")
+        (staging / "ready").write_text(json.dumps({"interpreter": os.fspath(interpreter), "requirements": wanted}))
         try:
             staging.rename(venv)
         except OSError:  # another session finished first: use its environment
@@ -136,7 +147,7 @@ def ensure_python313() -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    # a venv's scripts name its original path; python -m works from anywhere, so only the interpreter is used
+    # a venv's scripts name its staging path; python -m works from anywhere, so only the interpreter is used
     return python
 
 
