@@ -119,18 +119,44 @@ def test_ctrl_c_stops_every_flower_process_and_exits_130(setup):
         assert process.poll() is None, process.communicate()
         assert started, "no round started within 240 s"
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        try:
+            _, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            stuck = _process_report(process.pid)  # what it was doing, before it is killed
+            process.kill()
+            _, err = process.communicate()
+            raise AssertionError(f"the command did not stop within 60 s of SIGINT: {stuck}\nstderr:\n{err}") from None
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
-            kill_flower_processes(run_dir)  # the killed command could not stop its federation
+        kill_flower_processes(run_dir)  # a killed command could not stop its federation
     left = flower_processes(run_dir)
     kill_flower_processes(run_dir)  # never leave a federation running into the next tests
     assert process.returncode == 130, err
     assert "interrupted" in err
     assert left == []
     assert not (root / "never" / "ckpt").exists()
+
+
+def _process_report(pid: int) -> str:
+    """The state, threads and living children of process ``pid`` (Linux ``/proc``), for a failure message."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        state = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("State:"))
+        threads = len(list((proc / "task").iterdir()))
+        wchan = (proc / "wchan").read_text()
+    except (OSError, StopIteration):
+        return "(gone)"
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            if entry.name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                children.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return f"{state}, {threads} threads, waiting in {wchan!r}, children {children}"
 
 
 def _args(art, files, *extra):
