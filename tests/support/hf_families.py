@@ -264,8 +264,12 @@ def make(name: str) -> Family:
     return family
 
 
-def export(family: Family, exporter: str) -> onnx.ModelProto:
-    """The ONNX export of ``family.model`` (training mode; a copy is exported, the model is not changed)."""
+def export(family: Family, exporter: str, dynamic: bool = False) -> onnx.ModelProto:
+    """The ONNX export of ``family.model`` (training mode; a copy is exported, the model is not changed).
+
+    ``dynamic`` (TorchScript only): the first two dims of every input and of the output are symbolic
+    (``batch``, ``seq``), as a model exported for deployment has them.
+    """
     from support.sweep import quiet
 
     model = copy.deepcopy(family.model).train()
@@ -280,6 +284,7 @@ def export(family: Family, exporter: str) -> onnx.ModelProto:
                 f,
                 input_names=names,
                 output_names=["output"],
+                dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "output"]} if dynamic else None,
                 dynamo=False,
                 do_constant_folding=False,
                 opset_version=17,
