@@ -6,13 +6,13 @@
 
 import * as ort from 'onnxruntime-web/wasm';
 
-import { Trainer } from './trainer.mjs';
+import { Trainer, frozenBaseOptions } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
 import { externalDataFiles } from './onnx_proto.mjs';
 
-export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
+export { Trainer, LEARNING_RATE, STEP, frozenBaseOptions } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
@@ -59,7 +59,8 @@ export async function loadTrainer(base, { evaluate = true, sessionOptions = { ex
   names.sort((a, b) => Number(b === baseWeights) - Number(a === baseWeights));
   const datas = await Promise.all(names.map((name) => fetchBytes(at(name))));
   const externalData = names.length ? names.map((path, i) => ({ path, data: datas[i] })) : undefined;
-  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions, externalData });
+  const options = names.includes(baseWeights) ? frozenBaseOptions(sessionOptions) : sessionOptions;
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions: options, externalData });
   trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
   return { trainer, state };
 }

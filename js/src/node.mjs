@@ -4,12 +4,13 @@ import { access, mkdir, readFile, writeFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
 
-import { Trainer } from './trainer.mjs';
+import { Trainer, frozenBaseOptions } from './trainer.mjs';
+import { externalDataFiles } from './onnx_proto.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
 
-export { Trainer, LEARNING_RATE, STEP } from './trainer.mjs';
+export { Trainer, LEARNING_RATE, STEP, frozenBaseOptions } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
@@ -25,6 +26,7 @@ export const FILES = Object.freeze({
   evalModel: 'eval_model.onnx',
   state: 'params.safetensors',
   inferenceModel: 'inference_model.onnx',
+  baseWeights: 'base_weights.bin',
 });
 
 /**
@@ -75,13 +77,15 @@ export async function loadTrainer(directory, { state, evaluate = true, sessionOp
     }
     throw error;
   }
+  const stepBytes = await readFile(stepModel);
+  const frozenBase = externalDataFiles(stepBytes).includes(FILES.baseWeights);
   const trainer = await Trainer.create(/** @type {any} */ (ort), {
     stepModel,
     evalModel: evaluate ? join(directory, FILES.evalModel) : undefined,
     state: loaded,
-    sessionOptions,
+    sessionOptions: frozenBase ? frozenBaseOptions(sessionOptions) : sessionOptions,
   });
-  trainer.lora = loraRecord(await readFile(stepModel), stepModel);
+  trainer.lora = loraRecord(stepBytes, stepModel);
   return trainer;
 }
 

@@ -36,6 +36,28 @@ export const LEARNING_RATE = 'learning_rate';
 export const STEP = 'step';
 export const UPDATED_SUFFIX = '.out';
 
+/**
+ * Session options for models that read a frozen base (`base_weights.bin`), as onnxblocks' Python runtime sets them:
+ * no constant folding (it writes a float32 copy of every base weight a node transforms, per session), no
+ * pre-packed copy of the constant MatMul weights, and no memory pattern (planned per input shape: GiBs more with
+ * a dynamic sequence). What `options` sets itself wins.
+ *
+ * @param {SessionOptions} [options]
+ * @returns {SessionOptions}
+ */
+export function frozenBaseOptions(options = {}) {
+  const extra = /** @type {Record<string, any>} */ (options.extra ?? {});
+  return {
+    enableMemPattern: false,
+    ...options,
+    extra: {
+      ...extra,
+      session: { disable_prepacking: '1', ...(extra.session ?? {}) },
+      optimization: { disable_specified_optimizers: 'ConstantFolding', ...(extra.optimization ?? {}) },
+    },
+  };
+}
+
 export class Trainer {
   /**
    * Open the step model (and the eval model) and take the parameters from a state.

@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Trainer } from '../src/trainer.mjs';
+import { Trainer, frozenBaseOptions } from '../src/trainer.mjs';
 
 class Tensor {
   /** @param {string} type @param {any} data @param {number[]} dims */
@@ -81,4 +81,24 @@ test('bad learning rates and inputs are refused, naming what is wrong', async ()
   await assert.rejects(trainer.trainStep(/** @type {any} */ ({ x, y: x }), 0.1), /unknown input\(s\) y/);
   const wrong = { ...initial(), trainable: ['v'], tensors: new Map([['v', /** @type {any} */ (initial().tensors.get('w'))]]) };
   await assert.rejects(Trainer.create(/** @type {any} */ (ort), { stepModel: 'step.onnx', state: wrong }), /trainable parameter\(s\) v/);
+});
+
+test('frozenBaseOptions turns off folding, pre-packing and the memory pattern, and keeps what the caller set', () => {
+  assert.deepEqual(frozenBaseOptions(), {
+    enableMemPattern: false,
+    extra: { session: { disable_prepacking: '1' }, optimization: { disable_specified_optimizers: 'ConstantFolding' } },
+  });
+  const mine = frozenBaseOptions({
+    executionProviders: ['wasm'],
+    enableMemPattern: true,
+    extra: { session: { intra_op: 1 }, optimization: { disable_specified_optimizers: 'NoneOfThem' } },
+  });
+  assert.deepEqual(mine, {
+    executionProviders: ['wasm'],
+    enableMemPattern: true,
+    extra: {
+      session: { disable_prepacking: '1', intra_op: 1 },
+      optimization: { disable_specified_optimizers: 'NoneOfThem' },
+    },
+  });
 });
