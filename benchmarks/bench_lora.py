@@ -19,7 +19,9 @@ Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is 
   of ``tests/support/portable_env.py``, when it exists), ``torch-peft`` (transformers + peft,
   eager, ``torch.optim.AdamW``): seconds to open, RSS once open, median seconds per step
   (after one warm-up step) and peak RSS; ``-fp32`` / ``-fp16`` is the frozen base's storage
-  (``generate_artifacts(base_dtype="float16")``);
+  (``generate_artifacts(base_dtype="float16")``); ``node-fp32``: the JavaScript client's
+  ``onnxruntime-node`` (``js/bin/onnxblocks-train.mjs``, all cores; npm-installed once by
+  ``tests/support/web_support.py``), the same portable artifacts;
 * the sizes of ``base_weights.bin``, the checkpoint and the web state file (``params.safetensors``).
 
 The frozen base's size (fp32) is printed first: the peaks are compared with it.
@@ -59,6 +61,7 @@ STEPS = {
     "portable-fp16": ("session", True, "float16"),
     "stock-fp32": ("stock", True, None),
     "stock-fp16": ("stock", True, "float16"),
+    "node-fp32": ("node", True, None),
     "torch-peft": ("torch", False, None),
 }
 
@@ -218,6 +221,36 @@ def child_torch(layers: int, steps: int) -> dict:
     }
 
 
+def child_node(directory: Path, steps: int) -> dict:
+    """``onnxblocks-train`` (onnxruntime-node) on the artifacts: one run of 1 step, one of ``steps + 1``.
+
+    The step time is the difference over ``steps``, so neither opening nor the warm-up step counts; the peak
+    is the larger run's node process (``RUSAGE_CHILDREN``).
+    """
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support import web_support
+
+    from onnxblocks.runtime import TrainingSession
+    from onnxblocks.web import write_safetensors
+
+    work = Path(tempfile.mkdtemp(prefix="node-", dir=directory.parent))
+    js = web_support.workspace(work)
+    names = TrainingSession(directory).input_names
+    write_safetensors(work / "plan.safetensors", {f"train/0/{n}": v for n, v in zip(names, batch(), strict=True)})
+    threads = str(os.cpu_count() or 1)
+    runs = {}
+    for n in (1, steps + 1):
+        args = [str(directory), "--plan", str(work / "plan.safetensors"), "--steps", str(n), "--lr", str(LR)]
+        runs[n] = web_support.run_node(js, "bin/onnxblocks-train.mjs", *args, "--threads", threads, timeout=1800)
+    big = runs[steps + 1]
+    return {
+        "backend": f"onnxruntime-node {big['onnxruntime']}",
+        "step_s": (big["seconds"] - runs[1]["seconds"]) / steps,
+        "peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "losses": big["losses"],
+    }
+
+
 # ------------------------------------------------------------------ the parent
 def run_child(args: list[str], python: str = sys.executable) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
@@ -257,6 +290,7 @@ def main() -> None:
             "generate": lambda: child_generate(Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None),
             "session": lambda: child_session(Path(rest[0]), int(rest[1])),
             "torch": lambda: child_torch(int(rest[0]), int(rest[1])),
+            "node": lambda: child_node(Path(rest[0]), int(rest[1])),
         }[kind]()
         print(json.dumps(result))
         return
@@ -301,7 +335,8 @@ def main() -> None:
             if kind == "stock" and stock is None:
                 continue
             python = stock if kind == "stock" and stock else sys.executable
-            rows.append((name, run_child(["session", str(made[key]), str(args.steps)], python=python)))
+            child = "node" if kind == "node" else "session"
+            rows.append((name, run_child([child, str(made[key]), str(args.steps)], python=python)))
             print(name, rows[-1][1], flush=True)
     print()
     print(f"{'configuration':<28} {'seconds':>9} {'step s':>8} {'RSS open':>9} {'peak RSS':>9} {'peak/base':>9}")
