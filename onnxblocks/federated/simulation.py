@@ -123,6 +123,9 @@ def _simulate(
         encoding="utf-8",
     )
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    # the SuperLink starts flower-superexec and flwr-serverapp by name: those beside this Python come first,
+    # so a venv that is not activated (python -m, a notebook kernel) still finds its own
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     superlink_log = root / "superlink.log"
     run_log = root / "run.log"
     command = [_tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess"]

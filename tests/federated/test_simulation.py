@@ -8,6 +8,8 @@ convergence run end to end with ``flwr run`` against ``flower-superlink --simula
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -171,7 +173,10 @@ def test_fedadam_runs_drops_a_nan_client_and_keeps_float32_parameters(small):
     assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in final.values())
 
 
-def test_non_iid_spirals_converge_with_fedavg(tmp_path):
+def test_non_iid_spirals_converge_with_fedavg(tmp_path, monkeypatch):
+    """Also with this venv's scripts off the PATH (``python -m`` or a notebook kernel in a venv not activated)."""
+    scripts = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != scripts))
     art = spiral_artifacts(tmp_path, hidden=(64, 64), optimizer="adamw")
     files, held_out = non_iid_files(tmp_path, clients=4, major=0.8)
     for path in files:  # each client holds mostly one class
