@@ -70,6 +70,12 @@ class LoweringContext:
         opset: Its default-domain opset; lowerings write nodes of this opset.
         types: Known value types by value name, updated as nodes are lowered.
         original_producers: The node writing each value in the original graph (training-only nodes included).
+
+    Args:
+        model: The model to lower.
+        mode: The portable mode.
+        hints: Types inferred elsewhere (on a first lowering's result), by value name: each of the graph's own
+            values takes its hint where the hint knows more of its shape than inference on ``model`` does.
     """
 
     def __init__(self, model: ir.Model, mode: str = "standard", hints: dict[str, onnx.TypeProto] | None = None) -> None:
@@ -78,9 +84,11 @@ class LoweringContext:
         graph = model.graph
         self.opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET))
         self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))
-        for name, hint in (hints or {}).items():
-            if _known_dims(hint) > _known_dims(self.types.get(name)):
-                self.types[name] = hint
+        if hints:  # only for the graph's own values: a name a lowering makes may stand for another value each time
+            for name in values_by_name(graph):
+                hint = hints.get(name)
+                if hint is not None and _known_dims(hint) > _known_dims(self.types.get(name)):
+                    self.types[name] = hint
         #: How many broadcast reductions were left (in part) to run-time shape arithmetic.
         self.undecided_axes = 0
         #: How many nodes of each op type were lowered.
