@@ -136,6 +136,7 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
     reader outside the graph expects the old type).
     """
     names = graph_names(graph)
+    order = {node: i for i, node in enumerate(graph)}  # the original nodes' order (insertions keep it)
     changed: list[str] = []
     for name, tensor in stored.items():
         value = graph.initializers.get(name)
@@ -151,7 +152,8 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
                 out = user.outputs[0]
                 for reader, index in list(out.uses()):
                     assert reader.graph is not None, f"node {reader.name!r} belongs to no graph"
-                    nodes = _delayed_cast(reader.graph, value, old, _computed_input(reader, out), names, name)
+                    trigger = _trigger(reader, out, order)
+                    nodes = _delayed_cast(reader.graph, value, old, trigger, names, name)
                     mover = ir.Node(
                         user.domain,
                         user.op_type,
@@ -190,8 +192,43 @@ def _moves_only(user: ir.Node, value: ir.Value) -> bool:
 
 
 def _computed_input(node: ir.Node, other_than: ir.Value) -> ir.Value | None:
-    """The first input of ``node`` that a node computes (not ``other_than``), or None."""
-    return next((v for v in node.inputs if v is not None and v is not other_than and v.producer() is not None), None)
+    """The first input of ``node`` known only at run time (not ``other_than``): computed by a node, or fed, or None."""
+
+    def at_run_time(v: ir.Value) -> bool:
+        return v.producer() is not None or (v.is_graph_input() and not v.is_initializer())
+
+    return next((v for v in node.inputs if v is not None and v is not other_than and at_run_time(v)), None)
+
+
+def _trigger(reader: ir.Node, via: ir.Value, order: Mapping[ir.Node, int]) -> ir.Value | None:
+    """What a cast for ``reader`` (which reads ``via``) waits for: ``reader``'s first computed input.
+
+    A reader that only moves the weight further (the backward's ``Transpose`` of the forward's)
+    has none: then it is the first computed input of the node after the chain of movers, when
+    that value is written before ``reader`` runs (``order``: the top-level graph's original
+    node order). Without a trigger the cast would read the constant alone, and a runtime may
+    run it first, or fold it into a float32 copy for the session's life (onnxruntime 1.32's
+    ``FuseInitializersTransformer`` does).
+    """
+    node, edge = reader, via
+    for _ in range(16):  # a chain of movers is short; a longer one goes untriggered
+        found = _computed_input(node, edge)
+        if found is not None:
+            if node is reader:
+                return found
+            producer = found.producer()
+            if producer is None:  # a graph input: there from the start
+                return found
+            if producer not in order or reader not in order:
+                return None
+            return found if order[producer] < order[reader] else None
+        if node.op_type not in _MOVERS or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            return None
+        uses = list(node.outputs[0].uses())
+        if not uses or uses[0].node.graph is not reader.graph:
+            return None
+        edge, node = node.outputs[0], uses[0].node
+    return None
 
 
 def _delayed_cast(
