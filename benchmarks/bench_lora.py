@@ -21,7 +21,9 @@ Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is 
   (after one warm-up step) and peak RSS; ``-fp32`` / ``-fp16`` is the frozen base's storage
   (``generate_artifacts(base_dtype="float16")``); ``node-fp32``: the JavaScript client's
   ``onnxruntime-node`` (``js/bin/onnxblocks-train.mjs``, all cores; npm-installed once by
-  ``tests/support/web_support.py``), the same portable artifacts;
+  ``tests/support/web_support.py``), the same portable artifacts; ``browser-fp32``: the LoRA page
+  (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium, on portable artifacts of
+  its own (with ``logits``), step time from the wall times of two visits (its peak RSS is not measured);
 * the sizes of ``base_weights.bin``, the checkpoint and the web state file (``params.safetensors``).
 
 The frozen base's size (fp32) is printed first: the peaks are compared with it.
@@ -62,6 +64,7 @@ STEPS = {
     "stock-fp32": ("stock", True, None),
     "stock-fp16": ("stock", True, "float16"),
     "node-fp32": ("node", True, None),
+    "browser-fp32": ("browser", True, None),
     "torch-peft": ("torch", False, None),
 }
 
@@ -251,6 +254,63 @@ def child_node(directory: Path, steps: int) -> dict:
     }
 
 
+def child_browser(model: Path, site: Path, steps: int) -> dict:
+    """The LoRA page (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium, on this model.
+
+    The site holds its own portable artifacts (with ``logits``, which the page's generation reads) and a plan of
+    the benchmark's batch; the held-out set and prompt are 5 tokens, so the page's evaluation stays small.
+    The step time is the difference of the wall times of a 1-step and a ``steps + 1``-step visit, over ``steps``.
+    """
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support import web_support
+
+    import onnxblocks
+    from onnxblocks import losses
+    from onnxblocks.peft import LoraConfig
+    from onnxblocks.runtime import TrainingSession
+    from onnxblocks.web import write_safetensors, write_state
+    from onnxblocks.web.server import serving
+    from onnxblocks.web.site import copy_client
+
+    site.mkdir(parents=True)
+    art = site / "lora"
+    onnxblocks.generate_artifacts(
+        model,
+        loss=losses.CrossEntropyLoss(class_axis=-1),
+        optimizer=onnxblocks.OptimType.AdamW,
+        artifact_directory=art,
+        additional_output_names=["logits"],
+        lora=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS),
+        portable=True,
+    )
+    write_state(art)
+    copy_client(site, "demo/lora.html")
+    ids, labels = TrainingSession(art).input_names
+    x, y = batch()
+    held = x[:1, :5].copy()
+    tensors = {f"train/0/{ids}": x, f"train/0/{labels}": y, f"held_out/{ids}": held, f"held_out/{labels}": held}
+    tensors["prompts"] = held[:, :3].copy()
+    js, chromium = web_support.workspace(site.parent / "client"), web_support.chromium()
+    walls, report = {}, {}
+    with serving(site) as url:
+        for n in (1, steps + 1):
+            write_safetensors(site / "lora_plan.safetensors", tensors, {"learning_rate": str(LR), "steps": str(n)})
+            start = time.perf_counter()
+            report = web_support.run_node(
+                js, "tools/browser-run.mjs", url + "demo/lora.html", "--chromium", str(chromium),
+                "--timeout", "3000", timeout=3600,
+            )  # fmt: skip
+            walls[n] = time.perf_counter() - start
+            if report.get("status") != "done":
+                raise RuntimeError(f"the page did not finish: {report.get('error')}")
+    return {
+        "backend": f"onnxruntime-web {report.get('onnxruntime')} (WASM, 1 thread), headless Chromium",
+        "step_s": (walls[steps + 1] - walls[1]) / steps,
+        "losses": report["losses"],
+    }
+
+
 # ------------------------------------------------------------------ the parent
 def run_child(args: list[str], python: str = sys.executable) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
@@ -291,6 +351,7 @@ def main() -> None:
             "session": lambda: child_session(Path(rest[0]), int(rest[1])),
             "torch": lambda: child_torch(int(rest[0]), int(rest[1])),
             "node": lambda: child_node(Path(rest[0]), int(rest[1])),
+            "browser": lambda: child_browser(Path(rest[0]), Path(rest[1]), int(rest[2])),
         }[kind]()
         print(json.dumps(result))
         return
@@ -313,6 +374,10 @@ def main() -> None:
             kind, portable, dtype = STEPS[name]
             if kind == "torch":
                 rows.append((name, run_child(["torch", str(args.layers), str(args.steps)])))
+                print(name, rows[-1][1], flush=True)
+                continue
+            if kind == "browser":  # its own artifacts (with logits, for the page)
+                rows.append((name, run_child(["browser", str(model), str(Path(tmp) / "browser"), str(args.steps)])))
                 print(name, rows[-1][1], flush=True)
                 continue
             key = (portable, dtype)
@@ -348,8 +413,8 @@ def main() -> None:
         step = r.get("step_s", float("nan"))
         opened = r.get("rss_open_mib", float("nan"))
         print(
-            f"{name:<28} {seconds:>9.2f} {step:>8.2f} {opened:>9.0f} {r['peak_mib']:>9.0f} "
-            f"{r['peak_mib'] * 2**20 / base:>9.2f}"
+            f"{name:<28} {seconds:>9.2f} {step:>8.2f} {opened:>9.0f} {r.get('peak_mib', float('nan')):>9.0f} "
+            f"{r.get('peak_mib', float('nan')) * 2**20 / base:>9.2f}"
         )
 
 
