@@ -278,12 +278,29 @@ def test_onnxruntime_keeps_the_cast_base_in_float16(tmp_path, frozen_base):
     assert TensorProto.FLOAT not in kinds and casts >= 2, (kinds, casts)  # the forward's reader and the backward's
 
 
-def test_a_cast_behind_a_chain_of_transposes_waits_for_the_reader_after_them():
-    """The backward reads ``Transpose(Transpose(W))``: its cast waits for the MatMul's other input, not for nothing."""
+def _cast_graph(nodes: list, w: np.ndarray, output: str) -> onnx.ModelProto:
+    """``nodes`` (input ``x`` [N, w.shape[1]], initializer ``W``) with ``W`` stored in float16 and cast back."""
     import onnx_ir as ir
 
     from onnxblocks.ir import edit, serde
 
+    graph = onnx.helper.make_graph(
+        nodes,
+        "g",
+        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w.shape[1]])],
+        [onnx.helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", w.shape[1]])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    model = serde.from_proto(proto)
+    assert edit.cast_initializers(model.graph, {"W": ir.tensor(w.astype(np.float16), name="W")}) == ["W"]
+    cast = serde.to_proto(model)
+    onnx.checker.check_model(cast)
+    return cast
+
+
+def test_a_cast_behind_a_chain_of_transposes_waits_for_the_reader_after_them():
+    """The backward reads ``Transpose(Transpose(W))``: its cast waits for the MatMul's other input, not for nothing."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((4, 6)).astype(np.float32)
     nodes = [
@@ -294,18 +311,7 @@ def test_a_cast_behind_a_chain_of_transposes_waits_for_the_reader_after_them():
         onnx.helper.make_node("Transpose", ["Wt"], ["Wtt"], name="back_t"),
         onnx.helper.make_node("MatMul", ["dy", "Wtt"], ["dx"], name="backward"),
     ]
-    graph = onnx.helper.make_graph(
-        nodes,
-        "g",
-        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
-        [onnx.helper.make_tensor_value_info("dx", TensorProto.FLOAT, ["N", 6])],
-        [numpy_helper.from_array(w, "W")],
-    )
-    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
-    model = serde.from_proto(proto)
-    assert edit.cast_initializers(model.graph, {"W": ir.tensor(w.astype(np.float16), name="W")}) == ["W"]
-    cast = serde.to_proto(model)
-    onnx.checker.check_model(cast)
+    cast = _cast_graph(nodes, w, "dx")
     produced = {o: n for n in cast.graph.node for o in n.output}
     triggers = []
     for node in (n for n in cast.graph.node if n.op_type == "Cast"):
@@ -338,10 +344,6 @@ def test_each_cast_waits_for_its_reader_input(tmp_path):
 
 def test_a_transposed_base_is_cast_and_transposed_again_for_each_reader():
     """``x @ W^T`` as TorchScript exports a Linear, and ``W`` read again: each reader gets its own Cast."""
-    import onnx_ir as ir
-
-    from onnxblocks.ir import edit, serde
-
     rng = np.random.default_rng(0)
     w = rng.standard_normal((5, 5)).astype(np.float32)
     nodes = [
@@ -351,19 +353,7 @@ def test_a_transposed_base_is_cast_and_transposed_again_for_each_reader():
         onnx.helper.make_node("Tanh", ["h"], ["g"], name="mid"),
         onnx.helper.make_node("MatMul", ["g", "W"], ["y"], name="second"),  # and the weight itself
     ]
-    graph = onnx.helper.make_graph(
-        nodes,
-        "g",
-        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5])],
-        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
-        [numpy_helper.from_array(w, "W")],
-    )
-    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
-    model = serde.from_proto(proto)
-    half = ir.tensor(w.astype(np.float16), name="W")
-    assert edit.cast_initializers(model.graph, {"W": half}) == ["W"]
-    cast = serde.to_proto(model)
-    onnx.checker.check_model(cast)
+    cast = _cast_graph(nodes, w, "y")
     ops = [n.op_type for n in cast.graph.node]
     assert ops.count("Cast") == 2 and ops.count("Reshape") == 2  # one per reader, each waiting for its input
     transposes = [n for n in cast.graph.node if n.op_type == "Transpose"]
