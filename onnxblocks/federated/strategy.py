@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -130,18 +130,7 @@ class ValidatingStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop the replies that fail the checks, then aggregate the others with the wrapped strategy."""
-        kept = []
-        replies = list(replies)
-        self._silent(server_round, "train", replies)
-        for message in replies:
-            reason = self._reason(message, lambda content: check_train_reply(content, self.reference))
-            if reason is not None:
-                self._drop(server_round, "train", message, reason)
-                continue
-            kept.append(message)
-        kept = self._same_metric_keys(server_round, "train", kept)
-        for message in kept:
-            self._record_client(server_round, "train", message)
+        kept = self._screen(server_round, "train", replies, lambda content: check_train_reply(content, self.reference))
         self.history.rounds = max(self.history.rounds, server_round)
         if not kept:
             logger.warning("round %d: no training reply passed the checks; the global model stays", server_round)
@@ -171,18 +160,7 @@ class ValidatingStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Drop the evaluation replies that fail the checks, then aggregate the others."""
-        kept = []
-        replies = list(replies)
-        self._silent(server_round, "evaluate", replies)
-        for message in replies:
-            reason = self._reason(message, check_evaluate_reply)
-            if reason is not None:
-                self._drop(server_round, "evaluate", message, reason)
-                continue
-            kept.append(message)
-        kept = self._same_metric_keys(server_round, "evaluate", kept)
-        for message in kept:
-            self._record_client(server_round, "evaluate", message)
+        kept = self._screen(server_round, "evaluate", replies, check_evaluate_reply)
         metrics = self.strategy.aggregate_evaluate(server_round, kept) if kept else None
         if metrics is not None:
             self.history.evaluate.append({"round": server_round, **_plain(metrics)})
@@ -195,6 +173,24 @@ class ValidatingStrategy(Strategy):
         sent = list(messages)
         self._asked[phase] = [int(m.metadata.dst_node_id) for m in sent]
         return sent
+
+    def _screen(
+        self, server_round: int, phase: str, replies: Iterable[Message], check: Callable[[Any], str | None]
+    ) -> list[Message]:
+        """The replies of ``phase`` that pass ``check`` and share metric keys; the others dropped and recorded."""
+        replies = list(replies)
+        self._silent(server_round, phase, replies)
+        kept = []
+        for message in replies:
+            reason = self._reason(message, check)
+            if reason is not None:
+                self._drop(server_round, phase, message, reason)
+                continue
+            kept.append(message)
+        kept = self._same_metric_keys(server_round, phase, kept)
+        for message in kept:
+            self._record_client(server_round, phase, message)
+        return kept
 
     def _silent(self, server_round: int, phase: str, replies: list[Message]) -> None:
         """Record the nodes that were asked and sent no reply (they hung, or died without an error reply)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.federation import flower_processes, kill_flower_processes
-from support.flower_apps import client_files, spiral_artifacts
+from support.flower_apps import client_files, session_steps, spiral_artifacts
 
 from onnxblocks.cli import main
 from onnxblocks.runtime import TrainingSession
@@ -38,17 +38,10 @@ def _separate_sessions(art: Path, files: list[str]) -> dict[str, np.ndarray]:
     total: dict[str, np.ndarray] = {}
     rows_all = 0
     for path in files:
-        session = TrainingSession(art)
-        session.learning_rate = LR
-        with np.load(path) as data:
-            x, y = data["features"], data["labels"]
-        for step in range(STEPS):
-            rows = slice(step * BATCH, (step + 1) * BATCH)
-            session.train_step(x[rows], y[rows])
-            session.optimizer_step()
-        for name, value in session.parameters(trainable_only=True).items():
-            total[name] = total.get(name, 0.0) + len(x) * value.astype(np.float64)
-        rows_all += len(x)
+        params, rows = session_steps(art, path, STEPS, LR, BATCH)
+        for name, value in params.items():
+            total[name] = total.get(name, 0.0) + rows * value.astype(np.float64)
+        rows_all += rows
     return {name: value / rows_all for name, value in total.items()}
 
 

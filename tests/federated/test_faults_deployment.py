@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 from support.federation import FAULT_APP, flower_processes
-from support.flower_apps import client_files, spiral_artifacts
+from support.flower_apps import client_files, session_steps, spiral_artifacts
 
 from onnxblocks.federated.deployment import LocalDeployment, NodeSpec
 from onnxblocks.federated.project import write_app
@@ -31,18 +31,6 @@ pytestmark = pytest.mark.slow
 STEPS, BATCH, LR = 2, 6, 0.1
 #: Seconds a round waits for replies: well above a healthy client's round on a loaded 2-core machine.
 ROUND_TIMEOUT = 60.0
-
-
-def _local(art, path):
-    session = TrainingSession(art)
-    session.learning_rate = LR
-    with np.load(path) as data:
-        x, y = data["features"], data["labels"]
-    for step in range(STEPS):
-        rows = slice(step * BATCH, (step + 1) * BATCH)
-        session.train_step(x[rows], y[rows])
-        session.optimizer_step()
-    return session.parameters(trainable_only=True), len(x)
 
 
 def test_a_nan_client_a_hanging_client_and_a_killed_client_are_dropped_and_reported(tmp_path):
@@ -98,7 +86,7 @@ def test_a_nan_client_a_hanging_client_and_a_killed_client_are_dropped_and_repor
     log = outcome.log.read_text()
     assert log.count("dropped the train reply") + log.count("no reply") >= 3
     final = TrainingSession(art, checkpoint=out / "ckpt").parameters(trainable_only=True)
-    (a, ra), (b, rb) = _local(art, files[0]), _local(art, files[1])
+    (a, ra), (b, rb) = (session_steps(art, f, STEPS, LR, BATCH) for f in files[:2])
     for name, value in final.items():
         assert np.isfinite(value).all(), name
         expected = (ra * a[name].astype(np.float64) + rb * b[name].astype(np.float64)) / (ra + rb)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.federation import flower_processes
-from support.flower_apps import client_files, spiral_artifacts
+from support.flower_apps import client_files, session_steps, spiral_artifacts
 
 from onnxblocks.cli import main
 from onnxblocks.runtime import TrainingSession
@@ -38,18 +38,6 @@ def flower_python313():
         return ensure_python313_flower()
     except PortableEnvError as exc:
         pytest.fail(str(exc))
-
-
-def _local(art: Path, path: str, backend: str) -> tuple[dict[str, np.ndarray], int]:
-    session = TrainingSession(art, backend=backend)
-    session.learning_rate = LR
-    with np.load(path) as data:
-        x, y = data["features"], data["labels"]
-    for step in range(STEPS):
-        rows = slice(step * BATCH, (step + 1) * BATCH)
-        session.train_step(x[rows], y[rows])
-        session.optimizer_step()
-    return session.parameters(trainable_only=True), len(x)
 
 
 def test_a_training_build_client_and_a_stock_onnxruntime_client_train_one_model(
@@ -95,8 +83,8 @@ def test_a_training_build_client_and_a_stock_onnxruntime_client_train_one_model(
     assert "flower-supernode" in first_line
     shim = Path(first_line.split()[1]).read_text()
     assert str(flower_python313) in shim
-    a, rows_a = _local(training, files[0], "training")
-    b, rows_b = _local(portable, files[1], "portable")
+    a, rows_a = session_steps(training, files[0], STEPS, LR, BATCH, backend="training")
+    b, rows_b = session_steps(portable, files[1], STEPS, LR, BATCH, backend="portable")
     final = TrainingSession(training, checkpoint=out / "ckpt").parameters(trainable_only=True)
     for name in final:
         expected = (rows_a * a[name].astype(np.float64) + rows_b * b[name].astype(np.float64)) / (rows_a + rows_b)

@@ -15,7 +15,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from support import hf_families
-from support.flower_apps import simulate
+from support.flower_apps import session_steps, simulate
 
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.checkpoint import load_checkpoint
@@ -54,31 +54,10 @@ def lora(tmp_path_factory):
     return root, artifacts.directory, info, files
 
 
-@pytest.fixture
-def task_identity():
-    """Messages are stamped with the run and node of the process, as in a real run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def separate_sessions(art, files):
     """Each client's adapters after the round's AdamW steps, in a session of its own."""
-    results = []
-    for path in files:
-        session = TrainingSession(art)
-        session.learning_rate = LOCAL["lr"]
-        with np.load(path) as data:
-            ids, labels = data["arr_0"], data["arr_1"]
-        for step in range(LOCAL["local_steps"]):
-            rows = slice(step * LOCAL["batch_size"], (step + 1) * LOCAL["batch_size"])
-            session.train_step(ids[rows], labels[rows])
-            session.optimizer_step()
-        results.append(session.parameters(trainable_only=True))
-    return results
+    steps, lr, batch = LOCAL["local_steps"], LOCAL["lr"], LOCAL["batch_size"]
+    return [session_steps(art, path, steps, lr, batch)[0] for path in files]
 
 
 def weighted(results):

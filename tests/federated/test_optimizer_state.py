@@ -34,17 +34,6 @@ def setup(tmp_path_factory):
     return root, arts, client_files(root, (ROWS,))[0]
 
 
-@pytest.fixture
-def task_identity():
-    """Messages are stamped with the run and node of the process, as in a real run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
 def continuous(art, path, epochs):
     """One session, ``epochs`` passes over the file in order: the reference of kept state."""
     session = TrainingSession(art)

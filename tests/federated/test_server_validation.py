@@ -12,16 +12,8 @@ from onnxblocks.federated import FederatedHistory, ServerSettings, ValidatingStr
 from onnxblocks.federated.records import to_record
 from onnxblocks.federated.validation import specs_of
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages are stamped with the run and node of the process: a ServerApp's, as in a real run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+#: Every test here builds messages, stamped as in a real run (``conftest.task_identity``).
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 GLOBAL = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}

@@ -25,15 +25,8 @@ from onnxblocks.federated.validation import MAX_EXAMPLES, check_header, check_me
 GLOBAL = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "s": np.zeros((), np.float32)}
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages are stamped with the run and node of the process: a ServerApp's, as in a real run."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+#: Every test here builds messages, stamped as in a real run (``conftest.task_identity``).
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def filled(value):

@@ -75,6 +75,27 @@ def simulate(server_app: Any, client_app: Any, nodes: int) -> None:
     )
 
 
+def session_steps(
+    artifacts_dir: Path, path: str, steps: int, lr: float, batch_size: int, backend: str | None = None
+) -> tuple[dict[str, np.ndarray], int]:
+    """One fresh ``TrainingSession``'s ``steps`` steps (its own optimizer) on batches in file order.
+
+    Returns:
+        The trainable parameters after them, and the rows of the client's file (its FedAvg weight).
+    """
+    from onnxblocks.runtime import TrainingSession
+
+    session = TrainingSession(artifacts_dir, backend=backend) if backend else TrainingSession(artifacts_dir)
+    session.learning_rate = lr
+    with np.load(path) as data:  # the spiral files' names, or numpy.savez's positional ones
+        x, y = (data[k] for k in (("features", "labels") if "features" in data else ("arr_0", "arr_1")))
+    for step in range(steps):
+        rows = slice(step * batch_size, (step + 1) * batch_size)
+        session.train_step(x[rows], y[rows])
+        session.optimizer_step()
+    return session.parameters(trainable_only=True), len(x)
+
+
 def sgd_reference(
     artifacts_dir: Path,
     path: str,
