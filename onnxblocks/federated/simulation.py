@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 
 from onnxblocks._core.errors import FileMissingError, InvalidValueError, StateError, UnknownNameError
 from onnxblocks.federated.history import FederatedHistory
+from onnxblocks.federated.processes import free_port
 from onnxblocks.federated.server import ServerSettings
 
 #: Seconds to wait for the SuperLink's health endpoint.
@@ -116,7 +116,7 @@ def _simulate(
         config[f"eval-data-path-{i}"] = str(Path(path).resolve())
     app = write_flower_app(root / "app", config)
     home = root / "flwr-home"
-    port = _free_port()
+    port = free_port()
     home.mkdir(exist_ok=True)
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n',
@@ -221,12 +221,6 @@ def _tool(name: str) -> str:
     if found is None:
         raise FileMissingError(f"Flower's '{name}' command is missing; pip install \"onnxblocks[flower]\".")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait_healthy(port: int, process: subprocess.Popen, log: Path) -> None:
