@@ -22,6 +22,7 @@ from typing import BinaryIO
 import onnx
 from onnx import numpy_helper
 
+from onnxblocks._core import dirlock as _dirlock
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import tempfiles as _tempfiles
 from onnxblocks._core import weights as _weights
@@ -50,14 +51,13 @@ _SMALL_ALIGN = 64
 def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
     """Write several files so that each appears complete or not at all.
 
-    Yields one temporary path per target, in the target's directory. When the
-    ``with`` block ends normally each temporary file is moved over its target
-    (``os.replace``), in the order given, so put the file that refers to the
-    others last. When it raises, every temporary file is removed and the
-    targets are left as they were. Temporary names carry the writer's process
-    id (:mod:`onnxblocks._core.tempfiles`): those left by killed runs in the
-    targets' directories are removed first. Files are created with the umask,
-    as ``open()`` creates them.
+    Yields one temporary path per target, in the target's directory. When the ``with`` block
+    ends normally each temporary file is moved over its target (``os.replace``), in the order
+    given (put the file that refers to the others last), under the directory's lock when there
+    are several, so two writers never interleave. When it raises, every temporary file is
+    removed and the targets are left as they were. Temporary names carry the writer's process
+    id (:mod:`onnxblocks._core.tempfiles`): those of killed runs in the targets' directories
+    are removed first. Files are created with the umask, as ``open()`` creates them.
 
     Raises:
         FileNotFoundError: if a target's directory does not exist.
@@ -82,8 +82,9 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
     temps = [_tempfiles.temp_path(f) for f in finals]
     try:
         yield temps  # the writers create them (pre-creating and truncating them would force a flush on ext4)
-        for temp, final in zip(temps, finals, strict=True):
-            os.replace(temp, final)
+        with _dirlock.files_lock(finals):
+            for temp, final in zip(temps, finals, strict=True):
+                os.replace(temp, final)
     except BaseException as exc:
         for temp in temps:
             with contextlib.suppress(FileNotFoundError):

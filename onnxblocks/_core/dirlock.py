@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from onnxblocks._core.errors import LockTimeoutError
@@ -35,7 +35,8 @@ DEFAULT_TIMEOUT_S = 300.0
 _POLL_S = 0.02
 
 
-def _try_lock(fd: int) -> bool:
+def try_lock(fd: int) -> bool:
+    """Take the exclusive lock of the open file ``fd`` if no other open file holds it; True if taken."""
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -49,6 +50,49 @@ def _try_lock(fd: int) -> bool:
     except OSError:  # pragma: no cover - Windows
         return False
     return True  # pragma: no cover - Windows
+
+
+def hold(path: Path) -> int:
+    """Create the file ``path`` (it must not exist) and lock it for as long as the returned descriptor is open.
+
+    The lock says "in use" to :func:`is_held` in any process or thread, until the
+    descriptor is closed or its process dies, even after the file is renamed or removed.
+
+    Raises:
+        FileExistsError: if ``path`` exists.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        while not try_lock(fd):  # only a reader probing it (is_held) can hold it, for an instant
+            time.sleep(_POLL_S)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def is_held(path: Path) -> bool:
+    """Whether the file ``path`` is locked by a live holder (:func:`hold`); False if it is missing.
+
+    True where it cannot be told (no permission to open it, or Windows, where probing
+    a lock would block the holder's reads), so that nothing is ever taken for abandoned
+    while in use.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return path.exists()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        if not try_lock(fd):
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -73,7 +117,7 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
-            while not _try_lock(fd):
+            while not try_lock(fd):
                 if time.monotonic() >= deadline:
                     raise LockTimeoutError(
                         f"Another generate_artifacts call has been writing into '{directory}' for more than "
@@ -93,3 +137,15 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)
+
+
+def files_lock(paths: Sequence[Path], timeout: float = DEFAULT_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+    """The lock of the directory of ``paths`` while they are replaced together (none for a single file).
+
+    Two writers replacing the same files one by one would otherwise interleave: one's
+    model with the other's external data, or one's adapter weights with the other's config.
+    """
+    parents = {p.parent for p in paths}
+    if len(paths) < 2 or len(parents) != 1:
+        return contextlib.nullcontext()
+    return directory_lock(next(iter(parents)), timeout)

@@ -3,8 +3,12 @@
 A staging folder (of :mod:`onnxblocks.artifacts.files`) is named
 ``[.<target>].onnxblocks-artifacts-<pid>-<token>@<host>``: inside an artifact
 directory, or beside a directory ``<target>`` not created yet. Its owner is the
-process ``pid`` on the host whose name hashes to ``host``. When that process is
-gone (on this host), the folder is a *leftover*: :func:`leftovers` lists those in
+process ``pid`` on the host whose name hashes to ``host``, and holds the lock
+(:func:`onnxblocks._core.dirlock.hold`) of its owner record ``.owner`` while it
+uses the folder. The folder is a *leftover* only when both say its owner is gone:
+that process no longer runs on this host, and nobody holds the record's lock (a
+folder made a moment ago has no record yet; its name alone keeps it, as the
+pid in it is alive). :func:`leftovers` lists those in
 and beside a directory, :func:`clean` removes them (rolling back a commit one cut
 short, from its journal) together with a killed writer's lock and temporary files.
 Folders of live processes, and of other hosts (a shared file system), are never touched.
@@ -24,6 +28,7 @@ import re
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +48,7 @@ STAGE_NAME = re.compile(
 )
 #: Inside a staging directory: the journal of a commit in progress, the old files moved aside, the owner record.
 _JOURNAL, _OLD, _OWNER = ".journal", ".old", ".owner"
-#: The owner record of a staging directory (the one file in it before the caller writes).
+#: The owner record of a staging directory (the one file in it before the caller writes), locked by its owner.
 OWNER_FILE = _OWNER
 _BOOKKEEPING = (_JOURNAL, _OLD, _OWNER, ".journal.tmp")
 #: Every file name a set may hold, without its prefix.
@@ -51,7 +56,9 @@ _SUFFIXES = tuple(ArtifactNames("").owned())
 #: This host, as staging directories name it.
 HOST_TAG = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
-_active: set[Path] = set()  # staging directories of this process in use (another thread may be staging)
+# names of this process's staging directories in use (another thread may be staging): by name, which is
+# unique (pid and random token), as one folder is reached by many paths (relative, through links)
+_active: set[str] = set()
 _active_lock = threading.Lock()
 
 
@@ -102,8 +109,48 @@ def _is_stale(path: Path, match: re.Match[str]) -> bool:
     pid = int(match.group("pid"))
     if pid == os.getpid():
         with _active_lock:
-            return path not in _active
-    return not _tempfiles.writer_alive(pid)
+            return path.name not in _active
+    return not _tempfiles.writer_alive(pid) and not _lock.is_held(path / _OWNER)
+
+
+def claim(stage: Path) -> int:
+    """Create the staging directory ``stage`` of this process and its locked owner record.
+
+    The name is registered as in use before the folder exists, so that no other
+    thread's cleanup takes it for a leftover in between.
+
+    Returns:
+        The descriptor holding the owner record's lock: close it (and :func:`release`
+        the name) when the folder is gone.
+    """
+    with _active_lock:
+        _active.add(stage.name)
+    os.mkdir(stage)  # the umask applies, as for any mkdir
+    return own(stage)
+
+
+def own(stage: Path) -> int:
+    """Write the locked owner record of this process's staging directory ``stage``; return its descriptor."""
+    with _active_lock:
+        _active.add(stage.name)
+    fd = _lock.hold(stage / _OWNER)
+    try:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "host_tag": HOST_TAG, "started": time.time()}
+        os.write(fd, json.dumps(owner).encode())
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release(stage: Path | None, fd: int | None = None) -> None:
+    """Let ``stage`` count as a leftover again once its files are gone: forget its name, close its record."""
+    if stage is not None:
+        with _active_lock:
+            _active.discard(stage.name)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _candidates(directory: Path) -> list[tuple[Path, re.Match[str]]]:

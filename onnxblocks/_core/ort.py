@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +33,8 @@ LOG_LEVEL_ENV = "ONNXBLOCKS_ORT_LOG_LEVEL"
 #: stay out of the output. A failed run is reported once, by the exception, not logged besides.
 DEFAULT_LOG_LEVEL = 3
 _asked: int | None = None  # set by the command line's --verbose
+_imported: ModuleType | None = None  # the package, once its import has finished
+_import_lock = threading.Lock()  # one guarded import at a time: the probe guard is process-wide
 
 
 def set_log_level(level: int | None) -> None:
@@ -79,18 +82,26 @@ def run_options() -> Any:
 
 
 def onnxruntime() -> ModuleType:
-    """Import and return the ``onnxruntime`` package without its torch-importing probe."""
-    if "onnxruntime" in sys.modules:
-        return sys.modules["onnxruntime"]
-    guarded = _PROBE not in sys.modules
-    if guarded:
-        sys.modules[_PROBE] = None  # type: ignore[assignment]  # None makes the import fail; typeshed allows modules only
-    try:
-        import onnxruntime as ort
-    finally:
-        if guarded and sys.modules.get(_PROBE, 0) is None:
-            del sys.modules[_PROBE]
-    return ort
+    """Import and return the ``onnxruntime`` package without its torch-importing probe.
+
+    Thread-safe: a thread never sees the package half imported by another (``sys.modules``
+    holds it from the start of its import, before ``InferenceSession`` is defined).
+    """
+    global _imported
+    if _imported is not None:
+        return _imported
+    with _import_lock:
+        if _imported is None:
+            guarded = _PROBE not in sys.modules
+            if guarded:
+                sys.modules[_PROBE] = None  # type: ignore[assignment]  # None fails the import; typeshed wants a module
+            try:
+                import onnxruntime as ort  # waits for an import another thread (the user's) has under way
+            finally:
+                if guarded and sys.modules.get(_PROBE, 0) is None:
+                    del sys.modules[_PROBE]
+            _imported = ort
+    return _imported
 
 
 def capi() -> ModuleType:

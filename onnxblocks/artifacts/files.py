@@ -18,7 +18,8 @@ creates it). When the caller has written the new set there, the set is
 
 A writer killed during step 3 leaves its journal behind: the next call that opens
 the directory rolls the set back to the old files first. Staging directories
-whose owner is dead on this host (its pid no longer runs) are *leftovers*:
+whose owner is dead on this host (its pid no longer runs, and nobody holds the lock of
+its ``.owner`` record) are *leftovers*:
 :func:`clean` removes them, and every onnxblocks call that opens an artifact
 directory calls it (``generate_artifacts``, ``TrainingSession``, ``onnxblocks
 inspect`` / ``train``, ``onnxblocks.web.write_state``), as does ``onnxblocks clean
@@ -34,8 +35,6 @@ import json
 import logging
 import os
 import shutil
-import socket
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -56,10 +55,13 @@ from onnxblocks._core.leftovers import (
     _active,
     _active_lock,
     _roll_back,
+    claim,
     clean,
     leftovers,
+    own,
     recover,
     recover_stale,
+    release,
 )
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.artifacts import lock as _lock
@@ -84,20 +86,6 @@ __all__ = [
 def _stage_name(target: str | None) -> str:
     token = f"{_tempfiles.writer_token()}@{HOST_TAG}"
     return f".{target}{STAGE_PREFIX}{token}" if target is not None else f"{STAGE_PREFIX}{token}"
-
-
-def _make_stage(stage: Path) -> None:
-    with _active_lock:  # before it exists: another thread's cleanup must never take it for a stale one
-        _active.add(stage)
-    os.mkdir(stage)  # the umask applies, as for any mkdir
-    owner = {"pid": os.getpid(), "host": socket.gethostname(), "host_tag": HOST_TAG, "started": time.time()}
-    (stage / _OWNER).write_text(json.dumps(owner))
-
-
-def _forget(stage: Path | None) -> None:
-    if stage is not None:
-        with _active_lock:
-            _active.discard(stage)
 
 
 def _missing_top(directory: Path) -> Path | None:
@@ -139,29 +127,30 @@ def staging(
     clean(directory, lock_timeout=_lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout)
     stage: Path | None = None
     moved: Path | None = None
+    records: list[int] = []  # the locked owner records of this call's staging directories
+    claimed: list[Path] = []  # and their paths, registered as in use in this process
     timeout = _lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout
     try:
         if top is None:
             stage = directory / _stage_name(None)
-            _make_stage(stage)
+            claimed.append(stage)
+            records.append(claim(stage))
             inner = stage
         else:  # a new directory: built whole beside where it goes, then renamed into place
             stage = top.parent / _stage_name(top.name)
-            _make_stage(stage)
+            claimed.append(stage)
+            records.append(claim(stage))
             inner = stage / directory.relative_to(top)
             inner.mkdir(parents=True, exist_ok=True)
         yield inner
         if top is not None and _rename_new(stage, top):
             return
         if top is not None:  # another writer created the directory meanwhile: commit into it as into any
-            directory.mkdir(parents=True, exist_ok=True)
             moved = directory / _stage_name(None)
-            with _active_lock:
-                _active.add(moved)
-            os.rename(inner, moved)
-            (moved / _OWNER).write_text((stage / _OWNER).read_text())
-            shutil.rmtree(stage, ignore_errors=True)
-            _forget(stage)
+            claimed.append(moved)
+            _move_into(inner, directory, moved)
+            records.append(own(moved))  # the stage's record was taken out (_rename_new)
+            shutil.rmtree(stage, ignore_errors=True)  # what is left of the stage (its parents of `inner`), if any
             stage, inner = moved, moved
         with _lock.directory_lock(directory, timeout):
             recover_stale(directory)
@@ -171,13 +160,33 @@ def staging(
             if path is not None and path.exists() and not (path / _JOURNAL).exists():
                 shutil.rmtree(path, ignore_errors=True)
         raise
-    finally:
-        _forget(stage)
-        _forget(moved)
+    finally:  # only now, with the folders gone (or left to the next run), may cleaners take them for leftovers
+        for path in claimed:
+            release(path)
+        for fd in records:
+            release(None, fd)
+
+
+def _move_into(inner: Path, directory: Path, moved: Path) -> None:
+    """Move the staged files ``inner`` to ``moved`` inside ``directory``, which another writer created."""
+    with _active_lock:
+        _active.add(moved.name)  # before it exists, as for any staging directory
+    try:
+        directory.mkdir(parents=True, exist_ok=True)  # ``directory`` may be below the new one: its parents exist
+    except (FileExistsError, NotADirectoryError):
+        raise NotAFolderError(
+            f"Cannot write the artifacts into '{directory}': a file was put there while they were generated. "
+            "Remove it, or write into another artifact_directory."
+        ) from None
+    os.rename(inner, moved)
 
 
 def _rename_new(stage: Path, top: Path) -> bool:
-    """Rename the staged new directory ``stage`` to ``top``; False if ``top`` exists by now."""
+    """Rename the staged new directory ``stage`` to ``top``; False if ``top`` exists by now.
+
+    The owner record is taken out first, so that the new directory holds artifacts only; the
+    name (a live pid, registered in this process) keeps ``stage`` from cleaners meanwhile.
+    """
     (stage / _OWNER).unlink()
     if top.exists():
         return False
