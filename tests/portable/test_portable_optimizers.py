@@ -5,7 +5,10 @@ Over several steps with random gradients and a changing learning rate:
 * the portable optimizer model equals the training build's ``AdamWOptimizer`` /
   ``SGDOptimizerV2`` (+ ``InplaceClipGradNorm``) kernels at rtol 1e-6;
 * and ``torch.optim.AdamW`` / ``torch.optim.SGD`` (+ ``torch.nn.utils.clip_grad_norm_``)
-  at rtol 1e-5; Hugging Face mode against its update rule written in torch.
+  at rtol 1e-5, run in float32 and in float64; Hugging Face mode against its update rule written in torch.
+
+Comparisons go through ``support.numerics``: the floor of each step's parameter is its operands'
+magnitude, ``|previous value| + |update|`` of the reference.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import onnx
 import pytest
 import torch
 from onnx import helper
+from support.numerics import assert_close
 
 import onnxblocks
 from onnxblocks import optim
@@ -122,8 +126,10 @@ def _hf_adamw_step(p, g, m1, m2, lr, step, betas, eps, decay):  # Hugging Face's
     p.add_(p, alpha=-lr * decay)
 
 
-def _run_torch(kind: str, mode: str, decay: float, clip: float | None, grad_scale: float) -> list[list[np.ndarray]]:
-    params = [torch.from_numpy(p.copy()).requires_grad_() for p in _params()]
+def _run_torch(
+    kind: str, mode: str, decay: float, clip: float | None, grad_scale: float, dtype=torch.float32
+) -> list[list[np.ndarray]]:
+    params = [torch.from_numpy(p.copy()).to(dtype).requires_grad_() for p in _params()]
     betas, eps = (0.9, 0.999), 1e-8
     opt = None
     if kind == "sgd":
@@ -134,7 +140,7 @@ def _run_torch(kind: str, mode: str, decay: float, clip: float | None, grad_scal
     history = []
     for step in range(STEPS):
         for p, g in zip(params, _gradients(step, grad_scale), strict=True):
-            p.grad = torch.from_numpy(g.astype(np.float32))
+            p.grad = torch.from_numpy(g).to(dtype)
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(params, clip)
         if opt is not None:
@@ -172,19 +178,33 @@ def test_portable_optimizer_equals_the_training_build(kind, mode, decay, clip, g
     model = _optimizer_model(_block(kind, mode, decay, clip))
     expected = _run_training_build(model, kind == "adamw", grad_scale)
     got = _run_portable(model, kind == "adamw", grad_scale)
+    # two float32 implementations: no float64 truth
+    _compare(got, expected, None, rtol=1e-6)
+
+
+def _compare(got, expected, expected64, rtol: float) -> None:
+    """Each step's parameters; the floor is the reference's |previous value| + |update| of that step."""
+    reference = expected64 if expected64 is not None else expected
+    previous = _params()
     for step, (e, g) in enumerate(zip(expected, got, strict=True)):
-        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
-            np.testing.assert_allclose(gp, ep, rtol=1e-6, atol=1e-7, err_msg=f"step {step + 1}, param {i}")
+        e64 = expected64[step] if expected64 is not None else [None] * len(e)
+        for i, (ep, gp, ep64) in enumerate(zip(e, g, e64, strict=True)):
+            scale = np.abs(previous[i]) + np.abs(np.subtract(reference[step][i], previous[i], dtype=np.float64))
+            assert_close(gp, ep, ep64, rtol=rtol, scale=scale, name=f"step {step + 1}, param {i}")
+        previous = reference[step]
+
+
+def _torch_references(kind, mode, decay, clip) -> tuple[list, list]:
+    """torch's parameter history in float32 and in float64."""
+    return tuple(_run_torch(kind, mode, decay, clip, 1.0, dtype) for dtype in (torch.float32, torch.float64))
 
 
 @pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)
 def test_portable_optimizer_equals_torch(kind, mode, decay, clip):
     model = _optimizer_model(_block(kind, mode, decay, clip))
-    expected = _run_torch(kind, mode, decay, clip, 1.0)
+    expected, expected64 = _torch_references(kind, mode, decay, clip)
     got = _run_portable(model, kind == "adamw", 1.0)
-    for step, (e, g) in enumerate(zip(expected, got, strict=True)):
-        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
-            np.testing.assert_allclose(gp, ep, rtol=1e-5, atol=1e-7, err_msg=f"step {step + 1}, param {i}")
+    _compare(got, expected, expected64, rtol=1e-5)
 
 
 def test_clipping_actually_clips_in_these_cases():
@@ -195,7 +215,7 @@ def test_clipping_actually_clips_in_these_cases():
 def test_read_optimizer_reads_the_block():
     spec = read_optimizer(_optimizer_model(optim.AdamW(betas=(0.8, 0.99), eps=1e-6, mode="hf", clip_grad=2.0)))
     assert (spec.kind, spec.max_norm) == ("adamw", 2.0)
-    assert spec.attributes["alpha"] == pytest.approx(0.8) and spec.attributes["adam_mode"] == 1
+    assert spec.attributes["alpha"] == np.float32(0.8) and spec.attributes["adam_mode"] == 1  # a float32 attribute
     assert read_optimizer(_optimizer_model(optim.SGD())).kind == "sgd"
 
 
@@ -265,10 +285,7 @@ def test_flat_buffers_give_the_per_tensor_update_bit_for_bit(kind, mode, decay, 
         for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
             np.testing.assert_array_equal(gp, ep, err_msg=f"step {step + 1}, param {i}")
             assert gp.shape == SHAPES[i]
-    reference = _run_torch(kind, mode, decay, clip, 1.0)
-    for step, (e, g) in enumerate(zip(reference, got, strict=True)):
-        for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
-            np.testing.assert_allclose(gp, ep, rtol=1e-5, atol=1e-7, err_msg=f"step {step + 1}, param {i}")
+    _compare(got, *_torch_references(kind, mode, decay, clip), rtol=1e-5)
 
 
 @pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)

@@ -3,7 +3,8 @@
 The portable backend runs here on the training build's ``InferenceSession`` (plain
 inference kernels); ``test_portable_runtime_py313.py`` runs it on stock onnxruntime.
 The portable artifacts are the hand-written linear model of ``portable_linear.py``;
-its numbers are checked against torch eager AdamW.
+its numbers are checked against torch eager AdamW, run in float32 and in float64
+(``support.numerics``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import torch
 from support import portable_linear as pl
 from support.adamw_oracle import torch_adamw
+from support.numerics import assert_close
 from support.runtime_support import classification_data, generate
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
@@ -99,17 +101,23 @@ def test_checkpoint_writer_refuses_bad_optimizer_state_and_properties(tmp_path):
 
 
 # ------------------------------------------------------------------ the portable backend
+def _assert_tracks_torch(losses, session: TrainingSession, batches, **adamw) -> None:
+    """The losses and final parameters against torch AdamW's, in float32 and float64 (rtol 1e-5)."""
+    expected_losses, expected_params = torch_adamw(batches, lr=0.01, **adamw)
+    losses64, params64 = torch_adamw(batches, lr=0.01, dtype=torch.float64, **adamw)
+    assert_close(np.float32(losses), np.float32(expected_losses), losses64, rtol=1e-5, name="losses")
+    for name, value in expected_params.items():
+        assert_close(session.get_parameter(name), value, params64[name], rtol=1e-5, name=name)
+
+
 @pytest.mark.parametrize("kind", ["fused", "unfused"])
 def test_portable_adamw_matches_torch(linear_dirs, kind):
     batches = pl.batches(8)
-    expected_losses, expected_params = torch_adamw(batches, lr=0.01)
     session = TrainingSession(linear_dirs[kind])
     assert session.backend == "portable" and session.has_fused_step == (kind == "fused")
     session.learning_rate = 0.01
     losses = [float(session.train_and_update(x, t)[0]) for x, t in batches]
-    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
-    for name, value in expected_params.items():
-        np.testing.assert_allclose(session.get_parameter(name), value, rtol=1e-5, atol=1e-7)
+    _assert_tracks_torch(losses, session, batches)
     assert session.step == 8 and int(session.step) == 8
 
 
@@ -118,21 +126,35 @@ def test_portable_accumulation_and_lazy_reset(linear_dirs):
     session = TrainingSession(linear_dirs["fused"])
     assert session.gradients() == {}
 
-    def torch_grads(*chosen):
-        params = {n: torch.tensor(v, requires_grad=True) for n, v in session.parameters().items()}
+    def torch_grads(*chosen, dtype=torch.float32):
+        params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in session.parameters().items()}
         for x, t in chosen:
-            ((torch.from_numpy(x) @ params["W"] + params["b"] - torch.from_numpy(t)) ** 2).mean().backward()
+            x, t = torch.from_numpy(x).to(dtype), torch.from_numpy(t).to(dtype)
+            ((x @ params["W"] + params["b"] - t) ** 2).mean().backward()
         return {n: p.grad.numpy() for n, p in params.items()}
+
+    def terms(*chosen):
+        """The sums of |terms| of dW = 2/n x^T r and db = 2/n sum r (the floor's scale)."""
+        params = {n: v.astype(np.float64) for n, v in session.parameters().items()}
+        total = {n: np.zeros_like(v) for n, v in params.items()}
+        for x, t in chosen:
+            r = np.abs(x.astype(np.float64) @ params["W"] + params["b"] - t) * 2 / t.size
+            total["W"] += np.abs(x).T @ r
+            total["b"] += r.sum(axis=0)
+        return total
+
+    def assert_gradients(*chosen):
+        expected, expected64, scale = torch_grads(*chosen), torch_grads(*chosen, dtype=torch.float64), terms(*chosen)
+        for name, value in expected.items():
+            assert_close(session.gradients()[name], value, expected64[name], rtol=1e-5, scale=scale[name], name=name)
 
     session.train_step(*batches[0])
     session.train_step(*batches[1])
     assert session.accumulated_steps == 2
-    for name, value in torch_grads(batches[0], batches[1]).items():
-        np.testing.assert_allclose(session.gradients()[name], value, rtol=1e-5, atol=1e-7)
+    assert_gradients(batches[0], batches[1])
     session.lazy_reset_grad()
     session.train_step(*batches[2])
-    for name, value in torch_grads(batches[2]).items():
-        np.testing.assert_allclose(session.gradients()[name], value, rtol=1e-5, atol=1e-7)
+    assert_gradients(batches[2])
     session.optimizer_step()
     with pytest.raises(RuntimeError, match="no train_step ran"):
         session.optimizer_step()
@@ -140,11 +162,8 @@ def test_portable_accumulation_and_lazy_reset(linear_dirs):
     session = TrainingSession(linear_dirs["fused"])
     session.learning_rate = 0.01
     history = fit(session, list(batches), epochs=1, accumulation_steps=2, progress=False)
-    expected_losses, expected_params = torch_adamw(batches, lr=0.01, accumulate=2)
-    np.testing.assert_allclose(history.losses, expected_losses, rtol=1e-5)
+    _assert_tracks_torch(history.losses, session, batches, accumulate=2)
     assert history.steps == 3 == session.step
-    for name, value in expected_params.items():
-        np.testing.assert_allclose(session.get_parameter(name), value, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", ["fused", "unfused"])
@@ -182,7 +201,6 @@ def _stack(batches):
 def test_a_run_moves_between_the_backends(linear_dirs, linear_training_build, tmp_path):
     """Checkpoints carry parameters, moments and the step count from one backend to the other."""
     batches = pl.batches(8)
-    expected_losses, expected_params = torch_adamw(batches, lr=0.01)
     # training build -> portable
     first = TrainingSession(linear_training_build, backend="training")
     first.learning_rate = 0.01
@@ -192,9 +210,7 @@ def test_a_run_moves_between_the_backends(linear_dirs, linear_training_build, tm
     assert second.backend == "portable" and second.step == 4
     second.learning_rate = 0.01
     losses += [float(second.train_and_update(x, t)[0]) for x, t in batches[4:]]
-    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
-    for name, value in expected_params.items():
-        np.testing.assert_allclose(second.get_parameter(name), value, rtol=1e-5, atol=1e-7)
+    _assert_tracks_torch(losses, second, batches)
     # portable -> training build (ONNX Runtime's Optimizer takes the moments and step the portable backend wrote)
     first = TrainingSession(linear_dirs["unfused"])
     first.learning_rate = 0.01
@@ -204,9 +220,7 @@ def test_a_run_moves_between_the_backends(linear_dirs, linear_training_build, tm
     assert second.backend == "training" and second.step == 4
     second.learning_rate = 0.01
     losses += [float(second.train_and_update(x, t)[0]) for x, t in batches[4:]]
-    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
-    for name, value in expected_params.items():
-        np.testing.assert_allclose(second.get_parameter(name), value, rtol=1e-5, atol=1e-7)
+    _assert_tracks_torch(losses, second, batches)
 
 
 def test_portable_export_and_parameters(linear_dirs, tmp_path):
@@ -278,7 +292,8 @@ def test_generated_portable_artifacts_follow_the_training_build(tmp_path, optimi
         session.optimizer_step()
         session.save_checkpoint(tmp_path / f"ck_{portable}")
         losses[portable].append(float(session.eval_step(x, y)[0]))
-    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+    # two float32 backends of ours: no float64 truth, the floor from the losses' size
+    assert_close(np.float32(losses[True]), np.float32(losses[False]), rtol=1e-5, name="losses")
     moments = load_checkpoint(tmp_path / "ck_True").optimizer_state["group0"]["moments"]
     assert {len(m) for m in moments.values()} == {2 if optimizer == "adamw" else 1}
     if optimizer == "sgd":  # ONNX Runtime's SGD keeps one moment of zeros
@@ -290,9 +305,7 @@ def test_generated_portable_artifacts_follow_the_training_build(tmp_path, optimi
         crossed.learning_rate = 0.05
         same = TrainingSession(dirs[not portable], checkpoint=tmp_path / f"ck_{not portable}")
         same.learning_rate = 0.05
-        np.testing.assert_allclose(
-            crossed.train_and_update(*batches[0])[0], same.train_and_update(*batches[0])[0], rtol=1e-5
-        )
+        assert_close(crossed.train_and_update(*batches[0])[0], same.train_and_update(*batches[0])[0], rtol=1e-5)
 
 
 def test_demo_trains_portable_artifacts_on_the_portable_backend(tmp_path):
@@ -306,7 +319,10 @@ def test_demo_trains_portable_artifacts_on_the_portable_backend(tmp_path):
     files = ArtifactFiles.find(result.files["artifacts"])
     assert files.portable and files.step_model is not None
     assert "(portable backend)" in report.getvalue()
-    assert result.eval_accuracy == pytest.approx(result.inference_accuracy, abs=0.01)
+    # fractions of the validation rows: at most two of them may flip between the eval model's batches of 256
+    # and one run of the inference model (top logits within rounding of each other)
+    rows = len(np.load(result.files["validation_dataset"])["labels"])
+    assert round(abs(result.eval_accuracy - result.inference_accuracy) * rows) <= 2
     assert result.history.losses[-1] < result.history.losses[0]
 
 
