@@ -63,6 +63,24 @@ def theirs(cls: type, options: dict[str, Any], base_lr: float, first: list, seco
     return cls([{"params": first}, group], lr=base_lr, **options)
 
 
+def step_magnitudes(start: np.ndarray, values64: list[np.ndarray]) -> list[np.ndarray]:
+    """The magnitude of the terms a value has summed by each step: ``|x_0| + sum_k |x_k - x_(k-1)|`` (float64).
+
+    A parameter after ``k`` optimizer steps is its start plus ``k`` updates; another summation order or kernel
+    rounds each of those terms, so the floor of ``assert_close(..., scale=...)`` is their summed magnitude, not
+    the value itself, which a run of updates may bring near zero.
+    """
+    previous = np.asarray(start, np.float64)
+    total = np.abs(previous)
+    out = []
+    for value in values64:
+        value = np.asarray(value, np.float64)
+        total = total + np.abs(value - previous)
+        previous = value
+        out.append(total)
+    return out
+
+
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     """Set the session's learning rate (a float32, as ours feeds it) on torch's groups, keeping the ratio."""
     for group, scale in zip(opt.param_groups, (1.0, GROUP_LR_SCALE), strict=True):

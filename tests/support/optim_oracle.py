@@ -19,6 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxblocks
 from onnxblocks.checkpoint import save_checkpoint
+from support.numerics import assert_close
+from support.optim_family import step_magnitudes
 
 LR = 0.05
 STEPS = 4
@@ -188,13 +190,18 @@ def run_ort(tmp: Path, training: Path, block, steps: int) -> list[dict[str, np.n
 
 
 def torch_loss(P: dict[str, torch.Tensor], x: np.ndarray, t: np.ndarray) -> torch.Tensor:
-    y = (torch.tanh(torch.from_numpy(x) @ P["W1"] + P["b1"]) @ P["W2"] + P["b2"]) * P["s"]
-    return ((y - torch.from_numpy(t)) ** 2).mean()
+    """:func:`tiny_forward`'s loss in torch, in the parameters' dtype (float64 for the float64 reference)."""
+    dtype = P["W1"].dtype
+    y = (torch.tanh(torch.from_numpy(x).to(dtype) @ P["W1"] + P["b1"]) @ P["W2"] + P["b2"]) * P["s"]
+    return ((y - torch.from_numpy(t).to(dtype)) ** 2).mean()
 
 
-def run_torch(make_optimizer, steps: int, clip: float | None = None) -> list[dict[str, np.ndarray]]:
+def run_torch(
+    make_optimizer, steps: int, clip: float | None = None, dtype: torch.dtype = torch.float32
+) -> list[dict[str, np.ndarray]]:
+    """torch.optim on :func:`tiny_forward`'s parameters, run in ``dtype``; parameters after each step."""
     _, params = tiny_forward()
-    P = {n: torch.tensor(v, requires_grad=n in TRAINABLE) for n, v in params.items()}
+    P = {n: torch.tensor(v, dtype=dtype, requires_grad=n in TRAINABLE) for n, v in params.items()}
     optimizer = make_optimizer([P[n] for n in TRAINABLE])
     history = []
     for x, t in batches(steps):
@@ -207,10 +214,10 @@ def run_torch(make_optimizer, steps: int, clip: float | None = None) -> list[dic
     return history
 
 
-def run_numpy(update, steps: int) -> list[dict[str, np.ndarray]]:
-    """Apply ``update(params, grads, state, step)`` (numpy, float32) with torch-computed gradients."""
+def run_numpy(update, steps: int, dtype: type = np.float32) -> list[dict[str, np.ndarray]]:
+    """Apply ``update(params, grads, state, step)`` (numpy, in ``dtype``) with torch-computed gradients."""
     _, params = tiny_forward()
-    params = {n: v.copy() for n, v in params.items()}
+    params = {n: v.astype(dtype) for n, v in params.items()}
     state: dict = {}
     history = []
     for k, (x, t) in enumerate(batches(steps), start=1):
@@ -223,28 +230,42 @@ def run_numpy(update, steps: int) -> list[dict[str, np.ndarray]]:
 
 
 def hf_adamw(lr: float, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True):
-    """Hugging Face (transformers.AdamW) update, written out in numpy."""
-    b1, b2 = np.float32(betas[0]), np.float32(betas[1])
+    """Hugging Face (transformers.AdamW) update, written out in numpy in the parameters' dtype."""
 
     def update(params, grads, state, step):
         for n, g in grads.items():
+            real = params[n].dtype.type
+            b1, b2 = real(betas[0]), real(betas[1])
             m1, m2 = state.get(n, (np.zeros_like(g), np.zeros_like(g)))
             m1 = b1 * m1 + (1 - b1) * g
             m2 = b2 * m2 + (1 - b2) * g * g
             step_size = lr
             if correct_bias:
                 step_size = lr * np.sqrt(1 - b2**step) / (1 - b1**step)
-            p = params[n] - np.float32(step_size) * m1 / (np.sqrt(m2) + np.float32(eps))
+            p = params[n] - real(step_size) * m1 / (np.sqrt(m2) + real(eps))
             if weight_decay > 0:
-                p = p - np.float32(lr * weight_decay) * p
-            params[n] = p.astype(np.float32)
+                p = p - real(lr * weight_decay) * p
+            params[n] = p.astype(real)
             state[n] = (m1, m2)
 
     return update
 
 
-def assert_history_close(ours, reference, rtol=1e-5, atol=1e-6):
+def assert_history_close(ours, reference, reference64=None, rtol=1e-5):
+    """Parameters after each step against a reference run in float32 and the same run in float64.
+
+    ``support.numerics.assert_close``: within ``rtol`` of the float32 reference, or within the float32 run's
+    own rounding against the float64 run, plus a floor of the magnitude of the updates each parameter summed.
+    Without ``reference64`` (a reference that is another float32 run of ours) only ``rtol`` and the floor of
+    the values' own magnitude apply.
+    """
     assert len(ours) == len(reference)
-    for k, (a, b) in enumerate(zip(ours, reference, strict=True)):
-        for name in TRAINABLE + FROZEN:
-            np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=atol, err_msg=f"{name} after step {k + 1}")
+    assert reference64 is None or len(reference64) >= len(reference)
+    _, start = tiny_forward()
+    for name in TRAINABLE + FROZEN:
+        scales = [None] * len(ours)
+        if reference64 is not None:
+            scales = step_magnitudes(start[name], [r[name] for r in reference64])
+        for k, (a, b) in enumerate(zip(ours, reference, strict=True)):
+            b64 = None if reference64 is None else reference64[k][name]
+            assert_close(a[name], b[name], b64, rtol=rtol, scale=scales[k], name=f"{name} after step {k + 1}")
