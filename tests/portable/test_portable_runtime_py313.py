@@ -3,14 +3,16 @@
 A cached 3.13 venv (``tests/support/portable_env.py``) gets the project's dependencies as
 ``pip install onnxblocks`` resolves them there (stock onnxruntime), and one worker
 call (``tests/support/portable_worker.py``) does everything on that side; the numbers are
-checked here against torch eager AdamW and the training build.
+checked here against torch eager AdamW (in float32 and float64, ``support.numerics``) and the training build.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from support import portable_linear as pl
 from support.adamw_oracle import torch_adamw
+from support.numerics import assert_close, assert_equal, is_close
 from support.portable_env import run_worker
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
@@ -80,22 +82,25 @@ def test_portable_training_on_python_313_with_stock_onnxruntime(portable_python,
     assert env["session_error"][0] == "TrainingBuildRequiredError" and "not portable" in env["session_error"][1]
 
     expected_losses, expected_params = torch_adamw(batches, lr=LR)
+    losses64, params64 = torch_adamw(batches, lr=LR, dtype=torch.float64)
+    expected_losses = np.float32(expected_losses)
     for run in (plain, unfused_run):
         assert run["backend"] == "portable" and run["step"] == 10
-        np.testing.assert_allclose(run["losses"], expected_losses, rtol=1e-5)
+        assert_close(np.float32(run["losses"]), expected_losses, losses64, rtol=1e-5, name="losses")
     assert resumed["losses"] == plain["losses"]  # save at step 5, reopen, go on: bit for bit
-    assert unfused_resumed["losses"] == plain["losses"] or np.allclose(
-        unfused_resumed["losses"], expected_losses, rtol=1e-5
+    assert unfused_resumed["losses"] == plain["losses"] or is_close(
+        np.float32(unfused_resumed["losses"]), expected_losses, losses64, rtol=1e-5
     )
     assert unfused_resumed["losses"] == unfused_run["losses"]
     with np.load(tmp_path / "params.npz") as params:
         for name, value in expected_params.items():
-            np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(plain["exported"][0], plain["eval"][0], rtol=0, atol=0)
+            assert_close(params[name], value, params64[name], rtol=1e-5, name=name)
+    assert_equal(np.float32(plain["exported"][0]), np.float32(plain["eval"][0]), name="exported against eval")
 
     # the training build's checkpoint went on under 3.13 ...
-    np.testing.assert_allclose(handed + continued["losses"][:6], expected_losses, rtol=1e-5)
+    handed_on = np.float32(handed + continued["losses"][:6])
+    assert_close(handed_on, expected_losses, losses64, rtol=1e-5, name="losses from 3.11 to 3.13")
     # ... and the 3.13 checkpoint goes on under the training build
     back = TrainingSession(training, checkpoint=tmp_path / "from_313")
     assert back.step == 10 and back.properties["from"] == "py313"
-    np.testing.assert_allclose(back.get_parameter("W"), expected_params["W"], rtol=1e-5, atol=1e-7)
+    assert_close(back.get_parameter("W"), expected_params["W"], params64["W"], rtol=1e-5, name="W")
