@@ -1,31 +1,34 @@
 """Einsum as Transpose, ReduceSum and MatMul: ONNX Runtime 1.19.2 has no gradient builder for ``Einsum``.
 
-``torch.einsum`` exports as ``Einsum``. :func:`einsum_as_matmul` writes it with ops
-that have gradients, contracting the operands left to right, two at a time:
+``torch.einsum`` exports as ``Einsum``. :func:`einsum_as_matmul` writes it with ops that
+have gradients (the steps are :mod:`onnxblocks.gradient.contraction`'s):
 
-* a letter only one operand has, and that nothing later needs, is summed first (``ReduceSum``);
-* for a pair, the letters both have and that are needed later are batch dims, the
-  letters both have and that are not needed are contracted; each operand is
-  transposed to ``[batch, own, contracted]`` and the pair is one ``MatMul`` when each
-  group has at most one letter (``"bi,ij->bj"``, ``"bhqd,bhkd->bhqk"``, outer
-  products); otherwise it is a broadcast ``Mul`` and a ``ReduceSum`` over the contracted letters;
+* the equation is parsed: explicit or implicit output (the ellipsis, then the letters that
+  occur once, in alphabetical order), ``...`` expanded when the operands' ranks are known
+  (broadcast from the right, as numpy does);
+* a letter repeated within one operand is read along its diagonal (``"ii->i"``, ``"iij->j"``);
+* the operands are contracted two at a time, the pair whose result is smallest first when
+  every size is static (else left to right); a letter only one of the pair has and that
+  nothing later needs is summed first; each pair is one ``MatMul`` batched over the letters
+  both have that are needed later, with the transposes and reshapes that takes;
 * a final ``Transpose`` puts the letters in the output's order.
 
-The ellipsis (``...``) is expanded when the operands' ranks are known. An equation
-with a letter repeated within one operand (a diagonal, ``"ii->i"``) is left as it is
-(ONNX Runtime's refusal names it).
+So no tensor of the forward or of its gradient is larger than the largest operand or the
+result of a pair (the output, for two operands): ``"sec,sm->ecm"`` is one
+``[e*c, s] @ [s, m]`` product, as torch computes it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import onnx
 import onnx_ir as ir
 
 from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient.contraction import Term, contract, diagonals, to_output
 from onnxblocks.ir.attributes import string_attribute
-from onnxblocks.ir.writer import Writer
 
 __all__ = ["EinsumAsMatMul", "einsum_as_matmul", "parse_equation"]
 
@@ -61,7 +64,7 @@ def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str
             assert rank is not None
             own = rank - (len(term) - 3)
             term = term.replace("...", ellipsis[width - own :] if own else "")
-        if not term.isalpha() or len(set(term)) != len(term) or (rank is not None and len(term) != rank):
+        if not (term.isalpha() or term == "") or (rank is not None and len(term) != rank):
             return None
         letters.append(term)
     if arrow:
@@ -77,7 +80,7 @@ def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str
 
 
 class EinsumAsMatMul(NodeRewrite):
-    """Rewrite float ``Einsum`` into ``Transpose`` / ``ReduceSum`` / ``MatMul`` (or ``Mul``) nodes."""
+    """Rewrite float ``Einsum`` into ``Transpose`` / ``ReduceSum`` / ``Reshape`` / ``MatMul`` nodes."""
 
     name = "einsum_as_matmul"
     op_types = frozenset({"Einsum"})
@@ -96,25 +99,27 @@ class EinsumAsMatMul(NodeRewrite):
         if parsed is None:
             return None
         letters, output = parsed
+        if ctx.opset < 14 and any(0 in s for s in shapes if s is not None):
+            return None  # Reshape reads a 0 as "keep the input's dim" before opset 14's allowzero
         y = node.outputs[0].name or "einsum"
         w = ctx.writer(y)
-        terms = list(zip(operands, letters, strict=True))
-        value, have = terms[0]
-        for index in range(1, len(terms)):
-            later = output + "".join(t for _, t in terms[index + 1 :])
-            value, have = _contract(w, (value, have), terms[index], later)
-        value, have = _sum_out(w, value, have, output)
-        if have != output:
-            w.op("Transpose", [value], out=y, perm=[have.index(c) for c in output])
-        else:
-            w.op("Identity", [value], out=y)
+        terms = [
+            diagonals(w, Term(v, t, tuple(s) if s is not None else (None,) * len(t)))
+            for v, t, s in zip(operands, letters, shapes, strict=True)
+        ]
+        while len(terms) > 1:
+            i, j = _next_pair(terms, output)
+            later = output + "".join(t.letters for k, t in enumerate(terms) if k not in (i, j))
+            terms[i] = contract(w, terms[i], terms[j], later)
+            del terms[j]
+        to_output(w, terms[0], output, y)
         return w.nodes
 
 
 einsum_as_matmul = on_proto(
     EinsumAsMatMul,
     "einsum_as_matmul",
-    """Rewrite, in place, float ``Einsum`` into ``Transpose``, ``ReduceSum`` and ``MatMul`` (or ``Mul``) nodes.
+    """Rewrite, in place, float ``Einsum`` into ``Transpose``, ``ReduceSum``, ``Reshape`` and ``MatMul`` nodes.
 
     Returns:
         The number of Einsum nodes rewritten.
@@ -122,52 +127,21 @@ einsum_as_matmul = on_proto(
 )
 
 
-def _sum_out(w: Writer, value: ir.Value, have: str, keep: str) -> tuple[ir.Value, str]:
-    """Sum ``value`` over its letters that ``keep`` does not have."""
-    gone = [i for i, c in enumerate(have) if c not in keep]
-    if not gone:
-        return value, have
-    return w.reduce("ReduceSum", value, gone, keepdims=0), "".join(c for c in have if c in keep)
-
-
-def _transpose(w: Writer, value: ir.Value, have: str, order: str) -> ir.Value:
-    if have == order:
-        return value
-    return w.op("Transpose", [value], perm=[have.index(c) for c in order])
-
-
-def _contract(w: Writer, left: tuple[ir.Value, str], right: tuple[ir.Value, str], later: str) -> tuple[ir.Value, str]:
-    """The product of two operands summed over the letters they share that ``later`` does not need."""
-    a, la = _sum_out(w, left[0], left[1], later + right[1])
-    b, lb = _sum_out(w, right[0], right[1], later + la)
-    batch = "".join(c for c in la if c in lb and c in later)
-    summed = "".join(c for c in la if c in lb and c not in later)
-    own_a = "".join(c for c in la if c not in lb)
-    own_b = "".join(c for c in lb if c not in la)
-    if len(own_a) <= 1 and len(own_b) <= 1 and len(summed) <= 1:
-        at = _transpose(w, a, la, batch + own_a + summed)
-        bt = _transpose(w, b, lb, batch + summed + own_b)
-        nb = len(batch)
-        if not own_a:
-            at = w.unsqueeze(at, [nb])
-        if not summed:
-            at = w.unsqueeze(at, [nb + 1])
-            bt = w.unsqueeze(bt, [nb])
-        if not own_b:
-            bt = w.unsqueeze(bt, [nb + 1])
-        product = w.op("MatMul", [at, bt])
-        dummies = [nb + i for i, own in enumerate((own_a, own_b)) if not own]
-        if dummies:
-            product = w.squeeze(product, dummies)
-        return product, batch + own_a + own_b
-    full = batch + own_a + own_b + summed
-    aligned = []
-    for value, have in ((a, la), (b, lb)):
-        order = "".join(c for c in full if c in have)
-        moved = _transpose(w, value, have, order)
-        missing = [i for i, c in enumerate(full) if c not in have]
-        aligned.append(w.unsqueeze(moved, missing) if missing else moved)
-    product = w.op("Mul", aligned)
-    if summed:
-        product = w.reduce("ReduceSum", product, list(range(len(full) - len(summed), len(full))), keepdims=0)
-    return product, batch + own_a + own_b
+def _next_pair(terms: Sequence[Term], output: str) -> tuple[int, int]:
+    """The pair of terms to contract next: the smallest result when every size is static, else the first two."""
+    sizes: dict[str, int] = {}
+    for term in terms:
+        for c, d in zip(term.letters, term.dims, strict=True):
+            if d is None:
+                return 0, 1
+            sizes[c] = max(sizes.get(c, 1), d)
+    best: tuple[int, int, int] | None = None
+    for i in range(len(terms)):
+        for j in range(i + 1, len(terms)):
+            later = output + "".join(t.letters for k, t in enumerate(terms) if k not in (i, j))
+            kept = set(terms[i].letters + terms[j].letters) & set(later)
+            cost = math.prod(sizes[c] for c in kept)
+            if best is None or cost < best[0]:
+                best = (cost, i, j)
+    assert best is not None
+    return best[1], best[2]
