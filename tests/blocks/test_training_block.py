@@ -10,6 +10,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 from support import models
+from support.numerics import assert_close
+from support.reference64 import gradient_magnitudes, to64
 
 import onnxblocks
 from onnxblocks import losses
@@ -137,10 +139,11 @@ def test_gradients_accumulate_until_reset_through_the_training_api(tmp_path, mlp
     trainer.train_step(x, target)
     once = trainer.grad("fc1.weight").copy()
     trainer.train_step(x, target)
-    np.testing.assert_allclose(trainer.grad("fc1.weight"), 2 * once, rtol=1e-6)
+    # ONNX Runtime against itself: no float64 truth, the floor from the gradient's size
+    assert_close(trainer.grad("fc1.weight"), 2 * once, rtol=1e-6, name="accumulated")
     trainer.module.lazy_reset_grad()
     trainer.train_step(x, target)
-    np.testing.assert_allclose(trainer.grad("fc1.weight"), once, rtol=1e-6)
+    assert_close(trainer.grad("fc1.weight"), once, rtol=1e-6, name="after the reset")
 
 
 def test_additional_outputs_follow_the_loss(tmp_path, mlp):
@@ -151,9 +154,10 @@ def test_additional_outputs_follow_the_loss(tmp_path, mlp):
     assert len(evaluation.graph.output) == 2
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     _, output = trainer.train_step(mlp.inputs["x"], mlp.target)
+    x = torch.from_numpy(mlp.inputs["x"])
     with torch.no_grad():
-        expected = mlp.torch_model(torch.from_numpy(mlp.inputs["x"])).numpy()
-    np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-6)
+        expected, expected64 = mlp.torch_model(x).numpy(), to64(mlp.torch_model)(x.double()).numpy()
+    assert_close(output, expected, expected64, rtol=1e-5, name="output")
 
 
 def test_requires_grad_on_an_input_gives_its_gradient(tmp_path, mlp):
@@ -165,6 +169,9 @@ def test_requires_grad_on_an_input_gives_its_gradient(tmp_path, mlp):
     x = torch.from_numpy(mlp.inputs["x"]).requires_grad_()
     model = copy.deepcopy(mlp.torch_model)
     torch.nn.functional.mse_loss(model(x), torch.from_numpy(mlp.target)).backward()
+    x64, model64 = to64(x.detach()).requires_grad_(), to64(mlp.torch_model)
+    torch.nn.functional.mse_loss(model64(x64), to64(torch.from_numpy(mlp.target))).backward()
+    terms = gradient_magnitudes(mlp.torch_model, [mlp.inputs["x"]], mlp.target, torch.nn.functional.mse_loss)
 
     import onnxruntime as ort
 
@@ -174,11 +181,12 @@ def test_requires_grad_on_an_input_gives_its_gradient(tmp_path, mlp):
         feeds[f"{name}_grad.accumulation.buffer"] = np.zeros_like(feeds[name])
     session = ort.InferenceSession(training.SerializeToString(), providers=["CPUExecutionProvider"])
     (x_grad,) = session.run(["x_grad"], feeds)
-    np.testing.assert_allclose(x_grad, x.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert_close(x_grad, x.grad.numpy(), x64.grad.numpy(), rtol=1e-4, name="x_grad")
     # ONNX Runtime's training API still runs the model (it skips outputs named like gradients)
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     assert len(trainer.train_step(mlp.inputs["x"], mlp.target)) == 1
-    np.testing.assert_allclose(trainer.grad("fc1.weight"), model.fc1.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+    expected, expected64 = model.fc1.weight.grad.numpy(), model64.fc1.weight.grad.numpy()
+    assert_close(trainer.grad("fc1.weight"), expected, expected64, rtol=1e-4, scale=terms["fc1.weight"])
 
 
 def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
@@ -209,14 +217,25 @@ def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
     t1, t2 = rng.standard_normal((5, 2)).astype(np.float32), rng.standard_normal((5, 2)).astype(np.float32)
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     (loss,) = trainer.train_step(x, t1, t2)
-    out = net(torch.from_numpy(x))
-    expected = 0.4 * torch.nn.functional.mse_loss(out[:, :2], torch.from_numpy(t1)) + 0.6 * torch.nn.functional.l1_loss(
-        out[:, 2:], torch.from_numpy(t2)
+
+    def weighted(out, targets):
+        first, second = targets
+        mse, l1 = torch.nn.functional.mse_loss, torch.nn.functional.l1_loss
+        return 0.4 * mse(out[:, :2], first) + 0.6 * l1(out[:, 2:], second)
+
+    targets = [torch.from_numpy(t1), torch.from_numpy(t2)]
+    net64 = to64(net)
+    expected, expected64 = (
+        weighted(net(torch.from_numpy(x)), targets),
+        weighted(net64(torch.from_numpy(x).double()), [t.double() for t in targets]),
     )
     expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
+    expected64.backward()
+    assert_close(loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss")
+    terms = gradient_magnitudes(net, [x], targets, weighted)
+    grads64 = {n: p.grad.numpy() for n, p in net64.named_parameters()}
     for name, param in net.named_parameters():
-        np.testing.assert_allclose(trainer.grad(name), param.grad.numpy(), rtol=1e-4, atol=1e-6)
+        assert_close(trainer.grad(name), param.grad.numpy(), grads64[name], rtol=1e-4, scale=terms[name], name=name)
 
 
 def test_parameters_created_by_blocks_can_be_trained(tmp_path, mlp):
@@ -236,15 +255,20 @@ def test_parameters_created_by_blocks_can_be_trained(tmp_path, mlp):
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     target = np.zeros((6, 2), np.float32)
     trainer.train_step(mlp.inputs["x"], target)
+    x = torch.from_numpy(mlp.inputs["x"])
     with torch.no_grad():
-        features = mlp.torch_model(torch.from_numpy(mlp.inputs["x"])).numpy()
-    residual = features @ w + b - target
-    np.testing.assert_allclose(
-        trainer.grad("linear.bias_0"), 2 * residual.sum(axis=0) / residual.size, rtol=1e-4, atol=1e-6
-    )
-    np.testing.assert_allclose(
-        trainer.grad("linear.weight_0"), 2 * features.T @ residual / residual.size, rtol=1e-4, atol=1e-6
-    )
+        features, features64 = mlp.torch_model(x).numpy(), to64(mlp.torch_model)(x.double()).numpy()
+
+    def gradients(features, w, b):
+        """d/db and d/dW of the mean squared residual."""
+        residual = features @ w + b - target
+        return 2 * residual.sum(axis=0) / residual.size, 2 * features.T @ residual / residual.size
+
+    expected, expected64 = gradients(features, w, b), gradients(features64, w.astype(np.float64), b)
+    residual64 = np.abs(features64 @ w + b - target)
+    terms = 2 * residual64.sum(axis=0) / residual64.size, 2 * np.abs(features64.T) @ residual64 / residual64.size
+    for i, name in enumerate(["linear.bias_0", "linear.weight_0"]):
+        assert_close(trainer.grad(name), expected[i], expected64[i], rtol=1e-4, scale=terms[i], name=name)
 
 
 def test_html_display_hook(mlp):

@@ -115,12 +115,14 @@ def gradient_magnitudes(
 ) -> dict[str, np.ndarray]:
     """Per parameter name, the sum of ``|terms|`` of its gradient, from a float64 copy of ``model``.
 
-    ``inputs`` and ``target`` are NumPy arrays or tensors (floats run in float64, integers stay); the model
-    keeps its train/eval mode. Parameters of modules this does not know are absent.
+    ``inputs`` and ``target`` are NumPy arrays or tensors (floats run in float64, integers stay; ``target`` may
+    be a list of them); the model keeps its train/eval mode. Parameters of modules this does not know are absent.
     """
     model64 = to64(model)
 
-    def as64(value: Any) -> torch.Tensor:
+    def as64(value: Any) -> Any:
+        if isinstance(value, list | tuple):  # several targets
+            return [as64(v) for v in value]
         return to64(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value)))
 
     calls: list[tuple[str, torch.nn.Module, torch.Tensor, list[torch.Tensor]]] = []
