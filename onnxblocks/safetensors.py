@@ -158,7 +158,7 @@ def read_safetensors(
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise InvalidValueError(f"'{target}': __metadata__ must be an object of strings.")
     data = memoryview(raw)[8 + length :]
-    entries = {name: _entry(target, name, entry, widen_bf16) for name, entry in header.items()}
+    entries = {name: _entry(target, name, entry, len(data), widen_bf16) for name, entry in header.items()}
     _check_tiling(target, entries, len(data))
     tensors = {name: _tensor(entry, data) for name, entry in entries.items()}
     return tensors, dict(metadata)
@@ -212,7 +212,8 @@ def _is_int(value: object) -> bool:
 _BF16 = np.dtype("<u2")
 
 
-def _entry(target: Path, name: str, entry: object, widen_bf16: bool = False) -> _Entry:
+def _entry(target: Path, name: str, entry: object, size: int, widen_bf16: bool = False) -> _Entry:
+    """One tensor's header entry, checked on its own (its span inside the ``size`` data bytes), before tiling."""
     if not isinstance(entry, dict):
         raise InvalidValueError(f"'{target}': the header entry of '{name}' is not an object.")
     extra = sorted(set(entry) - {"dtype", "shape", "data_offsets"})
@@ -233,9 +234,20 @@ def _entry(target: Path, name: str, entry: object, widen_bf16: bool = False) -> 
         raise InvalidValueError(
             f"'{target}': tensor '{name}' has data_offsets {offsets!r:.80}; expected [begin, end], two integers >= 0."
         )
+    begin, end = offsets
+    if end < begin:
+        raise InvalidValueError(
+            f"'{target}': tensor '{name}' has data_offsets {offsets}, which end before they begin. The file is "
+            "corrupted; write it again."
+        )
+    if end > size:
+        raise InvalidValueError(
+            f"'{target}': tensor '{name}' spans data bytes [{begin}, {end}) but the file has {size} data bytes: its "
+            "span lies outside the data (the file is truncated, or its header is corrupted). Write it again."
+        )
     dtype = _BF16 if code == "BF16" else DTYPES[code]
     needed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
-    if offsets[1] - offsets[0] != needed:
+    if end - begin != needed:
         raise InvalidValueError(
             f"'{target}': tensor '{name}' ({code} {shape}) needs {needed} bytes, its data_offsets {offsets} span "
             f"{offsets[1] - offsets[0]}."
@@ -244,22 +256,30 @@ def _entry(target: Path, name: str, entry: object, widen_bf16: bool = False) -> 
 
 
 def _check_tiling(target: Path, entries: Mapping[str, _Entry], size: int) -> None:
-    """The tensors, sorted by offset, cover the ``size`` data bytes exactly once."""
-    at, previous = 0, None
+    """The tensors, sorted by offset, cover the ``size`` data bytes exactly once (each inside them already).
+
+    Overlaps are reported before gaps: an overlap names both tensors that claim the same
+    bytes, where a gap can only name its neighbours (the tensor moved away is elsewhere).
+    """
+    overlaps: list[str] = []
+    gaps: list[str] = []
+    at, last = 0, None  # the furthest end so far, and the tensor that reaches it
     for entry in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
-        if entry.begin != at:
-            what = f"'{previous}' ends at byte {at}" if previous else "the data starts at byte 0"
-            problem = "overlaps" if entry.begin < at else "leaves a gap after"
-            raise InvalidValueError(
-                f"'{target}': tensor '{entry.name}' starts at data byte {entry.begin} but {what}: it {problem} "
-                "another tensor's bytes. The file is corrupted; write it again."
+        if entry.begin < at and last is not None:
+            overlaps.append(
+                f"tensor '{entry.name}' (data bytes [{entry.begin}, {entry.end})) overlaps '{last.name}' "
+                f"(data bytes [{last.begin}, {last.end})): no two tensors may share bytes"
             )
-        at, previous = entry.end, entry.name
-    if at != size:
-        raise InvalidValueError(
-            f"'{target}': the tensors end at data byte {at} but the file has {size} data bytes: it is "
-            f"{'truncated' if at > size else 'followed by bytes no tensor owns'}. Write it again."
-        )
+        elif entry.begin > at:
+            after = f"after '{last.name}' " if last is not None else ""
+            gaps.append(f"data bytes [{at}, {entry.begin}) {after}and before '{entry.name}' belong to no tensor")
+        if last is None or entry.end >= at:
+            at, last = entry.end, entry
+    if at < size:
+        after = f" after '{last.name}', the last tensor," if last is not None else ""
+        gaps.append(f"data bytes [{at}, {size}){after} belong to no tensor")
+    if overlaps or gaps:
+        raise InvalidValueError(f"'{target}': {(overlaps + gaps)[0]}. The file is corrupted; write it again.")
 
 
 def _tensor(entry: _Entry, data: memoryview) -> np.ndarray:

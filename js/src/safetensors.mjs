@@ -127,22 +127,40 @@ export function parseSafetensors(bytes, what = 'safetensors file') {
     if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every((o) => Number.isSafeInteger(o) && o >= 0)) {
       throw new RangeError(`${what}: tensor '${name}' has data_offsets ${JSON.stringify(offsets)}; expected [begin, end], two integers >= 0`);
     }
+    const [begin, end] = offsets;
+    if (end < begin) {
+      throw new RangeError(`${what}: tensor '${name}' has data_offsets ${JSON.stringify(offsets)}, which end before they begin`);
+    }
+    if (end > dataLength) { // each tensor inside the data before tiling: the one moved out is named, not its neighbour
+      throw new RangeError(`${what}: tensor '${name}' spans data bytes [${begin}, ${end}) but the file has ${dataLength} data bytes: its span lies outside the data (the file is truncated, or its header is corrupted)`);
+    }
     const needed = shape.reduce((a, d) => a * BigInt(d), 1n) * BigInt(DTYPES[dtype][2]); // BigInt: no overflow
     if (BigInt(offsets[1] - offsets[0]) !== needed) {
       throw new RangeError(`${what}: tensor '${name}' of shape [${shape}] ${dtype} needs ${needed} bytes, its data_offsets span ${offsets[1] - offsets[0]}`);
     }
     parsed.push({ name, dtype, shape: [...shape], begin: offsets[0], end: offsets[1] });
   }
+  // overlaps first: they name both tensors that claim the same bytes; a gap names only its neighbours
+  /** @type {string[]} */
+  const overlaps = [];
+  /** @type {string[]} */
+  const gaps = [];
   let at = 0;
+  /** @type {{name: string, begin: number, end: number} | null} */
+  let last = null; // the tensor reaching furthest so far
   for (const entry of [...parsed].sort((a, b) => a.begin - b.begin || a.end - b.end)) {
-    if (entry.begin !== at) {
-      throw new RangeError(`${what}: tensor '${entry.name}' starts at data byte ${entry.begin} but the tensors before it end at ${at}: it ${entry.begin < at ? 'overlaps' : 'leaves a gap after'} another tensor's bytes`);
+    if (entry.begin < at && last !== null) {
+      overlaps.push(`tensor '${entry.name}' (data bytes [${entry.begin}, ${entry.end})) overlaps '${last.name}' (data bytes [${last.begin}, ${last.end})): no two tensors may share bytes`);
+    } else if (entry.begin > at) {
+      gaps.push(`data bytes [${at}, ${entry.begin}) ${last !== null ? `after '${last.name}' ` : ''}and before '${entry.name}' belong to no tensor`);
     }
-    at = entry.end;
+    if (last === null || entry.end >= at) {
+      at = entry.end;
+      last = entry;
+    }
   }
-  if (at !== dataLength) {
-    throw new RangeError(`${what}: the tensors end at data byte ${at} but the file has ${dataLength} data bytes: it is ${at > dataLength ? 'truncated' : 'followed by bytes no tensor owns'}`);
-  }
+  if (at < dataLength) gaps.push(`data bytes [${at}, ${dataLength})${last !== null ? ` after '${last.name}', the last tensor,` : ''} belong to no tensor`);
+  if (overlaps.length || gaps.length) throw new RangeError(`${what}: ${[...overlaps, ...gaps][0]}`);
   /** @type {Map<string, NamedTensor>} */
   const tensors = new Map();
   for (const { name, dtype, shape, begin, end } of parsed) {
@@ -172,7 +190,7 @@ function hiddenProblem(text) {
       while (text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
       if (top?.keys && top.expectKey) {
         const key = JSON.parse(text.slice(i, j + 1));
-        if (top.keys.has(key)) return `${JSON.stringify(key)} twice`;
+        if (top.keys.has(key)) return `'${key}' twice`; // quoted as Python's reader quotes it
         top.keys.add(key);
         top.expectKey = false;
         lastKey = key;
@@ -187,7 +205,8 @@ function hiddenProblem(text) {
     } else if (c === '-' || (c >= '0' && c <= '9')) {
       const token = /^-?[0-9.eE+-]+/.exec(text.slice(i))?.[0] ?? c;
       if (!top?.keys && (top?.key === 'shape' || top?.key === 'data_offsets') && /[.eE]/.test(token)) {
-        return `${token} in a ${top.key}, where integers belong`;
+        const tensor = stack[stack.length - 2]?.key; // the entry holding this array: the tensor's name
+        return `${token} in the ${top.key} of tensor '${tensor}', where integers belong`;
       }
       i += token.length - 1;
     }

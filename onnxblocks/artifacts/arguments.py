@@ -29,6 +29,7 @@ from onnxblocks._core.errors import (
     IsAFolderError,
     NotAFolderError,
 )
+from onnxblocks.ir import wellformed
 from onnxblocks.peft.config import LoraConfig
 from onnxblocks.peft.info import lora_info
 from onnxblocks.peft.transform import apply_lora
@@ -50,7 +51,8 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
     Raises:
         TypeError: for a model that is neither a ModelProto nor a path, or a bad ``model_path``.
         FileNotFoundError, IsADirectoryError, NotADirectoryError: for a model path that is no file.
-        ValueError: for a file that is not a regular file or not an ONNX model (naming it).
+        ValueError: for a file that is not a regular file or not an ONNX model (naming it), or a
+            model that defines a value twice or reads one never defined (naming it and the value).
     """
     if model_path is not None:
         model_path = os.fspath(_paths.as_path(model_path, "model_path"))
@@ -59,6 +61,7 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
                 f"model_path '{model_path}' is a directory; pass the .onnx file the model was loaded from."
             )
     if isinstance(model, onnx.ModelProto):
+        wellformed.check_model(model, model_path)  # before any reader: a value defined twice, or never
         return model, model_path
     if isinstance(model, (bytes, bytearray)):
         raise InvalidTypeError(
@@ -81,7 +84,7 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
     if not stat.S_ISREG(info.st_mode):
         raise InvalidValueError(f"model '{path}' is not a regular file (a pipe or device?); pass an .onnx file.")
     try:
-        return _weights.load_structure(path), path
+        loaded = _weights.load_structure(path)
     except (OSError, MemoryError, ValueError):
         raise
     except Exception as exc:  # protobuf's DecodeError and the like, whatever their type
@@ -89,6 +92,8 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
         raise InvalidValueError(
             f"'{path}' is not a valid ONNX model file ({detail}). Check that the file is complete."
         ) from None
+    wellformed.check_model(loaded, path)
+    return loaded, path
 
 
 def names(argument: str, values: Sequence[str] | None) -> list[str]:

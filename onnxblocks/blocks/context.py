@@ -94,7 +94,8 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
         TypeError: if ``model`` is not an ``onnx.ModelProto`` or ``model_path`` not a path.
         ValueError: if the model has no ai.onnx opset import, needs a newer opset than
             onnxruntime-training 1.19.2 supports and cannot be converted (the message names
-            the ops that block it), or its nodes form a cycle.
+            the ops that block it), its nodes form a cycle, or it defines a value twice or
+            reads one that nothing defines (the message names the value and the node).
     """
     if not isinstance(model, onnx.ModelProto):
         hint = (
@@ -109,7 +110,9 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
             f"{type(model_path).__name__}: {model_path!r}."
         )
     from onnxblocks.gradient.intake import fit_model  # a lower layer, loaded on first use (import time)
+    from onnxblocks.ir import wellformed
 
+    wellformed.check_model(model, model_path)  # a value defined twice or never: named before the build reads it
     working, store = working_copy(model, model_path)
     working = fit_model(working, "the base model")
     with _activate(ModelAccessor(working, model_path, store)) as accessor:

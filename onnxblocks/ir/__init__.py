@@ -8,6 +8,8 @@ prunes a graph by hand:
 
 * :mod:`~onnxblocks.ir.serde`: ``ModelProto`` <-> ``ir.Model`` at the boundaries
   (held weight stubs stay stubs; no tensor is copied);
+* :mod:`~onnxblocks.ir.wellformed`: a user's model checked for values defined twice or
+  never, naming them (on the protobuf, before anything reads it);
 * :mod:`~onnxblocks.ir.passes`: the one pass contract (:class:`Pass`, returning a
   :class:`PassResult` that says what changed) and :func:`run_passes`;
 * :mod:`~onnxblocks.ir.walk`: recursive iteration over nodes and the values subgraphs read

@@ -4,18 +4,35 @@ Models come in and go out as ``onnx.ModelProto`` (ONNX Runtime's gradient builde
 the files on disk); in between they are ``ir.Model``. Tensors are not copied:
 an inline initializer stays backed by its TensorProto, and a held weight stub
 (``onnxblocks-held://`` location) or an external tensor stays an
-``ir.ExternalTensor`` whose bytes are never read here.
+``ir.ExternalTensor`` whose bytes are never read here. A model onnx-ir cannot read
+(:mod:`onnxblocks.ir.wellformed`) is refused with an error naming its offenders.
 """
 
 from __future__ import annotations
 
+import os
+
 import onnx
 import onnx_ir as ir
 
+from onnxblocks.ir import wellformed
 
-def from_proto(model: onnx.ModelProto) -> ir.Model:
-    """The IR of ``model`` (``model`` is not changed; its tensors are shared, not copied)."""
-    return ir.serde.deserialize_model(model)
+
+def from_proto(model: onnx.ModelProto, source: str | os.PathLike | None = None) -> ir.Model:
+    """The IR of ``model`` (``model`` is not changed; its tensors are shared, not copied).
+
+    Args:
+        model: The model.
+        source: The file it was read from, for an error's message.
+
+    Raises:
+        InvalidValueError: for a model onnx-ir cannot read (a value defined twice...),
+            naming the value, the node and ``source``.
+    """
+    try:
+        return ir.serde.deserialize_model(model)
+    except ir.serde.SerdeError as exc:
+        raise wellformed.unreadable(model, exc, source) from exc
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:
@@ -24,5 +41,12 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
 
 
 def graph_from_proto(graph: onnx.GraphProto) -> ir.Graph:
-    """The IR of one graph."""
-    return ir.serde.deserialize_graph(graph)
+    """The IR of one graph.
+
+    Raises:
+        InvalidValueError: for a graph onnx-ir cannot read, naming the value and the node.
+    """
+    try:
+        return ir.serde.deserialize_graph(graph)
+    except ir.serde.SerdeError as exc:
+        raise wellformed.unreadable(onnx.helper.make_model(graph), exc, None) from exc

@@ -85,6 +85,10 @@ def bad_files() -> dict[str, bytes]:
         "offsets-reversed": encode(_with(pairs, "f", data_offsets=[72, 48]), data),
         "offsets-not-integers": encode(_with(pairs, "f", data_offsets=[48.0, 72.0]), data),
         "gap-between-tensors": encode(_with(pairs, "f", data_offsets=[52, 76]), data + b"\0" * 4),
+        "offsets-beyond-data": encode(_with(pairs, "w.exp_avg", data_offsets=[1000, 1016]), data),
+        "offsets-negative": encode(_with(pairs, "w.exp_avg", data_offsets=[-16, 0]), data),
+        "moved-onto-another": encode(_with(pairs, "w.exp_avg", data_offsets=offsets["w.exp_avg_sq"]), data),
+        "header-length-huge": struct.pack("<Q", 2**63) + encode(pairs, data)[8:],
         "trailing-bytes": encode(pairs, data + b"\0" * 8),
         "truncated-data": encode(pairs, data[:-5]),
         "truncated-header": encode(pairs, data)[:20],
@@ -116,6 +120,28 @@ def bad_files() -> dict[str, bytes]:
     }
     assert math.prod([2**32, 2**32]) * 4 > len(data)  # the overflow case cannot fit by accident
     return files
+
+
+#: The tensor each refusal must name (the one whose header entry is wrong, or both of an overlap), in
+#: both readers; the other bad files are wrong as a whole (their header, metadata or length).
+OFFENDERS = {
+    "overlapping-offsets": "w.exp_avg",
+    "aliased-tensors": "w.exp_avg",
+    "offsets-past-end": "f",
+    "offsets-reversed": "f",
+    "offsets-not-integers": "f",
+    "gap-between-tensors": "f",
+    "offsets-beyond-data": "w.exp_avg",
+    "offsets-negative": "w.exp_avg",
+    "moved-onto-another": "w.exp_avg",
+    "truncated-data": "f",
+    "shape-overflow": "w",
+    "shape-of-booleans": "w",
+    "shape-negative": "w",
+    "shape-size-mismatch": "w",
+    "dtype-unknown": "w",
+    "repeated-name": "w",
+}
 
 
 def good_files() -> dict[str, bytes]:

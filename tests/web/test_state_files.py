@@ -53,7 +53,9 @@ def test_python_refuses_every_bad_file_of_the_corpus_and_reads_the_good_ones(tmp
             np.testing.assert_array_equal(state.trainable["w"], np.arange(4, dtype=np.float32).reshape(2, 2))
             np.testing.assert_array_equal(state.frozen["f"], [7, 8, 9])
         else:
-            _refused(path)
+            error = _refused(path)
+            if case in state_files.OFFENDERS:
+                assert f"'{state_files.OFFENDERS[case]}'" in str(error), (case, str(error))
 
 
 _NODE_SCRIPT = """
@@ -101,6 +103,8 @@ def test_javascript_client_gives_the_same_verdicts_on_the_corpus(tmp_path):
         else:
             assert result["type"] in ("TypeError", "RangeError", "SyntaxError"), (case, result)
             assert f"{case}.safetensors" in result["message"], (case, result)
+            if case in state_files.OFFENDERS:  # the same tensor as Python names
+                assert f"'{state_files.OFFENDERS[case]}'" in result["message"], (case, result)
 
 
 # --------------------------------------------------------------------------- properties
