@@ -27,8 +27,7 @@ the original.
 14. :func:`~onnxblocks.gradient.indexing.negative_step_slice_as_gather`: ``SliceGrad`` fails on negative steps.
 15. :func:`~onnxblocks.gradient.indexing.border_pad_as_gather`: ``Pad``'s gradient is for constant mode only.
 16. :func:`~onnxblocks.gradient.resize.resize_as_matmul`: no CPU ``ResizeGrad`` kernel.
-17. :func:`~onnxblocks.gradient.reductions.reduce_extremum_as_topk`: ReduceMax/Min have no gradient builder.
-18. :func:`~onnxblocks.gradient.reductions.cumsum_as_matmul`: ``CumSum`` has no gradient builder.
+17-18. Modules ``extrema``, ``reductions``: no ReduceMax/Min (torch's ties), CumSum gradient, bf16 Max kernel.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
 20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal kernel, log_prob.
 
@@ -62,6 +61,7 @@ from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
 from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
 from onnxblocks.gradient.dynamic_split import PartlyUsedSplitAsSlice, SplitToSequenceAsSlice
 from onnxblocks.gradient.einsum import EinsumAsMatMul
+from onnxblocks.gradient.extrema import ExtremaWithTorchTies
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
 from onnxblocks.gradient.layer_norm import (
@@ -72,7 +72,7 @@ from onnxblocks.gradient.layer_norm import (
 )
 from onnxblocks.gradient.pooling import AveragePoolAsConv
 from onnxblocks.gradient.recurrent import RecurrentAsElementary, RecurrentDirectionsAsForward
-from onnxblocks.gradient.reductions import CumSumAsMatMul, ReduceExtremumAsTopK
+from onnxblocks.gradient.reductions import CumSumAsMatMul
 from onnxblocks.gradient.resize import ResizeAsMatMul
 from onnxblocks.ir.attributes import int_attribute, string_attribute
 from onnxblocks.ir.folding import ConstantTable
@@ -375,7 +375,7 @@ def default_passes() -> list[Pass]:
         NegativeStepSliceAsGather(),
         BorderPadAsGather(),
         ResizeAsMatMul(),
-        ReduceExtremumAsTopK(),
+        ExtremaWithTorchTies(),
         CumSumAsMatMul(),
         DepthToSpaceAsReshape(),
         EinsumAsMatMul(),

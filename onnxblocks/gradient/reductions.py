@@ -1,13 +1,6 @@
-"""ReduceMax / ReduceMin as TopK and CumSum as MatMul: ONNX Runtime 1.19.2 has no gradient builder for them.
+"""CumSum as MatMul: ONNX Runtime 1.19.2 has no gradient builder for it.
 
-``torch.amax`` / ``amin``, ``x.max(dim)`` and ``x.min(dim)`` export as ``ReduceMax``
-/ ``ReduceMin``. :func:`reduce_extremum_as_topk` takes the largest (smallest)
-element with ``TopK(k=1)``, whose gradient ONNX Runtime has: the reduced axes are
-moved last and merged (``Transpose``, ``Reshape``) when there are several.
-
-The gradient goes to the element TopK selects. Where several elements tie for the
-maximum, torch's ``amax`` shares it among them equally (``max(dim)`` gives it to one):
-the sum over the tied elements is the same.
+(``ReduceMax`` / ``ReduceMin`` are :mod:`onnxblocks.gradient.extrema`'s.)
 """
 
 from __future__ import annotations
@@ -19,90 +12,9 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
-from onnxblocks.ir.attributes import int_attribute, ints_attribute
+from onnxblocks.ir.attributes import int_attribute
 
-_LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
-
-
-class ReduceExtremumAsTopK(NodeRewrite):
-    """Rewrite float ``ReduceMax`` / ``ReduceMin`` with constant axes (known rank for several) into ``TopK``.
-
-    bfloat16 is reduced in float32 (``Cast``, ``TopK``, ``Cast``): ONNX Runtime's CPU has no bfloat16 TopK.
-    """
-
-    name = "reduce_extremum_as_topk"
-    op_types = frozenset(_LARGEST)
-
-    def select(self, node: ir.Node) -> bool:
-        return node.op_type in _LARGEST and is_default_domain(node)
-
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
-        return _reduce_extremum(node, ctx)
-
-
-reduce_extremum_as_topk = on_proto(
-    ReduceExtremumAsTopK,
-    "reduce_extremum_as_topk",
-    """Rewrite, in place, float ``ReduceMax`` / ``ReduceMin`` with constant axes into ``TopK``.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
-
-
-def _reduce_extremum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
-    types, constants = ctx.types, ctx.constants
-    x, y = node.inputs[0], node.outputs[0].name or "reduce"
-    bfloat16 = x is not None and types.elem(x) == onnx.TensorProto.BFLOAT16
-    if x is None or (types.elem(x) not in _FLOATS and not bfloat16):
-        return None  # integer reductions carry no gradient
-    axes_input = optional_input(node, 1)
-    if axes_input is not None:
-        value = constants.folded(axes_input)
-        if value is None:
-            return None
-        axes = [int(a) for a in value.reshape(-1)]
-    else:
-        axes = ints_attribute(node, "axes", [])
-    keepdims = int_attribute(node, "keepdims", 1)
-    if not axes and int_attribute(node, "noop_with_empty_axes", 0):
-        return None
-    shape = types.shape(x)
-    rank = len(shape) if shape is not None else None
-    if rank is None and (len(axes) != 1 or (axes[0] < 0 and keepdims == 0)):
-        return None
-    if rank is not None:
-        axes = sorted({a + rank if a < 0 else a for a in axes} or set(range(rank)))
-    w = ctx.writer(y)
-    final = y
-    if bfloat16:  # no bfloat16 TopK kernel on the CPU: the extremum of the float32 values is exact
-        x, y = w.cast(x, onnx.TensorProto.FLOAT), w.fresh("float32")
-    largest = _LARGEST[node.op_type]
-    one = w.ints([1])
-    if len(axes) == 1:
-        values = w.ops("TopK", [x, one], [w.fresh("values"), w.fresh("indices")], axis=axes[0], largest=largest)[0]
-        if keepdims:
-            w.op("Identity", [values], out=y)
-        else:
-            w.squeeze(values, axes, out=y)
-    else:
-        assert rank is not None  # several axes: an unknown rank returned above
-        kept = [a for a in range(rank) if a not in axes]
-        moved = w.op("Transpose", [x], perm=kept + axes)
-        merged = w.op("Reshape", [moved, w.ints([0] * len(kept) + [-1])])
-        values = w.ops("TopK", [merged, one], [w.fresh("values"), w.fresh("indices")], axis=len(kept), largest=largest)[
-            0
-        ]
-        flat = w.squeeze(values, [len(kept)])
-        if keepdims:
-            w.unsqueeze(flat, axes, out=y)
-        else:
-            w.op("Identity", [flat], out=y)
-    if bfloat16:
-        w.cast(w.nodes[-1].outputs[0], onnx.TensorProto.BFLOAT16, out=final)
-    return w.nodes
 
 
 class CumSumAsMatMul(NodeRewrite):

@@ -20,13 +20,14 @@ from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.gradient import build_training_graphs, partition_parameters
 from onnxblocks.gradient.activations import activations_as_elementary
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
+from onnxblocks.gradient.extrema import extrema_with_torch_ties
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
 from onnxblocks.gradient.indexing import border_pad_as_gather, depth_to_space_as_reshape, negative_step_slice_as_gather
 from onnxblocks.gradient.layer_norm import layer_norm_zero_bias
 from onnxblocks.gradient.normalization import expose_dropout_mask
 from onnxblocks.gradient.pooling import average_pool_as_conv
 from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
-from onnxblocks.gradient.reductions import cumsum_as_matmul, reduce_extremum_as_topk
+from onnxblocks.gradient.reductions import cumsum_as_matmul
 from onnxblocks.gradient.resize import resize_as_matmul
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -551,7 +552,7 @@ def test_every_new_pass_leaves_an_unrelated_model_alone():
         negative_step_slice_as_gather,
         recurrent_as_elementary,
         recurrent_directions_as_forward,
-        reduce_extremum_as_topk,
+        extrema_with_torch_ties,
         resize_as_matmul,
         cumsum_as_matmul,
         depth_to_space_as_reshape,
@@ -708,7 +709,7 @@ def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(mode,
         ("ReduceMax", [], 0),
     ],
 )
-def test_reduce_max_and_min_become_topk_with_torch_gradients(op, axes, keepdims, opset):
+def test_reduce_max_and_min_become_selections_with_torch_gradients(op, axes, keepdims, opset):
     rng = np.random.default_rng(14)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
     if opset >= 18:
@@ -718,7 +719,7 @@ def test_reduce_max_and_min_become_topk_with_torch_gradients(op, axes, keepdims,
         node = helper.make_node(op, ["x"], ["y"], keepdims=keepdims, **({"axes": axes} if axes else {}))
         inits = []
     model = _model([node], [_vi("x", ["N", 3, 4, 5])], [_vi("y", None)], inits, opset=opset)
-    _assert_same_forward(model, reduce_extremum_as_topk, {"x": x})
+    _assert_same_forward(model, extrema_with_torch_ties, {"x": x})
     xt = torch.from_numpy(x).requires_grad_()
     y = (torch.amax if op == "ReduceMax" else torch.amin)(xt, dim=axes or [0, 1, 2, 3], keepdim=bool(keepdims))
     weights = rng.standard_normal(tuple(y.shape)).astype(np.float32)

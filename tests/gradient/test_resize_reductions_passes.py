@@ -1,4 +1,4 @@
-"""ResizeAsMatMul, ReduceExtremumAsTopK and CumSumAsMatMul: the same values through MatMul / TopK."""
+"""ResizeAsMatMul, ExtremaWithTorchTies and CumSumAsMatMul: the same values through MatMul / selections."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from onnx import helper, numpy_helper
 from pass_oracle import check_pass, make_model, vi
 
-from onnxblocks.gradient.reductions import CumSumAsMatMul, ReduceExtremumAsTopK
+from onnxblocks.gradient.extrema import ExtremaWithTorchTies
+from onnxblocks.gradient.reductions import CumSumAsMatMul
 from onnxblocks.gradient.resize import ResizeAsMatMul
 
 RNG = np.random.default_rng(17)
@@ -32,16 +33,16 @@ def test_resize_becomes_matmul_or_repeat(scales, attrs):
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
 @pytest.mark.parametrize(("axes", "keepdims"), [([1], 0), ([-1], 1), ([1, 3], 0), ([0, 2], 1)])
-def test_reduce_extremum_becomes_topk(op, axes, keepdims):
+def test_reduce_extremum_becomes_selection(op, axes, keepdims):
     node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims)
     model = make_model([node], [vi("x", [2, 3, 4, 5])], [vi("y", None)], opset=17)
-    check_pass(ReduceExtremumAsTopK(), model, {"x": X}, {op: 1}, gone=op)
+    check_pass(ExtremaWithTorchTies(), model, {"x": X}, {op: 1})  # op itself stays, off the gradient path
 
 
 def test_integer_reductions_stay():
     node = helper.make_node("ReduceMax", ["x"], ["y"], axes=[1])
     model = make_model([node], [vi("x", [2, 3], 7)], [vi("y", None, 7)], opset=17)
-    check_pass(ReduceExtremumAsTopK(), model, {"x": np.arange(6, dtype=np.int64).reshape(2, 3)}, {})
+    check_pass(ExtremaWithTorchTies(), model, {"x": np.arange(6, dtype=np.int64).reshape(2, 3)}, {})
 
 
 @pytest.mark.parametrize("axis", [1, -1])

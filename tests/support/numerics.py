@@ -63,7 +63,8 @@ def eps(dtype: Any) -> float:
 
 def dtype_name(value: Any) -> str:
     """The dtype of a tensor-like as a plain name (``float32``, ``bfloat16``...)."""
-    return str(getattr(value, "dtype", np.asarray(value).dtype)).removeprefix("torch.")
+    dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype  # no NumPy copy of a torch bfloat16
+    return str(dtype).removeprefix("torch.")
 
 
 def floor(reference64: np.ndarray, *, dtype: str, scale: Any | None = None) -> np.ndarray:
