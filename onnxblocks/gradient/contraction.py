@@ -19,7 +19,10 @@ and none writing a tensor larger than what it reads or what the contraction retu
 * :func:`to_output`: the last term summed and transposed to the output's letters.
 
 Sizes unknown before run time are read with ``Shape`` / ``Gather`` and combined with ``Mul``
-and ``Concat`` into the reshapes' targets.
+and ``Concat`` into the reshapes' targets. A contracted letter of size 1 in one term and more in
+the other (torch broadcasts it) is summed out of each term first when that 1 is static; a 1
+known only at run time reaches ``MatMul``, which refuses the mismatch (exporters keep sizes of 1
+static).
 """
 
 from __future__ import annotations

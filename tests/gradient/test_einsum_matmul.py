@@ -7,8 +7,9 @@ float64 references, ``support.numerics``).
 
 The family: contractions of one to three operands (matrix products, several contracted letters, dot products,
 outer products, sums), batch letters, letters repeated within one operand (diagonals, traces), ``...`` with
-broadcasting, implicit outputs, scalar operands, sizes of 1, static and symbolic dims; the fixed cases below and
-a seeded random draw.
+broadcasting, implicit outputs, scalar operands, sizes of 1, static and symbolic dims (a name per axis, so equal
+sizes are not known equal; sizes of 1 stay static, as torch's exporters leave them); the fixed cases below and a
+seeded random draw.
 
 The size check: every tensor of the forward and backward graph (shapes inferred on the lowered graph) has at most
 as many elements as the largest operand or the output, for one or two operands without broadcasting; the two
@@ -59,6 +60,8 @@ FIXED = [
     ("bi,oij,bj->bo", [(3, 4), (2, 4, 5), (3, 5)]),
     ("bi,ij,jk->bk", [(3, 4), (4, 5), (5, 2)]),
     ("ab,bc,cd->", [(1, 2), (2, 1), (1, 3)]),
+    ("ij,jk->ik", [(3, 1), (4, 5)]),  # a contracted letter broadcast from size 1
+    ("...j,...j->j", [(3, 1, 2), (4, 2)]),  # ``...`` broadcast, then summed
 ]
 
 
@@ -106,7 +109,7 @@ def _model(equation: str, shapes, symbolic: bool) -> onnx.ModelProto:
     names = [f"x{i}" for i in range(len(shapes))]
     inputs = [
         helper.make_tensor_value_info(
-            n, onnx.TensorProto.FLOAT, [f"{n}_d{j}" for j in range(len(s))] if symbolic else list(s)
+            n, onnx.TensorProto.FLOAT, [f"{n}_d{j}" if symbolic and d != 1 else d for j, d in enumerate(s)]
         )
         for n, s in zip(names, shapes, strict=True)
     ]
