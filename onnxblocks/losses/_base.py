@@ -55,6 +55,23 @@ def check_reduction(owner: str, reduction: str, valid: Sequence[str] = REDUCTION
     return reduction
 
 
+def check_ignore_index(where: str, ignore_index: int, elem: int, labels: str | None = None) -> None:
+    """Check that ``ignore_index`` is a value of the labels' integer type (int32 cannot hold 2**40).
+
+    Raises:
+        ValueError: naming ignore_index, its value, the labels' dtype and its range.
+    """
+    info = np.iinfo(helper.tensor_dtype_to_np_dtype(elem))
+    if int(info.min) <= ignore_index <= int(info.max):
+        return
+    whose = f"labels '{labels}' of dtype {dtype_name(elem)}" if labels else f"{dtype_name(elem)} labels"
+    cast = "" if elem == TensorProto.INT64 else ", or cast the labels: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)"
+    raise InvalidValueError(
+        f"{where}ignore_index={ignore_index} does not fit {whose} (range [{info.min}, {info.max}]). Use a label "
+        f"value they can hold (e.g. -100, torch's){cast}."
+    )
+
+
 def as_float_array(owner: str, param: str, values: Any) -> np.ndarray | None:
     """Turn weights given as a list or numpy array into a float64 array (None stays None).
 
@@ -149,6 +166,38 @@ class Loss(Block):
             )
         return acc.add_input(target_name, elem, shape)
 
+    def _check_broadcast(self, param: str, array: np.ndarray, input_name: str) -> None:
+        """Check that an elementwise weight broadcasts against the input without growing it (as torch's).
+
+        Dims of the input that are not numbers (symbolic, unknown) accept any size.
+
+        Raises:
+            ValueError: naming ``param``, its shape and the input's size on the dim that does not fit.
+        """
+        acc = self.accessor
+        shape = acc.shape_of(input_name)
+        if shape is None:
+            return
+        owner = f"{acc.where() or type(self).__name__ + ': '}"
+        if array.ndim > len(shape):
+            raise InvalidValueError(
+                f"{owner}{param} has shape {list(array.shape)}, more dims than input '{input_name}' of shape "
+                f"{format_shape(shape)}: it would broadcast the loss beyond the input. Give {param} at most "
+                f"{len(shape)} dims (usually one value per class, the input's last dim)."
+            )
+        for offset in range(1, array.ndim + 1):
+            size, dim = array.shape[-offset], shape[-offset]
+            if size != 1 and isinstance(dim, int) and size != dim:
+                what = f"{size} values" if array.ndim == 1 else f"shape {list(array.shape)}"
+                if offset == 1:
+                    has, fix = f"{dim} classes (its last axis)", f"one value per class ({dim})"
+                else:
+                    has, fix = f"{dim} on axis {len(shape) - offset}", f"{dim} or 1 values on that axis"
+                raise InvalidValueError(
+                    f"{owner}{param} has {what} but input '{input_name}' of shape {format_shape(shape)} has "
+                    f"{has}. Give {param} {fix}, or a single value to broadcast."
+                )
+
     # ------------------------------------------------------------- helpers
     def _const(self, value: Any, like: str, name_hint: str = "loss_const") -> Value:
         """A constant with the element type of ``like`` (float32 when unknown)."""
@@ -161,8 +210,16 @@ class Loss(Block):
         reduction = reduction or self._reduction
         if reduction == "none":
             return Value(per_element)
+        acc = self.accessor
+        if reduction == "mean" and acc.elem_type(per_element) == TensorProto.DOUBLE:
+            # ONNX Runtime differentiates ReduceMean with its Scale op, whose factor 1/N is a float32 in every
+            # dtype: a double mean's gradient would be off by float32's rounding of 1/N. Div's is double.
+            total = reduce_all(acc, "ReduceSum", per_element)
+            out = acc.op("Div", [total, element_count(acc, per_element)], outputs=[acc.names.fresh(name_hint)])
+            assert isinstance(out, Value)
+            return out
         op_type = "ReduceMean" if reduction == "mean" else "ReduceSum"
-        return reduce_all(self.accessor, op_type, per_element, self.accessor.names.fresh(name_hint))
+        return reduce_all(acc, op_type, per_element, acc.names.fresh(name_hint))
 
 
 class PointwiseLoss(Loss):
@@ -225,6 +282,21 @@ def static_dim(acc: ModelAccessor, x: str, axis: int) -> int | None:
         return None
     dim = shape[axis]
     return dim if isinstance(dim, int) else None
+
+
+def element_count(acc: ModelAccessor, x: str) -> Value:
+    """The number of elements of ``x`` as a scalar of its element type (a constant when the shape is static)."""
+    elem = acc.elem_type(x) or TensorProto.FLOAT
+    shape = acc.shape_of(x)
+    dims = [d for d in shape or [] if isinstance(d, int)]
+    if shape is not None and len(dims) == len(shape):
+        count = int(np.prod(dims, dtype=np.int64))
+        return acc.constant(count, dtype=helper.tensor_dtype_to_np_dtype(elem), name_hint="count")
+    size = acc.op("Size", [x])
+    assert isinstance(size, Value)
+    out = acc.op("Cast", [size], to=elem)
+    assert isinstance(out, Value)
+    return out
 
 
 def dim_size(acc: ModelAccessor, x: str, axis: int, like: str) -> Value:

@@ -24,6 +24,7 @@ from onnxblocks.losses._base import (
     Shape,
     as_float_array,
     axes_op,
+    check_ignore_index,
     dim_size,
     dtype_name,
     format_shape,
@@ -55,7 +56,9 @@ class ClassLoss(Loss):
             torch; -1 for ``[B, T, V]`` sequence logits).
 
     Raises:
-        ValueError: if ``reduction`` is unknown or ``weight`` is not a 1-D numeric array.
+        ValueError: if ``reduction`` is unknown, ``weight`` is not a 1-D numeric array or
+            ``ignore_index`` does not fit int64 (at build: does not fit the labels' dtype; ``weight``
+            has not one value per class).
         TypeError: if ``ignore_index`` or ``class_axis`` is not an int.
     """
 
@@ -72,10 +75,20 @@ class ClassLoss(Loss):
             raise InvalidValueError(
                 f"{owner}: weight must be 1-D, one value per class, but has shape {list(self._weight.shape)}."
             )
-        if ignore_index is not None and not isinstance(ignore_index, (int, np.integer)):
-            raise InvalidTypeError(f"{owner}: ignore_index must be an int or None, not {type(ignore_index).__name__}.")
-        if not isinstance(class_axis, (int, np.integer)):
-            raise InvalidTypeError(f"{owner}: class_axis must be an int, not {type(class_axis).__name__}.")
+        if ignore_index is not None and (
+            isinstance(ignore_index, (bool, np.bool_)) or not isinstance(ignore_index, (int, np.integer))
+        ):
+            raise InvalidTypeError(
+                f"{owner}: ignore_index must be an int (a label value) or None, not {type(ignore_index).__name__}: "
+                f"{ignore_index!r}."
+            )
+        if ignore_index is not None:
+            check_ignore_index(f"{owner}: ", int(ignore_index), TensorProto.INT64)
+        if isinstance(class_axis, (bool, np.bool_)) or not isinstance(class_axis, (int, np.integer)):
+            raise InvalidTypeError(
+                f"{owner}: class_axis must be an int (1, or -1 for [B, T, V]), not {type(class_axis).__name__}: "
+                f"{class_axis!r}."
+            )
         self._ignore_index = None if ignore_index is None else int(ignore_index)
         self._class_axis = int(class_axis)
 
@@ -156,6 +169,8 @@ class ClassLoss(Loss):
                     "float class probabilities. Leave ignore_index=None, or pass int64 class indices."
                 )
             return labels, True
+        if elem in INDEX_TYPES and self._ignore_index is not None:
+            check_ignore_index(acc.where(), self._ignore_index, elem, labels_name)
         if elem is not None and elem not in INDEX_TYPES:
             probs = (
                 f" or float class probabilities of the scores' shape {format_shape(shape)}"

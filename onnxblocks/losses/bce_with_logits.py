@@ -48,9 +48,14 @@ class BCEWithLogitsLoss(Loss):
 
         Raises:
             TypeError: if the logits are not floating point, or the target's dtype differs.
+            ValueError: if ``weight`` or ``pos_weight`` does not broadcast against the logits (e.g. a
+                ``pos_weight`` whose length is not the number of classes, the logits' last dim).
         """
         acc = self.accessor
         target = self._target_like(loss_input_name, target_name)
+        for param, array in (("weight", self._weight), ("pos_weight", self._pos_weight)):
+            if array is not None:
+                self._check_broadcast(param, array, loss_input_name)
         x = Value(loss_input_name)
         magnitude = abs(x)
         log_one_plus = acc.op("Log", [1 + acc.op("Exp", [-magnitude])])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from onnxblocks._core.errors import InvalidTypeError
 from onnxblocks.blocks.value import Value
 from onnxblocks.losses._base import REDUCTIONS, Loss, dim_size
 
@@ -25,10 +28,15 @@ class KLDivLoss(Loss):
 
     Raises:
         ValueError: if ``reduction`` is unknown.
+        TypeError: if ``log_target`` is not a bool.
     """
 
     def __init__(self, reduction: str = "mean", log_target: bool = False) -> None:
         super().__init__(reduction, KL_REDUCTIONS)
+        if not isinstance(log_target, (bool, np.bool_)):
+            raise InvalidTypeError(
+                f"KLDivLoss: log_target must be True or False, not {type(log_target).__name__}: {log_target!r}."
+            )
         self._log_target = bool(log_target)
 
     def build(self, loss_input_name: str, target_name: str = "target") -> Value:

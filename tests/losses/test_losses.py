@@ -11,17 +11,22 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from support.loss_reference import class_denominator, class_operand, loss_scale
+from support.numerics import assert_close
 from support.onnx_models import run_model
 
 import onnxblocks
 from onnxblocks import losses
-from onnxblocks.errors import UnknownNameError
+from onnxblocks.errors import InvalidTypeError, InvalidValueError, OnnxBlocksError, UnknownNameError
 
 pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning")
 
 RNG_SEED = 1234
-RTOL, ATOL = 1e-5, 1e-6
-GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5
+#: relative bounds against torch in float32 (support.numerics adds the float64 reference's rule and the floor)
+RTOL = 1e-5
+GRAD_RTOL = 1e-4
+#: a float64 loss against torch's float64 loss
+FLOAT64_RTOL = 1e-12
 C = 5  # classes
 CLASS_WEIGHT = [0.5, 2.0, 1.0, 3.0, 0.25]
 
@@ -184,11 +189,58 @@ def _data(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]
     return x, labels
 
 
-def _torch_value(case: Case, x: np.ndarray, target: np.ndarray) -> np.ndarray:
-    tx, tt = torch.from_numpy(x), torch.from_numpy(target)
-    if case.class_axis == -1:  # torch wants the classes on axis 1
-        tx = tx.movedim(-1, 1)
-    return case.torch_loss()(tx, tt).numpy()
+@dataclass(frozen=True)
+class Reference:
+    """torch's loss on the test's data, in float32 and in float64, and the magnitude of its operands."""
+
+    loss32: np.ndarray
+    loss64: np.ndarray
+    scale: Any
+
+    def __add__(self, other: Reference) -> Reference:
+        return Reference(self.loss32 + other.loss32, self.loss64 + other.loss64, self.scale + other.scale)
+
+
+def _reference(make_torch: Any, x: np.ndarray, target: np.ndarray, axis: int = 1) -> Reference:
+    """torch's loss (``make_torch()``) of ``x`` and ``target`` in float32 and in float64 (the module's
+    weights converted by ``.float()``, ``.double()``), with the classes of ``x`` on ``axis`` moved to axis 1.
+    """
+
+    def run(module: Any, dtype: torch.dtype) -> np.ndarray:
+        tx, tt = torch.from_numpy(x).to(dtype), torch.from_numpy(target)
+        if tt.is_floating_point():
+            tt = tt.to(dtype)
+        if x.ndim > 1 and axis % x.ndim != 1:
+            tx = tx.movedim(axis, 1)
+            tt = tt.movedim(axis, 1) if tt.shape == x.shape else tt
+        return module(tx, tt).detach().numpy()
+
+    module64 = make_torch().double()
+    loss32, loss64 = run(make_torch().float(), torch.float32), run(module64, torch.float64)
+    reduction, module64.reduction = module64.reduction, "none"
+    each = run(module64, torch.float64)
+    weight = getattr(module64, "weight", None)
+    weight = None if weight is None else weight.numpy()
+    if isinstance(module64, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
+        operand = class_operand(x, x.shape[axis] if x.ndim > 1 else x.shape[0], weight)
+        labels = not np.issubdtype(target.dtype, np.floating)
+        denominator = class_denominator(target, weight, module64.ignore_index) if labels else each.size
+    else:
+        pos_weight = getattr(module64, "pos_weight", None)
+        largest = 1.0 if weight is None else float(np.max(np.abs(weight)))
+        largest *= 1.0 if pos_weight is None else max(1.0, float(pos_weight.abs().max()))
+        operand = largest * float(np.max(np.abs(x)) + np.max(np.abs(target)))
+        denominator = x.shape[0] if reduction == "batchmean" else each.size
+    return Reference(loss32, loss64, loss_scale(each, reduction, operand, denominator))
+
+
+def _assert_matches(got: np.ndarray, reference: Reference, name: str = "loss") -> None:
+    """A float32 loss against torch's: within RTOL of torch's float32 loss, or of its float64 twin's rounding."""
+    assert_close(got, reference.loss32, reference.loss64, rtol=RTOL, scale=reference.scale, name=name)
+
+
+def _torch_reference(case: Case, x: np.ndarray, target: np.ndarray) -> Reference:
+    return _reference(case.torch_loss, x, target, case.class_axis)
 
 
 def _build(loss: Any, shape: tuple, input_name: str = "x") -> tuple[onnx.ModelProto, str]:
@@ -211,11 +263,11 @@ def test_loss_matches_torch(case: Case) -> None:
     x, target = _data(case, rng)
     model, _ = _build(case.make(), case.shape)
     (got,) = run_model(model, {"x": x, _target_name(case): target})
-    expected = _torch_value(case, x, target)
-    assert got.shape == expected.shape
+    expected = _torch_reference(case, x, target)
+    assert got.shape == expected.loss32.shape
     if "reduction=none" not in case.id:
         assert got.shape == ()
-    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    _assert_matches(got, expected)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -237,13 +289,15 @@ def test_cross_entropy_probability_labels(reduction, weight, smoothing, layout) 
         )
         acc.set_outputs([out])
     (got,) = run_model(acc.finish(), {"x": x, "probs": p})
-    tx, tp = torch.from_numpy(x), torch.from_numpy(p)
-    if axis == -1:
-        tx, tp = tx.movedim(-1, 1), tp.movedim(-1, 1)
-    expected = torch.nn.CrossEntropyLoss(
-        weight=_tensor_or_none(weight), reduction=reduction, label_smoothing=smoothing
-    )(tx, tp).numpy()
-    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    expected = _reference(
+        lambda: torch.nn.CrossEntropyLoss(
+            weight=_tensor_or_none(weight), reduction=reduction, label_smoothing=smoothing
+        ),
+        x,
+        p,
+        axis,
+    )
+    _assert_matches(got, expected)
 
 
 def test_cross_entropy_symbolic_class_dim_and_middle_axis() -> None:
@@ -257,19 +311,16 @@ def test_cross_entropy_symbolic_class_dim_and_middle_axis() -> None:
         acc.set_outputs([out])
         assert acc.shape_of("labels") == ["B", "T", 4]
     (got,) = run_model(acc.finish(), {"x": x, "labels": labels})
-    expected = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(
-        torch.from_numpy(x).movedim(2, 1), torch.from_numpy(labels)
-    )
-    np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
+    _assert_matches(got, _reference(lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1), x, labels, 2))
 
 
 def test_cross_entropy_unbatched_scores() -> None:
     """1-D scores ``[C]`` with a scalar label, as torch."""
     x = np.random.default_rng(RNG_SEED).standard_normal(C).astype(np.float32)
     model, _ = _build(losses.CrossEntropyLoss(label_smoothing=0.1), (C,))
-    (got,) = run_model(model, {"x": x, "labels": np.array(3, dtype=np.int64)})
-    expected = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(torch.from_numpy(x), torch.tensor(3))
-    np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
+    label = np.array(3, dtype=np.int64)
+    (got,) = run_model(model, {"x": x, "labels": label})
+    _assert_matches(got, _reference(lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1), x, label))
 
 
 SYMBOLIC_CASES = [
@@ -322,7 +373,7 @@ def test_symbolic_and_unknown_shapes(make, torch_make, kind, axis, rank_known) -
         out = make()(scores)
         acc.set_outputs([out])
     (got,) = run_model(acc.finish(), feeds)
-    np.testing.assert_allclose(got, _torch_value(case, x, target), rtol=RTOL, atol=ATOL)
+    _assert_matches(got, _torch_reference(case, x, target))
 
 
 @pytest.mark.parametrize("loss_cls", [losses.MSELoss, losses.CrossEntropyLoss])
@@ -374,7 +425,8 @@ def test_double_precision(make, torch_make, kind) -> None:
         assert acc.elem_type(out) == TensorProto.DOUBLE
     (got,) = run_model(acc.finish(), {"x": x, _target_name(case): target})
     assert got.dtype == np.float64
-    np.testing.assert_allclose(got, _torch_value(case, x, target), rtol=1e-12, atol=1e-12)
+    expected = _torch_reference(case, x, target)
+    assert_close(got, expected.loss64, rtol=FLOAT64_RTOL, scale=expected.scale, name="float64 loss")
 
 
 def test_weighted_sum_of_two_losses_in_one_line() -> None:
@@ -386,9 +438,12 @@ def test_weighted_sum_of_two_losses_in_one_line() -> None:
         total = 0.4 * losses.MSELoss()("a", "t1") + 0.6 * losses.L1Loss()("b", "t2")
         acc.set_outputs([total])
     (got,) = run_model(acc.finish(), {"a": a, "b": b, "t1": t1, "t2": t2})
-    expected = 0.4 * np.mean((a - t1) ** 2) + 0.6 * np.mean(np.abs(b - t2))
+    expected = np.float32(0.4) * np.mean((a - t1) ** 2) + np.float32(0.6) * np.mean(np.abs(b - t2))
+    a, b, t1, t2 = (v.astype(np.float64) for v in (a, b, t1, t2))
+    expected64 = 0.4 * np.mean((a - t1) ** 2) + 0.6 * np.mean(np.abs(b - t2))
+    scale = 0.4 * np.mean((np.abs(a) + np.abs(t1)) ** 2) + 0.6 * np.mean(np.abs(b) + np.abs(t2))
     assert got.shape == ()
-    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+    assert_close(got, expected, expected64, rtol=RTOL, scale=scale)
 
 
 # ------------------------------------------------------------------ inputs
@@ -459,9 +514,8 @@ def test_existing_input_is_reused(loss_cls) -> None:
         y, z = (torch.log_softmax(torch.from_numpy(v), 1).numpy() for v in (y, z))
     target = rng.integers(0, C, 3) if is_class else rng.uniform(0, 1, (3, C)).astype(np.float32)
     (got,) = run_model(model, {"y": y, "z": z, name: target})
-    torch_loss = getattr(torch.nn, loss_cls.__name__)()
-    expected = sum(torch_loss(torch.from_numpy(v), torch.from_numpy(target)) for v in (y, z))
-    np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
+    torch_loss = getattr(torch.nn, loss_cls.__name__)
+    _assert_matches(got, _reference(torch_loss, y, target) + _reference(torch_loss, z, target))
 
 
 def test_labels_may_be_any_existing_value() -> None:
@@ -477,10 +531,10 @@ def test_labels_may_be_any_existing_value() -> None:
     y = np.random.default_rng(0).standard_normal((4, C)).astype(np.float32)
     raw = np.array([0, 2, 4, 1], dtype=np.float32)
     (got,) = run_model(model, {"y": y, "raw": raw})
-    expected = torch.nn.CrossEntropyLoss(ignore_index=2, label_smoothing=0.1)(
-        torch.from_numpy(y), torch.from_numpy(raw).long()
+    expected = _reference(
+        lambda: torch.nn.CrossEntropyLoss(ignore_index=2, label_smoothing=0.1), y, raw.astype(np.int64)
     )
-    np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
+    _assert_matches(got, expected)
 
 
 # ------------------------------------------------------------------ errors
@@ -521,39 +575,99 @@ def test_target_of_other_dtype() -> None:
             losses.MSELoss()("y", "t")
 
 
-def test_weight_of_wrong_length() -> None:
-    with onnxblocks.empty_base() as acc:
-        acc.add_input("y", TensorProto.FLOAT, [4, C])
-        with pytest.raises(ValueError, match=r"weight has 2 values but scores 'y' .* have 5 classes"):
-            losses.CrossEntropyLoss(weight=[1.0, 2.0])("y")
-
-
-def test_class_axis_out_of_range() -> None:
-    with onnxblocks.empty_base() as acc:
-        acc.add_input("y", TensorProto.FLOAT, [4, C])
-        with pytest.raises(ValueError, match=r"class_axis=2 is out of range"):
-            losses.NLLLoss(class_axis=2)("y")
-
-
 @pytest.mark.parametrize("loss_cls", TARGET_LOSSES + CLASS_LOSSES)
 def test_unknown_reduction(loss_cls) -> None:
     with pytest.raises(ValueError, match=r"unknown reduction 'avg'. Use one of 'mean', 'sum', 'none'"):
         loss_cls(reduction="avg")
 
 
+NAN = float("nan")
+#: (id, the loss, the scores' shape, labels' dtype (None: the loss makes its own), error, what the message names)
+BAD_OPTIONS: list[tuple[str, Any, list, int | None, type, list[str]]] = [
+    # elementwise weights must broadcast against the logits without growing them (checked at build)
+    ("BCE-pos_weight-length", lambda: losses.BCEWithLogitsLoss(pos_weight=[1.0, 2.0, 3.0]), ["N", C], None,
+     InvalidValueError, ["pos_weight has 3 values", "5 classes"]),
+    ("BCE-weight-length", lambda: losses.BCEWithLogitsLoss(weight=[1.0] * 4), [4, C], None,
+     InvalidValueError, ["weight has 4 values", "5 classes"]),
+    ("BCE-weight-batch-dim", lambda: losses.BCEWithLogitsLoss(weight=np.ones((2, C))), [4, C], None,
+     InvalidValueError, ["weight has shape [2, 5]", "[4, 5]", "4 on axis 0"]),
+    ("BCE-pos_weight-rank", lambda: losses.BCEWithLogitsLoss(pos_weight=np.ones((1, 1, C))), [4, C], None,
+     InvalidValueError, ["pos_weight has shape [1, 1, 5]", "[4, 5]", "at most 2 dims"]),
+    ("BCE-pos_weight-not-numbers", lambda: losses.BCEWithLogitsLoss(pos_weight="abc"), [4, C], None,
+     InvalidValueError, ["pos_weight", "str"]),
+    # class weights: one per class, on whichever axis holds the classes
+    ("CE-weight-length", lambda: losses.CrossEntropyLoss(weight=[1.0, 2.0]), [4, C], None,
+     InvalidValueError, ["weight has 2 values", "5 classes", "axis 1"]),
+    ("NLL-weight-length-class-last", lambda: losses.NLLLoss(weight=[1.0] * 6, class_axis=-1), [2, 3, C], None,
+     InvalidValueError, ["weight has 6 values", "5 classes", "axis 2"]),
+    ("CE-weight-2d", lambda: losses.CrossEntropyLoss(weight=[[1.0]]), [4, C], None,
+     InvalidValueError, ["weight must be 1-D", "[1, 1]"]),
+    # label smoothing in [0, 1]
+    ("CE-label_smoothing-above", lambda: losses.CrossEntropyLoss(label_smoothing=1.5), [4, C], None,
+     InvalidValueError, ["label_smoothing", "[0, 1]", "1.5"]),
+    ("CE-label_smoothing-negative", lambda: losses.CrossEntropyLoss(label_smoothing=-0.1), [4, C], None,
+     InvalidValueError, ["label_smoothing", "[0, 1]", "-0.1"]),
+    ("CE-label_smoothing-nan", lambda: losses.CrossEntropyLoss(label_smoothing=NAN), [4, C], None,
+     InvalidValueError, ["label_smoothing", "nan"]),
+    ("CE-label_smoothing-str", lambda: losses.CrossEntropyLoss(label_smoothing="0.1"), [4, C], None,
+     InvalidTypeError, ["label_smoothing", "str", "'0.1'"]),
+    # ignore_index: an int that the labels' dtype holds
+    ("CE-ignore_index-beyond-int32", lambda: losses.CrossEntropyLoss(ignore_index=2**40), [4, C], TensorProto.INT32,
+     InvalidValueError, ["ignore_index=1099511627776", "int32", "2147483647"]),
+    ("NLL-ignore_index-beyond-int64", lambda: losses.NLLLoss(ignore_index=2**70), [4, C], None,
+     InvalidValueError, [f"ignore_index={2**70}", "int64", "9223372036854775807"]),
+    ("CE-ignore_index-float", lambda: losses.CrossEntropyLoss(ignore_index=1.5), [4, C], None,
+     InvalidTypeError, ["ignore_index", "float", "1.5"]),
+    ("NLL-ignore_index-bool", lambda: losses.NLLLoss(ignore_index=True), [4, C], None,
+     InvalidTypeError, ["ignore_index", "bool"]),
+    ("CE-class_axis-bool", lambda: losses.CrossEntropyLoss(class_axis=True), [4, C], None,
+     InvalidTypeError, ["class_axis", "bool"]),
+    ("NLL-class_axis-out-of-range", lambda: losses.NLLLoss(class_axis=2), [4, C], None,
+     InvalidValueError, ["class_axis=2", "[4, 5]", "[-2, 1]"]),
+    # reductions each loss knows
+    ("MSE-reduction", lambda: losses.MSELoss(reduction="avg"), [4, C], None,
+     InvalidValueError, ["reduction 'avg'", "'mean', 'sum', 'none'"]),
+    ("Huber-reduction-batchmean", lambda: losses.HuberLoss(reduction="batchmean"), [4, C], None,
+     InvalidValueError, ["reduction 'batchmean'", "'mean', 'sum', 'none'"]),
+    ("KLDiv-reduction", lambda: losses.KLDivLoss(reduction="avg"), [4, C], None,
+     InvalidValueError, ["reduction 'avg'", "'batchmean'"]),
+    # delta > 0, beta >= 0, real numbers
+    ("Huber-delta-zero", lambda: losses.HuberLoss(delta=0.0), [4, C], None,
+     InvalidValueError, ["delta must be positive", "0.0"]),
+    ("Huber-delta-negative", lambda: losses.HuberLoss(delta=-1.0), [4, C], None,
+     InvalidValueError, ["delta must be positive", "-1.0"]),
+    ("Huber-delta-nan", lambda: losses.HuberLoss(delta=NAN), [4, C], None,
+     InvalidValueError, ["delta must be positive", "nan"]),
+    ("Huber-delta-str", lambda: losses.HuberLoss(delta="1"), [4, C], None,
+     InvalidTypeError, ["delta must be a real number", "'1'"]),
+    ("SmoothL1-beta-negative", lambda: losses.SmoothL1Loss(beta=-0.5), [4, C], None,
+     InvalidValueError, ["beta must be >= 0", "-0.5"]),
+    ("SmoothL1-beta-nan", lambda: losses.SmoothL1Loss(beta=NAN), [4, C], None,
+     InvalidValueError, ["beta must be >= 0", "nan"]),
+    ("KLDiv-log_target-str", lambda: losses.KLDivLoss(log_target="yes"), [4, C], None,
+     InvalidTypeError, ["log_target", "'yes'"]),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda: losses.HuberLoss(delta=0.0), "delta must be positive"),
-        (lambda: losses.SmoothL1Loss(beta=-1.0), "beta must be >= 0"),
-        (lambda: losses.CrossEntropyLoss(label_smoothing=1.5), r"label_smoothing must be in \[0, 1\]"),
-        (lambda: losses.CrossEntropyLoss(weight=[[1.0]]), "weight must be 1-D"),
-        (lambda: losses.BCEWithLogitsLoss(pos_weight="abc"), "pos_weight must be a list or numpy array"),
-    ],
+    ("make", "shape", "labels", "error", "names"), [c[1:] for c in BAD_OPTIONS], ids=[c[0] for c in BAD_OPTIONS]
 )
-def test_bad_options(make, message) -> None:
-    with pytest.raises(ValueError, match=message):
-        make()
+def test_bad_option_is_refused_by_the_loss_naming_it(make, shape, labels, error, names) -> None:
+    """An option of the wrong kind, range or shape is refused when the loss is made or built, never by a node.
+
+    The error is an OnnxBlocksError of the builtin class that fits (ValueError, TypeError) and its message
+    names the option, its value (or length, or shape) and what it must fit.
+    """
+    with onnxblocks.empty_base() as acc:
+        acc.add_input("y", TensorProto.FLOAT, shape)
+        if labels is not None:
+            acc.add_input("labels", labels, shape[:1])
+        with pytest.raises(error) as caught:
+            make()("y")
+    assert isinstance(caught.value, OnnxBlocksError)
+    message = str(caught.value)
+    missing = [name for name in names if name not in message]
+    assert not missing, f"the message does not name {missing}: {message}"
 
 
 def test_unknown_input_name() -> None:
@@ -692,10 +806,20 @@ def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
         acc.set_outputs([loss])
     grads = _ort_gradients(acc.finish(), loss, params, {"x": x, name: target})
 
-    tw, tb = (torch.tensor(params[k], requires_grad=True) for k in ("W", "b"))
-    ty = torch.from_numpy(x) @ tw + tb
+    expected, expected64 = (_torch_gradients(torch_make, params, x, target, axis, dtype) for dtype in DTYPES)
+    for name in ("W", "b"):
+        assert_close(grads[name], expected[name], expected64[name], rtol=GRAD_RTOL, name=f"gradient of {name}")
+
+
+DTYPES = (torch.float32, torch.float64)
+
+
+def _torch_gradients(torch_make, params: dict, x: np.ndarray, target: np.ndarray, axis: int, dtype) -> dict:
+    """torch.autograd's gradients of the linear layer's W and b, everything (weights of the loss too) in dtype."""
+    tw, tb = (torch.tensor(params[k], dtype=dtype, requires_grad=True) for k in ("W", "b"))
+    ty = torch.from_numpy(x).to(dtype) @ tw + tb
     if axis == -1:
         ty = ty.movedim(-1, 1)
-    torch_make()(ty, torch.from_numpy(target)).backward()
-    np.testing.assert_allclose(grads["W"], tw.grad.numpy(), rtol=GRAD_RTOL, atol=GRAD_ATOL)
-    np.testing.assert_allclose(grads["b"], tb.grad.numpy(), rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    tt = torch.from_numpy(target)
+    torch_make().to(dtype)(ty, tt.to(dtype) if tt.is_floating_point() else tt).backward()
+    return {"W": tw.grad.numpy(), "b": tb.grad.numpy()}
