@@ -3,7 +3,9 @@
 The command writes a Flower app (:mod:`onnxblocks.federated.project`) whose ServerApp starts from
 the artifacts' checkpoint, starts a SuperLink and one SuperNode per ``--client-data`` file with
 Flower's own commands (:mod:`onnxblocks.federated.deployment`), runs the app with ``flwr run``,
-and stops every process it started: on success, on error and on Ctrl-C (exit 130).
+and stops every process it started: on success, on error and on Ctrl-C or SIGTERM (exit 130). Both
+signals stop it from its first line on, even when the shell that started it had them ignored
+(:mod:`onnxblocks._core.interrupts`).
 """
 
 from __future__ import annotations
@@ -12,13 +14,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from onnxblocks._core.interrupts import stop_on_signals
 from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.paths import output_dir, output_file, require
 
@@ -218,6 +219,11 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``onnxblocks federate``."""
+    with stop_on_signals():  # before Flower's slow import: a signal at any point stops the command with 130
+        return _federate(args)
+
+
+def _federate(args: argparse.Namespace) -> int:
     _check(args)
     count = len(args.client_data)
     artifacts = _per_client(args.client_artifacts, count, "--client-artifacts")
@@ -249,12 +255,8 @@ def run(args: argparse.Namespace) -> int:
     app = write_app(run_dir / "app", config)
     print(f"federating {args.directory}: {count} clients, {args.rounds} rounds of {args.strategy}")
     print(f"logs in {run_dir / 'logs'}")
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM stops the federation like Ctrl-C
-    try:
-        with LocalDeployment(nodes, run_dir) as deployment:
-            outcome = deployment.run(app, timeout=timeout)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with LocalDeployment(nodes, run_dir) as deployment:
+        outcome = deployment.run(app, timeout=timeout)
     if not outcome.ok:
         raise CliError(
             f"the federated run ended with status {outcome.status} ({outcome.details}); the logs are in "
@@ -268,10 +270,6 @@ def run(args: argparse.Namespace) -> int:
     if not keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return EXIT_OK
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _summary(history_path: Path, seconds: float) -> None:

@@ -9,7 +9,9 @@ connection from a ``config.toml`` there (``FLWR_HOME``), so nothing in ``~/.flwr
 
 Stopping is the point of the class: :meth:`LocalDeployment.stop` (on leaving the ``with`` block, on
 success, error and ``KeyboardInterrupt``) stops every process tree it started, helpers that Flower
-starts in sessions of their own included (:mod:`onnxblocks.federated.processes`).
+starts in sessions of their own included (:mod:`onnxblocks.federated.processes`), and every process
+whose ``FLWR_HOME`` is its own (one started as the interrupt came). Its waits end within half a second
+of a stop signal inside :func:`onnxblocks._core.interrupts.stop_on_signals`.
 
 A SuperNode may run under another interpreter (``NodeSpec.python``, e.g. a Python 3.13 venv with
 stock onnxruntime): Flower's commands start through ``python -c`` shims, so its SuperExec and
@@ -23,24 +25,25 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, StateError
+from onnxblocks._core.interrupts import raise_if_stopping, shielded
 from onnxblocks.federated.processes import (
     DeploymentError,
     Process,
     alive,
     command_line,
     descendants,
+    environment_pids,
     free_port,
     listening,
+    run_captured,
     terminate_tree,
     write_shims,
 )
@@ -133,6 +136,7 @@ class LocalDeployment:
         self._env = dict(env or {})
         self.superlink: Process | None = None
         self.supernodes: list[Process] = []
+        self._started: list[Process] = []  # every process started, recorded as it starts: stop() stops them all
         self.port: int | None = None
         self._ports: list[int] = []
         self._runs = 0
@@ -177,7 +181,7 @@ class LocalDeployment:
             ports.append(port)
             env = self._environment(node.python, node.env)
             log = self.logs / f"supernode-{i}.log"
-            self.supernodes.append(Process(f"supernode-{i}", self._supernode_argv(node, port), log, env))
+            self.supernodes.append(self._spawn(f"supernode-{i}", self._supernode_argv(node, port), log, env))
         for i, (node, port) in enumerate(zip(self.nodes, ports, strict=True)):
             self.supernodes[i] = self._launch(
                 f"supernode-{i}",
@@ -233,7 +237,7 @@ class LocalDeployment:
             else:
                 port = free_port(self._ports)
                 self._ports.append(port)
-                process = Process(name, command(port), log, self._environment(python, extra_env))
+                process = self._spawn(name, command(port), log, self._environment(python, extra_env))
             try:
                 self._wait_until_listening(process, port)
             except DeploymentError:
@@ -245,6 +249,11 @@ class LocalDeployment:
                 continue
             return process
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _spawn(self, name: str, command: list[str], log: Path, env: Mapping[str, str]) -> Process:
+        process = Process(name, command, log, env)
+        self._started.append(process)
+        return process
 
     def _shims(self, python: str | os.PathLike | None) -> Path:
         """A folder of ``python -c`` scripts named like Flower's commands, for ``python``."""
@@ -267,6 +276,7 @@ class LocalDeployment:
     def _wait_until_listening(self, process: Process, port: int) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
+            raise_if_stopping()
             if not process.running():
                 raise DeploymentError(
                     f"Flower's {process.name} exited with code {process.popen.returncode} while starting "
@@ -285,15 +295,7 @@ class LocalDeployment:
     def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run Flower's ``flwr`` command against this SuperLink (its output captured)."""
         try:
-            return subprocess.run(
-                [self._command(None, "flwr"), *args],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=self._environment(None, {}),
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
+            return run_captured([self._command(None, "flwr"), *args], self._environment(None, {}), timeout)
         except subprocess.TimeoutExpired as exc:
             raise DeploymentError(f"'flwr {' '.join(args)}' did not answer within {timeout:.0f} s.") from exc
 
@@ -337,6 +339,7 @@ class LocalDeployment:
         deadline = started + timeout
         status, details = "pending", ""
         while True:
+            raise_if_stopping()
             status, details = self.status(run_id)
             if status.startswith("finished"):
                 break
@@ -387,20 +390,17 @@ class LocalDeployment:
     def stop(self) -> None:
         """Stop every process this deployment started, and everything they started (SIGTERM, then SIGKILL).
 
-        Safe to call twice, and after a failed start. A second Ctrl-C while it stops is ignored (in the
-        main thread), so that an impatient one cannot leave processes behind.
+        Safe to call twice, and after a failed start. SIGINT and SIGTERM are ignored while it stops (in the
+        main thread), so that an impatient second Ctrl-C cannot leave processes behind.
         """
-        processes = [*self.supernodes, *([self.superlink] if self.superlink else [])]
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:
-            if processes:
-                terminate_tree([p.pid for p in processes])
-            for process in processes:
+        with shielded():
+            # a process whose parent was interrupted while starting it is in no tree, but has our FLWR_HOME
+            strays = environment_pids("FLWR_HOME", os.fspath(self.home))
+            # a reaped process's pid may belong to another process by now: only unreaped ones are signalled
+            terminate_tree([*(p.pid for p in self._started if p.running()), *strays])
+            for process in self._started:
                 process.close()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+        self._started = []
         self.supernodes = []
         self.superlink = None
 

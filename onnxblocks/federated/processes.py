@@ -4,7 +4,9 @@ Flower's SuperLink and SuperNodes start helpers (SuperExec, ``flwr-serverapp``, 
 in sessions of their own, which a signal to the parent's process group does not reach. So a tree
 is stopped by walking it: :func:`descendants` (Linux ``/proc``, else psutil when installed) and
 :func:`terminate_tree` (SIGTERM to every process of the trees, helpers started meanwhile included,
-then SIGKILL to what still runs after a grace period).
+then SIGKILL to what still runs after a grace period). :func:`environment_pids` finds the processes a
+deployment started that no tree holds any more (one whose parent was interrupted while starting it).
+Waits here end early on a stop signal (:mod:`onnxblocks._core.interrupts`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from onnxblocks._core.errors import StateError
+from onnxblocks._core.interrupts import raise_if_stopping
 
 #: Seconds a process gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
@@ -74,16 +77,34 @@ def _children_table() -> dict[int, list[int]]:
     return table
 
 
+def _trees(pids: Iterable[int], table: Mapping[int, list[int]]) -> list[int]:
+    """``pids`` and every descendant of them in ``table``, each once (level by level)."""
+    found: list[int] = []
+    todo = list(pids)
+    while todo:
+        pid = todo.pop(0)
+        if pid not in found:
+            found.append(pid)
+            todo += table.get(pid, [])
+    return found
+
+
 def descendants(pid: int) -> list[int]:
     """The pids of every living descendant of ``pid`` (children first level by level)."""
-    table = _children_table()
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        kids = table.get(todo.pop(0), [])
-        found += [k for k in kids if k not in found]
-        todo += kids
-    return found
+    return _trees([pid], _children_table())[1:]
+
+
+def environment_pids(name: str, value: str) -> list[int]:
+    """The pids of the living processes whose environment sets ``name`` to ``value`` (Linux ``/proc``; else none)."""
+    entry = f"{name}={value}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry in (proc / "environ").read_bytes().split(b"\0") and int(proc.name) != os.getpid():
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return [pid for pid in found if alive(pid)]
 
 
 def alive(pid: int) -> bool:
@@ -114,23 +135,58 @@ def send_signal(pids: Iterable[int], sig: int) -> None:
 
 
 def terminate_tree(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
-    """SIGTERM ``pids`` and all their descendants; SIGKILL whatever still runs after ``grace_s`` seconds."""
-    everyone: list[int] = []
-    for pid in pids:
-        for p in [pid, *descendants(pid)]:
-            if p not in everyone:
-                everyone.append(p)
+    """SIGTERM ``pids`` and all their descendants; SIGKILL whatever still runs after ``grace_s`` seconds.
+
+    Returns once they are gone (a SIGKILL takes effect when the process is next scheduled; 2 s at most).
+    """
+    # one reading of /proc per sweep, not one per process: on a loaded machine a reading takes 0.1 s or more
+    everyone = _trees(pids, _children_table())
     send_signal(everyone, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         # helpers started after the first sweep (a SuperExec launching a ClientApp) are caught too
-        late = [d for pid in pids for d in descendants(pid) if d not in everyone]
+        late = [p for p in _trees(everyone, _children_table()) if p not in everyone]
         send_signal(late, signal.SIGTERM)
         everyone += late
         if not any(alive(p) for p in everyone):
             return
         time.sleep(0.1)
     send_signal([p for p in everyone if alive(p)], signal.SIGKILL)
+    killed = time.monotonic() + 2.0  # a killed process dies when next scheduled: gone when this returns
+    while time.monotonic() < killed and any(alive(p) for p in everyone):
+        time.sleep(0.02)
+
+
+def run_captured(command: Sequence[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` to its end and capture its output; stop it on a stop signal or after ``timeout`` seconds.
+
+    Raises:
+        subprocess.TimeoutExpired: when it runs longer than ``timeout`` (it is killed).
+        KeyboardInterrupt: on a stop signal (it is killed).
+    """
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(
+        list(command),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env),
+    ) as child:
+        try:
+            while True:
+                try:  # short waits, so that a stop signal whose exception was swallowed is seen at once
+                    out, err = child.communicate(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+                    break
+                except subprocess.TimeoutExpired:
+                    raise_if_stopping()
+                    if time.monotonic() > deadline:
+                        raise
+        except BaseException:
+            child.kill()
+            child.wait()  # reaped here: on KeyboardInterrupt, Popen's exit does not wait
+            raise
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 class Process:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,13 +84,72 @@ def test_one_round_of_fedavg_is_the_weighted_average_of_separate_sessions(setup,
     assert "round 1: train-loss" in printed and "done in" in printed
 
 
+#: How soon ``onnxblocks federate`` must exit after SIGINT or SIGTERM, with both cores busy (docs/federated.md).
+STOP_LIMIT_S = 10.0
+
+#: The CLI started with SIGINT ignored, as a non-interactive shell starts a command in the background: Python
+#: then installs no KeyboardInterrupt handler, and before the command installed its own it slept through SIGINT.
+_SIGINT_IGNORED = [
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+]
+
+
+@pytest.fixture
+def busy_cores():
+    """Two busy loops beside the test for its whole duration (one per core of a 2-core machine)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for loop in loops:
+        loop.kill()
+        loop.wait()
+
+
+def _flower_commands(run_dir: Path) -> list[tuple[str, list[str]]]:
+    """``(Flower command, its arguments)`` of each living process of ``run_dir``'s federation."""
+    commands = []
+    for line in flower_processes(run_dir):
+        try:
+            argv = Path(f"/proc/{line.split(' ', 1)[0]}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        # the shims run `python -c <script naming the command> ARGS...`
+        named = re.search(r'name="([^"]+)"', argv[2]) if argv[1:2] == ["-c"] and len(argv) > 2 else None
+        commands.append((named.group(1), argv[3:]) if named else (Path(argv[0]).name, argv[1:]))
+    return commands
+
+
+def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_seen: bool) -> bool:
+    if window == "start-up":  # the SuperLink runs, and the command waits for it to listen
+        return any(name == "flower-superlink" for name, _ in commands)
+    if window == "round":  # a ClientApp lives for one message only: one seen is a round that runs
+        return clientapp_seen
+    return any(name == "flwr" and args[:1] == ["ls"] for name, args in commands)
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_every_flower_process_and_exits_130(setup):
-    """SIGINT to the CLI process in the middle of a run: exit 130, and no Flower process is left."""
+@pytest.mark.parametrize(
+    ("window", "signum", "inherited"),
+    [
+        ("start-up", signal.SIGTERM, "default"),
+        ("round", signal.SIGINT, "SIGINT ignored"),
+        ("flwr ls poll", signal.SIGINT, "default"),
+    ],
+)
+def test_a_stop_signal_stops_every_flower_process_and_exits_130(setup, busy_cores, window, signum, inherited):
+    """SIGINT or SIGTERM to the CLI with both cores busy: exit 130 within 10 s, and no Flower process is left.
+
+    The signal comes while the SuperLink starts (the process is not yet the deployment's SuperLink), while a
+    ClientApp trains, or while the command waits for a ``flwr ls`` poll; and once to a command started with
+    SIGINT ignored, as a non-interactive shell's background job is (it slept in that poll before).
+    """
     art, files, root = setup
-    run_dir = root / "interrupted"
+    run_dir = root / f"stopped-{window.replace(' ', '-')}"
+    launcher = _SIGINT_IGNORED if inherited == "SIGINT ignored" else []
     cmd = [
         sys.executable,
+        *launcher,
         "-m",
         "onnxblocks",
         "federate",
@@ -102,33 +162,36 @@ def test_ctrl_c_stops_every_flower_process_and_exits_130(setup):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline, started = time.monotonic() + 240, False
+        deadline, reached, clientapp_seen = time.monotonic() + 300, False, False
         while time.monotonic() < deadline and process.poll() is None:
-            # a ClientApp process lives for one message only: remember that one was seen, do not look again
-            if any("flwr-clientapp" in p for p in flower_processes(run_dir)):
-                started = True  # a round is running
+            commands = _flower_commands(run_dir)
+            clientapp_seen = clientapp_seen or any(name == "flwr-clientapp" for name, _ in commands)
+            reached = _in_window(window, commands, clientapp_seen)
+            if reached:
                 break
-            time.sleep(0.5)
+            time.sleep(0.05)
         assert process.poll() is None, process.communicate()
-        assert started, "no round started within 240 s"
-        process.send_signal(signal.SIGINT)
+        assert reached, f"the federation did not reach its {window} within 300 s"
+        process.send_signal(signum)
         try:
-            _, err = process.communicate(timeout=60)
+            _, err = process.communicate(timeout=STOP_LIMIT_S)
         except subprocess.TimeoutExpired:
             stuck = _process_report(process.pid)  # what it was doing, before it is killed
             process.kill()
             _, err = process.communicate()
-            raise AssertionError(f"the command did not stop within 60 s of SIGINT: {stuck}\nstderr:\n{err}") from None
+            raise AssertionError(
+                f"the command did not exit within {STOP_LIMIT_S:.0f} s of {signal.Signals(signum).name} "
+                f"sent in its {window}: {stuck}\nstderr:\n{err}"
+            ) from None
+        left = flower_processes(run_dir)  # before the clean-up below, which kills whatever is left
     finally:
         if process.poll() is None:
             process.kill()
             process.communicate()
-        kill_flower_processes(run_dir)  # a killed command could not stop its federation
-    left = flower_processes(run_dir)
-    kill_flower_processes(run_dir)  # never leave a federation running into the next tests
+        kill_flower_processes(run_dir)  # never leave a federation running into the next tests
     assert process.returncode == 130, err
     assert "interrupted" in err
-    assert left == []
+    assert left == [], f"Flower processes left after the command exited: {left}"
     assert not (root / "never" / "ckpt").exists()
 
 
