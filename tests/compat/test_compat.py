@@ -18,6 +18,7 @@ import onnx
 import pytest
 import torch
 from support import models
+from support.reference import loss_run, twice
 
 from onnxblocks.compat import artifacts, onnxblock
 
@@ -102,8 +103,9 @@ def test_loss_execution_matches_torch(simple, loss_name):
     model = block.to_model_proto()
     target = _target(loss_name)
     (loss,) = _run(model, {model.graph.input[0].name: x.numpy(), model.graph.input[1].name: target.numpy()})
-    expected = getattr(torch.nn, loss_name)()(pt_model(x), target)
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        expected = twice(lambda model, x: getattr(torch.nn, loss_name)()(model(x), target), pt_model, x)
+    expected.check(loss, rtol=1e-5, name=loss_name)
 
 
 @pytest.mark.parametrize("loss_name", LOSSES)
@@ -119,12 +121,11 @@ def test_training_graph_execution_matches_torch(tmp_path, simple, loss_name):
     target = _target(loss_name)
     trainer = models.OrtTrainer(art)
     (loss,) = trainer.train_step(x.numpy(), target.numpy())
-    model = copy.deepcopy(pt_model)
-    expected = getattr(torch.nn, loss_name)()(model(x), target)
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
-    for name, param in model.named_parameters():
-        np.testing.assert_allclose(trainer.grad(name), param.grad.numpy(), rtol=1e-4, atol=1e-5)
+    expected = loss_run(pt_model, (x,), target, getattr(torch.nn, loss_name)())
+    expected[0].check(loss, rtol=1e-5, name=loss_name)
+    for name, _ in pt_model.named_parameters():
+        scale = expected.scales[name]
+        expected[1][name].check(trainer.grad(name), rtol=1e-5, scale=scale, name=f"{name}'s gradient")
     trainer.step()  # the reference's AdamW model runs in ONNX Runtime's optimizer
 
 
@@ -193,10 +194,18 @@ def test_grad_clipping_execution_matches_torch(simple):
     model_copy = copy.deepcopy(pt_model)
     torch.nn.functional.mse_loss(model_copy(x), 10 * _target("MSELoss")).backward()
     grads = [p.grad.numpy().copy() for p in model_copy.parameters()]
-    torch.nn.utils.clip_grad_norm_(model_copy.parameters(), 2.5)
+
+    def clip(*grads):  # torch's clip_grad_norm_ on the same gradients, in their dtype
+        tensors = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for t, g in zip(tensors, grads, strict=True):
+            t.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_(tensors, 2.5)
+        return [t.grad for t in tensors]
+
+    expected = twice(clip, *(torch.from_numpy(g) for g in grads))
     (clipped,) = _run(model, {"gradients": grads}, [output_name])
-    for ours, param in zip(clipped, model_copy.parameters(), strict=True):
-        np.testing.assert_allclose(ours, param.grad.numpy(), rtol=1e-5, atol=1e-6)
+    for i, ours in enumerate(clipped):
+        expected[i].check(ours, rtol=1e-5, name=f"clipped gradient {i}")
 
 
 # ------------------------------------------------------------------ parameters and checkpoints
@@ -258,9 +267,13 @@ def test_set_requires_grad_on_inputs(tmp_path, simple):
         "fc1.weight_grad.accumulation.buffer": np.zeros((HIDDEN, D_IN), np.float32),
     }
     (input_grad,) = _run(training, feeds, ["input-0_grad"])
-    xg = x.clone().requires_grad_()
-    torch.nn.functional.mse_loss(pt_model(xg), target).backward()
-    np.testing.assert_allclose(input_grad, xg.grad.numpy(), rtol=1e-4, atol=1e-7)
+
+    def input_gradient(model, x):
+        torch.nn.functional.mse_loss(model(x), target).backward()
+        return x.grad
+
+    expected = twice(input_gradient, pt_model, x.clone().requires_grad_())
+    expected.check(input_grad, rtol=1e-5, name="input-0's gradient")
 
 
 def test_save_and_load_checkpoint_in_place(tmp_path, simple):
@@ -326,15 +339,16 @@ def test_weighted_average_model_composition(tmp_path, model_type):
     with onnxblock.base(base_model):
         _ = block(base_model.graph.output[0].name, base_model.graph.output[1].name)
     labels1, labels2 = _target("CrossEntropyLoss"), torch.flip(_target("CrossEntropyLoss"), [0])
-    out1, out2 = pt_model(x1, x2)
-    expected = w1 * torch.nn.functional.cross_entropy(out1, labels1) + w2 * torch.nn.functional.cross_entropy(
-        out2, labels2
-    )
-    expected.backward()
+
+    def weighted(outputs, labels):
+        ce = torch.nn.functional.cross_entropy
+        return w1 * ce(outputs[0], labels[0]) + w2 * ce(outputs[1], labels[1])
+
+    expected = loss_run(pt_model, (x1, x2), torch.stack([labels1, labels2]), weighted)
     feeds = {"input-0": x1.numpy(), "input-1": x2.numpy(), "labels1": labels1.numpy(), "labels2": labels2.numpy()}
     if model_type == "ForwardBlock":
         (loss,) = _run(block.to_model_proto(), feeds)
-        np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
+        expected[0].check(loss, rtol=1e-5, name="loss")
         return
     training, _ = block.to_model_proto()
     feeds["lazy_reset_grad"] = np.array([True])
@@ -343,9 +357,10 @@ def test_weighted_average_model_composition(tmp_path, model_type):
         feeds[name] = param.detach().numpy()
         buffers[name] = feeds[f"{name}_grad.accumulation.buffer"] = np.zeros_like(feeds[name])
     (loss, *_) = _run(training, feeds)
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
-    for name, param in pt_model.named_parameters():  # InPlaceAccumulatorV2 wrote the gradients into the buffers
-        np.testing.assert_allclose(buffers[name], param.grad.numpy(), rtol=1e-4, atol=1e-6)
+    expected[0].check(loss, rtol=1e-5, name="loss")
+    for name, _ in pt_model.named_parameters():  # InPlaceAccumulatorV2 wrote the gradients into the buffers
+        scale = expected.scales[name]
+        expected[1][name].check(buffers[name], rtol=1e-5, scale=scale, name=f"{name}'s gradient")
 
 
 def test_label_encoder_composition(simple):
@@ -376,8 +391,9 @@ def test_label_encoder_composition(simple):
     assert "LabelEncoder" in [n.op_type for n in model.graph.node]
     labels = _target("CrossEntropyLoss")
     (loss,) = _run(model, {"input-0": x.numpy(), "labels": labels.numpy() + 521})
-    expected = torch.nn.functional.cross_entropy(pt_model(x), labels)
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
+    with torch.no_grad():
+        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), pt_model, x)
+    expected.check(loss, rtol=1e-5, name="loss")
 
 
 def test_string_targets_cast_to_numbers(tmp_path, simple):
@@ -408,11 +424,10 @@ def test_string_targets_cast_to_numbers(tmp_path, simple):
             "lazy_reset_grad": np.array([True]),
         },
     )
-    model = copy.deepcopy(pt_model)
-    expected = torch.nn.functional.mse_loss(model(x), torch.tensor([[float(v) for v in r] for r in text]))
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
-    np.testing.assert_allclose(buffer, model.fc2.bias.grad.numpy(), rtol=1e-4, atol=1e-7)
+    parsed = torch.tensor([[float(v) for v in r] for r in text])  # the strings' values, as Cast reads them
+    expected = loss_run(pt_model, (x,), parsed, torch.nn.functional.mse_loss)
+    expected[0].check(loss, rtol=1e-5, name="loss")
+    expected[1]["fc2.bias"].check(buffer, rtol=1e-5, scale=expected.scales["fc2.bias"], name="fc2.bias's gradient")
 
 
 # ------------------------------------------------------------------ artifacts
@@ -479,8 +494,8 @@ def test_eval_model_has_no_training_mode_and_matches_torch_eval(tmp_path, model_
     (loss,) = models.OrtTrainer(art, optimizer=False).eval_step(x.numpy(), labels.numpy())  # ONNX Runtime loads it
     pt_model.eval()
     with torch.no_grad():
-        expected = torch.nn.functional.cross_entropy(pt_model(x), labels)
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
+        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), pt_model, x)
+    expected.check(loss, rtol=1e-5, name="eval loss")
 
 
 def test_save_ort_format(tmp_path, simple):
@@ -529,4 +544,6 @@ def test_the_references_enums_are_accepted(tmp_path, simple):
     )
     target = _target("L1Loss")
     (loss,) = models.OrtTrainer(art).train_step(x.numpy(), target.numpy())
-    np.testing.assert_allclose(loss, torch.nn.functional.l1_loss(pt_model(x), target).item(), rtol=1e-5)
+    with torch.no_grad():
+        expected = twice(lambda model, x: torch.nn.functional.l1_loss(model(x), target), pt_model, x)
+    expected.check(loss, rtol=1e-5, name="loss")

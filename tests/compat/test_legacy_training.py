@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 import torch
 from support.legacy_program import CASES, STEPS, batch, legacy_program, lr_at, weights
+from support.numerics import assert_close
+from support.optim_family import step_magnitudes
+from support.reference import Twice, twice
 
 from onnxblocks.compat.legacy import TrainingParameters, TrainingSession
 from onnxblocks.errors import InvalidValueError, UnknownNameError
@@ -21,33 +24,38 @@ MAX_NORM = 1.0  # the legacy default max_norm_clip, with enable_grad_norm_clip o
 
 
 def _forward(params: dict[str, torch.Tensor], step: int) -> torch.Tensor:
-    x, y = (torch.tensor(a) for a in batch(step))
+    x, y = (torch.tensor(a, dtype=params["W1"].dtype) for a in batch(step))
     pred = torch.relu(x @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]
     return ((pred - y) ** 2).mean()
 
 
 def _lamb_numpy(params: dict[str, torch.Tensor], state: dict, lr: float, wd: float) -> None:
-    """ORT's legacy LambOptimizer (lamb_impl.cu): defaults alpha .9, beta .999, eps 1e-6, no bias correction."""
-    grads = {n: p.grad.numpy().astype(np.float32) for n, p in params.items()}
+    """ORT's legacy LambOptimizer (lamb_impl.cu): defaults alpha .9, beta .999, eps 1e-6, no bias correction.
+
+    NumPy in the parameters' dtype (the gradient norm in float64).
+    """
+    grads = {n: p.grad.numpy() for n, p in params.items()}
     norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
     scale = max(1.0, norm / MAX_NORM)  # _ComputeGradScale: g / max(1, ||g|| / max_norm)
     for n, p in params.items():
         w = p.detach().numpy()
-        g = grads[n] / np.float32(scale)
+        real = w.dtype.type
+        g = grads[n] / real(scale)
         m, v = state.setdefault(n, (np.zeros_like(w), np.zeros_like(w)))
-        m = np.float32(0.9) * m + np.float32(0.1) * g
-        v = np.float32(0.999) * v + np.float32(0.001) * g * g
-        d = m / (np.sqrt(v) + np.float32(1e-6)) + np.float32(wd) * w
+        m = real(0.9) * m + real(0.1) * g
+        v = real(0.999) * v + real(0.001) * g * g
+        d = m / (np.sqrt(v) + real(1e-6)) + real(wd) * w
         w_norm, d_norm = np.linalg.norm(w), np.linalg.norm(d)
         ratio = w_norm / d_norm if w_norm > 0 and d_norm > 0 else 1.0
         state[n] = (m, v)
         with torch.no_grad():
-            p.copy_(torch.tensor(w - np.float32(lr * ratio) * d))
+            p.copy_(torch.tensor(w - real(lr * ratio) * d))
 
 
-def _reference(case: str) -> tuple[list[float], dict[str, np.ndarray]]:
+def _reference(case: str, dtype: torch.dtype) -> tuple[list[float], list[dict[str, np.ndarray]]]:
+    """torch.optim (or the NumPy Lamb) on the legacy program's model in ``dtype``: losses, parameters after each step."""
     optimizer_name, floats, _, accumulate = CASES[case]
-    params = {n: torch.tensor(v, requires_grad=True) for n, v in weights().items()}
+    params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in weights().items()}
     if optimizer_name == "AdamOptimizer" and floats.get("lambda"):  # mode 0: decoupled, as torch.optim.AdamW
         optimizer: torch.optim.Optimizer | None = torch.optim.AdamW(
             params.values(), lr=lr_at(0), eps=floats["epsilon"], weight_decay=floats["lambda"]
@@ -58,11 +66,12 @@ def _reference(case: str) -> tuple[list[float], dict[str, np.ndarray]]:
         optimizer = torch.optim.SGD(params.values(), lr=lr_at(0))
     else:
         optimizer, lamb_state = None, {}
-    losses = []
+    losses, history = [], []
     for step in range(STEPS):
         loss = _forward(params, step)
         loss.backward()
         losses.append(float(loss.detach()))
+        history.append({n: p.detach().numpy().copy() for n, p in params.items()})
         if (step + 1) % accumulate:
             continue
         if optimizer is None:
@@ -73,16 +82,20 @@ def _reference(case: str) -> tuple[list[float], dict[str, np.ndarray]]:
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
             optimizer.step()
+        history[-1] = {n: p.detach().numpy().copy() for n, p in params.items()}
         for p in params.values():
             p.grad = None
-    return losses, {n: p.detach().numpy() for n, p in params.items()}
+    return losses, history
 
 
 def _check(case: str, losses, state) -> None:
-    want_losses, want = _reference(case)
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-7, err_msg=f"{case}: losses")
+    """The program's losses and final weights against the reference in float32 and float64 (support.numerics)."""
+    (want_losses, want), (want_losses64, want64) = _reference(case, torch.float32), _reference(case, torch.float64)
+    losses = np.float32(losses)
+    assert_close(losses, np.float32(want_losses), want_losses64, rtol=1e-5, name=f"{case}: losses")
     for name in NAMES:
-        np.testing.assert_allclose(state[name], want[name], rtol=1e-5, atol=1e-6, err_msg=f"{case}: {name}")
+        scale = step_magnitudes(weights()[name], [params[name] for params in want64])[-1]
+        assert_close(state[name], want[-1][name], want64[-1][name], rtol=1e-5, scale=scale, name=f"{case}: {name}")
 
 
 @pytest.fixture
@@ -155,13 +168,20 @@ def test_set_gradients_as_graph_outputs_fetches_the_gradients(legacy_cache):
     assert [o.name for o in session.get_outputs()] == ["loss", "pred", "W1_grad", "b1_grad", "W2_grad", "b2_grad"]
     x, y = batch(0)
     loss, grad = session.run(["loss", "W1_grad"], {"x": x, "y": y, "Learning_Rate": np.array([0.1], np.float32)})
-    params = {n: torch.tensor(v, requires_grad=True) for n, v in weights().items()}
-    want = _forward(params, 0)
-    want.backward()
-    np.testing.assert_allclose(loss, want.item(), rtol=1e-6)
-    np.testing.assert_allclose(grad, params["W1"].grad.numpy(), rtol=1e-5, atol=1e-7)
-    # the step was applied: W1 moved by -lr * grad
-    np.testing.assert_allclose(session.get_state()["W1"], weights()["W1"] - 0.1 * grad, rtol=1e-6, atol=1e-7)
+
+    def first_step(*tensors):
+        params = dict(zip(weights(), tensors, strict=True))
+        loss = _forward(params, 0)
+        loss.backward()
+        return loss, params["W1"].grad
+
+    want = twice(first_step, *(torch.tensor(v, requires_grad=True) for v in weights().values()))
+    want[0].check(loss, rtol=1e-6, name="loss")
+    want[1].check(grad, rtol=1e-5, name="W1's gradient")
+    # the step was applied: W1 moved by -lr * grad (the session's gradient, in float32 and float64)
+    w1 = weights()["W1"]
+    moved = Twice(w1 - np.float32(0.1) * grad, w1 - 0.1 * grad.astype(np.float64))
+    moved.check(session.get_state()["W1"], rtol=1e-6, scale=np.abs(w1) + 0.1 * np.abs(grad), name="W1 after the step")
 
 
 def _adam_session() -> TrainingSession:
@@ -289,28 +309,66 @@ def test_adam_weight_decay_mode_1_follows_the_legacy_kernel(bias, legacy_cache):
     parameters.optimizer_attributes_map = {n: {"lambda": wd, "epsilon": eps} for n in NAMES}
     parameters.optimizer_int_attributes_map = {n: {"weight_decay_mode": 1, "do_bias_correction": bias} for n in NAMES}
     session = TrainingSession(mlp_with_loss().SerializeToString(), parameters)
-    params = {n: torch.tensor(v, requires_grad=True) for n, v in weights().items()}
-    moments = {n: (np.zeros_like(v), np.zeros_like(v)) for n, v in weights().items()}
+    got = [session.run(["loss"], _feeds(step))[0] for step in range(8)]
+    (losses, history, _), (losses64, history64, scales) = (
+        _adam_mode_1(bias, wd, eps, dtype) for dtype in (np.float32, np.float64)
+    )
+    loss_scale = scales.pop("loss")
+    assert_close(np.float32(got), np.float32(losses), losses64, rtol=1e-5, scale=loss_scale, name="losses")
+    state = session.get_state()
+    for name in NAMES:
+        assert_close(state[name], history[-1][name], history64[-1][name], rtol=1e-5, scale=scales[name], name=name)
+
+
+def _adam_mode_1(bias: int, wd: float, eps: float, dtype: type) -> tuple[list[float], list[dict], dict]:
+    """adam_impl.cu's mode-1 formula (Hugging Face AdamW) in NumPy in ``dtype`` on torch's gradients in ``dtype``:
+    the loss at each of 8 steps, the weights after each, and each weight's floor ``scale`` (and the losses').
+
+    A weight's scale is its start plus the updates it summed, plus what a rounding of its gradient moves it by:
+    without bias correction a step moves a weight by up to 3.16 * lr (|m| / sqrt(v) with m, v fresh), so a
+    gradient near zero, rounded by ``eps32 * sum |terms|`` in another order (ONNX Runtime's backward against
+    torch's autograd), moves the step by ``lr * sqrt(c2) / c1 / (sqrt(v) + eps)`` times that rounding. A loss's
+    scale is its value plus ``sum |dloss/dw| * scale(w)`` over the weights it was computed from.
+    """
+    real = np.dtype(dtype).type
+    params = {n: torch.tensor(v.astype(dtype), requires_grad=True) for n, v in weights().items()}
+    moments = {n: (np.zeros_like(v, dtype), np.zeros_like(v, dtype)) for n, v in weights().items()}
+    scales = {n: np.abs(v.astype(np.float64)) for n, v in weights().items()}
+    terms = {n: np.zeros(v.shape) for n, v in weights().items()}
+    losses, history, loss_scales = [], [], []
     for step in range(8):
-        got = session.run(["loss"], _feeds(step))[0]
+        terms = {n: np.maximum(terms[n], t) for n, t in _gradient_terms(params, step).items()}
         loss = _forward(params, step)
         loss.backward()
-        np.testing.assert_allclose(got, loss.item(), rtol=1e-5, err_msg=f"step {step}")
+        losses.append(float(loss.detach()))
+        spread = sum(float(np.sum(np.abs(p.grad.numpy()) * scales[n])) for n, p in params.items())
+        loss_scales.append(abs(losses[-1]) + spread)
         lr, t = lr_at(step), step + 1
         c1, c2 = (1 - 0.9**t, 1 - 0.999**t) if bias else (1.0, 1.0)
         for n, p in params.items():
-            w, g = p.detach().numpy().astype(np.float64), p.grad.numpy().astype(np.float64)
+            w, g = p.detach().numpy(), p.grad.numpy()
             m, v = moments[n]
-            m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+            m, v = real(0.9) * m + real(0.1) * g, real(0.999) * v + real(0.001) * g * g
             moments[n] = (m, v)
-            step_size = lr * np.sqrt(c2) / c1
-            updated = w - step_size * m / (np.sqrt(v) + eps)
+            rate = lr * np.sqrt(c2) / c1
+            updated = w - real(rate) * m / (np.sqrt(v) + real(eps))
+            updated = updated - real(lr * wd) * updated
+            scales[n] = scales[n] + np.abs(updated - w) + rate / (np.sqrt(v) + eps) * terms[n]
             with torch.no_grad():
-                p.copy_(torch.tensor((updated - lr * wd * updated).astype(np.float32)))
+                p.copy_(torch.from_numpy(updated))
             p.grad = None
-    state = session.get_state()
-    # without bias correction each step moves a weight by up to 3.16 * lr (|m| / sqrt(v) with m, v fresh), so the
-    # float32 rounding of near-zero gradients shows at ~1e-5 of that step: atol scales with it
-    atol = 1e-6 if bias else 1e-5
-    for name in NAMES:
-        np.testing.assert_allclose(state[name], params[name].detach().numpy(), rtol=1e-5, atol=atol, err_msg=name)
+        history.append({n: p.detach().numpy().copy() for n, p in params.items()})
+    return losses, history, {**scales, "loss": np.array(loss_scales)}
+
+
+def _gradient_terms(params: dict[str, torch.Tensor], step: int) -> dict[str, np.ndarray]:
+    """Per weight, the sum of ``|terms|`` its gradient adds up (float64): ``|x|^T |dh|`` for a MatMul's weight,
+    ``sum |dh|`` for a bias, ``dh`` the gradient at the layer's output."""
+    p = {n: t.detach().double() for n, t in params.items()}
+    x, y = (torch.tensor(a, dtype=torch.float64) for a in batch(step))
+    h = (x @ p["W1"] + p["b1"]).requires_grad_()
+    r = torch.relu(h)
+    pred = r @ p["W2"] + p["b2"]
+    dh, dpred = torch.autograd.grad(((pred - y) ** 2).mean(), [h, pred])
+    terms = {"W1": x.abs().T @ dh.abs(), "b1": dh.abs().sum(0), "W2": r.abs().T @ dpred.abs(), "b2": dpred.abs().sum(0)}
+    return {n: t.detach().numpy() for n, t in terms.items()}

@@ -16,22 +16,20 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from support import models
 from support.reference import (
-    ATOL,
     BATCH,
     D_IN,
     D_OUT,
-    GRAD_ATOL,
     GRAD_RTOL,
-    RTOL,
     Session,
     assert_grads,
     export,
     infer,
+    loss_run,
     make_labels,
     probability_target,
     regression_target,
     save_block_files,
-    torch_grads,
+    twice,
 )
 
 from onnxblocks.compat import artifacts, onnxblock
@@ -65,10 +63,13 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     w1, w2 = 0.3, 1.7
     labels1, labels2 = make_labels(5), make_labels(6)
     out1, out2 = two_outputs.onnx.graph.output[0].name, two_outputs.onnx.graph.output[1].name
-    model = copy.deepcopy(two_outputs.torch)
-    p1, p2 = model(two_outputs.x1, two_outputs.x2)
-    expected = w1 * torch.nn.functional.cross_entropy(p1, labels1) + w2 * torch.nn.functional.cross_entropy(p2, labels2)
-    expected.backward()
+
+    def weighted(outputs, labels):
+        ce = torch.nn.functional.cross_entropy
+        return w1 * ce(outputs[0], labels[0]) + w2 * ce(outputs[1], labels[1])
+
+    labels = torch.stack([labels1, labels2])
+    expected = loss_run(two_outputs.torch, (two_outputs.x1, two_outputs.x2), labels, weighted)
     inputs = [two_outputs.x1.numpy(), two_outputs.x2.numpy(), labels1.numpy(), labels2.numpy()]
 
     forward = two_task_loss(onnxblock.ForwardBlock, (w1, w2))
@@ -77,10 +78,10 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     forward_model = forward.to_model_proto()
     assert [i.name for i in forward_model.graph.input] == ["input-0", "input-1", "labels1", "labels2"]
     (loss,) = infer(forward_model, dict(zip(["input-0", "input-1", "labels1", "labels2"], inputs, strict=True)))
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
+    expected[0].check(loss, name="forward loss")
 
     training = two_task_loss(onnxblock.TrainingBlock, (w1, w2))
-    for name, _ in model.named_parameters():
+    for name, _ in two_outputs.torch.named_parameters():
         training.requires_grad(name)
     with onnxblock.base(two_outputs.onnx):
         _ = training(out1, out2)
@@ -90,8 +91,8 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     assert list(session.module.input_names(False)) == ["input-0", "input-1", "labels1", "labels2"]
     assert list(session.module.output_names(False)) == [training.graphs.user_outputs[0]]
     (loss,) = session.train(*inputs)
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model))
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected)
 
 
 def test_label_encoder_composition(tmp_path, net):
@@ -126,13 +127,11 @@ def test_label_encoder_composition(tmp_path, net):
     labels = make_labels(7)
     label_names = np.array([names[i] for i in labels.tolist()], dtype=object)
     (loss,) = session.train(net.x.numpy(), label_names)
-    model = copy.deepcopy(net.torch)
-    expected = torch.nn.functional.cross_entropy(model(net.x), labels)
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model))
+    expected = loss_run(net.torch, (net.x,), labels, torch.nn.functional.cross_entropy)
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected)
     (eval_loss,) = session.eval(net.x.numpy(), label_names)
-    np.testing.assert_allclose(eval_loss, expected.item(), rtol=RTOL)
+    expected[0].check(eval_loss, name="eval loss")
 
 
 def test_label_encoder_on_integer_labels(net):
@@ -160,8 +159,8 @@ def test_label_encoder_on_integer_labels(net):
     labels = make_labels(8)
     (loss,) = infer(model, {"input-0": net.x.numpy(), "codes": labels.numpy() + 521})
     with torch.no_grad():
-        expected = torch.nn.functional.cross_entropy(net.torch(net.x), labels)
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
+        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), net.torch, net.x)
+    expected.check(loss, name="loss")
 
 
 # ------------------------------------------------------------------ string inputs, block patterns, custom blocks
@@ -196,16 +195,18 @@ def test_string_inputs_with_cast(tmp_path):
     weights = {
         p.name: torch.from_numpy(numpy_helper.to_array(p).copy()).requires_grad_() for p in onnx_model.graph.initializer
     }
-    weight, bias = (weights[n] for n in params)  # Linear's (in, out) weight, then its bias
-    expected = torch.nn.functional.cross_entropy(
-        torch.tensor([[1.0, 2.0, 3.0, 4.0]]) @ weight + bias, torch.from_numpy(label)
-    )
-    expected.backward()
+
+    def dense(weight, bias, x):  # Linear's (in, out) weight, then its bias
+        loss = torch.nn.functional.cross_entropy(x @ weight + bias, torch.from_numpy(label))
+        loss.backward()
+        return loss, [weight.grad, bias.grad]
+
+    expected = twice(dense, *(weights[n] for n in params), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
     (loss,) = session.train(strs, label)
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    for name in params:
-        np.testing.assert_allclose(session.grad(name), weights[name].grad.numpy(), rtol=GRAD_RTOL, atol=GRAD_ATOL)
-    np.testing.assert_allclose(session.eval(strs, label)[0], expected.item(), rtol=RTOL)
+    expected[0].check(loss, name="loss")
+    for i, name in enumerate(params):
+        expected[1][i].check(session.grad(name), rtol=GRAD_RTOL, name=f"{name}'s gradient")
+    expected[0].check(session.eval(strs, label)[0], name="eval loss")
     session.step()
     assert session.train(strs, label)[0] < loss
 
@@ -245,10 +246,10 @@ def test_forward_block_usage_patterns(net):
     ta, tb = regression_target(10), regression_target(11)
     a, b = infer(inside, {"input-0": net.x.numpy(), "target_a": ta.numpy(), "target_b": tb.numpy()})
     with torch.no_grad():
-        out = net.torch(net.x)
-    np.testing.assert_allclose(
-        [a, b], [torch.nn.functional.mse_loss(out, ta).item(), torch.nn.functional.mse_loss(out, tb).item()], rtol=RTOL
-    )
+        expected = twice(
+            lambda model, x: [torch.nn.functional.mse_loss(model(x), t) for t in (ta, tb)], net.torch, net.x
+        )
+    expected.check([a, b], name="the two losses")
 
 
 class ScaledRelu(onnxblock.Block):
@@ -303,17 +304,20 @@ def test_custom_blocks_written_the_reference_way(tmp_path, two_outputs):
     )
     assert art.input_names == ("input-0", "input-1", "target1", "target2")
     t1, t2 = regression_target(12), probability_target(13)
-    model = copy.deepcopy(two_outputs.torch)
+
+    def regression_plus_tagging(model, scale, x1, x2, t1, t2):
+        o1, o2 = model(x1, x2)
+        loss = torch.nn.functional.mse_loss(torch.relu(o1) * scale, t1)
+        loss = loss + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
+        loss.backward()
+        return loss, {**{n: p.grad for n, p in model.named_parameters()}, "act.scale": scale.grad}
+
     scale = torch.tensor([1.5], requires_grad=True)
-    o1, o2 = model(two_outputs.x1, two_outputs.x2)
-    expected = torch.nn.functional.mse_loss(
-        torch.relu(o1) * scale, t1
-    ) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
-    expected.backward()
+    expected = twice(regression_plus_tagging, two_outputs.torch, scale, two_outputs.x1, two_outputs.x2, t1, t2)
     session = Session.of(art)
     (loss,) = session.train(two_outputs.x1.numpy(), two_outputs.x2.numpy(), t1.numpy(), t2.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, {**torch_grads(model), "act.scale": scale.grad.numpy()})
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected)
 
 
 def test_custom_block_reads_a_large_initializer(tmp_path):
@@ -347,12 +351,17 @@ def test_custom_block_reads_a_large_initializer(tmp_path):
         _ = block(base_model.graph.output[0].name)
     session = Session.of(save_block_files(tmp_path, block))
     target = regression_target()
-    start = model.fc1.weight.detach().clone() + 0.5
-    expected = torch.nn.functional.mse_loss(model(x), target) + 0.25 * ((model.fc1.weight - start) ** 2).sum()
-    expected.backward()
+
+    def stay_near(model, x, target):
+        start = model.fc1.weight.detach().clone() + 0.5
+        loss = torch.nn.functional.mse_loss(model(x), target) + 0.25 * ((model.fc1.weight - start) ** 2).sum()
+        loss.backward()
+        return loss, {n: p.grad for n, p in model.named_parameters()}
+
+    expected = twice(stay_near, model, x, target)
     (loss,) = session.train(x.numpy(), target.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model))
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected)
 
 
 def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
@@ -376,11 +385,15 @@ def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
     )
     assert art.requires_grad == () and art.optimizer_model is None
     t1, t2 = torch.randn(2, 3, 8, 10), torch.rand(4, 3, 60)
-    o1, o2 = module(x, y)
-    expected = torch.nn.functional.mse_loss(o1, t1) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
+
+    def regression_plus_tagging(offset1, offset2, x, y, t1, t2):
+        o1, o2 = x + offset1, y + offset2
+        return torch.nn.functional.mse_loss(o1, t1) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
+
+    expected = twice(regression_plus_tagging, *module.offsets, x, y, t1, t2)
     feeds = {"input-0": x.numpy(), "input-1": y.numpy(), "target1": t1.numpy(), "target2": t2.numpy()}
     (loss,) = infer(art.eval_model, feeds)
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
+    expected.check(loss, name="loss")
 
 
 def test_loss_input_names_pick_the_loss_inputs(tmp_path, two_outputs):
@@ -395,13 +408,15 @@ def test_loss_input_names_pick_the_loss_inputs(tmp_path, two_outputs):
     )
     assert art.input_names == ("input-0", "input-1", "labels")
     labels = make_labels(14)
-    model = copy.deepcopy(two_outputs.torch)
-    expected = torch.nn.functional.cross_entropy(model(two_outputs.x1, two_outputs.x2)[1], labels)
-    expected.backward()
+
+    def second_output(outputs, labels):
+        return torch.nn.functional.cross_entropy(outputs[1], labels)
+
+    expected = loss_run(two_outputs.torch, (two_outputs.x1, two_outputs.x2), labels, second_output)
     session = Session.of(art)
     (loss,) = session.train(two_outputs.x1.numpy(), two_outputs.x2.numpy(), labels.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model), b_params)
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected, b_params)
 
 
 def test_model_whose_output_is_the_loss(tmp_path, net):
@@ -433,11 +448,13 @@ def test_model_whose_output_is_the_loss(tmp_path, net):
         "l1_training_model.onnx",
     ]
     target = regression_target()
-    model = copy.deepcopy(net.torch)
-    expected = torch.nn.functional.l1_loss(model(net.x), target, reduction="sum")
-    expected.backward()
+    expected = loss_run(
+        net.torch, (net.x,), target, lambda out, t: torch.nn.functional.l1_loss(out, t, reduction="sum")
+    )
+    with torch.no_grad():
+        outputs = twice(lambda model, x: model(x), net.torch, net.x)
     session = Session.of(art)
     loss, logits = session.train(net.x.numpy(), target.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    np.testing.assert_allclose(logits, model(net.x).detach().numpy(), rtol=RTOL, atol=ATOL)
-    assert_grads(session, torch_grads(model))
+    expected[0].check(loss, name="loss")
+    outputs.check(logits, name="logits")
+    assert_grads(session, expected)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 from onnxruntime.capi import _pybind_state as C
+from support.numerics import assert_close
 from support.reference import (
     RTOL,
     Session,
@@ -23,6 +24,7 @@ from support.reference import (
     make_labels,
     regression_target,
     save_block_files,
+    twice,
 )
 
 from onnxblocks.compat import artifacts, onnxblock
@@ -49,8 +51,9 @@ def test_nominal_checkpoint_trains_like_the_complete_one(tmp_path, net):
     (loss1,) = complete.train(net.x.numpy(), labels.numpy())
     (loss2,) = nominal.train(net.x.numpy(), labels.numpy())
     with torch.no_grad():
-        expected = torch.nn.functional.cross_entropy(net.torch(net.x), labels).item()
-    np.testing.assert_allclose([loss1, loss2], [expected, expected], rtol=RTOL)
+        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), net.torch, net.x)
+    expected.check(loss1, name="the complete checkpoint's loss")
+    expected.check(loss2, name="the nominal checkpoint's loss")
     complete.step()
     nominal.step()
     np.testing.assert_array_equal(complete.flat(False).numpy(), nominal.flat(False).numpy())
@@ -75,13 +78,16 @@ def test_ort_format_files_train_like_the_onnx_files(tmp_path, net):
     for _ in range(2):
         (a,) = from_onnx.train(net.x.numpy(), labels.numpy())
         (b,) = from_ort.train(net.x.numpy(), labels.numpy())
-        np.testing.assert_allclose(a, b, rtol=1e-6)
+        # two float32 runs of the same graphs, neither the truth: rtol and the floor of their magnitude
+        assert_close(b, a, rtol=1e-6, name="the ORT-format loss")
         from_onnx.step()
         from_ort.step()
-    np.testing.assert_allclose(from_ort.flat(False).numpy(), from_onnx.flat(False).numpy(), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(
-        from_ort.eval(net.x.numpy(), labels.numpy())[0], from_onnx.eval(net.x.numpy(), labels.numpy())[0], rtol=1e-6
+    assert_close(from_ort.flat(False).numpy(), from_onnx.flat(False).numpy(), rtol=1e-6, name="parameters")
+    eval_ort, eval_onnx = (
+        from_ort.eval(net.x.numpy(), labels.numpy())[0],
+        from_onnx.eval(net.x.numpy(), labels.numpy())[0],
     )
+    assert_close(eval_ort, eval_onnx, rtol=1e-6, name="eval loss")
 
 
 def test_checkpoint_round_trips(tmp_path, net):
@@ -124,6 +130,9 @@ def test_checkpoint_round_trips(tmp_path, net):
     onnxblock.load_checkpoint_to_model(trained, model)
     (eval_loss,) = session.eval(net.x.numpy(), target.numpy())
     (out,) = infer(model, {"input-0": net.x.numpy()})
-    np.testing.assert_allclose(np.mean((out - target.numpy()) ** 2), eval_loss, rtol=RTOL)
+    # the MSE in float32 and float64 NumPy from the exported model's float32 output
+    squares = (out - target.numpy()) ** 2
+    squares64 = (out.astype(np.float64) - target.numpy()) ** 2
+    assert_close(eval_loss, np.mean(squares, dtype=np.float32), np.mean(squares64), rtol=RTOL, name="eval loss")
     with pytest.raises(RuntimeError, match="No checkpoint parameters provided"):
         onnxblock.save_checkpoint(None, path)

@@ -6,21 +6,18 @@ The programs follow the reference's own tests (see ``tests/support/reference.py`
 
 from __future__ import annotations
 
-import copy
 import io
 
-import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import helper
 from support import models
 from support.reference import (
-    RTOL,
     Session,
     assert_grads,
+    loss_run,
     regression_target,
-    torch_grads,
 )
 
 from onnxblocks.compat import artifacts, onnxblock
@@ -49,12 +46,10 @@ def test_model_exported_at_opset_10_trains(tmp_path, net):
         artifact_directory=tmp_path,
     )
     target = regression_target()
-    model = copy.deepcopy(net.torch)
-    expected = torch.nn.functional.mse_loss(model(net.x), target)
-    expected.backward()
+    expected = loss_run(net.torch, (net.x,), target, torch.nn.functional.mse_loss)
     session = Session.of(art)
-    np.testing.assert_allclose(session.train(net.x.numpy(), target.numpy())[0], expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model))
+    expected[0].check(session.train(net.x.numpy(), target.numpy())[0], name="loss")
+    assert_grads(session, expected)
 
 
 def test_unnamed_node_without_gradient_is_named_in_the_error(net):

@@ -6,23 +6,20 @@ The programs follow the reference's own tests (see ``tests/support/reference.py`
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 from support.reference import (
-    ATOL,
-    RTOL,
     Session,
     assert_grads,
     infer,
     loss_block,
+    loss_run,
     make_labels,
     probability_target,
     regression_target,
     save_block_files,
-    torch_grads,
+    twice,
 )
 
 from onnxblocks.compat import onnxblock
@@ -104,9 +101,9 @@ def test_loss_value_matches_torch(net, case):
     feeds = {model.graph.input[0].name: net.x.numpy(), model.graph.input[1].name: target.numpy()}
     (loss,) = infer(model, feeds, [model.graph.output[0].name])
     with torch.no_grad():
-        expected = torch_loss()(net.torch(net.x), target).numpy()
-    assert loss.shape == expected.shape
-    np.testing.assert_allclose(loss, expected, rtol=RTOL, atol=ATOL)
+        expected = twice(lambda model, loss, x: loss(model(x), target), net.torch, torch_loss(), net.x)
+    assert loss.shape == expected.value.shape
+    expected.check(loss, name=case)
 
 
 @pytest.mark.parametrize("case", sorted(c for c in LOSS_CASES if not c.endswith("none")))
@@ -120,10 +117,8 @@ def test_loss_gradients_match_torch_in_the_training_api(tmp_path, net, case):
     session = Session.of(save_block_files(tmp_path, block))
     target = target_fn()
     (loss,) = session.train(net.x.numpy(), target.numpy())
-    model = copy.deepcopy(net.torch)
-    expected = torch_loss()(model(net.x), target)
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL, atol=ATOL)
-    assert_grads(session, torch_grads(model))
+    expected = loss_run(net.torch, (net.x,), target, torch_loss())
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected)
     (eval_loss,) = session.eval(net.x.numpy(), target.numpy())
-    np.testing.assert_allclose(eval_loss, expected.item(), rtol=RTOL, atol=ATOL)
+    expected[0].check(eval_loss, name="eval loss")

@@ -13,6 +13,7 @@ import onnx
 import pytest
 import torch
 from onnx import helper
+from support.numerics import assert_close
 from support.reference import (
     Session,
     hf_adamw_step,
@@ -28,10 +29,12 @@ from onnxblocks.compat import artifacts, onnxblock
 
 # ------------------------------------------------------------------ optimizers
 def _clip(grads: dict[str, np.ndarray], max_norm: float | None) -> dict[str, np.ndarray]:
+    """Clip by the global norm, in the gradients' dtype."""
     if max_norm is None:
         return grads
-    norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
-    scale = min(1.0, max_norm / (norm + 1e-6))
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads.values()))
+    real = norm.dtype.type
+    scale = min(real(1.0), real(max_norm) / (norm + real(1e-6)))
     return {n: g * scale for n, g in grads.items()}
 
 
@@ -59,31 +62,40 @@ def test_custom_optimizer_block(tmp_path, net, kind, clip):
     nodes = {n.op_type: n for n in optimizer_model.graph.node}
     if kind == "AdamW":
         attrs = _attributes(nodes["AdamWOptimizer"])
-        assert attrs["alpha"] == pytest.approx(betas[0]) and attrs["beta"] == pytest.approx(betas[1])
-        assert attrs["epsilon"] == pytest.approx(eps) and attrs["weight_decay"] == pytest.approx(weight_decay)
+        hyper = [attrs["alpha"], attrs["beta"], attrs["epsilon"], attrs["weight_decay"]]
+        assert np.float32(hyper).tolist() == np.float32([*betas, eps, weight_decay]).tolist()  # float attributes
         assert (attrs["adam_mode"], attrs["correct_bias"]) == (1, 1)  # the reference's Hugging Face AdamW
     else:
         assert "SGDOptimizerV2" in nodes
     assert ("InplaceClipGradNorm" in nodes) is bool(clip)
     if clip:
-        assert _attributes(nodes["InplaceClipGradNorm"])["max_norm"] == pytest.approx(clip)
+        assert np.float32(_attributes(nodes["InplaceClipGradNorm"])["max_norm"]) == np.float32(clip)
 
     session = Session.of(art)
     session.optimizer.set_learning_rate(lr)
-    w = {n: p.detach().numpy().astype(np.float64) for n, p in net.torch.named_parameters()}
-    m = {n: np.zeros_like(a) for n, a in w.items()}
-    v = {n: np.zeros_like(a) for n, a in w.items()}
+    # the formulas in float32 and in float64 on the session's gradients; the floor: |w| plus the updates summed
+    start = {n: p.detach().numpy() for n, p in net.torch.named_parameters()}
+    w = {dtype: {n: a.astype(dtype) for n, a in start.items()} for dtype in (np.float32, np.float64)}
+    m = {dtype: {n: np.zeros_like(a) for n, a in w[dtype].items()} for dtype in w}
+    v = {dtype: {n: np.zeros_like(a) for n, a in w[dtype].items()} for dtype in w}
+    scale = {n: np.abs(a.astype(np.float64)) for n, a in start.items()}
     labels = make_labels()
     for t in (1, 2):
         session.train(net.x.numpy(), labels.numpy())
-        grads = _clip({n: session.grad(n).astype(np.float64) for n in net.params}, clip)
+        grads = {dtype: _clip({n: session.grad(n).astype(dtype) for n in net.params}, clip) for dtype in w}
         session.step()
         for n in net.params:
-            if kind == "AdamW":
-                w[n], m[n], v[n] = hf_adamw_step(w[n], grads[n], m[n], v[n], t, lr, *betas, eps, weight_decay)
-            else:
-                w[n] = w[n] - lr * grads[n]
-            np.testing.assert_allclose(session.param(n), w[n], rtol=1e-5, atol=1e-6, err_msg=f"{n} at step {t}")
+            before64 = w[np.float64][n]
+            for dtype, ws in w.items():
+                if kind == "AdamW":
+                    ws[n], m[dtype][n], v[dtype][n] = hf_adamw_step(
+                        ws[n], grads[dtype][n], m[dtype][n], v[dtype][n], t, lr, *betas, eps, weight_decay
+                    )
+                else:
+                    ws[n] = ws[n] - dtype(lr) * grads[dtype][n]
+            scale[n] = scale[n] + np.abs(w[np.float64][n] - before64)
+            want, want64 = w[np.float32][n], w[np.float64][n]
+            assert_close(session.param(n), want, want64, rtol=1e-5, scale=scale[n], name=f"{n} at step {t}")
 
 
 def test_optimizer_block_in_an_empty_base(tmp_path, net):
@@ -102,6 +114,9 @@ def test_optimizer_block_in_an_empty_base(tmp_path, net):
     target = regression_target()
     model = copy.deepcopy(net.torch)
     torch.nn.functional.mse_loss(model(net.x), target).backward()
+    model64 = copy.deepcopy(net.torch).double()
+    torch.nn.functional.mse_loss(model64(net.x.double()), target.double()).backward()
+    grads64 = [p.grad.numpy() for p in model64.parameters()]
     feeds = {
         "learning_rate": np.full(1, 0.01, np.float32),
         "step": np.full(1, 1, np.int64),
@@ -116,15 +131,19 @@ def test_optimizer_block_in_an_empty_base(tmp_path, net):
         feeds["first_order_moments"].append(np.zeros_like(feeds["params"][-1]))
         feeds["second_order_moments"].append(np.zeros_like(feeds["params"][-1]))
     params = [a.copy() for a in feeds["params"]]
+    # one step of the formula in float32 on torch's float32 gradients, and in float64 on its float64 ones
+    hyper = (1, 0.01, 0.9, 0.999, 1e-6, 0.0)
+    want = [hf_adamw_step(p, g, 0.0, 0.0, *hyper)[0] for p, g in zip(params, feeds["gradients"], strict=True)]
+    want64 = [hf_adamw_step(p.astype(np.float64), g, 0.0, 0.0, *hyper)[0] for p, g in zip(params, grads64, strict=True)]
+    scales = [np.abs(p) + np.abs(p - w) for p, w in zip(params, want64, strict=True)]
     (updated,) = infer(optimizer_model, feeds, [output_name])
     assert bool(np.asarray(updated).reshape(-1)[0])
-    for before, after, g in zip(params, feeds["params"], feeds["gradients"], strict=True):  # updated in place
-        expected, _, _ = hf_adamw_step(before.astype(np.float64), g, 0.0, 0.0, 1, 0.01, 0.9, 0.999, 1e-6, 0.0)
-        np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
+    for i, after in enumerate(feeds["params"]):  # updated in place
+        assert_close(after, want[i], want64[i], rtol=1e-5, scale=scales[i], name=f"parameter {i}")
     # and in the training API, beside the block's training model
     session = Session.of(save_block_files(tmp_path, block, optimizer_model))
     session.optimizer.set_learning_rate(0.01)
     session.train(net.x.numpy(), target.numpy())
     session.step()
-    for name, expected in zip(net.params, feeds["params"], strict=True):
-        np.testing.assert_allclose(session.param(name), expected, rtol=1e-5, atol=1e-6)
+    for i, name in enumerate(net.params):
+        assert_close(session.param(name), want[i], want64[i], rtol=1e-5, scale=scales[i], name=name)

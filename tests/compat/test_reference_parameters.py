@@ -16,23 +16,22 @@ import torch
 from onnx import numpy_helper
 from onnxruntime.capi import _pybind_state as C
 from support.reference import (
-    ATOL,
     BATCH,
     CPU,
     D_IN,
     D_OUT,
     GRAD_RTOL,
     HIDDEN,
-    RTOL,
     NormDropNet,
     Session,
     assert_grads,
     export,
     infer,
     loss_block,
+    loss_run,
     make_labels,
     regression_target,
-    torch_grads,
+    twice,
 )
 
 from onnxblocks.compat import artifacts, onnxblock
@@ -47,15 +46,18 @@ def test_requires_grad_on_an_input(tmp_path, net):
     training = onnx.load(art.training_model)
     assert training.graph.output[-1].name == "input-0_grad"
     target = regression_target()
-    xg = net.x.clone().requires_grad_()
-    model = copy.deepcopy(net.torch)
-    expected = torch.nn.functional.mse_loss(model(xg), target)
-    expected.backward()
+    expected = loss_run(net.torch, (net.x,), target, torch.nn.functional.mse_loss)
+
+    def input_gradient(model, x):
+        torch.nn.functional.mse_loss(model(x), target).backward()
+        return x.grad
+
+    input_grad_expected = twice(input_gradient, net.torch, net.x.clone().requires_grad_())
     # the training API loads and trains the model with the extra gradient output
     session = Session.of(art)
     (loss,) = session.train(net.x.numpy(), target.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model), ["fc1.weight"])
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected, ["fc1.weight"])
     # and the input gradient is the value torch computes
     feeds = {"input-0": net.x.numpy(), "target": target.numpy(), "lazy_reset_grad": np.array([True])}
     for name in net.params:
@@ -63,7 +65,7 @@ def test_requires_grad_on_an_input(tmp_path, net):
     feeds = {i.name: feeds.get(i.name) for i in training.graph.input}
     feeds["fc1.weight_grad.accumulation.buffer"] = np.zeros((HIDDEN, D_IN), np.float32)
     (input_grad,) = infer(training, feeds, ["input-0_grad"])
-    np.testing.assert_allclose(input_grad, xg.grad.numpy(), rtol=GRAD_RTOL, atol=1e-7)
+    input_grad_expected.check(input_grad, rtol=GRAD_RTOL, name="input-0's gradient")
 
 
 def test_frozen_and_trainable_parameters(tmp_path, net):
@@ -93,11 +95,18 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
     model = copy.deepcopy(net.torch)
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith("fc2"))
-    expected = torch.nn.functional.cross_entropy(model(net.x), labels)
-    expected.backward()
+
+    def sgd_step(model, x):
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return loss, grads, {n: p.detach() - 0.1 * grads[n] for n, p in model.named_parameters() if n in grads}
+
+    expected = twice(sgd_step, model, net.x)
     (loss,) = session.train(net.x.numpy(), labels.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model), ["fc2.weight", "fc2.bias"])
+    expected[0].check(loss, name="loss")
+    for name in ("fc2.weight", "fc2.bias"):
+        expected[1][name].check(session.grad(name), rtol=GRAD_RTOL, name=f"{name}'s gradient")
     before = session.flat(trainable_only=True).numpy().copy()
     session.optimizer.set_learning_rate(0.1)
     session.step()
@@ -105,12 +114,9 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         if name.startswith("fc1"):
             np.testing.assert_array_equal(session.param(name), torch_params[name])
         else:
-            np.testing.assert_allclose(
-                session.param(name),
-                torch_params[name] - 0.1 * dict(model.named_parameters())[name].grad.numpy(),
-                rtol=1e-5,
-                atol=1e-7,
-            )
+            # p - 0.1 g: the terms are |p| and 0.1 |g|
+            scale = np.abs(torch_params[name]) + 0.1 * np.abs(expected.value64[1][name])
+            expected[2][name].check(session.param(name), rtol=1e-5, scale=scale, name=f"{name} after the step")
     # the reference's copy_buffer_to_parameters round trip
     buffer = C.OrtValue.ortvalue_from_numpy(before, CPU)
     session.module.copy_buffer_to_parameters(buffer, True)
@@ -122,9 +128,9 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         model.fc1.weight.copy_(torch.from_numpy(ones))
         for name in ("fc2.weight", "fc2.bias"):
             dict(model.named_parameters())[name].copy_(torch.from_numpy(session.param(name)))
-        expected = torch.nn.functional.cross_entropy(model(net.x), labels)
+        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), model, net.x)
     for outputs in (session.train(net.x.numpy(), labels.numpy()), session.eval(net.x.numpy(), labels.numpy())):
-        np.testing.assert_allclose(outputs[0], expected.item(), rtol=RTOL)
+        expected.check(outputs[0], name="loss with fc1.weight set to ones")
 
 
 def test_parameters_neither_trainable_nor_frozen_stay_constants(tmp_path, net):
@@ -136,12 +142,10 @@ def test_parameters_neither_trainable_nor_frozen_stay_constants(tmp_path, net):
     session = Session.of(art)
     assert list(session.state.parameter_names()) == ["fc2.bias"]
     target = regression_target()
-    model = copy.deepcopy(net.torch)
-    expected = torch.nn.functional.l1_loss(model(net.x), target)
-    expected.backward()
+    expected = loss_run(net.torch, (net.x,), target, torch.nn.functional.l1_loss)
     (loss,) = session.train(net.x.numpy(), target.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    assert_grads(session, torch_grads(model), ["fc2.bias"])
+    expected[0].check(loss, name="loss")
+    assert_grads(session, expected, ["fc2.bias"])
 
 
 def test_retrieve_parameters_and_partition(net):
@@ -178,11 +182,11 @@ def test_additional_outputs(tmp_path, net):
     session = Session.of(art)
     target = regression_target()
     with torch.no_grad():
-        logits = net.torch(net.x)
+        expected = twice(lambda model, x: (torch.nn.functional.mse_loss(model(x), target), model(x)), net.torch, net.x)
     for outputs in (session.train(net.x.numpy(), target.numpy()), session.eval(net.x.numpy(), target.numpy())):
         loss, out = outputs
-        np.testing.assert_allclose(loss, torch.nn.functional.mse_loss(logits, target).item(), rtol=RTOL)
-        np.testing.assert_allclose(out, logits.numpy(), rtol=RTOL, atol=ATOL)
+        expected[0].check(loss, name="loss")
+        expected[1].check(out, name="logits")
 
 
 def test_eval_model_runs_in_inference_mode(tmp_path):
@@ -211,21 +215,20 @@ def test_eval_model_runs_in_inference_mode(tmp_path):
     labels = make_labels()
     model.eval()
     with torch.no_grad():
-        logits = model(x)
-        expected = torch.nn.functional.cross_entropy(logits, labels)
+        expected = twice(lambda model, x: (torch.nn.functional.cross_entropy(model(x), labels), model(x)), model, x)
     feeds = {"input-0": x.numpy(), "labels": labels.numpy()}
     for p, value in model.named_parameters():
         if p in {i.name for i in eval_model.graph.input}:
             feeds[p] = value.detach().numpy()
     loss, out = infer(eval_model, feeds)  # an InferenceSession runs it, twice the same (no dropout)
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(out, logits.numpy(), rtol=RTOL, atol=1e-5)
+    expected[0].check(loss, name="loss")
+    expected[1].check(out, name="logits")
     session = Session.of(art)
     loss, out = session.eval(x.numpy(), labels.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(out, logits.numpy(), rtol=RTOL, atol=1e-5)
+    expected[0].check(loss, name="the training API's eval loss")
+    expected[1].check(out, name="the training API's eval logits")
     # the training API's inference export of the eval model gives the same numbers
     exported = tmp_path / "inference.onnx"
     session.module.export_model_for_inferencing(os.fspath(exported), ["output-0"])
     (inferred,) = infer(exported, {"input-0": x.numpy()})
-    np.testing.assert_allclose(inferred, logits.numpy(), rtol=RTOL, atol=1e-5)
+    expected[1].check(inferred, name="the exported model's logits")

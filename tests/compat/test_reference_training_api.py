@@ -14,18 +14,19 @@ import onnx
 import pytest
 import torch
 from onnxruntime.capi import _pybind_state as C
+from support.optim_family import step_magnitudes
 from support.reference import (
-    ATOL,
     BATCH,
     D_IN,
     D_OUT,
-    RTOL,
     Session,
+    Twice,
     assert_grads,
     hf_adamw_step,
     infer,
+    loss_run,
     make_labels,
-    torch_grads,
+    twice,
 )
 
 from onnxblocks.compat import artifacts, onnxblock
@@ -72,13 +73,13 @@ def test_on_device_training_recipe(tmp_path, net):
     labels = make_labels()
     model = copy.deepcopy(net.torch)
     model.fc1.bias.requires_grad_(False)
-    logits = model(net.x)
-    expected = torch.nn.functional.cross_entropy(logits, labels)
-    expected.backward()
+    expected = loss_run(model, (net.x,), labels, torch.nn.functional.cross_entropy)
+    with torch.no_grad():
+        logits = twice(lambda model, x: model(x), model, net.x)
     loss, out = session.train(net.x.numpy(), labels.numpy())
-    np.testing.assert_allclose(loss, expected.item(), rtol=RTOL)
-    np.testing.assert_allclose(out, logits.detach().numpy(), rtol=RTOL, atol=ATOL)
-    assert_grads(session, torch_grads(model))
+    expected[0].check(loss, name="loss")
+    logits.check(out, name="logits")
+    assert_grads(session, expected)
     session.optimizer.set_learning_rate(0.05)
     losses = [float(loss)]
     for _ in range(4):
@@ -98,39 +99,26 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
         artifact_directory=tmp_path,
     )
     session = Session.of(art)
-    assert session.optimizer.get_learning_rate() == pytest.approx(0.001)  # ONNX Runtime's default
+    assert np.float32(session.optimizer.get_learning_rate()) == np.float32(0.001)  # ONNX Runtime's default
     lr = 0.05
     session.optimizer.set_learning_rate(lr)
-    assert session.optimizer.get_learning_rate() == pytest.approx(lr)
-    model = copy.deepcopy(net.torch)
-    torch_sgd = torch.optim.SGD(model.parameters(), lr=lr)
-    m = {n: np.zeros(p.shape) for n, p in model.named_parameters()}
-    v = {n: np.zeros(p.shape) for n, p in model.named_parameters()}
+    assert np.float32(session.optimizer.get_learning_rate()) == np.float32(lr)
     g = torch.Generator().manual_seed(9)
     batches = [
         (torch.randn(BATCH, D_IN, generator=g), torch.randint(0, D_OUT, (BATCH,), generator=g)) for _ in range(2)
     ]
+    expected = twice(lambda model: _torch_training(model, optim, lr, batches, net.x), net.torch)
     losses = []
     for t in range(1, 9):
         x, labels = batches[t % 2]
         (loss,) = session.train(x.numpy(), labels.numpy())
         session.step()
-        model.zero_grad()
-        expected = torch.nn.functional.cross_entropy(model(x), labels)
-        expected.backward()
-        np.testing.assert_allclose(loss, expected.item(), rtol=1e-4, err_msg=f"step {t}")
+        expected[0][t - 1].check(loss, rtol=1e-5, name=f"loss at step {t}")
         losses.append(float(loss))
-        if optim == "SGD":
-            torch_sgd.step()
-            continue
-        with torch.no_grad():  # the reference's AdamW: Hugging Face mode, eps=1e-6, no weight decay
-            for n, p in model.named_parameters():
-                w, m[n], v[n] = hf_adamw_step(
-                    p.double().numpy(), p.grad.double().numpy(), m[n], v[n], t, lr, 0.9, 0.999, 1e-6, 0.0
-                )
-                p.copy_(torch.from_numpy(w))
-    for n, p in model.named_parameters():
-        np.testing.assert_allclose(session.param(n), p.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=n)
+    history64 = expected.value64[1]
+    for n, start in net.torch.named_parameters():
+        scale = step_magnitudes(start.detach().numpy(), [params[n] for params in history64])[-1]
+        expected[1][-1][n].check(session.param(n), rtol=1e-5, scale=scale, name=f"{n} after 8 steps")
     assert losses[-2] < losses[0] and losses[-1] < losses[1]  # the same two batches, alternating
     # the reference's LinearLRScheduler sets the rate the optimizer model runs with (warm-up from 0)
     fresh = Session.of(art)
@@ -147,9 +135,11 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     fresh.train(*(b.numpy() for b in batches[0]))
     grads = {n: fresh.grad(n) for n in net.params}
     fresh.step()
-    if optim == "SGD":
+    if optim == "SGD":  # p - rate g on the session's gradients, in float32 and float64
         for n in net.params:
-            np.testing.assert_allclose(fresh.param(n), before[n] - rate * grads[n], rtol=1e-5, atol=1e-7)
+            step = Twice(before[n] - np.float32(rate) * grads[n], before[n] - rate * grads[n].astype(np.float64))
+            scale = np.abs(before[n]) + rate * np.abs(grads[n])
+            step.check(fresh.param(n), rtol=1e-5, scale=scale, name=f"{n} after the step at the scheduled rate")
     # the state ONNX Runtime saves (with the optimizer's state) loads into a fresh Module and into the base model
     saved = tmp_path / "trained"
     session.state.add_property("epoch", 4)
@@ -160,4 +150,32 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     trained = copy.deepcopy(net.onnx)
     onnxblock.load_checkpoint_to_model(saved, trained)
     (logits,) = infer(trained, {"input-0": net.x.numpy()})
-    np.testing.assert_allclose(logits, model(net.x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    expected[2].check(logits, rtol=1e-5, name="the trained model's logits")
+
+
+def _torch_training(model: torch.nn.Module, optim: str, lr: float, batches: list, x_logits: torch.Tensor) -> tuple:
+    """torch's 8 steps of the training above, in the model's dtype: losses, parameters after each, the logits of
+    ``x_logits`` after them.
+
+    The reference's AdamW is Hugging Face mode, eps=1e-6, no weight decay (NumPy, in the same dtype).
+    """
+    dtype = next(model.parameters()).dtype
+    torch_sgd = torch.optim.SGD(model.parameters(), lr=lr)
+    m = {n: np.zeros(tuple(p.shape), p.detach().numpy().dtype) for n, p in model.named_parameters()}
+    v = {n: np.zeros_like(a) for n, a in m.items()}
+    losses, history = [], []
+    for t in range(1, 9):
+        x, labels = batches[t % 2]
+        model.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x.to(dtype)), labels)
+        loss.backward()
+        losses.append(loss.detach())
+        if optim == "SGD":
+            torch_sgd.step()
+        else:
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    w, m[n], v[n] = hf_adamw_step(p.numpy(), p.grad.numpy(), m[n], v[n], t, lr, 0.9, 0.999, 1e-6, 0.0)
+                    p.copy_(torch.from_numpy(w))
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return losses, history, model(x_logits.to(dtype))

@@ -24,9 +24,13 @@ Not covered, because it cannot apply here:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import io
 import os
 import types
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -35,10 +39,13 @@ from onnxruntime.capi import _pybind_state as C
 
 from onnxblocks.compat import onnxblock
 from support import models
+from support.numerics import assert_close
+from support.reference64 import gradient_magnitudes
 
 BATCH, D_IN, HIDDEN, D_OUT = 8, 6, 5, 4
-RTOL, ATOL = 1e-5, 1e-6
-GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-6
+#: relative bounds of a loss or an output, and of a gradient, against torch (``support.numerics.assert_close``)
+RTOL = 1e-5
+GRAD_RTOL = 1e-5
 CPU = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
 
 
@@ -168,9 +175,89 @@ def torch_grads(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_grads(session: Session, expected: dict[str, np.ndarray], names=None) -> None:
-    for name in names or expected:
-        np.testing.assert_allclose(session.grad(name), expected[name], rtol=GRAD_RTOL, atol=GRAD_ATOL, err_msg=name)
+# ------------------------------------------------------------------ references in float32 and float64
+@dataclasses.dataclass(frozen=True)
+class Twice:
+    """A torch reference computed in float32 (the tested dtype) and again in float64 from the same operands.
+
+    ``value`` and ``value64`` have the same structure (a tensor's NumPy value, or a tuple, list or dict of them);
+    indexing gives the pair of one part. ``scales`` holds, where known, the floor's ``scale`` of each gradient
+    (the sum of ``|terms|`` it adds up, ``support.reference64.gradient_magnitudes``).
+    """
+
+    value: Any
+    value64: Any
+    scales: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, key: Any) -> Twice:
+        return Twice(self.value[key], self.value64[key])
+
+    def check(self, actual: Any, *, rtol: float = RTOL, scale: Any = None, name: str = "value") -> None:
+        """``support.numerics.assert_close(actual, value, value64, ...)``; a ``[1]`` loss compares as a scalar."""
+        actual = np.asarray(actual)
+        if actual.shape != np.shape(self.value) and actual.size == np.size(self.value) == 1:
+            actual = actual.reshape(np.shape(self.value))
+        assert_close(actual, self.value, self.value64, rtol=rtol, scale=scale, name=name)
+
+
+def _numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().numpy().copy()
+    if isinstance(value, dict):
+        return {k: _numpy(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_numpy(v) for v in value)
+    return np.asarray(value)
+
+
+def _operand(value: Any, dtype: torch.dtype | None) -> Any:
+    """A private copy of an operand, floats in ``dtype`` (``None``: as they are); leaves stay leaves."""
+    if isinstance(value, torch.nn.Module):
+        module = copy.deepcopy(value)
+        return module if dtype is None else module.to(dtype)
+    if isinstance(value, torch.Tensor):
+        copied = value.detach().clone()
+        if dtype is not None and copied.is_floating_point():
+            copied = copied.to(dtype)
+        return copied.requires_grad_(value.requires_grad)
+    if isinstance(value, np.ndarray) and dtype is not None and np.issubdtype(value.dtype, np.floating):
+        return value.astype(np.float64)
+    return value
+
+
+def twice(compute: Callable[..., Any], *operands: Any) -> Twice:
+    """``compute(*operands)`` on private copies, then on float64 copies (modules, float tensors and arrays).
+
+    ``compute`` returns tensors, floats, or a tuple, list or dict of them; the caller's operands never change.
+    """
+    return Twice(
+        _numpy(compute(*(_operand(o, None) for o in operands))),
+        _numpy(compute(*(_operand(o, torch.float64) for o in operands))),
+    )
+
+
+def loss_run(model: torch.nn.Module, inputs: tuple, target: Any, loss: Callable[..., torch.Tensor]) -> Twice:
+    """``loss(model(*inputs), target)`` and every parameter's gradient, in float32 and float64.
+
+    ``value`` is ``(loss, {parameter: gradient})``; ``scales`` the gradients' floors. ``loss`` may be a torch
+    loss module (its weights run in float64 too). The model keeps its mode; the caller's model never changes.
+    """
+
+    def compute(model, loss, target, *inputs):
+        value = loss(model(*inputs), target)
+        value.backward()
+        return value, torch_grads(model)
+
+    run = twice(compute, model, loss, target, *inputs)
+    scales = gradient_magnitudes(model, inputs, target, _operand(loss, torch.float64))
+    return Twice(run.value, run.value64, scales)
+
+
+def assert_grads(session: Session, run: Twice, names=None, rtol: float = GRAD_RTOL) -> None:
+    """The session's gradients against a :func:`loss_run`'s (all it has, or ``names``)."""
+    grads = run[1]
+    for name in names or grads.value:
+        grads[name].check(session.grad(name), rtol=rtol, scale=run.scales.get(name), name=f"{name}'s gradient")
 
 
 def make_labels(seed: int = 1, with_ignored: bool = False) -> torch.Tensor:
@@ -203,9 +290,14 @@ def loss_block(kind, loss_name: str, options: dict):
 
 
 def hf_adamw_step(w, g, m, v, t, lr, beta1, beta2, eps, weight_decay):
-    """Hugging Face AdamW (ONNX Runtime's adam_mode=1, the reference's optimizer), with bias correction."""
+    """Hugging Face AdamW (ONNX Runtime's adam_mode=1, the reference's optimizer), with bias correction.
+
+    NumPy in the dtype of ``w`` (float32 or float64): the hyperparameters are cast to it.
+    """
+    real = np.asarray(w).dtype.type
+    beta1, beta2, eps = real(beta1), real(beta2), real(eps)
     m = beta1 * m + (1 - beta1) * g
     v = beta2 * v + (1 - beta2) * g * g
-    step_size = lr * np.sqrt(1 - beta2**t) / (1 - beta1**t)
+    step_size = real(lr * np.sqrt(1 - float(beta2) ** t) / (1 - float(beta1) ** t))
     w = w - step_size * m / (np.sqrt(v) + eps)
-    return w - lr * weight_decay * w, m, v
+    return w - real(lr * weight_decay) * w, m, v
