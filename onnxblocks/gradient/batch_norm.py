@@ -12,6 +12,9 @@ take the graph at its word.
 
 ``y = (x - mean) * (scale / sqrt(var + epsilon)) + bias``, each per-channel
 vector reshaped to ``[C, 1, ..., 1]`` to broadcast over the spatial axes.
+
+:func:`private_running_statistics` (a step of the training model, after ONNX Runtime's
+gradient builder) keeps the training-mode ``BatchNormInternal`` from overwriting constants.
 """
 
 from __future__ import annotations
@@ -19,13 +22,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
+from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import GradientError
 from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
 from onnxblocks.ir.attributes import float_attribute, int_attribute
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.writer import Writer
 
-__all__ = ["BatchNormInferenceAsElementary", "batch_norm_inference_as_elementary", "is_inference_batch_norm"]
+__all__ = [
+    "BatchNormInferenceAsElementary",
+    "batch_norm_inference_as_elementary",
+    "is_inference_batch_norm",
+    "private_running_statistics",
+]
 
 
 def is_inference_batch_norm(node: ir.Node) -> bool:
@@ -99,3 +112,49 @@ def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:
         if out_index < len(node.outputs) and node.outputs[out_index].name:
             w.op("Identity", [node.inputs[in_index]], out=node.outputs[out_index].name)
     return w.nodes
+
+
+def private_running_statistics(model: onnx.ModelProto) -> int:
+    """Give each training-mode ``BatchNormInternal`` running statistics of its own to write into; return how many.
+
+    ONNX Runtime's kernel writes the updated running mean and variance into the buffers
+    of its inputs 3 and 4, and its common subexpression elimination merges equal
+    constants when a session loads: in a fresh model the running mean (zeros) and
+    variance (ones) equal a constant (frozen) bias and scale, which the first step then
+    overwrites, so every later gradient is wrong. The training model never outputs the
+    running statistics (the eval model keeps the constants), so a node whose statistics
+    are constants reads instead a ``[C]`` slice of its input (``x[0, :, 0, ...]``, and its
+    ``Abs`` for the variance): values computed at run time, which no optimization merges.
+    Statistics fed as graph inputs (frozen parameters) are left alone.
+
+    Args:
+        model: The training model ONNX Runtime built (changed in place).
+    """
+    if not any(n.op_type == "BatchNormInternal" for n in model.graph.node):
+        return 0
+    ir_model = from_proto(model)
+    graph = ir_model.graph
+    names = graph_names(graph)
+    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    count = 0
+    for node in list(graph):
+        stats = node.inputs[3:5]
+        if node.op_type != "BatchNormInternal" or node.domain != _limits.MS_DOMAIN or len(stats) < 2:
+            continue
+        if not any(v is not None and v.is_initializer() and not v.is_graph_input() for v in stats):
+            continue
+        w = Writer(names, opset, f"{node.name or 'batch_norm'}.running")
+        first = w.const(np.array(0, dtype=np.int64), suffix="first")
+        sample = w.op("Flatten", [w.op("Gather", [node.inputs[0], first], axis=0)], axis=1)  # [C, rest]
+        mean = w.op("Gather", [sample, first], axis=1)
+        var = w.op("Abs", [mean])
+        graph.insert_before(node, w.nodes)
+        node.replace_input_with(3, mean)
+        node.replace_input_with(4, var)
+        for value in stats:  # the constants stay in the eval model; here nothing reads them any more
+            if value is not None and value.name and not value.uses() and value.is_initializer():
+                graph.initializers.pop(value.name)
+        count += 1
+    if count:
+        model.CopyFrom(to_proto(ir_model))
+    return count

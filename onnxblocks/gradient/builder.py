@@ -14,8 +14,10 @@ into the models ONNX Runtime's training API runs:
    (:mod:`onnxblocks.gradient.signature`, as are the other changes of inputs and outputs).
 4. The eval model is this forward graph with training-mode ops switched off
    (:mod:`onnxblocks.gradient.eval_model`).
-5. LayerNormalization scales and biases are unshared
-   (:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants`), and held
+5. LayerNormalization scales and biases are lifted
+   (:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants`), values without a
+   gradient that several nodes read get an input per reader
+   (:mod:`onnxblocks.gradient.frozen_reads`), and held
    (large) initializers that are *not* parameters, whose bytes onnxblocks never
    copies, become temporary graph inputs for ONNX Runtime; they are turned back
    into held stubs afterwards.
@@ -44,6 +46,8 @@ from onnxblocks._core import limits as _limits
 from onnxblocks._core.validation import check_skeleton
 from onnxblocks.gradient import accumulation, dependencies, eval_model, ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import run_pass
+from onnxblocks.gradient.batch_norm import private_running_statistics
+from onnxblocks.gradient.frozen_reads import alias_frozen_reads, restore_frozen_reads
 from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
 from onnxblocks.gradient.normalization import normalize
@@ -139,13 +143,16 @@ def build_training_graphs(
     pow_changes = run_pass(PowExponentAsExpLog(partition.requires_grad), ir_forward)
     rewrites[PowExponentAsExpLog.name] = sum(pow_changes.values())
     dependencies.check_differentiable(ir_forward.graph, partition.requires_grad, user_outputs[0])
-    norm_constants, unshared = unshare_norm_constants(ir_forward.graph, partition.requires_grad)
-    if pow_changes or unshared:
+    norm_constants, unshared = unshare_norm_constants(ir_forward.graph)
+    frozen_reads = alias_frozen_reads(ir_forward.graph, partition.requires_grad, partition.frozen)
+    if pow_changes or unshared or frozen_reads:
         forward = to_proto(ir_forward)
-    held = signature.held_constants_to_inputs(forward, also=norm_constants)
+    held = signature.held_constants_to_inputs(forward, also=norm_constants | frozen_reads.lifted)
     training = ort_bridge.differentiate(forward, partition, user_outputs[0], custom_op_libraries)
+    restore_frozen_reads(training, frozen_reads)
     pooling.check_pool_shapes(forward, training)
     signature.restore_held_constants(training, held)
+    private_running_statistics(training)
     signature.order_inputs_and_outputs(training, forward_inputs, user_inputs, partition, user_outputs)
     dims = {p.name: p for p in model.graph.initializer}
     accumulation.add_gradient_accumulation(

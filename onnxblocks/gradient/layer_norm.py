@@ -10,12 +10,14 @@ out, and always writes the gradients of its scale and bias:
   ``Mean`` / ``InvStdDev`` outputs its gradient reads;
 * :func:`unshare_layer_norm_constants` (a step of
   :func:`~onnxblocks.gradient.builder.build_training_graphs`, not a pass: see its
-  docstring) keeps two nodes from writing the gradient of one scale or bias.
+  docstring) makes their constant scales and biases initializers to lift; a scale or
+  bias two nodes share gets an input per reader from
+  :mod:`onnxblocks.gradient.frozen_reads`, for norms and every other op alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -147,35 +149,29 @@ def _normalized_shape(node: ir.Node, types: ValueTypes) -> list[int] | None:
     return static_dims(types.shape(node.inputs[1]))
 
 
-def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str]) -> set[str]:
-    """Keep two normalisation nodes from writing the gradient of one scale or bias; return constants to lift.
+def unshare_layer_norm_constants(model: onnx.ModelProto) -> set[str]:
+    """Make the constant scales and biases of normalisation nodes initializers; return them, to lift.
 
     ONNX Runtime's LayerNormalization gradient always writes ``<scale>_grad`` and
-    ``<bias>_grad``. Two such nodes whose scale or bias is the same value (a shared
-    constant or frozen parameter), or whose constant scale and bias are fed by
-    another LayerNormalization, fail with "Duplicate definition of name
-    (<bias>_grad)". Here (in place):
-
-    * Constant nodes feeding a scale or bias become initializers;
-    * a scale or bias (not trainable) that an earlier normalisation node already reads
-      is read through an ``Identity`` of its own;
-
-    and the constant scales and biases are returned: the caller makes them graph
-    inputs while ONNX Runtime builds the gradient (as frozen parameters are, which
-    works) and initializers again afterwards.
+    ``<bias>_grad``; two such nodes whose constant scale and bias are fed by another
+    LayerNormalization fail with "Duplicate definition of name (<bias>_grad)". Here
+    (in place) Constant nodes feeding a scale or bias become initializers, and the
+    constant scales and biases are returned: the caller makes them graph inputs while
+    ONNX Runtime builds the gradient (as frozen parameters are, which works) and
+    initializers again afterwards. A scale or bias that several nodes read is given
+    an input per reader by :func:`~onnxblocks.gradient.frozen_reads.alias_frozen_reads`.
 
     This is an explicit step of
     :func:`~onnxblocks.gradient.builder.build_training_graphs`, not a pass of
     :func:`~onnxblocks.gradient.normalization.normalize`, because a pass is
-    ``model -> count`` on the forward graph and this step is not: it reads the
-    trainable set, returns names the caller must lift, and must run *after*
+    ``model -> count`` on the forward graph and this step is not: it returns
+    names the caller must lift, and must run *after*
     parameters became graph inputs (the initializers it returns are then constants
     only; a frozen parameter lifted here would come back as an initializer) and on
-    the training copy only (the eval model needs no aliases).
+    the training copy only (the eval model keeps its constants).
 
     Args:
         model: The training copy of the forward model, parameters already graph inputs.
-        trainable: The values that get a gradient (their own ``_grad`` is wanted: never aliased).
 
     Returns:
         The names of the constant (initializer) scales and biases of normalisation nodes.
@@ -183,25 +179,22 @@ def unshare_layer_norm_constants(model: onnx.ModelProto, trainable: Iterable[str
     if not any(_is_norm(node) for node in model.graph.node):
         return set()
     ir_model = from_proto(model)
-    lifted, changed = unshare_norm_constants(ir_model.graph, trainable)
+    lifted, changed = unshare_norm_constants(ir_model.graph)
     if changed:
         model.CopyFrom(to_proto(ir_model))
     return lifted
 
 
-def unshare_norm_constants(graph: ir.Graph, trainable: Iterable[str]) -> tuple[set[str], bool]:
+def unshare_norm_constants(graph: ir.Graph) -> tuple[set[str], bool]:
     """:func:`unshare_layer_norm_constants` on the IR, in place.
 
     Returns:
         The names of the constant scales and biases of normalisation nodes, and whether the graph changed.
     """
-    trained = set(trainable)
     changed = False
     wanted = {v for node in graph if _is_norm(node) for v in node.inputs[1:3] if v is not None}
     wanted_names = {v.name for v in wanted if v.name}
     constants = ConstantTable(graph)
-    names = graph_names(graph)
-    seen: set[ir.Value] = set()
     for node in list(graph):
         out = node.outputs[0] if node.outputs else None
         if node.op_type == "Constant" and out in wanted and not out.is_initializer():
@@ -214,18 +207,4 @@ def unshare_norm_constants(graph: ir.Graph, trainable: Iterable[str]) -> tuple[s
                 graph.remove(node, safe=True)
                 graph.register_initializer(init)
                 changed = True
-                continue
-        if _is_norm(node):
-            for i in (1, 2):
-                read = node.inputs[i] if len(node.inputs) > i else None
-                if read is None or read.name in trained:
-                    continue
-                if read in seen:
-                    alias = ir.Value(name=names.fresh(f"{read.name}.alias"))
-                    graph.insert_before(
-                        node, ir.Node("", "Identity", [read], outputs=[alias], name=names.fresh("Identity"))
-                    )
-                    node.replace_input_with(i, alias)
-                    changed = True
-                seen.add(read)
     return wanted_names & set(graph.initializers), changed

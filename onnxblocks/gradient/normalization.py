@@ -31,8 +31,8 @@ the original.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
 20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal kernel, log_prob.
 
-:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` is not a pass:
-it needs the trainable set and runs later, on the training copy (see its docstring).
+:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` and :mod:`~onnxblocks.gradient.frozen_reads`
+are not passes: they run later, on the training copy, with the trainable set (see their docstrings).
 """
 
 from __future__ import annotations

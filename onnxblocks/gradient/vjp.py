@@ -18,7 +18,7 @@ nothing else reads.
 
 The same preparation as for the training graphs runs first (opset upgrade,
 :func:`~onnxblocks.gradient.normalization.normalize`, parameters as graph inputs,
-layer-norm constants unshared) plus
+layer-norm constants lifted, an input per reader of a value without gradient) plus
 :func:`~onnxblocks.gradient.batch_norm.batch_norm_inference_as_elementary`.
 """
 
@@ -43,6 +43,7 @@ from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.dependencies import upstream_values
+from onnxblocks.gradient.frozen_reads import alias_frozen_reads_proto, restore_frozen_reads
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
 from onnxblocks.gradient.normalization import default_passes, normalize
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
@@ -157,8 +158,10 @@ def build_vjp_graph(
     signature_inputs = {vi.name: vi for vi in forward.graph.input}
     while True:  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
         attempt = copy_model(forward)
-        norm_constants = unshare_layer_norm_constants(attempt, gradients)
-        held = signature.held_constants_to_inputs(attempt, also=norm_constants)
+        norm_constants = unshare_layer_norm_constants(attempt)
+        untrained = [p for p in partition.parameters if p not in gradients]
+        reads = alias_frozen_reads_proto(attempt, gradients, untrained)
+        held = signature.held_constants_to_inputs(attempt, also=norm_constants | reads.lifted)
         try:
             vjp = _differentiate(attempt, gradients, differentiable, custom_op_libraries)
             break
@@ -169,6 +172,7 @@ def build_vjp_graph(
                 _limits.stamp_versions(forward)
                 return VjpGraph(forward, user_inputs, partition, user_outputs, (), (), (), rewrites)
     pooling.check_pool_shapes(attempt, vjp)
+    restore_frozen_reads(vjp, reads)
     signature.restore_held_constants(vjp, held)
     output_grads = tuple(gradient_name(o) for o in differentiable)
     _order_signature(vjp, signature_inputs, user_inputs, partition, types, differentiable, user_outputs, gradients)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
@@ -66,3 +67,47 @@ def _nested(node: ir.Node) -> Iterator[ir.Graph]:
         yield sub
         for inner in sub:
             yield from _nested(inner)
+
+
+@dataclass(frozen=True)
+class Read:
+    """One node reading a value, directly or through ``Identity`` nodes.
+
+    Attributes:
+        node: The reader (an ``Identity`` only when its output is a graph output, or inside a subgraph).
+        index: The input of ``node`` that reads the value (or the last ``Identity``'s output).
+        via: The ``Identity`` nodes between the value and ``node``, nearest to the value first.
+    """
+
+    node: ir.Node
+    index: int
+    via: tuple[ir.Node, ...] = ()
+
+
+def reads_through_identity(value: ir.Value) -> list[Read]:
+    """The nodes that read ``value``, following the chains of ``Identity`` nodes of its own graph.
+
+    Exporters that merge identical initializers leave one initializer read by
+    ``Identity`` nodes named after the other parameters; the readers past them are
+    the ones that use the value. An ``Identity`` whose output is a graph output is
+    a reader itself.
+    """
+    found: list[Read] = []
+    queue: list[tuple[ir.Value, tuple[ir.Node, ...]]] = [(value, ())]
+    while queue:  # breadth first: direct readers before those behind an Identity
+        current, via = queue.pop(0)
+        for node, index in current.uses():
+            out = node.outputs[0] if node.outputs else None
+            follow = (
+                node.op_type == "Identity"
+                and node.domain in ("", "ai.onnx")
+                and node.graph is value.graph
+                and out is not None
+                and not out.is_graph_output()
+                and node not in via
+            )
+            if follow and out is not None:
+                queue.append((out, (*via, node)))
+            else:
+                found.append(Read(node, index, via))
+    return found
