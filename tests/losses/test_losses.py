@@ -678,19 +678,22 @@ def test_unknown_input_name() -> None:
 
 
 # ------------------------------------------------------------------ gradients
-def _linear_model(x_shape: list, out_features: int, seed: int = 0) -> tuple[onnx.ModelProto, dict]:
-    """``y = x @ W + b`` with W, b as initializers; returns the model and the parameter arrays."""
+def _linear_model(
+    x_shape: list, out_features: int, seed: int = 0, dtype: Any = np.float32
+) -> tuple[onnx.ModelProto, dict]:
+    """``y = x @ W + b`` with W, b as initializers of ``dtype``; returns the model and the parameter arrays."""
     rng = np.random.default_rng(seed)
     params = {
-        "W": rng.standard_normal((x_shape[-1], out_features)).astype(np.float32) * 0.5,
-        "b": rng.standard_normal(out_features).astype(np.float32) * 0.5,
+        "W": (rng.standard_normal((x_shape[-1], out_features)).astype(np.float32) * 0.5).astype(dtype),
+        "b": (rng.standard_normal(out_features).astype(np.float32) * 0.5).astype(dtype),
     }
     y_shape = [*x_shape[:-1], out_features]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
         "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [helper.make_tensor_value_info("x", elem, x_shape)],
+        [helper.make_tensor_value_info("y", elem, y_shape)],
         [numpy_helper.from_array(v, k) for k, v in params.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), params
@@ -707,9 +710,13 @@ def _ort_gradients(model: onnx.ModelProto, loss_name: str, params: dict, feeds: 
     kept = [i for i in model.graph.initializer if i.name not in params]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
-    builder = C_.GradientGraphBuilder(
-        model.SerializeToString(), {loss_name}, set(params), loss_name, C_.SessionOptions()
-    )
+    seed = loss_name
+    if next(o for o in model.graph.output if o.name == loss_name).type.tensor_type.elem_type != TensorProto.FLOAT:
+        # ORT's builder seeds a float32 1; a float64 loss is seeded through a float32 Cast, as onnxblocks does
+        seed = f"{loss_name}_float"
+        model.graph.node.append(helper.make_node("Cast", [loss_name], [seed], to=TensorProto.FLOAT))
+        model.graph.output.append(helper.make_tensor_value_info(seed, TensorProto.FLOAT, []))
+    builder = C_.GradientGraphBuilder(model.SerializeToString(), {seed}, set(params), seed, C_.SessionOptions())
     builder.build()
     grad_model = onnx.load_from_string(builder.get_model())
     names = [f"{p}_grad" for p in params]
@@ -784,14 +791,10 @@ GRADIENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES], ids=[c[0] for c in GRADIENT_CASES]
-)
-def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
-    """ORT's gradient builder differentiates the loss; W/b gradients of a linear layer equal torch.autograd's."""
+def _gradient_data(kind: str, axis: int) -> tuple[list, np.ndarray, str, np.ndarray]:
+    """``(x shape, x, target name, target)`` of a gradient case (float32 data)."""
     rng = np.random.default_rng(RNG_SEED)
     x_shape = [2, 3, 6] if axis == -1 else [6, 4]
-    model, params = _linear_model(x_shape, C)
     x = rng.standard_normal(x_shape).astype(np.float32)
     y_shape = [*x_shape[:-1], C]
     if kind == "classes":
@@ -801,6 +804,16 @@ def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
         name, target = "target", rng.uniform(0, 1, y_shape).astype(np.float32)
     else:
         name, target = "target", rng.standard_normal(y_shape).astype(np.float32)
+    return x_shape, x, name, target
+
+
+@pytest.mark.parametrize(
+    ("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES], ids=[c[0] for c in GRADIENT_CASES]
+)
+def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
+    """ORT's gradient builder differentiates the loss; W/b gradients of a linear layer equal torch.autograd's."""
+    x_shape, x, name, target = _gradient_data(kind, axis)
+    model, params = _linear_model(x_shape, C)
     with onnxblocks.base(model) as acc:
         loss = make()("y")
         acc.set_outputs([loss])
@@ -823,3 +836,25 @@ def _torch_gradients(torch_make, params: dict, x: np.ndarray, target: np.ndarray
     tt = torch.from_numpy(target)
     torch_make().to(dtype)(ty, tt.to(dtype) if tt.is_floating_point() else tt).backward()
     return {"W": tw.grad.numpy(), "b": tb.grad.numpy()}
+
+
+@pytest.mark.parametrize(
+    ("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES], ids=[c[0] for c in GRADIENT_CASES]
+)
+def test_float64_gradient_is_float64(make, torch_make, kind, axis) -> None:
+    """In a float64 model the loss's gradient is computed in float64: within FLOAT64_RTOL of torch's.
+
+    No step of the gradient may round to float32 (ONNX Runtime's ReduceMean gradient scales by a float32 1/N,
+    which is why a float64 "mean" is ReduceSum / N).
+    """
+    x_shape, x, name, target = _gradient_data(kind, axis)
+    model, params = _linear_model(x_shape, C, dtype=np.float64)
+    feeds = {"x": x.astype(np.float64), name: target.astype(np.float64) if target.dtype == np.float32 else target}
+    with onnxblocks.base(model) as acc:
+        loss = make()("y")
+        acc.set_outputs([loss])
+    grads = _ort_gradients(acc.finish(), loss, params, feeds)
+    expected = _torch_gradients(torch_make, params, x, target, axis, torch.float64)
+    for param in ("W", "b"):
+        assert grads[param].dtype == np.float64
+        assert_close(grads[param], expected[param], rtol=FLOAT64_RTOL, name=f"float64 gradient of {param}")
