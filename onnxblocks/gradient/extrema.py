@@ -17,10 +17,10 @@ can differentiate: ``sum(where(mask, x, 0) / count(mask))`` over the reduced axe
 extremum after the cast back; in float64 the ``k`` quotients of a tie can sum to a
 few units in the last place away from it. The second rule is ``TopK(k=1)``, which
 returns the first of the tied elements. A node gets it when the dynamo exporter's
-metadata names ``aten.max.dim`` / ``aten.min.dim``, or when an ``ArgMax`` / ``ArgMin``
-reads the same input along the same axis (the torchscript exporter's two outputs of
-``max(x, dim)``). A torchscript ``max(x, dim).values`` without its indices is a plain
-``ReduceMax`` on the page, indistinguishable from ``amax``: it gets the even rule.
+metadata names ``aten.max.dim`` / ``aten.min.dim``. The torchscript exporter records
+no aten op, and ``amax(x, dim)`` and ``max(x, dim).values`` export to the same
+one-axis ``ReduceMax``: without the record, a one-axis reduction gets the index rule
+(``max(x, dim)``, the older idiom), reductions over several or all axes the even one.
 
 Elementwise ``Max`` / ``Min`` need nothing: ONNX Runtime's builder already splits
 the gradient among the inputs equal to the result (``torch.maximum``: half each).
@@ -44,7 +44,6 @@ __all__ = ["ExtremaWithTorchTies", "extrema_with_torch_ties"]
 
 _F = onnx.TensorProto
 _LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
-_ARG = {"ReduceMax": "ArgMax", "ReduceMin": "ArgMin"}
 _ATEN_DIM = {"ReduceMax": "aten.max.dim", "ReduceMin": "aten.min.dim"}
 #: The type the quotients of a tie are summed in, per float type: wide enough to round back exactly.
 _WIDE = {_F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT, _F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE}
@@ -88,7 +87,7 @@ class ExtremaWithTorchTies(NodeRewrite):
             w = ctx.writer(node.outputs[0].name or "reduce")
             w.op("Identity", [x], out=node.outputs[0].name)
             return w.nodes
-        if axes is not None and _returns_index(node, axes, ctx):
+        if axes is not None and _returns_index(node, axes):
             topk = _first_index(node, axes, ctx)
             if topk is not None:
                 return topk
@@ -107,25 +106,19 @@ extrema_with_torch_ties = on_proto(
 )
 
 
-def _returns_index(node: ir.Node, axes: list[int], ctx: RewriteContext) -> bool:
-    """True when ``node`` is the value of ``max(x, dim)`` / ``min(x, dim)``: torch's gradient goes to the index."""
+def _returns_index(node: ir.Node, axes: list[int]) -> bool:
+    """True when ``node`` is the value of ``max(x, dim)`` / ``min(x, dim)``: torch's gradient goes to the index.
+
+    The dynamo exporter records the aten op of each node. Without that record (the
+    torchscript exporter), a reduction over one axis is taken for ``max(x, dim)``, the
+    older idiom: ``amax(x, dim)`` exports to the same node.
+    """
     if len(axes) != 1:
         return False
-    if f"target=torch.ops.{_ATEN_DIM[node.op_type]}]" in node.metadata_props.get(_FX_NODE, ""):
+    record = node.metadata_props.get(_FX_NODE)
+    if record is None:
         return True
-    x = node.inputs[0]
-    assert x is not None
-    shape = ctx.types.shape(x)
-    rank = len(shape) if shape is not None else None
-
-    def normal(axis: int) -> int:
-        return axis + rank if rank is not None and axis < 0 else axis
-
-    for reader, _ in x.uses():
-        if reader.op_type == _ARG[node.op_type] and is_default_domain(reader) and reader.inputs[0] is x:
-            if normal(int_attribute(reader, "axis", 0)) == normal(axes[0]):
-                return True
-    return False
+    return f"target=torch.ops.{_ATEN_DIM[node.op_type]}]" in record
 
 
 def _even_share(node: ir.Node, axes: list[int] | ir.Value | None, ctx: RewriteContext) -> list[ir.Node]:

@@ -5,7 +5,8 @@ torch's rules, each checked here against torch itself:
 * a full reduction (``torch.max(x)``) and ``amax`` / ``amin`` over any axes share the gradient
   evenly among the tied elements;
 * ``torch.max(x, dim)`` / ``torch.min(x, dim)`` give it to the index they return (the first):
-  a ``ReduceMax`` with an ``ArgMax`` sibling, or one the dynamo exporter marks ``aten.max.dim``;
+  a ``ReduceMax`` the dynamo exporter marks ``aten.max.dim``, or a one-axis ``ReduceMax`` without
+  the dynamo exporter's record (torchscript writes ``amax(x, dim)`` and ``max(x, dim)`` alike);
 * ``torch.maximum`` / ``torch.minimum`` give half to each input on a tie.
 
 Each graph is differentiated by ``build_vjp_graph`` and run two ways: the training build (ONNX
@@ -79,6 +80,15 @@ def _model(nodes, inputs, outputs, elem, inits=(), opset=18) -> onnx.ModelProto:
     return model
 
 
+def _mark(node: onnx.NodeProto, target: str) -> None:
+    """Record ``target`` as the aten op ``node`` comes from, as the dynamo exporter does."""
+    entry = node.metadata_props.add()
+    entry.key, entry.value = (
+        "pkg.torch.onnx.fx_node",
+        f"%v : [num_users=1] = call_function[target=torch.ops.{target}](...)",
+    )
+
+
 def _run(model: onnx.ModelProto, feeds: dict, output: str, grad_out: np.ndarray, portable: bool) -> dict:
     """The output and the gradients of the graph inputs, from the training build or the portable lowering."""
     others = [o.name for o in model.graph.output if o.name != output]
@@ -133,6 +143,8 @@ REDUCTIONS = [  # (axes, keepdims); None: no axes input (every axis)
 def test_reductions_share_ties_evenly_as_torch_amax(op, axes, keepdims, dtype, pattern, portable):
     inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if axes is not None else []
     node = helper.make_node(op, ["x_t", "axes"] if axes is not None else ["x_t"], ["y_t"], keepdims=keepdims)
+    if axes is not None and len(axes) == 1:  # the dynamo exporter's amax; torchscript's reads as max(x, dim)
+        _mark(node, "aten.amax.default" if op == "ReduceMax" else "aten.amin.default")
     model = _model([node], {"x": list(SHAPE)}, ["y"], DTYPES[dtype][0], inits)
     reduce = torch.amax if op == "ReduceMax" else torch.amin
     dims = list(range(len(SHAPE))) if axes is None else axes
@@ -147,20 +159,18 @@ def test_reductions_share_ties_evenly_as_torch_amax(op, axes, keepdims, dtype, p
 @pytest.mark.parametrize("portable", [False, True], ids=["training", "portable"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("marked", ["argmax-sibling", "dynamo-metadata"])
+@pytest.mark.parametrize("exporter", ["torchscript-values", "torchscript-indices", "dynamo"])
 @pytest.mark.parametrize(("op", "axis", "keepdims"), [("ReduceMax", 1, 0), ("ReduceMin", -1, 1)])
-def test_max_with_dim_gives_the_gradient_to_its_index(op, axis, keepdims, marked, dtype, pattern, portable):
+def test_max_with_dim_gives_the_gradient_to_its_index(op, axis, keepdims, exporter, dtype, pattern, portable):
     node = helper.make_node(op, ["x_t"], ["y_t"], axes=[axis], keepdims=keepdims)
     nodes = [node]
-    if marked == "argmax-sibling":  # torchscript's two outputs of max(x, dim)
+    if exporter == "torchscript-indices":  # both outputs of max(x, dim)
         arg = "ArgMax" if op == "ReduceMax" else "ArgMin"
         nodes.append(helper.make_node(arg, ["x_t"], ["i"], axis=axis, keepdims=keepdims))
-    else:
-        target = "aten.max.dim" if op == "ReduceMax" else "aten.min.dim"
-        entry = node.metadata_props.add()
-        entry.key, entry.value = "pkg.torch.onnx.fx_node", f"%max_1 : = call_function[target=torch.ops.{target}](...)"
+    elif exporter == "dynamo":
+        _mark(node, "aten.max.dim" if op == "ReduceMax" else "aten.min.dim")
     model = _model(nodes, {"x": list(SHAPE)}, ["y"], DTYPES[dtype][0], opset=17)
-    if marked == "argmax-sibling":
+    if exporter == "torchscript-indices":
         model.graph.output.append(helper.make_tensor_value_info("i", onnx.TensorProto.INT64, None))
     select = torch.max if op == "ReduceMax" else torch.min
 
@@ -207,3 +217,42 @@ def test_arg_extrema_run_in_every_dtype_with_torch_indices(op, dtype, portable):
     got = _run(model, {"x": x}, "s", np.array(1.0), portable)  # "s" before "i": the one gradient seed
     expected = (torch.argmax if op == "ArgMax" else torch.argmin)(torch.tensor(x, dtype=DTYPES[dtype][1]), dim=1)
     assert_equal(got["i"], expected.numpy(), name="indices")
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["training", "portable"])
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_generated_artifacts_share_a_float16_tie_as_torch_max(op, portable, tmp_path):
+    """ORTModule's minmax case through ``generate_artifacts``: a float32 weight, ``torch.max`` of float16 values."""
+    from onnxblocks import OptimType, generate_artifacts
+    from onnxblocks.runtime import TrainingSession
+
+    w = (np.random.default_rng(12).integers(0, 3, size=(6, 8)) / 4.0).astype(np.float32)  # 16 elements tie
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["h"]),
+        helper.make_node("Cast", ["h"], ["h16"], to=onnx.TensorProto.FLOAT16),
+        helper.make_node(op, ["h16"], ["m16"], keepdims=0),
+        helper.make_node("Cast", ["m16"], ["loss"], to=onnx.TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [6, 8])],
+        [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    generate_artifacts(model, ["w"], optimizer=OptimType.SGD, artifact_directory=tmp_path, portable=portable)
+    x = np.ones((6, 8), np.float32)
+    session = TrainingSession(tmp_path)
+    session.train_step(x)
+    reduce = torch.max if op == "ReduceMax" else torch.min
+
+    def torch_grad(dtype: torch.dtype) -> torch.Tensor:
+        wt = torch.tensor(w, dtype=torch.float64 if dtype == torch.float64 else torch.float32, requires_grad=True)
+        reduce((torch.tensor(x, dtype=wt.dtype) * wt).to(dtype)).backward()
+        return wt.grad
+
+    expected = torch_grad(torch.float16)
+    assert_close(session.gradients()["w"], expected, torch_grad(torch.float64), rtol=eps("float16"), name="w")
+    assert int((expected != 0).sum()) > 1  # the case is a tie
