@@ -133,7 +133,7 @@ def test_a_broken_worker_is_reported(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
     fake.chmod(0o755)
     with pytest.raises(GradientError, match=r"failed \(exit 3\) without an answer:\nboom"):
-        worker_process.exchange_once(fake, {"task": "probe"}, [], timeout=30)
+        worker_process.exchange_once(fake, {"task": "probe"}, [], timeout=300)
 
 
 def test_the_environment_is_created_once_with_progress_and_renamed_into_place(tmp_path, monkeypatch, capsys):

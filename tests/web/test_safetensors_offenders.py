@@ -146,7 +146,7 @@ def test_javascript_names_the_same_offenders(tmp_path):
         (corpus / f"{case}.safetensors").write_bytes(raw)
     script = _NODE_SCRIPT % (js_dir() / "src" / "safetensors.mjs").as_uri()
     done = subprocess.run(
-        [node, "--input-type=module", "-e", script, str(corpus)], capture_output=True, text=True, timeout=60
+        [node, "--input-type=module", "-e", script, str(corpus)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     messages = json.loads(done.stdout.strip().splitlines()[-1])

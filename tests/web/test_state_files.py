@@ -87,7 +87,7 @@ def test_javascript_client_gives_the_same_verdicts_on_the_corpus(tmp_path):
         [node, "--input-type=module", "-e", script, str(tmp_path / "corpus")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

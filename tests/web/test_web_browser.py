@@ -78,7 +78,7 @@ def served(browser_env, installed, tmp_path_factory):
         yield line.split()[1], out
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=120)
 
 
 @pytest.fixture(scope="module")
