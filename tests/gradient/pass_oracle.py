@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
+from support.numerics import assert_close
 
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
@@ -45,7 +47,7 @@ def check_pass(
     gone: str | None = None,
     before_with_reference: bool = False,
     rtol: float = 1e-5,
-    atol: float = 1e-6,
+    scale: Any = None,
 ) -> onnx.ModelProto:
     """Run ``pass_`` on the IR of ``model``; check its reported changes and that ONNX Runtime's outputs are unchanged.
 
@@ -57,8 +59,10 @@ def check_pass(
         gone: An op type that must be absent after the pass.
         before_with_reference: Run the model before with onnx's reference evaluator (for ops ONNX
             Runtime has no kernel for, e.g. a double-precision GRU).
-        rtol: Relative tolerance of the comparison.
-        atol: Absolute tolerance of the comparison.
+        rtol: The relative bound of ``support.numerics.assert_close``: the model before and after are two
+            graphs of the same dtype, neither the truth, so the bound is ``rtol`` plus the floor.
+        scale: The floor's magnitude of the operands (one for every output); by default each output's largest
+            element.
 
     Returns:
         The model after the pass.
@@ -77,7 +81,7 @@ def check_pass(
         want = run(model, feeds)
     got = run(after, feeds)
     assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.shape == w.shape and g.dtype == w.dtype
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+        assert_close(g, w, rtol=rtol, scale=scale, name=f"output {i} after {type(pass_).__name__}")
     return after

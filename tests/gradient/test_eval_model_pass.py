@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 from pass_oracle import make_model, run, vi
+from support.numerics import assert_close
 
 from onnxblocks.gradient.eval_model import DisableTrainingMode, disable_training_mode
 from onnxblocks.ir.serde import from_proto, to_proto
@@ -44,8 +45,13 @@ def test_eval_mode_uses_running_statistics_and_no_dropout():
     x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
     y, mv = run(after, {"x": x})
     g, b, m, v = (params[k].reshape(1, 3, 1) for k in "gbmv")
-    np.testing.assert_allclose(y, g * (x - m) / np.sqrt(v + 1e-5) + b, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(mv, params["m"] * params["v"], rtol=1e-6)
+    g64, b64, m64, v64, x64 = (a.astype(np.float64) for a in (g, b, m, v, x))
+    want = g * (x - m) / np.sqrt(v + np.float32(1e-5)) + b
+    want64 = g64 * (x64 - m64) / np.sqrt(v64 + 1e-5) + b64
+    scale = np.abs(g64) * (np.abs(x64) + np.abs(m64)) / np.sqrt(v64 + 1e-5) + np.abs(b64)  # the terms' magnitude
+    assert_close(y, want, want64, rtol=1e-5, scale=scale, name="y: inference BatchNormalization")
+    mv64 = params["m"].astype(np.float64) * params["v"]
+    assert_close(mv, params["m"] * params["v"], mv64, rtol=1e-6, name="the running statistics passed through")
 
 
 def test_the_proto_function_skips_models_without_those_ops():

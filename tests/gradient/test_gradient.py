@@ -8,6 +8,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from support.held_weights import model_with_big_constant
+from support.numerics import assert_close, assert_equal
+from support.reference import twice
 
 import onnxblocks
 from onnxblocks._core import weights as _weights
@@ -136,12 +138,18 @@ def test_layer_norm_gradient_matches_torch():
     assert graphs.rewrites["expose_layer_norm_statistics"] == 1
     x = rng.standard_normal((2, 4)).astype(np.float32)
     outs, grads = _train_run(graphs.training, {"x": x}, {"s": scale, "b": bias})
-    s, b = torch.tensor(scale, requires_grad=True), torch.tensor(bias, requires_grad=True)
-    loss = (torch.nn.functional.layer_norm(torch.from_numpy(x), (4,), s, b) ** 2).mean()
-    loss.backward()
-    np.testing.assert_allclose(outs[graphs.user_outputs[0]], loss.item(), rtol=1e-5)
-    np.testing.assert_allclose(grads["s"], s.grad.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(grads["b"], b.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+    def layer_norm(s, b, x):
+        loss = (torch.nn.functional.layer_norm(x, (4,), s, b) ** 2).mean()
+        loss.backward()
+        return loss, s.grad, b.grad
+
+    want = twice(
+        layer_norm, torch.tensor(scale, requires_grad=True), torch.tensor(bias, requires_grad=True), torch.from_numpy(x)
+    )
+    want[0].check(outs[graphs.user_outputs[0]], rtol=1e-5, name="loss")
+    want[1].check(grads["s"], rtol=1e-5, name="the scale's gradient")
+    want[2].check(grads["b"], rtol=1e-5, name="the bias's gradient")
 
 
 def _split_to_sequence_model(split, axis, keepdims, positions, shape):
@@ -220,7 +228,7 @@ def test_opset20_gelu_becomes_contrib_gelu_with_same_values(approximate, expecte
     assert gelu_as_contrib_gelu(model) == 1
     assert (model.graph.node[0].op_type, model.graph.node[0].domain) == (expected_op, "com.microsoft")
     (after,) = _run(model, {"x": x})
-    np.testing.assert_allclose(before, after, rtol=1e-6, atol=1e-6)
+    assert_close(after, before, rtol=1e-6, name="the contrib Gelu's values")  # two kernels of ours: rtol and the floor
 
 
 # ------------------------------------------------------------------ eval model
@@ -253,8 +261,14 @@ def test_eval_mode_dropout_and_single_output_batchnorm():
     assert list(bn.output) == ["y"] and helper.get_attribute_value(bn.attribute[-1]) == 0
     x = rng.standard_normal((4, c, 2)).astype(np.float32)
     y, running_mean = _run(model, {"x": x})  # ONNX Runtime accepts the model
-    expected = (x - mean[:, None]) / np.sqrt(var[:, None] + 1e-5) * scale[:, None] + bias[:, None]
-    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+    def batch_norm(x, mean, var, scale, bias):  # in the arrays' dtype; the magnitude of its terms in float64
+        return (x - mean[:, None]) / np.sqrt(var[:, None] + x.dtype.type(1e-5)) * scale[:, None] + bias[:, None]
+
+    operands = (x, mean, var, scale, bias)
+    expected, expected64 = batch_norm(*operands), batch_norm(*(a.astype(np.float64) for a in operands))
+    terms = batch_norm(np.abs(x.astype(np.float64)), -np.abs(mean), var, np.abs(scale), np.abs(bias))
+    assert_close(y, expected, expected64, rtol=1e-5, scale=terms, name="y in eval mode")
     np.testing.assert_array_equal(running_mean, mean)  # read through an Identity of the input
 
 
@@ -299,7 +313,9 @@ def test_input_gradient_matches_numpy():
     x = np.ones((2, 3), np.float32)
     outs, _ = _train_run(graphs.training, {"x": x}, {})
     # loss = sum(x @ W + b): d loss / dx = row sums of W for every row
-    np.testing.assert_allclose(outs["x_grad"], np.tile(w.sum(axis=1), (2, 1)), rtol=1e-6)
+    want, want64 = (np.tile(a.sum(axis=1), (2, 1)) for a in (w, w.astype(np.float64)))
+    terms = np.tile(np.abs(w.astype(np.float64)).sum(axis=1), (2, 1))
+    assert_close(outs["x_grad"], want, want64, rtol=1e-6, scale=terms, name="x's gradient")
 
 
 def test_caller_model_is_not_mutated():
@@ -367,7 +383,7 @@ def test_new_ir_version_is_stamped_down():
     _, grads = _train_run(
         graphs.training, {"x": np.ones((1, 3), np.float32)}, {"W": numpy_helper.to_array(model.graph.initializer[0])}
     )
-    np.testing.assert_allclose(grads["W"], np.ones((3, 2)), rtol=1e-6)
+    assert_equal(grads["W"], np.ones((3, 2), np.float32), name="W's gradient")  # exact: a sum of one one
 
 
 # ------------------------------------------------------------------ held weights
@@ -393,7 +409,8 @@ def test_held_constants_never_reach_onnxruntime_and_come_back_as_stubs(monkeypat
         training = acc.materialize(graphs.training)
     x = np.ones((2, 32), np.float32)
     _, grads = _train_run(training, {"x": x}, {"W": weight})
-    np.testing.assert_allclose(grads["W"], 2 * mask, rtol=1e-6)  # d sum(x @ (W*mask)) / dW = colsum(x) * mask
+    # d sum(x @ (W*mask)) / dW = colsum(x) * mask: two ones per element, exact
+    assert_equal(grads["W"], 2 * mask, name="W's gradient")
 
 
 def test_parameters_from_external_data_are_streamed(tmp_path):
@@ -415,7 +432,7 @@ def test_parameters_from_external_data_are_streamed(tmp_path):
     np.testing.assert_array_equal(numpy_helper.to_array(param), weight)
     training, _ = block.to_model_proto()
     _, grads = _train_run(training, {"x": np.ones((1, 32), np.float32)}, {"W": weight})
-    np.testing.assert_allclose(grads["W"], mask, rtol=1e-6)
+    assert_equal(grads["W"], mask, name="W's gradient")  # exact: one times the mask
 
 
 def test_softplus_gradient_matches_torch_including_zero_and_large_inputs():
@@ -434,11 +451,15 @@ def test_softplus_gradient_matches_torch_including_zero_and_large_inputs():
     assert graphs.rewrites["softplus_as_elementary"] == 1
     assert "Softplus" not in {n.op_type for n in graphs.training.graph.node}
     outs, grads = _train_run(graphs.training, {"x": x}, {"w": np.ones(7, np.float32)})
-    w = torch.ones(7, requires_grad=True)
-    expected = torch.nn.functional.softplus(torch.from_numpy(x) * w).sum()
-    expected.backward()
-    np.testing.assert_allclose(outs["loss"], expected.item(), rtol=1e-6)
-    np.testing.assert_allclose(grads["w"], w.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+    def softplus(w, x):
+        loss = torch.nn.functional.softplus(x * w).sum()
+        loss.backward()
+        return loss, w.grad
+
+    expected = twice(softplus, torch.ones(7, requires_grad=True), torch.from_numpy(x))
+    expected[0].check(outs["loss"], rtol=1e-6, name="loss")
+    expected[1].check(grads["w"], rtol=1e-5, name="w's gradient")
     assert np.isfinite(grads["w"]).all()
 
 

@@ -28,7 +28,7 @@ def test_resize_becomes_matmul_or_repeat(scales, attrs):
     inits = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
     model = make_model([node], [vi("x", [2, 3, 4, 5])], [vi("y", None)], inits, opset=13)
-    check_pass(ResizeAsMatMul(), model, {"x": X}, {"Resize": 1}, gone="Resize", atol=1e-5)
+    check_pass(ResizeAsMatMul(), model, {"x": X}, {"Resize": 1}, gone="Resize")
 
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
@@ -51,4 +51,4 @@ def test_cumsum_becomes_matmul(axis, exclusive, reverse):
     inits = [numpy_helper.from_array(np.array(axis, np.int64), "axis")]
     node = helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)
     model = make_model([node], [vi("x", ["N", 3, 4, 5])], [vi("y", None)], inits)
-    check_pass(CumSumAsMatMul(), model, {"x": X}, {"CumSum": 1}, gone="CumSum", atol=1e-5)
+    check_pass(CumSumAsMatMul(), model, {"x": X}, {"CumSum": 1}, gone="CumSum")
