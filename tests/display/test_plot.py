@@ -16,6 +16,20 @@ from onnxblocks.runtime.fit import History
 
 SVG = "{http://www.w3.org/2000/svg}"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: the SVG writer prints every pixel coordinate rounded to this step (``svg_polyline``)
+PIXEL_STEP = 0.1
+
+
+def assert_same_pixels(actual, expected, coordinates: int) -> None:
+    """``actual`` and ``expected`` are one exact pixel value, up to the printing of the coordinates they come from.
+
+    Not a float tolerance: each printed coordinate is within ``PIXEL_STEP / 2`` of the exact mapping, and the
+    two sides together are made of ``coordinates`` of them (a difference of two points is two; a coefficient
+    counts as many). The factor ``1 + 1e-9`` is the binary rounding of the parsed decimal strings.
+    """
+    bound = coordinates * PIXEL_STEP / 2 * (1 + 1e-9)
+    gap = float(np.max(np.abs(np.asarray(actual, float) - np.asarray(expected, float))))
+    assert gap <= bound, f"{gap:.3g} px apart: more than the rounding of {coordinates} printed coordinates"
 
 
 def polylines(path) -> dict[str, np.ndarray]:
@@ -61,13 +75,13 @@ def test_svg_maps_the_data_monotonically(tmp_path):
     a, b = lines["a"], lines["b"]
     assert len(a) == 4 and len(b) == 2
     assert np.all(np.diff(a[:, 0]) > 0)  # x grows with the step ...
-    np.testing.assert_allclose(np.diff(a[:, 0]), np.diff(a[:, 0])[0], atol=0.21)  # ... evenly
+    assert_same_pixels(np.diff(a[:, 0]), np.diff(a[:, 0])[0], coordinates=4)  # ... evenly
     assert np.all(np.diff(a[:, 1]) > 0)  # lower loss is drawn lower (SVG y grows downwards)
     assert a[0, 1] == min(a[:, 1].min(), b[:, 1].min())  # the highest loss is drawn highest
-    np.testing.assert_allclose(a[0], [b[0, 0], b[1, 1]], atol=0.11)  # one mapping for both series: (0, 3)
-    np.testing.assert_allclose(a[-1], [b[1, 0], b[0, 1]], atol=0.11)  # (3, 1)
-    # linear: 3 -> 2 is twice 2 -> 1.5 in pixels
-    assert a[1, 1] - a[0, 1] == pytest.approx(2 * (a[2, 1] - a[1, 1]), abs=0.25)
+    assert_same_pixels(a[0], [b[0, 0], b[1, 1]], coordinates=2)  # one mapping for both series: (0, 3)
+    assert_same_pixels(a[-1], [b[1, 0], b[0, 1]], coordinates=2)  # (3, 1)
+    # linear: 3 -> 2 is twice 2 -> 1.5 in pixels (two coordinates on the left, twice two on the right)
+    assert_same_pixels(a[1, 1] - a[0, 1], 2 * (a[2, 1] - a[1, 1]), coordinates=6)
     # everything inside the picture
     assert np.all((a >= 0) & (a <= [400, 300])) and np.all((b >= 0) & (b <= [400, 300]))
     # colours from the palette, escaped text, a legend
@@ -80,7 +94,7 @@ def test_svg_log_scale(tmp_path):
     values = [1000.0, 100.0, 10.0, 1.0]
     log = polylines(save_line_plot(tmp_path / "log.svg", {"v": values}, log_y=True))["v"]
     lin = polylines(save_line_plot(tmp_path / "lin.svg", {"v": values}))["v"]
-    np.testing.assert_allclose(np.diff(log[:, 1]), np.diff(log[:, 1])[0], atol=0.21)  # one decade, one spacing
+    assert_same_pixels(np.diff(log[:, 1]), np.diff(log[:, 1])[0], coordinates=4)  # one decade, one spacing
     assert np.diff(lin[:, 1])[0] > 5 * np.diff(lin[:, 1])[1]
     assert {"1", "10", "100", "1000"} <= set(texts(tmp_path / "log.svg"))
     # log_y drops values <= 0 (their steps stay where they were)
@@ -95,7 +109,7 @@ def test_svg_skips_nan_and_inf(tmp_path):
     path = save_line_plot(tmp_path / "p.svg", [3.0, float("nan"), 2.0, float("inf"), 1.0])
     (points,) = polylines(path).values()
     assert len(points) == 3
-    np.testing.assert_allclose(points[1, 0] - points[0, 0], points[2, 0] - points[1, 0], atol=0.21)  # steps 0, 2, 4
+    assert_same_pixels(points[1, 0] - points[0, 0], points[2, 0] - points[1, 0], coordinates=4)  # steps 0, 2, 4
     assert points[0, 1] < points[1, 1] < points[2, 1]
     with pytest.raises(ValueError, match="no finite points"):
         save_line_plot(tmp_path / "q.svg", [float("nan"), float("-inf")])
@@ -133,16 +147,16 @@ def test_plot_history_svg(tmp_path):
     lines = polylines(plot_history(h, tmp_path / "h.svg", title="run 1"))
     raw, smooth, evals = lines["train loss (per step)"], lines["train loss (smoothed)"], lines["eval loss (per epoch)"]
     assert len(raw) == len(smooth) == 6 and len(evals) == 2
-    np.testing.assert_allclose(smooth[0], raw[0], atol=0.11)  # the debiased average starts at the first loss
+    assert_same_pixels(smooth[0], raw[0], coordinates=2)  # the debiased average starts at the first loss
     assert np.all(np.diff(smooth[:, 1]) > 0)  # and falls with the loss
-    np.testing.assert_allclose(evals[:, 0], raw[[2, 5], 0], atol=0.11)  # eval losses at the epochs' last steps
+    assert_same_pixels(evals[:, 0], raw[[2, 5], 0], coordinates=2)  # eval losses at the epochs' last steps
     assert raw[1, 1] < evals[0, 1] < raw[2, 1]  # 3.0 > 2.5 > 2.0
     assert "run 1" in texts(tmp_path / "h.svg")
     # non-finite losses: skipped by both curves
     lines = polylines(plot_history(history([3.0, float("nan"), 2.0, float("inf"), 1.0]), tmp_path / "n.svg"))
     assert len(lines["train loss (per step)"]) == len(lines["train loss (smoothed)"]) == 3
     log = polylines(plot_history(history([100.0, 10.0, 1.0]), tmp_path / "log.svg", log_y=True))
-    np.testing.assert_allclose(*np.diff(log["train loss (per step)"][:, 1]), atol=0.21)
+    assert_same_pixels(*np.diff(log["train loss (per step)"][:, 1]), coordinates=4)
 
 
 def test_plot_history_refuses_clearly(tmp_path):
