@@ -7,6 +7,7 @@ import io
 import numpy as np
 import onnx
 import pytest
+from support.numerics import assert_close
 
 from onnxblocks.datasets import spirals, train_val_split
 from onnxblocks.demo import TARGET_ACCURACY, build_classifier, run_demo
@@ -68,16 +69,26 @@ def test_custom_loss_is_smoothed_cross_entropy_plus_l2(demo):
     params = session.parameters()
     x, y = spirals(points_per_class=20, seed=1)
     loss, logits = session.eval_step(x, y)
-    h = np.maximum(x @ params["fc1.weight"] + params["fc1.bias"], 0)
-    h = np.maximum(h @ params["fc2.weight"] + params["fc2.bias"], 0)
-    z = (h @ params["fc3.weight"] + params["fc3.bias"]).astype(np.float64)
-    np.testing.assert_allclose(logits, z, rtol=1e-5, atol=1e-5)
+    (z, want), (z64, want64) = (_formula(params, x, y, dtype) for dtype in (np.float32, np.float64))
+    # the logits sum products of the layers: the floor from the same sums of magnitudes
+    magnitudes = {n: np.abs(v.astype(np.float64)) for n, v in params.items()}
+    terms, _ = _formula(magnitudes, np.abs(x.astype(np.float64)), y, np.float64)
+    assert_close(logits, z, z64, rtol=1e-5, scale=terms, name="logits")
+    assert_close(loss, want, want64, rtol=1e-5, name="loss")
+
+
+def _formula(params: dict, x: np.ndarray, y: np.ndarray, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The demo's logits and smoothed cross entropy plus L2, in NumPy in ``dtype``."""
+    p = {n: v.astype(dtype) for n, v in params.items()}
+    h = np.maximum(x.astype(dtype) @ p["fc1.weight"] + p["fc1.bias"], 0)
+    h = np.maximum(h @ p["fc2.weight"] + p["fc2.bias"], 0)
+    z = h @ p["fc3.weight"] + p["fc3.bias"]
     log_p = z - z.max(1, keepdims=True)
     log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
-    eps, classes = 0.05, 3
+    eps, classes = dtype(0.05), 3
     cross_entropy = -np.mean((1 - eps) * log_p[np.arange(len(y)), y] + eps / classes * log_p.sum(1))
-    l2 = 1e-4 * sum(float((params[f"fc{i}.weight"].astype(np.float64) ** 2).sum()) for i in (1, 2, 3))
-    np.testing.assert_allclose(loss, cross_entropy + l2, rtol=1e-5)
+    l2 = dtype(1e-4) * sum((p[f"fc{i}.weight"] ** 2).sum() for i in (1, 2, 3))
+    return z, np.asarray(cross_entropy + l2, dtype)
 
 
 def test_spirals_are_deterministic_and_balanced():
