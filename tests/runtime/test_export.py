@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support.numerics import assert_close
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from onnxblocks.runtime import TrainingSession
@@ -98,7 +99,7 @@ def _train_export_and_run(tmp_path: Path, vocab: int, backend: str) -> tuple[Pat
 @pytest.mark.parametrize("size_mb", [1, 100])
 def test_export_after_partial_fine_tuning(tmp_path, backend, size_mb):
     exported, got, expected = _train_export_and_run(tmp_path, size_mb * MB // (DIM * 4), backend)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert_close(got, expected, rtol=1e-5, name="the export's y")  # ours against ours: rtol and the floor
     # under 1 GiB of weights the export is one file
     assert sorted(p.name for p in exported.parent.iterdir()) == ["classifier.onnx"]
     assert not any(t.data_location == TensorProto.EXTERNAL for t in onnx.load(os.fspath(exported)).graph.initializer)
@@ -109,7 +110,7 @@ def test_export_after_partial_fine_tuning(tmp_path, backend, size_mb):
 def test_export_over_2gb(tmp_path, backend):
     vocab = (2 * 1024 * MB) // (DIM * 4) + 4096  # 2 GiB + 4 MiB of frozen table
     exported, got, expected = _train_export_and_run(tmp_path, vocab, backend)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert_close(got, expected, rtol=1e-5, name="the export's y")
     assert sorted(p.name for p in exported.parent.iterdir()) == ["classifier.onnx", "classifier.onnx.data"]
     model = onnx.load(os.fspath(exported), load_external_data=False)
     locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
@@ -125,7 +126,7 @@ def test_export_replaces_an_earlier_export_without_leaving_its_data(tmp_path, ba
     (destination.parent / "classifier.onnx.data").write_bytes(b"stale")
     exported, got, expected = _train_export_and_run(tmp_path, 64, backend)
     assert exported == destination
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert_close(got, expected, rtol=1e-5, name="the export's y")
     assert sorted(p.name for p in destination.parent.iterdir()) == ["classifier.onnx"]
 
 

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from support.numerics import assert_close
 from support.runtime_support import classification_data, generate, listing, mlp_model
 
 from onnxblocks import losses
@@ -96,14 +97,15 @@ def test_ignore_index_is_still_accepted_after_the_batch_signature_passed(ignore_
         session.eval_step(x, y)
 
 
-def _torch_loss(kind: str, logits: np.ndarray, labels: np.ndarray, ignore_index: int) -> float:
+def _torch_loss(kind: str, logits: np.ndarray, labels: np.ndarray, ignore_index: int) -> np.ndarray:
+    """torch's loss of the session's logits, in their dtype (float64 for the float64 reference)."""
     import torch
 
     t = torch.from_numpy(logits)
     target = torch.from_numpy(labels)
     if kind == "ce":
-        return float(torch.nn.functional.cross_entropy(t, target, ignore_index=ignore_index))
-    return float(torch.nn.functional.nll_loss(t, target, ignore_index=ignore_index))
+        return torch.nn.functional.cross_entropy(t, target, ignore_index=ignore_index).numpy()
+    return torch.nn.functional.nll_loss(t, target, ignore_index=ignore_index).numpy()
 
 
 @pytest.mark.parametrize(("name", "kind", "ignore"), [("ce_ignore", "ce", -100), ("nll_ignore", "nll", -1)])
@@ -113,7 +115,8 @@ def test_ignore_index_labels_are_accepted_and_the_loss_equals_torch(ignore_art, 
     y = y.copy()
     y[::4] = ignore
     loss, logits = session.eval_step(x, y)
-    np.testing.assert_allclose(float(loss), _torch_loss(kind, logits, y, ignore), rtol=1e-5)
+    want, want64 = (_torch_loss(kind, logits.astype(dtype), y, ignore) for dtype in (np.float32, np.float64))
+    assert_close(np.asarray(loss).reshape(()), want, want64, rtol=1e-5, name="loss")
     y[1] = 3
     with pytest.raises(ValueError, match=rf"holds 3 at position \(1,\).*\[0, 3\) or \[{ignore}\] \(ignore_index\)"):
         session.train_step(x, y)
