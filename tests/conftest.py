@@ -5,9 +5,12 @@ from __future__ import annotations
 import onnx
 import pytest
 from support.onnx_models import make_linear_model, run_model
+from support.ort_threads import install as install_ort_threads
 
 #: ``training_dir`` (the optimizer oracle's training model), for the optimizer and checkpoint tests.
 pytest_plugins = ["support.optim_oracle"]
+
+install_ort_threads()  # ONNXBLOCKS_ORT_THREADS=N: every session the tests open gets N intra-op threads
 
 
 @pytest.fixture

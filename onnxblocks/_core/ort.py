@@ -22,7 +22,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from onnxblocks._core.errors import TrainingBuildRequiredError
+from onnxblocks._core.errors import InvalidValueError, TrainingBuildRequiredError
 
 _PROBE = "onnxruntime.training.ortmodule"
 
@@ -32,6 +32,9 @@ LOG_LEVEL_ENV = "ONNXBLOCKS_ORT_LOG_LEVEL"
 #: The severity by default: errors only, so ONNX Runtime's warnings (an unused initializer removed, ...)
 #: stay out of the output. A failed run is reported once, by the exception, not logged besides.
 DEFAULT_LOG_LEVEL = 3
+#: Environment variable: the intra-op thread count of the sessions onnxblocks opens (a positive integer;
+#: unset or 0: ONNX Runtime's own choice, one thread per physical core).
+THREADS_ENV = "ONNXBLOCKS_ORT_THREADS"
 _asked: int | None = None  # set by the command line's --verbose
 _imported: ModuleType | None = None  # the package, once its import has finished
 _import_lock = threading.Lock()  # one guarded import at a time: the probe guard is process-wide
@@ -59,8 +62,27 @@ def run_log_level() -> int:
     return level if asked else 4
 
 
+def intra_op_threads() -> int:
+    """The intra-op thread count :data:`THREADS_ENV` asks for (0 when unset: ONNX Runtime's own choice).
+
+    Raises:
+        InvalidValueError: when it is set to anything but a non-negative integer.
+    """
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise InvalidValueError(
+            f"{THREADS_ENV}={text!r} is not a thread count: set it to a positive integer (1: one thread per "
+            "session), or unset it for ONNX Runtime's default (one thread per physical core)."
+        )
+    return int(text)
+
+
 def session_options(runs: bool = False) -> Any:
-    """A new ``SessionOptions`` at :func:`log_level`'s severity (ONNX Runtime's default logger set to it too).
+    """A new ``SessionOptions`` at :func:`log_level`'s severity, with :func:`intra_op_threads` threads.
+
+    ONNX Runtime's default logger is set to that severity too.
 
     Args:
         runs: The session's own logger also logs its runs (the training build's ``Module``, which
@@ -71,6 +93,7 @@ def session_options(runs: bool = False) -> Any:
     ort.set_default_logger_severity(level)
     options = ort.SessionOptions()
     options.log_severity_level = run_log_level() if runs else level
+    options.intra_op_num_threads = intra_op_threads()
     return options
 
 

@@ -71,7 +71,9 @@ class StandardOptimizerDriver:
 
     def __init__(self, path: Path, order: list[str], state: Any, checkpoint: Path, C: Any) -> None:
         ort = _ort.onnxruntime()
-        self._session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(
+            os.fspath(path), sess_options=_ort.session_options(), providers=["CPUExecutionProvider"]
+        )
         names = [i.name for i in self._session.get_inputs()]
         self._state_inputs = [n for n in names if n not in (LEARNING_RATE, STEP, PARAMS, GRADIENTS)]
         missing = [n for n in order if not state.has_parameter(n)]

@@ -383,6 +383,8 @@ class OrtTrainer:
     def __init__(self, artifacts, optimizer: bool = True, checkpoint: str | os.PathLike | None = None) -> None:
         from onnxruntime.capi import _pybind_state as C
 
+        from onnxblocks._core.ort import session_options
+
         self.C = C
         self.state = C.load_checkpoint(os.fspath(checkpoint or artifacts.checkpoint))
         self.device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
@@ -391,12 +393,12 @@ class OrtTrainer:
             self.state,
             os.fspath(artifacts.eval_model),
             self.device,
-            C.SessionOptions(),
+            session_options(),  # the library's: ONNXBLOCKS_ORT_THREADS sets the thread count
         )
         self.optimizer = None
         if optimizer and artifacts.optimizer_model is not None:
             self.optimizer = C.Optimizer(
-                os.fspath(artifacts.optimizer_model), self.state, self.device, C.SessionOptions()
+                os.fspath(artifacts.optimizer_model), self.state, self.device, session_options()
             )
 
     def train_step(self, *inputs: np.ndarray) -> list[np.ndarray]:

@@ -12,6 +12,9 @@ import { readFile } from 'node:fs/promises';
 
 import { loadTrainer, parseSafetensors, writeState } from './src/node.mjs';
 
+// The tests' one thread setting (tests/support/ort_threads.py): ONNXBLOCKS_ORT_THREADS, else 1.
+const THREADS = Number(process.env.ONNXBLOCKS_ORT_THREADS || 1);
+
 async function run({ directory, plan: planPath, save }) {
   const plan = parseSafetensors(await readFile(planPath), planPath);
   const rates = JSON.parse(plan.metadata.learning_rates ?? 'null');
@@ -23,7 +26,7 @@ async function run({ directory, plan: planPath, save }) {
   }
   const trainer = await loadTrainer(directory, {
     evaluate: false,
-    sessionOptions: { executionProviders: ['cpu'], intraOpNumThreads: 1, interOpNumThreads: 1 },
+    sessionOptions: { executionProviders: ['cpu'], intraOpNumThreads: THREADS, interOpNumThreads: 1 },
   });
   const losses = [];
   for (const [i, rate] of rates.entries()) losses.push((await trainer.trainStep(batches[i % batches.length], rate)).loss);

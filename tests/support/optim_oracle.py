@@ -69,11 +69,10 @@ FROZEN = ["s"]
 
 
 def session_options():
-    from onnxruntime.capi import _pybind_state as C
+    """The library's options (errors only; ONNXBLOCKS_ORT_THREADS sets the thread count, support/ort_threads.py)."""
+    from onnxblocks._core.ort import session_options as library_options
 
-    options = C.SessionOptions()
-    options.log_severity_level = 3
-    return options
+    return library_options()
 
 
 def training_model(forward: onnx.ModelProto, trainable: list[str], frozen: list[str]) -> onnx.ModelProto:

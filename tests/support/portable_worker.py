@@ -143,7 +143,9 @@ def train(task: dict) -> dict:
         import onnxruntime
 
         path = session.export_inference_model(task["export"], task.get("export_outputs"))
-        inference = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        from onnxblocks._core.ort import session_options  # ONNXBLOCKS_ORT_THREADS sets the thread count
+
+        inference = onnxruntime.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
         feeds = {i.name: batches[0][session.input_names.index(i.name)] for i in inference.get_inputs()}
         result["exported"] = [o.tolist() for o in inference.run(None, feeds)]
         result["eval"] = [o.tolist() for o in session.eval_step(*batches[0])[1:]]

@@ -37,6 +37,7 @@ import onnx
 import torch
 from onnxruntime.capi import _pybind_state as C
 
+from onnxblocks._core.ort import session_options
 from onnxblocks.compat import onnxblock
 from support import models
 from support.numerics import assert_close
@@ -115,10 +116,11 @@ class Session:
 
     def __init__(self, training, eval_model, checkpoint, optimizer=None) -> None:
         self.state = C.load_checkpoint(os.fspath(checkpoint))
+        # the library's options: ONNXBLOCKS_ORT_THREADS sets their thread count (support/ort_threads.py)
         self.module = C.Module(
-            os.fspath(training), self.state, os.fspath(eval_model) if eval_model else None, CPU, C.SessionOptions()
+            os.fspath(training), self.state, os.fspath(eval_model) if eval_model else None, CPU, session_options()
         )
-        self.optimizer = C.Optimizer(os.fspath(optimizer), self.state, CPU, C.SessionOptions()) if optimizer else None
+        self.optimizer = C.Optimizer(os.fspath(optimizer), self.state, CPU, session_options()) if optimizer else None
 
     @classmethod
     def of(cls, art, ort: bool = False) -> Session:
