@@ -9,10 +9,20 @@ input. With static input and output lengths, :func:`resize_as_matmul` computes
 node's attributes (so the values are exactly ONNX Runtime's), and applies it with
 ``MatMul``. Where ``M`` only repeats elements (nearest with an integer factor), the
 cheaper ``Unsqueeze`` / ``Expand`` / ``Reshape`` repeats them instead.
+
+Two exceptions. ``sizes`` computed at run time from the input's shape (the dynamo
+exporter's ``F.interpolate(size=...)`` with a dynamic batch) are read off the inferred
+shapes: the resized axes need static lengths. And for the dynamo exporter's
+``aten.upsample_nearest{1,2,3}d`` (its metadata names the call), ``M`` is torch's:
+ATen picks the source index in float32 as ``floor(i * scale)``, ONNX Runtime as
+``floor(i / (out / in))``, and the two differ where the product is near an integer
+(e.g. 14 -> 16). The torchscript exporter records no call: its nodes keep ONNX
+Runtime's values, and differ from torch there in the forward pass too.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,9 +34,15 @@ from onnxblocks._core import limits as _limits
 from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
 from onnxblocks.ir import attributes
 from onnxblocks.ir.folding import ConstantTable
-from onnxblocks.ir.types import static_dims
+from onnxblocks.ir.types import ValueTypes, static_dims
 from onnxblocks.ir.writer import Writer
 
+#: The dynamo exporter's record of the aten call a node comes from.
+_FX_NODE = "pkg.torch.onnx.fx_node"
+#: ``aten.upsample_nearest{1,2,3}d.vec(input, output_size, scale_factors)`` in that record.
+_TORCH_NEAREST = re.compile(
+    r"target=torch\.ops\.aten\.upsample_nearest([123])d\.vec\]\(args = \(%[^,]+, (None|\[[^\]]*\]), (None|\[[^\]]*\])\)"
+)
 _SEPARABLE_ATTRIBUTES = (
     "mode",
     "coordinate_transformation_mode",
@@ -87,29 +103,37 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     if attributes.string_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
         return None
     known = [_argument(node, constants, i) for i in (1, 2, 3)]
-    if not all(k for k, _ in known):
-        return None
-    roi, scales, sizes = (v for _, v in known)
-    if scales is None and sizes is None:
-        return None
     rank = len(in_shape)
     listed = attributes.ints_attribute(node, "axes", None)
     axes = [a + rank if a < 0 else a for a in listed] if listed is not None else list(range(rank))
+    roi, scales, sizes = (v for _, v in known)
+    if known[0][0] and known[1][0] and not known[2][0] and scales is None:
+        # sizes computed at run time (the dynamo exporter's Concat(Shape(x)[:2], size) for a dynamic batch)
+        sizes = _sizes_from_shapes(types, x, node.outputs[0], axes)
+        if sizes is None:
+            return None
+    elif not all(k for k, _ in known):
+        return None
+    if scales is None and sizes is None:
+        return None
+    factors = _torch_nearest_factors(node, rank)
     # (input, output) length of each resized axis: floor(in * scale), or the size (ONNX's definition)
     resized: dict[int, tuple[int, int]] = {}
     for position, axis in enumerate(axes):
         size = in_shape[axis]
         if sizes is not None:
-            out = int(sizes[position])
-            if size == out:
+            if sizes[position] is None or size == int(sizes[position]):
                 continue
+            out = int(sizes[position])
         else:
             assert scales is not None  # one of scales and sizes is given (checked above)
             if float(scales[position]) == 1.0:
                 continue
             if size is None:
                 return None
-            out = int(np.floor(size * float(scales[position])))
+            # torch's own factor where known: the float32 scale can floor one lower (25 * 0.12)
+            factor = (factors or {}).get(axis) or float(scales[position])
+            out = int(np.floor(size * factor))
         if size is None:
             return None
         resized[axis] = (size, out)
@@ -121,13 +145,76 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
         position = axes.index(axis)
         scale = float(scales[position]) if scales is not None else None
         region = (float(roi[position]), float(roi[len(axes) + position])) if roi is not None else None
-        matrix = _interpolation_matrix(size, out_size, scale, region, attrs, opset)
+        if factors is not None:
+            matrix = _torch_nearest_matrix(size, out_size, factors.get(axis, scale))
+        else:
+            matrix = _interpolation_matrix(size, out_size, scale, region, attrs, opset)
         output = y if i == len(resized) - 1 else None
         current = _apply(w, current, axis, shape, matrix.astype(dtype), output)
         shape[axis] = out_size
     if not resized:
         w.op("Identity", [x], out=y)
     return w.nodes
+
+
+def _torch_nearest_factors(node: ir.Node, rank: int) -> dict[int, float | None] | None:
+    """The scale factor per spatial axis that the dynamo exporter's ``aten.upsample_nearest{1,2,3}d`` got.
+
+    None for any other node. The factors are read from the exporter's record of the call
+    (None for an axis resized to a size); torch computes with the double it was given,
+    which the float32 ``scales`` input rounds. Empty when the record does not parse:
+    the ``scales`` input then stands in.
+    """
+    record = node.metadata_props.get(_FX_NODE, "")
+    if "target=torch.ops.aten.upsample_nearest" not in record or "exact" in record:
+        return None
+    expected = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    defaults = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor"}
+    if any(attributes.string_attribute(node, k, defaults[k]) != v for k, v in expected.items()):
+        return None
+    match = _TORCH_NEAREST.search(record)
+    if match is None:
+        return {}
+    spatial, listed = int(match.group(1)), match.group(3)
+    if listed == "None":
+        return dict.fromkeys(range(rank - spatial, rank))
+    factors = [float(v) for v in listed.strip("[]").split(",")]
+    return dict(zip(range(rank - spatial, rank), factors, strict=True)) if len(factors) == spatial else {}
+
+
+def _torch_nearest_matrix(size: int, out: int, factor: float | None) -> np.ndarray:
+    """``M`` of torch's ``upsample_nearest``: output ``i`` reads ``min(floor(i * scale), size - 1)``.
+
+    ``scale`` is ``1 / factor`` for a scale factor, else ``size / out``; ATen computes it
+    and the product in float32, which decides the index where ``i * scale`` is near an
+    integer (ONNX Runtime's ``i / (out / size)`` can land on the other side there).
+    """
+    scale = np.float32(1.0 / factor) if factor else np.float32(size) / np.float32(out)
+    source = np.minimum(np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64), size - 1)
+    matrix = np.zeros((out, size), np.float32)
+    matrix[np.arange(out), source] = 1.0
+    return matrix
+
+
+def _sizes_from_shapes(types: ValueTypes, x: ir.Value, y: ir.Value, axes: list[int]) -> list[int | None] | None:
+    """The output length of each axis of ``axes`` from the inferred shapes (None: the input's), or None.
+
+    An axis whose input and output dims are one symbol keeps its length; the others
+    need both lengths static.
+    """
+    before, after = types.dims(x), types.dims(y)
+    if before is None or after is None or len(before) != len(after):
+        return None
+    sizes: list[int | None] = []
+    for axis in axes:
+        old, new = before[axis], after[axis]
+        if old is not None and old == new:
+            sizes.append(None)
+        elif isinstance(old, int) and isinstance(new, int):
+            sizes.append(new)
+        else:
+            return None
+    return sizes
 
 
 def _interpolation_matrix(

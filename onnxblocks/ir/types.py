@@ -77,6 +77,21 @@ class ValueTypes:
             return [d if isinstance(d, int) else None for d in value.shape]
         return None
 
+    def dims(self, value: ir.Value | None) -> list[int | str | None] | None:
+        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when unknown.
+
+        Two dims of one name are equal: inference carries the names through ``Shape`` and its arithmetic.
+        """
+        t = self._tensor(value) if value is not None else None
+        if t is None or not t.HasField("shape"):
+            shape = self.shape(value)
+            return None if shape is None else [d for d in shape]
+        kinds = [d.WhichOneof("value") for d in t.shape.dim]
+        return [
+            d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None
+            for d, kind in zip(t.shape.dim, kinds, strict=True)
+        ]
+
 
 def static_dims(dims: list[int | None] | None) -> list[int] | None:
     """``dims`` when every one is static, else None."""
