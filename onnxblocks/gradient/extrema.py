@@ -46,8 +46,8 @@ _F = onnx.TensorProto
 _LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
 _ATEN_DIM = {"ReduceMax": "aten.max.dim", "ReduceMin": "aten.min.dim"}
 #: The type the quotients of a tie are summed in, per float type: wide enough to round back exactly.
-_WIDE = {_F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT, _F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE}
-_NUMPY = {_F.FLOAT: np.float32, _F.DOUBLE: np.float64}
+_WIDE: dict[int, int] = {_F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT, _F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE}
+_NUMPY: dict[int, type] = {_F.FLOAT: np.float32, _F.DOUBLE: np.float64}
 #: The dynamo exporter's record of the aten call a node comes from.
 _FX_NODE = "pkg.torch.onnx.fx_node"
 

@@ -106,7 +106,8 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     rank = len(in_shape)
     listed = attributes.ints_attribute(node, "axes", None)
     axes = [a + rank if a < 0 else a for a in listed] if listed is not None else list(range(rank))
-    roi, scales, sizes = (v for _, v in known)
+    roi, scales, given = (v for _, v in known)
+    sizes: np.ndarray | list[int | None] | None = given
     if known[0][0] and known[1][0] and not known[2][0] and scales is None:
         # sizes computed at run time (the dynamo exporter's Concat(Shape(x)[:2], size) for a dynamic batch)
         sizes = _sizes_from_shapes(types, x, node.outputs[0], axes)
@@ -122,9 +123,10 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     for position, axis in enumerate(axes):
         size = in_shape[axis]
         if sizes is not None:
-            if sizes[position] is None or size == int(sizes[position]):
+            length = sizes[position]
+            if length is None or size == int(length):
                 continue
-            out = int(sizes[position])
+            out = int(length)
         else:
             assert scales is not None  # one of scales and sizes is given (checked above)
             if float(scales[position]) == 1.0:
