@@ -14,6 +14,8 @@ import numpy as np
 import peft  # the test extra: fails, never skips, without it
 import pytest
 import torch  # the test extra: fails, never skips, without it
+from support.numerics import assert_close
+from support.reference64 import to64
 
 from onnxblocks.errors import FileMissingError, InvalidTypeError, InvalidValueError, NotAFolderError
 from onnxblocks.peft import LoraConfig, LoraInfo, LoraTarget
@@ -110,15 +112,18 @@ def test_peft_loads_what_onnxblocks_writes(tmp_path, family):
     # the same adapters folded by hand into a fresh copy of the base give peft's logits
     merged, _, _ = MODELS[family]()
     merged.load_state_dict(reference)
+    merged64 = to64(merged).eval()  # merged in float64 too: the reference of support.numerics
     merged.eval()
     loaded.eval()
     with torch.no_grad():
         for module, t in info.targets.items():
-            weight = merged.get_submodule(module).weight
-            delta = t.scale_value * adapters[t.lora_B] @ adapters[t.lora_A]
-            weight += torch.from_numpy(delta.T if fan else delta)
+            for model, dtype in ((merged, np.float32), (merged64, np.float64)):
+                a, b = adapters[t.lora_A].astype(dtype), adapters[t.lora_B].astype(dtype)
+                delta = dtype(t.scale_value) * b @ a
+                model.get_submodule(module).weight += torch.from_numpy(delta.T if fan else delta)
         ids = torch.randint(0, 32, (2, 5), generator=torch.Generator().manual_seed(3))
-        np.testing.assert_allclose(loaded(ids).logits.numpy(), merged(ids).logits.numpy(), rtol=1e-5, atol=1e-5)
+        expected, expected64 = merged(ids).logits.numpy(), merged64(ids).logits.numpy()
+        assert_close(loaded(ids).logits.numpy(), expected, expected64, rtol=1e-5, name="logits")
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))

@@ -19,6 +19,8 @@ import onnxruntime as ort
 import peft  # the test extra: fails, never skips, without it
 import pytest
 import torch  # the test extra: fails, never skips, without it
+from support.numerics import assert_close
+from support.reference64 import to64
 
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.errors import InvalidValueError, StateError
@@ -104,6 +106,15 @@ def _peft_logits(model, ids: np.ndarray) -> np.ndarray:
         return model.eval()(input_ids=torch.from_numpy(ids)).logits.numpy()
 
 
+def _assert_peft_logits(got: np.ndarray, model, ids: np.ndarray, merge: bool = False) -> None:
+    """``got`` against the PEFT model's logits in float32 and in float64 (rtol 1e-5)."""
+    references = [copy.deepcopy(model), to64(model)]
+    if merge:
+        references = [m.merge_and_unload() for m in references]
+    expected, expected64 = (_peft_logits(m, ids) for m in references)
+    assert_close(got, expected, expected64, rtol=1e-5, name="logits")
+
+
 def test_peft_loads_adapters_trained_and_saved_by_onnxblocks(family, session, tmp_path):
     _, lm, _, _ = family
     for seed in range(3):
@@ -113,7 +124,7 @@ def test_peft_loads_adapters_trained_and_saved_by_onnxblocks(family, session, tm
     merged = session.export_inference_model(tmp_path / "merged.onnx", ["logits"], merge_adapters=True)
     loaded = peft.PeftModel.from_pretrained(copy.deepcopy(lm), directory)
     ids, _ = _batch(10)
-    np.testing.assert_allclose(_logits(merged, ids), _peft_logits(loaded, ids), rtol=1e-5, atol=1e-5)
+    _assert_peft_logits(_logits(merged, ids), loaded, ids)
     config = json.loads((directory / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8 and config["peft_type"] == "LORA"
 
@@ -137,11 +148,10 @@ def test_onnxblocks_loads_adapters_trained_and_saved_by_peft(family, session, tm
     session.load_adapters(tmp_path / "peft")
     exported = session.export_inference_model(tmp_path / "swappable.onnx", ["logits"])  # adapter branch kept
     ids, _ = _batch(11)
-    want = _peft_logits(model, ids)
-    np.testing.assert_allclose(_logits(exported, ids), want, rtol=1e-5, atol=1e-5)
+    _assert_peft_logits(_logits(exported, ids), model, ids)
     merged = session.export_inference_model(tmp_path / "merged.onnx", ["logits"], merge_adapters=True)
-    np.testing.assert_allclose(_logits(merged, ids), want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(_logits(merged, ids), _peft_logits(model.merge_and_unload(), ids), rtol=1e-5, atol=1e-5)
+    _assert_peft_logits(_logits(merged, ids), model, ids)
+    _assert_peft_logits(_logits(merged, ids), model, ids, merge=True)
 
 
 def test_load_adapters_refuses_what_does_not_fit(session, tmp_path):

@@ -9,7 +9,9 @@ import onnx
 import pytest
 import torch
 from onnx import helper, numpy_helper
+from support.numerics import assert_close
 from support.onnx_models import run_model
+from support.reference64 import to64
 
 from onnxblocks.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.peft import LoraConfig, apply_lora, lora_info
@@ -70,17 +72,22 @@ def test_branches_add_x_at_a_t_b_t_times_scale_on_every_layout():
         "head": ("head.weight", "in_out", 4, 3),
     }
     values = _initializers(out)
-    s = 3 / 2
-    lora = {m: values[t.lora_A].T @ values[t.lora_B].T * s for m, t in info.targets.items()}
     assert all(values[t.lora_A].shape == (2, t.in_features) for t in info.targets.values())
     assert all(values[t.lora_B].shape == (t.out_features, 2) for t in info.targets.values())
-    h1 = X @ W1.T + X @ lora["enc.fc1"]
-    r1 = np.maximum(h1, 0)
-    h2 = r1 @ W2 + r1 @ lora["enc.fc2"]
-    h3 = h2 @ W3.T + B3 + h2 @ lora["enc.fc3"]
-    expected = h3 @ WH + h3 @ lora["head"]
+
+    def expected(dtype):
+        """The adapted model in NumPy's ``dtype``."""
+        v = {n: a.astype(dtype) for n, a in values.items()}
+        x, w1, w2, w3, b3, wh = (a.astype(dtype) for a in (X, W1, W2, W3, B3, WH))
+        lora = {m: v[t.lora_A].T @ v[t.lora_B].T * dtype(3 / 2) for m, t in info.targets.items()}
+        h1 = x @ w1.T + x @ lora["enc.fc1"]
+        r1 = np.maximum(h1, 0)
+        h2 = r1 @ w2 + r1 @ lora["enc.fc2"]
+        h3 = h2 @ w3.T + b3 + h2 @ lora["enc.fc3"]
+        return h3 @ wh + h3 @ lora["head"]
+
     (got,) = run_model(out, {"x": X})
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert_close(got, expected(np.float32), expected(np.float64), rtol=1e-5)
     assert {o.name for o in out.graph.output} == {"y"}
 
 
@@ -181,16 +188,17 @@ def test_targets_from_each_exporter_and_the_adapted_output(exporter):
     if exporter == "ts-folded":
         assert all(t.weight.startswith("onnx::MatMul") and t.weight_layout == "in_out" for t in info.targets.values())
     values = _initializers(out)
-    with torch.no_grad():
-        h = (
-            module.q_proj(x)
-            + x @ torch.from_numpy(values["q_proj.lora_A.weight"].T @ values["q_proj.lora_B.weight"].T) * 2
-        )
-        h = torch.relu(h)
-        lora_v = torch.from_numpy(values["v_proj.lora_A.weight"].T @ values["v_proj.lora_B.weight"].T)
-        expected = module.out(torch.relu(module.v_proj(h) + h @ lora_v * 2)).numpy()
+
+    def expected(module, x):
+        """The adapted module in torch, in the dtype of ``module`` and ``x``."""
+        v = {n: torch.from_numpy(a).to(x.dtype) for n, a in values.items()}
+        with torch.no_grad():
+            h = torch.relu(module.q_proj(x) + x @ (v["q_proj.lora_A.weight"].T @ v["q_proj.lora_B.weight"].T) * 2)
+            lora_v = v["v_proj.lora_A.weight"].T @ v["v_proj.lora_B.weight"].T
+            return module.out(torch.relu(module.v_proj(h) + h @ lora_v * 2)).numpy()
+
     (got,) = run_model(out, {"x": x.numpy()})
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert_close(got, expected(module, x), expected(to64(module), x.double()), rtol=1e-5)
 
 
 def test_dynamo_namespace_metadata_names_the_module_without_name_scopes():

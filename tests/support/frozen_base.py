@@ -89,7 +89,12 @@ def losses(directory: Path, backend: str, steps: int = 3) -> list[float]:
     return [float(session.train_and_update(x, y)[0]) for _ in range(steps)]
 
 
-def numpy_loss() -> float:
+def numpy_loss(dtype=np.float32, base_dtype=None) -> np.floating:
+    """The first loss in NumPy's ``dtype`` (float64: the reference of ``support.numerics``), with the base
+    weight rounded to ``base_dtype`` and back when given (what a cast base computes)."""
     (w1, w2), (x, y) = weights(), batch()
+    if base_dtype is not None:
+        w1 = w1.astype(base_dtype).astype(np.float32)
+    w1, w2, x, y = (a.astype(dtype) for a in (w1, w2, x, y))
     pred = np.maximum(x @ w1, 0) @ w2
-    return float(np.mean((pred - y) ** 2))
+    return np.mean((pred - y) ** 2)
