@@ -5,7 +5,8 @@ that failed before the normalisation passes were added and work now. For each
 (model, exporter): generate_artifacts with every float parameter trainable, then
 
 * the loss and every parameter gradient of one ``train_step`` (ONNX Runtime's
-  training API, C bindings) equal torch.autograd's (rtol 1e-4, atol 1e-5);
+  training API, C bindings) equal torch.autograd's (rtol 1e-5 and 1e-4; torch runs in
+  float32 and in float64, ``support.numerics``, gradient floors from ``support.reference64``);
 * a few AdamW steps reduce the loss;
 * the eval model, run in an ``onnxruntime.InferenceSession``, equals torch in eval mode.
 
@@ -25,6 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support import models, sweep
+from support.numerics import assert_close
+from support.reference64 import gradient_magnitudes, to64
 from torch import nn
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
@@ -41,22 +44,39 @@ def built(tmp_path_factory):
     sweep.build.cache_clear()
 
 
+def _criterion(case: sweep.Case):
+    """The case's torch loss on its model's output (the first output of a two-output model)."""
+    loss = models.torch_loss(case.loss)
+    return lambda out, target: loss(out[0] if case.multi else out, target)
+
+
+def _torch_loss(case: sweep.Case, model: nn.Module, dtype=torch.float32) -> torch.Tensor:
+    def tensor(value):
+        t = torch.from_numpy(value)
+        return t.to(dtype) if t.is_floating_point() else t
+
+    return _criterion(case)(model(*[tensor(v) for v in case.inputs.values()]), tensor(case.target))
+
+
 @pytest.mark.parametrize(("name", "exporter"), sweep.CASES, ids=[f"{n}-{e}" for n, e in sweep.CASES])
 def test_exported_model_trains_like_torch(built, name, exporter):
     case, names, artifacts = built(name, exporter)
     trainer = models.OrtTrainer(artifacts)
     (loss,) = trainer.train_step(*case.inputs.values(), case.target)[:1]
     if not case.random:
-        model = copy.deepcopy(case.model).train()
-        expected = sweep.torch_loss(case, model)
+        model, model64 = copy.deepcopy(case.model).train(), to64(case.model).train()
+        expected, expected64 = _torch_loss(case, model), _torch_loss(case, model64, torch.float64)
         expected.backward()
-        np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
+        expected64.backward()
+        assert_close(loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss")
+        terms = gradient_magnitudes(model, case.inputs.values(), case.target, _criterion(case))
+        params64 = dict(model64.named_parameters())
         for pname, param in model.named_parameters():
             if pname in case.frozen or not sweep.is_trained(case, pname):
                 continue
-            np.testing.assert_allclose(
-                trainer.grad(names[pname]), param.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=pname
-            )
+            grad64 = params64[pname].grad.numpy()
+            got = trainer.grad(names[pname])
+            assert_close(got, param.grad.numpy(), grad64, rtol=1e-4, scale=terms.get(pname), name=pname)
     trainer.module.lazy_reset_grad()
     trainer.optimizer.set_learning_rate(1e-2)
     losses = []
@@ -81,12 +101,15 @@ def test_eval_model_matches_torch_eval(built, name, exporter):
         if names[pname] in inputs:  # untrained, unfrozen parameters are constants of the model
             feeds[names[pname]] = param.detach().numpy()
     got = session.run(None, feeds)
-    expected = sweep.torch_loss(case, model)  # gradients on: torch's fused inference path stays off
-    np.testing.assert_allclose(got[0], expected.item(), rtol=1e-5, atol=1e-6)
+    model64 = to64(case.model).eval()
+    # gradients on: torch's fused inference path stays off
+    expected, expected64 = _torch_loss(case, model), _torch_loss(case, model64, torch.float64)
+    assert_close(got[0], expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="eval loss")
     if case.multi:
+        inputs = [torch.from_numpy(v) for v in case.inputs.values()]
         with torch.no_grad():
-            aux = model(*[torch.from_numpy(v) for v in case.inputs.values()])[1]
-        np.testing.assert_allclose(got[1], aux.numpy(), rtol=1e-4, atol=1e-5)
+            aux, aux64 = model(*inputs)[1], model64(*[to64(t) for t in inputs])[1]
+        assert_close(got[1], aux.numpy(), aux64.numpy(), rtol=1e-4, name="second output")
 
 
 def test_double_model_is_refused_with_a_remedy(tmp_path):
@@ -115,15 +138,19 @@ def test_onnxscript_model_with_rewritten_ops_trains_like_torch(tmp_path):
     trainer = models.OrtTrainer(artifacts)
     (loss,) = trainer.train_step(x, target)
 
-    tensors = {n: torch.from_numpy(v.copy()).requires_grad_() for n, v in params.items()}
-    h = F.conv2d(F.pad(torch.from_numpy(x), (1, 1, 1, 1), mode="reflect"), tensors["w"], tensors["b"])
-    h = F.elu(F.instance_norm(h, weight=tensors["s"], bias=tensors["beta"], eps=1e-5), alpha=0.5)
-    h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False).amax(dim=3).mean(dim=2) * 2.0
-    expected = F.mse_loss(h, torch.from_numpy(target))
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-5, atol=1e-6)
-    for name, tensor in tensors.items():
-        np.testing.assert_allclose(trainer.grad(name), tensor.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+    references = []
+    for dtype in (torch.float32, torch.float64):
+        tensors = {n: torch.from_numpy(v.copy()).to(dtype).requires_grad_() for n, v in params.items()}
+        h = F.conv2d(F.pad(torch.from_numpy(x).to(dtype), (1, 1, 1, 1), mode="reflect"), tensors["w"], tensors["b"])
+        h = F.elu(F.instance_norm(h, weight=tensors["s"], bias=tensors["beta"], eps=1e-5), alpha=0.5)
+        h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False).amax(dim=3).mean(dim=2) * 2.0
+        expected = F.mse_loss(h, torch.from_numpy(target).to(dtype))
+        expected.backward()
+        references.append((expected.detach().numpy(), {n: t.grad.numpy() for n, t in tensors.items()}))
+    (loss32, grads32), (loss64, grads64) = references
+    assert_close(loss, loss32, loss64, rtol=1e-5, name="loss")
+    for name, grad in grads32.items():
+        assert_close(trainer.grad(name), grad, grads64[name], rtol=1e-4, name=name)
     trainer.module.lazy_reset_grad()
     losses = []
     for _ in range(5):
