@@ -10,8 +10,10 @@ writable before the gradient is built.
 
 from __future__ import annotations
 
+import enum
 import os
 import stat
+import warnings
 from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,9 @@ from onnxblocks._core.errors import (
     InvalidValueError,
     IsAFolderError,
     NotAFolderError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
 )
 from onnxblocks.ir import wellformed
 from onnxblocks.peft.config import LoraConfig
@@ -35,6 +40,7 @@ from onnxblocks.peft.info import lora_info
 from onnxblocks.peft.transform import apply_lora
 
 if TYPE_CHECKING:
+    from onnxblocks.artifacts.ties import Tie
     from onnxblocks.portable.ops import PortableMode
 
 #: Longest file name (bytes) most file systems take.
@@ -223,3 +229,64 @@ def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tup
         model = apply_lora(model, config)
     info = lora_info(model)
     return model, info.adapter_names if info is not None else ()
+
+
+def same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
+    """Accept the reference's LossType/OptimType members (same names) as ours."""
+    if isinstance(value, enum.Enum) and not isinstance(value, enum_type) and type(value).__name__ == enum_type.__name__:
+        if value.name not in enum_type.__members__:
+            raise InvalidValueError(
+                f"{enum_type.__name__}.{value.name} is not supported.{did_you_mean(value.name, enum_type.__members__)}"
+            )
+        return enum_type[value.name]
+    return value
+
+
+def exporter_ties(
+    model: onnx.ModelProto, untie: Any, requires: list[str], frozen: list[str]
+) -> tuple[onnx.ModelProto, list[str], list[str]]:
+    """The model and parameter names of ``generate_artifacts(untie=...)`` (see :mod:`onnxblocks.artifacts.ties`).
+
+    With ``untie``, a copy of the model in which each module of an exporter's tie reads its own copy, the
+    copies trained (or frozen) as the initializer they copy. Without it, the model itself, and a
+    warning when a parameter that trains is an exporter's tie.
+
+    Raises:
+        TypeError: for an ``untie`` that is not a bool.
+        UnknownNameError: for a name that is a module's part of an exporter's tie, without ``untie``.
+    """
+    from onnxblocks.artifacts import ties as _ties  # the IR, loaded when a model is generated
+
+    if not flag("untie", untie):
+        if requires or frozen:
+            _warn_ties([t for t in _ties.find_ties(model) if not t.by_model], requires, frozen)
+        return model, requires, frozen
+    model, undone = _ties.untie(model)
+    for tie in undone:
+        for names in (requires, frozen):
+            if tie.initializer in names:
+                names.extend(c for c in tie.copies if c not in names)
+    return model, requires, frozen
+
+
+def _warn_ties(found: list[Tie], requires: list[str], frozen: list[str]) -> None:
+    copies = {copy: tie for tie in found for copy in tie.copies}
+    asked = [n for n in [*requires, *frozen] if n in copies]
+    if asked:
+        tie = copies[asked[0]]
+        raise UnknownNameError(
+            f"'{asked[0]}' is not an initializer of the model: the exporter merged it into '{tie.initializer}', "
+            f"which {', '.join(tie.modules)} all read. Pass untie=True (CLI: --untie) to give each module its own "
+            "copy, named after the module."
+        )
+    trained = [t.describe() for t in found if t.initializer in set(requires)]
+    if trained:
+        warnings.warn(
+            f"Trainable parameters that several modules read, because the exporter merged identical initializers "
+            f"(freshly initialized norm weights and biases are equal): {preview(trained, 4)}. Training ties them: "
+            "one value and one gradient for all those modules, where torch trains one per module. Pass "
+            'untie=True (CLI: --untie) to give each module its own copy (docs/training.md, "Weights the exporter '
+            'tied").',
+            UserWarning,
+            stacklevel=5,
+        )

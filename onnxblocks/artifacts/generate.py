@@ -25,7 +25,7 @@ import onnx
 from onnxblocks import losses, optim
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, STEP_MODEL, TRAINING_MODEL, ArtifactNames
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, did_you_mean, preview
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
 from onnxblocks.artifacts import base_weights as _base
@@ -159,6 +159,7 @@ def generate_artifacts(
     fused_step: bool = True,
     base_dtype: str | None = None,
     lora: LoraConfig | None = None,
+    untie: bool = False,
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -197,6 +198,8 @@ def generate_artifacts(
         lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
             train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
             model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
+        untie: Give each module of a weight the exporter tied its own copy, named after the module, trained (or
+            frozen) with it (docs/training.md, "Weights the exporter tied"); without it, training one warns.
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -237,6 +240,7 @@ def generate_artifacts(
         fused_step=fused_step,
         base_dtype=base_dtype,
         lora=lora,
+        untie=untie,
     )
 
 
@@ -259,6 +263,7 @@ def _generate(
     fused_step: bool = True,
     base_dtype: str | None = None,
     lora: LoraConfig | None = None,
+    untie: bool = False,
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
@@ -278,6 +283,7 @@ def _generate(
     requires = _arguments.names("requires_grad", requires_grad)
     frozen = _arguments.names("frozen_params", frozen_params)
     requires = list(dict.fromkeys([*adapters, *requires]))  # LoRA adapters train, with what requires_grad names
+    base_model, requires, frozen = _arguments.exporter_ties(base_model, untie, requires, frozen)
     _arguments.check_prefix(prefix)
     ort_format = _arguments.flag("ort_format", ort_format)
     nominal_checkpoint = _arguments.flag("nominal_checkpoint", nominal_checkpoint)
@@ -378,7 +384,7 @@ def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
     if loss is None:
         logger.info("No loss given: the base model's first output is the loss.")
         return PassThrough()
-    loss = _same_named_enum(loss, LossType)
+    loss = _arguments.same_named_enum(loss, LossType)
     if isinstance(loss, LossType):
         return loss_blocks(loss)
     if isinstance(loss, Block):
@@ -394,7 +400,7 @@ def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
 def _resolve_optimizer(optimizer: Any, optimizer_blocks: Callable[[OptimType], Block]) -> Block | None:
     if optimizer is None:
         return None
-    optimizer = _same_named_enum(optimizer, OptimType)
+    optimizer = _arguments.same_named_enum(optimizer, OptimType)
     if isinstance(optimizer, OptimType):
         return optimizer_blocks(optimizer)
     if isinstance(optimizer, Block) and hasattr(optimizer, "to_model_proto"):
@@ -407,14 +413,3 @@ def _resolve_optimizer(optimizer: Any, optimizer_blocks: Callable[[OptimType], B
         f"optimizer must be an OptimType ({', '.join(m.name for m in OptimType)}), an optimizer ForwardBlock "
         f"(e.g. onnxblocks.optim.AdamW()), or None; got {type(optimizer).__name__}: {optimizer!r}."
     )
-
-
-def _same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
-    """Accept the reference's LossType/OptimType members (same names) as ours."""
-    if isinstance(value, enum.Enum) and not isinstance(value, enum_type) and type(value).__name__ == enum_type.__name__:
-        if value.name not in enum_type.__members__:
-            raise InvalidValueError(
-                f"{enum_type.__name__}.{value.name} is not supported.{did_you_mean(value.name, enum_type.__members__)}"
-            )
-        return enum_type[value.name]
-    return value

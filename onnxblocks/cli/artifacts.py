@@ -150,6 +150,12 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "dropout=P, fan_in_fan_out=1, exclude=NAME (comma-separated; names after targets= or exclude= belong to it); "
         "--requires-grad then names parameters to train besides the adapters",
     )
+    parser.add_argument(
+        "--untie",
+        action="store_true",
+        help="give each module of a weight the exporter tied (merged identical initializers, listed by "
+        "'onnxblocks inspect') its own copy, named after the module and trained or frozen with it",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -356,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
         fused_step=args.fused_step,
         base_dtype=args.base_dtype,
         lora=lora,
+        untie=args.untie,
     )
     sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
     if lora is not None:

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,17 @@ def inspect_model(path: Path) -> dict[str, Any]:
         "outputs": [_value_info(o) for o in g.output],
         "parameters": params,
         "totals": _totals(params),
+        "ties": _ties(model),
     }
+
+
+def _ties(model: Any) -> list[dict[str, Any]]:
+    """The initializers several modules read (docs/training.md, "Weights the exporter tied"); no bytes read."""
+    from onnxblocks.artifacts.ties import find_ties
+
+    found = find_ties(model)
+    keys = ("initializer", "modules", "copies", "by_model")
+    return [{k: list(v) if isinstance(v, tuple) else v for k, v in zip(keys, astuple(t), strict=True)} for t in found]
 
 
 def inspect_checkpoint(path: Path) -> dict[str, Any]:
@@ -283,6 +294,7 @@ def render(report: dict[str, Any]) -> str:
             part = totals[status]
             summary += f"; {status} {part['count']} ({part['elements']:,} elements, {format_bytes(part['bytes'])})"
     lines += ["", summary]
+    lines += _tie_lines(report.get("ties", []))
     if report["kind"] != "model":
         state = report["optimizer_state"]
         lines.append(
@@ -301,6 +313,18 @@ def render(report: dict[str, Any]) -> str:
             f"staging folder {stage['path']} (pid {stage['pid']}, {format_bytes(stage['bytes'])}): {stage['state']}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _tie_lines(ties: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for tie in ties:
+        modules = ", ".join(tie["modules"])
+        if tie["by_model"]:
+            lines.append(f"tied by the model: {tie['initializer']} (read by {modules}), kept")
+        else:
+            copies = ", ".join(tie["copies"])
+            lines.append(f"tied by the exporter: {tie['initializer']} (read by {modules}); --untie gives {copies}")
+    return ["", *lines] if lines else []
 
 
 def _short(value: Any, limit: int = 40) -> str:

@@ -65,9 +65,8 @@ class FrozenReads:
 
 def _elements(value: ir.Value) -> int | None:
     shape = _shape(value)
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return math.prod(int(d) for d in shape)
+    dims = [d for d in shape if isinstance(d, int)] if shape is not None else []
+    return math.prod(dims) if shape is not None and len(dims) == len(shape) else None
 
 
 def _is_float(value: ir.Value) -> bool:
@@ -134,7 +133,9 @@ def _type(value: ir.Value) -> ir.TypeProtocol | None:
 
 def _shape(value: ir.Value) -> ir.Shape | None:
     tensor = value.const_value
-    return value.shape if value.shape is not None or tensor is None else ir.Shape(tensor.shape)
+    if value.shape is not None or tensor is None:
+        return value.shape
+    return ir.Shape([d if isinstance(d, int) else None for d in tensor.shape])  # a tensor's dims are ints
 
 
 def _remove_bypassed_identities(graph: ir.Graph, reads: list[Read]) -> None:

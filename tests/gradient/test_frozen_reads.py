@@ -17,7 +17,6 @@ gradients of the trained parameters after one step match torch's (float32, with 
 from __future__ import annotations
 
 import copy
-import io
 
 import numpy as np
 import onnx
@@ -27,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from support import hf_families
 from support.numerics import assert_close
 from support.peft_parity import peft_model
-from support.sweep import quiet
+from support.user_exports import EXPORTS, export, initializers
 from torch import nn
 
 from onnxblocks import losses
@@ -35,61 +34,8 @@ from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.peft import LoraConfig, lora_info
 from onnxblocks.runtime import TrainingSession
 
-#: TorchScript with its defaults (constant folding: identical constants merged, read through Identity nodes) and
-#: without folding; dynamo as the project's families export (optimize=False) and with its defaults (the
-#: optimizer merges identical initializers, read directly)
-EXPORTS = ("ts-folded", "ts-unfolded", "dynamo", "dynamo-optimized")
 #: gradients are sums over a few hundred products: float32 rounding, with float64 deciding (support.numerics)
 RTOL = 1e-4
-
-
-def _export(model: nn.Module, inputs: dict[str, np.ndarray], how: str, training: bool = False) -> onnx.ModelProto:
-    """``model`` exported as users do: TorchScript with its defaults or without folding, or dynamo's defaults."""
-    model = copy.deepcopy(model)  # a training-mode export updates batch-norm statistics
-    args = tuple(torch.from_numpy(v) for v in inputs.values())
-    names = list(inputs)
-    with quiet():
-        if how.startswith("dynamo"):
-            optimize = how == "dynamo-optimized"
-            program = torch.onnx.export(
-                model, args, dynamo=True, optimize=optimize, input_names=names, output_names=["output"]
-            )
-            return program.model_proto
-        options: dict = {} if how == "ts-folded" else {"do_constant_folding": False}
-        if training:
-            options["training"] = torch.onnx.TrainingMode.TRAINING
-        f = io.BytesIO()
-        torch.onnx.export(model, args, f, input_names=names, output_names=["output"], dynamo=False, **options)
-        return onnx.load_from_string(f.getvalue())
-
-
-def _onnx_names(
-    model: onnx.ModelProto, torch_model: nn.Module, wanted, required: bool = True
-) -> dict[str, tuple[str, bool]]:
-    """torch parameter -> (initializer holding it, transposed?) for the parameters ``wanted`` selects.
-
-    The folded export stores a Linear's weight transposed under a name of its own (``onnx::MatMul_...``);
-    a folding export may leave a parameter out (``required=False``: dynamo's optimizer folds GPT-2's position
-    embedding at the fixed positions).
-    """
-    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    found = {}
-    for name, param in torch_model.named_parameters():
-        if not wanted(name):
-            continue
-        value = param.detach().numpy()
-        if name in initializers:
-            found[name] = (name, False)
-            continue
-        hits = [(k, False) for k, a in initializers.items() if a.shape == value.shape and np.array_equal(a, value)]
-        if value.ndim == 2:
-            hits += [
-                (k, True) for k, a in initializers.items() if a.shape == value.T.shape and np.array_equal(a, value.T)
-            ]
-        assert hits or not required, f"{name} is in no initializer of the export"
-        if hits:
-            found[name] = hits[0]
-    return found
 
 
 def _session_gradients(directory, batch, parameters: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -134,7 +80,7 @@ FROZEN = ("norm.weight", "embed_tokens.", "wte.", "wpe.", "ln_1.", "ln_2.", "ln_
 )
 def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(name, how, mode, tmp_path):
     family = hf_families.make(name)
-    model = _export(family.model, family.inputs, how)
+    model = export(family.model, family.inputs, how)
     batch = [*family.inputs.values(), family.target]
     loss = lambda out: hf_families.torch_loss(family, out)  # noqa: E731
     if mode == "lora":
@@ -157,8 +103,8 @@ def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(name,
             names[f"{module}.lora_B.default.weight"] = (target.lora_B, False)
         _compare(actual, names, torch_model, family.inputs, loss)
         return
-    trained = _onnx_names(model, family.model, lambda n: any(p in n for p in ATTENTION) and n.endswith("weight"))
-    held = _onnx_names(model, family.model, lambda n: any(p in n for p in FROZEN), required=False)
+    trained = initializers(model, family.model, lambda n: any(p in n for p in ATTENTION) and n.endswith("weight"))
+    held = initializers(model, family.model, lambda n: any(p in n for p in FROZEN), required=False)
     frozen = sorted({o for o, _ in held.values()})
     artifacts = generate_artifacts(
         model, requires_grad=sorted({o for o, _ in trained.values()}), frozen_params=frozen,
@@ -195,7 +141,7 @@ def test_batch_norms_with_a_frozen_bias_or_scale_train_like_torch(how, frozen, l
     rng = np.random.default_rng(0)
     inputs = {"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}
     target = rng.integers(0, 3, (2,)).astype(np.int64)
-    model = _export(net, inputs, how, training=True)
+    model = export(net, inputs, how, training=True)
     params = {i.name for i in model.graph.initializer}
     kept = [n for n, _ in net.named_parameters() if not (n.startswith("norms.") and n.endswith(frozen))]
     assert set(kept) <= params, f"the export renamed parameters: {sorted(set(kept) - params)}"
