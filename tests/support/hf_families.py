@@ -329,8 +329,7 @@ def with_gradient(family: Family, params: dict[str, str], threshold: float = 1e-
     times the largest gradient): zero in exact arithmetic, e.g. a batch norm's bias that a later batch norm
     cancels (MobileNetV2). AdamW normalises any gradient to a step of ``lr``, so such a parameter moves by the
     noise's sign, which differs between torch's and ONNX Runtime's kernels; it is left untrained on both sides
-    (a frozen parameter: left as a constant, ONNX Runtime's gradient build fails on a batch norm whose scale
-    trains and bias does not, "Duplicate definition of name <bias>_grad").
+    (left as a constant of the graph).
     """
     model = copy.deepcopy(family.model).train()
     torch_loss(family, model(*[torch.from_numpy(v) for v in family.inputs.values()])).backward()
