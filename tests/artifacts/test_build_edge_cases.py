@@ -1,7 +1,8 @@
 """Edge cases of building artifacts: values, losses and gradients equal torch; bad models and arguments refused.
 
 Each test is one edge case, asserting the exact behaviour: the exception type and the named
-offender, or numbers equal to torch (gradients through ONNX Runtime's training API).
+offender, or numbers equal to torch (gradients through ONNX Runtime's training API), compared by
+``support.numerics`` with torch and NumPy run in float32 and in float64.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from support import models
+from support.numerics import assert_close, assert_equal
 from support.onnx_models import make_linear_model, run_model
 
 import onnxblocks as ob
@@ -28,7 +30,7 @@ from onnxblocks.blocks import ReduceSum, value
 from onnxblocks.errors import GradientError
 from onnxblocks.gradient import build_training_graphs
 
-RTOL, ATOL = 1e-5, 1e-6
+RTOL = 1e-5
 
 
 def _vi(name, shape, elem=TensorProto.FLOAT):
@@ -79,23 +81,33 @@ def test_power_with_both_sides_trainable_matches_torch(tmp_path, a, b):
     a, b = np.array(a, np.float32), np.array(b, np.float32)
     x = np.ones_like(a)
     loss, grads = _ort_loss_and_grads(tmp_path, _two_params(a, b), _Power(), ["a", "b"], {"x": x})
-    ta, tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
-    expected = ((torch.tensor(x) * ta) ** (torch.tensor(x) + tb)).sum()
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-6)
-    np.testing.assert_allclose(grads["a"], ta.grad.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grads["b"], tb.grad.numpy(), rtol=1e-5, atol=1e-6)  # NaN at the same places
+    references = []
+    for dtype in (torch.float32, torch.float64):
+        ta, tb = (torch.tensor(v, dtype=dtype, requires_grad=True) for v in (a, b))
+        tx = torch.tensor(x, dtype=dtype)
+        expected = ((tx * ta) ** (tx + tb)).sum()
+        expected.backward()
+        references.append((expected.detach().numpy(), ta.grad.numpy(), tb.grad.numpy()))
+    (loss32, a32, b32), (loss64, a64, b64) = references
+    terms = np.abs(np.float64(a)) ** (1.0 + b)  # the |terms| of the sum (NaN where a base is negative)
+    assert_close(loss, loss32, loss64, rtol=1e-6, scale=np.nansum(terms), name="loss")
+    assert_close(grads["a"], a32, a64, rtol=1e-5, name="d/da")
+    assert_close(grads["b"], b32, b64, rtol=1e-5, name="d/db")  # NaN at the same places
 
 
 def test_power_with_only_the_exponent_trainable_matches_torch(tmp_path):
     a, b = np.array([0.5, 2.0, 3.0], np.float32), np.array([1.5, -0.5, 0.25], np.float32)
     model = _two_params(a, b)
     loss, grads = _ort_loss_and_grads(tmp_path, model, _Power(), ["b"], {"x": np.ones(3, np.float32)})
-    tb = torch.tensor(b, requires_grad=True)
-    expected = (torch.tensor(a) ** (1 + tb)).sum()
-    expected.backward()
-    np.testing.assert_allclose(loss, expected.item(), rtol=1e-6)
-    np.testing.assert_allclose(grads["b"], tb.grad.numpy(), rtol=1e-5)
+    references = []
+    for dtype in (torch.float32, torch.float64):
+        tb = torch.tensor(b, dtype=dtype, requires_grad=True)
+        expected = (torch.tensor(a, dtype=dtype) ** (1 + tb)).sum()
+        expected.backward()
+        references.append((expected.detach().numpy(), tb.grad.numpy()))
+    (loss32, b32), (loss64, b64) = references
+    assert_close(loss, loss32, loss64, rtol=1e-6, name="loss")  # a sum of positive terms
+    assert_close(grads["b"], b32, b64, rtol=1e-5, name="d/db")
 
 
 def test_power_rewrite_keeps_the_eval_model_and_pow_with_constant_exponent():
@@ -128,9 +140,13 @@ def test_huber_with_infinite_delta_is_finite_like_torch(reduction):
     t = np.array([0.5, -1.0, 2.0, -100.0], np.float32)
     model = _loss_model(losses.HuberLoss(reduction=reduction, delta=float("inf")), {"p": [4], "t": [4]})
     (got,) = run_model(model, {"p": p, "t": t})
-    expected = torch.nn.HuberLoss(reduction=reduction, delta=float("inf"))(torch.tensor(p), torch.tensor(t))
+    huber = torch.nn.HuberLoss(reduction=reduction, delta=float("inf"))
+    expected, expected64 = (
+        huber(torch.tensor(p), torch.tensor(t)),
+        huber(torch.tensor(p).double(), torch.tensor(t).double()),
+    )
     assert np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, expected.numpy(), rtol=RTOL, atol=ATOL)
+    assert_close(got, expected.numpy(), expected64.numpy(), rtol=RTOL)
 
 
 def test_huber_delta_that_overflows_float16_is_finite():
@@ -140,7 +156,7 @@ def test_huber_delta_that_overflows_float16_is_finite():
         losses.HuberLoss(delta=1e6), {"p": [3], "t": [3]}, {"p": TensorProto.FLOAT16, "t": TensorProto.FLOAT16}
     )
     (got,) = run_model(model, {"p": p, "t": t})
-    np.testing.assert_allclose(got, np.float16(0.5 * (1 + 9) / 3), rtol=1e-3)
+    assert_close(got, np.float16(0.5 * (1 + 9) / 3), 0.5 * (1 + 9) / 3, rtol=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -206,10 +222,14 @@ def test_numpy_scalars_and_arrays_on_either_side_of_a_value():
         lambda v: [np.float32(0.5) * v, np.ones(3) + v, v * np.float64(2), np.int64(2) - v, np.arange(3.0) / (v + 1)],
         {"v": (TensorProto.FLOAT, v)},
     )
-    expected = [0.5 * v, 1 + v, 2 * v, 2 - v, np.arange(3.0) / (v + 1)]
-    for out, want in zip(got, expected, strict=True):
+
+    def expected(v):  # the constants in v's type, as the Value's type wins
+        one, two, half = (v.dtype.type(c) for c in (1, 2, 0.5))
+        return [half * v, one + v, two * v, two - v, np.arange(3, dtype=v.dtype) / (v + one)]
+
+    for out, want, want64 in zip(got, expected(v), expected(v.astype(np.float64)), strict=True):
         assert out.dtype == np.float32  # the Value's type wins over a float64 constant
-        np.testing.assert_allclose(out, want, rtol=RTOL)
+        assert_close(out, want, want64, rtol=RTOL)
 
 
 def test_values_of_two_types_are_promoted():
@@ -222,8 +242,8 @@ def test_values_of_two_types_are_promoted():
         },
     )
     assert [g.dtype for g in got] == [np.float32] * 3
-    np.testing.assert_allclose(got[0], [0.5, 8])
-    np.testing.assert_allclose(got[2], [0.25, 0.5])
+    assert_equal(got[0], np.float32([0.5, 8]))  # exact: dyadic numbers
+    assert_equal(got[2], np.float32([0.25, 0.5]))
 
 
 def test_integer_constant_that_does_not_fit_is_refused():
@@ -360,8 +380,12 @@ def test_unsorted_nodes_are_sorted_on_a_copy(tmp_path):
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     target = np.zeros((2, 4), np.float32)
     (loss, *_) = models.OrtTrainer(art, optimizer=False).train_step(x, target)
-    expected = np.mean(run_model(sorted_model, {"x": x})[0] ** 2)
-    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    _assert_mean_square(loss, run_model(sorted_model, {"x": x})[0])
+
+
+def _assert_mean_square(loss, y: np.ndarray) -> None:
+    """The MSE loss against a zero target: mean(y ** 2) of the forward's output, in float32 and float64."""
+    assert_close(loss, np.mean(y**2), np.mean(y.astype(np.float64) ** 2), rtol=1e-5, name="loss")
 
 
 def test_cyclic_nodes_are_refused_naming_them():
@@ -417,7 +441,7 @@ def test_model_above_opset_21_is_converted_down(tmp_path):
     assert model.opset_import[0].version == 23
     x = np.ones((2, 8), np.float32)
     (loss, *_) = models.OrtTrainer(art).train_step(x, np.zeros((2, 4), np.float32))
-    np.testing.assert_allclose(loss, np.mean(run_model(make_linear_model(), {"x": x})[0] ** 2), rtol=1e-5)
+    _assert_mean_square(loss, run_model(make_linear_model(), {"x": x})[0])
 
 
 def test_model_above_opset_21_with_an_op_that_cannot_go_down_names_it(tmp_path):
@@ -444,7 +468,10 @@ def test_old_opset_with_cross_entropy_is_converted_before_the_loss(tmp_path, ops
     labels = np.array([0, 3, 1, 2, 3])
     (loss, *_) = models.OrtTrainer(art, optimizer=False).train_step(x, labels)
     logits = torch.tensor(run_model(make_linear_model(), {"x": x})[0])
-    np.testing.assert_allclose(loss, torch.nn.functional.cross_entropy(logits, torch.tensor(labels)).item(), rtol=1e-5)
+    expected, expected64 = (
+        torch.nn.functional.cross_entropy(t, torch.tensor(labels)) for t in (logits, logits.double())
+    )
+    assert_close(loss, expected.numpy(), expected64.numpy(), rtol=1e-5, name="loss")
 
 
 def test_eval_model_keeps_dropouts_training_mode_slot_empty(tmp_path):
