@@ -2,7 +2,8 @@
 
 Each example draws a module composed of two stages and an output structure, and a calling
 pattern, then compares the outputs and every gradient (parameters and inputs) with eager
-torch at fp32 tolerance (rtol 1e-4 / atol 1e-5); a gradient torch leaves None must be None.
+torch by ``support.numerics`` (rtol ``RTOL`` of eager float32, or eager float32's own rounding
+against eager float64, plus the floor); a gradient torch leaves None must be None.
 
 * stages: ``split`` and ``chunk`` along each dim, views (``reshape`` / ``view``), a transpose,
   in-place ops on an intermediate, a Linear applied twice (shared parameters);
@@ -28,13 +29,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.numerics import assert_close
 from torch.utils import _pytree as pytree
 
 from onnxblocks.torch import OrtModule
 
 pytestmark = pytest.mark.slow
 
-RTOL, ATOL = 1e-4, 1e-5
+RTOL = 1e-5
 DIMS = (0, 1, 2)
 
 
@@ -129,14 +131,15 @@ def _pool() -> list[tuple[tuple[str, str], str]]:
 
 
 POOL = _pool()
-_CACHE: dict[int, tuple[OrtModule, torch.nn.Module]] = {}
+_CACHE: dict[int, tuple[OrtModule, torch.nn.Module, torch.nn.Module]] = {}
 
 
-def _models(index: int) -> tuple[OrtModule, torch.nn.Module]:
+def _models(index: int) -> tuple[OrtModule, torch.nn.Module, torch.nn.Module]:
+    """The wrapped module, the eager one and the eager one in float64 (the float64 reference)."""
     if index not in _CACHE:
         torch.manual_seed(index)
         eager = Composed(*POOL[index])
-        _CACHE[index] = (OrtModule(copy.deepcopy(eager)), eager)
+        _CACHE[index] = (OrtModule(copy.deepcopy(eager)), eager, copy.deepcopy(eager).double())
     return _CACHE[index]
 
 
@@ -148,11 +151,11 @@ def _loss(out, weights: list[float], grads: list[torch.Tensor]) -> torch.Tensor 
     return sum(terms) if terms else None  # type: ignore[return-value]
 
 
-def _close(actual, expected, what: str) -> None:
+def _close(actual, expected, expected64, what: str) -> None:
     if actual is None or expected is None:
         assert actual is None and expected is None, f"{what}: got {actual is not None}, torch {expected is not None}"
         return
-    np.testing.assert_allclose(actual.detach().numpy(), expected.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=what)
+    assert_close(actual, expected, expected64, rtol=RTOL, name=what)
 
 
 @settings(
@@ -172,40 +175,42 @@ def _close(actual, expected, what: str) -> None:
     seed=st.integers(0, 2**16),
 )
 def test_every_gradient_matches_eager(index, batch, x_grad, y_kind, weights, twice, seed):
-    wrapped, eager = _models(index)
+    wrapped, eager, eager64 = _models(index)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 4, 6, generator=generator)
     y = None if y_kind == "none" else torch.randn(batch, 4, 6, generator=generator)
     runs = []
-    for model in (wrapped, eager):
+    for model, dtype in ((wrapped, torch.float32), (eager, torch.float32), (eager64, torch.float64)):
         model.zero_grad(set_to_none=True)
-        xi = x.clone().requires_grad_(x_grad)
-        yi = None if y is None else y.clone().requires_grad_(y_kind == "tensor_grad")
+        xi = x.to(dtype, copy=True).requires_grad_(x_grad)
+        yi = None if y is None else y.to(dtype, copy=True).requires_grad_(y_kind == "tensor_grad")
         outs = [model(xi, yi) for _ in range(2 if twice else 1)]
-        grads = [torch.randn(leaf.shape, generator=torch.Generator().manual_seed(seed + i)) for i, leaf in
+        grads = [torch.randn(leaf.shape, generator=torch.Generator().manual_seed(seed + i)).to(dtype) for i, leaf in
                  enumerate(t for t in pytree.tree_leaves(outs[0]) if isinstance(t, torch.Tensor))]  # fmt: skip
         for out in reversed(outs):  # the second forward's backward first
             loss = _loss(out, weights, grads)
             if loss is not None:
                 loss.backward()
         runs.append((outs[0], xi, yi, model))
-    (out_o, x_o, y_o, _), (out_e, x_e, y_e, _) = runs
+    (out_o, x_o, y_o, _), (out_e, x_e, y_e, _), (out_64, x_64, y_64, _) = runs
     assert type(out_o) is type(out_e)
     leaves_o, spec_o = pytree.tree_flatten(out_o)
     leaves_e, spec_e = pytree.tree_flatten(out_e)
+    leaves_64 = pytree.tree_leaves(out_64)
     assert spec_o == spec_e
-    for i, (a, b) in enumerate(zip(leaves_o, leaves_e, strict=True)):
+    for i, (a, b, b64) in enumerate(zip(leaves_o, leaves_e, leaves_64, strict=True)):
         if isinstance(b, torch.Tensor):
-            _close(a, b, f"output {i}")
+            _close(a, b, b64, f"output {i}")
             assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad} vs torch"
         else:
             assert a == b
     where = f"module {POOL[index]}, batch {batch}"
-    _close(x_o.grad, x_e.grad, f"x.grad ({where})")
-    _close(None if y_o is None else y_o.grad, None if y_e is None else y_e.grad, f"y.grad ({where})")
-    ours = dict(wrapped.named_parameters())
+    _close(x_o.grad, x_e.grad, x_64.grad, f"x.grad ({where})")
+    y_grads = [None if t is None else t.grad for t in (y_o, y_e, y_64)]
+    _close(*y_grads, f"y.grad ({where})")
+    ours, theirs64 = dict(wrapped.named_parameters()), dict(eager64.named_parameters())
     for name, p in eager.named_parameters():
-        _close(ours[name].grad, p.grad, f"{name}.grad ({where})")
+        _close(ours[name].grad, p.grad, theirs64[name].grad, f"{name}.grad ({where})")
 
 
 def test_the_pool_covers_every_stage_and_output():

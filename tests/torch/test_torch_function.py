@@ -1,7 +1,8 @@
 """onnxblocks.torch.onnx_function / OnnxModule: ONNX graphs as autograd Functions, against torch autograd.
 
-Outputs and gradients (of the weights and of the inputs) must equal torch's at
-rtol 1e-4 / atol 1e-5 for an MLP, a CNN with BatchNorm and Dropout (eval), a
+Outputs and gradients (of the weights and of the inputs) must equal torch's by
+``support.numerics`` (rtol ``RTOL`` of torch in float32, or torch float32's own rounding
+against torch in float64, plus the floor) for an MLP, a CNN with BatchNorm and Dropout (eval), a
 GPT-style transformer, an LSTM and a model with two outputs of which the loss
 uses one, exported with both torch exporters.
 """
@@ -20,11 +21,12 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 from support import models
+from support.numerics import assert_close
 
 from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.torch import OnnxModule, _interop, onnx_function
 
-RTOL, ATOL = 1e-4, 1e-5
+RTOL = 1e-5
 EXPORTERS = ("torchscript", "dynamo")
 
 
@@ -59,24 +61,26 @@ def _case(name: str, exporter: str) -> tuple[torch.nn.Module, dict[str, np.ndarr
     return model, inputs, models.export(model, inputs, exporter, train_mode=False)
 
 
-def _torch_gradients(model, inputs, grads, n_used):
-    model = copy.deepcopy(model)
+def _torch_gradients(model, inputs, grads, n_used, dtype=torch.float32):
+    """torch's outputs and gradients, run in ``dtype`` (float64: the float64 reference) from the same values."""
+    model = copy.deepcopy(model).to(dtype)
     xs = [torch.from_numpy(v.copy()) for v in inputs.values()]
-    for x in xs:
-        x.requires_grad_(x.is_floating_point())
+    xs = [x.to(dtype).requires_grad_() if x.is_floating_point() else x for x in xs]
     outs = model(*xs)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    sum((o * g).sum() for o, g in zip(outs[:n_used], grads, strict=True)).backward()
+    sum((o * g.to(dtype)).sum() for o, g in zip(outs[:n_used], grads, strict=True)).backward()
     params = {n: p.grad for n, p in model.named_parameters()}
     return [o.detach() for o in outs], params, [x.grad for x in xs]
 
 
-def _assert_close(actual, expected, what):
-    actual = torch.zeros_like(expected) if actual is None and expected is not None else actual
-    expected = torch.zeros_like(actual) if expected is None and actual is not None else expected
-    if actual is None:
+def _assert_close(actual, expected, expected64, what):
+    """``support.numerics.assert_close``; a gradient one side leaves None is zeros."""
+    if actual is None and expected is None:
         return
-    np.testing.assert_allclose(actual.detach().numpy(), expected.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=what)
+    actual = torch.zeros_like(expected) if actual is None else actual
+    expected = torch.zeros_like(actual) if expected is None else expected
+    expected64 = torch.zeros_like(expected, dtype=torch.float64) if expected64 is None else expected64
+    assert_close(actual, expected, expected64, rtol=RTOL, name=what)
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
@@ -100,12 +104,13 @@ def test_function_gradients_match_torch(name, exporter):
     sum((o * g).sum() for o, g in zip(outs[:n_used], grads, strict=True)).backward()
 
     expected_outs, expected_params, expected_inputs = _torch_gradients(model, inputs, grads, n_used)
-    for i, (out, expected) in enumerate(zip(outs, expected_outs, strict=True)):
-        _assert_close(out, expected, f"output {i}")
+    outs64, params64, inputs64 = _torch_gradients(model, inputs, grads, n_used, torch.float64)
+    for i, (out, expected, expected64) in enumerate(zip(outs, expected_outs, outs64, strict=True)):
+        _assert_close(out, expected, expected64, f"output {i}")
     for n, w in zip(order, weights, strict=True):
-        _assert_close(w.grad, expected_params[n], n)
-    for x, expected in zip(xs, expected_inputs, strict=True):
-        _assert_close(x.grad, expected, "input")
+        _assert_close(w.grad, expected_params[n], params64[n], n)
+    for x, expected, expected64 in zip(xs, expected_inputs, inputs64, strict=True):
+        _assert_close(x.grad, expected, expected64, "input")
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
@@ -118,10 +123,11 @@ def test_module_holds_initializers_as_parameters(exporter):
     out = module(x=x)  # by graph input name
     target = torch.from_numpy(models.family("cnn")[2])
     torch.nn.functional.cross_entropy(out, target).backward()
-    reference = copy.deepcopy(model)
+    reference, reference64 = copy.deepcopy(model), copy.deepcopy(model).double()
     torch.nn.functional.cross_entropy(reference(x), target).backward()
-    for (n, p), q in zip(module.named_parameters(), reference.parameters(), strict=True):
-        _assert_close(p.grad, q.grad, n)
+    torch.nn.functional.cross_entropy(reference64(x.double()), target).backward()
+    for (n, p), q, q64 in zip(module.named_parameters(), reference.parameters(), reference64.parameters(), strict=True):
+        _assert_close(p.grad, q.grad, q64.grad, n)
     before = [p.detach().clone() for p in module.parameters()]
     torch.optim.SGD(module.parameters(), lr=0.1).step()  # any torch optimizer trains them
     assert all(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
@@ -134,7 +140,7 @@ def test_no_grad_runs_the_forward_graph_only():
     with torch.no_grad():
         out = module(x)
     assert not out.requires_grad
-    _assert_close(out, model(x).detach(), "output")
+    _assert_close(out, model(x).detach(), copy.deepcopy(model).double()(x.double()).detach(), "output")
     compiled = module.function.program.compiled(frozenset())
     assert compiled.backward is None and compiled.split is None
 
@@ -203,7 +209,9 @@ def test_model_is_not_mutated_and_paths_load(tmp_path):
     path = tmp_path / "tiny.onnx"
     onnx.save(model, path)
     module = OnnxModule(path, ["W"])
-    _assert_close(module(torch.ones(2, 4)), torch.tanh(torch.ones(2, 4) @ module.W), "output")
+    w = module.W.detach()
+    want, want64 = torch.tanh(torch.ones(2, 4) @ w), torch.tanh(torch.ones(2, 4, dtype=torch.float64) @ w.double())
+    _assert_close(module(torch.ones(2, 4)), want, want64, "output")
 
 
 def test_running_statistics_fed_by_the_caller_are_not_written():

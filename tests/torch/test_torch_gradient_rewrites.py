@@ -8,8 +8,9 @@ Each module is exported with torch's dynamo exporter and differentiated two ways
 * the portable path: the same VJP graph lowered to standard ops (``lower_training_ops``) and run
   by a plain ``InferenceSession``.
 
-Both must give torch eager's outputs and gradients (the weights' and the input's) within
-rtol 1e-4 / atol 1e-5.
+Both must give torch eager's outputs and gradients (the weights' and the input's) by
+``support.numerics``: within rtol ``RTOL`` of eager float32, or within eager float32's own
+rounding against the same module run in float64, plus the floor.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from support.numerics import assert_close
 
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.gradient import build_vjp_graph
@@ -30,7 +32,7 @@ from onnxblocks.torch.export import export_module
 
 pytestmark = pytest.mark.slow
 
-RTOL, ATOL = 1e-4, 1e-5
+RTOL = 1e-5
 
 
 class Einsum(torch.nn.Module):
@@ -113,7 +115,13 @@ def _cases():
     )
 
 
-def _eager(model, inputs, grad_out):
+def _eager(model, inputs, grad_out, dtype=None):
+    """The output and the gradients (parameters, then the first input) of eager torch; ``dtype`` runs a float64
+    copy of the module on float64 inputs (the float64 reference)."""
+    if dtype is not None:
+        model = copy.deepcopy(model).to(dtype)
+        inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+        grad_out = grad_out.to(dtype)
     xs = [x.clone().requires_grad_(x.is_floating_point()) for x in inputs]
     out = model(*xs)
     (out * grad_out).sum().backward()
@@ -121,8 +129,8 @@ def _eager(model, inputs, grad_out):
     return out.detach(), grads
 
 
-def _close(actual, expected, what):
-    np.testing.assert_allclose(np.asarray(actual), expected.detach().numpy(), rtol=RTOL, atol=ATOL, err_msg=what)
+def _close(actual, expected, expected64, what):
+    assert_close(np.asarray(actual), expected, expected64, rtol=RTOL, name=what)
 
 
 @pytest.mark.parametrize(("make", "inputs"), list(_cases()))
@@ -132,11 +140,12 @@ def test_training_build_matches_torch(make, inputs):
     with torch.no_grad():
         grad_out = torch.randn_like(model(*inputs))
     expected, expected_grads = _eager(copy.deepcopy(model), inputs, grad_out)
+    expected64, expected_grads64 = _eager(model, inputs, grad_out, torch.float64)
     wrapped = OrtModule(copy.deepcopy(model))
     out, grads = _eager(wrapped, inputs, grad_out)
-    _close(out, expected, "output")
-    for i, (g, e) in enumerate(zip(grads, expected_grads, strict=True)):
-        _close(g, e, f"gradient {i}")
+    _close(out, expected, expected64, "output")
+    for i, (g, e, e64) in enumerate(zip(grads, expected_grads, expected_grads64, strict=True)):
+        _close(g, e, e64, f"gradient {i}")
 
 
 @pytest.mark.parametrize(("make", "inputs"), list(_cases()))
@@ -146,6 +155,7 @@ def test_portable_lowering_matches_torch(make, inputs):
     with torch.no_grad():
         grad_out = torch.randn_like(model(*inputs))
     expected, expected_grads = _eager(copy.deepcopy(model), inputs, grad_out)
+    expected64, expected_grads64 = _eager(model, inputs, grad_out, torch.float64)
     exported = export_module(model, tuple(inputs), {}, "dynamo", dynamic="none")
     first = exported.inputs[0]
     vjp = build_vjp_graph(exported.model, requires_grad=[*exported.weights, first], outputs=exported.outputs)
@@ -160,10 +170,10 @@ def test_portable_lowering_matches_torch(make, inputs):
     feeds[vjp.output_grads[0]] = grad_out.numpy()
     names = [o.name for o in session.get_outputs()]
     got = dict(zip(names, session.run(None, feeds), strict=True))
-    _close(got[exported.outputs[0]], expected, "output")
+    _close(got[exported.outputs[0]], expected, expected64, "output")
     order = [n for n, _ in model.named_parameters()] + [first]
-    for name, e in zip(order, expected_grads, strict=True):
-        _close(got[f"{name}_grad"], e, f"gradient of {name}")
+    for name, e, e64 in zip(order, expected_grads, expected_grads64, strict=True):
+        _close(got[f"{name}_grad"], e, e64, f"gradient of {name}")
 
 
 @pytest.mark.parametrize(
