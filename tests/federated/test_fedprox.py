@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.flower_apps import client_files, sgd_reference, spiral_artifacts
+from support.flower_apps import assert_steps_from, client_files, sgd_reference, spiral_artifacts
 
 from onnxblocks.federated import train_client
 from onnxblocks.runtime import TrainingSession
@@ -26,8 +26,7 @@ def test_proximal_term_matches_numpy(setup, mu):
     update = train_client(art, path, start, config)
     expected = sgd_reference(art, path, steps=5, lr=0.2, batch_size=8, start=start, mu=mu)
     plain = train_client(art, path, start, {**config, "proximal-mu": 0.0})
-    for name, value in expected.items():
-        np.testing.assert_allclose(update.parameters[name], value, rtol=1e-5, atol=1e-6)
+    assert_steps_from(start, update.parameters, expected)
 
     # the term pulls towards the global parameters: the update is shorter than without it
     def distance(p):
@@ -42,5 +41,4 @@ def test_proximal_term_on_the_portable_backend(tmp_path, setup):
     config = {"local-steps": 4, "lr": 0.2, "batch-size": 8, "shuffle": False, "proximal-mu": 1.0}
     update = train_client(portable, path, start, config)
     expected = sgd_reference(art, path, steps=4, lr=0.2, batch_size=8, start=start, mu=1.0)
-    for name, value in expected.items():
-        np.testing.assert_allclose(update.parameters[name], value, rtol=1e-5, atol=1e-6)
+    assert_steps_from(start, update.parameters, expected)

@@ -14,10 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from support.federation import flower_processes
-from support.flower_apps import client_files, session_steps, spiral_artifacts
+from support.flower_apps import assert_fedavg, client_files, session_steps, spiral_artifacts
 
 from onnxblocks.cli import main
 from onnxblocks.runtime import TrainingSession
@@ -86,7 +85,5 @@ def test_a_training_build_client_and_a_stock_onnxruntime_client_train_one_model(
     a, rows_a = session_steps(training, files[0], STEPS, LR, BATCH, backend="training")
     b, rows_b = session_steps(portable, files[1], STEPS, LR, BATCH, backend="portable")
     final = TrainingSession(training, checkpoint=out / "ckpt").parameters(trainable_only=True)
-    for name in final:
-        expected = (rows_a * a[name].astype(np.float64) + rows_b * b[name].astype(np.float64)) / (rows_a + rows_b)
-        np.testing.assert_allclose(final[name], expected, rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_fedavg(final, [a, b], [rows_a, rows_b], rtol=1e-4)
     assert flower_processes(out / "run") == []

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from support.flower_apps import client_files, simulate, spiral_artifacts
+from support.numerics import assert_close, is_close
 
 from onnxblocks.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.federated import make_client_app, make_server_app, train_client
@@ -48,9 +49,10 @@ def continuous(art, path, epochs):
 
 
 def close(actual, expected):
+    """Two runs of ours (no float64 truth): rtol 1e-5, the floor from each parameter's size."""
     assert sorted(actual) == sorted(expected)
     for name, value in expected.items():
-        np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+        assert_close(actual[name], value, rtol=1e-5, name=name)
 
 
 @pytest.mark.parametrize("backend", ["training", "portable"])
@@ -70,7 +72,7 @@ def test_two_rounds_with_kept_state_are_one_continuous_session(setup, backend):
     # the default: the second round's optimizer starts fresh, which is not the continuous run
     fresh = train_client(art, path, one.parameters, CONFIG)
     assert fresh.optimizer_state is None
-    assert not all(np.allclose(fresh.parameters[n], two.parameters[n], rtol=1e-3) for n in start)
+    assert not all(is_close(fresh.parameters[n], two.parameters[n], rtol=1e-3) for n in start)
 
 
 def test_the_client_app_keeps_state_in_the_nodes_context(setup, task_identity):
@@ -150,4 +152,4 @@ def test_simulated_rounds_keep_the_optimizer_state(setup):
     close(final, continuous(art, path, epochs=2))
     start = TrainingSession(art).parameters(trainable_only=True)
     fresh = train_client(art, path, train_client(art, path, start, CONFIG).parameters, CONFIG).parameters
-    assert not all(np.allclose(final[n], fresh[n], rtol=1e-3) for n in start)  # it is not the default's result
+    assert not all(is_close(final[n], fresh[n], rtol=1e-3) for n in start)  # it is not the default's result

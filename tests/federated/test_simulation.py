@@ -13,7 +13,15 @@ import sys
 
 import numpy as np
 import pytest
-from support.flower_apps import client_files, non_iid_files, sgd_reference, simulate, spiral_artifacts
+from support.flower_apps import (
+    assert_fedavg,
+    client_files,
+    non_iid_files,
+    sgd_reference,
+    simulate,
+    spiral_artifacts,
+)
+from support.numerics import assert_close
 
 from onnxblocks.federated import FederatedHistory, make_client_app, make_server_app
 from onnxblocks.federated import simulate as simulate_with_flwr_run
@@ -67,13 +75,6 @@ def local_results(art, files, mu=0.0):
     return start, results
 
 
-def weighted(results):
-    total = sum(SIZES)
-    return {
-        k: sum(r[k].astype(np.float64) * n for r, n in zip(results, SIZES, strict=True)) / total for k in results[0]
-    }
-
-
 def test_one_fedavg_round_is_the_weighted_average_of_separate_sessions(small):
     root, art, files = small
     out = root / "fedavg"
@@ -91,23 +92,23 @@ def test_one_fedavg_round_is_the_weighted_average_of_separate_sessions(small):
     simulate(server, make_client_app(art, data=files), 3)
     final = TrainingSession(art, checkpoint=out / "final.ckpt")
     _, results = local_results(art, files)
-    expected = weighted(results)
-    for name, value in final.parameters(trainable_only=True).items():
-        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-7)
+    assert_fedavg(final.parameters(trainable_only=True), results, SIZES)
     # the inference model carries the aggregate
     import onnxruntime
 
     with np.load(files[2]) as data:
         x, y = data["features"], data["labels"]
     logits = onnxruntime.InferenceSession(str(out / "model.onnx")).run(None, {"features": x})[0]
-    np.testing.assert_allclose(logits, final.eval_step(x, y)[1], rtol=1e-5, atol=1e-6)
+    assert_close(logits, final.eval_step(x, y)[1], rtol=1e-5, name="logits")  # ours both: no float64 truth
     # the history: weighted training loss, per-client replies, evaluation, server evaluation of rounds 0 and 1
     history = FederatedHistory.load(out / "history.json")
     train = [c for c in history.clients if c["phase"] == "train"]
     assert sorted(c["partition"] for c in train) == [0, 1, 2]
     assert sorted(c["num-examples"] for c in train) == list(SIZES)
     loss = sum(c["train-loss"] * c["num-examples"] for c in train) / sum(SIZES)
-    assert history.metric("train-loss") == [(1, pytest.approx(loss))]
+    ((round_, aggregated),) = history.metric("train-loss")
+    assert round_ == 1
+    assert_close(np.float64(aggregated), np.float64(loss), rtol=1e-6, name="train-loss")
     assert [r for r, _ in history.metric("accuracy", "server")] == [0, 1]
     assert history.metric("eval-loss", "evaluate")[0][0] == 1 and not history.dropped
     assert json.loads((out / "history.json").read_text())["rounds"] == 1
@@ -118,9 +119,7 @@ def test_fedprox_round_uses_the_proximal_term(small):
     root, art, files = small
     final, _, _ = one_round(root, art, files, "fedprox", strategy="fedprox", proximal_mu=2.0)
     _, results = local_results(art, files, mu=2.0)
-    expected = weighted(results)
-    for name, value in final.items():
-        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+    assert_fedavg(final, results, SIZES)
 
 
 def test_server_side_dp_clips_each_client_update(small):
@@ -135,10 +134,8 @@ def test_server_side_dp_clips_each_client_update(small):
         assert norm > clip  # the clipping acts
         clipped.append({k: start[k] + u * min(1.0, clip / norm) for k, u in update.items()})
         clipped_norm = np.sqrt(sum(float(np.sum((clipped[-1][k] - start[k]) ** 2)) for k in start))
-        assert clipped_norm == pytest.approx(clip, rel=1e-6)
-    expected = weighted(clipped)
-    for name, value in final.items():
-        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+        assert_close(np.float64(clipped_norm), np.float64(clip), rtol=1e-6, name="clipped norm")
+    assert_fedavg(final, clipped, SIZES)
     norms = sorted(c["update-norm"] for c in history.clients if c["phase"] == "train")
     assert all(n > clip for n in norms)  # the history holds the norms the clients sent, before clipping
 

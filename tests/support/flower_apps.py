@@ -11,6 +11,7 @@ from onnxblocks import artifacts, optim
 from onnxblocks.datasets import spirals, train_val_split
 from onnxblocks.demo import build_classifier
 from onnxblocks.losses import CrossEntropyLoss
+from support.numerics import assert_close
 
 
 def spiral_artifacts(root: Path, hidden: tuple[int, ...] = (16,), optimizer: str = "sgd", **options: Any) -> Path:
@@ -130,3 +131,40 @@ def sgd_reference(
             new[name] = (w - lr * (grad + mu * (w - anchor[name]))).astype(np.float32)
         session.set_parameters(new)
     return session.parameters(trainable_only=True)
+
+
+def assert_steps_from(
+    start: dict[str, np.ndarray], got: dict[str, np.ndarray], expected: dict[str, np.ndarray]
+) -> None:
+    """Parameters after local steps against a reference of ours (no float64 truth), by ``support.numerics``.
+
+    rtol 1e-5; the floor from each element's operands, ``|start| + |expected - start|`` (where it started and
+    how far the steps took it).
+    """
+    for name, value in expected.items():
+        scale = np.abs(start[name]) + np.abs(np.subtract(value, start[name], dtype=np.float64))
+        assert_close(got[name], value, rtol=1e-5, scale=scale, name=name)
+
+
+def weighted_average(
+    results: list[dict[str, np.ndarray]], rows: list[int] | tuple[int, ...]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """FedAvg's row-weighted average of each parameter, in float64, and the same average of the |values| (the
+    sum of |terms|: the floor's scale in ``support.numerics``)."""
+    total = sum(rows)
+    average = {
+        k: sum(r[k].astype(np.float64) * n for r, n in zip(results, rows, strict=True)) / total for k in results[0]
+    }
+    magnitude = {
+        k: sum(np.abs(r[k].astype(np.float64)) * n for r, n in zip(results, rows, strict=True)) / total
+        for k in results[0]
+    }
+    return average, magnitude
+
+
+def assert_fedavg(final: dict[str, np.ndarray], results, rows, rtol: float = 1e-5) -> None:
+    """The aggregate against the row-weighted average of the clients' results (ours: no float64 truth)."""
+    average, magnitude = weighted_average(results, rows)
+    assert sorted(final) == sorted(average)
+    for name, value in final.items():
+        assert_close(value, average[name], rtol=rtol, scale=magnitude[name], name=name)
