@@ -10,4 +10,6 @@
 * ``portable_linear``: a portable artifact directory written by hand; ``adamw_oracle``: torch AdamW on it.
 * ``portable_env`` / ``portable_worker``: the cached Python 3.13 venv with stock onnxruntime, and its worker script.
 * ``web_support`` / ``system_tools``: Node, npm and Chromium for the JavaScript client tests.
+* ``numerics``: the one rule for comparing numbers with a reference; ``reference64``: torch models, Hugging Face
+  families and inputs in float64, and the sum of |terms| of each parameter gradient (the floor's scale).
 """
