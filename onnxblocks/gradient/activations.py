@@ -14,7 +14,7 @@ The exponential branches read ``Where(x > 0, 0, x)`` instead of ``x``: the branc
 ``Where`` conditions follow torch's choice at the kinks (``x > 0`` selects the
 linear branch), so gradients at exactly 0 equal torch's.
 ``Mish`` becomes ``x * Tanh(Softplus(x))``; the Softplus pass that runs after it
-(:func:`onnxblocks.gradient.normalization.softplus_as_elementary`) finishes the job.
+(:func:`softplus_as_elementary`, below) finishes the job.
 """
 
 from __future__ import annotations
@@ -163,5 +163,48 @@ activations_as_elementary = on_proto(
 
     Returns:
         The number of nodes rewritten.
+    """,
+)
+
+
+#: Above this input, softplus(x) is x to float precision (torch.nn.Softplus's default threshold).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+class SoftplusAsElementary(NodeRewrite):
+    """Rewrite ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))``.
+
+    That is torch's Softplus (threshold 20); it differs from ``log(1 + exp(x))``
+    by less than 2e-9 relative above the threshold. ``Min`` keeps ``Exp`` finite in
+    the branch ``Where`` does not take, so its gradient is never ``0 * inf``.
+    Nodes whose input type is unknown are left as they are.
+    """
+
+    name = "softplus_as_elementary"
+    op_types = frozenset({"Softplus"})
+    min_opset = None
+
+    def select(self, node: ir.Node) -> bool:
+        return node.op_type == "Softplus" and is_default_domain(node)
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+        x, y = node.inputs[0], node.outputs[0].name or ""
+        dtype = ctx.dtype(x)
+        if x is None or dtype is None:
+            return None
+        w = ctx.writer(y)
+        limit, one = w.const(SOFTPLUS_THRESHOLD, dtype, "threshold"), w.const(1, dtype, "one")
+        log = w.op("Log", [w.op("Add", [w.op("Exp", [w.op("Min", [x, limit])]), one])])
+        w.op("Where", [w.op("Greater", [x, limit]), x, log], out=y)
+        return w.nodes
+
+
+softplus_as_elementary = on_proto(
+    SoftplusAsElementary,
+    "softplus_as_elementary",
+    """Rewrite, in place, ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))`` (torch's Softplus).
+
+    Returns:
+        The number of Softplus nodes rewritten.
     """,
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -46,7 +47,7 @@ class GroupNormAsElementary(NodeRewrite):
         elem = ctx.types.elem(x)
         if x is None or scale is None or bias is None or elem is None:
             return None
-        epsilon = float_attribute(node, "epsilon", 1e-5)
+        epsilon = float(np.float32(float_attribute(node, "epsilon", 1e-5)))  # a float32 attribute, default too
         if node.op_type == "InstanceNormalization":
             groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
         else:

@@ -18,7 +18,7 @@ the original.
 5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
 6. :func:`gelu_as_contrib_gelu`: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft ``Gelu`` has.
 7. :func:`~onnxblocks.gradient.activations.activations_as_elementary`: Elu, PRelu, Mish... as elementary ops.
-8. :func:`softplus_as_elementary`: ``Softplus`` (also from Mish, step 7) as Exp, Log, Min and Where.
+8. :func:`~onnxblocks.gradient.activations.softplus_as_elementary`: ``Softplus`` (Mish's too) as elementary ops.
 9. :func:`~onnxblocks.gradient.conv_transpose.conv_transpose_as_conv`: no CPU ``ConvTransposeGrad`` kernel.
 10. :func:`~onnxblocks.gradient.pooling.average_pool_as_conv`: ``AveragePoolGrad`` needs static shapes.
 11. :func:`~onnxblocks.gradient.group_norm.group_norm_as_elementary`: no gradient builder for Instance/Group norm.
@@ -30,6 +30,7 @@ the original.
 17-18. Modules ``extrema``, ``reductions``: no ReduceMax/Min (torch's ties), CumSum gradient, bf16 Max kernel.
 19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
 20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal kernel, log_prob.
+23-24. Module ``float64``: float64 LayerNormalization and ReduceMean, whose gradients ORT rounds to float32.
 
 :func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` and :mod:`~onnxblocks.gradient.frozen_reads`
 are not passes: they run later, on the training copy, with the trainable set (see their docstrings).
@@ -46,8 +47,6 @@ import onnx_ir as ir
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient._rewrite import (
-    NodeRewrite,
-    RewriteContext,
     changed,
     is_default_domain,
     may_apply,
@@ -55,13 +54,14 @@ from onnxblocks.gradient._rewrite import (
     opset_of,
     run_pass,
 )
-from onnxblocks.gradient.activations import ActivationsAsElementary
+from onnxblocks.gradient.activations import ActivationsAsElementary, SoftplusAsElementary, softplus_as_elementary
 from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
 from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
 from onnxblocks.gradient.dynamic_split import PartlyUsedSplitAsSlice, SplitToSequenceAsSlice
 from onnxblocks.gradient.einsum import EinsumAsMatMul
 from onnxblocks.gradient.extrema import ExtremaWithTorchTies
+from onnxblocks.gradient.float64 import Float64LayerNormAsElementary, Float64ReduceMeanAsSumDiv
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
 from onnxblocks.gradient.layer_norm import (
@@ -311,49 +311,6 @@ gelu_as_contrib_gelu = on_proto(
 )
 
 
-#: Above this input, softplus(x) is x to float precision (torch.nn.Softplus's default threshold).
-SOFTPLUS_THRESHOLD = 20.0
-
-
-class SoftplusAsElementary(NodeRewrite):
-    """Rewrite ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))``.
-
-    That is torch's Softplus (threshold 20); it differs from ``log(1 + exp(x))``
-    by less than 2e-9 relative above the threshold. ``Min`` keeps ``Exp`` finite in
-    the branch ``Where`` does not take, so its gradient is never ``0 * inf``.
-    Nodes whose input type is unknown are left as they are.
-    """
-
-    name = "softplus_as_elementary"
-    op_types = frozenset({"Softplus"})
-    min_opset = None
-
-    def select(self, node: ir.Node) -> bool:
-        return node.op_type == "Softplus" and is_default_domain(node)
-
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
-        x, y = node.inputs[0], node.outputs[0].name or ""
-        dtype = ctx.dtype(x)
-        if x is None or dtype is None:
-            return None
-        w = ctx.writer(y)
-        limit, one = w.const(SOFTPLUS_THRESHOLD, dtype, "threshold"), w.const(1, dtype, "one")
-        log = w.op("Log", [w.op("Add", [w.op("Exp", [w.op("Min", [x, limit])]), one])])
-        w.op("Where", [w.op("Greater", [x, limit]), x, log], out=y)
-        return w.nodes
-
-
-softplus_as_elementary = on_proto(
-    SoftplusAsElementary,
-    "softplus_as_elementary",
-    """Rewrite, in place, ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))`` (torch's Softplus).
-
-    Returns:
-        The number of Softplus nodes rewritten.
-    """,
-)
-
-
 def default_passes() -> list[Pass]:
     """The passes :func:`normalize` runs, in order (new instances)."""
     return [
@@ -381,6 +338,8 @@ def default_passes() -> list[Pass]:
         EinsumAsMatMul(),
         SmallIntComparisonAsInt32(),
         ExposeCrossEntropyLogProb(),
+        Float64LayerNormAsElementary(),
+        Float64ReduceMeanAsSumDiv(),
     ]
 
 
