@@ -25,8 +25,8 @@ import pytest
 import torch
 from onnx import helper
 from support import models, sweep
-from support.reference64 import gradient_magnitudes
 from support.numerics import assert_close, is_close
+from support.reference64 import gradient_magnitudes
 
 from onnxblocks import demo
 from onnxblocks._core.contracts import (
