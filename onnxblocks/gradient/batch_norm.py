@@ -95,7 +95,7 @@ def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:
         )
     assert scale is not None and bias is not None and mean is not None and var is not None  # required inputs
     dtype = ctx.dtype(x) or np.dtype(np.float32)
-    epsilon = float_attribute(node, "epsilon", 1e-5)
+    epsilon = float(np.float32(float_attribute(node, "epsilon", 1e-5)))  # a float32 attribute, default too
     w = ctx.writer(node.name or node.outputs[0].name or "batch_norm")
     eps = w.const(np.array(epsilon, dtype=dtype), suffix="epsilon")
     dims = w.ints([-1] + [1] * (len(shape) - 2))

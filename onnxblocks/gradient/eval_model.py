@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import is_default_domain, on_proto, optional_input
 from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 
@@ -69,6 +71,67 @@ class DisableTrainingMode(Pass):
         return changes
 
 
+class InferenceDropoutAsIdentity(Pass):
+    """Make an inference-mode ``Dropout`` pass its input on, so that its gradient is ``dY``.
+
+    ONNX Runtime's ``DropoutGrad`` ignores ``training_mode`` and scales ``dY`` by
+    ``1 / (1 - ratio)`` (ratio 0.5 when none is given), whereas inference Dropout is the
+    identity. A Dropout without a training flag, or with a constant false one, is read as
+    an ``Identity`` of its input (the node stays only while its mask is read). A run-time
+    flag gates the ratio instead, ``Where(flag, ratio, 0)``: at ratio 0 the Dropout and
+    its gradient are identities in either mode.
+    """
+
+    name = "inference_dropout_as_identity"
+    op_types = frozenset({"Dropout"})
+
+    def apply(self, model: ir.Model) -> Mapping[str, int]:
+        graph = model.graph
+        constants: ConstantTable | None = None
+        names: list[NameAuthority] = []
+        count = 0
+        for node in list(graph):
+            if node.op_type != "Dropout" or not is_default_domain(node):
+                continue
+            flag = optional_input(node, 2)
+            if flag is not None:
+                constants = constants or ConstantTable(graph)
+                known = constants.value(flag)
+                if known is None:
+                    _gate_ratio(graph, node, flag, names)
+                    count += 1
+                    continue
+                if bool(np.asarray(known).item()):
+                    continue
+            _read_input_instead(graph, node, node.outputs[0], node.inputs[0], names)
+            mask = node.outputs[1] if len(node.outputs) > 1 else None
+            if mask is None or (not mask.uses() and not mask.is_graph_output()):
+                graph.remove(node, safe=True)
+            elif not node.outputs[0].name:  # kept for its mask (all true): the output nothing reads needs a name
+                names = names or [graph_names(graph)]
+                node.outputs[0].name = names[0].fresh("dropout_unread")
+            count += 1
+        return {"Dropout": count} if count else {}
+
+
+def _gate_ratio(graph: ir.Graph, node: ir.Node, flag: ir.Value, names: list[NameAuthority]) -> None:
+    """Feed ``node`` the ratio ``Where(flag, ratio, ratio - ratio)`` (ratio 0.5 when it has none)."""
+    if not names:
+        names.append(graph_names(graph))
+    ratio = optional_input(node, 1)
+    if ratio is None:
+        half = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", ir.tensor(np.float32(0.5)))])
+        half.outputs[0].name = names[0].fresh("dropout_ratio")
+        graph.insert_before(node, half)
+        ratio = half.outputs[0]
+    zero = ir.Node("", "Sub", [ratio, ratio], name=names[0].fresh("Sub"))
+    zero.outputs[0].name = names[0].fresh("dropout_ratio_zero")
+    gated = ir.Node("", "Where", [flag, ratio, zero.outputs[0]], name=names[0].fresh("Where"))
+    gated.outputs[0].name = names[0].fresh("dropout_ratio_gated")
+    graph.insert_before(node, [zero, gated])
+    node.replace_input_with(1, gated.outputs[0])
+
+
 def _read_input_instead(
     graph: ir.Graph, node: ir.Node, output: ir.Value, source: ir.Value | None, names: list[NameAuthority]
 ) -> None:
@@ -81,6 +144,17 @@ def _read_input_instead(
     graph.insert_after(node, copy)
     ir.convenience.replace_all_uses_with(output, copy.outputs[0], replace_graph_outputs=True)
     copy.outputs[0].name, output.name = output.name, None
+
+
+inference_dropout_as_identity = on_proto(
+    InferenceDropoutAsIdentity,
+    "inference_dropout_as_identity",
+    """Make inference-mode Dropout an Identity (a run-time flag gates its ratio), in place.
+
+    Returns:
+        The number of Dropout nodes changed.
+    """,
+)
 
 
 disable_training_mode = on_proto(

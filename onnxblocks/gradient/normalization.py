@@ -60,6 +60,7 @@ from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
 from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
 from onnxblocks.gradient.dynamic_split import PartlyUsedSplitAsSlice, SplitToSequenceAsSlice
 from onnxblocks.gradient.einsum import EinsumAsMatMul
+from onnxblocks.gradient.eval_model import InferenceDropoutAsIdentity
 from onnxblocks.gradient.extrema import ExtremaWithTorchTies
 from onnxblocks.gradient.float64 import Float64LayerNormAsElementary, Float64ReduceMeanAsSumDiv
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
@@ -318,6 +319,7 @@ def default_passes() -> list[Pass]:
         SplitToSequenceAsSplit(),
         SplitToSequenceAsSlice(),
         PartlyUsedSplitAsSlice(),
+        InferenceDropoutAsIdentity(),
         ExposeDropoutMask(),
         LayerNormZeroBias(),
         ExposeLayerNormStatistics(),

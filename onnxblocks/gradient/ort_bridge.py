@@ -49,7 +49,12 @@ _OP_HINTS = {
 _KERNEL_HINTS = {
     "ConvTransposeGrad": "onnxblocks rewrites ConvTranspose into Conv when its padding is explicit (auto_pad NOTSET "
     "or VALID, no output_shape) and its weight shape static; re-export the model that way.",
+    "SplitTraining": "It is the gradient of Concat (its double kernel is registered but refuses double tensors "
+    "when it runs): convert the model to float32, or freeze the parameters before this node.",
 }
+
+#: Training ops whose CPU kernel loads for these element types but fails when it runs.
+_FAILS_AT_RUN_TIME = {"SplitTraining": frozenset({onnx.TensorProto.DOUBLE})}
 
 
 def session_options(custom_op_libraries: Sequence[str]) -> Any:
@@ -269,6 +274,7 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
     """
     probe = copy_model(training)
     held_constants_to_inputs(probe)
+    _check_run_time_kernels(probe, forward)
     if worker.uses_worker():
         answer, _ = worker.call("load", {"custom_op_libraries": list(custom_op_libraries)}, [probe.SerializeToString()])
         if "error" in answer:
@@ -289,6 +295,17 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
         ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise _load_error(exc, probe, forward) from None
+
+
+def _check_run_time_kernels(probe: onnx.ModelProto, forward: onnx.ModelProto) -> None:
+    """Refuse a node whose kernel would load but fail at run time for its element type."""
+    suspects = [n for n in probe.graph.node if n.op_type in _FAILS_AT_RUN_TIME and n.input]
+    if not suspects:
+        return
+    types = infer_types(probe)
+    for node in suspects:
+        if elem_type(types, node.input[0]) in _FAILS_AT_RUN_TIME[node.op_type]:
+            raise _no_kernel(ort_errors.MissingKernel(node.op_type, node.name), probe, forward)
 
 
 def _load_error(error: BaseException | str, probe: onnx.ModelProto, forward: onnx.ModelProto) -> GradientError:

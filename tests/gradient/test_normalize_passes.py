@@ -127,9 +127,9 @@ def test_normalize_runs_every_pass_over_one_ir_and_reports_by_name():
     before.CopyFrom(model)
     report = normalize_function(model)
     assert list(report) == [p.name for p in default_passes()]
-    assert len(report) == 26
+    assert len(report) == 27
     assert {k: v for k, v in report.items() if v} == {
-        "expose_dropout_mask": 1,
+        "inference_dropout_as_identity": 1,
         "activations_as_elementary": 1,
         "softplus_as_elementary": 1,
     }
