@@ -141,6 +141,7 @@ def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_see
         ("round", signal.SIGINT, "SIGINT ignored"),
         ("flwr ls poll", signal.SIGINT, "default"),
     ],
+    ids=["start-up-SIGTERM", "round-SIGINT-inherited-ignored", "flwr-ls-poll-SIGINT"],
 )
 def test_a_stop_signal_stops_every_flower_process_and_exits_130(setup, busy_cores, window, signum, inherited):
     """SIGINT or SIGTERM to the CLI with both cores busy: exit 130 within 10 s, and no Flower process is left.
