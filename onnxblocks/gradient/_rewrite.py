@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
+from onnxblocks.ir.attributes import ints_attribute
 from onnxblocks.ir.edit import replace_node
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
@@ -89,6 +90,17 @@ class RewriteContext:
     def dtype(self, value: ir.Value | None) -> np.dtype | None:
         """The numpy dtype of ``value``, or None when its element type is unknown."""
         return self.types.dtype(value)
+
+    def reduction_axes(self, node: ir.Node) -> list[int] | None:
+        """A Reduce* node's axes, from its ``axes`` input (opset 18) or attribute; None when known only at run time.
+
+        An empty list means no axes were given (every axis, or none with ``noop_with_empty_axes``).
+        """
+        axes_input = optional_input(node, 1)
+        if axes_input is None:
+            return ints_attribute(node, "axes", [])
+        value = self.constants.folded(axes_input)
+        return None if value is None else [int(a) for a in value.reshape(-1)]
 
     def writer(self, hint: str) -> Writer:
         """A :class:`~onnxblocks.ir.writer.Writer` at the model's opset naming its values after ``hint``."""

@@ -38,7 +38,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
-from onnxblocks.ir.attributes import int_attribute, ints_attribute
+from onnxblocks.ir.attributes import int_attribute
 
 __all__ = ["ExtremaWithTorchTies", "extrema_with_torch_ties"]
 
@@ -74,13 +74,7 @@ class ExtremaWithTorchTies(NodeRewrite):
         x = node.inputs[0]
         if x is None or ctx.types.elem(x) not in _WIDE:
             return None  # integer reductions carry no gradient
-        axes_input = optional_input(node, 1)
-        axes: list[int] | None
-        if axes_input is not None:
-            value = ctx.constants.folded(axes_input)
-            axes = None if value is None else [int(a) for a in value.reshape(-1)]
-        else:
-            axes = ints_attribute(node, "axes", [])
+        axes = ctx.reduction_axes(node)
         if not axes and int_attribute(node, "noop_with_empty_axes", 0):
             if axes is None:
                 return None  # run-time axes that may be empty: the node is the identity then
@@ -91,7 +85,7 @@ class ExtremaWithTorchTies(NodeRewrite):
             topk = _first_index(node, axes, ctx)
             if topk is not None:
                 return topk
-        return _even_share(node, axes_input if axes is None else axes, ctx)
+        return _even_share(node, optional_input(node, 1) if axes is None else axes, ctx)
 
 
 extrema_with_torch_ties = on_proto(

@@ -38,7 +38,7 @@ from onnxblocks.gradient._rewrite import (
     on_proto,
     optional_input,
 )
-from onnxblocks.ir.attributes import float_attribute, int_attribute, ints_attribute
+from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.walk import all_nodes
 from onnxblocks.ir.writer import Writer
 
@@ -114,13 +114,7 @@ class Float64ReduceMeanAsSumDiv(_Float64Rewrite):
         y = node.outputs[0].name or "mean"
         keepdims = int_attribute(node, "keepdims", 1)
         noop = int_attribute(node, "noop_with_empty_axes", 0)
-        axes_input = optional_input(node, 1)
-        axes: list[int] | None
-        if axes_input is not None:
-            value = ctx.constants.folded(axes_input)
-            axes = None if value is None else [int(a) for a in value.reshape(-1)]
-        else:
-            axes = ints_attribute(node, "axes", [])
+        axes = ctx.reduction_axes(node)
         shape = ctx.types.shape(x)
         if axes and shape is not None and not all(-len(shape) <= a < len(shape) for a in axes):
             return None  # an axis the input lacks: left for ONNX Runtime to name
@@ -129,6 +123,7 @@ class Float64ReduceMeanAsSumDiv(_Float64Rewrite):
             w.op("Identity", [x], out=y)
             return w.nodes
         if axes is None:  # run-time axes: the count is what the sum leaves out
+            axes_input = optional_input(node, 1)
             assert axes_input is not None
             noop_attr = noop or None  # the attribute only where the node has it
             total = w.reduce("ReduceSum", x, axes_input, keepdims, noop_with_empty_axes=noop_attr)
