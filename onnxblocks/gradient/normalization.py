@@ -13,7 +13,8 @@ the original.
 
 1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
 2. :func:`split_to_sequence_as_split` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits ORT misreads.
-3. :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
+3. :func:`~onnxblocks.gradient.eval_model.inference_dropout_as_identity`: ``DropoutGrad`` ignores inference mode;
+   then :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
 4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
 5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
 6. :func:`gelu_as_contrib_gelu`: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft ``Gelu`` has.
