@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.federation import ECHO_APP, flower_processes
+from support.federation import ECHO_APP, await_flower_processes, flower_processes
 from support.numerics import assert_equal
 
 from onnxblocks.federated.deployment import DeploymentError, LocalDeployment, NodeSpec, free_port
@@ -34,7 +34,8 @@ def test_one_round_aggregates_every_node_and_nothing_outlives_the_deployment(tmp
     app = _echo_app(tmp_path / "app", tmp_path / "out.npy", nodes=2)
     nodes = [NodeSpec({"value": 1.0, "rows": 1}), NodeSpec({"value": 5.0, "rows": 3})]
     with LocalDeployment(nodes, run_dir) as deployment:
-        assert len(flower_processes(run_dir)) >= 1 + 2 * len(nodes)  # SuperLink, SuperNodes and their SuperExecs
+        expected = 1 + 2 * len(nodes)  # the SuperLink, the SuperNodes and their SuperExecs
+        assert len(await_flower_processes(run_dir, expected)) >= expected
         outcome = deployment.run(app, timeout=300)
         assert outcome.ok, (outcome.status, outcome.details, outcome.log.read_text()[-3000:])
     aggregated = np.load(tmp_path / "out.npy")  # (1 * 1 + 5 * 3) / 4: exact in any order

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 ECHO_APP = """
@@ -109,6 +110,15 @@ def flower_processes(run_dir: str | os.PathLike) -> list[str]:
             continue
         if any(item.startswith(home) for item in environ):
             found.append(f"{entry.name} {cmdline[:200]}")
+    return found
+
+
+def await_flower_processes(run_dir: str | os.PathLike, count: int, timeout: float = 120.0) -> list[str]:
+    """:func:`flower_processes` once at least ``count`` live: a SuperNode spawns its SuperExec after it listens,
+    and on a loaded machine that can take seconds."""
+    deadline = time.monotonic() + timeout
+    while len(found := flower_processes(run_dir)) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
     return found
 
 
