@@ -82,8 +82,16 @@ CASES: list[Case] = [
         "proto-noext",
         description="GPT 834 M, ModelProto loaded with load_external_data=False + model_path",
     ),
-    Case("loss1", "gpt162m", "proto", loss="chain1", description="GPT 162 M, custom loss of 1 block"),
-    Case("loss20", "gpt162m", "proto", loss="chain20", description="GPT 162 M, custom loss of 20 blocks"),
+    Case(
+        "loss1", "gpt162m", "proto", loss="chain1", description="GPT 162 M, custom loss of 1 block"
+    ),
+    Case(
+        "loss20",
+        "gpt162m",
+        "proto",
+        loss="chain20",
+        description="GPT 162 M, custom loss of 20 blocks",
+    ),
     Case(
         "loss-ab",
         "gpt162m",
@@ -148,7 +156,9 @@ def run_worker(args: list[str], timeout: float, env: dict | None = None) -> dict
     cmd = [sys.executable, "-W", "ignore", str(HERE / "bench_worker.py"), *args]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        )
         elapsed = time.perf_counter() - start
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if lines:
@@ -174,7 +184,8 @@ def run_worker(args: list[str], timeout: float, env: dict | None = None) -> dict
 def reference_available() -> bool:
     """Whether onnxruntime.training.artifacts can be imported (checked in a subprocess: it imports torch)."""
     probe = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", "import onnxruntime.training.artifacts"], capture_output=True
+        [sys.executable, "-W", "ignore", "-c", "import onnxruntime.training.artifacts"],
+        capture_output=True,
     )
     return probe.returncode == 0
 
@@ -202,7 +213,9 @@ def run_case(
             assert built is not None
             out_dir = work / f"{case.id}-{tool}-{i}"
             extra = list(case.extra)
-            if tool == "reference" and "--pair-repeat" in extra:  # one alternation: the reference takes minutes
+            if (
+                tool == "reference" and "--pair-repeat" in extra
+            ):  # one alternation: the reference takes minutes
                 extra[extra.index("--pair-repeat") + 1] = "1"
             args = [
                 "--tool",
@@ -244,7 +257,9 @@ def _note(row: Row) -> str:
     first = row.runs[0] if row.runs else {}
     if not row.ok:
         err = next((r.get("error", "") for r in row.runs if not r.get("ok")), "")
-        notes.append(f"FAILED after {row.wall_failed or 0:.0f} s: {err.splitlines()[0][:120] if err else ''}")
+        notes.append(
+            f"FAILED after {row.wall_failed or 0:.0f} s: {err.splitlines()[0][:120] if err else ''}"
+        )
     if first.get("note"):
         notes.append(first["note"])
     if first.get("cwd_files"):
@@ -284,21 +299,39 @@ def markdown(rows: list[Row], header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", help=f"comma-separated case ids (default: all): {', '.join(c.id for c in CASES)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cases", help=f"comma-separated case ids (default: all): {', '.join(c.id for c in CASES)}"
+    )
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} (for tests)")
-    parser.add_argument("--skip-reference", action="store_true", help="do not run onnxruntime.training.artifacts")
-    parser.add_argument("--cache-dir", default=str(bench_models.DEFAULT_CACHE_DIR), help="where models are cached")
-    parser.add_argument("--work-dir", help="where artifacts are written (default: a temp dir, removed)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per onnxblocks case (median reported)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed")
+    parser.add_argument(
+        "--skip-reference", action="store_true", help="do not run onnxruntime.training.artifacts"
+    )
+    parser.add_argument(
+        "--cache-dir", default=str(bench_models.DEFAULT_CACHE_DIR), help="where models are cached"
+    )
+    parser.add_argument(
+        "--work-dir", help="where artifacts are written (default: a temp dir, removed)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per onnxblocks case (median reported)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds per run before it is killed"
+    )
     parser.add_argument("--json", help="write every measurement to this JSON file")
     parser.add_argument("--profile-dir", help="write a cProfile per onnxblocks case here")
-    parser.add_argument("--rss-trace", action="store_true", help="sample RSS and record the stack at its peak")
+    parser.add_argument(
+        "--rss-trace", action="store_true", help="sample RSS and record the stack at its peak"
+    )
     args = parser.parse_args(argv)
 
     by_id = {c.id: c for c in CASES}
-    wanted = QUICK if args.quick else (args.cases.split(",") if args.cases else [c.id for c in CASES])
+    wanted = (
+        QUICK if args.quick else (args.cases.split(",") if args.cases else [c.id for c in CASES])
+    )
     unknown = [w for w in wanted if w not in by_id]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; choose from {list(by_id)}")
@@ -306,11 +339,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with_reference = not args.skip_reference and reference_available()
     if not args.skip_reference and not with_reference:
-        print("[bench] onnxruntime.training.artifacts is not importable: skipping the reference.", file=sys.stderr)
+        print(
+            "[bench] onnxruntime.training.artifacts is not importable: skipping the reference.",
+            file=sys.stderr,
+        )
     profile_dir = Path(args.profile_dir) if args.profile_dir else None
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="onnxblocks-bench-"))
+    work = (
+        Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="onnxblocks-bench-"))
+    )
     work.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     try:
@@ -319,9 +357,13 @@ def main(argv: list[str] | None = None) -> int:
             tools = ["onnxblocks"] + (["reference"] if with_reference and case.reference else [])
             case_rows = []
             for tool in tools:
-                repeat = args.repeat if tool == "onnxblocks" and not case.loss.startswith("pair:") else 1
+                repeat = (
+                    args.repeat if tool == "onnxblocks" and not case.loss.startswith("pair:") else 1
+                )
                 print(f"[bench] {case.id} / {tool} ...", file=sys.stderr, flush=True)
-                row = run_case(case, tool, built, work, repeat, args.timeout, profile_dir, args.rss_trace)
+                row = run_case(
+                    case, tool, built, work, repeat, args.timeout, profile_dir, args.rss_trace
+                )
                 print(
                     f"[bench]   wall {row.wall} s, peak {row.peak} GB {'' if row.ok else row.runs[-1].get('error')}",
                     file=sys.stderr,

@@ -39,7 +39,9 @@ from pathlib import Path
 import numpy as np
 
 
-def make_inputs(root: Path, clients: int, rows: int, hidden: tuple[int, ...]) -> tuple[Path, list[str]]:
+def make_inputs(
+    root: Path, clients: int, rows: int, hidden: tuple[int, ...]
+) -> tuple[Path, list[str]]:
     """The demo's spiral MLP as SGD artifacts, and one ``.npz`` of ``rows`` rows per client."""
     from onnxblocks import artifacts, optim
     from onnxblocks.datasets import spirals
@@ -108,25 +110,41 @@ def round_seconds(
         raise SystemExit(f"the run failed ({outcome.status}: {outcome.details}); see {outcome.log}")
     history = json.loads((root / "out" / "history.json").read_text())
     fits = [
-        sum(float(c.get("train-seconds", 0.0)) for c in history["clients"] if c["phase"] == "train" and c["round"] == r)
+        sum(
+            float(c.get("train-seconds", 0.0))
+            for c in history["clients"]
+            if c["phase"] == "train" and c["round"] == r
+        )
         for r in range(1, rounds + 1)
     ]
     return [float(s) for s in history["seconds"]], fits, outcome.seconds
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", default="2,4,8", help="client counts, comma-separated (default 2,4,8)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--clients", default="2,4,8", help="client counts, comma-separated (default 2,4,8)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per run (default 3)")
-    parser.add_argument("--rows", type=int, default=600, help="training rows per client (default 600)")
+    parser.add_argument(
+        "--rows", type=int, default=600, help="training rows per client (default 600)"
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="client batch size (default 32)")
-    parser.add_argument("--hidden", default="64,64", help="hidden layer widths of the MLP (default 64,64)")
+    parser.add_argument(
+        "--hidden", default="64,64", help="hidden layer widths of the MLP (default 64,64)"
+    )
     parser.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     hidden = tuple(int(h) for h in args.hidden.split(","))
-    print(f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, MLP 2-{args.hidden}-3")
-    print(f"# {args.rows} rows per client, batch {args.batch_size}, 1 local epoch, {args.rounds} rounds of FedAvg")
+    print(
+        f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, MLP 2-{args.hidden}-3"
+    )
+    print(
+        f"# {args.rows} rows per client, batch {args.batch_size}, 1 local epoch, {args.rounds} rounds of FedAvg"
+    )
     header = (
         f"{'clients':>7} {'round s':>8} {'sum local s':>11} {'max local s':>11} {'sum fit s':>9} "
         f"{'overhead s':>10} {'ratio':>6}"

@@ -45,14 +45,18 @@ def _artifacts(root: Path, hidden: tuple[int, ...], portable: bool) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="rounds timed per mode (median reported)")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="rounds timed per mode (median reported)"
+    )
     parser.add_argument("--hidden", default="64,64", help="hidden widths of the spiral MLP")
     parser.add_argument("--rows", type=int, default=256, help="rows of the client's data")
     args = parser.parse_args()
     hidden = tuple(int(h) for h in args.hidden.split(","))
     x, y = spirals(points_per_class=args.rows // 3 + 1, seed=0)
     config = {"local-epochs": 1, "batch-size": 32, "shuffle": False, "lr": 0.01}
-    print(f"spiral MLP {hidden}, AdamW, {args.rows} rows, batch 32, one epoch per round, {args.rounds} rounds")
+    print(
+        f"spiral MLP {hidden}, AdamW, {args.rows} rows, batch 32, one epoch per round, {args.rounds} rounds"
+    )
     print(f"{'backend':<10} {'fresh s':>9} {'kept s':>9} {'ratio':>7} {'state KB':>9}")
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp)
@@ -68,7 +72,12 @@ def main() -> None:
                     keep = mode == "kept"
                     start = time.perf_counter()
                     update = train_client(
-                        art, data, params, config, optimizer_state=state if keep else None, keep_optimizer_state=keep
+                        art,
+                        data,
+                        params,
+                        config,
+                        optimizer_state=state if keep else None,
+                        keep_optimizer_state=keep,
                     )
                     times[mode].append(time.perf_counter() - start)
                     if keep:

@@ -41,7 +41,9 @@ def mlp(widths: list[int], seed: int = 0) -> onnx.ModelProto:
     nodes, inits, x = [], [], "x"
     for i, (a, b) in enumerate(itertools.pairwise(widths)):
         inits += [
-            numpy_helper.from_array((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32), f"w{i}"),
+            numpy_helper.from_array(
+                (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32), f"w{i}"
+            ),
             numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}"),
         ]
         nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"h{i}"]))
@@ -76,10 +78,14 @@ def timed(model: onnx.ModelProto, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--worker-only", action="store_true", help="time the worker path only (a Python 3.13+)")
+    parser.add_argument(
+        "--worker-only", action="store_true", help="time the worker path only (a Python 3.13+)"
+    )
     args = parser.parse_args()
     cases = {"mlp-0.1M": mlp([64, 256, 256, 10]), "mlp-12M": mlp([1024] * 13 + [10])}
-    print(f"Python {sys.version.split()[0]}, worker: {sys.executable if not args.worker_only else 'found'}")
+    print(
+        f"Python {sys.version.split()[0]}, worker: {sys.executable if not args.worker_only else 'found'}"
+    )
     print(f"{'case':<10} {'in-process s':>13} {'worker s':>9} {'ratio':>6} {'skeleton bytes':>15}")
     for name, model in cases.items():
         in_process = None

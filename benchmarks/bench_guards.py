@@ -53,7 +53,9 @@ def _guard(shape: tuple[int, ...], classes: int) -> BatchGuard:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=1000)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -67,8 +69,12 @@ def main() -> None:
     ):
         ids = rng.integers(0, classes, shape, dtype=np.int64)
         guard = _guard(shape, classes)
-        always = _median_us(lambda g=guard, a=ids: g.check([a], "train_step", values=False), args.repeat)
-        values = _median_us(lambda g=guard, a=ids: g.check([a], "train_step", values=True), args.repeat)
+        always = _median_us(
+            lambda g=guard, a=ids: g.check([a], "train_step", values=False), args.repeat
+        )
+        values = _median_us(
+            lambda g=guard, a=ids: g.check([a], "train_step", values=True), args.repeat
+        )
         rows.append((label, always, values))
     with tempfile.TemporaryDirectory() as tmp:
         directory = generate(Path(tmp) / "mlp")

@@ -56,7 +56,9 @@ def mlp():
         [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", DIMS[-1]])],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), [i.name for i in inits]
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), [
+        i.name for i in inits
+    ]
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -87,7 +89,9 @@ def main() -> None:
             check, session = measure(directory, portable, args.repeat)
             kind = "portable" if portable else "training build"
             share = check / session
-            print(f"{kind:>14}: check_artifact_set {check:.2f} ms, TrainingSession(...) {session:.1f} ms ({share:.1%})")
+            print(
+                f"{kind:>14}: check_artifact_set {check:.2f} ms, TrainingSession(...) {session:.1f} ms ({share:.1%})"
+            )
 
 
 def measure(directory: Path, portable: bool, repeat: int) -> tuple[float, float]:
@@ -96,7 +100,9 @@ def measure(directory: Path, portable: bool, repeat: int) -> tuple[float, float]
     ck = load_checkpoint(files.checkpoint)
     specs = {n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())}
     trainable = list(ck.trainable)
-    check = median_ms(lambda: check_artifact_set(files, specs, trainable, files.checkpoint, portable), repeat)
+    check = median_ms(
+        lambda: check_artifact_set(files, specs, trainable, files.checkpoint, portable), repeat
+    )
     return check, median_ms(lambda: TrainingSession(directory), max(3, repeat // 2))
 
 

@@ -140,7 +140,13 @@ def child_export(layers: int, target: Path) -> dict:
         training=torch.onnx.TrainingMode.TRAINING,
     )
     proto = onnx.load(tmp / "raw.onnx")
-    onnx.save(proto, tmp / "model.onnx", save_as_external_data=True, location="model.onnx.data", size_threshold=1024)
+    onnx.save(
+        proto,
+        tmp / "model.onnx",
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=1024,
+    )
     (tmp / "raw.onnx").unlink()
     for leftover in tmp.iterdir():
         if leftover.name not in ("model.onnx", "model.onnx.data"):
@@ -166,7 +172,12 @@ def child_generate(model: Path, directory: Path, portable: bool, base_dtype: str
     )
     seconds = time.perf_counter() - start
     linked = art.base_weights is not None and art.base_weights.stat().st_nlink > 1
-    return {"generate_s": seconds, "peak_mib": peak_mib(), "trainable": len(art.requires_grad), "linked": linked}
+    return {
+        "generate_s": seconds,
+        "peak_mib": peak_mib(),
+        "trainable": len(art.requires_grad),
+        "linked": linked,
+    }
 
 
 def child_session(directory: Path, steps: int) -> dict:
@@ -210,7 +221,9 @@ def child_torch(layers: int, steps: int) -> dict:
         t = time.perf_counter()
         optimizer.zero_grad()
         logits = lora(input_ids=x, attention_mask=torch.ones_like(x)).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        )
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -239,12 +252,24 @@ def child_node(directory: Path, steps: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="node-", dir=directory.parent))
     js = web_support.workspace(work)
     names = TrainingSession(directory).input_names
-    write_safetensors(work / "plan.safetensors", {f"train/0/{n}": v for n, v in zip(names, batch(), strict=True)})
+    write_safetensors(
+        work / "plan.safetensors", {f"train/0/{n}": v for n, v in zip(names, batch(), strict=True)}
+    )
     threads = str(os.cpu_count() or 1)
     runs = {}
     for n in (1, steps + 1):
-        args = [str(directory), "--plan", str(work / "plan.safetensors"), "--steps", str(n), "--lr", str(LR)]
-        runs[n] = web_support.run_node(js, "bin/onnxblocks-train.mjs", *args, "--threads", threads, timeout=1800)
+        args = [
+            str(directory),
+            "--plan",
+            str(work / "plan.safetensors"),
+            "--steps",
+            str(n),
+            "--lr",
+            str(LR),
+        ]
+        runs[n] = web_support.run_node(
+            js, "bin/onnxblocks-train.mjs", *args, "--threads", threads, timeout=1800
+        )
     big = runs[steps + 1]
     return {
         "backend": f"onnxruntime-node {big['onnxruntime']}",
@@ -289,13 +314,20 @@ def child_browser(model: Path, site: Path, steps: int) -> dict:
     ids, labels = TrainingSession(art).input_names
     x, y = batch()
     held = x[:1, :5].copy()
-    tensors = {f"train/0/{ids}": x, f"train/0/{labels}": y, f"held_out/{ids}": held, f"held_out/{labels}": held}
+    tensors = {
+        f"train/0/{ids}": x,
+        f"train/0/{labels}": y,
+        f"held_out/{ids}": held,
+        f"held_out/{labels}": held,
+    }
     tensors["prompts"] = held[:, :3].copy()
     js, chromium = web_support.workspace(site.parent / "client"), web_support.chromium()
     walls, report = {}, {}
     with serving(site) as url:
         for n in (1, steps + 1):
-            write_safetensors(site / "lora_plan.safetensors", tensors, {"learning_rate": str(LR), "steps": str(n)})
+            write_safetensors(
+                site / "lora_plan.safetensors", tensors, {"learning_rate": str(LR), "steps": str(n)}
+            )
             start = time.perf_counter()
             report = web_support.run_node(
                 js, "tools/browser-run.mjs", url + "demo/lora.html", "--chromium", str(chromium),
@@ -315,7 +347,12 @@ def child_browser(model: Path, site: Path, steps: int) -> dict:
 def run_child(args: list[str], python: str = sys.executable) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
     out = subprocess.run(
-        [python, __file__, "--child", *args], capture_output=True, text=True, env=env, check=False, cwd=ROOT
+        [python, __file__, "--child", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=ROOT,
     )
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
@@ -337,7 +374,9 @@ def stock_python() -> str | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--only", nargs="*", help="configurations to run (names of the table)")
@@ -347,7 +386,9 @@ def main() -> None:
         kind, *rest = args.child
         result = {
             "export": lambda: child_export(int(rest[0]), Path(rest[1])),
-            "generate": lambda: child_generate(Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None),
+            "generate": lambda: child_generate(
+                Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None
+            ),
             "session": lambda: child_session(Path(rest[0]), int(rest[1])),
             "torch": lambda: child_torch(int(rest[0]), int(rest[1])),
             "node": lambda: child_node(Path(rest[0]), int(rest[1])),
@@ -363,7 +404,9 @@ def main() -> None:
         print("export:", run_child(["export", str(args.layers), str(cache)]), flush=True)
     model = cache / "model.onnx"
     base = (cache / "model.onnx.data").stat().st_size
-    print(f"model: LLaMA {args.layers} layers (SmolLM2-135M's shape), weights {base / 2**20:.0f} MiB fp32")
+    print(
+        f"model: LLaMA {args.layers} layers (SmolLM2-135M's shape), weights {base / 2**20:.0f} MiB fp32"
+    )
     wanted = set(args.only or [])
     chosen = [n for n in STEPS if not wanted or n in wanted]
     stock = stock_python() if any(STEPS[n][0] == "stock" for n in chosen) else None
@@ -377,13 +420,24 @@ def main() -> None:
                 print(name, rows[-1][1], flush=True)
                 continue
             if kind == "browser":  # its own artifacts (with logits, for the page)
-                rows.append((name, run_child(["browser", str(model), str(Path(tmp) / "browser"), str(args.steps)])))
+                rows.append(
+                    (
+                        name,
+                        run_child(
+                            ["browser", str(model), str(Path(tmp) / "browser"), str(args.steps)]
+                        ),
+                    )
+                )
                 print(name, rows[-1][1], flush=True)
                 continue
             key = (portable, dtype)
             if key not in made:
-                directory = Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}"
-                gen = run_child(["generate", str(model), str(directory), "1" if portable else "0", dtype or ""])
+                directory = (
+                    Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}"
+                )
+                gen = run_child(
+                    ["generate", str(model), str(directory), "1" if portable else "0", dtype or ""]
+                )
                 rows.append((f"generate-{directory.name}", gen))
                 print(rows[-1][0], gen, flush=True)
                 if "error" in gen:
@@ -404,7 +458,9 @@ def main() -> None:
             rows.append((name, run_child([child, str(made[key]), str(args.steps)], python=python)))
             print(name, rows[-1][1], flush=True)
     print()
-    print(f"{'configuration':<28} {'seconds':>9} {'step s':>8} {'RSS open':>9} {'peak RSS':>9} {'peak/base':>9}")
+    print(
+        f"{'configuration':<28} {'seconds':>9} {'step s':>8} {'RSS open':>9} {'peak RSS':>9} {'peak/base':>9}"
+    )
     for name, r in rows:
         if "error" in r:
             print(f"{name:<28} error: {r['error']}")

@@ -42,16 +42,28 @@ def main() -> None:
     names = ["input_ids", "attention_mask"]
     if args.exporter == "ts":
         f = io.BytesIO()
-        torch.onnx.export(module, inputs, f, dynamo=False, input_names=names, output_names=["logits"], opset_version=17)
+        torch.onnx.export(
+            module,
+            inputs,
+            f,
+            dynamo=False,
+            input_names=names,
+            output_names=["logits"],
+            opset_version=17,
+        )
         model = onnx.load_from_string(f.getvalue())
     else:
-        model = torch.onnx.export(module, inputs, dynamo=True, input_names=names, output_names=["logits"]).model_proto
+        model = torch.onnx.export(
+            module, inputs, dynamo=True, input_names=names, output_names=["logits"]
+        ).model_proto
     size = sum(len(i.raw_data) for i in model.graph.initializer) / 1e6
     print(f"{args.exporter}: {len(model.graph.node)} nodes, {size:.0f} MB of weights")
     for targets in (["q_proj", "v_proj"], "all-linear"):
         start = time.perf_counter()
         out = apply_lora(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
-        print(f"  apply_lora {targets}: {time.perf_counter() - start:.2f} s, {len(out.graph.node)} nodes after")
+        print(
+            f"  apply_lora {targets}: {time.perf_counter() - start:.2f} s, {len(out.graph.node)} nodes after"
+        )
 
 
 if __name__ == "__main__":

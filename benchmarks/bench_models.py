@@ -30,7 +30,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "onnxblocks-bench"
+DEFAULT_CACHE_DIR = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "onnxblocks-bench"
+)
 #: Bump when the way models are built changes, so stale caches are rebuilt.
 BUILD_VERSION = 2
 
@@ -54,7 +56,16 @@ class ModelSpec:
 SPECS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", "mlp", hidden=(784, 1024, 512, 10)),
     "gpt162m": ModelSpec("gpt162m", "gpt", vocab=50257, d_model=768, layers=12, heads=12, seq=128),
-    "gpt830m": ModelSpec("gpt830m", "gpt", vocab=50257, d_model=1536, layers=24, heads=16, seq=128, external_data=True),
+    "gpt830m": ModelSpec(
+        "gpt830m",
+        "gpt",
+        vocab=50257,
+        d_model=1536,
+        layers=24,
+        heads=16,
+        seq=128,
+        external_data=True,
+    ),
     # Tiny GPT used by tests and --quick runs.
     "gpt-tiny": ModelSpec("gpt-tiny", "gpt", vocab=97, d_model=32, layers=2, heads=4, seq=8),
 }
@@ -89,7 +100,9 @@ def _torch_module(spec: ModelSpec):
             self.ln_2 = nn.LayerNorm(d)
             self.mlp_fc = nn.Linear(d, 4 * d)
             self.mlp_proj = nn.Linear(4 * d, d)
-            self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False)
+            self.register_buffer(
+                "mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False
+            )
 
         def forward(self, x):
             b, t, d = x.shape
@@ -104,7 +117,9 @@ def _torch_module(spec: ModelSpec):
             att = torch.softmax(att, dim=-1)
             y = (att @ v).transpose(1, 2).reshape(b, t, d)
             x = x + self.attn_proj(y)
-            x = x + self.mlp_proj(torch.nn.functional.gelu(self.mlp_fc(self.ln_2(x)), approximate="tanh"))
+            x = x + self.mlp_proj(
+                torch.nn.functional.gelu(self.mlp_fc(self.ln_2(x)), approximate="tanh")
+            )
             return x
 
     class GPT(nn.Module):
@@ -163,7 +178,11 @@ def add_layernorm_stats_outputs(model) -> int:
     """
     changed = 0
     for node in model.graph.node:
-        if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+        if (
+            node.op_type == "LayerNormalization"
+            and node.domain in ("", "ai.onnx")
+            and len(node.output) == 1
+        ):
             node.output.extend([node.output[0] + "_mean", node.output[0] + "_inv_std_dev"])
             changed += 1
     return changed
@@ -227,12 +246,18 @@ def _export(spec: ModelSpec, out_dir: Path) -> BuiltModel:
     shutil.rmtree(raw_dir)
     missing = [n for n in names if n not in inits]
     if missing:
-        raise RuntimeError(f"Exported {spec.name} lacks parameter initializers {missing[:5]}; export changed names.")
+        raise RuntimeError(
+            f"Exported {spec.name} lacks parameter initializers {missing[:5]}; export changed names."
+        )
     size = onnx_path.stat().st_size + (Path(data_path).stat().st_size if data_path else 0)
-    return BuiltModel(spec.name, str(onnx_path), data_path, names, num_params, output, label_shape, "int64", size)
+    return BuiltModel(
+        spec.name, str(onnx_path), data_path, names, num_params, output, label_shape, "int64", size
+    )
 
 
-def ensure_model(name: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, verbose: bool = True) -> BuiltModel:
+def ensure_model(
+    name: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, verbose: bool = True
+) -> BuiltModel:
     """The cached model ``name``, exported first if it is not in ``cache_dir``."""
     spec = SPECS[name]
     cache = Path(cache_dir)
@@ -246,7 +271,11 @@ def ensure_model(name: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, ve
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=cache))
     start = time.perf_counter()
     if verbose:
-        print(f"[bench] exporting {spec.name} into {target} (one-time) ...", file=sys.stderr, flush=True)
+        print(
+            f"[bench] exporting {spec.name} into {target} (one-time) ...",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         built = _export(spec, tmp)
         built_final = BuiltModel(
@@ -257,7 +286,13 @@ def ensure_model(name: str, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, ve
             }
         )
         (tmp / "meta.json").write_text(
-            json.dumps({"spec": asdict(spec) | {"hidden": list(spec.hidden)}, "model": asdict(built_final)}, indent=1)
+            json.dumps(
+                {
+                    "spec": asdict(spec) | {"hidden": list(spec.hidden)},
+                    "model": asdict(built_final),
+                },
+                indent=1,
+            )
         )
         if target.exists():
             shutil.rmtree(target)

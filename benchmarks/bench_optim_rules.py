@@ -34,7 +34,11 @@ from onnxblocks.portable.optimizer import optimizer_model
 
 
 def _resnet18() -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {"conv1.weight": (64, 3, 7, 7), "bn1.weight": (64,), "bn1.bias": (64,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "conv1.weight": (64, 3, 7, 7),
+        "bn1.weight": (64,),
+        "bn1.bias": (64,),
+    }
     channels = [64, 128, 256, 512]
     previous = 64
     for layer, width in enumerate(channels, start=1):
@@ -46,7 +50,9 @@ def _resnet18() -> dict[str, tuple[int, ...]]:
                 shapes[f"{prefix}.{bn}.weight"] = shapes[f"{prefix}.{bn}.bias"] = (width,)
             if block == 0 and previous != width:
                 shapes[f"{prefix}.downsample.0.weight"] = (width, previous, 1, 1)
-                shapes[f"{prefix}.downsample.1.weight"] = shapes[f"{prefix}.downsample.1.bias"] = (width,)
+                shapes[f"{prefix}.downsample.1.weight"] = shapes[f"{prefix}.downsample.1.bias"] = (
+                    width,
+                )
         previous = width
     shapes["fc.weight"], shapes["fc.bias"] = (1000, 512), (1000,)
     return shapes
@@ -78,8 +84,12 @@ def _gpt2_small() -> dict[str, tuple[int, ...]]:
 MODELS = {"resnet18": _resnet18, "gpt2": _gpt2_small}
 OPTIMIZERS = {
     "AdamW() contrib, float32": lambda: optim.AdamW(),
-    "AdamW + no-decay groups (torch-exact)": lambda: optim.AdamW(param_groups=optim.no_decay_norm_bias()),
-    "AdamW + no-decay groups, exact=False": lambda: optim.AdamW(param_groups=optim.no_decay_norm_bias(), exact=False),
+    "AdamW + no-decay groups (torch-exact)": lambda: optim.AdamW(
+        param_groups=optim.no_decay_norm_bias()
+    ),
+    "AdamW + no-decay groups, exact=False": lambda: optim.AdamW(
+        param_groups=optim.no_decay_norm_bias(), exact=False
+    ),
     "SGD(momentum=0.9)": lambda: optim.SGD(momentum=0.9),
     "SGD(momentum=0.9, exact=False)": lambda: optim.SGD(momentum=0.9, exact=False),
     "Adam(amsgrad=True)": lambda: optim.Adam(amsgrad=True),
@@ -90,12 +100,19 @@ OPTIMIZERS = {
 
 def _session(block, shapes: dict[str, tuple[int, ...]]):
     # the optimizer reads names, element types and shapes only
-    trainable = [SimpleNamespace(name=n, data_type=onnx.TensorProto.FLOAT, dims=s) for n, s in shapes.items()]
+    trainable = [
+        SimpleNamespace(name=n, data_type=onnx.TensorProto.FLOAT, dims=s) for n, s in shapes.items()
+    ]
     with onnxblocks.empty_base():
         block((trainable, []))
-    values = [ir.Value(name=n, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(s)) for n, s in shapes.items()]
+    values = [
+        ir.Value(name=n, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(s))
+        for n, s in shapes.items()
+    ]
     model = optimizer_model(block.to_model_proto(), values)
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     rng = np.random.default_rng(0)
     feeds = {}
     for i in session.get_inputs():

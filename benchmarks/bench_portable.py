@@ -91,7 +91,11 @@ def _mlp(dims: tuple[int, ...], seed: int = 0):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
-    return model, params, [np.random.default_rng(1).standard_normal((BATCH, dims[0])).astype(np.float32)]
+    return (
+        model,
+        params,
+        [np.random.default_rng(1).standard_normal((BATCH, dims[0])).astype(np.float32)],
+    )
 
 
 def _cnn(seed: int = 0):
@@ -101,7 +105,9 @@ def _cnn(seed: int = 0):
     rng = np.random.default_rng(seed)
 
     def init(name, shape, scale):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) * scale).astype(np.float32), name
+        )
 
     inits = [
         init("conv1.weight", (8, 1, 3, 3), 0.3),
@@ -112,7 +118,9 @@ def _cnn(seed: int = 0):
         init("fc.bias", (10,), 0.01),
     ]
     nodes = [
-        helper.make_node("Conv", ["input", "conv1.weight", "conv1.bias"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["input", "conv1.weight", "conv1.bias"], ["c1"], pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Relu", ["c1"], ["r1"]),
         helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Conv", ["p1", "conv2.weight", "conv2.bias"], ["c2"], pads=[1, 1, 1, 1]),
@@ -142,12 +150,19 @@ def _gpt():
     import bench_models
     import onnx
 
-    spec = bench_models.ModelSpec("gpt-small", "gpt", vocab=256, d_model=64, layers=2, heads=4, seq=32)
+    spec = bench_models.ModelSpec(
+        "gpt-small", "gpt", vocab=256, d_model=64, layers=2, heads=4, seq=32
+    )
     bench_models.SPECS[spec.name] = spec
     built = bench_models.ensure_model(spec.name, verbose=False)
     model = onnx.load(built.path)
     ids = np.random.default_rng(1).integers(0, spec.vocab, (8, spec.seq)).astype(np.int64)
-    return model, built.params, [ids], np.random.default_rng(2).integers(0, spec.vocab, 8 * spec.seq).astype(np.int64)
+    return (
+        model,
+        built.params,
+        [ids],
+        np.random.default_rng(2).integers(0, spec.vocab, 8 * spec.seq).astype(np.int64),
+    )
 
 
 def build_models(names: list[str]) -> dict:
@@ -168,7 +183,9 @@ def build_models(names: list[str]) -> dict:
             try:
                 model, params, batch = export_model(name)
             except Exception as error:  # a model that fails to export is reported
-                print(f"{name}: export failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                print(
+                    f"{name}: export failed: {type(error).__name__}: {str(error)[:300]}", flush=True
+                )
                 continue
             out[name] = (model, params, batch)
             continue
@@ -186,7 +203,11 @@ def generate(model, params, directory: Path, portable: bool, fused: bool = True)
         accepted = inspect.signature(generate_artifacts).parameters
         if "portable" not in accepted:
             return None
-        extra = {"portable": True, "fused_step": fused} if "fused_step" in accepted else {"portable": True}
+        extra = (
+            {"portable": True, "fused_step": fused}
+            if "fused_step" in accepted
+            else {"portable": True}
+        )
     generate_artifacts(
         model,
         requires_grad=params,
@@ -237,7 +258,9 @@ def _interleaved(loops: dict, steps: int, rounds: int, warmup: int) -> dict[str,
     n = len(order)
     for _ in range(rounds):
         for turn in range(steps):
-            for key, step in order[turn % n :] + order[: turn % n]:  # each loop takes each place equally often
+            for key, step in (
+                order[turn % n :] + order[: turn % n]
+            ):  # each loop takes each place equally often
                 start = clock()
                 step()
                 times[key].append(clock() - start)
@@ -248,7 +271,9 @@ def _options(spin: bool = True):
     from onnxblocks._core.ort import onnxruntime
 
     options = onnxruntime().SessionOptions()
-    options.log_severity_level = 3  # no "Removing initializer" warnings of the training build's eval models
+    options.log_severity_level = (
+        3  # no "Removing initializer" warnings of the training build's eval models
+    )
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
@@ -296,12 +321,18 @@ def training_build_loops(directory: Path, batch: list[np.ndarray], spin: bool = 
     device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
     state = C.load_checkpoint(str(directory / "checkpoint"))
     module = C.Module(
-        str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"), device, _options(spin)
+        str(directory / "training_model.onnx"),
+        state,
+        str(directory / "eval_model.onnx"),
+        device,
+        _options(spin),
     )
     optimizer = C.Optimizer(str(directory / "optimizer_model.onnx"), state, device, _options(spin))
     session = TrainingSession(directory, backend="training", session_options=_options(spin))
 
-    unchecked = TrainingSession(directory, backend="training", check_inputs=False, session_options=_options(spin))
+    unchecked = TrainingSession(
+        directory, backend="training", check_inputs=False, session_options=_options(spin)
+    )
 
     def bare(state=state) -> None:  # the Module points into the state: keep it alive
         fetches = C.OrtValueVector()
@@ -325,7 +356,9 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
     from onnxblocks.runtime import TrainingSession
 
     session = TrainingSession(directory, backend="portable", session_options=_options(spin))
-    unchecked = TrainingSession(directory, backend="portable", check_inputs=False, session_options=_options(spin))
+    unchecked = TrainingSession(
+        directory, backend="portable", check_inputs=False, session_options=_options(spin)
+    )
     loops: dict = {
         "session": lambda: session.train_and_update(*batch),
         "session unchecked": lambda: unchecked.train_and_update(*batch),
@@ -334,7 +367,9 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
     if not step_model.exists():
         return loops
     ort, C = onnxruntime(), capi()
-    sess = ort.InferenceSession(str(step_model), sess_options=_options(spin), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        str(step_model), sess_options=_options(spin), providers=["CPUExecutionProvider"]
+    )
     cpu = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
     ck = load_checkpoint(directory / "checkpoint")
     inputs = {i.name for i in sess.get_inputs()}
@@ -345,9 +380,15 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
                 a = np.array(value if name == p else np.zeros_like(value))
                 b = np.empty_like(a)
                 keep += [a, b]
-                pairs[name] = (C.OrtValue.ortvalue_from_numpy(a, cpu), C.OrtValue.ortvalue_from_numpy(b, cpu))
+                pairs[name] = (
+                    C.OrtValue.ortvalue_from_numpy(a, cpu),
+                    C.OrtValue.ortvalue_from_numpy(b, cpu),
+                )
     lr, stepno = np.array([1e-3], np.float32), np.zeros(1, np.int64)
-    lr_v, step_v = C.OrtValue.ortvalue_from_numpy(lr, cpu), C.OrtValue.ortvalue_from_numpy(stepno, cpu)
+    lr_v, step_v = (
+        C.OrtValue.ortvalue_from_numpy(lr, cpu),
+        C.OrtValue.ortvalue_from_numpy(stepno, cpu),
+    )
     user_in = [
         n
         for n in (i.name for i in sess.get_inputs())
@@ -386,7 +427,9 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
         stepno[0] = state["step"]
         run(b, options)
         outs = b.get_outputs()
-        tuple(np.array(outs[i].numpy()) for i in range(count))  # copies: the binding reuses its output buffers
+        tuple(
+            np.array(outs[i].numpy()) for i in range(count)
+        )  # copies: the binding reuses its output buffers
         state["parity"] ^= 1
 
     loops["bare"] = bare
@@ -394,7 +437,13 @@ def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) 
 
 
 def measure(
-    kind: str, directory: Path, batch: list[np.ndarray], steps: int, rounds: int, warmup: int, overhead: bool = False
+    kind: str,
+    directory: Path,
+    batch: list[np.ndarray],
+    steps: int,
+    rounds: int,
+    warmup: int,
+    overhead: bool = False,
 ) -> dict:
     """Step times of the session and the bare API; for the overhead table interleaved, without spinning, plus the
     session's own cost per step (:func:`session_layer_us`)."""
@@ -418,12 +467,26 @@ def worker() -> int:
             batch = [data[k] for k in sorted(data.files, key=lambda k: int(k[1:]))]
         results.append(
             measure(
-                "portable", Path(job["directory"]), batch, job["steps"], job["rounds"], job["warmup"], job["overhead"]
+                "portable",
+                Path(job["directory"]),
+                batch,
+                job["steps"],
+                job["rounds"],
+                job["warmup"],
+                job["overhead"],
             )
         )
     import onnxruntime
 
-    print(json.dumps({"results": results, "onnxruntime": onnxruntime.__version__, "python": sys.version.split()[0]}))
+    print(
+        json.dumps(
+            {
+                "results": results,
+                "onnxruntime": onnxruntime.__version__,
+                "python": sys.version.split()[0],
+            }
+        )
+    )
     return 0
 
 
@@ -433,7 +496,11 @@ def run_py313(jobs: list[dict]) -> dict:
     python = ensure_python313()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     done = subprocess.run(
-        [str(python), __file__, "--worker"], input=json.dumps({"jobs": jobs}), capture_output=True, text=True, env=env
+        [str(python), __file__, "--worker"],
+        input=json.dumps({"jobs": jobs}),
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if done.returncode:
         raise SystemExit(f"the Python 3.13 worker failed:\n{done.stderr[-4000:]}")
@@ -513,7 +580,10 @@ def step_worker() -> int:
     from onnxblocks.runtime import TrainingSession
 
     session = batch = directory = None
-    print(json.dumps({"onnxruntime": onnxruntime.__version__, "python": sys.version.split()[0]}), flush=True)
+    print(
+        json.dumps({"onnxruntime": onnxruntime.__version__, "python": sys.version.split()[0]}),
+        flush=True,
+    )
     for line in sys.stdin:
         command = json.loads(line)
         try:
@@ -524,7 +594,11 @@ def step_worker() -> int:
                 answer: dict = {"ok": True}
             elif "run" in command:
                 assert session is not None and batch is not None
-                answer = {"times": _block(functools.partial(session.train_and_update, *batch), command["run"])}
+                answer = {
+                    "times": _block(
+                        functools.partial(session.train_and_update, *batch), command["run"]
+                    )
+                }
             elif "profile" in command:
                 assert directory is not None and batch is not None
                 answer = profile_step(directory, batch, command["profile"])
@@ -583,11 +657,17 @@ def _generate_cases(names: list[str], work: Path, unfused: bool) -> list[dict]:
         np.savez(npz, **{f"a{i}": a for i, a in enumerate(batch)})
         case: dict = {"model": name, "batch": str(npz), "params": len(params)}
         try:
-            case["training"] = str(generate(model, params, work / name / "training", portable=False))
-            case["portable fused"] = str(generate(model, params, work / name / "portable", portable=True))
+            case["training"] = str(
+                generate(model, params, work / name / "training", portable=False)
+            )
+            case["portable fused"] = str(
+                generate(model, params, work / name / "portable", portable=True)
+            )
             if unfused:
                 case["portable unfused"] = str(
-                    generate(model, params, work / name / "portable-unfused", portable=True, fused=False)
+                    generate(
+                        model, params, work / name / "portable-unfused", portable=True, fused=False
+                    )
                 )
         except Exception as error:  # reported in the table
             case["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
@@ -614,7 +694,9 @@ def step_table(args: argparse.Namespace, work: Path) -> list[dict]:
                 print(f"step  {case['model']:16} not measured: {case['error']}", flush=True)
                 continue
             batch = _load_batch(case["batch"])
-            local = TrainingSession(Path(case["training"]), backend="training", session_options=_options())
+            local = TrainingSession(
+                Path(case["training"]), backend="training", session_options=_options()
+            )
             step = functools.partial(local.train_and_update, *batch)
             kinds = [k for k in ("portable fused", "portable unfused") if k in case]
             times: dict[str, list[float]] = {"training": [], **{k: [] for k in kinds}}
@@ -635,19 +717,26 @@ def step_table(args: argparse.Namespace, work: Path) -> list[dict]:
                 if args.profile and kind == "portable fused":
                     row["profile"] = remote.ask({"profile": args.steps})
             if "error" in row:
-                print(f"step  {case['model']:16} failed on stock onnxruntime: {row['error']}", flush=True)
+                print(
+                    f"step  {case['model']:16} failed on stock onnxruntime: {row['error']}",
+                    flush=True,
+                )
                 continue
             for key, values in times.items():
                 row[key] = statistics.median(values) * 1e3
             row["ratio"] = row["portable fused"] / row["training"]
             print(
                 f"step  {case['model']:16} training build {row['training']:8.2f} ms   "
-                + "   ".join(f"{k} {row[k]:8.2f} ms ({row[k] / row['training']:.2f}x)" for k in kinds),
+                + "   ".join(
+                    f"{k} {row[k]:8.2f} ms ({row[k] / row['training']:.2f}x)" for k in kinds
+                ),
                 flush=True,
             )
             if "profile" in row:
                 p = row["profile"]
-                print(f"      profile: {p['nodes']} nodes, {p['ms_per_step']:.1f} ms/step in kernels; by op type:")
+                print(
+                    f"      profile: {p['nodes']} nodes, {p['ms_per_step']:.1f} ms/step in kernels; by op type:"
+                )
                 for op, ms, count in p["ops"]:
                     print(f"        {op:28} {ms:8.2f} ms  x{count}")
     finally:
@@ -674,8 +763,12 @@ def overhead_table(args: argparse.Namespace, work: Path, report: dict) -> None:
     training = generate(model, params, work / "mlp-small" / "training", portable=False)
     fused = generate(model, params, work / "mlp-small" / "portable", portable=True, fused=True)
     assert training is not None
-    got = measure("training", training, batch, args.overhead_steps, args.rounds, args.warmup, overhead=True)
-    report["overhead"].append({"model": "mlp-small", "label": "training build (py3.11, ort-training 1.19.2)", **got})
+    got = measure(
+        "training", training, batch, args.overhead_steps, args.rounds, args.warmup, overhead=True
+    )
+    report["overhead"].append(
+        {"model": "mlp-small", "label": "training build (py3.11, ort-training 1.19.2)", **got}
+    )
     job = {
         "directory": str(fused),
         "batch": str(work / "mlp-small.npz"),
@@ -699,8 +792,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps per block")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--unfused", action="store_true", help="also time training + optimizer models")
-    parser.add_argument("--profile", action="store_true", help="ORT's per-op-type profile of each step model")
+    parser.add_argument(
+        "--unfused", action="store_true", help="also time training + optimizer models"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="ORT's per-op-type profile of each step model"
+    )
     parser.add_argument("--overhead-steps", type=int, default=300)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

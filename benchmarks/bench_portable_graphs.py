@@ -38,13 +38,21 @@ def training_build_step(directory: Path, batch: list[np.ndarray]):
     state = C.load_checkpoint(str(directory / "checkpoint"))
     device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
     module = C.Module(
-        str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"), device, C.SessionOptions()
+        str(directory / "training_model.onnx"),
+        state,
+        str(directory / "eval_model.onnx"),
+        device,
+        C.SessionOptions(),
     )
-    optimizer = C.Optimizer(str(directory / "optimizer_model.onnx"), state, device, C.SessionOptions())
+    optimizer = C.Optimizer(
+        str(directory / "optimizer_model.onnx"), state, device, C.SessionOptions()
+    )
     optimizer.set_learning_rate(1e-3)
     fetches = C.OrtValueVector()
 
-    def step(state=state) -> None:  # the Module points into the state: keep it alive (freed, the run fails at random)
+    def step(
+        state=state,
+    ) -> None:  # the Module points into the state: keep it alive (freed, the run fails at random)
         module.train_step(batch, fetches)
         optimizer.optimizer_step()
         module.lazy_reset_grad()
@@ -58,7 +66,9 @@ def fused_step(directory: Path, batch: list[np.ndarray]):
     from onnxblocks.checkpoint import load_checkpoint
 
     C, ort = capi(), onnxruntime()
-    session = ort.InferenceSession(str(directory / "step_model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(directory / "step_model.onnx"), providers=["CPUExecutionProvider"]
+    )
     cpu = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
     checkpoint = load_checkpoint(directory / "checkpoint")
     keep: list = []  # the arrays and OrtValues the bindings point to must outlive them
@@ -70,11 +80,18 @@ def fused_step(directory: Path, batch: list[np.ndarray]):
 
     pairs = {}
     for param, data in checkpoint.trainable.items():
-        for name, start in ((param, np.array(data)), *((m, np.zeros_like(data)) for m in moment_names(param))):
+        for name, start in (
+            (param, np.array(data)),
+            *((m, np.zeros_like(data)) for m in moment_names(param)),
+        ):
             pairs[name] = (value(start), value(np.empty_like(start)))
     lr, step_no = np.array([1e-3], np.float32), np.zeros(1, np.int64)
     names = [i.name for i in session.get_inputs()]
-    user = [n for n in names if n not in pairs and n not in (LEARNING_RATE, STEP) and n not in checkpoint.frozen]
+    user = [
+        n
+        for n in names
+        if n not in pairs and n not in (LEARNING_RATE, STEP) and n not in checkpoint.frozen
+    ]
     loss = session.get_outputs()[0].name
     bindings = []
     for parity in (0, 1):
@@ -91,7 +108,11 @@ def fused_step(directory: Path, batch: list[np.ndarray]):
             binding.bind_ortvalue_output(updated_name(name), pair[1 - parity])
         binding.bind_output(loss, cpu)
         bindings.append(binding)
-    run, options, state = session._sess.run_with_iobinding, C.RunOptions(), {"parity": 0, "keep": keep}
+    run, options, state = (
+        session._sess.run_with_iobinding,
+        C.RunOptions(),
+        {"parity": 0, "keep": keep},
+    )
 
     def step() -> None:
         step_no[0] += 1
@@ -115,7 +136,11 @@ def main() -> int:
 
     for name, (model, params, batch) in bench_portable.build_models(args.models.split(",")).items():
         with tempfile.TemporaryDirectory() as tmp:
-            common = {"requires_grad": params, "loss": LossType.CrossEntropyLoss, "optimizer": OptimType.AdamW}
+            common = {
+                "requires_grad": params,
+                "loss": LossType.CrossEntropyLoss,
+                "optimizer": OptimType.AdamW,
+            }
             generate_artifacts(model, artifact_directory=Path(tmp) / "t", **common)
             generate_artifacts(model, artifact_directory=Path(tmp) / "p", portable=True, **common)
             loops = {
@@ -134,7 +159,10 @@ def main() -> int:
                         step()
                     means[label].append((time.perf_counter() - start) / args.steps)
                     cpu[label].append((time.process_time() - start_cpu) / args.steps)
-            base, base_cpu = statistics.median(means["training build"]), statistics.median(cpu["training build"])
+            base, base_cpu = (
+                statistics.median(means["training build"]),
+                statistics.median(cpu["training build"]),
+            )
             for label, values in means.items():
                 median, median_cpu = statistics.median(values), statistics.median(cpu[label])
                 print(

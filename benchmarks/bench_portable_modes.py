@@ -97,7 +97,9 @@ def build(directory: Path) -> list[dict]:
                 portable=True if mode == "standard" else mode,
             )  # fmt: skip
             step = onnx.load(out / "step_model.onnx", load_external_data=False)
-            contrib = sorted({n.op_type for n in step.graph.node if n.domain not in ("", "ai.onnx")})
+            contrib = sorted(
+                {n.op_type for n in step.graph.node if n.domain not in ("", "ai.onnx")}
+            )
             dirs[mode] = {"dir": str(out), "nodes": len(step.graph.node), "contrib": contrib}
         data = directory / f"{kind}.npz"
         np.savez(data, ids=ids, labels=labels)
@@ -114,11 +116,17 @@ def time_modes(jobs: list[dict], steps: int, rounds: int, threads: int) -> dict:
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    out: dict = {"onnxruntime": onnxruntime.__version__, "python": list(sys.version_info[:2]), "models": {}}
+    out: dict = {
+        "onnxruntime": onnxruntime.__version__,
+        "python": list(sys.version_info[:2]),
+        "models": {},
+    }
     for job in jobs:
         with np.load(job["data"]) as d:
             batch = (d["ids"], d["labels"])
-        sessions = {m: TrainingSession(job["modes"][m]["dir"], session_options=options) for m in MODES}
+        sessions = {
+            m: TrainingSession(job["modes"][m]["dir"], session_options=options) for m in MODES
+        }
         for s in sessions.values():
             for _ in range(3):
                 s.train_and_update(*batch)
@@ -135,7 +143,11 @@ def time_modes(jobs: list[dict], steps: int, rounds: int, threads: int) -> dict:
 
 def _worker() -> int:
     payload = json.load(sys.stdin)
-    print(json.dumps(time_modes(payload["jobs"], payload["steps"], payload["rounds"], payload["threads"])))
+    print(
+        json.dumps(
+            time_modes(payload["jobs"], payload["steps"], payload["rounds"], payload["threads"])
+        )
+    )
     return 0
 
 
@@ -143,7 +155,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads (0: ONNX Runtime's default)"
+    )
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -153,7 +167,12 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         jobs = build(Path(tmp))
-        payload = {"jobs": jobs, "steps": args.steps, "rounds": args.rounds, "threads": args.threads}
+        payload = {
+            "jobs": jobs,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "threads": args.threads,
+        }
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
         done = subprocess.run(
             [str(ensure_python313()), __file__, "--worker"],
@@ -161,7 +180,11 @@ def main() -> int:
         )  # fmt: skip
         stock = json.loads(done.stdout.strip().splitlines()[-1])
         here = time_modes(jobs, args.steps, args.rounds, args.threads)
-    report = {"jobs": [{k: v for k, v in j.items() if k != "data"} for j in jobs], "stock": stock, "here": here}
+    report = {
+        "jobs": [{k: v for k, v in j.items() if k != "data"} for j in jobs],
+        "stock": stock,
+        "here": here,
+    }
     for job in jobs:
         kind = job["model"]
         modes = job["modes"]

@@ -47,7 +47,9 @@ def _timed(module: object, name: str, sink: dict[str, list[float]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="gpt162m", help="a bench_models name (default gpt162m)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
@@ -80,8 +82,12 @@ def main() -> None:
         total = statistics.median(totals)
         set_bytes = sum(p.stat().st_size for p in (Path(work) / "out").iterdir())
     per_call = {name: sum(times) / args.repeat for name, times in steps.items()}
-    print(f"Model {built.name}: {len(model.graph.node)} nodes, {built.num_params / 1e6:.0f} M parameters.")
-    print(f"Command: `python benchmarks/bench_reliability.py --model {args.model} --repeat {args.repeat}`\n")
+    print(
+        f"Model {built.name}: {len(model.graph.node)} nodes, {built.num_params / 1e6:.0f} M parameters."
+    )
+    print(
+        f"Command: `python benchmarks/bench_reliability.py --model {args.model} --repeat {args.repeat}`\n"
+    )
     print("| step (per generate_artifacts call) | s | share of the call |")
     print("|---|---:|---:|")
     for name, seconds in per_call.items():

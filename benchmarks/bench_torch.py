@@ -64,7 +64,9 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, channels: tuple[int, int] = (32, 64), classes: int = 10, size: int = 32) -> None:
+    def __init__(
+        self, channels: tuple[int, int] = (32, 64), classes: int = 10, size: int = 32
+    ) -> None:
         super().__init__()
         c1, c2 = channels
         self.features = nn.Sequential(
@@ -94,7 +96,9 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d)
         self.fc = nn.Linear(d, 4 * d)
         self.out = nn.Linear(4 * d, d)
-        self.register_buffer("mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False)
+        self.register_buffer(
+            "mask", torch.tril(torch.ones(seq, seq, dtype=torch.bool)), persistent=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -108,7 +112,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int = 1000, d: int = 128, heads: int = 4, layers: int = 2, seq: int = 64) -> None:
+    def __init__(
+        self, vocab: int = 1000, d: int = 128, heads: int = 4, layers: int = 2, seq: int = 64
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
@@ -151,7 +157,10 @@ class ResNet18(nn.Module):
     def __init__(self, classes: int = 10, widths: tuple[int, ...] = (64, 128, 256, 512)) -> None:
         super().__init__()
         self.stem = nn.Sequential(
-            nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+            nn.Conv2d(3, widths[0], 7, 2, 3, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
         )
         blocks, c_in = [], widths[0]
         for i, width in enumerate(widths):
@@ -161,11 +170,15 @@ class ResNet18(nn.Module):
         self.head = nn.Linear(c_in, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
+        return self.head(
+            torch.flatten(nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1)
+        )
 
 
 class LSTMTagger(nn.Module):
-    def __init__(self, vocab: int = 1000, d: int = 64, hidden: int = 128, classes: int = 10) -> None:
+    def __init__(
+        self, vocab: int = 1000, d: int = 64, hidden: int = 128, classes: int = 10
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.lstm = nn.LSTM(d, hidden, num_layers=2, batch_first=True)
@@ -251,7 +264,9 @@ def make_case(name: str, quick: bool) -> tuple[nn.Module, torch.Tensor, torch.Te
     raise KeyError(name)
 
 
-def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+def step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> float:
     optimizer.zero_grad(set_to_none=True)
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
@@ -259,7 +274,9 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y:
     return loss.item()
 
 
-def measure(name: str, exporter: str, steps: int, blocks: int, quick: bool, threads: int) -> dict[str, float]:
+def measure(
+    name: str, exporter: str, steps: int, blocks: int, quick: bool, threads: int
+) -> dict[str, float]:
     base, x, y = make_case(name, quick)
     eager = copy.deepcopy(base).train()
     wrapped = OrtModule(copy.deepcopy(base).train(), exporter=exporter, threads=threads)
@@ -352,16 +369,24 @@ def measure_session(name: str, steps: int, quick: bool, threads: int) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="bert,gpt2,resnet18,vit,lstm", help="also: mlp, cnn, gpt")
+    parser.add_argument(
+        "--models", default="bert,gpt2,resnet18,vit,lstm", help="also: mlp, cnn, gpt"
+    )
     parser.add_argument("--exporters", default="dynamo", help="dynamo, torchscript or both")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per model and side")
-    parser.add_argument("--blocks", type=int, default=4, help="alternating blocks the steps are split into")
+    parser.add_argument(
+        "--blocks", type=int, default=4, help="alternating blocks the steps are split into"
+    )
     parser.add_argument("--quick", action="store_true", help="small models, 8 steps")
     parser.add_argument(
-        "--threads", default="1,2", help="torch and ONNX Runtime intra-op threads, one run per value (0: defaults)"
+        "--threads",
+        default="1,2",
+        help="torch and ONNX Runtime intra-op threads, one run per value (0: defaults)",
     )
     parser.add_argument(
-        "--session", default="", help="models whose TrainingSession steps to time: fused, unfused, DataParallel"
+        "--session",
+        default="",
+        help="models whose TrainingSession steps to time: fused, unfused, DataParallel",
     )
     args = parser.parse_args(argv)
     steps = 8 if args.quick else args.steps
@@ -370,7 +395,17 @@ def main(argv: list[str] | None = None) -> int:
         "side (zero_grad, forward, loss, backward, AdamW.step)"
     )
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    columns = ("model", "exporter", "eager min", "eager med", "ours min", "ours med", "ratio", "(med)", "cpu")
+    columns = (
+        "model",
+        "exporter",
+        "eager min",
+        "eager med",
+        "ours min",
+        "ours med",
+        "ratio",
+        "(med)",
+        "cpu",
+    )
     widths = (8, 11, 9, 9, 9, 9, 6, 6, 6)
     pairs = list(zip(columns, widths, strict=True))
     header = " ".join(f"{c:<{w}}" if i < 2 else f"{c:>{w}}" for i, (c, w) in enumerate(pairs))
@@ -393,11 +428,16 @@ def main(argv: list[str] | None = None) -> int:
                     r["onnxblocks_cpu"] / r["eager_cpu"],
                 )
                 numbers = " ".join(f"{v:>{w}.2f}" for v, w in zip(cells, widths[2:], strict=True))
-                print(f"{name:<8} {exporter:<11} {numbers} {r['first_s']:>6.1f} {r['drift']:>8.1e}", flush=True)
+                print(
+                    f"{name:<8} {exporter:<11} {numbers} {r['first_s']:>6.1f} {r['drift']:>8.1e}",
+                    flush=True,
+                )
         for name in filter(None, args.session.split(",")):
             r = measure_session(name, steps, args.quick, threads)
             for kind in ("portable", "training"):
-                fused, unfused, parallel = (r[f"{kind}_{k}"] for k in ("fused", "unfused", "data_parallel"))
+                fused, unfused, parallel = (
+                    r[f"{kind}_{k}"] for k in ("fused", "unfused", "data_parallel")
+                )
                 print(
                     f"session {name} ({kind}): train_and_update {fused:.2f} ms, train_step + optimizer_step "
                     f"{unfused:.2f} ms ({unfused / fused:.2f}x), with DataParallel on 1 gloo rank {parallel:.2f} ms "

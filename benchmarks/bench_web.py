@@ -47,7 +47,9 @@ def python_run(artifacts: Path, plan, steps: int) -> tuple[list[float], float]:
     return losses, (time.perf_counter() - started) / steps
 
 
-def node_run(js: Path, artifacts: Path, plan, steps: int, scratch: Path) -> tuple[list[float], float]:
+def node_run(
+    js: Path, artifacts: Path, plan, steps: int, scratch: Path
+) -> tuple[list[float], float]:
     tensors = {}
     for step in range(steps):
         features, labels = plan.batch(step)
@@ -61,9 +63,15 @@ def node_run(js: Path, artifacts: Path, plan, steps: int, scratch: Path) -> tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=900, help="training steps per run (default: the whole demo)")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each; the median is reported")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=900, help="training steps per run (default: the whole demo)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of each; the median is reported"
+    )
     args = parser.parse_args()
     plan = spiral_plan()
     steps = min(args.steps, plan.steps)
@@ -81,22 +89,39 @@ def main() -> None:
             node.append(seconds)
             with serving(site) as url:
                 report = web_support.run_node(
-                    js, "tools/browser-run.mjs", f"{url}demo/?steps={steps}", "--chromium", str(chromium), timeout=900
+                    js,
+                    "tools/browser-run.mjs",
+                    f"{url}demo/?steps={steps}",
+                    "--chromium",
+                    str(chromium),
+                    timeout=900,
                 )
             page.append(1 / report["stepsPerSecond"])
         first = np.array(py_losses[:20])
         node_diff = float(np.max(np.abs(np.array(node_losses[:20]) - first) / np.abs(first)))
         page_diff = float(np.max(np.abs(np.array(report["losses"][:20]) - first) / np.abs(first)))
-    print(f"spiral classifier 2-64-64-3, batch 32, AdamW, {steps} steps, median of {args.rounds} runs")
+    print(
+        f"spiral classifier 2-64-64-3, batch 32, AdamW, {steps} steps, median of {args.rounds} runs"
+    )
     print(f"{'runtime':<44} {'ms/step':>8} {'steps/s':>8} {'max rel diff, 20 losses':>24}")
     rows = [
         ("Python, TrainingSession (portable backend)", statistics.median(py), "reference"),
-        (f"Node, onnxruntime-node {report['onnxruntime']}", statistics.median(node), f"{node_diff:.1e}"),
-        (f"browser page, onnxruntime-web {report['onnxruntime']} WASM*", statistics.median(page), f"{page_diff:.1e}"),
+        (
+            f"Node, onnxruntime-node {report['onnxruntime']}",
+            statistics.median(node),
+            f"{node_diff:.1e}",
+        ),
+        (
+            f"browser page, onnxruntime-web {report['onnxruntime']} WASM*",
+            statistics.median(page),
+            f"{page_diff:.1e}",
+        ),
     ]
     for name, seconds, diff in rows:
         print(f"{name:<44} {seconds * 1e3:>8.3f} {1 / seconds:>8.0f} {diff:>24}")
-    print(f"* Chromium {report['chromium']}, whole page: includes the evaluation after each epoch and the drawing")
+    print(
+        f"* Chromium {report['chromium']}, whole page: includes the evaluation after each epoch and the drawing"
+    )
 
 
 if __name__ == "__main__":

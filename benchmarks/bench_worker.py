@@ -85,7 +85,10 @@ class RssSampler(threading.Thread):
                 self.peak = rss
                 frame = sys._current_frames().get(self.main_id)
                 self.peak_stack = (
-                    [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-12:]]
+                    [
+                        f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                        for f in traceback.extract_stack(frame)[-12:]
+                    ]
                     if frame
                     else []
                 )
@@ -114,7 +117,10 @@ def chain_loss(block_module, n_blocks: int):
     class ChainLoss(base_cls):
         def __init__(self) -> None:
             super().__init__()
-            self.parts = [(block_module.Sigmoid() if i % 2 == 0 else block_module.Neg()) for i in range(n_blocks - 1)]
+            self.parts = [
+                (block_module.Sigmoid() if i % 2 == 0 else block_module.Neg())
+                for i in range(n_blocks - 1)
+            ]
             self.parts.append(block_module.ReduceMean(keepdims=False))
 
         def build(self, logits):
@@ -132,7 +138,10 @@ def run_import_case(args: argparse.Namespace) -> dict:
 
     wall = time.perf_counter() - start
     heavy = [m for m in ("onnxruntime", "onnxscript", "torch") if m in sys.modules]
-    return {"wall_s": wall, "note": f"imported heavy modules: {heavy}" if heavy else "no onnxruntime/onnxscript/torch"}
+    return {
+        "wall_s": wall,
+        "note": f"imported heavy modules: {heavy}" if heavy else "no onnxruntime/onnxscript/torch",
+    }
 
 
 def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> dict:
@@ -158,7 +167,12 @@ def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> di
         loss = chain_loss(blocks_mod, int(name[len("chain") :]))
         start = time.perf_counter()
         tool.generate_artifacts(
-            model, requires_grad=params, loss=loss, optimizer=tool.OptimType.AdamW, artifact_directory=str(out), **extra
+            model,
+            requires_grad=params,
+            loss=loss,
+            optimizer=tool.OptimType.AdamW,
+            artifact_directory=str(out),
+            **extra,
         )
         wall = time.perf_counter() - start
         shutil.rmtree(out, ignore_errors=True)
@@ -270,7 +284,8 @@ def run_generate_case(args: argparse.Namespace) -> dict:
     notes = []
     if not ort_before and "onnxruntime" in sys.modules:
         notes.append(
-            "the call imported onnxruntime" + (" and torch" if not torch_before and "torch" in sys.modules else "")
+            "the call imported onnxruntime"
+            + (" and torch" if not torch_before and "torch" in sys.modules else "")
         )
     if notes:
         result["note"] = "; ".join(notes)
@@ -298,11 +313,15 @@ def main() -> None:
         help="ce, mse, chainN (custom Block of N blocks), or pair:chainA,chainB (A/B in one process)",
     )
     parser.add_argument("--out-dir", help="artifact directory")
-    parser.add_argument("--pair-repeat", type=int, default=3, help="alternations for --loss pair:A,B")
+    parser.add_argument(
+        "--pair-repeat", type=int, default=3, help="alternations for --loss pair:A,B"
+    )
     parser.add_argument("--profile", help="write a cProfile of the call to this file")
     parser.add_argument("--rss-trace", action="store_true")
     parser.add_argument("--check-unmutated", action="store_true")
-    parser.add_argument("--warm-ort", action="store_true", help="import onnxruntime before timing (onnxblocks)")
+    parser.add_argument(
+        "--warm-ort", action="store_true", help="import onnxruntime before timing (onnxblocks)"
+    )
     args = parser.parse_args()
     try:
         result = run_import_case(args) if args.case == "import" else run_generate_case(args)
@@ -310,7 +329,9 @@ def main() -> None:
     except BaseException as exc:
         traceback.print_exc()
         result = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
-    result["peak_rss_gb"] = max(peak_rss_bytes(), int(result.get("process_peak_before_call_gb", 0) * GB)) / GB
+    result["peak_rss_gb"] = (
+        max(peak_rss_bytes(), int(result.get("process_peak_before_call_gb", 0) * GB)) / GB
+    )
     result["torch_imported"] = "torch" in sys.modules
     sys.stdout.flush()
     print(json.dumps(result), flush=True)

@@ -98,10 +98,14 @@ def collect(check: bool = False) -> tuple[dict[tuple[str, str], list[str]], dict
                     found[key].append(label)
             if check:
                 try:
-                    made = make_portable(loaded[artifacts.training_model], loaded.get(artifacts.optimizer_model))
+                    made = make_portable(
+                        loaded[artifacts.training_model], loaded.get(artifacts.optimizer_model)
+                    )
                     for m in (made.training, made.optimizer, made.step):
                         if m is not None:
-                            onnxruntime().InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                            onnxruntime().InferenceSession(
+                                m.SerializeToString(), providers=["CPUExecutionProvider"]
+                            )
                 except Exception as exc:  # reported below, case by case
                     failures[label] = f"{type(exc).__name__}: {exc}"
         print(f"  {label}", file=sys.stderr)
@@ -111,13 +115,17 @@ def collect(check: bool = False) -> tuple[dict[tuple[str, str], list[str]], dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the table as JSON here")
-    parser.add_argument("--check", action="store_true", help="also make every case portable and load it")
+    parser.add_argument(
+        "--check", action="store_true", help="also make every case portable and load it"
+    )
     args = parser.parse_args()
     from onnxblocks.portable import LOWERINGS, is_portable_op
 
     found, failures = collect(args.check)
     print(f"{'domain':<14} {'op':<40} {'models':>6}  portable")
-    for (domain, op), labels in sorted(found.items(), key=lambda kv: (is_portable_op(*kv[0][::-1]), kv[0])):
+    for (domain, op), labels in sorted(
+        found.items(), key=lambda kv: (is_portable_op(*kv[0][::-1]), kv[0])
+    ):
         portable = (
             "yes"
             if is_portable_op(op, domain)
@@ -140,7 +148,9 @@ def main() -> None:
         for label, error in failures.items():
             print(f"  FAILED {label}: {error}")
     if args.json:
-        Path(args.json).write_text(json.dumps({f"{d}:{o}": v for (d, o), v in sorted(found.items())}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({f"{d}:{o}": v for (d, o), v in sorted(found.items())}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -69,7 +69,11 @@ def resnet18():
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(
-        layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512], embedding_size=64, num_labels=10
+        layer_type="basic",
+        depths=[2, 2, 2, 2],
+        hidden_sizes=[64, 128, 256, 512],
+        embedding_size=64,
+        num_labels=10,
     )
     return (_logits_module(ResNetForImageClassification(config), False), *_images())
 
@@ -84,7 +88,9 @@ def mobilenet_v2():
 def efficientnet_b0():
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
-    config = EfficientNetConfig(image_size=IMAGE, num_labels=10, dropout_rate=0.0, drop_connect_rate=0.0)
+    config = EfficientNetConfig(
+        image_size=IMAGE, num_labels=10, dropout_rate=0.0, drop_connect_rate=0.0
+    )
     model = EfficientNetForImageClassification(config)
     # its pooler is an AveragePool over a window as large as the map, whose gradient needs static dims that the
     # exported graph lacks; a global average pool is the same function here
@@ -113,7 +119,14 @@ def gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=SEQ, n_embd=128, n_layer=4, n_head=4, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        n_embd=128,
+        n_layer=4,
+        n_head=4,
+        resid_pdrop=0,
+        embd_pdrop=0,
+        attn_pdrop=0,
     )
     return (_logits_module(GPT2LMHeadModel(config), True), *_tokens())
 
@@ -188,7 +201,11 @@ def _quiet():
     logger = logging.getLogger("torch")
     level = logger.level
     logger.setLevel(logging.ERROR)
-    with warnings.catch_warnings(), open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+    with (
+        warnings.catch_warnings(),
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+    ):
         warnings.simplefilter("ignore")
         try:
             yield

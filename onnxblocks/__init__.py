@@ -62,7 +62,17 @@ from onnxblocks.errors import (
 _html.set_loader(lambda: importlib.import_module("onnxblocks.display"))
 
 # Loaded on first attribute access, to keep `import onnxblocks` fast.
-_LAZY_MODULES = {"artifacts", "checkpoint", "compat", "datasets", "demo", "display", "gradient", "io", "runtime"}
+_LAZY_MODULES = {
+    "artifacts",
+    "checkpoint",
+    "compat",
+    "datasets",
+    "demo",
+    "display",
+    "gradient",
+    "io",
+    "runtime",
+}
 _LAZY_NAMES = {
     "generate_artifacts": "onnxblocks.artifacts",
     "Artifacts": "onnxblocks.artifacts",

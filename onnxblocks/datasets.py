@@ -70,5 +70,7 @@ def train_val_split(
         raise InvalidValueError(f"val_fraction must be between 0 and 1, got {val_fraction}.")
     cut = len(features) - round(len(features) * val_fraction)
     if cut <= 0 or cut >= len(features):
-        raise InvalidValueError(f"val_fraction={val_fraction} leaves an empty part of {len(features)} rows.")
+        raise InvalidValueError(
+            f"val_fraction={val_fraction} leaves an empty part of {len(features)} rows."
+        )
     return (features[:cut], labels[:cut]), (features[cut:], labels[cut:])

@@ -91,7 +91,11 @@ def build_classifier(
         ]
         last = i == len(sizes) - 1
         out = "logits" if last else f"fc{i}.out"
-        nodes.append(helper.make_node("Gemm", [current, f"fc{i}.weight", f"fc{i}.bias"], [out], name=f"fc{i}"))
+        nodes.append(
+            helper.make_node(
+                "Gemm", [current, f"fc{i}.weight", f"fc{i}.bias"], [out], name=f"fc{i}"
+            )
+        )
         if not last:
             nodes.append(helper.make_node("Relu", [out], [f"relu{i}.out"], name=f"relu{i}"))
             current = f"relu{i}.out"
@@ -102,7 +106,9 @@ def build_classifier(
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnxblocks-demo")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnxblocks-demo"
+    )
     from onnxblocks._core.limits import stamp_versions
 
     return stamp_versions(model)
@@ -135,7 +141,9 @@ class DemoResult:
     @property
     def passed(self) -> bool:
         """True when both accuracies reach :data:`TARGET_ACCURACY` and agree."""
-        return self.eval_accuracy >= TARGET_ACCURACY and self.inference_accuracy == self.eval_accuracy
+        return (
+            self.eval_accuracy >= TARGET_ACCURACY and self.inference_accuracy == self.eval_accuracy
+        )
 
 
 def run_demo(
@@ -180,7 +188,9 @@ def run_demo(
     started = time.perf_counter()
     root = Path(output_dir)
     loss_curve = root / f"loss_curve{default_suffix()}"
-    check_plot_path(loss_curve, plot_backend)  # an unknown backend or missing matplotlib fails now, not after training
+    check_plot_path(
+        loss_curve, plot_backend
+    )  # an unknown backend or missing matplotlib fails now, not after training
     root.mkdir(parents=True, exist_ok=True)
     result = DemoResult(root)
 
@@ -194,8 +204,12 @@ def run_demo(
     x, y = spirals(points_per_class=400, classes=3, seed=seed)
     (x_train, y_train), (x_val, y_val) = train_val_split(x, y, 0.2)
     result.files["dataset"] = _save_npz(root / "spirals.npz", features=x_train, labels=y_train)
-    result.files["validation_dataset"] = _save_npz(root / "spirals_val.npz", features=x_val, labels=y_val)
-    say(f"[1/7] dataset: 3-class spirals, {len(x_train)} training and {len(x_val)} validation points")
+    result.files["validation_dataset"] = _save_npz(
+        root / "spirals_val.npz", features=x_val, labels=y_val
+    )
+    say(
+        f"[1/7] dataset: 3-class spirals, {len(x_train)} training and {len(x_val)} validation points"
+    )
 
     # 2. model
     model = build_classifier(seed=seed)
@@ -207,7 +221,9 @@ def run_demo(
 
     # 3-4. loss and artifacts
     loss = SmoothedCrossEntropyWithL2(weights, l2=1e-4, label_smoothing=0.05)
-    say("[3/7] loss: cross entropy (label smoothing 0.05) + 1e-4 * sum of squared weights, composed from blocks")
+    say(
+        "[3/7] loss: cross entropy (label smoothing 0.05) + 1e-4 * sum of squared weights, composed from blocks"
+    )
     artifact_dir = root / "artifacts"
     portable_options: dict[str, Any] = {"portable": True} if portable else {}
     written = artifacts.generate_artifacts(
@@ -223,23 +239,35 @@ def run_demo(
     say(f"[4/7] training artifacts: {', '.join(p.name for p in written.files)}")
 
     # 5. training
-    session = TrainingSession(artifact_dir)  # portable artifacts run on the portable backend (any onnxruntime)
+    session = TrainingSession(
+        artifact_dir
+    )  # portable artifacts run on the portable backend (any onnxruntime)
     train = ArrayBatches((x_train, y_train), batch_size=32, seed=seed)
     val = ArrayBatches((x_val, y_val), batch_size=256, shuffle=False)
     total_steps = epochs * len(train)
-    schedule = CosineSchedule(0.01, total_steps=total_steps, warmup_steps=min(len(train), total_steps // 5))
+    schedule = CosineSchedule(
+        0.01, total_steps=total_steps, warmup_steps=min(len(train), total_steps // 5)
+    )
     accuracy = Accuracy(output=1)
     say(
         f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate from 0.01 "
         f"({session.backend} backend)"
     )
     history = fit(
-        session, train, epochs=epochs, eval_data=val, callbacks=[accuracy], scheduler=schedule, progress=progress
+        session,
+        train,
+        epochs=epochs,
+        eval_data=val,
+        callbacks=[accuracy],
+        scheduler=schedule,
+        progress=progress,
     )
     result.history = history
     result.eval_accuracy = history.metric("accuracy")[-1]
     result.final_loss = history.metric("loss")[-1]
-    result.files["checkpoint"] = session.save_checkpoint(root / "checkpoint", properties={"epochs": epochs})
+    result.files["checkpoint"] = session.save_checkpoint(
+        root / "checkpoint", properties={"epochs": epochs}
+    )
     verdict = "reached" if result.eval_accuracy >= TARGET_ACCURACY else "MISSED"
     say(
         f"      validation accuracy {result.eval_accuracy:.3f} ({verdict} the target {TARGET_ACCURACY:.2f}), "
@@ -254,7 +282,9 @@ def run_demo(
     say("[6/7] loss curve saved")
 
     # 7. inference model, checked with InferenceSession
-    result.files["inference_model"] = session.export_inference_model(root / "spiral_classifier.onnx", ["logits"])
+    result.files["inference_model"] = session.export_inference_model(
+        root / "spiral_classifier.onnx", ["logits"]
+    )
     result.inference_accuracy = _inference_accuracy(result.files["inference_model"], x_val, y_val)
     agree = "same as" if result.inference_accuracy == result.eval_accuracy else "DIFFERENT FROM"
     say(
@@ -297,7 +327,10 @@ def _inference_accuracy(model_path: Path, x: np.ndarray, y: np.ndarray) -> float
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> Path:
-    with atomic_file(path) as temp, open(temp, "wb") as f:  # a file object: np.savez would append .npz to a name
+    with (
+        atomic_file(path) as temp,
+        open(temp, "wb") as f,
+    ):  # a file object: np.savez would append .npz to a name
         np.savez(f, **arrays)  # type: ignore[arg-type]  # stub: **kwds may fill allow_pickle: bool (older numpy lacks it)
     return path
 

@@ -75,8 +75,12 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
             raise FileMissingError(
                 f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it first."
             )
-        if final.is_dir() and not final.is_symlink():  # checked first: a write would fail only at its end
-            raise IsAFolderError(f"Cannot write '{final}': it is a directory. Pass a file path (inside it?).")
+        if (
+            final.is_dir() and not final.is_symlink()
+        ):  # checked first: a write would fail only at its end
+            raise IsAFolderError(
+                f"Cannot write '{final}': it is a directory. Pass a file path (inside it?)."
+            )
     for parent in dict.fromkeys(f.parent for f in finals):
         _tempfiles.remove_stale(parent)
     temps = [_tempfiles.temp_path(f) for f in finals]
@@ -124,7 +128,9 @@ def atomic_file(target: str | os.PathLike, companions: bool = False) -> Iterator
             if companions:
                 final = Path(os.fspath(target))
                 for companion in sorted(temp.parent.glob(pattern)):
-                    os.replace(companion, final.with_name(final.name + companion.name[len(temp.name) :]))
+                    os.replace(
+                        companion, final.with_name(final.name + companion.name[len(temp.name) :])
+                    )
         except BaseException:
             if companions:
                 for leftover in temp.parent.glob(pattern):
@@ -155,7 +161,9 @@ def tensor_chunks(
             "weights (accessor.weights) or its TensorSource instead."
         )
     if tensor.data_type == onnx.TensorProto.STRING:
-        raise InvalidValueError(f"Tensor '{tensor.name}' holds strings, which cannot be streamed as raw bytes.")
+        raise InvalidValueError(
+            f"Tensor '{tensor.name}' holds strings, which cannot be streamed as raw bytes."
+        )
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         if base_dir is None:
             raise InvalidValueError(
@@ -183,7 +191,11 @@ def _nbytes(tensor: onnx.TensorProto | _weights.TensorSource) -> int:
 
 
 def write_aligned(
-    out: BinaryIO, chunks: Iterable[bytes | memoryview], expected: int, name: str, align_for: int | None = None
+    out: BinaryIO,
+    chunks: Iterable[bytes | memoryview],
+    expected: int,
+    name: str,
+    align_for: int | None = None,
 ) -> int:
     """Append ``chunks`` to ``out`` at an aligned offset; return the offset.
 
@@ -228,8 +240,15 @@ def write_tensor(
         ValueError: if the tensor's data does not match ``expected`` bytes.
         OSError: if its source file ends early.
     """
-    source = tensor if isinstance(tensor, _weights.TensorSource) and tensor.path is not None else None
-    if source is None or source.path is None or not hasattr(os, "copy_file_range") or expected < _PAGE_ALIGN_FROM:
+    source = (
+        tensor if isinstance(tensor, _weights.TensorSource) and tensor.path is not None else None
+    )
+    if (
+        source is None
+        or source.path is None
+        or not hasattr(os, "copy_file_range")
+        or expected < _PAGE_ALIGN_FROM
+    ):
         return write_aligned(out, tensor_chunks(tensor, base_dir), expected, name)
     position = write_aligned(out, (), 0, name, align_for=expected)
     out.flush()
@@ -237,7 +256,9 @@ def write_tensor(
         done = 0
         try:
             while done < expected:
-                n = os.copy_file_range(f.fileno(), out.fileno(), expected - done, source.offset + done)
+                n = os.copy_file_range(
+                    f.fileno(), out.fileno(), expected - done, source.offset + done
+                )
                 if n == 0:
                     raise DataFileError(
                         f"External data file {source.path} ended early while copying tensor '{name}' "
@@ -247,7 +268,9 @@ def write_tensor(
         except OSError as exc:
             if done or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
                 raise
-            return write_aligned(out, tensor_chunks(tensor, base_dir), expected, name)  # no kernel copy here
+            return write_aligned(
+                out, tensor_chunks(tensor, base_dir), expected, name
+            )  # no kernel copy here
     out.seek(position + expected)
     return position
 
@@ -314,20 +337,28 @@ def save_model(
             external data without ``base_dir``.
     """
     if not isinstance(model, onnx.ModelProto):
-        raise InvalidTypeError(f"save_model() takes an onnx.ModelProto, not {type(model).__name__}.")
+        raise InvalidTypeError(
+            f"save_model() takes an onnx.ModelProto, not {type(model).__name__}."
+        )
     if (
         isinstance(external_data_threshold, bool)
         or not isinstance(external_data_threshold, int)
         or external_data_threshold < 0
     ):
-        raise InvalidValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
+        raise InvalidValueError(
+            f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}."
+        )
     target = as_path(path, "path")
     data_location = _check_location(location if location is not None else target.name + ".data")
     data_path = target.parent / data_location
     if data_path.resolve() == target.resolve():
-        raise InvalidValueError(f"location={data_location!r} is the model file itself; choose another name.")
+        raise InvalidValueError(
+            f"location={data_location!r} is the model file itself; choose another name."
+        )
 
-    shared = {name: (_check_location(where), at, n) for name, (where, at, n) in (references or {}).items()}
+    shared = {
+        name: (_check_location(where), at, n) for name, (where, at, n) in (references or {}).items()
+    }
 
     def source_of(init: onnx.TensorProto) -> onnx.TensorProto | _weights.TensorSource | None:
         if _weights.is_stub(init):
@@ -336,7 +367,11 @@ def save_model(
                     f"Initializer '{init.name}' is a held stub but weights= does not know it. Pass the build's "
                     "weights (accessor.weights), or save the finished model (block.to_model_proto())."
                 )
-            source = weights.source(init.name) if isinstance(weights, _weights.WeightStore) else weights[init.name]
+            source = (
+                weights.source(init.name)
+                if isinstance(weights, _weights.WeightStore)
+                else weights[init.name]
+            )
             if (source.data_type, tuple(source.dims)) != (init.data_type, tuple(init.dims)):
                 raise InvalidValueError(
                     f"The weights for '{init.name}' are {_weights_kind(source.data_type, source.dims)} but the "
@@ -354,7 +389,9 @@ def save_model(
             return init
         return None
 
-    plan = [(init, None if init.name in shared else source_of(init)) for init in model.graph.initializer]
+    plan = [
+        (init, None if init.name in shared else source_of(init)) for init in model.graph.initializer
+    ]
     out = _skeleton(model)
     external = [(init, src) for init, src in plan if src is not None]
     with atomic_outputs(*([data_path] if external else []), target) as temps:
@@ -405,14 +442,18 @@ def load_model(path: str | os.PathLike, load_external_data: bool = False) -> onn
     if resolved.is_dir():
         raise IsAFolderError(f"'{resolved}' is a directory; pass the .onnx file inside it.")
     if not resolved.is_file():
-        raise InvalidValueError(f"'{resolved}' is not a regular file (a pipe or device?); pass an .onnx file.")
+        raise InvalidValueError(
+            f"'{resolved}' is not a regular file (a pipe or device?); pass an .onnx file."
+        )
     try:
         return onnx.load(os.fspath(resolved), load_external_data=load_external_data)
     except (OSError, MemoryError):
         raise
     except Exception as exc:  # protobuf's DecodeError, onnx's ValidationError for external data
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        if type(exc).__name__ == "DecodeError":  # protobuf's wording ("Wire format was corrupt") says nothing more
+        if (
+            type(exc).__name__ == "DecodeError"
+        ):  # protobuf's wording ("Wire format was corrupt") says nothing more
             detail = "its bytes do not decode as an ONNX model (the file is truncated or of another kind)"
         raise InvalidValueError(
             f"Cannot load '{resolved}' as an ONNX model: {detail}. Check that the file is a complete .onnx model "

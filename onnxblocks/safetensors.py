@@ -47,7 +47,10 @@ DTYPES: dict[str, np.dtype] = {
     "U64": np.dtype("<u8"),
     "BOOL": np.dtype("?"),
 }
-_CODES = {dtype.newbyteorder("=") if dtype.byteorder == "<" else dtype: code for code, dtype in DTYPES.items()}
+_CODES = {
+    dtype.newbyteorder("=") if dtype.byteorder == "<" else dtype: code
+    for code, dtype in DTYPES.items()
+}
 _METADATA = "__metadata__"
 #: Largest header this reader accepts (the reference implementation's limit).
 MAX_HEADER_BYTES = 100_000_000
@@ -58,12 +61,16 @@ def _code(name: str, array: np.ndarray) -> str:
     code = _CODES.get(dtype)
     if code is None:
         supported = ", ".join(str(d) for d in _CODES)
-        raise InvalidTypeError(f"tensor '{name}' has dtype {array.dtype}; the web format supports {supported}.")
+        raise InvalidTypeError(
+            f"tensor '{name}' has dtype {array.dtype}; the web format supports {supported}."
+        )
     return code
 
 
 def write_safetensors(
-    path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+    path: str | os.PathLike,
+    tensors: Mapping[str, np.ndarray],
+    metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``tensors`` (in the mapping's order) and string ``metadata`` as a safetensors file, atomically.
 
@@ -82,17 +89,27 @@ def write_safetensors(
     if metadata:
         bad = [k for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
-            raise InvalidTypeError(f"safetensors metadata must map strings to strings; not so for {bad[:5]}.")
+            raise InvalidTypeError(
+                f"safetensors metadata must map strings to strings; not so for {bad[:5]}."
+            )
         header[_METADATA] = dict(metadata)
     arrays = []
     offset = 0
     for name, value in tensors.items():
         if name == _METADATA:
-            raise InvalidTypeError(f"'{_METADATA}' is reserved in safetensors files; rename the tensor.")
+            raise InvalidTypeError(
+                f"'{_METADATA}' is reserved in safetensors files; rename the tensor."
+            )
         array = np.asarray(value)
         code = _code(name, array)
-        array = np.asarray(array, dtype=DTYPES[code], order="C")  # not ascontiguousarray: it makes scalars 1-D
-        header[name] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        array = np.asarray(
+            array, dtype=DTYPES[code], order="C"
+        )  # not ascontiguousarray: it makes scalars 1-D
+        header[name] = {
+            "dtype": code,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         arrays.append(array)
         offset += array.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -138,7 +155,9 @@ def read_safetensors(
     target = Path(os.fspath(path))
     raw = _read_bytes(target)
     if len(raw) < 8:
-        raise InvalidValueError(f"'{target}' has {len(raw)} bytes: too short for a safetensors file.")
+        raise InvalidValueError(
+            f"'{target}' has {len(raw)} bytes: too short for a safetensors file."
+        )
     (length,) = struct.unpack("<Q", raw[:8])
     if length > min(len(raw) - 8, MAX_HEADER_BYTES):
         raise InvalidValueError(
@@ -148,9 +167,13 @@ def read_safetensors(
     try:
         header = json.loads(raw[8 : 8 + length].decode("utf-8"), object_pairs_hook=_unique_keys)
     except _RepeatedKeyError as exc:
-        raise InvalidValueError(f"'{target}': the safetensors header holds {exc.args[0]!r} twice.") from None
+        raise InvalidValueError(
+            f"'{target}': the safetensors header holds {exc.args[0]!r} twice."
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InvalidValueError(f"'{target}': the safetensors header is not UTF-8 JSON ({exc}).") from None
+        raise InvalidValueError(
+            f"'{target}': the safetensors header is not UTF-8 JSON ({exc})."
+        ) from None
     if not isinstance(header, dict):
         raise InvalidValueError(f"'{target}': the safetensors header must be a JSON object.")
     metadata = header.pop(_METADATA, None)
@@ -158,7 +181,9 @@ def read_safetensors(
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise InvalidValueError(f"'{target}': __metadata__ must be an object of strings.")
     data = memoryview(raw)[8 + length :]
-    entries = {name: _entry(target, name, entry, len(data), widen_bf16) for name, entry in header.items()}
+    entries = {
+        name: _entry(target, name, entry, len(data), widen_bf16) for name, entry in header.items()
+    }
     _check_tiling(target, entries, len(data))
     tensors = {name: _tensor(entry, data) for name, entry in entries.items()}
     return tensors, dict(metadata)
@@ -181,11 +206,17 @@ def _read_bytes(target: Path) -> bytes:
     try:
         return target.read_bytes()
     except FileNotFoundError:
-        raise FileMissingError(f"No file at '{target}'. Pass the path of a safetensors file.") from None
+        raise FileMissingError(
+            f"No file at '{target}'. Pass the path of a safetensors file."
+        ) from None
     except IsADirectoryError:
-        raise IsAFolderError(f"'{target}' is a folder; pass the path of a safetensors file.") from None
+        raise IsAFolderError(
+            f"'{target}' is a folder; pass the path of a safetensors file."
+        ) from None
     except PermissionError:
-        raise FileAccessError(f"'{target}' may not be read (permission denied); check its permissions.") from None
+        raise FileAccessError(
+            f"'{target}' may not be read (permission denied); check its permissions."
+        ) from None
     except OSError as exc:
         raise DataFileError(f"'{target}' cannot be read ({exc.strerror or exc}).") from None
 
@@ -218,10 +249,14 @@ def _entry(target: Path, name: str, entry: object, size: int, widen_bf16: bool =
         raise InvalidValueError(f"'{target}': the header entry of '{name}' is not an object.")
     extra = sorted(set(entry) - {"dtype", "shape", "data_offsets"})
     if extra:
-        raise InvalidValueError(f"'{target}': the header entry of '{name}' has unknown fields {extra}.")
+        raise InvalidValueError(
+            f"'{target}': the header entry of '{name}' has unknown fields {extra}."
+        )
     code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(code, str) or (code not in DTYPES and not (widen_bf16 and code == "BF16")):
-        raise InvalidTypeError(f"'{target}': tensor '{name}' has dtype {code!r}; supported: {', '.join(DTYPES)}.")
+        raise InvalidTypeError(
+            f"'{target}': tensor '{name}' has dtype {code!r}; supported: {', '.join(DTYPES)}."
+        )
     if (
         not isinstance(shape, list)
         or len(shape) > _MAX_RANK
@@ -230,7 +265,11 @@ def _entry(target: Path, name: str, entry: object, size: int, widen_bf16: bool =
         raise InvalidValueError(
             f"'{target}': tensor '{name}' has shape {shape!r:.80}; expected at most {_MAX_RANK} integers in [0, 2**62)."
         )
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) and o >= 0 for o in offsets):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) and o >= 0 for o in offsets)
+    ):
         raise InvalidValueError(
             f"'{target}': tensor '{name}' has data_offsets {offsets!r:.80}; expected [begin, end], two integers >= 0."
         )
@@ -272,14 +311,18 @@ def _check_tiling(target: Path, entries: Mapping[str, _Entry], size: int) -> Non
             )
         elif entry.begin > at:
             after = f"after '{last.name}' " if last is not None else ""
-            gaps.append(f"data bytes [{at}, {entry.begin}) {after}and before '{entry.name}' belong to no tensor")
+            gaps.append(
+                f"data bytes [{at}, {entry.begin}) {after}and before '{entry.name}' belong to no tensor"
+            )
         if last is None or entry.end >= at:
             at, last = entry.end, entry
     if at < size:
         after = f" after '{last.name}', the last tensor," if last is not None else ""
         gaps.append(f"data bytes [{at}, {size}){after} belong to no tensor")
     if overlaps or gaps:
-        raise InvalidValueError(f"'{target}': {(overlaps + gaps)[0]}. The file is corrupted; write it again.")
+        raise InvalidValueError(
+            f"'{target}': {(overlaps + gaps)[0]}. The file is corrupted; write it again."
+        )
 
 
 def _tensor(entry: _Entry, data: memoryview) -> np.ndarray:

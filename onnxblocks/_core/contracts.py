@@ -63,7 +63,12 @@ GRADIENTS = "gradients"
 FIRST_ORDER_MOMENTS = "first_order_moments"
 SECOND_ORDER_MOMENTS = "second_order_moments"
 #: The state sequences of an optimizer model, in slot order (AdamW's two moments first, as ONNX Runtime names them).
-STATE_SEQUENCES = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, "third_order_moments", "fourth_order_moments")
+STATE_SEQUENCES = (
+    FIRST_ORDER_MOMENTS,
+    SECOND_ORDER_MOMENTS,
+    "third_order_moments",
+    "fourth_order_moments",
+)
 #: Optimizer-model metadata key: the algorithm, its parameter groups and hyperparameters (JSON), for the
 #: optimizers written in standard ops (``onnxblocks.portable.rules``).
 OPTIMIZER_METADATA = "onnxblocks.optimizer"
@@ -187,6 +192,8 @@ class ArtifactNames:
         the checkpoints, the external-data companion (``.data``) of each, and the
         frozen base weights the models share (``base_weights.bin``).
         """
-        names = [self.model(stem, ort) for stem in (*MODEL_STEMS, STEP_MODEL) for ort in (False, True)]
+        names = [
+            self.model(stem, ort) for stem in (*MODEL_STEMS, STEP_MODEL) for ort in (False, True)
+        ]
         names += [self.checkpoint, self.nominal_checkpoint]
         return [n for name in names for n in (name, name + DATA_SUFFIX)] + [self.base_weights]

@@ -50,7 +50,8 @@ class Attribute:
             TypeError: if ``value`` cannot represent this kind.
         """
         accepted: dict[int, bool] = {
-            onnx.AttributeProto.FLOAT: isinstance(value, (int, float)) and not isinstance(value, bool),
+            onnx.AttributeProto.FLOAT: isinstance(value, (int, float))
+            and not isinstance(value, bool),
             onnx.AttributeProto.INT: isinstance(value, (bool, int)),
             onnx.AttributeProto.STRING: isinstance(value, str),
         }
@@ -83,7 +84,11 @@ class Output:
         """The TypeProto of this output given the node's inputs, or None if unknown."""
         if self.elem_type is not None:
             return onnx.helper.make_tensor_type_proto(self.elem_type, self.shape)
-        if self.like_input is not None and self.like_input < len(inputs) and inputs[self.like_input]:
+        if (
+            self.like_input is not None
+            and self.like_input < len(inputs)
+            and inputs[self.like_input]
+        ):
             return acc.type_of(inputs[self.like_input])
         return None
 
@@ -145,7 +150,9 @@ class ContribOp:
         acc: Builder = current()
         count = outputs if isinstance(outputs, int) else len(outputs)
         self._check_arity(len(inputs), count, acc.where())
-        values: dict[str, Any] = {k: self.attribute(k).coerce(self.op_type, v) for k, v in attributes.items()}
+        values: dict[str, Any] = {
+            k: self.attribute(k).coerce(self.op_type, v) for k, v in attributes.items()
+        }
         names = [str(i) if i else "" for i in inputs]
         types = [spec.type_for(acc, names) for spec in self.outputs[:count]]
         return acc.op(
@@ -158,15 +165,21 @@ class ContribOp:
             **values,
         )
 
-    def node(self, inputs: Sequence[str], outputs: Sequence[str], name: str, **attributes: Any) -> onnx.NodeProto:
+    def node(
+        self, inputs: Sequence[str], outputs: Sequence[str], name: str, **attributes: Any
+    ) -> onnx.NodeProto:
         """A NodeProto of this op, checked against the declaration (for graph surgery outside a build).
 
         Raises:
             TypeError: for a wrong number of inputs or outputs, or an unknown or ill-typed attribute.
         """
         self._check_arity(len(inputs), len(outputs), "")
-        values: dict[str, Any] = {k: self.attribute(k).coerce(self.op_type, v) for k, v in attributes.items()}
-        return onnx.helper.make_node(self.op_type, list(inputs), list(outputs), name=name, domain=self.domain, **values)
+        values: dict[str, Any] = {
+            k: self.attribute(k).coerce(self.op_type, v) for k, v in attributes.items()
+        }
+        return onnx.helper.make_node(
+            self.op_type, list(inputs), list(outputs), name=name, domain=self.domain, **values
+        )
 
     def _check_arity(self, n_inputs: int, n_outputs: int, where: str) -> None:
         if not self.required_inputs <= n_inputs <= len(self.inputs):
@@ -241,5 +254,6 @@ INPLACE_CLIP_GRAD_NORM = ContribOp(
 
 #: Every contrib op onnxblocks emits, by op type.
 CONTRIB_OPS: dict[str, ContribOp] = {
-    op.op_type: op for op in (ADAMW_OPTIMIZER, SGD_OPTIMIZER_V2, IN_PLACE_ACCUMULATOR_V2, INPLACE_CLIP_GRAD_NORM)
+    op.op_type: op
+    for op in (ADAMW_OPTIMIZER, SGD_OPTIMIZER_V2, IN_PLACE_ACCUMULATOR_V2, INPLACE_CLIP_GRAD_NORM)
 }

@@ -139,7 +139,9 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
         os.close(fd)
 
 
-def files_lock(paths: Sequence[Path], timeout: float = DEFAULT_TIMEOUT_S) -> contextlib.AbstractContextManager[None]:
+def files_lock(
+    paths: Sequence[Path], timeout: float = DEFAULT_TIMEOUT_S
+) -> contextlib.AbstractContextManager[None]:
     """The lock of the directory of ``paths`` while they are replaced together (none for a single file).
 
     Two writers replacing the same files one by one would otherwise interleave: one's

@@ -32,7 +32,9 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def _real(value: object, what: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
-        raise InvalidTypeError(f"{what} must be a number, not {type(value).__name__} {value!r:.60}.")
+        raise InvalidTypeError(
+            f"{what} must be a number, not {type(value).__name__} {value!r:.60}."
+        )
     try:
         return float(value)
     except OverflowError:  # an int too large for a float
@@ -104,5 +106,7 @@ def step(value: object, what: str = "step") -> int:
         raise InvalidTypeError(f"{what} must be an int, not {type(value).__name__} {value!r:.60}.")
     number = int(value)
     if not 0 <= number <= MAX_STEP:
-        raise InvalidValueError(f"{what} must be an int in [0, {MAX_STEP}] (2**53 - 1), got {number}.")
+        raise InvalidValueError(
+            f"{what} must be an int in [0, {MAX_STEP}] (2**53 - 1), got {number}."
+        )
     return number

@@ -48,7 +48,10 @@ def _handlers(handler: signal.Handlers | object) -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, old in previous.items():  # None: a handler set outside Python, which cannot be put back
+        for (
+            sig,
+            old,
+        ) in previous.items():  # None: a handler set outside Python, which cannot be put back
             signal.signal(sig, signal.SIG_DFL if old is None else old)
 
 

@@ -135,7 +135,12 @@ def own(stage: Path) -> int:
         _active.add(stage.name)
     fd = _lock.hold(stage / _OWNER)
     try:
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "host_tag": HOST_TAG, "started": time.time()}
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "host_tag": HOST_TAG,
+            "started": time.time(),
+        }
         os.write(fd, json.dumps(owner).encode())
     except BaseException:
         os.close(fd)
@@ -169,7 +174,11 @@ def _candidates(directory: Path) -> list[tuple[Path, re.Match[str]]]:
         with contextlib.suppress(OSError), os.scandir(place) as entries:
             for entry in entries:
                 match = STAGE_NAME.match(entry.name)
-                if match and match.group("target") == target and entry.is_dir(follow_symlinks=False):
+                if (
+                    match
+                    and match.group("target") == target
+                    and entry.is_dir(follow_symlinks=False)
+                ):
                     found.append((Path(entry.path), match))
     return found
 
@@ -220,13 +229,17 @@ def clean(directory: str | os.PathLike, lock_timeout: float | None = None) -> li
     """
     path = Path(os.fspath(directory))
     stale = [(stage, match) for stage, match in _candidates(path) if _is_stale(stage, match)]
-    removed: list[Path] = _tempfiles.remove_stale(path) if path.is_dir() else []  # probes, half-saved checkpoints
+    removed: list[Path] = (
+        _tempfiles.remove_stale(path) if path.is_dir() else []
+    )  # probes, half-saved checkpoints
     inside = False
     for stage, match in stale:
         if match.group("target") is None:
             inside = True  # in the artifact directory: under its lock, with any rollback
             continue
-        shutil.rmtree(stage, ignore_errors=True)  # a new directory never committed: no journal in it
+        shutil.rmtree(
+            stage, ignore_errors=True
+        )  # a new directory never committed: no journal in it
         logger.info("Removed %s, left by a killed run.", stage)
         removed.append(stage)
     if not inside and not (path / _lock.LOCK_NAME).exists():
@@ -238,7 +251,9 @@ def clean(directory: str | os.PathLike, lock_timeout: float | None = None) -> li
         with _lock.directory_lock(path, timeout):
             removed += recover_stale(path)
     except PermissionError:
-        logger.warning("Cannot lock %s to remove what killed runs left in it (no write permission).", path)
+        logger.warning(
+            "Cannot lock %s to remove what killed runs left in it (no write permission).", path
+        )
     except LockTimeoutError:
         if inside:
             raise
@@ -263,10 +278,20 @@ def recover_stale(directory: Path) -> list[Path]:
             try:
                 entry = json.loads(journal.read_text())
                 new, old = list(entry["new"]), list(entry["old"])
-            except (OSError, ValueError, KeyError, TypeError):  # unreadable: put back whatever was moved aside
-                new, old = [], [p.name for p in (stage / _OLD).iterdir()] if (stage / _OLD).is_dir() else []
+            except (
+                OSError,
+                ValueError,
+                KeyError,
+                TypeError,
+            ):  # unreadable: put back whatever was moved aside
+                new, old = (
+                    [],
+                    [p.name for p in (stage / _OLD).iterdir()] if (stage / _OLD).is_dir() else [],
+                )
             _roll_back(directory, stage, new, old)
-            logger.warning("Restored the artifacts in %s that a killed run was replacing.", directory)
+            logger.warning(
+                "Restored the artifacts in %s that a killed run was replacing.", directory
+            )
         shutil.rmtree(stage, ignore_errors=True)
         logger.info("Removed %s, left by a killed run.", stage)
         removed.append(stage)

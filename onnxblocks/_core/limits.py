@@ -102,5 +102,7 @@ def stamp_versions(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = onnx_opset(model) or DEFAULT_ONNX_OPSET
     needed = _IR_FOR_OPSET.get(opset, MAX_IR_VERSION)
     current = model.ir_version or 0
-    model.ir_version = min(max(current, needed), MAX_IR_VERSION) if current <= MAX_IR_VERSION else MAX_IR_VERSION
+    model.ir_version = (
+        min(max(current, needed), MAX_IR_VERSION) if current <= MAX_IR_VERSION else MAX_IR_VERSION
+    )
     return model

@@ -26,13 +26,22 @@ from onnxblocks._core.errors import OrtRunError
 
 #: Names of ONNX Runtime exception classes that mean "your model or input is wrong".
 INPUT_ERROR_CLASSES = frozenset(
-    {"InvalidArgument", "NoSuchFile", "NoModel", "InvalidProtobuf", "InvalidGraph", "NotImplemented"}
+    {
+        "InvalidArgument",
+        "NoSuchFile",
+        "NoModel",
+        "InvalidProtobuf",
+        "InvalidGraph",
+        "NotImplemented",
+    }
 )
 
 #: ``[ONNXRuntimeError] : <code> : <STATUS NAME> : `` (the status name is left out by some bindings).
 _STATUS_PREFIX = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*(?:[A-Z_]+\s*:\s*)?")
 #: ``<path>/<file>.<ext>:<line> ``, at the start of the text or after a space.
-_LOCATION = re.compile(r"(?:^|(?<=\s))(?P<path>(?:[\w.+-]*[/\\])*)[\w.+-]+\.(?:cc|cpp|cxx|c|h|hpp|cu|cuh):\d+ ")
+_LOCATION = re.compile(
+    r"(?:^|(?<=\s))(?P<path>(?:[\w.+-]*[/\\])*)[\w.+-]+\.(?:cc|cpp|cxx|c|h|hpp|cu|cuh):\d+ "
+)
 #: The condition of a failed ``ORT_ENFORCE`` right after its signature (it does not span sentences).
 _ENFORCE_CONDITION = re.compile(r"(?:(?!\. |\[ONNXRuntimeError\]).)*? was false\.(?: |$)")
 #: What may follow a C++ parameter list inside a signature.
@@ -45,7 +54,9 @@ _NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node ?(\S*)")
 _UNREACHABLE = re.compile(
     r"Cannot compute the partial derivative for '([^']+)'|(?:^|\s)(\S+) couldn't find the consumer node"
 )
-_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
+_NO_KERNEL = re.compile(
+    r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'"
+)
 
 
 class MissingGradient(NamedTuple):
@@ -86,7 +97,9 @@ def run_error(error: BaseException, what: str) -> OrtRunError:
         (:func:`is_input_error`).
     """
     prefix = f"ONNX Runtime failed running {what}: " if what else ""
-    message = clean_message(error).removeprefix("Error in execution: ")  # onnxruntime's Python layer adds it
+    message = clean_message(error).removeprefix(
+        "Error in execution: "
+    )  # onnxruntime's Python layer adds it
     translated = OrtRunError(prefix + message)
     translated.input_error = is_input_error(error)
     return translated

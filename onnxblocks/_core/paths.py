@@ -47,11 +47,15 @@ def as_path(value: object, parameter: str) -> Path:
         )
     text = os.fspath(value)
     if not isinstance(text, str):
-        raise InvalidTypeError(f"{parameter} must be a str path, not bytes {text!r:.60}; decode it first.")
+        raise InvalidTypeError(
+            f"{parameter} must be a str path, not bytes {text!r:.60}; decode it first."
+        )
     if not text:
         raise InvalidValueError(f"{parameter} is an empty path; pass a file or directory name.")
     if "\0" in text:
-        raise InvalidValueError(f"{parameter} {text!r:.80} holds a NUL character, which no file name can; remove it.")
+        raise InvalidValueError(
+            f"{parameter} {text!r:.80} holds a NUL character, which no file name can; remove it."
+        )
     return Path(text)
 
 
@@ -145,16 +149,30 @@ def check_output_dir(value: object, parameter: str) -> Path:
     existing = _existing_ancestor(path)
     _check_names(path, parameter, existing if existing.is_dir() else existing.parent)
     if existing == path and not path.is_dir():
-        raise NotAFolderError(f"{parameter}: '{path}' exists and is not a directory. Choose a directory path.")
+        raise NotAFolderError(
+            f"{parameter}: '{path}' exists and is not a directory. Choose a directory path."
+        )
     _check_writable_dir(existing, parameter, path)
     return path
 
 
 _WRITE_ERRORS: tuple[tuple[type[OSError], type[OnnxBlocksError], str], ...] = (
-    (PermissionError, FileAccessError, "permission denied (a read-only file or directory?); choose a writable path"),
+    (
+        PermissionError,
+        FileAccessError,
+        "permission denied (a read-only file or directory?); choose a writable path",
+    ),
     (IsADirectoryError, IsAFolderError, "a directory is in the way; pass a file path"),
-    (NotADirectoryError, NotAFolderError, "a file is in the way of its directory; choose a path inside a directory"),
-    (FileNotFoundError, FileMissingError, "its directory disappeared while writing; create it and try again"),
+    (
+        NotADirectoryError,
+        NotAFolderError,
+        "a file is in the way of its directory; choose a path inside a directory",
+    ),
+    (
+        FileNotFoundError,
+        FileMissingError,
+        "its directory disappeared while writing; create it and try again",
+    ),
 )
 
 
@@ -171,4 +189,6 @@ def write_error(exc: BaseException, finals: Sequence[Path]) -> OnnxBlocksError |
         if isinstance(exc, builtin):
             return ours(f"Cannot write {where}: {advice}.")
     reason = exc.strerror or type(exc).__name__
-    return DataFileError(f"Cannot write {where}: {reason} (no space left, or a file system error?).")
+    return DataFileError(
+        f"Cannot write {where}: {reason} (no space left, or a file system error?)."
+    )

@@ -157,5 +157,7 @@ def _rewrite_tensor(data: Any, start: int, end: int, location: str, limit: int) 
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = _length_field(1, key.encode()) + _length_field(2, value.encode())
         kept += _length_field(_TENSOR_EXTERNAL_DATA, entry)
-    kept += _encode_varint(_TENSOR_DATA_LOCATION << 3 | _VARINT) + _encode_varint(onnx.TensorProto.EXTERNAL)
+    kept += _encode_varint(_TENSOR_DATA_LOCATION << 3 | _VARINT) + _encode_varint(
+        onnx.TensorProto.EXTERNAL
+    )
     return bytes(kept)

@@ -26,7 +26,9 @@ def check_skeleton(model: onnx.ModelProto) -> None:
     for init in g.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             if init.name not in input_names:
-                sg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+                sg.input.append(
+                    helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+                )
         else:
             sg.initializer.append(init)
     _limits.stamp_versions(skeleton)

@@ -49,9 +49,9 @@ def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
 
 def is_stub(tensor: onnx.TensorProto) -> bool:
     """True for a stub standing in for a held tensor."""
-    return tensor.data_location == onnx.TensorProto.EXTERNAL and external_info(tensor).get("location", "").startswith(
-        HELD_LOCATION_PREFIX
-    )
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and external_info(tensor).get(
+        "location", ""
+    ).startswith(HELD_LOCATION_PREFIX)
 
 
 def _little_endian(values: np.ndarray, source: TensorSource) -> np.ndarray:
@@ -147,9 +147,9 @@ class TensorSource:
             return _little_endian(self.load(), self)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(self.data_type)
         if self.path is not None:
-            return np.fromfile(self.path, dtype=dtype, count=self.nbytes // dtype.itemsize, offset=self.offset).reshape(
-                self.dims
-            )
+            return np.fromfile(
+                self.path, dtype=dtype, count=self.nbytes // dtype.itemsize, offset=self.offset
+            ).reshape(self.dims)
         raise AssertionError("unreachable")
 
     def to_tensor_proto(self) -> onnx.TensorProto:
@@ -182,7 +182,9 @@ class WeightStore:
         """The source of a held tensor."""
         return self._sources[name]
 
-    def hold(self, tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> onnx.TensorProto:
+    def hold(
+        self, tensor: onnx.TensorProto, base_dir: str | os.PathLike | None
+    ) -> onnx.TensorProto:
         """Record where ``tensor``'s bytes are and return a stub to put in the graph.
 
         ``tensor`` is referenced, not copied. For a tensor with external data,
@@ -287,13 +289,18 @@ def external_source(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> Te
     offset = _external_int(tensor, info, "offset") or 0
     length = _external_int(tensor, info, "length")
     dims = tuple(tensor.dims)
-    if tensor.data_type == onnx.TensorProto.STRING or tensor.data_type not in onnx.TensorProto.DataType.values():
+    if (
+        tensor.data_type == onnx.TensorProto.STRING
+        or tensor.data_type not in onnx.TensorProto.DataType.values()
+    ):
         raise InvalidValueError(
             f"Initializer '{tensor.name}' has external data of element type {tensor.data_type}, which cannot be "
             "read as raw bytes. Store it inline."
         )
     if any(d < 0 for d in dims):
-        raise InvalidValueError(f"Initializer '{tensor.name}' has a negative dimension {list(dims)}.")
+        raise InvalidValueError(
+            f"Initializer '{tensor.name}' has a negative dimension {list(dims)}."
+        )
     need = tensor_nbytes(tensor)
     if length is not None and length != need:
         raise InvalidValueError(

@@ -67,7 +67,9 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
                 f"model_path '{model_path}' is a directory; pass the .onnx file the model was loaded from."
             )
     if isinstance(model, onnx.ModelProto):
-        wellformed.check_model(model, model_path)  # before any reader: a value defined twice, or never
+        wellformed.check_model(
+            model, model_path
+        )  # before any reader: a value defined twice, or never
         return model, model_path
     if isinstance(model, (bytes, bytearray)):
         raise InvalidTypeError(
@@ -84,11 +86,15 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
     except FileNotFoundError:
         raise FileMissingError(f"Model file '{path}' does not exist.") from None
     except NotADirectoryError:
-        raise NotAFolderError(f"Model file '{path}' cannot exist: a directory on its path is a file.") from None
+        raise NotAFolderError(
+            f"Model file '{path}' cannot exist: a directory on its path is a file."
+        ) from None
     if stat.S_ISDIR(info.st_mode):
         raise IsAFolderError(f"model '{path}' is a directory; pass the .onnx file inside it.")
     if not stat.S_ISREG(info.st_mode):
-        raise InvalidValueError(f"model '{path}' is not a regular file (a pipe or device?); pass an .onnx file.")
+        raise InvalidValueError(
+            f"model '{path}' is not a regular file (a pipe or device?); pass an .onnx file."
+        )
     try:
         loaded = _weights.load_structure(path)
     except (OSError, MemoryError, ValueError):
@@ -120,9 +126,13 @@ def names(argument: str, values: Sequence[str] | None) -> list[str]:
     out = list(values)
     for n in out:
         if not isinstance(n, str):
-            raise InvalidTypeError(f"{argument} must contain names (str), not {type(n).__name__}: {n!r}.")
+            raise InvalidTypeError(
+                f"{argument} must contain names (str), not {type(n).__name__}: {n!r}."
+            )
         if not n:
-            raise InvalidValueError(f"{argument} contains an empty name; every value of a model has a non-empty name.")
+            raise InvalidValueError(
+                f"{argument} contains an empty name; every value of a model has a non-empty name."
+            )
     return out
 
 
@@ -141,7 +151,9 @@ def check_prefix(prefix: Any) -> None:
             f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
         )
     if "\0" in prefix:
-        raise InvalidValueError(f"prefix {prefix!r} holds a NUL character, which no file name can; remove it.")
+        raise InvalidValueError(
+            f"prefix {prefix!r} holds a NUL character, which no file name can; remove it."
+        )
     longest = max(len(os.fsencode(n)) for n in ArtifactNames("").owned())
     size = len(os.fsencode(prefix))
     if size + longest > NAME_MAX:
@@ -165,7 +177,9 @@ def flag(argument: str, value: Any) -> bool:
     """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise InvalidTypeError(f"{argument} must be True or False, not {type(value).__name__}: {value!r}.")
+    raise InvalidTypeError(
+        f"{argument} must be True or False, not {type(value).__name__}: {value!r}."
+    )
 
 
 def library(value: Any) -> list[str]:
@@ -179,7 +193,9 @@ def library(value: Any) -> list[str]:
         return []
     path = _paths.as_path(value, "custom_op_library")
     if path.is_dir():
-        raise IsAFolderError(f"custom_op_library '{path}' is a directory; pass the shared library file.")
+        raise IsAFolderError(
+            f"custom_op_library '{path}' is a directory; pass the shared library file."
+        )
     if not path.is_file():
         raise FileMissingError(
             f"Custom op library '{path}' does not exist. Pass the path of the compiled shared library "
@@ -233,7 +249,11 @@ def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tup
 
 def same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
     """Accept the reference's LossType/OptimType members (same names) as ours."""
-    if isinstance(value, enum.Enum) and not isinstance(value, enum_type) and type(value).__name__ == enum_type.__name__:
+    if (
+        isinstance(value, enum.Enum)
+        and not isinstance(value, enum_type)
+        and type(value).__name__ == enum_type.__name__
+    ):
         if value.name not in enum_type.__members__:
             raise InvalidValueError(
                 f"{enum_type.__name__}.{value.name} is not supported.{did_you_mean(value.name, enum_type.__members__)}"

@@ -82,7 +82,9 @@ class BaseWeights:
 
 
 def base_names(
-    models: Sequence[onnx.ModelProto | None], store: _weights.WeightStore, threshold: int = BASE_THRESHOLD
+    models: Sequence[onnx.ModelProto | None],
+    store: _weights.WeightStore,
+    threshold: int = BASE_THRESHOLD,
 ) -> list[str]:
     """The initializers the models share through the base file, in the order they first appear.
 
@@ -130,8 +132,15 @@ def write_base_weights(target: Path, sources: Sequence[_weights.TensorSource]) -
     location = target.name
     linked = _link(target, sources)
     if linked is not None:
-        logger.info("Base weights: %s hard-linked from %s (%d tensors).", target.name, sources[0].path, len(linked))
-        return BaseWeights(target, {n: (location, o, s) for n, (o, s) in linked.items()}, linked=True)
+        logger.info(
+            "Base weights: %s hard-linked from %s (%d tensors).",
+            target.name,
+            sources[0].path,
+            len(linked),
+        )
+        return BaseWeights(
+            target, {n: (location, o, s) for n, (o, s) in linked.items()}, linked=True
+        )
     from onnxblocks.io import write_tensor  # a lower layer, loaded on first use
 
     references: dict[str, tuple[str, int, int]] = {}
@@ -144,7 +153,9 @@ def write_base_weights(target: Path, sources: Sequence[_weights.TensorSource]) -
     return BaseWeights(target, references, linked=False)
 
 
-def _link(target: Path, sources: Sequence[_weights.TensorSource]) -> dict[str, tuple[int, int]] | None:
+def _link(
+    target: Path, sources: Sequence[_weights.TensorSource]
+) -> dict[str, tuple[int, int]] | None:
     """Hard-link the one external data file all ``sources`` lie in; their (offset, length), or None where it cannot."""
     paths = {s.path for s in sources}
     if not sources or len(paths) != 1 or None in paths:
@@ -156,14 +167,20 @@ def _link(target: Path, sources: Sequence[_weights.TensorSource]) -> dict[str, t
     for s in sources:
         itemsize = onnx.helper.tensor_dtype_to_np_dtype(s.data_type).itemsize
         if s.offset % max(itemsize, 1):
-            return None  # a runtime would map the tensor at an address its element type does not align
+            return (
+                None  # a runtime would map the tensor at an address its element type does not align
+            )
     try:
         os.link(source, target)
-    except OSError as exc:  # another file system (EXDEV), no hard links (EPERM), too many links (EMLINK)
+    except (
+        OSError
+    ) as exc:  # another file system (EXDEV), no hard links (EPERM), too many links (EMLINK)
         logger.info("Base weights: cannot hard-link %s (%s); copying.", source, exc.strerror or exc)
         return None
     size = target.stat().st_size
-    if any(s.offset + s.nbytes > size for s in sources):  # changed since it was checked: copy what we read
+    if any(
+        s.offset + s.nbytes > size for s in sources
+    ):  # changed since it was checked: copy what we read
         target.unlink()
         return None
     return {s.name: (s.offset, s.nbytes) for s in sources}
@@ -180,7 +197,9 @@ def base_dtype(value: Any) -> int | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidTypeError(f"base_dtype must be None, 'float16' or 'bfloat16', not {type(value).__name__}.")
+        raise InvalidTypeError(
+            f"base_dtype must be None, 'float16' or 'bfloat16', not {type(value).__name__}."
+        )
     if value not in BASE_DTYPES:
         raise InvalidValueError(
             f"base_dtype={value!r} is not supported: pass 'float16' or 'bfloat16', or None to keep the base's type."
@@ -208,7 +227,11 @@ def cast_base(
         The training, eval and step models (the step model None if it was) and a store
         holding the converted weights.
     """
-    names = [n for n in base_names((training, evaluation, step), store) if store.source(n).data_type == _FLOAT]
+    names = [
+        n
+        for n in base_names((training, evaluation, step), store)
+        if store.source(n).data_type == _FLOAT
+    ]
     if dtype is None or not names:
         return training, evaluation, step, store
     import onnx_ir as ir
@@ -222,9 +245,15 @@ def cast_base(
     stubs: dict[str, ir.TensorProtocol] = {}
     for name in names:
         source = store.source(name)
-        converted.add(_weights.TensorSource(name, dtype, source.dims, load=functools.partial(_convert, source, target)))
+        converted.add(
+            _weights.TensorSource(
+                name, dtype, source.dims, load=functools.partial(_convert, source, target)
+            )
+        )
         where, shape = _weights.HELD_LOCATION_PREFIX + name, ir.Shape(source.dims)
-        stubs[name] = ir.ExternalTensor(where, None, None, ir.DataType(dtype), shape=shape, name=name)
+        stubs[name] = ir.ExternalTensor(
+            where, None, None, ir.DataType(dtype), shape=shape, name=name
+        )
 
     def cast(model: onnx.ModelProto) -> onnx.ModelProto:
         graph_ir = serde.from_proto(model)

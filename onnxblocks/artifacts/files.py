@@ -95,13 +95,18 @@ def _missing_top(directory: Path) -> Path | None:
     missing = [p for p in (directory, *directory.parents) if not p.exists()]
     for path in missing:
         if path.parent.exists() and not path.parent.is_dir():
-            raise NotAFolderError(f"Cannot create artifact_directory '{directory}': '{path.parent}' is a file.")
+            raise NotAFolderError(
+                f"Cannot create artifact_directory '{directory}': '{path.parent}' is a file."
+            )
     return missing[-1] if missing else None
 
 
 @contextlib.contextmanager
 def staging(
-    directory: Path, prefix: str, artifact_names: Sequence[str] | None = None, lock_timeout: float | None = None
+    directory: Path,
+    prefix: str,
+    artifact_names: Sequence[str] | None = None,
+    lock_timeout: float | None = None,
 ) -> Iterator[Path]:
     """Yield a staging directory; on success commit what it holds as the set of ``prefix`` in ``directory``.
 
@@ -145,18 +150,25 @@ def staging(
         yield inner
         if top is not None and _rename_new(stage, top):
             return
-        if top is not None:  # another writer created the directory meanwhile: commit into it as into any
+        if (
+            top is not None
+        ):  # another writer created the directory meanwhile: commit into it as into any
             moved = directory / _stage_name(None)
             claimed.append(moved)
             _move_into(inner, directory, moved)
             records.append(own(moved))  # the stage's record was taken out (_rename_new)
-            shutil.rmtree(stage, ignore_errors=True)  # what is left of the stage (its parents of `inner`), if any
+            shutil.rmtree(
+                stage, ignore_errors=True
+            )  # what is left of the stage (its parents of `inner`), if any
             stage, inner = moved, moved
         with _lock.directory_lock(directory, timeout):
             recover_stale(directory)
             _commit(directory, inner, prefix, owned)
     except BaseException:
-        for path in (stage, moved):  # a rollback cut short keeps its journal and the old files, for the next run
+        for path in (
+            stage,
+            moved,
+        ):  # a rollback cut short keeps its journal and the old files, for the next run
             if path is not None and path.exists() and not (path / _JOURNAL).exists():
                 shutil.rmtree(path, ignore_errors=True)
         raise
@@ -172,7 +184,9 @@ def _move_into(inner: Path, directory: Path, moved: Path) -> None:
     with _active_lock:
         _active.add(moved.name)  # before it exists, as for any staging directory
     try:
-        directory.mkdir(parents=True, exist_ok=True)  # ``directory`` may be below the new one: its parents exist
+        directory.mkdir(
+            parents=True, exist_ok=True
+        )  # ``directory`` may be below the new one: its parents exist
     except (FileExistsError, NotADirectoryError):
         raise NotAFolderError(
             f"Cannot write the artifacts into '{directory}': a file was put there while they were generated. "
@@ -205,7 +219,9 @@ def _owner(name: str, directory: Path, prefix: str) -> str | None:
         other = name[: -len(suffix)] if name.endswith(suffix) else None
         if other is not None and other != prefix:
             names = ArtifactNames(other)
-            if (directory / names.training_model).exists() or (directory / names.eval_model).exists():
+            if (directory / names.training_model).exists() or (
+                directory / names.eval_model
+            ).exists():
                 return other
     return None
 

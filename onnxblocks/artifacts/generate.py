@@ -24,7 +24,13 @@ import onnx
 
 from onnxblocks import losses, optim
 from onnxblocks._core import limits as _limits
-from onnxblocks._core.contracts import EVAL_MODEL, OPTIMIZER_MODEL, STEP_MODEL, TRAINING_MODEL, ArtifactNames
+from onnxblocks._core.contracts import (
+    EVAL_MODEL,
+    OPTIMIZER_MODEL,
+    STEP_MODEL,
+    TRAINING_MODEL,
+    ArtifactNames,
+)
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
@@ -123,7 +129,9 @@ class Artifacts(HtmlDisplay):
 class _ArtifactsBlock(TrainingBlock):
     """The loss (or pass-through) on the base model's outputs, plus additional outputs."""
 
-    def __init__(self, loss: Block, loss_input_names: Sequence[str] | None, additional: Sequence[str]) -> None:
+    def __init__(
+        self, loss: Block, loss_input_names: Sequence[str] | None, additional: Sequence[str]
+    ) -> None:
         super().__init__()
         self._loss = loss
         self._loss_input_names = list(loss_input_names) if loss_input_names else None
@@ -282,13 +290,17 @@ def _generate(
     loss_inputs = _arguments.names("loss_input_names", loss_input_names)
     requires = _arguments.names("requires_grad", requires_grad)
     frozen = _arguments.names("frozen_params", frozen_params)
-    requires = list(dict.fromkeys([*adapters, *requires]))  # LoRA adapters train, with what requires_grad names
+    requires = list(
+        dict.fromkeys([*adapters, *requires])
+    )  # LoRA adapters train, with what requires_grad names
     base_model, requires, frozen = _arguments.exporter_ties(base_model, untie, requires, frozen)
     _arguments.check_prefix(prefix)
     ort_format = _arguments.flag("ort_format", ort_format)
     nominal_checkpoint = _arguments.flag("nominal_checkpoint", nominal_checkpoint)
     libraries = _arguments.library(custom_op_library_path)
-    directory = _arguments.directory(artifact_directory)  # writable: checked before the work, not after
+    directory = _arguments.directory(
+        artifact_directory
+    )  # writable: checked before the work, not after
 
     both = [n for n in requires if n in set(frozen)]
     if both:
@@ -314,21 +326,33 @@ def _generate(
 
     optimizer_model = None
     if optim_block is not None:
-        with empty_base(opset_version=_limits.onnx_opset(graphs.eval)):  # the base's, converted if it was above 21
+        with empty_base(
+            opset_version=_limits.onnx_opset(graphs.eval)
+        ):  # the base's, converted if it was above 21
             optim_block(sources)
         optimizer_model = optim_block.to_model_proto()  # type: ignore[attr-defined]  # any Block with it, checked by hasattr
     training_model, eval_model, step_model = graphs.training, graphs.eval, None
-    if mode is not None:  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
+    if (
+        mode is not None
+    ):  # the same graphs, rewritten into standard ops (a lower layer, loaded on first use)
         from onnxblocks import portable as _portable
         from onnxblocks.portable.make import portable_eval_model
 
         made = _portable.make_portable(
-            training_model, optimizer_model, fused_step=fused_step, frozen_params=graphs.partition.frozen, mode=mode
+            training_model,
+            optimizer_model,
+            fused_step=fused_step,
+            frozen_params=graphs.partition.frozen,
+            mode=mode,
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
-        eval_model = portable_eval_model(eval_model, mode)  # ORT's fusions may have written contrib ops there too
+        eval_model = portable_eval_model(
+            eval_model, mode
+        )  # ORT's fusions may have written contrib ops there too
 
-    cast = _base.cast_base(training_model, eval_model, step_model, store, stored_as)  # a float16/bfloat16 base
+    cast = _base.cast_base(
+        training_model, eval_model, step_model, store, stored_as
+    )  # a float16/bfloat16 base
     training_model, eval_model, step_model, store = cast
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
@@ -336,28 +360,40 @@ def _generate(
 
     names = ArtifactNames(prefix)
     with staging(directory, prefix) as stage:
-        shared = _base.store_base(stage / names.base_weights, (training_model, eval_model, step_model), store)
+        shared = _base.store_base(
+            stage / names.base_weights, (training_model, eval_model, step_model), store
+        )
         save_model(training_model, stage / names.training_model, weights=store, references=shared)
         save_model(eval_model, stage / names.eval_model, weights=store, references=shared)
         if step_model is not None:
             save_model(step_model, stage / names.step_model, weights=store, references=shared)
         checkpoint.save_checkpoint(sources, stage / names.checkpoint, nominal_checkpoint=False)
         if nominal_checkpoint:
-            checkpoint.save_checkpoint(sources, stage / names.nominal_checkpoint, nominal_checkpoint=True)
+            checkpoint.save_checkpoint(
+                sources, stage / names.nominal_checkpoint, nominal_checkpoint=True
+            )
         if optimizer_model is not None:
             save_model(optimizer_model, stage / names.optimizer_model)
-        models = [TRAINING_MODEL, EVAL_MODEL] + ([OPTIMIZER_MODEL] if optimizer_model is not None else [])
+        models = [TRAINING_MODEL, EVAL_MODEL] + (
+            [OPTIMIZER_MODEL] if optimizer_model is not None else []
+        )
         models += [STEP_MODEL] if step_model is not None else []
         if ort_format:
             convert = ort_bridge.to_ort_format_in_worker if worker.uses_worker() else to_ort_format
             for stem in models:
-                convert(stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries)
+                convert(
+                    stage / names.model(stem), stage / names.model(stem, ort_format=True), libraries
+                )
         written = sorted(p.name for p in stage.iterdir() if p.name != OWNER_FILE)
     files = tuple(directory / n for n in written)
     logger.info("Wrote training artifacts to %s: %s", directory, ", ".join(written))
 
     def ort_copy(stem: str) -> Path | None:
-        return directory / names.model(stem, ort_format=True) if ort_format and stem in models else None
+        return (
+            directory / names.model(stem, ort_format=True)
+            if ort_format and stem in models
+            else None
+        )
 
     return Artifacts(
         directory=directory,
@@ -390,14 +426,18 @@ def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
     if isinstance(loss, Block):
         return loss
     if isinstance(loss, type) and issubclass(loss, Block):
-        raise InvalidTypeError(f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}().")
+        raise InvalidTypeError(
+            f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}()."
+        )
     raise InvalidTypeError(
         f"loss must be a LossType ({', '.join(m.name for m in LossType)}), an onnxblocks Block, or None; "
         f"got {type(loss).__name__}: {loss!r}."
     )
 
 
-def _resolve_optimizer(optimizer: Any, optimizer_blocks: Callable[[OptimType], Block]) -> Block | None:
+def _resolve_optimizer(
+    optimizer: Any, optimizer_blocks: Callable[[OptimType], Block]
+) -> Block | None:
     if optimizer is None:
         return None
     optimizer = _arguments.same_named_enum(optimizer, OptimType)

@@ -46,7 +46,9 @@ _PARAMETER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
 #: The number TorchScript appends to the scope of a module's repeated call (``block.0_1``).
 _REPEATED = re.compile(r"_\d+$")
 _SCOPES = "pkg.torch.onnx.name_scopes"
-_FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+_FLOAT = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +76,10 @@ class _Modules:
     """The module of each read, from the graph's parameter names and its nodes' scopes."""
 
     def __init__(self, graph: ir.Graph) -> None:
-        names = [*graph.initializers, *(v.name for n in graph if n.op_type == "Identity" for v in n.outputs)]
+        names = [
+            *graph.initializers,
+            *(v.name for n in graph if n.op_type == "Identity" for v in n.outputs),
+        ]
         self.known: set[str] = set()
         for name in names:
             if name and _PARAMETER.match(name):
@@ -96,13 +101,19 @@ class _Modules:
                 names = ast.literal_eval(scopes)
             except (ValueError, SyntaxError):
                 names = None
-            return str(names[-2]) if isinstance(names, list) and len(names) >= 2 and names[-2] else None
+            return (
+                str(names[-2])
+                if isinstance(names, list) and len(names) >= 2 and names[-2]
+                else None
+            )
         name = node.name or ""
         if not name.startswith("/"):
             return None
         path: list[str] = []
         for part in name.strip("/").split("/")[:-1]:
-            if path and part.startswith(path[-1] + "."):  # a Sequential's child: "block" then "block.0"
+            if path and part.startswith(
+                path[-1] + "."
+            ):  # a Sequential's child: "block" then "block.0"
                 part = part[len(path[-1]) + 1 :]
             plain = _REPEATED.sub("", part)  # "block.0_1": the second call of block.0
             if ".".join([*path, part]) not in self.known and ".".join([*path, plain]) in self.known:
@@ -245,7 +256,9 @@ def untie(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Tie]]:
                 for identity in reversed(read.via):
                     if not identity.outputs[0].uses() and identity.graph is graph:
                         graph.remove(identity, safe=True)
-            taken = graph_names(graph)  # the Identity named after the module is gone: its name is free
+            taken = graph_names(
+                graph
+            )  # the Identity named after the module is gone: its name is free
             copy.name = wanted if not taken.is_used(wanted) else taken.fresh(wanted)
             copy.const_value = _same_data(source.const_value, copy.name)
             graph.register_initializer(copy)

@@ -28,7 +28,14 @@ from onnxblocks.blocks.elementwise import (
 )
 from onnxblocks.blocks.reductions import ReduceAllL2, ReduceMean, ReduceSum
 from onnxblocks.blocks.script import ScriptBlock, from_onnxscript
-from onnxblocks.blocks.structural import Constant, InputLike, LabelEncoder, Linear, PassThrough, SequenceConstruct
+from onnxblocks.blocks.structural import (
+    Constant,
+    InputLike,
+    LabelEncoder,
+    Linear,
+    PassThrough,
+    SequenceConstruct,
+)
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.blocks.value import Value, value
 

@@ -184,7 +184,9 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             self._sync()
         types = self._check_node(node)
         if output_types is not None:
-            types.update({o: t for o, t in zip(out_names, output_types, strict=False) if t is not None})
+            types.update(
+                {o: t for o, t in zip(out_names, output_types, strict=False) if t is not None}
+            )
         self._model.graph.node.append(node)
         self._sync()
         self._types.update(types)
@@ -221,15 +223,21 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             return False
         from onnxblocks.ir.opset import convert_opset  # converting walks subgraphs (the IR layer)
 
-        converted = convert_opset(self._model, UPGRADE_OPSET, f"the model (for {op_type}, which needs a newer opset)")
+        converted = convert_opset(
+            self._model, UPGRADE_OPSET, f"the model (for {op_type}, which needs a newer opset)"
+        )
         self.replace_model(converted)
         return True
 
     def _check_node(self, node: onnx.NodeProto) -> dict[str, onnx.TypeProto]:
-        opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in self._model.opset_import}
+        opsets = {
+            ("" if o.domain == "ai.onnx" else o.domain): o.version for o in self._model.opset_import
+        }
         return check_node(node, opsets, self.type_of, self._const_data, self.where())
 
-    def add_input(self, name: str, elem_type: int, shape: Sequence[int | str | None] | None) -> Value:
+    def add_input(
+        self, name: str, elem_type: int, shape: Sequence[int | str | None] | None
+    ) -> Value:
         """Add a graph input, or return the existing input of that name.
 
         Raises:
@@ -275,7 +283,8 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             self.require(n, role="output")
             declared = existing.get(n)
             if declared is not None and (
-                declared.type.WhichOneof("value") != "tensor_type" or declared.type.tensor_type.HasField("shape")
+                declared.type.WhichOneof("value") != "tensor_type"
+                or declared.type.tensor_type.HasField("shape")
             ):
                 outs.append(declared)
                 continue

@@ -109,8 +109,12 @@ class Block(HtmlDisplay, ABC):
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:
             params = [p for p in signature.parameters.values() if p.kind not in (p.VAR_KEYWORD,)]
-            required = [p.name for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
-            names = ", ".join(p.name if p.kind is not p.VAR_POSITIONAL else "*" + p.name for p in params)
+            required = [
+                p.name for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL
+            ]
+            names = ", ".join(
+                p.name if p.kind is not p.VAR_POSITIONAL else "*" + p.name for p in params
+            )
             if any(p.kind is p.VAR_POSITIONAL for p in params):
                 count = f"at least {len(required)}"
             elif len(required) == len(params):
@@ -123,7 +127,10 @@ class Block(HtmlDisplay, ABC):
                 f"{len(args)} positional and {len(kwargs)} keyword argument(s) ({exc}). "
                 f"The model's outputs are {preview(outputs)}; pass the ones this block needs."
             ) from None
-        for name, given in bound.arguments.items():  # a value name given as a number, a list...: say which
+        for (
+            name,
+            given,
+        ) in bound.arguments.items():  # a value name given as a number, a list...: say which
             param = signature.parameters[name]
             if param.annotation not in _NAME_ANNOTATIONS:
                 continue

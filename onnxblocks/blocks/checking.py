@@ -62,7 +62,9 @@ def check_node(
     try:
         onnx.checker.check_node(node, ctx)
     except onnx.checker.ValidationError as exc:
-        raise InvalidValueError(f"{where}node {node.name} ({node.op_type}) is invalid: {exc}") from None
+        raise InvalidValueError(
+            f"{where}node {node.name} ({node.op_type}) is invalid: {exc}"
+        ) from None
     input_types = {}
     input_data = {i: const_data[i] for i in node.input if i in const_data}
     for i in node.input:

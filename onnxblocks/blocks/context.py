@@ -28,7 +28,15 @@ from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks._core.proto import copy_fields
 from onnxblocks.blocks.accessor import ModelAccessor
 
-__all__ = ["active", "base", "current", "custom_op_libraries", "custom_op_library", "empty_base", "working_copy"]
+__all__ = [
+    "active",
+    "base",
+    "current",
+    "custom_op_libraries",
+    "custom_op_library",
+    "empty_base",
+    "working_copy",
+]
 
 
 def current() -> ModelAccessor:
@@ -70,7 +78,9 @@ def working_copy(
 
 
 @contextmanager
-def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) -> Iterator[ModelAccessor]:
+def base(
+    model: onnx.ModelProto, model_path: str | os.PathLike | None = None
+) -> Iterator[ModelAccessor]:
     """Open a build on top of ``model``.
 
     Example:
@@ -103,16 +113,22 @@ def base(model: onnx.ModelProto, model_path: str | os.PathLike | None = None) ->
             if isinstance(model, (str, os.PathLike))
             else ""
         )
-        raise InvalidTypeError(f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}")
+        raise InvalidTypeError(
+            f"onnxblocks.base() takes an onnx.ModelProto, not {type(model).__name__}.{hint}"
+        )
     if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
         raise InvalidTypeError(
             f"model_path must be the path (str or os.PathLike) of the model's .onnx file, not "
             f"{type(model_path).__name__}: {model_path!r}."
         )
-    from onnxblocks.gradient.intake import fit_model  # a lower layer, loaded on first use (import time)
+    from onnxblocks.gradient.intake import (
+        fit_model,
+    )  # a lower layer, loaded on first use (import time)
     from onnxblocks.ir import wellformed
 
-    wellformed.check_model(model, model_path)  # a value defined twice or never: named before the build reads it
+    wellformed.check_model(
+        model, model_path
+    )  # a value defined twice or never: named before the build reads it
     working, store = working_copy(model, model_path)
     working = fit_model(working, "the base model")
     with _activate(ModelAccessor(working, model_path, store)) as accessor:
@@ -133,7 +149,9 @@ def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
     """
     if isinstance(opset_version, np.integer):
         opset_version = int(opset_version)
-    if opset_version is not None and (isinstance(opset_version, bool) or not isinstance(opset_version, int)):
+    if opset_version is not None and (
+        isinstance(opset_version, bool) or not isinstance(opset_version, int)
+    ):
         raise InvalidTypeError(
             f"empty_base(opset_version=...) takes an int (1 to {_limits.MAX_ONNX_OPSET}) or None, not "
             f"{type(opset_version).__name__}: {opset_version!r}."
@@ -146,7 +164,10 @@ def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
     version = opset_version or _limits.MAX_ONNX_OPSET
     model = helper.make_model(
         helper.make_graph([], "graph", [], []),
-        opset_imports=[helper.make_opsetid("", version), helper.make_opsetid(_limits.MS_DOMAIN, _limits.MS_OPSET)],
+        opset_imports=[
+            helper.make_opsetid("", version),
+            helper.make_opsetid(_limits.MS_DOMAIN, _limits.MS_OPSET),
+        ],
         producer_name="onnxblocks",
     )
     _limits.check_opset_supported(model, f"opset_version={version}")

@@ -30,7 +30,9 @@ class Op(Block):
         **attributes: Node attributes.
     """
 
-    def __init__(self, op_type: str, domain: str = "", num_outputs: int = 1, **attributes: Any) -> None:
+    def __init__(
+        self, op_type: str, domain: str = "", num_outputs: int = 1, **attributes: Any
+    ) -> None:
         super().__init__()
         self._op_type = op_type
         self._domain = domain
@@ -40,7 +42,11 @@ class Op(Block):
     def build(self, *input_names: str | None) -> Any:
         """Add the node on ``input_names`` and return its output(s)."""
         return self.accessor.op(
-            self._op_type, list(input_names), domain=self._domain, outputs=self._num_outputs, **self._attributes
+            self._op_type,
+            list(input_names),
+            domain=self._domain,
+            outputs=self._num_outputs,
+            **self._attributes,
         )
 
 
@@ -140,7 +146,9 @@ class Pow(Block):
         """Raise ``pow_input_name`` to the exponent."""
         acc = self.accessor
         acc.require(pow_input_name)
-        exponent = acc.constant(self._exponent, dtype=_float_dtype(acc, pow_input_name), name_hint="pow_exponent")
+        exponent = acc.constant(
+            self._exponent, dtype=_float_dtype(acc, pow_input_name), name_hint="pow_exponent"
+        )
         return acc.op("Pow", [pow_input_name, exponent])
 
 
@@ -157,8 +165,16 @@ class Clip(Block):
         acc = self.accessor
         acc.require(clip_input_name)
         dtype = _float_dtype(acc, clip_input_name)
-        lo = acc.constant(self._min, dtype=dtype, name_hint="clip_min") if self._min is not None else None
-        hi = acc.constant(self._max, dtype=dtype, name_hint="clip_max") if self._max is not None else None
+        lo = (
+            acc.constant(self._min, dtype=dtype, name_hint="clip_min")
+            if self._min is not None
+            else None
+        )
+        hi = (
+            acc.constant(self._max, dtype=dtype, name_hint="clip_max")
+            if self._max is not None
+            else None
+        )
         return acc.op("Clip", [clip_input_name, lo, hi])
 
 

@@ -80,7 +80,10 @@ def promote_types(a: int, b: int) -> int:
         return a  # strings and the like: no promotion, the op's own check reports the mismatch
     if kind_a != kind_b:
         return a if kind_a > kind_b else b
-    if TensorProto.BFLOAT16 in (a, b):  # numpy has no bfloat16; torch: bfloat16 with float16 is float32
+    if TensorProto.BFLOAT16 in (
+        a,
+        b,
+    ):  # numpy has no bfloat16; torch: bfloat16 with float16 is float32
         other = b if a == TensorProto.BFLOAT16 else a
         return TensorProto.FLOAT if other == TensorProto.FLOAT16 else other
     dtype = np.promote_types(helper.tensor_dtype_to_np_dtype(a), helper.tensor_dtype_to_np_dtype(b))

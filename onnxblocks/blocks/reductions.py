@@ -15,7 +15,9 @@ _AXES_AS_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18}
 
 
 class _Reduce(Block):
-    def __init__(self, op_type: str, keepdims: bool = True, axes: Sequence[int] | None = None) -> None:
+    def __init__(
+        self, op_type: str, keepdims: bool = True, axes: Sequence[int] | None = None
+    ) -> None:
         super().__init__()
         self._op_type = op_type
         self._keepdims = keepdims

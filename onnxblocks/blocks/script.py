@@ -55,7 +55,9 @@ _COERCE: dict[int, Callable[[Any], object]] = {
 }
 
 
-def _function_protos(function: Any) -> tuple[onnx.FunctionProto, dict[_FunctionKey, onnx.FunctionProto]]:
+def _function_protos(
+    function: Any,
+) -> tuple[onnx.FunctionProto, dict[_FunctionKey, onnx.FunctionProto]]:
     """The FunctionProto of ``function`` and those of the functions it calls, keyed by (domain, name).
 
     Raises:
@@ -98,7 +100,9 @@ def _attribute(name: str, value: Any, declared: AttributeProto | None) -> Attrib
                 f"attribute '{name}' must be {AttributeProto.AttributeType.Name(declared.type).lower()}, "
                 f"not {type(value).__name__} {value!r}."
             ) from None
-    return helper.make_attribute(name, value, attr_type=declared.type if declared is not None else None)
+    return helper.make_attribute(
+        name, value, attr_type=declared.type if declared is not None else None
+    )
 
 
 def _retarget(attr: AttributeProto, name: str, ref_type: int) -> AttributeProto:
@@ -108,7 +112,9 @@ def _retarget(attr: AttributeProto, name: str, ref_type: int) -> AttributeProto:
         out.CopyFrom(attr)
         out.name = name
         return out
-    return helper.make_attribute(name, _COERCE[ref_type](helper.get_attribute_value(attr)), attr_type=ref_type)
+    return helper.make_attribute(
+        name, _COERCE[ref_type](helper.get_attribute_value(attr)), attr_type=ref_type
+    )
 
 
 class ScriptBlock(Block):
@@ -127,7 +133,9 @@ class ScriptBlock(Block):
             wrong type, or a required attribute is missing.
     """
 
-    def __init__(self, function: Any, *, functions: Iterable[onnx.FunctionProto] = (), **attributes: Any) -> None:
+    def __init__(
+        self, function: Any, *, functions: Iterable[onnx.FunctionProto] = (), **attributes: Any
+    ) -> None:
         super().__init__()
         self._proto, self._library = _function_protos(function)
         for extra in functions:
@@ -218,7 +226,9 @@ class ScriptBlock(Block):
 class _Inliner:
     """Copies function bodies into the graph with fresh names, substituting attributes, recursively."""
 
-    def __init__(self, acc: ModelAccessor, library: Mapping[_FunctionKey, onnx.FunctionProto]) -> None:
+    def __init__(
+        self, acc: ModelAccessor, library: Mapping[_FunctionKey, onnx.FunctionProto]
+    ) -> None:
         self._acc = acc
         self._library = library
 
@@ -232,7 +242,9 @@ class _Inliner:
     ) -> list[Value]:
         """Add ``proto``'s body on ``inputs``; return the graph names of its outputs."""
         if depth > 32:
-            raise InvalidValueError(f"function '{proto.name}' calls itself (recursion is not supported in ONNX).")
+            raise InvalidValueError(
+                f"function '{proto.name}' calls itself (recursion is not supported in ONNX)."
+            )
         scope = {a.name: a for a in proto.attribute_proto}
         scope.update(attributes)
         env = dict(zip(proto.input, inputs, strict=True))
@@ -256,12 +268,16 @@ class _Inliner:
         return [Value(self._lookup(env, name, proto, None)) for name in proto.output]
 
     @staticmethod
-    def _lookup(env: Mapping[str, str], name: str, proto: onnx.FunctionProto, node: onnx.NodeProto | None) -> str:
+    def _lookup(
+        env: Mapping[str, str], name: str, proto: onnx.FunctionProto, node: onnx.NodeProto | None
+    ) -> str:
         if not name:
             return ""
         if name not in env:
             where = f"node {node.op_type}" if node is not None else "its outputs"
-            raise InvalidValueError(f"function '{proto.name}' uses value '{name}' in {where} before defining it.")
+            raise InvalidValueError(
+                f"function '{proto.name}' uses value '{name}' in {where} before defining it."
+            )
         return env[name]
 
     def _add_node(
@@ -275,7 +291,11 @@ class _Inliner:
     ) -> None:
         acc = self._acc
         op_type, domain = node.op_type, node.domain
-        like_type = acc.elem_type(inputs[1]) if op_type == "CastLike" and domain in ("", "ai.onnx") else None
+        like_type = (
+            acc.elem_type(inputs[1])
+            if op_type == "CastLike" and domain in ("", "ai.onnx")
+            else None
+        )
         if like_type:  # ORT cannot differentiate CastLike; Cast to the same type it can
             op_type, inputs = "Cast", inputs[:1]
             attributes = [*attributes, helper.make_attribute("to", like_type)]
@@ -302,9 +322,11 @@ class _Inliner:
 
 
 def _is_empty_list(attr: AttributeProto) -> bool:
-    return attr.type in (AttributeProto.FLOATS, AttributeProto.INTS, AttributeProto.STRINGS) and not (
-        attr.floats or attr.ints or attr.strings
-    )
+    return attr.type in (
+        AttributeProto.FLOATS,
+        AttributeProto.INTS,
+        AttributeProto.STRINGS,
+    ) and not (attr.floats or attr.ints or attr.strings)
 
 
 def _resolve_attributes(

@@ -22,7 +22,9 @@ class Constant(Block):
 
     def build(self) -> Value:
         """Add the constant and return its name."""
-        return self.accessor.constant(np.array([self._value], dtype=np.float32), name_hint="constant")
+        return self.accessor.constant(
+            np.array([self._value], dtype=np.float32), name_hint="constant"
+        )
 
 
 class SequenceConstruct(Block):
@@ -109,20 +111,32 @@ class LabelEncoder(Block):
             "values_int64s": values_int64s,
             "values_strings": values_strings,
         }
-        keys = [k for k in ("keys_floats", "keys_int64s", "keys_strings") if self._attributes[k] is not None]
-        vals = [k for k in ("values_floats", "values_int64s", "values_strings") if self._attributes[k] is not None]
+        keys = [
+            k
+            for k in ("keys_floats", "keys_int64s", "keys_strings")
+            if self._attributes[k] is not None
+        ]
+        vals = [
+            k
+            for k in ("values_floats", "values_int64s", "values_strings")
+            if self._attributes[k] is not None
+        ]
         if len(keys) != 1 or len(vals) != 1:
             raise InvalidValueError(
                 "LabelEncoder needs exactly one of keys_floats/keys_int64s/keys_strings and one of "
                 f"values_floats/values_int64s/values_strings; got keys {keys} and values {vals}."
             )
         if len(self._attributes[keys[0]]) != len(self._attributes[vals[0]]):
-            raise InvalidValueError(f"LabelEncoder: {keys[0]} and {vals[0]} must have the same length.")
+            raise InvalidValueError(
+                f"LabelEncoder: {keys[0]} and {vals[0]} must have the same length."
+            )
 
     def build(self, label_encoder_input_name: str) -> Value:
         """Encode ``label_encoder_input_name``."""
         acc = self.accessor
-        value_kind = next(k for k in ("values_floats", "values_int64s", "values_strings") if self._attributes[k])
+        value_kind = next(
+            k for k in ("values_floats", "values_int64s", "values_strings") if self._attributes[k]
+        )
         elem = {
             "values_floats": onnx.TensorProto.FLOAT,
             "values_int64s": onnx.TensorProto.INT64,
@@ -174,7 +188,9 @@ class Linear(Block):
         bound = 1.0 / np.sqrt(self._in_features)
         g = acc.working_model.graph
         weight_name = acc.names.fresh("linear.weight")
-        weight = rng.uniform(-bound, bound, (self._in_features, self._out_features)).astype(np.float32)
+        weight = rng.uniform(-bound, bound, (self._in_features, self._out_features)).astype(
+            np.float32
+        )
         g.initializer.append(numpy_helper.from_array(weight, weight_name))
         inputs = [linear_input_name, weight_name]
         if self._bias:

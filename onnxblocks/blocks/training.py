@@ -72,7 +72,9 @@ class TrainingBlock(Block):
             TypeError: if ``argument_name`` is not a string.
         """
         if not isinstance(argument_name, str):
-            raise InvalidTypeError(f"requires_grad takes a parameter name (str), not {type(argument_name).__name__}.")
+            raise InvalidTypeError(
+                f"requires_grad takes a parameter name (str), not {type(argument_name).__name__}."
+            )
         trainable, frozen = self._sets()
         if value:
             trainable[argument_name] = None
@@ -84,16 +86,24 @@ class TrainingBlock(Block):
     # ------------------------------------------------------------- building
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build the loss, then the training and eval models; returns what ``build`` returned."""
-        from onnxblocks.gradient import build_training_graphs  # a lower layer, loaded on first build (import time)
+        from onnxblocks.gradient import (
+            build_training_graphs,
+        )  # a lower layer, loaded on first build (import time)
 
         out = super().__call__(*args, **kwargs)
-        names = [n for n in (list(out) if isinstance(out, (tuple, list)) else [out]) if n is not None]
+        names = [
+            n for n in (list(out) if isinstance(out, (tuple, list)) else [out]) if n is not None
+        ]
         acc: ModelAccessor = self._accessor
         acc.set_outputs(names)
         working = acc.working_model
         trainable, frozen = self._sets()
         graphs = build_training_graphs(
-            working, list(trainable), list(frozen), outputs=names, custom_op_libraries=acc.custom_op_libraries
+            working,
+            list(trainable),
+            list(frozen),
+            outputs=names,
+            custom_op_libraries=acc.custom_op_libraries,
         )
         self._sources = _parameter_sources(working, acc.weights, graphs.partition.parameters)
         self._graphs = graphs
@@ -147,7 +157,10 @@ class TrainingBlock(Block):
         """
         self._require_built("parameters")
         partition = self._graphs.partition
-        return ([self._sources[n] for n in partition.trainable], [self._sources[n] for n in partition.frozen])
+        return (
+            [self._sources[n] for n in partition.trainable],
+            [self._sources[n] for n in partition.frozen],
+        )
 
     def parameters(self) -> tuple[list[onnx.TensorProto], list[onnx.TensorProto]]:
         """``(trainable, frozen)`` parameters as complete TensorProtos, in input order.
@@ -206,7 +219,9 @@ def _parameter_sources(
         else:
             tensor = onnx.TensorProto()
             tensor.CopyFrom(init)
-            sources[init.name] = _weights.TensorSource(init.name, init.data_type, tuple(init.dims), tensor=tensor)
+            sources[init.name] = _weights.TensorSource(
+                init.name, init.data_type, tuple(init.dims), tensor=tensor
+            )
     return sources
 
 

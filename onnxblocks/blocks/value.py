@@ -52,19 +52,31 @@ class Value(str):
         if isinstance(other, Value):
             operand = other
             other_type = acc.elem_type(operand)
-            target = promotion.promote_types(own_type, other_type) if own_type and other_type else None
+            target = (
+                promotion.promote_types(own_type, other_type) if own_type and other_type else None
+            )
         else:
             array = promotion.as_constant_array(other)
             if array is None:
                 return NotImplemented
             target = promotion.constant_type(own_type, array)
             other_type = target
-        if op_type == "Div" and target is not None and promotion.kind_of_type(target) != promotion.FLOATING:
-            target = promotion.DEFAULT_TYPE[promotion.FLOATING]  # true division, as Python and torch
+        if (
+            op_type == "Div"
+            and target is not None
+            and promotion.kind_of_type(target) != promotion.FLOATING
+        ):
+            target = promotion.DEFAULT_TYPE[
+                promotion.FLOATING
+            ]  # true division, as Python and torch
         left = _cast(self, own_type, target)
         if array is not None:
-            if target is None:  # unknown own type: integer arrays keep int64, other numbers are float32
-                dtype: Any = np.int64 if promotion.kind_of_array(array) == promotion.INTEGER else np.float32
+            if (
+                target is None
+            ):  # unknown own type: integer arrays keep int64, other numbers are float32
+                dtype: Any = (
+                    np.int64 if promotion.kind_of_array(array) == promotion.INTEGER else np.float32
+                )
                 array = array.astype(dtype)
             else:
                 array = promotion.cast_constant(array, target, self)

@@ -57,7 +57,9 @@ class ValueIndex:
         for init in g.initializer[self._seen["initializer"] :]:
             self._defined.add(init.name)
             self.names.reserve(init.name)
-            self._types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+            self._types.setdefault(
+                init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims))
+            )
         for node in g.node[self._seen["node"] :]:
             if node.name:
                 self.names.reserve(node.name)
@@ -68,7 +70,9 @@ class ValueIndex:
         for vi in g.value_info[self._seen["value_info"] :] + g.output[self._seen["output"] :]:
             self.names.reserve(vi.name)
             kind = vi.type.WhichOneof("value")
-            if kind and (kind != "tensor_type" or vi.type.tensor_type.HasField("shape")):  # else: left to inference
+            if kind and (
+                kind != "tensor_type" or vi.type.tensor_type.HasField("shape")
+            ):  # else: left to inference
                 self._types.setdefault(vi.name, vi.type)
         self._seen = {k: len(v) for k, v in fields.items()}
 
@@ -124,7 +128,9 @@ class ValueIndex:
         """Run onnx shape inference once over the skeleton and record every type it finds."""
         self._inferred_all = True
         try:
-            inferred = onnx.shape_inference.infer_shapes(self._model, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(
+                self._model, strict_mode=False, data_prop=True
+            )
         except Exception:  # inference is best effort: unknown types stay unknown
             return
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
@@ -139,19 +145,28 @@ class ValueIndex:
         kind = t.WhichOneof("value")
         if kind == "tensor_type":
             return t.tensor_type.elem_type or None
-        if kind == "sequence_type" and t.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
+        if (
+            kind == "sequence_type"
+            and t.sequence_type.elem_type.WhichOneof("value") == "tensor_type"
+        ):
             return t.sequence_type.elem_type.tensor_type.elem_type or None
         return None
 
     def shape_of(self, name: str) -> list[int | str | None] | None:
         """The shape of a tensor value: ints, symbolic dim names, or None per dim; None if unknown rank."""
         t = self.type_of(name)
-        if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+        if (
+            t is None
+            or t.WhichOneof("value") != "tensor_type"
+            or not t.tensor_type.HasField("shape")
+        ):
             return None
         dims: list[int | str | None] = []
         for d in t.tensor_type.shape.dim:
             kind = d.WhichOneof("value")
-            dims.append(d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None)
+            dims.append(
+                d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None
+            )
         return dims
 
     def set_type(self, name: str, type_proto: onnx.TypeProto) -> None:

@@ -74,14 +74,18 @@ class _CheckedTable(flatbuffers.table.Table):
     def _need(self, pos: int, size: int, what: str, align: int) -> None:
         """Check that ``size`` bytes at ``pos`` lie inside the buffer and ``pos`` is ``align``-aligned."""
         if pos < 0 or size < 0 or pos + size > self._limit:
-            self._fail(f"{what} at byte {pos} (+{size} bytes) lies outside the {self._limit}-byte flatbuffer")
+            self._fail(
+                f"{what} at byte {pos} (+{size} bytes) lies outside the {self._limit}-byte flatbuffer"
+            )
         if pos % align:
             self._fail(f"{what} at byte {pos} is not aligned to {align} bytes")
 
     def _uoffset_target(self, at: int, what: str) -> int:
         self._need(at, _U32.bytewidth, f"the offset to a {what}", align=_U32.bytewidth)
         offset = encode.Get(_U32.packer_type, self.Bytes, at)
-        if offset == 0 or offset >= 2**31:  # as FlatBuffers' verifier: no offset to itself, none that wraps
+        if (
+            offset == 0 or offset >= 2**31
+        ):  # as FlatBuffers' verifier: no offset to itself, none that wraps
             self._fail(f"the offset to a {what} at byte {at} is {offset}")
         target = at + offset
         self._need(target, _U32.bytewidth, what, align=_U32.bytewidth)
@@ -128,7 +132,12 @@ class _CheckedTable(flatbuffers.table.Table):
         length = self.VectorLen(off)
         start = self.Vector(off)
         if length:
-            self._need(start, length * flags.bytewidth, f"a vector of {length} elements", align=flags.bytewidth)
+            self._need(
+                start,
+                length * flags.bytewidth,
+                f"a vector of {length} elements",
+                align=flags.bytewidth,
+            )
         return encode.GetVectorAsNumpy(number_types.to_numpy_type(flags), self.Bytes, length, start)
 
     def Union(self, t2: Any, off: int) -> None:
@@ -142,7 +151,9 @@ def _checked(obj: Any, where: str) -> Any:
     return obj
 
 
-def _tables(count: Callable[[], int], get: Callable[[int], Any], where: str) -> list[tuple[str, Any]]:
+def _tables(
+    count: Callable[[], int], get: Callable[[int], Any], where: str
+) -> list[tuple[str, Any]]:
     """``(where, table)`` for each table of a ``[Table]`` vector.
 
     ``count`` and ``get`` are the vector's generated ``<Field>Length`` and ``<Field>(j)`` accessors.
@@ -156,7 +167,9 @@ def _text(raw: bytes | None, where: str, what: str) -> str | None:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise CheckpointFormatError(f"{where}: the {what} {raw[:40]!r} is not UTF-8 text. {_ADVICE}") from None
+        raise CheckpointFormatError(
+            f"{where}: the {what} {raw[:40]!r} is not UTF-8 text. {_ADVICE}"
+        ) from None
 
 
 def _required_text(raw: bytes | None, where: str, what: str) -> str:
@@ -243,14 +256,22 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
     if not name:
         raise CheckpointFormatError(f"{where}: a tensor has no name. {_ADVICE}")
     where = f"{where} ('{name}')"
-    _text(tensor.DocString(), where, "doc string")  # never used, but ONNX Runtime's verifier follows it
+    _text(
+        tensor.DocString(), where, "doc string"
+    )  # never used, but ONNX Runtime's verifier follows it
     for j in range(tensor.StringDataLength()):
         tensor.StringData(j)
     if tensor.DimsIsNone():
-        raise CheckpointFormatError(f"{where}: the tensor has no dims vector (ONNX Runtime requires one). {_ADVICE}")
-    dims = tuple(tensor.Dims(j) for j in range(tensor.DimsLength()))  # (no numpy view pinning a memory map)
+        raise CheckpointFormatError(
+            f"{where}: the tensor has no dims vector (ONNX Runtime requires one). {_ADVICE}"
+        )
+    dims = tuple(
+        tensor.Dims(j) for j in range(tensor.DimsLength())
+    )  # (no numpy view pinning a memory map)
     if any(d < 0 for d in dims):
-        raise CheckpointFormatError(f"{where}: the tensor has a negative dimension {list(dims)}. {_ADVICE}")
+        raise CheckpointFormatError(
+            f"{where}: the tensor has a negative dimension {list(dims)}. {_ADVICE}"
+        )
     data_type = tensor.DataType()
     if data_type not in _SCHEMA_DTYPES:
         raise CheckpointFormatError(
@@ -262,11 +283,15 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
         inline = (tensor._tab.Vector(raw_at), tensor.RawDataLength())
     offset = tensor.ExternalDataOffset()
     if offset < -1:
-        raise CheckpointFormatError(f"{where}: the tensor's external data offset is {offset}. {_ADVICE}")
+        raise CheckpointFormatError(
+            f"{where}: the tensor's external data offset is {offset}. {_ADVICE}"
+        )
     entry = TensorEntry(name, data_type, dims, inline, offset if offset >= 0 else None)
     if nominal:
         if inline is None and entry.external_offset is None:
-            raise CheckpointFormatError(f"{where}: the nominal tensor has no (empty) data field. {_ADVICE}")
+            raise CheckpointFormatError(
+                f"{where}: the nominal tensor has no (empty) data field. {_ADVICE}"
+            )
         return entry  # names and element types only
     dtype_of(entry, where)  # an element type ONNX Runtime cannot load data of
     if entry.external_offset is not None:
@@ -276,7 +301,9 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
             )
         return entry
     if inline is None:
-        raise CheckpointFormatError(f"{where}: the tensor has neither inline nor external data. {_ADVICE}")
+        raise CheckpointFormatError(
+            f"{where}: the tensor has neither inline nor external data. {_ADVICE}"
+        )
     if inline[1] != entry.nbytes:
         raise CheckpointFormatError(
             f"{where}: the tensor has {inline[1]} bytes of data but its dims {list(dims)} and element type "
@@ -319,25 +346,37 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
         trainable = [
             _tensor_entry(t, w, nominal=nominal, external=external)
             for w, t in _tables(
-                module.RequiresGradParamsLength, module.RequiresGradParams, f"{where} > requires_grad_params"
+                module.RequiresGradParamsLength,
+                module.RequiresGradParams,
+                f"{where} > requires_grad_params",
             )
         ]
         frozen = [
             _tensor_entry(t, w, nominal=nominal, external=external)
-            for w, t in _tables(module.FrozenParamsLength, module.FrozenParams, f"{where} > frozen_params")
+            for w, t in _tables(
+                module.FrozenParamsLength, module.FrozenParams, f"{where} > frozen_params"
+            )
         ]
     groups: list[OptimizerGroupEntry] = []
-    for g_where, g in _tables(root.OptimizerGroupsLength, root.OptimizerGroups, f"{where} > optimizer_groups"):
+    for g_where, g in _tables(
+        root.OptimizerGroupsLength, root.OptimizerGroups, f"{where} > optimizer_groups"
+    ):
         group = OptimizerGroupEntry(
             name=_required_text(g.GroupName(), g_where, "group name"),
             step=g.Step(),
             initial_learning_rate=g.InitialLearningRate(),
         )
         if g.OptimizerStatesIsNone():
-            raise CheckpointFormatError(f"{g_where}: the group has no optimizer state vector. {_ADVICE}")
+            raise CheckpointFormatError(
+                f"{g_where}: the group has no optimizer state vector. {_ADVICE}"
+            )
         if any(other.name == group.name for other in groups):
-            raise CheckpointFormatError(f"{g_where}: optimizer group '{group.name}' appears twice. {_ADVICE}")
-        for s_where, state in _tables(g.OptimizerStatesLength, g.OptimizerStates, f"{g_where} > optimizer_states"):
+            raise CheckpointFormatError(
+                f"{g_where}: optimizer group '{group.name}' appears twice. {_ADVICE}"
+            )
+        for s_where, state in _tables(
+            g.OptimizerStatesLength, g.OptimizerStates, f"{g_where} > optimizer_states"
+        ):
             param = _required_text(state.ParamName(), s_where, "parameter name")
             if state.MomentumsIsNone() or param in group.moments:
                 raise CheckpointFormatError(
@@ -345,7 +384,9 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
                 )
             group.moments[param] = [
                 _tensor_entry(t, w, nominal=nominal, external=external)
-                for w, t in _tables(state.MomentumsLength, state.Momentums, f"{s_where} > momentums")
+                for w, t in _tables(
+                    state.MomentumsLength, state.Momentums, f"{s_where} > momentums"
+                )
             ]
         groups.append(group)
     properties: dict[str, int | float | str] = {}
@@ -355,8 +396,12 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
         for kind, count, get in numbers:
             for p_where, prop in _tables(count, get, f"{where} > property_bag > {kind}"):
                 properties[_required_text(prop.Name(), p_where, "property name")] = prop.Value()
-        for p_where, prop in _tables(bag.StringsLength, bag.Strings, f"{where} > property_bag > strings"):
+        for p_where, prop in _tables(
+            bag.StringsLength, bag.Strings, f"{where} > property_bag > strings"
+        ):
             properties[_required_text(prop.Name(), p_where, "property name")] = _required_text(
                 prop.Value(), p_where, "property value"
             )
-    return ParsedCheckpoint(version, nominal, external, trainable, frozen, groups, properties, missing)
+    return ParsedCheckpoint(
+        version, nominal, external, trainable, frozen, groups, properties, missing
+    )

@@ -95,7 +95,9 @@ def _dims_vector(builder: Any, values: Sequence[int]) -> int:
     return builder.EndVector()
 
 
-def _tensor_vector(builder: Any, start_vector: Callable[[Any, int], int], offsets: Sequence[int]) -> int:
+def _tensor_vector(
+    builder: Any, start_vector: Callable[[Any, int], int], offsets: Sequence[int]
+) -> int:
     start_vector(builder, len(offsets))
     for o in reversed(offsets):
         builder.PrependUOffsetTRelative(o)
@@ -203,15 +205,21 @@ def check_property(name: Any, value: Any) -> PropertyValue:
         ValueError: for an int outside int64.
     """
     if not isinstance(name, str):
-        raise InvalidTypeError(f"checkpoint property names must be str, not {type(name).__name__} ({name!r}).")
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, str, np.integer, np.floating)):
+        raise InvalidTypeError(
+            f"checkpoint property names must be str, not {type(name).__name__} ({name!r})."
+        )
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, str, np.integer, np.floating)
+    ):
         raise InvalidTypeError(
             f"checkpoint property '{name}' is a {type(value).__name__}; the property bag holds int, float "
             "(stored as float32) and str. Convert it, or encode it as a str (e.g. json.dumps)."
         )
     if isinstance(value, (int, np.integer)):
         if not -(2**63) <= int(value) < 2**63:
-            raise InvalidValueError(f"checkpoint property '{name}' = {value} does not fit in int64.")
+            raise InvalidValueError(
+                f"checkpoint property '{name}' = {value} does not fit in int64."
+            )
         return int(value)
     return value if isinstance(value, str) else float(value)
 
@@ -251,14 +259,22 @@ def encode_checkpoint(
     """
     moments = [r for g in optimizer_groups or () for ms in g.moments.values() for r in ms.values()]
     size = 1024 + sum(
-        (r.inline_nbytes if r.inline_chunks is not None else 0) + 2 * len(r.name) + 8 * len(r.dims) + 64
+        (r.inline_nbytes if r.inline_chunks is not None else 0)
+        + 2 * len(r.name)
+        + 8 * len(r.dims)
+        + 64
         for r in (*trainable, *frozen, *moments)
     )
-    size += sum(64 + 2 * len(k) + (2 * len(v) if isinstance(v, str) else 0) for k, v in (properties or {}).items())
+    size += sum(
+        64 + 2 * len(k) + (2 * len(v) if isinstance(v, str) else 0)
+        for k, v in (properties or {}).items()
+    )
     builder = flatbuffers.Builder(size)
     trainable_offsets = [_tensor(builder, r) for r in trainable]
     frozen_offsets = [_tensor(builder, r) for r in frozen]
-    trainable_vector = _tensor_vector(builder, _fbs.ModuleStateStartRequiresGradParamsVector, trainable_offsets)
+    trainable_vector = _tensor_vector(
+        builder, _fbs.ModuleStateStartRequiresGradParamsVector, trainable_offsets
+    )
     frozen_vector = _tensor_vector(builder, _fbs.ModuleStateStartFrozenParamsVector, frozen_offsets)
     _fbs.ModuleStateStart(builder)
     _fbs.ModuleStateAddRequiresGradParams(builder, trainable_vector)
@@ -266,7 +282,9 @@ def encode_checkpoint(
     _fbs.ModuleStateAddIsNominalState(builder, nominal)
     _fbs.ModuleStateAddHasExternalData(builder, has_external_data)
     module_state = _fbs.ModuleStateEnd(builder)
-    groups = [_optimizer_group(builder, g) for g in sorted(optimizer_groups or (), key=lambda g: g.name)]
+    groups = [
+        _optimizer_group(builder, g) for g in sorted(optimizer_groups or (), key=lambda g: g.name)
+    ]
     bag = _property_bag(builder, properties) if properties else 0
     group_vector = (
         _tensor_vector(builder, _fbs.CheckpointStartOptimizerGroupsVector, groups)

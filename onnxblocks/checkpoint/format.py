@@ -27,7 +27,13 @@ reader). This module gathers their public names.
 """
 
 from onnxblocks._core.errors import CheckpointFormatError
-from onnxblocks.checkpoint.decode import OptimizerGroupEntry, ParsedCheckpoint, TensorEntry, decode_checkpoint, dtype_of
+from onnxblocks.checkpoint.decode import (
+    OptimizerGroupEntry,
+    ParsedCheckpoint,
+    TensorEntry,
+    decode_checkpoint,
+    dtype_of,
+)
 from onnxblocks.checkpoint.encode import (
     OptimizerGroupRecord,
     PropertyValue,

@@ -69,7 +69,9 @@ class Checkpoint:
         if name in self.frozen:
             return self.frozen[name]
         names = [*self.trainable, *self.frozen]
-        raise UnknownNameError(f"The checkpoint has no parameter '{name}'.{did_you_mean(name, names)}")
+        raise UnknownNameError(
+            f"The checkpoint has no parameter '{name}'.{did_you_mean(name, names)}"
+        )
 
     def __iter__(self) -> Iterator[str]:
         yield from self.trainable
@@ -165,7 +167,9 @@ def read_parameter_names(path_to_checkpoint: str | os.PathLike) -> tuple[list[st
         parsed = _format.decode_checkpoint(buf, f"checkpoint '{path}'")
     finally:
         if isinstance(buf, mmap.mmap):
-            with contextlib.suppress(BufferError):  # a view kept alive by a traceback: it closes when freed
+            with contextlib.suppress(
+                BufferError
+            ):  # a view kept alive by a traceback: it closes when freed
                 buf.close()
     return [e.name for e in parsed.trainable], [e.name for e in parsed.frozen]
 
@@ -175,14 +179,20 @@ class _Reader:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = as_path(path, "path_to_checkpoint")
-        self.real = _storage.resolve(self.path)  # one version's header and data, whatever a save does meanwhile
+        self.real = _storage.resolve(
+            self.path
+        )  # one version's header and data, whatever a save does meanwhile
         self.buf = _map(self.real, self.path)
         self.parsed = _format.decode_checkpoint(self.buf, f"checkpoint '{self.path}'")
         self.data_path = external_data_path(self.path)  # (the name messages use)
         self.data_size = 0
-        if self.parsed.has_external_data and any(e.external_offset is not None for e in self.parsed.entries()):
+        if self.parsed.has_external_data and any(
+            e.external_offset is not None for e in self.parsed.entries()
+        ):
             try:
-                self.data_size = _regular_file_size(external_data_path(self.real), "External data file")
+                self.data_size = _regular_file_size(
+                    external_data_path(self.real), "External data file"
+                )
             except FileNotFoundError:
                 raise FileMissingError(
                     f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', which does not exist. "
@@ -192,7 +202,9 @@ class _Reader:
     def close(self) -> None:
         """Unmap the checkpoint file (arrays already returned stay valid: they are copies or own maps)."""
         if isinstance(self.buf, mmap.mmap):
-            with contextlib.suppress(BufferError):  # a view kept alive by a traceback: it closes when freed
+            with contextlib.suppress(
+                BufferError
+            ):  # a view kept alive by a traceback: it closes when freed
                 self.buf.close()
 
     def raw(self, entry: _format.TensorEntry) -> bytes:
@@ -221,7 +233,11 @@ class _Reader:
                     "belongs to another checkpoint: restore the checkpoint and its .data file together."
                 )
             mapped = np.memmap(
-                external_data_path(self.real), dtype=dtype, mode="r", offset=entry.external_offset, shape=(count,)
+                external_data_path(self.real),
+                dtype=dtype,
+                mode="r",
+                offset=entry.external_offset,
+                shape=(count,),
             )
             return self._shaped(np.array(mapped) if copy else mapped, entry)
         if entry.inline is None:
@@ -234,7 +250,9 @@ class _Reader:
                 f"Tensor '{entry.name}' of checkpoint '{self.path}' has {length} bytes but its dims "
                 f"{list(entry.dims)} need {size}."
             )
-        return self._shaped(np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy(), entry)
+        return self._shaped(
+            np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy(), entry
+        )
 
     def _shaped(self, flat: np.ndarray, entry: _format.TensorEntry) -> np.ndarray:
         try:
@@ -260,7 +278,11 @@ def check_scalars(parsed: _format.ParsedCheckpoint, where: str) -> None:
     for group in parsed.optimizer_groups:
         values.append((f"the step of optimizer group '{group.name}'", group.step, _hyper.step))
         values.append(
-            (f"the learning rate of optimizer group '{group.name}'", group.initial_learning_rate, _hyper.learning_rate)
+            (
+                f"the learning rate of optimizer group '{group.name}'",
+                group.initial_learning_rate,
+                _hyper.learning_rate,
+            )
         )
     for what, value, check in values:
         try:
@@ -329,7 +351,9 @@ def load_checkpoint_to_model(
         onnxblocks.errors.CheckpointFormatError: if the file is not a valid checkpoint.
     """
     if not isinstance(model, onnx.ModelProto):
-        raise InvalidTypeError(f"load_checkpoint_to_model() takes an onnx.ModelProto, not {type(model).__name__}.")
+        raise InvalidTypeError(
+            f"load_checkpoint_to_model() takes an onnx.ModelProto, not {type(model).__name__}."
+        )
     reader = _Reader(path_to_checkpoint)
     parsed = reader.parsed
     if parsed.is_nominal:
@@ -348,7 +372,11 @@ def load_checkpoint_to_model(
             if inputs
             else " Pass the model the checkpoint was trained from."
         )
-        what = "none of its parameters" if len(unmatched) == len(entries) else f"parameters {preview(unmatched)}"
+        what = (
+            "none of its parameters"
+            if len(unmatched) == len(entries)
+            else f"parameters {preview(unmatched)}"
+        )
         raise InvalidValueError(
             f"Checkpoint '{reader.path}' is not a checkpoint of this model: {what} "
             f"({preview(entries)}) {'is' if len(unmatched) == 1 else 'are'} an initializer of the model "

@@ -105,7 +105,14 @@ def _describe(param: Any, role: str, index: int) -> _Param:
         return _Param(param.name, param.data_type, tuple(param.dims), param.nbytes, param, None)
     if isinstance(param, onnx.TensorProto):
         doc = param.doc_string if param.HasField("doc_string") else None
-        return _Param(param.name, param.data_type, tuple(param.dims), _weights.tensor_nbytes(param), param, doc)
+        return _Param(
+            param.name,
+            param.data_type,
+            tuple(param.dims),
+            _weights.tensor_nbytes(param),
+            param,
+            doc,
+        )
     raise InvalidTypeError(
         f"{role} parameter #{index} is a {type(param).__name__}; checkpoints take onnx.TensorProto or "
         "onnxblocks TensorSource objects (e.g. accessor.weights.source(name)), or a {name: array} mapping."
@@ -116,7 +123,9 @@ def _check(params: list[_Param], nominal: bool) -> None:
     seen: set[str] = set()
     for p in params:
         if not p.name:
-            raise InvalidValueError("A parameter has an empty name; every checkpoint parameter needs a unique name.")
+            raise InvalidValueError(
+                "A parameter has an empty name; every checkpoint parameter needs a unique name."
+            )
         if p.name in seen:
             raise InvalidValueError(
                 f"Parameter '{p.name}' appears twice in the checkpoint parameters; names must be unique across "
@@ -134,7 +143,9 @@ def _check(params: list[_Param], nominal: bool) -> None:
                 "checkpoint. Cast it to float32 (or another numeric type) first."
             )
         if any(d < 0 for d in p.dims):
-            raise InvalidValueError(f"Parameter '{p.name}' has a negative dimension {list(p.dims)}.")
+            raise InvalidValueError(
+                f"Parameter '{p.name}' has a negative dimension {list(p.dims)}."
+            )
         if isinstance(p.source, onnx.TensorProto) and _weights.is_stub(p.source):
             raise InvalidValueError(
                 f"Parameter '{p.name}' is an onnxblocks stub, not data. Pass its TensorSource "
@@ -143,7 +154,9 @@ def _check(params: list[_Param], nominal: bool) -> None:
 
 
 def save_checkpoint(
-    parameters: tuple[Sequence[Parameter] | Mapping[str, Any], Sequence[Parameter] | Mapping[str, Any]],
+    parameters: tuple[
+        Sequence[Parameter] | Mapping[str, Any], Sequence[Parameter] | Mapping[str, Any]
+    ],
     path_to_checkpoint: str | os.PathLike,
     nominal_checkpoint: bool = False,
     *,
@@ -205,7 +218,9 @@ def save_checkpoint(
         or not isinstance(external_data_threshold, int)
         or external_data_threshold < 0
     ):
-        raise InvalidValueError(f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}.")
+        raise InvalidValueError(
+            f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}."
+        )
     groups = []
     params: Any
     for role, params in zip(("Trainable", "Frozen"), parameters, strict=True):
@@ -234,7 +249,9 @@ def save_checkpoint(
     total = sum(p.nbytes for p in trainable + frozen + moments)
     use_external = not nominal_checkpoint and total > min(external_data_threshold, MAX_INLINE_BYTES)
 
-    with _storage.replacing(target) as staged:  # header and data file replace the old pair all-or-nothing
+    with _storage.replacing(
+        target
+    ) as staged:  # header and data file replace the old pair all-or-nothing
         offsets: dict[int, int] = {}  # by id(_Param): a moment has its parameter's tensor name
         if use_external:
             with open(staged.data, "wb") as data:
@@ -244,13 +261,24 @@ def save_checkpoint(
 
         def record(p: _Param) -> _format.TensorRecord:
             if nominal_checkpoint:
-                return _format.TensorRecord(p.name, p.data_type, (), 0, tuple, doc_string=p.doc_string)
+                return _format.TensorRecord(
+                    p.name, p.data_type, (), 0, tuple, doc_string=p.doc_string
+                )
             if id(p) in offsets:
                 return _format.TensorRecord(
-                    p.name, p.data_type, p.dims, external_offset=offsets[id(p)], doc_string=p.doc_string
+                    p.name,
+                    p.data_type,
+                    p.dims,
+                    external_offset=offsets[id(p)],
+                    doc_string=p.doc_string,
                 )
             return _format.TensorRecord(
-                p.name, p.data_type, p.dims, p.nbytes, lambda: p.chunks(base_dir), doc_string=p.doc_string
+                p.name,
+                p.data_type,
+                p.dims,
+                p.nbytes,
+                lambda: p.chunks(base_dir),
+                doc_string=p.doc_string,
             )
 
         buffer = _format.encode_checkpoint(
@@ -262,7 +290,13 @@ def save_checkpoint(
             if optimizer_state is None
             else [
                 _format.OptimizerGroupRecord(
-                    name, step, lr, {param: {k: record(m) for k, m in ms.items()} for param, ms in per_param.items()}
+                    name,
+                    step,
+                    lr,
+                    {
+                        param: {k: record(m) for k, m in ms.items()}
+                        for param, ms in per_param.items()
+                    },
                 )
                 for (name, step, lr), per_param in states
             ],
@@ -308,7 +342,10 @@ def _optimizer_states(
                     f"optimizer group '{group}' holds moments of '{param}', which is not a trainable parameter of the "
                     f"checkpoint ({sorted(shapes)}). Save the optimizer state with the parameters it belongs to."
                 )
-            moments = {MOMENT_NAME.format(i): _from_array(param, a, "moment of") for i, a in enumerate(arrays)}
+            moments = {
+                MOMENT_NAME.format(i): _from_array(param, a, "moment of")
+                for i, a in enumerate(arrays)
+            }
             for name, m in moments.items():
                 if (m.data_type, m.dims) != shapes[param]:
                     raise InvalidValueError(
@@ -317,9 +354,12 @@ def _optimizer_states(
                         f"type {shapes[param][0]}). Moments have their parameter's shape and type."
                     )
             per_param[param] = {
-                name: _Param(name, m.data_type, m.dims, m.nbytes, m.source, None) for name, m in moments.items()
+                name: _Param(name, m.data_type, m.dims, m.nbytes, m.source, None)
+                for name, m in moments.items()
             }
         step = _hyper.step(state["step"], f"the step of optimizer group '{group}'")
-        rate = _hyper.learning_rate(state["initial_learning_rate"], f"the learning rate of optimizer group '{group}'")
+        rate = _hyper.learning_rate(
+            state["initial_learning_rate"], f"the learning rate of optimizer group '{group}'"
+        )
         out.append(((group, step, rate), per_param))
     return out

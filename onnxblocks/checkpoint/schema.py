@@ -42,7 +42,9 @@ LOADABLE_DTYPES: dict[int, np.dtype] = {
     _T.UINT64: np.dtype("<u8"),
 }
 #: Every element type the schema's ``TensorDataType`` enum names.
-_SCHEMA_DTYPES = {v: k for k, v in vars(_T).items() if k.isupper() and isinstance(v, int) and v != _T.UNDEFINED}
+_SCHEMA_DTYPES = {
+    v: k for k, v in vars(_T).items() if k.isupper() and isinstance(v, int) and v != _T.UNDEFINED
+}
 
 #: A flatbuffer cannot exceed 2 GiB, so no offset in a valid one reaches past this.
 _MAX_FLATBUFFER_BYTES = 2**31 - 1

@@ -94,7 +94,9 @@ def replacing(target: str | os.PathLike) -> Iterator[Staged]:
     """
     final = Path(os.fspath(target))
     if not final.parent.is_dir():
-        raise FileMissingError(f"Cannot write checkpoint '{final}': directory '{final.parent}' does not exist.")
+        raise FileMissingError(
+            f"Cannot write checkpoint '{final}': directory '{final.parent}' does not exist."
+        )
     if final.is_dir():
         raise IsAFolderError(
             f"'{final}' is a directory; a checkpoint is a file. Pass a file path, e.g. '{final / 'checkpoint'}'."
@@ -109,7 +111,9 @@ def replacing(target: str | os.PathLike) -> Iterator[Staged]:
         for leftover in (staged.header, staged.data):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
-        shown = _tempfiles.without_temp_names(exc, {staged.data: data_path_of(final), staged.header: final})
+        shown = _tempfiles.without_temp_names(
+            exc, {staged.data: data_path_of(final), staged.header: final}
+        )
         if shown is not None:
             raise shown from None
         raise
@@ -123,7 +127,9 @@ def commit(target: Path, header: Path, data: Path | None) -> None:
         _remove_data(target)
         return
     if not os.path.lexists(target) or not os.path.lexists(data_target):
-        os.replace(data, data_target)  # no old header reads a data file: data first, then the header
+        os.replace(
+            data, data_target
+        )  # no old header reads a data file: data first, then the header
         os.replace(header, target)
         _remove_versions(target, keep=None)
         return
@@ -151,8 +157,12 @@ def remove_stale(target: Path) -> None:
     """Remove temporary files of killed writers beside ``target`` and versions of it that nothing uses."""
     _tempfiles.remove_stale(target.parent)
     if versions_dir(target).is_dir():
-        _tempfiles.remove_stale(versions_dir(target))  # a `current` link being made when its writer died
-    if _versioned(target) or os.path.islink(data_path_of(target)):  # (the latter: a layout being entered)
+        _tempfiles.remove_stale(
+            versions_dir(target)
+        )  # a `current` link being made when its writer died
+    if _versioned(target) or os.path.islink(
+        data_path_of(target)
+    ):  # (the latter: a layout being entered)
         _remove_stale_versions(target)
     elif versions_dir(target).is_dir():
         _remove_versions(target, keep=None)  # nothing reads through it any more
@@ -234,7 +244,9 @@ def _remove_stale_versions(target: Path) -> None:
     """Remove the versions of dead writers that ``current`` does not point to."""
     directory, current = versions_dir(target), _current(target)
     with contextlib.suppress(OSError), os.scandir(directory) as scan:
-        stale = [e.path for e in scan if e.name not in (current, CURRENT) and _tempfiles.is_stale(e.name)]
+        stale = [
+            e.path for e in scan if e.name not in (current, CURRENT) and _tempfiles.is_stale(e.name)
+        ]
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -257,9 +269,18 @@ def _remove_versions(target: Path, keep: str | None, also: str | None = None) ->
         return
     mine = f"{os.getpid()}-"
     with os.scandir(directory) as scan:
-        entries = [e for e in scan if e.name not in (keep, CURRENT) and _tempfiles.WRITER_NAME.match(e.name)]
+        entries = [
+            e
+            for e in scan
+            if e.name not in (keep, CURRENT) and _tempfiles.WRITER_NAME.match(e.name)
+        ]
     for entry in entries:
-        if keep is None or entry.name == also or entry.name.startswith(mine) or _tempfiles.is_stale(entry.name):
+        if (
+            keep is None
+            or entry.name == also
+            or entry.name.startswith(mine)
+            or _tempfiles.is_stale(entry.name)
+        ):
             shutil.rmtree(entry.path, ignore_errors=True)
     if keep is None:
         with contextlib.suppress(FileNotFoundError):

@@ -62,13 +62,20 @@ def model_parameter_slots(model: onnx.ModelProto) -> dict[str, Slot]:
             continue
         dims: tuple[int | str | None, ...] | None = None
         if tensor.HasField("shape"):
-            dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+            dims = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tensor.shape.dim
+            )
         slots[vi.name] = (tensor.elem_type, dims)
     return slots
 
 
 def _kind(data_type: int, dims: Iterable[int | str | None] | None) -> str:
-    name = _format.LOADABLE_DTYPES[data_type].name if data_type in _format.LOADABLE_DTYPES else str(data_type)
+    name = (
+        _format.LOADABLE_DTYPES[data_type].name
+        if data_type in _format.LOADABLE_DTYPES
+        else str(data_type)
+    )
     if dims is None:
         return f"{name} of any shape"
     return f"{name} [{', '.join('?' if d is None else str(d) for d in dims)}]"
@@ -77,14 +84,18 @@ def _kind(data_type: int, dims: Iterable[int | str | None] | None) -> str:
 def _fits(dims: tuple[int, ...], want: tuple[int | str | None, ...] | None) -> bool:
     if want is None:
         return True
-    return len(dims) == len(want) and all(not isinstance(w, int) or w == d for d, w in zip(dims, want, strict=True))
+    return len(dims) == len(want) and all(
+        not isinstance(w, int) or w == d for d, w in zip(dims, want, strict=True)
+    )
 
 
 def _check_file(reader: _Reader) -> None:
     """Everything ONNX Runtime relies on that the flatbuffer's bounds checks do not cover."""
     parsed, where = reader.parsed, f"Checkpoint '{reader.path}'"
     if parsed.missing:
-        raise CheckpointFormatError(f"{parsed.missing[0]} is missing; ONNX Runtime requires it. {_CORRUPT}")
+        raise CheckpointFormatError(
+            f"{parsed.missing[0]} is missing; ONNX Runtime requires it. {_CORRUPT}"
+        )
     seen: set[str] = set()
     for entry in (*parsed.trainable, *parsed.frozen):
         if entry.name in seen:
@@ -97,7 +108,11 @@ def _check_file(reader: _Reader) -> None:
                 f"{where}: tensor '{entry.name}' has impossible dims {list(entry.dims)}. {_CORRUPT}"
             )
         if parsed.is_nominal:
-            if entry.dims or entry.external_offset is not None or (entry.inline and entry.inline[1]):
+            if (
+                entry.dims
+                or entry.external_offset is not None
+                or (entry.inline and entry.inline[1])
+            ):
                 raise CheckpointFormatError(
                     f"{where} is nominal (names and element types only) but tensor '{entry.name}' has dims or data. "
                     f"{_CORRUPT}"
@@ -114,7 +129,9 @@ def _check_file(reader: _Reader) -> None:
     params = {e.name: e for e in parsed.trainable}
     for group in parsed.optimizer_groups:
         counts = {len(moments) for moments in group.moments.values()}
-        if len(counts) > 1 or (group.moments and set(group.moments) != set(params) and counts != {0}):
+        if len(counts) > 1 or (
+            group.moments and set(group.moments) != set(params) and counts != {0}
+        ):
             raise CheckpointFormatError(
                 f"{where}: optimizer group '{group.name}' holds moments for {preview(sorted(group.moments))} "
                 f"({sorted(counts)} per parameter) but the trainable parameters are {preview(sorted(params))}. "
@@ -165,7 +182,9 @@ def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) 
     parsed = reader.parsed
     where = f"Checkpoint '{reader.path}'"
     # tensors kept beside the model's (a weight EMA) under the reserved prefix are no model parameters
-    entries = [e for e in (*parsed.trainable, *parsed.frozen) if not e.name.startswith(EXTRA_PREFIX)]
+    entries = [
+        e for e in (*parsed.trainable, *parsed.frozen) if not e.name.startswith(EXTRA_PREFIX)
+    ]
     names = [e.name for e in entries]
     unknown = [n for n in names if n not in slots]
     trained = {n for n in slots if buffer_name(n) in slots}
@@ -201,7 +220,9 @@ def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) 
             )
 
 
-def _check_trainable(where: str, model_name: str, parsed: _format.ParsedCheckpoint, trained: set[str]) -> None:
+def _check_trainable(
+    where: str, model_name: str, parsed: _format.ParsedCheckpoint, trained: set[str]
+) -> None:
     trainable = {e.name for e in parsed.trainable}
     frozen = {e.name for e in parsed.frozen}
     missing = sorted(trained - trainable)
@@ -209,9 +230,13 @@ def _check_trainable(where: str, model_name: str, parsed: _format.ParsedCheckpoi
     if not missing and not extra:
         return
     if missing:
-        problem = f"{preview(missing)} {'are frozen in it' if set(missing) <= frozen else 'are missing'}"
+        problem = (
+            f"{preview(missing)} {'are frozen in it' if set(missing) <= frozen else 'are missing'}"
+        )
     else:
-        problem = f"{preview(extra)} are trainable in it, but the model computes no gradient for them"
+        problem = (
+            f"{preview(extra)} are trainable in it, but the model computes no gradient for them"
+        )
     raise CheckpointMismatchError(
         f"{where} holds parameters {preview(sorted(trainable | frozen))}, but {model_name} trains "
         f"{preview(sorted(trained))}: {problem}. It is not a checkpoint of these artifacts: pass one saved from "

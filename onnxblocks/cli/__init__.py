@@ -5,6 +5,21 @@ are documented in :mod:`onnxblocks.cli.app`.
 """
 
 from onnxblocks.cli.app import main
-from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.errors import (
+    EXIT_FAILURE,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+)
 
-__all__ = ["EXIT_FAILURE", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "CliError", "main"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INPUT",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CliError",
+    "main",
+]

@@ -23,7 +23,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.errors import (
+    EXIT_FAILURE,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+)
 
 PROG = "onnxblocks"
 
@@ -86,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_OK
         verbose = bool(getattr(args, "verbose", False))
-        if verbose:  # ONNX Runtime's warnings too (by default the sessions onnxblocks opens log errors only)
+        if (
+            verbose
+        ):  # ONNX Runtime's warnings too (by default the sessions onnxblocks opens log errors only)
             from onnxblocks._core.ort import set_log_level
 
             set_log_level(2)
@@ -129,7 +138,11 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_INPUT if _ort.is_input_error(exc) else EXIT_FAILURE
     if isinstance(exc, (ValueError, TypeError, LookupError, GradientError)):
         return EXIT_INPUT
-    if type(exc).__name__ in ("ValidationError", "DecodeError", "InferenceError"):  # onnx / protobuf
+    if type(exc).__name__ in (
+        "ValidationError",
+        "DecodeError",
+        "InferenceError",
+    ):  # onnx / protobuf
         return EXIT_INPUT
     return EXIT_FAILURE
 

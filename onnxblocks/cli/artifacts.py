@@ -62,7 +62,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", metavar="MODEL.onnx", help="the forward model")
-    parser.add_argument("-o", "--output-dir", required=True, metavar="DIR", help="where to write the artifacts")
+    parser.add_argument(
+        "-o", "--output-dir", required=True, metavar="DIR", help="where to write the artifacts"
+    )
     parser.add_argument(
         "--loss",
         required=True,
@@ -76,10 +78,17 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="optimizer model to generate, with torch.optim's semantics and defaults (default: adamw)",
     )
     parser.add_argument(
-        "--weight-decay", type=float, default=None, metavar="WD", help="the optimizer's weight_decay (torch's default)"
+        "--weight-decay",
+        type=float,
+        default=None,
+        metavar="WD",
+        help="the optimizer's weight_decay (torch's default)",
     )
     parser.add_argument(
-        "--momentum", type=float, default=None, help="sgd and rmsprop: momentum (sgd: with --nesterov for Nesterov)"
+        "--momentum",
+        type=float,
+        default=None,
+        help="sgd and rmsprop: momentum (sgd: with --nesterov for Nesterov)",
     )
     parser.add_argument("--nesterov", action="store_true", help="sgd: Nesterov momentum")
     parser.add_argument("--amsgrad", action="store_true", help="adam, adamw: the amsgrad variant")
@@ -90,10 +99,16 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "the usual fine-tuning parameter groups",
     )
     parser.add_argument(
-        "--requires-grad", nargs="+", default=[], metavar="PATTERN", help="parameters to train (names or glob patterns)"
+        "--requires-grad",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="parameters to train (names or glob patterns)",
     )
     parser.add_argument(
-        "--all-params", action="store_true", help="train every floating-point initializer (minus --frozen)"
+        "--all-params",
+        action="store_true",
+        help="train every floating-point initializer (minus --frozen)",
     )
     parser.add_argument(
         "--frozen",
@@ -117,8 +132,12 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="values passed to the loss (default: the model's outputs)",
     )
     parser.add_argument("--prefix", default="", help="prefix of every artifact file name")
-    parser.add_argument("--ort-format", action="store_true", help="also write .ort versions of the models")
-    parser.add_argument("--nominal-checkpoint", action="store_true", help="also write a nominal checkpoint")
+    parser.add_argument(
+        "--ort-format", action="store_true", help="also write .ort versions of the models"
+    )
+    parser.add_argument(
+        "--nominal-checkpoint", action="store_true", help="also write a nominal checkpoint"
+    )
     parser.add_argument(
         "--portable",
         nargs="?",
@@ -193,18 +212,22 @@ def lora_config(spec: str) -> Any:
         key, eq, value = token.partition("=")
         if not eq:  # a further name of the list key before it
             if field is None or field not in _LORA_LISTS:
-                raise CliError(f"--lora: {token!r} is not KEY=VALUE (keys: {', '.join(LORA_KEYS)})", EXIT_USAGE)
+                raise CliError(
+                    f"--lora: {token!r} is not KEY=VALUE (keys: {', '.join(LORA_KEYS)})", EXIT_USAGE
+                )
             values[field].append(token)
             continue
         field = LORA_KEYS.get(key.strip())
         if field is None:
             raise CliError(
-                f"--lora: unknown key {key!r}{did_you_mean(key, LORA_KEYS)} (keys: {', '.join(LORA_KEYS)})", EXIT_USAGE
+                f"--lora: unknown key {key!r}{did_you_mean(key, LORA_KEYS)} (keys: {', '.join(LORA_KEYS)})",
+                EXIT_USAGE,
             )
         values[field] = [value] if field in _LORA_LISTS else _lora_value(key, field, value)
     if "target_modules" not in values:
         raise CliError(
-            "--lora: name the modules to adapt with targets=NAME[,NAME...] (e.g. targets=q_proj,v_proj)", EXIT_USAGE
+            "--lora: name the modules to adapt with targets=NAME[,NAME...] (e.g. targets=q_proj,v_proj)",
+            EXIT_USAGE,
         )
     try:
         return LoraConfig(**values)
@@ -297,12 +320,16 @@ def select_parameters(
     names = [n for n, _ in initializers]
     floats = [n for n, t in initializers if t in _FLOAT_TYPES]
     frozen_names = _match_all(frozen, names, floats, "--frozen")
-    trainable = floats if all_params else _match_all(requires_grad, names, floats, "--requires-grad")
+    trainable = (
+        floats if all_params else _match_all(requires_grad, names, floats, "--requires-grad")
+    )
     trainable = [n for n in trainable if n not in set(frozen_names)]
     return trainable, frozen_names
 
 
-def _match_all(patterns: Sequence[str], names: Sequence[str], floats: Sequence[str], option: str) -> list[str]:
+def _match_all(
+    patterns: Sequence[str], names: Sequence[str], floats: Sequence[str], option: str
+) -> list[str]:
     from onnxblocks._core.errors import did_you_mean, preview
 
     chosen: dict[str, None] = {}
@@ -329,20 +356,30 @@ def run(args: argparse.Namespace) -> int:
     from onnxblocks.io import load_model
 
     if not os.path.isfile(args.model):
-        problem = "is not a regular file (a directory?)" if os.path.exists(args.model) else "does not exist"
+        problem = (
+            "is not a regular file (a directory?)"
+            if os.path.exists(args.model)
+            else "does not exist"
+        )
         raise CliError(f"model file '{args.model}' {problem}; pass an .onnx file.", EXIT_INPUT)
     output_dir(args.output_dir, "--output-dir")  # before the work, not after it
     model = load_model(args.model)
     initializers = [(i.name, i.data_type) for i in model.graph.initializer]
     lora = lora_config(args.lora) if args.lora is not None else None
-    if lora is not None and not args.requires_grad and not args.all_params:  # the adapters alone train
+    if (
+        lora is not None and not args.requires_grad and not args.all_params
+    ):  # the adapters alone train
         floats = [n for n, t in initializers if t in _FLOAT_TYPES]
         trainable: list[str] = []
         frozen = _match_all(args.frozen, [n for n, _ in initializers], floats, "--frozen")
     else:
-        trainable, frozen = select_parameters(initializers, args.requires_grad, args.frozen, args.all_params)
+        trainable, frozen = select_parameters(
+            initializers, args.requires_grad, args.frozen, args.all_params
+        )
         if not trainable:
-            raise CliError("no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE)
+            raise CliError(
+                "no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE
+            )
     loss_name = LOSSES[args.loss]
     loss = artifacts.LossType[loss_name] if loss_name else None
     optimizer = optimizer_block(args)
@@ -370,13 +407,19 @@ def run(args: argparse.Namespace) -> int:
 
         info = lora_info(result.training_model)
         for t in info.targets.values() if info is not None else ():
-            sizes.update({t.lora_A: 4 * lora.r * t.in_features, t.lora_B: 4 * lora.r * t.out_features})
+            sizes.update(
+                {t.lora_A: 4 * lora.r * t.in_features, t.lora_B: 4 * lora.r * t.out_features}
+            )
     out = sys.stdout
     out.write(f"wrote training artifacts to {result.directory}\n")
     for path in result.files:
         out.write(f"  {path.name:<28} {format_bytes(path.stat().st_size):>10}\n")
     if result.base_weights is not None:
-        how = "a hard link of the model's data file" if result.base_weights.stat().st_nlink > 1 else "written"
+        how = (
+            "a hard link of the model's data file"
+            if result.base_weights.stat().st_nlink > 1
+            else "written"
+        )
         kind = f", stored as {args.base_dtype}" if args.base_dtype else ""
         out.write(f"frozen base: {result.base_weights.name} ({how}{kind}), shared by every model\n")
     out.write(
@@ -385,7 +428,9 @@ def run(args: argparse.Namespace) -> int:
         f"frozen: {len(result.frozen_params)} "
         f"({format_bytes(sum(sizes.get(n, 0) for n in result.frozen_params))})\n"
     )
-    out.write(f"inputs: {', '.join(result.input_names)}; outputs: {', '.join(result.output_names)}\n")
+    out.write(
+        f"inputs: {', '.join(result.input_names)}; outputs: {', '.join(result.output_names)}\n"
+    )
     prefix = f" --prefix {args.prefix}" if args.prefix else ""
     out.write(f"next: onnxblocks train {result.directory}{prefix} --data DATA.npz --epochs 10\n")
     return EXIT_OK

@@ -54,11 +54,17 @@ def run(args: argparse.Namespace) -> int:
         elif stage.stale:
             state = "kept (it could not be removed)"
         else:
-            state = "kept: its run is in progress" if stage.host == HOST_TAG else "kept: another host's run"
+            state = (
+                "kept: its run is in progress"
+                if stage.host == HOST_TAG
+                else "kept: another host's run"
+            )
         out.write(f"{stage.path} (pid {stage.pid}, {format_bytes(stage.nbytes)}): {state}\n")
     staged = {os.fspath(s.path) for s in found}
     for path in sorted(removed - staged):
         out.write(f"{path}: removed (a temporary file of a killed run)\n")
     freed = sum(s.nbytes for s in found if os.fspath(s.path) in removed)
-    out.write(f"removed {len(removed)} leftover(s) of killed runs ({format_bytes(freed)} of staging folders)\n")
+    out.write(
+        f"removed {len(removed)} leftover(s) of killed runs ({format_bytes(freed)} of staging folders)\n"
+    )
     return EXIT_OK

@@ -40,7 +40,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help=f"where to write the files (default ./{DEFAULT_OUTPUT_DIR})",
     )
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default 30)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data, weights and batch order (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of data, weights and batch order (default 0)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--plot-backend",
@@ -67,7 +69,10 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "with onnxruntime (docs/lora.md; needs torch and transformers: pip install 'onnxblocks[torch]' transformers)",
     )
     parser.add_argument(
-        "--port", type=int, default=8000, help="with --web: the port (default 8000, another if taken; 0: any free)"
+        "--port",
+        type=int,
+        default=8000,
+        help="with --web: the port (default 8000, another if taken; 0: any free)",
     )
     parser.set_defaults(handler=run)
 

@@ -124,7 +124,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     for entry in found["pythons"]:
         ort = entry["onnxruntime"] or "none"
-        build = "training build" if entry["training_build"] else ("stock" if entry["onnxruntime"] else "")
+        build = (
+            "training build"
+            if entry["training_build"]
+            else ("stock" if entry["onnxruntime"] else "")
+        )
         print(f"Python {entry['version']}  {entry['python']}  ({entry['found_by']})")
         print(f"  onnxruntime:      {ort} {build}".rstrip())
         print(f"  backend:          {entry['backend']}")
@@ -134,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     plan = found["worker"]
     if plan.get("python"):
         state = "ready" if plan["ready"] else "created on first use"
-        print(f"worker environment: {plan['environment']} ({state}; from {plan['python']}, {plan['found_by']})")
+        print(
+            f"worker environment: {plan['environment']} ({state}; from {plan['python']}, {plan['found_by']})"
+        )
     else:
         print(f"worker: {plan['error']}")
     return EXIT_OK

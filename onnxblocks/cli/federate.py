@@ -55,7 +55,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("directory", metavar="ARTIFACTS", help="artifact directory (the server's global model)")
+    parser.add_argument(
+        "directory", metavar="ARTIFACTS", help="artifact directory (the server's global model)"
+    )
     clients = parser.add_argument_group("clients (one SuperNode each)")
     clients.add_argument(
         "--client-data",
@@ -86,17 +88,36 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     training = parser.add_argument_group("training")
     training.add_argument("--rounds", type=int, default=3, help="federated rounds (default 3)")
-    training.add_argument("--local-epochs", type=int, default=1, help="client epochs per round (default 1)")
     training.add_argument(
-        "--local-steps", type=int, default=None, help="exact client optimizer steps per round instead of epochs"
+        "--local-epochs", type=int, default=1, help="client epochs per round (default 1)"
     )
-    training.add_argument("--batch-size", type=int, default=32, help="client batch size (default 32)")
-    training.add_argument("--lr", type=float, default=None, help="client learning rate (default: the artifacts')")
-    training.add_argument("--strategy", choices=STRATEGIES, default="fedavg", help="Flower strategy (default fedavg)")
-    training.add_argument("--proximal-mu", type=float, default=None, help="FedProx's mu (with --strategy fedprox)")
-    training.add_argument("--server-lr", type=float, default=None, help="FedAdam's and FedYogi's server learning rate")
-    training.add_argument("--no-shuffle", action="store_true", help="take batches in file order (reproducible runs)")
-    training.add_argument("--seed", type=int, default=0, help="seed of the clients' shuffling (default 0)")
+    training.add_argument(
+        "--local-steps",
+        type=int,
+        default=None,
+        help="exact client optimizer steps per round instead of epochs",
+    )
+    training.add_argument(
+        "--batch-size", type=int, default=32, help="client batch size (default 32)"
+    )
+    training.add_argument(
+        "--lr", type=float, default=None, help="client learning rate (default: the artifacts')"
+    )
+    training.add_argument(
+        "--strategy", choices=STRATEGIES, default="fedavg", help="Flower strategy (default fedavg)"
+    )
+    training.add_argument(
+        "--proximal-mu", type=float, default=None, help="FedProx's mu (with --strategy fedprox)"
+    )
+    training.add_argument(
+        "--server-lr", type=float, default=None, help="FedAdam's and FedYogi's server learning rate"
+    )
+    training.add_argument(
+        "--no-shuffle", action="store_true", help="take batches in file order (reproducible runs)"
+    )
+    training.add_argument(
+        "--seed", type=int, default=0, help="seed of the clients' shuffling (default 0)"
+    )
     training.add_argument(
         "--round-timeout",
         type=float,
@@ -117,12 +138,18 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="F",
         help="fraction of the clients that evaluate the global model on their data each round (default 1; 0: none)",
     )
-    training.add_argument("--eval-data", metavar="FILE.npz", help="held-out data the server evaluates on each round")
+    training.add_argument(
+        "--eval-data", metavar="FILE.npz", help="held-out data the server evaluates on each round"
+    )
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--save", required=True, metavar="CKPT", help="the final checkpoint")
     outputs.add_argument("--export", metavar="MODEL.onnx", help="the final inference model")
-    outputs.add_argument("--history", metavar="H.json", help="per-round metrics and dropped clients (JSON)")
-    outputs.add_argument("--run-dir", metavar="DIR", help="where the Flower app, its config and every log go (kept)")
+    outputs.add_argument(
+        "--history", metavar="H.json", help="per-round metrics and dropped clients (JSON)"
+    )
+    outputs.add_argument(
+        "--run-dir", metavar="DIR", help="where the Flower app, its config and every log go (kept)"
+    )
     outputs.add_argument(
         "--timeout",
         type=float,
@@ -156,11 +183,19 @@ def _check(args: argparse.Namespace) -> None:
     require(args.seed, "--seed", minimum=0)
     require(args.fraction_evaluate, "--fraction-evaluate", minimum=0)
     if args.fraction_evaluate is not None and args.fraction_evaluate > 1:
-        raise CliError(f"--fraction-evaluate must be between 0 and 1, got {args.fraction_evaluate}.", EXIT_USAGE)
+        raise CliError(
+            f"--fraction-evaluate must be between 0 and 1, got {args.fraction_evaluate}.",
+            EXIT_USAGE,
+        )
     if args.proximal_mu is not None and args.strategy != "fedprox":
-        raise CliError("--proximal-mu is FedProx's: add --strategy fedprox (or drop --proximal-mu).", EXIT_USAGE)
+        raise CliError(
+            "--proximal-mu is FedProx's: add --strategy fedprox (or drop --proximal-mu).",
+            EXIT_USAGE,
+        )
     if args.server_lr is not None and args.strategy not in ("fedadam", "fedyogi"):
-        raise CliError("--server-lr is FedAdam's and FedYogi's: add --strategy fedadam or fedyogi.", EXIT_USAGE)
+        raise CliError(
+            "--server-lr is FedAdam's and FedYogi's: add --strategy fedadam or fedyogi.", EXIT_USAGE
+        )
     if args.min_clients is not None and args.min_clients > len(args.client_data):
         raise CliError(
             f"--min-clients {args.min_clients} is more than the {len(args.client_data)} clients (--client-data).",
@@ -170,7 +205,10 @@ def _check(args: argparse.Namespace) -> None:
 
     for directory in [args.directory, *(args.client_artifacts or [])]:
         if not Path(directory).is_dir():
-            raise CliError(f"artifact directory {directory} does not exist (or is not a directory).", EXIT_INPUT)
+            raise CliError(
+                f"artifact directory {directory} does not exist (or is not a directory).",
+                EXIT_INPUT,
+            )
         try:  # checked here, before Flower starts: a server or client failing on it would cost a whole start-up
             ArtifactFiles.find(directory, "")
         except FileNotFoundError as exc:
@@ -181,9 +219,14 @@ def _check(args: argparse.Namespace) -> None:
     for python in args.client_python or []:
         if shutil.which(python) is None:
             raise CliError(
-                f"--client-python {python}: no such interpreter (give a path or a name on PATH).", EXIT_INPUT
+                f"--client-python {python}: no such interpreter (give a path or a name on PATH).",
+                EXIT_INPUT,
             )
-    for value, option in ((args.save, "--save"), (args.export, "--export"), (args.history, "--history")):
+    for value, option in (
+        (args.save, "--save"),
+        (args.export, "--export"),
+        (args.history, "--history"),
+    ):
         output_file(value, option, create_parents=True)
     output_dir(args.run_dir, "--run-dir")
 
@@ -219,7 +262,9 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``onnxblocks federate``."""
-    with stop_on_signals():  # before Flower's slow import: a signal at any point stops the command with 130
+    with (
+        stop_on_signals()
+    ):  # before Flower's slow import: a signal at any point stops the command with 130
         return _federate(args)
 
 
@@ -231,8 +276,14 @@ def _federate(args: argparse.Namespace) -> int:
     try:
         from onnxblocks.federated.deployment import LocalDeployment, NodeSpec
         from onnxblocks.federated.project import write_app
-    except ImportError as exc:  # Flower is an optional extra (MissingDependencyError says how to install it)
-        message = str(exc) if "onnxblocks[flower]" in str(exc) else f'{exc}: pip install "onnxblocks[flower]"'
+    except (
+        ImportError
+    ) as exc:  # Flower is an optional extra (MissingDependencyError says how to install it)
+        message = (
+            str(exc)
+            if "onnxblocks[flower]" in str(exc)
+            else f'{exc}: pip install "onnxblocks[flower]"'
+        )
         raise CliError(f"onnxblocks federate needs Flower. {message}", EXIT_FAILURE) from None
 
     keep = args.run_dir is not None
@@ -251,7 +302,9 @@ def _federate(args: argparse.Namespace) -> int:
         nodes.append(NodeSpec(node_config, python=python))
     timeout = args.timeout
     if timeout is None:
-        timeout = args.rounds * 3 * args.round_timeout + 300 if args.round_timeout else 7 * 24 * 3600.0
+        timeout = (
+            args.rounds * 3 * args.round_timeout + 300 if args.round_timeout else 7 * 24 * 3600.0
+        )
     app = write_app(run_dir / "app", config)
     print(f"federating {args.directory}: {count} clients, {args.rounds} rounds of {args.strategy}")
     print(f"logs in {run_dir / 'logs'}")
@@ -263,9 +316,14 @@ def _federate(args: argparse.Namespace) -> int:
             f"{run_dir / 'logs'} (the ServerApp's in {outcome.log}).",
             EXIT_FAILURE,
         )
-    missing = [path for path in (args.save, args.export) if path is not None and not Path(path).exists()]
+    missing = [
+        path for path in (args.save, args.export) if path is not None and not Path(path).exists()
+    ]
     if missing:
-        raise CliError(f"the run completed but did not write {', '.join(missing)}; see {outcome.log}.", EXIT_FAILURE)
+        raise CliError(
+            f"the run completed but did not write {', '.join(missing)}; see {outcome.log}.",
+            EXIT_FAILURE,
+        )
     _summary(Path(config["history"]), outcome.seconds)
     if not keep:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -279,7 +337,9 @@ def _summary(history_path: Path, seconds: float) -> None:
         print(f"done in {seconds:.1f} s")
         return
     for row in history.get("train", []):
-        metrics = ", ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "round" and isinstance(v, (int, float)))
+        metrics = ", ".join(
+            f"{k} {v:.4g}" for k, v in row.items() if k != "round" and isinstance(v, (int, float))
+        )
         print(f"round {row.get('round')}: {metrics}")
     for row in history.get("dropped", []):
         print(

@@ -39,9 +39,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "path", metavar="MODEL.onnx|DIR|CHECKPOINT", help="an .onnx file, an artifact directory or a checkpoint file"
+        "path",
+        metavar="MODEL.onnx|DIR|CHECKPOINT",
+        help="an .onnx file, an artifact directory or a checkpoint file",
     )
-    parser.add_argument("--prefix", default="", help="file-name prefix of the artifacts (for a directory)")
+    parser.add_argument(
+        "--prefix", default="", help="file-name prefix of the artifacts (for a directory)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(handler=run)
 
@@ -63,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         raise CliError(
-            f"'{path}' does not exist; pass an .onnx file, an artifact directory or a checkpoint.", EXIT_INPUT
+            f"'{path}' does not exist; pass an .onnx file, an artifact directory or a checkpoint.",
+            EXIT_INPUT,
         )
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render(report))
     return EXIT_OK
@@ -98,7 +103,10 @@ def _value_info(vi: Any) -> dict[str, Any]:
         return {"name": vi.name, "dtype": t.WhichOneof("value") or "unknown", "shape": None}
     shape = None
     if t.tensor_type.HasField("shape"):
-        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.tensor_type.shape.dim]
+        shape = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in t.tensor_type.shape.dim
+        ]
     return {"name": vi.name, "dtype": _dtype(t.tensor_type.elem_type), "shape": shape}
 
 
@@ -106,7 +114,14 @@ def _tensor(name: str, dtype: str, dims: list[int], status: str, nbytes: int) ->
     elements = 1
     for d in dims:
         elements *= d
-    return {"name": name, "dtype": dtype, "shape": dims, "status": status, "elements": elements, "bytes": nbytes}
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": dims,
+        "status": status,
+        "elements": elements,
+        "bytes": nbytes,
+    }
 
 
 def inspect_model(path: Path) -> dict[str, Any]:
@@ -118,7 +133,8 @@ def inspect_model(path: Path) -> dict[str, Any]:
     init_names = {i.name for i in g.initializer}
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     params = [
-        _tensor(i.name, _dtype(i.data_type), list(i.dims), "initializer", tensor_nbytes(i)) for i in g.initializer
+        _tensor(i.name, _dtype(i.data_type), list(i.dims), "initializer", tensor_nbytes(i))
+        for i in g.initializer
     ]
     return {
         "kind": "model",
@@ -140,7 +156,10 @@ def _ties(model: Any) -> list[dict[str, Any]]:
 
     found = find_ties(model)
     keys = ("initializer", "modules", "copies", "by_model")
-    return [{k: list(v) if isinstance(v, tuple) else v for k, v in zip(keys, astuple(t), strict=True)} for t in found]
+    return [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in zip(keys, astuple(t), strict=True)}
+        for t in found
+    ]
 
 
 def inspect_checkpoint(path: Path) -> dict[str, Any]:
@@ -198,9 +217,15 @@ def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
     if files.training_model.suffix == ".onnx":
         training = _load(files.training_model)
         inputs = [
-            _value_info(i) for i in training.graph.input if i.name not in names and not is_accumulation_value(i.name)
+            _value_info(i)
+            for i in training.graph.input
+            if i.name not in names and not is_accumulation_value(i.name)
         ]
-        source = _load(files.eval_model) if files.eval_model and files.eval_model.suffix == ".onnx" else training
+        source = (
+            _load(files.eval_model)
+            if files.eval_model and files.eval_model.suffix == ".onnx"
+            else training
+        )
         outputs = [_value_info(o) for o in source.graph.output if not is_accumulation_value(o.name)]
     return {
         "kind": "artifacts",
@@ -225,7 +250,11 @@ def _base(path: Path, files: Any) -> dict[str, Any] | None:
     """The frozen base the models share (docs/lora.md): its file, size and element type; None without one."""
     if not path.is_file():
         return None
-    return {"file": path.name, "bytes": path.stat().st_size, "dtype": files.base_dtype or "as exported"}
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "dtype": files.base_dtype or "as exported",
+    }
 
 
 def _param(name: str, array: Any, status: str) -> dict[str, Any]:
@@ -261,7 +290,9 @@ def render(report: dict[str, Any]) -> str:
     lines = []
     if report["kind"] == "model":
         opsets = ", ".join(f"{d} {v}" for d, v in report["opsets"].items())
-        lines.append(f"model {report['path']}: IR {report['ir_version']}, opsets {opsets}, {report['nodes']} nodes")
+        lines.append(
+            f"model {report['path']}: IR {report['ir_version']}, opsets {opsets}, {report['nodes']} nodes"
+        )
     elif report["kind"] == "artifacts":
         present = [f for f in report["files"].values() if f]
         lines.append(f"artifacts {report['path']}: {', '.join(present)}")
@@ -276,14 +307,23 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", title, format_table(("name", "dtype", "shape"), rows) if rows else "  (none)"]
     params = report["parameters"]
     param_rows = [
-        (p["name"], p["dtype"], _shape(p["shape"]), p["status"], f"{p['elements']:,}", format_bytes(p["bytes"]))
+        (
+            p["name"],
+            p["dtype"],
+            _shape(p["shape"]),
+            p["status"],
+            f"{p['elements']:,}",
+            format_bytes(p["bytes"]),
+        )
         for p in params
     ]
     title = "parameters (initializers)" if report["kind"] == "model" else "parameters (checkpoint)"
     lines += [
         "",
         title,
-        format_table(("name", "dtype", "shape", "status", "elements", "bytes"), param_rows, right=(4, 5))
+        format_table(
+            ("name", "dtype", "shape", "status", "elements", "bytes"), param_rows, right=(4, 5)
+        )
         if param_rows
         else "  (none)",
     ]
@@ -298,7 +338,8 @@ def render(report: dict[str, Any]) -> str:
     if report["kind"] != "model":
         state = report["optimizer_state"]
         lines.append(
-            "optimizer state: " + (f"saved (step {state['step']})" if state["saved"] else "none (fresh checkpoint)")
+            "optimizer state: "
+            + (f"saved (step {state['step']})" if state["saved"] else "none (fresh checkpoint)")
         )
         if report["properties"]:
             shown = ", ".join(f"{k}={_short(v)}" for k, v in report["properties"].items())
@@ -323,7 +364,9 @@ def _tie_lines(ties: list[dict[str, Any]]) -> list[str]:
             lines.append(f"tied by the model: {tie['initializer']} (read by {modules}), kept")
         else:
             copies = ", ".join(tie["copies"])
-            lines.append(f"tied by the exporter: {tie['initializer']} (read by {modules}); --untie gives {copies}")
+            lines.append(
+                f"tied by the exporter: {tie['initializer']} (read by {modules}); --untie gives {copies}"
+            )
     return ["", *lines] if lines else []
 
 

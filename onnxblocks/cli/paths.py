@@ -43,7 +43,11 @@ def output_dir(value: str | None, option: str) -> None:
 
 
 def require(
-    value: float | int | None, option: str, *, minimum: float | None = None, above: float | None = None
+    value: float | int | None,
+    option: str,
+    *,
+    minimum: float | None = None,
+    above: float | None = None,
 ) -> None:
     """Check a numeric option: finite, and ``>= minimum`` / ``> above`` (nothing to do for None).
 

@@ -15,13 +15,18 @@ def format_bytes(count: int) -> str:
     return f"{value:.1f} TiB"  # pragma: no cover - unreachable
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = ()) -> str:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = ()
+) -> str:
     """Align ``rows`` under ``headers`` in columns; column indices in ``right`` are right-aligned."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for n, row in enumerate(cells):
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
         lines.append("  " + "  ".join(parts).rstrip())
         if n == 0:
             lines.append("  " + "  ".join("-" * w for w in widths))

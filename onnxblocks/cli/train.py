@@ -54,7 +54,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "default auto: portable artifacts on the portable backend, others on the training build",
     )
     data = parser.add_argument_group("data")
-    data.add_argument("--data", required=True, metavar="FILE.npz", help="training arrays, one per model input")
+    data.add_argument(
+        "--data", required=True, metavar="FILE.npz", help="training arrays, one per model input"
+    )
     data.add_argument(
         "--inputs",
         nargs="+",
@@ -62,7 +64,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="INPUT=ARRAY",
         help="map model inputs to arrays of the .npz file (default: same names, or arr_0, arr_1 ...)",
     )
-    data.add_argument("--eval-data", metavar="FILE.npz", help="evaluation arrays (same names as --data)")
+    data.add_argument(
+        "--eval-data", metavar="FILE.npz", help="evaluation arrays (same names as --data)"
+    )
     data.add_argument(
         "--val-fraction",
         type=float,
@@ -75,19 +79,33 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     data.add_argument("--seed", type=int, default=0, help="seed of the shuffling (default 0)")
     loop = parser.add_argument_group("training")
     loop.add_argument("--epochs", type=int, default=1, help="epoch to train up to (default 1)")
-    loop.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    loop.add_argument("--accumulation-steps", type=int, default=1, help="batches summed into one optimizer step")
-    loop.add_argument("--lr", type=float, default=None, help="learning rate (default: the optimizer model's)")
+    loop.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this many optimizer steps"
+    )
+    loop.add_argument(
+        "--accumulation-steps", type=int, default=1, help="batches summed into one optimizer step"
+    )
+    loop.add_argument(
+        "--lr", type=float, default=None, help="learning rate (default: the optimizer model's)"
+    )
     loop.add_argument(
         "--scheduler",
         choices=("constant", "linear", "cosine", "step"),
         default=None,
         help="learning-rate schedule (default: none, constant lr)",
     )
-    loop.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps of the schedule")
-    loop.add_argument("--step-size", type=int, default=None, help="steps between decays (step schedule)")
-    loop.add_argument("--gamma", type=float, default=0.1, help="decay factor (step schedule, default 0.1)")
-    loop.add_argument("--min-lr", type=float, default=0.0, help="final learning rate (cosine schedule)")
+    loop.add_argument(
+        "--warmup-steps", type=int, default=0, help="linear warmup steps of the schedule"
+    )
+    loop.add_argument(
+        "--step-size", type=int, default=None, help="steps between decays (step schedule)"
+    )
+    loop.add_argument(
+        "--gamma", type=float, default=0.1, help="decay factor (step schedule, default 0.1)"
+    )
+    loop.add_argument(
+        "--min-lr", type=float, default=0.0, help="final learning rate (cosine schedule)"
+    )
     loop.add_argument(
         "--accuracy",
         action="store_true",
@@ -97,8 +115,16 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     loop.add_argument("--no-progress", action="store_true", help="no progress bar")
     out = parser.add_argument_group("output")
     out.add_argument("--resume", metavar="CKPT", help="continue from a checkpoint saved by --save")
-    out.add_argument("--save", metavar="CKPT", help="save a resumable checkpoint after each epoch and at the end")
-    out.add_argument("--save-every", type=int, default=None, metavar="N", help="also save every N optimizer steps")
+    out.add_argument(
+        "--save", metavar="CKPT", help="save a resumable checkpoint after each epoch and at the end"
+    )
+    out.add_argument(
+        "--save-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also save every N optimizer steps",
+    )
     out.add_argument("--export", metavar="MODEL.onnx", help="export the trained inference model")
     out.add_argument(
         "--export-output",
@@ -107,7 +133,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="NAME",
         help="outputs of the exported model (default: the eval model's outputs after the loss)",
     )
-    out.add_argument("--plot", metavar="FILE.svg|FILE.png", help="save the loss curve (.png needs matplotlib)")
+    out.add_argument(
+        "--plot", metavar="FILE.svg|FILE.png", help="save the loss curve (.png needs matplotlib)"
+    )
     out.add_argument("--history", metavar="FILE.json", help="save losses and metrics as JSON")
     parser.set_defaults(handler=run)
 
@@ -186,19 +214,30 @@ def run(args: argparse.Namespace) -> int:
     train_arrays = map_arrays(load_npz(args.data), session.input_names, args.inputs, args.data)
     eval_arrays = None
     if args.eval_data:
-        eval_arrays = map_arrays(load_npz(args.eval_data), session.eval_input_names, args.inputs, args.eval_data)
+        eval_arrays = map_arrays(
+            load_npz(args.eval_data), session.eval_input_names, args.inputs, args.eval_data
+        )
     elif args.val_fraction is not None:
         rows = len(train_arrays[0])
         cut = rows - round(rows * args.val_fraction)
         if not 0 < cut < rows:
-            raise CliError(f"--val-fraction {args.val_fraction} leaves an empty part of {rows} rows.", EXIT_USAGE)
+            raise CliError(
+                f"--val-fraction {args.val_fraction} leaves an empty part of {rows} rows.",
+                EXIT_USAGE,
+            )
         eval_arrays = tuple(a[cut:] for a in train_arrays)
         train_arrays = tuple(a[:cut] for a in train_arrays)
     _check_data(session, train_arrays, eval_arrays, args)  # all of it, before training on any of it
     _check_export(session, args)
     try:
-        train = ArrayBatches(train_arrays, args.batch_size, shuffle=not args.no_shuffle, seed=args.seed)
-        evaluation = ArrayBatches(eval_arrays, max(args.batch_size, 256), shuffle=False) if eval_arrays else None
+        train = ArrayBatches(
+            train_arrays, args.batch_size, shuffle=not args.no_shuffle, seed=args.seed
+        )
+        evaluation = (
+            ArrayBatches(eval_arrays, max(args.batch_size, 256), shuffle=False)
+            if eval_arrays
+            else None
+        )
     except ValueError as exc:
         raise CliError(f"{args.data}: {exc}", EXIT_INPUT) from None
     if args.resume:
@@ -236,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
     )
     out = sys.stdout
     if not history.epochs:
-        out.write(f"nothing to train: the data is already at epoch {train.epoch} of --epochs {args.epochs}.\n")
+        out.write(
+            f"nothing to train: the data is already at epoch {train.epoch} of --epochs {args.epochs}.\n"
+        )
     else:
         last = history.epochs[-1]
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k != "epoch")
@@ -246,11 +287,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.save:
         if not history.epochs:  # fit saved after each epoch it ran; here it ran none
-            FitRun(session, history, train, args.epochs, train.epoch, scheduler).save_checkpoint(args.save)
+            FitRun(session, history, train, args.epochs, train.epoch, scheduler).save_checkpoint(
+                args.save
+            )
         out.write(f"checkpoint: {args.save}\n")
     if args.export:
         _parent(args.export)
-        out.write(f"inference model: {session.export_inference_model(args.export, args.export_output)}\n")
+        out.write(
+            f"inference model: {session.export_inference_model(args.export, args.export_output)}\n"
+        )
     if args.plot and history.losses:
         _parent(args.plot)
         out.write(f"loss curve: {plot_history(history, args.plot)}\n")
@@ -273,14 +318,22 @@ def _check(args: argparse.Namespace) -> None:
     if args.eval_data and args.val_fraction is not None:
         raise CliError("use either --eval-data or --val-fraction, not both.", EXIT_USAGE)
     if args.val_fraction is not None and not 0 < args.val_fraction < 1:
-        raise CliError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}.", EXIT_USAGE)
+        raise CliError(
+            f"--val-fraction must be between 0 and 1, got {args.val_fraction}.", EXIT_USAGE
+        )
     for option in ("batch_size", "accumulation_steps"):
         if getattr(args, option) < 1:
-            raise CliError(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}.", EXIT_USAGE)
+            raise CliError(
+                f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}.",
+                EXIT_USAGE,
+            )
     if args.epochs < 0:
         raise CliError(f"--epochs must be >= 0, got {args.epochs}.", EXIT_USAGE)
     if args.accuracy and not (args.eval_data or args.val_fraction is not None):
-        raise CliError("--accuracy needs evaluation data: add --eval-data FILE.npz or --val-fraction F.", EXIT_USAGE)
+        raise CliError(
+            "--accuracy needs evaluation data: add --eval-data FILE.npz or --val-fraction F.",
+            EXIT_USAGE,
+        )
     if args.scheduler == "step" and args.step_size is None:
         raise CliError("--scheduler step needs --step-size N.", EXIT_USAGE)
     if args.save_every is not None and not args.save:
@@ -358,7 +411,10 @@ def _check_export(session: Any, args: Any) -> None:
 
 
 def _check_data(
-    session: Any, train: tuple[np.ndarray, ...], evaluation: tuple[np.ndarray, ...] | None, args: Any
+    session: Any,
+    train: tuple[np.ndarray, ...],
+    evaluation: tuple[np.ndarray, ...] | None,
+    args: Any,
 ) -> None:
     """Refuse data ONNX Runtime would crash on or train wrongly on (labels out of range, no rows), before training.
 
@@ -369,7 +425,9 @@ def _check_data(
     from onnxblocks.runtime.inputs import read_input_specs
 
     eval_specs = (
-        read_input_specs(session.files.eval_model, session.eval_input_names) if session.files.eval_model else []
+        read_input_specs(session.files.eval_model, session.eval_input_names)
+        if session.files.eval_model
+        else []
     )
     guards = session_guards(session.files, session.input_specs, eval_specs)
     try:

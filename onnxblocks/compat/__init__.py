@@ -51,7 +51,14 @@ from onnxblocks.blocks.context import custom_op_library as _custom_op_library
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.optim._reference import AdamWOptimizer, ReferenceAdamW, ReferenceSGD, SGDOptimizer
 
-__all__ = ["AdamWOptimizer", "ReferenceAdamW", "ReferenceSGD", "SGDOptimizer", "artifacts", "onnxblock"]
+__all__ = [
+    "AdamWOptimizer",
+    "ReferenceAdamW",
+    "ReferenceSGD",
+    "SGDOptimizer",
+    "artifacts",
+    "onnxblock",
+]
 
 
 def save_checkpoint(
@@ -90,7 +97,9 @@ def custom_op_library(custom_op_library_path: str | os.PathLike) -> Iterator[str
 
 
 def _reference_optimizer(optimizer: _artifacts.OptimType) -> Block:
-    return {_artifacts.OptimType.AdamW: ReferenceAdamW, _artifacts.OptimType.SGD: ReferenceSGD}[optimizer]()
+    return {_artifacts.OptimType.AdamW: ReferenceAdamW, _artifacts.OptimType.SGD: ReferenceSGD}[
+        optimizer
+    ]()
 
 
 def generate_artifacts(

@@ -23,7 +23,9 @@ from onnxblocks._core.errors import InvalidTypeError, StateError, UnknownNameErr
 
 def _names(value: Iterable[str] | str, parameter: str) -> list[str]:
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise InvalidTypeError(f"{parameter} must be a collection of names, not {type(value).__name__} {value!r:.40}.")
+        raise InvalidTypeError(
+            f"{parameter} must be a collection of names, not {type(value).__name__} {value!r:.40}."
+        )
     names = list(dict.fromkeys(value))
     bad = [n for n in names if not isinstance(n, str)]
     if bad:
@@ -88,7 +90,9 @@ class GradientGraphBuilder:
         vjp = build_vjp_graph(self._forward, self.xs, outputs=self.ys, no_grad_outputs=self.ys[1:])
         model = serde.from_proto(vjp.model)
         graph = model.graph
-        values = {init.name: onnx.numpy_helper.to_array(init) for init in self._forward.graph.initializer}
+        values = {
+            init.name: onnx.numpy_helper.to_array(init) for init in self._forward.graph.initializer
+        }
         constants: dict[str, np.ndarray] = {}
         for name in (*vjp.partition.trainable, *vjp.partition.frozen):
             if name in values:

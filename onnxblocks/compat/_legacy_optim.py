@@ -32,12 +32,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onnxblocks import optim as _optim
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+)
 
 #: The legacy optimizers' float attributes and their defaults.
 FLOAT_DEFAULTS: dict[str, dict[str, float]] = {
     "SGDOptimizer": {},
-    "AdamOptimizer": {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "max_norm_clip": 1.0},
+    "AdamOptimizer": {
+        "alpha": 0.9,
+        "beta": 0.999,
+        "lambda": 0.0,
+        "epsilon": 1e-8,
+        "max_norm_clip": 1.0,
+    },
     "LambOptimizer": {
         "alpha": 0.9,
         "beta": 0.999,
@@ -57,7 +68,11 @@ INT_DEFAULTS: dict[str, dict[str, int]] = {
 
 
 def _attributes(
-    optimizer: str, kind: str, table: Mapping[str, Any], weights: Sequence[str], defaults: Mapping[str, Any]
+    optimizer: str,
+    kind: str,
+    table: Mapping[str, Any],
+    weights: Sequence[str],
+    defaults: Mapping[str, Any],
 ) -> dict[str, dict[str, Any]]:
     if not isinstance(table, Mapping):
         raise InvalidTypeError(
@@ -72,7 +87,9 @@ def _attributes(
     for weight in weights:
         given = table.get(weight) or {}
         if not isinstance(given, Mapping):
-            raise InvalidTypeError(f"{kind}['{weight}'] must be a dict of attributes, not {type(given).__name__}.")
+            raise InvalidTypeError(
+                f"{kind}['{weight}'] must be a dict of attributes, not {type(given).__name__}."
+            )
         for key, value in given.items():
             if key not in defaults:
                 raise UnknownNameError(
@@ -80,7 +97,9 @@ def _attributes(
                     f"{sorted(defaults) or 'none'}.{did_you_mean(key, list(defaults))}"
                 )
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidTypeError(f"{kind}['{weight}']['{key}'] must be a number, not {value!r:.40}.")
+                raise InvalidTypeError(
+                    f"{kind}['{weight}']['{key}'] must be a number, not {value!r:.40}."
+                )
         out[weight] = {**defaults, **given}
     return out
 
@@ -139,10 +158,14 @@ def optimizer_for(
         )
     mode = int(shared["weight_decay_mode"])
     if mode not in (0, 1):
-        raise InvalidValueError(f"AdamOptimizer's weight_decay_mode is {mode}; ONNX Runtime had 0 (torch) and 1 (HF).")
+        raise InvalidValueError(
+            f"AdamOptimizer's weight_decay_mode is {mode}; ONNX Runtime had 0 (torch) and 1 (HF)."
+        )
     if mode == 1:
         if groups:
-            raise InvalidValueError("weight_decay_mode=1 (Hugging Face AdamW) takes one 'lambda' for every weight.")
+            raise InvalidValueError(
+                "weight_decay_mode=1 (Hugging Face AdamW) takes one 'lambda' for every weight."
+            )
         return _optim.AdamW(bias, betas, eps, default_decay, clip_grad, mode="hf")
     if not bias:
         raise InvalidValueError(

@@ -8,7 +8,12 @@ from typing import Any
 
 import onnx
 
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+)
 
 #: Fields of the legacy ``TrainingParameters`` that the drop-in implements, with their defaults.
 _FIELDS: dict[str, Any] = {
@@ -109,7 +114,9 @@ class TrainingParameters:
                 )
         elif name not in _FIELDS:
             known = [*_FIELDS, *_DISTRIBUTED]
-            raise UnknownNameError(f"TrainingParameters has no field '{name}'.{did_you_mean(name, known)}")
+            raise UnknownNameError(
+                f"TrainingParameters has no field '{name}'.{did_you_mean(name, known)}"
+            )
         object.__setattr__(self, name, value)
 
     def _key(self) -> dict[str, Any]:
@@ -117,12 +124,18 @@ class TrainingParameters:
             if isinstance(value, (set, frozenset)):
                 return sorted(value)
             if isinstance(value, Mapping):
-                return {str(k): plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+                return {
+                    str(k): plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+                }
             if isinstance(value, (list, tuple)):
                 return [plain(v) for v in value]
             return value
 
-        return {name: plain(getattr(self, name)) for name in _FIELDS if not name.startswith(("model_", "batch"))}
+        return {
+            name: plain(getattr(self, name))
+            for name in _FIELDS
+            if not name.startswith(("model_", "batch"))
+        }
 
 
 def load_model_arg(path_or_bytes: Any) -> tuple[onnx.ModelProto, bytes]:

@@ -32,7 +32,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, StateError, UnknownNameError, did_you_mean
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    StateError,
+    UnknownNameError,
+    did_you_mean,
+)
 from onnxblocks.compat._legacy_gradient import GradientGraphBuilder
 from onnxblocks.compat._legacy_optim import optimizer_for
 from onnxblocks.compat._legacy_parameters import TrainingParameters, load_model_arg
@@ -50,13 +56,24 @@ class NodeArg(NamedTuple):
 
 def _node_arg(info: onnx.ValueInfoProto) -> NodeArg:
     tensor = info.type.tensor_type
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name if tensor.elem_type else "undefined"
-    shape = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in tensor.shape.dim]
+    dtype = (
+        onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        if tensor.elem_type
+        else "undefined"
+    )
+    shape = [
+        d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in tensor.shape.dim
+    ]
     kind = {"float32": "float", "float64": "double"}.get(dtype, dtype)
     return NodeArg(info.name, f"tensor({kind})", shape)
 
 
-_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+_FLOATS = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+}
 
 
 def _immutable(model: onnx.ModelProto, rules: Mapping[str, Iterable[Any]]) -> set[str]:
@@ -82,10 +99,14 @@ def _trained(model: onnx.ModelProto, parameters: TrainingParameters) -> list[str
             f"weights_to_train names '{missing[0]}', which is not a float initializer of the model."
             f"{did_you_mean(missing[0], floats)} The float initializers: {', '.join(floats[:20])}."
         )
-    skip = set(parameters.weights_not_to_train or ()) | _immutable(model, parameters.immutable_weights or {})
+    skip = set(parameters.weights_not_to_train or ()) | _immutable(
+        model, parameters.immutable_weights or {}
+    )
     names = [name for name in (given or floats) if name not in skip]
     if not names:
-        raise InvalidValueError("TrainingParameters leave no weight to train: set weights_to_train.")
+        raise InvalidValueError(
+            "TrainingParameters leave no weight to train: set weights_to_train."
+        )
     return sorted(names) if given else names
 
 
@@ -94,7 +115,9 @@ def _cache_dir(model_bytes: bytes, parameters: TrainingParameters) -> Path:
     from onnxblocks.gradient.worker import cache_root
 
     digest = hashlib.sha256(model_bytes)
-    digest.update(json.dumps([__version__, parameters._key()], sort_keys=True, default=repr).encode())
+    digest.update(
+        json.dumps([__version__, parameters._key()], sort_keys=True, default=repr).encode()
+    )
     return cache_root() / "legacy-training" / digest.hexdigest()[:32]
 
 
@@ -126,7 +149,9 @@ class TrainingSession:
         providers: Sequence[Any] | None = None,
     ) -> None:
         if not isinstance(parameters, TrainingParameters):
-            raise InvalidTypeError(f"parameters must be a TrainingParameters, not {type(parameters).__name__}.")
+            raise InvalidTypeError(
+                f"parameters must be a TrainingParameters, not {type(parameters).__name__}."
+            )
         model, data = load_model_arg(path_or_bytes)
         outputs = [o.name for o in model.graph.output]
         loss = parameters.loss_output_name
@@ -137,7 +162,9 @@ class TrainingSession:
             )
         steps = parameters.gradient_accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise InvalidValueError(f"gradient_accumulation_steps must be an int >= 1, not {steps!r}.")
+            raise InvalidValueError(
+                f"gradient_accumulation_steps must be an int >= 1, not {steps!r}."
+            )
         self.parameters = parameters
         self._weights = _trained(model, parameters)
         self._optimizer = optimizer_for(
@@ -156,7 +183,9 @@ class TrainingSession:
         self._session = _Session(self._directory, device=device, session_options=sess_options)
         self._runs = 0
         self._inputs = [
-            _node_arg(i) for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}
+            _node_arg(i)
+            for i in model.graph.input
+            if i.name not in {x.name for x in model.graph.initializer}
         ]
 
     # ---------------------------------------------------------------- artifacts
@@ -179,12 +208,16 @@ class TrainingSession:
                 additional_output_names=self._outputs[1:] or None,
                 portable=True,
             )
-            with contextlib.suppress(OSError):  # another process won the race: its artifacts are the same
+            with contextlib.suppress(
+                OSError
+            ):  # another process won the race: its artifacts are the same
                 os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         if not (target / "step_model.onnx").exists():
-            raise StateError(f"The artifacts cache '{target}' holds no step model; remove that directory and retry.")
+            raise StateError(
+                f"The artifacts cache '{target}' holds no step model; remove that directory and retry."
+            )
         return target
 
     # ---------------------------------------------------------------- running
@@ -201,7 +234,12 @@ class TrainingSession:
             out += [NodeArg(f"{w}_grad", "tensor(float)", shapes[w]) for w in self._weights]
         return out
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: Any = None,
+    ) -> list:
         """Feed one batch and the learning rate, train one step, return the fetches.
 
         With ``gradient_accumulation_steps = N`` the weights are updated on every N-th call
@@ -216,14 +254,20 @@ class TrainingSession:
             UnknownNameError: for a missing or unknown feed or fetch.
         """
         if not isinstance(input_feed, Mapping):
-            raise InvalidTypeError(f"input_feed must be a dict {{name: array}}, not {type(input_feed).__name__}.")
+            raise InvalidTypeError(
+                f"input_feed must be a dict {{name: array}}, not {type(input_feed).__name__}."
+            )
         feeds = dict(input_feed)
         lr_name = self.parameters.lr_params_feed_name
         if lr_name not in feeds:
-            raise UnknownNameError(f"input_feed has no learning rate: feed it as '{lr_name}' (lr_params_feed_name).")
+            raise UnknownNameError(
+                f"input_feed has no learning rate: feed it as '{lr_name}' (lr_params_feed_name)."
+            )
         lr = np.asarray(feeds.pop(lr_name), dtype=np.float64).reshape(-1)
         if lr.size != 1 or not np.isfinite(lr[0]):
-            raise InvalidValueError(f"The learning rate '{lr_name}' must be one finite number, got {lr!r:.60}.")
+            raise InvalidValueError(
+                f"The learning rate '{lr_name}' must be one finite number, got {lr!r:.60}."
+            )
         names = self._session.input_names
         unknown = [k for k in feeds if k not in names]
         missing = [k for k in names if k not in feeds]
@@ -256,14 +300,20 @@ class TrainingSession:
         if output_names is None:
             return known
         if isinstance(output_names, str):
-            raise InvalidTypeError(f"output_names must be a list of names, not the str {output_names!r}.")
+            raise InvalidTypeError(
+                f"output_names must be a list of names, not the str {output_names!r}."
+            )
         for name in output_names:
             if name not in known:
-                raise UnknownNameError(f"run cannot fetch '{name}'. Outputs: {known}.{did_you_mean(name, known)}")
+                raise UnknownNameError(
+                    f"run cannot fetch '{name}'. Outputs: {known}.{did_you_mean(name, known)}"
+                )
         return list(output_names)
 
     # ---------------------------------------------------------------- state
-    def get_model_state(self, include_mixed_precision_weights: bool = False) -> dict[str, dict[str, np.ndarray]]:
+    def get_model_state(
+        self, include_mixed_precision_weights: bool = False
+    ) -> dict[str, dict[str, np.ndarray]]:
         """``{"full_precision": {weight: array}}`` of the trained weights."""
         return {"full_precision": {w: self._session.get_parameter(w) for w in self._weights}}
 
@@ -279,7 +329,10 @@ class TrainingSession:
             for weight, moments in group.get("moments", {}).items():
                 entry = {f"Moment_{i + 1}": np.array(m) for i, m in enumerate(moments)}
                 if entry:
-                    out[weight] = {**entry, "Update_Count": np.array([group.get("step", 0) + 1], np.int64)}
+                    out[weight] = {
+                        **entry,
+                        "Update_Count": np.array([group.get("step", 0) + 1], np.int64),
+                    }
         return out
 
     def get_state(self) -> dict[str, np.ndarray]:
@@ -297,7 +350,9 @@ class TrainingSession:
             InvalidValueError: for an array of the wrong shape, or ``Update_Count`` values that differ.
         """
         if not isinstance(dict, Mapping):
-            raise InvalidTypeError(f"load_state takes a dict {{name: array}}, not {type(dict).__name__}.")
+            raise InvalidTypeError(
+                f"load_state takes a dict {{name: array}}, not {type(dict).__name__}."
+            )
         current = self.get_state()
         extra = [k for k in dict if k not in current]
         missing = [k for k in current if k not in dict] if strict else []
@@ -325,9 +380,13 @@ class TrainingSession:
 
         counts = {int(v.reshape(-1)[0]) for k, v in state.items() if k.startswith("Update_Count_")}
         if len(counts) > 1:
-            raise InvalidValueError(f"load_state: the Update_Count entries differ ({sorted(counts)}); give one value.")
+            raise InvalidValueError(
+                f"load_state: the Update_Count entries differ ({sorted(counts)}); give one value."
+            )
         with tempfile.TemporaryDirectory() as tmp:
-            saved = load_checkpoint(self._session.save_checkpoint(Path(tmp) / "now", include_optimizer_state=True))
+            saved = load_checkpoint(
+                self._session.save_checkpoint(Path(tmp) / "now", include_optimizer_state=True)
+            )
             groups = {}
             for group_name, group in saved.optimizer_state.items():
                 moments = {

@@ -62,7 +62,9 @@ def scope_of(name: str) -> tuple[str, ...]:
     return tuple(parts[:-1])
 
 
-def collapse(index: GraphIndex, node_ids: list[int], cap: int, target: int | None = None) -> tuple[list[Group], str]:
+def collapse(
+    index: GraphIndex, node_ids: list[int], cap: int, target: int | None = None
+) -> tuple[list[Group], str]:
     """Group ``node_ids`` into at most ``cap`` boxes, preferably at most ``target``.
 
     The deepest name-scope grouping with at most ``target`` boxes wins, if it
@@ -155,7 +157,11 @@ def _scopes(index: GraphIndex, node_ids: list[int]) -> dict[int, tuple[str, ...]
 
 
 def _by_prefix(
-    index: GraphIndex, node_ids: list[int], scopes: dict[int, tuple[str, ...]], depth: int, merge: bool
+    index: GraphIndex,
+    node_ids: list[int],
+    scopes: dict[int, tuple[str, ...]],
+    depth: int,
+    merge: bool,
 ) -> list[Group]:
     """Groups keyed by (part, scope prefix); with ``merge``, repeats become one group.
 
@@ -196,7 +202,9 @@ def _by_prefix(
             continue
         members = sorted(m for _, ms in items for m in ms)
         labels = ["/".join(k[1]) for k, _ in items]
-        groups.append(Group(members, items[0][0][0], _range_label(labels), repeat=len(items), scopes=labels))
+        groups.append(
+            Group(members, items[0][0][0], _range_label(labels), repeat=len(items), scopes=labels)
+        )
     groups.sort(key=lambda g: g.order)
     return groups
 
@@ -239,7 +247,11 @@ def _merge_chains(index: GraphIndex, groups: list[Group]) -> list[Group]:
         return k
 
     for a, b in edges:
-        if len(outs.get(a, ())) == 1 and len(ins.get(b, ())) == 1 and groups[a].part == groups[b].part:
+        if (
+            len(outs.get(a, ())) == 1
+            and len(ins.get(b, ())) == 1
+            and groups[a].part == groups[b].part
+        ):
             head[find(b)] = find(a)
     merged: dict[int, list[int]] = {}
     for k in range(len(groups)):

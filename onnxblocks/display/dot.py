@@ -26,7 +26,10 @@ def _quote(text: str) -> str:
 
 def scene_to_dot(scene: Scene) -> str:
     """The scene as DOT source text."""
-    lines = ["digraph G {", '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10];']
+    lines = [
+        "digraph G {",
+        '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10];',
+    ]
     if scene.caption:
         lines.append(f"  label={_quote(scene.caption)}; labelloc=t; fontsize=10;")
     for box in scene.boxes:
@@ -54,9 +57,15 @@ def scene_to_dot_svg(scene: Scene, timeout: float = 60.0) -> str:
     """
     exe = shutil.which("dot")
     if exe is None:
-        raise FileMissingError("graphviz 'dot' is not on PATH; install graphviz or use engine='python'.")
+        raise FileMissingError(
+            "graphviz 'dot' is not on PATH; install graphviz or use engine='python'."
+        )
     result = subprocess.run(
-        [exe, "-Tsvg"], input=scene_to_dot(scene).encode(), capture_output=True, timeout=timeout, check=False
+        [exe, "-Tsvg"],
+        input=scene_to_dot(scene).encode(),
+        capture_output=True,
+        timeout=timeout,
+        check=False,
     )
     if result.returncode != 0:
         raise StateError(f"graphviz 'dot' failed: {result.stderr.decode(errors='replace').strip()}")

@@ -163,7 +163,9 @@ def type_shape(t: onnx.TypeProto) -> tuple[str, tuple[int | str | None, ...] | N
     dims: list[int | str | None] = []
     for d in tt.shape.dim:
         which = d.WhichOneof("value")
-        dims.append(d.dim_value if which == "dim_value" else d.dim_param if which == "dim_param" else None)
+        dims.append(
+            d.dim_value if which == "dim_value" else d.dim_param if which == "dim_param" else None
+        )
     return dtype_name(tt.elem_type), tuple(dims)
 
 
@@ -277,7 +279,8 @@ class GraphIndex:
                 self.constants.append(info(name, "constant"))
         self.outputs: list[TensorInfo] = [info(name, "output") for name in output_names]
         self.tensors: dict[str, TensorInfo] = {
-            t.name: t for t in self.inputs + self.params + self.constants + self.state + self.outputs
+            t.name: t
+            for t in self.inputs + self.params + self.constants + self.state + self.outputs
         }
         self.loss = (loss or None) if loss is not None else self._guess_loss(output_names)
         self.parts: list[str] = self._classify(None if loss_nodes is None else set(loss_nodes))
@@ -355,7 +358,9 @@ class GraphIndex:
         for node in self.nodes:
             if node.op_type in _OPTIMIZER_OPS:
                 parts[node.index] = "optimizer"
-            elif node.op_type in _ACCUMULATION_OPS or any(is_accumulation_value(o) for o in node.outputs):
+            elif node.op_type in _ACCUMULATION_OPS or any(
+                is_accumulation_value(o) for o in node.outputs
+            ):
                 parts[node.index] = "accumulation"
             elif (
                 "_Grad/" in node.name

@@ -77,7 +77,9 @@ class Display:
                 encoding="utf-8",
             )
         else:
-            raise InvalidValueError(f"Cannot save a display as '{target.suffix}': use a .svg or .html file name.")
+            raise InvalidValueError(
+                f"Cannot save a display as '{target.suffix}': use a .svg or .html file name."
+            )
         return target
 
 
@@ -158,7 +160,18 @@ def details(summary: str, body: str, open_: bool = False) -> str:
 
 
 # ---------------------------------------------------------------- dispatch
-_VIEW_KEYS = {"view", "nodes", "around", "depth", "context", "max_nodes", "params", "edges", "engine", "caption"}
+_VIEW_KEYS = {
+    "view",
+    "nodes",
+    "around",
+    "depth",
+    "context",
+    "max_nodes",
+    "params",
+    "edges",
+    "engine",
+    "caption",
+}
 
 
 def show(obj: Any, **view: Any) -> Display:
@@ -184,7 +197,9 @@ def show(obj: Any, **view: Any) -> Display:
     allowed = _VIEW_KEYS | {"model", "trainable", "frozen"}
     unknown = set(view) - allowed
     if unknown:
-        raise InvalidTypeError(f"show() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}.")
+        raise InvalidTypeError(
+            f"show() got unknown option(s) {sorted(unknown)}; allowed: {sorted(allowed)}."
+        )
     return render(obj, **view)
 
 
@@ -231,7 +246,11 @@ def show_model(model: onnx.ModelProto | GraphIndex, title: str = "", **view: Any
     """The display of a plain model: summary tables and a picture."""
     pic, rest = split_view(view)
     rest.pop("model", None)
-    index = model if isinstance(model, GraphIndex) else GraphIndex(model, rest.get("trainable"), rest.get("frozen"))
+    index = (
+        model
+        if isinstance(model, GraphIndex)
+        else GraphIndex(model, rest.get("trainable"), rest.get("frozen"))
+    )
     svg = draw_svg(index, **pic)
     head = f"<div style='font-size:13px;margin-bottom:4px'><b>{title}</b></div>" if title else ""
     html = f'<div style="{BOX}">{head}{summary_table(index)}{picture(svg)}</div>'

@@ -112,7 +112,9 @@ def _empty_note(index: GraphIndex, what: str) -> str:
 
 def _tensor_tooltip(t: TensorInfo) -> str:
     size = f", {t.nbytes:,} bytes" if t.nbytes is not None else ""
-    status = {True: ", trainable", False: ", frozen", None: ""}[t.trainable] if t.role == "param" else ""
+    status = (
+        {True: ", trainable", False: ", frozen", None: ""}[t.trainable] if t.role == "param" else ""
+    )
     kind = "type unknown" if t.dtype == "?" and t.shape is None else f"{t.dtype}{t.shape_text}"
     return f"{t.role} {t.name}: {kind}{size}{status}"
 
@@ -129,7 +131,9 @@ def _value_box(index: GraphIndex, name: str, order: float, highlight: set[str]) 
         key="v:" + name,
         kind=kind,
         title=name,
-        subtitle=(t.dtype if t.dtype != "?" else "") if t.shape is None else f"{t.dtype}{t.shape_text}",
+        subtitle=(t.dtype if t.dtype != "?" else "")
+        if t.shape is None
+        else f"{t.dtype}{t.shape_text}",
         tooltip=_tensor_tooltip(t),
         order=order,
         emphasis=name in highlight,
@@ -177,13 +181,19 @@ def _node_scene(
         for o in index.outputs
         if o.name in index.producer and index.producer[o.name] in drawn_set
     }
-    param_names = [v for v in sources if index.tensors.get(v) is not None and index.tensors[v].role == "param"]
+    param_names = [
+        v for v in sources if index.tensors.get(v) is not None and index.tensors[v].role == "param"
+    ]
     notes: list[str] = []
-    show_params = params if params is not None else len(boxes) + len(sources) + len(sinks) <= max_nodes
+    show_params = (
+        params if params is not None else len(boxes) + len(sources) + len(sinks) <= max_nodes
+    )
     if not show_params and param_names:
         for v in param_names:
             del sources[v]
-        notes.append(f"{len(param_names):,} parameter boxes not drawn (pass params=True to draw them).")
+        notes.append(
+            f"{len(param_names):,} parameter boxes not drawn (pass params=True to draw them)."
+        )
     if len(boxes) + len(sources) + len(sinks) > max_nodes:
         outside = [v for v in sources if v not in index.tensors]
         for v in outside:
@@ -206,7 +216,11 @@ def _node_scene(
             if not v:
                 continue
             p = index.producer.get(v)
-            src = f"n:{p}" if p is not None and p in drawn_set else ("v:" + v if v in sources else None)
+            src = (
+                f"n:{p}"
+                if p is not None and p in drawn_set
+                else ("v:" + v if v in sources else None)
+            )
             if src is not None and (src, f"n:{i}") not in seen:
                 seen.add((src, f"n:{i}"))
                 edges.append((src, f"n:{i}"))
@@ -226,7 +240,9 @@ def _group_scene(index: GraphIndex, groups: list[Group], focus: set[int]) -> Sce
     boxes: list[Box] = []
     for k, g in enumerate(groups):
         ops = index.op_counts(g.members)
-        top = ", ".join(f"{op}{TIMES}{n}" for op, n in list(ops.items())[:3]) + (" …" if len(ops) > 3 else "")
+        top = ", ".join(f"{op}{TIMES}{n}" for op, n in list(ops.items())[:3]) + (
+            " …" if len(ops) > 3 else ""
+        )
         if len(g.members) == 1 and not g.truncated:
             node = index.nodes[g.members[0]]
             title, subtitle = node.op_type, node.name
@@ -241,7 +257,11 @@ def _group_scene(index: GraphIndex, groups: list[Group], focus: set[int]) -> Sce
             for v in index.nodes[m].inputs
             if v in index.tensors and index.tensors[v].role == "param"
         )
-        tip_scopes = ("\nscopes: " + ", ".join(g.scopes[:8]) + (" …" if len(g.scopes) > 8 else "")) if g.scopes else ""
+        tip_scopes = (
+            ("\nscopes: " + ", ".join(g.scopes[:8]) + (" …" if len(g.scopes) > 8 else ""))
+            if g.scopes
+            else ""
+        )
         boxes.append(
             Box(
                 key=f"g:{k}",
@@ -262,7 +282,9 @@ def _group_scene(index: GraphIndex, groups: list[Group], focus: set[int]) -> Sce
     for t in index.inputs[:40]:
         targets = {gid[c] for c in index.consumers.get(t.name, ()) if c in gid}
         if targets:
-            boxes.append(_value_box(index, t.name, min(groups[k].order for k in targets) - 0.5, set()))
+            boxes.append(
+                _value_box(index, t.name, min(groups[k].order for k in targets) - 0.5, set())
+            )
             edges.extend(("v:" + t.name, f"g:{k}") for k in sorted(targets))
     for t in index.outputs[:40]:
         p = index.producer.get(t.name)

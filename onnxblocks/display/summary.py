@@ -118,7 +118,10 @@ def _rows(tensors: list[TensorInfo], columns: list[str], limit: int) -> list[str
             "bytes": "?" if t.nbytes is None else f"{t.nbytes:,}",
             "status": _status(t),
         }
-        tds = "".join(f'<td style="{TDR if c in ("elements", "bytes") else TD}">{cells[c]}</td>' for c in columns)
+        tds = "".join(
+            f'<td style="{TDR if c in ("elements", "bytes") else TD}">{cells[c]}</td>'
+            for c in columns
+        )
         rows.append(f"<tr>{tds}</tr>")
     if len(tensors) > limit:
         rows.append(
@@ -128,7 +131,13 @@ def _rows(tensors: list[TensorInfo], columns: list[str], limit: int) -> list[str
     return rows
 
 
-def _table(title: str, tensors: list[TensorInfo], columns: list[str], limit: int, total: Totals | None = None) -> str:
+def _table(
+    title: str,
+    tensors: list[TensorInfo],
+    columns: list[str],
+    limit: int,
+    total: Totals | None = None,
+) -> str:
     if not tensors:
         return f'<div style="margin:4px 0"><b>{escape(title)}</b>: none</div>'
     head = "".join(f'<th style="{TH}">{c}</th>' for c in columns)
@@ -196,18 +205,28 @@ def summary_table(
         ops = index.op_counts()
         if ops:
             shown = ", ".join(f"{escape(op)}{TIMES}{n}" for op, n in list(ops.items())[:12])
-            out.append(f'<div style="color:#475569">ops: {shown}{" …" if len(ops) > 12 else ""}</div>')
+            out.append(
+                f'<div style="color:#475569">ops: {shown}{" …" if len(ops) > 12 else ""}</div>'
+            )
     io_cols = ["name", "dtype", "shape", "bytes"]
     out.append(_table("Inputs", index.inputs, io_cols, max_rows))
     out.append(_table("Outputs", index.outputs, io_cols, max_rows))
     param_cols = ["name", "dtype", "shape", "elements", "bytes", "status"]
     out.append(_table("Parameters", index.params, param_cols, max_rows, s.params))
     line = []
-    for label, tot in (("trainable", s.trainable), ("frozen", s.frozen), ("status unknown", s.unknown)):
+    for label, tot in (
+        ("trainable", s.trainable),
+        ("frozen", s.frozen),
+        ("status unknown", s.unknown),
+    ):
         if tot.count:
-            line.append(f"{label}: {tot.count:,} ({tot.elements:,} elements, {format_bytes(tot.nbytes)})")
+            line.append(
+                f"{label}: {tot.count:,} ({tot.elements:,} elements, {format_bytes(tot.nbytes)})"
+            )
     if s.constants.count:
-        line.append(f"constants (not parameters): {s.constants.count:,} ({format_bytes(s.constants.nbytes)})")
+        line.append(
+            f"constants (not parameters): {s.constants.count:,} ({format_bytes(s.constants.nbytes)})"
+        )
     if index.state:
         line.append(
             "gradient state inputs: "

@@ -84,7 +84,9 @@ def scene_to_svg(scene: Scene, edges: str = "curved", caption: bool = True) -> s
         ValueError: for an unknown edge style.
     """
     if edges not in ("curved", "straight", "orthogonal"):
-        raise InvalidValueError(f"edges must be 'curved', 'straight' or 'orthogonal', not {edges!r}.")
+        raise InvalidValueError(
+            f"edges must be 'curved', 'straight' or 'orthogonal', not {edges!r}."
+        )
     lines = [scene.caption, *scene.notes] if caption and scene.caption else []
     top = CAPTION_HEIGHT + 14.0 * (len(lines) - 1) if lines else 0.0
     if not scene.boxes:
@@ -98,7 +100,9 @@ def scene_to_svg(scene: Scene, edges: str = "curved", caption: bool = True) -> s
         if b.kind not in kinds:
             kinds.append(b.kind)
     legend_w = sum(len(STYLES[k][4]) * SUB_CHAR + 34 for k in kinds) + 10
-    width = max(lay.width, legend_w, max((len(line) for line in lines), default=0) * CAPTION_CHAR + 20)
+    width = max(
+        lay.width, legend_w, max((len(line) for line in lines), default=0) * CAPTION_CHAR + 20
+    )
     height = lay.height + top + LEGEND_HEIGHT
     parts: list[str] = []
     marker = _marker_id(scene)
@@ -113,9 +117,13 @@ def scene_to_svg(scene: Scene, edges: str = "curved", caption: bool = True) -> s
     parts.append(f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>')
     for k, line in enumerate(lines):
         color = "#334155" if k == 0 else "#64748b"
-        parts.append(f'<text x="10" y="{15 + 14 * k}" font-size="11" fill="{color}">{escape(line)}</text>')
+        parts.append(
+            f'<text x="10" y="{15 + 14 * k}" font-size="11" fill="{color}">{escape(line)}</text>'
+        )
     dim = {b.key for b in scene.boxes if b.dim}
-    parts.append(f'<g transform="translate(0,{top:.0f})" fill="none" stroke="#94a3b8" stroke-width="1.2">')
+    parts.append(
+        f'<g transform="translate(0,{top:.0f})" fill="none" stroke="#94a3b8" stroke-width="1.2">'
+    )
     for src, dst, points in lay.edges:
         faded = ' opacity="0.35"' if src in dim or dst in dim else ""
         parts.append(f'<path d="{_path(points, edges)}" marker-end="url(#{marker})"{faded}/>')
@@ -131,7 +139,9 @@ def scene_to_svg(scene: Scene, edges: str = "curved", caption: bool = True) -> s
 
 
 def _marker_id(scene: Scene) -> str:
-    digest = hashlib.sha1(("|".join(b.key for b in scene.boxes) + scene.caption).encode()).hexdigest()
+    digest = hashlib.sha1(
+        ("|".join(b.key for b in scene.boxes) + scene.caption).encode()
+    ).hexdigest()
     return f"ob-arrow-{digest[:10]}"
 
 
@@ -171,13 +181,19 @@ def _box_svg(box: Box, x: float, y: float, w: float, h: float) -> str:
             f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" height="{h - 6:.1f}" rx="{max(radius - 2, 0)}" '
             f'fill="none" stroke="{stroke}" stroke-width="0.6"/>'
         )
-    weight = ' font-weight="bold"' if box.kind not in ("input", "output", "param", "frozen", "state", "value") else ""
+    weight = (
+        ' font-weight="bold"'
+        if box.kind not in ("input", "output", "param", "frozen", "state", "value")
+        else ""
+    )
     if sub:
         out.append(
             f'<text x="{cx:.1f}" y="{y + 15:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
             f"{escape(title)}</text>"
         )
-        out.append(f'<text x="{cx:.1f}" y="{y + 29:.1f}" text-anchor="middle" fill="#475569">{escape(sub)}</text>')
+        out.append(
+            f'<text x="{cx:.1f}" y="{y + 29:.1f}" text-anchor="middle" fill="#475569">{escape(sub)}</text>'
+        )
     else:
         out.append(
             f'<text x="{cx:.1f}" y="{y + 16:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
@@ -207,7 +223,8 @@ def _empty_svg(lines: list[str]) -> str:
     width = max(len(line) for line in lines) * SUB_CHAR + 24
     height = 18 * len(lines) + 16
     texts = "".join(
-        f'<text x="12" y="{20 + 18 * k}" fill="#334155">{escape(line)}</text>' for k, line in enumerate(lines)
+        f'<text x="12" y="{20 + 18 * k}" fill="#334155">{escape(line)}</text>'
+        for k, line in enumerate(lines)
     )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
@@ -217,7 +234,9 @@ def _empty_svg(lines: list[str]) -> str:
 
 
 # ------------------------------------------------------------ primitives
-def svg_document(width: float, height: float, body: str, font_size: float = 10, background: str = "#ffffff") -> str:
+def svg_document(
+    width: float, height: float, body: str, font_size: float = 10, background: str = "#ffffff"
+) -> str:
     """Wrap ``body`` in a standalone ``<svg>`` element of ``width`` x ``height`` pixels.
 
     The root has the same attributes as :func:`scene_to_svg`'s (namespace, size,

@@ -57,9 +57,13 @@ def _show_path(path: str | os.PathLike, **view: Any) -> Display:
     if path.is_dir():
         return render_artifacts_dir(path, **view)
     if not path.is_file():
-        raise FileMissingError(f"'{path}' does not exist. Pass an .onnx file or a directory of training artifacts.")
+        raise FileMissingError(
+            f"'{path}' does not exist. Pass an .onnx file or a directory of training artifacts."
+        )
     model = load_model(path)
-    return show_model(model, title=f"{escape(path.name)} ({format_bytes(path.stat().st_size)})", **view)
+    return show_model(
+        model, title=f"{escape(path.name)} ({format_bytes(path.stat().st_size)})", **view
+    )
 
 
 def _gradient_table(index: GraphIndex) -> str:
@@ -81,7 +85,11 @@ def _gradient_table(index: GraphIndex) -> str:
         )
     if not rows:
         return "<div>No gradients: this graph has no trainable parameter.</div>"
-    more = f'<tr><td colspan="4" style="{TD}">… {len(trainable) - 50:,} more</td></tr>' if len(trainable) > 50 else ""
+    more = (
+        f'<tr><td colspan="4" style="{TD}">… {len(trainable) - 50:,} more</td></tr>'
+        if len(trainable) > 50
+        else ""
+    )
     return (
         f'<div style="margin-top:6px"><b>Gradients</b> ({len(trainable):,})</div>'
         f'<table style="{TABLE}"><thead><tr><th style="{TH}">parameter</th><th style="{TH}">gradient</th>'
@@ -105,7 +113,9 @@ def _training_display(
     pic, rest = split_view(view)
     main = rest.get("model", "training")
     if main not in models:
-        raise InvalidValueError(f"model={main!r} is not available here; choose one of {sorted(models)}.")
+        raise InvalidValueError(
+            f"model={main!r} is not available here; choose one of {sorted(models)}."
+        )
     trainable = list(trainable) if trainable is not None else None
     frozen = list(frozen) if frozen is not None else None
     indexes = {
@@ -118,7 +128,10 @@ def _training_display(
         )
         for k, m in models.items()
     }
-    out = [f'<div style="{BOX}"><div style="font-size:13px;margin-bottom:4px"><b>{title}</b></div>', files]
+    out = [
+        f'<div style="{BOX}"><div style="font-size:13px;margin-bottom:4px"><b>{title}</b></div>',
+        files,
+    ]
     out.extend(f'<div style="color:#64748b">{escape(n)}</div>' for n in notes)
     train = indexes.get("training")
     if train is not None:
@@ -195,7 +208,9 @@ def _model_key(file_name: str) -> str:
     return file_name.removesuffix(ONNX_SUFFIX).removesuffix("_model")
 
 
-def _checkpoint_params(path: Path, model: onnx.ModelProto | None) -> tuple[list[str], list[str]] | None:
+def _checkpoint_params(
+    path: Path, model: onnx.ModelProto | None
+) -> tuple[list[str], list[str]] | None:
     """(trainable, frozen) parameter names of a checkpoint; None when it is unreadable or another model's.
 
     The checkpoint is checked completely, and against the training model, from its metadata alone.
@@ -251,7 +266,9 @@ def render_artifacts_dir(
     from onnxblocks._core.errors import LockTimeoutError
     from onnxblocks._core.leftovers import clean
 
-    with contextlib.suppress(LockTimeoutError):  # what killed generate_artifacts runs left goes first
+    with contextlib.suppress(
+        LockTimeoutError
+    ):  # what killed generate_artifacts runs left goes first
         clean(directory, lock_timeout=5.0)
     found = _find_artifacts(directory)
     if ArtifactNames().training_model not in found:
@@ -270,7 +287,11 @@ def _show_found(
     loss: str | None = None,
     **view: Any,
 ) -> Display:
-    models = {_model_key(kind): load_model(path) for kind, path in found.items() if kind.endswith(ONNX_SUFFIX)}
+    models = {
+        _model_key(kind): load_model(path)
+        for kind, path in found.items()
+        if kind.endswith(ONNX_SUFFIX)
+    }
     notes: list[str] = []
     if trainable is None and frozen is None and CHECKPOINT in found:
         params = _checkpoint_params(found[CHECKPOINT], models.get("training"))
@@ -281,7 +302,9 @@ def _show_found(
         else:
             trainable, frozen = params
     title = f"Training artifacts in {escape(str(directory))}"
-    return _training_display(title, models, trainable, frozen, _files_table(found, models), notes, loss=loss, **view)
+    return _training_display(
+        title, models, trainable, frozen, _files_table(found, models), notes, loss=loss, **view
+    )
 
 
 @render.register(Artifacts)

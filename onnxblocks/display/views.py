@@ -69,7 +69,9 @@ def select(
         UnknownNameError: for a node or value name the graph does not have.
     """
     if depth < 0 or context < 0:
-        raise InvalidValueError(f"depth and context must be >= 0, got depth={depth}, context={context}.")
+        raise InvalidValueError(
+            f"depth and context must be >= 0, got depth={depth}, context={context}."
+        )
     highlight: set[str] = set()
     if nodes is not None:
         chosen = sorted({_node_index(index, n) for n in nodes})
@@ -93,11 +95,15 @@ def select(
                     "Pass a node name, a parameter, or a value name."
                 )
         # A value's producer and consumers are its first hop.
-        chosen = sorted(_grow(index, node_start, depth) | _grow(index, value_start, max(depth - 1, 0)))
+        chosen = sorted(
+            _grow(index, node_start, depth) | _grow(index, value_start, max(depth - 1, 0))
+        )
         description = f"neighbourhood of {', '.join(names)} (depth {depth})"
     else:
         if view not in VIEWS:
-            raise InvalidValueError(f"Unknown view '{view}'.{did_you_mean(view, VIEWS)} Choose one of {sorted(VIEWS)}.")
+            raise InvalidValueError(
+                f"Unknown view '{view}'.{did_you_mean(view, VIEWS)} Choose one of {sorted(VIEWS)}."
+            )
         parts = VIEWS[view]
         chosen = [i for i, p in enumerate(index.parts) if p in parts]
         description = "whole graph" if view == "full" else f"{view} part"

@@ -50,7 +50,9 @@ def keeps_optimizer_state(given: bool | None, run_config: Mapping[str, Any]) -> 
     if isinstance(value, str) and value.lower() in ("true", "false"):
         value = value.lower() == "true"
     if not isinstance(value, bool):
-        raise InvalidTypeError(f"Run config 'keep-optimizer-state' must be true or false, got {value!r:.60}.")
+        raise InvalidTypeError(
+            f"Run config 'keep-optimizer-state' must be true or false, got {value!r:.60}."
+        )
     return value
 
 
@@ -86,7 +88,9 @@ class ClientSources:
     eval_data: DataSource | Sequence[DataSource] | Mapping[int, DataSource] | None = None
     backend: str | None = None
 
-    def resolve(self, context: Any, evaluation: bool = False) -> tuple[str | os.PathLike, DataSource, str]:
+    def resolve(
+        self, context: Any, evaluation: bool = False
+    ) -> tuple[str | os.PathLike, DataSource, str]:
         """``(artifacts, data, backend)`` for this node.
 
         Raises:
@@ -95,7 +99,11 @@ class ClientSources:
         run, node = dict(context.run_config), dict(context.node_config)
         # a node's own artifacts (node config) win over the run's: clients of different kinds train
         # artifact sets of one model, e.g. portable ones on stock onnxruntime (onnxblocks federate --client-artifacts)
-        artifacts = self.artifacts if self.artifacts is not None else node.get("artifacts", run.get("artifacts"))
+        artifacts = (
+            self.artifacts
+            if self.artifacts is not None
+            else node.get("artifacts", run.get("artifacts"))
+        )
         if artifacts is None:
             raise UnknownNameError(
                 "The ClientApp has no artifacts directory: set run config 'artifacts' (flwr run --run-config "
@@ -124,11 +132,15 @@ class ClientSources:
             ):
                 return given  # one source for every node
             if partition is None:
-                raise UnknownNameError(f"Per-partition {key} sources need the node config 'partition-id'.")
+                raise UnknownNameError(
+                    f"Per-partition {key} sources need the node config 'partition-id'."
+                )
             try:
                 return given[int(partition)]
             except (IndexError, KeyError):
-                raise UnknownNameError(f"No {key} source for partition {partition} ({len(given)} given).") from None
+                raise UnknownNameError(
+                    f"No {key} source for partition {partition} ({len(given)} given)."
+                ) from None
         if key in node:
             return str(node[key])
         if partition is not None and f"{key}-{partition}" in run:
@@ -175,14 +187,19 @@ def make_client_app(
     def _global(message: Any) -> dict[str, np.ndarray]:
         records = list(message.content.array_records.values())
         if len(records) != 1:
-            raise InvalidValueError(f"The server sent {len(records)} ArrayRecords; one (the global model) expected.")
+            raise InvalidValueError(
+                f"The server sent {len(records)} ArrayRecords; one (the global model) expected."
+            )
         return from_record(records[0])
 
     def _config(message: Any) -> dict[str, Any]:
         return dict(message.content.config_records.get("config", {}))
 
     def _client(context: Any, backend_name: str) -> Any:
-        info: dict[str, Any] = {"backend": backend_name, "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+        info: dict[str, Any] = {
+            "backend": backend_name,
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        }
         if "partition-id" in context.node_config:
             info["partition-id"] = int(context.node_config["partition-id"])
         return ConfigRecord(info)
@@ -215,8 +232,15 @@ def make_client_app(
     def evaluate_(message: Any, context: Any) -> Any:
         path, local, backend_name = sources.resolve(context, evaluation=True)
         batch = int(_config(message).get("batch-size", 256))
-        metrics = evaluate_client(path, local, _global(message), batch_size=max(batch, 1), backend=backend_name)
-        reply = RecordDict({"metrics": MetricRecord(dict[str, Any](metrics)), "client": _client(context, backend_name)})
+        metrics = evaluate_client(
+            path, local, _global(message), batch_size=max(batch, 1), backend=backend_name
+        )
+        reply = RecordDict(
+            {
+                "metrics": MetricRecord(dict[str, Any](metrics)),
+                "client": _client(context, backend_name),
+            }
+        )
         return Message(content=reply, reply_to=message)
 
     return app

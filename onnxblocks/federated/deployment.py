@@ -124,10 +124,14 @@ class LocalDeployment:
     ) -> None:
         nodes = list(nodes)
         if not nodes:
-            raise InvalidValueError("LocalDeployment needs at least one NodeSpec (one SuperNode per client).")
+            raise InvalidValueError(
+                "LocalDeployment needs at least one NodeSpec (one SuperNode per client)."
+            )
         for i, node in enumerate(nodes):
             if not isinstance(node, NodeSpec):
-                raise InvalidTypeError(f"LocalDeployment: nodes[{i}] is a {type(node).__name__}, not a NodeSpec.")
+                raise InvalidTypeError(
+                    f"LocalDeployment: nodes[{i}] is a {type(node).__name__}, not a NodeSpec."
+                )
         self.nodes = nodes
         self.run_dir = Path(run_dir).resolve()
         self.logs = self.run_dir / "logs"
@@ -136,7 +140,9 @@ class LocalDeployment:
         self._env = dict(env or {})
         self.superlink: Process | None = None
         self.supernodes: list[Process] = []
-        self._started: list[Process] = []  # every process started, recorded as it starts: stop() stops them all
+        self._started: list[
+            Process
+        ] = []  # every process started, recorded as it starts: stop() stops them all
         self.port: int | None = None
         self._ports: list[int] = []
         self._runs = 0
@@ -166,7 +172,9 @@ class LocalDeployment:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self._ports = []
-        self.superlink = self._launch("superlink", self._superlink_command, self.logs / "superlink.log", None, {})
+        self.superlink = self._launch(
+            "superlink", self._superlink_command, self.logs / "superlink.log", None, {}
+        )
         self.port = self._ports[0]
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
@@ -181,7 +189,9 @@ class LocalDeployment:
             ports.append(port)
             env = self._environment(node.python, node.env)
             log = self.logs / f"supernode-{i}.log"
-            self.supernodes.append(self._spawn(f"supernode-{i}", self._supernode_argv(node, port), log, env))
+            self.supernodes.append(
+                self._spawn(f"supernode-{i}", self._supernode_argv(node, port), log, env)
+            )
         for i, (node, port) in enumerate(zip(self.nodes, ports, strict=True)):
             self.supernodes[i] = self._launch(
                 f"supernode-{i}",
@@ -237,7 +247,9 @@ class LocalDeployment:
             else:
                 port = free_port(self._ports)
                 self._ports.append(port)
-                process = self._spawn(name, command(port), log, self._environment(python, extra_env))
+                process = self._spawn(
+                    name, command(port), log, self._environment(python, extra_env)
+                )
             try:
                 self._wait_until_listening(process, port)
             except DeploymentError:
@@ -259,12 +271,16 @@ class LocalDeployment:
         """A folder of ``python -c`` scripts named like Flower's commands, for ``python``."""
         interpreter = os.fspath(python) if python is not None else sys.executable
         digest = hashlib.sha256(os.path.abspath(interpreter).encode()).hexdigest()[:12]
-        return write_shims(self.run_dir / "bin" / ("default" if python is None else f"py-{digest}"), interpreter)
+        return write_shims(
+            self.run_dir / "bin" / ("default" if python is None else f"py-{digest}"), interpreter
+        )
 
     def _command(self, python: str | os.PathLike | None, name: str) -> str:
         return os.fspath(self._shims(python) / name)
 
-    def _environment(self, python: str | os.PathLike | None, extra: Mapping[str, str]) -> dict[str, str]:
+    def _environment(
+        self, python: str | os.PathLike | None, extra: Mapping[str, str]
+    ) -> dict[str, str]:
         env = {**os.environ, **self._env, **extra}
         # the SuperLink and SuperNodes find SuperExec, flwr-serverapp and flwr-clientapp on the PATH
         env["PATH"] = os.pathsep.join([os.fspath(self._shims(python)), env.get("PATH", "")])
@@ -295,9 +311,13 @@ class LocalDeployment:
     def flwr(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run Flower's ``flwr`` command against this SuperLink (its output captured)."""
         try:
-            return run_captured([self._command(None, "flwr"), *args], self._environment(None, {}), timeout)
+            return run_captured(
+                [self._command(None, "flwr"), *args], self._environment(None, {}), timeout
+            )
         except subprocess.TimeoutExpired as exc:
-            raise DeploymentError(f"'flwr {' '.join(args)}' did not answer within {timeout:.0f} s.") from exc
+            raise DeploymentError(
+                f"'flwr {' '.join(args)}' did not answer within {timeout:.0f} s."
+            ) from exc
 
     def run(
         self,
@@ -321,7 +341,9 @@ class LocalDeployment:
             DeploymentError: when ``flwr run`` fails, or the run outlasts ``timeout``.
         """
         if self.superlink is None or not self.superlink.running():
-            raise StateError("The SuperLink is not running: use LocalDeployment as a context manager, or start().")
+            raise StateError(
+                "The SuperLink is not running: use LocalDeployment as a context manager, or start()."
+            )
         self._runs += 1
         log = self.logs / ("run.log" if self._runs == 1 else f"run-{self._runs}.log")
         args = ["run", os.fspath(Path(app_dir).resolve()), CONNECTION, "--format", "json"]
@@ -363,7 +385,9 @@ class LocalDeployment:
 
     def status(self, run_id: str) -> tuple[str, str]:
         """Flower's ``(status, status details)`` of run ``run_id`` (``flwr ls --run-id``)."""
-        listed = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60)
+        listed = self.flwr(
+            "ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60
+        )
         try:
             runs = json.loads(listed.stdout)["runs"]
             row = next(r for r in runs if str(r["run-id"]) == str(run_id))
@@ -377,7 +401,11 @@ class LocalDeployment:
 
     def client_app_pids(self, node: int) -> list[int]:
         """The pids of the ``flwr-clientapp`` processes SuperNode ``node`` runs now."""
-        return [pid for pid in descendants(self.supernodes[node].pid) if "flwr-clientapp" in command_line(pid)]
+        return [
+            pid
+            for pid in descendants(self.supernodes[node].pid)
+            if "flwr-clientapp" in command_line(pid)
+        ]
 
     def pids(self) -> list[int]:
         """Every living process this deployment started, and their descendants."""

@@ -54,12 +54,16 @@ class FederatedHistory:
             UnknownNameError: when no round recorded ``name`` there.
         """
         if source not in SOURCES:
-            raise InvalidValueError(f"FederatedHistory.metric: source must be one of {SOURCES}, got {source!r}.")
+            raise InvalidValueError(
+                f"FederatedHistory.metric: source must be one of {SOURCES}, got {source!r}."
+            )
         rows = getattr(self, source)
         values = [(int(r["round"]), float(r[name])) for r in rows if name in r]
         if not values:
             known = sorted({k for r in rows for k in r} - {"round"})
-            raise UnknownNameError(f"No round logged '{name}' in the {source} metrics. Logged: {known}.")
+            raise UnknownNameError(
+                f"No round logged '{name}' in the {source} metrics. Logged: {known}."
+            )
         return values
 
     def client_metric(self, name: str, phase: str = "train") -> dict[str, list[tuple[int, float]]]:
@@ -103,7 +107,9 @@ class FederatedHistory:
         """Read a history :meth:`save` wrote."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
-    def plot(self, path: str | os.PathLike, metric: str = "loss", title: str = "", backend: str = "auto") -> Path:
+    def plot(
+        self, path: str | os.PathLike, metric: str = "loss", title: str = "", backend: str = "auto"
+    ) -> Path:
         """Save a per-round plot of the global and per-client values of ``metric`` (SVG, or PNG with matplotlib).
 
         ``metric="loss"`` draws the global training loss (the clients' weighted mean), the clients' evaluation
@@ -119,7 +125,11 @@ class FederatedHistory:
         pairs = {
             "loss": [("train", "train-loss"), ("evaluate", "eval-loss"), ("server", "eval-loss")],
         }.get(metric, [(s, metric) for s in SOURCES])
-        labels = {"train": "clients (weighted)", "evaluate": "clients' evaluation", "server": "server (held out)"}
+        labels = {
+            "train": "clients (weighted)",
+            "evaluate": "clients' evaluation",
+            "server": "server (held out)",
+        }
         for i, (source, name) in enumerate(pairs):
             try:
                 points = self.metric(name, source)

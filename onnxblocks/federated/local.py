@@ -26,8 +26,18 @@ from typing import Any
 import numpy as np
 
 from onnxblocks._core import hyperparams as _hyper
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean, preview
-from onnxblocks.federated.optimizer_state import OptimizerState, read_optimizer_state, write_optimizer_state
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
+from onnxblocks.federated.optimizer_state import (
+    OptimizerState,
+    read_optimizer_state,
+    write_optimizer_state,
+)
 from onnxblocks.federated.validation import WEIGHT_KEY
 from onnxblocks.runtime import Accuracy, ArrayBatches, TrainingSession, evaluate, fit, load_npz
 
@@ -65,7 +75,9 @@ class LocalConfig:
                 continue
             low = 0 if name == "seed" else 1
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise InvalidValueError(f"LocalConfig: {_key(name)} must be an int >= {low}, got {value!r}.")
+                raise InvalidValueError(
+                    f"LocalConfig: {_key(name)} must be an int >= {low}, got {value!r}."
+                )
         if self.lr is not None:
             _hyper.learning_rate(self.lr, "LocalConfig: lr")  # the one check of learning rates
         _hyper.nonnegative(self.proximal_mu, "LocalConfig: proximal-mu")
@@ -91,7 +103,11 @@ class LocalConfig:
 
     def to_config(self) -> dict[str, Any]:
         """The ConfigRecord entries (hyphenated keys; None values left out)."""
-        return {_key(f.name): getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {
+            _key(f.name): getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
 
 
 @dataclass
@@ -133,7 +149,11 @@ def load_global(session: TrainingSession, parameters: Mapping[str, Any]) -> dict
     unknown = [n for n in parameters if n not in trainable]
     if unknown:
         frozen = [n for n in unknown if n in session.parameter_names()]
-        what = "frozen (frozen parameters never travel)" if frozen else "not parameters of the artifacts"
+        what = (
+            "frozen (frozen parameters never travel)"
+            if frozen
+            else "not parameters of the artifacts"
+        )
         raise UnknownNameError(
             f"The global parameters {preview(unknown)} are {what}.{did_you_mean(unknown[0], trainable)} "
             f"Trainable parameters: {preview(trainable)}."
@@ -149,7 +169,9 @@ def load_global(session: TrainingSession, parameters: Mapping[str, Any]) -> dict
     return arrays
 
 
-def pick_arrays(arrays: Mapping[str, np.ndarray], inputs: Sequence[str], source: str) -> tuple[np.ndarray, ...]:
+def pick_arrays(
+    arrays: Mapping[str, np.ndarray], inputs: Sequence[str], source: str
+) -> tuple[np.ndarray, ...]:
     """One array per model input: by input name, else ``arr_0, arr_1, ...`` in input order.
 
     Raises:
@@ -188,7 +210,9 @@ def proximal_term(mu: float, anchor: Mapping[str, np.ndarray]) -> Callable[[Trai
         gradients = session.gradients()
         session.set_gradients(
             {
-                name: (grad + mu * (session.get_parameter(name) - anchor[name])).astype(grad.dtype, copy=False)
+                name: (grad + mu * (session.get_parameter(name) - anchor[name])).astype(
+                    grad.dtype, copy=False
+                )
                 for name, grad in gradients.items()
             }
         )
@@ -238,7 +262,9 @@ def train_client(
         write_optimizer_state(session, optimizer_state)
     arrays, source = _arrays_of(data)
     columns = pick_arrays(arrays, session.input_names, source)
-    batches = ArrayBatches(columns, batch_size=settings.batch_size, shuffle=settings.shuffle, seed=settings.seed)
+    batches = ArrayBatches(
+        columns, batch_size=settings.batch_size, shuffle=settings.shuffle, seed=settings.seed
+    )
     if settings.lr is not None:
         session.learning_rate = settings.lr
     if settings.proximal_mu > 0:

@@ -56,7 +56,9 @@ class OptimizerState:
         }
 
     @classmethod
-    def from_parts(cls, moments: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> OptimizerState:
+    def from_parts(
+        cls, moments: Mapping[str, np.ndarray], scalars: Mapping[str, Any]
+    ) -> OptimizerState:
         """The state from its moments and :meth:`scalars`.
 
         Raises:
@@ -90,7 +92,9 @@ def read_optimizer_state(session: TrainingSession) -> OptimizerState:
         The :class:`OptimizerState` (arrays are copies).
     """
     with tempfile.TemporaryDirectory(prefix="onnxblocks-optimizer-") as temp:
-        saved = _ckpt.load_checkpoint(session.save_checkpoint(Path(temp) / "state", include_optimizer_state=True))
+        saved = _ckpt.load_checkpoint(
+            session.save_checkpoint(Path(temp) / "state", include_optimizer_state=True)
+        )
         groups = saved.optimizer_state
         name = OPTIMIZER_GROUP if OPTIMIZER_GROUP in groups else next(iter(groups), OPTIMIZER_GROUP)
         group = groups.get(name, {"step": 0, "initial_learning_rate": 0.0, "moments": {}})
@@ -139,18 +143,27 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
         moments.setdefault(param, {})[int(index)] = value
     for param, slots in moments.items():
         if sorted(slots) != list(range(len(slots))):
-            raise InvalidValueError(f"The kept optimizer state lacks a slot of '{param}' (it has {sorted(slots)}).")
+            raise InvalidValueError(
+                f"The kept optimizer state lacks a slot of '{param}' (it has {sorted(slots)})."
+            )
     with tempfile.TemporaryDirectory(prefix="onnxblocks-optimizer-") as temp:
-        saved = _ckpt.load_checkpoint(session.save_checkpoint(Path(temp) / "now", include_optimizer_state=True))
+        saved = _ckpt.load_checkpoint(
+            session.save_checkpoint(Path(temp) / "now", include_optimizer_state=True)
+        )
         groups = {
             state.group: {
                 "step": int(state.step),
                 "initial_learning_rate": float(state.initial_learning_rate),
-                "moments": {param: [slots[i] for i in range(len(slots))] for param, slots in moments.items()},
+                "moments": {
+                    param: [slots[i] for i in range(len(slots))] for param, slots in moments.items()
+                },
             }
         }
         properties = {**saved.properties, STEP_PROPERTY: int(state.session_step)}
         path = _ckpt.save_checkpoint(
-            (saved.trainable, saved.frozen), Path(temp) / "kept", optimizer_state=groups, properties=properties
+            (saved.trainable, saved.frozen),
+            Path(temp) / "kept",
+            optimizer_state=groups,
+            properties=properties,
         )
         session.load_checkpoint(path)

@@ -100,7 +100,10 @@ def environment_pids(name: str, value: str) -> list[int]:
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if entry in (proc / "environ").read_bytes().split(b"\0") and int(proc.name) != os.getpid():
+            if (
+                entry in (proc / "environ").read_bytes().split(b"\0")
+                and int(proc.name) != os.getpid()
+            ):
                 found.append(int(proc.name))
         except (OSError, ValueError):
             continue
@@ -152,12 +155,16 @@ def terminate_tree(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
             return
         time.sleep(0.1)
     send_signal([p for p in everyone if alive(p)], signal.SIGKILL)
-    killed = time.monotonic() + 2.0  # a killed process dies when next scheduled: gone when this returns
+    killed = (
+        time.monotonic() + 2.0
+    )  # a killed process dies when next scheduled: gone when this returns
     while time.monotonic() < killed and any(alive(p) for p in everyone):
         time.sleep(0.02)
 
 
-def run_captured(command: Sequence[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_captured(
+    command: Sequence[str], env: Mapping[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     """Run ``command`` to its end and capture its output; stop it on a stop signal or after ``timeout`` seconds.
 
     Raises:
@@ -176,7 +183,9 @@ def run_captured(command: Sequence[str], env: Mapping[str, str], timeout: float)
         try:
             while True:
                 try:  # short waits, so that a stop signal whose exception was swallowed is seen at once
-                    out, err = child.communicate(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+                    out, err = child.communicate(
+                        timeout=min(0.5, max(deadline - time.monotonic(), 0.01))
+                    )
                     break
                 except subprocess.TimeoutExpired:
                     raise_if_stopping()
@@ -230,7 +239,14 @@ class Process:
 
 
 #: Flower's console scripts the shims stand in for.
-COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp", "flwr")
+COMMANDS = (
+    "flower-superlink",
+    "flower-supernode",
+    "flower-superexec",
+    "flwr-serverapp",
+    "flwr-clientapp",
+    "flwr",
+)
 
 _SHIM = """#!/bin/sh
 exec {python} -c 'import sys
@@ -252,7 +268,9 @@ def write_shims(folder: Path, interpreter: str) -> Path:
         folder.mkdir(parents=True)
         for name in COMMANDS:
             script = folder / name
-            script.write_text(_SHIM.format(python=shlex.quote(interpreter), name=name), encoding="utf-8")
+            script.write_text(
+                _SHIM.format(python=shlex.quote(interpreter), name=name), encoding="utf-8"
+            )
             script.chmod(0o755)
     return folder
 
@@ -260,6 +278,8 @@ def write_shims(folder: Path, interpreter: str) -> Path:
 def command_line(pid: int) -> str:
     """The command line of process ``pid`` (empty when it is gone or unreadable)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""

@@ -42,11 +42,15 @@ def toml_value(value: ConfigValue, what: str = "value") -> str:
         return str(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidValueError(f"The run config's {what} is {value}; Flower's run config holds finite numbers.")
+            raise InvalidValueError(
+                f"The run config's {what} is {value}; Flower's run config holds finite numbers."
+            )
         return repr(value)
     if isinstance(value, (str, os.PathLike)):
         text = os.fspath(value)
-        escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        escaped = (
+            text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        )
         return f'"{escaped}"'
     raise InvalidTypeError(
         f"The run config's {what} is a {type(value).__name__}; it must be a str, int, float or bool "
@@ -83,8 +87,12 @@ def config_arg(config: Mapping[str, ConfigValue]) -> str:
     pairs = []
     for key, value in config.items():
         if not isinstance(key, str) or not _KEY.match(key):
-            raise InvalidValueError(f"Config key {key!r} is not a plain key: use letters, digits, '-', '_' and '.'.")
-        if isinstance(value, (str, os.PathLike)) and ('"' in os.fspath(value) or "\\" in os.fspath(value)):
+            raise InvalidValueError(
+                f"Config key {key!r} is not a plain key: use letters, digits, '-', '_' and '.'."
+            )
+        if isinstance(value, (str, os.PathLike)) and (
+            '"' in os.fspath(value) or "\\" in os.fspath(value)
+        ):
             raise InvalidValueError(
                 f"Config value of {key!r} ({os.fspath(value)!r}) holds a double quote or a backslash, which "
                 "Flower's --node-config/--run-config cannot carry; rename the file or folder."
@@ -121,7 +129,9 @@ def write_app(
         InvalidTypeError: for a run config value TOML cannot hold.
     """
     if not re.match(r"^[a-z0-9][a-z0-9-]*$", name):
-        raise InvalidValueError(f"Flower app name {name!r}: use lower-case letters, digits and '-'.")
+        raise InvalidValueError(
+            f"Flower app name {name!r}: use lower-case letters, digits and '-'."
+        )
     for label, ref in (("server_app", server_app), ("client_app", client_app)):
         module, _, attribute = ref.partition(":")
         if not _MODULE.match(module) or not attribute:
@@ -129,7 +139,9 @@ def write_app(
     extra = dict(modules or {})
     for module_name in extra:
         if not _MODULE.match(module_name) or "." in module_name:
-            raise InvalidValueError(f"Module name {module_name!r} is not a plain Python identifier.")
+            raise InvalidValueError(
+                f"Module name {module_name!r} is not a plain Python identifier."
+            )
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     text = f"""\

@@ -29,7 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+)
 from onnxblocks.federated.history import FederatedHistory
 from onnxblocks.federated.local import LocalConfig, has_classes, pick_arrays
 from onnxblocks.federated.records import from_record, to_record
@@ -104,9 +109,13 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
-            raise InvalidValueError(f"ServerSettings: num-server-rounds must be an int >= 1, got {self.rounds!r}.")
+            raise InvalidValueError(
+                f"ServerSettings: num-server-rounds must be an int >= 1, got {self.rounds!r}."
+            )
         if not (isinstance(self.round_timeout, (int, float)) and self.round_timeout > 0):
-            raise InvalidValueError(f"ServerSettings: round-timeout must be > 0 seconds, got {self.round_timeout!r}.")
+            raise InvalidValueError(
+                f"ServerSettings: round-timeout must be > 0 seconds, got {self.round_timeout!r}."
+            )
         self.local_config()  # the client settings, checked here rather than on every client
 
     @classmethod
@@ -127,7 +136,9 @@ class ServerSettings:
                 values[name] = raw
         for name, raw in overrides.items():
             if name not in names:
-                raise UnknownNameError(f"ServerSettings has no field '{name}'.{did_you_mean(name, list(names))}")
+                raise UnknownNameError(
+                    f"ServerSettings has no field '{name}'.{did_you_mean(name, list(names))}"
+                )
             if raw is not None:
                 values[name] = raw
         if "artifacts" not in values:
@@ -214,7 +225,9 @@ def run_server(grid: Any, settings: ServerSettings, strategy: Any = None) -> Fed
     initial = session.parameters(trainable_only=True)
     history = FederatedHistory()
     chosen = strategy or build_server_strategy(settings)
-    wrapped = ValidatingStrategy(chosen, specs_of(initial), history, timeout=float(settings.round_timeout))
+    wrapped = ValidatingStrategy(
+        chosen, specs_of(initial), history, timeout=float(settings.round_timeout)
+    )
     evaluate_fn = None
     if settings.eval_data is not None:
         held_out = _held_out(session, settings.eval_data)
@@ -245,7 +258,9 @@ def _held_out(session: TrainingSession, path: str) -> ArrayBatches:
     return ArrayBatches(columns, batch_size=1024, shuffle=False)
 
 
-def _evaluate_global(session: TrainingSession, parameters: Mapping[str, np.ndarray], data: ArrayBatches) -> dict:
+def _evaluate_global(
+    session: TrainingSession, parameters: Mapping[str, np.ndarray], data: ArrayBatches
+) -> dict:
     session.set_parameters(parameters)
     callbacks = [Accuracy(output=1)] if has_classes(session, data.arrays) else []
     logs = evaluate(session, data, callbacks)
@@ -255,7 +270,9 @@ def _evaluate_global(session: TrainingSession, parameters: Mapping[str, np.ndarr
     return out
 
 
-def write_outputs(session: TrainingSession, history: FederatedHistory, settings: ServerSettings) -> None:
+def write_outputs(
+    session: TrainingSession, history: FederatedHistory, settings: ServerSettings
+) -> None:
     """The final checkpoint, inference model, history and plots that ``settings`` asks for."""
     if settings.save:
         session.save_checkpoint(settings.save, include_optimizer_state=False)
@@ -268,14 +285,20 @@ def write_outputs(session: TrainingSession, history: FederatedHistory, settings:
         measured = any("accuracy" in row for row in (*history.evaluate, *history.server))
         metrics = ["loss", "accuracy"] if measured else ["loss"]
         for metric in metrics:
-            target = path if metric == "loss" else path.with_name(f"{path.stem}-{metric}{path.suffix}")
+            target = (
+                path if metric == "loss" else path.with_name(f"{path.stem}-{metric}{path.suffix}")
+            )
             try:
                 history.plot(target, metric)
-            except InvalidValueError as exc:  # nothing finite to draw (every round dropped): the run still succeeded
+            except (
+                InvalidValueError
+            ) as exc:  # nothing finite to draw (every round dropped): the run still succeeded
                 logger.warning("no plot written to %s: %s", target, exc)
 
 
-def make_server_app(artifacts: str | os.PathLike | None = None, *, strategy: Any = None, **settings: Any) -> Any:
+def make_server_app(
+    artifacts: str | os.PathLike | None = None, *, strategy: Any = None, **settings: Any
+) -> Any:
     """A Flower ``ServerApp`` federating ``artifacts``.
 
     Args:

@@ -25,7 +25,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from onnxblocks._core.errors import FileMissingError, InvalidValueError, StateError, UnknownNameError
+from onnxblocks._core.errors import (
+    FileMissingError,
+    InvalidValueError,
+    StateError,
+    UnknownNameError,
+)
 from onnxblocks.federated.history import FederatedHistory
 from onnxblocks.federated.processes import free_port
 from onnxblocks.federated.server import ServerSettings
@@ -72,7 +77,9 @@ def simulate(
     if not data:
         raise InvalidValueError("simulate needs at least one client's data file.")
     if client_eval_data is not None and len(client_eval_data) != len(data):
-        raise InvalidValueError(f"simulate: {len(client_eval_data)} client_eval_data files for {len(data)} clients.")
+        raise InvalidValueError(
+            f"simulate: {len(client_eval_data)} client_eval_data files for {len(data)} clients."
+        )
     paths = [Path(p).resolve() for p in (*data, *(client_eval_data or ()))]
     for path in [Path(artifacts), *paths]:
         if not path.exists():
@@ -80,15 +87,26 @@ def simulate(
     known = {f.name for f in fields(ServerSettings)}
     unknown = sorted(set(settings) - known)
     if unknown:
-        raise UnknownNameError(f"simulate: {unknown} are not ServerSettings fields; known: {sorted(known)}.")
+        raise UnknownNameError(
+            f"simulate: {unknown} are not ServerSettings fields; known: {sorted(known)}."
+        )
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="onnxblocks-flower-") as temp:
             return _simulate(
-                Path(temp), artifacts, data, client_eval_data, num_cpus, cpus_per_client, timeout, settings
+                Path(temp),
+                artifacts,
+                data,
+                client_eval_data,
+                num_cpus,
+                cpus_per_client,
+                timeout,
+                settings,
             )
     root = Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
-    return _simulate(root, artifacts, data, client_eval_data, num_cpus, cpus_per_client, timeout, settings)
+    return _simulate(
+        root, artifacts, data, client_eval_data, num_cpus, cpus_per_client, timeout, settings
+    )
 
 
 def _simulate(
@@ -132,15 +150,27 @@ def _simulate(
     command += ["--disable-runtime-dependency-installation"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--database", str(root / "state.db")]
     with open(superlink_log, "wb") as log:
-        superlink = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        superlink = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         _wait_healthy(port, superlink, superlink_log)
-        per_client = int(cpus_per_client) if float(cpus_per_client).is_integer() else float(cpus_per_client)
+        per_client = (
+            int(cpus_per_client) if float(cpus_per_client).is_integer() else float(cpus_per_client)
+        )
         federation = f"num-supernodes={len(data)} client-resources-num-cpus={per_client} "
         federation += f"init-args-num-cpus={int(num_cpus)}"
         with open(run_log, "wb") as log:
             done = subprocess.run(
-                [_tool("flwr"), "run", str(app), "local", "--federation-config", federation, "--stream"],
+                [
+                    _tool("flwr"),
+                    "run",
+                    str(app),
+                    "local",
+                    "--federation-config",
+                    federation,
+                    "--stream",
+                ],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -211,7 +241,9 @@ def _toml(key: str, value: Any) -> str:
         return repr(value) if isinstance(value, int) or value == value else "nan"
     if isinstance(value, (str, os.PathLike)):
         return json.dumps(os.fspath(value))  # a TOML basic string: JSON's escapes are TOML's
-    raise InvalidValueError(f"Run config '{key}' is a {type(value).__name__}; use a str, int, float or bool.")
+    raise InvalidValueError(
+        f"Run config '{key}' is a {type(value).__name__}; use a str, int, float or bool."
+    )
 
 
 def _tool(name: str) -> str:
@@ -219,7 +251,9 @@ def _tool(name: str) -> str:
     beside = Path(sys.executable).parent / name
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        raise FileMissingError(f"Flower's '{name}' command is missing; pip install \"onnxblocks[flower]\".")
+        raise FileMissingError(
+            f"Flower's '{name}' command is missing; pip install \"onnxblocks[flower]\"."
+        )
     return found
 
 
@@ -227,7 +261,9 @@ def _wait_healthy(port: int, process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise StateError(f"flower-superlink exited with code {process.returncode}.\n{_tail(log)}")
+            raise StateError(
+                f"flower-superlink exited with code {process.returncode}.\n{_tail(log)}"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=0.5) as answer:
                 if answer.status == 200:
@@ -235,7 +271,9 @@ def _wait_healthy(port: int, process: subprocess.Popen, log: Path) -> None:
         except OSError:
             pass
         time.sleep(0.2)
-    raise StateError(f"flower-superlink did not answer on 127.0.0.1:{port} in {STARTUP_TIMEOUT:.0f} s.\n{_tail(log)}")
+    raise StateError(
+        f"flower-superlink did not answer on 127.0.0.1:{port} in {STARTUP_TIMEOUT:.0f} s.\n{_tail(log)}"
+    )
 
 
 def _stop(process: subprocess.Popen) -> None:

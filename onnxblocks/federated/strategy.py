@@ -24,7 +24,12 @@ from flwr.serverapp.strategy import Strategy
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.federated.history import FederatedHistory
 from onnxblocks.federated.records import from_record, to_record
-from onnxblocks.federated.validation import Specs, check_arrays, check_evaluate_reply, check_train_reply
+from onnxblocks.federated.validation import (
+    Specs,
+    check_arrays,
+    check_evaluate_reply,
+    check_train_reply,
+)
 
 logger = logging.getLogger("onnxblocks.federated")
 
@@ -64,7 +69,9 @@ def build_strategy(
 
     key = name.lower().replace("-", "").replace("_", "")
     if key not in STRATEGIES:
-        raise InvalidValueError(f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}.")
+        raise InvalidValueError(
+            f"Unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}."
+        )
     if not isinstance(min_nodes, int) or min_nodes < 1:
         raise InvalidValueError(f"min_nodes must be an int >= 1, got {min_nodes!r}.")
     common: dict[str, Any] = {
@@ -104,7 +111,11 @@ class ValidatingStrategy(Strategy):
     """
 
     def __init__(
-        self, strategy: Strategy, reference: Specs, history: FederatedHistory, timeout: float | None = None
+        self,
+        strategy: Strategy,
+        reference: Specs,
+        history: FederatedHistory,
+        timeout: float | None = None,
     ) -> None:
         self.strategy = strategy
         self.reference = dict(reference)
@@ -124,16 +135,26 @@ class ValidatingStrategy(Strategy):
         """The wrapped strategy's messages (the global parameters are kept to measure each update)."""
         self._started = time.perf_counter()
         self._global = from_record(arrays)
-        return self._sent("train", self.strategy.configure_train(server_round, arrays, config, grid))
+        return self._sent(
+            "train", self.strategy.configure_train(server_round, arrays, config, grid)
+        )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop the replies that fail the checks, then aggregate the others with the wrapped strategy."""
-        kept = self._screen(server_round, "train", replies, lambda content: check_train_reply(content, self.reference))
+        kept = self._screen(
+            server_round,
+            "train",
+            replies,
+            lambda content: check_train_reply(content, self.reference),
+        )
         self.history.rounds = max(self.history.rounds, server_round)
         if not kept:
-            logger.warning("round %d: no training reply passed the checks; the global model stays", server_round)
+            logger.warning(
+                "round %d: no training reply passed the checks; the global model stays",
+                server_round,
+            )
             return None, None
         arrays, metrics = self.strategy.aggregate_train(server_round, kept)
         if arrays is not None:
@@ -145,7 +166,12 @@ class ValidatingStrategy(Strategy):
             if reason is not None:
                 logger.warning("round %d: the aggregate was refused: %s", server_round, reason)
                 self.history.dropped.append(
-                    {"round": server_round, "phase": "aggregate", "node": None, "reason": f"the aggregate: {reason}"}
+                    {
+                        "round": server_round,
+                        "phase": "aggregate",
+                        "node": None,
+                        "reason": f"the aggregate: {reason}",
+                    }
                 )
                 arrays = None
         if metrics is not None:
@@ -156,9 +182,13 @@ class ValidatingStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's evaluation messages."""
-        return self._sent("evaluate", self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        return self._sent(
+            "evaluate", self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        )
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Drop the evaluation replies that fail the checks, then aggregate the others."""
         kept = self._screen(server_round, "evaluate", replies, check_evaluate_reply)
         metrics = self.strategy.aggregate_evaluate(server_round, kept) if kept else None
@@ -175,7 +205,11 @@ class ValidatingStrategy(Strategy):
         return sent
 
     def _screen(
-        self, server_round: int, phase: str, replies: Iterable[Message], check: Callable[[Any], str | None]
+        self,
+        server_round: int,
+        phase: str,
+        replies: Iterable[Message],
+        check: Callable[[Any], str | None],
     ) -> list[Message]:
         """The replies of ``phase`` that pass ``check`` and share metric keys; the others dropped and recorded."""
         replies = list(replies)
@@ -195,12 +229,18 @@ class ValidatingStrategy(Strategy):
     def _silent(self, server_round: int, phase: str, replies: list[Message]) -> None:
         """Record the nodes that were asked and sent no reply (they hung, or died without an error reply)."""
         answered = {_node(m) for m in replies}
-        within = f" within the round timeout ({self.timeout:g} s)" if self.timeout is not None else ""
+        within = (
+            f" within the round timeout ({self.timeout:g} s)" if self.timeout is not None else ""
+        )
         for node in self._asked[phase]:
             if node not in answered:
                 reason = f"no reply{within}"
-                logger.warning("round %d: dropped node %s from %s: %s", server_round, node, phase, reason)
-                self.history.dropped.append({"round": server_round, "phase": phase, "node": node, "reason": reason})
+                logger.warning(
+                    "round %d: dropped node %s from %s: %s", server_round, node, phase, reason
+                )
+                self.history.dropped.append(
+                    {"round": server_round, "phase": phase, "node": node, "reason": reason}
+                )
         self._asked[phase] = []
 
     def _as_reference_dtypes(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -208,7 +248,9 @@ class ValidatingStrategy(Strategy):
         out = {}
         for name, array in arrays.items():
             want = self.reference.get(name)
-            same_kind = want is not None and array.dtype.kind == "f" and np.dtype(want[0]).kind == "f"
+            same_kind = (
+                want is not None and array.dtype.kind == "f" and np.dtype(want[0]).kind == "f"
+            )
             out[name] = array.astype(want[0]) if same_kind and array.dtype != want[0] else array  # type: ignore[index]
         return out
 
@@ -218,15 +260,23 @@ class ValidatingStrategy(Strategy):
             return f"the client failed: {message.error.reason}"
         try:
             return check(message.content)
-        except Exception as exc:  # a reply malformed in a way no check foresaw is dropped, never fatal
+        except (
+            Exception
+        ) as exc:  # a reply malformed in a way no check foresaw is dropped, never fatal
             return f"its reply cannot be read ({type(exc).__name__}: {exc})"
 
     def _drop(self, server_round: int, phase: str, message: Message, reason: str) -> None:
         node = _node(message)
-        logger.warning("round %d: dropped the %s reply of node %s: %s", server_round, phase, node, reason)
-        self.history.dropped.append({"round": server_round, "phase": phase, "node": node, "reason": reason})
+        logger.warning(
+            "round %d: dropped the %s reply of node %s: %s", server_round, phase, node, reason
+        )
+        self.history.dropped.append(
+            {"round": server_round, "phase": phase, "node": node, "reason": reason}
+        )
 
-    def _same_metric_keys(self, server_round: int, phase: str, kept: list[Message]) -> list[Message]:
+    def _same_metric_keys(
+        self, server_round: int, phase: str, kept: list[Message]
+    ) -> list[Message]:
         """Flower refuses to aggregate metric records with different keys: keep those like the most common."""
         if not kept:
             return kept
@@ -235,7 +285,10 @@ class ValidatingStrategy(Strategy):
         for message, own in zip(kept, keys, strict=True):
             if own != common:
                 self._drop(
-                    server_round, phase, message, f"its metrics {sorted(own)} differ from the others' {sorted(common)}"
+                    server_round,
+                    phase,
+                    message,
+                    f"its metrics {sorted(own)} differ from the others' {sorted(common)}",
                 )
         return [m for m, own in zip(kept, keys, strict=True) if own == common]
 
@@ -243,13 +296,18 @@ class ValidatingStrategy(Strategy):
         content = message.content
         row: dict[str, Any] = {"round": server_round, "phase": phase, "node": _node(message)}
         info: Any = content.config_records.get("client")
-        row["partition"] = int(info["partition-id"]) if info is not None and "partition-id" in info else None
+        row["partition"] = (
+            int(info["partition-id"]) if info is not None and "partition-id" in info else None
+        )
         if info is not None and "backend" in info:
             row["backend"] = str(info["backend"])
         row.update(_plain(next(iter(content.metric_records.values()))))
         if phase == "train" and self._global:
             arrays = from_record(next(iter(content.array_records.values())))
-            squares = sum(float(np.sum((arrays[n].astype(np.float64) - g) ** 2)) for n, g in self._global.items())
+            squares = sum(
+                float(np.sum((arrays[n].astype(np.float64) - g) ** 2))
+                for n, g in self._global.items()
+            )
             row["update-norm"] = float(np.sqrt(squares))
         self.history.clients.append(row)
 

@@ -143,9 +143,13 @@ def check_header(array: Any, name: str, dtype: np.dtype, shape: tuple[int, ...])
     try:
         version = npy.read_magic(stream)
         if version == (1, 0):
-            got_shape, _, got_dtype = npy.read_array_header_1_0(stream, max_header_size=MAX_HEADER_BYTES)
+            got_shape, _, got_dtype = npy.read_array_header_1_0(
+                stream, max_header_size=MAX_HEADER_BYTES
+            )
         elif version == (2, 0):
-            got_shape, _, got_dtype = npy.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
+            got_shape, _, got_dtype = npy.read_array_header_2_0(
+                stream, max_header_size=MAX_HEADER_BYTES
+            )
         else:
             return f"parameter '{name}' is in .npy format version {version}; 1.0 or 2.0 is expected"
     except Exception as exc:  # any malformed header (numpy raises ValueError, SyntaxError, ...)
@@ -166,7 +170,9 @@ def check_train_reply(content: Any, reference: Specs) -> str | None:
     """Why a training reply's ``RecordDict`` must be dropped (None: it may be aggregated)."""
     array_records = list(content.array_records.values())
     if len(array_records) != 1:
-        return f"it holds {len(array_records)} ArrayRecords; one (the trained parameters) is expected"
+        return (
+            f"it holds {len(array_records)} ArrayRecords; one (the trained parameters) is expected"
+        )
     record = array_records[0]
     reason = _check_names(list(record.keys()), reference)
     if reason is not None:

@@ -30,7 +30,10 @@ def shape_of(types: dict[str, onnx.TypeProto], name: str) -> list[int | None] | 
     t = types.get(name)
     if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
         return None
-    return [d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in t.tensor_type.shape.dim]
+    return [
+        d.dim_value if d.WhichOneof("value") == "dim_value" else None
+        for d in t.tensor_type.shape.dim
+    ]
 
 
 def elem_type(types: dict[str, onnx.TypeProto], name: str) -> int | None:
@@ -76,7 +79,9 @@ def _typed_attribute(
     value = attribute(node, name)
     if value is None:  # absent (or of type UNDEFINED)
         if default is _REQUIRED:
-            raise InvalidValueError(f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind}).")
+            raise InvalidValueError(
+                f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind})."
+            )
         return default
     converted = convert(value)
     if converted is None:
@@ -128,7 +133,9 @@ def int_attribute(node: onnx.NodeProto, name: str) -> int: ...
 def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int: ...
 @overload
 def int_attribute(node: onnx.NodeProto, name: str, default: None) -> int | None: ...
-def int_attribute(node: onnx.NodeProto, name: str, default: int | _Required | None = _REQUIRED) -> int | None:
+def int_attribute(
+    node: onnx.NodeProto, name: str, default: int | _Required | None = _REQUIRED
+) -> int | None:
     """An ``INT`` attribute."""
     return _typed_attribute(node, name, default, "an int", _as_int)
 
@@ -139,7 +146,9 @@ def float_attribute(node: onnx.NodeProto, name: str) -> float: ...
 def float_attribute(node: onnx.NodeProto, name: str, default: float) -> float: ...
 @overload
 def float_attribute(node: onnx.NodeProto, name: str, default: None) -> float | None: ...
-def float_attribute(node: onnx.NodeProto, name: str, default: float | _Required | None = _REQUIRED) -> float | None:
+def float_attribute(
+    node: onnx.NodeProto, name: str, default: float | _Required | None = _REQUIRED
+) -> float | None:
     """A ``FLOAT`` attribute (an ``INT`` one is read as a float, as ``float()`` would)."""
     return _typed_attribute(node, name, default, "a float", _as_float)
 
@@ -150,7 +159,9 @@ def string_attribute(node: onnx.NodeProto, name: str) -> str: ...
 def string_attribute(node: onnx.NodeProto, name: str, default: str) -> str: ...
 @overload
 def string_attribute(node: onnx.NodeProto, name: str, default: None) -> str | None: ...
-def string_attribute(node: onnx.NodeProto, name: str, default: str | _Required | None = _REQUIRED) -> str | None:
+def string_attribute(
+    node: onnx.NodeProto, name: str, default: str | _Required | None = _REQUIRED
+) -> str | None:
     """A ``STRING`` attribute, decoded from UTF-8."""
     return _typed_attribute(node, name, default, "a string", _as_string)
 

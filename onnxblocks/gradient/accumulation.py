@@ -61,7 +61,9 @@ def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
     )
 
 
-def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]]) -> None:
+def add_gradient_accumulation(
+    model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]]
+) -> None:
     """Accumulate the gradient of each parameter in a buffer, in place.
 
     The ``<param>_grad`` graph outputs are replaced by ``<param>_grad.accumulation.out``
@@ -87,7 +89,9 @@ def add_gradient_accumulation(model: onnx.ModelProto, params: Sequence[tuple[str
         graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
         graph.node.append(
             IN_PLACE_ACCUMULATOR_V2.node(
-                [buffer_name(name), grad, LAZY_RESET_GRAD], [accumulated_name(name)], names.fresh("GradientAccumulator")
+                [buffer_name(name), grad, LAZY_RESET_GRAD],
+                [accumulated_name(name)],
+                names.fresh("GradientAccumulator"),
             )
         )
         graph.output[outputs[grad]].CopyFrom(

@@ -36,7 +36,9 @@ def _attr(node: ir.Node, name: str, default: float) -> float:
     return float_attribute(node, name, default)
 
 
-def _exp_below_zero(w: Writer, x: ir.Value, dtype: np.dtype, scale: float, inner: float, y: str) -> ir.Value:
+def _exp_below_zero(
+    w: Writer, x: ir.Value, dtype: np.dtype, scale: float, inner: float, y: str
+) -> ir.Value:
     """``y = x > 0 ? x : scale * (exp(inner * x) - 1)`` (inner, scale: the ELU family's constants)."""
     zero, one = w.const(0, dtype), w.const(1, dtype)
     positive = w.op("Greater", [x, zero])

@@ -44,7 +44,9 @@ __all__ = [
 def is_inference_batch_norm(node: ir.Node) -> bool:
     """True for an ai.onnx ``BatchNormalization`` in inference mode (``training_mode`` 0 or absent)."""
     return (
-        node.op_type == "BatchNormalization" and is_default_domain(node) and not int_attribute(node, "training_mode", 0)
+        node.op_type == "BatchNormalization"
+        and is_default_domain(node)
+        and not int_attribute(node, "training_mode", 0)
     )
 
 
@@ -93,9 +95,13 @@ def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:
             f"'{x.name if x is not None else ''}', whose rank is unknown, so "
             "its inference form cannot be written for the gradient. Give the model's inputs a known rank."
         )
-    assert scale is not None and bias is not None and mean is not None and var is not None  # required inputs
+    assert (
+        scale is not None and bias is not None and mean is not None and var is not None
+    )  # required inputs
     dtype = ctx.dtype(x) or np.dtype(np.float32)
-    epsilon = float(np.float32(float_attribute(node, "epsilon", 1e-5)))  # a float32 attribute, default too
+    epsilon = float(
+        np.float32(float_attribute(node, "epsilon", 1e-5))
+    )  # a float32 attribute, default too
     w = ctx.writer(node.name or node.outputs[0].name or "batch_norm")
     eps = w.const(np.array(epsilon, dtype=dtype), suffix="epsilon")
     dims = w.ints([-1] + [1] * (len(shape) - 2))
@@ -139,19 +145,27 @@ def private_running_statistics(model: onnx.ModelProto) -> int:
     count = 0
     for node in list(graph):
         stats = node.inputs[3:5]
-        if node.op_type != "BatchNormInternal" or node.domain != _limits.MS_DOMAIN or len(stats) < 2:
+        if (
+            node.op_type != "BatchNormInternal"
+            or node.domain != _limits.MS_DOMAIN
+            or len(stats) < 2
+        ):
             continue
         if not any(v is not None and v.is_initializer() and not v.is_graph_input() for v in stats):
             continue
         w = Writer(names, opset, f"{node.name or 'batch_norm'}.running")
         first = w.const(np.array(0, dtype=np.int64), suffix="first")
-        sample = w.op("Flatten", [w.op("Gather", [node.inputs[0], first], axis=0)], axis=1)  # [C, rest]
+        sample = w.op(
+            "Flatten", [w.op("Gather", [node.inputs[0], first], axis=0)], axis=1
+        )  # [C, rest]
         mean = w.op("Gather", [sample, first], axis=1)
         var = w.op("Abs", [mean])
         graph.insert_before(node, w.nodes)
         node.replace_input_with(3, mean)
         node.replace_input_with(4, var)
-        for value in stats:  # the constants stay in the eval model; here nothing reads them any more
+        for (
+            value
+        ) in stats:  # the constants stay in the eval model; here nothing reads them any more
             if value is not None and value.name and not value.uses() and value.is_initializer():
                 graph.initializers.pop(value.name)
         count += 1

@@ -44,14 +44,25 @@ import onnx
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.validation import check_skeleton
-from onnxblocks.gradient import accumulation, dependencies, eval_model, ort_bridge, pooling, signature
+from onnxblocks.gradient import (
+    accumulation,
+    dependencies,
+    eval_model,
+    ort_bridge,
+    pooling,
+    signature,
+)
 from onnxblocks.gradient._rewrite import run_pass
 from onnxblocks.gradient.batch_norm import private_running_statistics
 from onnxblocks.gradient.frozen_reads import alias_frozen_reads, restore_frozen_reads
 from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
 from onnxblocks.gradient.normalization import normalize
-from onnxblocks.gradient.parameters import ParameterPartition, check_requires_grad_read, partition_parameters
+from onnxblocks.gradient.parameters import (
+    ParameterPartition,
+    check_requires_grad_read,
+    partition_parameters,
+)
 from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model
@@ -153,7 +164,9 @@ def build_training_graphs(
     pooling.check_pool_shapes(forward, training)
     signature.restore_held_constants(training, held)
     private_running_statistics(training)
-    signature.order_inputs_and_outputs(training, forward_inputs, user_inputs, partition, user_outputs)
+    signature.order_inputs_and_outputs(
+        training, forward_inputs, user_inputs, partition, user_outputs
+    )
     dims = {p.name: p for p in model.graph.initializer}
     accumulation.add_gradient_accumulation(
         training, [(p, dims[p].data_type, list(dims[p].dims)) for p in partition.trainable]
@@ -181,7 +194,9 @@ def upgrade_old_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = _limits.onnx_opset(model)
     if opset is None or opset >= MIN_GRADIENT_OPSET:
         return model
-    return convert_opset(model, UPGRADE_OPSET, "the model (ONNX Runtime's gradient builders need opset 11)")
+    return convert_opset(
+        model, UPGRADE_OPSET, "the model (ONNX Runtime's gradient builders need opset 11)"
+    )
 
 
 def check_training_model(model: onnx.ModelProto, what: str = "the training model") -> None:

@@ -19,7 +19,12 @@ from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default
 __all__ = ["SmallIntComparisonAsInt32", "small_int_comparison_as_int32"]
 
 _COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
-_SMALL = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
+_SMALL = (
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+)
 
 
 class SmallIntComparisonAsInt32(NodeRewrite):

@@ -26,7 +26,13 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.gradient._rewrite import (
+    NodeRewrite,
+    RewriteContext,
+    is_default_domain,
+    on_proto,
+    optional_input,
+)
 from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute, value
 from onnxblocks.ir.types import static_dims
 from onnxblocks.ir.writer import INT64_MAX as _INT64_MAX
@@ -97,7 +103,10 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
         upsampled = w.op("Reshape", [padded, target])
     # 2. padding of the equivalent Conv; negative padding crops
     begin = [dilations[i] * (kernel[i] - 1) - pads[i] for i in range(n)]
-    end = [dilations[i] * (kernel[i] - 1) - pads[n + i] + output_padding[i] - (strides[i] - 1) for i in range(n)]
+    end = [
+        dilations[i] * (kernel[i] - 1) - pads[n + i] + output_padding[i] - (strides[i] - 1)
+        for i in range(n)
+    ]
     if any(b < 0 for b in begin) or any(e < 0 for e in end):
         starts = [max(0, -b) for b in begin]
         ends = [e if e < 0 else _INT64_MAX for e in end]
@@ -107,9 +116,13 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     if group == 1:
         swapped = w.op("Transpose", [weight], perm=[1, 0, *spatial])
     else:
-        grouped = w.op("Reshape", [weight, w.ints([group, c_in // group, c_out_per_group, *kernel])])
+        grouped = w.op(
+            "Reshape", [weight, w.ints([group, c_in // group, c_out_per_group, *kernel])]
+        )
         regrouped = w.op("Transpose", [grouped], perm=[0, 2, 1, *range(3, 3 + n)])
-        swapped = w.op("Reshape", [regrouped, w.ints([group * c_out_per_group, c_in // group, *kernel])])
+        swapped = w.op(
+            "Reshape", [regrouped, w.ints([group * c_out_per_group, c_in // group, *kernel])]
+        )
     flipped = swapped
     for axis, size in zip(spatial, kernel, strict=True):
         if size > 1:  # Gather with reversed indices: SliceGrad fails on negative steps

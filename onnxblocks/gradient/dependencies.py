@@ -79,7 +79,12 @@ STOP_INPUTS: dict[str, frozenset[int] | None] = {
     "SoftmaxCrossEntropyLoss": frozenset({1, 2}),
 }
 #: Element types a differentiable value may have.
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+_FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.DOUBLE,
+}
 
 
 def has_subgraph(node: ir.Node) -> bool:
@@ -113,7 +118,9 @@ def _values(graph: ir.Graph, names: Iterable[str | ir.Value]) -> list[ir.Value]:
     return found
 
 
-def downstream_values(graph: ir.Graph, sources: Iterable[str | ir.Value], differentiable: bool = True) -> set[ir.Value]:
+def downstream_values(
+    graph: ir.Graph, sources: Iterable[str | ir.Value], differentiable: bool = True
+) -> set[ir.Value]:
     """The values of ``graph`` that depend on ``sources`` (values or names; ``sources`` included).
 
     Args:
@@ -139,7 +146,9 @@ def downstream_values(graph: ir.Graph, sources: Iterable[str | ir.Value], differ
     return reached
 
 
-def upstream_values(graph: ir.Graph, targets: Iterable[str | ir.Value], differentiable: bool = True) -> set[ir.Value]:
+def upstream_values(
+    graph: ir.Graph, targets: Iterable[str | ir.Value], differentiable: bool = True
+) -> set[ir.Value]:
     """The values ``targets`` (values or names) depend on (``targets`` included).
 
     Args:
@@ -175,7 +184,11 @@ def check_differentiable(graph: ir.Graph, requires_grad: Iterable[str], loss: st
     if wanted:
         _check_control_flow(graph, wanted, loss)
     if loss not in {v.name for v in downstream_values(graph, list(graph.inputs))}:
-        what = f"any value that requires a gradient ({preview(wanted)})" if wanted else "any graph input"
+        what = (
+            f"any value that requires a gradient ({preview(wanted)})"
+            if wanted
+            else "any graph input"
+        )
         raise GradientError(
             f"The loss '{loss}' does not depend on {what}: for training it is a constant (computed from constants, "
             "or from shapes, comparisons or integer casts, which have no gradient), so there is nothing to "

@@ -58,7 +58,10 @@ class SplitToSequenceAsSlice(Pass):
             users = list(dict.fromkeys(u.node for u in seq.uses()))
             if x is None or seq.is_graph_output() or not users or opset < 13:
                 continue
-            if any(u.graph is not graph or u.op_type != "SequenceAt" or u.inputs[0] is not seq for u in users):
+            if any(
+                u.graph is not graph or u.op_type != "SequenceAt" or u.inputs[0] is not seq
+                for u in users
+            ):
                 continue
             positions = [constants.value(u.inputs[1]) for u in users]
             if any(p is None or p.size != 1 or int(p.reshape(())) < 0 for p in positions):
@@ -94,7 +97,9 @@ class SplitToSequenceAsSlice(Pass):
                 else:
                     starts = w.op("Mul", [chunk, w.ints([index])])
                     ends = w.op("Mul", [chunk, w.ints([index + 1])])
-                piece = w.op("Slice", [x, starts, ends, axes], out=w.fresh("piece") if squeeze else out)
+                piece = w.op(
+                    "Slice", [x, starts, ends, axes], out=w.fresh("piece") if squeeze else out
+                )
                 outs.append(w.squeeze(piece, [axis], out=out) if squeeze else piece)
             ir.convenience.replace_nodes_and_values(
                 graph, node, [node, *users], w.nodes, [u.outputs[0] for u in users], outs

@@ -32,8 +32,15 @@ from onnxblocks.ir.attributes import string_attribute
 
 __all__ = ["EinsumAsMatMul", "einsum_as_matmul", "parse_equation"]
 
-_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-_SPARE = "".join(chr(c) for c in range(ord("A"), ord("Z") + 1)) + "".join(chr(c) for c in range(ord("a"), ord("z") + 1))
+_FLOATS = (
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+)
+_SPARE = "".join(chr(c) for c in range(ord("A"), ord("Z") + 1)) + "".join(
+    chr(c) for c in range(ord("a"), ord("z") + 1)
+)
 
 
 def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str], str] | None:
@@ -95,7 +102,9 @@ class EinsumAsMatMul(NodeRewrite):
         if any(ctx.types.elem(v) not in _FLOATS for v in operands):
             return None
         shapes = [ctx.types.shape(v) for v in operands]
-        parsed = parse_equation(string_attribute(node, "equation", ""), [None if s is None else len(s) for s in shapes])
+        parsed = parse_equation(
+            string_attribute(node, "equation", ""), [None if s is None else len(s) for s in shapes]
+        )
         if parsed is None:
             return None
         letters, output = parsed

@@ -63,7 +63,9 @@ class DisableTrainingMode(Pass):
                 # outputs 1, 2 (running mean / var) come from inputs 3, 4 when nothing is updated
                 for out_index, in_index in ((1, 3), (2, 4)):
                     if out_index < len(node.outputs):
-                        _read_input_instead(graph, node, node.outputs[out_index], node.inputs[in_index], names)
+                        _read_input_instead(
+                            graph, node, node.outputs[out_index], node.inputs[in_index], names
+                        )
                 node.resize_outputs(1)
             else:
                 continue
@@ -107,7 +109,9 @@ class InferenceDropoutAsIdentity(Pass):
             mask = node.outputs[1] if len(node.outputs) > 1 else None
             if mask is None or (not mask.uses() and not mask.is_graph_output()):
                 graph.remove(node, safe=True)
-            elif not node.outputs[0].name:  # kept for its mask (all true): the output nothing reads needs a name
+            elif not node.outputs[
+                0
+            ].name:  # kept for its mask (all true): the output nothing reads needs a name
                 names = names or [graph_names(graph)]
                 node.outputs[0].name = names[0].fresh("dropout_unread")
             count += 1
@@ -120,7 +124,9 @@ def _gate_ratio(graph: ir.Graph, node: ir.Node, flag: ir.Value, names: list[Name
         names.append(graph_names(graph))
     ratio = optional_input(node, 1)
     if ratio is None:
-        half = ir.Node("", "Constant", [], attributes=[ir.AttrTensor("value", ir.tensor(np.float32(0.5)))])
+        half = ir.Node(
+            "", "Constant", [], attributes=[ir.AttrTensor("value", ir.tensor(np.float32(0.5)))]
+        )
         half.outputs[0].name = names[0].fresh("dropout_ratio")
         graph.insert_before(node, half)
         ratio = half.outputs[0]
@@ -133,7 +139,11 @@ def _gate_ratio(graph: ir.Graph, node: ir.Node, flag: ir.Value, names: list[Name
 
 
 def _read_input_instead(
-    graph: ir.Graph, node: ir.Node, output: ir.Value, source: ir.Value | None, names: list[NameAuthority]
+    graph: ir.Graph,
+    node: ir.Node,
+    output: ir.Value,
+    source: ir.Value | None,
+    names: list[NameAuthority],
 ) -> None:
     """Have whatever reads ``output`` read an ``Identity`` of ``source``, written after ``node``, instead."""
     if not output.uses() and not output.is_graph_output():
@@ -160,7 +170,9 @@ inference_dropout_as_identity = on_proto(
 disable_training_mode = on_proto(
     DisableTrainingMode,
     "disable_training_mode",
-    wanted=lambda model: any(n.op_type in ("Dropout", "BatchNormalization") for n in model.graph.node),
+    wanted=lambda model: any(
+        n.op_type in ("Dropout", "BatchNormalization") for n in model.graph.node
+    ),
     doc="""Switch Dropout and BatchNormalization to inference behaviour, in place.
 
     Returns:

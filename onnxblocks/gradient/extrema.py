@@ -37,7 +37,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.gradient._rewrite import (
+    NodeRewrite,
+    RewriteContext,
+    is_default_domain,
+    on_proto,
+    optional_input,
+)
 from onnxblocks.ir.attributes import int_attribute
 
 __all__ = ["ExtremaWithTorchTies", "extrema_with_torch_ties"]
@@ -46,7 +52,12 @@ _F = onnx.TensorProto
 _LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
 _ATEN_DIM = {"ReduceMax": "aten.max.dim", "ReduceMin": "aten.min.dim"}
 #: The type the quotients of a tie are summed in, per float type: wide enough to round back exactly.
-_WIDE: dict[int, int] = {_F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT, _F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE}
+_WIDE: dict[int, int] = {
+    _F.FLOAT16: _F.FLOAT,
+    _F.BFLOAT16: _F.FLOAT,
+    _F.FLOAT: _F.DOUBLE,
+    _F.DOUBLE: _F.DOUBLE,
+}
 _NUMPY: dict[int, type] = {_F.FLOAT: np.float32, _F.DOUBLE: np.float64}
 #: The dynamo exporter's record of the aten call a node comes from.
 _FX_NODE = "pkg.torch.onnx.fx_node"
@@ -115,7 +126,9 @@ def _returns_index(node: ir.Node, axes: list[int]) -> bool:
     return f"target=torch.ops.{_ATEN_DIM[node.op_type]}]" in record
 
 
-def _even_share(node: ir.Node, axes: list[int] | ir.Value | None, ctx: RewriteContext) -> list[ir.Node]:
+def _even_share(
+    node: ir.Node, axes: list[int] | ir.Value | None, ctx: RewriteContext
+) -> list[ir.Node]:
     """``sum(where(mask, x, 0) / count(mask))`` over ``axes``, in the wide type: each tie gets ``dy / k``."""
     x, y = node.inputs[0], node.outputs[0].name or "reduce"
     assert x is not None
@@ -130,7 +143,10 @@ def _even_share(node: ir.Node, axes: list[int] | ir.Value | None, ctx: RewriteCo
     nan = w.op("IsNaN", [xw])
     extremum = w.reduce(node.op_type, xw, reduced, keepdims=1)
     # NaN wherever a slice holds a NaN, as torch's amax; the sum of the NaNs, else 0
-    poisoned = w.op("Add", [extremum, w.reduce("ReduceSum", w.op("Where", [nan, xw, zero]), reduced, keepdims=1)])
+    poisoned = w.op(
+        "Add",
+        [extremum, w.reduce("ReduceSum", w.op("Where", [nan, xw, zero]), reduced, keepdims=1)],
+    )
     ties = w.op("Equal", [xw, poisoned])
     mask = w.op("Or", [ties, w.op("And", [nan, w.op("IsNaN", [poisoned])])])
     count = w.reduce("ReduceSum", w.cast(mask, wide), reduced, keepdims=1)
@@ -161,7 +177,13 @@ def _first_index(node: ir.Node, axes: list[int], ctx: RewriteContext) -> list[ir
     if bfloat16:  # no bfloat16 TopK kernel on the CPU: the extremum of the float32 values is exact
         x, y = w.cast(x, _F.FLOAT), w.fresh("float32")
     largest = _LARGEST[node.op_type]
-    values = w.ops("TopK", [x, w.ints([1])], [w.fresh("values"), w.fresh("indices")], axis=axis, largest=largest)[0]
+    values = w.ops(
+        "TopK",
+        [x, w.ints([1])],
+        [w.fresh("values"), w.fresh("indices")],
+        axis=axis,
+        largest=largest,
+    )[0]
     if keepdims:
         w.op("Identity", [values], out=y)
     else:

@@ -86,7 +86,9 @@ def _twins(constants: list[ir.Value]) -> set[ir.Value]:
     return {v for group in groups.values() if len(group) > 1 for v in group}
 
 
-def alias_frozen_reads(graph: ir.Graph, trained: Iterable[str], untrained_inputs: Iterable[str]) -> FrozenReads:
+def alias_frozen_reads(
+    graph: ir.Graph, trained: Iterable[str], untrained_inputs: Iterable[str]
+) -> FrozenReads:
     """Lift shared or repeated constants and give each reader of a value without gradient its own input.
 
     Args:
@@ -101,7 +103,9 @@ def alias_frozen_reads(graph: ir.Graph, trained: Iterable[str], untrained_inputs
     frozen = set(untrained_inputs) - wanted
     sources = [v for v in graph.inputs if v.name in frozen and _is_float(v)]
     constants = [
-        v for name, v in graph.initializers.items() if name not in wanted and _is_float(v) and (_elements(v) or 0) > 1
+        v
+        for name, v in graph.initializers.items()
+        if name not in wanted and _is_float(v) and (_elements(v) or 0) > 1
     ]
     lifted = {v.name for v in _twins(constants) if v.name}
     names = graph_names(graph)
@@ -117,7 +121,9 @@ def alias_frozen_reads(graph: ir.Graph, trained: Iterable[str], untrained_inputs
         if value.const_value is not None and value.name:
             lifted.add(value.name)
         for node, inputs in list(by_node.items())[1:]:
-            alias = ir.Value(name=names.fresh(f"{inputs[0][1]}.alias"), type=_type(value), shape=_shape(value))
+            alias = ir.Value(
+                name=names.fresh(f"{inputs[0][1]}.alias"), type=_type(value), shape=_shape(value)
+            )
             graph.inputs.append(alias)
             aliases[alias.name or ""] = value.name or ""
             for index, _ in inputs:
@@ -135,7 +141,9 @@ def _shape(value: ir.Value) -> ir.Shape | None:
     tensor = value.const_value
     if value.shape is not None or tensor is None:
         return value.shape
-    return ir.Shape([d if isinstance(d, int) else None for d in tensor.shape])  # a tensor's dims are ints
+    return ir.Shape(
+        [d if isinstance(d, int) else None for d in tensor.shape]
+    )  # a tensor's dims are ints
 
 
 def _remove_bypassed_identities(graph: ir.Graph, reads: list[Read]) -> None:

@@ -47,7 +47,9 @@ class GroupNormAsElementary(NodeRewrite):
         elem = ctx.types.elem(x)
         if x is None or scale is None or bias is None or elem is None:
             return None
-        epsilon = float(np.float32(float_attribute(node, "epsilon", 1e-5)))  # a float32 attribute, default too
+        epsilon = float(
+            np.float32(float_attribute(node, "epsilon", 1e-5))
+        )  # a float32 attribute, default too
         if node.op_type == "InstanceNormalization":
             groups, per_channel = 0, False  # Reshape's 0: one group per channel, affine per group
         else:
@@ -91,5 +93,8 @@ def _write(
         leading = w.slice(shape, [0], [2], [0])
         normed = w.op("Reshape", [normed, w.op("Concat", [leading, w.ints([-1])], axis=0)])
     column = w.ints([-1, 1])
-    affine = w.op("Add", [w.op("Mul", [normed, w.op("Reshape", [scale, column])]), w.op("Reshape", [bias, column])])
+    affine = w.op(
+        "Add",
+        [w.op("Mul", [normed, w.op("Reshape", [scale, column])]), w.op("Reshape", [bias, column])],
+    )
     w.op("Reshape", [affine, shape], out=y)

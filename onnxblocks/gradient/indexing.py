@@ -20,7 +20,13 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.gradient._rewrite import (
+    NodeRewrite,
+    RewriteContext,
+    is_default_domain,
+    on_proto,
+    optional_input,
+)
 from onnxblocks.ir.attributes import int_attribute, string_attribute
 from onnxblocks.ir.types import static_dims
 from onnxblocks.ir.writer import Writer
@@ -39,7 +45,11 @@ class NegativeStepSliceAsGather(NodeRewrite):
     op_types = frozenset({"Slice"})
 
     def select(self, node: ir.Node) -> bool:
-        return node.op_type == "Slice" and is_default_domain(node) and optional_input(node, 4) is not None
+        return (
+            node.op_type == "Slice"
+            and is_default_domain(node)
+            and optional_input(node, 4) is not None
+        )
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _negative_step_slice(node, ctx)
@@ -57,7 +67,9 @@ negative_step_slice_as_gather = on_proto(
 
 
 def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
-    step_values = ctx.plain_constants.folded(node.inputs[4])  # without shapes first: most steps are plain constants
+    step_values = ctx.plain_constants.folded(
+        node.inputs[4]
+    )  # without shapes first: most steps are plain constants
     if step_values is not None and not (step_values < 0).any():
         return None
     types, table = ctx.types, ctx.constants
@@ -75,7 +87,9 @@ def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | 
     y = node.outputs[0].name or "slice"
     w = ctx.writer(y)
     kept = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st > 0]
-    flipped = [(s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0]
+    flipped = [
+        (s, e, a, st) for s, e, a, st in zip(starts, ends, axes, steps, strict=True) if st < 0
+    ]
     current = x
     if kept:
         kept_starts, kept_ends, kept_axes, kept_steps = (list(v) for v in zip(*kept, strict=True))
@@ -88,7 +102,9 @@ def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | 
     return w.nodes
 
 
-def _slice_indices(w: Writer, x: ir.Value, axis: int, length: int | None, start: int, end: int, step: int) -> ir.Value:
+def _slice_indices(
+    w: Writer, x: ir.Value, axis: int, length: int | None, start: int, end: int, step: int
+) -> ir.Value:
     """The positions a negative-step slice takes along ``axis`` (ONNX's clamping rules)."""
     if length is not None:
         return w.ints(np.arange(length)[slice(start, end, step)].tolist())
@@ -112,7 +128,11 @@ class BorderPadAsGather(NodeRewrite):
     op_types = frozenset({"Pad"})
 
     def select(self, node: ir.Node) -> bool:
-        return node.op_type == "Pad" and is_default_domain(node) and _mode(node) in ("reflect", "edge", "wrap")
+        return (
+            node.op_type == "Pad"
+            and is_default_domain(node)
+            and _mode(node) in ("reflect", "edge", "wrap")
+        )
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _border_pad(node, ctx)
@@ -138,12 +158,16 @@ def _border_pad(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     if x is None or pads is None or (axes_input is not None and axes is None):
         return None
     shape = types.shape(x)
-    rank = len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
+    rank = (
+        len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
+    )
     if rank is None:
         return None
     pad_list = [int(p) for p in pads.reshape(-1)]
     axis_list = (
-        [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)] if axes is not None else list(range(rank))
+        [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)]
+        if axes is not None
+        else list(range(rank))
     )
     if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
         return None
@@ -162,12 +186,20 @@ def _border_pad(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
         parts = []
         if before:
             parts.append(
-                w.op("Gather", [current, _border(w, current, axis, length, _mode(node), before, True)], axis=axis)
+                w.op(
+                    "Gather",
+                    [current, _border(w, current, axis, length, _mode(node), before, True)],
+                    axis=axis,
+                )
             )
         parts.append(current)
         if after:
             parts.append(
-                w.op("Gather", [current, _border(w, current, axis, length, _mode(node), after, False)], axis=axis)
+                w.op(
+                    "Gather",
+                    [current, _border(w, current, axis, length, _mode(node), after, False)],
+                    axis=axis,
+                )
             )
         out = y if i == len(todo) - 1 else None
         current = w.op("Concat", parts, out=out, axis=axis)
@@ -178,7 +210,9 @@ def _mode(node: ir.Node) -> str:
     return string_attribute(node, "mode", "constant")
 
 
-def _border(w: Writer, x: ir.Value, axis: int, length: int | None, mode: str, count: int, before: bool) -> ir.Value:
+def _border(
+    w: Writer, x: ir.Value, axis: int, length: int | None, mode: str, count: int, before: bool
+) -> ir.Value:
     """Indices of the ``count`` border elements before (or after) ``x`` along ``axis``, in output order."""
     # positions relative to the start (non-negative) or to the end (negative: -1 is the last element)
     if mode == "reflect":
@@ -243,7 +277,11 @@ def _depth_to_space(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     else:
         if h % b or wd % b:
             return None
-        split, perm, final = [0, c, h // b, b, wd // b, b], [0, 3, 5, 1, 2, 4], [0, c * b * b, h // b, wd // b]
+        split, perm, final = (
+            [0, c, h // b, b, wd // b, b],
+            [0, 3, 5, 1, 2, 4],
+            [0, c * b * b, h // b, wd // b],
+        )
     moved = w.op("Transpose", [w.op("Reshape", [x, w.ints(split)])], perm=perm)
     w.op("Reshape", [moved, w.ints(final)], out=y)
     return w.nodes

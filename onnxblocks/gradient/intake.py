@@ -48,15 +48,23 @@ def fit_model(model: onnx.ModelProto, what: str = "the base model") -> onnx.Mode
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+    return any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    )
 
 
 def is_sorted(graph: onnx.GraphProto) -> bool:
     """True when every node comes after the producers of the values it reads (subgraph reads included)."""
-    if any(_has_subgraph(node) for node in graph.node):  # what subgraphs read: from the IR's def-use chains
+    if any(
+        _has_subgraph(node) for node in graph.node
+    ):  # what subgraphs read: from the IR's def-use chains
         nodes = list(graph_from_proto(graph))
         position = {node: i for i, node in enumerate(nodes)}
-        return all(position.get(v.producer(), -1) < i for i, node in enumerate(nodes) for v in walk.reads(node))  # type: ignore[arg-type]
+        return all(
+            position.get(v.producer(), -1) < i
+            for i, node in enumerate(nodes)
+            for v in walk.reads(node)
+        )  # type: ignore[arg-type]
     produced = {out for node in graph.node for out in node.output if out}
     seen: set[str] = set()
     for node in graph.node:
@@ -130,11 +138,15 @@ def check_ranks(model: onnx.ModelProto, what: str, outputs: bool = True) -> None
         ValueError: naming the inputs / outputs without a shape.
     """
     inputs = [v.name for v in model.graph.input if not _has_rank(v)]
-    missing = inputs or ([v.name for v in model.graph.output if not _has_rank(v)] if outputs else [])
+    missing = inputs or (
+        [v.name for v in model.graph.output if not _has_rank(v)] if outputs else []
+    )
     if not missing:
         return
     names = preview(missing)
-    roles = "graph inputs" if inputs else "graph outputs"  # the inputs first: outputs computed from them follow
+    roles = (
+        "graph inputs" if inputs else "graph outputs"
+    )  # the inputs first: outputs computed from them follow
     raise InvalidValueError(
         f"The {roles} {names} of {what} have no shape (their rank is unknown), which onnx's checker refuses "
         "and the losses need. Declare their shape in the base model (symbolic dims are fine, e.g. ['batch', 3]), "

@@ -200,7 +200,9 @@ def unshare_norm_constants(graph: ir.Graph) -> tuple[set[str], bool]:
         if node.op_type == "Constant" and out in wanted and not out.is_initializer():
             value = constants.value(out)
             if value is not None:  # the constant becomes an initializer of the same name
-                init = ir.Value(name=out.name, type=ir.TensorType(ir.DataType.from_numpy(value.dtype)))
+                init = ir.Value(
+                    name=out.name, type=ir.TensorType(ir.DataType.from_numpy(value.dtype))
+                )
                 init.shape = ir.Shape(value.shape)
                 init.const_value = ir.tensor(value, name=out.name)
                 ir.convenience.replace_all_uses_with(out, init, replace_graph_outputs=True)

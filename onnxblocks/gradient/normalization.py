@@ -55,7 +55,11 @@ from onnxblocks.gradient._rewrite import (
     opset_of,
     run_pass,
 )
-from onnxblocks.gradient.activations import ActivationsAsElementary, SoftplusAsElementary, softplus_as_elementary
+from onnxblocks.gradient.activations import (
+    ActivationsAsElementary,
+    SoftplusAsElementary,
+    softplus_as_elementary,
+)
 from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
 from onnxblocks.gradient.cross_entropy import ExposeCrossEntropyLogProb
@@ -65,7 +69,11 @@ from onnxblocks.gradient.eval_model import InferenceDropoutAsIdentity
 from onnxblocks.gradient.extrema import ExtremaWithTorchTies
 from onnxblocks.gradient.float64 import Float64LayerNormAsElementary, Float64ReduceMeanAsSumDiv
 from onnxblocks.gradient.group_norm import GroupNormAsElementary
-from onnxblocks.gradient.indexing import BorderPadAsGather, DepthToSpaceAsReshape, NegativeStepSliceAsGather
+from onnxblocks.gradient.indexing import (
+    BorderPadAsGather,
+    DepthToSpaceAsReshape,
+    NegativeStepSliceAsGather,
+)
 from onnxblocks.gradient.layer_norm import (
     ExposeLayerNormStatistics,
     LayerNormZeroBias,
@@ -146,13 +154,18 @@ class SplitToSequenceAsSplit(Pass):
         types: ValueTypes | None = None
         names = graph_names(graph)
         opset = opset_of(model)
-        planned: list[tuple[ir.Node, list[ir.Node], list[ir.Node]]] = []  # node, its readers, new nodes
+        planned: list[
+            tuple[ir.Node, list[ir.Node], list[ir.Node]]
+        ] = []  # node, its readers, new nodes
         for node in targets:
             seq = node.outputs[0]
             users = sorted({u.node for u in seq.uses()}, key=lambda n: position.get(n, -1))
             if seq.is_graph_output() or not users:
                 continue
-            if any(u.graph is not graph or u.op_type != "SequenceAt" or u.inputs[0] is not seq for u in users):
+            if any(
+                u.graph is not graph or u.op_type != "SequenceAt" or u.inputs[0] is not seq
+                for u in users
+            ):
                 continue
             values = [constants.value(u.inputs[1]) for u in users]
             positions = [p for p in values if p is not None and p.size == 1]
@@ -177,7 +190,9 @@ class SplitToSequenceAsSplit(Pass):
                     continue
                 chunk = 1 if split is None else int(split.reshape(()))
                 lengths = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
-            new_nodes = _split_nodes(node, users, positions, lengths, split is None and keepdims == 0, names, opset)
+            new_nodes = _split_nodes(
+                node, users, positions, lengths, split is None and keepdims == 0, names, opset
+            )
             if new_nodes is not None:
                 planned.append((node, users, new_nodes))
         for node, users, new_nodes in planned:
@@ -204,7 +219,9 @@ def _split_nodes(
     count = len(lengths)
     pieces: list[str] = [""] * count
     first: set[int] = set()
-    readers: list[tuple[int, str, bool]] = []  # (piece index, reader's output, first reader of the piece)
+    readers: list[
+        tuple[int, str, bool]
+    ] = []  # (piece index, reader's output, first reader of the piece)
     for user, pos in zip(users, positions, strict=True):
         index = int(pos.reshape(()))
         index = index + count if index < 0 else index

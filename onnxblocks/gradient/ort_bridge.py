@@ -93,7 +93,11 @@ class GradientBuilderError(GradientError):
 
 
 def run_gradient_builder(
-    model: onnx.ModelProto, requires_grad: set[str], ys: set[str], seed: str, custom_op_libraries: Sequence[str]
+    model: onnx.ModelProto,
+    requires_grad: set[str],
+    ys: set[str],
+    seed: str,
+    custom_op_libraries: Sequence[str],
 ) -> onnx.ModelProto:
     """ONNX Runtime's pre-training optimizer and gradient builder on ``model`` (already stamped), bytes in, bytes out.
 
@@ -132,7 +136,9 @@ def run_gradient_builder(
         builder.build()
         result: bytes = builder.get_model()
     except Exception as exc:
-        raise GradientBuilderError(ort_errors.clean_message(exc), onnx.load_from_string(optimized)) from None
+        raise GradientBuilderError(
+            ort_errors.clean_message(exc), onnx.load_from_string(optimized)
+        ) from None
     return onnx.load_from_string(result)
 
 
@@ -144,12 +150,19 @@ def _raise_failure(stage: str, message: str, optimized: bytes) -> NoReturn:
     if stage == "optimize":
         raise _optimize_error(message)
     if stage == "build":
-        raise GradientBuilderError(ort_errors.clean_message(message), onnx.load_from_string(optimized))
-    raise GradientError(f"The gradient-builder worker failed ({stage}): {ort_errors.clean_message(message)}")
+        raise GradientBuilderError(
+            ort_errors.clean_message(message), onnx.load_from_string(optimized)
+        )
+    raise GradientError(
+        f"The gradient-builder worker failed ({stage}): {ort_errors.clean_message(message)}"
+    )
 
 
 def differentiate(
-    forward: onnx.ModelProto, partition: ParameterPartition, loss: str, custom_op_libraries: Sequence[str]
+    forward: onnx.ModelProto,
+    partition: ParameterPartition,
+    loss: str,
+    custom_op_libraries: Sequence[str],
 ) -> onnx.ModelProto:
     """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs in it).
 
@@ -173,7 +186,9 @@ def differentiate(
     try:
         training = run_gradient_builder(stamped, requires_grad, {seed}, seed, custom_op_libraries)
     except GradientBuilderError as failure:
-        raise explain_gradient_failure(failure.message, forward, failure.optimized, partition, loss) from None
+        raise explain_gradient_failure(
+            failure.message, forward, failure.optimized, partition, loss
+        ) from None
     if seed != loss:
         drop_float_seed(training, seed)
     return training
@@ -236,17 +251,26 @@ def _no_gradient_builder(
 ) -> GradientError:
     op_type, node_name = missing
     node = _find_node(forward, node_name) or _find_node(optimized, node_name)
-    origin = "" if node is None or _find_node(forward, node_name) else " (created by ONNX Runtime's optimizer)"
+    origin = (
+        ""
+        if node is None or _find_node(forward, node_name)
+        else " (created by ONNX Runtime's optimizer)"
+    )
     if node is None:  # an unnamed node: the first of that op type that a trainable value reaches
         same_op = [n for n in forward.graph.node if n.op_type == op_type]
         node = next(
-            (n for n in same_op if _upstream(forward, n, partition.requires_grad)), same_op[0] if same_op else None
+            (n for n in same_op if _upstream(forward, n, partition.requires_grad)),
+            same_op[0] if same_op else None,
         )
     domain = (node.domain or "ai.onnx") if node is not None else "unknown"
     if node_name:
         label = f"'{node_name}'"
     else:
-        label = f"(unnamed, writing '{node.output[0]}')" if node is not None and node.output else "(unnamed)"
+        label = (
+            f"(unnamed, writing '{node.output[0]}')"
+            if node is not None and node.output
+            else "(unnamed)"
+        )
     params = _upstream(optimized, node, partition.requires_grad) if node is not None else []
     hint = (
         f" Freeze the parameters behind it ({preview(params)}: pass them in frozen_params or call "
@@ -261,7 +285,9 @@ def _no_gradient_builder(
     )
 
 
-def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op_libraries: Sequence[str]) -> None:
+def check_kernels(
+    training: onnx.ModelProto, forward: onnx.ModelProto, custom_op_libraries: Sequence[str]
+) -> None:
     """Load the training model in an (unoptimised) CPU session so a missing kernel is reported now, not at training.
 
     ONNX Runtime builds gradient nodes for which its CPU build has no kernel (for
@@ -276,7 +302,9 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
     held_constants_to_inputs(probe)
     _check_run_time_kernels(probe, forward)
     if worker.uses_worker():
-        answer, _ = worker.call("load", {"custom_op_libraries": list(custom_op_libraries)}, [probe.SerializeToString()])
+        answer, _ = worker.call(
+            "load", {"custom_op_libraries": list(custom_op_libraries)}, [probe.SerializeToString()]
+        )
         if "error" in answer:
             if answer["stage"] == "library":
                 library, _, detail = answer["error"].partition("\n")
@@ -292,7 +320,9 @@ def check_kernels(training: onnx.ModelProto, forward: onnx.ModelProto, custom_op
     for library in custom_op_libraries:
         options.register_custom_ops_library(library)
     try:
-        ort.InferenceSession(probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(
+            probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:
         raise _load_error(exc, probe, forward) from None
 
@@ -308,15 +338,21 @@ def _check_run_time_kernels(probe: onnx.ModelProto, forward: onnx.ModelProto) ->
             raise _no_kernel(ort_errors.MissingKernel(node.op_type, node.name), probe, forward)
 
 
-def _load_error(error: BaseException | str, probe: onnx.ModelProto, forward: onnx.ModelProto) -> GradientError:
+def _load_error(
+    error: BaseException | str, probe: onnx.ModelProto, forward: onnx.ModelProto
+) -> GradientError:
     message = ort_errors.clean_message(error)
     missing = ort_errors.missing_kernel(message)
     if missing is None:
-        return GradientError(f"The training model does not load in ONNX Runtime's CPU session: {message}")
+        return GradientError(
+            f"The training model does not load in ONNX Runtime's CPU session: {message}"
+        )
     return _no_kernel(missing, probe, forward)
 
 
-def to_ort_format_in_worker(model_path: Path, target: Path, custom_op_libraries: Sequence[str]) -> Path:
+def to_ort_format_in_worker(
+    model_path: Path, target: Path, custom_op_libraries: Sequence[str]
+) -> Path:
     """Write the ORT-format copy of ``model_path`` to ``target`` with the worker's onnxruntime-training.
 
     The stock onnxruntime of a Python 3.13+ has no training kernels (and writes
@@ -327,18 +363,28 @@ def to_ort_format_in_worker(model_path: Path, target: Path, custom_op_libraries:
         GradientError: when ONNX Runtime cannot convert the model.
     """
     fields = {"model_path": os.fspath(model_path), "target": os.fspath(target)}
-    answer, _ = worker.call("ort_format", {**fields, "custom_op_libraries": list(custom_op_libraries)})
+    answer, _ = worker.call(
+        "ort_format", {**fields, "custom_op_libraries": list(custom_op_libraries)}
+    )
     if "error" in answer:
         message = ort_errors.clean_message(answer["error"])
-        raise GradientError(f"ONNX Runtime could not write the ORT format of {model_path.name}: {message}")
+        raise GradientError(
+            f"ONNX Runtime could not write the ORT format of {model_path.name}: {message}"
+        )
     return target
 
 
-def _no_kernel(missing: ort_errors.MissingKernel, probe: onnx.ModelProto, forward: onnx.ModelProto) -> GradientError:
+def _no_kernel(
+    missing: ort_errors.MissingKernel, probe: onnx.ModelProto, forward: onnx.ModelProto
+) -> GradientError:
     op_type, name = missing
     origin = name.split("_Grad/")[0] if "_Grad/" in name else name
     source = _find_node(forward, origin)
-    where = f" (from node '{origin}', {source.op_type})" if source is not None and origin != name else ""
+    where = (
+        f" (from node '{origin}', {source.op_type})"
+        if source is not None and origin != name
+        else ""
+    )
     types = infer_types(probe)
     node = _find_node(probe, name)
     elem = elem_type(types, node.input[0]) if node is not None and node.input else None

@@ -30,7 +30,12 @@ from onnxblocks.ir.proto import readers
 
 #: Element types a trainable parameter (or an input that requires a gradient) may have.
 FLOAT_TYPES = frozenset(
-    {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.DOUBLE,
+    }
 )
 
 
@@ -102,7 +107,9 @@ def partition_parameters(
     for role, names in (("requires_grad", requires_grad), ("frozen_params", frozen)):
         for name in names:
             if not isinstance(name, str):
-                raise InvalidTypeError(f"{role} must list value names (str), not {type(name).__name__}: {name!r}.")
+                raise InvalidTypeError(
+                    f"{role} must list value names (str), not {type(name).__name__}: {name!r}."
+                )
             if name in initializers or name in inputs:
                 continue
             raise UnknownNameError(

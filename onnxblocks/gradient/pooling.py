@@ -128,7 +128,9 @@ def _average_pool(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
         scale = math.prod(kernel) / grid
     dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
     w = ctx.writer(y)
-    weight = w.op("Expand", [w.const(1.0 / math.prod(kernel), dtype), w.ints([shape[1], 1, *kernel])])
+    weight = w.op(
+        "Expand", [w.const(1.0 / math.prod(kernel), dtype), w.ints([shape[1], 1, *kernel])]
+    )
     conv_out = w.op(
         "Conv",
         [x, weight],
@@ -164,14 +166,25 @@ def check_pool_shapes(forward: onnx.ModelProto, training: onnx.ModelProto) -> No
         if (node.op_type, node.name) not in differentiated and node.op_type not in unnamed:
             continue
         t = types.get(node.input[0])
-        if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+        if (
+            t is None
+            or t.WhichOneof("value") != "tensor_type"
+            or not t.tensor_type.HasField("shape")
+        ):
             continue
         dims = list(t.tensor_type.shape.dim)
-        label = [d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?") for d in dims]
+        label = [
+            d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?")
+            for d in dims
+        ]
         first = 1 if node.op_type == "MaxPool" else 0
         if all(d.WhichOneof("value") == "dim_value" for d in dims[first:]):
             continue
-        need = "static channel and spatial dimensions (the batch may be dynamic)" if first else "static dimensions"
+        need = (
+            "static channel and spatial dimensions (the batch may be dynamic)"
+            if first
+            else "static dimensions"
+        )
         raise GradientError(
             f"Node '{node.name}' ({node.op_type}) has input '{node.input[0]}' of shape {label}, but ONNX Runtime's "
             f"{node.op_type}Grad needs {need}: training would crash. Export the model with static shapes there "

@@ -40,7 +40,12 @@ from onnxblocks.ir.writer import Writer
 
 _F = onnx.TensorProto
 #: The type ``exp(b * log(a))`` is computed in, by the base's type.
-_WORK_TYPE: dict[int, int] = {_F.FLOAT: _F.DOUBLE, _F.DOUBLE: _F.DOUBLE, _F.FLOAT16: _F.FLOAT, _F.BFLOAT16: _F.FLOAT}
+_WORK_TYPE: dict[int, int] = {
+    _F.FLOAT: _F.DOUBLE,
+    _F.DOUBLE: _F.DOUBLE,
+    _F.FLOAT16: _F.FLOAT,
+    _F.BFLOAT16: _F.FLOAT,
+}
 
 
 class PowExponentAsExpLog(NodeRewrite):
@@ -102,14 +107,18 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     zero, one = const(0), const(1)
     # |a| ** b = exp(b * log|a|) where a != 0 (on a base of 1 elsewhere: the untaken branch stays finite)
     nonzero = w.op("Not", [w.op("Equal", [a, zero])])
-    magnitude = w.op("Exp", [w.op("Mul", [b, w.op("Log", [w.op("Where", [nonzero, w.op("Abs", [a]), one])])])])
+    magnitude = w.op(
+        "Exp", [w.op("Mul", [b, w.op("Log", [w.op("Where", [nonzero, w.op("Abs", [a]), one])])])]
+    )
     # the sign for a < 0: (-1) ** b for an integer b, NaN otherwise; comparisons carry no gradient
     negative = w.op("Less", [a, zero])
     floor = w.op("Floor", [b])
     half = w.op("Mul", [floor, const(0.5)])
     odd = w.op("Not", [w.op("Equal", [w.op("Floor", [half]), half])])
     parity = w.op("Where", [odd, const(-1), one])
-    sign = w.op("Where", [negative, w.op("Where", [w.op("Equal", [b, floor]), parity, const(np.nan)]), one])
+    sign = w.op(
+        "Where", [negative, w.op("Where", [w.op("Equal", [b, floor]), parity, const(np.nan)]), one]
+    )
     # Pow(z, 0) is 1, and its gradient is NaN where z is NaN: the exponent's gradient for a < 0, as torch.
     # z = b * 0 + (NaN where a < 0, else 1): b's gradient is that NaN times 0 there, and 0 elsewhere.
     z = w.op("Add", [w.op("Mul", [b, zero]), w.op("Where", [negative, const(np.nan), one])])
@@ -123,14 +132,18 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     stand_in = w.op("Where", [positive_b, const(0.5), stand_in])
     stand_in = w.op("Where", [w.op("Equal", [b, one]), one, stand_in])
     stand_in = w.op("Where", [w.op("Greater", [b, one]), const(2), stand_in])
-    zero_base = w.op("Where", [w.op("Or", [nonzero, b_is_zero]), one, a])  # 1 where it is not used, or b == 0
+    zero_base = w.op(
+        "Where", [w.op("Or", [nonzero, b_is_zero]), one, a]
+    )  # 1 where it is not used, or b == 0
     zero_value = w.op("Pow", [zero_base, stand_in])
     result = w.op("Where", [nonzero, nonzero_value, zero_value])
     _cast(w, result, work, a_type, out=y)
     return w.nodes
 
 
-def _cast(w: Writer, value: ir.Value, from_type: int, to_type: int, out: str | None = None) -> ir.Value:
+def _cast(
+    w: Writer, value: ir.Value, from_type: int, to_type: int, out: str | None = None
+) -> ir.Value:
     if from_type == to_type:
         return w.op("Identity", [value], out=out) if out else value
     return w.op("Cast", [value], out=out, to=to_type)

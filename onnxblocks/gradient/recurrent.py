@@ -34,7 +34,11 @@ from onnxblocks.ir.writer import Writer
 
 #: op type -> (gates, activations per direction)
 _KINDS = {"RNN": (1, 1), "GRU": (3, 2), "LSTM": (4, 3)}
-_DEFAULT_ACTIVATIONS = {"RNN": ["tanh"], "GRU": ["sigmoid", "tanh"], "LSTM": ["sigmoid", "tanh", "tanh"]}
+_DEFAULT_ACTIVATIONS = {
+    "RNN": ["tanh"],
+    "GRU": ["sigmoid", "tanh"],
+    "LSTM": ["sigmoid", "tanh", "tanh"],
+}
 _RNN_ACTIVATIONS = {"tanh": "Tanh", "relu": "Relu", "sigmoid": "Sigmoid"}
 
 
@@ -43,7 +47,9 @@ def _input(node: ir.Node, index: int) -> ir.Value | None:
 
 
 def _output(node: ir.Node, index: int) -> str | None:
-    return node.outputs[index].name if len(node.outputs) > index and node.outputs[index].name else None
+    return (
+        node.outputs[index].name if len(node.outputs) > index and node.outputs[index].name else None
+    )
 
 
 def _direction(node: ir.Node) -> str:
@@ -122,7 +128,9 @@ def _split_directions(w: Writer, node: ir.Node, steps: int | None) -> None:
                 reversed_time = _reversed_indices(w, x, steps)
             flip = reversed_time
             inputs[0] = w.op("Gather", [x, flip], axis=0)
-        names = [w.fresh(f"{kind}.out{k}") if _output(node, k) else "" for k in range(len(node.outputs))]
+        names = [
+            w.fresh(f"{kind}.out{k}") if _output(node, k) else "" for k in range(len(node.outputs))
+        ]
         attrs = {k: attributes.value(node, k) for k in node.attributes}
         attrs["direction"] = "forward"
         if activations is not None:
@@ -130,7 +138,9 @@ def _split_directions(w: Writer, node: ir.Node, steps: int | None) -> None:
         for key, values in (("activation_alpha", alpha), ("activation_beta", beta)):
             if values is not None:
                 attrs[key] = values[d * per_direction : (d + 1) * per_direction]
-        outs: list[ir.Value | None] = [v if v.name else None for v in w.ops(node.op_type, inputs, names, **attrs)]
+        outs: list[ir.Value | None] = [
+            v if v.name else None for v in w.ops(node.op_type, inputs, names, **attrs)
+        ]
         y = outs[0]
         if flip is not None and y is not None:
             y = w.op("Gather", [y, flip], axis=0)
@@ -202,7 +212,9 @@ def _unroll(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
 class _Unroller:
     """Writes one forward RNN/GRU/LSTM node as ``steps`` explicit time steps."""
 
-    def __init__(self, w: Writer, node: ir.Node, steps: int, hidden: int, activations: list[str]) -> None:
+    def __init__(
+        self, w: Writer, node: ir.Node, steps: int, hidden: int, activations: list[str]
+    ) -> None:
         self.w, self.node, self.steps, self.hidden = w, node, steps, hidden
         self.gates = _KINDS[node.op_type][0]
         self.activation = _RNN_ACTIVATIONS[activations[0]]
@@ -222,7 +234,11 @@ class _Unroller:
             input_bias, recurrent_bias = w.split(w.squeeze(bias, [0]), [size, size], 0)
             projected = w.op("Add", [projected, input_bias])
         state = w.squeeze(initial_state, [0]) if initial_state is not None else None
-        cell = w.squeeze(initial_cell, [0]) if node.op_type == "LSTM" and initial_cell is not None else None
+        cell = (
+            w.squeeze(initial_cell, [0])
+            if node.op_type == "LSTM" and initial_cell is not None
+            else None
+        )
         peepholes = None
         if node.op_type == "LSTM" and peephole is not None:
             peepholes = w.split(w.squeeze(peephole, [0]), [hidden] * 3, 0)  # i, o, f
@@ -234,7 +250,9 @@ class _Unroller:
             elif node.op_type == "GRU":
                 state = self._gru_step(step_inputs[t], state, recurrence_t, recurrent_bias)
             else:
-                state, cell = self._lstm_step(step_inputs[t], state, cell, recurrence_t, recurrent_bias, peepholes)
+                state, cell = self._lstm_step(
+                    step_inputs[t], state, cell, recurrence_t, recurrent_bias, peepholes
+                )
             states.append(state)
         y, y_h = _output(node, 0), _output(node, 1)
         if y:
@@ -246,7 +264,9 @@ class _Unroller:
             assert cell is not None  # LSTM: every time step returns the cell state
             w.unsqueeze(cell, [0], out=y_c)
 
-    def _recurrent(self, state: ir.Value | None, recurrence_t: ir.Value, bias: ir.Value | None) -> ir.Value | None:
+    def _recurrent(
+        self, state: ir.Value | None, recurrence_t: ir.Value, bias: ir.Value | None
+    ) -> ir.Value | None:
         """``state @ R^T + Rb`` (None when both terms vanish)."""
         term = self.w.op("MatMul", [state, recurrence_t]) if state is not None else None
         if bias is None:

@@ -31,7 +31,13 @@ import onnx_ir as ir
 from onnx import helper
 
 from onnxblocks._core import limits as _limits
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto, optional_input
+from onnxblocks.gradient._rewrite import (
+    NodeRewrite,
+    RewriteContext,
+    is_default_domain,
+    on_proto,
+    optional_input,
+)
 from onnxblocks.ir import attributes
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.types import ValueTypes, static_dims
@@ -83,7 +89,9 @@ resize_as_matmul = on_proto(
 )
 
 
-def _argument(node: ir.Node, constants: ConstantTable, index: int) -> tuple[bool, np.ndarray | None]:
+def _argument(
+    node: ir.Node, constants: ConstantTable, index: int
+) -> tuple[bool, np.ndarray | None]:
     """(known, value) of an optional constant input: (True, None) when absent."""
     argument = optional_input(node, index)
     if argument is None:
@@ -146,7 +154,9 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     for i, (axis, (size, out_size)) in enumerate(resized.items()):
         position = axes.index(axis)
         scale = float(scales[position]) if scales is not None else None
-        region = (float(roi[position]), float(roi[len(axes) + position])) if roi is not None else None
+        region = (
+            (float(roi[position]), float(roi[len(axes) + position])) if roi is not None else None
+        )
         if factors is not None:
             matrix = _torch_nearest_matrix(size, out_size, factors.get(axis, scale))
         else:
@@ -170,8 +180,16 @@ def _torch_nearest_factors(node: ir.Node, rank: int) -> dict[int, float | None] 
     record = node.metadata_props.get(_FX_NODE, "")
     if "target=torch.ops.aten.upsample_nearest" not in record or "exact" in record:
         return None
-    expected = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
-    defaults = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor"}
+    expected = {
+        "mode": "nearest",
+        "coordinate_transformation_mode": "asymmetric",
+        "nearest_mode": "floor",
+    }
+    defaults = {
+        "mode": "nearest",
+        "coordinate_transformation_mode": "half_pixel",
+        "nearest_mode": "round_prefer_floor",
+    }
     if any(attributes.string_attribute(node, k, defaults[k]) != v for k, v in expected.items()):
         return None
     match = _TORCH_NEAREST.search(record)
@@ -181,7 +199,11 @@ def _torch_nearest_factors(node: ir.Node, rank: int) -> dict[int, float | None] 
     if listed == "None":
         return dict.fromkeys(range(rank - spatial, rank))
     factors = [float(v) for v in listed.strip("[]").split(",")]
-    return dict(zip(range(rank - spatial, rank), factors, strict=True)) if len(factors) == spatial else {}
+    return (
+        dict(zip(range(rank - spatial, rank), factors, strict=True))
+        if len(factors) == spatial
+        else {}
+    )
 
 
 def _torch_nearest_matrix(size: int, out: int, factor: float | None) -> np.ndarray:
@@ -192,13 +214,17 @@ def _torch_nearest_matrix(size: int, out: int, factor: float | None) -> np.ndarr
     integer (ONNX Runtime's ``i / (out / size)`` can land on the other side there).
     """
     scale = np.float32(1.0 / factor) if factor else np.float32(size) / np.float32(out)
-    source = np.minimum(np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64), size - 1)
+    source = np.minimum(
+        np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64), size - 1
+    )
     matrix = np.zeros((out, size), np.float32)
     matrix[np.arange(out), source] = 1.0
     return matrix
 
 
-def _sizes_from_shapes(types: ValueTypes, x: ir.Value, y: ir.Value, axes: list[int]) -> list[int | None] | None:
+def _sizes_from_shapes(
+    types: ValueTypes, x: ir.Value, y: ir.Value, axes: list[int]
+) -> list[int | None] | None:
     """The output length of each axis of ``axes`` from the inferred shapes (None: the input's), or None.
 
     An axis whose input and output dims are one symbol keeps its length; the others
@@ -220,14 +246,23 @@ def _sizes_from_shapes(types: ValueTypes, x: ir.Value, y: ir.Value, axes: list[i
 
 
 def _interpolation_matrix(
-    size: int, out: int, scale: float | None, region: tuple[float, float] | None, attrs: dict, opset: int
+    size: int,
+    out: int,
+    scale: float | None,
+    region: tuple[float, float] | None,
+    attrs: dict,
+    opset: int,
 ) -> np.ndarray:
     """``M`` (``out x size``) with ``resize(v) = M @ v`` along one axis, computed by ONNX Runtime's Resize."""
     from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()
     inputs = ["x", "roi", "scales", "sizes"]
-    inits = [onnx.numpy_helper.from_array(np.array([0, region[0], 1, region[1]] if region else [], np.float32), "roi")]
+    inits = [
+        onnx.numpy_helper.from_array(
+            np.array([0, region[0], 1, region[1]] if region else [], np.float32), "roi"
+        )
+    ]
     if scale is not None:
         inits += [onnx.numpy_helper.from_array(np.array([1.0, scale], np.float32), "scales")]
         inputs = inputs[:3]
@@ -249,7 +284,9 @@ def _interpolation_matrix(
     _limits.stamp_versions(probe)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     (result,) = session.run(None, {"x": np.eye(size, dtype=np.float32)})
     return np.asarray(result).T  # row k of the input (a unit vector) gives column k of M
 
@@ -264,7 +301,9 @@ def _repeats(matrix: np.ndarray) -> int | None:
     return factor if np.array_equal(matrix, expected) else None
 
 
-def _apply(w: Writer, x: ir.Value, axis: int, shape: list[int | None], matrix: np.ndarray, out: str | None) -> ir.Value:
+def _apply(
+    w: Writer, x: ir.Value, axis: int, shape: list[int | None], matrix: np.ndarray, out: str | None
+) -> ir.Value:
     """``M`` applied along ``axis`` of ``x`` (of ``shape``)."""
     rank = len(shape)
     factor = _repeats(matrix)
@@ -272,16 +311,24 @@ def _apply(w: Writer, x: ir.Value, axis: int, shape: list[int | None], matrix: n
     if factor is not None and trailing is not None:
         # nearest, integer factor: [..., n, ...] -> [..., n, r, ...] -> [..., n*r, ...]
         expanded = w.op(
-            "Expand", [w.unsqueeze(x, [axis + 1]), w.ints([1] * (axis + 1) + [factor] + [1] * (rank - axis - 1))]
+            "Expand",
+            [
+                w.unsqueeze(x, [axis + 1]),
+                w.ints([1] * (axis + 1) + [factor] + [1] * (rank - axis - 1)),
+            ],
         )
         target = [0] * axis + [-1] + trailing  # 0 copies a leading dim (a dynamic batch)
         return w.op("Reshape", [expanded, w.ints(target)], out=out)
     if axis == rank - 1:
-        return w.op("MatMul", [x, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")], out=out)
+        return w.op(
+            "MatMul", [x, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")], out=out
+        )
     if axis == rank - 2:
         return w.op("MatMul", [w.const(matrix, suffix="interpolation"), x], out=out)
     perm = [a for a in range(rank) if a != axis] + [axis]
     moved = w.op("Transpose", [x], perm=perm)
-    product = w.op("MatMul", [moved, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")])
+    product = w.op(
+        "MatMul", [moved, w.const(np.ascontiguousarray(matrix.T), suffix="interpolation")]
+    )
     inverse = [perm.index(a) for a in range(rank)]
     return w.op("Transpose", [product], out=out, perm=inverse)

@@ -24,7 +24,12 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from onnxblocks._core.contracts import ACCUMULATED_SUFFIX, BUFFER_SUFFIX, GRADIENT_SUFFIX, gradient_name
+from onnxblocks._core.contracts import (
+    ACCUMULATED_SUFFIX,
+    BUFFER_SUFFIX,
+    GRADIENT_SUFFIX,
+    gradient_name,
+)
 from onnxblocks._core.errors import (
     GradientError,
     InvalidTypeError,
@@ -41,7 +46,11 @@ from onnxblocks.ir.proto import readers, replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
 
 #: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
-GRADIENT_ENDINGS = (GRADIENT_SUFFIX, GRADIENT_SUFFIX + BUFFER_SUFFIX, GRADIENT_SUFFIX + ACCUMULATED_SUFFIX)
+GRADIENT_ENDINGS = (
+    GRADIENT_SUFFIX,
+    GRADIENT_SUFFIX + BUFFER_SUFFIX,
+    GRADIENT_SUFFIX + ACCUMULATED_SUFFIX,
+)
 
 
 # ------------------------------------------------------------------ outputs
@@ -55,7 +64,9 @@ def select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tup
     existing = [o.name for o in graph.output]
     if outputs is None:
         if not existing:
-            raise InvalidValueError("The model has no graph output to use as the loss. Return the loss from the block.")
+            raise InvalidValueError(
+                "The model has no graph output to use as the loss. Return the loss from the block."
+            )
         return tuple(existing)
     names = tuple(str(n) for n in outputs)
     if not names:
@@ -87,7 +98,8 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
     if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
         return
     dims = [
-        d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?") for d in t.tensor_type.shape.dim
+        d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?")
+        for d in t.tensor_type.shape.dim
     ]
     if any(d != 1 for d in dims):
         raise InvalidValueError(
@@ -141,12 +153,17 @@ def parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> N
     kept = [init for init in graph.initializer if init.name not in wanted]
     constants = {init.name for init in kept}
     user_inputs = [vi for vi in graph.input if vi.name not in wanted and vi.name not in constants]
-    param_inputs = [helper.make_tensor_value_info(n, found[n].data_type, list(found[n].dims)) for n in parameters]
+    param_inputs = [
+        helper.make_tensor_value_info(n, found[n].data_type, list(found[n].dims))
+        for n in parameters
+    ]
     replace_field(graph.initializer, kept)
     replace_field(graph.input, user_inputs + param_inputs)
 
 
-def held_constants_to_inputs(model: onnx.ModelProto, also: Iterable[str] = ()) -> list[onnx.TensorProto]:
+def held_constants_to_inputs(
+    model: onnx.ModelProto, also: Iterable[str] = ()
+) -> list[onnx.TensorProto]:
     """Turn held stubs and the initializers named in ``also`` into graph inputs.
 
     Returns:
@@ -168,7 +185,9 @@ def held_constants_to_inputs(model: onnx.ModelProto, also: Iterable[str] = ()) -
         stubs.append(stub)
     kept = [init for init in graph.initializer if not is_lifted(init)]
     replace_field(graph.initializer, kept)
-    graph.input.extend(helper.make_tensor_value_info(s.name, s.data_type, list(s.dims)) for s in stubs)
+    graph.input.extend(
+        helper.make_tensor_value_info(s.name, s.data_type, list(s.dims)) for s in stubs
+    )
     return stubs
 
 
@@ -260,7 +279,9 @@ def order_inputs_and_outputs(
     wanted_inputs = [*user_inputs, *partition.parameters]
     missing = [n for n in wanted_inputs if n not in inputs]
     extra = [n for n in inputs if n not in set(wanted_inputs)]
-    for name in missing:  # ONNX Runtime dropped an input nothing reads; keep the documented signature
+    for (
+        name
+    ) in missing:  # ONNX Runtime dropped an input nothing reads; keep the documented signature
         inputs[name] = signature[name]
     refuse_extra_inputs(extra)
     replace_field(graph.input, [inputs[n] for n in wanted_inputs])

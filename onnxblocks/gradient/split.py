@@ -37,7 +37,13 @@ from onnxblocks.gradient.vjp import VjpGraph
 from onnxblocks.ir import walk
 from onnxblocks.ir.serde import from_proto
 
-__all__ = ["SHARED_CONSTANT_BYTES", "SplitVjp", "set_input_types", "split_vjp_graph", "untyped_inputs"]
+__all__ = [
+    "SHARED_CONSTANT_BYTES",
+    "SplitVjp",
+    "set_input_types",
+    "split_vjp_graph",
+    "untyped_inputs",
+]
 
 #: Constants of at least this many bytes that both models read are fed to both instead of copied into each.
 SHARED_CONSTANT_BYTES = 1 << 16
@@ -82,7 +88,9 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         GradientError: when a forward node reads an output gradient (a graph ONNX Runtime should not build).
     """
     if not vjp.gradients:
-        raise InvalidValueError("The VJP graph has no gradient output: run its model as the forward model instead.")
+        raise InvalidValueError(
+            "The VJP graph has no gradient output: run its model as the forward model instead."
+        )
     graph = vjp.model.graph
     ir_graph = from_proto(vjp.model).graph  # the same nodes, in the same order, with def-use chains
     position = {node: i for i, node in enumerate(ir_graph)}
@@ -127,7 +135,8 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         vjp.model,
         "forward",
         sorted(forward_nodes),
-        [graph_inputs[n] for n in (*vjp.user_inputs, *vjp.partition.parameters)] + _typed(shared, types),
+        [graph_inputs[n] for n in (*vjp.user_inputs, *vjp.partition.parameters)]
+        + _typed(shared, types),
         [*vjp.outputs, *saved],
         initializers,
         exclude=set(shared),
@@ -145,7 +154,14 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
         types=types,
         reads=reads,
     )
-    return SplitVjp(forward, backward, saved, backward_inputs, shared, tuple(initializers[name] for name in shared))
+    return SplitVjp(
+        forward,
+        backward,
+        saved,
+        backward_inputs,
+        shared,
+        tuple(initializers[name] for name in shared),
+    )
 
 
 def _ancestors(graph: ir.Graph, targets: Iterable[str], position: dict[ir.Node, int]) -> set[int]:

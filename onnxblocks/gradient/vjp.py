@@ -35,7 +35,13 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.contracts import gradient_name
-from onnxblocks._core.errors import GradientError, InvalidValueError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import (
+    GradientError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import ort_bridge, pooling, signature
 from onnxblocks.gradient._rewrite import on_proto
@@ -147,7 +153,9 @@ def build_vjp_graph(
         and elem_type(types, o) in FLOAT_TYPES
         and sources.get(o, set()) & set(partition.requires_grad)
     )
-    reached = set().union(*(sources.get(o, set()) for o in differentiable)) if differentiable else set()
+    reached = (
+        set().union(*(sources.get(o, set()) for o in differentiable)) if differentiable else set()
+    )
     gradients = tuple(n for n in partition.requires_grad if n in reached)
     if not gradients:
         _limits.stamp_versions(forward)
@@ -156,7 +164,9 @@ def build_vjp_graph(
     if _give_outputs_their_own_writer(ir_forward.graph, differentiable):
         forward.CopyFrom(to_proto(ir_forward))
     signature_inputs = {vi.name: vi for vi in forward.graph.input}
-    while True:  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
+    while (
+        True
+    ):  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
         attempt = copy_model(forward)
         norm_constants = unshare_layer_norm_constants(attempt)
         untrained = [p for p in partition.parameters if p not in gradients]
@@ -175,10 +185,21 @@ def build_vjp_graph(
     restore_frozen_reads(vjp, reads)
     signature.restore_held_constants(vjp, held)
     output_grads = tuple(gradient_name(o) for o in differentiable)
-    _order_signature(vjp, signature_inputs, user_inputs, partition, types, differentiable, user_outputs, gradients)
+    _order_signature(
+        vjp,
+        signature_inputs,
+        user_inputs,
+        partition,
+        types,
+        differentiable,
+        user_outputs,
+        gradients,
+    )
     _limits.stamp_versions(vjp)
     ort_bridge.check_kernels(vjp, attempt, custom_op_libraries)
-    return VjpGraph(vjp, user_inputs, partition, user_outputs, differentiable, output_grads, gradients, rewrites)
+    return VjpGraph(
+        vjp, user_inputs, partition, user_outputs, differentiable, output_grads, gradients, rewrites
+    )
 
 
 class CopyInputsWrittenInPlace(Pass):
@@ -201,7 +222,9 @@ class CopyInputsWrittenInPlace(Pass):
         copies: dict[ir.Value, ir.Value] = {}
         changed = 0
         for node in list(graph):
-            training = node.op_type == "BatchNormalization" and int_attribute(node, "training_mode", 0)
+            training = node.op_type == "BatchNormalization" and int_attribute(
+                node, "training_mode", 0
+            )
             for index in (3, 4) if training else ():
                 source = node.inputs[index] if index < len(node.inputs) else None
                 if source is None or source not in inputs:
@@ -209,7 +232,9 @@ class CopyInputsWrittenInPlace(Pass):
                 if source not in copies:
                     names = names or graph_names(graph)
                     zero = ir.Value(name=names.fresh(f"{source.name}.zero"))
-                    zero.const_value = ir.tensor(np.zeros((), dtype=source.dtype.numpy()), name=zero.name)  # type: ignore[union-attr]
+                    zero.const_value = ir.tensor(
+                        np.zeros((), dtype=source.dtype.numpy()), name=zero.name
+                    )  # type: ignore[union-attr]
                     zero.type, zero.shape = ir.TensorType(source.dtype), ir.Shape([])  # type: ignore[arg-type]
                     graph.register_initializer(zero)
                     add = ir.Node(
@@ -270,7 +295,13 @@ def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> b
         names = names or graph_names(graph)
         # the value keeps its readers (subgraphs included) under a new name; an Identity writes the output
         value.name = names.fresh(f"{name}.value")
-        copy = ir.Node("", "Identity", [value], outputs=[ir.Value(name=name)], name=names.fresh(f"{name}.output"))
+        copy = ir.Node(
+            "",
+            "Identity",
+            [value],
+            outputs=[ir.Value(name=name)],
+            name=names.fresh(f"{name}.output"),
+        )
         graph.append(copy)
         copy.outputs[0].type, copy.outputs[0].shape = value.type, value.shape
         graph.outputs[graph.outputs.index(value)] = copy.outputs[0]
@@ -320,7 +351,10 @@ class _UnreachableError(GradientError):
 
 
 def _differentiate(
-    forward: onnx.ModelProto, gradients: Sequence[str], ys: Sequence[str], custom_op_libraries: Sequence[str]
+    forward: onnx.ModelProto,
+    gradients: Sequence[str],
+    ys: Sequence[str],
+    custom_op_libraries: Sequence[str],
 ) -> onnx.ModelProto:
     """ONNX Runtime's pre-training optimizer and gradient builder, with ``ys`` as y nodes and no loss."""
     stamped = copy_model(forward)
@@ -334,7 +368,9 @@ def _differentiate(
             raise _UnreachableError(name) from None
         partition = ParameterPartition(tuple(gradients), (), tuple(gradients))
         message, optimized = failure.message, failure.optimized
-        raise ort_bridge.explain_gradient_failure(message, forward, optimized, partition, ys[0]) from None
+        raise ort_bridge.explain_gradient_failure(
+            message, forward, optimized, partition, ys[0]
+        ) from None
 
 
 def _order_signature(

@@ -87,7 +87,9 @@ def python_version(python: str | os.PathLike[str]) -> tuple[int, int] | None:
         return None
 
 
-def candidate_pythons(versions: Sequence[tuple[int, int]] = TRAINING_PYTHONS) -> list[tuple[Path, str]]:
+def candidate_pythons(
+    versions: Sequence[tuple[int, int]] = TRAINING_PYTHONS,
+) -> list[tuple[Path, str]]:
     """Interpreters of ``versions`` on this machine, ``(path, where found)``, in the order they are tried.
 
     pyenv's versions first, then uv's, then the PATH; the newest version first within each.
@@ -97,12 +99,18 @@ def candidate_pythons(versions: Sequence[tuple[int, int]] = TRAINING_PYTHONS) ->
     uv = shutil.which("uv")
     for major, minor in versions:
         name = f"python{major}.{minor}"
-        for path in sorted((pyenv_root / "versions").glob(f"{major}.{minor}.*/bin/{name}"), reverse=True):
+        for path in sorted(
+            (pyenv_root / "versions").glob(f"{major}.{minor}.*/bin/{name}"), reverse=True
+        ):
             found.append((path, "pyenv"))
         if uv is not None:
             try:
                 done = subprocess.run(
-                    [uv, "python", "find", f"{major}.{minor}"], capture_output=True, text=True, timeout=60, check=False
+                    [uv, "python", "find", f"{major}.{minor}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
                 )
                 if done.returncode == 0 and done.stdout.strip():
                     found.append((Path(done.stdout.strip()), "uv"))
@@ -143,7 +151,8 @@ def find_base_python() -> tuple[Path, tuple[int, int], str]:
         if version not in TRAINING_PYTHONS:
             raise TrainingBuildRequiredError(
                 f"$ONNXBLOCKS_TRAINING_PYTHON ({chosen}) is Python {version[0]}.{version[1]}; "
-                f"onnxruntime-training {TRAINING_VERSION} needs Python 3.10-3.12. " + _install_hint()
+                f"onnxruntime-training {TRAINING_VERSION} needs Python 3.10-3.12. "
+                + _install_hint()
             )
         return Path(chosen), version, "$ONNXBLOCKS_TRAINING_PYTHON"
     for path, where in candidate_pythons():
@@ -154,7 +163,8 @@ def find_base_python() -> tuple[Path, tuple[int, int], str]:
     raise TrainingBuildRequiredError(
         f"ONNX Runtime's gradient builder needs onnxruntime-training {TRAINING_VERSION}, which has no wheel for "
         f"Python {sys.version_info.major}.{sys.version_info.minor}, and no Python 3.10-3.12 to run it was found "
-        "($ONNXBLOCKS_TRAINING_PYTHON, pyenv, uv, python3.12/3.11/3.10 on the PATH). " + _install_hint()
+        "($ONNXBLOCKS_TRAINING_PYTHON, pyenv, uv, python3.12/3.11/3.10 on the PATH). "
+        + _install_hint()
     )
 
 
@@ -175,9 +185,13 @@ def _run_logged(argv: list[str], what: str) -> None:
     """Run ``argv``, echoing its output to stderr as progress; raise TrainingBuildRequiredError when it fails."""
     try:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
     except OSError as exc:
-        raise TrainingBuildRequiredError(f"{what} could not start ({exc}). " + _install_hint()) from None
+        raise TrainingBuildRequiredError(
+            f"{what} could not start ({exc}). " + _install_hint()
+        ) from None
     lines: list[str] = []
     assert process.stdout is not None
     for line in process.stdout:
@@ -188,7 +202,8 @@ def _run_logged(argv: list[str], what: str) -> None:
         tail = "\n".join(lines[-20:])
         raise TrainingBuildRequiredError(
             f"{what} failed (exit {process.returncode}): {' '.join(argv)}\n{tail}\n"
-            f"It needs a package index with {TRAINING_PACKAGE} (pip's configuration is used). " + _install_hint()
+            f"It needs a package index with {TRAINING_PACKAGE} (pip's configuration is used). "
+            + _install_hint()
         )
 
 
@@ -202,7 +217,9 @@ def _create_environment(base: Path, version: tuple[int, int], target: Path) -> N
     )
     try:
         _progress(f"[1/3] creating the virtual environment from {base}")
-        _run_logged([os.fspath(base), "-m", "venv", os.fspath(staging)], "Creating the worker environment")
+        _run_logged(
+            [os.fspath(base), "-m", "venv", os.fspath(staging)], "Creating the worker environment"
+        )
         python = staging / "bin" / "python"
         _progress(f"[2/3] installing {TRAINING_PACKAGE}")
         _run_logged(
@@ -212,12 +229,18 @@ def _create_environment(base: Path, version: tuple[int, int], target: Path) -> N
         )  # fmt: skip
         _progress("[3/3] checking the gradient builder")
         found = probe(python)
-        if not found or not found.get("training_build") or found.get("onnxruntime") != TRAINING_VERSION:
+        if (
+            not found
+            or not found.get("training_build")
+            or found.get("onnxruntime") != TRAINING_VERSION
+        ):
             raise TrainingBuildRequiredError(
                 f"The worker environment {staging} does not have onnxruntime-training {TRAINING_VERSION} "
                 f"(it has {found}). " + _install_hint()
             )
-        (staging / "ready").write_text(json.dumps({"base": os.fspath(base), "package": TRAINING_PACKAGE}) + "\n")
+        (staging / "ready").write_text(
+            json.dumps({"base": os.fspath(base), "package": TRAINING_PACKAGE}) + "\n"
+        )
         try:
             staging.rename(target)
         except OSError:  # another process finished first: use its environment
@@ -231,13 +254,20 @@ def _create_environment(base: Path, version: tuple[int, int], target: Path) -> N
 def has_training_build(python: str | os.PathLike[str]) -> bool:
     """True when ``python`` imports onnxruntime-training :data:`TRAINING_VERSION`."""
     found = probe(python)
-    return bool(found and found.get("training_build") and found.get("onnxruntime") == TRAINING_VERSION)
+    return bool(
+        found and found.get("training_build") and found.get("onnxruntime") == TRAINING_VERSION
+    )
 
 
-def environment_dir(base: Path, version: tuple[int, int], cache: str | os.PathLike[str] | None = None) -> Path:
+def environment_dir(
+    base: Path, version: tuple[int, int], cache: str | os.PathLike[str] | None = None
+) -> Path:
     """The cached worker environment created from ``base`` (it may not exist yet)."""
     key = hashlib.sha256(f"{os.path.realpath(base)}\0{TRAINING_PACKAGE}".encode()).hexdigest()[:12]
-    return Path(cache if cache is not None else cache_root()) / f"gradient-worker-{version[0]}.{version[1]}-{key}"
+    return (
+        Path(cache if cache is not None else cache_root())
+        / f"gradient-worker-{version[0]}.{version[1]}-{key}"
+    )
 
 
 def environment_ready(target: Path) -> bool:
@@ -264,17 +294,23 @@ def worker_python() -> Path:
     Raises:
         TrainingBuildRequiredError: when no Python 3.10-3.12 is found or the environment cannot be created.
     """
-    return _worker_python(os.environ.get("ONNXBLOCKS_TRAINING_PYTHON") or None, os.fspath(cache_root()))
+    return _worker_python(
+        os.environ.get("ONNXBLOCKS_TRAINING_PYTHON") or None, os.fspath(cache_root())
+    )
 
 
 @functools.lru_cache(maxsize=8)
 def _channel(python: Path) -> Channel:
-    channel = Channel(python, f"Delete its environment (under {cache_root()}) to have it created again.")
+    channel = Channel(
+        python, f"Delete its environment (under {cache_root()}) to have it created again."
+    )
     atexit.register(channel.close)
     return channel
 
 
-def call(task: str, fields: dict[str, Any], blobs: Sequence[bytes] = ()) -> tuple[dict[str, Any], list[bytes]]:
+def call(
+    task: str, fields: dict[str, Any], blobs: Sequence[bytes] = ()
+) -> tuple[dict[str, Any], list[bytes]]:
     """Run ``task`` in the worker; return its answer header (``error`` and ``stage`` on failure) and bytes.
 
     Raises:

@@ -80,7 +80,9 @@ def _gradient(ort: Any, header: dict[str, Any], model: bytes) -> Answer:
     except Exception as exc:
         return _failed("optimize", str(exc))
     try:
-        builder = capi.GradientGraphBuilder(optimized, set(header["ys"]), wanted, header["seed"], options)
+        builder = capi.GradientGraphBuilder(
+            optimized, set(header["ys"]), wanted, header["seed"], options
+        )
         builder.build()
         result: bytes = builder.get_model()
     except Exception as exc:
@@ -143,8 +145,15 @@ def main() -> int:
         task = header["task"]
         answer: Answer
         if task == "probe":
-            training = all(hasattr(capi, n) for n in ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint"))
-            info = {"python": list(sys.version_info[:3]), "onnxruntime": ort.__version__, "training_build": training}
+            training = all(
+                hasattr(capi, n)
+                for n in ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint")
+            )
+            info = {
+                "python": list(sys.version_info[:3]),
+                "onnxruntime": ort.__version__,
+                "training_build": training,
+            }
             answer = info, []
         elif task == "gradient":
             answer = _gradient(ort, header, payload[0])

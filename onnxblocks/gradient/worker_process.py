@@ -32,7 +32,9 @@ def exchange_once(
     Raises:
         GradientError: when the worker does not start, crashes or does not answer in ``timeout`` seconds.
     """
-    request = json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n" + b"".join(blobs)
+    request = (
+        json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n" + b"".join(blobs)
+    )
     try:
         done = subprocess.run(
             [os.fspath(python), "-I", os.fspath(WORKER_SCRIPT)],
@@ -42,9 +44,13 @@ def exchange_once(
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise GradientError(f"The gradient-builder worker ({python}) did not answer in {timeout:.0f} s.") from None
+        raise GradientError(
+            f"The gradient-builder worker ({python}) did not answer in {timeout:.0f} s."
+        ) from None
     except OSError as exc:
-        raise GradientError(f"The gradient-builder worker ({python}) could not start: {exc}.") from None
+        raise GradientError(
+            f"The gradient-builder worker ({python}) could not start: {exc}."
+        ) from None
     line, _, rest = done.stdout.partition(b"\n")
     try:
         answer = json.loads(line)
@@ -89,7 +95,9 @@ class Channel:
                 stderr=self.stderr,
             )
         except OSError as exc:
-            raise GradientError(f"The gradient-builder worker ({self.python}) could not start: {exc}.") from None
+            raise GradientError(
+                f"The gradient-builder worker ({self.python}) could not start: {exc}."
+            ) from None
         return self.process
 
     def _stderr_tail(self) -> str:
@@ -102,7 +110,11 @@ class Channel:
         self, header: dict[str, Any], blobs: Sequence[bytes], timeout: float
     ) -> tuple[dict[str, Any], list[bytes]]:
         with self.lock:
-            process = self.process if self.process is not None and self.process.poll() is None else self._start()
+            process = (
+                self.process
+                if self.process is not None and self.process.poll() is None
+                else self._start()
+            )
             assert process.stdin is not None and process.stdout is not None
             fired = threading.Event()
 
@@ -113,7 +125,9 @@ class Channel:
             watchdog = threading.Timer(timeout, expire)
             watchdog.start()
             try:
-                process.stdin.write(json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n")
+                process.stdin.write(
+                    json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n"
+                )
                 for blob in blobs:
                     process.stdin.write(blob)
                 process.stdin.flush()

@@ -42,13 +42,24 @@ def value(node: ir.Node, name: str, default: Any = None) -> Any:
 
 
 def _typed(
-    node: ir.Node, name: str, default: Any, kind: str, types: tuple[ir.AttributeType, ...], convert: Callable
+    node: ir.Node,
+    name: str,
+    default: Any,
+    kind: str,
+    types: tuple[ir.AttributeType, ...],
+    convert: Callable,
 ) -> Any:
     attr = node.attributes.get(name)
     if attr is None or attr.is_ref() or attr.type == _A.UNDEFINED:
         if default is REQUIRED:
-            raise InvalidValueError(f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind}).")
-        return list(default) if isinstance(default, Sequence) and not isinstance(default, str) else default
+            raise InvalidValueError(
+                f"Node '{node.name}' ({node.op_type}) has no attribute '{name}' ({kind})."
+            )
+        return (
+            list(default)
+            if isinstance(default, Sequence) and not isinstance(default, str)
+            else default
+        )
     if attr.type not in types:
         shown = repr(attr.value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
@@ -80,9 +91,13 @@ def ints_attribute(node: ir.Node, name: str, default: Any = REQUIRED) -> Any:
 
 def floats_attribute(node: ir.Node, name: str, default: Any = REQUIRED) -> Any:
     """A ``FLOATS`` attribute, as a new list (``default`` copied)."""
-    return _typed(node, name, default, "a list of floats", (_A.FLOATS,), lambda v: [float(x) for x in v])
+    return _typed(
+        node, name, default, "a list of floats", (_A.FLOATS,), lambda v: [float(x) for x in v]
+    )
 
 
 def strings_attribute(node: ir.Node, name: str, default: Any = REQUIRED) -> Any:
     """A ``STRINGS`` attribute, as a new list (``default`` copied)."""
-    return _typed(node, name, default, "a list of strings", (_A.STRINGS,), lambda v: [str(x) for x in v])
+    return _typed(
+        node, name, default, "a list of strings", (_A.STRINGS,), lambda v: [str(x) for x in v]
+    )

@@ -17,7 +17,9 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.walk import all_nodes, reads
 
 
-def replace_node(node: ir.Node, new_nodes: Sequence[ir.Node], new_outputs: Sequence[ir.Value | None]) -> None:
+def replace_node(
+    node: ir.Node, new_nodes: Sequence[ir.Node], new_outputs: Sequence[ir.Value | None]
+) -> None:
     """Replace ``node`` by ``new_nodes`` (inserted where it was), its outputs by ``new_outputs``, in order.
 
     Each new output takes over the old output's name, type, shape and every use
@@ -136,11 +138,18 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
     reader outside the graph expects the old type).
     """
     names = graph_names(graph)
-    order = {node: i for i, node in enumerate(graph)}  # the original nodes' order (insertions keep it)
+    order = {
+        node: i for i, node in enumerate(graph)
+    }  # the original nodes' order (insertions keep it)
     changed: list[str] = []
     for name, tensor in stored.items():
         value = graph.initializers.get(name)
-        if value is None or value.is_graph_input() or value.is_graph_output() or value.dtype is None:
+        if (
+            value is None
+            or value.is_graph_input()
+            or value.is_graph_output()
+            or value.dtype is None
+        ):
             continue
         old = value.dtype
         readers: dict[ir.Node, list[int]] = {}
@@ -148,7 +157,9 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
             readers.setdefault(user, []).append(index)
         for user, indices in readers.items():
             assert user.graph is not None, f"node {user.name!r} belongs to no graph"
-            if _moves_only(user, value):  # a Transpose of the weight: one cast and one copy of it per reader
+            if _moves_only(
+                user, value
+            ):  # a Transpose of the weight: one cast and one copy of it per reader
                 out = user.outputs[0]
                 for reader, index in list(out.uses()):
                     assert reader.graph is not None, f"node {reader.name!r} belongs to no graph"
@@ -188,7 +199,9 @@ def _moves_only(user: ir.Node, value: ir.Value) -> bool:
     if len(user.inputs) == 0 or user.inputs[0] is not value or value in user.inputs[1:]:
         return False
     out = user.outputs[0]
-    return not out.is_graph_output() and all(v is None or v.producer() is None for v in user.inputs[1:])
+    return not out.is_graph_output() and all(
+        v is None or v.producer() is None for v in user.inputs[1:]
+    )
 
 
 def _computed_input(node: ir.Node, other_than: ir.Value) -> ir.Value | None:
@@ -197,7 +210,9 @@ def _computed_input(node: ir.Node, other_than: ir.Value) -> ir.Value | None:
     def at_run_time(v: ir.Value) -> bool:
         return v.producer() is not None or (v.is_graph_input() and not v.is_initializer())
 
-    return next((v for v in node.inputs if v is not None and v is not other_than and at_run_time(v)), None)
+    return next(
+        (v for v in node.inputs if v is not None and v is not other_than and at_run_time(v)), None
+    )
 
 
 def _trigger(reader: ir.Node, via: ir.Value, order: Mapping[ir.Node, int]) -> ir.Value | None:
@@ -222,7 +237,11 @@ def _trigger(reader: ir.Node, via: ir.Value, order: Mapping[ir.Node, int]) -> ir
             if producer not in order or reader not in order:
                 return None
             return found if order[producer] < order[reader] else None
-        if node.op_type not in _MOVERS or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        if (
+            node.op_type not in _MOVERS
+            or node.domain not in ("", "ai.onnx")
+            or len(node.outputs) != 1
+        ):
             return None
         uses = list(node.outputs[0].uses())
         if not uses or uses[0].node.graph is not reader.graph:
@@ -232,7 +251,12 @@ def _trigger(reader: ir.Node, via: ir.Value, order: Mapping[ir.Node, int]) -> ir
 
 
 def _delayed_cast(
-    graph: ir.Graph, value: ir.Value, to: ir.DataType, trigger: ir.Value | None, names: NameAuthority, hint: str
+    graph: ir.Graph,
+    value: ir.Value,
+    to: ir.DataType,
+    trigger: ir.Value | None,
+    names: NameAuthority,
+    hint: str,
 ) -> list[ir.Node]:
     """The nodes (for ``graph``) computing ``Cast(value, to)`` once ``trigger`` is ready (None: at once)."""
 
@@ -246,7 +270,9 @@ def _delayed_cast(
     source = value
     shape = value.shape
     if trigger is not None and shape is not None and all(isinstance(d, int) for d in shape):
-        dims = ir.Value(name=names.fresh(f"{hint}.dims"), const_value=ir.tensor(list(shape.numpy()), name=""))
+        dims = ir.Value(
+            name=names.fresh(f"{hint}.dims"), const_value=ir.tensor(list(shape.numpy()), name="")
+        )
         dims.const_value.name = dims.name  # type: ignore[union-attr]
         graph.register_initializer(dims)
         empty = node("Shape", [trigger], start=0, end=0)  # empty, but only once the trigger exists
@@ -259,7 +285,9 @@ def _delayed_cast(
     return [*nodes, cast]
 
 
-def splice_after(value: ir.Value, nodes: Sequence[ir.Node], output: ir.Value, names: NameAuthority) -> None:
+def splice_after(
+    value: ir.Value, nodes: Sequence[ir.Node], output: ir.Value, names: NameAuthority
+) -> None:
     """Insert ``nodes`` after ``value``'s producer and make every other reader of ``value`` read ``output``.
 
     ``nodes`` read ``value`` (and keep reading it) and compute ``output`` from it, e.g. ``output = value + delta``.
@@ -271,7 +299,9 @@ def splice_after(value: ir.Value, nodes: Sequence[ir.Node], output: ir.Value, na
     producer = value.producer()
     graph = producer.graph if producer is not None else None
     if producer is None or graph is None:
-        raise InvalidValueError(f"value {value.name!r} has no producer node: nothing to insert nodes after")
+        raise InvalidValueError(
+            f"value {value.name!r} has no producer node: nothing to insert nodes after"
+        )
     own = set(nodes)
     kept = [(use.node, use.idx) for use in value.uses() if use.node in own]
     was_output = value.is_graph_output()
@@ -294,7 +324,11 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     if name in graph.initializers or any(v.name == name for v in graph.inputs):
         raise InvalidValueError(f"the graph already has a value named {name!r}")
     tensor = ir.Tensor(array, name=name)
-    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+    value = ir.Value(
+        name=name,
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        shape=ir.Shape(array.shape),
+    )
     value.const_value = tensor
     graph.register_initializer(value)
     return value

@@ -55,7 +55,11 @@ def _default_domain(node: ir.Node) -> bool:
 def _fold_unsqueeze(node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
     x = inputs[0]
     axes_value = inputs[1] if len(inputs) > 1 else None
-    axes = [int(a) for a in axes_value.reshape(-1)] if axes_value is not None else node.attributes.get_ints("axes")
+    axes = (
+        [int(a) for a in axes_value.reshape(-1)]
+        if axes_value is not None
+        else node.attributes.get_ints("axes")
+    )
     if x is None or axes is None:
         return None
     rank = x.ndim + len(axes)
@@ -84,7 +88,9 @@ class ConstantTable:
         types: Inferred types, for ``Shape`` of a value whose shape is static.
     """
 
-    def __init__(self, graph: ir.Graph, opset: int | None = None, types: ValueTypes | None = None) -> None:
+    def __init__(
+        self, graph: ir.Graph, opset: int | None = None, types: ValueTypes | None = None
+    ) -> None:
         self._graph = graph
         self._opset = opset
         self._types = types
@@ -100,7 +106,12 @@ class ConstantTable:
                 return None
             return tensor.numpy()
         node = value.producer()
-        if node is None or node.op_type != "Constant" or not _default_domain(node) or node.graph is not self._graph:
+        if (
+            node is None
+            or node.op_type != "Constant"
+            or not _default_domain(node)
+            or node.graph is not self._graph
+        ):
             return None
         if node.outputs[0] is not value:
             return None
@@ -168,12 +179,19 @@ class ConstantTable:
                 [proto],
                 "fold",
                 [
-                    onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                    onnx.helper.make_tensor_value_info(
+                        n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape
+                    )
                     for n, v in feeds.items()
                 ],
-                [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+                [
+                    onnx.helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                    for o in outs
+                ],
             )
-            model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", self._opset or 13)])
+            model = onnx.helper.make_model(
+                graph, opset_imports=[onnx.helper.make_opsetid("", self._opset or 13)]
+            )
             return list(ReferenceEvaluator(model).run(None, feeds))
         except Exception:
             return None
@@ -184,7 +202,11 @@ class ConstantTable:
         if x is None:
             return None
         known = self.folded(x) if x.producer() is not None else self.value(x)
-        dims = list(known.shape) if known is not None else (self._types.shape(x) if self._types else None)
+        dims = (
+            list(known.shape)
+            if known is not None
+            else (self._types.shape(x) if self._types else None)
+        )
         if dims is None:
             return None
         start = int_attribute(node, "start", 0)

@@ -19,7 +19,9 @@ from onnxblocks._core.errors import InvalidValueError
 logger = logging.getLogger(__name__)
 
 
-def convert_opset(model: onnx.ModelProto, target: int, what: str = "the base model") -> onnx.ModelProto:
+def convert_opset(
+    model: onnx.ModelProto, target: int, what: str = "the base model"
+) -> onnx.ModelProto:
     """A copy of ``model`` converted to ai.onnx opset ``target`` with onnx's version converter.
 
     Raises:
@@ -41,13 +43,20 @@ def convert_opset(model: onnx.ModelProto, target: int, what: str = "the base mod
         converted = version_converter.convert_version(model, target)
     except Exception as exc:
         reason = _converter_reason(exc)
-        ops = sorted({op for op in re.findall(r"\b([A-Z][A-Za-z0-9]+)\b", reason) if onnx.defs.has(op)})
+        ops = sorted(
+            {op for op in re.findall(r"\b([A-Z][A-Za-z0-9]+)\b", reason) if onnx.defs.has(op)}
+        )
         named = f" (blocked by {', '.join(ops)})" if ops else ""
         raise InvalidValueError(
             f"{what} imports ai.onnx opset {current}; onnx's version converter could not convert it to opset "
             f"{target}{named}: {reason}. Re-export the model with opset_version={target}."
         ) from None
-    logger.info("Converted %s from ai.onnx opset %s to %s with onnx's version converter.", what, current, target)
+    logger.info(
+        "Converted %s from ai.onnx opset %s to %s with onnx's version converter.",
+        what,
+        current,
+        target,
+    )
     return converted
 
 

@@ -61,5 +61,7 @@ def run_passes(model: ir.Model, passes: Iterable[Pass]) -> dict[str, Counter[str
     report: dict[str, Counter[str]] = {}
     for p in passes:
         result = p(model)
-        report.setdefault(p.name or type(p).__name__, Counter()).update(getattr(result, "changes", {}))
+        report.setdefault(p.name or type(p).__name__, Counter()).update(
+            getattr(result, "changes", {})
+        )
     return report

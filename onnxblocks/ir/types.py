@@ -25,7 +25,9 @@ def infer_proto_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     g = inferred.graph
     types = {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
     for init in g.initializer:
-        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+        types.setdefault(
+            init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+        )
     return types
 
 
@@ -72,7 +74,9 @@ class ValueTypes:
             return None
         t = self._tensor(value)
         if t is not None and t.HasField("shape"):
-            return [d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in t.shape.dim]
+            return [
+                d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in t.shape.dim
+            ]
         if t is None and value.shape is not None:
             return [d if isinstance(d, int) else None for d in value.shape]
         return None

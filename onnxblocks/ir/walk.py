@@ -29,7 +29,9 @@ def proto_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
             continue
         yield node
         inner = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-        inner += [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+        inner += [
+            g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs
+        ]
         for sub in reversed(inner):
             stack.append(iter(sub.node))
 

@@ -43,12 +43,18 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
 
 
 def _scope(
-    inputs: Iterable[str], initializers: Iterable[str], nodes: Iterable[onnx.NodeProto], where: str, found: list[str]
+    inputs: Iterable[str],
+    initializers: Iterable[str],
+    nodes: Iterable[onnx.NodeProto],
+    where: str,
+    found: list[str],
 ) -> dict[str, str]:
     """Name -> what defines it, in one graph's own scope; redefinitions are added to ``found``."""
     defined: dict[str, str] = {}
 
-    listed: dict[str, str] = {}  # graph inputs and initializers: name -> "graph input" / "initializer"
+    listed: dict[
+        str, str
+    ] = {}  # graph inputs and initializers: name -> "graph input" / "initializer"
 
     def define(name: str, by: str) -> None:
         if not name:
@@ -62,7 +68,9 @@ def _scope(
         for name in names:
             if listed.get(name) == kind:
                 found.append(f"{kind} '{name}'{where} is listed twice")
-            elif name not in listed:  # an initializer of a graph input is its default value (IR < 4 style)
+            elif (
+                name not in listed
+            ):  # an initializer of a graph input is its default value (IR < 4 style)
                 listed[name] = kind
                 define(name, f"the {kind}{where}")
     for index, node in enumerate(nodes):
@@ -72,9 +80,14 @@ def _scope(
 
 
 def _graph(graph: onnx.GraphProto, outer: dict[str, str], where: str, found: list[str]) -> None:
-    initializers = [t.name for t in graph.initializer] + [t.values.name for t in graph.sparse_initializer]
+    initializers = [t.name for t in graph.initializer] + [
+        t.values.name for t in graph.sparse_initializer
+    ]
     own = _scope((v.name for v in graph.input), initializers, graph.node, where, found)
-    visible = {**outer, **own}  # a subgraph may define a name of an enclosing graph again (it shadows it)
+    visible = {
+        **outer,
+        **own,
+    }  # a subgraph may define a name of an enclosing graph again (it shadows it)
     for index, node in enumerate(graph.node):
         for name in node.input:
             if name and name not in visible:
@@ -84,7 +97,9 @@ def _graph(graph: onnx.GraphProto, outer: dict[str, str], where: str, found: lis
             _graph(sub, visible, label, found)
     for value in graph.output:
         if value.name not in visible:
-            found.append(f"graph output '{value.name}'{where} is defined by no node, graph input or initializer")
+            found.append(
+                f"graph output '{value.name}'{where} is defined by no node, graph input or initializer"
+            )
 
 
 def _function(function: onnx.FunctionProto, found: list[str]) -> None:
@@ -117,8 +132,12 @@ def describe(model: onnx.ModelProto | None, source: str | os.PathLike | None) ->
     return "The model"
 
 
-def _refusal(found: list[str], model: onnx.ModelProto | None, source: str | os.PathLike | None) -> InvalidValueError:
-    listed = "; ".join(found[:_SHOWN]) + (f"; and {len(found) - _SHOWN} more" if len(found) > _SHOWN else "")
+def _refusal(
+    found: list[str], model: onnx.ModelProto | None, source: str | os.PathLike | None
+) -> InvalidValueError:
+    listed = "; ".join(found[:_SHOWN]) + (
+        f"; and {len(found) - _SHOWN} more" if len(found) > _SHOWN else ""
+    )
     return InvalidValueError(f"{describe(model, source)} is not valid ONNX: {listed}. {_ADVICE}")
 
 
@@ -137,7 +156,9 @@ def check_model(model: onnx.ModelProto, source: str | os.PathLike | None = None)
         raise _refusal(found, model, source)
 
 
-def unreadable(model: onnx.ModelProto, exc: BaseException, source: str | os.PathLike | None) -> InvalidValueError:
+def unreadable(
+    model: onnx.ModelProto, exc: BaseException, source: str | os.PathLike | None
+) -> InvalidValueError:
     """The error for a model onnx-ir could not read (``exc``): its offenders if the walk finds them, else the cause.
 
     onnx-ir wraps the cause (which names the value and node) in one error per enclosing
@@ -150,4 +171,6 @@ def unreadable(model: onnx.ModelProto, exc: BaseException, source: str | os.Path
     while cause.__cause__ is not None:
         cause = cause.__cause__
     detail = " ".join(str(cause).split()) or type(cause).__name__
-    return InvalidValueError(f"{describe(model, source)} cannot be read as an ONNX graph: {detail}. {_ADVICE}")
+    return InvalidValueError(
+        f"{describe(model, source)} cannot be read as an ONNX graph: {detail}. {_ADVICE}"
+    )

@@ -51,7 +51,9 @@ class Writer:
             domain,
             op_type,
             list(inputs),
-            attributes=ir.convenience.convert_attributes({k: v for k, v in attrs.items() if v is not None}),
+            attributes=ir.convenience.convert_attributes(
+                {k: v for k, v in attrs.items() if v is not None}
+            ),
             outputs=values,
             name=self.names.fresh(op_type),
         )
@@ -67,11 +69,20 @@ class Writer:
         **attrs: Any,
     ) -> ir.Value:
         """One node with one output."""
-        (value,) = self.ops(op_type, inputs, [out if out is not None else self.fresh(op_type.lower())], domain, **attrs)
+        (value,) = self.ops(
+            op_type,
+            inputs,
+            [out if out is not None else self.fresh(op_type.lower())],
+            domain,
+            **attrs,
+        )
         return value
 
     def const(
-        self, value: np.ndarray | float | int | list, dtype: npt.DTypeLike | None = None, suffix: str = "const"
+        self,
+        value: np.ndarray | float | int | list,
+        dtype: npt.DTypeLike | None = None,
+        suffix: str = "const",
     ) -> ir.Value:
         """A ``Constant`` node holding ``value`` (numpy dtype ``dtype``)."""
         return self.named_const(self.fresh(suffix), np.asarray(value, dtype=dtype))
@@ -85,7 +96,11 @@ class Writer:
         """
         array = np.asarray(value)
         tensor = ir.Tensor(array, name=name)
-        out = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+        out = ir.Value(
+            name=name,
+            type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+            shape=ir.Shape(array.shape),
+        )
         node = ir.Node(
             "",
             "Constant",
@@ -102,17 +117,23 @@ class Writer:
         """An int64 1-D constant."""
         return self.const(np.array(list(values), dtype=np.int64), suffix="ints")
 
-    def scalar(self, value: float | int, dtype: npt.DTypeLike = np.float32, shape: Sequence[int] = ()) -> ir.Value:
+    def scalar(
+        self, value: float | int, dtype: npt.DTypeLike = np.float32, shape: Sequence[int] = ()
+    ) -> ir.Value:
         """A constant of ``dtype`` holding ``value``, of shape ``shape`` (a scalar by default)."""
         return self.const(np.full(tuple(shape), value, dtype=dtype), suffix="scalar")
 
     # ----------------------------------------------- opset-dependent forms
-    def unsqueeze(self, x: ir.Value, axes: Sequence[int], out: str | ir.Value | None = None) -> ir.Value:
+    def unsqueeze(
+        self, x: ir.Value, axes: Sequence[int], out: str | ir.Value | None = None
+    ) -> ir.Value:
         if self.opset >= 13:
             return self.op("Unsqueeze", [x, self.ints(axes)], out)
         return self.op("Unsqueeze", [x], out, axes=list(axes))
 
-    def squeeze(self, x: ir.Value, axes: Sequence[int], out: str | ir.Value | None = None) -> ir.Value:
+    def squeeze(
+        self, x: ir.Value, axes: Sequence[int], out: str | ir.Value | None = None
+    ) -> ir.Value:
         if self.opset >= 13:
             return self.op("Squeeze", [x, self.ints(axes)], out)
         return self.op("Squeeze", [x], out, axes=list(axes))
@@ -163,7 +184,11 @@ class Writer:
         return self.op("Slice", inputs, out)
 
     def split(
-        self, x: ir.Value, lengths: Sequence[int], axis: int, outputs: Sequence[str | ir.Value] | None = None
+        self,
+        x: ir.Value,
+        lengths: Sequence[int],
+        axis: int,
+        outputs: Sequence[str | ir.Value] | None = None,
     ) -> list[ir.Value]:
         names: Sequence[str | ir.Value] = outputs or [self.fresh("piece") for _ in lengths]
         if self.opset >= 13:
@@ -181,20 +206,28 @@ class Writer:
             return self.op("Shape", [x])
         if self.opset >= 15:
             return self.op("Shape", [x], start=start or 0, end=end)
-        return self.slice(self.op("Shape", [x]), [start or 0], [INT64_MAX if end is None else end], [0])
+        return self.slice(
+            self.op("Shape", [x]), [start or 0], [INT64_MAX if end is None else end], [0]
+        )
 
     def dim(self, x: ir.Value, axis: int) -> ir.Value:
         """``Shape(x)[axis]`` as an int64 ``[1]`` (``axis`` may be negative)."""
         return self.op("Gather", [self.op("Shape", [x]), self.ints([axis])], axis=0)
 
-    def cast(self, x: ir.Value, to: int | ir.DataType, out: str | ir.Value | None = None) -> ir.Value:
+    def cast(
+        self, x: ir.Value, to: int | ir.DataType, out: str | ir.Value | None = None
+    ) -> ir.Value:
         return self.op("Cast", [x], out, to=int(to))
 
-    def reshape(self, x: ir.Value, shape: ir.Value | Sequence[int], out: str | ir.Value | None = None) -> ir.Value:
+    def reshape(
+        self, x: ir.Value, shape: ir.Value | Sequence[int], out: str | ir.Value | None = None
+    ) -> ir.Value:
         target = shape if isinstance(shape, ir.Value) else self.ints(list(shape))
         return self.op("Reshape", [x, target], out)
 
-    def concat(self, parts: Sequence[ir.Value], axis: int = 0, out: str | ir.Value | None = None) -> ir.Value:
+    def concat(
+        self, parts: Sequence[ir.Value], axis: int = 0, out: str | ir.Value | None = None
+    ) -> ir.Value:
         return self.op("Concat", list(parts), out, axis=axis)
 
     def index_range(self, start: ir.Value, limit: ir.Value, delta: ir.Value) -> ir.Value:

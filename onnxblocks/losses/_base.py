@@ -24,7 +24,9 @@ from onnxblocks.blocks.value import Value
 REDUCTIONS: tuple[str, ...] = ("mean", "sum", "none")
 
 #: Element types a loss input may have.
-FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+)
 
 #: Element types of class-index labels.
 INDEX_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
@@ -50,7 +52,9 @@ def check_reduction(owner: str, reduction: str, valid: Sequence[str] = REDUCTION
     """
     if reduction not in valid:
         raise InvalidValueError(
-            f"{owner}: unknown reduction {reduction!r}. Use one of " + ", ".join(repr(r) for r in valid) + "."
+            f"{owner}: unknown reduction {reduction!r}. Use one of "
+            + ", ".join(repr(r) for r in valid)
+            + "."
         )
     return reduction
 
@@ -64,8 +68,14 @@ def check_ignore_index(where: str, ignore_index: int, elem: int, labels: str | N
     info = np.iinfo(helper.tensor_dtype_to_np_dtype(elem))
     if int(info.min) <= ignore_index <= int(info.max):
         return
-    whose = f"labels '{labels}' of dtype {dtype_name(elem)}" if labels else f"{dtype_name(elem)} labels"
-    cast = "" if elem == TensorProto.INT64 else ", or cast the labels: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)"
+    whose = (
+        f"labels '{labels}' of dtype {dtype_name(elem)}" if labels else f"{dtype_name(elem)} labels"
+    )
+    cast = (
+        ""
+        if elem == TensorProto.INT64
+        else ", or cast the labels: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)"
+    )
     raise InvalidValueError(
         f"{where}ignore_index={ignore_index} does not fit {whose} (range [{info.min}, {info.max}]). Use a label "
         f"value they can hold (e.g. -100, torch's){cast}."
@@ -192,7 +202,10 @@ class Loss(Block):
                 if offset == 1:
                     has, fix = f"{dim} classes (its last axis)", f"one value per class ({dim})"
                 else:
-                    has, fix = f"{dim} on axis {len(shape) - offset}", f"{dim} or 1 values on that axis"
+                    has, fix = (
+                        f"{dim} on axis {len(shape) - offset}",
+                        f"{dim} or 1 values on that axis",
+                    )
                 raise InvalidValueError(
                     f"{owner}{param} has {what} but input '{input_name}' of shape {format_shape(shape)} has "
                     f"{has}. Give {param} {fix}, or a single value to broadcast."
@@ -215,7 +228,11 @@ class Loss(Block):
             # ONNX Runtime differentiates ReduceMean with its Scale op, whose factor 1/N is a float32 in every
             # dtype: a double mean's gradient would be off by float32's rounding of 1/N. Div's is double.
             total = reduce_all(acc, "ReduceSum", per_element)
-            out = acc.op("Div", [total, element_count(acc, per_element)], outputs=[acc.names.fresh(name_hint)])
+            out = acc.op(
+                "Div",
+                [total, element_count(acc, per_element)],
+                outputs=[acc.names.fresh(name_hint)],
+            )
             assert isinstance(out, Value)
             return out
         op_type = "ReduceMean" if reduction == "mean" else "ReduceSum"
@@ -263,7 +280,9 @@ def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None
     return out
 
 
-def axes_op(acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **attributes: Any) -> Value:
+def axes_op(
+    acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **attributes: Any
+) -> Value:
     """Add ``op_type`` (ReduceSum, ReduceLogSumExp, Squeeze, Unsqueeze) over ``axes`` (input or attribute by opset)."""
     version = acc.domain_version("") or 1
     if version >= _AXES_AS_INPUT_SINCE[op_type]:

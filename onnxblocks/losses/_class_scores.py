@@ -66,7 +66,11 @@ class ClassLoss(Loss):
     _name_hint = "class_loss"
 
     def __init__(
-        self, weight: Any = None, reduction: str = "mean", ignore_index: int | None = None, class_axis: int = 1
+        self,
+        weight: Any = None,
+        reduction: str = "mean",
+        ignore_index: int | None = None,
+        class_axis: int = 1,
     ) -> None:
         super().__init__(reduction)
         owner = type(self).__name__
@@ -76,7 +80,8 @@ class ClassLoss(Loss):
                 f"{owner}: weight must be 1-D, one value per class, but has shape {list(self._weight.shape)}."
             )
         if ignore_index is not None and (
-            isinstance(ignore_index, (bool, np.bool_)) or not isinstance(ignore_index, (int, np.integer))
+            isinstance(ignore_index, (bool, np.bool_))
+            or not isinstance(ignore_index, (int, np.integer))
         ):
             raise InvalidTypeError(
                 f"{owner}: ignore_index must be an int (a label value) or None, not {type(ignore_index).__name__}: "
@@ -84,7 +89,9 @@ class ClassLoss(Loss):
             )
         if ignore_index is not None:
             check_ignore_index(f"{owner}: ", int(ignore_index), TensorProto.INT64)
-        if isinstance(class_axis, (bool, np.bool_)) or not isinstance(class_axis, (int, np.integer)):
+        if isinstance(class_axis, (bool, np.bool_)) or not isinstance(
+            class_axis, (int, np.integer)
+        ):
             raise InvalidTypeError(
                 f"{owner}: class_axis must be an int (1, or -1 for [B, T, V]), not {type(class_axis).__name__}: "
                 f"{class_axis!r}."
@@ -232,7 +239,13 @@ class ClassLoss(Loss):
         """The ``"none"`` loss of a batch of one (``[1]``) as the scalar of its example; others as they are."""
         if self.reduction != "none":
             return loss
-        return axes_op(self.accessor, "Squeeze", loss, [0], outputs=[self.accessor.names.fresh(self._name_hint)])
+        return axes_op(
+            self.accessor,
+            "Squeeze",
+            loss,
+            [0],
+            outputs=[self.accessor.names.fresh(self._name_hint)],
+        )
 
     def _label_mask(self, labels: str) -> tuple[Value | None, Value | None, Value]:
         """``(keep, ignored, safe)``: which labels count, which are ignored, and labels with ignored ones set to 0.
@@ -246,7 +259,9 @@ class ClassLoss(Loss):
         ignore_index = acc.constant(self._ignore_index, dtype=label_dtype, name_hint="ignore_index")
         ignored = acc.op("Equal", [labels, ignore_index])
         keep = acc.op("Not", [ignored])
-        safe = acc.op("Where", [keep, labels, acc.constant(0, dtype=label_dtype, name_hint="zero_label")])
+        safe = acc.op(
+            "Where", [keep, labels, acc.constant(0, dtype=label_dtype, name_hint="zero_label")]
+        )
         assert isinstance(keep, Value) and isinstance(ignored, Value) and isinstance(safe, Value)
         return keep, ignored, safe
 
@@ -258,7 +273,9 @@ class ClassLoss(Loss):
         assert isinstance(out, Value)
         return out
 
-    def _label_weights(self, keep: Value | None, class_weight: Value | None, like: str) -> Value | None:
+    def _label_weights(
+        self, keep: Value | None, class_weight: Value | None, like: str
+    ) -> Value | None:
         """``w_i``: the weight of each label (``weight[y_i]``, 0 when ignored); None when every label weighs 1."""
         acc = self.accessor
         if keep is None:
@@ -295,7 +312,9 @@ class ClassLoss(Loss):
             return out
         return Value(scores) - axes_op(acc, "ReduceLogSumExp", scores, [axis], keepdims=1)
 
-    def _weighted_nll(self, log_probs: str, labels: str, axis: int, label_smoothing: float = 0.0) -> Value:
+    def _weighted_nll(
+        self, log_probs: str, labels: str, axis: int, label_smoothing: float = 0.0
+    ) -> Value:
         """Weighted negative log-likelihood (with optional label smoothing), reduced, from ops ORT differentiates.
 
         Per element ``i`` with label ``y_i``, weight ``w_i = weight[y_i]`` (0 when ignored)::
@@ -309,18 +328,26 @@ class ClassLoss(Loss):
         acc = self.accessor
         keep, ignored, safe = self._label_mask(labels)
         index = axes_op(acc, "Unsqueeze", safe, [axis])
-        picked = axes_op(acc, "Squeeze", acc.op("GatherElements", [log_probs, index], axis=axis), [axis])
+        picked = axes_op(
+            acc, "Squeeze", acc.op("GatherElements", [log_probs, index], axis=axis), [axis]
+        )
         class_weight = self._class_weight_of(safe, log_probs)
         per_element = -picked if class_weight is None else -(picked * class_weight)
         if label_smoothing > 0:
-            weighted = log_probs if self._weight is None else log_probs * self._class_weight_broadcast(log_probs, axis)
+            weighted = (
+                log_probs
+                if self._weight is None
+                else log_probs * self._class_weight_broadcast(log_probs, axis)
+            )
             smooth = -axes_op(acc, "ReduceSum", weighted, [axis], keepdims=0)
             classes = static_dim(acc, log_probs, axis) or dim_size(acc, log_probs, axis, log_probs)
             per_element = (1 - label_smoothing) * per_element + (label_smoothing / classes) * smooth
         if ignored is not None:
             # An ignored element is +0.0, as torch: not -(x * 0), which is -0.0 for x >= 0 and NaN for x = -inf.
             # The kept values are Where's last input: ONNX Runtime's Where turns a -0.0 it takes from X into +0.0.
-            per_element = acc.op("Where", [ignored, self._const(0.0, log_probs, "ignored"), per_element])
+            per_element = acc.op(
+                "Where", [ignored, self._const(0.0, log_probs, "ignored"), per_element]
+            )
         weight_i = self._label_weights(keep, class_weight, log_probs)
         if self.reduction != "mean" or weight_i is None:
             return self._reduce(per_element, self._name_hint)

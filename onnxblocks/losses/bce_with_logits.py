@@ -59,7 +59,9 @@ class BCEWithLogitsLoss(Loss):
         x = Value(loss_input_name)
         magnitude = abs(x)
         log_one_plus = acc.op("Log", [1 + acc.op("Exp", [-magnitude])])
-        softplus_neg = 0.5 * (magnitude - x) + log_one_plus  # relu(-x), in ops with double gradient kernels
+        softplus_neg = (
+            0.5 * (magnitude - x) + log_one_plus
+        )  # relu(-x), in ops with double gradient kernels
         if self._pos_weight is not None:
             pos_weight = self._const(self._pos_weight, x, "bce_pos_weight")
             softplus_neg = (1 + (pos_weight - 1) * target) * softplus_neg

@@ -60,13 +60,17 @@ class CrossEntropyLoss(ClassLoss):
         class_axis: int = 1,
     ) -> None:
         super().__init__(weight, reduction, ignore_index, class_axis)
-        if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.integer, np.floating)):
+        if isinstance(label_smoothing, bool) or not isinstance(
+            label_smoothing, (int, float, np.integer, np.floating)
+        ):
             raise InvalidTypeError(
                 f"CrossEntropyLoss: label_smoothing must be a number in [0, 1], not {type(label_smoothing).__name__}: "
                 f"{label_smoothing!r}."
             )
         if not 0.0 <= label_smoothing <= 1.0:
-            raise InvalidValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}.")
+            raise InvalidValueError(
+                f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}."
+            )
         self._label_smoothing = float(label_smoothing)
 
     def build(self, scores_input_name: str, labels_name: str = "labels") -> Value:
@@ -85,7 +89,9 @@ class CrossEntropyLoss(ClassLoss):
         self._require_float(scores_input_name, role="scores")
         axis = self._axis(scores_input_name)
         self._check_weight(scores_input_name, axis)
-        labels, probabilities = self._labels(scores_input_name, labels_name, axis, allow_probabilities=True)
+        labels, probabilities = self._labels(
+            scores_input_name, labels_name, axis, allow_probabilities=True
+        )
         if probabilities:
             return self._soft_targets(scores_input_name, labels, axis)
         scores: str = scores_input_name
@@ -97,7 +103,9 @@ class CrossEntropyLoss(ClassLoss):
         if self._label_smoothing == 0 and fused is not None:
             loss = self._fused(scores, labels, fused)
         else:
-            loss = self._weighted_nll(self._log_softmax(scores, axis), labels, axis, self._label_smoothing)
+            loss = self._weighted_nll(
+                self._log_softmax(scores, axis), labels, axis, self._label_smoothing
+            )
         return self._unbatch(loss) if unbatched else loss
 
     def _fused_layout(self, scores: str, axis: int) -> str | None:
@@ -123,15 +131,21 @@ class CrossEntropyLoss(ClassLoss):
             scores = acc.op("Flatten", [scores], axis=-1)
             flat_shape = acc.constant([-1], dtype=np.int64, name_hint="flat_shape")
             labels_2d, labels = labels, acc.op("Reshape", [labels, flat_shape])
-        inputs = [scores, labels] + ([self._weight_const(scores)] if self._weight is not None else [])
-        own_mean = self.reduction == "mean" and (self._ignore_index is not None or self._weight is not None)
+        inputs = [scores, labels] + (
+            [self._weight_const(scores)] if self._weight is not None else []
+        )
+        own_mean = self.reduction == "mean" and (
+            self._ignore_index is not None or self._weight is not None
+        )
         reduction = "none" if own_mean else self.reduction
         loss_name = acc.names.fresh(self._name_hint)
         loss, _ = acc.op(
             "SoftmaxCrossEntropyLoss",
             inputs,
             outputs=[
-                loss_name if layout == "direct" or reduction != "none" else acc.names.fresh("flat_loss"),
+                loss_name
+                if layout == "direct" or reduction != "none"
+                else acc.names.fresh("flat_loss"),
                 acc.names.fresh("log_prob"),
             ],
             reduction=reduction,

@@ -19,10 +19,14 @@ def positive_number(owner: str, name: str, value: object, allow_zero: bool = Fal
         ValueError: if it is NaN or not positive.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidTypeError(f"{owner}: {name} must be a real number, not {type(value).__name__}: {value!r}.")
+        raise InvalidTypeError(
+            f"{owner}: {name} must be a real number, not {type(value).__name__}: {value!r}."
+        )
     number = float(value)
     if not (number >= 0 if allow_zero else number > 0):
-        raise InvalidValueError(f"{owner}: {name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}.")
+        raise InvalidValueError(
+            f"{owner}: {name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}."
+        )
     return number
 
 
@@ -33,7 +37,9 @@ def overflows(loss: Loss, like: str, number: float) -> bool:
         return bool(np.isinf(np.asarray(number).astype(helper.tensor_dtype_to_np_dtype(elem))))
 
 
-def clipped_abs_error(loss: Loss, loss_input_name: str, target: str, limit: float) -> tuple[Value, Value]:
+def clipped_abs_error(
+    loss: Loss, loss_input_name: str, target: str, limit: float
+) -> tuple[Value, Value]:
     """Return ``(a, m)`` with ``a = |input - target|`` and ``m = min(a, limit)``.
 
     Both Huber and smooth L1 are ``0.5 * m**2 / s + c * (a - m)`` for some ``s`` and
@@ -68,7 +74,9 @@ class HuberLoss(PointwiseLoss):
     output_hint = "huber_loss"
 
     def _per_element(self, x: Value, target: Value) -> Value:
-        if overflows(self, x, self._delta):  # no linear part; delta * (a - m) would be inf * 0 = NaN
+        if overflows(
+            self, x, self._delta
+        ):  # no linear part; delta * (a - m) would be inf * 0 = NaN
             d = x - target
             return 0.5 * d * d
         a, m = clipped_abs_error(self, x, target, self._delta)

@@ -69,4 +69,8 @@ class KLDivLoss(Loss):
         shape = acc.shape_of(loss_input_name)
         if shape is not None and len(shape) == 0:
             return total
-        return acc.op("Div", [total, dim_size(acc, loss_input_name, 0, x)], outputs=[acc.names.fresh("kl_div_loss")])
+        return acc.op(
+            "Div",
+            [total, dim_size(acc, loss_input_name, 0, x)],
+            outputs=[acc.names.fresh("kl_div_loss")],
+        )

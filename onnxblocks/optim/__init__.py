@@ -56,7 +56,9 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, home = _MOVED[name]
-        warnings.warn(f"onnxblocks.optim.{name} is deprecated: use {home}.", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"onnxblocks.optim.{name} is deprecated: use {home}.", DeprecationWarning, stacklevel=2
+        )
         return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'onnxblocks.optim' has no attribute '{name}'")
 

@@ -71,7 +71,9 @@ class AdamWUpdate(Block):
     ) -> None:
         super().__init__()
         if mode not in ADAM_MODES:
-            raise InvalidValueError(f"AdamW mode must be one of {sorted(ADAM_MODES)}, got {mode!r}.")
+            raise InvalidValueError(
+                f"AdamW mode must be one of {sorted(ADAM_MODES)}, got {mode!r}."
+            )
         if mode == "torch" and not bias_correction:
             raise InvalidValueError(
                 "AdamW(mode='torch') always corrects the moments' bias, as torch.optim.AdamW does; ONNX Runtime's "
@@ -155,9 +157,19 @@ class AdamW(Optimizer):
     ) -> None:
         super().__init__(clip_grad)
         self.step_block = AdamWUpdate(bias_correction, betas, eps, weight_decay, mode)
-        hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
-        standard = StandardOptimizer("adamw", hyper, lr, param_groups, clip_grad, owner="AdamW", exact=exact)
-        self.standard = standard if (amsgrad is not False or maximize is not False or param_groups) else None
+        hyper = {
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+        }
+        standard = StandardOptimizer(
+            "adamw", hyper, lr, param_groups, clip_grad, owner="AdamW", exact=exact
+        )
+        self.standard = (
+            standard if (amsgrad is not False or maximize is not False or param_groups) else None
+        )
         if self.standard is not None and mode != "torch":
             raise InvalidValueError(
                 "AdamW amsgrad, maximize and param_groups follow torch.optim.AdamW: use mode='torch' with them."
@@ -169,7 +181,14 @@ class AdamW(Optimizer):
             return self.standard.build(parameters)
         return super().build(parameters)
 
-    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
+    def update(
+        self,
+        learning_rate: Value,
+        step: Value,
+        params: Value,
+        gradients: Value,
+        states: list[Value],
+    ) -> Value:
         """Add the AdamW update and return its flag."""
         return self.step_block(learning_rate, step, params, gradients, states[0], states[1])
 

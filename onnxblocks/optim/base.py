@@ -81,7 +81,9 @@ def parameter_elem_type(parameters: Any) -> int:
         )
     trainable = parameters[0]
     if isinstance(trainable, (str, bytes)) or not isinstance(trainable, Sequence):
-        raise InvalidTypeError(f"The trainable parameters must be a sequence, not {type(trainable).__name__}.")
+        raise InvalidTypeError(
+            f"The trainable parameters must be a sequence, not {type(trainable).__name__}."
+        )
     if not trainable:
         raise InvalidValueError(
             "An optimizer needs at least one trainable parameter, but the trainable list is empty. "
@@ -130,7 +132,9 @@ def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
             f"{acc.where()}the optimizer needs a graph input '{name}' (a sequence of tensors), but the model "
             "already has a different value of that name. Build optimizers with onnxblocks.empty_base()."
         )
-    acc.working_model.graph.input.append(onnx.helper.make_tensor_sequence_value_info(name, elem_type, None))
+    acc.working_model.graph.input.append(
+        onnx.helper.make_tensor_sequence_value_info(name, elem_type, None)
+    )
     return Value(name)
 
 
@@ -172,5 +176,12 @@ class Optimizer(ForwardBlock):
         return self.update(learning_rate, step, params, gradients, states)
 
     @abstractmethod
-    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
+    def update(
+        self,
+        learning_rate: Value,
+        step: Value,
+        params: Value,
+        gradients: Value,
+        states: list[Value],
+    ) -> Value:
         """Add the update node(s) and return the bool ``[1]`` updated flag."""

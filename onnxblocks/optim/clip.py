@@ -18,9 +18,13 @@ def check_max_norm(max_norm: float) -> float:
         ValueError: if it is not positive and finite.
     """
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
-        raise InvalidTypeError(f"ClipGradNorm max_norm must be a number, not {type(max_norm).__name__} ({max_norm!r}).")
+        raise InvalidTypeError(
+            f"ClipGradNorm max_norm must be a number, not {type(max_norm).__name__} ({max_norm!r})."
+        )
     if not (math.isfinite(max_norm) and max_norm > 0):
-        raise InvalidValueError(f"ClipGradNorm max_norm must be a positive finite number, got {max_norm}.")
+        raise InvalidValueError(
+            f"ClipGradNorm max_norm must be a positive finite number, got {max_norm}."
+        )
     return float(max_norm)
 
 
@@ -50,7 +54,9 @@ class ClipGradNorm(Block):
         acc = self.accessor
         acc.require(gradients_name, role="gradient sequence")
         out = contrib.INPLACE_CLIP_GRAD_NORM.emit(
-            [gradients_name], outputs=[acc.names.fresh("clip_grad_norm_output")], max_norm=self.max_norm
+            [gradients_name],
+            outputs=[acc.names.fresh("clip_grad_norm_output")],
+            max_norm=self.max_norm,
         )
         assert isinstance(out, Value)
         return out

@@ -78,7 +78,9 @@ class SGD(Optimizer):
             "nesterov": nesterov,
             "maximize": maximize,
         }
-        standard = StandardOptimizer("sgd", hyper, lr, param_groups, clip_grad, owner="SGD", exact=exact)
+        standard = StandardOptimizer(
+            "sgd", hyper, lr, param_groups, clip_grad, owner="SGD", exact=exact
+        )
         plain = not param_groups and all(not v for v in standard.hyper.values())
         self.standard = None if plain else standard
 
@@ -88,7 +90,14 @@ class SGD(Optimizer):
             return self.standard.build(parameters)
         return super().build(parameters)
 
-    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
+    def update(
+        self,
+        learning_rate: Value,
+        step: Value,
+        params: Value,
+        gradients: Value,
+        states: list[Value],
+    ) -> Value:
         """Add the SGD update and return its flag."""
         return self.step_block(learning_rate, params, gradients)
 

@@ -30,7 +30,12 @@ import onnx
 
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.contracts import GRADIENTS, LEARNING_RATE, OPTIMIZER_METADATA, PARAMS, STEP
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, did_you_mean
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnknownNameError,
+    did_you_mean,
+)
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input
 from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
@@ -85,7 +90,9 @@ def no_decay_norm_bias(**hyper: Any) -> list[dict[str, Any]]:
 
 def _flag(value: Any, what: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(f"{what} must be True or False, not {type(value).__name__} {value!r:.60}.")
+        raise InvalidTypeError(
+            f"{what} must be True or False, not {type(value).__name__} {value!r:.60}."
+        )
     return bool(value)
 
 
@@ -120,8 +127,12 @@ def check_hyper(algorithm: str, hyper: Mapping[str, Any], where: str) -> dict[st
         else:
             out[key] = _hyper.nonnegative(value, what)
     merged = {**defaults, **out}
-    if merged.get("nesterov") and (float(merged["momentum"]) <= 0 or float(merged["dampening"]) != 0):
-        raise InvalidValueError(f"{where}: nesterov momentum requires a momentum > 0 and zero dampening (as in torch).")
+    if merged.get("nesterov") and (
+        float(merged["momentum"]) <= 0 or float(merged["dampening"]) != 0
+    ):
+        raise InvalidValueError(
+            f"{where}: nesterov momentum requires a momentum > 0 and zero dampening (as in torch)."
+        )
     return out
 
 
@@ -161,14 +172,18 @@ class StandardOptimizer(Optimizer):
         self._owner = name = owner or type(self).__name__
         self.lr = _hyper.learning_rate(lr, f"{name} lr")
         if self.lr == 0:
-            raise InvalidValueError(f"{name} lr must be > 0: groups' learning rates are kept as ratios to it.")
+            raise InvalidValueError(
+                f"{name} lr must be > 0: groups' learning rates are kept as ratios to it."
+            )
         self.hyper = check_hyper(algorithm, hyper, name)
         self.param_groups = [self._check_group(i, g) for i, g in enumerate(param_groups or ())]
 
     def _check_group(self, index: int, group: Any) -> dict[str, Any]:
         where = f"{self._owner} param_groups[{index}]"
         if not isinstance(group, Mapping) or "params" not in group:
-            raise InvalidTypeError(f"{where} must be a dict with 'params' (names or a predicate), got {group!r:.80}.")
+            raise InvalidTypeError(
+                f"{where} must be a dict with 'params' (names or a predicate), got {group!r:.80}."
+            )
         params = group["params"]
         if isinstance(params, str) or not (callable(params) or isinstance(params, Sequence)):
             raise InvalidTypeError(
@@ -185,7 +200,11 @@ class StandardOptimizer(Optimizer):
             scale = _hyper.nonnegative(group.get("lr_scale", 1.0), f"{where} lr_scale")
         own = ("params", "lr", "lr_scale", "max_grad_norm")
         hyper = check_hyper(self.algorithm, {k: v for k, v in group.items() if k not in own}, where)
-        max_norm = check_max_norm(group["max_grad_norm"]) if group.get("max_grad_norm") is not None else None
+        max_norm = (
+            check_max_norm(group["max_grad_norm"])
+            if group.get("max_grad_norm") is not None
+            else None
+        )
         chosen = params if callable(params) else list(params)
         return {"params": chosen, "lr_scale": scale, "hyper": hyper, "max_norm": max_norm}
 
@@ -206,7 +225,8 @@ class StandardOptimizer(Optimizer):
                 takes = [
                     n
                     for n in names
-                    if n not in owner and (chosen(n, shapes[n]) if isinstance(chosen, NormBiasParams) else chosen(n))
+                    if n not in owner
+                    and (chosen(n, shapes[n]) if isinstance(chosen, NormBiasParams) else chosen(n))
                 ]
             else:
                 for n in chosen:
@@ -225,14 +245,20 @@ class StandardOptimizer(Optimizer):
         defaults = rule(self.algorithm).defaults
         groups = [{"hyper": {**defaults, **self.hyper}, "lr_scale": 1.0}]
         groups += [
-            {"hyper": {**defaults, **self.hyper, **g["hyper"]}, "lr_scale": g["lr_scale"], "max_norm": g["max_norm"]}
+            {
+                "hyper": {**defaults, **self.hyper, **g["hyper"]},
+                "lr_scale": g["lr_scale"],
+                "max_norm": g["max_norm"],
+            }
             for g in self.param_groups
         ]
         params = tuple((n, owner.get(n, 0)) for n in names)
         max_norm = self.clip_grad.max_norm if self.clip_grad is not None else None
         from onnxblocks.portable.updates import OptimizerSpec
 
-        return OptimizerSpec(self.algorithm, {}, max_norm, elem_type, tuple(groups), params, self.exact)
+        return OptimizerSpec(
+            self.algorithm, {}, max_norm, elem_type, tuple(groups), params, self.exact
+        )
 
     def build(self, parameters: Any) -> list[Value]:  # type: ignore[override]
         """Declare the optimizer inputs and write the update in standard ops; return the updated sequences.
@@ -259,7 +285,14 @@ class StandardOptimizer(Optimizer):
         acc.replace_model(model)
         return [Value(o.name) for o in model.graph.output]
 
-    def update(self, learning_rate: Value, step: Value, params: Value, gradients: Value, states: list[Value]) -> Value:
+    def update(
+        self,
+        learning_rate: Value,
+        step: Value,
+        params: Value,
+        gradients: Value,
+        states: list[Value],
+    ) -> Value:
         """Not used: :meth:`build` writes the whole model."""
         raise NotImplementedError
 
@@ -294,7 +327,13 @@ class Adam(StandardOptimizer):
         clip_grad: ClipGradNorm | float | None = None,
         exact: bool = True,
     ) -> None:
-        hyper = {"betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
+        hyper = {
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+        }
         super().__init__("adam", hyper, lr, param_groups, clip_grad, exact=exact)
 
 

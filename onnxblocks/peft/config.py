@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError, did_you_mean
+from onnxblocks._core.errors import (
+    FileMissingError,
+    InvalidTypeError,
+    InvalidValueError,
+    did_you_mean,
+)
 
 __all__ = ["LoraConfig"]
 
@@ -67,7 +72,14 @@ _REFUSAL_HINTS: dict[str, str] = {
 _PASSED = ("task_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping")
 
 #: Keys PEFT writes that are ignored (bookkeeping or options of refused features).
-_IGNORED = ("peft_type", "peft_version", "megatron_core", "qalora_group_size", "layers_pattern", "runtime_config")
+_IGNORED = (
+    "peft_type",
+    "peft_version",
+    "megatron_core",
+    "qalora_group_size",
+    "layers_pattern",
+    "runtime_config",
+)
 
 _INIT_CHOICES = (True, False, "gaussian")
 
@@ -76,23 +88,35 @@ def _is_off(value: Any, off: Any) -> bool:
     """True if ``value`` is the "off" value ``off`` of a PEFT option (None and empty containers count as off)."""
     if value is None or value == off:
         return True
-    return isinstance(value, (dict, list, tuple)) and not value and (off is None or isinstance(off, dict))
+    return (
+        isinstance(value, (dict, list, tuple))
+        and not value
+        and (off is None or isinstance(off, dict))
+    )
 
 
 def _targets(value: Any, parameter: str) -> tuple[str, ...] | str | None:
     if value is None or isinstance(value, str):
         if isinstance(value, str) and not value:
-            raise InvalidValueError(f"LoraConfig {parameter}='' matches nothing: give module names or a regex")
+            raise InvalidValueError(
+                f"LoraConfig {parameter}='' matches nothing: give module names or a regex"
+            )
         return value
     if isinstance(value, (Sequence, set, frozenset)) and not isinstance(value, (bytes, bytearray)):
-        names = tuple(sorted(set(value))) if isinstance(value, (set, frozenset)) else tuple(dict.fromkeys(value))
+        names = (
+            tuple(sorted(set(value)))
+            if isinstance(value, (set, frozenset))
+            else tuple(dict.fromkeys(value))
+        )
         for name in names:
             if not isinstance(name, str) or not name:
                 raise InvalidTypeError(
                     f"LoraConfig {parameter} must hold non-empty module names (str), got {name!r} in {value!r}"
                 )
         if not names:
-            raise InvalidValueError(f"LoraConfig {parameter}=[] matches nothing: give at least one module name")
+            raise InvalidValueError(
+                f"LoraConfig {parameter}=[] matches nothing: give at least one module name"
+            )
         return names
     raise InvalidTypeError(
         f"LoraConfig {parameter} must be a list of module names, a regex string or None, got {type(value).__name__}"
@@ -158,18 +182,26 @@ class LoraConfig:
             raise InvalidValueError(f"LoraConfig r must be at least 1, got {self.r}")
         alpha = self.lora_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise InvalidTypeError(f"LoraConfig lora_alpha must be a number, got {type(alpha).__name__}")
+            raise InvalidTypeError(
+                f"LoraConfig lora_alpha must be a number, got {type(alpha).__name__}"
+            )
         if not math.isfinite(alpha) or alpha <= 0:
-            raise InvalidValueError(f"LoraConfig lora_alpha must be a positive finite number, got {alpha}")
+            raise InvalidValueError(
+                f"LoraConfig lora_alpha must be a positive finite number, got {alpha}"
+            )
         dropout = self.lora_dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise InvalidTypeError(f"LoraConfig lora_dropout must be a number, got {type(dropout).__name__}")
+            raise InvalidTypeError(
+                f"LoraConfig lora_dropout must be a number, got {type(dropout).__name__}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise InvalidValueError(f"LoraConfig lora_dropout must be in [0, 1), got {dropout}")
         object.__setattr__(self, "lora_dropout", float(dropout))
         for name in ("fan_in_fan_out", "inference_mode"):
             if not isinstance(getattr(self, name), bool):
-                raise InvalidTypeError(f"LoraConfig {name} must be a bool, got {getattr(self, name)!r}")
+                raise InvalidTypeError(
+                    f"LoraConfig {name} must be a bool, got {getattr(self, name)!r}"
+                )
         if self.bias != "none":
             raise InvalidValueError(
                 f"LoraConfig bias={self.bias!r} is not supported: onnxblocks trains no bias with LoRA; use bias='none' "
@@ -183,11 +215,15 @@ class LoraConfig:
                 "'gaussian' or False, then load trained adapters if you need another start"
             )
         object.__setattr__(self, "target_modules", _targets(self.target_modules, "target_modules"))
-        object.__setattr__(self, "exclude_modules", _targets(self.exclude_modules, "exclude_modules"))
+        object.__setattr__(
+            self, "exclude_modules", _targets(self.exclude_modules, "exclude_modules")
+        )
         for name in ("task_type", "base_model_name_or_path", "revision"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise InvalidTypeError(f"LoraConfig {name} must be a str or None, got {type(value).__name__}")
+                raise InvalidTypeError(
+                    f"LoraConfig {name} must be a str or None, got {type(value).__name__}"
+                )
 
     @property
     def scaling(self) -> float:
@@ -201,12 +237,22 @@ class LoraConfig:
             A JSON-serialisable dict: the supported options, the refused ones at their "off" values,
             ``peft_type="LORA"``.
         """
-        targets = list(self.target_modules) if isinstance(self.target_modules, tuple) else self.target_modules
-        excluded = list(self.exclude_modules) if isinstance(self.exclude_modules, tuple) else self.exclude_modules
+        targets = (
+            list(self.target_modules)
+            if isinstance(self.target_modules, tuple)
+            else self.target_modules
+        )
+        excluded = (
+            list(self.exclude_modules)
+            if isinstance(self.exclude_modules, tuple)
+            else self.exclude_modules
+        )
         alpha: float = self.lora_alpha
         if isinstance(alpha, float) and alpha.is_integer():
             alpha = int(alpha)
-        out: dict[str, Any] = {key: (dict(off) if isinstance(off, dict) else off) for key, off in _REFUSED.items()}
+        out: dict[str, Any] = {
+            key: (dict(off) if isinstance(off, dict) else off) for key, off in _REFUSED.items()
+        }
         out.update(
             {
                 "peft_type": "LORA",
@@ -252,7 +298,15 @@ class LoraConfig:
                 f"PEFT config has peft_type={peft_type!r}: onnxblocks reads LoRA configs only (peft_type 'LORA')"
             )
         kwargs: dict[str, Any] = {}
-        known = {"r", "lora_alpha", "target_modules", "lora_dropout", "fan_in_fan_out", "bias", "exclude_modules"}
+        known = {
+            "r",
+            "lora_alpha",
+            "target_modules",
+            "lora_dropout",
+            "fan_in_fan_out",
+            "bias",
+            "exclude_modules",
+        }
         known.update(("init_lora_weights", *_PASSED))
         extra = []
         for key, value in data.items():
@@ -303,7 +357,9 @@ class LoraConfig:
         if file.is_dir():
             file = file / "adapter_config.json"
         if not file.is_file():
-            raise FileMissingError(f"no PEFT adapter config at {file}: give adapter_config.json or its directory")
+            raise FileMissingError(
+                f"no PEFT adapter config at {file}: give adapter_config.json or its directory"
+            )
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:

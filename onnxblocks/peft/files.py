@@ -75,7 +75,9 @@ def _keys(info: LoraInfo) -> dict[str, tuple[str, tuple[int, int]]]:
     return out
 
 
-def write_adapters(directory: str | os.PathLike, info: LoraInfo, adapters: Mapping[str, np.ndarray]) -> Path:
+def write_adapters(
+    directory: str | os.PathLike, info: LoraInfo, adapters: Mapping[str, np.ndarray]
+) -> Path:
     """Write a PEFT adapter directory: ``adapter_model.safetensors`` and ``adapter_config.json``.
 
     Both files are written beside their destinations and renamed into place (the weights first),
@@ -95,7 +97,9 @@ def write_adapters(directory: str | os.PathLike, info: LoraInfo, adapters: Mappi
     """
     target = Path(os.fspath(directory))
     if target.exists() and not target.is_dir():
-        raise NotAFolderError(f"Cannot write PEFT adapters to '{target}': it is a file. Pass a directory.")
+        raise NotAFolderError(
+            f"Cannot write PEFT adapters to '{target}': it is a file. Pass a directory."
+        )
     tensors: dict[str, np.ndarray] = {}
     for key, (name, shape) in _keys(info).items():
         if name not in adapters:
@@ -104,12 +108,19 @@ def write_adapters(directory: str | os.PathLike, info: LoraInfo, adapters: Mappi
             )
         array = np.ascontiguousarray(adapters[name], dtype=np.float32)
         if array.shape != shape:
-            raise InvalidValueError(f"adapter '{name}' has shape {list(array.shape)}; the model needs {list(shape)}.")
+            raise InvalidValueError(
+                f"adapter '{name}' has shape {list(array.shape)}; the model needs {list(shape)}."
+            )
         tensors[key] = array
     config = json.dumps(info.config.to_peft_dict(), indent=2, sort_keys=True) + "\n"
     target.mkdir(parents=True, exist_ok=True)
-    with atomic_outputs(target / ADAPTER_WEIGHTS_FILE, target / ADAPTER_CONFIG_FILE) as (weights, config_file):
-        write_safetensors(weights, tensors, metadata={"format": "pt"})  # PEFT's files carry {"format": "pt"}
+    with atomic_outputs(target / ADAPTER_WEIGHTS_FILE, target / ADAPTER_CONFIG_FILE) as (
+        weights,
+        config_file,
+    ):
+        write_safetensors(
+            weights, tensors, metadata={"format": "pt"}
+        )  # PEFT's files carry {"format": "pt"}
         config_file.write_text(config, encoding="utf-8")
     return target
 
@@ -156,11 +167,15 @@ def read_adapters(directory: str | os.PathLike, info: LoraInfo) -> dict[str, np.
         InvalidTypeError: for a tensor that is not floating point.
     """
     if not isinstance(directory, (str, os.PathLike)):
-        raise InvalidTypeError(f"directory must be a str or os.PathLike, not {type(directory).__name__}.")
+        raise InvalidTypeError(
+            f"directory must be a str or os.PathLike, not {type(directory).__name__}."
+        )
     folder = Path(os.fspath(directory))
     if not folder.is_dir():
         if folder.exists():
-            raise NotAFolderError(f"'{folder}' is a file; pass the PEFT adapter directory that holds it.")
+            raise NotAFolderError(
+                f"'{folder}' is a file; pass the PEFT adapter directory that holds it."
+            )
         raise FileMissingError(
             f"No PEFT adapter directory at '{folder}'. Pass a directory written by save_adapters or "
             "PeftModel.save_pretrained."
@@ -173,9 +188,13 @@ def read_adapters(directory: str | os.PathLike, info: LoraInfo) -> dict[str, np.
                 f"'{folder}' has no {path.name}{extra if path == weights_path else ''}; a PEFT adapter directory "
                 f"holds {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}."
             )
-    config = LoraConfig.from_json_file(config_path)  # refuses the options onnxblocks does not support
+    config = LoraConfig.from_json_file(
+        config_path
+    )  # refuses the options onnxblocks does not support
     check_compatible(config, info, f"'{config_path}'")
-    tensors, _ = read_safetensors(weights_path, widen_bf16=True)  # checks the header, offsets and dtypes
+    tensors, _ = read_safetensors(
+        weights_path, widen_bf16=True
+    )  # checks the header, offsets and dtypes
     expected = _keys(info)
     stored = {_without_adapter_name(key): key for key in tensors}
     unknown = [key for key in stored if key not in expected]
@@ -205,7 +224,9 @@ def read_adapters(directory: str | os.PathLike, info: LoraInfo) -> dict[str, np.
                 f"'{name}' is {list(shape)} (lora_A is [r, in_features], lora_B [out_features, r])."
             )
         if not np.isfinite(array).all():
-            raise InvalidValueError(f"'{weights_path}': tensor '{stored[key]}' holds NaN or infinite values.")
+            raise InvalidValueError(
+                f"'{weights_path}': tensor '{stored[key]}' holds NaN or infinite values."
+            )
         out[name] = np.ascontiguousarray(array, dtype=np.float32)
     return out
 

@@ -97,7 +97,9 @@ class LoraInfo:
     def to_json(self) -> str:
         """The metadata value (compact JSON)."""
         targets = {module: target.to_dict() for module, target in self.targets.items()}
-        return json.dumps({"config": self.config.to_peft_dict(), "targets": targets}, separators=(",", ":"))
+        return json.dumps(
+            {"config": self.config.to_peft_dict(), "targets": targets}, separators=(",", ":")
+        )
 
     @classmethod
     def from_json(cls, text: str) -> LoraInfo:
@@ -115,7 +117,9 @@ class LoraInfo:
         try:
             data = json.loads(text)
         except (TypeError, json.JSONDecodeError) as error:
-            raise InvalidValueError(f"model metadata {LORA_METADATA!r} is not JSON: {error}") from None
+            raise InvalidValueError(
+                f"model metadata {LORA_METADATA!r} is not JSON: {error}"
+            ) from None
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise InvalidValueError(f"model metadata {LORA_METADATA!r} has no 'config' object")
         if not isinstance(data.get("targets"), dict):
@@ -135,7 +139,9 @@ def _target(module: str, entry: Any) -> LoraTarget:
             raise InvalidValueError(f"{where}: {key!r} must be a string, got {entry.get(key)!r}")
         values[key] = entry[key]
     if values["weight_layout"] not in _LAYOUTS:
-        raise InvalidValueError(f"{where}: weight_layout must be one of {_LAYOUTS}, got {values['weight_layout']!r}")
+        raise InvalidValueError(
+            f"{where}: weight_layout must be one of {_LAYOUTS}, got {values['weight_layout']!r}"
+        )
     for key in ("in_features", "out_features"):
         value = entry.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -166,6 +172,8 @@ def lora_info(model: onnx.ModelProto | str | os.PathLike) -> LoraInfo | None:
             raise FileMissingError(f"no model file at {os.fspath(model)!r}")
         model = onnx.load(os.fspath(model), load_external_data=False)
     if not isinstance(model, onnx.ModelProto):
-        raise InvalidTypeError(f"lora_info takes an onnx.ModelProto or a path, got {type(model).__name__}")
+        raise InvalidTypeError(
+            f"lora_info takes an onnx.ModelProto or a path, got {type(model).__name__}"
+        )
     text = next((p.value for p in model.metadata_props if p.key == LORA_METADATA), None)
     return None if text is None else LoraInfo.from_json(text)

@@ -25,7 +25,9 @@ from onnxblocks._core.contracts import LORA_METADATA
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.peft.info import LoraInfo, LoraTarget, lora_info
 
-if TYPE_CHECKING:  # the IR is loaded when merging: `import onnxblocks.peft` stays light for the runtime
+if (
+    TYPE_CHECKING
+):  # the IR is loaded when merging: `import onnxblocks.peft` stays light for the runtime
     import onnx_ir as ir
 
 __all__ = ["fold", "merge_lora", "strip_adapter_branches"]
@@ -36,7 +38,9 @@ _WEIGHT_PATH_OPS = frozenset({"Transpose", "Cast", "Identity", "CastLike", "Resh
 _MAX_BRANCH_NODES = 64
 
 
-def fold(weight: np.ndarray, lora_a: np.ndarray, lora_b: np.ndarray, scale: float, layout: str) -> np.ndarray:
+def fold(
+    weight: np.ndarray, lora_a: np.ndarray, lora_b: np.ndarray, scale: float, layout: str
+) -> np.ndarray:
     """``weight + scale * B @ A`` in ``weight``'s layout and dtype.
 
     Args:
@@ -55,7 +59,9 @@ def fold(weight: np.ndarray, lora_a: np.ndarray, lora_b: np.ndarray, scale: floa
     wide = np.float64 if weight.dtype == np.float64 else np.float32
     a, b = np.asarray(lora_a, dtype=wide), np.asarray(lora_b, dtype=wide)
     if a.ndim != 2 or b.ndim != 2 or b.shape[1] != a.shape[0]:
-        raise InvalidValueError(f"LoRA adapters of shapes A {list(a.shape)} and B {list(b.shape)} do not chain.")
+        raise InvalidValueError(
+            f"LoRA adapters of shapes A {list(a.shape)} and B {list(b.shape)} do not chain."
+        )
     delta = (b @ a) * wide(scale)
     if layout == "in_out":
         delta = delta.T
@@ -86,13 +92,19 @@ def _weight_anchors(graph: ir.Graph, weight: ir.Value, target: LoraTarget) -> se
     return anchors
 
 
-def _strip_one(graph: ir.Graph, values: Mapping[str, ir.Value], module: str, target: LoraTarget) -> bool:
+def _strip_one(
+    graph: ir.Graph, values: Mapping[str, ir.Value], module: str, target: LoraTarget
+) -> bool:
     """Remove the adapter branch of one target; False when the cut graph no longer holds the layer."""
     a, b, weight = values.get(target.lora_A), values.get(target.lora_B), values.get(target.weight)
     if a is None and b is None:
         return False
     if a is None or b is None or weight is None:
-        missing = [n for n, v in ((target.lora_A, a), (target.lora_B, b), (target.weight, weight)) if v is None]
+        missing = [
+            n
+            for n, v in ((target.lora_A, a), (target.lora_B, b), (target.weight, weight))
+            if v is None
+        ]
         raise InvalidValueError(
             f"Cannot merge the adapters of '{module}': the graph has no value {missing}. The model's "
             f"'{LORA_METADATA}' metadata does not match its graph; apply LoRA again."
@@ -128,7 +140,10 @@ def _strip_one(graph: ir.Graph, values: Mapping[str, ir.Value], module: str, tar
     if out.is_graph_output():
         index = graph.outputs.index(out)
         graph.outputs[index] = kept
-        kept.name, out.name = out.name, f"{out.name}.lora_joined"  # the model's output keeps its name
+        kept.name, out.name = (
+            out.name,
+            f"{out.name}.lora_joined",
+        )  # the model's output keeps its name
         kept.type, kept.shape = out.type, out.shape
     ir.convenience.replace_all_uses_with(out, kept)
     return True
@@ -208,7 +223,9 @@ def merge_lora(
         if name in own:
             return np.asarray(own[name])
         if name not in stored:
-            raise UnknownNameError(f"merge_lora: no value for '{name}'; pass it in adapters={{...}}.")
+            raise UnknownNameError(
+                f"merge_lora: no value for '{name}'; pass it in adapters={{...}}."
+            )
         return numpy_helper.to_array(stored[name], os.fspath(folder) if folder else "")
 
     import onnx_ir as ir

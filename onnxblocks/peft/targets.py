@@ -34,7 +34,14 @@ from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.peft.config import LoraConfig
 
-__all__ = ["ALL_LINEAR", "LinearSite", "find_targets", "linear_sites", "matches", "resolve_all_linear"]
+__all__ = [
+    "ALL_LINEAR",
+    "LinearSite",
+    "find_targets",
+    "linear_sites",
+    "matches",
+    "resolve_all_linear",
+]
 
 #: Node metadata key where the dynamo exporter lists the module scopes a node ran in.
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
@@ -90,9 +97,15 @@ def node_module(node: ir.Node) -> str | None:
             parsed = ast.literal_eval(scopes)
         except (ValueError, SyntaxError):
             parsed = None
-        if isinstance(parsed, list) and len(parsed) >= 2 and all(isinstance(s, str) for s in parsed):
+        if (
+            isinstance(parsed, list)
+            and len(parsed) >= 2
+            and all(isinstance(s, str) for s in parsed)
+        ):
             return parsed[-2]
-    namespace = node.metadata_props.get(NAMESPACE)  # ": Root/path: Class/.../op: aten.op" (older dynamo exports)
+    namespace = node.metadata_props.get(
+        NAMESPACE
+    )  # ": Root/path: Class/.../op: aten.op" (older dynamo exports)
     if namespace and namespace.count("/") >= 1:
         return namespace.split("/")[-2].split(": ")[0]
     name = node.name or ""
@@ -125,7 +138,11 @@ def _trace_weight(value: ir.Value | None, graph: ir.Graph) -> tuple[ir.Value | N
         if producer.op_type == "Transpose" and producer.domain in ("", "ai.onnx"):
             perm = producer.attributes.get("perm")
             if perm is not None and list(perm.as_ints()) != [1, 0]:
-                return None, transposed, f"Transpose {producer.name!r} with perm {list(perm.as_ints())}"
+                return (
+                    None,
+                    transposed,
+                    f"Transpose {producer.name!r} with perm {list(perm.as_ints())}",
+                )
             transposed = not transposed
         elif producer.op_type not in _PASS_THROUGH:
             return None, transposed, f"{producer.op_type} node {producer.name!r}"
@@ -139,7 +156,10 @@ def _site(node: ir.Node, module: str, graph: ir.Graph) -> tuple[LinearSite | Non
         return None, f"{node.op_type} {node.name!r} has no two inputs"
     weight, transposed, found = _trace_weight(node.inputs[1], graph)
     if weight is None:
-        return None, f"{node.op_type} {node.name!r} reads its second input from {found}, not a weight initializer"
+        return (
+            None,
+            f"{node.op_type} {node.name!r} reads its second input from {found}, not a weight initializer",
+        )
     if node.op_type == "Gemm":
         if int_attribute(node, "transA", 0):
             return None, f"Gemm {node.name!r} has transA=1 (its input is transposed)"
@@ -147,7 +167,10 @@ def _site(node: ir.Node, module: str, graph: ir.Graph) -> tuple[LinearSite | Non
     shape = weight.shape
     dims = [d for d in shape if isinstance(d, int)] if shape is not None else []
     if shape is None or len(shape) != 2 or len(dims) != 2:
-        return None, f"{node.op_type} {node.name!r} reads weight {weight.name!r} of shape {shape}, not 2-D"
+        return (
+            None,
+            f"{node.op_type} {node.name!r} reads weight {weight.name!r} of shape {shape}, not 2-D",
+        )
     rows, cols = dims
     layout = "out_in" if transposed else "in_out"
     in_features, out_features = (cols, rows) if transposed else (rows, cols)
@@ -169,11 +192,17 @@ def linear_sites(graph: ir.Graph) -> tuple[list[LinearSite], dict[str, list[str]
         module = node_module(node)
         if node.op_type in _LINEAR_OPS and node.domain in ("", "ai.onnx"):
             site, why = _site(node, module or "", graph)
-            if site is not None and module is None:  # no scope: the weight's own name, if it is a parameter's
+            if (
+                site is not None and module is None
+            ):  # no scope: the weight's own name, if it is a parameter's
                 name = site.weight.name or ""
                 module = name[: -len(".weight")] if name.endswith(".weight") else None
-                if module is None:  # a Linear layer without a module name: said when targets match nothing
-                    module_ops.setdefault("", []).append(f"{node.op_type} {node.name!r} (weight {name!r})")
+                if (
+                    module is None
+                ):  # a Linear layer without a module name: said when targets match nothing
+                    module_ops.setdefault("", []).append(
+                        f"{node.op_type} {node.name!r} (weight {name!r})"
+                    )
                 site = dataclasses.replace(site, module=module) if module else None
             if site is not None:
                 sites.append(site)
@@ -202,7 +231,12 @@ def _feeds_output(node: ir.Node, outputs: set[ir.Value]) -> bool:
         return False
     add = uses[0].node
     other = [v for v in add.inputs if v is not value]
-    return len(other) == 1 and other[0] is not None and other[0].is_initializer() and add.outputs[0] in outputs
+    return (
+        len(other) == 1
+        and other[0] is not None
+        and other[0].is_initializer()
+        and add.outputs[0] in outputs
+    )
 
 
 def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
@@ -220,7 +254,11 @@ def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
     sites, _ = linear_sites(graph)
     outputs = set(graph.outputs)
     heads = {s.module for s in sites if _feeds_output(s.node, outputs)}
-    modules = [s.module for s in sites if s.module not in heads and not _rule(config.exclude_modules, s.module)]
+    modules = [
+        s.module
+        for s in sites
+        if s.module not in heads and not _rule(config.exclude_modules, s.module)
+    ]
     if not modules:
         raise InvalidValueError(
             f"LoraConfig target_modules='all-linear' finds no Linear layer besides the output layer {sorted(heads)}"
@@ -265,7 +303,9 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
     for module in matched:
         found = by_module.get(module, [])
         if not found:
-            why = "; ".join(module_ops.get(module, [])) or "it has no MatMul or Gemm node of its own"
+            why = (
+                "; ".join(module_ops.get(module, [])) or "it has no MatMul or Gemm node of its own"
+            )
             raise InvalidValueError(
                 f"LoRA target module {module!r} (matched by target_modules={_describe(config.target_modules)}) "
                 f"is not a Linear layer with a constant weight: {why}. Target Linear modules only, e.g. "

@@ -110,7 +110,9 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
 
     working = serde.from_proto(model)
     graph = working.graph
-    config = resolve_all_linear(graph, config)  # the record names the modules, as PEFT's saved config does
+    config = resolve_all_linear(
+        graph, config
+    )  # the record names the modules, as PEFT's saved config does
     sites = find_targets(graph, config)
     opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
     if config.lora_dropout > 0 and opset < _DROPOUT_INPUTS_SINCE:
@@ -149,7 +151,10 @@ def _add_branch(
     x = site.node.inputs[0]  # now, not when found: an earlier target's branch may have replaced it
     assert x is not None
     if config.lora_dropout > 0:
-        x = w.op("Dropout", [x, w.scalar(config.lora_dropout), w.const(np.array(True), suffix="training")])
+        x = w.op(
+            "Dropout",
+            [x, w.scalar(config.lora_dropout), w.const(np.array(True), suffix="training")],
+        )
     hidden = w.op("MatMul", [x, w.op("Transpose", [a], perm=[1, 0])])
     delta = w.op("MatMul", [hidden, w.op("Transpose", [b], perm=[1, 0])])
     scaled = w.op("Mul", [delta, w.scalar(config.scaling)])

@@ -105,15 +105,24 @@ class AccumulateGradients(Pass):
                 hint = grad.name if grad is not None and grad.name else "gradient"
                 passed = ir.Value(name=names.fresh(f"{hint}.reset"))
                 summed = ir.Value(name=names.fresh(f"{hint}.accumulated"))
-                then_nodes.append(ir.node("Identity", [grad], outputs=[passed], name=names.fresh("Identity")))
-                else_nodes.append(ir.node("Add", [buffer, grad], outputs=[summed], name=names.fresh("Add")))
+                then_nodes.append(
+                    ir.node("Identity", [grad], outputs=[passed], name=names.fresh("Identity"))
+                )
+                else_nodes.append(
+                    ir.node("Add", [buffer, grad], outputs=[summed], name=names.fresh("Add"))
+                )
             for param, node in zip(params, then_nodes, strict=True):
                 _like(node.outputs[0], param)
             for param, node in zip(params, else_nodes, strict=True):
                 _like(node.outputs[0], param)
-            then_branch = ir.Graph([], [n.outputs[0] for n in then_nodes], nodes=then_nodes, name=names.fresh("reset"))
+            then_branch = ir.Graph(
+                [], [n.outputs[0] for n in then_nodes], nodes=then_nodes, name=names.fresh("reset")
+            )
             else_branch = ir.Graph(
-                [], [n.outputs[0] for n in else_nodes], nodes=else_nodes, name=names.fresh("accumulate")
+                [],
+                [n.outputs[0] for n in else_nodes],
+                nodes=else_nodes,
+                name=names.fresh("accumulate"),
             )
             (flag,) = flags
             branch = ir.node(
@@ -126,7 +135,9 @@ class AccumulateGradients(Pass):
             new_nodes.append(branch)
             new_values.extend(branch.outputs)
         olds = [n.outputs[0] for n in found]
-        ir.convenience.replace_nodes_and_values(graph, found[-1], found, new_nodes, olds, new_values)
+        ir.convenience.replace_nodes_and_values(
+            graph, found[-1], found, new_nodes, olds, new_values
+        )
         for value, param in zip(new_values, params, strict=True):
             _like(value, param)
         return {ACCUMULATOR: len(found)}

@@ -81,10 +81,19 @@ def _fast_gelu_grad(w: Writer, x: ir.Value, dy: ir.Value, elem: int, out: str) -
     """``dY * 0.5 * (t + (1 - t^2) * (a x + 3 a g x^3) + 1)`` with ``t = tanh(a x + a g x^3)``."""
     alpha = w.scalar(_FAST_ALPHA, elem)
     cube = w.op("Mul", [w.op("Mul", [x, x]), x])
-    inner = w.op("Add", [w.op("Mul", [alpha, x]), w.op("Mul", [w.scalar(_FAST_ALPHA * _FAST_GAMMA, elem), cube])])
+    inner = w.op(
+        "Add",
+        [w.op("Mul", [alpha, x]), w.op("Mul", [w.scalar(_FAST_ALPHA * _FAST_GAMMA, elem), cube])],
+    )
     t = w.op("Tanh", [inner])
     sech2 = w.op("Sub", [w.scalar(1, elem), w.op("Mul", [t, t])])
-    slope = w.op("Add", [w.op("Mul", [alpha, x]), w.op("Mul", [w.scalar(_FAST_GAMMA * _FAST_ALPHA * 3.0, elem), cube])])
+    slope = w.op(
+        "Add",
+        [
+            w.op("Mul", [alpha, x]),
+            w.op("Mul", [w.scalar(_FAST_GAMMA * _FAST_ALPHA * 3.0, elem), cube]),
+        ],
+    )
     total = w.op("Add", [w.op("Add", [t, w.op("Mul", [sech2, slope])]), w.scalar(1, elem)])
     w.op("Mul", [dy, w.op("Mul", [w.scalar(0.5, elem), total])], out)
 
@@ -158,7 +167,9 @@ def quick_gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     s = w.op("Sigmoid", [ax])
     one = w.scalar(1, elem)
     w.op(
-        "Mul", [w.op("Mul", [dy, s]), w.op("Add", [one, w.op("Mul", [ax, w.op("Sub", [one, s])])])], outputs(node, 1)[0]
+        "Mul",
+        [w.op("Mul", [dy, s]), w.op("Add", [one, w.op("Mul", [ax, w.op("Sub", [one, s])])])],
+        outputs(node, 1)[0],
     )
     return w.nodes
 
@@ -176,7 +187,11 @@ def dropout_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         w.op("Identity", [dy], outputs(node, 1)[0])
         return w.nodes
     kept = w.op("Mul", [w.cast(mask, elem), dy])
-    ratio_f = w.reshape(w.cast(ratio, onnx.TensorProto.FLOAT), []) if ratio else w.scalar(0.5, onnx.TensorProto.FLOAT)
+    ratio_f = (
+        w.reshape(w.cast(ratio, onnx.TensorProto.FLOAT), [])
+        if ratio
+        else w.scalar(0.5, onnx.TensorProto.FLOAT)
+    )
     keep = w.op("Sub", [w.scalar(1, onnx.TensorProto.FLOAT), ratio_f])
     scaled = w.op("Div", [kept, w.cast(keep, elem) if elem != onnx.TensorProto.FLOAT else keep])
     if known is None:  # a run-time ratio: 0 passes dY through, whatever the mask
@@ -195,7 +210,11 @@ def scale(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     factor = w.reshape(w.cast(s, onnx.TensorProto.FLOAT), [])
     if node.attributes.get_int("scale_down", 0):
         factor = w.op("Div", [w.scalar(1, onnx.TensorProto.FLOAT), factor])
-    w.op("Mul", [x, w.cast(factor, elem) if elem != onnx.TensorProto.FLOAT else factor], outputs(node, 1)[0])
+    w.op(
+        "Mul",
+        [x, w.cast(factor, elem) if elem != onnx.TensorProto.FLOAT else factor],
+        outputs(node, 1)[0],
+    )
     return w.nodes
 
 

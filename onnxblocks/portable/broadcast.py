@@ -16,7 +16,14 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
-from onnxblocks.portable.context import LoweringContext, Writer, attributes, describe, inputs, outputs
+from onnxblocks.portable.context import (
+    LoweringContext,
+    Writer,
+    attributes,
+    describe,
+    inputs,
+    outputs,
+)
 
 Dims = Sequence[int | str | None]
 
@@ -56,7 +63,9 @@ def plan_reduction(own: Dims, other: Dims) -> tuple[list[int], list[tuple[int, i
     return fixed, checked
 
 
-def reduction_axes(w: Writer, shape: ir.Value, other_shape: ir.Value, own: Dims, other: Dims) -> ir.Value | list[int]:
+def reduction_axes(
+    w: Writer, shape: ir.Value, other_shape: ir.Value, own: Dims, other: Dims
+) -> ir.Value | list[int]:
     """The axes of :func:`plan_reduction`: a list when all are decided, else an int64 1-D value.
 
     The undecided axes are checked together on the two shapes (``Shape`` of the
@@ -94,11 +103,19 @@ def broadcast_axes(
     ndim = w.op("Max", [rank_a, rank_b])
     padded = []
     for shape, rank in ((a_shape, rank_a), (b_shape, rank_b)):
-        ones = w.op("ConstantOfShape", [w.op("Sub", [ndim, rank])], value=ir.tensor(np.ones(1, np.int64)))
+        ones = w.op(
+            "ConstantOfShape", [w.op("Sub", [ndim, rank])], value=ir.tensor(np.ones(1, np.int64))
+        )
         padded.append(w.concat([ones, shape]))
     a_pad, b_pad = padded
-    descending = w.op("Range", [w.reshape(w.op("Sub", [ndim, one]), []), w.const(np.int64(-1)), w.const(np.int64(-1))])
-    a_rev, b_rev = w.op("Gather", [a_pad, descending], axis=0), w.op("Gather", [b_pad, descending], axis=0)
+    descending = w.op(
+        "Range",
+        [w.reshape(w.op("Sub", [ndim, one]), []), w.const(np.int64(-1)), w.const(np.int64(-1))],
+    )
+    a_rev, b_rev = (
+        w.op("Gather", [a_pad, descending], axis=0),
+        w.op("Gather", [b_pad, descending], axis=0),
+    )
     differ = w.op("Not", [w.op("Equal", [a_rev, b_rev])])
     a_one, b_one = w.op("Equal", [a_rev, one]), w.op("Equal", [b_rev, one])
     out: list[ir.Value | None] = []
@@ -117,7 +134,12 @@ def broadcast_axes(
 def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value, out: str) -> None:
     """Write ``out``: ``grad`` summed over the axes along which ``like`` was broadcast, in ``like``'s shape."""
     g_dims, x_dims = ctx.dims(grad), ctx.dims(like)
-    if g_dims is not None and x_dims is not None and list(g_dims) == list(x_dims) and None not in g_dims:
+    if (
+        g_dims is not None
+        and x_dims is not None
+        and list(g_dims) == list(x_dims)
+        and None not in g_dims
+    ):
         w.op("Identity", [grad], out)
         return
     axes: ir.Value | list[int]
@@ -130,9 +152,15 @@ def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value,
             ctx.undecided_axes += 1
     else:
         if w.opset < 13:
-            raise InvalidValueError("run-time broadcast axes need ReduceSum with an axes input (opset 13)")
+            raise InvalidValueError(
+                "run-time broadcast axes need ReduceSum with an axes input (opset 13)"
+            )
         ctx.undecided_axes += 1
-        (axes,) = [a for a in broadcast_axes(w, w.shape(like), w.shape(grad), (True, False)) if a is not None]
+        (axes,) = [
+            a
+            for a in broadcast_axes(w, w.shape(like), w.shape(grad), (True, False))
+            if a is not None
+        ]
     summed = (
         w.reduce("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
         if isinstance(axes, ir.Value)
@@ -154,7 +182,10 @@ def broadcast_gradient_args(node: ir.Node, ctx: LoweringContext) -> list[ir.Node
     sources = [ctx.shape_source(a_shape), ctx.shape_source(b_shape)]
     dims = [ctx.dims(s) if s else None for s in sources]
     if dims[0] is not None and dims[1] is not None:
-        pairs = ((a_out, a_shape, b_shape, dims[0], dims[1]), (b_out, b_shape, a_shape, dims[1], dims[0]))
+        pairs = (
+            (a_out, a_shape, b_shape, dims[0], dims[1]),
+            (b_out, b_shape, a_shape, dims[1], dims[0]),
+        )
         for name, shape, other_shape, own, other in pairs:
             if not name:
                 continue
@@ -191,9 +222,13 @@ def div_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     return w.nodes
 
 
-def _needs_runtime_axes(ctx: LoweringContext, dy: ir.Value | None, a: ir.Value | None, b: ir.Value | None) -> bool:
+def _needs_runtime_axes(
+    ctx: LoweringContext, dy: ir.Value | None, a: ir.Value | None, b: ir.Value | None
+) -> bool:
     g = ctx.dims(dy)
-    return any(g is None or ctx.dims(x) is None or plan_reduction(ctx.dims(x) or [], g)[1] for x in (a, b))
+    return any(
+        g is None or ctx.dims(x) is None or plan_reduction(ctx.dims(x) or [], g)[1] for x in (a, b)
+    )
 
 
 def reduce_sum_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:

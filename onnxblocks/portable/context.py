@@ -46,12 +46,16 @@ def numpy_type(elem_type: Any) -> np.dtype:
 class Writer(_writer.Writer):
     """The IR :class:`~onnxblocks.ir.writer.Writer`, whose constants also take an ONNX element type."""
 
-    def const(self, value: np.ndarray | float | int | list, dtype: Any = None, suffix: str = "const") -> ir.Value:
+    def const(
+        self, value: np.ndarray | float | int | list, dtype: Any = None, suffix: str = "const"
+    ) -> ir.Value:
         """A ``Constant`` node holding ``value`` (``dtype``: a numpy dtype or an ONNX element type)."""
         array = np.asarray(value, dtype=None if dtype is None else numpy_type(dtype))
         return self.named_const(self.fresh(suffix), array)
 
-    def scalar(self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()) -> ir.Value:
+    def scalar(
+        self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()
+    ) -> ir.Value:
         """A constant of ``dtype`` (numpy, or an ONNX element type; float32 when None) holding ``value``."""
         return super().scalar(value, numpy_type(dtype if dtype is not None else np.float32), shape)
 
@@ -78,11 +82,18 @@ class LoweringContext:
             values takes its hint where the hint knows more of its shape than inference on ``model`` does.
     """
 
-    def __init__(self, model: ir.Model, mode: str = "standard", hints: dict[str, onnx.TypeProto] | None = None) -> None:
+    def __init__(
+        self,
+        model: ir.Model,
+        mode: str = "standard",
+        hints: dict[str, onnx.TypeProto] | None = None,
+    ) -> None:
         self.model = model
         self.mode = mode
         graph = model.graph
-        self.opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET))
+        self.opset = graph.opset_imports.get(
+            "", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET)
+        )
         self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))
         if hints:  # only for the graph's own values: a name a lowering makes may stand for another value each time
             for name in values_by_name(graph):
@@ -94,7 +105,9 @@ class LoweringContext:
         #: How many nodes of each op type were lowered.
         self.counts: dict[str, int] = {}
         self.names = graph_names(graph)
-        self.original_producers: dict[str, ir.Node] = {v.name: n for n in graph for v in n.outputs if v.name}
+        self.original_producers: dict[str, ir.Node] = {
+            v.name: n for n in graph for v in n.outputs if v.name
+        }
         self._original_inputs = {n: tuple(n.inputs) for n in graph}
         self._opsets = [onnx.helper.make_opsetid(d, v) for d, v in graph.opset_imports.items()]
         self._constants: dict[str, np.ndarray | None] = {}
@@ -122,12 +135,18 @@ class LoweringContext:
     def dims(self, value: ir.Value | None) -> list[int | str | None] | None:
         """Dims of ``value``: an int when static, the symbol's name when symbolic, None when unknown."""
         t = self._type(value)
-        if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+        if (
+            t is None
+            or t.WhichOneof("value") != "tensor_type"
+            or not t.tensor_type.HasField("shape")
+        ):
             return None
         out: list[int | str | None] = []
         for d in t.tensor_type.shape.dim:
             kind = d.WhichOneof("value")
-            out.append(d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None)
+            out.append(
+                d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None
+            )
         return out
 
     def shape_source(self, shape_value: ir.Value | None) -> ir.Value | None:
@@ -135,7 +154,10 @@ class LoweringContext:
         node = shape_value.producer() if shape_value is not None else None
         if node is None or node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
             return None
-        if node.attributes.get_int("start", 0) != 0 or node.attributes.get_int("end", None) is not None:
+        if (
+            node.attributes.get_int("start", 0) != 0
+            or node.attributes.get_int("end", None) is not None
+        ):
             return None
         return node.inputs[0]
 
@@ -173,7 +195,9 @@ class LoweringContext:
             return self._constants[key]
         array = None
         producer = value.producer()
-        if producer is None or (producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")):
+        if producer is None or (
+            producer.op_type == "Constant" and producer.domain in ("", "ai.onnx")
+        ):
             tensor = ir.convenience.get_const_tensor(value)
             if tensor is not None and not isinstance(tensor, ir.ExternalTensor):
                 array = tensor.numpy()
@@ -198,7 +222,11 @@ class LoweringContext:
         return Writer(self.names, self.opset, node.name or node.op_type)
 
     def set_type(
-        self, name: str, like: ir.Value | str | None = None, elem_type: int | None = None, shape: Any = None
+        self,
+        name: str,
+        like: ir.Value | str | None = None,
+        elem_type: int | None = None,
+        shape: Any = None,
     ) -> None:
         """Record the type of ``name``: that of value ``like``, or ``elem_type`` with ``shape``."""
         if not name or name in self.types:
@@ -229,7 +257,11 @@ class LoweringContext:
             schema = onnx.defs.get_schema(node.op_type, self.opset, "")
         except onnx.defs.SchemaError:
             return
-        inputs = {v.name: self.types[v.name] for v in node.inputs if v is not None and v.name in self.types}
+        inputs = {
+            v.name: self.types[v.name]
+            for v in node.inputs
+            if v is not None and v.name in self.types
+        }
         data: dict[str, onnx.TensorProto] = {}
         for v in node.inputs:
             array = self.constant(v) if v is not None and v.name else None

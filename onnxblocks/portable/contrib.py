@@ -11,7 +11,14 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnxblocks.portable.context import LoweringContext, Writer, attributes, inputs, outputs, unsupported
+from onnxblocks.portable.context import (
+    LoweringContext,
+    Writer,
+    attributes,
+    inputs,
+    outputs,
+    unsupported,
+)
 
 #: The activations of ``FusedGemm`` / ``FusedConv`` and the names of their ``activation_params``.
 _ACTIVATIONS: dict[str, tuple[str, ...]] = {
@@ -53,7 +60,9 @@ def _activate(node: ir.Node, w: Writer, x: ir.Value, out: str) -> None:
 def fused_gemm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``FusedGemm(A, B[, C])``: ``Gemm`` (its ``alpha``, ``beta``, ``transA``, ``transB``), then the activation."""
     w = ctx.writer(node)
-    product = w.op("Gemm", list(node.inputs), None, **attributes(node, "alpha", "beta", "transA", "transB"))
+    product = w.op(
+        "Gemm", list(node.inputs), None, **attributes(node, "alpha", "beta", "transA", "transB")
+    )
     _activate(node, w, product, outputs(node, 1)[0])
     return w.nodes
 
@@ -62,7 +71,9 @@ def fused_conv(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``FusedConv(X, W[, B][, Z])``: ``Conv``, plus ``Z`` when given, then the activation."""
     x, weight, bias, z = inputs(node, 4)
     w = ctx.writer(node)
-    conv_attrs = attributes(node, "auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+    conv_attrs = attributes(
+        node, "auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"
+    )
     out = w.op("Conv", [x, weight, *([bias] if bias is not None else [])], None, **conv_attrs)
     if z is not None:
         out = w.op("Add", [out, z])

@@ -20,7 +20,15 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import GRADIENT_OF, LoweringContext, Writer, inputs, name_of, outputs, unsupported
+from onnxblocks.portable.context import (
+    GRADIENT_OF,
+    LoweringContext,
+    Writer,
+    inputs,
+    name_of,
+    outputs,
+    unsupported,
+)
 from onnxblocks.portable.indexing import zeros
 
 
@@ -55,12 +63,18 @@ class _Window:
             known: list[int | None] | None = list(self.kernel) if self.kernel else kernel
             self.pads = self._same(node, auto_pad, known, sizes)
         elif auto_pad not in ("NOTSET", ""):
-            raise unsupported(node, f"auto_pad={auto_pad!r} with strides {self.strides} or no kernel_shape")
+            raise unsupported(
+                node, f"auto_pad={auto_pad!r} with strides {self.strides} or no kernel_shape"
+            )
         if node.attributes.get_int("ceil_mode", 0):
             raise unsupported(node, "ceil_mode=1")
 
     def _same(
-        self, node: ir.Node, auto_pad: str, kernel: list[int | None] | None, sizes: list[int | None] | None
+        self,
+        node: ir.Node,
+        auto_pad: str,
+        kernel: list[int | None] | None,
+        sizes: list[int | None] | None,
     ) -> list[int]:
         """Explicit pads of ``auto_pad=SAME_*``.
 
@@ -78,7 +92,10 @@ class _Window:
             else:
                 size = sizes[axis] if sizes is not None and axis < len(sizes) else None
                 if size is None:
-                    raise unsupported(node, f"auto_pad={auto_pad!r} with stride {s} over a dim known only at run time")
+                    raise unsupported(
+                        node,
+                        f"auto_pad={auto_pad!r} with stride {s} over a dim known only at run time",
+                    )
                 total = max(0, (-(-size // s) - 1) * s + reach - size)
             small = total // 2
             begin.append(small if auto_pad == "SAME_UPPER" else total - small)
@@ -156,7 +173,11 @@ def _transposed_into(
             _transposed(w, dy, weight, window, group, out)
         elif all(e >= s - 1 for e, s in zip(end, window.strides, strict=True)):
             y = _transposed(w, dy, weight, window, group)
-            w.op("Slice", [y, w.ints([0] * spatial), w.shape(x, 2), w.ints(list(range(2, 2 + spatial)))], out)
+            w.op(
+                "Slice",
+                [y, w.ints([0] * spatial), w.shape(x, 2), w.ints(list(range(2, 2 + spatial)))],
+                out,
+            )
         else:
             _fit_to(w, _transposed(w, dy, weight, window, group), x, spatial, out)
         return
@@ -164,7 +185,9 @@ def _transposed_into(
     dy_sizes, x_sizes, k_sizes = ([int(d or 0) for d in v or []] for v in sizes)
     have = [
         s * (n - 1) + (k - 1) * d + 1 - b
-        for n, k, s, d, b in zip(dy_sizes, k_sizes, window.strides, window.dilations, begin, strict=True)
+        for n, k, s, d, b in zip(
+            dy_sizes, k_sizes, window.strides, window.dilations, begin, strict=True
+        )
     ]
     want = x_sizes
     cut = [min(h, x) for h, x in zip(have, want, strict=True)]
@@ -174,7 +197,9 @@ def _transposed_into(
         return
     y = _transposed(w, dy, weight, window, group)
     if cut != have:
-        y = w.slice(y, [0] * spatial, cut, list(range(2, 2 + spatial)), out=None if any(missing) else out)
+        y = w.slice(
+            y, [0] * spatial, cut, list(range(2, 2 + spatial)), out=None if any(missing) else out
+        )
     if any(missing):
         w.op("Pad", [y, w.ints([0] * (2 + spatial + 2) + missing)], out)
 
@@ -210,12 +235,21 @@ def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         # dY [N, Cout, O] -> [N, g, Cout/g, O] -> [g, Cout/g, N, O] -> [Cout, N, O]
         dy5 = w.reshape(dy, w.concat([batch, groups, w.ints([-1]), w.shape(dy, 2)]))
         dyt = w.op("Transpose", [dy5], perm=[1, 2, 0, *rest])
-        dyt = w.reshape(dyt, w.concat([w.op("Gather", [dy_shape, w.ints([1])], axis=0), batch, w.shape(dy, 2)]))
+        dyt = w.reshape(
+            dyt, w.concat([w.op("Gather", [dy_shape, w.ints([1])], axis=0), batch, w.shape(dy, 2)])
+        )
         full = w.op(
-            "Conv", [xt, dyt], group=group, strides=window.dilations, dilations=window.strides, pads=window.pads
+            "Conv",
+            [xt, dyt],
+            group=group,
+            strides=window.dilations,
+            dilations=window.strides,
+            pads=window.pads,
         )  # [Cin/g, Cout, K']
         kernel = w.ints(window.kernel) if window.kernel else w.shape(weight, 2)
-        cut = w.op("Slice", [full, w.ints([0] * spatial), kernel, w.ints(list(range(2, 2 + spatial)))])
+        cut = w.op(
+            "Slice", [full, w.ints([0] * spatial), kernel, w.ints(list(range(2, 2 + spatial)))]
+        )
         w.op("Transpose", [cut], dw, perm=[1, 0, *range(2, 2 + spatial)])
     return w.nodes
 
@@ -225,7 +259,9 @@ def max_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     dy, indices = inputs(node, 2)
     pool = ctx.producer(indices)
     if pool is None or pool.op_type != "MaxPool" or list(pool.outputs[1:2]) != [indices]:
-        raise unsupported(node, f"Indices '{name_of(indices)}' that are not the second output of a MaxPool node")
+        raise unsupported(
+            node, f"Indices '{name_of(indices)}' that are not the second output of a MaxPool node"
+        )
     if pool.attributes.get_int("storage_order", 0):
         raise unsupported(node, "MaxPool storage_order=1")
     x = pool.inputs[0]
@@ -234,7 +270,8 @@ def max_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     window = _Window(pool, _spatial_rank(pool, ctx), padding=False)
     kernel = window.kernel or []
     overlapping = not kernel or any(
-        s < (k - 1) * d + 1 for s, k, d in zip(window.strides, kernel, window.dilations, strict=False)
+        s < (k - 1) * d + 1
+        for s, k, d in zip(window.strides, kernel, window.dilations, strict=False)
     )
     w = ctx.writer(node)
     flat = zeros(w, w.reshape(w.op("Size", [x]), [1]), ctx.float_type(dy))
@@ -242,7 +279,9 @@ def max_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     if overlapping:
         ctx.require_opset(node, 16, "ScatterElements with reduction='add' (overlapping windows)")
         attrs["reduction"] = "add"
-    scattered = w.op("ScatterElements", [flat, w.reshape(indices, [-1]), w.reshape(dy, [-1])], axis=0, **attrs)
+    scattered = w.op(
+        "ScatterElements", [flat, w.reshape(indices, [-1]), w.reshape(dy, [-1])], axis=0, **attrs
+    )
     w.reshape(scattered, w.shape(x), outputs(node, 1)[0])
     return w.nodes
 
@@ -253,7 +292,9 @@ def average_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     x = _pooled_input(node, ctx)
     spatial = _spatial_rank(node, ctx)
     auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
-    if auto_pad.startswith("SAME"):  # (ConvGrad's SAME pads are tested against torch; pools' are not)
+    if auto_pad.startswith(
+        "SAME"
+    ):  # (ConvGrad's SAME pads are tested against torch; pools' are not)
         raise unsupported(node, f"auto_pad={auto_pad!r}")
     window = _Window(node, spatial)
     if window.kernel is None:
@@ -291,7 +332,9 @@ def _pooled_input(node: ir.Node, ctx: LoweringContext) -> ir.Value:
     pool = ctx.producer(ctx.value(match.group("value"))) if match else None
     if pool is not None and pool.op_type == "AveragePool" and pool.inputs[0] is not None:
         return pool.inputs[0]
-    raise unsupported(node, f"a gradient whose pooled input cannot be found (output '{outputs(node, 1)[0]}')")
+    raise unsupported(
+        node, f"a gradient whose pooled input cannot be found (output '{outputs(node, 1)[0]}')"
+    )
 
 
 LOWERINGS = {

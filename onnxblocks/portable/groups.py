@@ -86,7 +86,9 @@ class GroupUpdater:
             lr = self._lr if scale == 1.0 else w.op("Mul", [self._lr, w.scalar(scale, np.float64)])
             self._scalars[group] = layout.rule.scalars(w, hyper, lr, self._step, layout.dtype)
         by_slot = dict(zip(layout.states, states, strict=True))
-        new_param, new_states = layout.rule.update(w, hyper, self._scalars[group], param, grad, by_slot)
+        new_param, new_states = layout.rule.update(
+            w, hyper, self._scalars[group], param, grad, by_slot
+        )
         values = [w.op("Identity", [new_param], targets[0])]
         for slot, out in zip(layout.states, targets[1:], strict=True):
             values.append(w.op("Identity", [new_states.get(slot, by_slot[slot])], out))
@@ -113,7 +115,9 @@ def clip_by_group(
             continue
         members = [i for i, n in enumerate(names) if layout.group_of.get(n, 0) == index]
         if members:
-            for i, clipped in zip(members, clip([out[i] for i in members], float(group["max_norm"])), strict=True):
+            for i, clipped in zip(
+                members, clip([out[i] for i in members], float(group["max_norm"])), strict=True
+            ):
                 out[i] = clipped
     return out
 

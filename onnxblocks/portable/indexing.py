@@ -16,7 +16,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import INT64_MAX, LoweringContext, Writer, inputs, outputs, unsupported
+from onnxblocks.portable.context import (
+    INT64_MAX,
+    LoweringContext,
+    Writer,
+    inputs,
+    outputs,
+    unsupported,
+)
 
 
 def zeros(w: Writer, shape: ir.Value | None, elem_type: int) -> ir.Value:
@@ -45,9 +52,13 @@ def scatter_add(
     CPU kernels have no ``reduction="add"`` for them (it fails at the first run).
     """
     if elem_type not in _NO_SCATTER_ADD:
-        return w.op(op_type, [zeros(w, shape, elem_type), indices, updates], out, reduction="add", **attrs)
+        return w.op(
+            op_type, [zeros(w, shape, elem_type), indices, updates], out, reduction="add", **attrs
+        )
     wide = onnx.TensorProto.FLOAT
-    summed = w.op(op_type, [zeros(w, shape, wide), indices, w.cast(updates, wide)], reduction="add", **attrs)
+    summed = w.op(
+        op_type, [zeros(w, shape, wide), indices, w.cast(updates, wide)], reduction="add", **attrs
+    )
     return w.cast(summed, elem_type, out)
 
 
@@ -72,20 +83,32 @@ def gather_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         axis_value = w.op("Add", [w.ints([axis]), w.op("Shape", [shape])])
     else:
         axis_value = w.ints([axis])
-    size = w.op("Gather", [shape, w.reshape(axis_value, [])], axis=0)  # a scalar: indices keep their shape
-    index = w.op("Where", [w.op("Less", [index, w.const(0, "int64")]), w.op("Add", [index, size]), index])
+    size = w.op(
+        "Gather", [shape, w.reshape(axis_value, [])], axis=0
+    )  # a scalar: indices keep their shape
+    index = w.op(
+        "Where", [w.op("Less", [index, w.const(0, "int64")]), w.op("Add", [index, size]), index]
+    )
     size = w.reshape(size, [1])
     if axis == 0:
         scatter_add(w, "ScatterND", shape, elem, w.unsqueeze(index, [-1]), dy, outputs(node, 1)[0])
         return w.nodes
     before = _product(w, w.op("Slice", [shape, w.ints([0]), axis_value, w.ints([0])]))
     after = _product(
-        w, w.op("Slice", [shape, w.op("Add", [axis_value, w.ints([1])]), w.ints([INT64_MAX]), w.ints([0])])
+        w,
+        w.op(
+            "Slice",
+            [shape, w.op("Add", [axis_value, w.ints([1])]), w.ints([INT64_MAX]), w.ints([0])],
+        ),
     )
     count = w.reshape(w.op("Size", [index]), [1])
-    rows = w.op("Transpose", [w.reshape(dy, w.concat([before, count, after]))], perm=[1, 0, 2])  # [K, P, Q]
+    rows = w.op(
+        "Transpose", [w.reshape(dy, w.concat([before, count, after]))], perm=[1, 0, 2]
+    )  # [K, P, Q]
     target = w.concat([size, before, after])
-    scattered = scatter_add(w, "ScatterND", target, elem, w.reshape(index, [-1, 1]), rows)  # [D, P, Q]
+    scattered = scatter_add(
+        w, "ScatterND", target, elem, w.reshape(index, [-1, 1]), rows
+    )  # [D, P, Q]
     w.reshape(w.op("Transpose", [scattered], perm=[1, 0, 2]), shape, outputs(node, 1)[0])
     return w.nodes
 
@@ -96,7 +119,9 @@ def gather_elements_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     dy, shape, indices = inputs(node, 3)
     w = ctx.writer(node)
     axis = node.attributes.get_int("axis", 0)
-    scatter_add(w, "ScatterElements", shape, ctx.float_type(dy), indices, dy, outputs(node, 1)[0], axis=axis)
+    scatter_add(
+        w, "ScatterElements", shape, ctx.float_type(dy), indices, dy, outputs(node, 1)[0], axis=axis
+    )
     return w.nodes
 
 
@@ -122,7 +147,10 @@ def slice_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     w = ctx.writer(node)
     size = w.reduce("ReduceProd", shape, None, keepdims=0)
     positions = w.reshape(w.op("Range", [w.const(np.int64(0)), size, w.const(np.int64(1))]), shape)
-    read = w.op("Slice", [positions, starts, ends, *([axes] if axes or steps else []), *([steps] if steps else [])])
+    read = w.op(
+        "Slice",
+        [positions, starts, ends, *([axes] if axes or steps else []), *([steps] if steps else [])],
+    )
     flat = zeros(w, w.reshape(size, [1]), ctx.float_type(dy))
     scattered = w.op("ScatterND", [flat, w.reshape(read, [-1, 1]), w.reshape(dy, [-1])])
     w.reshape(scattered, shape, outputs(node, 1)[0])
@@ -158,7 +186,10 @@ def split_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         for i, piece in enumerate(pieces):
             if piece:
                 at = w.ints([i])
-                begin, end = w.op("Gather", [starts, at], axis=0), w.op("Gather", [ends, at], axis=0)
+                begin, end = (
+                    w.op("Gather", [starts, at], axis=0),
+                    w.op("Gather", [ends, at], axis=0),
+                )
                 w.op("Slice", [x, begin, end, w.ints([axis])], piece)
     return w.nodes
 

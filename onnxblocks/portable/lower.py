@@ -57,7 +57,9 @@ LOWERINGS: dict[str, Lowering] = {
 }
 
 #: Ops handled by the contract rewrites, not by :class:`LowerTrainingOps`.
-CONTRACT_OPS = frozenset({"InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimizerV2", "InplaceClipGradNorm"})
+CONTRACT_OPS = frozenset(
+    {"InPlaceAccumulatorV2", "AdamWOptimizer", "SGDOptimizerV2", "InplaceClipGradNorm"}
+)
 
 
 class LowerTrainingOps(Pass):
@@ -135,7 +137,9 @@ class LowerTrainingOps(Pass):
                     ctx.types[name] = known
             ctx.record(replacement)
             like = _OUTPUT_LIKE_INPUT.get(node.op_type)
-            if like is not None and len(node.inputs) > like and node.outputs:  # when inference could not type it
+            if (
+                like is not None and len(node.inputs) > like and node.outputs
+            ):  # when inference could not type it
                 ctx.set_type(node.outputs[0].name or "", like=node.inputs[like])
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
         for node in list(graph):
@@ -146,7 +150,9 @@ class LowerTrainingOps(Pass):
         return ctx
 
 
-def lower_training_ops(model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> dict[str, int]:
+def lower_training_ops(
+    model: onnx.ModelProto, mode: PortableMode | bool = "standard"
+) -> dict[str, int]:
     """Replace, in place, every node of ``model`` that a portable model of ``mode`` may not hold by standard ops.
 
     ``mode="standard"`` (the default) lowers every ``com.microsoft`` op and every op of

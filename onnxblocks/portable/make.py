@@ -82,14 +82,18 @@ def make_portable(
         InvalidValueError: for an unknown ``mode``.
     """
     if not isinstance(training_model, onnx.ModelProto):
-        raise InvalidTypeError(f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}.")
+        raise InvalidTypeError(
+            f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}."
+        )
     if optimizer_model is not None and not isinstance(optimizer_model, onnx.ModelProto):
         raise InvalidTypeError(
             f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}."
         )
     checked = portable_mode(mode, "mode")
     spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
-    training = from_proto(training_model)  # not changed: the IR shares its tensors, and the passes edit the IR
+    training = from_proto(
+        training_model
+    )  # not changed: the IR shares its tensors, and the passes edit the IR
     lowering = LowerTrainingOps(checked)
     counts = dict(run_passes(training, [lowering])[lowering.name])
     step = None
@@ -110,7 +114,9 @@ def make_portable(
     return PortableModels(lowered, optimizer, step, tuple(trainable), counts, checked)
 
 
-def portable_eval_model(eval_model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> onnx.ModelProto:
+def portable_eval_model(
+    eval_model: onnx.ModelProto, mode: PortableMode | bool = "standard"
+) -> onnx.ModelProto:
     """The eval model with the ops a portable model of ``mode`` may not hold lowered, checked and marked.
 
     ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
@@ -138,7 +144,9 @@ def _finish(model: ir.Model, what: str, mode: PortableMode, stamp: bool = True) 
 
 
 def check_portable(
-    model: onnx.ModelProto | ir.Model, what: str = "the model", mode: PortableMode | bool = "standard"
+    model: onnx.ModelProto | ir.Model,
+    what: str = "the model",
+    mode: PortableMode | bool = "standard",
 ) -> None:
     """Raise :class:`PortabilityError` when ``model`` holds ops a portable model of ``mode`` may not hold.
 
@@ -150,7 +158,11 @@ def check_portable(
     if found:
         node = found[0][0]
         ops = sorted({f"{domain}:{op}" for _, op, domain in found})
-        runs = "stock ONNX Runtime cannot run" if portable_mode(mode) == "onnxruntime" else "are not standard ONNX"
+        runs = (
+            "stock ONNX Runtime cannot run"
+            if portable_mode(mode) == "onnxruntime"
+            else "are not standard ONNX"
+        )
         raise PortabilityError(
             f"{what} holds ops that {runs}: {preview(ops)} (first: node '{node.name}'). "
             "Generate non-portable artifacts (portable=False) for onnxruntime-training, or rewrite that part of "
@@ -158,7 +170,9 @@ def check_portable(
         )
 
 
-def mark_portable(model: onnx.ModelProto, mode: PortableMode | bool = "standard") -> onnx.ModelProto:
+def mark_portable(
+    model: onnx.ModelProto, mode: PortableMode | bool = "standard"
+) -> onnx.ModelProto:
     """Record ``onnxblocks.portable = "1"`` and ``onnxblocks.portable.mode`` in ``model``'s metadata, in place.
 
     Returns:

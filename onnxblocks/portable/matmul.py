@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxblocks.portable.context import LoweringContext, Writer, attributes, inputs, outputs, unsupported
+from onnxblocks.portable.context import (
+    LoweringContext,
+    Writer,
+    attributes,
+    inputs,
+    outputs,
+    unsupported,
+)
 
 
 def _swap_last_two(w: Writer, x: ir.Value, rank: int) -> ir.Value:

@@ -49,12 +49,16 @@ def _normalize(
     stat_elem = onnx.TensorProto.FLOAT if stash == 1 and elem in _LOW_PRECISION else elem
     epsilon = node.attributes.get_float("epsilon", 1e-5)
     xs = w.cast(x, stat_elem) if stat_elem != elem else x
-    if rank is None:  # rank unknown (behind other ONNX Runtime ops): on X flattened to [rows, normalized]
+    if (
+        rank is None
+    ):  # rank unknown (behind other ONNX Runtime ops): on X flattened to [rows, normalized]
         flat, axes = w.op("Flatten", [xs], axis=axis), [1]
     else:
         flat, axes = xs, list(range(axis + rank if axis < 0 else axis, rank))
 
-    def stat_shape(value: ir.Value, out: str) -> ir.Value:  # [rows, 1] -> X's dims before axis, then 1s
+    def stat_shape(
+        value: ir.Value, out: str
+    ) -> ir.Value:  # [rows, 1] -> X's dims before axis, then 1s
         if rank is not None:
             return w.op("Identity", [value], out)
         leading, trailing = w.shape(x, end=axis), w.shape(x, start=axis)
@@ -68,7 +72,9 @@ def _normalize(
         if mean_out:
             stat_shape(mean, mean_out)
     variance = w.reduce("ReduceMean", w.op("Mul", [centered, centered]), axes, keepdims=1)
-    inv_std = w.op("Reciprocal", [w.op("Sqrt", [w.op("Add", [variance, w.scalar(epsilon, stat_elem)])])])
+    inv_std = w.op(
+        "Reciprocal", [w.op("Sqrt", [w.op("Add", [variance, w.scalar(epsilon, stat_elem)])])]
+    )
     if inv_out:
         stat_shape(inv_std, inv_out)
     normed = w.op("Mul", [centered, inv_std])
@@ -76,7 +82,11 @@ def _normalize(
         normed = w.reshape(normed, w.shape(x))
     if stat_elem != elem:
         normed = w.cast(normed, elem)
-    scaled = w.op("Mul", [normed, scale], None if bias is not None else y) if scale is not None else normed
+    scaled = (
+        w.op("Mul", [normed, scale], None if bias is not None else y)
+        if scale is not None
+        else normed
+    )
     if bias is not None:
         w.op("Add", [scaled, bias], y)
     elif scale is None:
@@ -91,7 +101,9 @@ def simplified_layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     x, scale = inputs(node, 2)
     y, inv = outputs(node, 2)
     w = ctx.writer(node)
-    _normalize(node, ctx, w, x, scale, None, (y, "", inv), True, node.attributes.get_int("axis", -1))
+    _normalize(
+        node, ctx, w, x, scale, None, (y, "", inv), True, node.attributes.get_int("axis", -1)
+    )
     return w.nodes
 
 
@@ -100,7 +112,17 @@ def layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     x, scale, bias = inputs(node, 3)
     w = ctx.writer(node)
     outs = outputs(node, 3)
-    _normalize(node, ctx, w, x, scale, bias, (outs[0], outs[1], outs[2]), False, node.attributes.get_int("axis", -1))
+    _normalize(
+        node,
+        ctx,
+        w,
+        x,
+        scale,
+        bias,
+        (outs[0], outs[1], outs[2]),
+        False,
+        node.attributes.get_int("axis", -1),
+    )
     return w.nodes
 
 
@@ -144,9 +166,13 @@ def layer_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     elem = ctx.float_type(x)
     axis = node.attributes.get_int("axis", -1)
 
-    def rows(stat: ir.Value) -> ir.Value:  # float statistics [rows..., 1...] -> [rows, 1] in X's type
+    def rows(
+        stat: ir.Value,
+    ) -> ir.Value:  # float statistics [rows..., 1...] -> [rows, 1] in X's type
         column = w.reshape(stat, [-1, 1])
-        return w.cast(column, elem) if ctx.elem_type(stat, onnx.TensorProto.FLOAT) != elem else column
+        return (
+            w.cast(column, elem) if ctx.elem_type(stat, onnx.TensorProto.FLOAT) != elem else column
+        )
 
     x2, dy2 = w.op("Flatten", [x], axis=axis), w.op("Flatten", [dy], axis=axis)
     inv = rows(inv_std)
@@ -158,7 +184,11 @@ def layer_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     if dx:
         w.reshape(w.op("Sub", [rest, w.op("Mul", [normed, mean_c])]), w.shape(x), dx)
     if dscale:
-        w.reshape(w.reduce("ReduceSum", w.op("Mul", [dy2, normed]), [0], keepdims=0), w.shape(scale), dscale)
+        w.reshape(
+            w.reduce("ReduceSum", w.op("Mul", [dy2, normed]), [0], keepdims=0),
+            w.shape(scale),
+            dscale,
+        )
     if dbias:
         w.reshape(w.reduce("ReduceSum", dy2, [0], keepdims=0), w.shape(scale), dbias)
     return w.nodes
@@ -196,8 +226,14 @@ def batch_norm_internal(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         w.op("Identity", [flat_mean], saved_mean)
     if saved_inv_std:
         w.reshape(inv_std, [-1], saved_inv_std)
-    keep, take = w.scalar(momentum, elem), w.const(np.asarray(1.0 - momentum, dtype=dtype), suffix="one_minus")
-    for out, running, batch in ((running_mean, input_mean, flat_mean), (running_var, input_var, flat_var)):
+    keep, take = (
+        w.scalar(momentum, elem),
+        w.const(np.asarray(1.0 - momentum, dtype=dtype), suffix="one_minus"),
+    )
+    for out, running, batch in (
+        (running_mean, input_mean, flat_mean),
+        (running_var, input_var, flat_var),
+    ):
         if out:
             w.op("Add", [w.op("Mul", [running, keep]), w.op("Mul", [batch, take])], out)
     return w.nodes
@@ -217,14 +253,21 @@ def batch_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     inv = _channels(w, inv_std)
     centered = w.op("Sub", [x3, _channels(w, saved_mean)])
     bias_sum = w.reduce("ReduceSum", dy3, [0, 2], keepdims=1)
-    scale_sum = w.reduce("ReduceSum", w.op("Mul", [w.op("Mul", [centered, inv]), dy3]), [0, 2], keepdims=1)
+    scale_sum = w.reduce(
+        "ReduceSum", w.op("Mul", [w.op("Mul", [centered, inv]), dy3]), [0, 2], keepdims=1
+    )
     if dbias:
         w.reshape(bias_sum, [-1], dbias)
     if dscale:
         w.reshape(scale_sum, [-1], dscale)
     if dx:
         shape3 = w.op("Shape", [dy3])
-        count = w.cast(w.reduce("ReduceProd", w.op("Gather", [shape3, w.ints([0, 2])], axis=0), None, keepdims=0), elem)
+        count = w.cast(
+            w.reduce(
+                "ReduceProd", w.op("Gather", [shape3, w.ints([0, 2])], axis=0), None, keepdims=0
+            ),
+            elem,
+        )
         factor = w.op("Div", [w.op("Mul", [_channels(w, scale), inv]), count])
         inner = w.op("Sub", [w.op("Mul", [dy3, count]), bias_sum])
         inner = w.op("Sub", [inner, w.op("Mul", [w.op("Mul", [centered, scale_sum]), inv])])

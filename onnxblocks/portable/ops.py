@@ -67,7 +67,9 @@ def portable_mode(mode: object, what: str = "portable") -> PortableMode:
 
 
 @functools.lru_cache(maxsize=4096)
-def is_portable_op(op_type: str, domain: str = "", opset: int | None = None, mode: PortableMode = "standard") -> bool:
+def is_portable_op(
+    op_type: str, domain: str = "", opset: int | None = None, mode: PortableMode = "standard"
+) -> bool:
     """True for an op a portable model of ``mode`` may hold.
 
     A standard ONNX op (at ``opset``, any opset when None) always; with ``mode="onnxruntime"``
@@ -76,7 +78,9 @@ def is_portable_op(op_type: str, domain: str = "", opset: int | None = None, mod
     """
     onnxruntime_mode = mode == "onnxruntime"
     if domain in ("", "ai.onnx"):
-        if not onnx.defs.has(op_type, ""):  # ONNX Runtime's own ops in the default domain: MaxPoolGrad...
+        if not onnx.defs.has(
+            op_type, ""
+        ):  # ONNX Runtime's own ops in the default domain: MaxPoolGrad...
             return onnxruntime_mode and op_type in ORT_DEFAULT_DOMAIN_OPS
         if opset is None:
             return True

@@ -33,7 +33,12 @@ from onnxblocks._core.contracts import (
     state_names,
     updated_name,
 )
-from onnxblocks._core.contrib import ADAMW_OPTIMIZER, INPLACE_CLIP_GRAD_NORM, SGD_OPTIMIZER_V2, Attribute
+from onnxblocks._core.contrib import (
+    ADAMW_OPTIMIZER,
+    INPLACE_CLIP_GRAD_NORM,
+    SGD_OPTIMIZER_V2,
+    Attribute,
+)
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
@@ -89,14 +94,18 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     if clip is not None:
         max_norm = float(_attributes(clip, INPLACE_CLIP_GRAD_NORM.attributes)["max_norm"])
     if update.op_type == ADAMW_OPTIMIZER.op_type:
-        return OptimizerSpec("adamw", _attributes(update, ADAMW_OPTIMIZER.attributes), max_norm, elem)
+        return OptimizerSpec(
+            "adamw", _attributes(update, ADAMW_OPTIMIZER.attributes), max_norm, elem
+        )
     return OptimizerSpec("sgd", {}, max_norm, elem)
 
 
 _UPDATES = (ADAMW_OPTIMIZER.op_type, SGD_OPTIMIZER_V2.op_type)
 
 
-def _attributes(node: onnx.NodeProto, declared: Sequence[Attribute]) -> dict[str, float | int | str]:
+def _attributes(
+    node: onnx.NodeProto, declared: Sequence[Attribute]
+) -> dict[str, float | int | str]:
     values: dict[str, float | int | str] = {a.name: a.default for a in declared}
     for attr in node.attribute:
         value = helper.get_attribute_value(attr)
@@ -116,7 +125,9 @@ def _input(model: onnx.ModelProto, name: str, elem: int, shape: Sequence[int]) -
     return ir.Value(name=name, type=ir.TensorType(ir.DataType(elem)), shape=ir.Shape(list(shape)))
 
 
-def _finish(inputs: list[ir.Value], outputs: list[ir.Value], w: Writer, opset: int, name: str) -> onnx.ModelProto:
+def _finish(
+    inputs: list[ir.Value], outputs: list[ir.Value], w: Writer, opset: int, name: str
+) -> onnx.ModelProto:
     graph = ir.Graph(inputs, outputs, nodes=w.nodes, opset_imports={"": opset}, name=name)
     result = to_proto(ir.Model(graph, ir_version=8, producer_name="onnxblocks"))
     _limits.stamp_versions(result)
@@ -162,7 +173,9 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
         assert p.name is not None
 
         def like(name: str, p: ir.Value = p) -> ir.Value:
-            return ir.Value(name=name, type=p.type, shape=ir.Shape(p.shape) if p.shape is not None else None)
+            return ir.Value(
+                name=name, type=p.type, shape=ir.Shape(p.shape) if p.shape is not None else None
+            )
 
         value, grad = like(p.name), like(gradient_name(p.name))
         moments = [like(m) for m in state_names(p.name, spec.moments)]
@@ -172,8 +185,12 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
     names_out = []
     for value, _, _ in state:
         assert value.name is not None
-        names_out.append([updated_name(n) for n in (value.name, *state_names(value.name, spec.updated_states))])
-    written = update_parameters(w, spec, lr, step, [v for v, _, _ in state], grads, [m for _, _, m in state], names_out)
+        names_out.append(
+            [updated_name(n) for n in (value.name, *state_names(value.name, spec.updated_states))]
+        )
+    written = update_parameters(
+        w, spec, lr, step, [v for v, _, _ in state], grads, [m for _, _, m in state], names_out
+    )
     for (value, _, moments), new in zip(state, written, strict=True):
         for out, old in zip(new, (value, *moments), strict=False):
             out.type, out.shape = old.type, old.shape
@@ -201,9 +218,14 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     by_name = {v.name: v for v in inputs}
     w = OptimizerWriter(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
     sequences = [PARAMS, GRADIENTS, *spec.state_inputs]
-    items = {s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)] for s in sequences}
+    items = {
+        s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)]
+        for s in sequences
+    }
     if spec.groups and len(spec.params) != count:
-        raise PortabilityError(f"The optimizer model names {len(spec.params)} parameters, not {count}: regenerate it.")
+        raise PortabilityError(
+            f"The optimizer model names {len(spec.params)} parameters, not {count}: regenerate it."
+        )
     order = [n for n, _ in spec.params] if spec.groups else None
     grads = clip(w, spec, items[GRADIENTS], order or [f"#{i}" for i in range(count)])
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}

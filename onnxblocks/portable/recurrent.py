@@ -33,7 +33,9 @@ from onnxblocks.portable.context import (
 _DEFAULTS = {"GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
 
 
-def _check(node: ir.Node, kind: str, sequence_lens: ir.Value | None, peephole: ir.Value | None = None) -> int:
+def _check(
+    node: ir.Node, kind: str, sequence_lens: ir.Value | None, peephole: ir.Value | None = None
+) -> int:
     """The hidden size, after checking the node is in the covered form."""
     if node.attributes.get_string("direction", "forward") != "forward":
         raise unsupported(node, "a reverse or bidirectional direction")
@@ -59,7 +61,8 @@ def _only_read_by(node: ir.Node, names: list[str], grad_op: str) -> None:
         readers = [use.node for use in value.uses() if use.node.op_type != grad_op]
         if readers:
             raise unsupported(
-                node, f"its output '{value.name}' read by {readers[0].op_type} (only {grad_op} may read it)"
+                node,
+                f"its output '{value.name}' read by {readers[0].op_type} (only {grad_op} may read it)",
             )
 
 
@@ -94,7 +97,9 @@ def _steps(w: Writer, hall: ir.Value, first: ir.Value | None, batch_hidden: ir.V
     """``[first, hall[0], ..., hall[T-2]]``: each step's previous state, ``[T, B, H]``."""
     sequence = w.squeeze(hall, [1])
     start = (
-        w.squeeze(first, [0]) if first is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, hall))
+        w.squeeze(first, [0])
+        if first is not None
+        else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, hall))
     )
     earlier = w.op("Slice", [sequence, w.ints([0]), w.ints([-1]), w.ints([0])])
     return w.concat([w.unsqueeze(start, [0]), earlier], 0)
@@ -135,7 +140,9 @@ def gru_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     y, y_h, zrh = outputs(node, 3)
     _only_read_by(node, [zrh], "GRUGrad")
     w = ctx.writer(node)
-    attrs = attributes(node, "hidden_size", "linear_before_reset", "direction", "activations", "layout")
+    attrs = attributes(
+        node, "hidden_size", "linear_before_reset", "direction", "activations", "layout"
+    )
     w.ops("GRU", [x, weight, recurrence, bias, None, h0], [y, y_h], **attrs)
     return w.nodes
 
@@ -154,7 +161,9 @@ def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     batch_hidden = w.concat([w.dim(x, 1), w.ints([hidden])])
     previous = _steps(w, hall, h0, batch_hidden)
     d_steps = (
-        w.squeeze(dhall, [1]) if dhall is not None else w.op("ConstantOfShape", [w.shape(previous)], value=_zero(w, x))
+        w.squeeze(dhall, [1])
+        if dhall is not None
+        else w.op("ConstantOfShape", [w.shape(previous)], value=_zero(w, x))
     )
 
     b = ctx.writer(node)  # the body: state dh, dW, dR, dWb, dRb; scanned x_t, h_t-1, dy_t
@@ -163,7 +172,9 @@ def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     )
     gx = b.op("Add", [b.op("MatMul", [x_t, p.wt]), p.wb])
     gx_zr, gx_h = b.split(gx, [2 * hidden, hidden], 1)
-    zr = b.op("Sigmoid", [b.op("Add", [gx_zr, b.op("Add", [b.op("MatMul", [h_prev, rzr_t]), rb_zr])])])
+    zr = b.op(
+        "Sigmoid", [b.op("Add", [gx_zr, b.op("Add", [b.op("MatMul", [h_prev, rzr_t]), rb_zr])])]
+    )
     z, r = b.split(zr, [hidden, hidden], 1)
     one = b.scalar(1, onnx.TensorProto.FLOAT)
     if before_reset:
@@ -173,7 +184,9 @@ def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
         reset = b.op("Mul", [r, h_prev])
         n = b.op("Tanh", [b.op("Add", [gx_h, b.op("Add", [b.op("MatMul", [reset, rh_t]), rb_h])])])
     d_h = b.op("Add", [s_dh, dy_t])
-    dn_pre = b.op("Mul", [b.op("Mul", [d_h, b.op("Sub", [one, z])]), b.op("Sub", [one, b.op("Mul", [n, n])])])
+    dn_pre = b.op(
+        "Mul", [b.op("Mul", [d_h, b.op("Sub", [one, z])]), b.op("Sub", [one, b.op("Mul", [n, n])])]
+    )
     dz = b.op("Mul", [d_h, b.op("Sub", [h_prev, n])])
     dz_pre = b.op("Mul", [b.op("Mul", [dz, z]), b.op("Sub", [one, z])])
     dh_prev = b.op("Mul", [d_h, z])
@@ -197,7 +210,9 @@ def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     dzr_rec = b.op("MatMul", [b.op("Transpose", [dzr]), h_prev])
     new_dr = b.op("Add", [s_dr, b.concat([dzr_rec, drh], 0)])
     new_dwb = b.op("Add", [s_dwb, b.reduce("ReduceSum", dgates, [0], keepdims=0)])
-    new_drb = b.op("Add", [s_drb, b.concat([b.reduce("ReduceSum", dzr, [0], keepdims=0), drb_h], 0)])
+    new_drb = b.op(
+        "Add", [s_drb, b.concat([b.reduce("ReduceSum", dzr, [0], keepdims=0), drb_h], 0)]
+    )
     dx_t = b.op("MatMul", [dgates, p.w2])
     body = _body(
         b,
@@ -207,9 +222,13 @@ def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     )
 
     start_dh = (
-        w.squeeze(dh_final, [0]) if dh_final is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+        w.squeeze(dh_final, [0])
+        if dh_final is not None
+        else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
     )
-    zeros = [w.op("ConstantOfShape", [w.shape(v)], value=_zero(w, x)) for v in (p.w2, p.r2, p.wb, p.rb)]
+    zeros = [
+        w.op("ConstantOfShape", [w.shape(v)], value=_zero(w, x)) for v in (p.w2, p.r2, p.wb, p.rb)
+    ]
     names = [w.fresh(n) for n in ("dh0", "dw", "dr", "dwb", "drb", "dx")]
     finals = _scan(w, body, [start_dh, *zeros], [x, previous, d_steps], names, reverse=True)
     _gradients_out(w, finals, dx, dw, dr, db, dh0, bias_parts=(finals[3], finals[4]))
@@ -249,21 +268,32 @@ def lstm_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     p = _Parts(w, weight, recurrence, bias, 4, hidden)
     batch_hidden = w.concat([w.dim(x, 1), w.ints([hidden])])
     start = [
-        w.squeeze(v, [0]) if v is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+        w.squeeze(v, [0])
+        if v is not None
+        else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
         for v in (h0, c0)
     ]
     b = ctx.writer(node)
     s_h, s_c, x_t = b.body_input("h"), b.body_input("c"), b.body_input("x")
     bias_sum = b.op("Add", [p.wb, p.rb])
-    gates = b.op("Add", [b.op("Add", [b.op("MatMul", [x_t, p.wt]), b.op("MatMul", [s_h, p.rt])]), bias_sum])
+    gates = b.op(
+        "Add", [b.op("Add", [b.op("MatMul", [x_t, p.wt]), b.op("MatMul", [s_h, p.rt])]), bias_sum]
+    )
     i, o, f, g = b.split(gates, [hidden] * 4, 1)
     i, o, f, g = b.op("Sigmoid", [i]), b.op("Sigmoid", [o]), b.op("Sigmoid", [f]), b.op("Tanh", [g])
     c = b.op("Add", [b.op("Mul", [f, s_c]), b.op("Mul", [i, g])])
     h = b.op("Mul", [o, b.op("Tanh", [c])])
     h_out, c_out = b.op("Identity", [h]), b.op("Identity", [c])
     body = _body(b, "lstm_step", [s_h, s_c, x_t], [h, c, h_out, c_out])
-    finals = _scan(w, body, start, [x], [w.fresh(n) for n in ("h", "c", "hall", "call")], reverse=False)
-    for out, value, axis in ((y, finals[2], 1), (y_h, finals[0], 0), (y_c, finals[1], 0), (cells, finals[3], 1)):
+    finals = _scan(
+        w, body, start, [x], [w.fresh(n) for n in ("h", "c", "hall", "call")], reverse=False
+    )
+    for out, value, axis in (
+        (y, finals[2], 1),
+        (y_h, finals[0], 0),
+        (y_c, finals[1], 0),
+        (cells, finals[3], 1),
+    ):
         if out:
             w.unsqueeze(value, [axis], out)
     return w.nodes
@@ -271,14 +301,18 @@ def lstm_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 def lstm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``LSTMGrad(X, W, R, _, H0, C0, Y, cells, iofc, dY, dY_h, dY_c) -> dX, dW, dR, dB, dH0, dC0``, a reverse Scan."""
-    x, weight, recurrence, sequence_lens, h0, c0, hall, cells, _, dhall, dh_final, dc_final = inputs(node, 12)
+    x, weight, recurrence, sequence_lens, h0, c0, hall, cells, _, dhall, dh_final, dc_final = (
+        inputs(node, 12)
+    )
     hidden = _check(node, "LSTM", sequence_lens)
     dx, dw, dr, db, dh0, dc0, dp = outputs(node, 7)
     if dp:
         raise unsupported(node, "peephole weights")
     forward = ctx.original_producers.get(name_of(hall))
     if forward is None or forward.op_type != "LSTMTraining":
-        raise unsupported(node, f"all hidden states '{name_of(hall)}' not written by an LSTMTraining node")
+        raise unsupported(
+            node, f"all hidden states '{name_of(hall)}' not written by an LSTMTraining node"
+        )
     original = ctx.original_inputs(forward)
     bias = original[3] if len(original) > 3 else None
     w = ctx.writer(node)
@@ -298,13 +332,19 @@ def lstm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     )
     one = b.scalar(1, onnx.TensorProto.FLOAT)
     bias_sum = b.op("Add", [p.wb, p.rb])
-    gates = b.op("Add", [b.op("Add", [b.op("MatMul", [x_t, p.wt]), b.op("MatMul", [h_prev, p.rt])]), bias_sum])
+    gates = b.op(
+        "Add",
+        [b.op("Add", [b.op("MatMul", [x_t, p.wt]), b.op("MatMul", [h_prev, p.rt])]), bias_sum],
+    )
     i, o, f, g = b.split(gates, [hidden] * 4, 1)
     i, o, f, g = b.op("Sigmoid", [i]), b.op("Sigmoid", [o]), b.op("Sigmoid", [f]), b.op("Tanh", [g])
     c = b.op("Add", [b.op("Mul", [f, c_prev]), b.op("Mul", [i, g])])
     tc = b.op("Tanh", [c])
     d_h = b.op("Add", [s_dh, dy_t])
-    d_c = b.op("Add", [s_dc, b.op("Mul", [b.op("Mul", [d_h, o]), b.op("Sub", [one, b.op("Mul", [tc, tc])])])])
+    d_c = b.op(
+        "Add",
+        [s_dc, b.op("Mul", [b.op("Mul", [d_h, o]), b.op("Sub", [one, b.op("Mul", [tc, tc])])])],
+    )
 
     def sigmoid_back(grad: ir.Value, gate: ir.Value) -> ir.Value:
         return b.op("Mul", [b.op("Mul", [grad, gate]), b.op("Sub", [one, gate])])
@@ -328,15 +368,26 @@ def lstm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     )
 
     starts = [
-        w.squeeze(v, [0]) if v is not None else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
+        w.squeeze(v, [0])
+        if v is not None
+        else w.op("ConstantOfShape", [batch_hidden], value=_zero(w, x))
         for v in (dh_final, dc_final)
     ]
     zeros = [w.op("ConstantOfShape", [w.shape(v)], value=_zero(w, x)) for v in (p.w2, p.r2, p.wb)]
     names = [w.fresh(n) for n in ("dh0", "dc0", "dw", "dr", "db", "dx")]
-    finals = _scan(w, body, [*starts, *zeros], [x, h_prev_all, c_prev_all, d_steps], names, reverse=True)
+    finals = _scan(
+        w, body, [*starts, *zeros], [x, h_prev_all, c_prev_all, d_steps], names, reverse=True
+    )
     # finals: dh0, dc0, dW, dR, dB, dX -> the GRU layout [dh0, dW, dR, ...] for _gradients_out
     _gradients_out(
-        w, [finals[0], finals[2], finals[3], finals[5]], dx, dw, dr, db, dh0, bias_parts=(finals[4], finals[4])
+        w,
+        [finals[0], finals[2], finals[3], finals[5]],
+        dx,
+        dw,
+        dr,
+        db,
+        dh0,
+        bias_parts=(finals[4], finals[4]),
     )
     if dc0:
         w.unsqueeze(finals[1], [0], dc0)

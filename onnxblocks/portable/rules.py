@@ -57,7 +57,9 @@ class Rule:
     slots: tuple[str, ...]
     needs: Callable[[Hyper], tuple[str, ...]]
     scalars: Callable[[Writer, Hyper, ir.Value, ir.Value, np.dtype], Scalars]
-    update: Callable[[Writer, Hyper, Scalars, ir.Value, ir.Value, dict[str, ir.Value]], tuple[ir.Value, Scalars]]
+    update: Callable[
+        [Writer, Hyper, Scalars, ir.Value, ir.Value, dict[str, ir.Value]], tuple[ir.Value, Scalars]
+    ]
     #: False for a rule that reads whole-tensor norms (Lamb): layouts apply it per tensor, never flattened.
     elementwise: bool = True
 
@@ -132,12 +134,23 @@ def _sgd_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: n
 
 
 def _sgd_update(
-    w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value, states: dict[str, ir.Value]
+    w: Writer,
+    hyper: Hyper,
+    s: Scalars,
+    param: ir.Value,
+    grad: ir.Value,
+    states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
     d_p = _signed_grad(w, hyper, s, param, grad)
     new: Scalars = {}
     if "momentum" in s:
-        later = fma(w, d_p, s["damp"], w.op("Mul", [states["momentum_buffer"], s["momentum"]]), hyper["dtype"])
+        later = fma(
+            w,
+            d_p,
+            s["damp"],
+            w.op("Mul", [states["momentum_buffer"], s["momentum"]]),
+            hyper["dtype"],
+        )
         buf = new["momentum_buffer"] = w.op("Where", [s["first"], d_p, later])
         d_p = fma(w, buf, s["momentum"], d_p, hyper["dtype"]) if hyper["nesterov"] else buf
     return fma(w, d_p, s["neg_lr"], param, hyper["dtype"]), new
@@ -147,10 +160,16 @@ def _sgd_update(
 
 
 def _adam_needs(hyper: Hyper) -> tuple[str, ...]:
-    return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if hyper["amsgrad"] else ("exp_avg", "exp_avg_sq")
+    return (
+        ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+        if hyper["amsgrad"]
+        else ("exp_avg", "exp_avg_sq")
+    )
 
 
-def _adam_scalars(decoupled: bool) -> Callable[[Writer, Hyper, ir.Value, ir.Value, np.dtype], Scalars]:
+def _adam_scalars(
+    decoupled: bool,
+) -> Callable[[Writer, Hyper, ir.Value, ir.Value, np.dtype], Scalars]:
     def scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
         beta1, beta2 = (float(b) for b in hyper["betas"])
         one = w.scalar(1.0, np.float64)
@@ -168,7 +187,9 @@ def _adam_scalars(decoupled: bool) -> Callable[[Writer, Hyper, ir.Value, ir.Valu
         }
         wd = float(hyper["weight_decay"])
         if decoupled and wd:
-            s["decay"] = _cast(w, w.op("Sub", [one, w.op("Mul", [lr, w.scalar(wd, np.float64)])]), dtype)
+            s["decay"] = _cast(
+                w, w.op("Sub", [one, w.op("Mul", [lr, w.scalar(wd, np.float64)])]), dtype
+            )
         elif wd:
             s.update(_l2(w, hyper, dtype))
         return s
@@ -177,28 +198,41 @@ def _adam_scalars(decoupled: bool) -> Callable[[Writer, Hyper, ir.Value, ir.Valu
 
 
 def _adam_update(
-    w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value, states: dict[str, ir.Value]
+    w: Writer,
+    hyper: Hyper,
+    s: Scalars,
+    param: ir.Value,
+    grad: ir.Value,
+    states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
     if "decay" in s:
         param = w.op("Mul", [param, s["decay"]])
     g = _signed_grad(w, hyper, s, param, grad)
     m1, m2 = states["exp_avg"], states["exp_avg_sq"]
     new = {
-        "exp_avg": fma(w, w.op("Sub", [g, m1]), s["beta1c"], m1, hyper["dtype"]),  # lerp(m1, g, 1 - beta1)
-        "exp_avg_sq": fma(w, w.op("Mul", [g, s["beta2c"]]), g, w.op("Mul", [m2, s["beta2"]]), hyper["dtype"]),
+        "exp_avg": fma(
+            w, w.op("Sub", [g, m1]), s["beta1c"], m1, hyper["dtype"]
+        ),  # lerp(m1, g, 1 - beta1)
+        "exp_avg_sq": fma(
+            w, w.op("Mul", [g, s["beta2c"]]), g, w.op("Mul", [m2, s["beta2"]]), hyper["dtype"]
+        ),
     }
     second = new["exp_avg_sq"]
     if hyper["amsgrad"]:
         second = new["max_exp_avg_sq"] = w.op("Max", [states["max_exp_avg_sq"], second])
     denom = w.op("Add", [w.op("Div", [sqrt(w, second, hyper["dtype"]), s["bc2_sqrt"]]), s["eps"]])
-    update = w.op("Div", [w.op("Mul", [new["exp_avg"], s["step_size"]]), denom])  # addcdiv: (value * m1) / denom
+    update = w.op(
+        "Div", [w.op("Mul", [new["exp_avg"], s["step_size"]]), denom]
+    )  # addcdiv: (value * m1) / denom
     return w.op("Sub", [param, update]), new
 
 
 # --------------------------------------------------------------------------- Adagrad
 
 
-def _adagrad_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
+def _adagrad_scalars(
+    w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype
+) -> Scalars:
     one = w.scalar(1.0, np.float64)
     decay = w.op("Mul", [w.op("Sub", [step, one]), w.scalar(float(hyper["lr_decay"]), np.float64)])
     return {
@@ -211,7 +245,12 @@ def _adagrad_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtyp
 
 
 def _adagrad_update(
-    w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value, states: dict[str, ir.Value]
+    w: Writer,
+    hyper: Hyper,
+    s: Scalars,
+    param: ir.Value,
+    grad: ir.Value,
+    states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
     g = _signed_grad(w, hyper, s, param, grad)
     before = w.op("Where", [s["first"], s["initial"], states["sum"]])
@@ -231,7 +270,9 @@ def _rmsprop_needs(hyper: Hyper) -> tuple[str, ...]:
     )
 
 
-def _rmsprop_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
+def _rmsprop_scalars(
+    w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype
+) -> Scalars:
     alpha = float(hyper["alpha"])
     s = {
         "alpha": w.scalar(alpha, dtype),
@@ -248,11 +289,18 @@ def _rmsprop_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtyp
 
 
 def _rmsprop_update(
-    w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value, states: dict[str, ir.Value]
+    w: Writer,
+    hyper: Hyper,
+    s: Scalars,
+    param: ir.Value,
+    grad: ir.Value,
+    states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
     g = _signed_grad(w, hyper, s, param, grad)
     like = hyper["dtype"]
-    sq = fma(w, w.op("Mul", [g, s["alphac"]]), g, w.op("Mul", [states["square_avg"], s["alpha"]]), like)
+    sq = fma(
+        w, w.op("Mul", [g, s["alphac"]]), g, w.op("Mul", [states["square_avg"], s["alpha"]]), like
+    )
     new = {"square_avg": sq}
     if hyper["centered"]:
         ga = states["grad_avg"]
@@ -262,7 +310,9 @@ def _rmsprop_update(
         avg = sqrt(w, sq, like)
     avg = w.op("Add", [avg, s["eps"]])
     if "momentum" in s:
-        buf = w.op("Add", [w.op("Mul", [states["momentum_buffer"], s["momentum"]]), w.op("Div", [g, avg])])
+        buf = w.op(
+            "Add", [w.op("Mul", [states["momentum_buffer"], s["momentum"]]), w.op("Div", [g, avg])]
+        )
         new["momentum_buffer"] = buf
         return fma(w, buf, s["neg_lr"], param, like), new
     return w.op("Sub", [param, w.op("Div", [w.op("Mul", [g, s["lr"]]), avg])]), new
@@ -271,7 +321,9 @@ def _rmsprop_update(
 # --------------------------------------------------------------------------- Lamb
 
 
-def _lamb_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
+def _lamb_scalars(
+    w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype
+) -> Scalars:
     beta1, beta2 = (float(b) for b in hyper["betas"])
     s: Scalars = {
         "lr": _cast(w, lr, dtype),
@@ -288,17 +340,30 @@ def _lamb_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: 
     if hyper["bias_correction"]:
         one = w.scalar(1.0, np.float64)
         for key, beta in (("c1", beta1), ("c2", beta2)):
-            s[key] = _cast(w, w.op("Sub", [one, w.op("Pow", [w.scalar(beta, np.float64), step])]), dtype)
+            s[key] = _cast(
+                w, w.op("Sub", [one, w.op("Pow", [w.scalar(beta, np.float64), step])]), dtype
+            )
     return s
 
 
 def _lamb_update(
-    w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value, states: dict[str, ir.Value]
+    w: Writer,
+    hyper: Hyper,
+    s: Scalars,
+    param: ir.Value,
+    grad: ir.Value,
+    states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
     """LAMB (You et al., 2019, Algorithm 2): Adam's direction plus decay, times the trust ratio ``||w|| / ||u||``."""
     g = w.op("Neg", [grad]) if hyper["maximize"] else grad
     m1 = w.op("Add", [w.op("Mul", [states["exp_avg"], s["beta1"]]), w.op("Mul", [g, s["beta1c"]])])
-    m2 = w.op("Add", [w.op("Mul", [states["exp_avg_sq"], s["beta2"]]), w.op("Mul", [w.op("Mul", [g, g]), s["beta2c"]])])
+    m2 = w.op(
+        "Add",
+        [
+            w.op("Mul", [states["exp_avg_sq"], s["beta2"]]),
+            w.op("Mul", [w.op("Mul", [g, g]), s["beta2c"]]),
+        ],
+    )
     m1_hat = w.op("Div", [m1, s["c1"]]) if "c1" in s else m1
     m2_hat = w.op("Div", [m2, s["c2"]]) if "c2" in s else m2
     u = w.op("Div", [m1_hat, w.op("Add", [sqrt(w, m2_hat, hyper["dtype"]), s["eps"]])])
@@ -312,13 +377,25 @@ def _lamb_update(
     return w.op("Sub", [param, step]), {"exp_avg": m1, "exp_avg_sq": m2}
 
 
-_ADAM_DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
+_ADAM_DEFAULTS = {
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+    "amsgrad": False,
+    "maximize": False,
+}
 
 #: The algorithms, by name.
 RULES: dict[str, Rule] = {
     "sgd": Rule(
         "sgd",
-        {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False, "maximize": False},
+        {
+            "momentum": 0.0,
+            "dampening": 0.0,
+            "weight_decay": 0.0,
+            "nesterov": False,
+            "maximize": False,
+        },
         ("momentum_buffer",),
         _sgd_needs,
         _sgd_scalars,
@@ -342,7 +419,13 @@ RULES: dict[str, Rule] = {
     ),
     "lamb": Rule(
         "lamb",
-        {"betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0, "bias_correction": True, "maximize": False},
+        {
+            "betas": (0.9, 0.999),
+            "eps": 1e-6,
+            "weight_decay": 0.0,
+            "bias_correction": True,
+            "maximize": False,
+        },
         ("exp_avg", "exp_avg_sq"),
         lambda hyper: ("exp_avg", "exp_avg_sq"),
         _lamb_scalars,
@@ -351,7 +434,13 @@ RULES: dict[str, Rule] = {
     ),
     "adagrad": Rule(
         "adagrad",
-        {"lr_decay": 0.0, "weight_decay": 0.0, "initial_accumulator_value": 0.0, "eps": 1e-10, "maximize": False},
+        {
+            "lr_decay": 0.0,
+            "weight_decay": 0.0,
+            "initial_accumulator_value": 0.0,
+            "eps": 1e-10,
+            "maximize": False,
+        },
         ("sum",),
         lambda hyper: ("sum",),
         _adagrad_scalars,
@@ -359,7 +448,14 @@ RULES: dict[str, Rule] = {
     ),
     "rmsprop": Rule(
         "rmsprop",
-        {"alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0, "centered": False, "maximize": False},
+        {
+            "alpha": 0.99,
+            "eps": 1e-8,
+            "weight_decay": 0.0,
+            "momentum": 0.0,
+            "centered": False,
+            "maximize": False,
+        },
         ("square_avg", "momentum_buffer", "grad_avg"),
         _rmsprop_needs,
         _rmsprop_scalars,
@@ -375,7 +471,9 @@ def rule(name: str) -> Rule:
         InvalidValueError: for an unknown algorithm.
     """
     if name not in RULES:
-        raise InvalidValueError(f"Unknown optimizer algorithm {name!r}; the portable rules are {sorted(RULES)}.")
+        raise InvalidValueError(
+            f"Unknown optimizer algorithm {name!r}; the portable rules are {sorted(RULES)}."
+        )
     return RULES[name]
 
 

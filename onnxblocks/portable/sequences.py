@@ -88,7 +88,9 @@ def _fresh(names: NameAuthority, base: str) -> str:
 
 
 def _tensor(name: str, param: Param) -> ir.Value:
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType(param[1])), shape=ir.Shape(list(param[2])))
+    return ir.Value(
+        name=name, type=ir.TensorType(ir.DataType(param[1])), shape=ir.Shape(list(param[2]))
+    )
 
 
 def per_tensor_optimizer(
@@ -131,7 +133,9 @@ def per_tensor_optimizer(
             "the artifacts with portable=True."
         )
     names = graph_names(graph)
-    done = _unwrapped(graph, params, sequences, names) or _wrapped(graph, params, sequences, updated, names, opset)
+    done = _unwrapped(graph, params, sequences, names) or _wrapped(
+        graph, params, sequences, updated, names, opset
+    )
     inputs, outputs = done
     return PerTensorOptimizer(to_proto(ir_model), inputs, outputs, [str(v.name) for v in scalars])
 
@@ -178,7 +182,9 @@ def _wrapped(
     scalars = [v for v in graph.inputs if v not in sequences]
     graph.inputs.clear()
     graph.inputs.extend([*scalars, *new_inputs])
-    for node, value in zip(front, sequences, strict=True):  # the sequences keep their names inside the model
+    for node, value in zip(
+        front, sequences, strict=True
+    ):  # the sequences keep their names inside the model
         node.outputs[0].name = value.name
     if len(graph):
         graph.insert_before(graph.node(0), front)
@@ -193,7 +199,11 @@ def _wrapped(
 def _position(value: ir.Value | None) -> int | None:
     """The scalar integer a constant ``value`` holds, or None."""
     tensor = ir.convenience.get_const_tensor(value) if value is not None else None
-    if tensor is None or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32) or len(tensor.shape) > 1:
+    if (
+        tensor is None
+        or tensor.dtype not in (ir.DataType.INT64, ir.DataType.INT32)
+        or len(tensor.shape) > 1
+    ):
         return None
     array = tensor.numpy().reshape(-1)
     return int(array[0]) if array.size == 1 else None
@@ -217,7 +227,11 @@ def _unwrapped(
             at.append((node, node.inputs[0], position % count))
         elif any(v in sequences for v in node.inputs):
             return None
-        if node.op_type == "SequenceConstruct" and node.outputs[0] in outputs and len(node.inputs) == count:
+        if (
+            node.op_type == "SequenceConstruct"
+            and node.outputs[0] in outputs
+            and len(node.inputs) == count
+        ):
             built.append(node)
     if {n.outputs[0] for n in built} != outputs or any(o.uses() for o in outputs):
         return None
@@ -232,7 +246,9 @@ def _unwrapped(
     for node in built:
         updated = str(node.outputs[0].name)[: -len(UPDATED_SUFFIX)]
         for i, value in enumerate(node.inputs):
-            out = _tensor(_fresh(names, updated_name(_element_name(updated, params[i][0]))), params[i])
+            out = _tensor(
+                _fresh(names, updated_name(_element_name(updated, params[i][0]))), params[i]
+            )
             results[(updated, i)] = w.op("Identity", [value], out)
     for node, read, index in at:
         ir.convenience.replace_all_uses_with(node.outputs[0], element[(str(read.name), index)])

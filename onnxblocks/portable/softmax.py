@@ -68,11 +68,16 @@ def softmax_cross_entropy_loss_grad(node: ir.Node, ctx: LoweringContext) -> list
         scaled = dy
         if reduction == "mean":
             if sample_weight:
-                counted = w.op("Where", [valid, sample_weight, w.scalar(0, elem)]) if valid else sample_weight
+                counted = (
+                    w.op("Where", [valid, sample_weight, w.scalar(0, elem)])
+                    if valid
+                    else sample_weight
+                )
                 denominator = w.reduce("ReduceSum", counted, None, keepdims=0)
             elif valid:
                 denominator = w.cast(
-                    w.reduce("ReduceSum", w.cast(valid, onnx.TensorProto.INT64), None, keepdims=0), elem
+                    w.reduce("ReduceSum", w.cast(valid, onnx.TensorProto.INT64), None, keepdims=0),
+                    elem,
                 )
             else:
                 denominator = w.cast(w.op("Size", [label]), elem)

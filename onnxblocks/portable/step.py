@@ -58,7 +58,9 @@ class FuseStep(Pass):
         graph, spec = model.graph, self.spec
         params = _parameters(graph)
         if not params:
-            raise PortabilityError("The training model has no trainable parameters: there is no step to fuse.")
+            raise PortabilityError(
+                "The training model has no trainable parameters: there is no step to fuse."
+            )
         found = accumulators(graph)
         grads: list[ir.Value] = []
         for node in found:
@@ -85,7 +87,9 @@ class FuseStep(Pass):
         opset = graph.opset_imports.get("", _limits.DEFAULT_ONNX_OPSET)
         w = OptimizerWriter(graph_names(graph), opset, "step")
         grads = clip(w, spec, grads, [p.name or "" for p in params])
-        lr = ir.Value(name=LEARNING_RATE, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1]))
+        lr = ir.Value(
+            name=LEARNING_RATE, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1])
+        )
         step = ir.Value(name=STEP, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
         new_inputs = [*user, lr, step]
         moments, outs = [], []
@@ -94,7 +98,12 @@ class FuseStep(Pass):
             kept = [_like(n, param) for n in state_names(param.name, spec.updated_states)]
             new_inputs += [param, *kept]
             moments.append(kept)
-            outs.append([updated_name(n) for n in (param.name, *state_names(param.name, spec.updated_states))])
+            outs.append(
+                [
+                    updated_name(n)
+                    for n in (param.name, *state_names(param.name, spec.updated_states))
+                ]
+            )
         written = update_parameters(w, spec, lr, step, params, grads, moments, outs)
         for param, new in zip(params, written, strict=True):
             for value in new:
@@ -117,14 +126,18 @@ def _like(name: str, param: ir.Value) -> ir.Value:
     return ir.Value(name=name, type=param.type, shape=_shape(param))
 
 
-def _frozen_by_position(order: list[ir.Value], params: list[ir.Value], buffers: set[ir.Value | None]) -> list[ir.Value]:
+def _frozen_by_position(
+    order: list[ir.Value], params: list[ir.Value], buffers: set[ir.Value | None]
+) -> list[ir.Value]:
     """The inputs after the last trainable parameter and before the first buffer (onnxblocks' input order)."""
     last = max(order.index(p) for p in params)
     first_buffer = min((order.index(b) for b in buffers if b is not None), default=len(order))
     return [v for v in order[last + 1 : first_buffer] if v.name != LAZY_RESET_GRAD]
 
 
-def step_model(lowered: onnx.ModelProto, spec: OptimizerSpec, frozen: Sequence[str] | None = None) -> onnx.ModelProto:
+def step_model(
+    lowered: onnx.ModelProto, spec: OptimizerSpec, frozen: Sequence[str] | None = None
+) -> onnx.ModelProto:
     """The fused step model of a lowered training model (its accumulators not yet rewritten; see :class:`FuseStep`).
 
     Args:

@@ -43,9 +43,13 @@ class OptimizerWriter(Writer):
         super().__init__(names, opset, hint)
         self._scalars: dict[tuple[str, bytes, tuple[int, ...]], ir.Value] = {}
 
-    def scalar(self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()) -> ir.Value:
+    def scalar(
+        self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()
+    ) -> ir.Value:
         """The constant of ``dtype`` holding ``value`` (one node per distinct value, type and shape)."""
-        array = np.full(tuple(shape), value, dtype=numpy_type(dtype if dtype is not None else np.float32))
+        array = np.full(
+            tuple(shape), value, dtype=numpy_type(dtype if dtype is not None else np.float32)
+        )
         key = (array.dtype.str, array.tobytes(), tuple(array.shape))
         if key not in self._scalars:
             self._scalars[key] = super().scalar(value, dtype, shape)
@@ -104,14 +108,20 @@ class OptimizerSpec:
     def layout(self) -> _groups.Layout:
         """The groups' layout of a spec with groups (:class:`~onnxblocks.portable.groups.GroupUpdater`)."""
         assert self.rule is not None, "a spec with groups"
-        return _groups.Layout(self.rule, self.groups, dict(self.params), self.states, self.dtype, self.exact)
+        return _groups.Layout(
+            self.rule, self.groups, dict(self.params), self.states, self.dtype, self.exact
+        )
 
     @property
     def state_inputs(self) -> tuple[str, ...]:
         """The moment sequences the optimizer model reads."""
         if self.groups:
             return STATE_SEQUENCES[: len(self.states)]
-        return (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS) if self.kind == "adamw" else (FIRST_ORDER_MOMENTS,)
+        return (
+            (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)
+            if self.kind == "adamw"
+            else (FIRST_ORDER_MOMENTS,)
+        )
 
     @property
     def moments(self) -> int:
@@ -129,21 +139,33 @@ def _f32(value: float) -> float:
     return float(np.float32(value))
 
 
-def clip_gradients(w: Writer, gradients: Sequence[ir.Value], max_norm: float, dtype: np.dtype) -> list[ir.Value]:
+def clip_gradients(
+    w: Writer, gradients: Sequence[ir.Value], max_norm: float, dtype: np.dtype
+) -> list[ir.Value]:
     """Scale ``gradients`` by ``min(max_norm / (global L2 norm + 1e-6), 1)``."""
     squares = [w.reduce("ReduceSumSquare", g, None, keepdims=0) for g in gradients]
     total = w.op("Sqrt", [w.op("Sum", squares) if len(squares) > 1 else squares[0]])
-    ratio = w.op("Div", [w.scalar(max_norm, dtype), w.op("Add", [total, w.scalar(CLIP_EPSILON, dtype)])])
+    ratio = w.op(
+        "Div", [w.scalar(max_norm, dtype), w.op("Add", [total, w.scalar(CLIP_EPSILON, dtype)])]
+    )
     coefficient = w.op("Min", [ratio, w.scalar(1.0, dtype)])
     return [w.op("Mul", [g, coefficient]) for g in gradients]
 
 
-def clip(w: Writer, spec: OptimizerSpec, gradients: Sequence[ir.Value], names: Sequence[str]) -> list[ir.Value]:
+def clip(
+    w: Writer, spec: OptimizerSpec, gradients: Sequence[ir.Value], names: Sequence[str]
+) -> list[ir.Value]:
     """The gradients clipped by the global norm (``spec.max_norm``), then by each group's ``max_norm``, as asked."""
-    grads = clip_gradients(w, gradients, spec.max_norm, spec.dtype) if spec.max_norm is not None else list(gradients)
+    grads = (
+        clip_gradients(w, gradients, spec.max_norm, spec.dtype)
+        if spec.max_norm is not None
+        else list(gradients)
+    )
     if not spec.groups:
         return grads
-    return _groups.clip_by_group(spec.layout(), names, grads, lambda gs, m: clip_gradients(w, gs, m, spec.dtype))
+    return _groups.clip_by_group(
+        spec.layout(), names, grads, lambda gs, m: clip_gradients(w, gs, m, spec.dtype)
+    )
 
 
 @dataclass(frozen=True)
@@ -165,7 +187,9 @@ class AdamWScalars:
     coefficients: tuple[ir.Value, ir.Value, ir.Value, ir.Value] | None = None
 
 
-def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step: ir.Value) -> AdamWScalars:
+def adamw_scalars(
+    w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step: ir.Value
+) -> AdamWScalars:
     """The step's scalars; bias corrections ``1 - float(pow(double(beta), step))`` as the kernel computes them."""
     a = spec.attributes
     f32 = np.float32
@@ -179,7 +203,9 @@ def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step:
     lr = w.reshape(learning_rate, [])
     eps = w.scalar(float(a["epsilon"]), f32)
     decay_rate = float(a["weight_decay"])
-    one = w.scalar(1.0, f32) if decay_rate or int(a["correct_bias"]) else None  # no constant nothing reads
+    one = (
+        w.scalar(1.0, f32) if decay_rate or int(a["correct_bias"]) else None
+    )  # no constant nothing reads
     decay = w.op("Sub", [one, w.op("Mul", [lr, w.scalar(decay_rate, f32)])]) if decay_rate else None
     if not int(a["correct_bias"]):
         return AdamWScalars(decay, lr, eps, coefficients)
@@ -190,7 +216,10 @@ def adamw_scalars(w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step:
         power = w.op("Pow", [w.const(np.float64(_f32(beta)), suffix="beta"), step_d])
         return w.op("Sub", [one, w.cast(power, ir.DataType.FLOAT)])
 
-    alpha_c, root_beta_c = correction(float(a["alpha"])), w.op("Sqrt", [correction(float(a["beta"]))])
+    alpha_c, root_beta_c = (
+        correction(float(a["alpha"])),
+        w.op("Sqrt", [correction(float(a["beta"]))]),
+    )
     step_size = w.op("Mul", [lr, w.op("Div", [root_beta_c, alpha_c])])
     epsilon = w.op("Mul", [eps, root_beta_c]) if int(a["adam_mode"]) == 0 else eps
     return AdamWScalars(decay, step_size, epsilon, coefficients)
@@ -240,7 +269,9 @@ def adamw_update(
     return [new_p, new_m1, new_m2]
 
 
-def sgd_update(w: Writer, learning_rate: ir.Value, param: ir.Value, grad: ir.Value, out: str | ir.Value) -> ir.Value:
+def sgd_update(
+    w: Writer, learning_rate: ir.Value, param: ir.Value, grad: ir.Value, out: str | ir.Value
+) -> ir.Value:
     """``out = param - lr * grad``."""
     return w.op("Sub", [param, w.op("Mul", [w.reshape(learning_rate, []), grad])], out)
 
@@ -308,7 +339,11 @@ def update_parameters(
         Per parameter, the values written to ``outs[i]``.
     """
     limit = FLAT_LIMIT if flat_limit is None else flat_limit
-    rule = _groups.GroupUpdater(w, spec.layout(), learning_rate, step) if spec.rule is not None else None
+    rule = (
+        _groups.GroupUpdater(w, spec.layout(), learning_rate, step)
+        if spec.rule is not None
+        else None
+    )
     adamw = spec.kind == "adamw" and rule is None
     scalars = adamw_scalars(w, spec, learning_rate, step) if adamw else None
     lr = w.reshape(learning_rate, []) if not adamw and rule is None else None
@@ -316,7 +351,11 @@ def update_parameters(
     group_of = rule.group_of if rule is not None else {}
 
     def update(
-        p: ir.Value, g: ir.Value, ms: Sequence[ir.Value], names: Sequence[str | ir.Value], group: int = 0
+        p: ir.Value,
+        g: ir.Value,
+        ms: Sequence[ir.Value],
+        names: Sequence[str | ir.Value],
+        group: int = 0,
     ) -> list[ir.Value]:
         if rule is not None:
             return rule(group, p, g, ms, names)
@@ -330,7 +369,9 @@ def update_parameters(
     groups: dict[tuple[object, int], list[int]] = {}
     for i, p in enumerate(params):
         size = _numel(p)
-        flat = rule is None or rule.layout.rule.elementwise  # Lamb reads each tensor's norm: never flattened
+        flat = (
+            rule is None or rule.layout.rule.elementwise
+        )  # Lamb reads each tensor's norm: never flattened
         if flat and size is not None and 0 < size <= limit and p.dtype is not None:
             groups.setdefault((p.dtype, group_of.get(keys[i], 0)), []).append(i)
         else:
@@ -346,7 +387,13 @@ def update_parameters(
             return w.concat([_flat(w, tensors[i]) for i in members], 0)
 
         flat_moments = [joined([moments[i][k] for i in range(count)]) for k in range(arity - 1)]
-        new = update(joined(params), joined(grads), flat_moments, [w.fresh("flat") for _ in range(arity)], group)
+        new = update(
+            joined(params),
+            joined(grads),
+            flat_moments,
+            [w.fresh("flat") for _ in range(arity)],
+            group,
+        )
         sizes = [int(_numel(params[i]) or 0) for i in members]
         for k, value in enumerate(new):
             shapes = [list(_static_shape(params[i])) for i in members]
@@ -354,7 +401,10 @@ def update_parameters(
                 value,
                 sizes,
                 0,
-                [outs[i][k] if len(shape) == 1 else w.fresh("piece") for i, shape in zip(members, shapes, strict=True)],
+                [
+                    outs[i][k] if len(shape) == 1 else w.fresh("piece")
+                    for i, shape in zip(members, shapes, strict=True)
+                ],
             )
             for i, shape, piece in zip(members, shapes, pieces, strict=True):
                 written = piece if len(shape) == 1 else w.reshape(piece, shape, outs[i][k])

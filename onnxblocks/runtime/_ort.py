@@ -14,7 +14,13 @@ from types import ModuleType
 from typing import Any
 
 from onnxblocks._core.errors import InvalidValueError
-from onnxblocks._core.ort_errors import INPUT_ERROR_CLASSES, clean_message, is_input_error, is_ort_error, run_error
+from onnxblocks._core.ort_errors import (
+    INPUT_ERROR_CLASSES,
+    clean_message,
+    is_input_error,
+    is_ort_error,
+    run_error,
+)
 
 __all__ = [
     "INPUT_ERROR_CLASSES",
@@ -110,7 +116,11 @@ def providers(device: str) -> list[str]:
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
         raise InvalidValueError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
-    return ["CPUExecutionProvider"] if kind == "cpu" else ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return (
+        ["CPUExecutionProvider"]
+        if kind == "cpu"
+        else ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
 
 
 def make_device(device: str) -> Any:

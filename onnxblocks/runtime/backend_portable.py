@@ -94,7 +94,9 @@ class PortableBackend:
         self._keep: list[np.ndarray] = []  # numpy memory that CPU OrtValues share
         ck = _read(checkpoint)
         self._trainable, self._frozen = sorted(ck.trainable), sorted(ck.frozen)
-        self._specs = {n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())}
+        self._specs = {
+            n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())
+        }
         # every model against the checkpoint and the others, from their structure, before ONNX Runtime loads them
         check_artifact_set(files, dict(self._specs), self._trainable, checkpoint, portable=True)
         self._train = _Model(os.fspath(files.training_model), options, providers, "training model")
@@ -106,15 +108,26 @@ class PortableBackend:
                 f"'{files.training_model}' does not take (with their gradient buffers). Load a checkpoint saved from "
                 "these artifacts."
             )
-        special = {*self._trainable, *self._frozen, *map(buffer_name, self._trainable), LAZY_RESET_GRAD}
+        special = {
+            *self._trainable,
+            *self._frozen,
+            *map(buffer_name, self._trainable),
+            LAZY_RESET_GRAD,
+        }
         accumulated = set(map(accumulated_name, self._trainable))
         self.train_inputs = [n for n in self._train.inputs if n not in special]
         self.train_outputs = [n for n in self._train.outputs if n not in accumulated]
-        self._eval = _Model(os.fspath(files.eval_model), options, providers, "eval model") if files.eval_model else None
+        self._eval = (
+            _Model(os.fspath(files.eval_model), options, providers, "eval model")
+            if files.eval_model
+            else None
+        )
         self.eval_inputs = [n for n in self._eval.inputs if n not in special] if self._eval else []
         self.eval_outputs = list(self._eval.outputs) if self._eval else []
         self._fused = (
-            _Model(os.fspath(files.step_model), options, providers, "step model") if files.step_model else None
+            _Model(os.fspath(files.step_model), options, providers, "step model")
+            if files.step_model
+            else None
         )
         self.has_fused_step = self._fused is not None
         self._optimizer = (
@@ -151,11 +164,19 @@ class PortableBackend:
         }
         self._p = {n: self._pair(ck.trainable[n]) for n in self._trainable}
         self._g = {n: self._pair(np.zeros_like(ck.trainable[n])) for n in self._trainable}
-        self._m = {(n, k): self._pair(np.zeros_like(ck.trainable[n])) for n in self._trainable for k in range(moments)}
+        self._m = {
+            (n, k): self._pair(np.zeros_like(ck.trainable[n]))
+            for n in self._trainable
+            for k in range(moments)
+        }
         self._f = {n: self._value(np.array(ck.frozen[n], order="C")) for n in self._frozen}
-        self._pp = self._gp = 0  # which buffer of each pair holds the parameters+moments / the gradients
+        self._pp = self._gp = (
+            0  # which buffer of each pair holds the parameters+moments / the gradients
+        )
         self._bindings: dict[tuple[str, int, int], Any] = {}
-        self._batch_shapes: dict[int, tuple] = {}  # per binding (its id): the input shapes of its last run
+        self._batch_shapes: dict[
+            int, tuple
+        ] = {}  # per binding (its id): the input shapes of its last run
         self._props: dict[str, int | float | str] = {}
         self._grads_valid = False
         self._opt_step = 0
@@ -185,7 +206,9 @@ class PortableBackend:
                 "these artifacts."
             )
         self._check_specs(ck, checkpoint)
-        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(iter(ck.optimizer_state.values()), None)
+        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(
+            iter(ck.optimizer_state.values()), None
+        )
         moments: dict[str, list[np.ndarray]] = group["moments"] if group is not None else {}
         for name in self._trainable:
             saved = moments.get(name, [])
@@ -198,14 +221,20 @@ class PortableBackend:
             if not first:
                 self._p[name][self._pp].update_inplace(np.ascontiguousarray(ck.trainable[name]))
             for k in range(self._moments):
-                value = saved[k] if k < len(saved) else np.zeros(self._specs[name][1], self._specs[name][0])
+                value = (
+                    saved[k]
+                    if k < len(saved)
+                    else np.zeros(self._specs[name][1], self._specs[name][0])
+                )
                 for buffer in self._m[(name, k)]:
                     buffer.update_inplace(np.ascontiguousarray(value))
         if not first:
             for name in self._frozen:
                 self._f[name].update_inplace(np.ascontiguousarray(ck.frozen[name]))
         self._opt_step = int(group["step"]) if group is not None else 0
-        self._initial_lr = float(group["initial_learning_rate"]) if group is not None else DEFAULT_LEARNING_RATE
+        self._initial_lr = (
+            float(group["initial_learning_rate"]) if group is not None else DEFAULT_LEARNING_RATE
+        )
         self._lr[0] = self._initial_lr
         self._props = dict(ck.properties)
         self.lazy_reset_grad()
@@ -230,10 +259,19 @@ class PortableBackend:
         return binding
 
     def _bind(self, kind: str, pp: int, gp: int) -> Any:
-        model = {"train": self._train, "eval": self._eval, "optimizer": self._optimizer, "step": self._fused}[kind]
+        model = {
+            "train": self._train,
+            "eval": self._eval,
+            "optimizer": self._optimizer,
+            "step": self._fused,
+        }[kind]
         assert model is not None
         binding = model.binding()
-        user_outputs = {"train": self.train_outputs, "eval": self.eval_outputs, "step": self.train_outputs}
+        user_outputs = {
+            "train": self.train_outputs,
+            "eval": self.eval_outputs,
+            "step": self.train_outputs,
+        }
         for name in user_outputs.get(kind, ()):
             binding.bind_output(name, self._cpu)  # first: get_outputs() starts with them
         inputs = set(model.inputs)
@@ -255,14 +293,21 @@ class PortableBackend:
             if kind in ("step", "optimizer"):
                 bind_out(updated_name(name), self._p[name][1 - pp])
                 for k, moment in enumerate(state_names(name, self._moments)):
-                    if moment in inputs:  # (SGD keeps a moment for ONNX Runtime's checkpoints, but updates none)
+                    if (
+                        moment in inputs
+                    ):  # (SGD keeps a moment for ONNX Runtime's checkpoints, but updates none)
                         bind_in(moment, self._m[(name, k)][pp])
                     if updated_name(moment) in outputs:
                         bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
         return binding
 
     def _run(
-        self, model: _Model, binding: Any, names: Sequence[str], arrays: Sequence[Any], user_outputs: Sequence[str]
+        self,
+        model: _Model,
+        binding: Any,
+        names: Sequence[str],
+        arrays: Sequence[Any],
+        user_outputs: Sequence[str],
     ) -> tuple:
         for name, array in zip(names, arrays, strict=True):
             binding.bind_input(name, array)
@@ -286,7 +331,9 @@ class PortableBackend:
 
     # --------------------------------------------------------------- steps
     def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        out = self._run(self._train, self._binding("train"), self.train_inputs, arrays, self.train_outputs)
+        out = self._run(
+            self._train, self._binding("train"), self.train_inputs, arrays, self.train_outputs
+        )
         self._gp ^= 1
         self._reset[0] = False
         self._grads_valid = True
@@ -294,7 +341,9 @@ class PortableBackend:
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
         assert self._eval is not None
-        return self._run(self._eval, self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs)
+        return self._run(
+            self._eval, self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs
+        )
 
     def optimizer_step(self) -> None:
         if self._optimizer is None:
@@ -374,14 +423,20 @@ class PortableBackend:
     def save(self, path: Path, include_optimizer_state: bool) -> None:
         state: dict[str, Any] = {}
         if include_optimizer_state and self.has_optimizer:
-            moments = {n: [self._m[(n, k)][self._pp].numpy() for k in range(self._moments)] for n in self._trainable}
+            moments = {
+                n: [self._m[(n, k)][self._pp].numpy() for k in range(self._moments)]
+                for n in self._trainable
+            }
             state[OPTIMIZER_GROUP] = {
                 "step": self._opt_step,
                 "initial_learning_rate": self._initial_lr,
                 "moments": moments,
             }
         save_checkpoint(
-            ({n: self._current(n).numpy() for n in self._trainable}, {n: self._f[n].numpy() for n in self._frozen}),
+            (
+                {n: self._current(n).numpy() for n in self._trainable},
+                {n: self._f[n].numpy() for n in self._frozen},
+            ),
             path,
             optimizer_state=state,
             properties=self._props,

@@ -39,8 +39,12 @@ class TrainingBuildBackend:
         self.files = files
         self._C = _ort.require_training_build(f"Training the artifacts in '{files.directory}'")
         self._device = _ort.make_device(device)
-        frozen = files.base_weights is not None  # no folded copies of the memory-mapped base (runtime/_ort.py)
-        self._options = options if options is not None else _ort.session_options(runs=True, frozen_base=frozen)
+        frozen = (
+            files.base_weights is not None
+        )  # no folded copies of the memory-mapped base (runtime/_ort.py)
+        self._options = (
+            options if options is not None else _ort.session_options(runs=True, frozen_base=frozen)
+        )
         self._state: Any = None
         self.has_fused_step = False
         self.load(checkpoint)
@@ -51,11 +55,14 @@ class TrainingBuildBackend:
         try:
             state = C.load_checkpoint(os.fspath(checkpoint))
         except RuntimeError as exc:
-            raise InvalidValueError(f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}") from None
+            raise InvalidValueError(
+                f"Cannot read checkpoint '{checkpoint}': {_ort.clean_message(exc)}"
+            ) from None
         if self._state is not None:
             # a weight EMA (EXTRA_PREFIX tensors) may come or go: the model's parameters must stay
             before, after = (
-                {n for n in st.parameter_names() if not n.startswith(EXTRA_PREFIX)} for st in (self._state, state)
+                {n for n in st.parameter_names() if not n.startswith(EXTRA_PREFIX)}
+                for st in (self._state, state)
             )
             if before != after:
                 raise InvalidValueError(
@@ -65,7 +72,9 @@ class TrainingBuildBackend:
         _check_models(self.files, state, checkpoint)
         eval_path = os.fspath(self.files.eval_model) if self.files.eval_model else None
         try:
-            module = C.Module(os.fspath(self.files.training_model), state, eval_path, self._device, self._options)
+            module = C.Module(
+                os.fspath(self.files.training_model), state, eval_path, self._device, self._options
+            )
         except RuntimeError as exc:
             raise InvalidValueError(
                 f"ONNX Runtime cannot load the training model '{self.files.training_model}' with checkpoint "
@@ -74,10 +83,16 @@ class TrainingBuildBackend:
         optimizer: Any = None
         if self.files.optimizer_model is not None:
             order = standard_optimizer_order(self.files.optimizer_model)
-            if order is not None:  # an optimizer in standard ops: the runtime drives it (optimizer_driver.py)
-                optimizer = StandardOptimizerDriver(self.files.optimizer_model, order, state, checkpoint, C)
+            if (
+                order is not None
+            ):  # an optimizer in standard ops: the runtime drives it (optimizer_driver.py)
+                optimizer = StandardOptimizerDriver(
+                    self.files.optimizer_model, order, state, checkpoint, C
+                )
             else:
-                optimizer = C.Optimizer(os.fspath(self.files.optimizer_model), state, self._device, self._options)
+                optimizer = C.Optimizer(
+                    os.fspath(self.files.optimizer_model), state, self._device, self._options
+                )
         self._state, self._module, self._optimizer = state, module, optimizer
         self.train_inputs = list(module.input_names(True))
         self.train_outputs = list(module.output_names(True))
@@ -95,7 +110,9 @@ class TrainingBuildBackend:
         fetches = self._vector()
         try:
             self._train(arrays, fetches)
-        except Exception as exc:  # ONNX Runtime's exceptions; translated once, as the other backends do
+        except (
+            Exception
+        ) as exc:  # ONNX Runtime's exceptions; translated once, as the other backends do
             if not _ort_failure(exc):
                 raise
             raise _ort.run_error(exc, "the training model") from None
@@ -175,7 +192,10 @@ class TrainingBuildBackend:
         return np.array(grad.numpy(), copy=True) if grad.has_value() else None
 
     def write_gradients(self, values: dict[str, np.ndarray]) -> None:
-        for name, array in values.items():  # the state's gradient buffer, which the optimizer model reads
+        for (
+            name,
+            array,
+        ) in values.items():  # the state's gradient buffer, which the optimizer model reads
             self._state.get_parameter(name).grad.update_inplace(array)
 
     def num_parameters(self) -> int:
@@ -207,7 +227,10 @@ def _check_models(files: ArtifactFiles, state: Any, checkpoint: Path) -> None:
     for name in sorted(state.parameter_names()):
         parameter = state.get_parameter(name)
         data = parameter.data  # its element type and shape, not its values: no copy
-        params[name] = (np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data.element_type())), tuple(data.shape()))
+        params[name] = (
+            np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data.element_type())),
+            tuple(data.shape()),
+        )
         if parameter.requires_grad:
             trainable.append(name)
     check_artifact_set(files, params, trainable, checkpoint, portable=False)

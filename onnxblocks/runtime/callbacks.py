@@ -34,7 +34,9 @@ class Callback:
     def on_epoch_begin(self, run: FitRun) -> None:
         """At the start of each epoch (``run.epoch`` is 0-based)."""
 
-    def on_batch_end(self, run: FitRun, loss: float, outputs: tuple[np.ndarray, ...], batch: tuple) -> None:
+    def on_batch_end(
+        self, run: FitRun, loss: float, outputs: tuple[np.ndarray, ...], batch: tuple
+    ) -> None:
         """After each ``train_step`` (micro-batch)."""
 
     def on_step_end(self, run: FitRun) -> None:
@@ -43,7 +45,9 @@ class Callback:
     def on_eval_begin(self, run: FitRun | None) -> None:
         """Before an eval pass."""
 
-    def on_eval_batch(self, run: FitRun | None, outputs: tuple[np.ndarray, ...], batch: tuple) -> None:
+    def on_eval_batch(
+        self, run: FitRun | None, outputs: tuple[np.ndarray, ...], batch: tuple
+    ) -> None:
         """After each ``eval_step``, with the eval model's outputs (loss first) and the batch."""
 
     def on_eval_end(self, run: FitRun | None, logs: dict[str, float]) -> None:
@@ -71,7 +75,9 @@ class Accuracy(Callback):
         threshold: Decision threshold for binary outputs.
     """
 
-    def __init__(self, output: int = 1, target: int = -1, name: str = "accuracy", threshold: float = 0.0) -> None:
+    def __init__(
+        self, output: int = 1, target: int = -1, name: str = "accuracy", threshold: float = 0.0
+    ) -> None:
         self.output = output
         self.target = target
         self.name = name
@@ -83,7 +89,9 @@ class Accuracy(Callback):
         self._correct = 0
         self._count = 0
 
-    def on_eval_batch(self, run: FitRun | None, outputs: tuple[np.ndarray, ...], batch: tuple) -> None:
+    def on_eval_batch(
+        self, run: FitRun | None, outputs: tuple[np.ndarray, ...], batch: tuple
+    ) -> None:
         if self.output >= len(outputs) or -self.output > len(outputs):
             raise InvalidIndexError(
                 f"Accuracy: output index {self.output} is out of range; the eval model has {len(outputs)} "
@@ -139,9 +147,13 @@ class SaveCheckpoint(Callback):
         if every_steps is not None and (
             isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
         ):
-            raise InvalidValueError(f"SaveCheckpoint: every_steps must be an int >= 1 or None, got {every_steps!r}.")
+            raise InvalidValueError(
+                f"SaveCheckpoint: every_steps must be an int >= 1 or None, got {every_steps!r}."
+            )
         self.path = os.fspath(as_path(path, "SaveCheckpoint: path"))
-        self._target(0, 1)  # a template that cannot be filled in is refused here, not after the first epoch
+        self._target(
+            0, 1
+        )  # a template that cannot be filled in is refused here, not after the first epoch
         self.every_steps = every_steps
         self.at_epoch_end = at_epoch_end
         self.include_optimizer_state = include_optimizer_state
@@ -158,7 +170,11 @@ class SaveCheckpoint(Callback):
 
     def on_train_begin(self, run: FitRun) -> None:
         """Check, before the first step, that the checkpoints can be written where the template says."""
-        check_output_file(self._target(run.session.step, run.epoch + 1), "SaveCheckpoint: path", create_parents=True)
+        check_output_file(
+            self._target(run.session.step, run.epoch + 1),
+            "SaveCheckpoint: path",
+            create_parents=True,
+        )
 
     def _save(self, run: FitRun) -> None:
         target = self._target(run.session.step, run.epoch + 1)
@@ -183,7 +199,13 @@ class EarlyStopping(Callback):
         min_delta: Smallest change that counts as an improvement.
     """
 
-    def __init__(self, monitor: str = "eval_loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0):
+    def __init__(
+        self,
+        monitor: str = "eval_loss",
+        patience: int = 3,
+        mode: str = "min",
+        min_delta: float = 0.0,
+    ):
         if mode not in ("min", "max"):
             raise InvalidValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}.")
         self.monitor = monitor

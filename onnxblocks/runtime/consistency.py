@@ -137,10 +137,17 @@ def _specs(value_infos: object) -> dict[str, Spec]:
             out[vi.name] = (None, None)
             continue
         tensor = vi.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)) if tensor.elem_type else None
+        dtype = (
+            np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+            if tensor.elem_type
+            else None
+        )
         dims: Dims | None = None
         if tensor.HasField("shape"):
-            dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+            dims = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in tensor.shape.dim
+            )
         out[vi.name] = (dtype, dims)
     return out
 
@@ -163,7 +170,9 @@ def _fits(want: Spec, have: Spec) -> bool:
     if len(want_dims) != len(have_dims):
         return False
     pairs = zip(want_dims, have_dims, strict=True)
-    return not any(isinstance(w, int) and isinstance(h, int) and w and h and w != h for w, h in pairs)
+    return not any(
+        isinstance(w, int) and isinstance(h, int) and w and h and w != h for w, h in pairs
+    )
 
 
 _REGENERATE = (
@@ -177,7 +186,9 @@ class _Checker:
         self.params = params
         self.checkpoint = checkpoint
 
-    def against_checkpoint(self, sig: Signature, side: dict[str, Spec], name: str, role: str, param: str) -> None:
+    def against_checkpoint(
+        self, sig: Signature, side: dict[str, Spec], name: str, role: str, param: str
+    ) -> None:
         """``name`` (``role`` of parameter ``param``) must be in ``side`` and fit the checkpoint's ``param``."""
         want = self.params[param]
         have = side.get(name)
@@ -227,8 +238,12 @@ def check_artifact_set(
                 check.against_checkpoint(training, training.inputs, param, "input", param)
         if portable:
             for param in trainable:
-                check.against_checkpoint(training, training.inputs, buffer_name(param), "gradient buffer", param)
-                check.against_checkpoint(training, training.outputs, accumulated_name(param), "gradient output", param)
+                check.against_checkpoint(
+                    training, training.inputs, buffer_name(param), "gradient buffer", param
+                )
+                check.against_checkpoint(
+                    training, training.outputs, accumulated_name(param), "gradient output", param
+                )
         special = {*params, *map(buffer_name, trainable), LAZY_RESET_GRAD}
         user_inputs = {n: s for n, s in training.inputs.items() if n not in special}
         accumulated = set(map(accumulated_name, trainable))
@@ -238,14 +253,20 @@ def check_artifact_set(
         return
     optimizer = read_signature(files.optimizer_model, "optimizer model")
     if optimizer is not None and any(s[0] is None for s in optimizer.inputs.values()):
-        optimizer = None  # the sequence form of the first portable layout: the backend refuses it by name
+        optimizer = (
+            None  # the sequence form of the first portable layout: the backend refuses it by name
+        )
     if optimizer is not None:
         _check_updates(check, optimizer, trainable, gradients=True)
     step = read_signature(files.step_model, "step model")
     if step is not None:
         _check_updates(check, step, trainable, gradients=False)
         first = trainable[0] if trainable else None
-        if optimizer is not None and first is not None and _updated(optimizer, first) != _updated(step, first):
+        if (
+            optimizer is not None
+            and first is not None
+            and _updated(optimizer, first) != _updated(step, first)
+        ):
             raise InvalidValueError(
                 f"{step.title} updates the optimizer moments {preview(_updated(step, first))} of parameter "
                 f"'{first}', but {optimizer.label} updates {preview(_updated(optimizer, first))}: they "
@@ -259,7 +280,10 @@ def check_artifact_set(
 
 
 def _check_eval(
-    check: _Checker, sig: Signature | None, training: Signature | None, user_inputs: dict[str, Spec] | None
+    check: _Checker,
+    sig: Signature | None,
+    training: Signature | None,
+    user_inputs: dict[str, Spec] | None,
 ) -> None:
     if sig is None:
         return
@@ -307,11 +331,17 @@ def _check_updates(check: _Checker, sig: Signature, trainable: list[str], gradie
             moment = param + suffix
             check.against_checkpoint(sig, sig.inputs, moment, "optimizer moment", param)
             if updated_name(moment) in sig.outputs:
-                check.against_checkpoint(sig, sig.outputs, updated_name(moment), "updated moment", param)
+                check.against_checkpoint(
+                    sig, sig.outputs, updated_name(moment), "updated moment", param
+                )
 
 
 def _check_step_user_values(
-    step: Signature, training: Signature, user_inputs: dict[str, Spec], user_outputs: list[str], params: set[str]
+    step: Signature,
+    training: Signature,
+    user_inputs: dict[str, Spec],
+    user_outputs: list[str],
+    params: set[str],
 ) -> None:
     """The step model takes the training model's user inputs (same order, types) and returns its user outputs first."""
     contract = {LEARNING_RATE, STEP, *params, *(m for p in params for m in state_names(p))}
@@ -353,7 +383,9 @@ def load_error(version: str, what: str, source: str | bytes, message: str) -> Po
             f"onnxruntime {version} cannot load the {what}{where}: {message}. The file is not a model of these "
             "portable artifacts, or it is damaged: regenerate the artifacts (generate_artifacts(..., portable=True))."
         )
-    op_type, node = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    op_type, node = (
+        (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    )
     return PortabilityError(
         f"onnxruntime {version} has no kernel for {op_type} (node '{node}') of the {what}{where}, for the element "
         f"types these portable artifacts use ({message}). Generation refuses the options it knows ONNX Runtime "

@@ -72,7 +72,9 @@ class ArrayBatches:
                 f"ArrayBatches: the arrays must have the same first dimension; got shapes {shapes}."
             )
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise InvalidValueError(f"ArrayBatches: batch_size must be an int >= 1, got {batch_size!r}.")
+            raise InvalidValueError(
+                f"ArrayBatches: batch_size must be an int >= 1, got {batch_size!r}."
+            )
         self.num_rows = lengths.pop()
         if self.num_rows == 0:
             raise InvalidValueError("ArrayBatches: the arrays have no rows.")
@@ -105,7 +107,9 @@ class ArrayBatches:
     def _start_epoch(self) -> np.ndarray:
         if self._order is None:
             self._epoch_rng_state = dict(copy.deepcopy(self._rng.bit_generator.state))
-            self._order = self._rng.permutation(self.num_rows) if self.shuffle else np.arange(self.num_rows)
+            self._order = (
+                self._rng.permutation(self.num_rows) if self.shuffle else np.arange(self.num_rows)
+            )
             rank, world = self.shard
             if world > 1:
                 self._order = self._order[: self.num_rows // world * world][rank::world]
@@ -169,19 +173,25 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileMissingError(f"Data file '{path}' does not exist. Pass an .npz file (numpy.savez).")
+        raise FileMissingError(
+            f"Data file '{path}' does not exist. Pass an .npz file (numpy.savez)."
+        )
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise InvalidValueError("not an .npz archive")
             return {name: archive[name] for name in archive.files}
     except IsADirectoryError:
-        raise IsAFolderError(f"Data file '{path}' is a folder; pass an .npz file (numpy.savez).") from None
+        raise IsAFolderError(
+            f"Data file '{path}' is a folder; pass an .npz file (numpy.savez)."
+        ) from None
     except PermissionError:
         raise FileAccessError(
             f"Data file '{path}' may not be read (permission denied); check its permissions."
         ) from None
-    except Exception as exc:  # zipfile, zlib, numpy's format parser: a corrupt archive raises any of a dozen types
+    except (
+        Exception
+    ) as exc:  # zipfile, zlib, numpy's format parser: a corrupt archive raises any of a dozen types
         raise InvalidValueError(
             f"Cannot read '{path}' as an .npz archive of arrays ({type(exc).__name__}: {exc}): the file is corrupt "
             "or not an .npz file. Write it again with numpy.savez."

@@ -64,7 +64,9 @@ class WeightEMA(Callback):
             weight = 1.0 - self.decay
             for name, value in parameters.items():
                 ema = self.average[name]
-                moved = ema.astype(np.float64) + np.float64(np.float32(weight)) * (value - ema).astype(np.float64)
+                moved = ema.astype(np.float64) + np.float64(np.float32(weight)) * (
+                    value - ema
+                ).astype(np.float64)
                 self.average[name] = moved.astype(ema.dtype)
         self.updates += 1
 
@@ -91,7 +93,9 @@ class WeightEMA(Callback):
             StateError: before the first update.
         """
         if self.average is None:
-            raise StateError("WeightEMA holds no average yet: it is updated after each optimizer step of fit().")
+            raise StateError(
+                "WeightEMA holds no average yet: it is updated after each optimizer step of fit()."
+            )
         raw = session.parameters(trainable_only=True)
         session.set_parameters(self.average)
         try:
@@ -118,7 +122,9 @@ class WeightEMA(Callback):
         with np.load(Path(os.fspath(path)), allow_pickle=False) as data:
             arrays = {k: np.array(data[k]) for k in data.files}
         if _UPDATES not in arrays:
-            raise InvalidValueError(f"'{path}' is not a WeightEMA file (no update count). Write it with save().")
+            raise InvalidValueError(
+                f"'{path}' is not a WeightEMA file (no update count). Write it with save()."
+            )
         self.updates = int(arrays.pop(_UPDATES))
         self.average = arrays
 
@@ -146,7 +152,11 @@ def ema_from_checkpoint(properties: dict[str, Any], path: Path) -> WeightEMA | N
     tensors = {n: v for n, v in load_checkpoint(path).frozen.items() if n.startswith(EMA_PREFIX)}
     if not tensors:
         return None
-    if not isinstance(info, dict) or not isinstance(info.get("updates"), int) or info["updates"] < 1:
+    if (
+        not isinstance(info, dict)
+        or not isinstance(info.get("updates"), int)
+        or info["updates"] < 1
+    ):
         raise InvalidValueError(
             f"The checkpoint property '{EMA_PROPERTY}' is {info!r:.80}, not {{'decay': d, 'updates': n}}: "
             "save the checkpoint again from a session with a WeightEMA."
@@ -159,13 +169,17 @@ def ema_from_checkpoint(properties: dict[str, Any], path: Path) -> WeightEMA | N
 
 def ema_property(ema: WeightEMA | None) -> dict[str, Any] | None:
     """The ``onnxblocks.ema`` property value of ``ema`` (None without an average)."""
-    return None if ema is None or ema.average is None else {"decay": ema.decay, "updates": ema.updates}
+    return (
+        None if ema is None or ema.average is None else {"decay": ema.decay, "updates": ema.updates}
+    )
 
 
 def write_ema_tensors(path: Path, ema: WeightEMA | None) -> None:
     """Rewrite the checkpoint ``path`` with the average as its ``EMA_PREFIX`` frozen tensors (or none)."""
     checkpoint = load_checkpoint(path)
-    frozen: dict[str, Any] = {n: v for n, v in checkpoint.frozen.items() if not n.startswith(EMA_PREFIX)}
+    frozen: dict[str, Any] = {
+        n: v for n, v in checkpoint.frozen.items() if not n.startswith(EMA_PREFIX)
+    }
     if ema is not None and ema.average is not None:
         frozen |= {f"{EMA_PREFIX}{n}": v for n, v in ema.average.items()}
     save_checkpoint(

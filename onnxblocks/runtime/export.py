@@ -80,13 +80,17 @@ def inference_model(
             f"{list(eval_outputs)}; any value of the eval graph can be exported."
         )
     cut_to_outputs(graph, [values[n] for n in outputs])
-    for value in list(graph.inputs):  # the parameters it reads become held initializers, after the constants
+    for value in list(
+        graph.inputs
+    ):  # the parameters it reads become held initializers, after the constants
         name = value.name or ""
         if name in parameters:
             data_type, dims = parameters[name]
             graph.inputs.remove(value)
             graph.initializers.pop(name, None)
-            value.const_value = ir.serde.deserialize_tensor(_weights.make_stub(name, data_type, list(dims)))
+            value.const_value = ir.serde.deserialize_tensor(
+                _weights.make_stub(name, data_type, list(dims))
+            )
             graph.initializers[name] = value
     merged: list[LoraTarget] = []
     if lora is not None:
@@ -98,7 +102,9 @@ def inference_model(
             tensor = value.const_value
             assert tensor is not None  # an initializer (a parameter's stub, or a frozen constant)
             dims = [int(d) for d in tensor.shape.numpy()]
-            value.const_value = ir.serde.deserialize_tensor(_weights.make_stub(target.weight, int(tensor.dtype), dims))
+            value.const_value = ir.serde.deserialize_tensor(
+                _weights.make_stub(target.weight, int(tensor.dtype), dims)
+            )
     graph.name = graph.name or "inference"
     graph.doc_string = None
     model.producer_name = eval_model.producer_name
@@ -160,10 +166,17 @@ def export_inference(
             "additional_output_names=[...]."
         )
     if eval_model.suffix != ".onnx":
-        raise InvalidValueError(f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file.")
+        raise InvalidValueError(
+            f"Cannot export from the ORT-format eval model '{eval_model}': keep the .onnx file."
+        )
     model = load_model(eval_model)
-    specs = {n: (helper.np_dtype_to_tensor_dtype(np.dtype(d)), tuple(s)) for n, (d, s) in parameters.items()}
-    from onnxblocks.peft.info import lora_info  # the LoRA record and merge are loaded only when merging
+    specs = {
+        n: (helper.np_dtype_to_tensor_dtype(np.dtype(d)), tuple(s))
+        for n, (d, s) in parameters.items()
+    }
+    from onnxblocks.peft.info import (
+        lora_info,
+    )  # the LoRA record and merge are loaded only when merging
 
     lora = lora_info(model) if merge_adapters else None
     if merge_adapters and lora is None:
@@ -180,7 +193,8 @@ def export_inference(
             specs[target.weight] = (stub.data_type, tuple(stub.dims))
     total = sum(_weights.tensor_nbytes(t) for t in cut.graph.initializer)
     stored_outside = any(
-        t.data_location == TensorProto.EXTERNAL and not _weights.is_stub(t) for t in cut.graph.initializer
+        t.data_location == TensorProto.EXTERNAL and not _weights.is_stub(t)
+        for t in cut.graph.initializer
     )
     external = total >= EXTERNAL_DATA_FROM or stored_outside
     sources: dict[str, _weights.TensorSource] = {}
@@ -193,10 +207,14 @@ def export_inference(
                 init.name, data_type, dims, load=functools.partial(fetch, init.name)
             )
         else:  # one self-contained file
-            cut.graph.initializer[index].CopyFrom(numpy_helper.from_array(fetch(init.name), init.name))
+            cut.graph.initializer[index].CopyFrom(
+                numpy_helper.from_array(fetch(init.name), init.name)
+            )
     threshold = 1024 if external else 1 << 62
     destination.parent.mkdir(parents=True, exist_ok=True)
-    written = save_model(cut, destination, sources, external_data_threshold=threshold, base_dir=eval_model.parent)
+    written = save_model(
+        cut, destination, sources, external_data_threshold=threshold, base_dir=eval_model.parent
+    )
     stale = destination.with_name(destination.name + ".data")
     if written == destination and stale.is_file():
         stale.unlink()  # an earlier export's data file: the new model does not read it
@@ -215,14 +233,26 @@ def _merging_fetch(
 
     by_weight = {t.weight: t for t in targets}
     held = frozenset(parameters)  # now: the caller adds the merged constants' specs afterwards
-    constants = {t.name: t for t in model.graph.initializer if t.name in by_weight and t.name not in held}
+    constants = {
+        t.name: t for t in model.graph.initializer if t.name in by_weight and t.name not in held
+    }
 
     def merged_fetch(name: str) -> np.ndarray:
         target = by_weight.get(name)
         if target is None:
             return fetch(name)
-        base = fetch(name) if name in held else numpy_helper.to_array(constants[name], os.fspath(base_dir))
-        return fold(base, fetch(target.lora_A), fetch(target.lora_B), target.scale_value, target.weight_layout)
+        base = (
+            fetch(name)
+            if name in held
+            else numpy_helper.to_array(constants[name], os.fspath(base_dir))
+        )
+        return fold(
+            base,
+            fetch(target.lora_A),
+            fetch(target.lora_B),
+            target.scale_value,
+            target.weight_layout,
+        )
 
     return merged_fetch
 

@@ -116,7 +116,9 @@ class FitRun:
     scheduler: Schedule | ReduceLROnPlateau | None = None
     stop_training: bool = False
 
-    def save_checkpoint(self, path: str | os.PathLike, include_optimizer_state: bool = True) -> Path:
+    def save_checkpoint(
+        self, path: str | os.PathLike, include_optimizer_state: bool = True
+    ) -> Path:
         """Save a checkpoint that :func:`resume` continues exactly (data and schedule state included).
 
         In data-parallel training only rank 0 writes it (the others return the path).
@@ -181,7 +183,9 @@ def fit(
     import time
 
     if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise InvalidValueError(f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}.")
+        raise InvalidValueError(
+            f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}."
+        )
     if not isinstance(epochs, int) or epochs < 0:
         raise InvalidValueError(f"epochs must be an int >= 0, got {epochs!r}.")
     if max_steps is not None and max_steps < 1:
@@ -203,7 +207,10 @@ def fit(
         bar = None
     history = History()
     guards = getattr(session, "_guards", None) if getattr(session, "check_inputs", False) else None
-    for name, data, what in (("train_data", train_data, "train_step"), ("eval_data", eval_data, "eval_step")):
+    for name, data, what in (
+        ("train_data", train_data, "train_step"),
+        ("eval_data", eval_data, "eval_step"),
+    ):
         if guards is not None and isinstance(data, ArrayBatches):
             # all of it, before the first step: a label out of range in the last batch fails now, not an epoch later
             guards[what].check(data.arrays, f"fit: {name}")
@@ -262,7 +269,9 @@ def _run_epochs(
             elif session.accumulated_steps >= accumulation_steps:
                 _optimizer_step(run, callbacks)
             if bar is not None:
-                bar.update(loss, rows, history.learning_rates[-1] if history.learning_rates else None)
+                bar.update(
+                    loss, rows, history.learning_rates[-1] if history.learning_rates else None
+                )
             if run.stop_training or (max_steps is not None and history.steps >= max_steps):
                 break
         if session.accumulated_steps > 0 and not run.stop_training:

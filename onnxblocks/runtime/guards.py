@@ -87,7 +87,9 @@ def check_session_arguments(
         as_path(checkpoint, "checkpoint")
     for name, value in (("prefix", prefix), ("device", device)):
         if not isinstance(value, str):
-            raise InvalidTypeError(f"{name} must be a str, not {type(value).__name__} {value!r:.60}.")
+            raise InvalidTypeError(
+                f"{name} must be a str, not {type(value).__name__} {value!r:.60}."
+            )
     if not isinstance(check_inputs, (bool, np.bool_)):
         raise InvalidTypeError(
             f"check_inputs must be True or False, not {type(check_inputs).__name__} {check_inputs!r:.60}."
@@ -174,7 +176,9 @@ class _Shapes:
             tensor = vi.type.tensor_type
             dims = None
             if tensor.HasField("shape"):
-                dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+                dims = tuple(
+                    d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim
+                )
             known[vi.name] = (tensor.elem_type, dims)
         return known
 
@@ -203,11 +207,19 @@ def _constant_int(model_constants: dict[str, np.ndarray], name: str) -> int | No
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    out = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer if init.dims in ([], [1])}
+    out = {
+        init.name: numpy_helper.to_array(init)
+        for init in model.graph.initializer
+        if init.dims in ([], [1])
+    }
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.attribute:
             attr = node.attribute[0]
-            if attr.name == "value" and attr.t.data_type in _INTEGER_TYPES and len(attr.t.dims) <= 1:
+            if (
+                attr.name == "value"
+                and attr.t.data_type in _INTEGER_TYPES
+                and len(attr.t.dims) <= 1
+            ):
                 out[node.output[0]] = numpy_helper.to_array(attr.t)
             elif attr.name in ("value_int", "value_ints"):
                 out[node.output[0]] = np.asarray(helper.get_attribute_value(attr), dtype=np.int64)
@@ -229,7 +241,13 @@ def _masked_value(
     if equal is None or equal.op_type != "Equal" or len(equal.input) != 2:
         return None
     a, b = equal.input
-    value = _constant_int(constants, b) if a in traced else _constant_int(constants, a) if b in traced else None
+    value = (
+        _constant_int(constants, b)
+        if a in traced
+        else _constant_int(constants, a)
+        if b in traced
+        else None
+    )
     # Where keeps input 1 where cond holds: the masked value is replaced when it selects input 2 there.
     replaced = (position == 1 and negated) or (position == 2 and not negated)
     return value if replaced else None
@@ -268,7 +286,10 @@ def index_rules(model: onnx.ModelProto, inputs: Sequence[str]) -> list[IndexRule
                     continue
                 if position not in _PASS_THROUGH.get(node.op_type, ()):
                     continue
-                if node.op_type == "Cast" and helper.get_node_attr_value(node, "to") not in _INTEGER_TYPES:
+                if (
+                    node.op_type == "Cast"
+                    and helper.get_node_attr_value(node, "to") not in _INTEGER_TYPES
+                ):
                     continue
                 more = allowed
                 if node.op_type == "Where":
@@ -324,10 +345,14 @@ class BatchGuard:
             names = [s.name for s in self.specs]
             for rule in index_rules(model, names):
                 self.rules.setdefault(names.index(rule.input), []).append(rule)
-        self._fast: dict[int, tuple[int, np.dtype]] = {}  # [0, high) inputs, no ignore_index: (high, unsigned)
+        self._fast: dict[
+            int, tuple[int, np.dtype]
+        ] = {}  # [0, high) inputs, no ignore_index: (high, unsigned)
         for index, rules in self.rules.items():
             unsigned = _UNSIGNED.get(self.specs[index].dtype)
-            if unsigned is not None and all(r.low == 0 and r.high is not None and not r.allowed for r in rules):
+            if unsigned is not None and all(
+                r.low == 0 and r.high is not None and not r.allowed for r in rules
+            ):
                 self._fast[index] = (min(int(r.high or 0) for r in rules), unsigned)
 
     def check(self, arrays: Sequence[Any], what: str, values: bool = True) -> None:
@@ -359,7 +384,9 @@ class BatchGuard:
         for index, rules in self.rules.items():
             fast = self._fast.get(index)
             array = arrays[index]
-            if fast is None or (array.size and int(_MAXIMUM(array.view(fast[1]), axis=None)) >= fast[0]):
+            if fast is None or (
+                array.size and int(_MAXIMUM(array.view(fast[1]), axis=None)) >= fast[0]
+            ):
                 _check_values(rules, array, what)
 
 
@@ -374,11 +401,15 @@ def _check_values(rules: Sequence[IndexRule], array: Any, what: str) -> None:
         return
     low, top = int(array.min()), int(array.max())
     for rule in rules:
-        if (rule.low is not None and low < rule.low) or (rule.high is not None and top >= rule.high):
+        if (rule.low is not None and low < rule.low) or (
+            rule.high is not None and top >= rule.high
+        ):
             _refuse_indices(rule, array, what)
 
 
-_UNSIGNED: dict[np.dtype | None, np.dtype] = {np.dtype(f"int{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)}
+_UNSIGNED: dict[np.dtype | None, np.dtype] = {
+    np.dtype(f"int{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)
+}
 _UNSIGNED |= {np.dtype(f"uint{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64)}
 _MAXIMUM = np.maximum.reduce
 
@@ -387,7 +418,11 @@ def _refuse_empty(spec: InputSpec, shape: tuple[int, ...], what: str) -> None:
     declared = spec.shape if spec.shape is not None and len(spec.shape) == len(shape) else None
     for axis, size in enumerate(shape):
         if size == 0 and not (declared is not None and declared[axis] == 0):
-            name = f" ('{declared[axis]}')" if declared is not None and isinstance(declared[axis], str) else ""
+            name = (
+                f" ('{declared[axis]}')"
+                if declared is not None and isinstance(declared[axis], str)
+                else ""
+            )
             raise InvalidValueError(
                 f"{what} got an empty batch: input '{spec.name}' has shape {shape}, dimension {axis}{name} is 0. "
                 "ONNX Runtime cannot train or evaluate on zero rows (it would crash); skip empty batches."

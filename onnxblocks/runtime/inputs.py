@@ -63,7 +63,13 @@ def specs_from_value_infos(value_infos: Sequence[Any]) -> dict[str, InputSpec]:
             dims: list[Dim] = []
             for d in t.tensor_type.shape.dim:
                 kind = d.WhichOneof("value")
-                dims.append(d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None)
+                dims.append(
+                    d.dim_value
+                    if kind == "dim_value"
+                    else d.dim_param
+                    if kind == "dim_param"
+                    else None
+                )
             shape = tuple(dims)
         specs[vi.name] = InputSpec(vi.name, dtype, shape)
     return specs
@@ -85,7 +91,9 @@ def read_input_specs(model_path: str | os.PathLike, names: Sequence[str]) -> lis
     return [specs.get(n, InputSpec(n, None, None)) for n in names]
 
 
-def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "train_step") -> list[np.ndarray]:
+def check_batch(
+    specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "train_step"
+) -> list[np.ndarray]:
     """Check ``arrays`` against ``specs`` and return them as contiguous numpy arrays.
 
     Symbolic dimensions with the same name (``batch`` in both ``x`` and ``labels``)
@@ -105,8 +113,12 @@ def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "
     out: list[np.ndarray] = []
     bound: dict[str, tuple[int, str]] = {}
     for spec, raw in zip(specs, arrays, strict=False):
-        array = raw if type(raw) is np.ndarray and raw.flags.c_contiguous else np.ascontiguousarray(raw)
-        if (spec.dtype is None or array.dtype == spec.dtype) and _fits(spec.shape, array.shape, bound, spec.name):
+        array = (
+            raw if type(raw) is np.ndarray and raw.flags.c_contiguous else np.ascontiguousarray(raw)
+        )
+        if (spec.dtype is None or array.dtype == spec.dtype) and _fits(
+            spec.shape, array.shape, bound, spec.name
+        ):
             out.append(array)
             continue
         got = f"got {array.dtype} with shape {tuple(array.shape)}"
@@ -137,7 +149,12 @@ def check_batch(specs: Sequence[InputSpec], arrays: Sequence[Any], what: str = "
     return out
 
 
-def _fits(want: tuple[Dim, ...] | None, have: tuple[int, ...], bound: dict[str, tuple[int, str]], name: str) -> bool:
+def _fits(
+    want: tuple[Dim, ...] | None,
+    have: tuple[int, ...],
+    bound: dict[str, tuple[int, str]],
+    name: str,
+) -> bool:
     """Fast check of a shape; records symbolic dims in ``bound`` only when everything fits."""
     if want is None:
         return True

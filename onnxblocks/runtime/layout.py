@@ -104,7 +104,10 @@ class ArtifactFiles:
         checkpoint = root / names.checkpoint
         missing = [
             str(p)
-            for p, ok in ((root / names.training_model, training is not None), (checkpoint, checkpoint.exists()))
+            for p, ok in (
+                (root / names.training_model, training is not None),
+                (checkpoint, checkpoint.exists()),
+            )
             if not ok
         ]
         if missing:
@@ -115,10 +118,21 @@ class ArtifactFiles:
                 f"It holds {present or 'nothing'}. Pass the directory generate_artifacts wrote, with its prefix."
             )
         assert training is not None
-        eval_model, optimizer_model = _model(root, names, EVAL_MODEL), _model(root, names, OPTIMIZER_MODEL)
+        eval_model, optimizer_model = (
+            _model(root, names, EVAL_MODEL),
+            _model(root, names, OPTIMIZER_MODEL),
+        )
         base = root / names.base_weights
         step = _model(root, names, STEP_MODEL)
-        return cls(root, training, checkpoint, eval_model, optimizer_model, step, base if base.is_file() else None)
+        return cls(
+            root,
+            training,
+            checkpoint,
+            eval_model,
+            optimizer_model,
+            step,
+            base if base.is_file() else None,
+        )
 
 
 def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:

@@ -54,11 +54,17 @@ class LinearLR(_TorchSchedule):
     kind = "LinearLR"
 
     def __init__(
-        self, base_lr: float, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5
+        self,
+        base_lr: float,
+        start_factor: float = 1.0 / 3,
+        end_factor: float = 1.0,
+        total_iters: int = 5,
     ) -> None:
         super().__init__(base_lr)
         if not 0 < _hyper.nonnegative(start_factor, "LinearLR: start_factor") <= 1:
-            raise InvalidValueError(f"LinearLR: start_factor must be in (0, 1], got {start_factor!r}.")
+            raise InvalidValueError(
+                f"LinearLR: start_factor must be in (0, 1], got {start_factor!r}."
+            )
         if not 0 <= _hyper.nonnegative(end_factor, "LinearLR: end_factor") <= 1:
             raise InvalidValueError(f"LinearLR: end_factor must be in [0, 1], got {end_factor!r}.")
         self.start_factor, self.end_factor = float(start_factor), float(end_factor)
@@ -66,7 +72,9 @@ class LinearLR(_TorchSchedule):
 
     def _after_warmup(self, step: int) -> float:
         done = min(step, self.total_iters)
-        return self.base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done / self.total_iters)
+        return self.base_lr * (
+            self.start_factor + (self.end_factor - self.start_factor) * done / self.total_iters
+        )
 
 
 class CosineAnnealingLR(_TorchSchedule):
@@ -83,7 +91,10 @@ class CosineAnnealingLR(_TorchSchedule):
         self.eta_min = _hyper.learning_rate(eta_min, "CosineAnnealingLR: eta_min")
 
     def _after_warmup(self, step: int) -> float:
-        return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * step / self.T_max)) / 2
+        return (
+            self.eta_min
+            + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * step / self.T_max)) / 2
+        )
 
 
 class StepLR(_TorchSchedule):
@@ -108,7 +119,9 @@ class MultiStepLR(_TorchSchedule):
     def __init__(self, base_lr: float, milestones: Sequence[int], gamma: float = 0.1) -> None:
         super().__init__(base_lr)
         if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence):
-            raise InvalidTypeError(f"MultiStepLR: milestones must be a list of ints, not {type(milestones).__name__}.")
+            raise InvalidTypeError(
+                f"MultiStepLR: milestones must be a list of ints, not {type(milestones).__name__}."
+            )
         self.milestones = sorted(_count("MultiStepLR", "milestones[]", m, 0) for m in milestones)
         self.gamma = _hyper.nonnegative(gamma, "MultiStepLR: gamma")
 
@@ -155,7 +168,9 @@ class OneCycleLR(_TorchSchedule):
         if not 0 <= _hyper.nonnegative(pct_start, "OneCycleLR: pct_start") <= 1:
             raise InvalidValueError(f"OneCycleLR: pct_start must be in [0, 1], got {pct_start!r}.")
         if anneal_strategy not in ("cos", "linear"):
-            raise InvalidValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}.")
+            raise InvalidValueError(
+                f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}."
+            )
         self.pct_start, self.anneal_strategy = float(pct_start), anneal_strategy
         self.div_factor = _hyper.nonnegative(div_factor, "OneCycleLR: div_factor")
         self.final_div_factor = _hyper.nonnegative(final_div_factor, "OneCycleLR: final_div_factor")
@@ -182,7 +197,9 @@ class OneCycleLR(_TorchSchedule):
         return (end - start) * pct + start
 
     def _after_warmup(self, step: int) -> float:
-        step = min(step, self.total_steps - 1)  # torch refuses an update past total_steps: hold the last rate
+        step = min(
+            step, self.total_steps - 1
+        )  # torch refuses an update past total_steps: hold the last rate
         phases, start_step = self._phases(), 0.0
         for i, (end_step, start_lr, end_lr) in enumerate(phases):
             if step <= end_step or i == len(phases) - 1:
@@ -208,7 +225,9 @@ class LambdaLR(_TorchSchedule):
     def __init__(self, base_lr: float, lr_lambda: Callable[[int], float]) -> None:
         super().__init__(base_lr)
         if not callable(lr_lambda):
-            raise InvalidTypeError(f"LambdaLR: lr_lambda must be a function of the step, not {lr_lambda!r:.60}.")
+            raise InvalidTypeError(
+                f"LambdaLR: lr_lambda must be a function of the step, not {lr_lambda!r:.60}."
+            )
         self._lr_lambda = lr_lambda
 
     def _after_warmup(self, step: int) -> float:
@@ -227,10 +246,16 @@ class SequentialLR(Schedule):
 
     kind = "SequentialLR"
 
-    def __init__(self, schedulers: Sequence[Schedule | dict[str, Any]], milestones: Sequence[int]) -> None:
-        made = [schedule_from_dict(s) if isinstance(s, dict) else s for s in schedulers]  # from state_dict()
+    def __init__(
+        self, schedulers: Sequence[Schedule | dict[str, Any]], milestones: Sequence[int]
+    ) -> None:
+        made = [
+            schedule_from_dict(s) if isinstance(s, dict) else s for s in schedulers
+        ]  # from state_dict()
         if not made or not all(isinstance(s, Schedule) for s in made):
-            raise InvalidTypeError("SequentialLR: schedulers must be a non-empty list of schedules.")
+            raise InvalidTypeError(
+                "SequentialLR: schedulers must be a non-empty list of schedules."
+            )
         if len(milestones) != len(made) - 1:
             raise InvalidValueError(
                 f"SequentialLR: {len(made)} schedulers need {len(made) - 1} milestones, got {len(milestones)}."
@@ -239,7 +264,9 @@ class SequentialLR(Schedule):
         self.schedulers: list[Schedule] = made
         self.milestones = [_count("SequentialLR", "milestones[]", m) for m in milestones]
         if self.milestones != sorted(self.milestones):
-            raise InvalidValueError(f"SequentialLR: milestones must increase, got {list(milestones)}.")
+            raise InvalidValueError(
+                f"SequentialLR: milestones must increase, got {list(milestones)}."
+            )
 
     def _after_warmup(self, step: int) -> float:
         index = bisect_right(self.milestones, step)
@@ -282,7 +309,9 @@ class ReduceLROnPlateau:
         monitor: str = "eval_loss",
     ) -> None:
         if not isinstance(monitor, str):
-            raise InvalidTypeError(f"ReduceLROnPlateau: monitor must be a metric name, not {monitor!r:.60}.")
+            raise InvalidTypeError(
+                f"ReduceLROnPlateau: monitor must be a metric name, not {monitor!r:.60}."
+            )
         self.monitor = monitor
         if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
             raise InvalidValueError(
@@ -303,9 +332,17 @@ class ReduceLROnPlateau:
 
     def _is_better(self, current: float) -> bool:
         if self.mode == "min":
-            bound = self.best * (1 - self.threshold) if self.threshold_mode == "rel" else self.best - self.threshold
+            bound = (
+                self.best * (1 - self.threshold)
+                if self.threshold_mode == "rel"
+                else self.best - self.threshold
+            )
             return current < bound
-        bound = self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
+        bound = (
+            self.best * (1 + self.threshold)
+            if self.threshold_mode == "rel"
+            else self.best + self.threshold
+        )
         return current > bound
 
     def step(self, metric: float) -> float:
@@ -330,15 +367,21 @@ class ReduceLROnPlateau:
         return {"kind": self.kind, **vars(self)}
 
     def __repr__(self) -> str:
-        return (
-            f"ReduceLROnPlateau(lr={self.lr!r}, mode={self.mode!r}, factor={self.factor!r}, patience={self.patience})"
-        )
+        return f"ReduceLROnPlateau(lr={self.lr!r}, mode={self.mode!r}, factor={self.factor!r}, patience={self.patience})"
 
 
 SCHEDULES.update(
     {
         cls.kind: cls
-        for cls in (LinearLR, CosineAnnealingLR, StepLR, MultiStepLR, ExponentialLR, OneCycleLR, SequentialLR)
+        for cls in (
+            LinearLR,
+            CosineAnnealingLR,
+            StepLR,
+            MultiStepLR,
+            ExponentialLR,
+            OneCycleLR,
+            SequentialLR,
+        )
     }
 )
 

@@ -86,7 +86,9 @@ class StandardOptimizerDriver:
         self._cpu = _ort.make_device("cpu")
         self.learning_rate = self._initial_lr = DEFAULT_LEARNING_RATE
         self.step = 0
-        self._moments = {n: [np.zeros_like(self._param(n)) for _ in self._state_inputs] for n in order}
+        self._moments = {
+            n: [np.zeros_like(self._param(n)) for _ in self._state_inputs] for n in order
+        }
         self._read(checkpoint)
 
     def _param(self, name: str) -> np.ndarray:
@@ -94,7 +96,9 @@ class StandardOptimizerDriver:
 
     def _read(self, checkpoint: Path) -> None:
         ck = load_checkpoint(checkpoint)
-        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(iter(ck.optimizer_state.values()), None)
+        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(
+            iter(ck.optimizer_state.values()), None
+        )
         if group is None:
             return
         for name in self._order:
@@ -115,7 +119,11 @@ class StandardOptimizerDriver:
         grads = []
         for name in self._order:
             grad = self._state.get_parameter(name).grad
-            grads.append(np.array(grad.numpy(), copy=True) if grad.has_value() else np.zeros_like(self._param(name)))
+            grads.append(
+                np.array(grad.numpy(), copy=True)
+                if grad.has_value()
+                else np.zeros_like(self._param(name))
+            )
         feeds: dict[str, Any] = {
             LEARNING_RATE: np.array([self.learning_rate], np.float32),
             STEP: np.array([self.step + 1], np.int64),
@@ -144,4 +152,6 @@ class StandardOptimizerDriver:
                 "moments": {n: list(self._moments[n]) for n in self._order},
             }
         }
-        save_checkpoint((ck.trainable, ck.frozen), path, optimizer_state=state, properties=ck.properties)
+        save_checkpoint(
+            (ck.trainable, ck.frozen), path, optimizer_state=state, properties=ck.properties
+        )

@@ -29,7 +29,14 @@ import numpy as np
 from onnxblocks._core.errors import InvalidValueError, MissingDependencyError
 
 #: Line colours, cycled over the series (RGB, 0-255).
-PALETTE = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189), (140, 86, 75))
+PALETTE = (
+    (31, 119, 180),
+    (214, 39, 40),
+    (44, 160, 44),
+    (255, 127, 14),
+    (148, 103, 189),
+    (140, 86, 75),
+)
 #: File suffixes :func:`save_line_plot` writes, and the format of each.
 FORMATS = {".svg": "svg", ".png": "png"}
 BACKENDS = ("auto", "builtin", "matplotlib")
@@ -75,16 +82,23 @@ def check_plot_path(path: str | os.PathLike, backend: str = "auto") -> str:
             and it is not installed.
     """
     if backend not in BACKENDS:
-        raise InvalidValueError(f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'.")
+        raise InvalidValueError(
+            f"Unknown plot backend {backend!r}: use 'auto', 'builtin' or 'matplotlib'."
+        )
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
         raise InvalidValueError(
             f"Cannot write the plot '{path}': its suffix picks the format; use a .svg or .png path."
         )
     if (fmt == "png" or backend == "matplotlib") and not _have_matplotlib():
-        hint = "install matplotlib or use a .svg path" if fmt == "png" else "install matplotlib or use backend='auto'"
+        hint = (
+            "install matplotlib or use a .svg path"
+            if fmt == "png"
+            else "install matplotlib or use backend='auto'"
+        )
         raise MissingDependencyError(
-            f"Cannot write the plot '{path}': it needs matplotlib, which is not installed; {hint}.", name="matplotlib"
+            f"Cannot write the plot '{path}': it needs matplotlib, which is not installed; {hint}.",
+            name="matplotlib",
         )
     return fmt
 
@@ -184,7 +198,12 @@ def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> _Data:
         series = {"": series}
     data = {}
     for label, values in series.items():
-        if isinstance(values, tuple) and len(values) == 2 and np.ndim(values[0]) == 1 and np.ndim(values[1]) == 1:
+        if (
+            isinstance(values, tuple)
+            and len(values) == 2
+            and np.ndim(values[0]) == 1
+            and np.ndim(values[1]) == 1
+        ):
             xs, ys = np.asarray(values[0], np.float64), np.asarray(values[1], np.float64)
         else:
             ys = np.asarray(values, np.float64).reshape(-1)
@@ -199,7 +218,9 @@ def _normalize(series: Mapping[str, Series] | Series, log_y: bool) -> _Data:
     return data
 
 
-def _full_styles(data: Mapping[str, Any], styles: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict]:
+def _full_styles(
+    data: Mapping[str, Any], styles: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, dict]:
     """``styles`` with a colour (from :data:`PALETTE`), a width and an alpha for every series."""
     full = {k: dict(v) for k, v in (styles or {}).items()}
     for i, label in enumerate(data):
@@ -217,7 +238,9 @@ def _css(color: Color) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def _svg_plot(data: _Data, styles: _Styles, texts: tuple[str, str, str], log_y: bool, size: tuple[int, int]) -> str:
+def _svg_plot(
+    data: _Data, styles: _Styles, texts: tuple[str, str, str], log_y: bool, size: tuple[int, int]
+) -> str:
     """The SVG text of a plot (``texts``: title, x label, y label; ``size``: width, height)."""
     from onnxblocks.display.svg import svg_document, svg_polyline, svg_text
 
@@ -264,7 +287,9 @@ def _svg_plot(data: _Data, styles: _Styles, texts: tuple[str, str, str], log_y: 
         if px0 - 0.5 <= x <= px1 + 0.5:
             grid.append(f"M{x:.1f},{py0:.1f}V{py1:.1f}")
             marks.append(f"M{x:.1f},{py1:.1f}v5")
-            parts.append(svg_text(x, py1 + 18, format_tick(t), size=12, fill=_MUTED, anchor="middle"))
+            parts.append(
+                svg_text(x, py1 + 18, format_tick(t), size=12, fill=_MUTED, anchor="middle")
+            )
     body = [f'<path d="{"".join(grid)}" stroke="{_GRID}" fill="none"/>', *parts]
     for label, (xs, ys) in data.items():
         if not len(xs):
@@ -285,13 +310,24 @@ def _svg_plot(data: _Data, styles: _Styles, texts: tuple[str, str, str], log_y: 
     if title:
         body.append(
             svg_text(
-                width / 2, 28, title, size=15, fill=_INK, anchor="middle", bold=True, limit=max(8, int(width / 8.8))
+                width / 2,
+                28,
+                title,
+                size=15,
+                fill=_INK,
+                anchor="middle",
+                bold=True,
+                limit=max(8, int(width / 8.8)),
             )
         )
     if xlabel:
-        body.append(svg_text((px0 + px1) / 2, height - 10, xlabel, size=12, fill=_INK, anchor="middle"))
+        body.append(
+            svg_text((px0 + px1) / 2, height - 10, xlabel, size=12, fill=_INK, anchor="middle")
+        )
     if ylabel:
-        body.append(svg_text(20, (py0 + py1) / 2, ylabel, size=12, fill=_INK, anchor="middle", rotate=-90))
+        body.append(
+            svg_text(20, (py0 + py1) / 2, ylabel, size=12, fill=_INK, anchor="middle", rotate=-90)
+        )
     labels = [lb for lb in data if lb]
     if labels:
         box_w, box_h = max(min(len(lb), 40) for lb in labels) * _CHAR + 46, len(labels) * 20 + 10
@@ -338,7 +374,11 @@ def _matplotlib_figure(
     axes = figure.add_subplot(1, 1, 1)
     for label, (xs, ys) in data.items():
         style = styles[label]
-        color = style["color"] if isinstance(style["color"], str) else np.asarray(style["color"]) / 255.0
+        color = (
+            style["color"]
+            if isinstance(style["color"], str)
+            else np.asarray(style["color"]) / 255.0
+        )
         axes.plot(
             xs,
             ys,
@@ -393,9 +433,13 @@ def plot_history(
         raise InvalidValueError(f"plot_history: smoothing must be in [0, 1), got {smoothing}.")
     losses = np.asarray(history.losses, np.float64).reshape(-1)
     if not len(losses):
-        raise InvalidValueError(f"Cannot plot '{path}': the history has no losses (no training step was recorded).")
+        raise InvalidValueError(
+            f"Cannot plot '{path}': the history has no losses (no training step was recorded)."
+        )
     series: dict[str, Series] = {"train loss (per step)": losses}
-    styles: dict[str, dict[str, Any]] = {"train loss (per step)": {"color": PALETTE[0], "alpha": 0.3, "width": 1.5}}
+    styles: dict[str, dict[str, Any]] = {
+        "train loss (per step)": {"color": PALETTE[0], "alpha": 0.3, "width": 1.5}
+    }
     if len(losses) > 1:
         smooth = np.full_like(losses, np.nan)
         acc, seen = 0.0, 0
@@ -416,5 +460,12 @@ def plot_history(
         series["eval loss (per epoch)"] = (xs, ys)
         styles["eval loss (per epoch)"] = {"color": PALETTE[1], "width": 2.5}
     return save_line_plot(
-        path, series, title=title, xlabel="step", ylabel="loss", log_y=log_y, styles=styles, backend=backend
+        path,
+        series,
+        title=title,
+        xlabel="step",
+        ylabel="loss",
+        log_y=log_y,
+        styles=styles,
+        backend=backend,
     )

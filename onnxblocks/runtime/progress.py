@@ -104,7 +104,9 @@ class ProgressBar:
         if self._total:
             filled = min(self.width, round(self.width * self._done / self._total))
             count = len(str(self._total))
-            parts.append(f"[{'#' * filled}{'.' * (self.width - filled)}] {self._done:>{count}}/{self._total}")
+            parts.append(
+                f"[{'#' * filled}{'.' * (self.width - filled)}] {self._done:>{count}}/{self._total}"
+            )
         else:
             parts.append(f"{self._done} batches")
         if self._done:

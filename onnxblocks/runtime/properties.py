@@ -67,7 +67,9 @@ def check_names(properties: Mapping[str, Any]) -> None:
     """
     for name in properties:
         if not isinstance(name, str):
-            raise InvalidTypeError(f"checkpoint property names must be str, not {type(name).__name__} ({name!r}).")
+            raise InvalidTypeError(
+                f"checkpoint property names must be str, not {type(name).__name__} ({name!r})."
+            )
         if name.startswith(RESERVED_PREFIX):
             raise InvalidValueError(
                 f"checkpoint property '{name}' uses the prefix '{RESERVED_PREFIX}', which the runtime "

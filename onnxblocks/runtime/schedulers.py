@@ -103,7 +103,9 @@ class LinearSchedule(Schedule):
 
     kind = "linear"
 
-    def __init__(self, base_lr: float, total_steps: int, warmup_steps: int = 0, end_lr: float = 0.0) -> None:
+    def __init__(
+        self, base_lr: float, total_steps: int, warmup_steps: int = 0, end_lr: float = 0.0
+    ) -> None:
         super().__init__(base_lr, warmup_steps)
         _check_total(self, total_steps, warmup_steps)
         self.total_steps = int(total_steps)
@@ -126,7 +128,9 @@ class CosineSchedule(Schedule):
 
     kind = "cosine"
 
-    def __init__(self, base_lr: float, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0) -> None:
+    def __init__(
+        self, base_lr: float, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0
+    ) -> None:
         super().__init__(base_lr, warmup_steps)
         _check_total(self, total_steps, warmup_steps)
         self.total_steps = int(total_steps)
@@ -134,7 +138,9 @@ class CosineSchedule(Schedule):
 
     def _after_warmup(self, step: int) -> float:
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return self.min_lr + (self.base_lr - self.min_lr) * (1.0 + math.cos(math.pi * progress)) / 2.0
+        return (
+            self.min_lr + (self.base_lr - self.min_lr) * (1.0 + math.cos(math.pi * progress)) / 2.0
+        )
 
 
 class StepSchedule(Schedule):
@@ -151,7 +157,9 @@ class StepSchedule(Schedule):
     def __init__(self, base_lr: float, step_size: int, gamma: float = 0.1) -> None:
         super().__init__(base_lr, 0)
         if not isinstance(step_size, int) or step_size < 1:
-            raise InvalidValueError(f"StepSchedule: step_size must be an int >= 1, got {step_size!r}.")
+            raise InvalidValueError(
+                f"StepSchedule: step_size must be an int >= 1, got {step_size!r}."
+            )
         self.step_size = step_size
         self.gamma = _hyper.nonnegative(gamma, "StepSchedule: gamma")
 
@@ -178,7 +186,9 @@ def schedule_from_dict(state: dict[str, Any]) -> Schedule:
     settings = dict(state)
     kind = settings.pop("kind", None)
     if kind not in SCHEDULES:
-        raise InvalidValueError(f"Unknown schedule kind {kind!r}; known kinds: {sorted(SCHEDULES)}.")
+        raise InvalidValueError(
+            f"Unknown schedule kind {kind!r}; known kinds: {sorted(SCHEDULES)}."
+        )
     return SCHEDULES[kind](**settings)
 
 
@@ -214,7 +224,9 @@ def make_schedule(
 
 def _check_count(owner: object, name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidValueError(f"{type(owner).__name__}: {name} must be an int >= 0, got {value!r}.")
+        raise InvalidValueError(
+            f"{type(owner).__name__}: {name} must be an int >= 0, got {value!r}."
+        )
 
 
 def _check_total(owner: object, total_steps: Any, warmup_steps: int) -> None:

@@ -65,7 +65,9 @@ _UNREAD = object()
 _CHECKED_SIGNATURES = 64
 
 
-def open_backend(name: BackendName, files: ArtifactFiles, checkpoint: Path, device: str, options: Any) -> Backend:
+def open_backend(
+    name: BackendName, files: ArtifactFiles, checkpoint: Path, device: str, options: Any
+) -> Backend:
     """Build backend ``name`` over ``files``, starting from ``checkpoint`` (its module is imported on first use)."""
     if name == "portable":
         from onnxblocks.runtime.backend_portable import PortableBackend
@@ -138,11 +140,15 @@ class TrainingSession:
         self.weight_ema: WeightEMA | None = None
         self._checked: set[tuple] = set()
         self._lora: object = _UNREAD
-        self._checkpoint_path = Path(checkpoint) if checkpoint is not None else self.files.checkpoint
+        self._checkpoint_path = (
+            Path(checkpoint) if checkpoint is not None else self.files.checkpoint
+        )
         self._open(self._checkpoint_path)
         self._train_specs = read_input_specs(self.files.training_model, self.input_names)
         self._eval_specs = (
-            read_input_specs(self.files.eval_model, self.eval_input_names) if self.files.eval_model else []
+            read_input_specs(self.files.eval_model, self.eval_input_names)
+            if self.files.eval_model
+            else []
         )
         self._guards = _guards.session_guards(self.files, self._train_specs, self._eval_specs)
 
@@ -153,13 +159,19 @@ class TrainingSession:
                 f"Checkpoint '{checkpoint}' does not exist. Pass a file written by "
                 "TrainingSession.save_checkpoint or generate_artifacts."
             )
-        _guards.check_checkpoint_for(self.files, checkpoint)  # before ONNX Runtime sees it: a bad one can crash it
+        _guards.check_checkpoint_for(
+            self.files, checkpoint
+        )  # before ONNX Runtime sees it: a bad one can crash it
         if self._impl is None:
-            self._impl = open_backend(self.backend, self.files, checkpoint, self._device_name, self._options)
+            self._impl = open_backend(
+                self.backend, self.files, checkpoint, self._device_name, self._options
+            )
         else:
             self._impl.load(checkpoint)
         self._pending = 0
-        self._step = int(self._impl.properties().get(STEP_PROPERTY, 0))  # checked with the checkpoint
+        self._step = int(
+            self._impl.properties().get(STEP_PROPERTY, 0)
+        )  # checked with the checkpoint
         self.weight_ema = ema_from_checkpoint(self._raw_properties(), checkpoint)
 
     @property
@@ -337,7 +349,9 @@ class TrainingSession:
         impl = self._impl
         if impl is None or not impl.has_optimizer:
             self._require_optimizer()
-        if self._pending or self.gradient_reducer is not None:  # the gradients are read between the two
+        if (
+            self._pending or self.gradient_reducer is not None
+        ):  # the gradients are read between the two
             outputs = self._backend.train_step(arrays)
             self._pending += 1
             self.optimizer_step()
@@ -358,7 +372,9 @@ class TrainingSession:
 
     @step.setter
     def step(self, value: int) -> None:
-        self._step = _hyper.step(value, "step")  # an int in [0, 2**53 - 1]: refused here, not at the next step
+        self._step = _hyper.step(
+            value, "step"
+        )  # an int in [0, 2**53 - 1]: refused here, not at the next step
 
     @property
     def accumulated_steps(self) -> int:
@@ -390,7 +406,9 @@ class TrainingSession:
     # ------------------------------------------------------------ parameters
     def parameter_names(self, trainable_only: bool = False) -> list[str]:
         """Names of the parameters in the checkpoint state, sorted."""
-        names = [n for n in self._backend.parameter_names() if not n.startswith(EXTRA_PREFIX)]  # no EMA tensors
+        names = [
+            n for n in self._backend.parameter_names() if not n.startswith(EXTRA_PREFIX)
+        ]  # no EMA tensors
         if trainable_only:
             names = [n for n in names if self._backend.is_trainable(n)]
         return names
@@ -437,7 +455,9 @@ class TrainingSession:
             ValueError: if a dtype or shape differs from the parameter's.
         """
         if self._pending == 0:
-            raise StateError("set_gradients: no train_step ran since the gradients were last reset; run one first.")
+            raise StateError(
+                "set_gradients: no train_step ran since the gradients were last reset; run one first."
+            )
         checked = {}
         for name, raw in values.items():
             self._check_parameter(name)
@@ -547,9 +567,13 @@ class TrainingSession:
         for name, value in encoded.items():
             self._backend.set_property(name, value)
         stale = any(n.startswith(EMA_PREFIX) for n in self._backend.parameter_names())
-        with _guards.checkpoint_output(path) as temp:  # with <temp>.data, if any, replaces the old pair at once
+        with _guards.checkpoint_output(
+            path
+        ) as temp:  # with <temp>.data, if any, replaces the old pair at once
             self._backend.save(temp, include_optimizer_state)
-            if ema is not None or stale:  # the average as frozen tensors ONNX Runtime loads and ignores
+            if (
+                ema is not None or stale
+            ):  # the average as frozen tensors ONNX Runtime loads and ignores
                 write_ema_tensors(temp, self.weight_ema)
         return path
 
@@ -610,25 +634,42 @@ class TrainingSession:
                 artifacts without LoRA adapters.
         """
         if not self.has_eval_model:
-            raise StateError("export_inference_model needs the eval model, but the artifacts have none.")
+            raise StateError(
+                "export_inference_model needs the eval model, but the artifacts have none."
+            )
         if output_names is not None and (
-            not isinstance(output_names, (list, tuple)) or not all(isinstance(n, str) for n in output_names)
+            not isinstance(output_names, (list, tuple))
+            or not all(isinstance(n, str) for n in output_names)
         ):
-            one = f" For one output pass [{output_names!r:.40}]." if isinstance(output_names, str) else ""
+            one = (
+                f" For one output pass [{output_names!r:.40}]."
+                if isinstance(output_names, str)
+                else ""
+            )
             raise InvalidTypeError(
                 f"export_inference_model: output_names must be a list of output names (str), not "
                 f"{type(output_names).__name__} {output_names!r:.60}.{one}"
             )
         if not isinstance(merge_adapters, bool):
-            raise InvalidTypeError(f"merge_adapters must be True or False, not {merge_adapters!r:.40}.")
+            raise InvalidTypeError(
+                f"merge_adapters must be True or False, not {merge_adapters!r:.40}."
+            )
         merge = merge_adapters
         names = list(output_names) if output_names is not None else self.default_inference_outputs()
-        assert self.files.eval_model is not None  # export_inference refuses an empty `names`, saying what to pass
+        assert (
+            self.files.eval_model is not None
+        )  # export_inference refuses an empty `names`, saying what to pass
         backend = self._backend
         specs = {n: backend.parameter_spec(n) for n in self.parameter_names()}
         if not use_ema:
             return export_inference(
-                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names, merge
+                self.files.eval_model,
+                Path(path),
+                names,
+                specs,
+                backend.get_parameter,
+                self.eval_output_names,
+                merge,
             )
         if self.weight_ema is None or self.weight_ema.average is None:
             raise StateError(
@@ -637,7 +678,13 @@ class TrainingSession:
             )
         with self.weight_ema.applied(self):
             return export_inference(
-                self.files.eval_model, Path(path), names, specs, backend.get_parameter, self.eval_output_names, merge
+                self.files.eval_model,
+                Path(path),
+                names,
+                specs,
+                backend.get_parameter,
+                self.eval_output_names,
+                merge,
             )
 
     # ------------------------------------------------------------ adapters
@@ -678,7 +725,9 @@ class TrainingSession:
 
         info = self._require_lora("save_adapters")
         target = _guards.as_path(directory, "directory")
-        return write_adapters(target, info, {name: self.get_parameter(name) for name in info.adapter_names})
+        return write_adapters(
+            target, info, {name: self.get_parameter(name) for name in info.adapter_names}
+        )
 
     def load_adapters(self, directory: str | os.PathLike) -> None:
         """Replace the LoRA adapters with those of a PEFT directory (saved by :meth:`save_adapters` or ``peft``).

@@ -50,7 +50,9 @@ def onnx_type_name(elem_type: int) -> str:
     return onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "unknown"
 
 
-_to_dlpack = torch._C._to_dlpack  # what torch.utils.dlpack calls, without the Python frame (once per tensor)
+_to_dlpack = (
+    torch._C._to_dlpack
+)  # what torch.utils.dlpack calls, without the Python frame (once per tensor)
 _from_dlpack = torch._C._from_dlpack
 
 

@@ -34,7 +34,18 @@ class OutputSlot:
 
 
 #: Non-tensor leaves an output may hold (returned as the export's eager run computed them).
-CONSTANT_TYPES = (int, float, bool, complex, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
+CONSTANT_TYPES = (
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    bytes,
+    type(None),
+    torch.Size,
+    torch.dtype,
+    torch.device,
+)
 
 
 def register_dataclasses(tree: Any) -> None:
@@ -47,7 +58,9 @@ def register_dataclasses(tree: Any) -> None:
         item = stack.pop()
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
             if type(item) not in pytree.SUPPORTED_NODES:
-                with contextlib.suppress(Exception):  # not registrable: it stays a leaf, and is refused as one
+                with contextlib.suppress(
+                    Exception
+                ):  # not registrable: it stays a leaf, and is refused as one
                     torch.export.register_dataclass(type(item))
             stack.extend(getattr(item, f.name, None) for f in dataclasses.fields(item))
         elif isinstance(item, (list, tuple)):

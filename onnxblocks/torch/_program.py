@@ -46,7 +46,9 @@ def load_model(model: onnx.ModelProto | str | os.PathLike[str]) -> onnx.ModelPro
         if not os.path.exists(model):
             raise FileMissingError(f"No ONNX model at '{os.fspath(model)}'.")
         return onnx.load(os.fspath(model))
-    raise InvalidTypeError(f"model must be an onnx.ModelProto or a path, not {type(model).__name__}.")
+    raise InvalidTypeError(
+        f"model must be an onnx.ModelProto or a path, not {type(model).__name__}."
+    )
 
 
 class Program:
@@ -106,7 +108,8 @@ class Program:
         self.config = config
         self.arguments = (*self.inputs, *self.weights)
         self.signature = [_declared(graph_inputs[n].type) for n in self.inputs] + [
-            (initializers[n].data_type, [int(d) for d in initializers[n].dims]) for n in self.weights
+            (initializers[n].data_type, [int(d) for d in initializers[n].dims])
+            for n in self.weights
         ]
         self._compiled: dict[frozenset[str], Compiled] = {}
         #: The graph compiled most recently for a non-empty set of arguments needing a gradient.
@@ -145,7 +148,9 @@ class Program:
         tensors = []
         for name, value, (elem, dims) in zip(self.arguments, args, self.signature, strict=True):
             if not isinstance(value, torch.Tensor):
-                raise InvalidTypeError(f"'{name}' must be a torch.Tensor, not {type(value).__name__}.")
+                raise InvalidTypeError(
+                    f"'{name}' must be a torch.Tensor, not {type(value).__name__}."
+                )
             if value.device.type != "cpu":
                 raise InvalidValueError(
                     f"'{name}' is on {value.device}; onnxruntime-training-cpu runs on the CPU: pass CPU tensors."
@@ -162,7 +167,9 @@ class Program:
                 or any(d is not None and d != s for d, s in zip(dims, value.shape, strict=True))
             ):
                 declared = ["?" if d is None else d for d in dims]
-                raise InvalidValueError(f"'{name}' has shape {list(value.shape)}, but the graph declares {declared}.")
+                raise InvalidValueError(
+                    f"'{name}' has shape {list(value.shape)}, but the graph declares {declared}."
+                )
             tensors.append(value)
         return tensors
 
@@ -180,7 +187,9 @@ def _unique(names: Iterable[str], role: str) -> tuple[str, ...]:
     listed = list(names)
     for name in listed:
         if not isinstance(name, str):
-            raise InvalidTypeError(f"{role} must list names (str), not {type(name).__name__}: {name!r}.")
+            raise InvalidTypeError(
+                f"{role} must list names (str), not {type(name).__name__}: {name!r}."
+            )
     twice = sorted({n for n in listed if listed.count(n) > 1})
     if twice:
         raise InvalidValueError(f"{role} lists {preview(twice)} more than once.")
@@ -194,4 +203,6 @@ def _declared(t: onnx.TypeProto) -> tuple[int, list[int | None] | None]:
     tensor = t.tensor_type
     if not tensor.HasField("shape"):
         return tensor.elem_type, None
-    return tensor.elem_type, [d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in tensor.shape.dim]
+    return tensor.elem_type, [
+        d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in tensor.shape.dim
+    ]

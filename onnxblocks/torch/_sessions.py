@@ -59,9 +59,13 @@ DEFAULT_CONFIG = SessionConfig()
 class Session:
     """An ONNX Runtime CPU session (C bindings) run on ``OrtValueVector`` feeds and fetches."""
 
-    def __init__(self, model: onnx.ModelProto, label: str, config: SessionConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self, model: onnx.ModelProto, label: str, config: SessionConfig = DEFAULT_CONFIG
+    ) -> None:
         C = capi()
-        options = ort_bridge.session_options(config.custom_op_libraries)  # OSError naming a library that fails
+        options = ort_bridge.session_options(
+            config.custom_op_libraries
+        )  # OSError naming a library that fails
         options.intra_op_num_threads = config.threads
         # torch runs between the sessions (the loss, the optimizer): ONNX Runtime's threads must not spin-wait
         # for more work after a run, or they take the cores torch needs.
@@ -77,7 +81,9 @@ class Session:
         self.inputs = [vi.name for vi in model.graph.input]
         self.outputs = [vo.name for vo in model.graph.output]
         self._run_options = C.RunOptions()
-        self._devices = [C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)] * len(self.outputs)
+        self._devices = [C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)] * len(
+            self.outputs
+        )
 
     def output_types(self) -> dict[str, int]:
         """The element type ONNX Runtime gives each graph output."""
@@ -85,7 +91,9 @@ class Session:
         for meta in self._session.outputs_meta:
             kind = meta.type
             if kind.startswith("tensor(") and kind.endswith(")"):
-                found[meta.name] = onnx.TensorProto.DataType.Value(kind[len("tensor(") : -1].upper())
+                found[meta.name] = onnx.TensorProto.DataType.Value(
+                    kind[len("tensor(") : -1].upper()
+                )
         return found
 
     def run(self, feeds: Any) -> Any:
@@ -117,7 +125,9 @@ class Compiled:
         config: How the sessions are made.
     """
 
-    def __init__(self, vjp: VjpGraph, arguments: Sequence[str], config: SessionConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self, vjp: VjpGraph, arguments: Sequence[str], config: SessionConfig = DEFAULT_CONFIG
+    ) -> None:
         self.vjp = vjp
         position = {name: i for i, name in enumerate(arguments)}
         self.outputs = vjp.outputs
@@ -140,7 +150,9 @@ class Compiled:
         self.forward = Session(split.forward, "forward half of the VJP graph", config)
         n_args = len(self.forward.inputs) - len(split.shared)
         self._feed = [position[n] for n in self.forward.inputs[:n_args]]
-        self._shared = [_interop.ortvalue_of(onnx.numpy_helper.to_array(t)) for t in split.shared_values]
+        self._shared = [
+            _interop.ortvalue_of(onnx.numpy_helper.to_array(t)) for t in split.shared_values
+        ]
         backward_model = split.backward
         missing = untyped_inputs(backward_model)
         if missing:
@@ -204,7 +216,9 @@ class Compiled:
                 grad = grad_outputs[source.index]
                 if grad is None:
                     elem = state.element_type_at(source.index)
-                    grad = torch.zeros(state[source.index].shape(), dtype=_interop.TORCH_OF_ONNX[elem])
+                    grad = torch.zeros(
+                        state[source.index].shape(), dtype=_interop.TORCH_OF_ONNX[elem]
+                    )
                 _interop.push(feeds, grad)
         fetches = self.backward.run(feeds)
         return [_interop.to_torch(fetches, i) for i in range(len(self.vjp.gradients))]
@@ -213,7 +227,9 @@ class Compiled:
 def _gradient_sources(vjp: VjpGraph, output_index: dict[str, int]) -> tuple[frozenset[int], ...]:
     """For each gradient of ``vjp``, the positions of the outputs whose incoming gradient it depends on."""
     graph = serde.from_proto(vjp.model).graph
-    by_grad = {name: output_index[y] for name, y in zip(vjp.output_grads, vjp.differentiable, strict=True)}
+    by_grad = {
+        name: output_index[y] for name, y in zip(vjp.output_grads, vjp.differentiable, strict=True)
+    }
     found = []
     for name in vjp.gradients:
         upstream = upstream_values(graph, [gradient_name(name)], differentiable=False)

@@ -79,7 +79,9 @@ class DataParallel:
         """The session's ``gradient_reducer``: :meth:`all_reduce_gradients`."""
         self.all_reduce_gradients()
 
-    def _all_reduce(self, arrays: dict[str, np.ndarray], average: bool, source: int | None = None) -> dict[str, Any]:
+    def _all_reduce(
+        self, arrays: dict[str, np.ndarray], average: bool, source: int | None = None
+    ) -> dict[str, Any]:
         """``arrays`` summed (or broadcast from ``source``) over the ranks: one collective per dtype."""
         out: dict[str, np.ndarray] = {}
         names = sorted(arrays)
@@ -112,11 +114,21 @@ class DataParallel:
             self.session.set_parameters(self._all_reduce(parameters, average=False, source=0))
 
     def batches(
-        self, arrays: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+        self,
+        arrays: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
     ) -> ArrayBatches:
         """``ArrayBatches`` of this rank's shard: ``batch_size`` rows per rank, the same ``seed`` on every rank."""
         return ArrayBatches(
-            arrays, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, shard=(self.rank, self.world_size)
+            arrays,
+            batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            shard=(self.rank, self.world_size),
         )
 
     @property

@@ -48,7 +48,9 @@ class FrozenWeight:
     row: int | None = None
 
 
-def fit_embeddings(model: ir.Model, module: torch.nn.Module, weights: list[str]) -> dict[str, FrozenWeight]:
+def fit_embeddings(
+    model: ir.Model, module: torch.nn.Module, weights: list[str]
+) -> dict[str, FrozenWeight]:
     """Give every ``Gather`` of an Embedding's weight torch's gradient semantics, in place.
 
     Args:
@@ -86,7 +88,10 @@ def fit_embeddings(model: ir.Model, module: torch.nn.Module, weights: list[str])
         readers = [
             u.node
             for u in weight.uses()
-            if u.node.op_type == "Gather" and u.idx == 0 and u.node.domain in ("", "ai.onnx") and u.node.graph is graph
+            if u.node.op_type == "Gather"
+            and u.idx == 0
+            and u.node.domain in ("", "ai.onnx")
+            and u.node.graph is graph
         ]
         readers = [n for n in readers if n.attributes.get_int("axis", 0) == 0]
         if not readers:
@@ -98,12 +103,22 @@ def fit_embeddings(model: ir.Model, module: torch.nn.Module, weights: list[str])
             whole = _frozen(graph, names.fresh(f"{weight_name}.frozen"), weight, None)
         if padding is not None:
             row = _frozen(graph, names.fresh(f"{weight_name}.padding_row"), weight, padding)
-        for frozen, spec in ((whole, FrozenWeight(weight_name)), (row, FrozenWeight(weight_name, padding))):
+        for frozen, spec in (
+            (whole, FrozenWeight(weight_name)),
+            (row, FrozenWeight(weight_name, padding)),
+        ):
             if frozen is not None:
                 weights.append(frozen.name or "")
                 added[frozen.name or ""] = spec
         for node in readers:
-            _rewrite_gather(node, weight, whole, row, padding, Writer(names, opset, node.outputs[0].name or "gather"))
+            _rewrite_gather(
+                node,
+                weight,
+                whole,
+                row,
+                padding,
+                Writer(names, opset, node.outputs[0].name or "gather"),
+            )
     return added
 
 
@@ -112,14 +127,23 @@ def _frozen(graph: ir.Graph, name: str, weight: ir.Value, row: int | None) -> ir
     assert weight.const_value is not None
     data = weight.const_value.numpy()
     data = np.array(data if row is None else data[row : row + 1], copy=True)
-    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(data.dtype)), shape=ir.Shape(data.shape))
+    value = ir.Value(
+        name=name,
+        type=ir.TensorType(ir.DataType.from_numpy(data.dtype)),
+        shape=ir.Shape(data.shape),
+    )
     value.const_value = ir.Tensor(data, name=name)
     graph.register_initializer(value)
     return value
 
 
 def _rewrite_gather(
-    node: ir.Node, weight: ir.Value, whole: ir.Value | None, row: ir.Value | None, padding: int | None, w: Writer
+    node: ir.Node,
+    weight: ir.Value,
+    whole: ir.Value | None,
+    row: ir.Value | None,
+    padding: int | None,
+    w: Writer,
 ) -> None:
     indices = node.inputs[1]
     assert indices is not None

@@ -163,10 +163,15 @@ def export_module(
             with torch.no_grad():
                 out = module(*args, **kwargs)
         except Exception as exc:
-            raise ExportError(f"{label} fails on these inputs in torch itself: {type(exc).__name__}: {exc}") from exc
+            raise ExportError(
+                f"{label} fails on these inputs in torch itself: {type(exc).__name__}: {exc}"
+            ) from exc
         register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
-        odd = next((leaf for leaf in out_leaves if not isinstance(leaf, (torch.Tensor, *CONSTANT_TYPES))), None)
+        odd = next(
+            (leaf for leaf in out_leaves if not isinstance(leaf, (torch.Tensor, *CONSTANT_TYPES))),
+            None,
+        )
         if odd is not None:
             raise ExportError(
                 f"{label} returns a {type(odd).__name__}, which OrtModule cannot rebuild around ONNX Runtime's "
@@ -177,7 +182,9 @@ def export_module(
         if not holder.graph_outputs:  # nothing computed: the module's own call returns it
             return Exported(onnx.ModelProto(), (), (), (), (), out_spec, plan, graphless=True)
         try:  # detached: an input that already holds a .grad trips the exporter
-            exported = _export(holder, tuple(t.detach() for t in tensors), names, exporter, opset, dynamic)
+            exported = _export(
+                holder, tuple(t.detach() for t in tensors), names, exporter, opset, dynamic
+            )
         except Exception as exc:
             raise ExportError(_export_failure(label, exporter, exc)) from exc
         _strip_prefix(exported)
@@ -224,7 +231,10 @@ def _export(
         if exporter == "dynamo":
             count = {"batch": 1, "all": None, "none": 0}[dynamic]
             dims = tuple(
-                {i: torch.export.Dim.AUTO for i in range(t.dim() if count is None else min(count, t.dim()))}
+                {
+                    i: torch.export.Dim.AUTO
+                    for i in range(t.dim() if count is None else min(count, t.dim()))
+                }
                 for t in tensors
             )
             program = torch.onnx.export(
@@ -236,7 +246,9 @@ def _export(
                 dynamic_shapes=(dims,),
                 opset_version=opset,
             )
-            if program is None:  # pragma: no cover - torch returns the program when no file is given
+            if (
+                program is None
+            ):  # pragma: no cover - torch returns the program when no file is given
                 raise StateError("torch.onnx.export returned no program")
             return program.model  # torch's exporter builds the same onnx-ir model
         buffer = io.BytesIO()
@@ -246,7 +258,9 @@ def _export(
             torch.onnx.export(
                 holder,
                 tensors,
-                cast(Any, buffer),  # TorchScript writes to a file object too; the annotation says paths
+                cast(
+                    Any, buffer
+                ),  # TorchScript writes to a file object too; the annotation says paths
                 dynamo=False,
                 input_names=names,
                 do_constant_folding=False,
@@ -268,7 +282,9 @@ def _export_failure(label: str, exporter: str, exc: BaseException) -> str:
     how = "dynamo=True" if exporter == "dynamo" else "dynamo=False (TorchScript)"
     other = "torchscript" if exporter == "dynamo" else "dynamo"
     return (
-        f"torch.onnx.export({how}) could not export {label}: {type(exc).__name__}: " + "\n".join(lines) + "\n"
+        f"torch.onnx.export({how}) could not export {label}: {type(exc).__name__}: "
+        + "\n".join(lines)
+        + "\n"
         f"Try exporter='{other}', rewrite the part of {label} named above, or pass fallback=True to run "
         "such inputs eagerly in torch."
     )
@@ -280,7 +296,9 @@ def _strip_prefix(model: ir.Model) -> None:
     A name the graph already uses elsewhere keeps its prefix.
     """
     graph = model.graph
-    renamed = {name: name[len(_PREFIX) :] for name in graph.initializers if name.startswith(_PREFIX)}
+    renamed = {
+        name: name[len(_PREFIX) :] for name in graph.initializers if name.startswith(_PREFIX)
+    }
     if not renamed:
         return
     taken = graph_names(graph)
@@ -316,11 +334,20 @@ def fit_batch_norms(exported: Exported, module: torch.nn.Module, training: bool)
         if not training:
             del node.output[1:]
             continue
-        while len(node.output) < 3:  # ONNX: three outputs in training mode (ONNX Runtime's values are unused)
-            node.output.append(names.fresh(f"{node.output[0]}.running_{'mean' if len(node.output) == 1 else 'var'}"))
+        while (
+            len(node.output) < 3
+        ):  # ONNX: three outputs in training mode (ONNX Runtime's values are unused)
+            node.output.append(
+                names.fresh(
+                    f"{node.output[0]}.running_{'mean' if len(node.output) == 1 else 'var'}"
+                )
+            )
         path = node.input[3].rpartition(".")[0] if len(node.input) > 3 else ""
         owner = _submodule(module, path)
-        if not isinstance(owner, torch.nn.modules.batchnorm._BatchNorm) or not owner.track_running_stats:
+        if (
+            not isinstance(owner, torch.nn.modules.batchnorm._BatchNorm)
+            or not owner.track_running_stats
+        ):
             continue
         value = node.input[0]
         if value not in outputs and value not in inputs:

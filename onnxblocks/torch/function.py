@@ -38,7 +38,13 @@ from typing import Any, ClassVar
 import onnx
 import torch
 
-from onnxblocks._core.errors import InvalidTypeError, StateError, UnknownNameError, did_you_mean, preview
+from onnxblocks._core.errors import (
+    InvalidTypeError,
+    StateError,
+    UnknownNameError,
+    did_you_mean,
+    preview,
+)
 from onnxblocks.torch._program import Program, load_model
 from onnxblocks.torch._sessions import SessionConfig
 
@@ -69,7 +75,9 @@ class OnnxFunction(torch.autograd.Function):
             ValueError: for a shape the graph does not declare, or a tensor off the CPU.
         """
         if kwargs:
-            raise InvalidTypeError(f"{cls.__name__}.apply takes tensors by position: inputs, then weights.")
+            raise InvalidTypeError(
+                f"{cls.__name__}.apply takes tensors by position: inputs, then weights."
+            )
         return cls.apply_checked(cls.program.check(args))
 
     @classmethod
@@ -83,7 +91,9 @@ class OnnxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, program: Program, *args: torch.Tensor) -> Any:
-        requires = frozenset(n for n, need in zip(program.arguments, ctx.needs_input_grad[1:], strict=True) if need)
+        requires = frozenset(
+            n for n, need in zip(program.arguments, ctx.needs_input_grad[1:], strict=True) if need
+        )
         compiled = program.compiled(requires)
         outputs, state = compiled.run_forward(args)
         ctx.set_materialize_grads(False)
@@ -93,9 +103,14 @@ class OnnxFunction(torch.autograd.Function):
         ctx.gradient_shapes = [args[i].shape for i in compiled.gradient_of]
         ctx.gradient_dtypes = [args[i].dtype for i in compiled.gradient_of]
         ctx.save_for_backward(
-            *(args[i] for i in compiled.backward_args), *(outputs[i] for i in compiled.backward_outputs)
+            *(args[i] for i in compiled.backward_args),
+            *(outputs[i] for i in compiled.backward_outputs),
         )
-        still = [o for o, differentiable in zip(outputs, compiled.differentiable, strict=True) if not differentiable]
+        still = [
+            o
+            for o, differentiable in zip(outputs, compiled.differentiable, strict=True)
+            if not differentiable
+        ]
         if still:
             ctx.mark_non_differentiable(*still)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -116,16 +131,25 @@ class OnnxFunction(torch.autograd.Function):
                 "The values an ONNX graph saved for its backward were freed by the first backward "
                 "(retain_graph=True does not keep them). Run the forward again before a second backward."
             )
-        if any(g is not None for g in grad_outputs) and all(g is None or g.numel() == 0 for g in grad_outputs):
+        if any(g is not None for g in grad_outputs) and all(
+            g is None or g.numel() == 0 for g in grad_outputs
+        ):
             ctx.state = None  # empty output gradients (an empty batch): the vector-Jacobian product is zero, as torch's
             for position, shape, dtype in zip(
                 compiled.gradient_of, ctx.gradient_shapes, ctx.gradient_dtypes, strict=True
             ):
                 nothing[1 + position] = torch.zeros(shape, dtype=dtype)
             return tuple(nothing)
-        saved_args = ctx.saved_tensors[: len(compiled.backward_args)]  # reading them checks their versions
-        reached = [any(grad_outputs[i] is not None for i in sources) for sources in compiled.gradient_sources]
-        if not any(reached):  # the loss uses no output the gradients depend on: None for all, as torch gives
+        saved_args = ctx.saved_tensors[
+            : len(compiled.backward_args)
+        ]  # reading them checks their versions
+        reached = [
+            any(grad_outputs[i] is not None for i in sources)
+            for sources in compiled.gradient_sources
+        ]
+        if not any(
+            reached
+        ):  # the loss uses no output the gradients depend on: None for all, as torch gives
             ctx.state = None
             return tuple(nothing)
         saved = dict(zip(compiled.backward_args, saved_args, strict=True))
@@ -241,7 +265,9 @@ class OnnxModule(torch.nn.Module):
         for name in self.function.weight_names:
             value = torch.from_numpy(onnx.numpy_helper.to_array(initializers[name]).copy())
             owner, leaf = self._owner(name)
-            owner.register_parameter(leaf, torch.nn.Parameter(value, requires_grad=value.is_floating_point()))
+            owner.register_parameter(
+                leaf, torch.nn.Parameter(value, requires_grad=value.is_floating_point())
+            )
             self._weights.append((owner, leaf))
 
     def _owner(self, name: str) -> tuple[torch.nn.Module, str]:
@@ -256,7 +282,11 @@ class OnnxModule(torch.nn.Module):
                 child = torch.nn.Module()
                 owner.add_module(part, child)
             owner = child
-        if not leaf or leaf in owner._modules or (hasattr(owner, leaf) and leaf not in owner._parameters):
+        if (
+            not leaf
+            or leaf in owner._modules
+            or (hasattr(owner, leaf) and leaf not in owner._parameters)
+        ):
             return self, name.replace(".", "_")
         return owner, leaf
 
@@ -287,7 +317,9 @@ class OnnxModule(torch.nn.Module):
             given = dict(zip(names, inputs, strict=False))
             twice = [k for k in named if k in given]
             if twice:
-                raise InvalidTypeError(f"Inputs {preview(twice)} were given both by position and by name.")
+                raise InvalidTypeError(
+                    f"Inputs {preview(twice)} were given both by position and by name."
+                )
             given.update(named)
             missing = [n for n in names if n not in given]
             if missing:

@@ -115,7 +115,9 @@ def build_llama(seed: int = 0) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(config)
 
 
-def pretrain(model: torch.nn.Module, steps: int, seed: int = 0, batch: int = 32, lr: float = 1e-2) -> list[float]:
+def pretrain(
+    model: torch.nn.Module, steps: int, seed: int = 0, batch: int = 32, lr: float = 1e-2
+) -> list[float]:
     """Train ``model`` in torch on the counting-by-one language; return the losses."""
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -131,7 +133,9 @@ def pretrain(model: torch.nn.Module, steps: int, seed: int = 0, batch: int = 32,
     return losses
 
 
-def export_lm(model: torch.nn.Module, path: Path, batch: int, seq: int = SEQ, exporter: str = "torchscript") -> Path:
+def export_lm(
+    model: torch.nn.Module, path: Path, batch: int, seq: int = SEQ, exporter: str = "torchscript"
+) -> Path:
     """Export a Hugging Face causal LM as ``input_ids [batch, seq] -> logits [batch, seq, vocab]``.
 
     The graph keeps the LM's own module paths (``model.layers.0.self_attn.q_proj``), so its LoRA
@@ -144,9 +148,13 @@ def export_lm(model: torch.nn.Module, path: Path, batch: int, seq: int = SEQ, ex
 
     def logits(self: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         # an all-ones mask: without one transformers looks for packed sequences with torch.diff (not exportable)
-        return full(self, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), return_dict=True).logits
+        return full(
+            self, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), return_dict=True
+        ).logits
 
-    model.forward = types.MethodType(logits, model)  # the module paths stay the LM's own (PEFT's keys)
+    model.forward = types.MethodType(
+        logits, model
+    )  # the module paths stay the LM's own (PEFT's keys)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -247,7 +255,9 @@ def run_lora_demo(
         portable=portable,
     )
     session = TrainingSession(directory)
-    result.trainable = sum(session.get_parameter(n).size for n in session.parameter_names(trainable_only=True))
+    result.trainable = sum(
+        session.get_parameter(n).size for n in session.parameter_names(trainable_only=True)
+    )
     result.frozen = sum(p.numel() for p in lm.parameters())
     say(
         f"[3/6] artifacts with LoRA r={config.r}, alpha={config.lora_alpha} on {', '.join(TARGETS)}: "
@@ -268,8 +278,15 @@ def run_lora_demo(
     )
 
     adapters = session.save_adapters(root / "adapters")
-    merged = session.export_inference_model(root / "merged_model.onnx", ["logits"], merge_adapters=True)
-    result.files = {"base model": base, "artifacts": directory, "PEFT adapters": adapters, "merged model": merged}
+    merged = session.export_inference_model(
+        root / "merged_model.onnx", ["logits"], merge_adapters=True
+    )
+    result.files = {
+        "base model": base,
+        "artifacts": directory,
+        "PEFT adapters": adapters,
+        "merged model": merged,
+    }
     say(f"[5/6] wrote the PEFT adapter directory {adapters} and the merged model {merged}")
 
     starts = np.random.default_rng(seed + 2).choice(VOCAB, 4, replace=False)[:, None]
@@ -284,15 +301,21 @@ def run_lora_demo(
     for prompt, before, after in zip(
         result.prompts, result.base_continuations, result.merged_continuations, strict=True
     ):
-        say(f"      {' '.join(map(str, prompt)):>9} | {' '.join(map(str, before)):<21} | {' '.join(map(str, after))}")
+        say(
+            f"      {' '.join(map(str, prompt)):>9} | {' '.join(map(str, before)):<21} | {' '.join(map(str, after))}"
+        )
     result.seconds = time.perf_counter() - started
-    say(f"done in {result.seconds:.1f} s: {100 * result.follows_new_task:.0f}% of the merged model's tokens count by 2")
+    say(
+        f"done in {result.seconds:.1f} s: {100 * result.follows_new_task:.0f}% of the merged model's tokens count by 2"
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m onnxblocks.torch.lora_demo [--output-dir DIR] [--seed N] [--portable]`` (``demo --lora``)."""
-    parser = argparse.ArgumentParser(prog="onnxblocks demo --lora", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="onnxblocks demo --lora", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--portable", action="store_true")

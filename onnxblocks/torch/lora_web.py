@@ -19,7 +19,16 @@ from typing import IO
 
 import numpy as np
 
-from onnxblocks.torch.lora_demo import FINETUNE_STRIDE, SEQ, TARGETS, VOCAB, build_llama, counting, export_lm, pretrain
+from onnxblocks.torch.lora_demo import (
+    FINETUNE_STRIDE,
+    SEQ,
+    TARGETS,
+    VOCAB,
+    build_llama,
+    counting,
+    export_lm,
+    pretrain,
+)
 
 #: The site's files besides the client: the artifacts folder, the plan, the base model's weights (for peft).
 LORA_ARTIFACTS, LORA_PLAN, BASE_WEIGHTS = "lora", "lora_plan.safetensors", "base_model.safetensors"
@@ -65,7 +74,9 @@ def build_lora_site(
     pretrain(lm, pretrain_steps, seed)
     base = export_lm(lm, site / "base_model.onnx", batch)
     with torch.no_grad():
-        write_safetensors(site / BASE_WEIGHTS, {k: v.numpy().copy() for k, v in lm.state_dict().items()})
+        write_safetensors(
+            site / BASE_WEIGHTS, {k: v.numpy().copy() for k, v in lm.state_dict().items()}
+        )
     artifacts = site / LORA_ARTIFACTS
     generate_artifacts(
         os.fspath(base),
@@ -130,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m onnxblocks.torch.lora_web [--output-dir DIR] [--seed N] [--port P]`` (``demo --lora --web``)."""
     import torch
 
-    parser = argparse.ArgumentParser(prog="onnxblocks demo --lora --web", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="onnxblocks demo --lora --web", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--output-dir", default="onnxblocks-lora-demo")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8000)

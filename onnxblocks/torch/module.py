@@ -98,7 +98,9 @@ class OrtModule(torch.nn.Module):
         threads: int = 0,
     ) -> None:
         if not isinstance(module, torch.nn.Module):
-            raise InvalidTypeError(f"OrtModule wraps a torch.nn.Module, not {type(module).__name__}.")
+            raise InvalidTypeError(
+                f"OrtModule wraps a torch.nn.Module, not {type(module).__name__}."
+            )
         if exporter not in EXPORTERS:
             raise InvalidValueError(f"exporter must be one of {EXPORTERS}, not {exporter!r}.")
         if dynamic not in DYNAMIC:
@@ -146,7 +148,9 @@ class OrtModule(torch.nn.Module):
     @property
     def onnx_model(self) -> Any:
         """The ONNX model of the latest export (None before the first call)."""
-        return None if self._last is None or self._last.exported is None else self._last.exported.model
+        return (
+            None if self._last is None or self._last.exported is None else self._last.exported.model
+        )
 
     @property
     def gradient_graphs(self) -> SplitVjp | None:
@@ -175,32 +179,49 @@ class OrtModule(torch.nn.Module):
         else:  # the common case, without pytree's cost
             leaves, spec = list(args), len(args)
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        key = (self.module.training, spec, _constants(leaves), tuple((t.dtype, t.dim()) for t in tensors))
+        key = (
+            self.module.training,
+            spec,
+            _constants(leaves),
+            tuple((t.dtype, t.dim()) for t in tensors),
+        )
         entry, weights = self._find(key, tensors)
         if entry is None:
             entry = self._build(args, kwargs, tensors)
             self._cache.setdefault(key, []).append(entry)
             weights = _weights(entry)
         self._last = entry
-        if entry.exported is None or entry.function is None:  # eager: a fallback, or nothing to compute
+        if (
+            entry.exported is None or entry.function is None
+        ):  # eager: a fallback, or nothing to compute
             return self.module(*args, **kwargs)
         exported = entry.exported
         inputs = [tensors[i] for i in exported.input_leaves]
-        result = entry.function.apply_checked([*inputs, *weights])  # _find checked them against the export
+        result = entry.function.apply_checked(
+            [*inputs, *weights]
+        )  # _find checked them against the export
         outputs = list(result) if isinstance(result, tuple) else [result]
         count = len(exported.outputs)
         if entry.batch_norms and self.module.training:
-            batches = [(inputs if is_input else outputs)[index] for _, is_input, index in entry.batch_norms]
+            batches = [
+                (inputs if is_input else outputs)[index] for _, is_input, index in entry.batch_norms
+            ]
             _update_running_stats([bn for bn, _, _ in entry.batch_norms], batches)
         if entry.single_output:
             return outputs[0]
         leaves_out = [
-            ((outputs[:count] if leaf.graph else tensors)[leaf.index] if isinstance(leaf, OutputSlot) else leaf)
+            (
+                (outputs[:count] if leaf.graph else tensors)[leaf.index]
+                if isinstance(leaf, OutputSlot)
+                else leaf
+            )
             for leaf in exported.out_leaves
         ]
         return pytree.tree_unflatten(leaves_out, exported.out_spec)
 
-    def _find(self, key: Hashable, tensors: list[torch.Tensor]) -> tuple[_Entry | None, list[torch.Tensor]]:
+    def _find(
+        self, key: Hashable, tensors: list[torch.Tensor]
+    ) -> tuple[_Entry | None, list[torch.Tensor]]:
         """The cached export for this call, and the module's tensors it reads (checked against the export)."""
         for entry in self._cache.get(key, []):
             exported = entry.exported
@@ -209,12 +230,20 @@ class OrtModule(torch.nn.Module):
             if any(t._version != version for t, version in exported.baked):
                 continue
             weights = _weights(entry)
-            if any(w.dtype != d or w.device.type != "cpu" for w, d in zip(weights, entry.dtypes, strict=True)):
+            if any(
+                w.dtype != d or w.device.type != "cpu"
+                for w, d in zip(weights, entry.dtypes, strict=True)
+            ):
                 continue
             if all(
                 dims is None
-                or (len(dims) == t.dim() and all(d is None or d == s for d, s in zip(dims, t.shape, strict=True)))
-                for dims, t in zip(entry.dims, (tensors[i] for i in exported.input_leaves), strict=True)
+                or (
+                    len(dims) == t.dim()
+                    and all(d is None or d == s for d, s in zip(dims, t.shape, strict=True))
+                )
+                for dims, t in zip(
+                    entry.dims, (tensors[i] for i in exported.input_leaves), strict=True
+                )
             ) and all(tensors[i].device.type == "cpu" for i in exported.input_leaves):
                 return entry, weights
         return None, []
@@ -228,11 +257,19 @@ class OrtModule(torch.nn.Module):
         try:
             return export_module(self.module, args, kwargs, self.exporter, self.opset, self.dynamic)
         except ExportError as exc:
-            if self.exporter != "dynamo" or self.dynamic == "none" or "fails on these inputs in torch" in str(exc):
+            if (
+                self.exporter != "dynamo"
+                or self.dynamic == "none"
+                or "fails on these inputs in torch" in str(exc)
+            ):
                 raise
-            return _static_retry(exc, lambda: export_module(self.module, args, kwargs, "dynamo", self.opset, "none"))
+            return _static_retry(
+                exc, lambda: export_module(self.module, args, kwargs, "dynamo", self.opset, "none")
+            )
 
-    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> _Entry:
+    def _build(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]
+    ) -> _Entry:
         label = type(self.module).__name__
         training = self.module.training
         try:
@@ -254,8 +291,12 @@ class OrtModule(torch.nn.Module):
                 check=False,
             )
             trained = dict(self.module.named_parameters())
-            wanted = frozenset(n for n in exported.weights if n in trained and trained[n].requires_grad)
-            if wanted and torch.is_grad_enabled():  # build the backward now: a failure names the node here
+            wanted = frozenset(
+                n for n in exported.weights if n in trained and trained[n].requires_grad
+            )
+            if (
+                wanted and torch.is_grad_enabled()
+            ):  # build the backward now: a failure names the node here
                 function.program.compiled(wanted)
         except InvalidValueError as exc:
             raise InvalidValueError(f"OrtModule({label}): {exc}") from exc
@@ -271,23 +312,35 @@ class OrtModule(torch.nn.Module):
                 stacklevel=3,
             )
             return _Entry(None)
-        owners = [_owner(self.module, frozen[n].source if n in frozen else n) for n in exported.weights]
+        owners = [
+            _owner(self.module, frozen[n].source if n in frozen else n) for n in exported.weights
+        ]
         program = function.program
         extra = {name: len(exported.outputs) + i for i, name in enumerate(statistics)}
         positions = {name: i for i, name in enumerate(exported.inputs)}
         batch_norms = [
-            (self.module.get_submodule(b.path), b.value in positions, positions.get(b.value, extra.get(b.value, -1)))
+            (
+                self.module.get_submodule(b.path),
+                b.value in positions,
+                positions.get(b.value, extra.get(b.value, -1)),
+            )
             for b in exported.batch_norms
         ]
-        dims: list[list[int | None] | None] = [dims for _, dims in program.signature[: len(exported.inputs)]]
-        if any(not isinstance(leaf, (OutputSlot, str, bool, type(None))) for leaf in exported.out_leaves):
+        dims: list[list[int | None] | None] = [
+            dims for _, dims in program.signature[: len(exported.inputs)]
+        ]
+        if any(
+            not isinstance(leaf, (OutputSlot, str, bool, type(None)))
+            for leaf in exported.out_leaves
+        ):
             # a non-tensor output (a size) is the eager run's value: valid for these exact shapes only
             dims = [list(tensors[i].shape) for i in exported.input_leaves]
         return _Entry(
             exported,
             function,
             dims=dims,
-            single_output=exported.out_spec.is_leaf() and exported.out_leaves == [OutputSlot(True, 0)],
+            single_output=exported.out_spec.is_leaf()
+            and exported.out_leaves == [OutputSlot(True, 0)],
             owners=owners,
             dtypes=[_tensor(o, a).dtype for o, a in owners],
             frozen=[(i, frozen[n]) for i, n in enumerate(exported.weights) if n in frozen],
@@ -354,7 +407,9 @@ def _tensor(owner: torch.nn.Module, attr: str) -> torch.Tensor:
     if found is None:
         found = owner._buffers[attr]
     if found is None:
-        raise StateError(f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as one.")
+        raise StateError(
+            f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as one."
+        )
     return found
 
 

@@ -105,7 +105,9 @@ def write_inference_template(
         marker = _marker(name, array.nbytes)
         offset = marked_bytes.find(marker)
         if offset < 0 or marked_bytes.find(marker, offset + 1) >= 0:
-            raise InvalidValueError(f"Cannot locate parameter '{name}' in the inference model's bytes uniquely.")
+            raise InvalidValueError(
+                f"Cannot locate parameter '{name}' in the inference model's bytes uniquely."
+            )
         tensors.append(
             {
                 "name": name,

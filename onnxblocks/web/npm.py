@@ -48,7 +48,9 @@ def js_dir() -> Path:
     Raises:
         NpmError: when it cannot be found (an installed wheel has no ``js/``).
     """
-    candidates = [Path(os.environ["ONNXBLOCKS_JS_DIR"])] if os.environ.get("ONNXBLOCKS_JS_DIR") else []
+    candidates = (
+        [Path(os.environ["ONNXBLOCKS_JS_DIR"])] if os.environ.get("ONNXBLOCKS_JS_DIR") else []
+    )
     candidates.append(Path(__file__).resolve().parents[2] / "js")  # a source checkout
     candidates.append(Path(__file__).resolve().parent / "js")  # the copy a wheel carries (setup.py)
     for candidate in candidates:
@@ -80,7 +82,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip", "npm_config_update_notifier": "false"}
 
 
-def _install(target: Path, files: dict[str, bytes], command: Sequence[str], what: str, timeout: float) -> Path:
+def _install(
+    target: Path, files: dict[str, bytes], command: Sequence[str], what: str, timeout: float
+) -> Path:
     """Run ``npm <command>`` in a staging folder holding ``files``; rename it to ``target``; return node_modules."""
     modules = target / "node_modules"
     if (target / "ready").exists() and modules.is_dir():
@@ -96,10 +100,18 @@ def _install(target: Path, files: dict[str, bytes], command: Sequence[str], what
         argv = [npm, *command, "--no-audit", "--no-fund", "--loglevel=error"]
         try:
             done = subprocess.run(
-                argv, cwd=staging, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
+                argv,
+                cwd=staging,
+                env=_env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired:
-            raise NpmError(f"{what}: `{' '.join(argv)}` did not finish in {timeout:.0f} s.") from None
+            raise NpmError(
+                f"{what}: `{' '.join(argv)}` did not finish in {timeout:.0f} s."
+            ) from None
         if done.returncode != 0:
             raise NpmError(
                 f"{what}: `{' '.join(argv)}` failed (exit {done.returncode}); it needs the npm registry the first "
@@ -131,9 +143,13 @@ def install_js_dependencies(cache: str | os.PathLike | None = None, timeout: flo
     """
     source = js_dir()
     files = {name: (source / name).read_bytes() for name in _LOCK_FILES if (source / name).exists()}
-    key = hashlib.sha256(b"".join(n.encode() + b"\0" + d + b"\0" for n, d in files.items())).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"".join(n.encode() + b"\0" + d + b"\0" for n, d in files.items())
+    ).hexdigest()[:16]
     root = Path(os.fspath(cache)) if cache is not None else cache_root()
-    return _install(root / f"npm-{key}", files, ["ci"], "Installing the JavaScript client's packages", timeout)
+    return _install(
+        root / f"npm-{key}", files, ["ci"], "Installing the JavaScript client's packages", timeout
+    )
 
 
 def onnxruntime_web_dist(timeout: float = 900) -> Path:
@@ -149,7 +165,9 @@ def onnxruntime_web_dist(timeout: float = 900) -> Path:
         dist = Path(os.environ["ONNXBLOCKS_ORT_WEB_DIST"])
         where = "$ONNXBLOCKS_ORT_WEB_DIST"
     else:
-        package = json.dumps({"private": True, "dependencies": {"onnxruntime-web": ORT_WEB_VERSION}}).encode()
+        package = json.dumps(
+            {"private": True, "dependencies": {"onnxruntime-web": ORT_WEB_VERSION}}
+        ).encode()
         modules = _install(
             cache_root() / f"onnxruntime-web-{ORT_WEB_VERSION}",
             {"package.json": package},
@@ -161,9 +179,15 @@ def onnxruntime_web_dist(timeout: float = 900) -> Path:
         where = "the npm install"
     missing = [name for name in WASM_RUNTIME_FILES if not (dist / name).is_file()]
     if missing:
-        raise NpmError(f"{where} ({dist}) lacks {', '.join(missing)}: point it at onnxruntime-web's dist/ folder.")
+        raise NpmError(
+            f"{where} ({dist}) lacks {', '.join(missing)}: point it at onnxruntime-web's dist/ folder."
+        )
     return dist
 
 
 #: The files of onnxruntime-web's WASM backend the page loads (served from the page's own origin).
-WASM_RUNTIME_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+WASM_RUNTIME_FILES = (
+    "ort.wasm.min.mjs",
+    "ort-wasm-simd-threaded.mjs",
+    "ort-wasm-simd-threaded.wasm",
+)

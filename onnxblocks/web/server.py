@@ -30,14 +30,18 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}  # noqa: RUF012 - never mutated
 
     def end_headers(self) -> None:
-        self.send_header("Cache-Control", "no-store")  # a rebuilt site is never mixed with a cached one
+        self.send_header(
+            "Cache-Control", "no-store"
+        )  # a rebuilt site is never mixed with a cached one
         super().end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints the URL
         pass
 
 
-def serve(directory: str | os.PathLike, port: int = 0, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
+def serve(
+    directory: str | os.PathLike, port: int = 0, host: str = "127.0.0.1"
+) -> http.server.ThreadingHTTPServer:
     """A threading HTTP server of ``directory`` (not started: call ``serve_forever``).
 
     Args:
@@ -51,7 +55,9 @@ def serve(directory: str | os.PathLike, port: int = 0, host: str = "127.0.0.1") 
     """
     root = Path(os.fspath(directory))
     if not root.is_dir():
-        raise NotAFolderError(f"Cannot serve '{root}': not a directory. Build the site first (build_site).")
+        raise NotAFolderError(
+            f"Cannot serve '{root}': not a directory. Build the site first (build_site)."
+        )
     handler = functools.partial(_Handler, directory=os.fspath(root))
     return http.server.ThreadingHTTPServer((host, port), handler)
 
@@ -66,7 +72,9 @@ def url_of(server: http.server.HTTPServer, path: str = "") -> str:
 def serving(directory: str | os.PathLike, port: int = 0) -> Iterator[str]:
     """Serve ``directory`` on 127.0.0.1 in a background thread; yield its URL; stop on exit."""
     server = serve(directory, port)
-    thread = threading.Thread(target=server.serve_forever, name="onnxblocks-web-server", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, name="onnxblocks-web-server", daemon=True
+    )
     thread.start()
     try:
         yield url_of(server)

@@ -99,7 +99,11 @@ class SpiralPlan:
             "order": self.order,
             "learning_rates": self.learning_rates,
         }
-        metadata = {"batch_size": str(self.batch_size), "classes": str(CLASSES), "extent": json.dumps(self.extent)}
+        metadata = {
+            "batch_size": str(self.batch_size),
+            "classes": str(CLASSES),
+            "extent": json.dumps(self.extent),
+        }
         return write_safetensors(path, tensors, metadata)
 
 
@@ -112,7 +116,9 @@ def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
         raise InvalidValueError(f"epochs must be >= 1, got {epochs}.")
     x, y = spirals(points_per_class=POINTS_PER_CLASS, classes=CLASSES, seed=seed)
     (x_train, y_train), (x_val, y_val) = train_val_split(x, y, VAL_FRACTION)
-    rows = ArrayBatches((np.arange(len(x_train), dtype=np.int32),), batch_size=BATCH_SIZE, seed=seed)
+    rows = ArrayBatches(
+        (np.arange(len(x_train), dtype=np.int32),), batch_size=BATCH_SIZE, seed=seed
+    )
     order = np.stack([np.concatenate([b for (b,) in rows]) for _ in range(epochs)])
     total = epochs * len(rows)
     schedule = CosineSchedule(
@@ -120,7 +126,9 @@ def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
     )  # as run_demo builds it
     rates = np.array([schedule(step) for step in range(total)], np.float64)
     extent = float(np.ceil(np.abs(x).max() * 10 + 1) / 10)
-    return SpiralPlan(x_train, y_train, x_val, y_val, order.astype(np.int32), rates, BATCH_SIZE, extent)
+    return SpiralPlan(
+        x_train, y_train, x_val, y_val, order.astype(np.int32), rates, BATCH_SIZE, extent
+    )
 
 
 def spiral_artifacts(directory: str | os.PathLike, seed: int = 0) -> Path:
@@ -173,7 +181,10 @@ def copy_client(site: Path, start: str, ort_web_dist: str | os.PathLike | None =
 
 
 def build_site(
-    directory: str | os.PathLike, epochs: int = 30, seed: int = 0, ort_web_dist: str | os.PathLike | None = None
+    directory: str | os.PathLike,
+    epochs: int = 30,
+    seed: int = 0,
+    ort_web_dist: str | os.PathLike | None = None,
 ) -> Path:
     """Write the browser demo into ``directory`` (created; files it writes are replaced).
 

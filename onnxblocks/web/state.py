@@ -92,7 +92,9 @@ class WebState:
                 "A nominal checkpoint holds no parameter values; generate the artifacts with "
                 "nominal_checkpoint=False for the web."
             )
-        group = checkpoint.optimizer_state.get(OPTIMIZER_GROUP) or next(iter(checkpoint.optimizer_state.values()), None)
+        group = checkpoint.optimizer_state.get(OPTIMIZER_GROUP) or next(
+            iter(checkpoint.optimizer_state.values()), None
+        )
         moments = {k: list(v) for k, v in (group or {}).get("moments", {}).items() if len(v)}
         counts = {len(v) for v in moments.values()}
         return cls(
@@ -115,7 +117,9 @@ def _checkpoint_path(source: str | os.PathLike) -> Path:
     return path / ArtifactNames().checkpoint
 
 
-def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | os.PathLike | None = None) -> Path:
+def write_state(
+    source: str | os.PathLike | Checkpoint | WebState, path: str | os.PathLike | None = None
+) -> Path:
     """Write the state file from a checkpoint, for the JavaScript client.
 
     Args:
@@ -134,7 +138,9 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
     """
     if isinstance(source, (Checkpoint, WebState)):
         if path is None:
-            raise InvalidValueError("write_state: pass `path` when the source is not a file or directory.")
+            raise InvalidValueError(
+                "write_state: pass `path` when the source is not a file or directory."
+            )
         state = source if isinstance(source, WebState) else WebState.from_checkpoint(source)
     else:
         checkpoint = _checkpoint_path(source)
@@ -150,7 +156,9 @@ def write_state(source: str | os.PathLike | Checkpoint | WebState, path: str | o
     tensors: dict[str, np.ndarray] = {**state.trainable, **state.frozen}
     for name, moments in state.moments.items():
         if name not in state.trainable:
-            raise InvalidValueError(f"write_state: moments given for '{name}', which is not a trainable parameter.")
+            raise InvalidValueError(
+                f"write_state: moments given for '{name}', which is not a trainable parameter."
+            )
         if len(moments) not in (0, state.states):
             raise InvalidValueError(
                 f"write_state: '{name}' has {len(moments)} optimizer state tensors, but the state declares "
@@ -196,9 +204,13 @@ def read_state(path: str | os.PathLike) -> WebState:
     listed = [*trainable, *frozen]
     missing = [n for n in listed if n not in tensors]
     if missing:
-        raise InvalidValueError(f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor.")
+        raise InvalidValueError(
+            f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor."
+        )
     count = _state_count(metadata, target)
-    moments = {name: [tensors[m] for m in state_names(name, count) if m in tensors] for name in trainable}
+    moments = {
+        name: [tensors[m] for m in state_names(name, count) if m in tensors] for name in trainable
+    }
     known = set(listed) | {m for name in trainable for m in state_names(name, count)}
     stray = [n for n in tensors if n not in known]
     if stray:
@@ -208,7 +220,9 @@ def read_state(path: str | os.PathLike) -> WebState:
         )
     step = metadata.get("step", "0")
     if not _DECIMAL.match(step):
-        raise InvalidValueError(f"'{target}': __metadata__ step {step!r:.40} is not a decimal integer.")
+        raise InvalidValueError(
+            f"'{target}': __metadata__ step {step!r:.40} is not a decimal integer."
+        )
     state = WebState(
         trainable={n: tensors[n] for n in trainable},
         frozen={n: tensors[n] for n in frozen},
@@ -228,10 +242,14 @@ def _names(metadata: dict[str, str], key: str, target: Path) -> list[str]:
     except (json.JSONDecodeError, RecursionError):
         names = None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise InvalidValueError(f"'{target}': __metadata__ {key} must be a JSON list of parameter names.")
+        raise InvalidValueError(
+            f"'{target}': __metadata__ {key} must be a JSON list of parameter names."
+        )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise InvalidValueError(f"'{target}': __metadata__ {key} lists {repeated[:5]} more than once.")
+        raise InvalidValueError(
+            f"'{target}': __metadata__ {key} lists {repeated[:5]} more than once."
+        )
     return names
 
 
@@ -255,7 +273,9 @@ def _json(metadata: dict[str, str], key: str, target: Path) -> Any:
     try:
         return json.loads(metadata[key])
     except (json.JSONDecodeError, RecursionError):
-        raise InvalidValueError(f"'{target}': __metadata__ {key} {metadata[key]!r:.40} is not JSON.") from None
+        raise InvalidValueError(
+            f"'{target}': __metadata__ {key} {metadata[key]!r:.40} is not JSON."
+        ) from None
 
 
 def _properties(metadata: dict[str, str], target: Path) -> dict[str, Any]:
@@ -286,17 +306,29 @@ def check_state(state: WebState, where: str = "state") -> None:
     """
     both = sorted(set(state.trainable) & set(state.frozen))
     if both:
-        raise InvalidValueError(f"{where}: parameters {both[:5]} are listed as trainable and as frozen.")
+        raise InvalidValueError(
+            f"{where}: parameters {both[:5]} are listed as trainable and as frozen."
+        )
     for name, moments in state.moments.items():
         if name not in state.trainable:
-            raise InvalidValueError(f"{where}: moments given for '{name}', which is not a trainable parameter.")
+            raise InvalidValueError(
+                f"{where}: moments given for '{name}', which is not a trainable parameter."
+            )
         if not (isinstance(state.states, int) and 1 <= state.states <= MAX_STATES):
-            raise InvalidValueError(f"{where}: states must be an int in [1, {MAX_STATES}], got {state.states!r:.40}.")
+            raise InvalidValueError(
+                f"{where}: states must be an int in [1, {MAX_STATES}], got {state.states!r:.40}."
+            )
         names = state_names(name, state.states)
         if len(moments) not in (0, state.states):
             if state.states == 2:
-                count = "only one of its two moments" if len(moments) == 1 else f"{len(moments)} moments"
-                raise InvalidValueError(f"{where}: '{name}' has {count}; a state holds none or both of {list(names)}.")
+                count = (
+                    "only one of its two moments"
+                    if len(moments) == 1
+                    else f"{len(moments)} moments"
+                )
+                raise InvalidValueError(
+                    f"{where}: '{name}' has {count}; a state holds none or both of {list(names)}."
+                )
             raise InvalidValueError(
                 f"{where}: '{name}' has {len(moments)} optimizer state tensors; the optimizer declares "
                 f"{state.states} ({list(names)}): give all or none."
@@ -313,26 +345,36 @@ def check_state(state: WebState, where: str = "state") -> None:
         state.step = _hyper.step(state.step, "step")
         if state.learning_rate is not None:
             state.learning_rate = _hyper.learning_rate(state.learning_rate, "learning_rate")
-        state.properties = {name: _property(name, value) for name, value in state.properties.items()}
+        state.properties = {
+            name: _property(name, value) for name, value in state.properties.items()
+        }
     except (InvalidValueError, InvalidTypeError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
 
 
 def _property(name: object, value: object) -> int | float | str:
     if not isinstance(name, str):
-        raise InvalidTypeError(f"property names must be str, not {type(name).__name__} {name!r:.40}.")
+        raise InvalidTypeError(
+            f"property names must be str, not {type(name).__name__} {name!r:.40}."
+        )
     if isinstance(value, tuple):  # (kind, value) as the file holds it
         kind, value = value
         wrong = (
             (kind == "int" and (not isinstance(value, int) or isinstance(value, bool)))
-            or (kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)))
+            or (
+                kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool))
+            )
             or (kind == "str" and not isinstance(value, str))
         )
         if wrong:
-            raise InvalidValueError(f"property '{name}' is of kind {kind!r} but holds {value!r:.40}.")
+            raise InvalidValueError(
+                f"property '{name}' is of kind {kind!r} but holds {value!r:.40}."
+            )
         value = float(value) if kind == "float" else value  # type: ignore[arg-type]
     if not isinstance(value, (int, float, str)) or isinstance(value, bool):
-        raise InvalidTypeError(f"property '{name}' must be an int, float or str, not {type(value).__name__}.")
+        raise InvalidTypeError(
+            f"property '{name}' must be an int, float or str, not {type(value).__name__}."
+        )
     encoded = _props.encode(value, name)  # what set_properties stores
     if type(encoded) is not type(value):
         raise InvalidValueError(
@@ -343,7 +385,9 @@ def _property(name: object, value: object) -> int | float | str:
 
 
 def state_to_checkpoint(
-    state: str | os.PathLike | WebState, path: str | os.PathLike, include_optimizer_state: bool = True
+    state: str | os.PathLike | WebState,
+    path: str | os.PathLike,
+    include_optimizer_state: bool = True,
 ) -> Path:
     """Write a state (file) as an ONNX Runtime checkpoint, to resume in Python.
 
@@ -369,11 +413,17 @@ def state_to_checkpoint(
     optimizer: dict[str, Any] = {}
     if include_optimizer_state and (web.step or web.moments):
         lr = web.learning_rate if web.learning_rate is not None else DEFAULT_LEARNING_RATE
-        optimizer[OPTIMIZER_GROUP] = {"step": web.step, "initial_learning_rate": lr, "moments": web.moments}
+        optimizer[OPTIMIZER_GROUP] = {
+            "step": web.step,
+            "initial_learning_rate": lr,
+            "moments": web.moments,
+        }
     properties = dict(web.properties)
     if include_optimizer_state and web.step:
         properties[STEP_PROPERTY] = web.step
-    return save_checkpoint((web.trainable, web.frozen), path, optimizer_state=optimizer, properties=properties)
+    return save_checkpoint(
+        (web.trainable, web.frozen), path, optimizer_state=optimizer, properties=properties
+    )
 
 
 def load_state(session: Any, path: str | os.PathLike) -> WebState:
@@ -393,6 +443,8 @@ def load_state(session: Any, path: str | os.PathLike) -> WebState:
     web = read_state(path)
     missing = sorted(set(session.parameter_names()) - set(web.parameters))
     if missing:
-        raise InvalidValueError(f"'{path}' has no values for the session's parameters {missing[:5]}.")
+        raise InvalidValueError(
+            f"'{path}' has no values for the session's parameters {missing[:5]}."
+        )
     session.set_parameters(web.parameters)
     return web

@@ -33,7 +33,9 @@ def _generate(case, directory, **kwargs):
 
 
 def test_files_and_result(tmp_path, mlp):
-    art = _generate(mlp, tmp_path / "out", optimizer=OptimType.AdamW, prefix="mlp_", nominal_checkpoint=True)
+    art = _generate(
+        mlp, tmp_path / "out", optimizer=OptimType.AdamW, prefix="mlp_", nominal_checkpoint=True
+    )
     assert isinstance(art, Artifacts) and art.directory == tmp_path / "out"
     expected = {
         "mlp_training_model.onnx",
@@ -45,7 +47,11 @@ def test_files_and_result(tmp_path, mlp):
     assert set(os.listdir(tmp_path / "out")) == expected
     assert {p.name for p in art.files} == expected
     assert art.training_model.name == "mlp_training_model.onnx" and art.optimizer_model.is_file()
-    assert art.training_model_ort is None and art.requires_grad == tuple(mlp.params) and art.frozen_params == ()
+    assert (
+        art.training_model_ort is None
+        and art.requires_grad == tuple(mlp.params)
+        and art.frozen_params == ()
+    )
     assert art.input_names == ("x", "target") and art.loss_name == art.output_names[0]
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no staging leftovers
     html = art._repr_html_()
@@ -53,9 +59,13 @@ def test_files_and_result(tmp_path, mlp):
 
 
 def test_checkpoint_holds_the_parameters_and_frozen_ones(tmp_path, mlp):
-    art = _generate(mlp, tmp_path, requires_grad=["fc1.weight", "fc2.weight"], frozen_params=["fc1.bias"])
+    art = _generate(
+        mlp, tmp_path, requires_grad=["fc1.weight", "fc2.weight"], frozen_params=["fc1.bias"]
+    )
     ckpt = load_checkpoint(art.checkpoint)
-    assert list(ckpt.trainable) == ["fc1.weight", "fc2.weight"] and list(ckpt.frozen) == ["fc1.bias"]
+    assert list(ckpt.trainable) == ["fc1.weight", "fc2.weight"] and list(ckpt.frozen) == [
+        "fc1.bias"
+    ]
     for name, value in {**ckpt.trainable, **ckpt.frozen}.items():
         np.testing.assert_array_equal(value, models.param_arrays(mlp.torch_model)[name])
     trainer = models.OrtTrainer(art)
@@ -66,12 +76,18 @@ def test_checkpoint_holds_the_parameters_and_frozen_ones(tmp_path, mlp):
     torch.nn.functional.mse_loss(model64(x.double()), target.double()).backward()
     terms = gradient_magnitudes(mlp.torch_model, [x], target, torch.nn.functional.mse_loss)
     expected, expected64 = model.fc2.weight.grad.numpy(), model64.fc2.weight.grad.numpy()
-    assert_close(trainer.grad("fc2.weight"), expected, expected64, rtol=1e-4, scale=terms["fc2.weight"])
+    assert_close(
+        trainer.grad("fc2.weight"), expected, expected64, rtol=1e-4, scale=terms["fc2.weight"]
+    )
 
 
 def test_ort_format_models_train_like_onnx_ones(tmp_path, mlp):
     art = _generate(mlp, tmp_path, optimizer=OptimType.SGD, ort_format=True)
-    assert art.training_model_ort.is_file() and art.eval_model_ort.is_file() and art.optimizer_model_ort.is_file()
+    assert (
+        art.training_model_ort.is_file()
+        and art.eval_model_ort.is_file()
+        and art.optimizer_model_ort.is_file()
+    )
     as_ort = Artifacts(
         **{
             **art.__dict__,
@@ -112,9 +128,14 @@ def test_nominal_checkpoint_names_parameters_without_values(tmp_path, mlp):
     size = trainer.module.get_parameters_size(False)
     assert size == sum(v.size for v in (*full.trainable.values(), *full.frozen.values()))
     values = np.concatenate([v.ravel() for v in (*full.trainable.values(), *full.frozen.values())])
-    trainer.module.copy_buffer_to_parameters(trainer.C.OrtValue.ortvalue_from_numpy(values, trainer.device), False)
+    trainer.module.copy_buffer_to_parameters(
+        trainer.C.OrtValue.ortvalue_from_numpy(values, trainer.device), False
+    )
     reference = models.OrtTrainer(art)
-    got, expected = trainer.train_step(mlp.inputs["x"], mlp.target), reference.train_step(mlp.inputs["x"], mlp.target)
+    got, expected = (
+        trainer.train_step(mlp.inputs["x"], mlp.target),
+        reference.train_step(mlp.inputs["x"], mlp.target),
+    )
     assert_close(np.array(got), np.array(expected), rtol=1e-6, name="outputs")
 
 
@@ -132,7 +153,9 @@ def test_custom_optimizer_attributes_are_used(tmp_path, mlp):
     x, target = torch.from_numpy(mlp.inputs["x"]), torch.from_numpy(mlp.target)
     runs = []  # torch in float32 and in float64
     for model in (copy.deepcopy(mlp.torch_model), to64(mlp.torch_model)):
-        opt = torch.optim.AdamW(model.parameters(), lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1
+        )
         runs.append((model, opt, next(model.parameters()).dtype))
     for _ in range(5):
         (loss,) = trainer.train_step(mlp.inputs["x"], mlp.target)
@@ -186,18 +209,32 @@ def test_loss_input_names_and_additional_outputs(tmp_path):
     expected64 = torch.nn.functional.l1_loss(out_b64, torch.from_numpy(target).double())
     expected.backward()
     expected64.backward()
-    assert_close(loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss")
+    assert_close(
+        loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss"
+    )
     assert_close(first, out_a.detach().numpy(), out_a64.detach().numpy(), rtol=1e-5, name="output")
-    terms = gradient_magnitudes(net, [x], target, lambda out, t: torch.nn.functional.l1_loss(out[1], t))
+    terms = gradient_magnitudes(
+        net, [x], target, lambda out, t: torch.nn.functional.l1_loss(out[1], t)
+    )
     grad, grad64 = net.b.weight.grad.numpy(), net64.b.weight.grad.numpy()
-    assert_close(trainer.grad("b.weight"), grad, grad64, rtol=1e-4, scale=terms["b.weight"], name="b.weight")
+    assert_close(
+        trainer.grad("b.weight"), grad, grad64, rtol=1e-4, scale=terms["b.weight"], name="b.weight"
+    )
 
 
 def test_model_path_with_external_data(tmp_path, mlp):
     path = tmp_path / "model" / "mlp.onnx"
     path.parent.mkdir()
-    onnx.save(copy.deepcopy(mlp.onnx_model), path, save_as_external_data=True, location="mlp.data", size_threshold=0)
-    art = generate_artifacts(path, requires_grad=mlp.params, loss=LossType.MSELoss, artifact_directory=tmp_path / "art")
+    onnx.save(
+        copy.deepcopy(mlp.onnx_model),
+        path,
+        save_as_external_data=True,
+        location="mlp.data",
+        size_threshold=0,
+    )
+    art = generate_artifacts(
+        path, requires_grad=mlp.params, loss=LossType.MSELoss, artifact_directory=tmp_path / "art"
+    )
     ckpt = load_checkpoint(art.checkpoint)
     for name, value in models.param_arrays(mlp.torch_model).items():
         np.testing.assert_array_equal(ckpt.trainable[name], value)
@@ -225,7 +262,11 @@ def test_failure_keeps_existing_artifacts_and_success_replaces_them(tmp_path, ml
     (tmp_path / "notes.txt").write_text("mine")
     before = {p: p.read_bytes() for p in first.files}
     real = onnxblocks.checkpoint.save_checkpoint
-    monkeypatch.setattr(onnxblocks.checkpoint, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(OSError("x")))
+    monkeypatch.setattr(
+        onnxblocks.checkpoint,
+        "save_checkpoint",
+        lambda *a, **k: (_ for _ in ()).throw(OSError("x")),
+    )
     with pytest.raises(OSError):
         _generate(mlp, tmp_path)
     assert {p: p.read_bytes() for p in first.files} == before
@@ -239,7 +280,11 @@ def test_failure_keeps_existing_artifacts_and_success_replaces_them(tmp_path, ml
 def test_failure_removes_the_directories_it_created(tmp_path, mlp, monkeypatch):
     import onnxblocks.checkpoint
 
-    monkeypatch.setattr(onnxblocks.checkpoint, "save_checkpoint", lambda *a, **k: (_ for _ in ()).throw(OSError("x")))
+    monkeypatch.setattr(
+        onnxblocks.checkpoint,
+        "save_checkpoint",
+        lambda *a, **k: (_ for _ in ()).throw(OSError("x")),
+    )
     with pytest.raises(OSError):
         _generate(mlp, tmp_path / "a" / "b" / "out")
     assert os.listdir(tmp_path) == []
@@ -249,7 +294,9 @@ def test_artifacts_of_an_earlier_run_are_not_left_behind(tmp_path, mlp):
     _generate(mlp, tmp_path, optimizer=OptimType.SGD, ort_format=True, nominal_checkpoint=True)
     (tmp_path / "other_training_model.onnx").write_text("another prefix: kept")
     second = _generate(mlp, tmp_path)
-    assert sorted(os.listdir(tmp_path)) == sorted([p.name for p in second.files] + ["other_training_model.onnx"])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [p.name for p in second.files] + ["other_training_model.onnx"]
+    )
     assert second.optimizer_model is None and not (tmp_path / "optimizer_model.onnx").exists()
 
 
@@ -268,14 +315,26 @@ def test_nothing_written_to_the_working_directory(tmp_path, mlp, monkeypatch):
     ("kwargs", "error", "match"),
     [
         ({"loss": "mse"}, TypeError, "loss must be a LossType .*MSELoss"),
-        ({"loss": onnxblocks.losses.MSELoss}, TypeError, r"not the class MSELoss: pass MSELoss\(\)"),
+        (
+            {"loss": onnxblocks.losses.MSELoss},
+            TypeError,
+            r"not the class MSELoss: pass MSELoss\(\)",
+        ),
         ({"optimizer": "adamw"}, TypeError, "optimizer must be an OptimType"),
         ({"prefix": "sub/x_"}, ValueError, "path separator"),
-        ({"frozen_params": ["fc1.weight"]}, ValueError, r"\['fc1.weight'\] cannot be both trainable"),
+        (
+            {"frozen_params": ["fc1.weight"]},
+            ValueError,
+            r"\['fc1.weight'\] cannot be both trainable",
+        ),
         ({"requires_grad": ["fc1.wieght"]}, UnknownNameError, "Did you mean 'fc1.weight'"),
         ({"requires_grad": "fc1.weight"}, TypeError, r"must be a list of names.*\['fc1.weight'\]"),
         ({"additional_output_names": ["nope"]}, UnknownNameError, "additional output 'nope'"),
-        ({"requires_grad": [], "optimizer": OptimType.AdamW}, ValueError, "at least one trainable parameter"),
+        (
+            {"requires_grad": [], "optimizer": OptimType.AdamW},
+            ValueError,
+            "at least one trainable parameter",
+        ),
         ({"custom_op_library": "missing.so"}, FileNotFoundError, "missing.so"),
     ],
 )

@@ -28,7 +28,12 @@ from onnxblocks.artifacts import lock as artifact_lock
 from onnxblocks.checkpoint import load_checkpoint
 
 OLD = {"requires_grad": ["W"], "loss": LossType.MSELoss}
-NEW = {"requires_grad": ["W", "b"], "loss": LossType.L1Loss, "optimizer": OptimType.AdamW, "nominal_checkpoint": True}
+NEW = {
+    "requires_grad": ["W", "b"],
+    "loss": LossType.L1Loss,
+    "optimizer": OptimType.AdamW,
+    "nominal_checkpoint": True,
+}
 
 
 def _generate(directory, config, **kwargs):
@@ -56,7 +61,11 @@ def _strays(directory: Path) -> list[str]:
 def test_empty_prefix_keeps_another_prefixes_checkpoint(tmp_path):
     _generate(tmp_path, OLD, prefix="nominal_")
     other = _contents(tmp_path)
-    assert sorted(other) == ["nominal_checkpoint", "nominal_eval_model.onnx", "nominal_training_model.onnx"]
+    assert sorted(other) == [
+        "nominal_checkpoint",
+        "nominal_eval_model.onnx",
+        "nominal_training_model.onnx",
+    ]
     _generate(tmp_path, OLD, prefix="")
     _generate(tmp_path, OLD, prefix="")  # a second run removes stale files of its own set only
     after = _contents(tmp_path)
@@ -69,7 +78,8 @@ def test_empty_prefix_refuses_to_overwrite_another_prefixes_file(tmp_path):
     _generate(tmp_path, OLD, prefix="")
     before = _contents(tmp_path)
     with pytest.raises(
-        FileExistsError, match=r"'.*nominal_checkpoint' for the artifacts with prefix ''.*prefix 'nominal_'"
+        FileExistsError,
+        match=r"'.*nominal_checkpoint' for the artifacts with prefix ''.*prefix 'nominal_'",
     ):
         _generate(tmp_path, OLD, prefix="", nominal_checkpoint=True)
     assert _contents(tmp_path) == before and _strays(tmp_path) == []
@@ -94,7 +104,9 @@ def test_stray_directory_in_place_of_an_artifact_changes_nothing(tmp_path, refer
     old, _ = reference_sets
     _generate(tmp_path, OLD)
     (tmp_path / "optimizer_model.onnx").mkdir()
-    with pytest.raises(IsADirectoryError, match=r"'.*optimizer_model.onnx': it is a directory.*Nothing was changed"):
+    with pytest.raises(
+        IsADirectoryError, match=r"'.*optimizer_model.onnx': it is a directory.*Nothing was changed"
+    ):
         _generate(tmp_path, NEW)
     assert _contents(tmp_path) == old and (tmp_path / "optimizer_model.onnx").is_dir()
     assert _strays(tmp_path) == []
@@ -102,14 +114,19 @@ def test_stray_directory_in_place_of_an_artifact_changes_nothing(tmp_path, refer
 
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, OSError])
 @pytest.mark.parametrize("at", [1, 3, 6, 9])
-def test_interrupt_between_moves_rolls_back_to_the_old_set(tmp_path, reference_sets, monkeypatch, interrupt, at):
+def test_interrupt_between_moves_rolls_back_to_the_old_set(
+    tmp_path, reference_sets, monkeypatch, interrupt, at
+):
     old, new = reference_sets
     _generate(tmp_path, OLD)
     calls = []
     real = os.replace
 
     def replace(src, dst):
-        if Path(src).parent.name.startswith(".onnxblocks-artifacts") or Path(dst).parent.name == ".old":
+        if (
+            Path(src).parent.name.startswith(".onnxblocks-artifacts")
+            or Path(dst).parent.name == ".old"
+        ):
             calls.append(dst)
             if len(calls) == at:
                 raise interrupt("interrupted between moves")
@@ -132,7 +149,11 @@ def test_rollback_cut_short_is_finished_by_the_next_run(tmp_path, reference_sets
     real = os.replace
 
     def replace(src, dst):
-        if Path(dst).parent.name == ".old" or Path(src).parent.name == ".old" or Path(dst).parent == tmp_path:
+        if (
+            Path(dst).parent.name == ".old"
+            or Path(src).parent.name == ".old"
+            or Path(dst).parent == tmp_path
+        ):
             calls.append((src, dst))
             if len(calls) == 5:  # the second new file moved in: the commit fails
                 raise OSError("disk on fire")
@@ -145,8 +166,13 @@ def test_rollback_cut_short_is_finished_by_the_next_run(tmp_path, reference_sets
         _generate(tmp_path, NEW)
     monkeypatch.setattr(files.os, "replace", real)
     (stage,) = [tmp_path / n for n in _strays(tmp_path)]
-    assert (stage / ".journal").exists() and any((stage / ".old").iterdir())  # the old files are kept
-    assert _contents(tmp_path) not in (old, new)  # mixed until the next run (or recover) puts the old files back
+    assert (stage / ".journal").exists() and any(
+        (stage / ".old").iterdir()
+    )  # the old files are kept
+    assert _contents(tmp_path) not in (
+        old,
+        new,
+    )  # mixed until the next run (or recover) puts the old files back
     assert files.recover(tmp_path) == [stage] and _contents(tmp_path) == old
     _generate(tmp_path, NEW)
     assert _contents(tmp_path) == new and _strays(tmp_path) == []
@@ -183,12 +209,18 @@ def test_concurrent_writers_all_succeed_with_one_complete_set_per_prefix(tmp_pat
     assert errors == []
     got = _contents(tmp_path)
     for prefix in ("", "a_", "b_"):
-        assert {n[len(prefix) :]: got[n] for n in got if n.startswith(prefix) and n[len(prefix) :] in new} == new
+        assert {
+            n[len(prefix) :]: got[n]
+            for n in got
+            if n.startswith(prefix) and n[len(prefix) :] in new
+        } == new
     assert len(got) == 3 * len(new) and _strays(tmp_path) == []
 
 
 @pytest.mark.slow
-def test_second_writer_waits_for_the_lock_then_times_out_clearly(tmp_path, reference_sets, monkeypatch):
+def test_second_writer_waits_for_the_lock_then_times_out_clearly(
+    tmp_path, reference_sets, monkeypatch
+):
     _, new = reference_sets
     tmp_path.mkdir(exist_ok=True)
     released = threading.Event()
@@ -213,7 +245,8 @@ def test_second_writer_waits_for_the_lock_then_times_out_clearly(tmp_path, refer
     holder.start()
     started.wait()
     with pytest.raises(
-        TimeoutError, match=r"Another generate_artifacts call has been writing into '.*' for more than 0.2 s"
+        TimeoutError,
+        match=r"Another generate_artifacts call has been writing into '.*' for more than 0.2 s",
     ):
         _generate(tmp_path, OLD)
     holder.join()
@@ -241,9 +274,14 @@ def test_stale_staging_directories_of_dead_processes_are_recovered(tmp_path, ref
     os.replace(tmp_path / "training_model.onnx", half / ".old" / "training_model.onnx")
     (tmp_path / "checkpoint").write_bytes(b"new checkpoint")
     (half / "training_model.onnx").write_bytes(b"new model, not moved yet")
-    journal = {"new": ["checkpoint", "training_model.onnx"], "old": ["checkpoint", "training_model.onnx"]}
+    journal = {
+        "new": ["checkpoint", "training_model.onnx"],
+        "old": ["checkpoint", "training_model.onnx"],
+    }
     (half / ".journal").write_text(json.dumps(journal))
-    alive = tmp_path / f".onnxblocks-artifacts-{os.getppid()}-fedcba987654"  # a live writer's: left alone
+    alive = (
+        tmp_path / f".onnxblocks-artifacts-{os.getppid()}-fedcba987654"
+    )  # a live writer's: left alone
     alive.mkdir()
     assert sorted(p.name for p in files.recover(tmp_path)) == sorted([junk.name, half.name])
     assert _contents(tmp_path) == old  # the half-done commit is rolled back
@@ -278,7 +316,14 @@ def _writer(directory: Path, kill_at: int = 0) -> subprocess.Popen:
     if not model.exists():
         onnx.save(make_linear_model(), model)
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_KILLED_WRITER), str(kill_at), str(directory), str(model)],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_KILLED_WRITER),
+            str(kill_at),
+            str(directory),
+            str(model),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -290,7 +335,9 @@ def _check_after_kill(directory: Path, old: dict, new: dict) -> str:
     got.pop(artifact_lock.LOCK_NAME, None)  # a killed writer's lock file is reused, then removed
     if got not in (old, new):
         assert any(
-            (p / ".journal").exists() for p in directory.iterdir() if p.name.startswith(".onnxblocks-artifacts-")
+            (p / ".journal").exists()
+            for p in directory.iterdir()
+            if p.name.startswith(".onnxblocks-artifacts-")
         )
         files.recover(directory)
         got = _contents(directory)
@@ -301,7 +348,9 @@ def _check_after_kill(directory: Path, old: dict, new: dict) -> str:
 # the moves of one run (os.replace): 1-5 the staged files, 6 the journal, 7-9 the old files aside, 10-14 the new
 # ones in, 15: none left (it completes); one kill in each phase, and at each end of the commit
 @pytest.mark.parametrize("kill_at", [1, 6, 7, 9, 10, 12, 14, 15])
-def test_writer_killed_at_each_move_of_the_commit_leaves_a_complete_set(tmp_path, reference_sets, kill_at):
+def test_writer_killed_at_each_move_of_the_commit_leaves_a_complete_set(
+    tmp_path, reference_sets, kill_at
+):
     old, new = reference_sets
     _generate(tmp_path, OLD)
     writer = _writer(tmp_path, kill_at)
@@ -323,7 +372,9 @@ def test_writer_killed_at_random_moments(tmp_path, reference_sets):
     for _ in range(4):
         _generate(tmp_path, OLD)
         writer = _writer(tmp_path)
-        assert writer.stdout.readline().strip() == b"ready"  # imports done: the kill lands in generate_artifacts
+        assert (
+            writer.stdout.readline().strip() == b"ready"
+        )  # imports done: the kill lands in generate_artifacts
         time.sleep(rng.uniform(0.0, 0.4))
         with contextlib.suppress(ProcessLookupError):
             writer.send_signal(signal.SIGKILL)

@@ -39,7 +39,8 @@ def _vi(name, shape, elem=TensorProto.FLOAT):
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
     model = helper.make_model(
-        helper.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=[helper.make_opsetid("", opset)]
+        helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+        opset_imports=[helper.make_opsetid("", opset)],
     )
     model.ir_version = 8
     return model
@@ -57,7 +58,9 @@ def _two_params(a: np.ndarray, b: np.ndarray) -> onnx.ModelProto:
 
 
 def _ort_loss_and_grads(tmp_path, model, loss_block, params, feeds, **kwargs):
-    art = generate_artifacts(model, requires_grad=params, loss=loss_block, artifact_directory=tmp_path, **kwargs)
+    art = generate_artifacts(
+        model, requires_grad=params, loss=loss_block, artifact_directory=tmp_path, **kwargs
+    )
     trainer = models.OrtTrainer(art, optimizer=False)
     (loss, *_) = trainer.train_step(*[feeds[n] for n in art.input_names])
     return loss, {p: trainer.grad(p) for p in params}
@@ -73,7 +76,10 @@ class _Power(ob.Block):
     ("a", "b"),
     [
         ([0.5, 1.5, 2.0, 3.0], [0.3, -1.2, 0.7, -0.4]),  # positive bases: both gradients finite
-        ([-2.0, -1.5, 0.0, 0.0, 0.0, 0.7], [1.0, 2.0, 0.0, -1.0, -0.5, 0.25]),  # negative and zero bases
+        (
+            [-2.0, -1.5, 0.0, 0.0, 0.0, 0.7],
+            [1.0, 2.0, 0.0, -1.0, -0.5, 0.25],
+        ),  # negative and zero bases
     ],
 )
 def test_power_with_both_sides_trainable_matches_torch(tmp_path, a, b):
@@ -89,7 +95,9 @@ def test_power_with_both_sides_trainable_matches_torch(tmp_path, a, b):
         expected.backward()
         references.append((expected.detach().numpy(), ta.grad.numpy(), tb.grad.numpy()))
     (loss32, a32, b32), (loss64, a64, b64) = references
-    terms = np.abs(np.float64(a)) ** (1.0 + b)  # the |terms| of the sum (NaN where a base is negative)
+    terms = np.abs(np.float64(a)) ** (
+        1.0 + b
+    )  # the |terms| of the sum (NaN where a base is negative)
     assert_close(loss, loss32, loss64, rtol=1e-6, scale=np.nansum(terms), name="loss")
     assert_close(grads["a"], a32, a64, rtol=1e-5, name="d/da")
     assert_close(grads["b"], b32, b64, rtol=1e-5, name="d/db")  # NaN at the same places
@@ -98,7 +106,9 @@ def test_power_with_both_sides_trainable_matches_torch(tmp_path, a, b):
 def test_power_with_only_the_exponent_trainable_matches_torch(tmp_path):
     a, b = np.array([0.5, 2.0, 3.0], np.float32), np.array([1.5, -0.5, 0.25], np.float32)
     model = _two_params(a, b)
-    loss, grads = _ort_loss_and_grads(tmp_path, model, _Power(), ["b"], {"x": np.ones(3, np.float32)})
+    loss, grads = _ort_loss_and_grads(
+        tmp_path, model, _Power(), ["b"], {"x": np.ones(3, np.float32)}
+    )
     references = []
     for dtype in (torch.float32, torch.float64):
         tb = torch.tensor(b, dtype=dtype, requires_grad=True)
@@ -138,7 +148,9 @@ def _loss_model(loss, shapes, dtypes=None):
 def test_huber_with_infinite_delta_is_finite_like_torch(reduction):
     p = np.array([0.0, 1.0, -3.0, 100.0], np.float32)
     t = np.array([0.5, -1.0, 2.0, -100.0], np.float32)
-    model = _loss_model(losses.HuberLoss(reduction=reduction, delta=float("inf")), {"p": [4], "t": [4]})
+    model = _loss_model(
+        losses.HuberLoss(reduction=reduction, delta=float("inf")), {"p": [4], "t": [4]}
+    )
     (got,) = run_model(model, {"p": p, "t": t})
     huber = torch.nn.HuberLoss(reduction=reduction, delta=float("inf"))
     expected, expected64 = (
@@ -153,7 +165,9 @@ def test_huber_delta_that_overflows_float16_is_finite():
     p = np.array([0.0, 1.0, -3.0], np.float16)
     t = np.zeros(3, np.float16)
     model = _loss_model(
-        losses.HuberLoss(delta=1e6), {"p": [3], "t": [3]}, {"p": TensorProto.FLOAT16, "t": TensorProto.FLOAT16}
+        losses.HuberLoss(delta=1e6),
+        {"p": [3], "t": [3]},
+        {"p": TensorProto.FLOAT16, "t": TensorProto.FLOAT16},
     )
     (got,) = run_model(model, {"p": p, "t": t})
     assert_close(got, np.float16(0.5 * (1 + 9) / 3), 0.5 * (1 + 9) / 3, rtol=1e-3)
@@ -171,7 +185,9 @@ def test_loss_options_are_checked_by_type(cls, name, bad):
 
 def test_smooth_l1_with_infinite_beta_is_zero_like_torch():
     p, t = np.array([0.0, 1.0, -3.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32)
-    (got,) = run_model(_loss_model(losses.SmoothL1Loss(beta=float("inf")), {"p": [3], "t": [3]}), {"p": p, "t": t})
+    (got,) = run_model(
+        _loss_model(losses.SmoothL1Loss(beta=float("inf")), {"p": [3], "t": [3]}), {"p": p, "t": t}
+    )
     expected = torch.nn.SmoothL1Loss(beta=float("inf"))(torch.tensor(p), torch.tensor(t))
     assert got == expected.item() == 0.0
 
@@ -180,7 +196,9 @@ def test_smooth_l1_with_infinite_beta_is_zero_like_torch():
 @pytest.mark.parametrize("ignore_index", [1, 2])
 def test_nll_none_gives_plus_zero_for_ignored_labels_like_torch(weight, ignore_index):
     """-(x * 0) is -0.0 for x >= 0 (and NaN for x = -inf); torch's ignored entries are +0.0."""
-    log_probs = np.array([[0.5, 1.5, 0.25], [2.0, 0.0, -1.0], [1.0, -np.inf, 3.0], [0.0, 4.0, 2.0]], np.float32)
+    log_probs = np.array(
+        [[0.5, 1.5, 0.25], [2.0, 0.0, -1.0], [1.0, -np.inf, 3.0], [0.0, 4.0, 2.0]], np.float32
+    )
     labels = np.array([1, 2, 1, 0])
     loss = losses.NLLLoss(reduction="none", ignore_index=ignore_index, weight=weight)
     model = _loss_model(loss, {"lp": [4, 3], "y": [4]}, {"y": TensorProto.INT64})
@@ -197,7 +215,10 @@ def test_nll_none_gives_plus_zero_for_ignored_labels_like_torch(weight, ignore_i
 # ------------------------------------------------------------------ Value arithmetic
 def _values(build, inputs):
     with ob.empty_base() as acc:
-        handles = {name: acc.add_input(name, elem, list(array.shape)) for name, (elem, array) in inputs.items()}
+        handles = {
+            name: acc.add_input(name, elem, list(array.shape))
+            for name, (elem, array) in inputs.items()
+        }
         acc.set_outputs(list(build(**handles)))
     outs = run_model(acc.model, {name: array for name, (_, array) in inputs.items()})
     return outs
@@ -211,7 +232,9 @@ def test_integer_value_times_a_float_is_promoted_like_torch():
         {"i": (TensorProto.INT64, labels), "m": (TensorProto.BOOL, mask)},
     )
     ti, tm = torch.tensor(labels), torch.tensor(mask)
-    for out, expected in zip(got, [ti * 0.5, ti / 2, 0.5 * ti, ti + 1, tm + 1, ti**0.5], strict=True):
+    for out, expected in zip(
+        got, [ti * 0.5, ti / 2, 0.5 * ti, ti + 1, tm + 1, ti**0.5], strict=True
+    ):
         assert out.dtype == expected.numpy().dtype
         np.testing.assert_array_equal(out, expected.numpy())
 
@@ -219,7 +242,13 @@ def test_integer_value_times_a_float_is_promoted_like_torch():
 def test_numpy_scalars_and_arrays_on_either_side_of_a_value():
     v = np.array([1.0, 2.0, 3.0], np.float32)
     got = _values(
-        lambda v: [np.float32(0.5) * v, np.ones(3) + v, v * np.float64(2), np.int64(2) - v, np.arange(3.0) / (v + 1)],
+        lambda v: [
+            np.float32(0.5) * v,
+            np.ones(3) + v,
+            v * np.float64(2),
+            np.int64(2) - v,
+            np.arange(3.0) / (v + 1),
+        ],
         {"v": (TensorProto.FLOAT, v)},
     )
 
@@ -249,7 +278,9 @@ def test_values_of_two_types_are_promoted():
 def test_integer_constant_that_does_not_fit_is_refused():
     with ob.empty_base() as acc:
         small = acc.add_input("small", TensorProto.INT32, [2])
-        with pytest.raises(ValueError, match=r"constant 3000000000 does not fit int32 Value 'small'.*Cast"):
+        with pytest.raises(
+            ValueError, match=r"constant 3000000000 does not fit int32 Value 'small'.*Cast"
+        ):
             small * 3_000_000_000
     with ob.empty_base() as acc:
         v = acc.add_input("v", TensorProto.FLOAT, [2])
@@ -264,11 +295,15 @@ def _if_model(branch_reads: str) -> onnx.ModelProto:
     then_g = helper.make_graph(
         [helper.make_node("Mul", [branch_reads, branch_reads], ["t"])], "then", [], [_vi("t", [3])]
     )
-    else_g = helper.make_graph([helper.make_node("Neg", [branch_reads], ["e"])], "else", [], [_vi("e", [3])])
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", [branch_reads], ["e"])], "else", [], [_vi("e", [3])]
+    )
     return _model(
         [
             helper.make_node("Mul", ["x", "W"], ["xw"]),
-            helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="branch"),
+            helper.make_node(
+                "If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="branch"
+            ),
             helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
         ],
         [_vi("x", [3]), _vi("c", [], TensorProto.BOOL)],
@@ -291,15 +326,22 @@ def test_if_reading_values_of_trainable_parameters_is_a_gradient_error_not_a_cra
             print("GradientError:", exc)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "GradientError: ONNX Runtime cannot differentiate control flow: If node 'branch' reads ['xw']" in done.stdout
+    assert (
+        "GradientError: ONNX Runtime cannot differentiate control flow: If node 'branch' reads ['xw']"
+        in done.stdout
+    )
     assert "trainable ['W']" in done.stdout and "frozen_params" in done.stdout
     assert not out.exists()
 
 
 def test_if_over_frozen_parameters_or_inputs_only_builds():
-    graphs = build_training_graphs(_if_model("x"), [], ["W"])  # W frozen: nothing to differentiate through If
+    graphs = build_training_graphs(
+        _if_model("x"), [], ["W"]
+    )  # W frozen: nothing to differentiate through If
     assert "If" in {n.op_type for n in graphs.training.graph.node}
 
 
@@ -323,14 +365,20 @@ def test_loop_over_parameters_is_a_gradient_error():
         [_vi("loss", [])],
         [numpy_helper.from_array(np.ones(3, np.float32), "W")],
     )
-    with pytest.raises(GradientError, match=r"Loop node \(unnamed, writing 'y'\) reads \['xw'\].*\['W'\]"):
+    with pytest.raises(
+        GradientError, match=r"Loop node \(unnamed, writing 'y'\) reads \['xw'\].*\['W'\]"
+    ):
         build_training_graphs(model, ["W"])
 
 
 @pytest.mark.parametrize(
     "loss_nodes",
     [
-        [helper.make_node("Constant", [], ["loss"], value=numpy_helper.from_array(np.array(1.0, np.float32)))],
+        [
+            helper.make_node(
+                "Constant", [], ["loss"], value=numpy_helper.from_array(np.array(1.0, np.float32))
+            )
+        ],
         [  # through W's shape only: no gradient flows
             helper.make_node("Shape", ["W"], ["s"]),
             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
@@ -346,7 +394,8 @@ def test_constant_loss_is_a_gradient_error_naming_it(loss_nodes):
         [numpy_helper.from_array(np.ones(3, np.float32), "W")],
     )
     with pytest.raises(
-        GradientError, match=r"loss 'loss' does not depend on any value that requires a gradient \(\['W'\]\).*constant"
+        GradientError,
+        match=r"loss 'loss' does not depend on any value that requires a gradient \(\['W'\]\).*constant",
     ):
         build_training_graphs(model, ["W"])
 
@@ -354,13 +403,17 @@ def test_constant_loss_is_a_gradient_error_naming_it(loss_nodes):
 # ------------------------------------------------------------------ models
 def _mse(model, tmp_path, **kwargs):
     kwargs.setdefault("requires_grad", ["W", "b"])
-    return generate_artifacts(model, loss=LossType.MSELoss, artifact_directory=tmp_path / "out", **kwargs)
+    return generate_artifacts(
+        model, loss=LossType.MSELoss, artifact_directory=tmp_path / "out", **kwargs
+    )
 
 
 def test_model_without_opset_import_is_refused(tmp_path):
     model = make_linear_model()
     del model.opset_import[:]
-    with pytest.raises(ValueError, match=r"no opset_import for the ai.onnx domain.*make_opsetid\('', 17\)"):
+    with pytest.raises(
+        ValueError, match=r"no opset_import for the ai.onnx domain.*make_opsetid\('', 17\)"
+    ):
         _mse(model, tmp_path)
     with pytest.raises(ValueError, match="no opset_import"):
         with ob.base(model):
@@ -406,8 +459,12 @@ def test_unknown_rank_of_an_input_is_named(tmp_path):
     model = make_linear_model()
     model.graph.input[0].type.tensor_type.ClearField("shape")
     model.graph.output[0].type.tensor_type.ClearField("shape")
-    with pytest.raises(ValueError, match=r"graph inputs \['x'\] of the training model have no shape.*symbolic dims"):
-        generate_artifacts(model, requires_grad=["W"], loss=_MeanLoss(), artifact_directory=tmp_path / "out")
+    with pytest.raises(
+        ValueError, match=r"graph inputs \['x'\] of the training model have no shape.*symbolic dims"
+    ):
+        generate_artifacts(
+            model, requires_grad=["W"], loss=_MeanLoss(), artifact_directory=tmp_path / "out"
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -420,13 +477,19 @@ def test_unknown_rank_of_an_output_is_inferred(tmp_path):
     model = make_linear_model()
     model.graph.output[0].type.tensor_type.ClearField("shape")  # inference knows it: [N, 4]
     art = generate_artifacts(
-        model, requires_grad=["W"], loss=_MeanLoss(), artifact_directory=tmp_path, additional_output_names=["y"]
+        model,
+        requires_grad=["W"],
+        loss=_MeanLoss(),
+        artifact_directory=tmp_path,
+        additional_output_names=["y"],
     )
     outputs = {o.name: o for o in onnx.load(art.eval_model).graph.output}
     assert [d.dim_param or d.dim_value for d in outputs["y"].type.tensor_type.shape.dim] == ["N", 4]
 
 
-@pytest.mark.parametrize(("version", "error"), [(-1, ValueError), (0, ValueError), ("17", TypeError), (22, ValueError)])
+@pytest.mark.parametrize(
+    ("version", "error"), [(-1, ValueError), (0, ValueError), ("17", TypeError), (22, ValueError)]
+)
 def test_empty_base_checks_its_opset(version, error):
     with pytest.raises(error, match="opset"):
         with ob.empty_base(opset_version=version):
@@ -446,14 +509,22 @@ def test_model_above_opset_21_is_converted_down(tmp_path):
 
 def test_model_above_opset_21_with_an_op_that_cannot_go_down_names_it(tmp_path):
     model = _model(
-        [helper.make_node("RMSNormalization", ["x", "s"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [
+            helper.make_node("RMSNormalization", ["x", "s"], ["h"]),
+            helper.make_node("Relu", ["h"], ["y"]),
+        ],
         [_vi("x", [2, 3])],
         [_vi("y", [2, 3])],
         [numpy_helper.from_array(np.ones(3, np.float32), "s")],
         opset=23,
     )
-    with pytest.raises(ValueError, match=r"opset 23; it cannot be converted to opset 21.*RMSNormalization\. Re-export"):
-        generate_artifacts(model, requires_grad=["s"], loss=LossType.MSELoss, artifact_directory=tmp_path / "out")
+    with pytest.raises(
+        ValueError,
+        match=r"opset 23; it cannot be converted to opset 21.*RMSNormalization\. Re-export",
+    ):
+        generate_artifacts(
+            model, requires_grad=["s"], loss=LossType.MSELoss, artifact_directory=tmp_path / "out"
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -469,7 +540,8 @@ def test_old_opset_with_cross_entropy_is_converted_before_the_loss(tmp_path, ops
     (loss, *_) = models.OrtTrainer(art, optimizer=False).train_step(x, labels)
     logits = torch.tensor(run_model(make_linear_model(), {"x": x})[0])
     expected, expected64 = (
-        torch.nn.functional.cross_entropy(t, torch.tensor(labels)) for t in (logits, logits.double())
+        torch.nn.functional.cross_entropy(t, torch.tensor(labels))
+        for t in (logits, logits.double())
     )
     assert_close(loss, expected.numpy(), expected64.numpy(), rtol=1e-5, name="loss")
 
@@ -477,8 +549,12 @@ def test_old_opset_with_cross_entropy_is_converted_before_the_loss(tmp_path, ops
 def test_eval_model_keeps_dropouts_training_mode_slot_empty(tmp_path):
     model = _model(
         [
-            helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.5, np.float32))),
-            helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
+            helper.make_node(
+                "Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.5, np.float32))
+            ),
+            helper.make_node(
+                "Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))
+            ),
             helper.make_node("MatMul", ["x", "W"], ["h"]),
             helper.make_node("Dropout", ["h", "ratio", "train"], ["y", "mask"]),
         ],
@@ -486,7 +562,9 @@ def test_eval_model_keeps_dropouts_training_mode_slot_empty(tmp_path):
         [_vi("y", [2, 2])],
         [numpy_helper.from_array(np.ones((3, 2), np.float32), "W")],
     )
-    art = generate_artifacts(model, requires_grad=["W"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    art = generate_artifacts(
+        model, requires_grad=["W"], loss=LossType.MSELoss, artifact_directory=tmp_path
+    )
     (dropout,) = [n for n in onnx.load(art.eval_model).graph.node if n.op_type == "Dropout"]
     assert list(dropout.input) == ["h", "ratio", ""]  # as the reference leaves it
     (loss,) = models.OrtTrainer(art, optimizer=False).eval_step(
@@ -499,16 +577,28 @@ def test_eval_model_keeps_dropouts_training_mode_slot_empty(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"artifact_directory": 3}, TypeError, r"artifact_directory must be a path \(str or os.PathLike\), not int"),
+        (
+            {"artifact_directory": 3},
+            TypeError,
+            r"artifact_directory must be a path \(str or os.PathLike\), not int",
+        ),
         ({"artifact_directory": "a\0b"}, ValueError, "artifact_directory .* NUL character"),
         ({"prefix": 5}, TypeError, "prefix must be a str, not int"),
         ({"prefix": "a\0"}, ValueError, "prefix .* NUL character"),
-        ({"prefix": "p" * 240}, ValueError, r"prefix 'p+'\.\.\. is 240 bytes long.*at most 2\d\d bytes"),
+        (
+            {"prefix": "p" * 240},
+            ValueError,
+            r"prefix 'p+'\.\.\. is 240 bytes long.*at most 2\d\d bytes",
+        ),
         ({"prefix": ".onnxblocks-artifacts-1"}, ValueError, "staging directories"),
         ({"requires_grad": "W"}, TypeError, r"requires_grad must be a list of names.*\['W'\]"),
         ({"requires_grad": [""]}, ValueError, "requires_grad contains an empty name"),
         ({"frozen_params": 3}, TypeError, "frozen_params must be a list of names, not int"),
-        ({"additional_output_names": "y"}, TypeError, "additional_output_names must be a list of names"),
+        (
+            {"additional_output_names": "y"},
+            TypeError,
+            "additional_output_names must be a list of names",
+        ),
         ({"ort_format": "no"}, TypeError, "ort_format must be True or False, not str"),
         ({"nominal_checkpoint": 1}, TypeError, "nominal_checkpoint must be True or False, not int"),
         ({"custom_op_library": 7}, TypeError, "custom_op_library must be a path"),
@@ -528,20 +618,37 @@ def test_paths_that_are_not_directories_or_files(tmp_path):
     afile = tmp_path / "file"
     afile.write_text("x")
     for directory in (afile, afile / "below"):
-        with pytest.raises(NotADirectoryError, match=r"artifact_directory: .*(is a file|not a directory)"):
-            generate_artifacts(model, requires_grad=["W"], loss=LossType.MSELoss, artifact_directory=directory)
+        with pytest.raises(
+            NotADirectoryError, match=r"artifact_directory: .*(is a file|not a directory)"
+        ):
+            generate_artifacts(
+                model, requires_grad=["W"], loss=LossType.MSELoss, artifact_directory=directory
+            )
     with pytest.raises(IsADirectoryError, match=r"model '.*' is a directory; pass the .onnx file"):
         generate_artifacts(tmp_path, requires_grad=["W"], artifact_directory=tmp_path / "out")
     with pytest.raises(NotADirectoryError, match="a directory on its path is a file"):
-        generate_artifacts(afile / "m.onnx", requires_grad=["W"], artifact_directory=tmp_path / "out")
+        generate_artifacts(
+            afile / "m.onnx", requires_grad=["W"], artifact_directory=tmp_path / "out"
+        )
     with pytest.raises(IsADirectoryError, match="custom_op_library .* is a directory"):
-        generate_artifacts(model, requires_grad=["W"], custom_op_library=tmp_path, artifact_directory=tmp_path / "o")
-    with pytest.raises(TypeError, match="not bytes: parse serialized bytes first with onnx.load_from_string"):
-        generate_artifacts(model.SerializeToString(), requires_grad=["W"], artifact_directory=tmp_path / "out")
+        generate_artifacts(
+            model,
+            requires_grad=["W"],
+            custom_op_library=tmp_path,
+            artifact_directory=tmp_path / "o",
+        )
+    with pytest.raises(
+        TypeError, match="not bytes: parse serialized bytes first with onnx.load_from_string"
+    ):
+        generate_artifacts(
+            model.SerializeToString(), requires_grad=["W"], artifact_directory=tmp_path / "out"
+        )
     assert sorted(os.listdir(tmp_path)) == ["file"]
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")  # Windows has none to test
+@pytest.mark.skipif(
+    not hasattr(os, "mkfifo"), reason="named pipes are POSIX"
+)  # Windows has none to test
 def test_model_path_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "model.onnx"
     os.mkfifo(fifo)
@@ -549,11 +656,15 @@ def test_model_path_that_is_a_fifo_is_refused_without_blocking(tmp_path):
         generate_artifacts(fifo, requires_grad=["W"], artifact_directory=tmp_path / "out")
 
 
-@pytest.mark.parametrize("content", [b"", b"\x08\x07garbage\xff\xff\xff", b"not an onnx model at all"])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x08\x07garbage\xff\xff\xff", b"not an onnx model at all"]
+)
 def test_bad_model_file_is_a_clear_error_naming_it(tmp_path, content):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(content)
-    with pytest.raises(ValueError, match=r"'.*bad\.onnx' (is empty|is not a valid ONNX model file)") as info:
+    with pytest.raises(
+        ValueError, match=r"'.*bad\.onnx' (is empty|is not a valid ONNX model file)"
+    ) as info:
         generate_artifacts(bad, requires_grad=["W"], artifact_directory=tmp_path / "out")
     assert "DecodeError" not in type(info.value).__name__
     assert sorted(os.listdir(tmp_path)) == ["bad.onnx"]
@@ -571,7 +682,9 @@ def _unwritable_directory(tmp_path):
     target.chmod(0o555)
     immutable = False
     if os.name == "posix" and os.geteuid() == 0:
-        immutable = subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode == 0
+        immutable = (
+            subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode == 0
+        )
         if not immutable:
             target = Path("/sys")
     try:
@@ -582,7 +695,9 @@ def _unwritable_directory(tmp_path):
             pass
         else:
             probe.unlink()
-            pytest.fail(f"could not make a directory this process cannot write into (tried {target})")
+            pytest.fail(
+                f"could not make a directory this process cannot write into (tried {target})"
+            )
         yield target
     finally:
         if immutable:
@@ -595,15 +710,21 @@ def test_read_only_directory_is_found_before_the_work(tmp_path, monkeypatch):
     built = []
     real_build = ob.TrainingBlock.__call__
     monkeypatch.setattr(
-        ob.TrainingBlock, "__call__", lambda self, *a, **k: built.append(1) or real_build(self, *a, **k)
+        ob.TrainingBlock,
+        "__call__",
+        lambda self, *a, **k: built.append(1) or real_build(self, *a, **k),
     )
     with _unwritable_directory(tmp_path) as target:
         before = sorted(os.listdir(target))
         with pytest.raises(
-            PermissionError, match=r"artifact_directory: cannot write .* is read-only\. Choose a writable"
+            PermissionError,
+            match=r"artifact_directory: cannot write .* is read-only\. Choose a writable",
         ):
             generate_artifacts(
-                make_linear_model(), requires_grad=["W"], loss=LossType.MSELoss, artifact_directory=target
+                make_linear_model(),
+                requires_grad=["W"],
+                loss=LossType.MSELoss,
+                artifact_directory=target,
             )
         assert sorted(os.listdir(target)) == before
         with pytest.raises(PermissionError, match="is read-only"):

@@ -71,7 +71,9 @@ def references(tmp_path_factory, model_path) -> dict[tuple[str, bool], dict[str,
     for config in CONFIGS:
         for portable in (False, True):
             directory = tmp_path_factory.mktemp(f"{config}-{portable}")
-            generate_artifacts(model_path, artifact_directory=directory, portable=portable, **CONFIGS[config])
+            generate_artifacts(
+                model_path, artifact_directory=directory, portable=portable, **CONFIGS[config]
+            )
             out[config, portable] = {p.name: p.read_bytes() for p in directory.iterdir()}
     return out
 
@@ -144,8 +146,12 @@ def _keep_cleaning(directories: list[Path], stop: threading.Event) -> None:
 @pytest.mark.parametrize("layout", ["same", "siblings"])
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
 @pytest.mark.parametrize("portable", [False, True], ids=["ort", "portable"])
-def test_threads_write_complete_sets_and_leave_nothing(tmp_path, model_path, references, portable, existing, layout):
-    jobs = _jobs(tmp_path, THREADS[portable], layout, seed=4 * portable + 2 * existing + (layout == "same"))
+def test_threads_write_complete_sets_and_leave_nothing(
+    tmp_path, model_path, references, portable, existing, layout
+):
+    jobs = _jobs(
+        tmp_path, THREADS[portable], layout, seed=4 * portable + 2 * existing + (layout == "same")
+    )
     directories = sorted({Path(j["directory"]) for j in jobs})
     if existing:  # an earlier set of each prefix, to be replaced
         for job in jobs[::2]:
@@ -213,19 +219,30 @@ PROCESSES, JOBS = 3, 6
 
 @pytest.mark.slow
 @pytest.mark.parametrize("portable", [False, True], ids=["ort", "portable"])
-def test_processes_write_complete_sets_and_leave_nothing(tmp_path, model_path, references, portable):
+def test_processes_write_complete_sets_and_leave_nothing(
+    tmp_path, model_path, references, portable
+):
     """Writers in three processes (threads in each) into a new directory, an existing one and
     siblings under a new parent, while this process and ``onnxblocks clean`` remove leftovers."""
     rng = random.Random(7 + portable)
     groups = ((tmp_path / "new", "same"), (tmp_path / "existing", "same"), (tmp_path, "siblings"))
-    jobs = [job for root, layout in groups for job in _jobs(root, JOBS, layout, rng.randrange(1 << 30))]
+    jobs = [
+        job for root, layout in groups for job in _jobs(root, JOBS, layout, rng.randrange(1 << 30))
+    ]
     rng.shuffle(jobs)
     existing = tmp_path / "existing" / "out"
     generate_artifacts(model_path, artifact_directory=existing, prefix="p0_", **CONFIGS["new"])
     shares = [jobs[k::PROCESSES] for k in range(PROCESSES)]
     writers = [
         subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(_WRITER), str(model_path), str(int(portable)), json.dumps(share)],
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(_WRITER),
+                str(model_path),
+                str(int(portable)),
+                json.dumps(share),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -248,7 +265,9 @@ def test_processes_write_complete_sets_and_leave_nothing(tmp_path, model_path, r
     for k, w in enumerate(writers):
         out, _ = w.communicate(timeout=300)
         assert w.returncode == 0
-        for i, outcome in zip(range(k, len(jobs), PROCESSES), json.loads(out.splitlines()[-1]), strict=True):
+        for i, outcome in zip(
+            range(k, len(jobs), PROCESSES), json.loads(out.splitlines()[-1]), strict=True
+        ):
             outcomes[i] = outcome
     stop.set()
     cleaner.join()
@@ -278,9 +297,14 @@ def test_a_folder_whose_owner_record_is_locked_is_no_leftover(tmp_path):
 
 def test_a_live_writers_folder_without_its_record_yet_is_no_leftover(tmp_path):
     """Between mkdir and the owner record, the live pid in the name keeps the folder, for any cleaner."""
-    writer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     stage = tmp_path / f".onnxblocks-artifacts-{writer.pid}-0123456789ab@{files.HOST_TAG}"
-    beside = tmp_path.parent / f".{tmp_path.name}.onnxblocks-artifacts-{writer.pid}-abcdef012345@{files.HOST_TAG}"
+    beside = (
+        tmp_path.parent
+        / f".{tmp_path.name}.onnxblocks-artifacts-{writer.pid}-abcdef012345@{files.HOST_TAG}"
+    )
     try:
         stage.mkdir()
         beside.mkdir()
@@ -292,7 +316,9 @@ def test_a_live_writers_folder_without_its_record_yet_is_no_leftover(tmp_path):
     assert sorted(files.clean(tmp_path)) == sorted([stage, beside])
 
 
-def test_this_processs_folders_are_known_by_name_however_the_directory_is_spelled(tmp_path, monkeypatch):
+def test_this_processs_folders_are_known_by_name_however_the_directory_is_spelled(
+    tmp_path, monkeypatch
+):
     stage = tmp_path / "out" / f".onnxblocks-artifacts-{os.getpid()}-0123456789ab@{files.HOST_TAG}"
     stage.parent.mkdir()
     record = claim(stage)
@@ -317,7 +343,9 @@ def test_web_state_written_while_the_set_is_replaced_is_one_checkpoints(tmp_path
             if i % 2:
                 write_state(tmp_path)
             else:
-                generate_artifacts(model_path, artifact_directory=tmp_path, **CONFIGS[("old", "new")[i % 4 // 2]])
+                generate_artifacts(
+                    model_path, artifact_directory=tmp_path, **CONFIGS[("old", "new")[i % 4 // 2]]
+                )
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -345,7 +373,10 @@ def _lora(r: int) -> tuple[LoraInfo, dict[str, np.ndarray]]:
         scale_value=2.0,
     )
     info = LoraInfo(LoraConfig(r=r, lora_alpha=2 * r, target_modules=["fc"]), {"fc": target})
-    return info, {"fc.lora_A": np.full((r, 8), r, np.float32), "fc.lora_B": np.full((4, r), r, np.float32)}
+    return info, {
+        "fc.lora_A": np.full((r, 8), r, np.float32),
+        "fc.lora_B": np.full((4, r), r, np.float32),
+    }
 
 
 def test_adapters_written_at_once_are_one_writers_pair(tmp_path, monkeypatch):
@@ -384,4 +415,7 @@ def test_adapters_written_at_once_are_one_writers_pair(tmp_path, monkeypatch):
     r = json.loads((directory / ADAPTER_CONFIG_FILE).read_text())["r"]
     tensors, _ = read_safetensors(directory / ADAPTER_WEIGHTS_FILE)
     assert {a.shape[0 if "lora_A" in k else 1] for k, a in tensors.items()} == {r} == {4}
-    assert sorted(p.name for p in directory.iterdir()) == [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE]
+    assert sorted(p.name for p in directory.iterdir()) == [
+        ADAPTER_CONFIG_FILE,
+        ADAPTER_WEIGHTS_FILE,
+    ]

@@ -43,7 +43,9 @@ def _exported(name: str, how: str):
     return family, export(family.model, family.inputs, how)
 
 
-@pytest.mark.parametrize("how", [pytest.param(h, marks=[pytest.mark.slow] if "dynamo" in h else []) for h in EXPORTS])
+@pytest.mark.parametrize(
+    "how", [pytest.param(h, marks=[pytest.mark.slow] if "dynamo" in h else []) for h in EXPORTS]
+)
 def test_llama_norms_merged_by_the_exporter_are_found_with_the_names_untie_gives_them(how):
     _, model = _exported("llama", how)
     ties = [t for t in find_ties(model) if not t.by_model]
@@ -58,7 +60,9 @@ def test_llama_norms_merged_by_the_exporter_are_found_with_the_names_untie_gives
     assert [t.initializer for t in undone] == [tie.initializer] and find_ties(untied) == []
     names = {i.name for i in untied.graph.initializer}
     assert {f"{m}.weight" for m in LLAMA_NORMS} <= names
-    assert [i.name for i in model.graph.initializer if "norm" in i.name] == [tie.initializer]  # model unchanged
+    assert [i.name for i in model.graph.initializer if "norm" in i.name] == [
+        tie.initializer
+    ]  # model unchanged
 
 
 @pytest.mark.parametrize("how", ["ts-unfolded", "dynamo"])
@@ -68,9 +72,13 @@ def test_gpt2_keeps_its_own_tie_of_lm_head_and_wte(how):
     own = [t for t in ties if t.by_model]
     assert len(own) == 1 and {m.rsplit(".", 1)[-1] for m in own[0].modules} == {"wte", "lm_head"}
     untied, _ = untie(model)
-    assert [t.initializer for t in find_ties(untied)] == [own[0].initializer]  # kept, every other tie undone
+    assert [t.initializer for t in find_ties(untied)] == [
+        own[0].initializer
+    ]  # kept, every other tie undone
     declared = copy.deepcopy(model)
-    onnx.helper.set_model_props(declared, {TIE_METADATA: "false"})  # the config says the model ties nothing
+    onnx.helper.set_model_props(
+        declared, {TIE_METADATA: "false"}
+    )  # the config says the model ties nothing
     assert not [t for t in find_ties(declared) if t.by_model]
 
 
@@ -89,7 +97,9 @@ def test_one_module_called_twice_is_no_tie_two_merged_modules_are():
     inputs = {"x": np.ones((2, 4), np.float32)}
     for how in EXPORTS:
         ties = find_ties(export(Model(), inputs, how))
-        expected = [] if how == "dynamo" else [("block.1", "norm")] * 2  # the LayerNorms' weight and bias
+        expected = (
+            [] if how == "dynamo" else [("block.1", "norm")] * 2
+        )  # the LayerNorms' weight and bias
         assert [t.modules for t in ties] == expected, how
 
 
@@ -107,7 +117,9 @@ def _torch_steps(family, dtype) -> tuple[list[float], dict[str, np.ndarray]]:
     return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("how", [pytest.param("ts-folded"), pytest.param("dynamo-optimized", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "how", [pytest.param("ts-folded"), pytest.param("dynamo-optimized", marks=pytest.mark.slow)]
+)
 def test_untied_llama_trains_like_torch_and_the_tied_one_warns_and_drifts(how, tmp_path):
     family, model = _exported("llama", how)
     before = model.SerializeToString()
@@ -127,25 +139,40 @@ def test_untied_llama_trains_like_torch_and_the_tied_one_warns_and_drifts(how, t
         warned = [w for w in caught if "untie=True" in str(w.message)]
         assert bool(warned) != untied, [str(w.message) for w in caught]
         if warned:
-            assert warned[0].filename == __file__ and "input_layernorm.weight" in str(warned[0].message)
+            assert warned[0].filename == __file__ and "input_layernorm.weight" in str(
+                warned[0].message
+            )
         session = TrainingSession(artifacts.directory)
         session.learning_rate = LR
-        losses = [float(np.asarray(session.train_and_update(*batch)[0]).reshape(-1)[0]) for _ in range(STEPS)]
+        losses = [
+            float(np.asarray(session.train_and_update(*batch)[0]).reshape(-1)[0])
+            for _ in range(STEPS)
+        ]
         runs[untied] = (losses, session.parameters(), artifacts)
     assert model.SerializeToString() == before  # the caller's model is not changed
     losses, params, artifacts = runs[True]
     assert {f"{m}.weight" for m in LLAMA_NORMS} <= set(artifacts.requires_grad)
-    assert_close(np.array(losses), np.array(expected), np.array(expected64), rtol=1e-6, name="losses")
+    assert_close(
+        np.array(losses), np.array(expected), np.array(expected64), rtol=1e-6, name="losses"
+    )
     for name, (onnx_name, transposed) in names.items():
         value = params[name if name in params else onnx_name]
         value = value.T if transposed else value
         # AdamW moves each element by about LR a step: its float32 rounding is measured in those steps
         scale = np.abs(expected64_params[name]) + LR * STEPS
-        assert_close(value, expected_params[name], expected64_params[name], rtol=1e-4, scale=scale, name=name)
+        assert_close(
+            value, expected_params[name], expected64_params[name], rtol=1e-4, scale=scale, name=name
+        )
     tied_losses, tied_params, _ = runs[False]
-    norms = {n: v for n, v in expected64_params.items() if n.startswith(LLAMA_NORMS) and n.endswith("weight")}
+    norms = {
+        n: v
+        for n, v in expected64_params.items()
+        if n.startswith(LLAMA_NORMS) and n.endswith("weight")
+    }
     drift = max(float(np.max(np.abs(tied_params[names[n][0]] - v))) for n, v in norms.items())
-    assert drift > 1e-3, f"the tied norms follow torch ({drift:.3g}; 7.7e-3 measured): the test lost its case"
+    assert drift > 1e-3, (
+        f"the tied norms follow torch ({drift:.3g}; 7.7e-3 measured): the test lost its case"
+    )
     assert not is_close(np.array(tied_losses), np.array(expected), np.array(expected64), rtol=1e-6)
 
 
@@ -168,9 +195,13 @@ def test_gpt2_trains_its_own_tie_without_a_warning_and_untie_keeps_it(tmp_path):
             model, requires_grad=requires, loss=hf_families.onnxblocks_loss(family), optimizer=OptimType.AdamW,
             artifact_directory=tmp_path, untie=True,
         )  # fmt: skip
-    (own,) = find_ties(onnx.load(artifacts.eval_model, load_external_data=False), artifacts.requires_grad)
+    (own,) = find_ties(
+        onnx.load(artifacts.eval_model, load_external_data=False), artifacts.requires_grad
+    )
     assert own.by_model and own.initializer in artifacts.requires_grad
-    assert not [n for n in artifacts.requires_grad if n.endswith("wte.weight")]  # one parameter for both
+    assert not [
+        n for n in artifacts.requires_grad if n.endswith("wte.weight")
+    ]  # one parameter for both
 
 
 def test_inspect_lists_the_ties_and_the_cli_unties(tmp_path, capsys):
@@ -180,15 +211,30 @@ def test_inspect_lists_the_ties_and_the_cli_unties(tmp_path, capsys):
     assert main(["inspect", str(path), "--json"]) == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     (tie,) = report["ties"]
-    assert tie["initializer"] == "model.model.layers.0.input_layernorm.weight" and not tie["by_model"]
+    assert (
+        tie["initializer"] == "model.model.layers.0.input_layernorm.weight" and not tie["by_model"]
+    )
     assert sorted(tie["modules"]) == sorted(LLAMA_NORMS)
     assert main(["inspect", str(path)]) == EXIT_OK
     text = capsys.readouterr().out
     assert "tied by the exporter" in text and "--untie" in text
     out = tmp_path / "artifacts"
-    argv = ["artifacts", str(path), "--loss", "crossentropy", "--all-params", "--untie", "-o", str(out)]
+    argv = [
+        "artifacts",
+        str(path),
+        "--loss",
+        "crossentropy",
+        "--all-params",
+        "--untie",
+        "-o",
+        str(out),
+    ]
     assert main(argv) == EXIT_OK
     capsys.readouterr()
     assert main(["inspect", str(out), "--json"]) == EXIT_OK
-    trained = {p["name"] for p in json.loads(capsys.readouterr().out)["parameters"] if p["status"] == "trainable"}
+    trained = {
+        p["name"]
+        for p in json.loads(capsys.readouterr().out)["parameters"]
+        if p["status"] == "trainable"
+    }
     assert {f"{m}.weight" for m in LLAMA_NORMS} <= trained

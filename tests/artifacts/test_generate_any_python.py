@@ -75,7 +75,13 @@ def _run_313(python: Path, cache: Path, *args: str) -> subprocess.CompletedProce
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXBLOCKS_")}
     env.update(PYTHONPATH=str(ROOT), ONNXBLOCKS_CACHE=str(cache))
     return subprocess.run(
-        [str(python), *args], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT, check=False
+        [str(python), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=ROOT,
+        check=False,
     )
 
 
@@ -90,10 +96,14 @@ def test_python_313_writes_the_same_artifacts_as_311(tmp_path, portable_python):
     done = _run_313(portable_python, _worker_cache(), __file__, str(tmp_path / "py313"))
     assert done.returncode == 0, done.stderr[-4000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    assert answer["python"][:2] == [3, 13] and answer["training_build"] is False  # stock onnxruntime there
+    assert (
+        answer["python"][:2] == [3, 13] and answer["training_build"] is False
+    )  # stock onnxruntime there
     assert answer["files"] == here
     for name in here:
-        assert (tmp_path / "py313" / name).read_bytes() == (tmp_path / "py311" / name).read_bytes(), name
+        assert (tmp_path / "py313" / name).read_bytes() == (
+            tmp_path / "py311" / name
+        ).read_bytes(), name
 
 
 def test_doctor_names_the_gradient_builder_on_311_and_313(portable_python):
@@ -122,4 +132,12 @@ if __name__ == "__main__":  # the Python 3.13 side: generate into argv[1], print
     from onnxblocks._core.ort import has_training_build
 
     names = generate(sys.argv[1])
-    print(json.dumps({"python": list(sys.version_info[:3]), "training_build": has_training_build(), "files": names}))
+    print(
+        json.dumps(
+            {
+                "python": list(sys.version_info[:3]),
+                "training_build": has_training_build(),
+                "files": names,
+            }
+        )
+    )

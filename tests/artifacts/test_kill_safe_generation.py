@@ -62,8 +62,16 @@ def _contents(directory: Path) -> dict[str, bytes]:
 
 
 def _stages(directory: Path) -> list[Path]:
-    inside = [p for p in directory.iterdir() if files.STAGE_NAME.match(p.name)] if directory.is_dir() else []
-    beside = [p for p in directory.parent.iterdir() if p.name.startswith(f".{directory.name}.onnxblocks-artifacts-")]
+    inside = (
+        [p for p in directory.iterdir() if files.STAGE_NAME.match(p.name)]
+        if directory.is_dir()
+        else []
+    )
+    beside = [
+        p
+        for p in directory.parent.iterdir()
+        if p.name.startswith(f".{directory.name}.onnxblocks-artifacts-")
+    ]
     return inside + beside
 
 
@@ -124,7 +132,10 @@ def test_generation_killed_at_random_points_leaves_the_old_set_or_nothing(tmp_pa
             if not fresh:
                 generate_artifacts(str(model), artifact_directory=directory, **OLD)
             # a third anywhere in the run, two thirds in its second half (staging and commit come last)
-            killed = server.run(directory, duration * (rng.uniform(0.0, 1.0) if i % 3 == 0 else rng.uniform(0.5, 1.0)))
+            killed = server.run(
+                directory,
+                duration * (rng.uniform(0.0, 1.0) if i % 3 == 0 else rng.uniform(0.5, 1.0)),
+            )
             kills += killed
             # right after the kill, before any cleanup: a complete set or (fresh) no directory at all
             if fresh:
@@ -134,7 +145,9 @@ def test_generation_killed_at_random_points_leaves_the_old_set_or_nothing(tmp_pa
             call = i % 3
             if call == 0:
                 if directory.exists():
-                    ArtifactFiles.find(directory)  # what TrainingSession and write_state open a directory with
+                    ArtifactFiles.find(
+                        directory
+                    )  # what TrainingSession and write_state open a directory with
                 else:
                     with pytest.raises(FileNotFoundError):
                         ArtifactFiles.find(directory)
@@ -151,9 +164,15 @@ def test_generation_killed_at_random_points_leaves_the_old_set_or_nothing(tmp_pa
             else:
                 assert fresh, i
                 outcomes.append("nothing")
-        assert kills >= KILLS, f"only {kills} of {i + 1} runs were killed before they finished ({duration:.3f} s each)"
-        assert left_behind >= 5, f"only {left_behind} kills left a staging folder; the kills land too late"
-        assert "nothing" in outcomes  # a fresh directory killed before its rename: not even an empty directory
+        assert kills >= KILLS, (
+            f"only {kills} of {i + 1} runs were killed before they finished ({duration:.3f} s each)"
+        )
+        assert left_behind >= 5, (
+            f"only {left_behind} kills left a staging folder; the kills land too late"
+        )
+        assert (
+            "nothing" in outcomes
+        )  # a fresh directory killed before its rename: not even an empty directory
     finally:
         server.close()
 
@@ -162,7 +181,9 @@ def test_onnxblocks_clean_and_inspect_report_and_remove_leftovers(tmp_path, caps
     directory = tmp_path / "artifacts"
     generate_artifacts(make_linear_model(), artifact_directory=directory, **CONFIG)
     before = _contents(directory)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     pid = int(dead.stdout)
     inside = directory / f".onnxblocks-artifacts-{pid}-0123456789ab@{files.HOST_TAG}"
     inside.mkdir()
@@ -176,10 +197,14 @@ def test_onnxblocks_clean_and_inspect_report_and_remove_leftovers(tmp_path, caps
 
     found = {p.path.name: p for p in files.leftovers(directory)}
     assert sorted(found) == sorted(p.name for p in (inside, beside, other_host, live))
-    assert found[inside.name].stale and found[inside.name].nbytes == 4096 and found[beside.name].stale
+    assert (
+        found[inside.name].stale and found[inside.name].nbytes == 4096 and found[beside.name].stale
+    )
     assert not found[other_host.name].stale and not found[live.name].stale
 
-    assert cli_main(["inspect", str(directory)]) == 0  # inspect opens the directory: it reports and removes
+    assert (
+        cli_main(["inspect", str(directory)]) == 0
+    )  # inspect opens the directory: it reports and removes
     out = capsys.readouterr().out
     assert f"staging folder {inside} (pid {pid}, 4.0 KiB): removed (its run was killed)" in out
     assert f"{live.name} (pid {os.getppid()}, 0 B): in progress" in out
@@ -200,5 +225,10 @@ def test_onnxblocks_clean_and_inspect_report_and_remove_leftovers(tmp_path, caps
 def test_a_failed_generation_into_a_fresh_directory_leaves_nothing(tmp_path):
     directory = tmp_path / "a" / "b"
     with pytest.raises(OSError):
-        generate_artifacts(make_linear_model(), artifact_directory=directory, **CONFIG, custom_op_library="/nope.so")
+        generate_artifacts(
+            make_linear_model(),
+            artifact_directory=directory,
+            **CONFIG,
+            custom_op_library="/nope.so",
+        )
     assert list(tmp_path.iterdir()) == []

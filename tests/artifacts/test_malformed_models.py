@@ -68,7 +68,9 @@ CASES: dict[str, tuple[Edit, list[str]]] = {
         ["node #1 (Add)", "'ghost'", "nothing defines"],
     ),
     "graph-output-undefined": (
-        lambda graph: graph.output.append(helper.make_tensor_value_info("nowhere", TensorProto.FLOAT, [1])),
+        lambda graph: graph.output.append(
+            helper.make_tensor_value_info("nowhere", TensorProto.FLOAT, [1])
+        ),
         ["graph output 'nowhere'", "defined by no node"],
     ),
 }
@@ -98,7 +100,9 @@ def test_generate_artifacts_names_the_offender_and_the_file(tmp_path, case):
     onnx.save(model, path)
     config = {"requires_grad": ["W"], "loss": LossType.MSELoss}
     _refused(lambda: generate_artifacts(model, artifact_directory=tmp_path / "a", **config), named)
-    message = _refused(lambda: generate_artifacts(path, artifact_directory=tmp_path / "b", **config), named)
+    message = _refused(
+        lambda: generate_artifacts(path, artifact_directory=tmp_path / "b", **config), named
+    )
     assert f"'{path}'" in message
     _refused(lambda: onnxblocks.base(model).__enter__(), named)  # the block API's way in, too
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
@@ -134,7 +138,11 @@ def _if_model(branch_edit: Edit) -> onnx.ModelProto:
 SUBGRAPH_CASES: dict[str, tuple[Edit, list[str]]] = {
     "value-defined-twice-in-a-branch": (
         _insert(1, helper.make_node("Abs", ["x"], ["t"], name="again")),
-        ["'t'", "defined twice", "node 'again' (Abs) in the subgraph 'then_branch' of node 'choose' (If)"],
+        [
+            "'t'",
+            "defined twice",
+            "node 'again' (Abs) in the subgraph 'then_branch' of node 'choose' (If)",
+        ],
     ),
     "branch-reads-an-undefined-value": (
         _rename_input(0, 0, "ghost"),
@@ -154,11 +162,21 @@ def test_subgraphs_are_checked_with_their_scope(case):
 
 
 def test_function_bodies_are_checked():
-    body = [helper.make_node("Relu", ["a"], ["r"], name="f_relu"), helper.make_node("Neg", ["a"], ["r"], name="f_neg")]
-    function = helper.make_function("custom", "Twice", ["a"], ["r"], body, [helper.make_opsetid("", 17)])
+    body = [
+        helper.make_node("Relu", ["a"], ["r"], name="f_relu"),
+        helper.make_node("Neg", ["a"], ["r"], name="f_neg"),
+    ]
+    function = helper.make_function(
+        "custom", "Twice", ["a"], ["r"], body, [helper.make_opsetid("", 17)]
+    )
     model = make_linear_model()
     model.functions.append(function)
-    named = ["'r'", "defined twice", "node 'f_relu' (Relu) in function 'Twice'", "node 'f_neg' (Neg)"]
+    named = [
+        "'r'",
+        "defined twice",
+        "node 'f_relu' (Relu) in function 'Twice'",
+        "node 'f_neg' (Neg)",
+    ]
     _refused(lambda: wellformed.check_model(model), named)
 
 
@@ -173,11 +191,15 @@ def test_every_reader_into_the_ir_refuses_with_an_onnxblocks_error():
 
 
 def test_models_that_only_look_alike_are_accepted(tmp_path):
-    shadowing = _if_model(_insert(0, helper.make_node("Relu", ["x"], ["y"], name="inner_y")))  # y: outer name
+    shadowing = _if_model(
+        _insert(0, helper.make_node("Relu", ["x"], ["y"], name="inner_y"))
+    )  # y: outer name
     reordered = make_linear_model()
     reordered.graph.node.reverse()
     defaulted = make_linear_model()  # an initializer that is also a graph input: its default value
     defaulted.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [8, 4]))
     for model in (shadowing, reordered, defaulted):
         assert wellformed.problems(model) == []
-    generate_artifacts(defaulted, artifact_directory=tmp_path, requires_grad=["W"], loss=LossType.MSELoss)
+    generate_artifacts(
+        defaulted, artifact_directory=tmp_path, requires_grad=["W"], loss=LossType.MSELoss
+    )

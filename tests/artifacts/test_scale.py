@@ -110,7 +110,9 @@ def low_thresholds(monkeypatch):
 
     monkeypatch.setattr(weights, "HOLD_THRESHOLD_BYTES", 64)
     monkeypatch.setattr(checkpoint_save, "DEFAULT_EXTERNAL_DATA_THRESHOLD", 0)
-    monkeypatch.setitem(checkpoint_save.save_checkpoint.__kwdefaults__, "external_data_threshold", 0)
+    monkeypatch.setitem(
+        checkpoint_save.save_checkpoint.__kwdefaults__, "external_data_threshold", 0
+    )
     monkeypatch.setattr(io, "DEFAULT_EXTERNAL_DATA_THRESHOLD", 64)
     monkeypatch.setitem(io.save_model.__kwdefaults__, "external_data_threshold", 64)
 
@@ -150,20 +152,26 @@ def test_external_data_model_gives_bitwise_checkpoint(kind, mlp_on_disk, tmp_pat
 
     model, path = mlp_on_disk
     if kind == "proto-noext" and not accepts_model_path():
-        pytest.xfail("generate_artifacts() has no model_path= for a ModelProto loaded with load_external_data=False")
+        pytest.xfail(
+            "generate_artifacts() has no model_path= for a ModelProto loaded with load_external_data=False"
+        )
     arg, extra = load_input(path, kind)
     before = arg.SerializeToString() if isinstance(arg, onnx.ModelProto) else None
     artifacts = generate(arg, tmp_path / "out", **extra)
 
     if before is not None:
         assert arg.SerializeToString() == before, "the caller's ModelProto was mutated"
-    assert (tmp_path / "out" / "checkpoint.data").is_file(), "the checkpoint was not streamed to external data"
+    assert (tmp_path / "out" / "checkpoint.data").is_file(), (
+        "the checkpoint was not streamed to external data"
+    )
     state = C.load_checkpoint(str(artifacts.checkpoint))
     expected = source_arrays(model)
     for name in PARAMS:
         got = state.get_parameter(name).data.numpy()
         assert got.dtype == expected[name].dtype and got.shape == expected[name].shape
-        assert got.tobytes() == expected[name].tobytes(), f"checkpoint value of {name} differs from the source"
+        assert got.tobytes() == expected[name].tobytes(), (
+            f"checkpoint value of {name} differs from the source"
+        )
 
 
 def test_proto_without_model_path_names_the_fix(mlp_on_disk, tmp_path, low_thresholds):
@@ -194,7 +202,9 @@ def _train(artifacts, steps: int):
     state = C.load_checkpoint(str(artifacts.checkpoint))
     device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
     options = C.SessionOptions()
-    module = C.Module(str(artifacts.training_model), state, str(artifacts.eval_model), device, options)
+    module = C.Module(
+        str(artifacts.training_model), state, str(artifacts.eval_model), device, options
+    )
     optimizer = C.Optimizer(str(artifacts.optimizer_model), state, device, options)
     assert module.input_names(True)[:2] == list(artifacts.input_names)
     initial = {n: state.get_parameter(n).data.numpy().copy() for n in PARAMS}
@@ -216,7 +226,9 @@ def test_training_continues_from_streamed_checkpoint(mlp_on_disk, tmp_path, low_
     losses, initial, final = _train(artifacts, steps=15)
     for name in PARAMS:
         assert initial[name].tobytes() == source_arrays(model)[name].tobytes()
-        assert not np.array_equal(initial[name], final[name]), f"{name} did not change after 15 optimizer steps"
+        assert not np.array_equal(initial[name], final[name]), (
+            f"{name} did not change after 15 optimizer steps"
+        )
     assert losses[-1] < losses[0] * 0.9, f"loss did not decrease: {losses}"
     # The first loss is the model's loss at the source weights: check it against numpy.
     rng = np.random.default_rng(1)
@@ -232,15 +244,25 @@ def test_training_continues_from_streamed_checkpoint(mlp_on_disk, tmp_path, low_
         logp = logits - np.log(np.exp(logits - top).sum(1, keepdims=True)) - top
         return -logp[np.arange(N), labels].mean()
 
-    assert_close(np.float32(losses[0]), first_loss(np.float32), first_loss(np.float64), rtol=1e-5, name="first loss")
+    assert_close(
+        np.float32(losses[0]),
+        first_loss(np.float32),
+        first_loss(np.float64),
+        rtol=1e-5,
+        name="first loss",
+    )
 
 
 # ------------------------------------------------------------------ no stray files
 @pytest.mark.parametrize("kind", ["path", "proto-noext", "proto"])
-def test_writes_nothing_outside_the_artifact_directory(kind, mlp_on_disk, tmp_path, low_thresholds, monkeypatch):
+def test_writes_nothing_outside_the_artifact_directory(
+    kind, mlp_on_disk, tmp_path, low_thresholds, monkeypatch
+):
     model, path = mlp_on_disk
     if kind == "proto-noext" and not accepts_model_path():
-        pytest.xfail("generate_artifacts() has no model_path= for a ModelProto loaded with load_external_data=False")
+        pytest.xfail(
+            "generate_artifacts() has no model_path= for a ModelProto loaded with load_external_data=False"
+        )
     cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
     cwd.mkdir()
     tmp.mkdir()
@@ -253,11 +275,15 @@ def test_writes_nothing_outside_the_artifact_directory(kind, mlp_on_disk, tmp_pa
     assert listing(cwd, path.parent, tmp) == before
     written = sorted(p.name for p in out.iterdir())
     assert written == sorted(p.name for p in artifacts.files)
-    assert {"training_model.onnx", "eval_model.onnx", "checkpoint", "optimizer_model.onnx"} <= set(written)
+    assert {"training_model.onnx", "eval_model.onnx", "checkpoint", "optimizer_model.onnx"} <= set(
+        written
+    )
     assert not [n for n in written if n.startswith(".") or n.endswith(".tmp")], written
 
 
-def test_existing_artifact_directory_keeps_only_complete_files(mlp_on_disk, tmp_path, low_thresholds):
+def test_existing_artifact_directory_keeps_only_complete_files(
+    mlp_on_disk, tmp_path, low_thresholds
+):
     _, path = mlp_on_disk
     out = tmp_path / "out"
     out.mkdir()
@@ -276,7 +302,9 @@ def chain_loss(n_blocks: int) -> blocks.Block:
     class ChainLoss(blocks.Block):
         def __init__(self) -> None:
             super().__init__()
-            self.parts = [blocks.Sigmoid() if i % 2 == 0 else blocks.Neg() for i in range(n_blocks - 1)]
+            self.parts = [
+                blocks.Sigmoid() if i % 2 == 0 else blocks.Neg() for i in range(n_blocks - 1)
+            ]
             self.parts.append(blocks.ReduceMean(keepdims=False))
 
         def build(self, output: str) -> str:
@@ -317,7 +345,9 @@ def test_twenty_blocks_add_only_their_nodes_and_check_once(count_checks, low_thr
         assert count_checks == [], "a block ran the full model checker while being composed"
         acc.set_outputs([out])
         finished = acc.finish()
-    assert len(count_checks) == 1 and not count_checks[0], "finish() should check the model once, not fully"
+    assert len(count_checks) == 1 and not count_checks[0], (
+        "finish() should check the model once, not fully"
+    )
     # held weights come back bit for bit in the finished model
     for name, array in source_arrays(model).items():
         got = next(numpy_helper.to_array(i) for i in finished.graph.initializer if i.name == name)
@@ -343,7 +373,9 @@ def test_import_does_not_load_heavy_modules():
         "import sys, json, onnxblocks, onnxblocks.artifacts, onnxblocks.blocks, onnxblocks.checkpoint\n"
         "print(json.dumps([m for m in ('onnxruntime', 'onnxscript', 'torch') if m in sys.modules]))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
@@ -352,7 +384,9 @@ def _mixed_model(directory: Path) -> Path:
     """A model with raw, typed (float_data), tiny, string and external-data initializers."""
     rng = np.random.default_rng(3)
     big = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "big")
-    typed = helper.make_tensor("typed", TensorProto.FLOAT, [300], rng.standard_normal(300).tolist())  # float_data
+    typed = helper.make_tensor(
+        "typed", TensorProto.FLOAT, [300], rng.standard_normal(300).tolist()
+    )  # float_data
     tiny = numpy_helper.from_array(np.arange(3, dtype=np.int64), "tiny")
     text = helper.make_tensor("text", TensorProto.STRING, [2], [b"a", b"bc"])
     ext = numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float16), "ext")
@@ -365,12 +399,16 @@ def _mixed_model(directory: Path) -> Path:
         [big, typed, tiny, text, ext],
         value_info=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test"
+    )
     helper.set_model_props(model, {"k": "v"})
     directory.mkdir(parents=True, exist_ok=True)
     ext_init = next(i for i in model.graph.initializer if i.name == "ext")
     (directory / "w.data").write_bytes(b"\0" * 16 + ext_init.raw_data)
-    onnx.external_data_helper.set_external_data(ext_init, "w.data", offset=16, length=len(ext_init.raw_data))
+    onnx.external_data_helper.set_external_data(
+        ext_init, "w.data", offset=16, length=len(ext_init.raw_data)
+    )
     ext_init.ClearField("raw_data")
     path = directory / "mixed.onnx"
     onnx.save_model(model, str(path))
@@ -406,7 +444,9 @@ def test_load_structure_matches_onnx_load(tmp_path):
         ref = by_name[init.name]
         if ref.data_location == TensorProto.EXTERNAL:
             store.hold(ref, path.parent)
-            np.testing.assert_array_equal(store.source(init.name).array(), numpy_helper.to_array(init))
+            np.testing.assert_array_equal(
+                store.source(init.name).array(), numpy_helper.to_array(init)
+            )
     # onnx itself can resolve the references.
     onnx.load_external_data_for_model(lazy, str(path.parent))
     np.testing.assert_array_equal(
@@ -450,7 +490,9 @@ def test_load_structure_missing_file(tmp_path):
 
 def test_chunks_of_in_memory_tensor_are_views_of_one_copy():
     array = np.arange(1000, dtype=np.float32)
-    source = weights.TensorSource("a", TensorProto.FLOAT, (1000,), tensor=numpy_helper.from_array(array, "a"))
+    source = weights.TensorSource(
+        "a", TensorProto.FLOAT, (1000,), tensor=numpy_helper.from_array(array, "a")
+    )
     pieces = list(source.chunks(chunk_bytes=1024))
     assert [len(p) for p in pieces] == [1024, 1024, 1024, 928]
     assert all(isinstance(p, memoryview) and p.readonly for p in pieces)
@@ -459,7 +501,9 @@ def test_chunks_of_in_memory_tensor_are_views_of_one_copy():
 
 # ------------------------------------------------------------------ the benchmark itself
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("ONNXBLOCKS_SKIP_BENCH_SMOKE") == "1", reason="benchmark smoke test disabled")
+@pytest.mark.skipif(
+    os.environ.get("ONNXBLOCKS_SKIP_BENCH_SMOKE") == "1", reason="benchmark smoke test disabled"
+)
 def test_benchmark_quick_run(tmp_path):
     pytest.importorskip("torch")
     report = tmp_path / "bench.json"

@@ -31,11 +31,15 @@ def test_large_initializers_are_held_not_copied(monkeypatch):
         assert stubs == {"W", "b"}
         # the source is the caller's own tensor, not a copy
         assert acc.weights.source("W").tensor is model.graph.initializer[0]
-        np.testing.assert_array_equal(acc.tensor("W"), onnx.numpy_helper.to_array(model.graph.initializer[0]))
+        np.testing.assert_array_equal(
+            acc.tensor("W"), onnx.numpy_helper.to_array(model.graph.initializer[0])
+        )
     finished = acc.model  # after the build: complete again
     assert not any(weights.is_stub(i) for i in finished.graph.initializer)
     x = np.ones((2, 8), np.float32)
-    assert_equal(run_model(finished, {"x": x})[0], run_model(model, {"x": x})[0])  # the same graph and weights
+    assert_equal(
+        run_model(finished, {"x": x})[0], run_model(model, {"x": x})[0]
+    )  # the same graph and weights
 
 
 def test_block_outside_build_is_a_clear_error():
@@ -94,7 +98,9 @@ def test_empty_base_loads_in_the_installed_runtime():
     model = acc.finish()
     assert model.ir_version <= _limits.MAX_IR_VERSION
     assert _limits.onnx_opset(model) <= _limits.MAX_ONNX_OPSET
-    assert_equal(run_model(model, {"a": np.arange(3, dtype=np.float32)})[0], np.float32([1.0, 3.0, 5.0]))
+    assert_equal(
+        run_model(model, {"a": np.arange(3, dtype=np.float32)})[0], np.float32([1.0, 3.0, 5.0])
+    )
 
 
 def test_ir_version_of_new_onnx_is_stamped_down(linear_model):
@@ -111,7 +117,9 @@ def test_ir_version_of_new_onnx_is_stamped_down(linear_model):
 
 
 def test_too_new_opset_is_converted_down_or_refused_with_a_remedy():
-    model = make_linear_model(opset=22)  # issue 12: converted down with onnx's version converter, not refused
+    model = make_linear_model(
+        opset=22
+    )  # issue 12: converted down with onnx's version converter, not refused
     with ob.base(model) as acc:
         assert acc.domain_version("") == 21
     assert model.opset_import[0].version == 22  # the caller's model is not changed
@@ -157,6 +165,10 @@ def test_external_data_model_without_path_is_explained(tmp_path):
         with ob.base(loaded):
             pass
     with ob.base(loaded, model_path=path) as acc:
-        np.testing.assert_array_equal(acc.tensor("W"), onnx.numpy_helper.to_array(model.graph.initializer[0]))
+        np.testing.assert_array_equal(
+            acc.tensor("W"), onnx.numpy_helper.to_array(model.graph.initializer[0])
+        )
     x = np.ones((1, 64), np.float32)
-    assert_equal(run_model(acc.model, {"x": x})[0], run_model(model, {"x": x})[0])  # the same graph and weights
+    assert_equal(
+        run_model(acc.model, {"x": x})[0], run_model(model, {"x": x})[0]
+    )  # the same graph and weights

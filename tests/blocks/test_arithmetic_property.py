@@ -70,7 +70,11 @@ def _extend(children: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
         st.tuples(st.just("neg"), children),
         st.tuples(st.just("abs"), children),
-        st.tuples(st.sampled_from(["const*", "*const", "const+", "+const", "const-", "/const"]), children, constants),
+        st.tuples(
+            st.sampled_from(["const*", "*const", "const+", "+const", "const-", "/const"]),
+            children,
+            constants,
+        ),
         st.tuples(st.sampled_from(["+", "-", "*"]), children, children),
         st.tuples(st.just("div_safe"), children, children),  # a / (|b| + 1)
         st.tuples(st.just("pow_const"), children, st.sampled_from([2, 3, 0.5])),  # (|a| + 0.5) ** k
@@ -79,8 +83,12 @@ def _extend(children: st.SearchStrategy) -> st.SearchStrategy:
 
 
 expressions = st.recursive(leaves, _extend, max_leaves=5)
-loss_names = st.sampled_from(["mse", "l1", "huber", "smooth_l1", "bce", "cross_entropy", "nll", "kl_div"])
-loss_terms = st.tuples(loss_names, expressions, st.sampled_from(["mean", "sum"]), st.sampled_from([0.5, 1.0, np.inf]))
+loss_names = st.sampled_from(
+    ["mse", "l1", "huber", "smooth_l1", "bce", "cross_entropy", "nll", "kl_div"]
+)
+loss_terms = st.tuples(
+    loss_names, expressions, st.sampled_from(["mean", "sum"]), st.sampled_from([0.5, 1.0, np.inf])
+)
 programs = st.tuples(
     st.lists(st.tuples(loss_terms, st.sampled_from([1.0, 0.25, -0.5])), min_size=1, max_size=3),
     st.sampled_from(["plain", "square", "half", "abs"]),
@@ -89,7 +97,9 @@ programs = st.tuples(
 
 def _constant(kind: str, number: float, torch_side: bool) -> Any:
     if torch_side:
-        return torch.tensor(np.full(C, number) if kind == "np.array" else number, dtype=torch.float64)
+        return torch.tensor(
+            np.full(C, number) if kind == "np.array" else number, dtype=torch.float64
+        )
     return {
         "python": number,
         "np.float32": np.float32(number),
@@ -120,7 +130,9 @@ def _evaluate(expr: tuple, env: dict[str, Any], torch_side: bool) -> Any:
     if op == "pow_value":
         return (abs(sub(expr[1])) + 0.5) ** (0.1 * sub(expr[2]) + 1)
     a, k = sub(expr[1]), _constant(*expr[2], torch_side)
-    if torch_side:  # in the dtype torch runs in (the float32 reference rounds the constant as onnxblocks does)
+    if (
+        torch_side
+    ):  # in the dtype torch runs in (the float32 reference rounds the constant as onnxblocks does)
         k = k.to(env["y"].dtype)
     return {
         "const*": lambda: k * a,
@@ -182,12 +194,16 @@ class _Program(ob.Block):
         total = None
         for index, ((name, expr, reduction, option), weight) in enumerate(terms):
             target, _ = _target(name, index)
-            term = weight * _onnxblocks_loss(name, reduction, option)(_evaluate(expr, env, False), target)
+            term = weight * _onnxblocks_loss(name, reduction, option)(
+                _evaluate(expr, env, False), target
+            )
             total = term if total is None else total + term
         return _finish(total, final)
 
 
-def _torch_reference(program: tuple, dtype=torch.float64) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _torch_reference(
+    program: tuple, dtype=torch.float64
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     terms, final = program
     w = torch.tensor(W, dtype=dtype, requires_grad=True)
     b = torch.tensor(B, dtype=dtype, requires_grad=True)
@@ -196,7 +212,9 @@ def _torch_reference(program: tuple, dtype=torch.float64) -> tuple[np.ndarray, d
     total = None
     for index, ((name, expr, reduction, option), weight) in enumerate(terms):
         _, target = _target(name, index)
-        target_t = torch.tensor(target) if target.dtype == np.int64 else torch.tensor(target, dtype=dtype)
+        target_t = (
+            torch.tensor(target) if target.dtype == np.int64 else torch.tensor(target, dtype=dtype)
+        )
         term = weight * _torch_loss(name, reduction, option)(_evaluate(expr, env, True), target_t)
         total = term if total is None else total + term
     loss = _finish(total, final)
@@ -223,22 +241,33 @@ def _is_library_error(exc: BaseException) -> bool:
 def test_random_losses_and_arithmetic_match_torch_or_fail_clearly(tmp_path_factory, program):
     directory = tmp_path_factory.mktemp("program")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # KLDivLoss(reduction="mean") warns, in torch and in onnxblocks
+        warnings.simplefilter(
+            "ignore"
+        )  # KLDivLoss(reduction="mean") warns, in torch and in onnxblocks
         try:
             art = ob.generate_artifacts(
-                _model(), requires_grad=["W", "b"], loss=_Program(program), artifact_directory=directory
+                _model(),
+                requires_grad=["W", "b"],
+                loss=_Program(program),
+                artifact_directory=directory,
             )
         except Exception as exc:
-            assert _is_library_error(exc), f"internal error for {program}:\n" + "".join(traceback.format_exception(exc))
+            assert _is_library_error(exc), f"internal error for {program}:\n" + "".join(
+                traceback.format_exception(exc)
+            )
             return
         expected_loss, expected_grads = _torch_reference(program, torch.float32)
         loss64, grads64 = _torch_reference(program)
-    feeds = {"x": X} | {name: array for name, array in (_target(t[0][0], i) for i, t in enumerate(program[0]))}
+    feeds = {"x": X} | {
+        name: array for name, array in (_target(t[0][0], i) for i, t in enumerate(program[0]))
+    }
     trainer = models.OrtTrainer(art, optimizer=False)
     (loss, *_) = trainer.train_step(*[feeds[n] for n in art.input_names])
     assert_close(loss, expected_loss, loss64, rtol=1e-4, name=f"loss of {program}")
     for name, want in expected_grads.items():
-        assert_close(trainer.grad(name), want, grads64[name], rtol=1e-4, name=f"d/d{name} of {program}")
+        assert_close(
+            trainer.grad(name), want, grads64[name], rtol=1e-4, name=f"d/d{name} of {program}"
+        )
 
 
 def test_library_error_predicate_tells_internal_errors_apart():

@@ -51,7 +51,10 @@ def _run_blocks(fn, feeds=None):
             lambda x, y: np.clip(x, 0, 10).astype(np.int64),
         ),
         (lambda a, b: B.Mul()(a, B.Constant(3.0)()), lambda x, y: x * 3.0),
-        (lambda a, b: B.Op("Softmax", axis=-1)(a), lambda x, y: np.exp(x) / np.exp(x).sum(-1, keepdims=True)),
+        (
+            lambda a, b: B.Op("Softmax", axis=-1)(a),
+            lambda x, y: np.exp(x) / np.exp(x).sum(-1, keepdims=True),
+        ),
     ],
 )
 def test_op_blocks_match_numpy(block, expected):
@@ -63,14 +66,17 @@ def test_op_blocks_match_numpy(block, expected):
 
 def test_value_arithmetic_reads_like_the_maths():
     (out,) = _run_blocks(
-        lambda a, b, bt: 0.4 * (a - b) ** 2 + 0.6 * abs(a) / 2 - ((-b) @ bt) @ a, {"a": X, "b": Y, "b_t": Y.T.copy()}
+        lambda a, b, bt: 0.4 * (a - b) ** 2 + 0.6 * abs(a) / 2 - ((-b) @ bt) @ a,
+        {"a": X, "b": Y, "b_t": Y.T.copy()},
     )
 
     def expected(x, y):
         return 0.4 * (x - y) ** 2 + 0.6 * np.abs(x) / 2 - ((-y) @ y.T) @ x
 
     x64, y64 = X.astype(np.float64), Y.astype(np.float64)
-    terms = 0.4 * (x64 - y64) ** 2 + 0.6 * np.abs(x64) / 2 + (np.abs(y64) @ np.abs(y64.T)) @ np.abs(x64)
+    terms = (
+        0.4 * (x64 - y64) ** 2 + 0.6 * np.abs(x64) / 2 + (np.abs(y64) @ np.abs(y64.T)) @ np.abs(x64)
+    )
     assert_close(out, expected(X, Y), expected(x64, y64), rtol=1e-5, scale=terms)
 
 
@@ -79,7 +85,9 @@ def test_value_is_a_plain_string_for_name_code():
         acc.add_input("a", onnx.TensorProto.FLOAT, [2])
         out = B.Neg()("a")
         assert isinstance(out, str)
-        assert str(out) + "_grad" == "neg_out_0_grad"  # issue 18: names are built from str(v), not v + "..."
+        assert (
+            str(out) + "_grad" == "neg_out_0_grad"
+        )  # issue 18: names are built from str(v), not v + "..."
         assert f"{out}.buffer" == str(out) + ".buffer"
         assert {out: 1}[str(out)] == 1
 
@@ -114,7 +122,9 @@ def test_value_and_plain_str_raise_for_every_operator(symbol, apply, order):
         op = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow", "@": "MatMul"}[symbol]
         (node,) = [n for n in acc.model.graph.node if str(out) in n.output]
         assert node.op_type == op
-        assert list(node.input) == ([str(v), "target"] if order == "value_first" else ["target", str(v)])
+        assert list(node.input) == (
+            [str(v), "target"] if order == "value_first" else ["target", str(v)]
+        )
 
 
 def test_sequence_construct_pass_through_and_input_like():
@@ -219,13 +229,17 @@ def test_forward_block_outputs_and_to_model_proto():
 
 def test_wrong_number_of_inputs_names_build_and_outputs():
     with ob.base(make_linear_model()):
-        with pytest.raises(TypeError, match=r"Sub.build takes 2 input\(s\) \(input_name1, input_name2\).*\['y'\]"):
+        with pytest.raises(
+            TypeError, match=r"Sub.build takes 2 input\(s\) \(input_name1, input_name2\).*\['y'\]"
+        ):
             B.Sub()("y", "y", "y")
 
 
 def test_unknown_input_name_is_named_with_hints():
     with ob.base(make_linear_model()):
-        with pytest.raises(ob.UnknownNameError, match=r"Neg: input 'yy' .*Did you mean 'y'.*Graph inputs: \['x'\]"):
+        with pytest.raises(
+            ob.UnknownNameError, match=r"Neg: input 'yy' .*Did you mean 'y'.*Graph inputs: \['x'\]"
+        ):
             B.Neg()("yy")
 
 
@@ -251,4 +265,6 @@ def test_subclass_may_use_nodes_and_accessor_as_its_own_attributes():
         block = Mine()
         acc.set_outputs([block("x")])
     assert block.nodes == ["my", "own"]
-    assert_equal(run_model(acc.finish(), {"x": np.ones(2, np.float32)})[0], np.float32([-1.0, -1.0]))
+    assert_equal(
+        run_model(acc.finish(), {"x": np.ones(2, np.float32)})[0], np.float32([-1.0, -1.0])
+    )

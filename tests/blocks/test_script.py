@@ -87,7 +87,12 @@ def test_weighted_sum_of_two_losses() -> None:
     def expected(a, b, t1, t2):
         return 0.4 * np.mean((a - t1) ** 2) + 0.6 * np.mean(np.abs(b - t2))
 
-    assert_close(got, expected(a, b, t1, t2), expected(*(v.astype(np.float64) for v in (a, b, t1, t2))), rtol=RTOL)
+    assert_close(
+        got,
+        expected(a, b, t1, t2),
+        expected(*(v.astype(np.float64) for v in (a, b, t1, t2))),
+        rtol=RTOL,
+    )
 
 
 @pytest.mark.parametrize(
@@ -125,9 +130,13 @@ def test_custom_loss_value_and_ort_gradient(function, torch_loss) -> None:
 
     model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [3, 2]))
     del model.graph.initializer[:]
-    builder = C.GradientGraphBuilder(model.SerializeToString(), {loss}, {"W"}, loss, C.SessionOptions())
+    builder = C.GradientGraphBuilder(
+        model.SerializeToString(), {loss}, {"W"}, loss, C.SessionOptions()
+    )
     builder.build()
-    (grad,) = run_model(onnx.load_from_string(builder.get_model()), {"x": x, "target": target, "W": w}, ["W_grad"])
+    (grad,) = run_model(
+        onnx.load_from_string(builder.get_model()), {"x": x, "target": target, "W": w}, ["W_grad"]
+    )
 
     references = {}
     for dtype in (torch.float32, torch.float64):
@@ -138,7 +147,10 @@ def test_custom_loss_value_and_ort_gradient(function, torch_loss) -> None:
         dw, dy = torch.autograd.grad(expected, [tw, y])
         # dW = x^T dy: the sum of |terms| of each element is |x|^T |dy|
         references[dtype] = (expected.detach().numpy(), dw.numpy(), (tx.abs().T @ dy.abs()).numpy())
-    (value32, grad32, _), (value64, grad64, terms) = references[torch.float32], references[torch.float64]
+    (value32, grad32, _), (value64, grad64, terms) = (
+        references[torch.float32],
+        references[torch.float64],
+    )
     assert_close(value, value32, value64, rtol=RTOL, name="loss")
     assert_close(grad, grad32, grad64, rtol=1e-4, scale=terms, name="W_grad")
 
@@ -156,7 +168,9 @@ def test_nested_function_calls_are_inlined() -> None:
     assert_close(got, 0.5 * x + 0.5 * y, 0.5 * x.astype(np.float64) + 0.5 * y, rtol=RTOL)
 
 
-@pytest.mark.parametrize(("attrs", "alpha"), [({}, 0.1), ({"alpha": 0.3}, 0.3), ({"alpha": 2}, 2.0)])
+@pytest.mark.parametrize(
+    ("attrs", "alpha"), [({}, 0.1), ({"alpha": 0.3}, 0.3), ({"alpha": 2}, 2.0)]
+)
 def test_attributes_are_substituted(attrs, alpha) -> None:
     x = np.array([-2.0, -0.5, 1.0], dtype=np.float32)
     with onnxblocks.empty_base() as acc:
@@ -167,7 +181,12 @@ def test_attributes_are_substituted(attrs, alpha) -> None:
     assert not any(a.ref_attr_name for a in node.attribute)
     (got,) = run_model(acc.finish(), {"x": x})
     x64 = x.astype(np.float64)
-    assert_close(got, np.where(x > 0, x, np.float32(alpha) * x), np.where(x64 > 0, x64, alpha * x64), rtol=RTOL)
+    assert_close(
+        got,
+        np.where(x > 0, x, np.float32(alpha) * x),
+        np.where(x64 > 0, x64, alpha * x64),
+        rtol=RTOL,
+    )
 
 
 def test_the_same_function_twice_gets_fresh_names() -> None:
@@ -197,14 +216,22 @@ def test_several_outputs_are_a_tuple() -> None:
 def test_function_proto_with_library() -> None:
     """A plain onnx.FunctionProto (and the functions it calls) works too."""
     inner = helper.make_function(
-        "lib", "twice", ["v"], ["r"], [helper.make_node("Add", ["v", "v"], ["r"])], [helper.make_opsetid("", 17)]
+        "lib",
+        "twice",
+        ["v"],
+        ["r"],
+        [helper.make_node("Add", ["v", "v"], ["r"])],
+        [helper.make_opsetid("", 17)],
     )
     outer = helper.make_function(
         "lib",
         "four_times",
         ["v"],
         ["r"],
-        [helper.make_node("twice", ["v"], ["t"], domain="lib"), helper.make_node("twice", ["t"], ["r"], domain="lib")],
+        [
+            helper.make_node("twice", ["v"], ["t"], domain="lib"),
+            helper.make_node("twice", ["t"], ["r"], domain="lib"),
+        ],
         [helper.make_opsetid("", 17), helper.make_opsetid("lib", 1)],
     )
     with onnxblocks.empty_base(17) as acc:
@@ -243,7 +270,9 @@ def test_older_function_on_newer_model() -> None:
 def test_wrong_number_of_inputs() -> None:
     with onnxblocks.empty_base() as acc:
         acc.add_input("a", TensorProto.FLOAT, [2])
-        with pytest.raises(TypeError, match=r"function 'weighted' takes 2 input\(s\) \(a, b\) but was given 1"):
+        with pytest.raises(
+            TypeError, match=r"function 'weighted' takes 2 input\(s\) \(a, b\) but was given 1"
+        ):
             ScriptBlock(weighted)("a")
 
 
@@ -267,7 +296,9 @@ def test_not_a_function() -> None:
     def plain(a, b):
         return a + b
 
-    with pytest.raises(TypeError, match=r"not function plain. Decorate it with @onnxscript.script\(\)"):
+    with pytest.raises(
+        TypeError, match=r"not function plain. Decorate it with @onnxscript.script\(\)"
+    ):
         ScriptBlock(plain)
 
 
@@ -276,5 +307,7 @@ def test_import_onnxblocks_does_not_import_onnxscript() -> None:
         "import sys, onnxblocks, onnxblocks.losses, onnxblocks.blocks.script; "
         "print(sorted(m for m in ('onnxscript', 'onnxruntime', 'torch') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "[]"

@@ -88,7 +88,9 @@ def test_requires_grad_toggles_between_trainable_and_frozen(mlp):
 def test_nothing_is_known_before_the_build():
     block = MSETraining()
     for call in (block.parameters, block.parameter_sources, block.to_model_proto):
-        with pytest.raises(NotBuiltError, match="has not been built yet.*Please build the training model first"):
+        with pytest.raises(
+            NotBuiltError, match="has not been built yet.*Please build the training model first"
+        ):
             call()
     assert isinstance(NotBuiltError("x"), RuntimeError)
 
@@ -171,7 +173,9 @@ def test_requires_grad_on_an_input_gives_its_gradient(tmp_path, mlp):
     torch.nn.functional.mse_loss(model(x), torch.from_numpy(mlp.target)).backward()
     x64, model64 = to64(x.detach()).requires_grad_(), to64(mlp.torch_model)
     torch.nn.functional.mse_loss(model64(x64), to64(torch.from_numpy(mlp.target))).backward()
-    terms = gradient_magnitudes(mlp.torch_model, [mlp.inputs["x"]], mlp.target, torch.nn.functional.mse_loss)
+    terms = gradient_magnitudes(
+        mlp.torch_model, [mlp.inputs["x"]], mlp.target, torch.nn.functional.mse_loss
+    )
 
     import onnxruntime as ort
 
@@ -186,7 +190,9 @@ def test_requires_grad_on_an_input_gives_its_gradient(tmp_path, mlp):
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     assert len(trainer.train_step(mlp.inputs["x"], mlp.target)) == 1
     expected, expected64 = model.fc1.weight.grad.numpy(), model64.fc1.weight.grad.numpy()
-    assert_close(trainer.grad("fc1.weight"), expected, expected64, rtol=1e-4, scale=terms["fc1.weight"])
+    assert_close(
+        trainer.grad("fc1.weight"), expected, expected64, rtol=1e-4, scale=terms["fc1.weight"]
+    )
 
 
 def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
@@ -200,11 +206,21 @@ def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
             acc = self.accessor  # two heads of 2 outputs each
             a = acc.op(
                 "Slice",
-                [output_name, acc.constant([0], np.int64), acc.constant([2], np.int64), acc.constant([1], np.int64)],
+                [
+                    output_name,
+                    acc.constant([0], np.int64),
+                    acc.constant([2], np.int64),
+                    acc.constant([1], np.int64),
+                ],
             )
             b = acc.op(
                 "Slice",
-                [output_name, acc.constant([2], np.int64), acc.constant([4], np.int64), acc.constant([1], np.int64)],
+                [
+                    output_name,
+                    acc.constant([2], np.int64),
+                    acc.constant([4], np.int64),
+                    acc.constant([1], np.int64),
+                ],
             )
             return 0.4 * losses.MSELoss()(a, "t1") + 0.6 * losses.L1Loss()(b, "t2")
 
@@ -214,7 +230,10 @@ def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
     with onnxblocks.base(onnx_model):
         block("output")
     rng = np.random.default_rng(1)
-    t1, t2 = rng.standard_normal((5, 2)).astype(np.float32), rng.standard_normal((5, 2)).astype(np.float32)
+    t1, t2 = (
+        rng.standard_normal((5, 2)).astype(np.float32),
+        rng.standard_normal((5, 2)).astype(np.float32),
+    )
     trainer = models.OrtTrainer(_write(tmp_path, block), optimizer=False)
     (loss,) = trainer.train_step(x, t1, t2)
 
@@ -231,11 +250,20 @@ def test_weighted_sum_of_losses_with_value_arithmetic(tmp_path):
     )
     expected.backward()
     expected64.backward()
-    assert_close(loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss")
+    assert_close(
+        loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss"
+    )
     terms = gradient_magnitudes(net, [x], targets, weighted)
     grads64 = {n: p.grad.numpy() for n, p in net64.named_parameters()}
     for name, param in net.named_parameters():
-        assert_close(trainer.grad(name), param.grad.numpy(), grads64[name], rtol=1e-4, scale=terms[name], name=name)
+        assert_close(
+            trainer.grad(name),
+            param.grad.numpy(),
+            grads64[name],
+            rtol=1e-4,
+            scale=terms[name],
+            name=name,
+        )
 
 
 def test_parameters_created_by_blocks_can_be_trained(tmp_path, mlp):
@@ -266,9 +294,14 @@ def test_parameters_created_by_blocks_can_be_trained(tmp_path, mlp):
 
     expected, expected64 = gradients(features, w, b), gradients(features64, w.astype(np.float64), b)
     residual64 = np.abs(features64 @ w + b - target)
-    terms = 2 * residual64.sum(axis=0) / residual64.size, 2 * np.abs(features64.T) @ residual64 / residual64.size
+    terms = (
+        2 * residual64.sum(axis=0) / residual64.size,
+        2 * np.abs(features64.T) @ residual64 / residual64.size,
+    )
     for i, name in enumerate(["linear.bias_0", "linear.weight_0"]):
-        assert_close(trainer.grad(name), expected[i], expected64[i], rtol=1e-4, scale=terms[i], name=name)
+        assert_close(
+            trainer.grad(name), expected[i], expected64[i], rtol=1e-4, scale=terms[i], name=name
+        )
 
 
 def test_html_display_hook(mlp):

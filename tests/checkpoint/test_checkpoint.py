@@ -59,7 +59,9 @@ def sample_parameters(seed: int = 0) -> tuple[list[TensorProto], list[TensorProt
         numpy_helper.from_array(np.array([True, False, True]), "mask"),
         numpy_helper.from_array(rng.integers(-9, 9, (2, 2, 2)).astype(np.int32), "int32"),
         numpy_helper.from_array(np.zeros((0, 3), np.float32), "empty"),
-        helper.make_tensor("typed_fields", TensorProto.FLOAT, [4], [1.5, -2.0, 3.25, 0.0]),  # float_data, not raw
+        helper.make_tensor(
+            "typed_fields", TensorProto.FLOAT, [4], [1.5, -2.0, 3.25, 0.0]
+        ),  # float_data, not raw
     ]
     return trainable, frozen
 
@@ -114,7 +116,9 @@ def test_nominal_checkpoint_behaves_like_orts(tmp_path):
     ours = load_checkpoint(tmp_path / "ckpt")
     assert ours.is_nominal and list(ours.trainable) == [t.name for t in parameters[0]]
     parsed = ckformat.decode_checkpoint((tmp_path / "ckpt").read_bytes())
-    assert all(e.dims == () and e.inline[1] == 0 for e in parsed.trainable + parsed.frozen)  # names only, no data
+    assert all(
+        e.dims == () and e.inline[1] == 0 for e in parsed.trainable + parsed.frozen
+    )  # names only, no data
     with pytest.raises(ValueError, match="nominal"):
         load_checkpoint_to_model(tmp_path / "ckpt", tiny_forward()[0])
 
@@ -128,9 +132,16 @@ def test_external_data_loads_bitwise_and_matches_ort_semantics(tmp_path):
     data = external_data_path(tmp_path / "ckpt")
     assert data == tmp_path / "ckpt.data" and data.is_file()
     parsed = ckformat.decode_checkpoint((tmp_path / "ckpt").read_bytes())
-    assert parsed.has_external_data and not parsed.is_nominal and parsed.version == ckformat.CHECKPOINT_VERSION
+    assert (
+        parsed.has_external_data
+        and not parsed.is_nominal
+        and parsed.version == ckformat.CHECKPOINT_VERSION
+    )
     external = {e.name for e in parsed.trainable + parsed.frozen if e.external_offset is not None}
-    assert external == {"dense.weight", "positions"}  # tensors >= 64 bytes; smaller ones stay inline
+    assert external == {
+        "dense.weight",
+        "positions",
+    }  # tensors >= 64 bytes; smaller ones stay inline
     assert_state_bitwise(C().load_checkpoint(os.fspath(tmp_path / "ckpt")), parameters)
     # Same semantics as ORT's own (inline) checkpoint of the same parameters.
     C().save_checkpoint(
@@ -141,7 +152,9 @@ def test_external_data_loads_bitwise_and_matches_ort_semantics(tmp_path):
     )
     ort, ours = load_checkpoint(tmp_path / "ort"), load_checkpoint(tmp_path / "ckpt")
     for name in ort:
-        assert ours[name].dtype == ort[name].dtype and ours[name].tobytes() == ort[name].tobytes(), name
+        assert (
+            ours[name].dtype == ort[name].dtype and ours[name].tobytes() == ort[name].tobytes()
+        ), name
     assert list(ours.trainable) == list(ort.trainable) and list(ours.frozen) == list(ort.frozen)
 
 
@@ -173,7 +186,9 @@ class RecordingSource(TensorSource):
         raise AssertionError("the checkpoint writer must stream, not read() whole tensors")
 
 
-def _model_with_external_weights(tmp_path: Path, shape=(256, 300)) -> tuple[onnx.ModelProto, Path, np.ndarray]:
+def _model_with_external_weights(
+    tmp_path: Path, shape=(256, 300)
+) -> tuple[onnx.ModelProto, Path, np.ndarray]:
     rng = np.random.default_rng(3)
     big = rng.standard_normal(shape).astype(np.float32)
     model, _ = tiny_forward()
@@ -181,7 +196,12 @@ def _model_with_external_weights(tmp_path: Path, shape=(256, 300)) -> tuple[onnx
     path = tmp_path / "src" / "model.onnx"
     path.parent.mkdir()
     onnx.save_model(
-        model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.data", size_threshold=0
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.data",
+        size_threshold=0,
     )
     return onnx.load(path, load_external_data=False), path, big
 
@@ -217,9 +237,16 @@ def test_external_tensor_protos_need_base_dir(tmp_path):
     (init,) = [i for i in model.graph.initializer if i.name == "big"]
     with pytest.raises(ValueError, match="base_dir"):
         save_checkpoint(([init], []), tmp_path / "ckpt")
-    save_checkpoint(([init], []), tmp_path / "ckpt", base_dir=path.parent, external_data_threshold=0)
+    save_checkpoint(
+        ([init], []), tmp_path / "ckpt", base_dir=path.parent, external_data_threshold=0
+    )
     assert (
-        C().load_checkpoint(os.fspath(tmp_path / "ckpt")).get_parameter("big").data.numpy().tobytes() == big.tobytes()
+        C()
+        .load_checkpoint(os.fspath(tmp_path / "ckpt"))
+        .get_parameter("big")
+        .data.numpy()
+        .tobytes()
+        == big.tobytes()
     )
 
 
@@ -251,14 +278,17 @@ def test_training_continues_from_a_streamed_checkpoint(training_dir, tmp_path):
         onnx.save(optimizer_model(AdamW(), params), d / "optimizer.onnx")
     # Streamed: every parameter comes from a TensorSource and goes through <checkpoint>.data.
     sources = tuple(
-        [TensorSource(t.name, t.data_type, tuple(t.dims), tensor=t) for t in group] for group in parameters_of(params)
+        [TensorSource(t.name, t.data_type, tuple(t.dims), tensor=t) for t in group]
+        for group in parameters_of(params)
     )
     save_checkpoint(sources, streamed / "checkpoint", external_data_threshold=0)
     save_checkpoint(parameters_of(params), inline / "checkpoint")
     assert (streamed / "checkpoint.data").exists() and not (inline / "checkpoint.data").exists()
     histories = []
     for d in (streamed, inline):
-        trainer = OrtTrainer.open(training_dir / "training.onnx", d / "checkpoint", d / "optimizer.onnx")
+        trainer = OrtTrainer.open(
+            training_dir / "training.onnx", d / "checkpoint", d / "optimizer.onnx"
+        )
         history = []
         for x, t in batches(3):
             trainer.step(x, t)
@@ -278,7 +308,9 @@ def test_training_continues_from_a_streamed_checkpoint(training_dir, tmp_path):
     def adamw(params):
         return torch.optim.AdamW(params, lr=0.05)
 
-    assert_history_close(histories[0], run_torch(adamw, 3), run_torch(adamw, 3, dtype=torch.float64))
+    assert_history_close(
+        histories[0], run_torch(adamw, 3), run_torch(adamw, 3, dtype=torch.float64)
+    )
 
 
 # --------------------------------------------------------------------------- load_checkpoint_to_model
@@ -296,13 +328,17 @@ def test_load_checkpoint_to_model(tmp_path, threshold):
     for init in loaded.graph.initializer:
         np.testing.assert_array_equal(numpy_helper.to_array(init), new[init.name])
     # Same result as ORT's own implementation.
-    expected = onnx.load_from_string(C().get_model_after_loading_checkpoint(os.fspath(tmp_path / "ckpt"), before))
+    expected = onnx.load_from_string(
+        C().get_model_after_loading_checkpoint(os.fspath(tmp_path / "ckpt"), before)
+    )
     for a, b in zip(loaded.graph.initializer, expected.graph.initializer, strict=True):
         np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
 
 
 def test_load_checkpoint_to_model_rejects_other_models(tmp_path):
-    save_checkpoint(([numpy_helper.from_array(np.zeros((2, 2), np.float32), "W1")], []), tmp_path / "ckpt")
+    save_checkpoint(
+        ([numpy_helper.from_array(np.zeros((2, 2), np.float32), "W1")], []), tmp_path / "ckpt"
+    )
     with pytest.raises(ValueError, match="'W1'.*different model"):
         load_checkpoint_to_model(tmp_path / "ckpt", tiny_forward()[0])
 
@@ -326,10 +362,14 @@ def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     parameters = sample_parameters()
     save_checkpoint(parameters, target / "ckpt", external_data_threshold=0)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
-    failing = FailingSource("w", TensorProto.FLOAT, (64,), tensor=numpy_helper.from_array(np.zeros(64, np.float32)))
+    failing = FailingSource(
+        "w", TensorProto.FLOAT, (64,), tensor=numpy_helper.from_array(np.zeros(64, np.float32))
+    )
     with pytest.raises(OSError, match="disk went away"):
         save_checkpoint(([failing], []), target / "ckpt", external_data_threshold=0)
-    assert {p.name: p.read_bytes() for p in target.iterdir()} == before  # old checkpoint intact, no temps
+    assert {
+        p.name: p.read_bytes() for p in target.iterdir()
+    } == before  # old checkpoint intact, no temps
     assert list(elsewhere.iterdir()) == []  # nothing created outside the target directory
 
 
@@ -337,15 +377,30 @@ def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     ("parameters", "error", "match"),
     [
         ([], TypeError, r"\(trainable, frozen\) pair"),
-        ((numpy_helper.from_array(np.zeros(2, np.float32), "w"), []), TypeError, "sequence of tensors"),
+        (
+            (numpy_helper.from_array(np.zeros(2, np.float32), "w"), []),
+            TypeError,
+            "sequence of tensors",
+        ),
         ((["w"], []), TypeError, "str; checkpoints take onnx.TensorProto"),
         (
-            ([numpy_helper.from_array(np.zeros(2, np.float32), "w")], [numpy_helper.from_array(np.zeros(1), "w")]),
+            (
+                [numpy_helper.from_array(np.zeros(2, np.float32), "w")],
+                [numpy_helper.from_array(np.zeros(1), "w")],
+            ),
             ValueError,
             "'w' appears twice",
         ),
-        (([helper.make_tensor("names", TensorProto.STRING, [1], [b"a"])], []), ValueError, "'names'.*STRING"),
-        (([numpy_helper.from_array(np.zeros(2, np.float16), "half")], []), ValueError, "'half'.*FLOAT16"),
+        (
+            ([helper.make_tensor("names", TensorProto.STRING, [1], [b"a"])], []),
+            ValueError,
+            "'names'.*STRING",
+        ),
+        (
+            ([numpy_helper.from_array(np.zeros(2, np.float16), "half")], []),
+            ValueError,
+            "'half'.*FLOAT16",
+        ),
     ],
 )
 def test_bad_parameters(tmp_path, parameters, error, match):

@@ -86,7 +86,11 @@ def _schema_facts(source: str) -> set[tuple]:
             owner, method = None, m.group(1)
         if m := re.search(r"self\._tab\.Offset\((\d+)\)", line):
             facts.add((owner, method, "voffset", int(m.group(1))))
-        if owner and method and (m := re.match(r"\s+return (-?[\d.]+|True|False|None|\"\")\s*$", line)):
+        if (
+            owner
+            and method
+            and (m := re.match(r"\s+return (-?[\d.]+|True|False|None|\"\")\s*$", line))
+        ):
             facts.add((owner, method, "default", m.group(1)))
         if m := re.search(r"builder\.(Prepend\w+Slot)\((\d+), .*, (.+?)\)\s*$", line):
             facts.add((method, m.group(1), int(m.group(2)), m.group(3)))
@@ -102,7 +106,9 @@ def test_generated_layout_equals_ort_1_19_2_bindings():
     spec = importlib.util.find_spec("onnxruntime")
     assert spec is not None and spec.origin is not None
     ort_fbs = Path(spec.origin).parent / "tools" / "ort_format_model" / "ort_flatbuffers_py" / "fbs"
-    assert ort_fbs.is_dir(), f"onnxruntime-training 1.19.2 ships its flatbuffers bindings in {ort_fbs}; not found"
+    assert ort_fbs.is_dir(), (
+        f"onnxruntime-training 1.19.2 ships its flatbuffers bindings in {ort_fbs}; not found"
+    )
     theirs = set().union(*(_schema_facts(p.read_text()) for p in ort_fbs.glob("*.py")))
     ours = _schema_facts((GENERATED / "ort_training_checkpoint_generated.py").read_text())
     checkpoint_tables = {
@@ -119,17 +125,30 @@ def test_generated_layout_equals_ort_1_19_2_bindings():
     }
     assert {f[0] for f in ours if f[0] in checkpoint_tables} == checkpoint_tables
     assert ours == theirs
-    assert ("Tensor", "ExternalDataOffset", "voffset", 16) in ours  # the field ORT 1.19.2 added to ort.fbs
+    assert (
+        "Tensor",
+        "ExternalDataOffset",
+        "voffset",
+        16,
+    ) in ours  # the field ORT 1.19.2 added to ort.fbs
     assert ("Tensor", "ExternalDataOffset", "default", "-1") in ours
     assert fbs.Checkpoint.CheckpointBufferHasIdentifier(b"\0\0\0\0" + ckformat.FILE_IDENTIFIER, 0)
 
 
 def test_generated_code_is_what_flatc_writes(tmp_path):
     flatc = os.fspath(
-        debian_tool("flatbuffers-compiler", ["flatc"], "Debian 12's flatc 2.0.8 wrote the committed checkpoint code")
+        debian_tool(
+            "flatbuffers-compiler",
+            ["flatc"],
+            "Debian 12's flatc 2.0.8 wrote the committed checkpoint code",
+        )
     )
-    version = subprocess.run([flatc, "--version"], capture_output=True, text=True, check=True).stdout
-    assert "2.0.8" in version, f"the committed code is from flatc 2.0.8, not {version.strip()}: regenerate it"
+    version = subprocess.run(
+        [flatc, "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "2.0.8" in version, (
+        f"the committed code is from flatc 2.0.8, not {version.strip()}: regenerate it"
+    )
     subprocess.run(
         [
             flatc,
@@ -142,7 +161,10 @@ def test_generated_code_is_what_flatc_writes(tmp_path):
         ],
         check=True,
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["__init__.py", "ort_training_checkpoint_generated.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "__init__.py",
+        "ort_training_checkpoint_generated.py",
+    ]
     for p in tmp_path.iterdir():
         assert p.read_bytes() == (GENERATED / p.name).read_bytes(), p.name
 
@@ -168,7 +190,11 @@ def test_round_trip_through_ort(tmp_path, kind):
     state = ort_state(tmp_path / "ckpt")
     ours = load_checkpoint(tmp_path / "ckpt")
     trainable = {t.name for t in params[0]}
-    assert sorted(state.parameter_names()) == sorted(ours) == sorted(t.name for t in params[0] + params[1])
+    assert (
+        sorted(state.parameter_names())
+        == sorted(ours)
+        == sorted(t.name for t in params[0] + params[1])
+    )
     for tensor in params[0] + params[1]:
         if kind == "nominal":
             with pytest.raises(RuntimeError, match="nominal"):
@@ -184,7 +210,9 @@ def test_round_trip_through_ort(tmp_path, kind):
     # And back: ORT re-saves what it loaded; we read ORT's file the same.
     capi().save_checkpoint(state, os.fspath(tmp_path / "again"), False)
     again = load_checkpoint(tmp_path / "again")
-    assert sorted(again.trainable) == sorted(ours.trainable) and sorted(again.frozen) == sorted(ours.frozen)
+    assert sorted(again.trainable) == sorted(ours.trainable) and sorted(again.frozen) == sorted(
+        ours.frozen
+    )
     if kind != "nominal":
         for name in ours:
             assert again[name].tobytes() == ours[name].tobytes()
@@ -197,7 +225,11 @@ def test_properties_written_by_ort_read_back(tmp_path):
     state.add_property("loss", 0.5)
     state.add_property("note", "héllo")
     capi().save_checkpoint(state, os.fspath(tmp_path / "with_props"), False)
-    assert load_checkpoint(tmp_path / "with_props").properties == {"epoch": 7, "loss": 0.5, "note": "héllo"}
+    assert load_checkpoint(tmp_path / "with_props").properties == {
+        "epoch": 7,
+        "loss": 0.5,
+        "note": "héllo",
+    }
 
 
 # --------------------------------------------------------------------------- read_parameter_names, is_checkpoint
@@ -222,7 +254,9 @@ def test_read_parameter_names_equals_ort(tmp_path, kind):
             external_data_threshold=0 if kind == "external" else 2**20,
         )
     trainable, frozen = read_parameter_names(path)
-    assert trainable == [t.name for t in params[0]] and frozen == [t.name for t in params[1]]  # file order
+    assert trainable == [t.name for t in params[0]] and frozen == [
+        t.name for t in params[1]
+    ]  # file order
     if kind == "nominal":
         assert sorted(trainable + frozen) == ort_all_names(path)
     else:
@@ -283,7 +317,9 @@ def test_fifo_raises_promptly(tmp_path, capsys):
         (tmp_path / "ckpt.data").unlink()
         os.mkfifo(tmp_path / "ckpt.data")
         how, exc = _returns_within(BLOCKED_S, lambda: load_checkpoint(tmp_path / "ckpt"))
-        assert how == "raised" and isinstance(exc, CheckpointFormatError) and "ckpt.data" in str(exc), exc
+        assert (
+            how == "raised" and isinstance(exc, CheckpointFormatError) and "ckpt.data" in str(exc)
+        ), exc
     finally:
         for path in (fifo, tmp_path / "ckpt.data"):
             if path.exists() and not path.is_file():
@@ -302,7 +338,9 @@ def _encode(*records: ckformat.TensorRecord) -> bytes:
     return bytes(ckformat.encode_checkpoint(records, [], nominal=False, has_external_data=False))
 
 
-def _record(name="w", data_type=TensorProto.FLOAT, dims=(2,), nbytes=8, **kwargs) -> ckformat.TensorRecord:
+def _record(
+    name="w", data_type=TensorProto.FLOAT, dims=(2,), nbytes=8, **kwargs
+) -> ckformat.TensorRecord:
     return ckformat.TensorRecord(name, data_type, dims, nbytes, lambda: [b"\1" * nbytes], **kwargs)
 
 
@@ -328,12 +366,16 @@ def _load_bytes(tmp_path: Path, data: bytes):
 
 def test_semantic_checks(tmp_path):
     assert _load_bytes(tmp_path, _encode(_record()))["w"].tobytes() == b"\1" * 8
-    _rejects(tmp_path, _encode(_record(dims=(3,))), "12", "8 bytes")  # dims product != raw_data length
+    _rejects(
+        tmp_path, _encode(_record(dims=(3,))), "12", "8 bytes"
+    )  # dims product != raw_data length
     _rejects(tmp_path, _encode(_record(dims=(-1, -8))), "negative dimension")
     _rejects(tmp_path, _encode(_record(data_type=99)), "element type 99")
     _rejects(tmp_path, _encode(_record(data_type=TensorProto.FLOAT16, dims=(4,))), "FLOAT16")
     _rejects(tmp_path, _encode(_record(name="")), "no name")
-    _rejects(tmp_path, _encode(_record(dims=(2**62, 4), nbytes=0)), "need")  # no int64 overflow to 0
+    _rejects(
+        tmp_path, _encode(_record(dims=(2**62, 4), nbytes=0)), "need"
+    )  # no int64 overflow to 0
     _rejects(tmp_path, _encode(_record(external_offset=0, nbytes=0)), "external data")
 
 
@@ -350,12 +392,16 @@ def _checkpoint_with_version(version: int) -> bytes:
 
 
 def test_structural_checks(tmp_path):
-    assert _load_bytes(tmp_path, _checkpoint_with_version(ckformat.CHECKPOINT_VERSION)).trainable == {}
+    assert (
+        _load_bytes(tmp_path, _checkpoint_with_version(ckformat.CHECKPOINT_VERSION)).trainable == {}
+    )
     _rejects(tmp_path, _checkpoint_with_version(99), "version 99")
     good = _encode(_record(), _record("v"))
     _rejects(tmp_path, good[:4] + b"ORTM" + good[8:], "not an ONNX Runtime training checkpoint")
     _rejects(tmp_path, b"", "not an ONNX Runtime training checkpoint")
-    _rejects(tmp_path, (2**31).to_bytes(4, "little") + good[4:], "outside")  # root offset past the end
+    _rejects(
+        tmp_path, (2**31).to_bytes(4, "little") + good[4:], "outside"
+    )  # root offset past the end
     _rejects(tmp_path, (len(good) - 4).to_bytes(4, "little") + good[4:])
     _rejects(tmp_path, (6).to_bytes(4, "little") + good[4:], "aligned")
     # raw_data's length says more bytes than the file has
@@ -369,9 +415,17 @@ def test_structural_checks(tmp_path):
         good[parsed_root._tab.Pos : parsed_root._tab.Pos + 4], "little", signed=True
     )
     wide = bytearray(good)
-    wide[vtable + 2 : vtable + 4] = (4).to_bytes(2, "little")  # object size 4: every field is outside it
+    wide[vtable + 2 : vtable + 4] = (4).to_bytes(
+        2, "little"
+    )  # object size 4: every field is outside it
     _rejects(tmp_path, bytes(wide), "outside the table")
-    for cut in (7, 8, 12, len(good) // 2, len(good) - 4):  # (the last bytes are padding after a name)
+    for cut in (
+        7,
+        8,
+        12,
+        len(good) // 2,
+        len(good) - 4,
+    ):  # (the last bytes are padding after a name)
         _rejects(tmp_path, good[:cut])
 
 
@@ -382,7 +436,9 @@ def test_external_data_bounds(tmp_path):
     with pytest.raises(CheckpointFormatError, match=r"ckpt\.data.*shorter"):
         load_checkpoint(tmp_path / "ckpt")
     (tmp_path / "ckpt.data").write_bytes(data)
-    assert sorted(load_checkpoint(tmp_path / "ckpt")) == sorted(t.name for p in parameters() for t in p)
+    assert sorted(load_checkpoint(tmp_path / "ckpt")) == sorted(
+        t.name for p in parameters() for t in p
+    )
 
 
 # --------------------------------------------------------------------------- corruption sweeps
@@ -406,7 +462,10 @@ def _snapshot(checkpoint) -> dict:
             g: {
                 "step": s["step"],
                 "lr": s["initial_learning_rate"],
-                "moments": {p: [(str(m.dtype), m.shape, m.tobytes()) for m in ms] for p, ms in s["moments"].items()},
+                "moments": {
+                    p: [(str(m.dtype), m.shape, m.tobytes()) for m in ms]
+                    for p, ms in s["moments"].items()
+                },
             }
             for g, s in checkpoint.optimizer_state.items()
         },
@@ -456,7 +515,9 @@ def _sweep(tmp_path: Path, original: Path, positions, strict: bool) -> dict[str,
     owner = _payload_owner(original)
     target = tmp_path / original.name.replace("orig", "corrupt")
     if original.with_name(original.name + ".data").exists():
-        shutil.copy(original.with_name(original.name + ".data"), target.with_name(target.name + ".data"))
+        shutil.copy(
+            original.with_name(original.name + ".data"), target.with_name(target.name + ".data")
+        )
     outcome = {"rejected": 0, "same": 0, "header_flips": 0, "header_flips_rejected": 0}
     failures = []
 
@@ -507,7 +568,9 @@ def _sweep(tmp_path: Path, original: Path, positions, strict: bool) -> dict[str,
 @pytest.mark.parametrize("kind", ["inline", "nominal"])
 def test_corruption_sweep_every_byte(tmp_path, kind):
     save_checkpoint(parameters(), tmp_path / "orig", nominal_checkpoint=kind == "nominal")
-    outcome = _sweep(tmp_path, tmp_path / "orig", range((tmp_path / "orig").stat().st_size), strict=True)
+    outcome = _sweep(
+        tmp_path, tmp_path / "orig", range((tmp_path / "orig").stat().st_size), strict=True
+    )
     # What loads after a flip outside tensor bytes is alignment padding, a table's (unused) size, a bool flipped
     # to another true value, or the dims of a tensor without elements.
     assert outcome["header_flips_rejected"] >= 0.85 * outcome["header_flips"], outcome
@@ -517,21 +580,31 @@ def test_corruption_sweep_every_byte(tmp_path, kind):
 def test_corruption_sweep_external_data(tmp_path):
     # The flatbuffer holds external offsets, which no check can validate: names, dtypes and shapes must hold.
     save_checkpoint(parameters(), tmp_path / "orig", external_data_threshold=0)
-    outcome = _sweep(tmp_path, tmp_path / "orig", range((tmp_path / "orig").stat().st_size), strict=False)
+    outcome = _sweep(
+        tmp_path, tmp_path / "orig", range((tmp_path / "orig").stat().st_size), strict=False
+    )
     assert outcome["header_flips_rejected"] >= 0.8 * outcome["header_flips"], outcome
 
 
 @pytest.mark.slow
 def test_corruption_sweep_of_a_checkpoint_ort_wrote_after_training(tmp_path, trained_checkpoint):
     # Optimizer steps, learning rates and property values are unchecked scalars: names, dtypes, shapes must hold.
-    outcome = _sweep(tmp_path, trained_checkpoint, range(trained_checkpoint.stat().st_size), strict=False)
+    outcome = _sweep(
+        tmp_path, trained_checkpoint, range(trained_checkpoint.stat().st_size), strict=False
+    )
     assert outcome["header_flips_rejected"] >= 0.8 * outcome["header_flips"], outcome
 
 
 @pytest.fixture
 def trained_checkpoint(tmp_path, training_dir):
     """A checkpoint ONNX Runtime saved after 2 AdamW steps: optimizer groups, moments and properties."""
-    from support.optim_oracle import OrtTrainer, batches, optimizer_model, parameters_of, tiny_forward
+    from support.optim_oracle import (
+        OrtTrainer,
+        batches,
+        optimizer_model,
+        parameters_of,
+        tiny_forward,
+    )
 
     from onnxblocks.optim import AdamW
 

@@ -51,7 +51,9 @@ def trained(art, tmp_path_factory):
     session = TrainingSession(art)
     session.train_step(*classification_data())
     session.optimizer_step()
-    return session.save_checkpoint(tmp_path_factory.mktemp("trained") / "ckpt", properties={"epoch": 1})
+    return session.save_checkpoint(
+        tmp_path_factory.mktemp("trained") / "ckpt", properties={"epoch": 1}
+    )
 
 
 # =========================================================================== checkpoints against the model
@@ -59,22 +61,34 @@ def test_same_names_other_shapes_is_refused_before_ort(art, other_shapes):
     with pytest.raises(CheckpointMismatchError) as info:
         TrainingSession(art, checkpoint=other_shapes)
     message = str(info.value)
-    for fragment in (str(other_shapes), "'fc1.weight'", "[2, 4]", "float32 [2, 16]", "same names but other shapes"):
+    for fragment in (
+        str(other_shapes),
+        "'fc1.weight'",
+        "[2, 4]",
+        "float32 [2, 16]",
+        "same names but other shapes",
+    ):
         assert fragment in message, message
     assert "pass a checkpoint saved from these artifacts" in message
     session = TrainingSession(art)
     before = session.get_parameter("fc1.weight")
     with pytest.raises(CheckpointMismatchError, match="'fc1.weight' has shape \\[2, 4\\]"):
         session.load_checkpoint(other_shapes)
-    np.testing.assert_array_equal(session.get_parameter("fc1.weight"), before)  # the session is untouched
+    np.testing.assert_array_equal(
+        session.get_parameter("fc1.weight"), before
+    )  # the session is untouched
     with pytest.raises(CheckpointMismatchError):
         check_checkpoint(other_shapes, art / "training_model.onnx")
     check_checkpoint(other_shapes)  # on its own, the file is fine
 
 
 def test_foreign_checkpoint_is_not_a_checkpoint_of_this_model(art, tmp_path):
-    save_checkpoint((tensors({"conv.weight": np.zeros((3, 3), np.float32)}), []), tmp_path / "foreign")
-    with pytest.raises(CheckpointMismatchError, match="is not a checkpoint of the model 'training_model.onnx'") as e:
+    save_checkpoint(
+        (tensors({"conv.weight": np.zeros((3, 3), np.float32)}), []), tmp_path / "foreign"
+    )
+    with pytest.raises(
+        CheckpointMismatchError, match="is not a checkpoint of the model 'training_model.onnx'"
+    ) as e:
         TrainingSession(art, checkpoint=tmp_path / "foreign")
     assert "['conv.weight']" in str(e.value) and "'fc1.weight'" in str(e.value)
 
@@ -82,8 +96,12 @@ def test_foreign_checkpoint_is_not_a_checkpoint_of_this_model(art, tmp_path):
 def test_checkpoint_with_a_trained_parameter_frozen_is_refused(art, tmp_path):
     ck = load_checkpoint(art / "checkpoint")
     trainable = {k: v for k, v in ck.trainable.items() if k != "fc2.bias"}
-    save_checkpoint((tensors(trainable), tensors({"fc2.bias": ck["fc2.bias"]})), tmp_path / "frozen")
-    with pytest.raises(CheckpointMismatchError, match=r"trains \[.*\]: \['fc2.bias'\] are frozen in it"):
+    save_checkpoint(
+        (tensors(trainable), tensors({"fc2.bias": ck["fc2.bias"]})), tmp_path / "frozen"
+    )
+    with pytest.raises(
+        CheckpointMismatchError, match=r"trains \[.*\]: \['fc2.bias'\] are frozen in it"
+    ):
         TrainingSession(art, checkpoint=tmp_path / "frozen")
 
 
@@ -94,13 +112,17 @@ def _group_without_name(trained: Path, target: Path) -> Path:
     group = root.OptimizerGroups(0)
     table = group._tab.Pos
     vtable = table - int.from_bytes(data[table : table + 4], "little", signed=True)
-    assert data[vtable + 5] == 0 and data[vtable + 4] != 0  # group_name is the first field: its voffset's low byte
+    assert (
+        data[vtable + 5] == 0 and data[vtable + 4] != 0
+    )  # group_name is the first field: its voffset's low byte
     data[vtable + 4] = 0
     target.write_bytes(bytes(data))
     return target
 
 
-def test_a_one_byte_corruption_that_crashes_onnx_runtime_is_refused_everywhere(art, trained, tmp_path, capsys):
+def test_a_one_byte_corruption_that_crashes_onnx_runtime_is_refused_everywhere(
+    art, trained, tmp_path, capsys
+):
     broken = _group_without_name(trained, tmp_path / "broken")
     # The hazard is real: ONNX Runtime itself dereferences the missing name (SIGSEGV).
     code = f"from onnxblocks._core.ort import capi; capi().load_checkpoint({str(broken)!r})"
@@ -109,15 +131,24 @@ def test_a_one_byte_corruption_that_crashes_onnx_runtime_is_refused_everywhere(a
     for call in (load_checkpoint, read_parameter_names, check_checkpoint):
         with pytest.raises(CheckpointFormatError, match="group name is missing"):
             call(broken)
-    with pytest.raises(CheckpointFormatError, match=f"checkpoint '{broken}' > optimizer_groups\\[0\\]"):
+    with pytest.raises(
+        CheckpointFormatError, match=f"checkpoint '{broken}' > optimizer_groups\\[0\\]"
+    ):
         TrainingSession(art, checkpoint=broken)
     # the CLI: exit 3 with one line, not 139
     (tmp_path / "d.npz").write_bytes(b"")
     x, y = classification_data()
     np.savez(tmp_path / "d.npz", x=x, labels=y)
-    assert main(["train", str(art), "--data", str(tmp_path / "d.npz"), "--resume", str(broken)]) == EXIT_INPUT
+    assert (
+        main(["train", str(art), "--data", str(tmp_path / "d.npz"), "--resume", str(broken)])
+        == EXIT_INPUT
+    )
     err = capsys.readouterr().err
-    assert err.startswith("onnxblocks: error: ") and "group name is missing" in err and err.count("\n") == 1
+    assert (
+        err.startswith("onnxblocks: error: ")
+        and "group name is missing" in err
+        and err.count("\n") == 1
+    )
 
 
 def test_the_display_checks_the_checkpoint_against_the_training_model(art, other_shapes, tmp_path):
@@ -147,7 +178,9 @@ def test_foreign_bytes_and_non_utf8_names_are_format_errors(art, tmp_path):
     (tmp_path / "random").write_bytes(np.random.default_rng(0).bytes(512))
     with pytest.raises(CheckpointFormatError, match="not an ONNX Runtime training checkpoint"):
         TrainingSession(art, checkpoint=tmp_path / "random")
-    save_checkpoint((tensors({"fc1.wei\u00e9ght": np.zeros(2, np.float32)}), []), tmp_path / "latin")
+    save_checkpoint(
+        (tensors({"fc1.wei\u00e9ght": np.zeros(2, np.float32)}), []), tmp_path / "latin"
+    )
     data = (tmp_path / "latin").read_bytes().replace("\u00e9".encode(), b"\xff\xfe")
     (tmp_path / "latin").write_bytes(data)
     with pytest.raises(CheckpointFormatError, match="is not UTF-8 text"):
@@ -158,7 +191,9 @@ def test_load_checkpoint_to_model_refuses_a_checkpoint_matching_nothing(tmp_path
     model = mlp_model()
     before = model.SerializeToString()
     save_checkpoint((tensors({"encoder.w": np.zeros(3, np.float32)}), []), tmp_path / "ck")
-    with pytest.raises(ValueError, match="is not a checkpoint of this model: none of its parameters") as info:
+    with pytest.raises(
+        ValueError, match="is not a checkpoint of this model: none of its parameters"
+    ) as info:
         load_checkpoint_to_model(tmp_path / "ck", model)
     assert "['encoder.w']" in str(info.value) and "'fc1.weight'" in str(info.value)
     assert model.SerializeToString() == before
@@ -172,7 +207,9 @@ def test_load_checkpoint_to_model_partial_match_warns_or_refuses(tmp_path):
         loaded = load_checkpoint_to_model(tmp_path / "ck", model)
     inits = {i.name: numpy_helper.to_array(i) for i in loaded.graph.initializer}
     np.testing.assert_array_equal(inits["fc1.weight"], values["fc1.weight"])
-    np.testing.assert_array_equal(inits["fc2.bias"], numpy_helper.to_array(model.graph.initializer[3]))
+    np.testing.assert_array_equal(
+        inits["fc2.bias"], numpy_helper.to_array(model.graph.initializer[3])
+    )
     with pytest.raises(ValueError, match=r"parameters \['loss.scale'\]"):
         load_checkpoint_to_model(tmp_path / "ck", model, strict=True)
 
@@ -190,7 +227,9 @@ def _values(v: float) -> dict[str, np.ndarray]:
 
 def _ort_values(path: Path) -> dict[str, np.ndarray]:
     state = capi().load_checkpoint(os.fspath(path))  # (kept alive while its parameters are read)
-    return {n: np.array(state.get_parameter(n).data.numpy(), copy=True) for n in state.parameter_names()}
+    return {
+        n: np.array(state.get_parameter(n).data.numpy(), copy=True) for n in state.parameter_names()
+    }
 
 
 def test_replacing_an_external_checkpoint_swaps_header_and_data_at_once(tmp_path):
@@ -210,7 +249,9 @@ def test_replacing_an_external_checkpoint_swaps_header_and_data_at_once(tmp_path
 
 
 def _dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     return int(done.stdout)
 
 
@@ -221,7 +262,11 @@ def test_temp_files_of_killed_saves_are_removed_by_the_next_save(art, tmp_path):
         f".ck.{dead}-0123456789ab.tmp.data",
         f".model.onnx.{dead}-ba9876543210.tmp",
     ]
-    keep = [f".ck.{alive}-00000000000a.tmp", ".ck.12345.tmp", "notes.txt"]  # a live writer's, not ours, the user's
+    keep = [
+        f".ck.{alive}-00000000000a.tmp",
+        ".ck.12345.tmp",
+        "notes.txt",
+    ]  # a live writer's, not ours, the user's
     for name in stale + keep:
         (tmp_path / name).write_bytes(b"x")
     (tmp_path / f".ck.versions.{dead}-0123456789ac.tmp").mkdir()
@@ -244,11 +289,17 @@ def _created_with_umask(mask: int, action) -> None:
 def test_checkpoint_files_and_directories_follow_the_umask(art, tmp_path):
     def save_all() -> None:
         save_checkpoint((tensors(_values(1)), []), tmp_path / "ck", external_data_threshold=0)
-        save_checkpoint((tensors(_values(2)), []), tmp_path / "ck", external_data_threshold=0)  # versioned
+        save_checkpoint(
+            (tensors(_values(2)), []), tmp_path / "ck", external_data_threshold=0
+        )  # versioned
         TrainingSession(art).save_checkpoint(tmp_path / "new" / "session_ck")
 
     _created_with_umask(0o027, save_all)
-    modes = {p: stat.S_IMODE(os.stat(tmp_path / p).st_mode) for p in listing(tmp_path) if "current" not in p}
+    modes = {
+        p: stat.S_IMODE(os.stat(tmp_path / p).st_mode)
+        for p in listing(tmp_path)
+        if "current" not in p
+    }
     for path, mode in modes.items():
         is_dir = (tmp_path / path).is_dir()
         assert mode == (0o750 if is_dir else 0o640), (path, oct(mode))
@@ -269,7 +320,9 @@ def test_save_errors_name_the_checkpoint_not_its_temporary_files(art, tmp_path, 
     monkeypatch.undo()
     session = TrainingSession(art)
 
-    def failing_save(path, include_optimizer_state):  # what ONNX Runtime raises when it cannot write
+    def failing_save(
+        path, include_optimizer_state
+    ):  # what ONNX Runtime raises when it cannot write
         raise capi().Fail(
             f"/onnxruntime_src/orttraining/checkpoint.cc:42 onnxruntime::common::Status onnxruntime::Save(const "
             f"std::string&) Failed to save checkpoint to file: {path}"
@@ -278,5 +331,7 @@ def test_save_errors_name_the_checkpoint_not_its_temporary_files(art, tmp_path, 
     monkeypatch.setattr(session._backend, "save", failing_save)
     with pytest.raises(capi().Fail) as failed:
         session.save_checkpoint(tmp_path / "ck")
-    assert str(failed.value) == f"Failed to save checkpoint to file: {tmp_path / 'ck'}"  # no C++, no temp name
+    assert (
+        str(failed.value) == f"Failed to save checkpoint to file: {tmp_path / 'ck'}"
+    )  # no C++, no temp name
     assert listing(tmp_path) == []

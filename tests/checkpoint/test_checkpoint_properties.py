@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from onnxblocks.checkpoint import check_checkpoint, load_checkpoint, save_checkpoint
 from onnxblocks.errors import OnnxBlocksError
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 #: Distinctive values, so a mutation can find their bytes in the file.
 STEP, LEARNING_RATE = 0x0102030405, 0.123456789
 _DTYPES = st.sampled_from([np.float32, np.float64, np.int64, np.int32, np.uint8])
@@ -37,15 +39,29 @@ def _array(draw, dtype, shape) -> np.ndarray:
 
 @st.composite
 def checkpoints(draw):
-    names = draw(st.lists(st.text("abcwxyz._0123", min_size=1, max_size=6), min_size=1, max_size=4, unique=True))
+    names = draw(
+        st.lists(
+            st.text("abcwxyz._0123", min_size=1, max_size=6), min_size=1, max_size=4, unique=True
+        )
+    )
     cut = draw(st.integers(1, len(names)))
-    trainable = {n: _array(draw, np.float32 if draw(st.booleans()) else np.float64, draw(_SHAPES)) for n in names[:cut]}
+    trainable = {
+        n: _array(draw, np.float32 if draw(st.booleans()) else np.float64, draw(_SHAPES))
+        for n in names[:cut]
+    }
     frozen = {n: _array(draw, draw(_DTYPES), draw(_SHAPES)) for n in names[cut:]}
-    moments = {n: [_array(draw, a.dtype, a.shape), _array(draw, a.dtype, a.shape)] for n, a in trainable.items()}
+    moments = {
+        n: [_array(draw, a.dtype, a.shape), _array(draw, a.dtype, a.shape)]
+        for n, a in trainable.items()
+    }
     properties = draw(
         st.dictionaries(
             st.text(min_size=1, max_size=8),
-            st.one_of(st.integers(-(2**63), 2**63 - 1), st.floats(width=32, allow_nan=False), st.text(max_size=8)),
+            st.one_of(
+                st.integers(-(2**63), 2**63 - 1),
+                st.floats(width=32, allow_nan=False),
+                st.text(max_size=8),
+            ),
             max_size=3,
         )
     )
@@ -63,14 +79,18 @@ def _same(a: dict, b: dict) -> None:
 def _same_properties(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name in a:  # floats are stored as float32 and read back as that float32's value
-        assert a[name] == b[name] or (isinstance(b[name], float) and np.float32(b[name]) == a[name]), name
+        assert a[name] == b[name] or (
+            isinstance(b[name], float) and np.float32(b[name]) == a[name]
+        ), name
 
 
 @SETTINGS
 @given(case=checkpoints())
 def test_any_checkpoint_written_is_read_back_exactly(tmp_path, case):
     trainable, frozen, optimizer, properties = case
-    path = save_checkpoint((trainable, frozen), tmp_path / "ckpt", optimizer_state=optimizer, properties=properties)
+    path = save_checkpoint(
+        (trainable, frozen), tmp_path / "ckpt", optimizer_state=optimizer, properties=properties
+    )
     back = load_checkpoint(path)
     _same(back.trainable, trainable)
     _same(back.frozen, frozen)
@@ -93,7 +113,9 @@ def mutations(draw, raw: bytes):
     if kind == "flip":
         at = draw(st.integers(0, len(raw) - 1))
         return bytes(raw[:at]) + bytes([draw(st.integers(0, 255))]) + bytes(raw[at + 1 :]), None
-    if kind == "truncate":  # a flatbuffer may end in padding nothing reads: cutting only that leaves it valid
+    if (
+        kind == "truncate"
+    ):  # a flatbuffer may end in padding nothing reads: cutting only that leaves it valid
         return raw[: draw(st.integers(0, len(raw) - 1))], None
     if kind == "learning_rate":
         value = draw(st.sampled_from([math.nan, -1.0, math.inf, -math.inf, -1e-30]))
@@ -106,7 +128,9 @@ def mutations(draw, raw: bytes):
 @given(case=checkpoints(), data=st.data())
 def test_a_mutated_checkpoint_is_read_back_consistently_or_refused_naming_it(tmp_path, case, data):
     trainable, frozen, optimizer, properties = case
-    path = save_checkpoint((trainable, frozen), tmp_path / "ckpt", optimizer_state=optimizer, properties=properties)
+    path = save_checkpoint(
+        (trainable, frozen), tmp_path / "ckpt", optimizer_state=optimizer, properties=properties
+    )
     raw, refuse = data.draw(mutations(path.read_bytes()))
     bad = tmp_path / "mutated"
     bad.write_bytes(raw)
@@ -119,7 +143,9 @@ def test_a_mutated_checkpoint_is_read_back_consistently_or_refused_naming_it(tmp
         return
     except Exception as exc:  # a foreign exception is a failure of the reader
         pytest.fail(f"{type(exc).__name__} escaped: {exc}")
-    assert refuse is not True, "a checkpoint with a step or learning rate the setters refuse was read"
+    assert refuse is not True, (
+        "a checkpoint with a step or learning rate the setters refuse was read"
+    )
     for group in back.optimizer_state.values():
         assert 0 <= group["step"] <= 2**53 - 1
         assert math.isfinite(group["initial_learning_rate"]) and group["initial_learning_rate"] >= 0

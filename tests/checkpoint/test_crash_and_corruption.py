@@ -96,7 +96,10 @@ def _fuzz(art: str, bases: list[str], count: int, seed: int) -> None:
             except OnnxBlocksError as exc:
                 outcome = type(exc).__name__
             except Exception as exc:  # anything else is a failure of the guard
-                print(json.dumps({"foreign": f"{name}: {type(exc).__name__}: {exc}", "iteration": i}), flush=True)
+                print(
+                    json.dumps({"foreign": f"{name}: {type(exc).__name__}: {exc}", "iteration": i}),
+                    flush=True,
+                )
                 sys.exit(3)
             counts[f"{name}: {outcome}"] = counts.get(f"{name}: {outcome}", 0) + 1
     print(json.dumps(counts), flush=True)
@@ -148,7 +151,10 @@ def _save_loop(path: str, kind: str, art: str | None) -> None:
 
         session = TrainingSession(art)
         names = session.parameter_names()
-        sets = [{n: np.full(session.get_parameter(n).shape, v, np.float32) for n in names} for v in (1, 2)]
+        sets = [
+            {n: np.full(session.get_parameter(n).shape, v, np.float32) for n in names}
+            for v in (1, 2)
+        ]
     i = 0
     while True:
         v = 1 + i % 2
@@ -184,7 +190,11 @@ from onnxblocks.runtime import TrainingSession  # noqa: E402
 
 def child(*args: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, cwd=TESTS.parent
+        [sys.executable, __file__, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=TESTS.parent,
     )
 
 
@@ -197,7 +207,9 @@ def test_flipping_bytes_of_checkpoints_never_crashes_or_hangs(art, tmp_path):
     session = TrainingSession(art)
     session.train_step(*classification_data())
     session.optimizer_step()
-    trained = session.save_checkpoint(tmp_path / "trained", properties={"epoch": 1, "note": "x", "lr": 0.5})
+    trained = session.save_checkpoint(
+        tmp_path / "trained", properties={"epoch": 1, "note": "x", "lr": 0.5}
+    )
     external = tmp_path / "external"
     from onnxblocks.checkpoint import save_checkpoint
 
@@ -214,9 +226,13 @@ def test_flipping_bytes_of_checkpoints_never_crashes_or_hangs(art, tmp_path):
         for call in ("load_checkpoint", "read_parameter_names", "TrainingSession")
         for outcome in ("ok", "CheckpointFormatError", "CheckpointMismatchError")
     }, counts
-    refused = sum(v for k, v in counts.items() if k.startswith("TrainingSession") and not k.endswith("ok"))
+    refused = sum(
+        v for k, v in counts.items() if k.startswith("TrainingSession") and not k.endswith("ok")
+    )
     opened = counts.get("TrainingSession: ok", 0)
-    assert refused > 1000 and opened > 30 and refused + opened == 2000, counts  # both ways, every time
+    assert refused > 1000 and opened > 30 and refused + opened == 2000, (
+        counts
+    )  # both ways, every time
 
 
 # --------------------------------------------------------------------------- kills
@@ -224,11 +240,15 @@ def _read_both(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
     """The checkpoint's values read by onnxblocks and by ONNX Runtime (which reads ``<path>.data`` by name)."""
     ours = {n: np.array(a) for n, a in dict(load_checkpoint(path).trainable).items()}
     state = capi().load_checkpoint(os.fspath(path))  # (kept alive while its parameters are read)
-    theirs = {n: np.array(state.get_parameter(n).data.numpy(), copy=True) for n in state.parameter_names()}
+    theirs = {
+        n: np.array(state.get_parameter(n).data.numpy(), copy=True) for n in state.parameter_names()
+    }
     return ours, theirs
 
 
-def _one_set(read: dict[str, np.ndarray], expected: set[float], shapes: dict[str, tuple[int, ...]]) -> float:
+def _one_set(
+    read: dict[str, np.ndarray], expected: set[float], shapes: dict[str, tuple[int, ...]]
+) -> float:
     """The one value every parameter holds entirely (old or new set), else a failure."""
     assert {n: a.shape for n, a in read.items()} == shapes, read
     held = {float(v) for a in read.values() for v in np.unique(a)}
@@ -266,7 +286,9 @@ def test_a_save_killed_before_any_of_its_steps_leaves_the_old_or_the_new_checkpo
     for run in runs:
         by_scenario.setdefault(run["scenario"], []).append(run)
     assert len(by_scenario) == 6 and all(runs[-1]["finished"] for runs in by_scenario.values())
-    assert len(by_scenario["ext-to-ext"]) >= 10  # hard links, links, the version switch: a point before each
+    assert (
+        len(by_scenario["ext-to-ext"]) >= 10
+    )  # hard links, links, the version switch: a point before each
     shapes = dict(PARAMS)
     seen = set()
     for run in runs:
@@ -277,10 +299,15 @@ def test_a_save_killed_before_any_of_its_steps_leaves_the_old_or_the_new_checkpo
         if run["finished"]:
             assert value == 2.0
         seen.add((run["scenario"], value))
-        save(path, 3, run["scenario"].endswith("ext"))  # the next run cleans what the killed one left
+        save(
+            path, 3, run["scenario"].endswith("ext")
+        )  # the next run cleans what the killed one left
         _clean(path.parent, "ck")
         assert _one_set(_read_both(path)[1], {3.0}, shapes) == 3.0
-    assert {v for s, v in seen if s == "ext-to-ext"} == {1.0, 2.0}  # kills left the old one, then the new one
+    assert {v for s, v in seen if s == "ext-to-ext"} == {
+        1.0,
+        2.0,
+    }  # kills left the old one, then the new one
 
 
 @pytest.mark.parametrize("kind", ["save_checkpoint", "session"])
@@ -291,8 +318,16 @@ def test_saves_sigkilled_at_random_moments(art, tmp_path, kind):
     if kind == "save_checkpoint":
         shapes = dict(PARAMS)
     for attempt in range(3):
-        args = [sys.executable, __file__, "save-loop", str(path), "ours" if kind == "save_checkpoint" else "session"]
-        process = subprocess.Popen([*args, str(art)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        args = [
+            sys.executable,
+            __file__,
+            "save-loop",
+            str(path),
+            "ours" if kind == "save_checkpoint" else "session",
+        ]
+        process = subprocess.Popen(
+            [*args, str(art)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
             assert process.stdout is not None and process.stdout.readline().strip() == "ready"
             time.sleep(float(rng.uniform(0.05, 0.4)))

@@ -106,9 +106,21 @@ def test_artifacts_all_params_minus_frozen(files, tmp_path, capsys):
     ("argv", "code", "fragments"),
     [
         (["--loss", "mse"], EXIT_USAGE, ["--requires-grad PATTERN... or --all-params"]),
-        (["--loss", "mse", "--requires-grad", "fc3.*"], EXIT_INPUT, ["'fc3.*' matches no initializer", "fc1.weight"]),
-        (["--loss", "mse", "--requires-grad", "fc1.wieght"], EXIT_INPUT, ["Did you mean 'fc1.weight'"]),
-        (["--loss", "mse", "--all-params", "--frozen", "*"], EXIT_USAGE, ["no parameter left to train"]),
+        (
+            ["--loss", "mse", "--requires-grad", "fc3.*"],
+            EXIT_INPUT,
+            ["'fc3.*' matches no initializer", "fc1.weight"],
+        ),
+        (
+            ["--loss", "mse", "--requires-grad", "fc1.wieght"],
+            EXIT_INPUT,
+            ["Did you mean 'fc1.weight'"],
+        ),
+        (
+            ["--loss", "mse", "--all-params", "--frozen", "*"],
+            EXIT_USAGE,
+            ["no parameter left to train"],
+        ),
         (
             ["--loss", "nope", "--all-params"],
             EXIT_USAGE,
@@ -125,17 +137,29 @@ def test_artifacts_errors(files, tmp_path, capsys, argv, code, fragments):
 
 
 def test_artifacts_bad_model_files(files, tmp_path, capsys):
-    code, _, err = run(capsys, "artifacts", files / "missing.onnx", "--loss", "mse", "--all-params", "-o", tmp_path)
+    code, _, err = run(
+        capsys, "artifacts", files / "missing.onnx", "--loss", "mse", "--all-params", "-o", tmp_path
+    )
     assert code == EXIT_INPUT
     assert_one_line_error(err, "missing.onnx", "does not exist")
-    code, _, err = run(capsys, "artifacts", files / "garbage.onnx", "--loss", "mse", "--all-params", "-o", tmp_path)
+    code, _, err = run(
+        capsys, "artifacts", files / "garbage.onnx", "--loss", "mse", "--all-params", "-o", tmp_path
+    )
     assert code == EXIT_INPUT
     assert_one_line_error(err, "as an ONNX model")
 
 
 def test_verbose_prints_the_traceback(files, tmp_path, capsys):
     code, _, err = run(
-        capsys, "artifacts", files / "garbage.onnx", "--loss", "mse", "--all-params", "-o", tmp_path, "--verbose"
+        capsys,
+        "artifacts",
+        files / "garbage.onnx",
+        "--loss",
+        "mse",
+        "--all-params",
+        "-o",
+        tmp_path,
+        "--verbose",
     )
     assert code == EXIT_INPUT
     assert err.startswith("Traceback (most recent call last):")
@@ -162,7 +186,12 @@ def test_inspect_model_and_json(files, capsys):
     assert code == EXIT_OK
     report = json.loads(out)
     assert report["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 2]}]
-    assert [p["name"] for p in report["parameters"]] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert [p["name"] for p in report["parameters"]] == [
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    ]
     assert report["totals"] == {"count": 4, "elements": 99, "bytes": 396}
     code, out, _ = run(capsys, "inspect", files / "mlp.onnx")
     assert "total: 4 parameters, 99 elements, 396 B" in out
@@ -222,8 +251,13 @@ def test_train_save_resume_export(files, artifacts_dir, tmp_path, capsys):
     exported = onnx.load(tmp_path / "model.onnx")
     assert [o.name for o in exported.graph.output] == ["logits"]
     # stop after 12 of the 24 steps (same 4-epoch schedule), resume from the checkpoint: bit-for-bit equal
-    assert run(capsys, *common, "--epochs", "4", "--max-steps", "12", "--save", tmp_path / "half")[0] == EXIT_OK
-    code, out, _ = run(capsys, *common, "--epochs", "4", "--resume", tmp_path / "half", "--save", tmp_path / "rest")
+    assert (
+        run(capsys, *common, "--epochs", "4", "--max-steps", "12", "--save", tmp_path / "half")[0]
+        == EXIT_OK
+    )
+    code, out, _ = run(
+        capsys, *common, "--epochs", "4", "--resume", tmp_path / "half", "--save", tmp_path / "rest"
+    )
     assert code == EXIT_OK and "trained 12 steps (steps 13-24)" in out
     full, rest = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "rest")
     for name in full.trainable:
@@ -260,15 +294,30 @@ def test_train_maps_renamed_arrays(files, artifacts_dir, capsys):
         (
             ["--data", "renamed.npz"],
             EXIT_INPUT,
-            ["has arrays ['features', 'y'] but no array for model input(s) x", "--inputs INPUT=ARRAY"],
+            [
+                "has arrays ['features', 'y'] but no array for model input(s) x",
+                "--inputs INPUT=ARRAY",
+            ],
         ),
-        (["--data", "renamed.npz", "--inputs", "z=features"], EXIT_INPUT, ["'z', which is not a model input"]),
+        (
+            ["--data", "renamed.npz", "--inputs", "z=features"],
+            EXIT_INPUT,
+            ["'z', which is not a model input"],
+        ),
         (["--data", "missing.npz"], EXIT_INPUT, ["missing.npz' does not exist"]),
         (["--data", "train.npz", "--accuracy"], EXIT_USAGE, ["--accuracy needs evaluation data"]),
-        (["--data", "train.npz", "--eval-data", "train.npz", "--val-fraction", "0.1"], EXIT_USAGE, ["either"]),
+        (
+            ["--data", "train.npz", "--eval-data", "train.npz", "--val-fraction", "0.1"],
+            EXIT_USAGE,
+            ["either"],
+        ),
         (["--data", "train.npz", "--scheduler", "step"], EXIT_USAGE, ["--step-size"]),
         (["--data", "train.npz", "--batch-size", "0"], EXIT_USAGE, ["--batch-size must be >= 1"]),
-        (["--data", "train.npz", "--resume", "missing-ckpt"], EXIT_INPUT, ["missing-ckpt' does not exist"]),
+        (
+            ["--data", "train.npz", "--resume", "missing-ckpt"],
+            EXIT_INPUT,
+            ["missing-ckpt' does not exist"],
+        ),
         (["--epochs", "2"], EXIT_USAGE, ["required: --data"]),
     ],
 )
@@ -320,7 +369,9 @@ def test_demo_that_misses_its_target_exits_1(tmp_path, capsys):
 
 def test_subprocess_exit_code_and_single_error_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "onnxblocks.cli", "inspect", str(tmp_path / "nope.onnx")], capture_output=True, text=True
+        [sys.executable, "-m", "onnxblocks.cli", "inspect", str(tmp_path / "nope.onnx")],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == EXIT_INPUT
     assert result.stdout == ""
@@ -328,5 +379,7 @@ def test_subprocess_exit_code_and_single_error_line(tmp_path):
         f"onnxblocks: error: '{tmp_path / 'nope.onnx'}' does not exist; pass an .onnx file, an artifact directory "
         "or a checkpoint."
     ]
-    result = subprocess.run([sys.executable, "-m", "onnxblocks", "--version"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxblocks", "--version"], capture_output=True, text=True
+    )
     assert result.returncode == EXIT_OK and result.stdout.startswith("onnxblocks ")

@@ -47,9 +47,15 @@ def test_cli_refuses_labels_out_of_range_before_training(art, tmp_path, capsys, 
     y[9] = bad
     np.savez(tmp_path / "bad.npz", x=x, labels=y)
     before = listing(tmp_path)
-    code, out, err = run_cli(capsys, "train", art, "--data", tmp_path / "bad.npz", "--save", tmp_path / "ck")
+    code, out, err = run_cli(
+        capsys, "train", art, "--data", tmp_path / "bad.npz", "--save", tmp_path / "ck"
+    )
     assert code == EXIT_INPUT and out == ""
-    assert f"input 'labels' holds {bad} at position (9,)" in err and "[0, 3)" in err and "bad.npz" in err
+    assert (
+        f"input 'labels' holds {bad} at position (9,)" in err
+        and "[0, 3)" in err
+        and "bad.npz" in err
+    )
     assert listing(tmp_path) == before  # nothing trained, nothing saved
 
 
@@ -82,7 +88,9 @@ def read_only(tmp_path):
     directory.chmod(0o555)
     if os.geteuid() == 0:  # root ignores modes: make it immutable (set up here; never skipped)
         done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, text=True)
-        assert done.returncode == 0, f"cannot make a read-only directory as root with chattr +i: {done.stderr}"
+        assert done.returncode == 0, (
+            f"cannot make a read-only directory as root with chattr +i: {done.stderr}"
+        )
     yield directory
     if os.geteuid() == 0:
         subprocess.run(["chattr", "-i", str(directory)], check=True)
@@ -90,7 +98,9 @@ def read_only(tmp_path):
 
 
 def test_cli_read_only_output_directory_exits_3_before_training(art, data, read_only, capsys):
-    code, out, err = run_cli(capsys, "train", art, "--data", data, "--no-progress", "--save", read_only / "ck")
+    code, out, err = run_cli(
+        capsys, "train", art, "--data", data, "--no-progress", "--save", read_only / "ck"
+    )
     assert code == EXIT_INPUT and out == "", err
     assert f"--save: cannot write '{read_only / 'ck'}': directory '{read_only}' is read-only" in err
     assert listing(read_only) == []
@@ -120,19 +130,37 @@ def test_cli_artifacts_output_dir_that_is_a_file(tmp_path, capsys):
     model = tmp_path / "m.onnx"
     model.write_bytes(mlp_model().SerializeToString())
     (tmp_path / "out").write_bytes(b"")
-    code, _, err = run_cli(capsys, "artifacts", model, "--loss", "crossentropy", "--all-params", "-o", tmp_path / "out")
+    code, _, err = run_cli(
+        capsys, "artifacts", model, "--loss", "crossentropy", "--all-params", "-o", tmp_path / "out"
+    )
     assert code == EXIT_INPUT and "--output-dir: " in err and "exists and is not a directory" in err
     assert (tmp_path / "out").read_bytes() == b""
 
 
 def test_cli_trains_good_data(art, data, tmp_path, capsys):
-    code, out, _ = run_cli(capsys, "train", art, "--data", data, "--no-progress", "--save", tmp_path / "new" / "ck")
+    code, out, _ = run_cli(
+        capsys, "train", art, "--data", data, "--no-progress", "--save", tmp_path / "new" / "ck"
+    )
     assert code == EXIT_OK and "trained 2 steps" in out
     assert set(load_checkpoint(tmp_path / "new" / "ck").trainable) == set(PARAMS)
 
 
 def test_cli_export_problems_are_found_before_training(art, data, tmp_path, capsys):
-    args = ["train", art, "--data", data, "--no-progress", "--save", tmp_path / "ck", "--export", tmp_path / "m.onnx"]
+    args = [
+        "train",
+        art,
+        "--data",
+        data,
+        "--no-progress",
+        "--save",
+        tmp_path / "ck",
+        "--export",
+        tmp_path / "m.onnx",
+    ]
     code, out, err = run_cli(capsys, *args, "--export-output", "logit")
-    assert code == EXIT_INPUT and out == "" and "--export-output 'logit' is not a value of the eval model" in err
+    assert (
+        code == EXIT_INPUT
+        and out == ""
+        and "--export-output 'logit' is not a value of the eval model" in err
+    )
     assert "Did you mean 'logits'?" in err and listing(tmp_path) == ["train.npz"]

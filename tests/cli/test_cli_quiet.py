@@ -44,14 +44,20 @@ def test_the_exit_code_table_is_the_same_in_docs_code_and_help():
         errors.EXIT_INTERRUPTED: "interrupted",
     }
     assert constants == TABLE
-    assert "corrupt" in documented[3] and ".npz" in documented[3]  # a corrupt data file is an input error
-    assert "created" in DOCS.read_text().split("## Exit codes")[1].split("## ")[0]  # missing output dirs
+    assert (
+        "corrupt" in documented[3] and ".npz" in documented[3]
+    )  # a corrupt data file is an input error
+    assert (
+        "created" in DOCS.read_text().split("## Exit codes")[1].split("## ")[0]
+    )  # missing output dirs
     for code in TABLE:
         assert re.search(rf"^{code}\s", app.__doc__ or "", flags=re.MULTILINE), code
         assert f"{code} " in app.EPILOG.split("exit codes:")[1]
 
 
-def _cli(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _cli(
+    *args: object, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "onnxblocks.cli", *map(str, args)],
         capture_output=True,
@@ -68,16 +74,36 @@ def work(tmp_path_factory):
     root = tmp_path_factory.mktemp("quiet")
     onnx.save(make_linear_model(), root / "m.onnx")
     rng = np.random.default_rng(0)
-    np.savez(root / "d.npz", x=rng.standard_normal((40, 8)).astype(np.float32), target=rng.random((40, 4), np.float32))
+    np.savez(
+        root / "d.npz",
+        x=rng.standard_normal((40, 8)).astype(np.float32),
+        target=rng.random((40, 4), np.float32),
+    )
     return root
 
 
 def test_generation_and_a_portable_training_run_print_nothing_to_stderr(work):
     for extra, directory in ((["--portable"], "portable"), (["--optimizer", "sgd"], "sgd")):
-        done = _cli("artifacts", work / "m.onnx", "--loss", "mse", "--all-params", "-o", work / directory, *extra)
-        assert done.returncode == 0 and done.stderr == "", done.stderr  # no 'Error merging shape info'
-    for directory in ("portable", "sgd"):  # the SGD optimizer model loaded by the training build: no warning
-        done = _cli("train", work / directory, "--data", work / "d.npz", "--no-progress", "--epochs", "2")
+        done = _cli(
+            "artifacts",
+            work / "m.onnx",
+            "--loss",
+            "mse",
+            "--all-params",
+            "-o",
+            work / directory,
+            *extra,
+        )
+        assert done.returncode == 0 and done.stderr == "", (
+            done.stderr
+        )  # no 'Error merging shape info'
+    for directory in (
+        "portable",
+        "sgd",
+    ):  # the SGD optimizer model loaded by the training build: no warning
+        done = _cli(
+            "train", work / directory, "--data", work / "d.npz", "--no-progress", "--epochs", "2"
+        )
         assert done.returncode == 0, done.stderr
         assert done.stderr == "" and "\x1b[" not in done.stdout, done.stderr
 
@@ -86,7 +112,14 @@ def test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3(work):
     if not (work / "portable").exists():
         assert (
             _cli(
-                "artifacts", work / "m.onnx", "--loss", "mse", "--all-params", "-o", work / "portable", "--portable"
+                "artifacts",
+                work / "m.onnx",
+                "--loss",
+                "mse",
+                "--all-params",
+                "-o",
+                work / "portable",
+                "--portable",
             ).returncode
             == 0
         )
@@ -97,7 +130,11 @@ def test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3(work):
         "not-npz.npz": b"plain text, not an archive",
     }
     rng = np.random.default_rng(1)
-    np.savez(work / "wrong-shape.npz", x=rng.random((8, 9), np.float32), target=rng.random((8, 4), np.float32))
+    np.savez(
+        work / "wrong-shape.npz",
+        x=rng.random((8, 9), np.float32),
+        target=rng.random((8, 4), np.float32),
+    )
     for name, content in cases.items():
         (work / name).write_bytes(content)
     for name in [*cases, "wrong-shape.npz"]:
@@ -106,19 +143,40 @@ def test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3(work):
         assert done.returncode == 3, (name, done.stderr)
         assert len(lines) == 1 and lines[0].startswith("onnxblocks: error: "), (name, done.stderr)
         assert name in lines[0] or "input 'x'" in lines[0], lines[0]
-        assert "\x1b[" not in done.stderr and ".cc:" not in done.stderr and "Traceback" not in done.stderr
+        assert (
+            "\x1b[" not in done.stderr
+            and ".cc:" not in done.stderr
+            and "Traceback" not in done.stderr
+        )
 
 
 def test_the_log_level_can_be_raised_by_environment(work):
     if not (work / "sgd").exists():
         assert (
             _cli(
-                "artifacts", work / "m.onnx", "--loss", "mse", "--all-params", "-o", work / "sgd", "--optimizer", "sgd"
+                "artifacts",
+                work / "m.onnx",
+                "--loss",
+                "mse",
+                "--all-params",
+                "-o",
+                work / "sgd",
+                "--optimizer",
+                "sgd",
             ).returncode
             == 0
         )
-    done = _cli("train", work / "sgd", "--data", work / "d.npz", "--no-progress", env={"ONNXBLOCKS_ORT_LOG_LEVEL": "0"})
-    assert done.returncode == 0 and "onnxruntime" in done.stderr  # ONNX Runtime's verbose log is back
+    done = _cli(
+        "train",
+        work / "sgd",
+        "--data",
+        work / "d.npz",
+        "--no-progress",
+        env={"ONNXBLOCKS_ORT_LOG_LEVEL": "0"},
+    )
+    assert (
+        done.returncode == 0 and "onnxruntime" in done.stderr
+    )  # ONNX Runtime's verbose log is back
 
 
 def test_missing_output_directories_are_created(work, capsys):

@@ -17,7 +17,9 @@ from onnxblocks.runtime import TrainingSession
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = io.StringIO()
-    result = run_demo(tmp_path_factory.mktemp("demo"), progress=False, stream=out, plot_backend="builtin")
+    result = run_demo(
+        tmp_path_factory.mktemp("demo"), progress=False, stream=out, plot_backend="builtin"
+    )
     return result, out.getvalue()
 
 
@@ -39,7 +41,9 @@ def test_exported_model_runs_in_inference_session(demo):
     model = onnx.load(result.files["inference_model"])
     assert [i.name for i in model.graph.input] == ["features"]
     assert [o.name for o in model.graph.output] == ["logits"]
-    session = ort.InferenceSession(str(result.files["inference_model"]), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(result.files["inference_model"]), providers=["CPUExecutionProvider"]
+    )
     (logits,) = session.run(None, {"features": x})
     assert np.mean(logits.argmax(1) == y) == result.eval_accuracy
 
@@ -65,7 +69,9 @@ def test_demo_writes_and_reports_every_file(demo):
 def test_custom_loss_is_smoothed_cross_entropy_plus_l2(demo):
     """The loss composed from blocks equals the formula, computed in numpy on the initial weights."""
     result, _ = demo
-    session = TrainingSession(result.files["artifacts"])  # fresh: the generated checkpoint's initial weights
+    session = TrainingSession(
+        result.files["artifacts"]
+    )  # fresh: the generated checkpoint's initial weights
     params = session.parameters()
     x, y = spirals(points_per_class=20, seed=1)
     loss, logits = session.eval_step(x, y)
@@ -77,7 +83,9 @@ def test_custom_loss_is_smoothed_cross_entropy_plus_l2(demo):
     assert_close(loss, want, want64, rtol=1e-5, name="loss")
 
 
-def _formula(params: dict, x: np.ndarray, y: np.ndarray, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+def _formula(
+    params: dict, x: np.ndarray, y: np.ndarray, dtype: type
+) -> tuple[np.ndarray, np.ndarray]:
     """The demo's logits and smoothed cross entropy plus L2, in NumPy in ``dtype``."""
     p = {n: v.astype(dtype) for n, v in params.items()}
     h = np.maximum(x.astype(dtype) @ p["fc1.weight"] + p["fc1.bias"], 0)
@@ -109,5 +117,10 @@ def test_classifier_is_valid_and_loadable():
     model = build_classifier(hidden=(8,), classes=4, seed=0)
     onnx.checker.check_model(model)
     assert model.ir_version <= 10
-    assert [i.name for i in model.graph.initializer] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert [i.name for i in model.graph.initializer] == [
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    ]
     assert model.graph.output[0].type.tensor_type.shape.dim[1].dim_value == 4

@@ -26,5 +26,7 @@ def test_doctor_reports_this_python_first_with_the_in_process_builder(capsys):
 def test_doctor_prints_one_block_per_python(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"Python {sys.version_info.major}.{sys.version_info.minor}  {sys.executable}  (this Python)")
+    assert out.startswith(
+        f"Python {sys.version_info.major}.{sys.version_info.minor}  {sys.executable}  (this Python)"
+    )
     assert "  gradient builder: in-process (onnxruntime-training)" in out

@@ -40,7 +40,9 @@ def sigint_ignored():
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_signal_raises_keyboard_interrupt_even_when_sigint_was_inherited_ignored(sigint_ignored, signum):
+def test_a_stop_signal_raises_keyboard_interrupt_even_when_sigint_was_inherited_ignored(
+    sigint_ignored, signum
+):
     with pytest.raises(KeyboardInterrupt):
         with stop_on_signals():
             signal.raise_signal(signum)

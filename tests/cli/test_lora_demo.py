@@ -13,7 +13,9 @@ from support.numerics import assert_close
 
 from onnxblocks.cli import main
 from onnxblocks.runtime import TrainingSession
-from onnxblocks.torch import lora_demo  # the test extra (torch==2.13.0): fails, never skips, without it
+from onnxblocks.torch import (
+    lora_demo,
+)  # the test extra (torch==2.13.0): fails, never skips, without it
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +30,13 @@ def test_the_fine_tune_learns_the_shifted_task(demo):
     result, report = demo
     assert result.passed and result.loss_after <= lora_demo.TARGET_RATIO * result.loss_before
     assert result.follows_new_task >= 0.9  # the merged model counts by two
-    assert lora_demo._fraction(result.prompts, result.base_continuations, lora_demo.PRETRAIN_STRIDE) >= 0.9
-    assert result.trainable == 2 * 4 * 8 * (32 + 32) - 2 * 2 * 8 * (32 - 16)  # r=8 on q, k, v ([32->32, 32->16]), o
+    assert (
+        lora_demo._fraction(result.prompts, result.base_continuations, lora_demo.PRETRAIN_STRIDE)
+        >= 0.9
+    )
+    assert result.trainable == 2 * 4 * 8 * (32 + 32) - 2 * 2 * 8 * (
+        32 - 16
+    )  # r=8 on q, k, v ([32->32, 32->16]), o
     for role, path in result.files.items():
         assert path.exists() and str(path) in report, role
     assert "loss" in report and "merged model" in report
@@ -47,17 +54,29 @@ def test_the_demo_files_load_back(demo):
     session.load_adapters(result.files["PEFT adapters"])
     ids = lora_demo.counting(np.random.default_rng(7), 16, 2)[:, :-1]
     _, logits = session.eval_step(ids, ids)
-    merged = ort.InferenceSession(str(result.files["merged model"]), providers=["CPUExecutionProvider"])
+    merged = ort.InferenceSession(
+        str(result.files["merged model"]), providers=["CPUExecutionProvider"]
+    )
     # the merged model against the session: two float32 computations of ours, neither the truth
-    assert_close(merged.run(["logits"], {"input_ids": ids})[0], logits, rtol=1e-5, name="the merged model's logits")
+    assert_close(
+        merged.run(["logits"], {"input_ids": ids})[0],
+        logits,
+        rtol=1e-5,
+        name="the merged model's logits",
+    )
 
 
 def test_cli_runs_the_demo_in_a_child_python(monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(
-        subprocess, "run", lambda command, check: calls.append(command) or subprocess.CompletedProcess(command, 0)
+        subprocess,
+        "run",
+        lambda command, check: calls.append(command) or subprocess.CompletedProcess(command, 0),
     )
-    assert main(["demo", "--lora", "--output-dir", str(tmp_path / "d"), "--seed", "3", "--portable"]) == 0
+    assert (
+        main(["demo", "--lora", "--output-dir", str(tmp_path / "d"), "--seed", "3", "--portable"])
+        == 0
+    )
     assert calls == [
         [
             sys.executable,
@@ -70,9 +89,13 @@ def test_cli_runs_the_demo_in_a_child_python(monkeypatch, tmp_path, capsys):
             "--portable",
         ]
     ]
-    assert main(["demo", "--lora", "--web", "--port", "0", "--output-dir", str(tmp_path / "w")]) == 0
+    assert (
+        main(["demo", "--lora", "--web", "--port", "0", "--output-dir", str(tmp_path / "w")]) == 0
+    )
     assert calls[-1][2] == "onnxblocks.torch.lora_web" and calls[-1][-2:] == ["--port", "0"]
-    monkeypatch.setattr(subprocess, "run", lambda command, check: subprocess.CompletedProcess(command, 1))
+    monkeypatch.setattr(
+        subprocess, "run", lambda command, check: subprocess.CompletedProcess(command, 1)
+    )
     assert main(["demo", "--lora", "--output-dir", str(tmp_path / "d")]) == 1
 
 
@@ -81,7 +104,9 @@ def test_cli_says_what_the_demo_needs(monkeypatch, tmp_path, capsys):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformers" else real(name, *a),
     )
     assert main(["demo", "--lora", "--output-dir", str(tmp_path / "d")]) == 1
     assert "pip install transformers" in capsys.readouterr().err

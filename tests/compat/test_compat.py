@@ -102,9 +102,13 @@ def test_loss_execution_matches_torch(simple, loss_name):
         _ = block(base_model.graph.output[0].name)
     model = block.to_model_proto()
     target = _target(loss_name)
-    (loss,) = _run(model, {model.graph.input[0].name: x.numpy(), model.graph.input[1].name: target.numpy()})
+    (loss,) = _run(
+        model, {model.graph.input[0].name: x.numpy(), model.graph.input[1].name: target.numpy()}
+    )
     with torch.no_grad():
-        expected = twice(lambda model, x: getattr(torch.nn, loss_name)()(model(x), target), pt_model, x)
+        expected = twice(
+            lambda model, x: getattr(torch.nn, loss_name)()(model(x), target), pt_model, x
+        )
     expected.check(loss, rtol=1e-5, name=loss_name)
 
 
@@ -125,13 +129,19 @@ def test_training_graph_execution_matches_torch(tmp_path, simple, loss_name):
     expected[0].check(loss, rtol=1e-5, name=loss_name)
     for name, _ in pt_model.named_parameters():
         scale = expected.scales[name]
-        expected[1][name].check(trainer.grad(name), rtol=1e-5, scale=scale, name=f"{name}'s gradient")
+        expected[1][name].check(
+            trainer.grad(name), rtol=1e-5, scale=scale, name=f"{name}'s gradient"
+        )
     trainer.step()  # the reference's AdamW model runs in ONNX Runtime's optimizer
 
 
 def test_reference_optimizer_defaults():
     adamw = onnxblock.optim.AdamW()
-    assert (adamw.step_block.eps, adamw.step_block.weight_decay, adamw.step_block.mode) == (1e-6, 0.0, "hf")
+    assert (adamw.step_block.eps, adamw.step_block.weight_decay, adamw.step_block.mode) == (
+        1e-6,
+        0.0,
+        "hf",
+    )
     assert artifacts.OptimType.AdamW.value == 1 and artifacts.LossType.L1Loss.value == 4
 
 
@@ -157,7 +167,10 @@ def test_optimizer_composition_trains(tmp_path, simple, optimizer, clip):
     onnxblock.save_checkpoint(block.parameters(), tmp_path / "checkpoint")
     files = types.SimpleNamespace(
         checkpoint=tmp_path / "checkpoint",
-        **{key: tmp_path / f"{key}.onnx" for key in ("training_model", "eval_model", "optimizer_model")},
+        **{
+            key: tmp_path / f"{key}.onnx"
+            for key in ("training_model", "eval_model", "optimizer_model")
+        },
     )
     trainer = models.OrtTrainer(files)
     trainer.optimizer.set_learning_rate(0.05)
@@ -173,7 +186,9 @@ def test_grad_clipping_execution_matches_torch(simple):
     pt_model, _, x = simple
     base_model = onnx.ModelProto()
     base_model.graph.name = "ClipGradNorm Model"
-    base_model.opset_import.extend([onnx.helper.make_opsetid("com.microsoft", 1), onnx.helper.make_opsetid("", 17)])
+    base_model.opset_import.extend(
+        [onnx.helper.make_opsetid("com.microsoft", 1), onnx.helper.make_opsetid("", 17)]
+    )
     base_model.ir_version = 8
     base_model.graph.input.append(
         onnx.helper.make_tensor_sequence_value_info("gradients", onnx.TensorProto.FLOAT, None)
@@ -212,7 +227,9 @@ def test_grad_clipping_execution_matches_torch(simple):
 def test_retrieve_parameters(simple):
     pt_model, base_model, _ = simple
     block = _block(onnxblock.TrainingBlock, onnxblock.loss.MSELoss)
-    with pytest.raises(RuntimeError, match="Please build the training model first before trying to retrieve"):
+    with pytest.raises(
+        RuntimeError, match="Please build the training model first before trying to retrieve"
+    ):
         block.parameters()
     with onnxblock.base(base_model):
         _ = block(base_model.graph.output[0].name)
@@ -228,7 +245,8 @@ def test_retrieve_parameters(simple):
     for ort_param, (name, param) in zip(trainable, pt_model.named_parameters(), strict=True):
         assert ort_param.name == name
         np.testing.assert_array_equal(
-            np.frombuffer(ort_param.raw_data, dtype=np.float32).reshape(param.shape), param.detach().numpy()
+            np.frombuffer(ort_param.raw_data, dtype=np.float32).reshape(param.shape),
+            param.detach().numpy(),
         )
 
 
@@ -280,7 +298,9 @@ def test_save_and_load_checkpoint_in_place(tmp_path, simple):
     pt_model, base_model, _ = simple
     zero_model = copy.deepcopy(base_model)
     for init in zero_model.graph.initializer:
-        init.CopyFrom(onnx.numpy_helper.from_array(np.zeros_like(onnx.numpy_helper.to_array(init)), init.name))
+        init.CopyFrom(
+            onnx.numpy_helper.from_array(np.zeros_like(onnx.numpy_helper.to_array(init)), init.name)
+        )
     block = _block(onnxblock.TrainingBlock, onnxblock.loss.MSELoss)
     block.requires_grad("fc2.weight")
     block.requires_grad("fc1.bias", False)
@@ -288,7 +308,9 @@ def test_save_and_load_checkpoint_in_place(tmp_path, simple):
         _ = block(base_model.graph.output[0].name)
     path = tmp_path / "checkpoint"
     onnxblock.save_checkpoint(block.parameters(), path)
-    assert onnxblock.load_checkpoint_to_model(path, zero_model) is None  # in place, as the reference
+    assert (
+        onnxblock.load_checkpoint_to_model(path, zero_model) is None
+    )  # in place, as the reference
     loaded = {i.name: onnx.numpy_helper.to_array(i) for i in zero_model.graph.initializer}
     params = dict(pt_model.named_parameters())
     for name in ("fc2.weight", "fc1.bias"):
@@ -345,7 +367,12 @@ def test_weighted_average_model_composition(tmp_path, model_type):
         return w1 * ce(outputs[0], labels[0]) + w2 * ce(outputs[1], labels[1])
 
     expected = loss_run(pt_model, (x1, x2), torch.stack([labels1, labels2]), weighted)
-    feeds = {"input-0": x1.numpy(), "input-1": x2.numpy(), "labels1": labels1.numpy(), "labels2": labels2.numpy()}
+    feeds = {
+        "input-0": x1.numpy(),
+        "input-1": x2.numpy(),
+        "labels1": labels1.numpy(),
+        "labels2": labels2.numpy(),
+    }
     if model_type == "ForwardBlock":
         (loss,) = _run(block.to_model_proto(), feeds)
         expected[0].check(loss, rtol=1e-5, name="loss")
@@ -358,7 +385,10 @@ def test_weighted_average_model_composition(tmp_path, model_type):
         buffers[name] = feeds[f"{name}_grad.accumulation.buffer"] = np.zeros_like(feeds[name])
     (loss, *_) = _run(training, feeds)
     expected[0].check(loss, rtol=1e-5, name="loss")
-    for name, _ in pt_model.named_parameters():  # InPlaceAccumulatorV2 wrote the gradients into the buffers
+    for (
+        name,
+        _,
+    ) in pt_model.named_parameters():  # InPlaceAccumulatorV2 wrote the gradients into the buffers
         scale = expected.scales[name]
         expected[1][name].check(buffers[name], rtol=1e-5, scale=scale, name=f"{name}'s gradient")
 
@@ -392,7 +422,9 @@ def test_label_encoder_composition(simple):
     labels = _target("CrossEntropyLoss")
     (loss,) = _run(model, {"input-0": x.numpy(), "labels": labels.numpy() + 521})
     with torch.no_grad():
-        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), pt_model, x)
+        expected = twice(
+            lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), pt_model, x
+        )
     expected.check(loss, rtol=1e-5, name="loss")
 
 
@@ -424,10 +456,14 @@ def test_string_targets_cast_to_numbers(tmp_path, simple):
             "lazy_reset_grad": np.array([True]),
         },
     )
-    parsed = torch.tensor([[float(v) for v in r] for r in text])  # the strings' values, as Cast reads them
+    parsed = torch.tensor(
+        [[float(v) for v in r] for r in text]
+    )  # the strings' values, as Cast reads them
     expected = loss_run(pt_model, (x,), parsed, torch.nn.functional.mse_loss)
     expected[0].check(loss, rtol=1e-5, name="loss")
-    expected[1]["fc2.bias"].check(buffer, rtol=1e-5, scale=expected.scales["fc2.bias"], name="fc2.bias's gradient")
+    expected[1]["fc2.bias"].check(
+        buffer, rtol=1e-5, scale=expected.scales["fc2.bias"], name="fc2.bias's gradient"
+    )
 
 
 # ------------------------------------------------------------------ artifacts
@@ -454,7 +490,9 @@ class BatchNormModel(torch.nn.Module):
 def test_additional_output_names(tmp_path):
     torch.manual_seed(0)
     onnx_model = _get_onnx_model(DropoutModel(), (torch.randn(BATCH, D_IN),))
-    artifacts.generate_artifacts(onnx_model, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    artifacts.generate_artifacts(
+        onnx_model, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path
+    )
     assert len(onnx.load(tmp_path / "eval_model.onnx").graph.output) == 1
     artifacts.generate_artifacts(
         onnx_model,
@@ -491,10 +529,14 @@ def test_eval_model_has_no_training_mode_and_matches_torch_eval(tmp_path, model_
             assert attrs.get("training_mode", 0) == 0 and len(node.output) == 1
     assert {"Dropout", "BatchNormalization"} & {n.op_type for n in eval_model.graph.node}
     labels = _target("CrossEntropyLoss")
-    (loss,) = models.OrtTrainer(art, optimizer=False).eval_step(x.numpy(), labels.numpy())  # ONNX Runtime loads it
+    (loss,) = models.OrtTrainer(art, optimizer=False).eval_step(
+        x.numpy(), labels.numpy()
+    )  # ONNX Runtime loads it
     pt_model.eval()
     with torch.no_grad():
-        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), pt_model, x)
+        expected = twice(
+            lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), pt_model, x
+        )
     expected.check(loss, rtol=1e-5, name="eval loss")
 
 
@@ -509,7 +551,9 @@ def test_save_ort_format(tmp_path, simple):
         ort_format=True,
     )
     for name in ("training_model", "eval_model", "optimizer_model"):
-        assert os.path.exists(tmp_path / f"{name}.onnx") and os.path.exists(tmp_path / f"{name}.ort")
+        assert os.path.exists(tmp_path / f"{name}.onnx") and os.path.exists(
+            tmp_path / f"{name}.ort"
+        )
 
 
 def test_nominal_checkpoint(tmp_path, simple):
@@ -528,7 +572,9 @@ def test_nominal_checkpoint(tmp_path, simple):
         C.load_checkpoint(os.fspath(tmp_path / "checkpoint")),
     )
     assert list(nominal.parameter_names()) == list(full.parameter_names()) == ["fc1.weight"]
-    assert (tmp_path / "nominal_checkpoint").stat().st_size < (tmp_path / "checkpoint").stat().st_size
+    assert (tmp_path / "nominal_checkpoint").stat().st_size < (
+        tmp_path / "checkpoint"
+    ).stat().st_size
 
 
 def test_the_references_enums_are_accepted(tmp_path, simple):
@@ -545,5 +591,7 @@ def test_the_references_enums_are_accepted(tmp_path, simple):
     target = _target("L1Loss")
     (loss,) = models.OrtTrainer(art).train_step(x.numpy(), target.numpy())
     with torch.no_grad():
-        expected = twice(lambda model, x: torch.nn.functional.l1_loss(model(x), target), pt_model, x)
+        expected = twice(
+            lambda model, x: torch.nn.functional.l1_loss(model(x), target), pt_model, x
+        )
     expected.check(loss, rtol=1e-5, name="loss")

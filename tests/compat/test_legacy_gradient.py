@@ -36,7 +36,9 @@ def test_gradient_graph_matches_torch_autograd(family, tmp_path):
     c = case(family, "torchscript")
     model = _with_loss(c.onnx_model)
     before = model.SerializeToString()
-    wants_input = [name for name, v in c.inputs.items() if v.dtype == np.float32]  # the MLP's x; not GPT's ids
+    wants_input = [
+        name for name, v in c.inputs.items() if v.dtype == np.float32
+    ]  # the MLP's x; not GPT's ids
     builder = GradientGraphBuilder(before, {"loss", "output"}, {*c.params, *wants_input}, "loss")
     builder.build()
     builder.save(tmp_path / "gradient.onnx")
@@ -46,9 +48,15 @@ def test_gradient_graph_matches_torch_autograd(family, tmp_path):
     assert [i.name for i in graph.input] == [*c.inputs, "r"]  # the weights stay initializers
     names = [o.name for o in graph.output]
     assert names[:2] == ["loss", "output"]
-    r = np.random.default_rng(1).standard_normal(c.torch_model(*c.torch_inputs()).shape).astype(np.float32)
+    r = (
+        np.random.default_rng(1)
+        .standard_normal(c.torch_model(*c.torch_inputs()).shape)
+        .astype(np.float32)
+    )
     got = dict(zip(names, ort.InferenceSession(data).run(None, {**c.inputs, "r": r}), strict=True))
-    torch_inputs = [torch.from_numpy(v.copy()).requires_grad_(v.dtype == np.float32) for v in c.inputs.values()]
+    torch_inputs = [
+        torch.from_numpy(v.copy()).requires_grad_(v.dtype == np.float32) for v in c.inputs.values()
+    ]
 
     def autograd(model, r, *inputs):
         model.zero_grad()
@@ -56,7 +64,9 @@ def test_gradient_graph_matches_torch_autograd(family, tmp_path):
         loss = (output * r).mean()
         loss.backward()
         grads = {f"{n}_grad": p.grad for n, p in model.named_parameters()}
-        grads |= {f"{n}_grad": t.grad for n, t in zip(c.inputs, inputs, strict=True) if t.grad is not None}
+        grads |= {
+            f"{n}_grad": t.grad for n, t in zip(c.inputs, inputs, strict=True) if t.grad is not None
+        }
         return loss, output, grads
 
     want = twice(autograd, c.torch_model, torch.from_numpy(r), *torch_inputs)
@@ -64,7 +74,9 @@ def test_gradient_graph_matches_torch_autograd(family, tmp_path):
     want[1].check(got["output"], rtol=1e-5, name="output")
     assert sorted(names[2:]) == sorted(want.value[2])
     # a weight's gradient sums |g x| over the batch: its floor is that sum where known, else its largest element
-    terms = gradient_magnitudes(c.torch_model, c.torch_inputs(), r, lambda output, r: (output * r).mean())
+    terms = gradient_magnitudes(
+        c.torch_model, c.torch_inputs(), r, lambda output, r: (output * r).mean()
+    )
     for name in want.value[2]:
         scale = terms.get(name.removesuffix("_grad"))
         want[2][name].check(got[name], rtol=1e-5, scale=scale, name=name)

@@ -56,7 +56,9 @@ def _reference(case: str, dtype: torch.dtype) -> tuple[list[float], list[dict[st
     """torch.optim (or the NumPy Lamb) on the legacy program's model in ``dtype``: losses, parameters after each step."""
     optimizer_name, floats, _, accumulate = CASES[case]
     params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in weights().items()}
-    if optimizer_name == "AdamOptimizer" and floats.get("lambda"):  # mode 0: decoupled, as torch.optim.AdamW
+    if optimizer_name == "AdamOptimizer" and floats.get(
+        "lambda"
+    ):  # mode 0: decoupled, as torch.optim.AdamW
         optimizer: torch.optim.Optimizer | None = torch.optim.AdamW(
             params.values(), lr=lr_at(0), eps=floats["epsilon"], weight_decay=floats["lambda"]
         )
@@ -90,12 +92,22 @@ def _reference(case: str, dtype: torch.dtype) -> tuple[list[float], list[dict[st
 
 def _check(case: str, losses, state) -> None:
     """The program's losses and final weights against the reference in float32 and float64 (support.numerics)."""
-    (want_losses, want), (want_losses64, want64) = _reference(case, torch.float32), _reference(case, torch.float64)
+    (want_losses, want), (want_losses64, want64) = (
+        _reference(case, torch.float32),
+        _reference(case, torch.float64),
+    )
     losses = np.float32(losses)
     assert_close(losses, np.float32(want_losses), want_losses64, rtol=1e-5, name=f"{case}: losses")
     for name in NAMES:
         scale = step_magnitudes(weights()[name], [params[name] for params in want64])[-1]
-        assert_close(state[name], want[-1][name], want64[-1][name], rtol=1e-5, scale=scale, name=f"{case}: {name}")
+        assert_close(
+            state[name],
+            want[-1][name],
+            want64[-1][name],
+            rtol=1e-5,
+            scale=scale,
+            name=f"{case}: {name}",
+        )
 
 
 @pytest.fixture
@@ -111,7 +123,9 @@ def test_legacy_program_trains_as_torch_on_the_training_build(case, legacy_cache
     _check(case, losses, state)
     if case.startswith("adam"):
         steps = STEPS // CASES[case][3]
-        assert all(int(state[f"Update_Count_{n}"][0]) == steps + 1 for n in NAMES)  # legacy: starts at 1
+        assert all(
+            int(state[f"Update_Count_{n}"][0]) == steps + 1 for n in NAMES
+        )  # legacy: starts at 1
         assert state["Moment_1_W1"].shape == state["W1"].shape
 
 
@@ -135,7 +149,8 @@ def test_legacy_program_trains_as_torch_on_stock_onnxruntime_313(portable_python
     tag = f"py313-{os.getpid()}-{tmp_path.name}"  # new model bytes: the 3.13 session builds its own artifacts
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXBLOCKS_")}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), ONNXBLOCKS_CACHE=str(cache_dir() / "gradient-worker")
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]),
+        ONNXBLOCKS_CACHE=str(cache_dir() / "gradient-worker"),
     )
     request = {"cases": sorted(CASES), "out": str(tmp_path), "tag": tag}
     done = subprocess.run(
@@ -165,9 +180,18 @@ def test_set_gradients_as_graph_outputs_fetches_the_gradients(legacy_cache):
     parameters.training_optimizer_name = "SGDOptimizer"
     parameters.set_gradients_as_graph_outputs = True
     session = TrainingSession(mlp_with_loss().SerializeToString(), parameters)
-    assert [o.name for o in session.get_outputs()] == ["loss", "pred", "W1_grad", "b1_grad", "W2_grad", "b2_grad"]
+    assert [o.name for o in session.get_outputs()] == [
+        "loss",
+        "pred",
+        "W1_grad",
+        "b1_grad",
+        "W2_grad",
+        "b2_grad",
+    ]
     x, y = batch(0)
-    loss, grad = session.run(["loss", "W1_grad"], {"x": x, "y": y, "Learning_Rate": np.array([0.1], np.float32)})
+    loss, grad = session.run(
+        ["loss", "W1_grad"], {"x": x, "y": y, "Learning_Rate": np.array([0.1], np.float32)}
+    )
 
     def first_step(*tensors):
         params = dict(zip(weights(), tensors, strict=True))
@@ -181,7 +205,12 @@ def test_set_gradients_as_graph_outputs_fetches_the_gradients(legacy_cache):
     # the step was applied: W1 moved by -lr * grad (the session's gradient, in float32 and float64)
     w1 = weights()["W1"]
     moved = Twice(w1 - np.float32(0.1) * grad, w1 - 0.1 * grad.astype(np.float64))
-    moved.check(session.get_state()["W1"], rtol=1e-6, scale=np.abs(w1) + 0.1 * np.abs(grad), name="W1 after the step")
+    moved.check(
+        session.get_state()["W1"],
+        rtol=1e-6,
+        scale=np.abs(w1) + 0.1 * np.abs(grad),
+        name="W1 after the step",
+    )
 
 
 def _adam_session() -> TrainingSession:
@@ -242,7 +271,9 @@ def test_weights_to_train_and_immutable_weights_choose_what_trains(legacy_cache)
     parameters = TrainingParameters()
     parameters.loss_output_name = "loss"
     parameters.weights_not_to_train = {"b1"}
-    parameters.immutable_weights = {"Add": [(1, 0.0)]}  # b2: one element, 0.0, the second input of an Add
+    parameters.immutable_weights = {
+        "Add": [(1, 0.0)]
+    }  # b2: one element, 0.0, the second input of an Add
     session = TrainingSession(data, parameters)
     assert sorted(session.get_model_state()["full_precision"]) == ["W1", "W2"]
     session.run(None, _feeds(0))
@@ -275,10 +306,28 @@ def test_optimizer_attributes_are_checked(legacy_cache):
     data = mlp_with_loss().SerializeToString()
     cases = [
         ("AdamOptimizer", {"W1": {"alpah": 0.9}}, {}, UnknownNameError, "'alpah'.*alpha"),
-        ("AdamOptimizer", {}, {n: {"do_bias_correction": 0} for n in NAMES}, InvalidValueError, "do_bias_correction=0"),
-        ("LambOptimizer", {n: {"ratio_max": 10.0} for n in NAMES}, {}, InvalidValueError, "ratio_min/ratio_max"),
+        (
+            "AdamOptimizer",
+            {},
+            {n: {"do_bias_correction": 0} for n in NAMES},
+            InvalidValueError,
+            "do_bias_correction=0",
+        ),
+        (
+            "LambOptimizer",
+            {n: {"ratio_max": 10.0} for n in NAMES},
+            {},
+            InvalidValueError,
+            "ratio_min/ratio_max",
+        ),
         ("AdamOptimizer", {"W1": {"alpha": 0.8}}, {}, InvalidValueError, "differ"),
-        ("MomentumOptimizer", {}, {}, InvalidValueError, "AdamOptimizer, LambOptimizer, SGDOptimizer"),
+        (
+            "MomentumOptimizer",
+            {},
+            {},
+            InvalidValueError,
+            "AdamOptimizer, LambOptimizer, SGDOptimizer",
+        ),
         ("SGDOptimizer", {"W9": {}}, {}, UnknownNameError, "'W9'"),
     ]
     for name, floats, ints, error, match in cases:
@@ -293,7 +342,9 @@ def test_optimizer_attributes_are_checked(legacy_cache):
     parameters.loss_output_name = "los"
     with pytest.raises(UnknownNameError, match="'los'.*loss"):
         TrainingSession(data, parameters)
-    assert not (legacy_cache / "legacy-training").exists() or not any((legacy_cache / "legacy-training").iterdir())
+    assert not (legacy_cache / "legacy-training").exists() or not any(
+        (legacy_cache / "legacy-training").iterdir()
+    )
 
 
 @pytest.mark.parametrize("bias", [1, 0])
@@ -301,26 +352,42 @@ def test_adam_weight_decay_mode_1_follows_the_legacy_kernel(bias, legacy_cache):
     """weight_decay_mode=1 against adam_impl.cu's mode-1 formula in NumPy (Hugging Face AdamW)."""
     from support.legacy_program import mlp_with_loss
 
-    wd, eps = 0.05, 1e-3  # a larger eps: without bias correction tiny gradients make m / (sqrt(v) + eps) sign-like
+    wd, eps = (
+        0.05,
+        1e-3,
+    )  # a larger eps: without bias correction tiny gradients make m / (sqrt(v) + eps) sign-like
     parameters = TrainingParameters()
     parameters.loss_output_name = "loss"
     parameters.training_optimizer_name = "AdamOptimizer"
     parameters.enable_grad_norm_clip = False
     parameters.optimizer_attributes_map = {n: {"lambda": wd, "epsilon": eps} for n in NAMES}
-    parameters.optimizer_int_attributes_map = {n: {"weight_decay_mode": 1, "do_bias_correction": bias} for n in NAMES}
+    parameters.optimizer_int_attributes_map = {
+        n: {"weight_decay_mode": 1, "do_bias_correction": bias} for n in NAMES
+    }
     session = TrainingSession(mlp_with_loss().SerializeToString(), parameters)
     got = [session.run(["loss"], _feeds(step))[0] for step in range(8)]
     (losses, history, _), (losses64, history64, scales) = (
         _adam_mode_1(bias, wd, eps, dtype) for dtype in (np.float32, np.float64)
     )
     loss_scale = scales.pop("loss")
-    assert_close(np.float32(got), np.float32(losses), losses64, rtol=1e-5, scale=loss_scale, name="losses")
+    assert_close(
+        np.float32(got), np.float32(losses), losses64, rtol=1e-5, scale=loss_scale, name="losses"
+    )
     state = session.get_state()
     for name in NAMES:
-        assert_close(state[name], history[-1][name], history64[-1][name], rtol=1e-5, scale=scales[name], name=name)
+        assert_close(
+            state[name],
+            history[-1][name],
+            history64[-1][name],
+            rtol=1e-5,
+            scale=scales[name],
+            name=name,
+        )
 
 
-def _adam_mode_1(bias: int, wd: float, eps: float, dtype: type) -> tuple[list[float], list[dict], dict]:
+def _adam_mode_1(
+    bias: int, wd: float, eps: float, dtype: type
+) -> tuple[list[float], list[dict], dict]:
     """adam_impl.cu's mode-1 formula (Hugging Face AdamW) in NumPy in ``dtype`` on torch's gradients in ``dtype``:
     the loss at each of 8 steps, the weights after each, and each weight's floor ``scale`` (and the losses').
 
@@ -370,5 +437,10 @@ def _gradient_terms(params: dict[str, torch.Tensor], step: int) -> dict[str, np.
     r = torch.relu(h)
     pred = r @ p["W2"] + p["b2"]
     dh, dpred = torch.autograd.grad(((pred - y) ** 2).mean(), [h, pred])
-    terms = {"W1": x.abs().T @ dh.abs(), "b1": dh.abs().sum(0), "W2": r.abs().T @ dpred.abs(), "b2": dpred.abs().sum(0)}
+    terms = {
+        "W1": x.abs().T @ dh.abs(),
+        "b1": dh.abs().sum(0),
+        "W2": r.abs().T @ dpred.abs(),
+        "b2": dpred.abs().sum(0),
+    }
     return {n: t.detach().numpy() for n, t in terms.items()}

@@ -51,7 +51,8 @@ def two_task_loss(kind, weights: tuple[float, float]):
             terms = [
                 scale(weight(), loss(logits, labels_name=f"labels{i}"))
                 for i, (logits, loss, weight, scale) in enumerate(
-                    zip((logits_a, logits_b), self.losses, self.weights, self.scales, strict=True), start=1
+                    zip((logits_a, logits_b), self.losses, self.weights, self.scales, strict=True),
+                    start=1,
                 )
             ]
             return self.total(*terms)
@@ -76,8 +77,15 @@ def test_weighted_average_of_losses(tmp_path, two_outputs):
     with onnxblock.base(two_outputs.onnx):
         _ = forward(out1, out2)
     forward_model = forward.to_model_proto()
-    assert [i.name for i in forward_model.graph.input] == ["input-0", "input-1", "labels1", "labels2"]
-    (loss,) = infer(forward_model, dict(zip(["input-0", "input-1", "labels1", "labels2"], inputs, strict=True)))
+    assert [i.name for i in forward_model.graph.input] == [
+        "input-0",
+        "input-1",
+        "labels1",
+        "labels2",
+    ]
+    (loss,) = infer(
+        forward_model, dict(zip(["input-0", "input-1", "labels1", "labels2"], inputs, strict=True))
+    )
     expected[0].check(loss, name="forward loss")
 
     training = two_task_loss(onnxblock.TrainingBlock, (w1, w2))
@@ -111,9 +119,13 @@ def test_label_encoder_composition(tmp_path, net):
             # the labels input is added by editing the proto, as blocks written for the reference do
             batch = self.base.graph.output[0].type.tensor_type.shape.dim[0]
             self.base.graph.input.append(
-                helper.make_tensor_value_info("label_names", TensorProto.STRING, [batch.dim_param or batch.dim_value])
+                helper.make_tensor_value_info(
+                    "label_names", TensorProto.STRING, [batch.dim_param or batch.dim_value]
+                )
             )
-            encoder = onnxblock.blocks.LabelEncoder(default_int64=0, keys_strings=names, values_int64s=[0, 1, 2, 3])
+            encoder = onnxblock.blocks.LabelEncoder(
+                default_int64=0, keys_strings=names, values_int64s=[0, 1, 2, 3]
+            )
             return self._loss(output_name, encoder("label_names"))
 
     block = CrossEntropyOnNames()
@@ -152,14 +164,18 @@ def test_label_encoder_on_integer_labels(net):
 
     block = CodesToClasses()
     with onnxblock.base(base_model) as accessor:
-        accessor.model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 2))  # as the reference's tests do
+        accessor.model.opset_import.append(
+            helper.make_opsetid("ai.onnx.ml", 2)
+        )  # as the reference's tests do
         _ = block(base_model.graph.output[0].name)
         model = block.to_model_proto()
     assert {o.domain: o.version for o in model.opset_import}["ai.onnx.ml"] == 2
     labels = make_labels(8)
     (loss,) = infer(model, {"input-0": net.x.numpy(), "codes": labels.numpy() + 521})
     with torch.no_grad():
-        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), net.torch, net.x)
+        expected = twice(
+            lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), net.torch, net.x
+        )
     expected.check(loss, name="loss")
 
 
@@ -178,7 +194,9 @@ def test_string_inputs_with_cast(tmp_path):
 
     block = ParseThenDense()
     with onnxblock.empty_base() as accessor:
-        accessor.model.graph.input.append(helper.make_tensor_value_info("text", TensorProto.STRING, [1, 4]))
+        accessor.model.graph.input.append(
+            helper.make_tensor_value_info("text", TensorProto.STRING, [1, 4])
+        )
         _ = block("text")
     onnx_model = block.to_model_proto()
     params = [p.name for p in onnx_model.graph.initializer]
@@ -193,7 +211,8 @@ def test_string_inputs_with_cast(tmp_path):
     strs = np.array([["1.0", "2.0", "3.0", "4.0"]], dtype=object)
     label = np.array([1], dtype=np.int64)
     weights = {
-        p.name: torch.from_numpy(numpy_helper.to_array(p).copy()).requires_grad_() for p in onnx_model.graph.initializer
+        p.name: torch.from_numpy(numpy_helper.to_array(p).copy()).requires_grad_()
+        for p in onnx_model.graph.initializer
     }
 
     def dense(weight, bias, x):  # Linear's (in, out) weight, then its bias
@@ -247,7 +266,9 @@ def test_forward_block_usage_patterns(net):
     a, b = infer(inside, {"input-0": net.x.numpy(), "target_a": ta.numpy(), "target_b": tb.numpy()})
     with torch.no_grad():
         expected = twice(
-            lambda model, x: [torch.nn.functional.mse_loss(model(x), t) for t in (ta, tb)], net.torch, net.x
+            lambda model, x: [torch.nn.functional.mse_loss(model(x), t) for t in (ta, tb)],
+            net.torch,
+            net.x,
         )
     expected.check([a, b], name="the two losses")
 
@@ -259,9 +280,15 @@ class ScaledRelu(onnxblock.Block):
         self._scale = scale
 
     def build(self, input_name):
-        self.base.graph.initializer.append(numpy_helper.from_array(np.array([self._scale], np.float32), "act.scale"))
-        self.base.graph.node.append(helper.make_node("Relu", [input_name], ["act.relu"], name="act_relu"))
-        self.base.graph.node.append(helper.make_node("Mul", ["act.relu", "act.scale"], ["act.out"], name="act_mul"))
+        self.base.graph.initializer.append(
+            numpy_helper.from_array(np.array([self._scale], np.float32), "act.scale")
+        )
+        self.base.graph.node.append(
+            helper.make_node("Relu", [input_name], ["act.relu"], name="act_relu")
+        )
+        self.base.graph.node.append(
+            helper.make_node("Mul", ["act.relu", "act.scale"], ["act.out"], name="act_mul")
+        )
         return "act.out"
 
 
@@ -277,7 +304,9 @@ class RegressionPlusTagging(onnxblock.Block):
 
     def build(self, regression, logits):
         mse, bce = self.parts
-        return self.total(mse(regression, target_name="target1"), bce(logits, target_name="target2"))
+        return self.total(
+            mse(regression, target_name="target1"), bce(logits, target_name="target2")
+        )
 
 
 def test_custom_blocks_written_the_reference_way(tmp_path, two_outputs):
@@ -313,7 +342,9 @@ def test_custom_blocks_written_the_reference_way(tmp_path, two_outputs):
         return loss, {**{n: p.grad for n, p in model.named_parameters()}, "act.scale": scale.grad}
 
     scale = torch.tensor([1.5], requires_grad=True)
-    expected = twice(regression_plus_tagging, two_outputs.torch, scale, two_outputs.x1, two_outputs.x2, t1, t2)
+    expected = twice(
+        regression_plus_tagging, two_outputs.torch, scale, two_outputs.x1, two_outputs.x2, t1, t2
+    )
     session = Session.of(art)
     (loss,) = session.train(two_outputs.x1.numpy(), two_outputs.x2.numpy(), t1.numpy(), t2.numpy())
     expected[0].check(loss, name="loss")
@@ -338,7 +369,9 @@ def test_custom_block_reads_a_large_initializer(tmp_path):
         def build(self, output_name):
             stub = next(i for i in self.base.graph.initializer if i.name == "fc1.weight")
             assert list(stub.dims) == [64, D_IN]
-            start = self.accessor.constant(self.accessor.tensor("fc1.weight") + 0.5, name_hint="fc1_start")
+            start = self.accessor.constant(
+                self.accessor.tensor("fc1.weight") + 0.5, name_hint="fc1_start"
+            )
             drift = onnxblock.blocks.ReduceSum(keepdims=False)(
                 onnxblock.blocks.Pow(2.0)(onnxblock.blocks.Sub()("fc1.weight", start))
             )
@@ -354,7 +387,10 @@ def test_custom_block_reads_a_large_initializer(tmp_path):
 
     def stay_near(model, x, target):
         start = model.fc1.weight.detach().clone() + 0.5
-        loss = torch.nn.functional.mse_loss(model(x), target) + 0.25 * ((model.fc1.weight - start) ** 2).sum()
+        loss = (
+            torch.nn.functional.mse_loss(model(x), target)
+            + 0.25 * ((model.fc1.weight - start) ** 2).sum()
+        )
         loss.backward()
         return loss, {n: p.grad for n, p in model.named_parameters()}
 
@@ -372,7 +408,10 @@ def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
 
         def __init__(self):
             super().__init__()
-            self.offsets = (torch.randn(2, 3, 8, 10), torch.randn(4, 3, 60))  # > 1 KiB each: held constants
+            self.offsets = (
+                torch.randn(2, 3, 8, 10),
+                torch.randn(4, 3, 60),
+            )  # > 1 KiB each: held constants
 
         def forward(self, x, y):
             return x + self.offsets[0], y + self.offsets[1]
@@ -388,10 +427,17 @@ def test_custom_loss_on_outputs_of_different_ranks(tmp_path):
 
     def regression_plus_tagging(offset1, offset2, x, y, t1, t2):
         o1, o2 = x + offset1, y + offset2
-        return torch.nn.functional.mse_loss(o1, t1) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
+        return torch.nn.functional.mse_loss(
+            o1, t1
+        ) + torch.nn.functional.binary_cross_entropy_with_logits(o2, t2)
 
     expected = twice(regression_plus_tagging, *module.offsets, x, y, t1, t2)
-    feeds = {"input-0": x.numpy(), "input-1": y.numpy(), "target1": t1.numpy(), "target2": t2.numpy()}
+    feeds = {
+        "input-0": x.numpy(),
+        "input-1": y.numpy(),
+        "target1": t1.numpy(),
+        "target2": t2.numpy(),
+    }
     (loss,) = infer(art.eval_model, feeds)
     expected.check(loss, name="loss")
 
@@ -449,7 +495,10 @@ def test_model_whose_output_is_the_loss(tmp_path, net):
     ]
     target = regression_target()
     expected = loss_run(
-        net.torch, (net.x,), target, lambda out, t: torch.nn.functional.l1_loss(out, t, reduction="sum")
+        net.torch,
+        (net.x,),
+        target,
+        lambda out, t: torch.nn.functional.l1_loss(out, t, reduction="sum"),
     )
     with torch.no_grad():
         outputs = twice(lambda model, x: model(x), net.torch, net.x)

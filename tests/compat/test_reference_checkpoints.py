@@ -42,7 +42,9 @@ def test_nominal_checkpoint_trains_like_the_complete_one(tmp_path, net):
     )
     assert art.nominal_checkpoint.stat().st_size < art.checkpoint.stat().st_size
     complete = Session.of(art)
-    nominal = Session(art.training_model, art.eval_model, art.nominal_checkpoint, art.optimizer_model)
+    nominal = Session(
+        art.training_model, art.eval_model, art.nominal_checkpoint, art.optimizer_model
+    )
     assert list(nominal.state.parameter_names()) == list(complete.state.parameter_names())
     with pytest.raises(Exception, match="Please load the parameter states first"):
         nominal.state.get_parameter("fc1.weight").data  # noqa: B018 - the access raises
@@ -51,7 +53,9 @@ def test_nominal_checkpoint_trains_like_the_complete_one(tmp_path, net):
     (loss1,) = complete.train(net.x.numpy(), labels.numpy())
     (loss2,) = nominal.train(net.x.numpy(), labels.numpy())
     with torch.no_grad():
-        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), net.torch, net.x)
+        expected = twice(
+            lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), net.torch, net.x
+        )
     expected.check(loss1, name="the complete checkpoint's loss")
     expected.check(loss2, name="the nominal checkpoint's loss")
     complete.step()
@@ -72,7 +76,9 @@ def test_ort_format_files_train_like_the_onnx_files(tmp_path, net):
         assert path.suffix == ".ort" and path.is_file()
     base_opset = {o.domain: o.version for o in net.onnx.opset_import}[""]
     for path in (art.training_model, art.eval_model, art.optimizer_model):
-        assert {o.domain: o.version for o in onnx.load(path).opset_import}[""] == base_opset, path.name
+        assert {o.domain: o.version for o in onnx.load(path).opset_import}[""] == base_opset, (
+            path.name
+        )
     from_onnx, from_ort = Session.of(art), Session.of(art, ort=True)
     labels = make_labels()
     for _ in range(2):
@@ -82,7 +88,9 @@ def test_ort_format_files_train_like_the_onnx_files(tmp_path, net):
         assert_close(b, a, rtol=1e-6, name="the ORT-format loss")
         from_onnx.step()
         from_ort.step()
-    assert_close(from_ort.flat(False).numpy(), from_onnx.flat(False).numpy(), rtol=1e-6, name="parameters")
+    assert_close(
+        from_ort.flat(False).numpy(), from_onnx.flat(False).numpy(), rtol=1e-6, name="parameters"
+    )
     eval_ort, eval_onnx = (
         from_ort.eval(net.x.numpy(), labels.numpy())[0],
         from_onnx.eval(net.x.numpy(), labels.numpy())[0],
@@ -103,15 +111,25 @@ def test_checkpoint_round_trips(tmp_path, net):
 
     state = C.load_checkpoint(os.fspath(path))  # ONNX Runtime reads what onnxblock wrote
     assert sorted(state.parameter_names()) == ["fc1.bias", "fc2.weight"]
-    assert state.get_parameter("fc2.weight").requires_grad and not state.get_parameter("fc1.bias").requires_grad
+    assert (
+        state.get_parameter("fc2.weight").requires_grad
+        and not state.get_parameter("fc1.bias").requires_grad
+    )
     for name in ("fc1.bias", "fc2.weight"):
         np.testing.assert_array_equal(state.get_parameter(name).data.numpy(), torch_params[name])
-    assert sorted(C.load_checkpoint(os.fspath(tmp_path / "nominal")).parameter_names()) == ["fc1.bias", "fc2.weight"]
+    assert sorted(C.load_checkpoint(os.fspath(tmp_path / "nominal")).parameter_names()) == [
+        "fc1.bias",
+        "fc2.weight",
+    ]
 
     zero_model = copy.deepcopy(net.onnx)
     for init in zero_model.graph.initializer:
-        init.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), init.name))
-    assert onnxblock.load_checkpoint_to_model(path, zero_model) is None  # in place, as the reference
+        init.CopyFrom(
+            numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), init.name)
+        )
+    assert (
+        onnxblock.load_checkpoint_to_model(path, zero_model) is None
+    )  # in place, as the reference
     loaded = {i.name: numpy_helper.to_array(i) for i in zero_model.graph.initializer}
     for name in ("fc1.bias", "fc2.weight"):
         np.testing.assert_array_equal(loaded[name], torch_params[name])
@@ -133,6 +151,12 @@ def test_checkpoint_round_trips(tmp_path, net):
     # the MSE in float32 and float64 NumPy from the exported model's float32 output
     squares = (out - target.numpy()) ** 2
     squares64 = (out.astype(np.float64) - target.numpy()) ** 2
-    assert_close(eval_loss, np.mean(squares, dtype=np.float32), np.mean(squares64), rtol=RTOL, name="eval loss")
+    assert_close(
+        eval_loss,
+        np.mean(squares, dtype=np.float32),
+        np.mean(squares64),
+        rtol=RTOL,
+        name="eval loss",
+    )
     with pytest.raises(RuntimeError, match="No checkpoint parameters provided"):
         onnxblock.save_checkpoint(None, path)

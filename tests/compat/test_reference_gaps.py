@@ -54,11 +54,18 @@ def test_model_exported_at_opset_10_trains(tmp_path, net):
 
 def test_unnamed_node_without_gradient_is_named_in_the_error(net):
     class SumOfSquares(onnxblock.TrainingBlock):
-        def build(self, output_name):  # nodes appended without names, as blocks written for the reference do
-            self.base.graph.node.append(helper.make_node("ReduceSumSquare", [output_name], ["sos"], keepdims=0))
+        def build(
+            self, output_name
+        ):  # nodes appended without names, as blocks written for the reference do
+            self.base.graph.node.append(
+                helper.make_node("ReduceSumSquare", [output_name], ["sos"], keepdims=0)
+            )
             return "sos"
 
     block = SumOfSquares()
     block.requires_grad("fc2.bias")
-    with pytest.raises(GradientError, match="ReduceSumSquare.*domain.*fc2.bias"), onnxblock.base(net.onnx):
+    with (
+        pytest.raises(GradientError, match="ReduceSumSquare.*domain.*fc2.bias"),
+        onnxblock.base(net.onnx),
+    ):
         block(net.onnx.graph.output[0].name)

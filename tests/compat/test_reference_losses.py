@@ -30,11 +30,31 @@ POS_WEIGHT = np.array([3.0, 0.5, 1.0, 2.0], dtype=np.float32)
 
 LOSS_CASES = {
     "mse-mean": ("MSELoss", {}, regression_target, lambda: torch.nn.MSELoss()),
-    "mse-sum": ("MSELoss", {"reduction": "sum"}, regression_target, lambda: torch.nn.MSELoss(reduction="sum")),
-    "mse-none": ("MSELoss", {"reduction": "none"}, regression_target, lambda: torch.nn.MSELoss(reduction="none")),
+    "mse-sum": (
+        "MSELoss",
+        {"reduction": "sum"},
+        regression_target,
+        lambda: torch.nn.MSELoss(reduction="sum"),
+    ),
+    "mse-none": (
+        "MSELoss",
+        {"reduction": "none"},
+        regression_target,
+        lambda: torch.nn.MSELoss(reduction="none"),
+    ),
     "l1-mean": ("L1Loss", {}, regression_target, lambda: torch.nn.L1Loss()),
-    "l1-sum": ("L1Loss", {"reduction": "sum"}, regression_target, lambda: torch.nn.L1Loss(reduction="sum")),
-    "l1-none": ("L1Loss", {"reduction": "none"}, regression_target, lambda: torch.nn.L1Loss(reduction="none")),
+    "l1-sum": (
+        "L1Loss",
+        {"reduction": "sum"},
+        regression_target,
+        lambda: torch.nn.L1Loss(reduction="sum"),
+    ),
+    "l1-none": (
+        "L1Loss",
+        {"reduction": "none"},
+        regression_target,
+        lambda: torch.nn.L1Loss(reduction="none"),
+    ),
     "ce-mean": ("CrossEntropyLoss", {}, make_labels, lambda: torch.nn.CrossEntropyLoss()),
     "ce-weight": (
         "CrossEntropyLoss",
@@ -52,7 +72,9 @@ LOSS_CASES = {
         "CrossEntropyLoss",
         {"weight": CLASS_WEIGHT, "ignore_index": -100, "reduction": "sum"},
         lambda: make_labels(with_ignored=True),
-        lambda: torch.nn.CrossEntropyLoss(weight=torch.from_numpy(CLASS_WEIGHT), ignore_index=-100, reduction="sum"),
+        lambda: torch.nn.CrossEntropyLoss(
+            weight=torch.from_numpy(CLASS_WEIGHT), ignore_index=-100, reduction="sum"
+        ),
     ),
     "ce-weight-ignore-mean": (
         "CrossEntropyLoss",
@@ -77,14 +99,18 @@ LOSS_CASES = {
         "BCEWithLogitsLoss",
         {"pos_weight": POS_WEIGHT, "reduction": "sum"},
         probability_target,
-        lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.from_numpy(POS_WEIGHT), reduction="sum"),
+        lambda: torch.nn.BCEWithLogitsLoss(
+            pos_weight=torch.from_numpy(POS_WEIGHT), reduction="sum"
+        ),
     ),
     "bce-both-none": (
         "BCEWithLogitsLoss",
         {"weight": CLASS_WEIGHT, "pos_weight": POS_WEIGHT, "reduction": "none"},
         probability_target,
         lambda: torch.nn.BCEWithLogitsLoss(
-            weight=torch.from_numpy(CLASS_WEIGHT), pos_weight=torch.from_numpy(POS_WEIGHT), reduction="none"
+            weight=torch.from_numpy(CLASS_WEIGHT),
+            pos_weight=torch.from_numpy(POS_WEIGHT),
+            reduction="none",
         ),
     ),
 }
@@ -101,7 +127,9 @@ def test_loss_value_matches_torch(net, case):
     feeds = {model.graph.input[0].name: net.x.numpy(), model.graph.input[1].name: target.numpy()}
     (loss,) = infer(model, feeds, [model.graph.output[0].name])
     with torch.no_grad():
-        expected = twice(lambda model, loss, x: loss(model(x), target), net.torch, torch_loss(), net.x)
+        expected = twice(
+            lambda model, loss, x: loss(model(x), target), net.torch, torch_loss(), net.x
+        )
     assert loss.shape == expected.value.shape
     expected.check(loss, name=case)
 

@@ -48,7 +48,9 @@ def test_custom_optimizer_block(tmp_path, net, kind, clip):
     betas, eps, weight_decay, lr = (0.8, 0.95), 1e-3, 0.25, 0.01
     clip_grad = onnxblock.optim.ClipGradNorm(clip) if clip else None
     if kind == "AdamW":
-        optimizer = onnxblock.optim.AdamW(betas=betas, eps=eps, weight_decay=weight_decay, clip_grad=clip_grad)
+        optimizer = onnxblock.optim.AdamW(
+            betas=betas, eps=eps, weight_decay=weight_decay, clip_grad=clip_grad
+        )
     else:
         optimizer = onnxblock.optim.SGD(clip_grad=clip_grad)
     art = artifacts.generate_artifacts(
@@ -63,8 +65,13 @@ def test_custom_optimizer_block(tmp_path, net, kind, clip):
     if kind == "AdamW":
         attrs = _attributes(nodes["AdamWOptimizer"])
         hyper = [attrs["alpha"], attrs["beta"], attrs["epsilon"], attrs["weight_decay"]]
-        assert np.float32(hyper).tolist() == np.float32([*betas, eps, weight_decay]).tolist()  # float attributes
-        assert (attrs["adam_mode"], attrs["correct_bias"]) == (1, 1)  # the reference's Hugging Face AdamW
+        assert (
+            np.float32(hyper).tolist() == np.float32([*betas, eps, weight_decay]).tolist()
+        )  # float attributes
+        assert (attrs["adam_mode"], attrs["correct_bias"]) == (
+            1,
+            1,
+        )  # the reference's Hugging Face AdamW
     else:
         assert "SGDOptimizerV2" in nodes
     assert ("InplaceClipGradNorm" in nodes) is bool(clip)
@@ -75,27 +82,42 @@ def test_custom_optimizer_block(tmp_path, net, kind, clip):
     session.optimizer.set_learning_rate(lr)
     # the formulas in float32 and in float64 on the session's gradients; the floor: |w| plus the updates summed
     start = {n: p.detach().numpy() for n, p in net.torch.named_parameters()}
-    w = {dtype: {n: a.astype(dtype) for n, a in start.items()} for dtype in (np.float32, np.float64)}
+    w = {
+        dtype: {n: a.astype(dtype) for n, a in start.items()} for dtype in (np.float32, np.float64)
+    }
     m = {dtype: {n: np.zeros_like(a) for n, a in w[dtype].items()} for dtype in w}
     v = {dtype: {n: np.zeros_like(a) for n, a in w[dtype].items()} for dtype in w}
     scale = {n: np.abs(a.astype(np.float64)) for n, a in start.items()}
     labels = make_labels()
     for t in (1, 2):
         session.train(net.x.numpy(), labels.numpy())
-        grads = {dtype: _clip({n: session.grad(n).astype(dtype) for n in net.params}, clip) for dtype in w}
+        grads = {
+            dtype: _clip({n: session.grad(n).astype(dtype) for n in net.params}, clip)
+            for dtype in w
+        }
         session.step()
         for n in net.params:
             before64 = w[np.float64][n]
             for dtype, ws in w.items():
                 if kind == "AdamW":
                     ws[n], m[dtype][n], v[dtype][n] = hf_adamw_step(
-                        ws[n], grads[dtype][n], m[dtype][n], v[dtype][n], t, lr, *betas, eps, weight_decay
+                        ws[n],
+                        grads[dtype][n],
+                        m[dtype][n],
+                        v[dtype][n],
+                        t,
+                        lr,
+                        *betas,
+                        eps,
+                        weight_decay,
                     )
                 else:
                     ws[n] = ws[n] - dtype(lr) * grads[dtype][n]
             scale[n] = scale[n] + np.abs(w[np.float64][n] - before64)
             want, want64 = w[np.float32][n], w[np.float64][n]
-            assert_close(session.param(n), want, want64, rtol=1e-5, scale=scale[n], name=f"{n} at step {t}")
+            assert_close(
+                session.param(n), want, want64, rtol=1e-5, scale=scale[n], name=f"{n} at step {t}"
+            )
 
 
 def test_optimizer_block_in_an_empty_base(tmp_path, net):
@@ -133,8 +155,14 @@ def test_optimizer_block_in_an_empty_base(tmp_path, net):
     params = [a.copy() for a in feeds["params"]]
     # one step of the formula in float32 on torch's float32 gradients, and in float64 on its float64 ones
     hyper = (1, 0.01, 0.9, 0.999, 1e-6, 0.0)
-    want = [hf_adamw_step(p, g, 0.0, 0.0, *hyper)[0] for p, g in zip(params, feeds["gradients"], strict=True)]
-    want64 = [hf_adamw_step(p.astype(np.float64), g, 0.0, 0.0, *hyper)[0] for p, g in zip(params, grads64, strict=True)]
+    want = [
+        hf_adamw_step(p, g, 0.0, 0.0, *hyper)[0]
+        for p, g in zip(params, feeds["gradients"], strict=True)
+    ]
+    want64 = [
+        hf_adamw_step(p.astype(np.float64), g, 0.0, 0.0, *hyper)[0]
+        for p, g in zip(params, grads64, strict=True)
+    ]
     scales = [np.abs(p) + np.abs(p - w) for p, w in zip(params, want64, strict=True)]
     (updated,) = infer(optimizer_model, feeds, [output_name])
     assert bool(np.asarray(updated).reshape(-1)[0])

@@ -40,7 +40,10 @@ from onnxblocks.compat import artifacts, onnxblock
 # ------------------------------------------------------------------ parameters: inputs, partitions, outputs
 def test_requires_grad_on_an_input(tmp_path, net):
     art = artifacts.generate_artifacts(
-        net.onnx, requires_grad=["input-0", "fc1.weight"], loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path
+        net.onnx,
+        requires_grad=["input-0", "fc1.weight"],
+        loss=artifacts.LossType.MSELoss,
+        artifact_directory=tmp_path,
     )
     assert art.requires_grad == ("fc1.weight",)
     training = onnx.load(art.training_model)
@@ -59,7 +62,11 @@ def test_requires_grad_on_an_input(tmp_path, net):
     expected[0].check(loss, name="loss")
     assert_grads(session, expected, ["fc1.weight"])
     # and the input gradient is the value torch computes
-    feeds = {"input-0": net.x.numpy(), "target": target.numpy(), "lazy_reset_grad": np.array([True])}
+    feeds = {
+        "input-0": net.x.numpy(),
+        "target": target.numpy(),
+        "lazy_reset_grad": np.array([True]),
+    }
     for name in net.params:
         feeds[name] = dict(net.torch.named_parameters())[name].detach().numpy()
     feeds = {i.name: feeds.get(i.name) for i in training.graph.input}
@@ -77,7 +84,10 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         optimizer=artifacts.OptimType.SGD,
         artifact_directory=tmp_path,
     )
-    assert (art.requires_grad, art.frozen_params) == (("fc2.weight", "fc2.bias"), ("fc1.weight", "fc1.bias"))
+    assert (art.requires_grad, art.frozen_params) == (
+        ("fc2.weight", "fc2.bias"),
+        ("fc1.weight", "fc1.bias"),
+    )
     session = Session.of(art)
     torch_params = {n: p.detach().numpy() for n, p in net.torch.named_parameters()}
     # every parameter is in the checkpoint with its value; only the trainable ones get gradients
@@ -86,7 +96,9 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         parameter = session.state.get_parameter(name)
         np.testing.assert_array_equal(parameter.data.numpy(), torch_params[name])
         assert parameter.requires_grad is name.startswith("fc2")
-        assert parameter.grad.has_value() is name.startswith("fc2")  # a zero gradient buffer for trainable ones
+        assert parameter.grad.has_value() is name.startswith(
+            "fc2"
+        )  # a zero gradient buffer for trainable ones
         if name.startswith("fc2"):
             assert not parameter.grad.numpy().any()
     assert session.module.get_parameters_size(True) == HIDDEN * D_OUT + D_OUT
@@ -100,7 +112,11 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         loss = torch.nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        return loss, grads, {n: p.detach() - 0.1 * grads[n] for n, p in model.named_parameters() if n in grads}
+        return (
+            loss,
+            grads,
+            {n: p.detach() - 0.1 * grads[n] for n, p in model.named_parameters() if n in grads},
+        )
 
     expected = twice(sgd_step, model, net.x)
     (loss,) = session.train(net.x.numpy(), labels.numpy())
@@ -116,26 +132,38 @@ def test_frozen_and_trainable_parameters(tmp_path, net):
         else:
             # p - 0.1 g: the terms are |p| and 0.1 |g|
             scale = np.abs(torch_params[name]) + 0.1 * np.abs(expected.value64[1][name])
-            expected[2][name].check(session.param(name), rtol=1e-5, scale=scale, name=f"{name} after the step")
+            expected[2][name].check(
+                session.param(name), rtol=1e-5, scale=scale, name=f"{name} after the step"
+            )
     # the reference's copy_buffer_to_parameters round trip
     buffer = C.OrtValue.ortvalue_from_numpy(before, CPU)
     session.module.copy_buffer_to_parameters(buffer, True)
     np.testing.assert_array_equal(session.flat(trainable_only=True).numpy(), before)
     # a frozen parameter is an input fed from the state, not a constant: a new value changes the loss
     ones = np.ones((HIDDEN, D_IN), np.float32)
-    session.state.get_parameter("fc1.weight").copy_from(session.state, C.OrtValue.ortvalue_from_numpy(ones, CPU))
+    session.state.get_parameter("fc1.weight").copy_from(
+        session.state, C.OrtValue.ortvalue_from_numpy(ones, CPU)
+    )
     with torch.no_grad():
         model.fc1.weight.copy_(torch.from_numpy(ones))
         for name in ("fc2.weight", "fc2.bias"):
             dict(model.named_parameters())[name].copy_(torch.from_numpy(session.param(name)))
-        expected = twice(lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), model, net.x)
-    for outputs in (session.train(net.x.numpy(), labels.numpy()), session.eval(net.x.numpy(), labels.numpy())):
+        expected = twice(
+            lambda model, x: torch.nn.functional.cross_entropy(model(x), labels), model, net.x
+        )
+    for outputs in (
+        session.train(net.x.numpy(), labels.numpy()),
+        session.eval(net.x.numpy(), labels.numpy()),
+    ):
         expected.check(outputs[0], name="loss with fc1.weight set to ones")
 
 
 def test_parameters_neither_trainable_nor_frozen_stay_constants(tmp_path, net):
     art = artifacts.generate_artifacts(
-        net.onnx, requires_grad=["fc2.bias"], loss=artifacts.LossType.L1Loss, artifact_directory=tmp_path
+        net.onnx,
+        requires_grad=["fc2.bias"],
+        loss=artifacts.LossType.L1Loss,
+        artifact_directory=tmp_path,
     )
     training = onnx.load(art.training_model)
     assert {i.name for i in training.graph.initializer} >= {"fc1.weight", "fc1.bias", "fc2.weight"}
@@ -150,7 +178,9 @@ def test_parameters_neither_trainable_nor_frozen_stay_constants(tmp_path, net):
 
 def test_retrieve_parameters_and_partition(net):
     block = loss_block(onnxblock.TrainingBlock, "MSELoss", {})
-    with pytest.raises(RuntimeError, match="Please build the training model first before trying to retrieve"):
+    with pytest.raises(
+        RuntimeError, match="Please build the training model first before trying to retrieve"
+    ):
         block.parameters()
     block.requires_grad("fc2.weight", False)
     block.requires_grad("fc1.bias", False)
@@ -163,12 +193,17 @@ def test_retrieve_parameters_and_partition(net):
     assert [p.name for p in frozen] == ["fc1.bias", "fc2.weight"]
     torch_params = dict(net.torch.named_parameters())
     for tensor in trainable + frozen:
-        np.testing.assert_array_equal(numpy_helper.to_array(tensor), torch_params[tensor.name].detach().numpy())
+        np.testing.assert_array_equal(
+            numpy_helper.to_array(tensor), torch_params[tensor.name].detach().numpy()
+        )
 
 
 def test_additional_outputs(tmp_path, net):
     art = artifacts.generate_artifacts(
-        net.onnx, requires_grad=net.params, loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path
+        net.onnx,
+        requires_grad=net.params,
+        loss=artifacts.LossType.MSELoss,
+        artifact_directory=tmp_path,
     )
     assert len(onnx.load(art.eval_model).graph.output) == 1
     art = artifacts.generate_artifacts(
@@ -182,8 +217,15 @@ def test_additional_outputs(tmp_path, net):
     session = Session.of(art)
     target = regression_target()
     with torch.no_grad():
-        expected = twice(lambda model, x: (torch.nn.functional.mse_loss(model(x), target), model(x)), net.torch, net.x)
-    for outputs in (session.train(net.x.numpy(), target.numpy()), session.eval(net.x.numpy(), target.numpy())):
+        expected = twice(
+            lambda model, x: (torch.nn.functional.mse_loss(model(x), target), model(x)),
+            net.torch,
+            net.x,
+        )
+    for outputs in (
+        session.train(net.x.numpy(), target.numpy()),
+        session.eval(net.x.numpy(), target.numpy()),
+    ):
         loss, out = outputs
         expected[0].check(loss, name="loss")
         expected[1].check(out, name="logits")
@@ -215,7 +257,11 @@ def test_eval_model_runs_in_inference_mode(tmp_path):
     labels = make_labels()
     model.eval()
     with torch.no_grad():
-        expected = twice(lambda model, x: (torch.nn.functional.cross_entropy(model(x), labels), model(x)), model, x)
+        expected = twice(
+            lambda model, x: (torch.nn.functional.cross_entropy(model(x), labels), model(x)),
+            model,
+            x,
+        )
     feeds = {"input-0": x.numpy(), "labels": labels.numpy()}
     for p, value in model.named_parameters():
         if p in {i.name for i in eval_model.graph.input}:

@@ -86,7 +86,9 @@ def test_on_device_training_recipe(tmp_path, net):
         session.step()
         losses.append(float(session.train(net.x.numpy(), labels.numpy())[0]))
     assert losses == sorted(losses, reverse=True)
-    np.testing.assert_array_equal(session.param("fc1.bias"), net.torch.fc1.bias.detach().numpy())  # frozen
+    np.testing.assert_array_equal(
+        session.param("fc1.bias"), net.torch.fc1.bias.detach().numpy()
+    )  # frozen
 
 
 @pytest.mark.parametrize("optim", ["AdamW", "SGD"])
@@ -99,13 +101,16 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
         artifact_directory=tmp_path,
     )
     session = Session.of(art)
-    assert np.float32(session.optimizer.get_learning_rate()) == np.float32(0.001)  # ONNX Runtime's default
+    assert np.float32(session.optimizer.get_learning_rate()) == np.float32(
+        0.001
+    )  # ONNX Runtime's default
     lr = 0.05
     session.optimizer.set_learning_rate(lr)
     assert np.float32(session.optimizer.get_learning_rate()) == np.float32(lr)
     g = torch.Generator().manual_seed(9)
     batches = [
-        (torch.randn(BATCH, D_IN, generator=g), torch.randint(0, D_OUT, (BATCH,), generator=g)) for _ in range(2)
+        (torch.randn(BATCH, D_IN, generator=g), torch.randint(0, D_OUT, (BATCH,), generator=g))
+        for _ in range(2)
     ]
     expected = twice(lambda model: _torch_training(model, optim, lr, batches, net.x), net.torch)
     losses = []
@@ -118,7 +123,9 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     history64 = expected.value64[1]
     for n, start in net.torch.named_parameters():
         scale = step_magnitudes(start.detach().numpy(), [params[n] for params in history64])[-1]
-        expected[1][-1][n].check(session.param(n), rtol=1e-5, scale=scale, name=f"{n} after 8 steps")
+        expected[1][-1][n].check(
+            session.param(n), rtol=1e-5, scale=scale, name=f"{n} after 8 steps"
+        )
     assert losses[-2] < losses[0] and losses[-1] < losses[1]  # the same two batches, alternating
     # the reference's LinearLRScheduler sets the rate the optimizer model runs with (warm-up from 0)
     fresh = Session.of(art)
@@ -137,9 +144,17 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     fresh.step()
     if optim == "SGD":  # p - rate g on the session's gradients, in float32 and float64
         for n in net.params:
-            step = Twice(before[n] - np.float32(rate) * grads[n], before[n] - rate * grads[n].astype(np.float64))
+            step = Twice(
+                before[n] - np.float32(rate) * grads[n],
+                before[n] - rate * grads[n].astype(np.float64),
+            )
             scale = np.abs(before[n]) + rate * np.abs(grads[n])
-            step.check(fresh.param(n), rtol=1e-5, scale=scale, name=f"{n} after the step at the scheduled rate")
+            step.check(
+                fresh.param(n),
+                rtol=1e-5,
+                scale=scale,
+                name=f"{n} after the step at the scheduled rate",
+            )
     # the state ONNX Runtime saves (with the optimizer's state) loads into a fresh Module and into the base model
     saved = tmp_path / "trained"
     session.state.add_property("epoch", 4)
@@ -153,7 +168,9 @@ def test_training_end_to_end_matches_torch(tmp_path, net, optim):
     expected[2].check(logits, rtol=1e-5, name="the trained model's logits")
 
 
-def _torch_training(model: torch.nn.Module, optim: str, lr: float, batches: list, x_logits: torch.Tensor) -> tuple:
+def _torch_training(
+    model: torch.nn.Module, optim: str, lr: float, batches: list, x_logits: torch.Tensor
+) -> tuple:
     """torch's 8 steps of the training above, in the model's dtype: losses, parameters after each, the logits of
     ``x_logits`` after them.
 
@@ -175,7 +192,9 @@ def _torch_training(model: torch.nn.Module, optim: str, lr: float, batches: list
         else:
             with torch.no_grad():
                 for n, p in model.named_parameters():
-                    w, m[n], v[n] = hf_adamw_step(p.numpy(), p.grad.numpy(), m[n], v[n], t, lr, 0.9, 0.999, 1e-6, 0.0)
+                    w, m[n], v[n] = hf_adamw_step(
+                        p.numpy(), p.grad.numpy(), m[n], v[n], t, lr, 0.9, 0.999, 1e-6, 0.0
+                    )
                     p.copy_(torch.from_numpy(w))
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return losses, history, model(x_logits.to(dtype))

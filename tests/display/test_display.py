@@ -40,7 +40,9 @@ def svg_boxes(svg: str) -> list[tuple[str, tuple[float, float, float, float]]]:
         title = g.find(SVG + "title")
         rect = g.find(SVG + "rect")
         if title is not None and rect is not None:
-            out.append((title.text or "", tuple(float(rect.get(k)) for k in ("x", "y", "width", "height"))))
+            out.append(
+                (title.text or "", tuple(float(rect.get(k)) for k in ("x", "y", "width", "height")))
+            )
     return out
 
 
@@ -49,7 +51,11 @@ def svg_faded_only(svg: str) -> str:
     root = ET.fromstring(svg)
     for parent in root.iter(SVG + "g"):
         for g in list(parent):
-            if g.tag == SVG + "g" and g.find(SVG + "title") is not None and g.get("opacity") is None:
+            if (
+                g.tag == SVG + "g"
+                and g.find(SVG + "title") is not None
+                and g.get("opacity") is None
+            ):
                 parent.remove(g)
     return ET.tostring(root, encoding="unicode")
 
@@ -78,9 +84,14 @@ def training_like_model() -> onnx.ModelProto:
         helper.make_node("Sub", ["y", "target"], ["d"], name="Sub_0"),
         helper.make_node("Mul", ["d", "d"], ["d2"], name="Mul_0"),
         helper.make_node("ReduceMean", ["d2"], ["loss"], name="ReduceMean_0", keepdims=0),
-        helper.make_node("Shape", ["d2"], ["ReduceMean_0_Grad/shape"], name="ReduceMean_0_Grad/Shape_0"),
         helper.make_node(
-            "Expand", ["loss_grad", "ReduceMean_0_Grad/shape"], ["d2_grad"], name="ReduceMean_0_Grad/Expand_1"
+            "Shape", ["d2"], ["ReduceMean_0_Grad/shape"], name="ReduceMean_0_Grad/Shape_0"
+        ),
+        helper.make_node(
+            "Expand",
+            ["loss_grad", "ReduceMean_0_Grad/shape"],
+            ["d2_grad"],
+            name="ReduceMean_0_Grad/Expand_1",
         ),
         helper.make_node("Mul", ["d2_grad", "d"], ["d_grad"], name="Mul_0_Grad/Mul_0"),
         helper.make_node("Identity", ["d_grad"], ["y_grad"], name="Sub_0_Grad/Identity_0"),
@@ -259,7 +270,9 @@ def test_named_views_select_the_right_nodes(view, expected):
 def test_loss_part_without_knowing_frozen_parameters():
     # Unknown to the index, the frozen "b" looks like data: the Add after the last weight joins the loss.
     index = display.GraphIndex(training_like_model())
-    assert {n.name for n, p in zip(index.nodes, index.parts, strict=True) if p == "loss"} == LOSS | {"add"}
+    assert {
+        n.name for n, p in zip(index.nodes, index.parts, strict=True) if p == "loss"
+    } == LOSS | {"add"}
     # The loss block's own nodes make it exact.
     index = display.GraphIndex(training_like_model(), loss_nodes=LOSS)
     assert {n.name for n, p in zip(index.nodes, index.parts, strict=True) if p == "loss"} == LOSS
@@ -284,7 +297,10 @@ def test_nodes_view_with_context():
 def test_neighbourhood_of_parameter_and_node():
     index = display.GraphIndex(training_like_model())
     assert {index.nodes[i].name for i in display.select(index, around="W", depth=1).nodes} == {"mm"}
-    assert {index.nodes[i].name for i in display.select(index, around="W", depth=2).nodes} == {"mm", "add"}
+    assert {index.nodes[i].name for i in display.select(index, around="W", depth=2).nodes} == {
+        "mm",
+        "add",
+    }
     assert {index.nodes[i].name for i in display.select(index, around="Mul_0", depth=1).nodes} == {
         "Sub_0",
         "Mul_0",
@@ -354,7 +370,11 @@ def test_layout_keeps_boxes_apart():
 
 
 def test_layout_breaks_cycles_and_ignores_unknown_edges():
-    lay = layered_layout(["a", "b", "c"], [(40, 20)] * 3, [("a", "b"), ("b", "c"), ("c", "a"), ("a", "zz"), ("a", "a")])
+    lay = layered_layout(
+        ["a", "b", "c"],
+        [(40, 20)] * 3,
+        [("a", "b"), ("b", "c"), ("c", "a"), ("a", "zz"), ("a", "a")],
+    )
     ys = {k: v[1] for k, v in lay.boxes.items()}
     assert ys["a"] < ys["b"] < ys["c"]
     assert len(lay.edges) == 3
@@ -431,7 +451,9 @@ def test_unscoped_feeders_join_their_consumer_and_unscoped_ops_gather():
     model.graph.node[30].input[1] = "w0_copy"  # /layers.1/mlp/MatMul_0 reads an unscoped Identity
     model.graph.node.insert(0, extra[0])
     for k in range(3):  # unscoped nodes with inputs from the graph: gathered by op type
-        model.graph.node.append(helper.make_node("Relu", [model.graph.node[-1].output[0]], [f"r{k}"], name=f"Relu_{k}"))
+        model.graph.node.append(
+            helper.make_node("Relu", [model.graph.node[-1].output[0]], [f"r{k}"], name=f"Relu_{k}")
+        )
     index = display.GraphIndex(model)
     groups, _ = collapse(index, list(range(len(index.nodes))), cap=40)
     by_label = {g.label: g for g in groups}
@@ -443,13 +465,19 @@ def test_unscoped_feeders_join_their_consumer_and_unscoped_ops_gather():
 def test_focused_view_of_a_large_graph_stays_small():
     model = layered_model(layers=50, per_block=100)
     svg = display.draw_svg(model, around="layers.7.mlp.w4", depth=2)
-    assert drawn_node_names(svg) == {"/layers.7/mlp/Add_3", "/layers.7/mlp/MatMul_4", "/layers.7/mlp/Add_5"}
+    assert drawn_node_names(svg) == {
+        "/layers.7/mlp/Add_3",
+        "/layers.7/mlp/MatMul_4",
+        "/layers.7/mlp/Add_5",
+    }
 
 
 def test_scope_helpers():
     assert scope_of("/layers.3/attn/MatMul_1") == ("layers.3", "attn")
     assert scope_of("MatMul_1") == ()
-    assert _range_label(["layers.0/attn", "layers.1/attn", "layers.11/attn"]) == "layers.[0-11]/attn"
+    assert (
+        _range_label(["layers.0/attn", "layers.1/attn", "layers.11/attn"]) == "layers.[0-11]/attn"
+    )
 
 
 # ---------------------------------------------------------------- rich display
@@ -462,7 +490,10 @@ def test_show_block_lists_its_nodes():
     assert "<b>Sigmoid</b> added 1 node(s)" in html
     node = block.nodes[0]
     assert f">{node}<" in html and f"{out}: float32[N, 4]" in html
-    assert drawn_node_names(display.show(block).svg) == {node, "#1"}  # the block's node + Add as context
+    assert drawn_node_names(display.show(block).svg) == {
+        node,
+        "#1",
+    }  # the block's node + Add as context
     assert "<svg" in display.repr_html(acc)
 
 
@@ -471,7 +502,8 @@ def test_show_unbuilt_block_and_unknown_objects():
     with pytest.raises(TypeError, match="cannot display a int"):
         display.show(3)
     assert (
-        "could not display this int: InvalidTypeError: onnxblocks.display.show() cannot display" in display.repr_html(3)
+        "could not display this int: InvalidTypeError: onnxblocks.display.show() cannot display"
+        in display.repr_html(3)
     )
     with pytest.raises(TypeError, match="unknown option"):
         display.show(make_linear_model(), colour="red")
@@ -545,10 +577,17 @@ def _param_rows(html: str) -> dict[str, str]:
 
 def test_show_artifacts_and_their_directory(linear_artifacts):
     from_object = display.show(linear_artifacts)
-    from_directory = display.show(linear_artifacts.directory)  # frozen/trainable read from the checkpoint
+    from_directory = display.show(
+        linear_artifacts.directory
+    )  # frozen/trainable read from the checkpoint
     for shown in (from_object, from_directory):
         assert _param_rows(shown.html) == {"W": "trainable", "b": "frozen"}
-        for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"):
+        for name in (
+            "training_model.onnx",
+            "eval_model.onnx",
+            "optimizer_model.onnx",
+            "checkpoint",
+        ):
             assert name in shown.html
         assert "W_grad.accumulation.buffer" in shown.html and "lazy_reset_grad" in shown.html
         assert "eval model" in shown.html and "optimizer model" in shown.html
@@ -569,10 +608,13 @@ def test_real_training_graph_parts(linear_artifacts):
             assert "_Grad/" in node.name or any("_grad" in v for v in node.outputs + node.inputs)
         elif part in ("forward", "loss"):
             assert "_Grad/" not in node.name and not any("_grad" in v for v in node.outputs)
-    assert {n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "forward"} == {"MatMul", "Add"}
-    assert [n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "accumulation"] == [
-        "InPlaceAccumulatorV2"
-    ]
+    assert {n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "forward"} == {
+        "MatMul",
+        "Add",
+    }
+    assert [
+        n.op_type for n, p in zip(index.nodes, index.parts, strict=True) if p == "accumulation"
+    ] == ["InPlaceAccumulatorV2"]
     assert index.loss == linear_artifacts.loss_name
 
 
@@ -597,7 +639,9 @@ def test_training_block_display_uses_its_partition_and_loss_nodes():
     html = display.repr_html(block)
     assert _param_rows(html) == {"W": "trainable", "b": "frozen"}
     assert "1 trainable, 1 frozen" in html
-    loss_svg = display.draw_svg(display.GraphIndex(block.graphs.training, loss_nodes=block.nodes), "loss")
+    loss_svg = display.draw_svg(
+        display.GraphIndex(block.graphs.training, loss_nodes=block.nodes), "loss"
+    )
     assert drawn_node_names(loss_svg) == set(block.loss.nodes)
     assert drawn_node_names(display.show(block, view="loss").svg) == set(block.loss.nodes)
     assert "Model being built" in during and "<svg" in during

@@ -29,7 +29,9 @@ def assert_same_pixels(actual, expected, coordinates: int) -> None:
     """
     bound = coordinates * PIXEL_STEP / 2 * (1 + 1e-9)
     gap = float(np.max(np.abs(np.asarray(actual, float) - np.asarray(expected, float))))
-    assert gap <= bound, f"{gap:.3g} px apart: more than the rounding of {coordinates} printed coordinates"
+    assert gap <= bound, (
+        f"{gap:.3g} px apart: more than the rounding of {coordinates} printed coordinates"
+    )
 
 
 def polylines(path) -> dict[str, np.ndarray]:
@@ -78,14 +80,18 @@ def test_svg_maps_the_data_monotonically(tmp_path):
     assert_same_pixels(np.diff(a[:, 0]), np.diff(a[:, 0])[0], coordinates=4)  # ... evenly
     assert np.all(np.diff(a[:, 1]) > 0)  # lower loss is drawn lower (SVG y grows downwards)
     assert a[0, 1] == min(a[:, 1].min(), b[:, 1].min())  # the highest loss is drawn highest
-    assert_same_pixels(a[0], [b[0, 0], b[1, 1]], coordinates=2)  # one mapping for both series: (0, 3)
+    assert_same_pixels(
+        a[0], [b[0, 0], b[1, 1]], coordinates=2
+    )  # one mapping for both series: (0, 3)
     assert_same_pixels(a[-1], [b[1, 0], b[0, 1]], coordinates=2)  # (3, 1)
     # linear: 3 -> 2 is twice 2 -> 1.5 in pixels (two coordinates on the left, twice two on the right)
     assert_same_pixels(a[1, 1] - a[0, 1], 2 * (a[2, 1] - a[1, 1]), coordinates=6)
     # everything inside the picture
     assert np.all((a >= 0) & (a <= [400, 300])) and np.all((b >= 0) & (b <= [400, 300]))
     # colours from the palette, escaped text, a legend
-    strokes = {line.find(SVG + "title").text: line.get("stroke") for line in root.iter(SVG + "polyline")}
+    strokes = {
+        line.find(SVG + "title").text: line.get("stroke") for line in root.iter(SVG + "polyline")
+    }
     assert strokes == {"a": "#1f77b4", "b": "#d62728"}
     assert {"Loss <&> 'q'", "step", "loss", "a", "b"} <= set(texts(path))
 
@@ -94,11 +100,15 @@ def test_svg_log_scale(tmp_path):
     values = [1000.0, 100.0, 10.0, 1.0]
     log = polylines(save_line_plot(tmp_path / "log.svg", {"v": values}, log_y=True))["v"]
     lin = polylines(save_line_plot(tmp_path / "lin.svg", {"v": values}))["v"]
-    assert_same_pixels(np.diff(log[:, 1]), np.diff(log[:, 1])[0], coordinates=4)  # one decade, one spacing
+    assert_same_pixels(
+        np.diff(log[:, 1]), np.diff(log[:, 1])[0], coordinates=4
+    )  # one decade, one spacing
     assert np.diff(lin[:, 1])[0] > 5 * np.diff(lin[:, 1])[1]
     assert {"1", "10", "100", "1000"} <= set(texts(tmp_path / "log.svg"))
     # log_y drops values <= 0 (their steps stay where they were)
-    kept = polylines(save_line_plot(tmp_path / "drop.svg", {"v": [10.0, 0.0, -1.0, 1.0]}, log_y=True))["v"]
+    kept = polylines(
+        save_line_plot(tmp_path / "drop.svg", {"v": [10.0, 0.0, -1.0, 1.0]}, log_y=True)
+    )["v"]
     assert len(kept) == 2
     with pytest.raises(ValueError, match="no finite points.*log_y drops values <= 0"):
         save_line_plot(tmp_path / "none.svg", [-1.0, 0.0], log_y=True)
@@ -109,7 +119,9 @@ def test_svg_skips_nan_and_inf(tmp_path):
     path = save_line_plot(tmp_path / "p.svg", [3.0, float("nan"), 2.0, float("inf"), 1.0])
     (points,) = polylines(path).values()
     assert len(points) == 3
-    assert_same_pixels(points[1, 0] - points[0, 0], points[2, 0] - points[1, 0], coordinates=4)  # steps 0, 2, 4
+    assert_same_pixels(
+        points[1, 0] - points[0, 0], points[2, 0] - points[1, 0], coordinates=4
+    )  # steps 0, 2, 4
     assert points[0, 1] < points[1, 1] < points[2, 1]
     with pytest.raises(ValueError, match="no finite points"):
         save_line_plot(tmp_path / "q.svg", [float("nan"), float("-inf")])
@@ -139,21 +151,33 @@ def test_svg_styles_single_points_and_long_series(tmp_path):
     assert len(points) <= 4 * 600
     assert np.all(np.diff(points[:, 0]) >= 0)
     top, bottom = points[:, 1].argmin(), points[:, 1].argmax()
-    assert points[top, 0] < points[bottom, 0]  # the maximum (step 12345) comes before the minimum (step 67890)
+    assert (
+        points[top, 0] < points[bottom, 0]
+    )  # the maximum (step 12345) comes before the minimum (step 67890)
 
 
 def test_plot_history_svg(tmp_path):
     h = history([4.0, 3.0, 2.0, 1.5, 1.2, 1.0], eval_losses=[2.5, 1.1], epoch_ends=[3, 6])
     lines = polylines(plot_history(h, tmp_path / "h.svg", title="run 1"))
-    raw, smooth, evals = lines["train loss (per step)"], lines["train loss (smoothed)"], lines["eval loss (per epoch)"]
+    raw, smooth, evals = (
+        lines["train loss (per step)"],
+        lines["train loss (smoothed)"],
+        lines["eval loss (per epoch)"],
+    )
     assert len(raw) == len(smooth) == 6 and len(evals) == 2
-    assert_same_pixels(smooth[0], raw[0], coordinates=2)  # the debiased average starts at the first loss
+    assert_same_pixels(
+        smooth[0], raw[0], coordinates=2
+    )  # the debiased average starts at the first loss
     assert np.all(np.diff(smooth[:, 1]) > 0)  # and falls with the loss
-    assert_same_pixels(evals[:, 0], raw[[2, 5], 0], coordinates=2)  # eval losses at the epochs' last steps
+    assert_same_pixels(
+        evals[:, 0], raw[[2, 5], 0], coordinates=2
+    )  # eval losses at the epochs' last steps
     assert raw[1, 1] < evals[0, 1] < raw[2, 1]  # 3.0 > 2.5 > 2.0
     assert "run 1" in texts(tmp_path / "h.svg")
     # non-finite losses: skipped by both curves
-    lines = polylines(plot_history(history([3.0, float("nan"), 2.0, float("inf"), 1.0]), tmp_path / "n.svg"))
+    lines = polylines(
+        plot_history(history([3.0, float("nan"), 2.0, float("inf"), 1.0]), tmp_path / "n.svg")
+    )
     assert len(lines["train loss (per step)"]) == len(lines["train loss (smoothed)"]) == 3
     log = polylines(plot_history(history([100.0, 10.0, 1.0]), tmp_path / "log.svg", log_y=True))
     assert_same_pixels(*np.diff(log["train loss (per step)"][:, 1]), coordinates=4)
@@ -176,7 +200,12 @@ def test_plot_history_refuses_clearly(tmp_path):
 def test_ticks():
     assert plotting.nice_ticks(0, 1) == [0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0]
     assert plotting.nice_ticks(2, 2) == [2] and plotting.nice_ticks(0, float("inf")) == []
-    assert [plotting.format_tick(v) for v in (0, 2.5, 1e-5, 120000)] == ["0", "2.5", "1e-5", "1.2e5"]
+    assert [plotting.format_tick(v) for v in (0, 2.5, 1e-5, 120000)] == [
+        "0",
+        "2.5",
+        "1e-5",
+        "1.2e5",
+    ]
 
 
 # --------------------------------------------------------------------- PNG
@@ -199,7 +228,11 @@ def test_png_through_matplotlib(tmp_path):
     # backend="matplotlib" draws SVG too
     svg = save_line_plot(tmp_path / "m.svg", [1.0, 2.0], backend="matplotlib")
     assert ET.parse(svg).getroot().tag == SVG + "svg" and b"Matplotlib" in svg.read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.PNG", "m.svg", "p.png"]  # no temporary files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "h.PNG",
+        "m.svg",
+        "p.png",
+    ]  # no temporary files left
 
 
 def test_png_never_touches_pyplot(tmp_path):
@@ -208,7 +241,9 @@ def test_png_never_touches_pyplot(tmp_path):
         f"import sys; from onnxblocks.runtime import save_line_plot; save_line_plot({str(tmp_path / 'p.png')!r}, "
         "[1.0, 2.0]); print('matplotlib.pyplot' in sys.modules)"
     )
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert shown.strip() == "False" and (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
@@ -234,7 +269,9 @@ def test_png_failure_leaves_the_old_file(tmp_path, monkeypatch):
 def test_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     assert plotting.default_suffix() == ".svg"
-    with pytest.raises(ImportError, match=r"'.*loss\.png'.*install matplotlib or use a \.svg path") as caught:
+    with pytest.raises(
+        ImportError, match=r"'.*loss\.png'.*install matplotlib or use a \.svg path"
+    ) as caught:
         save_line_plot(tmp_path / "loss.png", [1.0, 2.0])
     assert caught.value.name == "matplotlib"
     with pytest.raises(ImportError, match="install matplotlib or use a .svg path"):
@@ -253,12 +290,16 @@ def test_without_matplotlib(tmp_path, monkeypatch):
 def test_svg_primitives():
     from onnxblocks.display.svg import svg_document, svg_polyline, svg_text
 
-    body = svg_text(5, 10, "a<b & 'c'", anchor="end", rotate=-90, bold=True, limit=5) + svg_polyline(
-        [(0, 0), (1.5, 2.04)], "#ff0000", 2, 0.5, title="x<y"
-    )
+    body = svg_text(
+        5, 10, "a<b & 'c'", anchor="end", rotate=-90, bold=True, limit=5
+    ) + svg_polyline([(0, 0), (1.5, 2.04)], "#ff0000", 2, 0.5, title="x<y")
     root = ET.fromstring(svg_document(30, 20, body))
     text, line = root.find(SVG + "text"), root.find(SVG + "polyline")
-    assert text.text == "a<…c'" and text.get("text-anchor") == "end" and "rotate(-90" in text.get("transform")
+    assert (
+        text.text == "a<…c'"
+        and text.get("text-anchor") == "end"
+        and "rotate(-90" in text.get("transform")
+    )
     assert line.get("points") == "0.0,0.0 1.5,2.0"
     assert line.find(SVG + "title").text == "x<y" and line.get("stroke-opacity") == "0.5"
     assert root.get("viewBox") == "0 0 30 20" and root.find(SVG + "rect").get("fill") == "#ffffff"

@@ -58,7 +58,9 @@ def _torch_loss(case: sweep.Case, model: nn.Module, dtype=torch.float32) -> torc
     return _criterion(case)(model(*[tensor(v) for v in case.inputs.values()]), tensor(case.target))
 
 
-@pytest.mark.parametrize(("name", "exporter"), sweep.CASES, ids=[f"{n}-{e}" for n, e in sweep.CASES])
+@pytest.mark.parametrize(
+    ("name", "exporter"), sweep.CASES, ids=[f"{n}-{e}" for n, e in sweep.CASES]
+)
 def test_exported_model_trains_like_torch(built, name, exporter):
     case, names, artifacts = built(name, exporter)
     trainer = models.OrtTrainer(artifacts)
@@ -68,7 +70,9 @@ def test_exported_model_trains_like_torch(built, name, exporter):
         expected, expected64 = _torch_loss(case, model), _torch_loss(case, model64, torch.float64)
         expected.backward()
         expected64.backward()
-        assert_close(loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss")
+        assert_close(
+            loss, expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="loss"
+        )
         terms = gradient_magnitudes(model, case.inputs.values(), case.target, _criterion(case))
         params64 = dict(model64.named_parameters())
         for pname, param in model.named_parameters():
@@ -76,7 +80,9 @@ def test_exported_model_trains_like_torch(built, name, exporter):
                 continue
             grad64 = params64[pname].grad.numpy()
             got = trainer.grad(names[pname])
-            assert_close(got, param.grad.numpy(), grad64, rtol=1e-4, scale=terms.get(pname), name=pname)
+            assert_close(
+                got, param.grad.numpy(), grad64, rtol=1e-4, scale=terms.get(pname), name=pname
+            )
     trainer.module.lazy_reset_grad()
     trainer.optimizer.set_learning_rate(1e-2)
     losses = []
@@ -86,12 +92,16 @@ def test_exported_model_trains_like_torch(built, name, exporter):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize(("name", "exporter"), sweep.CASES, ids=[f"{n}-{e}" for n, e in sweep.CASES])
+@pytest.mark.parametrize(
+    ("name", "exporter"), sweep.CASES, ids=[f"{n}-{e}" for n, e in sweep.CASES]
+)
 def test_eval_model_matches_torch_eval(built, name, exporter):
     import onnxruntime as ort
 
     case, names, artifacts = built(name, exporter)
-    session = ort.InferenceSession(os.fspath(artifacts.eval_model), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        os.fspath(artifacts.eval_model), providers=["CPUExecutionProvider"]
+    )
     model = copy.deepcopy(case.model).eval()
     feeds = dict(case.inputs)
     inputs = [i.name for i in session.get_inputs()]
@@ -104,7 +114,9 @@ def test_eval_model_matches_torch_eval(built, name, exporter):
     model64 = to64(case.model).eval()
     # gradients on: torch's fused inference path stays off
     expected, expected64 = _torch_loss(case, model), _torch_loss(case, model64, torch.float64)
-    assert_close(got[0], expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="eval loss")
+    assert_close(
+        got[0], expected.detach().numpy(), expected64.detach().numpy(), rtol=1e-5, name="eval loss"
+    )
     if case.multi:
         inputs = [torch.from_numpy(v) for v in case.inputs.values()]
         with torch.no_grad():
@@ -114,7 +126,9 @@ def test_eval_model_matches_torch_eval(built, name, exporter):
 
 def test_double_model_is_refused_with_a_remedy(tmp_path):
     model = sweep.Activation(nn.ReLU()).double()
-    case = sweep.Case(model, {"x": np.random.default_rng(0).standard_normal((6, 4))}, np.zeros((6, 3)), "mse")
+    case = sweep.Case(
+        model, {"x": np.random.default_rng(0).standard_normal((6, 4))}, np.zeros((6, 3)), "mse"
+    )
     exported = sweep.export(case, "ts")
     with pytest.raises(TypeError, match=r"double.*model\.float\(\)"):
         generate_artifacts(
@@ -131,22 +145,44 @@ def test_onnxscript_model_with_rewritten_ops_trains_like_torch(tmp_path):
     model = sweep.onnxscript_model()
     params = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
     artifacts = generate_artifacts(
-        model, requires_grad=list(params), loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path
+        model,
+        requires_grad=list(params),
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
     )
     rng = np.random.default_rng(1)
-    x, target = rng.standard_normal((3, 2, 6, 6)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    x, target = (
+        rng.standard_normal((3, 2, 6, 6)).astype(np.float32),
+        rng.standard_normal((3, 4)).astype(np.float32),
+    )
     trainer = models.OrtTrainer(artifacts)
     (loss,) = trainer.train_step(x, target)
 
     references = []
     for dtype in (torch.float32, torch.float64):
-        tensors = {n: torch.from_numpy(v.copy()).to(dtype).requires_grad_() for n, v in params.items()}
-        h = F.conv2d(F.pad(torch.from_numpy(x).to(dtype), (1, 1, 1, 1), mode="reflect"), tensors["w"], tensors["b"])
-        h = F.elu(F.instance_norm(h, weight=tensors["s"], bias=tensors["beta"], eps=1e-5), alpha=0.5)
-        h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False).amax(dim=3).mean(dim=2) * 2.0
+        tensors = {
+            n: torch.from_numpy(v.copy()).to(dtype).requires_grad_() for n, v in params.items()
+        }
+        h = F.conv2d(
+            F.pad(torch.from_numpy(x).to(dtype), (1, 1, 1, 1), mode="reflect"),
+            tensors["w"],
+            tensors["b"],
+        )
+        h = F.elu(
+            F.instance_norm(h, weight=tensors["s"], bias=tensors["beta"], eps=1e-5), alpha=0.5
+        )
+        h = (
+            F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
+            .amax(dim=3)
+            .mean(dim=2)
+            * 2.0
+        )
         expected = F.mse_loss(h, torch.from_numpy(target).to(dtype))
         expected.backward()
-        references.append((expected.detach().numpy(), {n: t.grad.numpy() for n, t in tensors.items()}))
+        references.append(
+            (expected.detach().numpy(), {n: t.grad.numpy() for n, t in tensors.items()})
+        )
     (loss32, grads32), (loss64, grads64) = references
     assert_close(loss, loss32, loss64, rtol=1e-5, name="loss")
     for name, grad in grads32.items():

@@ -58,7 +58,10 @@ def built(tmp_path_factory):
 
 def _tensors(values, dtype) -> list[torch.Tensor]:
     """NumPy arrays as tensors, the floating ones in ``dtype``."""
-    return [torch.from_numpy(v).to(dtype) if v.dtype.kind == "f" else torch.from_numpy(v) for v in values]
+    return [
+        torch.from_numpy(v).to(dtype) if v.dtype.kind == "f" else torch.from_numpy(v)
+        for v in values
+    ]
 
 
 def _torch_step(case: models.Case, model: torch.nn.Module, dtype=torch.float32) -> torch.Tensor:
@@ -75,12 +78,16 @@ def _assert_gradients_match_torch(trainer, loss, model, inputs, target, criterio
         (target_t,) = _tensors([target], dtype)
         value = criterion(copied(*_tensors(inputs, dtype)), target_t)
         value.backward()
-        references.append((value.detach().numpy(), {n: p.grad.numpy() for n, p in copied.named_parameters()}))
+        references.append(
+            (value.detach().numpy(), {n: p.grad.numpy() for n, p in copied.named_parameters()})
+        )
     (loss32, grads32), (loss64, grads64) = references
     terms = gradient_magnitudes(model, inputs, target, criterion)
     assert_close(loss, loss32, loss64, rtol=1e-5, name="loss")
     for name, grad in grads32.items():
-        assert_close(trainer.grad(name), grad, grads64[name], rtol=1e-4, scale=terms.get(name), name=name)
+        assert_close(
+            trainer.grad(name), grad, grads64[name], rtol=1e-4, scale=terms.get(name), name=name
+        )
 
 
 @pytest.mark.parametrize(("name", "exporter"), CASES)
@@ -91,7 +98,9 @@ def test_gradients_match_torch(built, name, exporter):
     (loss,) = trainer.train_step(*case.inputs.values(), case.target)
     model = copy.deepcopy(case.torch_model).train()
     criterion = models.torch_loss(case.loss)
-    _assert_gradients_match_torch(trainer, loss, model, list(case.inputs.values()), case.target, criterion)
+    _assert_gradients_match_torch(
+        trainer, loss, model, list(case.inputs.values()), case.target, criterion
+    )
 
 
 @pytest.mark.parametrize(("name", "exporter"), CASES)
@@ -104,7 +113,10 @@ def test_adamw_steps_track_torch(built, name, exporter):
         dtype: (m, torch.optim.AdamW(m.parameters(), lr=LR))
         for dtype, m in ((torch.float32, model), (torch.float64, model64))
     }
-    ort_losses, torch_losses = [], {torch.float32: [], torch.float64: []}  # onnxblocks' AdamW has torch's defaults
+    ort_losses, torch_losses = (
+        [],
+        {torch.float32: [], torch.float64: []},
+    )  # onnxblocks' AdamW has torch's defaults
     for _ in range(20):
         ort_losses.append(trainer.train_step(*case.inputs.values(), case.target)[0])
         trainer.step()
@@ -115,9 +127,13 @@ def test_adamw_steps_track_torch(built, name, exporter):
             torch_opt.step()
             torch_losses[dtype].append(loss.item())
     losses32 = np.float32(torch_losses[torch.float32])
-    assert_close(np.float32(ort_losses), losses32, torch_losses[torch.float64], rtol=1e-4, name="losses")
+    assert_close(
+        np.float32(ort_losses), losses32, torch_losses[torch.float64], rtol=1e-4, name="losses"
+    )
     assert losses32[-1] < losses32[0]  # it trained
-    terms = gradient_magnitudes(model, list(case.inputs.values()), case.target, models.torch_loss(case.loss))
+    terms = gradient_magnitudes(
+        model, list(case.inputs.values()), case.target, models.torch_loss(case.loss)
+    )
     params64 = dict(model64.named_parameters())
     for pname, param in model.named_parameters():
         # Elements whose gradient is zero in exact arithmetic (a conv bias before BatchNorm, the key bias of
@@ -170,4 +186,6 @@ def test_every_builtin_loss_matches_torch(tmp_path, kind):
     (loss,) = trainer.train_step(x, target)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # KLDivLoss(reduction="mean") warns about its definition
-        _assert_gradients_match_torch(trainer, loss, case.torch_model, [x], target, models.torch_loss(kind))
+        _assert_gradients_match_torch(
+            trainer, loss, case.torch_model, [x], target, models.torch_loss(kind)
+        )

@@ -35,7 +35,9 @@ def setup(tmp_path_factory):
     return spiral_artifacts(root), client_files(root), root
 
 
-def _separate_sessions(art: Path, files: list[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _separate_sessions(
+    art: Path, files: list[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The row-weighted average of E SGD steps (file order) of one fresh TrainingSession per client, and the
     same average of the |values| (the sum of |terms|: the floor's scale)."""
     total: dict[str, np.ndarray] = {}
@@ -47,7 +49,9 @@ def _separate_sessions(art: Path, files: list[str]) -> tuple[dict[str, np.ndarra
             total[name] = total.get(name, 0.0) + rows * value.astype(np.float64)
             magnitude[name] = magnitude.get(name, 0.0) + rows * np.abs(value.astype(np.float64))
         rows_all += rows
-    return {n: v / rows_all for n, v in total.items()}, {n: v / rows_all for n, v in magnitude.items()}
+    return {n: v / rows_all for n, v in total.items()}, {
+        n: v / rows_all for n, v in magnitude.items()
+    }
 
 
 @pytest.mark.slow
@@ -78,9 +82,13 @@ def test_one_round_of_fedavg_is_the_weighted_average_of_separate_sessions(setup,
     for name, value in expected.items():
         # the sessions are ours too: no float64 truth, the average computed in float64
         assert_close(final[name], value, rtol=1e-5, scale=terms[name], name=name)
-        assert not is_close(final[name], initial[name], rtol=1e-5), name  # the round did move every parameter
+        assert not is_close(final[name], initial[name], rtol=1e-5), (
+            name
+        )  # the round did move every parameter
     history = json.loads((out / "history.json").read_text())
-    rows = sorted((c["partition"], c["num-examples"]) for c in history["clients"] if c["phase"] == "train")
+    rows = sorted(
+        (c["partition"], c["num-examples"]) for c in history["clients"] if c["phase"] == "train"
+    )
     assert rows == [(0, 20), (1, 30), (2, 40)]
     assert history["dropped"] == []
     assert (out / "model.onnx").stat().st_size > 0
@@ -116,11 +124,18 @@ def _flower_commands(run_dir: Path) -> list[tuple[str, list[str]]]:
     commands = []
     for line in flower_processes(run_dir):
         try:
-            argv = Path(f"/proc/{line.split(' ', 1)[0]}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            argv = (
+                Path(f"/proc/{line.split(' ', 1)[0]}/cmdline")
+                .read_bytes()
+                .decode(errors="replace")
+                .split("\0")
+            )
         except OSError:
             continue
         # the shims run `python -c <script naming the command> ARGS...`
-        named = re.search(r'name="([^"]+)"', argv[2]) if argv[1:2] == ["-c"] and len(argv) > 2 else None
+        named = (
+            re.search(r'name="([^"]+)"', argv[2]) if argv[1:2] == ["-c"] and len(argv) > 2 else None
+        )
         commands.append((named.group(1), argv[3:]) if named else (Path(argv[0]).name, argv[1:]))
     return commands
 
@@ -143,7 +158,9 @@ def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_see
     ],
     ids=["start-up-SIGTERM", "round-SIGINT-inherited-ignored", "flwr-ls-poll-SIGINT"],
 )
-def test_a_stop_signal_stops_every_flower_process_and_exits_130(setup, busy_cores, window, signum, inherited):
+def test_a_stop_signal_stops_every_flower_process_and_exits_130(
+    setup, busy_cores, window, signum, inherited
+):
     """SIGINT or SIGTERM to the CLI with both cores busy: exit 130 within 10 s, and no Flower process is left.
 
     The signal comes while the SuperLink starts (the process is not yet the deployment's SuperLink), while a
@@ -165,8 +182,13 @@ def test_a_stop_signal_stops_every_flower_process_and_exits_130(setup, busy_core
         f"--save={root / 'never' / 'ckpt'}",
         f"--run-dir={run_dir}",
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         deadline, reached, clientapp_seen = time.monotonic() + 300, False, False
         while time.monotonic() < deadline and process.poll() is None:
@@ -205,7 +227,9 @@ def _process_report(pid: int) -> str:
     """The state, threads and living children of process ``pid`` (Linux ``/proc``), for a failure message."""
     proc = Path(f"/proc/{pid}")
     try:
-        state = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("State:"))
+        state = next(
+            line for line in (proc / "status").read_text().splitlines() if line.startswith("State:")
+        )
         threads = len(list((proc / "task").iterdir()))
         wchan = (proc / "wchan").read_text()
     except (OSError, StopIteration):
@@ -215,7 +239,9 @@ def _process_report(pid: int) -> str:
         try:
             stat = (entry / "stat").read_text()
             if entry.name.isdigit() and int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
-                children.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                children.append(
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
         except (OSError, ValueError, IndexError):
             continue
     return f"{state}, {threads} threads, waiting in {wchan!r}, children {children}"
@@ -234,7 +260,11 @@ def _args(art, files, *extra):
         (["--save=X", "--lr=-1"], 2, "--lr must be > 0"),
         (["--save=X", "--fraction-evaluate=2"], 2, "between 0 and 1"),
         (["--save=X", "--min-clients=9"], 2, "more than the 3 clients"),
-        (["--save=X", "--client-python", sys.executable, "--client-python", sys.executable], 2, "once per client"),
+        (
+            ["--save=X", "--client-python", sys.executable, "--client-python", sys.executable],
+            2,
+            "once per client",
+        ),
         (["--save=X", "--client-python=/no/such/python"], 3, "no such interpreter"),
         (["--save=X", "--client-artifacts=/no/such/dir"], 3, "does not exist"),
         (["--save=X", "--eval-data=/no/such.npz"], 3, "does not exist"),
@@ -254,7 +284,9 @@ def test_bad_options_exit_with_the_cli_codes_before_anything_starts(
 
 def test_a_missing_data_file_is_an_input_error(setup, capsys, tmp_path):
     art, files, _ = setup
-    assert main(_args(art, [files[0], str(tmp_path / "missing.npz")], f"--save={tmp_path / 'c'}")) == 3
+    assert (
+        main(_args(art, [files[0], str(tmp_path / "missing.npz")], f"--save={tmp_path / 'c'}")) == 3
+    )
     assert "missing.npz does not exist" in capsys.readouterr().err
 
 
@@ -279,16 +311,24 @@ def test_the_run_config_carries_every_option(setup, tmp_path):
         )
     )
     config = run_config(args)
-    assert config["num-server-rounds"] == 4 and config["local-epochs"] == 2 and config["batch-size"] == 8
+    assert (
+        config["num-server-rounds"] == 4
+        and config["local-epochs"] == 2
+        and config["batch-size"] == 8
+    )
     assert config["lr"] == 0.05 and config["strategy"] == "fedprox" and config["proximal-mu"] == 0.3
-    assert config["shuffle"] is False and config["round-timeout"] == 30.0 and config["min-nodes"] == 3
+    assert (
+        config["shuffle"] is False and config["round-timeout"] == 30.0 and config["min-nodes"] == 3
+    )
     assert config["artifacts"] == os.path.abspath(art) and config["save"] == str(tmp_path / "c")
     assert "export" not in config and "local-steps" not in config
 
 
 def test_without_flower_the_command_says_how_to_install_it(setup, capsys, monkeypatch, tmp_path):
     art, files, _ = setup
-    for name in [m for m in sys.modules if m == "flwr" or m.startswith(("flwr.", "onnxblocks.federated"))]:
+    for name in [
+        m for m in sys.modules if m == "flwr" or m.startswith(("flwr.", "onnxblocks.federated"))
+    ]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr raises ImportError
     assert main(_args(art, files, f"--save={tmp_path / 'c'}")) == 1

@@ -20,7 +20,9 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("client")
     art = spiral_artifacts(root)
     files = client_files(root)
-    start = {k: v * 0.9 + 0.01 for k, v in TrainingSession(art).parameters(trainable_only=True).items()}
+    start = {
+        k: v * 0.9 + 0.01 for k, v in TrainingSession(art).parameters(trainable_only=True).items()
+    }
     return art, files, start
 
 
@@ -31,18 +33,24 @@ def test_local_training_is_sgd_from_the_global_parameters(setup):
     expected = sgd_reference(art, files[0], steps=3, lr=0.1, batch_size=6, start=start)
     assert sorted(update.parameters) == sorted(expected)
     assert_steps_from(start, update.parameters, expected)
-    assert update.num_examples == 20 and update.metrics["steps"] == 3 and update.backend == "training"
+    assert (
+        update.num_examples == 20 and update.metrics["steps"] == 3 and update.backend == "training"
+    )
     assert np.isfinite(update.metrics["train-loss"]) and update.metrics["train-seconds"] > 0
 
 
 def test_file_order_is_reproducible_and_shuffling_follows_the_seed(setup):
     art, files, start = setup
     runs = [
-        train_client(art, files[2], start, {"local-epochs": 1, "batch-size": 8, "shuffle": s, "seed": seed})
+        train_client(
+            art, files[2], start, {"local-epochs": 1, "batch-size": 8, "shuffle": s, "seed": seed}
+        )
         for s, seed in ((False, 0), (False, 1), (True, 0), (True, 1))
     ]
     w = "fc1.weight"
-    np.testing.assert_array_equal(runs[0].parameters[w], runs[1].parameters[w])  # file order: the seed is unused
+    np.testing.assert_array_equal(
+        runs[0].parameters[w], runs[1].parameters[w]
+    )  # file order: the seed is unused
     assert not np.array_equal(runs[2].parameters[w], runs[3].parameters[w])
     assert runs[0].metrics["steps"] == 5  # 40 rows in batches of 8
 
@@ -78,7 +86,9 @@ def test_frozen_parameters_never_travel(tmp_path, setup):
     update = train_client(art, files[1], trainable, {"local-steps": 1})
     assert sorted(update.parameters) == ["fc2.bias", "fc2.weight"]
     with pytest.raises(UnknownNameError, match="frozen"):
-        train_client(art, files[1], {**trainable, "fc1.bias": session.get_parameter("fc1.bias")}, {})
+        train_client(
+            art, files[1], {**trainable, "fc1.bias": session.get_parameter("fc1.bias")}, {}
+        )
     with pytest.raises(UnknownNameError, match="lack the trainable parameter"):
         train_client(art, files[1], {"fc2.bias": trainable["fc2.bias"]}, {})
 
@@ -109,7 +119,9 @@ def test_evaluation_matches_the_eval_model(setup):
     assert metrics["num-examples"] == 40
     # batches of 7 against one run of 40 rows: the eval model both times, no float64 truth
     assert_close(np.float32(metrics["eval-loss"]), loss, rtol=1e-5, name="eval-loss")
-    assert round(metrics["accuracy"] * len(y)) == np.sum(np.argmax(logits, 1) == y)  # the same rows right
+    assert round(metrics["accuracy"] * len(y)) == np.sum(
+        np.argmax(logits, 1) == y
+    )  # the same rows right
 
 
 def test_portable_artifacts_train_the_same_on_the_portable_backend(tmp_path, setup):
@@ -130,11 +142,19 @@ def test_client_sources_read_node_and_run_configs():
     )
     assert ClientSources().resolve(context) == ("art", "one.npz", "auto")
     assert ClientSources().resolve(context, evaluation=True) == ("art", "val1.npz", "auto")
-    assert ClientSources(data=["a.npz", "b.npz"], backend="portable").resolve(context) == ("art", "b.npz", "portable")
-    deployed = SimpleNamespace(node_id=3, node_config={"data-path": "mine.npz"}, run_config={"artifacts": "art"})
+    assert ClientSources(data=["a.npz", "b.npz"], backend="portable").resolve(context) == (
+        "art",
+        "b.npz",
+        "portable",
+    )
+    deployed = SimpleNamespace(
+        node_id=3, node_config={"data-path": "mine.npz"}, run_config={"artifacts": "art"}
+    )
     assert ClientSources().resolve(deployed, evaluation=True) == ("art", "mine.npz", "auto")
     with pytest.raises(UnknownNameError, match="data-path"):
-        ClientSources().resolve(SimpleNamespace(node_id=1, node_config={}, run_config={"artifacts": "a"}))
+        ClientSources().resolve(
+            SimpleNamespace(node_id=1, node_config={}, run_config={"artifacts": "a"})
+        )
     with pytest.raises(UnknownNameError, match="artifacts"):
         ClientSources().resolve(SimpleNamespace(node_id=1, node_config={}, run_config={}))
     with pytest.raises(UnknownNameError, match="partition 1"):
@@ -148,4 +168,7 @@ def test_importing_without_flower_names_the_extra():
     code = "import sys; sys.modules['flwr'] = None\nimport onnxblocks.federated"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 1
-    assert "MissingDependencyError" in done.stderr and 'pip install "onnxblocks[flower]"' in done.stderr
+    assert (
+        "MissingDependencyError" in done.stderr
+        and 'pip install "onnxblocks[flower]"' in done.stderr
+    )

@@ -103,7 +103,9 @@ def test_free_ports_differ_and_configs_render_as_flower_reads_them():
     )
     from flwr.common.config import parse_config_args
 
-    assert parse_config_args([config_arg({"data-path": "/d/a b.npz", "rows": 3, "shuffle": False})]) == {
+    assert parse_config_args(
+        [config_arg({"data-path": "/d/a b.npz", "rows": 3, "shuffle": False})]
+    ) == {
         "data-path": "/d/a b.npz",
         "rows": 3,
         "shuffle": False,

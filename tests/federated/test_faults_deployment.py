@@ -50,10 +50,18 @@ def test_a_nan_client_a_hanging_client_and_a_killed_client_are_dropped_and_repor
         "save": str(out / "ckpt"),
         "history": str(out / "history.json"),
     }
-    app = write_app(out / "app", config, client_app="faults:client_app", modules={"faults": FAULT_APP})
+    app = write_app(
+        out / "app", config, client_app="faults:client_app", modules={"faults": FAULT_APP}
+    )
     faults = ["", "", "nan", "hang", "killed"]
     nodes = [
-        NodeSpec({"data-path": files[min(i, 2)], "partition-id": i, "fault": "hang" if f == "killed" else f})
+        NodeSpec(
+            {
+                "data-path": files[min(i, 2)],
+                "partition-id": i,
+                "fault": "hang" if f == "killed" else f,
+            }
+        )
         for i, f in enumerate(faults)
     ]
     killed: list[int] = []

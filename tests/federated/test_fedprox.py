@@ -15,7 +15,9 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("fedprox")
     art = spiral_artifacts(root)
     files = client_files(root, sizes=(40,))
-    start = {k: v * 1.1 - 0.02 for k, v in TrainingSession(art).parameters(trainable_only=True).items()}
+    start = {
+        k: v * 1.1 - 0.02 for k, v in TrainingSession(art).parameters(trainable_only=True).items()
+    }
     return art, files[0], start
 
 

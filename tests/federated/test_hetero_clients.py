@@ -45,7 +45,9 @@ def test_a_training_build_client_and_a_stock_onnxruntime_client_train_one_model(
     training = spiral_artifacts(tmp_path)
     portable = spiral_artifacts(tmp_path, portable=True)
     files = client_files(tmp_path, sizes=(20, 30))
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the 3.13 venv imports onnxblocks from this checkout
+    monkeypatch.setenv(
+        "PYTHONPATH", str(ROOT)
+    )  # the 3.13 venv imports onnxblocks from this checkout
     out = tmp_path / "out"
     argv = [
         "federate",
@@ -74,7 +76,9 @@ def test_a_training_build_client_and_a_stock_onnxruntime_client_train_one_model(
     ]
     assert main(argv) == 0, capsys.readouterr().err
     history = json.loads((out / "history.json").read_text())
-    kinds = sorted((c["partition"], c["backend"]) for c in history["clients"] if c["phase"] == "train")
+    kinds = sorted(
+        (c["partition"], c["backend"]) for c in history["clients"] if c["phase"] == "train"
+    )
     assert kinds == [(0, "training"), (1, "portable")]
     assert history["dropped"] == []
     # the 3.13 node's commands ran under the 3.13 interpreter

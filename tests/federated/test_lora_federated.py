@@ -26,7 +26,10 @@ from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.peft import LoraConfig, lora_info
 from onnxblocks.runtime import TrainingSession
 
-ROWS = (4, 6)  # two clients' rows; the TorchScript export has a fixed batch of hf_families.BATCH (2)
+ROWS = (
+    4,
+    6,
+)  # two clients' rows; the TorchScript export has a fixed batch of hf_families.BATCH (2)
 LOCAL = {"local_steps": 2, "batch_size": hf_families.BATCH, "shuffle": False, "lr": 1e-2}
 CONFIG = {"local-steps": 2, "batch-size": hf_families.BATCH, "shuffle": False, "lr": 1e-2}
 
@@ -69,16 +72,24 @@ def test_only_the_adapters_travel_and_the_base_stays(lora, task_identity):
     assert sorted(start) == adapters
     context = Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
     content = RecordDict({"arrays": to_record(start), "config": ConfigRecord(CONFIG)})
-    reply = make_client_app(art, data=files[0])(Message(content=content, dst_node_id=3, message_type="train"), context)
+    reply = make_client_app(art, data=files[0])(
+        Message(content=content, dst_node_id=3, message_type="train"), context
+    )
     assert not reply.has_error(), reply.error
     sent = from_record(reply.content["arrays"])
     assert sorted(sent) == adapters  # exactly the adapters: the base weights never leave the client
-    assert any(np.abs(sent[n] - start[n]).max() > 0 for n in adapters if ".lora_B." in n)  # they trained
+    assert any(
+        np.abs(sent[n] - start[n]).max() > 0 for n in adapters if ".lora_B." in n
+    )  # they trained
     checkpoint = load_checkpoint(art / "checkpoint")
     assert sorted(checkpoint.trainable) == adapters and not checkpoint.frozen
-    graph = onnx.load(art / "training_model.onnx").graph  # the frozen base: constants of every client's graphs
+    graph = onnx.load(
+        art / "training_model.onnx"
+    ).graph  # the frozen base: constants of every client's graphs
     base = sum(int(np.prod(i.dims)) for i in graph.initializer if i.name not in start)
-    assert base > 10 * sum(v.size for v in start.values())  # 3575 base elements, 224 adapter elements
+    assert base > 10 * sum(
+        v.size for v in start.values()
+    )  # 3575 base elements, 224 adapter elements
     weight = next(iter(info.targets.values())).weight
     with pytest.raises(UnknownNameError, match="not parameters of the artifacts"):
         train_client(art, files[0], {**start, weight: np.zeros(1, np.float32)}, CONFIG)
@@ -102,7 +113,9 @@ def test_one_fedavg_round_averages_the_clients_adapters(lora):
             seen["received"] += [sorted(m.content["arrays"].keys()) for m in replies]
             return super().aggregate_train(server_round, replies)
 
-    strategy = Recording(fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=2, min_evaluate_nodes=0)
+    strategy = Recording(
+        fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=2, min_evaluate_nodes=0
+    )
     server = make_server_app(
         art,
         strategy=strategy,

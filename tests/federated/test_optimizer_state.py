@@ -17,7 +17,11 @@ from support.numerics import assert_close, is_close
 from onnxblocks.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.federated import make_client_app, make_server_app, train_client
 from onnxblocks.federated.client import STATE_ARRAYS, STATE_SCALARS, keeps_optimizer_state
-from onnxblocks.federated.optimizer_state import OptimizerState, read_optimizer_state, write_optimizer_state
+from onnxblocks.federated.optimizer_state import (
+    OptimizerState,
+    read_optimizer_state,
+    write_optimizer_state,
+)
 from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.runtime import TrainingSession
 
@@ -63,10 +67,14 @@ def test_two_rounds_with_kept_state_are_one_continuous_session(setup, backend):
     one = train_client(art, path, start, CONFIG, keep_optimizer_state=True)
     state = one.optimizer_state
     assert one.backend == backend and state is not None
-    assert sorted(state.moments) == sorted(f"optimizer/{p}/momentum{i}" for p in start for i in (0, 1))
+    assert sorted(state.moments) == sorted(
+        f"optimizer/{p}/momentum{i}" for p in start for i in (0, 1)
+    )
     assert (state.step, state.session_step) == (3, 3)
     assert any(np.abs(m).max() > 0 for m in state.moments.values())
-    two = train_client(art, path, one.parameters, CONFIG, optimizer_state=state, keep_optimizer_state=True)
+    two = train_client(
+        art, path, one.parameters, CONFIG, optimizer_state=state, keep_optimizer_state=True
+    )
     close(two.parameters, continuous(art, path, epochs=2))
     assert (two.optimizer_state.step, two.optimizer_state.session_step) == (6, 6)
     # the default: the second round's optimizer starts fresh, which is not the continuous run
@@ -81,13 +89,17 @@ def test_the_client_app_keeps_state_in_the_nodes_context(setup, task_identity):
     start = TrainingSession(art).parameters(trainable_only=True)
 
     def two_rounds(app, run_config):
-        context = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config=run_config)
+        context = Context(
+            run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config=run_config
+        )
         params = start
         for _ in range(2):  # the server hands the client its own parameters back (1 client, FedAvg)
             content = RecordDict({"arrays": to_record(params), "config": ConfigRecord(CONFIG)})
             reply = app(Message(content=content, dst_node_id=5, message_type="train"), context)
             assert not reply.has_error(), reply.error
-            assert list(reply.content.array_records) == ["arrays"]  # the optimizer state never travels
+            assert list(reply.content.array_records) == [
+                "arrays"
+            ]  # the optimizer state never travels
             params = from_record(reply.content["arrays"])
         return params, context
 
@@ -101,7 +113,10 @@ def test_the_client_app_keeps_state_in_the_nodes_context(setup, task_identity):
     assert STATE_ARRAYS not in context.state
     first = train_client(art, path, start, CONFIG)
     close(fresh, train_client(art, path, first.parameters, CONFIG).parameters)
-    same, _ = two_rounds(make_client_app(art, data=path, keep_optimizer_state=True), {"keep-optimizer-state": "false"})
+    same, _ = two_rounds(
+        make_client_app(art, data=path, keep_optimizer_state=True),
+        {"keep-optimizer-state": "false"},
+    )
     close(same, kept)  # the factory's argument wins over the run config
 
 
@@ -115,9 +130,14 @@ def test_kept_state_is_checked_against_the_artifacts(setup):
     with pytest.raises(InvalidValueError, match="is float32 \\(1, 1\\)"):
         write_optimizer_state(session, wrong)
     with pytest.raises(InvalidValueError, match="optimizer/<trainable parameter>/momentum<i>"):
-        write_optimizer_state(session, OptimizerState({"optimizer/nope/momentum0": np.zeros(1, np.float32)}))
+        write_optimizer_state(
+            session, OptimizerState({"optimizer/nope/momentum0": np.zeros(1, np.float32)})
+        )
     with pytest.raises(InvalidValueError, match="lacks a slot"):
-        write_optimizer_state(session, OptimizerState({k: v for k, v in state.moments.items() if "momentum0" not in k}))
+        write_optimizer_state(
+            session,
+            OptimizerState({k: v for k, v in state.moments.items() if "momentum0" not in k}),
+        )
     with pytest.raises(InvalidValueError, match="scalars"):
         OptimizerState.from_parts(state.moments, {"step": -1})
     assert keeps_optimizer_state(None, {"keep-optimizer-state": "TRUE"}) is True
@@ -151,5 +171,9 @@ def test_simulated_rounds_keep_the_optimizer_state(setup):
     final = TrainingSession(art, checkpoint=out / "final.ckpt").parameters(trainable_only=True)
     close(final, continuous(art, path, epochs=2))
     start = TrainingSession(art).parameters(trainable_only=True)
-    fresh = train_client(art, path, train_client(art, path, start, CONFIG).parameters, CONFIG).parameters
-    assert not all(is_close(final[n], fresh[n], rtol=1e-3) for n in start)  # it is not the default's result
+    fresh = train_client(
+        art, path, train_client(art, path, start, CONFIG).parameters, CONFIG
+    ).parameters
+    assert not all(
+        is_close(final[n], fresh[n], rtol=1e-3) for n in start
+    )  # it is not the default's result

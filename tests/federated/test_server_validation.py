@@ -9,7 +9,13 @@ from flwr.serverapp.strategy import FedAvg
 from support.numerics import assert_close, assert_equal
 
 from onnxblocks.errors import InvalidTypeError, InvalidValueError, UnknownNameError
-from onnxblocks.federated import FederatedHistory, ServerSettings, ValidatingStrategy, build_strategy, check_arrays
+from onnxblocks.federated import (
+    FederatedHistory,
+    ServerSettings,
+    ValidatingStrategy,
+    build_strategy,
+    check_arrays,
+)
 from onnxblocks.federated.records import to_record
 from onnxblocks.federated.validation import specs_of
 
@@ -24,7 +30,9 @@ def reply(arrays=None, metrics=None, node=1):
     content = RecordDict()
     if arrays is not None:
         content["arrays"] = to_record(arrays)
-    content["metrics"] = MetricRecord(metrics if metrics is not None else {"num-examples": 10, "train-loss": 0.5})
+    content["metrics"] = MetricRecord(
+        metrics if metrics is not None else {"num-examples": 10, "train-loss": 0.5}
+    )
     content["client"] = ConfigRecord({"partition-id": node})
     return Message(content=content, reply_to=request(node))
 
@@ -45,7 +53,9 @@ def filled(value, **changes):
 
 def strategy():
     history = FederatedHistory()
-    wrapped = ValidatingStrategy(FedAvg(min_train_nodes=1, min_available_nodes=1), specs_of(GLOBAL), history)
+    wrapped = ValidatingStrategy(
+        FedAvg(min_train_nodes=1, min_available_nodes=1), specs_of(GLOBAL), history
+    )
     wrapped._global = dict(GLOBAL)
     return wrapped, history
 
@@ -67,8 +77,12 @@ def test_bad_replies_are_dropped_and_the_round_aggregates_the_rest():
     arrays, metrics = wrapped.aggregate_train(1, replies)
     aggregated = {k: v.numpy() for k, v in arrays.items()}
     # (10 * 1 + 30 * 4) / 40: dyadic, exact in any order
-    assert_equal(aggregated["w"], np.full((2, 3), (10 * 1.0 + 30 * 4.0) / 40, aggregated["w"].dtype))
-    assert_close(np.float64(metrics["train-loss"]), np.float64((10 * 0.5 + 30 * 0.7) / 40), rtol=1e-12)
+    assert_equal(
+        aggregated["w"], np.full((2, 3), (10 * 1.0 + 30 * 4.0) / 40, aggregated["w"].dtype)
+    )
+    assert_close(
+        np.float64(metrics["train-loss"]), np.float64((10 * 0.5 + 30 * 0.7) / 40), rtol=1e-12
+    )
     reasons = [d["reason"] for d in history.dropped]
     assert len(reasons) == 8
     for needle in (
@@ -105,7 +119,9 @@ def test_a_node_that_never_answers_is_reported():
     wrapped._global = dict(GLOBAL)
     wrapped._sent("train", [request(node) for node in (11, 12, 13)])
     arrays, _ = wrapped.aggregate_train(1, [reply(filled(2.0), node=11), failed(node=13)])
-    assert_equal(arrays["w"].numpy(), np.full_like(arrays["w"].numpy(), 2.0))  # one reply: its values
+    assert_equal(
+        arrays["w"].numpy(), np.full_like(arrays["w"].numpy(), 2.0)
+    )  # one reply: its values
     assert {(d["node"], d["reason"]) for d in history.dropped} == {
         (12, "no reply within the round timeout (30 s)"),
         (13, "the client failed: ClientApp raised MemoryError"),
@@ -118,7 +134,10 @@ def test_check_arrays_and_strategy_names():
     assert type(build_strategy("FedProx", proximal_mu=0.1)).__name__ == "FedProx"
     assert type(build_strategy("fedyogi")).__name__ == "FedYogi"
     dp = build_strategy("fedavg", dp_clipping_norm=0.5, min_nodes=3)
-    assert type(dp).__name__ == "DifferentialPrivacyServerSideFixedClipping" and dp.clipping_norm == 0.5
+    assert (
+        type(dp).__name__ == "DifferentialPrivacyServerSideFixedClipping"
+        and dp.clipping_norm == 0.5
+    )
     with pytest.raises(InvalidValueError, match="fedavg, fedprox"):
         build_strategy("krum")
 
@@ -126,8 +145,14 @@ def test_check_arrays_and_strategy_names():
 def test_history_round_trips_and_plots(tmp_path):
     history = FederatedHistory(
         train=[{"round": 1, "train-loss": 1.0}, {"round": 2, "train-loss": 0.5}],
-        server=[{"round": 0, "eval-loss": 1.2, "accuracy": 0.3}, {"round": 2, "eval-loss": 0.4, "accuracy": 0.8}],
-        clients=[{"round": r, "phase": "train", "node": 5, "partition": 0, "train-loss": 1.0 / r} for r in (1, 2)],
+        server=[
+            {"round": 0, "eval-loss": 1.2, "accuracy": 0.3},
+            {"round": 2, "eval-loss": 0.4, "accuracy": 0.8},
+        ],
+        clients=[
+            {"round": r, "phase": "train", "node": 5, "partition": 0, "train-loss": 1.0 / r}
+            for r in (1, 2)
+        ],
         rounds=2,
     )
     again = FederatedHistory.load(history.save(tmp_path / "h.json"))
@@ -141,9 +166,20 @@ def test_history_round_trips_and_plots(tmp_path):
 
 
 def test_server_settings_from_the_run_config():
-    run_config = {"artifacts": "art", "num-server-rounds": 4, "lr": 1, "shuffle": "false", "data-path-0": "x.npz"}
+    run_config = {
+        "artifacts": "art",
+        "num-server-rounds": 4,
+        "lr": 1,
+        "shuffle": "false",
+        "data-path-0": "x.npz",
+    }
     settings = ServerSettings.from_run_config(run_config, min_nodes=3)
-    assert (settings.rounds, settings.lr, settings.shuffle, settings.min_nodes) == (4, 1.0, False, 3)
+    assert (settings.rounds, settings.lr, settings.shuffle, settings.min_nodes) == (
+        4,
+        1.0,
+        False,
+        3,
+    )
     assert settings.local_config().to_config() == {
         "local-epochs": 1,
         "lr": 1.0,

@@ -71,7 +71,11 @@ def local_results(art, files, mu=0.0):
                 session.optimizer_step()
             results.append(session.parameters(trainable_only=True))
         else:  # FedProx's update, in NumPy
-            results.append(sgd_reference(art, path, LOCAL["local_steps"], LOCAL["lr"], LOCAL["batch_size"], mu=mu))
+            results.append(
+                sgd_reference(
+                    art, path, LOCAL["local_steps"], LOCAL["lr"], LOCAL["batch_size"], mu=mu
+                )
+            )
     return start, results
 
 
@@ -99,7 +103,9 @@ def test_one_fedavg_round_is_the_weighted_average_of_separate_sessions(small):
     with np.load(files[2]) as data:
         x, y = data["features"], data["labels"]
     logits = onnxruntime.InferenceSession(str(out / "model.onnx")).run(None, {"features": x})[0]
-    assert_close(logits, final.eval_step(x, y)[1], rtol=1e-5, name="logits")  # ours both: no float64 truth
+    assert_close(
+        logits, final.eval_step(x, y)[1], rtol=1e-5, name="logits"
+    )  # ours both: no float64 truth
     # the history: weighted training loss, per-client replies, evaluation, server evaluation of rounds 0 and 1
     history = FederatedHistory.load(out / "history.json")
     train = [c for c in history.clients if c["phase"] == "train"]
@@ -125,7 +131,9 @@ def test_fedprox_round_uses_the_proximal_term(small):
 def test_server_side_dp_clips_each_client_update(small):
     root, art, files = small
     clip = 0.05
-    final, history, _ = one_round(root, art, files, "dp", dp_clipping_norm=clip, dp_noise_multiplier=0.0)
+    final, history, _ = one_round(
+        root, art, files, "dp", dp_clipping_norm=clip, dp_noise_multiplier=0.0
+    )
     start, results = local_results(art, files)
     clipped = []
     for result in results:
@@ -137,7 +145,9 @@ def test_server_side_dp_clips_each_client_update(small):
         assert_close(np.float64(clipped_norm), np.float64(clip), rtol=1e-6, name="clipped norm")
     assert_fedavg(final, clipped, SIZES)
     norms = sorted(c["update-norm"] for c in history.clients if c["phase"] == "train")
-    assert all(n > clip for n in norms)  # the history holds the norms the clients sent, before clipping
+    assert all(
+        n > clip for n in norms
+    )  # the history holds the norms the clients sent, before clipping
 
 
 def test_fedadam_runs_drops_a_nan_client_and_keeps_float32_parameters(small):
@@ -145,7 +155,9 @@ def test_fedadam_runs_drops_a_nan_client_and_keeps_float32_parameters(small):
     out = root / "fedadam"
     out.mkdir()
     with np.load(files[0]) as data:  # a fourth client whose data makes its parameters NaN
-        np.savez(out / "nan.npz", features=np.full_like(data["features"], np.nan), labels=data["labels"])
+        np.savez(
+            out / "nan.npz", features=np.full_like(data["features"], np.nan), labels=data["labels"]
+        )
     server = make_server_app(
         art,
         rounds=3,
@@ -161,9 +173,15 @@ def test_fedadam_runs_drops_a_nan_client_and_keeps_float32_parameters(small):
     simulate(server, make_client_app(art, data=[*files, str(out / "nan.npz")]), 4)
     history = FederatedHistory.load(out / "history.json")
     assert history.rounds == 3
-    assert [(d["round"], d["phase"]) for d in history.dropped] == [(1, "train"), (2, "train"), (3, "train")]
+    assert [(d["round"], d["phase"]) for d in history.dropped] == [
+        (1, "train"),
+        (2, "train"),
+        (3, "train"),
+    ]
     assert all("non-finite" in d["reason"] for d in history.dropped)
-    assert len([c for c in history.clients if c["phase"] == "train"]) == 9  # the three good clients, each round
+    assert (
+        len([c for c in history.clients if c["phase"] == "train"]) == 9
+    )  # the three good clients, each round
     losses = [v for _, v in history.metric("eval-loss", "server")]
     assert losses[-1] < losses[0]
     final = TrainingSession(art, checkpoint=out / "final.ckpt").parameters(trainable_only=True)
@@ -173,7 +191,9 @@ def test_fedadam_runs_drops_a_nan_client_and_keeps_float32_parameters(small):
 def test_non_iid_spirals_converge_with_fedavg(tmp_path, monkeypatch):
     """Also with this venv's scripts off the PATH (``python -m`` or a notebook kernel in a venv not activated)."""
     scripts = os.path.dirname(sys.executable)
-    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != scripts))
+    monkeypatch.setenv(
+        "PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != scripts)
+    )
     art = spiral_artifacts(tmp_path, hidden=(64, 64), optimizer="adamw")
     files, held_out = non_iid_files(tmp_path, clients=4, major=0.8)
     for path in files:  # each client holds mostly one class

@@ -11,7 +11,13 @@ from onnxblocks.federated.simulation import write_flower_app
 
 
 def test_the_app_points_at_onnxblocks_apps_and_holds_the_run_config(tmp_path):
-    config = {"artifacts": 'C:\\\\dir "x"', "num-server-rounds": 3, "lr": 0.01, "shuffle": False, "data-path-0": "a"}
+    config = {
+        "artifacts": 'C:\\\\dir "x"',
+        "num-server-rounds": 3,
+        "lr": 0.01,
+        "shuffle": False,
+        "data-path-0": "a",
+    }
     app = write_flower_app(tmp_path / "app", config)
     parsed = tomllib.loads((app / "pyproject.toml").read_text())
     assert parsed["tool"]["flwr"]["app"]["components"] == {

@@ -23,7 +23,11 @@ from onnxblocks.federated import FederatedHistory, ValidatingStrategy
 from onnxblocks.federated.records import to_record
 from onnxblocks.federated.validation import MAX_EXAMPLES, check_header, check_metrics, specs_of
 
-GLOBAL = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "s": np.zeros((), np.float32)}
+GLOBAL = {
+    "w": np.zeros((2, 3), np.float32),
+    "b": np.zeros(3, np.float32),
+    "s": np.zeros((), np.float32),
+}
 
 
 #: Every test here builds messages, stamped as in a real run (``conftest.task_identity``).
@@ -40,7 +44,12 @@ def raw_array(header: dict, payload: bytes = b"", version=(1, 0)) -> Array:
     write = npy.write_array_header_1_0 if version == (1, 0) else npy.write_array_header_2_0
     write(buffer, header)
     shape = tuple(header["shape"])
-    return Array(dtype=str(header["descr"]), shape=shape, stype="numpy.ndarray", data=buffer.getvalue() + payload)
+    return Array(
+        dtype=str(header["descr"]),
+        shape=shape,
+        stype="numpy.ndarray",
+        data=buffer.getvalue() + payload,
+    )
 
 
 def message(arrays=None, metrics=None, node=1, record=None, extra_records=None):
@@ -51,7 +60,9 @@ def message(arrays=None, metrics=None, node=1, record=None, extra_records=None):
         content["arrays"] = to_record(arrays)
     for key, value in (extra_records or {}).items():
         content[key] = value
-    content["metrics"] = MetricRecord(metrics if metrics is not None else {"num-examples": 10, "train-loss": 0.5})
+    content["metrics"] = MetricRecord(
+        metrics if metrics is not None else {"num-examples": 10, "train-loss": 0.5}
+    )
     content["client"] = ConfigRecord({"partition-id": node})
     request = Message(content=RecordDict(), dst_node_id=node, message_type="train")
     return Message(content=content, reply_to=request)
@@ -65,47 +76,67 @@ def with_array(name, array: Array) -> ArrayRecord:
 
 def duplicated_key_record() -> ArrayRecord:
     """An ArrayRecord off the wire whose JSON body names 'w' twice: Flower's decoding keeps the second (NaN) one."""
-    from flwr.supercore.inflatable.inflatable_object import add_header_to_object_body, get_object_body
+    from flwr.supercore.inflatable.inflatable_object import (
+        add_header_to_object_body,
+        get_object_body,
+    )
 
     good, bad = to_record(filled(2.0)), to_record(filled(np.nan))
     body = get_object_body(good.deflate(), ArrayRecord).decode()
     text = body[:-1] + f', "w": "{bad["w"].object_id}"}}'
     assert text.count('"w"') == 2
     arrays = {a.object_id: a for a in (*good.values(), bad["w"])}
-    children = {ref: arrays[ref] for ref in json.loads(text).values()}  # Flower refuses unreferenced children
+    children = {
+        ref: arrays[ref] for ref in json.loads(text).values()
+    }  # Flower refuses unreferenced children
     return ArrayRecord.inflate(add_header_to_object_body(text.encode(), good), children)
 
 
 BIG = 2**40
 CASES = {
     "object array": (
-        with_array("w", raw_array({"descr": "|O", "fortran_order": False, "shape": (2, 3)}, b"\x80\x04N.")),
+        with_array(
+            "w", raw_array({"descr": "|O", "fortran_order": False, "shape": (2, 3)}, b"\x80\x04N.")
+        ),
         "object",
     ),
     "string array": (with_array("b", Array(np.array(["a", "bb", "ccc"]))), "<U3"),
     "0-d sent as 1 element": (with_array("s", Array(np.zeros(1, np.float32))), "shape (1,)"),
     "1 element sent as 0-d": (with_array("b", Array(np.zeros((), np.float32))), "shape ()"),
     "huge shape": (
-        with_array("w", raw_array({"descr": "<f4", "fortran_order": False, "shape": (BIG, BIG)}, b"\0" * 24)),
+        with_array(
+            "w",
+            raw_array({"descr": "<f4", "fortran_order": False, "shape": (BIG, BIG)}, b"\0" * 24),
+        ),
         f"shape ({BIG}, {BIG})",
     ),
     "truncated data": (
-        with_array("w", raw_array({"descr": "<f4", "fortran_order": False, "shape": (2, 3)}, b"\0" * 8)),
+        with_array(
+            "w", raw_array({"descr": "<f4", "fortran_order": False, "shape": (2, 3)}, b"\0" * 8)
+        ),
         "holds 8 data bytes",
     ),
     "trailing data": (
-        with_array("w", raw_array({"descr": "<f4", "fortran_order": False, "shape": (2, 3)}, b"\0" * 30)),
+        with_array(
+            "w", raw_array({"descr": "<f4", "fortran_order": False, "shape": (2, 3)}, b"\0" * 30)
+        ),
         "holds 30 data bytes",
     ),
     "header over the bound": (
         with_array(
             "w",
-            raw_array({"descr": "<f4", "fortran_order": False, "shape": (2, 3), "x": "y" * 20000}, b"\0" * 24, (2, 0)),
+            raw_array(
+                {"descr": "<f4", "fortran_order": False, "shape": (2, 3), "x": "y" * 20000},
+                b"\0" * 24,
+                (2, 0),
+            ),
         ),
         "no readable .npy header",
     ),
     "not npy bytes": (
-        with_array("w", Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=b"\x93NUMPY junk")),
+        with_array(
+            "w", Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=b"\x93NUMPY junk")
+        ),
         ".npy format version",
     ),
     "not numpy": (
@@ -116,10 +147,19 @@ CASES = {
     "duplicated key": (duplicated_key_record(), "non-finite"),
 }
 METRICS = {
-    "num-examples int64 max": ({"num-examples": 2**63 - 1, "train-loss": 0.5}, "'num-examples' is 9223372036854775807"),
-    "num-examples above int64": ({"num-examples": 2**64, "train-loss": 0.5}, "'num-examples' is 18446744073709551616"),
+    "num-examples int64 max": (
+        {"num-examples": 2**63 - 1, "train-loss": 0.5},
+        "'num-examples' is 9223372036854775807",
+    ),
+    "num-examples above int64": (
+        {"num-examples": 2**64, "train-loss": 0.5},
+        "'num-examples' is 18446744073709551616",
+    ),
     "num-examples negative": ({"num-examples": -10, "train-loss": 0.5}, "'num-examples' is -10"),
-    "num-examples NaN": ({"num-examples": float("nan"), "train-loss": 0.5}, "'num-examples' is nan, not a finite"),
+    "num-examples NaN": (
+        {"num-examples": float("nan"), "train-loss": 0.5},
+        "'num-examples' is nan, not a finite",
+    ),
     "num-examples fractional": ({"num-examples": 10.5, "train-loss": 0.5}, "whole number"),
     "num-examples huge float": ({"num-examples": 1e300, "train-loss": 0.5}, "whole number"),
     "metric beyond float": ({"num-examples": 10, "train-loss": 2**1100}, "'train-loss' is"),
@@ -127,7 +167,9 @@ METRICS = {
 
 
 def aggregate(bad: Message, caplog):
-    wrapped = ValidatingStrategy(FedAvg(min_train_nodes=1, min_available_nodes=1), specs_of(GLOBAL), FederatedHistory())
+    wrapped = ValidatingStrategy(
+        FedAvg(min_train_nodes=1, min_available_nodes=1), specs_of(GLOBAL), FederatedHistory()
+    )
     wrapped._global = dict(GLOBAL)
     good = [
         message(filled(1.0), {"num-examples": 10, "train-loss": 0.5}, node=0),
@@ -136,7 +178,9 @@ def aggregate(bad: Message, caplog):
     with caplog.at_level(logging.WARNING, logger="onnxblocks.federated"):
         arrays, _ = wrapped.aggregate_train(1, [good[0], bad, good[1]])
     for name, value in arrays.items():  # the round completes with the two good replies
-        assert_equal(value.numpy(), np.full_like(GLOBAL[name], 2.5), name=name)  # (10 + 90) / 40: exact
+        assert_equal(
+            value.numpy(), np.full_like(GLOBAL[name], 2.5), name=name
+        )  # (10 + 90) / 40: exact
     assert [d["node"] for d in wrapped.history.dropped] == [2]
     return wrapped.history.dropped[0]["reason"], caplog.text
 
@@ -181,6 +225,12 @@ def test_the_header_check_reads_no_more_than_the_header():
     assert check_header(Array(np.zeros((2, 3), np.float32)), "w", *spec) is None
     assert check_header(Array(np.asfortranarray(np.zeros((2, 3), np.float32))), "w", *spec) is None
     huge = raw_array({"descr": "<f4", "fortran_order": False, "shape": (BIG,)})
-    assert "holds 0 data bytes" in check_header(huge, "w", np.dtype(np.float32), (BIG,))  # nothing allocated
-    assert check_metrics({"num-examples": MAX_EXAMPLES, "train-loss": 0.1}, ("num-examples",)) is None
-    assert check_metrics({"num-examples": 12.0, "eval-loss": 0.1}, ("num-examples",)) is None  # evaluate's float rows
+    assert "holds 0 data bytes" in check_header(
+        huge, "w", np.dtype(np.float32), (BIG,)
+    )  # nothing allocated
+    assert (
+        check_metrics({"num-examples": MAX_EXAMPLES, "train-loss": 0.1}, ("num-examples",)) is None
+    )
+    assert (
+        check_metrics({"num-examples": 12.0, "eval-loss": 0.1}, ("num-examples",)) is None
+    )  # evaluate's float rows

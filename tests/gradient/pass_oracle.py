@@ -17,7 +17,10 @@ from onnxblocks.ir.serde import from_proto, to_proto
 def make_model(nodes, inputs, outputs, inits=(), opset=17, extra_opsets=()) -> onnx.ModelProto:
     """A model of ``nodes`` at ``opset`` (IR version 8 below opset 19, else 10)."""
     graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)]
+    imports = [
+        helper.make_opsetid("", opset),
+        *(helper.make_opsetid(d, v) for d, v in extra_opsets),
+    ]
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 8 if opset < 19 else 10
     return model
@@ -33,8 +36,12 @@ def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndar
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # run the nodes as written
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )  # run the nodes as written
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, dict(feeds))
 
 

@@ -23,13 +23,18 @@ CASES = [
     ("Sign", {}),
     ("Mish", {}),
 ]
-X = np.concatenate([np.linspace(-4, 4, 31), [0.0, 1e-3, -1e-3, 25.0, -25.0, 0.3, -0.4]]).astype(np.float32)
+X = np.concatenate([np.linspace(-4, 4, 31), [0.0, 1e-3, -1e-3, 25.0, -25.0, 0.3, -0.4]]).astype(
+    np.float32
+)
 
 
 @pytest.mark.parametrize(("op", "attrs"), CASES, ids=[c[0] for c in CASES])
 def test_activation_becomes_elementary_with_the_same_values(op, attrs):
     model = make_model(
-        [helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", [X.size])], [vi("y", [X.size])], opset=18
+        [helper.make_node(op, ["x"], ["y"], **attrs)],
+        [vi("x", [X.size])],
+        [vi("y", [X.size])],
+        opset=18,
     )
     after = check_pass(ActivationsAsElementary(), model, {"x": X}, {op: 1}, gone=op)
     if op == "Mish":  # Mish leaves a Softplus for the next pass

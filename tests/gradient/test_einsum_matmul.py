@@ -72,7 +72,11 @@ def _random_cases(count: int, seed: int = 20261201) -> list[tuple[str, list[tupl
     while len(cases) < count:
         pool = "abcdefg"[: int(rng.integers(2, 7))]
         sizes = {c: int(rng.choice([1, 2, 3, 4])) for c in pool}
-        ellipsis = [int(rng.choice([2, 3])) for _ in range(int(rng.integers(1, 3)))] if rng.random() < 0.3 else None
+        ellipsis = (
+            [int(rng.choice([2, 3])) for _ in range(int(rng.integers(1, 3)))]
+            if rng.random() < 0.3
+            else None
+        )
         terms, shapes = [], []
         for _ in range(int(rng.integers(1, 4))):
             letters = "".join(rng.choice(list(pool), size=int(rng.integers(0, 4))))
@@ -109,7 +113,9 @@ def _model(equation: str, shapes, symbolic: bool) -> onnx.ModelProto:
     names = [f"x{i}" for i in range(len(shapes))]
     inputs = [
         helper.make_tensor_value_info(
-            n, onnx.TensorProto.FLOAT, [f"{n}_d{j}" if symbolic and d != 1 else d for j, d in enumerate(s)]
+            n,
+            onnx.TensorProto.FLOAT,
+            [f"{n}_d{j}" if symbolic and d != 1 else d for j, d in enumerate(s)],
         )
         for n, s in zip(names, shapes, strict=True)
     ]
@@ -130,7 +136,9 @@ def _torch(equation: str, arrays, grad, dtype):
 
 
 def _run(model: onnx.ModelProto, feeds) -> dict[str, np.ndarray]:
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds), strict=True))
 
@@ -159,12 +167,19 @@ def test_einsum_gradients_match_torch(equation, shapes, symbolic):
         got = _run(model, feeds)
         for i, name in enumerate(["y", *(f"{n}_grad" for n in names)]):
             assert_close(
-                got[name], expected[i], expected64[i], rtol=RTOL, scale=scale[i], name=f"{backend} {equation} {name}"
+                got[name],
+                expected[i],
+                expected64[i],
+                rtol=RTOL,
+                scale=scale[i],
+                name=f"{backend} {equation} {name}",
             )
     if not symbolic and len(shapes) <= 2 and not _broadcasts(equation, shapes):
         limit = max(math.prod(s) for s in [*shapes, tuple(out_shape)])
         size, name = _largest_computed(lowered, feeds)
-        assert size <= limit, f"{name} has {size} elements; the operands and the output at most {limit}"
+        assert size <= limit, (
+            f"{name} has {size} elements; the operands and the output at most {limit}"
+        )
 
 
 def _broadcasts(equation: str, shapes) -> bool:
@@ -198,14 +213,19 @@ def _largest_computed(model: onnx.ModelProto, feeds) -> tuple[int, str]:
     probe.CopyFrom(model)
     outputs = {o.name for o in probe.graph.output}
     for node in probe.graph.node:
-        probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in node.output if n and n not in outputs)
+        probe.graph.output.extend(
+            helper.make_empty_tensor_value_info(n) for n in node.output if n and n not in outputs
+        )
     got = _run(probe, feeds)
     return max((v.size, k) for k, v in got.items() if v.dtype.kind == "f")
 
 
 @pytest.mark.parametrize(
     ("equation", "shapes"),
-    [("sec,sm->ecm", [(1024, 64, 32), (1024, 768)]), ("sec,ecm->sm", [(1024, 64, 32), (64, 32, 768)])],
+    [
+        ("sec,sm->ecm", [(1024, 64, 32), (1024, 768)]),
+        ("sec,ecm->sm", [(1024, 64, 32), (64, 32, 768)]),
+    ],
 )
 def test_ortmodule_equations_at_full_size_keep_every_tensor_small(equation, shapes):
     """The graphs that allocated 6 GiB per tensor (s=1024, e=64, c=32, m=768): no tensor above 2M elements now."""
@@ -215,7 +235,9 @@ def test_ortmodule_equations_at_full_size_keep_every_tensor_small(equation, shap
     lower_training_ops(lowered)
     size, name = _largest_tensor(lowered)
     assert size <= 1024 * 64 * 32, f"{name} has {size} elements"
-    assert "MatMul" in {n.op_type for n in vjp.model.graph.node} | {n.op_type for n in lowered.graph.node}
+    assert "MatMul" in {n.op_type for n in vjp.model.graph.node} | {
+        n.op_type for n in lowered.graph.node
+    }
 
 
 @pytest.mark.parametrize(

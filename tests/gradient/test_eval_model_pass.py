@@ -19,7 +19,11 @@ def _model():
         flag,
         helper.make_node("Dropout", ["x", "ratio", "flag"], ["d"]),
         helper.make_node(
-            "BatchNormalization", ["d", "g", "b", "m", "v"], ["y", "m_out", "v_out"], training_mode=1, epsilon=1e-5
+            "BatchNormalization",
+            ["d", "g", "b", "m", "v"],
+            ["y", "m_out", "v_out"],
+            training_mode=1,
+            epsilon=1e-5,
         ),
         helper.make_node("Mul", ["m_out", "v_out"], ["mv"]),
     ]
@@ -32,7 +36,9 @@ def _model():
             ("v", RNG.random(3) + 0.5),
         )
     ]
-    return make_model(nodes, [vi("x", [2, 3, 4])], [vi("y", [2, 3, 4]), vi("mv", [3])], inits, opset=15)
+    return make_model(
+        nodes, [vi("x", [2, 3, 4])], [vi("y", [2, 3, 4]), vi("mv", [3])], inits, opset=15
+    )
 
 
 def test_eval_mode_uses_running_statistics_and_no_dropout():
@@ -48,14 +54,20 @@ def test_eval_mode_uses_running_statistics_and_no_dropout():
     g64, b64, m64, v64, x64 = (a.astype(np.float64) for a in (g, b, m, v, x))
     want = g * (x - m) / np.sqrt(v + np.float32(1e-5)) + b
     want64 = g64 * (x64 - m64) / np.sqrt(v64 + 1e-5) + b64
-    scale = np.abs(g64) * (np.abs(x64) + np.abs(m64)) / np.sqrt(v64 + 1e-5) + np.abs(b64)  # the terms' magnitude
+    scale = np.abs(g64) * (np.abs(x64) + np.abs(m64)) / np.sqrt(v64 + 1e-5) + np.abs(
+        b64
+    )  # the terms' magnitude
     assert_close(y, want, want64, rtol=1e-5, scale=scale, name="y: inference BatchNormalization")
     mv64 = params["m"].astype(np.float64) * params["v"]
-    assert_close(mv, params["m"] * params["v"], mv64, rtol=1e-6, name="the running statistics passed through")
+    assert_close(
+        mv, params["m"] * params["v"], mv64, rtol=1e-6, name="the running statistics passed through"
+    )
 
 
 def test_the_proto_function_skips_models_without_those_ops():
-    plain = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3], TensorProto.FLOAT)], [vi("y", [3])])
+    plain = make_model(
+        [helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3], TensorProto.FLOAT)], [vi("y", [3])]
+    )
     before = plain.SerializeToString()
     assert disable_training_mode(plain) == 0 and plain.SerializeToString() == before
     model = _model()

@@ -67,11 +67,17 @@ def _values(pattern: str, seed: int, shape=SHAPE, dims=None, largest: bool = Tru
 def _model(nodes, inputs, outputs, elem, inits=(), opset=18) -> onnx.ModelProto:
     """``nodes`` between float64 edges: each input cast to ``elem``, each output back to float64."""
     casts_in = [helper.make_node("Cast", [name], [f"{name}_t"], to=elem) for name in inputs]
-    casts_out = [helper.make_node("Cast", [f"{name}_t"], [name], to=onnx.TensorProto.DOUBLE) for name in outputs]
+    casts_out = [
+        helper.make_node("Cast", [f"{name}_t"], [name], to=onnx.TensorProto.DOUBLE)
+        for name in outputs
+    ]
     graph = helper.make_graph(
         casts_in + list(nodes) + casts_out,
         "g",
-        [helper.make_tensor_value_info(name, onnx.TensorProto.DOUBLE, shape) for name, shape in inputs.items()],
+        [
+            helper.make_tensor_value_info(name, onnx.TensorProto.DOUBLE, shape)
+            for name, shape in inputs.items()
+        ],
         [helper.make_tensor_value_info(name, onnx.TensorProto.DOUBLE, None) for name in outputs],
         list(inits),
     )
@@ -89,7 +95,9 @@ def _mark(node: onnx.NodeProto, target: str) -> None:
     )
 
 
-def _run(model: onnx.ModelProto, feeds: dict, output: str, grad_out: np.ndarray, portable: bool) -> dict:
+def _run(
+    model: onnx.ModelProto, feeds: dict, output: str, grad_out: np.ndarray, portable: bool
+) -> dict:
     """The output and the gradients of the graph inputs, from the training build or the portable lowering."""
     others = [o.name for o in model.graph.output if o.name != output]
     vjp = build_vjp_graph(model, requires_grad=list(feeds), outputs=[output, *others])
@@ -97,7 +105,9 @@ def _run(model: onnx.ModelProto, feeds: dict, output: str, grad_out: np.ndarray,
     if portable:
         lower_training_ops(graph)
         assert not non_portable_ops(graph), [op for _, op, _ in non_portable_ops(graph)]
-    session = onnxruntime().InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        graph.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
     got = session.run(None, {**feeds, vjp.output_grads[0]: grad_out})
     return dict(zip(names, got, strict=True))
@@ -115,14 +125,20 @@ def _check(model, fn, arrays: dict, output: str, dtype: str, portable: bool, see
     torch_dtype = DTYPES[dtype][1]
     with torch.no_grad():
         shape = tuple(fn(**{k: torch.tensor(v) for k, v in arrays.items()}).shape)
-    grad_out = np.asarray(np.random.default_rng(seed).integers(1, 16, size=shape) / 4.0, dtype=np.float64)
-    got = _run(model, {k: v.astype(np.float64) for k, v in arrays.items()}, output, grad_out, portable)
+    grad_out = np.asarray(
+        np.random.default_rng(seed).integers(1, 16, size=shape) / 4.0, dtype=np.float64
+    )
+    got = _run(
+        model, {k: v.astype(np.float64) for k, v in arrays.items()}, output, grad_out, portable
+    )
     expected, grads = _torch(fn, arrays, grad_out, torch_dtype)
     expected64, grads64 = _torch(fn, arrays, grad_out, torch.float64)
     rtol = eps(dtype)  # one rounding of dy / k
     assert_close(got[output], expected, expected64, rtol=rtol, name="output")
     for name in arrays:
-        assert_close(got[f"{name}_grad"], grads[name], grads64[name], rtol=rtol, name=f"gradient of {name}")
+        assert_close(
+            got[f"{name}_grad"], grads[name], grads64[name], rtol=rtol, name=f"gradient of {name}"
+        )
 
 
 REDUCTIONS = [  # (axes, keepdims); None: no axes input (every axis)
@@ -142,8 +158,12 @@ REDUCTIONS = [  # (axes, keepdims); None: no axes input (every axis)
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
 def test_reductions_share_ties_evenly_as_torch_amax(op, axes, keepdims, dtype, pattern, portable):
     inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if axes is not None else []
-    node = helper.make_node(op, ["x_t", "axes"] if axes is not None else ["x_t"], ["y_t"], keepdims=keepdims)
-    if axes is not None and len(axes) == 1:  # the dynamo exporter's amax; torchscript's reads as max(x, dim)
+    node = helper.make_node(
+        op, ["x_t", "axes"] if axes is not None else ["x_t"], ["y_t"], keepdims=keepdims
+    )
+    if (
+        axes is not None and len(axes) == 1
+    ):  # the dynamo exporter's amax; torchscript's reads as max(x, dim)
         _mark(node, "aten.amax.default" if op == "ReduceMax" else "aten.amin.default")
     model = _model([node], {"x": list(SHAPE)}, ["y"], DTYPES[dtype][0], inits)
     reduce = torch.amax if op == "ReduceMax" else torch.amin
@@ -161,7 +181,9 @@ def test_reductions_share_ties_evenly_as_torch_amax(op, axes, keepdims, dtype, p
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("exporter", ["torchscript-values", "torchscript-indices", "dynamo"])
 @pytest.mark.parametrize(("op", "axis", "keepdims"), [("ReduceMax", 1, 0), ("ReduceMin", -1, 1)])
-def test_max_with_dim_gives_the_gradient_to_its_index(op, axis, keepdims, exporter, dtype, pattern, portable):
+def test_max_with_dim_gives_the_gradient_to_its_index(
+    op, axis, keepdims, exporter, dtype, pattern, portable
+):
     node = helper.make_node(op, ["x_t"], ["y_t"], axes=[axis], keepdims=keepdims)
     nodes = [node]
     if exporter == "torchscript-indices":  # both outputs of max(x, dim)
@@ -188,10 +210,14 @@ def test_max_with_dim_gives_the_gradient_to_its_index(op, axis, keepdims, export
 @pytest.mark.parametrize("op", ["Max", "Min"])
 def test_elementwise_extrema_give_half_to_each_tied_input(op, broadcast, dtype, pattern, portable):
     a = _values(pattern if pattern == "all-equal" else "no-ties", 7)
-    b = _values(pattern if pattern == "all-equal" else "no-ties", 8, SHAPE[1:] if broadcast else SHAPE)
+    b = _values(
+        pattern if pattern == "all-equal" else "no-ties", 8, SHAPE[1:] if broadcast else SHAPE
+    )
     if pattern == "no-ties":
         b = b + 0.125  # off the quarter grid a is on
-    elif pattern == "few-ties":  # every third element of b equals a's (the first row of a's, broadcast)
+    elif (
+        pattern == "few-ties"
+    ):  # every third element of b equals a's (the first row of a's, broadcast)
         b.reshape(-1)[::3] = a[0].reshape(-1)[::3] if broadcast else a.reshape(-1)[::3]
     node = helper.make_node(op, ["a_t", "b_t"], ["y_t"])
     model = _model([node], {"a": list(a.shape), "b": list(b.shape)}, ["y"], DTYPES[dtype][0])
@@ -214,8 +240,12 @@ def test_arg_extrema_run_in_every_dtype_with_torch_indices(op, dtype, portable):
     # a float output for the vector-Jacobian graph to start from
     model.graph.node.append(helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0))
     model.graph.output.append(helper.make_tensor_value_info("s", onnx.TensorProto.DOUBLE, None))
-    got = _run(model, {"x": x}, "s", np.array(1.0), portable)  # "s" before "i": the one gradient seed
-    expected = (torch.argmax if op == "ArgMax" else torch.argmin)(torch.tensor(x, dtype=DTYPES[dtype][1]), dim=1)
+    got = _run(
+        model, {"x": x}, "s", np.array(1.0), portable
+    )  # "s" before "i": the one gradient seed
+    expected = (torch.argmax if op == "ArgMax" else torch.argmin)(
+        torch.tensor(x, dtype=DTYPES[dtype][1]), dim=1
+    )
     assert_equal(got["i"], expected.numpy(), name="indices")
 
 
@@ -226,7 +256,9 @@ def test_generated_artifacts_share_a_float16_tie_as_torch_max(op, portable, tmp_
     from onnxblocks import OptimType, generate_artifacts
     from onnxblocks.runtime import TrainingSession
 
-    w = (np.random.default_rng(12).integers(0, 3, size=(6, 8)) / 4.0).astype(np.float32)  # 16 elements tie
+    w = (np.random.default_rng(12).integers(0, 3, size=(6, 8)) / 4.0).astype(
+        np.float32
+    )  # 16 elements tie
     nodes = [
         helper.make_node("Mul", ["x", "w"], ["h"]),
         helper.make_node("Cast", ["h"], ["h16"], to=onnx.TensorProto.FLOAT16),
@@ -242,17 +274,23 @@ def test_generated_artifacts_share_a_float16_tie_as_torch_max(op, portable, tmp_
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    generate_artifacts(model, ["w"], optimizer=OptimType.SGD, artifact_directory=tmp_path, portable=portable)
+    generate_artifacts(
+        model, ["w"], optimizer=OptimType.SGD, artifact_directory=tmp_path, portable=portable
+    )
     x = np.ones((6, 8), np.float32)
     session = TrainingSession(tmp_path)
     session.train_step(x)
     reduce = torch.max if op == "ReduceMax" else torch.min
 
     def torch_grad(dtype: torch.dtype) -> torch.Tensor:
-        wt = torch.tensor(w, dtype=torch.float64 if dtype == torch.float64 else torch.float32, requires_grad=True)
+        wt = torch.tensor(
+            w, dtype=torch.float64 if dtype == torch.float64 else torch.float32, requires_grad=True
+        )
         reduce((torch.tensor(x, dtype=wt.dtype) * wt).to(dtype)).backward()
         return wt.grad
 
     expected = torch_grad(torch.float16)
-    assert_close(session.gradients()["w"], expected, torch_grad(torch.float64), rtol=eps("float16"), name="w")
+    assert_close(
+        session.gradients()["w"], expected, torch_grad(torch.float64), rtol=eps("float16"), name="w"
+    )
     assert int((expected != 0).sum()) > 1  # the case is a tie

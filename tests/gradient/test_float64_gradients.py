@@ -29,7 +29,11 @@ from support.numerics import assert_close
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.errors import GradientError
 from onnxblocks.gradient import build_vjp_graph
-from onnxblocks.gradient.float64 import Float64LayerNormAsElementary, Float64ReduceMeanAsSumDiv, may_hold_float64
+from onnxblocks.gradient.float64 import (
+    Float64LayerNormAsElementary,
+    Float64ReduceMeanAsSumDiv,
+    may_hold_float64,
+)
 from onnxblocks.ir.serde import from_proto
 from onnxblocks.portable import non_portable_ops
 from onnxblocks.portable.lower import lower_training_ops
@@ -70,15 +74,21 @@ class Case:
 
     def model(self) -> onnx.ModelProto:
         graph_inputs = [vi(k, s, D) for k, s in self.inputs.items()]
-        graph_inputs += [vi(k, list(v.shape), onnx.TensorProto.INT64) for k, v in self.feeds.items()]
-        return make_model(self.nodes, graph_inputs, [vi("y", None, D)], self.inits, self.opset, self.extra_opsets)
+        graph_inputs += [
+            vi(k, list(v.shape), onnx.TensorProto.INT64) for k, v in self.feeds.items()
+        ]
+        return make_model(
+            self.nodes, graph_inputs, [vi("y", None, D)], self.inits, self.opset, self.extra_opsets
+        )
 
     def arrays(self, seed: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
         out = {}
         for name, shape in self.inputs.items():
             dims = [SHAPE[i] if isinstance(d, str) else d for i, d in enumerate(shape)]
-            out[name] = rng.uniform(0.5, 2.0, dims) if name in self.positive else rng.standard_normal(dims)
+            out[name] = (
+                rng.uniform(0.5, 2.0, dims) if name in self.positive else rng.standard_normal(dims)
+            )
         return out
 
 
@@ -95,17 +105,34 @@ LN_EPS = f32(1e-5)
 
 CASES = {
     # ReduceMean: every form (the leak: a float32 1/N)
-    "ReduceMean-13-axis-1": Case([node("ReduceMean", ["x"], axes=[1], keepdims=0)], X, lambda x: x.mean(1), 13),
-    "ReduceMean-13-all-keepdims": Case([node("ReduceMean", ["x"])], X, lambda x: x.mean((0, 1, 2), keepdim=True), 13),
+    "ReduceMean-13-axis-1": Case(
+        [node("ReduceMean", ["x"], axes=[1], keepdims=0)], X, lambda x: x.mean(1), 13
+    ),
+    "ReduceMean-13-all-keepdims": Case(
+        [node("ReduceMean", ["x"])], X, lambda x: x.mean((0, 1, 2), keepdim=True), 13
+    ),
     "ReduceMean-12-negative-axes": Case(
-        [node("ReduceMean", ["x"], axes=[-1, 0], keepdims=1)], X, lambda x: x.mean((0, 2), keepdim=True), 12
+        [node("ReduceMean", ["x"], axes=[-1, 0], keepdims=1)],
+        X,
+        lambda x: x.mean((0, 2), keepdim=True),
+        12,
     ),
     "ReduceMean-18-axes-input": Case(
-        [node("ReduceMean", ["x", "axes"], keepdims=0)], X, lambda x: x.mean((0, 2)), 18, [ints("axes", [0, 2])]
+        [node("ReduceMean", ["x", "axes"], keepdims=0)],
+        X,
+        lambda x: x.mean((0, 2)),
+        18,
+        [ints("axes", [0, 2])],
     ),
-    "ReduceMean-18-no-axes": Case([node("ReduceMean", ["x"], keepdims=0)], X, lambda x: x.mean(), 18),
+    "ReduceMean-18-no-axes": Case(
+        [node("ReduceMean", ["x"], keepdims=0)], X, lambda x: x.mean(), 18
+    ),
     "ReduceMean-18-noop-empty-axes": Case(
-        [node("ReduceMean", ["x", "axes"], noop_with_empty_axes=1)], X, lambda x: x * 1, 18, [ints("axes", [])]
+        [node("ReduceMean", ["x", "axes"], noop_with_empty_axes=1)],
+        X,
+        lambda x: x * 1,
+        18,
+        [ints("axes", [])],
     ),
     "ReduceMean-18-symbolic-dims": Case(
         [node("ReduceMean", ["x", "axes"])],
@@ -115,7 +142,11 @@ CASES = {
         [ints("axes", [0, -1])],
     ),
     "ReduceMean-18-run-time-axes": Case(
-        [node("ReduceMean", ["x", "axes"], keepdims=0)], X, lambda x: x.mean(1), 18, feeds={"axes": np.array([1])}
+        [node("ReduceMean", ["x", "axes"], keepdims=0)],
+        X,
+        lambda x: x.mean(1),
+        18,
+        feeds={"axes": np.array([1])},
     ),
     "ReduceMean-of-tanh": Case(
         [helper.make_node("Tanh", ["x"], ["t"]), node("ReduceMean", ["t"], axes=[2], keepdims=1)],
@@ -152,12 +183,20 @@ CASES = {
         18,
     ),
     # elementwise and contractions (no leak: the family that must stay so)
-    "Div": Case([node("Div", ["a", "b"])], {"a": list(SHAPE), "b": [6]}, lambda a, b: a / b, positive=("b",)),
+    "Div": Case(
+        [node("Div", ["a", "b"])], {"a": list(SHAPE), "b": [6]}, lambda a, b: a / b, positive=("b",)
+    ),
     "Sqrt": Case([node("Sqrt", ["x"])], X, torch.sqrt, positive=("x",)),
-    "Pow-constant-exponent": Case([node("Pow", ["x", "e"])], X, lambda x: x**0.7, 17, [doubles("e", 0.7)], ("x",)),
+    "Pow-constant-exponent": Case(
+        [node("Pow", ["x", "e"])], X, lambda x: x**0.7, 17, [doubles("e", 0.7)], ("x",)
+    ),
     "Tanh": Case([node("Tanh", ["x"])], X, torch.tanh),
     "Sigmoid": Case([node("Sigmoid", ["x"])], X, torch.sigmoid),
-    "Exp-Log": Case([helper.make_node("Exp", ["x"], ["e"]), node("Log", ["e"])], X, lambda x: torch.log(torch.exp(x))),
+    "Exp-Log": Case(
+        [helper.make_node("Exp", ["x"], ["e"]), node("Log", ["e"])],
+        X,
+        lambda x: torch.log(torch.exp(x)),
+    ),
     "MatMul-2d": Case([node("MatMul", ["a", "b"])], {"a": [5, 6], "b": [6, 3]}, lambda a, b: a @ b),
     "Gemm-transB-alpha-beta": Case(
         [node("Gemm", ["a", "b", "c"], transB=1, alpha=0.1, beta=2.0)],
@@ -167,7 +206,9 @@ CASES = {
 }
 
 
-def _run(model: onnx.ModelProto, feeds: dict, grad_out: np.ndarray, portable: bool) -> dict[str, np.ndarray]:
+def _run(
+    model: onnx.ModelProto, feeds: dict, grad_out: np.ndarray, portable: bool
+) -> dict[str, np.ndarray]:
     """``y`` and the gradients of the float inputs, from the training build or the portable lowering."""
     floats = [name for name, v in feeds.items() if v.dtype == np.float64]
     vjp = build_vjp_graph(model, requires_grad=floats, outputs=["y"])
@@ -175,10 +216,16 @@ def _run(model: onnx.ModelProto, feeds: dict, grad_out: np.ndarray, portable: bo
     if portable:
         lower_training_ops(graph)
         assert not non_portable_ops(graph), [op for _, op, _ in non_portable_ops(graph)]
-    assert not [n for n in graph.graph.node if n.op_type == "Scale"], "a Scale rounds its factor to float32"
-    session = onnxruntime().InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert not [n for n in graph.graph.node if n.op_type == "Scale"], (
+        "a Scale rounds its factor to float32"
+    )
+    session = onnxruntime().InferenceSession(
+        graph.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, {**feeds, vjp.output_grads[0]: grad_out}), strict=True))
+    return dict(
+        zip(names, session.run(None, {**feeds, vjp.output_grads[0]: grad_out}), strict=True)
+    )
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["training", "portable"])
@@ -202,7 +249,10 @@ REFUSED = {  # op -> (graph, what the refusal names)
     "Mean": (Case([node("Mean", ["a", "b"])], {"a": list(SHAPE), "b": list(SHAPE)}, None), "Mean"),
     "Softmax": (Case([node("Softmax", ["x"], axis=-1)], X, None), "SoftmaxGrad_13"),
     "LogSoftmax": (Case([node("LogSoftmax", ["x"], axis=-1)], X, None), "LogSoftmaxGrad_13"),
-    "MatMul-3d": (Case([node("MatMul", ["a", "b"])], {"a": list(SHAPE), "b": [6, 3]}, None), "FusedMatMul"),
+    "MatMul-3d": (
+        Case([node("MatMul", ["a", "b"])], {"a": list(SHAPE), "b": [6, 3]}, None),
+        "FusedMatMul",
+    ),
     "Relu": (Case([node("Relu", ["x"])], X, None), "ReluGrad"),
 }
 
@@ -240,7 +290,9 @@ def test_float64_reduce_mean_becomes_sum_over_count_with_the_same_values() -> No
     assert {n.op_type for n in after.graph.node} >= {"ReduceSum", "Div"}
 
 
-@pytest.mark.parametrize("elem", [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16], ids=["float32", "float16"])
+@pytest.mark.parametrize(
+    "elem", [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16], ids=["float32", "float16"]
+)
 def test_other_float_reduce_means_and_layer_norms_are_left_alone(elem: int) -> None:
     dtype = helper.tensor_dtype_to_np_dtype(elem)
     x = np.random.default_rng(2).standard_normal(SHAPE).astype(dtype)
@@ -254,8 +306,14 @@ def test_other_float_reduce_means_and_layer_norms_are_left_alone(elem: int) -> N
 def test_float64_layer_norm_statistics_that_are_read_keep_their_stash_type() -> None:
     """The Mean and InvStdDev outputs are float32 (``stash_type``'s default) when the graph reads them."""
     rng = np.random.default_rng(3)
-    norm = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv_std_dev"], axis=-1)
-    outputs = [vi("y", None, D), vi("mean", None, onnx.TensorProto.FLOAT), vi("inv", None, onnx.TensorProto.FLOAT)]
+    norm = helper.make_node(
+        "LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv_std_dev"], axis=-1
+    )
+    outputs = [
+        vi("y", None, D),
+        vi("mean", None, onnx.TensorProto.FLOAT),
+        vi("inv", None, onnx.TensorProto.FLOAT),
+    ]
     model = make_model(
         [norm, helper.make_node("Identity", ["inv_std_dev"], ["inv"])],
         [vi("x", list(SHAPE), D)],
@@ -277,9 +335,19 @@ def test_float64_layer_norm_statistics_that_are_read_keep_their_stash_type() -> 
 
 def test_a_mean_after_a_cast_to_float64_is_rewritten_and_float32_models_are_not_inferred() -> None:
     """A float32 model computing in double (its loss, say) is found by its Cast; one without any is skipped."""
-    nodes = [helper.make_node("Cast", ["x"], ["x64"], to=D), helper.make_node("ReduceMean", ["x64"], ["y"], axes=[1])]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["x64"], to=D),
+        helper.make_node("ReduceMean", ["x64"], ["y"], axes=[1]),
+    ]
     model = make_model(nodes, [vi("x", list(SHAPE))], [vi("y", None, D)], opset=13)
     assert may_hold_float64(from_proto(model))
     x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
-    check_pass(Float64ReduceMeanAsSumDiv(), model, {"x": x}, {"ReduceMean": 1}, gone="ReduceMean", rtol=FLOAT64_RTOL)
+    check_pass(
+        Float64ReduceMeanAsSumDiv(),
+        model,
+        {"x": x},
+        {"ReduceMean": 1},
+        gone="ReduceMean",
+        rtol=FLOAT64_RTOL,
+    )
     assert not may_hold_float64(from_proto(_reduce_mean(onnx.TensorProto.FLOAT)))

@@ -38,7 +38,9 @@ from onnxblocks.runtime import TrainingSession
 RTOL = 1e-4
 
 
-def _session_gradients(directory, batch, parameters: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def _session_gradients(
+    directory, batch, parameters: dict[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
     session = TrainingSession(directory)
     if parameters:
         session.set_parameters(parameters)
@@ -52,12 +54,17 @@ def _torch_gradients(model: nn.Module, inputs, loss, trained, dtype) -> dict[str
     named = dict(model.named_parameters())
     for name, param in named.items():
         param.requires_grad_(name in trained)
-    args = [torch.from_numpy(v).to(dtype) if v.dtype.kind == "f" else torch.from_numpy(v) for v in inputs.values()]
+    args = [
+        torch.from_numpy(v).to(dtype) if v.dtype.kind == "f" else torch.from_numpy(v)
+        for v in inputs.values()
+    ]
     loss(model(*args)).backward()
     return {n: named[n].grad.numpy() for n in trained}
 
 
-def _compare(actual: dict[str, np.ndarray], torch_names: dict[str, tuple[str, bool]], model, inputs, loss):
+def _compare(
+    actual: dict[str, np.ndarray], torch_names: dict[str, tuple[str, bool]], model, inputs, loss
+):
     trained = set(torch_names)
     expected = _torch_gradients(model, inputs, loss, trained, torch.float32)
     expected64 = _torch_gradients(model, inputs, loss, trained, torch.float64)
@@ -68,9 +75,17 @@ def _compare(actual: dict[str, np.ndarray], torch_names: dict[str, tuple[str, bo
 
 # ------------------------------------------------------------------ LLaMA, GPT-2
 FAST = {("llama", "ts-folded", "lora"), ("llama", "ts-folded", "frozen")}
-CELLS = [("llama", e, m) for e in EXPORTS for m in ("lora", "frozen")] + [("gpt2", e, "frozen") for e in EXPORTS]
+CELLS = [("llama", e, m) for e in EXPORTS for m in ("lora", "frozen")] + [
+    ("gpt2", e, "frozen") for e in EXPORTS
+]
 #: what trains in the "frozen" cells; the norms and the embeddings are frozen_params
-ATTENTION = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "self_attn.o_proj.", "attn.c_attn.")
+ATTENTION = (
+    "self_attn.q_proj.",
+    "self_attn.k_proj.",
+    "self_attn.v_proj.",
+    "self_attn.o_proj.",
+    "attn.c_attn.",
+)
 FROZEN = ("norm.weight", "embed_tokens.", "wte.", "wpe.", "ln_1.", "ln_2.", "ln_f.")
 
 
@@ -78,7 +93,9 @@ FROZEN = ("norm.weight", "embed_tokens.", "wte.", "wpe.", "ln_1.", "ln_2.", "ln_
     ("name", "how", "mode"),
     [pytest.param(*c, marks=() if c in FAST else pytest.mark.slow, id="-".join(c)) for c in CELLS],
 )
-def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(name, how, mode, tmp_path):
+def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(
+    name, how, mode, tmp_path
+):
     family = hf_families.make(name)
     model = export(family.model, family.inputs, how)
     batch = [*family.inputs.values(), family.target]
@@ -103,7 +120,9 @@ def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(name,
             names[f"{module}.lora_B.default.weight"] = (target.lora_B, False)
         _compare(actual, names, torch_model, family.inputs, loss)
         return
-    trained = initializers(model, family.model, lambda n: any(p in n for p in ATTENTION) and n.endswith("weight"))
+    trained = initializers(
+        model, family.model, lambda n: any(p in n for p in ATTENTION) and n.endswith("weight")
+    )
     held = initializers(model, family.model, lambda n: any(p in n for p in FROZEN), required=False)
     frozen = sorted({o for o, _ in held.values()})
     artifacts = generate_artifacts(
@@ -111,7 +130,9 @@ def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(name,
         loss=hf_families.onnxblocks_loss(family), optimizer=OptimType.AdamW, artifact_directory=tmp_path,
     )  # fmt: skip
     assert set(artifacts.frozen_params) == set(frozen)
-    _compare(_session_gradients(artifacts.directory, batch), trained, family.model, family.inputs, loss)
+    _compare(
+        _session_gradients(artifacts.directory, batch), trained, family.model, family.inputs, loss
+    )
 
 
 # ------------------------------------------------------------------ batch norms
@@ -123,7 +144,9 @@ class ConvNet(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.convs = nn.ModuleList(nn.Conv2d(3 if i == 0 else 4, 4, 3, padding=1, bias=False) for i in range(3))
+        self.convs = nn.ModuleList(
+            nn.Conv2d(3 if i == 0 else 4, 4, 3, padding=1, bias=False) for i in range(3)
+        )
         self.norms = nn.ModuleList(nn.BatchNorm2d(4) for _ in range(3))
         self.fc = nn.Linear(4, 3)
 
@@ -136,7 +159,13 @@ class ConvNet(nn.Module):
 #: one cell per defect in the fast subset: generation on a folded export, the overwritten constant bias on dynamo's
 BN_FAST = {("bias", "constant", "ts-folded"), ("bias", "constant", "dynamo")}
 BN_CELLS = [
-    pytest.param(f, left, how, marks=() if (f, left, how) in BN_FAST else pytest.mark.slow, id=f"{f}-{left}-{how}")
+    pytest.param(
+        f,
+        left,
+        how,
+        marks=() if (f, left, how) in BN_FAST else pytest.mark.slow,
+        id=f"{f}-{left}-{how}",
+    )
     for f, left in [("bias", "frozen_params"), ("bias", "constant"), ("weight", "constant")]
     for how in EXPORTS[:3]  # dynamo's optimizer folds training batch norms into the convolutions
 ]
@@ -151,7 +180,9 @@ def test_batch_norms_with_a_frozen_bias_or_scale_train_like_torch(how, frozen, l
     target = rng.integers(0, 3, (2,)).astype(np.int64)
     model = export(net, inputs, how, training=True)
     params = {i.name for i in model.graph.initializer}
-    kept = [n for n, _ in net.named_parameters() if not (n.startswith("norms.") and n.endswith(frozen))]
+    kept = [
+        n for n, _ in net.named_parameters() if not (n.startswith("norms.") and n.endswith(frozen))
+    ]
     assert set(kept) <= params, f"the export renamed parameters: {sorted(set(kept) - params)}"
     still = [n for n, _ in net.named_parameters() if n not in kept]
     artifacts = generate_artifacts(
@@ -189,7 +220,9 @@ def test_three_layer_norms_sharing_a_frozen_scale_and_a_constant_bias_train_like
     )  # fmt: skip
     training = onnx.load(artifacts.training_model)
     inputs = [i.name for i in training.graph.input]
-    assert not [n for n in inputs if ".alias" in n], inputs  # the aliases are gone, the inputs documented
+    assert not [n for n in inputs if ".alias" in n], (
+        inputs
+    )  # the aliases are gone, the inputs documented
     x = rng.standard_normal((3, 6)).astype(np.float32)
     t = rng.standard_normal((3, 6)).astype(np.float32)
     actual = _session_gradients(artifacts.directory, [x, t])

@@ -18,7 +18,11 @@ from onnxblocks.gradient import build_training_graphs, partition_parameters
 from onnxblocks.gradient.builder import check_training_model
 from onnxblocks.gradient.eval_model import disable_training_mode
 from onnxblocks.gradient.layer_norm import expose_layer_norm_statistics
-from onnxblocks.gradient.normalization import cast_like_as_cast, gelu_as_contrib_gelu, split_to_sequence_as_split
+from onnxblocks.gradient.normalization import (
+    cast_like_as_cast,
+    gelu_as_contrib_gelu,
+    split_to_sequence_as_split,
+)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -89,7 +93,11 @@ def test_partition_unknown_name_lists_parameters_and_close_matches():
     with pytest.raises(UnknownNameError) as info:
         partition_parameters(_linear().graph, ["w"], [])
     message = str(info.value)
-    assert "'w'" in message and "Did you mean 'W'" in message and "Parameters: ['W', 'b', 'steps']" in message
+    assert (
+        "'w'" in message
+        and "Did you mean 'W'" in message
+        and "Parameters: ['W', 'b', 'steps']" in message
+    )
 
 
 def test_partition_rejects_trainable_and_frozen():
@@ -109,7 +117,10 @@ def test_layer_norm_gets_statistics_outputs_with_same_values():
         [helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
         [_vi("x", [2, 3, 4])],
         [_vi("y", [2, 3, 4])],
-        [_init("s", rng.standard_normal(4).astype(np.float32)), _init("b", rng.standard_normal(4).astype(np.float32))],
+        [
+            _init("s", rng.standard_normal(4).astype(np.float32)),
+            _init("b", rng.standard_normal(4).astype(np.float32)),
+        ],
     )
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
     (before,) = _run(model, {"x": x})
@@ -123,7 +134,10 @@ def test_layer_norm_gets_statistics_outputs_with_same_values():
 
 def test_layer_norm_gradient_matches_torch():
     rng = np.random.default_rng(1)
-    scale, bias = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    scale, bias = (
+        rng.standard_normal(4).astype(np.float32),
+        rng.standard_normal(4).astype(np.float32),
+    )
     model = _model(
         [
             helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1),
@@ -145,7 +159,10 @@ def test_layer_norm_gradient_matches_torch():
         return loss, s.grad, b.grad
 
     want = twice(
-        layer_norm, torch.tensor(scale, requires_grad=True), torch.tensor(bias, requires_grad=True), torch.from_numpy(x)
+        layer_norm,
+        torch.tensor(scale, requires_grad=True),
+        torch.tensor(bias, requires_grad=True),
+        torch.from_numpy(x),
     )
     want[0].check(outs[graphs.user_outputs[0]], rtol=1e-5, name="loss")
     want[1].check(grads["s"], rtol=1e-5, name="the scale's gradient")
@@ -161,7 +178,11 @@ def _split_to_sequence_model(split, axis, keepdims, positions, shape):
     nodes.append(helper.make_node("SplitToSequence", inputs, ["seq"], axis=axis, keepdims=keepdims))
     outputs = []
     for i, pos in enumerate(positions):
-        nodes.append(helper.make_node("Constant", [], [f"p{i}"], value=_init(f"p{i}", np.array(pos, np.int64))))
+        nodes.append(
+            helper.make_node(
+                "Constant", [], [f"p{i}"], value=_init(f"p{i}", np.array(pos, np.int64))
+            )
+        )
         nodes.append(helper.make_node("SequenceAt", ["seq", f"p{i}"], [f"piece{i}"]))
         outputs.append(helper.make_tensor_value_info(f"piece{i}", TensorProto.FLOAT, None))
     return _model(nodes, [_vi("x", shape)], outputs, inits)
@@ -170,7 +191,13 @@ def _split_to_sequence_model(split, axis, keepdims, positions, shape):
 @pytest.mark.parametrize(
     ("split", "axis", "keepdims", "positions", "shape"),
     [
-        (2, 1, 1, [0, 2, -1], [2, 5]),  # chunk length, last piece shorter, negative and repeated positions
+        (
+            2,
+            1,
+            1,
+            [0, 2, -1],
+            [2, 5],
+        ),  # chunk length, last piece shorter, negative and repeated positions
         ([1, 2, 3], 1, 1, [2, 0], [2, 6]),  # explicit lengths
         (None, 0, 0, [0, 2, 2], [3, 4]),  # no split: size-1 pieces, squeezed
         (None, -1, 1, [1], [2, 3]),  # no split, kept dims, negative axis
@@ -204,7 +231,10 @@ def test_split_to_sequence_read_otherwise_is_left_alone():
 
 def test_cast_like_becomes_cast_with_same_values():
     model = _model(
-        [helper.make_node("CastLike", ["i", "x"], ["c"]), helper.make_node("Mul", ["c", "x"], ["y"])],
+        [
+            helper.make_node("CastLike", ["i", "x"], ["c"]),
+            helper.make_node("Mul", ["c", "x"], ["y"]),
+        ],
         [_vi("i", [3], TensorProto.INT64), _vi("x", [3], TensorProto.DOUBLE)],
         [_vi("y", [3], TensorProto.DOUBLE)],
     )
@@ -221,25 +251,38 @@ def test_cast_like_becomes_cast_with_same_values():
 @pytest.mark.parametrize(("approximate", "expected_op"), [("none", "Gelu"), ("tanh", "FastGelu")])
 def test_opset20_gelu_becomes_contrib_gelu_with_same_values(approximate, expected_op):
     model = _model(
-        [helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], [_vi("x", [7])], [_vi("y", [7])], opset=20
+        [helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)],
+        [_vi("x", [7])],
+        [_vi("y", [7])],
+        opset=20,
     )
     x = np.linspace(-3, 3, 7, dtype=np.float32)
     (before,) = _run(model, {"x": x})
     assert gelu_as_contrib_gelu(model) == 1
-    assert (model.graph.node[0].op_type, model.graph.node[0].domain) == (expected_op, "com.microsoft")
+    assert (model.graph.node[0].op_type, model.graph.node[0].domain) == (
+        expected_op,
+        "com.microsoft",
+    )
     (after,) = _run(model, {"x": x})
-    assert_close(after, before, rtol=1e-6, name="the contrib Gelu's values")  # two kernels of ours: rtol and the floor
+    assert_close(
+        after, before, rtol=1e-6, name="the contrib Gelu's values"
+    )  # two kernels of ours: rtol and the floor
 
 
 # ------------------------------------------------------------------ eval model
 def test_eval_mode_dropout_and_single_output_batchnorm():
     rng = np.random.default_rng(0)
     c = 3
-    scale, bias = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    scale, bias = (
+        rng.standard_normal(c).astype(np.float32),
+        rng.standard_normal(c).astype(np.float32),
+    )
     mean, var = rng.standard_normal(c).astype(np.float32), rng.uniform(0.5, 2, c).astype(np.float32)
     model = _model(
         [
-            helper.make_node("Constant", [], ["ratio"], value=_init("ratio", np.array(0.5, np.float32))),
+            helper.make_node(
+                "Constant", [], ["ratio"], value=_init("ratio", np.array(0.5, np.float32))
+            ),
             helper.make_node("Constant", [], ["train"], value=_init("train", np.array(True))),
             helper.make_node("Dropout", ["x", "ratio", "train"], ["d", "mask"]),
             helper.make_node(
@@ -256,18 +299,31 @@ def test_eval_mode_dropout_and_single_output_batchnorm():
     )
     assert disable_training_mode(model) == 2
     dropout, bn = (n for n in model.graph.node if n.op_type in ("Dropout", "BatchNormalization"))
-    assert list(dropout.input) == ["x", "ratio", ""]  # the slot stays, empty, as the reference leaves it
+    assert list(dropout.input) == [
+        "x",
+        "ratio",
+        "",
+    ]  # the slot stays, empty, as the reference leaves it
     assert "train" not in {o for n in model.graph.node for o in n.output}  # orphaned flag removed
     assert list(bn.output) == ["y"] and helper.get_attribute_value(bn.attribute[-1]) == 0
     x = rng.standard_normal((4, c, 2)).astype(np.float32)
     y, running_mean = _run(model, {"x": x})  # ONNX Runtime accepts the model
 
-    def batch_norm(x, mean, var, scale, bias):  # in the arrays' dtype; the magnitude of its terms in float64
-        return (x - mean[:, None]) / np.sqrt(var[:, None] + x.dtype.type(1e-5)) * scale[:, None] + bias[:, None]
+    def batch_norm(
+        x, mean, var, scale, bias
+    ):  # in the arrays' dtype; the magnitude of its terms in float64
+        return (x - mean[:, None]) / np.sqrt(var[:, None] + x.dtype.type(1e-5)) * scale[
+            :, None
+        ] + bias[:, None]
 
     operands = (x, mean, var, scale, bias)
-    expected, expected64 = batch_norm(*operands), batch_norm(*(a.astype(np.float64) for a in operands))
-    terms = batch_norm(np.abs(x.astype(np.float64)), -np.abs(mean), var, np.abs(scale), np.abs(bias))
+    expected, expected64 = (
+        batch_norm(*operands),
+        batch_norm(*(a.astype(np.float64) for a in operands)),
+    )
+    terms = batch_norm(
+        np.abs(x.astype(np.float64)), -np.abs(mean), var, np.abs(scale), np.abs(bias)
+    )
     assert_close(y, expected, expected64, rtol=1e-5, scale=terms, name="y in eval mode")
     np.testing.assert_array_equal(running_mean, mean)  # read through an Identity of the input
 
@@ -345,12 +401,17 @@ def test_op_without_gradient_names_node_op_domain_and_parameters():
 
 def test_parameter_that_does_not_reach_the_loss_is_named():
     model = _model(
-        [helper.make_node("ReduceSum", ["x"], ["loss"], keepdims=0), helper.make_node("Mul", ["x", "w"], ["other"])],
+        [
+            helper.make_node("ReduceSum", ["x"], ["loss"], keepdims=0),
+            helper.make_node("Mul", ["x", "w"], ["other"]),
+        ],
         [_vi("x", [3])],
         [_vi("loss", []), _vi("other", [3])],
         [_init("w", np.ones(3, np.float32))],
     )
-    with pytest.raises(GradientError, match="loss 'loss' does not depend differentiably on 'w'.*Freeze 'w'"):
+    with pytest.raises(
+        GradientError, match="loss 'loss' does not depend differentiably on 'w'.*Freeze 'w'"
+    ):
         build_training_graphs(model, ["w"])
 
 
@@ -370,7 +431,9 @@ def test_loss_must_be_a_float_scalar():
 
 def test_opset_above_runtime_is_converted_down():
     model = _linear()
-    model.opset_import[0].version = 23  # issue 12: converted down with onnx's version converter, not refused
+    model.opset_import[
+        0
+    ].version = 23  # issue 12: converted down with onnx's version converter, not refused
     graphs = build_training_graphs(model, ["W"])
     assert [o.version for o in graphs.training.opset_import if o.domain in ("", "ai.onnx")] == [21]
 
@@ -381,9 +444,13 @@ def test_new_ir_version_is_stamped_down():
     graphs = build_training_graphs(model, ["W"])
     assert graphs.training.ir_version <= 10 and graphs.eval.ir_version <= 10
     _, grads = _train_run(
-        graphs.training, {"x": np.ones((1, 3), np.float32)}, {"W": numpy_helper.to_array(model.graph.initializer[0])}
+        graphs.training,
+        {"x": np.ones((1, 3), np.float32)},
+        {"W": numpy_helper.to_array(model.graph.initializer[0])},
     )
-    assert_equal(grads["W"], np.ones((3, 2), np.float32), name="W's gradient")  # exact: a sum of one one
+    assert_equal(
+        grads["W"], np.ones((3, 2), np.float32), name="W's gradient"
+    )  # exact: a sum of one one
 
 
 # ------------------------------------------------------------------ held weights
@@ -402,7 +469,9 @@ def test_held_constants_never_reach_onnxruntime_and_come_back_as_stubs(monkeypat
     with onnxblocks.base(model) as acc:
         working = acc.working_model
         graphs = build_training_graphs(working, ["W"], [])
-        assert sizes and sizes[0] < 1024  # neither W (a parameter) nor mask (a held constant) was serialized
+        assert (
+            sizes and sizes[0] < 1024
+        )  # neither W (a parameter) nor mask (a held constant) was serialized
         (mask_init,) = [i for i in graphs.training.graph.initializer if i.name == "mask"]
         assert _weights.is_stub(mask_init)
         assert any(_weights.is_stub(i) and i.name == "mask" for i in graphs.eval.graph.initializer)
@@ -415,7 +484,9 @@ def test_held_constants_never_reach_onnxruntime_and_come_back_as_stubs(monkeypat
 
 def test_parameters_from_external_data_are_streamed(tmp_path):
     model, weight, mask = model_with_big_constant()
-    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    onnx.save(
+        model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0
+    )
     loaded = onnx.load(tmp_path / "m.onnx", load_external_data=False)
 
     class Block(onnxblocks.blocks.training.TrainingBlock):
@@ -478,7 +549,12 @@ def test_initializers_listed_as_inputs_become_parameters_or_constants():
     assert graphs.user_inputs == ("x",)
     assert [i.name for i in graphs.eval.graph.input] == ["x", "W"]
     assert "b" in {i.name for i in graphs.training.graph.initializer}
-    assert [i.name for i in graphs.training.graph.input] == ["x", "W", "W_grad.accumulation.buffer", "lazy_reset_grad"]
+    assert [i.name for i in graphs.training.graph.input] == [
+        "x",
+        "W",
+        "W_grad.accumulation.buffer",
+        "lazy_reset_grad",
+    ]
 
 
 def test_only_the_chosen_outputs_are_kept():
@@ -492,7 +568,9 @@ def test_only_the_chosen_outputs_are_kept():
 def test_unread_trainable_parameter_is_named():
     model = _linear()
     model.graph.initializer.append(_init("spare", np.ones(3, np.float32)))
-    with pytest.raises(GradientError, match=r"\['spare'\] require a gradient but no node of the model reads them"):
+    with pytest.raises(
+        GradientError, match=r"\['spare'\] require a gradient but no node of the model reads them"
+    ):
         build_training_graphs(model, ["W", "spare"])
     graphs = build_training_graphs(model, ["W"], ["spare"])  # frozen and unread is fine
     assert "spare" in {i.name for i in graphs.training.graph.input}

@@ -25,7 +25,11 @@ from onnxblocks.gradient.activations import activations_as_elementary
 from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
 from onnxblocks.gradient.extrema import extrema_with_torch_ties
 from onnxblocks.gradient.group_norm import group_norm_as_elementary
-from onnxblocks.gradient.indexing import border_pad_as_gather, depth_to_space_as_reshape, negative_step_slice_as_gather
+from onnxblocks.gradient.indexing import (
+    border_pad_as_gather,
+    depth_to_space_as_reshape,
+    negative_step_slice_as_gather,
+)
 from onnxblocks.gradient.layer_norm import layer_norm_zero_bias
 from onnxblocks.gradient.normalization import expose_dropout_mask
 from onnxblocks.gradient.pooling import average_pool_as_conv
@@ -78,7 +82,9 @@ def _torch(f, weights: np.ndarray, *arrays: np.ndarray) -> Twice:
         (y * weights).sum().backward()
         return y, [t.grad for t in tensors]
 
-    return twice(compute, torch.from_numpy(weights), *(torch.from_numpy(a).requires_grad_() for a in arrays))
+    return twice(
+        compute, torch.from_numpy(weights), *(torch.from_numpy(a).requires_grad_() for a in arrays)
+    )
 
 
 def _shape(f, *arrays: np.ndarray) -> tuple[int, ...]:
@@ -114,7 +120,13 @@ def _gradients(model, feeds, params, wrt):
             buffers[name] = np.zeros_like(value)
             feeds[f"{name}_grad.accumulation.buffer"] = buffers[name]
     feeds["lazy_reset_grad"] = np.array([True])
-    outputs = dict(zip([o.name for o in graphs.training.graph.output], _run(graphs.training, feeds), strict=True))
+    outputs = dict(
+        zip(
+            [o.name for o in graphs.training.graph.output],
+            _run(graphs.training, feeds),
+            strict=True,
+        )
+    )
     return {n: buffers[n] if n in buffers else outputs[f"{n}_grad"] for n in wrt}, graphs
 
 
@@ -135,10 +147,16 @@ ACTIVATIONS = [
 
 
 @pytest.mark.parametrize(
-    ("op", "attrs", "reference"), ACTIVATIONS, ids=[f"{a[0]}-{i}" for i, a in enumerate(ACTIVATIONS)]
+    ("op", "attrs", "reference"),
+    ACTIVATIONS,
+    ids=[f"{a[0]}-{i}" for i, a in enumerate(ACTIVATIONS)],
 )
 def test_activation_rewrite_keeps_values_and_matches_torch_gradient(op, attrs, reference):
-    x = np.concatenate([np.linspace(-4, 4, 33), [0.0, 1e-3, -1e-3, 25.0, -25.0]]).astype(np.float32).reshape(2, -1)
+    x = (
+        np.concatenate([np.linspace(-4, 4, 33), [0.0, 1e-3, -1e-3, 25.0, -25.0]])
+        .astype(np.float32)
+        .reshape(2, -1)
+    )
     nodes = [helper.make_node(op, ["x"], ["y"], **attrs)]
     if op == "Sign":  # Sign alone has no path to differentiate; sign(x) * x has gradient sign(x)
         nodes = [helper.make_node(op, ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
@@ -161,7 +179,9 @@ def test_prelu_rewrite_gives_the_slope_its_gradient():
     )
     _assert_same_forward(model, activations_as_elementary, {"x": x})
     weights = rng.standard_normal(x.shape).astype(np.float32)
-    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"slope": slope}, ["slope", "x"])
+    grads, _ = _gradients(
+        _with_loss(model, "y", weights), {"x": x}, {"slope": slope}, ["slope", "x"]
+    )
     want = _torch(F.prelu, weights, x, slope.reshape(4))[1]
     want[1].check(grads["slope"].reshape(4), rtol=RTOL, name="the slope's gradient")
     want[0].check(grads["x"], rtol=RTOL, name="x's gradient")
@@ -171,8 +191,12 @@ def test_prelu_rewrite_gives_the_slope_its_gradient():
 def test_dropout_gets_a_mask_output_and_trains():
     model = _model(
         [
-            helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.0, np.float32))),
-            helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
+            helper.make_node(
+                "Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.0, np.float32))
+            ),
+            helper.make_node(
+                "Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))
+            ),
             helper.make_node("Mul", ["x", "w"], ["h"]),
             helper.make_node("Dropout", ["h", "ratio", "train"], ["y"]),
         ],
@@ -185,8 +209,12 @@ def test_dropout_gets_a_mask_output_and_trains():
     assert len(dropout.output) == 2 and dropout.output[1]
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     weights = np.ones((2, 3), np.float32)
-    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"w": np.ones(3, np.float32) * 2}, ["w"])
-    assert_equal(grads["w"], x.sum(axis=0), name="w's gradient")  # ratio 0: the identity; small integers, exact
+    grads, _ = _gradients(
+        _with_loss(model, "y", weights), {"x": x}, {"w": np.ones(3, np.float32) * 2}, ["w"]
+    )
+    assert_equal(
+        grads["w"], x.sum(axis=0), name="w's gradient"
+    )  # ratio 0: the identity; small integers, exact
 
 
 @pytest.mark.parametrize("static_scale", [True, False])
@@ -195,7 +223,9 @@ def test_layer_norm_without_bias_gets_zeros_and_matches_torch(static_scale):
     x = rng.standard_normal((3, 5)).astype(np.float32)
     scale = rng.uniform(0.5, 1.5, 5).astype(np.float32)
     if static_scale:
-        nodes = [helper.make_node("LayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5)]
+        nodes = [
+            helper.make_node("LayerNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-5)
+        ]
         inits = [numpy_helper.from_array(scale, "scale")]
         inputs = [_vi("x", ["N", 5])]
         feeds, params = {"x": x}, {}
@@ -234,7 +264,9 @@ POOLS = [  # kernel, stride, pad, ceil_mode, count_include_pad
 
 
 @pytest.mark.parametrize(("kernel", "stride", "pad", "ceil", "include"), POOLS)
-def test_average_pool_with_dynamic_batch_becomes_conv_with_torch_gradients(kernel, stride, pad, ceil, include):
+def test_average_pool_with_dynamic_batch_becomes_conv_with_torch_gradients(
+    kernel, stride, pad, ceil, include
+):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
     node = helper.make_node(
@@ -251,7 +283,9 @@ def test_average_pool_with_dynamic_batch_becomes_conv_with_torch_gradients(kerne
     _assert_same_forward(model, average_pool_as_conv, {"x": x})
 
     def pool(x):
-        return F.avg_pool2d(x, kernel, stride, pad, ceil_mode=bool(ceil), count_include_pad=bool(include))
+        return F.avg_pool2d(
+            x, kernel, stride, pad, ceil_mode=bool(ceil), count_include_pad=bool(include)
+        )
 
     weights = rng.standard_normal(_shape(pool, x)).astype(np.float32)
     # ONNX Runtime's AveragePoolGrad would crash the process here (dynamic batch)
@@ -271,14 +305,18 @@ def test_max_pool_with_dynamic_spatial_dims_is_a_clear_error():
     model = _model(
         [
             helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-            helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+            helper.make_node(
+                "MaxPool", ["c"], ["m"], kernel_shape=[2, 2], strides=[2, 2], name="pool"
+            ),
             helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0),
         ],
         [_vi("x", ["N", 1, "H", "W"])],
         [_vi("loss", [])],
         [w],
     )
-    with pytest.raises(GradientError, match=r"'pool' \(MaxPool\).*'c' of shape \['N', 2, .*static channel"):
+    with pytest.raises(
+        GradientError, match=r"'pool' \(MaxPool\).*'c' of shape \['N', 2, .*static channel"
+    ):
         build_training_graphs(model, ["w"])
     model.graph.input[0].CopyFrom(_vi("x", ["N", 1, 8, 8]))  # a dynamic batch is fine
     build_training_graphs(model, ["w"])
@@ -296,14 +334,18 @@ CONV_TRANSPOSE = [  # dims, kernel, stride, pad, output_padding, dilation, group
 ]
 
 
-@pytest.mark.parametrize(("dims", "kernel", "stride", "pad", "out_pad", "dilation", "groups"), CONV_TRANSPOSE)
+@pytest.mark.parametrize(
+    ("dims", "kernel", "stride", "pad", "out_pad", "dilation", "groups"), CONV_TRANSPOSE
+)
 def test_conv_transpose_becomes_conv_with_torch_values_and_gradients(
     dims, kernel, stride, pad, out_pad, dilation, groups
 ):
     rng = np.random.default_rng(4)
     size = [5] * dims
     x = rng.standard_normal([2, 4, *size]).astype(np.float32)
-    weight = rng.standard_normal([4, 6 // groups if groups != 4 else 1, *[kernel] * dims]).astype(np.float32)
+    weight = rng.standard_normal([4, 6 // groups if groups != 4 else 1, *[kernel] * dims]).astype(
+        np.float32
+    )
     bias = rng.standard_normal(weight.shape[1] * groups).astype(np.float32)
     node = helper.make_node(
         "ConvTranspose",
@@ -326,28 +368,45 @@ def test_conv_transpose_becomes_conv_with_torch_values_and_gradients(
     fn = F.conv_transpose1d if dims == 1 else F.conv_transpose2d
 
     def conv_transpose(x, w, b):
-        return fn(x, w, b, stride=stride, padding=pad, output_padding=out_pad, groups=groups, dilation=dilation)
+        return fn(
+            x,
+            w,
+            b,
+            stride=stride,
+            padding=pad,
+            output_padding=out_pad,
+            groups=groups,
+            dilation=dilation,
+        )
 
     weights = rng.standard_normal(_shape(conv_transpose, x, weight, bias)).astype(np.float32)
     want = _torch(conv_transpose, weights, x, weight, bias)
     # a sum of x w products plus b: the floor from the same sum of |x| |w| plus |b|
-    terms = conv_transpose(*(torch.from_numpy(np.abs(a)).double() for a in (x, weight, bias))).numpy()
+    terms = conv_transpose(
+        *(torch.from_numpy(np.abs(a)).double() for a in (x, weight, bias))
+    ).numpy()
     want[0].check(_run(rewritten, {"x": x})[0], rtol=1e-5, scale=terms, name="y")
-    grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {"w": weight, "b": bias}, ["w", "b", "x"])
+    grads, _ = _gradients(
+        _with_loss(model, "y", weights), {"x": x}, {"w": weight, "b": bias}, ["w", "b", "x"]
+    )
     for i, name in enumerate(("x", "w", "b")):
         want[1][i].check(grads[name], rtol=RTOL, name=f"{name}'s gradient")
 
 
 def test_conv_transpose_with_output_shape_is_a_clear_error():
     weight = numpy_helper.from_array(np.ones((2, 2, 3, 3), np.float32), "w")
-    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2], output_shape=[9, 9])
+    node = helper.make_node(
+        "ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2], output_shape=[9, 9]
+    )
     model = _model(
         [node, helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)],
         [_vi("x", [1, 2, 4, 4])],
         [_vi("loss", [])],
         [weight],
     )
-    with pytest.raises(GradientError, match=r"no CPU kernel for float for ConvTransposeGrad.*'up'.*output_shape"):
+    with pytest.raises(
+        GradientError, match=r"no CPU kernel for float for ConvTransposeGrad.*'up'.*output_shape"
+    ):
         build_training_graphs(model, ["w"])
 
 
@@ -386,7 +445,10 @@ def test_group_norms_become_elementary_with_torch_values_and_gradients(op, group
     want = _torch(group_norm, weights, x, scale, bias)
     want[0].check(_run(rewritten, {"x": x})[0], rtol=1e-5, name="y")
     grads, _ = _gradients(
-        _with_loss(model, "y", weights), {"x": x}, {"scale": scale, "bias": bias}, ["scale", "bias", "x"]
+        _with_loss(model, "y", weights),
+        {"x": x},
+        {"scale": scale, "bias": bias},
+        ["scale", "bias", "x"],
     )
     for i, name in enumerate(("x", "scale", "bias")):
         want[1][i].check(grads[name], rtol=RTOL, name=f"{name}'s gradient")
@@ -417,7 +479,11 @@ def _recurrent_model(
         "c0": rng.standard_normal((dirs, 2, hidden)) if initial and op == "LSTM" else None,
         "P": rng.standard_normal((dirs, 3 * hidden)) if peepholes else None,
     }
-    inits = [numpy_helper.from_array((0.5 * a).astype(dtype), n) for n, a in arrays.items() if a is not None]
+    inits = [
+        numpy_helper.from_array((0.5 * a).astype(dtype), n)
+        for n, a in arrays.items()
+        if a is not None
+    ]
     inputs = ["x", "W", "R", "B" if bias else "", "", "h0" if initial else ""]
     if op == "LSTM":
         inputs += ["c0" if initial else "", "P" if peepholes else ""]
@@ -474,7 +540,9 @@ def test_rnn_and_non_float_recurrences_unroll_with_same_values(op, options):
     reference, _ = _recurrent_model(op, "forward", **{**options, "elem": TensorProto.FLOAT})
     got, want = _run(rewritten, {"x": x}), _run(reference, {"x": x.astype(np.float32)})
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert_close(g, w, rtol=1e-5, name=f"output {i}")  # ours against ours: rtol and the float32 floor
+        assert_close(
+            g, w, rtol=1e-5, name=f"output {i}"
+        )  # ours against ours: rtol and the float32 floor
 
 
 def test_float_gru_and_dynamic_length_rnn_are_not_unrolled():
@@ -498,7 +566,9 @@ def test_rnn_gradient_matches_torch_after_unrolling():
         numpy_helper.from_array(stack("weight_hh"), "R"),
         numpy_helper.from_array(np.concatenate([stack("bias_ih"), stack("bias_hh")], axis=1), "B"),
     ]
-    node = helper.make_node("RNN", ["x", "W", "R", "B"], ["y"], hidden_size=3, direction="bidirectional")
+    node = helper.make_node(
+        "RNN", ["x", "W", "R", "B"], ["y"], hidden_size=3, direction="bidirectional"
+    )
     model = _model([node], [_vi("x", [4, "N", 2])], [_vi("y", None)], inits)
     weights = np.random.default_rng(8).standard_normal((4, 2, 2, 3)).astype(np.float32)
 
@@ -512,7 +582,10 @@ def test_rnn_gradient_matches_torch_after_unrolling():
 
     want = twice(rnn_gradients, rnn, torch.from_numpy(x), torch.from_numpy(weights))
     grads, graphs = _gradients(
-        _with_loss(model, "y", weights), {"x": x}, {i.name: numpy_helper.to_array(i) for i in inits}, ["W", "R", "B"]
+        _with_loss(model, "y", weights),
+        {"x": x},
+        {i.name: numpy_helper.to_array(i) for i in inits},
+        ["W", "R", "B"],
     )
     assert graphs.rewrites["recurrent_as_elementary"] == 2
     want[0].check(grads["W"], rtol=RTOL, name="W's gradient")
@@ -536,8 +609,12 @@ def test_double_loss_of_float_parameters_gets_a_float_seed():
         [numpy_helper.from_array(w, "w")],
     )
     grads, graphs = _gradients(model, {"x": x}, {"w": w}, ["w"])
-    want, want64 = (2 * a.T @ (a @ b) for a, b in ((x, w), (x.astype(np.float64), w.astype(np.float64))))
-    terms = 2 * np.abs(x.astype(np.float64)).T @ (np.abs(x) @ np.abs(w))  # the magnitude of the products summed
+    want, want64 = (
+        2 * a.T @ (a @ b) for a, b in ((x, w), (x.astype(np.float64), w.astype(np.float64)))
+    )
+    terms = (
+        2 * np.abs(x.astype(np.float64)).T @ (np.abs(x) @ np.abs(w))
+    )  # the magnitude of the products summed
     assert_close(grads["w"], want, want64, rtol=1e-5, scale=terms, name="w's gradient")
     assert graphs.training.graph.output[0].name == "loss"
     assert graphs.training.graph.output[0].type.tensor_type.elem_type == TensorProto.DOUBLE
@@ -545,7 +622,10 @@ def test_double_loss_of_float_parameters_gets_a_float_seed():
 
 def test_double_trainable_parameters_are_a_clear_type_error():
     model = _model(
-        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"])],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("ReduceSum", ["y"], ["loss"]),
+        ],
         [_vi("x", ["N", 3], TensorProto.DOUBLE)],
         [_vi("loss", [1], TensorProto.DOUBLE)],
         [numpy_helper.from_array(np.ones((3, 2)), "w")],
@@ -590,7 +670,9 @@ def test_every_new_pass_leaves_an_unrelated_model_alone():
 
 
 # ------------------------------------------------------------------ LayerNormalization scale/bias constants
-@pytest.mark.parametrize("variant", ["constants", "shared_constants", "shared_frozen", "shared_one_trainable"])
+@pytest.mark.parametrize(
+    "variant", ["constants", "shared_constants", "shared_frozen", "shared_one_trainable"]
+)
 def test_chained_layer_norms_with_constant_or_shared_scale_and_bias_match_torch(variant):
     """ONNX Runtime alone fails here with "Duplicate definition of name (<bias>_grad)"."""
     rng = np.random.default_rng(10)
@@ -634,7 +716,12 @@ def test_chained_layer_norms_with_constant_or_shared_scale_and_bias_match_torch(
 
 
 # ------------------------------------------------------------------ negative-step Slice, border Pad
-SLICES = [(-1, -(2**63), -1, 3), (4, 0, -2, 2), (-2, -5, -1, -1), (10, -100, -3, 2)]  # start, end, step, axis
+SLICES = [
+    (-1, -(2**63), -1, 3),
+    (4, 0, -2, 2),
+    (-2, -5, -1, -1),
+    (10, -100, -3, 2),
+]  # start, end, step, axis
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -660,11 +747,15 @@ def test_negative_step_slice_becomes_gather_with_numpy_gradients(start, end, ste
     np.add.at(expected, tuple(index), weights)
     # ONNX Runtime's own SliceGrad fails with "narrowing_error" for a negative step
     grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
-    assert_equal(grads["x"], expected, name="x's gradient")  # each element picked once: the weight itself
+    assert_equal(
+        grads["x"], expected, name="x's gradient"
+    )  # each element picked once: the weight itself
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-@pytest.mark.parametrize(("mode", "torch_mode"), [("reflect", "reflect"), ("edge", "replicate"), ("wrap", "circular")])
+@pytest.mark.parametrize(
+    ("mode", "torch_mode"), [("reflect", "reflect"), ("edge", "replicate"), ("wrap", "circular")]
+)
 def test_border_pad_becomes_gather_with_torch_values_and_gradients(mode, torch_mode, dynamic):
     rng = np.random.default_rng(12)
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
@@ -698,11 +789,17 @@ def test_border_pad_becomes_gather_with_torch_values_and_gradients(mode, torch_m
         ("cubic", "bicubic", "half_pixel", 2.0),
     ],
 )
-def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(mode, torch_mode, transform, scale):
+def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(
+    mode, torch_mode, transform, scale
+):
     rng = np.random.default_rng(13)
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
     attrs = {"mode": mode, "coordinate_transformation_mode": transform} | (
-        {"nearest_mode": "floor"} if mode == "nearest" else {"cubic_coeff_a": -0.75} if mode == "cubic" else {}
+        {"nearest_mode": "floor"}
+        if mode == "nearest"
+        else {"cubic_coeff_a": -0.75}
+        if mode == "cubic"
+        else {}
     )
     model = _model(
         [helper.make_node("Resize", ["x", "roi", "scales"], ["y"], **attrs)],
@@ -722,7 +819,9 @@ def test_resize_becomes_matmul_with_onnxruntime_values_and_torch_gradients(mode,
     weights = rng.standard_normal(_shape(interpolate, x)).astype(np.float32)
     grads, graphs = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
     assert graphs.rewrites["resize_as_matmul"] == 1  # ONNX Runtime has no CPU ResizeGrad
-    if mode != "cubic":  # torch's bicubic reads clamped borders; ONNX Runtime's values are checked above
+    if (
+        mode != "cubic"
+    ):  # torch's bicubic reads clamped borders; ONNX Runtime's values are checked above
         _torch(interpolate, weights, x)[1][0].check(grads["x"], rtol=RTOL, name="x's gradient")
 
 
@@ -743,13 +842,17 @@ def test_reduce_max_and_min_become_selections_with_torch_gradients(op, axes, kee
         node = helper.make_node(op, ["x", "axes"] if axes else ["x"], ["y"], keepdims=keepdims)
         inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if axes else []
     else:
-        node = helper.make_node(op, ["x"], ["y"], keepdims=keepdims, **({"axes": axes} if axes else {}))
+        node = helper.make_node(
+            op, ["x"], ["y"], keepdims=keepdims, **({"axes": axes} if axes else {})
+        )
         inits = []
     model = _model([node], [_vi("x", ["N", 3, 4, 5])], [_vi("y", None)], inits, opset=opset)
     _assert_same_forward(model, extrema_with_torch_ties, {"x": x})
 
     def extremum(x):
-        return (torch.amax if op == "ReduceMax" else torch.amin)(x, dim=axes or [0, 1, 2, 3], keepdim=bool(keepdims))
+        return (torch.amax if op == "ReduceMax" else torch.amin)(
+            x, dim=axes or [0, 1, 2, 3], keepdim=bool(keepdims)
+        )
 
     weights = rng.standard_normal(_shape(extremum, x)).astype(np.float32)
     grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
@@ -757,7 +860,9 @@ def test_reduce_max_and_min_become_selections_with_torch_gradients(op, axes, kee
 
 
 # ------------------------------------------------------------------ CumSum, DepthToSpace / SpaceToDepth
-@pytest.mark.parametrize(("axis", "exclusive", "reverse"), [(-1, 0, 0), (1, 1, 0), (2, 0, 1), (-1, 1, 1)])
+@pytest.mark.parametrize(
+    ("axis", "exclusive", "reverse"), [(-1, 0, 0), (1, 1, 0), (2, 0, 1), (-1, 1, 1)]
+)
 def test_cumsum_becomes_matmul_with_torch_gradients(axis, exclusive, reverse):
     rng = np.random.default_rng(15)
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
@@ -770,7 +875,11 @@ def test_cumsum_becomes_matmul_with_torch_gradients(axis, exclusive, reverse):
     _assert_same_forward(model, cumsum_as_matmul, {"x": x})
 
     def cumsum(x):
-        y = torch.flip(torch.cumsum(torch.flip(x, [axis]), axis), [axis]) if reverse else torch.cumsum(x, axis)
+        y = (
+            torch.flip(torch.cumsum(torch.flip(x, [axis]), axis), [axis])
+            if reverse
+            else torch.cumsum(x, axis)
+        )
         return y - x if exclusive else y
 
     weights = rng.standard_normal(x.shape).astype(np.float32)
@@ -778,12 +887,16 @@ def test_cumsum_becomes_matmul_with_torch_gradients(axis, exclusive, reverse):
     _torch(cumsum, weights, x)[1][0].check(grads["x"], rtol=RTOL, name="x's gradient")
 
 
-@pytest.mark.parametrize(("op", "mode"), [("DepthToSpace", "DCR"), ("DepthToSpace", "CRD"), ("SpaceToDepth", None)])
+@pytest.mark.parametrize(
+    ("op", "mode"), [("DepthToSpace", "DCR"), ("DepthToSpace", "CRD"), ("SpaceToDepth", None)]
+)
 def test_depth_to_space_becomes_reshape_transpose_with_numpy_gradients(op, mode):
     rng = np.random.default_rng(16)
     x = rng.standard_normal((2, 8, 4, 6)).astype(np.float32)
     attrs = {"blocksize": 2} | ({"mode": mode} if mode else {})
-    model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", ["N", 8, 4, 6])], [_vi("y", None)])
+    model = _model(
+        [helper.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", ["N", 8, 4, 6])], [_vi("y", None)]
+    )
     _assert_same_forward(model, depth_to_space_as_reshape, {"x": x})
     (reference,) = _run(model, {"x": x})
     weights = rng.standard_normal(reference.shape).astype(np.float32)
@@ -792,7 +905,11 @@ def test_depth_to_space_becomes_reshape_transpose_with_numpy_gradients(op, mode)
     if op == "DepthToSpace" and mode == "CRD":
         expected = torch.nn.functional.pixel_unshuffle(torch.from_numpy(weights), 2).numpy()
     else:
-        back = _model([helper.make_node(inverse, ["w"], ["g"], blocksize=2)], [_vi("w", None)], [_vi("g", None)])
+        back = _model(
+            [helper.make_node(inverse, ["w"], ["g"], blocksize=2)],
+            [_vi("w", None)],
+            [_vi("g", None)],
+        )
         (expected,) = _run(back, {"w": weights})
     grads, _ = _gradients(_with_loss(model, "y", weights), {"x": x}, {}, ["x"])
     assert_equal(grads["x"], expected, name="x's gradient")  # a permutation of the weights: exact

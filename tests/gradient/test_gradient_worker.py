@@ -56,11 +56,15 @@ def test_the_worker_writes_the_same_artifacts_byte_for_byte(tmp_path, monkeypatc
     assert names == sorted(p.name for p in in_worker.files)
     assert "training_model.ort" in names  # the ORT format goes through the worker too
     for name in names:
-        if name.endswith(".ort"):  # ORT writes its own format differently from run to run, even in one process
+        if name.endswith(
+            ".ort"
+        ):  # ORT writes its own format differently from run to run, even in one process
             ort_model = (tmp_path / "worker" / name).read_bytes()
             assert len(ort_model) > 1000 and ort_model[4:8] == b"ORTM", name
             continue
-        assert (tmp_path / "worker" / name).read_bytes() == (tmp_path / "in_process" / name).read_bytes(), name
+        assert (tmp_path / "worker" / name).read_bytes() == (
+            tmp_path / "in_process" / name
+        ).read_bytes(), name
 
 
 def _model(nodes, outputs):
@@ -83,7 +87,10 @@ ROUND = _model(
     [("loss", [])],
 )
 UNREACHABLE = _model(
-    [helper.make_node("ReduceSum", ["x"], ["loss"], keepdims=0), helper.make_node("Mul", ["x", "w"], ["other"])],
+    [
+        helper.make_node("ReduceSum", ["x"], ["loss"], keepdims=0),
+        helper.make_node("Mul", ["x", "w"], ["other"]),
+    ],
     [("loss", []), ("other", [3])],
 )
 
@@ -96,7 +103,9 @@ def test_the_worker_explains_failures_as_in_process(model, monkeypatch, use_work
     with pytest.raises(GradientError) as in_process:
         build_training_graphs(model, ["w"])
     assert str(in_worker.value) == str(in_process.value)
-    assert "rounding" in str(in_worker.value) or "does not depend differentiably on 'w'" in str(in_worker.value)
+    assert "rounding" in str(in_worker.value) or "does not depend differentiably on 'w'" in str(
+        in_worker.value
+    )
 
 
 def test_no_python_for_the_worker_says_what_to_install(tmp_path, monkeypatch):
@@ -115,7 +124,9 @@ def test_a_training_python_of_the_wrong_version_is_refused(tmp_path, monkeypatch
     fake.write_text("#!/bin/sh\necho 3 13\n")
     fake.chmod(0o755)
     monkeypatch.setenv("ONNXBLOCKS_TRAINING_PYTHON", str(fake))
-    with pytest.raises(TrainingBuildRequiredError, match=r"is Python 3\.13; onnxruntime-training 1\.19\.2 needs"):
+    with pytest.raises(
+        TrainingBuildRequiredError, match=r"is Python 3\.13; onnxruntime-training 1\.19\.2 needs"
+    ):
         worker.find_base_python()
     monkeypatch.setenv("ONNXBLOCKS_TRAINING_PYTHON", str(tmp_path / "missing"))
     with pytest.raises(TrainingBuildRequiredError, match="does not run as a Python interpreter"):
@@ -136,7 +147,9 @@ def test_a_broken_worker_is_reported(tmp_path, monkeypatch):
         worker_process.exchange_once(fake, {"task": "probe"}, [], timeout=300)
 
 
-def test_the_environment_is_created_once_with_progress_and_renamed_into_place(tmp_path, monkeypatch, capsys):
+def test_the_environment_is_created_once_with_progress_and_renamed_into_place(
+    tmp_path, monkeypatch, capsys
+):
     """The staging and progress of the first use, with venv and pip replaced by stand-ins (the real run is in
     tests/artifacts/test_generate_any_python.py, against a cached environment)."""
     commands = []
@@ -148,13 +161,21 @@ def test_the_environment_is_created_once_with_progress_and_renamed_into_place(tm
             (Path(argv[3]) / "bin" / "python").write_text("")
 
     monkeypatch.setattr(worker, "_run_logged", fake_run)
-    monkeypatch.setattr(worker, "probe", lambda python: {"training_build": True, "onnxruntime": "1.19.2"})
+    monkeypatch.setattr(
+        worker, "probe", lambda python: {"training_build": True, "onnxruntime": "1.19.2"}
+    )
     target = worker.environment_dir(Path(sys.executable), (3, 11), tmp_path)
     worker._create_environment(Path(sys.executable), (3, 11), target)
     err = capsys.readouterr().err
     assert "creating a Python 3.11 environment with onnxruntime-training-cpu==1.19.2" in err
-    assert "[1/3]" in err and "[2/3] installing onnxruntime-training-cpu==1.19.2" in err and "[3/3]" in err
-    assert worker.environment_ready(target) and [p.name for p in tmp_path.iterdir()] == [target.name]
+    assert (
+        "[1/3]" in err
+        and "[2/3] installing onnxruntime-training-cpu==1.19.2" in err
+        and "[3/3]" in err
+    )
+    assert worker.environment_ready(target) and [p.name for p in tmp_path.iterdir()] == [
+        target.name
+    ]
     assert commands[0][:2] == ["-m", "venv"] and commands[1] == ["-m", "pip", "install"]
 
 
@@ -164,9 +185,13 @@ def test_an_environment_without_the_training_build_is_not_kept(tmp_path, monkeyp
             (Path(argv[3]) / "bin").mkdir(parents=True)
 
     monkeypatch.setattr(worker, "_run_logged", fake_run)
-    monkeypatch.setattr(worker, "probe", lambda python: {"training_build": False, "onnxruntime": "1.32.0"})
+    monkeypatch.setattr(
+        worker, "probe", lambda python: {"training_build": False, "onnxruntime": "1.32.0"}
+    )
     target = worker.environment_dir(Path(sys.executable), (3, 11), tmp_path)
-    with pytest.raises(TrainingBuildRequiredError, match="does not have onnxruntime-training 1.19.2"):
+    with pytest.raises(
+        TrainingBuildRequiredError, match="does not have onnxruntime-training 1.19.2"
+    ):
         worker._create_environment(Path(sys.executable), (3, 11), target)
     assert list(tmp_path.iterdir()) == []  # no half-built environment left
 

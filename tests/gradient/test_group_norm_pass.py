@@ -28,6 +28,10 @@ def test_instance_norm_with_a_dynamic_shape():
 
 @pytest.mark.parametrize(("opset", "affine"), [(18, 3), (21, 6)])
 def test_group_norm_per_group_at_18_and_per_channel_at_21(opset, affine):
-    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=3, epsilon=1e-5)
-    model = make_model([node], [vi("x", [2, 6, 3, 4])], [vi("y", None)], _params(affine), opset=opset)
+    node = helper.make_node(
+        "GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=3, epsilon=1e-5
+    )
+    model = make_model(
+        [node], [vi("x", [2, 6, 3, 4])], [vi("y", None)], _params(affine), opset=opset
+    )
     check_pass(GroupNormAsElementary(), model, {"x": X}, {"GroupNormalization": 1})

@@ -38,7 +38,9 @@ def _ratio(value: float = 0.3) -> onnx.TensorProto:
 
 def _flag(value: bool, constant_node: bool = False):
     if constant_node:
-        return helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.array(value), "t"))
+        return helper.make_node(
+            "Constant", [], ["t"], value=numpy_helper.from_array(np.array(value), "t")
+        )
     return numpy_helper.from_array(np.array(value), "t")
 
 
@@ -59,18 +61,27 @@ INFERENCE = {
         17,
     ),
     "mask-read": (
-        [helper.make_node("Dropout", ["x", "r"], ["d", "m"]), helper.make_node("Where", ["m", "d", "x"], ["y"])],
+        [
+            helper.make_node("Dropout", ["x", "r"], ["d", "m"]),
+            helper.make_node("Where", ["m", "d", "x"], ["y"]),
+        ],
         [_ratio()],
         13,
     ),
 }
 
 
-def _vjp_run(model: onnx.ModelProto, feeds: dict, grad_out: np.ndarray, wanted: list[str]) -> dict[str, np.ndarray]:
+def _vjp_run(
+    model: onnx.ModelProto, feeds: dict, grad_out: np.ndarray, wanted: list[str]
+) -> dict[str, np.ndarray]:
     vjp = build_vjp_graph(model, requires_grad=wanted, outputs=["y"])
-    session = onnxruntime().InferenceSession(vjp.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        vjp.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, {**feeds, vjp.output_grads[0]: grad_out}), strict=True))
+    return dict(
+        zip(names, session.run(None, {**feeds, vjp.output_grads[0]: grad_out}), strict=True)
+    )
 
 
 @pytest.mark.parametrize("elem", [F32, F64], ids=["float32", "float64"])
@@ -98,8 +109,12 @@ def test_a_run_time_training_flag_gives_each_mode_its_gradient(training: bool) -
     x = np.random.default_rng(1).standard_normal(SHAPE)
     dy = np.random.default_rng(2).standard_normal(SHAPE)
     vjp = build_vjp_graph(model, requires_grad=["x"], outputs=["y", "m"], no_grad_outputs=["m"])
-    session = onnxruntime().InferenceSession(vjp.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    y, mask, grad = session.run(["y", "m", "x_grad"], {"x": x, "t": np.array(training), vjp.output_grads[0]: dy})
+    session = onnxruntime().InferenceSession(
+        vjp.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    y, mask, grad = session.run(
+        ["y", "m", "x_grad"], {"x": x, "t": np.array(training), vjp.output_grads[0]: dy}
+    )
     scale = 1 / (1 - np.float64(np.float32(0.25))) if training else 1.0
     # the kernel scales by its float32 ratio: one rounding of the product in float64
     assert_close(y, np.where(mask, x * scale, 0.0), rtol=1e-15, name="output")
@@ -119,7 +134,9 @@ def _linear(dropout: bool, elem: int) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["training", "portable"])
-def test_generated_artifacts_train_through_inference_dropout_as_without_it(tmp_path, portable: bool) -> None:
+def test_generated_artifacts_train_through_inference_dropout_as_without_it(
+    tmp_path, portable: bool
+) -> None:
     x = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
     target = np.random.default_rng(5).standard_normal((2, 5)).astype(np.float32)
     results = {}
@@ -136,7 +153,9 @@ def test_generated_artifacts_train_through_inference_dropout_as_without_it(tmp_p
         session = TrainingSession(directory)
         loss = session.train_step(x, target)[0]
         results[dropout] = (loss, session.gradients()["W"], session.eval_step(x, target)[0])
-    for part, without, with_ in zip(("loss", "gradient", "eval loss"), results[False], results[True], strict=True):
+    for part, without, with_ in zip(
+        ("loss", "gradient", "eval loss"), results[False], results[True], strict=True
+    ):
         assert_equal(with_, without, name=part)
 
 
@@ -146,7 +165,9 @@ def test_float64_concat_gradient_is_refused_by_name() -> None:
         [vi("a", list(SHAPE), F64), vi("b", list(SHAPE), F64)],
         [vi("y", None, F64)],
     )
-    with pytest.raises(GradientError, match=r"double for SplitTraining, which node 'join/.*gradient of Concat"):
+    with pytest.raises(
+        GradientError, match=r"double for SplitTraining, which node 'join/.*gradient of Concat"
+    ):
         build_vjp_graph(model, requires_grad=["a", "b"], outputs=["y"])
 
 
@@ -173,12 +194,21 @@ def test_float64_batch_norm_without_epsilon_uses_the_float32_default() -> None:
         [numpy_helper.from_array(value, name) for name, value in stats.items()],
     )
     rng = np.random.default_rng(6)
-    x, s, dy = rng.standard_normal((2, 3, 4)), rng.standard_normal(3), rng.standard_normal((2, 3, 4))
+    x, s, dy = (
+        rng.standard_normal((2, 3, 4)),
+        rng.standard_normal(3),
+        rng.standard_normal((2, 3, 4)),
+    )
     got = _vjp_run(model, {"x": x, "s": s}, dy, ["x", "s"])
     xt, st = (torch.tensor(a, requires_grad=True) for a in (x, s))
     eps = float(np.float32(1e-5))
     expected = torch.nn.functional.batch_norm(
-        xt, torch.from_numpy(stats["m"]), torch.from_numpy(stats["v"]), st, torch.from_numpy(stats["b"]), eps=eps
+        xt,
+        torch.from_numpy(stats["m"]),
+        torch.from_numpy(stats["v"]),
+        st,
+        torch.from_numpy(stats["b"]),
+        eps=eps,
     )
     (expected * torch.from_numpy(dy)).sum().backward()
     assert_close(got["y"], expected.detach(), rtol=1e-12, name="output")

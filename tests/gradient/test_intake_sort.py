@@ -29,7 +29,9 @@ def test_out_of_order_nodes_are_sorted_and_compute_the_same():
 
 def test_a_value_read_inside_a_subgraph_must_be_produced_first():
     then = helper.make_graph([helper.make_node("Neg", ["a"], ["t"])], "then", [], [vi("t", None)])
-    other = helper.make_graph([helper.make_node("Identity", ["a"], ["e"])], "else", [], [vi("e", None)])
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["e"])], "else", [], [vi("e", None)]
+    )
     nodes = [
         helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="branch"),
         helper.make_node("Relu", ["x"], ["a"], name="producer"),
@@ -39,11 +41,16 @@ def test_a_value_read_inside_a_subgraph_must_be_produced_first():
     assert not is_sorted(model.graph)
     assert sort_topologically(model.graph) == 2
     assert [n.name for n in model.graph.node] == ["producer", "branch"]
-    np.testing.assert_array_equal(run(model, {"x": np.array([1.0, -1.0], np.float32)})[0], [-1.0, 0.0])
+    np.testing.assert_array_equal(
+        run(model, {"x": np.array([1.0, -1.0], np.float32)})[0], [-1.0, 0.0]
+    )
 
 
 def test_a_cycle_is_refused_naming_its_nodes():
-    nodes = [helper.make_node("Neg", ["b"], ["a"], name="one"), helper.make_node("Neg", ["a"], ["b"], name="two")]
+    nodes = [
+        helper.make_node("Neg", ["b"], ["a"], name="one"),
+        helper.make_node("Neg", ["a"], ["b"], name="two"),
+    ]
     model = make_model(nodes, [], [vi("a", [1])])
     with pytest.raises(ValueError, match=r"read each other in a cycle.*\['one', 'two'\]"):
         sort_topologically(model.graph, "the model")

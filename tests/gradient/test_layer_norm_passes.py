@@ -25,7 +25,9 @@ def _layer_norm(x_shape, scale_shape=(4,), axis=-1):
 
 
 def test_zero_bias_is_a_constant_of_the_normalised_shape():
-    after = check_pass(LayerNormZeroBias(), _layer_norm([2, 3, 4]), {"x": X}, {"LayerNormalization": 1})
+    after = check_pass(
+        LayerNormZeroBias(), _layer_norm([2, 3, 4]), {"x": X}, {"LayerNormalization": 1}
+    )
     norm = after.graph.node[-1]
     assert norm.op_type == "LayerNormalization" and len(norm.input) == 3
     (bias,) = [n for n in after.graph.node if n.output[0] == norm.input[2]]
@@ -37,8 +39,14 @@ def test_zero_bias_of_a_dynamic_shape_follows_the_scale():
     model.graph.initializer.pop()
     model.graph.input.append(vi("scale", ["D"]))
     scale = RNG.standard_normal(4).astype(np.float32)
-    after = check_pass(LayerNormZeroBias(), model, {"x": X, "scale": scale}, {"LayerNormalization": 1})
-    assert [n.op_type for n in after.graph.node] == ["Shape", "ConstantOfShape", "LayerNormalization"]
+    after = check_pass(
+        LayerNormZeroBias(), model, {"x": X, "scale": scale}, {"LayerNormalization": 1}
+    )
+    assert [n.op_type for n in after.graph.node] == [
+        "Shape",
+        "ConstantOfShape",
+        "LayerNormalization",
+    ]
 
 
 def test_statistics_outputs_get_fresh_names():
@@ -49,7 +57,9 @@ def test_statistics_outputs_get_fresh_names():
 
 
 def test_shared_constant_scales_become_initializers_to_lift():
-    scale = helper.make_node("Constant", [], ["s"], value=numpy_helper.from_array(np.full(4, 2.0, np.float32)))
+    scale = helper.make_node(
+        "Constant", [], ["s"], value=numpy_helper.from_array(np.full(4, 2.0, np.float32))
+    )
     nodes = [
         scale,
         helper.make_node("LayerNormalization", ["x", "s"], ["a"]),
@@ -60,7 +70,9 @@ def test_shared_constant_scales_become_initializers_to_lift():
     lifted = unshare_layer_norm_constants(model)
     assert lifted == {"s"}
     assert [i.name for i in model.graph.initializer] == ["s"]
-    assert [n.op_type for n in model.graph.node] == ["LayerNormalization"] * 2  # readers: gradient/frozen_reads
+    assert [n.op_type for n in model.graph.node] == [
+        "LayerNormalization"
+    ] * 2  # readers: gradient/frozen_reads
     assert_equal(run(model, {"x": X})[0], want[0])  # the same nodes on the same values
 
 

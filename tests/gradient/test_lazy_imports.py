@@ -16,5 +16,7 @@ print(loaded, dim, type(sys.modules["sympy"]).__name__ == "module")
 
 
 def test_sympy_loads_on_first_use_only():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["False", "2*N", "True"]

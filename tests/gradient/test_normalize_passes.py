@@ -31,10 +31,17 @@ def test_cast_like_becomes_cast_to_the_like_type():
         [vi("y", [3], TensorProto.INT32)],
     )
     after = check_pass(
-        CastLikeAsCast(), model, {"x": x, "like": np.zeros(1, np.int32)}, {"CastLike": 1}, gone="CastLike"
+        CastLikeAsCast(),
+        model,
+        {"x": x, "like": np.zeros(1, np.int32)},
+        {"CastLike": 1},
+        gone="CastLike",
     )
     (cast,) = after.graph.node
-    assert list(cast.input) == ["x"] and helper.get_attribute_value(cast.attribute[0]) == TensorProto.INT32
+    assert (
+        list(cast.input) == ["x"]
+        and helper.get_attribute_value(cast.attribute[0]) == TensorProto.INT32
+    )
 
 
 def test_the_proto_function_edits_in_place_and_counts():
@@ -50,7 +57,11 @@ def test_the_proto_function_edits_in_place_and_counts():
 
 def _split_to_sequence(keepdims: int, positions: list[int], split: np.ndarray | None):
     x = RNG.standard_normal((6, 4)).astype(np.float32)
-    nodes = [helper.make_node("SplitToSequence", ["x"] + (["split"] if split is not None else []), ["seq"], axis=0)]
+    nodes = [
+        helper.make_node(
+            "SplitToSequence", ["x"] + (["split"] if split is not None else []), ["seq"], axis=0
+        )
+    ]
     if split is None:
         nodes[0].attribute.append(helper.make_attribute("keepdims", keepdims))
     inits = [numpy_helper.from_array(split, "split")] if split is not None else []
@@ -64,13 +75,17 @@ def _split_to_sequence(keepdims: int, positions: list[int], split: np.ndarray | 
 
 def test_split_to_sequence_with_lengths_becomes_split():
     model, feeds = _split_to_sequence(1, [0, 2, -2], np.array([1, 2, 3], np.int64))
-    after = check_pass(SplitToSequenceAsSplit(), model, feeds, {"SplitToSequence": 1}, gone="SequenceAt")
+    after = check_pass(
+        SplitToSequenceAsSplit(), model, feeds, {"SplitToSequence": 1}, gone="SequenceAt"
+    )
     assert "SplitToSequence" not in {n.op_type for n in after.graph.node}
 
 
 def test_split_to_sequence_without_keepdims_squeezes_and_copies_a_piece_read_twice():
     model, feeds = _split_to_sequence(0, [5, 0, -1], None)  # 5 and -1: the same piece
-    after = check_pass(SplitToSequenceAsSplit(), model, feeds, {"SplitToSequence": 1}, gone="SequenceAt")
+    after = check_pass(
+        SplitToSequenceAsSplit(), model, feeds, {"SplitToSequence": 1}, gone="SequenceAt"
+    )
     ops = [n.op_type for n in after.graph.node]
     assert ops.count("Split") == 1 and ops.count("Squeeze") == 2 and ops.count("Identity") == 1
 
@@ -78,13 +93,17 @@ def test_split_to_sequence_without_keepdims_squeezes_and_copies_a_piece_read_twi
 def test_split_to_sequence_read_otherwise_stays_and_the_proto_function_says_zero():
     model, _ = _split_to_sequence(1, [0], np.array([3, 3], np.int64))
     model.graph.output.append(vi("seq", None))
-    model.graph.output[-1].type.CopyFrom(helper.make_sequence_type_proto(helper.make_tensor_type_proto(1, None)))
+    model.graph.output[-1].type.CopyFrom(
+        helper.make_sequence_type_proto(helper.make_tensor_type_proto(1, None))
+    )
     assert split_to_sequence_as_split(model) == 0
 
 
 def test_dropout_gets_a_fresh_mask_output():
     x = RNG.standard_normal((2, 3)).astype(np.float32)
-    model = make_model([helper.make_node("Dropout", ["x"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])])
+    model = make_model(
+        [helper.make_node("Dropout", ["x"], ["y"])], [vi("x", [2, 3])], [vi("y", [2, 3])]
+    )
     after = check_pass(ExposeDropoutMask(), model, {"x": x}, {"Dropout": 1})
     assert list(after.graph.node[0].output) == ["y", "y.mask_0"]
     assert dict(ExposeDropoutMask()(from_proto(after)).changes) == {}
@@ -138,7 +157,12 @@ def test_normalize_runs_every_pass_over_one_ir_and_reports_by_name():
     from support.numerics import assert_close
 
     # the model before and after: two float32 graphs of ours, neither the truth (rtol and the floor)
-    assert_close(run(model, {"x": x})[0], run(before, {"x": x})[0], rtol=1e-6, name="the normalized model's output")
+    assert_close(
+        run(model, {"x": x})[0],
+        run(before, {"x": x})[0],
+        rtol=1e-6,
+        name="the normalized model's output",
+    )
 
 
 def test_normalize_leaves_a_model_with_nothing_to_do_as_it_was():
@@ -162,7 +186,11 @@ def test_every_default_pass_declares_its_op_types_so_normalize_can_skip_the_ir()
     assert all(isinstance(p.op_types, frozenset) and p.op_types for p in passes)
     relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])])
     assert not may_apply(passes, relu)
-    mish = make_model([helper.make_node("Mish", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])], opset=18)
+    mish = make_model(
+        [helper.make_node("Mish", ["x"], ["y"])], [vi("x", [3])], [vi("y", [3])], opset=18
+    )
     assert may_apply(passes, mish)
-    report = normalize_function(mish)  # Mish writes a Softplus, which the later pass rewrites in the same run
+    report = normalize_function(
+        mish
+    )  # Mish writes a Softplus, which the later pass rewrites in the same run
     assert report["activations_as_elementary"] == 1 and report["softplus_as_elementary"] == 1

@@ -40,10 +40,16 @@ def test_pow_whose_exponent_needs_no_gradient_stays():
 
 
 def test_inference_batch_norm_becomes_elementary_and_its_statistics_outputs_read_the_inputs():
-    node = helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "mo", "vo"], epsilon=1e-3)
+    node = helper.make_node(
+        "BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "mo", "vo"], epsilon=1e-3
+    )
     params = [
         numpy_helper.from_array(a.astype(np.float32), n)
-        for n, a in (("g", RNG.random(3) + 0.5), ("b", RNG.standard_normal(3)), ("m", RNG.standard_normal(3)))
+        for n, a in (
+            ("g", RNG.random(3) + 0.5),
+            ("b", RNG.standard_normal(3)),
+            ("m", RNG.standard_normal(3)),
+        )
     ]
     model = make_model(
         [node, helper.make_node("Add", ["mo", "vo"], ["s"])],
@@ -52,13 +58,22 @@ def test_inference_batch_norm_becomes_elementary_and_its_statistics_outputs_read
         params,
         opset=9,
     )
-    feeds = {"x": RNG.standard_normal((2, 3, 2, 2)).astype(np.float32), "v": (RNG.random(3) + 0.5).astype(np.float32)}
+    feeds = {
+        "x": RNG.standard_normal((2, 3, 2, 2)).astype(np.float32),
+        "v": (RNG.random(3) + 0.5).astype(np.float32),
+    }
     model.opset_import[0].version = 14
     del model.graph.node[0].output[1:]  # ONNX Runtime runs inference BatchNorm with one output only
     model.graph.node[1].op_type = "Identity"
     del model.graph.node[1].input[1:]
     model.graph.node[1].input[0] = "v"
-    check_pass(BatchNormInferenceAsElementary(), model, feeds, {"BatchNormalization": 1}, gone="BatchNormalization")
+    check_pass(
+        BatchNormInferenceAsElementary(),
+        model,
+        feeds,
+        {"BatchNormalization": 1},
+        gone="BatchNormalization",
+    )
 
 
 def test_batch_norm_of_unknown_rank_is_refused():

@@ -36,7 +36,9 @@ def test_resize_becomes_matmul_or_repeat(scales, attrs):
 def test_reduce_extremum_becomes_selection(op, axes, keepdims):
     node = helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims)
     model = make_model([node], [vi("x", [2, 3, 4, 5])], [vi("y", None)], opset=17)
-    check_pass(ExtremaWithTorchTies(), model, {"x": X}, {op: 1})  # op itself stays, off the gradient path
+    check_pass(
+        ExtremaWithTorchTies(), model, {"x": X}, {op: 1}
+    )  # op itself stays, off the gradient path
 
 
 def test_integer_reductions_stay():

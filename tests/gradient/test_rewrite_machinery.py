@@ -64,18 +64,26 @@ def test_min_opset_skips_the_whole_pass():
 
 
 def test_value_types_read_inference_without_changing_the_graph():
-    nodes = [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.DOUBLE), helper.make_node("Relu", ["c"], ["y"])]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["c"], to=TensorProto.DOUBLE),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
     model = from_proto(make_model(nodes, [vi("x", ["N", 3])], [vi("y", None, TensorProto.DOUBLE)]))
     types = ValueTypes.infer(model)
     (cast, relu) = list(model.graph)
-    assert types.elem(cast.outputs[0]) == TensorProto.DOUBLE and types.dtype(relu.outputs[0]) == np.float64
+    assert (
+        types.elem(cast.outputs[0]) == TensorProto.DOUBLE
+        and types.dtype(relu.outputs[0]) == np.float64
+    )
     assert types.shape(relu.outputs[0]) == [None, 3]
     assert cast.outputs[0].type is None  # the graph itself is unchanged
 
 
 def test_constants_fold_with_numpy_and_with_the_reference_evaluator():
     nodes = [
-        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([2, 3], np.int64))),
+        helper.make_node(
+            "Constant", [], ["k"], value=numpy_helper.from_array(np.array([2, 3], np.int64))
+        ),
         helper.make_node("Unsqueeze", ["k", "zero"], ["u"]),
         helper.make_node("Mul", ["k", "k"], ["m"]),
         helper.make_node("Shape", ["x"], ["s"], start=1),
@@ -95,15 +103,28 @@ def test_constants_fold_with_numpy_and_with_the_reference_evaluator():
 
 def test_held_weights_are_never_constants():
     stub = make_stub("W", TensorProto.FLOAT, [2])
-    model = from_proto(make_model([helper.make_node("Relu", ["W"], ["y"])], [], [vi("y", [2])], [stub]))
+    model = from_proto(
+        make_model([helper.make_node("Relu", ["W"], ["y"])], [], [vi("y", [2])], [stub])
+    )
     assert ConstantTable(model.graph, 17).folded(model.graph.initializers["W"]) is None
 
 
 def test_typed_attributes_name_the_node_when_wrong():
-    node = ir.Node("", "Foo", [], [ir.AttrInt64("k", 3), ir.AttrString("s", "x"), ir.AttrFloat32("f", 0.5)], name="n")
+    node = ir.Node(
+        "",
+        "Foo",
+        [],
+        [ir.AttrInt64("k", 3), ir.AttrString("s", "x"), ir.AttrFloat32("f", 0.5)],
+        name="n",
+    )
     assert attributes.int_attribute(node, "k") == 3 and attributes.float_attribute(node, "k") == 3.0
-    assert attributes.string_attribute(node, "s") == "x" and attributes.ints_attribute(node, "absent", [1]) == [1]
-    assert attributes.value(node, "f") == 0.5 and attributes.int_attribute(node, "absent", None) is None
+    assert attributes.string_attribute(node, "s") == "x" and attributes.ints_attribute(
+        node, "absent", [1]
+    ) == [1]
+    assert (
+        attributes.value(node, "f") == 0.5
+        and attributes.int_attribute(node, "absent", None) is None
+    )
     with pytest.raises(ValueError, match="Node 'n' \\(Foo\\) has no attribute 'absent'"):
         attributes.int_attribute(node, "absent")
     with pytest.raises(ValueError, match="attribute 's' should be an int"):

@@ -11,7 +11,9 @@ from onnxblocks.gradient.signature import drop_float_seed, float_seed
 
 def _double_loss():
     nodes = [helper.make_node("ReduceSum", ["x"], ["loss"], keepdims=0)]
-    return make_model(nodes, [vi("x", [3], TensorProto.DOUBLE)], [vi("loss", [], TensorProto.DOUBLE)])
+    return make_model(
+        nodes, [vi("x", [3], TensorProto.DOUBLE)], [vi("loss", [], TensorProto.DOUBLE)]
+    )
 
 
 def test_a_double_loss_gets_a_float32_cast_output_that_is_dropped_again():

@@ -19,10 +19,16 @@ RNG = np.random.default_rng(23)
 
 def _batch_norm():
     node = helper.make_node(
-        "BatchNormalization", ["x", "g", "b", "m", "v"], ["y", "m_out", "v_out"], training_mode=1, momentum=0.5
+        "BatchNormalization",
+        ["x", "g", "b", "m", "v"],
+        ["y", "m_out", "v_out"],
+        training_mode=1,
+        momentum=0.5,
     )
     inputs = [vi("x", [2, 3, 4])] + [vi(n, [3]) for n in "gbmv"]
-    return make_model([node], inputs, [vi("y", None), vi("m_out", None), vi("v_out", None)], opset=15)
+    return make_model(
+        [node], inputs, [vi("y", None), vi("m_out", None), vi("v_out", None)], opset=15
+    )
 
 
 def test_running_statistics_inputs_are_read_through_copies():
@@ -42,7 +48,9 @@ def test_the_proto_function_counts_and_is_idempotent_on_copies():
 
 def test_an_output_also_read_inside_a_subgraph_gets_its_own_identity():
     then = helper.make_graph([helper.make_node("Neg", ["a"], ["t"])], "then", [], [vi("t", None)])
-    other = helper.make_graph([helper.make_node("Identity", ["a"], ["e"])], "else", [], [vi("e", None)])
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["e"])], "else", [], [vi("e", None)]
+    )
     nodes = [
         helper.make_node("Relu", ["x"], ["a"]),
         helper.make_node("ReduceSum", ["a"], ["s"], keepdims=0),
@@ -63,4 +71,6 @@ def test_an_output_also_read_inside_a_subgraph_gets_its_own_identity():
     x = np.array([1.0, -2.0, 3.0], np.float32)
     for got, want in zip(run(after, {"x": x}), run(model, {"x": x}), strict=True):
         np.testing.assert_array_equal(got, want)
-    assert not _give_outputs_their_own_writer(from_proto(after).graph, ["a"])  # only the Identity reads it now
+    assert not _give_outputs_their_own_writer(
+        from_proto(after).graph, ["a"]
+    )  # only the Identity reads it now

@@ -32,7 +32,11 @@ def _external_model(directory: Path, location: str, length: int | None = None) -
         entry = w.external_data.add()
         entry.key, entry.value = key, value
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["W"], ["y"])], "g", [], [helper.make_tensor_value_info("y", 1, [4])], [w]
+        [helper.make_node("Identity", ["W"], ["y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", 1, [4])],
+        [w],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -41,7 +45,9 @@ def _external_model(directory: Path, location: str, length: int | None = None) -
     return path
 
 
-@pytest.mark.parametrize("location", ["../outside.bin", "/abs/outside.bin", "sub/../../outside.bin", "link.bin"])
+@pytest.mark.parametrize(
+    "location", ["../outside.bin", "/abs/outside.bin", "sub/../../outside.bin", "link.bin"]
+)
 def test_external_data_outside_the_model_directory_is_refused(tmp_path, location):
     (tmp_path / "outside.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
     model_dir = tmp_path / "model"
@@ -55,7 +61,11 @@ def test_external_data_outside_the_model_directory_is_refused(tmp_path, location
     before = listing(tmp_path)
     with pytest.raises(ValueError, match="Initializer 'W'") as info:
         save_checkpoint(([model.graph.initializer[0]], []), tmp_path / "ck", base_dir=model_dir)
-    assert "symbolic link" in str(info.value) if location == "link.bin" else repr(location) in str(info.value)
+    assert (
+        "symbolic link" in str(info.value)
+        if location == "link.bin"
+        else repr(location) in str(info.value)
+    )
     with pytest.raises(ValueError, match="Initializer 'W'"):
         save_model(model, tmp_path / "copy.onnx", base_dir=model_dir)
     with pytest.raises(ValueError, match="Initializer 'W'"):
@@ -80,7 +90,11 @@ def test_external_data_length_other_than_the_dims_need_is_refused(tmp_path, leng
 
     with pytest.raises(ValueError, match="Initializer 'W' declares"):
         artifacts.generate_artifacts(
-            path, requires_grad=["W"], loss=None, optimizer=None, artifact_directory=tmp_path / "out"
+            path,
+            requires_grad=["W"],
+            loss=None,
+            optimizer=None,
+            artifact_directory=tmp_path / "out",
         )
     assert listing(tmp_path) == before  # no unloadable checkpoint, no artifact directory
 
@@ -95,7 +109,9 @@ def test_external_data_past_the_end_of_its_file_is_refused(tmp_path):
 
 def test_bad_model_files_raise_value_errors_naming_them(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"\x0a\xff\xff\xff\xff\x0f")
-    with pytest.raises(ValueError, match=f"Cannot load '{tmp_path / 'junk.onnx'}' as an ONNX model"):
+    with pytest.raises(
+        ValueError, match=f"Cannot load '{tmp_path / 'junk.onnx'}' as an ONNX model"
+    ):
         load_model(tmp_path / "junk.onnx")
     with pytest.raises(IsADirectoryError, match="is a directory"):
         load_model(tmp_path)

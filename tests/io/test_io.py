@@ -85,7 +85,10 @@ def test_round_trip_of_held_weights(tmp_path):
     saved = initializers(tmp_path / "model.onnx")
     for name in ["W1", "W2"]:  # held stubs (>= 1 KiB): external
         info = {e.key: e.value for e in saved[name].external_data}
-        assert saved[name].data_location == TensorProto.EXTERNAL and info["location"] == "model.onnx.data"
+        assert (
+            saved[name].data_location == TensorProto.EXTERNAL
+            and info["location"] == "model.onnx.data"
+        )
         assert int(info["offset"]) % 64 == 0
     assert saved["b1"].data_location != TensorProto.EXTERNAL  # small ones stay inline
     assert saved["b2"].data_location != TensorProto.EXTERNAL
@@ -101,7 +104,9 @@ def test_round_trip_of_held_weights(tmp_path):
 def test_weights_from_an_external_data_file_move_with_the_model(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    onnx.save_model(mlp(), src / "m.onnx", save_as_external_data=True, location="m.bin", size_threshold=0)
+    onnx.save_model(
+        mlp(), src / "m.onnx", save_as_external_data=True, location="m.bin", size_threshold=0
+    )
     expected = run_reference(mlp())
     model = load_model(src / "m.onnx")
     assert all(i.data_location == TensorProto.EXTERNAL for i in model.graph.initializer)
@@ -117,12 +122,16 @@ def test_weights_from_an_external_data_file_move_with_the_model(tmp_path):
 def test_existing_external_data_is_copied_with_base_dir(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    onnx.save_model(mlp(), src / "m.onnx", save_as_external_data=True, location="m.bin", size_threshold=0)
+    onnx.save_model(
+        mlp(), src / "m.onnx", save_as_external_data=True, location="m.bin", size_threshold=0
+    )
     model = onnx.load(src / "m.onnx", load_external_data=False)
     with pytest.raises(ValueError, match="base_dir"):
         save_model(model, tmp_path / "copy.onnx")
     save_model(model, tmp_path / "copy.onnx", base_dir=src)
-    np.testing.assert_array_equal(run_file(tmp_path / "copy.onnx", {"x": X})[0], run_reference(mlp()))
+    np.testing.assert_array_equal(
+        run_file(tmp_path / "copy.onnx", {"x": X})[0], run_reference(mlp())
+    )
 
 
 @pytest.mark.parametrize(
@@ -158,7 +167,9 @@ def test_weights_mapping_and_streaming(tmp_path):
         weights[name] = ChunkLog(s.name, s.data_type, s.dims, tensor=s.tensor, log=log)
     save_model(acc.working_model, tmp_path / "m.onnx", weights)
     assert sum(log) == sum(w.nbytes for w in weights.values())
-    np.testing.assert_array_equal(run_file(tmp_path / "m.onnx", {"x": X})[0], 2 * run_reference(mlp()))
+    np.testing.assert_array_equal(
+        run_file(tmp_path / "m.onnx", {"x": X})[0], 2 * run_reference(mlp())
+    )
 
 
 @dataclass(frozen=True)
@@ -173,7 +184,12 @@ def test_failed_save_leaves_old_files_and_no_temps(tmp_path):
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     acc = build_scaled(mlp())
     weights = {
-        n: Broken(n, acc.weights.source(n).data_type, acc.weights.source(n).dims, tensor=acc.weights.source(n).tensor)
+        n: Broken(
+            n,
+            acc.weights.source(n).data_type,
+            acc.weights.source(n).dims,
+            tensor=acc.weights.source(n).tensor,
+        )
         for n in acc.weights
     }
     with pytest.raises(OSError, match="read error"):
@@ -209,10 +225,14 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="is the model file itself"):
         save_model(mlp(), tmp_path / "m.onnx", location="m.onnx")
     wrong = {
-        n: TensorSource(n, TensorProto.FLOAT, (1,), tensor=numpy_helper.from_array(np.zeros(1, np.float32)))
+        n: TensorSource(
+            n, TensorProto.FLOAT, (1,), tensor=numpy_helper.from_array(np.zeros(1, np.float32))
+        )
         for n in acc.weights
     }
-    with pytest.raises(ValueError, match=r"weights for 'W1' are float\[1\] but the model's stub is float\[16, 64\]"):
+    with pytest.raises(
+        ValueError, match=r"weights for 'W1' are float\[1\] but the model's stub is float\[16, 64\]"
+    ):
         save_model(acc.working_model, tmp_path / "m.onnx", wrong)
     with pytest.raises(ValueError, match="external_data_threshold"):
         save_model(mlp(), tmp_path / "m.onnx", external_data_threshold=-5)
@@ -238,11 +258,20 @@ def test_atomic_file_replaces_one_file_and_its_companions(tmp_path):
     with atomic_file(target, companions=True) as temp:  # e.g. ONNX Runtime's <checkpoint>.data
         temp.write_text("main")
         temp.with_name(temp.name + ".data").write_text("data")
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"ckpt": "main", "ckpt.data": "data"}
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+        "ckpt": "main",
+        "ckpt.data": "data",
+    }
     with pytest.raises(KeyError), atomic_file(target, companions=True) as temp:
         temp.write_text("half")
         temp.with_name(temp.name + ".data").write_text("half data")
         raise KeyError("boom")
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"ckpt": "main", "ckpt.data": "data"}
-    with pytest.raises(FileNotFoundError, match="does not exist"), atomic_file(tmp_path / "missing" / "x"):
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+        "ckpt": "main",
+        "ckpt.data": "data",
+    }
+    with (
+        pytest.raises(FileNotFoundError, match="does not exist"),
+        atomic_file(tmp_path / "missing" / "x"),
+    ):
         pass

@@ -17,7 +17,10 @@ from onnxblocks.ir.names import graph_names
 
 
 def _model() -> onnx.ModelProto:
-    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"), helper.make_node("Neg", ["h"], ["y"], name="neg")]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"], name="relu"),
+        helper.make_node("Neg", ["h"], ["y"], name="neg"),
+    ]
     graph = helper.make_graph(
         nodes,
         "g",

@@ -13,13 +13,21 @@ from onnxblocks.ir.walk import proto_nodes
 
 def _branch(op_type: str, name: str) -> onnx.GraphProto:
     node = helper.make_node(op_type, ["x"], [f"{name}_out"], name=name)
-    return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2])])
+    return helper.make_graph(
+        [node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2])]
+    )
 
 
 def _model_with_if(inner_op: str, opset: int) -> onnx.ModelProto:
-    nested = helper.make_node("If", ["c"], ["y2"], then_branch=_branch(inner_op, "a"), else_branch=_branch("Relu", "b"))
-    outer_then = helper.make_graph([nested], "t", [], [helper.make_tensor_value_info("y2", TensorProto.FLOAT, [2])])
-    top = helper.make_node("If", ["c"], ["y"], then_branch=outer_then, else_branch=_branch("Neg", "e"), name="top")
+    nested = helper.make_node(
+        "If", ["c"], ["y2"], then_branch=_branch(inner_op, "a"), else_branch=_branch("Relu", "b")
+    )
+    outer_then = helper.make_graph(
+        [nested], "t", [], [helper.make_tensor_value_info("y2", TensorProto.FLOAT, [2])]
+    )
+    top = helper.make_node(
+        "If", ["c"], ["y"], then_branch=outer_then, else_branch=_branch("Neg", "e"), name="top"
+    )
     graph = helper.make_graph(
         [top],
         "g",
@@ -40,7 +48,9 @@ def test_proto_nodes_is_depth_first_through_nested_subgraphs():
 
 def test_an_op_missing_at_the_target_is_named_even_inside_a_subgraph():
     model = _model_with_if("Gelu", 20)  # Gelu exists from opset 20 only
-    with pytest.raises(ValueError, match=r"cannot be converted to opset 17.*do not exist there: Gelu\."):
+    with pytest.raises(
+        ValueError, match=r"cannot be converted to opset 17.*do not exist there: Gelu\."
+    ):
         convert_opset(model, 17)
 
 

@@ -106,7 +106,9 @@ class Cell:
     def id(self) -> str:
         opts = ",".join(f"{k}={'w' if isinstance(v, list) else v}" for k, v in self.options.items())
         extra = "-all_ignored" if self.all_ignored else ""
-        return f"{self.loss}[{opts}]-{self.dtype}-{self.layout}-{self.labels}-{self.reduction}{extra}"
+        return (
+            f"{self.loss}[{opts}]-{self.dtype}-{self.layout}-{self.labels}-{self.reduction}{extra}"
+        )
 
     @property
     def classes(self) -> bool:
@@ -125,9 +127,18 @@ def _cells() -> list[Cell]:
                 reduction = REDUCTIONS[(i + k + d) % 3]
                 labels = ("int64", "int32")[(i + k + d) % 2]
                 cells.append(Cell(name, dtype, reduction, layout, labels, options))
-        for name in ("CrossEntropyLoss", "NLLLoss"):  # every label ignored, "mean": NaN, zero gradient
-            cells.append(Cell(name, dtype, "mean", layout, "int64", {"ignore_index": IGNORE}, all_ignored=True))
-    for (d, dtype), (i, (name, options)) in itertools.product(enumerate(DTYPES), enumerate(POINTWISE)):
+        for name in (
+            "CrossEntropyLoss",
+            "NLLLoss",
+        ):  # every label ignored, "mean": NaN, zero gradient
+            cells.append(
+                Cell(
+                    name, dtype, "mean", layout, "int64", {"ignore_index": IGNORE}, all_ignored=True
+                )
+            )
+    for (d, dtype), (i, (name, options)) in itertools.product(
+        enumerate(DTYPES), enumerate(POINTWISE)
+    ):
         for reduction in REDUCTIONS if dtype == "float32" else (REDUCTIONS[(i + d) % 3],):
             cells.append(Cell(name, dtype, reduction, "NC", "target", options))
     cells.append(Cell("KLDivLoss", "float32", "batchmean", "NC", "target", {}))
@@ -176,7 +187,9 @@ def _model(cell: Cell):
         nodes.append(helper.make_node("Cast", [last], ["scores"], to=elem))
     else:
         nodes.append(helper.make_node("Identity", [last], ["scores"]))
-    out_shape = {"NC": ["N", C], "NCd": ["N", C, D], "last": ["N", D, C], "unbatched": [C]}[cell.layout]
+    out_shape = {"NC": ["N", C], "NCd": ["N", C, D], "last": ["N", D, C], "unbatched": [C]}[
+        cell.layout
+    ]
     graph = helper.make_graph(
         nodes,
         "grid",
@@ -206,11 +219,17 @@ class GridLoss(Block):
             if cell.layout == "last":
                 options["class_axis"] = -1
             if cell.labels == "int32":
-                dims = {"NC": ["N"], "NCd": ["N", D], "last": ["N", D], "unbatched": []}[cell.layout]
+                dims = {"NC": ["N"], "NCd": ["N", D], "last": ["N", D], "unbatched": []}[
+                    cell.layout
+                ]
                 acc.add_input("labels", TensorProto.INT32, dims)
-            value = getattr(losses, cell.loss)(reduction=cell.reduction, **options)(scores, "labels")
+            value = getattr(losses, cell.loss)(reduction=cell.reduction, **options)(
+                scores, "labels"
+            )
         else:
-            value = getattr(losses, cell.loss)(reduction=cell.reduction, **options)(scores, "target")
+            value = getattr(losses, cell.loss)(reduction=cell.reduction, **options)(
+                scores, "target"
+            )
         if cell.reduction == "none":
             value = reduce_all(acc, "ReduceSum", value)
         return value
@@ -223,7 +242,9 @@ def _data(cell: Cell) -> list[np.ndarray]:
     if cell.classes:
         labels = rng.integers(0, C, size=label_shape).astype(np.int64)
         if "ignore_index" in cell.options:
-            labels = np.where(rng.random(label_shape) < 0.3, IGNORE, labels) if label_shape else labels
+            labels = (
+                np.where(rng.random(label_shape) < 0.3, IGNORE, labels) if label_shape else labels
+            )
             if cell.all_ignored:
                 labels = np.full(label_shape, IGNORE, np.int64)
             elif label_shape:
@@ -233,7 +254,11 @@ def _data(cell: Cell) -> list[np.ndarray]:
     target = rng.random(score_shape) if cell.loss != "KLDivLoss" else rng.dirichlet(np.ones(C), N)
     if cell.options.get("log_target"):
         target = np.log(target)
-    np_dtype = helper.tensor_dtype_to_np_dtype(DTYPES[cell.dtype][0]) if cell.dtype != "bfloat16" else np.float32
+    np_dtype = (
+        helper.tensor_dtype_to_np_dtype(DTYPES[cell.dtype][0])
+        if cell.dtype != "bfloat16"
+        else np.float32
+    )
     return [x, target.astype(np_dtype)]
 
 
@@ -269,7 +294,11 @@ def _torch(cell: Cell, inputs: list[np.ndarray], *, float64: bool = False) -> Re
             options["weight"] = torch.tensor(options["weight"], dtype=dtype)
         options.setdefault("ignore_index", IGNORE)
         labels = torch.from_numpy(inputs[1].astype(np.int64))
-        fn = torch.nn.functional.cross_entropy if cell.loss == "CrossEntropyLoss" else torch.nn.functional.nll_loss
+        fn = (
+            torch.nn.functional.cross_entropy
+            if cell.loss == "CrossEntropyLoss"
+            else torch.nn.functional.nll_loss
+        )
 
         def loss_of(reduction: str) -> torch.Tensor:
             return fn(scores, labels, reduction=reduction, **options)
@@ -289,7 +318,9 @@ def _torch(cell: Cell, inputs: list[np.ndarray], *, float64: bool = False) -> Re
         loss = loss.sum()
     loss.backward()
     with torch.no_grad():
-        scale = _loss_scale(cell, inputs, loss_of("none").detach().double(), scores.detach().double(), target)
+        scale = _loss_scale(
+            cell, inputs, loss_of("none").detach().double(), scores.detach().double(), target
+        )
     return Reference(loss.detach().numpy(), w.grad.numpy(), scale)
 
 
@@ -355,11 +386,19 @@ def grid(request, tmp_path_factory, portable_python) -> dict[str, Outcome]:
         session = TrainingSession(root / f"{n}-training")
         loss = session.train_step(*inputs)[0]
         outcome.training = (np.asarray(loss), session.gradients()["W"])
-        session = TrainingSession(root / f"{n}-portable")  # on the training build's inference kernels
+        session = TrainingSession(
+            root / f"{n}-portable"
+        )  # on the training build's inference kernels
         loss = session.train_step(*inputs)[0]
         outcome.portable_here = (np.asarray(loss), session.gradients()["W"])
         np.savez(root / f"{n}.npz", **{f"x{i}": a for i, a in enumerate(inputs)})
-        tasks.append({"id": cell.id, "directory": str(root / f"{n}-portable"), "data": str(root / f"{n}.npz")})
+        tasks.append(
+            {
+                "id": cell.id,
+                "directory": str(root / f"{n}-portable"),
+                "data": str(root / f"{n}.npz"),
+            }
+        )
     answer = run_grid_worker(portable_python, {"cells": tasks})
     for cell_id, result in answer["cells"].items():
         outcomes[cell_id].portable = result
@@ -379,14 +418,22 @@ def _check(cell: Cell, outcome: Outcome, backend: str, loss: Any, grad: Any) -> 
     want, want64 = outcome.expected, outcome.expected64
     if cell.dtype == "float64":
         assert_close(
-            np.asarray(loss, np.float64), want64.loss, rtol=FLOAT64_RTOL, scale=want64.scale, name=f"loss, {backend}"
+            np.asarray(loss, np.float64),
+            want64.loss,
+            rtol=FLOAT64_RTOL,
+            scale=want64.scale,
+            name=f"loss, {backend}",
         )
         if grad is not None:
-            got = np.asarray(grad, np.float64)  # exactly the float32 values, compared at float64's floor
+            got = np.asarray(
+                grad, np.float64
+            )  # exactly the float32 values, compared at float64's floor
             assert_close(got, want64.grad, rtol=FLOAT64_GRAD_RTOL, name=f"gradient of W, {backend}")
         return
     loss_rtol, grad_rtol = TOLERANCES[cell.dtype]
-    assert_close(loss, want.loss, want64.loss, rtol=loss_rtol, scale=want64.scale, name=f"loss, {backend}")
+    assert_close(
+        loss, want.loss, want64.loss, rtol=loss_rtol, scale=want64.scale, name=f"loss, {backend}"
+    )
     if grad is not None:
         # computed from the scores' gradient, in the score dtype, and returned in W's float32: compared as such
         score_dtype = np.float16 if cell.dtype == "float16" else np.float32
@@ -402,17 +449,27 @@ def test_loss_cell_trains_on_both_backends_or_is_refused_at_generation(grid, cel
         assert cell.dtype in outcome.refused, outcome.refused
         return
     assert outcome.refused is None, outcome.refused
-    assert outcome.expected is not None and outcome.training is not None and outcome.portable is not None
+    assert (
+        outcome.expected is not None
+        and outcome.training is not None
+        and outcome.portable is not None
+    )
     assert outcome.portable_here is not None
     assert "error" not in outcome.portable, outcome.portable.get("trace", outcome.portable)
     assert outcome.portable["backend"] == "portable"
     if cell.all_ignored:
         assert np.isnan(outcome.expected.loss)
-        assert_equal(outcome.expected.grad, np.zeros_like(outcome.expected.grad), name="torch's gradient")
+        assert_equal(
+            outcome.expected.grad, np.zeros_like(outcome.expected.grad), name="torch's gradient"
+        )
     portable_loss = np.float64(outcome.portable["loss"])  # JSON carries every float64 digit
     for backend, loss, grad in (
         ("training build", outcome.training[0], outcome.training[1]),
-        ("portable, onnxruntime-training 1.19.2", outcome.portable_here[0], outcome.portable_here[1]),
+        (
+            "portable, onnxruntime-training 1.19.2",
+            outcome.portable_here[0],
+            outcome.portable_here[1],
+        ),
         ("stock onnxruntime (portable)", portable_loss, outcome.portable["gradients"]["W"]),
         ("stock onnxruntime (fused step)", np.float64(outcome.portable["fused_loss"]), None),
     ):

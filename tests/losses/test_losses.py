@@ -19,7 +19,9 @@ import onnxblocks
 from onnxblocks import losses
 from onnxblocks.errors import InvalidTypeError, InvalidValueError, OnnxBlocksError, UnknownNameError
 
-pytestmark = pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:reduction. 'mean' divides the total loss:UserWarning"
+)
 
 RNG_SEED = 1234
 #: relative bounds against torch in float32 (support.numerics adds the float64 reference's rule and the floor)
@@ -46,7 +48,12 @@ class Case:
 
 
 def _opts_id(name: str, opts: dict) -> str:
-    return name + "[" + ",".join(f"{k}={'w' if isinstance(v, list) else v}" for k, v in opts.items()) + "]"
+    return (
+        name
+        + "["
+        + ",".join(f"{k}={'w' if isinstance(v, list) else v}" for k, v in opts.items())
+        + "]"
+    )
 
 
 def _cases() -> list[Case]:
@@ -86,7 +93,9 @@ def _cases() -> list[Case]:
                     (4, 3, 2),
                 )
             )
-        for weight, pos_weight in itertools.product((None, CLASS_WEIGHT), (None, [1.5, 0.5, 3.0, 1.0, 2.0])):
+        for weight, pos_weight in itertools.product(
+            (None, CLASS_WEIGHT), (None, [1.5, 0.5, 3.0, 1.0, 2.0])
+        ):
             opts = {"reduction": reduction, "weight": weight, "pos_weight": pos_weight}
             cases.append(
                 Case(
@@ -99,7 +108,9 @@ def _cases() -> list[Case]:
                     (3, 2, C),
                 )
             )
-    for reduction, log_target in itertools.product(("mean", "sum", "none", "batchmean"), (False, True)):
+    for reduction, log_target in itertools.product(
+        ("mean", "sum", "none", "batchmean"), (False, True)
+    ):
         opts = {"reduction": reduction, "log_target": log_target}
         cases.append(
             Case(
@@ -198,7 +209,9 @@ class Reference:
     scale: Any
 
     def __add__(self, other: Reference) -> Reference:
-        return Reference(self.loss32 + other.loss32, self.loss64 + other.loss64, self.scale + other.scale)
+        return Reference(
+            self.loss32 + other.loss32, self.loss64 + other.loss64, self.scale + other.scale
+        )
 
 
 def _reference(make_torch: Any, x: np.ndarray, target: np.ndarray, axis: int = 1) -> Reference:
@@ -224,7 +237,9 @@ def _reference(make_torch: Any, x: np.ndarray, target: np.ndarray, axis: int = 1
     if isinstance(module64, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)):
         operand = class_operand(x, x.shape[axis] if x.ndim > 1 else x.shape[0], weight)
         labels = not np.issubdtype(target.dtype, np.floating)
-        denominator = class_denominator(target, weight, module64.ignore_index) if labels else each.size
+        denominator = (
+            class_denominator(target, weight, module64.ignore_index) if labels else each.size
+        )
     else:
         pos_weight = getattr(module64, "pos_weight", None)
         largest = 1.0 if weight is None else float(np.max(np.abs(weight)))
@@ -236,7 +251,9 @@ def _reference(make_torch: Any, x: np.ndarray, target: np.ndarray, axis: int = 1
 
 def _assert_matches(got: np.ndarray, reference: Reference, name: str = "loss") -> None:
     """A float32 loss against torch's: within RTOL of torch's float32 loss, or of its float64 twin's rounding."""
-    assert_close(got, reference.loss32, reference.loss64, rtol=RTOL, scale=reference.scale, name=name)
+    assert_close(
+        got, reference.loss32, reference.loss64, rtol=RTOL, scale=reference.scale, name=name
+    )
 
 
 def _torch_reference(case: Case, x: np.ndarray, target: np.ndarray) -> Reference:
@@ -284,9 +301,9 @@ def test_cross_entropy_probability_labels(reduction, weight, smoothing, layout) 
     with onnxblocks.empty_base() as acc:
         acc.add_input("x", TensorProto.FLOAT, list(shape))
         acc.add_input("probs", TensorProto.FLOAT, list(shape))
-        out = losses.CrossEntropyLoss(weight=weight, reduction=reduction, label_smoothing=smoothing, class_axis=axis)(
-            "x", "probs"
-        )
+        out = losses.CrossEntropyLoss(
+            weight=weight, reduction=reduction, label_smoothing=smoothing, class_axis=axis
+        )("x", "probs")
         acc.set_outputs([out])
     (got,) = run_model(acc.finish(), {"x": x, "probs": p})
     expected = _reference(
@@ -311,7 +328,9 @@ def test_cross_entropy_symbolic_class_dim_and_middle_axis() -> None:
         acc.set_outputs([out])
         assert acc.shape_of("labels") == ["B", "T", 4]
     (got,) = run_model(acc.finish(), {"x": x, "labels": labels})
-    _assert_matches(got, _reference(lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1), x, labels, 2))
+    _assert_matches(
+        got, _reference(lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1), x, labels, 2)
+    )
 
 
 def test_cross_entropy_unbatched_scores() -> None:
@@ -320,7 +339,9 @@ def test_cross_entropy_unbatched_scores() -> None:
     model, _ = _build(losses.CrossEntropyLoss(label_smoothing=0.1), (C,))
     label = np.array(3, dtype=np.int64)
     (got,) = run_model(model, {"x": x, "labels": label})
-    _assert_matches(got, _reference(lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1), x, label))
+    _assert_matches(
+        got, _reference(lambda: torch.nn.CrossEntropyLoss(label_smoothing=0.1), x, label)
+    )
 
 
 SYMBOLIC_CASES = [
@@ -340,18 +361,30 @@ SYMBOLIC_CASES = [
     ),
     (
         "CE-smoothing-class-last",
-        lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.1, class_axis=-1),
-        lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.1),
+        lambda: losses.CrossEntropyLoss(
+            weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.1, class_axis=-1
+        ),
+        lambda: torch.nn.CrossEntropyLoss(
+            weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.1
+        ),
         "classes",
         -1,
     ),
-    ("NLL", lambda: losses.NLLLoss(ignore_index=1), lambda: torch.nn.NLLLoss(ignore_index=1), "classes_log_prob", 1),
+    (
+        "NLL",
+        lambda: losses.NLLLoss(ignore_index=1),
+        lambda: torch.nn.NLLLoss(ignore_index=1),
+        "classes_log_prob",
+        1,
+    ),
 ]
 
 
 @pytest.mark.parametrize("rank_known", [True, False], ids=["symbolic-dims", "unknown-rank"])
 @pytest.mark.parametrize(
-    ("make", "torch_make", "kind", "axis"), [c[1:] for c in SYMBOLIC_CASES], ids=[c[0] for c in SYMBOLIC_CASES]
+    ("make", "torch_make", "kind", "axis"),
+    [c[1:] for c in SYMBOLIC_CASES],
+    ids=[c[0] for c in SYMBOLIC_CASES],
 )
 def test_symbolic_and_unknown_shapes(make, torch_make, kind, axis, rank_known) -> None:
     """Sizes known only at run time (batch, classes, even the rank of the scores) are computed in the graph."""
@@ -382,7 +415,9 @@ def test_cannot_derive_target_of_unknown_rank(loss_cls) -> None:
         acc.add_input("x", TensorProto.FLOAT, [4, C])
         acc.add_input("new_shape", TensorProto.INT64, ["rank"])
         scores = acc.op("Reshape", ["x", "new_shape"])
-        with pytest.raises(ValueError, match=r"cannot create the (target|labels) input.*rank .*unknown.*add_input"):
+        with pytest.raises(
+            ValueError, match=r"cannot create the (target|labels) input.*rank .*unknown.*add_input"
+        ):
             loss_cls()(scores)
 
 
@@ -393,7 +428,12 @@ DOUBLE_CASES = [
         lambda: torch.nn.BCEWithLogitsLoss(pos_weight=torch.full((C,), 2.0, dtype=torch.float64)),
         "probability",
     ),
-    ("HuberLoss", lambda: losses.HuberLoss(delta=0.5), lambda: torch.nn.HuberLoss(delta=0.5), "regression"),
+    (
+        "HuberLoss",
+        lambda: losses.HuberLoss(delta=0.5),
+        lambda: torch.nn.HuberLoss(delta=0.5),
+        "regression",
+    ),
     (
         "KLDivLoss",
         lambda: losses.KLDivLoss(reduction="batchmean"),
@@ -403,7 +443,9 @@ DOUBLE_CASES = [
     (
         "CrossEntropyLoss",
         lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, label_smoothing=0.1),
-        lambda: torch.nn.CrossEntropyLoss(weight=torch.tensor(CLASS_WEIGHT, dtype=torch.float64), label_smoothing=0.1),
+        lambda: torch.nn.CrossEntropyLoss(
+            weight=torch.tensor(CLASS_WEIGHT, dtype=torch.float64), label_smoothing=0.1
+        ),
         "classes",
     ),
 ]
@@ -532,7 +574,9 @@ def test_labels_may_be_any_existing_value() -> None:
     raw = np.array([0, 2, 4, 1], dtype=np.float32)
     (got,) = run_model(model, {"y": y, "raw": raw})
     expected = _reference(
-        lambda: torch.nn.CrossEntropyLoss(ignore_index=2, label_smoothing=0.1), y, raw.astype(np.int64)
+        lambda: torch.nn.CrossEntropyLoss(ignore_index=2, label_smoothing=0.1),
+        y,
+        raw.astype(np.int64),
     )
     _assert_matches(got, expected)
 
@@ -542,7 +586,9 @@ def test_labels_may_be_any_existing_value() -> None:
 def test_integer_input_is_a_type_error(loss_cls) -> None:
     with onnxblocks.empty_base() as acc:
         acc.add_input("counts", TensorProto.INT64, ["N", C])
-        with pytest.raises(TypeError, match=r"'counts' has dtype int64.*Cast\(onnx.TensorProto.FLOAT\)"):
+        with pytest.raises(
+            TypeError, match=r"'counts' has dtype int64.*Cast\(onnx.TensorProto.FLOAT\)"
+        ):
             loss_cls()("counts")
 
 
@@ -571,13 +617,17 @@ def test_target_of_other_dtype() -> None:
     with onnxblocks.empty_base() as acc:
         acc.add_input("y", TensorProto.FLOAT, [4, C])
         acc.add_input("t", TensorProto.DOUBLE, [4, C])
-        with pytest.raises(TypeError, match=r"target 't' has dtype double but input 'y' has dtype float"):
+        with pytest.raises(
+            TypeError, match=r"target 't' has dtype double but input 'y' has dtype float"
+        ):
             losses.MSELoss()("y", "t")
 
 
 @pytest.mark.parametrize("loss_cls", TARGET_LOSSES + CLASS_LOSSES)
 def test_unknown_reduction(loss_cls) -> None:
-    with pytest.raises(ValueError, match=r"unknown reduction 'avg'. Use one of 'mean', 'sum', 'none'"):
+    with pytest.raises(
+        ValueError, match=r"unknown reduction 'avg'. Use one of 'mean', 'sum', 'none'"
+    ):
         loss_cls(reduction="avg")
 
 
@@ -650,7 +700,9 @@ BAD_OPTIONS: list[tuple[str, Any, list, int | None, type, list[str]]] = [
 
 
 @pytest.mark.parametrize(
-    ("make", "shape", "labels", "error", "names"), [c[1:] for c in BAD_OPTIONS], ids=[c[0] for c in BAD_OPTIONS]
+    ("make", "shape", "labels", "error", "names"),
+    [c[1:] for c in BAD_OPTIONS],
+    ids=[c[0] for c in BAD_OPTIONS],
 )
 def test_bad_option_is_refused_by_the_loss_naming_it(make, shape, labels, error, names) -> None:
     """An option of the wrong kind, range or shape is refused when the loss is made or built, never by a node.
@@ -684,13 +736,18 @@ def _linear_model(
     """``y = x @ W + b`` with W, b as initializers of ``dtype``; returns the model and the parameter arrays."""
     rng = np.random.default_rng(seed)
     params = {
-        "W": (rng.standard_normal((x_shape[-1], out_features)).astype(np.float32) * 0.5).astype(dtype),
+        "W": (rng.standard_normal((x_shape[-1], out_features)).astype(np.float32) * 0.5).astype(
+            dtype
+        ),
         "b": (rng.standard_normal(out_features).astype(np.float32) * 0.5).astype(dtype),
     }
     y_shape = [*x_shape[:-1], out_features]
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+        ],
         "linear",
         [helper.make_tensor_value_info("x", elem, x_shape)],
         [helper.make_tensor_value_info("y", elem, y_shape)],
@@ -706,17 +763,24 @@ def _ort_gradients(model: onnx.ModelProto, loss_name: str, params: dict, feeds: 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     for init in model.graph.initializer:
         if init.name in params:
-            model.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+            model.graph.input.append(
+                helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
     kept = [i for i in model.graph.initializer if i.name not in params]
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     seed = loss_name
-    if next(o for o in model.graph.output if o.name == loss_name).type.tensor_type.elem_type != TensorProto.FLOAT:
+    if (
+        next(o for o in model.graph.output if o.name == loss_name).type.tensor_type.elem_type
+        != TensorProto.FLOAT
+    ):
         # ORT's builder seeds a float32 1; a float64 loss is seeded through a float32 Cast, as onnxblocks does
         seed = f"{loss_name}_float"
         model.graph.node.append(helper.make_node("Cast", [loss_name], [seed], to=TensorProto.FLOAT))
         model.graph.output.append(helper.make_tensor_value_info(seed, TensorProto.FLOAT, []))
-    builder = C_.GradientGraphBuilder(model.SerializeToString(), {seed}, set(params), seed, C_.SessionOptions())
+    builder = C_.GradientGraphBuilder(
+        model.SerializeToString(), {seed}, set(params), seed, C_.SessionOptions()
+    )
     builder.build()
     grad_model = onnx.load_from_string(builder.get_model())
     names = [f"{p}_grad" for p in params]
@@ -726,9 +790,27 @@ def _ort_gradients(model: onnx.ModelProto, loss_name: str, params: dict, feeds: 
 
 GRADIENT_CASES = [
     ("MSELoss", lambda: losses.MSELoss(), lambda: torch.nn.MSELoss(), "regression", 1),
-    ("L1Loss", lambda: losses.L1Loss(reduction="sum"), lambda: torch.nn.L1Loss(reduction="sum"), "regression", 1),
-    ("HuberLoss", lambda: losses.HuberLoss(delta=0.7), lambda: torch.nn.HuberLoss(delta=0.7), "regression", 1),
-    ("SmoothL1Loss", lambda: losses.SmoothL1Loss(beta=0.4), lambda: torch.nn.SmoothL1Loss(beta=0.4), "regression", 1),
+    (
+        "L1Loss",
+        lambda: losses.L1Loss(reduction="sum"),
+        lambda: torch.nn.L1Loss(reduction="sum"),
+        "regression",
+        1,
+    ),
+    (
+        "HuberLoss",
+        lambda: losses.HuberLoss(delta=0.7),
+        lambda: torch.nn.HuberLoss(delta=0.7),
+        "regression",
+        1,
+    ),
+    (
+        "SmoothL1Loss",
+        lambda: losses.SmoothL1Loss(beta=0.4),
+        lambda: torch.nn.SmoothL1Loss(beta=0.4),
+        "regression",
+        1,
+    ),
     (
         "BCEWithLogitsLoss",
         lambda: losses.BCEWithLogitsLoss(weight=CLASS_WEIGHT, pos_weight=CLASS_WEIGHT[::-1]),
@@ -769,7 +851,9 @@ GRADIENT_CASES = [
     (
         "CrossEntropyLoss-smoothing",
         lambda: losses.CrossEntropyLoss(weight=CLASS_WEIGHT, ignore_index=1, label_smoothing=0.2),
-        lambda: torch.nn.CrossEntropyLoss(weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.2),
+        lambda: torch.nn.CrossEntropyLoss(
+            weight=_tensor_or_none(CLASS_WEIGHT), ignore_index=1, label_smoothing=0.2
+        ),
         "classes",
         1,
     ),
@@ -787,7 +871,13 @@ GRADIENT_CASES = [
         "classes",
         1,
     ),
-    ("NLLLoss-BTV", lambda: losses.NLLLoss(class_axis=-1), lambda: torch.nn.NLLLoss(), "classes", -1),
+    (
+        "NLLLoss-BTV",
+        lambda: losses.NLLLoss(class_axis=-1),
+        lambda: torch.nn.NLLLoss(),
+        "classes",
+        -1,
+    ),
 ]
 
 
@@ -808,7 +898,9 @@ def _gradient_data(kind: str, axis: int) -> tuple[list, np.ndarray, str, np.ndar
 
 
 @pytest.mark.parametrize(
-    ("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES], ids=[c[0] for c in GRADIENT_CASES]
+    ("make", "torch_make", "kind", "axis"),
+    [c[1:] for c in GRADIENT_CASES],
+    ids=[c[0] for c in GRADIENT_CASES],
 )
 def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
     """ORT's gradient builder differentiates the loss; W/b gradients of a linear layer equal torch.autograd's."""
@@ -819,15 +911,25 @@ def test_gradient_matches_torch(make, torch_make, kind, axis) -> None:
         acc.set_outputs([loss])
     grads = _ort_gradients(acc.finish(), loss, params, {"x": x, name: target})
 
-    expected, expected64 = (_torch_gradients(torch_make, params, x, target, axis, dtype) for dtype in DTYPES)
+    expected, expected64 = (
+        _torch_gradients(torch_make, params, x, target, axis, dtype) for dtype in DTYPES
+    )
     for name in ("W", "b"):
-        assert_close(grads[name], expected[name], expected64[name], rtol=GRAD_RTOL, name=f"gradient of {name}")
+        assert_close(
+            grads[name],
+            expected[name],
+            expected64[name],
+            rtol=GRAD_RTOL,
+            name=f"gradient of {name}",
+        )
 
 
 DTYPES = (torch.float32, torch.float64)
 
 
-def _torch_gradients(torch_make, params: dict, x: np.ndarray, target: np.ndarray, axis: int, dtype) -> dict:
+def _torch_gradients(
+    torch_make, params: dict, x: np.ndarray, target: np.ndarray, axis: int, dtype
+) -> dict:
     """torch.autograd's gradients of the linear layer's W and b, everything (weights of the loss too) in dtype."""
     tw, tb = (torch.tensor(params[k], dtype=dtype, requires_grad=True) for k in ("W", "b"))
     ty = torch.from_numpy(x).to(dtype) @ tw + tb
@@ -839,7 +941,9 @@ def _torch_gradients(torch_make, params: dict, x: np.ndarray, target: np.ndarray
 
 
 @pytest.mark.parametrize(
-    ("make", "torch_make", "kind", "axis"), [c[1:] for c in GRADIENT_CASES], ids=[c[0] for c in GRADIENT_CASES]
+    ("make", "torch_make", "kind", "axis"),
+    [c[1:] for c in GRADIENT_CASES],
+    ids=[c[0] for c in GRADIENT_CASES],
 )
 def test_float64_gradient_is_float64(make, torch_make, kind, axis) -> None:
     """In a float64 model the loss's gradient is computed in float64: within FLOAT64_RTOL of torch's.
@@ -849,7 +953,10 @@ def test_float64_gradient_is_float64(make, torch_make, kind, axis) -> None:
     """
     x_shape, x, name, target = _gradient_data(kind, axis)
     model, params = _linear_model(x_shape, C, dtype=np.float64)
-    feeds = {"x": x.astype(np.float64), name: target.astype(np.float64) if target.dtype == np.float32 else target}
+    feeds = {
+        "x": x.astype(np.float64),
+        name: target.astype(np.float64) if target.dtype == np.float32 else target,
+    }
     with onnxblocks.base(model) as acc:
         loss = make()("y")
         acc.set_outputs([loss])
@@ -857,4 +964,6 @@ def test_float64_gradient_is_float64(make, torch_make, kind, axis) -> None:
     expected = _torch_gradients(torch_make, params, x, target, axis, torch.float64)
     for param in ("W", "b"):
         assert grads[param].dtype == np.float64
-        assert_close(grads[param], expected[param], rtol=FLOAT64_RTOL, name=f"float64 gradient of {param}")
+        assert_close(
+            grads[param], expected[param], rtol=FLOAT64_RTOL, name=f"float64 gradient of {param}"
+        )

@@ -71,31 +71,56 @@ def _reference(options: dict, dtype: type) -> list[dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"bias_correction": False}, {"weight_decay": 0.01, "betas": (0.8, 0.99), "eps": 1e-4}]
+    "options",
+    [{}, {"bias_correction": False}, {"weight_decay": 0.01, "betas": (0.8, 0.99), "eps": 1e-4}],
 )
 def test_lamb_matches_the_papers_equations(options: dict) -> None:
     block = optim.Lamb(
-        lr=BASE_LR, param_groups=[{"params": SECOND, "lr": 3 * BASE_LR, "weight_decay": 0.05}], **options
+        lr=BASE_LR,
+        param_groups=[{"params": SECOND, "lr": 3 * BASE_LR, "weight_decay": 0.05}],
+        **options,
     )
     trainable = [onnx.numpy_helper.from_array(v, n) for n, v in _initial().items()]
     with onnxblocks.empty_base():
         block((trainable, []))
     sequence_model = block.to_model_proto()
-    values = [ir.Value(name=n, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(s)) for n, s in SHAPES.items()]
+    values = [
+        ir.Value(name=n, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(s))
+        for n, s in SHAPES.items()
+    ]
     model = optimizer_model(sequence_model, values)  # the per-tensor model portable artifacts hold
     assert read_optimizer(sequence_model).states == ("exp_avg", "exp_avg_sq")
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     params = _initial()
     moments = {n: [np.zeros_like(p), np.zeros_like(p)] for n, p in params.items()}
     expected, expected64 = _reference(options, np.float32), _reference(options, np.float64)
     scales = {n: step_magnitudes(_initial()[n], [e[n] for e in expected64]) for n in SHAPES}
     for step in range(STEPS):
-        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds = {
+            "learning_rate": np.array([lr_at(step)], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
         for n, g in _grads(step).items():
-            feeds |= {n: params[n], f"{n}_grad": g, f"{n}.exp_avg": moments[n][0], f"{n}.exp_avg_sq": moments[n][1]}
-        out = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+            feeds |= {
+                n: params[n],
+                f"{n}_grad": g,
+                f"{n}.exp_avg": moments[n][0],
+                f"{n}.exp_avg_sq": moments[n][1],
+            }
+        out = dict(
+            zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True)
+        )
         for n in SHAPES:
             params[n] = out[f"{n}.out"]
             moments[n] = [out[f"{n}.exp_avg.out"], out[f"{n}.exp_avg_sq.out"]]
             want, want64 = expected[step][n], expected64[step][n]
-            assert_close(params[n], want, want64, rtol=1e-5, scale=scales[n][step], name=f"{n} step {step + 1}")
+            assert_close(
+                params[n],
+                want,
+                want64,
+                rtol=1e-5,
+                scale=scales[n][step],
+                name=f"{n} step {step + 1}",
+            )

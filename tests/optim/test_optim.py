@@ -44,8 +44,16 @@ TORCH_CASES = {
         lambda p: torch.optim.AdamW(p, lr=LR, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1),
         None,
     ),
-    "adamw-no-decay": (lambda: AdamW(weight_decay=0.0), lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0), None),
-    "adamw-clip": (lambda: AdamW(clip_grad=ClipGradNorm(0.5)), lambda p: torch.optim.AdamW(p, lr=LR), 0.5),
+    "adamw-no-decay": (
+        lambda: AdamW(weight_decay=0.0),
+        lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0),
+        None,
+    ),
+    "adamw-clip": (
+        lambda: AdamW(clip_grad=ClipGradNorm(0.5)),
+        lambda p: torch.optim.AdamW(p, lr=LR),
+        0.5,
+    ),
     "sgd": (lambda: SGD(), lambda p: torch.optim.SGD(p, lr=LR), None),
     "sgd-clip": (lambda: SGD(clip_grad=0.3), lambda p: torch.optim.SGD(p, lr=LR), 0.3),
 }
@@ -55,7 +63,10 @@ TORCH_CASES = {
 def test_step_matches_torch(case, training_dir, tmp_path):
     make_block, make_torch, clip = TORCH_CASES[case]
     ours = run_ort(tmp_path, training_dir, make_block(), STEPS)
-    reference, reference64 = run_torch(make_torch, STEPS, clip), run_torch(make_torch, STEPS, clip, torch.float64)
+    reference, reference64 = (
+        run_torch(make_torch, STEPS, clip),
+        run_torch(make_torch, STEPS, clip, torch.float64),
+    )
     assert_history_close(ours[:1], reference[:1], reference64)
     assert_history_close(ours, reference, reference64)
     assert not is_close(ours[-1]["W1"], tiny_forward()[1]["W1"], rtol=1e-5)  # it did train
@@ -135,8 +146,19 @@ def test_adamw_model_contract():
 def test_sgd_declares_the_inputs_ort_requires():
     _, params = tiny_forward()
     model = optimizer_model(SGD(clip_grad=ClipGradNorm(2.0)), params)
-    assert list(_inputs(model)) == ["learning_rate", "step", "params", "gradients", "first_order_moments"]
-    assert [n.op_type for n in model.graph.node] == ["InplaceClipGradNorm", "SGDOptimizerV2", "Constant", "Reshape"]
+    assert list(_inputs(model)) == [
+        "learning_rate",
+        "step",
+        "params",
+        "gradients",
+        "first_order_moments",
+    ]
+    assert [n.op_type for n in model.graph.node] == [
+        "InplaceClipGradNorm",
+        "SGDOptimizerV2",
+        "Constant",
+        "Reshape",
+    ]
     clip, sgd = model.graph.node[:2]
     assert sgd.input[2] == clip.output[0] and clip.input[0] == "gradients"
     assert helper.get_attribute_value(clip.attribute[0]) == 2.0
@@ -148,13 +170,17 @@ def test_double_parameters_give_double_sequences():
         block = AdamW()
         block(([numpy_helper.from_array(v, n) for n, v in params.items()], []))
     model = block.to_model_proto()
-    assert _inputs(model)["params"].sequence_type.elem_type.tensor_type.elem_type == TensorProto.DOUBLE
+    assert (
+        _inputs(model)["params"].sequence_type.elem_type.tensor_type.elem_type == TensorProto.DOUBLE
+    )
 
 
 def test_parameters_may_be_tensor_sources():
     from onnxblocks._core.weights import TensorSource
 
-    source = TensorSource("w", TensorProto.FLOAT, (2, 2), tensor=numpy_helper.from_array(np.ones((2, 2), np.float32)))
+    source = TensorSource(
+        "w", TensorProto.FLOAT, (2, 2), tensor=numpy_helper.from_array(np.ones((2, 2), np.float32))
+    )
     with onnxblocks.empty_base():
         block = SGD()
         block(([source], []))
@@ -175,7 +201,9 @@ def test_reference_compat_blocks():
         for name in ["lr", "step"]:
             acc.add_input(name, TensorProto.FLOAT if name == "lr" else TensorProto.INT64, [1])
         for name in ["p", "g", "m1", "m2"]:
-            acc.working_model.graph.input.append(helper.make_tensor_sequence_value_info(name, TensorProto.FLOAT, None))
+            acc.working_model.graph.input.append(
+                helper.make_tensor_sequence_value_info(name, TensorProto.FLOAT, None)
+            )
         flag = AdamWOptimizer()("lr", "step", "p", "g", "m1", "m2")
         sgd_flag = SGDOptimizer()("lr", "p", "g")
         assert acc.elem_type(flag) == TensorProto.BOOL
@@ -186,8 +214,16 @@ def test_reference_compat_blocks():
     assert {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}["adam_mode"] == 1
     assert list(nodes[1].input) == ["lr", "p", "g"]
     # SGD's flag is reshaped to [1] (ONNX Runtime infers [] but returns [1]): no shape warning at load or run
-    assert nodes[3].op_type == "Reshape" and nodes[3].input[0] == nodes[1].output[0] and nodes[3].output[0] == sgd_flag
-    assert list(nodes[4].input) == ["lr", "p", "g"]  # same slots as the reference, whatever the keywords say
+    assert (
+        nodes[3].op_type == "Reshape"
+        and nodes[3].input[0] == nodes[1].output[0]
+        and nodes[3].output[0] == sgd_flag
+    )
+    assert list(nodes[4].input) == [
+        "lr",
+        "p",
+        "g",
+    ]  # same slots as the reference, whatever the keywords say
 
 
 def test_contrib_ops_are_declared_once_as_data():
@@ -208,7 +244,9 @@ def test_contrib_ops_are_declared_once_as_data():
         "adam_mode": onnx.AttributeProto.INT,
     }
     with onnxblocks.empty_base() as acc:
-        acc.working_model.graph.input.append(helper.make_tensor_sequence_value_info("g", TensorProto.FLOAT, None))
+        acc.working_model.graph.input.append(
+            helper.make_tensor_sequence_value_info("g", TensorProto.FLOAT, None)
+        )
         with pytest.raises(TypeError, match="no attribute 'max_nrom'.*max_norm"):
             contrib.INPLACE_CLIP_GRAD_NORM.emit(["g"], max_nrom=1.0)
         with pytest.raises(TypeError, match="'max_norm' must be a float"):
@@ -216,7 +254,9 @@ def test_contrib_ops_are_declared_once_as_data():
         with pytest.raises(TypeError, match="takes 1 to 1 inputs"):
             contrib.INPLACE_CLIP_GRAD_NORM.emit(["g", "g"])
         clipped = contrib.INPLACE_CLIP_GRAD_NORM.emit(["g"], max_norm=1)
-        assert acc.type_of(clipped).sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT
+        assert (
+            acc.type_of(clipped).sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT
+        )
         acc.add_input("buffer", TensorProto.FLOAT, [3])
         acc.add_input("grad", TensorProto.FLOAT, [3])
         flag, out = contrib.IN_PLACE_ACCUMULATOR_V2.emit(["buffer", "grad"], outputs=2)
@@ -248,11 +288,25 @@ def test_bad_hyperparameters(make, error, match):
 @pytest.mark.parametrize(
     ("parameters", "error", "match"),
     [
-        ([numpy_helper.from_array(np.zeros(2, np.float32), "w")], TypeError, r"\(trainable, frozen\)"),
-        (([], []), ValueError, "at least one trainable"),
-        (([numpy_helper.from_array(np.zeros(2, np.int64), "steps")], []), ValueError, "'steps' has element type INT64"),
         (
-            ([numpy_helper.from_array(np.zeros(2, np.float32), "a"), numpy_helper.from_array(np.zeros(2), "b")], []),
+            [numpy_helper.from_array(np.zeros(2, np.float32), "w")],
+            TypeError,
+            r"\(trainable, frozen\)",
+        ),
+        (([], []), ValueError, "at least one trainable"),
+        (
+            ([numpy_helper.from_array(np.zeros(2, np.int64), "steps")], []),
+            ValueError,
+            "'steps' has element type INT64",
+        ),
+        (
+            (
+                [
+                    numpy_helper.from_array(np.zeros(2, np.float32), "a"),
+                    numpy_helper.from_array(np.zeros(2), "b"),
+                ],
+                [],
+            ),
             ValueError,
             "'a' is float32 and 'b' is float64",
         ),
@@ -278,7 +332,9 @@ def test_no_onnxruntime_import():
         "print([m for m in ('onnxruntime', 'torch', 'onnxscript') if m in sys.modules])"
     )
     with warnings.catch_warnings():
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
     assert out.strip() == "[]"
 
 
@@ -299,4 +355,6 @@ def test_generate_artifacts_with_our_optimizer_matches_torch(tmp_path):
         trainer.step(x, t)
         history.append({n: trainer.param(n) for n in TRAINABLE + FROZEN})
     make = lambda p: torch.optim.AdamW(p, lr=LR)  # noqa: E731
-    assert_history_close(history, run_torch(make, STEPS, clip=0.5), run_torch(make, STEPS, 0.5, torch.float64))
+    assert_history_close(
+        history, run_torch(make, STEPS, clip=0.5), run_torch(make, STEPS, 0.5, torch.float64)
+    )

@@ -20,13 +20,26 @@ def _metadata(directory) -> dict:
 def test_no_decay_norm_bias_puts_biases_in_a_group_without_weight_decay(tmp_path) -> None:
     onnx.save(mlp_model(), tmp_path / "mlp.onnx")
     args = ["artifacts", str(tmp_path / "mlp.onnx"), "--loss", "crossentropy", "--all-params", "-o"]
-    code = main([*args, str(tmp_path / "a"), "--optimizer", "adamw", "--weight-decay", "0.05", "--no-decay-norm-bias"])
+    code = main(
+        [
+            *args,
+            str(tmp_path / "a"),
+            "--optimizer",
+            "adamw",
+            "--weight-decay",
+            "0.05",
+            "--no-decay-norm-bias",
+        ]
+    )
     assert code == EXIT_OK
     meta = _metadata(tmp_path / "a")
     assert meta["algorithm"] == "adamw"
     assert [g["hyper"]["weight_decay"] for g in meta["groups"]] == [0.05, 0.0]
     assert dict(meta["params"]) == {"fc1.weight": 0, "fc1.bias": 1, "fc2.weight": 0, "fc2.bias": 1}
-    assert main([*args, str(tmp_path / "b"), "--optimizer", "sgd", "--momentum", "0.9", "--nesterov"]) == EXIT_OK
+    assert (
+        main([*args, str(tmp_path / "b"), "--optimizer", "sgd", "--momentum", "0.9", "--nesterov"])
+        == EXIT_OK
+    )
     assert _metadata(tmp_path / "b")["groups"][0]["hyper"] == {
         "momentum": 0.9,
         "dampening": 0.0,

@@ -52,7 +52,14 @@ pytestmark = pytest.mark.node
 
 STEPS = 20
 #: each family's base learning rate: small enough that 20 float32 steps of the MLP stay far from chaos
-BASE_LR = {"SGD": 0.02, "Adagrad": 0.01, "Adam": 0.005, "AdamW": 0.005, "Lamb": 0.01, "RMSprop": 0.002}
+BASE_LR = {
+    "SGD": 0.02,
+    "Adagrad": 0.01,
+    "Adam": 0.005,
+    "AdamW": 0.005,
+    "Lamb": 0.01,
+    "RMSprop": 0.002,
+}
 SECOND = ["fc1.bias", "fc2.weight"]
 FIRST = [n for n in PARAMS if n not in SECOND]
 LAMB = [{}, {"bias_correction": False}, {"weight_decay": 0.01, "betas": (0.8, 0.99), "eps": 1e-4}]
@@ -86,10 +93,14 @@ def node_runs(tmp_path_factory) -> dict[str, tuple[Path, dict, Path]]:
         js = web_support.workspace(root / "client")
     except web_support.WebEnvError as exc:
         pytest.fail(str(exc))
-    shutil.copyfile(Path(__file__).parents[1] / "support" / "node_train_runs.mjs", js / "node_train_runs.mjs")
+    shutil.copyfile(
+        Path(__file__).parents[1] / "support" / "node_train_runs.mjs", js / "node_train_runs.mjs"
+    )
     batches = _batches()
     train = {
-        f"train/{i}/{n}": v for i, b in enumerate(batches[:STEPS]) for n, v in zip(("x", "labels"), b, strict=True)
+        f"train/{i}/{n}": v
+        for i, b in enumerate(batches[:STEPS])
+        for n, v in zip(("x", "labels"), b, strict=True)
     }
     for family in {cls for cls, _, _ in CELLS.values()}:  # one plan per family: its learning rates
         rates = {"learning_rates": json.dumps([lr_at(family, s) for s in range(STEPS)])}
@@ -119,7 +130,9 @@ def node_runs(tmp_path_factory) -> dict[str, tuple[Path, dict, Path]]:
     return {e["name"]: (Path(e["directory"]), report[e["name"]], Path(e["save"])) for e in manifest}
 
 
-def _torch_step(params: dict[str, torch.nn.Parameter], x: np.ndarray, y: np.ndarray) -> torch.Tensor:
+def _torch_step(
+    params: dict[str, torch.nn.Parameter], x: np.ndarray, y: np.ndarray
+) -> torch.Tensor:
     x = torch.from_numpy(x).to(params["fc1.weight"].dtype)  # float64 for the float64 reference
     h = torch.relu(x @ params["fc1.weight"] + params["fc1.bias"])
     logits = h @ params["fc2.weight"] + params["fc2.bias"]
@@ -135,7 +148,9 @@ def _initial() -> dict[str, np.ndarray]:
 Run = tuple[list[float], list[dict[str, np.ndarray]]]
 
 
-def _torch(cls: type, reference: Any, options: dict[str, Any], dtype: torch.dtype = torch.float32) -> Run:
+def _torch(
+    cls: type, reference: Any, options: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> Run:
     params = {n: torch.nn.Parameter(torch.from_numpy(v).to(dtype)) for n, v in _initial().items()}
     lr = BASE_LR[cls.__name__]
     opt = theirs(reference, options, lr, [params[n] for n in FIRST], [params[n] for n in SECOND])
@@ -172,7 +187,9 @@ def _lamb(options: dict[str, Any], dtype: type = np.float32) -> Run:
             decay = 0.03 if second else options.get("weight_decay", 0.0)
             m[n] = beta1 * m[n] + (1 - beta1) * g
             v[n] = beta2 * v[n] + (1 - beta2) * g * g
-            m_hat, v_hat = (m[n] / (1 - beta1**t), v[n] / (1 - beta2**t)) if correct else (m[n], v[n])
+            m_hat, v_hat = (
+                (m[n] / (1 - beta1**t), v[n] / (1 - beta2**t)) if correct else (m[n], v[n])
+            )
             u = m_hat / (np.sqrt(v_hat) + eps) + decay * params[n]
             w_norm, u_norm = np.linalg.norm(params[n]), np.linalg.norm(u)
             ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
@@ -205,20 +222,26 @@ def test_node_matches_torch_with_two_groups_and_a_changing_lr(node_runs, cell) -
     assert_close(losses, np.float32(want_losses), want_losses64, rtol=1e-5, name=f"{cell} losses")
     for n in PARAMS:
         scale = step_magnitudes(_initial()[n], [params[n] for params in want64])[-1]
-        assert_close(node_params[n], want[-1][n], want64[-1][n], rtol=1e-5, scale=scale, name=f"{cell} {n}")
+        assert_close(
+            node_params[n], want[-1][n], want64[-1][n], rtol=1e-5, scale=scale, name=f"{cell} {n}"
+        )
     python_losses, python_params = _python(directory, cls, STEPS)
     # Node against Python: two float32 runs of ours, neither the truth; rtol 2e-7 plus the floor
     assert_close(losses, np.float32(python_losses), rtol=2e-7, name=f"{cell} losses vs Python")
     for n in PARAMS:
         scale = step_magnitudes(_initial()[n], [params[n] for params in want64])[-1]
-        assert_close(node_params[n], python_params[n], rtol=2e-7, scale=scale, name=f"{cell} {n} vs Python")
+        assert_close(
+            node_params[n], python_params[n], rtol=2e-7, scale=scale, name=f"{cell} {n} vs Python"
+        )
 
 
 @pytest.mark.parametrize("cell", sorted(RESUMED))
 def test_node_state_carries_the_optimizer_state_and_resumes(node_runs, cell, tmp_path) -> None:
     directory, _, saved = node_runs[cell]
     state = read_state(saved)
-    assert state.states == RESUMED[cell] and all(len(m) == RESUMED[cell] for m in state.moments.values())
+    assert state.states == RESUMED[cell] and all(
+        len(m) == RESUMED[cell] for m in state.moments.values()
+    )
     resumed = TrainingSession(directory, checkpoint=state_to_checkpoint(saved, tmp_path / "ck"))
     assert int(resumed.step) == STEPS
     resumed.save_checkpoint(tmp_path / "again")

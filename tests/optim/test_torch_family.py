@@ -64,27 +64,42 @@ def _model(block) -> onnx.ModelProto:
 
 def _torch_run(cls, options: dict, dtype: torch.dtype = torch.float32):
     """torch's parameters and states after each step, run in ``dtype`` from the same float32 inputs."""
-    params = {n: torch.nn.Parameter(torch.from_numpy(v.copy()).to(dtype)) for n, v in initial().items()}
+    params = {
+        n: torch.nn.Parameter(torch.from_numpy(v.copy()).to(dtype)) for n, v in initial().items()
+    }
     first = [params[n] for n in SHAPES if n not in SECOND]
     second = [params[n] for n in SECOND]
-    opt = cls([{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}], lr=BASE_LR, **options)
+    opt = cls(
+        [{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}],
+        lr=BASE_LR,
+        **options,
+    )
     history = []
     for step in range(STEPS):
         for group, scale in zip(opt.param_groups, (1.0, 2.5), strict=True):
-            group["lr"] = float(np.float32(lr_at(step))) * scale  # the session's learning rate is a float32
+            group["lr"] = (
+                float(np.float32(lr_at(step))) * scale
+            )  # the session's learning rate is a float32
         for n, g in gradients(step).items():
             params[n].grad = torch.from_numpy(g).to(dtype)
         opt.step()
-        states = {n: {k: v.numpy().copy() for k, v in opt.state[params[n]].items() if k != "step"} for n in SHAPES}
+        states = {
+            n: {k: v.numpy().copy() for k, v in opt.state[params[n]].items() if k != "step"}
+            for n in SHAPES
+        }
         history.append(({n: p.detach().numpy().copy() for n, p in params.items()}, states))
     return history
 
 
-@pytest.mark.parametrize(("ours", "theirs", "options"), CASES, ids=lambda c: getattr(c, "__name__", None) or str(c))
+@pytest.mark.parametrize(
+    ("ours", "theirs", "options"), CASES, ids=lambda c: getattr(c, "__name__", None) or str(c)
+)
 def test_matches_torch_over_twenty_steps_with_two_groups(ours, theirs, options) -> None:
     model = _model(_ours(ours, options))
     spec = read_optimizer(model)
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = list(SHAPES)
     params = [initial()[n] for n in names]
     states = [[np.zeros_like(p) for p in params] for _ in spec.states]
@@ -92,7 +107,10 @@ def test_matches_torch_over_twenty_steps_with_two_groups(ours, theirs, options) 
     expected64 = _torch_run(theirs, options, torch.float64)
     scales = _scales(expected64)
     for step in range(STEPS):
-        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds = {
+            "learning_rate": np.array([lr_at(step)], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
         feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
         feeds |= dict(zip(spec.state_inputs, states, strict=True))
         out = session.run(None, feeds)
@@ -100,7 +118,12 @@ def test_matches_torch_over_twenty_steps_with_two_groups(ours, theirs, options) 
         (want_params, want_states), (want64, want_states64) = expected[step], expected64[step]
         for i, n in enumerate(names):
             assert_close(
-                params[i], want_params[n], want64[n], rtol=1e-5, scale=scales[n][step], name=f"{n} step {step + 1}"
+                params[i],
+                want_params[n],
+                want64[n],
+                rtol=1e-5,
+                scale=scales[n][step],
+                name=f"{n} step {step + 1}",
             )
             for slot, values in zip(spec.states, states, strict=True):
                 if slot in want_states[n]:  # torch keeps no buffer a group does not use
@@ -117,7 +140,9 @@ def test_matches_torch_over_twenty_steps_with_two_groups(ours, theirs, options) 
 def _scales(history64) -> dict:
     """Each parameter's and state's summed update magnitude after each step (the floor's ``scale``)."""
     start = initial()
-    scales: dict = {n: step_magnitudes(start[n], [params[n] for params, _ in history64]) for n in SHAPES}
+    scales: dict = {
+        n: step_magnitudes(start[n], [params[n] for params, _ in history64]) for n in SHAPES
+    }
     for n in SHAPES:
         for slot in history64[-1][1][n]:
             values = [states[n][slot] for _, states in history64]
@@ -131,7 +156,10 @@ def test_no_decay_helper_takes_biases_and_one_dimensional_weights() -> None:
     )
     groups = dict(spec.params)
     assert groups == {"fc1.weight": 0, "fc1.bias": 1, "fc2.weight": 0, "norm.weight": 1}
-    assert spec.groups[1]["hyper"]["weight_decay"] == 0.0 and spec.groups[0]["hyper"]["weight_decay"] == 0.01
+    assert (
+        spec.groups[1]["hyper"]["weight_decay"] == 0.0
+        and spec.groups[0]["hyper"]["weight_decay"] == 0.01
+    )
 
 
 def test_bad_groups_and_hyperparameters_are_refused_by_name() -> None:
@@ -152,15 +180,27 @@ def test_bad_groups_and_hyperparameters_are_refused_by_name() -> None:
 def test_global_then_per_group_gradient_clipping_matches_torch() -> None:
     groups = [{"params": SECOND, "lr": 2.5 * BASE_LR, "weight_decay": 0.03, "max_grad_norm": 0.5}]
     model = _model(optim.SGD(lr=BASE_LR, momentum=0.9, clip_grad=2.0, param_groups=groups))
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = list(SHAPES)
-    params, buffers = [initial()[n] for n in names], [np.zeros(s, np.float32) for s in SHAPES.values()]
+    params, buffers = (
+        [initial()[n] for n in names],
+        [np.zeros(s, np.float32) for s in SHAPES.values()],
+    )
     expected, expected64 = _torch_clipped_run(torch.float32), _torch_clipped_run(torch.float64)
     scales = {n: step_magnitudes(initial()[n], [e[n] for e in expected64]) for n in names}
     for step in range(STEPS):
         grads = gradients(step)
-        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
-        feeds |= {"params": params, "gradients": [grads[n] for n in names], "first_order_moments": buffers}
+        feeds = {
+            "learning_rate": np.array([lr_at(step)], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
+        feeds |= {
+            "params": params,
+            "gradients": [grads[n] for n in names],
+            "first_order_moments": buffers,
+        }
         params, buffers = session.run(None, feeds)
         for i, n in enumerate(names):
             assert_close(
@@ -176,11 +216,15 @@ def test_global_then_per_group_gradient_clipping_matches_torch() -> None:
 def _torch_clipped_run(dtype: torch.dtype) -> list[dict[str, np.ndarray]]:
     """torch SGD with momentum after a global then a second-group clip, in ``dtype``: parameters after each step."""
     names = list(SHAPES)
-    torch_params = {n: torch.nn.Parameter(torch.from_numpy(v.copy()).to(dtype)) for n, v in initial().items()}
+    torch_params = {
+        n: torch.nn.Parameter(torch.from_numpy(v.copy()).to(dtype)) for n, v in initial().items()
+    }
     first = [torch_params[n] for n in names if n not in SECOND]
     second = [torch_params[n] for n in SECOND]
     opt = torch.optim.SGD(
-        [{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}], lr=BASE_LR, momentum=0.9
+        [{"params": first}, {"params": second, "lr": 2.5 * BASE_LR, "weight_decay": 0.03}],
+        lr=BASE_LR,
+        momentum=0.9,
     )
     history = []
     for step in range(STEPS):
@@ -203,11 +247,19 @@ def test_float32_ops_stay_within_an_ulp_per_step_of_torch(ours, theirs, options)
     """``exact=False`` writes the fused multiply-adds and square roots in float32: rtol 1e-5 of torch, or torch's
     own float32 rounding against its float64 run (float32 ops round about as much as torch's float32 kernels)."""
     block = _ours(ours, options)
-    (block.standard if hasattr(block, "standard") and block.standard is not None else block).exact = False
+    (
+        block.standard if hasattr(block, "standard") and block.standard is not None else block
+    ).exact = False
     model = _model(block)
     assert '"exact": false' in next(p.value for p in model.metadata_props)
-    assert not [n for n in model.graph.node if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.DOUBLE][3:]
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert not [
+        n
+        for n in model.graph.node
+        if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.DOUBLE
+    ][3:]
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     spec, names = read_optimizer(model), list(SHAPES)
     params = [initial()[n] for n in names]
     states = [[np.zeros_like(p) for p in params] for _ in spec.states]
@@ -215,7 +267,10 @@ def test_float32_ops_stay_within_an_ulp_per_step_of_torch(ours, theirs, options)
     expected64 = _torch_run(theirs, options, torch.float64)
     scales = _scales(expected64)
     for step in range(STEPS):
-        feeds = {"learning_rate": np.array([lr_at(step)], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds = {
+            "learning_rate": np.array([lr_at(step)], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
         feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
         feeds |= dict(zip(spec.state_inputs, states, strict=True))
         params, *states = session.run(None, feeds)

@@ -45,12 +45,28 @@ def lr_at(step: int) -> float:
 
 #: (our optimizer, torch's, its options); the bias group gets 2 x the lr and weight decay 0.
 CASES = {
-    "sgd-nesterov": (optim.SGD, torch.optim.SGD, {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}),
-    "sgd-dampening": (optim.SGD, torch.optim.SGD, {"momentum": 0.8, "dampening": 0.2, "maximize": False}),
+    "sgd-nesterov": (
+        optim.SGD,
+        torch.optim.SGD,
+        {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+    ),
+    "sgd-dampening": (
+        optim.SGD,
+        torch.optim.SGD,
+        {"momentum": 0.8, "dampening": 0.2, "maximize": False},
+    ),
     "adam-amsgrad": (optim.Adam, torch.optim.Adam, {"amsgrad": True, "weight_decay": 1e-3}),
     "adamw-amsgrad": (optim.AdamW, torch.optim.AdamW, {"amsgrad": True, "weight_decay": 0.05}),
-    "adagrad": (optim.Adagrad, torch.optim.Adagrad, {"lr_decay": 0.01, "initial_accumulator_value": 0.1}),
-    "rmsprop": (optim.RMSprop, torch.optim.RMSprop, {"centered": True, "momentum": 0.5, "weight_decay": 1e-3}),
+    "adagrad": (
+        optim.Adagrad,
+        torch.optim.Adagrad,
+        {"lr_decay": 0.01, "initial_accumulator_value": 0.1},
+    ),
+    "rmsprop": (
+        optim.RMSprop,
+        torch.optim.RMSprop,
+        {"centered": True, "momentum": 0.5, "weight_decay": 1e-3},
+    ),
 }
 
 
@@ -75,10 +91,15 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _initial() -> dict[str, np.ndarray]:
-    return {i.name: onnx.numpy_helper.to_array(i).copy() for i in mlp_model(d_in=3, hidden=8).graph.initializer}
+    return {
+        i.name: onnx.numpy_helper.to_array(i).copy()
+        for i in mlp_model(d_in=3, hidden=8).graph.initializer
+    }
 
 
-def _torch(theirs, options: dict, dtype: torch.dtype = torch.float32) -> list[tuple[float, dict[str, np.ndarray]]]:
+def _torch(
+    theirs, options: dict, dtype: torch.dtype = torch.float32
+) -> list[tuple[float, dict[str, np.ndarray]]]:
     """torch's loss and parameters after each step, run in ``dtype`` from the same float32 start and data."""
     P = {n: torch.nn.Parameter(torch.from_numpy(v).to(dtype)) for n, v in _initial().items()}
     opt = theirs(
@@ -110,13 +131,21 @@ def _assert_follows(ran, expected, expected64, first: int = 0) -> None:
     for step, ((loss, params), (want_loss, want), (loss64, want64)) in enumerate(
         zip(ran, expected[first:], expected64[first:], strict=True), start=first
     ):
-        assert_close(np.float32(loss), np.float32(want_loss), loss64, rtol=1e-5, name=f"loss, step {step + 1}")
+        assert_close(
+            np.float32(loss),
+            np.float32(want_loss),
+            loss64,
+            rtol=1e-5,
+            name=f"loss, step {step + 1}",
+        )
         for n in PARAMS:
             name = f"{n}, step {step + 1}"
             assert_close(params[n], want[n], want64[n], rtol=1e-5, scale=scales[n][step], name=name)
 
 
-def _train(session: TrainingSession, steps: range, fused: bool) -> list[tuple[float, dict[str, np.ndarray]]]:
+def _train(
+    session: TrainingSession, steps: range, fused: bool
+) -> list[tuple[float, dict[str, np.ndarray]]]:
     x, y = _data()
     history = []
     for step in steps:
@@ -173,7 +202,9 @@ def _training_artifacts(directory: Path, ours, options: dict) -> Path:
 
 
 @pytest.mark.parametrize("case", ["sgd-nesterov", "adamw-amsgrad", "rmsprop"])
-def test_training_build_drives_the_standard_optimizer_and_moves_between_backends(case: str, tmp_path: Path) -> None:
+def test_training_build_drives_the_standard_optimizer_and_moves_between_backends(
+    case: str, tmp_path: Path
+) -> None:
     ours, theirs, options = CASES[case]
     training = _training_artifacts(tmp_path / "training", ours, options)
     portable = _artifacts(tmp_path / "portable", ours, options)
@@ -186,7 +217,9 @@ def test_training_build_drives_the_standard_optimizer_and_moves_between_backends
     _train(first, range(10), fused=False)
     first.save_checkpoint(tmp_path / "train.ckpt")
     resumed = _train(
-        TrainingSession(training, checkpoint=tmp_path / "train.ckpt", backend="training"), range(10, 12), False
+        TrainingSession(training, checkpoint=tmp_path / "train.ckpt", backend="training"),
+        range(10, 12),
+        False,
     )
     for (loss, params), (whole_loss, whole) in zip(resumed, ran[10:12], strict=True):
         assert loss == whole_loss
@@ -201,7 +234,9 @@ def test_training_build_drives_the_standard_optimizer_and_moves_between_backends
     for n in PARAMS:
         np.testing.assert_array_equal(a.trainable[n], b.trainable[n])
         for m, m2 in zip(
-            a.optimizer_state["group0"]["moments"][n], b.optimizer_state["group0"]["moments"][n], strict=True
+            a.optimizer_state["group0"]["moments"][n],
+            b.optimizer_state["group0"]["moments"][n],
+            strict=True,
         ):
             np.testing.assert_array_equal(m, m2)
     # and the portable backend continues the run within the torch tolerance
@@ -219,7 +254,13 @@ def test_stock_onnxruntime_on_python_313_trains_as_torch_and_resumes_bit_exact(
     x, y = _data()
     data = tmp_path / "batches.npz"
     np.savez(data, x0_0=x, x0_1=y)
-    task = {"task": "train", "directory": str(directory), "data": str(data), "steps": STEPS, "lr": BASE_LR}
+    task = {
+        "task": "train",
+        "directory": str(directory),
+        "data": str(data),
+        "steps": STEPS,
+        "lr": BASE_LR,
+    }
     whole, resumed = run_worker(
         portable_python,
         {"tasks": [{**task, "params_out": str(tmp_path / "p.npz")}, {**task, "resume_at": 10}]},
@@ -227,9 +268,17 @@ def test_stock_onnxruntime_on_python_313_trains_as_torch_and_resumes_bit_exact(
     assert "error" not in whole, whole.get("trace")
     assert whole["backend"] == "portable"
     assert resumed["losses"] == whole["losses"]  # resume in the middle is bit-exact
-    expected, expected64 = _torch_constant(theirs, options), _torch_constant(theirs, options, torch.float64)
+    expected, expected64 = (
+        _torch_constant(theirs, options),
+        _torch_constant(theirs, options, torch.float64),
+    )
     params = np.load(tmp_path / "p.npz")
-    _assert_follows([(whole["losses"][-1], {n: params[n] for n in PARAMS})], expected, expected64, first=STEPS - 1)
+    _assert_follows(
+        [(whole["losses"][-1], {n: params[n] for n in PARAMS})],
+        expected,
+        expected64,
+        first=STEPS - 1,
+    )
     losses = np.float32(whole["losses"])
     want = np.float32([loss for loss, _ in expected])
     assert_close(losses, want, [loss for loss, _ in expected64], rtol=1e-5, name="losses")
@@ -241,7 +290,9 @@ def test_stock_onnxruntime_on_python_313_trains_as_torch_and_resumes_bit_exact(
     assert_close(np.float32(here), losses, rtol=1e-5, name="losses here against Python 3.13's")
 
 
-def _torch_constant(theirs, options: dict, dtype: torch.dtype = torch.float32) -> list[tuple[float, dict]]:
+def _torch_constant(
+    theirs, options: dict, dtype: torch.dtype = torch.float32
+) -> list[tuple[float, dict]]:
     """The torch run of :func:`_torch` with the learning rate held at ``BASE_LR``."""
     global lr_at
     changing = lr_at

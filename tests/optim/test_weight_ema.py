@@ -42,10 +42,15 @@ class _Record(Callback):
         self.weights.append(run.session.parameters(trainable_only=True))
 
 
-def _torch_average(records: list[dict[str, np.ndarray]], dtype: torch.dtype) -> dict[str, np.ndarray]:
+def _torch_average(
+    records: list[dict[str, np.ndarray]], dtype: torch.dtype
+) -> dict[str, np.ndarray]:
     """torch's ``AveragedModel`` with the EMA of ``DECAY`` over the recorded weights, in ``dtype``."""
     module = torch.nn.ParameterDict(
-        {n.replace(".", "_"): torch.nn.Parameter(torch.zeros(records[0][n].shape, dtype=dtype)) for n in PARAMS}
+        {
+            n.replace(".", "_"): torch.nn.Parameter(torch.zeros(records[0][n].shape, dtype=dtype))
+            for n in PARAMS
+        }
     )
     averaged = torch.optim.swa_utils.AveragedModel(
         module, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(DECAY)
@@ -77,7 +82,10 @@ def test_weight_ema_equals_torch_averaged_model_and_exports_the_average(tmp_path
     fit(session, batches, epochs=1, callbacks=[record, ema], progress=False)
     assert ema.updates == len(record.weights) == 12
 
-    want, want64 = _torch_average(record.weights, torch.float32), _torch_average(record.weights, torch.float64)
+    want, want64 = (
+        _torch_average(record.weights, torch.float32),
+        _torch_average(record.weights, torch.float64),
+    )
     for n in PARAMS:
         # an average (weights summing to one) of the recorded weights: its terms are at most the largest of them
         scale = np.max(np.abs([weights[n] for weights in record.weights]), axis=0)
@@ -87,7 +95,10 @@ def test_weight_ema_equals_torch_averaged_model_and_exports_the_average(tmp_path
     raw = session.parameters(trainable_only=True)
     with ema.applied(session):
         session.export_inference_model(tmp_path / "ema.onnx")
-    exported = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(tmp_path / "ema.onnx").graph.initializer}
+    exported = {
+        i.name: onnx.numpy_helper.to_array(i)
+        for i in onnx.load(tmp_path / "ema.onnx").graph.initializer
+    }
     for n in PARAMS:
         np.testing.assert_array_equal(exported[n], ema.average[n])
         np.testing.assert_array_equal(session.get_parameter(n), raw[n])
@@ -120,7 +131,9 @@ def _artifacts(directory, portable: bool):
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["training-build", "portable"])
-def test_the_checkpoint_holds_the_ema_and_resume_continues_it_bit_exactly(tmp_path, portable) -> None:
+def test_the_checkpoint_holds_the_ema_and_resume_continues_it_bit_exactly(
+    tmp_path, portable
+) -> None:
     """Saved inside the checkpoint (ORT's training API loads it), restored on resume, exported on request."""
     directory = _artifacts(tmp_path / "artifacts", portable)
     x, y = classification_data(rows=48)
@@ -139,19 +152,26 @@ def test_the_checkpoint_holds_the_ema_and_resume_continues_it_bit_exactly(tmp_pa
 
     stored = load_checkpoint(checkpoint)
     assert sorted(stored.frozen) == sorted(f"onnxblocks.extra/ema/{n}" for n in PARAMS)
-    if not portable:  # ONNX Runtime's own training API loads it, trains, and counts only the model's parameters
+    if (
+        not portable
+    ):  # ONNX Runtime's own training API loads it, trains, and counts only the model's parameters
         from onnxruntime.training import api
 
         state = api.CheckpointState.load_checkpoint(str(checkpoint))
-        module = api.Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
+        module = api.Module(
+            str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx")
+        )
         assert module.get_parameters_size(True) == sum(v.size for v in stored.trainable.values())
         assert np.isfinite(module(*batches[0])[0])
         api.Optimizer(str(directory / "optimizer_model.onnx"), module).step()
         np.testing.assert_array_equal(
-            state.parameters["onnxblocks.extra/ema/fc1.weight"].data, stored.frozen["onnxblocks.extra/ema/fc1.weight"]
+            state.parameters["onnxblocks.extra/ema/fc1.weight"].data,
+            stored.frozen["onnxblocks.extra/ema/fc1.weight"],
         )
 
-    assert WebState.from_checkpoint(stored).frozen == {}  # the web state carries the model's parameters only
+    assert (
+        WebState.from_checkpoint(stored).frozen == {}
+    )  # the web state carries the model's parameters only
 
     resumed = TrainingSession(directory)
     resume(resumed, checkpoint)
@@ -165,11 +185,16 @@ def test_the_checkpoint_holds_the_ema_and_resume_continues_it_bit_exactly(tmp_pa
         np.testing.assert_array_equal(again.average[n], ema.average[n])
 
     final = resumed.save_checkpoint(tmp_path / "final")
-    loaded = TrainingSession(directory, checkpoint=final)  # no fit: the export takes the restored average
+    loaded = TrainingSession(
+        directory, checkpoint=final
+    )  # no fit: the export takes the restored average
     loaded.export_inference_model(tmp_path / "ema.onnx", use_ema=True)
     loaded.export_inference_model(tmp_path / "raw.onnx")
     read = {
-        kind: {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(tmp_path / f"{kind}.onnx").graph.initializer}
+        kind: {
+            i.name: onnx.numpy_helper.to_array(i)
+            for i in onnx.load(tmp_path / f"{kind}.onnx").graph.initializer
+        }
         for kind in ("ema", "raw")
     }
     for n in PARAMS:

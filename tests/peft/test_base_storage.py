@@ -54,12 +54,16 @@ def test_the_base_is_stored_once_as_a_hard_link_of_the_source_data(tmp_path, por
     art = generate(source, tmp_path / "art", portable)
     base = tmp_path / "art" / "base_weights.bin"
     assert art.base_weights == base
-    assert os.path.samefile(base, source.with_name("m.onnx.data"))  # a hard link: the same inode, no copy
+    assert os.path.samefile(
+        base, source.with_name("m.onnx.data")
+    )  # a hard link: the same inode, no copy
     models = [art.training_model, art.eval_model] + ([art.step_model] if portable else [])
     w1, _ = weights()
     for model in models:
         refs = references(model)
-        assert set(refs) == {"W1"}, model  # the head is a graph input (fed from the checkpoint), not a constant
+        assert set(refs) == {"W1"}, (
+            model
+        )  # the head is a graph input (fed from the checkpoint), not a constant
         location, offset, length = refs["W1"]
         assert location == "base_weights.bin"
         data = np.fromfile(base, dtype=np.float32, count=length // 4, offset=offset).reshape(D, D)
@@ -83,7 +87,13 @@ def test_unaligned_source_data_is_copied_not_linked(tmp_path):
     folder = tmp_path / "src"
     folder.mkdir()
     model = make_model()
-    onnx.save(model, folder / "m.onnx", save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(
+        model,
+        folder / "m.onnx",
+        save_as_external_data=True,
+        location="m.onnx.data",
+        size_threshold=0,
+    )
     # shift every tensor by one byte: a float at an odd offset cannot be mapped where a runtime can read it
     raw = (folder / "m.onnx.data").read_bytes()
     (folder / "m.onnx.data").write_bytes(b"\0" + raw)
@@ -96,7 +106,9 @@ def test_unaligned_source_data_is_copied_not_linked(tmp_path):
             init.external_data.add(key="offset", value="1")
     onnx.save(stored, folder / "m.onnx")
     art = generate(folder / "m.onnx", tmp_path / "art", False)
-    assert art.base_weights is not None and not os.path.samefile(art.base_weights, folder / "m.onnx.data")
+    assert art.base_weights is not None and not os.path.samefile(
+        art.base_weights, folder / "m.onnx.data"
+    )
     _assert_numpy_loss(losses(tmp_path / "art", "training", 1)[0])
 
 
@@ -202,10 +214,14 @@ def test_a_generation_killed_after_writing_the_base_leaves_the_old_set(tmp_path)
     source = exported(tmp_path)
     generate(source, tmp_path / "art", False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "art").iterdir()}
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(_KILLED), source, tmp_path / "art"], check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_KILLED), source, tmp_path / "art"], check=False
+    )
     assert run.returncode == -signal.SIGKILL
     assert any(p.name.startswith(".onnxblocks-artifacts-") for p in (tmp_path / "art").iterdir())
-    session = TrainingSession(tmp_path / "art", backend="training")  # a reader removes the killed run's stage
+    session = TrainingSession(
+        tmp_path / "art", backend="training"
+    )  # a reader removes the killed run's stage
     assert {p.name: p.read_bytes() for p in (tmp_path / "art").iterdir()} == before
     x, y = batch()
     _assert_numpy_loss(float(session.train_step(x, y)[0]))
@@ -222,16 +238,23 @@ def _rounded_model(dtype) -> onnx.ModelProto:
 
 @pytest.mark.parametrize(("portable", "backend"), BACKENDS, ids=[b for _, b in BACKENDS])
 @pytest.mark.parametrize("base_dtype", ["float16", "bfloat16"])
-def test_a_cast_base_trains_as_float32_with_the_rounded_weights(tmp_path, portable, backend, base_dtype):
+def test_a_cast_base_trains_as_float32_with_the_rounded_weights(
+    tmp_path, portable, backend, base_dtype
+):
     import ml_dtypes
 
     dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[base_dtype]
     art = generate(exported(tmp_path), tmp_path / "cast", portable, base_dtype=base_dtype)
     generate(_rounded_model(dtype), tmp_path / "rounded", portable)
-    assert art.base_weights is not None and art.base_weights.stat().st_size == D * D * 2  # half of float32's
+    assert (
+        art.base_weights is not None and art.base_weights.stat().st_size == D * D * 2
+    )  # half of float32's
     model = onnx.load(art.training_model, load_external_data=False)
     (w1,) = (i for i in model.graph.initializer if i.name == "W1")
-    assert w1.data_type == {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[base_dtype]
+    assert (
+        w1.data_type
+        == {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[base_dtype]
+    )
     assert {p.key: p.value for p in model.metadata_props}["onnxblocks.base_dtype"] == base_dtype
     assert not os.path.samefile(art.base_weights, tmp_path / "src" / "m.onnx.data")
     cast, rounded = losses(tmp_path / "cast", backend), losses(tmp_path / "rounded", backend)
@@ -259,14 +282,18 @@ def test_a_float16_base_refuses_weights_beyond_its_range(tmp_path):
     assert not (tmp_path / "art").exists()
 
 
-@pytest.mark.parametrize(("value", "error"), [("int8", InvalidValueError), (16, onnxblocks.errors.InvalidTypeError)])
+@pytest.mark.parametrize(
+    ("value", "error"), [("int8", InvalidValueError), (16, onnxblocks.errors.InvalidTypeError)]
+)
 def test_an_unknown_base_dtype_is_refused_before_any_work(tmp_path, value, error):
     with pytest.raises(error, match="base_dtype"):
         generate(make_model(), tmp_path / "art", False, base_dtype=value)
     assert not (tmp_path / "art").exists()
 
 
-@pytest.mark.parametrize("frozen_base", [False, True], ids=["onnxruntime-defaults", "onnxblocks-options"])
+@pytest.mark.parametrize(
+    "frozen_base", [False, True], ids=["onnxruntime-defaults", "onnxblocks-options"]
+)
 def test_onnxruntime_keeps_the_cast_base_in_float16(tmp_path, frozen_base):
     """No float32 copy of the base is made when the session opens, even with ONNX Runtime's defaults.
 
@@ -278,13 +305,24 @@ def test_onnxruntime_keeps_the_cast_base_in_float16(tmp_path, frozen_base):
 
     art = generate(make_model(), tmp_path / "art", True, base_dtype="float16")
     options = _ort.session_options(prepack=not frozen_base, frozen_base=frozen_base)
-    assert options.enable_mem_pattern is not frozen_base  # planned per shape: GiBs with a dynamic sequence
+    assert (
+        options.enable_mem_pattern is not frozen_base
+    )  # planned per shape: GiBs with a dynamic sequence
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    _ort.onnxruntime().InferenceSession(str(art.step_model), options, providers=["CPUExecutionProvider"])
+    _ort.onnxruntime().InferenceSession(
+        str(art.step_model), options, providers=["CPUExecutionProvider"]
+    )
     optimized = onnx.load(tmp_path / "optimized.onnx", load_external_data=False)
-    kinds = {i.data_type for i in optimized.graph.initializer if i.name.startswith("W1") or "W1" in i.name}
+    kinds = {
+        i.data_type
+        for i in optimized.graph.initializer
+        if i.name.startswith("W1") or "W1" in i.name
+    }
     casts = sum(n.op_type == "Cast" for n in optimized.graph.node)
-    assert TensorProto.FLOAT not in kinds and casts >= 2, (kinds, casts)  # the forward's reader and the backward's
+    assert TensorProto.FLOAT not in kinds and casts >= 2, (
+        kinds,
+        casts,
+    )  # the forward's reader and the backward's
 
 
 def _cast_graph(nodes: list, w: np.ndarray, output: str) -> onnx.ModelProto:
@@ -300,9 +338,13 @@ def _cast_graph(nodes: list, w: np.ndarray, output: str) -> onnx.ModelProto:
         [onnx.helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", w.shape[1]])],
         [numpy_helper.from_array(w, "W")],
     )
-    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    proto = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8
+    )
     model = serde.from_proto(proto)
-    assert edit.cast_initializers(model.graph, {"W": ir.tensor(w.astype(np.float16), name="W")}) == ["W"]
+    assert edit.cast_initializers(
+        model.graph, {"W": ir.tensor(w.astype(np.float16), name="W")}
+    ) == ["W"]
     cast = serde.to_proto(model)
     onnx.checker.check_model(cast)
     return cast
@@ -326,7 +368,9 @@ def test_a_cast_behind_a_chain_of_transposes_waits_for_the_reader_after_them():
     for node in (n for n in cast.graph.node if n.op_type == "Cast"):
         reshape = produced[node.input[0]]  # every cast reads the weight through a Reshape ...
         assert reshape.op_type == "Reshape" and reshape.input[0] == "W"
-        triggers.append(produced[produced[reshape.input[1]].input[0]].input[0])  # ... waiting for Shape(trigger)
+        triggers.append(
+            produced[produced[reshape.input[1]].input[0]].input[0]
+        )  # ... waiting for Shape(trigger)
     assert sorted(triggers) == ["dy", "r"]
     x = rng.standard_normal((3, 6)).astype(np.float32)
     got = _ort.onnxruntime().InferenceSession(cast.SerializeToString()).run(None, {"x": x})[0]
@@ -348,18 +392,24 @@ def _assert_cast_graph_output(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> 
 def test_each_cast_waits_for_its_reader_input(tmp_path):
     model = make_model()
     first = model.graph.node[0]
-    first.input[0] = "x_relu"  # the base's reader now reads a computed value: its Cast can wait for it
+    first.input[0] = (
+        "x_relu"  # the base's reader now reads a computed value: its Cast can wait for it
+    )
     model.graph.node.insert(0, onnx.helper.make_node("Relu", ["x"], ["x_relu"], name="pre"))
     art = generate(model, tmp_path / "art", False, base_dtype="float16")
     model = onnx.load(art.training_model, load_external_data=False)
     produced = {o: n for n in model.graph.node for o in n.output}
-    casts = [n for n in model.graph.node if n.op_type == "Cast" and produced.get(n.input[0]) is not None]
+    casts = [
+        n for n in model.graph.node if n.op_type == "Cast" and produced.get(n.input[0]) is not None
+    ]
     assert casts, "every Cast of the base reads it through a Reshape"
     for cast in casts:
         reshape = produced[cast.input[0]]
         assert reshape.op_type == "Reshape" and reshape.input[0] == "W1"
         shape = produced[produced[reshape.input[1]].input[0]]  # Concat(Shape(trigger)[0:0], dims)
-        assert shape.op_type == "Shape" and shape.input[0] not in {i.name for i in model.graph.initializer}
+        assert shape.op_type == "Shape" and shape.input[0] not in {
+            i.name for i in model.graph.initializer
+        }
 
 
 def test_a_transposed_base_is_cast_and_transposed_again_for_each_reader():
@@ -375,7 +425,9 @@ def test_a_transposed_base_is_cast_and_transposed_again_for_each_reader():
     ]
     cast = _cast_graph(nodes, w, "y")
     ops = [n.op_type for n in cast.graph.node]
-    assert ops.count("Cast") == 2 and ops.count("Reshape") == 2  # one per reader, each waiting for its input
+    assert (
+        ops.count("Cast") == 2 and ops.count("Reshape") == 2
+    )  # one per reader, each waiting for its input
     transposes = [n for n in cast.graph.node if n.op_type == "Transpose"]
     assert len(transposes) == 1 and transposes[0].input[0] != "W"  # transposed after the cast
     x = rng.standard_normal((3, 5)).astype(np.float32)

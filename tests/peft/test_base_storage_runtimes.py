@@ -57,7 +57,8 @@ def _python(directory):
 def test_node_trains_a_shared_base_as_python_does(js, shared, tmp_path):
     x, y = batch()
     write_plan(
-        tmp_path / "plan.safetensors", {f"train/{i}/{n}": v for i in range(STEPS) for n, v in (("x", x), ("target", y))}
+        tmp_path / "plan.safetensors",
+        {f"train/{i}/{n}": v for i in range(STEPS) for n, v in (("x", x), ("target", y))},
     )
     report = web_support.run_node(
         js,
@@ -69,19 +70,45 @@ def test_node_trains_a_shared_base_as_python_does(js, shared, tmp_path):
         "--save", str(tmp_path / "trained.safetensors"),
     )  # fmt: skip
     # two float32 implementations of ours (JavaScript, Python): no float64 truth
-    assert_close(np.float32(report["losses"]), np.float32(_python(shared)), rtol=RTOL, name="Node against Python")
+    assert_close(
+        np.float32(report["losses"]),
+        np.float32(_python(shared)),
+        rtol=RTOL,
+        name="Node against Python",
+    )
     tensors, _ = read_safetensors(tmp_path / "trained.safetensors")
-    assert set(tensors) == {"W2", "W2.exp_avg", "W2.exp_avg_sq"}  # the head and its moments, no base weight
+    assert set(tensors) == {
+        "W2",
+        "W2.exp_avg",
+        "W2.exp_avg_sq",
+    }  # the head and its moments, no base weight
 
 
-def test_stock_onnxruntime_trains_a_shared_base_as_this_venv_does(shared, portable_python, tmp_path):
+def test_stock_onnxruntime_trains_a_shared_base_as_this_venv_does(
+    shared, portable_python, tmp_path
+):
     x, y = batch()
     data = tmp_path / "batches.npz"
     np.savez(data, x0_0=x, x0_1=y)
     copy = shutil.copytree(shared, tmp_path / "artifacts")
     (result,) = run_worker(
         portable_python,
-        {"tasks": [{"task": "train", "directory": str(copy), "data": str(data), "steps": STEPS, "lr": LR}]},
+        {
+            "tasks": [
+                {
+                    "task": "train",
+                    "directory": str(copy),
+                    "data": str(data),
+                    "steps": STEPS,
+                    "lr": LR,
+                }
+            ]
+        },
     )["results"]
     assert "error" not in result, result.get("trace")
-    assert_close(np.float32(result["losses"]), np.float32(_python(shared)), rtol=RTOL, name="3.13 against 3.11")
+    assert_close(
+        np.float32(result["losses"]),
+        np.float32(_python(shared)),
+        rtol=RTOL,
+        name="3.13 against 3.11",
+    )

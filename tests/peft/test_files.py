@@ -19,7 +19,13 @@ from support.reference64 import to64
 
 from onnxblocks.errors import FileMissingError, InvalidTypeError, InvalidValueError, NotAFolderError
 from onnxblocks.peft import LoraConfig, LoraInfo, LoraTarget
-from onnxblocks.peft.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, peft_key, read_adapters, write_adapters
+from onnxblocks.peft.files import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    peft_key,
+    read_adapters,
+    write_adapters,
+)
 from onnxblocks.safetensors import write_safetensors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,7 +52,9 @@ def _llama():
 def _gpt2():
     import transformers
 
-    config = transformers.GPT2Config(vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=16, use_cache=False)
+    config = transformers.GPT2Config(
+        vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=16, use_cache=False
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config), ["c_attn"], True
 
@@ -56,13 +64,19 @@ MODELS = {"llama": _llama, "gpt2": _gpt2}
 
 def _info(model, targets, fan_in_fan_out, r=4, alpha=8) -> LoraInfo:
     """The record apply_lora would write for ``model`` (weight names as the torch parameters)."""
-    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, fan_in_fan_out=fan_in_fan_out)
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, target_modules=targets, fan_in_fan_out=fan_in_fan_out
+    )
     out = {}
     for name, module in model.named_modules():
         if name.split(".")[-1] not in targets:
             continue
         weight = module.weight
-        in_f, out_f = (weight.shape[0], weight.shape[1]) if fan_in_fan_out else (weight.shape[1], weight.shape[0])
+        in_f, out_f = (
+            (weight.shape[0], weight.shape[1])
+            if fan_in_fan_out
+            else (weight.shape[1], weight.shape[0])
+        )
         out[name] = LoraTarget(
             module=name,
             weight=f"{name}.weight",
@@ -80,7 +94,10 @@ def _info(model, targets, fan_in_fan_out, r=4, alpha=8) -> LoraInfo:
 def _peft_model(family: str, info: LoraInfo):
     model, targets, fan = MODELS[family]()
     config = peft.LoraConfig(
-        r=info.config.r, lora_alpha=info.config.lora_alpha, target_modules=targets, fan_in_fan_out=fan
+        r=info.config.r,
+        lora_alpha=info.config.lora_alpha,
+        target_modules=targets,
+        fan_in_fan_out=fan,
     )
     return model, peft.get_peft_model(model, config)
 
@@ -101,7 +118,10 @@ def test_peft_loads_what_onnxblocks_writes(tmp_path, family):
     info = _info(base, targets, fan)
     adapters = _random_adapters(info)
     write_adapters(tmp_path / "adapters", info, adapters)
-    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [
+        ADAPTER_CONFIG_FILE,
+        ADAPTER_WEIGHTS_FILE,
+    ]
     reference = {n: p.detach().clone() for n, p in base.state_dict().items()}
     loaded = peft.PeftModel.from_pretrained(base, tmp_path / "adapters")
     state = loaded.state_dict()
@@ -146,7 +166,9 @@ def test_onnxblocks_reads_what_peft_writes(tmp_path, family):
     for module, t in info.targets.items():
         b = adapters[t.lora_B]
         assert np.abs(b).max() > 0
-        np.testing.assert_array_equal(b, state[f"base_model.model.{module}.lora_B.default.weight"].numpy())
+        np.testing.assert_array_equal(
+            b, state[f"base_model.model.{module}.lora_B.default.weight"].numpy()
+        )
         np.testing.assert_array_equal(
             adapters[t.lora_A], state[f"base_model.model.{module}.lora_A.default.weight"].numpy()
         )
@@ -185,7 +207,11 @@ def test_refuses_what_does_not_fit(tmp_path, llama_info):
     with pytest.raises(FileMissingError, match="adapter_config.json"):
         read_adapters(tmp_path / "empty", info)
     # another rank, another scale, an unsupported option
-    for change, match in (({"r": 8}, "rank r=8"), ({"lora_alpha": 4}, "scale"), ({"use_dora": True}, "use_dora")):
+    for change, match in (
+        ({"r": 8}, "rank r=8"),
+        ({"lora_alpha": 4}, "scale"),
+        ({"use_dora": True}, "use_dora"),
+    ):
         folder = _written(tmp_path, info, _good(info), {**info.config.to_peft_dict(), **change})
         with pytest.raises(InvalidValueError, match=match):
             read_adapters(folder, info)
@@ -196,13 +222,25 @@ def test_refuses_what_does_not_fit(tmp_path, llama_info):
         read_adapters(_written(tmp_path, info, missing), info)
     with pytest.raises(InvalidValueError, match="no adapter for.*mlp"):
         read_adapters(
-            _written(tmp_path, info, {**good, "base_model.model.mlp.lora_A.weight": good[peft_key(module, "A")]}), info
+            _written(
+                tmp_path,
+                info,
+                {**good, "base_model.model.mlp.lora_A.weight": good[peft_key(module, "A")]},
+            ),
+            info,
         )
     with pytest.raises(InvalidValueError, match=r"has shape \[4, 8\]"):
-        read_adapters(_written(tmp_path, info, {**good, peft_key(module, "A"): np.zeros((4, 8), np.float32)}), info)
+        read_adapters(
+            _written(tmp_path, info, {**good, peft_key(module, "A"): np.zeros((4, 8), np.float32)}),
+            info,
+        )
     with pytest.raises(InvalidTypeError, match="adapters are floating point"):
         read_adapters(
-            _written(tmp_path, info, {**good, peft_key(module, "A"): good[peft_key(module, "A")].astype(np.int32)}),
+            _written(
+                tmp_path,
+                info,
+                {**good, peft_key(module, "A"): good[peft_key(module, "A")].astype(np.int32)},
+            ),
             info,
         )
     nan = good[peft_key(module, "B")].copy()
@@ -243,7 +281,9 @@ def test_reads_bf16_and_fp16_adapters_and_adapter_named_keys(tmp_path, llama_inf
         offset += v.nbytes
         chunks.append(v.tobytes())
     encoded = json.dumps(header).encode()
-    (folder / ADAPTER_WEIGHTS_FILE).write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks))
+    (folder / ADAPTER_WEIGHTS_FILE).write_bytes(
+        struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks)
+    )
     adapters = read_adapters(folder, info)
     for module, t in info.targets.items():
         want = (bf16[peft_key(module, "A")].astype(np.uint32) << 16).view(np.float32)
@@ -251,7 +291,9 @@ def test_reads_bf16_and_fp16_adapters_and_adapter_named_keys(tmp_path, llama_inf
     half = {k: v.astype(np.float16) for k, v in values.items()}
     adapters = read_adapters(_written(tmp_path, info, half), info)
     module, t = next(iter(info.targets.items()))
-    np.testing.assert_array_equal(adapters[t.lora_B], half[peft_key(module, "B")].astype(np.float32))
+    np.testing.assert_array_equal(
+        adapters[t.lora_B], half[peft_key(module, "B")].astype(np.float32)
+    )
 
 
 def test_write_is_atomic_and_checks_shapes(tmp_path, llama_info):

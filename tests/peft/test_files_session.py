@@ -119,9 +119,18 @@ def test_peft_loads_adapters_trained_and_saved_by_onnxblocks(family, session, tm
     _, lm, _, _ = family
     for seed in range(3):
         session.train_and_update(*_batch(seed))
-    assert max(np.abs(v).max() for n, v in session.parameters(trainable_only=True).items() if "lora_B" in n) > 0
+    assert (
+        max(
+            np.abs(v).max()
+            for n, v in session.parameters(trainable_only=True).items()
+            if "lora_B" in n
+        )
+        > 0
+    )
     directory = session.save_adapters(tmp_path / "adapters")
-    merged = session.export_inference_model(tmp_path / "merged.onnx", ["logits"], merge_adapters=True)
+    merged = session.export_inference_model(
+        tmp_path / "merged.onnx", ["logits"], merge_adapters=True
+    )
     loaded = peft.PeftModel.from_pretrained(copy.deepcopy(lm), directory)
     ids, _ = _batch(10)
     _assert_peft_logits(_logits(merged, ids), loaded, ids)
@@ -134,7 +143,9 @@ def test_onnxblocks_loads_adapters_trained_and_saved_by_peft(family, session, tm
     data = config.to_peft_dict()
     model = peft.get_peft_model(
         copy.deepcopy(lm),
-        peft.LoraConfig(**{k: data[k] for k in ("r", "lora_alpha", "target_modules", "fan_in_fan_out")}),
+        peft.LoraConfig(
+            **{k: data[k] for k in ("r", "lora_alpha", "target_modules", "fan_in_fan_out")}
+        ),
     )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     for seed in range(3):
@@ -146,10 +157,14 @@ def test_onnxblocks_loads_adapters_trained_and_saved_by_peft(family, session, tm
         optimizer.zero_grad()
     model.save_pretrained(tmp_path / "peft")
     session.load_adapters(tmp_path / "peft")
-    exported = session.export_inference_model(tmp_path / "swappable.onnx", ["logits"])  # adapter branch kept
+    exported = session.export_inference_model(
+        tmp_path / "swappable.onnx", ["logits"]
+    )  # adapter branch kept
     ids, _ = _batch(11)
     _assert_peft_logits(_logits(exported, ids), model, ids)
-    merged = session.export_inference_model(tmp_path / "merged.onnx", ["logits"], merge_adapters=True)
+    merged = session.export_inference_model(
+        tmp_path / "merged.onnx", ["logits"], merge_adapters=True
+    )
     _assert_peft_logits(_logits(merged, ids), model, ids)
     _assert_peft_logits(_logits(merged, ids), model, ids, merge=True)
 
@@ -159,7 +174,11 @@ def test_load_adapters_refuses_what_does_not_fit(session, tmp_path):
     path = tmp_path / "ok" / "adapter_config.json"
     data = json.loads(path.read_text())
     before = session.parameters(trainable_only=True)
-    for change, match in (({"r": 8}, "rank r=8"), ({"lora_alpha": 32}, "scale"), ({"use_rslora": True}, "use_rslora")):
+    for change, match in (
+        ({"r": 8}, "rank r=8"),
+        ({"lora_alpha": 32}, "scale"),
+        ({"use_rslora": True}, "use_rslora"),
+    ):
         path.write_text(json.dumps({**data, **change}))
         with pytest.raises(InvalidValueError, match=match):
             session.load_adapters(tmp_path / "ok")
@@ -176,7 +195,10 @@ def test_adapters_need_lora_artifacts(tmp_path):
     )  # fmt: skip
     session = TrainingSession(tmp_path / "plain")
     assert session.lora is None
-    for call in (lambda: session.save_adapters(tmp_path / "a"), lambda: session.load_adapters(tmp_path / "a")):
+    for call in (
+        lambda: session.save_adapters(tmp_path / "a"),
+        lambda: session.load_adapters(tmp_path / "a"),
+    ):
         with pytest.raises(StateError, match="no LoRA adapters"):
             call()
     with pytest.raises(InvalidValueError, match="no LoRA adapters"):

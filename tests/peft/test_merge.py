@@ -36,7 +36,10 @@ def _model(kind: str, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray]:
         inits.append(numpy_helper.from_array(w_out_in.T.copy(), "W"))
         nodes.append(helper.make_node("MatMul", ["x", "W"], ["y"], name="layer"))
     elif kind == "gemm_transb":
-        inits += [numpy_helper.from_array(w_out_in, "W"), numpy_helper.from_array(np.ones(OUT, np.float32), "bias")]
+        inits += [
+            numpy_helper.from_array(w_out_in, "W"),
+            numpy_helper.from_array(np.ones(OUT, np.float32), "bias"),
+        ]
         nodes.append(helper.make_node("Gemm", ["x", "W", "bias"], ["y"], name="layer", transB=1))
     elif kind == "transpose":
         inits.append(numpy_helper.from_array(w_out_in, "W"))
@@ -85,7 +88,10 @@ def _model(kind: str, seed: int = 0) -> tuple[onnx.ModelProto, np.ndarray]:
         lora_B="layer.lora_B.weight",
         scale_value=ALPHA / R,
     )
-    info = LoraInfo(config=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["layer"]), targets={"layer": target})
+    info = LoraInfo(
+        config=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["layer"]),
+        targets={"layer": target},
+    )
     helper.set_model_props(model, {LORA_METADATA: info.to_json()})
     return model, rng.standard_normal((3, IN)).astype(np.float32)
 
@@ -104,20 +110,30 @@ def test_merge_keeps_the_outputs_and_removes_the_branch(kind):
     onnx.checker.check_model(merged)
     names = {t.name for t in merged.graph.initializer}
     assert not names & {"layer.lora_A.weight", "layer.lora_B.weight", "scale"}
-    assert [n.op_type for n in merged.graph.node].count("MatMul") + [n.op_type for n in merged.graph.node].count(
-        "Gemm"
-    ) == 1
+    assert [n.op_type for n in merged.graph.node].count("MatMul") + [
+        n.op_type for n in merged.graph.node
+    ].count("Gemm") == 1
     assert LORA_METADATA not in {p.key for p in merged.metadata_props}
     assert [o.name for o in merged.graph.output] == ["z"]
     weight = next(t for t in merged.graph.initializer if t.name == "W")
     assert weight.data_type == next(t for t in model.graph.initializer if t.name == "W").data_type
-    (expected, _), (expected64, terms) = (_reference(model, x, kind, dtype) for dtype in (np.float32, np.float64))
+    (expected, _), (expected64, terms) = (
+        _reference(model, x, kind, dtype) for dtype in (np.float32, np.float64)
+    )
     # against the unmerged model, whose output ONNX Runtime computes in another order: rtol 1e-5
     # (the float16 base rounds the merged weight once: there the reference is the model with that weight)
-    assert_close(_run(merged, x), _run(model, x) if kind != "fp16" else expected, expected64, rtol=1e-5, scale=terms)
+    assert_close(
+        _run(merged, x),
+        _run(model, x) if kind != "fp16" else expected,
+        expected64,
+        rtol=1e-5,
+        scale=terms,
+    )
 
 
-def _reference(model: onnx.ModelProto, x: np.ndarray, kind: str, dtype) -> tuple[np.ndarray, np.ndarray]:
+def _reference(
+    model: onnx.ModelProto, x: np.ndarray, kind: str, dtype
+) -> tuple[np.ndarray, np.ndarray]:
     """The model's output in NumPy's ``dtype`` and the sum of |terms| of each element (before Relu); for
     "fp16", with the adapters folded into the float16 weight (rounded once) as the merge stores it."""
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -141,7 +157,9 @@ def test_merge_with_given_adapters_and_refusals():
     }
     plain = merge_lora(model, zeros)
     w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "W"))
-    np.testing.assert_array_equal(numpy_helper.to_array(next(t for t in plain.graph.initializer if t.name == "W")), w)
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(next(t for t in plain.graph.initializer if t.name == "W")), w
+    )
     with pytest.raises(InvalidTypeError, match="ModelProto"):
         merge_lora(b"model")  # type: ignore[arg-type]
     bare = onnx.ModelProto()
@@ -160,10 +178,19 @@ def test_fold_layouts_and_dtypes():
     w64, a64, b64 = (v.astype(np.float64) for v in (w, a, b))
     want64, terms = w64 + 2.0 * b64 @ a64, np.abs(w64) + 2.0 * np.abs(b64) @ np.abs(a64)
     assert_close(fold(w, a, b, 2.0, "out_in"), want, want64, rtol=1e-6, scale=terms, name="out_in")
-    assert_close(fold(w.T.copy(), a, b, 2.0, "in_out"), want.T, want64.T, rtol=1e-6, scale=terms.T, name="in_out")
+    assert_close(
+        fold(w.T.copy(), a, b, 2.0, "in_out"),
+        want.T,
+        want64.T,
+        rtol=1e-6,
+        scale=terms.T,
+        name="in_out",
+    )
     w16 = w.astype(np.float16)
     half = fold(w16, a, b, 2.0, "out_in")
     assert half.dtype == np.float16
-    np.testing.assert_array_equal(half, (w16.astype(np.float32) + 2.0 * b @ a).astype(np.float16))  # rounded once
+    np.testing.assert_array_equal(
+        half, (w16.astype(np.float32) + 2.0 * b @ a).astype(np.float16)
+    )  # rounded once
     with pytest.raises(InvalidValueError, match=r"\[5, 6\]"):
         fold(w.T.copy(), a, b, 2.0, "out_in")

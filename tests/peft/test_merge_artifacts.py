@@ -20,7 +20,9 @@ from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.losses import CrossEntropyLoss
 from onnxblocks.peft import LoraConfig
 from onnxblocks.runtime import TrainingSession
-from onnxblocks.torch import lora_demo  # the test extra (torch==2.13.0): fails, never skips, without it
+from onnxblocks.torch import (
+    lora_demo,
+)  # the test extra (torch==2.13.0): fails, never skips, without it
 
 BATCH = 2
 
@@ -53,7 +55,9 @@ def test_merged_export_keeps_the_stored_type(base, tmp_path, base_dtype):
     for _ in range(3):
         data = lora_demo.counting(rng, BATCH, 2)
         session.train_and_update(data[:, :-1], data[:, 1:])
-    merged = session.export_inference_model(tmp_path / "out" / "merged.onnx", ["logits"], merge_adapters=True)
+    merged = session.export_inference_model(
+        tmp_path / "out" / "merged.onnx", ["logits"], merge_adapters=True
+    )
     swappable = session.export_inference_model(tmp_path / "out" / "swappable.onnx", ["logits"])
     model = onnx.load(os.fspath(merged))
     assert not [i.name for i in model.graph.initializer if "lora" in i.name]
@@ -62,7 +66,11 @@ def test_merged_export_keeps_the_stored_type(base, tmp_path, base_dtype):
     info = session.lora
     assert info is not None
     stored = {i.name: i.data_type for i in model.graph.initializer}
-    want = {None: onnx.TensorProto.FLOAT, "float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
+    want = {
+        None: onnx.TensorProto.FLOAT,
+        "float16": onnx.TensorProto.FLOAT16,
+        "bfloat16": onnx.TensorProto.BFLOAT16,
+    }
     assert {stored[t.weight] for t in info.targets.values()} == {want[base_dtype]}
     ids = lora_demo.counting(rng, BATCH, 2)[:, :-1]
     # two exports of ours (no float64 truth); W + scale * B @ A is rounded once in the stored type, so the
@@ -71,7 +79,13 @@ def test_merged_export_keeps_the_stored_type(base, tmp_path, base_dtype):
     stored_type = base_dtype or "float32"
     scale = np.abs(expected).max() * eps(stored_type) / eps("float32")
     tolerance = {None: 1e-5, "float16": 2e-3, "bfloat16": 2e-2}[base_dtype]
-    assert_close(_logits(merged, ids), expected, rtol=tolerance, scale=scale, name="merged against swappable")
-    (tmp_path / "artifacts").rename(tmp_path / "gone")  # self-contained: nothing refers back to the artifacts
+    assert_close(
+        _logits(merged, ids), expected, rtol=tolerance, scale=scale, name="merged against swappable"
+    )
+    (tmp_path / "artifacts").rename(
+        tmp_path / "gone"
+    )  # self-contained: nothing refers back to the artifacts
     after = _logits(swappable, ids)
-    assert_close(_logits(merged, ids), after, rtol=tolerance, scale=scale, name="without the artifacts")
+    assert_close(
+        _logits(merged, ids), after, rtol=tolerance, scale=scale, name="without the artifacts"
+    )

@@ -37,7 +37,9 @@ CELLS = [(f, e) for f in CONFIGS for e in hf_families.EXPORTERS]
 FAST = {("llama", "ts"), ("gpt2", "dynamo")}
 
 
-def _artifacts(name: str, exporter: str, directory, portable: bool = False, config: LoraConfig | None = None):
+def _artifacts(
+    name: str, exporter: str, directory, portable: bool = False, config: LoraConfig | None = None
+):
     family = hf_families.make(name)
     model = hf_families.export(family, exporter)
     artifacts = generate_artifacts(
@@ -56,15 +58,23 @@ def _artifacts(name: str, exporter: str, directory, portable: bool = False, conf
 
 def _peft(family, info, initial) -> tuple:
     """torch + PEFT's losses and final adapters, in float32 and in float64."""
-    return peft_steps(family, info, initial, STEPS, LR), peft_steps(family64(family), info, initial, STEPS, LR)
+    return peft_steps(family, info, initial, STEPS, LR), peft_steps(
+        family64(family), info, initial, STEPS, LR
+    )
 
 
 def _check(label, losses, adapters, reference, reference64) -> list[str]:
     (expected_losses, expected_adapters), (losses64, adapters64) = reference, reference64
     losses, expected_losses = np.float32(losses), np.float32(expected_losses)
-    reports = [check_close(losses, expected_losses, losses64, rtol=1e-4, name=f"{label}: losses against PEFT")]
+    reports = [
+        check_close(
+            losses, expected_losses, losses64, rtol=1e-4, name=f"{label}: losses against PEFT"
+        )
+    ]
     for name, value in expected_adapters.items():
-        reports.append(check_close(adapters[name], value, adapters64[name], rtol=1e-4, name=f"{label}: {name}"))
+        reports.append(
+            check_close(adapters[name], value, adapters64[name], rtol=1e-4, name=f"{label}: {name}")
+        )
     return [r for r in reports if r is not None]
 
 
@@ -73,8 +83,15 @@ ALL_LINEAR = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
 
 @pytest.mark.parametrize(
     ("name", "exporter", "config"),
-    [pytest.param(*c, None, marks=() if c in FAST else pytest.mark.slow, id=f"{c[0]}-{c[1]}") for c in CELLS]
-    + [pytest.param("llama", "dynamo", ALL_LINEAR, marks=pytest.mark.slow, id="llama-dynamo-all-linear")],
+    [
+        pytest.param(*c, None, marks=() if c in FAST else pytest.mark.slow, id=f"{c[0]}-{c[1]}")
+        for c in CELLS
+    ]
+    + [
+        pytest.param(
+            "llama", "dynamo", ALL_LINEAR, marks=pytest.mark.slow, id="llama-dynamo-all-linear"
+        )
+    ],
 )
 def test_training_build_matches_peft(name, exporter, config, tmp_path):
     family, artifacts, info = _artifacts(name, exporter, tmp_path, config=config)
@@ -86,7 +103,9 @@ def test_training_build_matches_peft(name, exporter, config, tmp_path):
     assert sorted(initial) == sorted(info.adapter_names)  # the checkpoint holds the adapters only
     assert not any(initial[t.lora_B].any() for t in info.targets.values())
     batch = [*family.inputs.values(), family.target]
-    losses = [float(np.asarray(session.train_and_update(*batch)[0]).reshape(-1)[0]) for _ in range(STEPS)]
+    losses = [
+        float(np.asarray(session.train_and_update(*batch)[0]).reshape(-1)[0]) for _ in range(STEPS)
+    ]
     reference, reference64 = _peft(family, info, initial)
     assert reference[0][-1] < reference[0][0]
     problems = _check(f"{name}-{exporter}", losses, session.parameters(), reference, reference64)
@@ -102,9 +121,20 @@ def test_portable_artifacts_match_peft_on_stock_onnxruntime(portable_python, tmp
         initial = TrainingSession(artifacts.directory).parameters()
         expected[label] = _peft(family, info, initial)
         data = tmp_path / f"{label}.npz"
-        np.savez(data, **{f"x0_{k}": np.asarray(a) for k, a in enumerate([*family.inputs.values(), family.target])})
+        np.savez(
+            data,
+            **{
+                f"x0_{k}": np.asarray(a)
+                for k, a in enumerate([*family.inputs.values(), family.target])
+            },
+        )
         out = tmp_path / f"{label}-params.npz"
-        task = {"task": "train", "label": label, "directory": str(artifacts.directory), "data": str(data)}
+        task = {
+            "task": "train",
+            "label": label,
+            "directory": str(artifacts.directory),
+            "data": str(data),
+        }
         tasks.append(task | {"steps": STEPS, "lr": LR, "threads": 1, "params_out": str(out)})
     answer = run_worker(portable_python, {"tasks": tasks, "processes": 1})
     for task, result in zip(tasks, answer["results"], strict=True):

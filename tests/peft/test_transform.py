@@ -18,25 +18,39 @@ from onnxblocks.peft import LoraConfig, apply_lora, lora_info
 from onnxblocks.peft.transform import initial_adapters
 
 RNG = np.random.default_rng(0)
-W1 = RNG.standard_normal((6, 8)).astype(np.float32)  # enc.fc1: [out, in] behind a Transpose (TorchScript)
+W1 = RNG.standard_normal((6, 8)).astype(
+    np.float32
+)  # enc.fc1: [out, in] behind a Transpose (TorchScript)
 W2 = RNG.standard_normal((6, 5)).astype(np.float32)  # enc.fc2: [in, out], folded (onnx::MatMul_7)
 W3 = RNG.standard_normal((4, 5)).astype(np.float32)  # enc.fc3: Gemm transB=1, [out, in]
 B3 = RNG.standard_normal(4).astype(np.float32)
-WH = RNG.standard_normal((4, 3)).astype(np.float32)  # head: no scope, weight named head.weight, [in, out]
+WH = RNG.standard_normal((4, 3)).astype(
+    np.float32
+)  # head: no scope, weight named head.weight, [in, out]
 X = RNG.standard_normal((2, 8)).astype(np.float32)
 
 
 def _model(dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
     """Four Linear layers as the exporters write them (TorchScript scopes; the last without one)."""
     nodes = [
-        helper.make_node("Transpose", ["enc.fc1.weight"], ["t1"], name="/enc/fc1/Transpose", perm=[1, 0]),
+        helper.make_node(
+            "Transpose", ["enc.fc1.weight"], ["t1"], name="/enc/fc1/Transpose", perm=[1, 0]
+        ),
         helper.make_node("MatMul", ["x", "t1"], ["h1"], name="/enc/fc1/MatMul"),
         helper.make_node("Relu", ["h1"], ["r1"], name="/enc/act/Relu"),
         helper.make_node("MatMul", ["r1", "onnx::MatMul_7"], ["h2"], name="/enc/fc2/MatMul"),
-        helper.make_node("Gemm", ["h2", "enc.fc3.weight", "enc.fc3.bias"], ["h3"], name="/enc/fc3/Gemm", transB=1),
+        helper.make_node(
+            "Gemm", ["h2", "enc.fc3.weight", "enc.fc3.bias"], ["h3"], name="/enc/fc3/Gemm", transB=1
+        ),
         helper.make_node("MatMul", ["h3", "head.weight"], ["y"], name="node_7"),
     ]
-    inits = {"enc.fc1.weight": W1, "onnx::MatMul_7": W2, "enc.fc3.weight": W3, "enc.fc3.bias": B3, "head.weight": WH}
+    inits = {
+        "enc.fc1.weight": W1,
+        "onnx::MatMul_7": W2,
+        "enc.fc3.weight": W3,
+        "enc.fc3.bias": B3,
+        "head.weight": WH,
+    }
     tensors = [numpy_helper.from_array(v, k) for k, v in inits.items()]
     if dtype != onnx.TensorProto.FLOAT:
         tensors[0] = numpy_helper.from_array(W1.astype(np.float16), "enc.fc1.weight")
@@ -59,12 +73,17 @@ def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 def test_branches_add_x_at_a_t_b_t_times_scale_on_every_layout():
     model = _model()
     before = model.SerializeToString()
-    config = LoraConfig(r=2, lora_alpha=3, target_modules=["fc1", "fc2", "fc3", "head"], init_lora_weights=False)
+    config = LoraConfig(
+        r=2, lora_alpha=3, target_modules=["fc1", "fc2", "fc3", "head"], init_lora_weights=False
+    )
     out = apply_lora(model, config, seed=7)
     assert model.SerializeToString() == before  # the caller's model is not changed
     info = lora_info(out)
     assert info is not None and info.config == config
-    layouts = {m: (t.weight, t.weight_layout, t.in_features, t.out_features) for m, t in info.targets.items()}
+    layouts = {
+        m: (t.weight, t.weight_layout, t.in_features, t.out_features)
+        for m, t in info.targets.items()
+    }
     assert layouts == {
         "enc.fc1": ("enc.fc1.weight", "out_in", 8, 6),
         "enc.fc2": ("onnx::MatMul_7", "in_out", 6, 5),
@@ -99,8 +118,12 @@ def test_initial_adapters_follow_peft():
     assert np.abs(a).max() <= 1 / 20 and np.abs(a).max() > 0.99 / 20
     torch_a = torch.empty(64, 400)
     torch.nn.init.kaiming_uniform_(torch_a, a=5**0.5)
-    assert abs(float(torch_a.std()) - float(a.std())) < 0.05 * float(a.std())  # the same distribution
-    gaussian, _ = initial_adapters(LoraConfig(r=4, init_lora_weights="gaussian"), 4000, 3, np.random.default_rng(0))
+    assert abs(float(torch_a.std()) - float(a.std())) < 0.05 * float(
+        a.std()
+    )  # the same distribution
+    gaussian, _ = initial_adapters(
+        LoraConfig(r=4, init_lora_weights="gaussian"), 4000, 3, np.random.default_rng(0)
+    )
     assert abs(float(gaussian.std()) - 0.25) < 0.01
     one = apply_lora(_model(), LoraConfig(target_modules=["fc1"]), seed=1)
     two = apply_lora(_model(), LoraConfig(target_modules=["fc1"]), seed=1)
@@ -116,7 +139,9 @@ def test_initial_adapters_follow_peft():
 def test_regex_and_exclude_modules_follow_peft_matching():
     regex = lora_info(apply_lora(_model(), LoraConfig(target_modules=r"enc\.fc[12]")))
     assert regex is not None and list(regex.targets) == ["enc.fc1", "enc.fc2"]
-    excluded = lora_info(apply_lora(_model(), LoraConfig(target_modules=["fc1", "fc2"], exclude_modules=["fc2"])))
+    excluded = lora_info(
+        apply_lora(_model(), LoraConfig(target_modules=["fc1", "fc2"], exclude_modules=["fc2"]))
+    )
     assert excluded is not None and list(excluded.targets) == ["enc.fc1"]
 
 
@@ -150,7 +175,9 @@ def test_other_refusals():
     with pytest.raises(InvalidTypeError, match="LoraConfig"):
         apply_lora(_model(), {"r": 8})  # type: ignore[arg-type]
     twice = _model()
-    twice.graph.node.append(helper.make_node("MatMul", ["y", "head.weight"], ["z"], name="/enc/fc1/MatMul_1"))
+    twice.graph.node.append(
+        helper.make_node("MatMul", ["y", "head.weight"], ["z"], name="/enc/fc1/MatMul_1")
+    )
     with pytest.raises(InvalidValueError, match=r"'enc.fc1' is applied by 2 nodes"):
         apply_lora(twice, LoraConfig(target_modules=["fc1"]))
 
@@ -173,27 +200,44 @@ def test_targets_from_each_exporter_and_the_adapted_output(exporter):
     module = _Projections()
     x = torch.randn(2, 5, 8)
     if exporter == "dynamo":
-        model = torch.onnx.export(module, (x,), dynamo=True, input_names=["x"], output_names=["y"]).model_proto
+        model = torch.onnx.export(
+            module, (x,), dynamo=True, input_names=["x"], output_names=["y"]
+        ).model_proto
     else:
         f = io.BytesIO()
         torch.onnx.export(
-            module, (x,), f, dynamo=False, input_names=["x"], output_names=["y"], do_constant_folding=exporter != "ts"
+            module,
+            (x,),
+            f,
+            dynamo=False,
+            input_names=["x"],
+            output_names=["y"],
+            do_constant_folding=exporter != "ts",
         )
         model = onnx.load_from_string(f.getvalue())
-    out = apply_lora(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    out = apply_lora(
+        model,
+        LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     info = lora_info(out)
     assert info is not None and list(info.targets) == ["q_proj", "v_proj"]
     widths = {m: (t.in_features, t.out_features) for m, t in info.targets.items()}
     assert widths == {"q_proj": (8, 6), "v_proj": (6, 4)}
     if exporter == "ts-folded":
-        assert all(t.weight.startswith("onnx::MatMul") and t.weight_layout == "in_out" for t in info.targets.values())
+        assert all(
+            t.weight.startswith("onnx::MatMul") and t.weight_layout == "in_out"
+            for t in info.targets.values()
+        )
     values = _initializers(out)
 
     def expected(module, x):
         """The adapted module in torch, in the dtype of ``module`` and ``x``."""
         v = {n: torch.from_numpy(a).to(x.dtype) for n, a in values.items()}
         with torch.no_grad():
-            h = torch.relu(module.q_proj(x) + x @ (v["q_proj.lora_A.weight"].T @ v["q_proj.lora_B.weight"].T) * 2)
+            h = torch.relu(
+                module.q_proj(x)
+                + x @ (v["q_proj.lora_A.weight"].T @ v["q_proj.lora_B.weight"].T) * 2
+            )
             lora_v = v["v_proj.lora_A.weight"].T @ v["v_proj.lora_B.weight"].T
             return module.out(torch.relu(module.v_proj(h) + h @ lora_v * 2)).numpy()
 
@@ -208,28 +252,52 @@ def test_dynamo_namespace_metadata_names_the_module_without_name_scopes():
         node.name = f"node_{i}"  # no TorchScript scopes
     gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
     gemm.metadata_props.add(
-        key="namespace", value=": M/enc: Enc/enc.fc3: torch.nn.modules.linear.Linear/linear: aten.linear.default"
+        key="namespace",
+        value=": M/enc: Enc/enc.fc3: torch.nn.modules.linear.Linear/linear: aten.linear.default",
     )
     info = lora_info(apply_lora(model, LoraConfig(target_modules=["fc3", "head"])))
-    assert info is not None and list(info.targets) == ["enc.fc3", "head"]  # head: from its weight's name
+    assert info is not None and list(info.targets) == [
+        "enc.fc3",
+        "head",
+    ]  # head: from its weight's name
 
 
 def test_all_linear_is_every_linear_layer_but_the_output_layer():
     """PEFT's ``all-linear``: the record names the modules it stood for, as PEFT's saved config does."""
-    info = lora_info(apply_lora(_model(), LoraConfig(target_modules="all-linear", exclude_modules=["fc2"])))
-    assert info is not None and list(info.targets) == ["enc.fc1", "enc.fc3"]  # head: its result is the output
+    info = lora_info(
+        apply_lora(_model(), LoraConfig(target_modules="all-linear", exclude_modules=["fc2"]))
+    )
+    assert info is not None and list(info.targets) == [
+        "enc.fc1",
+        "enc.fc3",
+    ]  # head: its result is the output
     assert info.config.target_modules == ("enc.fc1", "enc.fc3")
     f = io.BytesIO()
-    torch.onnx.export(_Projections(), (torch.randn(2, 5, 8),), f, dynamo=False, input_names=["x"], output_names=["y"])
-    info = lora_info(apply_lora(onnx.load_from_string(f.getvalue()), LoraConfig(target_modules="ALL-LINEAR")))
-    assert info is not None and list(info.targets) == ["q_proj", "v_proj"]  # out: MatMul + bias Add = the output
+    torch.onnx.export(
+        _Projections(),
+        (torch.randn(2, 5, 8),),
+        f,
+        dynamo=False,
+        input_names=["x"],
+        output_names=["y"],
+    )
+    info = lora_info(
+        apply_lora(onnx.load_from_string(f.getvalue()), LoraConfig(target_modules="ALL-LINEAR"))
+    )
+    assert info is not None and list(info.targets) == [
+        "q_proj",
+        "v_proj",
+    ]  # out: MatMul + bias Add = the output
 
 
 def test_linear_nodes_without_a_module_name_are_named_when_targets_match_nothing():
     model = _model()
     for i, node in enumerate(model.graph.node):
-        node.name = f"node_{i}"  # no scopes: fc1 and fc3 keep their weights' names, fc2's is onnx::MatMul_7
+        node.name = (
+            f"node_{i}"  # no scopes: fc1 and fc3 keep their weights' names, fc2's is onnx::MatMul_7
+        )
     with pytest.raises(
-        InvalidValueError, match=r"1 Linear nodes carry no module name.*'node_3' \(weight 'onnx::MatMul_7'\)"
+        InvalidValueError,
+        match=r"1 Linear nodes carry no module name.*'node_3' \(weight 'onnx::MatMul_7'\)",
     ):
         apply_lora(model, LoraConfig(target_modules=["fc2"]))

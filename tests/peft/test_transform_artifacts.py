@@ -40,11 +40,17 @@ def test_adapters_train_alone_and_every_model_records_them(tmp_path, portable):
     )
     assert list(artifacts.requires_grad) == ADAPTERS and artifacts.frozen_params == ()
     checkpoint = load_checkpoint(artifacts.checkpoint)
-    assert list(checkpoint.trainable) == ADAPTERS and not checkpoint.frozen  # the base stays in the graphs
-    models = [artifacts.training_model, artifacts.eval_model] + ([artifacts.step_model] if portable else [])
+    assert (
+        list(checkpoint.trainable) == ADAPTERS and not checkpoint.frozen
+    )  # the base stays in the graphs
+    models = [artifacts.training_model, artifacts.eval_model] + (
+        [artifacts.step_model] if portable else []
+    )
     for path in models:
         info = lora_info(path)
-        assert info is not None and info.config == config and list(info.targets) == ["fc1", "fc2"], path
+        assert (
+            info is not None and info.config == config and list(info.targets) == ["fc1", "fc2"]
+        ), path
         base = {i.name for i in onnx.load(path, load_external_data=False).graph.initializer}
         assert {"fc1.weight", "fc2.weight"} <= base  # constants of the graph
     session = TrainingSession(artifacts.directory)
@@ -67,16 +73,24 @@ def test_requires_grad_adds_to_the_adapters_and_a_prepared_model_trains_its_adap
     prepared = apply_lora(mlp_model(), LoraConfig(r=2, target_modules=["fc2"]), seed=3)
     node = lora_info(prepared).targets["fc2"].node  # the unnamed Gemm got a name, for the record
     assert node and [n.op_type for n in prepared.graph.node if n.name == node] == ["Gemm"]
-    again = generate_artifacts(prepared, loss=losses.CrossEntropyLoss(), artifact_directory=tmp_path / "b")
+    again = generate_artifacts(
+        prepared, loss=losses.CrossEntropyLoss(), artifact_directory=tmp_path / "b"
+    )
     assert list(again.requires_grad) == ADAPTERS[2:]
     with pytest.raises(InvalidTypeError, match="lora must be an onnxblocks.peft.LoraConfig"):
-        generate_artifacts(mlp_model(), loss=losses.CrossEntropyLoss(), artifact_directory=tmp_path, lora={"r": 2})
+        generate_artifacts(
+            mlp_model(), loss=losses.CrossEntropyLoss(), artifact_directory=tmp_path, lora={"r": 2}
+        )
 
 
 def test_dropout_acts_in_the_training_graph_only(tmp_path):
     """With lora_dropout, the training graph drops the branch's input; the eval model gives the undropped output."""
-    config = LoraConfig(r=2, lora_alpha=4, target_modules=["fc1"], lora_dropout=0.5, init_lora_weights=False)
-    plain = apply_lora(mlp_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["fc1"], init_lora_weights=False))
+    config = LoraConfig(
+        r=2, lora_alpha=4, target_modules=["fc1"], lora_dropout=0.5, init_lora_weights=False
+    )
+    plain = apply_lora(
+        mlp_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["fc1"], init_lora_weights=False)
+    )
     dropped = apply_lora(mlp_model(), config)
     assert [n.op_type for n in dropped.graph.node].count("Dropout") == 1
     assert [n.op_type for n in plain.graph.node].count("Dropout") == 0
@@ -107,18 +121,26 @@ def _cli(capsys, *argv):
 def test_cli_lora_spec(tmp_path, capsys):
     model = _mlp_path(tmp_path)
     spec = "r=2,alpha=4,targets=fc1,fc2,dropout=0.1"
-    code, out, _ = _cli(capsys, "artifacts", model, "--loss", "crossentropy", "--lora", spec, "-o", tmp_path / "a")
+    code, out, _ = _cli(
+        capsys, "artifacts", model, "--loss", "crossentropy", "--lora", spec, "-o", tmp_path / "a"
+    )
     assert code == EXIT_OK
     assert "trainable: 4 parameters" in out
     info = lora_info(tmp_path / "a" / "training_model.onnx")
-    assert info is not None and (info.config.r, info.config.lora_alpha, info.config.lora_dropout) == (2, 4, 0.1)
+    assert info is not None and (
+        info.config.r,
+        info.config.lora_alpha,
+        info.config.lora_dropout,
+    ) == (2, 4, 0.1)
     assert info.config.target_modules == ("fc1", "fc2")
     code, _, _ = _cli(
         capsys, "artifacts", model, "--loss", "crossentropy", "--lora", "r=2,targets=fc2", "--requires-grad",
         "fc1.bias", "-o", tmp_path / "b",
     )  # fmt: skip
     assert code == EXIT_OK
-    assert sorted(load_checkpoint(tmp_path / "b" / "checkpoint").trainable) == sorted([*ADAPTERS[2:], "fc1.bias"])
+    assert sorted(load_checkpoint(tmp_path / "b" / "checkpoint").trainable) == sorted(
+        [*ADAPTERS[2:], "fc1.bias"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -127,7 +149,11 @@ def test_cli_lora_spec(tmp_path, capsys):
         ("rank=2,targets=fc1", EXIT_USAGE, "unknown key 'rank'"),
         ("r=x,targets=fc1", EXIT_USAGE, "r='x' must be an int"),
         ("r=2", EXIT_USAGE, "targets=NAME"),
-        ("r=2,targets=fc1,dropout=2", EXIT_USAGE, "--lora dropout: LoraConfig lora_dropout must be in [0, 1)"),
+        (
+            "r=2,targets=fc1,dropout=2",
+            EXIT_USAGE,
+            "--lora dropout: LoraConfig lora_dropout must be in [0, 1)",
+        ),
         ("r=0,targets=fc1", EXIT_USAGE, "--lora r: LoraConfig r must be at least 1"),
         ("r=2,alpha=-1,targets=fc1", EXIT_USAGE, "--lora alpha:"),
         ("r=2,targets=fc1,fan_in_fan_out=yes", EXIT_USAGE, "fan_in_fan_out='yes' must be 0 or 1"),
@@ -137,7 +163,15 @@ def test_cli_lora_spec(tmp_path, capsys):
 )
 def test_cli_lora_errors_name_the_key(tmp_path, capsys, spec, code, fragment):
     got, _, err = _cli(
-        capsys, "artifacts", _mlp_path(tmp_path), "--loss", "crossentropy", "--lora", spec, "-o", tmp_path / "out"
+        capsys,
+        "artifacts",
+        _mlp_path(tmp_path),
+        "--loss",
+        "crossentropy",
+        "--lora",
+        spec,
+        "-o",
+        tmp_path / "out",
     )
     assert got == code, err
     lines = err.strip().splitlines()

@@ -13,7 +13,11 @@ from onnxblocks.peft import LoraConfig, LoraInfo, LoraTarget
 def test_defaults_are_peft_defaults():
     config = LoraConfig()
     assert (config.r, config.lora_alpha, config.lora_dropout, config.bias) == (8, 8, 0.0, "none")
-    assert config.target_modules is None and config.fan_in_fan_out is False and config.init_lora_weights is True
+    assert (
+        config.target_modules is None
+        and config.fan_in_fan_out is False
+        and config.init_lora_weights is True
+    )
     assert LoraConfig(r=4, lora_alpha=16).scaling == 4.0
 
 
@@ -22,7 +26,9 @@ def test_peft_dict_round_trip_and_peft_keys():
     data = config.to_peft_dict()
     assert data["peft_type"] == "LORA" and data["r"] == 4 and data["lora_alpha"] == 16
     assert data["target_modules"] == ["v_proj", "q_proj"]
-    assert data["use_dora"] is False and data["rank_pattern"] == {} and data["modules_to_save"] is None
+    assert (
+        data["use_dora"] is False and data["rank_pattern"] == {} and data["modules_to_save"] is None
+    )
     assert LoraConfig.from_peft_dict(json.loads(json.dumps(data))) == config
     regex = LoraConfig(target_modules=r".*\.(q|v)_proj")
     assert LoraConfig.from_peft_dict(regex.to_peft_dict()).target_modules == r".*\.(q|v)_proj"
@@ -30,12 +36,24 @@ def test_peft_dict_round_trip_and_peft_keys():
 
 def test_reads_what_peft_writes(tmp_path):
     """A file as PEFT 0.21 writes it (its keys at their defaults) is read, from the file or its folder."""
-    written = LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn"], fan_in_fan_out=True).to_peft_dict()
-    written.update(peft_version="0.21.2", megatron_core="megatron.core", qalora_group_size=16, task_type="CAUSAL_LM")
+    written = LoraConfig(
+        r=2, lora_alpha=4, target_modules=["c_attn"], fan_in_fan_out=True
+    ).to_peft_dict()
+    written.update(
+        peft_version="0.21.2",
+        megatron_core="megatron.core",
+        qalora_group_size=16,
+        task_type="CAUSAL_LM",
+    )
     (tmp_path / "adapter_config.json").write_text(json.dumps(written))
     for path in (tmp_path, tmp_path / "adapter_config.json"):
         config = LoraConfig.from_json_file(path)
-        assert (config.r, config.lora_alpha, config.target_modules, config.fan_in_fan_out) == (2, 4, ("c_attn",), True)
+        assert (config.r, config.lora_alpha, config.target_modules, config.fan_in_fan_out) == (
+            2,
+            4,
+            ("c_attn",),
+            True,
+        )
         assert config.task_type == "CAUSAL_LM"
 
 
@@ -94,7 +112,15 @@ def test_file_errors(tmp_path):
 
 def test_info_json_round_trip_and_checks():
     target = LoraTarget(
-        "m.q_proj", "w", "out_in", "MatMul_0", 8, 4, "m.q_proj.lora_A.weight", "m.q_proj.lora_B.weight", 2.0
+        "m.q_proj",
+        "w",
+        "out_in",
+        "MatMul_0",
+        8,
+        4,
+        "m.q_proj.lora_A.weight",
+        "m.q_proj.lora_B.weight",
+        2.0,
     )
     info = LoraInfo(LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]), {"m.q_proj": target})
     assert LoraInfo.from_json(info.to_json()) == info
@@ -121,7 +147,11 @@ def test_lora_info_of_files_and_malformed_records(tmp_path):
         lora_info(tmp_path / "missing.onnx")
     with pytest.raises(InvalidTypeError, match="ModelProto or a path"):
         lora_info(3)  # type: ignore[arg-type]
-    for text, match in [("{", "not JSON"), ("[]", "no 'config'"), ('{"config": {}}', "no 'targets'")]:
+    for text, match in [
+        ("{", "not JSON"),
+        ("[]", "no 'config'"),
+        ('{"config": {}}', "no 'targets'"),
+    ]:
         model = mlp_model()
         model.metadata_props.add(key=LORA_METADATA, value=text)
         with pytest.raises(InvalidValueError, match=match):

@@ -53,7 +53,9 @@ STEPS = 20
 
 def _session(path_or_model):
     source = (
-        path_or_model.SerializeToString() if isinstance(path_or_model, onnx.ModelProto) else os.fspath(path_or_model)
+        path_or_model.SerializeToString()
+        if isinstance(path_or_model, onnx.ModelProto)
+        else os.fspath(path_or_model)
     )
     return onnxruntime().InferenceSession(source, providers=["CPUExecutionProvider"])
 
@@ -83,7 +85,10 @@ class PortableTrainer:
 
     def step(self) -> None:
         self.step_count += 1
-        feeds = {LEARNING_RATE: np.array([LR], np.float32), STEP: np.array([self.step_count], np.int64)}
+        feeds = {
+            LEARNING_RATE: np.array([LR], np.float32),
+            STEP: np.array([self.step_count], np.int64),
+        }
         for i, name in enumerate(self.names):  # one tensor per parameter, gradient and moment
             first, second = moment_names(name)
             feeds |= {name: self.params[name], gradient_name(name): self.buffers[name]}
@@ -91,7 +96,9 @@ class PortableTrainer:
         names = [o.name for o in self.optimizer.get_outputs()]
         out = dict(zip(names, self.optimizer.run(None, feeds), strict=True))
         self.params = {n: out[updated_name(n)] for n in self.names}
-        self.moments = [[out[updated_name(moment_names(n)[k])] for n in self.names] for k in range(2)]
+        self.moments = [
+            [out[updated_name(moment_names(n)[k])] for n in self.names] for k in range(2)
+        ]
 
 
 class StepTrainer:
@@ -111,7 +118,10 @@ class StepTrainer:
     def train_step(self, feeds: dict[str, np.ndarray]) -> float:
         self.step_count += 1
         feeds = dict(feeds) | self.state | self.frozen
-        feeds |= {LEARNING_RATE: np.array([LR], np.float32), STEP: np.array([self.step_count], np.int64)}
+        feeds |= {
+            LEARNING_RATE: np.array([LR], np.float32),
+            STEP: np.array([self.step_count], np.int64),
+        }
         out = dict(zip(self.outputs, self.session.run(None, feeds), strict=True))
         self.state = {n: out[updated_name(n)] for n in self.state}
         return float(out[self.outputs[0]])
@@ -123,8 +133,13 @@ class _DemoMLP(torch.nn.Module):
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__()
-        weights = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy()) for i in model.graph.initializer}
-        self.layers = torch.nn.ParameterList(torch.nn.Parameter(weights[k]) for k in sorted(weights))
+        weights = {
+            i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy())
+            for i in model.graph.initializer
+        }
+        self.layers = torch.nn.ParameterList(
+            torch.nn.Parameter(weights[k]) for k in sorted(weights)
+        )
         self.names = sorted(weights)
 
     def forward(self, x):
@@ -163,9 +178,17 @@ def built(tmp_path_factory):
         if name not in cache:
             model, params, feeds, target, torch_model, loss = _family(name)
             directory = tmp_path_factory.mktemp(name)
-            common = {"requires_grad": params, "loss": LossType[models.LOSS_TYPES[loss]], "optimizer": OptimType.AdamW}
-            portable = generate_artifacts(model, artifact_directory=directory / "portable", portable=True, **common)
-            training = generate_artifacts(model, artifact_directory=directory / "training", **common)
+            common = {
+                "requires_grad": params,
+                "loss": LossType[models.LOSS_TYPES[loss]],
+                "optimizer": OptimType.AdamW,
+            }
+            portable = generate_artifacts(
+                model, artifact_directory=directory / "portable", portable=True, **common
+            )
+            training = generate_artifacts(
+                model, artifact_directory=directory / "training", **common
+            )
             cache[name] = (portable, training, feeds, target, torch_model, loss)
         return cache[name]
 
@@ -174,7 +197,11 @@ def built(tmp_path_factory):
 
 def _feeds(session, feeds: dict[str, np.ndarray], target: np.ndarray) -> dict[str, np.ndarray]:
     names = [i.name for i in session.get_inputs()]
-    label = next(n for n in names if n not in feeds and n not in ("params", LEARNING_RATE, STEP) and "." not in n)
+    label = next(
+        n
+        for n in names
+        if n not in feeds and n not in ("params", LEARNING_RATE, STEP) and "." not in n
+    )
     return dict(feeds) | {label: target}
 
 
@@ -215,12 +242,26 @@ def test_portable_models_track_the_training_build_and_torch(built, name):
         split.step()
         got_fused.append(fused.train_step(step_feeds))
     # two float32 programs of ours against each other: no float64 truth, the floor from the losses' size
-    assert_close(np.float32(got_split), np.float32(expected), rtol=1e-5, name="split against the training build")
-    assert_close(np.float32(got_fused), np.float32(expected), rtol=1e-5, name="fused against the training build")
+    assert_close(
+        np.float32(got_split),
+        np.float32(expected),
+        rtol=1e-5,
+        name="split against the training build",
+    )
+    assert_close(
+        np.float32(got_fused),
+        np.float32(expected),
+        rtol=1e-5,
+        name="fused against the training build",
+    )
     torch_losses = np.float32(_torch_losses(torch_model, loss, feeds, target))
     torch64 = _torch_losses(torch_model, loss, feeds, target, torch.float64)
-    assert_close(np.float32(got_fused), torch_losses, torch64, rtol=1e-4, name="fused against torch")
-    assert_close(np.float32(got_split), torch_losses, torch64, rtol=1e-4, name="split against torch")
+    assert_close(
+        np.float32(got_fused), torch_losses, torch64, rtol=1e-4, name="fused against torch"
+    )
+    assert_close(
+        np.float32(got_split), torch_losses, torch64, rtol=1e-4, name="split against torch"
+    )
     assert torch_losses[-1] < torch_losses[0]
 
 
@@ -235,7 +276,12 @@ def test_portable_artifact_files_and_metadata(built):
     ]
     assert portable.step_model == portable.directory / "step_model.onnx"
     assert training.step_model is None and not (training.directory / "step_model.onnx").exists()
-    for path in (portable.training_model, portable.eval_model, portable.optimizer_model, portable.step_model):
+    for path in (
+        portable.training_model,
+        portable.eval_model,
+        portable.optimizer_model,
+        portable.step_model,
+    ):
         model = onnx.load(path)
         assert {p.key: p.value for p in model.metadata_props}[PORTABLE_METADATA] == "1", path.name
         assert non_portable_ops(model) == [], path.name
@@ -283,7 +329,9 @@ def test_gradient_accumulation_adds_up_and_lazy_reset_overwrites(built):
     single = models.OrtTrainer(training)
     single.train_step(*rest.values())
     for name in trainer.names:
-        assert_close(trainer.buffers[name], single.grad(name), rtol=1e-5, scale=rest_terms[name], name=name)
+        assert_close(
+            trainer.buffers[name], single.grad(name), rtol=1e-5, scale=rest_terms[name], name=name
+        )
 
 
 def _magnitudes(family, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -301,27 +349,39 @@ def test_sgd_and_no_fused_step(tmp_path):
     )
     assert (tmp_path / "p" / "step_model.ort").is_file()
     unfused = generate_artifacts(
-        case.onnx_model, artifact_directory=tmp_path / "u", portable=True, fused_step=False, **common
+        case.onnx_model,
+        artifact_directory=tmp_path / "u",
+        portable=True,
+        fused_step=False,
+        **common,
     )
     assert unfused.step_model is None and not (tmp_path / "u" / "step_model.onnx").exists()
     session = _session(portable.step_model)
-    assert [o.name for o in session.get_outputs()][1:] == [updated_name(p) for p in portable.requires_grad]
+    assert [o.name for o in session.get_outputs()][1:] == [
+        updated_name(p) for p in portable.requires_grad
+    ]
     checkpoint = load_checkpoint(portable.checkpoint)
-    feeds = _feeds(session, case.inputs, case.target) | {n: np.array(v) for n, v in checkpoint.trainable.items()}
+    feeds = _feeds(session, case.inputs, case.target) | {
+        n: np.array(v) for n, v in checkpoint.trainable.items()
+    }
     feeds |= {LEARNING_RATE: np.array([0.1], np.float32), STEP: np.array([1], np.int64)}
     out = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     model, model64 = copy.deepcopy(case.torch_model), copy.deepcopy(case.torch_model).double()
     x, y = torch.from_numpy(case.inputs["x"]), torch.from_numpy(case.target)
     torch.nn.functional.mse_loss(model(x), y).backward()
     torch.nn.functional.mse_loss(model64(x.double()), y.double()).backward()
-    terms = gradient_magnitudes(case.torch_model, [case.inputs["x"]], case.target, torch.nn.MSELoss())
+    terms = gradient_magnitudes(
+        case.torch_model, [case.inputs["x"]], case.target, torch.nn.MSELoss()
+    )
     params64 = dict(model64.named_parameters())
     for name, param in model.named_parameters():
         expected = param.detach().numpy() - 0.1 * param.grad.numpy()
         p64 = params64[name]
         expected64 = p64.detach().numpy() - 0.1 * p64.grad.numpy()
         scale = np.abs(expected64) + 0.1 * terms[name]
-        assert_close(out[updated_name(name)], expected, expected64, rtol=1e-5, scale=scale, name=name)
+        assert_close(
+            out[updated_name(name)], expected, expected64, rtol=1e-5, scale=scale, name=name
+        )
     # a later non-portable set in the same directory leaves no stale step model
     generate_artifacts(case.onnx_model, artifact_directory=tmp_path / "p", **common)
     assert not any(p.name.startswith("step_model") for p in (tmp_path / "p").iterdir())
@@ -331,11 +391,25 @@ def test_cli_portable_flag(tmp_path, capsys):
     case = models.case("mlp", "torchscript")
     path = tmp_path / "model.onnx"
     onnx.save(case.onnx_model, path)
-    code = cli_main(["artifacts", str(path), "--loss", "mse", "--all-params", "--portable", "-o", str(tmp_path / "a")])
+    code = cli_main(
+        [
+            "artifacts",
+            str(path),
+            "--loss",
+            "mse",
+            "--all-params",
+            "--portable",
+            "-o",
+            str(tmp_path / "a"),
+        ]
+    )
     assert code == 0
     assert "step_model.onnx" in capsys.readouterr().out
     step = onnx.load(tmp_path / "a" / "step_model.onnx")
-    assert non_portable_ops(step) == [] and non_portable_ops(onnx.load(tmp_path / "a" / "training_model.onnx")) == []
+    assert (
+        non_portable_ops(step) == []
+        and non_portable_ops(onnx.load(tmp_path / "a" / "training_model.onnx")) == []
+    )
     code = cli_main(
         [
             "artifacts",
@@ -353,7 +427,9 @@ def test_cli_portable_flag(tmp_path, capsys):
 
 
 def _embedding_model(opset: int) -> onnx.ModelProto:
-    table = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32), "table")
+    table = onnx.numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32), "table"
+    )
     nodes = [
         helper.make_node("Gather", ["table", "idx"], ["rows"]),
         helper.make_node("ReduceSum", ["rows"], ["loss"], keepdims=0),
@@ -373,11 +449,18 @@ def _embedding_model(opset: int) -> onnx.ModelProto:
 def test_a_model_that_cannot_be_made_portable_fails_before_writing(tmp_path):
     target = tmp_path / "artifacts"
     with pytest.raises(PortabilityError, match=r"GatherGrad.*opset 16.*opset_version=17"):
-        generate_artifacts(_embedding_model(13), requires_grad=["table"], artifact_directory=target, portable=True)
+        generate_artifacts(
+            _embedding_model(13), requires_grad=["table"], artifact_directory=target, portable=True
+        )
     assert not target.exists()
-    generate_artifacts(_embedding_model(13), requires_grad=["table"], artifact_directory=target)  # non-portable works
+    generate_artifacts(
+        _embedding_model(13), requires_grad=["table"], artifact_directory=target
+    )  # non-portable works
     artifacts = generate_artifacts(
-        _embedding_model(17), requires_grad=["table"], artifact_directory=tmp_path / "ok", portable=True
+        _embedding_model(17),
+        requires_grad=["table"],
+        artifact_directory=tmp_path / "ok",
+        portable=True,
     )
     assert artifacts.step_model is None  # no optimizer: no step model
 
@@ -411,7 +494,9 @@ GRADIENT_CASES = [  # one model per lowering family; the exports are cached for 
 ]
 
 
-@pytest.mark.parametrize(("name", "exporter"), GRADIENT_CASES, ids=[f"{n}-{e}" for n, e in GRADIENT_CASES])
+@pytest.mark.parametrize(
+    ("name", "exporter"), GRADIENT_CASES, ids=[f"{n}-{e}" for n, e in GRADIENT_CASES]
+)
 def test_portable_gradients_equal_the_training_build_across_the_sweep(tmp_path, name, exporter):
     case, onnx_names, artifacts = sweep.build(name, exporter, str(tmp_path))
     made = make_portable(onnx.load(artifacts.training_model), onnx.load(artifacts.optimizer_model))
@@ -433,12 +518,19 @@ def test_portable_gradients_equal_the_training_build_across_the_sweep(tmp_path, 
         assert_close(out[artifacts.loss_name], loss, rtol=1e-5, name="loss")
         criterion = models.torch_loss(case.loss)
         terms = gradient_magnitudes(
-            case.model, case.inputs.values(), case.target, lambda y, t: criterion(y[0] if case.multi else y, t)
+            case.model,
+            case.inputs.values(),
+            case.target,
+            lambda y, t: criterion(y[0] if case.multi else y, t),
         )
         terms = {onnx_names[n]: v for n, v in terms.items() if n in onnx_names}
         for param in made.trainable:
             assert_close(
-                out[accumulated_name(param)], reference.grad(param), rtol=1e-4, scale=terms.get(param), name=param
+                out[accumulated_name(param)],
+                reference.grad(param),
+                rtol=1e-4,
+                scale=terms.get(param),
+                name=param,
             )
 
 
@@ -458,4 +550,10 @@ def test_a_batch_of_another_size_gives_the_training_builds_gradients(built, name
     assert_close(loss, reference.train_step(*full.values())[0], rtol=1e-5, name="loss")
     terms = _magnitudes(built(name), full)
     for param in trainer.names:
-        assert_close(trainer.buffers[param], reference.grad(param), rtol=1e-4, scale=terms.get(param), name=param)
+        assert_close(
+            trainer.buffers[param],
+            reference.grad(param),
+            rtol=1e-4,
+            scale=terms.get(param),
+            name=param,
+        )

@@ -64,7 +64,10 @@ def _run(directory, backend: str) -> dict:
 def test_outputs_follow_the_batch_size_on_both_backends(tmp_path, reduction):
     expected = _run(_generate(tmp_path / "training", reduction, portable=False), "training")
     for fused in (True, False):
-        got = _run(_generate(tmp_path / f"portable-{fused}", reduction, portable=True, fused=fused), "portable")
+        got = _run(
+            _generate(tmp_path / f"portable-{fused}", reduction, portable=True, fused=fused),
+            "portable",
+        )
         for kind in ("step", "eval", "train"):
             for size, want, have in zip(SIZES, expected[kind], got[kind], strict=True):
                 assert [o.shape for o in have] == [o.shape for o in want]
@@ -83,11 +86,35 @@ def test_cli_trains_a_last_short_batch_with_an_extra_output(tmp_path, capsys):
     saved = {}
     for portable in (False, True):
         out = tmp_path / f"art-{portable}"
-        argv = ["artifacts", tmp_path / "mlp.onnx", "--loss", "crossentropy", "--requires-grad", "fc*"]
+        argv = [
+            "artifacts",
+            tmp_path / "mlp.onnx",
+            "--loss",
+            "crossentropy",
+            "--requires-grad",
+            "fc*",
+        ]
         argv += ["--additional-output", "logits", "-o", out] + (["--portable"] if portable else [])
         assert main([str(a) for a in argv]) == EXIT_OK
-        argv = ["train", out, "--data", tmp_path / "train.npz", "--batch-size", "16", "--epochs", "2"]
-        argv += ["--no-shuffle", "--val-fraction", "0.2", "--accuracy", "--no-progress", "--lr", "0.02"]
+        argv = [
+            "train",
+            out,
+            "--data",
+            tmp_path / "train.npz",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+        ]
+        argv += [
+            "--no-shuffle",
+            "--val-fraction",
+            "0.2",
+            "--accuracy",
+            "--no-progress",
+            "--lr",
+            "0.02",
+        ]
         argv += ["--save", tmp_path / f"ckpt-{portable}"]
         code = main([str(a) for a in argv])
         printed = capsys.readouterr()
@@ -105,7 +132,9 @@ def test_outputs_follow_the_batch_size_on_stock_onnxruntime(tmp_path, portable_p
     tasks = [
         {
             "id": str(fused),
-            "directory": str(_generate(tmp_path / f"portable-{fused}", "sum", portable=True, fused=fused)),
+            "directory": str(
+                _generate(tmp_path / f"portable-{fused}", "sum", portable=True, fused=fused)
+            ),
             "data": str(tmp_path / "data.npz"),
             "sizes": list(SIZES),
             "lr": 0.05,

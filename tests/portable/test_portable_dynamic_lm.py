@@ -33,41 +33,71 @@ CONFIG = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
 
 def _ops(path) -> collections.Counter:
-    return collections.Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node)
+    return collections.Counter(
+        n.op_type for n in onnx.load(path, load_external_data=False).graph.node
+    )
 
 
 def _losses(directory, batch) -> list[float]:
     session = TrainingSession(directory)
     session.learning_rate = LR
-    return [float(np.asarray(session.train_and_update(*batch)[0]).reshape(-1)[0]) for _ in range(STEPS)]
+    return [
+        float(np.asarray(session.train_and_update(*batch)[0]).reshape(-1)[0]) for _ in range(STEPS)
+    ]
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])
-def test_dynamic_axes_lower_to_a_graph_of_the_training_builds_size_that_trains_like_peft(name, tmp_path):
+def test_dynamic_axes_lower_to_a_graph_of_the_training_builds_size_that_trains_like_peft(
+    name, tmp_path
+):
     family = hf_families.make(name)
     model = hf_families.export(family, "ts", dynamic=True)
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
-    kwargs = {"loss": hf_families.onnxblocks_loss(family), "optimizer": OptimType.AdamW, "lora": CONFIG}
+    kwargs = {
+        "loss": hf_families.onnxblocks_loss(family),
+        "optimizer": OptimType.AdamW,
+        "lora": CONFIG,
+    }
     training = generate_artifacts(model, artifact_directory=tmp_path / "training", **kwargs)
-    portable = generate_artifacts(model, artifact_directory=tmp_path / "portable", portable=True, **kwargs)
+    portable = generate_artifacts(
+        model, artifact_directory=tmp_path / "portable", portable=True, **kwargs
+    )
 
     built, lowered = _ops(training.training_model), _ops(portable.training_model)
     assert lowered["Max"] == 0, "a broadcast reduction was left wholly to run-time shape arithmetic"
-    assert sum(lowered.values()) <= 2 * sum(built.values()), (sum(lowered.values()), sum(built.values()))
+    assert sum(lowered.values()) <= 2 * sum(built.values()), (
+        sum(lowered.values()),
+        sum(built.values()),
+    )
 
     rng = np.random.default_rng(7)  # batch 3 x 7 tokens: the export saw 2 x 5
     tokens = rng.integers(0, hf_families.VOCAB, (3, 8)).astype(np.int64)
-    other = dataclasses.replace(family, inputs={"input_ids": tokens[:, :-1].copy()}, target=tokens[:, 1:].copy())
+    other = dataclasses.replace(
+        family, inputs={"input_ids": tokens[:, :-1].copy()}, target=tokens[:, 1:].copy()
+    )
     batch = [*other.inputs.values(), other.target]
     initial = TrainingSession(portable.directory).parameters()
-    assert all(np.array_equal(initial[k], v) for k, v in TrainingSession(training.directory).parameters().items())
+    assert all(
+        np.array_equal(initial[k], v)
+        for k, v in TrainingSession(training.directory).parameters().items()
+    )
 
     info = lora_info(portable.training_model)
     expected, _ = peft_steps(other, info, initial, STEPS, LR)
     expected64, _ = peft_steps(family64(other), info, initial, STEPS, LR)
-    got_training, got_portable = _losses(training.directory, batch), _losses(portable.directory, batch)
+    got_training, got_portable = (
+        _losses(training.directory, batch),
+        _losses(portable.directory, batch),
+    )
     assert expected[-1] < expected[0]
     got_portable = np.float32(got_portable)
-    assert_close(got_portable, np.float32(expected), expected64, rtol=1e-4, name="portable against PEFT")
+    assert_close(
+        got_portable, np.float32(expected), expected64, rtol=1e-4, name="portable against PEFT"
+    )
     # the training build is a float32 program like the portable one: no float64 truth between them
-    assert_close(got_portable, np.float32(got_training), rtol=1e-5, name="portable against the training build")
+    assert_close(
+        got_portable,
+        np.float32(got_training),
+        rtol=1e-5,
+        name="portable against the training build",
+    )

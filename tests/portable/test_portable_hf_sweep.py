@@ -72,7 +72,9 @@ def _cell(name: str, exporter: str, directory) -> tuple[list[np.ndarray], tuple,
     return [*family.inputs.values(), family.target], (losses, losses64), problems
 
 
-def test_every_family_and_exporter_trains_on_stock_onnxruntime_in_standard_ops(portable_python, tmp_path):
+def test_every_family_and_exporter_trains_on_stock_onnxruntime_in_standard_ops(
+    portable_python, tmp_path
+):
     tasks, expected, failures = [], {}, []
     for name, exporter in CELLS:
         label = f"{name}-{exporter}"
@@ -86,7 +88,13 @@ def test_every_family_and_exporter_trains_on_stock_onnxruntime_in_standard_ops(p
         data = tmp_path / f"{label}.npz"
         np.savez(data, **{f"x0_{k}": np.asarray(a) for k, a in enumerate(batch)})
         expected[label] = losses
-        task = {"task": "train", "label": label, "mode": "step", "directory": str(directory), "data": str(data)}
+        task = {
+            "task": "train",
+            "label": label,
+            "mode": "step",
+            "directory": str(directory),
+            "data": str(data),
+        }
         tasks.append(task | {"steps": STEPS, "lr": LR, "threads": 1})
     answer = run_worker(portable_python, {"tasks": tasks, "processes": 1})
     for task, result in zip(tasks, answer["results"], strict=True):
@@ -98,11 +106,15 @@ def test_every_family_and_exporter_trains_on_stock_onnxruntime_in_standard_ops(p
         if label.split("-")[0] in hf_families.CHAOTIC:
             first = is_close(got[0], torch_losses[0], torch64[0], rtol=1e-4)
             if not (first and np.all(np.isfinite(got)) and got[-1] < got[0]):
-                failures.append(f"{label}: losses {got} do not start at torch's {torch_losses[0]!r} and fall")
+                failures.append(
+                    f"{label}: losses {got} do not start at torch's {torch_losses[0]!r} and fall"
+                )
             continue
         if result["backend"] != "portable":
             failures.append(f"{label}: ran on the {result['backend']} backend")
-        report = check_close(got, torch_losses, torch64, rtol=1e-4, name=f"{label} losses against torch")
+        report = check_close(
+            got, torch_losses, torch64, rtol=1e-4, name=f"{label} losses against torch"
+        )
         if report is not None:
             failures.append(report)
     assert not failures, f"{len(failures)} problems in {len(CELLS)} cells:\n" + "\n".join(failures)

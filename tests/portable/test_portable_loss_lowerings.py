@@ -32,23 +32,36 @@ def _model(op: str, inputs: dict[str, np.ndarray], attrs: dict[str, Any]) -> onn
         helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
         for n, v in inputs.items()
     ]
-    out_type = helper.np_dtype_to_tensor_dtype(next(v.dtype for v in inputs.values() if v.dtype.kind == "f"))
+    out_type = helper.np_dtype_to_tensor_dtype(
+        next(v.dtype for v in inputs.values() if v.dtype.kind == "f")
+    )
     node = helper.make_node(op, list(inputs), ["dX"], name=f"{op}_node", domain=MS, **attrs)
-    graph = helper.make_graph([node], "case", graph_inputs, [helper.make_tensor_value_info("dX", out_type, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    graph = helper.make_graph(
+        [node], "case", graph_inputs, [helper.make_tensor_value_info("dX", out_type, None)]
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    )
     model.ir_version = 8
     return model
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    session = onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     return session.run(None, feeds)[0]
 
 
-def _check(op: str, inputs: dict[str, np.ndarray], attrs: dict[str, Any], dtype: type, reference) -> None:
+def _check(
+    op: str, inputs: dict[str, np.ndarray], attrs: dict[str, Any], dtype: type, reference
+) -> None:
     """The lowering in ``dtype`` against the float32 kernel and ``reference`` (the float64 gradient and the
     magnitude of its operands); no OneHot, no float16 scatter-add left."""
-    as_float32 = {n: v.astype(np.float32) if v.dtype.kind == "f" else v.astype(np.int64) for n, v in inputs.items()}
+    as_float32 = {
+        n: v.astype(np.float32) if v.dtype.kind == "f" else v.astype(np.int64)
+        for n, v in inputs.items()
+    }
     expected = _run(_model(op, as_float32, attrs), as_float32)
     typed = {n: v.astype(dtype) if v.dtype.kind == "f" else v for n, v in inputs.items()}
     lowered = _model(op, typed, attrs)
@@ -57,8 +70,13 @@ def _check(op: str, inputs: dict[str, np.ndarray], attrs: dict[str, Any], dtype:
     assert "OneHot" not in {n.op_type for n in lowered.graph.node}
     got = _run(lowered, typed)  # a float16 scatter-add would fail here (no CPU kernel adds float16)
     assert got.dtype == dtype
-    typed64 = {n: v.astype(dtype).astype(np.float64) if v.dtype.kind == "f" else v for n, v in inputs.items()}
-    expected64, scale = reference(typed64)  # on the numbers the lowering got (a float16 input is rounded)
+    typed64 = {
+        n: v.astype(dtype).astype(np.float64) if v.dtype.kind == "f" else v
+        for n, v in inputs.items()
+    }
+    expected64, scale = reference(
+        typed64
+    )  # on the numbers the lowering got (a float16 input is rounded)
     if dtype is np.float64:
         assert_close(got, expected64, rtol=RTOL[dtype], scale=scale, name=op)
     else:
@@ -73,10 +91,13 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=lambda d: d.__name__)
 @pytest.mark.parametrize("label_dtype", [np.int64, np.int32], ids=lambda d: d.__name__)
 @pytest.mark.parametrize(
-    ("reduction", "ignore", "weighted"), [("mean", None, False), ("sum", 1, True), ("mean", 2, True)]
+    ("reduction", "ignore", "weighted"),
+    [("mean", None, False), ("sum", 1, True), ("mean", 2, True)],
 )
 @pytest.mark.parametrize("shape", [(5, 4), (3, 4, 2)], ids=str)
-def test_softmax_cross_entropy_loss_grad_in_other_types(dtype, label_dtype, reduction, ignore, weighted, shape):
+def test_softmax_cross_entropy_loss_grad_in_other_types(
+    dtype, label_dtype, reduction, ignore, weighted, shape
+):
     n, c, rest = shape[0], shape[1], shape[2:]
     labels = RNG.integers(0, c, (n, *rest)).astype(label_dtype)
     if ignore is not None:
@@ -85,8 +106,16 @@ def test_softmax_cross_entropy_loss_grad_in_other_types(dtype, label_dtype, redu
     inputs = {"dY": np.array(1.3), "log_prob": log_prob, "label": labels}
     if weighted:
         inputs["weight"] = RNG.uniform(0.1, 2.0, c)
-    attrs: dict[str, Any] = {"reduction": reduction} | ({"ignore_index": ignore} if ignore is not None else {})
-    _check("SoftmaxCrossEntropyLossGrad", inputs, attrs, dtype, lambda v: _cross_entropy_grad(v, reduction, ignore))
+    attrs: dict[str, Any] = {"reduction": reduction} | (
+        {"ignore_index": ignore} if ignore is not None else {}
+    )
+    _check(
+        "SoftmaxCrossEntropyLossGrad",
+        inputs,
+        attrs,
+        dtype,
+        lambda v: _cross_entropy_grad(v, reduction, ignore),
+    )
 
 
 def _cross_entropy_grad(inputs: dict[str, np.ndarray], reduction: str, ignore: int | None):
@@ -101,16 +130,24 @@ def _cross_entropy_grad(inputs: dict[str, np.ndarray], reduction: str, ignore: i
     total = np.where(kept, weight, 0.0).sum()
     if reduction == "mean":  # every label ignored: a zero gradient, as the kernel gives
         coefficient = coefficient / total if total else coefficient * 0.0
-    one_hot = (np.arange(classes).reshape(1, classes, *[1] * (label.ndim - 1)) == safe[:, None]).astype(float)
+    one_hot = (
+        np.arange(classes).reshape(1, classes, *[1] * (label.ndim - 1)) == safe[:, None]
+    ).astype(float)
     p = np.exp(log_prob)
     return (p - one_hot) * coefficient[:, None], (p + one_hot) * np.abs(coefficient[:, None])
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16], ids=lambda d: d.__name__)
-@pytest.mark.parametrize(("data", "indices", "axis"), [((3, 4), (3, 2), 1), ((3, 4), (5, 4), 0)], ids=str)
+@pytest.mark.parametrize(
+    ("data", "indices", "axis"), [((3, 4), (3, 2), 1), ((3, 4), (5, 4), 0)], ids=str
+)
 def test_gather_elements_grad_adds_repeated_indices_in_other_types(dtype, data, indices, axis):
     index = RNG.integers(0, data[axis], indices).astype(np.int64)  # repeats: the scatter must add
-    inputs = {"dY": RNG.uniform(-2, 2, indices), "shape": np.array(data, np.int64), "indices": index}
+    inputs = {
+        "dY": RNG.uniform(-2, 2, indices),
+        "shape": np.array(data, np.int64),
+        "indices": index,
+    }
 
     def scatter_add(values: dict[str, np.ndarray]):
         """The float64 scatter-add of dY, and that of |dY| (the floor's scale)."""

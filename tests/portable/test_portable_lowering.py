@@ -77,7 +77,9 @@ def _model(case: Case, symbolic: bool) -> onnx.ModelProto:
     outputs = [
         helper.make_value_info(n, known[n[: -len("_grad")]].type)
         if n.endswith("_grad") and n[: -len("_grad")] in known
-        else helper.make_tensor_value_info(n, onnx.TensorProto.INT64 if n in int64 else onnx.TensorProto.FLOAT, None)
+        else helper.make_tensor_value_info(
+            n, onnx.TensorProto.INT64 if n in int64 else onnx.TensorProto.FLOAT, None
+        )
         for n in (case.compare or [o for o in case.outputs if o])
     ]
     graph = helper.make_graph([*case.before, node], "case", graph_inputs, outputs)
@@ -96,7 +98,9 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarra
 def check(case: Case, symbolic: bool = False) -> dict[str, int]:
     model = _model(case, symbolic)
     feeds = {n: v for n, v in case.inputs.items() if v is not None}
-    expected = _run(_model(case, False), feeds)  # the training build's MaxPoolGrad crashes on symbolic dims
+    expected = _run(
+        _model(case, False), feeds
+    )  # the training build's MaxPoolGrad crashes on symbolic dims
     lowered = onnx.ModelProto()
     lowered.CopyFrom(model)
     counts = lower_training_ops(lowered)
@@ -112,7 +116,15 @@ def check(case: Case, symbolic: bool = False) -> dict[str, int]:
 
 # ------------------------------------------------------------------ elementwise
 ELEMENTWISE_SHAPES = [(5,), (3, 4), (2, 1, 4), (2, 3, 1, 4), (0, 3), (1,)]
-UNARY = ["ReluGrad", "SigmoidGrad", "TanhGrad", "GeluGrad", "FastGeluGrad", "QuickGeluGrad", "LeakyReluGrad"]
+UNARY = [
+    "ReluGrad",
+    "SigmoidGrad",
+    "TanhGrad",
+    "GeluGrad",
+    "FastGeluGrad",
+    "QuickGeluGrad",
+    "LeakyReluGrad",
+]
 
 
 @pytest.mark.parametrize("shape", ELEMENTWISE_SHAPES, ids=str)
@@ -177,7 +189,9 @@ def test_broadcast_gradient_args_run_time(a, b):
 def test_broadcast_gradient_args_known_shapes_fold_to_constants(a, b):
     """Shapes of values with known dims: the axes become constants, equal to the kernel's."""
     before = [helper.make_node("Shape", ["A"], ["a"]), helper.make_node("Shape", ["B"], ["b"])]
-    case = Case("BroadcastGradientArgs", {"A": f32(*a), "B": f32(*b)}, ["a_axes", "b_axes"], before=before)
+    case = Case(
+        "BroadcastGradientArgs", {"A": f32(*a), "B": f32(*b)}, ["a_axes", "b_axes"], before=before
+    )
     case.node_inputs = ["a", "b"]
     check(case)
     lowered = _model(case, symbolic=False)
@@ -185,14 +199,22 @@ def test_broadcast_gradient_args_known_shapes_fold_to_constants(a, b):
     assert not any(n.op_type == "Compress" for n in lowered.graph.node)
 
 
-SIZE_ONE_AT_RUN_TIME = [((2, 1, 4), (2, 3, 4)), ((1, 1), (1,)), ((1, 3), (1, 1)), ((2, 0, 3), (1, 3)), ((1,), (1,))]
+SIZE_ONE_AT_RUN_TIME = [
+    ((2, 1, 4), (2, 3, 4)),
+    ((1, 1), (1,)),
+    ((1, 3), (1, 1)),
+    ((2, 0, 3), (1, 3)),
+    ((1,), (1,)),
+]
 
 
 @pytest.mark.parametrize(("a", "b"), BROADCAST_PAIRS + SIZE_ONE_AT_RUN_TIME, ids=str)
 def test_broadcast_gradient_args_symbolic_dims_are_checked_per_axis(a, b):
     """Every dim its own symbol: the ranks decide the leading axes, a few nodes check the rest, as the kernel does."""
     before = [helper.make_node("Shape", ["A"], ["a"]), helper.make_node("Shape", ["B"], ["b"])]
-    case = Case("BroadcastGradientArgs", {"A": f32(*a), "B": f32(*b)}, ["a_axes", "b_axes"], before=before)
+    case = Case(
+        "BroadcastGradientArgs", {"A": f32(*a), "B": f32(*b)}, ["a_axes", "b_axes"], before=before
+    )
     case.node_inputs = ["a", "b"]
     check(case, symbolic=True)
     lowered = _model(case, symbolic=True)
@@ -236,25 +258,36 @@ def test_types_behind_onnx_runtime_ops_are_found_for_broadcast_gradients():
         helper.make_node("Shape", ["Z"], ["z_shape"]),
         helper.make_node("Shape", ["Bias"], ["b_shape"]),
     ]
-    case = Case("BroadcastGradientArgs", {"X": x, "S": scale, "Bias": bias}, ["a_axes", "b_axes"], before=before)
+    case = Case(
+        "BroadcastGradientArgs",
+        {"X": x, "S": scale, "Bias": bias},
+        ["a_axes", "b_axes"],
+        before=before,
+    )
     case.node_inputs = ["z_shape", "b_shape"]
     check(case, symbolic=True)
     lowered = _model(case, symbolic=True)
-    lowered.graph.value_info.append(helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT, None))
+    lowered.graph.value_info.append(
+        helper.make_tensor_value_info("Z", onnx.TensorProto.FLOAT, None)
+    )
     lower_training_ops(lowered)
     ops = [n.op_type for n in lowered.graph.node]
     assert "Max" not in ops and "Range" not in ops, ops
 
 
 @pytest.mark.parametrize(
-    ("a", "b"), [((2, 3), (3,)), ((3,), (2, 3)), ((2, 3), ()), ((2, 1), (1, 3)), ((4,), (4,))], ids=str
+    ("a", "b"),
+    [((2, 3), (3,)), ((3,), (2, 3)), ((2, 3), ()), ((2, 1), (1, 3)), ((4,), (4,))],
+    ids=str,
 )
 @pytest.mark.parametrize("outputs", [["dA", "dB"], ["", "dB"]], ids=["both", "dB"])
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_div_grad(a, b, outputs, symbolic):
     out = np.broadcast_shapes(a, b)
     divisor = f32(*b, low=0.5, high=2.0)
-    check(Case("DivGrad", {"dY": f32(*out), "A": f32(*a), "B": divisor}, outputs, rtol=1e-5), symbolic)
+    check(
+        Case("DivGrad", {"dY": f32(*out), "A": f32(*a), "B": divisor}, outputs, rtol=1e-5), symbolic
+    )
 
 
 # ------------------------------------------------------------------ matmul
@@ -278,10 +311,14 @@ def test_fused_matmul(a, b, attrs, symbolic):
 
 
 def test_fused_matmul_of_unknown_rank_is_an_einsum():
-    model = _model(Case("FusedMatMul", {"A": f32(2, 4, 3), "B": f32(2, 4, 5)}, ["Y"], {"transA": 1}), False)
+    model = _model(
+        Case("FusedMatMul", {"A": f32(2, 4, 3), "B": f32(2, 4, 5)}, ["Y"], {"transA": 1}), False
+    )
     del model.graph.input[0].type.tensor_type.shape.dim[:]
     model.graph.input[0].type.tensor_type.ClearField("shape")
-    expected = _run(model, {"A": np.ones((2, 4, 3), np.float32), "B": np.ones((2, 4, 5), np.float32)})
+    expected = _run(
+        model, {"A": np.ones((2, 4, 3), np.float32), "B": np.ones((2, 4, 5), np.float32)}
+    )
     lower_training_ops(model)
     assert [n.op_type for n in model.graph.node] == ["Einsum"]
     got = _run(model, {"A": np.ones((2, 4, 3), np.float32), "B": np.ones((2, 4, 5), np.float32)})
@@ -289,8 +326,12 @@ def test_fused_matmul_of_unknown_rank_is_an_einsum():
 
 
 # ------------------------------------------------------------------ softmax
-@pytest.mark.parametrize("op", ["SoftmaxGrad_13", "LogSoftmaxGrad_13", "SoftmaxGrad", "LogSoftmaxGrad"])
-@pytest.mark.parametrize(("shape", "axis"), [((4, 5), -1), ((2, 3, 4), 1), ((2, 3, 4), 0), ((1, 1, 3), -1)], ids=str)
+@pytest.mark.parametrize(
+    "op", ["SoftmaxGrad_13", "LogSoftmaxGrad_13", "SoftmaxGrad", "LogSoftmaxGrad"]
+)
+@pytest.mark.parametrize(
+    ("shape", "axis"), [((4, 5), -1), ((2, 3, 4), 1), ((2, 3, 4), 0), ((1, 1, 3), -1)], ids=str
+)
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_softmax_gradients(op, shape, axis, symbolic):
     x = f32(*shape)
@@ -319,17 +360,29 @@ def test_softmax_cross_entropy_loss_grad(reduction, weighted, ignore, shape):
     inputs = {"dY": dy, "log_prob": _log_softmax(f32(*shape)), "label": labels}
     if weighted:
         inputs["weight"] = f32(c, low=0.1, high=2.0)
-    attrs: dict[str, Any] = {"reduction": reduction} | ({"ignore_index": ignore} if ignore is not None else {})
+    attrs: dict[str, Any] = {"reduction": reduction} | (
+        {"ignore_index": ignore} if ignore is not None else {}
+    )
     check(Case("SoftmaxCrossEntropyLossGrad", inputs, ["dX"], attrs))
 
 
 def test_softmax_cross_entropy_loss_grad_with_every_label_ignored():
-    inputs = {"dY": np.array(1.0, np.float32), "log_prob": _log_softmax(f32(3, 4)), "label": i64(2, 2, 2)}
-    check(Case("SoftmaxCrossEntropyLossGrad", inputs, ["dX"], {"reduction": "mean", "ignore_index": 2}))
+    inputs = {
+        "dY": np.array(1.0, np.float32),
+        "log_prob": _log_softmax(f32(3, 4)),
+        "label": i64(2, 2, 2),
+    }
+    check(
+        Case(
+            "SoftmaxCrossEntropyLossGrad", inputs, ["dX"], {"reduction": "mean", "ignore_index": 2}
+        )
+    )
 
 
 # ------------------------------------------------------------------ normalisation
-@pytest.mark.parametrize(("shape", "axis"), [((4, 6), -1), ((2, 3, 5), -1), ((2, 3, 4), 1), ((1, 1, 4), 2)], ids=str)
+@pytest.mark.parametrize(
+    ("shape", "axis"), [((4, 6), -1), ((2, 3, 5), -1), ((2, 3, 4), 1), ((1, 1, 4), 2)], ids=str
+)
 @pytest.mark.parametrize("simplified", [False, True], ids=["layer", "simplified"])
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_layer_norm_grad(shape, axis, simplified, symbolic):
@@ -355,7 +408,13 @@ BATCH_SHAPES = [(6, 3), (2, 3, 5), (2, 3, 4, 4), (1, 2, 3, 3)]
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_batch_norm_internal(shape, symbolic):
     c = shape[1]
-    inputs = {"X": f32(*shape), "scale": f32(c), "B": f32(c), "mean": f32(c), "var": f32(c, low=0.5, high=1.5)}
+    inputs = {
+        "X": f32(*shape),
+        "scale": f32(c),
+        "B": f32(c),
+        "mean": f32(c),
+        "var": f32(c, low=0.5, high=1.5),
+    }
     outputs = ["Y", "running_mean", "running_var", "saved_mean", "saved_inv_std"]
     check(Case("BatchNormInternal", inputs, outputs, {"epsilon": 1e-5, "momentum": 0.9}), symbolic)
 
@@ -368,7 +427,12 @@ def test_batch_norm_grad(shape, symbolic):
     mean = x.mean(axis=axes).astype(np.float32)
     inv_std = (1 / np.sqrt(x.var(axis=axes) + 1e-5)).astype(np.float32)
     inputs = {"dY": f32(*shape), "X": x, "scale": f32(shape[1]), "mean": mean, "inv_std": inv_std}
-    check(Case("BatchNormalizationGrad", inputs, ["dX", "dScale", "dB"], {"epsilon": 1e-5}, rtol=1e-4), symbolic)
+    check(
+        Case(
+            "BatchNormalizationGrad", inputs, ["dX", "dScale", "dB"], {"epsilon": 1e-5}, rtol=1e-4
+        ),
+        symbolic,
+    )
 
 
 # ------------------------------------------------------------------ indexing
@@ -398,18 +462,32 @@ def test_gather_grad_with_int32_indices():
 
 
 @pytest.mark.parametrize(
-    ("data", "indices", "axis"), [((3, 4), (3, 2), 1), ((3, 4), (2, 4), 0), ((2, 3, 2), (2, 3, 1), -1)], ids=str
+    ("data", "indices", "axis"),
+    [((3, 4), (3, 2), 1), ((3, 4), (2, 4), 0), ((2, 3, 2), (2, 3, 1), -1)],
+    ids=str,
 )
 def test_gather_elements_grad(data, indices, axis):
     index = RNG.integers(0, data[axis], indices).astype(np.int64)
     check(
-        Case("GatherElementsGrad", {"dY": f32(*indices), "shape": i64(*data), "indices": index}, ["dX"], {"axis": axis})
+        Case(
+            "GatherElementsGrad",
+            {"dY": f32(*indices), "shape": i64(*data), "indices": index},
+            ["dX"],
+            {"axis": axis},
+        )
     )
 
 
 def test_gather_nd_grad():
     index = np.array([[0, 1], [2, 0], [0, 1]], np.int64)
-    check(Case("GatherNDGrad", {"shape": i64(3, 2, 4), "indices": index, "dY": f32(3, 4)}, ["dX"], {"batch_dims": 0}))
+    check(
+        Case(
+            "GatherNDGrad",
+            {"shape": i64(3, 2, 4), "indices": index, "dY": f32(3, 4)},
+            ["dX"],
+            {"batch_dims": 0},
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -450,7 +528,15 @@ def test_concat_training(axis):
 
 @pytest.mark.parametrize("opset", [12, 17])
 def test_split_training(opset):
-    check(Case("SplitTraining", {"x": f32(6, 2), "split": i64(1, 3, 2)}, ["a", "b", "c"], {"axis": 0}, opset=opset))
+    check(
+        Case(
+            "SplitTraining",
+            {"x": f32(6, 2), "split": i64(1, 3, 2)},
+            ["a", "b", "c"],
+            {"axis": 0},
+            opset=opset,
+        )
+    )
 
 
 # ------------------------------------------------------------------ convolution and pooling
@@ -471,7 +557,11 @@ SAME_CONVS = [
     ((2, 2, 6, 5), (2, 2, 2, 2), {"auto_pad": "SAME_LOWER", "dilations": [2, 1]}),
     ((2, 3, 7, 6), (4, 3, 3, 2), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
     ((2, 3, 7, 6), (4, 3, 2, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}),
-    ((2, 4, 7, 6), (4, 1, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2], "group": 4}),  # depthwise
+    (
+        (2, 4, 7, 6),
+        (4, 1, 3, 3),
+        {"auto_pad": "SAME_UPPER", "strides": [2, 2], "group": 4},
+    ),  # depthwise
 ]
 
 
@@ -482,7 +572,10 @@ def test_conv_grad(x, w, attrs, symbolic):
     conv = helper.make_graph(
         [helper.make_node("Conv", ["X", "W"], ["Y"], **attrs)],
         "conv",
-        [helper.make_tensor_value_info("X", 1, list(x)), helper.make_tensor_value_info("W", 1, list(w))],
+        [
+            helper.make_tensor_value_info("X", 1, list(x)),
+            helper.make_tensor_value_info("W", 1, list(w)),
+        ],
         [helper.make_empty_tensor_value_info("Y")],
     )
     model = helper.make_model(conv, opset_imports=[helper.make_opsetid("", 17)])
@@ -492,7 +585,16 @@ def test_conv_grad(x, w, attrs, symbolic):
         None, {"X": xv, "W": wv}
     )
     attrs = {"kernel_shape": list(w[2:])} | attrs
-    check(Case("ConvGrad", {"dY": f32(*y[0].shape), "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs, rtol=1e-4), symbolic)
+    check(
+        Case(
+            "ConvGrad",
+            {"dY": f32(*y[0].shape), "X": xv, "W": wv},
+            ["dX", "dW", "dB"],
+            attrs,
+            rtol=1e-4,
+        ),
+        symbolic,
+    )
 
 
 def _same_pads(size: int, kernel: int, stride: int, dilation: int, upper: bool) -> tuple[int, int]:
@@ -507,11 +609,15 @@ def test_conv_grad_with_same_padding_equals_torch(x, w, attrs, symbolic):
 
     strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
     group, upper = attrs.get("group", 1), attrs["auto_pad"] == "SAME_UPPER"
-    (top, bottom), (left, right) = (_same_pads(x[2 + i], w[2 + i], strides[i], dilations[i], upper) for i in range(2))
+    (top, bottom), (left, right) = (
+        _same_pads(x[2 + i], w[2 + i], strides[i], dilations[i], upper) for i in range(2)
+    )
 
     def conv(xv, wv):
         padded = torch.nn.functional.pad(xv, [left, right, top, bottom])
-        return torch.nn.functional.conv2d(padded, wv, stride=strides, dilation=dilations, groups=group)
+        return torch.nn.functional.conv2d(
+            padded, wv, stride=strides, dilation=dilations, groups=group
+        )
 
     xv, wv = f32(*x), f32(*w)
     dy = f32(*conv(torch.from_numpy(xv), torch.from_numpy(wv)).shape)
@@ -520,7 +626,10 @@ def test_conv_grad_with_same_padding_equals_torch(x, w, attrs, symbolic):
     lowered = _model(case, symbolic)
     if symbolic and any(s > 1 for s in strides):
         # SAME pads with a stride depend on the input size: refused when it is known only at run time
-        with pytest.raises(PortabilityError, match=r"auto_pad='SAME_\w+' with stride \d over a dim known only at run"):
+        with pytest.raises(
+            PortabilityError,
+            match=r"auto_pad='SAME_\w+' with stride \d over a dim known only at run",
+        ):
             lower_training_ops(lowered)
         return
     lower_training_ops(lowered)
@@ -529,7 +638,9 @@ def test_conv_grad_with_same_padding_equals_torch(x, w, attrs, symbolic):
     _compare_conv_grads(got, conv, xv, wv, dy, rtol=1e-4)
 
 
-def _torch_conv_grads(conv, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dtype) -> list[np.ndarray]:
+def _torch_conv_grads(
+    conv, x: np.ndarray, w: np.ndarray, dy: np.ndarray, dtype
+) -> list[np.ndarray]:
     """dX, dW, dB of ``conv`` in torch's ``dtype``."""
     xt = torch.from_numpy(x).to(dtype).requires_grad_()
     wt = torch.from_numpy(w).to(dtype).requires_grad_()
@@ -544,7 +655,9 @@ def _compare_conv_grads(got, conv, x, w, dy, rtol: float) -> None:
     expected = _torch_conv_grads(conv, x, w, dy, torch.float32)
     expected64 = _torch_conv_grads(conv, x, w, dy, torch.float64)
     scales = _torch_conv_grads(conv, np.abs(x), np.abs(w), np.abs(dy), torch.float64)
-    for name, g, e, e64, scale in zip(["dX", "dW", "dB"], got, expected, expected64, scales, strict=True):
+    for name, g, e, e64, scale in zip(
+        ["dX", "dW", "dB"], got, expected, expected64, scales, strict=True
+    ):
         assert_close(g, e, e64, rtol=rtol, scale=scale, name=name)
 
 
@@ -562,16 +675,23 @@ def test_conv_grad_with_same_padding(x, w, auto_pad, dilation):
     dy = f32(*x[:1], w[0], *x[2:])
     total = [(k - 1) * dilation for k in w[2:]]
     small = [t // 2 for t in total]
-    pads = [(h, t - h) if auto_pad == "SAME_UPPER" else (t - h, h) for t, h in zip(total, small, strict=True)]
+    pads = [
+        (h, t - h) if auto_pad == "SAME_UPPER" else (t - h, h)
+        for t, h in zip(total, small, strict=True)
+    ]
     convolve = torch.nn.functional.conv1d if spatial == 1 else torch.nn.functional.conv2d
 
     def conv(xt, wt):
         return convolve(
-            torch.nn.functional.pad(xt, [p for pair in reversed(pads) for p in pair]), wt, dilation=dilation
+            torch.nn.functional.pad(xt, [p for pair in reversed(pads) for p in pair]),
+            wt,
+            dilation=dilation,
         )
 
     attrs = {"auto_pad": auto_pad, "kernel_shape": list(w[2:]), "dilations": [dilation] * spatial}
-    model = _model(Case("ConvGrad", {"dY": dy, "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs), symbolic=True)
+    model = _model(
+        Case("ConvGrad", {"dY": dy, "X": xv, "W": wv}, ["dX", "dW", "dB"], attrs), symbolic=True
+    )
     assert lower_training_ops(model) == {"ConvGrad": 1}
     _compare_conv_grads(_run(model, {"dY": dy, "X": xv, "W": wv}), conv, xv, wv, dy, rtol=1e-4)
 
@@ -592,7 +712,16 @@ def test_max_pool_grad(shape, attrs, symbolic):
     forward = helper.make_node("MaxPool", ["X"], ["Y", "I"], **attrs)
     x = f32(*shape)
     (y,) = _forward(forward, x)
-    case = Case("MaxPoolGrad", {"dY": f32(*y.shape), "X": x}, ["X_grad"], attrs, "", [forward], ["dY", "I"], rtol=1e-6)
+    case = Case(
+        "MaxPoolGrad",
+        {"dY": f32(*y.shape), "X": x},
+        ["X_grad"],
+        attrs,
+        "",
+        [forward],
+        ["dY", "I"],
+        rtol=1e-6,
+    )
     check(case, symbolic)
 
 
@@ -613,8 +742,24 @@ def _forward(node: onnx.NodeProto, x: np.ndarray) -> list[np.ndarray]:
     [
         ((2, 3, 8, 8), {"kernel_shape": [4, 4], "strides": [4, 4]}),
         ((1, 2, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 1]}),
-        ((1, 2, 6, 6), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
-        ((1, 2, 6, 6), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+        (
+            (1, 2, 6, 6),
+            {
+                "kernel_shape": [3, 3],
+                "strides": [1, 1],
+                "pads": [1, 1, 1, 1],
+                "count_include_pad": 0,
+            },
+        ),
+        (
+            (1, 2, 6, 6),
+            {
+                "kernel_shape": [3, 3],
+                "strides": [2, 2],
+                "pads": [1, 1, 1, 1],
+                "count_include_pad": 1,
+            },
+        ),
         ((2, 2, 9), {"kernel_shape": [2], "strides": [2]}),
     ],
     ids=str,
@@ -623,7 +768,15 @@ def test_average_pool_grad(shape, attrs):
     forward = helper.make_node("AveragePool", ["X"], ["Y"], **attrs)
     x = f32(*shape)
     (y,) = _forward(forward, x)
-    case = Case("AveragePoolGrad", {"Y_grad": f32(*y.shape), "X": x}, ["X_grad"], attrs, "", [forward], ["Y_grad"])
+    case = Case(
+        "AveragePoolGrad",
+        {"Y_grad": f32(*y.shape), "X": x},
+        ["X_grad"],
+        attrs,
+        "",
+        [forward],
+        ["Y_grad"],
+    )
     check(case)
 
 
@@ -645,7 +798,9 @@ def _recurrent_case(kind: str, before_reset: int, with_state: bool, final_grad: 
     h0 = "H0" if with_state else ""
     if kind == "GRU":
         attrs["linear_before_reset"] = before_reset
-        forward = helper.make_node("GRUTraining", [x, w, r, bias, "", h0], ["Y", "Y_h", "zrh"], domain=MS, **attrs)
+        forward = helper.make_node(
+            "GRUTraining", [x, w, r, bias, "", h0], ["Y", "Y_h", "zrh"], domain=MS, **attrs
+        )
         grad_inputs = [x, w, r, bias, "", h0, "Y", "zrh", "dY", "dY_h" if final_grad else ""]
         outputs = ["dX", "dW", "dR", "dB", "dH0" if with_state else ""]
         op = "GRUGrad"
@@ -653,9 +808,26 @@ def _recurrent_case(kind: str, before_reset: int, with_state: bool, final_grad: 
         inputs["C0"] = f32(1, b, h) if with_state else None
         c0 = "C0" if with_state else ""
         forward = helper.make_node(
-            "LSTMTraining", [x, w, r, bias, "", h0, c0], ["Y", "Y_h", "Y_c", "cells", "iofc"], domain=MS, **attrs
+            "LSTMTraining",
+            [x, w, r, bias, "", h0, c0],
+            ["Y", "Y_h", "Y_c", "cells", "iofc"],
+            domain=MS,
+            **attrs,
         )
-        grad_inputs = [x, w, r, "", h0, c0, "Y", "cells", "iofc", "dY", "dY_h" if final_grad else "", ""]
+        grad_inputs = [
+            x,
+            w,
+            r,
+            "",
+            h0,
+            c0,
+            "Y",
+            "cells",
+            "iofc",
+            "dY",
+            "dY_h" if final_grad else "",
+            "",
+        ]
         outputs = ["dX", "dW", "dR", "dB", "dH0" if with_state else "", "dC0" if with_state else ""]
         op = "LSTMGrad"
     named = [o for o in outputs if o]
@@ -667,7 +839,11 @@ def _recurrent_case(kind: str, before_reset: int, with_state: bool, final_grad: 
 
 RECURRENT = [
     (kind, before_reset, with_state, final_grad)
-    for kind, before_reset in (("GRU", 0), ("GRU", 1), ("LSTM", 0))  # linear_before_reset is a GRU attribute
+    for kind, before_reset in (
+        ("GRU", 0),
+        ("GRU", 1),
+        ("LSTM", 0),
+    )  # linear_before_reset is a GRU attribute
     for with_state in (False, True)
     for final_grad in (False, True)
 ]
@@ -680,7 +856,11 @@ def test_recurrent_training_and_grad(kind, before_reset, with_state, final_grad)
     grad_node = model.graph.node[-1]
     del grad_node.input[:]
     grad_node.input.extend(case.grad_inputs)  # type: ignore[attr-defined]
-    feeds = {n: v for n, v in case.inputs.items() if v is not None and n in {i.name for i in model.graph.input}}
+    feeds = {
+        n: v
+        for n, v in case.inputs.items()
+        if v is not None and n in {i.name for i in model.graph.input}
+    }
     expected = _run(model, feeds)
     lowered = onnx.ModelProto()
     lowered.CopyFrom(model)
@@ -751,13 +931,15 @@ def test_layer_norm_below_opset_17(shape, axis, bias):
     inputs = {"X": f32(*shape), "scale": f32(*shape[axis:])}
     if bias:
         inputs["B"] = f32(*shape[axis:])
-    case = Case("LayerNormalization", inputs, ["Y", "mean", "inv_std"], {"axis": axis}, domain="", opset=16)
+    case = Case(
+        "LayerNormalization", inputs, ["Y", "mean", "inv_std"], {"axis": axis}, domain="", opset=16
+    )
     assert check(case) == {"LayerNormalization": 1}
 
 
-SKIP_NORMS = [("SkipLayerNormalization", beta, bias) for beta in (False, True) for bias in (False, True)] + [
-    ("SkipSimplifiedLayerNormalization", False, False)
-]
+SKIP_NORMS = [
+    ("SkipLayerNormalization", beta, bias) for beta in (False, True) for bias in (False, True)
+] + [("SkipSimplifiedLayerNormalization", False, False)]
 
 
 @pytest.mark.parametrize(("op", "beta", "bias"), SKIP_NORMS, ids=str)
@@ -765,7 +947,11 @@ SKIP_NORMS = [("SkipLayerNormalization", beta, bias) for beta in (False, True) f
 def test_skip_layer_norm(op, beta, bias, shape):
     simplified = op.startswith("SkipSimplified")
     hidden = shape[-1]
-    inputs: dict[str, np.ndarray | None] = {"input": f32(*shape), "skip": f32(*shape), "gamma": f32(hidden)}
+    inputs: dict[str, np.ndarray | None] = {
+        "input": f32(*shape),
+        "skip": f32(*shape),
+        "gamma": f32(hidden),
+    }
     if not simplified:
         inputs["beta"] = f32(hidden) if beta else None
     inputs["bias"] = f32(hidden) if bias else None
@@ -787,7 +973,9 @@ def test_skip_simplified_layer_norm_adds_its_bias():
     lower_training_ops(model)
     assert non_portable_ops(model) == []
     y, inv_std, total = _run(model, {"input": x, "skip": skip, "gamma": gamma, "bias": bias})
-    expected, expected64 = (_skip_simplified(x, skip, gamma, bias, dtype) for dtype in (np.float32, np.float64))
+    expected, expected64 = (
+        _skip_simplified(x, skip, gamma, bias, dtype) for dtype in (np.float32, np.float64)
+    )
     terms = np.abs(x) + np.abs(skip) + np.abs(bias)
     assert_close(total, expected[0], expected64[0], rtol=1e-6, scale=terms, name="sum")
     assert_close(inv_std, expected[1], expected64[1], rtol=1e-5, name="inv_std")
@@ -802,7 +990,11 @@ def _skip_simplified(x, skip, gamma, bias, dtype) -> tuple[np.ndarray, np.ndarra
 
 
 def test_contrib_range_fused_gemm_and_fused_conv():
-    bounds = {"start": np.array(2.0, np.float32), "limit": np.array(11.0, np.float32), "delta": np.array(3, np.float32)}
+    bounds = {
+        "start": np.array(2.0, np.float32),
+        "limit": np.array(11.0, np.float32),
+        "delta": np.array(3, np.float32),
+    }
     check(Case("Range", bounds, ["Y"]))
     gemm = {"activation": "LeakyRelu", "activation_alpha": 0.2, "transB": 1, "alpha": 0.5}
     check(Case("FusedGemm", {"A": f32(3, 4), "B": f32(5, 4), "C": f32(5)}, ["Y"], gemm))
@@ -814,10 +1006,17 @@ def test_onnxruntime_mode_keeps_the_contrib_ops_stock_onnxruntime_runs():
     case = Case("Gelu", {"X": f32(3, 4)}, ["Y"])
     model = _model(case, symbolic=False)
     assert lower_training_ops(model, mode="onnxruntime") == {}
-    assert [n.op_type for n in model.graph.node] == ["Gelu"] and non_portable_ops(model, "onnxruntime") == []
+    assert [n.op_type for n in model.graph.node] == ["Gelu"] and non_portable_ops(
+        model, "onnxruntime"
+    ) == []
     assert [op for _, op, _ in non_portable_ops(model)] == ["Gelu"]
-    rms = _model(Case("SimplifiedLayerNormalization", {"X": f32(2, 4), "s": f32(4)}, ["Y"], domain=""), False)
-    assert lower_training_ops(rms, mode="onnxruntime") == {} and non_portable_ops(rms, "onnxruntime") == []
+    rms = _model(
+        Case("SimplifiedLayerNormalization", {"X": f32(2, 4), "s": f32(4)}, ["Y"], domain=""), False
+    )
+    assert (
+        lower_training_ops(rms, mode="onnxruntime") == {}
+        and non_portable_ops(rms, "onnxruntime") == []
+    )
 
 
 def test_contrib_trilu_below_opset_14_is_refused_in_standard_mode():
@@ -841,9 +1040,14 @@ def test_an_op_without_lowering_names_the_op_the_node_and_the_remedy():
 
 def test_a_lowering_that_needs_a_newer_opset_says_so():
     model = _model(
-        Case("GatherGrad", {"shape": i64(4, 2), "indices": i64(1), "dY": f32(1, 2)}, ["dX"], opset=13), False
+        Case(
+            "GatherGrad", {"shape": i64(4, 2), "indices": i64(1), "dY": f32(1, 2)}, ["dX"], opset=13
+        ),
+        False,
     )
-    with pytest.raises(PortabilityError, match=r"GatherGrad.*opset 16.*imports opset 13.*opset_version=17"):
+    with pytest.raises(
+        PortabilityError, match=r"GatherGrad.*opset 16.*imports opset 13.*opset_version=17"
+    ):
         lower_training_ops(model)
 
 
@@ -855,15 +1059,24 @@ def test_non_portable_ops_lists_training_ops_and_contrib_ops_by_mode():
         helper.make_node("MaxPoolGrad", ["c", "i"], ["d"]),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", 1, [2])], [helper.make_empty_tensor_value_info("d")]
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", 1, [2])],
+        [helper.make_empty_tensor_value_info("d")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    )
     standard = [("Gelu", MS), ("ReluGrad", MS), ("MaxPoolGrad", "ai.onnx")]
     assert [(op, domain) for _, op, domain in non_portable_ops(model)] == standard
     assert [(op, domain) for _, op, domain in non_portable_ops(model, True)] == standard
     onnxruntime_mode = [("ReluGrad", MS), ("MaxPoolGrad", "ai.onnx")]
-    assert [(op, domain) for _, op, domain in non_portable_ops(model, "onnxruntime")] == onnxruntime_mode
-    with pytest.raises(InvalidValueError, match=r"mode must be True, 'standard'.*'onnxruntime'.*not 'ort'"):
+    assert [
+        (op, domain) for _, op, domain in non_portable_ops(model, "onnxruntime")
+    ] == onnxruntime_mode
+    with pytest.raises(
+        InvalidValueError, match=r"mode must be True, 'standard'.*'onnxruntime'.*not 'ort'"
+    ):
         non_portable_ops(model, "ort")
 
 

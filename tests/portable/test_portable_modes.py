@@ -33,7 +33,9 @@ D = 8
 class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.net = nn.Sequential(
+            nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -44,7 +46,9 @@ class GeluBlock(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.layer = nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True, activation="gelu")
+        self.layer = nn.TransformerEncoderLayer(
+            D, 2, 16, dropout=0.0, batch_first=True, activation="gelu"
+        )
         self.fc = nn.Linear(D, 3)
 
     def forward(self, x):
@@ -84,7 +88,13 @@ def _artifacts(name: str, directory, portable="standard"):
     x = rng.standard_normal(shape).astype(np.float32)
     f = io.BytesIO()
     torch.onnx.export(
-        model, (torch.from_numpy(x),), f, input_names=["x"], output_names=["y"], dynamo=False, opset_version=17
+        model,
+        (torch.from_numpy(x),),
+        f,
+        input_names=["x"],
+        output_names=["y"],
+        dynamo=False,
+        opset_version=17,
     )
     base = onnx.load_from_string(f.getvalue())
     params = [i.name for i in base.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
@@ -110,13 +120,19 @@ def _feeds(artifacts, batch, rng, step_model: onnx.ModelProto) -> dict[str, np.n
         if name == LEARNING_RATE:
             feeds[name] = np.array([1e-2], np.float32)
         elif name == STEP:
-            feeds[name] = np.array([3], np.int64)  # a later step: the bias corrections are not 0 and 1
+            feeds[name] = np.array(
+                [3], np.int64
+            )  # a later step: the bias corrections are not 0 and 1
         elif name in params:
             feeds[name] = params[name]
         elif name.endswith(".exp_avg"):
-            feeds[name] = (rng.standard_normal(params[name[: -len(".exp_avg")]].shape) * 1e-2).astype(np.float32)
+            feeds[name] = (
+                rng.standard_normal(params[name[: -len(".exp_avg")]].shape) * 1e-2
+            ).astype(np.float32)
         elif name.endswith(".exp_avg_sq"):
-            feeds[name] = (rng.uniform(size=params[name[: -len(".exp_avg_sq")]].shape) * 1e-4).astype(np.float32)
+            feeds[name] = (
+                rng.uniform(size=params[name[: -len(".exp_avg_sq")]].shape) * 1e-4
+            ).astype(np.float32)
         else:
             feeds[name] = inputs.pop(0)
     return feeds
@@ -130,7 +146,9 @@ def test_one_step_on_the_reference_evaluator_equals_onnxruntime(name, tmp_path):
     assert all(n.domain in ("", "ai.onnx") for n in step.graph.node)
     assert {p.key: p.value for p in step.metadata_props}[PORTABLE_MODE_METADATA] == "standard"
     feeds = _feeds(artifacts, batch, rng, step)
-    session = onnxruntime().InferenceSession(str(artifacts.step_model), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        str(artifacts.step_model), providers=["CPUExecutionProvider"]
+    )
     expected = session.run(None, feeds)
     got = ReferenceEvaluator(step).run(None, feeds)
     names = [o.name for o in step.graph.output]
@@ -140,7 +158,11 @@ def test_one_step_on_the_reference_evaluator_equals_onnxruntime(name, tmp_path):
         assert g.shape == e.shape and g.dtype == e.dtype, out
         # two float32 implementations: no float64 truth, the floor from each output's size
         assert_close(g, e, rtol=1e-5, name=out)
-    moved = [n for n, e in zip(names, expected, strict=True) if n in feeds and not np.array_equal(e, feeds[n])]
+    moved = [
+        n
+        for n, e in zip(names, expected, strict=True)
+        if n in feeds and not np.array_equal(e, feeds[n])
+    ]
     assert not moved  # outputs are new values (p.out), never an input
 
 
@@ -149,14 +171,22 @@ def test_the_onnxruntime_mode_keeps_contrib_ops(name, tmp_path):
     """``portable="onnxruntime"``: the ops ORT's fusions wrote stay, so only onnxruntime runs the step model."""
     artifacts, batch, rng = _artifacts(name, tmp_path / "a", portable="onnxruntime")
     step = onnx.load(artifacts.step_model)
-    kept = {n.op_type for n in step.graph.node if n.domain not in ("", "ai.onnx") or n.op_type in CASES[name][2]}
+    kept = {
+        n.op_type
+        for n in step.graph.node
+        if n.domain not in ("", "ai.onnx") or n.op_type in CASES[name][2]
+    }
     assert set(CASES[name][2]) & kept, kept
     assert non_portable_ops(step, "onnxruntime") == [] and non_portable_ops(step) != []
     assert {p.key: p.value for p in step.metadata_props}[PORTABLE_MODE_METADATA] == "onnxruntime"
     feeds = _feeds(artifacts, batch, rng, step)
     standard, _, _ = _artifacts(name, tmp_path / "s")
-    session = onnxruntime().InferenceSession(str(artifacts.step_model), providers=["CPUExecutionProvider"])
-    reference = onnxruntime().InferenceSession(str(standard.step_model), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        str(artifacts.step_model), providers=["CPUExecutionProvider"]
+    )
+    reference = onnxruntime().InferenceSession(
+        str(standard.step_model), providers=["CPUExecutionProvider"]
+    )
     for e, g in zip(reference.run(None, feeds), session.run(None, feeds), strict=True):
         assert_close(g, e, rtol=1e-5)
 
@@ -167,19 +197,37 @@ def test_the_cli_flag_takes_the_mode(tmp_path):
     torch.manual_seed(0)
     f = io.BytesIO()
     torch.onnx.export(
-        GeluBlock().train(), (torch.zeros(2, 5, D),), f, input_names=["x"], output_names=["y"], dynamo=False
+        GeluBlock().train(),
+        (torch.zeros(2, 5, D),),
+        f,
+        input_names=["x"],
+        output_names=["y"],
+        dynamo=False,
     )
     path = tmp_path / "model.onnx"
     path.write_bytes(f.getvalue())
     found = {}
     for flag in (["--portable"], ["--portable", "onnxruntime"], ["--portable", "standard"]):
         out = tmp_path / "-".join(flag)
-        args = ["artifacts", str(path), "--loss", "crossentropy", "--all-params", *flag, "-o", str(out)]
+        args = [
+            "artifacts",
+            str(path),
+            "--loss",
+            "crossentropy",
+            "--all-params",
+            *flag,
+            "-o",
+            str(out),
+        ]
         assert cli_main(args) == 0
         step = onnx.load(out / "step_model.onnx")
-        found[" ".join(flag)] = {p.key: p.value for p in step.metadata_props}[PORTABLE_MODE_METADATA]
+        found[" ".join(flag)] = {p.key: p.value for p in step.metadata_props}[
+            PORTABLE_MODE_METADATA
+        ]
         assert (non_portable_ops(step) == []) == (found[" ".join(flag)] == "standard")
-        for file in out.glob("*.onnx"):  # the eval model too: ORT's fusions write Gelu into the forward graph
+        for file in out.glob(
+            "*.onnx"
+        ):  # the eval model too: ORT's fusions write Gelu into the forward graph
             assert non_portable_ops(onnx.load(file), found[" ".join(flag)]) == [], file.name
     assert found == {
         "--portable": "standard",
@@ -191,6 +239,10 @@ def test_the_cli_flag_takes_the_mode(tmp_path):
 def test_an_unknown_mode_is_refused_before_any_work(tmp_path):
     from onnxblocks.errors import InvalidValueError
 
-    with pytest.raises(InvalidValueError, match=r"portable must be True, 'standard'.*'onnxruntime'.*not 'ort'"):
-        generate_artifacts("missing.onnx", requires_grad=["w"], artifact_directory=tmp_path / "a", portable="ort")
+    with pytest.raises(
+        InvalidValueError, match=r"portable must be True, 'standard'.*'onnxruntime'.*not 'ort'"
+    ):
+        generate_artifacts(
+            "missing.onnx", requires_grad=["w"], artifact_directory=tmp_path / "a", portable="ort"
+        )
     assert not (tmp_path / "a").exists()

@@ -22,7 +22,12 @@ from support.numerics import assert_close
 
 import onnxblocks
 from onnxblocks import optim
-from onnxblocks._core.contracts import FIRST_ORDER_MOMENTS, PARAMS, SECOND_ORDER_MOMENTS, updated_name
+from onnxblocks._core.contracts import (
+    FIRST_ORDER_MOMENTS,
+    PARAMS,
+    SECOND_ORDER_MOMENTS,
+    updated_name,
+)
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.errors import PortabilityError
 from onnxblocks.portable import non_portable_ops
@@ -51,7 +56,9 @@ def _optimizer_model(block: onnxblocks.Block) -> onnx.ModelProto:
 
 
 def _session(model: onnx.ModelProto):
-    return onnxruntime().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
 
 
 def _with_updated_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -59,13 +66,19 @@ def _with_updated_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     (update,) = [n for n in out.graph.node if n.op_type in ("AdamWOptimizer", "SGDOptimizerV2")]
-    names = [PARAMS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS][: 3 if update.op_type == "AdamWOptimizer" else 1]
+    names = [PARAMS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS][
+        : 3 if update.op_type == "AdamWOptimizer" else 1
+    ]
     update.output.extend(f"kernel.{n}" for n in names)
-    out.graph.output.extend(helper.make_tensor_sequence_value_info(f"kernel.{n}", 1, None) for n in names)
+    out.graph.output.extend(
+        helper.make_tensor_sequence_value_info(f"kernel.{n}", 1, None) for n in names
+    )
     return out
 
 
-def _run_training_build(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> list[list[np.ndarray]]:
+def _run_training_build(
+    model: onnx.ModelProto, adamw: bool, grad_scale: float
+) -> list[list[np.ndarray]]:
     session = _session(_with_updated_outputs(model))
     params = _params()
     m1 = [np.zeros_like(p) for p in params]
@@ -73,7 +86,10 @@ def _run_training_build(model: onnx.ModelProto, adamw: bool, grad_scale: float) 
     history = []
     for step in range(STEPS):
         # the kernels update their inputs in place, and numpy inputs are not copied: feed copies
-        feeds = {"learning_rate": np.array([LRS[step]], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds = {
+            "learning_rate": np.array([LRS[step]], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
         feeds |= {
             "params": _copies(params),
             "gradients": _gradients(step, grad_scale),
@@ -99,15 +115,27 @@ def _run_portable(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> lis
     session = _session(portable)
     names = [o.name for o in session.get_outputs()]
     assert (
-        names == ([updated_name(n) for n in (PARAMS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)][: 3 if adamw else 1])
+        names
+        == (
+            [updated_name(n) for n in (PARAMS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)][
+                : 3 if adamw else 1
+            ]
+        )
     )
     params = _params()
     m1 = [np.zeros_like(p) for p in params]
     m2 = [np.zeros_like(p) for p in params]
     history = []
     for step in range(STEPS):
-        feeds = {"learning_rate": np.array([LRS[step]], np.float32), "step": np.array([step + 1], np.int64)}
-        feeds |= {"params": params, "gradients": _gradients(step, grad_scale), "first_order_moments": m1}
+        feeds = {
+            "learning_rate": np.array([LRS[step]], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
+        feeds |= {
+            "params": params,
+            "gradients": _gradients(step, grad_scale),
+            "first_order_moments": m1,
+        }
         if adamw:
             feeds["second_order_moments"] = m2
         outputs = session.run(None, feeds)
@@ -118,7 +146,9 @@ def _run_portable(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> lis
     return history
 
 
-def _hf_adamw_step(p, g, m1, m2, lr, step, betas, eps, decay):  # Hugging Face's AdamW, written in torch
+def _hf_adamw_step(
+    p, g, m1, m2, lr, step, betas, eps, decay
+):  # Hugging Face's AdamW, written in torch
     m1.mul_(betas[0]).add_(g, alpha=1 - betas[0])
     m2.mul_(betas[1]).addcmul_(g, g, value=1 - betas[1])
     step_size = lr * (1 - betas[1] ** step) ** 0.5 / (1 - betas[0] ** step)
@@ -189,14 +219,18 @@ def _compare(got, expected, expected64, rtol: float) -> None:
     for step, (e, g) in enumerate(zip(expected, got, strict=True)):
         e64 = expected64[step] if expected64 is not None else [None] * len(e)
         for i, (ep, gp, ep64) in enumerate(zip(e, g, e64, strict=True)):
-            scale = np.abs(previous[i]) + np.abs(np.subtract(reference[step][i], previous[i], dtype=np.float64))
+            scale = np.abs(previous[i]) + np.abs(
+                np.subtract(reference[step][i], previous[i], dtype=np.float64)
+            )
             assert_close(gp, ep, ep64, rtol=rtol, scale=scale, name=f"step {step + 1}, param {i}")
         previous = reference[step]
 
 
 def _torch_references(kind, mode, decay, clip) -> tuple[list, list]:
     """torch's parameter history in float32 and in float64."""
-    return tuple(_run_torch(kind, mode, decay, clip, 1.0, dtype) for dtype in (torch.float32, torch.float64))
+    return tuple(
+        _run_torch(kind, mode, decay, clip, 1.0, dtype) for dtype in (torch.float32, torch.float64)
+    )
 
 
 @pytest.mark.parametrize(("kind", "mode", "decay", "clip"), CASES, ids=str)
@@ -213,9 +247,13 @@ def test_clipping_actually_clips_in_these_cases():
 
 
 def test_read_optimizer_reads_the_block():
-    spec = read_optimizer(_optimizer_model(optim.AdamW(betas=(0.8, 0.99), eps=1e-6, mode="hf", clip_grad=2.0)))
+    spec = read_optimizer(
+        _optimizer_model(optim.AdamW(betas=(0.8, 0.99), eps=1e-6, mode="hf", clip_grad=2.0))
+    )
     assert (spec.kind, spec.max_norm) == ("adamw", 2.0)
-    assert spec.attributes["alpha"] == np.float32(0.8) and spec.attributes["adam_mode"] == 1  # a float32 attribute
+    assert (
+        spec.attributes["alpha"] == np.float32(0.8) and spec.attributes["adam_mode"] == 1
+    )  # a float32 attribute
     assert read_optimizer(_optimizer_model(optim.SGD())).kind == "sgd"
 
 
@@ -253,12 +291,17 @@ def _run_per_tensor(model: onnx.ModelProto, adamw: bool) -> list[list[np.ndarray
     m2 = [np.zeros_like(p) for p in params]
     history = []
     for step in range(STEPS):
-        feeds = {"learning_rate": np.array([LRS[step]], np.float32), "step": np.array([step + 1], np.int64)}
+        feeds = {
+            "learning_rate": np.array([LRS[step]], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
         for i, g in enumerate(_gradients(step)):
             feeds |= {f"p{i}": params[i], f"p{i}_grad": g, f"p{i}.exp_avg": m1[i]}
             if adamw:
                 feeds[f"p{i}.exp_avg_sq"] = m2[i]
-        got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        got = dict(
+            zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True)
+        )
         params = [got[f"p{i}.out"] for i in range(len(SHAPES))]
         if adamw:
             m1 = [got[f"p{i}.exp_avg.out"] for i in range(len(SHAPES))]
@@ -277,10 +320,15 @@ def test_flat_buffers_give_the_per_tensor_update_bit_for_bit(kind, mode, decay, 
     flat, per_tensor = _per_tensor_model(model, 1 << 16), _per_tensor_model(model, 0)
     assert non_portable_ops(flat) == []
     # one update over the concatenated tensors instead of one per tensor
-    one_per_update = "Div" if kind == "adamw" else "Sub"  # AdamW: m1 / (sqrt(m2) + eps); SGD: p - lr * g
+    one_per_update = (
+        "Div" if kind == "adamw" else "Sub"
+    )  # AdamW: m1 / (sqrt(m2) + eps); SGD: p - lr * g
     assert _count(per_tensor, one_per_update) - _count(flat, one_per_update) == len(SHAPES) - 1
     assert _count(flat, "Concat") == (4 if kind == "adamw" else 2)
-    got, expected = _run_per_tensor(flat, kind == "adamw"), _run_per_tensor(per_tensor, kind == "adamw")
+    got, expected = (
+        _run_per_tensor(flat, kind == "adamw"),
+        _run_per_tensor(per_tensor, kind == "adamw"),
+    )
     for step, (e, g) in enumerate(zip(expected, got, strict=True)):
         for i, (ep, gp) in enumerate(zip(e, g, strict=True)):
             np.testing.assert_array_equal(gp, ep, err_msg=f"step {step + 1}, param {i}")

@@ -39,7 +39,11 @@ def linear_training_build(tmp_path_factory):
     model = pl.forward_model()
     directory = tmp_path_factory.mktemp("linear_training")
     generate_artifacts(
-        model, requires_grad=["W", "b"], loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=directory
+        model,
+        requires_grad=["W", "b"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
     )
     return directory
 
@@ -53,7 +57,9 @@ def test_rewritten_ort_checkpoint_is_byte_identical_and_resumes_bit_exactly(tmp_
     session.learning_rate = 0.01
     for i in range(5):
         session.train_and_update(x[i * 8 : i * 8 + 8], y[i * 8 : i * 8 + 8])
-    saved = session.save_checkpoint(tmp_path / "ort", properties={"note": "x", "ratio": 0.5, "big": 2**40})
+    saved = session.save_checkpoint(
+        tmp_path / "ort", properties={"note": "x", "ratio": 0.5, "big": 2**40}
+    )
     expected = [session.train_and_update(x[:16], y[:16])[0] for _ in range(5)]
 
     ck = load_checkpoint(saved)
@@ -73,8 +79,14 @@ def test_rewritten_ort_checkpoint_is_byte_identical_and_resumes_bit_exactly(tmp_
         if threshold is None:
             assert ours.read_bytes() == saved.read_bytes()
         resumed = TrainingSession(directory, checkpoint=ours, backend="training")
-        resumed.learning_rate = 0.01  # ONNX Runtime restores the initial learning rate, not the current one
-        assert resumed.step == 5 and resumed.properties["note"] == "x" and resumed.properties["big"] == 2**40
+        resumed.learning_rate = (
+            0.01  # ONNX Runtime restores the initial learning rate, not the current one
+        )
+        assert (
+            resumed.step == 5
+            and resumed.properties["note"] == "x"
+            and resumed.properties["big"] == 2**40
+        )
         got = [resumed.train_and_update(x[:16], y[:16])[0] for _ in range(5)]
         assert [float(a) for a in got] == [float(b) for b in expected], name
         for p in session.parameter_names():
@@ -83,7 +95,13 @@ def test_rewritten_ort_checkpoint_is_byte_identical_and_resumes_bit_exactly(tmp_
 
 def test_checkpoint_writer_refuses_bad_optimizer_state_and_properties(tmp_path):
     params = ({"w": np.ones((2, 3), np.float32)}, {})
-    state = {"group0": {"step": 1, "initial_learning_rate": 1e-3, "moments": {"v": [np.zeros((2, 3), np.float32)]}}}
+    state = {
+        "group0": {
+            "step": 1,
+            "initial_learning_rate": 1e-3,
+            "moments": {"v": [np.zeros((2, 3), np.float32)]},
+        }
+    }
     with pytest.raises(ValueError, match="moments of 'v', which is not a trainable parameter"):
         save_checkpoint(params, tmp_path / "c", optimizer_state=state)
     state["group0"]["moments"] = {"w": [np.zeros((3, 2), np.float32)]}
@@ -105,7 +123,9 @@ def _assert_tracks_torch(losses, session: TrainingSession, batches, **adamw) -> 
     """The losses and final parameters against torch AdamW's, in float32 and float64 (rtol 1e-5)."""
     expected_losses, expected_params = torch_adamw(batches, lr=0.01, **adamw)
     losses64, params64 = torch_adamw(batches, lr=0.01, dtype=torch.float64, **adamw)
-    assert_close(np.float32(losses), np.float32(expected_losses), losses64, rtol=1e-5, name="losses")
+    assert_close(
+        np.float32(losses), np.float32(expected_losses), losses64, rtol=1e-5, name="losses"
+    )
     for name, value in expected_params.items():
         assert_close(session.get_parameter(name), value, params64[name], rtol=1e-5, name=name)
 
@@ -127,7 +147,10 @@ def test_portable_accumulation_and_lazy_reset(linear_dirs):
     assert session.gradients() == {}
 
     def torch_grads(*chosen, dtype=torch.float32):
-        params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in session.parameters().items()}
+        params = {
+            n: torch.tensor(v, dtype=dtype, requires_grad=True)
+            for n, v in session.parameters().items()
+        }
         for x, t in chosen:
             x, t = torch.from_numpy(x).to(dtype), torch.from_numpy(t).to(dtype)
             ((x @ params["W"] + params["b"] - t) ** 2).mean().backward()
@@ -144,9 +167,20 @@ def test_portable_accumulation_and_lazy_reset(linear_dirs):
         return total
 
     def assert_gradients(*chosen):
-        expected, expected64, scale = torch_grads(*chosen), torch_grads(*chosen, dtype=torch.float64), terms(*chosen)
+        expected, expected64, scale = (
+            torch_grads(*chosen),
+            torch_grads(*chosen, dtype=torch.float64),
+            terms(*chosen),
+        )
         for name, value in expected.items():
-            assert_close(session.gradients()[name], value, expected64[name], rtol=1e-5, scale=scale[name], name=name)
+            assert_close(
+                session.gradients()[name],
+                value,
+                expected64[name],
+                rtol=1e-5,
+                scale=scale[name],
+                name=name,
+            )
 
     session.train_step(*batches[0])
     session.train_step(*batches[1])
@@ -182,7 +216,9 @@ def test_portable_resume_is_bit_exact(linear_dirs, tmp_path, kind):
         np.testing.assert_array_equal(resumed.get_parameter(name), session.get_parameter(name))
     # load_checkpoint into a live session rewinds it the same way
     assert session.load_checkpoint(path)["epoch"] == 2
-    assert [float(session.train_and_update(x, t)[0]) for x, t in batches[4:]] == [float(b) for b in straight]
+    assert [float(session.train_and_update(x, t)[0]) for x, t in batches[4:]] == [
+        float(b) for b in straight
+    ]
 
 
 def test_fit_takes_one_fused_step_per_batch(linear_dirs):
@@ -190,7 +226,12 @@ def test_fit_takes_one_fused_step_per_batch(linear_dirs):
     manual = TrainingSession(linear_dirs["fused"])
     expected = [float(manual.train_and_update(x, t)[0]) for x, t in batches]
     session = TrainingSession(linear_dirs["fused"])
-    history = fit(session, ArrayBatches(_stack(batches), batch_size=8, shuffle=False), epochs=1, progress=False)
+    history = fit(
+        session,
+        ArrayBatches(_stack(batches), batch_size=8, shuffle=False),
+        epochs=1,
+        progress=False,
+    )
     assert history.losses == expected and history.steps == 6
 
 
@@ -236,7 +277,9 @@ def test_portable_export_and_parameters(linear_dirs, tmp_path):
         session.set_parameter("W", np.zeros((2, 2), np.float32))
     path = session.export_inference_model(tmp_path / "model.onnx", ["y"])
     model = onnx.load(path)
-    assert [i.name for i in model.graph.input] == ["x"] and [o.name for o in model.graph.output] == ["y"]
+    assert [i.name for i in model.graph.input] == ["x"] and [
+        o.name for o in model.graph.output
+    ] == ["y"]
     inference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(inference.run(None, {"x": x})[0], session.eval_step(x, t)[1])
     with pytest.raises(ValueError, match=r"outputs \['nope'\]"):
@@ -305,7 +348,11 @@ def test_generated_portable_artifacts_follow_the_training_build(tmp_path, optimi
         crossed.learning_rate = 0.05
         same = TrainingSession(dirs[not portable], checkpoint=tmp_path / f"ck_{not portable}")
         same.learning_rate = 0.05
-        assert_close(crossed.train_and_update(*batches[0])[0], same.train_and_update(*batches[0])[0], rtol=1e-5)
+        assert_close(
+            crossed.train_and_update(*batches[0])[0],
+            same.train_and_update(*batches[0])[0],
+            rtol=1e-5,
+        )
 
 
 def test_demo_trains_portable_artifacts_on_the_portable_backend(tmp_path):
@@ -349,7 +396,10 @@ def test_optimizer_sequences_become_tensors(tmp_path):
                 helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
                 seq("params", TensorProto.FLOAT, None),
             ],
-            [seq("params.out", TensorProto.FLOAT, None), helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+            [
+                seq("params.out", TensorProto.FLOAT, None),
+                helper.make_tensor_value_info("n", TensorProto.INT64, []),
+            ],
         ),
         opset_imports=[helper.make_opsetid("", 17)],
         ir_version=8,
@@ -358,7 +408,9 @@ def test_optimizer_sequences_become_tensors(tmp_path):
     ops = [n.op_type for n in wrapped.model.graph.node]
     assert ops.count("SequenceConstruct") == 1 and ops.count("SequenceAt") == 2
     values = {"W": np.arange(6, dtype=np.float32).reshape(3, 2), "b": np.ones(2, np.float32)}
-    session = ort.InferenceSession(wrapped.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        wrapped.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     feeds = {wrapped.inputs[("params", i)]: values[p] for i, (p, _, _) in enumerate(params)}
     feeds["learning_rate"] = np.ones(1, np.float32)
     names = [wrapped.outputs[("params", i)] for i in range(2)]
@@ -385,7 +437,9 @@ def test_optimizer_sequences_become_tensors(tmp_path):
 SEQUENCE_LAYOUT = Path(__file__).parents[1] / "data" / "portable_sequence_optimizer"
 
 
-def test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_regenerates_them(tmp_path):
+def test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_regenerates_them(
+    tmp_path,
+):
     hand_written = pl.write(tmp_path / "hand", fused=False, sequence_optimizer=True)
     for directory in (SEQUENCE_LAYOUT, hand_written):
         with pytest.raises(OnnxBlocksError, match=r"tensor sequences.*--portable.*portable=True"):
@@ -451,7 +505,12 @@ def test_the_portable_runtime_needs_no_graph_tooling(linear_dirs):
     )
     tests = str(Path(__file__).parents[1])
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tests, check=False, timeout=300
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tests,
+        check=False,
+        timeout=300,
     )
     assert done.returncode == 0 and "trained" in done.stdout, done.stderr[-3000:]
 
@@ -461,5 +520,7 @@ def test_an_optimizer_model_of_other_artifacts_is_refused_at_load(tmp_path):
     model = onnx.load(directory / "optimizer_model.onnx")
     model.graph.input.append(onnx.helper.make_tensor_value_info("V", onnx.TensorProto.FLOAT, [3]))
     onnx.save(model, directory / "optimizer_model.onnx")
-    with pytest.raises(ValueError, match=r"takes \['V'\], which are not this checkpoint's trainable parameters"):
+    with pytest.raises(
+        ValueError, match=r"takes \['V'\], which are not this checkpoint's trainable parameters"
+    ):
         TrainingSession(directory)

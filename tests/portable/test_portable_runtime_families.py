@@ -43,7 +43,11 @@ def _family(name: str, exporter: str, directory):
         inputs = [_tensor(v, dtype) for v in case.inputs.values()]
         return models.torch_loss(case.loss)(model(*inputs), _tensor(case.target, dtype))
 
-    return [*case.inputs.values(), case.target], _torch_losses(case.torch_model, lambda n: True, loss), False
+    return (
+        [*case.inputs.values(), case.target],
+        _torch_losses(case.torch_model, lambda n: True, loss),
+        False,
+    )
 
 
 def _sweep(name: str, exporter: str, directory):
@@ -56,9 +60,17 @@ def _sweep(name: str, exporter: str, directory):
 
         source = os.path.join(directory, "model", "model.onnx")
         os.makedirs(os.path.dirname(source))
-        onnx.save(onnx_model, source, save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+        onnx.save(
+            onnx_model,
+            source,
+            save_as_external_data=True,
+            location="model.onnx.data",
+            size_threshold=0,
+        )
     trained = [t for t in names if t not in case.frozen and sweep.is_trained(case, t)]
-    extra = {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
+    extra = (
+        {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
+    )
     generate_artifacts(
         source,
         requires_grad=[names[t] for t in trained],
@@ -72,9 +84,15 @@ def _sweep(name: str, exporter: str, directory):
 
     def loss(model, dtype) -> torch.Tensor:
         out = model(*[_tensor(v, dtype) for v in case.inputs.values()])
-        return models.torch_loss(case.loss)(out[0] if case.multi else out, _tensor(case.target, dtype))
+        return models.torch_loss(case.loss)(
+            out[0] if case.multi else out, _tensor(case.target, dtype)
+        )
 
-    return [*case.inputs.values(), case.target], _torch_losses(case.model, trained.__contains__, loss), case.random
+    return (
+        [*case.inputs.values(), case.target],
+        _torch_losses(case.model, trained.__contains__, loss),
+        case.random,
+    )
 
 
 def _tensor(value: np.ndarray, dtype) -> torch.Tensor:
@@ -99,7 +117,9 @@ def _torch_losses(model, trained, loss_fn) -> tuple[np.ndarray, list[float]]:
     return np.float32(runs[0]), runs[1]
 
 
-CASES = [("families", n, e) for n, e in models.FAMILY_CASES] + [("sweep", n, e) for n, e in sweep.CASES]
+CASES = [("families", n, e) for n, e in models.FAMILY_CASES] + [
+    ("sweep", n, e) for n, e in sweep.CASES
+]
 
 
 @pytest.mark.slow
@@ -140,10 +160,14 @@ def test_every_family_trains_on_stock_onnxruntime_like_torch(portable_python, tm
             if not (np.all(np.isfinite(got)) and got[-1] < got[0]):
                 failures.append(f"{label}: losses {got[0]:.4f} -> {got[-1]:.4f} do not decrease")
             continue
-        report = check_close(np.float32(got), torch_losses, torch64, rtol=1e-4, name=f"{label} losses against torch")
+        report = check_close(
+            np.float32(got), torch_losses, torch64, rtol=1e-4, name=f"{label} losses against torch"
+        )
         if report is not None:
             failures.append(report)
-    assert not failures, f"{len(failures)} of {len(tasks)} runs do not track torch:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(tasks)} runs do not track torch:\n" + "\n".join(
+        failures
+    )
     assert len(tasks) == 2 * len(CASES) > 100
 
 

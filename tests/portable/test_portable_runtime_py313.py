@@ -25,7 +25,9 @@ def test_portable_training_on_python_313_with_stock_onnxruntime(portable_python,
     fused, unfused = pl.write(tmp_path / "fused"), pl.write(tmp_path / "unfused", fused=False)
     batches = pl.batches(10)
     data = tmp_path / "batches.npz"
-    np.savez(data, **{f"x{i}_{k}": a for i, batch in enumerate(batches) for k, a in enumerate(batch)})
+    np.savez(
+        data, **{f"x{i}_{k}": a for i, batch in enumerate(batches) for k, a in enumerate(batch)}
+    )
     training = tmp_path / "training"
     generate_artifacts(
         pl.forward_model(),
@@ -77,9 +79,14 @@ def test_portable_training_on_python_313_with_stock_onnxruntime(portable_python,
     assert env["checkpoint_properties"] == {"k": 1} and env["html"] > 0 and env["loss_output"]
     name, message, is_import_error = env["generate_error"]
     assert name == "TrainingBuildRequiredError" and is_import_error
-    assert "onnxruntime-training" in message and "no Python 3.10-3.12 to run it was found" in message
+    assert (
+        "onnxruntime-training" in message and "no Python 3.10-3.12 to run it was found" in message
+    )
     assert "uv python install 3.12" in message and "$ONNXBLOCKS_TRAINING_PYTHON" in message
-    assert env["session_error"][0] == "TrainingBuildRequiredError" and "not portable" in env["session_error"][1]
+    assert (
+        env["session_error"][0] == "TrainingBuildRequiredError"
+        and "not portable" in env["session_error"][1]
+    )
 
     expected_losses, expected_params = torch_adamw(batches, lr=LR)
     losses64, params64 = torch_adamw(batches, lr=LR, dtype=torch.float64)
@@ -95,7 +102,9 @@ def test_portable_training_on_python_313_with_stock_onnxruntime(portable_python,
     with np.load(tmp_path / "params.npz") as params:
         for name, value in expected_params.items():
             assert_close(params[name], value, params64[name], rtol=1e-5, name=name)
-    assert_equal(np.float32(plain["exported"][0]), np.float32(plain["eval"][0]), name="exported against eval")
+    assert_equal(
+        np.float32(plain["exported"][0]), np.float32(plain["eval"][0]), name="exported against eval"
+    )
 
     # the training build's checkpoint went on under 3.13 ...
     handed_on = np.float32(handed + continued["losses"][:6])

@@ -142,7 +142,14 @@ PUBLIC: dict[str, list[str]] = {
         "no_decay_norm_bias",
     ],
     "onnxblocks.artifacts": ["Artifacts", "LossType", "OptimType", "generate_artifacts"],
-    "onnxblocks.peft": ["LoraConfig", "LoraInfo", "LoraTarget", "apply_lora", "lora_info", "merge_lora"],
+    "onnxblocks.peft": [
+        "LoraConfig",
+        "LoraInfo",
+        "LoraTarget",
+        "apply_lora",
+        "lora_info",
+        "merge_lora",
+    ],
     "onnxblocks.gradient": [
         "LAZY_RESET_GRAD",
         "ParameterPartition",
@@ -270,10 +277,32 @@ PUBLIC: dict[str, list[str]] = {
         "simulate",
         "train_client",
     ],
-    "onnxblocks.cli": ["CliError", "EXIT_FAILURE", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "main"],
-    "onnxblocks.compat": ["AdamWOptimizer", "ReferenceAdamW", "ReferenceSGD", "SGDOptimizer", "artifacts", "onnxblock"],
+    "onnxblocks.cli": [
+        "CliError",
+        "EXIT_FAILURE",
+        "EXIT_INPUT",
+        "EXIT_INTERRUPTED",
+        "EXIT_OK",
+        "EXIT_USAGE",
+        "main",
+    ],
+    "onnxblocks.compat": [
+        "AdamWOptimizer",
+        "ReferenceAdamW",
+        "ReferenceSGD",
+        "SGDOptimizer",
+        "artifacts",
+        "onnxblock",
+    ],
     "onnxblocks.compat.legacy": ["GradientGraphBuilder", "TrainingParameters", "TrainingSession"],
-    "onnxblocks.torch": ["ExportError", "OnnxFunction", "OnnxModule", "OrtModule", "OrtRunError", "onnx_function"],
+    "onnxblocks.torch": [
+        "ExportError",
+        "OnnxFunction",
+        "OnnxModule",
+        "OrtModule",
+        "OrtRunError",
+        "onnx_function",
+    ],
     "onnxblocks.torch.distributed": ["DataParallel"],
 }
 
@@ -281,7 +310,9 @@ PUBLIC: dict[str, list[str]] = {
 @pytest.mark.parametrize("module", sorted(PUBLIC))
 def test_public_names_are_pinned(module):
     names = importlib.import_module(module).__all__
-    assert sorted(names) == sorted(PUBLIC[module]), f"{module}.__all__ changed: update tests and docs/api.md"
+    assert sorted(names) == sorted(PUBLIC[module]), (
+        f"{module}.__all__ changed: update tests and docs/api.md"
+    )
     mod = importlib.import_module(module)
     for name in names:
         assert hasattr(mod, name), f"{module}.{name} is listed in __all__ but missing"
@@ -295,12 +326,24 @@ def test_docs_list_every_public_name(module):
     body = section[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([^`]+)` \|", body, re.M))
     expected = set(PUBLIC[module]) - (set(ERRORS) if module == "onnxblocks" else set())
-    assert listed == expected, f"docs/api.md's {module} section: missing {expected - listed}, extra {listed - expected}"
+    assert listed == expected, (
+        f"docs/api.md's {module} section: missing {expected - listed}, extra {listed - expected}"
+    )
 
 
 def test_dir_of_the_package_is_its_public_api():
     shown = set(dir(onnxblocks))
-    lazy = {"artifacts", "checkpoint", "compat", "datasets", "demo", "display", "gradient", "io", "runtime"}
+    lazy = {
+        "artifacts",
+        "checkpoint",
+        "compat",
+        "datasets",
+        "demo",
+        "display",
+        "gradient",
+        "io",
+        "runtime",
+    }
     assert shown == set(onnxblocks.__all__) | lazy
     assert not shown & {"Any", "annotations", "importlib", "_html"}
 
@@ -314,7 +357,9 @@ def test_moved_names_warn_for_one_release():
         assert moved is getattr(compat, name)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert optim.AdamW is importlib.import_module("onnxblocks.optim.adamw").AdamW  # the algorithms do not warn
+        assert (
+            optim.AdamW is importlib.import_module("onnxblocks.optim.adamw").AdamW
+        )  # the algorithms do not warn
     with pytest.raises(AttributeError, match="no attribute 'Lion'"):
         optim.Lion  # noqa: B018
 

@@ -77,7 +77,9 @@ def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.body:
-                type_checking_lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+                type_checking_lines.update(
+                    range(child.lineno, (child.end_lineno or child.lineno) + 1)
+                )
     found = []
     for node in ast.walk(tree):
         targets: list[str] = []
@@ -91,7 +93,11 @@ def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
             else:
                 source = node.module or ""
             # `from pkg import sub` imports the submodule when there is one, else a name of pkg itself
-            subs = [f"{source}.{alias.name}" for alias in node.names if f"{source}.{alias.name}" in MODULES]
+            subs = [
+                f"{source}.{alias.name}"
+                for alias in node.names
+                if f"{source}.{alias.name}" in MODULES
+            ]
             targets = subs if len(subs) == len(node.names) else [source, *subs]
         for target in targets:
             while target and target not in MODULES and target.startswith("onnxblocks"):
@@ -106,7 +112,9 @@ GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
 
 def test_every_package_has_a_layer():
     unplaced = sorted({_package(m) for m in MODULES} - set(LAYER_OF))
-    assert not unplaced, f"place {unplaced} in LAYERS (tests/project/test_architecture.py) and in docs/architecture.md"
+    assert not unplaced, (
+        f"place {unplaced} in LAYERS (tests/project/test_architecture.py) and in docs/architecture.md"
+    )
 
 
 def test_layers_import_only_downward():
@@ -196,9 +204,13 @@ def test_onnxruntime_has_one_door_and_torch_stays_in_its_module():
     for path in MODULES.values():
         imported = _third_party_imports(path)
         if "onnxruntime" in imported and path not in (ort_door, worker_script):
-            wrong.append(f"{path.relative_to(PACKAGE.parent)} imports onnxruntime: use onnxblocks._core.ort")
+            wrong.append(
+                f"{path.relative_to(PACKAGE.parent)} imports onnxruntime: use onnxblocks._core.ort"
+            )
         if "torch" in imported and torch_home not in path.parents:
-            wrong.append(f"{path.relative_to(PACKAGE.parent)} imports torch outside onnxblocks/torch")
+            wrong.append(
+                f"{path.relative_to(PACKAGE.parent)} imports torch outside onnxblocks/torch"
+            )
     assert not wrong, "\n".join(wrong)
 
 
@@ -211,8 +223,9 @@ def test_modules_fit_in_a_head():
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > MAX_LINES:
             big.append(f"{rel}: {lines} lines")
-    assert not big, f"modules over {MAX_LINES} lines (split them by concept, or explain in LARGE_MODULES):\n" + (
-        "\n".join(big)
+    assert not big, (
+        f"modules over {MAX_LINES} lines (split them by concept, or explain in LARGE_MODULES):\n"
+        + ("\n".join(big))
     )
 
 
@@ -224,14 +237,21 @@ def test_the_checker_sees_upward_imports(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "MODULES", {**MODULES, **fake})
     found = _imports("onnxblocks._core.x", fake["onnxblocks._core.x"])
     assert found == [("onnxblocks.display.y", 2, False)]
-    assert _imports("onnxblocks.display.y", fake["onnxblocks.display.y"]) == [("onnxblocks._core.x", 1, False)]
+    assert _imports("onnxblocks.display.y", fake["onnxblocks.display.y"]) == [
+        ("onnxblocks._core.x", 1, False)
+    ]
     assert LAYER_OF[_package("onnxblocks.display.y")] > LAYER_OF[_package("onnxblocks._core.x")]
 
 
 @pytest.mark.parametrize("doc", ["docs/architecture.md"])
 def test_the_diagram_names_every_layer(doc):
     text = (PACKAGE.parent / doc).read_text(encoding="utf-8")
-    missing = [p for layer in LAYERS for p in layer if p not in ("__init__", "__main__") and f"`{p}" not in text]
+    missing = [
+        p
+        for layer in LAYERS
+        for p in layer
+        if p not in ("__init__", "__main__") and f"`{p}" not in text
+    ]
     assert not missing, f"{doc} does not place {missing}"
 
 
@@ -254,7 +274,12 @@ _PRUNING_WORDS = {"dead", "live", "reachable"}
 
 
 def _is_full_slice(node: ast.expr) -> bool:
-    return isinstance(node, ast.Slice) and node.lower is None and node.upper is None and node.step is None
+    return (
+        isinstance(node, ast.Slice)
+        and node.lower is None
+        and node.upper is None
+        and node.step is None
+    )
 
 
 def _surgery(source: str, rel: str = "<snippet>") -> list[tuple[int, str]]:
@@ -274,7 +299,9 @@ def _surgery(source: str, rel: str = "<snippet>") -> list[tuple[int, str]]:
                     ):
                         text = lines[node.lineno - 1].strip()
                         if (rel, text) not in SURGERY_ALLOWED:
-                            found.append((node.lineno, f"rebuilds .{t.value.attr} by hand (del ...[:])"))
+                            found.append(
+                                (node.lineno, f"rebuilds .{t.value.attr} by hand (del ...[:])")
+                            )
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             first = node.args[0] if node.args else None
             arg = first.value if isinstance(first, ast.Constant) else None
@@ -284,15 +311,28 @@ def _surgery(source: str, rel: str = "<snippet>") -> list[tuple[int, str]]:
                 found.append((node.lineno, "looks into a graph attribute (HasField('g'))"))
             elif node.func.attr in ("as_graph", "as_graphs"):
                 found.append((node.lineno, f"walks into subgraphs (.{node.func.attr}())"))
-        elif isinstance(node, ast.Attribute) and node.attr in ("g", "graphs") and isinstance(node.ctx, ast.Load):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("g", "graphs")
+            and isinstance(node.ctx, ast.Load)
+        ):
             found.append((node.lineno, f"walks into subgraphs (attribute .{node.attr})"))
         elif isinstance(node, ast.Attribute) and node.attr == "RecursiveGraphIterator":
-            found.append((node.lineno, "walks into subgraphs (RecursiveGraphIterator: use ir.walk.all_nodes)"))
+            found.append(
+                (
+                    node.lineno,
+                    "walks into subgraphs (RecursiveGraphIterator: use ir.walk.all_nodes)",
+                )
+            )
         elif isinstance(node, ast.While) and rel != NAME_MAKER and _makes_names(node):
             found.append((node.lineno, "makes fresh names (a `while name in taken` loop)"))
         elif isinstance(node, ast.For) and rel != NAME_MAKER and _counts_names(node):
             found.append((node.lineno, "makes fresh names (counting until a name is free)"))
-        elif isinstance(node, ast.ClassDef) and rel != NAME_MAKER and re.search(r"Name(Authority|r)$", node.name):
+        elif (
+            isinstance(node, ast.ClassDef)
+            and rel != NAME_MAKER
+            and re.search(r"Name(Authority|r)$", node.name)
+        ):
             found.append((node.lineno, f"defines a name maker (class {node.name})"))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             words = set(node.name.lower().strip("_").split("_"))
@@ -302,7 +342,11 @@ def _surgery(source: str, rel: str = "<snippet>") -> list[tuple[int, str]]:
 
 
 def _membership_tests(test: ast.expr) -> list[ast.Compare]:
-    return [c for c in ast.walk(test) if isinstance(c, ast.Compare) and any(isinstance(o, ast.In) for o in c.ops)]
+    return [
+        c
+        for c in ast.walk(test)
+        if isinstance(c, ast.Compare) and any(isinstance(o, ast.In) for o in c.ops)
+    ]
 
 
 def _makes_names(loop: ast.While) -> bool:
@@ -321,7 +365,13 @@ def _counts_names(loop: ast.For) -> bool:
     if not isinstance(call, ast.Call):
         return False
     func = call.func
-    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    name = (
+        func.attr
+        if isinstance(func, ast.Attribute)
+        else func.id
+        if isinstance(func, ast.Name)
+        else ""
+    )
     if name != "count":
         return False
     return any(
@@ -348,7 +398,9 @@ SURGERY = _surgery_by_file()
 
 def test_graph_surgery_lives_in_the_ir_layer():
     """No hand-written subgraph walk, node-list rebuild, name maker or dead-node removal outside onnxblocks/ir."""
-    wrong = [f"{rel}:{line}: {what}" for rel, found in sorted(SURGERY.items()) for line, what in found]
+    wrong = [
+        f"{rel}:{line}: {what}" for rel, found in sorted(SURGERY.items()) for line, what in found
+    ]
     assert not wrong, (
         "graph surgery outside onnxblocks/ir (use onnxblocks.ir: walk.all_nodes / proto_nodes, serde + edit."
         "cut_to_outputs / rename_values / replace_node / remove_unused_nodes, names.graph_names, Writer):\n"
@@ -405,9 +457,21 @@ def test_the_checker_sees_graph_surgery():
     lines = {line for line, _ in found}
     assert lines == {2, 3, 4, 5, 7, 9, 10, 11, 13, 18, 22}, found
     kinds = " ".join(what for _, what in found)
-    for words in ("rebuilds .node", "rebuilds .input", "rebuilds .output", "rebuilds .initializer", "attribute .g)"):
+    for words in (
+        "rebuilds .node",
+        "rebuilds .input",
+        "rebuilds .output",
+        "rebuilds .initializer",
+        "attribute .g)",
+    ):
         assert words in kinds, words
-    for words in ("attribute .graphs", "HasField('g')", ".as_graph()", "RecursiveGraphIterator", "`while name in"):
+    for words in (
+        "attribute .graphs",
+        "HasField('g')",
+        ".as_graph()",
+        "RecursiveGraphIterator",
+        "`while name in",
+    ):
         assert words in kinds, words
     assert "counting until" in kinds and "class LocalNamer" in kinds and "def _remove_dead" in kinds
     assert _surgery(BENIGN_SNIPPET) == []

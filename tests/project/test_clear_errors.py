@@ -76,7 +76,9 @@ def art(tmp_path_factory):
 
 def _batch(rows: int = 4):
     rng = np.random.default_rng(0)
-    return rng.standard_normal((rows, 8)).astype(np.float32), rng.standard_normal((rows, 4)).astype(np.float32)
+    return rng.standard_normal((rows, 8)).astype(np.float32), rng.standard_normal((rows, 4)).astype(
+        np.float32
+    )
 
 
 def _state_with(tmp_path, art, **entry):
@@ -117,7 +119,9 @@ def test_a_step_past_int64s_reach_is_refused_when_the_checkpoint_loads(tmp_path,
         session.step = 2**63 - 1
     _clear(info.value, "step")
     with pytest.raises(InvalidValueError) as info:
-        save_checkpoint(({"W": np.zeros(2, np.float32)}, {}), tmp_path / "c", properties={"onnxblocks.step": -1})
+        save_checkpoint(
+            ({"W": np.zeros(2, np.float32)}, {}), tmp_path / "c", properties={"onnxblocks.step": -1}
+        )
     _clear(info.value, "onnxblocks.step")
 
 
@@ -203,7 +207,9 @@ def read_only(tmp_path):
     directory.chmod(0o555)
     if os.geteuid() == 0:
         done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, text=True)
-        assert done.returncode == 0, f"cannot make a read-only directory as root with chattr +i: {done.stderr}"
+        assert done.returncode == 0, (
+            f"cannot make a read-only directory as root with chattr +i: {done.stderr}"
+        )
     yield directory
     if os.geteuid() == 0:
         subprocess.run(["chattr", "-i", str(directory)], check=True)
@@ -224,9 +230,15 @@ def test_writing_into_a_directory_or_a_read_only_one_names_the_path(tmp_path, ar
 def test_onnx_runtime_failures_carry_no_cpp_source_paths(tmp_path, portable):
     directory = tmp_path / "art"
     generate_artifacts(
-        make_linear_model(), artifact_directory=directory, requires_grad=["W"], loss=LossType.MSELoss, portable=portable
+        make_linear_model(),
+        artifact_directory=directory,
+        requires_grad=["W"],
+        loss=LossType.MSELoss,
+        portable=portable,
     )
-    session = TrainingSession(directory, check_inputs=False)  # ONNX Runtime meets the bad batch itself
+    session = TrainingSession(
+        directory, check_inputs=False
+    )  # ONNX Runtime meets the bad batch itself
     x, target = _batch(4)
     with pytest.raises(OrtRunError) as info:
         session.train_step(x, np.concatenate([target, target[:1]]))  # 5 target rows against 4

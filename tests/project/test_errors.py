@@ -28,7 +28,8 @@ EXEMPT_ANYWHERE = {"StopIteration", "StopAsyncIteration", "KeyboardInterrupt", "
 BUILTIN_EXCEPTIONS = {
     name
     for name in dir(builtins)
-    if isinstance(getattr(builtins, name), type) and issubclass(getattr(builtins, name), BaseException)
+    if isinstance(getattr(builtins, name), type)
+    and issubclass(getattr(builtins, name), BaseException)
 }
 
 
@@ -49,7 +50,11 @@ def _is_abstract(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         or (isinstance(d, ast.Attribute) and d.attr == "abstractmethod")
         for d in function.decorator_list
     )
-    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    body = [
+        s
+        for s in function.body
+        if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]
     return decorated or (len(body) == 1 and isinstance(body[0], ast.Raise))
 
 
@@ -59,13 +64,21 @@ def deliberate_builtin_raises(source: str, filename: str) -> list[str]:
 
     def visit(node: ast.AST, function: ast.FunctionDef | ast.AsyncFunctionDef | None) -> None:
         for child in ast.iter_child_nodes(node):
-            inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            inner = (
+                child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            )
             if isinstance(child, ast.Raise):
                 name = _raised_name(child)
                 if name in BUILTIN_EXCEPTIONS and name not in EXEMPT_ANYWHERE:
                     allowed = (
-                        name == "AttributeError" and function is not None and function.name == "__getattr__"
-                    ) or (name == "NotImplementedError" and function is not None and _is_abstract(function))
+                        name == "AttributeError"
+                        and function is not None
+                        and function.name == "__getattr__"
+                    ) or (
+                        name == "NotImplementedError"
+                        and function is not None
+                        and _is_abstract(function)
+                    )
                     if not allowed:
                         found.append(f"{filename}:{child.lineno} raise {name}")
             visit(child, inner)
@@ -79,11 +92,14 @@ def foreign_exception_classes(source: str, filename: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
-            bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+            bases = [
+                b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+            ]
             if node.name == "OnnxBlocksError":
                 continue  # the root
             if any(b in BUILTIN_EXCEPTIONS for b in bases) and not any(
-                b == "OnnxBlocksError" or (b.endswith("Error") and b not in BUILTIN_EXCEPTIONS) for b in bases
+                b == "OnnxBlocksError" or (b.endswith("Error") and b not in BUILTIN_EXCEPTIONS)
+                for b in bases
             ):
                 found.append(f"{filename}:{node.lineno} class {node.name}({', '.join(bases)})")
     return found
@@ -93,7 +109,10 @@ def test_every_deliberate_raise_is_an_onnxblocks_error():
     found = []
     for path in _modules():
         found += deliberate_builtin_raises(path.read_text(), str(path.relative_to(PACKAGE.parent)))
-    assert not found, "raise an OnnxBlocksError subclass (onnxblocks/_core/errors.py) instead:\n" + "\n".join(found)
+    assert not found, (
+        "raise an OnnxBlocksError subclass (onnxblocks/_core/errors.py) instead:\n"
+        + "\n".join(found)
+    )
 
 
 def test_every_exception_class_derives_from_onnxblocks_error():
@@ -111,7 +130,10 @@ def test_every_exception_class_derives_from_onnxblocks_error():
         ("def __getattr__(name):\n    raise AttributeError(name)\n", []),
         ("def f():\n    raise AttributeError('x')\n", ["m.py:2 raise AttributeError"]),
         ("class A:\n    def f(self):\n        '''Doc.'''\n        raise NotImplementedError\n", []),
-        ("def f():\n    x = 1\n    raise NotImplementedError\n", ["m.py:3 raise NotImplementedError"]),
+        (
+            "def f():\n    x = 1\n    raise NotImplementedError\n",
+            ["m.py:3 raise NotImplementedError"],
+        ),
         ("def f(exc):\n    raise exc\n", []),
         ("def f():\n    try:\n        pass\n    except ValueError:\n        raise\n", []),
         ("def f():\n    raise InvalidValueError('x') from None\n", []),
@@ -122,9 +144,7 @@ def test_the_scan_sees_each_case(snippet, expected):
 
 
 def test_the_class_scan_sees_foreign_classes():
-    source = (
-        "class A(RuntimeError):\n    pass\nclass B(OnnxBlocksError, ValueError):\n    pass\nclass C(B):\n    pass\n"
-    )
+    source = "class A(RuntimeError):\n    pass\nclass B(OnnxBlocksError, ValueError):\n    pass\nclass C(B):\n    pass\n"
     assert foreign_exception_classes(source, "m.py") == ["m.py:1 class A(RuntimeError)"]
 
 
@@ -137,7 +157,9 @@ def test_every_exception_class_is_public_and_catchable_as_its_builtin():
     assert set(classes) == set(onnxblocks.errors.__all__)
     for name, cls in classes.items():
         assert issubclass(cls, onnxblocks.OnnxBlocksError), name
-        assert getattr(onnxblocks, name) is cls, f"onnxblocks.{name} is not exported at the top level"
+        assert getattr(onnxblocks, name) is cls, (
+            f"onnxblocks.{name} is not exported at the top level"
+        )
     assert issubclass(onnxblocks.errors.UnknownNameError, KeyError)
     assert issubclass(onnxblocks.errors.InvalidValueError, ValueError)
     assert issubclass(onnxblocks.errors.FileMissingError, FileNotFoundError)

@@ -66,11 +66,13 @@ def test_every_notebook_is_listed_and_matches_the_builder():
     for name in NAMES:
         committed = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         fresh = builder.make(name)
-        assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in fresh.cells], (
-            f"{name}.ipynb is out of date: run `.venv/bin/python notebooks/_build.py {name[:2]}`"
-        )
+        assert [(c.cell_type, c.source) for c in committed.cells] == [
+            (c.cell_type, c.source) for c in fresh.cells
+        ], f"{name}.ipynb is out of date: run `.venv/bin/python notebooks/_build.py {name[:2]}`"
         code_cells = [c for c in committed.cells if c.cell_type == "code"]
-        assert all(c.execution_count for c in code_cells), f"{name}.ipynb is committed without outputs"
+        assert all(c.execution_count for c in code_cells), (
+            f"{name}.ipynb is committed without outputs"
+        )
         assert not [o for c in code_cells for o in c.outputs if o.output_type == "error"]
 
 
@@ -87,12 +89,16 @@ def test_notebook_executes_without_errors(name, kernel_env):
     client.execute()  # raises CellExecutionError, naming the cell, on any error
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert not [o for o in outputs if o.output_type == "stream" and o.name == "stderr"], "a cell wrote to stderr"
+    assert not [o for o in outputs if o.output_type == "stream" and o.name == "stderr"], (
+        "a cell wrote to stderr"
+    )
     html = [o.data["text/html"] for o in outputs if "data" in o and "text/html" in o.data]
     if name == "03_training_loop":
         assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # data, curves, regions
     elif name == "07_federated":
-        assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # clients' data, rounds, regions
+        assert (
+            sum("image/png" in o.get("data", {}) for o in outputs) == 3
+        )  # clients' data, rounds, regions
     else:
         assert any("<svg" in h for h in html), "the rich display drew no picture"
     text = "".join(o.text for o in outputs if o.output_type == "stream")

@@ -49,7 +49,9 @@ def generations(tmp_path_factory):
         "other_loss": (_model(), losses.CrossEntropyLoss()),
     }
     out = {}
-    for (variant, (model, loss)), portable in [(v, p) for v in variants.items() for p in (False, True)]:
+    for (variant, (model, loss)), portable in [
+        (v, p) for v in variants.items() for p in (False, True)
+    ]:
         directory = root / f"{variant}-{portable}"
         onnxblocks.generate_artifacts(
             model,
@@ -72,16 +74,58 @@ def _mixed(tmp_path: Path, base: Path, other: Path, file: str) -> Path:
 
 CASES = [
     # (portable, file, other generation, error type, what the message names)
-    (False, "eval_model.onnx", "wider", InvalidValueError, ["eval_model.onnx", "'target'", "[N, 4]", "[N, 5]"]),
-    (False, "eval_model.onnx", "renamed", InvalidValueError, ["eval_model.onnx", "'V'", "neither a parameter"]),
+    (
+        False,
+        "eval_model.onnx",
+        "wider",
+        InvalidValueError,
+        ["eval_model.onnx", "'target'", "[N, 4]", "[N, 5]"],
+    ),
+    (
+        False,
+        "eval_model.onnx",
+        "renamed",
+        InvalidValueError,
+        ["eval_model.onnx", "'V'", "neither a parameter"],
+    ),
     (False, "eval_model.onnx", "other_loss", InvalidValueError, ["eval_model.onnx", "'labels'"]),
-    (False, "training_model.onnx", "wider", CheckpointMismatchError, ["training_model.onnx", "'W'"]),
+    (
+        False,
+        "training_model.onnx",
+        "wider",
+        CheckpointMismatchError,
+        ["training_model.onnx", "'W'"],
+    ),
     (True, "eval_model.onnx", "wider", InvalidValueError, ["eval_model.onnx", "'target'"]),
-    (True, "optimizer_model.onnx", "wider", CheckpointMismatchError, ["optimizer_model.onnx", "'W'", "[3, 4]"]),
-    (True, "optimizer_model.onnx", "renamed", CheckpointMismatchError, ["optimizer_model.onnx", "'W'"]),
-    (True, "step_model.onnx", "wider", CheckpointMismatchError, ["step_model.onnx", "'W'", "[3, 4]", "[3, 5]"]),
+    (
+        True,
+        "optimizer_model.onnx",
+        "wider",
+        CheckpointMismatchError,
+        ["optimizer_model.onnx", "'W'", "[3, 4]"],
+    ),
+    (
+        True,
+        "optimizer_model.onnx",
+        "renamed",
+        CheckpointMismatchError,
+        ["optimizer_model.onnx", "'W'"],
+    ),
+    (
+        True,
+        "step_model.onnx",
+        "wider",
+        CheckpointMismatchError,
+        ["step_model.onnx", "'W'", "[3, 4]", "[3, 5]"],
+    ),
     (True, "step_model.onnx", "renamed", CheckpointMismatchError, ["step_model.onnx", "'W'"]),
-    (True, "step_model.onnx", "other_loss", InvalidValueError, ["step_model.onnx", "training_model.onnx", "labels"]),
+    (
+        True,
+        "step_model.onnx",
+        "other_loss",
+        InvalidValueError,
+        ["step_model.onnx", "training_model.onnx", "labels"],
+    ),
     (True, "training_model.onnx", "wider", CheckpointMismatchError, ["training_model.onnx", "'W'"]),
 ]
 
@@ -112,7 +156,12 @@ def test_a_consistent_set_opens_and_trains_on_both_backends(generations):
         losses_by_backend[portable] = float(session.train_and_update(x, target)[0])
         assert float(session.eval_step(x, target)[0]) < losses_by_backend[portable]
     # the two backends: two float32 computations of ours, neither the truth
-    assert_close(np.float32(losses_by_backend[True]), np.float32(losses_by_backend[False]), rtol=1e-6, name="loss")
+    assert_close(
+        np.float32(losses_by_backend[True]),
+        np.float32(losses_by_backend[False]),
+        rtol=1e-6,
+        name="loss",
+    )
 
 
 def test_a_parameter_of_another_dtype_is_named(generations, tmp_path):
@@ -120,9 +169,14 @@ def test_a_parameter_of_another_dtype_is_named(generations, tmp_path):
     mixed = tmp_path / "mixed"
     shutil.copytree(generations["base", True], mixed)
     model = onnx.load(mixed / "step_model.onnx")
-    next(i for i in model.graph.input if i.name == "W").type.tensor_type.elem_type = TensorProto.DOUBLE
+    next(
+        i for i in model.graph.input if i.name == "W"
+    ).type.tensor_type.elem_type = TensorProto.DOUBLE
     onnx.save(model, mixed / "step_model.onnx")
-    with pytest.raises(CheckpointMismatchError, match=r"step_model\.onnx.*'W' is float32 \[3, 5\].*float64 \[3, 5\]"):
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"step_model\.onnx.*'W' is float32 \[3, 5\].*float64 \[3, 5\]",
+    ):
         TrainingSession(mixed)
 
 
@@ -138,7 +192,9 @@ def test_a_step_model_of_another_optimizer_is_refused(generations, tmp_path):
         portable=True,
     )
     mixed = _mixed(tmp_path, generations["base", True], other, "step_model.onnx")
-    with pytest.raises(InvalidValueError, match=r"step_model\.onnx.*optimizer_model\.onnx.*different optimizers"):
+    with pytest.raises(
+        InvalidValueError, match=r"step_model\.onnx.*optimizer_model\.onnx.*different optimizers"
+    ):
         TrainingSession(mixed)
 
 
@@ -149,7 +205,9 @@ def test_a_step_model_of_another_optimizer_is_refused(generations, tmp_path):
         "Failed to find kernel for OneHot(11) (node:'OneHot_0' ep:'CPUExecutionProvider'). Op with name ...",
     ],
 )
-def test_a_portable_model_without_a_kernel_names_the_op_and_does_not_say_regenerate_portable(message):
+def test_a_portable_model_without_a_kernel_names_the_op_and_does_not_say_regenerate_portable(
+    message,
+):
     from onnxblocks.runtime.consistency import load_error
 
     error = load_error("1.32.0", "training model", "/a/training_model.onnx", message)

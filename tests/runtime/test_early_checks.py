@@ -23,10 +23,15 @@ def art(tmp_path_factory):
 
 @pytest.mark.parametrize("template", ["ck-{nope}", "ck-{step", "ck-{0}", "ck-{epoch.x}"])
 def test_a_checkpoint_template_that_cannot_be_filled_in_is_refused_at_once(tmp_path, template):
-    with pytest.raises(InvalidValueError, match=r"SaveCheckpoint: the path template .* cannot be filled in") as info:
+    with pytest.raises(
+        InvalidValueError, match=r"SaveCheckpoint: the path template .* cannot be filled in"
+    ) as info:
         SaveCheckpoint(tmp_path / template)
     assert template in str(info.value)
-    assert SaveCheckpoint(tmp_path / "ck-{step}-{epoch}-{{literal}}")._target(3, 2).name == "ck-3-2-{literal}"
+    assert (
+        SaveCheckpoint(tmp_path / "ck-{step}-{epoch}-{{literal}}")._target(3, 2).name
+        == "ck-3-2-{literal}"
+    )
 
 
 def _untouched(session: TrainingSession, before: dict) -> None:
@@ -41,7 +46,11 @@ def test_a_checkpoint_path_that_cannot_be_written_stops_fit_before_the_first_ste
     before = session.parameters()
     x, y = classification_data(64)
     with pytest.raises(NotAFolderError, match="SaveCheckpoint: path"):
-        fit(session, ArrayBatches((x, y), 16), callbacks=[SaveCheckpoint(tmp_path / "file" / "ck-{epoch}")])
+        fit(
+            session,
+            ArrayBatches((x, y), 16),
+            callbacks=[SaveCheckpoint(tmp_path / "file" / "ck-{epoch}")],
+        )
     _untouched(session, before)
 
 
@@ -50,7 +59,9 @@ def test_a_label_out_of_range_in_the_last_batch_stops_fit_before_the_first_step(
     before = session.parameters()
     x, y = classification_data(64)
     y[-1] = 3  # 3 classes: [0, 3)
-    with pytest.raises(InvalidValueError, match=r"fit: train_data: input 'labels' holds 3 at position \(63,\)"):
+    with pytest.raises(
+        InvalidValueError, match=r"fit: train_data: input 'labels' holds 3 at position \(63,\)"
+    ):
         fit(session, ArrayBatches((x, y), 16, shuffle=False))
     _untouched(session, before)
 

@@ -50,7 +50,9 @@ def _embedding_model(directory: Path, vocab: int) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
         [
             table,
-            numpy_helper.from_array((rng.standard_normal((DIM, CLASSES)) * 0.1).astype(np.float32), "W"),
+            numpy_helper.from_array(
+                (rng.standard_normal((DIM, CLASSES)) * 0.1).astype(np.float32), "W"
+            ),
             numpy_helper.from_array(np.zeros(CLASSES, np.float32), "b"),
         ],
     )
@@ -60,7 +62,9 @@ def _embedding_model(directory: Path, vocab: int) -> Path:
     return path
 
 
-def _train_export_and_run(tmp_path: Path, vocab: int, backend: str) -> tuple[Path, np.ndarray, np.ndarray]:
+def _train_export_and_run(
+    tmp_path: Path, vocab: int, backend: str
+) -> tuple[Path, np.ndarray, np.ndarray]:
     model = _embedding_model(tmp_path / "model", vocab)
     artifacts = tmp_path / "artifacts"
     generate_artifacts(
@@ -86,7 +90,9 @@ def _train_export_and_run(tmp_path: Path, vocab: int, backend: str) -> tuple[Pat
         session.lazy_reset_grad()
     expected = session.eval_step(ids, target)[1]
     assert np.abs(expected - initial).max() > 1e-3, "training did not move the head"
-    exported = session.export_inference_model(tmp_path / "export" / "classifier.onnx", output_names=["y"])
+    exported = session.export_inference_model(
+        tmp_path / "export" / "classifier.onnx", output_names=["y"]
+    )
     del session
     shutil.rmtree(artifacts)
     ort = pytest.importorskip("onnxruntime")
@@ -99,10 +105,15 @@ def _train_export_and_run(tmp_path: Path, vocab: int, backend: str) -> tuple[Pat
 @pytest.mark.parametrize("size_mb", [1, 100])
 def test_export_after_partial_fine_tuning(tmp_path, backend, size_mb):
     exported, got, expected = _train_export_and_run(tmp_path, size_mb * MB // (DIM * 4), backend)
-    assert_close(got, expected, rtol=1e-5, name="the export's y")  # ours against ours: rtol and the floor
+    assert_close(
+        got, expected, rtol=1e-5, name="the export's y"
+    )  # ours against ours: rtol and the floor
     # under 1 GiB of weights the export is one file
     assert sorted(p.name for p in exported.parent.iterdir()) == ["classifier.onnx"]
-    assert not any(t.data_location == TensorProto.EXTERNAL for t in onnx.load(os.fspath(exported)).graph.initializer)
+    assert not any(
+        t.data_location == TensorProto.EXTERNAL
+        for t in onnx.load(os.fspath(exported)).graph.initializer
+    )
 
 
 @pytest.mark.slow
@@ -111,9 +122,14 @@ def test_export_over_2gb(tmp_path, backend):
     vocab = (2 * 1024 * MB) // (DIM * 4) + 4096  # 2 GiB + 4 MiB of frozen table
     exported, got, expected = _train_export_and_run(tmp_path, vocab, backend)
     assert_close(got, expected, rtol=1e-5, name="the export's y")
-    assert sorted(p.name for p in exported.parent.iterdir()) == ["classifier.onnx", "classifier.onnx.data"]
+    assert sorted(p.name for p in exported.parent.iterdir()) == [
+        "classifier.onnx",
+        "classifier.onnx.data",
+    ]
     model = onnx.load(os.fspath(exported), load_external_data=False)
-    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    locations = {
+        e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"
+    }
     assert locations == {"classifier.onnx.data"}
     assert os.path.getsize(exported.parent / "classifier.onnx.data") >= vocab * DIM * 4
 

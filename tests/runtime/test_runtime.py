@@ -43,7 +43,9 @@ def sgd_sum_dir(tmp_path_factory):
     """MLP regression with a sum-reduced MSE and SGD: gradients of half batches add up to the full batch's."""
     from onnxblocks import losses
 
-    return generate(tmp_path_factory.mktemp("sgd_sum"), loss=losses.MSELoss(reduction="sum"), optimizer="sgd")
+    return generate(
+        tmp_path_factory.mktemp("sgd_sum"), loss=losses.MSELoss(reduction="sum"), optimizer="sgd"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,9 @@ def ort_api(directory):
     from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
-    module = Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
+    module = Module(
+        str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx")
+    )
     return state, module, Optimizer(str(directory / "optimizer_model.onnx"), module)
 
 
@@ -98,7 +102,9 @@ def test_training_matches_ort_training_api(adamw_dir, data):
     module.eval()
     np.testing.assert_array_equal(session.eval_step(x, y)[0], module(x, y)[0])
     assert session.step == 6
-    assert np.float32(session.learning_rate) == np.float32(optimizer.get_learning_rate())  # one float32 rate
+    assert np.float32(session.learning_rate) == np.float32(
+        optimizer.get_learning_rate()
+    )  # one float32 rate
 
 
 def test_learning_rate_set_matches_ort(adamw_dir, data):
@@ -112,7 +118,9 @@ def test_learning_rate_set_matches_ort(adamw_dir, data):
     session.train_step(x, y)
     session.optimizer_step()
     assert np.float32(session.learning_rate) == np.float32(0.03)
-    np.testing.assert_array_equal(session.get_parameter("fc1.weight"), state.parameters["fc1.weight"].data)
+    np.testing.assert_array_equal(
+        session.get_parameter("fc1.weight"), state.parameters["fc1.weight"].data
+    )
     with pytest.raises(ValueError, match="learning_rate must be"):
         session.learning_rate = -1.0
 
@@ -134,7 +142,9 @@ def test_linear_schedule_matches_ort_linear_lr_scheduler(adamw_dir, data):
         scheduler.scheduler_step()
         got.append(optimizer.get_learning_rate())
     # ONNX Runtime's rates are float32; ours float64: float32 rounding of terms of order ``base``
-    assert_close(np.array(ours.values(total + 3)), np.float32(got), rtol=1e-6, scale=base, name="rates")
+    assert_close(
+        np.array(ours.values(total + 3)), np.float32(got), rtol=1e-6, scale=base, name="rates"
+    )
 
 
 # ---------------------------------------------------------------- resume
@@ -143,7 +153,11 @@ def run_fit(directory, x, y, max_steps, checkpoint=None, resume_from=None, save_
     train = ArrayBatches((x, y), batch_size=10, seed=7)
     if resume_from is not None:
         resume(session, resume_from, train)
-    callbacks = [SaveCheckpoint(checkpoint, every_steps=save_every, at_epoch_end=False)] if checkpoint else []
+    callbacks = (
+        [SaveCheckpoint(checkpoint, every_steps=save_every, at_epoch_end=False)]
+        if checkpoint
+        else []
+    )
     schedule = CosineSchedule(0.05, total_steps=40, warmup_steps=4)
     history = fit(
         session,
@@ -164,13 +178,18 @@ def test_resume_continues_bit_for_bit(adamw_dir, data, tmp_path):
     ckpt = tmp_path / "ckpt"
     first_session, first = run_fit(adamw_dir, x, y, max_steps=7, checkpoint=ckpt, save_every=7)
     assert ckpt.exists()
-    assert first_session.properties["onnxblocks.data"]["position"] not in (0, None)  # saved mid-epoch
+    assert first_session.properties["onnxblocks.data"]["position"] not in (
+        0,
+        None,
+    )  # saved mid-epoch
     second_session, second = run_fit(adamw_dir, x, y, max_steps=4, resume_from=ckpt)
     assert second_session.step == 11
     assert first.losses + second.losses == full.losses  # exact, not approximate
     assert first.learning_rates + second.learning_rates == full.learning_rates
     for name in PARAMS:
-        np.testing.assert_array_equal(second_session.get_parameter(name), full_session.get_parameter(name))
+        np.testing.assert_array_equal(
+            second_session.get_parameter(name), full_session.get_parameter(name)
+        )
 
 
 def test_checkpoint_round_trip_properties_and_optimizer_state(adamw_dir, data, tmp_path):
@@ -222,19 +241,32 @@ def test_accumulated_half_batches_equal_full_batch_with_sum_loss(sgd_sum_dir, da
     assert accumulated.accumulated_steps == 2
     accumulated.optimizer_step()
     for name in PARAMS:  # two runs of ours that sum the batch in another order: rtol and the floor
-        assert_close(accumulated.get_parameter(name), full.get_parameter(name), rtol=1e-5, name=name)
+        assert_close(
+            accumulated.get_parameter(name), full.get_parameter(name), rtol=1e-5, name=name
+        )
 
 
-def test_accumulated_half_batches_equal_full_batch_with_half_mean_loss(half_mean_dir, mean_dir, data):
+def test_accumulated_half_batches_equal_full_batch_with_half_mean_loss(
+    half_mean_dir, mean_dir, data
+):
     x, y = data
     full, accumulated = TrainingSession(mean_dir), TrainingSession(half_mean_dir)
     full_loss = full.train_step(x, y)[0]
     full.optimizer_step()
-    history = fit(accumulated, batches(x, y, size=len(x) // 2), epochs=1, accumulation_steps=2, progress=False)
+    history = fit(
+        accumulated, batches(x, y, size=len(x) // 2), epochs=1, accumulation_steps=2, progress=False
+    )
     assert history.steps == 1
-    assert_close(np.float32(sum(history.losses)), np.float32(full_loss), rtol=1e-5, name="the two halves' loss")
+    assert_close(
+        np.float32(sum(history.losses)),
+        np.float32(full_loss),
+        rtol=1e-5,
+        name="the two halves' loss",
+    )
     for name in PARAMS:
-        assert_close(accumulated.get_parameter(name), full.get_parameter(name), rtol=1e-5, name=name)
+        assert_close(
+            accumulated.get_parameter(name), full.get_parameter(name), rtol=1e-5, name=name
+        )
 
 
 def test_fit_accumulation_matches_manual_steps(adamw_dir, data):
@@ -256,7 +288,11 @@ def test_artifacts_without_optimizer_train_nothing(tmp_path, data):
     assert not session.has_optimizer
     loss = session.train_step(*data)[0]  # forward and backward still run
     assert np.isfinite(loss)
-    for attempt in (session.optimizer_step, lambda: session.learning_rate, lambda: fit(session, [data])):
+    for attempt in (
+        session.optimizer_step,
+        lambda: session.learning_rate,
+        lambda: fit(session, [data]),
+    ):
         with pytest.raises(RuntimeError, match="no optimizer model"):
             attempt()
 
@@ -271,11 +307,23 @@ def test_optimizer_step_without_gradients_is_an_error(adamw_dir, data):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda x, y: (x.astype(np.float64), y), r"input 'x' expects float32 with shape \[batch, 2\]; got float64"),
-        (lambda x, y: (x[:, :1], y), r"input 'x' expects float32 .*got float32 with shape \(48, 1\).*dimension 1"),
-        (lambda x, y: (x, y.astype(np.int32)), r"input 'labels' expects int64.*got int32.*astype\(np.int64\)"),
+        (
+            lambda x, y: (x.astype(np.float64), y),
+            r"input 'x' expects float32 with shape \[batch, 2\]; got float64",
+        ),
+        (
+            lambda x, y: (x[:, :1], y),
+            r"input 'x' expects float32 .*got float32 with shape \(48, 1\).*dimension 1",
+        ),
+        (
+            lambda x, y: (x, y.astype(np.int32)),
+            r"input 'labels' expects int64.*got int32.*astype\(np.int64\)",
+        ),
         (lambda x, y: (x, y[:5]), r"input 'labels'.*'batch'.*is 5 but input 'x' has batch=48"),
-        (lambda x, y: (x[None], y), r"input 'x' expects .*rank 2.*got float32 with shape \(1, 48, 2\)"),
+        (
+            lambda x, y: (x[None], y),
+            r"input 'x' expects .*rank 2.*got float32 with shape \(1, 48, 2\)",
+        ),
     ],
 )
 def test_bad_batches_name_the_input(adamw_dir, data, change, message):
@@ -316,10 +364,15 @@ def test_parameter_access(adamw_dir, data):
     np.testing.assert_array_equal(session.get_parameter("fc1.weight"), new)
     state, module, _ = ort_api(adamw_dir)
     state.parameters["fc1.weight"] = new
-    np.testing.assert_array_equal(session.train_step(x, y)[0], module(x, y)[0])  # the new value is used
+    np.testing.assert_array_equal(
+        session.train_step(x, y)[0], module(x, y)[0]
+    )  # the new value is used
     grads = session.gradients()
     np.testing.assert_array_equal(grads["fc2.weight"], state.parameters["fc2.weight"].grad)
-    with pytest.raises(ValueError, match=r"parameter 'fc1.bias' is float32 with shape \(16,\); got float32 with shape"):
+    with pytest.raises(
+        ValueError,
+        match=r"parameter 'fc1.bias' is float32 with shape \(16,\); got float32 with shape",
+    ):
         session.set_parameters({"fc1.weight": new, "fc1.bias": np.zeros(3, np.float32)})
     np.testing.assert_array_equal(session.get_parameter("fc1.weight"), new)  # nothing written
     with pytest.raises(UnknownNameError, match="Did you mean 'fc1.bias'"):
@@ -347,7 +400,9 @@ def test_missing_artifacts_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         TrainingSession(tmp_path / "nope")
     (tmp_path / "training_model.onnx").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"missing .*checkpoint.*It holds \['training_model.onnx'\]"):
+    with pytest.raises(
+        FileNotFoundError, match=r"missing .*checkpoint.*It holds \['training_model.onnx'\]"
+    ):
         TrainingSession(tmp_path)
 
 
@@ -355,7 +410,13 @@ def test_missing_artifacts_are_named(tmp_path):
 def test_schedule_formulas():
     assert ConstantSchedule(0.1).values(3) == [0.1, 0.1, 0.1]
     warm = ConstantSchedule(0.1, warmup_steps=4).values(6)
-    assert_close(np.array(warm), np.array([0, 0.025, 0.05, 0.075, 0.1, 0.1]), rtol=1e-12, scale=0.1, name="warm-up")
+    assert_close(
+        np.array(warm),
+        np.array([0, 0.025, 0.05, 0.075, 0.1, 0.1]),
+        rtol=1e-12,
+        scale=0.1,
+        name="warm-up",
+    )
     linear = LinearSchedule(1.0, total_steps=10, warmup_steps=2, end_lr=0.1)
     want = [0, 0.5, 1.0] + [0.1 + 0.9 * (10 - t) / 8 for t in range(3, 11)] + [0.1]
     assert_close(np.array(linear.values(12)), np.array(want), rtol=1e-12, scale=1.0, name="linear")
@@ -365,7 +426,9 @@ def test_schedule_formulas():
         + [0.2 + 0.8 * (1 + math.cos(math.pi * (t - 2) / 10)) / 2 for t in range(2, 13)]
         + [0.2]
     )
-    assert_close(np.array(cosine.values(14)), np.array(expected), rtol=1e-12, scale=1.0, name="cosine")
+    assert_close(
+        np.array(cosine.values(14)), np.array(expected), rtol=1e-12, scale=1.0, name="cosine"
+    )
     assert StepSchedule(1.0, step_size=3, gamma=0.5).values(7) == [1, 1, 1, 0.5, 0.5, 0.5, 0.25]
     for schedule in (linear, cosine, StepSchedule(1.0, 3), ConstantSchedule(0.1, 2)):
         assert schedule_from_dict(schedule.state_dict()) == schedule
@@ -407,14 +470,23 @@ def test_schedules_match_torch():
     def check(ours, theirs, name):
         assert_close(np.array(ours), np.array(theirs), rtol=1e-12, scale=1.0, name=name)
 
-    cosine = torch_lrs(lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=20, eta_min=0.1), 21) + [0.1] * 4
+    cosine = (
+        torch_lrs(lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=20, eta_min=0.1), 21)
+        + [0.1] * 4
+    )
     check(CosineSchedule(1.0, total_steps=20, min_lr=0.1).values(25), cosine, "cosine")
     step = torch_lrs(lambda o: lr_scheduler.StepLR(o, step_size=4, gamma=0.3), 20)
     check(StepSchedule(1.0, step_size=4, gamma=0.3).values(20), step, "step")
-    linear = torch_lrs(lambda o: lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=10), 14)
+    linear = torch_lrs(
+        lambda o: lr_scheduler.LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=10), 14
+    )
     check(LinearSchedule(1.0, total_steps=10).values(14), linear, "linear")
     warm = LinearSchedule(1.0, total_steps=10, warmup_steps=3)
-    check(warm.values(12), torch_lrs(lambda o: lr_scheduler.LambdaLR(o, warm), 12), "warm-up through LambdaLR")
+    check(
+        warm.values(12),
+        torch_lrs(lambda o: lr_scheduler.LambdaLR(o, warm), 12),
+        "warm-up through LambdaLR",
+    )
 
 
 def test_fit_applies_the_schedule_before_each_step(adamw_dir, data):
@@ -422,7 +494,9 @@ def test_fit_applies_the_schedule_before_each_step(adamw_dir, data):
     session = TrainingSession(adamw_dir)
     schedule = StepSchedule(0.01, step_size=2, gamma=0.5)
     history = fit(session, batches(x, y), epochs=2, scheduler=schedule, progress=False)
-    assert_equal(np.float32(history.learning_rates), np.float32(schedule.values(6)), name="rates")  # float32 in ORT
+    assert_equal(
+        np.float32(history.learning_rates), np.float32(schedule.values(6)), name="rates"
+    )  # float32 in ORT
 
 
 # --------------------------------------------------------- fit & callbacks
@@ -444,7 +518,9 @@ def test_fit_history_eval_and_accuracy(adamw_dir, data):
     correct = int(np.sum(logits.argmax(1) == y))
     assert history.metric("accuracy")[-1] == correct / len(y)  # a count over the samples, exact
     loss_a, loss_b = session.eval_step(x[:30], y[:30])[0], session.eval_step(x[30:], y[30:])[0]
-    mean = (30 * np.float64(loss_a) + 18 * np.float64(loss_b)) / 48  # the sample-weighted mean of two float32 losses
+    mean = (
+        30 * np.float64(loss_a) + 18 * np.float64(loss_b)
+    ) / 48  # the sample-weighted mean of two float32 losses
     assert_close(np.float64(history.metric("eval_loss")[-1]), mean, rtol=1e-6, name="eval loss")
     assert evaluate(session, [(x, y)], [Accuracy()])["accuracy"] == correct / len(y)
     with pytest.raises(KeyError, match="No epoch logged 'f1'"):
@@ -483,7 +559,9 @@ def test_array_batches_resume_mid_epoch():
     b.load_state_dict(state)
     rest_b = [b[0] for b in b] + [b[0] for b in b]
     assert all(np.array_equal(p, q) for p, q in zip(rest_a, rest_b, strict=True))
-    assert sorted(np.concatenate(seen[:5]).tolist()) == list(range(23))  # one epoch = every row once
+    assert sorted(np.concatenate(seen[:5]).tolist()) == list(
+        range(23)
+    )  # one epoch = every row once
     assert len(ArrayBatches((x,), 5, drop_last=True)) == 4
     with pytest.raises(ValueError, match="same first dimension"):
         ArrayBatches((x, x[:3]), 5)
@@ -538,16 +616,25 @@ def test_plot_history_both_backends(adamw_dir, data, tmp_path):
     from onnxblocks.runtime import plot_history
 
     x, y = data
-    history = fit(TrainingSession(adamw_dir), batches(x, y), epochs=2, eval_data=[(x, y)], progress=False)
+    history = fit(
+        TrainingSession(adamw_dir), batches(x, y), epochs=2, eval_data=[(x, y)], progress=False
+    )
     for backend in ("builtin", "matplotlib"):
         path = plot_history(history, tmp_path / f"{backend}.png", backend=backend)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plotting.nice_ticks(0, 1) == [0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0]
-    assert [plotting.format_tick(v) for v in (0, 2.5, 1e-5, 120000)] == ["0", "2.5", "1e-5", "1.2e5"]
+    assert [plotting.format_tick(v) for v in (0, 2.5, 1e-5, 120000)] == [
+        "0",
+        "2.5",
+        "1e-5",
+        "1.2e5",
+    ]
 
 
 # ------------------------------------------------------------- importing
 def test_import_is_lazy():
     code = "import sys, onnxblocks.runtime; print(sorted(m for m in sys.modules if m.startswith(('onnxruntime', 'torch'))))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"

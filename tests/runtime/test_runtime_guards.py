@@ -48,7 +48,8 @@ def test_empty_batch_is_refused_before_onnx_runtime(art, check_inputs):
     x, y = classification_data()
     for step in (session.train_step, session.eval_step):
         with pytest.raises(
-            ValueError, match=r"got an empty batch: input 'x' has shape \(0, 2\), dimension 0 \('batch'"
+            ValueError,
+            match=r"got an empty batch: input 'x' has shape \(0, 2\), dimension 0 \('batch'",
         ):
             step(x[:0], y[:0])
     assert session.accumulated_steps == 0
@@ -64,7 +65,11 @@ def test_labels_out_of_range_are_refused_with_the_offending_value(art, bad):
         with pytest.raises(ValueError) as info:
             step(x, y)
         message = str(info.value)
-        for fragment in (f"input 'labels' holds {bad} at position (5,)", "3 classes of 'logits'", "[0, 3)"):
+        for fragment in (
+            f"input 'labels' holds {bad} at position (5,)",
+            "3 classes of 'logits'",
+            "[0, 3)",
+        ):
             assert fragment in message, message
     assert session.accumulated_steps == 0
 
@@ -74,11 +79,15 @@ def test_labels_out_of_range_are_refused_after_the_batch_signature_passed(art, b
     """A signature checked once gets the per-batch check only (one unsigned max): the values are still read."""
     session = TrainingSession(art)
     x, y = classification_data()
-    before = session.eval_step(x, y)  # the signature (types, dtypes, shapes) passes and is remembered
+    before = session.eval_step(
+        x, y
+    )  # the signature (types, dtypes, shapes) passes and is remembered
     bad_y = y.copy()
     bad_y[5] = bad
     for step in (session.train_step, session.eval_step):
-        with pytest.raises(ValueError, match=rf"input 'labels' holds {bad} at position \(5,\).*\[0, 3\)"):
+        with pytest.raises(
+            ValueError, match=rf"input 'labels' holds {bad} at position \(5,\).*\[0, 3\)"
+        ):
             step(x, bad_y)
     assert session.accumulated_steps == 0
     np.testing.assert_array_equal(session.eval_step(x, y)[0], before[0])
@@ -91,7 +100,9 @@ def test_ignore_index_is_still_accepted_after_the_batch_signature_passed(ignore_
     session.eval_step(x, y)
     y = y.copy()
     y[::4] = ignore
-    session.eval_step(x, y)  # accepted: the fast one-reduction check does not apply where values are allowed
+    session.eval_step(
+        x, y
+    )  # accepted: the fast one-reduction check does not apply where values are allowed
     y[1] = -7
     with pytest.raises(ValueError, match=r"holds -7 at position \(1,\)"):
         session.eval_step(x, y)
@@ -108,17 +119,23 @@ def _torch_loss(kind: str, logits: np.ndarray, labels: np.ndarray, ignore_index:
     return torch.nn.functional.nll_loss(t, target, ignore_index=ignore_index).numpy()
 
 
-@pytest.mark.parametrize(("name", "kind", "ignore"), [("ce_ignore", "ce", -100), ("nll_ignore", "nll", -1)])
+@pytest.mark.parametrize(
+    ("name", "kind", "ignore"), [("ce_ignore", "ce", -100), ("nll_ignore", "nll", -1)]
+)
 def test_ignore_index_labels_are_accepted_and_the_loss_equals_torch(ignore_art, name, kind, ignore):
     session = TrainingSession(ignore_art[name])
     x, y = classification_data()
     y = y.copy()
     y[::4] = ignore
     loss, logits = session.eval_step(x, y)
-    want, want64 = (_torch_loss(kind, logits.astype(dtype), y, ignore) for dtype in (np.float32, np.float64))
+    want, want64 = (
+        _torch_loss(kind, logits.astype(dtype), y, ignore) for dtype in (np.float32, np.float64)
+    )
     assert_close(np.asarray(loss).reshape(()), want, want64, rtol=1e-5, name="loss")
     y[1] = 3
-    with pytest.raises(ValueError, match=rf"holds 3 at position \(1,\).*\[0, 3\) or \[{ignore}\] \(ignore_index\)"):
+    with pytest.raises(
+        ValueError, match=rf"holds 3 at position \(1,\).*\[0, 3\) or \[{ignore}\] \(ignore_index\)"
+    ):
         session.train_step(x, y)
 
 
@@ -138,7 +155,10 @@ def test_composed_nll_without_ignore_index_refuses_minus_one(ignore_art):
         (lambda art: TrainingSession(3), "artifact_dir must be a path"),
         (lambda art: TrainingSession(art, checkpoint=7), "checkpoint must be a path"),
         (lambda art: TrainingSession(art, prefix=1), "prefix must be a str"),
-        (lambda art: TrainingSession(art, check_inputs="yes"), "check_inputs must be True or False"),
+        (
+            lambda art: TrainingSession(art, check_inputs="yes"),
+            "check_inputs must be True or False",
+        ),
         (lambda art: TrainingSession(art).save_checkpoint(3.5), "path must be a path"),
         (lambda art: TrainingSession(art).load_checkpoint(None), "path must be a path"),
         (lambda art: load_checkpoint(12), "path_to_checkpoint must be a path"),
@@ -179,7 +199,9 @@ def test_two_dimensional_labels_after_the_batch_signature_passed(tmp_path, bad):
 
     from onnxblocks.artifacts import OptimType, generate_artifacts
 
-    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "W")
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "W"
+    )
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["logits"])],
         "class_last",
@@ -199,7 +221,9 @@ def test_two_dimensional_labels_after_the_batch_signature_passed(tmp_path, bad):
         x = np.ones((2, 5, 4), np.float32)
         y = np.arange(10, dtype=np.int64).reshape(2, 5) % 3
         first = session.train_step(x, y)[0]  # the signature is checked in full and remembered
-        again = session.train_step(x, y)[0]  # the per-batch check only: the labels' max over all [2, 5] values
+        again = session.train_step(x, y)[
+            0
+        ]  # the per-batch check only: the labels' max over all [2, 5] values
         np.testing.assert_array_equal(first, again)
         bad_y = y.copy()
         bad_y[1, 3] = bad

@@ -30,7 +30,9 @@ def test_a_count_that_is_not_one_is_refused_naming_the_variable(monkeypatch, val
 
 def test_install_gives_the_count_to_the_sessions_a_test_opens_itself(monkeypatch):
     ort = onnxruntime()
-    monkeypatch.setattr(ort.InferenceSession, "__init__", ort.InferenceSession.__init__)  # undone afterwards
+    monkeypatch.setattr(
+        ort.InferenceSession, "__init__", ort.InferenceSession.__init__
+    )  # undone afterwards
     monkeypatch.setenv(THREADS_ENV, "3")
     assert install() == 3
     model = make_linear_model().SerializeToString()
@@ -40,4 +42,7 @@ def test_install_gives_the_count_to_the_sessions_a_test_opens_itself(monkeypatch
     assert ort.InferenceSession(model, unset).get_session_options().intra_op_num_threads == 3
     chosen = ort.SessionOptions()
     chosen.intra_op_num_threads = 2  # a test that chose its own count keeps it
-    assert ort.InferenceSession(model, sess_options=chosen).get_session_options().intra_op_num_threads == 2
+    assert (
+        ort.InferenceSession(model, sess_options=chosen).get_session_options().intra_op_num_threads
+        == 2
+    )

@@ -12,8 +12,13 @@ def torch_adamw(batches, lr=1e-3, accumulate=1, dtype=torch.float32):
 
     ``dtype=torch.float64`` runs the same steps in float64: the reference ``support.numerics`` compares with.
     """
-    params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in pl.initial_parameters().items()}
-    opt = torch.optim.AdamW(params.values(), lr=lr, betas=pl.BETAS, eps=pl.EPS, weight_decay=pl.WEIGHT_DECAY)
+    params = {
+        n: torch.tensor(v, dtype=dtype, requires_grad=True)
+        for n, v in pl.initial_parameters().items()
+    }
+    opt = torch.optim.AdamW(
+        params.values(), lr=lr, betas=pl.BETAS, eps=pl.EPS, weight_decay=pl.WEIGHT_DECAY
+    )
     losses = []
     for i, (x, t) in enumerate(batches):
         x, t = torch.from_numpy(x).to(dtype), torch.from_numpy(t).to(dtype)

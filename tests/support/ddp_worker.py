@@ -29,7 +29,9 @@ def make_model() -> torch.nn.Module:
 
 def data(rows: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    return rng.standard_normal((rows, 6)).astype(np.float32), rng.integers(0, 3, rows).astype(np.int64)
+    return rng.standard_normal((rows, 6)).astype(np.float32), rng.integers(0, 3, rows).astype(
+        np.int64
+    )
 
 
 def train_module(rank: int, world: int, full_batch: int = 8) -> dict[str, np.ndarray]:
@@ -43,13 +45,17 @@ def train_module(rank: int, world: int, full_batch: int = 8) -> dict[str, np.nda
     for step in range(STEPS):
         rows = slice(step * full_batch + rank * half, step * full_batch + (rank + 1) * half)
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x[rows])), torch.from_numpy(y[rows]))
+        loss = torch.nn.functional.cross_entropy(
+            model(torch.from_numpy(x[rows])), torch.from_numpy(y[rows])
+        )
         loss.backward()
         optimizer.step()
     return {n: p.detach().numpy().copy() for n, p in model.module.named_parameters()}
 
 
-def train_session(directory: str, out: str, key: str, rank: int, world: int) -> dict[str, np.ndarray]:
+def train_session(
+    directory: str, out: str, key: str, rank: int, world: int
+) -> dict[str, np.ndarray]:
     from onnxblocks.runtime import ProgressBar, SaveCheckpoint, TrainingSession, fit
     from onnxblocks.torch.distributed import DataParallel
 
@@ -60,7 +66,13 @@ def train_session(directory: str, out: str, key: str, rank: int, world: int) -> 
     batches = parallel.batches((x, y), batch_size=8 // world, seed=0)  # 5 steps per epoch
     checkpoint = os.path.join(out, f"{key}-rank{rank}", "ckpt")
     with open(os.path.join(out, f"{key}-progress-rank{rank}.txt"), "w") as stream:
-        fit(session, batches, epochs=2, callbacks=[SaveCheckpoint(checkpoint)], progress=ProgressBar(stream=stream))
+        fit(
+            session,
+            batches,
+            epochs=2,
+            callbacks=[SaveCheckpoint(checkpoint)],
+            progress=ProgressBar(stream=stream),
+        )
     parallel.close()
     return session.parameters()
 

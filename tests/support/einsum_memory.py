@@ -64,7 +64,14 @@ def _step(model: torch.nn.Module, equation: str, sizes: dict[str, int]) -> dict[
     out = model(left, right)
     out.backward(grad)
     assert left.grad is not None and right.grad is not None
-    return {"left": left, "right": right, "grad": grad, "out": out, "left_grad": left.grad, "right_grad": right.grad}
+    return {
+        "left": left,
+        "right": right,
+        "grad": grad,
+        "out": out,
+        "left_grad": left.grad,
+        "right_grad": right.grad,
+    }
 
 
 def main(kind: str, equation: str, npz: str | None = None) -> None:
@@ -82,12 +89,16 @@ def main(kind: str, equation: str, npz: str | None = None) -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # the high-water mark starts again from the resident set
     mapped = _status_bytes("VmSize")
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + HEADROOM, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    resource.setrlimit(
+        resource.RLIMIT_AS, (mapped + HEADROOM, resource.getrlimit(resource.RLIMIT_AS)[1])
+    )
     before = _status_bytes("VmRSS")
     tensors = _step(model, equation, FULL)
     peak = _status_bytes("VmHWM") - before
     # operands, bias, output, incoming gradient, and a gradient of each operand and of the bias
-    elements = 2 * (math.prod(left_shape) + math.prod(right_shape) + left_shape[-1] + math.prod(out_shape))
+    elements = 2 * (
+        math.prod(left_shape) + math.prod(right_shape) + left_shape[-1] + math.prod(out_shape)
+    )
     exports = model.exports if kind == "ortmodule" else 0
     print(json.dumps({"peak_bytes": peak, "io_bytes": 4 * elements, "exports": exports}))
     if npz is not None:

@@ -113,7 +113,9 @@ def flower_processes(run_dir: str | os.PathLike) -> list[str]:
     return found
 
 
-def await_flower_processes(run_dir: str | os.PathLike, count: int, timeout: float = 120.0) -> list[str]:
+def await_flower_processes(
+    run_dir: str | os.PathLike, count: int, timeout: float = 120.0
+) -> list[str]:
     """:func:`flower_processes` once at least ``count`` live: a SuperNode spawns its SuperExec after it listens,
     and on a loaded machine that can take seconds."""
     deadline = time.monotonic() + timeout

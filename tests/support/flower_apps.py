@@ -14,12 +14,17 @@ from onnxblocks.losses import CrossEntropyLoss
 from support.numerics import assert_close
 
 
-def spiral_artifacts(root: Path, hidden: tuple[int, ...] = (16,), optimizer: str = "sgd", **options: Any) -> Path:
+def spiral_artifacts(
+    root: Path, hidden: tuple[int, ...] = (16,), optimizer: str = "sgd", **options: Any
+) -> Path:
     """Artifacts of the demo's spiral MLP (cross entropy, ``logits`` as extra output), with SGD or AdamW."""
     model = build_classifier(hidden=hidden, seed=0)
     params = [i.name for i in model.graph.initializer]
     opt = optim.SGD() if optimizer == "sgd" else optim.AdamW(weight_decay=0.0)
-    out = root / f"artifacts-{optimizer}-{'x'.join(map(str, hidden))}{'-portable' if options.get('portable') else ''}"
+    out = (
+        root
+        / f"artifacts-{optimizer}-{'x'.join(map(str, hidden))}{'-portable' if options.get('portable') else ''}"
+    )
     artifacts.generate_artifacts(
         model,
         requires_grad=params,
@@ -44,7 +49,9 @@ def client_files(root: Path, sizes: tuple[int, ...] = (20, 30, 40), seed: int = 
     return paths
 
 
-def non_iid_files(root: Path, clients: int = 4, major: float = 0.8, seed: int = 0) -> tuple[list[str], str]:
+def non_iid_files(
+    root: Path, clients: int = 4, major: float = 0.8, seed: int = 0
+) -> tuple[list[str], str]:
     """Spirals split over ``clients`` clients, client k holding mostly class ``k % 3``; and a held-out ``.npz``."""
     x, y = spirals(points_per_class=400, seed=seed)
     (xt, yt), (xv, yv) = train_val_split(x, y, 0.2)
@@ -72,12 +79,20 @@ def simulate(server_app: Any, client_app: Any, nodes: int) -> None:
         server_app=server_app,
         client_app=client_app,
         num_supernodes=nodes,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}},
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": 2},
+        },
     )
 
 
 def session_steps(
-    artifacts_dir: Path, path: str, steps: int, lr: float, batch_size: int, backend: str | None = None
+    artifacts_dir: Path,
+    path: str,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    backend: str | None = None,
 ) -> tuple[dict[str, np.ndarray], int]:
     """One fresh ``TrainingSession``'s ``steps`` steps (its own optimizer) on batches in file order.
 
@@ -86,10 +101,16 @@ def session_steps(
     """
     from onnxblocks.runtime import TrainingSession
 
-    session = TrainingSession(artifacts_dir, backend=backend) if backend else TrainingSession(artifacts_dir)
+    session = (
+        TrainingSession(artifacts_dir, backend=backend)
+        if backend
+        else TrainingSession(artifacts_dir)
+    )
     session.learning_rate = lr
     with np.load(path) as data:  # the spiral files' names, or numpy.savez's positional ones
-        x, y = (data[k] for k in (("features", "labels") if "features" in data else ("arr_0", "arr_1")))
+        x, y = (
+            data[k] for k in (("features", "labels") if "features" in data else ("arr_0", "arr_1"))
+        )
     for step in range(steps):
         rows = slice(step * batch_size, (step + 1) * batch_size)
         session.train_step(x[rows], y[rows])
@@ -153,10 +174,12 @@ def weighted_average(
     sum of |terms|: the floor's scale in ``support.numerics``)."""
     total = sum(rows)
     average = {
-        k: sum(r[k].astype(np.float64) * n for r, n in zip(results, rows, strict=True)) / total for k in results[0]
+        k: sum(r[k].astype(np.float64) * n for r, n in zip(results, rows, strict=True)) / total
+        for k in results[0]
     }
     magnitude = {
-        k: sum(np.abs(r[k].astype(np.float64)) * n for r, n in zip(results, rows, strict=True)) / total
+        k: sum(np.abs(r[k].astype(np.float64)) * n for r, n in zip(results, rows, strict=True))
+        / total
         for k in results[0]
     }
     return average, magnitude

@@ -43,7 +43,9 @@ def ensure_python313_flower() -> Path:
         "assert not hasattr(C, 'Module'), 'training build'"
     )
     wanted = [*requirements(), flower_requirement()]
-    return cached_venv("py313-flower", b"flower", wanted, probe, "onnxblocks' dependencies and Flower")
+    return cached_venv(
+        "py313-flower", b"flower", wanted, probe, "onnxblocks' dependencies and Flower"
+    )
 
 
 def checkout_pythonpath() -> str:

@@ -18,9 +18,9 @@ BACKENDS = [(False, "training"), (True, "portable")]
 
 def weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((D, D)) * 0.1).astype(np.float32), (rng.standard_normal((D, OUT)) * 0.1).astype(
-        np.float32
-    )
+    return (rng.standard_normal((D, D)) * 0.1).astype(np.float32), (
+        rng.standard_normal((D, OUT)) * 0.1
+    ).astype(np.float32)
 
 
 def make_model(inline_base: bool = False) -> onnx.ModelProto:
@@ -33,7 +33,10 @@ def make_model(inline_base: bool = False) -> onnx.ModelProto:
     ]
     inits = [numpy_helper.from_array(w2, "W2")]
     if inline_base:
-        nodes.insert(0, helper.make_node("Constant", [], ["W1"], value=numpy_helper.from_array(w1, "W1_value")))
+        nodes.insert(
+            0,
+            helper.make_node("Constant", [], ["W1"], value=numpy_helper.from_array(w1, "W1_value")),
+        )
     else:
         inits.insert(0, numpy_helper.from_array(w1, "W1"))
     graph = helper.make_graph(
@@ -51,7 +54,9 @@ def exported(tmp_path: Path) -> Path:
     folder = tmp_path / "src"
     folder.mkdir()
     path = folder / "m.onnx"
-    onnx.save(make_model(), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(
+        make_model(), path, save_as_external_data=True, location="m.onnx.data", size_threshold=0
+    )
     return path
 
 
@@ -69,7 +74,9 @@ def generate(model, directory: Path, portable: bool, **kwargs) -> onnxblocks.Art
 
 def batch() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
-    return rng.standard_normal((N, D)).astype(np.float32), rng.standard_normal((N, OUT)).astype(np.float32)
+    return rng.standard_normal((N, D)).astype(np.float32), rng.standard_normal((N, OUT)).astype(
+        np.float32
+    )
 
 
 def references(model_path: Path) -> dict[str, tuple[str, int, int]]:

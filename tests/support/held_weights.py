@@ -20,7 +20,10 @@ def model_with_big_constant():
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        [numpy_helper.from_array(np.asarray(weight), "W"), numpy_helper.from_array(np.asarray(mask), "mask")],
+        [
+            numpy_helper.from_array(np.asarray(weight), "W"),
+            numpy_helper.from_array(np.asarray(mask), "mask"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

@@ -126,7 +126,9 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
     classes = lambda rng: rng.integers(0, CLASSES, (BATCH,)).astype(np.int64)  # noqa: E731
 
     def lm(kind):
-        return lambda rng: Family(kind, _decoder_lm(kind), {"input_ids": tokens(rng)}, tokens(rng), "ce_last")
+        return lambda rng: Family(
+            kind, _decoder_lm(kind), {"input_ids": tokens(rng)}, tokens(rng), "ce_last"
+        )
 
     def t5(rng):
         config = t.T5Config(
@@ -141,14 +143,22 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
             vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=16, resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0, use_cache=False,
         )  # fmt: skip
-        return Family("gpt2", t.GPT2LMHeadModel(config), {"input_ids": tokens(rng)}, tokens(rng), "ce_last")
+        return Family(
+            "gpt2", t.GPT2LMHeadModel(config), {"input_ids": tokens(rng)}, tokens(rng), "ce_last"
+        )
 
     def bert(rng):
         config = t.BertConfig(
             vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
             max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=CLASSES,
         )  # fmt: skip
-        return Family("bert", t.BertForSequenceClassification(config), {"input_ids": tokens(rng)}, classes(rng), "ce")
+        return Family(
+            "bert",
+            t.BertForSequenceClassification(config),
+            {"input_ids": tokens(rng)},
+            classes(rng),
+            "ce",
+        )
 
     def vit(rng):
         config = t.ViTConfig(
@@ -168,7 +178,9 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
         )  # fmt: skip
         features = rng.standard_normal((BATCH, 8, 16)).astype(np.float32)
         inputs = {"input_features": features, "decoder_input_ids": tokens(rng)}
-        return Family("whisper", t.WhisperForConditionalGeneration(config), inputs, tokens(rng), "ce_last")
+        return Family(
+            "whisper", t.WhisperForConditionalGeneration(config), inputs, tokens(rng), "ce_last"
+        )
 
     def wav2vec2(rng):
         config = t.Wav2Vec2Config(
@@ -194,7 +206,11 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
             num_labels=CLASSES,
         )  # fmt: skip
         return Family(
-            "resnet", t.ResNetForImageClassification(config), {"pixel_values": image(rng, 32)}, classes(rng), "ce"
+            "resnet",
+            t.ResNetForImageClassification(config),
+            {"pixel_values": image(rng, 32)},
+            classes(rng),
+            "ce",
         )
 
     def mobilenet(rng):
@@ -221,7 +237,11 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
             drop_path_rate=0.0,
         )  # fmt: skip
         return Family(
-            "convnext", t.ConvNextForImageClassification(config), {"pixel_values": image(rng)}, classes(rng), "ce"
+            "convnext",
+            t.ConvNextForImageClassification(config),
+            {"pixel_values": image(rng)},
+            classes(rng),
+            "ce",
         )
 
     def swin(rng):
@@ -230,7 +250,13 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
             window_size=2, mlp_ratio=2.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
             drop_path_rate=0.0, num_labels=CLASSES,
         )  # fmt: skip
-        return Family("swin", t.SwinForImageClassification(config), {"pixel_values": image(rng)}, classes(rng), "ce")
+        return Family(
+            "swin",
+            t.SwinForImageClassification(config),
+            {"pixel_values": image(rng)},
+            classes(rng),
+            "ce",
+        )
 
     def lstm(rng):
         x = rng.standard_normal((BATCH, 4, 4)).astype(np.float32)
@@ -258,7 +284,9 @@ def make(name: str) -> Family:
     torch.manual_seed(0)
     family = _builders()[name](np.random.default_rng(0))
     if name != "lstm":
-        family.model.set_attn_implementation("eager")  # dynamo's decompositions fail on some SDPA paths (T5, Swin)
+        family.model.set_attn_implementation(
+            "eager"
+        )  # dynamo's decompositions fail on some SDPA paths (T5, Swin)
         family.model = Logits(family.model, list(family.inputs), _MASKS.get(name, {}))
     family.model.train()
     return family
@@ -284,7 +312,9 @@ def export(family: Family, exporter: str, dynamic: bool = False) -> onnx.ModelPr
                 f,
                 input_names=names,
                 output_names=["output"],
-                dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "output"]} if dynamic else None,
+                dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "output"]}
+                if dynamic
+                else None,
                 dynamo=False,
                 do_constant_folding=False,
                 opset_version=17,
@@ -292,7 +322,13 @@ def export(family: Family, exporter: str, dynamic: bool = False) -> onnx.ModelPr
             )
             return onnx.load_from_string(f.getvalue())
         program = torch.onnx.export(
-            model, args, dynamo=True, optimize=False, input_names=names, output_names=["output"], opset_version=18
+            model,
+            args,
+            dynamo=True,
+            optimize=False,
+            input_names=names,
+            output_names=["output"],
+            opset_version=18,
         )
         return program.model_proto
 
@@ -311,7 +347,9 @@ def trainable(family: Family, model: onnx.ModelProto) -> dict[str, str]:
             for k, i in initializers.items()
             if tuple(i.dims) == value.shape and np.array_equal(onnx.numpy_helper.to_array(i), value)
         ]
-        if len(same) == 1:  # exported under another name (a tied weight, TorchScript's onnx::MatMul_...)
+        if (
+            len(same) == 1
+        ):  # exported under another name (a tied weight, TorchScript's onnx::MatMul_...)
             names[name] = same[0]
     return names
 
@@ -324,7 +362,9 @@ def trainable(family: Family, model: onnx.ModelProto) -> dict[str, str]:
 CHAOTIC = frozenset({"mobilenet"})
 
 
-def with_gradient(family: Family, params: dict[str, str], threshold: float = 1e-5) -> dict[str, str]:
+def with_gradient(
+    family: Family, params: dict[str, str], threshold: float = 1e-5
+) -> dict[str, str]:
     """``params`` without those whose torch gradient at the first step is rounding noise (below ``threshold``
     times the largest gradient): zero in exact arithmetic, e.g. a batch norm's bias that a later batch norm
     cancels (MobileNetV2). AdamW normalises any gradient to a step of ``lr``, so such a parameter moves by the
@@ -334,7 +374,9 @@ def with_gradient(family: Family, params: dict[str, str], threshold: float = 1e-
     model = copy.deepcopy(family.model).train()
     torch_loss(family, model(*[torch.from_numpy(v) for v in family.inputs.values()])).backward()
     named = dict(model.named_parameters())
-    peak = {n: float(named[n].grad.abs().max()) if named[n].grad is not None else 0.0 for n in params}
+    peak = {
+        n: float(named[n].grad.abs().max()) if named[n].grad is not None else 0.0 for n in params
+    }
     largest = max(peak.values())
     return {n: o for n, o in params.items() if peak[n] > threshold * largest}
 

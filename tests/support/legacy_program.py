@@ -76,7 +76,12 @@ def mlp_with_loss(tag: str = "") -> onnx.ModelProto:
 #: The cases: optimizer, float attributes, int attributes, gradient accumulation steps.
 CASES: dict[str, tuple[str, dict, dict, int]] = {
     "adam": ("AdamOptimizer", {}, {"do_bias_correction": 1}, 1),
-    "adam-lambda": ("AdamOptimizer", {"lambda": 0.05, "epsilon": 1e-7}, {"weight_decay_mode": 0}, 1),
+    "adam-lambda": (
+        "AdamOptimizer",
+        {"lambda": 0.05, "epsilon": 1e-7},
+        {"weight_decay_mode": 0},
+        1,
+    ),
     "sgd": ("SGDOptimizer", {}, {}, 1),
     "lamb": ("LambOptimizer", {"lambda": 0.01}, {}, 1),
     "adam-accumulate-4": ("AdamOptimizer", {}, {"do_bias_correction": 1}, 4),
@@ -85,7 +90,10 @@ CASES: dict[str, tuple[str, dict, dict, int]] = {
 
 def legacy_program(case: str, tag: str = "") -> tuple[list[float], dict[str, np.ndarray], str]:
     """The legacy program; returns its losses, its final ``get_state()`` and its artifacts directory."""
-    from onnxblocks.compat.legacy import TrainingParameters, TrainingSession  # was: from onnxruntime import ...
+    from onnxblocks.compat.legacy import (
+        TrainingParameters,
+        TrainingSession,
+    )  # was: from onnxruntime import ...
 
     optimizer, floats, ints, accumulate = CASES[case]
     model = mlp_with_loss(tag)

@@ -16,7 +16,10 @@ def run_grid_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
     Raises:
         AssertionError: when the worker fails or prints no answer, with its error output.
     """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.fspath(SUPPORT.parents[1]), os.fspath(SUPPORT.parent)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.fspath(SUPPORT.parents[1]), os.fspath(SUPPORT.parent)]),
+    }
     env.pop("PYTHONHOME", None)
     done = subprocess.run(
         [os.fspath(python), os.fspath(SUPPORT / "loss_grid_worker.py")],
@@ -27,9 +30,13 @@ def run_grid_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
         env=env,
         check=False,
     )
-    assert done.returncode == 0, f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, (
+        f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}"
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"the Python 3.13 worker printed no answer:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    assert lines, (
+        f"the Python 3.13 worker printed no answer:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    )
     answer = json.loads(lines[-1])
     assert answer["python"] == [3, 13], answer["python"]
     return answer

@@ -39,7 +39,10 @@ def cell(task: dict) -> dict:
     inputs = _inputs(task["data"])
     session = TrainingSession(task["directory"])
     loss = session.train_step(*inputs)[0]
-    out = {"loss": _plain(loss), "gradients": {k: _plain(v) for k, v in session.gradients().items()}}
+    out = {
+        "loss": _plain(loss),
+        "gradients": {k: _plain(v) for k, v in session.gradients().items()},
+    }
     fused = TrainingSession(task["directory"])
     out["fused_loss"] = _plain(fused.train_and_update(*inputs)[0])
     out["backend"] = session.backend

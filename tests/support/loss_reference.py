@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 
-def loss_scale(each: Any, reduction: str, operand: float, denominator: float = 1.0) -> np.ndarray | float:
+def loss_scale(
+    each: Any, reduction: str, operand: float, denominator: float = 1.0
+) -> np.ndarray | float:
     """``|l_i| + operand`` reduced as the loss is: per element (``none``), summed, or summed / ``denominator``.
 
     Args:
@@ -37,7 +39,9 @@ def loss_scale(each: Any, reduction: str, operand: float, denominator: float = 1
 def class_operand(scores: Any, classes: int, weight: Any = None) -> float:
     """The operand bound of a class loss: ``max weight * (max |score| + log classes)``."""
     largest = float(np.max(np.abs(weight))) if weight is not None else 1.0
-    return largest * (float(np.max(np.abs(np.asarray(scores, dtype=np.float64)))) + math.log(classes))
+    return largest * (
+        float(np.max(np.abs(np.asarray(scores, dtype=np.float64)))) + math.log(classes)
+    )
 
 
 def class_denominator(labels: Any, weight: Any = None, ignore_index: int | None = None) -> float:

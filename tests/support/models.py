@@ -62,7 +62,9 @@ class CausalSelfAttention(torch.nn.Module):
         self.heads = heads
         self.qkv = torch.nn.Linear(d, 3 * d)
         self.proj = torch.nn.Linear(d, d)
-        self.register_buffer("mask", torch.tril(torch.ones(block, block, dtype=torch.bool)), persistent=False)
+        self.register_buffer(
+            "mask", torch.tril(torch.ones(block, block, dtype=torch.bool)), persistent=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -179,7 +181,11 @@ def family(name: str) -> tuple[torch.nn.Module, dict[str, np.ndarray], np.ndarra
 def _quiet():
     previous = logging.getLogger("torch").level
     logging.getLogger("torch").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+    with (
+        warnings.catch_warnings(),
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+    ):
         warnings.simplefilter("ignore")
         try:
             yield
@@ -206,7 +212,9 @@ def export(
                 dynamo=False,
                 do_constant_folding=False,
                 opset_version=OPSET,
-                training=torch.onnx.TrainingMode.TRAINING if train_mode else torch.onnx.TrainingMode.EVAL,
+                training=torch.onnx.TrainingMode.TRAINING
+                if train_mode
+                else torch.onnx.TrainingMode.EVAL,
                 dynamic_axes={n: {0: "batch"} for n in names},
             )
             result = onnx.load_from_string(f.getvalue())
@@ -273,7 +281,8 @@ def _mlp_script(
 def _onnxscript_mlp() -> onnx.ModelProto:
     model = _mlp_script.to_model_proto()
     return _rename_inputs_to_initializers(
-        model, {"fc1_w": "fc1.weight", "fc1_b": "fc1.bias", "fc2_w": "fc2.weight", "fc2_b": "fc2.bias"}
+        model,
+        {"fc1_w": "fc1.weight", "fc1_b": "fc1.bias", "fc2_w": "fc2.weight", "fc2_b": "fc2.bias"},
     )
 
 
@@ -358,7 +367,9 @@ def _onnxscript_gpt(torch_model: torch.nn.Module) -> onnx.ModelProto:
     return _rename_inputs_to_initializers(model, names)
 
 
-def _rename_inputs_to_initializers(model: onnx.ModelProto, names: dict[str, str]) -> onnx.ModelProto:
+def _rename_inputs_to_initializers(
+    model: onnx.ModelProto, names: dict[str, str]
+) -> onnx.ModelProto:
     """Drop the weight inputs of an onnxscript function model and rename their uses to parameter names."""
     keep = [i for i in model.graph.input if i.name not in names]
     del model.graph.input[:]
@@ -380,7 +391,9 @@ def _rename_inputs_to_initializers(model: onnx.ModelProto, names: dict[str, str]
 class OrtTrainer:
     """ONNX Runtime's training API (C bindings) on a set of artifacts: checkpoint state, Module, Optimizer."""
 
-    def __init__(self, artifacts, optimizer: bool = True, checkpoint: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self, artifacts, optimizer: bool = True, checkpoint: str | os.PathLike | None = None
+    ) -> None:
         from onnxruntime.capi import _pybind_state as C
 
         from onnxblocks._core.ort import session_options

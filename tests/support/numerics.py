@@ -63,7 +63,9 @@ def eps(dtype: Any) -> float:
 
 def dtype_name(value: Any) -> str:
     """The dtype of a tensor-like as a plain name (``float32``, ``bfloat16``...)."""
-    dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype  # no NumPy copy of a torch bfloat16
+    dtype = (
+        value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
+    )  # no NumPy copy of a torch bfloat16
     return str(dtype).removeprefix("torch.")
 
 
@@ -71,10 +73,14 @@ def floor(reference64: np.ndarray, *, dtype: str, scale: Any | None = None) -> n
     """The absolute floor per element: ``FLOOR_ULPS * eps(dtype) * scale`` (see the module's text)."""
     e = eps(dtype)
     if scale is None:
-        finite = np.abs(reference64[np.isfinite(reference64)])  # an inf or a NaN compares exactly, not by size
+        finite = np.abs(
+            reference64[np.isfinite(reference64)]
+        )  # an inf or a NaN compares exactly, not by size
         magnitude = float(np.max(finite)) if finite.size else 0.0
         return np.full(reference64.shape, FLOOR_ULPS * e * magnitude)
-    return np.broadcast_to(FLOOR_ULPS * e * np.abs(_array(scale).astype(np.float64)), reference64.shape)
+    return np.broadcast_to(
+        FLOOR_ULPS * e * np.abs(_array(scale).astype(np.float64)), reference64.shape
+    )
 
 
 def check_close(

@@ -7,7 +7,9 @@ import onnx
 from onnx import helper
 
 
-def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list:
+def run_model(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str] | None = None
+) -> list:
     """Run a model through onnxruntime's InferenceSession."""
     import onnxruntime as ort
 
@@ -15,13 +17,20 @@ def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: lis
     return session.run(outputs, feeds)
 
 
-def make_linear_model(in_features: int = 8, out_features: int = 4, seed: int = 0, opset: int = 17) -> onnx.ModelProto:
+def make_linear_model(
+    in_features: int = 8, out_features: int = 4, seed: int = 0, opset: int = 17
+) -> onnx.ModelProto:
     """``y = x @ W + b``: a one-layer model with float inputs ``x: [N, in]`` and output ``y: [N, out]``."""
     rng = np.random.default_rng(seed)
-    w = onnx.numpy_helper.from_array(rng.standard_normal((in_features, out_features)).astype(np.float32), "W")
+    w = onnx.numpy_helper.from_array(
+        rng.standard_normal((in_features, out_features)).astype(np.float32), "W"
+    )
     b = onnx.numpy_helper.from_array(rng.standard_normal(out_features).astype(np.float32), "b")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+        ],
         "linear",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", in_features])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", out_features])],

@@ -57,7 +57,9 @@ def ours(cls: type, options: dict[str, Any], base_lr: float, second: list[str]) 
     return cls(lr=base_lr, param_groups=[group], **options)
 
 
-def theirs(cls: type, options: dict[str, Any], base_lr: float, first: list, second: list) -> torch.optim.Optimizer:
+def theirs(
+    cls: type, options: dict[str, Any], base_lr: float, first: list, second: list
+) -> torch.optim.Optimizer:
     """torch's optimizer of one cell over the two groups of tensors."""
     group = {"params": second, "lr": GROUP_LR_SCALE * base_lr, "weight_decay": GROUP_WEIGHT_DECAY}
     return cls([{"params": first}, group], lr=base_lr, **options)

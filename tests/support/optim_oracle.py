@@ -75,14 +75,18 @@ def session_options():
     return library_options()
 
 
-def training_model(forward: onnx.ModelProto, trainable: list[str], frozen: list[str]) -> onnx.ModelProto:
+def training_model(
+    forward: onnx.ModelProto, trainable: list[str], frozen: list[str]
+) -> onnx.ModelProto:
     """A training model in the layout ORT's training API expects (built by hand, a local fixture)."""
     from onnxruntime.capi import _pybind_state as C
 
     model = onnx.ModelProto()
     model.CopyFrom(forward)
     for init in model.graph.initializer:
-        model.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+        model.graph.input.append(
+            helper.make_tensor_value_info(init.name, init.data_type, init.dims)
+        )
     del model.graph.initializer[:]
     options = session_options()
     optimized = C.get_optimized_model(model.SerializeToString(), set(trainable), options)
@@ -106,7 +110,9 @@ def training_model(forward: onnx.ModelProto, trainable: list[str], frozen: list[
                 name=f"accumulate_{name}",
             )
         )
-        new_outputs.append(helper.make_tensor_value_info(f"{g}.accumulation.out", TensorProto.BOOL, [1]))
+        new_outputs.append(
+            helper.make_tensor_value_info(f"{g}.accumulation.out", TensorProto.BOOL, [1])
+        )
     grad.graph.input.append(helper.make_tensor_value_info("lazy_reset_grad", TensorProto.BOOL, [1]))
     del grad.graph.output[:]
     grad.graph.output.extend(new_outputs)
@@ -125,7 +131,10 @@ def training_dir(tmp_path_factory) -> Path:
 def batches(n: int, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [
-        (rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32))
+        (
+            rng.standard_normal((5, 4)).astype(np.float32),
+            rng.standard_normal((5, 3)).astype(np.float32),
+        )
         for _ in range(n)
     ]
 
@@ -139,7 +148,9 @@ class OrtTrainer:
     optimizer: object
 
     @classmethod
-    def open(cls, training: Path, checkpoint: Path, optimizer_model: Path, lr: float = LR) -> OrtTrainer:
+    def open(
+        cls, training: Path, checkpoint: Path, optimizer_model: Path, lr: float = LR
+    ) -> OrtTrainer:
         from onnxruntime.capi import _pybind_state as C
 
         state = C.load_checkpoint(os.fspath(checkpoint))
@@ -169,7 +180,9 @@ def parameters_of(params: dict[str, np.ndarray]) -> tuple[list[TensorProto], lis
     )
 
 
-def optimizer_model(block: onnxblocks.ForwardBlock, params: dict[str, np.ndarray]) -> onnx.ModelProto:
+def optimizer_model(
+    block: onnxblocks.ForwardBlock, params: dict[str, np.ndarray]
+) -> onnx.ModelProto:
     with onnxblocks.empty_base():
         block(parameters_of(params))
     return block.to_model_proto()
@@ -180,7 +193,9 @@ def run_ort(tmp: Path, training: Path, block, steps: int) -> list[dict[str, np.n
     _, params = tiny_forward()
     save_checkpoint(parameters_of(params), tmp / "checkpoint")
     onnx.save(optimizer_model(block, params), tmp / "optimizer.onnx")
-    trainer = OrtTrainer.open(training / "training.onnx", tmp / "checkpoint", tmp / "optimizer.onnx")
+    trainer = OrtTrainer.open(
+        training / "training.onnx", tmp / "checkpoint", tmp / "optimizer.onnx"
+    )
     history = []
     for x, t in batches(steps):
         trainer.step(x, t)
@@ -267,4 +282,6 @@ def assert_history_close(ours, reference, reference64=None, rtol=1e-5):
             scales = step_magnitudes(start[name], [r[name] for r in reference64])
         for k, (a, b) in enumerate(zip(ours, reference, strict=True)):
             b64 = None if reference64 is None else reference64[k][name]
-            assert_close(a[name], b[name], b64, rtol=rtol, scale=scales[k], name=f"{name} after step {k + 1}")
+            assert_close(
+                a[name], b[name], b64, rtol=rtol, scale=scales[k], name=f"{name} after step {k + 1}"
+            )

@@ -38,10 +38,14 @@ def install() -> int:
     original = getattr(cls.__init__, "__wrapped__", cls.__init__)
 
     @functools.wraps(original)
-    def __init__(self: Any, path_or_bytes: Any, sess_options: Any = None, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self: Any, path_or_bytes: Any, sess_options: Any = None, *args: Any, **kwargs: Any
+    ) -> None:
         if sess_options is None:
             sess_options = ort.SessionOptions()
-        if sess_options.intra_op_num_threads == 0:  # ONNX Runtime's default: the test did not choose
+        if (
+            sess_options.intra_op_num_threads == 0
+        ):  # ONNX Runtime's default: the test did not choose
             sess_options.intra_op_num_threads = threads
         original(self, path_or_bytes, sess_options, *args, **kwargs)
 

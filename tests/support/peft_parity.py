@@ -23,11 +23,23 @@ def peft_config(config: LoraConfig):
     import peft
 
     data = config.to_peft_dict()
-    keys = ("r", "lora_alpha", "target_modules", "exclude_modules", "lora_dropout", "fan_in_fan_out", "bias")
-    return peft.LoraConfig(**{k: data[k] for k in keys}, init_lora_weights=data["init_lora_weights"])
+    keys = (
+        "r",
+        "lora_alpha",
+        "target_modules",
+        "exclude_modules",
+        "lora_dropout",
+        "fan_in_fan_out",
+        "bias",
+    )
+    return peft.LoraConfig(
+        **{k: data[k] for k in keys}, init_lora_weights=data["init_lora_weights"]
+    )
 
 
-def peft_model(family: hf_families.Family, info: LoraInfo, adapters: dict[str, np.ndarray]) -> torch.nn.Module:
+def peft_model(
+    family: hf_families.Family, info: LoraInfo, adapters: dict[str, np.ndarray]
+) -> torch.nn.Module:
     """A copy of ``family.model`` with PEFT's LoRA layers, holding ``adapters`` (onnxblocks' names -> values).
 
     Only the adapters require grad.
@@ -38,8 +50,12 @@ def peft_model(family: hf_families.Family, info: LoraInfo, adapters: dict[str, n
     model = peft.inject_adapter_in_model(peft_config(info.config), model)
     for name, param in model.named_parameters():
         param.requires_grad_("lora_" in name)
-    injected = sorted(n for n, m in model.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer))
-    assert injected == sorted(info.targets), f"PEFT adapted {injected}, onnxblocks {sorted(info.targets)}"
+    injected = sorted(
+        n for n, m in model.named_modules() if isinstance(m, peft.tuners.lora.LoraLayer)
+    )
+    assert injected == sorted(info.targets), (
+        f"PEFT adapted {injected}, onnxblocks {sorted(info.targets)}"
+    )
     with torch.no_grad():
         for module, target in info.targets.items():
             layer = model.get_submodule(module)
@@ -49,7 +65,11 @@ def peft_model(family: hf_families.Family, info: LoraInfo, adapters: dict[str, n
 
 
 def peft_steps(
-    family: hf_families.Family, info: LoraInfo, adapters: dict[str, np.ndarray], steps: int, lr: float
+    family: hf_families.Family,
+    info: LoraInfo,
+    adapters: dict[str, np.ndarray],
+    steps: int,
+    lr: float,
 ) -> tuple[list[float], dict[str, np.ndarray]]:
     """``steps`` steps of torch's AdamW (defaults but ``lr``) on the adapters: the losses and the final adapters."""
     model = peft_model(family, info, adapters)

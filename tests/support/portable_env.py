@@ -71,7 +71,11 @@ def find_python313() -> Path:
     pyenv = shutil.which("pyenv") or (pyenv_root / "bin" / "pyenv")
     try:
         found = subprocess.run(
-            [os.fspath(pyenv), "which", "python3.13"], capture_output=True, text=True, timeout=60, check=False
+            [os.fspath(pyenv), "which", "python3.13"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         ).stdout.strip()
         if found:
             candidates.append(Path(found))
@@ -101,7 +105,9 @@ def _run(cmd: list[str], what: str, timeout: int = 900) -> str:
     except subprocess.TimeoutExpired:
         raise PortableEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
     if done.returncode != 0:
-        raise PortableEnvError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
+        raise PortableEnvError(
+            f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}"
+        )
     return done.stdout
 
 
@@ -112,7 +118,13 @@ def ensure_python313() -> Path:
         PortableEnvError: when the interpreter is missing or the environment cannot be built.
     """
     probe = "from onnxruntime.capi import _pybind_state as C; assert not hasattr(C, 'Module'), 'training build'"
-    return cached_venv("py313-stock-ort", b"", requirements(), probe, "onnxblocks' dependencies (stock onnxruntime)")
+    return cached_venv(
+        "py313-stock-ort",
+        b"",
+        requirements(),
+        probe,
+        "onnxblocks' dependencies (stock onnxruntime)",
+    )
 
 
 def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: str) -> Path:
@@ -126,7 +138,9 @@ def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: s
         PortableEnvError: when the interpreter is missing or the environment cannot be built.
     """
     interpreter = find_python313()
-    key = hashlib.sha256(PYPROJECT.read_bytes() + os.fspath(interpreter).encode() + salt).hexdigest()[:16]
+    key = hashlib.sha256(
+        PYPROJECT.read_bytes() + os.fspath(interpreter).encode() + salt
+    ).hexdigest()[:16]
     venv = cache_dir() / f"{prefix}-{key}"
     python = venv / "bin" / "python"
     if (venv / "ready").exists() and python.exists():
@@ -135,11 +149,25 @@ def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: s
     staging = cache_dir() / f".building-{prefix}-{key}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        _run([os.fspath(interpreter), "-m", "venv", os.fspath(staging)], f"Creating the Python 3.13 venv {prefix}")
-        pip = [os.fspath(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        _run(
+            [os.fspath(interpreter), "-m", "venv", os.fspath(staging)],
+            f"Creating the Python 3.13 venv {prefix}",
+        )
+        pip = [
+            os.fspath(staging / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+        ]
         _run([*pip, *wanted], f"Installing {what} into the 3.13 venv", timeout=1800)
-        _run([os.fspath(staging / "bin" / "python"), "-c", probe], f"Checking the 3.13 venv {prefix}")
-        (staging / "ready").write_text(json.dumps({"interpreter": os.fspath(interpreter), "requirements": wanted}))
+        _run(
+            [os.fspath(staging / "bin" / "python"), "-c", probe], f"Checking the 3.13 venv {prefix}"
+        )
+        (staging / "ready").write_text(
+            json.dumps({"interpreter": os.fspath(interpreter), "requirements": wanted})
+        )
         try:
             staging.rename(venv)
         except OSError:  # another session finished first: use its environment
@@ -169,7 +197,9 @@ def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
         check=False,
     )
     if done.returncode != 0:
-        raise AssertionError(f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+        raise AssertionError(
+            f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}"
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise AssertionError(

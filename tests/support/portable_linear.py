@@ -156,12 +156,21 @@ def _sequence_optimizer() -> onnx.ModelProto:
         for seq in (PARAMS, GRADIENTS, FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS):
             got[seq] = f"{seq}.{i}"
             nodes.append(helper.make_node("SequenceAt", [seq, pos], [got[seq]]))
-        new = _adamw(nodes, got[PARAMS], got[GRADIENTS], got[FIRST_ORDER_MOMENTS], got[SECOND_ORDER_MOMENTS], p)
+        new = _adamw(
+            nodes,
+            got[PARAMS],
+            got[GRADIENTS],
+            got[FIRST_ORDER_MOMENTS],
+            got[SECOND_ORDER_MOMENTS],
+            p,
+        )
         for seq, value in zip(outs, new, strict=True):
             outs[seq].append(value)
     for seq, values in outs.items():
         nodes.append(helper.make_node("SequenceConstruct", values, [updated_name(seq)]))
-    positions = [numpy_helper.from_array(np.array(i, np.int64), f"pos{i}") for i in range(len(PARAM_NAMES))]
+    positions = [
+        numpy_helper.from_array(np.array(i, np.int64), f"pos{i}") for i in range(len(PARAM_NAMES))
+    ]
     return _model(
         nodes,
         [
@@ -190,7 +199,9 @@ def _per_tensor_optimizer(shapes: dict[str, list[int]]) -> onnx.ModelProto:
     return _model(nodes, inputs, outputs, _adamw_constants())
 
 
-def write(directory: str | Path, fused: bool = True, seed: int = 0, sequence_optimizer: bool = False) -> Path:
+def write(
+    directory: str | Path, fused: bool = True, seed: int = 0, sequence_optimizer: bool = False
+) -> Path:
     """Write the artifacts (training, eval, optimizer, step model when ``fused``, checkpoint) into ``directory``.
 
     The optimizer model takes one tensor per parameter, gradient and moment; with
@@ -262,7 +273,10 @@ def forward_model() -> onnx.ModelProto:
     """The forward model ``y = x @ W + b`` with the initial parameters, for training-build artifacts of the same run."""
     params = initial_parameters()
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+        ],
         "linear",
         [_vi("x", ["N", IN])],
         [_vi("y", ["N", OUT])],
@@ -276,7 +290,10 @@ def forward_model() -> onnx.ModelProto:
 def batches(steps: int, rows: int = 8, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [
-        (rng.standard_normal((rows, IN)).astype(np.float32), rng.standard_normal((rows, OUT)).astype(np.float32))
+        (
+            rng.standard_normal((rows, IN)).astype(np.float32),
+            rng.standard_normal((rows, OUT)).astype(np.float32),
+        )
         for _ in range(steps)
     ]
 

@@ -34,7 +34,9 @@ def _batches(path: str) -> list[tuple[np.ndarray, ...]]:
     count = 1 + max(int(k[1:].split("_")[0]) for k in arrays)
     out = []
     for i in range(count):
-        keys = sorted((k for k in arrays if k.startswith(f"x{i}_")), key=lambda k: int(k.split("_")[1]))
+        keys = sorted(
+            (k for k in arrays if k.startswith(f"x{i}_")), key=lambda k: int(k.split("_")[1])
+        )
         out.append(tuple(arrays[k] for k in keys))
     return out
 
@@ -74,7 +76,9 @@ def environment(task: dict) -> dict:
 
     result["html"] = len(display.repr_html(accessor.working_model) or "")
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_checkpoint(({"w": np.ones((3, 2), np.float32)}, {}), Path(tmp) / "ck", properties={"k": 1})
+        path = save_checkpoint(
+            ({"w": np.ones((3, 2), np.float32)}, {}), Path(tmp) / "ck", properties={"k": 1}
+        )
         result["checkpoint_properties"] = load_checkpoint(path).properties
         from onnxblocks.artifacts import LossType, generate_artifacts
 
@@ -84,7 +88,9 @@ def environment(task: dict) -> dict:
         os.environ.update(PATH=tmp, PYENV_ROOT=tmp)
         os.environ.pop("ONNXBLOCKS_TRAINING_PYTHON", None)
         try:
-            generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp + "/a")
+            generate_artifacts(
+                model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp + "/a"
+            )
             result["generate_error"] = None
         except TrainingBuildRequiredError as exc:
             result["generate_error"] = [type(exc).__name__, str(exc), isinstance(exc, ImportError)]
@@ -116,7 +122,9 @@ def train(task: dict) -> dict:
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = int(task["threads"])
-    session = TrainingSession(task["directory"], checkpoint=task.get("checkpoint"), session_options=options)
+    session = TrainingSession(
+        task["directory"], checkpoint=task.get("checkpoint"), session_options=options
+    )
     if task.get("lr") is not None:
         session.learning_rate = float(task["lr"])
     losses: list[float] = []
@@ -126,7 +134,9 @@ def train(task: dict) -> dict:
             session.save_checkpoint(path, properties={"at": i})
             lr = session.learning_rate
             session = TrainingSession(task["directory"], checkpoint=path)
-            session.learning_rate = lr  # the training API keeps the initial rate in checkpoints, not the current one
+            session.learning_rate = (
+                lr  # the training API keeps the initial rate in checkpoints, not the current one
+            )
         batch = batches[(int(task.get("start", 0)) + i) % len(batches)]
         if mode == "step":
             out = session.train_and_update(*batch)
@@ -143,10 +153,16 @@ def train(task: dict) -> dict:
         import onnxruntime
 
         path = session.export_inference_model(task["export"], task.get("export_outputs"))
-        from onnxblocks._core.ort import session_options  # ONNXBLOCKS_ORT_THREADS sets the thread count
+        from onnxblocks._core.ort import (
+            session_options,
+        )  # ONNXBLOCKS_ORT_THREADS sets the thread count
 
-        inference = onnxruntime.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
-        feeds = {i.name: batches[0][session.input_names.index(i.name)] for i in inference.get_inputs()}
+        inference = onnxruntime.InferenceSession(
+            str(path), session_options(), providers=["CPUExecutionProvider"]
+        )
+        feeds = {
+            i.name: batches[0][session.input_names.index(i.name)] for i in inference.get_inputs()
+        }
         result["exported"] = [o.tolist() for o in inference.run(None, feeds)]
         result["eval"] = [o.tolist() for o in session.eval_step(*batches[0])[1:]]
     return result
@@ -157,10 +173,19 @@ def main() -> int:
     results = []
     for task in payload["tasks"]:
         try:
-            results.append({"task": task["task"], **{"environment": environment, "train": train}[task["task"]](task)})
+            results.append(
+                {
+                    "task": task["task"],
+                    **{"environment": environment, "train": train}[task["task"]](task),
+                }
+            )
         except Exception as exc:
             results.append(
-                {"task": task["task"], "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
+                {
+                    "task": task["task"],
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "trace": traceback.format_exc(),
+                }
             )
     print(json.dumps({"results": results}))
     return 0

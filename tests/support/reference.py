@@ -103,7 +103,9 @@ def export(torch_model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> on
     return onnx.load_from_string(f.getvalue())
 
 
-def infer(model: onnx.ModelProto | str | os.PathLike, feeds: dict, outputs: list[str] | None = None) -> list:
+def infer(
+    model: onnx.ModelProto | str | os.PathLike, feeds: dict, outputs: list[str] | None = None
+) -> list:
     """Run a model (proto or file) in an InferenceSession."""
     import onnxruntime as ort
 
@@ -118,14 +120,24 @@ class Session:
         self.state = C.load_checkpoint(os.fspath(checkpoint))
         # the library's options: ONNXBLOCKS_ORT_THREADS sets their thread count (support/ort_threads.py)
         self.module = C.Module(
-            os.fspath(training), self.state, os.fspath(eval_model) if eval_model else None, CPU, session_options()
+            os.fspath(training),
+            self.state,
+            os.fspath(eval_model) if eval_model else None,
+            CPU,
+            session_options(),
         )
-        self.optimizer = C.Optimizer(os.fspath(optimizer), self.state, CPU, session_options()) if optimizer else None
+        self.optimizer = (
+            C.Optimizer(os.fspath(optimizer), self.state, CPU, session_options())
+            if optimizer
+            else None
+        )
 
     @classmethod
     def of(cls, art, ort: bool = False) -> Session:
         if ort:
-            return cls(art.training_model_ort, art.eval_model_ort, art.checkpoint, art.optimizer_model_ort)
+            return cls(
+                art.training_model_ort, art.eval_model_ort, art.checkpoint, art.optimizer_model_ort
+            )
         return cls(art.training_model, art.eval_model, art.checkpoint, art.optimizer_model)
 
     def train(self, *inputs) -> list[np.ndarray]:
@@ -194,7 +206,9 @@ class Twice:
     def __getitem__(self, key: Any) -> Twice:
         return Twice(self.value[key], self.value64[key])
 
-    def check(self, actual: Any, *, rtol: float = RTOL, scale: Any = None, name: str = "value") -> None:
+    def check(
+        self, actual: Any, *, rtol: float = RTOL, scale: Any = None, name: str = "value"
+    ) -> None:
         """``support.numerics.assert_close(actual, value, value64, ...)``; a ``[1]`` loss compares as a scalar."""
         actual = np.asarray(actual)
         if actual.shape != np.shape(self.value) and actual.size == np.size(self.value) == 1:
@@ -222,7 +236,11 @@ def _operand(value: Any, dtype: torch.dtype | None) -> Any:
         if dtype is not None and copied.is_floating_point():
             copied = copied.to(dtype)
         return copied.requires_grad_(value.requires_grad)
-    if isinstance(value, np.ndarray) and dtype is not None and np.issubdtype(value.dtype, np.floating):
+    if (
+        isinstance(value, np.ndarray)
+        and dtype is not None
+        and np.issubdtype(value.dtype, np.floating)
+    ):
         return value.astype(np.float64)
     return value
 
@@ -238,7 +256,9 @@ def twice(compute: Callable[..., Any], *operands: Any) -> Twice:
     )
 
 
-def loss_run(model: torch.nn.Module, inputs: tuple, target: Any, loss: Callable[..., torch.Tensor]) -> Twice:
+def loss_run(
+    model: torch.nn.Module, inputs: tuple, target: Any, loss: Callable[..., torch.Tensor]
+) -> Twice:
     """``loss(model(*inputs), target)`` and every parameter's gradient, in float32 and float64.
 
     ``value`` is ``(loss, {parameter: gradient})``; ``scales`` the gradients' floors. ``loss`` may be a torch
@@ -259,7 +279,9 @@ def assert_grads(session: Session, run: Twice, names=None, rtol: float = GRAD_RT
     """The session's gradients against a :func:`loss_run`'s (all it has, or ``names``)."""
     grads = run[1]
     for name in names or grads.value:
-        grads[name].check(session.grad(name), rtol=rtol, scale=run.scales.get(name), name=f"{name}'s gradient")
+        grads[name].check(
+            session.grad(name), rtol=rtol, scale=run.scales.get(name), name=f"{name}'s gradient"
+        )
 
 
 def make_labels(seed: int = 1, with_ignored: bool = False) -> torch.Tensor:

@@ -44,7 +44,11 @@ def family64(family: Any) -> Any:
     )
 
 
-_CONV_WEIGHT_GRAD = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight, 3: torch.nn.grad.conv3d_weight}
+_CONV_WEIGHT_GRAD = {
+    1: torch.nn.grad.conv1d_weight,
+    2: torch.nn.grad.conv2d_weight,
+    3: torch.nn.grad.conv3d_weight,
+}
 
 
 def _channels_last(t: torch.Tensor, channel: int) -> torch.Tensor:
@@ -65,7 +69,9 @@ def _normalized(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return ((grouped - mean) / torch.sqrt(var + module.eps)).abs().reshape(x.shape)
     shape = [1, -1] + [1] * (x.dim() - 2)
     if isinstance(module, torch.nn.modules.instancenorm._InstanceNorm):
-        dims = tuple(range(2, x.dim()))  # per sample and channel (running statistics are for eval only)
+        dims = tuple(
+            range(2, x.dim())
+        )  # per sample and channel (running statistics are for eval only)
         mean = x.mean(dims, keepdim=True)
         var = x.var(dims, unbiased=False, keepdim=True)
     elif module.training or module.running_mean is None:
@@ -85,13 +91,22 @@ def _terms(module: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[st
         return {"weight": g2.T @ x2, "bias": g2.sum(0)}
     if isinstance(module, torch.nn.modules.conv._ConvNd):
         weight = _CONV_WEIGHT_GRAD[x.dim() - 2](
-            x.abs(), module.weight.shape, g, module.stride, module.padding, module.dilation, module.groups
+            x.abs(),
+            module.weight.shape,
+            g,
+            module.stride,
+            module.padding,
+            module.dilation,
+            module.groups,
         )
         return {"weight": weight, "bias": _channels_last(g, 1).sum(0)}
     if isinstance(module, torch.nn.LayerNorm):
         shape = tuple(module.normalized_shape)
         xhat = _normalized(module, x)
-        return {"weight": (g * xhat).reshape(-1, *shape).sum(0), "bias": g.reshape(-1, *shape).sum(0)}
+        return {
+            "weight": (g * xhat).reshape(-1, *shape).sum(0),
+            "bias": g.reshape(-1, *shape).sum(0),
+        }
     if isinstance(module, _CHANNEL_NORMS):
         xhat = _normalized(module, x)
         return {"weight": _channels_last(g * xhat, 1).sum(0), "bias": _channels_last(g, 1).sum(0)}
@@ -104,7 +119,13 @@ _CHANNEL_NORMS = (
     torch.nn.modules.instancenorm._InstanceNorm,
     torch.nn.GroupNorm,
 )
-_HANDLED = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, *_CHANNEL_NORMS, torch.nn.LayerNorm, torch.nn.Embedding)
+_HANDLED = (
+    torch.nn.Linear,
+    torch.nn.modules.conv._ConvNd,
+    *_CHANNEL_NORMS,
+    torch.nn.LayerNorm,
+    torch.nn.Embedding,
+)
 
 
 def gradient_magnitudes(
@@ -123,12 +144,16 @@ def gradient_magnitudes(
     def as64(value: Any) -> Any:
         if isinstance(value, list | tuple):  # several targets
             return [as64(v) for v in value]
-        return to64(value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value)))
+        return to64(
+            value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+        )
 
     calls: list[tuple[str, torch.nn.Module, torch.Tensor, list[torch.Tensor]]] = []
     handles = []
     for prefix, module in model64.named_modules():
-        if not isinstance(module, _HANDLED) or isinstance(module, torch.nn.modules.conv._ConvTransposeNd):
+        if not isinstance(module, _HANDLED) or isinstance(
+            module, torch.nn.modules.conv._ConvTransposeNd
+        ):
             continue
 
         def forward_hook(mod, args, output, prefix=prefix):

@@ -16,10 +16,16 @@ def mlp_model(d_in: int = 2, hidden: int = 16, classes: int = 3, seed: int = 0) 
     """``logits = relu(x @ fc1.weight + fc1.bias) @ fc2.weight + fc2.bias``; input ``x: [batch, d_in]``."""
     rng = np.random.default_rng(seed)
     inits = [
-        numpy_helper.from_array((rng.standard_normal((d_in, hidden)) * 0.5).astype(np.float32), "fc1.weight"),
+        numpy_helper.from_array(
+            (rng.standard_normal((d_in, hidden)) * 0.5).astype(np.float32), "fc1.weight"
+        ),
         numpy_helper.from_array((rng.standard_normal(hidden) * 0.1).astype(np.float32), "fc1.bias"),
-        numpy_helper.from_array((rng.standard_normal((hidden, classes)) * 0.5).astype(np.float32), "fc2.weight"),
-        numpy_helper.from_array((rng.standard_normal(classes) * 0.1).astype(np.float32), "fc2.bias"),
+        numpy_helper.from_array(
+            (rng.standard_normal((hidden, classes)) * 0.5).astype(np.float32), "fc2.weight"
+        ),
+        numpy_helper.from_array(
+            (rng.standard_normal(classes) * 0.1).astype(np.float32), "fc2.bias"
+        ),
     ]
     nodes = [
         helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"]),
@@ -55,7 +61,10 @@ def generate(
     directory.mkdir(parents=True, exist_ok=True)
     model = model if model is not None else mlp_model()
     if isinstance(loss, str):
-        loss = {"crossentropy": artifacts.LossType.CrossEntropyLoss, "mse": artifacts.LossType.MSELoss}[loss]
+        loss = {
+            "crossentropy": artifacts.LossType.CrossEntropyLoss,
+            "mse": artifacts.LossType.MSELoss,
+        }[loss]
     artifacts.generate_artifacts(
         model,
         requires_grad=requires_grad if requires_grad is not None else PARAMS,
@@ -68,7 +77,9 @@ def generate(
     return directory
 
 
-def classification_data(rows: int = 64, d_in: int = 2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def classification_data(
+    rows: int = 64, d_in: int = 2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Features and int64 labels of a 3-class problem (by quadrant)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, d_in)).astype(np.float32)

@@ -21,7 +21,11 @@ FORMAT = "onnxblocks-web/1"
 
 def encode(pairs: list[tuple[str, object]], data: bytes) -> bytes:
     """A safetensors file with the header ``pairs`` (in order, repeats kept) and ``data`` after it."""
-    text = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v, separators=(',', ':'))}" for k, v in pairs) + "}"
+    text = (
+        "{"
+        + ",".join(f"{json.dumps(k)}:{json.dumps(v, separators=(',', ':'))}" for k, v in pairs)
+        + "}"
+    )
     raw = text.encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw + data
@@ -60,7 +64,14 @@ def good_pairs(**meta: object) -> tuple[list[tuple[str, object]], bytes]:
         begin = len(data)
         data += array.tobytes()
         pairs.append(
-            (name, {"dtype": codes[array.dtype], "shape": list(array.shape), "data_offsets": [begin, len(data)]})
+            (
+                name,
+                {
+                    "dtype": codes[array.dtype],
+                    "shape": list(array.shape),
+                    "data_offsets": [begin, len(data)],
+                },
+            )
         )
     return pairs, data
 
@@ -77,7 +88,9 @@ def _with(pairs: list[tuple[str, object]], name: str, **fields: object) -> list[
 def bad_files() -> dict[str, bytes]:
     """The corpus of bad state files, by what is wrong (every reader must refuse each)."""
     pairs, data = good_pairs()
-    offsets = {k: v["data_offsets"] for k, v in pairs if isinstance(v, dict) and "data_offsets" in v}
+    offsets = {
+        k: v["data_offsets"] for k, v in pairs if isinstance(v, dict) and "data_offsets" in v
+    }
     files = {
         "overlapping-offsets": encode(_with(pairs, "w.exp_avg", data_offsets=[8, 24]), data),
         "aliased-tensors": encode(_with(pairs, "w.exp_avg", data_offsets=offsets["w"]), data),
@@ -87,7 +100,9 @@ def bad_files() -> dict[str, bytes]:
         "gap-between-tensors": encode(_with(pairs, "f", data_offsets=[52, 76]), data + b"\0" * 4),
         "offsets-beyond-data": encode(_with(pairs, "w.exp_avg", data_offsets=[1000, 1016]), data),
         "offsets-negative": encode(_with(pairs, "w.exp_avg", data_offsets=[-16, 0]), data),
-        "moved-onto-another": encode(_with(pairs, "w.exp_avg", data_offsets=offsets["w.exp_avg_sq"]), data),
+        "moved-onto-another": encode(
+            _with(pairs, "w.exp_avg", data_offsets=offsets["w.exp_avg_sq"]), data
+        ),
         "header-length-huge": struct.pack("<Q", 2**63) + encode(pairs, data)[8:],
         "trailing-bytes": encode(pairs, data + b"\0" * 8),
         "truncated-data": encode(pairs, data[:-5]),
@@ -102,7 +117,8 @@ def bad_files() -> dict[str, bytes]:
         "trainable-and-frozen": encode(good_pairs(frozen='["f", "w"]')[0], data),
         "stray-tensor": encode(good_pairs(frozen="[]")[0], data),
         "one-moment-only": encode(
-            _with([p for p in pairs if p[0] != "w.exp_avg_sq"], "f", data_offsets=[32, 56]), data[:32] + data[48:]
+            _with([p for p in pairs if p[0] != "w.exp_avg_sq"], "f", data_offsets=[32, 56]),
+            data[:32] + data[48:],
         ),
         "learning-rate-nan": encode(good_pairs(learning_rate="NaN")[0], data),
         "learning-rate-negative": encode(good_pairs(learning_rate="-0.5")[0], data),
@@ -113,8 +129,12 @@ def bad_files() -> dict[str, bytes]:
         "step-past-2**53": encode(good_pairs(step=str(2**63 - 1))[0], data),
         "step-not-decimal": encode(good_pairs(step="1e3")[0], data),
         "property-wrong-kind": encode(good_pairs(properties='{"epoch": ["int", "two"]}')[0], data),
-        "property-int-past-int64": encode(good_pairs(properties=json.dumps({"n": ["int", 2**63]}))[0], data),
-        "metadata-not-strings": encode([("__metadata__", {"format": FORMAT, "step": 3}), *pairs[1:]], data),
+        "property-int-past-int64": encode(
+            good_pairs(properties=json.dumps({"n": ["int", 2**63]}))[0], data
+        ),
+        "metadata-not-strings": encode(
+            [("__metadata__", {"format": FORMAT, "step": 3}), *pairs[1:]], data
+        ),
         "format-missing": encode(good_pairs(format=None)[0], data),
         "too-short": b"\x08\0\0",
     }

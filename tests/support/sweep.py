@@ -60,7 +60,9 @@ class Activation(nn.Module):
 class Encoder(nn.Module):
     """A TransformerEncoderLayer with an optional padding or causal mask."""
 
-    def __init__(self, norm_first: bool = False, activation: str = "relu", mask: str | None = None) -> None:
+    def __init__(
+        self, norm_first: bool = False, activation: str = "relu", mask: str | None = None
+    ) -> None:
         super().__init__()
         self.layer = nn.TransformerEncoderLayer(
             D, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first, activation=activation
@@ -72,7 +74,11 @@ class Encoder(nn.Module):
         if self.mask == "pad":
             h = self.layer(x, src_key_padding_mask=pad)
         elif self.mask == "causal":
-            h = self.layer(x, src_mask=nn.Transformer.generate_square_subsequent_mask(x.shape[1]), is_causal=True)
+            h = self.layer(
+                x,
+                src_mask=nn.Transformer.generate_square_subsequent_mask(x.shape[1]),
+                is_causal=True,
+            )
         else:
             h = self.layer(x)
         return self.fc(h).reshape(-1, 3)
@@ -107,7 +113,9 @@ class GPT2(nn.Module):
 class Recurrent(nn.Module):
     def __init__(self, kind: str, layers: int = 2, bidirectional: bool = True, **options) -> None:
         super().__init__()
-        self.rnn = getattr(nn, kind)(3, 4, num_layers=layers, bidirectional=bidirectional, batch_first=True, **options)
+        self.rnn = getattr(nn, kind)(
+            3, 4, num_layers=layers, bidirectional=bidirectional, batch_first=True, **options
+        )
         self.fc = nn.Linear(8 if bidirectional else 4, 2)
 
     def forward(self, x):
@@ -119,7 +127,9 @@ class ResidualMLP(nn.Module):
     def __init__(self, p: float) -> None:
         super().__init__()
         self.fc_in = nn.Linear(4, D)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Dropout(p)) for _ in range(2))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Dropout(p)) for _ in range(2)
+        )
         self.fc_out = nn.Linear(D, 3)
 
     def forward(self, x):
@@ -181,10 +191,14 @@ class Indexing(nn.Module):
 
     def forward(self, x):
         h = self.fc1(x)
-        image = F.interpolate(h.reshape(-1, 1, 4, 4), scale_factor=2, mode="nearest")  # [B, 1, 8, 8]
+        image = F.interpolate(
+            h.reshape(-1, 1, 4, 4), scale_factor=2, mode="nearest"
+        )  # [B, 1, 8, 8]
         peaks = image.amax(dim=-1).flatten(1)  # [B, 8]
         flipped = torch.flip(peaks, dims=[-1]) * torch.sign(peaks)
-        return self.fc2(torch.cat([peaks, flipped, h[:, :4].amin(dim=0, keepdim=True).expand(h.shape[0], 4)], 1))
+        return self.fc2(
+            torch.cat([peaks, flipped, h[:, :4].amin(dim=0, keepdim=True).expand(h.shape[0], 4)], 1)
+        )
 
 
 # ------------------------------------------------------------------ cases
@@ -198,7 +212,9 @@ class Case:
     random: bool = False
     external: bool = False
     frozen: list[str] = field(default_factory=list)
-    train_only: tuple[str, ...] = ()  # name prefixes of the trained parameters; the others stay constants
+    train_only: tuple[
+        str, ...
+    ] = ()  # name prefixes of the trained parameters; the others stay constants
 
 
 def make_case(name: str) -> Case:
@@ -213,22 +229,35 @@ def make_case(name: str) -> Case:
 
     image, sequence, rows = {"x": f32(2, 4, 8, 8)}, {"x": f32(2, 5, D)}, {"x": f32(6, 4)}
     if name == "encoder_prenorm_gelu":
-        return Case(Encoder(norm_first=True, activation="gelu"), sequence, classes(10), "cross_entropy")
+        return Case(
+            Encoder(norm_first=True, activation="gelu"), sequence, classes(10), "cross_entropy"
+        )
     if name == "encoder_padding_mask":
         pad = np.zeros((2, 5), bool)
         pad[0, 3:] = True
-        return Case(Encoder(mask="pad"), {"x": sequence["x"], "pad": pad}, classes(10), "cross_entropy")
+        return Case(
+            Encoder(mask="pad"), {"x": sequence["x"], "pad": pad}, classes(10), "cross_entropy"
+        )
     if name == "encoder_causal":
         return Case(Encoder(mask="causal"), sequence, classes(10), "cross_entropy")
     if name == "gpt2_tied":
-        return Case(GPT2(), {"idx": rng.integers(0, 11, (2, 6)).astype(np.int64)}, classes(12, 11), "cross_entropy")
+        return Case(
+            GPT2(),
+            {"idx": rng.integers(0, 11, (2, 6)).astype(np.int64)},
+            classes(12, 11),
+            "cross_entropy",
+        )
     if name == "conv_transpose2d":
         body = nn.Sequential(
-            nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1), nn.Tanh(), nn.AvgPool2d(4)
+            nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1),
+            nn.Tanh(),
+            nn.AvgPool2d(4),
         )
         return Case(Head(body, 32), image, classes(2), "cross_entropy")
     if name == "conv_transpose1d_groups_crop":
-        body = nn.Sequential(nn.ConvTranspose1d(4, 4, 3, stride=2, padding=2, output_padding=1, groups=2), nn.ReLU())
+        body = nn.Sequential(
+            nn.ConvTranspose1d(4, 4, 3, stride=2, padding=2, output_padding=1, groups=2), nn.ReLU()
+        )
         return Case(Head(body, 4 * 18), {"x": f32(2, 4, 10)}, classes(2), "cross_entropy")
     if name == "avg_pools":
         body = nn.Sequential(
@@ -240,7 +269,9 @@ def make_case(name: str) -> Case:
         )
         return Case(Head(body, 4), image, classes(2), "cross_entropy")
     if name == "group_norm":
-        body = nn.Sequential(nn.Conv2d(4, 4, 3), nn.GroupNorm(2, 4), nn.SiLU(), nn.AdaptiveAvgPool2d(1))
+        body = nn.Sequential(
+            nn.Conv2d(4, 4, 3), nn.GroupNorm(2, 4), nn.SiLU(), nn.AdaptiveAvgPool2d(1)
+        )
         return Case(Head(body, 4), image, classes(2), "cross_entropy")
     if name == "instance_norm2d":
         body = nn.Sequential(nn.Conv2d(4, 4, 3), nn.InstanceNorm2d(4, affine=True), nn.ReLU())
@@ -254,26 +285,42 @@ def make_case(name: str) -> Case:
         kind = name.split("_")[0].upper()
         return Case(Recurrent(kind), {"x": f32(3, 4, 3)}, f32(3, 2), "mse")
     if name == "rnn_relu":
-        return Case(Recurrent("RNN", bidirectional=False, nonlinearity="relu"), {"x": f32(3, 4, 3)}, f32(3, 2), "mse")
+        return Case(
+            Recurrent("RNN", bidirectional=False, nonlinearity="relu"),
+            {"x": f32(3, 4, 3)},
+            f32(3, 2),
+            "mse",
+        )
     if name.startswith("act_"):
         act = ACTIVATIONS[name[4:]]
         return Case(Activation(act), rows, f32(6, 3), "mse")
     if name == "dropout":
         return Case(ResidualMLP(0.5), rows, classes(6), "cross_entropy", random=True)
     if name == "two_outputs":
-        return Case(TwoHeads(), rows, classes(6), "cross_entropy", multi=True, frozen=["aux.weight", "aux.bias"])
+        return Case(
+            TwoHeads(),
+            rows,
+            classes(6),
+            "cross_entropy",
+            multi=True,
+            frozen=["aux.weight", "aux.bias"],
+        )
     if name == "unet":
         return Case(UNet(), image, f32(2, 2 * 64), "mse")
     if name == "indexing":
         return Case(Indexing(), rows, f32(6, 3), "mse")
-    if name == "encoder_head_only":  # post-norm layers then a final LayerNorm, all of them constants
+    if (
+        name == "encoder_head_only"
+    ):  # post-norm layers then a final LayerNorm, all of them constants
         encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True),
             2,
             norm=nn.LayerNorm(D),
             enable_nested_tensor=False,
         )
-        return Case(Head(encoder, 5 * D), sequence, classes(2), "cross_entropy", train_only=("fc.",))
+        return Case(
+            Head(encoder, 5 * D), sequence, classes(2), "cross_entropy", train_only=("fc.",)
+        )
     if name == "external_data":
         return Case(Activation(nn.ELU()), rows, f32(6, 3), "mse", external=True)
     raise KeyError(name)
@@ -341,7 +388,11 @@ def quiet():
     logger = logging.getLogger("torch")
     level = logger.level
     logger.setLevel(logging.ERROR)
-    with warnings.catch_warnings(), open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+    with (
+        warnings.catch_warnings(),
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+    ):
         warnings.simplefilter("ignore")
         try:
             yield
@@ -373,7 +424,13 @@ def export(case: Case, exporter: str) -> onnx.ModelProto:
             return onnx.load_from_string(f.getvalue())
         opset = int(exporter[len("dyn") :])
         program = torch.onnx.export(
-            case.model, args, dynamo=True, optimize=False, input_names=names, output_names=outputs, opset_version=opset
+            case.model,
+            args,
+            dynamo=True,
+            optimize=False,
+            input_names=names,
+            output_names=outputs,
+            opset_version=opset,
         )
         return program.model_proto
 
@@ -415,7 +472,9 @@ def build(name: str, exporter: str, directory: str):
             size_threshold=0,
         )
     frozen = [names[n] for n in case.frozen]
-    extra = {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
+    extra = (
+        {"loss_input_names": ["out0"], "additional_output_names": ["out1"]} if case.multi else {}
+    )
     trained = [n for t, n in names.items() if t not in case.frozen and is_trained(case, t)]
     artifacts = generate_artifacts(
         source,
@@ -435,7 +494,9 @@ def is_trained(case: Case, name: str) -> bool:
 
 def torch_loss(case: Case, model: nn.Module) -> torch.Tensor:
     out = model(*[torch.from_numpy(v) for v in case.inputs.values()])
-    return models.torch_loss(case.loss)(out[0] if case.multi else out, torch.from_numpy(case.target))
+    return models.torch_loss(case.loss)(
+        out[0] if case.multi else out, torch.from_numpy(case.target)
+    )
 
 
 # ------------------------------------------------------------------ authored with onnxscript
@@ -449,9 +510,16 @@ def onnxscript_block(
 ) -> FLOAT["N", 4]:  # noqa: UP037, F821
     padded = op.Pad(x, op.Constant(value_ints=[0, 0, 1, 1, 0, 0, 1, 1]), mode="reflect")
     normed = op.InstanceNormalization(op.Conv(padded, w, b), s, beta, epsilon=1e-5)
-    up = op.Resize(op.Elu(normed, alpha=0.5), None, op.Constant(value_floats=[1.0, 1.0, 2.0, 2.0]), mode="linear")
+    up = op.Resize(
+        op.Elu(normed, alpha=0.5),
+        None,
+        op.Constant(value_floats=[1.0, 1.0, 2.0, 2.0]),
+        mode="linear",
+    )
     peaks = op.ReduceMax(up, op.Constant(value_ints=[3]), keepdims=0)
-    return op.ReduceMean(peaks, op.Constant(value_ints=[2]), keepdims=0) * 2.0  # a literal: CastLike
+    return (
+        op.ReduceMean(peaks, op.Constant(value_ints=[2]), keepdims=0) * 2.0
+    )  # a literal: CastLike
 
 
 def onnxscript_model() -> onnx.ModelProto:
@@ -466,5 +534,7 @@ def onnxscript_model() -> onnx.ModelProto:
     inputs = [i for i in model.graph.input if i.name not in params]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
-    model.graph.initializer.extend(onnx.numpy_helper.from_array(v.astype(np.float32), n) for n, v in params.items())
+    model.graph.initializer.extend(
+        onnx.numpy_helper.from_array(v.astype(np.float32), n) for n, v in params.items()
+    )
     return model

@@ -36,7 +36,11 @@ def debian_tool(package: str, candidates: Sequence[str], why: str) -> Path:
 
     def find() -> Path | None:
         for candidate in candidates:
-            found = candidate if os.path.isabs(candidate) and os.path.exists(candidate) else shutil.which(candidate)
+            found = (
+                candidate
+                if os.path.isabs(candidate) and os.path.exists(candidate)
+                else shutil.which(candidate)
+            )
             if found:
                 return Path(found)
         return None
@@ -46,7 +50,9 @@ def debian_tool(package: str, candidates: Sequence[str], why: str) -> Path:
             return found
         command = f"apt-get install -y {package}"
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            raise SystemToolError(f"{candidates[0]} is not installed ({why}). Install Debian's package: `{command}`.")
+            raise SystemToolError(
+                f"{candidates[0]} is not installed ({why}). Install Debian's package: `{command}`."
+            )
         for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
             done = subprocess.run(step, capture_output=True, text=True, timeout=900, check=False)
             if done.returncode != 0:
@@ -55,5 +61,7 @@ def debian_tool(package: str, candidates: Sequence[str], why: str) -> Path:
                     f"{done.stderr[-2000:]}"
                 )
         if (found := find()) is None:
-            raise SystemToolError(f"apt-get installed {package} but {candidates[0]} is still not there.")
+            raise SystemToolError(
+                f"apt-get installed {package} but {candidates[0]} is still not there."
+            )
         return found

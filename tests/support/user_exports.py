@@ -30,7 +30,9 @@ from support.sweep import quiet
 EXPORTS = ("ts-folded", "ts-unfolded", "dynamo", "dynamo-optimized")
 
 
-def export(model: nn.Module, inputs: dict[str, np.ndarray], how: str, training: bool = False) -> onnx.ModelProto:
+def export(
+    model: nn.Module, inputs: dict[str, np.ndarray], how: str, training: bool = False
+) -> onnx.ModelProto:
     """``model`` exported the way ``how`` names (a copy is exported: tracing updates batch-norm statistics)."""
     model = copy.deepcopy(model)
     args = tuple(torch.from_numpy(v) for v in inputs.values())
@@ -38,19 +40,29 @@ def export(model: nn.Module, inputs: dict[str, np.ndarray], how: str, training: 
     with quiet():
         if how.startswith("dynamo"):
             program = torch.onnx.export(
-                model, args, dynamo=True, optimize=how == "dynamo-optimized", input_names=names, output_names=["output"]
+                model,
+                args,
+                dynamo=True,
+                optimize=how == "dynamo-optimized",
+                input_names=names,
+                output_names=["output"],
             )
             return program.model_proto
         options: dict = {} if how == "ts-folded" else {"do_constant_folding": False}
         if training:
             options["training"] = torch.onnx.TrainingMode.TRAINING
         f = io.BytesIO()
-        torch.onnx.export(model, args, f, input_names=names, output_names=["output"], dynamo=False, **options)
+        torch.onnx.export(
+            model, args, f, input_names=names, output_names=["output"], dynamo=False, **options
+        )
         return onnx.load_from_string(f.getvalue())
 
 
 def initializers(
-    model: onnx.ModelProto, torch_model: nn.Module, wanted: Callable[[str], bool], required: bool = True
+    model: onnx.ModelProto,
+    torch_model: nn.Module,
+    wanted: Callable[[str], bool],
+    required: bool = True,
 ) -> dict[str, tuple[str, bool]]:
     """torch parameter -> (the initializer holding it, transposed?) for the parameters ``wanted`` selects.
 
@@ -67,9 +79,17 @@ def initializers(
         if name in tensors:
             found[name] = (name, False)
             continue
-        hits = [(k, False) for k, a in tensors.items() if a.shape == value.shape and np.array_equal(a, value)]
+        hits = [
+            (k, False)
+            for k, a in tensors.items()
+            if a.shape == value.shape and np.array_equal(a, value)
+        ]
         if value.ndim == 2:
-            hits += [(k, True) for k, a in tensors.items() if a.shape == value.T.shape and np.array_equal(a, value.T)]
+            hits += [
+                (k, True)
+                for k, a in tensors.items()
+                if a.shape == value.T.shape and np.array_equal(a, value.T)
+            ]
         assert hits or not required, f"{name} is in no initializer of the export"
         if hits:
             found[name] = hits[0]

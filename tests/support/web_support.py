@@ -55,7 +55,14 @@ def workspace(directory: Path) -> Path:
     source, target = js_dir(), directory / "js"
     for sub in ("src", "bin", "tools", "demo", "test"):
         shutil.copytree(source / sub, target / sub)
-    for name in ("package.json", "package-lock.json", "jsconfig.json", "tsconfig.types.json", "README.md", ".npmrc"):
+    for name in (
+        "package.json",
+        "package-lock.json",
+        "jsconfig.json",
+        "tsconfig.types.json",
+        "README.md",
+        ".npmrc",
+    ):
         shutil.copyfile(source / name, target / name)
     (target / "node_modules").symlink_to(node_modules(), target_is_directory=True)
     return target
@@ -66,7 +73,9 @@ def chromium() -> Path:
     """Debian's Chromium, installed with apt-get when missing (as root)."""
     try:
         return debian_tool(
-            "chromium", CHROMIUM_CANDIDATES, "the browser test drives it with playwright-core; it never downloads one"
+            "chromium",
+            CHROMIUM_CANDIDATES,
+            "the browser test drives it with playwright-core; it never downloads one",
         )
     except SystemToolError as exc:
         raise WebEnvError(str(exc)) from None
@@ -79,11 +88,20 @@ def run_node(js: Path, script: str, *args: str, timeout: float = 300) -> dict:
         AssertionError: when it fails, with its error output.
     """
     done = subprocess.run(
-        ["node", str(js / script), *args], capture_output=True, text=True, timeout=timeout, cwd=js, check=False
+        ["node", str(js / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=js,
+        check=False,
     )
     if done.returncode != 0:
-        raise AssertionError(f"node {script} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        raise AssertionError(
+            f"node {script} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        raise AssertionError(f"node {script} printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise AssertionError(
+            f"node {script} printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
     return json.loads(lines[-1])

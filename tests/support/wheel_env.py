@@ -26,17 +26,25 @@ class WheelEnvError(RuntimeError):
 def _run(cmd: list[str], what: str, cwd: Path | None = None, timeout: int = 900) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
+        )
     except subprocess.TimeoutExpired:
         raise WheelEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
     if done.returncode != 0:
-        raise WheelEnvError(f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-4000:]}")
+        raise WheelEnvError(
+            f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-4000:]}"
+        )
     return done.stdout
 
 
 def source_files() -> list[str]:
     """The checkout's files as git lists them (tracked, and untracked but not ignored)."""
-    out = _run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], "git ls-files", cwd=ROOT)
+    out = _run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        "git ls-files",
+        cwd=ROOT,
+    )
     return [name for name in out.split("\0") if name and (ROOT / name).is_file()]
 
 
@@ -49,12 +57,25 @@ def build_wheel(directory: Path) -> Path:
         shutil.copy2(ROOT / name, target)
     dist = directory / "dist"
     _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(source),
+        ],
         "Building the wheel",
     )
     wheels = sorted(dist.glob("onnxblocks-*.whl"))
     if len(wheels) != 1:
-        raise WheelEnvError(f"pip wheel wrote {[w.name for w in wheels]} into {dist}, expected one onnxblocks wheel")
+        raise WheelEnvError(
+            f"pip wheel wrote {[w.name for w in wheels]} into {dist}, expected one onnxblocks wheel"
+        )
     return wheels[0]
 
 
@@ -62,5 +83,8 @@ def fresh_venv(directory: Path, wheel: Path) -> Path:
     """A new venv in ``directory`` with ``wheel`` and its dependencies installed; its Python."""
     _run([sys.executable, "-m", "venv", str(directory)], "Creating the venv")
     python = directory / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], "pip install wheel")
+    _run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        "pip install wheel",
+    )
     return python

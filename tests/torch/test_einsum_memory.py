@@ -30,7 +30,10 @@ MIB = 1 << 20
 
 def _measure(kind: str, equation: str, npz: Path) -> dict:
     done = subprocess.run(
-        [sys.executable, str(WORKER), kind, equation, str(npz)], capture_output=True, text=True, timeout=600
+        [sys.executable, str(WORKER), kind, equation, str(npz)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, f"{kind} {equation} failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -52,7 +55,9 @@ def measured(tmp_path_factory) -> dict[str, dict[str, dict]]:
 @pytest.mark.parametrize("equation", EQUATIONS)
 def test_peak_memory_within_torch_and_one_copy_of_the_call(measured, equation):
     ours, theirs = measured[equation]["ortmodule"], measured[equation]["torch"]
-    assert ours["exports"] == 1, "the full-size call exported again: the warm-up's graph is not what was measured"
+    assert ours["exports"] == 1, (
+        "the full-size call exported again: the warm-up's graph is not what was measured"
+    )
     report = (
         f"{equation}: OrtModule {ours['peak_bytes'] / MIB:.1f} MiB, torch {theirs['peak_bytes'] / MIB:.1f} MiB, "
         f"operands, output and gradients {ours['io_bytes'] / MIB:.1f} MiB"
@@ -67,16 +72,25 @@ def test_ortmodule_matches_torch_at_full_size(measured, equation):
         got = {k: data[k] for k in data.files}
 
     def reference(dtype, absolute=False):
-        left, right, bias, grad = (torch.tensor(got[k], dtype=dtype) for k in ("left", "right", "bias", "grad"))
+        left, right, bias, grad = (
+            torch.tensor(got[k], dtype=dtype) for k in ("left", "right", "bias", "grad")
+        )
         if absolute:
             left, right, bias, grad = left.abs(), right.abs(), bias.abs(), grad.abs()
         for t in (left, right, bias):
             t.requires_grad_(True)
         out = torch.einsum(equation, left + bias, right)
         out.backward(grad)
-        return {"out": out.detach(), "left_grad": left.grad, "right_grad": right.grad, "bias_grad": bias.grad}
+        return {
+            "out": out.detach(),
+            "left_grad": left.grad,
+            "right_grad": right.grad,
+            "bias_grad": bias.grad,
+        }
 
     expected, expected64 = reference(torch.float32), reference(torch.float64)
     scale = reference(torch.float64, absolute=True)
     for name in ("out", "left_grad", "right_grad", "bias_grad"):
-        assert_close(got[name], expected[name], expected64[name], rtol=1e-5, scale=scale[name], name=name)
+        assert_close(
+            got[name], expected[name], expected64[name], rtol=1e-5, scale=scale[name], name=name
+        )

@@ -81,7 +81,9 @@ class Composed(torch.nn.Module):
             return torch.cat([rest, torch.tanh(first)], dim=dim)
         if kind == "chunk":
             parts = h.chunk(2, dim=dim)
-            return torch.cat([parts[-1] * 2, *parts[:-1]], dim=dim) if len(parts) > 1 else parts[0] * 2
+            return (
+                torch.cat([parts[-1] * 2, *parts[:-1]], dim=dim) if len(parts) > 1 else parts[0] * 2
+            )
         if kind == "view":
             return torch.sin(h.reshape(h.shape[0], -1)).view(h.shape[0], 4, 6)
         if kind == "transpose":
@@ -117,8 +119,21 @@ class Composed(torch.nn.Module):
         return LikeModelOutput(loss=h.pow(2).mean(), logits=h)
 
 
-STAGES = [f"{k}_{d}" for k in ("split", "chunk") for d in DIMS] + ["view", "transpose", "inplace", "shared"]
-OUTPUTS = ["tuple", *(f"chunks_{d}" for d in DIMS), "repeated", "passthrough", "dict", "dataclass", "modeloutput"]
+STAGES = [f"{k}_{d}" for k in ("split", "chunk") for d in DIMS] + [
+    "view",
+    "transpose",
+    "inplace",
+    "shared",
+]
+OUTPUTS = [
+    "tuple",
+    *(f"chunks_{d}" for d in DIMS),
+    "repeated",
+    "passthrough",
+    "dict",
+    "dataclass",
+    "modeloutput",
+]
 
 
 def _pool() -> list[tuple[tuple[str, str], str]]:
@@ -146,14 +161,18 @@ def _models(index: int) -> tuple[OrtModule, torch.nn.Module, torch.nn.Module]:
 def _loss(out, weights: list[float], grads: list[torch.Tensor]) -> torch.Tensor | None:
     leaves = [leaf for leaf in pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
     terms = [
-        w * (leaf * g).sum() for leaf, w, g in zip(leaves, weights, grads, strict=False) if w and leaf.requires_grad
+        w * (leaf * g).sum()
+        for leaf, w, g in zip(leaves, weights, grads, strict=False)
+        if w and leaf.requires_grad
     ]
     return sum(terms) if terms else None  # type: ignore[return-value]
 
 
 def _close(actual, expected, expected64, what: str) -> None:
     if actual is None or expected is None:
-        assert actual is None and expected is None, f"{what}: got {actual is not None}, torch {expected is not None}"
+        assert actual is None and expected is None, (
+            f"{what}: got {actual is not None}, torch {expected is not None}"
+        )
         return
     assert_close(actual, expected, expected64, rtol=RTOL, name=what)
 
@@ -180,7 +199,11 @@ def test_every_gradient_matches_eager(index, batch, x_grad, y_kind, weights, twi
     x = torch.randn(batch, 4, 6, generator=generator)
     y = None if y_kind == "none" else torch.randn(batch, 4, 6, generator=generator)
     runs = []
-    for model, dtype in ((wrapped, torch.float32), (eager, torch.float32), (eager64, torch.float64)):
+    for model, dtype in (
+        (wrapped, torch.float32),
+        (eager, torch.float32),
+        (eager64, torch.float64),
+    ):
         model.zero_grad(set_to_none=True)
         xi = x.to(dtype, copy=True).requires_grad_(x_grad)
         yi = None if y is None else y.to(dtype, copy=True).requires_grad_(y_kind == "tensor_grad")
@@ -201,7 +224,9 @@ def test_every_gradient_matches_eager(index, batch, x_grad, y_kind, weights, twi
     for i, (a, b, b64) in enumerate(zip(leaves_o, leaves_e, leaves_64, strict=True)):
         if isinstance(b, torch.Tensor):
             _close(a, b, b64, f"output {i}")
-            assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad} vs torch"
+            assert a.requires_grad == b.requires_grad, (
+                f"output {i}: requires_grad {a.requires_grad} vs torch"
+            )
         else:
             assert a == b
     where = f"module {POOL[index]}, batch {batch}"

@@ -67,10 +67,15 @@ def launched(tmp_path_factory):
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
         "--master-port", str(_free_port()), str(WORKER), str(out), *map(str, directories),
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]),
+    )
     env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, f"torchrun failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, (
+        f"torchrun failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    )
     return out, directories
 
 
@@ -89,7 +94,9 @@ def test_ddp_of_ort_module_equals_one_process(launched):
     out, _ = launched
     ranks = [_load(out / f"module-rank{r}.npz") for r in range(2)]
     for name in ranks[0]:
-        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=f"ranks differ on {name}")
+        np.testing.assert_array_equal(
+            ranks[0][name], ranks[1][name], err_msg=f"ranks differ on {name}"
+        )
     model = OrtModule(ddp_worker.make_model())
     optimizer = torch.optim.AdamW(model.parameters(), lr=ddp_worker.LR)
     x, y = ddp_worker.data(8 * ddp_worker.STEPS)
@@ -97,7 +104,9 @@ def test_ddp_of_ort_module_equals_one_process(launched):
     for step in range(ddp_worker.STEPS):
         rows = slice(step * 8, (step + 1) * 8)
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(torch.from_numpy(x[rows])), torch.from_numpy(y[rows])).backward()
+        torch.nn.functional.cross_entropy(
+            model(torch.from_numpy(x[rows])), torch.from_numpy(y[rows])
+        ).backward()
         optimizer.step()
     expected = {n: p.detach().numpy() for n, p in model.named_parameters()}
     _same(ranks[0], expected, "DDP(OrtModule) on 2 ranks against 1 process")
@@ -109,14 +118,20 @@ def test_data_parallel_session_equals_one_process(launched, key, kind):
     out, directories = launched
     ranks = [_load(out / f"session-{key}-rank{r}.npz") for r in range(2)]
     for name in ranks[0]:
-        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=f"ranks differ on {name}")
+        np.testing.assert_array_equal(
+            ranks[0][name], ranks[1][name], err_msg=f"ranks differ on {name}"
+        )
     session = TrainingSession(directories[key])
     assert session.backend == kind
     session.learning_rate = ddp_worker.LR
     initial = session.parameters()
-    history = fit(session, ArrayBatches(ddp_worker.data(40), batch_size=8, seed=0), epochs=2, progress=False)
+    history = fit(
+        session, ArrayBatches(ddp_worker.data(40), batch_size=8, seed=0), epochs=2, progress=False
+    )
     assert history.steps == ddp_worker.STEPS
-    _same(ranks[0], session.parameters(), f"DataParallel {kind} session on 2 ranks against 1 process")
+    _same(
+        ranks[0], session.parameters(), f"DataParallel {kind} session on 2 ranks against 1 process"
+    )
     assert any(not is_close(ranks[0][n], initial[n], rtol=RTOL) for n in initial)
     # rank 0 alone writes checkpoints and shows progress
     assert (out / f"{key}-rank0" / "ckpt").exists()

@@ -64,13 +64,16 @@ def _step(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torc
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 @pytest.mark.parametrize(
-    "kind", ["max()", "min()", "amax(0, 1)", "amin(-1)", "max(x, 1)", "min(x, -1).values", "maximum"]
+    "kind",
+    ["max()", "min()", "amax(0, 1)", "amin(-1)", "max(x, 1)", "min(x, -1).values", "maximum"],
 )
 def test_ortmodule_gives_torch_gradients_on_ties(kind, exporter, dtype):
     x, y = _inputs(dtype)
     expected, grads = _step(Extremum(kind), x, y, dtype)
     expected64, grads64 = _step(Extremum(kind), x, y, torch.float64)
-    if kind == "amin(-1)" and exporter == "torchscript":  # read as min(x, -1): the gradient goes to the index
+    if (
+        kind == "amin(-1)" and exporter == "torchscript"
+    ):  # read as min(x, -1): the gradient goes to the index
         _, grads = _step(lambda x, y: torch.min(x, -1, keepdim=True).values, x, y, dtype)
         _, grads64 = _step(lambda x, y: torch.min(x, -1, keepdim=True).values, x, y, torch.float64)
     got, got_grads = _step(OrtModule(Extremum(kind), exporter=exporter), x, y, dtype)
@@ -78,6 +81,12 @@ def test_ortmodule_gives_torch_gradients_on_ties(kind, exporter, dtype):
         assert_equal(got[1], expected[1], name="indices")
         got, expected, expected64 = got[0], expected[0], expected64[0]
     # the dynamo exporter computes amax/amin of float16 and bfloat16 in float32 and returns float32
-    assert_close(got.detach().to(dtype), expected.detach(), expected64.detach(), rtol=eps(dtype), name="value")
+    assert_close(
+        got.detach().to(dtype),
+        expected.detach(),
+        expected64.detach(),
+        rtol=eps(dtype),
+        name="value",
+    )
     for name, g, e, e64 in zip("xy", got_grads, grads, grads64, strict=True):
         assert_close(g, e, e64, rtol=eps(dtype), name=f"gradient of {name}")

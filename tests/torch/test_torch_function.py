@@ -45,9 +45,15 @@ class TwoHeads(torch.nn.Module):
 
 
 @functools.cache
-def _case(name: str, exporter: str) -> tuple[torch.nn.Module, dict[str, np.ndarray], onnx.ModelProto]:
+def _case(
+    name: str, exporter: str
+) -> tuple[torch.nn.Module, dict[str, np.ndarray], onnx.ModelProto]:
     """(torch model in the mode the graph computes, inputs, ONNX export)."""
-    if name in ("mlp", "gpt", "lstm"):  # shared training-mode exports (these families behave alike in eval)
+    if name in (
+        "mlp",
+        "gpt",
+        "lstm",
+    ):  # shared training-mode exports (these families behave alike in eval)
         case = models.case(name, exporter)
         return copy.deepcopy(case.torch_model).train(), case.inputs, case.onnx_model
     if name == "cnn":
@@ -79,7 +85,9 @@ def _assert_close(actual, expected, expected64, what):
         return
     actual = torch.zeros_like(expected) if actual is None else actual
     expected = torch.zeros_like(actual) if expected is None else expected
-    expected64 = torch.zeros_like(expected, dtype=torch.float64) if expected64 is None else expected64
+    expected64 = (
+        torch.zeros_like(expected, dtype=torch.float64) if expected64 is None else expected64
+    )
     assert_close(actual, expected, expected64, rtol=RTOL, name=what)
 
 
@@ -118,7 +126,9 @@ def test_module_holds_initializers_as_parameters(exporter):
     model, inputs, onnx_model = _case("cnn", exporter)
     names = [n for n, _ in model.named_parameters()]
     module = OnnxModule(onnx_model, names)
-    assert [n for n, _ in module.named_parameters()] == names  # fc1.weight is child fc1's parameter weight
+    assert [
+        n for n, _ in module.named_parameters()
+    ] == names  # fc1.weight is child fc1's parameter weight
     x = torch.from_numpy(inputs["x"])
     out = module(x=x)  # by graph input name
     target = torch.from_numpy(models.family("cnn")[2])
@@ -126,7 +136,9 @@ def test_module_holds_initializers_as_parameters(exporter):
     reference, reference64 = copy.deepcopy(model), copy.deepcopy(model).double()
     torch.nn.functional.cross_entropy(reference(x), target).backward()
     torch.nn.functional.cross_entropy(reference64(x.double()), target).backward()
-    for (n, p), q, q64 in zip(module.named_parameters(), reference.parameters(), reference64.parameters(), strict=True):
+    for (n, p), q, q64 in zip(
+        module.named_parameters(), reference.parameters(), reference64.parameters(), strict=True
+    ):
         _assert_close(p.grad, q.grad, q64.grad, n)
     before = [p.detach().clone() for p in module.parameters()]
     torch.optim.SGD(module.parameters(), lr=0.1).step()  # any torch optimizer trains them
@@ -140,7 +152,9 @@ def test_no_grad_runs_the_forward_graph_only():
     with torch.no_grad():
         out = module(x)
     assert not out.requires_grad
-    _assert_close(out, model(x).detach(), copy.deepcopy(model).double()(x.double()).detach(), "output")
+    _assert_close(
+        out, model(x).detach(), copy.deepcopy(model).double()(x.double()).detach(), "output"
+    )
     compiled = module.function.program.compiled(frozenset())
     assert compiled.backward is None and compiled.split is None
 
@@ -148,7 +162,10 @@ def test_no_grad_runs_the_forward_graph_only():
 def _tiny(op: str = "Tanh") -> onnx.ModelProto:
     w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10, "W")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"), helper.make_node(op, ["h"], ["y"], name="act")],
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="matmul"),
+            helper.make_node(op, ["h"], ["y"], name="act"),
+        ],
         "tiny",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3])],
@@ -171,7 +188,9 @@ def test_bad_names_dtypes_and_shapes_are_named():
     w = torch.ones(4, 3, requires_grad=True)
     with pytest.raises(TypeError, match="'x' is torch.float64, but the graph declares it float"):
         function.apply(torch.ones(2, 4, dtype=torch.float64), w)
-    with pytest.raises(ValueError, match=r"'x' has shape \[2, 5\], but the graph declares \['\?', 4\]"):
+    with pytest.raises(
+        ValueError, match=r"'x' has shape \[2, 5\], but the graph declares \['\?', 4\]"
+    ):
         function.apply(torch.ones(2, 5), w)
     with pytest.raises(ValueError, match=r"'W' has shape \[3, 4\]"):
         function.apply(torch.ones(2, 4), torch.ones(3, 4))
@@ -204,19 +223,26 @@ def test_model_is_not_mutated_and_paths_load(tmp_path):
     model = _tiny()
     before = model.SerializeToString()
     function = onnx_function(model, ["W"])
-    function.apply(torch.ones(2, 4, requires_grad=True), torch.ones(4, 3, requires_grad=True)).sum().backward()
+    function.apply(
+        torch.ones(2, 4, requires_grad=True), torch.ones(4, 3, requires_grad=True)
+    ).sum().backward()
     assert model.SerializeToString() == before
     path = tmp_path / "tiny.onnx"
     onnx.save(model, path)
     module = OnnxModule(path, ["W"])
     w = module.W.detach()
-    want, want64 = torch.tanh(torch.ones(2, 4) @ w), torch.tanh(torch.ones(2, 4, dtype=torch.float64) @ w.double())
+    want, want64 = (
+        torch.tanh(torch.ones(2, 4) @ w),
+        torch.tanh(torch.ones(2, 4, dtype=torch.float64) @ w.double()),
+    )
     _assert_close(module(torch.ones(2, 4)), want, want64, "output")
 
 
 def test_running_statistics_fed_by_the_caller_are_not_written():
     """ONNX Runtime's training-mode BatchNorm writes into its running-statistics inputs; ours get copies."""
-    case = models.case("cnn", "torchscript")  # training-mode export: BatchNormalization training_mode=1
+    case = models.case(
+        "cnn", "torchscript"
+    )  # training-mode export: BatchNormalization training_mode=1
     stats = ["bn.running_mean", "bn.running_var"]
     function = onnx_function(case.onnx_model, [*case.params, *stats])
     named = dict(case.torch_model.named_parameters())
@@ -233,7 +259,9 @@ def test_tensors_cross_without_copies():
     vector = _interop.vector_of([t, torch.tensor([True, False])])
     assert vector[0].data_ptr() == t.data_ptr()  # ONNX Runtime reads torch's memory
     back = _interop.to_torch(vector, 0)
-    assert back.data_ptr() == t.data_ptr() and torch.equal(back, t)  # and torch reads ONNX Runtime's
+    assert back.data_ptr() == t.data_ptr() and torch.equal(
+        back, t
+    )  # and torch reads ONNX Runtime's
     assert torch.equal(_interop.to_torch(vector, 1), torch.tensor([True, False]))
 
 
@@ -248,5 +276,7 @@ def test_import_without_torch_says_what_to_install():
             print(exc)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert 'pip install "onnxblocks[torch]"' in out

@@ -53,7 +53,9 @@ class Upsample(torch.nn.Module):
 
     def forward(self, x):
         kwargs = {} if self.mode == "nearest" else {"align_corners": False}
-        return torch.nn.functional.interpolate(self.conv(x), scale_factor=2, mode=self.mode, **kwargs)
+        return torch.nn.functional.interpolate(
+            self.conv(x), scale_factor=2, mode=self.mode, **kwargs
+        )
 
 
 class BFloat16Extrema(torch.nn.Module):
@@ -72,7 +74,9 @@ class ByteMask(torch.nn.Module):
         self.fc = torch.nn.Linear(6, 4)
 
     def forward(self, x, t):
-        return self.fc(x) * (t == 3).float().unsqueeze(1) + self.fc(x) * (t < 2).float().unsqueeze(1)
+        return self.fc(x) * (t == 3).float().unsqueeze(1) + self.fc(x) * (t < 2).float().unsqueeze(
+            1
+        )
 
 
 class PartlyUsedChunk(torch.nn.Module):
@@ -104,14 +108,20 @@ EINSUMS = {
 def _cases():
     for name, (equation, x_shape, w_shapes) in EINSUMS.items():
         yield pytest.param(
-            lambda e=equation, w=w_shapes: Einsum(e, None, w), [torch.randn(*x_shape)], id=f"einsum-{name}"
+            lambda e=equation, w=w_shapes: Einsum(e, None, w),
+            [torch.randn(*x_shape)],
+            id=f"einsum-{name}",
         )
     for mode in ("nearest", "bilinear", "bicubic"):
-        yield pytest.param(lambda m=mode: Upsample(m), [torch.randn(2, 2, 4, 5)], id=f"upsample-{mode}")
+        yield pytest.param(
+            lambda m=mode: Upsample(m), [torch.randn(2, 2, 4, 5)], id=f"upsample-{mode}"
+        )
     yield pytest.param(BFloat16Extrema, [torch.randn(3, 6)], id="bfloat16-min-max")
     yield pytest.param(PartlyUsedChunk, [torch.randn(2, 4, 6)], id="partly-used-split")
     yield pytest.param(
-        ByteMask, [torch.randn(5, 6), torch.tensor([3, 1, 3, 0, 7], dtype=torch.uint8)], id="uint8-comparisons"
+        ByteMask,
+        [torch.randn(5, 6), torch.tensor([3, 1, 3, 0, 7], dtype=torch.uint8)],
+        id="uint8-comparisons",
     )
 
 
@@ -158,14 +168,21 @@ def test_portable_lowering_matches_torch(make, inputs):
     expected64, expected_grads64 = _eager(model, inputs, grad_out, torch.float64)
     exported = export_module(model, tuple(inputs), {}, "dynamo", dynamic="none")
     first = exported.inputs[0]
-    vjp = build_vjp_graph(exported.model, requires_grad=[*exported.weights, first], outputs=exported.outputs)
+    vjp = build_vjp_graph(
+        exported.model, requires_grad=[*exported.weights, first], outputs=exported.outputs
+    )
     assert sum(vjp.rewrites.values()) > 0, vjp.rewrites  # a normalisation pass did the work
     lowered = vjp.model
     lower_training_ops(lowered)
     assert not non_portable_ops(lowered), [op for _, op, _ in non_portable_ops(lowered)]
-    session = onnxruntime().InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        lowered.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     params = dict(model.named_parameters())
-    feeds = {name: inputs[i].numpy() for name, i in zip(exported.inputs, exported.input_leaves, strict=True)}
+    feeds = {
+        name: inputs[i].numpy()
+        for name, i in zip(exported.inputs, exported.input_leaves, strict=True)
+    }
     feeds |= {name: params[name].detach().numpy() for name in exported.weights}
     feeds[vjp.output_grads[0]] = grad_out.numpy()
     names = [o.name for o in session.get_outputs()]

@@ -58,13 +58,18 @@ def _close(actual, expected, expected64, what):
         return
     actual = torch.zeros_like(expected) if actual is None else actual
     expected = torch.zeros_like(actual) if expected is None else expected
-    expected64 = torch.zeros_like(expected, dtype=torch.float64) if expected64 is None else expected64
+    expected64 = (
+        torch.zeros_like(expected, dtype=torch.float64) if expected64 is None else expected64
+    )
     assert_close(actual, expected, expected64, rtol=RTOL, name=what)
 
 
 def _run(model, inputs, grads, dtype=torch.float32):
     """Outputs, input gradients and output gradients of ``model``, fed its inputs in ``dtype``."""
-    xs = [x.to(dtype, copy=True).requires_grad_() if x.is_floating_point() else x.clone() for x in inputs]
+    xs = [
+        x.to(dtype, copy=True).requires_grad_() if x.is_floating_point() else x.clone()
+        for x in inputs
+    ]
     outs = model(*xs)
     outs = outs if isinstance(outs, tuple) else (outs,)
     if grads is None:
@@ -86,7 +91,9 @@ def test_gradients_match_torch(name, exporter):
     expected64, expected_input_grads64, _ = _run(reference64, inputs, grads, torch.float64)
     for i, (a, b, b64) in enumerate(zip(outs, expected, expected64, strict=True)):
         _close(a, b, b64, f"output {i}")
-    params = zip(model.named_parameters(), reference.parameters(), reference64.parameters(), strict=True)
+    params = zip(
+        model.named_parameters(), reference.parameters(), reference64.parameters(), strict=True
+    )
     for (n, p), q, q64 in params:
         _close(p.grad, q.grad, q64.grad, n)
     for a, b, b64 in zip(input_grads, expected_input_grads, expected_input_grads64, strict=True):
@@ -94,7 +101,8 @@ def test_gradients_match_torch(name, exporter):
 
 
 @pytest.mark.parametrize(
-    ("name", "exporter"), [("cnn", "torchscript"), ("cnn", "dynamo"), ("gpt", "dynamo"), ("lstm", "torchscript")]
+    ("name", "exporter"),
+    [("cnn", "torchscript"), ("cnn", "dynamo"), ("gpt", "dynamo"), ("lstm", "torchscript")],
 )
 def test_adamw_steps_track_torch_and_batch_norm_statistics_match(name, exporter):
     model, inputs, target, loss_kind = models.family(name)
@@ -114,7 +122,13 @@ def test_adamw_steps_track_torch_and_batch_norm_statistics_match(name, exporter)
     runs: list[tuple[torch.nn.Module, torch.optim.Optimizer, list[float], list, torch.Tensor]] = [
         (wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-2), [], xs, y),
         (reference, torch.optim.AdamW(reference.parameters(), lr=1e-2), [], xs, y),
-        (reference64, torch.optim.AdamW(reference64.parameters(), lr=1e-2), [], [as64(x) for x in xs], as64(y)),
+        (
+            reference64,
+            torch.optim.AdamW(reference64.parameters(), lr=1e-2),
+            [],
+            [as64(x) for x in xs],
+            as64(y),
+        ),
     ]
     for _ in range(20):
         for module, optimizer, losses, inputs_, target_ in runs:
@@ -143,7 +157,12 @@ def test_the_module_keeps_its_parameters_buffers_and_modes():
     wrapped.eval()
     assert not model.training and not model.drop.training
     with torch.no_grad():
-        _close(wrapped(x), copy.deepcopy(model)(x), copy.deepcopy(model).double()(x.double()), "eval output")
+        _close(
+            wrapped(x),
+            copy.deepcopy(model)(x),
+            copy.deepcopy(model).double()(x.double()),
+            "eval output",
+        )
     wrapped.train()
     # Dropout(0.5) is on: calls draw different masks. (Not always the first two: once onnxruntime.training is
     # imported, torch.manual_seed(0) seeds ONNX Runtime with 0, and its next two Dropout seeds, 0 and 1, give
@@ -169,7 +188,9 @@ def test_new_signatures_export_again_and_are_cached():
     dynamo(torch.randn(2, 5, 4))
     assert dynamo.exports == 2  # a new rank
     model.double()
-    with torch.no_grad():  # ONNX Runtime's CPU gradient kernels are float32: float64 runs forward only
+    with (
+        torch.no_grad()
+    ):  # ONNX Runtime's CPU gradient kernels are float32: float64 runs forward only
         out = dynamo(torch.randn(3, 4, dtype=torch.float64))
     assert out.dtype == torch.float64 and dynamo.exports == 3
 
@@ -203,7 +224,9 @@ def test_keyword_inputs_and_nested_outputs(exporter):
     (ours["h"].sum() + ours["pair"][0].square().sum()).backward()
     (theirs["h"].sum() + theirs["pair"][0].square().sum()).backward()
     _close(ours["h"], theirs["h"], theirs64["h"], "h")
-    params = zip(model.named_parameters(), reference.parameters(), reference64.parameters(), strict=True)
+    params = zip(
+        model.named_parameters(), reference.parameters(), reference64.parameters(), strict=True
+    )
     for (n, p), q, q64 in params:
         _close(p.grad, q.grad, q64.grad, n)
     wrapped(x, 3.0, mask=mask)
@@ -233,13 +256,19 @@ def test_failures_name_the_module_and_the_fallback_says_so():
     x = torch.ones(2, 3)
     with pytest.raises(ExportError, match="could not export DataDependent.*data-dependent"):
         OrtModule(DataDependent())(x)
-    with pytest.raises(GradientError, match="Training Tangent through ONNX Runtime.*op Tan .*no gradient builder"):
+    with pytest.raises(
+        GradientError, match="Training Tangent through ONNX Runtime.*op Tan .*no gradient builder"
+    ):
         OrtModule(Tangent())(x)
     model = DataDependent()
     wrapped = OrtModule(model, fallback=True)
-    with pytest.warns(RuntimeWarning, match=r"OrtModule\(DataDependent\): running .* eagerly in torch"):
+    with pytest.warns(
+        RuntimeWarning, match=r"OrtModule\(DataDependent\): running .* eagerly in torch"
+    ):
         out = wrapped(x)
-    assert_equal(out.detach(), model(x).detach(), name="fallback output")  # both run eagerly in torch
+    assert_equal(
+        out.detach(), model(x).detach(), name="fallback output"
+    )  # both run eagerly in torch
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once per signature
         wrapped(x)

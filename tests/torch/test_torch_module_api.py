@@ -35,7 +35,11 @@ class Float64Twin(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         def cast(value):
-            return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+            return (
+                value.double()
+                if isinstance(value, torch.Tensor) and value.is_floating_point()
+                else value
+            )
 
         args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
         return self.module(*args, **kwargs)
@@ -57,13 +61,17 @@ def _close(a, b, b64, what=""):
     assert_close(a, b, b64, rtol=RTOL, name=what)
 
 
-def _grads_match(wrapped: OrtModule, eager: torch.nn.Module, reset: bool = True, scales=None) -> None:
+def _grads_match(
+    wrapped: OrtModule, eager: torch.nn.Module, reset: bool = True, scales=None
+) -> None:
     """Every parameter's gradient, ours against eager's and its twin's; ``scales`` the floors where known."""
     ours, theirs64 = dict(wrapped.named_parameters()), dict(_twin(eager).module.named_parameters())
     for name, p in eager.named_parameters():
         a, b, b64 = ours[name].grad, p.grad, theirs64[name].grad
         if a is not None and b is not None:
-            assert_close(a, b, b64, rtol=RTOL, scale=(scales or {}).get(name), name=f"gradient of {name}")
+            assert_close(
+                a, b, b64, rtol=RTOL, scale=(scales or {}).get(name), name=f"gradient of {name}"
+            )
         else:
             _close(a, b, b64, f"gradient of {name}")
         if reset:
@@ -79,7 +87,11 @@ def _pair(module: torch.nn.Module) -> tuple[OrtModule, torch.nn.Module]:
 class MLP(torch.nn.Module):
     def __init__(self, d_in=12, hidden=16, d_out=5):
         super().__init__()
-        self.fc1, self.relu, self.fc2 = torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, d_out)
+        self.fc1, self.relu, self.fc2 = (
+            torch.nn.Linear(d_in, hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(hidden, d_out),
+        )
 
     def forward(self, input1):
         return self.fc2(self.relu(self.fc1(input1)))
@@ -146,7 +158,8 @@ def test_positional_keyword_and_none_arguments(call):
 
 
 @pytest.mark.parametrize(
-    ("cls", "count", "keywords"), [(TwoInputs, 2, False), (VarArgs, 3, False), (Keywords, 3, True), (MLP, 1, False)]
+    ("cls", "count", "keywords"),
+    [(TwoInputs, 2, False), (VarArgs, 3, False), (Keywords, 3, True), (MLP, 1, False)],
 )
 def test_argument_styles_match_eager(cls, count, keywords):
     torch.manual_seed(0)
@@ -169,7 +182,11 @@ def test_keyword_only_arguments():
     assert inspect.signature(wrapped.forward) == inspect.signature(eager.forward)
     x, scale = torch.randn(3, 12), torch.randn(3, 1, requires_grad=True)
     grads = []
-    for model, dtype in ((wrapped, torch.float32), (eager, torch.float32), (_twin(eager), torch.float64)):
+    for model, dtype in (
+        (wrapped, torch.float32),
+        (eager, torch.float32),
+        (_twin(eager), torch.float64),
+    ):
         s = scale.detach().to(dtype, copy=True).requires_grad_(True)
         (model(x, scale=s).sum() + model(x, scale=s, shift=torch.ones(5)).pow(2).sum()).backward()
         grads.append(s.grad)
@@ -188,7 +205,9 @@ def test_string_argument_is_part_of_the_signature():
 
 
 # ------------------------------------------------------------------ input gradients
-@pytest.mark.parametrize(("x1_grad", "x2_grad"), [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize(
+    ("x1_grad", "x2_grad"), [(True, True), (True, False), (False, True), (False, False)]
+)
 def test_input_gradients_as_required(x1_grad, x2_grad):
     class Dependent(torch.nn.Module):
         def __init__(self):
@@ -203,8 +222,15 @@ def test_input_gradients_as_required(x1_grad, x2_grad):
     wrapped, eager = _pair(Dependent())
     base = [torch.randn(6, 12), torch.randn(6, 12)]
     got = []
-    for model, dtype in ((wrapped, torch.float32), (eager, torch.float32), (_twin(eager), torch.float64)):
-        xs = [b.to(dtype, copy=True).requires_grad_(g) for b, g in zip(base, (x1_grad, x2_grad), strict=True)]
+    for model, dtype in (
+        (wrapped, torch.float32),
+        (eager, torch.float32),
+        (_twin(eager), torch.float64),
+    ):
+        xs = [
+            b.to(dtype, copy=True).requires_grad_(g)
+            for b, g in zip(base, (x1_grad, x2_grad), strict=True)
+        ]
         model(*xs)[1].sum().backward()
         got.append(xs)
     for a, b, b64 in zip(*got, strict=True):
@@ -233,7 +259,9 @@ def test_input_that_already_holds_a_gradient_accumulates():
     torch.manual_seed(0)
     wrapped, eager = _pair(MLP())
     base = torch.randn(4, 12)
-    xs = [base.clone().requires_grad_(True) for _ in range(2)] + [base.double().requires_grad_(True)]
+    xs = [base.clone().requires_grad_(True) for _ in range(2)] + [
+        base.double().requires_grad_(True)
+    ]
     for x, model in zip(xs, (wrapped, eager, _twin(eager)), strict=True):
         x.grad = torch.ones_like(x)
         model(x).sum().backward()
@@ -248,7 +276,9 @@ def test_only_the_outputs_used_give_gradients():
 
         def forward(self, a, b):
             x = a + b
-            return torch.relu(torch.softmax(self.fc1(x), 1)), torch.relu(torch.softmax(self.fc2(x), 1))
+            return torch.relu(torch.softmax(self.fc1(x), 1)), torch.relu(
+                torch.softmax(self.fc2(x), 1)
+            )
 
     torch.manual_seed(0)
     wrapped, eager = _pair(TwoHeads())
@@ -261,7 +291,11 @@ def test_only_the_outputs_used_give_gradients():
     with torch.no_grad():
         x = (a + b).double()
         terms = 2 * torch.softmax(_twin(eager).module.fc1(x), 1)
-    _grads_match(wrapped, eager, scales={"fc1.weight": (terms.T @ x.abs()).numpy(), "fc1.bias": terms.sum(0).numpy()})
+    _grads_match(
+        wrapped,
+        eager,
+        scales={"fc1.weight": (terms.T @ x.abs()).numpy(), "fc1.bias": terms.sum(0).numpy()},
+    )
 
 
 # ------------------------------------------------------------------ outputs
@@ -319,8 +353,14 @@ def test_inputs_returned_unchanged_keep_their_gradient():
     torch.manual_seed(0)
     wrapped, eager = _pair(Bypass())
     grads = []
-    for model, dtype in ((wrapped, torch.float32), (eager, torch.float32), (_twin(eager), torch.float64)):
-        x1, x2 = (torch.ones(*shape, dtype=dtype, requires_grad=True) for shape in ((4, 12), (4, 3)))
+    for model, dtype in (
+        (wrapped, torch.float32),
+        (eager, torch.float32),
+        (_twin(eager), torch.float64),
+    ):
+        x1, x2 = (
+            torch.ones(*shape, dtype=dtype, requires_grad=True) for shape in ((4, 12), (4, 3))
+        )
         y1, y2 = model(x1, x2)
         assert y2 is x2
         (y1.sum() + y2.sum()).backward()
@@ -370,7 +410,9 @@ class Output:
     hidden_states: torch.Tensor | None = None
 
 
-@pytest.mark.parametrize("kind", [dict, OrderedDict, Named, Output, "dict_of_tuples", "tuple_of_tuples"])
+@pytest.mark.parametrize(
+    "kind", [dict, OrderedDict, Named, Output, "dict_of_tuples", "tuple_of_tuples"]
+)
 def test_structured_outputs(kind):
     class Structured(torch.nn.Module):
         def __init__(self):
@@ -436,7 +478,11 @@ def test_nested_and_overlapping_forward_backward_calls():
     wrapped, eager = _pair(MLP())
     xs = [torch.randn(4, 12) for _ in range(2)]
     pending = {}
-    runs = (("ort", wrapped, torch.float32), ("eager", eager, torch.float32), ("64", _twin(eager), torch.float64))
+    runs = (
+        ("ort", wrapped, torch.float32),
+        ("eager", eager, torch.float32),
+        ("64", _twin(eager), torch.float64),
+    )
     for name, model, dtype in runs:
         ins = [x.to(dtype, copy=True).requires_grad_(True) for x in xs]
         first = model(ins[0]).sum()
@@ -444,7 +490,9 @@ def test_nested_and_overlapping_forward_backward_calls():
         second.backward()
         first.backward()
         pending[name] = ins
-    for i, (a, b, b64) in enumerate(zip(pending["ort"], pending["eager"], pending["64"], strict=True)):
+    for i, (a, b, b64) in enumerate(
+        zip(pending["ort"], pending["eager"], pending["64"], strict=True)
+    ):
         _close(a.grad, b.grad, b64.grad, f"input {i}'s gradient")
     _grads_match(wrapped, eager)
 
@@ -461,7 +509,9 @@ def test_modules_chained_shared_and_mixed_with_torch():
         h2(torch.sin(b(x2)) + torch.cos(p(x1))).sum().backward()
     for a, b in zip(ort[:3], ref[:3], strict=True):
         _grads_match(a, b)
-    params = zip(ort[3].named_parameters(), plain.parameters(), ref64[3].module.parameters(), strict=True)
+    params = zip(
+        ort[3].named_parameters(), plain.parameters(), ref64[3].module.parameters(), strict=True
+    )
     for (n, a), b, b64 in params:
         _close(a.grad, b.grad, b64.grad, n)
 
@@ -493,7 +543,9 @@ def test_sequential_holding_an_ort_module_trains():
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(m(x), target).backward()
             optimizer.step()
-    params = zip(model.named_parameters(), reference.parameters(), reference64.parameters(), strict=True)
+    params = zip(
+        model.named_parameters(), reference.parameters(), reference64.parameters(), strict=True
+    )
     for (n, a), b, b64 in params:
         _close(a, b, b64, n)
 
@@ -644,7 +696,9 @@ def test_diagonal_input_gradient(offset, dims):
     grads = []
     for model in (OrtModule(Diagonal()), Diagonal()):
         xi = x.clone().requires_grad_(True)
-        (model(xi) * torch.arange(1.0, 1.0 + model(x).numel()).reshape(model(x).shape)).sum().backward()
+        (
+            model(xi) * torch.arange(1.0, 1.0 + model(x).numel()).reshape(model(x).shape)
+        ).sum().backward()
         grads.append(xi.grad)
     assert_equal(*grads, name="x's gradient")  # the weights put back on the diagonal, exact
 

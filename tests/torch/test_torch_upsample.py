@@ -39,10 +39,19 @@ CASES = {
     "nearest3d-x2": ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "nearest"}),
     "nearest3d-size": ((1, 2, 3, 4, 5), {"size": (5, 3, 7), "mode": "nearest"}),
     "bilinear-x2": ((2, 3, 4, 5), {"scale_factor": 2, "mode": "bilinear", "align_corners": False}),
-    "bilinear-x2-corners": ((2, 3, 4, 5), {"scale_factor": 2, "mode": "bilinear", "align_corners": True}),
-    "bilinear-x1.7": ((2, 3, 4, 5), {"scale_factor": 1.7, "mode": "bilinear", "align_corners": False}),
+    "bilinear-x2-corners": (
+        (2, 3, 4, 5),
+        {"scale_factor": 2, "mode": "bilinear", "align_corners": True},
+    ),
+    "bilinear-x1.7": (
+        (2, 3, 4, 5),
+        {"scale_factor": 1.7, "mode": "bilinear", "align_corners": False},
+    ),
     "bilinear-size": ((2, 3, 4, 5), {"size": (7, 3), "mode": "bilinear", "align_corners": False}),
-    "bilinear-size-corners": ((2, 3, 4, 5), {"size": (7, 3), "mode": "bilinear", "align_corners": True}),
+    "bilinear-size-corners": (
+        (2, 3, 4, 5),
+        {"size": (7, 3), "mode": "bilinear", "align_corners": True},
+    ),
 }
 
 
@@ -64,14 +73,24 @@ def _torch(options: dict, x: np.ndarray, grad_out: np.ndarray, dtype: torch.dtyp
 
 def _portable(options: dict, x: np.ndarray, grad_out: np.ndarray, exporter: str):
     exported = export_module(Upsample(options), (torch.tensor(x),), {}, exporter, dynamic="batch")
-    vjp = build_vjp_graph(exported.model, requires_grad=[exported.inputs[0]], outputs=exported.outputs)
+    vjp = build_vjp_graph(
+        exported.model, requires_grad=[exported.inputs[0]], outputs=exported.outputs
+    )
     assert vjp.rewrites["resize_as_matmul"] == 1
     lowered = vjp.model
     lower_training_ops(lowered)
     assert not non_portable_ops(lowered), [op for _, op, _ in non_portable_ops(lowered)]
-    session = onnxruntime().InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(
+        lowered.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     names = [o.name for o in session.get_outputs()]
-    got = dict(zip(names, session.run(None, {exported.inputs[0]: x, vjp.output_grads[0]: grad_out}), strict=True))
+    got = dict(
+        zip(
+            names,
+            session.run(None, {exported.inputs[0]: x, vjp.output_grads[0]: grad_out}),
+            strict=True,
+        )
+    )
     return got[exported.outputs[0]], got[f"{exported.inputs[0]}_grad"]
 
 
@@ -94,12 +113,16 @@ def test_upsample_gradients_match_torch(case, exporter, backend):
     grad_out = rng.standard_normal(tuple(out_shape)).astype(np.float32)
     expected, grad = _torch(options, x, grad_out, torch.float32)
     expected64, grad64 = _torch(options, x, grad_out, torch.float64)
-    if case == "nearest1d-size-14to16" and exporter == "torchscript":  # ONNX Runtime's index 6 for output 8
+    if (
+        case == "nearest1d-size-14to16" and exporter == "torchscript"
+    ):  # ONNX Runtime's index 6 for output 8
         source = np.minimum(np.floor(np.arange(16) / np.float32(16 / 14)).astype(np.int64), 13)
         assert source[8] == 6 and np.floor(8 * np.float32(14 / 16)) == 7
         expected = expected64 = torch.tensor(x.astype(np.float64)[..., source])
         dy = torch.tensor(grad_out, dtype=torch.float64)
-        grad = grad64 = torch.zeros(shape, dtype=torch.float64).index_add_(-1, torch.tensor(source), dy)
+        grad = grad64 = torch.zeros(shape, dtype=torch.float64).index_add_(
+            -1, torch.tensor(source), dy
+        )
     # the operands' magnitudes: interpolation weights are not negative, so the same maps of |x| and |dy|
     out_scale, grad_scale = _torch(options, np.abs(x), np.abs(grad_out), torch.float64)
     run = _training if backend == "training" else _portable

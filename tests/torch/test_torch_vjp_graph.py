@@ -35,7 +35,10 @@ def _two_outputs():
             helper.make_node("Mul", ["y", "y"], ["z"]),
         ],
         [helper.make_tensor_value_info("x", F, ["N", 4])],
-        [helper.make_tensor_value_info("y", F, ["N", 3]), helper.make_tensor_value_info("z", F, ["N", 3])],
+        [
+            helper.make_tensor_value_info("y", F, ["N", 3]),
+            helper.make_tensor_value_info("z", F, ["N", 3]),
+        ],
         [numpy_helper.from_array(w, "W")],
     )
     return model, w
@@ -60,7 +63,14 @@ def _check(actual: list, x, w, gy, gz) -> None:
     scales = (None, None, dh @ np.abs(w.T), np.abs(x.T) @ dh)
     names = ("y", "z", "x's gradient", "W's gradient")
     for i in range(4 - len(actual), 4):
-        assert_close(actual[i - 4 + len(actual)], want[i], want64[i], rtol=1e-5, scale=scales[i], name=names[i])
+        assert_close(
+            actual[i - 4 + len(actual)],
+            want[i],
+            want64[i],
+            rtol=1e-5,
+            scale=scales[i],
+            name=names[i],
+        )
 
 
 def test_vjp_graph_adds_the_gradient_of_an_output_that_a_node_also_reads(ort_run):
@@ -81,11 +91,18 @@ def test_split_halves_compute_the_same_without_recomputing(ort_run):
     split = split_vjp_graph(vjp)
     grad_ops = {n.op_type for n in split.forward.graph.node} & {"TanhGrad", "Gemm"}
     assert not grad_ops  # no gradient node runs in the forward
-    assert not {n.op_type for n in split.backward.graph.node} & {"Tanh", "MatMul"}  # nothing runs twice
+    assert not {n.op_type for n in split.backward.graph.node} & {
+        "Tanh",
+        "MatMul",
+    }  # nothing runs twice
     rng = np.random.default_rng(2)
     x, gy, gz = (rng.standard_normal(s).astype(np.float32) for s in ((5, 4), (5, 3), (5, 3)))
     fetched = dict(
-        zip([o.name for o in split.forward.graph.output], ort_run(split.forward, {"x": x, "W": w}), strict=True)
+        zip(
+            [o.name for o in split.forward.graph.output],
+            ort_run(split.forward, {"x": x, "W": w}),
+            strict=True,
+        )
     )
     feeds = {**fetched, "x": x, "W": w, "y_grad": gy, "z_grad": gz}
     (w_grad,) = ort_run(split.backward, {n: feeds[n] for n in split.backward_inputs})
@@ -121,7 +138,11 @@ def test_inference_batch_norm_as_elementary_ops(ort_run):
         numpy_helper.from_array(rng.uniform(0.5, 1.5, c).astype(np.float32), "var"),
     ]
     model = _model(
-        [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=1e-3)],
+        [
+            helper.make_node(
+                "BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"], epsilon=1e-3
+            )
+        ],
         [helper.make_tensor_value_info("x", F, [2, c, 4, 5])],
         [helper.make_tensor_value_info("y", F, [2, c, 4, 5])],
         inits,
@@ -133,4 +154,6 @@ def test_inference_batch_norm_as_elementary_ops(ort_run):
     assert batch_norm_inference_as_elementary(rewritten) == 1
     assert "BatchNormalization" not in {n.op_type for n in rewritten.graph.node}
     (actual,) = ort_run(rewritten, {"x": x})
-    assert_close(actual, expected, rtol=1e-5, name="y")  # the model before and after: two of ours, no float64 truth
+    assert_close(
+        actual, expected, rtol=1e-5, name="y"
+    )  # the model before and after: two of ours, no float64 truth

@@ -53,7 +53,9 @@ def test_the_filled_template_runs_the_trained_parameters(artifacts):
     (initial,) = onnxruntime.InferenceSession(template, providers=["CPUExecutionProvider"]).run(
         None, {layout["inputs"][0]: plan.val_features}
     )
-    assert not is_close(initial, logits, rtol=1e-5)  # the template holds the initial weights, not these
+    assert not is_close(
+        initial, logits, rtol=1e-5
+    )  # the template holds the initial weights, not these
 
 
 def test_a_second_template_writes_the_same_layout(artifacts, tmp_path):
@@ -64,4 +66,6 @@ def test_a_second_template_writes_the_same_layout(artifacts, tmp_path):
         (copy / path.name).write_bytes(path.read_bytes())
     write_inference_template(copy, ["logits"])
     assert (copy / "inference_model.onnx.json").read_text() == first
-    assert (copy / "inference_model.onnx").read_bytes() == (artifacts / "inference_model.onnx").read_bytes()
+    assert (copy / "inference_model.onnx").read_bytes() == (
+        artifacts / "inference_model.onnx"
+    ).read_bytes()

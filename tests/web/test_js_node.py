@@ -22,7 +22,14 @@ from support.portable_env import run_worker
 
 from onnxblocks import artifacts
 from onnxblocks.runtime import TrainingSession
-from onnxblocks.web import load_state, read_safetensors, read_state, spiral_artifacts, spiral_plan, state_to_checkpoint
+from onnxblocks.web import (
+    load_state,
+    read_safetensors,
+    read_state,
+    spiral_artifacts,
+    spiral_plan,
+    state_to_checkpoint,
+)
 from onnxblocks.web import write_safetensors as write_plan
 
 #: JavaScript and Python are two float32 clients of ours: no float64 truth, rtol and the floor from the size
@@ -43,7 +50,8 @@ def _gpt_case():
     c = case("gpt", "onnxscript")
     rng = np.random.default_rng(3)
     batches = [
-        (rng.integers(0, 11, (2, 5)).astype(np.int64), rng.integers(0, 11, 10).astype(np.int64)) for _ in range(4)
+        (rng.integers(0, 11, (2, 5)).astype(np.int64), rng.integers(0, 11, 10).astype(np.int64))
+        for _ in range(4)
     ]
     return c, batches
 
@@ -55,7 +63,11 @@ def model(request, tmp_path_factory):
     if request.param == "spiral-mlp":
         directory = spiral_artifacts(root / "artifacts")
         plan = spiral_plan(epochs=1)
-        return directory, [plan.batch(i) for i in range(STEPS)], (plan.val_features, plan.val_labels)
+        return (
+            directory,
+            [plan.batch(i) for i in range(STEPS)],
+            (plan.val_features, plan.val_labels),
+        )
     case, batches = _gpt_case()
     directory = root / "artifacts"
     artifacts.generate_artifacts(
@@ -89,7 +101,11 @@ def node_run(js, model, tmp_path_factory):
     directory, batches, (x_eval, y_eval) = model
     out = tmp_path_factory.mktemp("node")
     names = TrainingSession(directory).input_names
-    tensors = {f"train/{i}/{n}": v for i, batch in enumerate(batches) for n, v in zip(names, batch, strict=True)}
+    tensors = {
+        f"train/{i}/{n}": v
+        for i, batch in enumerate(batches)
+        for n, v in zip(names, batch, strict=True)
+    }
     tensors |= {f"eval/0/{names[0]}": x_eval, f"eval/0/{names[1]}": y_eval}
     write_plan(out / "plan.safetensors", tensors)
     report = web_support.run_node(
@@ -117,19 +133,38 @@ def test_node_losses_equal_python_step_by_step(model, node_run):
     assert node[-5:].mean() < node[:5].mean()  # it trains
 
 
-def test_node_losses_equal_stock_onnxruntime_on_python_313(model, node_run, portable_python, tmp_path):
+def test_node_losses_equal_stock_onnxruntime_on_python_313(
+    model, node_run, portable_python, tmp_path
+):
     directory, batches, _ = model
     report, _, _ = node_run
     data = tmp_path / "batches.npz"
-    np.savez(data, **{f"x{i}_{k}": v for i, batch in enumerate(batches) for k, v in enumerate(batch)})
+    np.savez(
+        data, **{f"x{i}_{k}": v for i, batch in enumerate(batches) for k, v in enumerate(batch)}
+    )
     copy = shutil.copytree(directory, tmp_path / "artifacts")
     (result,) = run_worker(
         portable_python,
-        {"tasks": [{"task": "train", "directory": str(copy), "data": str(data), "steps": STEPS, "lr": LR}]},
+        {
+            "tasks": [
+                {
+                    "task": "train",
+                    "directory": str(copy),
+                    "data": str(data),
+                    "steps": STEPS,
+                    "lr": LR,
+                }
+            ]
+        },
     )["results"]
     assert "error" not in result, result.get("trace")
     assert result["backend"] == "portable"
-    assert_close(np.float32(report["losses"]), np.float32(result["losses"]), rtol=RTOL, name="Node against 3.13")
+    assert_close(
+        np.float32(report["losses"]),
+        np.float32(result["losses"]),
+        rtol=RTOL,
+        name="Node against 3.13",
+    )
 
 
 def test_parameters_trained_in_node_load_back_into_python(model, node_run):
@@ -140,12 +175,20 @@ def test_parameters_trained_in_node_load_back_into_python(model, node_run):
 
     session = TrainingSession(directory)
     state = load_state(session, trained)
-    assert state.step == STEPS and np.float32(state.learning_rate) == np.float32(LR)  # a float32 setting
+    assert state.step == STEPS and np.float32(state.learning_rate) == np.float32(
+        LR
+    )  # a float32 setting
     loaded = session.eval_step(x_eval, y_eval)
     assert_close(loaded[0], expected[0], rtol=RTOL, name="eval loss")
-    assert_close(np.float32(report["evalLosses"][0]), expected[0], rtol=RTOL, name="Node's eval loss")
+    assert_close(
+        np.float32(report["evalLosses"][0]), expected[0], rtol=RTOL, name="Node's eval loss"
+    )
     (js_logits,) = eval_outputs.values()
-    assert _accuracy(loaded[1], y_eval) == _accuracy(expected[1], y_eval) == _accuracy(js_logits, y_eval)
+    assert (
+        _accuracy(loaded[1], y_eval)
+        == _accuracy(expected[1], y_eval)
+        == _accuracy(js_logits, y_eval)
+    )
     assert_close(js_logits, loaded[1], rtol=1e-5, name="Node's logits")
 
 
@@ -188,7 +231,14 @@ def test_node_errors_say_what_to_do(js, tmp_path):
     write_state(directory)
     x, t = portable_linear.batches(1)[0]
     write_plan(tmp_path / "plan.safetensors", {"train/0/x": x, "train/0/target": t})
-    args = ["bin/onnxblocks-train.mjs", str(directory), "--plan", str(tmp_path / "plan.safetensors"), "--lr", "0.1"]
+    args = [
+        "bin/onnxblocks-train.mjs",
+        str(directory),
+        "--plan",
+        str(tmp_path / "plan.safetensors"),
+        "--lr",
+        "0.1",
+    ]
     with pytest.raises(AssertionError, match=r"no step_model.onnx .*portable=True"):
         web_support.run_node(js, *args)
     portable_linear.write(directory, fused=True)
@@ -202,7 +252,9 @@ def test_node_errors_say_what_to_do(js, tmp_path):
     write_state(directory)
     assert len(web_support.run_node(js, *args)["losses"]) == 1
     write_plan(tmp_path / "plan.safetensors", {"train/0/x": x})
-    with pytest.raises(AssertionError, match=r"missing input 'target'; the model's inputs are x, target"):
+    with pytest.raises(
+        AssertionError, match=r"missing input 'target'; the model's inputs are x, target"
+    ):
         web_support.run_node(js, *args)
     with pytest.raises(AssertionError, match=r"--lr must be a finite number, got nan"):
         web_support.run_node(js, *args[:-1], "nan")

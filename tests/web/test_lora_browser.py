@@ -26,7 +26,10 @@ from support.numerics import assert_close
 from support.reference64 import to64
 
 from onnxblocks.runtime import TrainingSession
-from onnxblocks.torch import lora_demo, lora_web  # the test extra (torch==2.13.0): fails, never skips, without it
+from onnxblocks.torch import (
+    lora_demo,
+    lora_web,
+)  # the test extra (torch==2.13.0): fails, never skips, without it
 from onnxblocks.web import read_safetensors
 from onnxblocks.web.server import serving
 
@@ -39,7 +42,10 @@ STEPS = 40
 def page(tmp_path_factory):
     """``(site, report, downloaded adapters directory)`` of one run of the page."""
     try:
-        js, chromium = web_support.workspace(tmp_path_factory.mktemp("client")), web_support.chromium()
+        js, chromium = (
+            web_support.workspace(tmp_path_factory.mktemp("client")),
+            web_support.chromium(),
+        )
     except web_support.WebEnvError as exc:
         pytest.fail(str(exc))
     site = lora_web.build_lora_site(tmp_path_factory.mktemp("site"), steps=STEPS)
@@ -59,14 +65,17 @@ def _python_run(site):
     ids, labels = session.input_names
     session.learning_rate = float(metadata["learning_rate"])
     losses = [
-        float(session.train_and_update(plan[f"train/{i}/{ids}"], plan[f"train/{i}/{labels}"])[0]) for i in range(STEPS)
+        float(session.train_and_update(plan[f"train/{i}/{ids}"], plan[f"train/{i}/{labels}"])[0])
+        for i in range(STEPS)
     ]
     return session, losses
 
 
 def test_the_page_fine_tunes_the_adapters_as_python_does(page):
     site, report, _ = page
-    assert not report["offOrigin"] and not [m for m in report["console"] if m.startswith("pageerror")]
+    assert not report["offOrigin"] and not [
+        m for m in report["console"] if m.startswith("pageerror")
+    ]
     assert report["steps"] == STEPS
     _, python = _python_run(site)
     # the first steps agree closely; float differences then grow along the run (WASM and CPU sum in other orders)
@@ -77,7 +86,9 @@ def test_the_page_fine_tunes_the_adapters_as_python_does(page):
     assert report["lossAfter"] <= 0.25 * report["lossBefore"]
     counted = lora_demo._fraction(report["prompts"], report["after"], lora_demo.FINETUNE_STRIDE)
     before = lora_demo._fraction(report["prompts"], report["before"], lora_demo.PRETRAIN_STRIDE)
-    assert counted >= 0.9 and before >= 0.9  # the base counts by one, the fine-tuned adapters by two
+    assert (
+        counted >= 0.9 and before >= 0.9
+    )  # the base counts by one, the fine-tuned adapters by two
 
 
 def test_the_downloaded_adapters_load_into_python_and_peft(page, tmp_path):
@@ -91,8 +102,12 @@ def test_the_downloaded_adapters_load_into_python_and_peft(page, tmp_path):
     plan, _ = read_safetensors(site / lora_web.LORA_PLAN)
     ids, labels = (plan[f"held_out/{n}"] for n in session.input_names)
     held_out = float(session.eval_step(ids, labels)[0])  # the page's adapters, evaluated by Python
-    assert_close(np.float32(held_out), np.float32(report["lossAfter"]), rtol=1e-4, name="held-out loss")
-    merged = session.export_inference_model(tmp_path / "merged.onnx", ["logits"], merge_adapters=True)
+    assert_close(
+        np.float32(held_out), np.float32(report["lossAfter"]), rtol=1e-4, name="held-out loss"
+    )
+    merged = session.export_inference_model(
+        tmp_path / "merged.onnx", ["logits"], merge_adapters=True
+    )
 
     lm = lora_demo.build_llama(0)
     weights, _ = read_safetensors(site / lora_web.BASE_WEIGHTS)

@@ -27,7 +27,9 @@ from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.losses import CrossEntropyLoss
 from onnxblocks.peft import LoraConfig
 from onnxblocks.runtime import TrainingSession
-from onnxblocks.torch import lora_demo  # the test extra (torch==2.13.0): fails, never skips, without it
+from onnxblocks.torch import (
+    lora_demo,
+)  # the test extra (torch==2.13.0): fails, never skips, without it
 from onnxblocks.web import read_state, write_safetensors, write_state
 
 pytestmark = pytest.mark.node
@@ -74,7 +76,9 @@ def test_the_state_holds_only_the_adapters(lora):
     base = sum(p.numel() for p in lora[0].parameters())
     adapters = sum(session.get_parameter(n).size for n in session.lora.adapter_names)
     assert sum(v.size for v in state.trainable.values()) == adapters < base / 4
-    assert all(len(m) == 2 and m[0].shape == state.trainable[n].shape for n, m in state.moments.items())
+    assert all(
+        len(m) == 2 and m[0].shape == state.trainable[n].shape for n, m in state.moments.items()
+    )
 
 
 def test_node_trains_adapters_and_saves_a_peft_directory(js, lora, tmp_path):
@@ -83,7 +87,11 @@ def test_node_trains_adapters_and_saves_a_peft_directory(js, lora, tmp_path):
     names = session.input_names
     write_safetensors(
         tmp_path / "plan.safetensors",
-        {f"train/{i}/{n}": v for i, batch in enumerate(batches) for n, v in zip(names, batch, strict=True)},
+        {
+            f"train/{i}/{n}": v
+            for i, batch in enumerate(batches)
+            for n, v in zip(names, batch, strict=True)
+        },
     )
     report = web_support.run_node(
         js, "bin/onnxblocks-train.mjs", str(directory), "--plan", str(tmp_path / "plan.safetensors"),

@@ -51,7 +51,9 @@ console.log(step, written, layout, typeof fillInferenceModel);
 
 def _run(argv: list[str], cwd, timeout: float = 600) -> str:
     env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip", "npm_config_update_notifier": "false"}
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     assert done.returncode == 0, (
         f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     )
@@ -78,7 +80,9 @@ def consumer(client, tmp_path_factory):
     _run(["npm", "pack", "--pack-destination", str(packs), "--loglevel=error"], client)
     (tarball,) = packs.glob("onnxblocks-train-*.tgz")
     project = tmp_path_factory.mktemp("consumer")
-    (project / "package.json").write_text(json.dumps({"name": "consumer", "private": True, "type": "module"}))
+    (project / "package.json").write_text(
+        json.dumps({"name": "consumer", "private": True, "type": "module"})
+    )
     install = ["npm", "install", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"]
     _run([*install, str(tarball), f"onnxruntime-node@{ORT_WEB_VERSION}"], project)
     spiral_artifacts(project / "artifacts")
@@ -99,7 +103,11 @@ def _toy_batch(n: int = 96) -> tuple[np.ndarray, np.ndarray]:
     i = np.arange(n)
     label = i % 3
     x = np.stack(
-        [np.cos(2 * np.pi * label / 3) + 0.1 * np.sin(i), np.sin(2 * np.pi * label / 3) + 0.1 * np.cos(i)], axis=1
+        [
+            np.cos(2 * np.pi * label / 3) + 0.1 * np.sin(i),
+            np.sin(2 * np.pi * label / 3) + 0.1 * np.cos(i),
+        ],
+        axis=1,
     ).astype(np.float32)
     return x, label.astype(np.int64)
 
@@ -112,7 +120,9 @@ def test_the_readme_example_runs_and_its_results_load_in_python(consumer):
     report = json.loads(_run(["node", "example.mjs"], consumer).strip().splitlines()[-1])
     assert report["last"] < 0.5 * report["first"]
     x, y = _toy_batch()
-    session = onnxruntime.InferenceSession(str(consumer / "trained.onnx"), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(consumer / "trained.onnx"), providers=["CPUExecutionProvider"]
+    )
     (logits,) = session.run(None, {session.get_inputs()[0].name: x})
     # JavaScript against Python, both float32 of ours: no float64 truth, the floor from the logits' size
     assert_close(logits.reshape(-1)[:6], np.float32(report["logits"]), rtol=1e-5, name="logits")
@@ -124,7 +134,13 @@ def test_the_readme_example_runs_and_its_results_load_in_python(consumer):
 
 def test_a_typescript_consumer_passes_tsc_strict(client, consumer):
     (consumer / "consumer.ts").write_text(CONSUMER_TS, encoding="utf-8")
-    options = {"strict": True, "noEmit": True, "target": "ES2022", "module": "NodeNext", "moduleResolution": "NodeNext"}
+    options = {
+        "strict": True,
+        "noEmit": True,
+        "target": "ES2022",
+        "module": "NodeNext",
+        "moduleResolution": "NodeNext",
+    }
     (consumer / "tsconfig.json").write_text(
         json.dumps({"compilerOptions": {**options, "types": []}, "files": ["consumer.ts"]})
     )

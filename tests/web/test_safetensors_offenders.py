@@ -66,10 +66,18 @@ def _family(pairs, data: bytes) -> dict[str, tuple[bytes, list[str]]]:
         span = end - begin
         index = ordered.index(name)
         last = index == len(ordered) - 1
-        neighbour, shift = (ordered[index - 1], -4) if last else (ordered[index + 1], 4)  # shifted onto it
-        other = next(n for n in names if n != name and np.diff(_offsets(pairs, n))[0] == span)  # same size
+        neighbour, shift = (
+            (ordered[index - 1], -4) if last else (ordered[index + 1], 4)
+        )  # shifted onto it
+        other = next(
+            n for n in names if n != name and np.diff(_offsets(pairs, n))[0] == span
+        )  # same size
         cases = {
-            "beyond-data": (_moved(pairs, name, [len(data) + 64, len(data) + 64 + span]), data, [name]),
+            "beyond-data": (
+                _moved(pairs, name, [len(data) + 64, len(data) + 64 + span]),
+                data,
+                [name],
+            ),
             "negative": (_moved(pairs, name, [-span, 0]), data, [name]),
             "reversed": (_moved(pairs, name, [end, begin]), data, [name]),
             "wrong-length": (_moved(pairs, name, [begin, end + 4]), data + b"\0" * 4, [name]),
@@ -97,7 +105,11 @@ def test_the_reported_case_names_the_tensor_outside_the_data(tmp_path):
         with pytest.raises(OnnxBlocksError) as info:
             reader(bad)
         message = str(info.value)
-        assert "'fc1.weight'" in message and "outside the data" in message and "bad.safetensors" in message
+        assert (
+            "'fc1.weight'" in message
+            and "outside the data" in message
+            and "bad.safetensors" in message
+        )
         assert "fc2.weight" not in message and "fc1.bias" not in message
 
 
@@ -113,7 +125,10 @@ def test_python_names_the_offender_of_each_bad_header(tmp_path):
         message = str(info.value)
         assert bad.name in message, (case, message)
         for name in named:
-            assert f"'{name}'" in message or (name == "header" and "header" in message), (case, message)
+            assert f"'{name}'" in message or (name == "header" and "header" in message), (
+                case,
+                message,
+            )
 
 
 _NODE_SCRIPT = """
@@ -137,7 +152,9 @@ console.log(JSON.stringify(out));
 def test_javascript_names_the_same_offenders(tmp_path):
     node = shutil.which("node")
     if node is None:
-        pytest.fail("Node.js is not on the PATH; this test needs Node 20+ (apt-get install nodejs).")
+        pytest.fail(
+            "Node.js is not on the PATH; this test needs Node 20+ (apt-get install nodejs)."
+        )
     pairs, data = _state_file(tmp_path)
     family = _family(pairs, data)
     corpus = tmp_path / "corpus"
@@ -146,7 +163,10 @@ def test_javascript_names_the_same_offenders(tmp_path):
         (corpus / f"{case}.safetensors").write_bytes(raw)
     script = _NODE_SCRIPT % (js_dir() / "src" / "safetensors.mjs").as_uri()
     done = subprocess.run(
-        [node, "--input-type=module", "-e", script, str(corpus)], capture_output=True, text=True, timeout=300
+        [node, "--input-type=module", "-e", script, str(corpus)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     messages = json.loads(done.stdout.strip().splitlines()[-1])
@@ -154,4 +174,7 @@ def test_javascript_names_the_same_offenders(tmp_path):
         message = messages[f"{case}.safetensors"]
         assert message is not None, f"{case}: read, not refused"
         for name in named:
-            assert f"'{name}'" in message or (name == "header" and "header" in message), (case, message)
+            assert f"'{name}'" in message or (name == "header" and "header" in message), (
+                case,
+                message,
+            )

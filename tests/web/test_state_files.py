@@ -32,7 +32,9 @@ from onnxblocks.web import WebState, read_state, state_to_checkpoint, write_stat
 from onnxblocks.web.npm import js_dir
 
 MAX_STEP = 2**53 - 1
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _refused(path: Path, reader=read_state) -> OnnxBlocksError:
@@ -50,7 +52,9 @@ def test_python_refuses_every_bad_file_of_the_corpus_and_reads_the_good_ones(tmp
         path = tmp_path / f"{case}.safetensors"
         if accept:
             state = read_state(path)
-            np.testing.assert_array_equal(state.trainable["w"], np.arange(4, dtype=np.float32).reshape(2, 2))
+            np.testing.assert_array_equal(
+                state.trainable["w"], np.arange(4, dtype=np.float32).reshape(2, 2)
+            )
             np.testing.assert_array_equal(state.frozen["f"], [7, 8, 9])
         else:
             error = _refused(path)
@@ -80,7 +84,9 @@ console.log(JSON.stringify(out));
 def test_javascript_client_gives_the_same_verdicts_on_the_corpus(tmp_path):
     node = shutil.which("node")
     if node is None:
-        pytest.fail("Node.js is not on the PATH; this test needs Node 20+ (apt-get install nodejs).")
+        pytest.fail(
+            "Node.js is not on the PATH; this test needs Node 20+ (apt-get install nodejs)."
+        )
     verdicts = state_files.corpus(tmp_path / "corpus")
     script = _NODE_SCRIPT % (js_dir() / "src" / "state.mjs").as_uri()
     done = subprocess.run(
@@ -109,13 +115,21 @@ def test_javascript_client_gives_the_same_verdicts_on_the_corpus(tmp_path):
 
 # --------------------------------------------------------------------------- properties
 _FLOAT_DTYPES = st.sampled_from([np.float32, np.float64, np.float16])
-_ANY_DTYPES = st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_])
+_ANY_DTYPES = st.sampled_from(
+    [np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_]
+)
 _SHAPES = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)
-_NAMES = st.text("abcxyz_.0123", min_size=1, max_size=6).filter(lambda n: not n.endswith((".exp_avg", ".exp_avg_sq")))
+_NAMES = st.text("abcxyz_.0123", min_size=1, max_size=6).filter(
+    lambda n: not n.endswith((".exp_avg", ".exp_avg_sq"))
+)
 
 
 def _array(draw, dtype, shape) -> np.ndarray:
-    raw = draw(st.binary(min_size=math.prod(shape) * np.dtype(dtype).itemsize, max_size=math.prod(shape) * 8))
+    raw = draw(
+        st.binary(
+            min_size=math.prod(shape) * np.dtype(dtype).itemsize, max_size=math.prod(shape) * 8
+        )
+    )
     array = np.frombuffer(raw[: math.prod(shape) * np.dtype(dtype).itemsize], dtype=np.uint8).copy()
     if dtype == np.bool_:
         array = array % 2
@@ -180,7 +194,9 @@ def test_any_state_written_is_read_back_exactly_also_as_a_checkpoint(tmp_path, s
     path = write_state(state, tmp_path / "s.safetensors")
     back = read_state(path)
     _same_state(back, state)
-    if any(a.dtype == np.float16 for a in state.parameters.values()):  # ONNX Runtime loads no float16 parameter
+    if any(
+        a.dtype == np.float16 for a in state.parameters.values()
+    ):  # ONNX Runtime loads no float16 parameter
         with pytest.raises(OnnxBlocksError, match="float16"):
             state_to_checkpoint(path, tmp_path / "ckpt")
         return
@@ -194,7 +210,9 @@ def test_any_state_written_is_read_back_exactly_also_as_a_checkpoint(tmp_path, s
             state.learning_rate if state.learning_rate is not None else 1e-3
         )
         for name, moments in state.moments.items():
-            _same_arrays(dict(enumerate(group["moments"][name])), dict(enumerate(moments)), checkpoint=True)
+            _same_arrays(
+                dict(enumerate(group["moments"][name])), dict(enumerate(moments)), checkpoint=True
+            )
 
 
 # --- mutations: each returns (file bytes, must the reader refuse it?, what to expect when read)
@@ -212,7 +230,11 @@ def _tensor_names(pairs) -> list[str]:
 def mutations(draw, raw: bytes):
     pairs, data = _split(raw)
     names = _tensor_names(pairs)
-    kind = draw(st.sampled_from(["offsets", "shape", "dtype", "names", "scalar", "truncate", "alias", "flip"]))
+    kind = draw(
+        st.sampled_from(
+            ["offsets", "shape", "dtype", "names", "scalar", "truncate", "alias", "flip"]
+        )
+    )
     header = dict(pairs)
     if kind == "flip":  # one byte anywhere: read back exactly as it now says, or refused
         at = draw(st.integers(0, len(raw) - 1))
@@ -237,7 +259,11 @@ def mutations(draw, raw: bytes):
                     ("step", "17", False),
                     ("properties", '{"a": ["int", true]}', True),
                     ("properties", '{"a": ["int", 1.5]}', True),
-                    ("properties", '{"a": ["float", 0.1]}', True),  # not a float32: a checkpoint cannot hold it
+                    (
+                        "properties",
+                        '{"a": ["float", 0.1]}',
+                        True,
+                    ),  # not a float32: a checkpoint cannot hold it
                     ("properties", '{"a": ["str", 3]}', True),
                     ("properties", '{"a": ["float", 0.5]}', False),
                     ("trainable", "[1]", True),
@@ -253,8 +279,12 @@ def mutations(draw, raw: bytes):
         new = [draw(st.integers(0, len(data) + 8)), draw(st.integers(0, len(data) + 8))]
         assume(new != entry["data_offsets"])
         header[name] = {**entry, "data_offsets": new}
-        empty = entry["data_offsets"][0] == entry["data_offsets"][1]  # may sit at any tensor boundary
-        return state_files.encode(list(header.items()), data), None if empty and new[0] == new[1] else True
+        empty = (
+            entry["data_offsets"][0] == entry["data_offsets"][1]
+        )  # may sit at any tensor boundary
+        return state_files.encode(list(header.items()), data), None if empty and new[0] == new[
+            1
+        ] else True
     if kind == "alias":
         others = [
             n
@@ -270,13 +300,20 @@ def mutations(draw, raw: bytes):
         header[name] = {**entry, "data_offsets": header[other]["data_offsets"]}
         return state_files.encode(list(header.items()), data), True
     if kind == "shape":
-        shape = draw(st.lists(st.one_of(st.integers(-3, 6), st.just(2**32), st.just(2**64), st.booleans()), max_size=4))
+        shape = draw(
+            st.lists(
+                st.one_of(st.integers(-3, 6), st.just(2**32), st.just(2**64), st.booleans()),
+                max_size=4,
+            )
+        )
         assume(shape != entry["shape"])
         header[name] = {**entry, "shape": shape}
         # a new shape of the same size is a valid file (a reshape); a parameter then differs from its moments
         return state_files.encode(list(header.items()), data), None
     if kind == "dtype":
-        code = draw(st.sampled_from(["F32", "F64", "F16", "I64", "U8", "BOOL", "BF16", "F8", "", "f32"]))
+        code = draw(
+            st.sampled_from(["F32", "F64", "F16", "I64", "U8", "BOOL", "BF16", "F8", "", "f32"])
+        )
         assume(code != entry["dtype"])
         header[name] = {**entry, "dtype": code}
         return state_files.encode(list(header.items()), data), None
@@ -306,7 +343,10 @@ def _consistent(state: WebState, raw: bytes) -> None:
     meta = header["__metadata__"]
     assert state.step == int(meta.get("step", "0")) <= MAX_STEP
     if state.learning_rate is not None:
-        assert math.isfinite(state.learning_rate) and 0 <= state.learning_rate <= np.finfo(np.float32).max
+        assert (
+            math.isfinite(state.learning_rate)
+            and 0 <= state.learning_rate <= np.finfo(np.float32).max
+        )
 
 
 @SETTINGS

@@ -60,10 +60,22 @@ def served(browser_env, installed, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "ONNXBLOCKS_"))}
     env.update(ONNXBLOCKS_CACHE=str(web_support.cache_dir() / "user-cache"), PYTHONUNBUFFERED="1")
-    command = [str(installed.parent / "onnxblocks"), "demo", "--web", "--port", "0", "--output-dir", str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out)
+    command = [
+        str(installed.parent / "onnxblocks"),
+        "demo",
+        "--web",
+        "--port",
+        "0",
+        "--output-dir",
+        str(out),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out
+    )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout or ()], daemon=True).start()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stdout or ()], daemon=True
+    ).start()
     seen: list[str] = []
     try:
         while True:
@@ -75,7 +87,9 @@ def served(browser_env, installed, tmp_path_factory):
             if line.strip().startswith("open http://127.0.0.1:"):
                 break
             if process.poll() is not None and lines.empty():
-                pytest.fail(f"`onnxblocks demo --web` exited with {process.returncode}:\n" + "".join(seen))
+                pytest.fail(
+                    f"`onnxblocks demo --web` exited with {process.returncode}:\n" + "".join(seen)
+                )
         yield line.split()[1], out
     finally:
         process.terminate()
@@ -114,7 +128,9 @@ def test_the_demo_runs_from_the_installed_wheel(installed, served):
     client = done.stdout.strip()
     assert "site-packages" in client and client.endswith("onnxblocks/web/js"), client
     site = served[1] / "web"
-    assert (site / "src" / "trainer.mjs").read_bytes() == (web_support.js_dir() / "src" / "trainer.mjs").read_bytes()
+    assert (site / "src" / "trainer.mjs").read_bytes() == (
+        web_support.js_dir() / "src" / "trainer.mjs"
+    ).read_bytes()
 
 
 def test_the_page_trains_offline_without_errors(page):
@@ -137,7 +153,9 @@ def test_browser_losses_equal_python_step_by_step(page):
         session.learning_rate = float(plan.learning_rates[step])
         python.append(float(session.train_and_update(*plan.batch(step))[0]))
     # the page and Python are float32 clients of ours: no float64 truth, the floor from the losses' size
-    assert_close(np.float32(report["losses"][:PARITY_STEPS]), np.float32(python), rtol=RTOL, name="losses")
+    assert_close(
+        np.float32(report["losses"][:PARITY_STEPS]), np.float32(python), rtol=RTOL, name="losses"
+    )
 
 
 def test_browser_reaches_the_demo_accuracy_and_its_parameters_load_into_python(page):
@@ -157,16 +175,22 @@ def test_the_downloaded_onnx_runs_in_python_with_the_page_accuracy(page):
     report, _, shots = page
     assert report["modelFile"] == "spiral_classifier.onnx"
     plan = spiral_plan()
-    session = onnxruntime.InferenceSession(str(shots / "spiral_classifier.onnx"), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(
+        str(shots / "spiral_classifier.onnx"), providers=["CPUExecutionProvider"]
+    )
     (logits,) = session.run(None, {session.get_inputs()[0].name: plan.val_features})
     assert float(np.mean(logits.argmax(1) == plan.val_labels)) == report["valAccuracy"][-1]
 
 
 def test_the_status_and_layout_hold(page):
     report, _, shots = page
-    assert report["shown"] and not [line for line in report["shown"] if "Infinity" in line or "NaN" in line]
+    assert report["shown"] and not [
+        line for line in report["shown"] if "Infinity" in line or "NaN" in line
+    ]
     assert report["stepsPerSecond"] is not None and 0 < report["stepsPerSecond"] < 1e6
-    assert report["overflow"] == {"360": 0, "420": 0}, "the page overflows horizontally on a narrow screen"
+    assert report["overflow"] == {"360": 0, "420": 0}, (
+        "the page overflows horizontally on a narrow screen"
+    )
     assert (shots / "demo-360.png").stat().st_size > 10_000
 
 
@@ -181,8 +205,12 @@ def test_the_controls_set_epochs_and_learning_rate(browser_env, served):
     assert report["status"] == "done", report["error"]
     assert report["epochs"] == 2 and report["peakLearningRate"] == 0.02
     assert report["steps"] == 2 * plan.batches_per_epoch and len(report["valAccuracy"]) == 3
-    session = TrainingSession(served[1] / "web" / "artifacts")  # the second loss shows the first step's scaled rate
+    session = TrainingSession(
+        served[1] / "web" / "artifacts"
+    )  # the second loss shows the first step's scaled rate
     session.learning_rate = float(plan.learning_rates[0]) * 0.02 / float(plan.learning_rates.max())
     first = float(session.train_and_update(*plan.batch(0))[0])
     second = float(session.train_and_update(*plan.batch(1))[0])
-    assert_close(np.float32(report["losses"][:2]), np.float32([first, second]), rtol=RTOL, name="losses")
+    assert_close(
+        np.float32(report["losses"][:2]), np.float32([first, second]), rtol=RTOL, name="losses"
+    )

@@ -78,7 +78,9 @@ def test_safetensors_layout_is_the_specification(tmp_path):
         "n": {"dtype": "I64", "shape": [1], "data_offsets": [8, 16]},
     }
     assert raw[8 + length :] == struct.pack("<2f", 1, 2) + struct.pack("<q", 7)
-    assert sorted(DTYPES) == sorted(["F32", "F64", "F16", "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "BOOL"])
+    assert sorted(DTYPES) == sorted(
+        ["F32", "F64", "F16", "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "BOOL"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -123,11 +125,15 @@ def trained_checkpoint(tmp_path_factory):
     session.learning_rate = 0.05
     for x, t in portable_linear.batches(3):
         session.train_and_update(x, t)
-    path = session.save_checkpoint(directory.parent / "trained", properties={"epoch": 2, "name": "web", "f": 1.0})
+    path = session.save_checkpoint(
+        directory.parent / "trained", properties={"epoch": 2, "name": "web", "f": 1.0}
+    )
     return directory, path, session
 
 
-def test_state_from_a_checkpoint_holds_parameters_moments_step_and_properties(trained_checkpoint, tmp_path):
+def test_state_from_a_checkpoint_holds_parameters_moments_step_and_properties(
+    trained_checkpoint, tmp_path
+):
     _, checkpoint, session = trained_checkpoint
     ck = load_checkpoint(checkpoint)
     path = write_state(checkpoint, tmp_path / "params.safetensors")
@@ -136,10 +142,15 @@ def test_state_from_a_checkpoint_holds_parameters_moments_step_and_properties(tr
     assert json.loads(meta["trainable"]) == ["W", "b"] and json.loads(meta["frozen"]) == []
     assert meta["step"] == "3"
     assert list(tensors) == ["W", "b", "W.exp_avg", "W.exp_avg_sq", "b.exp_avg", "b.exp_avg_sq"]
-    np.testing.assert_array_equal(tensors["W.exp_avg_sq"], ck.optimizer_state["group0"]["moments"]["W"][1])
+    np.testing.assert_array_equal(
+        tensors["W.exp_avg_sq"], ck.optimizer_state["group0"]["moments"]["W"][1]
+    )
     state = read_state(path)
     # the learning rate a resumed session starts with: ONNX Runtime keeps the initial one in checkpoints
-    assert state.step == 3 and state.learning_rate == ck.optimizer_state["group0"]["initial_learning_rate"]
+    assert (
+        state.step == 3
+        and state.learning_rate == ck.optimizer_state["group0"]["initial_learning_rate"]
+    )
     assert state.properties == ck.properties and state.properties["name"] == "web"
     assert isinstance(state.properties["f"], float) and isinstance(state.properties["epoch"], int)
     for name in ("W", "b"):
@@ -156,7 +167,8 @@ def test_state_back_to_a_checkpoint_resumes_exactly(trained_checkpoint, tmp_path
     for name in ("W", "b"):
         for k in range(2):
             np.testing.assert_array_equal(
-                a.optimizer_state["group0"]["moments"][name][k], b.optimizer_state["group0"]["moments"][name][k]
+                a.optimizer_state["group0"]["moments"][name][k],
+                b.optimizer_state["group0"]["moments"][name][k],
             )
     assert a.properties == b.properties
     batch = portable_linear.batches(4)[3]
@@ -193,7 +205,9 @@ def test_load_state_sets_a_sessions_parameters_and_checks_them(trained_checkpoin
     wrong = WebState(trainable={"W": np.zeros((3, 2), np.float32)}, frozen={})
     with pytest.raises(ValueError, match="'b'"):
         load_state(session, write_state(wrong, tmp_path / "w.safetensors"))
-    shape = WebState(trainable={"W": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}, frozen={})
+    shape = WebState(
+        trainable={"W": np.zeros((2, 2), np.float32), "b": np.zeros(2, np.float32)}, frozen={}
+    )
     with pytest.raises(ValueError, match="shape"):
         load_state(session, write_state(shape, tmp_path / "s.safetensors"))
 
@@ -204,12 +218,23 @@ def test_state_files_that_do_not_fit_are_refused(tmp_path):
         read_state(plain)
     meta = {"format": "onnxblocks-web/1", "trainable": '["W", "b"]', "frozen": "[]"}
     with pytest.raises(ValueError, match=r"\['b'\].*no tensor"):
-        read_state(write_safetensors(tmp_path / "m.safetensors", {"W": np.zeros(2, np.float32)}, meta))
-    one_moment = {"W": np.zeros(2, np.float32), "b": np.zeros(2, np.float32), "W.exp_avg": np.zeros(2, np.float32)}
+        read_state(
+            write_safetensors(tmp_path / "m.safetensors", {"W": np.zeros(2, np.float32)}, meta)
+        )
+    one_moment = {
+        "W": np.zeros(2, np.float32),
+        "b": np.zeros(2, np.float32),
+        "W.exp_avg": np.zeros(2, np.float32),
+    }
     with pytest.raises(ValueError, match="only one of its two moments"):
         read_state(write_safetensors(tmp_path / "o.safetensors", one_moment, meta))
     with pytest.raises(ValueError, match="nominal"):
-        write_state(load_checkpoint(save_checkpoint(({"W": np.zeros(2, np.float32)}, {}), tmp_path / "n", True)), "x")
+        write_state(
+            load_checkpoint(
+                save_checkpoint(({"W": np.zeros(2, np.float32)}, {}), tmp_path / "n", True)
+            ),
+            "x",
+        )
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         write_state(tmp_path / "nowhere")
 
@@ -218,7 +243,9 @@ def test_the_javascript_client_pins_the_onnxruntime_it_is_tested_with():
     package = json.loads((js_dir() / "package.json").read_text())
     lock = json.loads((js_dir() / "package-lock.json").read_text())
     pinned = {"onnxruntime-node": ORT_WEB_VERSION, "onnxruntime-web": ORT_WEB_VERSION}
-    assert package["peerDependencies"] == pinned and "dependencies" not in package  # users install the one they run
+    assert (
+        package["peerDependencies"] == pinned and "dependencies" not in package
+    )  # users install the one they run
     assert {n: package["devDependencies"][n] for n in pinned} == pinned  # the tests run both
     for name, version in package["devDependencies"].items():
         assert version[0].isdigit(), f"{name} must be pinned exactly, not {version}"
