@@ -1,8 +1,10 @@
-"""Benchmark onnxblocks.artifacts.generate_artifacts against the reference, on models up to 830 M parameters.
+"""Benchmark onnxblocks.artifacts.generate_artifacts against the reference, on models up to 830 M
+parameters.
 
 Usage::
 
-    python benchmarks/bench_artifacts.py                      # every case, with the reference when installed
+    python benchmarks/bench_artifacts.py                      # every case, with the reference when
+    installed
     python benchmarks/bench_artifacts.py --cases gpt162m-proto,import --repeat 3
     python benchmarks/bench_artifacts.py --quick --skip-reference --json out.json
 
@@ -98,7 +100,8 @@ CASES: list[Case] = [
         "proto",
         loss="pair:chain1,chain20",
         extra=("--pair-repeat", "3"),
-        description="GPT 162 M, 20-block vs 1-block loss alternated in one process (wall: 20-block)",
+        description="GPT 162 M, 20-block vs 1-block loss alternated in one process (wall: "
+        "20-block)",
     ),
 ]
 QUICK = ["import", "mlp"]
@@ -182,7 +185,9 @@ def run_worker(args: list[str], timeout: float, env: dict | None = None) -> dict
 
 
 def reference_available() -> bool:
-    """Whether onnxruntime.training.artifacts can be imported (checked in a subprocess: it imports torch)."""
+    """Whether onnxruntime.training.artifacts can be imported (checked in a subprocess: it
+    imports torch).
+    """
     probe = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", "import onnxruntime.training.artifacts"],
         capture_output=True,
@@ -282,7 +287,8 @@ def markdown(rows: list[Row], header: str) -> str:
     lines = [
         header,
         "",
-        "| case | tool | wall s | cpu s | import s | peak RSS GB | in-call peak GB | ratio | note |",
+        "| case | tool | wall s | cpu s | import s | peak RSS GB | in-call peak GB | ratio | "
+        "note |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
 
@@ -292,7 +298,8 @@ def markdown(rows: list[Row], header: str) -> str:
     for r in rows:
         ratio = "" if not r.ratio else f"{r.ratio:.1f}x" if r.ratio >= 1 else f"{r.ratio:.2f}x"
         lines.append(
-            f"| {r.case}: {r.description} | {r.tool} | {fmt(r.wall)} | {fmt(r.cpu)} | {fmt(r.import_s)} | "
+            f"| {r.case}: {r.description} | {r.tool} | {fmt(r.wall)} | {fmt(r.cpu)} | "
+            f"{fmt(r.import_s)} | "
             f"{fmt(r.peak)} | {fmt(r.call_peak)} | {ratio} | {_note(r)} |"
         )
     return "\n".join(lines)
@@ -365,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                     case, tool, built, work, repeat, args.timeout, profile_dir, args.rss_trace
                 )
                 print(
-                    f"[bench]   wall {row.wall} s, peak {row.peak} GB {'' if row.ok else row.runs[-1].get('error')}",
+                    f"[bench]   wall {row.wall} s, peak {row.peak} GB "
+                    f"{'' if row.ok else row.runs[-1].get('error')}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -408,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} / {os.cpu_count()} cores / "
         f"{_mem_gb():.0f} GB RAM, Python {platform.python_version()}, {versions}.\n"
-        f"Command: `python benchmarks/bench_artifacts.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
+        "Command: `python benchmarks/bench_artifacts.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}`"
     )
     print(markdown(rows, header))
     if args.json:

@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/bench_federated.py                    # 2, 4 and 8 clients, 3 rounds each
-    python benchmarks/bench_federated.py --clients 2,4 --rounds 2 --rows 400 --hidden 64,64 --json out.json
+    python benchmarks/bench_federated.py --clients 2,4 --rounds 2 --rows 400 --hidden 64,64 --json
+    out.json
 
 For each client count N the script starts a real SuperLink and N SuperNodes on 127.0.0.1 with
 Flower's own commands (:class:`onnxblocks.federated.deployment.LocalDeployment`), runs onnxblocks'
@@ -86,7 +87,8 @@ def local_seconds(art: Path, files: list[str], batch_size: int) -> list[float]:
 def round_seconds(
     art: Path, files: list[str], root: Path, rounds: int, batch_size: int
 ) -> tuple[list[float], list[float], float]:
-    """A deployment-engine run: the history's per-round wall times, the per-round sums of the clients'
+    """A deployment-engine run: the history's per-round wall times, the per-round sums of the
+    clients'
     own ``train-seconds`` (``fit`` inside each ClientApp), and the run's wall time."""
     from onnxblocks.federated.deployment import LocalDeployment, NodeSpec
     from onnxblocks.federated.project import write_app
@@ -140,10 +142,12 @@ def main() -> int:
     counts = [int(c) for c in args.clients.split(",")]
     hidden = tuple(int(h) for h in args.hidden.split(","))
     print(
-        f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, MLP 2-{args.hidden}-3"
+        f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, MLP "
+        f"2-{args.hidden}-3"
     )
     print(
-        f"# {args.rows} rows per client, batch {args.batch_size}, 1 local epoch, {args.rounds} rounds of FedAvg"
+        f"# {args.rows} rows per client, batch {args.batch_size}, 1 local epoch, {args.rounds} "
+        "rounds of FedAvg"
     )
     header = (
         f"{'clients':>7} {'round s':>8} {'sum local s':>11} {'max local s':>11} {'sum fit s':>9} "

@@ -1,13 +1,17 @@
-"""What keeping the optimizer state between rounds costs a client (``keep-optimizer-state``), per round.
+"""What keeping the optimizer state between rounds costs a client (``keep-optimizer-state``), per
+round.
 
 Usage::
 
-    python benchmarks/bench_federated_state.py                # spiral MLP (64, 64), AdamW, both backends
+    python benchmarks/bench_federated_state.py                # spiral MLP (64, 64), AdamW, both
+    backends
     python benchmarks/bench_federated_state.py --rounds 10 --hidden 256,256
 
-For each backend, one client's round (``onnxblocks.federated.train_client``: a fresh session, the global
+For each backend, one client's round (``onnxblocks.federated.train_client``: a fresh session, the
+global
 parameters written, one epoch of ``fit``) is timed fresh (the default) and with the state kept (read
-after training, restored before the next round through the session's checkpoint), side by side in one
+after training, restored before the next round through the session's checkpoint), side by side in
+one
 process, alternating. Printed: the median round time of each and their ratio, and the state's size.
 """
 
@@ -55,7 +59,8 @@ def main() -> None:
     x, y = spirals(points_per_class=args.rows // 3 + 1, seed=0)
     config = {"local-epochs": 1, "batch-size": 32, "shuffle": False, "lr": 0.01}
     print(
-        f"spiral MLP {hidden}, AdamW, {args.rows} rows, batch 32, one epoch per round, {args.rounds} rounds"
+        f"spiral MLP {hidden}, AdamW, {args.rows} rows, batch 32, one epoch per round, "
+        f"{args.rounds} rounds"
     )
     print(f"{'backend':<10} {'fresh s':>9} {'kept s':>9} {'ratio':>7} {'state KB':>9}")
     with tempfile.TemporaryDirectory() as temp:

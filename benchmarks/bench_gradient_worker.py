@@ -1,8 +1,10 @@
-"""What the gradient-builder worker costs: generate_artifacts in-process vs with ONNX Runtime's calls in a worker.
+"""What the gradient-builder worker costs: generate_artifacts in-process vs with ONNX Runtime's
+calls in a worker.
 
 Usage::
 
-    python benchmarks/bench_gradient_worker.py                 # this Python (training build) both ways
+    python benchmarks/bench_gradient_worker.py                 # this Python (training build) both
+    ways
     python benchmarks/bench_gradient_worker.py --repeat 5
     python3.13 benchmarks/bench_gradient_worker.py --worker-only   # on 3.13: the worker path alone
 
@@ -68,9 +70,12 @@ def timed(model: onnx.ModelProto, repeat: int) -> float:
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             generate_artifacts(
-                model, requires_grad=params, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                model,
+                requires_grad=params,
+                loss=LossType.CrossEntropyLoss,
+                optimizer=OptimType.AdamW,
                 artifact_directory=tmp,
-            )  # fmt: skip
+            )
             runs.append(time.perf_counter() - start)
     return statistics.median(runs[1:])
 
@@ -84,7 +89,8 @@ def main() -> None:
     args = parser.parse_args()
     cases = {"mlp-0.1M": mlp([64, 256, 256, 10]), "mlp-12M": mlp([1024] * 13 + [10])}
     print(
-        f"Python {sys.version.split()[0]}, worker: {sys.executable if not args.worker_only else 'found'}"
+        f"Python {sys.version.split()[0]}, worker: "
+        f"{sys.executable if not args.worker_only else 'found'}"
     )
     print(f"{'case':<10} {'in-process s':>13} {'worker s':>9} {'ratio':>6} {'skeleton bytes':>15}")
     for name, model in cases.items():

@@ -90,7 +90,8 @@ def main() -> None:
             kind = "portable" if portable else "training build"
             share = check / session
             print(
-                f"{kind:>14}: check_artifact_set {check:.2f} ms, TrainingSession(...) {session:.1f} ms ({share:.1%})"
+                f"{kind:>14}: check_artifact_set {check:.2f} ms, TrainingSession(...) "
+                f"{session:.1f} ms ({share:.1%})"
             )
 
 

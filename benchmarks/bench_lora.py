@@ -1,7 +1,9 @@
-"""LoRA on a SmolLM2-135M-shaped LLaMA: artifacts, step time and peak memory, side by side (docs/lora.md).
+"""LoRA on a SmolLM2-135M-shaped LLaMA: artifacts, step time and peak memory, side by side
+(docs/lora.md).
 
     python benchmarks/bench_lora.py                  # everything
-    python benchmarks/bench_lora.py --layers 4       # a shallow copy of the shape, to try the script
+    python benchmarks/bench_lora.py --layers 4       # a shallow copy of the shape, to try the
+    script
     python benchmarks/bench_lora.py --only torch-peft portable-fp16
 
 The model is ``transformers.LlamaForCausalLM`` with SmolLM2-135M's shape (hidden 576,
@@ -22,8 +24,10 @@ Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is 
   (``generate_artifacts(base_dtype="float16")``); ``node-fp32``: the JavaScript client's
   ``onnxruntime-node`` (``js/bin/onnxblocks-train.mjs``, all cores; npm-installed once by
   ``tests/support/web_support.py``), the same portable artifacts; ``browser-fp32``: the LoRA page
-  (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium, on portable artifacts of
-  its own (with ``logits``), step time from the wall times of two visits (its peak RSS is not measured);
+  (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium, on portable
+  artifacts of
+  its own (with ``logits``), step time from the wall times of two visits (its peak RSS is not
+  measured);
 * the sizes of ``base_weights.bin``, the checkpoint and the web state file (``params.safetensors``).
 
 The frozen base's size (fp32) is printed first: the peaks are compared with it.
@@ -84,7 +88,8 @@ def rss_mib() -> float:
     return float("nan")
 
 
-# ------------------------------------------------------------------ children (one configuration each)
+# ------------------------------------------------------------------ children (one configuration
+# each)
 def torch_model(layers: int):
     import torch
     import transformers
@@ -238,9 +243,11 @@ def child_torch(layers: int, steps: int) -> dict:
 
 
 def child_node(directory: Path, steps: int) -> dict:
-    """``onnxblocks-train`` (onnxruntime-node) on the artifacts: one run of 1 step, one of ``steps + 1``.
+    """``onnxblocks-train`` (onnxruntime-node) on the artifacts: one run of 1 step, one of ``steps +
+    1``.
 
-    The step time is the difference over ``steps``, so neither opening nor the warm-up step counts; the peak
+    The step time is the difference over ``steps``, so neither opening nor the warm-up step counts;
+    the peak
     is the larger run's node process (``RUSAGE_CHILDREN``).
     """
     sys.path.insert(0, str(ROOT / "tests"))
@@ -280,11 +287,15 @@ def child_node(directory: Path, steps: int) -> dict:
 
 
 def child_browser(model: Path, site: Path, steps: int) -> dict:
-    """The LoRA page (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium, on this model.
+    """The LoRA page (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium,
+    on this model.
 
-    The site holds its own portable artifacts (with ``logits``, which the page's generation reads) and a plan of
-    the benchmark's batch; the held-out set and prompt are 5 tokens, so the page's evaluation stays small.
-    The step time is the difference of the wall times of a 1-step and a ``steps + 1``-step visit, over ``steps``.
+    The site holds its own portable artifacts (with ``logits``, which the page's generation reads)
+    and a plan of
+    the benchmark's batch; the held-out set and prompt are 5 tokens, so the page's evaluation stays
+    small.
+    The step time is the difference of the wall times of a 1-step and a ``steps + 1``-step visit,
+    over ``steps``.
     """
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -330,14 +341,21 @@ def child_browser(model: Path, site: Path, steps: int) -> dict:
             )
             start = time.perf_counter()
             report = web_support.run_node(
-                js, "tools/browser-run.mjs", url + "demo/lora.html", "--chromium", str(chromium),
-                "--timeout", "3000", timeout=3600,
-            )  # fmt: skip
+                js,
+                "tools/browser-run.mjs",
+                url + "demo/lora.html",
+                "--chromium",
+                str(chromium),
+                "--timeout",
+                "3000",
+                timeout=3600,
+            )
             walls[n] = time.perf_counter() - start
             if report.get("status") != "done":
                 raise RuntimeError(f"the page did not finish: {report.get('error')}")
     return {
-        "backend": f"onnxruntime-web {report.get('onnxruntime')} (WASM, 1 thread), headless Chromium",
+        "backend": f"onnxruntime-web {report.get('onnxruntime')} (WASM, 1 thread), headless "
+        "Chromium",
         "step_s": (walls[steps + 1] - walls[1]) / steps,
         "losses": report["losses"],
     }
@@ -360,7 +378,9 @@ def run_child(args: list[str], python: str = sys.executable) -> dict:
 
 
 def stock_python() -> str | None:
-    """The Python 3.13 of tests/support/portable_env.py's environment (stock onnxruntime), if it is built."""
+    """The Python 3.13 of tests/support/portable_env.py's environment (stock onnxruntime), if it
+    is built.
+    """
     sys.path.insert(0, str(ROOT / "tests"))
     try:
         from support.portable_env import ensure_python313
@@ -405,7 +425,8 @@ def main() -> None:
     model = cache / "model.onnx"
     base = (cache / "model.onnx.data").stat().st_size
     print(
-        f"model: LLaMA {args.layers} layers (SmolLM2-135M's shape), weights {base / 2**20:.0f} MiB fp32"
+        f"model: LLaMA {args.layers} layers (SmolLM2-135M's shape), weights {base / 2**20:.0f} "
+        "MiB fp32"
     )
     wanted = set(args.only or [])
     chosen = [n for n in STEPS if not wanted or n in wanted]
@@ -459,7 +480,8 @@ def main() -> None:
             print(name, rows[-1][1], flush=True)
     print()
     print(
-        f"{'configuration':<28} {'seconds':>9} {'step s':>8} {'RSS open':>9} {'peak RSS':>9} {'peak/base':>9}"
+        f"{'configuration':<28} {'seconds':>9} {'step s':>8} {'RSS open':>9} {'peak RSS':>9} "
+        f"{'peak/base':>9}"
     )
     for name, r in rows:
         if "error" in r:
@@ -469,7 +491,8 @@ def main() -> None:
         step = r.get("step_s", float("nan"))
         opened = r.get("rss_open_mib", float("nan"))
         print(
-            f"{name:<28} {seconds:>9.2f} {step:>8.2f} {opened:>9.0f} {r.get('peak_mib', float('nan')):>9.0f} "
+            f"{name:<28} {seconds:>9.2f} {step:>8.2f} {opened:>9.0f} "
+            f"{r.get('peak_mib', float('nan')):>9.0f} "
             f"{r.get('peak_mib', float('nan')) * 2**20 / base:>9.2f}"
         )
 

@@ -1,12 +1,16 @@
-"""Time ``onnxblocks.peft.apply_lora`` on a SmolLM2-135M-shaped LLaMA graph (30 layers, hidden 576, 9 heads).
+"""Time ``onnxblocks.peft.apply_lora`` on a SmolLM2-135M-shaped LLaMA graph (30 layers, hidden 576,
+9 heads).
 
 Usage::
 
     python benchmarks/bench_lora_transform.py [--vocab 256] [--exporter ts|dynamo]
 
-The model is built from a transformers config (random init, no download) with a small vocabulary by default
-(the graph, not the embedding, is what the transform walks), exported in memory, and adapted with r=8 on
-q_proj/v_proj and on ``all-linear``. Prints the node count, the weights' size, and the seconds of each
+The model is built from a transformers config (random init, no download) with a small vocabulary by
+default
+(the graph, not the embedding, is what the transform walks), exported in memory, and adapted with
+r=8 on
+q_proj/v_proj and on ``all-linear``. Prints the node count, the weights' size, and the seconds of
+each
 ``apply_lora`` call (the ModelProto's inline weights are serialized once by it).
 """
 
@@ -33,9 +37,16 @@ def main() -> None:
     from onnxblocks.peft import LoraConfig, apply_lora
 
     config = transformers.LlamaConfig(
-        vocab_size=args.vocab, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=128, use_cache=False, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=args.vocab,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=128,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     module = transformers.LlamaForCausalLM(config).eval()
     ids = torch.zeros(1, 16, dtype=torch.long)
     inputs = (ids, torch.ones_like(ids))
@@ -62,7 +73,8 @@ def main() -> None:
         start = time.perf_counter()
         out = apply_lora(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
         print(
-            f"  apply_lora {targets}: {time.perf_counter() - start:.2f} s, {len(out.graph.node)} nodes after"
+            f"  apply_lora {targets}: {time.perf_counter() - start:.2f} s, {len(out.graph.node)} "
+            "nodes after"
         )
 
 

@@ -165,7 +165,8 @@ def _torch_module(spec: ModelSpec):
 
 
 def add_layernorm_stats_outputs(model) -> int:
-    """Give every one-output LayerNormalization node its optional Mean and InvStdDev outputs, in place.
+    """Give every one-output LayerNormalization node its optional Mean and InvStdDev outputs, in
+    place.
 
     torch exports ``nn.LayerNorm`` at opset >= 17 as a LayerNormalization node
     with only its first output. onnxruntime-training 1.19.2's gradient builder
@@ -247,7 +248,8 @@ def _export(spec: ModelSpec, out_dir: Path) -> BuiltModel:
     missing = [n for n in names if n not in inits]
     if missing:
         raise RuntimeError(
-            f"Exported {spec.name} lacks parameter initializers {missing[:5]}; export changed names."
+            f"Exported {spec.name} lacks parameter initializers {missing[:5]}; export changed "
+            "names."
         )
     size = onnx_path.stat().st_size + (Path(data_path).stat().st_size if data_path else 0)
     return BuiltModel(

@@ -1,11 +1,13 @@
-"""What the torch-exact standard-op optimizers cost against the float32 AdamW of the contrib op, on stock shapes.
+"""What the torch-exact standard-op optimizers cost against the float32 AdamW of the contrib op, on
+stock shapes.
 
 For the parameter shapes of a real architecture (ResNet-18 or GPT-2 small, from a
 transformers / torchvision-free list of shapes written here), it builds the
 per-tensor portable optimizer model (``optimizer_model.onnx``) of:
 
 * ``AdamW()`` (ONNX Runtime's ``AdamWOptimizer`` written in float32 standard ops),
-* ``AdamW(param_groups=no_decay_norm_bias())`` (the torch-exact rule: FMA and sqrt in double), and with
+* ``AdamW(param_groups=no_decay_norm_bias())`` (the torch-exact rule: FMA and sqrt in double), and
+  with
   ``exact=False`` (the same rule in float32 ops),
 * ``SGD(momentum=0.9)``, ``Adam(amsgrad=True)``, ``RMSprop(momentum=0.9)``, ``Adagrad()``,
 
@@ -143,7 +145,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["AdamW() contrib, float32"])
     print(
-        f"{args.model}: {len(shapes)} tensors, {count / 1e6:.1f} M parameters, onnxruntime {onnxruntime().__version__}"
+        f"{args.model}: {len(shapes)} tensors, {count / 1e6:.1f} M parameters, onnxruntime "
+        f"{onnxruntime().__version__}"
     )
     for name, values in times.items():
         median = statistics.median(values)

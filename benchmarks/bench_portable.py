@@ -1,4 +1,5 @@
-"""Per-step time of portable artifacts on stock onnxruntime against the training build, and the session's overhead.
+"""Per-step time of portable artifacts on stock onnxruntime against the training build, and the
+session's overhead.
 
 One run measures, side by side:
 
@@ -60,7 +61,8 @@ BATCH = 64
 REAL = "resnet18,mobilenet_v2,efficientnet_b0,vit,gpt2,llama,bert,lstm"
 
 
-# ------------------------------------------------------------------ models (built with onnx, no torch)
+# ------------------------------------------------------------------ models (built with onnx, no
+# torch)
 def _mlp(dims: tuple[int, ...], seed: int = 0):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -244,9 +246,11 @@ def _median_of_rounds(loops: dict, steps: int, rounds: int, warmup: int) -> dict
 
 
 def _interleaved(loops: dict, steps: int, rounds: int, warmup: int) -> dict[str, float]:
-    """Median step time (us) of each loop, the loops taking turns step by step (for the overhead table).
+    """Median step time (us) of each loop, the loops taking turns step by step (for the overhead
+    table).
 
-    The sessions run without spinning thread pools (``_options``), so one loop's idle workers never slow
+    The sessions run without spinning thread pools (``_options``), so one loop's idle workers never
+    slow
     the next loop's step; every loop, the bare API included, has the same options.
     """
     for step in loops.values():
@@ -280,7 +284,9 @@ def _options(spin: bool = True):
 
 
 class _NullBackend:
-    """Stands in for a backend's ONNX Runtime calls: timing ``session.step`` with it gives the session's own cost."""
+    """Stands in for a backend's ONNX Runtime calls: timing ``session.step`` with it gives the
+    session's own cost.
+    """
 
     has_optimizer = True
 
@@ -292,7 +298,9 @@ class _NullBackend:
 
 
 def session_layer_us(session, batch: list[np.ndarray], steps: int = 20000) -> dict[str, float]:
-    """Microseconds per ``session.step`` spent outside ONNX Runtime (checked and unchecked), backend calls stubbed."""
+    """Microseconds per ``session.step`` spent outside ONNX Runtime (checked and unchecked),
+    backend calls stubbed.
+    """
     real = session._impl
     session._impl = _NullBackend(tuple(session.train_and_update(*batch)))
     out = {}
@@ -349,7 +357,9 @@ def training_build_loops(directory: Path, batch: list[np.ndarray], spin: bool = 
 
 
 def portable_loops(directory: Path, batch: list[np.ndarray], spin: bool = True) -> dict:
-    """The session and a hand-written IOBinding loop on portable artifacts (fused step model when present)."""
+    """The session and a hand-written IOBinding loop on portable artifacts (fused step model when
+    present).
+    """
     from onnxblocks._core.contracts import moment_names, updated_name
     from onnxblocks._core.ort import capi, onnxruntime
     from onnxblocks.checkpoint import load_checkpoint
@@ -445,7 +455,8 @@ def measure(
     warmup: int,
     overhead: bool = False,
 ) -> dict:
-    """Step times of the session and the bare API; for the overhead table interleaved, without spinning, plus the
+    """Step times of the session and the bare API; for the overhead table interleaved, without
+    spinning, plus the
     session's own cost per step (:func:`session_layer_us`)."""
     make = training_build_loops if kind == "training" else portable_loops
     loops = make(directory, batch, spin=not overhead)
@@ -459,7 +470,9 @@ def measure(
 
 # ------------------------------------------------------------------ the Python 3.13 side
 def worker() -> int:
-    """``--worker``: read jobs as JSON on stdin, measure each on this Python's (stock) onnxruntime, print JSON."""
+    """``--worker``: read jobs as JSON on stdin, measure each on this Python's (stock)
+    onnxruntime, print JSON.
+    """
     jobs = json.load(sys.stdin)
     results = []
     for job in jobs["jobs"]:
@@ -507,7 +520,8 @@ def run_py313(jobs: list[dict]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-# ------------------------------------------------------------------ the step table: both runtimes, alternating
+# ------------------------------------------------------------------ the step table: both runtimes,
+# alternating
 def _load_batch(path: str) -> list[np.ndarray]:
     with np.load(path) as data:
         return [data[k] for k in sorted(data.files, key=lambda k: int(k[1:]))]
@@ -524,9 +538,11 @@ def _block(step, steps: int) -> list[float]:
 
 
 def profile_step(directory: Path, batch: list[np.ndarray], steps: int, top: int = 12) -> dict:
-    """Per-op-type time (ms per step) of the step model (or training + optimizer model) from ORT's profiler.
+    """Per-op-type time (ms per step) of the step model (or training + optimizer model) from ORT's
+    profiler.
 
-    The session runs ``steps`` steps with ``SessionOptions.enable_profiling``; the profile's node events
+    The session runs ``steps`` steps with ``SessionOptions.enable_profiling``; the profile's node
+    events
     (``*_kernel_time``) are summed per op type and divided by the steps (the warm-up step excluded).
     """
     from onnxblocks.runtime import TrainingSession
@@ -562,7 +578,9 @@ def profile_step(directory: Path, batch: list[np.ndarray], steps: int, top: int 
 
 
 def _inference_sessions(impl) -> list:
-    """The stock ``InferenceSession`` objects the portable backend ran (the step model's, else training + optimizer)."""
+    """The stock ``InferenceSession`` objects the portable backend ran (the step model's, else
+    training + optimizer).
+    """
     fused = getattr(impl, "_fused", None)
     if fused is not None:
         return [fused.session]
@@ -572,7 +590,8 @@ def _inference_sessions(impl) -> list:
 def step_worker() -> int:
     """``--step-worker``: a JSON line per command on stdin, a JSON line per answer on stdout.
 
-    ``{"open": directory, "batch": npz}`` opens a portable session; ``{"run": steps}`` runs a block and
+    ``{"open": directory, "batch": npz}`` opens a portable session; ``{"run": steps}`` runs a block
+    and
     answers its step times; ``{"profile": steps}`` profiles the open model; ``{"quit": true}`` ends.
     """
     import onnxruntime
@@ -611,7 +630,9 @@ def step_worker() -> int:
 
 
 class Remote:
-    """The Python 3.13 step worker, kept running: the parent alternates blocks between it and its own loop."""
+    """The Python 3.13 step worker, kept running: the parent alternates blocks between it and its
+    own loop.
+    """
 
     def __init__(self) -> None:
         from support.portable_env import ensure_python313
@@ -645,7 +666,9 @@ class Remote:
 
 
 def _generate_cases(names: list[str], work: Path, unfused: bool) -> list[dict]:
-    """Export and generate each model's artifacts; a model that fails to export or generate is reported."""
+    """Export and generate each model's artifacts; a model that fails to export or generate is
+    reported.
+    """
     cases = []
     for name in names:
         built = build_models([name])
@@ -677,7 +700,9 @@ def _generate_cases(names: list[str], work: Path, unfused: bool) -> list[dict]:
 
 
 def step_table(args: argparse.Namespace, work: Path) -> list[dict]:
-    """Step time of each model, training build (here) and portable artifacts (the 3.13 worker), alternating."""
+    """Step time of each model, training build (here) and portable artifacts (the 3.13 worker),
+    alternating.
+    """
     from onnxblocks.runtime import TrainingSession
 
     cases = _generate_cases(args.models.split(","), work, args.unfused)
@@ -735,7 +760,8 @@ def step_table(args: argparse.Namespace, work: Path) -> list[dict]:
             if "profile" in row:
                 p = row["profile"]
                 print(
-                    f"      profile: {p['nodes']} nodes, {p['ms_per_step']:.1f} ms/step in kernels; by op type:"
+                    f"      profile: {p['nodes']} nodes, {p['ms_per_step']:.1f} ms/step in "
+                    "kernels; by op type:"
                 )
                 for op, ms, count in p["ops"]:
                     print(f"        {op:28} {ms:8.2f} ms  x{count}")
@@ -831,8 +857,10 @@ def _summary(report: dict) -> None:
             for key, layer in (("session", "layer"), ("session unchecked", "layer unchecked")):
                 print(
                     f"overhead   {row['model']:9} {row['label']:60} {key:17} {row[key]:7.1f} us / "
-                    f"bare {row['bare']:7.1f} us = {row[key] / row['bare']:.3f}x ({row[key] - row['bare']:+.1f} us); "
-                    f"session's own code {row[layer]:.1f} us/step = {(row['bare'] + row[layer]) / row['bare']:.3f}x"
+                    f"bare {row['bare']:7.1f} us = {row[key] / row['bare']:.3f}x "
+                    f"({row[key] - row['bare']:+.1f} us); "
+                    f"session's own code {row[layer]:.1f} us/step = "
+                    f"{(row['bare'] + row[layer]) / row['bare']:.3f}x"
                 )
 
 

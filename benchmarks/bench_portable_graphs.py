@@ -1,4 +1,5 @@
-"""Graph-side cost of portable artifacts: the same onnxruntime runs the training build's step and the fused step model.
+"""Graph-side cost of portable artifacts: the same onnxruntime runs the training build's step and
+the fused step model.
 
 ``bench_portable.py`` compares the two backends (onnxruntime-training 1.19.2 against
 stock onnxruntime under Python 3.13). This script isolates what the lowering costs:
@@ -13,7 +14,8 @@ for the models of ``bench_portable.py`` (MLP 784-512-512-10, CNN, small GPT), ea
 the median of per-round means (wall and process CPU time), the two loops alternating round by round.
 
     python benchmarks/bench_portable_graphs.py [--models mlp,cnn,gpt] [--steps 30] [--rounds 7]
-    taskset -c 0 python benchmarks/bench_portable_graphs.py   # one core: CPU time is the work, whatever else runs
+    taskset -c 0 python benchmarks/bench_portable_graphs.py   # one core: CPU time is the work,
+    whatever else runs
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ def main() -> int:
             for label, values in means.items():
                 median, median_cpu = statistics.median(values), statistics.median(cpu[label])
                 print(
-                    f"{name:<5} {label:<15} wall {median * 1e6:9.1f} us/step ({median / base:4.2f}x)   "
+                    f"{name:<5} {label:<15} wall {median * 1e6:9.1f} us/step "
+                    f"({median / base:4.2f}x)   "
                     f"cpu {median_cpu * 1e6:9.1f} us/step ({median_cpu / base_cpu:4.2f}x)"
                 )
     return 0

@@ -1,4 +1,5 @@
-"""Is ``portable="onnxruntime"`` worth having? The fused step in standard ops against one keeping ORT's contrib ops.
+"""Is ``portable="onnxruntime"`` worth having? The fused step in standard ops against one keeping
+ORT's contrib ops.
 
 One run generates, for a BERT-like and a GPT-2-like Hugging Face config (random init,
 TorchScript export at opset 17, cross-entropy, AdamW), portable artifacts in both modes:
@@ -9,7 +10,8 @@ in rounds (median of the per-round means), on stock onnxruntime under Python 3.1
 cached venv of ``tests/support/portable_env.py``) and on this Python's onnxruntime (the
 training build's inference engine), and prints ms/step and the ratio standard / onnxruntime.
 
-    python benchmarks/bench_portable_modes.py [--steps 10] [--rounds 7] [--threads 0] [--json out.json]
+    python benchmarks/bench_portable_modes.py [--steps 10] [--rounds 7] [--threads 0] [--json
+    out.json]
 """
 
 from __future__ import annotations
@@ -43,17 +45,30 @@ def _model(kind: str):
     torch.manual_seed(0)
     if kind == "bert":
         config = transformers.BertConfig(
-            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=4 * HIDDEN, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0, num_labels=4,
-        )  # fmt: skip
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=4 * HIDDEN,
+            max_position_embeddings=SEQ,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            num_labels=4,
+        )
         model = transformers.BertForSequenceClassification(config)
         labels = np.random.default_rng(0).integers(0, 4, (BATCH,))
     else:
         config = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, use_cache=False,
-        )  # fmt: skip
+            vocab_size=VOCAB,
+            n_embd=HIDDEN,
+            n_layer=2,
+            n_head=4,
+            n_positions=SEQ,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            use_cache=False,
+        )
         model = transformers.GPT2LMHeadModel(config)
         labels = np.random.default_rng(1).integers(0, VOCAB, (BATCH, SEQ))
     model.set_attn_implementation("eager")
@@ -83,9 +98,16 @@ def build(directory: Path) -> list[dict]:
         ids = np.random.default_rng(2).integers(0, VOCAB, (BATCH, SEQ)).astype(np.int64)
         f = io.BytesIO()
         torch.onnx.export(
-            wrapped, (torch.from_numpy(ids),), f, input_names=["input_ids"], output_names=["logits"], dynamo=False,
-            opset_version=17, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-        )  # fmt: skip
+            wrapped,
+            (torch.from_numpy(ids),),
+            f,
+            input_names=["input_ids"],
+            output_names=["logits"],
+            dynamo=False,
+            opset_version=17,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+        )
         base = onnx.load_from_string(f.getvalue())
         params = [i.name for i in base.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
         loss = losses.CrossEntropyLoss(class_axis=-1 if kind == "gpt2" else 1)
@@ -93,9 +115,13 @@ def build(directory: Path) -> list[dict]:
         for mode in MODES:
             out = directory / f"{kind}-{mode}"
             generate_artifacts(
-                base, requires_grad=params, loss=loss, optimizer=OptimType.AdamW, artifact_directory=out,
+                base,
+                requires_grad=params,
+                loss=loss,
+                optimizer=OptimType.AdamW,
+                artifact_directory=out,
                 portable=True if mode == "standard" else mode,
-            )  # fmt: skip
+            )
             step = onnx.load(out / "step_model.onnx", load_external_data=False)
             contrib = sorted(
                 {n.op_type for n in step.graph.node if n.domain not in ("", "ai.onnx")}
@@ -176,8 +202,12 @@ def main() -> int:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
         done = subprocess.run(
             [str(ensure_python313()), __file__, "--worker"],
-            input=json.dumps(payload), capture_output=True, text=True, env=env, check=True,
-        )  # fmt: skip
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
         stock = json.loads(done.stdout.strip().splitlines()[-1])
         here = time_modes(jobs, args.steps, args.rounds, args.threads)
     report = {
@@ -189,13 +219,15 @@ def main() -> int:
         kind = job["model"]
         modes = job["modes"]
         print(
-            f"{kind}: step model nodes {modes['standard']['nodes']} (standard) vs {modes['onnxruntime']['nodes']} "
+            f"{kind}: step model nodes {modes['standard']['nodes']} (standard) vs "
+            f"{modes['onnxruntime']['nodes']} "
             f"(onnxruntime mode, contrib ops {modes['onnxruntime']['contrib']})"
         )
         for figures in (stock, here):
             t = figures["models"][kind]
             print(
-                f"  onnxruntime {figures['onnxruntime']} (Python {'.'.join(map(str, figures['python']))}): "
+                f"  onnxruntime {figures['onnxruntime']} (Python "
+                f"{'.'.join(map(str, figures['python']))}): "
                 f"standard {t['standard']:.2f} ms, onnxruntime mode {t['onnxruntime']:.2f} ms, "
                 f"standard / onnxruntime = {t['standard'] / t['onnxruntime']:.3f}"
             )

@@ -1,8 +1,10 @@
-"""What issue 12's build-side checks cost: model intake, Pow rewrite, dependency checks, and the locked commit.
+"""What issue 12's build-side checks cost: model intake, Pow rewrite, dependency checks, and the
+locked commit.
 
 Usage::
 
-    python benchmarks/bench_reliability.py                    # the GPT 162 M model of bench_models (cached)
+    python benchmarks/bench_reliability.py                    # the GPT 162 M model of bench_models
+    (cached)
     python benchmarks/bench_reliability.py --model gpt-tiny --repeat 5
 
 Builds the artifacts of a benchmark model once per repeat (every parameter trainable, cross
@@ -83,10 +85,12 @@ def main() -> None:
         set_bytes = sum(p.stat().st_size for p in (Path(work) / "out").iterdir())
     per_call = {name: sum(times) / args.repeat for name, times in steps.items()}
     print(
-        f"Model {built.name}: {len(model.graph.node)} nodes, {built.num_params / 1e6:.0f} M parameters."
+        f"Model {built.name}: {len(model.graph.node)} nodes, {built.num_params / 1e6:.0f} M "
+        "parameters."
     )
     print(
-        f"Command: `python benchmarks/bench_reliability.py --model {args.model} --repeat {args.repeat}`\n"
+        f"Command: `python benchmarks/bench_reliability.py --model {args.model} --repeat "
+        f"{args.repeat}`\n"
     )
     print("| step (per generate_artifacts call) | s | share of the call |")
     print("|---|---:|---:|")

@@ -5,7 +5,8 @@ Usage::
     python benchmarks/bench_torch.py                 # MLP, CNN, small GPT, both exporters
     python benchmarks/bench_torch.py --steps 50 --models mlp,gpt --exporters dynamo
     python benchmarks/bench_torch.py --quick         # small sizes, few steps (a smoke run)
-    python benchmarks/bench_torch.py --threads 1     # one intra-op thread each (steadier on a busy machine)
+    python benchmarks/bench_torch.py --threads 1     # one intra-op thread each (steadier on a busy
+    machine)
 
 A step is what a training loop does: ``zero_grad``, forward, the loss, backward
 and ``torch.optim.AdamW.step``. Each model is built once; the eager copy and the
@@ -132,7 +133,9 @@ class GPT(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    """ResNet's basic block: two 3x3 convolutions with BatchNorm, and a projected shortcut when the shape changes."""
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, and a projected shortcut when
+    the shape changes.
+    """
 
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
         super().__init__()
@@ -152,7 +155,9 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """ResNet-18 (He et al. 2015; torchvision's ``resnet18`` layout): a 7x7 stem, 4 stages of 2 basic blocks."""
+    """ResNet-18 (He et al. 2015; torchvision's ``resnet18`` layout): a 7x7 stem, 4 stages of 2
+    basic blocks.
+    """
 
     def __init__(self, classes: int = 10, widths: tuple[int, ...] = (64, 128, 256, 512)) -> None:
         super().__init__()
@@ -190,7 +195,9 @@ class LSTMTagger(nn.Module):
 
 
 class Logits(nn.Module):
-    """A Hugging Face model's ``.logits``, flattened to ``[rows, classes]`` (random init from a config)."""
+    """A Hugging Face model's ``.logits``, flattened to ``[rows, classes]`` (random init from a
+    config).
+    """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -208,10 +215,17 @@ def _hf(name: str, quick: bool) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     common = {"attn_implementation": "eager"}
     if name == "bert":
         config = tf.BertConfig(
-            vocab_size=vocab, hidden_size=d, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=4 * d,
-            max_position_embeddings=seq, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=10,
+            vocab_size=vocab,
+            hidden_size=d,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            intermediate_size=4 * d,
+            max_position_embeddings=seq,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            num_labels=10,
             **common,
-        )  # fmt: skip
+        )
         return (
             Logits(tf.BertForSequenceClassification(config)),
             torch.randint(0, vocab, (batch, seq)),
@@ -219,18 +233,33 @@ def _hf(name: str, quick: bool) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         )
     if name == "gpt2":
         config = tf.GPT2Config(
-            vocab_size=vocab, n_embd=d, n_layer=layers, n_head=4, n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, **common,
-        )  # fmt: skip
+            vocab_size=vocab,
+            n_embd=d,
+            n_layer=layers,
+            n_head=4,
+            n_positions=seq,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
         ids = torch.randint(0, vocab, (batch, seq))
         return Logits(tf.GPT2LMHeadModel(config)), ids, torch.randint(0, vocab, (batch * seq,))
     if name == "vit":
         size = 16 if quick else 32
         config = tf.ViTConfig(
-            image_size=size, patch_size=4, num_channels=3, hidden_size=d, num_hidden_layers=layers,
-            num_attention_heads=4, intermediate_size=4 * d, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-            num_labels=10, **common,
-        )  # fmt: skip
+            image_size=size,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=d,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            intermediate_size=4 * d,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            num_labels=10,
+            **common,
+        )
         return (
             Logits(tf.ViTForImageClassification(config)),
             torch.randn(batch, 3, size, size),
@@ -307,7 +336,9 @@ def measure(
 
 
 def measure_session(name: str, steps: int, quick: bool, threads: int) -> dict[str, float]:
-    """Median ms per step of a TrainingSession: fused, unfused, and unfused with DataParallel on 1 gloo rank."""
+    """Median ms per step of a TrainingSession: fused, unfused, and unfused with DataParallel on
+    1 gloo rank.
+    """
     import tempfile
 
     import torch.distributed as dist
@@ -391,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     steps = 8 if args.quick else args.steps
     print(
-        f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs; {steps} steps per "
+        f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs; "
+        f"{steps} steps per "
         "side (zero_grad, forward, loss, backward, AdamW.step)"
     )
     print(f"load average before: {os.getloadavg()[0]:.2f}")
@@ -439,8 +471,10 @@ def main(argv: list[str] | None = None) -> int:
                     r[f"{kind}_{k}"] for k in ("fused", "unfused", "data_parallel")
                 )
                 print(
-                    f"session {name} ({kind}): train_and_update {fused:.2f} ms, train_step + optimizer_step "
-                    f"{unfused:.2f} ms ({unfused / fused:.2f}x), with DataParallel on 1 gloo rank {parallel:.2f} ms "
+                    f"session {name} ({kind}): train_and_update {fused:.2f} ms, train_step + "
+                    "optimizer_step "
+                    f"{unfused:.2f} ms ({unfused / fused:.2f}x), with DataParallel on 1 gloo "
+                    f"rank {parallel:.2f} ms "
                     f"({parallel / fused:.2f}x)",
                     flush=True,
                 )

@@ -1,4 +1,5 @@
-"""Training the demo's spiral classifier in Python, Node and the browser: time per step and loss agreement.
+"""Training the demo's spiral classifier in Python, Node and the browser: time per step and loss
+agreement.
 
 On the portable artifacts of ``onnxblocks demo`` (MLP 2-64-64-3, batch 32, AdamW),
 with the batches and learning rates of the demo's plan (``onnxblocks.web.spiral_plan``):
@@ -120,7 +121,8 @@ def main() -> None:
     for name, seconds, diff in rows:
         print(f"{name:<44} {seconds * 1e3:>8.3f} {1 / seconds:>8.0f} {diff:>24}")
     print(
-        f"* Chromium {report['chromium']}, whole page: includes the evaluation after each epoch and the drawing"
+        f"* Chromium {report['chromium']}, whole page: includes the evaluation after each epoch "
+        "and the drawing"
     )
 
 

@@ -52,7 +52,9 @@ def peak_rss_bytes() -> int:
 
 
 def reset_peak_rss() -> bool:
-    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False if unsupported."""
+    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False if
+    unsupported.
+    """
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -192,8 +194,10 @@ def _run_loss_pair(args, tool, blocks_mod, model, extra, import_s, load_s) -> di
         "pair": walls,
         "delta_s": statistics.median(deltas),
         "note": (
-            f"{b} - {a}: {statistics.median(deltas):+.3f} s (median of {len(deltas)} alternated pairs in one "
-            f"process; {a} {statistics.median(walls[a]):.2f} s, {b} {statistics.median(walls[b]):.2f} s)"
+            f"{b} - {a}: {statistics.median(deltas):+.3f} s (median of {len(deltas)} alternated "
+            "pairs in one "
+            f"process; {a} {statistics.median(walls[a]):.2f} s, {b} "
+            f"{statistics.median(walls[b]):.2f} s)"
         ),
     }
 
@@ -310,7 +314,8 @@ def main() -> None:
     parser.add_argument(
         "--loss",
         default="ce",
-        help="ce, mse, chainN (custom Block of N blocks), or pair:chainA,chainB (A/B in one process)",
+        help="ce, mse, chainN (custom Block of N blocks), or pair:chainA,chainB (A/B in one "
+        "process)",
     )
     parser.add_argument("--out-dir", help="artifact directory")
     parser.add_argument(

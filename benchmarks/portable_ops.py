@@ -1,7 +1,9 @@
-"""List the ops of every training model the test families generate (what a portable lowering must cover).
+"""List the ops of every training model the test families generate (what a portable lowering must
+cover).
 
 Generates artifacts for every case of the exporter sweep and the model families
-(``tests/support/sweep.py``, ``tests/support/models.py``) (plus every built-in loss on the MLP, with SGD)
+(``tests/support/sweep.py``, ``tests/support/models.py``) (plus every built-in loss on the MLP, with
+SGD)
 and prints, per ``(domain, op)``, how many training models use it and
 whether it is portable as it is, lowered by :mod:`onnxblocks.portable`, or rewritten by the
 contract (optimizers, accumulation).

@@ -1,4 +1,5 @@
-"""Real architectures for ``bench_portable.py``: torch models exported to ONNX (random init, no downloads).
+"""Real architectures for ``bench_portable.py``: torch models exported to ONNX (random init, no
+downloads).
 
 Each builder returns ``(torch module, example inputs, labels)``; :func:`export_model`
 exports it with the TorchScript exporter (opset 17, training mode, dynamic batch) and
@@ -38,7 +39,9 @@ def _torch():
 
 
 def _logits_module(model, flatten: bool):
-    """Wrap a Hugging Face model so it returns its logits (``[N, C]``: flattened over tokens when ``flatten``)."""
+    """Wrap a Hugging Face model so it returns its logits (``[N, C]``: flattened over tokens when
+    ``flatten``).
+    """
     torch = _torch()
 
     class Logits(torch.nn.Module):
@@ -92,7 +95,8 @@ def efficientnet_b0():
         image_size=IMAGE, num_labels=10, dropout_rate=0.0, drop_connect_rate=0.0
     )
     model = EfficientNetForImageClassification(config)
-    # its pooler is an AveragePool over a window as large as the map, whose gradient needs static dims that the
+    # its pooler is an AveragePool over a window as large as the map, whose gradient needs static
+    # dims that the
     # exported graph lacks; a global average pool is the same function here
     model.efficientnet.pooler = _torch().nn.AdaptiveAvgPool2d(1)
     return (_logits_module(model, False), *_images())
@@ -214,7 +218,9 @@ def _quiet():
 
 
 def export_model(name: str):
-    """``(onnx model, trainable initializer names, [*inputs, labels])`` of the real model ``name``."""
+    """``(onnx model, trainable initializer names, [*inputs, labels])`` of the real model
+    ``name``.
+    """
     import onnx
 
     torch = _torch()

@@ -40,7 +40,8 @@ def spirals(
     """
     if points_per_class < 1 or classes < 2:
         raise InvalidValueError(
-            f"spirals needs points_per_class >= 1 and classes >= 2, got {points_per_class}, {classes}."
+            f"spirals needs points_per_class >= 1 and classes >= 2, got {points_per_class}, "
+            f"{classes}."
         )
     if noise < 0:
         raise InvalidValueError(f"spirals: noise must be >= 0, got {noise}.")
@@ -61,7 +62,8 @@ def spirals(
 def train_val_split(
     features: np.ndarray, labels: np.ndarray, val_fraction: float = 0.2
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Split aligned arrays into training and validation parts (the last ``val_fraction`` of the rows).
+    """Split aligned arrays into training and validation parts (the last ``val_fraction`` of the
+    rows).
 
     Raises:
         ValueError: if ``val_fraction`` is not in ``(0, 1)`` or leaves a part empty.

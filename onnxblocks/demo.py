@@ -1,4 +1,5 @@
-"""``onnxblocks demo``: the whole workflow on a small classifier, without torch and without downloads.
+"""``onnxblocks demo``: the whole workflow on a small classifier, without torch and without
+downloads.
 
 :func:`run_demo` does, in order:
 
@@ -74,7 +75,8 @@ class SmoothedCrossEntropyWithL2(Block):
 def build_classifier(
     in_features: int = 2, hidden: tuple[int, ...] = (64, 64), classes: int = 3, seed: int = 0
 ) -> onnx.ModelProto:
-    """An MLP ``features -> [Gemm, Relu] * len(hidden) -> Gemm -> logits`` built with ``onnx.helper``.
+    """An MLP ``features -> [Gemm, Relu] * len(hidden) -> Gemm -> logits`` built with
+    ``onnx.helper``.
 
     Weights use He initialisation from ``numpy.random.default_rng(seed)``; biases start at 0.
     Parameters are named ``fc{i}.weight`` (``[in, out]``) and ``fc{i}.bias``.
@@ -208,7 +210,8 @@ def run_demo(
         root / "spirals_val.npz", features=x_val, labels=y_val
     )
     say(
-        f"[1/7] dataset: 3-class spirals, {len(x_train)} training and {len(x_val)} validation points"
+        f"[1/7] dataset: 3-class spirals, {len(x_train)} training and {len(x_val)} validation "
+        "points"
     )
 
     # 2. model
@@ -222,7 +225,8 @@ def run_demo(
     # 3-4. loss and artifacts
     loss = SmoothedCrossEntropyWithL2(weights, l2=1e-4, label_smoothing=0.05)
     say(
-        "[3/7] loss: cross entropy (label smoothing 0.05) + 1e-4 * sum of squared weights, composed from blocks"
+        "[3/7] loss: cross entropy (label smoothing 0.05) + 1e-4 * sum of squared weights, "
+        "composed from blocks"
     )
     artifact_dir = root / "artifacts"
     portable_options: dict[str, Any] = {"portable": True} if portable else {}
@@ -250,7 +254,8 @@ def run_demo(
     )
     accuracy = Accuracy(output=1)
     say(
-        f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate from 0.01 "
+        f"[5/7] training: {epochs} epochs of {len(train)} batches, AdamW, cosine learning rate "
+        "from 0.01 "
         f"({session.backend} backend)"
     )
     history = fit(
@@ -270,8 +275,10 @@ def run_demo(
     )
     verdict = "reached" if result.eval_accuracy >= TARGET_ACCURACY else "MISSED"
     say(
-        f"      validation accuracy {result.eval_accuracy:.3f} ({verdict} the target {TARGET_ACCURACY:.2f}), "
-        f"final training loss {result.final_loss:.4f}, {history.samples / max(history.seconds, 1e-9):,.0f} "
+        f"      validation accuracy {result.eval_accuracy:.3f} ({verdict} the target "
+        f"{TARGET_ACCURACY:.2f}), "
+        f"final training loss {result.final_loss:.4f}, "
+        f"{history.samples / max(history.seconds, 1e-9):,.0f} "
         "samples/s"
     )
 
@@ -288,7 +295,8 @@ def run_demo(
     result.inference_accuracy = _inference_accuracy(result.files["inference_model"], x_val, y_val)
     agree = "same as" if result.inference_accuracy == result.eval_accuracy else "DIFFERENT FROM"
     say(
-        f"[7/7] exported inference model: onnxruntime.InferenceSession accuracy {result.inference_accuracy:.3f} "
+        "[7/7] exported inference model: onnxruntime.InferenceSession accuracy "
+        f"{result.inference_accuracy:.3f} "
         f"({agree} the eval model)"
     )
 
@@ -308,7 +316,8 @@ def run_demo(
     say(
         f"\nDone in {result.seconds:.1f} s. Continue training from the command line with:\n"
         f"  onnxblocks train {artifact_dir} --data {result.files['dataset']} "
-        f"--eval-data {result.files['validation_dataset']} --resume {result.files['checkpoint']} --epochs 5 --lr 0.001 "
+        f"--eval-data {result.files['validation_dataset']} --resume {result.files['checkpoint']} "
+        "--epochs 5 --lr 0.001 "
         "--accuracy"
     )
     return result

@@ -41,7 +41,8 @@ __all__ = ["load_model", "save_model"]
 
 #: Inline initializers of at least this many bytes go to the external data file by default.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1024
-#: Tensors of at least this size start on a page boundary in the data file, so runtimes can memory-map them.
+#: Tensors of at least this size start on a page boundary in the data file, so runtimes can
+#: memory-map them.
 _PAGE_ALIGN_FROM = 1024 * 1024
 _PAGE = 4096
 _SMALL_ALIGN = 64
@@ -69,11 +70,13 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
         if not final.parent.is_dir():
             if final.parent.exists() or any(p.is_file() for p in final.parents):
                 raise NotAFolderError(
-                    f"Cannot write '{final}': '{final.parent}' is not a directory (a path below a file?). "
+                    f"Cannot write '{final}': '{final.parent}' is not a directory (a path below "
+                    "a file?). "
                     "Choose a path inside a directory."
                 )
             raise FileMissingError(
-                f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it first."
+                f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it "
+                "first."
             )
         if (
             final.is_dir() and not final.is_symlink()
@@ -85,7 +88,8 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
         _tempfiles.remove_stale(parent)
     temps = [_tempfiles.temp_path(f) for f in finals]
     try:
-        yield temps  # the writers create them (pre-creating and truncating them would force a flush on ext4)
+        # the writers create them (pre-creating and truncating them would force a flush on ext4)
+        yield temps
         with _dirlock.files_lock(finals):
             for temp, final in zip(temps, finals, strict=True):
                 os.replace(temp, final)
@@ -95,7 +99,8 @@ def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
                 temp.unlink()
         named = write_error(exc, finals)
         if named is not None:
-            raise named from None  # a clear error naming the target, not "[Errno 13] ... <temp name>"
+            # a clear error naming the target, not "[Errno 13] ... <temp name>"
+            raise named from None
         shown = _tempfiles.without_temp_names(exc, dict(zip(temps, finals, strict=True)))
         if shown is not None:
             raise shown from None  # messages name the targets, not temporary files
@@ -157,7 +162,8 @@ def tensor_chunks(
         return
     if _weights.is_stub(tensor):
         raise InvalidValueError(
-            f"Tensor '{tensor.name}' is an onnxblocks stub (its bytes are held by a build). Pass the build's "
+            f"Tensor '{tensor.name}' is an onnxblocks stub (its bytes are held by a build). Pass "
+            "the build's "
             "weights (accessor.weights) or its TensorSource instead."
         )
     if tensor.data_type == onnx.TensorProto.STRING:
@@ -168,7 +174,8 @@ def tensor_chunks(
         if base_dir is None:
             raise InvalidValueError(
                 f"Tensor '{tensor.name}' keeps its data in the external file "
-                f"'{_weights.external_info(tensor).get('location', '')}', but the directory it is relative to is "
+                f"'{_weights.external_info(tensor).get('location', '')}', but the directory it "
+                "is relative to is "
                 "unknown. Pass base_dir= (the directory of the .onnx file it came from)."
             )
         store = _weights.WeightStore()
@@ -217,7 +224,8 @@ def write_aligned(
         written += len(chunk)
     if written != expected:
         raise InvalidValueError(
-            f"Tensor '{name}' produced {written} bytes but its dims and element type need {expected}. "
+            f"Tensor '{name}' produced {written} bytes but its dims and element type need "
+            f"{expected}. "
             "Its data does not match its shape; fix the tensor."
         )
     return position
@@ -261,7 +269,8 @@ def write_tensor(
                 )
                 if n == 0:
                     raise DataFileError(
-                        f"External data file {source.path} ended early while copying tensor '{name}' "
+                        f"External data file {source.path} ended early while copying tensor "
+                        f"'{name}' "
                         f"({expected - done} bytes missing). Is the model's .data file complete?"
                     )
                 done += n
@@ -283,7 +292,8 @@ def _check_location(location: str) -> str:
     path = Path(location)
     if path.is_absolute() or ".." in path.parts or not location or location.endswith(("/", "\\")):
         raise InvalidValueError(
-            f"location={location!r} must be a file name relative to the model's directory, inside it "
+            f"location={location!r} must be a file name relative to the model's directory, "
+            "inside it "
             "(no absolute path, no '..')."
         )
     return path.as_posix()
@@ -364,8 +374,10 @@ def save_model(
         if _weights.is_stub(init):
             if weights is None or init.name not in weights:
                 raise InvalidValueError(
-                    f"Initializer '{init.name}' is a held stub but weights= does not know it. Pass the build's "
-                    "weights (accessor.weights), or save the finished model (block.to_model_proto())."
+                    f"Initializer '{init.name}' is a held stub but weights= does not know it. "
+                    "Pass the build's "
+                    "weights (accessor.weights), or save the finished model "
+                    "(block.to_model_proto())."
                 )
             source = (
                 weights.source(init.name)
@@ -374,8 +386,10 @@ def save_model(
             )
             if (source.data_type, tuple(source.dims)) != (init.data_type, tuple(init.dims)):
                 raise InvalidValueError(
-                    f"The weights for '{init.name}' are {_weights_kind(source.data_type, source.dims)} but the "
-                    f"model's stub is {_weights_kind(init.data_type, init.dims)}. Pass the weights of the build "
+                    f"The weights for '{init.name}' are "
+                    f"{_weights_kind(source.data_type, source.dims)} but the "
+                    f"model's stub is {_weights_kind(init.data_type, init.dims)}. Pass the "
+                    "weights of the build "
                     "this model comes from."
                 )
             return source
@@ -454,8 +468,12 @@ def load_model(path: str | os.PathLike, load_external_data: bool = False) -> onn
         if (
             type(exc).__name__ == "DecodeError"
         ):  # protobuf's wording ("Wire format was corrupt") says nothing more
-            detail = "its bytes do not decode as an ONNX model (the file is truncated or of another kind)"
+            detail = (
+                "its bytes do not decode as an ONNX model (the file is truncated or of another "
+                "kind)"
+            )
         raise InvalidValueError(
-            f"Cannot load '{resolved}' as an ONNX model: {detail}. Check that the file is a complete .onnx model "
+            f"Cannot load '{resolved}' as an ONNX model: {detail}. Check that the file is a "
+            "complete .onnx model "
             "(and its external data files are beside it)."
         ) from None

@@ -1,4 +1,5 @@
-"""The safetensors file format, read and written with numpy alone (no ``safetensors`` package needed).
+"""The safetensors file format, read and written with numpy alone (no ``safetensors`` package
+needed).
 
 A file is an 8-byte little-endian header length ``N``, ``N`` bytes of UTF-8 JSON,
 then the tensors' bytes (little-endian, C order, back to back). The header maps
@@ -72,7 +73,8 @@ def write_safetensors(
     tensors: Mapping[str, np.ndarray],
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write ``tensors`` (in the mapping's order) and string ``metadata`` as a safetensors file, atomically.
+    """Write ``tensors`` (in the mapping's order) and string ``metadata`` as a safetensors file,
+    atomically.
 
     Args:
         path: The file to write (replaced whole or not at all).
@@ -83,7 +85,8 @@ def write_safetensors(
         The path written.
 
     Raises:
-        TypeError: for an unsupported dtype, a non-string metadata value, or the reserved name ``__metadata__``.
+        TypeError: for an unsupported dtype, a non-string metadata value, or the reserved name
+        ``__metadata__``.
     """
     header: dict[str, object] = {}
     if metadata:
@@ -149,8 +152,10 @@ def read_safetensors(
         onnxblocks.errors.FileMissingError: if the file does not exist.
         onnxblocks.errors.IsAFolderError: if the path is a folder.
         onnxblocks.errors.FileAccessError: if the file may not be read.
-        onnxblocks.errors.InvalidValueError: for a truncated or malformed file (the message names it).
-        onnxblocks.errors.InvalidTypeError: for a dtype numpy/ONNX Runtime JS cannot hold here (e.g. ``BF16``).
+        onnxblocks.errors.InvalidValueError: for a truncated or malformed file (the message names
+        it).
+        onnxblocks.errors.InvalidTypeError: for a dtype numpy/ONNX Runtime JS cannot hold here (e.g.
+        ``BF16``).
     """
     target = Path(os.fspath(path))
     raw = _read_bytes(target)
@@ -161,7 +166,8 @@ def read_safetensors(
     (length,) = struct.unpack("<Q", raw[:8])
     if length > min(len(raw) - 8, MAX_HEADER_BYTES):
         raise InvalidValueError(
-            f"'{target}' claims a {length}-byte header but has {len(raw) - 8} bytes after the length: the file is "
+            f"'{target}' claims a {length}-byte header but has {len(raw) - 8} bytes after the "
+            "length: the file is "
             "truncated or not a safetensors file."
         )
     try:
@@ -244,7 +250,9 @@ _BF16 = np.dtype("<u2")
 
 
 def _entry(target: Path, name: str, entry: object, size: int, widen_bf16: bool = False) -> _Entry:
-    """One tensor's header entry, checked on its own (its span inside the ``size`` data bytes), before tiling."""
+    """One tensor's header entry, checked on its own (its span inside the ``size`` data bytes),
+    before tiling.
+    """
     if not isinstance(entry, dict):
         raise InvalidValueError(f"'{target}': the header entry of '{name}' is not an object.")
     extra = sorted(set(entry) - {"dtype", "shape", "data_offsets"})
@@ -263,7 +271,8 @@ def _entry(target: Path, name: str, entry: object, size: int, widen_bf16: bool =
         or not all(_is_int(d) and 0 <= d < _MAX_DIM for d in shape)
     ):
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' has shape {shape!r:.80}; expected at most {_MAX_RANK} integers in [0, 2**62)."
+            f"'{target}': tensor '{name}' has shape {shape!r:.80}; expected at most {_MAX_RANK} "
+            "integers in [0, 2**62)."
         )
     if (
         not isinstance(offsets, list)
@@ -271,31 +280,37 @@ def _entry(target: Path, name: str, entry: object, size: int, widen_bf16: bool =
         or not all(_is_int(o) and o >= 0 for o in offsets)
     ):
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' has data_offsets {offsets!r:.80}; expected [begin, end], two integers >= 0."
+            f"'{target}': tensor '{name}' has data_offsets {offsets!r:.80}; expected [begin, "
+            "end], two integers >= 0."
         )
     begin, end = offsets
     if end < begin:
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' has data_offsets {offsets}, which end before they begin. The file is "
+            f"'{target}': tensor '{name}' has data_offsets {offsets}, which end before they "
+            "begin. The file is "
             "corrupted; write it again."
         )
     if end > size:
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' spans data bytes [{begin}, {end}) but the file has {size} data bytes: its "
-            "span lies outside the data (the file is truncated, or its header is corrupted). Write it again."
+            f"'{target}': tensor '{name}' spans data bytes [{begin}, {end}) but the file has "
+            f"{size} data bytes: its "
+            "span lies outside the data (the file is truncated, or its header is corrupted). "
+            "Write it again."
         )
     dtype = _BF16 if code == "BF16" else DTYPES[code]
     needed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if end - begin != needed:
         raise InvalidValueError(
-            f"'{target}': tensor '{name}' ({code} {shape}) needs {needed} bytes, its data_offsets {offsets} span "
+            f"'{target}': tensor '{name}' ({code} {shape}) needs {needed} bytes, its "
+            f"data_offsets {offsets} span "
             f"{offsets[1] - offsets[0]}."
         )
     return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1], code == "BF16")
 
 
 def _check_tiling(target: Path, entries: Mapping[str, _Entry], size: int) -> None:
-    """The tensors, sorted by offset, cover the ``size`` data bytes exactly once (each inside them already).
+    """The tensors, sorted by offset, cover the ``size`` data bytes exactly once (each inside them
+    already).
 
     Overlaps are reported before gaps: an overlap names both tensors that claim the same
     bytes, where a gap can only name its neighbours (the tensor moved away is elsewhere).
@@ -306,13 +321,15 @@ def _check_tiling(target: Path, entries: Mapping[str, _Entry], size: int) -> Non
     for entry in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
         if entry.begin < at and last is not None:
             overlaps.append(
-                f"tensor '{entry.name}' (data bytes [{entry.begin}, {entry.end})) overlaps '{last.name}' "
+                f"tensor '{entry.name}' (data bytes [{entry.begin}, {entry.end})) overlaps "
+                f"'{last.name}' "
                 f"(data bytes [{last.begin}, {last.end})): no two tensors may share bytes"
             )
         elif entry.begin > at:
             after = f"after '{last.name}' " if last is not None else ""
             gaps.append(
-                f"data bytes [{at}, {entry.begin}) {after}and before '{entry.name}' belong to no tensor"
+                f"data bytes [{at}, {entry.begin}) {after}and before '{entry.name}' belong to no "
+                "tensor"
             )
         if last is None or entry.end >= at:
             at, last = entry.end, entry

@@ -36,7 +36,9 @@ def gradient_name(name: str) -> str:
 
 
 def buffer_name(param: str) -> str:
-    """Name of the accumulation buffer input of a parameter: ``<param>_grad.accumulation.buffer``."""
+    """Name of the accumulation buffer input of a parameter:
+    ``<param>_grad.accumulation.buffer``.
+    """
     return f"{gradient_name(param)}{BUFFER_SUFFIX}"
 
 
@@ -46,7 +48,9 @@ def accumulated_name(param: str) -> str:
 
 
 def is_gradient_value(name: str) -> bool:
-    """True for a gradient value's name (``x_grad``, or names ORT derives from it: ``x_grad/...``)."""
+    """True for a gradient value's name (``x_grad``, or names ORT derives from it:
+    ``x_grad/...``).
+    """
     return _GRADIENT_VALUE.search(name) is not None
 
 
@@ -62,28 +66,34 @@ PARAMS = "params"
 GRADIENTS = "gradients"
 FIRST_ORDER_MOMENTS = "first_order_moments"
 SECOND_ORDER_MOMENTS = "second_order_moments"
-#: The state sequences of an optimizer model, in slot order (AdamW's two moments first, as ONNX Runtime names them).
+#: The state sequences of an optimizer model, in slot order (AdamW's two moments first, as ONNX
+#: Runtime names them).
 STATE_SEQUENCES = (
     FIRST_ORDER_MOMENTS,
     SECOND_ORDER_MOMENTS,
     "third_order_moments",
     "fourth_order_moments",
 )
-#: Optimizer-model metadata key: the algorithm, its parameter groups and hyperparameters (JSON), for the
+#: Optimizer-model metadata key: the algorithm, its parameter groups and hyperparameters (JSON), for
+#: the
 #: optimizers written in standard ops (``onnxblocks.portable.rules``).
 OPTIMIZER_METADATA = "onnxblocks.optimizer"
 
 # ---------------------------------------------------------------- model metadata
 #: Eval-model metadata key: the forward model's output names (a JSON list), for inference export.
 FORWARD_OUTPUTS_METADATA = "onnxblocks.forward_outputs"
-#: Model metadata key of a model with LoRA adapters (docs/lora.md): JSON ``{"config": <PEFT adapter config>,
-#: "targets": {<module>: {...}}}``, written by ``onnxblocks.peft.apply_lora`` and copied into every artifact model.
+#: Model metadata key of a model with LoRA adapters (docs/lora.md): JSON ``{"config": <PEFT adapter
+#: config>,
+#: "targets": {<module>: {...}}}``, written by ``onnxblocks.peft.apply_lora`` and copied into every
+#: artifact model.
 LORA_METADATA = "onnxblocks.lora"
 
-# ---------------------------------------------------------------- portable artifacts (docs/portable.md)
+# ---------------------------------------------------------------- portable artifacts
+# (docs/portable.md)
 #: Model metadata key marking portable artifacts (value ``"1"``): they run on stock onnxruntime.
 PORTABLE_METADATA = "onnxblocks.portable"
-#: Model metadata key of portable artifacts: their portable mode, ``"standard"`` (standard ONNX ops only) or
+#: Model metadata key of portable artifacts: their portable mode, ``"standard"`` (standard ONNX ops
+#: only) or
 #: ``"onnxruntime"`` (also the contrib ops stock onnxruntime runs on CPU).
 PORTABLE_MODE_METADATA = "onnxblocks.portable.mode"
 #: Suffix of a value's updated copy among a portable model's outputs (``params.out``, ``<p>.out``).
@@ -91,8 +101,10 @@ UPDATED_SUFFIX = ".out"
 #: Suffixes of a parameter's AdamW moments among the step and optimizer models' inputs.
 FIRST_MOMENT_SUFFIX, SECOND_MOMENT_SUFFIX = ".exp_avg", ".exp_avg_sq"
 
-# ---------------------------------------------------------------- optimizer state (ONNX Runtime's checkpoint layout)
-#: The learning rate ONNX Runtime's ``Optimizer`` starts with (until set, or restored from a checkpoint).
+# ---------------------------------------------------------------- optimizer state (ONNX Runtime's
+# checkpoint layout)
+#: The learning rate ONNX Runtime's ``Optimizer`` starts with (until set, or restored from a
+#: checkpoint).
 DEFAULT_LEARNING_RATE = 1e-3
 #: ONNX Runtime's name for its single optimizer group in a checkpoint.
 OPTIMIZER_GROUP = "group0"
@@ -108,18 +120,23 @@ def updated_name(name: str) -> str:
 
 
 def moment_names(param: str) -> tuple[str, str]:
-    """The step and optimizer models' inputs holding a parameter's moments: ``<p>.exp_avg``, ``<p>.exp_avg_sq``."""
+    """The step and optimizer models' inputs holding a parameter's moments: ``<p>.exp_avg``,
+    ``<p>.exp_avg_sq``.
+    """
     return f"{param}{FIRST_MOMENT_SUFFIX}", f"{param}{SECOND_MOMENT_SUFFIX}"
 
 
-#: The most state tensors per parameter an optimizer keeps (Adam with amsgrad: 3; RMSprop centered with momentum: 3).
+#: The most state tensors per parameter an optimizer keeps (Adam with amsgrad: 3; RMSprop centered
+#: with momentum: 3).
 MAX_STATES = len(STATE_SEQUENCES)
 
 
 def state_names(param: str, count: int = MAX_STATES) -> tuple[str, ...]:
-    """The step and optimizer models' inputs holding a parameter's first ``count`` state tensors, in slot order.
+    """The step and optimizer models' inputs holding a parameter's first ``count`` state tensors, in
+    slot order.
 
-    The first two are :func:`moment_names` (``<p>.exp_avg``, ``<p>.exp_avg_sq``); later ones ``<p>.state<k>``.
+    The first two are :func:`moment_names` (``<p>.exp_avg``, ``<p>.exp_avg_sq``); later ones
+    ``<p>.state<k>``.
     In a checkpoint, slot ``k`` is ONNX Runtime's ``momentum<k>``.
     """
     return (*moment_names(param), *(f"{param}.state{k}" for k in range(2, MAX_STATES)))[:count]
@@ -129,11 +146,13 @@ def state_names(param: str, count: int = MAX_STATES) -> tuple[str, ...]:
 TRAINING_MODEL = "training_model"
 EVAL_MODEL = "eval_model"
 OPTIMIZER_MODEL = "optimizer_model"
-#: The fused training step of portable artifacts (forward, backward and optimizer update in one graph).
+#: The fused training step of portable artifacts (forward, backward and optimizer update in one
+#: graph).
 STEP_MODEL = "step_model"
 CHECKPOINT = "checkpoint"
 NOMINAL_CHECKPOINT = "nominal_checkpoint"
-#: The frozen base weights every model of a set references as external data, stored once (docs/training.md).
+#: The frozen base weights every model of a set references as external data, stored once
+#: (docs/training.md).
 BASE_WEIGHTS = "base_weights.bin"
 #: Model metadata key naming the element type the frozen base is stored in (absent: as exported).
 BASE_DTYPE_METADATA = "onnxblocks.base_dtype"

@@ -124,7 +124,8 @@ class ContribOp:
                 return attr
         known = [a.name for a in self.attributes]
         raise InvalidTypeError(
-            f"{self.op_type} has no attribute '{name}'.{did_you_mean(name, known)} Its attributes are {known}."
+            f"{self.op_type} has no attribute '{name}'.{did_you_mean(name, known)} Its "
+            f"attributes are {known}."
         )
 
     def emit(
@@ -145,7 +146,8 @@ class ContribOp:
                 applies the declared defaults to the others).
 
         Raises:
-            TypeError: for a wrong number of inputs or outputs, or an unknown or ill-typed attribute.
+            TypeError: for a wrong number of inputs or outputs, or an unknown or ill-typed
+            attribute.
         """
         acc: Builder = current()
         count = outputs if isinstance(outputs, int) else len(outputs)
@@ -168,10 +170,12 @@ class ContribOp:
     def node(
         self, inputs: Sequence[str], outputs: Sequence[str], name: str, **attributes: Any
     ) -> onnx.NodeProto:
-        """A NodeProto of this op, checked against the declaration (for graph surgery outside a build).
+        """A NodeProto of this op, checked against the declaration (for graph surgery outside a
+        build).
 
         Raises:
-            TypeError: for a wrong number of inputs or outputs, or an unknown or ill-typed attribute.
+            TypeError: for a wrong number of inputs or outputs, or an unknown or ill-typed
+            attribute.
         """
         self._check_arity(len(inputs), len(outputs), "")
         values: dict[str, Any] = {
@@ -195,9 +199,12 @@ class ContribOp:
 
 
 _BOOL_FLAG = Output("updated_flag", elem_type=onnx.TensorProto.BOOL, shape=(1,))
-#: SGDOptimizerV2's flag: ONNX Runtime 1.19.2's shape inference says scalar, its kernel returns ``[1]``; declared
-#: with either shape, every load or every step warned ("Error merging shape info for output 'sgd.updated_flag_0'",
-#: "Expected shape from model of {} does not match actual shape of {1}"). So its shape is left unstated here, and
+#: SGDOptimizerV2's flag: ONNX Runtime 1.19.2's shape inference says scalar, its kernel returns
+#: ``[1]``; declared
+#: with either shape, every load or every step warned ("Error merging shape info for output
+#: 'sgd.updated_flag_0'",
+#: "Expected shape from model of {} does not match actual shape of {1}"). So its shape is left
+#: unstated here, and
 #: the SGD block reshapes it to ``[1]`` for the graph output (``onnxblocks.optim.sgd``).
 _UNSHAPED_BOOL_FLAG = Output("updated_flag", elem_type=onnx.TensorProto.BOOL, shape=None)
 
@@ -240,7 +247,8 @@ IN_PLACE_ACCUMULATOR_V2 = ContribOp(
     outputs=(_BOOL_FLAG, Output("accumulation_buffer_out", like_input=0)),
 )
 
-#: ``InplaceClipGradNorm``: scale a sequence of gradients so their global L2 norm is at most ``max_norm``.
+#: ``InplaceClipGradNorm``: scale a sequence of gradients so their global L2 norm is at most
+#: ``max_norm``.
 INPLACE_CLIP_GRAD_NORM = ContribOp(
     "InplaceClipGradNorm",
     inputs=("gradients",),

@@ -36,7 +36,9 @@ _POLL_S = 0.02
 
 
 def try_lock(fd: int) -> bool:
-    """Take the exclusive lock of the open file ``fd`` if no other open file holds it; True if taken."""
+    """Take the exclusive lock of the open file ``fd`` if no other open file holds it; True if
+    taken.
+    """
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -53,7 +55,8 @@ def try_lock(fd: int) -> bool:
 
 
 def hold(path: Path) -> int:
-    """Create the file ``path`` (it must not exist) and lock it for as long as the returned descriptor is open.
+    """Create the file ``path`` (it must not exist) and lock it for as long as the returned
+    descriptor is open.
 
     The lock says "in use" to :func:`is_held` in any process or thread, until the
     descriptor is closed or its process dies, even after the file is renamed or removed.
@@ -120,8 +123,10 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
             while not try_lock(fd):
                 if time.monotonic() >= deadline:
                     raise LockTimeoutError(
-                        f"Another generate_artifacts call has been writing into '{directory}' for more than "
-                        f"{timeout:g} s, so this one gave up waiting for it. Wait until it has finished and try "
+                        f"Another generate_artifacts call has been writing into '{directory}' "
+                        "for more than "
+                        f"{timeout:g} s, so this one gave up waiting for it. Wait until it has "
+                        "finished and try "
                         "again, or write into another artifact_directory."
                     )
                 time.sleep(_POLL_S)
@@ -142,7 +147,8 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
 def files_lock(
     paths: Sequence[Path], timeout: float = DEFAULT_TIMEOUT_S
 ) -> contextlib.AbstractContextManager[None]:
-    """The lock of the directory of ``paths`` while they are replaced together (none for a single file).
+    """The lock of the directory of ``paths`` while they are replaced together (none for a single
+    file).
 
     Two writers replacing the same files one by one would otherwise interleave: one's
     model with the other's external data, or one's adapter weights with the other's config.

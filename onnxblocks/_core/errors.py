@@ -23,7 +23,9 @@ class InvalidValueError(OnnxBlocksError, ValueError):
 
 
 class InvalidTypeError(OnnxBlocksError, TypeError):
-    """An argument of the wrong kind (a path where a model was expected, a float where an int was...)."""
+    """An argument of the wrong kind (a path where a model was expected, a float where an int
+    was...).
+    """
 
 
 class UnknownNameError(OnnxBlocksError, KeyError):
@@ -38,7 +40,9 @@ class InvalidIndexError(OnnxBlocksError, IndexError):
 
 
 class StateError(OnnxBlocksError, RuntimeError):
-    """A call made when its object cannot serve it (no eval model to export, no optimizer to step...)."""
+    """A call made when its object cannot serve it (no eval model to export, no optimizer to
+    step...).
+    """
 
 
 class OrtRunError(OnnxBlocksError, RuntimeError):
@@ -81,7 +85,9 @@ class FileAccessError(OnnxBlocksError, PermissionError):
 
 
 class DataFileError(OnnxBlocksError, OSError):
-    """A data file that cannot be read as its model says (it ends early, it is not where it should be...)."""
+    """A data file that cannot be read as its model says (it ends early, it is not where it
+    should be...).
+    """
 
 
 class LockTimeoutError(OnnxBlocksError, TimeoutError):
@@ -93,7 +99,9 @@ class NpmError(OnnxBlocksError, RuntimeError):
 
 
 class CliError(OnnxBlocksError):
-    """An error the ``onnxblocks`` command reports as one line, with its exit code (3: bad input by default)."""
+    """An error the ``onnxblocks`` command reports as one line, with its exit code (3: bad input
+    by default).
+    """
 
     def __init__(self, message: str, code: int = 3) -> None:
         super().__init__(message)
@@ -105,7 +113,9 @@ class NoActiveModelError(OnnxBlocksError, RuntimeError):
 
 
 class ValueOperandError(OnnxBlocksError, TypeError):
-    """An operator between a graph ``Value`` and an operand it cannot combine with (a plain ``str``)."""
+    """An operator between a graph ``Value`` and an operand it cannot combine with (a plain
+    ``str``).
+    """
 
 
 class NotBuiltError(OnnxBlocksError, RuntimeError):
@@ -121,7 +131,9 @@ class CheckpointFormatError(OnnxBlocksError, ValueError):
 
 
 class CheckpointMismatchError(CheckpointFormatError):
-    """A valid checkpoint that does not belong to the model it is used with (names, element types, shapes)."""
+    """A valid checkpoint that does not belong to the model it is used with (names, element
+    types, shapes).
+    """
 
 
 class TrainingBuildRequiredError(OnnxBlocksError, ImportError):

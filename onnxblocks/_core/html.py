@@ -27,7 +27,9 @@ def _render(obj: object) -> str | None:
 
 
 def register(cls: type) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
-    """Decorator: register the HTML renderer of ``cls`` (and of its subclasses without one of their own)."""
+    """Decorator: register the HTML renderer of ``cls`` (and of its subclasses without one of
+    their own).
+    """
     return _render.register(cls)
 
 
@@ -38,7 +40,8 @@ def set_loader(loader: Callable[[], object]) -> None:
 
 
 def to_html(obj: object) -> str | None:
-    """The HTML of ``obj`` from its registered renderer, or None when it has none or rendering failed.
+    """The HTML of ``obj`` from its registered renderer, or None when it has none or rendering
+    failed.
 
     Never raises: Jupyter falls back to ``repr`` on None.
     """

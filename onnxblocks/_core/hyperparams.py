@@ -53,7 +53,8 @@ def learning_rate(value: object, what: str = "learning_rate") -> float:
         raise InvalidValueError(f"{what} must be a finite number >= 0, got {number!r}.")
     if number > _FLOAT32_MAX:
         raise InvalidValueError(
-            f"{what} {number!r} is past float32's largest value ({_FLOAT32_MAX:.4g}); ONNX Runtime stores the "
+            f"{what} {number!r} is past float32's largest value ({_FLOAT32_MAX:.4g}); ONNX "
+            "Runtime stores the "
             "learning rate as float32, where it would be infinite. Pass a smaller learning rate."
         )
     return number

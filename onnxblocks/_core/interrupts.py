@@ -1,15 +1,24 @@
-"""Stopping on SIGINT and SIGTERM without losing the signal, and stops that a second signal cannot cut short.
+"""Stopping on SIGINT and SIGTERM without losing the signal, and stops that a second signal cannot
+cut short.
 
-Python turns SIGINT into ``KeyboardInterrupt`` only when SIGINT was not ignored as the interpreter started
-(a command a non-interactive shell starts in the background inherits it ignored, and then sleeps through
-every Ctrl-C and ``kill -INT``), and an exception raised from a signal handler is swallowed when it lands in
-a finalizer (``__del__``). A command that must stop its child processes on a signal therefore runs inside
-:func:`stop_on_signals`: SIGINT and SIGTERM raise ``KeyboardInterrupt`` there, whatever was inherited, and
-are remembered, so that its waiting loops, which call :func:`raise_if_stopping`, raise a swallowed one
-again within one turn. While the children are being stopped, :func:`shielded` ignores both signals, so that
+Python turns SIGINT into ``KeyboardInterrupt`` only when SIGINT was not ignored as the interpreter
+started
+(a command a non-interactive shell starts in the background inherits it ignored, and then sleeps
+through
+every Ctrl-C and ``kill -INT``), and an exception raised from a signal handler is swallowed when it
+lands in
+a finalizer (``__del__``). A command that must stop its child processes on a signal therefore runs
+inside
+:func:`stop_on_signals`: SIGINT and SIGTERM raise ``KeyboardInterrupt`` there, whatever was
+inherited, and
+are remembered, so that its waiting loops, which call :func:`raise_if_stopping`, raise a swallowed
+one
+again within one turn. While the children are being stopped, :func:`shielded` ignores both signals,
+so that
 an impatient second Ctrl-C cannot leave some of them running.
 
-Signals are process-wide; so is this state. Handlers can only be set in the main thread: elsewhere both
+Signals are process-wide; so is this state. Handlers can only be set in the main thread: elsewhere
+both
 context managers do nothing.
 """
 
@@ -57,7 +66,9 @@ def _handlers(handler: signal.Handlers | object) -> Iterator[None]:
 
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` inside, even where they were inherited ignored."""
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` inside, even where they were inherited
+    ignored.
+    """
     _received.clear()
     try:
         with _handlers(_stop):
@@ -72,7 +83,8 @@ def stopping() -> bool:
 
 
 def raise_if_stopping() -> None:
-    """Raise ``KeyboardInterrupt`` when a stop signal arrived (its own exception may have been swallowed).
+    """Raise ``KeyboardInterrupt`` when a stop signal arrived (its own exception may have been
+    swallowed).
 
     Raises:
         KeyboardInterrupt: when :func:`stopping`.
@@ -83,6 +95,8 @@ def raise_if_stopping() -> None:
 
 @contextmanager
 def shielded() -> Iterator[None]:
-    """SIGINT and SIGTERM are ignored inside: for stopping child processes, which must run to its end."""
+    """SIGINT and SIGTERM are ignored inside: for stopping child processes, which must run to its
+    end.
+    """
     with _handlers(signal.SIG_IGN):
         yield

@@ -1,4 +1,5 @@
-"""Staging folders of artifact writers: their names, and the leftovers of killed writers, found and removed.
+"""Staging folders of artifact writers: their names, and the leftovers of killed writers, found and
+removed.
 
 A staging folder (of :mod:`onnxblocks.artifacts.files`) is named
 ``[.<target>].onnxblocks-artifacts-<pid>-<token>@<host>``: inside an artifact
@@ -46,9 +47,11 @@ STAGE_PREFIX = ".onnxblocks-artifacts-"
 STAGE_NAME = re.compile(
     r"^(?:\.(?P<target>.+))?\.onnxblocks-artifacts-(?P<pid>\d+)-(?P<token>[0-9a-f]{12})(?:@(?P<host>[0-9a-f]{8}))?$"
 )
-#: Inside a staging directory: the journal of a commit in progress, the old files moved aside, the owner record.
+#: Inside a staging directory: the journal of a commit in progress, the old files moved aside, the
+#: owner record.
 _JOURNAL, _OLD, _OWNER = ".journal", ".old", ".owner"
-#: The owner record of a staging directory (the one file in it before the caller writes), locked by its owner.
+#: The owner record of a staging directory (the one file in it before the caller writes), locked by
+#: its owner.
 OWNER_FILE = _OWNER
 _BOOKKEEPING = (_JOURNAL, _OLD, _OWNER, ".journal.tmp")
 #: Every file name a set may hold, without its prefix.
@@ -56,7 +59,8 @@ _SUFFIXES = tuple(ArtifactNames("").owned())
 #: This host, as staging directories name it.
 HOST_TAG = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
-# names of this process's staging directories in use (another thread may be staging): by name, which is
+# names of this process's staging directories in use (another thread may be staging): by name, which
+# is
 # unique (pid and random token), as one folder is reached by many paths (relative, through links)
 _active: set[str] = set()
 _active_lock = threading.Lock()
@@ -130,7 +134,9 @@ def claim(stage: Path) -> int:
 
 
 def own(stage: Path) -> int:
-    """Write the locked owner record of this process's staging directory ``stage``; return its descriptor."""
+    """Write the locked owner record of this process's staging directory ``stage``; return its
+    descriptor.
+    """
     with _active_lock:
         _active.add(stage.name)
     fd = _lock.hold(stage / _OWNER)
@@ -149,7 +155,9 @@ def own(stage: Path) -> int:
 
 
 def release(stage: Path | None, fd: int | None = None) -> None:
-    """Let ``stage`` count as a leftover again once its files are gone: forget its name, close its record."""
+    """Let ``stage`` count as a leftover again once its files are gone: forget its name, close
+    its record.
+    """
     if stage is not None:
         with _active_lock:
             _active.discard(stage.name)
@@ -159,7 +167,9 @@ def release(stage: Path | None, fd: int | None = None) -> None:
 
 
 def _candidates(directory: Path) -> list[tuple[Path, re.Match[str]]]:
-    """The staging directories in ``directory`` and those beside it (or beside its missing parents) for it."""
+    """The staging directories in ``directory`` and those beside it (or beside its missing
+    parents) for it.
+    """
     found: list[tuple[Path, re.Match[str]]] = []
     places: list[tuple[Path, str | None]] = []
     path = directory
@@ -193,7 +203,8 @@ def _size(path: Path) -> int:
 
 
 def leftovers(directory: str | os.PathLike) -> list[Leftover]:
-    """The staging directories in and beside ``directory``: stale ones (of dead owners) and live ones.
+    """The staging directories in and beside ``directory``: stale ones (of dead owners) and live
+    ones.
 
     Nothing is removed (see :func:`clean`).
     """
@@ -212,7 +223,8 @@ def leftovers(directory: str | os.PathLike) -> list[Leftover]:
 
 
 def clean(directory: str | os.PathLike, lock_timeout: float | None = None) -> list[Path]:
-    """Remove the leftovers of killed runs in and beside ``directory``; roll back their commits cut short.
+    """Remove the leftovers of killed runs in and beside ``directory``; roll back their commits cut
+    short.
 
     Temporary files of dead writers (:mod:`onnxblocks._core.tempfiles`: a write
     probe, a checkpoint being saved) go too. Cheap when there is nothing to remove
@@ -244,7 +256,8 @@ def clean(directory: str | os.PathLike, lock_timeout: float | None = None) -> li
         removed.append(stage)
     if not inside and not (path / _lock.LOCK_NAME).exists():
         return removed
-    # a rollback waits for the lock; a lock file alone (a killed writer's, or a live one's) is only tried:
+    # a rollback waits for the lock; a lock file alone (a killed writer's, or a live one's) is only
+    # tried:
     # taking and releasing the lock removes a dead writer's file, and a live writer removes its own
     timeout = (_lock.DEFAULT_TIMEOUT_S if lock_timeout is None else lock_timeout) if inside else 0.0
     try:
@@ -272,7 +285,9 @@ def recover_stale(directory: Path) -> list[Path]:
     stages = [(p, m) for p, m in _candidates(directory) if m.group("target") is None]
     for stage, match in stages:
         if not (stage / _JOURNAL).exists() and not _is_stale(stage, match):
-            continue  # a commit runs only under the lock, which the caller holds: a journal means its writer died
+            # a commit runs only under the lock, which the caller holds: a journal means its writer
+            # died
+            continue
         journal = stage / _JOURNAL
         if journal.exists():
             try:

@@ -55,9 +55,11 @@ def check_opset_supported(model: onnx.ModelProto, what: str = "the base model") 
     version = onnx_opset(model)
     if version is not None and version > MAX_ONNX_OPSET:
         raise InvalidValueError(
-            f"{what} imports ai.onnx opset {version}, but onnxruntime-training 1.19.2 supports opsets "
+            f"{what} imports ai.onnx opset {version}, but onnxruntime-training 1.19.2 supports "
+            "opsets "
             f"up to {MAX_ONNX_OPSET}. Convert it first, e.g. "
-            f"onnx.version_converter.convert_version(model, {MAX_ONNX_OPSET}), or re-export it with "
+            f"onnx.version_converter.convert_version(model, {MAX_ONNX_OPSET}), or re-export it "
+            "with "
             f"opset_version={MAX_ONNX_OPSET}."
         )
 
@@ -72,11 +74,13 @@ def check_opset_import(model: onnx.ModelProto, what: str = "the base model") -> 
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version < 1:
             raise InvalidValueError(
-                f"{what} imports ai.onnx opset {opset.version}; opset versions start at 1. Fix its opset_import."
+                f"{what} imports ai.onnx opset {opset.version}; opset versions start at 1. Fix "
+                "its opset_import."
             )
     if onnx_opset(model) is None:
         raise InvalidValueError(
-            f"{what} has no opset_import for the ai.onnx domain, so the version of its ops is unknown (onnx and "
+            f"{what} has no opset_import for the ai.onnx domain, so the version of its ops is "
+            "unknown (onnx and "
             "ONNX Runtime require it). Add the opset it was written for, e.g. "
             "model.opset_import.append(onnx.helper.make_opsetid('', 17)), or re-export it."
         )

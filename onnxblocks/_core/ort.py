@@ -29,10 +29,12 @@ _PROBE = "onnxruntime.training.ortmodule"
 #: Environment variable: ONNX Runtime's log severity for the sessions onnxblocks opens
 #: (0 verbose, 1 info, 2 warning, 3 error, 4 fatal).
 LOG_LEVEL_ENV = "ONNXBLOCKS_ORT_LOG_LEVEL"
-#: The severity by default: errors only, so ONNX Runtime's warnings (an unused initializer removed, ...)
+#: The severity by default: errors only, so ONNX Runtime's warnings (an unused initializer removed,
+#: ...)
 #: stay out of the output. A failed run is reported once, by the exception, not logged besides.
 DEFAULT_LOG_LEVEL = 3
-#: Environment variable: the intra-op thread count of the sessions onnxblocks opens (a positive integer;
+#: Environment variable: the intra-op thread count of the sessions onnxblocks opens (a positive
+#: integer;
 #: unset or 0: ONNX Runtime's own choice, one thread per physical core).
 THREADS_ENV = "ONNXBLOCKS_ORT_THREADS"
 _asked: int | None = None  # set by the command line's --verbose
@@ -41,13 +43,17 @@ _import_lock = threading.Lock()  # one guarded import at a time: the probe guard
 
 
 def set_log_level(level: int | None) -> None:
-    """Ask for ONNX Runtime's log ``level`` (0-4) in the sessions opened from now on (None: the default)."""
+    """Ask for ONNX Runtime's log ``level`` (0-4) in the sessions opened from now on (None: the
+    default).
+    """
     global _asked
     _asked = level
 
 
 def log_level() -> tuple[int, bool]:
-    """``(severity, asked)``: :data:`LOG_LEVEL_ENV` if set to 0-4, else :func:`set_log_level`'s, else the default."""
+    """``(severity, asked)``: :data:`LOG_LEVEL_ENV` if set to 0-4, else :func:`set_log_level`'s,
+    else the default.
+    """
     text = os.environ.get(LOG_LEVEL_ENV, "").strip()
     if text in ("0", "1", "2", "3", "4"):
         return int(text), True
@@ -57,13 +63,16 @@ def log_level() -> tuple[int, bool]:
 
 
 def run_log_level() -> int:
-    """The severity for runs: :func:`log_level`'s if asked for, else fatal only (a failed run raises, once)."""
+    """The severity for runs: :func:`log_level`'s if asked for, else fatal only (a failed run
+    raises, once).
+    """
     level, asked = log_level()
     return level if asked else 4
 
 
 def intra_op_threads() -> int:
-    """The intra-op thread count :data:`THREADS_ENV` asks for (0 when unset: ONNX Runtime's own choice).
+    """The intra-op thread count :data:`THREADS_ENV` asks for (0 when unset: ONNX Runtime's own
+    choice).
 
     Raises:
         InvalidValueError: when it is set to anything but a non-negative integer.
@@ -73,14 +82,16 @@ def intra_op_threads() -> int:
         return 0
     if not text.isdigit():
         raise InvalidValueError(
-            f"{THREADS_ENV}={text!r} is not a thread count: set it to a positive integer (1: one thread per "
+            f"{THREADS_ENV}={text!r} is not a thread count: set it to a positive integer (1: one "
+            "thread per "
             "session), or unset it for ONNX Runtime's default (one thread per physical core)."
         )
     return int(text)
 
 
 def session_options(runs: bool = False) -> Any:
-    """A new ``SessionOptions`` at :func:`log_level`'s severity, with :func:`intra_op_threads` threads.
+    """A new ``SessionOptions`` at :func:`log_level`'s severity, with :func:`intra_op_threads`
+    threads.
 
     ONNX Runtime's default logger is set to that severity too.
 
@@ -119,7 +130,8 @@ def onnxruntime() -> ModuleType:
             if guarded:
                 sys.modules[_PROBE] = None  # type: ignore[assignment]  # None fails the import; typeshed wants a module
             try:
-                import onnxruntime as ort  # waits for an import another thread (the user's) has under way
+                # waits for an import another thread (the user's) has under way
+                import onnxruntime as ort
             finally:
                 if guarded and sys.modules.get(_PROBE, 0) is None:
                     del sys.modules[_PROBE]
@@ -135,7 +147,8 @@ def capi() -> ModuleType:
     return _pybind_state
 
 
-#: The C bindings only the training build has: gradient builder, training module, optimizer, checkpoints.
+#: The C bindings only the training build has: gradient builder, training module, optimizer,
+#: checkpoints.
 _TRAINING_BINDINGS = ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint")
 
 
@@ -160,10 +173,14 @@ def require_training_build(what: str) -> ModuleType:
         return C
     version = getattr(onnxruntime(), "__version__", "?")
     raise TrainingBuildRequiredError(
-        f"{what} needs onnxruntime-training (ONNX Runtime's training build, Python <= 3.12), but the installed "
-        f"onnxruntime {version} (Python {sys.version_info.major}.{sys.version_info.minor}) is the stock build, "
-        "which has no gradient builder or training kernels. Generate the artifacts on Python 3.10-3.12 with "
+        f"{what} needs onnxruntime-training (ONNX Runtime's training build, Python <= 3.12), but "
+        "the installed "
+        f"onnxruntime {version} (Python {sys.version_info.major}.{sys.version_info.minor}) is "
+        "the stock build, "
+        "which has no gradient builder or training kernels. Generate the artifacts on Python "
+        "3.10-3.12 with "
         "`pip install onnxblocks` (it installs onnxruntime-training-cpu==1.19.2) and portable=True "
-        "(`onnxblocks artifacts MODEL.onnx --portable`): the artifacts it writes then train on stock onnxruntime, "
+        "(`onnxblocks artifacts MODEL.onnx --portable`): the artifacts it writes then train on "
+        "stock onnxruntime, "
         "on any Python, with onnxblocks.runtime.TrainingSession. See docs/portable.md."
     )

@@ -1,4 +1,5 @@
-"""Read ONNX Runtime's error messages: clean them for people, and extract the few facts onnxblocks acts on.
+"""Read ONNX Runtime's error messages: clean them for people, and extract the few facts onnxblocks
+acts on.
 
 ONNX Runtime wraps the sentence that matters in C++ plumbing:
 
@@ -36,7 +37,8 @@ INPUT_ERROR_CLASSES = frozenset(
     }
 )
 
-#: ``[ONNXRuntimeError] : <code> : <STATUS NAME> : `` (the status name is left out by some bindings).
+#: ``[ONNXRuntimeError] : <code> : <STATUS NAME> : `` (the status name is left out by some
+#: bindings).
 _STATUS_PREFIX = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*(?:[A-Z_]+\s*:\s*)?")
 #: ``<path>/<file>.<ext>:<line> ``, at the start of the text or after a space.
 _LOCATION = re.compile(
@@ -50,9 +52,11 @@ _QUALIFIER = re.compile(r" (?:const|volatile|noexcept|override|&&?)(?=[ \[]|$)")
 _MAX_SIGNATURE = 2000
 
 _NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node ?(\S*)")
-#: Two forms: no path at all to the value, or none through ops with a gradient (a value read only by ``Shape``).
+#: Two forms: no path at all to the value, or none through ops with a gradient (a value read only by
+#: ``Shape``).
 _UNREACHABLE = re.compile(
-    r"Cannot compute the partial derivative for '([^']+)'|(?:^|\s)(\S+) couldn't find the consumer node"
+    r"Cannot compute the partial derivative for '([^']+)'|(?:^|\s)(\S+) couldn't find the "
+    r"consumer node"
 )
 _NO_KERNEL = re.compile(
     r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'"
@@ -84,7 +88,8 @@ class MissingKernel(NamedTuple):
 
 
 def run_error(error: BaseException, what: str) -> OrtRunError:
-    """The one translation of an ONNX Runtime failure while running a model, for every backend and ``torch``.
+    """The one translation of an ONNX Runtime failure while running a model, for every backend and
+    ``torch``.
 
     Args:
         error: What ONNX Runtime raised.
@@ -106,7 +111,8 @@ def run_error(error: BaseException, what: str) -> OrtRunError:
 
 
 def clean_message(error: BaseException | str) -> str:
-    """An ONNX Runtime error message on one line, without source locations, C++ signatures and status prefixes.
+    """An ONNX Runtime error message on one line, without source locations, C++ signatures and
+    status prefixes.
 
     Args:
         error: An exception raised by ONNX Runtime, or its message.
@@ -131,7 +137,8 @@ def clean_message(error: BaseException | str) -> str:
 
 
 def _skip_function(text: str, start: int, long_form: bool) -> int:
-    """The position after the function a location names: a full C++ signature, or one name (short form).
+    """The position after the function a location names: a full C++ signature, or one name (short
+    form).
 
     ONNX Runtime's exceptions print the full path and ``__PRETTY_FUNCTION__``
     (return type, qualified name, parameter list, qualifiers, ``::<lambda(...)>``,
@@ -169,7 +176,9 @@ def _skip_function(text: str, start: int, long_form: bool) -> int:
 
 
 def is_ort_error(exc: BaseException) -> bool:
-    """True when ``exc`` was raised by ONNX Runtime's bindings (its class comes from onnxruntime)."""
+    """True when ``exc`` was raised by ONNX Runtime's bindings (its class comes from
+    onnxruntime).
+    """
     return type(exc).__module__.startswith("onnxruntime")
 
 
@@ -179,7 +188,9 @@ def is_input_error(exc: BaseException) -> bool:
 
 
 def missing_gradient(error: BaseException | str) -> MissingGradient | None:
-    """The op (and node) without a gradient builder that the gradient builder's ``error`` reports, else None."""
+    """The op (and node) without a gradient builder that the gradient builder's ``error``
+    reports, else None.
+    """
     match = _NOT_REGISTERED.search(clean_message(error))
     return MissingGradient(*match.groups()) if match else None
 

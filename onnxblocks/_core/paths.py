@@ -1,4 +1,5 @@
-"""Paths given by users: their type, and whether a file can be written there, checked before any work.
+"""Paths given by users: their type, and whether a file can be written there, checked before any
+work.
 
 :func:`as_path` turns an argument into a :class:`~pathlib.Path` or raises a
 ``TypeError`` / ``ValueError`` that names the parameter (a number where a path
@@ -43,7 +44,8 @@ def as_path(value: object, parameter: str) -> Path:
     """
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
         raise InvalidTypeError(
-            f"{parameter} must be a path (str or os.PathLike), not {type(value).__name__} {value!r:.60}."
+            f"{parameter} must be a path (str or os.PathLike), not {type(value).__name__} "
+            f"{value!r:.60}."
         )
     text = os.fspath(value)
     if not isinstance(text, str):
@@ -77,7 +79,8 @@ def _check_names(path: Path, parameter: str, directory: Path) -> None:
     for part in path.parts:
         if len(os.fsencode(part)) > name_max:
             raise InvalidValueError(
-                f"{parameter}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes long; the file system "
+                f"{parameter}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes long; "
+                "the file system "
                 f"takes at most {name_max}. Choose a shorter name."
             )
     if len(os.fsencode(os.path.abspath(path))) >= _limit(directory, "PC_PATH_MAX", _PATH_MAX):
@@ -87,10 +90,13 @@ def _check_names(path: Path, parameter: str, directory: Path) -> None:
 
 
 def _check_writable_dir(directory: Path, parameter: str, target: Path) -> None:
-    """Create and remove a probe file in ``directory``: the check that sees permissions, ACLs and read-only mounts."""
+    """Create and remove a probe file in ``directory``: the check that sees permissions, ACLs and
+    read-only mounts.
+    """
     if not directory.is_dir():
         raise NotAFolderError(
-            f"{parameter}: cannot write '{target}': '{directory}' is a file, not a directory (a path below a "
+            f"{parameter}: cannot write '{target}': '{directory}' is a file, not a directory (a "
+            "path below a "
             "file?). Choose a path inside a directory."
         )
     probe = _tempfiles.temp_path(directory / "write-probe")
@@ -100,7 +106,8 @@ def _check_writable_dir(directory: Path, parameter: str, target: Path) -> None:
         read_only = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
         reason = "is read-only" if read_only else f"cannot hold new files ({exc.strerror})"
         raise FileAccessError(
-            f"{parameter}: cannot write '{target}': directory '{directory}' {reason}. Choose a writable directory."
+            f"{parameter}: cannot write '{target}': directory '{directory}' {reason}. Choose a "
+            "writable directory."
         ) from None
     os.close(fd)
     with contextlib.suppress(OSError):
@@ -131,14 +138,16 @@ def check_output_file(value: object, parameter: str, *, create_parents: bool = F
         raise IsAFolderError(f"{parameter}: '{path}' is a directory; pass a file path inside it.")
     if existing != parent and existing.is_dir() and not create_parents:
         raise FileMissingError(
-            f"{parameter}: cannot write '{path}': directory '{parent}' does not exist. Create it first."
+            f"{parameter}: cannot write '{path}': directory '{parent}' does not exist. Create it "
+            "first."
         )
     _check_writable_dir(existing, parameter, path)
     return path
 
 
 def check_output_dir(value: object, parameter: str) -> Path:
-    """Check, before any work, that a directory can be created or written at ``value``; return it as a Path.
+    """Check, before any work, that a directory can be created or written at ``value``; return it as
+    a Path.
 
     Raises:
         TypeError, ValueError: as :func:`as_path`, or for a name too long.
@@ -177,9 +186,11 @@ _WRITE_ERRORS: tuple[tuple[type[OSError], type[OnnxBlocksError], str], ...] = (
 
 
 def write_error(exc: BaseException, finals: Sequence[Path]) -> OnnxBlocksError | None:
-    """An ``OSError`` of the file system while writing ``finals``, as an onnxblocks error naming them (else None).
+    """An ``OSError`` of the file system while writing ``finals``, as an onnxblocks error naming
+    them (else None).
 
-    ``[Errno 13] Permission denied: '.x.123-abc.tmp'`` becomes ``FileAccessError("Cannot write 'x': permission
+    ``[Errno 13] Permission denied: '.x.123-abc.tmp'`` becomes ``FileAccessError("Cannot write 'x':
+    permission
     denied ...")``; an ``OSError`` without an errno (a reader's own) is left as it is.
     """
     if not isinstance(exc, OSError) or isinstance(exc, OnnxBlocksError) or exc.errno is None:

@@ -7,7 +7,9 @@ from typing import Any
 
 
 def copy_fields(src: Any, dst: Any, skip: Container[str] = ()) -> None:
-    """Copy every set field of protobuf message ``src`` into ``dst``, except the fields named in ``skip``."""
+    """Copy every set field of protobuf message ``src`` into ``dst``, except the fields named in
+    ``skip``.
+    """
     for descriptor, value in src.ListFields():
         if descriptor.name in skip:
             continue

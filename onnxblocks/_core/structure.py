@@ -60,7 +60,8 @@ def load_structure(path: str | os.PathLike, threshold: int) -> onnx.ModelProto:
                 blob = _rewrite_model(data, path.name, limit)
             except (IndexError, ValueError) as exc:
                 raise InvalidValueError(
-                    f"'{path}' is not a valid ONNX model file ({exc}). Check that the file is complete."
+                    f"'{path}' is not a valid ONNX model file ({exc}). Check that the file is "
+                    "complete."
                 ) from None
     model = onnx.ModelProto()
     try:
@@ -96,7 +97,9 @@ def _encode_varint(value: int) -> bytes:
 
 
 def _fields(data: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """Yield ``(field, wire_type, field_start, payload_start, field_end)`` for each field in ``data[start:end]``."""
+    """Yield ``(field, wire_type, field_start, payload_start, field_end)`` for each field in
+    ``data[start:end]``.
+    """
     pos = start
     while pos < end:
         field_start = pos

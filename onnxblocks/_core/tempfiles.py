@@ -1,4 +1,5 @@
-"""Temporary files that name their writer, so that those of killed runs can be recognised and removed.
+"""Temporary files that name their writer, so that those of killed runs can be recognised and
+removed.
 
 Every temporary file or directory onnxblocks writes beside a destination is named
 ``.<destination name>.<pid>-<12 hex digits>.tmp`` (a writer may append a suffix,
@@ -30,7 +31,8 @@ logger = logging.getLogger(__name__)
 TEMP_NAME = re.compile(r"^\.(?P<target>.+)\.(?P<pid>\d+)-(?P<token>[0-9a-f]{12})\.tmp(?:\..+)?$")
 #: A versioned item named by its writer: ``<pid>-<token>``.
 WRITER_NAME = re.compile(r"^(?P<pid>\d+)-(?P<token>[0-9a-f]{12})$")
-#: Longest part of the destination's name kept in a temporary name (file names are limited to 255 bytes).
+#: Longest part of the destination's name kept in a temporary name (file names are limited to 255
+#: bytes).
 _MAX_TARGET_CHARS = 120
 
 
@@ -40,7 +42,9 @@ def writer_token() -> str:
 
 
 def temp_path(target: str | os.PathLike) -> Path:
-    """A fresh temporary path beside ``target``: ``.<name>.<pid>-<token>.tmp`` (nothing is created)."""
+    """A fresh temporary path beside ``target``: ``.<name>.<pid>-<token>.tmp`` (nothing is
+    created).
+    """
     final = Path(os.fspath(target))
     return final.parent / f".{final.name[:_MAX_TARGET_CHARS]}.{writer_token()}.tmp"
 
@@ -65,7 +69,8 @@ def is_stale(name: str) -> bool:
 
 
 def remove_stale(directory: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files and directories of dead writers from ``directory`` (not recursively).
+    """Remove the temporary files and directories of dead writers from ``directory`` (not
+    recursively).
 
     Returns:
         The paths removed. Errors (a file vanishing, no permission) are ignored.
@@ -91,7 +96,9 @@ def remove_stale(directory: str | os.PathLike) -> list[Path]:
 
 
 def without_temp_names(exc: BaseException, names: dict[Path, Path]) -> BaseException | None:
-    """``exc`` again, naming the checkpoint instead of its temporary files (and without C++ plumbing), or None."""
+    """``exc`` again, naming the checkpoint instead of its temporary files (and without C++
+    plumbing), or None.
+    """
     if not isinstance(exc, Exception):
         return None
 

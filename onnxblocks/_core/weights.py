@@ -115,7 +115,8 @@ class TensorSource:
                     if not piece:
                         raise DataFileError(
                             f"External data file {self.path} ended early while reading tensor "
-                            f"'{self.name}' ({remaining} bytes missing). Is the model's .data file complete?"
+                            f"'{self.name}' ({remaining} bytes missing). Is the model's .data "
+                            "file complete?"
                         )
                     remaining -= len(piece)
                     yield piece
@@ -202,13 +203,17 @@ class WeightStore:
             location = info.get("location", "")
             if location.startswith(HELD_LOCATION_PREFIX):
                 raise InvalidValueError(
-                    f"Initializer '{tensor.name}' is an onnxblocks stub, not real data. Pass the model "
-                    "returned by to_model_proto() or accessor.materialize() instead of the working model."
+                    f"Initializer '{tensor.name}' is an onnxblocks stub, not real data. Pass the "
+                    "model "
+                    "returned by to_model_proto() or accessor.materialize() instead of the "
+                    "working model."
                 )
             if base_dir is None:
                 raise InvalidValueError(
-                    f"Initializer '{tensor.name}' keeps its data in the external file '{location}', but the "
-                    "model's directory is unknown. Pass model_path= (the .onnx file the model was loaded "
+                    f"Initializer '{tensor.name}' keeps its data in the external file "
+                    f"'{location}', but the "
+                    "model's directory is unknown. Pass model_path= (the .onnx file the model "
+                    "was loaded "
                     "from) or load the model from a path."
                 )
             source = external_source(tensor, base_dir)
@@ -233,14 +238,17 @@ def _external_int(tensor: onnx.TensorProto, info: dict[str, str], key: str) -> i
         value = -1
     if value < 0:
         raise InvalidValueError(
-            f"Initializer '{tensor.name}' has external data {key}={raw!r}; it must be an integer >= 0. The model "
+            f"Initializer '{tensor.name}' has external data {key}={raw!r}; it must be an integer "
+            ">= 0. The model "
             "file is corrupted; export it again."
         )
     return value
 
 
 def _external_path(tensor: onnx.TensorProto, location: str, base_dir: str | os.PathLike) -> Path:
-    """The data file of an external tensor, refused (as ``onnx.load`` refuses it) when outside ``base_dir``."""
+    """The data file of an external tensor, refused (as ``onnx.load`` refuses it) when outside
+    ``base_dir``.
+    """
     relative = PurePath(location)
     parts = Path(os.path.normpath(location)).parts if location else ()
     if (
@@ -252,14 +260,17 @@ def _external_path(tensor: onnx.TensorProto, location: str, base_dir: str | os.P
         or (parts and parts[0] == os.pardir)
     ):
         raise InvalidValueError(
-            f"Initializer '{tensor.name}' keeps its data at location {location!r}, which is not a file inside the "
-            f"model's directory '{base_dir}' (onnx.load refuses it too: absolute paths and '..' could read any "
+            f"Initializer '{tensor.name}' keeps its data at location {location!r}, which is not "
+            "a file inside the "
+            f"model's directory '{base_dir}' (onnx.load refuses it too: absolute paths and '..' "
+            "could read any "
             "file). Keep the data file beside the .onnx file and give its name relative to it."
         )
     path = Path(base_dir) / location
     if path.is_symlink():
         raise InvalidValueError(
-            f"Initializer '{tensor.name}' keeps its data in '{path}', which is a symbolic link; onnx.load refuses "
+            f"Initializer '{tensor.name}' keeps its data in '{path}', which is a symbolic link; "
+            "onnx.load refuses "
             "those. Replace the link by the file itself."
         )
     if not path.exists():
@@ -269,7 +280,8 @@ def _external_path(tensor: onnx.TensorProto, location: str, base_dir: str | os.P
         )
     if not path.is_file():
         raise InvalidValueError(
-            f"External data '{path}' of initializer '{tensor.name}' is not a regular file (a directory, pipe or "
+            f"External data '{path}' of initializer '{tensor.name}' is not a regular file (a "
+            "directory, pipe or "
             "device). Point the location at the model's data file."
         )
     return path
@@ -294,7 +306,8 @@ def external_source(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> Te
         or tensor.data_type not in onnx.TensorProto.DataType.values()
     ):
         raise InvalidValueError(
-            f"Initializer '{tensor.name}' has external data of element type {tensor.data_type}, which cannot be "
+            f"Initializer '{tensor.name}' has external data of element type {tensor.data_type}, "
+            "which cannot be "
             "read as raw bytes. Store it inline."
         )
     if any(d < 0 for d in dims):
@@ -304,15 +317,19 @@ def external_source(tensor: onnx.TensorProto, base_dir: str | os.PathLike) -> Te
     need = tensor_nbytes(tensor)
     if length is not None and length != need:
         raise InvalidValueError(
-            f"Initializer '{tensor.name}' declares {length} bytes of external data (length={length}) but its dims "
-            f"{list(dims)} and element type {onnx.TensorProto.DataType.Name(tensor.data_type)} need {need}. The "
+            f"Initializer '{tensor.name}' declares {length} bytes of external data "
+            f"(length={length}) but its dims "
+            f"{list(dims)} and element type {onnx.TensorProto.DataType.Name(tensor.data_type)} "
+            f"need {need}. The "
             "model file is corrupted or was edited; export it again."
         )
     size = path.stat().st_size
     if offset + need > size:
         raise InvalidValueError(
-            f"Initializer '{tensor.name}' needs bytes {offset}..{offset + need} of '{path}', which has only {size} "
-            "bytes. The data file is truncated or belongs to another model; keep the .onnx file and its data file "
+            f"Initializer '{tensor.name}' needs bytes {offset}..{offset + need} of '{path}', "
+            f"which has only {size} "
+            "bytes. The data file is truncated or belongs to another model; keep the .onnx file "
+            "and its data file "
             "together."
         )
     return TensorSource(tensor.name, tensor.data_type, dims, path=path, offset=offset, length=need)
@@ -337,7 +354,8 @@ def should_hold(tensor: onnx.TensorProto, threshold: int | None = None) -> bool:
 
 
 def load_structure(path: str | os.PathLike, threshold: int | None = None) -> onnx.ModelProto:
-    """Load an ``.onnx`` file without reading its large inline initializers (see :mod:`onnxblocks._core.structure`).
+    """Load an ``.onnx`` file without reading its large inline initializers (see
+    :mod:`onnxblocks._core.structure`).
 
     Every initializer whose ``raw_data`` has at least ``threshold`` bytes (default
     :data:`HOLD_THRESHOLD_BYTES`) comes back as an external-data reference into the

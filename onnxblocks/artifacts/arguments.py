@@ -1,4 +1,5 @@
-"""Checking :func:`~onnxblocks.artifacts.generate_artifacts`' arguments by type and value, before any work.
+"""Checking :func:`~onnxblocks.artifacts.generate_artifacts`' arguments by type and value, before
+any work.
 
 Each check raises the builtin exception that fits (``TypeError`` for a wrong
 kind, ``ValueError`` for a wrong value, ``FileNotFoundError``,
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 
 #: Longest file name (bytes) most file systems take.
 NAME_MAX = 255
-#: Start of the names of the staging directories (a prefix may not start so: they would be taken for one).
+#: Start of the names of the staging directories (a prefix may not start so: they would be taken for
+#: one).
 RESERVED_PREFIX = ".onnxblocks-artifacts"
 
 
@@ -64,7 +66,8 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
         model_path = os.fspath(_paths.as_path(model_path, "model_path"))
         if os.path.isdir(model_path):
             raise IsAFolderError(
-                f"model_path '{model_path}' is a directory; pass the .onnx file the model was loaded from."
+                f"model_path '{model_path}' is a directory; pass the .onnx file the model was "
+                "loaded from."
             )
     if isinstance(model, onnx.ModelProto):
         wellformed.check_model(
@@ -73,12 +76,14 @@ def load_model(model: Any, model_path: Any = None) -> tuple[onnx.ModelProto, str
         return model, model_path
     if isinstance(model, (bytes, bytearray)):
         raise InvalidTypeError(
-            "model must be an onnx.ModelProto or the path of an .onnx file, not bytes: parse serialized bytes "
+            "model must be an onnx.ModelProto or the path of an .onnx file, not bytes: parse "
+            "serialized bytes "
             "first with onnx.load_from_string(data)."
         )
     if not isinstance(model, (str, os.PathLike)):
         raise InvalidTypeError(
-            f"model must be an onnx.ModelProto or the path of an .onnx file, not {type(model).__name__}."
+            "model must be an onnx.ModelProto or the path of an .onnx file, not "
+            f"{type(model).__name__}."
         )
     path = os.fspath(_paths.as_path(model, "model"))
     try:
@@ -119,7 +124,8 @@ def names(argument: str, values: Sequence[str] | None) -> list[str]:
         return []
     if isinstance(values, str) or not isinstance(values, (list, tuple, Mapping, Set)):
         raise InvalidTypeError(
-            f"{argument} must be a list of names, not {type(values).__name__}: {values!r}. Pass e.g. [{values!r}]."
+            f"{argument} must be a list of names, not {type(values).__name__}: {values!r}. Pass "
+            f"e.g. [{values!r}]."
             if isinstance(values, str)
             else f"{argument} must be a list of names, not {type(values).__name__}."
         )
@@ -148,7 +154,8 @@ def check_prefix(prefix: Any) -> None:
         raise InvalidTypeError(f"prefix must be a str, not {type(prefix).__name__}: {prefix!r}.")
     if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
         raise InvalidValueError(
-            f"prefix {prefix!r} contains a path separator; put the directory in artifact_directory instead."
+            f"prefix {prefix!r} contains a path separator; put the directory in "
+            "artifact_directory instead."
         )
     if "\0" in prefix:
         raise InvalidValueError(
@@ -158,13 +165,16 @@ def check_prefix(prefix: Any) -> None:
     size = len(os.fsencode(prefix))
     if size + longest > NAME_MAX:
         raise InvalidValueError(
-            f"prefix {prefix[:40]!r}... is {size} bytes long; with the longest artifact name it needs "
-            f"({longest} bytes) the file names would exceed {NAME_MAX} bytes. Use a prefix of at most "
+            f"prefix {prefix[:40]!r}... is {size} bytes long; with the longest artifact name it "
+            "needs "
+            f"({longest} bytes) the file names would exceed {NAME_MAX} bytes. Use a prefix of at "
+            "most "
             f"{NAME_MAX - longest} bytes."
         )
     if prefix.startswith(RESERVED_PREFIX):
         raise InvalidValueError(
-            f"prefix {prefix!r} starts like the names of onnxblocks' staging directories ({RESERVED_PREFIX!r}); "
+            f"prefix {prefix!r} starts like the names of onnxblocks' staging directories "
+            f"({RESERVED_PREFIX!r}); "
             "choose another prefix."
         )
 
@@ -198,14 +208,16 @@ def library(value: Any) -> list[str]:
         )
     if not path.is_file():
         raise FileMissingError(
-            f"Custom op library '{path}' does not exist. Pass the path of the compiled shared library "
+            f"Custom op library '{path}' does not exist. Pass the path of the compiled shared "
+            "library "
             "(.so/.dll/.dylib) that registers your custom ops."
         )
     return [os.fspath(path)]
 
 
 def directory(value: Any) -> Path:
-    """The artifact directory (default: the working directory), checked to be creatable and writable.
+    """The artifact directory (default: the working directory), checked to be creatable and
+    writable.
 
     Raises:
         TypeError, ValueError: for a value that is not a path, or a name too long.
@@ -229,7 +241,8 @@ def portable_mode(portable: Any) -> PortableMode:
 
 
 def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tuple[str, ...]]:
-    """``model`` with the LoRA adapters of ``generate_artifacts(lora=config)``, and its adapters' names.
+    """``model`` with the LoRA adapters of ``generate_artifacts(lora=config)``, and its adapters'
+    names.
 
     Without ``config``, the model itself and the adapters it already carries (none for most models).
 
@@ -256,7 +269,8 @@ def same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
     ):
         if value.name not in enum_type.__members__:
             raise InvalidValueError(
-                f"{enum_type.__name__}.{value.name} is not supported.{did_you_mean(value.name, enum_type.__members__)}"
+                f"{enum_type.__name__}.{value.name} is not "
+                f"supported.{did_you_mean(value.name, enum_type.__members__)}"
             )
         return enum_type[value.name]
     return value
@@ -265,15 +279,18 @@ def same_named_enum(value: Any, enum_type: type[enum.Enum]) -> Any:
 def exporter_ties(
     model: onnx.ModelProto, untie: Any, requires: list[str], frozen: list[str]
 ) -> tuple[onnx.ModelProto, list[str], list[str]]:
-    """The model and parameter names of ``generate_artifacts(untie=...)`` (see :mod:`onnxblocks.artifacts.ties`).
+    """The model and parameter names of ``generate_artifacts(untie=...)`` (see
+    :mod:`onnxblocks.artifacts.ties`).
 
-    With ``untie``, a copy of the model in which each module of an exporter's tie reads its own copy, the
+    With ``untie``, a copy of the model in which each module of an exporter's tie reads its own
+    copy, the
     copies trained (or frozen) as the initializer they copy. Without it, the model itself, and a
     warning when a parameter that trains is an exporter's tie.
 
     Raises:
         TypeError: for an ``untie`` that is not a bool.
-        UnknownNameError: for a name that is a module's part of an exporter's tie, without ``untie``.
+        UnknownNameError: for a name that is a module's part of an exporter's tie, without
+        ``untie``.
     """
     from onnxblocks.artifacts import ties as _ties  # the IR, loaded when a model is generated
 
@@ -295,17 +312,23 @@ def _warn_ties(found: list[Tie], requires: list[str], frozen: list[str]) -> None
     if asked:
         tie = copies[asked[0]]
         raise UnknownNameError(
-            f"'{asked[0]}' is not an initializer of the model: the exporter merged it into '{tie.initializer}', "
-            f"which {', '.join(tie.modules)} all read. Pass untie=True (CLI: --untie) to give each module its own "
+            f"'{asked[0]}' is not an initializer of the model: the exporter merged it into "
+            f"'{tie.initializer}', "
+            f"which {', '.join(tie.modules)} all read. Pass untie=True (CLI: --untie) to give "
+            "each module its own "
             "copy, named after the module."
         )
     trained = [t.describe() for t in found if t.initializer in set(requires)]
     if trained:
         warnings.warn(
-            f"Trainable parameters that several modules read, because the exporter merged identical initializers "
-            f"(freshly initialized norm weights and biases are equal): {preview(trained, 4)}. Training ties them: "
-            "one value and one gradient for all those modules, where torch trains one per module. Pass "
-            'untie=True (CLI: --untie) to give each module its own copy (docs/training.md, "Weights the exporter '
+            "Trainable parameters that several modules read, because the exporter merged "
+            "identical initializers "
+            f"(freshly initialized norm weights and biases are equal): {preview(trained, 4)}. "
+            "Training ties them: "
+            "one value and one gradient for all those modules, where torch trains one per "
+            "module. Pass "
+            "untie=True (CLI: --untie) to give each module its own copy (docs/training.md, "
+            '"Weights the exporter '
             'tied").',
             UserWarning,
             stacklevel=5,

@@ -52,7 +52,8 @@ __all__ = [
     "write_base_weights",
 ]
 
-#: Base weights of at least this many bytes go to the shared file; smaller ones stay inline (onnx's size_threshold).
+#: Base weights of at least this many bytes go to the shared file; smaller ones stay inline (onnx's
+#: size_threshold).
 BASE_THRESHOLD = 1024
 #: The element types a float32 base can be stored in (``generate_artifacts(base_dtype=...)``).
 BASE_DTYPES = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
@@ -67,7 +68,8 @@ class BaseWeights:
 
     Attributes:
         path: The file (in the staging directory while the set is written).
-        references: Initializer name -> (location, offset, length), for ``save_model(references=...)``.
+        references: Initializer name -> (location, offset, length), for
+        ``save_model(references=...)``.
         linked: True when the file is a hard link of the source model's external data file.
     """
 
@@ -77,7 +79,9 @@ class BaseWeights:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tensors the file holds (a linked file may hold more: the source's other tensors)."""
+        """Bytes of the tensors the file holds (a linked file may hold more: the source's other
+        tensors).
+        """
         return sum(length for _, _, length in self.references.values())
 
 
@@ -108,7 +112,8 @@ def base_names(
 def store_base(
     target: Path, models: Sequence[onnx.ModelProto | None], store: _weights.WeightStore
 ) -> dict[str, tuple[str, int, int]]:
-    """Write the base weights ``models`` share once, into ``target``; their references (none: no file written).
+    """Write the base weights ``models`` share once, into ``target``; their references (none: no
+    file written).
 
     Raises:
         ValueError: if a held tensor's bytes do not match its dims and element type.
@@ -121,7 +126,8 @@ def store_base(
 
 
 def write_base_weights(target: Path, sources: Sequence[_weights.TensorSource]) -> BaseWeights:
-    """Write the shared base file ``target`` holding ``sources``: a hard link where the layout fits, else a copy.
+    """Write the shared base file ``target`` holding ``sources``: a hard link where the layout fits,
+    else a copy.
 
     ``target`` must not exist (it is a path in a fresh staging directory).
 
@@ -156,7 +162,9 @@ def write_base_weights(target: Path, sources: Sequence[_weights.TensorSource]) -
 def _link(
     target: Path, sources: Sequence[_weights.TensorSource]
 ) -> dict[str, tuple[int, int]] | None:
-    """Hard-link the one external data file all ``sources`` lie in; their (offset, length), or None where it cannot."""
+    """Hard-link the one external data file all ``sources`` lie in; their (offset, length), or
+    None where it cannot.
+    """
     paths = {s.path for s in sources}
     if not sources or len(paths) != 1 or None in paths:
         return None  # in memory, or spread over several files
@@ -186,7 +194,8 @@ def _link(
     return {s.name: (s.offset, s.nbytes) for s in sources}
 
 
-# ------------------------------------------------------------------ a base stored in float16 / bfloat16
+# ------------------------------------------------------------------ a base stored in float16 /
+# bfloat16
 def base_dtype(value: Any) -> int | None:
     """The ONNX element type ``generate_artifacts(base_dtype=...)`` asks for (None: as exported).
 
@@ -202,7 +211,8 @@ def base_dtype(value: Any) -> int | None:
         )
     if value not in BASE_DTYPES:
         raise InvalidValueError(
-            f"base_dtype={value!r} is not supported: pass 'float16' or 'bfloat16', or None to keep the base's type."
+            f"base_dtype={value!r} is not supported: pass 'float16' or 'bfloat16', or None to "
+            "keep the base's type."
         )
     return BASE_DTYPES[value]
 
@@ -214,7 +224,8 @@ def cast_base(
     store: _weights.WeightStore,
     dtype: int | None,
 ) -> tuple[onnx.ModelProto, onnx.ModelProto, onnx.ModelProto | None, _weights.WeightStore]:
-    """The models with their float32 base weights stored as ``dtype``, each cast back to float32 where it is read.
+    """The models with their float32 base weights stored as ``dtype``, each cast back to float32
+    where it is read.
 
     The base weights are those :func:`base_names` finds; each keeps its name, takes
     the element type ``dtype`` and is read through a ``Cast`` to float32 (see
@@ -271,7 +282,9 @@ def _convert(source: _weights.TensorSource, dtype: np.dtype) -> np.ndarray:
         finite = values[np.isfinite(values)]
         if finite.size and float(np.abs(finite).max()) > _FLOAT16_MAX:
             raise InvalidValueError(
-                f"Base weight '{source.name}' holds {float(np.abs(finite).max()):g}, beyond float16's range "
-                f"(+-{_FLOAT16_MAX:g}). Store the base as base_dtype='bfloat16' (float32's range), or keep float32."
+                f"Base weight '{source.name}' holds {float(np.abs(finite).max()):g}, beyond "
+                "float16's range "
+                f"(+-{_FLOAT16_MAX:g}). Store the base as base_dtype='bfloat16' (float32's "
+                "range), or keep float32."
             )
     return values.astype(dtype)

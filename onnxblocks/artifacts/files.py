@@ -1,4 +1,5 @@
-"""Writing a set of artifact files all at once: staged, then swapped in under a lock, rolled back on failure.
+"""Writing a set of artifact files all at once: staged, then swapped in under a lock, rolled back on
+failure.
 
 :func:`staging` yields a staging directory inside the artifact directory
 (``.onnxblocks-artifacts-<pid>-<token>``, created with the umask as ``mkdir``
@@ -89,7 +90,9 @@ def _stage_name(target: str | None) -> str:
 
 
 def _missing_top(directory: Path) -> Path | None:
-    """The topmost missing directory of ``directory`` and its parents (None if ``directory`` exists)."""
+    """The topmost missing directory of ``directory`` and its parents (None if ``directory``
+    exists).
+    """
     if directory.is_dir():
         return None
     missing = [p for p in (directory, *directory.parents) if not p.exists()]
@@ -108,7 +111,8 @@ def staging(
     artifact_names: Sequence[str] | None = None,
     lock_timeout: float | None = None,
 ) -> Iterator[Path]:
-    """Yield a staging directory; on success commit what it holds as the set of ``prefix`` in ``directory``.
+    """Yield a staging directory; on success commit what it holds as the set of ``prefix`` in
+    ``directory``.
 
     The directory yielded holds nothing but, perhaps, :data:`OWNER_FILE`.
 
@@ -172,7 +176,9 @@ def staging(
             if path is not None and path.exists() and not (path / _JOURNAL).exists():
                 shutil.rmtree(path, ignore_errors=True)
         raise
-    finally:  # only now, with the folders gone (or left to the next run), may cleaners take them for leftovers
+    # only now, with the folders gone (or left to the next run), may cleaners take them for
+    # leftovers
+    finally:
         for path in claimed:
             release(path)
         for fd in records:
@@ -180,7 +186,9 @@ def staging(
 
 
 def _move_into(inner: Path, directory: Path, moved: Path) -> None:
-    """Move the staged files ``inner`` to ``moved`` inside ``directory``, which another writer created."""
+    """Move the staged files ``inner`` to ``moved`` inside ``directory``, which another writer
+    created.
+    """
     with _active_lock:
         _active.add(moved.name)  # before it exists, as for any staging directory
     try:
@@ -189,7 +197,8 @@ def _move_into(inner: Path, directory: Path, moved: Path) -> None:
         )  # ``directory`` may be below the new one: its parents exist
     except (FileExistsError, NotADirectoryError):
         raise NotAFolderError(
-            f"Cannot write the artifacts into '{directory}': a file was put there while they were generated. "
+            f"Cannot write the artifacts into '{directory}': a file was put there while they "
+            "were generated. "
             "Remove it, or write into another artifact_directory."
         ) from None
     os.rename(inner, moved)
@@ -214,7 +223,9 @@ def _rename_new(stage: Path, top: Path) -> bool:
 
 
 def _owner(name: str, directory: Path, prefix: str) -> str | None:
-    """The prefix of another existing set that ``name`` belongs to, if any (``nominal_checkpoint``: ``nominal_``)."""
+    """The prefix of another existing set that ``name`` belongs to, if any
+    (``nominal_checkpoint``: ``nominal_``).
+    """
     for suffix in _SUFFIXES:
         other = name[: -len(suffix)] if name.endswith(suffix) else None
         if other is not None and other != prefix:
@@ -232,14 +243,17 @@ def _commit(directory: Path, stage: Path, prefix: str, owned: Sequence[str]) -> 
         target = directory / name
         if target.is_dir() and not target.is_symlink():
             raise IsAFolderError(
-                f"Cannot write '{target}': it is a directory, not an artifact file. Nothing was changed; remove or "
+                f"Cannot write '{target}': it is a directory, not an artifact file. Nothing was "
+                "changed; remove or "
                 "rename that directory, or write the artifacts into another artifact_directory."
             )
         other = _owner(name, directory, prefix)
         if other is not None and target.exists():
             raise FileConflictError(
-                f"Cannot write '{target}' for the artifacts with prefix {prefix!r}: it is also a file of the artifacts "
-                f"with prefix {other!r} in the same directory. Nothing was changed; choose another prefix or directory."
+                f"Cannot write '{target}' for the artifacts with prefix {prefix!r}: it is also a "
+                "file of the artifacts "
+                f"with prefix {other!r} in the same directory. Nothing was changed; choose "
+                "another prefix or directory."
             )
     old = [
         name

@@ -199,15 +199,22 @@ def generate_artifacts(
         model_path: For a ModelProto loaded with ``onnx.load(path, load_external_data=False)``:
             the ``.onnx`` file it came from, so its external data files are found (and streamed).
         portable: Write models that train on stock ``onnxruntime`` (docs/portable.md): ``True`` or
-            ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``: also
+            ``"standard"``: standard ONNX ops only, which any ONNX runtime runs; ``"onnxruntime"``:
+            also
             the ``com.microsoft`` ops stock onnxruntime runs on CPU (``Gelu``, ``FusedMatMul``...).
-        fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update in one graph).
-        base_dtype: ``"float16"`` or ``"bfloat16"``: store the frozen base (``base_weights.bin``) so, cast where read.
-        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model (docs/lora.md), which
-            train with what ``requires_grad`` names; the base weights stay constants. The adapters of a
+        fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update
+        in one graph).
+        base_dtype: ``"float16"`` or ``"bfloat16"``: store the frozen base (``base_weights.bin``)
+        so, cast where read.
+        lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model
+        (docs/lora.md), which
+            train with what ``requires_grad`` names; the base weights stay constants. The adapters
+            of a
             model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
-        untie: Give each module of a weight the exporter tied its own copy, named after the module, trained (or
-            frozen) with it (docs/training.md, "Weights the exporter tied"); without it, training one warns.
+        untie: Give each module of a weight the exporter tied its own copy, named after the module,
+        trained (or
+            frozen) with it (docs/training.md, "Weights the exporter tied"); without it, training
+            one warns.
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -228,7 +235,8 @@ def generate_artifacts(
         onnxblocks.UnknownNameError: for an unknown parameter or output name.
         onnxblocks.GradientError: when ONNX Runtime cannot differentiate the model.
         onnxblocks.errors.PortabilityError: with ``portable``, for an op without a standard-op form.
-        onnxblocks.errors.InvalidValueError: for a ``portable`` other than a bool, ``"standard"`` or ``"onnxruntime"``.
+        onnxblocks.errors.InvalidValueError: for a ``portable`` other than a bool, ``"standard"`` or
+        ``"onnxruntime"``.
     """
     return _generate(
         model,
@@ -275,7 +283,8 @@ def _generate(
     loss_blocks: Callable[[LossType], Block] = _loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
 ) -> Artifacts:
-    """:func:`generate_artifacts`, keyword-only, with the mapping from enum members to blocks as arguments.
+    """:func:`generate_artifacts`, keyword-only, with the mapping from enum members to blocks as
+    arguments.
 
     ``loss_blocks`` and ``optimizer_blocks`` turn a :class:`LossType` / :class:`OptimType`
     into a block; :mod:`onnxblocks.compat` passes the reference's optimizer defaults.
@@ -430,7 +439,8 @@ def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
             f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}()."
         )
     raise InvalidTypeError(
-        f"loss must be a LossType ({', '.join(m.name for m in LossType)}), an onnxblocks Block, or None; "
+        f"loss must be a LossType ({', '.join(m.name for m in LossType)}), an onnxblocks Block, "
+        "or None; "
         f"got {type(loss).__name__}: {loss!r}."
     )
 
@@ -447,9 +457,11 @@ def _resolve_optimizer(
         return optimizer
     if isinstance(optimizer, type) and issubclass(optimizer, Block):
         raise InvalidTypeError(
-            f"optimizer must be a Block instance, not the class {optimizer.__name__}: pass {optimizer.__name__}()."
+            f"optimizer must be a Block instance, not the class {optimizer.__name__}: pass "
+            f"{optimizer.__name__}()."
         )
     raise InvalidTypeError(
-        f"optimizer must be an OptimType ({', '.join(m.name for m in OptimType)}), an optimizer ForwardBlock "
+        f"optimizer must be an OptimType ({', '.join(m.name for m in OptimType)}), an optimizer "
+        "ForwardBlock "
         f"(e.g. onnxblocks.optim.AdamW()), or None; got {type(optimizer).__name__}: {optimizer!r}."
     )

@@ -1,6 +1,8 @@
-"""The lock file of an artifact directory (defined in :mod:`onnxblocks._core.dirlock`, which readers import too).
+"""The lock file of an artifact directory (defined in :mod:`onnxblocks._core.dirlock`, which readers
+import too).
 
-``DEFAULT_TIMEOUT_S`` here is the writers' default wait (``generate_artifacts``); tests may change it.
+``DEFAULT_TIMEOUT_S`` here is the writers' default wait (``generate_artifacts``); tests may change
+it.
 """
 
 from __future__ import annotations

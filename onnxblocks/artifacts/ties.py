@@ -1,25 +1,39 @@
-"""Weights the exporter tied: one initializer that several modules of the model read as their own parameter.
+"""Weights the exporter tied: one initializer that several modules of the model read as their own
+parameter.
 
-Exporters merge identical initializers. ``torch.onnx.export(..., dynamo=False)`` with its default constant
-folding, Hugging Face Optimum and dynamo's optimizer keep one of them: the freshly initialized norm weights (all
-ones) and biases (all zeros) of every layer become one initializer, read directly or through ``Identity`` nodes
-named after the others. Inference is unchanged, but training then ties them: the modules share one value and
+Exporters merge identical initializers. ``torch.onnx.export(..., dynamo=False)`` with its default
+constant
+folding, Hugging Face Optimum and dynamo's optimizer keep one of them: the freshly initialized norm
+weights (all
+ones) and biases (all zeros) of every layer become one initializer, read directly or through
+``Identity`` nodes
+named after the others. Inference is unchanged, but training then ties them: the modules share one
+value and
 one gradient (a tiny LLaMA drifts from torch within a few steps).
 
-:func:`find_ties` lists the initializers read by nodes of different modules; :func:`untie` gives each module
+:func:`find_ties` lists the initializers read by nodes of different modules; :func:`untie` gives
+each module
 its own copy. The rule (docs/training.md, "Weights the exporter tied"):
 
 * a reader's module is the parameter name of the ``Identity`` it reads through
-  (``model.layers.1.input_layernorm.weight`` -> ``model.layers.1.input_layernorm``), else its node's scope:
+  (``model.layers.1.input_layernorm.weight`` -> ``model.layers.1.input_layernorm``), else its node's
+  scope:
   dynamo's ``pkg.torch.onnx.name_scopes`` metadata, or TorchScript's node name
-  (``/model/layers.1/input_layernorm/Mul`` -> ``model.layers.1.input_layernorm``, the ``_1`` of a repeated call
-  dropped). A reader whose module is unknown, or inside another reader's module, counts with that module;
-* an initializer with a parameter-like name (or read through ``Identity`` nodes with one) that readers of two
+  (``/model/layers.1/input_layernorm/Mul`` -> ``model.layers.1.input_layernorm``, the ``_1`` of a
+  repeated call
+  dropped). A reader whose module is unknown, or inside another reader's module, counts with that
+  module;
+* an initializer with a parameter-like name (or read through ``Identity`` nodes with one) that
+  readers of two
   or more modules read is tied;
-* the tie is the model's own, kept and not warned about, when its readers are embedding lookups (a ``Gather``
-  of the weight) and output projections (``MatMul`` / ``Gemm``, directly or through a ``Transpose``), at least
-  one a lookup: GPT-2's ``lm_head`` and ``wte``, T5's ``shared``, LLaMA with ``tie_word_embeddings=True``. Where
-  the export carries the model's config (metadata key ``tie_word_embeddings``), its value decides for those;
+* the tie is the model's own, kept and not warned about, when its readers are embedding lookups (a
+  ``Gather``
+  of the weight) and output projections (``MatMul`` / ``Gemm``, directly or through a
+  ``Transpose``), at least
+  one a lookup: GPT-2's ``lm_head`` and ``wte``, T5's ``shared``, LLaMA with
+  ``tie_word_embeddings=True``. Where
+  the export carries the model's config (metadata key ``tie_word_embeddings``), its value decides
+  for those;
 * every other tie is the exporter's.
 """
 
@@ -39,7 +53,8 @@ from onnxblocks.ir.walk import Read, reads_through_identity
 
 __all__ = ["TIE_METADATA", "Tie", "find_ties", "untie"]
 
-#: Model metadata key carrying the model's ``config.tie_word_embeddings`` ("true" / "false"), where present.
+#: Model metadata key carrying the model's ``config.tie_word_embeddings`` ("true" / "false"), where
+#: present.
 TIE_METADATA = "tie_word_embeddings"
 #: A parameter's name: a module path and a leaf (``model.layers.0.input_layernorm.weight``).
 _PARAMETER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+$")
@@ -127,7 +142,9 @@ def _inside(module: str, other: str) -> bool:
 
 
 def _group(reads: list[Read], modules: _Modules) -> dict[str, list[Read]]:
-    """Reads by module, a module inside another's counted with the outer one; unknown modules with the first."""
+    """Reads by module, a module inside another's counted with the outer one; unknown modules
+    with the first.
+    """
     known = [(m, r) for r in reads if (m := modules.of(r)) is not None]
     outer: list[str] = []
     for module in sorted({m for m, _ in known}, key=len):
@@ -197,7 +214,9 @@ def _ties(model: ir.Model, extra: Iterable[str] = ()) -> list[tuple[Tie, dict[st
 
 
 def _copy_name(reads: list[Read], module: str, leaf: str) -> str:
-    """The name of ``module``'s copy: the parameter name its ``Identity`` has, else ``<module>.<leaf>``."""
+    """The name of ``module``'s copy: the parameter name its ``Identity`` has, else
+    ``<module>.<leaf>``.
+    """
     for read in reads:
         for identity in reversed(read.via):
             name = identity.outputs[0].name or ""
@@ -207,22 +226,30 @@ def _copy_name(reads: list[Read], module: str, leaf: str) -> str:
 
 
 def _same_data(tensor: ir.TensorProtocol | None, name: str) -> ir.TensorProtocol:
-    """A tensor of its own (renaming it renames nothing of the caller's) over the same bytes, not copied.
+    """A tensor of its own (renaming it renames nothing of the caller's) over the same bytes, not
+    copied.
 
-    An external or held weight keeps its file and offset; an inline one is viewed, and written out once
+    An external or held weight keeps its file and offset; an inline one is viewed, and written out
+    once
     more only when the model is serialized.
     """
     assert tensor is not None, f"initializer {name!r} has no value"
     if isinstance(tensor, ir.ExternalTensor):
         return ir.ExternalTensor(
-            tensor.location, tensor.offset, tensor.length, tensor.dtype, shape=tensor.shape, name=name,
+            tensor.location,
+            tensor.offset,
+            tensor.length,
+            tensor.dtype,
+            shape=tensor.shape,
+            name=name,
             base_dir=tensor.base_dir,
-        )  # fmt: skip
+        )
     return ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=name)
 
 
 def find_ties(model: onnx.ModelProto, parameters: Sequence[str] = ()) -> list[Tie]:
-    """The initializers (and the graph inputs named in ``parameters``) that nodes of several modules read.
+    """The initializers (and the graph inputs named in ``parameters``) that nodes of several modules
+    read.
 
     No weight bytes are read: a model loaded without its external data will do.
     """
@@ -230,11 +257,15 @@ def find_ties(model: onnx.ModelProto, parameters: Sequence[str] = ()) -> list[Ti
 
 
 def untie(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[Tie]]:
-    """A copy of ``model`` in which each module of an exporter's tie reads its own copy of the initializer.
+    """A copy of ``model`` in which each module of an exporter's tie reads its own copy of the
+    initializer.
 
-    The model's own ties (an embedding and output projections) stay. Each copy is named after its module
-    (the parameter name of the ``Identity`` it was read through, or ``<module>.<leaf>``) and holds the same
-    tensor: an external or held weight keeps its location, so no bytes are read or copied here. ``model``
+    The model's own ties (an embedding and output projections) stay. Each copy is named after its
+    module
+    (the parameter name of the ``Identity`` it was read through, or ``<module>.<leaf>``) and holds
+    the same
+    tensor: an external or held weight keeps its location, so no bytes are read or copied here.
+    ``model``
     is not changed.
 
     Returns:

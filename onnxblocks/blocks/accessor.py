@@ -167,7 +167,8 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             for o in out_names:
                 if o in self._defined:
                     raise InvalidValueError(
-                        f"{self.where()}output name '{o}' of {op_type} is already a value of the model; "
+                        f"{self.where()}output name '{o}' of {op_type} is already a value of the "
+                        "model; "
                         "choose another name or leave the name out to get a fresh one."
                     )
                 self.names.reserve(o)
@@ -194,7 +195,8 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         return values[0] if len(values) == 1 else values
 
     def _upgrade_for(self, op_type: str) -> bool:
-        """Convert the working model to the gradient builder's opset (13) when ``op_type`` needs a newer one.
+        """Convert the working model to the gradient builder's opset (13) when ``op_type`` needs a
+        newer one.
 
         This is the conversion the gradient builder applies to models below opset 11
         (:func:`onnxblocks.gradient.builder.upgrade_old_opset`), run before a block adds an
@@ -248,7 +250,8 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
             if any(i.name == name for i in self._model.graph.input):
                 return Value(name)
             raise InvalidValueError(
-                f"{self.where()}cannot create graph input '{name}': the model already has a value of that "
+                f"{self.where()}cannot create graph input '{name}': the model already has a "
+                "value of that "
                 "name that is not a graph input. Choose another name."
             )
         self._model.graph.input.append(helper.make_tensor_value_info(name, elem_type, shape))
@@ -317,7 +320,9 @@ class ModelAccessor(ValueIndex, HtmlDisplay):
         )
 
     def materialize(self, model: onnx.ModelProto | None = None) -> onnx.ModelProto:
-        """A complete copy of ``model`` (default: the working model) with every stub replaced by its data."""
+        """A complete copy of ``model`` (default: the working model) with every stub replaced by
+        its data.
+        """
         src = self._model if model is None else model
         out = onnx.ModelProto()
         out.CopyFrom(src)

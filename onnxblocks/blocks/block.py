@@ -19,7 +19,8 @@ _T = TypeVar("_T")
 
 
 class _BuildView(Generic[_T]):
-    """A read-only attribute computed from the build that a subclass may shadow with its own attribute.
+    """A read-only attribute computed from the build that a subclass may shadow with its own
+    attribute.
 
     Unlike a ``property``, it defines no ``__set__``: ``self.nodes = [...]`` or
     ``self.weights = [0.3, 0.7]`` in a subclass's ``__init__`` (common in blocks
@@ -47,7 +48,8 @@ def added_nodes(block: Block) -> list[str]:
     return list(getattr(block, "_nodes", []))
 
 
-#: ``build`` parameter annotations that mean "the name of a value of the model" (checked before ``build`` runs).
+#: ``build`` parameter annotations that mean "the name of a value of the model" (checked before
+#: ``build`` runs).
 _NAME_ANNOTATIONS = ("str", "Value", "str | Value", "Value | str", str)
 
 
@@ -139,8 +141,10 @@ class Block(HtmlDisplay, ABC):
                     continue
                 outputs = [o.name for o in acc.working_model.graph.output]
                 raise InvalidTypeError(
-                    f"{type(self).__name__}: {name} must be the name of a value of the model (a str or Value), "
-                    f"not {type(value).__name__} {value!r:.40}. The model's outputs are {preview(outputs)}."
+                    f"{type(self).__name__}: {name} must be the name of a value of the model (a "
+                    "str or Value), "
+                    f"not {type(value).__name__} {value!r:.40}. The model's outputs are "
+                    f"{preview(outputs)}."
                 )
 
 

@@ -86,7 +86,8 @@ def check_node(
         described = ", ".join(f"'{i}': {describe_type(t)}" for i, t in input_types.items())
         raise InvalidTypeError(
             f"{where}node {node.name} ({node.op_type}) does not accept its inputs ({described}): "
-            f"{str(exc).strip()}. Make the inputs' dtypes and shapes fit the op (e.g. onnxblocks.blocks.Cast "
+            f"{str(exc).strip()}. Make the inputs' dtypes and shapes fit the op (e.g. "
+            "onnxblocks.blocks.Cast "
             "for dtypes)."
         ) from None
     return {k: v for k, v in inferred.items() if v.WhichOneof("value")}

@@ -153,12 +153,14 @@ def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
         isinstance(opset_version, bool) or not isinstance(opset_version, int)
     ):
         raise InvalidTypeError(
-            f"empty_base(opset_version=...) takes an int (1 to {_limits.MAX_ONNX_OPSET}) or None, not "
+            f"empty_base(opset_version=...) takes an int (1 to {_limits.MAX_ONNX_OPSET}) or "
+            "None, not "
             f"{type(opset_version).__name__}: {opset_version!r}."
         )
     if opset_version is not None and opset_version < 1:
         raise InvalidValueError(
-            f"empty_base(opset_version={opset_version}): ai.onnx opsets start at 1. Pass a version from 1 to "
+            f"empty_base(opset_version={opset_version}): ai.onnx opsets start at 1. Pass a "
+            "version from 1 to "
             f"{_limits.MAX_ONNX_OPSET}, or None for {_limits.MAX_ONNX_OPSET}."
         )
     version = opset_version or _limits.MAX_ONNX_OPSET

@@ -1,4 +1,6 @@
-"""Element-wise op blocks: Add, Sub, Mul, Div, Pow, Sigmoid, Log, Neg, Abs, Exp, Sqrt, Clip, Cast."""
+"""Element-wise op blocks: Add, Sub, Mul, Div, Pow, Sigmoid, Log, Neg, Abs, Exp, Sqrt, Clip,
+Cast.
+"""
 
 from __future__ import annotations
 

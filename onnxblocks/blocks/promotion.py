@@ -45,12 +45,15 @@ _INTEGERS = {
     TensorProto.UINT32,
     TensorProto.UINT64,
 }
-#: The type a kind promotes to when a constant of that kind meets a Value of a lower kind (torch's defaults).
+#: The type a kind promotes to when a constant of that kind meets a Value of a lower kind (torch's
+#: defaults).
 DEFAULT_TYPE = {INTEGER: TensorProto.INT64, FLOATING: TensorProto.FLOAT}
 
 
 def kind_of_type(elem_type: int) -> int | None:
-    """The kind (:data:`BOOL`, :data:`INTEGER`, :data:`FLOATING`) of an ONNX element type, None for others."""
+    """The kind (:data:`BOOL`, :data:`INTEGER`, :data:`FLOATING`) of an ONNX element type, None
+    for others.
+    """
     if elem_type == TensorProto.BOOL:
         return BOOL
     if elem_type in _INTEGERS:
@@ -106,7 +109,8 @@ def constant_type(value_type: int | None, array: np.ndarray) -> int | None:
 
 
 def as_constant_array(other: Any) -> np.ndarray | None:
-    """A Python number, numpy scalar or array, list or tuple as a numpy array; None for anything else.
+    """A Python number, numpy scalar or array, list or tuple as a numpy array; None for anything
+    else.
 
     Raises:
         TypeError: for a list or tuple that does not form a numeric array.
@@ -118,7 +122,8 @@ def as_constant_array(other: Any) -> np.ndarray | None:
             array = np.asarray(other)
         except ValueError:
             raise InvalidTypeError(
-                f"Cannot use {type(other).__name__} {other!r} as a constant: it is not a rectangular array of "
+                f"Cannot use {type(other).__name__} {other!r} as a constant: it is not a "
+                "rectangular array of "
                 "numbers. Pass a numpy array."
             ) from None
     else:
@@ -140,8 +145,10 @@ def cast_constant(array: np.ndarray, elem_type: int, value: str) -> np.ndarray:
         low, high = int(array.min()), int(array.max())
         if low < info.min or high > info.max:
             raise InvalidValueError(
-                f"The constant {array.tolist() if array.size <= 8 else f'[{low} ... {high}]'} does not fit "
-                f"{dtype} Value '{value}' (range [{info.min}, {info.max}]). Cast the Value to a wider type first: "
+                f"The constant {array.tolist() if array.size <= 8 else f'[{low} ... {high}]'} "
+                "does not fit "
+                f"{dtype} Value '{value}' (range [{info.min}, {info.max}]). Cast the Value to a "
+                "wider type first: "
                 "onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."
             )
     return array.astype(dtype)

@@ -58,7 +58,8 @@ _COERCE: dict[int, Callable[[Any], object]] = {
 def _function_protos(
     function: Any,
 ) -> tuple[onnx.FunctionProto, dict[_FunctionKey, onnx.FunctionProto]]:
-    """The FunctionProto of ``function`` and those of the functions it calls, keyed by (domain, name).
+    """The FunctionProto of ``function`` and those of the functions it calls, keyed by (domain,
+    name).
 
     Raises:
         TypeError: if ``function`` is neither an onnxscript function nor an ``onnx.FunctionProto``.
@@ -97,7 +98,8 @@ def _attribute(name: str, value: Any, declared: AttributeProto | None) -> Attrib
             value = _COERCE[declared.type](value)
         except (TypeError, ValueError):
             raise InvalidTypeError(
-                f"attribute '{name}' must be {AttributeProto.AttributeType.Name(declared.type).lower()}, "
+                f"attribute '{name}' must be "
+                f"{AttributeProto.AttributeType.Name(declared.type).lower()}, "
                 f"not {type(value).__name__} {value!r}."
             ) from None
     return helper.make_attribute(
@@ -106,7 +108,9 @@ def _attribute(name: str, value: Any, declared: AttributeProto | None) -> Attrib
 
 
 def _retarget(attr: AttributeProto, name: str, ref_type: int) -> AttributeProto:
-    """Copy a supplied attribute under the node's attribute name, converting int/float kinds to ``ref_type``."""
+    """Copy a supplied attribute under the node's attribute name, converting int/float kinds to
+    ``ref_type``.
+    """
     if attr.type == ref_type or ref_type == AttributeProto.UNDEFINED or ref_type not in _COERCE:
         out = AttributeProto()
         out.CopyFrom(attr)
@@ -155,7 +159,8 @@ class ScriptBlock(Block):
         for name, value in attributes.items():
             if name not in known:
                 raise InvalidTypeError(
-                    f"ScriptBlock({proto.name}): unknown attribute '{name}'.{did_you_mean(name, known)} "
+                    f"ScriptBlock({proto.name}): unknown attribute "
+                    f"'{name}'.{did_you_mean(name, known)} "
                     f"The function's attributes are {preview(known)}."
                 )
             try:
@@ -165,7 +170,8 @@ class ScriptBlock(Block):
         missing = [a for a in proto.attribute if a not in out]
         if missing:
             raise InvalidTypeError(
-                f"ScriptBlock({proto.name}): attribute(s) {preview(missing)} have no default; pass them, e.g. "
+                f"ScriptBlock({proto.name}): attribute(s) {preview(missing)} have no default; "
+                "pass them, e.g. "
                 f"ScriptBlock({proto.name}, {missing[0]}=...)."
             )
         return out
@@ -203,7 +209,9 @@ class ScriptBlock(Block):
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _check_opsets(self, acc: ModelAccessor) -> None:
-        """Import the domains the function needs; refuse one the model imports at a lower version."""
+        """Import the domains the function needs; refuse one the model imports at a lower
+        version.
+        """
         function_domains = {domain for domain, _ in self._library}
         for proto in (self._proto, *self._library.values()):
             for opset in proto.opset_import:
@@ -216,15 +224,20 @@ class ScriptBlock(Block):
                 elif opset.version > have:
                     shown = domain or "ai.onnx"
                     raise InvalidValueError(
-                        f"{acc.where()}function '{proto.name}' uses {shown} opset {opset.version}, but the model "
+                        f"{acc.where()}function '{proto.name}' uses {shown} opset "
+                        f"{opset.version}, but the model "
                         f"imports opset {have}. Write the function against opset {have} (e.g. "
-                        f"`from onnxscript import opset{have} as op` and @script(default_opset=op)), or convert "
-                        f"the model: onnx.version_converter.convert_version(model, {opset.version})."
+                        f"`from onnxscript import opset{have} as op` and "
+                        "@script(default_opset=op)), or convert "
+                        "the model: onnx.version_converter.convert_version(model, "
+                        f"{opset.version})."
                     )
 
 
 class _Inliner:
-    """Copies function bodies into the graph with fresh names, substituting attributes, recursively."""
+    """Copies function bodies into the graph with fresh names, substituting attributes,
+    recursively.
+    """
 
     def __init__(
         self, acc: ModelAccessor, library: Mapping[_FunctionKey, onnx.FunctionProto]
@@ -301,8 +314,10 @@ class _Inliner:
             attributes = [*attributes, helper.make_attribute("to", like_type)]
         if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in attributes):
             raise InvalidValueError(
-                f"{acc.where()}function '{proto.name}' node {index} ({op_type}) has a control-flow body; "
-                "ScriptBlock inlines straight-line functions only. Write the loss without If/Loop/Scan "
+                f"{acc.where()}function '{proto.name}' node {index} ({op_type}) has a "
+                "control-flow body; "
+                "ScriptBlock inlines straight-line functions only. Write the loss without "
+                "If/Loop/Scan "
                 "(e.g. with Where), or add the nodes with accessor.op()."
             )
         plain = {a.name: helper.get_attribute_value(a) for a in attributes if not _is_empty_list(a)}
@@ -312,7 +327,8 @@ class _Inliner:
             versions = {o.domain or "ai.onnx": o.version for o in proto.opset_import}
             kind = TypeError if isinstance(exc, TypeError) else ValueError
             raise kind(
-                f"{exc} (while inlining node {index} ({node.op_type}) of function '{proto.name}', written for "
+                f"{exc} (while inlining node {index} ({node.op_type}) of function "
+                f"'{proto.name}', written for "
                 f"opsets {versions})"
             ) from None
         added = acc.working_model.graph.node[-1]
@@ -332,7 +348,9 @@ def _is_empty_list(attr: AttributeProto) -> bool:
 def _resolve_attributes(
     attributes: Iterable[AttributeProto], scope: Mapping[str, AttributeProto]
 ) -> list[AttributeProto]:
-    """Replace attribute references (``ref_attr_name``) by their values; drop those with no value."""
+    """Replace attribute references (``ref_attr_name``) by their values; drop those with no
+    value.
+    """
     out = []
     for attr in attributes:
         if not attr.ref_attr_name:
@@ -345,5 +363,7 @@ def _resolve_attributes(
 
 
 def from_onnxscript(function: Any, **attributes: Any) -> ScriptBlock:
-    """Turn an onnxscript function into a block (same as ``ScriptBlock(function, **attributes)``)."""
+    """Turn an onnxscript function into a block (same as ``ScriptBlock(function,
+    **attributes)``).
+    """
     return ScriptBlock(function, **attributes)

@@ -14,7 +14,9 @@ from onnxblocks.blocks.value import Value
 
 
 class Constant(Block):
-    """A float32 constant of shape ``[1]`` (the reference's contract); see also ``accessor.constant``."""
+    """A float32 constant of shape ``[1]`` (the reference's contract); see also
+    ``accessor.constant``.
+    """
 
     def __init__(self, value_float: float) -> None:
         super().__init__()
@@ -71,7 +73,8 @@ class InputLike(Block):
         if source is None:
             known = [vi.name for vi in list(g.input) + list(g.output)]
             raise UnknownNameError(
-                f"InputLike: '{self._like}' is not a graph input or output.{did_you_mean(self._like, known)} "
+                f"InputLike: '{self._like}' is not a graph input or "
+                f"output.{did_you_mean(self._like, known)} "
                 f"Inputs and outputs: {preview(known)}."
             )
         name = input_name or acc.names.fresh("input")

@@ -119,13 +119,16 @@ class TrainingBlock(Block):
     def _require_built(self, what: str) -> None:
         if not self.is_built:
             raise NotBuiltError(
-                f"{type(self).__name__} has not been built yet, so its {what} are not known: call the block "
-                "inside `with onnxblocks.base(model):` first. (Please build the training model first before "
+                f"{type(self).__name__} has not been built yet, so its {what} are not known: "
+                "call the block "
+                "inside `with onnxblocks.base(model):` first. (Please build the training model "
+                "first before "
                 "trying to retrieve the parameters.)"
             )
 
     def training_graphs(self) -> TrainingGraphs:
-        """The :class:`~onnxblocks.gradient.TrainingGraphs` (models with held stubs, partition, outputs).
+        """The :class:`~onnxblocks.gradient.TrainingGraphs` (models with held stubs, partition,
+        outputs).
 
         The models hold stubs in place of large initializers: save them with
         ``onnxblocks.io.save_model(model, path, weights=block.weight_store())``.
@@ -150,7 +153,8 @@ class TrainingBlock(Block):
     weights = _BuildView(weight_store)
 
     def parameter_sources(self) -> tuple[list[_weights.TensorSource], list[_weights.TensorSource]]:
-        """``(trainable, frozen)`` parameters as TensorSources: where their bytes are, without copying them.
+        """``(trainable, frozen)`` parameters as TensorSources: where their bytes are, without
+        copying them.
 
         Raises:
             NotBuiltError: before the block was built.
@@ -187,7 +191,8 @@ class TrainingBlock(Block):
         return acc.materialize(self._graphs.training), acc.materialize(self._graphs.eval)
 
     def check(self) -> None:
-        """Run onnx's checker once on both models' skeletons (no weight bytes are read; done once per build).
+        """Run onnx's checker once on both models' skeletons (no weight bytes are read; done once
+        per build).
 
         Raises:
             NotBuiltError: before the block was built.
@@ -208,7 +213,9 @@ class TrainingBlock(Block):
 def _parameter_sources(
     model: onnx.ModelProto, store: _weights.WeightStore, names: tuple[str, ...]
 ) -> dict[str, _weights.TensorSource]:
-    """Where each parameter's bytes are: the held source, or a copy of a small inline initializer."""
+    """Where each parameter's bytes are: the held source, or a copy of a small inline
+    initializer.
+    """
     wanted = set(names)
     sources: dict[str, _weights.TensorSource] = {}
     for init in model.graph.initializer:
@@ -226,5 +233,7 @@ def _parameter_sources(
 
 
 def _replace_working_model(acc: ModelAccessor, model: onnx.ModelProto) -> None:
-    """Make ``model`` the accessor's working model (the reference leaves the training model there)."""
+    """Make ``model`` the accessor's working model (the reference leaves the training model
+    there).
+    """
     acc.replace_model(model)

@@ -148,7 +148,8 @@ def _plain_string(v: Value, op_type: str, other: str, reverse: bool) -> ValueOpe
     fixed = f"ob.value({other!r}) {symbol} v" if reverse else f"v {symbol} ob.value({other!r})"
     as_name = f"{other!r} + str(v)" if reverse else f"str(v) + {other!r}"
     return ValueOperandError(
-        f"{written}: a Value and a plain str do not combine. For the graph value named {other!r} write "
+        f"{written}: a Value and a plain str do not combine. For the graph value named {other!r} "
+        "write "
         f"{fixed}; to build a name write {as_name}."
     )
 

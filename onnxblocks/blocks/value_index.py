@@ -77,7 +77,9 @@ class ValueIndex:
         self._seen = {k: len(v) for k, v in fields.items()}
 
     def _reset(self) -> None:
-        """Forget everything indexed (the graph was replaced or shrunk); the next sync re-reads it."""
+        """Forget everything indexed (the graph was replaced or shrunk); the next sync re-reads
+        it.
+        """
         self._types.clear()
         self._defined.clear()
         self._seen = dict.fromkeys(_FIELDS, 0)
@@ -103,15 +105,19 @@ class ValueIndex:
         """
         if not isinstance(name, str):
             raise InvalidTypeError(
-                f"{self.where()}{role} must be a value name (str), not {type(name).__name__}: {name!r}."
+                f"{self.where()}{role} must be a value name (str), not {type(name).__name__}: "
+                f"{name!r}."
             )
         if self.has_value(name):
             return
         g = self._model.graph
         raise UnknownNameError(
-            f"{self.where()}{role} '{name}' is not a value of the model.{did_you_mean(name, self._defined)} "
-            f"Graph inputs: {preview(i.name for i in g.input)}; graph outputs: {preview(o.name for o in g.output)}. "
-            "Pass the name of an existing value, or create an input first (e.g. onnxblocks.blocks.InputLike)."
+            f"{self.where()}{role} '{name}' is not a value of the "
+            f"model.{did_you_mean(name, self._defined)} "
+            f"Graph inputs: {preview(i.name for i in g.input)}; graph outputs: "
+            f"{preview(o.name for o in g.output)}. "
+            "Pass the name of an existing value, or create an input first (e.g. "
+            "onnxblocks.blocks.InputLike)."
         )
 
     def type_of(self, name: str) -> onnx.TypeProto | None:
@@ -138,7 +144,9 @@ class ValueIndex:
                 self._types.setdefault(vi.name, vi.type)
 
     def elem_type(self, name: str) -> int | None:
-        """The tensor element type of a value (``onnx.TensorProto.FLOAT`` ...), or None if unknown."""
+        """The tensor element type of a value (``onnx.TensorProto.FLOAT`` ...), or None if
+        unknown.
+        """
         t = self.type_of(name)
         if t is None:
             return None
@@ -153,7 +161,9 @@ class ValueIndex:
         return None
 
     def shape_of(self, name: str) -> list[int | str | None] | None:
-        """The shape of a tensor value: ints, symbolic dim names, or None per dim; None if unknown rank."""
+        """The shape of a tensor value: ints, symbolic dim names, or None per dim; None if
+        unknown rank.
+        """
         t = self.type_of(name)
         if (
             t is None

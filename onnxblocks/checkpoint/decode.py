@@ -72,10 +72,13 @@ class _CheckedTable(flatbuffers.table.Table):
         raise CheckpointFormatError(f"{self._where}: {problem}. {_ADVICE}")
 
     def _need(self, pos: int, size: int, what: str, align: int) -> None:
-        """Check that ``size`` bytes at ``pos`` lie inside the buffer and ``pos`` is ``align``-aligned."""
+        """Check that ``size`` bytes at ``pos`` lie inside the buffer and ``pos`` is
+        ``align``-aligned.
+        """
         if pos < 0 or size < 0 or pos + size > self._limit:
             self._fail(
-                f"{what} at byte {pos} (+{size} bytes) lies outside the {self._limit}-byte flatbuffer"
+                f"{what} at byte {pos} (+{size} bytes) lies outside the {self._limit}-byte "
+                "flatbuffer"
             )
         if pos % align:
             self._fail(f"{what} at byte {pos} is not aligned to {align} bytes")
@@ -98,7 +101,8 @@ class _CheckedTable(flatbuffers.table.Table):
         offset = encode.Get(_U16.packer_type, self.Bytes, self._vtable + vtableOffset)
         if offset and not _I32.bytewidth <= offset < self._object_size:
             self._fail(
-                f"a field of the table at byte {self.Pos} is at offset {offset}, outside the table's "
+                f"a field of the table at byte {self.Pos} is at offset {offset}, outside the "
+                "table's "
                 f"{self._object_size} bytes"
             )
         return offset
@@ -246,8 +250,10 @@ def dtype_of(entry: TensorEntry, where: str = "checkpoint") -> np.dtype:
     except KeyError:
         kind = _SCHEMA_DTYPES.get(entry.data_type, str(entry.data_type))
         raise CheckpointFormatError(
-            f"Tensor '{entry.name}' of {where} has ONNX element type {kind}, which ONNX Runtime 1.19.2 "
-            "cannot load from a checkpoint. Save the parameter as float32 (or another numeric type)."
+            f"Tensor '{entry.name}' of {where} has ONNX element type {kind}, which ONNX Runtime "
+            "1.19.2 "
+            "cannot load from a checkpoint. Save the parameter as float32 (or another numeric "
+            "type)."
         ) from None
 
 
@@ -275,7 +281,8 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
     data_type = tensor.DataType()
     if data_type not in _SCHEMA_DTYPES:
         raise CheckpointFormatError(
-            f"{where}: the tensor has element type {data_type}, which the checkpoint schema does not define. {_ADVICE}"
+            f"{where}: the tensor has element type {data_type}, which the checkpoint schema does "
+            f"not define. {_ADVICE}"
         )
     inline = None
     raw_at = tensor._tab.Offset(_RAW_DATA_VOFFSET)
@@ -297,7 +304,8 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
     if entry.external_offset is not None:
         if not external:
             raise CheckpointFormatError(
-                f"{where}: the tensor has external data but the checkpoint says it has none. {_ADVICE}"
+                f"{where}: the tensor has external data but the checkpoint says it has none. "
+                f"{_ADVICE}"
             )
         return entry
     if inline is None:
@@ -306,14 +314,16 @@ def _tensor_entry(tensor: Any, where: str, *, nominal: bool, external: bool) -> 
         )
     if inline[1] != entry.nbytes:
         raise CheckpointFormatError(
-            f"{where}: the tensor has {inline[1]} bytes of data but its dims {list(dims)} and element type "
+            f"{where}: the tensor has {inline[1]} bytes of data but its dims {list(dims)} and "
+            "element type "
             f"{_SCHEMA_DTYPES[data_type]} need {entry.nbytes}. {_ADVICE}"
         )
     return entry
 
 
 def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
-    """Parse a checkpoint flatbuffer (bytes or a memory map) into its metadata, checking every offset.
+    """Parse a checkpoint flatbuffer (bytes or a memory map) into its metadata, checking every
+    offset.
 
     Only the metadata is read: tensor bytes are located, never touched.
 
@@ -324,14 +334,16 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
     if len(buf) < 8 or not _fbs.Checkpoint.CheckpointBufferHasIdentifier(buf, 0):
         raise CheckpointFormatError(
             f"{where} is not an ONNX Runtime training checkpoint (file identifier "
-            f"{bytes(buf[4:8]) if len(buf) >= 8 else b''!r}, expected {FILE_IDENTIFIER!r}). Pass a checkpoint "
+            f"{bytes(buf[4:8]) if len(buf) >= 8 else b''!r}, expected {FILE_IDENTIFIER!r}). Pass "
+            "a checkpoint "
             "written by onnxblocks.checkpoint.save_checkpoint or by ONNX Runtime."
         )
     root = _checked(_fbs.Checkpoint.GetRootAs(buf, 0), where)
     version = root.Version()
     if version not in READABLE_VERSIONS:
         raise CheckpointFormatError(
-            f"{where} has checkpoint version {version}; this reader knows versions {READABLE_VERSIONS}. "
+            f"{where} has checkpoint version {version}; this reader knows versions "
+            f"{READABLE_VERSIONS}. "
             "Use the ONNX Runtime version that wrote it, or check that the file is not corrupted."
         )
     trainable: list[TensorEntry] = []
@@ -380,7 +392,8 @@ def decode_checkpoint(buf: Any, where: str = "checkpoint") -> ParsedCheckpoint:
             param = _required_text(state.ParamName(), s_where, "parameter name")
             if state.MomentumsIsNone() or param in group.moments:
                 raise CheckpointFormatError(
-                    f"{s_where}: the state of parameter '{param}' has no moment vector or appears twice. {_ADVICE}"
+                    f"{s_where}: the state of parameter '{param}' has no moment vector or "
+                    f"appears twice. {_ADVICE}"
                 )
             group.moments[param] = [
                 _tensor_entry(t, w, nominal=nominal, external=external)

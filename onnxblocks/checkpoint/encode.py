@@ -45,7 +45,8 @@ class TensorRecord:
         name: The tensor name.
         data_type: ONNX element type.
         dims: The shape (empty in a nominal checkpoint).
-        inline_nbytes: Number of inline bytes (0 for nominal tensors); unused when the data is external.
+        inline_nbytes: Number of inline bytes (0 for nominal tensors); unused when the data is
+        external.
         inline_chunks: Produces the inline bytes in pieces, or None when the data is external.
         external_offset: Byte offset in the side file, or None when the data is inline.
         doc_string: Optional documentation string.
@@ -105,7 +106,9 @@ def _tensor_vector(
 
 
 def _raw_data_vector(builder: Any, record: TensorRecord) -> int:
-    """A ``raw_data`` vector filled piece by piece (the same bytes ``CreateByteVector`` would write)."""
+    """A ``raw_data`` vector filled piece by piece (the same bytes ``CreateByteVector`` would
+    write).
+    """
     assert record.inline_chunks is not None
     size = record.inline_nbytes
     _fbs.TensorStartRawDataVector(builder, size)  # aligns and makes room for `size` bytes
@@ -119,7 +122,8 @@ def _raw_data_vector(builder: Any, record: TensorRecord) -> int:
         position += len(chunk)
     if position != end:
         raise InvalidValueError(
-            f"Tensor '{record.name}' does not hold the {size} bytes its dims {list(record.dims)} and element "
+            f"Tensor '{record.name}' does not hold the {size} bytes its dims {list(record.dims)} "
+            "and element "
             "type need. Fix the tensor's data or its shape."
         )
     builder.head = end - size
@@ -212,7 +216,8 @@ def check_property(name: Any, value: Any) -> PropertyValue:
         value, (int, float, str, np.integer, np.floating)
     ):
         raise InvalidTypeError(
-            f"checkpoint property '{name}' is a {type(value).__name__}; the property bag holds int, float "
+            f"checkpoint property '{name}' is a {type(value).__name__}; the property bag holds "
+            "int, float "
             "(stored as float32) and str. Convert it, or encode it as a str (e.g. json.dumps)."
         )
     if isinstance(value, (int, np.integer)):

@@ -1,4 +1,5 @@
-"""ONNX Runtime's on-device-training checkpoint format ("ODTC"): generated accessors plus bounds checks.
+"""ONNX Runtime's on-device-training checkpoint format ("ODTC"): generated accessors plus bounds
+checks.
 
 A checkpoint is one FlatBuffers file (file identifier ``ODTC``) whose root
 table is::

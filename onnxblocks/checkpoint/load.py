@@ -1,4 +1,5 @@
-"""Reading ONNX Runtime training checkpoints: parameter values, parameter names, and models filled from them.
+"""Reading ONNX Runtime training checkpoints: parameter values, parameter names, and models filled
+from them.
 
 Every reader here maps the checkpoint file into memory after checking that it is
 a regular file (a FIFO or device would otherwise block or never end), and parses
@@ -89,13 +90,16 @@ _FILE_KINDS = (
 def _not_regular(path: Path, mode: int, what: str) -> _format.CheckpointFormatError:
     kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
     return _format.CheckpointFormatError(
-        f"{what} '{path}' is {kind}, not a regular file; reading it could block or never end. Pass the "
+        f"{what} '{path}' is {kind}, not a regular file; reading it could block or never end. "
+        "Pass the "
         "checkpoint file that save_checkpoint or ONNX Runtime wrote."
     )
 
 
 def _regular_file_size(path: Path, what: str) -> int:
-    """The size of ``path``, after checking (without opening it) that it is an existing regular file."""
+    """The size of ``path``, after checking (without opening it) that it is an existing regular
+    file.
+    """
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -107,12 +111,15 @@ def _regular_file_size(path: Path, what: str) -> int:
     return info.st_size
 
 
-#: O_NONBLOCK: should the path turn into a FIFO between the check and the open, the open does not block.
+#: O_NONBLOCK: should the path turn into a FIFO between the check and the open, the open does not
+#: block.
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 
 
 def _open_regular(path: Path, what: str) -> int:
-    """A read-only descriptor of ``path``, which is checked to be a regular file before and after opening."""
+    """A read-only descriptor of ``path``, which is checked to be a regular file before and after
+    opening.
+    """
     _regular_file_size(path, what)
     fd = os.open(path, _OPEN_FLAGS)
     info = os.fstat(fd)
@@ -123,7 +130,9 @@ def _open_regular(path: Path, what: str) -> int:
 
 
 def _map(path: Path, shown: Path | None = None) -> mmap.mmap | bytes:
-    """The checkpoint file, memory-mapped read-only (``b""`` when empty); errors name ``shown`` (default ``path``)."""
+    """The checkpoint file, memory-mapped read-only (``b""`` when empty); errors name ``shown``
+    (default ``path``).
+    """
     try:
         fd = _open_regular(path, "Checkpoint file")
     except FileNotFoundError:
@@ -150,7 +159,8 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def read_parameter_names(path_to_checkpoint: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """The ``(trainable_names, frozen_names)`` of a checkpoint, in file order, without reading tensor data.
+    """The ``(trainable_names, frozen_names)`` of a checkpoint, in file order, without reading
+    tensor data.
 
     Only the flatbuffer metadata is read (the file is memory-mapped, so pages
     holding inline tensor bytes are never touched) and the ``.data`` side file is
@@ -195,12 +205,15 @@ class _Reader:
                 )
             except FileNotFoundError:
                 raise FileMissingError(
-                    f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', which does not exist. "
+                    f"Checkpoint '{self.path}' keeps its tensor data in '{self.data_path}', "
+                    "which does not exist. "
                     "Keep the .data file beside the checkpoint."
                 ) from None
 
     def close(self) -> None:
-        """Unmap the checkpoint file (arrays already returned stay valid: they are copies or own maps)."""
+        """Unmap the checkpoint file (arrays already returned stay valid: they are copies or own
+        maps).
+        """
         if isinstance(self.buf, mmap.mmap):
             with contextlib.suppress(
                 BufferError
@@ -212,7 +225,9 @@ class _Reader:
         return self.array(entry, copy=True).tobytes()
 
     def array(self, entry: _format.TensorEntry, copy: bool = False) -> np.ndarray:
-        """One tensor as a numpy array (a read-only memory map for external data unless ``copy``)."""
+        """One tensor as a numpy array (a read-only memory map for external data unless
+        ``copy``).
+        """
         dtype = _format.dtype_of(entry, f"checkpoint '{self.path}'")
         if self.parsed.is_nominal:
             return np.empty((0,), dtype)
@@ -223,14 +238,18 @@ class _Reader:
         if entry.external_offset is not None:
             if not self.parsed.has_external_data:
                 raise _format.CheckpointFormatError(
-                    f"Tensor '{entry.name}' of checkpoint '{self.path}' has external data but the checkpoint "
+                    f"Tensor '{entry.name}' of checkpoint '{self.path}' has external data but "
+                    "the checkpoint "
                     "says it has none. The file is invalid."
                 )
             if entry.external_offset + size > self.data_size:
                 raise _format.CheckpointFormatError(
-                    f"Tensor '{entry.name}' needs bytes {entry.external_offset}..{entry.external_offset + size} of "
-                    f"'{self.data_path}', which is shorter ({self.data_size} bytes). The data file is truncated or "
-                    "belongs to another checkpoint: restore the checkpoint and its .data file together."
+                    f"Tensor '{entry.name}' needs bytes "
+                    f"{entry.external_offset}..{entry.external_offset + size} of "
+                    f"'{self.data_path}', which is shorter ({self.data_size} bytes). The data "
+                    "file is truncated or "
+                    "belongs to another checkpoint: restore the checkpoint and its .data file "
+                    "together."
                 )
             mapped = np.memmap(
                 external_data_path(self.real),
@@ -242,12 +261,14 @@ class _Reader:
             return self._shaped(np.array(mapped) if copy else mapped, entry)
         if entry.inline is None:
             raise _format.CheckpointFormatError(
-                f"Tensor '{entry.name}' of checkpoint '{self.path}' has neither inline nor external data."
+                f"Tensor '{entry.name}' of checkpoint '{self.path}' has neither inline nor "
+                "external data."
             )
         start, length = entry.inline
         if length != size:
             raise _format.CheckpointFormatError(
-                f"Tensor '{entry.name}' of checkpoint '{self.path}' has {length} bytes but its dims "
+                f"Tensor '{entry.name}' of checkpoint '{self.path}' has {length} bytes but its "
+                "dims "
                 f"{list(entry.dims)} need {size}."
             )
         return self._shaped(
@@ -259,7 +280,8 @@ class _Reader:
             return flat.reshape(entry.dims)
         except ValueError:  # e.g. a zero-size tensor whose other dims are too large for numpy
             raise _format.CheckpointFormatError(
-                f"Tensor '{entry.name}' of checkpoint '{self.path}' has dims {list(entry.dims)}, which numpy cannot "
+                f"Tensor '{entry.name}' of checkpoint '{self.path}' has dims {list(entry.dims)}, "
+                "which numpy cannot "
                 "represent. The checkpoint is corrupted; restore it from a copy or save it again."
             ) from None
 
@@ -289,7 +311,8 @@ def check_scalars(parsed: _format.ParsedCheckpoint, where: str) -> None:
             check(value, what)  # type: ignore[operator]
         except (InvalidTypeError, InvalidValueError) as exc:
             raise _format.CheckpointFormatError(
-                f"{where}: {exc} The checkpoint is corrupted; restore it from a copy or save it again."
+                f"{where}: {exc} The checkpoint is corrupted; restore it from a copy or save it "
+                "again."
             ) from None
 
 
@@ -358,7 +381,8 @@ def load_checkpoint_to_model(
     parsed = reader.parsed
     if parsed.is_nominal:
         raise InvalidValueError(
-            f"Checkpoint '{reader.path}' is nominal: it names the parameters but holds no values. Load a "
+            f"Checkpoint '{reader.path}' is nominal: it names the parameters but holds no "
+            "values. Load a "
             "complete checkpoint (saved with nominal_checkpoint=False, or by a training session)."
         )
     entries = {e.name: e for e in (*parsed.trainable, *parsed.frozen)}
@@ -367,7 +391,8 @@ def load_checkpoint_to_model(
     if len(unmatched) == len(entries) or (strict and unmatched):
         inputs = [name for name in unmatched if name in {i.name for i in model.graph.input}]
         hint = (
-            f" The model takes {preview(inputs)} as graph inputs (a training or eval model?): pass the inference "
+            f" The model takes {preview(inputs)} as graph inputs (a training or eval model?): "
+            "pass the inference "
             "model, whose parameters are initializers."
             if inputs
             else " Pass the model the checkpoint was trained from."
@@ -379,12 +404,14 @@ def load_checkpoint_to_model(
         )
         raise InvalidValueError(
             f"Checkpoint '{reader.path}' is not a checkpoint of this model: {what} "
-            f"({preview(entries)}) {'is' if len(unmatched) == 1 else 'are'} an initializer of the model "
+            f"({preview(entries)}) {'is' if len(unmatched) == 1 else 'are'} an initializer of "
+            "the model "
             f"(initializers: {preview(sorted(initializers))}).{hint}"
         )
     if unmatched:
         warnings.warn(
-            f"Checkpoint parameters {preview(unmatched)} are not initializers of the model; they were not loaded. "
+            f"Checkpoint parameters {preview(unmatched)} are not initializers of the model; they "
+            "were not loaded. "
             "Pass strict=True to refuse such checkpoints.",
             UserWarning,
             stacklevel=2,
@@ -397,9 +424,11 @@ def load_checkpoint_to_model(
             continue
         if entry.data_type != init.data_type or tuple(entry.dims) != tuple(init.dims):
             raise InvalidValueError(
-                f"Checkpoint parameter '{entry.name}' is {_format.dtype_of(entry)} {list(entry.dims)} but the "
+                f"Checkpoint parameter '{entry.name}' is {_format.dtype_of(entry)} "
+                f"{list(entry.dims)} but the "
                 f"model's initializer is {_np_name(init.data_type)} {list(init.dims)}. "
-                "The checkpoint belongs to a different model (same names, other shapes); pass the model it was "
+                "The checkpoint belongs to a different model (same names, other shapes); pass "
+                "the model it was "
                 "trained from."
             )
         replacement = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)

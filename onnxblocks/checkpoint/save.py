@@ -45,11 +45,14 @@ MIN_EXTERNAL_BYTES = 64
 CHUNK_BYTES = 4 * 1024 * 1024
 
 Parameter = onnx.TensorProto | _weights.TensorSource
-#: Name of the i-th moment of a parameter in an optimizer group (ONNX Runtime's ``momentum0``, ``momentum1``).
+#: Name of the i-th moment of a parameter in an optimizer group (ONNX Runtime's ``momentum0``,
+#: ``momentum1``).
 MOMENT_NAME = "momentum{}"
 #: Frozen tensors whose names start with this are kept beside the model's parameters (a weight EMA:
-#: ``onnxblocks.extra/ema/<parameter>``): ONNX Runtime loads and saves them as it does any frozen parameter, the
-#: model never reads them, and onnxblocks' checks and backends leave them out of the model's parameters.
+#: ``onnxblocks.extra/ema/<parameter>``): ONNX Runtime loads and saves them as it does any frozen
+#: parameter, the
+#: model never reads them, and onnxblocks' checks and backends leave them out of the model's
+#: parameters.
 EXTRA_PREFIX = "onnxblocks.extra/"
 
 
@@ -85,7 +88,8 @@ def _from_array(name: str, value: Any, role: str) -> _Param:
     data_type = next((t for t, d in _format.LOADABLE_DTYPES.items() if d == dtype), None)
     if data_type is None:
         raise InvalidValueError(
-            f"{role} '{name}' is a {array.dtype} array, which ONNX Runtime cannot load from a checkpoint. "
+            f"{role} '{name}' is a {array.dtype} array, which ONNX Runtime cannot load from a "
+            "checkpoint. "
             "Cast it to float32 (or another numeric type) first."
         )
     array = np.ascontiguousarray(array, dtype=dtype)
@@ -114,8 +118,10 @@ def _describe(param: Any, role: str, index: int) -> _Param:
             doc,
         )
     raise InvalidTypeError(
-        f"{role} parameter #{index} is a {type(param).__name__}; checkpoints take onnx.TensorProto or "
-        "onnxblocks TensorSource objects (e.g. accessor.weights.source(name)), or a {name: array} mapping."
+        f"{role} parameter #{index} is a {type(param).__name__}; checkpoints take "
+        "onnx.TensorProto or "
+        "onnxblocks TensorSource objects (e.g. accessor.weights.source(name)), or a {name: "
+        "array} mapping."
     )
 
 
@@ -128,7 +134,8 @@ def _check(params: list[_Param], nominal: bool) -> None:
             )
         if p.name in seen:
             raise InvalidValueError(
-                f"Parameter '{p.name}' appears twice in the checkpoint parameters; names must be unique across "
+                f"Parameter '{p.name}' appears twice in the checkpoint parameters; names must be "
+                "unique across "
                 "the trainable and frozen lists. Remove the duplicate."
             )
         seen.add(p.name)
@@ -139,7 +146,8 @@ def _check(params: list[_Param], nominal: bool) -> None:
                 else str(p.data_type)
             )
             raise InvalidValueError(
-                f"Parameter '{p.name}' has element type {kind}, which ONNX Runtime 1.19.2 cannot load from a "
+                f"Parameter '{p.name}' has element type {kind}, which ONNX Runtime 1.19.2 cannot "
+                "load from a "
                 "checkpoint. Cast it to float32 (or another numeric type) first."
             )
         if any(d < 0 for d in p.dims):
@@ -210,7 +218,8 @@ def save_checkpoint(
     """
     if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2):
         raise InvalidTypeError(
-            "parameters must be a (trainable, frozen) pair of sequences of onnx.TensorProto / TensorSource, "
+            "parameters must be a (trainable, frozen) pair of sequences of onnx.TensorProto / "
+            "TensorSource, "
             f"not {type(parameters).__name__}. Pass e.g. ([w, b], [])."
         )
     if (
@@ -228,7 +237,8 @@ def save_checkpoint(
             params = list(params.items())  # (name, array) pairs, see _describe
         if isinstance(params, (str, bytes, onnx.TensorProto)) or not isinstance(params, Sequence):
             raise InvalidTypeError(
-                f"The {role.lower()} parameters must be a sequence of tensors or a {{name: array}} mapping, not "
+                f"The {role.lower()} parameters must be a sequence of tensors or a {{name: "
+                "array} mapping, not "
                 f"{type(params).__name__}."
             )
         groups.append([_describe(p, role, i) for i, p in enumerate(params)])
@@ -243,7 +253,8 @@ def save_checkpoint(
     target = as_path(path_to_checkpoint, "path_to_checkpoint")
     if target.is_dir():
         raise IsAFolderError(
-            f"'{target}' is a directory; save_checkpoint writes a checkpoint *file*. Pass a file path, e.g. "
+            f"'{target}' is a directory; save_checkpoint writes a checkpoint *file*. Pass a file "
+            "path, e.g. "
             f"'{target / 'checkpoint'}'."
         )
     total = sum(p.nbytes for p in trainable + frozen + moments)
@@ -319,11 +330,13 @@ def _optimizer_states(
         return []
     if nominal:
         raise InvalidValueError(
-            "A nominal checkpoint holds no values, so it cannot hold optimizer state. Pass one or the other."
+            "A nominal checkpoint holds no values, so it cannot hold optimizer state. Pass one "
+            "or the other."
         )
     if not isinstance(optimizer_state, Mapping):
         raise InvalidTypeError(
-            f"optimizer_state must be a mapping {{group: {{'step', 'initial_learning_rate', 'moments'}}}}, not "
+            "optimizer_state must be a mapping {group: {'step', 'initial_learning_rate', "
+            "'moments'}}, not "
             f"{type(optimizer_state).__name__}."
         )
     shapes = {p.name: (p.data_type, p.dims) for p in trainable}
@@ -332,15 +345,18 @@ def _optimizer_states(
         missing = [k for k in ("step", "initial_learning_rate", "moments") if k not in state]
         if not isinstance(group, str) or missing:
             raise InvalidValueError(
-                f"optimizer group {group!r} must be named by a str and hold 'step', 'initial_learning_rate' and "
+                f"optimizer group {group!r} must be named by a str and hold 'step', "
+                "'initial_learning_rate' and "
                 f"'moments'; it lacks {missing}."
             )
         per_param: dict[str, dict[str, _Param]] = {}
         for param, arrays in dict(state["moments"]).items():
             if param not in shapes:
                 raise InvalidValueError(
-                    f"optimizer group '{group}' holds moments of '{param}', which is not a trainable parameter of the "
-                    f"checkpoint ({sorted(shapes)}). Save the optimizer state with the parameters it belongs to."
+                    f"optimizer group '{group}' holds moments of '{param}', which is not a "
+                    "trainable parameter of the "
+                    f"checkpoint ({sorted(shapes)}). Save the optimizer state with the "
+                    "parameters it belongs to."
                 )
             moments = {
                 MOMENT_NAME.format(i): _from_array(param, a, "moment of")
@@ -349,8 +365,10 @@ def _optimizer_states(
             for name, m in moments.items():
                 if (m.data_type, m.dims) != shapes[param]:
                     raise InvalidValueError(
-                        f"moment '{name}' of parameter '{param}' in optimizer group '{group}' has shape {list(m.dims)} "
-                        f"(element type {m.data_type}); the parameter has shape {list(shapes[param][1])} (element "
+                        f"moment '{name}' of parameter '{param}' in optimizer group '{group}' "
+                        f"has shape {list(m.dims)} "
+                        f"(element type {m.data_type}); the parameter has shape "
+                        f"{list(shapes[param][1])} (element "
                         f"type {shapes[param][0]}). Moments have their parameter's shape and type."
                     )
             per_param[param] = {

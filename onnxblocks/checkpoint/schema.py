@@ -1,4 +1,5 @@
-"""The checkpoint layout as data: constants, element types, and field positions from the generated accessors.
+"""The checkpoint layout as data: constants, element types, and field positions from the generated
+accessors.
 
 ONNX Runtime's published schema (``ort_training_checkpoint.fbs``, which includes
 ``ort.fbs``) is stored in ``_generated/schema`` and compiled by ``flatc --python``

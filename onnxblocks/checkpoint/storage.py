@@ -58,7 +58,8 @@ def versions_dir(target: Path) -> Path:
 
 
 def resolve(path: str | os.PathLike) -> Path:
-    """The real path of a checkpoint's header: its current version when versioned, else ``path`` itself.
+    """The real path of a checkpoint's header: its current version when versioned, else ``path``
+    itself.
 
     Read the header and ``<real path>.data`` from it, so that both come from one version.
     """
@@ -82,7 +83,8 @@ class Staged:
 
 @contextlib.contextmanager
 def replacing(target: str | os.PathLike) -> Iterator[Staged]:
-    """Stage a checkpoint beside ``target``, then replace ``target`` (and its data file) all-or-nothing.
+    """Stage a checkpoint beside ``target``, then replace ``target`` (and its data file)
+    all-or-nothing.
 
     Temporary files of killed runs beside ``target``, and versions no link points
     to, are removed first. When the block raises, the staged files are removed and
@@ -99,7 +101,8 @@ def replacing(target: str | os.PathLike) -> Iterator[Staged]:
         )
     if final.is_dir():
         raise IsAFolderError(
-            f"'{final}' is a directory; a checkpoint is a file. Pass a file path, e.g. '{final / 'checkpoint'}'."
+            f"'{final}' is a directory; a checkpoint is a file. Pass a file path, e.g. "
+            f"'{final / 'checkpoint'}'."
         )
     remove_stale(final)
     header = _tempfiles.temp_path(final)
@@ -120,7 +123,9 @@ def replacing(target: str | os.PathLike) -> Iterator[Staged]:
 
 
 def commit(target: Path, header: Path, data: Path | None) -> None:
-    """Move a written header (and its data file, if any) over the checkpoint ``target``, all-or-nothing."""
+    """Move a written header (and its data file, if any) over the checkpoint ``target``,
+    all-or-nothing.
+    """
     data_target = data_path_of(target)
     if data is None:
         os.replace(header, target)  # the new header reads no data: one rename
@@ -154,7 +159,9 @@ def commit(target: Path, header: Path, data: Path | None) -> None:
 
 
 def remove_stale(target: Path) -> None:
-    """Remove temporary files of killed writers beside ``target`` and versions of it that nothing uses."""
+    """Remove temporary files of killed writers beside ``target`` and versions of it that nothing
+    uses.
+    """
     _tempfiles.remove_stale(target.parent)
     if versions_dir(target).is_dir():
         _tempfiles.remove_stale(
@@ -190,7 +197,9 @@ def _current(target: Path) -> str | None:
 
 
 def _symlink_over(text: str, where: Path) -> None:
-    """Make ``where`` a symbolic link with ``text``, atomically (a temporary link renamed over it)."""
+    """Make ``where`` a symbolic link with ``text``, atomically (a temporary link renamed over
+    it).
+    """
     temp = _tempfiles.temp_path(where)
     os.symlink(text, temp)
     try:
@@ -206,7 +215,9 @@ def _switch(target: Path, version: str) -> None:
 
 
 def _link(target: Path, name_path: Path) -> None:
-    """Point ``name_path`` (the header or the data file) at the current version, unless it already does."""
+    """Point ``name_path`` (the header or the data file) at the current version, unless it
+    already does.
+    """
     text = _link_text(target, name_path.name)
     with contextlib.suppress(OSError):
         if os.readlink(name_path) == text:
@@ -252,7 +263,9 @@ def _remove_stale_versions(target: Path) -> None:
 
 
 def _remove_data(target: Path) -> None:
-    """After an inline header replaced ``target``: remove the data file (or its link) and the versions."""
+    """After an inline header replaced ``target``: remove the data file (or its link) and the
+    versions.
+    """
     with contextlib.suppress(FileNotFoundError):
         data_path_of(target).unlink()
     _remove_versions(target, keep=None)

@@ -1,4 +1,5 @@
-"""Checking a checkpoint completely, and against the model it is used with, before ONNX Runtime sees it.
+"""Checking a checkpoint completely, and against the model it is used with, before ONNX Runtime sees
+it.
 
 ONNX Runtime trusts a checkpoint: a tensor whose data lies past the end of its
 file, or a parameter whose shape differs from the model's input, makes it fail
@@ -49,7 +50,8 @@ Slot = tuple[int, tuple[int | str | None, ...] | None]
 
 
 def model_parameter_slots(model: onnx.ModelProto) -> dict[str, Slot]:
-    """``{name: (element type, dims)}`` of every value that can hold a parameter: graph inputs, then initializers.
+    """``{name: (element type, dims)}`` of every value that can hold a parameter: graph inputs, then
+    initializers.
 
     ``dims`` entries are ints, symbolic names or None; ``dims`` is None for an unknown rank.
     """
@@ -114,7 +116,8 @@ def _check_file(reader: _Reader) -> None:
                 or (entry.inline and entry.inline[1])
             ):
                 raise CheckpointFormatError(
-                    f"{where} is nominal (names and element types only) but tensor '{entry.name}' has dims or data. "
+                    f"{where} is nominal (names and element types only) but tensor "
+                    f"'{entry.name}' has dims or data. "
                     f"{_CORRUPT}"
                 )
             continue
@@ -122,7 +125,8 @@ def _check_file(reader: _Reader) -> None:
         if entry.external_offset is not None and end > reader.data_size:
             raise CheckpointFormatError(
                 f"{where}: tensor '{entry.name}' needs bytes {entry.external_offset}..{end}"
-                f" of '{reader.data_path}', which has {reader.data_size} bytes. The data file is truncated or belongs "
+                f" of '{reader.data_path}', which has {reader.data_size} bytes. The data file is "
+                "truncated or belongs "
                 "to another checkpoint: restore the checkpoint and its .data file together."
             )
     check_scalars(parsed, where)
@@ -133,22 +137,27 @@ def _check_file(reader: _Reader) -> None:
             group.moments and set(group.moments) != set(params) and counts != {0}
         ):
             raise CheckpointFormatError(
-                f"{where}: optimizer group '{group.name}' holds moments for {preview(sorted(group.moments))} "
-                f"({sorted(counts)} per parameter) but the trainable parameters are {preview(sorted(params))}. "
+                f"{where}: optimizer group '{group.name}' holds moments for "
+                f"{preview(sorted(group.moments))} "
+                f"({sorted(counts)} per parameter) but the trainable parameters are "
+                f"{preview(sorted(params))}. "
                 f"{_CORRUPT}"
             )
         for name, moments in group.moments.items():
             param = params.get(name)
             if param is None:
                 raise CheckpointFormatError(
-                    f"{where}: optimizer group '{group.name}' holds moments of '{name}', which is not a trainable "
+                    f"{where}: optimizer group '{group.name}' holds moments of '{name}', which "
+                    "is not a trainable "
                     f"parameter of the checkpoint. {_CORRUPT}"
                 )
             names = [m.name for m in moments]
             if names != [MOMENT_NAME.format(i) for i in range(len(moments))]:
                 raise CheckpointFormatError(
-                    f"{where}: the moments of '{name}' in optimizer group '{group.name}' are named {names}; ONNX "
-                    f"Runtime reads {[MOMENT_NAME.format(i) for i in range(len(moments))]}. {_CORRUPT}"
+                    f"{where}: the moments of '{name}' in optimizer group '{group.name}' are "
+                    f"named {names}; ONNX "
+                    f"Runtime reads {[MOMENT_NAME.format(i) for i in range(len(moments))]}. "
+                    f"{_CORRUPT}"
                 )
             for moment in moments:
                 if (moment.data_type, moment.dims) != (param.data_type, param.dims):
@@ -164,7 +173,8 @@ def _model_slots(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, 
         return model_parameter_slots(model), f"the model '{model.graph.name}'"
     if not isinstance(model, (str, os.PathLike)):
         raise InvalidTypeError(
-            f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}."
+            "model must be an onnx.ModelProto or a path to an .onnx file, not "
+            f"{type(model).__name__}."
         )
     path = Path(os.fspath(model))
     try:
@@ -181,7 +191,8 @@ def _model_slots(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, 
 def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) -> None:
     parsed = reader.parsed
     where = f"Checkpoint '{reader.path}'"
-    # tensors kept beside the model's (a weight EMA) under the reserved prefix are no model parameters
+    # tensors kept beside the model's (a weight EMA) under the reserved prefix are no model
+    # parameters
     entries = [
         e for e in (*parsed.trainable, *parsed.frozen) if not e.name.startswith(EXTRA_PREFIX)
     ]
@@ -191,14 +202,18 @@ def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) 
     if entries and len(unknown) == len(entries):
         expected = sorted(trained) or sorted(slots)
         raise CheckpointMismatchError(
-            f"{where} is not a checkpoint of {model_name}: none of its parameters {preview(names)} is a parameter "
-            f"of the model ({preview(expected)}). Pass a checkpoint saved from these artifacts (or from the "
+            f"{where} is not a checkpoint of {model_name}: none of its parameters "
+            f"{preview(names)} is a parameter "
+            f"of the model ({preview(expected)}). Pass a checkpoint saved from these artifacts "
+            "(or from the "
             "model), or the model this checkpoint belongs to."
         )
     if unknown:
         raise CheckpointMismatchError(
-            f"{where} is not a checkpoint of {model_name}: its parameters {preview(unknown)} are not parameters of "
-            "the model. Pass a checkpoint saved from these artifacts, or regenerate the artifacts from the model "
+            f"{where} is not a checkpoint of {model_name}: its parameters {preview(unknown)} are "
+            "not parameters of "
+            "the model. Pass a checkpoint saved from these artifacts, or regenerate the "
+            "artifacts from the model "
             "the checkpoint belongs to."
         )
     if trained:  # a training model: its trainable parameters are those with gradient buffers
@@ -207,15 +222,20 @@ def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) 
         data_type, dims = slots[entry.name]
         if data_type and entry.data_type != data_type:
             raise CheckpointMismatchError(
-                f"{where} does not fit {model_name}: parameter '{entry.name}' is {_kind(entry.data_type, entry.dims)}"
-                f" in the checkpoint but the model takes {_kind(data_type, dims)}. Pass a checkpoint saved from this "
+                f"{where} does not fit {model_name}: parameter '{entry.name}' is "
+                f"{_kind(entry.data_type, entry.dims)}"
+                f" in the checkpoint but the model takes {_kind(data_type, dims)}. Pass a "
+                "checkpoint saved from this "
                 "model, or convert the parameter to the model's element type."
             )
         if not parsed.is_nominal and not _fits(entry.dims, dims):
             raise CheckpointMismatchError(
-                f"{where} does not fit {model_name}: parameter '{entry.name}' has shape {list(entry.dims)} in the "
-                f"checkpoint but the model takes {_kind(data_type, dims)}. The checkpoint was saved from a model with "
-                "the same names but other shapes: pass a checkpoint saved from these artifacts, or regenerate the "
+                f"{where} does not fit {model_name}: parameter '{entry.name}' has shape "
+                f"{list(entry.dims)} in the "
+                f"checkpoint but the model takes {_kind(data_type, dims)}. The checkpoint was "
+                "saved from a model with "
+                "the same names but other shapes: pass a checkpoint saved from these artifacts, "
+                "or regenerate the "
                 "artifacts from the model the checkpoint belongs to."
             )
 
@@ -239,7 +259,8 @@ def _check_trainable(
         )
     raise CheckpointMismatchError(
         f"{where} holds parameters {preview(sorted(trainable | frozen))}, but {model_name} trains "
-        f"{preview(sorted(trained))}: {problem}. It is not a checkpoint of these artifacts: pass one saved from "
+        f"{preview(sorted(trained))}: {problem}. It is not a checkpoint of these artifacts: pass "
+        "one saved from "
         "them (or regenerate the artifacts with the checkpoint's trainable parameters)."
     )
 

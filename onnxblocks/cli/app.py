@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = _Parser(
         prog=PROG,
-        description="Compose ONNX training graphs, generate ONNX Runtime training artifacts, and train "
+        description="Compose ONNX training graphs, generate ONNX Runtime training artifacts, and "
+        "train "
         "them without torch.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

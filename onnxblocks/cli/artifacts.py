@@ -14,7 +14,8 @@ from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.paths import output_dir
 from onnxblocks.cli.tables import format_bytes
 
-#: ``--loss`` choices and the LossType member each selects (None: the model's first output is the loss).
+#: ``--loss`` choices and the LossType member each selects (None: the model's first output is the
+#: loss).
 LOSSES = {
     "mse": "MSELoss",
     "crossentropy": "CrossEntropyLoss",
@@ -75,7 +76,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--optimizer",
         default="adamw",
         choices=OPTIMIZERS,
-        help="optimizer model to generate, with torch.optim's semantics and defaults (default: adamw)",
+        help="optimizer model to generate, with torch.optim's semantics and defaults (default: "
+        "adamw)",
     )
     parser.add_argument(
         "--weight-decay",
@@ -95,7 +97,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--no-decay-norm-bias",
         action="store_true",
-        help="no weight decay on biases and normalisation weights (tensors of at most one dimension): "
+        help="no weight decay on biases and normalisation weights (tensors of at most one "
+        "dimension): "
         "the usual fine-tuning parameter groups",
     )
     parser.add_argument(
@@ -144,35 +147,42 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         const="standard",
         default=False,
         choices=("standard", "onnxruntime"),
-        help="write models that train on stock onnxruntime (see docs/portable.md): standard ONNX ops only "
-        "(--portable, --portable standard), or also the contrib ops stock onnxruntime runs, for speed "
+        help="write models that train on stock onnxruntime (see docs/portable.md): standard ONNX "
+        "ops only "
+        "(--portable, --portable standard), or also the contrib ops stock onnxruntime runs, for "
+        "speed "
         "(--portable onnxruntime)",
     )
     parser.add_argument(
         "--no-fused-step",
         dest="fused_step",
         action="store_false",
-        help="with --portable: do not write step_model.onnx (forward, backward and update in one graph)",
+        help="with --portable: do not write step_model.onnx (forward, backward and update in one "
+        "graph)",
     )
     parser.add_argument(
         "--base-dtype",
         choices=("float16", "bfloat16"),
         default=None,
-        help="store the weights that do not train (the frozen base, in base_weights.bin) in this type, cast to "
+        help="store the weights that do not train (the frozen base, in base_weights.bin) in this "
+        "type, cast to "
         "float32 where they are read: half the disk and memory (see docs/lora.md)",
     )
     parser.add_argument(
         "--lora",
         default=None,
         metavar="SPEC",
-        help="add LoRA adapters and train them (docs/lora.md): r=8,alpha=16,targets=q_proj,v_proj with optional "
-        "dropout=P, fan_in_fan_out=1, exclude=NAME (comma-separated; names after targets= or exclude= belong to it); "
+        help="add LoRA adapters and train them (docs/lora.md): r=8,alpha=16,targets=q_proj,v_proj "
+        "with optional "
+        "dropout=P, fan_in_fan_out=1, exclude=NAME (comma-separated; names after targets= or "
+        "exclude= belong to it); "
         "--requires-grad then names parameters to train besides the adapters",
     )
     parser.add_argument(
         "--untie",
         action="store_true",
-        help="give each module of a weight the exporter tied (merged identical initializers, listed by "
+        help="give each module of a weight the exporter tied (merged identical initializers, "
+        "listed by "
         "'onnxblocks inspect') its own copy, named after the module and trained or frozen with it",
     )
     parser.set_defaults(handler=run)
@@ -195,7 +205,8 @@ _LORA_LISTS = ("target_modules", "exclude_modules")
 
 
 def lora_config(spec: str) -> Any:
-    """The :class:`~onnxblocks.peft.LoraConfig` of a ``--lora`` spec (``r=8,alpha=16,targets=q_proj,v_proj``).
+    """The :class:`~onnxblocks.peft.LoraConfig` of a ``--lora`` spec
+    (``r=8,alpha=16,targets=q_proj,v_proj``).
 
     Raises:
         CliError: (exit 2) for an unknown key, a value that is not a number where one is expected, a
@@ -220,13 +231,15 @@ def lora_config(spec: str) -> Any:
         field = LORA_KEYS.get(key.strip())
         if field is None:
             raise CliError(
-                f"--lora: unknown key {key!r}{did_you_mean(key, LORA_KEYS)} (keys: {', '.join(LORA_KEYS)})",
+                f"--lora: unknown key {key!r}{did_you_mean(key, LORA_KEYS)} (keys: "
+                f"{', '.join(LORA_KEYS)})",
                 EXIT_USAGE,
             )
         values[field] = [value] if field in _LORA_LISTS else _lora_value(key, field, value)
     if "target_modules" not in values:
         raise CliError(
-            "--lora: name the modules to adapt with targets=NAME[,NAME...] (e.g. targets=q_proj,v_proj)",
+            "--lora: name the modules to adapt with targets=NAME[,NAME...] (e.g. "
+            "targets=q_proj,v_proj)",
             EXIT_USAGE,
         )
     try:
@@ -337,13 +350,15 @@ def _match_all(
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
             raise CliError(
-                f"{option} {pattern!r} matches no initializer of the model.{did_you_mean(pattern, names)} "
+                f"{option} {pattern!r} matches no initializer of the "
+                f"model.{did_you_mean(pattern, names)} "
                 f"Initializers: {preview(names)}."
             )
         usable = [n for n in hits if n in set(floats)]
         if not usable:
             raise CliError(
-                f"{option} {pattern!r} matches only non-floating-point initializers {preview(hits)}, which cannot "
+                f"{option} {pattern!r} matches only non-floating-point initializers "
+                f"{preview(hits)}, which cannot "
                 "be trained. Choose float parameters."
             )
         chosen.update(dict.fromkeys(usable))

@@ -1,4 +1,6 @@
-"""``onnxblocks clean``: remove what killed ``generate_artifacts`` runs left in and beside an artifact directory."""
+"""``onnxblocks clean``: remove what killed ``generate_artifacts`` runs left in and beside an
+artifact directory.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "clean",
         parents=parents,
         help="remove the staging folders killed runs left in or beside an artifact directory",
-        description="Remove the staging folders that killed generate_artifacts runs left in or beside DIR "
+        description="Remove the staging folders that killed generate_artifacts runs left in or "
+        "beside DIR "
         "(rolling back a replacement they cut short), and list those kept.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"{path}: removed (a temporary file of a killed run)\n")
     freed = sum(s.nbytes for s in found if os.fspath(s.path) in removed)
     out.write(
-        f"removed {len(removed)} leftover(s) of killed runs ({format_bytes(freed)} of staging folders)\n"
+        f"removed {len(removed)} leftover(s) of killed runs ({format_bytes(freed)} of staging "
+        "folders)\n"
     )
     return EXIT_OK

@@ -26,8 +26,10 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "demo",
         parents=parents,
         help="train a small classifier end to end (no torch, no downloads)",
-        description="Build a small MLP with onnx.helper, compose a custom loss from blocks, generate artifacts, "
-        "train on a built-in 3-class spiral dataset with a progress bar, save the loss curve as PNG, "
+        description="Build a small MLP with onnx.helper, compose a custom loss from blocks, "
+        "generate artifacts, "
+        "train on a built-in 3-class spiral dataset with a progress bar, save the loss curve as "
+        "PNG, "
         f"export the inference model and check it with onnxruntime (target accuracy "
         f">= {TARGET_ACCURACY}). Takes seconds on a laptop CPU.",
         epilog=EXAMPLES,
@@ -53,20 +55,26 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--portable",
         action="store_true",
-        help="generate portable artifacts (standard ops, fused step model) and train them on the portable backend",
+        help="generate portable artifacts (standard ops, fused step model) and train them on the "
+        "portable backend",
     )
     parser.add_argument(
         "--web",
         action="store_true",
-        help="instead, write a page that trains the classifier in the browser (onnxruntime-web, WASM) and serve it "
-        "on 127.0.0.1 until Ctrl-C (docs/web.md; the first run npm-installs onnxruntime-web into a cache)",
+        help="instead, write a page that trains the classifier in the browser (onnxruntime-web, "
+        "WASM) and serve it "
+        "on 127.0.0.1 until Ctrl-C (docs/web.md; the first run npm-installs onnxruntime-web into "
+        "a cache)",
     )
     parser.add_argument(
         "--lora",
         action="store_true",
-        help="instead, pre-train a small LLaMA-architecture LM in torch on a synthetic language, fine-tune LoRA "
-        "adapters on a shifted task with onnxblocks, write them as a PEFT directory, merge them and generate text "
-        "with onnxruntime (docs/lora.md; needs torch and transformers: pip install 'onnxblocks[torch]' transformers)",
+        help="instead, pre-train a small LLaMA-architecture LM in torch on a synthetic language, "
+        "fine-tune LoRA "
+        "adapters on a shifted task with onnxblocks, write them as a PEFT directory, merge them "
+        "and generate text "
+        "with onnxruntime (docs/lora.md; needs torch and transformers: pip install "
+        "'onnxblocks[torch]' transformers)",
     )
     parser.add_argument(
         "--port",
@@ -104,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if not result.passed:
         raise CliError(
             f"the demo reached validation accuracy {result.eval_accuracy:.3f} (inference model: "
-            f"{result.inference_accuracy:.3f}); the target is {TARGET_ACCURACY}. Try more --epochs.",
+            f"{result.inference_accuracy:.3f}); the target is {TARGET_ACCURACY}. Try more "
+            "--epochs.",
             EXIT_FAILURE,
         )
     return EXIT_OK
@@ -115,7 +124,9 @@ LORA_NEEDS = {"torch": "torch==2.13.0", "transformers": "transformers"}
 
 
 def _run_lora(args: argparse.Namespace) -> int:
-    """Run the LoRA demo (``onnxblocks.torch.lora_demo`` or ``lora_web``) in a child Python: the CLI loads no torch."""
+    """Run the LoRA demo (``onnxblocks.torch.lora_demo`` or ``lora_web``) in a child Python: the
+    CLI loads no torch.
+    """
     import importlib.util
     import subprocess
     import sys
@@ -127,7 +138,8 @@ def _run_lora(args: argparse.Namespace) -> int:
         install = " ".join(LORA_NEEDS[name] for name in missing)
         raise CliError(
             f"demo --lora builds and pre-trains its LLaMA with {' and '.join(missing)}, which "
-            f"{'is' if len(missing) == 1 else 'are'} not installed: pip install {install} (torch pinned in the same "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: pip install {install} (torch "
+            "pinned in the same "
             "command). The fine-tune itself runs on ONNX Runtime.",
             EXIT_FAILURE,
         )

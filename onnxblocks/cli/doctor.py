@@ -34,8 +34,10 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "doctor",
         parents=parents,
         help="report which backend and gradient builder each Python on this machine would use",
-        description="For this Python and each Python 3.10-3.14 found (pyenv, uv, PATH): the onnxruntime build "
-        "installed there, the backend that trains artifacts, and where generate_artifacts runs ONNX Runtime's "
+        description="For this Python and each Python 3.10-3.14 found (pyenv, uv, PATH): the "
+        "onnxruntime build "
+        "installed there, the backend that trains artifacts, and where generate_artifacts runs "
+        "ONNX Runtime's "
         "gradient builder (in-process with onnxruntime-training, else a worker Python 3.10-3.12).",
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -139,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     if plan.get("python"):
         state = "ready" if plan["ready"] else "created on first use"
         print(
-            f"worker environment: {plan['environment']} ({state}; from {plan['python']}, {plan['found_by']})"
+            f"worker environment: {plan['environment']} ({state}; from {plan['python']}, "
+            f"{plan['found_by']})"
         )
     else:
         print(f"worker: {plan['error']}")

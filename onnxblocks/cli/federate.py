@@ -1,4 +1,5 @@
-"""``onnxblocks federate``: a federation on Flower's deployment engine on localhost, one SuperNode per data file.
+"""``onnxblocks federate``: a federation on Flower's deployment engine on localhost, one SuperNode
+per data file.
 
 The command writes a Flower app (:mod:`onnxblocks.federated.project`) whose ServerApp starts from
 the artifacts' checkpoint, starts a SuperLink and one SuperNode per ``--client-data`` file with
@@ -48,9 +49,12 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "federate",
         parents=parents,
         help="federated training on Flower's deployment engine on localhost",
-        description="Train the artifacts of ARTIFACTS federatedly: a Flower SuperLink and one SuperNode per "
-        "--client-data file on 127.0.0.1, started with Flower's own commands and stopped when the run ends "
-        "(also on Ctrl-C). The server starts from the artifacts' checkpoint and aggregates with one of Flower's "
+        description="Train the artifacts of ARTIFACTS federatedly: a Flower SuperLink and one "
+        "SuperNode per "
+        "--client-data file on 127.0.0.1, started with Flower's own commands and stopped when "
+        "the run ends "
+        "(also on Ctrl-C). The server starts from the artifacts' checkpoint and aggregates with "
+        "one of Flower's "
         'strategies. Needs Flower: pip install "onnxblocks[flower]".',
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -70,21 +74,24 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--client-artifacts",
         action="append",
         metavar="DIR",
-        help="the artifacts a client trains (default ARTIFACTS): once for all clients or once per client, "
+        help="the artifacts a client trains (default ARTIFACTS): once for all clients or once per "
+        "client, "
         "e.g. portable artifacts of the same model for a client on stock onnxruntime",
     )
     clients.add_argument(
         "--client-python",
         action="append",
         metavar="PY",
-        help="the interpreter a client's SuperNode runs under (default this one): once for all clients or once "
+        help="the interpreter a client's SuperNode runs under (default this one): once for all "
+        "clients or once "
         "per client; onnxblocks and flwr must be importable there",
     )
     clients.add_argument(
         "--backend",
         choices=("auto", "training", "portable"),
         default="auto",
-        help="the clients' and server's engine (default auto: portable artifacts on the portable backend)",
+        help="the clients' and server's engine (default auto: portable artifacts on the portable "
+        "backend)",
     )
     training = parser.add_argument_group("training")
     training.add_argument("--rounds", type=int, default=3, help="federated rounds (default 3)")
@@ -123,7 +130,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds to wait for a round's replies; a client later than that is dropped from the round",
+        help="seconds to wait for a round's replies; a client later than that is dropped from the "
+        "round",
     )
     training.add_argument(
         "--min-clients",
@@ -136,7 +144,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=float,
         default=None,
         metavar="F",
-        help="fraction of the clients that evaluate the global model on their data each round (default 1; 0: none)",
+        help="fraction of the clients that evaluate the global model on their data each round "
+        "(default 1; 0: none)",
     )
     training.add_argument(
         "--eval-data", metavar="FILE.npz", help="held-out data the server evaluates on each round"
@@ -155,7 +164,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds the whole run may take (default: no limit, or rounds x 3 x --round-timeout + 300)",
+        help="seconds the whole run may take (default: no limit, or rounds x 3 x --round-timeout "
+        "+ 300)",
     )
     parser.set_defaults(handler=run)
 
@@ -167,7 +177,8 @@ def _per_client(values: list[str] | None, count: int, option: str) -> list[str |
         return [values[0]] * count
     if len(values) != count:
         raise CliError(
-            f"{option} is given {len(values)} times for {count} --client-data files: give it once (for every client) "
+            f"{option} is given {len(values)} times for {count} --client-data files: give it "
+            "once (for every client) "
             "or once per client, in the same order.",
             EXIT_USAGE,
         )
@@ -198,7 +209,8 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.min_clients is not None and args.min_clients > len(args.client_data):
         raise CliError(
-            f"--min-clients {args.min_clients} is more than the {len(args.client_data)} clients (--client-data).",
+            f"--min-clients {args.min_clients} is more than the {len(args.client_data)} clients "
+            "(--client-data).",
             EXIT_USAGE,
         )
     from onnxblocks.runtime.layout import ArtifactFiles
@@ -209,7 +221,9 @@ def _check(args: argparse.Namespace) -> None:
                 f"artifact directory {directory} does not exist (or is not a directory).",
                 EXIT_INPUT,
             )
-        try:  # checked here, before Flower starts: a server or client failing on it would cost a whole start-up
+        # checked here, before Flower starts: a server or client failing on it would cost a whole
+        # start-up
+        try:
             ArtifactFiles.find(directory, "")
         except FileNotFoundError as exc:
             raise CliError(str(exc), EXIT_INPUT) from None
@@ -232,7 +246,9 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The Flower app's run config for ``args`` (keys of ``onnxblocks.federated.server.ServerSettings``)."""
+    """The Flower app's run config for ``args`` (keys of
+    ``onnxblocks.federated.server.ServerSettings``).
+    """
     config: dict[str, Any] = {
         "artifacts": os.path.abspath(args.directory),
         "backend": args.backend,
@@ -312,7 +328,8 @@ def _federate(args: argparse.Namespace) -> int:
         outcome = deployment.run(app, timeout=timeout)
     if not outcome.ok:
         raise CliError(
-            f"the federated run ended with status {outcome.status} ({outcome.details}); the logs are in "
+            f"the federated run ended with status {outcome.status} ({outcome.details}); the logs "
+            "are in "
             f"{run_dir / 'logs'} (the ServerApp's in {outcome.log}).",
             EXIT_FAILURE,
         )
@@ -343,7 +360,8 @@ def _summary(history_path: Path, seconds: float) -> None:
         print(f"round {row.get('round')}: {metrics}")
     for row in history.get("dropped", []):
         print(
-            f"round {row.get('round')}: dropped client {row.get('node')} ({row.get('phase')}): {row.get('reason')}",
+            f"round {row.get('round')}: dropped client {row.get('node')} ({row.get('phase')}): "
+            f"{row.get('reason')}",
             file=sys.stderr,
         )
     print(f"done in {seconds:.1f} s")

@@ -33,7 +33,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "inspect",
         parents=parents,
         help="show inputs, outputs and parameters of a model or artifact directory",
-        description="Print a table of the inputs, outputs and parameters (shape, dtype, trainable/frozen, "
+        description="Print a table of the inputs, outputs and parameters (shape, dtype, "
+        "trainable/frozen, "
         "bytes, totals) of an ONNX model file or of a training artifact directory.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -82,7 +83,8 @@ def _load(path: Path) -> Any:
         return onnx.load(os.fspath(path), load_external_data=False)
     except Exception as exc:
         raise CliError(
-            f"cannot read '{path}' as an ONNX model: {' '.join(str(exc).split()) or type(exc).__name__}."
+            f"cannot read '{path}' as an ONNX model: "
+            f"{' '.join(str(exc).split()) or type(exc).__name__}."
             " Pass an .onnx file.",
             EXIT_INPUT,
         ) from None
@@ -151,7 +153,9 @@ def inspect_model(path: Path) -> dict[str, Any]:
 
 
 def _ties(model: Any) -> list[dict[str, Any]]:
-    """The initializers several modules read (docs/training.md, "Weights the exporter tied"); no bytes read."""
+    """The initializers several modules read (docs/training.md, "Weights the exporter tied"); no
+    bytes read.
+    """
     from onnxblocks.artifacts.ties import find_ties
 
     found = find_ties(model)
@@ -191,7 +195,9 @@ def _checkpoint_state(checkpoint: Any) -> dict[str, Any]:
 
 
 def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
-    """Describe an artifact directory: user inputs/outputs, checkpoint parameters, optimizer state."""
+    """Describe an artifact directory: user inputs/outputs, checkpoint parameters, optimizer
+    state.
+    """
     from onnxblocks._core.leftovers import HOST_TAG, leftovers
     from onnxblocks.checkpoint import load_checkpoint
     from onnxblocks.runtime.layout import ArtifactFiles
@@ -247,7 +253,9 @@ def inspect_artifacts(directory: Path, prefix: str = "") -> dict[str, Any]:
 
 
 def _base(path: Path, files: Any) -> dict[str, Any] | None:
-    """The frozen base the models share (docs/lora.md): its file, size and element type; None without one."""
+    """The frozen base the models share (docs/lora.md): its file, size and element type; None
+    without one.
+    """
     if not path.is_file():
         return None
     return {
@@ -291,7 +299,8 @@ def render(report: dict[str, Any]) -> str:
     if report["kind"] == "model":
         opsets = ", ".join(f"{d} {v}" for d, v in report["opsets"].items())
         lines.append(
-            f"model {report['path']}: IR {report['ir_version']}, opsets {opsets}, {report['nodes']} nodes"
+            f"model {report['path']}: IR {report['ir_version']}, opsets {opsets}, "
+            f"{report['nodes']} nodes"
         )
     elif report["kind"] == "artifacts":
         present = [f for f in report["files"].values() if f]
@@ -328,11 +337,17 @@ def render(report: dict[str, Any]) -> str:
         else "  (none)",
     ]
     totals = report["totals"]
-    summary = f"total: {totals['count']} parameters, {totals['elements']:,} elements, {format_bytes(totals['bytes'])}"
+    summary = (
+        f"total: {totals['count']} parameters, {totals['elements']:,} elements, "
+        f"{format_bytes(totals['bytes'])}"
+    )
     for status in ("trainable", "frozen"):
         if status in totals:
             part = totals[status]
-            summary += f"; {status} {part['count']} ({part['elements']:,} elements, {format_bytes(part['bytes'])})"
+            summary += (
+                f"; {status} {part['count']} ({part['elements']:,} elements, "
+                f"{format_bytes(part['bytes'])})"
+            )
     lines += ["", summary]
     lines += _tie_lines(report.get("ties", []))
     if report["kind"] != "model":
@@ -347,11 +362,13 @@ def render(report: dict[str, Any]) -> str:
     base = report.get("base")
     if base:
         lines.append(
-            f"frozen base: {base['file']} ({format_bytes(base['bytes'])}, {base['dtype']}), shared by the models"
+            f"frozen base: {base['file']} ({format_bytes(base['bytes'])}, {base['dtype']}), "
+            "shared by the models"
         )
     for stage in report.get("staging", []):
         lines.append(
-            f"staging folder {stage['path']} (pid {stage['pid']}, {format_bytes(stage['bytes'])}): {stage['state']}"
+            f"staging folder {stage['path']} (pid {stage['pid']}, "
+            f"{format_bytes(stage['bytes'])}): {stage['state']}"
         )
     return "\n".join(lines) + "\n"
 
@@ -365,7 +382,8 @@ def _tie_lines(ties: list[dict[str, Any]]) -> list[str]:
         else:
             copies = ", ".join(tie["copies"])
             lines.append(
-                f"tied by the exporter: {tie['initializer']} (read by {modules}); --untie gives {copies}"
+                f"tied by the exporter: {tie['initializer']} (read by {modules}); --untie gives "
+                f"{copies}"
             )
     return ["", *lines] if lines else []
 

@@ -18,7 +18,9 @@ def format_bytes(count: int) -> str:
 def format_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = ()
 ) -> str:
-    """Align ``rows`` under ``headers`` in columns; column indices in ``right`` are right-aligned."""
+    """Align ``rows`` under ``headers`` in columns; column indices in ``right`` are
+    right-aligned.
+    """
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []

@@ -39,7 +39,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "train",
         parents=parents,
         help="train artifacts on an .npz dataset",
-        description="Train the artifacts of DIR with ONNX Runtime on arrays from an .npz file, with a progress "
+        description="Train the artifacts of DIR with ONNX Runtime on arrays from an .npz file, "
+        "with a progress "
         "bar, optional evaluation, learning-rate schedule, checkpoints and export.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -50,7 +51,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--backend",
         choices=("auto", "training", "portable"),
         default="auto",
-        help="engine: the training build (onnxruntime-training) or the portable backend (any onnxruntime); "
+        help="engine: the training build (onnxruntime-training) or the portable backend (any "
+        "onnxruntime); "
         "default auto: portable artifacts on the portable backend, others on the training build",
     )
     data = parser.add_argument_group("data")
@@ -62,7 +64,8 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         nargs="+",
         default=None,
         metavar="INPUT=ARRAY",
-        help="map model inputs to arrays of the .npz file (default: same names, or arr_0, arr_1 ...)",
+        help="map model inputs to arrays of the .npz file (default: same names, or arr_0, arr_1 "
+        "...)",
     )
     data.add_argument(
         "--eval-data", metavar="FILE.npz", help="evaluation arrays (same names as --data)"
@@ -174,8 +177,10 @@ def map_arrays(
         else:
             missing = [f"{n} (array {k!r})" for n, k in chosen.items() if k not in arrays]
             raise CliError(
-                f"{source} has arrays {sorted(arrays)} but no array for model input(s) {', '.join(missing)}. "
-                f"Save the arrays under the input names (np.savez(path, {', '.join(f'{n}=...' for n in inputs)})) "
+                f"{source} has arrays {sorted(arrays)} but no array for model input(s) "
+                f"{', '.join(missing)}. "
+                "Save the arrays under the input names (np.savez(path, "
+                f"{', '.join(f'{n}=...' for n in inputs)})) "
                 "or map them with --inputs INPUT=ARRAY.",
                 EXIT_INPUT,
             )
@@ -276,13 +281,15 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     if not history.epochs:
         out.write(
-            f"nothing to train: the data is already at epoch {train.epoch} of --epochs {args.epochs}.\n"
+            f"nothing to train: the data is already at epoch {train.epoch} of --epochs "
+            f"{args.epochs}.\n"
         )
     else:
         last = history.epochs[-1]
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k != "epoch")
         out.write(
-            f"trained {history.steps} steps (steps {start_step + 1}-{session.step}) in {history.seconds:.2f} s "
+            f"trained {history.steps} steps (steps {start_step + 1}-{session.step}) in "
+            f"{history.seconds:.2f} s "
             f"({history.samples / max(history.seconds, 1e-9):,.0f} samples/s): {metrics}\n"
         )
     if args.save:
@@ -372,7 +379,8 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _check_export(session: Any, args: Any) -> None:
-    """Refuse, before training, an export the artifacts cannot make (no eval model, unknown output names).
+    """Refuse, before training, an export the artifacts cannot make (no eval model, unknown output
+    names).
 
     Raises:
         CliError: (exit 3) naming the option and the names the eval model has.
@@ -383,14 +391,17 @@ def _check_export(session: Any, args: Any) -> None:
         return
     if not session.has_eval_model:
         raise CliError(
-            f"--export: the artifacts in '{args.directory}' have no eval model to cut the inference model from; "
+            f"--export: the artifacts in '{args.directory}' have no eval model to cut the "
+            "inference model from; "
             "regenerate them (generate_artifacts writes eval_model.onnx) or drop --export.",
             EXIT_INPUT,
         )
     if not args.export_output and not session.default_inference_outputs():
         raise CliError(
-            f"--export: the artifacts in '{args.directory}' do not say which outputs the inference model has; "
-            "name them with --export-output NAME... (the forward model's outputs), or regenerate the artifacts "
+            f"--export: the artifacts in '{args.directory}' do not say which outputs the "
+            "inference model has; "
+            "name them with --export-output NAME... (the forward model's outputs), or regenerate "
+            "the artifacts "
             "with --additional-output.",
             EXIT_INPUT,
         )
@@ -404,7 +415,8 @@ def _check_export(session: Any, args: Any) -> None:
     for name in args.export_output:
         if name not in values:
             raise CliError(
-                f"--export-output {name!r} is not a value of the eval model.{did_you_mean(name, values)} Its outputs: "
+                f"--export-output {name!r} is not a value of the eval "
+                f"model.{did_you_mean(name, values)} Its outputs: "
                 f"{preview(o.name for o in graph.output)}.",
                 EXIT_INPUT,
             )
@@ -416,7 +428,8 @@ def _check_data(
     evaluation: tuple[np.ndarray, ...] | None,
     args: Any,
 ) -> None:
-    """Refuse data ONNX Runtime would crash on or train wrongly on (labels out of range, no rows), before training.
+    """Refuse data ONNX Runtime would crash on or train wrongly on (labels out of range, no rows),
+    before training.
 
     Raises:
         CliError: (exit 3) naming the file, the input, the offending value and the valid range.

@@ -66,7 +66,8 @@ def save_checkpoint(
     path_to_checkpoint: str | os.PathLike,
     nominal_checkpoint: bool = False,
 ) -> None:
-    """Save ``(trainable, frozen)`` parameters as an ONNX Runtime training checkpoint (reference signature).
+    """Save ``(trainable, frozen)`` parameters as an ONNX Runtime training checkpoint (reference
+    signature).
 
     Raises:
         RuntimeError: if ``parameters`` is None (the reference's error).

@@ -1,4 +1,5 @@
-"""The legacy ``GradientGraphBuilder``: a model's forward graph plus the gradients of its loss, on the normalised path.
+"""The legacy ``GradientGraphBuilder``: a model's forward graph plus the gradients of its loss, on
+the normalised path.
 
 ONNX Runtime's pre-1.15 ``GradientGraphBuilder(model_bytes, y_node_arg_names,
 x_node_arg_names, loss_node_arg_name)`` wrote the forward graph with the
@@ -39,7 +40,8 @@ class GradientGraphBuilder:
     Args:
         model_bytes: The forward model: serialized bytes, a ``ModelProto`` or a path.
         y_node_arg_names: Outputs the gradient model keeps (the loss is added when missing).
-        x_node_arg_names: Weights (initializers) and graph inputs whose gradient is output as ``<x>_grad``.
+        x_node_arg_names: Weights (initializers) and graph inputs whose gradient is output as
+        ``<x>_grad``.
         loss_node_arg_name: The scalar loss the gradients are taken of.
         gradient_graph_config: Accepted for compatibility and unused: onnxblocks' normalisation
             and ONNX Runtime's default builder settings apply.
@@ -73,7 +75,8 @@ class GradientGraphBuilder:
         for name in ys:
             if name not in outputs:
                 raise UnknownNameError(
-                    f"y_node_arg_names names '{name}', which is not an output.{did_you_mean(name, outputs)}"
+                    f"y_node_arg_names names '{name}', which is not an "
+                    f"output.{did_you_mean(name, outputs)}"
                 )
         self.loss = loss_node_arg_name
         self.ys = [loss_node_arg_name, *(y for y in ys if y != loss_node_arg_name)]
@@ -81,7 +84,9 @@ class GradientGraphBuilder:
         self._model: onnx.ModelProto | None = None
 
     def build(self) -> None:
-        """Build the gradient graph (ONNX Runtime's builder; in a worker Python where onnxruntime is stock)."""
+        """Build the gradient graph (ONNX Runtime's builder; in a worker Python where onnxruntime
+        is stock).
+        """
         import onnx_ir as ir
 
         from onnxblocks.gradient import build_vjp_graph
@@ -116,7 +121,8 @@ class GradientGraphBuilder:
         return onnx.TensorProto.FLOAT
 
     def get_model(self) -> bytes:
-        """The gradient model, serialized: inputs of the forward model, outputs ``y...`` then ``<x>_grad...``.
+        """The gradient model, serialized: inputs of the forward model, outputs ``y...`` then
+        ``<x>_grad...``.
 
         Raises:
             StateError: before :meth:`build`.

@@ -1,4 +1,5 @@
-"""The legacy ``TrainingParameters`` optimizer attributes, mapped onto :mod:`onnxblocks.optim`'s standard-op optimizers.
+"""The legacy ``TrainingParameters`` optimizer attributes, mapped onto :mod:`onnxblocks.optim`'s
+standard-op optimizers.
 
 ONNX Runtime's pre-1.15 trainer took ``training_optimizer_name`` and, per weight,
 ``optimizer_attributes_map`` / ``optimizer_int_attributes_map`` holding the legacy
@@ -76,12 +77,14 @@ def _attributes(
 ) -> dict[str, dict[str, Any]]:
     if not isinstance(table, Mapping):
         raise InvalidTypeError(
-            f"{kind} must be a dict {{weight name: {{attribute: value}}}}, not {type(table).__name__}."
+            f"{kind} must be a dict {{weight name: {{attribute: value}}}}, not "
+            f"{type(table).__name__}."
         )
     unknown = [name for name in table if name not in weights]
     if unknown:
         raise UnknownNameError(
-            f"{kind} names '{unknown[0]}', which is not a trained weight.{did_you_mean(unknown[0], list(weights))}"
+            f"{kind} names '{unknown[0]}', which is not a trained "
+            f"weight.{did_you_mean(unknown[0], list(weights))}"
         )
     out = {}
     for weight in weights:
@@ -93,7 +96,8 @@ def _attributes(
         for key, value in given.items():
             if key not in defaults:
                 raise UnknownNameError(
-                    f"{kind}['{weight}'] sets '{key}', which {optimizer} does not have. Its attributes: "
+                    f"{kind}['{weight}'] sets '{key}', which {optimizer} does not have. Its "
+                    "attributes: "
                     f"{sorted(defaults) or 'none'}.{did_you_mean(key, list(defaults))}"
                 )
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -114,7 +118,8 @@ def optimizer_for(
     """The standard-op optimizer that does what the legacy ``name`` with these attributes did.
 
     Raises:
-        InvalidValueError: for an unknown optimizer name or a combination without a standard-op form.
+        InvalidValueError: for an unknown optimizer name or a combination without a standard-op
+        form.
         UnknownNameError: for an attribute the optimizer does not have or a weight not trained.
     """
     if name not in FLOAT_DEFAULTS:
@@ -132,7 +137,8 @@ def optimizer_for(
         differ = sorted(k for k, v in merged[weight].items() if k != "lambda" and shared[k] != v)
         if differ:
             raise InvalidValueError(
-                f"optimizer attributes {differ} of '{weight}' differ from those of '{weights[0]}'; only 'lambda' "
+                f"optimizer attributes {differ} of '{weight}' differ from those of "
+                f"'{weights[0]}'; only 'lambda' "
                 "(weight decay) may differ between weights. Give every weight the same values."
             )
     decay = {w: float(merged[w]["lambda"]) for w in weights}
@@ -145,7 +151,8 @@ def optimizer_for(
     if name == "LambOptimizer":
         if shared["ratio_min"] != -math.inf or shared["ratio_max"] != math.inf:
             raise InvalidValueError(
-                "LambOptimizer's ratio_min/ratio_max clamp the trust ratio; onnxblocks' Lamb does not clamp it. "
+                "LambOptimizer's ratio_min/ratio_max clamp the trust ratio; onnxblocks' Lamb "
+                "does not clamp it. "
                 "Leave them at -inf/inf."
             )
         return _optim.Lamb(
@@ -169,7 +176,9 @@ def optimizer_for(
         return _optim.AdamW(bias, betas, eps, default_decay, clip_grad, mode="hf")
     if not bias:
         raise InvalidValueError(
-            "AdamOptimizer with do_bias_correction=0 and weight_decay_mode=0 has no standard-op form here; use "
-            "weight_decay_mode=1 (Hugging Face AdamW, which can skip the bias correction) or do_bias_correction=1."
+            "AdamOptimizer with do_bias_correction=0 and weight_decay_mode=0 has no standard-op "
+            "form here; use "
+            "weight_decay_mode=1 (Hugging Face AdamW, which can skip the bias correction) or "
+            "do_bias_correction=1."
         )
     return _optim.AdamW(True, betas, eps, default_decay, clip_grad, param_groups=groups or None)

@@ -35,7 +35,8 @@ _FIELDS: dict[str, Any] = {
     "model_after_graph_transforms_path": "",
     "model_with_gradient_graph_path": "",
 }
-#: Fields that only ORT's distributed or mixed-precision trainer used: settable to their default only.
+#: Fields that only ORT's distributed or mixed-precision trainer used: settable to their default
+#: only.
 _DISTRIBUTED: dict[str, Any] = {
     "use_mixed_precision": False,
     "use_fp16_moments": False,
@@ -79,12 +80,15 @@ class TrainingParameters:
         optimizer_int_attributes_map: ``{weight: {attribute: int}}`` (``do_bias_correction``,
             ``weight_decay_mode``).
         gradient_accumulation_steps: Sum the gradients of this many ``run`` calls, then update.
-        enable_grad_norm_clip: Clip the global gradient norm at ``max_norm_clip`` (Adam, Lamb; default on).
+        enable_grad_norm_clip: Clip the global gradient norm at ``max_norm_clip`` (Adam, Lamb;
+        default on).
         set_gradients_as_graph_outputs: Make ``<weight>_grad`` fetchable from ``run``.
 
-    Fields of ORT's distributed and mixed-precision trainer (``world_size``, ``use_mixed_precision``,
+    Fields of ORT's distributed and mixed-precision trainer (``world_size``,
+    ``use_mixed_precision``,
     ``deepspeed_zero_stage``, ``pipeline_parallel_size``, ``sliced_schema``...) may be set to their
-    defaults only; any other value raises ``InvalidValueError``. An unknown field raises ``UnknownNameError``.
+    defaults only; any other value raises ``InvalidValueError``. An unknown field raises
+    ``UnknownNameError``.
     """
 
     loss_output_name: str
@@ -108,8 +112,10 @@ class TrainingParameters:
             default = _DISTRIBUTED[name]
             if value != default or (isinstance(value, bool) != isinstance(default, bool)):
                 raise InvalidValueError(
-                    f"TrainingParameters.{name} = {value!r:.60}: this field belonged to ONNX Runtime's distributed "
-                    f"and mixed-precision trainer, which onnxblocks does not reproduce; leave it at {default!r}. "
+                    f"TrainingParameters.{name} = {value!r:.60}: this field belonged to ONNX "
+                    "Runtime's distributed "
+                    "and mixed-precision trainer, which onnxblocks does not reproduce; leave it "
+                    f"at {default!r}. "
                     "For data-parallel training see onnxblocks.torch.distributed."
                 )
         elif name not in _FIELDS:
@@ -139,7 +145,9 @@ class TrainingParameters:
 
 
 def load_model_arg(path_or_bytes: Any) -> tuple[onnx.ModelProto, bytes]:
-    """The model and its bytes, from a path or serialized bytes (the caller's object is not kept)."""
+    """The model and its bytes, from a path or serialized bytes (the caller's object is not
+    kept).
+    """
     if isinstance(path_or_bytes, (bytes, bytearray)):
         data = bytes(path_or_bytes)
         try:
@@ -156,5 +164,6 @@ def load_model_arg(path_or_bytes: Any) -> tuple[onnx.ModelProto, bytes]:
         model = load_model(path, load_external_data=True)
         return model, model.SerializeToString(deterministic=True)
     raise InvalidTypeError(
-        f"path_or_bytes must be a model file path or the model's bytes, not {type(path_or_bytes).__name__}."
+        "path_or_bytes must be a model file path or the model's bytes, not "
+        f"{type(path_or_bytes).__name__}."
     )

@@ -1,4 +1,5 @@
-"""ONNX Runtime's pre-1.15 training API, as a drop-in: TrainingParameters, TrainingSession, GradientGraphBuilder.
+"""ONNX Runtime's pre-1.15 training API, as a drop-in: TrainingParameters, TrainingSession,
+GradientGraphBuilder.
 
 Replace::
 
@@ -122,12 +123,15 @@ def _cache_dir(model_bytes: bytes, parameters: TrainingParameters) -> Path:
 
 
 def dict_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Arrays copied out of a checkpoint's memory maps (the file they map is about to be replaced)."""
+    """Arrays copied out of a checkpoint's memory maps (the file they map is about to be
+    replaced).
+    """
     return {name: np.array(value) for name, value in arrays.items()}
 
 
 class TrainingSession:
-    """The legacy ``onnxruntime.TrainingSession``: forward, backward and the optimizer step in one ``run``.
+    """The legacy ``onnxruntime.TrainingSession``: forward, backward and the optimizer step in one
+    ``run``.
 
     Args:
         path_or_bytes: The model (path or serialized bytes); its graph computes the loss
@@ -138,7 +142,8 @@ class TrainingSession:
 
     Raises:
         UnknownNameError: for a loss output or weight the model does not have.
-        InvalidValueError: for parameters without a standard-op form (see :mod:`onnxblocks.compat._legacy_optim`).
+        InvalidValueError: for parameters without a standard-op form (see
+        :mod:`onnxblocks.compat._legacy_optim`).
     """
 
     def __init__(
@@ -157,7 +162,8 @@ class TrainingSession:
         loss = parameters.loss_output_name
         if loss not in outputs:
             raise UnknownNameError(
-                f"loss_output_name '{loss}' is not an output of the model.{did_you_mean(str(loss), outputs)} "
+                f"loss_output_name '{loss}' is not an output of the "
+                f"model.{did_you_mean(str(loss), outputs)} "
                 f"Outputs: {outputs}."
             )
         steps = parameters.gradient_accumulation_steps
@@ -216,7 +222,8 @@ class TrainingSession:
             shutil.rmtree(staging, ignore_errors=True)
         if not (target / "step_model.onnx").exists():
             raise StateError(
-                f"The artifacts cache '{target}' holds no step model; remove that directory and retry."
+                f"The artifacts cache '{target}' holds no step model; remove that directory and "
+                "retry."
             )
         return target
 
@@ -226,7 +233,9 @@ class TrainingSession:
         return [*self._inputs, NodeArg(self.parameters.lr_params_feed_name, "tensor(float)", [1])]
 
     def get_outputs(self) -> list[NodeArg]:
-        """The fetches ``run`` returns: the model's outputs (loss first), then the gradients when asked for."""
+        """The fetches ``run`` returns: the model's outputs (loss first), then the gradients when
+        asked for.
+        """
         by_name = {o.name: _node_arg(o) for o in self._model.graph.output}
         out = [by_name[name] for name in self._outputs]
         if self.parameters.set_gradients_as_graph_outputs:
@@ -274,7 +283,8 @@ class TrainingSession:
         if unknown or missing:
             bad = (unknown or missing)[0]
             raise UnknownNameError(
-                f"input_feed {'has an unknown' if unknown else 'lacks the'} input '{bad}'. Inputs: {names} and "
+                f"input_feed {'has an unknown' if unknown else 'lacks the'} input '{bad}'. "
+                f"Inputs: {names} and "
                 f"'{lr_name}'.{did_you_mean(bad, names)}"
             )
         wanted = self._fetches(output_names)
@@ -336,18 +346,23 @@ class TrainingSession:
         return out
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """The weights and the optimizer state in one flat dict (``Moment_1_<weight>``, ``Update_Count_<weight>``)."""
+        """The weights and the optimizer state in one flat dict (``Moment_1_<weight>``,
+        ``Update_Count_<weight>``).
+        """
         state = dict(self.get_model_state()["full_precision"])
         for weight, entries in self.get_optimizer_state().items():
             state.update({f"{key}_{weight}": value for key, value in entries.items()})
         return state
 
     def load_state(self, dict: Mapping[str, Any], strict: bool = False) -> None:  # legacy name
-        """Set weights and optimizer state from a :meth:`get_state` dict; names it does not hold keep their values.
+        """Set weights and optimizer state from a :meth:`get_state` dict; names it does not hold
+        keep their values.
 
         Raises:
-            UnknownNameError: for a name the session does not have (with ``strict``, also for one it lacks).
-            InvalidValueError: for an array of the wrong shape, or ``Update_Count`` values that differ.
+            UnknownNameError: for a name the session does not have (with ``strict``, also for one it
+            lacks).
+            InvalidValueError: for an array of the wrong shape, or ``Update_Count`` values that
+            differ.
         """
         if not isinstance(dict, Mapping):
             raise InvalidTypeError(
@@ -359,7 +374,8 @@ class TrainingSession:
         if extra or missing:
             bad = (extra or missing)[0]
             raise UnknownNameError(
-                f"load_state{'(strict=True)' if strict else ''}: {'unknown name' if extra else 'missing entry'} "
+                f"load_state{'(strict=True)' if strict else ''}: "
+                f"{'unknown name' if extra else 'missing entry'} "
                 f"'{bad}'.{did_you_mean(bad, sorted(current))}"
             )
         values = {}
@@ -367,7 +383,8 @@ class TrainingSession:
             array = np.asarray(value, dtype=current[name].dtype)
             if array.shape != current[name].shape:
                 raise InvalidValueError(
-                    f"load_state: '{name}' has shape {array.shape}; the session's is {current[name].shape}."
+                    f"load_state: '{name}' has shape {array.shape}; the session's is "
+                    f"{current[name].shape}."
                 )
             values[name] = array
         self._session.set_parameters({k: v for k, v in values.items() if k in self._weights})
@@ -409,6 +426,7 @@ class TrainingSession:
 
     def __repr__(self) -> str:
         return (
-            f"TrainingSession({self.parameters.training_optimizer_name}, {len(self._weights)} weights, "
+            f"TrainingSession({self.parameters.training_optimizer_name}, {len(self._weights)} "
+            "weights, "
             f"loss '{self.parameters.loss_output_name}', artifacts '{self._directory}')"
         )

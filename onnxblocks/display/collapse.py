@@ -100,7 +100,8 @@ def collapse(
     for limit in (target, cap):
         fits = [d for d in range(max_depth, 0, -1) if len(attempt(False, d)) <= limit]
         deepest = fits[0] if fits else 0
-        # Separate groups read best (no cycles between merged repeats), unless only the top scope fits.
+        # Separate groups read best (no cycles between merged repeats), unless only the top scope
+        # fits.
         if deepest >= 2 or (deepest and deepest == max_depth):
             return attempt(False, deepest), describe(False, deepest)
         for depth in sorted({min(2, max_depth), 1}, reverse=True) if max_depth else ():
@@ -140,7 +141,8 @@ def group_edges(index: GraphIndex, groups: list[Group]) -> list[tuple[int, int]]
 
 
 def _scopes(index: GraphIndex, node_ids: list[int]) -> dict[int, tuple[str, ...]]:
-    """The scope of each node; an unscoped node fed by no node takes the scope of its first consumer.
+    """The scope of each node; an unscoped node fed by no node takes the scope of its first
+    consumer.
 
     Exporters emit such feeders (``Identity`` of a shared weight, ``Constant``)
     without a scope; they belong with the layer that uses them.

@@ -39,7 +39,8 @@ def scene_to_dot(scene: Scene) -> str:
         extra = ", penwidth=2.5" if box.emphasis else ""
         extra += ', fontcolor="#94a3b8"' if box.dim else ""
         lines.append(
-            f"  {_quote(box.key)} [label={_quote(label)}, tooltip={_quote(box.tooltip or box.title)}, "
+            f"  {_quote(box.key)} [label={_quote(label)}, "
+            f"tooltip={_quote(box.tooltip or box.title)}, "
             f'fillcolor="{fill}", color="{stroke}", style="{style}"{extra}];'
         )
     for a, b in scene.edges:

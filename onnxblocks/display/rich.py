@@ -60,7 +60,10 @@ class Display:
         return self.svg or None
 
     def __repr__(self) -> str:
-        return f"<onnxblocks Display: {len(self.html):,} chars of HTML, {len(self.svg):,} chars of SVG>"
+        return (
+            f"<onnxblocks Display: {len(self.html):,} chars of HTML, {len(self.svg):,} chars of "
+            "SVG>"
+        )
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the picture (``.svg``) or the whole display (``.html``) to ``path``.
@@ -73,7 +76,8 @@ class Display:
             target.write_text(self.svg, encoding="utf-8")
         elif target.suffix.lower() in (".html", ".htm"):
             target.write_text(
-                f'<!DOCTYPE html><html><head><meta charset="utf-8"></head><body>{self.html}</body></html>',
+                "<!DOCTYPE html><html><head><meta "
+                f'charset="utf-8"></head><body>{self.html}</body></html>',
                 encoding="utf-8",
             )
         else:
@@ -135,8 +139,10 @@ def draw_svg(
         if dot_available():
             return scene_to_dot_svg(scene)
         warnings.warn(
-            "graphviz 'dot' is not on PATH, so the picture uses onnxblocks' built-in layout. Install graphviz "
-            "(e.g. apt-get install graphviz) for dot layouts, or pass engine='python' to silence this.",
+            "graphviz 'dot' is not on PATH, so the picture uses onnxblocks' built-in layout. "
+            "Install graphviz "
+            "(e.g. apt-get install graphviz) for dot layouts, or pass engine='python' to silence "
+            "this.",
             stacklevel=2,
         )
     elif engine != "python":
@@ -211,8 +217,10 @@ def render(obj: Any, **view: Any) -> Display:
         TypeError: for a class no renderer is registered for.
     """
     raise InvalidTypeError(
-        f"onnxblocks.display.show() cannot display a {type(obj).__name__}. Pass an onnx.ModelProto, a path to "
-        "an .onnx file or artifacts directory, a ModelAccessor, a built Block or TrainingBlock, or Artifacts."
+        f"onnxblocks.display.show() cannot display a {type(obj).__name__}. Pass an "
+        "onnx.ModelProto, a path to "
+        "an .onnx file or artifacts directory, a ModelAccessor, a built Block or TrainingBlock, "
+        "or Artifacts."
     )
 
 
@@ -288,13 +296,15 @@ def _show_block(block: Block, *, is_loss: bool = False, **view: Any) -> Display:
         node = index.node(n)
         outs = ", ".join(f"{o}: {_type_text(index, o, accessor)}" for o in node.outputs)
         rows.append(
-            f'<tr><td style="{TD}">{escape(node.op_type)}</td><td style="{TD}">{escape(node.name)}</td>'
+            f'<tr><td style="{TD}">{escape(node.op_type)}</td><td '
+            f'style="{TD}">{escape(node.name)}</td>'
             f'<td style="{TD}">{escape(", ".join(i for i in node.inputs if i))}</td>'
             f'<td style="{TD}">{escape(outs)}</td></tr>'
         )
     table = (
         f'<table style="{TABLE}"><thead><tr><th style="{TH}">op</th><th style="{TH}">name</th>'
-        f'<th style="{TH}">inputs</th><th style="{TH}">outputs</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<th style="{TH}">inputs</th><th '
+        f'style="{TH}">outputs</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
     )
     pic, _ = split_view(view)
     if not any(k in pic for k in ("nodes", "around")) and pic.get("view") in (None, "auto"):
@@ -303,7 +313,8 @@ def _show_block(block: Block, *, is_loss: bool = False, **view: Any) -> Display:
         pic.setdefault("context", 1)
     svg = draw_svg(index, **pic) if names or "nodes" not in pic else ""
     html = (
-        f'<div style="{BOX}"><div style="font-size:13px"><b>{name}</b> added {len(names):,} node(s) to a model '
+        f'<div style="{BOX}"><div style="font-size:13px"><b>{name}</b> added {len(names):,} '
+        "node(s) to a model "
         f"of {len(index.nodes):,} nodes</div>{table}{picture(svg) if svg else ''}"
         + details("Model around them", summary_table(index))
         + "</div>"

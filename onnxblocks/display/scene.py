@@ -158,7 +158,8 @@ def _node_scene(
                 kind=index.parts[i],
                 title=node.op_type,
                 subtitle=node.name,
-                tooltip=f"{node.op_type}{domain} {node.name} [{index.parts[i]}]\ninputs: {ins}\noutputs: {outs}",
+                tooltip=f"{node.op_type}{domain} {node.name} [{index.parts[i]}]\ninputs: "
+                f"{ins}\noutputs: {outs}",
                 order=i,
                 dim=i in context,
             )
@@ -268,9 +269,8 @@ def _group_scene(index: GraphIndex, groups: list[Group], focus: set[int]) -> Sce
                 kind="more" if g.truncated else ("group" if len(g.members) > 1 else g.part),
                 title=title,
                 subtitle=subtitle,
-                tooltip=f"{g.label} [{g.part}]: {len(g.members):,} nodes, {n_params} parameter uses\n"
-                + ", ".join(f"{op}{TIMES}{n}" for op, n in ops.items())
-                + tip_scopes,
+                tooltip=f"{g.label} [{g.part}]: {len(g.members):,} nodes, {n_params} parameter "
+                "uses\n" + ", ".join(f"{op}{TIMES}{n}" for op, n in ops.items()) + tip_scopes,
                 order=g.order,
                 part=g.part,
                 dim=not any(m in focus for m in g.members),

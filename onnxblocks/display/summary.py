@@ -22,10 +22,16 @@ MAX_ROWS = 50
 
 TABLE = "border-collapse:collapse;margin:4px 0 10px 0;font-size:12px"
 TH = "text-align:left;padding:2px 8px;border-bottom:1px solid #94a3b8;background:#f1f5f9"
-TD = "text-align:left;padding:2px 8px;border-bottom:1px solid #e2e8f0;font-family:ui-monospace,Menlo,Consolas,monospace"
+TD = (
+    "text-align:left;padding:2px 8px;border-bottom:1px solid "
+    "#e2e8f0;font-family:ui-monospace,Menlo,Consolas,monospace"
+)
 TDR = TD + ";text-align:right"
 TOTAL = "padding:2px 8px;border-top:2px solid #94a3b8;font-weight:bold"
-BOX = "font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;font-size:12px;color:#0f172a;line-height:1.4"
+BOX = (
+    "font-family:system-ui,-apple-system,Segoe "
+    "UI,Roboto,sans-serif;font-size:12px;color:#0f172a;line-height:1.4"
+)
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,8 @@ def _rows(tensors: list[TensorInfo], columns: list[str], limit: int) -> list[str
         rows.append(f"<tr>{tds}</tr>")
     if len(tensors) > limit:
         rows.append(
-            f'<tr><td colspan="{len(columns)}" style="{TD};color:#64748b">… {len(tensors) - limit:,} more '
+            f'<tr><td colspan="{len(columns)}" style="{TD};color:#64748b">… '
+            f"{len(tensors) - limit:,} more "
             "(totals below cover all)</td></tr>"
         )
     return rows
@@ -225,7 +232,8 @@ def summary_table(
             )
     if s.constants.count:
         line.append(
-            f"constants (not parameters): {s.constants.count:,} ({format_bytes(s.constants.nbytes)})"
+            f"constants (not parameters): {s.constants.count:,} "
+            f"({format_bytes(s.constants.nbytes)})"
         )
     if index.state:
         line.append(
@@ -237,7 +245,8 @@ def summary_table(
         out.append("<div>" + " · ".join(line) + "</div>")
     if s.unknown.count:
         out.append(
-            '<div style="color:#64748b">Status "?" : this model does not say which parameters train; pass '
+            '<div style="color:#64748b">Status "?" : this model does not say which parameters '
+            "train; pass "
             "trainable=/frozen= to summary_table, or look at the training artifacts.</div>"
         )
     out.append("</div>")

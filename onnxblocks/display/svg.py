@@ -111,7 +111,8 @@ def scene_to_svg(scene: Scene, edges: str = "curved", caption: bool = True) -> s
         f'viewBox="0 0 {width:.0f} {height:.0f}" font-family={quoteattr(FONT)} font-size="10">'
     )
     parts.append(
-        f'<defs><marker id="{marker}" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" '
+        f'<defs><marker id="{marker}" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" '
+        'markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" fill="#64748b"/></marker></defs>'
     )
     parts.append(f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="#ffffff"/>')
@@ -173,12 +174,14 @@ def _box_svg(box: Box, x: float, y: float, w: float, h: float) -> str:
     cx = x + w / 2
     out = [f"<g{opacity}><title>{escape(box.tooltip or box.title)}</title>"]
     out.append(
-        f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{radius}" fill="{fill}" '
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{radius}" '
+        f'fill="{fill}" '
         f'stroke="{stroke}" stroke-width="{stroke_width}"{dash_attr}/>'
     )
     if box.kind == "group":  # a second outline marks a box that stands for many nodes
         out.append(
-            f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" height="{h - 6:.1f}" rx="{max(radius - 2, 0)}" '
+            f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{w - 6:.1f}" height="{h - 6:.1f}" '
+            f'rx="{max(radius - 2, 0)}" '
             f'fill="none" stroke="{stroke}" stroke-width="0.6"/>'
         )
     weight = (
@@ -188,15 +191,18 @@ def _box_svg(box: Box, x: float, y: float, w: float, h: float) -> str:
     )
     if sub:
         out.append(
-            f'<text x="{cx:.1f}" y="{y + 15:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
+            f'<text x="{cx:.1f}" y="{y + 15:.1f}" text-anchor="middle" font-size="12" '
+            f'fill="#0f172a"{weight}>'
             f"{escape(title)}</text>"
         )
         out.append(
-            f'<text x="{cx:.1f}" y="{y + 29:.1f}" text-anchor="middle" fill="#475569">{escape(sub)}</text>'
+            f'<text x="{cx:.1f}" y="{y + 29:.1f}" text-anchor="middle" '
+            f'fill="#475569">{escape(sub)}</text>'
         )
     else:
         out.append(
-            f'<text x="{cx:.1f}" y="{y + 16:.1f}" text-anchor="middle" font-size="12" fill="#0f172a"{weight}>'
+            f'<text x="{cx:.1f}" y="{y + 16:.1f}" text-anchor="middle" font-size="12" '
+            f'fill="#0f172a"{weight}>'
             f"{escape(title)}</text>"
         )
     out.append("</g>")
@@ -229,7 +235,8 @@ def _empty_svg(lines: list[str]) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
         f'viewBox="0 0 {width:.0f} {height}" font-family={quoteattr(FONT)} font-size="11">'
-        f'<rect x="0" y="0" width="{width:.0f}" height="{height}" fill="#ffffff" stroke="#e2e8f0"/>{texts}</svg>'
+        f'<rect x="0" y="0" width="{width:.0f}" height="{height}" fill="#ffffff" '
+        f'stroke="#e2e8f0"/>{texts}</svg>'
     )
 
 
@@ -254,10 +261,14 @@ def svg_document(
     """
     back = ""
     if background:
-        back = f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill={quoteattr(background)}/>'
+        back = (
+            f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" '
+            f"fill={quoteattr(background)}/>"
+        )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family={quoteattr(FONT)} font-size="{font_size:g}">'
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family={quoteattr(FONT)} '
+        f'font-size="{font_size:g}">'
         f"{back}{body}</svg>"
     )
 
@@ -326,6 +337,7 @@ def svg_polyline(
     faint = f' stroke-opacity="{opacity:g}"' if opacity < 1 else ""
     tip = f"<title>{escape(title)}</title>" if title else ""
     return (
-        f'<polyline points="{coords}" fill="none" stroke={quoteattr(stroke)} stroke-width="{width:g}"{faint} '
+        f'<polyline points="{coords}" fill="none" stroke={quoteattr(stroke)} '
+        f'stroke-width="{width:g}"{faint} '
         f'stroke-linejoin="round" stroke-linecap="round">{tip}</polyline>'
     )

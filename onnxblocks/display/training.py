@@ -67,7 +67,9 @@ def _show_path(path: str | os.PathLike, **view: Any) -> Display:
 
 
 def _gradient_table(index: GraphIndex) -> str:
-    """Rows ``param -> gradient -> accumulation buffer -> accumulated output`` of a training graph."""
+    """Rows ``param -> gradient -> accumulation buffer -> accumulated output`` of a training
+    graph.
+    """
     produced = set(index.producer)
     inputs = {t.name for t in index.state} | {t.name for t in index.inputs}
     outputs = {t.name for t in index.outputs}
@@ -80,7 +82,8 @@ def _gradient_table(index: GraphIndex) -> str:
             return f'<td style="{TD}">{escape(value) if present else "—"}</td>'
 
         rows.append(
-            f'<tr><td style="{TD}">{escape(p.name)}</td>{cell(grad, grad in produced or grad in outputs)}'
+            "<tr><td "
+            f'style="{TD}">{escape(p.name)}</td>{cell(grad, grad in produced or grad in outputs)}'
             f"{cell(buf, buf in inputs)}{cell(out, out in outputs)}</tr>"
         )
     if not rows:
@@ -92,8 +95,10 @@ def _gradient_table(index: GraphIndex) -> str:
     )
     return (
         f'<div style="margin-top:6px"><b>Gradients</b> ({len(trainable):,})</div>'
-        f'<table style="{TABLE}"><thead><tr><th style="{TH}">parameter</th><th style="{TH}">gradient</th>'
-        f'<th style="{TH}">accumulation buffer (input)</th><th style="{TH}">accumulated (output)</th></tr></thead>'
+        f'<table style="{TABLE}"><thead><tr><th style="{TH}">parameter</th><th '
+        f'style="{TH}">gradient</th>'
+        f'<th style="{TH}">accumulation buffer (input)</th><th style="{TH}">accumulated '
+        "(output)</th></tr></thead>"
         f"<tbody>{''.join(rows)}{more}</tbody></table>"
     )
 
@@ -179,7 +184,8 @@ def _show_training_block(block: TrainingBlock, **view: Any) -> Display:
     partition = graphs.partition
     trainable, frozen = list(partition.trainable), list(partition.frozen)
     title = (
-        f"{name}: training and eval models · {len(trainable):,} trainable, {len(frozen):,} frozen parameter(s)"
+        f"{name}: training and eval models · {len(trainable):,} trainable, {len(frozen):,} "
+        "frozen parameter(s)"
         f" · loss <code>{escape(graphs.user_outputs[0])}</code>"
     )
     return _training_display(
@@ -211,7 +217,8 @@ def _model_key(file_name: str) -> str:
 def _checkpoint_params(
     path: Path, model: onnx.ModelProto | None
 ) -> tuple[list[str], list[str]] | None:
-    """(trainable, frozen) parameter names of a checkpoint; None when it is unreadable or another model's.
+    """(trainable, frozen) parameter names of a checkpoint; None when it is unreadable or another
+    model's.
 
     The checkpoint is checked completely, and against the training model, from its metadata alone.
     """
@@ -236,7 +243,8 @@ def _files_table(found: dict[str, Path], models: dict[str, onnx.ModelProto]) -> 
         size = _checkpoint_size(path) if kind == CHECKPOINT else path.stat().st_size
         info = (
             (
-                f"{count_noun(len(model.graph.node), 'node')}, {count_noun(len(model.graph.input), 'input')}, "
+                f"{count_noun(len(model.graph.node), 'node')}, "
+                f"{count_noun(len(model.graph.input), 'input')}, "
                 f"{count_noun(len(model.graph.output), 'output')}"
             )
             if model is not None
@@ -248,7 +256,8 @@ def _files_table(found: dict[str, Path], models: dict[str, onnx.ModelProto]) -> 
         )
     return (
         f'<table style="{TABLE}"><thead><tr><th style="{TH}">file</th><th style="{TH}">bytes</th>'
-        f'<th style="{TH}"></th><th style="{TH}">graph</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        f'<th style="{TH}"></th><th '
+        f'style="{TH}">graph</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
     )
 
 
@@ -273,7 +282,8 @@ def render_artifacts_dir(
     found = _find_artifacts(directory)
     if ArtifactNames().training_model not in found:
         raise FileMissingError(
-            f"'{directory}' has no training_model.onnx. Pass the directory generate_artifacts() wrote to, "
+            f"'{directory}' has no training_model.onnx. Pass the directory generate_artifacts() "
+            "wrote to, "
             "or an .onnx file."
         )
     return _show_found(directory, found, trainable, frozen, **view)
@@ -297,7 +307,8 @@ def _show_found(
         params = _checkpoint_params(found[CHECKPOINT], models.get("training"))
         if params is None:
             notes.append(
-                "The checkpoint could not be read, or belongs to another model: frozen parameters show as inputs."
+                "The checkpoint could not be read, or belongs to another model: frozen "
+                "parameters show as inputs."
             )
         else:
             trainable, frozen = params
@@ -321,7 +332,8 @@ def _show_artifacts(artifacts: Artifacts, **view: Any) -> Display:
     missing = [str(p) for p in found.values() if not p.exists()]
     if missing:
         raise FileMissingError(
-            f"Artifact file(s) {missing} no longer exist. Generate the artifacts again, or show() the directory "
+            f"Artifact file(s) {missing} no longer exist. Generate the artifacts again, or "
+            "show() the directory "
             "that holds them."
         )
     trainable = view.pop("trainable", list(artifacts.requires_grad))

@@ -125,7 +125,9 @@ def _node_index(index: GraphIndex, name: str) -> int:
 
 
 def _grow(index: GraphIndex, start: set[int], hops: int, parts: set[str] | None = None) -> set[int]:
-    """``start`` plus every node within ``hops`` edges of it (either direction), optionally only in ``parts``."""
+    """``start`` plus every node within ``hops`` edges of it (either direction), optionally only
+    in ``parts``.
+    """
     seen = set(start)
     frontier = set(start)
     for _ in range(hops):

@@ -1,4 +1,5 @@
-"""Federated learning on Flower: clients train one set of artifacts, a Flower server aggregates (docs/federated.md).
+"""Federated learning on Flower: clients train one set of artifacts, a Flower server aggregates
+(docs/federated.md).
 
 * :mod:`~onnxblocks.federated.client`: :func:`train_client` / :func:`evaluate_client` (one client's
   round, without Flower) and :func:`make_client_app` (the Flower ``ClientApp`` around them);
@@ -9,7 +10,8 @@
   (:mod:`~onnxblocks.federated.validation`);
 * :mod:`~onnxblocks.federated.simulation`: :func:`simulate`, a federation on Flower's simulation
   runtime started with ``flwr run``;
-* :mod:`~onnxblocks.federated.history`: :class:`FederatedHistory`, per-round metrics, JSON and plots;
+* :mod:`~onnxblocks.federated.history`: :class:`FederatedHistory`, per-round metrics, JSON and
+  plots;
 * :mod:`~onnxblocks.federated.app`: ``client_app`` and ``server_app`` for a Flower app's pyproject.
 
 Flower is an optional extra: ``pip install "onnxblocks[flower]"``.

@@ -1,4 +1,5 @@
-"""The Flower ClientApp over an artifacts directory (one client's work is :mod:`onnxblocks.federated.local`).
+"""The Flower ClientApp over an artifacts directory (one client's work is
+:mod:`onnxblocks.federated.local`).
 
 Where a ClientApp finds its inputs (the factory's arguments win over the configs):
 
@@ -41,7 +42,8 @@ def _key(name: str) -> str:
 
 
 def keeps_optimizer_state(given: bool | None, run_config: Mapping[str, Any]) -> bool:
-    """``given``, else run config ``keep-optimizer-state`` (a bool, or ``"true"``/``"false"``; default false).
+    """``given``, else run config ``keep-optimizer-state`` (a bool, or ``"true"``/``"false"``;
+    default false).
 
     Raises:
         InvalidTypeError: for a value that is not a bool.
@@ -98,7 +100,8 @@ class ClientSources:
         """
         run, node = dict(context.run_config), dict(context.node_config)
         # a node's own artifacts (node config) win over the run's: clients of different kinds train
-        # artifact sets of one model, e.g. portable ones on stock onnxruntime (onnxblocks federate --client-artifacts)
+        # artifact sets of one model, e.g. portable ones on stock onnxruntime (onnxblocks federate
+        # --client-artifacts)
         artifacts = (
             self.artifacts
             if self.artifacts is not None
@@ -106,7 +109,8 @@ class ClientSources:
         )
         if artifacts is None:
             raise UnknownNameError(
-                "The ClientApp has no artifacts directory: set run config 'artifacts' (flwr run --run-config "
+                "The ClientApp has no artifacts directory: set run config 'artifacts' (flwr run "
+                "--run-config "
                 "'artifacts=\"DIR\"') or pass make_client_app(artifacts=DIR)."
             )
         backend = self.backend or str(run.get("backend", "auto"))
@@ -118,8 +122,10 @@ class ClientSources:
         if data is None:
             partition = node.get("partition-id")
             raise UnknownNameError(
-                f"The ClientApp of node {context.node_id} has no training data: set node config 'data-path' "
-                f"(flower-supernode --node-config 'data-path=\"FILE.npz\"') or run config 'data-path-{partition}'."
+                f"The ClientApp of node {context.node_id} has no training data: set node config "
+                "'data-path' "
+                "(flower-supernode --node-config 'data-path=\"FILE.npz\"') or run config "
+                f"'data-path-{partition}'."
             )
         return str(artifacts), data, backend
 
@@ -161,18 +167,23 @@ def make_client_app(
     On a ``train`` message it runs :func:`train_client` with the message's single ArrayRecord (the
     global trainable parameters) and its ``config`` ConfigRecord, and replies with the trained
     parameters (ArrayRecord ``arrays``), the metrics (MetricRecord ``metrics``: ``num-examples``,
-    ``train-loss``, ``steps``, ``train-seconds``) and a ConfigRecord ``client`` saying who answered (``partition-id``,
+    ``train-loss``, ``steps``, ``train-seconds``) and a ConfigRecord ``client`` saying who answered
+    (``partition-id``,
     ``backend``, ``python``). On ``evaluate`` it replies with :func:`evaluate_client`'s metrics.
     A failure becomes Flower's error reply, which the server logs and drops.
 
     Args:
         artifacts: The artifacts directory; None: run config ``artifacts``.
-        data: Training data for every node, or a list or dict by partition id; None: the configs (see
+        data: Training data for every node, or a list or dict by partition id; None: the configs
+        (see
             the module docstring).
         eval_data: Evaluation data, as ``data``; None: the configs, else the training data.
-        backend: ``auto``, ``training`` or ``portable``; None: run config ``backend`` (default ``auto``).
-        keep_optimizer_state: Each node keeps its optimizer state between rounds in its ``Context.state``
-            and restores it before training; None: run config ``keep-optimizer-state`` (default false: the
+        backend: ``auto``, ``training`` or ``portable``; None: run config ``backend`` (default
+        ``auto``).
+        keep_optimizer_state: Each node keeps its optimizer state between rounds in its
+        ``Context.state``
+            and restores it before training; None: run config ``keep-optimizer-state`` (default
+            false: the
             optimizer state starts fresh every round).
 
     Returns:

@@ -1,6 +1,8 @@
-"""Flower's deployment engine on localhost: a SuperLink and SuperNodes started with Flower's own commands.
+"""Flower's deployment engine on localhost: a SuperLink and SuperNodes started with Flower's own
+commands.
 
-:class:`LocalDeployment` starts ``flower-superlink --insecure`` and one ``flower-supernode --insecure``
+:class:`LocalDeployment` starts ``flower-superlink --insecure`` and one ``flower-supernode
+--insecure``
 per :class:`NodeSpec` (its ``--node-config``, e.g. ``data-path="a.npz"``), all on free ports of
 127.0.0.1, then submits a Flower app with ``flwr run`` and follows it to the end
 (:meth:`LocalDeployment.run`). Every process logs to a file of the run directory
@@ -10,7 +12,8 @@ connection from a ``config.toml`` there (``FLWR_HOME``), so nothing in ``~/.flwr
 Stopping is the point of the class: :meth:`LocalDeployment.stop` (on leaving the ``with`` block, on
 success, error and ``KeyboardInterrupt``) stops every process tree it started, helpers that Flower
 starts in sessions of their own included (:mod:`onnxblocks.federated.processes`), and every process
-whose ``FLWR_HOME`` is its own (one started as the interrupt came). Its waits end within half a second
+whose ``FLWR_HOME`` is its own (one started as the interrupt came). Its waits end within half a
+second
 of a stop signal inside :func:`onnxblocks._core.interrupts.stop_on_signals`.
 
 A SuperNode may run under another interpreter (``NodeSpec.python``, e.g. a Python 3.13 venv with
@@ -60,9 +63,11 @@ class NodeSpec:
     """One SuperNode.
 
     Attributes:
-        node_config: Its ``--node-config`` (e.g. ``{"data-path": "a.npz"}``): what its ClientApp reads
+        node_config: Its ``--node-config`` (e.g. ``{"data-path": "a.npz"}``): what its ClientApp
+        reads
             from ``context.node_config``.
-        python: The interpreter it runs under (None: this one). flwr and onnxblocks must be importable there.
+        python: The interpreter it runs under (None: this one). flwr and onnxblocks must be
+        importable there.
         env: Extra environment variables of the node and its ClientApp (e.g. ``PYTHONPATH``).
     """
 
@@ -96,11 +101,13 @@ class RunOutcome:
 
 
 class LocalDeployment:
-    """A SuperLink and SuperNodes on 127.0.0.1, started with Flower's own commands, stopped with everything they start.
+    """A SuperLink and SuperNodes on 127.0.0.1, started with Flower's own commands, stopped with
+    everything they start.
 
     Use it as a context manager::
 
-        with LocalDeployment([NodeSpec({"data-path": "a.npz"}), NodeSpec({"data-path": "b.npz"})], "run") as fed:
+        with LocalDeployment([NodeSpec({"data-path": "a.npz"}), NodeSpec({"data-path": "b.npz"})],
+        "run") as fed:
             outcome = fed.run(app_dir, timeout=600)
 
     Args:
@@ -181,7 +188,8 @@ class LocalDeployment:
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n',
             encoding="utf-8",
         )
-        # the SuperNodes start side by side; each is then waited for (and moved if its port was taken meanwhile)
+        # the SuperNodes start side by side; each is then waited for (and moved if its port was
+        # taken meanwhile)
         ports = []
         for i, node in enumerate(self.nodes):
             port = free_port(self._ports)
@@ -210,7 +218,8 @@ class LocalDeployment:
             "127.0.0.1",
             "--port",
             str(port),
-            "--disable-runtime-dependency-installation",  # the apps are installed; nothing is fetched
+            # the apps are installed; nothing is fetched
+            "--disable-runtime-dependency-installation",
         ]
 
     def _supernode_argv(self, node: NodeSpec, port: int) -> list[str]:
@@ -295,14 +304,16 @@ class LocalDeployment:
             raise_if_stopping()
             if not process.running():
                 raise DeploymentError(
-                    f"Flower's {process.name} exited with code {process.popen.returncode} while starting "
+                    f"Flower's {process.name} exited with code {process.popen.returncode} while "
+                    "starting "
                     f"(log {process.log}):\n{process.tail()}"
                 )
             if listening(port):
                 return
             time.sleep(0.2)
         raise DeploymentError(
-            f"Flower's {process.name} did not listen on 127.0.0.1:{port} within {self.startup_timeout:.0f} s "
+            f"Flower's {process.name} did not listen on 127.0.0.1:{port} within "
+            f"{self.startup_timeout:.0f} s "
             f"(log {process.log}):\n{process.tail()}"
         )
 
@@ -342,7 +353,8 @@ class LocalDeployment:
         """
         if self.superlink is None or not self.superlink.running():
             raise StateError(
-                "The SuperLink is not running: use LocalDeployment as a context manager, or start()."
+                "The SuperLink is not running: use LocalDeployment as a context manager, or "
+                "start()."
             )
         self._runs += 1
         log = self.logs / ("run.log" if self._runs == 1 else f"run-{self._runs}.log")
@@ -368,13 +380,15 @@ class LocalDeployment:
             if time.monotonic() > deadline:
                 self.flwr("stop", run_id, CONNECTION, timeout=60)
                 raise DeploymentError(
-                    f"Run {run_id} did not finish within {timeout:.0f} s (status {status}); it was stopped. "
+                    f"Run {run_id} did not finish within {timeout:.0f} s (status {status}); it "
+                    "was stopped. "
                     f"See the logs in {self.logs}."
                 )
             for process in [self.superlink, *self.supernodes]:
                 if process is self.superlink and not process.running():
                     raise DeploymentError(
-                        f"The SuperLink exited (code {process.popen.returncode}) during run {run_id}:\n{process.tail()}"
+                        f"The SuperLink exited (code {process.popen.returncode}) during run "
+                        f"{run_id}:\n{process.tail()}"
                     )
             time.sleep(0.5)
         seconds = time.monotonic() - started
@@ -393,7 +407,8 @@ class LocalDeployment:
             row = next(r for r in runs if str(r["run-id"]) == str(run_id))
         except (ValueError, KeyError, TypeError, StopIteration):
             raise DeploymentError(
-                f"'flwr ls --run-id {run_id}' gave no status:\n{(listed.stdout + listed.stderr)[-2000:]}"
+                f"'flwr ls --run-id {run_id}' gave no "
+                f"status:\n{(listed.stdout + listed.stderr)[-2000:]}"
             ) from None
         return str(row.get("status", "")), str(row.get("status-details", ""))
 
@@ -416,15 +431,19 @@ class LocalDeployment:
         return out
 
     def stop(self) -> None:
-        """Stop every process this deployment started, and everything they started (SIGTERM, then SIGKILL).
+        """Stop every process this deployment started, and everything they started (SIGTERM, then
+        SIGKILL).
 
-        Safe to call twice, and after a failed start. SIGINT and SIGTERM are ignored while it stops (in the
+        Safe to call twice, and after a failed start. SIGINT and SIGTERM are ignored while it stops
+        (in the
         main thread), so that an impatient second Ctrl-C cannot leave processes behind.
         """
         with shielded():
-            # a process whose parent was interrupted while starting it is in no tree, but has our FLWR_HOME
+            # a process whose parent was interrupted while starting it is in no tree, but has our
+            # FLWR_HOME
             strays = environment_pids("FLWR_HOME", os.fspath(self.home))
-            # a reaped process's pid may belong to another process by now: only unreaped ones are signalled
+            # a reaped process's pid may belong to another process by now: only unreaped ones are
+            # signalled
             terminate_tree([*(p.pid for p in self._started if p.running()), *strays])
             for process in self._started:
                 process.close()

@@ -1,4 +1,5 @@
-"""What a federation recorded, round by round: aggregated, per-client and server-side metrics, dropped replies.
+"""What a federation recorded, round by round: aggregated, per-client and server-side metrics,
+dropped replies.
 
 :class:`FederatedHistory` is written as JSON by the ServerApp (``history`` in the run config) and
 plotted like :func:`onnxblocks.runtime.plot_history` plots ``fit``'s history, with
@@ -27,11 +28,16 @@ class FederatedHistory:
     """The record of one federated run.
 
     Attributes:
-        train: One dict per round with the aggregated training metrics (``round``, ``train-loss`` ...).
-        evaluate: One dict per round with the aggregated client evaluation metrics (``eval-loss``, ``accuracy``).
-        server: One dict per server-side evaluation (round 0 is the initial model): ``eval-loss``, ``accuracy``.
-        clients: One dict per client reply kept: ``round``, ``phase`` (``train`` or ``evaluate``), ``node``,
-            ``partition`` (when the client said), its metrics, and for training ``update-norm`` (the L2 norm
+        train: One dict per round with the aggregated training metrics (``round``, ``train-loss``
+        ...).
+        evaluate: One dict per round with the aggregated client evaluation metrics (``eval-loss``,
+        ``accuracy``).
+        server: One dict per server-side evaluation (round 0 is the initial model): ``eval-loss``,
+        ``accuracy``.
+        clients: One dict per client reply kept: ``round``, ``phase`` (``train`` or ``evaluate``),
+        ``node``,
+            ``partition`` (when the client said), its metrics, and for training ``update-norm`` (the
+            L2 norm
             of its parameters minus the global ones).
         dropped: One dict per reply dropped: ``round``, ``phase``, ``node`` and ``reason``.
         rounds: The number of rounds run.
@@ -47,7 +53,8 @@ class FederatedHistory:
     seconds: list[float] = field(default_factory=list)
 
     def metric(self, name: str, source: str = "train") -> list[tuple[int, float]]:
-        """``(round, value)`` of metric ``name`` from ``source`` (``train``, ``evaluate`` or ``server``).
+        """``(round, value)`` of metric ``name`` from ``source`` (``train``, ``evaluate`` or
+        ``server``).
 
         Raises:
             InvalidValueError: for an unknown source.
@@ -67,7 +74,9 @@ class FederatedHistory:
         return values
 
     def client_metric(self, name: str, phase: str = "train") -> dict[str, list[tuple[int, float]]]:
-        """``{client label: [(round, value), ...]}`` of metric ``name`` in ``phase`` (label: partition, else node)."""
+        """``{client label: [(round, value), ...]}`` of metric ``name`` in ``phase`` (label:
+        partition, else node).
+        """
         out: dict[str, list[tuple[int, float]]] = {}
         for row in self.clients:
             if row["phase"] == phase and name in row:
@@ -110,11 +119,15 @@ class FederatedHistory:
     def plot(
         self, path: str | os.PathLike, metric: str = "loss", title: str = "", backend: str = "auto"
     ) -> Path:
-        """Save a per-round plot of the global and per-client values of ``metric`` (SVG, or PNG with matplotlib).
+        """Save a per-round plot of the global and per-client values of ``metric`` (SVG, or PNG with
+        matplotlib).
 
-        ``metric="loss"`` draws the global training loss (the clients' weighted mean), the clients' evaluation
-        loss, the server's held-out loss and each client's training loss (faint); ``metric="accuracy"`` draws
-        the clients' and the server's accuracy and each client's accuracy. Any other name is drawn from every
+        ``metric="loss"`` draws the global training loss (the clients' weighted mean), the clients'
+        evaluation
+        loss, the server's held-out loss and each client's training loss (faint);
+        ``metric="accuracy"`` draws
+        the clients' and the server's accuracy and each client's accuracy. Any other name is drawn
+        from every
         source that logged it.
 
         Raises:

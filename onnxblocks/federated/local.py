@@ -1,6 +1,8 @@
-"""One client's round without Flower: load the global parameters, train with ``fit``, return the update.
+"""One client's round without Flower: load the global parameters, train with ``fit``, return the
+update.
 
-:func:`train_client` and :func:`evaluate_client` open a fresh :class:`~onnxblocks.runtime.TrainingSession`
+:func:`train_client` and :func:`evaluate_client` open a fresh
+:class:`~onnxblocks.runtime.TrainingSession`
 over the artifacts (either backend; parameters and optimizer state from the artifacts' checkpoint,
 so the optimizer state is fresh every round), write the global trainable parameters into it, and
 train with :func:`~onnxblocks.runtime.fit` (or evaluate) on the client's data. FedProx's proximal
@@ -8,7 +10,8 @@ term is a gradient hook (:func:`proximal_term`) that the session runs between ``
 optimizer step.
 
 A client may keep its optimizer state between rounds (opt-in: ``keep-optimizer-state``):
-:func:`train_client` returns it (``keep_optimizer_state=True``) and restores it (``optimizer_state=``)
+:func:`train_client` returns it (``keep_optimizer_state=True``) and restores it
+(``optimizer_state=``)
 after writing the global parameters (:mod:`~onnxblocks.federated.optimizer_state`; either backend).
 
 The data is an ``.npz`` in ``onnxblocks train``'s format (docs/cli.md): one array per model input
@@ -57,7 +60,8 @@ class LocalConfig:
         seed: Seed of the shuffling (``seed``).
         proximal_mu: FedProx: ``mu * (w - w_global)`` is added to each gradient before the
             optimizer step (``proximal-mu``; 0 is plain local training).
-        local_steps: Exactly this many optimizer steps instead of ``local_epochs`` (``local-steps``).
+        local_steps: Exactly this many optimizer steps instead of ``local_epochs``
+        (``local-steps``).
     """
 
     local_epochs: int = 1
@@ -117,10 +121,12 @@ class ClientUpdate:
     Attributes:
         parameters: The trained trainable parameters, by name (the checkpoint's dtypes and shapes).
         num_examples: Training rows the client holds (the weight of its update).
-        metrics: ``train-loss`` (mean over the round's steps), ``steps`` and ``train-seconds`` (the wall time
+        metrics: ``train-loss`` (mean over the round's steps), ``steps`` and ``train-seconds`` (the
+        wall time
             of ``fit``).
         backend: The session's backend (``training`` or ``portable``).
-        optimizer_state: The optimizer state after training, when asked for (``keep_optimizer_state``).
+        optimizer_state: The optimizer state after training, when asked for
+        (``keep_optimizer_state``).
     """
 
     parameters: dict[str, np.ndarray]
@@ -136,7 +142,8 @@ def open_session(artifacts: str | os.PathLike, backend: str = "auto") -> Trainin
 
 
 def load_global(session: TrainingSession, parameters: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Write the global ``parameters`` into ``session``; they must be exactly its trainable parameters.
+    """Write the global ``parameters`` into ``session``; they must be exactly its trainable
+    parameters.
 
     Returns:
         The parameters as arrays, by name.
@@ -155,13 +162,15 @@ def load_global(session: TrainingSession, parameters: Mapping[str, Any]) -> dict
             else "not parameters of the artifacts"
         )
         raise UnknownNameError(
-            f"The global parameters {preview(unknown)} are {what}.{did_you_mean(unknown[0], trainable)} "
+            f"The global parameters {preview(unknown)} are "
+            f"{what}.{did_you_mean(unknown[0], trainable)} "
             f"Trainable parameters: {preview(trainable)}."
         )
     missing = [n for n in trainable if n not in parameters]
     if missing:
         raise UnknownNameError(
-            f"The global parameters lack the trainable parameter(s) {preview(missing)}; the server must send "
+            f"The global parameters lack the trainable parameter(s) {preview(missing)}; the "
+            "server must send "
             "every trainable parameter of the artifacts."
         )
     arrays = {n: np.asarray(parameters[n], order="C") for n in trainable}  # 0-d stays 0-d
@@ -184,7 +193,8 @@ def pick_arrays(
         return tuple(arrays[p] for p in positional)
     missing = [n for n in inputs if n not in arrays]
     raise UnknownNameError(
-        f"{source} has arrays {sorted(arrays)} but none for the model input(s) {missing}. Save the arrays under "
+        f"{source} has arrays {sorted(arrays)} but none for the model input(s) {missing}. Save "
+        "the arrays under "
         f"the input names (numpy.savez(path, {', '.join(f'{n}=...' for n in inputs)}))."
     )
 
@@ -195,12 +205,14 @@ def _arrays_of(data: DataSource) -> tuple[dict[str, np.ndarray], str]:
     if isinstance(data, (str, os.PathLike)):
         return load_npz(data), f"'{os.fspath(data)}'"
     raise InvalidTypeError(
-        f"A client's data must be an .npz path or a dict of arrays by input name, not {type(data).__name__}."
+        "A client's data must be an .npz path or a dict of arrays by input name, not "
+        f"{type(data).__name__}."
     )
 
 
 def proximal_term(mu: float, anchor: Mapping[str, np.ndarray]) -> Callable[[TrainingSession], None]:
-    """A gradient hook adding ``mu * (w - anchor)`` to each trainable parameter's gradient (FedProx).
+    """A gradient hook adding ``mu * (w - anchor)`` to each trainable parameter's gradient
+    (FedProx).
 
     Set as ``session.gradient_reducer``: the session calls it between ``train_step`` and the
     optimizer step, on the gradients about to be applied.
@@ -237,7 +249,8 @@ def train_client(
     :func:`~onnxblocks.runtime.fit` on ``data``.
 
     Args:
-        artifacts: The artifacts directory (``generate_artifacts``; portable ones run on stock onnxruntime).
+        artifacts: The artifacts directory (``generate_artifacts``; portable ones run on stock
+        onnxruntime).
         data: The client's training data: an ``.npz`` path or arrays by input name.
         parameters: The global trainable parameters, by name.
         config: A :class:`LocalConfig`, or the ConfigRecord the strategy sent.
@@ -314,7 +327,9 @@ def evaluate_client(
 
 
 def has_classes(session: TrainingSession, columns: tuple[np.ndarray, ...]) -> bool:
-    """True when the last eval input holds class indices and the eval model returns scores after the loss."""
+    """True when the last eval input holds class indices and the eval model returns scores after
+    the loss.
+    """
     labels = columns[-1]
     return len(session.eval_output_names) > 1 and labels.dtype.kind in "iu" and len(columns) > 1
 

@@ -1,4 +1,5 @@
-"""A client's optimizer state between rounds: read from a trained session, restored into the next round's.
+"""A client's optimizer state between rounds: read from a trained session, restored into the next
+round's.
 
 With ``keep-optimizer-state`` (docs/federated.md), a client keeps its optimizer's moments and step
 counts between rounds instead of starting fresh. :func:`read_optimizer_state` takes them from a
@@ -32,11 +33,14 @@ class OptimizerState:
     """A session's optimizer state, as a client keeps it between rounds.
 
     Attributes:
-        moments: The optimizer's moments by ``optimizer/<param>/<slot>`` (AdamW: slots ``momentum0`` and
-            ``momentum1`` of each trainable parameter; SGD: none), in the parameters' dtypes and shapes.
+        moments: The optimizer's moments by ``optimizer/<param>/<slot>`` (AdamW: slots ``momentum0``
+        and
+            ``momentum1`` of each trainable parameter; SGD: none), in the parameters' dtypes and
+            shapes.
         step: The optimizer's own step count (AdamW's bias correction counts it).
         initial_learning_rate: The optimizer group's initial learning rate.
-        session_step: :attr:`TrainingSession.step <onnxblocks.runtime.TrainingSession.step>` (schedulers count it).
+        session_step: :attr:`TrainingSession.step <onnxblocks.runtime.TrainingSession.step>`
+        (schedulers count it).
         group: The optimizer group's name in the checkpoint.
     """
 
@@ -74,7 +78,8 @@ class OptimizerState:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidValueError(
-                f"The kept optimizer state's scalars {sorted(scalars)} are incomplete or malformed ({exc!r:.80}); "
+                f"The kept optimizer state's scalars {sorted(scalars)} are incomplete or "
+                f"malformed ({exc!r:.80}); "
                 "they are step, initial-learning-rate, session-step and group."
             ) from None
 
@@ -119,7 +124,8 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
     ``state``'s, and the session loads it back (on the training build that reopens the session).
 
     Raises:
-        InvalidValueError: when ``state`` does not fit the session's trainable parameters (a moment of an
+        InvalidValueError: when ``state`` does not fit the session's trainable parameters (a moment
+        of an
             unknown parameter, of another shape or dtype, or a slot missing).
     """
     trainable = session.parameters(trainable_only=True)
@@ -131,13 +137,15 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
         param = parts[1] if len(parts) == 3 else key
         if not index.isdigit() or param not in trainable:
             raise InvalidValueError(
-                f"The kept optimizer state holds '{key}', which is not 'optimizer/<trainable parameter>/momentum<i>' "
+                f"The kept optimizer state holds '{key}', which is not 'optimizer/<trainable "
+                "parameter>/momentum<i>' "
                 f"of these artifacts (trainable: {preview(list(trainable))})."
             )
         value = np.asarray(array)
         if value.dtype != trainable[param].dtype or value.shape != trainable[param].shape:
             raise InvalidValueError(
-                f"The kept optimizer state's '{key}' is {value.dtype} {value.shape}; parameter '{param}' is "
+                f"The kept optimizer state's '{key}' is {value.dtype} {value.shape}; parameter "
+                f"'{param}' is "
                 f"{trainable[param].dtype} {trainable[param].shape}."
             )
         moments.setdefault(param, {})[int(index)] = value

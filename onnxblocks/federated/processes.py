@@ -4,7 +4,8 @@ Flower's SuperLink and SuperNodes start helpers (SuperExec, ``flwr-serverapp``, 
 in sessions of their own, which a signal to the parent's process group does not reach. So a tree
 is stopped by walking it: :func:`descendants` (Linux ``/proc``, else psutil when installed) and
 :func:`terminate_tree` (SIGTERM to every process of the trees, helpers started meanwhile included,
-then SIGKILL to what still runs after a grace period). :func:`environment_pids` finds the processes a
+then SIGKILL to what still runs after a grace period). :func:`environment_pids` finds the processes
+a
 deployment started that no tree holds any more (one whose parent was interrupted while starting it).
 Waits here end early on a stop signal (:mod:`onnxblocks._core.interrupts`).
 """
@@ -63,7 +64,8 @@ def _children_table() -> dict[int, list[int]]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its
+            # last ')'
             fields = stat[stat.rfind(")") + 2 :].split()
             if len(fields) >= 2 and fields[0] != "Z":
                 table.setdefault(int(fields[1]), []).append(int(entry.name))
@@ -95,7 +97,9 @@ def descendants(pid: int) -> list[int]:
 
 
 def environment_pids(name: str, value: str) -> list[int]:
-    """The pids of the living processes whose environment sets ``name`` to ``value`` (Linux ``/proc``; else none)."""
+    """The pids of the living processes whose environment sets ``name`` to ``value`` (Linux
+    ``/proc``; else none).
+    """
     entry = f"{name}={value}".encode()
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -138,11 +142,14 @@ def send_signal(pids: Iterable[int], sig: int) -> None:
 
 
 def terminate_tree(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
-    """SIGTERM ``pids`` and all their descendants; SIGKILL whatever still runs after ``grace_s`` seconds.
+    """SIGTERM ``pids`` and all their descendants; SIGKILL whatever still runs after ``grace_s``
+    seconds.
 
-    Returns once they are gone (a SIGKILL takes effect when the process is next scheduled; 2 s at most).
+    Returns once they are gone (a SIGKILL takes effect when the process is next scheduled; 2 s at
+    most).
     """
-    # one reading of /proc per sweep, not one per process: on a loaded machine a reading takes 0.1 s or more
+    # one reading of /proc per sweep, not one per process: on a loaded machine a reading takes 0.1 s
+    # or more
     everyone = _trees(pids, _children_table())
     send_signal(everyone, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -165,7 +172,8 @@ def terminate_tree(pids: Sequence[int], grace_s: float = GRACE_S) -> None:
 def run_captured(
     command: Sequence[str], env: Mapping[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` to its end and capture its output; stop it on a stop signal or after ``timeout`` seconds.
+    """Run ``command`` to its end and capture its output; stop it on a stop signal or after
+    ``timeout`` seconds.
 
     Raises:
         subprocess.TimeoutExpired: when it runs longer than ``timeout`` (it is killed).
@@ -182,7 +190,8 @@ def run_captured(
     ) as child:
         try:
             while True:
-                try:  # short waits, so that a stop signal whose exception was swallowed is seen at once
+                # short waits, so that a stop signal whose exception was swallowed is seen at once
+                try:
                     out, err = child.communicate(
                         timeout=min(0.5, max(deadline - time.monotonic(), 0.01))
                     )
@@ -213,7 +222,8 @@ class Process:
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             env=dict(env),
-            start_new_session=True,  # Ctrl-C at a terminal reaches onnxblocks, which stops everything in order
+            # Ctrl-C at a terminal reaches onnxblocks, which stops everything in order
+            start_new_session=True,
         )
 
     @property
@@ -258,9 +268,11 @@ sys.exit(ep.load()())' "$@"
 
 
 def write_shims(folder: Path, interpreter: str) -> Path:
-    """``folder`` with one script per Flower command that runs it under ``interpreter`` (written once).
+    """``folder`` with one script per Flower command that runs it under ``interpreter`` (written
+    once).
 
-    Flower's SuperLink and SuperNodes start SuperExec, ``flwr-serverapp`` and ``flwr-clientapp`` by name
+    Flower's SuperLink and SuperNodes start SuperExec, ``flwr-serverapp`` and ``flwr-clientapp`` by
+    name
     from the PATH; with this folder first on it they run under ``interpreter``, whatever its venv's
     console scripts say (a venv built elsewhere and moved has scripts naming its old path).
     """

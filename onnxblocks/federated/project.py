@@ -1,11 +1,13 @@
-"""The Flower app directory a federation runs: a ``pyproject.toml`` that names the apps and the run config.
+"""The Flower app directory a federation runs: a ``pyproject.toml`` that names the apps and the run
+config.
 
 ``flwr run`` ships a Flower app (a FAB: the directory's ``pyproject.toml`` and sources) to the
 SuperLink. onnxblocks' apps live in the installed package (:mod:`onnxblocks.federated.app`), so the
 directory :func:`write_app` writes holds only the ``pyproject.toml``: its
 ``[tool.flwr.app.components]`` point at ``onnxblocks.federated.app:server_app`` and ``client_app``,
 and ``[tool.flwr.app.config]`` holds the run config (the keys of
-:class:`~onnxblocks.federated.server.ServerSettings` and the client's ``artifacts`` and ``backend``).
+:class:`~onnxblocks.federated.server.ServerSettings` and the client's ``artifacts`` and
+``backend``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def toml_value(value: ConfigValue, what: str = "value") -> str:
         )
         return f'"{escaped}"'
     raise InvalidTypeError(
-        f"The run config's {what} is a {type(value).__name__}; it must be a str, int, float or bool "
+        f"The run config's {what} is a {type(value).__name__}; it must be a str, int, float or "
+        "bool "
         "(leave the key out for 'not set')."
     )
 
@@ -76,12 +79,14 @@ def render_config(config: Mapping[str, ConfigValue]) -> str:
 
 
 def config_arg(config: Mapping[str, ConfigValue]) -> str:
-    """``config`` as the one argument of ``flower-supernode --node-config`` or ``flwr run --run-config``.
+    """``config`` as the one argument of ``flower-supernode --node-config`` or ``flwr run
+    --run-config``.
 
     Flower reads ``key=value`` pairs separated by spaces, strings in double quotes without escapes.
 
     Raises:
-        InvalidValueError: for a bad key, or a string holding a double quote (Flower cannot read it).
+        InvalidValueError: for a bad key, or a string holding a double quote (Flower cannot read
+        it).
         InvalidTypeError: for a value TOML cannot hold.
     """
     pairs = []
@@ -94,7 +99,8 @@ def config_arg(config: Mapping[str, ConfigValue]) -> str:
             '"' in os.fspath(value) or "\\" in os.fspath(value)
         ):
             raise InvalidValueError(
-                f"Config value of {key!r} ({os.fspath(value)!r}) holds a double quote or a backslash, which "
+                f"Config value of {key!r} ({os.fspath(value)!r}) holds a double quote or a "
+                "backslash, which "
                 "Flower's --node-config/--run-config cannot carry; rename the file or folder."
             )
         pairs.append(f"{key}={toml_value(value, f'key {key!r}')}")
@@ -119,7 +125,8 @@ def write_app(
         server_app: The ServerApp, ``module:attribute``.
         client_app: The ClientApp, ``module:attribute``.
         modules: Extra Python modules shipped with the app, ``{"module_name": source}`` (written as
-            ``module_name.py`` beside the pyproject, so ``server_app``/``client_app`` may name them).
+            ``module_name.py`` beside the pyproject, so ``server_app``/``client_app`` may name
+            them).
 
     Returns:
         The app directory.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,7 +10,9 @@ import numpy as np
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> Any:
-    """An ``ArrayRecord`` holding ``arrays`` under their names (dtypes and shapes kept: a 0-d array stays 0-d)."""
+    """An ``ArrayRecord`` holding ``arrays`` under their names (dtypes and shapes kept: a 0-d
+    array stays 0-d).
+    """
     from flwr.app import Array, ArrayRecord
 
     return ArrayRecord({name: Array(np.asarray(a, order="C")) for name, a in arrays.items()})
@@ -18,3 +21,16 @@ def to_record(arrays: Mapping[str, np.ndarray]) -> Any:
 def from_record(record: Any) -> dict[str, np.ndarray]:
     """The arrays of an ``ArrayRecord``, by name."""
     return {name: array.numpy() for name, array in record.items()}
+
+
+def arrays_to_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """``arrays`` as ``.npz`` bytes (what a bridge ClientApp and the relay exchange)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: np.asarray(a) for name, a in arrays.items()})
+    return buffer.getvalue()
+
+
+def npz_to_arrays(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of ``.npz`` bytes (never unpickled)."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as loaded:
+        return {name: loaded[name] for name in loaded.files}

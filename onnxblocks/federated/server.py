@@ -10,12 +10,14 @@ artifacts' format with the trainable parameters replaced (``save``), an inferenc
 its plots (``plot``).
 
 Run config keys (``[tool.flwr.app.config]`` of the Flower app, or ``flwr run --run-config``); each
-is a field of :class:`ServerSettings` with ``-`` for ``_``, and ``num-server-rounds`` for ``rounds``:
+is a field of :class:`ServerSettings` with ``-`` for ``_``, and ``num-server-rounds`` for
+``rounds``:
 ``artifacts``, ``backend``, ``num-server-rounds``, ``strategy``, ``local-epochs``, ``lr``,
 ``batch-size``, ``shuffle``, ``seed``, ``local-steps``, ``proximal-mu``, ``server-lr``,
 ``min-nodes``, ``fraction-train``, ``fraction-evaluate``, ``round-timeout``, ``eval-data``,
 ``save``, ``export``, ``history``, ``plot``, ``dp-clipping-norm``, ``dp-noise-multiplier``,
-``keep-optimizer-state`` (read by the ClientApp: each node keeps its optimizer state between rounds).
+``keep-optimizer-state`` (read by the ClientApp: each node keeps its optimizer state between
+rounds).
 """
 
 from __future__ import annotations
@@ -68,17 +70,20 @@ class ServerSettings:
         min_nodes: Nodes to wait for and sample each round.
         fraction_train: Fraction of the nodes sampled for training.
         fraction_evaluate: Fraction of the nodes sampled for evaluation (0: no client evaluation).
-        round_timeout: Seconds to wait for the replies of a round; a client later than that is dropped.
+        round_timeout: Seconds to wait for the replies of a round; a client later than that is
+        dropped.
         eval_data: A held-out ``.npz`` the server evaluates the global model on after each round.
         save: Where to write the final checkpoint.
         export: Where to write the final inference model (``.onnx``).
         history: Where to write the history (JSON).
-        plot: Where to plot the loss per round (``.svg`` or ``.png``); an accuracy plot goes beside it
+        plot: Where to plot the loss per round (``.svg`` or ``.png``); an accuracy plot goes beside
+        it
             (``<stem>-accuracy<suffix>``) when accuracy was measured.
         dp_clipping_norm: Server-side differential privacy with this fixed clipping norm.
         dp_noise_multiplier: The DP noise multiplier.
         keep_optimizer_state: Each client keeps its optimizer state between rounds in its node's
-            ``Context.state`` (the ClientApp reads ``keep-optimizer-state`` from the run config); False: it
+            ``Context.state`` (the ClientApp reads ``keep-optimizer-state`` from the run config);
+            False: it
             starts fresh every round.
     """
 
@@ -175,7 +180,9 @@ def _coerce(name: str, annotation: Any, raw: Any) -> Any:
 
 
 def _converted(kind: str, raw: Any) -> Any:
-    """``raw`` as ``kind`` (``int``, ``float``, ``bool`` or ``str`` first in the annotation), or None."""
+    """``raw`` as ``kind`` (``int``, ``float``, ``bool`` or ``str`` first in the annotation), or
+    None.
+    """
     if kind.startswith("str"):
         return str(raw)
     if kind.startswith("bool"):
@@ -303,7 +310,8 @@ def make_server_app(
 
     Args:
         artifacts: The artifacts directory; None: run config ``artifacts``.
-        strategy: A strategy name (``fedavg``, ``fedprox``, ``fedadam``, ``fedyogi``), or a Flower strategy
+        strategy: A strategy name (``fedavg``, ``fedprox``, ``fedadam``, ``fedyogi``), or a Flower
+        strategy
             object to run instead of the one the settings name.
         **settings: :class:`ServerSettings` fields; they win over the run config.
 

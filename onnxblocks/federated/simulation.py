@@ -3,7 +3,8 @@
 :func:`simulate` writes a Flower app (a ``pyproject.toml`` whose components are
 :mod:`onnxblocks.federated.app`'s ``server_app`` and ``client_app``, and whose run config holds the
 artifacts, the clients' ``.npz`` files as ``data-path-<partition-id>`` and the server's settings),
-starts ``flower-superlink --simulation`` on a free port of 127.0.0.1 with its own ``FLWR_HOME``, submits
+starts ``flower-superlink --simulation`` on a free port of 127.0.0.1 with its own ``FLWR_HOME``,
+submits
 the app with ``flwr run APP local --federation-config num-supernodes=N --stream`` (the simulation
 runtime runs each ClientApp in Ray), waits for the run to end, stops the SuperLink and returns the
 :class:`~onnxblocks.federated.history.FederatedHistory` the ServerApp wrote.
@@ -54,15 +55,18 @@ def simulate(
 
     Args:
         artifacts: The artifacts directory (its checkpoint is the initial global model).
-        data: One ``.npz`` per client (``onnxblocks train``'s format); client ``i`` is partition ``i``.
+        data: One ``.npz`` per client (``onnxblocks train``'s format); client ``i`` is partition
+        ``i``.
         client_eval_data: One ``.npz`` per client to evaluate on; None: each client's training data.
         workdir: Where the Flower app, ``FLWR_HOME``, logs and (by default) the history go; None: a
             temporary directory, removed afterwards.
         num_cpus: CPUs Ray may use.
         cpus_per_client: CPUs each simulated client reserves.
         timeout: Seconds the whole run may take.
-        **settings: :class:`~onnxblocks.federated.server.ServerSettings` fields (``rounds``, ``strategy``,
-            ``local_epochs``, ``lr``, ``save``, ``export``, ``history``, ``plot``, ``eval_data`` ...);
+        **settings: :class:`~onnxblocks.federated.server.ServerSettings` fields (``rounds``,
+        ``strategy``,
+            ``local_epochs``, ``lr``, ``save``, ``export``, ``history``, ``plot``, ``eval_data``
+            ...);
             ``min_nodes`` defaults to the number of clients.
 
     Returns:
@@ -137,11 +141,13 @@ def _simulate(
     port = free_port()
     home.mkdir(exist_ok=True)
     (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n',
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = '
+        f'"127.0.0.1:{port}"\ninsecure = true\n',
         encoding="utf-8",
     )
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1"}
-    # the SuperLink starts flower-superexec and flwr-serverapp by name: those beside this Python come first,
+    # the SuperLink starts flower-superexec and flwr-serverapp by name: those beside this Python
+    # come first,
     # so a venv that is not activated (python -m, a notebook kernel) still finds its own
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     superlink_log = root / "superlink.log"
@@ -183,7 +189,8 @@ def _simulate(
         _stop(superlink)
     if not history.exists():
         raise StateError(
-            f"The simulation ended (flwr run exit code {done.returncode}) without writing its history.\n"
+            f"The simulation ended (flwr run exit code {done.returncode}) without writing its "
+            "history.\n"
             f"{_tail(run_log)}\n{_tail(superlink_log)}"
         )
     return FederatedHistory.load(history)
@@ -194,13 +201,15 @@ _PATHS = ("eval_data", "save", "export", "history", "plot")
 
 
 def write_flower_app(directory: str | os.PathLike, run_config: Mapping[str, Any]) -> Path:
-    """Write a Flower app whose components are :mod:`onnxblocks.federated.app`'s, with ``run_config``.
+    """Write a Flower app whose components are :mod:`onnxblocks.federated.app`'s, with
+    ``run_config``.
 
     Returns:
         The app directory (``flwr run`` takes it).
 
     Raises:
-        InvalidValueError: for a run config value TOML cannot hold here (not a str, int, float or bool).
+        InvalidValueError: for a run config value TOML cannot hold here (not a str, int, float or
+        bool).
     """
     lines = [
         "[build-system]",
@@ -272,7 +281,8 @@ def _wait_healthy(port: int, process: subprocess.Popen, log: Path) -> None:
             pass
         time.sleep(0.2)
     raise StateError(
-        f"flower-superlink did not answer on 127.0.0.1:{port} in {STARTUP_TIMEOUT:.0f} s.\n{_tail(log)}"
+        f"flower-superlink did not answer on 127.0.0.1:{port} in {STARTUP_TIMEOUT:.0f} "
+        f"s.\n{_tail(log)}"
     )
 
 

@@ -51,14 +51,16 @@ def build_strategy(
     """One of Flower's strategies, configured.
 
     Args:
-        name: ``fedavg``, ``fedprox`` (sends ``proximal-mu`` to the clients), ``fedadam`` or ``fedyogi``
+        name: ``fedavg``, ``fedprox`` (sends ``proximal-mu`` to the clients), ``fedadam`` or
+        ``fedyogi``
             (server-side Adam/Yogi on the averaged update, with learning rate ``server_lr``).
         min_nodes: Nodes that must be connected, and sampled for training and evaluation.
         fraction_train: Fraction of the nodes sampled for training each round.
         fraction_evaluate: Fraction of the nodes sampled for evaluation each round (0: none).
         proximal_mu: FedProx's ``mu``.
         server_lr: FedAdam's and FedYogi's ``eta``.
-        dp_clipping_norm: Wrap the strategy in Flower's ``DifferentialPrivacyServerSideFixedClipping``
+        dp_clipping_norm: Wrap the strategy in Flower's
+        ``DifferentialPrivacyServerSideFixedClipping``
             with this clipping norm (each client's update is scaled to at most this L2 norm).
         dp_noise_multiplier: The Gaussian noise multiplier of the DP wrapper.
 
@@ -107,7 +109,8 @@ class ValidatingStrategy(Strategy):
         strategy: The Flower strategy that samples, configures and aggregates.
         reference: ``{name: (dtype, shape)}`` of the global trainable parameters.
         history: Where to record per-client metrics and dropped replies.
-        timeout: The round timeout in seconds, named in the reason recorded for a node that sent no reply.
+        timeout: The round timeout in seconds, named in the reason recorded for a node that sent no
+        reply.
     """
 
     def __init__(
@@ -132,7 +135,9 @@ class ValidatingStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The wrapped strategy's messages (the global parameters are kept to measure each update)."""
+        """The wrapped strategy's messages (the global parameters are kept to measure each
+        update).
+        """
         self._started = time.perf_counter()
         self._global = from_record(arrays)
         return self._sent(
@@ -142,7 +147,9 @@ class ValidatingStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Drop the replies that fail the checks, then aggregate the others with the wrapped strategy."""
+        """Drop the replies that fail the checks, then aggregate the others with the wrapped
+        strategy.
+        """
         kept = self._screen(
             server_round,
             "train",
@@ -199,7 +206,9 @@ class ValidatingStrategy(Strategy):
 
     # ------------------------------------------------------------------ helpers
     def _sent(self, phase: str, messages: Iterable[Message]) -> list[Message]:
-        """The messages, with the nodes they go to remembered (to name the ones that never answer)."""
+        """The messages, with the nodes they go to remembered (to name the ones that never
+        answer).
+        """
         sent = list(messages)
         self._asked[phase] = [int(m.metadata.dst_node_id) for m in sent]
         return sent
@@ -211,7 +220,9 @@ class ValidatingStrategy(Strategy):
         replies: Iterable[Message],
         check: Callable[[Any], str | None],
     ) -> list[Message]:
-        """The replies of ``phase`` that pass ``check`` and share metric keys; the others dropped and recorded."""
+        """The replies of ``phase`` that pass ``check`` and share metric keys; the others dropped
+        and recorded.
+        """
         replies = list(replies)
         self._silent(server_round, phase, replies)
         kept = []
@@ -227,7 +238,9 @@ class ValidatingStrategy(Strategy):
         return kept
 
     def _silent(self, server_round: int, phase: str, replies: list[Message]) -> None:
-        """Record the nodes that were asked and sent no reply (they hung, or died without an error reply)."""
+        """Record the nodes that were asked and sent no reply (they hung, or died without an
+        error reply).
+        """
         answered = {_node(m) for m in replies}
         within = (
             f" within the round timeout ({self.timeout:g} s)" if self.timeout is not None else ""
@@ -244,7 +257,9 @@ class ValidatingStrategy(Strategy):
         self._asked[phase] = []
 
     def _as_reference_dtypes(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Flower's server optimizers and DP noise compute in float64: back to the global parameters' float dtypes."""
+        """Flower's server optimizers and DP noise compute in float64: back to the global
+        parameters' float dtypes.
+        """
         out = {}
         for name, array in arrays.items():
             want = self.reference.get(name)
@@ -277,7 +292,9 @@ class ValidatingStrategy(Strategy):
     def _same_metric_keys(
         self, server_round: int, phase: str, kept: list[Message]
     ) -> list[Message]:
-        """Flower refuses to aggregate metric records with different keys: keep those like the most common."""
+        """Flower refuses to aggregate metric records with different keys: keep those like the
+        most common.
+        """
         if not kept:
             return kept
         keys = [frozenset(next(iter(m.content.metric_records.values())).keys()) for m in kept]

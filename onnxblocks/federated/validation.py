@@ -61,7 +61,8 @@ def check_arrays(arrays: Mapping[str, Any], reference: Specs) -> str | None:
             return f"parameter '{name}' is a {type(array).__name__}, not an array"
         if array.dtype != dtype or tuple(array.shape) != tuple(shape):
             return (
-                f"parameter '{name}' is {array.dtype} with shape {tuple(array.shape)}; the global parameter is "
+                f"parameter '{name}' is {array.dtype} with shape {tuple(array.shape)}; the "
+                "global parameter is "
                 f"{dtype} with shape {tuple(shape)}"
             )
         if array.dtype.kind in "fc" and not bool(np.isfinite(array).all()):
@@ -103,14 +104,17 @@ def check_metrics(metrics: Mapping[str, Any], required: tuple[str, ...]) -> str 
     weight = metrics.get(WEIGHT_KEY)
     if WEIGHT_KEY in required and not _row_count(weight):
         return (
-            f"metric '{WEIGHT_KEY}' is {weight!r:.60}; it must be a whole number of training rows from 1 to "
+            f"metric '{WEIGHT_KEY}' is {weight!r:.60}; it must be a whole number of training "
+            "rows from 1 to "
             f"{MAX_EXAMPLES}"
         )
     return None
 
 
 def _finite_number(value: Any) -> bool:
-    """An int or float (not a bool) with a finite float value (an int too large for a float64 is not)."""
+    """An int or float (not a bool) with a finite float value (an int too large for a float64 is
+    not).
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return False
     try:
@@ -120,7 +124,9 @@ def _finite_number(value: Any) -> bool:
 
 
 def _row_count(value: Any) -> bool:
-    """A whole number in ``[1, MAX_EXAMPLES]`` (ints, and floats holding whole numbers: evaluation replies)."""
+    """A whole number in ``[1, MAX_EXAMPLES]`` (ints, and floats holding whole numbers:
+    evaluation replies).
+    """
     if isinstance(value, list) or not _finite_number(value):
         return False
     if isinstance(value, (int, np.integer)):
@@ -132,13 +138,17 @@ def _row_count(value: Any) -> bool:
 def check_header(array: Any, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> str | None:
     """Why a Flower ``Array`` cannot be decoded as the global parameter ``name`` (None: it can).
 
-    Reads only the ``.npy`` header of ``array.data`` (version 1 or 2, at most :data:`MAX_HEADER_BYTES`):
+    Reads only the ``.npy`` header of ``array.data`` (version 1 or 2, at most
+    :data:`MAX_HEADER_BYTES`):
     its dtype and shape must be the parameter's, and the payload exactly that many bytes
     after the header. Nothing is unpickled or allocated from what the client claims.
     """
     data = getattr(array, "data", None)
     if getattr(array, "stype", None) != "numpy.ndarray" or not isinstance(data, bytes):
-        return f"parameter '{name}' is not a serialized numpy array (stype {getattr(array, 'stype', None)!r:.40})"
+        return (
+            f"parameter '{name}' is not a serialized numpy array (stype "
+            f"{getattr(array, 'stype', None)!r:.40})"
+        )
     stream = io.BytesIO(data)
     try:
         version = npy.read_magic(stream)
@@ -156,7 +166,8 @@ def check_header(array: Any, name: str, dtype: np.dtype, shape: tuple[int, ...])
         return f"parameter '{name}' has no readable .npy header ({type(exc).__name__}: {exc!s:.80})"
     if got_dtype != dtype or tuple(got_shape) != tuple(shape):
         return (
-            f"parameter '{name}' is {got_dtype} with shape {tuple(got_shape)}; the global parameter is "
+            f"parameter '{name}' is {got_dtype} with shape {tuple(got_shape)}; the global "
+            "parameter is "
             f"{dtype} with shape {tuple(shape)}"
         )
     need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

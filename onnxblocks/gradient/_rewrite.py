@@ -1,4 +1,5 @@
-"""The shape of most normalisation passes: replace each node a predicate picks by the nodes a rewrite writes.
+"""The shape of most normalisation passes: replace each node a predicate picks by the nodes a
+rewrite writes.
 
 A :class:`NodeRewrite` is an :class:`onnxblocks.ir.passes.Pass`. Its
 :meth:`~NodeRewrite.rewrite` reads one selected node (through the
@@ -57,7 +58,8 @@ def name_of(value: ir.Value) -> str:
 
 
 class RewriteContext:
-    """What a :class:`NodeRewrite` reads: the opset, and types, names and constants computed on first use.
+    """What a :class:`NodeRewrite` reads: the opset, and types, names and constants computed on
+    first use.
 
     Types and constants are computed from the graph before any replacement of the pass.
     """
@@ -92,7 +94,8 @@ class RewriteContext:
         return self.types.dtype(value)
 
     def reduction_axes(self, node: ir.Node) -> list[int] | None:
-        """A Reduce* node's axes, from its ``axes`` input (opset 18) or attribute; None when known only at run time.
+        """A Reduce* node's axes, from its ``axes`` input (opset 18) or attribute; None when known
+        only at run time.
 
         An empty list means no axes were given (every axis, or none with ``noop_with_empty_axes``).
         """
@@ -103,7 +106,9 @@ class RewriteContext:
         return None if value is None else [int(a) for a in value.reshape(-1)]
 
     def writer(self, hint: str) -> Writer:
-        """A :class:`~onnxblocks.ir.writer.Writer` at the model's opset naming its values after ``hint``."""
+        """A :class:`~onnxblocks.ir.writer.Writer` at the model's opset naming its values after
+        ``hint``.
+        """
         return Writer(self.names, self.opset, hint)
 
 
@@ -152,7 +157,9 @@ class NodeRewrite(Pass):
 
 
 def apply_rewrite(node: ir.Node, new_nodes: Sequence[ir.Node]) -> None:
-    """Put ``new_nodes`` where ``node`` is; each output of ``node`` is replaced by the new output of its name."""
+    """Put ``new_nodes`` where ``node`` is; each output of ``node`` is replaced by the new output
+    of its name.
+    """
     if any(n is node for n in new_nodes):
         graph = node.graph
         assert graph is not None, f"node {node.name!r} belongs to no graph"
@@ -197,7 +204,8 @@ def on_proto(
     doc: str | None,
     wanted: Callable[[onnx.ModelProto], bool] | None = None,
 ) -> Callable[[onnx.ModelProto], int]:
-    """``pass_factory()``'s pass as a function that edits a ModelProto in place and returns its number of changes.
+    """``pass_factory()``'s pass as a function that edits a ModelProto in place and returns its
+    number of changes.
 
     The model is converted to the IR once and back once (only when something changed).
 

@@ -1,4 +1,6 @@
-"""Reading a graph's values for the gradient passes: inferred types, shapes, element types, node attributes."""
+"""Reading a graph's values for the gradient passes: inferred types, shapes, element types, node
+attributes.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ _T = TypeVar("_T")
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes read).
+    """Types of the values of ``model`` from onnx shape inference (best effort, no weight bytes
+    read).
 
     Data propagation is on: shapes computed with ``Shape`` / ``Concat`` / ``Gather``
     (as the exporters and the passes write ``Reshape`` targets) stay known. The same
@@ -26,7 +29,9 @@ def infer_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
 
 
 def shape_of(types: dict[str, onnx.TypeProto], name: str) -> list[int | None] | None:
-    """Static dims of a tensor value (None for a symbolic or unknown dim), or None for an unknown rank."""
+    """Static dims of a tensor value (None for a symbolic or unknown dim), or None for an unknown
+    rank.
+    """
     t = types.get(name)
     if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
         return None
@@ -75,7 +80,9 @@ def _typed_attribute(
     kind: str,
     convert: Callable[[object], _T | None],
 ) -> _T | None:
-    """The attribute converted by ``convert`` (None: not of the expected kind), ``default`` when absent."""
+    """The attribute converted by ``convert`` (None: not of the expected kind), ``default`` when
+    absent.
+    """
     value = attribute(node, name)
     if value is None:  # absent (or of type UNDEFINED)
         if default is _REQUIRED:

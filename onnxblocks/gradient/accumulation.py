@@ -40,7 +40,8 @@ ACCUMULATOR_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
 
 
 def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
-    """Raise when a trainable parameter's gradient cannot be accumulated by ONNX Runtime's training API.
+    """Raise when a trainable parameter's gradient cannot be accumulated by ONNX Runtime's training
+    API.
 
     Args:
         params: ``(name, element type)`` of each trainable parameter.
@@ -54,8 +55,10 @@ def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
     kinds = sorted({onnx.TensorProto.DataType.Name(elem).lower() for _, elem in bad})
     listed = ", ".join(f"'{name}'" for name, _ in bad[:5]) + (" ..." if len(bad) > 5 else "")
     raise InvalidTypeError(
-        f"Trainable parameters {listed} are {' / '.join(kinds)}, but ONNX Runtime 1.19.2's training API "
-        "accumulates gradients with InPlaceAccumulatorV2, whose CPU kernel takes float32 and float16 only (its "
+        f"Trainable parameters {listed} are {' / '.join(kinds)}, but ONNX Runtime 1.19.2's "
+        "training API "
+        "accumulates gradients with InPlaceAccumulatorV2, whose CPU kernel takes float32 and "
+        "float16 only (its "
         "training kernels are float32 too). Convert the model to float32 before exporting it "
         "(model.float() in torch), or freeze these parameters."
     )
@@ -84,7 +87,8 @@ def add_gradient_accumulation(
         grad = gradient_name(name)
         if grad not in outputs:
             raise InvalidValueError(
-                f"The training model has no gradient output '{grad}' for trainable parameter '{name}'."
+                f"The training model has no gradient output '{grad}' for trainable parameter "
+                f"'{name}'."
             )
         graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
         graph.node.append(

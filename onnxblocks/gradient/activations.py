@@ -39,7 +39,9 @@ def _attr(node: ir.Node, name: str, default: float) -> float:
 def _exp_below_zero(
     w: Writer, x: ir.Value, dtype: np.dtype, scale: float, inner: float, y: str
 ) -> ir.Value:
-    """``y = x > 0 ? x : scale * (exp(inner * x) - 1)`` (inner, scale: the ELU family's constants)."""
+    """``y = x > 0 ? x : scale * (exp(inner * x) - 1)`` (inner, scale: the ELU family's
+    constants).
+    """
     zero, one = w.const(0, dtype), w.const(1, dtype)
     positive = w.op("Greater", [x, zero])
     safe = w.op("Where", [positive, zero, x])
@@ -66,7 +68,8 @@ def _selu(w, node, x, y, dtype):
 
 
 def _hard_sigmoid(w, x, dtype, alpha, beta, out=None):
-    """``max(0, min(1, alpha * x + beta))`` with slope 0 at both kinks, as torch's hardsigmoid and hardswish.
+    """``max(0, min(1, alpha * x + beta))`` with slope 0 at both kinks, as torch's hardsigmoid and
+    hardswish.
 
     (``Clip``'s gradient would include the kinks.)
     """

@@ -42,7 +42,9 @@ __all__ = [
 
 
 def is_inference_batch_norm(node: ir.Node) -> bool:
-    """True for an ai.onnx ``BatchNormalization`` in inference mode (``training_mode`` 0 or absent)."""
+    """True for an ai.onnx ``BatchNormalization`` in inference mode (``training_mode`` 0 or
+    absent).
+    """
     return (
         node.op_type == "BatchNormalization"
         and is_default_domain(node)
@@ -93,7 +95,8 @@ def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:
         raise GradientError(
             f"BatchNormalization node '{node.name or node.outputs[0].name}' reads "
             f"'{x.name if x is not None else ''}', whose rank is unknown, so "
-            "its inference form cannot be written for the gradient. Give the model's inputs a known rank."
+            "its inference form cannot be written for the gradient. Give the model's inputs a "
+            "known rank."
         )
     assert (
         scale is not None and bias is not None and mean is not None and var is not None
@@ -121,7 +124,8 @@ def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:
 
 
 def private_running_statistics(model: onnx.ModelProto) -> int:
-    """Give each training-mode ``BatchNormInternal`` running statistics of its own to write into; return how many.
+    """Give each training-mode ``BatchNormInternal`` running statistics of its own to write into;
+    return how many.
 
     ONNX Runtime's kernel writes the updated running mean and variance into the buffers
     of its inputs 3 and 4, and its common subexpression elimination merges equal

@@ -149,7 +149,8 @@ def build_training_graphs(
     _limits.stamp_versions(evaluation)
 
     forward_inputs = {vi.name: vi for vi in forward.graph.input}
-    # the training copy's last edits, on one IR: the Pow rewrite, the checks, unshared norm constants
+    # the training copy's last edits, on one IR: the Pow rewrite, the checks, unshared norm
+    # constants
     ir_forward = from_proto(forward)
     pow_changes = run_pass(PowExponentAsExpLog(partition.requires_grad), ir_forward)
     rewrites[PowExponentAsExpLog.name] = sum(pow_changes.values())
@@ -176,14 +177,16 @@ def build_training_graphs(
     return TrainingGraphs(training, evaluation, partition, user_outputs, user_inputs, rewrites)
 
 
-#: Models below this ai.onnx opset are converted to :data:`UPGRADE_OPSET` first: ONNX Runtime's gradient
+#: Models below this ai.onnx opset are converted to :data:`UPGRADE_OPSET` first: ONNX Runtime's
+#: gradient
 #: builders emit ops in forms that need it (a Gemm without C, opset 11).
 MIN_GRADIENT_OPSET = 11
 UPGRADE_OPSET = 13
 
 
 def upgrade_old_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Convert a model below opset 11 to opset 13 with onnx's version converter (the eval model is converted too).
+    """Convert a model below opset 11 to opset 13 with onnx's version converter (the eval model is
+    converted too).
 
     Returns:
         ``model`` itself at opset 11 or newer, else a converted copy.

@@ -1,4 +1,5 @@
-"""Comparisons of small integers in int32: ONNX Runtime 1.19.2's CPU kernels lack them for 8- and 16-bit types.
+"""Comparisons of small integers in int32: ONNX Runtime 1.19.2's CPU kernels lack them for 8- and
+16-bit types.
 
 ``(t == 3)`` on a uint8 tensor exports as ``Equal`` on uint8, which ONNX Runtime's
 CPU build has no kernel for (nor for ``Less`` / ``Greater``... on int8, uint8, int16,

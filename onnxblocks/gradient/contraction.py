@@ -1,4 +1,5 @@
-"""Tensor contraction as ``MatMul``: operands whose axes are named by letters, contracted two at a time.
+"""Tensor contraction as ``MatMul``: operands whose axes are named by letters, contracted two at a
+time.
 
 A :class:`Term` is a tensor with one letter per axis (an Einsum operand). The steps
 :mod:`onnxblocks.gradient.einsum` chains, each with ops ONNX Runtime can differentiate
@@ -65,7 +66,9 @@ def broadcast_dim(a: int | None, b: int | None) -> int | None:
 
 
 def _size(w: Writer, term: Term, axis: int) -> Size:
-    """The size of ``term``'s axis ``axis``: static, or ``Shape(value)[axis]`` as an int64 ``[1]``."""
+    """The size of ``term``'s axis ``axis``: static, or ``Shape(value)[axis]`` as an int64
+    ``[1]``.
+    """
     dim = term.dims[axis]
     if dim is not None:
         return dim
@@ -87,7 +90,9 @@ def _product(w: Writer, sizes: Sequence[Size]) -> Size:
 
 
 def _reshape(w: Writer, value: ir.Value, sizes: Sequence[Size]) -> ir.Value:
-    """``Reshape(value)`` to ``sizes``; a 0 among them is a zero length, never "copy the input's dim"."""
+    """``Reshape(value)`` to ``sizes``; a 0 among them is a zero length, never "copy the input's
+    dim".
+    """
     if all(isinstance(s, int) for s in sizes):
         target = w.ints([int(s) for s in sizes])  # type: ignore[arg-type]
     else:

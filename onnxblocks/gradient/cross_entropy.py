@@ -1,4 +1,5 @@
-"""``SoftmaxCrossEntropyLoss`` with its ``log_prob`` output, which ONNX Runtime's gradient of it reads.
+"""``SoftmaxCrossEntropyLoss`` with its ``log_prob`` output, which ONNX Runtime's gradient of it
+reads.
 
 torch's exporter writes ``F.cross_entropy`` inside a module as ``SoftmaxCrossEntropyLoss``
 with its loss output only; ONNX Runtime's gradient builder then fails with

@@ -1,4 +1,5 @@
-"""What depends on what in a forward graph, and the checks that must pass before ONNX Runtime sees it.
+"""What depends on what in a forward graph, and the checks that must pass before ONNX Runtime sees
+it.
 
 ONNX Runtime's gradient builder aborts the process (SIGABRT, an assertion on a
 node's input index) on a control-flow node whose subgraphs read values that
@@ -170,7 +171,8 @@ def upstream_values(
 
 
 def check_differentiable(graph: ir.Graph, requires_grad: Iterable[str], loss: str) -> None:
-    """Refuse what ONNX Runtime's gradient builder would crash on, or report without naming the cause.
+    """Refuse what ONNX Runtime's gradient builder would crash on, or report without naming the
+    cause.
 
     Run it once parameters are graph inputs. A parameter that does not reach a loss
     that depends on something else is left to ONNX Runtime, whose message names it.
@@ -190,9 +192,12 @@ def check_differentiable(graph: ir.Graph, requires_grad: Iterable[str], loss: st
             else "any graph input"
         )
         raise GradientError(
-            f"The loss '{loss}' does not depend on {what}: for training it is a constant (computed from constants, "
-            "or from shapes, comparisons or integer casts, which have no gradient), so there is nothing to "
-            "differentiate. Compute the loss from the model's outputs, and name in requires_grad the parameters "
+            f"The loss '{loss}' does not depend on {what}: for training it is a constant "
+            "(computed from constants, "
+            "or from shapes, comparisons or integer casts, which have no gradient), so there is "
+            "nothing to "
+            "differentiate. Compute the loss from the model's outputs, and name in requires_grad "
+            "the parameters "
             "those outputs are computed from."
         )
 
@@ -217,8 +222,11 @@ def _check_control_flow(graph: ir.Graph, wanted: list[str], loss: str) -> None:
         label = f"'{node.name}'" if node.name else f"(unnamed, writing '{node.outputs[0].name}')"
         raise GradientError(
             f"ONNX Runtime cannot differentiate control flow: {node.op_type} node {label} reads "
-            f"{preview(names)}, which depend on the trainable {preview(params)}, and the loss '{loss}' depends on "
-            f"its outputs. ONNX Runtime has no gradient for {node.op_type} (its gradient builder would abort the "
-            "process). Export the model with the branch or loop resolved (a fixed condition, an unrolled loop), or "
+            f"{preview(names)}, which depend on the trainable {preview(params)}, and the loss "
+            f"'{loss}' depends on "
+            f"its outputs. ONNX Runtime has no gradient for {node.op_type} (its gradient builder "
+            "would abort the "
+            "process). Export the model with the branch or loop resolved (a fixed condition, an "
+            "unrolled loop), or "
             "freeze the parameters upstream of it (frozen_params / requires_grad(name, False))."
         )

@@ -1,8 +1,10 @@
-"""``SplitToSequence`` by a run-time chunk length as ``Slice``: the pieces of ``chunk`` / ``split`` on a dynamic dim.
+"""``SplitToSequence`` by a run-time chunk length as ``Slice``: the pieces of ``chunk`` / ``split``
+on a dynamic dim.
 
 ``x.chunk(2, dim=0)`` or ``x.split(n, dim=0)`` exported with a symbolic batch dim
 becomes ``SplitToSequence(x, c)`` with ``c`` computed from the batch size, read by
-``SequenceAt`` at constant positions. :func:`~onnxblocks.gradient.normalization.split_to_sequence_as_split`
+``SequenceAt`` at constant positions.
+:func:`~onnxblocks.gradient.normalization.split_to_sequence_as_split`
 needs the length of the split axis; when it is symbolic, ONNX Runtime's gradient
 builder finds no path through the sequence ops and the pieces would silently get
 no gradient. :func:`split_to_sequence_as_slice` writes piece ``i`` as
@@ -35,7 +37,8 @@ __all__ = ["PartlyUsedSplitAsSlice", "SplitToSequenceAsSlice", "split_to_sequenc
 
 
 class SplitToSequenceAsSlice(Pass):
-    """Rewrite ``SplitToSequence`` by a run-time length or lengths, read only by ``SequenceAt`` at constant positions.
+    """Rewrite ``SplitToSequence`` by a run-time length or lengths, read only by ``SequenceAt`` at
+    constant positions.
 
     A sequence read any other way, or at a negative position, is left as it is.
     """
@@ -120,7 +123,8 @@ split_to_sequence_as_slice = on_proto(
 
 
 class PartlyUsedSplitAsSlice(Pass):
-    """Rewrite a ``Split`` some of whose outputs nothing reads into one ``Slice`` per output that is read.
+    """Rewrite a ``Split`` some of whose outputs nothing reads into one ``Slice`` per output that is
+    read.
 
     ONNX Runtime's gradient of ``Split`` concatenates the gradients of the outputs that
     have one and leaves the others out, so the input's gradient comes out too short

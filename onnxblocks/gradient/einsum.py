@@ -1,4 +1,5 @@
-"""Einsum as Transpose, ReduceSum and MatMul: ONNX Runtime 1.19.2 has no gradient builder for ``Einsum``.
+"""Einsum as Transpose, ReduceSum and MatMul: ONNX Runtime 1.19.2 has no gradient builder for
+``Einsum``.
 
 ``torch.einsum`` exports as ``Einsum``. :func:`einsum_as_matmul` writes it with ops that
 have gradients (the steps are :mod:`onnxblocks.gradient.contraction`'s):
@@ -44,7 +45,8 @@ _SPARE = "".join(chr(c) for c in range(ord("A"), ord("Z") + 1)) + "".join(
 
 
 def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str], str] | None:
-    """The letters of each operand and of the output, the ellipsis expanded; None when that cannot be done.
+    """The letters of each operand and of the output, the ellipsis expanded; None when that cannot
+    be done.
 
     Args:
         equation: The Einsum equation.
@@ -87,7 +89,9 @@ def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str
 
 
 class EinsumAsMatMul(NodeRewrite):
-    """Rewrite float ``Einsum`` into ``Transpose`` / ``ReduceSum`` / ``Reshape`` / ``MatMul`` nodes."""
+    """Rewrite float ``Einsum`` into ``Transpose`` / ``ReduceSum`` / ``Reshape`` / ``MatMul``
+    nodes.
+    """
 
     name = "einsum_as_matmul"
     op_types = frozenset({"Einsum"})
@@ -137,7 +141,9 @@ einsum_as_matmul = on_proto(
 
 
 def _next_pair(terms: Sequence[Term], output: str) -> tuple[int, int]:
-    """The pair of terms to contract next: the smallest result when every size is static, else the first two."""
+    """The pair of terms to contract next: the smallest result when every size is static, else
+    the first two.
+    """
     sizes: dict[str, int] = {}
     for term in terms:
         for c, d in zip(term.letters, term.dims, strict=True):

@@ -119,7 +119,9 @@ class InferenceDropoutAsIdentity(Pass):
 
 
 def _gate_ratio(graph: ir.Graph, node: ir.Node, flag: ir.Value, names: list[NameAuthority]) -> None:
-    """Feed ``node`` the ratio ``Where(flag, ratio, ratio - ratio)`` (ratio 0.5 when it has none)."""
+    """Feed ``node`` the ratio ``Where(flag, ratio, ratio - ratio)`` (ratio 0.5 when it has
+    none).
+    """
     if not names:
         names.append(graph_names(graph))
     ratio = optional_input(node, 1)
@@ -145,7 +147,9 @@ def _read_input_instead(
     source: ir.Value | None,
     names: list[NameAuthority],
 ) -> None:
-    """Have whatever reads ``output`` read an ``Identity`` of ``source``, written after ``node``, instead."""
+    """Have whatever reads ``output`` read an ``Identity`` of ``source``, written after ``node``,
+    instead.
+    """
     if not output.uses() and not output.is_graph_output():
         return
     if not names:

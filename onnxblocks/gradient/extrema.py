@@ -112,7 +112,8 @@ extrema_with_torch_ties = on_proto(
 
 
 def _returns_index(node: ir.Node, axes: list[int]) -> bool:
-    """True when ``node`` is the value of ``max(x, dim)`` / ``min(x, dim)``: torch's gradient goes to the index.
+    """True when ``node`` is the value of ``max(x, dim)`` / ``min(x, dim)``: torch's gradient goes
+    to the index.
 
     The dynamo exporter records the aten op of each node. Without that record (the
     torchscript exporter), a reduction over one axis is taken for ``max(x, dim)``, the
@@ -129,7 +130,9 @@ def _returns_index(node: ir.Node, axes: list[int]) -> bool:
 def _even_share(
     node: ir.Node, axes: list[int] | ir.Value | None, ctx: RewriteContext
 ) -> list[ir.Node]:
-    """``sum(where(mask, x, 0) / count(mask))`` over ``axes``, in the wide type: each tie gets ``dy / k``."""
+    """``sum(where(mask, x, 0) / count(mask))`` over ``axes``, in the wide type: each tie gets
+    ``dy / k``.
+    """
     x, y = node.inputs[0], node.outputs[0].name or "reduce"
     assert x is not None
     elem = ctx.types.elem(x)
@@ -159,7 +162,9 @@ def _even_share(
 
 
 def _first_index(node: ir.Node, axes: list[int], ctx: RewriteContext) -> list[ir.Node] | None:
-    """``TopK(k=1)`` along the one reduced axis: the gradient goes to the first extremum, as ``max(x, dim)``'s."""
+    """``TopK(k=1)`` along the one reduced axis: the gradient goes to the first extremum, as
+    ``max(x, dim)``'s.
+    """
     x, y = node.inputs[0], node.outputs[0].name or "reduce"
     assert x is not None
     keepdims = int_attribute(node, "keepdims", 1)
@@ -194,7 +199,9 @@ def _first_index(node: ir.Node, axes: list[int], ctx: RewriteContext) -> list[ir
 
 
 def _in_float32(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
-    """A bfloat16 ``Max``, ``Min``, ``ArgMax`` or ``ArgMin`` between casts to float32 (exact) and back."""
+    """A bfloat16 ``Max``, ``Min``, ``ArgMax`` or ``ArgMin`` between casts to float32 (exact) and
+    back.
+    """
     if not node.inputs or any(v is None or ctx.types.elem(v) != _F.BFLOAT16 for v in node.inputs):
         return None
     y = node.outputs[0].name or node.op_type.lower()

@@ -75,7 +75,9 @@ def _is_float(value: ir.Value) -> bool:
 
 
 def _twins(constants: list[ir.Value]) -> set[ir.Value]:
-    """The constants whose dtype, shape and bytes another one repeats (held weights are not read)."""
+    """The constants whose dtype, shape and bytes another one repeats (held weights are not
+    read).
+    """
     groups: dict[tuple[object, ...], list[ir.Value]] = {}
     for value in constants:
         tensor = value.const_value
@@ -89,10 +91,12 @@ def _twins(constants: list[ir.Value]) -> set[ir.Value]:
 def alias_frozen_reads(
     graph: ir.Graph, trained: Iterable[str], untrained_inputs: Iterable[str]
 ) -> FrozenReads:
-    """Lift shared or repeated constants and give each reader of a value without gradient its own input.
+    """Lift shared or repeated constants and give each reader of a value without gradient its own
+    input.
 
     Args:
-        graph: The training copy of the forward graph, parameters already graph inputs (changed in place).
+        graph: The training copy of the forward graph, parameters already graph inputs (changed in
+        place).
         trained: The values whose gradient is built (never aliased).
         untrained_inputs: The parameters that are graph inputs and get no gradient (frozen).
 
@@ -147,7 +151,9 @@ def _shape(value: ir.Value) -> ir.Shape | None:
 
 
 def _remove_bypassed_identities(graph: ir.Graph, reads: list[Read]) -> None:
-    """Remove the ``Identity`` nodes of ``reads`` that no reader reaches any more, the farthest first."""
+    """Remove the ``Identity`` nodes of ``reads`` that no reader reaches any more, the farthest
+    first.
+    """
     removed: set[ir.Node] = set()
     for read in reads:
         for node in reversed(read.via):
@@ -159,7 +165,9 @@ def _remove_bypassed_identities(graph: ir.Graph, reads: list[Read]) -> None:
 def alias_frozen_reads_proto(
     model: onnx.ModelProto, trained: Iterable[str], untrained_inputs: Iterable[str]
 ) -> FrozenReads:
-    """:func:`alias_frozen_reads` on a protobuf model, in place (rewritten only when something changed)."""
+    """:func:`alias_frozen_reads` on a protobuf model, in place (rewritten only when something
+    changed).
+    """
     ir_model = from_proto(model)
     done = alias_frozen_reads(ir_model.graph, trained, untrained_inputs)
     if done.aliases:
@@ -168,7 +176,9 @@ def alias_frozen_reads_proto(
 
 
 def restore_frozen_reads(model: onnx.ModelProto, done: FrozenReads) -> None:
-    """On ONNX Runtime's result, read each alias as its value again and drop the alias inputs (in place)."""
+    """On ONNX Runtime's result, read each alias as its value again and drop the alias inputs (in
+    place).
+    """
     if not done.aliases:
         return
     ir_model = from_proto(model)

@@ -1,4 +1,5 @@
-"""Slices with negative steps and non-constant padding as ``Gather``; DepthToSpace as Reshape/Transpose.
+"""Slices with negative steps and non-constant padding as ``Gather``; DepthToSpace as
+Reshape/Transpose.
 
 * ``Slice`` with a negative step (``torch.flip``, ``x[::-1]``): ONNX Runtime 1.19.2
   builds a ``SliceGrad`` that fails at run time with ``narrowing_error``.
@@ -39,7 +40,9 @@ def _axis_length(w: Writer, x: ir.Value, axis: int) -> ir.Value:
 
 # ------------------------------------------------------------------ Slice
 class NegativeStepSliceAsGather(NodeRewrite):
-    """Rewrite each ``Slice`` with constant arguments and a negative step into ``Slice`` (steps > 0) + ``Gather``."""
+    """Rewrite each ``Slice`` with constant arguments and a negative step into ``Slice`` (steps >
+    0) + ``Gather``.
+    """
 
     name = "negative_step_slice_as_gather"
     op_types = frozenset({"Slice"})
@@ -122,7 +125,9 @@ def _slice_indices(
 
 # ------------------------------------------------------------------ Pad
 class BorderPadAsGather(NodeRewrite):
-    """Rewrite ``Pad`` in reflect, edge or wrap mode (constant, non-negative pads) into ``Gather`` + ``Concat``."""
+    """Rewrite ``Pad`` in reflect, edge or wrap mode (constant, non-negative pads) into
+    ``Gather`` + ``Concat``.
+    """
 
     name = "border_pad_as_gather"
     op_types = frozenset({"Pad"})
@@ -213,8 +218,11 @@ def _mode(node: ir.Node) -> str:
 def _border(
     w: Writer, x: ir.Value, axis: int, length: int | None, mode: str, count: int, before: bool
 ) -> ir.Value:
-    """Indices of the ``count`` border elements before (or after) ``x`` along ``axis``, in output order."""
-    # positions relative to the start (non-negative) or to the end (negative: -1 is the last element)
+    """Indices of the ``count`` border elements before (or after) ``x`` along ``axis``, in output
+    order.
+    """
+    # positions relative to the start (non-negative) or to the end (negative: -1 is the last
+    # element)
     if mode == "reflect":
         relative = list(range(count, 0, -1)) if before else [-2 - k for k in range(count)]
     elif mode == "edge":
@@ -230,7 +238,8 @@ def _border(
 
 # ------------------------------------------------------------------ DepthToSpace / SpaceToDepth
 class DepthToSpaceAsReshape(NodeRewrite):
-    """Rewrite ``DepthToSpace`` / ``SpaceToDepth`` with static C, H, W into ``Reshape`` / ``Transpose`` / ``Reshape``.
+    """Rewrite ``DepthToSpace`` / ``SpaceToDepth`` with static C, H, W into ``Reshape`` /
+    ``Transpose`` / ``Reshape``.
 
     Neither has a gradient builder (``nn.PixelShuffle``, ``nn.PixelUnshuffle``); the
     rearrangement is the ONNX definition's (DCR and CRD modes).

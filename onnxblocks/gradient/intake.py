@@ -1,4 +1,5 @@
-"""What a model must satisfy when it enters onnxblocks, fixed on a copy where it can be, refused clearly where not.
+"""What a model must satisfy when it enters onnxblocks, fixed on a copy where it can be, refused
+clearly where not.
 
 * :func:`fit_model`: an ai.onnx opset import is required, a model above the
   runtime's opset is converted down (:func:`onnxblocks.ir.opset.fit_opset`),
@@ -29,7 +30,8 @@ __all__ = ["check_ranks", "fit_model", "is_sorted", "sort_topologically"]
 
 
 def fit_model(model: onnx.ModelProto, what: str = "the base model") -> onnx.ModelProto:
-    """Check ``model``'s opset import, convert it down if needed, and sort its nodes, in place where possible.
+    """Check ``model``'s opset import, convert it down if needed, and sort its nodes, in place where
+    possible.
 
     Args:
         model: A working copy (it is changed in place; its large weights may be stubs).
@@ -54,7 +56,9 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 
 
 def is_sorted(graph: onnx.GraphProto) -> bool:
-    """True when every node comes after the producers of the values it reads (subgraph reads included)."""
+    """True when every node comes after the producers of the values it reads (subgraph reads
+    included).
+    """
     if any(
         _has_subgraph(node) for node in graph.node
     ):  # what subgraphs read: from the IR's def-use chains
@@ -75,7 +79,8 @@ def is_sorted(graph: onnx.GraphProto) -> bool:
 
 
 def sort_topologically(graph: onnx.GraphProto, what: str = "the base model") -> int:
-    """Put ``graph``'s nodes in topological order, in place, keeping the given order where it is one.
+    """Put ``graph``'s nodes in topological order, in place, keeping the given order where it is
+    one.
 
     Returns:
         The number of nodes that moved (0 for a sorted graph).
@@ -111,7 +116,8 @@ def sort_topologically(graph: onnx.GraphProto, what: str = "the base model") -> 
             for i in set(range(len(nodes))) - set(order)
         ]
         raise InvalidValueError(
-            f"The nodes of {what} read each other in a cycle, so no order computes them: {preview(sorted(stuck))}. "
+            f"The nodes of {what} read each other in a cycle, so no order computes them: "
+            f"{preview(sorted(stuck))}. "
             "An ONNX graph must be acyclic; fix the model (a loop must be a Loop node)."
         )
     moved = sum(1 for place, i in enumerate(order) if place != i)
@@ -148,7 +154,9 @@ def check_ranks(model: onnx.ModelProto, what: str, outputs: bool = True) -> None
         "graph inputs" if inputs else "graph outputs"
     )  # the inputs first: outputs computed from them follow
     raise InvalidValueError(
-        f"The {roles} {names} of {what} have no shape (their rank is unknown), which onnx's checker refuses "
-        "and the losses need. Declare their shape in the base model (symbolic dims are fine, e.g. ['batch', 3]), "
+        f"The {roles} {names} of {what} have no shape (their rank is unknown), which onnx's "
+        "checker refuses "
+        "and the losses need. Declare their shape in the base model (symbolic dims are fine, "
+        "e.g. ['batch', 3]), "
         "for instance with onnx.helper.make_tensor_value_info(name, elem_type, shape)."
     )

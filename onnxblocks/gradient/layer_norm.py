@@ -33,7 +33,8 @@ from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import ValueTypes, static_dims
 
-#: Normalisation ops whose gradient reads extra outputs and writes the gradients of its scale and bias.
+#: Normalisation ops whose gradient reads extra outputs and writes the gradients of its scale and
+#: bias.
 NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
 
 # op type -> number of outputs the gradient needs (Y, mean, inv_std_dev) / (Y, inv_std_dev)
@@ -139,7 +140,9 @@ layer_norm_zero_bias = on_proto(
 
 
 def _normalized_shape(node: ir.Node, types: ValueTypes) -> list[int] | None:
-    """The static shape a LayerNormalization normalises over (``x.shape[axis:]``), else its scale's, else None."""
+    """The static shape a LayerNormalization normalises over (``x.shape[axis:]``), else its
+    scale's, else None.
+    """
     x = types.shape(node.inputs[0])
     if x is not None:
         axis = int_attribute(node, "axis", -1)
@@ -150,7 +153,8 @@ def _normalized_shape(node: ir.Node, types: ValueTypes) -> list[int] | None:
 
 
 def unshare_layer_norm_constants(model: onnx.ModelProto) -> set[str]:
-    """Make the constant scales and biases of normalisation nodes initializers; return them, to lift.
+    """Make the constant scales and biases of normalisation nodes initializers; return them, to
+    lift.
 
     ONNX Runtime's LayerNormalization gradient always writes ``<scale>_grad`` and
     ``<bias>_grad``; two such nodes whose constant scale and bias are fed by another
@@ -189,7 +193,8 @@ def unshare_norm_constants(graph: ir.Graph) -> tuple[set[str], bool]:
     """:func:`unshare_layer_norm_constants` on the IR, in place.
 
     Returns:
-        The names of the constant scales and biases of normalisation nodes, and whether the graph changed.
+        The names of the constant scales and biases of normalisation nodes, and whether the graph
+        changed.
     """
     changed = False
     wanted = {v for node in graph if _is_norm(node) for v in node.inputs[1:3] if v is not None}

@@ -12,28 +12,48 @@ the original.
 :func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
 
 1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
-2. :func:`split_to_sequence_as_split` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits ORT misreads.
-3. :func:`~onnxblocks.gradient.eval_model.inference_dropout_as_identity`: ``DropoutGrad`` ignores inference mode;
-   then :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters leave out.
-4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads a bias.
-5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse std-dev outputs.
-6. :func:`gelu_as_contrib_gelu`: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft ``Gelu`` has.
-7. :func:`~onnxblocks.gradient.activations.activations_as_elementary`: Elu, PRelu, Mish... as elementary ops.
-8. :func:`~onnxblocks.gradient.activations.softplus_as_elementary`: ``Softplus`` (Mish's too) as elementary ops.
-9. :func:`~onnxblocks.gradient.conv_transpose.conv_transpose_as_conv`: no CPU ``ConvTransposeGrad`` kernel.
-10. :func:`~onnxblocks.gradient.pooling.average_pool_as_conv`: ``AveragePoolGrad`` needs static shapes.
-11. :func:`~onnxblocks.gradient.group_norm.group_norm_as_elementary`: no gradient builder for Instance/Group norm.
-12. :func:`~onnxblocks.gradient.recurrent.recurrent_directions_as_forward`: GRU/LSTM train forward only.
-13. :func:`~onnxblocks.gradient.recurrent.recurrent_as_elementary`: RNN (and non-float32 GRU/LSTM), unrolled.
-14. :func:`~onnxblocks.gradient.indexing.negative_step_slice_as_gather`: ``SliceGrad`` fails on negative steps.
-15. :func:`~onnxblocks.gradient.indexing.border_pad_as_gather`: ``Pad``'s gradient is for constant mode only.
+2. :func:`split_to_sequence_as_split` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits
+   ORT misreads.
+3. :func:`~onnxblocks.gradient.eval_model.inference_dropout_as_identity`: ``DropoutGrad`` ignores
+   inference mode;
+   then :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters
+   leave out.
+4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads
+   a bias.
+5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse
+   std-dev outputs.
+6. :func:`gelu_as_contrib_gelu`: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft
+   ``Gelu`` has.
+7. :func:`~onnxblocks.gradient.activations.activations_as_elementary`: Elu, PRelu, Mish... as
+   elementary ops.
+8. :func:`~onnxblocks.gradient.activations.softplus_as_elementary`: ``Softplus`` (Mish's too) as
+   elementary ops.
+9. :func:`~onnxblocks.gradient.conv_transpose.conv_transpose_as_conv`: no CPU ``ConvTransposeGrad``
+   kernel.
+10. :func:`~onnxblocks.gradient.pooling.average_pool_as_conv`: ``AveragePoolGrad`` needs static
+    shapes.
+11. :func:`~onnxblocks.gradient.group_norm.group_norm_as_elementary`: no gradient builder for
+    Instance/Group norm.
+12. :func:`~onnxblocks.gradient.recurrent.recurrent_directions_as_forward`: GRU/LSTM train forward
+    only.
+13. :func:`~onnxblocks.gradient.recurrent.recurrent_as_elementary`: RNN (and non-float32 GRU/LSTM),
+    unrolled.
+14. :func:`~onnxblocks.gradient.indexing.negative_step_slice_as_gather`: ``SliceGrad`` fails on
+    negative steps.
+15. :func:`~onnxblocks.gradient.indexing.border_pad_as_gather`: ``Pad``'s gradient is for constant
+    mode only.
 16. :func:`~onnxblocks.gradient.resize.resize_as_matmul`: no CPU ``ResizeGrad`` kernel.
-17-18. Modules ``extrema``, ``reductions``: no ReduceMax/Min (torch's ties), CumSum gradient, bf16 Max kernel.
-19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no gradient builder.
-20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal kernel, log_prob.
-23-24. Module ``float64``: float64 LayerNormalization and ReduceMean, whose gradients ORT rounds to float32.
+17-18. Modules ``extrema``, ``reductions``: no ReduceMax/Min (torch's ties), CumSum gradient, bf16
+Max kernel.
+19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no
+    gradient builder.
+20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal
+kernel, log_prob.
+23-24. Module ``float64``: float64 LayerNormalization and ReduceMean, whose gradients ORT rounds to
+float32.
 
-:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` and :mod:`~onnxblocks.gradient.frozen_reads`
+:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` and
+:mod:`~onnxblocks.gradient.frozen_reads`
 are not passes: they run later, on the training copy, with the trainable set (see their docstrings).
 """
 
@@ -213,7 +233,9 @@ def _split_nodes(
     names: NameAuthority,
     opset: int,
 ) -> list[ir.Node] | None:
-    """The ``Split`` (and ``Squeeze`` / ``Identity``) nodes computing each reader's output, or None."""
+    """The ``Split`` (and ``Squeeze`` / ``Identity``) nodes computing each reader's output, or
+    None.
+    """
     seq = node.outputs[0].name or "sequence"
     axis = int_attribute(node, "axis", 0)
     count = len(lengths)
@@ -258,7 +280,9 @@ split_to_sequence_as_split = on_proto(
 
 
 class CastLikeAsCast(Pass):
-    """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known."""
+    """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is
+    known.
+    """
 
     name = "cast_like_as_cast"
     op_types = frozenset({"CastLike"})
@@ -296,7 +320,8 @@ cast_like_as_cast = on_proto(
 
 
 class GeluAsContribGelu(Pass):
-    """Rewrite ai.onnx ``Gelu`` (opset 20) into com.microsoft ``Gelu`` or, for ``approximate="tanh"``, ``FastGelu``.
+    """Rewrite ai.onnx ``Gelu`` (opset 20) into com.microsoft ``Gelu`` or, for
+    ``approximate="tanh"``, ``FastGelu``.
 
     Both compute the same function and have gradient builders in ONNX Runtime.
     """

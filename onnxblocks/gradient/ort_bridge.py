@@ -1,4 +1,5 @@
-"""The calls into ONNX Runtime: its gradient builder, and a CPU session that checks the result's kernels.
+"""The calls into ONNX Runtime: its gradient builder, and a CPU session that checks the result's
+kernels.
 
 * :func:`differentiate` runs ``get_optimized_model`` (ONNX Runtime's pre-training
   transformers) and ``GradientGraphBuilder`` on the forward model, and turns a
@@ -37,19 +38,26 @@ from onnxblocks.ir.proto import copy_model
 
 #: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
 _OP_HINTS = {
-    "RNN": " onnxblocks unrolls RNN nodes whose sequence length is static (and activations Tanh, Relu or "
-    "Sigmoid, no clip, no sequence_lens): export with a static sequence length, or with dynamo=True, which "
+    "RNN": " onnxblocks unrolls RNN nodes whose sequence length is static (and activations Tanh, "
+    "Relu or "
+    "Sigmoid, no clip, no sequence_lens): export with a static sequence length, or with "
+    "dynamo=True, which "
     "unrolls it.",
-    "Loop": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a fixed trip count).",
-    "Scan": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a fixed trip count).",
-    "If": " Control flow has no gradient in ONNX Runtime: export with the branch taken at export time.",
+    "Loop": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a "
+    "fixed trip count).",
+    "Scan": " Control flow has no gradient in ONNX Runtime: export with the loop unrolled (a "
+    "fixed trip count).",
+    "If": " Control flow has no gradient in ONNX Runtime: export with the branch taken at export "
+    "time.",
 }
 
 #: Why ONNX Runtime's CPU build may lack a training kernel, by op type, and what to do.
 _KERNEL_HINTS = {
-    "ConvTransposeGrad": "onnxblocks rewrites ConvTranspose into Conv when its padding is explicit (auto_pad NOTSET "
+    "ConvTransposeGrad": "onnxblocks rewrites ConvTranspose into Conv when its padding is "
+    "explicit (auto_pad NOTSET "
     "or VALID, no output_shape) and its weight shape static; re-export the model that way.",
-    "SplitTraining": "It is the gradient of Concat (its double kernel is registered but refuses double tensors "
+    "SplitTraining": "It is the gradient of Concat (its double kernel is registered but refuses "
+    "double tensors "
     "when it runs): convert the model to float32, or freeze the parameters before this node.",
 }
 
@@ -58,7 +66,8 @@ _FAILS_AT_RUN_TIME = {"SplitTraining": frozenset({onnx.TensorProto.DOUBLE})}
 
 
 def session_options(custom_op_libraries: Sequence[str]) -> Any:
-    """ONNX Runtime ``SessionOptions`` (C bindings) that log errors only and know the custom op libraries.
+    """ONNX Runtime ``SessionOptions`` (C bindings) that log errors only and know the custom op
+    libraries.
 
     Raises:
         OSError: when ONNX Runtime cannot load a library.
@@ -78,13 +87,16 @@ def session_options(custom_op_libraries: Sequence[str]) -> Any:
 def _library_error(library: str, error: BaseException | str) -> DataFileError:
     return DataFileError(
         f"ONNX Runtime could not load the custom op library '{library}': "
-        f"{ort_errors.clean_message(error)}. Pass the path of a shared library built against onnxruntime "
+        f"{ort_errors.clean_message(error)}. Pass the path of a shared library built against "
+        "onnxruntime "
         "1.19.2 that registers the model's custom ops."
     )
 
 
 class GradientBuilderError(GradientError):
-    """ONNX Runtime's gradient builder refused the (optimized) model; callers turn it into a GradientError."""
+    """ONNX Runtime's gradient builder refused the (optimized) model; callers turn it into a
+    GradientError.
+    """
 
     def __init__(self, message: str, optimized: onnx.ModelProto) -> None:
         super().__init__(message)
@@ -99,7 +111,8 @@ def run_gradient_builder(
     seed: str,
     custom_op_libraries: Sequence[str],
 ) -> onnx.ModelProto:
-    """ONNX Runtime's pre-training optimizer and gradient builder on ``model`` (already stamped), bytes in, bytes out.
+    """ONNX Runtime's pre-training optimizer and gradient builder on ``model`` (already stamped),
+    bytes in, bytes out.
 
     In this process when its onnxruntime is the training build, else in the worker
     Python (:mod:`onnxblocks.gradient.worker`), which gets the serialised skeleton
@@ -164,7 +177,8 @@ def differentiate(
     loss: str,
     custom_op_libraries: Sequence[str],
 ) -> onnx.ModelProto:
-    """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs in it).
+    """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs
+    in it).
 
     Args:
         forward: The forward model, parameters and lifted constants as graph inputs (not mutated).
@@ -195,7 +209,8 @@ def differentiate(
 
 
 def optimize_for_gradient(C: Any, model: bytes, requires_grad: set[str], options: Any) -> bytes:
-    """ONNX Runtime's pre-training graph optimizations of ``model`` (serialized), run before its gradient builder.
+    """ONNX Runtime's pre-training graph optimizations of ``model`` (serialized), run before its
+    gradient builder.
 
     Args:
         C: ONNX Runtime's C bindings (the training build).
@@ -227,7 +242,9 @@ def explain_gradient_failure(
     partition: ParameterPartition,
     loss: str,
 ) -> GradientError:
-    """A GradientError naming the node, op and parameters behind the gradient builder's failure ``exc``."""
+    """A GradientError naming the node, op and parameters behind the gradient builder's failure
+    ``exc``.
+    """
     message = ort_errors.clean_message(exc)
     missing = ort_errors.missing_gradient(message)
     if missing is not None:
@@ -235,9 +252,12 @@ def explain_gradient_failure(
     name = ort_errors.unreachable_value(message)
     if name is not None:
         return GradientError(
-            f"The loss '{loss}' does not depend differentiably on '{name}': no path of differentiable ops "
-            f"leads from it to the loss (ONNX Runtime: {message}). Freeze '{name}' (frozen_params or "
-            "requires_grad(name, False)) or remove it from requires_grad; if it should reach the loss, check "
+            f"The loss '{loss}' does not depend differentiably on '{name}': no path of "
+            "differentiable ops "
+            f"leads from it to the loss (ONNX Runtime: {message}). Freeze '{name}' "
+            "(frozen_params or "
+            "requires_grad(name, False)) or remove it from requires_grad; if it should reach the "
+            "loss, check "
             "the ops between them (integer casts, ArgMax, Shape... stop gradients)."
         )
     return GradientError(f"ONNX Runtime could not build the gradient graph: {message}")
@@ -277,7 +297,8 @@ def _no_gradient_builder(
         "requires_grad(name, False)) so no gradient has to flow through it, or rewrite it with ops "
         "ONNX Runtime can differentiate."
         if params
-        else " Freeze the parameters behind it, or rewrite it with ops ONNX Runtime can differentiate."
+        else " Freeze the parameters behind it, or rewrite it with ops ONNX Runtime can "
+        "differentiate."
     )
     return GradientError(
         f"ONNX Runtime cannot differentiate node {label}{origin}: op {op_type} "
@@ -288,7 +309,8 @@ def _no_gradient_builder(
 def check_kernels(
     training: onnx.ModelProto, forward: onnx.ModelProto, custom_op_libraries: Sequence[str]
 ) -> None:
-    """Load the training model in an (unoptimised) CPU session so a missing kernel is reported now, not at training.
+    """Load the training model in an (unoptimised) CPU session so a missing kernel is reported now,
+    not at training.
 
     ONNX Runtime builds gradient nodes for which its CPU build has no kernel (for
     some ops or element types) and kernels that refuse some attributes; the
@@ -353,7 +375,8 @@ def _load_error(
 def to_ort_format_in_worker(
     model_path: Path, target: Path, custom_op_libraries: Sequence[str]
 ) -> Path:
-    """Write the ORT-format copy of ``model_path`` to ``target`` with the worker's onnxruntime-training.
+    """Write the ORT-format copy of ``model_path`` to ``target`` with the worker's
+    onnxruntime-training.
 
     The stock onnxruntime of a Python 3.13+ has no training kernels (and writes
     another ORT format version); the worker reads the model file and writes the
@@ -395,7 +418,8 @@ def _no_kernel(
         "freeze the parameters before this node so no gradient flows through it.",
     )
     return GradientError(
-        f"ONNX Runtime 1.19.2 has no CPU kernel{typed} for {op_type}, which node '{name}'{where} of the "
+        f"ONNX Runtime 1.19.2 has no CPU kernel{typed} for {op_type}, which node '{name}'{where} "
+        "of the "
         f"training model needs, so the training API could not load it. {hint}"
     )
 

@@ -113,11 +113,15 @@ def partition_parameters(
             if name in initializers or name in inputs:
                 continue
             raise UnknownNameError(
-                f"{role} names '{name}', which is not a parameter (initializer) or graph input of the model."
+                f"{role} names '{name}', which is not a parameter (initializer) or graph input "
+                "of the model."
                 f"{_suggest(name, list(initializers) + list(inputs))} "
-                f"Parameters: {preview(initializers)}. Graph inputs: {preview(inputs)}. If the model comes "
-                "from torch.onnx.export, export it with its optimisations off (dynamo=True with optimize=False, "
-                "or do_constant_folding=False): they fold, merge and rename parameters. A parameter shared by "
+                f"Parameters: {preview(initializers)}. Graph inputs: {preview(inputs)}. If the "
+                "model comes "
+                "from torch.onnx.export, export it with its optimisations off (dynamo=True with "
+                "optimize=False, "
+                "or do_constant_folding=False): they fold, merge and rename parameters. A "
+                "parameter shared by "
                 "several modules (tied weights) is exported once, under one of its names."
             )
     for name in requires_grad:
@@ -130,7 +134,8 @@ def partition_parameters(
             kind = "graph input"
         if elem not in FLOAT_TYPES:
             raise InvalidTypeError(
-                f"{kind} '{name}' has element type {_elem_name(elem)}, but only floating-point tensors "
+                f"{kind} '{name}' has element type {_elem_name(elem)}, but only floating-point "
+                "tensors "
                 "(float, float16, bfloat16, double) can require a gradient. Freeze it instead "
                 "(frozen_params / requires_grad(name, False)) or leave it out."
             )
@@ -153,6 +158,8 @@ def check_requires_grad_read(graph: onnx.GraphProto, partition: ParameterPartiti
     unread = [n for n in partition.requires_grad if n not in read]
     if unread:
         raise GradientError(
-            f"{preview(unread)} require a gradient but no node of the model reads them, so the loss cannot "
-            "depend on them. Freeze them (frozen_params / requires_grad(name, False)) or leave them out."
+            f"{preview(unread)} require a gradient but no node of the model reads them, so the "
+            "loss cannot "
+            "depend on them. Freeze them (frozen_params / requires_grad(name, False)) or leave "
+            "them out."
         )

@@ -34,7 +34,8 @@ from onnxblocks.ir.types import static_dims
 def _window_counts(
     size: int, out: int, kernel: int, stride: int, begin: int, end: int, include_pad: bool
 ) -> np.ndarray | None:
-    """How many elements each output position of one axis averages, or None where ONNX Runtime differs.
+    """How many elements each output position of one axis averages, or None where ONNX Runtime
+    differs.
 
     With ``count_include_pad`` the divisor is the window size. A window that
     reaches past the padded input (``ceil_mode``) or that holds no input element is
@@ -51,7 +52,8 @@ def _window_counts(
 
 
 class AveragePoolAsConv(NodeRewrite):
-    """Rewrite ``AveragePool`` into a depthwise ``Conv`` where ONNX Runtime's AveragePoolGrad would fail.
+    """Rewrite ``AveragePool`` into a depthwise ``Conv`` where ONNX Runtime's AveragePoolGrad would
+    fail.
 
     Rewritten: AveragePool nodes whose input has a symbolic or unknown dimension
     or is not float32, with a static channel count, ``auto_pad`` NOTSET or VALID
@@ -186,8 +188,11 @@ def check_pool_shapes(forward: onnx.ModelProto, training: onnx.ModelProto) -> No
             else "static dimensions"
         )
         raise GradientError(
-            f"Node '{node.name}' ({node.op_type}) has input '{node.input[0]}' of shape {label}, but ONNX Runtime's "
-            f"{node.op_type}Grad needs {need}: training would crash. Export the model with static shapes there "
-            "(dynamic axes only on the batch dimension), or freeze the parameters before this node so no "
+            f"Node '{node.name}' ({node.op_type}) has input '{node.input[0]}' of shape {label}, "
+            "but ONNX Runtime's "
+            f"{node.op_type}Grad needs {need}: training would crash. Export the model with "
+            "static shapes there "
+            "(dynamic axes only on the batch dimension), or freeze the parameters before this "
+            "node so no "
             "gradient flows through it."
         )

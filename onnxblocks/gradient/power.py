@@ -1,4 +1,5 @@
-"""``Pow`` whose exponent needs a gradient, written so that ONNX Runtime differentiates the exponent too.
+"""``Pow`` whose exponent needs a gradient, written so that ONNX Runtime differentiates the exponent
+too.
 
 ONNX Runtime 1.19's gradient builder differentiates ``Pow(a, b)`` in its base
 only: the exponent is one of its "stop gradient" edges. For ``a ** b`` with both
@@ -49,7 +50,8 @@ _WORK_TYPE: dict[int, int] = {
 
 
 class PowExponentAsExpLog(NodeRewrite):
-    """Rewrite each ``Pow`` whose exponent depends on ``requires_grad`` so that its exponent gets a gradient.
+    """Rewrite each ``Pow`` whose exponent depends on ``requires_grad`` so that its exponent gets a
+    gradient.
 
     Nodes whose base or exponent type is unknown or not floating point are left as
     they are (an integer exponent has no gradient).
@@ -80,7 +82,8 @@ class PowExponentAsExpLog(NodeRewrite):
 
 
 def pow_exponent_as_exp_log(model: onnx.ModelProto, requires_grad: Iterable[str]) -> int:
-    """Rewrite, in place, each ``Pow`` whose exponent depends on ``requires_grad`` so its exponent gets a gradient.
+    """Rewrite, in place, each ``Pow`` whose exponent depends on ``requires_grad`` so its exponent
+    gets a gradient.
 
     Returns:
         The number of Pow nodes rewritten.
@@ -105,7 +108,8 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
 
     a, b = _cast(w, a, a_type, work), _cast(w, b, b_type, work)
     zero, one = const(0), const(1)
-    # |a| ** b = exp(b * log|a|) where a != 0 (on a base of 1 elsewhere: the untaken branch stays finite)
+    # |a| ** b = exp(b * log|a|) where a != 0 (on a base of 1 elsewhere: the untaken branch stays
+    # finite)
     nonzero = w.op("Not", [w.op("Equal", [a, zero])])
     magnitude = w.op(
         "Exp", [w.op("Mul", [b, w.op("Log", [w.op("Where", [nonzero, w.op("Abs", [a]), one])])])]
@@ -119,13 +123,17 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     sign = w.op(
         "Where", [negative, w.op("Where", [w.op("Equal", [b, floor]), parity, const(np.nan)]), one]
     )
-    # Pow(z, 0) is 1, and its gradient is NaN where z is NaN: the exponent's gradient for a < 0, as torch.
-    # z = b * 0 + (NaN where a < 0, else 1): b's gradient is that NaN times 0 there, and 0 elsewhere.
+    # Pow(z, 0) is 1, and its gradient is NaN where z is NaN: the exponent's gradient for a < 0, as
+    # torch.
+    # z = b * 0 + (NaN where a < 0, else 1): b's gradient is that NaN times 0 there, and 0
+    # elsewhere.
     z = w.op("Add", [w.op("Mul", [b, zero]), w.op("Where", [negative, const(np.nan), one])])
     nan_gradient = w.op("Pow", [z, zero])
     nonzero_value = w.op("Mul", [w.op("Mul", [magnitude, sign]), nan_gradient])
-    # a == 0: Pow(a, e) with an exponent e of b's class that carries no gradient back to b (built from
-    # comparisons): the value (0, 1 or inf) and the base's gradient e * 0 ** (e - 1) (0, 1, inf, -inf) are torch's
+    # a == 0: Pow(a, e) with an exponent e of b's class that carries no gradient back to b (built
+    # from
+    # comparisons): the value (0, 1 or inf) and the base's gradient e * 0 ** (e - 1) (0, 1, inf,
+    # -inf) are torch's
     positive_b, b_is_zero = w.op("Greater", [b, zero]), w.op("Equal", [b, zero])
     stand_in = w.op("Where", [w.op("Less", [b, zero]), const(-2), const(np.nan)])
     stand_in = w.op("Where", [b_is_zero, zero, stand_in])

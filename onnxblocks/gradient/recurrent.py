@@ -158,7 +158,9 @@ def _split_directions(w: Writer, node: ir.Node, steps: int | None) -> None:
 
 
 def _reversed_indices(w: Writer, x: ir.Value, steps: int | None) -> ir.Value:
-    """``[T-1, ..., 0]`` for the time axis (0) of ``x``: a constant for a static length (so shapes stay known)."""
+    """``[T-1, ..., 0]`` for the time axis (0) of ``x``: a constant for a static length (so
+    shapes stay known).
+    """
     if steps is not None:
         return w.ints(list(range(steps - 1, -1, -1)))
     length = w.squeeze(w.slice(w.op("Shape", [x]), [0], [1], [0]), [0])
@@ -168,7 +170,9 @@ def _reversed_indices(w: Writer, x: ir.Value, steps: int | None) -> ir.Value:
 
 # ------------------------------------------------------------------ unrolling
 class RecurrentAsElementary(NodeRewrite):
-    """Unroll forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static sequence length."""
+    """Unroll forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static
+    sequence length.
+    """
 
     name = "recurrent_as_elementary"
     op_types = frozenset(_KINDS)

@@ -24,7 +24,8 @@ _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLO
 
 
 class CumSumAsMatMul(NodeRewrite):
-    """Rewrite float ``CumSum`` along an axis of static length ``n`` into ``MatMul`` with an ``n x n`` 0/1 matrix.
+    """Rewrite float ``CumSum`` along an axis of static length ``n`` into ``MatMul`` with an ``n x
+    n`` 0/1 matrix.
 
     ``CumSum`` (``torch.cumsum``) has no gradient builder. Column ``j`` of the matrix
     marks the positions summed into position ``j`` (``k <= j``; ``<`` with

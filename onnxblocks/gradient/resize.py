@@ -1,4 +1,5 @@
-"""Resize as a product with constant interpolation matrices: ONNX Runtime 1.19.2 has no CPU ``ResizeGrad``.
+"""Resize as a product with constant interpolation matrices: ONNX Runtime 1.19.2 has no CPU
+``ResizeGrad``.
 
 ``F.interpolate`` and ``nn.Upsample`` export as ``Resize``; ONNX Runtime builds a
 ``ResizeGrad`` node for it, which its CPU build cannot run. Every Resize mode
@@ -47,7 +48,8 @@ from onnxblocks.ir.writer import Writer
 _FX_NODE = "pkg.torch.onnx.fx_node"
 #: ``aten.upsample_nearest{1,2,3}d.vec(input, output_size, scale_factors)`` in that record.
 _TORCH_NEAREST = re.compile(
-    r"target=torch\.ops\.aten\.upsample_nearest([123])d\.vec\]\(args = \(%[^,]+, (None|\[[^\]]*\]), (None|\[[^\]]*\])\)"
+    r"target=torch\.ops\.aten\.upsample_nearest([123])d\.vec\]\(args = \(%[^,]+, "
+    r"(None|\[[^\]]*\]), (None|\[[^\]]*\])\)"
 )
 _SEPARABLE_ATTRIBUTES = (
     "mode",
@@ -61,7 +63,8 @@ _SEPARABLE_ATTRIBUTES = (
 
 
 class ResizeAsMatMul(NodeRewrite):
-    """Rewrite ``Resize`` with static shapes and constant scales/sizes into ``MatMul`` s (or repeats).
+    """Rewrite ``Resize`` with static shapes and constant scales/sizes into ``MatMul`` s (or
+    repeats).
 
     Left as they are: nodes whose input or output shape is not static, whose
     ``roi``/``scales``/``sizes`` are not constants, or with ``keep_aspect_ratio_policy``
@@ -117,7 +120,8 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     roi, scales, given = (v for _, v in known)
     sizes: np.ndarray | list[int | None] | None = given
     if known[0][0] and known[1][0] and not known[2][0] and scales is None:
-        # sizes computed at run time (the dynamo exporter's Concat(Shape(x)[:2], size) for a dynamic batch)
+        # sizes computed at run time (the dynamo exporter's Concat(Shape(x)[:2], size) for a dynamic
+        # batch)
         sizes = _sizes_from_shapes(types, x, node.outputs[0], axes)
         if sizes is None:
             return None
@@ -126,7 +130,8 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     if scales is None and sizes is None:
         return None
     factors = _torch_nearest_factors(node, rank)
-    # (input, output) length of each resized axis: floor(in * scale), or the size (ONNX's definition)
+    # (input, output) length of each resized axis: floor(in * scale), or the size (ONNX's
+    # definition)
     resized: dict[int, tuple[int, int]] = {}
     for position, axis in enumerate(axes):
         size = in_shape[axis]
@@ -170,7 +175,8 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
 
 
 def _torch_nearest_factors(node: ir.Node, rank: int) -> dict[int, float | None] | None:
-    """The scale factor per spatial axis that the dynamo exporter's ``aten.upsample_nearest{1,2,3}d`` got.
+    """The scale factor per spatial axis that the dynamo exporter's
+    ``aten.upsample_nearest{1,2,3}d`` got.
 
     None for any other node. The factors are read from the exporter's record of the call
     (None for an axis resized to a size); torch computes with the double it was given,
@@ -207,7 +213,8 @@ def _torch_nearest_factors(node: ir.Node, rank: int) -> dict[int, float | None] 
 
 
 def _torch_nearest_matrix(size: int, out: int, factor: float | None) -> np.ndarray:
-    """``M`` of torch's ``upsample_nearest``: output ``i`` reads ``min(floor(i * scale), size - 1)``.
+    """``M`` of torch's ``upsample_nearest``: output ``i`` reads ``min(floor(i * scale), size -
+    1)``.
 
     ``scale`` is ``1 / factor`` for a scale factor, else ``size / out``; ATen computes it
     and the product in float32, which decides the index where ``i * scale`` is near an
@@ -225,7 +232,8 @@ def _torch_nearest_matrix(size: int, out: int, factor: float | None) -> np.ndarr
 def _sizes_from_shapes(
     types: ValueTypes, x: ir.Value, y: ir.Value, axes: list[int]
 ) -> list[int | None] | None:
-    """The output length of each axis of ``axes`` from the inferred shapes (None: the input's), or None.
+    """The output length of each axis of ``axes`` from the inferred shapes (None: the input's), or
+    None.
 
     An axis whose input and output dims are one symbol keeps its length; the others
     need both lengths static.
@@ -253,7 +261,9 @@ def _interpolation_matrix(
     attrs: dict,
     opset: int,
 ) -> np.ndarray:
-    """``M`` (``out x size``) with ``resize(v) = M @ v`` along one axis, computed by ONNX Runtime's Resize."""
+    """``M`` (``out x size``) with ``resize(v) = M @ v`` along one axis, computed by ONNX
+    Runtime's Resize.
+    """
     from onnxblocks._core.ort import onnxruntime
 
     ort = onnxruntime()

@@ -91,8 +91,10 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
     elem = elem_type(types, loss)
     if elem is not None and elem not in FLOAT_TYPES:
         raise InvalidTypeError(
-            f"The loss output '{loss}' has element type {onnx.TensorProto.DataType.Name(elem).lower()}; the loss "
-            "must be a floating-point scalar. Return a float loss as the first output (Cast it if needed)."
+            f"The loss output '{loss}' has element type "
+            f"{onnx.TensorProto.DataType.Name(elem).lower()}; the loss "
+            "must be a floating-point scalar. Return a float loss as the first output (Cast it "
+            "if needed)."
         )
     t = types.get(loss)
     if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
@@ -103,9 +105,11 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
     ]
     if any(d != 1 for d in dims):
         raise InvalidValueError(
-            f"The loss output '{loss}' has shape {dims}, but the loss must be a scalar (shape [] or [1]): "
+            f"The loss output '{loss}' has shape {dims}, but the loss must be a scalar (shape [] "
+            "or [1]): "
             "gradients start from it. Reduce it (e.g. a loss with reduction='mean' or 'sum', or "
-            "onnxblocks.blocks.ReduceMean(keepdims=False)), and pass other outputs as additional outputs."
+            "onnxblocks.blocks.ReduceMean(keepdims=False)), and pass other outputs as additional "
+            "outputs."
         )
 
 
@@ -126,14 +130,16 @@ def warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[
     outputs = [n for n in user_outputs if n.endswith(GRADIENT_ENDINGS)]
     if inputs:
         warnings.warn(
-            f"Graph inputs {preview(inputs)} end like gradient buffers; ONNX Runtime's training API (Module) will "
+            f"Graph inputs {preview(inputs)} end like gradient buffers; ONNX Runtime's training "
+            "API (Module) will "
             "treat them as gradient buffers and fail to feed them. Rename them in the base model.",
             UserWarning,
             stacklevel=3,
         )
     if outputs:
         warnings.warn(
-            f"Outputs {preview(outputs)} end like gradients; ONNX Runtime's training API (Module) will not "
+            f"Outputs {preview(outputs)} end like gradients; ONNX Runtime's training API "
+            "(Module) will not "
             "return them from train_step. Rename them (an InferenceSession still returns them).",
             UserWarning,
             stacklevel=3,
@@ -142,10 +148,13 @@ def warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[
 
 # ------------------------------------------------------------------ inputs
 def parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> None:
-    """Move the parameter initializers to graph inputs placed after the user inputs, in ``parameters`` order.
+    """Move the parameter initializers to graph inputs placed after the user inputs, in
+    ``parameters`` order.
 
-    Initializers that are also listed as graph inputs (old exporters' ``keep_initializers_as_inputs``)
-    and are not parameters become plain constants: the training API would otherwise ask the user to feed them.
+    Initializers that are also listed as graph inputs (old exporters'
+    ``keep_initializers_as_inputs``)
+    and are not parameters become plain constants: the training API would otherwise ask the user to
+    feed them.
     """
     graph = model.graph
     wanted = set(parameters)
@@ -192,7 +201,9 @@ def held_constants_to_inputs(
 
 
 def restore_held_constants(model: onnx.ModelProto, stubs: Sequence[onnx.TensorProto]) -> None:
-    """Undo :func:`held_constants_to_inputs` on ONNX Runtime's output (dropping constants no node reads)."""
+    """Undo :func:`held_constants_to_inputs` on ONNX Runtime's output (dropping constants no node
+    reads).
+    """
     if not stubs:
         return
     graph = model.graph
@@ -262,13 +273,15 @@ def order_inputs_and_outputs(
     partition: ParameterPartition,
     user_outputs: Sequence[str],
 ) -> None:
-    """Inputs: user inputs, then parameters. Outputs: user outputs, parameter gradients, input gradients.
+    """Inputs: user inputs, then parameters. Outputs: user outputs, parameter gradients, input
+    gradients.
 
     Args:
         model: The training model ONNX Runtime built (changed in place).
         signature: The forward model's graph inputs by name, for inputs ONNX Runtime dropped.
         user_inputs: The user inputs, in order.
-        partition: The parameters (inputs after the user inputs) and the values with a gradient output.
+        partition: The parameters (inputs after the user inputs) and the values with a gradient
+        output.
         user_outputs: The user outputs, loss first.
 
     Raises:
@@ -302,7 +315,8 @@ def refuse_extra_inputs(extra: Sequence[str]) -> None:
 
 
 def order_outputs(graph: onnx.GraphProto, wanted: Sequence[str]) -> None:
-    """Make ``wanted`` the graph's outputs, in that order (ONNX Runtime's builder orders them its own way).
+    """Make ``wanted`` the graph's outputs, in that order (ONNX Runtime's builder orders them its
+    own way).
 
     Raises:
         GradientError: when the builder produced no output for a wanted name.

@@ -45,7 +45,8 @@ __all__ = [
     "untyped_inputs",
 ]
 
-#: Constants of at least this many bytes that both models read are fed to both instead of copied into each.
+#: Constants of at least this many bytes that both models read are fed to both instead of copied
+#: into each.
 SHARED_CONSTANT_BYTES = 1 << 16
 
 
@@ -77,7 +78,8 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
     """Cut ``vjp.model`` into its forward and backward models (``vjp`` is not mutated).
 
     Args:
-        vjp: A graph from :func:`~onnxblocks.gradient.vjp.build_vjp_graph` with at least one gradient.
+        vjp: A graph from :func:`~onnxblocks.gradient.vjp.build_vjp_graph` with at least one
+        gradient.
         shared_bytes: Constants of at least this size read by both halves become inputs of both.
 
     Returns:
@@ -85,7 +87,8 @@ def split_vjp_graph(vjp: VjpGraph, shared_bytes: int = SHARED_CONSTANT_BYTES) ->
 
     Raises:
         ValueError: when ``vjp`` has no gradient.
-        GradientError: when a forward node reads an output gradient (a graph ONNX Runtime should not build).
+        GradientError: when a forward node reads an output gradient (a graph ONNX Runtime should not
+        build).
     """
     if not vjp.gradients:
         raise InvalidValueError(
@@ -179,7 +182,9 @@ def _nbytes(init: onnx.TensorProto) -> int:
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Types of the values of ``model``: declared ones, then onnx's inference (gradient ops are unknown to it)."""
+    """Types of the values of ``model``: declared ones, then onnx's inference (gradient ops are
+    unknown to it).
+    """
     types = infer_types(model)
     for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output):
         if vi.type.WhichOneof("value") is not None:
@@ -188,7 +193,9 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
 
 
 def _info(name: str, types: dict[str, onnx.TypeProto]) -> onnx.ValueInfoProto:
-    """A ValueInfo for ``name`` with its known type, or none (filled later by :func:`set_input_types`)."""
+    """A ValueInfo for ``name`` with its known type, or none (filled later by
+    :func:`set_input_types`).
+    """
     if name in types:
         return helper.make_value_info(name, types[name])
     info = onnx.ValueInfoProto()

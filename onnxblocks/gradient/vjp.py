@@ -133,7 +133,8 @@ def build_vjp_graph(
     for name in silent:
         if name not in user_outputs:
             raise UnknownNameError(
-                f"no_grad_outputs names '{name}', which is not one of the outputs.{did_you_mean(name, user_outputs)} "
+                f"no_grad_outputs names '{name}', which is not one of the "
+                f"outputs.{did_you_mean(name, user_outputs)} "
                 f"Outputs: {preview(user_outputs)}."
             )
     partition = partition_parameters(graph, requires_grad, frozen_params)
@@ -264,7 +265,9 @@ copy_inputs_written_in_place = on_proto(
 
 
 def _sources(graph: ir.Graph) -> dict[str, set[str]]:
-    """For each value, by name, the graph inputs it depends on (through nodes and subgraph reads)."""
+    """For each value, by name, the graph inputs it depends on (through nodes and subgraph
+    reads).
+    """
     found: dict[ir.Value, set[str]] = {v: {v.name} for v in graph.inputs if v.name}
     for node in graph:  # graphs are topologically sorted
         depends = set().union(*(found.get(v, set()) for v in reads(node)))
@@ -274,7 +277,8 @@ def _sources(graph: ir.Graph) -> dict[str, set[str]]:
 
 
 def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> bool:
-    """Make each output in ``outputs`` that a node also reads the output of an ``Identity`` nothing else reads.
+    """Make each output in ``outputs`` that a node also reads the output of an ``Identity`` nothing
+    else reads.
 
     Returns:
         Whether the graph changed.
@@ -286,14 +290,16 @@ def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> b
     for name in outputs:
         if name in sources:
             raise InvalidValueError(
-                f"Output '{name}' is a graph input passed through unchanged; give it a node of its own "
+                f"Output '{name}' is a graph input passed through unchanged; give it a node of "
+                "its own "
                 "(an Identity to a new name) to differentiate it."
             )
         value = by_name[name]
         if not value.uses():
             continue
         names = names or graph_names(graph)
-        # the value keeps its readers (subgraphs included) under a new name; an Identity writes the output
+        # the value keeps its readers (subgraphs included) under a new name; an Identity writes the
+        # output
         value.name = names.fresh(f"{name}.value")
         copy = ir.Node(
             "",
@@ -309,16 +315,19 @@ def _give_outputs_their_own_writer(graph: ir.Graph, outputs: Sequence[str]) -> b
     return changed
 
 
-#: Ops whose outputs carry their inputs' values but that ONNX Runtime's gradient builder treats as a dead end.
+#: Ops whose outputs carry their inputs' values but that ONNX Runtime's gradient builder treats as a
+#: dead end.
 _VALUE_CARRYING_DEAD_ENDS = frozenset(
     {"SplitToSequence", "SequenceAt", "SequenceConstruct", "SequenceInsert", "ConcatFromSequence"}
 )
 
 
 def _refuse_silent_zero(graph: ir.Graph, name: str, outputs: Sequence[str]) -> None:
-    """Raise when ONNX Runtime finds no path to ``name`` although the outputs carry its values through sequences.
+    """Raise when ONNX Runtime finds no path to ``name`` although the outputs carry its values
+    through sequences.
 
-    torch would give ``name`` a gradient there; leaving it out would be a silently wrong (zero) gradient.
+    torch would give ``name`` a gradient there; leaving it out would be a silently wrong (zero)
+    gradient.
 
     Raises:
         GradientError: naming the sequence nodes on the way.
@@ -335,9 +344,12 @@ def _refuse_silent_zero(graph: ir.Graph, name: str, outputs: Sequence[str]) -> N
     )
     if dead:
         raise GradientError(
-            f"ONNX Runtime finds no gradient path from the outputs {preview(list(outputs))} to '{name}', although "
-            f"they carry its values through {preview(dead)}: its gradient would silently be zero. Sequence ops have "
-            "no gradient in ONNX Runtime; export with static shapes (OrtModule(..., dynamic='none')) so the split "
+            f"ONNX Runtime finds no gradient path from the outputs {preview(list(outputs))} to "
+            f"'{name}', although "
+            f"they carry its values through {preview(dead)}: its gradient would silently be "
+            "zero. Sequence ops have "
+            "no gradient in ONNX Runtime; export with static shapes (OrtModule(..., "
+            "dynamic='none')) so the split "
             "becomes a Split, or split with constant lengths."
         )
 
@@ -356,7 +368,9 @@ def _differentiate(
     ys: Sequence[str],
     custom_op_libraries: Sequence[str],
 ) -> onnx.ModelProto:
-    """ONNX Runtime's pre-training optimizer and gradient builder, with ``ys`` as y nodes and no loss."""
+    """ONNX Runtime's pre-training optimizer and gradient builder, with ``ys`` as y nodes and no
+    loss.
+    """
     stamped = copy_model(forward)
     _limits.stamp_versions(stamped)
     wanted = set(gradients)

@@ -1,4 +1,5 @@
-"""ONNX Runtime's gradient builder from another Python, for a Python without onnxruntime-training (3.13+).
+"""ONNX Runtime's gradient builder from another Python, for a Python without onnxruntime-training
+(3.13+).
 
 onnxruntime-training (the build with ``GradientGraphBuilder`` and the training
 kernels) has wheels for Python 3.10-3.12 only. On a newer Python,
@@ -48,14 +49,17 @@ CALL_TIMEOUT_S = 1800.0
 
 
 def cache_root() -> Path:
-    """The onnxblocks cache: ``$ONNXBLOCKS_CACHE``, ``$XDG_CACHE_HOME/onnxblocks`` or ``~/.cache/onnxblocks``."""
+    """The onnxblocks cache: ``$ONNXBLOCKS_CACHE``, ``$XDG_CACHE_HOME/onnxblocks`` or
+    ``~/.cache/onnxblocks``.
+    """
     if os.environ.get("ONNXBLOCKS_CACHE"):
         return Path(os.environ["ONNXBLOCKS_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxblocks"
 
 
 def uses_worker() -> bool:
-    """True when ONNX Runtime's gradient builder runs in a worker Python rather than in this process.
+    """True when ONNX Runtime's gradient builder runs in a worker Python rather than in this
+    process.
 
     Raises:
         InvalidValueError: for an unknown ``$ONNXBLOCKS_GRADIENT_BUILDER``.
@@ -65,7 +69,8 @@ def uses_worker() -> bool:
         return choice == "worker"
     if choice:
         raise InvalidValueError(
-            f"$ONNXBLOCKS_GRADIENT_BUILDER is {choice!r}: set it to 'in-process' or 'worker', or unset it."
+            f"$ONNXBLOCKS_GRADIENT_BUILDER is {choice!r}: set it to 'in-process' or 'worker', or "
+            "unset it."
         )
     from onnxblocks._core.ort import has_training_build
 
@@ -90,7 +95,8 @@ def python_version(python: str | os.PathLike[str]) -> tuple[int, int] | None:
 def candidate_pythons(
     versions: Sequence[tuple[int, int]] = TRAINING_PYTHONS,
 ) -> list[tuple[Path, str]]:
-    """Interpreters of ``versions`` on this machine, ``(path, where found)``, in the order they are tried.
+    """Interpreters of ``versions`` on this machine, ``(path, where found)``, in the order they are
+    tried.
 
     pyenv's versions first, then uv's, then the PATH; the newest version first within each.
     """
@@ -127,9 +133,12 @@ def candidate_pythons(
 
 def _install_hint() -> str:
     return (
-        "Install one of Python 3.12, 3.11 or 3.10 (`uv python install 3.12`, `pyenv install 3.12`, or your system's "
-        "python3.12 package) or point $ONNXBLOCKS_TRAINING_PYTHON at one; onnxblocks then creates an environment "
-        f"with {TRAINING_PACKAGE} for the gradient builder on first use. Or generate on Python 3.10-3.12, where "
+        "Install one of Python 3.12, 3.11 or 3.10 (`uv python install 3.12`, `pyenv install "
+        "3.12`, or your system's "
+        "python3.12 package) or point $ONNXBLOCKS_TRAINING_PYTHON at one; onnxblocks then "
+        "creates an environment "
+        f"with {TRAINING_PACKAGE} for the gradient builder on first use. Or generate on Python "
+        "3.10-3.12, where "
         "`pip install onnxblocks` brings onnxruntime-training."
     )
 
@@ -145,8 +154,8 @@ def find_base_python() -> tuple[Path, tuple[int, int], str]:
         version = python_version(chosen)
         if version is None:
             raise TrainingBuildRequiredError(
-                f"$ONNXBLOCKS_TRAINING_PYTHON is {chosen!r}, which does not run as a Python interpreter. "
-                + _install_hint()
+                f"$ONNXBLOCKS_TRAINING_PYTHON is {chosen!r}, which does not run as a Python "
+                "interpreter. " + _install_hint()
             )
         if version not in TRAINING_PYTHONS:
             raise TrainingBuildRequiredError(
@@ -161,15 +170,19 @@ def find_base_python() -> tuple[Path, tuple[int, int], str]:
             assert version is not None
             return path, version, where
     raise TrainingBuildRequiredError(
-        f"ONNX Runtime's gradient builder needs onnxruntime-training {TRAINING_VERSION}, which has no wheel for "
-        f"Python {sys.version_info.major}.{sys.version_info.minor}, and no Python 3.10-3.12 to run it was found "
+        f"ONNX Runtime's gradient builder needs onnxruntime-training {TRAINING_VERSION}, which "
+        "has no wheel for "
+        f"Python {sys.version_info.major}.{sys.version_info.minor}, and no Python 3.10-3.12 to "
+        "run it was found "
         "($ONNXBLOCKS_TRAINING_PYTHON, pyenv, uv, python3.12/3.11/3.10 on the PATH). "
         + _install_hint()
     )
 
 
 def probe(python: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """What onnxruntime ``python`` has (``{"python", "onnxruntime", "training_build"}``), or None without one."""
+    """What onnxruntime ``python`` has (``{"python", "onnxruntime", "training_build"}``), or None
+    without one.
+    """
     try:
         header, _ = exchange_once(Path(python), {"task": "probe"}, [], timeout=120)
     except GradientError:
@@ -182,7 +195,9 @@ def _progress(message: str) -> None:
 
 
 def _run_logged(argv: list[str], what: str) -> None:
-    """Run ``argv``, echoing its output to stderr as progress; raise TrainingBuildRequiredError when it fails."""
+    """Run ``argv``, echoing its output to stderr as progress; raise TrainingBuildRequiredError
+    when it fails.
+    """
     try:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         process = subprocess.Popen(
@@ -211,8 +226,10 @@ def _create_environment(base: Path, version: tuple[int, int], target: Path) -> N
     staging = target.parent / f".{target.name}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     _progress(
-        f"ONNX Runtime's gradient builder needs onnxruntime-training, which has no wheel for Python "
-        f"{sys.version_info.major}.{sys.version_info.minor}: creating a Python {version[0]}.{version[1]} environment "
+        "ONNX Runtime's gradient builder needs onnxruntime-training, which has no wheel for "
+        "Python "
+        f"{sys.version_info.major}.{sys.version_info.minor}: creating a Python "
+        f"{version[0]}.{version[1]} environment "
         f"with {TRAINING_PACKAGE} in {target} (once; it takes a minute or two)."
     )
     try:
@@ -223,10 +240,18 @@ def _create_environment(base: Path, version: tuple[int, int], target: Path) -> N
         python = staging / "bin" / "python"
         _progress(f"[2/3] installing {TRAINING_PACKAGE}")
         _run_logged(
-            [os.fspath(python), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
-             TRAINING_PACKAGE],
+            [
+                os.fspath(python),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "off",
+                TRAINING_PACKAGE,
+            ],
             f"Installing {TRAINING_PACKAGE}",
-        )  # fmt: skip
+        )
         _progress("[3/3] checking the gradient builder")
         found = probe(python)
         if (
@@ -235,7 +260,8 @@ def _create_environment(base: Path, version: tuple[int, int], target: Path) -> N
             or found.get("onnxruntime") != TRAINING_VERSION
         ):
             raise TrainingBuildRequiredError(
-                f"The worker environment {staging} does not have onnxruntime-training {TRAINING_VERSION} "
+                f"The worker environment {staging} does not have onnxruntime-training "
+                f"{TRAINING_VERSION} "
                 f"(it has {found}). " + _install_hint()
             )
         (staging / "ready").write_text(
@@ -292,7 +318,8 @@ def worker_python() -> Path:
     """The worker's interpreter (it has onnxruntime-training), its environment created on first use.
 
     Raises:
-        TrainingBuildRequiredError: when no Python 3.10-3.12 is found or the environment cannot be created.
+        TrainingBuildRequiredError: when no Python 3.10-3.12 is found or the environment cannot be
+        created.
     """
     return _worker_python(
         os.environ.get("ONNXBLOCKS_TRAINING_PYTHON") or None, os.fspath(cache_root())
@@ -311,7 +338,8 @@ def _channel(python: Path) -> Channel:
 def call(
     task: str, fields: dict[str, Any], blobs: Sequence[bytes] = ()
 ) -> tuple[dict[str, Any], list[bytes]]:
-    """Run ``task`` in the worker; return its answer header (``error`` and ``stage`` on failure) and bytes.
+    """Run ``task`` in the worker; return its answer header (``error`` and ``stage`` on failure) and
+    bytes.
 
     Raises:
         TrainingBuildRequiredError: when the worker Python cannot be had.

@@ -1,4 +1,5 @@
-"""The gradient-builder worker: run as a script by a Python 3.10-3.12 that has onnxruntime-training 1.19.2.
+"""The gradient-builder worker: run as a script by a Python 3.10-3.12 that has onnxruntime-training
+1.19.2.
 
 On a Python without the training build (3.13 and newer), onnxblocks builds
 everything in-process and sends only ONNX Runtime's calls to this script
@@ -55,7 +56,9 @@ def _failed(stage: str, message: str, optimized: bytes = b"") -> Answer:
 
 
 def _options(ort: Any, libraries: list[str], optimize: bool = True) -> tuple[Any, Answer | None]:
-    """Session options that log errors only, with the custom op libraries; or the failure to load one."""
+    """Session options that log errors only, with the custom op libraries; or the failure to load
+    one.
+    """
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if not optimize:
@@ -129,7 +132,9 @@ def _answer(out: BinaryIO, header: dict[str, Any], blobs: list[bytes]) -> None:
 
 
 def main() -> int:
-    """Answer requests from stdin on stdout until stdin closes (an ONNX Runtime error is an answer, not a crash)."""
+    """Answer requests from stdin on stdout until stdin closes (an ONNX Runtime error is an
+    answer, not a crash).
+    """
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     ort = _onnxruntime()
     from onnxruntime.capi import _pybind_state as capi

@@ -27,10 +27,12 @@ WORKER_SCRIPT = Path(__file__).with_name("worker_main.py")
 def exchange_once(
     python: Path, header: dict[str, Any], blobs: Sequence[bytes], timeout: float
 ) -> tuple[dict[str, Any], list[bytes]]:
-    """Start the worker script with ``python``, send one request, return its answer header and bytes.
+    """Start the worker script with ``python``, send one request, return its answer header and
+    bytes.
 
     Raises:
-        GradientError: when the worker does not start, crashes or does not answer in ``timeout`` seconds.
+        GradientError: when the worker does not start, crashes or does not answer in ``timeout``
+        seconds.
     """
     request = (
         json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode() + b"\n" + b"".join(blobs)
@@ -58,7 +60,8 @@ def exchange_once(
     except (ValueError, KeyError, TypeError):
         stderr = done.stderr.decode(errors="replace")[-3000:]
         raise GradientError(
-            f"The gradient-builder worker ({python}) failed (exit {done.returncode}) without an answer:\n{stderr}"
+            f"The gradient-builder worker ({python}) failed (exit {done.returncode}) without an "
+            f"answer:\n{stderr}"
         ) from None
     out: list[bytes] = []
     for size in sizes:
@@ -148,10 +151,12 @@ class Channel:
             self.close()
             if timed_out:
                 raise GradientError(
-                    f"The gradient-builder worker ({self.python}) did not answer in {timeout:.0f} s."
+                    f"The gradient-builder worker ({self.python}) did not answer in "
+                    f"{timeout:.0f} s."
                 ) from None
             raise GradientError(
-                f"The gradient-builder worker ({self.python}) failed (exit {process.returncode}) without an "
+                f"The gradient-builder worker ({self.python}) failed (exit {process.returncode}) "
+                "without an "
                 f"answer:\n{tail}\n{self.remedy}"
             )
 

@@ -64,7 +64,8 @@ def _typed(
         shown = repr(attr.value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise InvalidValueError(
-            f"Node '{node.name}' ({node.op_type}): attribute '{name}' should be {kind}, got {attr.type.name} {shown}."
+            f"Node '{node.name}' ({node.op_type}): attribute '{name}' should be {kind}, got "
+            f"{attr.type.name} {shown}."
         )
     return convert(attr.value)
 

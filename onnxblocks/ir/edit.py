@@ -20,7 +20,8 @@ from onnxblocks.ir.walk import all_nodes, reads
 def replace_node(
     node: ir.Node, new_nodes: Sequence[ir.Node], new_outputs: Sequence[ir.Value | None]
 ) -> None:
-    """Replace ``node`` by ``new_nodes`` (inserted where it was), its outputs by ``new_outputs``, in order.
+    """Replace ``node`` by ``new_nodes`` (inserted where it was), its outputs by ``new_outputs``, in
+    order.
 
     Each new output takes over the old output's name, type, shape and every use
     (graph outputs included). ``None`` leaves an output that nothing reads.
@@ -35,7 +36,8 @@ def replace_node(
         if new is None:
             if old.uses() or old.is_graph_output():
                 raise InvalidValueError(
-                    f"Output {old.name!r} of node {node.name!r} is still read but has no replacement."
+                    f"Output {old.name!r} of node {node.name!r} is still read but has no "
+                    "replacement."
                 )
             continue
         olds.append(old)
@@ -44,7 +46,8 @@ def replace_node(
 
 
 def remove_unused_nodes(graph: ir.Graph, keep: Iterable[ir.Value] = ()) -> int:
-    """Remove, in place, the nodes whose outputs reach no graph output (nor ``keep``); return how many.
+    """Remove, in place, the nodes whose outputs reach no graph output (nor ``keep``); return how
+    many.
 
     Nodes inside subgraphs are left alone; a node whose subgraph reads a value
     keeps that value's producer alive.
@@ -77,7 +80,9 @@ def _live_nodes(graph: ir.Graph, roots: Iterable[ir.Value]) -> set[ir.Node]:
 
 
 def cut_to_outputs(graph: ir.Graph, outputs: Sequence[ir.Value]) -> None:
-    """Make ``outputs`` the graph's outputs and drop every node, input and initializer they do not need."""
+    """Make ``outputs`` the graph's outputs and drop every node, input and initializer they do
+    not need.
+    """
     graph.outputs.clear()
     graph.outputs.extend(outputs)
     remove_unused_nodes(graph)
@@ -90,7 +95,9 @@ def cut_to_outputs(graph: ir.Graph, outputs: Sequence[ir.Value]) -> None:
 
 
 def rename_values(graph: ir.Graph, mapping: Mapping[str, str]) -> int:
-    """Rename, in place, every value of ``graph`` (subgraphs included) named in ``mapping``; return how many."""
+    """Rename, in place, every value of ``graph`` (subgraphs included) named in ``mapping``;
+    return how many.
+    """
     count = 0
     values = [*graph.inputs, *graph.initializers.values()]
     values += [v for node in all_nodes(graph) for v in node.outputs]
@@ -118,7 +125,8 @@ def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
 
 
 def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) -> list[str]:
-    """Store initializers in another element type and cast them back where they are read; return those changed.
+    """Store initializers in another element type and cast them back where they are read; return
+    those changed.
 
     For each ``name -> tensor`` of ``stored``, the initializer ``name`` keeps its
     name and takes ``tensor`` (e.g. a float16 stub of a float32 weight) as its
@@ -193,7 +201,9 @@ _MOVERS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", 
 
 
 def _moves_only(user: ir.Node, value: ir.Value) -> bool:
-    """True for a node that only moves the elements of ``value`` (and reads nothing else computed)."""
+    """True for a node that only moves the elements of ``value`` (and reads nothing else
+    computed).
+    """
     if user.op_type not in _MOVERS or user.domain not in ("", "ai.onnx") or len(user.outputs) != 1:
         return False
     if len(user.inputs) == 0 or user.inputs[0] is not value or value in user.inputs[1:]:
@@ -205,7 +215,9 @@ def _moves_only(user: ir.Node, value: ir.Value) -> bool:
 
 
 def _computed_input(node: ir.Node, other_than: ir.Value) -> ir.Value | None:
-    """The first input of ``node`` known only at run time (not ``other_than``): computed by a node, or fed, or None."""
+    """The first input of ``node`` known only at run time (not ``other_than``): computed by a
+    node, or fed, or None.
+    """
 
     def at_run_time(v: ir.Value) -> bool:
         return v.producer() is not None or (v.is_graph_input() and not v.is_initializer())
@@ -216,7 +228,8 @@ def _computed_input(node: ir.Node, other_than: ir.Value) -> ir.Value | None:
 
 
 def _trigger(reader: ir.Node, via: ir.Value, order: Mapping[ir.Node, int]) -> ir.Value | None:
-    """What a cast for ``reader`` (which reads ``via``) waits for: ``reader``'s first computed input.
+    """What a cast for ``reader`` (which reads ``via``) waits for: ``reader``'s first computed
+    input.
 
     A reader that only moves the weight further (the backward's ``Transpose`` of the forward's)
     has none: then it is the first computed input of the node after the chain of movers, when
@@ -258,7 +271,9 @@ def _delayed_cast(
     names: NameAuthority,
     hint: str,
 ) -> list[ir.Node]:
-    """The nodes (for ``graph``) computing ``Cast(value, to)`` once ``trigger`` is ready (None: at once)."""
+    """The nodes (for ``graph``) computing ``Cast(value, to)`` once ``trigger`` is ready (None:
+    at once).
+    """
 
     def node(op: str, inputs: Sequence[ir.Value], **attributes: int) -> ir.Node:
         attrs = [ir.AttrInt64(k, v) for k, v in attributes.items()]
@@ -288,9 +303,11 @@ def _delayed_cast(
 def splice_after(
     value: ir.Value, nodes: Sequence[ir.Node], output: ir.Value, names: NameAuthority
 ) -> None:
-    """Insert ``nodes`` after ``value``'s producer and make every other reader of ``value`` read ``output``.
+    """Insert ``nodes`` after ``value``'s producer and make every other reader of ``value`` read
+    ``output``.
 
-    ``nodes`` read ``value`` (and keep reading it) and compute ``output`` from it, e.g. ``output = value + delta``.
+    ``nodes`` read ``value`` (and keep reading it) and compute ``output`` from it, e.g. ``output =
+    value + delta``.
     A graph output keeps its name: ``output`` takes ``value``'s name and ``value`` gets a fresh one.
 
     Raises:
@@ -316,7 +333,8 @@ def splice_after(
 
 
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    """Add an initializer ``name`` holding ``array`` (its type and shape set) to ``graph``; return its value.
+    """Add an initializer ``name`` holding ``array`` (its type and shape set) to ``graph``; return
+    its value.
 
     Raises:
         ValueError: if ``graph`` already has a value named ``name``.

@@ -1,4 +1,5 @@
-"""Constant values of a graph, and small index arithmetic on them folded with onnx's reference evaluator.
+"""Constant values of a graph, and small index arithmetic on them folded with onnx's reference
+evaluator.
 
 The torchscript exporter without constant folding computes pads, scales and
 shapes with ``Concat`` / ``Cast`` / ``Slice``... of ``Constant`` s; passes read
@@ -14,7 +15,8 @@ import onnx_ir as ir
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.types import ValueTypes
 
-#: Ops :meth:`ConstantTable.folded` evaluates when all their inputs are constants (index arithmetic).
+#: Ops :meth:`ConstantTable.folded` evaluates when all their inputs are constants (index
+#: arithmetic).
 FOLDABLE = frozenset(
     {
         "Constant",
@@ -75,7 +77,8 @@ def _fold_identity(node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.nd
     return [inputs[0]] if inputs and inputs[0] is not None else None
 
 
-#: Ops folded with numpy, without onnx's reference evaluator (the common index arithmetic of exporters).
+#: Ops folded with numpy, without onnx's reference evaluator (the common index arithmetic of
+#: exporters).
 _NUMPY_FOLDS = {"Unsqueeze": _fold_unsqueeze, "Identity": _fold_identity}
 
 
@@ -97,7 +100,9 @@ class ConstantTable:
         self._folded: dict[ir.Value, np.ndarray | None] = {}
 
     def value(self, value: ir.Value | None) -> np.ndarray | None:
-        """The value of ``value``, or None when it is not a known constant (held and external weights included)."""
+        """The value of ``value``, or None when it is not a known constant (held and external
+        weights included).
+        """
         if value is None:
             return None
         if value.is_initializer() and value.graph is self._graph:
@@ -129,7 +134,8 @@ class ConstantTable:
         return None
 
     def folded(self, value: ir.Value | None, depth: int = 0) -> np.ndarray | None:
-        """The value of ``value``, also when small index arithmetic on constants computes it, else None.
+        """The value of ``value``, also when small index arithmetic on constants computes it, else
+        None.
 
         Results up to :data:`FOLD_LIMIT` elements; ``Shape`` of a value whose
         (sliced) shape is static folds too.
@@ -197,7 +203,9 @@ class ConstantTable:
             return None
 
     def _static_shape(self, node: ir.Node) -> np.ndarray | None:
-        """``Shape(x)`` when the (sliced) shape of ``x`` is static in the inferred types (or x folds)."""
+        """``Shape(x)`` when the (sliced) shape of ``x`` is static in the inferred types (or x
+        folds).
+        """
         x = node.inputs[0]
         if x is None:
             return None

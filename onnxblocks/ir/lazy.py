@@ -1,4 +1,5 @@
-"""Deferring the import of onnx-ir's symbolic-shape algebra (sympy) until a symbolic dimension is computed with.
+"""Deferring the import of onnx-ir's symbolic-shape algebra (sympy) until a symbolic dimension is
+computed with.
 
 ``onnx_ir`` imports ``sympy`` (about 0.2 s) when it is imported, for arithmetic on
 symbolic dimensions that graph edits here never do. Importing this module first

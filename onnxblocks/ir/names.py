@@ -10,7 +10,8 @@ from onnxblocks.ir.walk import all_nodes, proto_nodes
 
 
 def graph_names(graph: ir.Graph) -> NameAuthority:
-    """A :class:`~onnxblocks._core.naming.NameAuthority` that knows every value and node name of ``graph``.
+    """A :class:`~onnxblocks._core.naming.NameAuthority` that knows every value and node name of
+    ``graph``.
 
     Names in subgraphs count as used too, so a fresh name never shadows one of them.
     """
@@ -27,7 +28,8 @@ def graph_names(graph: ir.Graph) -> NameAuthority:
 
 
 def proto_graph_names(graph: onnx.GraphProto) -> NameAuthority:
-    """:func:`graph_names` for a ``GraphProto``: every value and node name it uses, subgraphs included.
+    """:func:`graph_names` for a ``GraphProto``: every value and node name it uses, subgraphs
+    included.
 
     For a few names added to a protobuf graph that is not otherwise edited (building
     its IR would cost more than the names).

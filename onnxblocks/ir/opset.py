@@ -35,8 +35,10 @@ def convert_opset(
     blocking = sorted({op for op in default_domain if not _defined_at(op, target)})
     if blocking:
         raise InvalidValueError(
-            f"{what} imports ai.onnx opset {current}; it cannot be converted to opset {target}, because these ops "
-            f"do not exist there: {', '.join(blocking)}. Re-export the model with opset_version={target} (or write "
+            f"{what} imports ai.onnx opset {current}; it cannot be converted to opset {target}, "
+            "because these ops "
+            f"do not exist there: {', '.join(blocking)}. Re-export the model with "
+            f"opset_version={target} (or write "
             "those ops with older ones)."
         )
     try:
@@ -48,7 +50,8 @@ def convert_opset(
         )
         named = f" (blocked by {', '.join(ops)})" if ops else ""
         raise InvalidValueError(
-            f"{what} imports ai.onnx opset {current}; onnx's version converter could not convert it to opset "
+            f"{what} imports ai.onnx opset {current}; onnx's version converter could not convert "
+            "it to opset "
             f"{target}{named}: {reason}. Re-export the model with opset_version={target}."
         ) from None
     logger.info(
@@ -61,7 +64,8 @@ def convert_opset(
 
 
 def fit_opset(model: onnx.ModelProto, what: str = "the base model") -> onnx.ModelProto:
-    """``model`` itself if the installed runtime implements its opset, else a copy converted down to it.
+    """``model`` itself if the installed runtime implements its opset, else a copy converted down to
+    it.
 
     Raises:
         ValueError: if the model has no ai.onnx opset import, or cannot be converted

@@ -21,7 +21,8 @@ _T = TypeVar("_T")
 
 
 def replace_field(field: Any, items: Iterable[_T]) -> None:
-    """Replace the contents of a repeated protobuf field (``graph.input``, ``.output``, ``.initializer``).
+    """Replace the contents of a repeated protobuf field (``graph.input``, ``.output``,
+    ``.initializer``).
 
     ``items`` may hold elements of ``field`` itself (protobuf keeps them valid when
     the field is cleared; ``extend`` copies them back in).
@@ -32,7 +33,9 @@ def replace_field(field: Any, items: Iterable[_T]) -> None:
 
 
 def subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """The names the subgraphs of ``node`` read, recursively (values of the outer graphs included)."""
+    """The names the subgraphs of ``node`` read, recursively (values of the outer graphs
+    included).
+    """
     names: set[str] = set()
     for attr in node.attribute:
         graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
@@ -43,7 +46,9 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
 
 
 def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    """Each value name -> the top-level nodes that read it (a subgraph's reads count for its node)."""
+    """Each value name -> the top-level nodes that read it (a subgraph's reads count for its
+    node).
+    """
     found: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in graph.node:
         for name in set(node.input) | subgraph_reads(node):

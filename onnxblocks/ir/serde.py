@@ -36,7 +36,9 @@ def from_proto(model: onnx.ModelProto, source: str | os.PathLike | None = None) 
 
 
 def to_proto(model: ir.Model) -> onnx.ModelProto:
-    """``model`` as a ModelProto (inline tensors are serialized; external ones keep their locations)."""
+    """``model`` as a ModelProto (inline tensors are serialized; external ones keep their
+    locations).
+    """
     return ir.serde.serialize_model(model)
 
 

@@ -1,4 +1,6 @@
-"""Element types and shapes of a graph's values, from onnx shape inference, without changing the graph."""
+"""Element types and shapes of a graph's values, from onnx shape inference, without changing the
+graph.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from onnxblocks.ir.serde import to_proto
 
 
 def infer_proto_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """The type of every value of ``model``'s top-level graph that onnx shape inference knows, by name.
+    """The type of every value of ``model``'s top-level graph that onnx shape inference knows, by
+    name.
 
     Best effort: data propagation is on (shapes computed with ``Shape`` / ``Concat``
     / ``Gather`` stay known); when inference fails, the types the model declares.
@@ -43,7 +46,9 @@ class ValueTypes:
 
     @classmethod
     def infer(cls, model: ir.Model) -> ValueTypes:
-        """The types of ``model``'s top-level values (the model is serialized once for onnx's inference)."""
+        """The types of ``model``'s top-level values (the model is serialized once for onnx's
+        inference).
+        """
         return cls(infer_proto_types(to_proto(model)))
 
     def _tensor(self, value: ir.Value) -> onnx.TypeProto.Tensor | None:
@@ -53,7 +58,9 @@ class ValueTypes:
         return t.tensor_type
 
     def elem(self, value: ir.Value | None) -> int | None:
-        """The ONNX element type (``onnx.TensorProto.FLOAT``...) of ``value``, or None when unknown."""
+        """The ONNX element type (``onnx.TensorProto.FLOAT``...) of ``value``, or None when
+        unknown.
+        """
         if value is None:
             return None
         t = self._tensor(value)
@@ -69,7 +76,9 @@ class ValueTypes:
         return None if elem is None else onnx.helper.tensor_dtype_to_np_dtype(elem)
 
     def shape(self, value: ir.Value | None) -> list[int | None] | None:
-        """Static dims of ``value`` (None for a symbolic or unknown dim), or None for an unknown rank."""
+        """Static dims of ``value`` (None for a symbolic or unknown dim), or None for an unknown
+        rank.
+        """
         if value is None:
             return None
         t = self._tensor(value)
@@ -82,9 +91,11 @@ class ValueTypes:
         return None
 
     def dims(self, value: ir.Value | None) -> list[int | str | None] | None:
-        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when unknown.
+        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when
+        unknown.
 
-        Two dims of one name are equal: inference carries the names through ``Shape`` and its arithmetic.
+        Two dims of one name are equal: inference carries the names through ``Shape`` and its
+        arithmetic.
         """
         t = self._tensor(value) if value is not None else None
         if t is None or not t.HasField("shape"):

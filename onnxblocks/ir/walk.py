@@ -10,12 +10,15 @@ import onnx_ir as ir
 
 
 def all_nodes(graph: ir.Graph | ir.Function) -> Iterator[ir.Node]:
-    """Every node of ``graph`` and of the subgraphs in its nodes' attributes, depth first, in order."""
+    """Every node of ``graph`` and of the subgraphs in its nodes' attributes, depth first, in
+    order.
+    """
     yield from ir.traversal.RecursiveGraphIterator(graph)
 
 
 def proto_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of a ``GraphProto`` and of the subgraphs in its nodes' attributes, depth first, in order.
+    """Every node of a ``GraphProto`` and of the subgraphs in its nodes' attributes, depth first, in
+    order.
 
     For a read-only look at a protobuf model where building its IR would cost more
     than the work at hand (e.g. listing op types before onnx's version converter,
@@ -37,7 +40,9 @@ def proto_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 
 
 def subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
-    """The graphs in ``node``'s attributes (``If`` branches, ``Loop``/``Scan`` bodies), not recursively."""
+    """The graphs in ``node``'s attributes (``If`` branches, ``Loop``/``Scan`` bodies), not
+    recursively.
+    """
     for attr in node.attributes.values():
         if attr.type == ir.AttributeType.GRAPH:
             yield attr.as_graph()
@@ -76,7 +81,8 @@ class Read:
     """One node reading a value, directly or through ``Identity`` nodes.
 
     Attributes:
-        node: The reader (an ``Identity`` only when its output is a graph output, or inside a subgraph).
+        node: The reader (an ``Identity`` only when its output is a graph output, or inside a
+        subgraph).
         index: The input of ``node`` that reads the value (or the last ``Identity``'s output).
         via: The ``Identity`` nodes between the value and ``node``, nearest to the value first.
     """

@@ -1,4 +1,5 @@
-"""Whether a user's model is well formed enough to be read: each value defined once, each read defined.
+"""Whether a user's model is well formed enough to be read: each value defined once, each read
+defined.
 
 ONNX asks that every value have one definition (single static assignment) and that every
 value a node reads be defined in its graph or an enclosing one. A model that breaks this
@@ -23,8 +24,10 @@ from onnxblocks._core.errors import InvalidValueError
 _SHOWN = 5
 
 _ADVICE = (
-    "Each value must be defined once (by one node output, graph input or initializer) and defined before "
-    "anything reads it. Fix the model where it is made (re-export it, or correct the hand edit) and try again."
+    "Each value must be defined once (by one node output, graph input or initializer) and "
+    "defined before "
+    "anything reads it. Fix the model where it is made (re-export it, or correct the hand edit) "
+    "and try again."
 )
 
 
@@ -93,12 +96,16 @@ def _graph(graph: onnx.GraphProto, outer: dict[str, str], where: str, found: lis
             if name and name not in visible:
                 found.append(f"{_node(node, index, where)} reads '{name}', which nothing defines")
         for attribute, sub in _subgraphs(node):
-            label = f" in the subgraph '{attribute}' of {_node(node, index, where).removesuffix(where)}{where}"
+            label = (
+                f" in the subgraph '{attribute}' of "
+                f"{_node(node, index, where).removesuffix(where)}{where}"
+            )
             _graph(sub, visible, label, found)
     for value in graph.output:
         if value.name not in visible:
             found.append(
-                f"graph output '{value.name}'{where} is defined by no node, graph input or initializer"
+                f"graph output '{value.name}'{where} is defined by no node, graph input or "
+                "initializer"
             )
 
 
@@ -115,7 +122,9 @@ def _function(function: onnx.FunctionProto, found: list[str]) -> None:
 
 
 def problems(model: onnx.ModelProto) -> list[str]:
-    """What keeps ``model`` from being read, each naming its value and node (empty when well formed)."""
+    """What keeps ``model`` from being read, each naming its value and node (empty when well
+    formed).
+    """
     found: list[str] = []
     _graph(model.graph, {}, "", found)
     for function in model.functions:
@@ -124,7 +133,9 @@ def problems(model: onnx.ModelProto) -> list[str]:
 
 
 def describe(model: onnx.ModelProto | None, source: str | os.PathLike | None) -> str:
-    """``"The model 'path'"``, ``"The model 'graph name'"`` or ``"The model"``, to begin a message."""
+    """``"The model 'path'"``, ``"The model 'graph name'"`` or ``"The model"``, to begin a
+    message.
+    """
     if source is not None:
         return f"The model '{os.fspath(source)}'"
     if model is not None and model.graph.name:
@@ -159,7 +170,8 @@ def check_model(model: onnx.ModelProto, source: str | os.PathLike | None = None)
 def unreadable(
     model: onnx.ModelProto, exc: BaseException, source: str | os.PathLike | None
 ) -> InvalidValueError:
-    """The error for a model onnx-ir could not read (``exc``): its offenders if the walk finds them, else the cause.
+    """The error for a model onnx-ir could not read (``exc``): its offenders if the walk finds them,
+    else the cause.
 
     onnx-ir wraps the cause (which names the value and node) in one error per enclosing
     graph; the innermost one is reported.

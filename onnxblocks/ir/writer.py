@@ -1,4 +1,6 @@
-"""Building the nodes of one rewrite: fresh names, and the opset-dependent forms of ops written once."""
+"""Building the nodes of one rewrite: fresh names, and the opset-dependent forms of ops written
+once.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +47,9 @@ class Writer:
         domain: str = "",
         **attrs: Any,
     ) -> list[ir.Value]:
-        """One node with the given outputs (names, or fresh values); ``attrs`` as onnx-ir converts them."""
+        """One node with the given outputs (names, or fresh values); ``attrs`` as onnx-ir
+        converts them.
+        """
         values = [o if isinstance(o, ir.Value) else ir.Value(name=o) for o in outputs]
         node = ir.Node(
             domain,
@@ -147,10 +151,12 @@ class Writer:
         out: str | ir.Value | None = None,
         **attrs: Any,
     ) -> ir.Value:
-        """``ReduceSum`` / ``ReduceMean`` / ... over ``axes`` (a list, or an int64 value at opset 13 / 18 on).
+        """``ReduceSum`` / ``ReduceMean`` / ... over ``axes`` (a list, or an int64 value at opset 13
+        / 18 on).
 
         Raises:
-            ValueError: for run-time axes (a value) at an opset that takes them only as an attribute.
+            ValueError: for run-time axes (a value) at an opset that takes them only as an
+            attribute.
         """
         axes_input_since = 13 if op_type == "ReduceSum" else 18
         if axes is None:
@@ -160,7 +166,8 @@ class Writer:
             return self.op(op_type, [x, axes_value], out, keepdims=keepdims, **attrs)
         if isinstance(axes, ir.Value):
             raise InvalidValueError(
-                f"{op_type} takes run-time axes from opset {axes_input_since}; the model has {self.opset}"
+                f"{op_type} takes run-time axes from opset {axes_input_since}; the model has "
+                f"{self.opset}"
             )
         return self.op(op_type, [x], out, axes=list(axes), keepdims=keepdims, **attrs)
 

@@ -77,7 +77,8 @@ def check_ignore_index(where: str, ignore_index: int, elem: int, labels: str | N
         else ", or cast the labels: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)"
     )
     raise InvalidValueError(
-        f"{where}ignore_index={ignore_index} does not fit {whose} (range [{info.min}, {info.max}]). Use a label "
+        f"{where}ignore_index={ignore_index} does not fit {whose} (range [{info.min}, "
+        f"{info.max}]). Use a label "
         f"value they can hold (e.g. -100, torch's){cast}."
     )
 
@@ -94,13 +95,16 @@ def as_float_array(owner: str, param: str, values: Any) -> np.ndarray | None:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         raise InvalidValueError(
-            f"{owner}: {param} must be a list or numpy array of numbers, not {type(values).__name__}."
+            f"{owner}: {param} must be a list or numpy array of numbers, not "
+            f"{type(values).__name__}."
         ) from None
     return array
 
 
 def format_shape(shape: Shape | None) -> str:
-    """``[N, 5, ?]`` for a shape with symbolic and unknown dims; ``unknown`` when the rank is unknown."""
+    """``[N, 5, ?]`` for a shape with symbolic and unknown dims; ``unknown`` when the rank is
+    unknown.
+    """
     if shape is None:
         return "unknown"
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
@@ -140,14 +144,17 @@ class Loss(Block):
         elem = acc.elem_type(name)
         if elem is not None and elem not in FLOAT_TYPES:
             raise InvalidTypeError(
-                f"{acc.where()}{role} '{name}' has dtype {dtype_name(elem)}, but {type(self).__name__} needs "
-                "floating-point values (float, double, float16 or bfloat16). Pass a float output of the model, "
+                f"{acc.where()}{role} '{name}' has dtype {dtype_name(elem)}, but "
+                f"{type(self).__name__} needs "
+                "floating-point values (float, double, float16 or bfloat16). Pass a float output "
+                "of the model, "
                 f"or cast it first: onnxblocks.blocks.Cast(onnx.TensorProto.FLOAT)('{name}')."
             )
         return elem
 
     def _target_like(self, input_name: str, target_name: str) -> Value:
-        """The target compared with ``input_name``: an existing value, or a new graph input like the input.
+        """The target compared with ``input_name``: an existing value, or a new graph input like the
+        input.
 
         A new input has the input's element type and shape (symbolic dims are kept).
 
@@ -161,28 +168,35 @@ class Loss(Block):
             target_elem = acc.elem_type(target_name)
             if elem is not None and target_elem is not None and target_elem != elem:
                 raise InvalidTypeError(
-                    f"{acc.where()}target '{target_name}' has dtype {dtype_name(target_elem)} but input "
-                    f"'{input_name}' has dtype {dtype_name(elem)}; they must match. Cast the target first: "
-                    f"onnxblocks.blocks.Cast({elem})('{target_name}'), or pass another target name to create "
+                    f"{acc.where()}target '{target_name}' has dtype {dtype_name(target_elem)} "
+                    "but input "
+                    f"'{input_name}' has dtype {dtype_name(elem)}; they must match. Cast the "
+                    "target first: "
+                    f"onnxblocks.blocks.Cast({elem})('{target_name}'), or pass another target "
+                    "name to create "
                     "a new graph input."
                 )
             return Value(target_name)
         shape = acc.shape_of(input_name)
         if elem is None or shape is None:
             raise InvalidValueError(
-                f"{acc.where()}cannot create the target input '{target_name}': the dtype or rank of input "
-                f"'{input_name}' is unknown. Add the target yourself, e.g. accessor.add_input('{target_name}', "
+                f"{acc.where()}cannot create the target input '{target_name}': the dtype or rank "
+                "of input "
+                f"'{input_name}' is unknown. Add the target yourself, e.g. "
+                f"accessor.add_input('{target_name}', "
                 "onnx.TensorProto.FLOAT, [...]), and pass its name."
             )
         return acc.add_input(target_name, elem, shape)
 
     def _check_broadcast(self, param: str, array: np.ndarray, input_name: str) -> None:
-        """Check that an elementwise weight broadcasts against the input without growing it (as torch's).
+        """Check that an elementwise weight broadcasts against the input without growing it (as
+        torch's).
 
         Dims of the input that are not numbers (symbolic, unknown) accept any size.
 
         Raises:
-            ValueError: naming ``param``, its shape and the input's size on the dim that does not fit.
+            ValueError: naming ``param``, its shape and the input's size on the dim that does not
+            fit.
         """
         acc = self.accessor
         shape = acc.shape_of(input_name)
@@ -191,8 +205,10 @@ class Loss(Block):
         owner = f"{acc.where() or type(self).__name__ + ': '}"
         if array.ndim > len(shape):
             raise InvalidValueError(
-                f"{owner}{param} has shape {list(array.shape)}, more dims than input '{input_name}' of shape "
-                f"{format_shape(shape)}: it would broadcast the loss beyond the input. Give {param} at most "
+                f"{owner}{param} has shape {list(array.shape)}, more dims than input "
+                f"'{input_name}' of shape "
+                f"{format_shape(shape)}: it would broadcast the loss beyond the input. Give "
+                f"{param} at most "
                 f"{len(shape)} dims (usually one value per class, the input's last dim)."
             )
         for offset in range(1, array.ndim + 1):
@@ -207,7 +223,8 @@ class Loss(Block):
                         f"{dim} or 1 values on that axis",
                     )
                 raise InvalidValueError(
-                    f"{owner}{param} has {what} but input '{input_name}' of shape {format_shape(shape)} has "
+                    f"{owner}{param} has {what} but input '{input_name}' of shape "
+                    f"{format_shape(shape)} has "
                     f"{has}. Give {param} {fix}, or a single value to broadcast."
                 )
 
@@ -225,8 +242,10 @@ class Loss(Block):
             return Value(per_element)
         acc = self.accessor
         if reduction == "mean" and acc.elem_type(per_element) == TensorProto.DOUBLE:
-            # ONNX Runtime differentiates ReduceMean with its Scale op, whose factor 1/N is a float32 in every
-            # dtype: a double mean's gradient would be off by float32's rounding of 1/N. Div's is double.
+            # ONNX Runtime differentiates ReduceMean with its Scale op, whose factor 1/N is a
+            # float32 in every
+            # dtype: a double mean's gradient would be off by float32's rounding of 1/N. Div's is
+            # double.
             total = reduce_all(acc, "ReduceSum", per_element)
             out = acc.op(
                 "Div",
@@ -240,7 +259,8 @@ class Loss(Block):
 
 
 class PointwiseLoss(Loss):
-    """Base class of the losses that compare an input with a target of the same shape, element by element.
+    """Base class of the losses that compare an input with a target of the same shape, element by
+    element.
 
     Subclasses set ``output_hint`` and implement :meth:`_per_element`.
     """
@@ -267,7 +287,9 @@ class PointwiseLoss(Loss):
 
 
 def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None) -> Value:
-    """``op_type`` (ReduceSum, ReduceMean) over every axis: a scalar, typed as one even when x's rank is unknown."""
+    """``op_type`` (ReduceSum, ReduceMean) over every axis: a scalar, typed as one even when x's
+    rank is unknown.
+    """
     elem = acc.elem_type(x)
     out = acc.op(
         op_type,
@@ -283,7 +305,9 @@ def reduce_all(acc: ModelAccessor, op_type: str, x: str, name: str | None = None
 def axes_op(
     acc: ModelAccessor, op_type: str, x: str, axes: Sequence[int], **attributes: Any
 ) -> Value:
-    """Add ``op_type`` (ReduceSum, ReduceLogSumExp, Squeeze, Unsqueeze) over ``axes`` (input or attribute by opset)."""
+    """Add ``op_type`` (ReduceSum, ReduceLogSumExp, Squeeze, Unsqueeze) over ``axes`` (input or
+    attribute by opset).
+    """
     version = acc.domain_version("") or 1
     if version >= _AXES_AS_INPUT_SINCE[op_type]:
         axes_value = acc.constant(list(axes), dtype=np.int64, name_hint="axes")
@@ -304,7 +328,9 @@ def static_dim(acc: ModelAccessor, x: str, axis: int) -> int | None:
 
 
 def element_count(acc: ModelAccessor, x: str) -> Value:
-    """The number of elements of ``x`` as a scalar of its element type (a constant when the shape is static)."""
+    """The number of elements of ``x`` as a scalar of its element type (a constant when the shape
+    is static).
+    """
     elem = acc.elem_type(x) or TensorProto.FLOAT
     shape = acc.shape_of(x)
     dims = [d for d in shape or [] if isinstance(d, int)]
@@ -319,7 +345,9 @@ def element_count(acc: ModelAccessor, x: str) -> Value:
 
 
 def dim_size(acc: ModelAccessor, x: str, axis: int, like: str) -> Value:
-    """The size of ``x`` along ``axis`` as a scalar of ``like``'s element type (a constant when static)."""
+    """The size of ``x`` along ``axis`` as a scalar of ``like``'s element type (a constant when
+    static).
+    """
     elem = acc.elem_type(like) or TensorProto.FLOAT
     static = static_dim(acc, x, axis)
     if static is not None:

@@ -1,4 +1,5 @@
-"""What the class-index losses (cross entropy, NLL) share: the class axis, labels, and the weighted NLL.
+"""What the class-index losses (cross entropy, NLL) share: the class axis, labels, and the weighted
+NLL.
 
 Layout: the scores (logits or log-probabilities) have a *class axis*. By default it
 is axis 1, as in torch: ``[N, C]`` or ``[N, C, d1, d2, ...]``. Sequence models
@@ -57,7 +58,8 @@ class ClassLoss(Loss):
 
     Raises:
         ValueError: if ``reduction`` is unknown, ``weight`` is not a 1-D numeric array or
-            ``ignore_index`` does not fit int64 (at build: does not fit the labels' dtype; ``weight``
+            ``ignore_index`` does not fit int64 (at build: does not fit the labels' dtype;
+            ``weight``
             has not one value per class).
         TypeError: if ``ignore_index`` or ``class_axis`` is not an int.
     """
@@ -77,14 +79,16 @@ class ClassLoss(Loss):
         self._weight = as_float_array(owner, "weight", weight)
         if self._weight is not None and self._weight.ndim != 1:
             raise InvalidValueError(
-                f"{owner}: weight must be 1-D, one value per class, but has shape {list(self._weight.shape)}."
+                f"{owner}: weight must be 1-D, one value per class, but has shape "
+                f"{list(self._weight.shape)}."
             )
         if ignore_index is not None and (
             isinstance(ignore_index, (bool, np.bool_))
             or not isinstance(ignore_index, (int, np.integer))
         ):
             raise InvalidTypeError(
-                f"{owner}: ignore_index must be an int (a label value) or None, not {type(ignore_index).__name__}: "
+                f"{owner}: ignore_index must be an int (a label value) or None, not "
+                f"{type(ignore_index).__name__}: "
                 f"{ignore_index!r}."
             )
         if ignore_index is not None:
@@ -93,7 +97,8 @@ class ClassLoss(Loss):
             class_axis, (int, np.integer)
         ):
             raise InvalidTypeError(
-                f"{owner}: class_axis must be an int (1, or -1 for [B, T, V]), not {type(class_axis).__name__}: "
+                f"{owner}: class_axis must be an int (1, or -1 for [B, T, V]), not "
+                f"{type(class_axis).__name__}: "
                 f"{class_axis!r}."
             )
         self._ignore_index = None if ignore_index is None else int(ignore_index)
@@ -113,15 +118,18 @@ class ClassLoss(Loss):
         rank = len(shape)
         if rank == 0:
             raise InvalidValueError(
-                f"{acc.where()}scores '{scores}' are a scalar; {type(self).__name__} needs class scores of "
+                f"{acc.where()}scores '{scores}' are a scalar; {type(self).__name__} needs class "
+                "scores of "
                 "shape [C], [N, C] or [N, C, d1, ...]."
             )
         if rank == 1:
             return 0
         if not -rank <= self._class_axis < rank:
             raise InvalidValueError(
-                f"{acc.where()}class_axis={self._class_axis} is out of range for scores '{scores}' of shape "
-                f"{format_shape(shape)}. Use an axis in [{-rank}, {rank - 1}] (1 for [N, C, ...], -1 for [B, T, V])."
+                f"{acc.where()}class_axis={self._class_axis} is out of range for scores "
+                f"'{scores}' of shape "
+                f"{format_shape(shape)}. Use an axis in [{-rank}, {rank - 1}] (1 for [N, C, "
+                "...], -1 for [B, T, V])."
             )
         return self._class_axis % rank
 
@@ -131,8 +139,10 @@ class ClassLoss(Loss):
             return
         if self._weight.shape[0] != shape[axis]:
             raise InvalidValueError(
-                f"{self.accessor.where()}weight has {self._weight.shape[0]} values but scores '{scores}' of shape "
-                f"{format_shape(shape)} have {shape[axis]} classes on axis {axis}. Give one weight per class."
+                f"{self.accessor.where()}weight has {self._weight.shape[0]} values but scores "
+                f"'{scores}' of shape "
+                f"{format_shape(shape)} have {shape[axis]} classes on axis {axis}. Give one "
+                "weight per class."
             )
 
     def _labels(
@@ -147,7 +157,8 @@ class ClassLoss(Loss):
         Raises:
             ValueError: if the labels' shape does not fit the scores', or new labels are
                 needed but the scores' rank is unknown.
-            TypeError: if the labels' dtype is neither an index type nor (when allowed) the scores' float type.
+            TypeError: if the labels' dtype is neither an index type nor (when allowed) the scores'
+            float type.
         """
         acc = self.accessor
         shape = acc.shape_of(scores)
@@ -155,7 +166,8 @@ class ClassLoss(Loss):
         if not acc.has_value(labels_name):
             if expected is None:
                 raise InvalidValueError(
-                    f"{acc.where()}cannot create the labels input '{labels_name}': the rank of scores '{scores}' is "
+                    f"{acc.where()}cannot create the labels input '{labels_name}': the rank of "
+                    f"scores '{scores}' is "
                     f"unknown. Add the labels yourself, e.g. accessor.add_input('{labels_name}', "
                     "onnx.TensorProto.INT64, ['batch']), and pass its name."
                 )
@@ -167,13 +179,17 @@ class ClassLoss(Loss):
             scores_elem = acc.elem_type(scores)
             if scores_elem is not None and elem != scores_elem:
                 raise InvalidTypeError(
-                    f"{acc.where()}probability labels '{labels_name}' have dtype {dtype_name(elem)} but scores "
-                    f"'{scores}' have dtype {dtype_name(scores_elem)}; cast the labels to {dtype_name(scores_elem)}."
+                    f"{acc.where()}probability labels '{labels_name}' have dtype "
+                    f"{dtype_name(elem)} but scores "
+                    f"'{scores}' have dtype {dtype_name(scores_elem)}; cast the labels to "
+                    f"{dtype_name(scores_elem)}."
                 )
             if self._ignore_index is not None:
                 raise InvalidValueError(
-                    f"{acc.where()}ignore_index applies to class-index labels only, but labels '{labels_name}' are "
-                    "float class probabilities. Leave ignore_index=None, or pass int64 class indices."
+                    f"{acc.where()}ignore_index applies to class-index labels only, but labels "
+                    f"'{labels_name}' are "
+                    "float class probabilities. Leave ignore_index=None, or pass int64 class "
+                    "indices."
                 )
             return labels, True
         if elem in INDEX_TYPES and self._ignore_index is not None:
@@ -185,14 +201,19 @@ class ClassLoss(Loss):
                 else ""
             )
             raise InvalidTypeError(
-                f"{acc.where()}labels '{labels_name}' have dtype {dtype_name(elem)}; {type(self).__name__} needs "
-                f"int64 (or int32) class indices{probs}. Cast them: onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."
+                f"{acc.where()}labels '{labels_name}' have dtype {dtype_name(elem)}; "
+                f"{type(self).__name__} needs "
+                f"int64 (or int32) class indices{probs}. Cast them: "
+                "onnxblocks.blocks.Cast(onnx.TensorProto.INT64)."
             )
         if not shapes_fit(expected, actual):
             raise InvalidValueError(
-                f"{acc.where()}labels '{labels_name}' have shape {format_shape(actual)}, but scores '{scores}' of "
-                f"shape {format_shape(shape)} need labels of shape {format_shape(expected)} (the scores' shape "
-                f"without the class axis {axis}). Pass labels of that shape, or set class_axis to the axis that "
+                f"{acc.where()}labels '{labels_name}' have shape {format_shape(actual)}, but "
+                f"scores '{scores}' of "
+                f"shape {format_shape(shape)} need labels of shape {format_shape(expected)} (the "
+                "scores' shape "
+                f"without the class axis {axis}). Pass labels of that shape, or set class_axis "
+                "to the axis that "
                 "holds the classes (class_axis=-1 for [batch, sequence, classes] scores)."
             )
         return labels, False
@@ -203,7 +224,8 @@ class ClassLoss(Loss):
         return self._const(array, like, "class_weight")
 
     def _class_weight_broadcast(self, scores: str, axis: int) -> Value:
-        """The class weights shaped ``[C, 1, ..., 1]`` so that they broadcast along ``axis`` of the scores.
+        """The class weights shaped ``[C, 1, ..., 1]`` so that they broadcast along ``axis`` of the
+        scores.
 
         Raises:
             ValueError: if the class axis is not the last one and the scores' rank is unknown.
@@ -214,8 +236,10 @@ class ClassLoss(Loss):
             return self._weight_const(scores)
         if shape is None or axis < 0:
             raise InvalidValueError(
-                f"{self.accessor.where()}scores '{scores}' have an unknown rank, so the class weights cannot be "
-                "broadcast along the class axis. Give the scores a known rank (e.g. with a value_info or a typed "
+                f"{self.accessor.where()}scores '{scores}' have an unknown rank, so the class "
+                "weights cannot be "
+                "broadcast along the class axis. Give the scores a known rank (e.g. with a "
+                "value_info or a typed "
                 "graph output), or use class_axis=-1."
             )
         return self._weight_const(scores, [-1] + [1] * (len(shape) - 1 - axis))
@@ -227,7 +251,8 @@ class ClassLoss(Loss):
         return shape is not None and len(shape) == 1
 
     def _as_batch(self, scores: str, labels: str) -> tuple[Value, Value]:
-        """``[C]`` scores and a scalar label as a batch of one: ``[1, C]`` and ``[1]`` (class axis 1).
+        """``[C]`` scores and a scalar label as a batch of one: ``[1, C]`` and ``[1]`` (class axis
+        1).
 
         ONNX Runtime's gradients of ``GatherElements`` and of the masks cannot take
         rank-0 labels; the loss of a batch of one is the example's loss.
@@ -236,7 +261,9 @@ class ClassLoss(Loss):
         return axes_op(acc, "Unsqueeze", scores, [0]), axes_op(acc, "Unsqueeze", labels, [0])
 
     def _unbatch(self, loss: Value) -> Value:
-        """The ``"none"`` loss of a batch of one (``[1]``) as the scalar of its example; others as they are."""
+        """The ``"none"`` loss of a batch of one (``[1]``) as the scalar of its example; others
+        as they are.
+        """
         if self.reduction != "none":
             return loss
         return axes_op(
@@ -248,7 +275,8 @@ class ClassLoss(Loss):
         )
 
     def _label_mask(self, labels: str) -> tuple[Value | None, Value | None, Value]:
-        """``(keep, ignored, safe)``: which labels count, which are ignored, and labels with ignored ones set to 0.
+        """``(keep, ignored, safe)``: which labels count, which are ignored, and labels with ignored
+        ones set to 0.
 
         Without an ``ignore_index``, ``keep`` and ``ignored`` are None and ``safe`` is the labels.
         """
@@ -276,7 +304,9 @@ class ClassLoss(Loss):
     def _label_weights(
         self, keep: Value | None, class_weight: Value | None, like: str
     ) -> Value | None:
-        """``w_i``: the weight of each label (``weight[y_i]``, 0 when ignored); None when every label weighs 1."""
+        """``w_i``: the weight of each label (``weight[y_i]``, 0 when ignored); None when every
+        label weighs 1.
+        """
         acc = self.accessor
         if keep is None:
             return class_weight
@@ -315,7 +345,8 @@ class ClassLoss(Loss):
     def _weighted_nll(
         self, log_probs: str, labels: str, axis: int, label_smoothing: float = 0.0
     ) -> Value:
-        """Weighted negative log-likelihood (with optional label smoothing), reduced, from ops ORT differentiates.
+        """Weighted negative log-likelihood (with optional label smoothing), reduced, from ops ORT
+        differentiates.
 
         Per element ``i`` with label ``y_i``, weight ``w_i = weight[y_i]`` (0 when ignored)::
 
@@ -343,8 +374,10 @@ class ClassLoss(Loss):
             classes = static_dim(acc, log_probs, axis) or dim_size(acc, log_probs, axis, log_probs)
             per_element = (1 - label_smoothing) * per_element + (label_smoothing / classes) * smooth
         if ignored is not None:
-            # An ignored element is +0.0, as torch: not -(x * 0), which is -0.0 for x >= 0 and NaN for x = -inf.
-            # The kept values are Where's last input: ONNX Runtime's Where turns a -0.0 it takes from X into +0.0.
+            # An ignored element is +0.0, as torch: not -(x * 0), which is -0.0 for x >= 0 and NaN
+            # for x = -inf.
+            # The kept values are Where's last input: ONNX Runtime's Where turns a -0.0 it takes
+            # from X into +0.0.
             per_element = acc.op(
                 "Where", [ignored, self._const(0.0, log_probs, "ignored"), per_element]
             )

@@ -9,7 +9,8 @@ from onnxblocks.losses._base import Loss, as_float_array
 
 
 class BCEWithLogitsLoss(Loss):
-    """Binary cross entropy of ``sigmoid(input)`` and ``target``, like ``torch.nn.BCEWithLogitsLoss``.
+    """Binary cross entropy of ``sigmoid(input)`` and ``target``, like
+    ``torch.nn.BCEWithLogitsLoss``.
 
     Per element, with ``x`` the logit and ``y`` the target (a probability)::
 
@@ -48,7 +49,8 @@ class BCEWithLogitsLoss(Loss):
 
         Raises:
             TypeError: if the logits are not floating point, or the target's dtype differs.
-            ValueError: if ``weight`` or ``pos_weight`` does not broadcast against the logits (e.g. a
+            ValueError: if ``weight`` or ``pos_weight`` does not broadcast against the logits (e.g.
+            a
                 ``pos_weight`` whose length is not the number of classes, the logits' last dim).
         """
         acc = self.accessor

@@ -64,7 +64,8 @@ class CrossEntropyLoss(ClassLoss):
             label_smoothing, (int, float, np.integer, np.floating)
         ):
             raise InvalidTypeError(
-                f"CrossEntropyLoss: label_smoothing must be a number in [0, 1], not {type(label_smoothing).__name__}: "
+                "CrossEntropyLoss: label_smoothing must be a number in [0, 1], not "
+                f"{type(label_smoothing).__name__}: "
                 f"{label_smoothing!r}."
             )
         if not 0.0 <= label_smoothing <= 1.0:
@@ -109,7 +110,9 @@ class CrossEntropyLoss(ClassLoss):
         return self._unbatch(loss) if unbatched else loss
 
     def _fused_layout(self, scores: str, axis: int) -> str | None:
-        """``"direct"`` for ``[N, C, ...]``, ``"flatten"`` for class-last ``[..., C]``, None otherwise."""
+        """``"direct"`` for ``[N, C, ...]``, ``"flatten"`` for class-last ``[..., C]``, None
+        otherwise.
+        """
         shape = self.accessor.shape_of(scores)
         if shape is None:
             return {1: "direct", -1: "flatten"}.get(axis)
@@ -120,7 +123,8 @@ class CrossEntropyLoss(ClassLoss):
         return "flatten" if axis == len(shape) - 1 else None
 
     def _fused(self, scores: str, labels: str, layout: str) -> Value:
-        """ONNX ``SoftmaxCrossEntropyLoss``; ORT's gradient needs its second output (log-probabilities).
+        """ONNX ``SoftmaxCrossEntropyLoss``; ORT's gradient needs its second output
+        (log-probabilities).
 
         A weighted or masked ``"mean"`` is the op's ``"none"`` losses summed and divided
         here: ONNX Runtime 1.19.2's kernel gives 0 when no label counts (every label
@@ -161,7 +165,9 @@ class CrossEntropyLoss(ClassLoss):
         return loss
 
     def _soft_targets(self, scores: str, probabilities: str, axis: int) -> Value:
-        """``-sum_c weight[c] * p[c] * log_softmax(scores)[c]``, optionally smoothed; mean over examples."""
+        """``-sum_c weight[c] * p[c] * log_softmax(scores)[c]``, optionally smoothed; mean over
+        examples.
+        """
         acc = self.accessor
         log_probs = self._log_softmax(scores, axis)
         target = Value(probabilities)

@@ -12,7 +12,8 @@ from onnxblocks.losses._base import Loss, PointwiseLoss
 
 
 def positive_number(owner: str, name: str, value: object, allow_zero: bool = False) -> float:
-    """``value`` as a float, checked to be a real number > 0 (>= 0 with ``allow_zero``); inf is allowed.
+    """``value`` as a float, checked to be a real number > 0 (>= 0 with ``allow_zero``); inf is
+    allowed.
 
     Raises:
         TypeError: if ``value`` is not a real number.

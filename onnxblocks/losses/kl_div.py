@@ -35,7 +35,8 @@ class KLDivLoss(Loss):
         super().__init__(reduction, KL_REDUCTIONS)
         if not isinstance(log_target, (bool, np.bool_)):
             raise InvalidTypeError(
-                f"KLDivLoss: log_target must be True or False, not {type(log_target).__name__}: {log_target!r}."
+                f"KLDivLoss: log_target must be True or False, not {type(log_target).__name__}: "
+                f"{log_target!r}."
             )
         self._log_target = bool(log_target)
 

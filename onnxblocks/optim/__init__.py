@@ -1,4 +1,5 @@
-"""Optimizers: the torch.optim family (SGD, Adam, AdamW, Adagrad, RMSprop), Lamb, parameter groups, gradient clipping.
+"""Optimizers: the torch.optim family (SGD, Adam, AdamW, Adagrad, RMSprop), Lamb, parameter groups,
+gradient clipping.
 
 Build one inside ``with onnxblocks.empty_base():`` by calling it with the
 ``(trainable, frozen)`` parameters, then take ``.to_model_proto()``; or pass it to

@@ -1,4 +1,5 @@
-"""Drop-in counterparts of ``onnxruntime.training.onnxblock.optim`` with the same defaults and signatures.
+"""Drop-in counterparts of ``onnxruntime.training.onnxblock.optim`` with the same defaults and
+signatures.
 
 The reference's optimizers follow Hugging Face's AdamW (``adam_mode=1``) with
 ``eps=1e-6`` and ``weight_decay=0.0``; onnxblocks' own :class:`~onnxblocks.optim.AdamW`
@@ -90,8 +91,10 @@ class SGDOptimizer(SGDUpdate):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if "gradients_name" in kwargs or "params_name" in kwargs:
             warnings.warn(
-                "SGDOptimizer keeps the reference's argument order: the 2nd argument ('gradients_name') goes into "
-                "the parameter slot and the 3rd ('params_name') into the gradient slot. Pass them positionally as "
+                "SGDOptimizer keeps the reference's argument order: the 2nd argument "
+                "('gradients_name') goes into "
+                "the parameter slot and the 3rd ('params_name') into the gradient slot. Pass "
+                "them positionally as "
                 "(learning_rate, params, gradients), or use onnxblocks.optim.sgd.SGDUpdate.",
                 UserWarning,
                 stacklevel=2,

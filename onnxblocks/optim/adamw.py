@@ -76,8 +76,10 @@ class AdamWUpdate(Block):
             )
         if mode == "torch" and not bias_correction:
             raise InvalidValueError(
-                "AdamW(mode='torch') always corrects the moments' bias, as torch.optim.AdamW does; ONNX Runtime's "
-                "kernel refuses bias_correction=False in this mode. Use mode='hf' for an AdamW without bias "
+                "AdamW(mode='torch') always corrects the moments' bias, as torch.optim.AdamW "
+                "does; ONNX Runtime's "
+                "kernel refuses bias_correction=False in this mode. Use mode='hf' for an AdamW "
+                "without bias "
                 "correction."
             )
         self.betas = _check_hyperparameters(betas, eps, weight_decay)
@@ -130,7 +132,8 @@ class AdamW(Optimizer):
         betas: ``(beta1, beta2)``.
         eps: Denominator term for numerical stability.
         weight_decay: Decoupled weight decay coefficient.
-        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or None.
+        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or
+        None.
         mode: ``"torch"`` (``adam_mode=0``, torch.optim.AdamW) or ``"hf"`` (``adam_mode=1``,
             Hugging Face AdamW, which is what ``onnxruntime.training.onnxblock.optim.AdamW`` emits).
 
@@ -172,11 +175,14 @@ class AdamW(Optimizer):
         )
         if self.standard is not None and mode != "torch":
             raise InvalidValueError(
-                "AdamW amsgrad, maximize and param_groups follow torch.optim.AdamW: use mode='torch' with them."
+                "AdamW amsgrad, maximize and param_groups follow torch.optim.AdamW: use "
+                "mode='torch' with them."
             )
 
     def build(self, parameters: Any) -> Any:
-        """ONNX Runtime's ``AdamWOptimizer`` model, or the standard-op one with amsgrad, maximize or groups."""
+        """ONNX Runtime's ``AdamWOptimizer`` model, or the standard-op one with amsgrad, maximize
+        or groups.
+        """
         if self.standard is not None:
             return self.standard.build(parameters)
         return super().build(parameters)

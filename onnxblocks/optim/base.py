@@ -60,7 +60,8 @@ def as_clip(clip_grad: ClipGradNorm | float | None) -> ClipGradNorm | None:
     if isinstance(clip_grad, (int, float)) and not isinstance(clip_grad, bool):
         return ClipGradNorm(clip_grad)
     raise InvalidTypeError(
-        f"clip_grad must be a ClipGradNorm block, a max norm (float) or None, not {type(clip_grad).__name__}."
+        "clip_grad must be a ClipGradNorm block, a max norm (float) or None, not "
+        f"{type(clip_grad).__name__}."
     )
 
 
@@ -75,8 +76,10 @@ def parameter_elem_type(parameters: Any) -> int:
     """
     if not (isinstance(parameters, (tuple, list)) and len(parameters) == 2):
         raise InvalidTypeError(
-            "parameters must be a (trainable, frozen) pair of sequences of parameters (onnx.TensorProto or "
-            f"onnxblocks TensorSource), not {type(parameters).__name__}. Pass the pair returned by the artifact "
+            "parameters must be a (trainable, frozen) pair of sequences of parameters "
+            "(onnx.TensorProto or "
+            f"onnxblocks TensorSource), not {type(parameters).__name__}. Pass the pair returned "
+            "by the artifact "
             "builder, e.g. (trainable_params, frozen_params)."
         )
     trainable = parameters[0]
@@ -94,7 +97,8 @@ def parameter_elem_type(parameters: Any) -> int:
         name, data_type = getattr(param, "name", None), getattr(param, "data_type", None)
         if not isinstance(name, str) or not isinstance(data_type, int):
             raise InvalidTypeError(
-                f"Each trainable parameter needs a str .name and an int .data_type (onnx.TensorProto or "
+                "Each trainable parameter needs a str .name and an int .data_type "
+                "(onnx.TensorProto or "
                 f"TensorSource); got {type(param).__name__}."
             )
         if data_type not in FLOAT_TYPES:
@@ -104,15 +108,19 @@ def parameter_elem_type(parameters: Any) -> int:
                 else str(data_type)
             )
             raise InvalidValueError(
-                f"Trainable parameter '{name}' has element type {dtype}; the optimizer ops update only "
-                f"{sorted(FLOAT_TYPES.values())} parameters. Freeze it (move it to the frozen list) or cast it."
+                f"Trainable parameter '{name}' has element type {dtype}; the optimizer ops "
+                "update only "
+                f"{sorted(FLOAT_TYPES.values())} parameters. Freeze it (move it to the frozen "
+                "list) or cast it."
             )
         if first is None:
             first = (name, data_type)
         elif data_type != first[1]:
             raise InvalidValueError(
-                f"Trainable parameters must share one element type, but '{first[0]}' is {FLOAT_TYPES[first[1]]} "
-                f"and '{name}' is {FLOAT_TYPES[data_type]}. Cast them to one type, or freeze one of them."
+                f"Trainable parameters must share one element type, but '{first[0]}' is "
+                f"{FLOAT_TYPES[first[1]]} "
+                f"and '{name}' is {FLOAT_TYPES[data_type]}. Cast them to one type, or freeze one "
+                "of them."
             )
     assert first is not None
     return first[1]
@@ -129,8 +137,10 @@ def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
         if existing is not None and existing.type.WhichOneof("value") == "sequence_type":
             return Value(name)
         raise InvalidValueError(
-            f"{acc.where()}the optimizer needs a graph input '{name}' (a sequence of tensors), but the model "
-            "already has a different value of that name. Build optimizers with onnxblocks.empty_base()."
+            f"{acc.where()}the optimizer needs a graph input '{name}' (a sequence of tensors), "
+            "but the model "
+            "already has a different value of that name. Build optimizers with "
+            "onnxblocks.empty_base()."
         )
     acc.working_model.graph.input.append(
         onnx.helper.make_tensor_sequence_value_info(name, elem_type, None)
@@ -139,7 +149,8 @@ def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
 
 
 class Optimizer(ForwardBlock):
-    """Base class of the optimizer-model blocks (:class:`~onnxblocks.optim.AdamW`, :class:`~onnxblocks.optim.SGD`).
+    """Base class of the optimizer-model blocks (:class:`~onnxblocks.optim.AdamW`,
+    :class:`~onnxblocks.optim.SGD`).
 
     Call the block with ``(trainable, frozen)`` parameters inside
     ``with onnxblocks.empty_base():``; then :meth:`to_model_proto` returns the
@@ -158,7 +169,8 @@ class Optimizer(ForwardBlock):
         self.clip_grad = as_clip(clip_grad)
 
     def build(self, parameters: Any) -> Value:
-        """Declare the optimizer inputs, clip the gradients if asked, add the update, return its flag.
+        """Declare the optimizer inputs, clip the gradients if asked, add the update, return its
+        flag.
 
         Args:
             parameters: ``(trainable, frozen)``: sequences of ``onnx.TensorProto`` or

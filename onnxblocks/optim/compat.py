@@ -11,7 +11,8 @@ import warnings
 from onnxblocks.optim._reference import AdamWOptimizer, ReferenceAdamW, ReferenceSGD, SGDOptimizer
 
 warnings.warn(
-    "onnxblocks.optim.compat is deprecated: import ReferenceAdamW, ReferenceSGD, AdamWOptimizer and SGDOptimizer "
+    "onnxblocks.optim.compat is deprecated: import ReferenceAdamW, ReferenceSGD, AdamWOptimizer "
+    "and SGDOptimizer "
     "from onnxblocks.compat.",
     DeprecationWarning,
     stacklevel=2,

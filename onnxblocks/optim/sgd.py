@@ -29,7 +29,8 @@ class SGDUpdate(Block):
         raw = contrib.SGD_OPTIMIZER_V2.emit(
             [learning_rate, params, gradients], outputs=[acc.names.fresh("sgd.update_completed")]
         )
-        # the op's flag has no consistent shape in ONNX Runtime (inferred [], returned [1]): a Reshape states it
+        # the op's flag has no consistent shape in ONNX Runtime (inferred [], returned [1]): a
+        # Reshape states it
         shape = acc.constant(np.array([1], dtype=np.int64), name_hint="sgd.flag_shape")
         out = acc.op("Reshape", [raw, shape], outputs=[acc.names.fresh("sgd.updated_flag")])
         assert isinstance(out, Value)
@@ -37,7 +38,8 @@ class SGDUpdate(Block):
 
 
 class SGD(Optimizer):
-    """``torch.optim.SGD``: plain, or with momentum, dampening, Nesterov, weight decay and parameter groups.
+    """``torch.optim.SGD``: plain, or with momentum, dampening, Nesterov, weight decay and parameter
+    groups.
 
     Plain SGD (the defaults, no groups) is ONNX Runtime's ``SGDOptimizerV2``: the
     model declares every input ONNX Runtime's training API requires (``learning_rate``,
@@ -46,7 +48,8 @@ class SGD(Optimizer):
     (:class:`~onnxblocks.optim.standard.StandardOptimizer`).
 
     Args:
-        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or None.
+        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or
+        None.
         lr: The default group's learning rate (the session's learning rate replaces it at run time;
             groups' absolute ``lr`` keep their ratio to it).
         momentum, dampening, weight_decay, nesterov, maximize: As ``torch.optim.SGD``'s.

@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 
 
 def rule(algorithm: str) -> Rule:
-    """The rule of :mod:`onnxblocks.portable.rules`, imported on first use (``import onnxblocks`` skips onnx-ir)."""
+    """The rule of :mod:`onnxblocks.portable.rules`, imported on first use (``import onnxblocks``
+    skips onnx-ir).
+    """
     import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if symbolic dims are computed with
     from onnxblocks.portable.rules import rule as find
 
@@ -74,7 +76,8 @@ class NormBiasParams:
 
 
 def no_decay_norm_bias(**hyper: Any) -> list[dict[str, Any]]:
-    """The parameter groups of the usual fine-tuning recipe: no weight decay on biases and normalisation weights.
+    """The parameter groups of the usual fine-tuning recipe: no weight decay on biases and
+    normalisation weights.
 
     Example:
         >>> AdamW(weight_decay=0.01, param_groups=no_decay_norm_bias())
@@ -97,19 +100,22 @@ def _flag(value: Any, what: str) -> bool:
 
 
 def check_hyper(algorithm: str, hyper: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """``hyper`` checked against the algorithm's hyperparameters and torch's ranges, as plain Python values.
+    """``hyper`` checked against the algorithm's hyperparameters and torch's ranges, as plain Python
+    values.
 
     Raises:
         UnknownNameError: for a hyperparameter the algorithm does not have.
         InvalidTypeError: for a value of the wrong kind.
-        InvalidValueError: for a value out of torch's range, or ``nesterov`` without momentum or with dampening.
+        InvalidValueError: for a value out of torch's range, or ``nesterov`` without momentum or
+        with dampening.
     """
     defaults = rule(algorithm).defaults
     out: dict[str, Any] = {}
     for key, value in hyper.items():
         if key not in defaults:
             raise UnknownNameError(
-                f"{where}: {algorithm} has no hyperparameter {key!r}; it has {sorted(defaults)} (and lr)."
+                f"{where}: {algorithm} has no hyperparameter {key!r}; it has {sorted(defaults)} "
+                "(and lr)."
                 f"{did_you_mean(key, defaults)}"
             )
         what = f"{where} {key}"
@@ -137,19 +143,24 @@ def check_hyper(algorithm: str, hyper: Mapping[str, Any], where: str) -> dict[st
 
 
 class StandardOptimizer(Optimizer):
-    """An optimizer of the torch.optim family in standard ops, with parameter groups (see the module docs).
+    """An optimizer of the torch.optim family in standard ops, with parameter groups (see the module
+    docs).
 
     Args:
         algorithm: A rule of :mod:`onnxblocks.portable.rules` (``"sgd"``, ``"adam"``, ...).
         hyper: The default group's hyperparameters (the rule's defaults fill the rest).
         lr: The default group's learning rate, to which groups' absolute ``lr`` are relative.
         param_groups: Parameter groups, each a dict with ``"params"`` (names or a name predicate),
-            optionally ``"lr"`` or ``"lr_scale"``, ``"max_grad_norm"`` (clip this group's gradients by
-            their joint L2 norm, after the global ``clip_grad``), and hyperparameters of the algorithm.
+            optionally ``"lr"`` or ``"lr_scale"``, ``"max_grad_norm"`` (clip this group's gradients
+            by
+            their joint L2 norm, after the global ``clip_grad``), and hyperparameters of the
+            algorithm.
         clip_grad: Clip the gradients' global L2 norm first.
         owner: The class name errors and ``repr`` give (default: this class's).
-        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double, so the
-            numbers are torch's to the last bit or so); False writes them in float32 (about 2x fewer passes
+        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double, so
+        the
+            numbers are torch's to the last bit or so); False writes them in float32 (about 2x fewer
+            passes
             over memory, an ulp apart per step: ``benchmarks/bench_optim_rules.py``).
 
     Raises:
@@ -187,7 +198,8 @@ class StandardOptimizer(Optimizer):
         params = group["params"]
         if isinstance(params, str) or not (callable(params) or isinstance(params, Sequence)):
             raise InvalidTypeError(
-                f"{where}['params'] must be a list of parameter names or a predicate over names, not "
+                f"{where}['params'] must be a list of parameter names or a predicate over names, "
+                "not "
                 f"{type(params).__name__} {params!r:.60}."
             )
         if not callable(params) and not all(isinstance(p, str) for p in params):
@@ -232,12 +244,14 @@ class StandardOptimizer(Optimizer):
                 for n in chosen:
                     if n not in known:
                         raise UnknownNameError(
-                            f"{self._owner} param_groups[{index - 1}] names '{n}', which is not a trainable "
+                            f"{self._owner} param_groups[{index - 1}] names '{n}', which is not "
+                            "a trainable "
                             f"parameter.{did_you_mean(n, names)}"
                         )
                     if n in owner:
                         raise InvalidValueError(
-                            f"'{n}' is in param_groups[{owner[n] - 1}] and param_groups[{index - 1}]; a parameter "
+                            f"'{n}' is in param_groups[{owner[n] - 1}] and "
+                            f"param_groups[{index - 1}]; a parameter "
                             "belongs to one group (as in torch)."
                         )
                 takes = list(chosen)
@@ -261,7 +275,8 @@ class StandardOptimizer(Optimizer):
         )
 
     def build(self, parameters: Any) -> list[Value]:  # type: ignore[override]
-        """Declare the optimizer inputs and write the update in standard ops; return the updated sequences.
+        """Declare the optimizer inputs and write the update in standard ops; return the updated
+        sequences.
 
         Args:
             parameters: ``(trainable, frozen)``, as for :class:`~onnxblocks.optim.base.Optimizer`.
@@ -304,7 +319,8 @@ class StandardOptimizer(Optimizer):
 
 
 class Adam(StandardOptimizer):
-    """``torch.optim.Adam``: L2 weight decay added to the gradient, optional amsgrad, in standard ops.
+    """``torch.optim.Adam``: L2 weight decay added to the gradient, optional amsgrad, in standard
+    ops.
 
     Args:
         lr: The default group's learning rate (the session's learning rate replaces it at run time).
@@ -338,7 +354,8 @@ class Adam(StandardOptimizer):
 
 
 class Lamb(StandardOptimizer):
-    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning", Algorithm 2) in standard ops.
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning", Algorithm 2) in
+    standard ops.
 
     Per parameter tensor, with Adam's moments ``m``, ``v`` (bias-corrected unless
     ``bias_correction=False``, which is ONNX Runtime's ``LambOptimizer`` default)::

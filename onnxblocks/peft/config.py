@@ -59,11 +59,15 @@ _REFUSED: dict[str, Any] = {
 #: What each refused option would need, for the error message.
 _REFUSAL_HINTS: dict[str, str] = {
     "use_dora": "DoRA adds a magnitude vector and a norm of W + BA to each layer",
-    "use_rslora": "rsLoRA scales by lora_alpha / sqrt(r); for that scale, set lora_alpha to lora_alpha * sqrt(r)",
-    "rank_pattern": "per-module ranks; give one r for all targets (or apply LoRA per group of modules)",
+    "use_rslora": "rsLoRA scales by lora_alpha / sqrt(r); for that scale, set lora_alpha to "
+    "lora_alpha * sqrt(r)",
+    "rank_pattern": "per-module ranks; give one r for all targets (or apply LoRA per group of "
+    "modules)",
     "alpha_pattern": "per-module alphas; give one lora_alpha for all targets",
-    "layers_to_transform": "use a target_modules regex such as r'.*\\.layers\\.(0|1)\\.self_attn\\.q_proj'",
-    "modules_to_save": "train those modules as full parameters with generate_artifacts(requires_grad=...) instead",
+    "layers_to_transform": "use a target_modules regex such as "
+    "r'.*\\.layers\\.(0|1)\\.self_attn\\.q_proj'",
+    "modules_to_save": "train those modules as full parameters with "
+    "generate_artifacts(requires_grad=...) instead",
     "lora_bias": "LoRA's own bias on lora_B",
     "target_parameters": "LoRA on nn.Parameter targets (MoE experts)",
 }
@@ -85,7 +89,9 @@ _INIT_CHOICES = (True, False, "gaussian")
 
 
 def _is_off(value: Any, off: Any) -> bool:
-    """True if ``value`` is the "off" value ``off`` of a PEFT option (None and empty containers count as off)."""
+    """True if ``value`` is the "off" value ``off`` of a PEFT option (None and empty containers
+    count as off).
+    """
     if value is None or value == off:
         return True
     return (
@@ -111,7 +117,8 @@ def _targets(value: Any, parameter: str) -> tuple[str, ...] | str | None:
         for name in names:
             if not isinstance(name, str) or not name:
                 raise InvalidTypeError(
-                    f"LoraConfig {parameter} must hold non-empty module names (str), got {name!r} in {value!r}"
+                    f"LoraConfig {parameter} must hold non-empty module names (str), got "
+                    f"{name!r} in {value!r}"
                 )
         if not names:
             raise InvalidValueError(
@@ -119,7 +126,8 @@ def _targets(value: Any, parameter: str) -> tuple[str, ...] | str | None:
             )
         return names
     raise InvalidTypeError(
-        f"LoraConfig {parameter} must be a list of module names, a regex string or None, got {type(value).__name__}"
+        f"LoraConfig {parameter} must be a list of module names, a regex string or None, got "
+        f"{type(value).__name__}"
     )
 
 
@@ -127,7 +135,8 @@ def _targets(value: Any, parameter: str) -> tuple[str, ...] | str | None:
 class LoraConfig:
     """LoRA adapters for an exported model, with Hugging Face PEFT's option names and meaning.
 
-    Each target layer ``y = x @ W^T`` becomes ``y = x @ W^T + dropout(x) @ A^T @ B^T * (lora_alpha / r)``
+    Each target layer ``y = x @ W^T`` becomes ``y = x @ W^T + dropout(x) @ A^T @ B^T * (lora_alpha /
+    r)``
     with ``A`` of shape ``[r, in_features]`` (initialised as PEFT does) and ``B`` of shape
     ``[out_features, r]`` (zero), the only trainable tensors. See docs/lora.md.
 
@@ -140,17 +149,23 @@ class LoraConfig:
         r: The rank of the adapters (a positive int).
         lora_alpha: The scale numerator: the adapter branch is multiplied by ``lora_alpha / r``.
         target_modules: The torch modules to adapt: a list of names, each matching a module whose
-            path is that name or ends with ``.name`` (``"q_proj"`` matches ``model.layers.0.self_attn.q_proj``),
-            or one regex string matched against the whole module path, or ``"all-linear"`` (every Linear
-            layer but the output layer). None (PEFT's per-architecture default) is refused when LoRA is
+            path is that name or ends with ``.name`` (``"q_proj"`` matches
+            ``model.layers.0.self_attn.q_proj``),
+            or one regex string matched against the whole module path, or ``"all-linear"`` (every
+            Linear
+            layer but the output layer). None (PEFT's per-architecture default) is refused when LoRA
+            is
             applied: name the modules.
         exclude_modules: Modules never adapted, by the same rule.
         lora_dropout: Dropout probability on the adapter branch's input, in the training graph only.
-        fan_in_fan_out: True for layers that store their weight as ``[in, out]`` (GPT-2's ``Conv1D``).
-            onnxblocks reads the layout from the graph; this flag is kept so the saved config matches PEFT's.
+        fan_in_fan_out: True for layers that store their weight as ``[in, out]`` (GPT-2's
+        ``Conv1D``).
+            onnxblocks reads the layout from the graph; this flag is kept so the saved config
+            matches PEFT's.
         bias: Only ``"none"`` (no bias is trained).
         init_lora_weights: ``True`` (PEFT's default: A kaiming-uniform, B zero), ``"gaussian"``
-            (A normal with std ``1 / r``, B zero) or ``False`` (A and B both as a fresh ``nn.Linear``'s weight).
+            (A normal with std ``1 / r``, B zero) or ``False`` (A and B both as a fresh
+            ``nn.Linear``'s weight).
         task_type: Kept for the saved ``adapter_config.json`` (``"CAUSAL_LM"``...), else unused.
         base_model_name_or_path: Kept for the saved ``adapter_config.json``, else unused.
         revision: Kept for the saved ``adapter_config.json``, else unused.
@@ -158,7 +173,8 @@ class LoraConfig:
 
     Raises:
         InvalidTypeError: an option of the wrong kind.
-        InvalidValueError: an option out of range (``r < 1``, dropout outside ``[0, 1)``, ``bias != "none"``...).
+        InvalidValueError: an option out of range (``r < 1``, dropout outside ``[0, 1)``, ``bias !=
+        "none"``...).
     """
 
     r: int = 8
@@ -204,14 +220,16 @@ class LoraConfig:
                 )
         if self.bias != "none":
             raise InvalidValueError(
-                f"LoraConfig bias={self.bias!r} is not supported: onnxblocks trains no bias with LoRA; use bias='none' "
+                f"LoraConfig bias={self.bias!r} is not supported: onnxblocks trains no bias with "
+                "LoRA; use bias='none' "
                 "(to train biases, list them in generate_artifacts(requires_grad=...))"
             )
         if self.init_lora_weights not in _INIT_CHOICES or (
             isinstance(self.init_lora_weights, int) and not isinstance(self.init_lora_weights, bool)
         ):
             raise InvalidValueError(
-                f"LoraConfig init_lora_weights={self.init_lora_weights!r} is not supported: use True (PEFT's default), "
+                f"LoraConfig init_lora_weights={self.init_lora_weights!r} is not supported: use "
+                "True (PEFT's default), "
                 "'gaussian' or False, then load trained adapters if you need another start"
             )
         object.__setattr__(self, "target_modules", _targets(self.target_modules, "target_modules"))
@@ -231,7 +249,8 @@ class LoraConfig:
         return float(self.lora_alpha) / self.r
 
     def to_peft_dict(self) -> dict[str, Any]:
-        """What PEFT writes in ``adapter_config.json`` for this config (``peft.LoraConfig`` reads it back).
+        """What PEFT writes in ``adapter_config.json`` for this config (``peft.LoraConfig`` reads it
+        back).
 
         Returns:
             A JSON-serialisable dict: the supported options, the refused ones at their "off" values,
@@ -277,7 +296,8 @@ class LoraConfig:
 
     @classmethod
     def from_peft_dict(cls, data: Mapping[str, Any]) -> LoraConfig:
-        """Read a PEFT LoRA config (the content of ``adapter_config.json``, or ``peft.LoraConfig.to_dict()``).
+        """Read a PEFT LoRA config (the content of ``adapter_config.json``, or
+        ``peft.LoraConfig.to_dict()``).
 
         Args:
             data: The dict.
@@ -295,7 +315,8 @@ class LoraConfig:
         peft_type = data.get("peft_type", "LORA")
         if str(getattr(peft_type, "value", peft_type)).upper() != "LORA":
             raise InvalidValueError(
-                f"PEFT config has peft_type={peft_type!r}: onnxblocks reads LoRA configs only (peft_type 'LORA')"
+                f"PEFT config has peft_type={peft_type!r}: onnxblocks reads LoRA configs only "
+                "(peft_type 'LORA')"
             )
         kwargs: dict[str, Any] = {}
         known = {
@@ -328,8 +349,10 @@ class LoraConfig:
                 continue
             elif not _is_off(value, None) and value is not False:
                 raise InvalidValueError(
-                    f"PEFT option {key}={value!r} is unknown to onnxblocks{did_you_mean(key, sorted(known))}: "
-                    "remove it or set it to null if it only selects a feature onnxblocks does not use"
+                    f"PEFT option {key}={value!r} is unknown to "
+                    f"onnxblocks{did_you_mean(key, sorted(known))}: "
+                    "remove it or set it to null if it only selects a feature onnxblocks does "
+                    "not use"
                 )
             else:
                 extra.append((key, value))

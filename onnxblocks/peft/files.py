@@ -1,4 +1,5 @@
-"""PEFT adapter directories: ``adapter_model.safetensors`` and ``adapter_config.json``, without torch or peft.
+"""PEFT adapter directories: ``adapter_model.safetensors`` and ``adapter_config.json``, without
+torch or peft.
 
 ``peft.PeftModel.from_pretrained(base_model, directory)`` loads what :func:`write_adapters`
 writes, and :func:`read_adapters` reads what ``PeftModel.save_pretrained(directory)`` writes.
@@ -46,9 +47,11 @@ __all__ = [
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 #: The config's file in a PEFT directory.
 ADAPTER_CONFIG_FILE = "adapter_config.json"
-#: What PEFT puts before a module path in its saved keys (``PeftModel`` wraps ``LoraModel`` wraps the model).
+#: What PEFT puts before a module path in its saved keys (``PeftModel`` wraps ``LoraModel`` wraps
+#: the model).
 _KEY_PREFIX = "base_model.model."
-#: Dtypes a PEFT file may store adapters in; they are read as float32 (the adapters' dtype in onnxblocks).
+#: Dtypes a PEFT file may store adapters in; they are read as float32 (the adapters' dtype in
+#: onnxblocks).
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64))
 
 
@@ -86,7 +89,8 @@ def write_adapters(
     Args:
         directory: The directory (created if missing, with its parents).
         info: The model's LoRA record (:func:`onnxblocks.peft.lora_info`).
-        adapters: The current adapters by initializer name (``info``'s ``lora_A`` / ``lora_B`` names).
+        adapters: The current adapters by initializer name (``info``'s ``lora_A`` / ``lora_B``
+        names).
 
     Returns:
         The directory.
@@ -104,7 +108,8 @@ def write_adapters(
     for key, (name, shape) in _keys(info).items():
         if name not in adapters:
             raise InvalidValueError(
-                f"write_adapters: no value for adapter '{name}' (module key '{key}'); pass every adapter of the model."
+                f"write_adapters: no value for adapter '{name}' (module key '{key}'); pass every "
+                "adapter of the model."
             )
         array = np.ascontiguousarray(adapters[name], dtype=np.float32)
         if array.shape != shape:
@@ -132,18 +137,22 @@ def check_compatible(config: LoraConfig, info: LoraInfo, where: str) -> None:
     weights file are checked against the model's targets one by one instead.
 
     Raises:
-        InvalidValueError: for another ``r`` or another scale ``lora_alpha / r`` (the message names both).
+        InvalidValueError: for another ``r`` or another scale ``lora_alpha / r`` (the message names
+        both).
     """
     own = info.config
     if config.r != own.r:
         raise InvalidValueError(
-            f"{where}: the adapters have rank r={config.r}, the model's have r={own.r}. Generate the artifacts "
+            f"{where}: the adapters have rank r={config.r}, the model's have r={own.r}. Generate "
+            "the artifacts "
             f"with LoraConfig(r={config.r}, ...) to use them."
         )
     if not np.isclose(config.scaling, own.scaling, rtol=1e-6, atol=0.0):
         raise InvalidValueError(
-            f"{where}: the adapters' scale lora_alpha / r is {config.lora_alpha} / {config.r} = {config.scaling:g}, "
-            f"the model's {own.lora_alpha} / {own.r} = {own.scaling:g}. Generate the artifacts with "
+            f"{where}: the adapters' scale lora_alpha / r is {config.lora_alpha} / {config.r} = "
+            f"{config.scaling:g}, "
+            f"the model's {own.lora_alpha} / {own.r} = {own.scaling:g}. Generate the artifacts "
+            "with "
             f"LoraConfig(lora_alpha={config.lora_alpha}, ...) to use them."
         )
 
@@ -177,15 +186,20 @@ def read_adapters(directory: str | os.PathLike, info: LoraInfo) -> dict[str, np.
                 f"'{folder}' is a file; pass the PEFT adapter directory that holds it."
             )
         raise FileMissingError(
-            f"No PEFT adapter directory at '{folder}'. Pass a directory written by save_adapters or "
+            f"No PEFT adapter directory at '{folder}'. Pass a directory written by save_adapters "
+            "or "
             "PeftModel.save_pretrained."
         )
     config_path, weights_path = folder / ADAPTER_CONFIG_FILE, folder / ADAPTER_WEIGHTS_FILE
     for path in (config_path, weights_path):
         if not path.is_file():
-            extra = " (adapter_model.bin, torch's pickle, is not read: save with safe_serialization=True)"
+            extra = (
+                " (adapter_model.bin, torch's pickle, is not read: save with "
+                "safe_serialization=True)"
+            )
             raise FileMissingError(
-                f"'{folder}' has no {path.name}{extra if path == weights_path else ''}; a PEFT adapter directory "
+                f"'{folder}' has no {path.name}{extra if path == weights_path else ''}; a PEFT "
+                "adapter directory "
                 f"holds {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}."
             )
     config = LoraConfig.from_json_file(
@@ -201,13 +215,15 @@ def read_adapters(directory: str | os.PathLike, info: LoraInfo) -> dict[str, np.
     if unknown:
         raise InvalidValueError(
             f"'{weights_path}' holds tensors the model has no adapter for: {preview(unknown)}."
-            f"{did_you_mean(unknown[0], list(expected))} The model's adapters are {preview(list(expected))}; "
+            f"{did_you_mean(unknown[0], list(expected))} The model's adapters are "
+            f"{preview(list(expected))}; "
             "train the adapters on the same modules (target_modules) as the artifacts."
         )
     missing = [key for key in expected if key not in stored]
     if missing:
         raise InvalidValueError(
-            f"'{weights_path}' lacks the adapters of {len(missing)} module(s) the model adapts: {preview(missing)}. "
+            f"'{weights_path}' lacks the adapters of {len(missing)} module(s) the model adapts: "
+            f"{preview(missing)}. "
             "Generate the artifacts with the target_modules the adapters were trained on."
         )
     out: dict[str, np.ndarray] = {}
@@ -215,12 +231,14 @@ def read_adapters(directory: str | os.PathLike, info: LoraInfo) -> dict[str, np.
         array = tensors[stored[key]]
         if array.dtype not in _FLOAT_DTYPES:
             raise InvalidTypeError(
-                f"'{weights_path}': tensor '{stored[key]}' is {array.dtype}; adapters are floating point "
+                f"'{weights_path}': tensor '{stored[key]}' is {array.dtype}; adapters are "
+                "floating point "
                 "(F32, F16, BF16 or F64)."
             )
         if array.shape != shape:
             raise InvalidValueError(
-                f"'{weights_path}': tensor '{stored[key]}' has shape {list(array.shape)}; the model's adapter "
+                f"'{weights_path}': tensor '{stored[key]}' has shape {list(array.shape)}; the "
+                "model's adapter "
                 f"'{name}' is {list(shape)} (lora_A is [r, in_features], lora_B [out_features, r])."
             )
         if not np.isfinite(array).all():

@@ -44,7 +44,8 @@ class LoraTarget:
     Attributes:
         module: The torch module path (``model.layers.0.self_attn.q_proj``), PEFT's key stem.
         weight: The base weight's initializer name in the graph.
-        weight_layout: ``"out_in"`` (``[out, in]``, nn.Linear) or ``"in_out"`` (``[in, out]``) in the graph.
+        weight_layout: ``"out_in"`` (``[out, in]``, nn.Linear) or ``"in_out"`` (``[in, out]``) in
+        the graph.
         node: The name of the MatMul or Gemm node that applies the weight.
         in_features: The layer's input width.
         out_features: The layer's output width.
@@ -91,7 +92,9 @@ class LoraInfo:
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
-        """Every adapter initializer's name (``lora_A`` then ``lora_B`` of each target, in order)."""
+        """Every adapter initializer's name (``lora_A`` then ``lora_B`` of each target, in
+        order).
+        """
         return tuple(name for t in self.targets.values() for name in (t.lora_A, t.lora_B))
 
     def to_json(self) -> str:

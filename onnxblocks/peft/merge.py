@@ -34,7 +34,8 @@ __all__ = ["fold", "merge_lora", "strip_adapter_branches"]
 
 #: Ops a base weight may pass through before its MatMul or Gemm (a transposed or cast frozen base).
 _WEIGHT_PATH_OPS = frozenset({"Transpose", "Cast", "Identity", "CastLike", "Reshape"})
-#: Most nodes an adapter branch may have (x @ A^T @ B^T * s, dropout, casts...); a guard, not a limit in practice.
+#: Most nodes an adapter branch may have (x @ A^T @ B^T * s, dropout, casts...); a guard, not a
+#: limit in practice.
 _MAX_BRANCH_NODES = 64
 
 
@@ -44,14 +45,16 @@ def fold(
     """``weight + scale * B @ A`` in ``weight``'s layout and dtype.
 
     Args:
-        weight: The base weight as the graph stores it: ``[out, in]`` (``layout="out_in"``) or ``[in, out]``.
+        weight: The base weight as the graph stores it: ``[out, in]`` (``layout="out_in"``) or
+        ``[in, out]``.
         lora_a: ``[r, in]``.
         lora_b: ``[out, r]``.
         scale: ``lora_alpha / r``.
         layout: ``"out_in"`` or ``"in_out"``.
 
     Returns:
-        The merged weight, same shape and dtype as ``weight`` (computed in float32, or float64 for a float64 base).
+        The merged weight, same shape and dtype as ``weight`` (computed in float32, or float64 for a
+        float64 base).
 
     Raises:
         InvalidValueError: if the shapes do not fit each other.
@@ -67,7 +70,8 @@ def fold(
         delta = delta.T
     if weight.shape != delta.shape:
         raise InvalidValueError(
-            f"the base weight has shape {list(weight.shape)} ({layout}), the adapters B @ A give {list(delta.shape)}."
+            f"the base weight has shape {list(weight.shape)} ({layout}), the adapters B @ A give "
+            f"{list(delta.shape)}."
         )
     return (weight.astype(wide) + delta).astype(weight.dtype)
 
@@ -95,7 +99,9 @@ def _weight_anchors(graph: ir.Graph, weight: ir.Value, target: LoraTarget) -> se
 def _strip_one(
     graph: ir.Graph, values: Mapping[str, ir.Value], module: str, target: LoraTarget
 ) -> bool:
-    """Remove the adapter branch of one target; False when the cut graph no longer holds the layer."""
+    """Remove the adapter branch of one target; False when the cut graph no longer holds the
+    layer.
+    """
     a, b, weight = values.get(target.lora_A), values.get(target.lora_B), values.get(target.weight)
     if a is None and b is None:
         return False
@@ -106,7 +112,8 @@ def _strip_one(
             if v is None
         ]
         raise InvalidValueError(
-            f"Cannot merge the adapters of '{module}': the graph has no value {missing}. The model's "
+            f"Cannot merge the adapters of '{module}': the graph has no value {missing}. The "
+            "model's "
             f"'{LORA_METADATA}' metadata does not match its graph; apply LoRA again."
         )
     anchors = _weight_anchors(graph, weight, target)
@@ -157,7 +164,8 @@ def strip_adapter_branches(model: ir.Model, info: LoraInfo) -> list[LoraTarget]:
         info: Its LoRA record.
 
     Returns:
-        The targets whose branch was removed: fold their adapters into their ``weight`` (:func:`fold`).
+        The targets whose branch was removed: fold their adapters into their ``weight``
+        (:func:`fold`).
 
     Raises:
         InvalidValueError: if the graph does not have the branch the record describes.
@@ -192,12 +200,14 @@ def merge_lora(
     *,
     base_dir: str | os.PathLike | None = None,
 ) -> onnx.ModelProto:
-    """A copy of ``model`` with its LoRA adapters folded into the base weights (PEFT's ``merge_and_unload``).
+    """A copy of ``model`` with its LoRA adapters folded into the base weights (PEFT's
+    ``merge_and_unload``).
 
     Args:
         model: A model with LoRA adapters (``onnxblocks.lora`` metadata). It is not changed.
         adapters: Adapter values by initializer name; default: the model's own initializers.
-        base_dir: The directory external data locations are relative to (the model file's directory).
+        base_dir: The directory external data locations are relative to (the model file's
+        directory).
 
     Returns:
         The merged model: no adapter nodes, tensors or ``onnxblocks.lora`` metadata.
@@ -212,7 +222,8 @@ def merge_lora(
     info = lora_info(model)
     if info is None:
         raise InvalidValueError(
-            f"merge_lora: the model has no '{LORA_METADATA}' metadata, so no LoRA adapters to merge. Apply "
+            f"merge_lora: the model has no '{LORA_METADATA}' metadata, so no LoRA adapters to "
+            "merge. Apply "
             "onnxblocks.peft.apply_lora first."
         )
     folder = Path(os.fspath(base_dir)) if base_dir is not None else None

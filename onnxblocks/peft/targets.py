@@ -1,20 +1,25 @@
-"""Finding LoRA targets: the MatMul or Gemm node of a torch Linear (or Conv1D) module, by the module's name.
+"""Finding LoRA targets: the MatMul or Gemm node of a torch Linear (or Conv1D) module, by the
+module's name.
 
 A torch module's path (``model.layers.0.self_attn.q_proj``) survives export in three places,
 read in this order:
 
 1. the dynamo exporter (``torch.onnx.export(dynamo=True)``) writes each node's module scopes in
-   its metadata ``pkg.torch.onnx.name_scopes`` (``['', 'model', ..., 'model.layers.0.self_attn.q_proj',
+   its metadata ``pkg.torch.onnx.name_scopes`` (``['', 'model', ...,
+   'model.layers.0.self_attn.q_proj',
    'linear']``: the second to last is the module the op ran in), and in ``namespace``
-   (``...model.layers.0.self_attn.q_proj: torch.nn.modules.linear.Linear/linear: aten.linear.default``);
+   (``...model.layers.0.self_attn.q_proj: torch.nn.modules.linear.Linear/linear:
+   aten.linear.default``);
 2. the TorchScript exporter (``dynamo=False``) names each node after its scope
    (``/model/layers.0/self_attn/q_proj/MatMul``);
-3. a graph without either: the weight initializer's name (``model.layers.0.self_attn.q_proj.weight``).
+3. a graph without either: the weight initializer's name
+   (``model.layers.0.self_attn.q_proj.weight``).
 
 The weight is traced from the node's second input back through ``Transpose`` and ``Identity`` to
 an initializer: TorchScript reads a Linear's ``[out, in]`` weight through a ``Transpose``, or, with
 constant folding, stores it transposed as ``onnx::MatMul_N`` (``[in, out]``); a ``Gemm`` reads it
-with ``transB=1``; GPT-2's ``Conv1D`` stores ``[in, out]`` itself. The layout is read from the graph,
+with ``transB=1``; GPT-2's ``Conv1D`` stores ``[in, out]`` itself. The layout is read from the
+graph,
 never guessed from the weight's name.
 
 Targets match module paths by PEFT's rule: a list of names matches a module whose path is a name
@@ -61,7 +66,8 @@ class LinearSite:
         module: The torch module path the node belongs to.
         node: The MatMul or Gemm node (its first input is the layer's input).
         weight: The weight initializer's value.
-        layout: ``"out_in"`` if the graph stores the weight ``[out, in]``, ``"in_out"`` if ``[in, out]``.
+        layout: ``"out_in"`` if the graph stores the weight ``[out, in]``, ``"in_out"`` if ``[in,
+        out]``.
         in_features: The layer's input width.
         out_features: The layer's output width.
     """
@@ -115,7 +121,9 @@ def node_module(node: ir.Node) -> str | None:
 
 
 def _modules(module: str) -> list[str]:
-    """``module`` and its ancestors (``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``; ``layers.0`` stays one step)."""
+    """``module`` and its ancestors (``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``; ``layers.0`` stays
+    one step).
+    """
     if not module:
         return []
     parts = module.split(".")
@@ -158,7 +166,8 @@ def _site(node: ir.Node, module: str, graph: ir.Graph) -> tuple[LinearSite | Non
     if weight is None:
         return (
             None,
-            f"{node.op_type} {node.name!r} reads its second input from {found}, not a weight initializer",
+            f"{node.op_type} {node.name!r} reads its second input from {found}, not a weight "
+            "initializer",
         )
     if node.op_type == "Gemm":
         if int_attribute(node, "transA", 0):
@@ -222,7 +231,9 @@ def _is_all_linear(rule: tuple[str, ...] | str | None) -> bool:
 
 
 def _feeds_output(node: ir.Node, outputs: set[ir.Value]) -> bool:
-    """Whether ``node``'s result is a graph output, itself or after one ``Add`` of a constant (a bias)."""
+    """Whether ``node``'s result is a graph output, itself or after one ``Add`` of a constant (a
+    bias).
+    """
     value = node.outputs[0]
     if value in outputs:
         return True
@@ -240,11 +251,15 @@ def _feeds_output(node: ir.Node, outputs: set[ir.Value]) -> bool:
 
 
 def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
-    """``config`` with ``target_modules="all-linear"`` replaced by the module paths it stands for (PEFT's way).
+    """``config`` with ``target_modules="all-linear"`` replaced by the module paths it stands for
+    (PEFT's way).
 
-    PEFT's ``all-linear`` is every Linear and ``Conv1D`` module but the output layer (a language model's
-    output embedding, a classifier head). Here: every Linear site but those whose result is a model output,
-    itself or after a bias ``Add``, and but ``exclude_modules``. Other configs come back as they are.
+    PEFT's ``all-linear`` is every Linear and ``Conv1D`` module but the output layer (a language
+    model's
+    output embedding, a classifier head). Here: every Linear site but those whose result is a model
+    output,
+    itself or after a bias ``Add``, and but ``exclude_modules``. Other configs come back as they
+    are.
 
     Raises:
         InvalidValueError: no Linear layer is left.
@@ -261,7 +276,8 @@ def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
     ]
     if not modules:
         raise InvalidValueError(
-            f"LoraConfig target_modules='all-linear' finds no Linear layer besides the output layer {sorted(heads)}"
+            "LoraConfig target_modules='all-linear' finds no Linear layer besides the output "
+            f"layer {sorted(heads)}"
         )
     return dataclasses.replace(config, target_modules=tuple(dict.fromkeys(modules)))
 
@@ -270,8 +286,10 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
     """The Linear sites ``config.target_modules`` selects, in graph order.
 
     Raises:
-        InvalidValueError: ``target_modules`` is None; it matches no module; it matches a module that is
-            not a Linear layer with a float32 constant weight, or a module applied by more than one node
+        InvalidValueError: ``target_modules`` is None; it matches no module; it matches a module
+        that is
+            not a Linear layer with a float32 constant weight, or a module applied by more than one
+            node
             (each message names the module and what was found).
     """
     config = resolve_all_linear(graph, config)
@@ -289,14 +307,17 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
     if not matched:
         anonymous = module_ops.get("", [])
         unnamed = (
-            f"; {len(anonymous)} Linear nodes carry no module name (no exporter scope, and a weight not named "
+            f"; {len(anonymous)} Linear nodes carry no module name (no exporter scope, and a "
+            "weight not named "
             f"<module>.weight): {preview(anonymous, 4)}"
             if anonymous
             else ""
         )
         raise InvalidValueError(
-            f"LoraConfig target_modules={_describe(config.target_modules)} matches no module of the model"
-            f"{' (after exclude_modules)' if config.exclude_modules else ''}; its Linear modules: {preview(linear)}"
+            f"LoraConfig target_modules={_describe(config.target_modules)} matches no module of "
+            "the model"
+            f"{' (after exclude_modules)' if config.exclude_modules else ''}; its Linear "
+            f"modules: {preview(linear)}"
             f"{unnamed}"
         )
     chosen: list[LinearSite] = []
@@ -307,21 +328,25 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
                 "; ".join(module_ops.get(module, [])) or "it has no MatMul or Gemm node of its own"
             )
             raise InvalidValueError(
-                f"LoRA target module {module!r} (matched by target_modules={_describe(config.target_modules)}) "
-                f"is not a Linear layer with a constant weight: {why}. Target Linear modules only, e.g. "
+                f"LoRA target module {module!r} (matched by "
+                f"target_modules={_describe(config.target_modules)}) "
+                f"is not a Linear layer with a constant weight: {why}. Target Linear modules "
+                "only, e.g. "
                 f"{preview(linear, 4)}"
             )
         if len(found) > 1:
             nodes = [s.node.name or s.node.op_type for s in found]
             raise InvalidValueError(
-                f"LoRA target module {module!r} is applied by {len(found)} nodes ({preview(nodes)}): onnxblocks "
+                f"LoRA target module {module!r} is applied by {len(found)} nodes "
+                f"({preview(nodes)}): onnxblocks "
                 "adapts a Linear module called once; exclude it with exclude_modules"
             )
         site = found[0]
         dtype = site.weight.dtype
         if dtype != ir.DataType.FLOAT:
             raise InvalidValueError(
-                f"LoRA target module {module!r}: weight {site.weight.name!r} is {dtype}; onnxblocks applies LoRA "
+                f"LoRA target module {module!r}: weight {site.weight.name!r} is {dtype}; "
+                "onnxblocks applies LoRA "
                 "to float32 models: export the model in float32"
             )
         chosen.append(site)

@@ -5,7 +5,8 @@ Each target ``y = x @ W^T`` (a MatMul or Gemm, found by :mod:`onnxblocks.peft.ta
     y' = y + ((dropout(x) @ A^T) @ B^T) * (lora_alpha / r)
 
 as PEFT's ``lora.Linear.forward`` computes it: ``A`` (``<module>.lora_A.weight``, ``[r, in]``) and
-``B`` (``<module>.lora_B.weight``, ``[out, r]``) are new float32 initializers, the only ones meant to
+``B`` (``<module>.lora_B.weight``, ``[out, r]``) are new float32 initializers, the only ones meant
+to
 train; the base weight is untouched. ``dropout`` is a ``Dropout`` in training mode when
 ``lora_dropout > 0`` (the artifacts' eval model switches it off) and absent otherwise.
 """
@@ -37,14 +38,17 @@ _DROPOUT_INPUTS_SINCE = 12
 
 
 def adapter_names(module: str) -> tuple[str, str]:
-    """The names of a module's adapters, as PEFT names them: ``<module>.lora_A.weight``, ``<module>.lora_B.weight``."""
+    """The names of a module's adapters, as PEFT names them: ``<module>.lora_A.weight``,
+    ``<module>.lora_B.weight``.
+    """
     return f"{module}.lora_A.weight", f"{module}.lora_B.weight"
 
 
 def initial_adapters(
     config: LoraConfig, in_features: int, out_features: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(A, B)`` initialised as PEFT's ``reset_lora_parameters`` does (float32, drawn from ``rng``).
+    """``(A, B)`` initialised as PEFT's ``reset_lora_parameters`` does (float32, drawn from
+    ``rng``).
 
     ``init_lora_weights=True``: A from ``kaiming_uniform_(a=sqrt(5))`` over ``[r, in]``, i.e.
     ``U(-1/sqrt(in), 1/sqrt(in))``, and B zero; ``"gaussian"``: A normal with std ``1 / r``, B zero;
@@ -75,32 +79,38 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
         >>> lora_model = apply_lora(onnx.load("llama.onnx"), LoraConfig(r=8, lora_alpha=16,
         ...                         target_modules=["q_proj", "v_proj"]))
         >>> lora_info(lora_model).adapter_names[:2]
-        ('model.layers.0.self_attn.q_proj.lora_A.weight', 'model.layers.0.self_attn.q_proj.lora_B.weight')
+        ('model.layers.0.self_attn.q_proj.lora_A.weight',
+        'model.layers.0.self_attn.q_proj.lora_B.weight')
 
     Args:
         model: A float32 model exported from torch (either exporter; see docs/lora.md).
         config: The LoRA config.
-        seed: Seed of the initial ``lora_A`` (and ``lora_B`` with ``init_lora_weights=False``) values.
+        seed: Seed of the initial ``lora_A`` (and ``lora_B`` with ``init_lora_weights=False``)
+        values.
 
     Returns:
         The model with the adapter branches.
 
     Raises:
-        InvalidTypeError: ``model`` is not a ModelProto, ``config`` not a LoraConfig, ``seed`` not an int.
-        InvalidValueError: the model already has adapters; ``target_modules`` matches nothing or a module
+        InvalidTypeError: ``model`` is not a ModelProto, ``config`` not a LoraConfig, ``seed`` not
+        an int.
+        InvalidValueError: the model already has adapters; ``target_modules`` matches nothing or a
+        module
             that is not a float32 Linear layer; an adapter name is taken; dropout below opset 12.
     """
     if not isinstance(model, onnx.ModelProto):
         raise InvalidTypeError(f"apply_lora takes an onnx.ModelProto, got {type(model).__name__}")
     if not isinstance(config, LoraConfig):
         raise InvalidTypeError(
-            f"apply_lora's config must be an onnxblocks.peft.LoraConfig, got {type(config).__name__}"
+            "apply_lora's config must be an onnxblocks.peft.LoraConfig, got "
+            f"{type(config).__name__}"
         )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidTypeError(f"apply_lora's seed must be an int, got {type(seed).__name__}")
     if any(p.key == LORA_METADATA for p in model.metadata_props):
         raise InvalidValueError(
-            f"the model already carries LoRA adapters (metadata {LORA_METADATA!r}): apply LoRA to the base model"
+            f"the model already carries LoRA adapters (metadata {LORA_METADATA!r}): apply LoRA "
+            "to the base model"
         )
     # the IR is loaded on first use: `import onnxblocks.peft` stays light for the runtime
     from onnxblocks.ir import serde
@@ -117,7 +127,8 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
     opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
     if config.lora_dropout > 0 and opset < _DROPOUT_INPUTS_SINCE:
         raise InvalidValueError(
-            f"lora_dropout > 0 needs opset {_DROPOUT_INPUTS_SINCE} or later (Dropout with a training flag); "
+            f"lora_dropout > 0 needs opset {_DROPOUT_INPUTS_SINCE} or later (Dropout with a "
+            "training flag); "
             f"the model has opset {opset}: export it at a later opset or use lora_dropout=0"
         )
     names = graph_names(graph)
@@ -125,7 +136,8 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
         for name in adapter_names(site.module):
             if names.is_used(name):
                 raise InvalidValueError(
-                    f"the model already has a value named {name!r}: LoRA cannot name the adapter of {site.module!r}"
+                    f"the model already has a value named {name!r}: LoRA cannot name the adapter "
+                    f"of {site.module!r}"
                 )
     rng = np.random.default_rng(seed)
     targets: dict[str, LoraTarget] = {}

@@ -52,8 +52,10 @@ def _parameters(graph: ir.Graph) -> list[ir.Value]:
         param = by_output.get(out or "")
         if param is None:
             raise PortabilityError(
-                f"Accumulator node '{node.name}' writes '{out}', which is not '<param>_grad.accumulation.out' for a "
-                "graph input: the training model does not follow onnxblocks' contract. Generate it with "
+                f"Accumulator node '{node.name}' writes '{out}', which is not "
+                "'<param>_grad.accumulation.out' for a "
+                "graph input: the training model does not follow onnxblocks' contract. Generate "
+                "it with "
                 "onnxblocks.generate_artifacts."
             )
         found.append(param)
@@ -86,7 +88,8 @@ class AccumulateGradients(Pass):
         flags = {n.inputs[2] for n in found if len(n.inputs) > 2 and n.inputs[2] is not None}
         if len(flags) > 1:
             raise PortabilityError(
-                f"The accumulators read different reset flags {sorted(str(f.name) for f in flags)}; expected "
+                "The accumulators read different reset flags "
+                f"{sorted(str(f.name) for f in flags)}; expected "
                 f"'{LAZY_RESET_GRAD}'."
             )
         names = graph_names(graph)

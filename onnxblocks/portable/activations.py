@@ -1,4 +1,5 @@
-"""Elementwise ops: the GELU family and ``ReluGrad``, ``SigmoidGrad``, ``TanhGrad``, ``DropoutGrad``, ``Scale``.
+"""Elementwise ops: the GELU family and ``ReluGrad``, ``SigmoidGrad``, ``TanhGrad``,
+``DropoutGrad``, ``Scale``.
 
 The GELU family: ``Gelu``, ``FastGelu``, ``QuickGelu``, ``BiasGelu`` and their gradients.
 
@@ -115,7 +116,9 @@ def gelu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def fast_gelu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``FastGelu(X[, bias]) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`` with ``x = X + bias``."""
+    """``FastGelu(X[, bias]) = 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))`` with
+    ``x = X + bias``.
+    """
     x, bias = inputs(node, 2)
     w = ctx.writer(node)
     elem = ctx.float_type(x)
@@ -158,7 +161,9 @@ def fast_gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def quick_gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``QuickGeluGrad(dY, X) = dY * s * (1 + alpha * x * (1 - s))`` with ``s = sigmoid(alpha * x)``."""
+    """``QuickGeluGrad(dY, X) = dY * s * (1 + alpha * x * (1 - s))`` with ``s = sigmoid(alpha *
+    x)``.
+    """
     dy, x = inputs(node, 2)
     w = ctx.writer(node)
     elem = ctx.float_type(dy)
@@ -175,7 +180,8 @@ def quick_gelu_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def dropout_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``DropoutGrad(dY, mask, ratio=0.5) = mask * dY / (1 - ratio)``, ``dY`` itself when ``ratio == 0``.
+    """``DropoutGrad(dY, mask, ratio=0.5) = mask * dY / (1 - ratio)``, ``dY`` itself when ``ratio ==
+    0``.
 
     ``training_mode`` is not read (as in ONNX Runtime's kernel).
     """

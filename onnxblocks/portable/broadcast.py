@@ -132,7 +132,9 @@ def broadcast_axes(
 
 
 def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value, out: str) -> None:
-    """Write ``out``: ``grad`` summed over the axes along which ``like`` was broadcast, in ``like``'s shape."""
+    """Write ``out``: ``grad`` summed over the axes along which ``like`` was broadcast, in
+    ``like``'s shape.
+    """
     g_dims, x_dims = ctx.dims(grad), ctx.dims(like)
     if (
         g_dims is not None
@@ -170,7 +172,8 @@ def unbroadcast(w: Writer, ctx: LoweringContext, grad: ir.Value, like: ir.Value,
 
 
 def broadcast_gradient_args(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``BroadcastGradientArgs(a_shape, b_shape) -> (a_axes, b_axes)``: decided here per axis where the dims allow.
+    """``BroadcastGradientArgs(a_shape, b_shape) -> (a_axes, b_axes)``: decided here per axis where
+    the dims allow.
 
     With both ranks known, each output is a constant, or a constant joined with a
     run-time check of the undecided axes (:func:`reduction_axes`); with a rank

@@ -1,4 +1,5 @@
-"""What a lowering reads and writes: the graph's types and producers, and a node writer with helpers.
+"""What a lowering reads and writes: the graph's types and producers, and a node writer with
+helpers.
 
 A lowering is a function ``(node, ctx) -> list[ir.Node]`` that replaces one
 training-only node (an ``onnx_ir`` node of the model being lowered) by standard
@@ -37,26 +38,34 @@ FLOAT_TENSOR = ir.TensorType(ir.DataType.FLOAT)
 
 
 def numpy_type(elem_type: Any) -> np.dtype:
-    """The numpy dtype of an ONNX element type (``onnx.TensorProto.FLOAT``, ``ir.DataType``) or a numpy dtype."""
+    """The numpy dtype of an ONNX element type (``onnx.TensorProto.FLOAT``, ``ir.DataType``) or a
+    numpy dtype.
+    """
     if isinstance(elem_type, (int, ir.DataType)) and not isinstance(elem_type, bool):
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(elem_type)))
     return np.dtype(elem_type)
 
 
 class Writer(_writer.Writer):
-    """The IR :class:`~onnxblocks.ir.writer.Writer`, whose constants also take an ONNX element type."""
+    """The IR :class:`~onnxblocks.ir.writer.Writer`, whose constants also take an ONNX element
+    type.
+    """
 
     def const(
         self, value: np.ndarray | float | int | list, dtype: Any = None, suffix: str = "const"
     ) -> ir.Value:
-        """A ``Constant`` node holding ``value`` (``dtype``: a numpy dtype or an ONNX element type)."""
+        """A ``Constant`` node holding ``value`` (``dtype``: a numpy dtype or an ONNX element
+        type).
+        """
         array = np.asarray(value, dtype=None if dtype is None else numpy_type(dtype))
         return self.named_const(self.fresh(suffix), array)
 
     def scalar(
         self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()
     ) -> ir.Value:
-        """A constant of ``dtype`` (numpy, or an ONNX element type; float32 when None) holding ``value``."""
+        """A constant of ``dtype`` (numpy, or an ONNX element type; float32 when None) holding
+        ``value``.
+        """
         return super().scalar(value, numpy_type(dtype if dtype is not None else np.float32), shape)
 
     def body_input(self, hint: str) -> ir.Value:
@@ -69,17 +78,21 @@ class LoweringContext:
 
     Attributes:
         model: The model being lowered (edited in place by the pass).
-        mode: The portable mode (``"standard"`` or ``"onnxruntime"``, :mod:`onnxblocks.portable.ops`): which
+        mode: The portable mode (``"standard"`` or ``"onnxruntime"``,
+        :mod:`onnxblocks.portable.ops`): which
             contrib ops a lowering may write (none in ``"standard"``).
         opset: Its default-domain opset; lowerings write nodes of this opset.
         types: Known value types by value name, updated as nodes are lowered.
-        original_producers: The node writing each value in the original graph (training-only nodes included).
+        original_producers: The node writing each value in the original graph (training-only nodes
+        included).
 
     Args:
         model: The model to lower.
         mode: The portable mode.
-        hints: Types inferred elsewhere (on a first lowering's result), by value name: each of the graph's own
-            values takes its hint where the hint knows more of its shape than inference on ``model`` does.
+        hints: Types inferred elsewhere (on a first lowering's result), by value name: each of the
+        graph's own
+            values takes its hint where the hint knows more of its shape than inference on ``model``
+            does.
     """
 
     def __init__(
@@ -95,7 +108,9 @@ class LoweringContext:
             "", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET)
         )
         self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))
-        if hints:  # only for the graph's own values: a name a lowering makes may stand for another value each time
+        # only for the graph's own values: a name a lowering makes may stand for another value each
+        # time
+        if hints:
             for name in values_by_name(graph):
                 hint = hints.get(name)
                 if hint is not None and _known_dims(hint) > _known_dims(self.types.get(name)):
@@ -133,7 +148,9 @@ class LoweringContext:
         return None if dims is None else [d if isinstance(d, int) else None for d in dims]
 
     def dims(self, value: ir.Value | None) -> list[int | str | None] | None:
-        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when unknown."""
+        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when
+        unknown.
+        """
         t = self._type(value)
         if (
             t is None
@@ -172,8 +189,10 @@ class LoweringContext:
         if rank is None:
             name = value.name if value is not None else ""
             raise PortabilityError(
-                f"{describe(node)}: the rank of its input '{name}' is unknown, and its standard-op form needs it. "
-                "Export the model with shape information (torch.onnx.export does), or give the graph inputs a "
+                f"{describe(node)}: the rank of its input '{name}' is unknown, and its "
+                "standard-op form needs it. "
+                "Export the model with shape information (torch.onnx.export does), or give the "
+                "graph inputs a "
                 "rank."
             )
         return rank
@@ -182,12 +201,16 @@ class LoweringContext:
         """Raise :class:`PortabilityError` when the model's opset is below ``version``."""
         if self.opset < version:
             raise PortabilityError(
-                f"{describe(node)}: its standard-op form needs {what}, from ai.onnx opset {version}, but the model "
-                f"imports opset {self.opset}. Re-export the model with opset_version={max(version, 17)}."
+                f"{describe(node)}: its standard-op form needs {what}, from ai.onnx opset "
+                f"{version}, but the model "
+                f"imports opset {self.opset}. Re-export the model with "
+                f"opset_version={max(version, 17)}."
             )
 
     def constant(self, value: ir.Value | None) -> np.ndarray | None:
-        """The value of ``value`` when a ``Constant`` node or an inline initializer holds it (no file is read)."""
+        """The value of ``value`` when a ``Constant`` node or an inline initializer holds it (no
+        file is read).
+        """
         if value is None:
             return None
         key = value.name or str(id(value))
@@ -209,7 +232,9 @@ class LoweringContext:
         return self._original_inputs.get(node, tuple(node.inputs))
 
     def value(self, name: str) -> ir.Value | None:
-        """The value of the top-level graph named ``name`` (a graph input, initializer or node output), or None."""
+        """The value of the top-level graph named ``name`` (a graph input, initializer or node
+        output), or None.
+        """
         return values_by_name(self.model.graph).get(name)
 
     def producer(self, value: ir.Value | None) -> ir.Node | None:
@@ -280,7 +305,9 @@ class LoweringContext:
 
 
 def _known_dims(t: onnx.TypeProto | None) -> int:
-    """How much a type says: -1 when absent, 0 without a shape, else 1 + the dims known (a value or a symbol)."""
+    """How much a type says: -1 when absent, 0 without a shape, else 1 + the dims known (a value
+    or a symbol).
+    """
     if t is None:
         return -1
     if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
@@ -297,8 +324,10 @@ def describe(node: ir.Node) -> str:
 def unsupported(node: ir.Node, what: str) -> PortabilityError:
     """The error for a node whose form (``what``) the lowering does not cover."""
     return PortabilityError(
-        f"{describe(node)}: {what} has no standard-op form in onnxblocks.portable, so the model cannot be made "
-        "portable. Change that part of the model (see docs/portable.md for what is covered), or generate "
+        f"{describe(node)}: {what} has no standard-op form in onnxblocks.portable, so the model "
+        "cannot be made "
+        "portable. Change that part of the model (see docs/portable.md for what is covered), or "
+        "generate "
         "non-portable artifacts (portable=False) for ONNX Runtime's training build."
     )
 
@@ -313,7 +342,9 @@ def inputs(node: ir.Node, count: int) -> list[Any]:
 
 
 def outputs(node: ir.Node, count: int) -> list[str]:
-    """The names of the first ``count`` outputs of ``node``, ``""`` for the missing (unused optional) ones."""
+    """The names of the first ``count`` outputs of ``node``, ``""`` for the missing (unused
+    optional) ones.
+    """
     names = [v.name or "" for v in node.outputs[:count]]
     return names + [""] * (count - len(names))
 

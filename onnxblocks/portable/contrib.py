@@ -1,4 +1,5 @@
-"""``com.microsoft`` inference ops with a plain standard form: ``Range``, ``FusedGemm``, ``FusedConv``.
+"""``com.microsoft`` inference ops with a plain standard form: ``Range``, ``FusedGemm``,
+``FusedConv``.
 
 Stock ONNX Runtime runs them on CPU, so an ``"onnxruntime"``-mode model keeps them;
 in ``"standard"`` mode they become the standard op they fuse, followed by the
@@ -42,7 +43,9 @@ def contrib_range(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def _activate(node: ir.Node, w: Writer, x: ir.Value, out: str) -> None:
-    """Apply ``node``'s ``activation`` (with its ``activation_params``) to ``x``, writing ``out``."""
+    """Apply ``node``'s ``activation`` (with its ``activation_params``) to ``x``, writing
+    ``out``.
+    """
     kind = node.attributes.get_string("activation", "")
     if kind not in _ACTIVATIONS:
         raise unsupported(node, f"activation {kind!r}")
@@ -58,7 +61,9 @@ def _activate(node: ir.Node, w: Writer, x: ir.Value, out: str) -> None:
 
 
 def fused_gemm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``FusedGemm(A, B[, C])``: ``Gemm`` (its ``alpha``, ``beta``, ``transA``, ``transB``), then the activation."""
+    """``FusedGemm(A, B[, C])``: ``Gemm`` (its ``alpha``, ``beta``, ``transA``, ``transB``), then
+    the activation.
+    """
     w = ctx.writer(node)
     product = w.op(
         "Gemm", list(node.inputs), None, **attributes(node, "alpha", "beta", "transA", "transB")

@@ -48,7 +48,9 @@ class _Window:
         kernel: list[int | None] | None = None,
         sizes: list[int | None] | None = None,
     ) -> None:
-        """``kernel`` / ``sizes``: the static kernel and input spatial dims when known (``auto_pad=SAME_*``)."""
+        """``kernel`` / ``sizes``: the static kernel and input spatial dims when known
+        (``auto_pad=SAME_*``).
+        """
         self.spatial = spatial
         self.kernel = _ints(node, "kernel_shape", None)
         self.strides: list[int] = _ints(node, "strides", None) or [1] * spatial
@@ -78,8 +80,10 @@ class _Window:
     ) -> list[int]:
         """Explicit pads of ``auto_pad=SAME_*``.
 
-        ``ceil(size / stride)`` outputs, the odd pad at the end (UPPER) or the start (LOWER). With stride 1
-        the total is ``(kernel - 1) * dilation`` whatever the size; other strides need the static size.
+        ``ceil(size / stride)`` outputs, the odd pad at the end (UPPER) or the start (LOWER). With
+        stride 1
+        the total is ``(kernel - 1) * dilation`` whatever the size; other strides need the static
+        size.
         """
         if kernel is None or any(k is None for k in kernel):
             raise unsupported(node, f"auto_pad={auto_pad!r} with a kernel of unknown size")
@@ -114,7 +118,9 @@ def _spatial_rank(node: ir.Node, ctx: LoweringContext, weight: ir.Value | None =
 
 
 def _fit_to(w: Writer, y: ir.Value, like: ir.Value, spatial: int, out: str | ir.Value) -> None:
-    """Cut ``y`` to ``like``'s spatial size, then zero-pad its ends up to it (``y``: ``[N, C, ...]``)."""
+    """Cut ``y`` to ``like``'s spatial size, then zero-pad its ends up to it (``y``: ``[N, C,
+    ...]``).
+    """
     target = w.shape(like, 2)
     axes = w.ints(list(range(2, 2 + spatial)))
     cut = w.op("Slice", [y, w.ints([0] * spatial), target, axes])
@@ -154,10 +160,13 @@ def _transposed_into(
     group: int,
     out: str | ir.Value,
 ) -> None:
-    """``out = _fit_to(_transposed(dy, weight), x)``, with the cut and the pad written only where needed.
+    """``out = _fit_to(_transposed(dy, weight), x)``, with the cut and the pad written only where
+    needed.
 
-    When the spatial sizes of ``dY``, ``X`` and the kernel are static (a dynamic batch leaves them so), the
-    transposed convolution's size is known: it is written straight to ``out`` when it is ``X``'s (each
+    When the spatial sizes of ``dY``, ``X`` and the kernel are static (a dynamic batch leaves them
+    so), the
+    transposed convolution's size is known: it is written straight to ``out`` when it is ``X``'s
+    (each
     ``Slice`` and ``Pad`` copies the whole gradient), else cut or padded by constants.
     """
     spatial = window.spatial
@@ -165,8 +174,10 @@ def _transposed_into(
     kernel = window.kernel or (w_dims[2:] if w_dims is not None else None)
     sizes = [dy_dims[2:] if dy_dims else None, x_dims[2:] if x_dims else None, kernel]
     if any(v is None or len(v) != spatial or any(d is None for d in v) for v in sizes):
-        # sizes known only at run time: the transposed size is X's plus the end pad, less what the stride's
-        # floor dropped (at most stride - 1), so the attributes tell when a cut alone, or nothing, fits it
+        # sizes known only at run time: the transposed size is X's plus the end pad, less what the
+        # stride's
+        # floor dropped (at most stride - 1), so the attributes tell when a cut alone, or nothing,
+        # fits it
         assert x is not None
         end = window.pads[spatial:]
         if not any(end) and all(s == 1 for s in window.strides):
@@ -255,7 +266,9 @@ def conv_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def max_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``MaxPoolGrad(dY, Indices)``: ``dY`` scatter-added at the flat ``Indices`` into zeros of ``X``'s shape."""
+    """``MaxPoolGrad(dY, Indices)``: ``dY`` scatter-added at the flat ``Indices`` into zeros of
+    ``X``'s shape.
+    """
     dy, indices = inputs(node, 2)
     pool = ctx.producer(indices)
     if pool is None or pool.op_type != "MaxPool" or list(pool.outputs[1:2]) != [indices]:
@@ -287,7 +300,9 @@ def max_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def average_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``AveragePoolGrad(dY)``: each output's gradient spread evenly over its window (pads excluded or not)."""
+    """``AveragePoolGrad(dY)``: each output's gradient spread evenly over its window (pads
+    excluded or not).
+    """
     (dy,) = inputs(node, 1)
     x = _pooled_input(node, ctx)
     spatial = _spatial_rank(node, ctx)
@@ -322,7 +337,9 @@ def average_pool_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def _pooled_input(node: ir.Node, ctx: LoweringContext) -> ir.Value:
-    """The pooled input ``X``, from the gradient's name (``X_grad``) or from the pool that wrote ``Y``."""
+    """The pooled input ``X``, from the gradient's name (``X_grad``) or from the pool that wrote
+    ``Y``.
+    """
     match = GRADIENT_OF.match(outputs(node, 1)[0])
     if match and match.group("value") in ctx.types:
         found = ctx.value(match.group("value"))

@@ -1,11 +1,13 @@
-"""Parameter groups of an optimizer in standard ops: a rule applied per group, and the metadata that records them.
+"""Parameter groups of an optimizer in standard ops: a rule applied per group, and the metadata that
+records them.
 
 A :class:`Layout` is what a layout (one tensor per parameter today, flattened
 tensors later) needs to apply a rule of :mod:`onnxblocks.portable.rules`: the
 groups' hyperparameters and learning-rate scales, each parameter's group, the state
 slots and the element type. :class:`GroupUpdater` writes each group's scalars once
 and the elementwise update per parameter or per flat buffer of a group's parameters
-(``onnxblocks.portable.updates.update_parameters`` picks the layout). :func:`metadata` / :func:`parse_metadata`
+(``onnxblocks.portable.updates.update_parameters`` picks the layout). :func:`metadata` /
+:func:`parse_metadata`
 are the JSON an optimizer model built by :mod:`onnxblocks.optim` carries under
 ``onnxblocks.optimizer``.
 """
@@ -27,7 +29,8 @@ from onnxblocks.portable.rules import Rule, Scalars, rule
 
 @dataclass(frozen=True)
 class Layout:
-    """What a layout needs to apply a rule: the groups, each parameter's group, the state slots, the type.
+    """What a layout needs to apply a rule: the groups, each parameter's group, the state slots, the
+    type.
 
     Attributes:
         rule: The algorithm.
@@ -35,7 +38,8 @@ class Layout:
         group_of: Each parameter's group index (parameters not named are in group 0).
         states: The state slots per parameter, in order.
         dtype: The parameters' numpy type.
-        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double); False
+        exact: Round as torch's CPU kernels do (fused multiply-adds and square roots in double);
+        False
             writes them in the parameters' type (fewer passes, an ulp apart).
     """
 
@@ -48,14 +52,16 @@ class Layout:
 
 
 class GroupUpdater:
-    """Writes a rule's update for one parameter (or a flat buffer of a group's parameters) at a time.
+    """Writes a rule's update for one parameter (or a flat buffer of a group's parameters) at a
+    time.
 
     Each group's scalars are written once, on first use.
 
     Args:
         w: The writer.
         layout: The rule, groups and state slots.
-        learning_rate: The float ``[1]`` learning rate (the default group's; a group scales it by its ``lr_scale``).
+        learning_rate: The float ``[1]`` learning rate (the default group's; a group scales it by
+        its ``lr_scale``).
         step: The int64 ``[1]`` step being taken (1 for the first).
     """
 
@@ -74,7 +80,8 @@ class GroupUpdater:
         states: Sequence[ir.Value],
         targets: Sequence[str | ir.Value],
     ) -> list[ir.Value]:
-        """Write ``targets = (param, *states)`` after one step of group ``group``'s rule; return them.
+        """Write ``targets = (param, *states)`` after one step of group ``group``'s rule; return
+        them.
 
         A state the group does not use passes through unchanged.
         """
@@ -129,7 +136,9 @@ def metadata(
     max_norm: float | None,
     exact: bool = True,
 ) -> str:
-    """The JSON an optimizer model in standard ops carries: what :func:`parse_metadata` reads back."""
+    """The JSON an optimizer model in standard ops carries: what :func:`parse_metadata` reads
+    back.
+    """
     plain = [
         {
             "hyper": dict(g["hyper"]),
@@ -152,7 +161,8 @@ def metadata(
 def parse_metadata(
     text: str,
 ) -> tuple[str, tuple[dict[str, Any], ...], tuple[tuple[str, int], ...], float | None, bool]:
-    """Read the optimizer metadata of a model in standard ops: algorithm, groups, parameters' groups, max norm, exact.
+    """Read the optimizer metadata of a model in standard ops: algorithm, groups, parameters'
+    groups, max norm, exact.
 
     Raises:
         PortabilityError: for metadata of another form.
@@ -173,17 +183,20 @@ def parse_metadata(
         exact = data.get("exact", True)
     except (ValueError, KeyError, TypeError) as exc:
         raise PortabilityError(
-            f"The optimizer model's optimizer metadata cannot be read ({exc}). Rebuild the optimizer model with "
+            f"The optimizer model's optimizer metadata cannot be read ({exc}). Rebuild the "
+            "optimizer model with "
             "onnxblocks.optim."
         ) from None
     if not isinstance(exact, bool):
         raise PortabilityError(
-            f"The optimizer model's optimizer metadata has exact={exact!r:.40}, not true or false. Rebuild the "
+            f"The optimizer model's optimizer metadata has exact={exact!r:.40}, not true or "
+            "false. Rebuild the "
             "optimizer model with onnxblocks.optim."
         )
     if not groups or any(not 0 <= i < len(groups) for _, i in params):
         raise PortabilityError(
-            "The optimizer model's optimizer metadata names a parameter group that does not exist. Rebuild the "
+            "The optimizer model's optimizer metadata names a parameter group that does not "
+            "exist. Rebuild the "
             "optimizer model with onnxblocks.optim."
         )
     return found.name, groups, params, max_norm, exact

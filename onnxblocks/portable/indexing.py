@@ -32,7 +32,8 @@ def zeros(w: Writer, shape: ir.Value | None, elem_type: int) -> ir.Value:
     return w.op("ConstantOfShape", [shape], value=ir.tensor(np.zeros(1, dtype)))
 
 
-#: Element types ONNX Runtime's CPU ``ScatterElements`` / ``ScatterND`` cannot add in (``reduction="add"``).
+#: Element types ONNX Runtime's CPU ``ScatterElements`` / ``ScatterND`` cannot add in
+#: (``reduction="add"``).
 _NO_SCATTER_ADD = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
@@ -46,7 +47,8 @@ def scatter_add(
     out: str | ir.Value | None = None,
     **attrs: Any,
 ) -> ir.Value:
-    """``op_type`` (``ScatterElements`` / ``ScatterND``) adding ``updates`` at ``indices`` into zeros of ``shape``.
+    """``op_type`` (``ScatterElements`` / ``ScatterND``) adding ``updates`` at ``indices`` into
+    zeros of ``shape``.
 
     In float16 and bfloat16 the sum is taken in float32 and cast back: ONNX Runtime's
     CPU kernels have no ``reduction="add"`` for them (it fails at the first run).
@@ -68,7 +70,8 @@ def _product(w: Writer, dims: ir.Value) -> ir.Value:
 
 
 def gather_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``GatherGrad(shape, indices, dY)``: scatter-add the rows of ``dY`` at ``indices`` along ``axis``.
+    """``GatherGrad(shape, indices, dY)``: scatter-add the rows of ``dY`` at ``indices`` along
+    ``axis``.
 
     ``X`` is seen as ``[P, D, Q]`` around ``axis`` and ``dY`` as ``[P, K, Q]`` (``K``:
     the number of indices); with ``axis=0`` ``dY`` scatters as it is.
@@ -114,7 +117,9 @@ def gather_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def gather_elements_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``GatherElementsGrad(dY, shape, indices) = ScatterElements(zeros(shape), indices, dY, reduction="add")``."""
+    """``GatherElementsGrad(dY, shape, indices) = ScatterElements(zeros(shape), indices, dY,
+    reduction="add")``.
+    """
     ctx.require_opset(node, 16, "ScatterElements with reduction='add'")
     dy, shape, indices = inputs(node, 3)
     w = ctx.writer(node)
@@ -126,7 +131,9 @@ def gather_elements_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def gather_nd_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``GatherNDGrad(shape, indices, dY)`` with ``batch_dims=0``: ``ScatterND(zeros, indices, dY, "add")``."""
+    """``GatherNDGrad(shape, indices, dY)`` with ``batch_dims=0``: ``ScatterND(zeros, indices,
+    dY, "add")``.
+    """
     ctx.require_opset(node, 16, "ScatterND with reduction='add'")
     if node.attributes.get_int("batch_dims", 0) != 0:
         raise unsupported(node, "batch_dims other than 0")
@@ -137,7 +144,8 @@ def gather_nd_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def slice_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``SliceGrad(dY, shape, starts, ends[, axes][, steps])``: ``dY`` written where the slice read, zeros elsewhere.
+    """``SliceGrad(dY, shape, starts, ends[, axes][, steps])``: ``dY`` written where the slice read,
+    zeros elsewhere.
 
     The same ``Slice`` applied to the flat positions ``0..size-1`` (in ``shape``)
     gives the position of every element of ``dY``.
@@ -170,7 +178,9 @@ def concat_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def split_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``SplitTraining(x, split) = Split(x, split)`` (``Slice`` s of the running sums before opset 13)."""
+    """``SplitTraining(x, split) = Split(x, split)`` (``Slice`` s of the running sums before
+    opset 13).
+    """
     x, split = inputs(node, 2)
     w = ctx.writer(node)
     axis = node.attributes.get_int("axis", 0)

@@ -43,7 +43,8 @@ from onnxblocks.portable.ops import PortableMode, is_portable_op, portable_mode
 #: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs (by name) with standard ops.
 Lowering = Callable[[ir.Node, LoweringContext], list[ir.Node]]
 
-#: Every lowering, by op type (``com.microsoft`` ops and ONNX Runtime's default-domain gradient ops).
+#: Every lowering, by op type (``com.microsoft`` ops and ONNX Runtime's default-domain gradient
+#: ops).
 LOWERINGS: dict[str, Lowering] = {
     **activations.LOWERINGS,
     **broadcast.LOWERINGS,
@@ -63,13 +64,15 @@ CONTRACT_OPS = frozenset(
 
 
 class LowerTrainingOps(Pass):
-    """Replace every node a portable model of ``mode`` may not hold by standard ops (see :func:`lower_training_ops`).
+    """Replace every node a portable model of ``mode`` may not hold by standard ops (see
+    :func:`lower_training_ops`).
 
     Its changes are how many nodes of each op type were lowered.
 
     Args:
         mode: ``"standard"`` (default): every non-standard op is lowered; ``"onnxruntime"``:
-            the contrib ops stock ONNX Runtime runs (:data:`~onnxblocks.portable.ops.PORTABLE_CONTRIB_OPS`) stay.
+            the contrib ops stock ONNX Runtime runs
+            (:data:`~onnxblocks.portable.ops.PORTABLE_CONTRIB_OPS`) stay.
 
     Raises:
         InvalidValueError: for an unknown ``mode``.
@@ -111,9 +114,12 @@ class LowerTrainingOps(Pass):
             missing = sorted({(n.domain or "ai.onnx", n.op_type) for n in blocked})
             first = blocked[0]
             raise PortabilityError(
-                f"{describe(first)} has no standard-op lowering, so these artifacts cannot train on stock ONNX "
-                f"Runtime (ops without one: {preview(f'{d}:{o}' for d, o in missing)}). Rewrite that part of the "
-                "model with ops onnxblocks lowers (docs/portable.md lists them), or generate non-portable artifacts "
+                f"{describe(first)} has no standard-op lowering, so these artifacts cannot train "
+                "on stock ONNX "
+                f"Runtime (ops without one: {preview(f'{d}:{o}' for d, o in missing)}). Rewrite "
+                "that part of the "
+                "model with ops onnxblocks lowers (docs/portable.md lists them), or generate "
+                "non-portable artifacts "
                 "(portable=False) for onnxruntime-training."
             )
         counts: dict[str, int] = {}
@@ -153,11 +159,13 @@ class LowerTrainingOps(Pass):
 def lower_training_ops(
     model: onnx.ModelProto, mode: PortableMode | bool = "standard"
 ) -> dict[str, int]:
-    """Replace, in place, every node of ``model`` that a portable model of ``mode`` may not hold by standard ops.
+    """Replace, in place, every node of ``model`` that a portable model of ``mode`` may not hold by
+    standard ops.
 
     ``mode="standard"`` (the default) lowers every ``com.microsoft`` op and every op of
     ONNX Runtime's own (``SimplifiedLayerNormalization``...); ``mode="onnxruntime"``
-    keeps the contrib ops stock ONNX Runtime runs on CPU (``Gelu``, ``FusedMatMul``...). Nodes of the contract ops
+    keeps the contrib ops stock ONNX Runtime runs on CPU (``Gelu``, ``FusedMatMul``...). Nodes of
+    the contract ops
     (:data:`CONTRACT_OPS`) are left for the contract rewrites. Nodes nothing reads
     afterwards (shape arithmetic that became a constant) are dropped. The model is
     rewritten through :class:`LowerTrainingOps` on its IR.
@@ -178,7 +186,8 @@ def lower_training_ops(
 
 
 def _unlink(node: ir.Node, value: ir.Value, lowered: Callable[[ir.Node], bool]) -> None:
-    """Detach an output the lowering does not write from its readers, which must be lowered too (and ignore it).
+    """Detach an output the lowering does not write from its readers, which must be lowered too (and
+    ignore it).
 
     Raises:
         PortabilityError: if a node that stays reads it (or it is a graph output).
@@ -187,7 +196,8 @@ def _unlink(node: ir.Node, value: ir.Value, lowered: Callable[[ir.Node], bool]) 
     if keeping or value.is_graph_output():
         reader = f"node '{keeping[0].name}' ({keeping[0].op_type})" if keeping else "a graph output"
         raise PortabilityError(
-            f"{describe(node)}: its output '{value.name}' has no standard-op form, but {reader} reads it. Generate "
+            f"{describe(node)}: its output '{value.name}' has no standard-op form, but {reader} "
+            "reads it. Generate "
             "non-portable artifacts (portable=False) for onnxruntime-training."
         )
     for use in list(value.uses()):
@@ -195,7 +205,9 @@ def _unlink(node: ir.Node, value: ir.Value, lowered: Callable[[ir.Node], bool]) 
 
 
 def _drop_noop_reduction(node: ir.Node, ctx: LoweringContext) -> None:
-    """``ReduceSum(x, [])`` with ``noop_with_empty_axes=1`` (broadcast axes that turned out empty) as ``Identity``."""
+    """``ReduceSum(x, [])`` with ``noop_with_empty_axes=1`` (broadcast axes that turned out
+    empty) as ``Identity``.
+    """
     if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
         return
     axes_value = node.inputs[1]

@@ -1,4 +1,5 @@
-"""``make_portable``: the portable training, optimizer and fused step models from the training build's ones.
+"""``make_portable``: the portable training, optimizer and fused step models from the training
+build's ones.
 
 The entry point of the graph side of portable artifacts (docs/portable.md): it
 never changes its arguments, and checks that what it returns holds only ops
@@ -32,7 +33,8 @@ class PortableModels:
 
     Attributes:
         training: The training model: standard ops, accumulated gradients as outputs.
-        optimizer: The optimizer model (one tensor in and out per parameter and moment), or None without one.
+        optimizer: The optimizer model (one tensor in and out per parameter and moment), or None
+        without one.
         step: The fused step model, or None (no optimizer, or ``fused_step=False``).
         trainable: The trainable parameters, in the training model's order.
         lowered: How many nodes of each training-only op were lowered.
@@ -87,7 +89,8 @@ def make_portable(
         )
     if optimizer_model is not None and not isinstance(optimizer_model, onnx.ModelProto):
         raise InvalidTypeError(
-            f"optimizer_model must be an onnx.ModelProto or None, not {type(optimizer_model).__name__}."
+            "optimizer_model must be an onnx.ModelProto or None, not "
+            f"{type(optimizer_model).__name__}."
         )
     checked = portable_mode(mode, "mode")
     spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
@@ -117,7 +120,8 @@ def make_portable(
 def portable_eval_model(
     eval_model: onnx.ModelProto, mode: PortableMode | bool = "standard"
 ) -> onnx.ModelProto:
-    """The eval model with the ops a portable model of ``mode`` may not hold lowered, checked and marked.
+    """The eval model with the ops a portable model of ``mode`` may not hold lowered, checked and
+    marked.
 
     ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
     ``FusedMatMul``...); ``eval_model`` is not changed.
@@ -133,7 +137,9 @@ def portable_eval_model(
 
 
 def _finish(model: ir.Model, what: str, mode: PortableMode, stamp: bool = True) -> onnx.ModelProto:
-    """Check ``model`` is portable, mark it so, and serialize it (with the IR version set when ``stamp``)."""
+    """Check ``model`` is portable, mark it so, and serialize it (with the IR version set when
+    ``stamp``).
+    """
     check_portable(model, f"the portable {what} model", mode)
     model.metadata_props[PORTABLE_METADATA] = "1"
     model.metadata_props[PORTABLE_MODE_METADATA] = mode
@@ -148,7 +154,8 @@ def check_portable(
     what: str = "the model",
     mode: PortableMode | bool = "standard",
 ) -> None:
-    """Raise :class:`PortabilityError` when ``model`` holds ops a portable model of ``mode`` may not hold.
+    """Raise :class:`PortabilityError` when ``model`` holds ops a portable model of ``mode`` may not
+    hold.
 
     Raises:
         PortabilityError: naming the ops and the first node.
@@ -165,7 +172,8 @@ def check_portable(
         )
         raise PortabilityError(
             f"{what} holds ops that {runs}: {preview(ops)} (first: node '{node.name}'). "
-            "Generate non-portable artifacts (portable=False) for onnxruntime-training, or rewrite that part of "
+            "Generate non-portable artifacts (portable=False) for onnxruntime-training, or "
+            "rewrite that part of "
             "the model."
         )
 
@@ -173,7 +181,8 @@ def check_portable(
 def mark_portable(
     model: onnx.ModelProto, mode: PortableMode | bool = "standard"
 ) -> onnx.ModelProto:
-    """Record ``onnxblocks.portable = "1"`` and ``onnxblocks.portable.mode`` in ``model``'s metadata, in place.
+    """Record ``onnxblocks.portable = "1"`` and ``onnxblocks.portable.mode`` in ``model``'s
+    metadata, in place.
 
     Returns:
         ``model``.

@@ -1,4 +1,5 @@
-"""``FusedMatMul`` / ``TransposeMatMul`` as ``Transpose`` + ``MatMul`` (+ ``Mul`` by alpha), and contrib ``Trilu``.
+"""``FusedMatMul`` / ``TransposeMatMul`` as ``Transpose`` + ``MatMul`` (+ ``Mul`` by alpha), and
+contrib ``Trilu``.
 
 Stock ONNX Runtime runs ``FusedMatMul`` on CPU, but other execution providers
 (WebGPU) and other runtimes may not: standard ops run everywhere, and ONNX
@@ -25,7 +26,8 @@ def _swap_last_two(w: Writer, x: ir.Value, rank: int) -> ir.Value:
 
 
 def fused_matmul(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``FusedMatMul(A, B) = alpha * op(A) @ op(B)``, ``op`` transposing the last two dims when asked.
+    """``FusedMatMul(A, B) = alpha * op(A) @ op(B)``, ``op`` transposing the last two dims when
+    asked.
 
     With an input of unknown rank, ``Einsum("...ij,...jk->...ik")`` (with the transposed
     subscripts) does the same without a permutation.
@@ -56,7 +58,8 @@ def fused_matmul(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def contrib_trilu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``com.microsoft:Trilu`` as the standard ``Trilu`` (opset 14); kept on older opsets in ``"onnxruntime"`` mode.
+    """``com.microsoft:Trilu`` as the standard ``Trilu`` (opset 14); kept on older opsets in
+    ``"onnxruntime"`` mode.
 
     Raises:
         PortabilityError: below opset 14 in ``"standard"`` mode.

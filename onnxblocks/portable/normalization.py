@@ -39,7 +39,8 @@ def _normalize(
 
     ``outs``: the names of ``Y``, the mean and the inverse standard deviation (``""`` when unused);
     ``like``: a graph value of ``x``'s type (when ``x`` is new, so not typed yet).
-    ``Y = (x - mean) * inv_std * scale + bias`` with ``inv_std = 1 / sqrt(mean((x - mean)^2) + epsilon)``
+    ``Y = (x - mean) * inv_std * scale + bias`` with ``inv_std = 1 / sqrt(mean((x - mean)^2) +
+    epsilon)``
     (no mean when simplified: ``inv_std = 1 / sqrt(mean(x^2) + epsilon)``).
     """
     y, mean_out, inv_out = outs
@@ -94,7 +95,8 @@ def _normalize(
 
 
 def simplified_layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``SimplifiedLayerNormalization(X, scale) -> Y[, inv_std_var]`` (RMSNorm): ``X * inv_std * scale``.
+    """``SimplifiedLayerNormalization(X, scale) -> Y[, inv_std_var]`` (RMSNorm): ``X * inv_std *
+    scale``.
 
     ``inv_std = 1 / sqrt(mean(X^2) + epsilon)`` over the dims from ``axis`` on.
     """
@@ -108,7 +110,9 @@ def simplified_layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """ONNX Runtime's ``LayerNormalization(X, scale[, B]) -> Y[, mean, inv_std_dev]`` below opset 17."""
+    """ONNX Runtime's ``LayerNormalization(X, scale[, B]) -> Y[, mean, inv_std_dev]`` below opset
+    17.
+    """
     x, scale, bias = inputs(node, 3)
     w = ctx.writer(node)
     outs = outputs(node, 3)
@@ -149,7 +153,8 @@ def skip_layer_norm(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def layer_norm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``(Simplified)LayerNormalizationGrad(dY, X, scale[, mean], inv_std_dev) -> dX, dScale[, dBias]``.
+    """``(Simplified)LayerNormalizationGrad(dY, X, scale[, mean], inv_std_dev) -> dX, dScale[,
+    dBias]``.
 
     With ``x = (X - mean) * inv_std`` (``X * inv_std`` when simplified),
     ``B = dY * scale * inv_std``: ``dX = B - mean(B) - x * mean(B * x)`` (no ``mean(B)``
@@ -200,10 +205,12 @@ def _channels(w: Writer, value: ir.Value) -> ir.Value:
 
 
 def batch_norm_internal(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """Training-mode ``BatchNormInternal(X, scale, B, mean, var) -> Y, running_mean, running_var, saved_mean, inv_std``.
+    """Training-mode ``BatchNormInternal(X, scale, B, mean, var) -> Y, running_mean, running_var,
+    saved_mean, inv_std``.
 
     Batch statistics over ``N`` and the spatial dims, the biased variance,
-    ``inv_std = sqrt(1 / (var + eps))``, ``Y = X * (inv_std * scale) + (B - mean * inv_std * scale)``,
+    ``inv_std = sqrt(1 / (var + eps))``, ``Y = X * (inv_std * scale) + (B - mean * inv_std *
+    scale)``,
     running statistics ``input * momentum + batch * (1 - momentum)``.
     """
     x, scale, bias, input_mean, input_var = inputs(node, 5)

@@ -22,12 +22,14 @@ from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.ir.serde import from_proto
 from onnxblocks.ir.walk import all_nodes
 
-#: A portable mode: ``"standard"`` (standard ONNX ops only) or ``"onnxruntime"`` (stock ONNX Runtime's contrib ops too).
+#: A portable mode: ``"standard"`` (standard ONNX ops only) or ``"onnxruntime"`` (stock ONNX
+#: Runtime's contrib ops too).
 PortableMode = Literal["standard", "onnxruntime"]
 #: The portable modes, the default first.
 PORTABLE_MODES: tuple[PortableMode, ...] = ("standard", "onnxruntime")
 
-#: ``com.microsoft`` ops that stock ONNX Runtime runs on CPU, which an ``"onnxruntime"``-mode model may hold.
+#: ``com.microsoft`` ops that stock ONNX Runtime runs on CPU, which an ``"onnxruntime"``-mode model
+#: may hold.
 PORTABLE_CONTRIB_OPS = frozenset(
     {
         "FusedMatMul",
@@ -45,13 +47,15 @@ PORTABLE_CONTRIB_OPS = frozenset(
 )
 
 
-#: ONNX Runtime's own default-domain ops that stock ONNX Runtime runs on CPU (RMSNorm, and layer norm below
+#: ONNX Runtime's own default-domain ops that stock ONNX Runtime runs on CPU (RMSNorm, and layer
+#: norm below
 #: opset 17, as its graph fusions emit them), which an ``"onnxruntime"``-mode model may hold.
 ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
 
 
 def portable_mode(mode: object, what: str = "portable") -> PortableMode:
-    """The portable mode ``mode`` names: ``True`` or ``"standard"`` -> ``"standard"``, ``"onnxruntime"``.
+    """The portable mode ``mode`` names: ``True`` or ``"standard"`` -> ``"standard"``,
+    ``"onnxruntime"``.
 
     Raises:
         InvalidValueError: for anything else, naming ``what`` (the argument) and the choices.
@@ -61,7 +65,8 @@ def portable_mode(mode: object, what: str = "portable") -> PortableMode:
     if mode == "onnxruntime":
         return "onnxruntime"
     raise InvalidValueError(
-        f"{what} must be True, 'standard' (standard ONNX ops only) or 'onnxruntime' (also the contrib ops stock "
+        f"{what} must be True, 'standard' (standard ONNX ops only) or 'onnxruntime' (also the "
+        "contrib ops stock "
         f"onnxruntime runs, for speed), not {mode!r}."
     )
 

@@ -84,8 +84,10 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     updates = [n for n in model.graph.node if n.op_type in _UPDATES]
     if len(updates) != 1 or extra:
         raise PortabilityError(
-            f"The optimizer model holds {[n.op_type for n in model.graph.node]}; portable artifacts support the "
-            "optimizers of onnxblocks.optim (AdamW, SGD, with an optional ClipGradNorm), one update node each. "
+            f"The optimizer model holds {[n.op_type for n in model.graph.node]}; portable "
+            "artifacts support the "
+            "optimizers of onnxblocks.optim (AdamW, SGD, with an optional ClipGradNorm), one "
+            "update node each. "
             "Use one of those, or generate non-portable artifacts (portable=False)."
         )
     update = updates[0]
@@ -118,7 +120,9 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _input(model: onnx.ModelProto, name: str, elem: int, shape: Sequence[int]) -> ir.Value:
-    """The optimizer model's graph input ``name`` as a new IR value (its declared type, else ``elem`` ``shape``)."""
+    """The optimizer model's graph input ``name`` as a new IR value (its declared type, else
+    ``elem`` ``shape``).
+    """
     declared = next((i for i in model.graph.input if i.name == name), None)
     if declared is not None and declared.type.HasField("tensor_type"):
         return ir.serde.deserialize_value_info_proto(declared, None)
@@ -140,7 +144,8 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
     Its signature (docs/portable.md)::
 
         inputs:  learning_rate, step,
-                 for each p of params: p, <p>_grad, p.exp_avg, p.exp_avg_sq  (SGD: p, <p>_grad, p.exp_avg)
+                 for each p of params: p, <p>_grad, p.exp_avg, p.exp_avg_sq  (SGD: p, <p>_grad,
+                 p.exp_avg)
         outputs: for each p of params: p.out, p.exp_avg.out, p.exp_avg_sq.out  (SGD: p.out)
 
     SGD's ``p.exp_avg`` is read by nothing: ONNX Runtime's SGD keeps one moment of
@@ -199,7 +204,8 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
 
 
 def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelProto:
-    """The standard-op optimizer model for ``count`` parameters, with today's inputs and updated sequences out.
+    """The standard-op optimizer model for ``count`` parameters, with today's inputs and updated
+    sequences out.
 
     The training build's optimizer inputs (tensor sequences ``params``, ``gradients``,
     moments), returning ``params.out`` and the moments' ``.out`` sequences.

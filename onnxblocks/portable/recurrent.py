@@ -62,12 +62,15 @@ def _only_read_by(node: ir.Node, names: list[str], grad_op: str) -> None:
         if readers:
             raise unsupported(
                 node,
-                f"its output '{value.name}' read by {readers[0].op_type} (only {grad_op} may read it)",
+                f"its output '{value.name}' read by {readers[0].op_type} (only {grad_op} may "
+                "read it)",
             )
 
 
 class _Parts:
-    """Weights of one direction split per gate: ``W [G*H, I]``, ``R [G*H, H]``, ``Wb``, ``Rb`` (``[G*H]``)."""
+    """Weights of one direction split per gate: ``W [G*H, I]``, ``R [G*H, H]``, ``Wb``, ``Rb``
+    (``[G*H]``).
+    """
 
     def __init__(
         self,
@@ -127,14 +130,18 @@ def _scan(
 
 
 def _body(w: Writer, name: str, ins: list[ir.Value], outs: list[ir.Value]) -> ir.Graph:
-    """A Scan body over float tensors of unknown shape (its inputs from :meth:`Writer.body_input`)."""
+    """A Scan body over float tensors of unknown shape (its inputs from
+    :meth:`Writer.body_input`).
+    """
     for value in outs:
         value.type = FLOAT_TENSOR
     return ir.Graph(ins, outs, nodes=w.nodes, name=name)
 
 
 def gru_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``GRUTraining(X, W, R, B, _, H0) -> Y, Y_h, zrh``: the standard ``GRU`` (zrh is left to ``GRUGrad``)."""
+    """``GRUTraining(X, W, R, B, _, H0) -> Y, Y_h, zrh``: the standard ``GRU`` (zrh is left to
+    ``GRUGrad``).
+    """
     x, weight, recurrence, bias, sequence_lens, h0 = inputs(node, 6)
     _check(node, "GRU", sequence_lens)
     y, y_h, zrh = outputs(node, 3)
@@ -148,7 +155,9 @@ def gru_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def gru_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``GRUGrad(X, W, R, B, _, H0, Y, zrh, dY, dY_h) -> dX, dW, dR, dB, dH0`` as a reverse ``Scan``."""
+    """``GRUGrad(X, W, R, B, _, H0, Y, zrh, dY, dY_h) -> dX, dW, dR, dB, dH0`` as a reverse
+    ``Scan``.
+    """
     x, weight, recurrence, bias, sequence_lens, h0, hall, _, dhall, dh_final = inputs(node, 10)
     hidden = _check(node, "GRU", sequence_lens)
     before_reset = node.attributes.get_int("linear_before_reset", 0)
@@ -245,7 +254,9 @@ def _gradients_out(
     dh0: str,
     bias_parts: tuple[ir.Value, ir.Value],
 ) -> None:
-    """Write the gradient outputs from the Scan's final states (``[dh0, dW, dR, ...]`` then ``dX``)."""
+    """Write the gradient outputs from the Scan's final states (``[dh0, dW, dR, ...]`` then
+    ``dX``).
+    """
     if dx:
         w.op("Identity", [finals[-1]], dx)
     if dw:
@@ -259,7 +270,9 @@ def _gradients_out(
 
 
 def lstm_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``LSTMTraining(X, W, R, B, _, H0, C0) -> Y, Y_h, Y_c, all cell states, (iofc)`` as a forward ``Scan``."""
+    """``LSTMTraining(X, W, R, B, _, H0, C0) -> Y, Y_h, Y_c, all cell states, (iofc)`` as a
+    forward ``Scan``.
+    """
     x, weight, recurrence, bias, sequence_lens, h0, c0, peephole = inputs(node, 8)
     hidden = _check(node, "LSTM", sequence_lens, peephole)
     y, y_h, y_c, cells, iofc = outputs(node, 5)
@@ -300,7 +313,9 @@ def lstm_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
 
 
 def lstm_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
-    """``LSTMGrad(X, W, R, _, H0, C0, Y, cells, iofc, dY, dY_h, dY_c) -> dX, dW, dR, dB, dH0, dC0``, a reverse Scan."""
+    """``LSTMGrad(X, W, R, _, H0, C0, Y, cells, iofc, dY, dY_h, dY_c) -> dX, dW, dR, dB, dH0,
+    dC0``, a reverse Scan.
+    """
     x, weight, recurrence, sequence_lens, h0, c0, hall, cells, _, dhall, dh_final, dc_final = (
         inputs(node, 12)
     )

@@ -40,7 +40,8 @@ Scalars = dict[str, ir.Value]
 
 @dataclass(frozen=True)
 class Rule:
-    """One algorithm: its torch defaults, its state slots, its per-group scalars and its elementwise update.
+    """One algorithm: its torch defaults, its state slots, its per-group scalars and its elementwise
+    update.
 
     Attributes:
         name: The algorithm (``"sgd"``, ``"adam"``, ``"adamw"``, ``"adagrad"``, ``"rmsprop"``).
@@ -48,8 +49,10 @@ class Rule:
         slots: Every state a group may keep, in their fixed order.
         needs: Which slots a group with given hyperparameters keeps.
         scalars: ``(w, hyper, lr, step, dtype) -> scalars`` (``lr``, ``step``: double scalars).
-        update: ``(w, hyper, scalars, param, grad, states) -> (param, states)``; ``hyper["dtype"]`` is the
-            parameters' numpy type for torch-exact rounding (:func:`fma`, :func:`sqrt`), None for float32 ops.
+        update: ``(w, hyper, scalars, param, grad, states) -> (param, states)``; ``hyper["dtype"]``
+        is the
+            parameters' numpy type for torch-exact rounding (:func:`fma`, :func:`sqrt`), None for
+            float32 ops.
     """
 
     name: str
@@ -60,11 +63,14 @@ class Rule:
     update: Callable[
         [Writer, Hyper, Scalars, ir.Value, ir.Value, dict[str, ir.Value]], tuple[ir.Value, Scalars]
     ]
-    #: False for a rule that reads whole-tensor norms (Lamb): layouts apply it per tensor, never flattened.
+    #: False for a rule that reads whole-tensor norms (Lamb): layouts apply it per tensor, never
+    #: flattened.
     elementwise: bool = True
 
     def states(self, groups: Sequence[Hyper]) -> tuple[str, ...]:
-        """The slots any of ``groups`` keeps, in the rule's order (the layout's per-parameter state)."""
+        """The slots any of ``groups`` keeps, in the rule's order (the layout's per-parameter
+        state).
+        """
         wanted = {s for g in groups for s in self.needs(g)}
         return tuple(s for s in self.slots if s in wanted)
 
@@ -74,12 +80,14 @@ def _cast(w: Writer, x: ir.Value, dtype: np.dtype) -> ir.Value:
 
 
 def fma(w: Writer, a: ir.Value, b: ir.Value, c: ir.Value, dtype: np.dtype | None) -> ir.Value:
-    """``a * b + c`` rounded once, as torch's CPU kernels compute ``add(alpha=)``, ``addcmul`` and ``lerp``.
+    """``a * b + c`` rounded once, as torch's CPU kernels compute ``add(alpha=)``, ``addcmul`` and
+    ``lerp``.
 
     The compiler fuses them into one fused multiply-add; ONNX has none, so the
     product and sum are taken in double (the product of two floats is exact there)
     and rounded back to ``dtype`` (the parameters' type). ``dtype=None`` (an optimizer built with
-    ``exact=False``) takes both in the operands' type: two roundings, three fewer passes over memory.
+    ``exact=False``) takes both in the operands' type: two roundings, three fewer passes over
+    memory.
     """
     if dtype is None or np.dtype(dtype) == np.float64:
         return w.op("Add", [w.op("Mul", [a, b]), c])
@@ -354,7 +362,9 @@ def _lamb_update(
     grad: ir.Value,
     states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
-    """LAMB (You et al., 2019, Algorithm 2): Adam's direction plus decay, times the trust ratio ``||w|| / ||u||``."""
+    """LAMB (You et al., 2019, Algorithm 2): Adam's direction plus decay, times the trust ratio
+    ``||w|| / ||u||``.
+    """
     g = w.op("Neg", [grad]) if hyper["maximize"] else grad
     m1 = w.op("Add", [w.op("Mul", [states["exp_avg"], s["beta1"]]), w.op("Mul", [g, s["beta1c"]])])
     m2 = w.op(

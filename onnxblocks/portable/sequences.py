@@ -69,7 +69,9 @@ class PerTensorOptimizer:
 
 
 def _element_name(sequence: str, param: str) -> str:
-    """The contract's name of ``param``'s element of ``sequence`` (``<sequence>.<param>`` for another sequence)."""
+    """The contract's name of ``param``'s element of ``sequence`` (``<sequence>.<param>`` for
+    another sequence).
+    """
     named = {
         PARAMS: param,
         GRADIENTS: gradient_name(param),
@@ -80,7 +82,9 @@ def _element_name(sequence: str, param: str) -> str:
 
 
 def _fresh(names: NameAuthority, base: str) -> str:
-    """``base`` when the graph does not use it yet, else a fresh name built from it (reserved either way)."""
+    """``base`` when the graph does not use it yet, else a fresh name built from it (reserved
+    either way).
+    """
     if names.is_used(base):
         return names.fresh(base)
     names.reserve(base)
@@ -118,7 +122,8 @@ def per_tensor_optimizer(
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 0))
     if opset < _SEQUENCE_OPSET:
         raise InvalidValueError(
-            f"The {path} imports opset {opset} of the default domain; the portable backend needs opset >= "
+            f"The {path} imports opset {opset} of the default domain; the portable backend needs "
+            "opset >= "
             f"{_SEQUENCE_OPSET} (sequence ops). Regenerate the artifacts."
         )
     sequences = [v for v in graph.inputs if isinstance(v.type, ir.SequenceType)]
@@ -128,8 +133,10 @@ def per_tensor_optimizer(
     missing = [updated_name(s) for s in names_in[:1] if updated_name(s) not in updated]
     if not sequences or missing:
         raise InvalidValueError(
-            f"The {path} has sequence inputs {names_in} and outputs {list(updated)}; a portable optimizer model "
-            "takes the parameters as a tensor sequence and returns 'params.out' (see docs/portable.md). Regenerate "
+            f"The {path} has sequence inputs {names_in} and outputs {list(updated)}; a portable "
+            "optimizer model "
+            "takes the parameters as a tensor sequence and returns 'params.out' (see "
+            "docs/portable.md). Regenerate "
             "the artifacts with portable=True."
         )
     names = graph_names(graph)
@@ -212,7 +219,9 @@ def _position(value: ir.Value | None) -> int | None:
 def _unwrapped(
     graph: ir.Graph, params: Sequence[Param], sequences: list[ir.Value], names: NameAuthority
 ) -> Maps | None:
-    """The optimizer with its SequenceAt / SequenceConstruct nodes replaced by tensors, or None if it has others."""
+    """The optimizer with its SequenceAt / SequenceConstruct nodes replaced by tensors, or None
+    if it has others.
+    """
     count = len(params)
     outputs = set(graph.outputs)
     at: list[tuple[ir.Node, ir.Value, int]] = []  # (node, sequence, element)

@@ -1,4 +1,5 @@
-"""Softmax gradients: ``SoftmaxGrad(_13)``, ``LogSoftmaxGrad(_13)``, ``SoftmaxCrossEntropyLossGrad``.
+"""Softmax gradients: ``SoftmaxGrad(_13)``, ``LogSoftmaxGrad(_13)``,
+``SoftmaxCrossEntropyLossGrad``.
 
 ``*_13`` ops reduce over one axis (opset-13 ``Softmax``); the older ones coerce the
 input to 2-D at ``axis`` first (``Flatten``), as opset-1..12 ``Softmax`` did.
@@ -93,7 +94,8 @@ def softmax_cross_entropy_loss_grad(node: ir.Node, ctx: LoweringContext) -> list
 
 
 def _one_hot(w: Writer, scores: ir.Value, label: ir.Value, elem: int) -> ir.Value:
-    """The one-hot encoding of ``label`` (``[N, d...]``) along axis 1 of ``scores`` (``[N, C, d...]``), of ``elem``.
+    """The one-hot encoding of ``label`` (``[N, d...]``) along axis 1 of ``scores`` (``[N, C,
+    d...]``), of ``elem``.
 
     A ``ScatterElements`` of ones into zeros, not ``OneHot``: ONNX Runtime's ``OneHot``
     kernels cover few (index, value) type pairs (not int32 labels, not double).
@@ -108,7 +110,9 @@ def _one_hot(w: Writer, scores: ir.Value, label: ir.Value, elem: int) -> ir.Valu
 def _valid_labels(
     w: Writer, label: ir.Value, ignore_input: ir.Value | None, ignore_attr: int | None
 ) -> tuple[ir.Value | None, ir.Value]:
-    """``(label != ignore_index, label with ignored entries set to 0)``; ``(None, label)`` without an ignore index."""
+    """``(label != ignore_index, label with ignored entries set to 0)``; ``(None, label)``
+    without an ignore index.
+    """
     if ignore_input is not None:
         ignore = w.cast(ignore_input, onnx.TensorProto.INT64)
     elif ignore_attr is not None:

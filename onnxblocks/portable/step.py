@@ -1,4 +1,5 @@
-"""The fused step model: forward, backward and the optimizer update in one graph (one ``run`` per step).
+"""The fused step model: forward, backward and the optimizer update in one graph (one ``run`` per
+step).
 
 Built from the lowered training graph (before its accumulation is rewritten):
 each accumulator's gradient input ``<p>_grad`` feeds the update instead, after
@@ -129,7 +130,9 @@ def _like(name: str, param: ir.Value) -> ir.Value:
 def _frozen_by_position(
     order: list[ir.Value], params: list[ir.Value], buffers: set[ir.Value | None]
 ) -> list[ir.Value]:
-    """The inputs after the last trainable parameter and before the first buffer (onnxblocks' input order)."""
+    """The inputs after the last trainable parameter and before the first buffer (onnxblocks'
+    input order).
+    """
     last = max(order.index(p) for p in params)
     first_buffer = min((order.index(b) for b in buffers if b is not None), default=len(order))
     return [v for v in order[last + 1 : first_buffer] if v.name != LAZY_RESET_GRAD]
@@ -138,10 +141,12 @@ def _frozen_by_position(
 def step_model(
     lowered: onnx.ModelProto, spec: OptimizerSpec, frozen: Sequence[str] | None = None
 ) -> onnx.ModelProto:
-    """The fused step model of a lowered training model (its accumulators not yet rewritten; see :class:`FuseStep`).
+    """The fused step model of a lowered training model (its accumulators not yet rewritten; see
+    :class:`FuseStep`).
 
     Args:
-        lowered: The training model after :func:`~onnxblocks.portable.lower.lower_training_ops` (not changed).
+        lowered: The training model after :func:`~onnxblocks.portable.lower.lower_training_ops` (not
+        changed).
         spec: The optimizer (:func:`~onnxblocks.portable.optimizer.read_optimizer`).
         frozen: The frozen parameters; default: read from the input order.
 

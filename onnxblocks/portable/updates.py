@@ -1,4 +1,5 @@
-"""The optimizer update in standard ops: AdamW (torch and Hugging Face modes), SGD, clipping, multi-tensor layout.
+"""The optimizer update in standard ops: AdamW (torch and Hugging Face modes), SGD, clipping,
+multi-tensor layout.
 
 :func:`adamw_update`, :func:`sgd_update` and :func:`clip_gradients` write the arithmetic
 of ONNX Runtime's ``AdamWOptimizer`` / ``SGDOptimizerV2`` / ``InplaceClipGradNorm``
@@ -46,7 +47,9 @@ class OptimizerWriter(Writer):
     def scalar(
         self, value: float | int, dtype: Any = np.float32, shape: Sequence[int] = ()
     ) -> ir.Value:
-        """The constant of ``dtype`` holding ``value`` (one node per distinct value, type and shape)."""
+        """The constant of ``dtype`` holding ``value`` (one node per distinct value, type and
+        shape).
+        """
         array = np.full(
             tuple(shape), value, dtype=numpy_type(dtype if dtype is not None else np.float32)
         )
@@ -65,16 +68,20 @@ class OptimizerSpec:
     """What an optimizer model does.
 
     Attributes:
-        kind: ``"adamw"`` or ``"sgd"`` (the contrib ops), or a rule of :mod:`onnxblocks.portable.rules`
+        kind: ``"adamw"`` or ``"sgd"`` (the contrib ops), or a rule of
+        :mod:`onnxblocks.portable.rules`
             when ``groups`` is set.
         attributes: The ``AdamWOptimizer`` attributes (declared defaults filled in); empty for SGD.
         max_norm: The gradient-clipping norm, or None without clipping.
         elem_type: The parameters' element type.
         groups: For an optimizer in standard ops: each parameter group's hyperparameters (the rule's
-            defaults filled in), ``lr_scale`` (its learning rate over the session's) and optional ``max_norm``;
+            defaults filled in), ``lr_scale`` (its learning rate over the session's) and optional
+            ``max_norm``;
             empty for the contrib ops.
-        params: The trainable parameters in the optimizer model's order, each with its group's index.
-        exact: For an optimizer in standard ops: round as torch's CPU kernels (see :mod:`~onnxblocks.portable.rules`).
+        params: The trainable parameters in the optimizer model's order, each with its group's
+        index.
+        exact: For an optimizer in standard ops: round as torch's CPU kernels (see
+        :mod:`~onnxblocks.portable.rules`).
     """
 
     kind: str
@@ -92,7 +99,9 @@ class OptimizerSpec:
 
     @property
     def states(self) -> tuple[str, ...]:
-        """The rule's state tensors per parameter (torch's names), in slot order; () for the contrib ops."""
+        """The rule's state tensors per parameter (torch's names), in slot order; () for the
+        contrib ops.
+        """
         rule = self.rule
         return rule.states([g["hyper"] for g in self.groups]) if rule is not None else ()
 
@@ -106,7 +115,9 @@ class OptimizerSpec:
         return _groups.metadata(self.kind, self.groups, self.params, self.max_norm, self.exact)
 
     def layout(self) -> _groups.Layout:
-        """The groups' layout of a spec with groups (:class:`~onnxblocks.portable.groups.GroupUpdater`)."""
+        """The groups' layout of a spec with groups
+        (:class:`~onnxblocks.portable.groups.GroupUpdater`).
+        """
         assert self.rule is not None, "a spec with groups"
         return _groups.Layout(
             self.rule, self.groups, dict(self.params), self.states, self.dtype, self.exact
@@ -125,7 +136,9 @@ class OptimizerSpec:
 
     @property
     def moments(self) -> int:
-        """How many moments per parameter the optimizer keeps (ONNX Runtime's SGD keeps one of zeros)."""
+        """How many moments per parameter the optimizer keeps (ONNX Runtime's SGD keeps one of
+        zeros).
+        """
         return len(self.state_inputs)
 
     @property
@@ -155,7 +168,9 @@ def clip_gradients(
 def clip(
     w: Writer, spec: OptimizerSpec, gradients: Sequence[ir.Value], names: Sequence[str]
 ) -> list[ir.Value]:
-    """The gradients clipped by the global norm (``spec.max_norm``), then by each group's ``max_norm``, as asked."""
+    """The gradients clipped by the global norm (``spec.max_norm``), then by each group's
+    ``max_norm``, as asked.
+    """
     grads = (
         clip_gradients(w, gradients, spec.max_norm, spec.dtype)
         if spec.max_norm is not None
@@ -173,11 +188,13 @@ class AdamWScalars:
     """The per-step float32 scalars AdamW shares across parameters.
 
     Attributes:
-        decay: ``1 - lr * weight_decay`` (the decoupled decay as one product), or None without decay.
+        decay: ``1 - lr * weight_decay`` (the decoupled decay as one product), or None without
+        decay.
         step_size: ``lr * sqrt(1 - beta2**t) / (1 - beta1**t)`` (``lr`` without bias correction).
         epsilon: What is added to ``sqrt(m2)``: ``eps * sqrt(1 - beta2**t)`` in torch mode
             (``sqrt(m2 / c2) + eps`` scaled by ``sqrt(c2)``), ``eps`` in Hugging Face mode.
-        coefficients: ``beta1, 1 - beta1, beta2, 1 - beta2`` as float32 constants, written once and shared
+        coefficients: ``beta1, 1 - beta1, beta2, 1 - beta2`` as float32 constants, written once and
+        shared
             by every update (None: each update writes its own).
     """
 
@@ -190,7 +207,9 @@ class AdamWScalars:
 def adamw_scalars(
     w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step: ir.Value
 ) -> AdamWScalars:
-    """The step's scalars; bias corrections ``1 - float(pow(double(beta), step))`` as the kernel computes them."""
+    """The step's scalars; bias corrections ``1 - float(pow(double(beta), step))`` as the kernel
+    computes them.
+    """
     a = spec.attributes
     f32 = np.float32
     alpha, beta = _f32(float(a["alpha"])), _f32(float(a["beta"]))
@@ -235,7 +254,8 @@ def adamw_update(
     m2: ir.Value,
     outs: Sequence[str | ir.Value],
 ) -> list[ir.Value]:
-    """Write ``outs = (param, m1, m2)`` after one AdamW step (``adam_mode`` 0: torch, 1: Hugging Face).
+    """Write ``outs = (param, m1, m2)`` after one AdamW step (``adam_mode`` 0: torch, 1: Hugging
+    Face).
 
     13 passes over the parameter's size (12 without weight decay), each a standard op:
     ONNX Runtime runs no elementwise fusion on CPU, so the count is what costs. The
@@ -276,7 +296,8 @@ def sgd_update(
     return w.op("Sub", [param, w.op("Mul", [w.reshape(learning_rate, []), grad])], out)
 
 
-#: Parameters of at most this many elements are updated together, in flat buffers (:func:`update_parameters`).
+#: Parameters of at most this many elements are updated together, in flat buffers
+#: (:func:`update_parameters`).
 #: Above it a tensor's own elementwise passes cost more than their nodes' dispatch, and flattening
 #: (a ``Concat`` of each input, a ``Split`` of each output) would only add passes over memory.
 FLAT_LIMIT = 1 << 18
@@ -310,15 +331,22 @@ def update_parameters(
     flat_limit: int | None = None,
     names: Sequence[str] | None = None,
 ) -> list[list[ir.Value]]:
-    """Write one optimizer step for every parameter: each writes ``outs[i] = (p, *moments)`` (SGD: ``(p,)``).
+    """Write one optimizer step for every parameter: each writes ``outs[i] = (p, *moments)`` (SGD:
+    ``(p,)``).
 
-    Multi-tensor layout: the parameters of at most ``flat_limit`` elements (static shapes) are updated together,
-    per element type: their parameters, gradients and moments flattened and concatenated into one buffer each,
+    Multi-tensor layout: the parameters of at most ``flat_limit`` elements (static shapes) are
+    updated together,
+    per element type: their parameters, gradients and moments flattened and concatenated into one
+    buffer each,
     every elementwise op of the update run once over the buffer, and the results split back to each
-    parameter's shape and output name (what torch's ``foreach`` optimizers do with their tensor lists). The
-    arithmetic per element is the same ops in the same order, so the results equal the per-tensor update bit
-    for bit; a model of many small tensors (biases, norms, depthwise kernels) runs a few dozen nodes for them
-    instead of 13 per tensor. Larger parameters keep their own update (flattening would cost more passes over
+    parameter's shape and output name (what torch's ``foreach`` optimizers do with their tensor
+    lists). The
+    arithmetic per element is the same ops in the same order, so the results equal the per-tensor
+    update bit
+    for bit; a model of many small tensors (biases, norms, depthwise kernels) runs a few dozen nodes
+    for them
+    instead of 13 per tensor. Larger parameters keep their own update (flattening would cost more
+    passes over
     memory than the nodes it saves).
 
     Args:
@@ -330,9 +358,12 @@ def update_parameters(
         grads: Their (clipped) gradients.
         moments: Per parameter, its moments (AdamW: two; SGD: none read).
         outs: Per parameter, the names (or values) of the updated parameter and moments.
-        flat_limit: The largest tensor updated in the flat buffers (0: none; default :data:`FLAT_LIMIT`).
-        names: The parameters' names, for an optimizer with parameter groups (default: the values' names);
-            parameters are flattened together per element type and group (a rule reading whole-tensor norms,
+        flat_limit: The largest tensor updated in the flat buffers (0: none; default
+        :data:`FLAT_LIMIT`).
+        names: The parameters' names, for an optimizer with parameter groups (default: the values'
+        names);
+            parameters are flattened together per element type and group (a rule reading
+            whole-tensor norms,
             Lamb, never).
 
     Returns:

@@ -56,14 +56,18 @@ def onnxruntime() -> ModuleType:
 
 
 def has_training_build() -> bool:
-    """True when the installed onnxruntime is the training build (it has the training API's bindings)."""
+    """True when the installed onnxruntime is the training build (it has the training API's
+    bindings).
+    """
     from onnxblocks._core.ort import has_training_build as _has
 
     return _has()
 
 
 def require_training_build(what: str) -> ModuleType:
-    """The C bindings, or :class:`~onnxblocks.errors.TrainingBuildRequiredError` on stock onnxruntime."""
+    """The C bindings, or :class:`~onnxblocks.errors.TrainingBuildRequiredError` on stock
+    onnxruntime.
+    """
     from onnxblocks._core.ort import require_training_build as _require
 
     return _require(what)
@@ -75,7 +79,8 @@ NO_CONSTANT_FOLDING = ("optimization.disable_specified_optimizers", "ConstantFol
 
 
 def session_options(runs: bool = False, *, prepack: bool = True, frozen_base: bool = False) -> Any:
-    """A ``SessionOptions`` at the log level onnxblocks uses (errors only, unless asked; see ``_core.ort``).
+    """A ``SessionOptions`` at the log level onnxblocks uses (errors only, unless asked; see
+    ``_core.ort``).
 
     Args:
         runs: The session's own logger also logs its runs (see ``_core.ort.session_options``).
@@ -108,7 +113,8 @@ def run_options() -> Any:
 
 
 def providers(device: str) -> list[str]:
-    """The execution providers of an ``InferenceSession`` on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+    """The execution providers of an ``InferenceSession`` on ``device`` (``"cpu"``, ``"cuda"``,
+    ``"cuda:N"``).
 
     Raises:
         ValueError: for a device string that is neither cpu nor cuda[:N].

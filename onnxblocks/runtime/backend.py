@@ -1,4 +1,5 @@
-"""What a :class:`~onnxblocks.runtime.session.TrainingSession` asks of the engine that runs its artifacts.
+"""What a :class:`~onnxblocks.runtime.session.TrainingSession` asks of the engine that runs its
+artifacts.
 
 Two engines implement :class:`Backend`:
 
@@ -79,11 +80,15 @@ class Backend(Protocol):
         ...
 
     def gradient(self, name: str) -> np.ndarray | None:
-        """A copy of a trainable parameter's accumulated gradient, or None when there is none yet."""
+        """A copy of a trainable parameter's accumulated gradient, or None when there is none
+        yet.
+        """
         ...
 
     def write_gradients(self, values: dict[str, np.ndarray]) -> None:
-        """Overwrite accumulated gradients (pending ones) with arrays already checked against :meth:`parameter_spec`."""
+        """Overwrite accumulated gradients (pending ones) with arrays already checked against
+        :meth:`parameter_spec`.
+        """
         ...
 
     def num_parameters(self) -> int: ...
@@ -119,16 +124,21 @@ def select_backend(requested: str, files: ArtifactFiles) -> BackendName:
     if portable:
         if requested == "training":
             raise InvalidValueError(
-                f"The artifacts in '{files.directory}' are portable (standard ops, explicit gradient accumulation): "
-                "they run on the portable backend only. Use backend='portable' or 'auto', or generate the artifacts "
+                f"The artifacts in '{files.directory}' are portable (standard ops, explicit "
+                "gradient accumulation): "
+                "they run on the portable backend only. Use backend='portable' or 'auto', or "
+                "generate the artifacts "
                 "without portable=True for the training build."
             )
         return "portable"
     if requested == "portable":
         raise InvalidValueError(
-            f"The artifacts in '{files.directory}' are not portable: their training and optimizer models use ONNX "
-            "Runtime's training kernels. Regenerate them with generate_artifacts(..., portable=True) (or "
-            "`onnxblocks artifacts ... --portable`) to train on stock onnxruntime, or use backend='training'."
+            f"The artifacts in '{files.directory}' are not portable: their training and "
+            "optimizer models use ONNX "
+            "Runtime's training kernels. Regenerate them with generate_artifacts(..., "
+            "portable=True) (or "
+            "`onnxblocks artifacts ... --portable`) to train on stock onnxruntime, or use "
+            "backend='training'."
         )
     _ort.require_training_build(
         f"Training the artifacts in '{files.directory}' (they are not portable)"

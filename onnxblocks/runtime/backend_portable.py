@@ -1,4 +1,5 @@
-"""The portable backend: portable artifacts on plain ``InferenceSession`` objects of any onnxruntime.
+"""The portable backend: portable artifacts on plain ``InferenceSession`` objects of any
+onnxruntime.
 
 Portable artifacts (``generate_artifacts(..., portable=True)``, contract in
 docs/portable.md) use standard ONNX ops only, and state that the training build
@@ -65,7 +66,8 @@ class _Model:
         self.what = what
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
-        #: outputs whose shape is not fixed (it may follow the batch): bound afresh when the batch's shapes change
+        #: outputs whose shape is not fixed (it may follow the batch): bound afresh when the batch's
+        #: shapes change
         self.dynamic = frozenset(
             o.name
             for o in self.session.get_outputs()
@@ -77,7 +79,9 @@ class _Model:
 
 
 class PortableBackend:
-    """Portable artifacts on any onnxruntime, state bound with IOBinding (see the module docstring)."""
+    """Portable artifacts on any onnxruntime, state bound with IOBinding (see the module
+    docstring).
+    """
 
     name: BackendName = "portable"
 
@@ -87,7 +91,8 @@ class PortableBackend:
         providers = _ort.providers(device)
         self._device = _ort.make_device(device)
         self._cpu = _ort.make_device("cpu")
-        # no pre-packed or folded copies of the memory-mapped frozen base in each session (runtime/_ort.py)
+        # no pre-packed or folded copies of the memory-mapped frozen base in each session
+        # (runtime/_ort.py)
         frozen = files.base_weights is not None
         options = options or _ort.session_options(prepack=not frozen, frozen_base=frozen)
         self._run_options = _ort.run_options()
@@ -97,15 +102,18 @@ class PortableBackend:
         self._specs = {
             n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())
         }
-        # every model against the checkpoint and the others, from their structure, before ONNX Runtime loads them
+        # every model against the checkpoint and the others, from their structure, before ONNX
+        # Runtime loads them
         check_artifact_set(files, dict(self._specs), self._trainable, checkpoint, portable=True)
         self._train = _Model(os.fspath(files.training_model), options, providers, "training model")
         inputs = set(self._train.inputs)
         missing = [n for n in self._trainable if n not in inputs or buffer_name(n) not in inputs]
         if missing:
             raise InvalidValueError(
-                f"Checkpoint '{checkpoint}' holds trainable parameters {preview(missing)} that the training model "
-                f"'{files.training_model}' does not take (with their gradient buffers). Load a checkpoint saved from "
+                f"Checkpoint '{checkpoint}' holds trainable parameters {preview(missing)} that "
+                "the training model "
+                f"'{files.training_model}' does not take (with their gradient buffers). Load a "
+                "checkpoint saved from "
                 "these artifacts."
             )
         special = {
@@ -143,11 +151,14 @@ class PortableBackend:
             unknown = [n for n in self._optimizer.inputs if n not in bound]
             if unknown:
                 raise InvalidValueError(
-                    f"The optimizer model '{files.optimizer_model}' takes {preview(unknown)}, which are not this "
-                    "checkpoint's trainable parameters, their gradients or moments. Use the optimizer model "
+                    f"The optimizer model '{files.optimizer_model}' takes {preview(unknown)}, "
+                    "which are not this "
+                    "checkpoint's trainable parameters, their gradients or moments. Use the "
+                    "optimizer model "
                     "generated with these artifacts."
                 )
-        # the state inputs the models take for each parameter (SGD's optimizer model takes one it never reads)
+        # the state inputs the models take for each parameter (SGD's optimizer model takes one it
+        # never reads)
         stateful = self._optimizer or self._fused
         moments = 0
         if stateful is not None and self._trainable:
@@ -201,8 +212,10 @@ class PortableBackend:
         """Take parameters, optimizer state and properties from a read checkpoint."""
         if sorted(ck.trainable) != self._trainable or sorted(ck.frozen) != self._frozen:
             raise InvalidValueError(
-                f"Checkpoint '{checkpoint}' holds parameters {preview(sorted([*ck.trainable, *ck.frozen]))}, but the "
-                f"session has {preview(sorted([*self._trainable, *self._frozen]))}. Load a checkpoint saved from "
+                f"Checkpoint '{checkpoint}' holds parameters "
+                f"{preview(sorted([*ck.trainable, *ck.frozen]))}, but the "
+                f"session has {preview(sorted([*self._trainable, *self._frozen]))}. Load a "
+                "checkpoint saved from "
                 "these artifacts."
             )
         self._check_specs(ck, checkpoint)
@@ -214,8 +227,10 @@ class PortableBackend:
             saved = moments.get(name, [])
             if group is not None and self._moments >= 2 and len(saved) < self._moments:
                 raise InvalidValueError(
-                    f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for '{name}'; these artifacts' "
-                    f"optimizer keeps {self._moments} (momentum0...). Save the checkpoint with the same optimizer, or "
+                    f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for "
+                    f"'{name}'; these artifacts' "
+                    f"optimizer keeps {self._moments} (momentum0...). Save the checkpoint with "
+                    "the same optimizer, or "
                     "save it with include_optimizer_state=False."
                 )
             if not first:
@@ -245,7 +260,8 @@ class PortableBackend:
             dtype, shape = self._specs[name]
             if array.dtype != dtype or tuple(array.shape) != shape:
                 raise InvalidValueError(
-                    f"Checkpoint '{checkpoint}' holds '{name}' as {array.dtype} {list(array.shape)}, but the session's "
+                    f"Checkpoint '{checkpoint}' holds '{name}' as {array.dtype} "
+                    f"{list(array.shape)}, but the session's "
                     f"is {dtype} {list(shape)}. Load a checkpoint saved from these artifacts."
                 )
 
@@ -313,8 +329,10 @@ class PortableBackend:
             binding.bind_input(name, array)
         count = len(user_outputs)
         if count and not model.dynamic.isdisjoint(user_outputs):
-            # A binding keeps its output tensors and writes the next run into them: an output whose shape follows
-            # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the batch's shapes
+            # A binding keeps its output tensors and writes the next run into them: an output whose
+            # shape follows
+            # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the
+            # batch's shapes
             # change, so ONNX Runtime allocates it in the new shape.
             shapes = tuple(getattr(a, "shape", None) for a in arrays)
             if self._batch_shapes.get(id(binding), shapes) != shapes:
@@ -326,7 +344,8 @@ class PortableBackend:
         except Exception as exc:
             raise _ort.run_error(exc, f"the {model.what}") from None
         outputs = binding.get_outputs()
-        # copies: the binding keeps its output tensors and the next run with it writes into them again
+        # copies: the binding keeps its output tensors and the next run with it writes into them
+        # again
         return tuple(np.array(outputs[i].numpy()) for i in range(count))
 
     # --------------------------------------------------------------- steps
@@ -348,8 +367,10 @@ class PortableBackend:
     def optimizer_step(self) -> None:
         if self._optimizer is None:
             raise StateError(
-                f"The artifacts in '{self.files.directory}' have a fused step model but no optimizer model, so "
-                "gradients cannot be applied after train_step. Use session.train_and_update(...) for each batch."
+                f"The artifacts in '{self.files.directory}' have a fused step model but no "
+                "optimizer model, so "
+                "gradients cannot be applied after train_step. Use session.train_and_update(...) "
+                "for each batch."
             )
         self._step[0] = self._opt_step + 1  # the step being taken, as ONNX Runtime's AdamW counts
         self._run(self._optimizer, self._binding("optimizer"), (), (), ())
@@ -444,7 +465,8 @@ class PortableBackend:
 
 
 def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:
-    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs), saying how to regenerate.
+    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs), saying how
+    to regenerate.
 
     Raises:
         PortabilityError: if the model takes tensor sequences.
@@ -452,10 +474,14 @@ def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:
     sequences = [i.name for i in model.session.get_inputs() if i.type.startswith("seq(")]
     if sequences:
         raise PortabilityError(
-            f"The optimizer model '{files.optimizer_model}' takes tensor sequences {preview(sequences)}: it was "
-            "written by an earlier onnxblocks, whose portable runtime rewrote it at load time. The portable runtime "
-            "now runs the artifacts as they are written, with one tensor per parameter, gradient and moment "
-            "(docs/portable.md). Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... --portable`, or "
+            f"The optimizer model '{files.optimizer_model}' takes tensor sequences "
+            f"{preview(sequences)}: it was "
+            "written by an earlier onnxblocks, whose portable runtime rewrote it at load time. "
+            "The portable runtime "
+            "now runs the artifacts as they are written, with one tensor per parameter, gradient "
+            "and moment "
+            "(docs/portable.md). Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... "
+            "--portable`, or "
             "onnxblocks.generate_artifacts(..., portable=True)."
         )
 
@@ -464,9 +490,11 @@ def _read(checkpoint: Path) -> Any:
     ck = load_checkpoint(checkpoint)
     if ck.is_nominal:
         raise InvalidValueError(
-            f"Checkpoint '{checkpoint}' is nominal (parameter names without values); the portable backend trains "
+            f"Checkpoint '{checkpoint}' is nominal (parameter names without values); the "
+            "portable backend trains "
             "from values. Pass the complete checkpoint generate_artifacts wrote."
         )
-    # a weight EMA's tensors are no model parameters: the session reads and writes them (runtime/ema.py)
+    # a weight EMA's tensors are no model parameters: the session reads and writes them
+    # (runtime/ema.py)
     ck.frozen = {n: v for n, v in ck.frozen.items() if not n.startswith(EXTRA_PREFIX)}
     return ck

@@ -1,4 +1,5 @@
-"""The training-build backend: ONNX Runtime's training API (``Module``, ``Optimizer``, ``CheckpointState``).
+"""The training-build backend: ONNX Runtime's training API (``Module``, ``Optimizer``,
+``CheckpointState``).
 
 It drives the C bindings of the training build (``onnxruntime.capi._pybind_state``
 of ``onnxruntime-training``), never ``onnxruntime.training`` (which imports
@@ -26,12 +27,16 @@ from onnxblocks.runtime.optimizer_driver import StandardOptimizerDriver, standar
 
 
 def _ort_failure(exc: BaseException) -> bool:
-    """True for what ONNX Runtime's training bindings raise when a run fails (their classes, or a RuntimeError)."""
+    """True for what ONNX Runtime's training bindings raise when a run fails (their classes, or a
+    RuntimeError).
+    """
     return _ort.is_ort_error(exc) or type(exc) is RuntimeError
 
 
 class TrainingBuildBackend:
-    """A training-build ``Module`` + ``Optimizer`` over one checkpoint state (see :class:`~.backend.Backend`)."""
+    """A training-build ``Module`` + ``Optimizer`` over one checkpoint state (see
+    :class:`~.backend.Backend`).
+    """
 
     name: BackendName = "training"
 
@@ -66,7 +71,8 @@ class TrainingBuildBackend:
             )
             if before != after:
                 raise InvalidValueError(
-                    f"Checkpoint '{checkpoint}' holds parameters {preview(sorted(after))}, but the session has "
+                    f"Checkpoint '{checkpoint}' holds parameters {preview(sorted(after))}, but "
+                    "the session has "
                     f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
                 )
         _check_models(self.files, state, checkpoint)
@@ -77,8 +83,10 @@ class TrainingBuildBackend:
             )
         except RuntimeError as exc:
             raise InvalidValueError(
-                f"ONNX Runtime cannot load the training model '{self.files.training_model}' with checkpoint "
-                f"'{checkpoint}': {_ort.clean_message(exc)}. Check that the checkpoint belongs to these artifacts."
+                f"ONNX Runtime cannot load the training model '{self.files.training_model}' with "
+                "checkpoint "
+                f"'{checkpoint}': {_ort.clean_message(exc)}. Check that the checkpoint belongs "
+                "to these artifacts."
             ) from None
         optimizer: Any = None
         if self.files.optimizer_model is not None:
@@ -217,7 +225,8 @@ class TrainingBuildBackend:
 
 
 def _check_models(files: ArtifactFiles, state: Any, checkpoint: Path) -> None:
-    """The training and eval models against the checkpoint's parameters (names, dtypes, shapes) and each other.
+    """The training and eval models against the checkpoint's parameters (names, dtypes, shapes) and
+    each other.
 
     Raises:
         CheckpointMismatchError, InvalidValueError: naming the file and the parameter or input.

@@ -94,8 +94,10 @@ class Accuracy(Callback):
     ) -> None:
         if self.output >= len(outputs) or -self.output > len(outputs):
             raise InvalidIndexError(
-                f"Accuracy: output index {self.output} is out of range; the eval model has {len(outputs)} "
-                "output(s) (the loss first). Generate the artifacts with additional_output_names=[<logits>] "
+                f"Accuracy: output index {self.output} is out of range; the eval model has "
+                f"{len(outputs)} "
+                "output(s) (the loss first). Generate the artifacts with "
+                "additional_output_names=[<logits>] "
                 "and pass output=1."
             )
         scores = np.asarray(outputs[self.output])
@@ -106,7 +108,8 @@ class Accuracy(Callback):
             predicted = (scores > self.threshold).astype(labels.dtype)
         if predicted.shape != labels.shape:
             raise InvalidValueError(
-                f"Accuracy: predictions have shape {predicted.shape} but labels have shape {labels.shape}. "
+                f"Accuracy: predictions have shape {predicted.shape} but labels have shape "
+                f"{labels.shape}. "
                 "Check the output and target indices."
             )
         self._correct += int((predicted == labels).sum())
@@ -164,12 +167,15 @@ class SaveCheckpoint(Callback):
             return Path(self.path.format(step=step, epoch=epoch))
         except (KeyError, IndexError, ValueError, AttributeError) as exc:
             raise InvalidValueError(
-                f"SaveCheckpoint: the path template {self.path!r} cannot be filled in ({type(exc).__name__}: {exc}); "
+                f"SaveCheckpoint: the path template {self.path!r} cannot be filled in "
+                f"({type(exc).__name__}: {exc}); "
                 "it may use {step} and {epoch} only (write a literal brace as {{ or }})."
             ) from None
 
     def on_train_begin(self, run: FitRun) -> None:
-        """Check, before the first step, that the checkpoints can be written where the template says."""
+        """Check, before the first step, that the checkpoints can be written where the template
+        says.
+        """
         check_output_file(
             self._target(run.session.step, run.epoch + 1),
             "SaveCheckpoint: path",
@@ -222,7 +228,8 @@ class EarlyStopping(Callback):
     def on_epoch_end(self, run: FitRun, logs: dict[str, Any]) -> None:
         if self.monitor not in logs:
             raise UnknownNameError(
-                f"EarlyStopping monitors '{self.monitor}', which the epoch logs do not have; they have "
+                f"EarlyStopping monitors '{self.monitor}', which the epoch logs do not have; "
+                "they have "
                 f"{sorted(logs)}. Pass eval_data (for eval_loss) or a metric callback."
             )
         current = float(logs[self.monitor])

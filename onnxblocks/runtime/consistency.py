@@ -1,4 +1,5 @@
-"""Checking, when a session opens, that the files of an artifact set fit the checkpoint and each other.
+"""Checking, when a session opens, that the files of an artifact set fit the checkpoint and each
+other.
 
 An artifact directory whose files come from different generations (a step model
 copied from another run, an eval model of a wider layer, an optimizer model of
@@ -94,7 +95,9 @@ class Signature:
 
 
 def read_signature(path: Path | None, what: str) -> Signature | None:
-    """The inputs and outputs of an ``.onnx`` file (its weights are not read); None for none or an ``.ort`` file."""
+    """The inputs and outputs of an ``.onnx`` file (its weights are not read); None for none or
+    an ``.ort`` file.
+    """
     if path is None or path.suffix != ".onnx":
         return None
     graph = load_structure(path, _SKIP_BYTES).graph
@@ -103,7 +106,8 @@ def read_signature(path: Path | None, what: str) -> Signature | None:
 
 
 def check_external_data(path: Path, graph: onnx.GraphProto, what: str) -> None:
-    """Check every external-data reference of ``graph`` (the model ``path``) before ONNX Runtime reads it.
+    """Check every external-data reference of ``graph`` (the model ``path``) before ONNX Runtime
+    reads it.
 
     The frozen base weights an artifact set shares (``base_weights.bin``) and each
     model's own ``.data`` file are found relative to the model's directory; each
@@ -120,13 +124,16 @@ def check_external_data(path: Path, graph: onnx.GraphProto, what: str) -> None:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         if external_info(init).get("location") == path.name:
-            continue  # a large inline tensor of the model file itself (load_structure's reference), already bounded
+            # a large inline tensor of the model file itself (load_structure's reference), already
+            # bounded
+            continue
         try:
             external_source(init, path.parent)
         except (InvalidValueError, FileMissingError) as exc:
             where = external_info(init).get("location", "")
             raise type(exc)(
-                f"The {what} '{path}' cannot be loaded (its tensor '{init.name}' in {where!r}): {exc}"
+                f"The {what} '{path}' cannot be loaded (its tensor '{init.name}' in {where!r}): "
+                f"{exc}"
             ) from None
 
 
@@ -176,7 +183,8 @@ def _fits(want: Spec, have: Spec) -> bool:
 
 
 _REGENERATE = (
-    "The files of an artifact directory must come from one generate_artifacts run: copy the whole directory, or "
+    "The files of an artifact directory must come from one generate_artifacts run: copy the "
+    "whole directory, or "
     "regenerate it (`onnxblocks artifacts MODEL.onnx ...`)."
 )
 
@@ -189,19 +197,25 @@ class _Checker:
     def against_checkpoint(
         self, sig: Signature, side: dict[str, Spec], name: str, role: str, param: str
     ) -> None:
-        """``name`` (``role`` of parameter ``param``) must be in ``side`` and fit the checkpoint's ``param``."""
+        """``name`` (``role`` of parameter ``param``) must be in ``side`` and fit the
+        checkpoint's ``param``.
+        """
         want = self.params[param]
         have = side.get(name)
         direction = "take" if side is sig.inputs else "return"
         if have is None:
             raise CheckpointMismatchError(
-                f"{sig.title} does not fit checkpoint '{self.checkpoint}': it does not {direction} {role} "
-                f"'{name}' of parameter '{param}' ({_describe(want)}), which the checkpoint trains. {_REGENERATE}"
+                f"{sig.title} does not fit checkpoint '{self.checkpoint}': it does not "
+                f"{direction} {role} "
+                f"'{name}' of parameter '{param}' ({_describe(want)}), which the checkpoint "
+                f"trains. {_REGENERATE}"
             )
         if not _fits(want, have):
             raise CheckpointMismatchError(
-                f"{sig.title} does not fit checkpoint '{self.checkpoint}': parameter '{param}' is {_describe(want)} in "
-                f"the checkpoint, but the model's {role} '{name}' is {_describe(have)}. {_REGENERATE}"
+                f"{sig.title} does not fit checkpoint '{self.checkpoint}': parameter '{param}' "
+                f"is {_describe(want)} in "
+                f"the checkpoint, but the model's {role} '{name}' is {_describe(have)}. "
+                f"{_REGENERATE}"
             )
 
 
@@ -268,8 +282,10 @@ def check_artifact_set(
             and _updated(optimizer, first) != _updated(step, first)
         ):
             raise InvalidValueError(
-                f"{step.title} updates the optimizer moments {preview(_updated(step, first))} of parameter "
-                f"'{first}', but {optimizer.label} updates {preview(_updated(optimizer, first))}: they "
+                f"{step.title} updates the optimizer moments {preview(_updated(step, first))} of "
+                "parameter "
+                f"'{first}', but {optimizer.label} updates "
+                f"{preview(_updated(optimizer, first))}: they "
                 f"update with different optimizers. {_REGENERATE}"
             )
         for param in frozen:
@@ -294,19 +310,23 @@ def _check_eval(
             want = user_inputs.get(name)
             if want is None:
                 raise InvalidValueError(
-                    f"{sig.title} takes input '{name}' ({_describe(spec)}), which is neither a parameter of checkpoint "
-                    f"'{check.checkpoint}' nor an input of {training.label} ({preview(list(user_inputs))}): it "
+                    f"{sig.title} takes input '{name}' ({_describe(spec)}), which is neither a "
+                    "parameter of checkpoint "
+                    f"'{check.checkpoint}' nor an input of {training.label} "
+                    f"({preview(list(user_inputs))}): it "
                     f"belongs to another model. {_REGENERATE}"
                 )
             if not _fits(want, spec):
                 raise InvalidValueError(
-                    f"{sig.title} takes input '{name}' as {_describe(spec)}, but {training.label} takes it as "
+                    f"{sig.title} takes input '{name}' as {_describe(spec)}, but "
+                    f"{training.label} takes it as "
                     f"{_describe(want)}. {_REGENERATE}"
                 )
 
 
 def _moments(sig: Signature, param: str) -> list[str]:
-    """The state inputs ``sig`` takes for ``param`` (``<p>.exp_avg``, ``<p>.exp_avg_sq``, ``<p>.state<k>``).
+    """The state inputs ``sig`` takes for ``param`` (``<p>.exp_avg``, ``<p>.exp_avg_sq``,
+    ``<p>.state<k>``).
 
     None for SGD's step.
     """
@@ -314,7 +334,9 @@ def _moments(sig: Signature, param: str) -> list[str]:
 
 
 def _updated(sig: Signature, param: str) -> list[str]:
-    """The moments of ``param`` that ``sig`` returns updated (two for AdamW, none for SGD, which keeps its moment)."""
+    """The moments of ``param`` that ``sig`` returns updated (two for AdamW, none for SGD, which
+    keeps its moment).
+    """
     return [m for m in state_names(param) if updated_name(m) in sig.outputs]
 
 
@@ -343,28 +365,34 @@ def _check_step_user_values(
     user_outputs: list[str],
     params: set[str],
 ) -> None:
-    """The step model takes the training model's user inputs (same order, types) and returns its user outputs first."""
+    """The step model takes the training model's user inputs (same order, types) and returns its
+    user outputs first.
+    """
     contract = {LEARNING_RATE, STEP, *params, *(m for p in params for m in state_names(p))}
     step_inputs = {n: s for n, s in step.inputs.items() if n not in contract}
     if list(step_inputs) != list(user_inputs):
         raise InvalidValueError(
-            f"{step.title} takes the user inputs {preview(list(step_inputs))}, but {training.label} takes "
+            f"{step.title} takes the user inputs {preview(list(step_inputs))}, but "
+            f"{training.label} takes "
             f"{preview(list(user_inputs))}: the two come from different models. {_REGENERATE}"
         )
     for name, spec in step_inputs.items():
         if not _fits(user_inputs[name], spec):
             raise InvalidValueError(
-                f"{step.title} takes input '{name}' as {_describe(spec)}, but {training.label} takes it as "
+                f"{step.title} takes input '{name}' as {_describe(spec)}, but {training.label} "
+                "takes it as "
                 f"{_describe(user_inputs[name])}. {_REGENERATE}"
             )
     if list(step.outputs)[: len(user_outputs)] != user_outputs:
         raise InvalidValueError(
-            f"{step.title} returns {preview(list(step.outputs)[: len(user_outputs)])} first, but {training.label} "
+            f"{step.title} returns {preview(list(step.outputs)[: len(user_outputs)])} first, but "
+            f"{training.label} "
             f"returns {preview(user_outputs)}: the two come from different models. {_REGENERATE}"
         )
 
 
-#: How ONNX Runtime says it has no kernel for a node (its two wordings), capturing the op and the node.
+#: How ONNX Runtime says it has no kernel for a node (its two wordings), capturing the op and the
+#: node.
 _NO_KERNEL = re.compile(
     r"(?:Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'"
     r"|Failed to find kernel for (\w+)\(\d+\) \(node:'([^']*)')"
@@ -372,7 +400,8 @@ _NO_KERNEL = re.compile(
 
 
 def load_error(version: str, what: str, source: str | bytes, message: str) -> PortabilityError:
-    """The error for a portable model this onnxruntime cannot load, naming the op without a kernel when it is one.
+    """The error for a portable model this onnxruntime cannot load, naming the op without a kernel
+    when it is one.
 
     The artifacts are portable already: regenerating them the same way would not help.
     """
@@ -380,15 +409,20 @@ def load_error(version: str, what: str, source: str | bytes, message: str) -> Po
     match = _NO_KERNEL.search(message)
     if match is None:
         return PortabilityError(
-            f"onnxruntime {version} cannot load the {what}{where}: {message}. The file is not a model of these "
-            "portable artifacts, or it is damaged: regenerate the artifacts (generate_artifacts(..., portable=True))."
+            f"onnxruntime {version} cannot load the {what}{where}: {message}. The file is not a "
+            "model of these "
+            "portable artifacts, or it is damaged: regenerate the artifacts "
+            "(generate_artifacts(..., portable=True))."
         )
     op_type, node = (
         (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
     )
     return PortabilityError(
-        f"onnxruntime {version} has no kernel for {op_type} (node '{node}') of the {what}{where}, for the element "
-        f"types these portable artifacts use ({message}). Generation refuses the options it knows ONNX Runtime "
-        "cannot run (docs/losses.md, 'Loss options and dtypes'); for this one, use float32 values for the part of "
+        f"onnxruntime {version} has no kernel for {op_type} (node '{node}') of the "
+        f"{what}{where}, for the element "
+        f"types these portable artifacts use ({message}). Generation refuses the options it "
+        "knows ONNX Runtime "
+        "cannot run (docs/losses.md, 'Loss options and dtypes'); for this one, use float32 "
+        "values for the part of "
         "the model around that node, or train on the training build (portable=False)."
     )

@@ -146,7 +146,8 @@ class ArrayBatches:
         for key, mine in (("num_rows", self.num_rows), ("batch_size", self.batch_size)):
             if key in state and state[key] != mine:
                 raise InvalidValueError(
-                    f"ArrayBatches: the saved data state has {key}={state[key]}, but these batches have "
+                    f"ArrayBatches: the saved data state has {key}={state[key]}, but these "
+                    "batches have "
                     f"{key}={mine}. Resume with the same data and batch size."
                 )
         self.epoch = int(state["epoch"])
@@ -168,7 +169,8 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
         FileNotFoundError: if the file does not exist.
-        ValueError: if it is not a readable ``.npz`` archive (corrupt, truncated, pickled); the message names it.
+        ValueError: if it is not a readable ``.npz`` archive (corrupt, truncated, pickled); the
+        message names it.
         IsADirectoryError, PermissionError: for a folder, or a file that may not be read.
     """
     path = os.fspath(path)
@@ -193,13 +195,16 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         Exception
     ) as exc:  # zipfile, zlib, numpy's format parser: a corrupt archive raises any of a dozen types
         raise InvalidValueError(
-            f"Cannot read '{path}' as an .npz archive of arrays ({type(exc).__name__}: {exc}): the file is corrupt "
+            f"Cannot read '{path}' as an .npz archive of arrays ({type(exc).__name__}: {exc}): "
+            "the file is corrupt "
             "or not an .npz file. Write it again with numpy.savez."
         ) from None
 
 
 def as_batch(raw: Any, names: Sequence[str]) -> tuple:
-    """One batch as a tuple of arrays in ``names`` order (a bare array, a dict by input name, or a sequence)."""
+    """One batch as a tuple of arrays in ``names`` order (a bare array, a dict by input name, or
+    a sequence).
+    """
     if isinstance(raw, np.ndarray):
         return (raw,)
     if isinstance(raw, Mapping):

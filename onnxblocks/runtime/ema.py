@@ -71,12 +71,15 @@ class WeightEMA(Callback):
         self.updates += 1
 
     def on_train_begin(self, run: FitRun) -> None:
-        """Attach to the session (its checkpoints hold the average); take over an average it restored."""
+        """Attach to the session (its checkpoints hold the average); take over an average it
+        restored.
+        """
         restored = getattr(run.session, "weight_ema", None)
         if restored is not None and restored is not self and self.average is None:
             if restored.decay != self.decay:
                 raise InvalidValueError(
-                    f"The checkpoint holds a weight EMA of decay {restored.decay}, but this WeightEMA has decay "
+                    f"The checkpoint holds a weight EMA of decay {restored.decay}, but this "
+                    "WeightEMA has decay "
                     f"{self.decay}: pass WeightEMA({restored.decay}) to continue it."
                 )
             self.average, self.updates = restored.average, restored.updates
@@ -104,7 +107,9 @@ class WeightEMA(Callback):
             session.set_parameters(raw)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the average and its update count as an ``.npz`` file (``np.load`` reads it without pickles)."""
+        """Write the average and its update count as an ``.npz`` file (``np.load`` reads it
+        without pickles).
+        """
         if self.average is None:
             raise StateError("WeightEMA holds no average yet: nothing to save.")
         target = Path(os.fspath(path))
@@ -144,7 +149,8 @@ def ema_from_checkpoint(properties: dict[str, Any], path: Path) -> WeightEMA | N
     """The average the checkpoint ``path`` holds (``properties``: its properties, decoded), or None.
 
     Raises:
-        InvalidValueError: for an ``onnxblocks.ema`` property that is not ``{"decay": d, "updates": n}``.
+        InvalidValueError: for an ``onnxblocks.ema`` property that is not ``{"decay": d, "updates":
+        n}``.
     """
     info = properties.get(EMA_PROPERTY)
     if info is None:
@@ -158,7 +164,8 @@ def ema_from_checkpoint(properties: dict[str, Any], path: Path) -> WeightEMA | N
         or info["updates"] < 1
     ):
         raise InvalidValueError(
-            f"The checkpoint property '{EMA_PROPERTY}' is {info!r:.80}, not {{'decay': d, 'updates': n}}: "
+            f"The checkpoint property '{EMA_PROPERTY}' is {info!r:.80}, not {{'decay': d, "
+            "'updates': n}: "
             "save the checkpoint again from a session with a WeightEMA."
         )
     ema = WeightEMA(info.get("decay", 0.999))
@@ -175,7 +182,9 @@ def ema_property(ema: WeightEMA | None) -> dict[str, Any] | None:
 
 
 def write_ema_tensors(path: Path, ema: WeightEMA | None) -> None:
-    """Rewrite the checkpoint ``path`` with the average as its ``EMA_PREFIX`` frozen tensors (or none)."""
+    """Rewrite the checkpoint ``path`` with the average as its ``EMA_PREFIX`` frozen tensors (or
+    none).
+    """
     checkpoint = load_checkpoint(path)
     frozen: dict[str, Any] = {
         n: v for n, v in checkpoint.frozen.items() if not n.startswith(EMA_PREFIX)

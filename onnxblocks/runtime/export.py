@@ -37,7 +37,8 @@ from onnxblocks.io import load_model
 if TYPE_CHECKING:
     from onnxblocks.peft.info import LoraInfo, LoraTarget
 
-#: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the model.
+#: Exports whose weights total at least this many bytes keep them in ``<file name>.data`` beside the
+#: model.
 EXTERNAL_DATA_FROM = 1 << 30
 
 
@@ -76,7 +77,8 @@ def inference_model(
     unknown = [n for n in outputs if n not in values]
     if unknown:
         raise InvalidValueError(
-            f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model outputs: "
+            f"Cannot export outputs {unknown}: the eval model computes no such value. Eval model "
+            "outputs: "
             f"{list(eval_outputs)}; any value of the eval graph can be exported."
         )
     cut_to_outputs(graph, [values[n] for n in outputs])
@@ -145,7 +147,8 @@ def export_inference(
         fetch: Returns a parameter's current value; called once per parameter the
             export keeps, while its bytes are written (one parameter in memory at a time).
         eval_outputs: The eval model's outputs, for the error message.
-        merge_adapters: Fold the LoRA adapters into their base weights (``W + scale * B @ A``, in the
+        merge_adapters: Fold the LoRA adapters into their base weights (``W + scale * B @ A``, in
+        the
             weight's layout and dtype) and remove the adapter branches (docs/lora.md).
 
     Returns:
@@ -161,7 +164,8 @@ def export_inference(
     names = list(names)
     if not names:
         raise InvalidValueError(
-            "export_inference_model: cannot tell which outputs the inference model should have. Pass "
+            "export_inference_model: cannot tell which outputs the inference model should have. "
+            "Pass "
             "output_names=[...] (e.g. the forward model's outputs), or generate the artifacts with "
             "additional_output_names=[...]."
         )
@@ -181,8 +185,10 @@ def export_inference(
     lora = lora_info(model) if merge_adapters else None
     if merge_adapters and lora is None:
         raise InvalidValueError(
-            f"export_inference_model(merge_adapters=True): the eval model '{eval_model}' has no LoRA adapters "
-            f"('{LORA_METADATA}' metadata). Generate the artifacts with lora=LoraConfig(...), or export without "
+            f"export_inference_model(merge_adapters=True): the eval model '{eval_model}' has no "
+            "LoRA adapters "
+            f"('{LORA_METADATA}' metadata). Generate the artifacts with lora=LoraConfig(...), or "
+            "export without "
             "merge_adapters."
         )
     cut, merged = inference_model(model, specs, names, eval_outputs, lora)
@@ -228,7 +234,9 @@ def _merging_fetch(
     parameters: Mapping[str, tuple[int, Sequence[int]]],
     base_dir: Path,
 ) -> Callable[[str], np.ndarray]:
-    """``fetch``, but a merged layer's weight comes back as ``W + scale * B @ A`` (W: a parameter or a constant)."""
+    """``fetch``, but a merged layer's weight comes back as ``W + scale * B @ A`` (W: a parameter
+    or a constant).
+    """
     from onnxblocks.peft.merge import fold
 
     by_weight = {t.weight: t for t in targets}
@@ -258,7 +266,8 @@ def _merging_fetch(
 
 
 def forward_outputs_hint(eval_model: Path | None) -> list[str]:
-    """Forward output names recorded in the eval model's metadata (``onnxblocks.forward_outputs``), if any.
+    """Forward output names recorded in the eval model's metadata (``onnxblocks.forward_outputs``),
+    if any.
 
     The value is a JSON list of names, or a comma-separated list.
     """

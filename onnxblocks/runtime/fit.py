@@ -119,7 +119,8 @@ class FitRun:
     def save_checkpoint(
         self, path: str | os.PathLike, include_optimizer_state: bool = True
     ) -> Path:
-        """Save a checkpoint that :func:`resume` continues exactly (data and schedule state included).
+        """Save a checkpoint that :func:`resume` continues exactly (data and schedule state
+        included).
 
         In data-parallel training only rank 0 writes it (the others return the path).
         """
@@ -135,7 +136,9 @@ class FitRun:
 
 
 def is_main_process(session: TrainingSession) -> bool:
-    """False on the ranks other than 0 of data-parallel training (``session.gradient_reducer.rank``)."""
+    """False on the ranks other than 0 of data-parallel training
+    (``session.gradient_reducer.rank``).
+    """
     return int(getattr(session.gradient_reducer, "rank", 0)) == 0
 
 
@@ -194,12 +197,15 @@ def fit(
     for name, data in (("train_data", train_data), ("eval_data", eval_data)):
         if (data is None and name == "train_data") or (data is not None and not is_iterable(data)):
             raise InvalidTypeError(
-                f"fit: {name} must be an iterable of batches (an ArrayBatches, a list of (inputs...) tuples), not "
-                f"{type(data).__name__} {data!r:.60}. Wrap arrays with onnxblocks.runtime.ArrayBatches((x, y), 32)."
+                f"fit: {name} must be an iterable of batches (an ArrayBatches, a list of "
+                "(inputs...) tuples), not "
+                f"{type(data).__name__} {data!r:.60}. Wrap arrays with "
+                "onnxblocks.runtime.ArrayBatches((x, y), 32)."
             )
     if iter(train_data) is train_data and epochs > 1:
         raise InvalidValueError(
-            "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass a re-iterable "
+            "train_data is a one-shot iterator, so it would be empty after the first epoch. Pass "
+            "a re-iterable "
             "(a list of batches, or onnxblocks.runtime.ArrayBatches) or use epochs=1."
         )
     bar = progress if isinstance(progress, ProgressBar) else (ProgressBar() if progress else None)
@@ -212,7 +218,8 @@ def fit(
         ("eval_data", eval_data, "eval_step"),
     ):
         if guards is not None and isinstance(data, ArrayBatches):
-            # all of it, before the first step: a label out of range in the last batch fails now, not an epoch later
+            # all of it, before the first step: a label out of range in the last batch fails now,
+            # not an epoch later
             guards[what].check(data.arrays, f"fit: {name}")
     run = FitRun(session, history, train_data, epochs, scheduler=scheduler)
     start_epoch = train_data.epoch if isinstance(train_data, ArrayBatches) else 0
@@ -250,7 +257,8 @@ def _run_epochs(
         names = session.input_names
         for raw in train_data:
             batch = as_batch(raw, names)
-            # one step per batch: train, update and reset in one call (one run with a fused step model)
+            # one step per batch: train, update and reset in one call (one run with a fused step
+            # model)
             fused = accumulation_steps == 1 and session.accumulated_steps == 0
             if fused:
                 _set_learning_rate(run)
@@ -354,7 +362,8 @@ def resume(
         load = getattr(train_data, "load_state_dict", None)
         if not callable(load):
             raise InvalidValueError(
-                f"The checkpoint holds a data position, but {type(train_data).__name__} cannot restore it "
+                f"The checkpoint holds a data position, but {type(train_data).__name__} cannot "
+                "restore it "
                 "(it has no load_state_dict). Use onnxblocks.runtime.ArrayBatches."
             )
         load(properties[DATA_PROPERTY])
@@ -379,7 +388,8 @@ def _monitored(logs: Mapping[str, float], monitor: str) -> float:
     """
     if monitor not in logs:
         raise UnknownNameError(
-            f"ReduceLROnPlateau monitors '{monitor}', but the epoch's logs hold {sorted(logs)}. Pass eval_data (for "
+            f"ReduceLROnPlateau monitors '{monitor}', but the epoch's logs hold {sorted(logs)}. "
+            "Pass eval_data (for "
             "'eval_loss') or the metric's callback, or monitor one of these."
         )
     return float(logs[monitor])

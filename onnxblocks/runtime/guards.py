@@ -1,9 +1,14 @@
-"""Guards in front of ONNX Runtime: data it would crash on, or silently compute garbage from, refused first.
+"""Guards in front of ONNX Runtime: data it would crash on, or silently compute garbage from,
+refused first.
 
-ONNX Runtime's CPU kernels trust their inputs. A checkpoint that does not fit the training model, an empty
-batch (a division by the batch size: SIGFPE), a class label past the number of classes (``SoftmaxCrossEntropyLoss``
-reads outside the scores: SIGSEGV, or a garbage loss for ``5`` of 5 classes and ``-1``) kill the process or give
-wrong numbers without a word. The session calls these guards before each ONNX Runtime call that takes such data:
+ONNX Runtime's CPU kernels trust their inputs. A checkpoint that does not fit the training model, an
+empty
+batch (a division by the batch size: SIGFPE), a class label past the number of classes
+(``SoftmaxCrossEntropyLoss``
+reads outside the scores: SIGSEGV, or a garbage loss for ``5`` of 5 classes and ``-1``) kill the
+process or give
+wrong numbers without a word. The session calls these guards before each ONNX Runtime call that
+takes such data:
 
 * :func:`check_checkpoint_for` before a checkpoint is loaded (also by
   ``load_checkpoint``): the whole file, then its names, element types and shapes
@@ -79,7 +84,8 @@ def check_session_arguments(
     """The types of ``TrainingSession``'s arguments, each error naming the parameter.
 
     Raises:
-        TypeError: for a number where a path is expected, a non-str prefix or device, a non-bool flag.
+        TypeError: for a number where a path is expected, a non-str prefix or device, a non-bool
+        flag.
         ValueError: for an empty path or one holding a NUL byte.
     """
     as_path(artifact_dir, "artifact_dir")
@@ -92,13 +98,15 @@ def check_session_arguments(
             )
     if not isinstance(check_inputs, (bool, np.bool_)):
         raise InvalidTypeError(
-            f"check_inputs must be True or False, not {type(check_inputs).__name__} {check_inputs!r:.60}."
+            f"check_inputs must be True or False, not {type(check_inputs).__name__} "
+            f"{check_inputs!r:.60}."
         )
 
 
 @contextlib.contextmanager
 def checkpoint_output(path: object) -> Iterator[Path]:
-    """Stage a checkpoint for ``path`` and replace the old one (with its ``.data`` file) all-or-nothing.
+    """Stage a checkpoint for ``path`` and replace the old one (with its ``.data`` file)
+    all-or-nothing.
 
     Yields the temporary header path for ONNX Runtime's (or onnxblocks') writer,
     which may write ``<temp>.data`` beside it. Missing directories are created.
@@ -124,7 +132,8 @@ def session_guards(
 
 
 def check_checkpoint_for(files: ArtifactFiles, checkpoint: str | os.PathLike) -> None:
-    """Check ``checkpoint`` completely, and against the training model of ``files``, before ONNX Runtime loads it.
+    """Check ``checkpoint`` completely, and against the training model of ``files``, before ONNX
+    Runtime loads it.
 
     An ORT-format training model (``.ort`` only) cannot be read here: the file is
     then checked on its own.
@@ -160,7 +169,9 @@ class IndexRule:
 
 
 class _Shapes:
-    """Element types and shapes of a model's values, from its declarations, then from shape inference if needed."""
+    """Element types and shapes of a model's values, from its declarations, then from shape
+    inference if needed.
+    """
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
@@ -233,7 +244,9 @@ def _masked_value(
     position: int,
     traced: set[str],
 ) -> int | None:
-    """For ``Where(cond, a, b)`` reached at ``position``: the value ``c`` that ``cond`` replaces (``labels == c``)."""
+    """For ``Where(cond, a, b)`` reached at ``position``: the value ``c`` that ``cond`` replaces
+    (``labels == c``).
+    """
     cond, negated = node.input[0], False
     while cond in producers and producers[cond].op_type == "Not":
         cond, negated = producers[cond].input[0], not negated
@@ -248,13 +261,16 @@ def _masked_value(
         if b in traced
         else None
     )
-    # Where keeps input 1 where cond holds: the masked value is replaced when it selects input 2 there.
+    # Where keeps input 1 where cond holds: the masked value is replaced when it selects input 2
+    # there.
     replaced = (position == 1 and negated) or (position == 2 and not negated)
     return value if replaced else None
 
 
 def index_rules(model: onnx.ModelProto, inputs: Sequence[str]) -> list[IndexRule]:
-    """The index rules of the integer graph inputs ``inputs`` of ``model`` (see the module docstring)."""
+    """The index rules of the integer graph inputs ``inputs`` of ``model`` (see the module
+    docstring).
+    """
     consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     producers: dict[str, onnx.NodeProto] = {}
     for node in model.graph.node:
@@ -304,7 +320,9 @@ def index_rules(model: onnx.ModelProto, inputs: Sequence[str]) -> list[IndexRule
 def _rule_of(
     node: onnx.NodeProto, position: int, graph_input: str, allowed: frozenset[int], shapes: _Shapes
 ) -> IndexRule | None:
-    """The rule a consumer sets on the index reaching it at ``position``, or None when it is not an indexer."""
+    """The rule a consumer sets on the index reaching it at ``position``, or None when it is not
+    an indexer.
+    """
     label = node.name or node.output[0]
     if node.op_type in _LOSSES and position == 1:
         axis, data, signed = 1, node.input[0], False
@@ -380,7 +398,9 @@ class BatchGuard:
                 _check_values(rules, arrays[index], what)
 
     def check_checked(self, arrays: Sequence[np.ndarray], what: str) -> None:
-        """The value checks of a batch whose signature passed :meth:`check`: ``[0, high)`` costs one max."""
+        """The value checks of a batch whose signature passed :meth:`check`: ``[0, high)`` costs
+        one max.
+        """
         for index, rules in self.rules.items():
             fast = self._fast.get(index)
             array = arrays[index]
@@ -424,8 +444,10 @@ def _refuse_empty(spec: InputSpec, shape: tuple[int, ...], what: str) -> None:
                 else ""
             )
             raise InvalidValueError(
-                f"{what} got an empty batch: input '{spec.name}' has shape {shape}, dimension {axis}{name} is 0. "
-                "ONNX Runtime cannot train or evaluate on zero rows (it would crash); skip empty batches."
+                f"{what} got an empty batch: input '{spec.name}' has shape {shape}, dimension "
+                f"{axis}{name} is 0. "
+                "ONNX Runtime cannot train or evaluate on zero rows (it would crash); skip empty "
+                "batches."
             )
 
 
@@ -448,7 +470,9 @@ def _refuse_indices(rule: IndexRule, array: np.ndarray, what: str) -> None:
         else " Check the data."
     )
     raise InvalidValueError(
-        f"{what}: input '{rule.input}' holds {value} at position {where} ({int(bad.sum())} value(s) out of range); "
-        f"it indexes {rule.what}, so its values must be in {valid}{extra}. ONNX Runtime does not check this: it "
+        f"{what}: input '{rule.input}' holds {value} at position {where} ({int(bad.sum())} "
+        "value(s) out of range); "
+        f"it indexes {rule.what}, so its values must be in {valid}{extra}. ONNX Runtime does not "
+        "check this: it "
         f"would crash or compute a wrong loss.{hint}"
     )

@@ -1,4 +1,5 @@
-"""What a model expects of each input, and checking batches against it before ONNX Runtime sees them.
+"""What a model expects of each input, and checking batches against it before ONNX Runtime sees
+them.
 
 ONNX Runtime's own messages for a wrong dtype or shape name neither the input nor
 the fix. :func:`check_batch` raises first, with a message such as::
@@ -130,20 +131,24 @@ def check_batch(
         if spec.shape is not None:
             if array.ndim != len(spec.shape):
                 raise InvalidValueError(
-                    f"input '{spec.name}' expects {spec.describe()} (rank {len(spec.shape)}); {got}. "
+                    f"input '{spec.name}' expects {spec.describe()} (rank {len(spec.shape)}); "
+                    f"{got}. "
                     "Reshape the array to the model's rank."
                 )
             for axis, (want, have) in enumerate(zip(spec.shape, array.shape, strict=False)):
                 if isinstance(want, int) and want > 0 and want != have:
                     raise InvalidValueError(
-                        f"input '{spec.name}' expects {spec.describe()}; {got}: dimension {axis} must be {want}."
+                        f"input '{spec.name}' expects {spec.describe()}; {got}: dimension {axis} "
+                        f"must be {want}."
                     )
                 if isinstance(want, str) and want:
                     first = bound.setdefault(want, (have, spec.name))
                     if first[0] != have:
                         raise InvalidValueError(
-                            f"input '{spec.name}' expects {spec.describe()}; {got}: dimension {axis} ('{want}') "
-                            f"is {have} but input '{first[1]}' has {want}={first[0]}. Batch the inputs together."
+                            f"input '{spec.name}' expects {spec.describe()}; {got}: dimension "
+                            f"{axis} ('{want}') "
+                            f"is {have} but input '{first[1]}' has {want}={first[0]}. Batch the "
+                            "inputs together."
                         )
         out.append(array)
     return out

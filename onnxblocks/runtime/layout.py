@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 
 def remove_leftovers(directory: Path) -> None:
-    """Remove what killed ``generate_artifacts`` runs left in and beside ``directory`` (and roll back their commits).
+    """Remove what killed ``generate_artifacts`` runs left in and beside ``directory`` (and roll
+    back their commits).
 
     Readers wait at most :data:`READER_LOCK_TIMEOUT_S` for a writer holding the
     directory; the writer itself cleans up before it commits.
@@ -60,7 +61,8 @@ class ArtifactFiles:
         eval_model: Path of the eval model, or None.
         optimizer_model: Path of the optimizer model, or None.
         step_model: Path of the fused step model (portable artifacts), or None.
-        base_weights: Path of the frozen base weights the models share (``base_weights.bin``), or None.
+        base_weights: Path of the frozen base weights the models share (``base_weights.bin``), or
+        None.
     """
 
     directory: Path
@@ -73,7 +75,8 @@ class ArtifactFiles:
 
     @property
     def portable(self) -> bool:
-        """True for portable artifacts (the training model's metadata says ``onnxblocks.portable = "1"``).
+        """True for portable artifacts (the training model's metadata says ``onnxblocks.portable =
+        "1"``).
 
         Only the model's metadata is read (no weights); ORT-format models are not portable.
         """
@@ -81,7 +84,9 @@ class ArtifactFiles:
 
     @property
     def base_dtype(self) -> str | None:
-        """The element type ``generate_artifacts(base_dtype=...)`` stored the frozen base in, or None."""
+        """The element type ``generate_artifacts(base_dtype=...)`` stored the frozen base in, or
+        None.
+        """
         return _metadata(self.training_model).get(BASE_DTYPE_METADATA)
 
     @classmethod
@@ -97,7 +102,8 @@ class ArtifactFiles:
         if not root.is_dir():
             raise FileMissingError(
                 f"Artifact directory '{root}' does not exist. Generate artifacts first "
-                "(onnxblocks.artifacts.generate_artifacts or `onnxblocks artifacts MODEL.onnx -o DIR`)."
+                "(onnxblocks.artifacts.generate_artifacts or `onnxblocks artifacts MODEL.onnx -o "
+                "DIR`)."
             )
         names = ArtifactNames(prefix)
         training = _model(root, names, TRAINING_MODEL)
@@ -114,8 +120,10 @@ class ArtifactFiles:
             present = sorted(p.name for p in root.iterdir())
             hint = f" (prefix is {prefix!r})" if prefix else ""
             raise FileMissingError(
-                f"'{root}' is not a complete artifact directory{hint}: missing {', '.join(missing)}. "
-                f"It holds {present or 'nothing'}. Pass the directory generate_artifacts wrote, with its prefix."
+                f"'{root}' is not a complete artifact directory{hint}: missing "
+                f"{', '.join(missing)}. "
+                f"It holds {present or 'nothing'}. Pass the directory generate_artifacts wrote, "
+                "with its prefix."
             )
         assert training is not None
         eval_model, optimizer_model = (
@@ -145,7 +153,9 @@ def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
 
 
 def artifact_lora(files: ArtifactFiles) -> LoraInfo | None:
-    """The LoRA record of an artifact set (``onnxblocks.lora`` in its training or eval model), or None."""
+    """The LoRA record of an artifact set (``onnxblocks.lora`` in its training or eval model), or
+    None.
+    """
     from onnxblocks._core.contracts import LORA_METADATA
     from onnxblocks.peft.info import LoraInfo
 

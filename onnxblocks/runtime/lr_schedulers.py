@@ -37,7 +37,9 @@ def _count(owner: str, name: str, value: Any, least: int = 1) -> int:
 
 
 class _TorchSchedule(Schedule):
-    """A schedule of torch's family: no warmup phase of its own (use :class:`SequentialLR` with :class:`LinearLR`)."""
+    """A schedule of torch's family: no warmup phase of its own (use :class:`SequentialLR` with
+    :class:`LinearLR`).
+    """
 
     def __init__(self, base_lr: float) -> None:
         super().__init__(base_lr, 0)
@@ -49,7 +51,9 @@ class _TorchSchedule(Schedule):
 
 
 class LinearLR(_TorchSchedule):
-    """``torch.optim.lr_scheduler.LinearLR``: the factor goes linearly from ``start_factor`` to ``end_factor``."""
+    """``torch.optim.lr_scheduler.LinearLR``: the factor goes linearly from ``start_factor`` to
+    ``end_factor``.
+    """
 
     kind = "LinearLR"
 
@@ -78,9 +82,11 @@ class LinearLR(_TorchSchedule):
 
 
 class CosineAnnealingLR(_TorchSchedule):
-    """``torch.optim.lr_scheduler.CosineAnnealingLR``: ``eta_min + (b - eta_min) * (1 + cos(pi * t / T_max)) / 2``.
+    """``torch.optim.lr_scheduler.CosineAnnealingLR``: ``eta_min + (b - eta_min) * (1 + cos(pi * t /
+    T_max)) / 2``.
 
-    As torch's, it keeps following the cosine past ``T_max`` (back up to ``base_lr`` at ``2 * T_max``).
+    As torch's, it keeps following the cosine past ``T_max`` (back up to ``base_lr`` at ``2 *
+    T_max``).
     """
 
     kind = "CosineAnnealingLR"
@@ -239,9 +245,11 @@ class LambdaLR(_TorchSchedule):
 
 
 class SequentialLR(Schedule):
-    """``torch.optim.lr_scheduler.SequentialLR``: schedule ``i`` runs from milestone ``i - 1``, restarted at 0.
+    """``torch.optim.lr_scheduler.SequentialLR``: schedule ``i`` runs from milestone ``i - 1``,
+    restarted at 0.
 
-    The usual warmup: ``SequentialLR([LinearLR(b, 0.01, total_iters=W), CosineAnnealingLR(b, T)], [W])``.
+    The usual warmup: ``SequentialLR([LinearLR(b, 0.01, total_iters=W), CosineAnnealingLR(b, T)],
+    [W])``.
     """
 
     kind = "SequentialLR"
@@ -258,7 +266,8 @@ class SequentialLR(Schedule):
             )
         if len(milestones) != len(made) - 1:
             raise InvalidValueError(
-                f"SequentialLR: {len(made)} schedulers need {len(made) - 1} milestones, got {len(milestones)}."
+                f"SequentialLR: {len(made)} schedulers need {len(made) - 1} milestones, got "
+                f"{len(milestones)}."
             )
         super().__init__(made[0].base_lr, 0)
         self.schedulers: list[Schedule] = made
@@ -282,7 +291,8 @@ class SequentialLR(Schedule):
 
 
 class ReduceLROnPlateau:
-    """``torch.optim.lr_scheduler.ReduceLROnPlateau``: multiply the rate by ``factor`` when a metric stops improving.
+    """``torch.optim.lr_scheduler.ReduceLROnPlateau``: multiply the rate by ``factor`` when a metric
+    stops improving.
 
     Not a function of the step: call :meth:`step` with each evaluation's metric; :attr:`lr`
     is the rate to train with. :func:`~onnxblocks.runtime.fit.fit` does this after each evaluation.
@@ -315,7 +325,8 @@ class ReduceLROnPlateau:
         self.monitor = monitor
         if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
             raise InvalidValueError(
-                f"ReduceLROnPlateau: mode must be 'min' or 'max' and threshold_mode 'rel' or 'abs', got {mode!r}, "
+                "ReduceLROnPlateau: mode must be 'min' or 'max' and threshold_mode 'rel' or "
+                f"'abs', got {mode!r}, "
                 f"{threshold_mode!r}."
             )
         if not 0 <= _hyper.nonnegative(factor, "ReduceLROnPlateau: factor") < 1:
@@ -367,7 +378,10 @@ class ReduceLROnPlateau:
         return {"kind": self.kind, **vars(self)}
 
     def __repr__(self) -> str:
-        return f"ReduceLROnPlateau(lr={self.lr!r}, mode={self.mode!r}, factor={self.factor!r}, patience={self.patience})"
+        return (
+            f"ReduceLROnPlateau(lr={self.lr!r}, mode={self.mode!r}, factor={self.factor!r}, "
+            f"patience={self.patience})"
+        )
 
 
 SCHEDULES.update(

@@ -37,7 +37,8 @@ from onnxblocks.runtime import _ort
 
 
 def standard_optimizer_order(path: Path) -> list[str] | None:
-    """The parameter order of an optimizer model in standard ops, or None for ONNX Runtime's own optimizer models.
+    """The parameter order of an optimizer model in standard ops, or None for ONNX Runtime's own
+    optimizer models.
 
     Raises:
         InvalidValueError: for an unreadable model or metadata.
@@ -53,13 +54,15 @@ def standard_optimizer_order(path: Path) -> list[str] | None:
         return [str(name) for name, _ in json.loads(meta)["params"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidValueError(
-            f"The optimizer model '{path}' has unreadable '{OPTIMIZER_METADATA}' metadata ({exc}). Regenerate the "
+            f"The optimizer model '{path}' has unreadable '{OPTIMIZER_METADATA}' metadata "
+            f"({exc}). Regenerate the "
             "artifacts."
         ) from None
 
 
 class StandardOptimizerDriver:
-    """Runs an optimizer model in standard ops over a training-build ``CheckpointState`` (see the module docs).
+    """Runs an optimizer model in standard ops over a training-build ``CheckpointState`` (see the
+    module docs).
 
     Args:
         path: The optimizer model.
@@ -79,7 +82,8 @@ class StandardOptimizerDriver:
         missing = [n for n in order if not state.has_parameter(n)]
         if missing:
             raise InvalidValueError(
-                f"The optimizer model '{path}' updates {preview(missing)}, which the checkpoint does not hold. Use "
+                f"The optimizer model '{path}' updates {preview(missing)}, which the checkpoint "
+                "does not hold. Use "
                 "the optimizer model generated with these artifacts."
             )
         self._order, self._state, self._C = order, state, C
@@ -105,8 +109,10 @@ class StandardOptimizerDriver:
             saved = group["moments"].get(name, [])
             if saved and len(saved) != len(self._state_inputs):
                 raise InvalidValueError(
-                    f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer state tensor(s) for '{name}'; this "
-                    f"optimizer keeps {len(self._state_inputs)}. Load a checkpoint saved with the same optimizer, or "
+                    f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer state tensor(s) for "
+                    f"'{name}'; this "
+                    f"optimizer keeps {len(self._state_inputs)}. Load a checkpoint saved with "
+                    "the same optimizer, or "
                     "save it with include_optimizer_state=False."
                 )
             if saved:
@@ -143,7 +149,9 @@ class StandardOptimizerDriver:
         self.step += 1
 
     def add_state(self, path: Path) -> None:
-        """Add this optimizer's state to the checkpoint ONNX Runtime wrote at ``path`` (without optimizer state)."""
+        """Add this optimizer's state to the checkpoint ONNX Runtime wrote at ``path`` (without
+        optimizer state).
+        """
         ck = load_checkpoint(path)
         state = {
             OPTIMIZER_GROUP: {

@@ -41,7 +41,8 @@ PALETTE = (
 FORMATS = {".svg": "svg", ".png": "png"}
 BACKENDS = ("auto", "builtin", "matplotlib")
 
-_CHAR = 7.3  # advance of one character of the monospace font at 12 px (onnxblocks.display.svg.TITLE_CHAR)
+# advance of one character of the monospace font at 12 px (onnxblocks.display.svg.TITLE_CHAR)
+_CHAR = 7.3
 _INK, _GRID, _MUTED = "#1e293b", "#e2e8f0", "#475569"
 
 Series = Sequence[float] | np.ndarray | tuple[Sequence[float], Sequence[float]]
@@ -60,7 +61,9 @@ def _have_matplotlib() -> bool:
 
 
 def default_suffix() -> str:
-    """The suffix of a plot file whose name the library picks: ``".png"`` with matplotlib, else ``".svg"``."""
+    """The suffix of a plot file whose name the library picks: ``".png"`` with matplotlib, else
+    ``".svg"``.
+    """
     return ".png" if _have_matplotlib() else ".svg"
 
 
@@ -172,8 +175,10 @@ def save_line_plot(
         The path written.
 
     Raises:
-        ValueError: for an unknown backend or suffix, no finite points, or xs and ys of different lengths.
-        ImportError: when the file needs matplotlib and it is not installed (see :func:`check_plot_path`).
+        ValueError: for an unknown backend or suffix, no finite points, or xs and ys of different
+        lengths.
+        ImportError: when the file needs matplotlib and it is not installed (see
+        :func:`check_plot_path`).
     """
     from onnxblocks.io import atomic_file
 
@@ -304,7 +309,8 @@ def _svg_plot(
             )
         body.append(svg_polyline(zip(xs_px, ys_px, strict=True), color, line, alpha, title=label))
     body.append(
-        f'<rect x="{px0:.1f}" y="{py0:.1f}" width="{px1 - px0:.1f}" height="{py1 - py0:.1f}" fill="none" '
+        f'<rect x="{px0:.1f}" y="{py0:.1f}" width="{px1 - px0:.1f}" height="{py1 - py0:.1f}" '
+        'fill="none" '
         f'stroke="{_INK}"/><path d="{"".join(marks)}" stroke="{_INK}"/>'
     )
     if title:
@@ -333,7 +339,8 @@ def _svg_plot(
         box_w, box_h = max(min(len(lb), 40) for lb in labels) * _CHAR + 46, len(labels) * 20 + 10
         bx, by = px1 - box_w - 10, py0 + 10
         body.append(
-            f'<g><rect x="{bx:.1f}" y="{by:.1f}" width="{box_w:.1f}" height="{box_h}" fill="#ffffff" '
+            f'<g><rect x="{bx:.1f}" y="{by:.1f}" width="{box_w:.1f}" height="{box_h}" '
+            'fill="#ffffff" '
             f'fill-opacity="0.9" stroke="{_GRID}"/>'
         )
         for i, label in enumerate(labels):
@@ -341,7 +348,8 @@ def _svg_plot(
             style = styles[label]
             body.append(
                 f'<path d="M{bx + 8:.1f},{y:.1f}h24" stroke="{_css(style["color"])}" '
-                f'stroke-width="{float(style["width"]):g}" stroke-opacity="{float(style["alpha"]):g}"/>'
+                f'stroke-width="{float(style["width"]):g}" '
+                f'stroke-opacity="{float(style["alpha"]):g}"/>'
             )
             body.append(svg_text(bx + 38, y + 4, label, size=12, fill=_INK, limit=40))
         body.append("</g>")
@@ -349,7 +357,9 @@ def _svg_plot(
 
 
 def _decimate(xs: np.ndarray, ys: np.ndarray, pixels: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep at most ~4 points per pixel column (first, min, max, last), so long curves stay small."""
+    """Keep at most ~4 points per pixel column (first, min, max, last), so long curves stay
+    small.
+    """
     if len(xs) <= 4 * max(1, pixels):
         return xs, ys
     columns = np.floor(xs - xs.min()).astype(np.int64)
@@ -407,7 +417,8 @@ def plot_history(
     log_y: bool = False,
     backend: str = "auto",
 ) -> Path:
-    """Save the loss curve of a :class:`~onnxblocks.runtime.fit.History` as SVG or PNG (see :func:`save_line_plot`).
+    """Save the loss curve of a :class:`~onnxblocks.runtime.fit.History` as SVG or PNG (see
+    :func:`save_line_plot`).
 
     Plots the loss of every ``train_step`` (faint), its debiased exponential
     moving average (weight ``smoothing`` on the past; non-finite losses are
@@ -425,7 +436,8 @@ def plot_history(
         The path written.
 
     Raises:
-        ValueError: if the history has no losses, none is finite, or ``smoothing`` is outside ``[0, 1)``.
+        ValueError: if the history has no losses, none is finite, or ``smoothing`` is outside ``[0,
+        1)``.
         ImportError: for a ``.png`` path without matplotlib.
     """
     check_plot_path(path, backend)

@@ -46,7 +46,8 @@ def encode(value: Any, name: str = "property") -> int | float | str:
         return JSON_MARKER + json.dumps(_plain(value), allow_nan=True)
     except (TypeError, ValueError) as exc:
         raise InvalidTypeError(
-            f"checkpoint property '{name}' of type {type(value).__name__} cannot be stored ({exc}). "
+            f"checkpoint property '{name}' of type {type(value).__name__} cannot be stored "
+            f"({exc}). "
             "Use int, float, str, or a JSON-encodable list/dict of them."
         ) from None
 
@@ -72,7 +73,8 @@ def check_names(properties: Mapping[str, Any]) -> None:
             )
         if name.startswith(RESERVED_PREFIX):
             raise InvalidValueError(
-                f"checkpoint property '{name}' uses the prefix '{RESERVED_PREFIX}', which the runtime "
+                f"checkpoint property '{name}' uses the prefix '{RESERVED_PREFIX}', which the "
+                "runtime "
                 "reserves for its own state. Choose another name."
             )
 

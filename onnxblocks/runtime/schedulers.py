@@ -58,7 +58,8 @@ class Schedule(ABC):
         step = _hyper.step(step, f"{type(self).__name__}: step")
         if step < self.warmup_steps:
             return self.base_lr * step / self.warmup_steps
-        # the same check as the session's setter: a schedule cannot hand ONNX Runtime what the setter refuses
+        # the same check as the session's setter: a schedule cannot hand ONNX Runtime what the
+        # setter refuses
         return _hyper.learning_rate(self._after_warmup(step), f"{type(self).__name__}({step})")
 
     @abstractmethod
@@ -233,5 +234,6 @@ def _check_total(owner: object, total_steps: Any, warmup_steps: int) -> None:
     _check_count(owner, "total_steps", total_steps)
     if total_steps <= warmup_steps:
         raise InvalidValueError(
-            f"{type(owner).__name__}: total_steps ({total_steps}) must be greater than warmup_steps ({warmup_steps})."
+            f"{type(owner).__name__}: total_steps ({total_steps}) must be greater than "
+            f"warmup_steps ({warmup_steps})."
         )

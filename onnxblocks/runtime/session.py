@@ -61,14 +61,17 @@ if TYPE_CHECKING:
 
 #: The LoRA record not read yet (it is read from the training model's metadata on first use).
 _UNREAD = object()
-#: Batch signatures (dtype and shape of each input) whose check passed are remembered, up to this many.
+#: Batch signatures (dtype and shape of each input) whose check passed are remembered, up to this
+#: many.
 _CHECKED_SIGNATURES = 64
 
 
 def open_backend(
     name: BackendName, files: ArtifactFiles, checkpoint: Path, device: str, options: Any
 ) -> Backend:
-    """Build backend ``name`` over ``files``, starting from ``checkpoint`` (its module is imported on first use)."""
+    """Build backend ``name`` over ``files``, starting from ``checkpoint`` (its module is
+    imported on first use).
+    """
     if name == "portable":
         from onnxblocks.runtime.backend_portable import PortableBackend
 
@@ -132,10 +135,13 @@ class TrainingSession:
         self._impl: Backend | None = None
         self._step = 0
         self._pending = 0  # train steps since the gradients were last reset
-        #: Called with the session by :meth:`optimizer_step` before the parameters are updated (data-parallel
-        #: training all-reduces the gradients there: ``onnxblocks.torch.distributed``); None: nothing.
+        #: Called with the session by :meth:`optimizer_step` before the parameters are updated
+        #: (data-parallel
+        #: training all-reduces the gradients there: ``onnxblocks.torch.distributed``); None:
+        #: nothing.
         self.gradient_reducer: Callable[[TrainingSession], None] | None = None
-        #: The weight EMA the session's checkpoints hold (``onnxblocks.runtime.WeightEMA``: attached by it in
+        #: The weight EMA the session's checkpoints hold (``onnxblocks.runtime.WeightEMA``: attached
+        #: by it in
         #: ``fit``, restored from a checkpoint that holds one); None: none.
         self.weight_ema: WeightEMA | None = None
         self._checked: set[tuple] = set()
@@ -236,7 +242,9 @@ class TrainingSession:
 
     @property
     def has_fused_step(self) -> bool:
-        """True when the artifacts include a fused step model, so :meth:`train_and_update` is one run."""
+        """True when the artifacts include a fused step model, so :meth:`train_and_update` is one
+        run.
+        """
         return self._backend.has_fused_step
 
     @property
@@ -246,9 +254,11 @@ class TrainingSession:
 
     # ---------------------------------------------------------------- steps
     def _batch(self, specs: list[InputSpec], inputs: tuple, what: str) -> Sequence[Any]:
-        """``inputs`` checked against ``specs`` (once per signature of types, dtypes, shapes and strides), as arrays.
+        """``inputs`` checked against ``specs`` (once per signature of types, dtypes, shapes and
+        strides), as arrays.
 
-        A batch whose signature passed before gets only the per-batch check (index values in range); a new
+        A batch whose signature passed before gets only the per-batch check (index values in range);
+        a new
         signature gets every check (empty batches, dtypes, shapes, contiguity), then is remembered.
         """
         guard = self._guards[what]
@@ -319,7 +329,8 @@ class TrainingSession:
         self._require_optimizer()
         if self._pending == 0:
             raise StateError(
-                "optimizer_step: no train_step ran since the gradients were last reset, so there are no "
+                "optimizer_step: no train_step ran since the gradients were last reset, so there "
+                "are no "
                 "gradients to apply. Call train_step(...) first."
             )
         if self.gradient_reducer is not None:
@@ -330,7 +341,8 @@ class TrainingSession:
             self.lazy_reset_grad()
 
     def train_and_update(self, *inputs: Any) -> tuple[np.ndarray, ...]:
-        """One training step on one batch: ``train_step``, ``optimizer_step`` and the gradient reset.
+        """One training step on one batch: ``train_step``, ``optimizer_step`` and the gradient
+        reset.
 
         With a fused step model (portable artifacts generated with
         ``fused_step=True``, the default) it is a single ``run``; otherwise, or
@@ -361,7 +373,9 @@ class TrainingSession:
         return outputs
 
     def lazy_reset_grad(self) -> None:
-        """Reset the accumulated gradients; the reset happens at the start of the next ``train_step``."""
+        """Reset the accumulated gradients; the reset happens at the start of the next
+        ``train_step``.
+        """
         self._backend.lazy_reset_grad()
         self._pending = 0
 
@@ -398,7 +412,8 @@ class TrainingSession:
     def _require_optimizer(self) -> Backend:
         if not self._backend.has_optimizer:
             raise StateError(
-                f"The artifacts in '{self.files.directory}' have no optimizer model; regenerate them with "
+                f"The artifacts in '{self.files.directory}' have no optimizer model; regenerate "
+                "them with "
                 "optimizer=... (e.g. onnxblocks.optim.AdamW())."
             )
         return self._backend
@@ -447,7 +462,8 @@ class TrainingSession:
         return out
 
     def set_gradients(self, values: Mapping[str, Any]) -> None:
-        """Overwrite the accumulated gradients of trainable parameters before :meth:`optimizer_step` applies them.
+        """Overwrite the accumulated gradients of trainable parameters before :meth:`optimizer_step`
+        applies them.
 
         Raises:
             StateError: when no ``train_step`` ran since the gradients were last reset.
@@ -456,7 +472,8 @@ class TrainingSession:
         """
         if self._pending == 0:
             raise StateError(
-                "set_gradients: no train_step ran since the gradients were last reset; run one first."
+                "set_gradients: no train_step ran since the gradients were last reset; run one "
+                "first."
             )
         checked = {}
         for name, raw in values.items():
@@ -467,7 +484,8 @@ class TrainingSession:
             want_dtype, want_shape = self._backend.parameter_spec(name)
             if array.dtype != want_dtype or array.shape != want_shape:
                 raise InvalidValueError(
-                    f"the gradient of '{name}' is {want_dtype} with shape {want_shape}; got {array.dtype} with "
+                    f"the gradient of '{name}' is {want_dtype} with shape {want_shape}; got "
+                    f"{array.dtype} with "
                     f"shape {array.shape}."
                 )
             checked[name] = array
@@ -496,7 +514,8 @@ class TrainingSession:
             want_dtype, want_shape = self._backend.parameter_spec(name)
             if array.dtype != want_dtype or array.shape != want_shape:
                 raise InvalidValueError(
-                    f"parameter '{name}' is {want_dtype} with shape {want_shape}; got {array.dtype} with shape "
+                    f"parameter '{name}' is {want_dtype} with shape {want_shape}; got "
+                    f"{array.dtype} with shape "
                     f"{array.shape}. Pass an array of the parameter's dtype and shape."
                 )
             checked[name] = array
@@ -615,11 +634,15 @@ class TrainingSession:
         Args:
             path: Destination ``.onnx`` file.
             output_names: Outputs to keep; default :meth:`default_inference_outputs`.
-            use_ema: Export the weight EMA (:attr:`weight_ema`: a ``WeightEMA`` of ``fit``, or the one the
+            use_ema: Export the weight EMA (:attr:`weight_ema`: a ``WeightEMA`` of ``fit``, or the
+            one the
                 loaded checkpoint holds) instead of the trained weights.
-            merge_adapters: For artifacts with LoRA adapters (docs/lora.md): write a plain model with
-                each adapted weight replaced by ``W + (lora_alpha / r) * B @ A`` (in the weight's stored
-                layout and dtype) and the adapter branches removed, as PEFT's ``merge_and_unload()``.
+            merge_adapters: For artifacts with LoRA adapters (docs/lora.md): write a plain model
+            with
+                each adapted weight replaced by ``W + (lora_alpha / r) * B @ A`` (in the weight's
+                stored
+                layout and dtype) and the adapter branches removed, as PEFT's
+                ``merge_and_unload()``.
                 False (default) keeps the branches, with the current adapters as initializers, so
                 they stay swappable.
 
@@ -690,7 +713,9 @@ class TrainingSession:
     # ------------------------------------------------------------ adapters
     @property
     def lora(self) -> LoraInfo | None:
-        """The artifacts' LoRA adapters (:class:`onnxblocks.peft.LoraInfo`), or None without them."""
+        """The artifacts' LoRA adapters (:class:`onnxblocks.peft.LoraInfo`), or None without
+        them.
+        """
         if self._lora is _UNREAD:
             self._lora = artifact_lora(self.files)
         return self._lora  # type: ignore[return-value]
@@ -699,13 +724,15 @@ class TrainingSession:
         info = self.lora
         if info is None:
             raise StateError(
-                f"{what}: the artifacts in '{self.files.directory}' have no LoRA adapters. Generate them with "
+                f"{what}: the artifacts in '{self.files.directory}' have no LoRA adapters. "
+                "Generate them with "
                 "generate_artifacts(..., lora=onnxblocks.peft.LoraConfig(...)) (docs/lora.md)."
             )
         return info
 
     def save_adapters(self, directory: str | os.PathLike) -> Path:
-        """Write the current LoRA adapters as a PEFT directory that ``peft.PeftModel.from_pretrained`` loads.
+        """Write the current LoRA adapters as a PEFT directory that
+        ``peft.PeftModel.from_pretrained`` loads.
 
         ``adapter_model.safetensors`` (``base_model.model.<module>.lora_A.weight`` ``[r, in]`` and
         ``lora_B.weight`` ``[out, r]``) and ``adapter_config.json`` are written by onnxblocks itself
@@ -730,12 +757,16 @@ class TrainingSession:
         )
 
     def load_adapters(self, directory: str | os.PathLike) -> None:
-        """Replace the LoRA adapters with those of a PEFT directory (saved by :meth:`save_adapters` or ``peft``).
+        """Replace the LoRA adapters with those of a PEFT directory (saved by :meth:`save_adapters`
+        or ``peft``).
 
         The directory's ``adapter_config.json`` must fit the artifacts (same ``r`` and scale
-        ``lora_alpha / r``, no option onnxblocks does not support) and its ``adapter_model.safetensors``
-        hold exactly the adapters of the artifacts' target modules (F32, F16 or BF16, read as float32);
-        nothing is written unless all of it does. The optimizer state is kept (zero in fresh artifacts).
+        ``lora_alpha / r``, no option onnxblocks does not support) and its
+        ``adapter_model.safetensors``
+        hold exactly the adapters of the artifacts' target modules (F32, F16 or BF16, read as
+        float32);
+        nothing is written unless all of it does. The optimizer state is kept (zero in fresh
+        artifacts).
 
         Args:
             directory: The PEFT adapter directory.
@@ -743,7 +774,8 @@ class TrainingSession:
         Raises:
             StateError: if the artifacts have no LoRA adapters.
             FileMissingError: if the directory or one of its two files is missing.
-            InvalidValueError: for a config or a tensor that does not fit (the message names the file and tensor).
+            InvalidValueError: for a config or a tensor that does not fit (the message names the
+            file and tensor).
         """
         from onnxblocks.peft.files import read_adapters
 
@@ -752,7 +784,9 @@ class TrainingSession:
 
     def __repr__(self) -> str:
         return (
-            f"TrainingSession('{self.files.directory}', inputs={self.input_names}, outputs={self.output_names}, "
-            f"parameters={len(self.parameter_names())}, step={self.step}, device='{self._device_name}', "
+            f"TrainingSession('{self.files.directory}', inputs={self.input_names}, "
+            f"outputs={self.output_names}, "
+            f"parameters={len(self.parameter_names())}, step={self.step}, "
+            f"device='{self._device_name}', "
             f"backend='{self.backend}')"
         )

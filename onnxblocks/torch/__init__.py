@@ -18,7 +18,8 @@ try:
     import torch as _torch  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - exercised in a venv without torch
     raise MissingDependencyError(
-        'onnxblocks.torch needs PyTorch, which is not installed. Install it with: pip install "onnxblocks[torch]"'
+        "onnxblocks.torch needs PyTorch, which is not installed. Install it with: pip install "
+        '"onnxblocks[torch]"'
     ) from _exc
 
 from onnxblocks.torch.export import ExportError

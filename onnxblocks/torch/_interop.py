@@ -1,4 +1,5 @@
-"""Tensors across the border: torch CPU tensors to ONNX Runtime ``OrtValue`` and back, without copies.
+"""Tensors across the border: torch CPU tensors to ONNX Runtime ``OrtValue`` and back, without
+copies.
 
 Both directions go through DLPack, which shares the memory: a torch tensor fed
 to ONNX Runtime is read in place, and an ``OrtValue`` that ONNX Runtime wrote
@@ -62,7 +63,9 @@ def _capi() -> Any:
 
 
 def push(vector: Any, tensor: torch.Tensor) -> None:
-    """Append ``tensor`` (CPU) to an ``OrtValueVector`` without copying it (unless it is not contiguous)."""
+    """Append ``tensor`` (CPU) to an ``OrtValueVector`` without copying it (unless it is not
+    contiguous).
+    """
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     if tensor.dtype == torch.bool:
@@ -86,13 +89,17 @@ def vector_of(tensors: Sequence[torch.Tensor]) -> Any:
 
 
 def ortvalue_of(array: np.ndarray) -> Any:
-    """An ``OrtValue`` that owns a copy of ``array`` (constants fed to both halves of a split graph)."""
+    """An ``OrtValue`` that owns a copy of ``array`` (constants fed to both halves of a split
+    graph).
+    """
     vector = vector_of([torch.from_numpy(np.array(array, copy=True))])
     return vector[0]
 
 
 def to_torch(vector: Any, index: int) -> torch.Tensor:
-    """The ``OrtValue`` at ``index`` of an ``OrtValueVector`` as a torch tensor sharing its memory."""
+    """The ``OrtValue`` at ``index`` of an ``OrtValueVector`` as a torch tensor sharing its
+    memory.
+    """
     tensor = _from_dlpack(vector.dlpack_at(index))
     if vector.element_type_at(index) == onnx.TensorProto.BOOL:
         tensor = tensor.to(torch.bool)

@@ -1,4 +1,5 @@
-"""The structure of a module's output around ONNX Runtime's outputs: which leaf is which tensor, and dataclasses.
+"""The structure of a module's output around ONNX Runtime's outputs: which leaf is which tensor, and
+dataclasses.
 
 :func:`output_plan` reads the eager run's output leaves: a tensor the module returns
 twice is one graph output, an argument returned unchanged stays the caller's tensor
@@ -49,7 +50,8 @@ CONSTANT_TYPES = (
 
 
 def register_dataclasses(tree: Any) -> None:
-    """Teach torch's pytree the dataclasses inside ``tree`` (arguments or outputs), so their tensors are leaves.
+    """Teach torch's pytree the dataclasses inside ``tree`` (arguments or outputs), so their tensors
+    are leaves.
 
     ``ModelOutput`` (Hugging Face) is registered by transformers itself.
     """
@@ -70,9 +72,11 @@ def register_dataclasses(tree: Any) -> None:
 
 
 def output_plan(leaves: list[Any], inputs: list[torch.Tensor]) -> tuple[list[Any], list[int]]:
-    """Each output leaf as an :class:`OutputSlot` or a constant, and the leaves that become graph outputs.
+    """Each output leaf as an :class:`OutputSlot` or a constant, and the leaves that become graph
+    outputs.
 
-    An input returned unchanged stays the caller's tensor (no graph output, as torch returns it), and a
+    An input returned unchanged stays the caller's tensor (no graph output, as torch returns it),
+    and a
     tensor returned several times is one graph output.
     """
     plan: list[Any] = []

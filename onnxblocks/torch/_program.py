@@ -1,4 +1,5 @@
-"""An ONNX graph as torch calls it: named arguments checked, one compiled graph per set needing a gradient.
+"""An ONNX graph as torch calls it: named arguments checked, one compiled graph per set needing a
+gradient.
 
 A :class:`Program` takes tensors in a fixed order (the user inputs, then the
 weights) and compiles the graph (:class:`~onnxblocks.torch._sessions.Compiled`)
@@ -52,11 +53,13 @@ def load_model(model: onnx.ModelProto | str | os.PathLike[str]) -> onnx.ModelPro
 
 
 class Program:
-    """An ONNX graph called with tensors: user inputs in order, then weights (initializers) in order.
+    """An ONNX graph called with tensors: user inputs in order, then weights (initializers) in
+    order.
 
     Args:
         model: The forward model (copied).
-        weights: Initializers fed by the caller instead of read from the graph, in the caller's order.
+        weights: Initializers fed by the caller instead of read from the graph, in the caller's
+        order.
         inputs: The order of the user inputs; defaults to the graph's order.
         outputs: The outputs to return, in order; defaults to the graph outputs.
         no_grad_outputs: Outputs that never take a gradient.
@@ -94,13 +97,15 @@ class Program:
             for name in self.inputs:
                 if name not in graph_inputs:
                     raise UnknownNameError(
-                        f"'{name}' is not a graph input of the model.{_suggest(name, graph_inputs)} "
+                        f"'{name}' is not a graph input of the "
+                        f"model.{_suggest(name, graph_inputs)} "
                         f"Graph inputs: {preview(graph_inputs)}."
                     )
             left_out = [n for n in graph_inputs if n not in set(self.inputs)]
             if left_out:
                 raise InvalidValueError(
-                    f"inputs leaves out graph inputs {preview(left_out)}; list every graph input, in the order "
+                    f"inputs leaves out graph inputs {preview(left_out)}; list every graph "
+                    "input, in the order "
                     "the tensors will be passed."
                 )
         self.outputs = select_outputs(graph, outputs)
@@ -116,7 +121,9 @@ class Program:
         self.latest: Compiled | None = None
 
     def compiled(self, requires_grad: frozenset[str]) -> Compiled:
-        """The graph compiled for the arguments in ``requires_grad`` (built on first use, then cached)."""
+        """The graph compiled for the arguments in ``requires_grad`` (built on first use, then
+        cached).
+        """
         found = self._compiled.get(requires_grad)
         if found is None:
             vjp = build_vjp_graph(
@@ -142,7 +149,8 @@ class Program:
         """
         if len(args) != len(self.arguments):
             raise InvalidTypeError(
-                f"Expected {len(self.inputs)} input(s) {preview(self.inputs)} then {len(self.weights)} weight(s) "
+                f"Expected {len(self.inputs)} input(s) {preview(self.inputs)} then "
+                f"{len(self.weights)} weight(s) "
                 f"{preview(self.weights)}, got {len(args)} tensors."
             )
         tensors = []
@@ -153,13 +161,15 @@ class Program:
                 )
             if value.device.type != "cpu":
                 raise InvalidValueError(
-                    f"'{name}' is on {value.device}; onnxruntime-training-cpu runs on the CPU: pass CPU tensors."
+                    f"'{name}' is on {value.device}; onnxruntime-training-cpu runs on the CPU: "
+                    "pass CPU tensors."
                 )
             given = _interop.ONNX_OF_TORCH.get(value.dtype)
             if elem and given != elem:
                 raise InvalidTypeError(
                     f"'{name}' is {value.dtype}, but the graph declares it "
-                    f"{_interop.onnx_type_name(elem)} ({_interop.TORCH_OF_ONNX.get(elem, 'no torch dtype')}). "
+                    f"{_interop.onnx_type_name(elem)} "
+                    f"({_interop.TORCH_OF_ONNX.get(elem, 'no torch dtype')}). "
                     "Convert it with .to(dtype)."
                 )
             if dims is not None and (

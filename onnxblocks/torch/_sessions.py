@@ -1,4 +1,5 @@
-"""One compiled graph: the ONNX Runtime sessions that run an ONNX graph's forward and backward for torch.
+"""One compiled graph: the ONNX Runtime sessions that run an ONNX graph's forward and backward for
+torch.
 
 :class:`Compiled` is built for one set of values that need a gradient. With
 none it holds a single session on the forward graph. Otherwise it holds the two
@@ -67,7 +68,8 @@ class Session:
             config.custom_op_libraries
         )  # OSError naming a library that fails
         options.intra_op_num_threads = config.threads
-        # torch runs between the sessions (the loss, the optimizer): ONNX Runtime's threads must not spin-wait
+        # torch runs between the sessions (the loss, the optimizer): ONNX Runtime's threads must not
+        # spin-wait
         # for more work after a run, or they take the cores torch needs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
@@ -97,7 +99,9 @@ class Session:
         return found
 
     def run(self, feeds: Any) -> Any:
-        """Run on an ``OrtValueVector`` in :attr:`inputs` order; return the ``OrtValueVector`` of :attr:`outputs`."""
+        """Run on an ``OrtValueVector`` in :attr:`inputs` order; return the ``OrtValueVector`` of
+        :attr:`outputs`.
+        """
         fetches = _interop.new_vector()
         try:
             self._session.run_with_ortvaluevector(
@@ -110,7 +114,9 @@ class Session:
 
 @dataclass(frozen=True)
 class _Source:
-    """Where a backward input comes from: an argument, a forward fetch, an output gradient or a shared constant."""
+    """Where a backward input comes from: an argument, a forward fetch, an output gradient or a
+    shared constant.
+    """
 
     kind: str  # "arg", "fetch", "grad", "shared"
     index: int
@@ -121,7 +127,8 @@ class Compiled:
 
     Args:
         vjp: The graph from :func:`~onnxblocks.gradient.vjp.build_vjp_graph`.
-        arguments: The graph inputs in the order the caller passes tensors (user inputs, then weights).
+        arguments: The graph inputs in the order the caller passes tensors (user inputs, then
+        weights).
         config: How the sessions are made.
     """
 
@@ -173,10 +180,12 @@ class Compiled:
             else:
                 sources.append(_Source("arg", position[name]))
         self._backward_sources = sources
-        #: For each gradient, the outputs whose incoming gradients it reads: when all of those are None (the loss
+        #: For each gradient, the outputs whose incoming gradients it reads: when all of those are
+        #: None (the loss
         #: does not use them), torch gives the argument no gradient (None), not zeros.
         self.gradient_sources = _gradient_sources(vjp, output_index)
-        #: The arguments and outputs the backward reads (saved with ``ctx.save_for_backward``, so torch's version
+        #: The arguments and outputs the backward reads (saved with ``ctx.save_for_backward``, so
+        #: torch's version
         #: counters catch an in-place change between the forward and the backward).
         self.backward_args = tuple(sorted({s.index for s in sources if s.kind == "arg"}))
         self.backward_outputs = tuple(
@@ -184,7 +193,9 @@ class Compiled:
         )
 
     def run_forward(self, args: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
-        """Run the forward session; return the outputs and the fetched ``OrtValueVector`` (the backward's state)."""
+        """Run the forward session; return the outputs and the fetched ``OrtValueVector`` (the
+        backward's state).
+        """
         feeds = _interop.vector_of([args[i] for i in self._feed])
         for value in self._shared:
             feeds.push_back(value)
@@ -225,7 +236,9 @@ class Compiled:
 
 
 def _gradient_sources(vjp: VjpGraph, output_index: dict[str, int]) -> tuple[frozenset[int], ...]:
-    """For each gradient of ``vjp``, the positions of the outputs whose incoming gradient it depends on."""
+    """For each gradient of ``vjp``, the positions of the outputs whose incoming gradient it
+    depends on.
+    """
     graph = serde.from_proto(vjp.model).graph
     by_grad = {
         name: output_index[y] for name, y in zip(vjp.output_grads, vjp.differentiable, strict=True)

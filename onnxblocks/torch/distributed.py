@@ -1,4 +1,5 @@
-"""Data-parallel training of a torch-free :class:`~onnxblocks.runtime.TrainingSession` over ``torch.distributed``.
+"""Data-parallel training of a torch-free :class:`~onnxblocks.runtime.TrainingSession` over
+``torch.distributed``.
 
 The runtime stays torch-free; this optional extra borrows torch's collectives (gloo on
 the CPU) as the transport. Each process (rank) opens the same artifacts, trains on its
@@ -48,7 +49,8 @@ __all__ = ["DataParallel"]
 
 
 class DataParallel:
-    """Average a :class:`~onnxblocks.runtime.TrainingSession`'s gradients over the ranks of ``torch.distributed``.
+    """Average a :class:`~onnxblocks.runtime.TrainingSession`'s gradients over the ranks of
+    ``torch.distributed``.
 
     Args:
         session: The session to train (it is given this object as its ``gradient_reducer``).
@@ -65,7 +67,8 @@ class DataParallel:
     def __init__(self, session: TrainingSession, group: Any = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise StateError(
-                "DataParallel needs torch.distributed initialised: call torch.distributed.init_process_group('gloo') "
+                "DataParallel needs torch.distributed initialised: call "
+                "torch.distributed.init_process_group('gloo') "
                 "in each process (torchrun --nproc-per-node N sets the environment it reads)."
             )
         self.session = session
@@ -82,7 +85,9 @@ class DataParallel:
     def _all_reduce(
         self, arrays: dict[str, np.ndarray], average: bool, source: int | None = None
     ) -> dict[str, Any]:
-        """``arrays`` summed (or broadcast from ``source``) over the ranks: one collective per dtype."""
+        """``arrays`` summed (or broadcast from ``source``) over the ranks: one collective per
+        dtype.
+        """
         out: dict[str, np.ndarray] = {}
         names = sorted(arrays)
         for dtype in sorted({arrays[n].dtype.str for n in names}):
@@ -121,7 +126,9 @@ class DataParallel:
         seed: int = 0,
         drop_last: bool = False,
     ) -> ArrayBatches:
-        """``ArrayBatches`` of this rank's shard: ``batch_size`` rows per rank, the same ``seed`` on every rank."""
+        """``ArrayBatches`` of this rank's shard: ``batch_size`` rows per rank, the same ``seed``
+        on every rank.
+        """
         return ArrayBatches(
             arrays,
             batch_size,

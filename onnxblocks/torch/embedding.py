@@ -1,4 +1,5 @@
-"""torch's gradient semantics of ``nn.Embedding`` in the exported graph: ``padding_idx`` and ``scale_grad_by_freq``.
+"""torch's gradient semantics of ``nn.Embedding`` in the exported graph: ``padding_idx`` and
+``scale_grad_by_freq``.
 
 torch's exporter writes ``F.embedding(idx, W, padding_idx, ..., scale_grad_by_freq)`` as a
 plain ``Gather(W, idx)``: the forward is right, but ONNX Runtime's gradient of it would
@@ -72,10 +73,13 @@ def fit_embeddings(
             continue
         if sub.max_norm is not None:
             raise InvalidValueError(
-                f"{f'Embedding {path!r} of {type(module).__name__}' if path else 'The Embedding'} has "
+                f"{f'Embedding {path!r} of {type(module).__name__}' if path else 'The Embedding'} "
+                "has "
                 f"max_norm={sub.max_norm}: torch renormalises its "
-                "weight in place during the forward, which an exported graph cannot do. Renormalise the weight "
-                "yourself between steps (torch.embedding_renorm_) and construct the Embedding without max_norm."
+                "weight in place during the forward, which an exported graph cannot do. "
+                "Renormalise the weight "
+                "yourself between steps (torch.embedding_renorm_) and construct the Embedding "
+                "without max_norm."
             )
         padding = sub.padding_idx
         if padding is None and not sub.scale_grad_by_freq:
@@ -169,7 +173,9 @@ def _rewrite_gather(
 def fit_embeddings_proto(
     model: onnx.ModelProto, module: torch.nn.Module, weights: list[str]
 ) -> tuple[onnx.ModelProto, dict[str, FrozenWeight]]:
-    """:func:`fit_embeddings` on a ModelProto: the rewritten model (the same one when nothing changed)."""
+    """:func:`fit_embeddings` on a ModelProto: the rewritten model (the same one when nothing
+    changed).
+    """
     if not any(isinstance(m, torch.nn.Embedding) for m in module.modules()):
         return model, {}
     ir_model = serde.from_proto(model)

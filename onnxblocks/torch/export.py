@@ -64,13 +64,15 @@ DYNAMIC = ("batch", "all", "none")
 _PREFIX = "module."
 
 
-#: The exporter's failure (the name torch users know; one class with :class:`onnxblocks.TorchExportError`).
+#: The exporter's failure (the name torch users know; one class with
+#: :class:`onnxblocks.TorchExportError`).
 ExportError = TorchExportError
 
 
 @dataclass(frozen=True)
 class BatchNormUpdate:
-    """A BatchNorm module whose running statistics the wrapper updates after each training-mode forward.
+    """A BatchNorm module whose running statistics the wrapper updates after each training-mode
+    forward.
 
     Attributes:
         path: The module's qualified name.
@@ -92,8 +94,10 @@ class Exported:
         weights: Initializers fed from the module (named as the module names them), in order.
         outputs: The graph outputs holding the module's tensor outputs, in order.
         out_spec: The pytree structure of the module's output.
-        out_leaves: The output's leaves: an :class:`OutputSlot` where a tensor goes, else the constant value.
-        graphless: The module returns no tensor it computes (only its inputs and constants): no graph to run.
+        out_leaves: The output's leaves: an :class:`OutputSlot` where a tensor goes, else the
+        constant value.
+        graphless: The module returns no tensor it computes (only its inputs and constants): no
+        graph to run.
         batch_norms: The running statistics to update (training mode).
         baked: Module buffers baked into the graph as constants, with their version at export.
     """
@@ -115,14 +119,17 @@ _TENSOR = object()
 
 
 class _Holder(torch.nn.Module):
-    """Calls a module on ``(args, kwargs)`` rebuilt from tensor leaves; returns its output's tensor leaves."""
+    """Calls a module on ``(args, kwargs)`` rebuilt from tensor leaves; returns its output's
+    tensor leaves.
+    """
 
     def __init__(self, module: torch.nn.Module, in_spec: Any, leaves: Sequence[Any]) -> None:
         super().__init__()
         self.module = module
         self.in_spec = in_spec
         self.constants = [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-        #: The output leaves that become graph outputs, by position (from the eager run: a trace turns sizes
+        #: The output leaves that become graph outputs, by position (from the eager run: a trace
+        #: turns sizes
         #: into tensors too, and loses which tensors are the same object).
         self.graph_outputs: list[int] | None = None
 
@@ -174,8 +181,10 @@ def export_module(
         )
         if odd is not None:
             raise ExportError(
-                f"{label} returns a {type(odd).__name__}, which OrtModule cannot rebuild around ONNX Runtime's "
-                "outputs: return tensors in tuples, lists, dicts, namedtuples, dataclasses or ModelOutputs."
+                f"{label} returns a {type(odd).__name__}, which OrtModule cannot rebuild around "
+                "ONNX Runtime's "
+                "outputs: return tensors in tuples, lists, dicts, namedtuples, dataclasses or "
+                "ModelOutputs."
             )
         plan, holder.graph_outputs = output_plan(out_leaves, tensors)
         names = [f"input_{k}" for k in range(len(tensors))]
@@ -191,7 +200,8 @@ def export_module(
         model = serde.to_proto(exported)  # the module's tensors as they were exported
     if len(model.graph.output) != len(holder.graph_outputs):
         raise ExportError(
-            f"{label}'s export has {len(model.graph.output)} graph outputs for {len(holder.graph_outputs)} tensor "
+            f"{label}'s export has {len(model.graph.output)} graph outputs for "
+            f"{len(holder.graph_outputs)} tensor "
             "outputs; "
             "return tensors (in tuples, lists or dicts) from forward."
         )
@@ -285,13 +295,15 @@ def _export_failure(label: str, exporter: str, exc: BaseException) -> str:
         f"torch.onnx.export({how}) could not export {label}: {type(exc).__name__}: "
         + "\n".join(lines)
         + "\n"
-        f"Try exporter='{other}', rewrite the part of {label} named above, or pass fallback=True to run "
+        f"Try exporter='{other}', rewrite the part of {label} named above, or pass fallback=True "
+        "to run "
         "such inputs eagerly in torch."
     )
 
 
 def _strip_prefix(model: ir.Model) -> None:
-    """Rename ``module.<name>`` initializers (the holder's child) to the module's own names, in place.
+    """Rename ``module.<name>`` initializers (the holder's child) to the module's own names, in
+    place.
 
     A name the graph already uses elsewhere keeps its prefix.
     """
@@ -367,7 +379,9 @@ def _submodule(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
 
 @contextlib.contextmanager
 def _preserved(module: torch.nn.Module) -> Iterator[None]:
-    """Restore the module's buffers, modes and torch's RNG state afterwards (exporters run the module)."""
+    """Restore the module's buffers, modes and torch's RNG state afterwards (exporters run the
+    module).
+    """
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     modes = [(m, m.training) for m in module.modules()]
     rng = torch.get_rng_state()

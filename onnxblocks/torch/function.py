@@ -1,4 +1,5 @@
-"""ONNX graphs as ``torch.autograd.Function`` classes and ``nn.Module`` s (the successor of ``TorchOrtFactory``).
+"""ONNX graphs as ``torch.autograd.Function`` classes and ``nn.Module`` s (the successor of
+``TorchOrtFactory``).
 
 :func:`onnx_function` turns an ONNX model into a ``torch.autograd.Function``
 subclass whose forward and backward run in ONNX Runtime; :class:`OnnxModule`
@@ -68,10 +69,12 @@ class OnnxFunction(torch.autograd.Function):
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
-        """Run the graph: ``apply(*inputs, *weights)``; returns a tensor, or a tuple for several outputs.
+        """Run the graph: ``apply(*inputs, *weights)``; returns a tensor, or a tuple for several
+        outputs.
 
         Raises:
-            TypeError: for a wrong number of tensors, a non-tensor or a dtype the graph does not declare.
+            TypeError: for a wrong number of tensors, a non-tensor or a dtype the graph does not
+            declare.
             ValueError: for a shape the graph does not declare, or a tensor off the CPU.
         """
         if kwargs:
@@ -82,7 +85,9 @@ class OnnxFunction(torch.autograd.Function):
 
     @classmethod
     def apply_checked(cls, tensors: Sequence[torch.Tensor]) -> Any:
-        """:meth:`apply` for tensors already checked against the graph (as :class:`OrtModule` does)."""
+        """:meth:`apply` for tensors already checked against the graph (as :class:`OrtModule`
+        does).
+        """
         program = cls.program
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return super().apply(program, *tensors)
@@ -123,18 +128,23 @@ class OnnxFunction(torch.autograd.Function):
             return tuple(nothing)
         if torch.is_grad_enabled():
             raise StateError(
-                "Double backward (create_graph=True) through an ONNX graph is not supported: its backward runs "
-                "in ONNX Runtime and is not itself differentiable. Call backward() without create_graph."
+                "Double backward (create_graph=True) through an ONNX graph is not supported: its "
+                "backward runs "
+                "in ONNX Runtime and is not itself differentiable. Call backward() without "
+                "create_graph."
             )
         if ctx.state is None:
             raise StateError(
                 "The values an ONNX graph saved for its backward were freed by the first backward "
-                "(retain_graph=True does not keep them). Run the forward again before a second backward."
+                "(retain_graph=True does not keep them). Run the forward again before a second "
+                "backward."
             )
         if any(g is not None for g in grad_outputs) and all(
             g is None or g.numel() == 0 for g in grad_outputs
         ):
-            ctx.state = None  # empty output gradients (an empty batch): the vector-Jacobian product is zero, as torch's
+            # empty output gradients (an empty batch): the vector-Jacobian product is zero, as
+            # torch's
+            ctx.state = None
             for position, shape, dtype in zip(
                 compiled.gradient_of, ctx.gradient_shapes, ctx.gradient_dtypes, strict=True
             ):
@@ -212,7 +222,8 @@ def onnx_function(
             "input_names": program.inputs,
             "weight_names": program.weights,
             "output_names": program.outputs,
-            "__doc__": f"ONNX graph run by ONNX Runtime: apply({', '.join((*program.inputs, *program.weights))}).",
+            "__doc__": "ONNX graph run by ONNX Runtime: "
+            f"apply({', '.join((*program.inputs, *program.weights))}).",
         },
     )
 
@@ -301,7 +312,8 @@ class OnnxModule(torch.nn.Module):
         return self.function.output_names
 
     def forward(self, *inputs: torch.Tensor, **named: torch.Tensor) -> Any:
-        """Run the graph on ``inputs`` (by position, or by graph input name); returns a tensor or a tuple.
+        """Run the graph on ``inputs`` (by position, or by graph input name); returns a tensor or a
+        tuple.
 
         Raises:
             TypeError: for inputs given twice or missing.
@@ -312,7 +324,8 @@ class OnnxModule(torch.nn.Module):
             for key in named:
                 if key not in names:
                     raise UnknownNameError(
-                        f"'{key}' is not a graph input.{did_you_mean(key, names)} Graph inputs: {preview(names)}."
+                        f"'{key}' is not a graph input.{did_you_mean(key, names)} Graph inputs: "
+                        f"{preview(names)}."
                     )
             given = dict(zip(names, inputs, strict=False))
             twice = [k for k in named if k in given]

@@ -1,4 +1,5 @@
-"""``onnxblocks demo --lora``: LoRA adapters fine-tuned on a small LLaMA, end to end, without downloads.
+"""``onnxblocks demo --lora``: LoRA adapters fine-tuned on a small LLaMA, end to end, without
+downloads.
 
 :func:`run_lora_demo` does, in order:
 
@@ -17,7 +18,8 @@
 
 It needs torch and transformers (``pip install 'onnxblocks[torch]' transformers``, torch pinned) for
 step 1 and 2 only; the fine-tune runs on ONNX Runtime. It takes under a minute on two CPU cores.
-The command line reaches it through ``python -m onnxblocks.torch.lora_demo`` (the CLI never imports torch);
+The command line reaches it through ``python -m onnxblocks.torch.lora_demo`` (the CLI never imports
+torch);
 ``demo --lora --web`` through ``python -m onnxblocks.torch.lora_web``.
 """
 
@@ -46,7 +48,8 @@ SEQ = 10
 PRETRAIN_STRIDE, FINETUNE_STRIDE = 1, 2
 #: The modules that get adapters.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-#: What the demo promises (and its test checks): the fine-tune's loss at most this fraction of the loss before.
+#: What the demo promises (and its test checks): the fine-tune's loss at most this fraction of the
+#: loss before.
 TARGET_RATIO = 0.25
 DEFAULT_OUTPUT_DIR = "onnxblocks-lora-demo"
 
@@ -89,13 +92,17 @@ def _fraction(prompts: list[list[int]], continuations: list[list[int]], stride: 
 
 
 def counting(rng: np.random.Generator, rows: int, stride: int, length: int = SEQ + 1) -> np.ndarray:
-    """``rows`` sequences ``s, s+stride, s+2*stride, ...`` (mod :data:`VOCAB`) from random starts, int64."""
+    """``rows`` sequences ``s, s+stride, s+2*stride, ...`` (mod :data:`VOCAB`) from random
+    starts, int64.
+    """
     start = rng.integers(0, VOCAB, (rows, 1))
     return ((start + stride * np.arange(length)) % VOCAB).astype(np.int64)
 
 
 def build_llama(seed: int = 0) -> torch.nn.Module:
-    """A small ``LlamaForCausalLM`` (2 layers, hidden 32, 4 heads, 2 KV heads) from its config, random init."""
+    """A small ``LlamaForCausalLM`` (2 layers, hidden 32, 4 heads, 2 KV heads) from its config,
+    random init.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -147,7 +154,8 @@ def export_lm(
     full = type(model).forward
 
     def logits(self: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-        # an all-ones mask: without one transformers looks for packed sequences with torch.diff (not exportable)
+        # an all-ones mask: without one transformers looks for packed sequences with torch.diff (not
+        # exportable)
         return full(
             self, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), return_dict=True
         ).logits
@@ -160,17 +168,28 @@ def export_lm(
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 program = torch.onnx.export(
-                    model, (ids,), dynamo=True, optimize=False, input_names=["input_ids"],
-                    output_names=["logits"], opset_version=18,
-                )  # fmt: skip
+                    model,
+                    (ids,),
+                    dynamo=True,
+                    optimize=False,
+                    input_names=["input_ids"],
+                    output_names=["logits"],
+                    opset_version=18,
+                )
                 assert program is not None  # torch returns the program when no file is given
                 program.save(os.fspath(path))
             else:
                 torch.onnx.export(
-                    model, (ids,), os.fspath(path), input_names=["input_ids"], output_names=["logits"],
-                    dynamo=False, do_constant_folding=False, opset_version=17,
+                    model,
+                    (ids,),
+                    os.fspath(path),
+                    input_names=["input_ids"],
+                    output_names=["logits"],
+                    dynamo=False,
+                    do_constant_folding=False,
+                    opset_version=17,
                     training=torch.onnx.TrainingMode.TRAINING,
-                )  # fmt: skip
+                )
     finally:
         del model.forward
     return path
@@ -207,7 +226,8 @@ def run_lora_demo(
     portable: bool = False,
     stream: IO[str] | None = None,
 ) -> LoraDemoResult:
-    """Pre-train a small LLaMA, fine-tune LoRA adapters on a shifted task, merge, generate (module docstring).
+    """Pre-train a small LLaMA, fine-tune LoRA adapters on a shifted task, merge, generate (module
+    docstring).
 
     Args:
         output_dir: Where the files go (created).
@@ -237,8 +257,10 @@ def run_lora_demo(
     lm = build_llama(seed)
     losses = pretrain(lm, pretrain_steps, seed)
     say(
-        f"[1/6] pre-trained a small LLaMA ({sum(p.numel() for p in lm.parameters()):,} parameters) in torch on "
-        f"counting by {PRETRAIN_STRIDE}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {pretrain_steps} steps"
+        f"[1/6] pre-trained a small LLaMA ({sum(p.numel() for p in lm.parameters()):,} "
+        "parameters) in torch on "
+        f"counting by {PRETRAIN_STRIDE}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in "
+        f"{pretrain_steps} steps"
     )
     base = export_lm(lm, root / "base_model.onnx", batch)
     say(f"[2/6] exported it to ONNX: {base}")
@@ -260,8 +282,10 @@ def run_lora_demo(
     )
     result.frozen = sum(p.numel() for p in lm.parameters())
     say(
-        f"[3/6] artifacts with LoRA r={config.r}, alpha={config.lora_alpha} on {', '.join(TARGETS)}: "
-        f"{result.trainable:,} trainable parameters, the {result.frozen:,} of the base frozen ({directory})"
+        f"[3/6] artifacts with LoRA r={config.r}, alpha={config.lora_alpha} on "
+        f"{', '.join(TARGETS)}: "
+        f"{result.trainable:,} trainable parameters, the {result.frozen:,} of the base frozen "
+        f"({directory})"
     )
 
     rng = np.random.default_rng(seed + 1)
@@ -273,7 +297,8 @@ def run_lora_demo(
         session.train_and_update(data[:, :-1], data[:, 1:])
     result.loss_after = float(session.eval_step(held_out[:, :-1], held_out[:, 1:])[0])
     say(
-        f"[4/6] fine-tuned the adapters on counting by {FINETUNE_STRIDE} ({finetune_steps} steps, {session.backend} "
+        f"[4/6] fine-tuned the adapters on counting by {FINETUNE_STRIDE} ({finetune_steps} "
+        f"steps, {session.backend} "
         f"backend): held-out loss {result.loss_before:.3f} -> {result.loss_after:.3f}"
     )
 
@@ -302,17 +327,21 @@ def run_lora_demo(
         result.prompts, result.base_continuations, result.merged_continuations, strict=True
     ):
         say(
-            f"      {' '.join(map(str, prompt)):>9} | {' '.join(map(str, before)):<21} | {' '.join(map(str, after))}"
+            f"      {' '.join(map(str, prompt)):>9} | {' '.join(map(str, before)):<21} | "
+            f"{' '.join(map(str, after))}"
         )
     result.seconds = time.perf_counter() - started
     say(
-        f"done in {result.seconds:.1f} s: {100 * result.follows_new_task:.0f}% of the merged model's tokens count by 2"
+        f"done in {result.seconds:.1f} s: {100 * result.follows_new_task:.0f}% of the merged "
+        "model's tokens count by 2"
     )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m onnxblocks.torch.lora_demo [--output-dir DIR] [--seed N] [--portable]`` (``demo --lora``)."""
+    """``python -m onnxblocks.torch.lora_demo [--output-dir DIR] [--seed N] [--portable]``
+    (``demo --lora``).
+    """
     parser = argparse.ArgumentParser(
         prog="onnxblocks demo --lora", description=__doc__.splitlines()[0]
     )
@@ -324,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run_lora_demo(args.output_dir, seed=args.seed, portable=args.portable)
     if not result.passed:
         print(
-            f"the fine-tune reached loss {result.loss_after:.3f} from {result.loss_before:.3f}; the demo promises "
+            f"the fine-tune reached loss {result.loss_after:.3f} from {result.loss_before:.3f}; "
+            "the demo promises "
             f"at most {TARGET_RATIO:.0%} of the start.",
             file=sys.stderr,
         )

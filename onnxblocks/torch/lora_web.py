@@ -1,10 +1,16 @@
-"""``onnxblocks demo --lora --web``: the LoRA demo's fine-tune in the browser (onnxruntime-web, WASM).
+"""``onnxblocks demo --lora --web``: the LoRA demo's fine-tune in the browser (onnxruntime-web,
+WASM).
 
-:func:`build_lora_site` pre-trains the small LLaMA of :mod:`onnxblocks.torch.lora_demo` in torch (counting by
-one), exports it, generates *portable* LoRA artifacts (only the adapters are state: ``params.safetensors``
-holds them and their moments) and writes the site: the page ``demo/lora.html`` fine-tunes the adapters on
-counting by two with the JavaScript client, shows the loss and greedy generations before and after, and
-offers the adapters as a PEFT directory ("Download adapters"). :func:`run_lora_web_demo` serves it on
+:func:`build_lora_site` pre-trains the small LLaMA of :mod:`onnxblocks.torch.lora_demo` in torch
+(counting by
+one), exports it, generates *portable* LoRA artifacts (only the adapters are state:
+``params.safetensors``
+holds them and their moments) and writes the site: the page ``demo/lora.html`` fine-tunes the
+adapters on
+counting by two with the JavaScript client, shows the loss and greedy generations before and after,
+and
+offers the adapters as a PEFT directory ("Download adapters"). :func:`run_lora_web_demo` serves it
+on
 127.0.0.1.
 """
 
@@ -30,7 +36,8 @@ from onnxblocks.torch.lora_demo import (
     pretrain,
 )
 
-#: The site's files besides the client: the artifacts folder, the plan, the base model's weights (for peft).
+#: The site's files besides the client: the artifacts folder, the plan, the base model's weights
+#: (for peft).
 LORA_ARTIFACTS, LORA_PLAN, BASE_WEIGHTS = "lora", "lora_plan.safetensors", "base_model.safetensors"
 
 
@@ -53,7 +60,8 @@ def build_lora_site(
         lr: The page's learning rate.
         batch: Sequences per step.
         pretrain_steps: torch AdamW steps on counting by one.
-        ort_web_dist: onnxruntime-web's ``dist/`` folder; default: npm-installed into the cache once.
+        ort_web_dist: onnxruntime-web's ``dist/`` folder; default: npm-installed into the cache
+        once.
 
     Returns:
         The site folder.
@@ -123,7 +131,8 @@ def run_lora_web_demo(
         server = serve(site, 0)
     url = url_of(server, "demo/lora.html")
     out.write(
-        f"onnxblocks demo --lora --web: LoRA adapters of a small LLaMA fine-tuned in the browser by onnxruntime-web\n"
+        "onnxblocks demo --lora --web: LoRA adapters of a small LLaMA fine-tuned in the browser "
+        "by onnxruntime-web\n"
         f"  site written to {site} in {time.perf_counter() - started:.1f} s\n  open {url}\n"
         "  (served on 127.0.0.1 only; Ctrl-C stops the server)\n"
     )
@@ -138,7 +147,9 @@ def run_lora_web_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m onnxblocks.torch.lora_web [--output-dir DIR] [--seed N] [--port P]`` (``demo --lora --web``)."""
+    """``python -m onnxblocks.torch.lora_web [--output-dir DIR] [--seed N] [--port P]`` (``demo
+    --lora --web``).
+    """
     import torch
 
     parser = argparse.ArgumentParser(

@@ -1,4 +1,5 @@
-"""A torch module trained through ONNX Runtime (the successor of ``onnxruntime.training.ORTModule``).
+"""A torch module trained through ONNX Runtime (the successor of
+``onnxruntime.training.ORTModule``).
 
 ``OrtModule(module)`` exports ``module`` with torch's exporter on the first call
 (:mod:`onnxblocks.torch.export`), builds its forward and backward graphs with
@@ -58,11 +59,13 @@ class _Entry:
     dims: list[list[int | None] | None] = field(default_factory=list)
     owners: list[tuple[torch.nn.Module, str]] = field(default_factory=list)
     dtypes: list[torch.dtype] = field(default_factory=list)
-    #: BatchNorm modules to update, each with where its normalised batch is: a graph input or an extra output.
+    #: BatchNorm modules to update, each with where its normalised batch is: a graph input or an
+    #: extra output.
     batch_norms: list[tuple[torch.nn.Module, bool, int]] = field(default_factory=list)
     #: The module returns one tensor (no pytree to rebuild).
     single_output: bool = False
-    #: Weights fed detached (frozen copies for Embedding's gradient semantics), by position among the weights.
+    #: Weights fed detached (frozen copies for Embedding's gradient semantics), by position among
+    #: the weights.
     frozen: list[tuple[int, FrozenWeight]] = field(default_factory=list)
 
 
@@ -154,7 +157,8 @@ class OrtModule(torch.nn.Module):
 
     @property
     def gradient_graphs(self) -> SplitVjp | None:
-        """The forward and backward halves ONNX Runtime ran for the latest export (None before a training call).
+        """The forward and backward halves ONNX Runtime ran for the latest export (None before a
+        training call).
 
         ``forward`` computes the outputs and the values saved for the backward
         (``saved``); ``backward`` computes the gradients from them and the output gradients.
@@ -222,7 +226,9 @@ class OrtModule(torch.nn.Module):
     def _find(
         self, key: Hashable, tensors: list[torch.Tensor]
     ) -> tuple[_Entry | None, list[torch.Tensor]]:
-        """The cached export for this call, and the module's tensors it reads (checked against the export)."""
+        """The cached export for this call, and the module's tensors it reads (checked against
+        the export).
+        """
         for entry in self._cache.get(key, []):
             exported = entry.exported
             if exported is None:
@@ -249,9 +255,11 @@ class OrtModule(torch.nn.Module):
         return None, []
 
     def _export(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exported:
-        """Export for this call; a dynamo export that fails with symbolic dims is retried with static shapes.
+        """Export for this call; a dynamo export that fails with symbolic dims is retried with
+        static shapes.
 
-        (A size that becomes symbolic can reach where the exporter needs a constant: an ``ignore_index``
+        (A size that becomes symbolic can reach where the exporter needs a constant: an
+        ``ignore_index``
         computed from ``x.size(1)``.)
         """
         try:
@@ -306,7 +314,8 @@ class OrtModule(torch.nn.Module):
                     raise GradientError(f"Training {label} through ONNX Runtime: {exc}") from exc
                 raise
             warnings.warn(
-                f"OrtModule({label}): running these inputs ({'training' if training else 'eval'} mode) eagerly in "
+                f"OrtModule({label}): running these inputs ({'training' if training else 'eval'} "
+                "mode) eagerly in "
                 f"torch, not in ONNX Runtime, because: {exc}",
                 RuntimeWarning,
                 stacklevel=3,
@@ -333,7 +342,8 @@ class OrtModule(torch.nn.Module):
             not isinstance(leaf, (OutputSlot, str, bool, type(None)))
             for leaf in exported.out_leaves
         ):
-            # a non-tensor output (a size) is the eager run's value: valid for these exact shapes only
+            # a non-tensor output (a size) is the eager run's value: valid for these exact shapes
+            # only
             dims = [list(tensors[i].shape) for i in exported.input_leaves]
         return _Entry(
             exported,
@@ -349,7 +359,9 @@ class OrtModule(torch.nn.Module):
 
 
 class _Forward:
-    """``OrtModule.forward``: runs the wrapper, with the wrapped module's own ``inspect.signature``."""
+    """``OrtModule.forward``: runs the wrapper, with the wrapped module's own
+    ``inspect.signature``.
+    """
 
     def __init__(self, owner: OrtModule) -> None:
         self.owner = owner
@@ -373,7 +385,8 @@ def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
             hash(leaf)
         except TypeError:
             raise InvalidTypeError(
-                f"OrtModule bakes non-tensor arguments into the exported graph, and {type(leaf).__name__} "
+                "OrtModule bakes non-tensor arguments into the exported graph, and "
+                f"{type(leaf).__name__} "
                 f"{leaf!r} is not hashable: pass tensors, numbers, strings or None."
             ) from None
         found.append((type(leaf), leaf))
@@ -381,7 +394,9 @@ def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
 
 
 def _static_retry(first: ExportError, export: Any) -> Exported:
-    """``export()`` with static shapes after a failure with symbolic ones; the first failure when both fail."""
+    """``export()`` with static shapes after a failure with symbolic ones; the first failure when
+    both fail.
+    """
     try:
         return export()
     except ExportError:
@@ -408,13 +423,15 @@ def _tensor(owner: torch.nn.Module, attr: str) -> torch.Tensor:
         found = owner._buffers[attr]
     if found is None:
         raise StateError(
-            f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as one."
+            f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as "
+            "one."
         )
     return found
 
 
 def _update_running_stats(modules: list[torch.nn.Module], inputs: list[torch.Tensor]) -> None:
-    """BatchNorm's training-mode update of its running statistics from the normalised batch, by torch itself.
+    """BatchNorm's training-mode update of its running statistics from the normalised batch, by
+    torch itself.
 
     ``torch.nn.functional.batch_norm`` in training mode updates the running mean and
     (unbiased) variance in place with torch's own formula; its normalised output is

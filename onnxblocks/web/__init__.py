@@ -1,10 +1,12 @@
-"""Training in JavaScript: the bridge between onnxblocks and the web/Node client in ``js/`` (docs/web.md).
+"""Training in JavaScript: the bridge between onnxblocks and the web/Node client in ``js/``
+(docs/web.md).
 
 * :mod:`~onnxblocks.web.state`: ``params.safetensors``, the state file both sides read and write
   (:func:`write_state` from a checkpoint, :func:`read_state`, :func:`state_to_checkpoint`,
   :func:`load_state` into a ``TrainingSession``);
 * :mod:`~onnxblocks.web.safetensors`: the file format, in numpy;
-* :mod:`~onnxblocks.web.site`: the browser demo (``onnxblocks demo --web``), :mod:`~onnxblocks.web.server`
+* :mod:`~onnxblocks.web.site`: the browser demo (``onnxblocks demo --web``),
+  :mod:`~onnxblocks.web.server`
   serves it on 127.0.0.1;
 * :mod:`~onnxblocks.web.inference`: the trained inference model as ``.onnx`` from JavaScript
   (:func:`write_inference_template`: the model and where its weights lie, filled by the client);

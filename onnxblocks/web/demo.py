@@ -31,7 +31,8 @@ def run_web_demo(
         output_dir: The demo's output folder (the site goes to its ``web/``).
         epochs: Epochs the page trains.
         seed: Seed of data, weights and batch order.
-        port: The port; 0 picks a free one. When :data:`DEFAULT_PORT` is taken, another free one is used.
+        port: The port; 0 picks a free one. When :data:`DEFAULT_PORT` is taken, another free one is
+        used.
         stream: Where to print (default ``sys.stdout``).
         forever: Serve until interrupted (Ctrl-C); False returns right after printing the URL
             with the server stopped (for tests of the build).
@@ -57,9 +58,12 @@ def run_web_demo(
         server = serve(site, 0)
     url = url_of(server)
     out.write(
-        f"onnxblocks demo --web: the spiral classifier as portable artifacts, trained in the browser by "
-        f"onnxruntime-web (WASM)\n  site written to {site} in {time.perf_counter() - started:.1f} s\n"
-        f"  open {url}\n  (served on 127.0.0.1 only, no CDN: the page works offline; Ctrl-C stops the server)\n"
+        "onnxblocks demo --web: the spiral classifier as portable artifacts, trained in the "
+        "browser by "
+        f"onnxruntime-web (WASM)\n  site written to {site} in "
+        f"{time.perf_counter() - started:.1f} s\n"
+        f"  open {url}\n  (served on 127.0.0.1 only, no CDN: the page works offline; Ctrl-C "
+        "stops the server)\n"
     )
     out.flush()
     try:

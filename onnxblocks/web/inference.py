@@ -1,4 +1,5 @@
-"""The trained inference model the browser page offers: an ONNX file written at generation time, filled in the page.
+"""The trained inference model the browser page offers: an ONNX file written at generation time,
+filled in the page.
 
 :func:`write_inference_template` exports the artifacts' inference model (the eval
 model cut to the wanted outputs, the parameters as initializers) and writes beside
@@ -51,7 +52,9 @@ _JS_DTYPES = {
 
 
 def _marker(name: str, length: int) -> bytes:
-    """``length`` bytes derived from ``name``: found once in the serialized model, where the tensor's bytes are."""
+    """``length`` bytes derived from ``name``: found once in the serialized model, where the
+    tensor's bytes are.
+    """
     stream = b""
     counter = 0
     while len(stream) < length:
@@ -63,7 +66,8 @@ def _marker(name: str, length: int) -> bytes:
 def write_inference_template(
     artifacts: str | os.PathLike[str], output_names: Sequence[str], filename: str = INFERENCE_MODEL
 ) -> Path:
-    """Export the inference model of ``artifacts`` (initial weights) and its layout ``<filename>.json`` beside it.
+    """Export the inference model of ``artifacts`` (initial weights) and its layout
+    ``<filename>.json`` beside it.
 
     Args:
         artifacts: A portable artifact folder with an eval model.
@@ -74,7 +78,8 @@ def write_inference_template(
         The layout's path.
 
     Raises:
-        InvalidValueError: when a parameter's bytes cannot be located (a tensor of 0 bytes or an unusual dtype).
+        InvalidValueError: when a parameter's bytes cannot be located (a tensor of 0 bytes or an
+        unusual dtype).
     """
     from onnxblocks.runtime import TrainingSession
 
@@ -92,8 +97,10 @@ def write_inference_template(
         array = numpy_helper.to_array(init)
         if array.dtype not in _JS_DTYPES or array.nbytes == 0:
             raise InvalidValueError(
-                f"Cannot lay out parameter '{init.name}' ({array.dtype}, {array.nbytes} bytes) for the browser's "
-                "inference model: only non-empty tensors of the safetensors dtypes are filled in the page."
+                f"Cannot lay out parameter '{init.name}' ({array.dtype}, {array.nbytes} bytes) "
+                "for the browser's "
+                "inference model: only non-empty tensors of the safetensors dtypes are filled in "
+                "the page."
             )
         originals[init.name] = np.ascontiguousarray(array)
         marked = numpy_helper.from_array(array, init.name)

@@ -1,13 +1,16 @@
-"""Where the JavaScript side comes from: the client in ``js/`` and npm packages installed once into a cache.
+"""Where the JavaScript side comes from: the client in ``js/`` and npm packages installed once into
+a cache.
 
 * :func:`js_dir`: the JavaScript client: ``$ONNXBLOCKS_JS_DIR``, else ``js/`` of a source checkout,
-  else the copy an installed wheel carries (``onnxblocks/web/js``: ``package.json``, ``src/``, ``demo/``).
+  else the copy an installed wheel carries (``onnxblocks/web/js``: ``package.json``, ``src/``,
+  ``demo/``).
 * :func:`install_js_dependencies`: ``npm ci`` of the client's ``package.json`` and lock file
   (onnxruntime-node, onnxruntime-web, playwright-core, typescript) into
   ``<cache>/npm-<hash>/node_modules``, once per lock file. The tests use it.
 * :func:`onnxruntime_web_dist`: the ``dist/`` folder of ``onnxruntime-web`` for the browser
   demo: ``$ONNXBLOCKS_ORT_WEB_DIST`` when set (an offline machine), else
-  ``npm install onnxruntime-web@`` :data:`ORT_WEB_VERSION` into ``<cache>/onnxruntime-web-<version>``
+  ``npm install onnxruntime-web@`` :data:`ORT_WEB_VERSION` into
+  ``<cache>/onnxruntime-web-<version>``
   once (needs npm and the npm registry the first time, nothing after).
 
 The cache is ``$ONNXBLOCKS_CACHE``, else ``$XDG_CACHE_HOME/onnxblocks``, else
@@ -29,14 +32,17 @@ from pathlib import Path
 
 from onnxblocks._core.errors import NpmError
 
-#: The onnxruntime-web (and onnxruntime-node) version the client pins (``js/package.json``; a test checks).
+#: The onnxruntime-web (and onnxruntime-node) version the client pins (``js/package.json``; a test
+#: checks).
 ORT_WEB_VERSION = "1.30.0"
 #: The client's files that decide its npm install.
 _LOCK_FILES = ("package.json", "package-lock.json", ".npmrc")
 
 
 def cache_root() -> Path:
-    """The onnxblocks cache: ``$ONNXBLOCKS_CACHE``, ``$XDG_CACHE_HOME/onnxblocks`` or ``~/.cache/onnxblocks``."""
+    """The onnxblocks cache: ``$ONNXBLOCKS_CACHE``, ``$XDG_CACHE_HOME/onnxblocks`` or
+    ``~/.cache/onnxblocks``.
+    """
     if os.environ.get("ONNXBLOCKS_CACHE"):
         return Path(os.environ["ONNXBLOCKS_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxblocks"
@@ -58,8 +64,10 @@ def js_dir() -> Path:
             return candidate
     raise NpmError(
         f"The JavaScript client is not at {', '.join(map(str, candidates))}. A wheel carries it in "
-        "onnxblocks/web/js: reinstall onnxblocks from a wheel built with its setup.py (pip install onnxblocks), "
-        "install it from a clone (pip install -e .), or point $ONNXBLOCKS_JS_DIR at js/ of the source checkout."
+        "onnxblocks/web/js: reinstall onnxblocks from a wheel built with its setup.py (pip "
+        "install onnxblocks), "
+        "install it from a clone (pip install -e .), or point $ONNXBLOCKS_JS_DIR at js/ of the "
+        "source checkout."
     )
 
 
@@ -72,7 +80,8 @@ def npm_executable() -> str:
     found = shutil.which("npm")
     if found is None:
         raise NpmError(
-            "npm is not on the PATH. Install Node.js 20 or newer with npm (e.g. `apt-get install nodejs npm`, or "
+            "npm is not on the PATH. Install Node.js 20 or newer with npm (e.g. `apt-get install "
+            "nodejs npm`, or "
             "https://nodejs.org), then run the command again."
         )
     return found
@@ -85,7 +94,9 @@ def _env() -> dict[str, str]:
 def _install(
     target: Path, files: dict[str, bytes], command: Sequence[str], what: str, timeout: float
 ) -> Path:
-    """Run ``npm <command>`` in a staging folder holding ``files``; rename it to ``target``; return node_modules."""
+    """Run ``npm <command>`` in a staging folder holding ``files``; rename it to ``target``;
+    return node_modules.
+    """
     modules = target / "node_modules"
     if (target / "ready").exists() and modules.is_dir():
         return modules
@@ -114,7 +125,8 @@ def _install(
             ) from None
         if done.returncode != 0:
             raise NpmError(
-                f"{what}: `{' '.join(argv)}` failed (exit {done.returncode}); it needs the npm registry the first "
+                f"{what}: `{' '.join(argv)}` failed (exit {done.returncode}); it needs the npm "
+                "registry the first "
                 f"time.\n{(done.stderr or done.stdout)[-3000:]}"
             )
         (staging / "ready").write_text("ok\n")
@@ -132,7 +144,8 @@ def install_js_dependencies(cache: str | os.PathLike | None = None, timeout: flo
     """``npm ci`` the JavaScript client's dependencies into the cache, once per lock file.
 
     Args:
-        cache: The cache folder (default :func:`cache_root`); the install goes to its ``npm-<hash>``.
+        cache: The cache folder (default :func:`cache_root`); the install goes to its
+        ``npm-<hash>``.
         timeout: Seconds the install may take.
 
     Returns:
@@ -153,7 +166,8 @@ def install_js_dependencies(cache: str | os.PathLike | None = None, timeout: flo
 
 
 def onnxruntime_web_dist(timeout: float = 900) -> Path:
-    """The ``dist/`` folder of onnxruntime-web :data:`ORT_WEB_VERSION`, installed into the cache on first use.
+    """The ``dist/`` folder of onnxruntime-web :data:`ORT_WEB_VERSION`, installed into the cache on
+    first use.
 
     ``$ONNXBLOCKS_ORT_WEB_DIST`` overrides it (a ``dist/`` folder copied from any
     install of that version, for a machine without the npm registry).
@@ -180,7 +194,8 @@ def onnxruntime_web_dist(timeout: float = 900) -> Path:
     missing = [name for name in WASM_RUNTIME_FILES if not (dist / name).is_file()]
     if missing:
         raise NpmError(
-            f"{where} ({dist}) lacks {', '.join(missing)}: point it at onnxruntime-web's dist/ folder."
+            f"{where} ({dist}) lacks {', '.join(missing)}: point it at onnxruntime-web's dist/ "
+            "folder."
         )
     return dist
 

@@ -1,4 +1,6 @@
-"""The safetensors format of the web state: it lives in :mod:`onnxblocks.safetensors` (PEFT files use it too)."""
+"""The safetensors format of the web state: it lives in :mod:`onnxblocks.safetensors` (PEFT files
+use it too).
+"""
 
 from __future__ import annotations
 

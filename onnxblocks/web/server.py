@@ -13,7 +13,8 @@ from typing import Any
 
 from onnxblocks._core.errors import NotAFolderError
 
-#: Types browsers insist on: module scripts must be JavaScript, ``WebAssembly.instantiateStreaming`` needs wasm.
+#: Types browsers insist on: module scripts must be JavaScript, ``WebAssembly.instantiateStreaming``
+#: needs wasm.
 MIME_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript",

@@ -1,4 +1,5 @@
-"""The browser demo: the spiral classifier of ``onnxblocks demo`` as a static page that trains with onnxruntime-web.
+"""The browser demo: the spiral classifier of ``onnxblocks demo`` as a static page that trains with
+onnxruntime-web.
 
 :func:`build_site` writes a folder that any static file server can serve (``serve``
 here binds 127.0.0.1)::
@@ -6,10 +7,14 @@ here binds 127.0.0.1)::
     index.html                       a redirect to demo/
     demo/                            the page (js/demo: index.html, demo.mjs, plot.mjs)
     src/                             the JavaScript training client (js/src)
-    ort/                             onnxruntime-web's WASM runtime (ort.wasm.min.mjs, .mjs + .wasm loader)
-    artifacts/                       portable artifacts + params.safetensors (the checkpoint, for the web)
-                                     + inference_model.onnx and .json (the model "Download model" fills)
-    spirals.safetensors              the plan (:class:`SpiralPlan`): data, batch order, learning rates
+    ort/                             onnxruntime-web's WASM runtime (ort.wasm.min.mjs, .mjs + .wasm
+    loader)
+    artifacts/                       portable artifacts + params.safetensors (the checkpoint, for
+    the web)
+                                     + inference_model.onnx and .json (the model "Download model"
+                                       fills)
+    spirals.safetensors              the plan (:class:`SpiralPlan`): data, batch order, learning
+    rates
 
 (``demo/`` and ``src/`` sit side by side as in ``js/``, so the page's imports are the
 repository's and type-check there.)
@@ -57,7 +62,8 @@ class SpiralPlan:
         val_features: Validation points (float32).
         val_labels: Validation classes (int64).
         order: Row order of each epoch ``[epochs, n]`` (int32), as ``ArrayBatches`` draws it.
-        learning_rates: The learning rate of each step ``[steps]`` (float64), as ``CosineSchedule`` gives it.
+        learning_rates: The learning rate of each step ``[steps]`` (float64), as ``CosineSchedule``
+        gives it.
         batch_size: Rows per batch (the last batch of an epoch may be smaller).
         extent: Half the side of the square the page draws.
     """
@@ -108,7 +114,9 @@ class SpiralPlan:
 
 
 def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
-    """The plan of ``onnxblocks demo --epochs epochs --seed seed``: its data, batch order and learning rates."""
+    """The plan of ``onnxblocks demo --epochs epochs --seed seed``: its data, batch order and
+    learning rates.
+    """
     from onnxblocks.datasets import spirals, train_val_split
     from onnxblocks.runtime import ArrayBatches, CosineSchedule
 
@@ -132,7 +140,8 @@ def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
 
 
 def spiral_artifacts(directory: str | os.PathLike, seed: int = 0) -> Path:
-    """Portable artifacts of the demo's classifier and loss (AdamW), with ``params.safetensors`` beside them.
+    """Portable artifacts of the demo's classifier and loss (AdamW), with ``params.safetensors``
+    beside them.
 
     The folder also gets ``inference_model.onnx`` and its layout
     (:func:`~onnxblocks.web.inference.write_inference_template`): the page's "Download model"
@@ -173,7 +182,10 @@ def copy_client(site: Path, start: str, ort_web_dist: str | os.PathLike | None =
         (site / sub).mkdir(exist_ok=True)
         for path in sorted((client / sub).glob(pattern)):
             shutil.copyfile(path, site / sub / path.name)
-    redirect = f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={start}">\n'
+    redirect = (
+        '<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0; '
+        f'url={start}">\n'
+    )
     (site / "index.html").write_text(redirect, encoding="utf-8")
     (site / "ort").mkdir(exist_ok=True)
     for name in WASM_RUNTIME_FILES:

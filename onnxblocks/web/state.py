@@ -1,4 +1,5 @@
-"""The training state file shared with the JavaScript client: parameters and optimizer state in safetensors.
+"""The training state file shared with the JavaScript client: parameters and optimizer state in
+safetensors.
 
 JavaScript cannot read ONNX Runtime's checkpoint (a flatbuffer of TensorProtos)
 without a protobuf and a flatbuffers library; a safetensors file needs neither.
@@ -66,9 +67,12 @@ class WebState:
         step: Optimizer steps taken.
         learning_rate: The learning rate saved with the state (None: not recorded).
         properties: The checkpoint's property bag.
-        states: The state tensors per trainable parameter the optimizer declares (AdamW's two moments by
-            default; SGD with momentum one, Adam with amsgrad three: ``onnxblocks.portable.rules``), named
-            ``state_names(p, states)`` in the file; every trainable parameter has all of them or none.
+        states: The state tensors per trainable parameter the optimizer declares (AdamW's two
+        moments by
+            default; SGD with momentum one, Adam with amsgrad three: ``onnxblocks.portable.rules``),
+            named
+            ``state_names(p, states)`` in the file; every trainable parameter has all of them or
+            none.
     """
 
     trainable: dict[str, np.ndarray]
@@ -86,7 +90,9 @@ class WebState:
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> WebState:
-        """The state of a loaded checkpoint (ONNX Runtime's optimizer group ``group0``, if it has one)."""
+        """The state of a loaded checkpoint (ONNX Runtime's optimizer group ``group0``, if it has
+        one).
+        """
         if checkpoint.is_nominal:
             raise InvalidValueError(
                 "A nominal checkpoint holds no parameter values; generate the artifacts with "
@@ -99,7 +105,8 @@ class WebState:
         counts = {len(v) for v in moments.values()}
         return cls(
             trainable=dict(checkpoint.trainable),
-            # a weight EMA's tensors (EXTRA_PREFIX) stay in Python: the web state carries the model's parameters
+            # a weight EMA's tensors (EXTRA_PREFIX) stay in Python: the web state carries the
+            # model's parameters
             frozen={n: v for n, v in checkpoint.frozen.items() if not n.startswith(EXTRA_PREFIX)},
             moments=moments,
             states=counts.pop() if len(counts) == 1 else 2,
@@ -146,7 +153,8 @@ def write_state(
         checkpoint = _checkpoint_path(source)
         if not checkpoint.exists():
             raise FileMissingError(
-                f"No checkpoint at '{checkpoint}'. Pass an artifact directory or a checkpoint written by "
+                f"No checkpoint at '{checkpoint}'. Pass an artifact directory or a checkpoint "
+                "written by "
                 "generate_artifacts or TrainingSession.save_checkpoint."
             )
         state = WebState.from_checkpoint(load_checkpoint(checkpoint))
@@ -161,7 +169,8 @@ def write_state(
             )
         if len(moments) not in (0, state.states):
             raise InvalidValueError(
-                f"write_state: '{name}' has {len(moments)} optimizer state tensors, but the state declares "
+                f"write_state: '{name}' has {len(moments)} optimizer state tensors, but the "
+                "state declares "
                 f"{state.states} per parameter (WebState.states)."
             )
         tensors.update(zip(state_names(name, state.states), moments, strict=False))
@@ -180,7 +189,8 @@ def write_state(
 
 
 def read_state(path: str | os.PathLike) -> WebState:
-    """Read a state file (written by :func:`write_state` or by the JavaScript client), trusting nothing in it.
+    """Read a state file (written by :func:`write_state` or by the JavaScript client), trusting
+    nothing in it.
 
     The file's layout is checked by :func:`~onnxblocks.web.read_safetensors`
     (offsets, sizes, dtypes, shapes, repeated names); its content by
@@ -189,7 +199,8 @@ def read_state(path: str | os.PathLike) -> WebState:
 
     Raises:
         onnxblocks.errors.FileMissingError: if the file does not exist.
-        onnxblocks.errors.InvalidValueError: if it is not a state file of this format, or is inconsistent;
+        onnxblocks.errors.InvalidValueError: if it is not a state file of this format, or is
+        inconsistent;
             the message names the file.
         onnxblocks.errors.InvalidTypeError: for a dtype the format does not hold.
     """
@@ -197,7 +208,8 @@ def read_state(path: str | os.PathLike) -> WebState:
     tensors, metadata = read_safetensors(target)
     if metadata.get("format") != STATE_FORMAT:
         raise InvalidValueError(
-            f"'{target}' is not an onnxblocks web state file (__metadata__ format is {metadata.get('format')!r}, "
+            f"'{target}' is not an onnxblocks web state file (__metadata__ format is "
+            f"{metadata.get('format')!r}, "
             f"expected {STATE_FORMAT!r}). Write one with onnxblocks.web.write_state."
         )
     trainable, frozen = _names(metadata, "trainable", target), _names(metadata, "frozen", target)
@@ -215,7 +227,8 @@ def read_state(path: str | os.PathLike) -> WebState:
     stray = [n for n in tensors if n not in known]
     if stray:
         raise InvalidValueError(
-            f"'{target}': tensors {stray[:5]} are neither listed parameters nor their moments. Write the file with "
+            f"'{target}': tensors {stray[:5]} are neither listed parameters nor their moments. "
+            "Write the file with "
             "onnxblocks.web.write_state or the JavaScript client."
         )
     step = metadata.get("step", "0")
@@ -257,11 +270,14 @@ _DECIMAL = re.compile(r"^[0-9]{1,20}$")
 
 
 def _state_count(metadata: dict[str, str], target: Path) -> int:
-    """The ``states`` metadata: state tensors per trainable parameter (2, AdamW's moments, when absent)."""
+    """The ``states`` metadata: state tensors per trainable parameter (2, AdamW's moments, when
+    absent).
+    """
     text = metadata.get("states", "2")
     if not (_DECIMAL.match(text) and 1 <= int(text) <= MAX_STATES):
         raise InvalidValueError(
-            f"'{target}': __metadata__ states {text!r:.40} must be an integer in [1, {MAX_STATES}] (the optimizer's "
+            f"'{target}': __metadata__ states {text!r:.40} must be an integer in [1, "
+            f"{MAX_STATES}] (the optimizer's "
             "state tensors per parameter)."
         )
     return int(text)
@@ -285,7 +301,8 @@ def _properties(metadata: dict[str, str], target: Path) -> dict[str, Any]:
         isinstance(v, list) and len(v) == 2 and v[0] in _KINDS for v in raw.values()
     ):
         raise InvalidValueError(
-            f"'{target}': __metadata__ properties must be a JSON object of [kind, value] pairs, kind one of "
+            f"'{target}': __metadata__ properties must be a JSON object of [kind, value] pairs, "
+            "kind one of "
             f"{sorted(_KINDS)}."
         )
     return {name: (kind, value) for name, (kind, value) in raw.items()}
@@ -302,7 +319,8 @@ def check_state(state: WebState, where: str = "state") -> None:
     in int64, a float or a str, through the checks of ``set_properties``.
 
     Raises:
-        onnxblocks.errors.InvalidValueError, onnxblocks.errors.InvalidTypeError: naming ``where`` and the field.
+        onnxblocks.errors.InvalidValueError, onnxblocks.errors.InvalidTypeError: naming ``where``
+        and the field.
     """
     both = sorted(set(state.trainable) & set(state.frozen))
     if both:
@@ -330,7 +348,8 @@ def check_state(state: WebState, where: str = "state") -> None:
                     f"{where}: '{name}' has {count}; a state holds none or both of {list(names)}."
                 )
             raise InvalidValueError(
-                f"{where}: '{name}' has {len(moments)} optimizer state tensors; the optimizer declares "
+                f"{where}: '{name}' has {len(moments)} optimizer state tensors; the optimizer "
+                "declares "
                 f"{state.states} ({list(names)}): give all or none."
             )
         param = np.asarray(state.trainable[name])
@@ -378,7 +397,8 @@ def _property(name: object, value: object) -> int | float | str:
     encoded = _props.encode(value, name)  # what set_properties stores
     if type(encoded) is not type(value):
         raise InvalidValueError(
-            f"property '{name}' = {value!r:.40} cannot be stored in a checkpoint as it is (ints are int64, floats "
+            f"property '{name}' = {value!r:.40} cannot be stored in a checkpoint as it is (ints "
+            "are int64, floats "
             "float32)."
         )
     return value
