@@ -8,14 +8,11 @@ and returns the new nodes, or None to keep the node. Each output of the old node
 is taken over by the new node output of the same name (``out=`` in the writer),
 so a rewrite reads like the maths and the def-use chains are rewired by
 :func:`onnxblocks.ir.edit.replace_node`.
-
-:func:`on_proto` turns a pass into the ``ModelProto -> int`` function the
-public API has always offered (one deserialization, one serialization).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 
 import numpy as np
@@ -29,7 +26,6 @@ from onnxblocks.ir.edit import replace_node
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import ValueTypes
 from onnxblocks.ir.writer import Writer
 
@@ -196,39 +192,3 @@ def changed(result: Mapping[str, int]) -> int:
 def run_pass(pass_: Pass, model: ir.Model) -> Mapping[str, int]:
     """Run ``pass_`` on ``model``; return its changes by kind."""
     return getattr(pass_(model), "changes", {})
-
-
-def on_proto(
-    pass_factory: Callable[[], Pass],
-    name: str,
-    doc: str | None,
-    wanted: Callable[[onnx.ModelProto], bool] | None = None,
-) -> Callable[[onnx.ModelProto], int]:
-    """``pass_factory()``'s pass as a function that edits a ModelProto in place and returns its
-    number of changes.
-
-    The model is converted to the IR once and back once (only when something changed).
-
-    Args:
-        pass_factory: Makes the pass (its class).
-        name: The function's name.
-        doc: The function's docstring.
-        wanted: A cheap look at the ModelProto: False when the pass has nothing to do
-            (the IR is then not built at all).
-    """
-
-    def run(model: onnx.ModelProto) -> int:
-        if wanted is not None and not wanted(model):
-            return 0
-        pass_ = pass_factory()
-        if not may_apply([pass_], model):
-            return 0
-        ir_model = from_proto(model)
-        count = changed(run_pass(pass_, ir_model))
-        if count:
-            model.CopyFrom(to_proto(ir_model))
-        return count
-
-    run.__name__ = run.__qualname__ = name
-    run.__doc__ = doc
-    return run

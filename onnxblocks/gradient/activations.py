@@ -5,7 +5,7 @@ ONNX Runtime 1.19.2 cannot differentiate ``Elu``, ``Selu``, ``Celu``,
 ``Shrink``, ``Softsign`` and ``Sign`` (whose gradient is 0); the torch exporters emit
 most of them (``nn.ELU``, ``nn.SELU``, ``nn.CELU``, ``nn.Hardsigmoid``,
 ``nn.Hardswish``, ``nn.PReLU``, ``nn.Mish``, ``nn.Hardshrink``/``nn.Softshrink``,
-``torch.sign``). :func:`activations_as_elementary`
+``torch.sign``). ``activations_as_elementary``
 rewrites each into ``Where``, ``Exp``, ``Clip``, ``Mul``... with the op's ONNX
 definition, so forward values are unchanged.
 
@@ -14,7 +14,7 @@ The exponential branches read ``Where(x > 0, 0, x)`` instead of ``x``: the branc
 ``Where`` conditions follow torch's choice at the kinks (``x > 0`` selects the
 linear branch), so gradients at exactly 0 equal torch's.
 ``Mish`` becomes ``x * Tanh(Softplus(x))``; the Softplus pass that runs after it
-(:func:`softplus_as_elementary`, below) finishes the job.
+(``softplus_as_elementary``, below) finishes the job.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.attributes import float_attribute
 from onnxblocks.ir.writer import Writer
 
@@ -159,19 +159,6 @@ class ActivationsAsElementary(NodeRewrite):
         return writer.nodes
 
 
-activations_as_elementary = on_proto(
-    ActivationsAsElementary,
-    "activations_as_elementary",
-    """Rewrite the activations in :data:`REWRITES` into ops ONNX Runtime can differentiate, in place.
-
-    Nodes whose input element type is unknown are left as they are.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
-
-
 #: Above this input, softplus(x) is x to float precision (torch.nn.Softplus's default threshold).
 SOFTPLUS_THRESHOLD = 20.0
 
@@ -202,14 +189,3 @@ class SoftplusAsElementary(NodeRewrite):
         log = w.op("Log", [w.op("Add", [w.op("Exp", [w.op("Min", [x, limit])]), one])])
         w.op("Where", [w.op("Greater", [x, limit]), x, log], out=y)
         return w.nodes
-
-
-softplus_as_elementary = on_proto(
-    SoftplusAsElementary,
-    "softplus_as_elementary",
-    """Rewrite, in place, ``Softplus(x)`` into ``Where(x > 20, x, Log(1 + Exp(Min(x, 20))))`` (torch's Softplus).
-
-    Returns:
-        The number of Softplus nodes rewritten.
-    """,
-)

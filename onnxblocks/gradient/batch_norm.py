@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import GradientError
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.serde import from_proto, to_proto
@@ -35,7 +35,6 @@ from onnxblocks.ir.writer import Writer
 
 __all__ = [
     "BatchNormInferenceAsElementary",
-    "batch_norm_inference_as_elementary",
     "is_inference_batch_norm",
     "private_running_statistics",
 ]
@@ -71,21 +70,6 @@ class BatchNormInferenceAsElementary(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _elementary(node, ctx)
-
-
-batch_norm_inference_as_elementary = on_proto(
-    BatchNormInferenceAsElementary,
-    "batch_norm_inference_as_elementary",
-    """Rewrite each inference-mode ``BatchNormalization`` into Sub, Div, Sqrt, Mul and Add, in place.
-
-    Returns:
-        The number of nodes rewritten.
-
-    Raises:
-        GradientError: for a node whose input rank is unknown (it cannot be broadcast).
-    """,
-    wanted=lambda model: any(n.op_type == "BatchNormalization" for n in model.graph.node),
-)
 
 
 def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:

@@ -145,7 +145,7 @@ def build_training_graphs(
     signature.warn_gradient_like_names(user_inputs, user_outputs)
 
     evaluation = copy_model(forward)
-    eval_model.disable_training_mode(evaluation)
+    normalize(evaluation, [eval_model.DisableTrainingMode()])
     _limits.stamp_versions(evaluation)
 
     forward_inputs = {vi.name: vi for vi in forward.graph.input}

@@ -4,7 +4,7 @@
 ``(t == 3)`` on a uint8 tensor exports as ``Equal`` on uint8, which ONNX Runtime's
 CPU build has no kernel for (nor for ``Less`` / ``Greater``... on int8, uint8, int16,
 uint16), so neither the forward nor the training model would load.
-:func:`small_int_comparison_as_int32` casts both operands to int32 first: every
+``small_int_comparison_as_int32`` casts both operands to int32 first: every
 value of these types is exact in int32, so the result is the same.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 
-__all__ = ["SmallIntComparisonAsInt32", "small_int_comparison_as_int32"]
+__all__ = ["SmallIntComparisonAsInt32"]
 
 _COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"})
 _SMALL = (
@@ -46,14 +46,3 @@ class SmallIntComparisonAsInt32(NodeRewrite):
         node.replace_input_with(0, w.cast(a, onnx.TensorProto.INT32))
         node.replace_input_with(1, w.cast(b, onnx.TensorProto.INT32))
         return [*w.nodes, node]
-
-
-small_int_comparison_as_int32 = on_proto(
-    SmallIntComparisonAsInt32,
-    "small_int_comparison_as_int32",
-    """Cast, in place, the operands of comparisons on int8, uint8, int16 or uint16 to int32.
-
-    Returns:
-        The number of comparisons rewritten.
-    """,
-)

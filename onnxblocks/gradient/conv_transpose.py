@@ -30,7 +30,6 @@ from onnxblocks.gradient._rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
-    on_proto,
     optional_input,
 )
 from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute, value
@@ -54,17 +53,6 @@ class ConvTransposeAsConv(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _rewrite(node, ctx)
-
-
-conv_transpose_as_conv = on_proto(
-    ConvTransposeAsConv,
-    "conv_transpose_as_conv",
-    """Rewrite ``ConvTranspose`` into ``Conv`` on a zero-upsampled input, in place.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:

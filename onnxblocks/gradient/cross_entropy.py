@@ -3,7 +3,7 @@ reads.
 
 torch's exporter writes ``F.cross_entropy`` inside a module as ``SoftmaxCrossEntropyLoss``
 with its loss output only; ONNX Runtime's gradient builder then fails with
-``i < node_->OutputDefs().size()``. :func:`expose_cross_entropy_log_prob` gives the node
+``i < node_->OutputDefs().size()``. ``expose_cross_entropy_log_prob`` gives the node
 its second output under a fresh name (nothing reads it in the forward graph).
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import is_default_domain
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 
-__all__ = ["ExposeCrossEntropyLogProb", "expose_cross_entropy_log_prob"]
+__all__ = ["ExposeCrossEntropyLogProb"]
 
 
 class ExposeCrossEntropyLogProb(Pass):
@@ -40,14 +40,3 @@ class ExposeCrossEntropyLogProb(Pass):
             node.outputs[1].name = names.fresh(f"{node.outputs[0].name}.log_prob")
             count += 1
         return {"SoftmaxCrossEntropyLoss": count} if count else {}
-
-
-expose_cross_entropy_log_prob = on_proto(
-    ExposeCrossEntropyLogProb,
-    "expose_cross_entropy_log_prob",
-    """Give, in place, every ``SoftmaxCrossEntropyLoss`` its ``log_prob`` output.
-
-    Returns:
-        The number of nodes given one.
-    """,
-)

@@ -4,10 +4,10 @@ on a dynamic dim.
 ``x.chunk(2, dim=0)`` or ``x.split(n, dim=0)`` exported with a symbolic batch dim
 becomes ``SplitToSequence(x, c)`` with ``c`` computed from the batch size, read by
 ``SequenceAt`` at constant positions.
-:func:`~onnxblocks.gradient.normalization.split_to_sequence_as_split`
+``split_to_sequence_as_split``
 needs the length of the split axis; when it is symbolic, ONNX Runtime's gradient
 builder finds no path through the sequence ops and the pieces would silently get
-no gradient. :func:`split_to_sequence_as_slice` writes piece ``i`` as
+no gradient. ``split_to_sequence_as_slice`` writes piece ``i`` as
 ``Slice(x, i * c, (i + 1) * c)`` along the axis instead (``Slice`` clamps the last
 piece, as ``SplitToSequence`` shortens it), with ``Squeeze`` for ``keepdims=0``; for a
 list of lengths known at run time (``x.split([1, n - 1])``), piece ``i`` starts at the
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import is_default_domain, on_proto, opset_of
+from onnxblocks.gradient._rewrite import is_default_domain, opset_of
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.edit import replace_node
 from onnxblocks.ir.folding import ConstantTable
@@ -33,7 +33,7 @@ from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.types import ValueTypes
 from onnxblocks.ir.writer import Writer
 
-__all__ = ["PartlyUsedSplitAsSlice", "SplitToSequenceAsSlice", "split_to_sequence_as_slice"]
+__all__ = ["PartlyUsedSplitAsSlice", "SplitToSequenceAsSlice"]
 
 
 class SplitToSequenceAsSlice(Pass):
@@ -109,17 +109,6 @@ class SplitToSequenceAsSlice(Pass):
             )
             count += 1
         return {"SplitToSequence": count} if count else {}
-
-
-split_to_sequence_as_slice = on_proto(
-    SplitToSequenceAsSlice,
-    "split_to_sequence_as_slice",
-    """Rewrite, in place, ``SplitToSequence`` by a scalar chunk length (read by ``SequenceAt``) into ``Slice``.
-
-    Returns:
-        The number of SplitToSequence nodes rewritten.
-    """,
-)
 
 
 class PartlyUsedSplitAsSlice(Pass):

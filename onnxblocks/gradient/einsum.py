@@ -1,7 +1,7 @@
 """Einsum as Transpose, ReduceSum and MatMul: ONNX Runtime 1.19.2 has no gradient builder for
 ``Einsum``.
 
-``torch.einsum`` exports as ``Einsum``. :func:`einsum_as_matmul` writes it with ops that
+``torch.einsum`` exports as ``Einsum``. ``einsum_as_matmul`` writes it with ops that
 have gradients (the steps are :mod:`onnxblocks.gradient.contraction`'s):
 
 * the equation is parsed: explicit or implicit output (the ellipsis, then the letters that
@@ -27,11 +27,11 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.gradient.contraction import Term, contract, diagonals, to_output
 from onnxblocks.ir.attributes import string_attribute
 
-__all__ = ["EinsumAsMatMul", "einsum_as_matmul", "parse_equation"]
+__all__ = ["EinsumAsMatMul", "parse_equation"]
 
 _FLOATS = (
     onnx.TensorProto.FLOAT,
@@ -127,17 +127,6 @@ class EinsumAsMatMul(NodeRewrite):
             del terms[j]
         to_output(w, terms[0], output, y)
         return w.nodes
-
-
-einsum_as_matmul = on_proto(
-    EinsumAsMatMul,
-    "einsum_as_matmul",
-    """Rewrite, in place, float ``Einsum`` into ``Transpose``, ``ReduceSum``, ``Reshape`` and ``MatMul`` nodes.
-
-    Returns:
-        The number of Einsum nodes rewritten.
-    """,
-)
 
 
 def _next_pair(terms: Sequence[Term], output: str) -> tuple[int, int]:

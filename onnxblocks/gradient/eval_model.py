@@ -21,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import is_default_domain, on_proto, optional_input
+from onnxblocks.gradient._rewrite import is_default_domain, optional_input
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
@@ -158,28 +158,3 @@ def _read_input_instead(
     graph.insert_after(node, copy)
     ir.convenience.replace_all_uses_with(output, copy.outputs[0], replace_graph_outputs=True)
     copy.outputs[0].name, output.name = output.name, None
-
-
-inference_dropout_as_identity = on_proto(
-    InferenceDropoutAsIdentity,
-    "inference_dropout_as_identity",
-    """Make inference-mode Dropout an Identity (a run-time flag gates its ratio), in place.
-
-    Returns:
-        The number of Dropout nodes changed.
-    """,
-)
-
-
-disable_training_mode = on_proto(
-    DisableTrainingMode,
-    "disable_training_mode",
-    wanted=lambda model: any(
-        n.op_type in ("Dropout", "BatchNormalization") for n in model.graph.node
-    ),
-    doc="""Switch Dropout and BatchNormalization to inference behaviour, in place.
-
-    Returns:
-        The number of nodes changed.
-    """,
-)

@@ -41,12 +41,11 @@ from onnxblocks.gradient._rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
-    on_proto,
     optional_input,
 )
 from onnxblocks.ir.attributes import int_attribute
 
-__all__ = ["ExtremaWithTorchTies", "extrema_with_torch_ties"]
+__all__ = ["ExtremaWithTorchTies"]
 
 _F = onnx.TensorProto
 _LARGEST = {"ReduceMax": 1, "ReduceMin": 0}
@@ -97,18 +96,6 @@ class ExtremaWithTorchTies(NodeRewrite):
             if topk is not None:
                 return topk
         return _even_share(node, optional_input(node, 1) if axes is None else axes, ctx)
-
-
-extrema_with_torch_ties = on_proto(
-    ExtremaWithTorchTies,
-    "extrema_with_torch_ties",
-    """Rewrite, in place, float ``ReduceMax`` / ``ReduceMin`` (torch's gradient on ties) and bfloat16
-    ``Max`` / ``Min`` / ``ArgMax`` / ``ArgMin`` (in float32).
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _returns_index(node: ir.Node, axes: list[int]) -> bool:

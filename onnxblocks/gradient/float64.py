@@ -35,7 +35,6 @@ from onnxblocks.gradient._rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
-    on_proto,
     optional_input,
 )
 from onnxblocks.ir.attributes import float_attribute, int_attribute
@@ -45,8 +44,6 @@ from onnxblocks.ir.writer import Writer
 __all__ = [
     "Float64LayerNormAsElementary",
     "Float64ReduceMeanAsSumDiv",
-    "float64_layer_norm_as_elementary",
-    "float64_reduce_mean_as_sum_div",
 ]
 
 _DOUBLE = onnx.TensorProto.DOUBLE
@@ -135,17 +132,6 @@ class Float64ReduceMeanAsSumDiv(_Float64Rewrite):
         return w.nodes
 
 
-float64_reduce_mean_as_sum_div = on_proto(
-    Float64ReduceMeanAsSumDiv,
-    "float64_reduce_mean_as_sum_div",
-    """Rewrite, in place, float64 ``ReduceMean`` into ``ReduceSum`` / the element count, in float64.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
-
-
 def _size(w: Writer, x: ir.Value) -> ir.Value:
     """The number of elements of ``x``, a float64 scalar."""
     return w.cast(w.op("Size", [x]), _DOUBLE)
@@ -217,14 +203,3 @@ class Float64LayerNormAsElementary(_Float64Rewrite):
             if out.name and (out.uses() or out.is_graph_output()):
                 w.cast(statistic, stash, out=out.name)
         return w.nodes
-
-
-float64_layer_norm_as_elementary = on_proto(
-    Float64LayerNormAsElementary,
-    "float64_layer_norm_as_elementary",
-    """Rewrite, in place, float64 ``LayerNormalization`` into elementary ops (torch's formula).
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.writer import Writer
 
@@ -58,17 +58,6 @@ class GroupNormAsElementary(NodeRewrite):
         w = ctx.writer(y)
         _write(w, x, scale, bias, groups, per_channel, epsilon, elem, y)
         return w.nodes
-
-
-group_norm_as_elementary = on_proto(
-    GroupNormAsElementary,
-    "group_norm_as_elementary",
-    """Rewrite ``InstanceNormalization`` and ``GroupNormalization`` into elementary ops, in place.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _write(

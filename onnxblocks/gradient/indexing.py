@@ -25,7 +25,6 @@ from onnxblocks.gradient._rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
-    on_proto,
     optional_input,
 )
 from onnxblocks.ir.attributes import int_attribute, string_attribute
@@ -56,17 +55,6 @@ class NegativeStepSliceAsGather(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _negative_step_slice(node, ctx)
-
-
-negative_step_slice_as_gather = on_proto(
-    NegativeStepSliceAsGather,
-    "negative_step_slice_as_gather",
-    """Rewrite, in place, each ``Slice`` with constant arguments and a negative step into ``Slice`` + ``Gather``.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
@@ -141,17 +129,6 @@ class BorderPadAsGather(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _border_pad(node, ctx)
-
-
-border_pad_as_gather = on_proto(
-    BorderPadAsGather,
-    "border_pad_as_gather",
-    """Rewrite, in place, ``Pad`` in reflect, edge or wrap mode into ``Gather`` + ``Concat``.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _border_pad(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
@@ -253,17 +230,6 @@ class DepthToSpaceAsReshape(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _depth_to_space(node, ctx)
-
-
-depth_to_space_as_reshape = on_proto(
-    DepthToSpaceAsReshape,
-    "depth_to_space_as_reshape",
-    """Rewrite, in place, ``DepthToSpace`` / ``SpaceToDepth`` with static C, H, W into Reshape / Transpose / Reshape.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _depth_to_space(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:

@@ -4,9 +4,9 @@ ONNX Runtime's ``LayerNormalization`` gradient (ai.onnx or com.microsoft, and
 ``SimplifiedLayerNormalization``) reads inputs and outputs the exporters leave
 out, and always writes the gradients of its scale and bias:
 
-* :func:`layer_norm_zero_bias` (a normalisation pass) gives a node without a bias
+* ``layer_norm_zero_bias`` (a normalisation pass) gives a node without a bias
   an explicit zero bias;
-* :func:`expose_layer_norm_statistics` (a normalisation pass) gives it the
+* ``expose_layer_norm_statistics`` (a normalisation pass) gives it the
   ``Mean`` / ``InvStdDev`` outputs its gradient reads;
 * :func:`unshare_layer_norm_constants` (a step of
   :func:`~onnxblocks.gradient.builder.build_training_graphs`, not a pass: see its
@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
@@ -77,17 +77,6 @@ class ExposeLayerNormStatistics(Pass):
         return changes
 
 
-expose_layer_norm_statistics = on_proto(
-    ExposeLayerNormStatistics,
-    "expose_layer_norm_statistics",
-    """Give every LayerNormalization, in place, the optional outputs its gradient reads (fresh names).
-
-    Returns:
-        The number of nodes that got outputs.
-    """,
-)
-
-
 class LayerNormZeroBias(NodeRewrite):
     """Give every ``LayerNormalization`` without a bias an explicit zero bias.
 
@@ -126,17 +115,6 @@ class LayerNormZeroBias(NodeRewrite):
         node.resize_inputs(3)
         node.replace_input_with(2, bias)
         return [*writer.nodes, node]
-
-
-layer_norm_zero_bias = on_proto(
-    LayerNormZeroBias,
-    "layer_norm_zero_bias",
-    """Give every ``LayerNormalization`` without a bias an explicit zero bias, in place.
-
-    Returns:
-        The number of nodes that got a bias.
-    """,
-)
 
 
 def _normalized_shape(node: ir.Node, types: ValueTypes) -> list[int] | None:

@@ -11,41 +11,41 @@ the original.
 
 :func:`default_passes` runs, in this order (a later pass may rely on an earlier one):
 
-1. :func:`cast_like_as_cast`: ``CastLike`` has no gradient builder; ``Cast`` has.
-2. :func:`split_to_sequence_as_split` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits
+1. ``cast_like_as_cast``: ``CastLike`` has no gradient builder; ``Cast`` has.
+2. ``split_to_sequence_as_split`` (then :mod:`~onnxblocks.gradient.dynamic_split`'s two): splits
    ORT misreads.
-3. :func:`~onnxblocks.gradient.eval_model.inference_dropout_as_identity`: ``DropoutGrad`` ignores
+3. ``inference_dropout_as_identity``: ``DropoutGrad`` ignores
    inference mode;
-   then :func:`expose_dropout_mask`: Dropout's gradient reads its ``mask`` output, which exporters
+   then ``expose_dropout_mask``: Dropout's gradient reads its ``mask`` output, which exporters
    leave out.
-4. :func:`~onnxblocks.gradient.layer_norm.layer_norm_zero_bias`: LayerNormalization's gradient reads
+4. ``layer_norm_zero_bias``: LayerNormalization's gradient reads
    a bias.
-5. :func:`~onnxblocks.gradient.layer_norm.expose_layer_norm_statistics`: ... and its mean / inverse
+5. ``expose_layer_norm_statistics``: ... and its mean / inverse
    std-dev outputs.
-6. :func:`gelu_as_contrib_gelu`: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft
+6. ``gelu_as_contrib_gelu``: ai.onnx ``Gelu`` (opset 20) has no gradient builder; com.microsoft
    ``Gelu`` has.
-7. :func:`~onnxblocks.gradient.activations.activations_as_elementary`: Elu, PRelu, Mish... as
+7. ``activations_as_elementary``: Elu, PRelu, Mish... as
    elementary ops.
-8. :func:`~onnxblocks.gradient.activations.softplus_as_elementary`: ``Softplus`` (Mish's too) as
+8. ``softplus_as_elementary``: ``Softplus`` (Mish's too) as
    elementary ops.
-9. :func:`~onnxblocks.gradient.conv_transpose.conv_transpose_as_conv`: no CPU ``ConvTransposeGrad``
+9. ``conv_transpose_as_conv``: no CPU ``ConvTransposeGrad``
    kernel.
-10. :func:`~onnxblocks.gradient.pooling.average_pool_as_conv`: ``AveragePoolGrad`` needs static
+10. ``average_pool_as_conv``: ``AveragePoolGrad`` needs static
     shapes.
-11. :func:`~onnxblocks.gradient.group_norm.group_norm_as_elementary`: no gradient builder for
+11. ``group_norm_as_elementary``: no gradient builder for
     Instance/Group norm.
-12. :func:`~onnxblocks.gradient.recurrent.recurrent_directions_as_forward`: GRU/LSTM train forward
+12. ``recurrent_directions_as_forward``: GRU/LSTM train forward
     only.
-13. :func:`~onnxblocks.gradient.recurrent.recurrent_as_elementary`: RNN (and non-float32 GRU/LSTM),
+13. ``recurrent_as_elementary``: RNN (and non-float32 GRU/LSTM),
     unrolled.
-14. :func:`~onnxblocks.gradient.indexing.negative_step_slice_as_gather`: ``SliceGrad`` fails on
+14. ``negative_step_slice_as_gather``: ``SliceGrad`` fails on
     negative steps.
-15. :func:`~onnxblocks.gradient.indexing.border_pad_as_gather`: ``Pad``'s gradient is for constant
+15. ``border_pad_as_gather``: ``Pad``'s gradient is for constant
     mode only.
-16. :func:`~onnxblocks.gradient.resize.resize_as_matmul`: no CPU ``ResizeGrad`` kernel.
+16. ``resize_as_matmul``: no CPU ``ResizeGrad`` kernel.
 17-18. Modules ``extrema``, ``reductions``: no ReduceMax/Min (torch's ties), CumSum gradient, bf16
 Max kernel.
-19. :func:`~onnxblocks.gradient.indexing.depth_to_space_as_reshape`: Depth/SpaceToDepth have no
+19. ``depth_to_space_as_reshape``: Depth/SpaceToDepth have no
     gradient builder.
 20-22. Modules ``einsum``, ``comparisons``, ``cross_entropy``: no Einsum gradient, no uint8 Equal
 kernel, log_prob.
@@ -71,14 +71,12 @@ from onnxblocks.gradient._rewrite import (
     changed,
     is_default_domain,
     may_apply,
-    on_proto,
     opset_of,
     run_pass,
 )
 from onnxblocks.gradient.activations import (
     ActivationsAsElementary,
     SoftplusAsElementary,
-    softplus_as_elementary,
 )
 from onnxblocks.gradient.comparisons import SmallIntComparisonAsInt32
 from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
@@ -97,8 +95,6 @@ from onnxblocks.gradient.indexing import (
 from onnxblocks.gradient.layer_norm import (
     ExposeLayerNormStatistics,
     LayerNormZeroBias,
-    expose_layer_norm_statistics,
-    layer_norm_zero_bias,
 )
 from onnxblocks.gradient.pooling import AveragePoolAsConv
 from onnxblocks.gradient.recurrent import RecurrentAsElementary, RecurrentDirectionsAsForward
@@ -114,15 +110,8 @@ from onnxblocks.ir.writer import Writer
 
 __all__ = [
     "Pass",
-    "cast_like_as_cast",
     "default_passes",
-    "expose_dropout_mask",
-    "expose_layer_norm_statistics",
-    "gelu_as_contrib_gelu",
-    "layer_norm_zero_bias",
     "normalize",
-    "softplus_as_elementary",
-    "split_to_sequence_as_split",
 ]
 
 
@@ -268,17 +257,6 @@ def _split_nodes(
     return w.nodes
 
 
-split_to_sequence_as_split = on_proto(
-    SplitToSequenceAsSplit,
-    "split_to_sequence_as_split",
-    """Rewrite, in place, ``SplitToSequence`` read only by ``SequenceAt`` at constant positions into ``Split``.
-
-    Returns:
-        The number of SplitToSequence nodes rewritten.
-    """,
-)
-
-
 class CastLikeAsCast(Pass):
     """Rewrite ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is
     known.
@@ -308,17 +286,6 @@ class CastLikeAsCast(Pass):
         return {"CastLike": count}
 
 
-cast_like_as_cast = on_proto(
-    CastLikeAsCast,
-    "cast_like_as_cast",
-    """Rewrite, in place, ``CastLike(x, like)`` into ``Cast(x, to=elem_type(like))`` where that type is known.
-
-    Returns:
-        The number of CastLike nodes rewritten.
-    """,
-)
-
-
 class GeluAsContribGelu(Pass):
     """Rewrite ai.onnx ``Gelu`` (opset 20) into com.microsoft ``Gelu`` or, for
     ``approximate="tanh"``, ``FastGelu``.
@@ -342,17 +309,6 @@ class GeluAsContribGelu(Pass):
         if count:
             model.opset_imports.setdefault(_limits.MS_DOMAIN, _limits.MS_OPSET)
         return {"Gelu": count}
-
-
-gelu_as_contrib_gelu = on_proto(
-    GeluAsContribGelu,
-    "gelu_as_contrib_gelu",
-    """Rewrite, in place, ai.onnx ``Gelu`` into com.microsoft ``Gelu`` or ``FastGelu`` (``approximate="tanh"``).
-
-    Returns:
-        The number of Gelu nodes rewritten.
-    """,
-)
 
 
 def default_passes() -> list[Pass]:
@@ -411,14 +367,3 @@ def normalize(model: onnx.ModelProto, passes: Sequence[Pass] | None = None) -> d
     if any(report.values()):
         model.CopyFrom(to_proto(ir_model))
     return report
-
-
-expose_dropout_mask = on_proto(
-    ExposeDropoutMask,
-    "expose_dropout_mask",
-    """Give every ``Dropout`` its ``mask`` output (a fresh name), in place.
-
-    Returns:
-        The number of nodes that got a mask output.
-    """,
-)

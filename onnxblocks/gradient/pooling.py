@@ -7,7 +7,7 @@ reads as 0, and training crashes the process (``Floating point exception`` for
 ``AveragePool``, a segmentation fault for ``MaxPool``) or fails with "The shape of
 dY and indices does not match".
 
-* :func:`average_pool_as_conv` rewrites ``AveragePool`` whose input is not fully
+* ``average_pool_as_conv`` rewrites ``AveragePool`` whose input is not fully
   static, or not float32, into a depthwise ``Conv`` with a constant kernel (and a
   constant divisor map where the window count varies), whose gradient reads
   shapes from the data.
@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.errors import GradientError
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.gradient._values import infer_types
 from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute
 from onnxblocks.ir.types import static_dims
@@ -73,17 +73,6 @@ class AveragePoolAsConv(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _average_pool(node, ctx)
-
-
-average_pool_as_conv = on_proto(
-    AveragePoolAsConv,
-    "average_pool_as_conv",
-    """Rewrite, in place, ``AveragePool`` into a depthwise ``Conv`` where ONNX Runtime's AveragePoolGrad would fail.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _average_pool(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:

@@ -7,7 +7,7 @@ sides depending on a parameter the exponent's share of the gradient was silently
 lost (the sign could even come out wrong against torch); with only the exponent
 depending on one, the builder said the parameter was unreachable.
 
-:func:`pow_exponent_as_exp_log` rewrites each ``Pow`` whose (floating-point)
+:class:`PowExponentAsExpLog` rewrites each ``Pow`` whose (floating-point)
 exponent depends differentiably on a value that requires a gradient into
 ``|a| ** b`` as ``exp(b * log|a|)`` times a sign, with no ``Pow`` of ``b`` left
 (ONNX Runtime refuses any ``Pow`` whose exponent is on the gradient's path):
@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.gradient.dependencies import downstream_values
 from onnxblocks.ir.writer import Writer
 
@@ -79,19 +79,6 @@ class PowExponentAsExpLog(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _rewrite(node, ctx)
-
-
-def pow_exponent_as_exp_log(model: onnx.ModelProto, requires_grad: Iterable[str]) -> int:
-    """Rewrite, in place, each ``Pow`` whose exponent depends on ``requires_grad`` so its exponent
-    gets a gradient.
-
-    Returns:
-        The number of Pow nodes rewritten.
-    """
-    wanted = list(requires_grad)
-    if not wanted or not any(n.op_type == "Pow" for n in model.graph.node):
-        return 0
-    return on_proto(lambda: PowExponentAsExpLog(wanted), "pow_exponent_as_exp_log", None)(model)
 
 
 def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:

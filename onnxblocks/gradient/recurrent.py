@@ -6,13 +6,13 @@ has no gradient builder at all. The torch exporters emit
 ``direction="bidirectional"`` for ``bidirectional=True``, double-precision nodes
 for ``.double()`` models and ``RNN`` for ``nn.RNN`` (torchscript exporter).
 
-* :func:`recurrent_directions_as_forward` splits a ``reverse`` or
+* ``recurrent_directions_as_forward`` splits a ``reverse`` or
   ``bidirectional`` node into forward nodes: the reverse direction runs on the
   time-reversed input (``Gather`` with indices ``T-1 ... 0``) and its output is
   reversed back; the directions' outputs are concatenated as the original node
   stacks them. Each direction's weights are ``Slice`` s of the original ones, so
   gradients reach the same parameters.
-* :func:`recurrent_as_elementary` unrolls forward ``RNN`` nodes, and ``GRU`` /
+* ``recurrent_as_elementary`` unrolls forward ``RNN`` nodes, and ``GRU`` /
   ``LSTM`` nodes that are not float32, over a static sequence length into
   ``MatMul``, ``Sigmoid``, ``Tanh``... following the ONNX equations.
 
@@ -28,7 +28,7 @@ from typing import overload
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir import attributes
 from onnxblocks.ir.writer import Writer
 
@@ -91,17 +91,6 @@ class RecurrentDirectionsAsForward(NodeRewrite):
         shape = ctx.types.shape(node.inputs[0])
         _split_directions(w, node, shape[0] if shape else None)
         return w.nodes
-
-
-recurrent_directions_as_forward = on_proto(
-    RecurrentDirectionsAsForward,
-    "recurrent_directions_as_forward",
-    """Split, in place, ``reverse`` and ``bidirectional`` RNN/GRU/LSTM nodes into forward-direction nodes.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _split_directions(w: Writer, node: ir.Node, steps: int | None) -> None:
@@ -182,17 +171,6 @@ class RecurrentAsElementary(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _unroll(node, ctx)
-
-
-recurrent_as_elementary = on_proto(
-    RecurrentAsElementary,
-    "recurrent_as_elementary",
-    """Unroll, in place, forward ``RNN`` nodes, and non-float32 ``GRU``/``LSTM`` nodes, over a static length.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _unroll(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:

@@ -15,7 +15,6 @@ from onnxblocks.gradient._rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
-    on_proto,
     optional_input,
 )
 from onnxblocks.ir.attributes import int_attribute
@@ -40,17 +39,6 @@ class CumSumAsMatMul(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _cumsum(node, ctx)
-
-
-cumsum_as_matmul = on_proto(
-    CumSumAsMatMul,
-    "cumsum_as_matmul",
-    """Rewrite, in place, float ``CumSum`` along an axis of static length into ``MatMul`` with a 0/1 matrix.
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _cumsum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:

@@ -5,7 +5,7 @@
 ``ResizeGrad`` node for it, which its CPU build cannot run. Every Resize mode
 (nearest, linear, cubic, with any coordinate transformation) is separable: along
 each resized axis the output is a fixed linear map ``M`` (``out x in``) of the
-input. With static input and output lengths, :func:`resize_as_matmul` computes
+input. With static input and output lengths, ``resize_as_matmul`` computes
 ``M`` once, by running ONNX Runtime's own Resize on an identity matrix with the
 node's attributes (so the values are exactly ONNX Runtime's), and applies it with
 ``MatMul``. Where ``M`` only repeats elements (nearest with an integer factor), the
@@ -36,7 +36,6 @@ from onnxblocks.gradient._rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
-    on_proto,
     optional_input,
 )
 from onnxblocks.ir import attributes
@@ -79,17 +78,6 @@ class ResizeAsMatMul(NodeRewrite):
 
     def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
         return _rewrite(node, ctx)
-
-
-resize_as_matmul = on_proto(
-    ResizeAsMatMul,
-    "resize_as_matmul",
-    """Rewrite, in place, ``Resize`` with static shapes and constant scales/sizes into ``MatMul`` s (or repeats).
-
-    Returns:
-        The number of nodes rewritten.
-    """,
-)
 
 
 def _argument(

@@ -19,7 +19,7 @@ nothing else reads.
 The same preparation as for the training graphs runs first (opset upgrade,
 :func:`~onnxblocks.gradient.normalization.normalize`, parameters as graph inputs,
 layer-norm constants lifted, an input per reader of a value without gradient) plus
-:func:`~onnxblocks.gradient.batch_norm.batch_norm_inference_as_elementary`.
+``batch_norm_inference_as_elementary``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from onnxblocks._core.errors import (
 )
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import ort_bridge, pooling, signature
-from onnxblocks.gradient._rewrite import on_proto
 from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
@@ -141,7 +140,7 @@ def build_vjp_graph(
     rewrites = normalize(forward, [*default_passes(), BatchNormInferenceAsElementary()])
     signature.keep_only_outputs(graph, user_outputs)
     signature.parameters_to_inputs(forward, partition.parameters)
-    rewrites["copy_inputs_written_in_place"] = copy_inputs_written_in_place(forward)
+    rewrites.update(normalize(forward, [CopyInputsWrittenInPlace()]))
     user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
 
     types = infer_types(forward)
@@ -250,18 +249,6 @@ class CopyInputsWrittenInPlace(Pass):
                 node.replace_input_with(index, copies[source])
                 changed += 1
         return {"BatchNormalization": changed}
-
-
-copy_inputs_written_in_place = on_proto(
-    CopyInputsWrittenInPlace,
-    "copy_inputs_written_in_place",
-    """Make ops that write into a graph input read a copy of it, in place.
-
-    Returns:
-        The number of node inputs now read through a copy.
-    """,
-    wanted=lambda model: any(n.op_type == "BatchNormalization" for n in model.graph.node),
-)
 
 
 def _sources(graph: ir.Graph) -> dict[str, set[str]]:

@@ -6,9 +6,12 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 from pass_oracle import make_model, run, vi
 from support.numerics import assert_close
+from support.passes import on_proto
 
-from onnxblocks.gradient.eval_model import DisableTrainingMode, disable_training_mode
+from onnxblocks.gradient.eval_model import DisableTrainingMode
 from onnxblocks.ir.serde import from_proto, to_proto
+
+disable_training_mode = on_proto(DisableTrainingMode)
 
 RNG = np.random.default_rng(19)
 

@@ -9,6 +9,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from support.held_weights import model_with_big_constant
 from support.numerics import assert_close, assert_equal
+from support.passes import on_proto
 from support.reference import twice
 
 import onnxblocks
@@ -16,13 +17,19 @@ from onnxblocks._core import weights as _weights
 from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.gradient import build_training_graphs, partition_parameters
 from onnxblocks.gradient.builder import check_training_model
-from onnxblocks.gradient.eval_model import disable_training_mode
-from onnxblocks.gradient.layer_norm import expose_layer_norm_statistics
+from onnxblocks.gradient.eval_model import DisableTrainingMode
+from onnxblocks.gradient.layer_norm import ExposeLayerNormStatistics
 from onnxblocks.gradient.normalization import (
-    cast_like_as_cast,
-    gelu_as_contrib_gelu,
-    split_to_sequence_as_split,
+    CastLikeAsCast,
+    GeluAsContribGelu,
+    SplitToSequenceAsSplit,
 )
+
+cast_like_as_cast = on_proto(CastLikeAsCast)
+disable_training_mode = on_proto(DisableTrainingMode)
+expose_layer_norm_statistics = on_proto(ExposeLayerNormStatistics)
+gelu_as_contrib_gelu = on_proto(GeluAsContribGelu)
+split_to_sequence_as_split = on_proto(SplitToSequenceAsSplit)
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

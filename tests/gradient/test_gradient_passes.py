@@ -17,25 +17,41 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from support.numerics import assert_close, assert_equal
+from support.passes import on_proto
 from support.reference import Twice, twice
 
 from onnxblocks.errors import GradientError, UnknownNameError
 from onnxblocks.gradient import build_training_graphs, partition_parameters
-from onnxblocks.gradient.activations import activations_as_elementary
-from onnxblocks.gradient.conv_transpose import conv_transpose_as_conv
-from onnxblocks.gradient.extrema import extrema_with_torch_ties
-from onnxblocks.gradient.group_norm import group_norm_as_elementary
+from onnxblocks.gradient.activations import ActivationsAsElementary
+from onnxblocks.gradient.conv_transpose import ConvTransposeAsConv
+from onnxblocks.gradient.extrema import ExtremaWithTorchTies
+from onnxblocks.gradient.group_norm import GroupNormAsElementary
 from onnxblocks.gradient.indexing import (
-    border_pad_as_gather,
-    depth_to_space_as_reshape,
-    negative_step_slice_as_gather,
+    BorderPadAsGather,
+    DepthToSpaceAsReshape,
+    NegativeStepSliceAsGather,
 )
-from onnxblocks.gradient.layer_norm import layer_norm_zero_bias
-from onnxblocks.gradient.normalization import expose_dropout_mask
-from onnxblocks.gradient.pooling import average_pool_as_conv
-from onnxblocks.gradient.recurrent import recurrent_as_elementary, recurrent_directions_as_forward
-from onnxblocks.gradient.reductions import cumsum_as_matmul
-from onnxblocks.gradient.resize import resize_as_matmul
+from onnxblocks.gradient.layer_norm import LayerNormZeroBias
+from onnxblocks.gradient.normalization import ExposeDropoutMask
+from onnxblocks.gradient.pooling import AveragePoolAsConv
+from onnxblocks.gradient.recurrent import RecurrentAsElementary, RecurrentDirectionsAsForward
+from onnxblocks.gradient.reductions import CumSumAsMatMul
+from onnxblocks.gradient.resize import ResizeAsMatMul
+
+activations_as_elementary = on_proto(ActivationsAsElementary)
+average_pool_as_conv = on_proto(AveragePoolAsConv)
+border_pad_as_gather = on_proto(BorderPadAsGather)
+conv_transpose_as_conv = on_proto(ConvTransposeAsConv)
+cumsum_as_matmul = on_proto(CumSumAsMatMul)
+depth_to_space_as_reshape = on_proto(DepthToSpaceAsReshape)
+expose_dropout_mask = on_proto(ExposeDropoutMask)
+extrema_with_torch_ties = on_proto(ExtremaWithTorchTies)
+group_norm_as_elementary = on_proto(GroupNormAsElementary)
+layer_norm_zero_bias = on_proto(LayerNormZeroBias)
+negative_step_slice_as_gather = on_proto(NegativeStepSliceAsGather)
+recurrent_as_elementary = on_proto(RecurrentAsElementary)
+recurrent_directions_as_forward = on_proto(RecurrentDirectionsAsForward)
+resize_as_matmul = on_proto(ResizeAsMatMul)
 
 RTOL = 1e-5
 

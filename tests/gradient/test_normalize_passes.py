@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from pass_oracle import check_pass, make_model, vi
+from support.passes import on_proto
 
 from onnxblocks.gradient import normalize as normalize_function
 from onnxblocks.gradient.normalization import (
@@ -14,11 +15,12 @@ from onnxblocks.gradient.normalization import (
     GeluAsContribGelu,
     SoftplusAsElementary,
     SplitToSequenceAsSplit,
-    cast_like_as_cast,
     default_passes,
-    split_to_sequence_as_split,
 )
 from onnxblocks.ir.serde import from_proto, to_proto
+
+cast_like_as_cast = on_proto(CastLikeAsCast)
+split_to_sequence_as_split = on_proto(SplitToSequenceAsSplit)
 
 RNG = np.random.default_rng(0)
 

@@ -6,11 +6,19 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pass_oracle import check_pass, make_model, vi
+from support.passes import on_proto
 
 from onnxblocks._core.errors import GradientError
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
-from onnxblocks.gradient.power import PowExponentAsExpLog, pow_exponent_as_exp_log
+from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.ir.serde import from_proto
+
+
+def pow_exponent_as_exp_log(model, requires_grad):
+    return on_proto(lambda: PowExponentAsExpLog(list(requires_grad)), "pow_exponent_as_exp_log")(
+        model
+    )
+
 
 RNG = np.random.default_rng(29)
 

@@ -7,9 +7,10 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pass_oracle import check_pass, make_model, vi
+from support.passes import on_proto
 
 from onnxblocks._core.weights import make_stub
-from onnxblocks.gradient._rewrite import NodeRewrite, on_proto
+from onnxblocks.gradient._rewrite import NodeRewrite
 from onnxblocks.ir import attributes
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.serde import from_proto

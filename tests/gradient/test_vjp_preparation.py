@@ -5,14 +5,16 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper, numpy_helper
 from pass_oracle import check_pass, make_model, run, vi
+from support.passes import on_proto
 
 from onnxblocks.gradient.vjp import (
     CopyInputsWrittenInPlace,
     _give_outputs_their_own_writer,
     _sources,
-    copy_inputs_written_in_place,
 )
 from onnxblocks.ir.serde import from_proto, to_proto
+
+copy_inputs_written_in_place = on_proto(CopyInputsWrittenInPlace)
 
 RNG = np.random.default_rng(23)
 

@@ -10,9 +10,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from support.numerics import assert_close
+from support.passes import on_proto
 
 from onnxblocks.gradient import build_vjp_graph, split_vjp_graph
-from onnxblocks.gradient.batch_norm import batch_norm_inference_as_elementary
+from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
+
+batch_norm_inference_as_elementary = on_proto(BatchNormInferenceAsElementary)
 
 F = onnx.TensorProto.FLOAT
 
