@@ -43,10 +43,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from onnxblocks._core.errors import InvalidValueError, StateError, TorchExportError
-from onnxblocks.gradient._values import set_attribute
 from onnxblocks.ir import serde
 from onnxblocks.ir.edit import rename_values
 from onnxblocks.ir.names import graph_names, proto_graph_names
+from onnxblocks.ir.proto import set_attribute
 from onnxblocks.torch._outputs import CONSTANT_TYPES, OutputSlot, output_plan, register_dataclasses
 
 __all__ = [
@@ -65,7 +65,7 @@ _PREFIX = "module."
 
 
 #: The exporter's failure (the name torch users know; one class with
-#: :class:`onnxblocks.TorchExportError`).
+#: :class:`onnxblocks.errors.TorchExportError`).
 ExportError = TorchExportError
 
 

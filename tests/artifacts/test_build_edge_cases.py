@@ -322,7 +322,7 @@ def test_if_reading_values_of_trainable_parameters_is_a_gradient_error_not_a_cra
         import onnxblocks
         try:
             onnxblocks.generate_artifacts({str(model)!r}, requires_grad=["W"], artifact_directory={str(out)!r})
-        except onnxblocks.GradientError as exc:
+        except onnxblocks.errors.GradientError as exc:
             print("GradientError:", exc)
         """
     )

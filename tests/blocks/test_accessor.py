@@ -43,12 +43,12 @@ def test_large_initializers_are_held_not_copied(monkeypatch):
 
 
 def test_block_outside_build_is_a_clear_error():
-    with pytest.raises(ob.NoActiveModelError, match="onnxblocks.base"):
+    with pytest.raises(ob.errors.NoActiveModelError, match="onnxblocks.base"):
         ob.blocks.Add()("a", "b")
 
 
 def test_state_is_clean_after_an_exception(linear_model):
-    with pytest.raises(ob.UnknownNameError), ob.base(linear_model):
+    with pytest.raises(ob.errors.UnknownNameError), ob.base(linear_model):
         ob.blocks.Add()("y", "missing")
     assert ob.blocks.active() is None
     with ob.base(linear_model) as acc:  # a new build starts fine

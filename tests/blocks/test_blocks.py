@@ -110,7 +110,7 @@ def test_value_and_plain_str_raise_for_every_operator(symbol, apply, order):
         acc.add_input("target", onnx.TensorProto.FLOAT, [2, 2])
         v = B.Neg()("a")
         nodes = len(acc.model.graph.node)
-        with pytest.raises(ob.ValueOperandError) as info:
+        with pytest.raises(ob.errors.ValueOperandError) as info:
             apply(v, "target") if order == "value_first" else apply("target", v)
         assert isinstance(info.value, TypeError) and isinstance(info.value, ob.OnnxBlocksError)
         message = str(info.value)
@@ -215,7 +215,7 @@ def test_forward_block_outputs_and_to_model_proto():
             return ob.blocks.ReduceMean(keepdims=False)(y * y), y
 
     block = Loss()
-    with pytest.raises(ob.NotBuiltError, match="call it inside"):
+    with pytest.raises(ob.errors.NotBuiltError, match="call it inside"):
         block.to_model_proto()
     with ob.base(make_linear_model()):
         block("y")
@@ -238,7 +238,7 @@ def test_wrong_number_of_inputs_names_build_and_outputs():
 def test_unknown_input_name_is_named_with_hints():
     with ob.base(make_linear_model()):
         with pytest.raises(
-            ob.UnknownNameError, match=r"Neg: input 'yy' .*Did you mean 'y'.*Graph inputs: \['x'\]"
+            ob.errors.UnknownNameError, match=r"Neg: input 'yy' .*Did you mean 'y'.*Graph inputs: \['x'\]"
         ):
             B.Neg()("yy")
 

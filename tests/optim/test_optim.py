@@ -319,7 +319,7 @@ def test_bad_parameters(parameters, error, match):
 
 
 def test_to_model_proto_before_build():
-    with pytest.raises(onnxblocks.NotBuiltError):
+    with pytest.raises(onnxblocks.errors.NotBuiltError):
         SGD().to_model_proto()
 
 

@@ -48,7 +48,7 @@ ERRORS = [
 PUBLIC: dict[str, list[str]] = {
     "onnxblocks": sorted(
         [
-            *ERRORS,
+            "OnnxBlocksError",
             "Artifacts",
             "Block",
             "ForwardBlock",
@@ -64,6 +64,7 @@ PUBLIC: dict[str, list[str]] = {
             "blocks",
             "custom_op_library",
             "empty_base",
+            "errors",
             "fit",
             "from_onnxscript",
             "generate_artifacts",
@@ -325,7 +326,7 @@ def test_docs_list_every_public_name(module):
     assert len(section) == 2, f"docs/api.md has no section for {module}"
     body = section[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([^`]+)` \|", body, re.M))
-    expected = set(PUBLIC[module]) - (set(ERRORS) if module == "onnxblocks" else set())
+    expected = set(PUBLIC[module])
     assert listed == expected, (
         f"docs/api.md's {module} section: missing {expected - listed}, extra {listed - expected}"
     )
@@ -346,6 +347,20 @@ def test_dir_of_the_package_is_its_public_api():
     }
     assert shown == set(onnxblocks.__all__) | lazy
     assert not shown & {"Any", "annotations", "importlib", "_html"}
+
+
+def test_the_top_level_stays_small():
+    assert len(onnxblocks.__all__) <= 30, "the top level is for the names most programs use"
+
+
+@pytest.mark.parametrize("name", sorted(set(ERRORS) - {"OnnxBlocksError"}))
+def test_errors_at_the_top_level_warn_for_one_release(name):
+    import onnxblocks.errors
+
+    with pytest.warns(DeprecationWarning, match=f"onnxblocks.errors.{name}"):
+        moved = getattr(onnxblocks, name)
+    assert moved is getattr(onnxblocks.errors, name)
+    assert name not in dir(onnxblocks)
 
 
 def test_moved_names_warn_for_one_release():

@@ -328,7 +328,8 @@ def _reshape_model():
 
 @pytest.mark.parametrize("backend", ["training", "portable"])
 def test_run_failures_are_translated_once_on_both_backends(tmp_path, backend):
-    from onnxblocks import OrtRunError, artifacts, optim
+    from onnxblocks import artifacts, optim
+    from onnxblocks.errors import OrtRunError
 
     art = tmp_path / backend
     artifacts.generate_artifacts(
