@@ -232,8 +232,8 @@ def generate_artifacts(
             artifact_directory is found before the gradient is built).
         FileExistsError: when a file would replace another prefix's artifact.
         TimeoutError: when another call writing into the same directory holds it too long.
-        onnxblocks.UnknownNameError: for an unknown parameter or output name.
-        onnxblocks.GradientError: when ONNX Runtime cannot differentiate the model.
+        onnxblocks.errors.UnknownNameError: for an unknown parameter or output name.
+        onnxblocks.errors.GradientError: when ONNX Runtime cannot differentiate the model.
         onnxblocks.errors.PortabilityError: with ``portable``, for an op without a standard-op form.
         onnxblocks.errors.InvalidValueError: for a ``portable`` other than a bool, ``"standard"`` or
         ``"onnxruntime"``.
