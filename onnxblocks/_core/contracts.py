@@ -110,8 +110,24 @@ DEFAULT_LEARNING_RATE = 1e-3
 OPTIMIZER_GROUP = "group0"
 #: Checkpoint property holding the number of optimizer steps taken (the session's ``step``).
 STEP_PROPERTY = "onnxblocks.step"
+#: ONNX Runtime's name of a parameter's state tensor in slot ``k`` of a checkpoint.
+CHECKPOINT_MOMENT = "momentum{}"
 #: ONNX Runtime's names of a parameter's moments in a checkpoint (first, second).
 CHECKPOINT_MOMENTS = ("momentum0", "momentum1")
+
+
+def checkpoint_moment_name(slot: int) -> str:
+    """ONNX Runtime's name of a parameter's state tensor ``slot`` in a checkpoint:
+    ``momentum<slot>``.
+    """
+    return CHECKPOINT_MOMENT.format(slot)
+
+
+def checkpoint_moment_slot(name: str) -> int | None:
+    """The slot of a checkpoint state tensor named ``momentum<slot>``; None for another name."""
+    prefix = CHECKPOINT_MOMENT.format("")
+    digits = name.removeprefix(prefix) if name.startswith(prefix) else ""
+    return int(digits) if digits.isdigit() and digits.isascii() else None
 
 
 def updated_name(name: str) -> str:

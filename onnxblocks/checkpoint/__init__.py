@@ -12,6 +12,7 @@ from onnxblocks.checkpoint.load import (
     load_checkpoint_to_model,
     read_parameter_names,
 )
+from onnxblocks.checkpoint.optimizer_state import OptimizerGroup, OptimizerState
 from onnxblocks.checkpoint.save import external_data_path, save_checkpoint
 from onnxblocks.checkpoint.validate import check_checkpoint
 
@@ -19,6 +20,8 @@ __all__ = [
     "Checkpoint",
     "CheckpointFormatError",
     "CheckpointMismatchError",
+    "OptimizerGroup",
+    "OptimizerState",
     "check_checkpoint",
     "external_data_path",
     "is_checkpoint",

@@ -35,6 +35,7 @@ from onnxblocks._core.errors import (
 from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint import storage as _storage
+from onnxblocks.checkpoint.optimizer_state import OptimizerGroup, OptimizerState
 from onnxblocks.checkpoint.save import external_data_path
 
 
@@ -52,8 +53,8 @@ class Checkpoint:
         has_external_data: True when tensor data lives in ``<checkpoint>.data``.
         version: The checkpoint format version.
         properties: User properties (ints, floats, strings) saved by a training session.
-        optimizer_state: Per optimizer group: ``{"step": int, "initial_learning_rate": float,
-            "moments": {param: [arrays]}}``, when a training session saved it.
+        optimizer_state: The optimizer groups (step, initial learning rate, moments per
+            parameter) a training session saved; empty otherwise.
     """
 
     trainable: dict[str, np.ndarray]
@@ -62,7 +63,7 @@ class Checkpoint:
     has_external_data: bool
     version: int
     properties: dict[str, int | float | str] = field(default_factory=dict)
-    optimizer_state: dict[str, dict] = field(default_factory=dict)
+    optimizer_state: OptimizerState = field(default_factory=OptimizerState)
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self.trainable:
@@ -326,14 +327,17 @@ def load_checkpoint(path_to_checkpoint: str | os.PathLike) -> Checkpoint:
     reader = _Reader(path_to_checkpoint)
     parsed = reader.parsed
     check_scalars(parsed, f"Checkpoint '{reader.path}'")
-    optimizer_state = {
-        g.name: {
-            "step": g.step,
-            "initial_learning_rate": g.initial_learning_rate,
-            "moments": {p: [reader.array(m) for m in moments] for p, moments in g.moments.items()},
-        }
-        for g in parsed.optimizer_groups
-    }
+    optimizer_state = OptimizerState(
+        tuple(
+            OptimizerGroup(
+                g.name,
+                g.step,
+                g.initial_learning_rate,
+                {p: [reader.array(m) for m in moments] for p, moments in g.moments.items()},
+            )
+            for g in parsed.optimizer_groups
+        )
+    )
     return Checkpoint(
         trainable={e.name: reader.array(e) for e in parsed.trainable},
         frozen={e.name: reader.array(e) for e in parsed.frozen},

@@ -28,11 +28,12 @@ import onnx
 
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.contracts import STEP_PROPERTY
+from onnxblocks._core.contracts import STEP_PROPERTY, checkpoint_moment_name
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, IsAFolderError
 from onnxblocks._core.paths import as_path
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint import storage as _storage
+from onnxblocks.checkpoint.optimizer_state import OptimizerState
 from onnxblocks.io import tensor_chunks, write_aligned, write_tensor
 
 #: Above this many parameter bytes in total, tensor data goes to ``<checkpoint>.data``.
@@ -45,9 +46,6 @@ MIN_EXTERNAL_BYTES = 64
 CHUNK_BYTES = 4 * 1024 * 1024
 
 Parameter = onnx.TensorProto | _weights.TensorSource
-#: Name of the i-th moment of a parameter in an optimizer group (ONNX Runtime's ``momentum0``,
-#: ``momentum1``).
-MOMENT_NAME = "momentum{}"
 #: Frozen tensors whose names start with this are kept beside the model's parameters (a weight EMA:
 #: ``onnxblocks.extra/ema/<parameter>``): ONNX Runtime loads and saves them as it does any frozen
 #: parameter, the
@@ -170,7 +168,7 @@ def save_checkpoint(
     *,
     external_data_threshold: int = DEFAULT_EXTERNAL_DATA_THRESHOLD,
     base_dir: str | os.PathLike | None = None,
-    optimizer_state: Mapping[str, Mapping[str, Any]] | None = None,
+    optimizer_state: OptimizerState | Mapping[str, Mapping[str, Any]] | None = None,
     properties: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``(trainable, frozen)`` parameters as an ONNX Runtime training checkpoint.
@@ -197,12 +195,14 @@ def save_checkpoint(
         external_data_threshold: Total parameter bytes above which data goes to
             the side file; 0 always uses it. At most 1 GiB is ever kept inline.
         base_dir: Directory that TensorProtos with external data are relative to.
-        optimizer_state: The optimizer state, as :class:`Checkpoint.optimizer_state`
-            holds it: ``{group: {"step": int, "initial_learning_rate": float,
+        optimizer_state: The optimizer state: an :class:`OptimizerState` (what
+            :attr:`Checkpoint.optimizer_state` holds; ``OptimizerState.single(step, lr,
+            {param: [first, second, ...]})`` for ONNX Runtime's group ``"group0"``), or
+            its dict form ``{group: {"step": int, "initial_learning_rate": float,
             "moments": {param: [first, second, ...]}}}`` (AdamW: two moments per
-            trainable parameter, SGD: none). ONNX Runtime's group is ``"group0"``.
-            None writes a freshly generated checkpoint's layout (no group vector);
-            ``{}`` a training session's without optimizer state.
+            trainable parameter, SGD: none). None writes a freshly generated
+            checkpoint's layout (no group vector); ``{}`` a training session's
+            without optimizer state.
         properties: The property bag: int (int64), float (stored as float32) or
             str values by name.
 
@@ -319,7 +319,9 @@ def save_checkpoint(
 
 
 def _optimizer_states(
-    optimizer_state: Mapping[str, Mapping[str, Any]] | None, trainable: list[_Param], nominal: bool
+    optimizer_state: OptimizerState | Mapping[str, Any] | None,
+    trainable: list[_Param],
+    nominal: bool,
 ) -> list[tuple[tuple[str, int, float], dict[str, dict[str, _Param]]]]:
     """Check the optimizer state against the trainable parameters.
 
@@ -333,40 +335,28 @@ def _optimizer_states(
             "A nominal checkpoint holds no values, so it cannot hold optimizer state. Pass one "
             "or the other."
         )
-    if not isinstance(optimizer_state, Mapping):
-        raise InvalidTypeError(
-            "optimizer_state must be a mapping {group: {'step', 'initial_learning_rate', "
-            "'moments'}}, not "
-            f"{type(optimizer_state).__name__}."
-        )
+    state = OptimizerState.of(optimizer_state)
     shapes = {p.name: (p.data_type, p.dims) for p in trainable}
     out = []
-    for group, state in optimizer_state.items():
-        missing = [k for k in ("step", "initial_learning_rate", "moments") if k not in state]
-        if not isinstance(group, str) or missing:
-            raise InvalidValueError(
-                f"optimizer group {group!r} must be named by a str and hold 'step', "
-                "'initial_learning_rate' and "
-                f"'moments'; it lacks {missing}."
-            )
+    for group in state.groups:
         per_param: dict[str, dict[str, _Param]] = {}
-        for param, arrays in dict(state["moments"]).items():
+        for param, arrays in group.moments.items():
             if param not in shapes:
                 raise InvalidValueError(
-                    f"optimizer group '{group}' holds moments of '{param}', which is not a "
+                    f"optimizer group '{group.name}' holds moments of '{param}', which is not a "
                     "trainable parameter of the "
                     f"checkpoint ({sorted(shapes)}). Save the optimizer state with the "
                     "parameters it belongs to."
                 )
             moments = {
-                MOMENT_NAME.format(i): _from_array(param, a, "moment of")
+                checkpoint_moment_name(i): _from_array(param, a, "moment of")
                 for i, a in enumerate(arrays)
             }
             for name, m in moments.items():
                 if (m.data_type, m.dims) != shapes[param]:
                     raise InvalidValueError(
-                        f"moment '{name}' of parameter '{param}' in optimizer group '{group}' "
-                        f"has shape {list(m.dims)} "
+                        f"moment '{name}' of parameter '{param}' in optimizer group "
+                        f"'{group.name}' has shape {list(m.dims)} "
                         f"(element type {m.data_type}); the parameter has shape "
                         f"{list(shapes[param][1])} (element "
                         f"type {shapes[param][0]}). Moments have their parameter's shape and type."
@@ -375,9 +365,5 @@ def _optimizer_states(
                 name: _Param(name, m.data_type, m.dims, m.nbytes, m.source, None)
                 for name, m in moments.items()
             }
-        step = _hyper.step(state["step"], f"the step of optimizer group '{group}'")
-        rate = _hyper.learning_rate(
-            state["initial_learning_rate"], f"the learning rate of optimizer group '{group}'"
-        )
-        out.append(((group, step, rate), per_param))
+        out.append(((group.name, group.step, group.initial_learning_rate), per_param))
     return out

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import onnx
 
-from onnxblocks._core.contracts import buffer_name
+from onnxblocks._core.contracts import buffer_name, checkpoint_moment_name
 from onnxblocks._core.errors import (
     CheckpointFormatError,
     CheckpointMismatchError,
@@ -38,7 +38,7 @@ from onnxblocks._core.errors import (
 )
 from onnxblocks.checkpoint import format as _format
 from onnxblocks.checkpoint.load import _Reader, check_scalars
-from onnxblocks.checkpoint.save import EXTRA_PREFIX, MOMENT_NAME
+from onnxblocks.checkpoint.save import EXTRA_PREFIX
 
 __all__ = ["check_checkpoint", "model_parameter_slots"]
 
@@ -152,11 +152,11 @@ def _check_file(reader: _Reader) -> None:
                     f"parameter of the checkpoint. {_CORRUPT}"
                 )
             names = [m.name for m in moments]
-            if names != [MOMENT_NAME.format(i) for i in range(len(moments))]:
+            if names != [checkpoint_moment_name(i) for i in range(len(moments))]:
                 raise CheckpointFormatError(
                     f"{where}: the moments of '{name}' in optimizer group '{group.name}' are "
                     f"named {names}; ONNX "
-                    f"Runtime reads {[MOMENT_NAME.format(i) for i in range(len(moments))]}. "
+                    f"Runtime reads {[checkpoint_moment_name(i) for i in range(len(moments))]}. "
                     f"{_CORRUPT}"
                 )
             for moment in moments:

@@ -21,6 +21,7 @@ pre-1.15 API") shows each legacy program beside its onnxblocks equivalent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -333,15 +334,15 @@ class TrainingSession:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = self._session.save_checkpoint(Path(tmp) / "state", include_optimizer_state=True)
-            groups = load_checkpoint(path).optimizer_state
+            state = load_checkpoint(path).optimizer_state
         out: dict[str, dict[str, np.ndarray]] = {}
-        for group in groups.values():
-            for weight, moments in group.get("moments", {}).items():
+        for group in state.groups:
+            for weight, moments in group.moments.items():
                 entry = {f"Moment_{i + 1}": np.array(m) for i, m in enumerate(moments)}
                 if entry:
                     out[weight] = {
                         **entry,
-                        "Update_Count": np.array([group.get("step", 0) + 1], np.int64),
+                        "Update_Count": np.array([group.step + 1], np.int64),
                     }
         return out
 
@@ -393,7 +394,7 @@ class TrainingSession:
 
     def _load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
         from onnxblocks._core.contracts import STEP_PROPERTY
-        from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+        from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoint
 
         counts = {int(v.reshape(-1)[0]) for k, v in state.items() if k.startswith("Update_Count_")}
         if len(counts) > 1:
@@ -404,17 +405,22 @@ class TrainingSession:
             saved = load_checkpoint(
                 self._session.save_checkpoint(Path(tmp) / "now", include_optimizer_state=True)
             )
-            groups = {}
-            for group_name, group in saved.optimizer_state.items():
-                moments = {
-                    w: [state.get(f"Moment_{i + 1}_{w}", m) for i, m in enumerate(arrays)]
-                    for w, arrays in group.get("moments", {}).items()
-                }
-                step = next(iter(counts)) - 1 if counts else group.get("step", 0)
-                groups[group_name] = {**group, "moments": moments, "step": step}
+            groups = OptimizerState(
+                tuple(
+                    dataclasses.replace(
+                        group,
+                        step=next(iter(counts)) - 1 if counts else group.step,
+                        moments={
+                            w: [state.get(f"Moment_{i + 1}_{w}", m) for i, m in enumerate(arrays)]
+                            for w, arrays in group.moments.items()
+                        },
+                    )
+                    for group in saved.optimizer_state.groups
+                )
+            )
             properties = dict(saved.properties)
             if STEP_PROPERTY in properties and groups:
-                properties[STEP_PROPERTY] = next(iter(groups.values()))["step"]
+                properties[STEP_PROPERTY] = groups.step
             target = Path(tmp) / "loaded"
             save_checkpoint(
                 (dict_copy(saved.trainable), dict_copy(saved.frozen)),

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from onnxblocks import checkpoint as _ckpt
-from onnxblocks._core.contracts import OPTIMIZER_GROUP, STEP_PROPERTY
+from onnxblocks._core.contracts import OPTIMIZER_GROUP, STEP_PROPERTY, checkpoint_moment_slot
 from onnxblocks._core.errors import InvalidValueError, preview
-from onnxblocks.checkpoint.save import MOMENT_NAME
 from onnxblocks.runtime import TrainingSession
 
 #: The name of a moment under which :class:`OptimizerState` keeps it: ``optimizer/<param>/<slot>``.
@@ -100,20 +99,18 @@ def read_optimizer_state(session: TrainingSession) -> OptimizerState:
         saved = _ckpt.load_checkpoint(
             session.save_checkpoint(Path(temp) / "state", include_optimizer_state=True)
         )
-        groups = saved.optimizer_state
-        name = OPTIMIZER_GROUP if OPTIMIZER_GROUP in groups else next(iter(groups), OPTIMIZER_GROUP)
-        group = groups.get(name, {"step": 0, "initial_learning_rate": 0.0, "moments": {}})
+        group = saved.optimizer_state.primary or _ckpt.OptimizerGroup()
         moments = {
-            MOMENT_KEY.format(param, MOMENT_NAME.format(i)): np.array(array, copy=True)
-            for param, arrays in group["moments"].items()
-            for i, array in enumerate(arrays)
+            MOMENT_KEY.format(param, name): np.array(array, copy=True)
+            for param, arrays in group.moments.items()
+            for name, array in zip(group.slot_names(param), arrays, strict=True)
         }
         return OptimizerState(
             moments,
-            step=int(group["step"]),
-            initial_learning_rate=float(group["initial_learning_rate"]),
+            step=group.step,
+            initial_learning_rate=group.initial_learning_rate,
             session_step=session.step,
-            group=name,
+            group=group.name,
         )
 
 
@@ -133,9 +130,9 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
     for key, array in state.moments.items():
         parts = key.split("/")
         slot = parts[-1] if len(parts) == 3 and parts[0] == "optimizer" else ""
-        index = slot.removeprefix("momentum")
+        index = checkpoint_moment_slot(slot)
         param = parts[1] if len(parts) == 3 else key
-        if not index.isdigit() or param not in trainable:
+        if index is None or param not in trainable:
             raise InvalidValueError(
                 f"The kept optimizer state holds '{key}', which is not 'optimizer/<trainable "
                 "parameter>/momentum<i>' "
@@ -148,7 +145,7 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
                 f"'{param}' is "
                 f"{trainable[param].dtype} {trainable[param].shape}."
             )
-        moments.setdefault(param, {})[int(index)] = value
+        moments.setdefault(param, {})[index] = value
     for param, slots in moments.items():
         if sorted(slots) != list(range(len(slots))):
             raise InvalidValueError(
@@ -158,15 +155,12 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
         saved = _ckpt.load_checkpoint(
             session.save_checkpoint(Path(temp) / "now", include_optimizer_state=True)
         )
-        groups = {
-            state.group: {
-                "step": int(state.step),
-                "initial_learning_rate": float(state.initial_learning_rate),
-                "moments": {
-                    param: [slots[i] for i in range(len(slots))] for param, slots in moments.items()
-                },
-            }
-        }
+        groups = _ckpt.OptimizerState.single(
+            state.step,
+            state.initial_learning_rate,
+            {param: [slots[i] for i in range(len(slots))] for param, slots in moments.items()},
+            name=state.group,
+        )
         properties = {**saved.properties, STEP_PROPERTY: int(state.session_step)}
         path = _ckpt.save_checkpoint(
             (saved.trainable, saved.frozen),

@@ -24,7 +24,7 @@ import onnx_ir as ir
 
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks.portable.context import Writer
-from onnxblocks.portable.rules import Rule, Scalars, rule
+from onnxblocks.portable.rules import Rule, Scalars, compute_type, rule
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,14 @@ class GroupUpdater:
     def __init__(self, w: Writer, layout: Layout, learning_rate: ir.Value, step: ir.Value) -> None:
         self.w, self.layout = w, layout
         self.group_of = layout.group_of
-        self._lr = w.cast(w.reshape(learning_rate, []), ir.DataType.DOUBLE)
-        self._step = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
+        # the scalars' type: double for torch's rounding, else float32 (no float64 in the graph)
+        self._compute = compute_type(
+            {"dtype": layout.dtype if layout.exact else None}, layout.dtype
+        )
+        lr = w.reshape(learning_rate, [])
+        double = self._compute == np.float64
+        self._lr = w.cast(lr, ir.DataType.DOUBLE) if double else lr
+        self._step = w.cast(w.reshape(step, []), ir.DataType.from_numpy(self._compute))
         self._scalars: dict[int, Scalars] = {}
 
     def __call__(
@@ -90,7 +96,11 @@ class GroupUpdater:
         hyper = {**spec["hyper"], "dtype": layout.dtype if layout.exact else None}
         if group not in self._scalars:
             scale = float(spec["lr_scale"])
-            lr = self._lr if scale == 1.0 else w.op("Mul", [self._lr, w.scalar(scale, np.float64)])
+            lr = (
+                self._lr
+                if scale == 1.0
+                else w.op("Mul", [self._lr, w.scalar(scale, self._compute)])
+            )
             self._scalars[group] = layout.rule.scalars(w, hyper, lr, self._step, layout.dtype)
         by_slot = dict(zip(layout.states, states, strict=True))
         new_param, new_states = layout.rule.update(

@@ -31,6 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
+from onnxblocks.portable.bias_correction import bias_corrections
 from onnxblocks.portable.context import Writer
 
 #: Hyperparameters of one group: numbers, bools and (for ``betas``) a pair.
@@ -79,6 +80,31 @@ def _cast(w: Writer, x: ir.Value, dtype: np.dtype) -> ir.Value:
     return w.cast(x, ir.DataType.from_numpy(dtype))
 
 
+def compute_type(hyper: Hyper, dtype: np.dtype) -> np.dtype:
+    """The type a group's scalars are computed in: double for torch's rounding (``exact``) or
+    float64 parameters, else float32 (no float64 in the graph).
+    """
+    exact = hyper.get("dtype") is not None
+    return np.dtype(np.float64 if exact or np.dtype(dtype) == np.float64 else np.float32)
+
+
+def _to(w: Writer, x: ir.Value, compute: np.dtype, dtype: np.dtype) -> ir.Value:
+    """A scalar computed in ``compute`` as the parameters' ``dtype`` (no node when they agree)."""
+    return x if np.dtype(compute) == np.dtype(dtype) else _cast(w, x, dtype)
+
+
+def corrections(
+    w: Writer, betas: Sequence[float], step: ir.Value, compute: np.dtype
+) -> list[ir.Value]:
+    """``1 - beta**step`` for each beta, in ``compute``: in double as torch computes it, else in
+    float32 (:func:`~onnxblocks.portable.bias_correction.bias_corrections`).
+    """
+    if np.dtype(compute) == np.float64:
+        one = w.scalar(1.0, np.float64)
+        return [w.op("Sub", [one, w.op("Pow", [w.scalar(b, np.float64), step])]) for b in betas]
+    return bias_corrections(w, betas, step)
+
+
 def fma(w: Writer, a: ir.Value, b: ir.Value, c: ir.Value, dtype: np.dtype | None) -> ir.Value:
     """``a * b + c`` rounded once, as torch's CPU kernels compute ``add(alpha=)``, ``addcmul`` and
     ``lerp``.
@@ -106,9 +132,9 @@ def sqrt(w: Writer, x: ir.Value, dtype: np.dtype | None) -> ir.Value:
     return _cast(w, w.op("Sqrt", [w.cast(x, ir.DataType.DOUBLE)]), np.dtype(dtype))
 
 
-def _first_step(w: Writer, step: ir.Value) -> ir.Value:
+def _first_step(w: Writer, step: ir.Value, compute: np.dtype) -> ir.Value:
     """A bool scalar: ``step == 1`` (the state's torch initialisation happens now)."""
-    return w.op("Equal", [step, w.scalar(1.0, np.float64)])
+    return w.op("Equal", [step, w.scalar(1.0, compute)])
 
 
 def _signed_grad(w: Writer, hyper: Hyper, s: Scalars, param: ir.Value, grad: ir.Value) -> ir.Value:
@@ -133,11 +159,12 @@ def _sgd_needs(hyper: Hyper) -> tuple[str, ...]:
 
 
 def _sgd_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
-    s = {"neg_lr": _cast(w, w.op("Neg", [lr]), dtype), **_l2(w, hyper, dtype)}
+    ct = compute_type(hyper, dtype)
+    s = {"neg_lr": _to(w, w.op("Neg", [lr]), ct, dtype), **_l2(w, hyper, dtype)}
     if float(hyper["momentum"]):
         s["momentum"] = w.scalar(float(hyper["momentum"]), dtype)
         s["damp"] = w.scalar(1.0 - float(hyper["dampening"]), dtype)
-        s["first"] = _first_step(w, step)
+        s["first"] = _first_step(w, step, ct)
     return s
 
 
@@ -180,14 +207,11 @@ def _adam_scalars(
 ) -> Callable[[Writer, Hyper, ir.Value, ir.Value, np.dtype], Scalars]:
     def scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
         beta1, beta2 = (float(b) for b in hyper["betas"])
-        one = w.scalar(1.0, np.float64)
-
-        def correction(beta: float) -> ir.Value:
-            return w.op("Sub", [one, w.op("Pow", [w.scalar(beta, np.float64), step])])
-
+        ct = compute_type(hyper, dtype)
+        bc1, bc2 = corrections(w, [beta1, beta2], step, ct)
         s: Scalars = {
-            "step_size": _cast(w, w.op("Div", [lr, correction(beta1)]), dtype),
-            "bc2_sqrt": _cast(w, w.op("Sqrt", [correction(beta2)]), dtype),
+            "step_size": _to(w, w.op("Div", [lr, bc1]), ct, dtype),
+            "bc2_sqrt": _to(w, w.op("Sqrt", [bc2]), ct, dtype),
             "beta1c": w.scalar(1.0 - beta1, dtype),
             "beta2": w.scalar(beta2, dtype),
             "beta2c": w.scalar(1.0 - beta2, dtype),
@@ -195,9 +219,8 @@ def _adam_scalars(
         }
         wd = float(hyper["weight_decay"])
         if decoupled and wd:
-            s["decay"] = _cast(
-                w, w.op("Sub", [one, w.op("Mul", [lr, w.scalar(wd, np.float64)])]), dtype
-            )
+            decay = w.op("Sub", [w.scalar(1.0, ct), w.op("Mul", [lr, w.scalar(wd, ct)])])
+            s["decay"] = _to(w, decay, ct, dtype)
         elif wd:
             s.update(_l2(w, hyper, dtype))
         return s
@@ -241,13 +264,14 @@ def _adam_update(
 def _adagrad_scalars(
     w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype
 ) -> Scalars:
-    one = w.scalar(1.0, np.float64)
-    decay = w.op("Mul", [w.op("Sub", [step, one]), w.scalar(float(hyper["lr_decay"]), np.float64)])
+    ct = compute_type(hyper, dtype)
+    one = w.scalar(1.0, ct)
+    decay = w.op("Mul", [w.op("Sub", [step, one]), w.scalar(float(hyper["lr_decay"]), ct)])
     return {
-        "clr": _cast(w, w.op("Div", [lr, w.op("Add", [one, decay])]), dtype),
+        "clr": _to(w, w.op("Div", [lr, w.op("Add", [one, decay])]), ct, dtype),
         "initial": w.scalar(float(hyper["initial_accumulator_value"]), dtype),
         "eps": w.scalar(float(hyper["eps"]), dtype),
-        "first": _first_step(w, step),
+        "first": _first_step(w, step, ct),
         **_l2(w, hyper, dtype),
     }
 
@@ -282,6 +306,7 @@ def _rmsprop_scalars(
     w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype
 ) -> Scalars:
     alpha = float(hyper["alpha"])
+    ct = compute_type(hyper, dtype)
     s = {
         "alpha": w.scalar(alpha, dtype),
         "alphac": w.scalar(1.0 - alpha, dtype),
@@ -290,9 +315,9 @@ def _rmsprop_scalars(
     }
     if float(hyper["momentum"]):
         s["momentum"] = w.scalar(float(hyper["momentum"]), dtype)
-        s["neg_lr"] = _cast(w, w.op("Neg", [lr]), dtype)
+        s["neg_lr"] = _to(w, w.op("Neg", [lr]), ct, dtype)
     else:
-        s["lr"] = _cast(w, lr, dtype)
+        s["lr"] = _to(w, lr, ct, dtype)
     return s
 
 
@@ -333,8 +358,9 @@ def _lamb_scalars(
     w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype
 ) -> Scalars:
     beta1, beta2 = (float(b) for b in hyper["betas"])
+    ct = compute_type(hyper, dtype)
     s: Scalars = {
-        "lr": _cast(w, lr, dtype),
+        "lr": _to(w, lr, ct, dtype),
         "beta1": w.scalar(beta1, dtype),
         "beta1c": w.scalar(1.0 - beta1, dtype),
         "beta2": w.scalar(beta2, dtype),
@@ -346,11 +372,8 @@ def _lamb_scalars(
     if float(hyper["weight_decay"]):
         s["wd"] = w.scalar(float(hyper["weight_decay"]), dtype)
     if hyper["bias_correction"]:
-        one = w.scalar(1.0, np.float64)
-        for key, beta in (("c1", beta1), ("c2", beta2)):
-            s[key] = _cast(
-                w, w.op("Sub", [one, w.op("Pow", [w.scalar(beta, np.float64), step])]), dtype
-            )
+        c1, c2 = corrections(w, [beta1, beta2], step, ct)
+        s["c1"], s["c2"] = _to(w, c1, ct, dtype), _to(w, c2, ct, dtype)
     return s
 
 

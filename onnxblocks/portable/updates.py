@@ -5,7 +5,8 @@ multi-tensor layout.
 of ONNX Runtime's ``AdamWOptimizer`` / ``SGDOptimizerV2`` / ``InplaceClipGradNorm``
 kernels for one tensor (or one list of gradients) with standard ops, as IR nodes
 (:class:`onnxblocks.ir.writer.Writer`): the moments as the CPU kernels compute them,
-the bias corrections ``1 - float(pow(double(beta), step))`` as the kernel does, and
+the bias corrections ``1 - beta**t`` in float32 (:mod:`~onnxblocks.portable.bias_correction`),
+and
 the per-step scalars folded so that each parameter costs as few passes over memory as
 possible (the result moves by about an ulp of the update: rtol 1e-6 of the kernels).
 :func:`update_parameters` writes the step of every parameter in the multi-tensor
@@ -30,6 +31,7 @@ from onnxblocks._core.contracts import FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.portable import groups as _groups
 from onnxblocks.portable import rules as _rules
+from onnxblocks.portable.bias_correction import bias_corrections, float_step
 from onnxblocks.portable.context import Writer, numpy_type
 
 
@@ -207,8 +209,8 @@ class AdamWScalars:
 def adamw_scalars(
     w: Writer, spec: OptimizerSpec, learning_rate: ir.Value, step: ir.Value
 ) -> AdamWScalars:
-    """The step's scalars; bias corrections ``1 - float(pow(double(beta), step))`` as the kernel
-    computes them.
+    """The step's scalars; the bias corrections ``1 - beta**t`` in float32
+    (:mod:`~onnxblocks.portable.bias_correction`).
     """
     a = spec.attributes
     f32 = np.float32
@@ -222,23 +224,18 @@ def adamw_scalars(
     lr = w.reshape(learning_rate, [])
     eps = w.scalar(float(a["epsilon"]), f32)
     decay_rate = float(a["weight_decay"])
-    one = (
-        w.scalar(1.0, f32) if decay_rate or int(a["correct_bias"]) else None
-    )  # no constant nothing reads
-    decay = w.op("Sub", [one, w.op("Mul", [lr, w.scalar(decay_rate, f32)])]) if decay_rate else None
+    decay = (
+        w.op("Sub", [w.scalar(1.0, f32), w.op("Mul", [lr, w.scalar(decay_rate, f32)])])
+        if decay_rate
+        else None
+    )
     if not int(a["correct_bias"]):
         return AdamWScalars(decay, lr, eps, coefficients)
-    assert one is not None
-    step_d = w.cast(w.reshape(step, []), ir.DataType.DOUBLE)
-
-    def correction(beta: float) -> ir.Value:
-        power = w.op("Pow", [w.const(np.float64(_f32(beta)), suffix="beta"), step_d])
-        return w.op("Sub", [one, w.cast(power, ir.DataType.FLOAT)])
-
-    alpha_c, root_beta_c = (
-        correction(float(a["alpha"])),
-        w.op("Sqrt", [correction(float(a["beta"]))]),
+    # the kernel rounds its attributes to float32, then takes the power (docs/training.md)
+    alpha_c, beta_c = bias_corrections(
+        w, [_f32(float(a["alpha"])), _f32(float(a["beta"]))], float_step(w, step)
     )
+    root_beta_c = w.op("Sqrt", [beta_c])
     step_size = w.op("Mul", [lr, w.op("Div", [root_beta_c, alpha_c])])
     epsilon = w.op("Mul", [eps, root_beta_c]) if int(a["adam_mode"]) == 0 else eps
     return AdamWScalars(decay, step_size, epsilon, coefficients)

@@ -36,7 +36,6 @@ from onnxblocks._core.contracts import (
     DEFAULT_LEARNING_RATE,
     LAZY_RESET_GRAD,
     LEARNING_RATE,
-    OPTIMIZER_GROUP,
     STEP,
     accumulated_name,
     buffer_name,
@@ -45,7 +44,7 @@ from onnxblocks._core.contracts import (
     updated_name,
 )
 from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateError, preview
-from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.backend import BackendName
@@ -219,12 +218,9 @@ class PortableBackend:
                 "these artifacts."
             )
         self._check_specs(ck, checkpoint)
-        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(
-            iter(ck.optimizer_state.values()), None
-        )
-        moments: dict[str, list[np.ndarray]] = group["moments"] if group is not None else {}
+        group = ck.optimizer_state.primary
         for name in self._trainable:
-            saved = moments.get(name, [])
+            saved = group.slots(name) if group is not None else ()
             if group is not None and self._moments >= 2 and len(saved) < self._moments:
                 raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for "
@@ -246,9 +242,9 @@ class PortableBackend:
         if not first:
             for name in self._frozen:
                 self._f[name].update_inplace(np.ascontiguousarray(ck.frozen[name]))
-        self._opt_step = int(group["step"]) if group is not None else 0
+        self._opt_step = group.step if group is not None else 0
         self._initial_lr = (
-            float(group["initial_learning_rate"]) if group is not None else DEFAULT_LEARNING_RATE
+            group.initial_learning_rate if group is not None else DEFAULT_LEARNING_RATE
         )
         self._lr[0] = self._initial_lr
         self._props = dict(ck.properties)
@@ -442,17 +438,13 @@ class PortableBackend:
         self._props[name] = value
 
     def save(self, path: Path, include_optimizer_state: bool) -> None:
-        state: dict[str, Any] = {}
+        state = OptimizerState()
         if include_optimizer_state and self.has_optimizer:
             moments = {
                 n: [self._m[(n, k)][self._pp].numpy() for k in range(self._moments)]
                 for n in self._trainable
             }
-            state[OPTIMIZER_GROUP] = {
-                "step": self._opt_step,
-                "initial_learning_rate": self._initial_lr,
-                "moments": moments,
-            }
+            state = OptimizerState.single(self._opt_step, self._initial_lr, moments)
         save_checkpoint(
             (
                 {n: self._current(n).numpy() for n in self._trainable},

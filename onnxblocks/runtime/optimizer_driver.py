@@ -26,13 +26,12 @@ from onnxblocks._core.contracts import (
     DEFAULT_LEARNING_RATE,
     GRADIENTS,
     LEARNING_RATE,
-    OPTIMIZER_GROUP,
     OPTIMIZER_METADATA,
     PARAMS,
     STEP,
 )
 from onnxblocks._core.errors import InvalidValueError, preview
-from onnxblocks.checkpoint import load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 
 
@@ -99,14 +98,11 @@ class StandardOptimizerDriver:
         return np.array(self._state.get_parameter(name).data.numpy(), copy=True)
 
     def _read(self, checkpoint: Path) -> None:
-        ck = load_checkpoint(checkpoint)
-        group = ck.optimizer_state.get(OPTIMIZER_GROUP) or next(
-            iter(ck.optimizer_state.values()), None
-        )
+        group = load_checkpoint(checkpoint).optimizer_state.primary
         if group is None:
             return
         for name in self._order:
-            saved = group["moments"].get(name, [])
+            saved = group.slots(name)
             if saved and len(saved) != len(self._state_inputs):
                 raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer state tensor(s) for "
@@ -117,8 +113,8 @@ class StandardOptimizerDriver:
                 )
             if saved:
                 self._moments[name] = [np.array(m, copy=True) for m in saved]
-        self.step = int(group["step"])
-        self.learning_rate = self._initial_lr = float(group["initial_learning_rate"])
+        self.step = group.step
+        self.learning_rate = self._initial_lr = group.initial_learning_rate
 
     def optimizer_step(self) -> None:
         """One update: the step being taken is ``step + 1``."""
@@ -153,13 +149,9 @@ class StandardOptimizerDriver:
         optimizer state).
         """
         ck = load_checkpoint(path)
-        state = {
-            OPTIMIZER_GROUP: {
-                "step": self.step,
-                "initial_learning_rate": self._initial_lr,
-                "moments": {n: list(self._moments[n]) for n in self._order},
-            }
-        }
+        state = OptimizerState.single(
+            self.step, self._initial_lr, {n: self._moments[n] for n in self._order}
+        )
         save_checkpoint(
             (ck.trainable, ck.frozen), path, optimizer_state=state, properties=ck.properties
         )

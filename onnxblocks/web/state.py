@@ -36,13 +36,12 @@ from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.contracts import (
     DEFAULT_LEARNING_RATE,
     MAX_STATES,
-    OPTIMIZER_GROUP,
     STEP_PROPERTY,
     ArtifactNames,
     state_names,
 )
 from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError
-from onnxblocks.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint import Checkpoint, OptimizerState, load_checkpoint, save_checkpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.layout import remove_leftovers
@@ -98,10 +97,8 @@ class WebState:
                 "A nominal checkpoint holds no parameter values; generate the artifacts with "
                 "nominal_checkpoint=False for the web."
             )
-        group = checkpoint.optimizer_state.get(OPTIMIZER_GROUP) or next(
-            iter(checkpoint.optimizer_state.values()), None
-        )
-        moments = {k: list(v) for k, v in (group or {}).get("moments", {}).items() if len(v)}
+        group = checkpoint.optimizer_state.primary
+        moments = {k: list(v) for k, v in (group.moments if group else {}).items() if len(v)}
         counts = {len(v) for v in moments.values()}
         return cls(
             trainable=dict(checkpoint.trainable),
@@ -110,8 +107,8 @@ class WebState:
             frozen={n: v for n, v in checkpoint.frozen.items() if not n.startswith(EXTRA_PREFIX)},
             moments=moments,
             states=counts.pop() if len(counts) == 1 else 2,
-            step=int(group["step"]) if group else 0,
-            learning_rate=float(group["initial_learning_rate"]) if group else None,
+            step=group.step if group else 0,
+            learning_rate=group.initial_learning_rate if group else None,
             properties=dict(checkpoint.properties),
         )
 
@@ -430,14 +427,10 @@ def state_to_checkpoint(
         check_state(web, "state")
     else:
         web = read_state(state)
-    optimizer: dict[str, Any] = {}
+    optimizer = OptimizerState()
     if include_optimizer_state and (web.step or web.moments):
         lr = web.learning_rate if web.learning_rate is not None else DEFAULT_LEARNING_RATE
-        optimizer[OPTIMIZER_GROUP] = {
-            "step": web.step,
-            "initial_learning_rate": lr,
-            "moments": web.moments,
-        }
+        optimizer = OptimizerState.single(web.step, lr, web.moments)
     properties = dict(web.properties)
     if include_optimizer_state and web.step:
         properties[STEP_PROPERTY] = web.step

@@ -180,6 +180,8 @@ PUBLIC: dict[str, list[str]] = {
         "Checkpoint",
         "CheckpointFormatError",
         "CheckpointMismatchError",
+        "OptimizerGroup",
+        "OptimizerState",
         "check_checkpoint",
         "external_data_path",
         "is_checkpoint",
