@@ -94,6 +94,23 @@ def raise_if_stopping() -> None:
 
 
 @contextmanager
+def deferred() -> Iterator[None]:
+    """Stop signals wait until the block ends, then reach the handler they would have reached.
+
+    For starting a child process: a ``KeyboardInterrupt`` between its fork and the moment the
+    caller holds its handle would leave it running with nobody to stop it.
+    """
+    if not _main_thread():
+        yield
+        return
+    pending: list[int] = []
+    with _handlers(lambda signum, frame: pending.append(signum)):
+        yield
+    if pending:
+        signal.raise_signal(pending[0])
+
+
+@contextmanager
 def shielded() -> Iterator[None]:
     """SIGINT and SIGTERM are ignored inside: for stopping child processes, which must run to its
     end.

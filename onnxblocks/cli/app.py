@@ -43,7 +43,8 @@ examples:
   onnxblocks clean artifacts
   onnxblocks federate artifacts --client-data a.npz --client-data b.npz --rounds 5 --save ckpt
 
-exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 input error (file, model or data), 130 interrupted.
+exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 input error (file, model or data),
+130 interrupted.
 Run 'onnxblocks COMMAND --help' for the options of a command."""
 
 

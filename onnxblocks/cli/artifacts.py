@@ -35,17 +35,22 @@ examples:
   # train every float initializer with cross entropy and AdamW
   onnxblocks artifacts model.onnx --loss crossentropy --all-params -o artifacts
   # train only the classifier head; keep the embeddings in the checkpoint, frozen
-  onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' --frozen 'embed.*' -o artifacts
+  onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' \\
+      --frozen 'embed.*' -o artifacts
   # MSE with SGD, also returning the model output 'y' from the training and eval models
-  onnxblocks artifacts model.onnx --loss mse --optimizer sgd --all-params --additional-output y -o out
-  # portable artifacts: they train on stock onnxruntime (any Python, also 3.13), with a fused step model
+  onnxblocks artifacts model.onnx --loss mse --optimizer sgd --all-params \\
+      --additional-output y -o out
+  # portable artifacts: they train on stock onnxruntime (any Python, also 3.13), fused step model
   onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable -o artifacts
-  # the same, keeping the contrib ops stock onnxruntime runs (Gelu, FusedMatMul...): onnxruntime only
-  onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable onnxruntime -o artifacts
+  # the same, keeping contrib ops stock onnxruntime runs (Gelu, FusedMatMul...): onnxruntime only
+  onnxblocks artifacts model.onnx --loss crossentropy --all-params --portable onnxruntime \\
+      -o artifacts
   # train the head only; the rest stays constant, stored once in base_weights.bin, in float16
-  onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' --base-dtype float16 -o artifacts
+  onnxblocks artifacts model.onnx --loss crossentropy --requires-grad 'head.*' \\
+      --base-dtype float16 -o artifacts
   # LoRA adapters on the attention's q and v projections (docs/lora.md): only the adapters train
-  onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj -o artifacts
+  onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj \\
+      -o artifacts
 
 Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
 Run 'onnxblocks inspect model.onnx' to list the initializers."""

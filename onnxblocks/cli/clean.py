@@ -17,10 +17,11 @@ EXAMPLES = """\
 examples:
   onnxblocks clean artifacts
 
-A staging folder (.onnxblocks-artifacts-<pid>-<token>@<host> inside DIR, or .<DIR name>.onnxblocks-artifacts-...
-beside it) whose process is no longer running on this host is removed; a commit it cut short is rolled back
-to the previous complete set first. Folders of running processes and of other hosts are kept. Every onnxblocks
-call that opens DIR does the same; this command does it on demand."""
+A staging folder (.onnxblocks-artifacts-<pid>-<token>@<host> inside DIR, or
+.<DIR name>.onnxblocks-artifacts-... beside it) whose process is no longer running on this host is
+removed; a commit it cut short is rolled back to the previous complete set first. Folders of running
+processes and of other hosts are kept. Every onnxblocks call that opens DIR does the same; this
+command does it on demand."""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

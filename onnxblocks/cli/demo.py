@@ -13,9 +13,9 @@ examples:
   onnxblocks demo                          # writes ./onnxblocks-demo/
   onnxblocks demo --output-dir /tmp/demo --no-progress
   onnxblocks demo --portable               # portable artifacts, trained by the portable backend
-  onnxblocks demo --web                    # the same classifier trained in your browser (onnxruntime-web)
-  onnxblocks demo --lora                   # LoRA adapters on a small LLaMA (needs torch and transformers)
-  onnxblocks demo --lora --web             # the same fine-tune in your browser, adapters downloaded for peft"""
+  onnxblocks demo --web                    # the same classifier trained in your browser
+  onnxblocks demo --lora                   # LoRA on a small LLaMA (needs torch, transformers)
+  onnxblocks demo --lora --web             # the same in your browser, adapters saved for peft"""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

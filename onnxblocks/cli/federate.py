@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxblocks._core.interrupts import stop_on_signals
+from onnxblocks.cli import federate_js
 from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.paths import output_dir, output_file, require
 
@@ -28,19 +29,20 @@ STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedyogi")
 
 EXAMPLES = """\
 examples:
-  # two clients, each with its own data, FedAvg for 5 rounds; checkpoint, inference model and history
-  onnxblocks federate artifacts --client-data a.npz --client-data b.npz --rounds 5 --local-epochs 1 \\
-      --batch-size 32 --lr 0.05 --strategy fedavg --save ckpt --export model.onnx --history history.json
-  # FedProx, batches in file order (reproducible), a client later than 60 s is dropped from its round
-  onnxblocks federate artifacts --client-data a.npz --client-data b.npz --strategy fedprox --proximal-mu 0.1 \\
-      --no-shuffle --round-timeout 60 --save ckpt
-  # one client on the training build, one under Python 3.13 with stock onnxruntime and portable artifacts
+  # two clients, each with its own data, FedAvg for 5 rounds; checkpoint, inference model, history
+  onnxblocks federate artifacts --client-data a.npz --client-data b.npz --rounds 5 \\
+      --local-epochs 1 --batch-size 32 --lr 0.05 --strategy fedavg --save ckpt \\
+      --export model.onnx --history history.json
+  # FedProx, batches in file order (reproducible), a client over 60 s is dropped from its round
+  onnxblocks federate artifacts --client-data a.npz --client-data b.npz --strategy fedprox \\
+      --proximal-mu 0.1 --no-shuffle --round-timeout 60 --save ckpt
+  # one client on the training build, one under Python 3.13 (stock onnxruntime, portable artifacts)
   onnxblocks federate artifacts --client-data a.npz --client-data b.npz \\
       --client-artifacts artifacts --client-artifacts portable-artifacts \\
       --client-python python3.11 --client-python /venvs/py313/bin/python --save ckpt
 
-Every process's log is kept in the run directory (--run-dir; by default a temporary one, removed after a
-run that succeeded and named in the error of one that failed)."""
+Every process's log is kept in the run directory (--run-dir; by default a temporary one, removed
+after a run that succeeded and named in the error of one that failed)."""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -66,9 +68,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     clients.add_argument(
         "--client-data",
         action="append",
-        required=True,
+        default=[],
         metavar="FILE.npz",
-        help="a client's training data in 'onnxblocks train' format; repeat once per client",
+        help="a Python client's training data in 'onnxblocks train' format; repeat once per client",
     )
     clients.add_argument(
         "--client-artifacts",
@@ -150,6 +152,7 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     training.add_argument(
         "--eval-data", metavar="FILE.npz", help="held-out data the server evaluates on each round"
     )
+    federate_js.add_arguments(parser)
     outputs = parser.add_argument_group("outputs")
     outputs.add_argument("--save", required=True, metavar="CKPT", help="the final checkpoint")
     outputs.add_argument("--export", metavar="MODEL.onnx", help="the final inference model")
@@ -186,6 +189,13 @@ def _per_client(values: list[str] | None, count: int, option: str) -> list[str |
 
 
 def _check(args: argparse.Namespace) -> None:
+    federate_js.check(args)
+    if not args.client_data and federate_js.count(args) == 0:
+        raise CliError(
+            "no clients: give --client-data (Python), --node-client (Node) or --web-clients "
+            "(browsers).",
+            EXIT_USAGE,
+        )
     for option in ("rounds", "local_epochs", "batch_size", "local_steps", "min_clients"):
         require(getattr(args, option), f"--{option.replace('_', '-')}", minimum=1)
     for option in ("lr", "round_timeout", "timeout", "server_lr"):
@@ -207,10 +217,10 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(
             "--server-lr is FedAdam's and FedYogi's: add --strategy fedadam or fedyogi.", EXIT_USAGE
         )
-    if args.min_clients is not None and args.min_clients > len(args.client_data):
+    total = len(args.client_data) + federate_js.count(args)
+    if args.min_clients is not None and args.min_clients > total:
         raise CliError(
-            f"--min-clients {args.min_clients} is more than the {len(args.client_data)} clients "
-            "(--client-data).",
+            f"--min-clients {args.min_clients} is more than the {total} clients.",
             EXIT_USAGE,
         )
     from onnxblocks.runtime.layout import ArtifactFiles
@@ -258,7 +268,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "batch-size": args.batch_size,
         "shuffle": not args.no_shuffle,
         "seed": args.seed,
-        "min-nodes": args.min_clients or len(args.client_data),
+        "min-nodes": args.min_clients or len(args.client_data) + federate_js.count(args),
         "save": os.path.abspath(args.save),
     }
     optional = {
@@ -322,10 +332,13 @@ def _federate(args: argparse.Namespace) -> int:
             args.rounds * 3 * args.round_timeout + 300 if args.round_timeout else 7 * 24 * 3600.0
         )
     app = write_app(run_dir / "app", config)
-    print(f"federating {args.directory}: {count} clients, {args.rounds} rounds of {args.strategy}")
+    total = count + federate_js.count(args)
+    print(f"federating {args.directory}: {total} clients, {args.rounds} rounds of {args.strategy}")
     print(f"logs in {run_dir / 'logs'}")
-    with LocalDeployment(nodes, run_dir) as deployment:
-        outcome = deployment.run(app, timeout=timeout)
+    with federate_js.javascript_clients(args, run_dir, count) as bridges:
+        nodes += [NodeSpec(bridge) for bridge in bridges]
+        with LocalDeployment(nodes, run_dir) as deployment:
+            outcome = deployment.run(app, timeout=timeout)
     if not outcome.ok:
         raise CliError(
             f"the federated run ended with status {outcome.status} ({outcome.details}); the logs "

@@ -22,9 +22,9 @@ from onnxblocks.cli.tables import format_bytes, format_table
 EXAMPLES = """\
 examples:
   onnxblocks inspect model.onnx             # a forward model: inputs, outputs, initializers
-  onnxblocks inspect artifacts              # training artifacts: user inputs/outputs, trainable/frozen
+  onnxblocks inspect artifacts              # training artifacts: inputs, outputs, trainable/frozen
   onnxblocks inspect artifacts --json       # the same, machine-readable
-  onnxblocks inspect ckpt                   # a checkpoint: parameters, optimizer step, properties"""
+  onnxblocks inspect ckpt                   # a checkpoint: parameters, step, properties"""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

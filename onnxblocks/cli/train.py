@@ -24,13 +24,13 @@ examples:
       --scheduler cosine --warmup-steps 50 --plot loss.png --export model.onnx
   # arrays with other names: map input=array
   onnxblocks train artifacts --data d.npz --inputs x=features labels=y
-  # portable artifacts train on stock onnxruntime, e.g. under Python 3.13 (the backend is chosen by itself)
+  # portable artifacts train on stock onnxruntime, e.g. under Python 3.13 (backend chosen by itself)
   onnxblocks train portable-artifacts --data train.npz --epochs 10
   # continue exactly where a saved run stopped (same data, batch size and seed)
   onnxblocks train artifacts --data train.npz --resume ckpt --epochs 20 --save ckpt
 
-The checkpoint written by --save holds parameters, optimizer state, step counter, data order and schedule,
-so --resume continues bit for bit."""
+The checkpoint written by --save holds parameters, optimizer state, step counter, data order and
+schedule, so --resume continues bit for bit."""
 
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

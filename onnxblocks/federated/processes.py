@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from onnxblocks._core.errors import StateError
-from onnxblocks._core.interrupts import raise_if_stopping
+from onnxblocks._core.interrupts import deferred, raise_if_stopping, shielded
 
 #: Seconds a process gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
@@ -180,30 +180,39 @@ def run_captured(
         KeyboardInterrupt: on a stop signal (it is killed).
     """
     deadline = time.monotonic() + timeout
-    with subprocess.Popen(
-        list(command),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(env),
-    ) as child:
-        try:
-            while True:
-                # short waits, so that a stop signal whose exception was swallowed is seen at once
-                try:
-                    out, err = child.communicate(
-                        timeout=min(0.5, max(deadline - time.monotonic(), 0.01))
-                    )
-                    break
-                except subprocess.TimeoutExpired:
-                    raise_if_stopping()
-                    if time.monotonic() > deadline:
-                        raise
-        except BaseException:
-            child.kill()
-            child.wait()  # reaped here: on KeyboardInterrupt, Popen's exit does not wait
-            raise
+    child: subprocess.Popen[str] | None = None
+    try:
+        with deferred():
+            child = subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(env),
+            )
+        while True:
+            # short waits, so that a stop signal whose exception was swallowed is seen at once
+            try:
+                out, err = child.communicate(
+                    timeout=min(0.5, max(deadline - time.monotonic(), 0.01))
+                )
+                break
+            except subprocess.TimeoutExpired:
+                raise_if_stopping()
+                if time.monotonic() > deadline:
+                    raise
+    except BaseException:
+        if child is not None:
+            with shielded():  # a second Ctrl-C must not leave it running
+                child.kill()
+                child.wait()
+        raise
+    finally:
+        if child is not None:
+            for stream in (child.stdout, child.stderr):
+                if stream is not None:
+                    stream.close()
     return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
