@@ -179,12 +179,12 @@ def run_demo(
     from onnxblocks.runtime import (
         Accuracy,
         ArrayBatches,
-        CosineSchedule,
         TrainingSession,
         fit,
         plot_history,
     )
     from onnxblocks.runtime.plot import check_plot_path, default_suffix
+    from onnxblocks.runtime.schedules.warmup import CosineSchedule
 
     out = stream if stream is not None else sys.stdout
     started = time.perf_counter()

@@ -6,13 +6,18 @@ sessions of any onnxruntime (see :mod:`onnxblocks.runtime.backend`); onnxruntime
 is imported on first use. Importing this package imports neither onnxruntime nor torch.
 """
 
+from typing import Any
+
 from onnxblocks.runtime.callbacks import Accuracy, Callback, EarlyStopping, SaveCheckpoint
 from onnxblocks.runtime.data import ArrayBatches, load_npz
 from onnxblocks.runtime.ema import WeightEMA
 from onnxblocks.runtime.fit import FitRun, History, evaluate, fit, resume
 from onnxblocks.runtime.inputs import InputSpec
 from onnxblocks.runtime.layout import ArtifactFiles
-from onnxblocks.runtime.lr_schedulers import (
+from onnxblocks.runtime.plot import plot_history, save_line_plot
+from onnxblocks.runtime.progress import ProgressBar
+from onnxblocks.runtime.schedules import (
+    WARMUP_ALIASES,
     CosineAnnealingLR,
     ExponentialLR,
     LambdaLR,
@@ -20,30 +25,29 @@ from onnxblocks.runtime.lr_schedulers import (
     MultiStepLR,
     OneCycleLR,
     ReduceLROnPlateau,
+    Schedule,
     SequentialLR,
     StepLR,
-)
-from onnxblocks.runtime.plot import plot_history, save_line_plot
-from onnxblocks.runtime.progress import ProgressBar
-from onnxblocks.runtime.schedulers import (
-    ConstantSchedule,
-    CosineSchedule,
-    LinearSchedule,
-    Schedule,
-    StepSchedule,
+    deprecated_alias,
     make_schedule,
     schedule_from_dict,
 )
 from onnxblocks.runtime.session import TrainingSession
+
+
+def __getattr__(name: str) -> Any:
+    # the warmup family resolves for one release, warning with its torch-named equivalent
+    if name in WARMUP_ALIASES:
+        return deprecated_alias(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Accuracy",
     "ArrayBatches",
     "ArtifactFiles",
     "Callback",
-    "ConstantSchedule",
     "CosineAnnealingLR",
-    "CosineSchedule",
     "EarlyStopping",
     "ExponentialLR",
     "FitRun",
@@ -51,7 +55,6 @@ __all__ = [
     "InputSpec",
     "LambdaLR",
     "LinearLR",
-    "LinearSchedule",
     "MultiStepLR",
     "OneCycleLR",
     "ProgressBar",
@@ -60,7 +63,6 @@ __all__ = [
     "Schedule",
     "SequentialLR",
     "StepLR",
-    "StepSchedule",
     "TrainingSession",
     "WeightEMA",
     "evaluate",

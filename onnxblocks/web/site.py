@@ -118,7 +118,8 @@ def spiral_plan(epochs: int = 30, seed: int = 0) -> SpiralPlan:
     learning rates.
     """
     from onnxblocks.datasets import spirals, train_val_split
-    from onnxblocks.runtime import ArrayBatches, CosineSchedule
+    from onnxblocks.runtime import ArrayBatches
+    from onnxblocks.runtime.schedules.warmup import CosineSchedule
 
     if epochs < 1:
         raise InvalidValueError(f"epochs must be >= 1, got {epochs}.")

@@ -17,8 +17,8 @@ from support.numerics import assert_close, assert_equal
 from torch.optim import lr_scheduler as L
 
 from onnxblocks.errors import InvalidValueError
-from onnxblocks.runtime import lr_schedulers as S
-from onnxblocks.runtime.schedulers import schedule_from_dict
+from onnxblocks.runtime import schedules as S
+from onnxblocks.runtime.schedules import schedule_from_dict
 
 BASE = 0.1
 

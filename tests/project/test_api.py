@@ -196,9 +196,7 @@ PUBLIC: dict[str, list[str]] = {
         "ArrayBatches",
         "ArtifactFiles",
         "Callback",
-        "ConstantSchedule",
         "CosineAnnealingLR",
-        "CosineSchedule",
         "EarlyStopping",
         "ExponentialLR",
         "FitRun",
@@ -206,7 +204,6 @@ PUBLIC: dict[str, list[str]] = {
         "InputSpec",
         "LambdaLR",
         "LinearLR",
-        "LinearSchedule",
         "MultiStepLR",
         "OneCycleLR",
         "ProgressBar",
@@ -215,7 +212,6 @@ PUBLIC: dict[str, list[str]] = {
         "Schedule",
         "SequentialLR",
         "StepLR",
-        "StepSchedule",
         "TrainingSession",
         "WeightEMA",
         "evaluate",
@@ -225,6 +221,20 @@ PUBLIC: dict[str, list[str]] = {
         "plot_history",
         "resume",
         "save_line_plot",
+        "schedule_from_dict",
+    ],
+    "onnxblocks.runtime.schedules": [
+        "CosineAnnealingLR",
+        "ExponentialLR",
+        "LambdaLR",
+        "LinearLR",
+        "MultiStepLR",
+        "OneCycleLR",
+        "ReduceLROnPlateau",
+        "Schedule",
+        "SequentialLR",
+        "StepLR",
+        "make_schedule",
         "schedule_from_dict",
     ],
     "onnxblocks.display": [
@@ -379,6 +389,48 @@ def test_moved_names_warn_for_one_release():
         )  # the algorithms do not warn
     with pytest.raises(AttributeError, match="no attribute 'Lion'"):
         optim.Lion  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["onnxblocks.runtime", "onnxblocks.runtime.schedules", "onnxblocks.runtime.schedulers"],
+)
+@pytest.mark.parametrize(
+    ("name", "replacement"),
+    [
+        ("ConstantSchedule", "ExponentialLR"),
+        ("LinearSchedule", "LinearLR"),
+        ("CosineSchedule", "CosineAnnealingLR"),
+        ("StepSchedule", "StepLR"),
+    ],
+)
+def test_the_warmup_schedules_warn_for_one_release(module, name, replacement):
+    from onnxblocks.runtime.schedules import warmup
+
+    with pytest.warns(
+        DeprecationWarning,
+        match=replacement
+        if module != "onnxblocks.runtime.schedulers"
+        else "onnxblocks.runtime.schedules",
+    ):
+        alias = getattr(importlib.import_module(module), name)
+    assert alias is getattr(warmup, name)
+    assert name not in importlib.import_module(module).__dict__.get("__all__", [])
+
+
+def test_the_old_schedule_modules_resolve_to_the_new_one():
+    from onnxblocks.runtime import schedules
+
+    with pytest.warns(DeprecationWarning, match="onnxblocks.runtime.schedules"):
+        step = importlib.import_module("onnxblocks.runtime.lr_schedulers").StepLR
+    assert step is schedules.StepLR
+    with pytest.warns(DeprecationWarning, match="onnxblocks.runtime.schedules"):
+        from_dict = importlib.import_module("onnxblocks.runtime.schedulers").schedule_from_dict
+    assert from_dict is schedules.schedule_from_dict
+    assert issubclass(
+        importlib.import_module("onnxblocks.runtime.schedules.warmup").StepSchedule,
+        schedules.StepLR,
+    )
 
 
 def test_the_gradient_function_no_longer_shadows_its_module():

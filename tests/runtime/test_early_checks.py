@@ -13,7 +13,8 @@ import pytest
 from support.runtime_support import classification_data, generate
 
 from onnxblocks.errors import InvalidValueError, NotAFolderError
-from onnxblocks.runtime import ArrayBatches, SaveCheckpoint, StepSchedule, TrainingSession, fit
+from onnxblocks.runtime import ArrayBatches, SaveCheckpoint, TrainingSession, fit
+from onnxblocks.runtime.schedules.warmup import StepSchedule
 
 
 @pytest.fixture(scope="module")

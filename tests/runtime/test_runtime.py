@@ -16,13 +16,9 @@ from onnxblocks.errors import UnknownNameError
 from onnxblocks.runtime import (
     Accuracy,
     ArrayBatches,
-    ConstantSchedule,
-    CosineSchedule,
     EarlyStopping,
-    LinearSchedule,
     ProgressBar,
     SaveCheckpoint,
-    StepSchedule,
     TrainingSession,
     evaluate,
     fit,
@@ -31,6 +27,12 @@ from onnxblocks.runtime import (
     schedule_from_dict,
 )
 from onnxblocks.runtime import plot as plotting
+from onnxblocks.runtime.schedules.warmup import (
+    ConstantSchedule,
+    CosineSchedule,
+    LinearSchedule,
+    StepSchedule,
+)
 
 
 @pytest.fixture(scope="module")

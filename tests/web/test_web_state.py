@@ -256,7 +256,8 @@ def test_the_javascript_client_pins_the_onnxruntime_it_is_tested_with():
 def test_the_plan_replays_the_python_demo():
     """Same data, the ArrayBatches order of each epoch and the CosineSchedule rate of each step as run_demo."""
     from onnxblocks.datasets import spirals, train_val_split
-    from onnxblocks.runtime import ArrayBatches, CosineSchedule
+    from onnxblocks.runtime import ArrayBatches
+    from onnxblocks.runtime.schedules.warmup import CosineSchedule
 
     plan = spiral_plan(epochs=3, seed=0)
     x, y = spirals(points_per_class=400, classes=3, seed=0)
