@@ -185,11 +185,9 @@ def inspect_checkpoint(path: Path) -> dict[str, Any]:
 def _checkpoint_state(checkpoint: Any) -> dict[str, Any]:
     from onnxblocks.runtime import properties as _props
 
-    step = None
-    for group in checkpoint.optimizer_state.values():
-        step = group.get("step", step)
+    state = checkpoint.optimizer_state
     return {
-        "optimizer_state": {"saved": bool(checkpoint.optimizer_state), "step": step},
+        "optimizer_state": {"saved": bool(state), "step": state.step if state else None},
         "properties": {k: _props.decode(v) for k, v in checkpoint.properties.items()},
     }
 
