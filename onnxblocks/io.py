@@ -11,277 +11,35 @@ names in the target directory and moved over the targets only when complete
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import glob
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import BinaryIO
 
 import onnx
-from onnx import numpy_helper
 
-from onnxblocks._core import dirlock as _dirlock
 from onnxblocks._core import limits as _limits
-from onnxblocks._core import tempfiles as _tempfiles
+from onnxblocks._core import tensor_bytes as _tensor_bytes
 from onnxblocks._core import weights as _weights
+
+# Writers elsewhere in the package import these from here, the module that saves files.
+from onnxblocks._core.atomic import atomic_file as atomic_file
+from onnxblocks._core.atomic import atomic_outputs as atomic_outputs
 from onnxblocks._core.errors import (
-    DataFileError,
     FileMissingError,
     InvalidTypeError,
     InvalidValueError,
     IsAFolderError,
-    NotAFolderError,
 )
-from onnxblocks._core.paths import as_path, write_error
+from onnxblocks._core.paths import as_path
 from onnxblocks._core.proto import copy_fields
+from onnxblocks._core.tensor_bytes import tensor_chunks as tensor_chunks
+from onnxblocks._core.tensor_bytes import write_aligned as write_aligned
+from onnxblocks._core.tensor_bytes import write_tensor as write_tensor
 
 __all__ = ["load_model", "save_model"]
 
 #: Inline initializers of at least this many bytes go to the external data file by default.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1024
-#: Tensors of at least this size start on a page boundary in the data file, so runtimes can
-#: memory-map them.
-_PAGE_ALIGN_FROM = 1024 * 1024
-_PAGE = 4096
-_SMALL_ALIGN = 64
-
-
-@contextlib.contextmanager
-def atomic_outputs(*targets: str | os.PathLike) -> Iterator[list[Path]]:
-    """Write several files so that each appears complete or not at all.
-
-    Yields one temporary path per target, in the target's directory. When the ``with`` block
-    ends normally each temporary file is moved over its target (``os.replace``), in the order
-    given (put the file that refers to the others last), under the directory's lock when there
-    are several, so two writers never interleave. When it raises, every temporary file is
-    removed and the targets are left as they were. Temporary names carry the writer's process
-    id (:mod:`onnxblocks._core.tempfiles`): those of killed runs in the targets' directories
-    are removed first. Files are created with the umask, as ``open()`` creates them.
-
-    Raises:
-        FileNotFoundError: if a target's directory does not exist.
-        NotADirectoryError: if a target's directory is a file.
-        IsADirectoryError: if a target is a directory.
-    """
-    finals = [Path(os.fspath(t)) for t in targets]
-    for final in finals:
-        if not final.parent.is_dir():
-            if final.parent.exists() or any(p.is_file() for p in final.parents):
-                raise NotAFolderError(
-                    f"Cannot write '{final}': '{final.parent}' is not a directory (a path below "
-                    "a file?). "
-                    "Choose a path inside a directory."
-                )
-            raise FileMissingError(
-                f"Cannot write '{final}': directory '{final.parent}' does not exist. Create it "
-                "first."
-            )
-        if (
-            final.is_dir() and not final.is_symlink()
-        ):  # checked first: a write would fail only at its end
-            raise IsAFolderError(
-                f"Cannot write '{final}': it is a directory. Pass a file path (inside it?)."
-            )
-    for parent in dict.fromkeys(f.parent for f in finals):
-        _tempfiles.remove_stale(parent)
-    temps = [_tempfiles.temp_path(f) for f in finals]
-    try:
-        # the writers create them (pre-creating and truncating them would force a flush on ext4)
-        yield temps
-        with _dirlock.files_lock(finals):
-            for temp, final in zip(temps, finals, strict=True):
-                os.replace(temp, final)
-    except BaseException as exc:
-        for temp in temps:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
-        named = write_error(exc, finals)
-        if named is not None:
-            # a clear error naming the target, not "[Errno 13] ... <temp name>"
-            raise named from None
-        shown = _tempfiles.without_temp_names(exc, dict(zip(temps, finals, strict=True)))
-        if shown is not None:
-            raise shown from None  # messages name the targets, not temporary files
-        raise
-
-
-@contextlib.contextmanager
-def atomic_file(target: str | os.PathLike, companions: bool = False) -> Iterator[Path]:
-    """Write one file so that it appears complete or not at all.
-
-    The one-target form of :func:`atomic_outputs`: yields the temporary path
-    (in the target's directory, not created yet), moves it over ``target`` when
-    the ``with`` block ends normally, and removes it when the block raises.
-
-    Args:
-        target: The file to write.
-        companions: Also move the files the writer put beside the temporary file
-            under names that extend it, to the same extension of the target
-            (``<temp>.data`` becomes ``<target>.data``, as ONNX Runtime writes a
-            checkpoint's external data). They are moved before the target, and
-            removed with it when the block raises.
-
-    Raises:
-        FileNotFoundError: if the target's directory does not exist.
-    """
-    with atomic_outputs(target) as (temp,):
-        pattern = glob.escape(temp.name) + "?*"
-        try:
-            yield temp
-            if companions:
-                final = Path(os.fspath(target))
-                for companion in sorted(temp.parent.glob(pattern)):
-                    os.replace(
-                        companion, final.with_name(final.name + companion.name[len(temp.name) :])
-                    )
-        except BaseException:
-            if companions:
-                for leftover in temp.parent.glob(pattern):
-                    leftover.unlink(missing_ok=True)
-            raise
-
-
-def tensor_chunks(
-    tensor: onnx.TensorProto | _weights.TensorSource,
-    base_dir: str | os.PathLike | None = None,
-    chunk_bytes: int = _weights.CHUNK_BYTES,
-) -> Iterator[bytes | memoryview]:
-    """Yield a tensor's little-endian bytes in pieces of at most ``chunk_bytes``.
-
-    Accepts a :class:`~onnxblocks._core.weights.TensorSource`, an inline
-    TensorProto (raw or typed fields), or a TensorProto with external data whose
-    location is relative to ``base_dir``.
-
-    Raises:
-        ValueError: for an onnxblocks stub, external data without ``base_dir``, or string tensors.
-    """
-    if isinstance(tensor, _weights.TensorSource):
-        yield from tensor.chunks(chunk_bytes)
-        return
-    if _weights.is_stub(tensor):
-        raise InvalidValueError(
-            f"Tensor '{tensor.name}' is an onnxblocks stub (its bytes are held by a build). Pass "
-            "the build's "
-            "weights (accessor.weights) or its TensorSource instead."
-        )
-    if tensor.data_type == onnx.TensorProto.STRING:
-        raise InvalidValueError(
-            f"Tensor '{tensor.name}' holds strings, which cannot be streamed as raw bytes."
-        )
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        if base_dir is None:
-            raise InvalidValueError(
-                f"Tensor '{tensor.name}' keeps its data in the external file "
-                f"'{_weights.external_info(tensor).get('location', '')}', but the directory it "
-                "is relative to is "
-                "unknown. Pass base_dir= (the directory of the .onnx file it came from)."
-            )
-        store = _weights.WeightStore()
-        store.hold(tensor, base_dir)
-        yield from store.source(tensor.name).chunks(chunk_bytes)
-        return
-    if tensor.HasField("raw_data"):
-        data = memoryview(tensor.raw_data)
-    else:
-        array = numpy_helper.to_array(tensor)
-        data = memoryview(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-    for start in range(0, len(data), chunk_bytes):
-        yield bytes(data[start : start + chunk_bytes])
-
-
-def _nbytes(tensor: onnx.TensorProto | _weights.TensorSource) -> int:
-    if isinstance(tensor, _weights.TensorSource):
-        return tensor.nbytes
-    return _weights.tensor_nbytes(tensor)
-
-
-def write_aligned(
-    out: BinaryIO,
-    chunks: Iterable[bytes | memoryview],
-    expected: int,
-    name: str,
-    align_for: int | None = None,
-) -> int:
-    """Append ``chunks`` to ``out`` at an aligned offset; return the offset.
-
-    The alignment is a page for tensors of ``align_for`` (default ``expected``) bytes or more.
-
-    Raises:
-        ValueError: if the chunks do not add up to ``expected`` bytes.
-    """
-    size = expected if align_for is None else align_for
-    align = _PAGE if size >= _PAGE_ALIGN_FROM else _SMALL_ALIGN
-    position = out.tell()
-    padding = -position % align
-    if padding:
-        out.write(b"\0" * padding)
-        position += padding
-    written = 0
-    for chunk in chunks:
-        out.write(chunk)
-        written += len(chunk)
-    if written != expected:
-        raise InvalidValueError(
-            f"Tensor '{name}' produced {written} bytes but its dims and element type need "
-            f"{expected}. "
-            "Its data does not match its shape; fix the tensor."
-        )
-    return position
-
-
-def write_tensor(
-    out: BinaryIO,
-    tensor: onnx.TensorProto | _weights.TensorSource,
-    base_dir: str | os.PathLike | None,
-    expected: int,
-    name: str,
-) -> int:
-    """Append one tensor's bytes to ``out`` at an aligned offset; return the offset.
-
-    A tensor whose bytes are in a file (a file-backed TensorSource) is copied by
-    the kernel (``os.copy_file_range``) without passing through Python; other
-    tensors are streamed in chunks (:func:`tensor_chunks`).
-
-    Raises:
-        ValueError: if the tensor's data does not match ``expected`` bytes.
-        OSError: if its source file ends early.
-    """
-    source = (
-        tensor if isinstance(tensor, _weights.TensorSource) and tensor.path is not None else None
-    )
-    if (
-        source is None
-        or source.path is None
-        or not hasattr(os, "copy_file_range")
-        or expected < _PAGE_ALIGN_FROM
-    ):
-        return write_aligned(out, tensor_chunks(tensor, base_dir), expected, name)
-    position = write_aligned(out, (), 0, name, align_for=expected)
-    out.flush()
-    with open(source.path, "rb") as f:
-        done = 0
-        try:
-            while done < expected:
-                n = os.copy_file_range(
-                    f.fileno(), out.fileno(), expected - done, source.offset + done
-                )
-                if n == 0:
-                    raise DataFileError(
-                        f"External data file {source.path} ended early while copying tensor "
-                        f"'{name}' "
-                        f"({expected - done} bytes missing). Is the model's .data file complete?"
-                    )
-                done += n
-        except OSError as exc:
-            if done or exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            return write_aligned(
-                out, tensor_chunks(tensor, base_dir), expected, name
-            )  # no kernel copy here
-    out.seek(position + expected)
-    return position
 
 
 def _weights_kind(data_type: int, dims: Iterable[int]) -> str:
@@ -414,7 +172,7 @@ def save_model(
             with open(temps[0], "wb") as data:
                 for init, src in external:
                     assert src is not None
-                    size = _nbytes(src)
+                    size = _tensor_bytes.nbytes(src)
                     offset = write_tensor(data, src, base_dir, size, init.name)
                     offsets[init.name] = (offset, size)
         for init, maybe_src in plan:
