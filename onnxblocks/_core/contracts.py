@@ -28,11 +28,20 @@ ACCUMULATED_SUFFIX = ".accumulation.out"
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
 _GRADIENT_VALUE = re.compile(re.escape(GRADIENT_SUFFIX) + r"($|[./:])")
+#: ``<value>_grad`` or ``<value>_grad_<n>`` (ONNX Runtime's partial gradients): the gradient of
+#: ``<value>`` (the match's group ``value``).
+GRADIENT_OF = re.compile(r"^(?P<value>.+)" + re.escape(GRADIENT_SUFFIX) + r"(_\d+)?$")
 
 
 def gradient_name(name: str) -> str:
     """Name of the gradient of ``name``: ``<name>_grad``."""
     return f"{name}{GRADIENT_SUFFIX}"
+
+
+def gradient_of(name: str) -> str | None:
+    """The value whose gradient ``name`` is (``x`` for ``x_grad`` and ``x_grad_1``), or None."""
+    match = GRADIENT_OF.match(name)
+    return match.group("value") if match else None
 
 
 def buffer_name(param: str) -> str:

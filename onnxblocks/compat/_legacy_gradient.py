@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import InvalidTypeError, StateError, UnknownNameError, did_you_mean
 
 
@@ -112,7 +113,7 @@ class GradientGraphBuilder:
                 value.const_value = ir.tensor(constants[value.name], name=value.name)
                 graph.register_initializer(value)
         self._model = serde.to_proto(model)
-        self.gradients = [f"{x}_grad" for x in self.xs if x in vjp.gradients]
+        self.gradients = [gradient_name(x) for x in self.xs if x in vjp.gradients]
 
     def _elem_type(self, name: str) -> int:
         for info in (*self._forward.graph.output, *self._forward.graph.value_info):

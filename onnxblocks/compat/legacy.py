@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
+from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import (
     InvalidTypeError,
     InvalidValueError,
@@ -241,7 +242,7 @@ class TrainingSession:
         out = [by_name[name] for name in self._outputs]
         if self.parameters.set_gradients_as_graph_outputs:
             shapes = {i.name: list(i.dims) for i in self._model.graph.initializer}
-            out += [NodeArg(f"{w}_grad", "tensor(float)", shapes[w]) for w in self._weights]
+            out += [NodeArg(gradient_name(w), "tensor(float)", shapes[w]) for w in self._weights]
         return out
 
     def run(
@@ -300,7 +301,7 @@ class TrainingSession:
         else:
             values = self._session.train_step(*batch)
             if grads_out:
-                gradients = {f"{k}_grad": v for k, v in self._session.gradients().items()}
+                gradients = {gradient_name(k): v for k, v in self._session.gradients().items()}
             if self._runs % steps == 0:
                 self._session.optimizer_step()
         fetched = dict(zip(self._outputs, values, strict=True)) | gradients

@@ -53,7 +53,7 @@ def _parameters(graph: ir.Graph) -> list[ir.Value]:
         if param is None:
             raise PortabilityError(
                 f"Accumulator node '{node.name}' writes '{out}', which is not "
-                "'<param>_grad.accumulation.out' for a "
+                f"'{accumulated_name('<param>')}' for a "
                 "graph input: the training model does not follow onnxblocks' contract. Generate "
                 "it with "
                 "onnxblocks.generate_artifacts."

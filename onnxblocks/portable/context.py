@@ -13,7 +13,6 @@ dims dynamic.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
+from onnxblocks._core.contracts import GRADIENT_OF
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks.ir import writer as _writer
 from onnxblocks.ir.edit import values_by_name
@@ -29,8 +29,6 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.serde import to_proto
 from onnxblocks.ir.types import infer_proto_types
 
-#: ``<value>_grad`` or ``<value>_grad_<n>`` (ORT's partial gradients): the gradient of ``<value>``.
-GRADIENT_OF = re.compile(r"^(?P<value>.+)_grad(_\d+)?$")
 #: Largest int64: an open end for ``Slice``.
 INT64_MAX = _writer.INT64_MAX
 #: A float32 tensor of unknown shape (Scan bodies' inputs and outputs).

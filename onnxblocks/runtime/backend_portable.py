@@ -39,6 +39,7 @@ from onnxblocks._core.contracts import (
     STEP,
     accumulated_name,
     buffer_name,
+    checkpoint_moment_name,
     gradient_name,
     state_names,
     updated_name,
@@ -225,8 +226,8 @@ class PortableBackend:
                 raise InvalidValueError(
                     f"Checkpoint '{checkpoint}' holds {len(saved)} optimizer moment(s) for "
                     f"'{name}'; these artifacts' "
-                    f"optimizer keeps {self._moments} (momentum0...). Save the checkpoint with "
-                    "the same optimizer, or "
+                    f"optimizer keeps {self._moments} ({checkpoint_moment_name(0)}...). Save the "
+                    "checkpoint with the same optimizer, or "
                     "save it with include_optimizer_state=False."
                 )
             if not first:
