@@ -225,9 +225,11 @@ class _Reader:
         """All bytes of one tensor."""
         return self.array(entry, copy=True).tobytes()
 
-    def array(self, entry: _format.TensorEntry, copy: bool = False) -> np.ndarray:
+    def array(
+        self, entry: _format.TensorEntry, copy: bool = False, inline_copy: bool = True
+    ) -> np.ndarray:
         """One tensor as a numpy array (a read-only memory map for external data unless
-        ``copy``).
+        ``copy``; a copy of inline data unless ``inline_copy`` is False: then a read-only view).
         """
         dtype = _format.dtype_of(entry, f"checkpoint '{self.path}'")
         if self.parsed.is_nominal:
@@ -272,9 +274,8 @@ class _Reader:
                 "dims "
                 f"{list(entry.dims)} need {size}."
             )
-        return self._shaped(
-            np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy(), entry
-        )
+        view = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start)
+        return self._shaped(view.copy() if copy or inline_copy else view, entry)
 
     def _shaped(self, flat: np.ndarray, entry: _format.TensorEntry) -> np.ndarray:
         try:
@@ -325,22 +326,36 @@ def load_checkpoint(path_to_checkpoint: str | os.PathLike) -> Checkpoint:
         onnxblocks.checkpoint.CheckpointFormatError: if the file is not a valid checkpoint.
     """
     reader = _Reader(path_to_checkpoint)
+    check_scalars(reader.parsed, f"Checkpoint '{reader.path}'")
+    return checkpoint_of(reader)
+
+
+def checkpoint_of(reader: _Reader, copy: bool = True) -> Checkpoint:
+    """The contents of a checkpoint already mapped by ``reader`` (its scalars checked).
+
+    Args:
+        reader: The mapped checkpoint.
+        copy: Copy inline tensors (False: read-only views of the mapped file, which stays
+            mapped while any of them lives; no page is read until one is used).
+    """
     parsed = reader.parsed
-    check_scalars(parsed, f"Checkpoint '{reader.path}'")
     optimizer_state = OptimizerState(
         tuple(
             OptimizerGroup(
                 g.name,
                 g.step,
                 g.initial_learning_rate,
-                {p: [reader.array(m) for m in moments] for p, moments in g.moments.items()},
+                {
+                    p: [reader.array(m, inline_copy=copy) for m in moments]
+                    for p, moments in g.moments.items()
+                },
             )
             for g in parsed.optimizer_groups
         )
     )
     return Checkpoint(
-        trainable={e.name: reader.array(e) for e in parsed.trainable},
-        frozen={e.name: reader.array(e) for e in parsed.frozen},
+        trainable={e.name: reader.array(e, inline_copy=copy) for e in parsed.trainable},
+        frozen={e.name: reader.array(e, inline_copy=copy) for e in parsed.frozen},
         is_nominal=parsed.is_nominal,
         has_external_data=parsed.has_external_data,
         version=parsed.version,

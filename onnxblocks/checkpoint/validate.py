@@ -37,10 +37,10 @@ from onnxblocks._core.errors import (
     preview,
 )
 from onnxblocks.checkpoint import format as _format
-from onnxblocks.checkpoint.load import _Reader, check_scalars
+from onnxblocks.checkpoint.load import Checkpoint, _Reader, check_scalars, checkpoint_of
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 
-__all__ = ["check_checkpoint", "model_parameter_slots"]
+__all__ = ["check_checkpoint", "model_parameter_slots", "read_checked"]
 
 #: No tensor ONNX Runtime can hold has this many elements (its sizes are int64).
 _MAX_ELEMENTS = 2**62
@@ -295,3 +295,29 @@ def check_checkpoint(
     finally:
         reader.close()
     return reader.parsed
+
+
+def read_checked(
+    path_to_checkpoint: str | os.PathLike, model: onnx.ModelProto | None, model_name: str = ""
+) -> tuple[_format.ParsedCheckpoint, Checkpoint]:
+    """Check a checkpoint as :func:`check_checkpoint` does and return its metadata and values,
+    from one read of the file.
+
+    Inline tensors are read-only views of the mapped file (no page is read until a value is
+    used); external ones are read-only memory maps of the ``.data`` file.
+
+    Args:
+        path_to_checkpoint: The checkpoint file.
+        model: The model it is used with (see :func:`check_checkpoint`), or None.
+        model_name: How messages name the model (``the model 'training_model.onnx'``).
+
+    Raises:
+        As :func:`check_checkpoint`.
+    """
+    reader = _Reader(path_to_checkpoint)
+    _check_file(reader)
+    if model is not None:
+        _check_against(
+            reader, model_parameter_slots(model), model_name or f"the model '{model.graph.name}'"
+        )
+    return reader.parsed, checkpoint_of(reader, copy=False)

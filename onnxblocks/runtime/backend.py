@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.runtime import _ort
 from onnxblocks.runtime.layout import ArtifactFiles
+
+if TYPE_CHECKING:
+    from onnxblocks.runtime.artifact_set import CheckpointRead
 
 BackendName = Literal["training", "portable"]
 #: What ``TrainingSession(backend=...)`` accepts.
@@ -103,13 +106,18 @@ class Backend(Protocol):
         """Write the checkpoint file ``path`` (and its ``.data`` companion when large)."""
         ...
 
-    def load(self, checkpoint: Path) -> None:
-        """Replace parameters, optimizer state and properties with a checkpoint's."""
+    def load(self, checkpoint: CheckpointRead) -> None:
+        """Replace parameters, optimizer state and properties with those of a checkpoint read
+        (and checked against the models) by the session's
+        :class:`~onnxblocks.runtime.artifact_set.ArtifactSet`.
+        """
         ...
 
 
-def select_backend(requested: str, files: ArtifactFiles) -> BackendName:
-    """The backend to run ``files`` with.
+def select_backend(
+    requested: str, files: ArtifactFiles, portable: bool | None = None
+) -> BackendName:
+    """The backend to run ``files`` with (``portable``: whether they are, when already read).
 
     ``"auto"`` runs portable artifacts on the portable backend (on any
     onnxruntime) and other artifacts on the training build.
@@ -120,7 +128,8 @@ def select_backend(requested: str, files: ArtifactFiles) -> BackendName:
     """
     if requested not in BACKEND_CHOICES:
         raise InvalidValueError(f"backend must be one of {BACKEND_CHOICES}, got {requested!r}.")
-    portable = files.portable
+    if portable is None:
+        portable = files.portable
     if portable:
         if requested == "training":
             raise InvalidValueError(

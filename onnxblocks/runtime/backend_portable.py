@@ -25,6 +25,7 @@ Runtime's layout (optimizer group ``group0``, moments ``momentum0`` /
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,51 +43,26 @@ from onnxblocks._core.contracts import (
     checkpoint_moment_name,
     gradient_name,
     state_names,
-    updated_name,
 )
 from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateError, preview
-from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoint
+from onnxblocks.checkpoint import Checkpoint, OptimizerState, save_checkpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
+from onnxblocks.runtime.artifact_set import ArtifactSet, CheckpointRead
 from onnxblocks.runtime.backend import BackendName
-from onnxblocks.runtime.consistency import check_artifact_set, load_error
 from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.portable_bindings import BufferBindings, PortableModel
 
 
-class _Model:
-    """One InferenceSession, its C session (the hot path calls it directly) and its signature."""
-
-    def __init__(self, source: str | bytes, options: Any, providers: list[str], what: str) -> None:
-        ort = _ort.onnxruntime()
-        try:
-            self.session = ort.InferenceSession(source, sess_options=options, providers=providers)
-        except Exception as exc:
-            raise load_error(ort.__version__, what, source, _ort.clean_message(exc)) from None
-        self.run = self.session._sess.run_with_iobinding
-        self.what = what
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        #: outputs whose shape is not fixed (it may follow the batch): bound afresh when the batch's
-        #: shapes change
-        self.dynamic = frozenset(
-            o.name
-            for o in self.session.get_outputs()
-            if o.shape is None or not all(isinstance(d, int) for d in o.shape)
-        )
-
-    def binding(self) -> Any:
-        return _ort.capi().SessionIOBinding(self.session._sess)
-
-
-class PortableBackend:
+class PortableBackend(BufferBindings):
     """Portable artifacts on any onnxruntime, state bound with IOBinding (see the module
     docstring).
     """
 
     name: BackendName = "portable"
 
-    def __init__(self, files: ArtifactFiles, checkpoint: Path, device: str, options: Any) -> None:
-        self.files = files
+    def __init__(self, artifacts: ArtifactSet, device: str, options: Any) -> None:
+        files = self.files = artifacts.files
         self._C = _ort.capi()
         providers = _ort.providers(device)
         self._device = _ort.make_device(device)
@@ -97,25 +73,16 @@ class PortableBackend:
         options = options or _ort.session_options(prepack=not frozen, frozen_base=frozen)
         self._run_options = _ort.run_options()
         self._keep: list[np.ndarray] = []  # numpy memory that CPU OrtValues share
-        ck = _read(checkpoint)
+        # the models fit the checkpoint and each other: the artifact set checked them
+        checkpoint = artifacts.checkpoint.path
+        ck = _values(artifacts.checkpoint)
         self._trainable, self._frozen = sorted(ck.trainable), sorted(ck.frozen)
         self._specs = {
             n: (a.dtype, tuple(a.shape)) for n, a in (*ck.trainable.items(), *ck.frozen.items())
         }
-        # every model against the checkpoint and the others, from their structure, before ONNX
-        # Runtime loads them
-        check_artifact_set(files, dict(self._specs), self._trainable, checkpoint, portable=True)
-        self._train = _Model(os.fspath(files.training_model), options, providers, "training model")
-        inputs = set(self._train.inputs)
-        missing = [n for n in self._trainable if n not in inputs or buffer_name(n) not in inputs]
-        if missing:
-            raise InvalidValueError(
-                f"Checkpoint '{checkpoint}' holds trainable parameters {preview(missing)} that "
-                "the training model "
-                f"'{files.training_model}' does not take (with their gradient buffers). Load a "
-                "checkpoint saved from "
-                "these artifacts."
-            )
+        self._train = PortableModel(
+            os.fspath(files.training_model), options, providers, "training model"
+        )
         special = {
             *self._trainable,
             *self._frozen,
@@ -126,20 +93,20 @@ class PortableBackend:
         self.train_inputs = [n for n in self._train.inputs if n not in special]
         self.train_outputs = [n for n in self._train.outputs if n not in accumulated]
         self._eval = (
-            _Model(os.fspath(files.eval_model), options, providers, "eval model")
+            PortableModel(os.fspath(files.eval_model), options, providers, "eval model")
             if files.eval_model
             else None
         )
         self.eval_inputs = [n for n in self._eval.inputs if n not in special] if self._eval else []
         self.eval_outputs = list(self._eval.outputs) if self._eval else []
         self._fused = (
-            _Model(os.fspath(files.step_model), options, providers, "step model")
+            PortableModel(os.fspath(files.step_model), options, providers, "step model")
             if files.step_model
             else None
         )
         self.has_fused_step = self._fused is not None
         self._optimizer = (
-            _Model(os.fspath(files.optimizer_model), options, providers, "optimizer model")
+            PortableModel(os.fspath(files.optimizer_model), options, providers, "optimizer model")
             if files.optimizer_model is not None
             else None
         )
@@ -194,19 +161,9 @@ class PortableBackend:
         self._initial_lr = DEFAULT_LEARNING_RATE
         self._apply(ck, checkpoint, first=True)
 
-    def _value(self, array: np.ndarray) -> Any:
-        self._keep.append(array)
-        return self._C.OrtValue.ortvalue_from_numpy(array, self._device)
-
-    def _pair(self, initial: np.ndarray) -> tuple[Any, Any]:
-        # both hold the value: a moment no model updates (SGD's) is read from either
-        return self._value(np.array(initial, copy=True, order="C")), self._value(
-            np.array(initial, copy=True, order="C")
-        )
-
     # ------------------------------------------------------------- loading
-    def load(self, checkpoint: Path) -> None:
-        self._apply(_read(checkpoint), checkpoint, first=False)
+    def load(self, checkpoint: CheckpointRead) -> None:
+        self._apply(_values(checkpoint), checkpoint.path, first=False)
 
     def _apply(self, ck: Any, checkpoint: Path, first: bool) -> None:
         """Take parameters, optimizer state and properties from a read checkpoint."""
@@ -261,89 +218,6 @@ class PortableBackend:
                     f"{list(array.shape)}, but the session's "
                     f"is {dtype} {list(shape)}. Load a checkpoint saved from these artifacts."
                 )
-
-    # ------------------------------------------------------------ bindings
-    def _binding(self, kind: str) -> Any:
-        """The binding of model ``kind`` for the current buffer parities, made on first use."""
-        key = (kind, self._pp, self._gp if kind in ("train", "optimizer") else 0)
-        binding = self._bindings.get(key)
-        if binding is None:
-            binding = self._bindings[key] = self._bind(kind, key[1], key[2])
-        return binding
-
-    def _bind(self, kind: str, pp: int, gp: int) -> Any:
-        model = {
-            "train": self._train,
-            "eval": self._eval,
-            "optimizer": self._optimizer,
-            "step": self._fused,
-        }[kind]
-        assert model is not None
-        binding = model.binding()
-        user_outputs = {
-            "train": self.train_outputs,
-            "eval": self.eval_outputs,
-            "step": self.train_outputs,
-        }
-        for name in user_outputs.get(kind, ()):
-            binding.bind_output(name, self._cpu)  # first: get_outputs() starts with them
-        inputs = set(model.inputs)
-        bind_in, bind_out = binding.bind_ortvalue_input, binding.bind_ortvalue_output
-        for name, value in self._scalars.items():
-            if name in inputs:
-                bind_in(name, value)
-        for name, value in self._f.items():
-            if name in inputs:
-                bind_in(name, value)
-        outputs = set(model.outputs)
-        for name in self._trainable:
-            bind_in(name, self._p[name][pp])
-            if kind == "train":
-                bind_in(buffer_name(name), self._g[name][gp])
-                bind_out(accumulated_name(name), self._g[name][1 - gp])
-            if kind == "optimizer":
-                bind_in(gradient_name(name), self._g[name][gp])
-            if kind in ("step", "optimizer"):
-                bind_out(updated_name(name), self._p[name][1 - pp])
-                for k, moment in enumerate(state_names(name, self._moments)):
-                    if (
-                        moment in inputs
-                    ):  # (SGD keeps a moment for ONNX Runtime's checkpoints, but updates none)
-                        bind_in(moment, self._m[(name, k)][pp])
-                    if updated_name(moment) in outputs:
-                        bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
-        return binding
-
-    def _run(
-        self,
-        model: _Model,
-        binding: Any,
-        names: Sequence[str],
-        arrays: Sequence[Any],
-        user_outputs: Sequence[str],
-    ) -> tuple:
-        for name, array in zip(names, arrays, strict=True):
-            binding.bind_input(name, array)
-        count = len(user_outputs)
-        if count and not model.dynamic.isdisjoint(user_outputs):
-            # A binding keeps its output tensors and writes the next run into them: an output whose
-            # shape follows
-            # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the
-            # batch's shapes
-            # change, so ONNX Runtime allocates it in the new shape.
-            shapes = tuple(getattr(a, "shape", None) for a in arrays)
-            if self._batch_shapes.get(id(binding), shapes) != shapes:
-                for name in user_outputs:
-                    binding.bind_output(name, self._cpu)
-            self._batch_shapes[id(binding)] = shapes
-        try:
-            model.run(binding, self._run_options)
-        except Exception as exc:
-            raise _ort.run_error(exc, f"the {model.what}") from None
-        outputs = binding.get_outputs()
-        # copies: the binding keeps its output tensors and the next run with it writes into them
-        # again
-        return tuple(np.array(outputs[i].numpy()) for i in range(count))
 
     # --------------------------------------------------------------- steps
     def train_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
@@ -457,7 +331,7 @@ class PortableBackend:
         )
 
 
-def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:
+def _refuse_sequences(model: PortableModel, files: ArtifactFiles) -> None:
     """Refuse an optimizer model of the first portable layout (tensor-sequence inputs), saying how
     to regenerate.
 
@@ -479,15 +353,19 @@ def _refuse_sequences(model: _Model, files: ArtifactFiles) -> None:
         )
 
 
-def _read(checkpoint: Path) -> Any:
-    ck = load_checkpoint(checkpoint)
+def _values(read: CheckpointRead) -> Checkpoint:
+    """The values of a checkpoint the artifact set read, its extras (a weight average's tensors,
+    which the session reads and writes: runtime/checkpoint_extras.py) left out.
+
+    Raises:
+        InvalidValueError: for a nominal checkpoint (names without values).
+    """
+    ck = read.contents()
     if ck.is_nominal:
         raise InvalidValueError(
-            f"Checkpoint '{checkpoint}' is nominal (parameter names without values); the "
-            "portable backend trains "
-            "from values. Pass the complete checkpoint generate_artifacts wrote."
+            f"Checkpoint '{read.path}' is nominal (parameter names without values); the "
+            "portable backend trains from values. Pass the complete checkpoint "
+            "generate_artifacts wrote."
         )
-    # a weight EMA's tensors are no model parameters: the session reads and writes them
-    # (runtime/ema.py)
-    ck.frozen = {n: v for n, v in ck.frozen.items() if not n.startswith(EXTRA_PREFIX)}
-    return ck
+    frozen = {n: v for n, v in ck.frozen.items() if not n.startswith(EXTRA_PREFIX)}
+    return dataclasses.replace(ck, frozen=frozen)

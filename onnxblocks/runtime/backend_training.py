@@ -20,9 +20,8 @@ import onnx
 from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
+from onnxblocks.runtime.artifact_set import ArtifactSet, CheckpointRead
 from onnxblocks.runtime.backend import BackendName
-from onnxblocks.runtime.consistency import check_artifact_set
-from onnxblocks.runtime.layout import ArtifactFiles
 from onnxblocks.runtime.optimizer_driver import StandardOptimizerDriver, standard_optimizer_order
 
 
@@ -40,8 +39,9 @@ class TrainingBuildBackend:
 
     name: BackendName = "training"
 
-    def __init__(self, files: ArtifactFiles, checkpoint: Path, device: str, options: Any) -> None:
-        self.files = files
+    def __init__(self, artifacts: ArtifactSet, device: str, options: Any) -> None:
+        files = self.files = artifacts.files
+        self._optimizer_model = artifacts.optimizer
         self._C = _ort.require_training_build(f"Training the artifacts in '{files.directory}'")
         self._device = _ort.make_device(device)
         frozen = (
@@ -52,11 +52,12 @@ class TrainingBuildBackend:
         )
         self._state: Any = None
         self.has_fused_step = False
-        self.load(checkpoint)
+        self.load(artifacts.checkpoint)
 
     # ------------------------------------------------------------- loading
-    def load(self, checkpoint: Path) -> None:
-        C = self._C
+    def load(self, read: CheckpointRead) -> None:
+        # the models fit the checkpoint and each other: the artifact set checked them
+        C, checkpoint = self._C, read.path
         try:
             state = C.load_checkpoint(os.fspath(checkpoint))
         except RuntimeError as exc:
@@ -75,7 +76,6 @@ class TrainingBuildBackend:
                     "the session has "
                     f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
                 )
-        _check_models(self.files, state, checkpoint)
         eval_path = os.fspath(self.files.eval_model) if self.files.eval_model else None
         try:
             module = C.Module(
@@ -90,12 +90,18 @@ class TrainingBuildBackend:
             ) from None
         optimizer: Any = None
         if self.files.optimizer_model is not None:
-            order = standard_optimizer_order(self.files.optimizer_model)
+            model = self._optimizer_model.model if self._optimizer_model is not None else None
+            order = standard_optimizer_order(self.files.optimizer_model, model)
             if (
                 order is not None
             ):  # an optimizer in standard ops: the runtime drives it (optimizer_driver.py)
                 optimizer = StandardOptimizerDriver(
-                    self.files.optimizer_model, order, state, checkpoint, C
+                    self.files.optimizer_model,
+                    order,
+                    state,
+                    checkpoint,
+                    C,
+                    read.contents().optimizer_state,
                 )
             else:
                 optimizer = C.Optimizer(
@@ -222,24 +228,3 @@ class TrainingBuildBackend:
         self._C.save_checkpoint(self._state, os.fspath(path), ort_state)
         if driver is not None and include_optimizer_state:
             driver.add_state(path)
-
-
-def _check_models(files: ArtifactFiles, state: Any, checkpoint: Path) -> None:
-    """The training and eval models against the checkpoint's parameters (names, dtypes, shapes) and
-    each other.
-
-    Raises:
-        CheckpointMismatchError, InvalidValueError: naming the file and the parameter or input.
-    """
-    params: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-    trainable: list[str] = []
-    for name in sorted(state.parameter_names()):
-        parameter = state.get_parameter(name)
-        data = parameter.data  # its element type and shape, not its values: no copy
-        params[name] = (
-            np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data.element_type())),
-            tuple(data.shape()),
-        )
-        if parameter.requires_grad:
-            trainable.append(name)
-    check_artifact_set(files, params, trainable, checkpoint, portable=False)

@@ -1,7 +1,7 @@
 """Callbacks of :func:`onnxblocks.runtime.fit`: metrics, checkpoints, early stopping.
 
 A callback subclasses :class:`Callback` and overrides the hooks it needs. Every
-hook gets the :class:`~onnxblocks.runtime.fit.FitRun` (session, history, epoch,
+hook gets the :class:`~onnxblocks.runtime.fit_state.FitRun` (session, history, epoch,
 ``stop_training`` flag ...). Metrics are callbacks that read the eval outputs
 and write their result into the epoch's logs::
 
@@ -22,7 +22,7 @@ from onnxblocks._core.errors import InvalidIndexError, InvalidValueError, Unknow
 from onnxblocks._core.paths import as_path, check_output_file
 
 if TYPE_CHECKING:
-    from onnxblocks.runtime.fit import FitRun
+    from onnxblocks.runtime.fit_state import FitRun
 
 
 class Callback:

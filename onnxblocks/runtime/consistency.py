@@ -23,21 +23,12 @@ A mismatch raises :class:`~onnxblocks.errors.CheckpointMismatchError` (a file
 against the checkpoint) or :class:`~onnxblocks.errors.InvalidValueError` (two
 models against each other) naming the file and the parameter or input.
 ORT-format models (``.ort``) cannot be read here and are not checked.
-
-:func:`load_error` words the error for a portable model the installed
-onnxruntime cannot load (naming the op without a kernel).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-
-import numpy as np
-import onnx
-from onnx import helper
 
 from onnxblocks._core.contracts import (
     LAZY_RESET_GRAD,
@@ -49,138 +40,12 @@ from onnxblocks._core.contracts import (
     state_names,
     updated_name,
 )
-from onnxblocks._core.errors import (
-    CheckpointMismatchError,
-    FileMissingError,
-    InvalidValueError,
-    PortabilityError,
-    preview,
-)
-from onnxblocks._core.weights import external_info, external_source, load_structure
+from onnxblocks._core.errors import CheckpointMismatchError, InvalidValueError, preview
 from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.signature import Signature, Spec, describe, fits, read_signature
 
-Dims = tuple[int | str | None, ...]
-#: Element type (numpy) and dims of a tensor; either is None when unknown.
-Spec = tuple[np.dtype | None, Dims | None]
-
-#: Initializers of at least this many bytes are not read: only names, types and shapes matter here.
-_SKIP_BYTES = 256
-
-
-@dataclass(frozen=True)
-class Signature:
-    """The graph inputs and outputs of one model file, in order.
-
-    Attributes:
-        path: The model file.
-        what: ``"training model"``, ``"eval model"``...: for messages.
-        inputs: Name -> (numpy dtype, dims) of each graph input.
-        outputs: Name -> (numpy dtype, dims) of each graph output.
-    """
-
-    path: Path
-    what: str
-    inputs: dict[str, Spec]
-    outputs: dict[str, Spec]
-
-    @property
-    def label(self) -> str:
-        """``the training model '<path>'``."""
-        return f"the {self.what} '{self.path}'"
-
-    @property
-    def title(self) -> str:
-        """``The training model '<path>'``, to start a sentence."""
-        return f"The {self.what} '{self.path}'"
-
-
-def read_signature(path: Path | None, what: str) -> Signature | None:
-    """The inputs and outputs of an ``.onnx`` file (its weights are not read); None for none or
-    an ``.ort`` file.
-    """
-    if path is None or path.suffix != ".onnx":
-        return None
-    graph = load_structure(path, _SKIP_BYTES).graph
-    check_external_data(path, graph, what)
-    return Signature(path, what, _specs(graph.input), _specs(graph.output))
-
-
-def check_external_data(path: Path, graph: onnx.GraphProto, what: str) -> None:
-    """Check every external-data reference of ``graph`` (the model ``path``) before ONNX Runtime
-    reads it.
-
-    The frozen base weights an artifact set shares (``base_weights.bin``) and each
-    model's own ``.data`` file are found relative to the model's directory; each
-    reference must stay inside it and its offset and length must lie inside the
-    file and match the tensor's dims. Only file sizes are read, never the bytes.
-
-    Raises:
-        InvalidValueError: for a location outside the directory, an offset or length
-            past the end of the file or other than the dims need, naming the model,
-            the tensor and the data file.
-        FileMissingError: for a data file that does not exist.
-    """
-    for init in graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        if external_info(init).get("location") == path.name:
-            # a large inline tensor of the model file itself (load_structure's reference), already
-            # bounded
-            continue
-        try:
-            external_source(init, path.parent)
-        except (InvalidValueError, FileMissingError) as exc:
-            where = external_info(init).get("location", "")
-            raise type(exc)(
-                f"The {what} '{path}' cannot be loaded (its tensor '{init.name}' in {where!r}): "
-                f"{exc}"
-            ) from None
-
-
-def _specs(value_infos: object) -> dict[str, Spec]:
-    out: dict[str, Spec] = {}
-    for vi in value_infos:  # type: ignore[attr-defined]
-        if vi.type.WhichOneof("value") != "tensor_type":
-            out[vi.name] = (None, None)
-            continue
-        tensor = vi.type.tensor_type
-        dtype = (
-            np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
-            if tensor.elem_type
-            else None
-        )
-        dims: Dims | None = None
-        if tensor.HasField("shape"):
-            dims = tuple(
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in tensor.shape.dim
-            )
-        out[vi.name] = (dtype, dims)
-    return out
-
-
-def _describe(spec: Spec) -> str:
-    dtype, dims = spec
-    kind = str(dtype) if dtype is not None else "any dtype"
-    if dims is None:
-        return f"{kind} of any shape"
-    return f"{kind} [{', '.join('?' if d is None else str(d) for d in dims)}]"
-
-
-def _fits(want: Spec, have: Spec) -> bool:
-    """False only when two specs certainly differ: element type, rank, or two static dims."""
-    (want_dtype, want_dims), (have_dtype, have_dims) = want, have
-    if want_dtype is not None and have_dtype is not None and want_dtype != have_dtype:
-        return False
-    if want_dims is None or have_dims is None:
-        return True
-    if len(want_dims) != len(have_dims):
-        return False
-    pairs = zip(want_dims, have_dims, strict=True)
-    return not any(
-        isinstance(w, int) and isinstance(h, int) and w and h and w != h for w, h in pairs
-    )
-
+#: Reads the signature of a model file (``path``, ``what``), or None without one.
+SignatureReader = Callable[[Path | None, str], Signature | None]
 
 _REGENERATE = (
     "The files of an artifact directory must come from one generate_artifacts run: copy the "
@@ -207,14 +72,14 @@ class _Checker:
             raise CheckpointMismatchError(
                 f"{sig.title} does not fit checkpoint '{self.checkpoint}': it does not "
                 f"{direction} {role} "
-                f"'{name}' of parameter '{param}' ({_describe(want)}), which the checkpoint "
+                f"'{name}' of parameter '{param}' ({describe(want)}), which the checkpoint "
                 f"trains. {_REGENERATE}"
             )
-        if not _fits(want, have):
+        if not fits(want, have):
             raise CheckpointMismatchError(
                 f"{sig.title} does not fit checkpoint '{self.checkpoint}': parameter '{param}' "
-                f"is {_describe(want)} in "
-                f"the checkpoint, but the model's {role} '{name}' is {_describe(have)}. "
+                f"is {describe(want)} in "
+                f"the checkpoint, but the model's {role} '{name}' is {describe(have)}. "
                 f"{_REGENERATE}"
             )
 
@@ -225,6 +90,7 @@ def check_artifact_set(
     trainable: Collection[str],
     checkpoint: Path,
     portable: bool,
+    read: SignatureReader = read_signature,
 ) -> None:
     """Check the models of ``files`` against the checkpoint's parameters and against each other.
 
@@ -234,6 +100,8 @@ def check_artifact_set(
         trainable: The trainable ones.
         checkpoint: The checkpoint's path, for messages.
         portable: Portable artifacts (explicit buffers, per-tensor optimizer, step model).
+        read: Reads a model's signature (default: from its file; an
+            :class:`~onnxblocks.runtime.artifact_set.ArtifactSet` hands those it read).
 
     Raises:
         CheckpointMismatchError: a model does not take (or return) a parameter, or takes it
@@ -243,7 +111,7 @@ def check_artifact_set(
     check = _Checker(params, checkpoint)
     trained = set(trainable)
     trainable, frozen = [p for p in params if p in trained], [p for p in params if p not in trained]
-    training = read_signature(files.training_model, "training model")
+    training = read(files.training_model, "training model")
     user_inputs: dict[str, Spec] | None = None
     user_outputs: list[str] | None = None
     if training is not None:
@@ -262,17 +130,17 @@ def check_artifact_set(
         user_inputs = {n: s for n, s in training.inputs.items() if n not in special}
         accumulated = set(map(accumulated_name, trainable))
         user_outputs = [n for n in training.outputs if n not in accumulated]
-    _check_eval(check, read_signature(files.eval_model, "eval model"), training, user_inputs)
+    _check_eval(check, read(files.eval_model, "eval model"), training, user_inputs)
     if not portable:
         return
-    optimizer = read_signature(files.optimizer_model, "optimizer model")
+    optimizer = read(files.optimizer_model, "optimizer model")
     if optimizer is not None and any(s[0] is None for s in optimizer.inputs.values()):
         optimizer = (
             None  # the sequence form of the first portable layout: the backend refuses it by name
         )
     if optimizer is not None:
         _check_updates(check, optimizer, trainable, gradients=True)
-    step = read_signature(files.step_model, "step model")
+    step = read(files.step_model, "step model")
     if step is not None:
         _check_updates(check, step, trainable, gradients=False)
         first = trainable[0] if trainable else None
@@ -310,17 +178,17 @@ def _check_eval(
             want = user_inputs.get(name)
             if want is None:
                 raise InvalidValueError(
-                    f"{sig.title} takes input '{name}' ({_describe(spec)}), which is neither a "
+                    f"{sig.title} takes input '{name}' ({describe(spec)}), which is neither a "
                     "parameter of checkpoint "
                     f"'{check.checkpoint}' nor an input of {training.label} "
                     f"({preview(list(user_inputs))}): it "
                     f"belongs to another model. {_REGENERATE}"
                 )
-            if not _fits(want, spec):
+            if not fits(want, spec):
                 raise InvalidValueError(
-                    f"{sig.title} takes input '{name}' as {_describe(spec)}, but "
+                    f"{sig.title} takes input '{name}' as {describe(spec)}, but "
                     f"{training.label} takes it as "
-                    f"{_describe(want)}. {_REGENERATE}"
+                    f"{describe(want)}. {_REGENERATE}"
                 )
 
 
@@ -377,11 +245,11 @@ def _check_step_user_values(
             f"{preview(list(user_inputs))}: the two come from different models. {_REGENERATE}"
         )
     for name, spec in step_inputs.items():
-        if not _fits(user_inputs[name], spec):
+        if not fits(user_inputs[name], spec):
             raise InvalidValueError(
-                f"{step.title} takes input '{name}' as {_describe(spec)}, but {training.label} "
+                f"{step.title} takes input '{name}' as {describe(spec)}, but {training.label} "
                 "takes it as "
-                f"{_describe(user_inputs[name])}. {_REGENERATE}"
+                f"{describe(user_inputs[name])}. {_REGENERATE}"
             )
     if list(step.outputs)[: len(user_outputs)] != user_outputs:
         raise InvalidValueError(
@@ -389,40 +257,3 @@ def _check_step_user_values(
             f"{training.label} "
             f"returns {preview(user_outputs)}: the two come from different models. {_REGENERATE}"
         )
-
-
-#: How ONNX Runtime says it has no kernel for a node (its two wordings), capturing the op and the
-#: node.
-_NO_KERNEL = re.compile(
-    r"(?:Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'"
-    r"|Failed to find kernel for (\w+)\(\d+\) \(node:'([^']*)')"
-)
-
-
-def load_error(version: str, what: str, source: str | bytes, message: str) -> PortabilityError:
-    """The error for a portable model this onnxruntime cannot load, naming the op without a kernel
-    when it is one.
-
-    The artifacts are portable already: regenerating them the same way would not help.
-    """
-    where = f" '{source}'" if isinstance(source, str) else ""
-    match = _NO_KERNEL.search(message)
-    if match is None:
-        return PortabilityError(
-            f"onnxruntime {version} cannot load the {what}{where}: {message}. The file is not a "
-            "model of these "
-            "portable artifacts, or it is damaged: regenerate the artifacts "
-            "(generate_artifacts(..., portable=True))."
-        )
-    op_type, node = (
-        (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-    )
-    return PortabilityError(
-        f"onnxruntime {version} has no kernel for {op_type} (node '{node}') of the "
-        f"{what}{where}, for the element "
-        f"types these portable artifacts use ({message}). Generation refuses the options it "
-        "knows ONNX Runtime "
-        "cannot run (docs/losses.md, 'Loss options and dtypes'); for this one, use float32 "
-        "values for the part of "
-        "the model around that node, or train on the training build (portable=False)."
-    )

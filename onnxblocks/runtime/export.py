@@ -274,12 +274,18 @@ def forward_outputs_hint(eval_model: Path | None) -> list[str]:
     if eval_model is None or eval_model.suffix != ".onnx":
         return []
     model = load_model(eval_model)
-    for prop in model.metadata_props:
-        if prop.key == FORWARD_OUTPUTS_METADATA:
-            try:
-                names = json.loads(prop.value)
-            except ValueError:
-                names = [n for n in prop.value.split(",") if n]
-            if isinstance(names, list) and all(isinstance(n, str) for n in names):
-                return names
+    return forward_outputs_of({p.key: p.value for p in model.metadata_props})
+
+
+def forward_outputs_of(metadata: Mapping[str, str]) -> list[str]:
+    """The forward output names a model's metadata records (see :func:`forward_outputs_hint`)."""
+    value = metadata.get(FORWARD_OUTPUTS_METADATA)
+    if value is None:
+        return []
+    try:
+        names = json.loads(value)
+    except ValueError:
+        names = [n for n in value.split(",") if n]
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        return names
     return []

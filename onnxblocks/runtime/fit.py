@@ -5,7 +5,7 @@ Example:
     >>> train = ArrayBatches((x, y), batch_size=32, seed=0)
     >>> val = ArrayBatches((x_val, y_val), batch_size=256, shuffle=False)
     >>> history = fit(session, train, epochs=20, eval_data=val, callbacks=[Accuracy()],
-    ...               scheduler=CosineSchedule(1e-2, total_steps=20 * len(train)))
+    ...               scheduler=CosineAnnealingLR(1e-2, T_max=20 * len(train)))
     >>> history.losses[-1], history.metric("accuracy")[-1]
 
 With ``accumulation_steps=1`` (the default) each batch is one
@@ -25,8 +25,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,112 +32,17 @@ import numpy as np
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.runtime.callbacks import Callback
 from onnxblocks.runtime.data import ArrayBatches, as_batch, batch_rows, batches_left, is_iterable
-from onnxblocks.runtime.lr_schedulers import ReduceLROnPlateau
+from onnxblocks.runtime.fit_state import (
+    DATA_PROPERTY,
+    FitRun,
+    History,
+    is_main_process,
+)
 from onnxblocks.runtime.progress import ProgressBar
-from onnxblocks.runtime.schedulers import Schedule
+from onnxblocks.runtime.schedules import ReduceLROnPlateau, Schedule
 from onnxblocks.runtime.session import TrainingSession
 
-#: Checkpoint property with the training data's state (``ArrayBatches.state_dict()``).
-DATA_PROPERTY = "onnxblocks.data"
-#: Checkpoint property with the schedule's settings (``Schedule.state_dict()``).
-SCHEDULE_PROPERTY = "onnxblocks.schedule"
-
-
-@dataclass
-class History:
-    """What :func:`fit` recorded.
-
-    Attributes:
-        losses: The loss of every ``train_step`` (micro-batch), in order.
-        learning_rates: The learning rate of every optimizer step.
-        epochs: One dict per epoch: ``epoch`` (1-based), ``loss`` (mean train
-            loss), ``eval_loss`` and metrics when there was an eval pass.
-        epoch_ends: For each epoch, ``len(losses)`` when it ended (to place
-            per-epoch values on a per-step axis).
-        steps: Optimizer steps taken by this ``fit`` call.
-        samples: Training rows processed by this ``fit`` call.
-        seconds: Wall time of this ``fit`` call.
-    """
-
-    losses: list[float] = field(default_factory=list)
-    learning_rates: list[float] = field(default_factory=list)
-    epochs: list[dict[str, float]] = field(default_factory=list)
-    epoch_ends: list[int] = field(default_factory=list)
-    steps: int = 0
-    samples: int = 0
-    seconds: float = 0.0
-
-    def metric(self, name: str) -> list[float]:
-        """The per-epoch values of ``name`` (``"loss"``, ``"eval_loss"``, ``"accuracy"`` ...).
-
-        Raises:
-            KeyError: if no epoch logged ``name``.
-        """
-        values = [e[name] for e in self.epochs if name in e]
-        if not values:
-            known = sorted({k for e in self.epochs for k in e})
-            raise UnknownNameError(f"No epoch logged '{name}'. Logged: {known}.")
-        return values
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-encodable copy."""
-        return {
-            "losses": list(self.losses),
-            "learning_rates": list(self.learning_rates),
-            "epochs": [dict(e) for e in self.epochs],
-            "epoch_ends": list(self.epoch_ends),
-            "steps": self.steps,
-            "samples": self.samples,
-            "seconds": self.seconds,
-        }
-
-
-@dataclass
-class FitRun:
-    """The state of a running :func:`fit`, given to every callback hook.
-
-    Attributes:
-        session: The training session.
-        history: The history being recorded.
-        train_data: The training data.
-        epochs: The epoch to train up to.
-        epoch: The current epoch (0-based).
-        scheduler: The learning-rate schedule, or None.
-        stop_training: Set to True in a callback to stop after the current batch.
-    """
-
-    session: TrainingSession
-    history: History
-    train_data: Any
-    epochs: int
-    epoch: int = 0
-    scheduler: Schedule | ReduceLROnPlateau | None = None
-    stop_training: bool = False
-
-    def save_checkpoint(
-        self, path: str | os.PathLike, include_optimizer_state: bool = True
-    ) -> Path:
-        """Save a checkpoint that :func:`resume` continues exactly (data and schedule state
-        included).
-
-        In data-parallel training only rank 0 writes it (the others return the path).
-        """
-        if not is_main_process(self.session):
-            return Path(path)
-        state_dict = getattr(self.train_data, "state_dict", None)
-        values: dict[str, Any] = {
-            # None overwrites what a checkpoint this session was resumed from said
-            DATA_PROPERTY: state_dict() if callable(state_dict) else None,
-            SCHEDULE_PROPERTY: self.scheduler.state_dict() if self.scheduler is not None else None,
-        }
-        return self.session._save(Path(path), include_optimizer_state, values)
-
-
-def is_main_process(session: TrainingSession) -> bool:
-    """False on the ranks other than 0 of data-parallel training
-    (``session.gradient_reducer.rank``).
-    """
-    return int(getattr(session.gradient_reducer, "rank", 0)) == 0
+__all__ = ["FitRun", "History", "evaluate", "fit", "is_main_process", "resume"]
 
 
 def fit(
@@ -166,9 +69,9 @@ def fit(
         callbacks: :class:`~onnxblocks.runtime.callbacks.Callback` objects, e.g.
             ``Accuracy()`` or ``SaveCheckpoint(path)``.
         accumulation_steps: Batches whose gradients are summed into one optimizer step.
-        scheduler: A learning-rate :class:`~onnxblocks.runtime.schedulers.Schedule`;
+        scheduler: A learning-rate :class:`~onnxblocks.runtime.schedules.Schedule`;
             it sets ``session.learning_rate = scheduler(session.step)`` before each
-            optimizer step. A :class:`~onnxblocks.runtime.lr_schedulers.ReduceLROnPlateau`
+            optimizer step. A :class:`~onnxblocks.runtime.schedules.ReduceLROnPlateau`
             instead sets its rate, and is stepped with its ``monitor`` metric (``eval_loss``
             by default, or the epoch's training ``loss``) at the end of each epoch.
             None keeps the session's learning rate.

@@ -35,17 +35,18 @@ from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoi
 from onnxblocks.runtime import _ort
 
 
-def standard_optimizer_order(path: Path) -> list[str] | None:
+def standard_optimizer_order(path: Path, model: onnx.ModelProto | None = None) -> list[str] | None:
     """The parameter order of an optimizer model in standard ops, or None for ONNX Runtime's own
     optimizer models.
 
     Raises:
         InvalidValueError: for an unreadable model or metadata.
     """
-    try:
-        model = onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as exc:
-        raise InvalidValueError(f"Cannot read the optimizer model '{path}': {exc}") from None
+    if model is None:  # (an artifact set hands the model it read)
+        try:
+            model = onnx.load(os.fspath(path), load_external_data=False)
+        except Exception as exc:
+            raise InvalidValueError(f"Cannot read the optimizer model '{path}': {exc}") from None
     meta = next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA), None)
     if meta is None:
         return None
@@ -68,10 +69,19 @@ class StandardOptimizerDriver:
         order: Its parameters, in the order of its ``params`` sequence.
         state: ONNX Runtime's ``CheckpointState``.
         checkpoint: The checkpoint the state was loaded from (its optimizer state is read from it).
+        stored: Its optimizer state, when already read (the file is then not read again).
         C: ONNX Runtime's training bindings.
     """
 
-    def __init__(self, path: Path, order: list[str], state: Any, checkpoint: Path, C: Any) -> None:
+    def __init__(
+        self,
+        path: Path,
+        order: list[str],
+        state: Any,
+        checkpoint: Path,
+        C: Any,
+        stored: OptimizerState | None = None,
+    ) -> None:
         ort = _ort.onnxruntime()
         self._session = ort.InferenceSession(
             os.fspath(path), sess_options=_ort.session_options(), providers=["CPUExecutionProvider"]
@@ -92,13 +102,15 @@ class StandardOptimizerDriver:
         self._moments = {
             n: [np.zeros_like(self._param(n)) for _ in self._state_inputs] for n in order
         }
-        self._read(checkpoint)
+        self._read(checkpoint, stored)
 
     def _param(self, name: str) -> np.ndarray:
         return np.array(self._state.get_parameter(name).data.numpy(), copy=True)
 
-    def _read(self, checkpoint: Path) -> None:
-        group = load_checkpoint(checkpoint).optimizer_state.primary
+    def _read(self, checkpoint: Path, stored: OptimizerState | None) -> None:
+        if stored is None:
+            stored = load_checkpoint(checkpoint).optimizer_state
+        group = stored.primary
         if group is None:
             return
         for name in self._order:

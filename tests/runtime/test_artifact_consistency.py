@@ -208,7 +208,7 @@ def test_a_step_model_of_another_optimizer_is_refused(generations, tmp_path):
 def test_a_portable_model_without_a_kernel_names_the_op_and_does_not_say_regenerate_portable(
     message,
 ):
-    from onnxblocks.runtime.consistency import load_error
+    from onnxblocks.runtime.load_errors import load_error
 
     error = load_error("1.32.0", "training model", "/a/training_model.onnx", message)
     assert isinstance(error, OnnxBlocksError) and isinstance(error, ValueError)

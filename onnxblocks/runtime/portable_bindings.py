@@ -1,0 +1,176 @@
+"""The portable backend's buffers and their IOBindings.
+
+Everything the training loop updates lives in ONNX Runtime as ``OrtValue`` buffers,
+two per tensor (:meth:`BufferBindings._pair`), bound with IOBinding once per (model,
+buffer parity): a run reads one buffer of each pair and writes the other, then the
+parity flips. So a step binds only the batch; no parameter, gradient or moment passes
+through numpy. The learning rate, step and ``lazy_reset_grad`` inputs are one-element
+arrays whose memory the bound ``OrtValue`` shares, updated in place.
+
+:class:`BufferBindings` is the part of
+:class:`~onnxblocks.runtime.backend_portable.PortableBackend` that makes and runs the
+bindings; the backend owns the buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from onnxblocks._core.contracts import (
+    accumulated_name,
+    buffer_name,
+    gradient_name,
+    state_names,
+    updated_name,
+)
+from onnxblocks.runtime import _ort
+from onnxblocks.runtime.load_errors import load_error
+
+
+class PortableModel:
+    """One InferenceSession, its C session (the hot path calls it directly) and its signature."""
+
+    def __init__(self, source: str | bytes, options: Any, providers: list[str], what: str) -> None:
+        ort = _ort.onnxruntime()
+        try:
+            self.session = ort.InferenceSession(source, sess_options=options, providers=providers)
+        except Exception as exc:
+            raise load_error(ort.__version__, what, source, _ort.clean_message(exc)) from None
+        self.run = self.session._sess.run_with_iobinding
+        self.what = what
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        #: outputs whose shape is not fixed (it may follow the batch): bound afresh when the batch's
+        #: shapes change
+        self.dynamic = frozenset(
+            o.name
+            for o in self.session.get_outputs()
+            if o.shape is None or not all(isinstance(d, int) for d in o.shape)
+        )
+
+    def binding(self) -> Any:
+        return _ort.capi().SessionIOBinding(self.session._sess)
+
+
+class BufferBindings:
+    """Making and running the IOBindings of the portable backend's models (see the module
+    docstring).
+    """
+
+    train_outputs: list[str]
+    eval_outputs: list[str]
+    _C: Any
+    _device: Any
+    _cpu: Any
+    _run_options: Any
+    _keep: list[np.ndarray]
+    _train: PortableModel
+    _eval: PortableModel | None
+    _optimizer: PortableModel | None
+    _fused: PortableModel | None
+    _trainable: list[str]
+    _moments: int
+    _scalars: dict[str, Any]
+    _f: dict[str, Any]
+    _p: dict[str, tuple[Any, Any]]
+    _g: dict[str, tuple[Any, Any]]
+    _m: dict[tuple[str, int], tuple[Any, Any]]
+    _pp: int
+    _gp: int
+    _bindings: dict[tuple[str, int, int], Any]
+    _batch_shapes: dict[int, tuple]
+
+    def _value(self, array: np.ndarray) -> Any:
+        self._keep.append(array)
+        return self._C.OrtValue.ortvalue_from_numpy(array, self._device)
+
+    def _pair(self, initial: np.ndarray) -> tuple[Any, Any]:
+        # both hold the value: a moment no model updates (SGD's) is read from either
+        return self._value(np.array(initial, copy=True, order="C")), self._value(
+            np.array(initial, copy=True, order="C")
+        )
+
+    def _binding(self, kind: str) -> Any:
+        """The binding of model ``kind`` for the current buffer parities, made on first use."""
+        key = (kind, self._pp, self._gp if kind in ("train", "optimizer") else 0)
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._bindings[key] = self._bind(kind, key[1], key[2])
+        return binding
+
+    def _bind(self, kind: str, pp: int, gp: int) -> Any:
+        model = {
+            "train": self._train,
+            "eval": self._eval,
+            "optimizer": self._optimizer,
+            "step": self._fused,
+        }[kind]
+        assert model is not None
+        binding = model.binding()
+        user_outputs = {
+            "train": self.train_outputs,
+            "eval": self.eval_outputs,
+            "step": self.train_outputs,
+        }
+        for name in user_outputs.get(kind, ()):
+            binding.bind_output(name, self._cpu)  # first: get_outputs() starts with them
+        inputs = set(model.inputs)
+        bind_in, bind_out = binding.bind_ortvalue_input, binding.bind_ortvalue_output
+        for name, value in self._scalars.items():
+            if name in inputs:
+                bind_in(name, value)
+        for name, value in self._f.items():
+            if name in inputs:
+                bind_in(name, value)
+        outputs = set(model.outputs)
+        for name in self._trainable:
+            bind_in(name, self._p[name][pp])
+            if kind == "train":
+                bind_in(buffer_name(name), self._g[name][gp])
+                bind_out(accumulated_name(name), self._g[name][1 - gp])
+            if kind == "optimizer":
+                bind_in(gradient_name(name), self._g[name][gp])
+            if kind in ("step", "optimizer"):
+                bind_out(updated_name(name), self._p[name][1 - pp])
+                for k, moment in enumerate(state_names(name, self._moments)):
+                    if (
+                        moment in inputs
+                    ):  # (SGD keeps a moment for ONNX Runtime's checkpoints, but updates none)
+                        bind_in(moment, self._m[(name, k)][pp])
+                    if updated_name(moment) in outputs:
+                        bind_out(updated_name(moment), self._m[(name, k)][1 - pp])
+        return binding
+
+    def _run(
+        self,
+        model: PortableModel,
+        binding: Any,
+        names: Sequence[str],
+        arrays: Sequence[Any],
+        user_outputs: Sequence[str],
+    ) -> tuple:
+        for name, array in zip(names, arrays, strict=True):
+            binding.bind_input(name, array)
+        count = len(user_outputs)
+        if count and not model.dynamic.isdisjoint(user_outputs):
+            # A binding keeps its output tensors and writes the next run into them: an output whose
+            # shape follows
+            # the batch (``"none"`` losses, extra outputs such as logits) is bound afresh when the
+            # batch's shapes
+            # change, so ONNX Runtime allocates it in the new shape.
+            shapes = tuple(getattr(a, "shape", None) for a in arrays)
+            if self._batch_shapes.get(id(binding), shapes) != shapes:
+                for name in user_outputs:
+                    binding.bind_output(name, self._cpu)
+            self._batch_shapes[id(binding)] = shapes
+        try:
+            model.run(binding, self._run_options)
+        except Exception as exc:
+            raise _ort.run_error(exc, f"the {model.what}") from None
+        outputs = binding.get_outputs()
+        # copies: the binding keeps its output tensors and the next run with it writes into them
+        # again
+        return tuple(np.array(outputs[i].numpy()) for i in range(count))

@@ -1,0 +1,174 @@
+"""No two modules of the package import each other, at module level, by any path.
+
+``test_architecture.py`` reads every import, including those inside functions, and
+leaves out those under ``TYPE_CHECKING``. Here the graph is the modules' own import
+statements: those at module level, in ``if``/``try`` blocks there too, and those under
+``TYPE_CHECKING`` (an import for an annotation still says that the module cannot be
+read without the other); imports inside functions are left out (they load on first
+use). A cycle in that graph means two concepts that cannot be understood apart (for
+instance, a session that persists its weight average and an average callback that
+annotates the session). The test names each cycle, in import order, with the line of
+each import.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "onnxblocks"
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _statements(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of ``body`` and of the blocks in it, not of functions or classes."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+            blocks += [h.body for h in getattr(node, "handlers", [])]
+            for block in blocks:
+                found += _statements(block)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """``{module: {imported module: line}}`` over the module-level imports of package ``root``."""
+    modules = _modules(root)
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        edges: dict[str, int] = {}
+        is_package = path.name == "__init__.py"
+        for node in _statements(ast.parse(path.read_text(encoding="utf-8")).body):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                source = node.module or ""
+                if node.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [source, *subs]
+            for target in targets:
+                while target and target not in modules and "." in target:
+                    target = target.rpartition(".")[0]
+                if target in modules and target != module:
+                    edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle through each strongly connected group of modules, as a closed path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(sorted(graph[root])))]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    group.add(top)
+                    if top == node:
+                        break
+                if len(group) > 1:
+                    groups.append(group)
+    return [_path_through(graph, group) for group in groups]
+
+
+def _path_through(graph: dict[str, dict[str, int]], group: set[str]) -> list[str]:
+    """The shortest closed path from the group's first module back to itself, inside the group."""
+    start = min(group)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node]):
+                if child not in group:
+                    continue
+                if child == start:
+                    path = [start]
+                    while node != start:
+                        path.append(node)
+                        node = previous[node]
+                    return [start, *reversed(path[1:]), start]
+                if child not in previous:
+                    previous[child] = node
+                    following.append(child)
+        frontier = following
+    return sorted(group)
+
+
+def _describe(graph: dict[str, dict[str, int]], path: list[str]) -> str:
+    steps = [f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(path)]
+    return " -> ".join([*steps, path[-1]])
+
+
+def test_the_package_has_no_module_level_import_cycle():
+    graph = import_graph(PACKAGE)
+    found = cycles(graph)
+    assert not found, "module-level import cycles (TYPE_CHECKING imports included):\n" + "\n".join(
+        _describe(graph, path) for path in found
+    )
+
+
+def test_the_checker_finds_a_cycle_through_a_type_checking_import(tmp_path):
+    """The checker itself: the circle the session once had (a TYPE_CHECKING edge closing it)
+    is found and named; an import inside a function is no edge."""
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "session.py").write_text("from pkg.ema import Average\n")
+    (root / "ema.py").write_text("from pkg import callbacks\n")
+    (root / "callbacks.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.fit import Run\n"
+    )
+    (root / "fit.py").write_text("import pkg.session\n")
+    (root / "lazy.py").write_text("def f():\n    from pkg import session\n")
+    (root / "uses_lazy.py").write_text("from pkg import lazy\n")
+    graph = import_graph(root)
+    assert graph["pkg.lazy"] == {}
+    found = cycles(graph)
+    assert found == [["pkg.callbacks", "pkg.fit", "pkg.session", "pkg.ema", "pkg.callbacks"]]
+    assert _describe(graph, found[0]) == (
+        "pkg.callbacks (line 3) -> pkg.fit (line 1) -> pkg.session (line 1) -> pkg.ema (line 1)"
+        " -> pkg.callbacks"
+    )
