@@ -11,13 +11,23 @@
 // Steps cycle through the training batches. The report (one JSON line on stdout):
 // {"losses": [...], "evalLosses": [...], "step": n, "seconds": s, "onnxruntime": version}.
 // --save-adapters writes the LoRA adapters of adapter artifacts as a PEFT directory (docs/lora.md).
+//
+//   onnxblocks-train --federate URL --data local.npz [--threads 1]
+//
+// joins a Flower federation through an onnxblocks bridge (docs/federated.md): URL is a relay slot
+// (http://127.0.0.1:P/slots/K) or the relay (a free node slot is claimed); the artifacts come from the
+// relay; each round trains on the .npz's arrays (by input name, or arr_0, arr_1, ...). One JSON line per
+// round, then {"rounds": n, "slot": url} when the federation ends.
 
 import { readFile, writeFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
+import { inflateRawSync } from 'node:zlib';
 
 import { loadTrainer, ort, parseSafetensors, saveAdapters, serializeSafetensors, writeState } from '../src/node.mjs';
+import { federate } from '../src/federate.mjs';
+import { parseNpz } from '../src/npz.mjs';
 
-const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR]';
+const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR]\n       onnxblocks-train --federate URL --data FILE.npz [--threads N]';
 
 /** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
 
@@ -53,6 +63,8 @@ async function main() {
       'save-adapters': { type: 'string' },
       'eval-outputs': { type: 'string' },
       threads: { type: 'string', default: '1' },
+      federate: { type: 'string' },
+      data: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -60,6 +72,7 @@ async function main() {
     console.log(USAGE);
     return 0;
   }
+  if (values.federate !== undefined) return joinFederation(values.federate, values.data, Number(values.threads));
   if (positionals.length !== 1 || !values.plan) throw new TypeError(USAGE);
   const plan = parseSafetensors(await readFile(values.plan), values.plan);
   const train = batches(plan.tensors, 'train');
@@ -102,6 +115,28 @@ async function main() {
   if (values['eval-outputs']) await writeFile(values['eval-outputs'], serializeSafetensors(evalOutputs));
   await trainer.release();
   console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, onnxruntime: ort.env.versions?.node ?? null }));
+  return 0;
+}
+
+/**
+ * Train the rounds of a federation through a bridge (src/federate.mjs), on the local .npz.
+ * @param {string} url
+ * @param {string | undefined} data
+ * @param {number} threads
+ */
+async function joinFederation(url, data, threads) {
+  if (!data) throw new TypeError(`--federate needs --data FILE.npz (the local training data)\n${USAGE}`);
+  const arrays = await parseNpz(await readFile(data), { what: data, inflate: (b) => inflateRawSync(b) });
+  const { rounds, slot } = await federate({
+    ort: /** @type {any} */ (ort),
+    url,
+    data: arrays,
+    kind: 'node',
+    runtime: `onnxruntime-node ${ort.env.versions?.node ?? ''}`.trim(),
+    sessionOptions: { executionProviders: ['cpu'], intraOpNumThreads: threads, interOpNumThreads: 1 },
+    onRound: (report) => console.log(JSON.stringify(report)),
+  });
+  console.log(JSON.stringify({ rounds, slot }));
   return 0;
 }
 

@@ -26,6 +26,10 @@ BUFFER_SUFFIX = ".accumulation.buffer"
 ACCUMULATED_SUFFIX = ".accumulation.out"
 #: Name of the bool input that makes the accumulators overwrite instead of add.
 LAZY_RESET_GRAD = "lazy_reset_grad"
+#: Name prefix of an ``Identity`` node that stops the gradient: while ONNX Runtime builds the
+#: gradient its readers read a graph input instead (``onnxblocks.gradient.stop_gradient``); it
+#: computes as an ``Identity`` everywhere else. The chunked losses write it.
+STOP_GRADIENT_NODE = "onnxblocks.stop_gradient"
 
 _GRADIENT_VALUE = re.compile(re.escape(GRADIENT_SUFFIX) + r"($|[./:])")
 #: ``<value>_grad`` or ``<value>_grad_<n>`` (ONNX Runtime's partial gradients): the gradient of

@@ -17,6 +17,8 @@ from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 
 #: Domains whose schemas onnx knows, so their nodes can be checked locally.
 ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+#: Attribute types that hold subgraphs.
+_GRAPH_ATTRIBUTES = frozenset({onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS})
 #: Version imported for a domain the model does not import yet.
 DEFAULT_DOMAIN_VERSIONS = {_limits.MS_DOMAIN: _limits.MS_OPSET, "ai.onnx.ml": 3}
 
@@ -59,12 +61,18 @@ def check_node(
     ctx = onnx.checker.C.CheckerContext()
     ctx.ir_version = _limits.MAX_IR_VERSION
     ctx.opset_imports = dict(opsets)
+    # A subgraph (Loop, If, Scan) reads values of the model that one node's check cannot see:
+    # such a node is checked with the whole model, when it is finished.
+    nested = any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
     try:
-        onnx.checker.check_node(node, ctx)
+        if not nested:
+            onnx.checker.check_node(node, ctx)
     except onnx.checker.ValidationError as exc:
         raise InvalidValueError(
             f"{where}node {node.name} ({node.op_type}) is invalid: {exc}"
         ) from None
+    if nested:
+        return {}
     input_types = {}
     input_data = {i: const_data[i] for i in node.input if i in const_data}
     for i in node.input:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
+from onnxblocks.federated.bridge import is_bridge, relay_message
 from onnxblocks.federated.local import DataSource, evaluate_client, train_client
 from onnxblocks.federated.optimizer_state import OptimizerState
 from onnxblocks.federated.records import from_record, to_record
@@ -209,6 +210,7 @@ def make_client_app(
     def _client(context: Any, backend_name: str) -> Any:
         info: dict[str, Any] = {
             "backend": backend_name,
+            "kind": "python",
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         }
         if "partition-id" in context.node_config:
@@ -217,6 +219,8 @@ def make_client_app(
 
     @app.train()
     def train(message: Any, context: Any) -> Any:
+        if is_bridge(context):  # a browser's or Node's SuperNode: relayed, not trained here
+            return relay_message(message, context, "train")
         path, local, backend_name = sources.resolve(context)
         keep = keeps_optimizer_state(keep_optimizer_state, dict(context.run_config))
         update = train_client(
@@ -241,6 +245,8 @@ def make_client_app(
 
     @app.evaluate()
     def evaluate_(message: Any, context: Any) -> Any:
+        if is_bridge(context):
+            return relay_message(message, context, "evaluate")
         path, local, backend_name = sources.resolve(context, evaluation=True)
         batch = int(_config(message).get("batch-size", 256))
         metrics = evaluate_client(

@@ -316,8 +316,9 @@ class ValidatingStrategy(Strategy):
         row["partition"] = (
             int(info["partition-id"]) if info is not None and "partition-id" in info else None
         )
-        if info is not None and "backend" in info:
-            row["backend"] = str(info["backend"])
+        for key in ("backend", "kind"):  # kind: python, node or browser (bridge nodes)
+            if info is not None and key in info:
+                row[key] = str(info[key])
         row.update(_plain(next(iter(content.metric_records.values()))))
         if phase == "train" and self._global:
             arrays = from_record(next(iter(content.array_records.values())))

@@ -64,6 +64,7 @@ from onnxblocks.gradient.parameters import (
     partition_parameters,
 )
 from onnxblocks.gradient.power import PowExponentAsExpLog
+from onnxblocks.gradient.stop_gradient import cut_stopped, restore_stopped
 from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model
 from onnxblocks.ir.serde import from_proto, to_proto
@@ -154,14 +155,16 @@ def build_training_graphs(
     ir_forward = from_proto(forward)
     pow_changes = run_pass(PowExponentAsExpLog(partition.requires_grad), ir_forward)
     rewrites[PowExponentAsExpLog.name] = sum(pow_changes.values())
+    stopped = cut_stopped(ir_forward, partition.requires_grad)
     dependencies.check_differentiable(ir_forward.graph, partition.requires_grad, user_outputs[0])
     norm_constants, unshared = unshare_norm_constants(ir_forward.graph)
     frozen_reads = alias_frozen_reads(ir_forward.graph, partition.requires_grad, partition.frozen)
-    if pow_changes or unshared or frozen_reads:
+    if pow_changes or unshared or frozen_reads or stopped:
         forward = to_proto(ir_forward)
     held = signature.held_constants_to_inputs(forward, also=norm_constants | frozen_reads.lifted)
     training = ort_bridge.differentiate(forward, partition, user_outputs[0], custom_op_libraries)
     restore_frozen_reads(training, frozen_reads)
+    restore_stopped(training, stopped)
     pooling.check_pool_shapes(forward, training)
     signature.restore_held_constants(training, held)
     private_running_statistics(training)

@@ -10,6 +10,7 @@ from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.value import Value
 from onnxblocks.losses._base import axes_op, dim_size, static_dim
 from onnxblocks.losses._class_scores import ClassLoss
+from onnxblocks.losses.chunked_build import build_chunked, check_chunking
 
 
 class CrossEntropyLoss(ClassLoss):
@@ -42,11 +43,22 @@ class CrossEntropyLoss(ClassLoss):
             (weight ``1 - eps``) with the uniform distribution (weight ``eps``).
         class_axis: The scores' axis holding the classes: 1 (default) or -1 for
             ``[B, T, V]``; any axis works.
+        chunk_size: Rows (tokens) per chunk: the log-softmax and its gradient are computed
+            over the classes in chunks of this many rows (:mod:`onnxblocks.losses.chunked`),
+            never for all rows at once. Needs the classes on the last axis, index labels,
+            ``reduction`` ``"mean"`` or ``"sum"`` and no label smoothing. None (default):
+            the whole batch at once.
+        head_weight: With ``chunk_size``: the name of the LM head's weight (``[V, H]``, as
+            ``nn.Linear``, or ``[H, V]``), a frozen weight. The loss then computes the logits
+            itself, chunk by chunk, from the hidden states ``[B, T, H]``: pass the hidden
+            states, or the logits the head computes from them (the head's input is taken).
+            Rows labelled ``ignore_index`` are dropped before the head.
 
     Raises:
         ValueError: if ``reduction`` is unknown, ``label_smoothing`` is outside
             ``[0, 1]`` or ``weight`` is not 1-D.
-        TypeError: if ``label_smoothing`` is not a number.
+        TypeError: if ``label_smoothing`` is not a number, ``chunk_size`` not an int or
+            ``head_weight`` not a string.
     """
 
     _name_hint = "cross_entropy_loss"
@@ -58,6 +70,8 @@ class CrossEntropyLoss(ClassLoss):
         ignore_index: int | None = None,
         label_smoothing: float = 0.0,
         class_axis: int = 1,
+        chunk_size: int | None = None,
+        head_weight: str | None = None,
     ) -> None:
         super().__init__(weight, reduction, ignore_index, class_axis)
         if isinstance(label_smoothing, bool) or not isinstance(
@@ -73,6 +87,7 @@ class CrossEntropyLoss(ClassLoss):
                 f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}."
             )
         self._label_smoothing = float(label_smoothing)
+        self._chunking = check_chunking(self, chunk_size, head_weight)
 
     def build(self, scores_input_name: str, labels_name: str = "labels") -> Value:
         """Add the loss on the logits ``scores_input_name`` and return its output.
@@ -89,6 +104,8 @@ class CrossEntropyLoss(ClassLoss):
         """
         self._require_float(scores_input_name, role="scores")
         axis = self._axis(scores_input_name)
+        if self._chunking is not None:
+            return build_chunked(self, self._chunking, scores_input_name, labels_name, axis)
         self._check_weight(scores_input_name, axis)
         labels, probabilities = self._labels(
             scores_input_name, labels_name, axis, allow_probabilities=True
