@@ -23,7 +23,7 @@ the export and after the eager run that records the output structure.
 Then the graph is fitted to the module's mode (:func:`fit_batch_norms`): in
 training mode every BatchNormalization uses batch statistics and exposes its input
 so the running statistics can be updated in torch, exactly as torch does; in eval
-mode every BatchNormalization uses the running statistics.
+mode every BatchNormalization uses the running statistics (:mod:`onnxblocks.torch.batch_norm`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import onnx
@@ -45,9 +44,10 @@ from torch.utils import _pytree as pytree
 from onnxblocks._core.errors import InvalidValueError, StateError, TorchExportError
 from onnxblocks.ir import serde
 from onnxblocks.ir.edit import rename_values
-from onnxblocks.ir.names import graph_names, proto_graph_names
-from onnxblocks.ir.proto import set_attribute
+from onnxblocks.ir.names import graph_names
 from onnxblocks.torch._outputs import CONSTANT_TYPES, OutputSlot, output_plan, register_dataclasses
+from onnxblocks.torch.batch_norm import fit_batch_norms
+from onnxblocks.torch.exported import BatchNormUpdate, Exported
 
 __all__ = [
     "BatchNormUpdate",
@@ -67,51 +67,6 @@ _PREFIX = "module."
 #: The exporter's failure (the name torch users know; one class with
 #: :class:`onnxblocks.errors.TorchExportError`).
 ExportError = TorchExportError
-
-
-@dataclass(frozen=True)
-class BatchNormUpdate:
-    """A BatchNorm module whose running statistics the wrapper updates after each training-mode
-    forward.
-
-    Attributes:
-        path: The module's qualified name.
-        value: The graph value normalised (its input), exposed as a graph output.
-    """
-
-    path: str
-    value: str
-
-
-@dataclass
-class Exported:
-    """A module exported for one signature, with the map between graph names and module tensors.
-
-    Attributes:
-        model: The ONNX model (parameters and floating-point buffers are its initializers).
-        inputs: The graph inputs, ``input_<k>`` for the k-th tensor leaf of ``(args, kwargs)``.
-        input_leaves: For each graph input, the index of its tensor leaf.
-        weights: Initializers fed from the module (named as the module names them), in order.
-        outputs: The graph outputs holding the module's tensor outputs, in order.
-        out_spec: The pytree structure of the module's output.
-        out_leaves: The output's leaves: an :class:`OutputSlot` where a tensor goes, else the
-        constant value.
-        graphless: The module returns no tensor it computes (only its inputs and constants): no
-        graph to run.
-        batch_norms: The running statistics to update (training mode).
-        baked: Module buffers baked into the graph as constants, with their version at export.
-    """
-
-    model: onnx.ModelProto
-    inputs: tuple[str, ...]
-    input_leaves: tuple[int, ...]
-    weights: tuple[str, ...]
-    outputs: tuple[str, ...]
-    out_spec: Any
-    out_leaves: list[Any]
-    batch_norms: list[BatchNormUpdate] = field(default_factory=list)
-    baked: list[tuple[torch.Tensor, int]] = field(default_factory=list)
-    graphless: bool = False
 
 
 #: Marks a tensor leaf among the holder's constants (None is a constant argument like any other).
@@ -321,60 +276,6 @@ def _module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     found: dict[str, torch.Tensor] = dict(module.named_buffers(remove_duplicate=False))
     found.update(module.named_parameters(remove_duplicate=False))
     return found
-
-
-def fit_batch_norms(exported: Exported, module: torch.nn.Module, training: bool) -> list[str]:
-    """Put every BatchNormalization of ``exported.model`` in the module's mode, in place.
-
-    Training mode: ``training_mode=1`` (torch's dynamo exporter writes 0 for a
-    training-mode BatchNorm) and, for a BatchNorm module that tracks running
-    statistics, its input becomes a graph output so the wrapper updates them in torch.
-    Eval mode: ``training_mode=0`` and the running-statistics outputs dropped.
-
-    Returns:
-        The graph outputs added (they take no gradient).
-    """
-    graph = exported.model.graph
-    outputs = {o.name for o in graph.output}
-    inputs = {vi.name for vi in graph.input}
-    added: list[str] = []
-    names = proto_graph_names(graph)
-    for node in graph.node:
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
-            continue
-        set_attribute(node, "training_mode", 1 if training else 0)
-        if not training:
-            del node.output[1:]
-            continue
-        while (
-            len(node.output) < 3
-        ):  # ONNX: three outputs in training mode (ONNX Runtime's values are unused)
-            node.output.append(
-                names.fresh(
-                    f"{node.output[0]}.running_{'mean' if len(node.output) == 1 else 'var'}"
-                )
-            )
-        path = node.input[3].rpartition(".")[0] if len(node.input) > 3 else ""
-        owner = _submodule(module, path)
-        if (
-            not isinstance(owner, torch.nn.modules.batchnorm._BatchNorm)
-            or not owner.track_running_stats
-        ):
-            continue
-        value = node.input[0]
-        if value not in outputs and value not in inputs:
-            graph.output.append(onnx.helper.make_empty_tensor_value_info(value))
-            outputs.add(value)
-            added.append(value)
-        exported.batch_norms.append(BatchNormUpdate(path, value))
-    return added
-
-
-def _submodule(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
-    try:
-        return module.get_submodule(path) if path else None
-    except AttributeError:
-        return None
 
 
 @contextlib.contextmanager

@@ -26,15 +26,22 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from onnxblocks._core.errors import GradientError, InvalidTypeError, InvalidValueError, StateError
+from onnxblocks._core.errors import GradientError, InvalidTypeError, InvalidValueError
 from onnxblocks.gradient import SplitVjp
-from onnxblocks.torch.embedding import FrozenWeight, fit_embeddings_proto
+from onnxblocks.torch.batch_norm import update_running_stats
+from onnxblocks.torch.cached_export import (
+    CachedExport,
+    call_constants,
+    module_tensor,
+    module_weights,
+    tensor_owner,
+)
+from onnxblocks.torch.embedding import fit_embeddings_proto
 from onnxblocks.torch.export import (
     DYNAMIC,
     EXPORTERS,
@@ -45,28 +52,9 @@ from onnxblocks.torch.export import (
     fit_batch_norms,
     register_dataclasses,
 )
-from onnxblocks.torch.function import OnnxFunction, onnx_function
+from onnxblocks.torch.function import onnx_function
 
 __all__ = ["OrtModule"]
-
-
-@dataclass
-class _Entry:
-    """One cached export: the graph, its Function, and how to find the tensors it reads."""
-
-    exported: Exported | None  # None: this signature runs eagerly
-    function: type[OnnxFunction] | None = None
-    dims: list[list[int | None] | None] = field(default_factory=list)
-    owners: list[tuple[torch.nn.Module, str]] = field(default_factory=list)
-    dtypes: list[torch.dtype] = field(default_factory=list)
-    #: BatchNorm modules to update, each with where its normalised batch is: a graph input or an
-    #: extra output.
-    batch_norms: list[tuple[torch.nn.Module, bool, int]] = field(default_factory=list)
-    #: The module returns one tensor (no pytree to rebuild).
-    single_output: bool = False
-    #: Weights fed detached (frozen copies for Embedding's gradient semantics), by position among
-    #: the weights.
-    frozen: list[tuple[int, FrozenWeight]] = field(default_factory=list)
 
 
 class OrtModule(torch.nn.Module):
@@ -116,8 +104,8 @@ class OrtModule(torch.nn.Module):
         self.opset = opset
         self.custom_op_libraries = tuple(custom_op_libraries)
         self.threads = threads
-        self._cache: dict[Hashable, list[_Entry]] = {}
-        self._last: _Entry | None = None
+        self._cache: dict[Hashable, list[CachedExport]] = {}
+        self._last: CachedExport | None = None
         self.forward = _Forward(self)  # carries the module's own signature
 
     # ---------------------------------------------------------------- the module's own state
@@ -186,14 +174,14 @@ class OrtModule(torch.nn.Module):
         key = (
             self.module.training,
             spec,
-            _constants(leaves),
+            call_constants(leaves),
             tuple((t.dtype, t.dim()) for t in tensors),
         )
         entry, weights = self._find(key, tensors)
         if entry is None:
             entry = self._build(args, kwargs, tensors)
             self._cache.setdefault(key, []).append(entry)
-            weights = _weights(entry)
+            weights = module_weights(entry)
         self._last = entry
         if (
             entry.exported is None or entry.function is None
@@ -210,7 +198,7 @@ class OrtModule(torch.nn.Module):
             batches = [
                 (inputs if is_input else outputs)[index] for _, is_input, index in entry.batch_norms
             ]
-            _update_running_stats([bn for bn, _, _ in entry.batch_norms], batches)
+            update_running_stats([bn for bn, _, _ in entry.batch_norms], batches)
         if entry.single_output:
             return outputs[0]
         leaves_out = [
@@ -225,7 +213,7 @@ class OrtModule(torch.nn.Module):
 
     def _find(
         self, key: Hashable, tensors: list[torch.Tensor]
-    ) -> tuple[_Entry | None, list[torch.Tensor]]:
+    ) -> tuple[CachedExport | None, list[torch.Tensor]]:
         """The cached export for this call, and the module's tensors it reads (checked against
         the export).
         """
@@ -235,7 +223,7 @@ class OrtModule(torch.nn.Module):
                 return entry, []
             if any(t._version != version for t, version in exported.baked):
                 continue
-            weights = _weights(entry)
+            weights = module_weights(entry)
             if any(
                 w.dtype != d or w.device.type != "cpu"
                 for w, d in zip(weights, entry.dtypes, strict=True)
@@ -277,13 +265,13 @@ class OrtModule(torch.nn.Module):
 
     def _build(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]
-    ) -> _Entry:
+    ) -> CachedExport:
         label = type(self.module).__name__
         training = self.module.training
         try:
             exported = self._export(args, kwargs)
             if exported.graphless:
-                return _Entry(None)
+                return CachedExport(None)
             weight_names = list(exported.weights)
             exported.model, frozen = fit_embeddings_proto(exported.model, self.module, weight_names)
             exported.weights = tuple(weight_names)
@@ -320,9 +308,10 @@ class OrtModule(torch.nn.Module):
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return _Entry(None)
+            return CachedExport(None)
         owners = [
-            _owner(self.module, frozen[n].source if n in frozen else n) for n in exported.weights
+            tensor_owner(self.module, frozen[n].source if n in frozen else n)
+            for n in exported.weights
         ]
         program = function.program
         extra = {name: len(exported.outputs) + i for i, name in enumerate(statistics)}
@@ -345,14 +334,14 @@ class OrtModule(torch.nn.Module):
             # a non-tensor output (a size) is the eager run's value: valid for these exact shapes
             # only
             dims = [list(tensors[i].shape) for i in exported.input_leaves]
-        return _Entry(
+        return CachedExport(
             exported,
             function,
             dims=dims,
             single_output=exported.out_spec.is_leaf()
             and exported.out_leaves == [OutputSlot(True, 0)],
             owners=owners,
-            dtypes=[_tensor(o, a).dtype for o, a in owners],
+            dtypes=[module_tensor(o, a).dtype for o, a in owners],
             frozen=[(i, frozen[n]) for i, n in enumerate(exported.weights) if n in frozen],
             batch_norms=batch_norms,
         )
@@ -375,24 +364,6 @@ class _Forward:
         return self.owner._call(*args, **kwargs)
 
 
-def _constants(leaves: list[Any]) -> tuple[Hashable, ...]:
-    """The non-tensor leaves of a call, as part of its signature."""
-    found: list[Hashable] = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            continue
-        try:
-            hash(leaf)
-        except TypeError:
-            raise InvalidTypeError(
-                "OrtModule bakes non-tensor arguments into the exported graph, and "
-                f"{type(leaf).__name__} "
-                f"{leaf!r} is not hashable: pass tensors, numbers, strings or None."
-            ) from None
-        found.append((type(leaf), leaf))
-    return tuple(found)
-
-
 def _static_retry(first: ExportError, export: Any) -> Exported:
     """``export()`` with static shapes after a failure with symbolic ones; the first failure when
     both fail.
@@ -401,59 +372,3 @@ def _static_retry(first: ExportError, export: Any) -> Exported:
         return export()
     except ExportError:
         raise first from None
-
-
-def _weights(entry: _Entry) -> list[torch.Tensor]:
-    """The module's tensors an export reads, in order (frozen copies detached)."""
-    weights = [_tensor(o, a) for o, a in entry.owners]
-    for position, spec in entry.frozen:
-        tensor = weights[position].detach()
-        weights[position] = tensor if spec.row is None else tensor[spec.row : spec.row + 1]
-    return weights
-
-
-def _owner(module: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
-    path, _, attr = name.rpartition(".")
-    return (module.get_submodule(path) if path else module), attr
-
-
-def _tensor(owner: torch.nn.Module, attr: str) -> torch.Tensor:
-    found: torch.Tensor | None = owner._parameters.get(attr)
-    if found is None:
-        found = owner._buffers[attr]
-    if found is None:
-        raise StateError(
-            f"The module's tensor '{attr}' of {type(owner).__name__} is None; it was exported as "
-            "one."
-        )
-    return found
-
-
-def _update_running_stats(modules: list[torch.nn.Module], inputs: list[torch.Tensor]) -> None:
-    """BatchNorm's training-mode update of its running statistics from the normalised batch, by
-    torch itself.
-
-    ``torch.nn.functional.batch_norm`` in training mode updates the running mean and
-    (unbiased) variance in place with torch's own formula; its normalised output is
-    dropped (computing it costs less than a separate ``var_mean`` over the batch).
-    """
-    with torch.no_grad():
-        for bn, x in zip(modules, inputs, strict=True):
-            tracked = bn.num_batches_tracked
-            if isinstance(tracked, torch.Tensor):
-                tracked.add_(1)
-            momentum = bn.momentum
-            if momentum is None:  # a cumulative average
-                factor = 1.0 / float(tracked) if isinstance(tracked, torch.Tensor) else 0.0
-            else:
-                factor = float(momentum)  # type: ignore[arg-type]  # nn.Module attributes type as Tensor | Module
-            running_mean, running_var = bn.running_mean, bn.running_var
-            if isinstance(running_mean, torch.Tensor) and isinstance(running_var, torch.Tensor):
-                torch.nn.functional.batch_norm(
-                    x,
-                    running_mean,
-                    running_var,
-                    training=True,
-                    momentum=factor,
-                    eps=float(bn.eps),  # type: ignore[arg-type]  # as above
-                )
