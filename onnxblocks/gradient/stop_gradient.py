@@ -27,7 +27,7 @@ from onnxblocks._core.errors import GradientError, preview
 from onnxblocks.ir.edit import remove_unused_nodes, values_by_name
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.serde import from_proto, to_proto
-from onnxblocks.ir.types import infer_types
+from onnxblocks.ir.types import has_type, infer_types, type_proto
 from onnxblocks.ir.walk import reads
 
 __all__ = ["StoppedGradients", "cut_stopped", "is_stop", "restore_stopped"]
@@ -96,7 +96,7 @@ def cut_stopped(model: ir.Model, requires_grad: Iterable[str]) -> StoppedGradien
     stops = [n for n in graph if is_stop(n)]
     if not stops:
         return StoppedGradients()
-    if any(n.outputs[0].type is None for n in stops):
+    if not all(has_type(n.outputs[0]) or has_type(n.inputs[0]) for n in stops):
         infer_types(model)  # an alias input needs a type
     trained = sorted({v.name or "" for n in _owned(stops) for v in reads(n) if v.name in wanted})
     if trained:
@@ -112,10 +112,11 @@ def cut_stopped(model: ir.Model, requires_grad: Iterable[str]) -> StoppedGradien
     for stop in stops:
         source, out = stop.inputs[0], stop.outputs[0]
         assert source is not None and source.name
+        typed = type_proto(out) or type_proto(source)
         alias = ir.Value(
             name=names.fresh(f"{out.name}.stopped"),
-            type=out.type or source.type,
-            shape=out.shape or source.shape,
+            type=None if typed is None else ir.serde.deserialize_type_proto_for_type(typed),
+            shape=None if typed is None else ir.serde.deserialize_type_proto_for_shape(typed),
         )
         graph.inputs.append(alias)
         ir.convenience.replace_all_uses_with(out, alias)
