@@ -353,6 +353,8 @@ def _generate(
             fused_step=fused_step,
             frozen_params=graphs.partition.frozen,
             mode=mode,
+            # what the optimizer block built, handed over (a custom block without one: read)
+            optimizer_spec=getattr(optim_block, "optimizer_spec", None),
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
         eval_model = portable_eval_model(

@@ -22,16 +22,19 @@ Both run ONNX Runtime's ``AdamWOptimizer`` op (``adam_mode`` 0 and 1).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
-from onnxblocks.optim.base import FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, Optimizer
+from onnxblocks.optim.base import FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, Optimizer, spec_type
 from onnxblocks.optim.clip import ClipGradNorm
 from onnxblocks.optim.standard import StandardOptimizer
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.optimizer_spec import OptimizerSpec
 
 #: ``mode`` → the op's ``adam_mode`` attribute.
 ADAM_MODES = {"torch": 0, "hf": 1}
@@ -179,12 +182,24 @@ class AdamW(Optimizer):
                 "mode='torch' with them."
             )
 
+    def spec(self, trainable: Sequence[Any], elem_type: int) -> OptimizerSpec:
+        """ONNX Runtime's ``AdamWOptimizer`` with this block's attributes, or the standard-op
+        AdamW with amsgrad, maximize or groups.
+        """
+        if self.standard is not None:
+            return self.standard.spec(trainable, elem_type)
+        names = [p.name for p in trainable]
+        attributes = self.step_block.attributes()
+        return spec_type().kernel("adamw", attributes, self.max_norm, elem_type, names)
+
     def build(self, parameters: Any) -> Any:
         """ONNX Runtime's ``AdamWOptimizer`` model, or the standard-op one with amsgrad, maximize
         or groups.
         """
         if self.standard is not None:
-            return self.standard.build(parameters)
+            out = self.standard.build(parameters)
+            self._spec_inputs = self.standard._spec_inputs
+            return out
         return super().build(parameters)
 
     def update(

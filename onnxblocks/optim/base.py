@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -40,6 +40,9 @@ from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import ForwardBlock
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim.clip import ClipGradNorm
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.optimizer_spec import OptimizerSpec
 
 #: Parameter element types the optimizer ops accept.
 FLOAT_TYPES: dict[int, str] = {
@@ -126,6 +129,16 @@ def parameter_elem_type(parameters: Any) -> int:
     return first[1]
 
 
+def spec_type() -> type[OptimizerSpec]:
+    """:class:`~onnxblocks.portable.optimizer_spec.OptimizerSpec`, imported on first use
+    (``import onnxblocks`` skips onnx-ir).
+    """
+    import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
+    from onnxblocks.portable.optimizer_spec import OptimizerSpec
+
+    return OptimizerSpec
+
+
 def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
     """Add a graph input ``name`` holding a sequence of ``elem_type`` tensors, or reuse it.
 
@@ -167,6 +180,27 @@ class Optimizer(ForwardBlock):
     def __init__(self, clip_grad: ClipGradNorm | float | None = None) -> None:
         super().__init__()
         self.clip_grad = as_clip(clip_grad)
+        self._spec_inputs: tuple[tuple[Any, ...], int] | None = None
+
+    @property
+    def max_norm(self) -> float | None:
+        """The global gradient-clipping norm, or None."""
+        return self.clip_grad.max_norm if self.clip_grad is not None else None
+
+    @property
+    def optimizer_spec(self) -> OptimizerSpec | None:
+        """What the optimizer model built last does, or None before it is built.
+
+        The training build's model is written from it, and portable artifacts'
+        optimizer and step models take it (nothing reads it back from the graph).
+        """
+        return self.spec(*self._spec_inputs) if self._spec_inputs is not None else None
+
+    @abstractmethod
+    def spec(self, trainable: Sequence[Any], elem_type: int) -> OptimizerSpec:
+        """The optimizer for these trainable parameters (objects with ``name``) of
+        ``elem_type``.
+        """
 
     def build(self, parameters: Any) -> Value:
         """Declare the optimizer inputs, clip the gradients if asked, add the update, return its
@@ -178,6 +212,7 @@ class Optimizer(ForwardBlock):
         """
         acc = self.accessor
         elem_type = parameter_elem_type(parameters)
+        self._spec_inputs = (tuple(parameters[0]), elem_type)
         learning_rate = acc.add_input(LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
         step = acc.add_input(STEP, onnx.TensorProto.INT64, [1])
         params = sequence_input(acc, PARAMS, elem_type)

@@ -8,16 +8,19 @@ standard ops (:class:`~onnxblocks.optim.standard.StandardOptimizer`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim import contrib
-from onnxblocks.optim.base import Optimizer
+from onnxblocks.optim.base import Optimizer, spec_type
 from onnxblocks.optim.clip import ClipGradNorm
 from onnxblocks.optim.standard import StandardOptimizer
+
+if TYPE_CHECKING:
+    from onnxblocks.portable.optimizer_spec import OptimizerSpec
 
 
 class SGDUpdate(Block):
@@ -87,10 +90,19 @@ class SGD(Optimizer):
         plain = not param_groups and all(not v for v in standard.hyper.values())
         self.standard = None if plain else standard
 
+    def spec(self, trainable: Sequence[Any], elem_type: int) -> OptimizerSpec:
+        """ONNX Runtime's ``SGDOptimizerV2``, or the standard-op SGD (see the class docs)."""
+        if self.standard is not None:
+            return self.standard.spec(trainable, elem_type)
+        names = [p.name for p in trainable]
+        return spec_type().kernel("sgd", {}, self.max_norm, elem_type, names)
+
     def build(self, parameters: Any) -> Any:
         """The plain SGD model, or the standard-op one (see the class docs)."""
         if self.standard is not None:
-            return self.standard.build(parameters)
+            out = self.standard.build(parameters)
+            self._spec_inputs = self.standard._spec_inputs
+            return out
         return super().build(parameters)
 
     def update(

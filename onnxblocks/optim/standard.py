@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from onnxblocks._core import hyperparams as _hyper
+from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import GRADIENTS, LEARNING_RATE, OPTIMIZER_METADATA, PARAMS, STEP
 from onnxblocks._core.errors import (
     InvalidTypeError,
@@ -37,12 +38,12 @@ from onnxblocks._core.errors import (
     did_you_mean,
 )
 from onnxblocks.blocks.value import Value
-from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input
+from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input, spec_type
 from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
 
 if TYPE_CHECKING:
+    from onnxblocks.portable.optimizer_spec import OptimizerSpec
     from onnxblocks.portable.rules import Rule
-    from onnxblocks.portable.updates import OptimizerSpec
 
 
 def rule(algorithm: str) -> Rule:
@@ -267,11 +268,8 @@ class StandardOptimizer(Optimizer):
             for g in self.param_groups
         ]
         params = tuple((n, owner.get(n, 0)) for n in names)
-        max_norm = self.clip_grad.max_norm if self.clip_grad is not None else None
-        from onnxblocks.portable.updates import OptimizerSpec
-
-        return OptimizerSpec(
-            self.algorithm, {}, max_norm, elem_type, tuple(groups), params, self.exact
+        return spec_type()(
+            self.algorithm, tuple(groups), params, self.max_norm, elem_type, self.exact
         )
 
     def build(self, parameters: Any) -> list[Value]:  # type: ignore[override]
@@ -285,6 +283,7 @@ class StandardOptimizer(Optimizer):
         elem_type = parameter_elem_type(parameters)
         trainable = list(parameters[0])
         spec = self.spec(trainable, elem_type)
+        self._spec_inputs = (tuple(trainable), elem_type)
         acc.add_input(LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
         acc.add_input(STEP, onnx.TensorProto.INT64, [1])
         for name in (PARAMS, GRADIENTS, *spec.state_inputs):
@@ -295,7 +294,8 @@ class StandardOptimizer(Optimizer):
         onnx.helper.set_model_props(working, meta)
         from onnxblocks.portable.optimizer import portable_optimizer_model
 
-        model = portable_optimizer_model(working, len(trainable))
+        opset = _limits.onnx_opset(working) or _limits.DEFAULT_ONNX_OPSET
+        model = portable_optimizer_model(spec, len(trainable), opset)
         onnx.helper.set_model_props(model, meta)
         acc.replace_model(model)
         return [Value(o.name) for o in model.graph.output]

@@ -6,15 +6,12 @@ tensors later) needs to apply a rule of :mod:`onnxblocks.portable.rules`: the
 groups' hyperparameters and learning-rate scales, each parameter's group, the state
 slots and the element type. :class:`GroupUpdater` writes each group's scalars once
 and the elementwise update per parameter or per flat buffer of a group's parameters
-(``onnxblocks.portable.updates.update_parameters`` picks the layout). :func:`metadata` /
-:func:`parse_metadata`
-are the JSON an optimizer model built by :mod:`onnxblocks.optim` carries under
-``onnxblocks.optimizer``.
+(``onnxblocks.portable.updates.update_parameters`` picks the layout). A default group is
+one group like the others: every optimizer, the training build's kernels too, is applied here.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +19,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks._core.errors import PortabilityError
 from onnxblocks.portable.context import Writer
-from onnxblocks.portable.rules import Rule, Scalars, compute_type, rule
+from onnxblocks.portable.rules import Rule, Scalars, compute_type
 
 
 @dataclass(frozen=True)
@@ -72,11 +68,19 @@ class GroupUpdater:
         self._compute = compute_type(
             {"dtype": layout.dtype if layout.exact else None}, layout.dtype
         )
-        lr = w.reshape(learning_rate, [])
-        double = self._compute == np.float64
-        self._lr = w.cast(lr, ir.DataType.DOUBLE) if double else lr
-        self._step = w.cast(w.reshape(step, []), ir.DataType.from_numpy(self._compute))
+        self._inputs = (learning_rate, step)
+        self._lr_step: tuple[ir.Value, ir.Value] | None = None
         self._scalars: dict[int, Scalars] = {}
+
+    def _lr_and_step(self) -> tuple[ir.Value, ir.Value]:
+        """The learning rate and step as scalars of the compute type, written on first use."""
+        if self._lr_step is None:
+            w, (learning_rate, step) = self.w, self._inputs
+            lr = w.reshape(learning_rate, [])
+            if self._compute == np.float64:
+                lr = w.cast(lr, ir.DataType.DOUBLE)
+            self._lr_step = lr, w.cast(w.reshape(step, []), ir.DataType.from_numpy(self._compute))
+        return self._lr_step
 
     def __call__(
         self,
@@ -96,20 +100,26 @@ class GroupUpdater:
         hyper = {**spec["hyper"], "dtype": layout.dtype if layout.exact else None}
         if group not in self._scalars:
             scale = float(spec["lr_scale"])
-            lr = (
-                self._lr
-                if scale == 1.0
-                else w.op("Mul", [self._lr, w.scalar(scale, self._compute)])
-            )
-            self._scalars[group] = layout.rule.scalars(w, hyper, lr, self._step, layout.dtype)
+            lr, step = self._lr_and_step()
+            if scale != 1.0:
+                lr = w.op("Mul", [lr, w.scalar(scale, self._compute)])
+            self._scalars[group] = layout.rule.scalars(w, hyper, lr, step, layout.dtype)
         by_slot = dict(zip(layout.states, states, strict=True))
+        written = len(w.nodes)
         new_param, new_states = layout.rule.update(
             w, hyper, self._scalars[group], param, grad, by_slot
         )
-        values = [w.op("Identity", [new_param], targets[0])]
-        for slot, out in zip(layout.states, targets[1:], strict=True):
-            values.append(w.op("Identity", [new_states.get(slot, by_slot[slot])], out))
-        return values
+        fresh = {id(v) for n in w.nodes[written:] for v in n.outputs}
+        values = [new_param, *(new_states.get(slot, by_slot[slot]) for slot in layout.states)]
+        out = []
+        for value, target in zip(values, targets, strict=True):
+            if isinstance(target, str) and id(value) in fresh:
+                fresh.discard(id(value))  # written here: it takes the target's name, no copy
+                value.name = target
+                out.append(value)
+            else:  # a state the group does not update passes through
+                out.append(w.op("Identity", [value], target))
+        return out
 
 
 def clip_by_group(
@@ -139,77 +149,4 @@ def clip_by_group(
     return out
 
 
-def metadata(
-    algorithm: str,
-    groups: Sequence[Mapping[str, Any]],
-    params: Sequence[tuple[str, int]],
-    max_norm: float | None,
-    exact: bool = True,
-) -> str:
-    """The JSON an optimizer model in standard ops carries: what :func:`parse_metadata` reads
-    back.
-    """
-    plain = [
-        {
-            "hyper": dict(g["hyper"]),
-            "lr_scale": g["lr_scale"],
-            **({"max_norm": g["max_norm"]} if g.get("max_norm") else {}),
-        }
-        for g in groups
-    ]
-    return json.dumps(
-        {
-            "algorithm": algorithm,
-            "groups": plain,
-            "params": [list(p) for p in params],
-            "max_norm": max_norm,
-            **({} if exact else {"exact": False}),
-        }
-    )
-
-
-def parse_metadata(
-    text: str,
-) -> tuple[str, tuple[dict[str, Any], ...], tuple[tuple[str, int], ...], float | None, bool]:
-    """Read the optimizer metadata of a model in standard ops: algorithm, groups, parameters'
-    groups, max norm, exact.
-
-    Raises:
-        PortabilityError: for metadata of another form.
-    """
-    try:
-        data = json.loads(text)
-        found = rule(str(data["algorithm"]))
-        groups = tuple(
-            {
-                "hyper": {**found.defaults, **g["hyper"]},
-                "lr_scale": float(g["lr_scale"]),
-                **({"max_norm": float(g["max_norm"])} if g.get("max_norm") is not None else {}),
-            }
-            for g in data["groups"]
-        )
-        params = tuple((str(name), int(index)) for name, index in data["params"])
-        max_norm = None if data.get("max_norm") is None else float(data["max_norm"])
-        exact = data.get("exact", True)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PortabilityError(
-            f"The optimizer model's optimizer metadata cannot be read ({exc}). Rebuild the "
-            "optimizer model with "
-            "onnxblocks.optim."
-        ) from None
-    if not isinstance(exact, bool):
-        raise PortabilityError(
-            f"The optimizer model's optimizer metadata has exact={exact!r:.40}, not true or "
-            "false. Rebuild the "
-            "optimizer model with onnxblocks.optim."
-        )
-    if not groups or any(not 0 <= i < len(groups) for _, i in params):
-        raise PortabilityError(
-            "The optimizer model's optimizer metadata names a parameter group that does not "
-            "exist. Rebuild the "
-            "optimizer model with onnxblocks.optim."
-        )
-    return found.name, groups, params, max_norm, exact
-
-
-__all__ = ["GroupUpdater", "Layout", "metadata", "parse_metadata"]
+__all__ = ["GroupUpdater", "Layout", "clip_by_group"]

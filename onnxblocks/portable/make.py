@@ -24,6 +24,7 @@ from onnxblocks.portable.lower import LowerTrainingOps
 from onnxblocks.portable.ops import PortableMode, non_portable_ops, portable_mode
 from onnxblocks.portable.optimizer import optimizer_model as per_tensor_optimizer_model
 from onnxblocks.portable.optimizer import read_optimizer
+from onnxblocks.portable.optimizer_spec import OptimizerSpec
 from onnxblocks.portable.step import FuseStep
 
 
@@ -56,6 +57,7 @@ def make_portable(
     fused_step: bool = True,
     frozen_params: Sequence[str] | None = None,
     mode: PortableMode | bool = "standard",
+    optimizer_spec: OptimizerSpec | None = None,
 ) -> PortableModels:
     """Rewrite a training model (and its optimizer model) into models stock ONNX Runtime trains.
 
@@ -73,6 +75,9 @@ def make_portable(
         mode: ``"standard"`` (default; ``True`` too): standard ONNX ops only, which any ONNX
             runtime runs; ``"onnxruntime"``: also keep the ``com.microsoft`` ops stock ONNX Runtime
             runs on CPU (``Gelu``, ``FusedMatMul``, ...; docs/portable.md measures what it gains).
+        optimizer_spec: What ``optimizer_model`` does, as its optimizer block produced it
+            (``block.optimizer_spec``); default: read back from ``optimizer_model``
+            (:func:`~onnxblocks.portable.optimizer.read_optimizer`).
 
     Returns:
         The :class:`PortableModels`, each with ``onnxblocks.portable = "1"`` and
@@ -93,7 +98,9 @@ def make_portable(
             f"{type(optimizer_model).__name__}."
         )
     checked = portable_mode(mode, "mode")
-    spec = read_optimizer(optimizer_model) if optimizer_model is not None else None
+    spec = optimizer_spec
+    if spec is None and optimizer_model is not None:  # a model from disk or another tool
+        spec = read_optimizer(optimizer_model)
     training = from_proto(
         training_model
     )  # not changed: the IR shares its tensors, and the passes edit the IR
@@ -108,9 +115,10 @@ def make_portable(
     accumulation(training)
     trainable = accumulation.trainable
     optimizer = None
-    if optimizer_model is not None:
+    if optimizer_model is not None and spec is not None:
         by_name = {v.name: v for v in training.graph.inputs}
-        optimizer = per_tensor_optimizer_model(optimizer_model, [by_name[p] for p in trainable])
+        opset = max(_limits.onnx_opset(optimizer_model) or _limits.DEFAULT_ONNX_OPSET, 13)
+        optimizer = per_tensor_optimizer_model(spec, [by_name[p] for p in trainable], opset)
         check_portable(optimizer, "the portable optimizer model", checked)
         mark_portable(optimizer, checked)
     lowered = _finish(training, "training", checked, stamp=False)

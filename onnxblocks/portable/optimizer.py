@@ -1,9 +1,10 @@
-"""Optimizer models in standard ops: what an ``onnxblocks.optim`` optimizer model does, rewritten.
+"""Optimizer models in standard ops, written from an :class:`OptimizerSpec`.
 
-:func:`read_optimizer` reads what an optimizer model built by :mod:`onnxblocks.optim`
-does (its ``AdamWOptimizer`` / ``SGDOptimizerV2`` node and an optional
-``InplaceClipGradNorm``); :mod:`onnxblocks.portable.updates` writes that update in
-standard ops (re-exported here).
+An optimizer block of :mod:`onnxblocks.optim` hands its spec over when it is built; an
+optimizer model on disk (artifacts written before, or by another tool) is read back by
+:func:`read_optimizer`, the one reader of optimizer models: the spec its metadata carries
+(``onnxblocks.optimizer``), or its ``AdamWOptimizer`` / ``SGDOptimizerV2`` node and an optional
+``InplaceClipGradNorm``. :mod:`onnxblocks.portable.updates` writes the update.
 
 The portable optimizer model (:func:`optimizer_model`, what ``optimizer_model.onnx``
 holds) takes each parameter, its gradient and its moments as tensors of their own
@@ -42,18 +43,15 @@ from onnxblocks._core.contrib import (
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
-from onnxblocks.portable import groups as _groups
+from onnxblocks.portable.clipping import clip
 from onnxblocks.portable.context import Writer
-from onnxblocks.portable.updates import (
-    OptimizerSpec,
-    OptimizerWriter,
-    clip,
-    update_parameters,
-)
+from onnxblocks.portable.optimizer_spec import OptimizerSpec
+from onnxblocks.portable.updates import OptimizerWriter, update_parameters
 
 
 def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
-    """Read the optimizer of an optimizer model: an update node, optionally after a clipping node.
+    """Read the optimizer of an optimizer model: the spec in its metadata, or an update node,
+    optionally after a clipping node (the training build's models, which carry no metadata).
 
     Raises:
         PortabilityError: for an optimizer model of another form (a custom optimizer block).
@@ -63,8 +61,7 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     elem = elem or onnx.TensorProto.FLOAT
     meta = next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA), None)
     if meta is not None:  # an optimizer in standard ops
-        algorithm, groups, order, max_norm, exact = _groups.parse_metadata(meta)
-        return OptimizerSpec(algorithm, {}, max_norm, elem, groups, order, exact)
+        return OptimizerSpec.from_json(meta, elem)
     ops = {n.op_type: n for n in model.graph.node}
     flag = [o for n in model.graph.node if n.op_type in _UPDATES for o in n.output[:1]]
     reshape = [n for n in model.graph.node if n.op_type == "Reshape" and list(n.input[:1]) == flag]
@@ -96,10 +93,9 @@ def read_optimizer(model: onnx.ModelProto) -> OptimizerSpec:
     if clip is not None:
         max_norm = float(_attributes(clip, INPLACE_CLIP_GRAD_NORM.attributes)["max_norm"])
     if update.op_type == ADAMW_OPTIMIZER.op_type:
-        return OptimizerSpec(
-            "adamw", _attributes(update, ADAMW_OPTIMIZER.attributes), max_norm, elem
-        )
-    return OptimizerSpec("sgd", {}, max_norm, elem)
+        attributes = _attributes(update, ADAMW_OPTIMIZER.attributes)
+        return OptimizerSpec.kernel("adamw", attributes, max_norm, elem)
+    return OptimizerSpec.kernel("sgd", {}, max_norm, elem)
 
 
 _UPDATES = (ADAMW_OPTIMIZER.op_type, SGD_OPTIMIZER_V2.op_type)
@@ -119,14 +115,9 @@ def _opset(model: onnx.ModelProto) -> int:
     return max(_limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET, 13)
 
 
-def _input(model: onnx.ModelProto, name: str, elem: int, shape: Sequence[int]) -> ir.Value:
-    """The optimizer model's graph input ``name`` as a new IR value (its declared type, else
-    ``elem`` ``shape``).
-    """
-    declared = next((i for i in model.graph.input if i.name == name), None)
-    if declared is not None and declared.type.HasField("tensor_type"):
-        return ir.serde.deserialize_value_info_proto(declared, None)
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType(elem)), shape=ir.Shape(list(shape)))
+def _scalar_input(name: str, elem: int) -> ir.Value:
+    """The ``[1]`` graph input ``name`` of element type ``elem`` (the optimizer contract's)."""
+    return ir.Value(name=name, type=ir.TensorType(ir.DataType(elem)), shape=ir.Shape([1]))
 
 
 def _finish(
@@ -138,7 +129,18 @@ def _finish(
     return result
 
 
-def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.ModelProto:
+def _spec_and_opset(optimizer: onnx.ModelProto | OptimizerSpec) -> tuple[OptimizerSpec, int]:
+    """The spec (read from a model by :func:`read_optimizer`) and the opset to write in."""
+    if isinstance(optimizer, OptimizerSpec):
+        return optimizer, _limits.DEFAULT_ONNX_OPSET
+    return read_optimizer(optimizer), _opset(optimizer)
+
+
+def optimizer_model(
+    optimizer: onnx.ModelProto | OptimizerSpec,
+    params: Sequence[ir.Value],
+    opset: int | None = None,
+) -> onnx.ModelProto:
     """The portable optimizer model: one tensor input and output per parameter, gradient and moment.
 
     Its signature (docs/portable.md)::
@@ -152,15 +154,17 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
     zeros in its checkpoints, and the runtime keeps it through this input.
 
     Args:
-        model: An optimizer model built by :mod:`onnxblocks.optim` (not changed).
+        optimizer: The optimizer's spec, or an optimizer model built by :mod:`onnxblocks.optim`
+            (read by :func:`read_optimizer`; not changed).
         params: The trainable parameters, in the training model's order: values whose
             names, types and shapes the inputs take (not changed).
+        opset: The opset to write (default: the model's, or the default opset for a spec).
 
     Raises:
         PortabilityError: for an optimizer model of another form.
     """
-    spec = read_optimizer(model)
-    opset = _opset(model)
+    spec, read_opset = _spec_and_opset(optimizer)
+    opset = max(opset or read_opset, 13)
     names = NameAuthority([LEARNING_RATE, STEP])
     for p in params:
         assert p.name is not None, "parameters have names"
@@ -170,8 +174,8 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
             names.reserve(n)
             names.reserve(updated_name(n))
     w = OptimizerWriter(names, opset, "optimizer")
-    lr = _input(model, LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
-    step = _input(model, STEP, onnx.TensorProto.INT64, [1])
+    lr = _scalar_input(LEARNING_RATE, onnx.TensorProto.FLOAT)
+    step = _scalar_input(STEP, onnx.TensorProto.INT64)
     inputs, outputs = [lr, step], []
     state: list[tuple[ir.Value, ir.Value, list[ir.Value]]] = []
     for p in params:
@@ -194,7 +198,14 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
             [updated_name(n) for n in (value.name, *state_names(value.name, spec.updated_states))]
         )
     written = update_parameters(
-        w, spec, lr, step, [v for v, _, _ in state], grads, [m for _, _, m in state], names_out
+        w,
+        spec,
+        lr,
+        step,
+        [v for v, _, _ in state],
+        grads,
+        [m[: spec.updated_states] for _, _, m in state],  # ONNX Runtime's SGD: a moment unread
+        names_out,
     )
     for (value, _, moments), new in zip(state, written, strict=True):
         for out, old in zip(new, (value, *moments), strict=False):
@@ -203,24 +214,32 @@ def optimizer_model(model: onnx.ModelProto, params: Sequence[ir.Value]) -> onnx.
     return _finish(inputs, outputs, w, opset, "portable_optimizer")
 
 
-def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelProto:
-    """The standard-op optimizer model for ``count`` parameters, with today's inputs and updated
-    sequences out.
+def portable_optimizer_model(
+    optimizer: onnx.ModelProto | OptimizerSpec, count: int, opset: int | None = None
+) -> onnx.ModelProto:
+    """The standard-op optimizer model for ``count`` parameters, with the training build's
+    sequence inputs and updated sequences out.
 
-    The training build's optimizer inputs (tensor sequences ``params``, ``gradients``,
-    moments), returning ``params.out`` and the moments' ``.out`` sequences.
+    The inputs ``learning_rate``, ``step`` and the tensor sequences ``params``, ``gradients``
+    and the moments; the outputs ``params.out`` and the moments' ``.out`` sequences.
     :func:`optimizer_model` is the per-tensor form portable artifacts hold.
 
     Args:
-        model: An optimizer model built by :mod:`onnxblocks.optim` (not changed).
+        optimizer: The optimizer's spec, or an optimizer model built by :mod:`onnxblocks.optim`
+            (read by :func:`read_optimizer`; not changed).
         count: How many parameters the sequences hold (the training model's trainable parameters).
+        opset: The opset to write (default: the model's, or the default opset for a spec).
 
     Raises:
-        PortabilityError: for an optimizer model of another form.
+        PortabilityError: for an optimizer model of another form, or a spec naming another
+            number of parameters.
     """
-    spec = read_optimizer(model)
-    opset = _opset(model)
-    inputs = [ir.serde.deserialize_value_info_proto(i, None) for i in model.graph.input]
+    spec, read_opset = _spec_and_opset(optimizer)
+    opset = max(opset or read_opset, 13)
+    sequence = ir.SequenceType(ir.TensorType(ir.DataType(spec.elem_type)))
+    inputs = [_scalar_input(LEARNING_RATE, onnx.TensorProto.FLOAT)]
+    inputs += [_scalar_input(STEP, onnx.TensorProto.INT64)]
+    inputs += [ir.Value(name=n, type=sequence) for n in (PARAMS, GRADIENTS, *spec.state_inputs)]
     by_name = {v.name: v for v in inputs}
     w = OptimizerWriter(NameAuthority(v.name for v in inputs if v.name), opset, "optimizer")
     sequences = [PARAMS, GRADIENTS, *spec.state_inputs]
@@ -228,11 +247,11 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
         s: [w.op("SequenceAt", [by_name[s], w.const(np.int64(i))]) for i in range(count)]
         for s in sequences
     }
-    if spec.groups and len(spec.params) != count:
+    if spec.params and len(spec.params) != count:
         raise PortabilityError(
             f"The optimizer model names {len(spec.params)} parameters, not {count}: regenerate it."
         )
-    order = [n for n, _ in spec.params] if spec.groups else None
+    order = [n for n, _ in spec.params] if spec.params else None
     grads = clip(w, spec, items[GRADIENTS], order or [f"#{i}" for i in range(count)])
     outs = {s: [w.fresh(f"{s}.{i}") for i in range(count)] for s in (PARAMS, *spec.state_inputs)}
     produced: tuple[str, ...] = (PARAMS, *spec.state_inputs[: spec.updated_states])
@@ -252,7 +271,7 @@ def portable_optimizer_model(model: onnx.ModelProto, count: int) -> onnx.ModelPr
     outputs = []
     for s in produced:
         out = w.op("SequenceConstruct", [values[n] for n in outs[s]], updated_name(s))
-        out.type = ir.SequenceType(ir.TensorType(ir.DataType(spec.elem_type)))
+        out.type = sequence
         outputs.append(out)
     return _finish(inputs, outputs, w, opset, "portable_optimizer")
 
