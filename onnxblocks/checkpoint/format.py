@@ -23,8 +23,9 @@ file ``<checkpoint>.data``, with the length implied by dims and data type. A
 
 The package's modules: :mod:`~onnxblocks.checkpoint.schema` (the layout as
 data, from the flatc-generated accessors), :mod:`~onnxblocks.checkpoint.encode`
-(the writer) and :mod:`~onnxblocks.checkpoint.decode` (the bounds-checked
-reader). This module gathers their public names.
+(the writer), :mod:`~onnxblocks.checkpoint.decode` (the reader) and
+:mod:`~onnxblocks.checkpoint.checked_table` (the reader's bounds-checked
+accessors). This module gathers their public names.
 """
 
 from onnxblocks._core.errors import CheckpointFormatError

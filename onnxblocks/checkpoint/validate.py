@@ -37,7 +37,8 @@ from onnxblocks._core.errors import (
     preview,
 )
 from onnxblocks.checkpoint import format as _format
-from onnxblocks.checkpoint.load import Checkpoint, _Reader, check_scalars, checkpoint_of
+from onnxblocks.checkpoint.load import Checkpoint, check_scalars, checkpoint_of
+from onnxblocks.checkpoint.mapped import MappedCheckpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 
 __all__ = ["check_checkpoint", "model_parameter_slots", "read_checked"]
@@ -91,7 +92,7 @@ def _fits(dims: tuple[int, ...], want: tuple[int | str | None, ...] | None) -> b
     )
 
 
-def _check_file(reader: _Reader) -> None:
+def _check_file(reader: MappedCheckpoint) -> None:
     """Everything ONNX Runtime relies on that the flatbuffer's bounds checks do not cover."""
     parsed, where = reader.parsed, f"Checkpoint '{reader.path}'"
     if parsed.missing:
@@ -188,7 +189,7 @@ def _model_slots(model: onnx.ModelProto | str | os.PathLike) -> tuple[dict[str, 
     return model_parameter_slots(loaded), f"the model '{path.name}'"
 
 
-def _check_against(reader: _Reader, slots: Mapping[str, Slot], model_name: str) -> None:
+def _check_against(reader: MappedCheckpoint, slots: Mapping[str, Slot], model_name: str) -> None:
     parsed = reader.parsed
     where = f"Checkpoint '{reader.path}'"
     # tensors kept beside the model's (a weight EMA) under the reserved prefix are no model
@@ -287,7 +288,7 @@ def check_checkpoint(
         onnxblocks.errors.CheckpointMismatchError: if it does not belong to ``model``,
             naming the parameter, both shapes or element types, and what to do.
     """
-    reader = _Reader(path_to_checkpoint)
+    reader = MappedCheckpoint(path_to_checkpoint)
     try:
         _check_file(reader)
         if model is not None:
@@ -314,7 +315,7 @@ def read_checked(
     Raises:
         As :func:`check_checkpoint`.
     """
-    reader = _Reader(path_to_checkpoint)
+    reader = MappedCheckpoint(path_to_checkpoint)
     _check_file(reader)
     if model is not None:
         _check_against(

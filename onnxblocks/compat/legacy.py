@@ -21,7 +21,6 @@ pre-1.15 API") shows each legacy program beside its onnxblocks equivalent.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -42,6 +41,7 @@ from onnxblocks._core.errors import (
     UnknownNameError,
     did_you_mean,
 )
+from onnxblocks.compat import _legacy_state as _state
 from onnxblocks.compat._legacy_gradient import GradientGraphBuilder
 from onnxblocks.compat._legacy_optim import optimizer_for
 from onnxblocks.compat._legacy_parameters import TrainingParameters, load_model_arg
@@ -122,13 +122,6 @@ def _cache_dir(model_bytes: bytes, parameters: TrainingParameters) -> Path:
         json.dumps([__version__, parameters._key()], sort_keys=True, default=repr).encode()
     )
     return cache_root() / "legacy-training" / digest.hexdigest()[:32]
-
-
-def dict_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Arrays copied out of a checkpoint's memory maps (the file they map is about to be
-    replaced).
-    """
-    return {name: np.array(value) for name, value in arrays.items()}
 
 
 class TrainingSession:
@@ -327,34 +320,17 @@ class TrainingSession:
         self, include_mixed_precision_weights: bool = False
     ) -> dict[str, dict[str, np.ndarray]]:
         """``{"full_precision": {weight: array}}`` of the trained weights."""
-        return {"full_precision": {w: self._session.get_parameter(w) for w in self._weights}}
+        return {"full_precision": _state.weights(self._session, self._weights)}
 
     def get_optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
         """``{weight: {"Moment_1": m, "Moment_2": v, "Update_Count": step}}`` (empty for SGD)."""
-        from onnxblocks.checkpoint import load_checkpoint
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = self._session.save_checkpoint(Path(tmp) / "state", include_optimizer_state=True)
-            state = load_checkpoint(path).optimizer_state
-        out: dict[str, dict[str, np.ndarray]] = {}
-        for group in state.groups:
-            for weight, moments in group.moments.items():
-                entry = {f"Moment_{i + 1}": np.array(m) for i, m in enumerate(moments)}
-                if entry:
-                    out[weight] = {
-                        **entry,
-                        "Update_Count": np.array([group.step + 1], np.int64),
-                    }
-        return out
+        return _state.optimizer_state(self._session)
 
     def get_state(self) -> dict[str, np.ndarray]:
         """The weights and the optimizer state in one flat dict (``Moment_1_<weight>``,
         ``Update_Count_<weight>``).
         """
-        state = dict(self.get_model_state()["full_precision"])
-        for weight, entries in self.get_optimizer_state().items():
-            state.update({f"{key}_{weight}": value for key, value in entries.items()})
-        return state
+        return _state.flat_state(self._session, self._weights)
 
     def load_state(self, dict: Mapping[str, Any], strict: bool = False) -> None:  # legacy name
         """Set weights and optimizer state from a :meth:`get_state` dict; names it does not hold
@@ -366,70 +342,7 @@ class TrainingSession:
             InvalidValueError: for an array of the wrong shape, or ``Update_Count`` values that
             differ.
         """
-        if not isinstance(dict, Mapping):
-            raise InvalidTypeError(
-                f"load_state takes a dict {{name: array}}, not {type(dict).__name__}."
-            )
-        current = self.get_state()
-        extra = [k for k in dict if k not in current]
-        missing = [k for k in current if k not in dict] if strict else []
-        if extra or missing:
-            bad = (extra or missing)[0]
-            raise UnknownNameError(
-                f"load_state{'(strict=True)' if strict else ''}: "
-                f"{'unknown name' if extra else 'missing entry'} "
-                f"'{bad}'.{did_you_mean(bad, sorted(current))}"
-            )
-        values = {}
-        for name, value in dict.items():
-            array = np.asarray(value, dtype=current[name].dtype)
-            if array.shape != current[name].shape:
-                raise InvalidValueError(
-                    f"load_state: '{name}' has shape {array.shape}; the session's is "
-                    f"{current[name].shape}."
-                )
-            values[name] = array
-        self._session.set_parameters({k: v for k, v in values.items() if k in self._weights})
-        if any(k not in self._weights for k in values):
-            self._load_optimizer_state({**current, **values})
-
-    def _load_optimizer_state(self, state: Mapping[str, np.ndarray]) -> None:
-        from onnxblocks._core.contracts import STEP_PROPERTY
-        from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoint
-
-        counts = {int(v.reshape(-1)[0]) for k, v in state.items() if k.startswith("Update_Count_")}
-        if len(counts) > 1:
-            raise InvalidValueError(
-                f"load_state: the Update_Count entries differ ({sorted(counts)}); give one value."
-            )
-        with tempfile.TemporaryDirectory() as tmp:
-            saved = load_checkpoint(
-                self._session.save_checkpoint(Path(tmp) / "now", include_optimizer_state=True)
-            )
-            groups = OptimizerState(
-                tuple(
-                    dataclasses.replace(
-                        group,
-                        step=next(iter(counts)) - 1 if counts else group.step,
-                        moments={
-                            w: [state.get(f"Moment_{i + 1}_{w}", m) for i, m in enumerate(arrays)]
-                            for w, arrays in group.moments.items()
-                        },
-                    )
-                    for group in saved.optimizer_state.groups
-                )
-            )
-            properties = dict(saved.properties)
-            if STEP_PROPERTY in properties and groups:
-                properties[STEP_PROPERTY] = groups.step
-            target = Path(tmp) / "loaded"
-            save_checkpoint(
-                (dict_copy(saved.trainable), dict_copy(saved.frozen)),
-                target,
-                optimizer_state=groups,
-                properties=properties,
-            )
-            self._session.load_checkpoint(target)
+        _state.load_flat_state(self._session, self._weights, dict, strict)
 
     def __repr__(self) -> str:
         return (

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,14 @@ from onnxblocks._core.contracts import (
 from onnxblocks._core.errors import FileMissingError, InvalidTypeError, InvalidValueError
 from onnxblocks.checkpoint import Checkpoint, OptimizerState, load_checkpoint, save_checkpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
-from onnxblocks.runtime import properties as _props
 from onnxblocks.runtime.layout import remove_leftovers
+from onnxblocks.web import state_metadata as _meta
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
 
 #: The state file's name inside an artifact directory.
 STATE_FILE = "params.safetensors"
 #: ``__metadata__["format"]`` of state files.
 STATE_FORMAT = "onnxblocks-web/1"
-_KINDS: dict[str, type] = {"int": int, "float": float, "str": str}
 
 
 @dataclass
@@ -209,14 +207,17 @@ def read_state(path: str | os.PathLike) -> WebState:
             f"{metadata.get('format')!r}, "
             f"expected {STATE_FORMAT!r}). Write one with onnxblocks.web.write_state."
         )
-    trainable, frozen = _names(metadata, "trainable", target), _names(metadata, "frozen", target)
+    trainable, frozen = (
+        _meta.names(metadata, "trainable", target),
+        _meta.names(metadata, "frozen", target),
+    )
     listed = [*trainable, *frozen]
     missing = [n for n in listed if n not in tensors]
     if missing:
         raise InvalidValueError(
             f"'{target}': parameters {missing[:5]} are listed in the metadata but have no tensor."
         )
-    count = _state_count(metadata, target)
+    count = _meta.state_count(metadata, target)
     moments = {
         name: [tensors[m] for m in state_names(name, count) if m in tensors] for name in trainable
     }
@@ -228,81 +229,17 @@ def read_state(path: str | os.PathLike) -> WebState:
             "Write the file with "
             "onnxblocks.web.write_state or the JavaScript client."
         )
-    step = metadata.get("step", "0")
-    if not _DECIMAL.match(step):
-        raise InvalidValueError(
-            f"'{target}': __metadata__ step {step!r:.40} is not a decimal integer."
-        )
     state = WebState(
         trainable={n: tensors[n] for n in trainable},
         frozen={n: tensors[n] for n in frozen},
         moments={k: v for k, v in moments.items() if v},
-        step=int(step),
-        learning_rate=_json(metadata, "learning_rate", target),
-        properties=_properties(metadata, target),
+        step=_meta.step(metadata, target),
+        learning_rate=_meta.json_field(metadata, "learning_rate", target),
+        properties=_meta.properties(metadata, target),
         states=count,
     )
     check_state(state, f"'{target}'")
     return state
-
-
-def _names(metadata: dict[str, str], key: str, target: Path) -> list[str]:
-    try:
-        names = json.loads(metadata.get(key, "[]"))
-    except (json.JSONDecodeError, RecursionError):
-        names = None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise InvalidValueError(
-            f"'{target}': __metadata__ {key} must be a JSON list of parameter names."
-        )
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise InvalidValueError(
-            f"'{target}': __metadata__ {key} lists {repeated[:5]} more than once."
-        )
-    return names
-
-
-_DECIMAL = re.compile(r"^[0-9]{1,20}$")
-
-
-def _state_count(metadata: dict[str, str], target: Path) -> int:
-    """The ``states`` metadata: state tensors per trainable parameter (2, AdamW's moments, when
-    absent).
-    """
-    text = metadata.get("states", "2")
-    if not (_DECIMAL.match(text) and 1 <= int(text) <= MAX_STATES):
-        raise InvalidValueError(
-            f"'{target}': __metadata__ states {text!r:.40} must be an integer in [1, "
-            f"{MAX_STATES}] (the optimizer's "
-            "state tensors per parameter)."
-        )
-    return int(text)
-
-
-def _json(metadata: dict[str, str], key: str, target: Path) -> Any:
-    if key not in metadata:
-        return None
-    try:
-        return json.loads(metadata[key])
-    except (json.JSONDecodeError, RecursionError):
-        raise InvalidValueError(
-            f"'{target}': __metadata__ {key} {metadata[key]!r:.40} is not JSON."
-        ) from None
-
-
-def _properties(metadata: dict[str, str], target: Path) -> dict[str, Any]:
-    raw = _json(metadata, "properties", target)
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict) or not all(
-        isinstance(v, list) and len(v) == 2 and v[0] in _KINDS for v in raw.values()
-    ):
-        raise InvalidValueError(
-            f"'{target}': __metadata__ properties must be a JSON object of [kind, value] pairs, "
-            "kind one of "
-            f"{sorted(_KINDS)}."
-        )
-    return {name: (kind, value) for name, (kind, value) in raw.items()}
 
 
 def check_state(state: WebState, where: str = "state") -> None:
@@ -362,43 +299,10 @@ def check_state(state: WebState, where: str = "state") -> None:
         if state.learning_rate is not None:
             state.learning_rate = _hyper.learning_rate(state.learning_rate, "learning_rate")
         state.properties = {
-            name: _property(name, value) for name, value in state.properties.items()
+            name: _meta.property_value(name, value) for name, value in state.properties.items()
         }
     except (InvalidValueError, InvalidTypeError) as exc:
         raise type(exc)(f"{where}: {exc}") from None
-
-
-def _property(name: object, value: object) -> int | float | str:
-    if not isinstance(name, str):
-        raise InvalidTypeError(
-            f"property names must be str, not {type(name).__name__} {name!r:.40}."
-        )
-    if isinstance(value, tuple):  # (kind, value) as the file holds it
-        kind, value = value
-        wrong = (
-            (kind == "int" and (not isinstance(value, int) or isinstance(value, bool)))
-            or (
-                kind == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool))
-            )
-            or (kind == "str" and not isinstance(value, str))
-        )
-        if wrong:
-            raise InvalidValueError(
-                f"property '{name}' is of kind {kind!r} but holds {value!r:.40}."
-            )
-        value = float(value) if kind == "float" else value  # type: ignore[arg-type]
-    if not isinstance(value, (int, float, str)) or isinstance(value, bool):
-        raise InvalidTypeError(
-            f"property '{name}' must be an int, float or str, not {type(value).__name__}."
-        )
-    encoded = _props.encode(value, name)  # what set_properties stores
-    if type(encoded) is not type(value):
-        raise InvalidValueError(
-            f"property '{name}' = {value!r:.40} cannot be stored in a checkpoint as it is (ints "
-            "are int64, floats "
-            "float32)."
-        )
-    return value
 
 
 def state_to_checkpoint(
