@@ -1,7 +1,7 @@
 """A cached Python 3.13 environment with stock onnxruntime and Flower, for SuperNodes of another kind.
 
 It is :mod:`support.portable_env`'s environment plus ``flwr`` at the version ``pyproject.toml``
-pins in the ``flower`` extra, built once per ``pyproject.toml`` under ``~/.cache/onnxblocks-test/``
+pins in the ``flower`` extra, built once per list of dependencies under ``~/.cache/onnxblocks-test/``
 (``py313-flower-<hash>``), in a temporary directory renamed into place. onnxblocks is not installed
 there: a SuperNode started with it imports the checkout (``PYTHONPATH``). Without a 3.13
 interpreter, :func:`ensure_python313_flower` raises a ``PortableEnvError`` that says how to get

@@ -6,7 +6,7 @@ markers, so stock ``onnxruntime`` comes in instead of onnxruntime-training. The
 package itself is not installed: the worker imports it from this checkout
 (``PYTHONPATH``), so the environment stays valid while the code changes.
 
-It is built once per ``pyproject.toml`` (the hash is in the directory name) under
+It is built once per list of dependencies (their hash is in the directory name) under
 ``~/.cache/onnxblocks-test/`` (``$XDG_CACHE_HOME`` respected), in a temporary
 directory renamed into place, so concurrent test sessions never see half an
 environment. The interpreter comes from ``$ONNXBLOCKS_PYTHON313``, pyenv
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import tomllib
 
+from support.cache_lock import cache_dir, cache_lock
+
 SUPPORT = Path(__file__).resolve().parent
 TESTS = SUPPORT.parent
 ROOT = TESTS.parent
@@ -36,11 +38,6 @@ WANTED = (3, 13)
 
 class PortableEnvError(RuntimeError):
     """The Python 3.13 environment with stock onnxruntime cannot be had."""
-
-
-def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "onnxblocks-test"
 
 
 def _version(python: str | os.PathLike) -> tuple[int, int] | None:
@@ -130,21 +127,34 @@ def ensure_python313() -> Path:
 def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: str) -> Path:
     """The Python of a cached 3.13 venv with ``wanted`` installed, built on first use.
 
-    The venv is ``<cache>/<prefix>-<hash>``, the hash of ``pyproject.toml``, the interpreter and ``salt``.
-    It is built in a staging directory, checked with ``probe`` (Python code), marked ready and renamed
-    into place, so a concurrent session never sees half an environment.
+    The venv is ``<cache>/<prefix>-<hash>``, the hash of ``wanted``, the interpreter and ``salt``.
+    One process builds it while the others wait (:func:`support.cache_lock.cache_lock`), in a staging
+    directory, checked with ``probe`` (Python code), marked ready and renamed into place, so a
+    concurrent session or pytest-xdist worker never sees half an environment nor builds a second one.
 
     Raises:
         PortableEnvError: when the interpreter is missing or the environment cannot be built.
     """
     interpreter = find_python313()
+    # what is installed decides the key, so edits elsewhere in pyproject.toml keep the cache
     key = hashlib.sha256(
-        PYPROJECT.read_bytes() + os.fspath(interpreter).encode() + salt
+        json.dumps(wanted).encode() + os.fspath(interpreter).encode() + salt
     ).hexdigest()[:16]
     venv = cache_dir() / f"{prefix}-{key}"
     python = venv / "bin" / "python"
     if (venv / "ready").exists() and python.exists():
         return python
+    # a concurrent builder's venv is waited for, not built twice
+    with cache_lock(f"{prefix}-{key}"):
+        if not ((venv / "ready").exists() and python.exists()):
+            _build_venv(interpreter, venv, prefix, key, wanted, probe, what)
+    # a venv's scripts name its staging path; python -m works from anywhere, so only the interpreter is used
+    return python
+
+
+def _build_venv(
+    interpreter: Path, venv: Path, prefix: str, key: str, wanted: list[str], probe: str, what: str
+) -> None:
     cache_dir().mkdir(parents=True, exist_ok=True)
     staging = cache_dir() / f".building-{prefix}-{key}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -175,8 +185,6 @@ def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: s
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    # a venv's scripts name its staging path; python -m works from anywhere, so only the interpreter is used
-    return python
 
 
 def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:

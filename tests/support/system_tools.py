@@ -15,6 +15,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from support.cache_lock import cache_lock
+
 _LOCK = threading.Lock()
 
 
@@ -45,7 +47,7 @@ def debian_tool(package: str, candidates: Sequence[str], why: str) -> Path:
                 return Path(found)
         return None
 
-    with _LOCK:
+    with _LOCK, cache_lock("apt-get"):  # apt-get in two processes at once fails on dpkg's lock
         if (found := find()) is not None:
             return found
         command = f"apt-get install -y {package}"

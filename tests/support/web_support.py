@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from onnxblocks.web.npm import NpmError, install_js_dependencies, js_dir
+from support.cache_lock import cache_dir, cache_lock
 from support.system_tools import SystemToolError, debian_tool
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
@@ -31,10 +31,6 @@ CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 
 class WebEnvError(RuntimeError):
     """Node, npm or Chromium cannot be had."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onnxblocks-test"
 
 
 @functools.cache
@@ -45,7 +41,8 @@ def node_modules() -> Path:
             "Node.js is not on the PATH; the JavaScript tests need Node 20+ with npm (apt-get install nodejs npm)."
         )
     try:
-        return install_js_dependencies(cache=cache_dir())
+        with cache_lock("npm"):  # one npm ci per lock file, however many workers ask at once
+            return install_js_dependencies(cache=cache_dir())
     except NpmError as exc:
         raise WebEnvError(str(exc)) from None
 
