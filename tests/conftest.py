@@ -1,15 +1,61 @@
-"""Shared fixtures: small models and an ONNX Runtime runner (helpers live in ``support/``)."""
+"""Shared fixtures (small models, an ONNX Runtime runner) and how a run is set up; helpers live in ``support/``.
+
+Markers. The fast subset is ``pytest -m "not slow and not node and not browser and not py313"``; the
+README's command (no ``-m``) runs everything. These four markers are set in one place, the table
+``MARKS`` of ``support/markers.py``, which :func:`pytest_collection_modifyitems` applies; test modules
+never set them (no ``pytestmark``, decorators or ``pytest.param(marks=...)`` of these four).
+
+Workers. ``pyproject.toml`` runs pytest-xdist (``-n auto --dist loadgroup``): a run of directories (the
+whole suite, a package) gets one worker per CPU; a run that names files or tests runs in this process
+(:func:`pytest_xdist_auto_num_workers`); ``-n 0`` always runs in-process (for ``--pdb``, debugging),
+``-n N`` forces N workers. With several workers:
+
+* each worker's ONNX Runtime sessions and torch get ``CPUs // workers`` threads
+  (``ONNXBLOCKS_ORT_THREADS``, ``OMP_NUM_THREADS``; either set by hand wins), so two workers on two cores
+  do not fight over them;
+* the tests of a module that share a fixture wider than a test (module, class, package scope, or a
+  session fixture defined in the module) run on one worker (an ``xdist_group`` named after the module),
+  so the fixture is built once;
+* slow, Node, browser and Python 3.13 tests are handed out first and the quick ones fill the end, so no
+  worker is left running a long test alone at the end;
+* the caches the tests build on first use (3.13 venvs, npm packages, apt-get installs) are built by one
+  process while the others wait (``support/cache_lock.py``).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import onnx
 import pytest
+from support.markers import MarkTable
 from support.onnx_models import make_linear_model, run_model
 from support.ort_threads import install as install_ort_threads
 
 #: ``training_dir`` (the optimizer oracle's training model), for the optimizer and checkpoint tests.
 pytest_plugins = ["support.optim_oracle"]
 
+
+def _cpus() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+def _share_cores() -> None:
+    """Under pytest-xdist, give each worker's ONNX Runtime sessions and torch its share of the CPUs."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
+        return
+    share = str(max(1, _cpus() // workers))
+    os.environ.setdefault("ONNXBLOCKS_ORT_THREADS", share)
+    os.environ.setdefault("OMP_NUM_THREADS", share)  # torch here and in subprocesses
+    if "torch" in sys.modules:  # imported before this file: its thread pool is sized already
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_cores()
 install_ort_threads()  # ONNXBLOCKS_ORT_THREADS=N: every session the tests open gets N intra-op threads
 
 
@@ -39,23 +85,72 @@ def portable_python():
         pytest.fail(str(exc))
 
 
-#: Markers for files that need a real component; `slow` is set on tests themselves.
-_FILE_MARKERS = {
-    "test_js_node.py": "node",
-    "test_web_browser.py": "browser",
-    "test_portable_runtime_py313.py": "py313",
-}
+#: Markers a distributed run hands out first (long tests, or tests that start other programs).
+_FIRST = ("slow", "node", "browser", "py313")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Mark tests that need Node, Chromium or the Python 3.13 venv, so a fast subset can leave them out.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU for a run of directories; in-process for named files or tests.
 
-    ``pytest -m "not slow and not node and not browser and not py313"`` runs the fast subset;
-    the README's command (no ``-m``) runs everything.
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` (pytest-xdist's own variable) still sets the count.
     """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist reads it
+    args = [arg for arg in config.args if not arg.startswith("-")]
+    if args and all("::" in arg or os.path.isfile(arg) for arg in args):
+        return 0
+    return _cpus()
+
+
+def _shared_fixture_group(item) -> str | None:
+    """The module (or package) whose tests share a fixture wider than one test with ``item``; None if none."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::")[0]
+    for definitions in info.name2fixturedefs.values() if info else ():
+        for definition in definitions:
+            scope = definition.scope
+            if scope in ("module", "class"):
+                return module
+            if scope == "package":
+                return definition.baseid or module
+            if scope == "session" and definition.baseid.endswith(".py"):
+                return module  # a session fixture of a test module: built where its tests run
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and ``-m`` deselects
+def pytest_collection_modifyitems(config, items):
+    """Set the selection markers of ``support/markers.py``; group and order the tests for the workers."""
+    table = MarkTable()
+    unmarked_py313 = []
     for item in items:
-        marker = _FILE_MARKERS.get(item.path.name)
-        if marker:
-            item.add_marker(marker)
-        if "portable_python" in getattr(item, "fixturenames", ()):
-            item.add_marker("py313")
+        for name in table.markers(item.nodeid):
+            item.add_marker(name)
+        if "portable_python" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "py313"
+        ):
+            item.add_marker(
+                "py313"
+            )  # the subset must not need Python 3.13; the table should say so
+            unmarked_py313.append(item.nodeid)
+        group = _shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if unmarked_py313:
+        warnings.warn(
+            f"{len(unmarked_py313)} tests use portable_python but are not marked py313 in "
+            f"tests/support/markers.py (marked now; add them there): {unmarked_py313[:5]}",
+            stacklevel=1,
+        )
+    whole_suite = not [
+        arg for arg in config.args if not arg.startswith("-")
+    ] or config.args == list(config.getini("testpaths"))
+    if whole_suite and (stale := table.unused()):
+        warnings.warn(
+            f"tests/support/markers.py: {len(stale)} keys match no test (renamed or removed? "
+            f"update the table): {stale[:5]}",
+            stacklevel=1,
+        )
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike
+        items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in _FIRST))

@@ -217,7 +217,6 @@ def test_concurrent_writers_all_succeed_with_one_complete_set_per_prefix(tmp_pat
     assert len(got) == 3 * len(new) and _strays(tmp_path) == []
 
 
-@pytest.mark.slow
 def test_second_writer_waits_for_the_lock_then_times_out_clearly(
     tmp_path, reference_sets, monkeypatch
 ):
@@ -364,7 +363,6 @@ def test_writer_killed_at_each_move_of_the_commit_leaves_a_complete_set(
     assert _contents(tmp_path) == new and _strays(tmp_path) == []
 
 
-@pytest.mark.slow
 def test_writer_killed_at_random_moments(tmp_path, reference_sets):
     old, new = reference_sets
     rng = random.Random(12)

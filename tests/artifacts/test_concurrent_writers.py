@@ -217,7 +217,6 @@ print(json.dumps(outcomes), flush=True)
 PROCESSES, JOBS = 3, 6
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("portable", [False, True], ids=["ort", "portable"])
 def test_processes_write_complete_sets_and_leave_nothing(
     tmp_path, model_path, references, portable

@@ -43,9 +43,7 @@ def _exported(name: str, how: str):
     return family, export(family.model, family.inputs, how)
 
 
-@pytest.mark.parametrize(
-    "how", [pytest.param(h, marks=[pytest.mark.slow] if "dynamo" in h else []) for h in EXPORTS]
-)
+@pytest.mark.parametrize("how", EXPORTS)
 def test_llama_norms_merged_by_the_exporter_are_found_with_the_names_untie_gives_them(how):
     _, model = _exported("llama", how)
     ties = [t for t in find_ties(model) if not t.by_model]
@@ -82,7 +80,6 @@ def test_gpt2_keeps_its_own_tie_of_lm_head_and_wte(how):
     assert not [t for t in find_ties(declared) if t.by_model]
 
 
-@pytest.mark.slow
 def test_one_module_called_twice_is_no_tie_two_merged_modules_are():
     class Model(nn.Module):
         def __init__(self) -> None:
@@ -117,9 +114,7 @@ def _torch_steps(family, dtype) -> tuple[list[float], dict[str, np.ndarray]]:
     return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize(
-    "how", [pytest.param("ts-folded"), pytest.param("dynamo-optimized", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("how", ["ts-folded", "dynamo-optimized"])
 def test_untied_llama_trains_like_torch_and_the_tied_one_warns_and_drifts(how, tmp_path):
     family, model = _exported("llama", how)
     before = model.SerializeToString()
@@ -185,7 +180,6 @@ def test_a_merged_module_name_without_untie_says_to_untie(tmp_path):
         )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_gpt2_trains_its_own_tie_without_a_warning_and_untie_keeps_it(tmp_path):
     family, model = _exported("gpt2", "dynamo")
     requires = [i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]

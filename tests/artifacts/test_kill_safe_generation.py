@@ -106,7 +106,6 @@ class _Server:
         self.process.wait(timeout=60)
 
 
-@pytest.mark.slow
 def test_generation_killed_at_random_points_leaves_the_old_set_or_nothing(tmp_path):
     model = tmp_path / "model.onnx"
     onnx.save(make_linear_model(), model)

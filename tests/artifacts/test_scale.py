@@ -500,7 +500,6 @@ def test_chunks_of_in_memory_tensor_are_views_of_one_copy():
 
 
 # ------------------------------------------------------------------ the benchmark itself
-@pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("ONNXBLOCKS_SKIP_BENCH_SMOKE") == "1", reason="benchmark smoke test disabled"
 )

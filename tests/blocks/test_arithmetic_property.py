@@ -236,7 +236,6 @@ def _is_library_error(exc: BaseException) -> bool:
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@pytest.mark.slow
 @given(program=programs)
 def test_random_losses_and_arithmetic_match_torch_or_fail_clearly(tmp_path_factory, program):
     directory = tmp_path_factory.mktemp("program")

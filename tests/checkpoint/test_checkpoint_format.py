@@ -564,7 +564,6 @@ def _sweep(tmp_path: Path, original: Path, positions, strict: bool) -> dict[str,
     return outcome
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["inline", "nominal"])
 def test_corruption_sweep_every_byte(tmp_path, kind):
     save_checkpoint(parameters(), tmp_path / "orig", nominal_checkpoint=kind == "nominal")
@@ -576,7 +575,6 @@ def test_corruption_sweep_every_byte(tmp_path, kind):
     assert outcome["header_flips_rejected"] >= 0.85 * outcome["header_flips"], outcome
 
 
-@pytest.mark.slow
 def test_corruption_sweep_external_data(tmp_path):
     # The flatbuffer holds external offsets, which no check can validate: names, dtypes and shapes must hold.
     save_checkpoint(parameters(), tmp_path / "orig", external_data_threshold=0)
@@ -586,7 +584,6 @@ def test_corruption_sweep_external_data(tmp_path):
     assert outcome["header_flips_rejected"] >= 0.8 * outcome["header_flips"], outcome
 
 
-@pytest.mark.slow
 def test_corruption_sweep_of_a_checkpoint_ort_wrote_after_training(tmp_path, trained_checkpoint):
     # Optimizer steps, learning rates and property values are unchecked scalars: names, dtypes, shapes must hold.
     outcome = _sweep(

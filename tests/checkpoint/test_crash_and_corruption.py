@@ -26,8 +26,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow
-
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 sys.path.insert(0, str(TESTS))  # run as a script, ``support`` comes from tests/
@@ -180,7 +178,6 @@ if __name__ == "__main__":
 
 
 # =========================================================================== the tests
-import pytest  # noqa: E402
 from support.runtime_support import classification_data, generate  # noqa: E402
 
 from onnxblocks._core.ort import capi  # noqa: E402

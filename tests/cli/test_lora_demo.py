@@ -25,7 +25,6 @@ def demo(tmp_path_factory):
     return result, out.getvalue()
 
 
-@pytest.mark.slow
 def test_the_fine_tune_learns_the_shifted_task(demo):
     result, report = demo
     assert result.passed and result.loss_after <= lora_demo.TARGET_RATIO * result.loss_before
@@ -42,7 +41,6 @@ def test_the_fine_tune_learns_the_shifted_task(demo):
     assert "loss" in report and "merged model" in report
 
 
-@pytest.mark.slow
 def test_the_demo_files_load_back(demo):
     """The PEFT directory loads into a session of the artifacts; the merged model equals the session's logits."""
     import onnxruntime as ort

@@ -32,8 +32,6 @@ from torch import nn
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):

@@ -54,7 +54,6 @@ def _separate_sessions(
     }
 
 
-@pytest.mark.slow
 def test_one_round_of_fedavg_is_the_weighted_average_of_separate_sessions(setup, capsys):
     art, files, root = setup
     out = root / "exact"
@@ -148,7 +147,6 @@ def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_see
     return any(name == "flwr" and args[:1] == ["ls"] for name, args in commands)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("window", "signum", "inherited"),
     [

@@ -27,7 +27,6 @@ def _echo_app(directory, out, nodes, **extra):
     )
 
 
-@pytest.mark.slow
 def test_one_round_aggregates_every_node_and_nothing_outlives_the_deployment(tmp_path):
     """Two SuperNodes with their own node config: FedAvg's row-weighted mean of their updates, then all stopped."""
     run_dir = tmp_path / "run"
@@ -47,7 +46,6 @@ def test_one_round_aggregates_every_node_and_nothing_outlives_the_deployment(tmp
     assert "[ROUND 1/1]" in outcome.log.read_text()
 
 
-@pytest.mark.slow
 def test_an_error_inside_the_block_stops_everything(tmp_path):
     """An exception (here: a run past its timeout, stopped with flwr stop) leaves no Flower process behind."""
     run_dir = tmp_path / "run"
@@ -59,7 +57,6 @@ def test_an_error_inside_the_block_stops_everything(tmp_path):
     assert not (tmp_path / "out.npy").exists()
 
 
-@pytest.mark.slow
 def test_a_node_that_cannot_start_is_reported_with_its_log_and_nothing_is_left(tmp_path):
     """A SuperNode whose interpreter does not exist: DeploymentError naming its log; the SuperLink is stopped too."""
     run_dir = tmp_path / "run"
@@ -70,7 +67,6 @@ def test_a_node_that_cannot_start_is_reported_with_its_log_and_nothing_is_left(t
     assert flower_processes(run_dir) == []
 
 
-@pytest.mark.slow
 def test_keyboard_interrupt_stops_everything(tmp_path):
     """Ctrl-C while a round runs (KeyboardInterrupt in the waiting loop) stops the SuperLink, nodes and apps."""
     run_dir = tmp_path / "run"

@@ -18,15 +18,12 @@ import threading
 import time
 
 import numpy as np
-import pytest
 from support.federation import FAULT_APP, flower_processes
 from support.flower_apps import assert_fedavg, client_files, session_steps, spiral_artifacts
 
 from onnxblocks.federated.deployment import LocalDeployment, NodeSpec
 from onnxblocks.federated.project import write_app
 from onnxblocks.runtime import TrainingSession
-
-pytestmark = pytest.mark.slow
 
 STEPS, BATCH, LR = 2, 6, 0.1
 #: Seconds a round waits for replies: well above a healthy client's round on a loaded 2-core machine.

@@ -21,8 +21,6 @@ from support.flower_apps import assert_fedavg, client_files, session_steps, spir
 from onnxblocks.cli import main
 from onnxblocks.runtime import TrainingSession
 
-pytestmark = [pytest.mark.py313, pytest.mark.slow]
-
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, BATCH, LR = 2, 6, 0.1
 

@@ -95,7 +95,6 @@ def test_only_the_adapters_travel_and_the_base_stays(lora, task_identity):
         train_client(art, files[0], {**start, weight: np.zeros(1, np.float32)}, CONFIG)
 
 
-@pytest.mark.slow
 def test_one_fedavg_round_averages_the_clients_adapters(lora):
     root, art, info, files = lora
     out = root / "fedavg"

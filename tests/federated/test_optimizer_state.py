@@ -146,7 +146,6 @@ def test_kept_state_is_checked_against_the_artifacts(setup):
         keeps_optimizer_state(None, {"keep-optimizer-state": 1})
 
 
-@pytest.mark.slow
 def test_simulated_rounds_keep_the_optimizer_state(setup):
     """Flower's simulation runtime keeps each node's Context between rounds: 1 client, FedAvg, 2 rounds.
 

@@ -27,8 +27,6 @@ from onnxblocks.federated import FederatedHistory, make_client_app, make_server_
 from onnxblocks.federated import simulate as simulate_with_flwr_run
 from onnxblocks.runtime import TrainingSession
 
-pytestmark = pytest.mark.slow
-
 SIZES = (20, 30, 40)
 LOCAL = {"local_steps": 3, "batch_size": 6, "shuffle": False, "lr": 0.1}
 

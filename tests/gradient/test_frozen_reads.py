@@ -74,7 +74,6 @@ def _compare(
 
 
 # ------------------------------------------------------------------ LLaMA, GPT-2
-FAST = {("llama", "ts-folded", "lora"), ("llama", "ts-folded", "frozen")}
 CELLS = [("llama", e, m) for e in EXPORTS for m in ("lora", "frozen")] + [
     ("gpt2", e, "frozen") for e in EXPORTS
 ]
@@ -91,7 +90,7 @@ FROZEN = ("norm.weight", "embed_tokens.", "wte.", "wpe.", "ln_1.", "ln_2.", "ln_
 
 @pytest.mark.parametrize(
     ("name", "how", "mode"),
-    [pytest.param(*c, marks=() if c in FAST else pytest.mark.slow, id="-".join(c)) for c in CELLS],
+    [pytest.param(*c, id="-".join(c)) for c in CELLS],
 )
 def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(
     name, how, mode, tmp_path
@@ -156,14 +155,11 @@ class ConvNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-#: one cell per defect in the fast subset: generation on a folded export, the overwritten constant bias on dynamo's
-BN_FAST = {("bias", "constant", "ts-folded"), ("bias", "constant", "dynamo")}
 BN_CELLS = [
     pytest.param(
         f,
         left,
         how,
-        marks=() if (f, left, how) in BN_FAST else pytest.mark.slow,
         id=f"{f}-{left}-{how}",
     )
     for f, left in [("bias", "frozen_params"), ("bias", "constant"), ("weight", "constant")]

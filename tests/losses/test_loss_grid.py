@@ -47,10 +47,9 @@ from onnxblocks.errors import OnnxBlocksError
 from onnxblocks.losses._base import reduce_all
 from onnxblocks.runtime import TrainingSession
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning"),
-    pytest.mark.py313,
-]
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:reduction. 'mean' divides the total loss:UserWarning"
+)
 
 C, F, N, D = 5, 3, 4, 3  # classes, features, batch, extra dim (d or T)
 IGNORE = -100

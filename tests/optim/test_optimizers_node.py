@@ -48,8 +48,6 @@ from onnxblocks.checkpoint import load_checkpoint
 from onnxblocks.runtime import TrainingSession
 from onnxblocks.web import read_state, state_to_checkpoint, write_safetensors, write_state
 
-pytestmark = pytest.mark.node
-
 STEPS = 20
 #: each family's base learning rate: small enough that 20 float32 steps of the MLP stay far from chaos
 BASE_LR = {

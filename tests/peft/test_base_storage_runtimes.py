@@ -53,7 +53,6 @@ def _python(directory):
     return [float(session.train_and_update(x, y)[0]) for _ in range(STEPS)]
 
 
-@pytest.mark.node
 def test_node_trains_a_shared_base_as_python_does(js, shared, tmp_path):
     x, y = batch()
     write_plan(

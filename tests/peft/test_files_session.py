@@ -56,8 +56,8 @@ def _model(family: str):
     params=[
         ("llama", "torchscript"),
         ("gpt2", "torchscript"),
-        pytest.param(("llama", "dynamo"), marks=pytest.mark.slow),
-        pytest.param(("gpt2", "dynamo"), marks=pytest.mark.slow),
+        ("llama", "dynamo"),
+        ("gpt2", "dynamo"),
     ],
 )
 def family(request, tmp_path_factory):

@@ -33,8 +33,6 @@ CONFIGS = {
     "bert": LoraConfig(r=4, lora_alpha=16, target_modules=["query", "value"]),
 }
 CELLS = [(f, e) for f in CONFIGS for e in hf_families.EXPORTERS]
-#: Cells in the fast subset (one per exporter); the others run with the slow tests.
-FAST = {("llama", "ts"), ("gpt2", "dynamo")}
 
 
 def _artifacts(
@@ -83,15 +81,8 @@ ALL_LINEAR = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
 
 @pytest.mark.parametrize(
     ("name", "exporter", "config"),
-    [
-        pytest.param(*c, None, marks=() if c in FAST else pytest.mark.slow, id=f"{c[0]}-{c[1]}")
-        for c in CELLS
-    ]
-    + [
-        pytest.param(
-            "llama", "dynamo", ALL_LINEAR, marks=pytest.mark.slow, id="llama-dynamo-all-linear"
-        )
-    ],
+    [pytest.param(*c, None, id=f"{c[0]}-{c[1]}") for c in CELLS]
+    + [pytest.param("llama", "dynamo", ALL_LINEAR, id="llama-dynamo-all-linear")],
 )
 def test_training_build_matches_peft(name, exporter, config, tmp_path):
     family, artifacts, info = _artifacts(name, exporter, tmp_path, config=config)
@@ -112,7 +103,6 @@ def test_training_build_matches_peft(name, exporter, config, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.slow
 def test_portable_artifacts_match_peft_on_stock_onnxruntime(portable_python, tmp_path):
     tasks, expected, failures = [], {}, []
     for name, exporter in CELLS:

@@ -21,7 +21,6 @@ import os
 
 import numpy as np
 import onnx
-import pytest
 from support import hf_families
 from support.numerics import check_close, is_close
 from support.portable_env import run_worker
@@ -30,8 +29,6 @@ from support.reference64 import family64
 from onnxblocks._core.contracts import PORTABLE_MODE_METADATA
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.portable import non_portable_ops
-
-pytestmark = pytest.mark.slow
 
 STEPS = 5
 LR = 1e-3

@@ -122,7 +122,6 @@ CASES = [("families", n, e) for n, e in models.FAMILY_CASES] + [
 ]
 
 
-@pytest.mark.slow
 def test_every_family_trains_on_stock_onnxruntime_like_torch(portable_python, tmp_path):
     tasks, expected = [], {}
     for suite, name, exporter in CASES:

@@ -116,7 +116,6 @@ def test_export_after_partial_fine_tuning(tmp_path, backend, size_mb):
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["training", "portable"])
 def test_export_over_2gb(tmp_path, backend):
     vocab = (2 * 1024 * MB) // (DIM * 4) + 4096  # 2 GiB + 4 MiB of frozen table

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import pytest
 import torch
 import torch.nn.functional as F
 from onnxscript import FLOAT, script
@@ -27,8 +26,6 @@ from torch import nn
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from support import models
-
-pytestmark = pytest.mark.slow
 
 D = 8
 

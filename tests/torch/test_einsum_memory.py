@@ -21,8 +21,6 @@ import pytest
 import torch
 from support.numerics import assert_close
 
-pytestmark = pytest.mark.slow
-
 WORKER = Path(__file__).resolve().parents[1] / "support" / "einsum_memory.py"
 EQUATIONS = ["sec,sm->ecm", "sec,ecm->sm"]
 MIB = 1 << 20

@@ -25,7 +25,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,8 +32,6 @@ from support.numerics import assert_close
 from torch.utils import _pytree as pytree
 
 from onnxblocks.torch import OrtModule
-
-pytestmark = pytest.mark.slow
 
 RTOL = 1e-5
 DIMS = (0, 1, 2)

@@ -30,8 +30,6 @@ from onnxblocks.runtime import ArrayBatches, TrainingSession, fit
 from onnxblocks.torch import OrtModule
 from onnxblocks.torch.export import export_module
 
-pytestmark = pytest.mark.slow
-
 RTOL = 1e-5
 WORKER = Path(ddp_worker.__file__)
 

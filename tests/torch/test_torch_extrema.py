@@ -18,8 +18,6 @@ from support.numerics import assert_close, assert_equal, eps
 
 from onnxblocks.torch import OrtModule
 
-pytestmark = pytest.mark.slow
-
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 

@@ -30,8 +30,6 @@ from onnxblocks.portable.lower import lower_training_ops
 from onnxblocks.torch import OrtModule
 from onnxblocks.torch.export import export_module
 
-pytestmark = pytest.mark.slow
-
 RTOL = 1e-5
 
 

@@ -24,8 +24,6 @@ from support.numerics import assert_close, assert_equal
 from onnxblocks.errors import GradientError
 from onnxblocks.torch import ExportError, OrtModule
 
-pytestmark = pytest.mark.slow
-
 RTOL = 1e-5
 EXPORTERS = ("torchscript", "dynamo")
 

@@ -20,8 +20,6 @@ from support.numerics import assert_close, assert_equal
 
 from onnxblocks.torch import ExportError, OrtModule
 
-pytestmark = pytest.mark.slow
-
 RTOL = 1e-5
 
 

@@ -26,8 +26,6 @@ from onnxblocks.portable.lower import lower_training_ops
 from onnxblocks.torch import OrtModule
 from onnxblocks.torch.export import export_module
 
-pytestmark = pytest.mark.slow
-
 RTOL = 1e-5  # float32 interpolation weights, summed over a few terms
 
 CASES = {

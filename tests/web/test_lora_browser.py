@@ -33,8 +33,6 @@ from onnxblocks.torch import (
 from onnxblocks.web import read_safetensors
 from onnxblocks.web.server import serving
 
-pytestmark = pytest.mark.browser
-
 STEPS = 40
 
 

@@ -32,8 +32,6 @@ from onnxblocks.torch import (
 )  # the test extra (torch==2.13.0): fails, never skips, without it
 from onnxblocks.web import read_state, write_safetensors, write_state
 
-pytestmark = pytest.mark.node
-
 STEPS, LR, BATCH = 12, 0.05, 4
 
 

@@ -29,8 +29,6 @@ from onnxblocks.runtime import TrainingSession
 from onnxblocks.web import load_state, spiral_artifacts
 from onnxblocks.web.npm import ORT_WEB_VERSION, js_dir
 
-pytestmark = pytest.mark.node
-
 CONSUMER_TS = """\
 import { exportInferenceModel, loadTrainer, ort, writeState, Trainer, type TrainingState } from 'onnxblocks-train';
 import { fillInferenceModel, type TemplateLayout } from 'onnxblocks-train/inference';

@@ -148,7 +148,6 @@ console.log(JSON.stringify(out));
 """
 
 
-@pytest.mark.node
 def test_javascript_names_the_same_offenders(tmp_path):
     node = shutil.which("node")
     if node is None:

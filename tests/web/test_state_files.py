@@ -80,7 +80,6 @@ console.log(JSON.stringify(out));
 """
 
 
-@pytest.mark.node
 def test_javascript_client_gives_the_same_verdicts_on_the_corpus(tmp_path):
     node = shutil.which("node")
     if node is None:

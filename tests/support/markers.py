@@ -1,0 +1,272 @@
+"""Where the tests' selection markers are set: the one table :data:`MARKS` (``tests/conftest.py`` applies it).
+
+Four markers pick the fast subset, ``pytest -m "not slow and not node and not browser and not py313"``
+(README.md), out of the whole suite (no ``-m``):
+
+* ``slow``: a test that takes a quarter of a second or more on a quiet 2-core machine (measure with
+  ``--durations``), or a sweep, a crash or corruption sweep, a large model;
+* ``node``: runs the JavaScript client in Node (npm-installs its packages into the test cache);
+* ``browser``: drives Debian's Chromium (installed with apt-get when missing);
+* ``py313``: runs in the cached Python 3.13 venv with stock onnxruntime (every test that uses the
+  ``portable_python`` fixture).
+
+They are set here and nowhere else: no ``pytestmark``, decorator or ``pytest.param(marks=...)`` of these
+four in a test module. A key is a test's node id, or its beginning up to a ``::`` or a ``[`` (a file,
+a class, a test function with all its parameter cells); ``*`` stands for any characters. A test gets
+the markers of every key that matches it. ``tests/conftest.py`` warns about a key that matches no test
+of a whole-suite run, and about a test that uses ``portable_python`` without ``py313`` (marking it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+
+#: Node id (or its beginning, or a ``*`` pattern) -> markers, space-separated.
+MARKS: dict[str, str] = {
+    # artifacts
+    "tests/artifacts/test_atomic_directories.py::test_concurrent_writers_all_succeed_with_one_complete_set_per_prefix": "slow",
+    "tests/artifacts/test_atomic_directories.py::test_second_writer_waits_for_the_lock_then_times_out_clearly": "slow",
+    "tests/artifacts/test_atomic_directories.py::test_writer_killed_at_each_move_of_the_commit_leaves_a_complete_set": "slow",
+    "tests/artifacts/test_atomic_directories.py::test_writer_killed_at_random_moments": "slow",
+    "tests/artifacts/test_build_edge_cases.py::test_if_reading_values_of_trainable_parameters_is_a_gradient_error_not_a_crash": "slow",
+    "tests/artifacts/test_concurrent_writers.py::test_threads_write_complete_sets_and_leave_nothing": "slow",
+    "tests/artifacts/test_concurrent_writers.py::test_processes_write_complete_sets_and_leave_nothing": "slow",
+    "tests/artifacts/test_concurrent_writers.py::test_adapters_written_at_once_are_one_writers_pair": "slow",
+    "tests/artifacts/test_exporter_ties.py": "slow",
+    "tests/artifacts/test_generate_any_python.py": "py313",
+    "tests/artifacts/test_kill_safe_generation.py::test_generation_killed_at_random_points_leaves_the_old_set_or_nothing": "slow",
+    "tests/artifacts/test_scale.py::test_import_does_not_load_heavy_modules": "slow",
+    "tests/artifacts/test_scale.py::test_benchmark_quick_run": "slow",
+    # blocks
+    "tests/blocks/test_arithmetic_property.py::test_random_losses_and_arithmetic_match_torch_or_fail_clearly": "slow",
+    "tests/blocks/test_script.py::test_import_onnxblocks_does_not_import_onnxscript": "slow",
+    # checkpoint
+    "tests/checkpoint/test_checkpoint.py::test_memory_stays_bounded_while_streaming": "slow",
+    "tests/checkpoint/test_checkpoint_format.py::test_corruption_sweep_every_byte": "slow",
+    "tests/checkpoint/test_checkpoint_format.py::test_corruption_sweep_external_data": "slow",
+    "tests/checkpoint/test_checkpoint_format.py::test_corruption_sweep_of_a_checkpoint_ort_wrote_after_training": "slow",
+    "tests/checkpoint/test_checkpoint_guards.py::test_a_one_byte_corruption_that_crashes_onnx_runtime_is_refused_everywhere": "slow",
+    "tests/checkpoint/test_checkpoint_properties.py": "slow",
+    "tests/checkpoint/test_crash_and_corruption.py": "slow",
+    # cli
+    "tests/cli/test_cli.py::test_train_save_resume_export": "slow",
+    "tests/cli/test_cli.py::test_demo_that_misses_its_target_exits_1": "slow",
+    "tests/cli/test_cli.py::test_subprocess_exit_code_and_single_error_line": "slow",
+    "tests/cli/test_cli_quiet.py::test_generation_and_a_portable_training_run_print_nothing_to_stderr": "slow",
+    "tests/cli/test_cli_quiet.py::test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3": "slow",
+    "tests/cli/test_cli_quiet.py::test_the_log_level_can_be_raised_by_environment": "slow",
+    "tests/cli/test_demo.py::test_demo_reaches_the_stated_accuracy": "slow",
+    "tests/cli/test_doctor.py": "slow",
+    "tests/cli/test_interrupts.py::test_a_waited_command_stops_on_a_signal_whose_exception_was_swallowed": "slow",
+    "tests/cli/test_interrupts.py::test_a_waited_command_is_killed_when_the_signal_comes_during_the_wait": "slow",
+    "tests/cli/test_interrupts.py::test_a_command_past_its_timeout_is_killed": "slow",
+    "tests/cli/test_lora_demo.py::test_the_fine_tune_learns_the_shifted_task": "slow",
+    "tests/cli/test_lora_demo.py::test_the_demo_files_load_back": "slow",
+    # compat
+    "tests/compat/test_compat.py::test_eval_model_has_no_training_mode_and_matches_torch_eval[BatchNormModel]": "slow",
+    "tests/compat/test_legacy_gradient.py::test_gradient_graph_matches_torch_autograd[gpt]": "slow",
+    "tests/compat/test_legacy_training.py::test_legacy_program_trains_as_torch_on_the_training_build[adam]": "slow",
+    "tests/compat/test_legacy_training.py::test_legacy_program_trains_as_torch_on_the_training_build[adam-accumulate-4]": "slow",
+    "tests/compat/test_legacy_training.py::test_legacy_program_trains_as_torch_on_the_training_build[adam-lambda]": "slow",
+    "tests/compat/test_legacy_training.py::test_legacy_program_trains_as_torch_on_the_training_build[lamb]": "slow",
+    "tests/compat/test_legacy_training.py::test_the_artifacts_are_cached_by_model_and_parameters": "slow",
+    "tests/compat/test_legacy_training.py::test_legacy_program_trains_as_torch_on_stock_onnxruntime_313": "py313",
+    "tests/compat/test_legacy_training.py::test_get_state_then_load_state_resumes_bit_exact": "slow",
+    "tests/compat/test_reference_training_api.py::test_training_end_to_end_matches_torch[AdamW]": "slow",
+    # display
+    "tests/display/test_display.py::test_10k_node_graph_renders_a_bounded_summary": "slow",
+    "tests/display/test_display.py::test_repeated_layers_collapse_into_one_box_with_a_count": "slow",
+    "tests/display/test_display.py::test_focused_view_of_a_large_graph_stays_small": "slow",
+    "tests/display/test_display.py::test_import_onnxblocks_does_not_import_display": "slow",
+    "tests/display/test_plot.py::test_png_through_matplotlib": "slow",
+    "tests/display/test_plot.py::test_png_never_touches_pyplot": "slow",
+    # families
+    "tests/families/test_exporter_sweep.py": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[mlp-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[cnn-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[gpt-torchscript]": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[gpt-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[gpt-onnxscript]": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[gru-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_gradients_match_torch[lstm-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[cnn-torchscript]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[cnn-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[gpt-torchscript]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[gpt-dynamo]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[gpt-onnxscript]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[lstm-torchscript]": "slow",
+    "tests/families/test_model_families.py::test_adamw_steps_track_torch[lstm-dynamo]": "slow",
+    # federated
+    "tests/federated/test_cli_federate.py::test_one_round_of_fedavg_is_the_weighted_average_of_separate_sessions": "slow",
+    "tests/federated/test_cli_federate.py::test_a_stop_signal_stops_every_flower_process_and_exits_130": "slow",
+    "tests/federated/test_client.py::test_importing_without_flower_names_the_extra": "slow",
+    "tests/federated/test_deployment.py::test_one_round_aggregates_every_node_and_nothing_outlives_the_deployment": "slow",
+    "tests/federated/test_deployment.py::test_an_error_inside_the_block_stops_everything": "slow",
+    "tests/federated/test_deployment.py::test_a_node_that_cannot_start_is_reported_with_its_log_and_nothing_is_left": "slow",
+    "tests/federated/test_deployment.py::test_keyboard_interrupt_stops_everything": "slow",
+    "tests/federated/test_faults_deployment.py": "slow",
+    "tests/federated/test_hetero_clients.py": "py313 slow",
+    "tests/federated/test_lora_federated.py": "slow",
+    "tests/federated/test_optimizer_state.py::test_two_rounds_with_kept_state_are_one_continuous_session": "slow",
+    "tests/federated/test_optimizer_state.py::test_the_client_app_keeps_state_in_the_nodes_context": "slow",
+    "tests/federated/test_optimizer_state.py::test_simulated_rounds_keep_the_optimizer_state": "slow",
+    "tests/federated/test_simulation.py": "slow",
+    # gradient
+    "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[fixed-bijk,jkl->bil-symbolic]": "slow",
+    "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[random32-...ce,...,...-symbolic]": "slow",
+    "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[random33-c...ce,a...,abc...-symbolic]": "slow",
+    "tests/gradient/test_frozen_reads.py::test_language_models_with_frozen_norms_and_embeddings_train_like_torch": "slow",
+    "tests/gradient/test_frozen_reads.py::test_batch_norms_with_a_frozen_bias_or_scale_train_like_torch": "slow",
+    "tests/gradient/test_gradient_worker.py::test_the_worker_writes_the_same_artifacts_byte_for_byte": "slow",
+    "tests/gradient/test_gradient_worker.py::test_one_worker_serves_the_calls_and_is_restarted_when_it_died": "slow",
+    "tests/gradient/test_gradient_worker.py::test_a_worker_that_hangs_is_killed_at_its_timeout": "slow",
+    "tests/gradient/test_lazy_imports.py": "slow",
+    # losses
+    "tests/losses/test_loss_grid.py": "py313",
+    # optim
+    "tests/optim/test_optim.py::test_no_onnxruntime_import": "slow",
+    "tests/optim/test_optimizers_node.py": "node",
+    "tests/optim/test_training_recipes.py::test_portable_training_matches_torch_and_resumes_bit_exact": "slow",
+    "tests/optim/test_training_recipes.py::test_training_build_drives_the_standard_optimizer_and_moves_between_backends": "slow",
+    "tests/optim/test_training_recipes.py::test_stock_onnxruntime_on_python_313_trains_as_torch_and_resumes_bit_exact": "py313",
+    "tests/optim/test_weight_ema.py::test_the_checkpoint_holds_the_ema_and_resume_continues_it_bit_exactly": "slow",
+    "tests/optim/test_weight_ema.py::test_use_ema_without_an_average_and_a_decay_mismatch_are_refused": "slow",
+    # peft
+    "tests/peft/test_base_storage.py::test_a_generation_killed_after_writing_the_base_leaves_the_old_set": "slow",
+    "tests/peft/test_base_storage.py::test_a_cast_base_trains_as_float32_with_the_rounded_weights[float16-portable]": "slow",
+    "tests/peft/test_base_storage_runtimes.py::test_node_trains_a_shared_base_as_python_does": "node",
+    "tests/peft/test_base_storage_runtimes.py::test_stock_onnxruntime_trains_a_shared_base_as_this_venv_does": "py313",
+    "tests/peft/test_files.py::test_peft_loads_what_onnxblocks_writes[gpt2]": "slow",
+    "tests/peft/test_files.py::test_onnxblocks_reads_what_peft_writes[gpt2]": "slow",
+    "tests/peft/test_files.py::test_write_is_atomic_and_checks_shapes": "slow",
+    "tests/peft/test_files_session.py::test_peft_loads_adapters_trained_and_saved_by_onnxblocks": "slow",
+    "tests/peft/test_files_session.py::test_onnxblocks_loads_adapters_trained_and_saved_by_peft": "slow",
+    "tests/peft/test_files_session.py::test_load_adapters_refuses_what_does_not_fit[portable-family2]": "slow",
+    "tests/peft/test_files_session.py::test_load_adapters_refuses_what_does_not_fit[training-family2]": "slow",
+    "tests/peft/test_files_session.py::test_load_adapters_refuses_what_does_not_fit[portable-family3]": "slow",
+    "tests/peft/test_files_session.py::test_load_adapters_refuses_what_does_not_fit[training-family3]": "slow",
+    "tests/peft/test_merge_artifacts.py": "slow",
+    "tests/peft/test_parity_peft.py::test_training_build_matches_peft": "slow",
+    "tests/peft/test_parity_peft.py::test_portable_artifacts_match_peft_on_stock_onnxruntime": "py313 slow",
+    "tests/peft/test_transform.py::test_targets_from_each_exporter_and_the_adapted_output[dynamo]": "slow",
+    "tests/peft/test_transform_artifacts.py::test_adapters_train_alone_and_every_model_records_them[True]": "slow",
+    # portable
+    "tests/portable/test_portable_artifacts.py::test_portable_models_track_the_training_build_and_torch": "slow",
+    "tests/portable/test_portable_artifacts.py::test_gradient_accumulation_adds_up_and_lazy_reset_overwrites": "slow",
+    "tests/portable/test_portable_artifacts.py::test_sgd_and_no_fused_step": "slow",
+    "tests/portable/test_portable_artifacts.py::test_portable_gradients_equal_the_training_build_across_the_sweep": "slow",
+    "tests/portable/test_portable_artifacts.py::test_a_batch_of_another_size_gives_the_training_builds_gradients": "slow",
+    "tests/portable/test_portable_batch_sizes.py::test_outputs_follow_the_batch_size_on_both_backends": "slow",
+    "tests/portable/test_portable_batch_sizes.py::test_cli_trains_a_last_short_batch_with_an_extra_output": "slow",
+    "tests/portable/test_portable_batch_sizes.py::test_outputs_follow_the_batch_size_on_stock_onnxruntime": "py313",
+    "tests/portable/test_portable_dynamic_lm.py": "slow",
+    "tests/portable/test_portable_hf_sweep.py": "py313 slow",
+    "tests/portable/test_portable_lowering.py::test_conv_grad_with_same_padding_equals_torch[static-(2, 4, 7, 6)-(4, 1, 3, 3)-*]": "slow",
+    "tests/portable/test_portable_modes.py::test_one_step_on_the_reference_evaluator_equals_onnxruntime[gelu_block]": "slow",
+    "tests/portable/test_portable_modes.py::test_the_onnxruntime_mode_keeps_contrib_ops": "slow",
+    "tests/portable/test_portable_modes.py::test_the_cli_flag_takes_the_mode": "slow",
+    "tests/portable/test_portable_runtime.py::test_rewritten_ort_checkpoint_is_byte_identical_and_resumes_bit_exactly": "slow",
+    "tests/portable/test_portable_runtime.py::test_portable_accumulation_and_lazy_reset": "slow",
+    "tests/portable/test_portable_runtime.py::test_fit_takes_one_fused_step_per_batch": "slow",
+    "tests/portable/test_portable_runtime.py::test_a_run_moves_between_the_backends": "slow",
+    "tests/portable/test_portable_runtime.py::test_generated_portable_artifacts_follow_the_training_build": "slow",
+    "tests/portable/test_portable_runtime.py::test_demo_trains_portable_artifacts_on_the_portable_backend": "slow",
+    "tests/portable/test_portable_runtime.py::test_artifacts_of_the_sequence_layout_are_refused_with_the_command_that_regenerates_them": "slow",
+    "tests/portable/test_portable_runtime.py::test_a_sequence_optimizer_model_converted_offline_trains_like_a_regenerated_one": "slow",
+    "tests/portable/test_portable_runtime.py::test_the_portable_runtime_needs_no_graph_tooling": "slow",
+    "tests/portable/test_portable_runtime_families.py::test_every_family_trains_on_stock_onnxruntime_like_torch": "py313 slow",
+    "tests/portable/test_portable_runtime_py313.py": "py313",
+    # project
+    "tests/project/test_architecture.py::test_onnxruntime_has_one_door_and_torch_stays_in_its_module": "slow",
+    "tests/project/test_clear_errors.py::test_a_learning_rate_that_is_not_one_names_the_argument[1e+40-InvalidValueError-float32]": "slow",
+    "tests/project/test_clear_errors.py::test_fit_without_batches_names_the_argument[3]": "slow",
+    "tests/project/test_errors.py::test_every_deliberate_raise_is_an_onnxblocks_error": "slow",
+    "tests/project/test_errors.py::test_every_exception_class_derives_from_onnxblocks_error": "slow",
+    "tests/project/test_notebooks.py": "slow",
+    "tests/project/test_numeric_comparisons.py": "slow",
+    # runtime
+    "tests/runtime/test_export.py::test_export_after_partial_fine_tuning[100-training]": "slow",
+    "tests/runtime/test_export.py::test_export_after_partial_fine_tuning[100-portable]": "slow",
+    "tests/runtime/test_export.py::test_export_over_2gb": "slow",
+    "tests/runtime/test_runtime.py::test_plot_history_both_backends": "slow",
+    "tests/runtime/test_runtime.py::test_import_is_lazy": "slow",
+    "tests/runtime/test_runtime_guards.py::test_two_dimensional_labels_after_the_batch_signature_passed": "slow",
+    # torch
+    "tests/torch/test_einsum_memory.py": "slow",
+    "tests/torch/test_torch_differential.py": "slow",
+    "tests/torch/test_torch_distributed.py": "slow",
+    "tests/torch/test_torch_extrema.py": "slow",
+    "tests/torch/test_torch_function.py::test_function_gradients_match_torch[cnn-dynamo]": "slow",
+    "tests/torch/test_torch_function.py::test_function_gradients_match_torch[gpt-torchscript]": "slow",
+    "tests/torch/test_torch_function.py::test_function_gradients_match_torch[gpt-dynamo]": "slow",
+    "tests/torch/test_torch_function.py::test_function_gradients_match_torch[lstm-torchscript]": "slow",
+    "tests/torch/test_torch_function.py::test_function_gradients_match_torch[lstm-dynamo]": "slow",
+    "tests/torch/test_torch_function.py::test_function_gradients_match_torch[two_heads-dynamo]": "slow",
+    "tests/torch/test_torch_function.py::test_module_holds_initializers_as_parameters": "slow",
+    "tests/torch/test_torch_function.py::test_import_without_torch_says_what_to_install": "slow",
+    "tests/torch/test_torch_gradient_rewrites.py": "slow",
+    "tests/torch/test_torch_module.py": "slow",
+    "tests/torch/test_torch_module_api.py": "slow",
+    "tests/torch/test_torch_upsample.py": "slow",
+    # web
+    "tests/web/test_inference_template.py": "slow",
+    "tests/web/test_js_node.py::test_node_losses_equal_python_step_by_step": "node",
+    "tests/web/test_js_node.py::test_node_losses_equal_stock_onnxruntime_on_python_313": "node py313",
+    "tests/web/test_js_node.py::test_parameters_trained_in_node_load_back_into_python": "node",
+    "tests/web/test_js_node.py::test_node_state_resumes_in_python_with_its_optimizer_state": "node",
+    "tests/web/test_js_node.py::test_javascript_sources_type_check": "node",
+    "tests/web/test_js_node.py::test_node_errors_say_what_to_do": "node",
+    "tests/web/test_lora_browser.py": "browser",
+    "tests/web/test_lora_node.py": "node",
+    "tests/web/test_npm_package.py": "node",
+    "tests/web/test_safetensors_offenders.py::test_javascript_names_the_same_offenders": "node",
+    "tests/web/test_state_files.py::test_javascript_client_gives_the_same_verdicts_on_the_corpus": "node",
+    "tests/web/test_state_files.py::test_any_state_written_is_read_back_exactly_also_as_a_checkpoint": "slow",
+    "tests/web/test_state_files.py::test_a_mutated_state_file_is_read_back_exactly_or_refused_naming_it": "slow",
+    "tests/web/test_web_browser.py": "browser",
+    "tests/web/test_web_state.py::test_state_back_to_a_checkpoint_resumes_exactly": "slow",
+    "tests/web/test_web_state.py::test_the_server_serves_modules_and_wasm_with_their_types": "slow",
+}
+
+#: The markers :data:`MARKS` sets.
+SELECTION_MARKERS = ("slow", "node", "browser", "py313")
+
+
+def _pattern(key: str) -> re.Pattern[str]:
+    body = ".*".join(re.escape(part) for part in key.split("*"))
+    # a key that ends a file or a function name also matches what lies under it
+    if not key.endswith("]") and "[" not in key:
+        body += r"(?:(?:::|\[).*)?"
+    return re.compile(body + r"\Z")
+
+
+class MarkTable:
+    """:data:`MARKS` compiled, looked up by file so a collection of thousands of tests stays quick."""
+
+    def __init__(self, marks: dict[str, str] = MARKS) -> None:
+        self._by_file: dict[str, list[tuple[str, re.Pattern[str], tuple[str, ...]]]] = defaultdict(
+            list
+        )
+        for key, names in marks.items():
+            unknown = set(names.split()) - set(SELECTION_MARKERS)
+            if unknown:
+                raise ValueError(
+                    f"tests/support/markers.py: {key!r} sets unknown markers {unknown}"
+                )
+            self._by_file[key.split("::")[0]].append((key, _pattern(key), tuple(names.split())))
+        self.used: set[str] = set()
+
+    def markers(self, nodeid: str) -> list[str]:
+        """The markers of the test ``nodeid`` (its keys are recorded in :attr:`used`)."""
+        found: list[str] = []
+        for key, pattern, names in self._by_file.get(nodeid.split("::")[0], ()):
+            if pattern.match(nodeid):
+                self.used.add(key)
+                found += [name for name in names if name not in found]
+        return found
+
+    def unused(self, keys: Iterable[str] = MARKS) -> list[str]:
+        """The keys that matched none of the tests looked up so far."""
+        return [key for key in keys if key not in self.used]
