@@ -15,7 +15,6 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from onnxblocks._core.contracts import (
     BASE_DTYPE_METADATA,
@@ -27,9 +26,6 @@ from onnxblocks._core.contracts import (
     ArtifactNames,
 )
 from onnxblocks._core.errors import FileMissingError
-
-if TYPE_CHECKING:
-    from onnxblocks.peft.info import LoraInfo
 
 
 def remove_leftovers(directory: Path) -> None:
@@ -149,21 +145,6 @@ def _model(root: Path, names: ArtifactNames, stem: str) -> Path | None:
         path = root / names.model(stem, ort_format)
         if path.is_file():
             return path
-    return None
-
-
-def artifact_lora(files: ArtifactFiles) -> LoraInfo | None:
-    """The LoRA record of an artifact set (``onnxblocks.lora`` in its training or eval model), or
-    None.
-    """
-    from onnxblocks._core.contracts import LORA_METADATA
-    from onnxblocks.peft.info import LoraInfo
-
-    for model in (files.training_model, files.eval_model):
-        if model is not None:
-            text = _metadata(model).get(LORA_METADATA)
-            if text is not None:
-                return LoraInfo.from_json(text)
     return None
 
 
