@@ -12,7 +12,6 @@ which is streamed from its file into the checkpoint.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -22,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from onnxblocks import losses, optim
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import (
     EVAL_MODEL,
@@ -31,14 +29,21 @@ from onnxblocks._core.contracts import (
     TRAINING_MODEL,
     ArtifactNames,
 )
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, preview
+from onnxblocks._core.errors import InvalidValueError, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
 from onnxblocks.artifacts import base_weights as _base
+from onnxblocks.artifacts.choices import (
+    LossType,
+    OptimType,
+    loss_block,
+    optimizer_block,
+    resolve_loss,
+    resolve_optimizer,
+)
 from onnxblocks.artifacts.files import OWNER_FILE, staging, to_ort_format
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
-from onnxblocks.blocks.structural import PassThrough
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
 
@@ -48,38 +53,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["Artifacts", "LossType", "OptimType", "generate_artifacts"]
-
-
-class LossType(enum.Enum):
-    """Built-in losses for ``generate_artifacts(loss=...)``.
-
-    The first four have the reference's values; the others are onnxblocks additions.
-    """
-
-    MSELoss = 1
-    CrossEntropyLoss = 2
-    BCEWithLogitsLoss = 3
-    L1Loss = 4
-    HuberLoss = 5
-    SmoothL1Loss = 6
-    NLLLoss = 7
-    KLDivLoss = 8
-
-
-class OptimType(enum.Enum):
-    """Built-in optimizers for ``generate_artifacts(optimizer=...)``."""
-
-    AdamW = 1
-    SGD = 2
-
-
-def _loss_block(loss: LossType) -> Block:
-    block: Block = getattr(losses, loss.name)()
-    return block
-
-
-def _optimizer_block(optimizer: OptimType) -> Block:
-    return {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD}[optimizer]()
 
 
 @dataclass(frozen=True)
@@ -280,8 +253,8 @@ def _generate(
     base_dtype: str | None = None,
     lora: LoraConfig | None = None,
     untie: bool = False,
-    loss_blocks: Callable[[LossType], Block] = _loss_block,
-    optimizer_blocks: Callable[[OptimType], Block] = _optimizer_block,
+    loss_blocks: Callable[[LossType], Block] = loss_block,
+    optimizer_blocks: Callable[[OptimType], Block] = optimizer_block,
 ) -> Artifacts:
     """:func:`generate_artifacts`, keyword-only, with the mapping from enum members to blocks as
     arguments.
@@ -293,8 +266,8 @@ def _generate(
     stored_as = _base.base_dtype(base_dtype)
     base_model, model_path = _arguments.load_model(model, model_path)
     base_model, adapters = _arguments.with_lora(base_model, lora)
-    loss_block = _resolve_loss(loss, loss_blocks)
-    optim_block = _resolve_optimizer(optimizer, optimizer_blocks)
+    loss_block = resolve_loss(loss, loss_blocks)
+    optim_block = resolve_optimizer(optimizer, optimizer_blocks)
     additional = _arguments.names("additional_output_names", additional_output_names)
     loss_inputs = _arguments.names("loss_input_names", loss_input_names)
     requires = _arguments.names("requires_grad", requires_grad)
@@ -423,47 +396,4 @@ def _generate(
         files=files,
         step_model=directory / names.step_model if step_model is not None else None,
         base_weights=directory / names.base_weights if shared else None,
-    )
-
-
-# ------------------------------------------------------------------ arguments
-def _resolve_loss(loss: Any, loss_blocks: Callable[[LossType], Block]) -> Block:
-    if loss is None:
-        logger.info("No loss given: the base model's first output is the loss.")
-        return PassThrough()
-    loss = _arguments.same_named_enum(loss, LossType)
-    if isinstance(loss, LossType):
-        return loss_blocks(loss)
-    if isinstance(loss, Block):
-        return loss
-    if isinstance(loss, type) and issubclass(loss, Block):
-        raise InvalidTypeError(
-            f"loss must be a Block instance, not the class {loss.__name__}: pass {loss.__name__}()."
-        )
-    raise InvalidTypeError(
-        f"loss must be a LossType ({', '.join(m.name for m in LossType)}), an onnxblocks Block, "
-        "or None; "
-        f"got {type(loss).__name__}: {loss!r}."
-    )
-
-
-def _resolve_optimizer(
-    optimizer: Any, optimizer_blocks: Callable[[OptimType], Block]
-) -> Block | None:
-    if optimizer is None:
-        return None
-    optimizer = _arguments.same_named_enum(optimizer, OptimType)
-    if isinstance(optimizer, OptimType):
-        return optimizer_blocks(optimizer)
-    if isinstance(optimizer, Block) and hasattr(optimizer, "to_model_proto"):
-        return optimizer
-    if isinstance(optimizer, type) and issubclass(optimizer, Block):
-        raise InvalidTypeError(
-            f"optimizer must be a Block instance, not the class {optimizer.__name__}: pass "
-            f"{optimizer.__name__}()."
-        )
-    raise InvalidTypeError(
-        f"optimizer must be an OptimType ({', '.join(m.name for m in OptimType)}), an optimizer "
-        "ForwardBlock "
-        f"(e.g. onnxblocks.optim.AdamW()), or None; got {type(optimizer).__name__}: {optimizer!r}."
     )

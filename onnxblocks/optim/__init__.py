@@ -16,16 +16,10 @@ from typing import Any
 from onnxblocks.optim.adamw import AdamW
 from onnxblocks.optim.base import Optimizer
 from onnxblocks.optim.clip import ClipGradNorm
+from onnxblocks.optim.param_groups import NormBiasParams, no_decay_norm_bias
 from onnxblocks.optim.sgd import SGD
-from onnxblocks.optim.standard import (
-    Adagrad,
-    Adam,
-    Lamb,
-    NormBiasParams,
-    RMSprop,
-    StandardOptimizer,
-    no_decay_norm_bias,
-)
+from onnxblocks.optim.standard import StandardOptimizer
+from onnxblocks.optim.torch_family import Adagrad, Adam, Lamb, RMSprop
 
 __all__ = [
     "SGD",

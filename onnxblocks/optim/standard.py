@@ -5,9 +5,9 @@
 Adagrad, RMSprop) written with standard ONNX ops over ONNX Runtime's optimizer
 inputs (``learning_rate``, ``step``, ``params``, ``gradients`` and one state
 sequence per state tensor the algorithm keeps), returning the updated sequences.
-The algorithm, its groups and hyperparameters are recorded in the model's
-metadata (``onnxblocks.optimizer``), from which the portable optimizer and fused
-step models are written per tensor.
+Its :class:`~onnxblocks.portable.optimizer_spec.OptimizerSpec` (the algorithm, its groups and
+hyperparameters) is what the portable optimizer and fused step models are written from; the
+model carries it in its metadata (``onnxblocks.optimizer``) for the runtime and for later reads.
 
 Parameter groups are spelled as in torch, naming parameters instead of passing
 tensors: ``param_groups=[{"params": ["fc1.bias"], "weight_decay": 0.0}]``, or a
@@ -22,10 +22,9 @@ every group.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import onnx
 
 from onnxblocks._core import hyperparams as _hyper
@@ -40,107 +39,17 @@ from onnxblocks._core.errors import (
 from onnxblocks.blocks.value import Value
 from onnxblocks.optim.base import Optimizer, parameter_elem_type, sequence_input, spec_type
 from onnxblocks.optim.clip import ClipGradNorm, check_max_norm
+from onnxblocks.optim.param_groups import (
+    GroupParams,
+    NormBiasParams,
+    check_hyper,
+    flag,
+    no_decay_norm_bias,
+    rule,
+)
 
 if TYPE_CHECKING:
     from onnxblocks.portable.optimizer_spec import OptimizerSpec
-    from onnxblocks.portable.rules import Rule
-
-
-def rule(algorithm: str) -> Rule:
-    """The rule of :mod:`onnxblocks.portable.rules`, imported on first use (``import onnxblocks``
-    skips onnx-ir).
-    """
-    import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if symbolic dims are computed with
-    from onnxblocks.portable.rules import rule as find
-
-    return find(algorithm)
-
-
-#: A group's parameters: names, or a predicate over a parameter's name.
-GroupParams = Sequence[str] | Callable[[str], bool]
-
-
-class NormBiasParams:
-    """The usual no-decay rule as a group predicate: biases and normalisation weights.
-
-    A parameter is taken when its name ends in ``bias`` or it has at most one
-    dimension (LayerNorm, BatchNorm, GroupNorm scales and shifts, and biases), which
-    is what Hugging Face's ``Trainer`` and timm exclude from weight decay.
-    """
-
-    def __call__(self, name: str, shape: Sequence[int] | None = None) -> bool:
-        """True for a bias or a normalisation weight."""
-        return name.lower().endswith("bias") or (shape is not None and len(shape) <= 1)
-
-    def __repr__(self) -> str:
-        return "NormBiasParams()"
-
-
-def no_decay_norm_bias(**hyper: Any) -> list[dict[str, Any]]:
-    """The parameter groups of the usual fine-tuning recipe: no weight decay on biases and
-    normalisation weights.
-
-    Example:
-        >>> AdamW(weight_decay=0.01, param_groups=no_decay_norm_bias())
-
-    Args:
-        hyper: More hyperparameters of the no-decay group (its ``lr`` for instance).
-
-    Returns:
-        One group, ``{"params": NormBiasParams(), "weight_decay": 0.0, **hyper}``.
-    """
-    return [{"params": NormBiasParams(), "weight_decay": 0.0, **hyper}]
-
-
-def _flag(value: Any, what: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(
-            f"{what} must be True or False, not {type(value).__name__} {value!r:.60}."
-        )
-    return bool(value)
-
-
-def check_hyper(algorithm: str, hyper: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """``hyper`` checked against the algorithm's hyperparameters and torch's ranges, as plain Python
-    values.
-
-    Raises:
-        UnknownNameError: for a hyperparameter the algorithm does not have.
-        InvalidTypeError: for a value of the wrong kind.
-        InvalidValueError: for a value out of torch's range, or ``nesterov`` without momentum or
-        with dampening.
-    """
-    defaults = rule(algorithm).defaults
-    out: dict[str, Any] = {}
-    for key, value in hyper.items():
-        if key not in defaults:
-            raise UnknownNameError(
-                f"{where}: {algorithm} has no hyperparameter {key!r}; it has {sorted(defaults)} "
-                "(and lr)."
-                f"{did_you_mean(key, defaults)}"
-            )
-        what = f"{where} {key}"
-        if key == "betas":
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise InvalidValueError(f"{what} must be a pair (beta1, beta2), got {value!r:.60}.")
-            out[key] = [_hyper.beta(b, f"{what}[{i}]") for i, b in enumerate(value)]
-        elif isinstance(defaults[key], bool):
-            out[key] = _flag(value, what)
-        elif key == "alpha" or key == "momentum" or key == "dampening":
-            number = _hyper.nonnegative(value, what)
-            if key == "alpha" and number > 1:
-                raise InvalidValueError(f"{what} must be in [0, 1], got {number!r}.")
-            out[key] = number
-        else:
-            out[key] = _hyper.nonnegative(value, what)
-    merged = {**defaults, **out}
-    if merged.get("nesterov") and (
-        float(merged["momentum"]) <= 0 or float(merged["dampening"]) != 0
-    ):
-        raise InvalidValueError(
-            f"{where}: nesterov momentum requires a momentum > 0 and zero dampening (as in torch)."
-        )
-    return out
 
 
 class StandardOptimizer(Optimizer):
@@ -179,7 +88,7 @@ class StandardOptimizer(Optimizer):
         exact: bool = True,
     ) -> None:
         super().__init__(clip_grad)
-        self.exact = _flag(exact, f"{owner or type(self).__name__} exact")
+        self.exact = flag(exact, f"{owner or type(self).__name__} exact")
         self.algorithm = algorithm
         self._owner = name = owner or type(self).__name__
         self.lr = _hyper.learning_rate(lr, f"{name} lr")
@@ -318,134 +227,11 @@ class StandardOptimizer(Optimizer):
         return f"{self._owner}(lr={self.lr!r}{', ' + hyper if hyper else ''}{groups}{clip})"
 
 
-class Adam(StandardOptimizer):
-    """``torch.optim.Adam``: L2 weight decay added to the gradient, optional amsgrad, in standard
-    ops.
-
-    Args:
-        lr: The default group's learning rate (the session's learning rate replaces it at run time).
-        betas, eps, weight_decay, amsgrad, maximize: As ``torch.optim.Adam``'s.
-        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
-        clip_grad: Clip the gradients' global L2 norm first.
-        exact: Torch's rounding (default) or float32 ops (see :class:`StandardOptimizer`).
-    """
-
-    def __init__(
-        self,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        amsgrad: bool = False,
-        *,
-        maximize: bool = False,
-        param_groups: Sequence[Mapping[str, Any]] | None = None,
-        clip_grad: ClipGradNorm | float | None = None,
-        exact: bool = True,
-    ) -> None:
-        hyper = {
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "amsgrad": amsgrad,
-            "maximize": maximize,
-        }
-        super().__init__("adam", hyper, lr, param_groups, clip_grad, exact=exact)
-
-
-class Lamb(StandardOptimizer):
-    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning", Algorithm 2) in
-    standard ops.
-
-    Per parameter tensor, with Adam's moments ``m``, ``v`` (bias-corrected unless
-    ``bias_correction=False``, which is ONNX Runtime's ``LambOptimizer`` default)::
-
-        u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w
-        w = w - lr * (||w|| / ||u||) * u          # the trust ratio is 1 when either norm is 0
-
-    (the scaling function phi of the paper is the identity; no ratio clamping). torch has no Lamb.
-
-    Args:
-        lr, betas, eps, weight_decay: As above (``eps`` 1e-6 as ONNX Runtime's ``LambOptimizer``).
-        bias_correction: Divide the moments by ``1 - beta**t``.
-        maximize: Ascend instead.
-        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`).
-        clip_grad: Clip the gradients' global L2 norm first.
-        exact: Torch's rounding (default) or float32 ops (see :class:`StandardOptimizer`).
-    """
-
-    def __init__(
-        self,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.0,
-        bias_correction: bool = True,
-        *,
-        maximize: bool = False,
-        param_groups: Sequence[Mapping[str, Any]] | None = None,
-        clip_grad: ClipGradNorm | float | None = None,
-        exact: bool = True,
-    ) -> None:
-        hyper = {
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "bias_correction": bias_correction,
-            "maximize": maximize,
-        }
-        super().__init__("lamb", hyper, lr, param_groups, clip_grad, exact=exact)
-
-
-class Adagrad(StandardOptimizer):
-    """``torch.optim.Adagrad`` in standard ops (same arguments and defaults)."""
-
-    def __init__(
-        self,
-        lr: float = 1e-2,
-        lr_decay: float = 0.0,
-        weight_decay: float = 0.0,
-        initial_accumulator_value: float = 0.0,
-        eps: float = 1e-10,
-        *,
-        maximize: bool = False,
-        param_groups: Sequence[Mapping[str, Any]] | None = None,
-        clip_grad: ClipGradNorm | float | None = None,
-        exact: bool = True,
-    ) -> None:
-        hyper = {
-            "lr_decay": lr_decay,
-            "weight_decay": weight_decay,
-            "initial_accumulator_value": initial_accumulator_value,
-            "eps": eps,
-            "maximize": maximize,
-        }
-        super().__init__("adagrad", hyper, lr, param_groups, clip_grad, exact=exact)
-
-
-class RMSprop(StandardOptimizer):
-    """``torch.optim.RMSprop`` in standard ops (same arguments and defaults)."""
-
-    def __init__(
-        self,
-        lr: float = 1e-2,
-        alpha: float = 0.99,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        momentum: float = 0.0,
-        centered: bool = False,
-        *,
-        maximize: bool = False,
-        param_groups: Sequence[Mapping[str, Any]] | None = None,
-        clip_grad: ClipGradNorm | float | None = None,
-        exact: bool = True,
-    ) -> None:
-        hyper = {
-            "alpha": alpha,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "momentum": momentum,
-            "centered": centered,
-            "maximize": maximize,
-        }
-        super().__init__("rmsprop", hyper, lr, param_groups, clip_grad, exact=exact)
+__all__ = [
+    "GroupParams",
+    "NormBiasParams",
+    "StandardOptimizer",
+    "check_hyper",
+    "no_decay_norm_bias",
+    "rule",
+]
