@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import os
-import re
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.lora_spec import LORA_KEYS as LORA_KEYS
+from onnxblocks.cli.lora_spec import lora_config
+from onnxblocks.cli.parameter_choice import FLOAT_TYPES, match_all, select_parameters
 from onnxblocks.cli.paths import output_dir
 from onnxblocks.cli.tables import format_bytes
 
@@ -28,7 +28,6 @@ LOSSES = {
     "none": None,
 }
 OPTIMIZERS = ("adamw", "sgd", "adam", "adagrad", "rmsprop", "lamb", "none")
-_FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 EXAMPLES = """\
 examples:
@@ -193,82 +192,6 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=run)
 
 
-#: ``--lora`` keys and the LoraConfig field each sets.
-LORA_KEYS = {
-    "r": "r",
-    "alpha": "lora_alpha",
-    "lora_alpha": "lora_alpha",
-    "targets": "target_modules",
-    "target_modules": "target_modules",
-    "exclude": "exclude_modules",
-    "exclude_modules": "exclude_modules",
-    "dropout": "lora_dropout",
-    "lora_dropout": "lora_dropout",
-    "fan_in_fan_out": "fan_in_fan_out",
-}
-_LORA_LISTS = ("target_modules", "exclude_modules")
-
-
-def lora_config(spec: str) -> Any:
-    """The :class:`~onnxblocks.peft.LoraConfig` of a ``--lora`` spec
-    (``r=8,alpha=16,targets=q_proj,v_proj``).
-
-    Raises:
-        CliError: (exit 2) for an unknown key, a value that is not a number where one is expected, a
-            spec without targets, or a value LoraConfig refuses (the message names the key).
-    """
-    from onnxblocks._core.errors import did_you_mean
-    from onnxblocks.peft import LoraConfig
-
-    values: dict[str, Any] = {}
-    field: str | None = None
-    for token in (t.strip() for t in spec.split(",")):
-        if not token:
-            continue
-        key, eq, value = token.partition("=")
-        if not eq:  # a further name of the list key before it
-            if field is None or field not in _LORA_LISTS:
-                raise CliError(
-                    f"--lora: {token!r} is not KEY=VALUE (keys: {', '.join(LORA_KEYS)})", EXIT_USAGE
-                )
-            values[field].append(token)
-            continue
-        field = LORA_KEYS.get(key.strip())
-        if field is None:
-            raise CliError(
-                f"--lora: unknown key {key!r}{did_you_mean(key, LORA_KEYS)} (keys: "
-                f"{', '.join(LORA_KEYS)})",
-                EXIT_USAGE,
-            )
-        values[field] = [value] if field in _LORA_LISTS else _lora_value(key, field, value)
-    if "target_modules" not in values:
-        raise CliError(
-            "--lora: name the modules to adapt with targets=NAME[,NAME...] (e.g. "
-            "targets=q_proj,v_proj)",
-            EXIT_USAGE,
-        )
-    try:
-        return LoraConfig(**values)
-    except (TypeError, ValueError) as exc:
-        short = {"lora_alpha": "alpha", "target_modules": "targets", "exclude_modules": "exclude"}
-        short |= {"lora_dropout": "dropout", "fan_in_fan_out": "fan_in_fan_out", "r": "r"}
-        key = next((k for f, k in short.items() if re.search(rf"\b{f}\b", str(exc))), "")
-        raise CliError(f"--lora {key}: {exc}" if key else f"--lora: {exc}", EXIT_USAGE) from None
-
-
-def _lora_value(key: str, field: str, value: str) -> Any:
-    kind = "an int" if field == "r" else "0 or 1" if field == "fan_in_fan_out" else "a number"
-    if field == "fan_in_fan_out":
-        if value.lower() in ("0", "1", "true", "false"):
-            return value.lower() in ("1", "true")
-    else:
-        try:
-            return int(value) if field == "r" else float(value)
-        except ValueError:
-            pass
-    raise CliError(f"--lora: {key}={value!r} must be {kind}", EXIT_USAGE)
-
-
 def optimizer_block(args: argparse.Namespace) -> Any:
     """The optimizer block the options ask for (None for ``--optimizer none``).
 
@@ -310,66 +233,6 @@ def optimizer_block(args: argparse.Namespace) -> Any:
         raise CliError(f"--optimizer {args.optimizer}: {exc}", EXIT_USAGE) from None
 
 
-def select_parameters(
-    initializers: Sequence[tuple[str, int]],
-    requires_grad: Sequence[str],
-    frozen: Sequence[str],
-    all_params: bool,
-) -> tuple[list[str], list[str]]:
-    """Resolve ``--requires-grad``/``--frozen``/``--all-params`` into (trainable, frozen) names.
-
-    Args:
-        initializers: ``(name, onnx element type)`` of every initializer, in model order.
-        requires_grad: Patterns of parameters to train.
-        frozen: Patterns of parameters to freeze (they win over ``requires_grad``).
-        all_params: Train every floating-point initializer.
-
-    Raises:
-        CliError: (exit 2) when neither ``requires_grad`` nor ``all_params`` is
-            given; (exit 3) for a pattern that matches no initializer or only
-            non-float ones.
-    """
-    if not requires_grad and not all_params:
-        raise CliError(
-            "choose the parameters to train: --requires-grad PATTERN... or --all-params "
-            "(see 'onnxblocks artifacts --help')",
-            EXIT_USAGE,
-        )
-    names = [n for n, _ in initializers]
-    floats = [n for n, t in initializers if t in _FLOAT_TYPES]
-    frozen_names = _match_all(frozen, names, floats, "--frozen")
-    trainable = (
-        floats if all_params else _match_all(requires_grad, names, floats, "--requires-grad")
-    )
-    trainable = [n for n in trainable if n not in set(frozen_names)]
-    return trainable, frozen_names
-
-
-def _match_all(
-    patterns: Sequence[str], names: Sequence[str], floats: Sequence[str], option: str
-) -> list[str]:
-    from onnxblocks._core.errors import did_you_mean, preview
-
-    chosen: dict[str, None] = {}
-    for pattern in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-        if not hits:
-            raise CliError(
-                f"{option} {pattern!r} matches no initializer of the "
-                f"model.{did_you_mean(pattern, names)} "
-                f"Initializers: {preview(names)}."
-            )
-        usable = [n for n in hits if n in set(floats)]
-        if not usable:
-            raise CliError(
-                f"{option} {pattern!r} matches only non-floating-point initializers "
-                f"{preview(hits)}, which cannot "
-                "be trained. Choose float parameters."
-            )
-        chosen.update(dict.fromkeys(usable))
-    return list(chosen)
-
-
 def run(args: argparse.Namespace) -> int:
     """Generate the artifacts and print a summary."""
     from onnxblocks import artifacts
@@ -389,9 +252,9 @@ def run(args: argparse.Namespace) -> int:
     if (
         lora is not None and not args.requires_grad and not args.all_params
     ):  # the adapters alone train
-        floats = [n for n, t in initializers if t in _FLOAT_TYPES]
+        floats = [n for n, t in initializers if t in FLOAT_TYPES]
         trainable: list[str] = []
-        frozen = _match_all(args.frozen, [n for n, _ in initializers], floats, "--frozen")
+        frozen = match_all(args.frozen, [n for n, _ in initializers], floats, "--frozen")
     else:
         trainable, frozen = select_parameters(
             initializers, args.requires_grad, args.frozen, args.all_params
