@@ -25,6 +25,32 @@ from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.optimizer_driver import StandardOptimizerDriver, standard_optimizer_order
 
 
+class OrtOptimizer:
+    """ONNX Runtime's training ``Optimizer`` with the interface of the runtime's own driver
+    (:class:`~onnxblocks.runtime.optimizer_driver.StandardOptimizerDriver`): one executor kind.
+
+    Its state lives in ONNX Runtime's ``CheckpointState``, which ``save_checkpoint`` writes.
+    """
+
+    saved_by_onnxruntime = True
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+        self.optimizer_step = optimizer.optimizer_step
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate the next step takes."""
+        return float(self._optimizer.get_learning_rate())
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self._optimizer.set_learning_rate(value)
+
+    def add_state(self, path: Path) -> None:
+        """Nothing to add: ONNX Runtime wrote the state with the checkpoint."""
+
+
 def _ort_failure(exc: BaseException) -> bool:
     """True for what ONNX Runtime's training bindings raise when a run fails (their classes, or a
     RuntimeError).
@@ -88,7 +114,7 @@ class TrainingBuildBackend:
                 f"'{checkpoint}': {_ort.clean_message(exc)}. Check that the checkpoint belongs "
                 "to these artifacts."
             ) from None
-        optimizer: Any = None
+        optimizer: OrtOptimizer | StandardOptimizerDriver | None = None
         if self.files.optimizer_model is not None:
             model = self._optimizer_model.model if self._optimizer_model is not None else None
             order = standard_optimizer_order(self.files.optimizer_model, model)
@@ -104,8 +130,10 @@ class TrainingBuildBackend:
                     read.contents().optimizer_state,
                 )
             else:
-                optimizer = C.Optimizer(
-                    os.fspath(self.files.optimizer_model), state, self._device, self._options
+                optimizer = OrtOptimizer(
+                    C.Optimizer(
+                        os.fspath(self.files.optimizer_model), state, self._device, self._options
+                    )
                 )
         self._state, self._module, self._optimizer = state, module, optimizer
         self.train_inputs = list(module.input_names(True))
@@ -168,16 +196,11 @@ class TrainingBuildBackend:
 
     def get_learning_rate(self) -> float:
         assert self._optimizer is not None
-        if isinstance(self._optimizer, StandardOptimizerDriver):
-            return float(np.float32(self._optimizer.learning_rate))
-        return float(self._optimizer.get_learning_rate())
+        return float(np.float32(self._optimizer.learning_rate))
 
     def set_learning_rate(self, value: float) -> None:
         assert self._optimizer is not None
-        if isinstance(self._optimizer, StandardOptimizerDriver):
-            self._optimizer.learning_rate = value
-        else:
-            self._optimizer.set_learning_rate(value)
+        self._optimizer.learning_rate = value
 
     # ---------------------------------------------------------- parameters
     def parameter_names(self) -> list[str]:
@@ -223,8 +246,8 @@ class TrainingBuildBackend:
         self._state.add_property(name, value)
 
     def save(self, path: Path, include_optimizer_state: bool) -> None:
-        driver = self._optimizer if isinstance(self._optimizer, StandardOptimizerDriver) else None
-        ort_state = include_optimizer_state and self.has_optimizer and driver is None
-        self._C.save_checkpoint(self._state, os.fspath(path), ort_state)
-        if driver is not None and include_optimizer_state:
-            driver.add_state(path)
+        optimizer = self._optimizer if include_optimizer_state else None
+        in_state = optimizer is not None and optimizer.saved_by_onnxruntime
+        self._C.save_checkpoint(self._state, os.fspath(path), in_state)
+        if optimizer is not None:
+            optimizer.add_state(path)

@@ -73,6 +73,9 @@ class StandardOptimizerDriver:
         C: ONNX Runtime's training bindings.
     """
 
+    #: ONNX Runtime's ``save_checkpoint`` does not write this state: :meth:`add_state` does.
+    saved_by_onnxruntime = False
+
     def __init__(
         self,
         path: Path,
