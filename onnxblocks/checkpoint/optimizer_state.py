@@ -49,7 +49,8 @@ class OptimizerGroup:
         step: Optimizer steps taken (AdamW's bias correction counts them).
         initial_learning_rate: The learning rate a resumed session starts with.
         moments: Per trainable parameter, its state tensors in slot order (slot ``k`` is
-            ONNX Runtime's ``momentum<k>``); parameters without state are absent.
+            ONNX Runtime's ``momentum<k>``), kept as a read-only mapping of tuples;
+            parameters without state are absent.
 
     Raises:
         InvalidTypeError, InvalidValueError: for a step or learning rate the session's
@@ -59,7 +60,7 @@ class OptimizerGroup:
     name: str = OPTIMIZER_GROUP
     step: int = 0
     initial_learning_rate: float = 0.0
-    moments: Mapping[str, tuple[np.ndarray, ...]] = field(default_factory=dict)
+    moments: Mapping[str, Sequence[np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -88,7 +89,7 @@ class OptimizerGroup:
 
     def slots(self, param: str) -> tuple[np.ndarray, ...]:
         """The state tensors of ``param`` in slot order (empty when it has none)."""
-        return self.moments.get(param, ())
+        return tuple(self.moments.get(param, ()))
 
     def slot_names(self, param: str) -> tuple[str, ...]:
         """The checkpoint's names of ``param``'s state tensors: ``momentum0``, ``momentum1``..."""
