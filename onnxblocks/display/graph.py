@@ -31,7 +31,8 @@ from onnxblocks.display.entries import dtype_name as dtype_name
 #: Node parts, in drawing-priority order.
 PARTS = ("forward", "loss", "backward", "accumulation", "optimizer")
 
-#: Accumulation ops: ours, and the first version ORT's older artifacts used.
+#: Accumulation ops: ours, and InPlaceAccumulator (version 1), which artifacts of ORT's own
+#: builder may hold.
 _ACCUMULATION_OPS = {IN_PLACE_ACCUMULATOR_V2.op_type, "InPlaceAccumulator"}
 #: Optimizer ops: the ones onnxblocks emits, and ORT optimizers found in other artifacts.
 _OPTIMIZER_OPS = {op for op in CONTRIB_OPS if op not in _ACCUMULATION_OPS} | {

@@ -342,12 +342,9 @@ def _refuse_sequences(model: PortableModel, files: ArtifactFiles) -> None:
     if sequences:
         raise PortabilityError(
             f"The optimizer model '{files.optimizer_model}' takes tensor sequences "
-            f"{preview(sequences)}: it was "
-            "written by an earlier onnxblocks, whose portable runtime rewrote it at load time. "
-            "The portable runtime "
-            "now runs the artifacts as they are written, with one tensor per parameter, gradient "
-            "and moment "
-            "(docs/portable.md). Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... "
+            f"{preview(sequences)}; the portable runtime runs artifacts as they are written, with "
+            "one tensor per parameter, gradient and moment (docs/portable.md), so it cannot feed "
+            "them. Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... "
             "--portable`, or "
             "onnxblocks.generate_artifacts(..., portable=True)."
         )

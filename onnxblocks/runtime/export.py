@@ -240,7 +240,7 @@ def _merging_fetch(
     from onnxblocks.peft.merge import fold
 
     by_weight = {t.weight: t for t in targets}
-    held = frozenset(parameters)  # now: the caller adds the merged constants' specs afterwards
+    held = frozenset(parameters)  # before the merge: the caller adds the merged constants' specs
     constants = {
         t.name: t for t in model.graph.initializer if t.name in by_weight and t.name not in held
     }

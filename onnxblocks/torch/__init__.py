@@ -2,11 +2,11 @@
 
 * :func:`onnx_function` / :class:`OnnxModule`: an ONNX graph whose forward and
   backward run in ONNX Runtime, as a ``torch.autograd.Function`` or an
-  ``nn.Module`` holding its trainable initializers (the successor of
-  deeponnxcustom's ``TorchOrtFactory``).
+  ``nn.Module`` holding its trainable initializers (the role of deeponnxcustom's
+  ``TorchOrtFactory``).
 * :class:`OrtModule`: a ``torch.nn.Module`` exported with torch's exporter and
-  trained through ONNX Runtime, its parameters and buffers still its own (the
-  successor of ``onnxruntime.training.ORTModule``).
+  trained through ONNX Runtime, its parameters and buffers still its own (the role
+  of ``onnxruntime.training.ORTModule``).
 
 torch is an optional dependency: ``pip install "onnxblocks[torch]"``. This is the
 only package of onnxblocks that imports it.

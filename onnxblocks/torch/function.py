@@ -1,4 +1,4 @@
-"""ONNX graphs as ``torch.autograd.Function`` classes and ``nn.Module`` s (the successor of
+"""ONNX graphs as ``torch.autograd.Function`` classes and ``nn.Module`` s (the role of
 ``TorchOrtFactory``).
 
 :func:`onnx_function` turns an ONNX model into a ``torch.autograd.Function``

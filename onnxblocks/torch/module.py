@@ -1,4 +1,4 @@
-"""A torch module trained through ONNX Runtime (the successor of
+"""A torch module trained through ONNX Runtime (the role of
 ``onnxruntime.training.ORTModule``).
 
 ``OrtModule(module)`` exports ``module`` with torch's exporter on the first call

@@ -178,7 +178,7 @@ def write_state(
     }
     if state.learning_rate is not None:
         metadata["learning_rate"] = json.dumps(float(state.learning_rate))
-    if state.states != 2:  # AdamW's files stay as they were
+    if state.states != 2:  # two moments (AdamW) is what a file without the key means
         metadata["states"] = str(state.states)
     return write_safetensors(path, tensors, metadata)
 
