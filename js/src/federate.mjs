@@ -36,9 +36,10 @@ import { externalDataFiles } from './onnx_proto.mjs';
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
  * @param {(report: RoundReport) => void} [options.onRound]
  * @param {(trainer: Trainer) => void} [options.onReady]
+ * @param {(task: {round: number, phase: string}) => Promise<void>} [options.beforeSend]  awaited before a result is posted
  * @returns {Promise<{rounds: number, slot: string}>}
  */
-export async function federate({ ort, url, data, kind, runtime = '', sessionOptions = {}, onRound, onReady }) {
+export async function federate({ ort, url, data, kind, runtime = '', sessionOptions = {}, onRound, onReady, beforeSend }) {
   const base = url.replace(/\/+$/, '');
   const root = base.replace(/\/slots\/\d+$/, '');
   const slot = /\/slots\/\d+$/.test(base) ? base : `${root}/slots/${(await json(`${root}/claim`, { method: 'POST', body: JSON.stringify({ kind }) })).slot}`;
@@ -59,6 +60,7 @@ export async function federate({ ort, url, data, kind, runtime = '', sessionOpti
       const global = parseState(await bytes(`${taskUrl}/state`), `round ${task.round}'s state`);
       const trainer = new Trainer(ort, first.stepSession, first.evalSession, withGlobal(baseState, global));
       const { body, metrics } = task.phase === 'train' ? await trainRound(ort, trainer, data, task.config, baseState) : await evaluateRound(trainer, data, task.config);
+      await beforeSend?.(task);
       const answer = await json(`${taskUrl}/result`, { method: 'POST', body, headers: { 'X-Metrics': JSON.stringify(metrics), 'X-Client': JSON.stringify({ kind, runtime }) } });
       rounds += task.phase === 'train' ? 1 : 0;
       onRound?.({ round: task.round, phase: task.phase, metrics, accepted: Boolean(answer.accepted), reason: answer.reason ?? null });
