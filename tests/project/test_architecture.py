@@ -10,6 +10,7 @@ cycle. Only ``onnxblocks/_core/ort.py`` imports onnxruntime, and nothing outside
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from collections import defaultdict
@@ -106,7 +107,10 @@ def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
     return found
 
 
-GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+@functools.cache
+def _graph() -> dict[str, list[tuple[str, int, bool]]]:
+    """Every module's imports, read when a test first asks (not while pytest collects, in each worker)."""
+    return {module: _imports(module, path) for module, path in MODULES.items()}
 
 
 def test_every_package_has_a_layer():
@@ -118,7 +122,7 @@ def test_every_package_has_a_layer():
 
 def test_layers_import_only_downward():
     wrong = []
-    for module, imports in GRAPH.items():
+    for module, imports in _graph().items():
         own = _package(module)
         for target, line, _ in imports:
             other = _package(target)
@@ -134,7 +138,7 @@ def test_layers_import_only_downward():
 
 def test_no_import_cycles():
     edges = defaultdict(set)
-    for module, imports in GRAPH.items():
+    for module, imports in _graph().items():
         for target, _, type_only in imports:
             if not type_only:
                 edges[module].add(target)
@@ -392,13 +396,12 @@ def _surgery_by_file() -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-SURGERY = _surgery_by_file()
-
-
 def test_graph_surgery_lives_in_the_ir_layer():
     """No hand-written subgraph walk, node-list rebuild, name maker or dead-node removal outside onnxblocks/ir."""
     wrong = [
-        f"{rel}:{line}: {what}" for rel, found in sorted(SURGERY.items()) for line, what in found
+        f"{rel}:{line}: {what}"
+        for rel, found in sorted(_surgery_by_file().items())
+        for line, what in found
     ]
     assert not wrong, (
         "graph surgery outside onnxblocks/ir (use onnxblocks.ir: walk.all_nodes / proto_nodes, serde + edit."

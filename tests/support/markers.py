@@ -180,6 +180,9 @@ MARKS: dict[str, str] = {
     "tests/portable/test_portable_runtime_py313.py": "py313",
     # project
     "tests/project/test_architecture.py::test_onnxruntime_has_one_door_and_torch_stays_in_its_module": "slow",
+    "tests/project/test_architecture.py::test_layers_import_only_downward": "slow",
+    "tests/project/test_architecture.py::test_no_import_cycles": "slow",
+    "tests/project/test_architecture.py::test_graph_surgery_lives_in_the_ir_layer": "slow",
     "tests/project/test_clear_errors.py::test_a_learning_rate_that_is_not_one_names_the_argument[1e+40-InvalidValueError-float32]": "slow",
     "tests/project/test_clear_errors.py::test_fit_without_batches_names_the_argument[3]": "slow",
     "tests/project/test_errors.py::test_every_deliberate_raise_is_an_onnxblocks_error": "slow",
