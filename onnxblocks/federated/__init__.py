@@ -17,6 +17,9 @@
 Flower is an optional extra: ``pip install "onnxblocks[flower]"``.
 """
 
+import importlib
+from typing import Any
+
 try:
     import flwr  # noqa: F401
 except ImportError as _missing:  # the extra is not installed
@@ -26,13 +29,37 @@ except ImportError as _missing:  # the extra is not installed
         'onnxblocks.federated needs Flower, an optional extra: pip install "onnxblocks[flower]".'
     ) from _missing
 
-from onnxblocks.federated.client import make_client_app
-from onnxblocks.federated.history import FederatedHistory
-from onnxblocks.federated.local import ClientUpdate, LocalConfig, evaluate_client, train_client
-from onnxblocks.federated.server import ServerSettings, make_server_app, run_server
-from onnxblocks.federated.simulation import simulate
-from onnxblocks.federated.strategy import ValidatingStrategy, build_strategy
-from onnxblocks.federated.validation import check_arrays
+#: Each public name and its module, imported on first use: a SuperNode's ClientApp process imports
+#: ``onnxblocks.federated.app`` through this package every message, and a bridge node needs none of
+#: the training, server or simulation code.
+_EXPORTS = {
+    "ClientUpdate": "local",
+    "FederatedHistory": "history",
+    "LocalConfig": "local",
+    "ServerSettings": "server",
+    "ValidatingStrategy": "strategy",
+    "build_strategy": "strategy",
+    "check_arrays": "validation",
+    "evaluate_client": "local",
+    "make_client_app": "client",
+    "make_server_app": "server",
+    "run_server": "server",
+    "simulate": "simulation",
+    "train_client": "local",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "ClientUpdate",

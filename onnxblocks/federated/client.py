@@ -23,16 +23,18 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.federated.bridge import is_bridge, relay_message
-from onnxblocks.federated.local import DataSource, evaluate_client, train_client
-from onnxblocks.federated.optimizer_state import OptimizerState
 from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.federated.validation import WEIGHT_KEY
+
+if TYPE_CHECKING:  # training imports ONNX Runtime: a bridge node's ClientApp never pays for it
+    from onnxblocks.federated.local import DataSource
+    from onnxblocks.federated.optimizer_state import OptimizerState
 
 #: The ``Context.state`` records where a node keeps its optimizer state between rounds.
 STATE_ARRAYS, STATE_SCALARS = "optimizer-state", "optimizer-scalars"
@@ -63,6 +65,8 @@ def kept_state(context: Any) -> OptimizerState | None:
     """The optimizer state this node kept in ``context.state`` last round (None: none yet)."""
     if STATE_ARRAYS not in context.state or STATE_SCALARS not in context.state:
         return None
+    from onnxblocks.federated.optimizer_state import OptimizerState
+
     arrays = from_record(context.state[STATE_ARRAYS])
     return OptimizerState.from_parts(arrays, dict(context.state[STATE_SCALARS]))
 
@@ -221,6 +225,8 @@ def make_client_app(
     def train(message: Any, context: Any) -> Any:
         if is_bridge(context):  # a browser's or Node's SuperNode: relayed, not trained here
             return relay_message(message, context, "train")
+        from onnxblocks.federated.local import train_client
+
         path, local, backend_name = sources.resolve(context)
         keep = keeps_optimizer_state(keep_optimizer_state, dict(context.run_config))
         update = train_client(
@@ -247,6 +253,8 @@ def make_client_app(
     def evaluate_(message: Any, context: Any) -> Any:
         if is_bridge(context):
             return relay_message(message, context, "evaluate")
+        from onnxblocks.federated.local import evaluate_client
+
         path, local, backend_name = sources.resolve(context, evaluation=True)
         batch = int(_config(message).get("batch-size", 256))
         metrics = evaluate_client(
