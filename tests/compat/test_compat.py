@@ -19,6 +19,7 @@ import pytest
 import torch
 from support import models
 from support.reference import loss_run, twice
+from support.torch_export import quiet
 
 from onnxblocks.compat import artifacts, onnxblock
 
@@ -38,7 +39,7 @@ def _get_onnx_model(torch_model, model_inputs):
         output_names.append(f"output-{i}")
         dynamic_axes[f"output-{i}"] = {d: f"output-{i}_dim{d}" for d in range(value.dim())}
     f = io.BytesIO()
-    with models._quiet():
+    with quiet():
         torch.onnx.export(
             torch_model,
             model_inputs,

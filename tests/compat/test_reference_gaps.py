@@ -12,13 +12,13 @@ import onnx
 import pytest
 import torch
 from onnx import helper
-from support import models
 from support.reference import (
     Session,
     assert_grads,
     loss_run,
     regression_target,
 )
+from support.torch_export import quiet
 
 from onnxblocks.compat import artifacts, onnxblock
 from onnxblocks.errors import GradientError
@@ -27,7 +27,7 @@ from onnxblocks.errors import GradientError
 # ------------------------------------------------------------------ gaps of the reference that onnxblocks fixes
 def test_model_exported_at_opset_10_trains(tmp_path, net):
     f = io.BytesIO()
-    with models._quiet():
+    with quiet():
         torch.onnx.export(
             net.torch,
             (net.x,),

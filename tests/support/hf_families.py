@@ -14,7 +14,6 @@ MobileNetV2 for MobileNet, EfficientNet, ConvNeXt, Swin).
 from __future__ import annotations
 
 import copy
-import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ import numpy as np
 import onnx
 import torch
 from torch import nn
+
+from support.torch_export import export_onnx, initializer_names
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -298,60 +299,17 @@ def export(family: Family, exporter: str, dynamic: bool = False) -> onnx.ModelPr
     ``dynamic`` (TorchScript only): the first two dims of every input and of the output are symbolic
     (``batch``, ``seq``), as a model exported for deployment has them.
     """
-    from support.sweep import quiet
-
     model = copy.deepcopy(family.model).train()
-    args = tuple(torch.from_numpy(v) for v in family.inputs.values())
-    names = list(family.inputs)
-    with quiet():
-        if exporter == "ts":
-            f = io.BytesIO()
-            torch.onnx.export(
-                model,
-                args,
-                f,
-                input_names=names,
-                output_names=["output"],
-                dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "output"]}
-                if dynamic
-                else None,
-                dynamo=False,
-                do_constant_folding=False,
-                opset_version=17,
-                training=torch.onnx.TrainingMode.TRAINING,
-            )
-            return onnx.load_from_string(f.getvalue())
-        program = torch.onnx.export(
-            model,
-            args,
-            dynamo=True,
-            optimize=False,
-            input_names=names,
-            output_names=["output"],
-            opset_version=18,
-        )
-        return program.model_proto
+    if exporter == "ts":
+        names = [*family.inputs, "output"]
+        axes = {n: {0: "batch", 1: "seq"} for n in names} if dynamic else None
+        return export_onnx(model, family.inputs, dynamo=False, opset=17, dynamic_axes=axes)
+    return export_onnx(model, family.inputs, dynamo=True, opset=18)
 
 
 def trainable(family: Family, model: onnx.ModelProto) -> dict[str, str]:
     """torch parameter name -> initializer name, for every parameter the export kept as an initializer."""
-    initializers = {i.name: i for i in model.graph.initializer}
-    names = {}
-    for name, param in family.model.named_parameters():
-        if name in initializers:
-            names[name] = name
-            continue
-        value = param.detach().numpy()
-        same = [
-            k
-            for k, i in initializers.items()
-            if tuple(i.dims) == value.shape and np.array_equal(onnx.numpy_helper.to_array(i), value)
-        ]
-        if (
-            len(same) == 1
-        ):  # exported under another name (a tied weight, TorchScript's onnx::MatMul_...)
-            names[name] = same[0]
-    return names
+    return initializer_names(family.model, model, strict=False)
 
 
 #: Families whose 5-step trajectories are chaotic at these tiny sizes: MobileNetV2 (batch 2, 32 px, a batch norm

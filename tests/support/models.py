@@ -14,12 +14,8 @@ cached per process so a test session exports each model once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
-import logging
 import os
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +24,8 @@ import torch
 from onnx import numpy_helper
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset17 as op
+
+from support.torch_export import export_onnx
 
 OPSET = 17
 
@@ -177,54 +175,21 @@ def family(name: str) -> tuple[torch.nn.Module, dict[str, np.ndarray], np.ndarra
     raise KeyError(name)
 
 
-@contextlib.contextmanager
-def _quiet():
-    previous = logging.getLogger("torch").level
-    logging.getLogger("torch").setLevel(logging.ERROR)
-    with (
-        warnings.catch_warnings(),
-        open(os.devnull, "w") as devnull,
-        contextlib.redirect_stdout(devnull),
-    ):
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logging.getLogger("torch").setLevel(previous)
-
-
 def export(
     model: torch.nn.Module, inputs: dict[str, np.ndarray], exporter: str, train_mode: bool = True
 ) -> onnx.ModelProto:
     """Export with one of the torch exporters, with every folding/merging optimisation off."""
-    args = tuple(torch.from_numpy(v) for v in inputs.values())
-    names = list(inputs)
+    if exporter not in ("torchscript", "dynamo"):
+        raise KeyError(exporter)
     model.train(train_mode)
-    with _quiet():
-        if exporter == "torchscript":
-            f = io.BytesIO()
-            torch.onnx.export(
-                model,
-                args,
-                f,
-                input_names=names,
-                output_names=["output"],
-                dynamo=False,
-                do_constant_folding=False,
-                opset_version=OPSET,
-                training=torch.onnx.TrainingMode.TRAINING
-                if train_mode
-                else torch.onnx.TrainingMode.EVAL,
-                dynamic_axes={n: {0: "batch"} for n in names},
-            )
-            result = onnx.load_from_string(f.getvalue())
-        elif exporter == "dynamo":
-            program = torch.onnx.export(
-                model, args, dynamo=True, optimize=False, input_names=names, output_names=["output"]
-            )
-            result = program.model_proto
-        else:
-            raise KeyError(exporter)
+    result = export_onnx(
+        model,
+        inputs,
+        dynamo=exporter == "dynamo",
+        opset=OPSET if exporter == "torchscript" else None,
+        dynamic_axes={n: {0: "batch"} for n in inputs},
+        training=train_mode,
+    )
     model.train(train_mode)
     return result
 

@@ -42,6 +42,7 @@ from onnxblocks.compat import onnxblock
 from support import models
 from support.numerics import assert_close
 from support.reference64 import gradient_magnitudes
+from support.torch_export import quiet
 
 BATCH, D_IN, HIDDEN, D_OUT = 8, 6, 5, 4
 #: relative bounds of a loss or an output, and of a gradient, against torch (``support.numerics.assert_close``)
@@ -86,7 +87,7 @@ def export(torch_model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> on
         for n, t in zip(names_in + names_out, (*inputs, *outputs), strict=True)
     }
     f = io.BytesIO()
-    with models._quiet():
+    with quiet():
         torch.onnx.export(
             torch_model,
             inputs,

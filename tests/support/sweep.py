@@ -8,12 +8,8 @@ trainable (cached per arguments). ``CASES`` lists the (model, exporter) pairs of
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
-import logging
 import os
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +22,8 @@ from torch import nn
 
 from onnxblocks.artifacts import LossType, OptimType, generate_artifacts
 from support import models
+from support.torch_export import export_onnx, initializer_names
+from support.torch_export import quiet as quiet
 
 D = 8
 
@@ -380,75 +378,35 @@ CASES = [
 ]
 
 
-@contextlib.contextmanager
-def quiet():
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    with (
-        warnings.catch_warnings(),
-        open(os.devnull, "w") as devnull,
-        contextlib.redirect_stdout(devnull),
-    ):
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logger.setLevel(level)
+#: The graph outputs of a case with one output (False) or two (True: ``Case.multi``).
+OUTPUTS = {False: ("output",), True: ("out0", "out1")}
 
 
 def export(case: Case, exporter: str) -> onnx.ModelProto:
     """Export in training mode (tracing updates BatchNorm statistics of ``case.model``, as the export records)."""
-    args = tuple(torch.from_numpy(v) for v in case.inputs.values())
     names = list(case.inputs)
-    outputs = ["out0", "out1"] if case.multi else ["output"]
     case.model.train()
-    with quiet():
-        if exporter == "ts":
-            f = io.BytesIO()
-            torch.onnx.export(
-                case.model,
-                args,
-                f,
-                input_names=names,
-                output_names=outputs,
-                dynamo=False,
-                do_constant_folding=False,
-                opset_version=17,
-                training=torch.onnx.TrainingMode.TRAINING,
-                dynamic_axes={n: {0: "batch"} for n in names},
-            )
-            return onnx.load_from_string(f.getvalue())
-        opset = int(exporter[len("dyn") :])
-        program = torch.onnx.export(
+    if exporter == "ts":
+        return export_onnx(
             case.model,
-            args,
-            dynamo=True,
-            optimize=False,
-            input_names=names,
-            output_names=outputs,
-            opset_version=opset,
+            case.inputs,
+            dynamo=False,
+            opset=17,
+            outputs=OUTPUTS[case.multi],
+            dynamic_axes={n: {0: "batch"} for n in names},
         )
-        return program.model_proto
+    return export_onnx(
+        case.model,
+        case.inputs,
+        dynamo=True,
+        opset=int(exporter[len("dyn") :]),
+        outputs=OUTPUTS[case.multi],
+    )
 
 
 def onnx_names(case: Case, model: onnx.ModelProto) -> dict[str, str]:
     """torch parameter name -> initializer name (a tied parameter may be exported under another of its names)."""
-    initializers = {i.name: i for i in model.graph.initializer}
-    names = {}
-    for name, param in case.model.named_parameters():
-        if name in initializers:
-            names[name] = name
-            continue
-        value = param.detach().numpy()
-        same = [
-            k
-            for k, i in initializers.items()
-            if tuple(i.dims) == value.shape and np.array_equal(onnx.numpy_helper.to_array(i), value)
-        ]
-        assert len(same) == 1, f"no initializer for {name}"
-        names[name] = same[0]
-    return names
+    return initializer_names(case.model, model, strict=True)
 
 
 @functools.cache
