@@ -65,7 +65,7 @@ def relay_message(message: Any, context: Any, phase: str) -> Any:
             "web clients."
         )
     run = dict(context.run_config)
-    timeout = float(run.get("round-timeout", run.get("bridge-timeout", DEFAULT_TIMEOUT)))
+    timeout = float(run.get("round-timeout") or run.get("bridge-timeout") or DEFAULT_TIMEOUT)
     url = str(context.node_config[BRIDGE_KEY]).rstrip("/") + "/run"
     request = urllib.request.Request(
         url,

@@ -46,7 +46,7 @@ class RelayHandler(BaseHTTPRequestHandler):
 
     @property
     def relay(self) -> Relay:
-        return self.server.relay  # type: ignore[attr-defined,no-any-return]
+        return self.server.relay  # type: ignore[attr-defined]
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints what matters
         pass
