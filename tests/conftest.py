@@ -124,17 +124,15 @@ def pytest_collection_modifyitems(config, items):
     """Set the selection markers of ``support/markers.py``; group and order the tests for the workers."""
     table = MarkTable()
     unmarked_py313 = []
+    groups: dict[str, str | None] = {}
     for item in items:
         for name in table.markers(item.nodeid):
             item.add_marker(name)
-        if "portable_python" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
-            "py313"
-        ):
-            item.add_marker(
-                "py313"
-            )  # the subset must not need Python 3.13; the table should say so
+        uses_313 = "portable_python" in getattr(item, "fixturenames", ())
+        if uses_313 and not item.get_closest_marker("py313"):
+            item.add_marker("py313")  # the fast subset must not need Python 3.13: warned below
             unmarked_py313.append(item.nodeid)
-        group = _shared_fixture_group(item)
+        group = groups[item.nodeid] = _shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     if unmarked_py313:
@@ -143,9 +141,8 @@ def pytest_collection_modifyitems(config, items):
             f"tests/support/markers.py (marked now; add them there): {unmarked_py313[:5]}",
             stacklevel=1,
         )
-    whole_suite = not [
-        arg for arg in config.args if not arg.startswith("-")
-    ] or config.args == list(config.getini("testpaths"))
+    named = [arg for arg in config.args if not arg.startswith("-")]
+    whole_suite = not named or named == list(config.getini("testpaths"))
     if whole_suite and (stale := table.unused()):
         warnings.warn(
             f"tests/support/markers.py: {len(stale)} keys match no test (renamed or removed? "
@@ -153,4 +150,10 @@ def pytest_collection_modifyitems(config, items):
             stacklevel=1,
         )
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike
-        items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in _FIRST))
+        # a group moves as a whole, its tests in their order (a later one may read an earlier one's files)
+        first = {
+            groups[item.nodeid] or item.nodeid
+            for item in items
+            if any(item.get_closest_marker(name) for name in _FIRST)
+        }
+        items.sort(key=lambda item: (groups[item.nodeid] or item.nodeid) not in first)

@@ -57,6 +57,7 @@ MARKS: dict[str, str] = {
     "tests/cli/test_cli_quiet.py::test_generation_and_a_portable_training_run_print_nothing_to_stderr": "slow",
     "tests/cli/test_cli_quiet.py::test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3": "slow",
     "tests/cli/test_cli_quiet.py::test_the_log_level_can_be_raised_by_environment": "slow",
+    "tests/cli/test_cli_quiet.py::test_missing_output_directories_are_created": "slow",
     "tests/cli/test_demo.py::test_demo_reaches_the_stated_accuracy": "slow",
     "tests/cli/test_doctor.py": "slow",
     "tests/cli/test_interrupts.py::test_a_waited_command_stops_on_a_signal_whose_exception_was_swallowed": "slow",
