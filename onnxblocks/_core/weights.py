@@ -31,6 +31,20 @@ HELD_LOCATION_PREFIX = "onnxblocks-held://"
 CHUNK_BYTES = 16 * 1024 * 1024
 
 
+#: Element types ONNX stores two to a byte (the first element in the low nibble).
+FOUR_BIT_TYPES = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+
+
+def pack_four_bit(values: np.ndarray) -> np.ndarray:
+    """4-bit integers (any integer array, values in range) as ONNX stores them: ``uint8``, two a
+    byte, the first in the low nibble, an odd count padded with 0.
+    """
+    flat = values.reshape(-1).astype(np.int16) & 0x0F
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int16)])
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
 def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     """Size of a tensor's data in bytes, computed from dtype and dims (no I/O)."""
     count = 1
@@ -38,6 +52,8 @@ def tensor_nbytes(tensor: onnx.TensorProto) -> int:
         count *= d
     if tensor.data_type == onnx.TensorProto.STRING:
         return sum(len(s) for s in tensor.string_data)
+    if tensor.data_type in FOUR_BIT_TYPES:  # two elements a byte
+        return (count + 1) // 2
     itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     return count * itemsize
 
@@ -120,6 +136,11 @@ class TensorSource:
                         )
                     remaining -= len(piece)
                     yield piece
+            return
+        if self.load is not None and self.data_type in FOUR_BIT_TYPES:
+            data = pack_four_bit(self.load()).data
+            for start in range(0, len(data), chunk_bytes):
+                yield data[start : start + chunk_bytes]
             return
         if self.load is not None:
             data = _little_endian(self.load(), self).reshape(-1).view(np.uint8).data

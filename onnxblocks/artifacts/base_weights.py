@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.contracts import BASE_DTYPE_METADATA, ONNX_SUFFIX
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
@@ -48,6 +49,8 @@ __all__ = [
     "base_dtype",
     "base_names",
     "cast_base",
+    "check_block_size",
+    "quantize",
     "store_base",
     "write_base_weights",
 ]
@@ -56,7 +59,18 @@ __all__ = [
 #: size_threshold).
 BASE_THRESHOLD = 1024
 #: The element types a float32 base can be stored in (``generate_artifacts(base_dtype=...)``).
-BASE_DTYPES = {"float16": onnx.TensorProto.FLOAT16, "bfloat16": onnx.TensorProto.BFLOAT16}
+BASE_DTYPES = {
+    "float16": onnx.TensorProto.FLOAT16,
+    "bfloat16": onnx.TensorProto.BFLOAT16,
+    "int8": onnx.TensorProto.INT8,
+    "int4": onnx.TensorProto.INT4,
+}
+#: The quantized element types, and the largest magnitude each stores (symmetric: -q..q).
+QUANTIZED = {onnx.TensorProto.INT8: 127, onnx.TensorProto.INT4: 7}
+#: The block sizes of a quantized base (elements of a row sharing one scale).
+QUANT_BLOCK_SIZES = (32, 64, 128)
+#: The opset of ``DequantizeLinear`` with ``block_size`` (and of int4).
+QUANT_OPSET = 21
 _FLOAT = onnx.TensorProto.FLOAT
 #: The largest finite float16.
 _FLOAT16_MAX = 65504.0
@@ -196,25 +210,45 @@ def _link(
 
 # ------------------------------------------------------------------ a base stored in float16 /
 # bfloat16
-def base_dtype(value: Any) -> int | None:
-    """The ONNX element type ``generate_artifacts(base_dtype=...)`` asks for (None: as exported).
+def base_dtype(value: Any, block_size: Any = 32) -> tuple[int | None, int]:
+    """The ONNX element type ``generate_artifacts(base_dtype=...)`` asks for (None: as exported),
+    and its ``quant_block_size`` (checked by :func:`check_block_size`).
 
     Raises:
         InvalidTypeError: for a value that is not a str or None.
-        InvalidValueError: for a name other than ``"float16"`` or ``"bfloat16"``.
+        InvalidValueError: for a name other than ``"float16"``, ``"bfloat16"``, ``"int8"`` or
+            ``"int4"``, or a block size other than 32, 64 or 128.
     """
+    block_size = check_block_size(block_size)
     if value is None:
-        return None
+        return None, block_size
     if not isinstance(value, str):
         raise InvalidTypeError(
-            f"base_dtype must be None, 'float16' or 'bfloat16', not {type(value).__name__}."
+            "base_dtype must be None, 'float16', 'bfloat16', 'int8' or 'int4', not "
+            f"{type(value).__name__}."
         )
     if value not in BASE_DTYPES:
         raise InvalidValueError(
-            f"base_dtype={value!r} is not supported: pass 'float16' or 'bfloat16', or None to "
-            "keep the base's type."
+            f"base_dtype={value!r} is not supported: pass 'float16', 'bfloat16', 'int8' or "
+            "'int4', or None to keep the base's type."
         )
-    return BASE_DTYPES[value]
+    return BASE_DTYPES[value], block_size
+
+
+def check_block_size(value: Any) -> int:
+    """``quant_block_size``, checked.
+
+    Raises:
+        InvalidTypeError: for a value that is not an int.
+        InvalidValueError: for a size other than 32, 64 or 128.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(
+            f"quant_block_size must be an int (32, 64 or 128), not {type(value).__name__}."
+        )
+    if value not in QUANT_BLOCK_SIZES:
+        raise InvalidValueError(f"quant_block_size={value} is not supported: pass 32, 64 or 128.")
+    return int(value)
 
 
 def cast_base(
@@ -223,6 +257,7 @@ def cast_base(
     step: onnx.ModelProto | None,
     store: _weights.WeightStore,
     dtype: int | None,
+    block_size: int = 32,
 ) -> tuple[onnx.ModelProto, onnx.ModelProto, onnx.ModelProto | None, _weights.WeightStore]:
     """The models with their float32 base weights stored as ``dtype``, each cast back to float32
     where it is read.
@@ -234,6 +269,11 @@ def cast_base(
     record ``onnxblocks.base_dtype`` in their metadata. Neither the models nor
     ``store`` is changed; a ``dtype`` of None changes nothing.
 
+    int8 and int4 (:func:`quantize`) apply to the 2-D base weights whose rows split into
+    blocks of ``block_size``; each is read through ``DequantizeLinear`` with its scales
+    ``<name>.scale`` (stored in the base file too), and the models import opset 21. Other
+    base weights stay float32.
+
     Returns:
         The training, eval and step models (the step model None if it was) and a store
         holding the converted weights.
@@ -243,36 +283,79 @@ def cast_base(
         for n in base_names((training, evaluation, step), store)
         if store.source(n).data_type == _FLOAT
     ]
+    if dtype in QUANTIZED:
+        names = [n for n in names if _quantizable(store.source(n), block_size)]
     if dtype is None or not names:
         return training, evaluation, step, store
     import onnx_ir as ir
 
     from onnxblocks.ir import edit, serde  # a lower layer, loaded on first use (it imports onnx-ir)
+    from onnxblocks.ir.opset import convert_opset
 
     converted = _weights.WeightStore()
     for name in store:
         converted.add(store.source(name))
     target = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     stubs: dict[str, ir.TensorProtocol] = {}
+    scales: dict[str, tuple[ir.TensorProtocol, int]] = {}
+
+    def stub(name: str, kind: int, dims: Sequence[int]) -> ir.ExternalTensor:
+        where, shape = _weights.HELD_LOCATION_PREFIX + name, ir.Shape(dims)
+        return ir.ExternalTensor(where, None, None, ir.DataType(kind), shape=shape, name=name)
+
     for name in names:
         source = store.source(name)
-        converted.add(
-            _weights.TensorSource(
-                name, dtype, source.dims, load=functools.partial(_convert, source, target)
+        if dtype in QUANTIZED:
+            quant = functools.partial(quantize, source, QUANTIZED[dtype], block_size)
+            converted.add(
+                _weights.TensorSource(name, dtype, source.dims, load=lambda q=quant: q()[0])
             )
-        )
-        where, shape = _weights.HELD_LOCATION_PREFIX + name, ir.Shape(source.dims)
-        stubs[name] = ir.ExternalTensor(
-            where, None, None, ir.DataType(dtype), shape=shape, name=name
-        )
+            scale_name = f"{name}.scale"
+            scale_dims = (*source.dims[:-1], source.dims[-1] // block_size)
+            converted.add(
+                _weights.TensorSource(scale_name, _FLOAT, scale_dims, load=lambda q=quant: q()[1])
+            )
+            scales[name] = (stub(scale_name, _FLOAT, scale_dims), block_size)
+        else:
+            load = functools.partial(_convert, source, target)
+            converted.add(_weights.TensorSource(name, dtype, source.dims, load=load))
+        stubs[name] = stub(name, dtype, source.dims)
 
     def cast(model: onnx.ModelProto) -> onnx.ModelProto:
+        if scales and (_limits.onnx_opset(model) or 0) < QUANT_OPSET:
+            model = convert_opset(model, QUANT_OPSET, "an artifact model with a quantized base")
         graph_ir = serde.from_proto(model)
-        edit.cast_initializers(graph_ir.graph, stubs)
+        edit.cast_initializers(graph_ir.graph, stubs, scales)
         graph_ir.metadata_props[BASE_DTYPE_METADATA] = onnx.TensorProto.DataType.Name(dtype).lower()
         return serde.to_proto(graph_ir)
 
     return cast(training), cast(evaluation), cast(step) if step is not None else None, converted
+
+
+def _quantizable(source: _weights.TensorSource, block_size: int) -> bool:
+    return len(source.dims) == 2 and source.dims[-1] % block_size == 0
+
+
+def quantize(
+    source: _weights.TensorSource, limit: int, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric blockwise quantization of a 2-D float32 weight along its rows.
+
+    Each block of ``block_size`` elements of a row shares the scale ``max|w| / limit``
+    (1 for a block of zeros); ``q = round(w / scale)`` (to nearest even) in ``[-limit,
+    limit]``. ``DequantizeLinear(q, scale, axis=-1, block_size)`` gives ``q * scale``.
+
+    Returns:
+        ``(q, scale)``: ``q`` as int8 (int4 values for ``limit`` 7; packed when written),
+        ``scale`` float32 of shape ``[rows, cols / block_size]``.
+    """
+    values = source.array().astype(np.float32)
+    rows, cols = values.shape
+    blocks = values.reshape(rows, cols // block_size, block_size)
+    peak = np.abs(blocks).max(axis=-1)
+    scale = np.where(peak > 0, peak / np.float32(limit), np.float32(1)).astype(np.float32)
+    q = np.clip(np.rint(blocks / scale[..., None]), -limit, limit).astype(np.int8)
+    return q.reshape(rows, cols), scale
 
 
 def _convert(source: _weights.TensorSource, dtype: np.dtype) -> np.ndarray:

@@ -139,6 +139,7 @@ def generate_artifacts(
     portable: bool | str = False,
     fused_step: bool = True,
     base_dtype: str | None = None,
+    quant_block_size: int = 32,
     lora: LoraConfig | None = None,
     untie: bool = False,
 ) -> Artifacts:
@@ -178,12 +179,12 @@ def generate_artifacts(
         fused_step: With ``portable``, also write ``step_model.onnx`` (forward, backward and update
         in one graph).
         base_dtype: ``"float16"`` or ``"bfloat16"``: store the frozen base (``base_weights.bin``)
-        so, cast where read.
+        so, cast where read; ``"int8"`` or ``"int4"``: its 2-D weights quantized (docs/lora.md).
+        quant_block_size: With an int8/int4 base: elements of a row sharing a scale (32/64/128).
         lora: A :class:`~onnxblocks.peft.LoraConfig`: LoRA adapters added to the model
-        (docs/lora.md), which
-            train with what ``requires_grad`` names; the base weights stay constants. The adapters
-            of a
-            model from :func:`~onnxblocks.peft.apply_lora` train so without ``lora``.
+            (docs/lora.md), which train with what ``requires_grad`` names; the base weights stay
+            constants. The adapters of a model from :func:`~onnxblocks.peft.apply_lora` train so
+            without ``lora``.
         untie: Give each module of a weight the exporter tied its own copy, named after the module,
         trained (or
             frozen) with it (docs/training.md, "Weights the exporter tied"); without it, training
@@ -228,6 +229,7 @@ def generate_artifacts(
         portable=portable,
         fused_step=fused_step,
         base_dtype=base_dtype,
+        quant_block_size=quant_block_size,
         lora=lora,
         untie=untie,
     )
@@ -251,6 +253,7 @@ def _generate(
     portable: bool | str = False,
     fused_step: bool = True,
     base_dtype: str | None = None,
+    quant_block_size: int = 32,
     lora: LoraConfig | None = None,
     untie: bool = False,
     loss_blocks: Callable[[LossType], Block] = loss_block,
@@ -263,7 +266,7 @@ def _generate(
     into a block; :mod:`onnxblocks.compat` passes the reference's optimizer defaults.
     """
     mode = None if portable is False else _arguments.portable_mode(portable)
-    stored_as = _base.base_dtype(base_dtype)
+    stored_as = _base.base_dtype(base_dtype, quant_block_size)  # (dtype, block size)
     base_model, model_path = _arguments.load_model(model, model_path)
     base_model, adapters = _arguments.with_lora(base_model, lora)
     loss_block = resolve_loss(loss, loss_blocks)
@@ -334,9 +337,7 @@ def _generate(
             eval_model, mode
         )  # ORT's fusions may have written contrib ops there too
 
-    cast = _base.cast_base(
-        training_model, eval_model, step_model, store, stored_as
-    )  # a float16/bfloat16 base
+    cast = _base.cast_base(training_model, eval_model, step_model, store, *stored_as)
     training_model, eval_model, step_model, store = cast
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint

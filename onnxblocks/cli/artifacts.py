@@ -166,11 +166,18 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--base-dtype",
-        choices=("float16", "bfloat16"),
+        choices=("float16", "bfloat16", "int8", "int4"),
         default=None,
         help="store the weights that do not train (the frozen base, in base_weights.bin) in this "
-        "type, cast to "
-        "float32 where they are read: half the disk and memory (see docs/lora.md)",
+        "type, cast (float16, bfloat16) or dequantized (int8, int4: blockwise, symmetric) to "
+        "float32 where they are read (see docs/lora.md)",
+    )
+    parser.add_argument(
+        "--quant-block-size",
+        type=int,
+        choices=(32, 64, 128),
+        default=32,
+        help="with --base-dtype int8/int4: elements of a row sharing one scale (default 32)",
     )
     parser.add_argument(
         "--lora",
@@ -281,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         portable=args.portable,
         fused_step=args.fused_step,
         base_dtype=args.base_dtype,
+        quant_block_size=args.quant_block_size,
         lora=lora,
         untie=args.untie,
     )

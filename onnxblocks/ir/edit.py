@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.naming import NameAuthority
+from onnxblocks.ir.dequantize import delayed_dequantize
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.walk import all_nodes, reads
 
@@ -124,7 +125,11 @@ def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
     return table
 
 
-def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) -> list[str]:
+def cast_initializers(
+    graph: ir.Graph,
+    stored: Mapping[str, ir.TensorProtocol],
+    scales: Mapping[str, tuple[ir.TensorProtocol, int]] | None = None,
+) -> list[str]:
     """Store initializers in another element type and cast them back where they are read; return
     those changed.
 
@@ -144,6 +149,11 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
     of it): the copy is made when its reader is about to run, and freed after it.
     Initializers that are also graph inputs or outputs are left alone (a feed or a
     reader outside the graph expects the old type).
+
+    ``scales`` names the initializers stored quantized (int8, int4): ``name -> (scale,
+    block_size)``. Each is read through ``DequantizeLinear(q, scale, axis=-1, block_size)``
+    instead of a ``Cast`` (symmetric: no zero point), and the scale becomes an initializer
+    ``<name>.scale`` of the graph (opset 21 is the caller's).
     """
     names = graph_names(graph)
     order = {
@@ -160,6 +170,13 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
         ):
             continue
         old = value.dtype
+        decode = None
+        if scales is not None and name in scales:
+            scale_tensor, block = scales[name]
+            scale = ir.Value(name=scale_tensor.name, const_value=scale_tensor)
+            scale.dtype, scale.shape = scale_tensor.dtype, ir.Shape(scale_tensor.shape)
+            graph.register_initializer(scale)
+            decode = (scale, block)
         readers: dict[ir.Node, list[int]] = {}
         for user, index in list(value.uses()):
             readers.setdefault(user, []).append(index)
@@ -172,7 +189,7 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
                 for reader, index in list(out.uses()):
                     assert reader.graph is not None, f"node {reader.name!r} belongs to no graph"
                     trigger = _trigger(reader, out, order)
-                    nodes = _delayed_cast(reader.graph, value, old, trigger, names, name)
+                    nodes = _delayed_cast(reader.graph, value, old, trigger, names, name, decode)
                     mover = ir.Node(
                         user.domain,
                         user.op_type,
@@ -186,7 +203,8 @@ def cast_initializers(graph: ir.Graph, stored: Mapping[str, ir.TensorProtocol]) 
                     reader.replace_input_with(index, mover.outputs[0])
                 user.graph.remove(user, safe=True)
                 continue
-            nodes = _delayed_cast(user.graph, value, old, _computed_input(user, value), names, name)
+            trigger = _computed_input(user, value)
+            nodes = _delayed_cast(user.graph, value, old, trigger, names, name, decode)
             user.graph.insert_before(user, nodes)
             for index in indices:
                 user.replace_input_with(index, nodes[-1].outputs[0])
@@ -270,9 +288,10 @@ def _delayed_cast(
     trigger: ir.Value | None,
     names: NameAuthority,
     hint: str,
+    decode: tuple[ir.Value, int] | None = None,
 ) -> list[ir.Node]:
     """The nodes (for ``graph``) computing ``Cast(value, to)`` once ``trigger`` is ready (None:
-    at once).
+    at once); with ``decode`` (scale, block size), ``DequantizeLinear`` instead of the ``Cast``.
     """
 
     def node(op: str, inputs: Sequence[ir.Value], **attributes: int) -> ir.Node:
@@ -284,6 +303,8 @@ def _delayed_cast(
     nodes: list[ir.Node] = []
     source = value
     shape = value.shape
+    if decode is not None:
+        return delayed_dequantize(graph, value, to, trigger, decode, node, names, hint)
     if trigger is not None and shape is not None and all(isinstance(d, int) for d in shape):
         dims = ir.Value(
             name=names.fresh(f"{hint}.dims"), const_value=ir.tensor(list(shape.numpy()), name="")

@@ -92,10 +92,10 @@ def _head_input(loss: CrossEntropyLoss, scores: str, weight: str) -> tuple[str, 
             return None
         transposes = attrs.get("transB", 0)
     source = node.input[1]
-    while source != weight and source in producers:
-        step = producers[source]
-        if step.op_type not in ("Transpose", "Identity"):
-            return None
+    for _ in range(8):  # a weight reaches its head through a short chain of moves
+        step = producers.get(source)
+        if source == weight or step is None or step.op_type not in ("Transpose", "Identity"):
+            break
         transposes += step.op_type == "Transpose"
         source = step.input[0]
     if source != weight:

@@ -283,7 +283,7 @@ def test_a_float16_base_refuses_weights_beyond_its_range(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("value", "error"), [("int8", InvalidValueError), (16, onnxblocks.errors.InvalidTypeError)]
+    ("value", "error"), [("int3", InvalidValueError), (16, onnxblocks.errors.InvalidTypeError)]
 )
 def test_an_unknown_base_dtype_is_refused_before_any_work(tmp_path, value, error):
     with pytest.raises(error, match="base_dtype"):

@@ -1,0 +1,165 @@
+"""QLoRA: LoRA over a frozen base stored int8 / int4 (``generate_artifacts(base_dtype=...)``).
+
+A tiny LLaMA (hidden 64, intermediate 128, vocabulary 128: every projection's rows split into
+blocks of 32) exported by torch's dynamo exporter, LoRA r=4 on q/v. The quantized base is read
+back from ``base_weights.bin`` here (int8 bytes, or int4 nibbles unpacked in NumPy, times the
+stored scales), those dequantized weights are put into the torch model, and torch + PEFT
+trains the same adapters 10 AdamW steps: the losses and the adapters match within 1e-5
+relative (or PEFT's own float32-vs-float64 distance; one int4 element: 3e-5, see
+``ADAPTER_RTOL``), as the float32 base does, on the training build and on the
+portable artifacts (this venv's onnxruntime). The models dequantize with standard
+``DequantizeLinear`` (opset 21) and the base file is smaller than the float32 weights.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto
+from support import hf_families
+from support.numerics import check_close
+from support.peft_parity import peft_steps
+from support.reference64 import family64
+from support.torch_export import export_onnx
+
+from onnxblocks.artifacts import OptimType, generate_artifacts
+from onnxblocks.errors import InvalidValueError
+from onnxblocks.peft import LoraConfig, lora_info
+from onnxblocks.runtime import TrainingSession
+
+STEPS, LR, RTOL, BLOCK = 10, 1e-2, 1e-5, 32
+#: The adapters' bound: 1e-5, but 3e-5 on an int4 base, where one element of 256 of q_proj's B
+#: (an element whose AdamW steps divide by a tiny second moment) ends 1.2e-5 (training build)
+#: and 2.1e-5 (portable) off after 10 steps; the fp32 and int8 bases hold 1e-5 everywhere.
+ADAPTER_RTOL = {None: 1e-5, "int8": 1e-5, "int4": 3e-5}
+CONFIG = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+
+
+def _family() -> hf_families.Family:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=16,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    model.set_attn_implementation("eager")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 128, (2, 8)).astype(np.int64)
+    inputs = {"input_ids": tokens}
+    wrapped = hf_families.Logits(model, list(inputs), {"attention_mask": "input_ids"}).train()
+    return hf_families.Family("llama", wrapped, inputs, rng.integers(0, 128, (2, 8)), "ce_last")
+
+
+def _stored(directory, init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values as written in the artifacts' base file (int4 unpacked here)."""
+    info = {e.key: e.value for e in init.external_data}
+    raw = np.fromfile(
+        directory / info["location"], np.uint8, int(info["length"]), offset=int(info["offset"])
+    )
+    count = int(np.prod(init.dims))
+    if init.data_type == TensorProto.INT4:
+        nibbles = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(-1)[:count].astype(np.int8)
+        return np.where(nibbles > 7, nibbles - 16, nibbles).reshape(init.dims)
+    dtype = {TensorProto.INT8: np.int8, TensorProto.FLOAT: np.float32}[init.data_type]
+    return raw.view(dtype).reshape(init.dims)
+
+
+def _dequantized(directory) -> dict[str, np.ndarray]:
+    """Each quantized base weight as the models compute it: ``q * scale`` per block of a row."""
+    model = onnx.load(directory / "training_model.onnx", load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    quantized = [i for i in inits.values() if i.data_type in (TensorProto.INT8, TensorProto.INT4)]
+    out = {}
+    for init in quantized:
+        q = _stored(directory, init).astype(np.float32)
+        scale = _stored(directory, inits[f"{init.name}.scale"])
+        rows, cols = q.shape
+        blocks = q.reshape(rows, cols // BLOCK, BLOCK) * scale[..., None]
+        out[init.name] = blocks.reshape(rows, cols)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "portable"),
+    [(None, False), ("int8", False), ("int4", False), ("int4", True)],
+    ids=["fp32-training", "int8-training", "int4-training", "int4-portable"],
+)
+def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -> None:
+    family = _family()
+    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    artifacts = generate_artifacts(
+        exported,
+        loss=hf_families.onnxblocks_loss(family),
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        lora=CONFIG,
+        portable=portable,
+        base_dtype=dtype,
+        quant_block_size=BLOCK,
+    )
+    weights = _dequantized(tmp_path) if dtype else {}
+    if dtype:  # the control (fp32 base) shows the float32 noise of the 10 steps
+        training = onnx.load(artifacts.training_model, load_external_data=False)
+        assert {o.version for o in training.opset_import if o.domain in ("", "ai.onnx")} == {21}
+        assert any(n.op_type == "DequantizeLinear" for n in training.graph.node)
+        assert len(weights) >= 7  # the block's seven projections (and the embeddings, the head)
+        assert artifacts.base_weights is not None
+        fp32_bytes = sum(w.size * 4 for w in weights.values())
+        limit = 0.3 if dtype == "int8" else 0.2
+        assert artifacts.base_weights.stat().st_size < fp32_bytes * limit
+    params = hf_families.trainable(family, exported)
+    by_initializer = {v: k for k, v in params.items()}
+    with torch.no_grad():
+        named = dict(family.model.named_parameters())
+        for name, value in weights.items():
+            named[by_initializer[name]].copy_(torch.from_numpy(value))
+    info = lora_info(artifacts.training_model)
+    assert info is not None
+    session = TrainingSession(tmp_path)
+    session.learning_rate = LR
+    initial = session.parameters()
+    batch = [*family.inputs.values(), family.target]
+    losses = [float(np.asarray(session.train_and_update(*batch)[0])) for _ in range(STEPS)]
+    (want, adapters32), (want64, adapters64) = (
+        peft_steps(family, info, initial, STEPS, LR),
+        peft_steps(family64(family), info, initial, STEPS, LR),
+    )
+    assert want[-1] < want[0]
+    reports = [check_close(np.float32(losses), np.float32(want), want64, rtol=RTOL, name="losses")]
+    final = session.parameters()
+    for name, value in adapters32.items():
+        bound = ADAPTER_RTOL[dtype]
+        reports.append(check_close(final[name], value, adapters64[name], rtol=bound, name=name))
+    problems = [r for r in reports if r is not None]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"base_dtype": "int3"}, "int8"), ({"base_dtype": "int4", "quant_block_size": 48}, "32")],
+)
+def test_quantization_options_are_checked(options, match, tmp_path) -> None:
+    family = _family()
+    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    with pytest.raises(InvalidValueError, match=match):
+        generate_artifacts(
+            exported,
+            loss=hf_families.onnxblocks_loss(family),
+            optimizer=OptimType.AdamW,
+            artifact_directory=tmp_path,
+            lora=CONFIG,
+            **options,
+        )
