@@ -21,7 +21,8 @@ Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is 
   of ``tests/support/portable_env.py``, when it exists), ``torch-peft`` (transformers + peft,
   eager, ``torch.optim.AdamW``): seconds to open, RSS once open, median seconds per step
   (after one warm-up step) and peak RSS; ``-fp32`` / ``-fp16`` is the frozen base's storage
-  (``generate_artifacts(base_dtype="float16")``); ``node-fp32``: the JavaScript client's
+  (``generate_artifacts(base_dtype="float16")``), ``-int8`` / ``-int4`` the quantized base
+  (``base_dtype="int8"``/``"int4"``, blocks of 32); ``node-fp32``: the JavaScript client's
   ``onnxruntime-node`` (``js/bin/onnxblocks-train.mjs``, all cores; npm-installed once by
   ``tests/support/web_support.py``), the same portable artifacts; ``browser-fp32``: the LoRA page
   (``js/demo/lora.html``, onnxruntime-web WASM, one thread) in headless Chromium, on portable
@@ -65,6 +66,10 @@ STEPS = {
     "training-fp16": ("session", False, "float16"),
     "portable-fp32": ("session", True, None),
     "portable-fp16": ("session", True, "float16"),
+    "training-int8": ("session", False, "int8"),
+    "training-int4": ("session", False, "int4"),
+    "portable-int8": ("session", True, "int8"),
+    "portable-int4": ("session", True, "int4"),
     "stock-fp32": ("stock", True, None),
     "stock-fp16": ("stock", True, "float16"),
     "node-fp32": ("node", True, None),

@@ -34,6 +34,8 @@ __all__ = ["fold", "merge_lora", "strip_adapter_branches"]
 
 #: Ops a base weight may pass through before its MatMul or Gemm (a transposed or cast frozen base).
 _WEIGHT_PATH_OPS = frozenset({"Transpose", "Cast", "Identity", "CastLike", "Reshape"})
+#: Integer element types a quantized base weight is stored in (``base_dtype="int8"/"int4"``).
+_QUANTIZED = frozenset({"INT8", "INT4", "UINT8", "UINT4"})
 #: Most nodes an adapter branch may have (x @ A^T @ B^T * s, dropout, casts...); a guard, not a
 #: limit in practice.
 _MAX_BRANCH_NODES = 64
@@ -174,6 +176,18 @@ def strip_adapter_branches(model: ir.Model, info: LoraInfo) -> list[LoraTarget]:
 
     graph = model.graph
     values = values_by_name(graph)
+    quantized = [
+        t.weight
+        for t in info.targets.values()
+        if t.weight in values and getattr(values[t.weight].dtype, "name", None) in _QUANTIZED
+    ]
+    if quantized:
+        raise InvalidValueError(
+            f"Cannot merge the adapters into the quantized (int8/int4) base weights "
+            f"{quantized[:3]}: W + B @ A is not on their quantization grid. Export without "
+            "merging (the base stays quantized, the adapters beside it), or generate the "
+            "artifacts with a float base to merge."
+        )
     stripped = [t for module, t in info.targets.items() if _strip_one(graph, values, module, t)]
     remove_unused_nodes(graph)
     for target in stripped:

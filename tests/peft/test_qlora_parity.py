@@ -163,3 +163,27 @@ def test_quantization_options_are_checked(options, match, tmp_path) -> None:
             lora=CONFIG,
             **options,
         )
+
+
+def test_exports_keep_the_base_quantized_and_refuse_to_merge_into_it(tmp_path) -> None:
+    family = _family()
+    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    generate_artifacts(
+        exported,
+        loss=hf_families.onnxblocks_loss(family),
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "art",
+        lora=CONFIG,
+        base_dtype="int4",
+    )
+    session = TrainingSession(tmp_path / "art")
+    session.train_and_update(*family.inputs.values(), family.target)
+    session.export_inference_model(str(tmp_path / "swappable.onnx"), ["output"])
+    model = onnx.load(tmp_path / "swappable.onnx", load_external_data=False)
+    assert any(i.data_type == TensorProto.INT4 for i in model.graph.initializer)
+    with pytest.raises(InvalidValueError, match="quantization grid"):
+        session.export_inference_model(
+            str(tmp_path / "merged.onnx"), ["output"], merge_adapters=True
+        )
+    session.save_adapters(tmp_path / "adapters")
+    assert (tmp_path / "adapters" / "adapter_model.safetensors").is_file()
