@@ -26,12 +26,31 @@ import mimetypes
 import re
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.federated.records import arrays_to_npz, npz_to_arrays
 
-if TYPE_CHECKING:
-    from onnxblocks.federated.relay import Relay
+
+class Routes(Protocol):
+    """What the routes ask of the relay (:class:`onnxblocks.federated.relay.Relay` provides it;
+    the relay module imports this one, so the routes name a protocol, not the class).
+    """
+
+    slots: Any
+    files: dict[str, Path]
+    site: Path | None
+    finished: bool
+
+    def beat(self, k: int) -> Any: ...
+    def claim(self, kind: str) -> int | None: ...
+    def next_task(self, k: int, wait: float) -> Any: ...
+    def run(self, k: int, phase: str, round_: int, config: Any, arrays: Any) -> Any: ...
+    def wait(self, k: int, task: Any, timeout: float) -> Any: ...
+    def result(
+        self, k: int, task_id: int, body: bytes, metrics: Any, client: Any
+    ) -> str | None: ...
+
 
 #: The largest body a request may carry (a state file of 1 GiB).
 MAX_BODY = 1 << 30
@@ -45,7 +64,7 @@ class RelayHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     @property
-    def relay(self) -> Relay:
+    def relay(self) -> Routes:
         return self.server.relay  # type: ignore[attr-defined]
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints what matters
@@ -71,7 +90,10 @@ class RelayHandler(BaseHTTPRequestHandler):
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
         if not 0 <= length <= MAX_BODY:
-            raise ValueError(f"a body of {length} bytes")
+            raise InvalidValueError(
+                f"A request body of {length} bytes: the relay takes 0 to {MAX_BODY} bytes; send a "
+                "smaller state file (adapters only for LoRA)."
+            )
         return self.rfile.read(length) if length else b""
 
     def _header_json(self, name: str) -> Any:
