@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ BASE_DTYPES = {
     "int4": onnx.TensorProto.INT4,
 }
 #: The quantized element types, and the largest magnitude each stores (symmetric: -q..q).
-QUANTIZED = {onnx.TensorProto.INT8: 127, onnx.TensorProto.INT4: 7}
+QUANTIZED: dict[int, int] = {onnx.TensorProto.INT8: 127, onnx.TensorProto.INT4: 7}
 #: The block sizes of a quantized base (elements of a row sharing one scale).
 QUANT_BLOCK_SIZES = (32, 64, 128)
 #: The opset of ``DequantizeLinear`` with ``block_size`` (and of int4).
@@ -307,14 +307,12 @@ def cast_base(
         source = store.source(name)
         if dtype in QUANTIZED:
             quant = functools.partial(quantize, source, QUANTIZED[dtype], block_size)
-            converted.add(
-                _weights.TensorSource(name, dtype, source.dims, load=lambda q=quant: q()[0])
-            )
+            values = functools.partial(_part, quant, 0)
+            converted.add(_weights.TensorSource(name, dtype, source.dims, load=values))
             scale_name = f"{name}.scale"
             scale_dims = (*source.dims[:-1], source.dims[-1] // block_size)
-            converted.add(
-                _weights.TensorSource(scale_name, _FLOAT, scale_dims, load=lambda q=quant: q()[1])
-            )
+            scale_values = functools.partial(_part, quant, 1)
+            converted.add(_weights.TensorSource(scale_name, _FLOAT, scale_dims, load=scale_values))
             scales[name] = (stub(scale_name, _FLOAT, scale_dims), block_size)
         else:
             load = functools.partial(_convert, source, target)
@@ -330,6 +328,10 @@ def cast_base(
         return serde.to_proto(graph_ir)
 
     return cast(training), cast(evaluation), cast(step) if step is not None else None, converted
+
+
+def _part(quant: Callable[[], tuple[np.ndarray, np.ndarray]], index: int) -> np.ndarray:
+    return quant()[index]
 
 
 def _quantizable(source: _weights.TensorSource, block_size: int) -> bool:

@@ -174,7 +174,7 @@ def cast_initializers(
         if scales is not None and name in scales:
             scale_tensor, block = scales[name]
             scale = ir.Value(name=scale_tensor.name, const_value=scale_tensor)
-            scale.dtype, scale.shape = scale_tensor.dtype, ir.Shape(scale_tensor.shape)
+            scale.dtype, scale.shape = scale_tensor.dtype, ir.Shape(scale_tensor.shape.numpy())
             graph.register_initializer(scale)
             decode = (scale, block)
         readers: dict[ir.Node, list[int]] = {}

@@ -25,6 +25,7 @@ its gradient with respect to ``x`` is ``g``. ``stop`` is an ``Identity`` named
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -72,15 +73,13 @@ class _Body:
 
     def op(self, op_type: str, inputs: list[str], **attributes: object) -> str:
         out = self.acc.names.fresh(f"chunk_{op_type.lower()}")
-        self.nodes.append(
-            helper.make_node(
-                op_type,
-                inputs,
-                [out],
-                name=self.acc.names.fresh(f"chunk_{op_type}"),
-                **{k: v for k, v in attributes.items() if v is not None},
-            )
+        node = helper.make_node(
+            op_type, inputs, [out], name=self.acc.names.fresh(f"chunk_{op_type}")
         )
+        node.attribute.extend(
+            helper.make_attribute(k, v) for k, v in attributes.items() if v is not None
+        )
+        self.nodes.append(node)
         return out
 
     def axes(self, op_type: str, x: str, axes: list[int], **attributes: object) -> str:
@@ -164,12 +163,11 @@ def chunked_cross_entropy(acc: ModelAccessor, plan: ChunkPlan, name_hint: str) -
     """The loss of ``plan`` (a scalar named from ``name_hint``), chunk by chunk in a ``Loop``."""
     elem = acc.elem_type(str(plan.rows)) or TensorProto.FLOAT
     dtype = helper.tensor_dtype_to_np_dtype(elem)
-    count = acc.op("Slice", [acc.op("Shape", [plan.labels]), *_ints(acc, [0], [1], [0])])
-    assert isinstance(count, Value)
+    count = _op(acc, "Slice", [_op(acc, "Shape", [plan.labels]), *_ints(acc, [0], [1], [0])])
     size = acc.constant(np.array([plan.chunk_size], np.int64), name_hint="chunk_size")
     one = acc.constant(np.array([1], np.int64), name_hint="one")
-    trips = acc.op("Max", [acc.op("Div", [(count + (size - one)), size]), one])
-    trips = acc.op("Reshape", [trips, acc.constant(np.array([], np.int64), name_hint="scalar")])
+    trips = _op(acc, "Max", [_op(acc, "Div", [(count + (size - one)), size]), one])
+    trips = _op(acc, "Reshape", [trips, acc.constant(np.array([], np.int64), name_hint="scalar")])
     body, _ = _body(plan, acc, str(count), elem)
     total, stacked = acc.op(
         "Loop",
@@ -186,7 +184,7 @@ def chunked_cross_entropy(acc: ModelAccessor, plan: ChunkPlan, name_hint: str) -
         ],
     )
     width = acc.constant(np.array([-1, plan.width], np.int64), name_hint="rows_shape")
-    grad = acc.op("Slice", [acc.op("Reshape", [stacked, width]), _ints(acc, [0])[0], count])
+    grad = _op(acc, "Slice", [_op(acc, "Reshape", [stacked, width]), _ints(acc, [0])[0], count])
     zero_sum = _zero_with_gradient(acc, plan.rows, grad)
     loss = _stop(acc, str(total)) + zero_sum
     if plan.empty is None:
@@ -198,12 +196,19 @@ def chunked_cross_entropy(acc: ModelAccessor, plan: ChunkPlan, name_hint: str) -
     return out
 
 
-def _zero_with_gradient(acc: ModelAccessor, rows: Value, grad: object) -> Value:
+def _zero_with_gradient(acc: ModelAccessor, rows: Value, grad: Value) -> Value:
     """``sum(rows * stop(grad)) - stop(sum(rows * grad))``: exactly 0, with gradient ``grad``."""
     stopped = _stop(acc, str(grad))
-    live = acc.op("ReduceSum", [acc.op("Mul", [rows, stopped])], keepdims=0)
-    frozen = acc.op("ReduceSum", [acc.op("Mul", [rows, grad])], keepdims=0)
-    out = Value(str(live)) - _stop(acc, str(frozen))
+    live = _op(acc, "ReduceSum", [_op(acc, "Mul", [rows, stopped])], keepdims=0)
+    frozen = _op(acc, "ReduceSum", [_op(acc, "Mul", [rows, grad])], keepdims=0)
+    out: Value = live - _stop(acc, str(frozen))
+    return out
+
+
+def _op(acc: ModelAccessor, op_type: str, inputs: list, **attributes: Any) -> Value:
+    """One node with one output."""
+    out = acc.op(op_type, inputs, **attributes)
+    assert isinstance(out, Value)
     return out
 
 
