@@ -11,7 +11,6 @@ import os
 import struct
 
 import numpy as np
-import peft  # the test extra: fails, never skips, without it
 import pytest
 import torch  # the test extra: fails, never skips, without it
 from support.numerics import assert_close
@@ -92,6 +91,8 @@ def _info(model, targets, fan_in_fan_out, r=4, alpha=8) -> LoraInfo:
 
 
 def _peft_model(family: str, info: LoraInfo):
+    import peft  # the test extra: fails, never skips, without it
+
     model, targets, fan = MODELS[family]()
     config = peft.LoraConfig(
         r=info.config.r,
@@ -114,6 +115,8 @@ def _random_adapters(info: LoraInfo, seed: int = 1) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_peft_loads_what_onnxblocks_writes(tmp_path, family):
     """PeftModel.from_pretrained reads the directory; its adapters are the values written, its logits the merge's."""
+    import peft  # the test extra: fails, never skips, without it
+
     base, targets, fan = MODELS[family]()
     info = _info(base, targets, fan)
     adapters = _random_adapters(info)

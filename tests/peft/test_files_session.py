@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 import onnxruntime as ort
-import peft  # the test extra: fails, never skips, without it
 import pytest
 import torch  # the test extra: fails, never skips, without it
 from support.numerics import assert_close
@@ -116,6 +115,8 @@ def _assert_peft_logits(got: np.ndarray, model, ids: np.ndarray, merge: bool = F
 
 
 def test_peft_loads_adapters_trained_and_saved_by_onnxblocks(family, session, tmp_path):
+    import peft  # the test extra: fails, never skips, without it
+
     _, lm, _, _ = family
     for seed in range(3):
         session.train_and_update(*_batch(seed))
@@ -139,6 +140,8 @@ def test_peft_loads_adapters_trained_and_saved_by_onnxblocks(family, session, tm
 
 
 def test_onnxblocks_loads_adapters_trained_and_saved_by_peft(family, session, tmp_path):
+    import peft  # the test extra: fails, never skips, without it
+
     _, lm, _, config = family
     data = config.to_peft_dict()
     model = peft.get_peft_model(

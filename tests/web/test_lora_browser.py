@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import peft  # the test extra: fails, never skips, without it
 import pytest
 import torch  # the test extra: fails, never skips, without it
 from support import web_support
@@ -91,6 +90,7 @@ def test_the_page_fine_tunes_the_adapters_as_python_does(page):
 
 def test_the_downloaded_adapters_load_into_python_and_peft(page, tmp_path):
     import onnxruntime as ort
+    import peft  # the test extra: fails, never skips, without it
     import transformers
 
     site, report, downloads = page

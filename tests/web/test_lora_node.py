@@ -16,7 +16,6 @@ import copy
 import os
 
 import numpy as np
-import peft  # the test extra: fails, never skips, without it
 import pytest
 import torch  # the test extra: fails, never skips, without it
 from support import web_support
@@ -80,6 +79,8 @@ def test_the_state_holds_only_the_adapters(lora):
 
 
 def test_node_trains_adapters_and_saves_a_peft_directory(js, lora, tmp_path):
+    import peft  # the test extra: fails, never skips, without it
+
     lm, directory, batches = lora
     session = TrainingSession(directory)
     names = session.input_names
