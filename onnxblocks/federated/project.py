@@ -152,7 +152,7 @@ def write_app(
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     text = f"""\
-# written by onnxblocks.federated.project: a Flower app that runs onnxblocks' ServerApp and ClientApp
+# written by onnxblocks.federated.project: a Flower app running onnxblocks' ServerApp and ClientApp
 [build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
