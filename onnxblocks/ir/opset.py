@@ -42,7 +42,7 @@ def convert_opset(
             "those ops with older ones)."
         )
     try:
-        converted = version_converter.convert_version(model, target)
+        converted = _unhide(version_converter.convert_version(_hide_unknown(model), target))
     except Exception as exc:
         reason = _converter_reason(exc)
         ops = sorted(
@@ -76,6 +76,43 @@ def fit_opset(model: onnx.ModelProto, what: str = "the base model") -> onnx.Mode
     if version is None or version <= _limits.MAX_ONNX_OPSET:
         return model
     return convert_opset(model, _limits.MAX_ONNX_OPSET, what)
+
+
+#: The domain ops of the default domain that onnx has no schema for (ONNX Runtime's fusions, such as
+#: ``SimplifiedLayerNormalization``) pass the version converter in, unchanged.
+_PASSING = "onnxblocks.opset.passing"
+
+
+def _hide_unknown(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy whose default-domain ops onnx has no schema for are in ``_PASSING``."""
+    from onnxblocks.ir.walk import proto_nodes
+
+    def unknown(node: onnx.NodeProto) -> bool:
+        return node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)
+
+    if not any(unknown(n) for n in proto_nodes(model.graph)):
+        return model
+    hidden = onnx.ModelProto()
+    hidden.CopyFrom(model)
+    for node in proto_nodes(hidden.graph):
+        if unknown(node):
+            node.domain = _PASSING
+    hidden.opset_import.append(onnx.helper.make_opsetid(_PASSING, 1))
+    return hidden
+
+
+def _unhide(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Undo :func:`_hide_unknown` on the converted model (in place)."""
+    from onnxblocks.ir.walk import proto_nodes
+
+    for node in proto_nodes(model.graph):
+        if node.domain == _PASSING:
+            node.domain = ""
+    kept = [o for o in model.opset_import if o.domain != _PASSING]
+    if len(kept) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return model
 
 
 def _defined_at(op_type: str, version: int) -> bool:

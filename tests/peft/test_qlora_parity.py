@@ -187,3 +187,31 @@ def test_exports_keep_the_base_quantized_and_refuse_to_merge_into_it(tmp_path) -
         )
     session.save_adapters(tmp_path / "adapters")
     assert (tmp_path / "adapters" / "adapter_model.safetensors").is_file()
+
+
+def test_a_torchscript_export_converts_to_opset_21_with_onnx_runtimes_fusions(tmp_path) -> None:
+    """ONNX Runtime's fusions (``SimplifiedLayerNormalization``, no onnx schema) pass the opset
+    conversion; the int4 artifacts train (a finite loss, not the float32 base's: the weights are
+    rounded).
+    """
+    family = _family()
+    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=False, opset=17)
+    losses = {}
+    for dtype in (None, "int4"):
+        directory = tmp_path / str(dtype)
+        generate_artifacts(
+            exported,
+            loss=hf_families.onnxblocks_loss(family),
+            optimizer=OptimType.AdamW,
+            artifact_directory=directory,
+            lora=CONFIG,
+            base_dtype=dtype,
+        )
+        session = TrainingSession(directory)
+        losses[dtype] = float(
+            np.asarray(session.train_step(*family.inputs.values(), family.target)[0])
+        )
+    training = onnx.load(tmp_path / "int4" / "training_model.onnx", load_external_data=False)
+    ops = {n.op_type for n in training.graph.node if n.domain in ("", "ai.onnx")}
+    assert {"DequantizeLinear", "SimplifiedLayerNormalization"} <= ops
+    assert np.isfinite(losses["int4"]) and losses["int4"] != losses[None]
