@@ -29,6 +29,8 @@ Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is 
   artifacts of
   its own (with ``logits``), step time from the wall times of two visits (its peak RSS is not
   measured);
+* ``--lean-loss N``: every configuration with ``CrossEntropyLoss(chunk_size=N, head_weight=...)``
+  (the tied head inside the loss, docs/lora.md);
 * the sizes of ``base_weights.bin``, the checkpoint and the web state file (``params.safetensors``).
 
 The frozen base's size (fp32) is printed first: the peaks are compared with it.
@@ -60,6 +62,8 @@ SHAPE = {
     "tie_word_embeddings": True,
 }
 BATCH, SEQ, R, ALPHA, TARGETS, LR = 4, 128, 8, 16, ["q_proj", "v_proj"], 1e-3
+#: The tied LM head's weight in the export (``--lean-loss``).
+HEAD = "model.model.embed_tokens.weight"
 #: Step configurations: name -> (kind, portable, base dtype).
 STEPS = {
     "training-fp32": ("session", False, None),
@@ -165,15 +169,18 @@ def child_export(layers: int, target: Path) -> dict:
     return {"export_s": time.perf_counter() - start, "peak_mib": peak_mib()}
 
 
-def child_generate(model: Path, directory: Path, portable: bool, base_dtype: str | None) -> dict:
+def child_generate(
+    model: Path, directory: Path, portable: bool, base_dtype: str | None, chunk: int = 0
+) -> dict:
     import onnxblocks
     from onnxblocks import losses
     from onnxblocks.peft import LoraConfig
 
+    lean = {"chunk_size": chunk, "head_weight": HEAD} if chunk else {}
     start = time.perf_counter()
     art = onnxblocks.generate_artifacts(
         model,
-        loss=losses.CrossEntropyLoss(class_axis=-1),
+        loss=losses.CrossEntropyLoss(class_axis=-1, **lean),
         optimizer=onnxblocks.OptimType.AdamW,
         artifact_directory=directory,
         lora=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS),
@@ -405,6 +412,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--only", nargs="*", help="configurations to run (names of the table)")
+    parser.add_argument(
+        "--lean-loss",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the chunked loss with the tied head inside it (chunk_size=N) in every configuration",
+    )
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -412,7 +426,7 @@ def main() -> None:
         result = {
             "export": lambda: child_export(int(rest[0]), Path(rest[1])),
             "generate": lambda: child_generate(
-                Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None
+                Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None, int(rest[4])
             ),
             "session": lambda: child_session(Path(rest[0]), int(rest[1])),
             "torch": lambda: child_torch(int(rest[0]), int(rest[1])),
@@ -462,7 +476,14 @@ def main() -> None:
                     Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}"
                 )
                 gen = run_child(
-                    ["generate", str(model), str(directory), "1" if portable else "0", dtype or ""]
+                    [
+                        "generate",
+                        str(model),
+                        str(directory),
+                        "1" if portable else "0",
+                        dtype or "",
+                        str(args.lean_loss),
+                    ]
                 )
                 rows.append((f"generate-{directory.name}", gen))
                 print(rows[-1][0], gen, flush=True)
