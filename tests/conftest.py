@@ -30,7 +30,7 @@ import warnings
 
 import onnx
 import pytest
-from support.markers import MarkTable
+from support.markers import SELECTION_MARKERS, MarkTable
 from support.onnx_models import make_linear_model, run_model
 from support.ort_threads import install as install_ort_threads
 
@@ -125,7 +125,10 @@ def pytest_collection_modifyitems(config, items):
     table = MarkTable()
     unmarked_py313 = []
     groups: dict[str, str | None] = {}
+    elsewhere = []
     for item in items:
+        if any(item.get_closest_marker(name) for name in SELECTION_MARKERS):
+            elsewhere.append(item.nodeid)  # a decorator or pytestmark: kept, and warned about below
         for name in table.markers(item.nodeid):
             item.add_marker(name)
         uses_313 = "portable_python" in getattr(item, "fixturenames", ())
@@ -135,6 +138,12 @@ def pytest_collection_modifyitems(config, items):
         group = groups[item.nodeid] = _shared_fixture_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if elsewhere:
+        warnings.warn(
+            f"{len(elsewhere)} tests get slow/node/browser/py313 from a decorator or pytestmark; set "
+            f"them in tests/support/markers.py, the one place for them: {elsewhere[:5]}",
+            stacklevel=1,
+        )
     if unmarked_py313:
         warnings.warn(
             f"{len(unmarked_py313)} tests use portable_python but are not marked py313 in "

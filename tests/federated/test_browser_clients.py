@@ -21,7 +21,6 @@ import time
 import urllib.request
 
 import numpy as np
-import pytest
 from support import web_support
 from support.federation import kill_flower_processes
 from support.flower_apps import non_iid_files, spiral_artifacts
@@ -33,8 +32,6 @@ from onnxblocks.web import write_state
 ROUNDS = 10
 
 
-@pytest.mark.slow
-@pytest.mark.browser
 def test_two_tabs_reach_the_accuracy_and_a_tab_closed_mid_round_is_dropped(tmp_path):
     chromium = web_support.chromium()
     js = web_support.workspace(tmp_path)

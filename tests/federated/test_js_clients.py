@@ -45,8 +45,6 @@ def setup(tmp_path_factory):
     return art, files, str(poisoned), root
 
 
-@pytest.mark.slow
-@pytest.mark.node
 def test_node_and_python_clients_average_like_separate_sessions_and_nan_is_dropped(
     setup, capsys, monkeypatch
 ):

@@ -137,6 +137,8 @@ MARKS: dict[str, str] = {
     "tests/families/test_model_families.py::test_gradients_match_torch[lstm-torchscript]": "slow",
     "tests/families/test_model_families.py::test_gradients_match_torch[mlp-dynamo]": "slow",
     # federated
+    "tests/federated/test_browser_clients.py::test_two_tabs_reach_the_accuracy_and_a_tab_closed_mid_round_is_dropped": "slow browser",
+    "tests/federated/test_js_clients.py::test_node_and_python_clients_average_like_separate_sessions_and_nan_is_dropped": "slow node",
     "tests/federated/test_cli_federate.py::test_a_stop_signal_stops_every_flower_process_and_exits_130": "slow",
     "tests/federated/test_cli_federate.py::test_one_round_of_fedavg_is_the_weighted_average_of_separate_sessions": "slow",
     "tests/federated/test_client.py::test_file_order_is_reproducible_and_shuffling_follows_the_seed": "slow",
