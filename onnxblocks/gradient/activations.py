@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.attributes import float_attribute
+from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.writer import Writer
 
 # (writer, node, x, y, numpy dtype) -> None; writes nodes whose last output is named y

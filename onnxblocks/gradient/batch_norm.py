@@ -27,9 +27,9 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import GradientError
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.writer import Writer
 

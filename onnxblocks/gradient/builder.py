@@ -52,7 +52,6 @@ from onnxblocks.gradient import (
     pooling,
     signature,
 )
-from onnxblocks.gradient._rewrite import run_pass
 from onnxblocks.gradient.batch_norm import private_running_statistics
 from onnxblocks.gradient.frozen_reads import alias_frozen_reads, restore_frozen_reads
 from onnxblocks.gradient.intake import check_ranks, fit_model
@@ -67,6 +66,7 @@ from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.gradient.stop_gradient import cut_stopped, restore_stopped
 from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model
+from onnxblocks.ir.rewrite import run_pass
 from onnxblocks.ir.serde import from_proto, to_proto
 
 __all__ = [

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
+from onnxblocks.ir.rewrite import (
+    NodeRewrite,
+    NoMatch,
+    RewriteContext,
+    fail,
+    is_default_domain,
+)
 
 __all__ = ["SmallIntComparisonAsInt32"]
 
@@ -38,10 +44,12 @@ class SmallIntComparisonAsInt32(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type in _COMPARISONS and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         a, b = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
-        if a is None or b is None or ctx.types.elem(a) not in _SMALL:
-            return None
+        if a is None or b is None:
+            return fail("an operand is missing")
+        if ctx.types.elem(a) not in _SMALL:
+            return fail("the operands are not 8- or 16-bit integers")
         w = ctx.writer(node.outputs[0].name or "compare")
         node.replace_input_with(0, w.cast(a, onnx.TensorProto.INT32))
         node.replace_input_with(1, w.cast(b, onnx.TensorProto.INT32))

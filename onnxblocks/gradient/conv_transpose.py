@@ -26,13 +26,15 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import (
+from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute, value
+from onnxblocks.ir.rewrite import (
     NodeRewrite,
+    NoMatch,
     RewriteContext,
+    fail,
     is_default_domain,
     optional_input,
 )
-from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute, value
 from onnxblocks.ir.types import static_dims
 from onnxblocks.ir.writer import INT64_MAX as _INT64_MAX
 
@@ -51,19 +53,21 @@ class ConvTransposeAsConv(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "ConvTranspose" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _rewrite(node, ctx)
 
 
-def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     x, weight = node.inputs[0], node.inputs[1]
     bias = optional_input(node, 2)
     wshape = static_dims(ctx.types.shape(weight))
     auto_pad = string_attribute(node, "auto_pad", "NOTSET")
-    if x is None or weight is None or wshape is None or len(wshape) < 3:
-        return None
+    if x is None or weight is None:
+        return fail("an input is missing")
+    if wshape is None or len(wshape) < 3:
+        return fail("the weight's shape is not known (or has no spatial dims)")
     if auto_pad not in ("NOTSET", "VALID") or value(node, "output_shape") is not None:
-        return None
+        return fail("auto_pad SAME_* or output_shape: the output size is decided at run time")
     n = len(wshape) - 2
     c_in, c_out_per_group, kernel = wshape[0], wshape[1], wshape[2:]
     group = int_attribute(node, "group", 1)
@@ -72,7 +76,7 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     output_padding = ints_attribute(node, "output_padding", [0] * n)
     pads = [0] * (2 * n) if auto_pad == "VALID" else ints_attribute(node, "pads", [0] * (2 * n))
     if c_in % group or ints_attribute(node, "kernel_shape", kernel) != kernel:
-        return None
+        return fail("the group does not divide the channels, or kernel_shape is not the weight's")
 
     w = ctx.writer(node.outputs[0].name or "conv_transpose")
     spatial = list(range(2, 2 + n))

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import is_default_domain
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import is_default_domain
 
 __all__ = ["ExposeCrossEntropyLogProb"]
 

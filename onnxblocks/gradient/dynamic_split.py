@@ -24,12 +24,12 @@ from collections.abc import Mapping
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import is_default_domain, opset_of
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.edit import replace_node
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import is_default_domain, opset_of
 from onnxblocks.ir.types import ValueTypes
 from onnxblocks.ir.writer import Writer
 

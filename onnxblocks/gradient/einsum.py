@@ -27,9 +27,9 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.gradient.contraction import Term, contract, diagonals, to_output
 from onnxblocks.ir.attributes import string_attribute
+from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
 
 __all__ = ["EinsumAsMatMul", "parse_equation"]
 

@@ -21,11 +21,11 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import is_default_domain, optional_input
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import is_default_domain, optional_input
 
 
 class DisableTrainingMode(Pass):

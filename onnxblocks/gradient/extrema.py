@@ -37,13 +37,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import (
+from onnxblocks.ir.attributes import int_attribute
+from onnxblocks.ir.rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
     optional_input,
 )
-from onnxblocks.ir.attributes import int_attribute
 
 __all__ = ["ExtremaWithTorchTies"]
 

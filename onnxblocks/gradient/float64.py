@@ -31,13 +31,13 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
-from onnxblocks.gradient._rewrite import (
+from onnxblocks.ir.attributes import float_attribute, int_attribute
+from onnxblocks.ir.rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
     optional_input,
 )
-from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.walk import all_nodes
 from onnxblocks.ir.writer import Writer
 

@@ -22,8 +22,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.attributes import float_attribute, int_attribute
+from onnxblocks.ir.rewrite import (
+    NodeRewrite,
+    NoMatch,
+    RewriteContext,
+    fail,
+    is_default_domain,
+)
 from onnxblocks.ir.writer import Writer
 
 _KINDS = ("InstanceNormalization", "GroupNormalization")
@@ -42,11 +48,13 @@ class GroupNormAsElementary(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type in _KINDS and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         x, scale, bias = node.inputs[0], node.inputs[1], node.inputs[2]
         elem = ctx.types.elem(x)
-        if x is None or scale is None or bias is None or elem is None:
-            return None
+        if x is None or scale is None or bias is None:
+            return fail("an input is missing")
+        if elem is None:
+            return fail("the input's element type is not known")
         epsilon = float(
             np.float32(float_attribute(node, "epsilon", 1e-5))
         )  # a float32 attribute, default too

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import (
+from onnxblocks.ir.attributes import int_attribute, string_attribute
+from onnxblocks.ir.rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
     optional_input,
 )
-from onnxblocks.ir.attributes import int_attribute, string_attribute
 from onnxblocks.ir.types import static_dims
 from onnxblocks.ir.writer import Writer
 

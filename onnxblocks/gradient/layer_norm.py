@@ -25,11 +25,11 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import ValueTypes, static_dims
 

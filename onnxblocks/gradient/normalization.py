@@ -67,13 +67,6 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient._rewrite import (
-    changed,
-    is_default_domain,
-    may_apply,
-    opset_of,
-    run_pass,
-)
 from onnxblocks.gradient.activations import (
     ActivationsAsElementary,
     SoftplusAsElementary,
@@ -104,6 +97,13 @@ from onnxblocks.ir.attributes import int_attribute, string_attribute
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import (
+    changed,
+    is_default_domain,
+    may_apply,
+    opset_of,
+    run_pass,
+)
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import ValueTypes
 from onnxblocks.ir.writer import Writer

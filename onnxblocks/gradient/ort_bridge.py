@@ -31,10 +31,10 @@ from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
 from onnxblocks._core.errors import DataFileError, GradientError, preview
 from onnxblocks.gradient import worker
-from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.parameters import ParameterPartition
 from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
 from onnxblocks.ir.proto import copy_model
+from onnxblocks.ir.types import infer_proto_types, proto_elem_type
 
 #: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
 _OP_HINTS = {
@@ -354,9 +354,9 @@ def _check_run_time_kernels(probe: onnx.ModelProto, forward: onnx.ModelProto) ->
     suspects = [n for n in probe.graph.node if n.op_type in _FAILS_AT_RUN_TIME and n.input]
     if not suspects:
         return
-    types = infer_types(probe)
+    types = infer_proto_types(probe)
     for node in suspects:
-        if elem_type(types, node.input[0]) in _FAILS_AT_RUN_TIME[node.op_type]:
+        if proto_elem_type(types, node.input[0]) in _FAILS_AT_RUN_TIME[node.op_type]:
             raise _no_kernel(ort_errors.MissingKernel(node.op_type, node.name), probe, forward)
 
 
@@ -408,9 +408,9 @@ def _no_kernel(
         if source is not None and origin != name
         else ""
     )
-    types = infer_types(probe)
+    types = infer_proto_types(probe)
     node = _find_node(probe, name)
-    elem = elem_type(types, node.input[0]) if node is not None and node.input else None
+    elem = proto_elem_type(types, node.input[0]) if node is not None and node.input else None
     typed = f" for {onnx.TensorProto.DataType.Name(elem).lower()}" if elem else ""
     hint = _KERNEL_HINTS.get(
         op_type,

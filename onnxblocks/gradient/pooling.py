@@ -25,10 +25,9 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.errors import GradientError
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
-from onnxblocks.gradient._values import infer_types
 from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute
-from onnxblocks.ir.types import static_dims
+from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
+from onnxblocks.ir.types import infer_proto_types, static_dims
 
 
 def _window_counts(
@@ -152,7 +151,7 @@ def check_pool_shapes(forward: onnx.ModelProto, training: onnx.ModelProto) -> No
         return
     differentiated = {(n.op_type[: -len("Grad")], n.name.split("_Grad/")[0]) for n in grads}
     unnamed = {op for op, name in differentiated if not name}
-    types = infer_types(forward)
+    types = infer_proto_types(forward)
     for node in forward.graph.node:
         if (node.op_type, node.name) not in differentiated and node.op_type not in unnamed:
             continue

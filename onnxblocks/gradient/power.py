@@ -35,8 +35,14 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.gradient.dependencies import downstream_values
+from onnxblocks.ir.rewrite import (
+    NodeRewrite,
+    NoMatch,
+    RewriteContext,
+    fail,
+    is_default_domain,
+)
 from onnxblocks.ir.writer import Writer
 
 _F = onnx.TensorProto
@@ -77,15 +83,15 @@ class PowExponentAsExpLog(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Pow" and is_default_domain(node) and node.inputs[1] in self._reached
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _rewrite(node, ctx)
 
 
-def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0].name or "pow"
     a_type, b_type = ctx.types.elem(a), ctx.types.elem(b)
     if a is None or b is None or a_type not in _WORK_TYPE or b_type not in _WORK_TYPE:
-        return None
+        return fail("the base or exponent is not of a known floating-point type")
     work = _WORK_TYPE[a_type]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(work)
     w = ctx.writer(y)

@@ -28,8 +28,8 @@ from typing import overload
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.gradient._rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir import attributes
+from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
 from onnxblocks.ir.writer import Writer
 
 #: op type -> (gates, activations per direction)

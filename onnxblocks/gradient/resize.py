@@ -32,14 +32,14 @@ import onnx_ir as ir
 from onnx import helper
 
 from onnxblocks._core import limits as _limits
-from onnxblocks.gradient._rewrite import (
+from onnxblocks.ir import attributes
+from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.rewrite import (
     NodeRewrite,
     RewriteContext,
     is_default_domain,
     optional_input,
 )
-from onnxblocks.ir import attributes
-from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.types import ValueTypes, static_dims
 from onnxblocks.ir.writer import Writer
 

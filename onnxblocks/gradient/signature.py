@@ -38,12 +38,12 @@ from onnxblocks._core.errors import (
     did_you_mean,
     preview,
 )
-from onnxblocks.gradient._values import elem_type, infer_types, shape_of
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.proto import readers, replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import infer_proto_types, proto_elem_type, proto_shape
 
 #: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
 GRADIENT_ENDINGS = (
@@ -87,8 +87,8 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
         TypeError: for a loss whose element type is not floating point.
         ValueError: for a loss with a known dimension other than 1.
     """
-    types = infer_types(model)
-    elem = elem_type(types, loss)
+    types = infer_proto_types(model)
+    elem = proto_elem_type(types, loss)
     if elem is not None and elem not in FLOAT_TYPES:
         raise InvalidTypeError(
             f"The loss output '{loss}' has element type "
@@ -224,8 +224,8 @@ def float_seed(model: onnx.ModelProto, loss: str) -> str:
     loss's type (exactly: the seed is 1). The cast is a temporary graph output
     (:func:`drop_float_seed` removes it).
     """
-    types = infer_types(model)
-    elem = elem_type(types, loss)
+    types = infer_proto_types(model)
+    elem = proto_elem_type(types, loss)
     if elem is None or elem == onnx.TensorProto.FLOAT:
         return loss
     ir_model = from_proto(model)
@@ -243,7 +243,7 @@ def float_seed(model: onnx.ModelProto, loss: str) -> str:
     graph.append(cast)
     seed = cast.outputs[0]
     seed.type = ir.TensorType(ir.DataType.FLOAT)
-    dims = shape_of(types, loss)
+    dims = proto_shape(types, loss)
     seed.shape = ir.Shape(dims) if dims is not None else None
     graph.outputs.append(seed)
     model.CopyFrom(to_proto(ir_model))

@@ -31,11 +31,11 @@ from onnx import helper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.errors import GradientError, InvalidValueError
-from onnxblocks.gradient._values import infer_types
 from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.vjp import VjpGraph
 from onnxblocks.ir import walk
 from onnxblocks.ir.serde import from_proto
+from onnxblocks.ir.types import infer_proto_types
 
 __all__ = [
     "SHARED_CONSTANT_BYTES",
@@ -185,7 +185,7 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Types of the values of ``model``: declared ones, then onnx's inference (gradient ops are
     unknown to it).
     """
-    types = infer_types(model)
+    types = infer_proto_types(model)
     for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output):
         if vi.type.WhichOneof("value") is not None:
             types[vi.name] = vi.type

@@ -44,7 +44,6 @@ from onnxblocks._core.errors import (
 )
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient import ort_bridge, pooling, signature
-from onnxblocks.gradient._values import elem_type, infer_types
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.dependencies import upstream_values
@@ -57,6 +56,7 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.proto import copy_model, replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import infer_proto_types, proto_elem_type
 from onnxblocks.ir.walk import reads
 
 __all__ = ["VjpGraph", "build_vjp_graph"]
@@ -143,14 +143,14 @@ def build_vjp_graph(
     rewrites.update(normalize(forward, [CopyInputsWrittenInPlace()]))
     user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
 
-    types = infer_types(forward)
+    types = infer_proto_types(forward)
     ir_forward = from_proto(forward)
     sources = _sources(ir_forward.graph)
     differentiable = tuple(
         o
         for o in user_outputs
         if o not in silent
-        and elem_type(types, o) in FLOAT_TYPES
+        and proto_elem_type(types, o) in FLOAT_TYPES
         and sources.get(o, set()) & set(partition.requires_grad)
     )
     reached = (

@@ -62,3 +62,12 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
+
+
+def set_attribute(node: onnx.NodeProto, name: str, value: object) -> None:
+    """Set (or replace) an attribute of a protobuf node."""
+    for i, attr in enumerate(node.attribute):
+        if attr.name == name:
+            del node.attribute[i]
+            break
+    node.attribute.append(onnx.helper.make_attribute(name, value))

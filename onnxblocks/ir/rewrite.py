@@ -1,17 +1,24 @@
-"""The shape of most normalisation passes: replace each node a predicate picks by the nodes a
-rewrite writes.
+"""The one rewrite base: replace each node a predicate picks by the nodes a rewrite writes.
 
 A :class:`NodeRewrite` is an :class:`onnxblocks.ir.passes.Pass`. Its
-:meth:`~NodeRewrite.rewrite` reads one selected node (through the
-:class:`RewriteContext`: opset, inferred types, constants, a :class:`~onnxblocks.ir.writer.Writer`)
-and returns the new nodes, or None to keep the node. Each output of the old node
-is taken over by the new node output of the same name (``out=`` in the writer),
-so a rewrite reads like the maths and the def-use chains are rewired by
-:func:`onnxblocks.ir.edit.replace_node`.
+:meth:`~NodeRewrite.rewrite` reads one selected node through the
+:class:`RewriteContext` (opset, the types on the values, constants, a
+:class:`~onnxblocks.ir.writer.Writer`) and returns the new nodes, or
+:func:`fail` saying why it keeps the node ("the input's shape is not known"). Each
+output of the old node is taken over by the new node output of the same name
+(``out=`` in the writer), so a rewrite reads like the maths and the def-use chains
+are rewired by :func:`onnxblocks.ir.edit.replace_node`.
+
+The reasons a rewrite did not apply are logged at debug level (logger
+``onnxblocks.ir.rewrite``) and kept on the pass (:attr:`NodeRewrite.misses`): how a
+newcomer learns what each rule needs. The portable lowering's context
+(:class:`onnxblocks.portable.context.LoweringContext`) is this context too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 
@@ -28,6 +35,27 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.types import ValueTypes
 from onnxblocks.ir.writer import Writer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMatch:
+    """Why a rewrite left a node as it is (false in a boolean test).
+
+    Attributes:
+        reason: What the rewrite needed and did not find, e.g. "the input's shape is not known".
+    """
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def fail(reason: str) -> NoMatch:
+    """The answer of a rewrite that does not apply to a node, saying why."""
+    return NoMatch(reason)
 
 
 def opset_of(model: ir.Model) -> int:
@@ -60,14 +88,17 @@ class RewriteContext:
     Types and constants are computed from the graph before any replacement of the pass.
     """
 
-    def __init__(self, model: ir.Model, opset: int) -> None:
+    #: The writer class :meth:`writer` makes.
+    writer_class: type[Writer] = Writer
+
+    def __init__(self, model: ir.Model, opset: int | None = None) -> None:
         self.model = model
         self.graph = model.graph
-        self.opset = opset
+        self.opset = opset_of(model) if opset is None else opset
 
     @cached_property
     def types(self) -> ValueTypes:
-        """The inferred types of the graph's values."""
+        """The reader of the types on the graph's values (inferred onto them on first use)."""
         return ValueTypes.infer(self.model)
 
     @cached_property
@@ -101,11 +132,13 @@ class RewriteContext:
         value = self.constants.folded(axes_input)
         return None if value is None else [int(a) for a in value.reshape(-1)]
 
-    def writer(self, hint: str) -> Writer:
-        """A :class:`~onnxblocks.ir.writer.Writer` at the model's opset naming its values after
-        ``hint``.
+    def writer(self, hint: str | ir.Node) -> Writer:
+        """A :attr:`writer_class` at the model's opset naming its values after ``hint`` (a node:
+        its name, else its op type).
         """
-        return Writer(self.names, self.opset, hint)
+        if isinstance(hint, ir.Node):
+            hint = hint.name or hint.op_type
+        return self.writer_class(self.names, self.opset, hint)
 
 
 class NodeRewrite(Pass):
@@ -126,8 +159,12 @@ class NodeRewrite(Pass):
         """True for a node to rewrite."""
         raise NotImplementedError
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
-        """The nodes replacing ``node`` (outputs named as ``node``'s), or None to keep it.
+    #: Why the last run left selected nodes as they were: (node name, reason).
+    misses: list[tuple[str, str]]
+
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch | None:
+        """The nodes replacing ``node`` (outputs named as ``node``'s), or :func:`fail` (or None)
+        to keep it.
 
         The returned list may hold ``node`` itself (edited in place): the others are
         then inserted before it and nothing is replaced.
@@ -135,17 +172,24 @@ class NodeRewrite(Pass):
         raise NotImplementedError
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
+        self.misses = []
         targets = [n for n in model.graph if self.select(n)]
         if not targets:
             return {}
         opset = opset_of(model)
         if self.min_opset is not None and opset < self.min_opset:
+            self.misses = [
+                (n.name or "", f"the model's opset is below {self.min_opset}") for n in targets
+            ]
             return {}
         ctx = RewriteContext(model, opset)
         planned = [(node, self.rewrite(node, ctx)) for node in targets]
         changes: dict[str, int] = {}
         for node, new_nodes in planned:
-            if new_nodes is None:
+            if new_nodes is None or isinstance(new_nodes, NoMatch):
+                reason = new_nodes.reason if new_nodes is not None else "no reason given"
+                self.misses.append((node.name or "", reason))
+                logger.debug("%s left %s %r: %s", self.name, node.op_type, node.name, reason)
                 continue
             changes[node.op_type] = changes.get(node.op_type, 0) + 1
             apply_rewrite(node, new_nodes)

@@ -1,5 +1,23 @@
-"""Element types and shapes of a graph's values, from onnx shape inference, without changing the
-graph.
+"""Element types and shapes: onnx shape inference kept on the values, and the one reader of
+them.
+
+Types live on the values: the type and shape a value declares (``ir.Value.type`` /
+``.shape``) and, beside them in the value's ``meta`` (:data:`INFERRED`, onnx-ir's store
+for analysis results, never serialized), what inference found. :func:`infer_types`
+is the one inference step: it runs onnx shape inference (with data propagation) over
+the model once and gives each value whatever inference knows beyond what the value
+declares. :func:`elem_type`, :func:`dtype`, :func:`shape` and :func:`dims` read a
+value's type, inferred first; every pass and lowering reads types through them (or
+:class:`ValueTypes`, the same reader as an object for the rewrite context).
+
+Inferred types stay in memory: the files written and the graphs handed to ONNX
+Runtime carry the declared types only, since onnx's inference is best effort (an
+``Einsum`` over symbolic dims can come out with a dim of 1 that ONNX Runtime would
+then enforce on a gradient input).
+
+On the protobuf side of ONNX Runtime's gradient builder, :func:`infer_proto_types`
+gives the same inference by value name, read with :func:`proto_elem_type` and
+:func:`proto_shape`.
 """
 
 from __future__ import annotations
@@ -34,83 +52,169 @@ def infer_proto_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return types
 
 
-class ValueTypes:
-    """The inferred element type and shape of each value of one graph, looked up by value.
+#: The key of ``ir.Value.meta`` holding the inferred ``(type, shape)`` of a value.
+INFERRED = "onnxblocks.inferred_type"
 
-    The graph is not changed: the types live here, not on the values. A value
-    inference knows nothing of falls back to the type and shape the graph declares.
+_Typed = tuple[ir.TypeProtocol | None, ir.Shape | None]
+
+
+def _typed(value: ir.Value) -> _Typed:
+    """The type and shape of ``value``: inferred when inference said more, else declared."""
+    found = value.meta.get(INFERRED)
+    return found if found is not None else (value.type, value.shape)
+
+
+def _score(typed: _Typed) -> int:
+    type_, shape_ = typed
+    if type_ is None and shape_ is None:
+        return -1
+    if shape_ is None:
+        return 0
+    return 1 + sum(2 if isinstance(d, int) else d.value is not None for d in shape_)
+
+
+def known_dims(value: ir.Value | None) -> int:
+    """How much a value's type says: -1 when it has none, 0 without a shape, else 1 + 2 per static
+    dim + 1 per symbolic one (a number says more than a symbol).
     """
+    return -1 if value is None else _score(_typed(value))
 
-    def __init__(self, types: dict[str, onnx.TypeProto]) -> None:
-        self._types = types
+
+def has_type(value: ir.Value | None) -> bool:
+    """True when ``value`` has a type, declared or inferred."""
+    return value is not None and _typed(value)[0] is not None
+
+
+def set_type(value: ir.Value, type_proto: onnx.TypeProto) -> bool:
+    """Give ``value`` the type and shape of ``type_proto`` when that says more than ``value``'s
+    own; True when it did.
+    """
+    if type_proto.WhichOneof("value") is None:
+        return False
+    candidate = (
+        ir.serde.deserialize_type_proto_for_type(type_proto),
+        ir.serde.deserialize_type_proto_for_shape(type_proto),
+    )
+    if _score(candidate) <= known_dims(value):
+        return False
+    value.meta[INFERRED] = candidate
+    return True
+
+
+def copy_type(value: ir.Value, like: ir.Value) -> None:
+    """Give ``value`` the type and shape of ``like`` where they say more than its own."""
+    if _score(_typed(like)) > known_dims(value):
+        value.meta[INFERRED] = _typed(like)
+
+
+def type_proto(value: ir.Value) -> onnx.TypeProto | None:
+    """``value``'s type as a ``TypeProto`` (for onnx's inference of one node), or None."""
+    type_, shape_ = _typed(value)
+    if type_ is None:
+        return None
+    return ir.serde.serialize_value(ir.Value(name=value.name, type=type_, shape=shape_)).type
+
+
+def infer_types(model: ir.Model) -> None:
+    """Write what onnx shape inference knows onto the values of ``model``'s top-level graph.
+
+    The one inference step: the model is serialized once for onnx's inference (no
+    weight bytes are copied), and each value keeps the inferred type (in its ``meta``,
+    :data:`INFERRED`) where it says more than the value declares.
+    """
+    inferred = infer_proto_types(to_proto(model))
+    graph = model.graph
+    values = [*graph.inputs, *graph.initializers.values()]
+    values += [v for node in graph for v in node.outputs]
+    for value in values:
+        t = inferred.get(value.name or "")
+        if t is not None:
+            set_type(value, t)
+
+
+def elem_type(value: ir.Value | None) -> int | None:
+    """The ONNX element type (``onnx.TensorProto.FLOAT``...) of ``value``, or None when unknown."""
+    type_ = None if value is None else _typed(value)[0]
+    if not isinstance(type_, ir.TensorType):
+        return None
+    dtype_ = type_.dtype
+    return None if dtype_ == ir.DataType.UNDEFINED else int(dtype_)
+
+
+def dtype(value: ir.Value | None) -> np.dtype | None:
+    """The numpy dtype of ``value``, or None when its element type is unknown."""
+    elem = elem_type(value)
+    return None if elem is None else np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+
+
+def dims(value: ir.Value | None) -> list[int | str | None] | None:
+    """Dims of ``value``: an int when static, the symbol's name when symbolic, None when unknown;
+    None for an unknown rank (or a value that is no tensor).
+
+    Two dims of one name are equal: inference carries the names through ``Shape`` and its
+    arithmetic.
+    """
+    if value is None:
+        return None
+    type_, shape_ = _typed(value)
+    if shape_ is None or not isinstance(type_, ir.TensorType | None):
+        return None
+    return [d if isinstance(d, int) else d.value for d in shape_]
+
+
+def shape(value: ir.Value | None) -> list[int | None] | None:
+    """Static dims of ``value`` (None for a symbolic or unknown dim), or None for an unknown
+    rank.
+    """
+    found = dims(value)
+    return None if found is None else [d if isinstance(d, int) else None for d in found]
+
+
+def static_dims(dims_: list[int | None] | None) -> list[int] | None:
+    """``dims_`` when every one is static, else None."""
+    if dims_ is None:
+        return None
+    static = [d for d in dims_ if d is not None]
+    return static if len(static) == len(dims_) else None
+
+
+class ValueTypes:
+    """The reader of a model's value types, after :meth:`infer` wrote them onto the values.
+
+    Holds nothing: each method reads the value it is given (:func:`elem_type`,
+    :func:`dtype`, :func:`shape`, :func:`dims`).
+    """
 
     @classmethod
     def infer(cls, model: ir.Model) -> ValueTypes:
-        """The types of ``model``'s top-level values (the model is serialized once for onnx's
-        inference).
-        """
-        return cls(infer_proto_types(to_proto(model)))
+        """Write the inferred types onto ``model``'s values (:func:`infer_types`); their reader."""
+        infer_types(model)
+        return cls()
 
-    def _tensor(self, value: ir.Value) -> onnx.TypeProto.Tensor | None:
-        t = self._types.get(value.name or "")
-        if t is None or t.WhichOneof("value") != "tensor_type":
-            return None
-        return t.tensor_type
+    elem = staticmethod(elem_type)
+    dtype = staticmethod(dtype)
+    shape = staticmethod(shape)
+    dims = staticmethod(dims)
 
-    def elem(self, value: ir.Value | None) -> int | None:
-        """The ONNX element type (``onnx.TensorProto.FLOAT``...) of ``value``, or None when
-        unknown.
-        """
-        if value is None:
-            return None
-        t = self._tensor(value)
-        if t is not None and t.elem_type:
-            return int(t.elem_type)
-        if isinstance(value.type, ir.TensorType) and value.type.dtype != ir.DataType.UNDEFINED:
-            return int(value.type.dtype)
+
+def proto_elem_type(types: dict[str, onnx.TypeProto], name: str) -> int | None:
+    """Element type of a tensor value of :func:`infer_proto_types`'s result, or None if
+    unknown.
+    """
+    t = types.get(name)
+    if t is None or t.WhichOneof("value") != "tensor_type":
         return None
+    return t.tensor_type.elem_type or None
 
-    def dtype(self, value: ir.Value | None) -> np.dtype | None:
-        """The numpy dtype of ``value``, or None when its element type is unknown."""
-        elem = self.elem(value)
-        return None if elem is None else onnx.helper.tensor_dtype_to_np_dtype(elem)
 
-    def shape(self, value: ir.Value | None) -> list[int | None] | None:
-        """Static dims of ``value`` (None for a symbolic or unknown dim), or None for an unknown
-        rank.
-        """
-        if value is None:
-            return None
-        t = self._tensor(value)
-        if t is not None and t.HasField("shape"):
-            return [
-                d.dim_value if d.WhichOneof("value") == "dim_value" else None for d in t.shape.dim
-            ]
-        if t is None and value.shape is not None:
-            return [d if isinstance(d, int) else None for d in value.shape]
+def proto_shape(types: dict[str, onnx.TypeProto], name: str) -> list[int | None] | None:
+    """Static dims of a tensor value of :func:`infer_proto_types`'s result (None for a symbolic
+    or unknown dim), or None for an unknown rank.
+    """
+    t = types.get(name)
+    if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
         return None
-
-    def dims(self, value: ir.Value | None) -> list[int | str | None] | None:
-        """Dims of ``value``: an int when static, the symbol's name when symbolic, None when
-        unknown.
-
-        Two dims of one name are equal: inference carries the names through ``Shape`` and its
-        arithmetic.
-        """
-        t = self._tensor(value) if value is not None else None
-        if t is None or not t.HasField("shape"):
-            shape = self.shape(value)
-            return None if shape is None else [d for d in shape]
-        kinds = [d.WhichOneof("value") for d in t.shape.dim]
-        return [
-            d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None
-            for d, kind in zip(t.shape.dim, kinds, strict=True)
-        ]
-
-
-def static_dims(dims: list[int | None] | None) -> list[int] | None:
-    """``dims`` when every one is static, else None."""
-    if dims is None:
-        return None
-    static = [d for d in dims if d is not None]
-    return static if len(static) == len(dims) else None
+    return [
+        d.dim_value if d.WhichOneof("value") == "dim_value" else None
+        for d in t.tensor_type.shape.dim
+    ]

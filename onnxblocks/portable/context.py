@@ -4,8 +4,9 @@ helpers.
 A lowering is a function ``(node, ctx) -> list[ir.Node]`` that replaces one
 training-only node (an ``onnx_ir`` node of the model being lowered) by standard
 ONNX nodes writing outputs of the same names. It reads the element type, rank or
-static dims of values through :class:`LoweringContext` (onnx shape inference of the
-graph, kept up to date node by node as the pass rewrites it) and writes through a
+static dims of values through :class:`LoweringContext` (the types on the values,
+:mod:`onnxblocks.ir.types`, inferred once for the graph and node by node as the pass
+rewrites it) and writes through a
 :class:`Writer` (:class:`onnxblocks.ir.writer.Writer`), whose helpers build the
 run-time shape arithmetic (``Shape``, ``Gather``, ``Slice``...) that keeps dynamic
 dims dynamic.
@@ -20,14 +21,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import GRADIENT_OF
 from onnxblocks._core.errors import PortabilityError
+from onnxblocks.ir import types as _types
 from onnxblocks.ir import writer as _writer
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
-from onnxblocks.ir.serde import to_proto
-from onnxblocks.ir.types import infer_proto_types
+from onnxblocks.ir.rewrite import RewriteContext
 
 #: Largest int64: an open end for ``Slice``.
 INT64_MAX = _writer.INT64_MAX
@@ -71,8 +71,10 @@ class Writer(_writer.Writer):
         return ir.Value(name=self.fresh(hint), type=FLOAT_TENSOR)
 
 
-class LoweringContext:
-    """The state of one lowering pass over a model.
+class LoweringContext(RewriteContext):
+    """The state of one lowering pass over a model: the one rewrite context
+    (:class:`~onnxblocks.ir.rewrite.RewriteContext`), with the portable mode, the original
+    graph's producers and the types inferred node by node as the pass rewrites.
 
     Attributes:
         model: The model being lowered (edited in place by the pass).
@@ -80,39 +82,37 @@ class LoweringContext:
         :mod:`onnxblocks.portable.ops`): which
             contrib ops a lowering may write (none in ``"standard"``).
         opset: Its default-domain opset; lowerings write nodes of this opset.
-        types: Known value types by value name, updated as nodes are lowered.
         original_producers: The node writing each value in the original graph (training-only nodes
         included).
 
     Args:
         model: The model to lower.
         mode: The portable mode.
-        hints: Types inferred elsewhere (on a first lowering's result), by value name: each of the
-        graph's own
-            values takes its hint where the hint knows more of its shape than inference on ``model``
-            does.
+        hints: Values typed elsewhere (a first lowering's result), by name: each of the graph's
+            own values takes its hint's type where the hint knows more of its shape than
+            inference on ``model`` does.
     """
+
+    writer_class = Writer
 
     def __init__(
         self,
         model: ir.Model,
         mode: str = "standard",
-        hints: dict[str, onnx.TypeProto] | None = None,
+        hints: dict[str, ir.Value] | None = None,
     ) -> None:
-        self.model = model
+        super().__init__(model)
         self.mode = mode
         graph = model.graph
-        self.opset = graph.opset_imports.get(
-            "", graph.opset_imports.get("ai.onnx", _limits.DEFAULT_ONNX_OPSET)
-        )
-        self.types: dict[str, onnx.TypeProto] = infer_proto_types(to_proto(model))
+        self.types  # noqa: B018  # the types are inferred onto the values before any lowering
+        self._by_name = values_by_name(graph)
         # only for the graph's own values: a name a lowering makes may stand for another value each
         # time
         if hints:
-            for name in values_by_name(graph):
+            for name, value in self._by_name.items():
                 hint = hints.get(name)
-                if hint is not None and _known_dims(hint) > _known_dims(self.types.get(name)):
-                    self.types[name] = hint
+                if hint is not None and _types.known_dims(hint) > _types.known_dims(value):
+                    _types.copy_type(value, hint)
         #: How many broadcast reductions were left (in part) to run-time shape arithmetic.
         self.undecided_axes = 0
         #: How many nodes of each op type were lowered.
@@ -126,15 +126,9 @@ class LoweringContext:
         self._constants: dict[str, np.ndarray | None] = {}
 
     # -------------------------------------------------------------- reading values
-    def _type(self, value: ir.Value | None) -> onnx.TypeProto | None:
-        return self.types.get(value.name or "") if value is not None else None
-
     def elem_type(self, value: ir.Value | None, default: int | None = None) -> int | None:
         """Element type of ``value`` (``default`` when unknown)."""
-        t = self._type(value)
-        if t is None or t.WhichOneof("value") != "tensor_type":
-            return default
-        return t.tensor_type.elem_type or default
+        return _types.elem_type(value) or default
 
     def float_type(self, value: ir.Value | None) -> int:
         """Element type of the float value ``value`` (float32 when unknown)."""
@@ -149,20 +143,7 @@ class LoweringContext:
         """Dims of ``value``: an int when static, the symbol's name when symbolic, None when
         unknown.
         """
-        t = self._type(value)
-        if (
-            t is None
-            or t.WhichOneof("value") != "tensor_type"
-            or not t.tensor_type.HasField("shape")
-        ):
-            return None
-        out: list[int | str | None] = []
-        for d in t.tensor_type.shape.dim:
-            kind = d.WhichOneof("value")
-            out.append(
-                d.dim_value if kind == "dim_value" else d.dim_param if kind == "dim_param" else None
-            )
-        return out
+        return _types.dims(value)
 
     def shape_source(self, shape_value: ir.Value | None) -> ir.Value | None:
         """The tensor whose ``Shape`` (whole, no start/end) ``shape_value`` is, or None."""
@@ -235,43 +216,50 @@ class LoweringContext:
         """
         return values_by_name(self.model.graph).get(name)
 
+    def original_value(self, name: str) -> ir.Value | None:
+        """The value named ``name`` in the graph as it was before this lowering (it keeps its
+        type when a lowering replaces its producer), or None.
+        """
+        return self._by_name.get(name)
+
     def producer(self, value: ir.Value | None) -> ir.Node | None:
         """The node writing ``value`` (None for graph inputs and initializers)."""
         return value.producer() if value is not None else None
 
     # -------------------------------------------------------------- writing values
-    def writer(self, node: ir.Node) -> Writer:
-        """A :class:`Writer` naming new values after ``node``."""
-        return Writer(self.names, self.opset, node.name or node.op_type)
+    def writer(self, hint: str | ir.Node) -> Writer:
+        """A :class:`Writer` naming new values after ``hint`` (a node: its name, else its op
+        type).
+        """
+        w = super().writer(hint)
+        assert isinstance(w, Writer)
+        return w
 
     def set_type(
         self,
-        name: str,
-        like: ir.Value | str | None = None,
+        value: ir.Value | None,
+        like: ir.Value | None = None,
         elem_type: int | None = None,
         shape: Any = None,
     ) -> None:
-        """Record the type of ``name``: that of value ``like``, or ``elem_type`` with ``shape``."""
-        if not name or name in self.types:
+        """Give ``value``, when untyped, the type of ``like``, or ``elem_type`` and ``shape``."""
+        if value is None or _types.has_type(value):
             return
         if like is not None:
-            key = like if isinstance(like, str) else like.name or ""
-            if key in self.types:
-                self.types[name] = self.types[key]
-            return
-        if elem_type:
-            self.types[name] = onnx.helper.make_tensor_type_proto(elem_type, shape)
+            _types.copy_type(value, like)
+        elif elem_type:
+            _types.set_type(value, onnx.helper.make_tensor_type_proto(elem_type, shape))
 
     def record(self, nodes: Sequence[ir.Node]) -> None:
         """Infer the types of ``nodes``' outputs, node by node (best effort)."""
         for node in nodes:
-            if all(not o.name or o.name in self.types for o in node.outputs):
+            if all(_types.has_type(o) for o in node.outputs if o.name):
                 continue
             self._infer(node)
             for out in node.outputs:
                 match = GRADIENT_OF.match(out.name) if out.name else None
-                if match and out.name not in self.types:
-                    self.set_type(out.name or "", like=match.group("value"))
+                if match and not _types.has_type(out):
+                    self.set_type(out, like=self.original_value(match.group("value")))
 
     def _infer(self, node: ir.Node) -> None:
         if node.domain not in ("", "ai.onnx"):
@@ -280,15 +268,16 @@ class LoweringContext:
             schema = onnx.defs.get_schema(node.op_type, self.opset, "")
         except onnx.defs.SchemaError:
             return
-        inputs = {
-            v.name: self.types[v.name]
-            for v in node.inputs
-            if v is not None and v.name in self.types
-        }
+        inputs: dict[str, onnx.TypeProto] = {}
         data: dict[str, onnx.TensorProto] = {}
         for v in node.inputs:
-            array = self.constant(v) if v is not None and v.name else None
-            if array is not None and v is not None and v.name:
+            if v is None or not v.name:
+                continue
+            known = _types.type_proto(v)
+            if known is not None:
+                inputs[v.name] = known
+            array = self.constant(v)
+            if array is not None:
                 data[v.name] = onnx.numpy_helper.from_array(array, v.name)
         try:
             proto = ir.serde.serialize_node(node)
@@ -297,20 +286,10 @@ class LoweringContext:
             )
         except Exception:  # inference is best effort: a lowering that needs a type says so
             return
-        for name, value in inferred.items():
-            if name and name not in self.types:
-                self.types[name] = value
-
-
-def _known_dims(t: onnx.TypeProto | None) -> int:
-    """How much a type says: -1 when absent, 0 without a shape, else 1 + the dims known (a value
-    or a symbol).
-    """
-    if t is None:
-        return -1
-    if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
-        return 0
-    return 1 + sum(1 for d in t.tensor_type.shape.dim if d.WhichOneof("value") is not None)
+        for out in node.outputs:
+            found = inferred.get(out.name or "")
+            if found is not None and not _types.has_type(out):
+                _types.set_type(out, found)
 
 
 def describe(node: ir.Node) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from onnxblocks.ir.types import has_type
 from onnxblocks.portable.context import (
     GRADIENT_OF,
     LoweringContext,
@@ -341,8 +342,9 @@ def _pooled_input(node: ir.Node, ctx: LoweringContext) -> ir.Value:
     ``Y``.
     """
     match = GRADIENT_OF.match(outputs(node, 1)[0])
-    if match and match.group("value") in ctx.types:
-        found = ctx.value(match.group("value"))
+    if match:
+        known = ctx.original_value(match.group("value"))
+        found = ctx.value(match.group("value")) if has_type(known) else None
         if found is not None:
             return found
     match = GRADIENT_OF.match(name_of(node.inputs[0] if node.inputs else None))

@@ -21,10 +21,10 @@ import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import PortabilityError, preview
-from onnxblocks.ir.edit import remove_unused_nodes, replace_node
+from onnxblocks.ir.edit import remove_unused_nodes, replace_node, values_by_name
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.serde import from_proto, to_proto
-from onnxblocks.ir.types import infer_proto_types
+from onnxblocks.ir.types import copy_type, infer_types
 from onnxblocks.ir.walk import all_nodes
 from onnxblocks.portable import (
     activations,
@@ -96,12 +96,13 @@ class LowerTrainingOps(Pass):
         first = self._lower(model, None)
         if original is None or not first.undecided_axes:
             return first.counts
-        hints = infer_proto_types(to_proto(model))
+        infer_types(model)
+        hints = values_by_name(model.graph)
         second = self._lower(original, hints)
         model.graph = original.graph
         return second.counts
 
-    def _lower(self, model: ir.Model, hints: dict[str, onnx.TypeProto] | None) -> LoweringContext:
+    def _lower(self, model: ir.Model, hints: dict[str, ir.Value] | None) -> LoweringContext:
         graph = model.graph
         ctx = LoweringContext(model, self.mode, hints)
         opset = ctx.opset
@@ -132,21 +133,21 @@ class LowerTrainingOps(Pass):
                 ctx.record([node])
                 continue
             produced = {v.name: v for n in replacement for v in n.outputs if v.name}
-            old_types = {v.name: ctx.types.get(v.name or "") for v in node.outputs}
+            olds = list(node.outputs)
             new_outputs = [produced.get(v.name) if v.name else None for v in node.outputs]
             for old, new in zip(node.outputs, new_outputs, strict=True):
                 if new is None:
                     _unlink(node, old, lambda n: n.op_type in CONTRACT_OPS or to_lower(n))
             replace_node(node, replacement, new_outputs)
-            for name, known in old_types.items():
-                if name and known is not None:
-                    ctx.types[name] = known
+            for old, new in zip(olds, new_outputs, strict=True):
+                if new is not None:
+                    copy_type(new, old)
             ctx.record(replacement)
             like = _OUTPUT_LIKE_INPUT.get(node.op_type)
             if (
                 like is not None and len(node.inputs) > like and node.outputs
             ):  # when inference could not type it
-                ctx.set_type(node.outputs[0].name or "", like=node.inputs[like])
+                ctx.set_type(new_outputs[0], like=node.inputs[like])
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
         for node in list(graph):
             _drop_noop_reduction(node, ctx)

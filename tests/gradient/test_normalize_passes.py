@@ -182,7 +182,7 @@ def test_a_round_trip_through_the_ir_keeps_the_model():
 
 
 def test_every_default_pass_declares_its_op_types_so_normalize_can_skip_the_ir():
-    from onnxblocks.gradient._rewrite import may_apply
+    from onnxblocks.ir.rewrite import may_apply
 
     passes = default_passes()
     assert all(isinstance(p.op_types, frozenset) and p.op_types for p in passes)

@@ -10,9 +10,9 @@ from pass_oracle import check_pass, make_model, vi
 from support.passes import on_proto
 
 from onnxblocks._core.weights import make_stub
-from onnxblocks.gradient._rewrite import NodeRewrite
 from onnxblocks.ir import attributes
 from onnxblocks.ir.folding import ConstantTable
+from onnxblocks.ir.rewrite import NodeRewrite
 from onnxblocks.ir.serde import from_proto
 from onnxblocks.ir.types import ValueTypes
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import onnx
 
-from onnxblocks.gradient._rewrite import changed, may_apply, run_pass
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import changed, may_apply, run_pass
 from onnxblocks.ir.serde import from_proto, to_proto
 
 
