@@ -5,7 +5,7 @@ loss into the training model (with gradient accumulation) and the eval model
 that ONNX Runtime's training API runs; :func:`build_vjp_graph` /
 :func:`split_vjp_graph` make the vector-Jacobian graphs of :mod:`onnxblocks.torch`.
 :func:`normalize` runs the normalisation passes (one module per family, listed
-in :mod:`onnxblocks.gradient.normalization`) that make exported models
+in :mod:`onnxblocks.gradient.rewrites`) that make exported models
 differentiable by ONNX Runtime's builders; the passes themselves are not public
 API. onnxruntime is imported only when a gradient is built.
 """
@@ -19,8 +19,8 @@ from onnxblocks.gradient.accumulation import (
     gradient_name,
 )
 from onnxblocks.gradient.builder import TrainingGraphs, build_training_graphs, check_training_model
-from onnxblocks.gradient.normalization import normalize
 from onnxblocks.gradient.parameters import ParameterPartition, partition_parameters
+from onnxblocks.gradient.rewrites import normalize
 from onnxblocks.gradient.split import SplitVjp, split_vjp_graph
 from onnxblocks.gradient.vjp import VjpGraph, build_vjp_graph
 

@@ -6,7 +6,7 @@ unconditionally), so the gradient of a node written with ``training_mode=0``
 would be taken through batch statistics: not what the node computes. The
 training artifacts rely on that replacement (exporters write a training-mode
 BatchNorm as inference-mode, see :mod:`onnxblocks.gradient.eval_model`), so this
-is not one of :func:`~onnxblocks.gradient.normalization.default_passes`: the
+is not one of :func:`~onnxblocks.gradient.rewrites.default_passes`: the
 vector-Jacobian graphs of :mod:`onnxblocks.gradient.vjp` run it, because they
 take the graph at its word.
 

@@ -8,7 +8,7 @@ into the models ONNX Runtime's training API runs:
 1. The model is checked where it enters (:mod:`onnxblocks.gradient.intake`: an
    opset import, nodes in topological order, an opset above 21 converted down),
    and a model below opset 11 is converted to opset 13 (:func:`upgrade_old_opset`).
-2. The normalisation passes (:mod:`onnxblocks.gradient.normalization`) rewrite
+2. The normalisation passes (:mod:`onnxblocks.gradient.rewrites`) rewrite
    patterns the gradient builder cannot handle.
 3. Trainable and frozen parameters become graph inputs, after the user inputs
    (:mod:`onnxblocks.gradient.signature`, as are the other changes of inputs and outputs).
@@ -56,13 +56,13 @@ from onnxblocks.gradient.batch_norm import private_running_statistics
 from onnxblocks.gradient.frozen_reads import alias_frozen_reads, restore_frozen_reads
 from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
-from onnxblocks.gradient.normalization import normalize
 from onnxblocks.gradient.parameters import (
     ParameterPartition,
     check_requires_grad_read,
     partition_parameters,
 )
 from onnxblocks.gradient.power import PowExponentAsExpLog
+from onnxblocks.gradient.rewrites import normalize
 from onnxblocks.gradient.stop_gradient import cut_stopped, restore_stopped
 from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model

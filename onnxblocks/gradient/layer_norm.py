@@ -145,7 +145,7 @@ def unshare_layer_norm_constants(model: onnx.ModelProto) -> set[str]:
 
     This is an explicit step of
     :func:`~onnxblocks.gradient.builder.build_training_graphs`, not a pass of
-    :func:`~onnxblocks.gradient.normalization.normalize`, because a pass is
+    :func:`~onnxblocks.gradient.rewrites.normalize`, because a pass is
     ``model -> count`` on the forward graph and this step is not: it returns
     names the caller must lift, and must run *after*
     parameters became graph inputs (the initializers it returns are then constants

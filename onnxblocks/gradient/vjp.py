@@ -17,7 +17,7 @@ Each such output is therefore written by an ``Identity`` of its own, which
 nothing else reads.
 
 The same preparation as for the training graphs runs first (opset upgrade,
-:func:`~onnxblocks.gradient.normalization.normalize`, parameters as graph inputs,
+:func:`~onnxblocks.gradient.rewrites.normalize`, parameters as graph inputs,
 layer-norm constants lifted, an input per reader of a value without gradient) plus
 ``batch_norm_inference_as_elementary``.
 """
@@ -49,8 +49,8 @@ from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.dependencies import upstream_values
 from onnxblocks.gradient.frozen_reads import alias_frozen_reads_proto, restore_frozen_reads
 from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
-from onnxblocks.gradient.normalization import default_passes, normalize
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
+from onnxblocks.gradient.rewrites import default_passes, normalize
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass

@@ -12,7 +12,7 @@ are rewired by :func:`onnxblocks.ir.edit.replace_node`.
 The reasons a rewrite did not apply are logged at debug level (logger
 ``onnxblocks.ir.rewrite``) and kept on the pass (:attr:`NodeRewrite.misses`): how a
 newcomer learns what each rule needs. The portable lowering's context
-(:class:`onnxblocks.portable.context.LoweringContext`) is this context too.
+(:class:`onnxblocks.portable.lowering_context.LoweringContext`) is this context too.
 """
 
 from __future__ import annotations

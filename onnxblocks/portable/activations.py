@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
+from onnxblocks.portable.lowering_context import LoweringContext, Writer, inputs, outputs
 
 #: erf(x / sqrt 2) GELU: x * exp(-x^2 / 2) * (1 / sqrt(2 pi)).
 _GELU_ALPHA = 2.0 / math.sqrt(math.pi) * math.sqrt(0.5) * 0.5

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
-from onnxblocks.portable.context import (
+from onnxblocks.portable.lowering_context import (
     LoweringContext,
     Writer,
     attributes,

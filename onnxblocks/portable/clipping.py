@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks.portable import groups as _groups
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 
 if TYPE_CHECKING:
     from onnxblocks.portable.optimizer_spec import OptimizerSpec

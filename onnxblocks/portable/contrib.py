@@ -12,7 +12,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnxblocks.portable.context import (
+from onnxblocks.portable.lowering_context import (
     LoweringContext,
     Writer,
     attributes,

@@ -21,7 +21,8 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks.ir.types import has_type
-from onnxblocks.portable.context import (
+from onnxblocks.portable.indexing import zeros
+from onnxblocks.portable.lowering_context import (
     GRADIENT_OF,
     LoweringContext,
     Writer,
@@ -30,7 +31,6 @@ from onnxblocks.portable.context import (
     outputs,
     unsupported,
 )
-from onnxblocks.portable.indexing import zeros
 
 
 def _ints(node: ir.Node, name: str, default: list[int] | None) -> list[int] | None:

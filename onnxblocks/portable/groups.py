@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 from onnxblocks.portable.rules import Rule, Scalars, compute_type
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import (
+from onnxblocks.portable.lowering_context import (
     INT64_MAX,
     LoweringContext,
     Writer,

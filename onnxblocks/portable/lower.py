@@ -32,12 +32,12 @@ from onnxblocks.portable import (
     contrib,
     conv,
     indexing,
+    layer_norm,
     matmul,
-    normalization,
     recurrent,
     softmax,
 )
-from onnxblocks.portable.context import LoweringContext, describe
+from onnxblocks.portable.lowering_context import LoweringContext, describe
 from onnxblocks.portable.ops import PortableMode, is_portable_op, portable_mode
 
 #: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs (by name) with standard ops.
@@ -51,7 +51,7 @@ LOWERINGS: dict[str, Lowering] = {
     **matmul.LOWERINGS,
     **contrib.LOWERINGS,
     **softmax.LOWERINGS,
-    **normalization.LOWERINGS,
+    **layer_norm.LOWERINGS,
     **indexing.LOWERINGS,
     **conv.LOWERINGS,
     **recurrent.LOWERINGS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnxblocks.portable.context import (
+from onnxblocks.portable.lowering_context import (
     LoweringContext,
     Writer,
     attributes,

@@ -44,7 +44,7 @@ from onnxblocks._core.errors import PortabilityError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.serde import to_proto
 from onnxblocks.portable.clipping import clip
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 from onnxblocks.portable.optimizer_spec import OptimizerSpec
 from onnxblocks.portable.updates import OptimizerWriter, update_parameters
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import (
+from onnxblocks.portable.lowering_context import (
     FLOAT_TENSOR,
     LoweringContext,
     Writer,

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
+from onnxblocks.portable.lowering_context import LoweringContext, Writer, inputs, outputs
 
 
 def _softmax_family(node: ir.Node, ctx: LoweringContext, log: bool) -> list[ir.Node]:

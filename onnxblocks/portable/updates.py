@@ -20,12 +20,12 @@ import onnx_ir as ir
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.portable import groups as _groups
 from onnxblocks.portable.clipping import CLIP_EPSILON, clip, clip_gradients
-from onnxblocks.portable.context import Writer, numpy_type
+from onnxblocks.portable.lowering_context import Writer, numpy_type
 from onnxblocks.portable.optimizer_spec import OptimizerSpec
 
 
 class OptimizerWriter(Writer):
-    """A :class:`~onnxblocks.portable.context.Writer` that writes each scalar constant once.
+    """A :class:`~onnxblocks.portable.lowering_context.Writer` that writes each scalar constant once.
 
     Stock onnxruntime merges equal scalar initializers and removes the copies, warning
     "Removing initializer ..." for each: an optimizer graph shares its scalars instead.

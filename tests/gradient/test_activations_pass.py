@@ -8,7 +8,7 @@ from onnx import helper
 from pass_oracle import check_pass, make_model, vi
 
 from onnxblocks.gradient.activations import REWRITES, ActivationsAsElementary
-from onnxblocks.gradient.normalization import SoftplusAsElementary
+from onnxblocks.gradient.rewrites import SoftplusAsElementary
 from onnxblocks.ir.serde import from_proto
 
 CASES = [

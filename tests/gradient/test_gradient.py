@@ -19,7 +19,7 @@ from onnxblocks.gradient import build_training_graphs, partition_parameters
 from onnxblocks.gradient.builder import check_training_model
 from onnxblocks.gradient.eval_model import DisableTrainingMode
 from onnxblocks.gradient.layer_norm import ExposeLayerNormStatistics
-from onnxblocks.gradient.normalization import (
+from onnxblocks.gradient.rewrites import (
     CastLikeAsCast,
     GeluAsContribGelu,
     SplitToSequenceAsSplit,

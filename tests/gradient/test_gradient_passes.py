@@ -32,11 +32,11 @@ from onnxblocks.gradient.indexing import (
     NegativeStepSliceAsGather,
 )
 from onnxblocks.gradient.layer_norm import LayerNormZeroBias
-from onnxblocks.gradient.normalization import ExposeDropoutMask
 from onnxblocks.gradient.pooling import AveragePoolAsConv
 from onnxblocks.gradient.recurrent import RecurrentAsElementary, RecurrentDirectionsAsForward
 from onnxblocks.gradient.reductions import CumSumAsMatMul
 from onnxblocks.gradient.resize import ResizeAsMatMul
+from onnxblocks.gradient.rewrites import ExposeDropoutMask
 
 activations_as_elementary = on_proto(ActivationsAsElementary)
 average_pool_as_conv = on_proto(AveragePoolAsConv)

@@ -1,4 +1,4 @@
-"""The passes of gradient/normalization.py, and normalize() itself over one IR."""
+"""The passes of gradient/rewrites.py, and normalize() itself over one IR."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pass_oracle import check_pass, make_model, vi
 from support.passes import on_proto
 
 from onnxblocks.gradient import normalize as normalize_function
-from onnxblocks.gradient.normalization import (
+from onnxblocks.gradient.rewrites import (
     CastLikeAsCast,
     ExposeDropoutMask,
     GeluAsContribGelu,

@@ -21,7 +21,7 @@ from onnxblocks._core.naming import NameAuthority
 from onnxblocks._core.ort import onnxruntime
 from onnxblocks.ir.serde import to_proto
 from onnxblocks.portable.bias_correction import bias_corrections, float_step
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 
 STEPS = [1, 2, 3, 10, 100, 1000, 6931, 10**5, 10**6]
 BETAS = [0.5, 0.9, 0.95, 0.99, 0.999, 0.9995, 0.9999]

@@ -437,5 +437,5 @@ def test_the_gradient_function_no_longer_shadows_its_module():
     import onnxblocks.gradient as gradient
 
     assert callable(gradient.normalize)
-    module = importlib.import_module("onnxblocks.gradient.normalization")
+    module = importlib.import_module("onnxblocks.gradient.rewrites")
     assert module.normalize is gradient.normalize

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 from onnxblocks.portable.rules.base import (
     Hyper,
     Rule,

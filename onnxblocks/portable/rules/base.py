@@ -31,7 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks.portable.bias_correction import bias_corrections
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 
 #: Hyperparameters of one group: numbers, bools and (for ``betas``) a pair.
 Hyper = Mapping[str, Any]

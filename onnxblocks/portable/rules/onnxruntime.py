@@ -21,7 +21,7 @@ import onnx_ir as ir
 
 from onnxblocks._core.contrib import ADAMW_OPTIMIZER
 from onnxblocks.portable.bias_correction import bias_corrections
-from onnxblocks.portable.context import Writer
+from onnxblocks.portable.lowering_context import Writer
 from onnxblocks.portable.rules.base import Hyper, Rule, Scalars
 
 #: The ``AdamWOptimizer`` attributes' declared defaults.

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnxblocks.portable.context import LoweringContext, Writer, inputs, outputs
+from onnxblocks.portable.lowering_context import LoweringContext, Writer, inputs, outputs
 
 #: Element types whose layer-norm statistics ONNX Runtime computes in float32 (``stash_type=1``).
 _LOW_PRECISION = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
