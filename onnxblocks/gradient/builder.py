@@ -48,6 +48,7 @@ from onnxblocks.gradient import (
     accumulation,
     dependencies,
     eval_model,
+    kernels,
     ort_bridge,
     pooling,
     signature,
@@ -176,7 +177,7 @@ def build_training_graphs(
         training, [(p, dims[p].data_type, list(dims[p].dims)) for p in partition.trainable]
     )
     _limits.stamp_versions(training)
-    ort_bridge.check_kernels(training, forward, custom_op_libraries)
+    kernels.check_kernels(training, forward, custom_op_libraries)
     return TrainingGraphs(training, evaluation, partition, user_outputs, user_inputs, rewrites)
 
 

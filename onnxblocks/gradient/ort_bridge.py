@@ -5,15 +5,14 @@ kernels.
   transformers) and ``GradientGraphBuilder`` on the forward model, and turns a
   failure into a :class:`~onnxblocks.errors.GradientError` that names the node, the
   op and the parameters behind it.
-* :func:`check_kernels` loads the training model in an unoptimised CPU
-  ``InferenceSession`` so a gradient node without a kernel is reported when the
-  artifacts are built, not when training starts.
+* :mod:`onnxblocks.gradient.kernels` loads the result in a CPU session, so a gradient
+  node without a kernel is reported when the artifacts are built.
 
 ONNX Runtime is imported (through :mod:`onnxblocks._core.ort`) only when these
 run; its messages are read by :mod:`onnxblocks._core.ort_errors`. On a Python
 whose onnxruntime is the stock build (3.13+), :func:`run_gradient_builder`,
-:func:`check_kernels` and :func:`to_ort_format_in_worker` send the serialised
-skeleton (no weight bytes) to a worker Python with onnxruntime-training
+:func:`~onnxblocks.gradient.kernels.check_kernels` and :func:`to_ort_format_in_worker`
+send the serialised skeleton (no weight bytes) to a worker Python with onnxruntime-training
 (:mod:`onnxblocks.gradient.worker`); its failures are explained exactly as
 in-process ones.
 """
@@ -32,9 +31,8 @@ from onnxblocks._core import ort_errors
 from onnxblocks._core.errors import DataFileError, GradientError, preview
 from onnxblocks.gradient import worker
 from onnxblocks.gradient.parameters import ParameterPartition
-from onnxblocks.gradient.signature import drop_float_seed, float_seed, held_constants_to_inputs
+from onnxblocks.gradient.signature import drop_float_seed, float_seed
 from onnxblocks.ir.proto import copy_model
-from onnxblocks.ir.types import infer_proto_types, proto_elem_type
 
 #: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
 _OP_HINTS = {
@@ -50,19 +48,6 @@ _OP_HINTS = {
     "If": " Control flow has no gradient in ONNX Runtime: export with the branch taken at export "
     "time.",
 }
-
-#: Why ONNX Runtime's CPU build may lack a training kernel, by op type, and what to do.
-_KERNEL_HINTS = {
-    "ConvTransposeGrad": "onnxblocks rewrites ConvTranspose into Conv when its padding is "
-    "explicit (auto_pad NOTSET "
-    "or VALID, no output_shape) and its weight shape static; re-export the model that way.",
-    "SplitTraining": "It is the gradient of Concat (its double kernel is registered but refuses "
-    "double tensors "
-    "when it runs): convert the model to float32, or freeze the parameters before this node.",
-}
-
-#: Training ops whose CPU kernel loads for these element types but fails when it runs.
-_FAILS_AT_RUN_TIME = {"SplitTraining": frozenset({onnx.TensorProto.DOUBLE})}
 
 
 def session_options(custom_op_libraries: Sequence[str]) -> Any:
@@ -80,11 +65,12 @@ def session_options(custom_op_libraries: Sequence[str]) -> Any:
         try:
             options.register_custom_ops_library(library)
         except Exception as exc:
-            raise _library_error(library, exc) from None
+            raise library_error(library, exc) from None
     return options
 
 
-def _library_error(library: str, error: BaseException | str) -> DataFileError:
+def library_error(library: str, error: BaseException | str) -> DataFileError:
+    """The error for a custom op library ONNX Runtime could not load."""
     return DataFileError(
         f"ONNX Runtime could not load the custom op library '{library}': "
         f"{ort_errors.clean_message(error)}. Pass the path of a shared library built against "
@@ -159,7 +145,7 @@ def _raise_failure(stage: str, message: str, optimized: bytes) -> NoReturn:
     """Raise what the in-process call raises for the worker's failure at ``stage``."""
     if stage == "library":
         library, _, detail = message.partition("\n")
-        raise _library_error(library, detail)
+        raise library_error(library, detail)
     if stage == "optimize":
         raise _optimize_error(message)
     if stage == "build":
@@ -270,10 +256,10 @@ def _no_gradient_builder(
     partition: ParameterPartition,
 ) -> GradientError:
     op_type, node_name = missing
-    node = _find_node(forward, node_name) or _find_node(optimized, node_name)
+    node = find_node(forward, node_name) or find_node(optimized, node_name)
     origin = (
         ""
-        if node is None or _find_node(forward, node_name)
+        if node is None or find_node(forward, node_name)
         else " (created by ONNX Runtime's optimizer)"
     )
     if node is None:  # an unnamed node: the first of that op type that a trainable value reaches
@@ -306,72 +292,6 @@ def _no_gradient_builder(
     )
 
 
-def check_kernels(
-    training: onnx.ModelProto, forward: onnx.ModelProto, custom_op_libraries: Sequence[str]
-) -> None:
-    """Load the training model in an (unoptimised) CPU session so a missing kernel is reported now,
-    not at training.
-
-    ONNX Runtime builds gradient nodes for which its CPU build has no kernel (for
-    some ops or element types) and kernels that refuse some attributes; the
-    training API would fail later with a message about a node the user never
-    wrote. Held constants are graph inputs here: no weight bytes are read.
-
-    Raises:
-        GradientError: naming the node, its op, the forward node it comes from and what to do.
-    """
-    probe = copy_model(training)
-    held_constants_to_inputs(probe)
-    _check_run_time_kernels(probe, forward)
-    if worker.uses_worker():
-        answer, _ = worker.call(
-            "load", {"custom_op_libraries": list(custom_op_libraries)}, [probe.SerializeToString()]
-        )
-        if "error" in answer:
-            if answer["stage"] == "library":
-                library, _, detail = answer["error"].partition("\n")
-                raise _library_error(library, detail)
-            raise _load_error(answer["error"], probe, forward)
-        return
-    from onnxblocks._core.ort import onnxruntime
-
-    ort = onnxruntime()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for library in custom_op_libraries:
-        options.register_custom_ops_library(library)
-    try:
-        ort.InferenceSession(
-            probe.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-    except Exception as exc:
-        raise _load_error(exc, probe, forward) from None
-
-
-def _check_run_time_kernels(probe: onnx.ModelProto, forward: onnx.ModelProto) -> None:
-    """Refuse a node whose kernel would load but fail at run time for its element type."""
-    suspects = [n for n in probe.graph.node if n.op_type in _FAILS_AT_RUN_TIME and n.input]
-    if not suspects:
-        return
-    types = infer_proto_types(probe)
-    for node in suspects:
-        if proto_elem_type(types, node.input[0]) in _FAILS_AT_RUN_TIME[node.op_type]:
-            raise _no_kernel(ort_errors.MissingKernel(node.op_type, node.name), probe, forward)
-
-
-def _load_error(
-    error: BaseException | str, probe: onnx.ModelProto, forward: onnx.ModelProto
-) -> GradientError:
-    message = ort_errors.clean_message(error)
-    missing = ort_errors.missing_kernel(message)
-    if missing is None:
-        return GradientError(
-            f"The training model does not load in ONNX Runtime's CPU session: {message}"
-        )
-    return _no_kernel(missing, probe, forward)
-
-
 def to_ort_format_in_worker(
     model_path: Path, target: Path, custom_op_libraries: Sequence[str]
 ) -> Path:
@@ -397,34 +317,8 @@ def to_ort_format_in_worker(
     return target
 
 
-def _no_kernel(
-    missing: ort_errors.MissingKernel, probe: onnx.ModelProto, forward: onnx.ModelProto
-) -> GradientError:
-    op_type, name = missing
-    origin = name.split("_Grad/")[0] if "_Grad/" in name else name
-    source = _find_node(forward, origin)
-    where = (
-        f" (from node '{origin}', {source.op_type})"
-        if source is not None and origin != name
-        else ""
-    )
-    types = infer_proto_types(probe)
-    node = _find_node(probe, name)
-    elem = proto_elem_type(types, node.input[0]) if node is not None and node.input else None
-    typed = f" for {onnx.TensorProto.DataType.Name(elem).lower()}" if elem else ""
-    hint = _KERNEL_HINTS.get(
-        op_type,
-        "Its CPU kernels are mostly float32: convert the model to float32, or "
-        "freeze the parameters before this node so no gradient flows through it.",
-    )
-    return GradientError(
-        f"ONNX Runtime 1.19.2 has no CPU kernel{typed} for {op_type}, which node '{name}'{where} "
-        "of the "
-        f"training model needs, so the training API could not load it. {hint}"
-    )
-
-
-def _find_node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
+def find_node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
+    """The top-level node named ``name``, or None."""
     if not name:
         return None
     return next((n for n in model.graph.node if n.name == name), None)

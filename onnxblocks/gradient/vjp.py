@@ -43,7 +43,7 @@ from onnxblocks._core.errors import (
     preview,
 )
 from onnxblocks._core.naming import NameAuthority
-from onnxblocks.gradient import ort_bridge, pooling, signature
+from onnxblocks.gradient import kernels, ort_bridge, pooling, signature
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.dependencies import upstream_values
@@ -196,7 +196,7 @@ def build_vjp_graph(
         gradients,
     )
     _limits.stamp_versions(vjp)
-    ort_bridge.check_kernels(vjp, attempt, custom_op_libraries)
+    kernels.check_kernels(vjp, attempt, custom_op_libraries)
     return VjpGraph(
         vjp, user_inputs, partition, user_outputs, differentiable, output_grads, gradients, rewrites
     )
