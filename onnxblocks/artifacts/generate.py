@@ -147,8 +147,9 @@ def generate_artifacts(
 
     Example:
         >>> artifacts = onnxblocks.generate_artifacts(
-        ...     "model.onnx", requires_grad=["fc.weight", "fc.bias"], loss=LossType.CrossEntropyLoss,
-        ...     optimizer=OptimType.AdamW, artifact_directory="artifacts")
+        ...     "model.onnx", requires_grad=["fc.weight", "fc.bias"],
+        ...     loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+        ...     artifact_directory="artifacts")
         >>> artifacts.training_model
         PosixPath('artifacts/training_model.onnx')
 

@@ -89,9 +89,10 @@ def select(
                     value_start.add(index.producer[name])
                 value_start.update(index.consumers.get(name, ()))
             else:
+                known = list(index.by_name) + list(index.consumers) + list(index.producer)
                 raise UnknownNameError(
                     f"'{name}' is neither a node nor a value of the graph."
-                    f"{did_you_mean(name, list(index.by_name) + list(index.consumers) + list(index.producer))} "
+                    f"{did_you_mean(name, known)} "
                     "Pass a node name, a parameter, or a value name."
                 )
         # A value's producer and consumers are its first hop.

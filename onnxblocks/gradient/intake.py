@@ -65,10 +65,10 @@ def is_sorted(graph: onnx.GraphProto) -> bool:
         nodes = list(graph_from_proto(graph))
         position = {node: i for i, node in enumerate(nodes)}
         return all(
-            position.get(v.producer(), -1) < i
+            position.get(v.producer(), -1) < i  # type: ignore[arg-type]
             for i, node in enumerate(nodes)
             for v in walk.reads(node)
-        )  # type: ignore[arg-type]
+        )
     produced = {out for node in graph.node for out in node.output if out}
     seen: set[str] = set()
     for node in graph.node:

@@ -233,8 +233,9 @@ class CopyInputsWrittenInPlace(Pass):
                     names = names or graph_names(graph)
                     zero = ir.Value(name=names.fresh(f"{source.name}.zero"))
                     zero.const_value = ir.tensor(
-                        np.zeros((), dtype=source.dtype.numpy()), name=zero.name
-                    )  # type: ignore[union-attr]
+                        np.zeros((), dtype=source.dtype.numpy()),  # type: ignore[union-attr]
+                        name=zero.name,
+                    )
                     zero.type, zero.shape = ir.TensorType(source.dtype), ir.Shape([])  # type: ignore[arg-type]
                     graph.register_initializer(zero)
                     add = ir.Node(

@@ -62,7 +62,8 @@ def make_portable(
     """Rewrite a training model (and its optimizer model) into models stock ONNX Runtime trains.
 
     Example:
-        >>> models = make_portable(onnx.load("training_model.onnx"), onnx.load("optimizer_model.onnx"))
+        >>> models = make_portable(
+        ...     onnx.load("training_model.onnx"), onnx.load("optimizer_model.onnx"))
         >>> onnx.save(models.step, "step_model.onnx")
 
     Args:

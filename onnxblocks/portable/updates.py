@@ -25,7 +25,7 @@ from onnxblocks.portable.optimizer_spec import OptimizerSpec
 
 
 class OptimizerWriter(Writer):
-    """A :class:`~onnxblocks.portable.lowering_context.Writer` that writes each scalar constant once.
+    """A :class:`~onnxblocks.portable.lowering_context.Writer` writing each scalar constant once.
 
     Stock onnxruntime merges equal scalar initializers and removes the copies, warning
     "Removing initializer ..." for each: an optimizer graph shares its scalars instead.

@@ -16,6 +16,7 @@ output names, whether there is an eval model, an optimizer, a fused step).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import StateError, UnknownNameError, did_you_mean, preview
@@ -45,7 +46,8 @@ class SessionCore:
     files: ArtifactFiles
     backend: BackendName
     check_inputs: bool
-    gradient_reducer: Callable[[SessionCore], None] | None
+    # called with the TrainingSession, which this module cannot name (it imports this one)
+    gradient_reducer: Callable[[Any], None] | None
     weight_ema: WeightAverage | None
     _artifacts: ArtifactSet
     _impl: Backend | None

@@ -145,5 +145,6 @@ class DataParallel:
 
     def close(self) -> None:
         """Stop reducing: the session trains alone again."""
-        if self.session.gradient_reducer is self:
-            self.session.gradient_reducer = None
+        session = self.session
+        if session.gradient_reducer is self:
+            session.gradient_reducer = None

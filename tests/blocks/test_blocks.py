@@ -238,7 +238,8 @@ def test_wrong_number_of_inputs_names_build_and_outputs():
 def test_unknown_input_name_is_named_with_hints():
     with ob.base(make_linear_model()):
         with pytest.raises(
-            ob.errors.UnknownNameError, match=r"Neg: input 'yy' .*Did you mean 'y'.*Graph inputs: \['x'\]"
+            ob.errors.UnknownNameError,
+            match=r"Neg: input 'yy' .*Did you mean 'y'.*Graph inputs: \['x'\]",
         ):
             B.Neg()("yy")
 
