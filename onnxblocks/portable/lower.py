@@ -33,6 +33,7 @@ from onnxblocks.portable import (
     conv,
     indexing,
     layer_norm,
+    lstm,
     matmul,
     recurrent,
     softmax,
@@ -55,6 +56,7 @@ LOWERINGS: dict[str, Lowering] = {
     **indexing.LOWERINGS,
     **conv.LOWERINGS,
     **recurrent.LOWERINGS,
+    **lstm.LOWERINGS,
 }
 
 #: Ops handled by the contract rewrites, not by :class:`LowerTrainingOps`.
