@@ -5,7 +5,6 @@ prepared for :func:`onnxblocks.losses.chunked.chunked_cross_entropy`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -13,10 +12,8 @@ from onnx import TensorProto, helper
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.blocks.value import Value
 from onnxblocks.losses._base import axes_op, format_shape, reduce_all
+from onnxblocks.losses._class_scores import ClassLoss
 from onnxblocks.losses.chunked import ChunkPlan, chunked_cross_entropy
-
-if TYPE_CHECKING:
-    from onnxblocks.losses.cross_entropy import CrossEntropyLoss
 
 __all__ = ["Chunking", "build_chunked", "check_chunking"]
 
@@ -30,7 +27,7 @@ class Chunking:
 
 
 def check_chunking(
-    loss: CrossEntropyLoss, chunk_size: object, head_weight: object
+    loss: ClassLoss, chunk_size: object, head_weight: object, label_smoothing: float = 0.0
 ) -> Chunking | None:
     """The options, checked; None without ``chunk_size``.
 
@@ -64,7 +61,7 @@ def check_chunking(
         what
         for what, on in (
             (f"reduction={loss.reduction!r}", loss.reduction == "none"),
-            ("label_smoothing", loss._label_smoothing > 0),
+            ("label_smoothing", label_smoothing > 0),
         )
         if on
     ]
@@ -76,7 +73,7 @@ def check_chunking(
     return Chunking(int(chunk_size), head_weight)
 
 
-def _head_input(loss: CrossEntropyLoss, scores: str, weight: str) -> tuple[str, bool] | None:
+def _head_input(loss: ClassLoss, scores: str, weight: str) -> tuple[str, bool] | None:
     """The input of the head node computing ``scores`` from ``weight``, and whether the weight
     is read ``[in, out]``; None when no head node reading ``weight`` writes ``scores``.
     """
@@ -104,7 +101,7 @@ def _head_input(loss: CrossEntropyLoss, scores: str, weight: str) -> tuple[str, 
 
 
 def build_chunked(
-    loss: CrossEntropyLoss, chunking: Chunking, scores: str, labels_name: str, axis: int
+    loss: ClassLoss, chunking: Chunking, scores: str, labels_name: str, axis: int
 ) -> Value:
     """The chunked cross entropy of ``scores`` (logits, or hidden states with a head weight).
 

@@ -87,7 +87,7 @@ class CrossEntropyLoss(ClassLoss):
                 f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing!r}."
             )
         self._label_smoothing = float(label_smoothing)
-        self._chunking = check_chunking(self, chunk_size, head_weight)
+        self._chunking = check_chunking(self, chunk_size, head_weight, self._label_smoothing)
 
     def build(self, scores_input_name: str, labels_name: str = "labels") -> Value:
         """Add the loss on the logits ``scores_input_name`` and return its output.
