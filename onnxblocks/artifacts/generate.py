@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,6 @@ from onnxblocks._core.contracts import (
     ArtifactNames,
 )
 from onnxblocks._core.errors import InvalidValueError, preview
-from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.artifacts import arguments as _arguments
 from onnxblocks.artifacts import base_weights as _base
 from onnxblocks.artifacts.choices import (
@@ -42,6 +40,7 @@ from onnxblocks.artifacts.choices import (
     resolve_optimizer,
 )
 from onnxblocks.artifacts.files import OWNER_FILE, staging, to_ort_format
+from onnxblocks.artifacts.written import Artifacts
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.context import base, custom_op_library, empty_base
 from onnxblocks.blocks.training import TrainingBlock
@@ -53,50 +52,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["Artifacts", "LossType", "OptimType", "generate_artifacts"]
-
-
-@dataclass(frozen=True)
-class Artifacts(HtmlDisplay):
-    """What :func:`generate_artifacts` wrote.
-
-    Attributes:
-        directory: The artifact directory.
-        training_model: Path of the training model.
-        eval_model: Path of the eval model.
-        checkpoint: Path of the checkpoint.
-        optimizer_model: Path of the optimizer model, or None without an optimizer.
-        nominal_checkpoint: Path of the nominal checkpoint, or None.
-        training_model_ort, eval_model_ort, optimizer_model_ort: ORT-format copies, or None.
-        requires_grad: Names of the trainable parameters, in input order.
-        frozen_params: Names of the frozen parameters, in input order.
-        input_names: The user inputs of the training and eval models.
-        output_names: The user outputs (the loss first).
-        files: Every file written, external data files included.
-        step_model: Path of the fused step model of portable artifacts (docs/portable.md), or None.
-        base_weights: Path of the base weights the models share (``base_weights.bin``), or None.
-    """
-
-    directory: Path
-    training_model: Path
-    eval_model: Path
-    checkpoint: Path
-    optimizer_model: Path | None
-    nominal_checkpoint: Path | None
-    training_model_ort: Path | None
-    eval_model_ort: Path | None
-    optimizer_model_ort: Path | None
-    requires_grad: tuple[str, ...]
-    frozen_params: tuple[str, ...]
-    input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
-    files: tuple[Path, ...]
-    step_model: Path | None = None
-    base_weights: Path | None = None
-
-    @property
-    def loss_name(self) -> str:
-        """Name of the loss output."""
-        return self.output_names[0]
 
 
 class _ArtifactsBlock(TrainingBlock):
