@@ -9,6 +9,8 @@ import { ort } from '../src/browser.mjs';
 import { federate } from '../src/federate.mjs';
 import { parseNpz } from '../src/npz.mjs';
 
+/** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
+
 const query = new URLSearchParams(location.search);
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
 /** @type {{status: string, slot: string | null, rounds: object[], error: string | null, holding: boolean}} */
@@ -50,7 +52,7 @@ function spiralPoints(count, main, major, seed) {
 
 /** @param {Uint8Array} bytes */
 async function inflate(bytes) {
-  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('deflate-raw'));
+  const stream = new Blob([/** @type {BlobPart} */ (/** @type {unknown} */ (bytes))]).stream().pipeThrough(new DecompressionStream('deflate-raw'));
   return new Uint8Array(await new Response(stream).arrayBuffer());
 }
 
@@ -67,6 +69,7 @@ async function main() {
   const slot = `${location.origin}/slots/${answer.slot}`;
   report.slot = slot;
   const file = /** @type {HTMLInputElement} */ ($('file'));
+  /** @type {Map<string, NamedTensor>} */
   let data = spiralPoints(Number(query.get('points') ?? 240), answer.slot % 3, Number(query.get('major') ?? 0.8), Number(query.get('seed') ?? answer.slot));
   if (query.get('file') === '1') {
     status(`slot ${answer.slot}: choose a local .npz to train on`);

@@ -61,7 +61,7 @@ export async function federate({ ort, url, data, kind, runtime = '', sessionOpti
       const trainer = new Trainer(ort, first.stepSession, first.evalSession, withGlobal(baseState, global));
       const { body, metrics } = task.phase === 'train' ? await trainRound(ort, trainer, data, task.config, baseState) : await evaluateRound(trainer, data, task.config);
       await beforeSend?.(task);
-      const answer = await json(`${taskUrl}/result`, { method: 'POST', body, headers: { 'X-Metrics': JSON.stringify(metrics), 'X-Client': JSON.stringify({ kind, runtime }) } });
+      const answer = await json(`${taskUrl}/result`, { method: 'POST', body: /** @type {BodyInit} */ (/** @type {unknown} */ (body)), headers: { 'X-Metrics': JSON.stringify(metrics), 'X-Client': JSON.stringify({ kind, runtime }) } });
       rounds += task.phase === 'train' ? 1 : 0;
       onRound?.({ round: task.round, phase: task.phase, metrics, accepted: Boolean(answer.accepted), reason: answer.reason ?? null });
     } catch (error) {
