@@ -5,7 +5,7 @@ README's command (no ``-m``) runs everything. These four markers are set in one 
 ``MARKS`` of ``support/markers.py``, which :func:`pytest_collection_modifyitems` applies; test modules
 never set them (no ``pytestmark``, decorators or ``pytest.param(marks=...)`` of these four).
 
-Workers. ``pyproject.toml`` runs pytest-xdist (``-n auto --dist loadgroup``): a run of directories (the
+Workers. ``pyproject.toml`` runs pytest-xdist (``-n auto --dist loadfile``): a run of directories (the
 whole suite, a package) gets one worker per CPU; a run that names files or tests runs in this process
 (:func:`pytest_xdist_auto_num_workers`); ``-n 0`` always runs in-process (for ``--pdb``, debugging),
 ``-n N`` forces N workers. With several workers:
@@ -13,11 +13,12 @@ whole suite, a package) gets one worker per CPU; a run that names files or tests
 * each worker's ONNX Runtime sessions and torch get ``CPUs // workers`` threads
   (``ONNXBLOCKS_ORT_THREADS``, ``OMP_NUM_THREADS``; either set by hand wins), so two workers on two cores
   do not fight over them;
-* the tests of a module that share a fixture wider than a test (module, class, package scope, or a
-  session fixture defined in the module) run on one worker (an ``xdist_group`` named after the module),
-  so the fixture is built once;
-* slow, Node, browser and Python 3.13 tests are handed out first and the quick ones fill the end, so no
-  worker is left running a long test alone at the end;
+* the tests of a module run on one worker (``loadfile``), so its module-scoped fixtures are built once
+  (``xdist_group`` marks would do it per group, but pytest-xdist 3.8 cannot set them on pytest 9's node
+  ids: the tests of a group were spread over the workers);
+* the longest modules (``_LONGEST``), then the other modules with slow, Node, browser or Python 3.13
+  tests, are handed out first and the quick ones fill the end, so no worker is left running a long
+  module alone at the end (``--no-loadscope-reorder`` keeps this order);
 * the caches the tests build on first use (3.13 venvs, npm packages, apt-get installs) are built by one
   process while the others wait (``support/cache_lock.py``).
 """
@@ -87,6 +88,30 @@ def portable_python():
 
 #: Markers a distributed run hands out first (long tests, or tests that start other programs).
 _FIRST = ("slow", "node", "browser", "py313")
+#: The longest modules (``--durations``, 2 loaded cores: 40 s to 3 min each), longest first: a worker
+#: takes the next module when it is free, so the long ones start first and the quick ones fill the end.
+_LONGEST = (
+    "tests/federated/test_browser_clients.py",
+    "tests/losses/test_loss_grid.py",
+    "tests/federated/test_simulation.py",
+    "tests/federated/test_deployment.py",
+    "tests/federated/test_cli_federate.py",
+    "tests/portable/test_portable_hf_sweep.py",
+    "tests/torch/test_torch_module_api.py",
+    "tests/federated/test_faults_deployment.py",
+    "tests/families/test_exporter_sweep.py",
+    "tests/web/test_web_browser.py",
+    "tests/project/test_notebooks.py",
+    "tests/runtime/test_export.py",
+    "tests/portable/test_portable_runtime_families.py",
+    "tests/torch/test_torch_differential.py",
+    "tests/federated/test_hetero_clients.py",
+    "tests/torch/test_torch_gradient_rewrites.py",
+    "tests/federated/test_js_clients.py",
+    "tests/torch/test_einsum_memory.py",
+    "tests/torch/test_torch_extrema.py",
+    "tests/federated/test_lora_federated.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -103,28 +128,11 @@ def pytest_xdist_auto_num_workers(config):
     return _cpus()
 
 
-def _shared_fixture_group(item) -> str | None:
-    """The module (or package) whose tests share a fixture wider than one test with ``item``; None if none."""
-    info = getattr(item, "_fixtureinfo", None)
-    module = item.nodeid.split("::")[0]
-    for definitions in info.name2fixturedefs.values() if info else ():
-        for definition in definitions:
-            scope = definition.scope
-            if scope in ("module", "class"):
-                return module
-            if scope == "package":
-                return definition.baseid or module
-            if scope == "session" and definition.baseid.endswith(".py"):
-                return module  # a session fixture of a test module: built where its tests run
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and ``-m`` deselects
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(config, items):
-    """Set the selection markers of ``support/markers.py``; group and order the tests for the workers."""
+    """Set the selection markers of ``support/markers.py``; order the modules for the workers."""
     table = MarkTable()
     unmarked_py313 = []
-    groups: dict[str, str | None] = {}
     elsewhere = []
     for item in items:
         if any(item.get_closest_marker(name) for name in SELECTION_MARKERS):
@@ -135,9 +143,6 @@ def pytest_collection_modifyitems(config, items):
         if uses_313 and not item.get_closest_marker("py313"):
             item.add_marker("py313")  # the fast subset must not need Python 3.13: warned below
             unmarked_py313.append(item.nodeid)
-        group = groups[item.nodeid] = _shared_fixture_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if elsewhere:
         warnings.warn(
             f"{len(elsewhere)} tests get slow/node/browser/py313 from a decorator or pytestmark; set "
@@ -159,10 +164,16 @@ def pytest_collection_modifyitems(config, items):
             stacklevel=1,
         )
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike
-        # a group moves as a whole, its tests in their order (a later one may read an earlier one's files)
+        # a module moves as a whole, its tests in their order (a later one may read an earlier one's files)
         first = {
-            groups[item.nodeid] or item.nodeid
+            item.nodeid.split("::")[0]
             for item in items
             if any(item.get_closest_marker(name) for name in _FIRST)
         }
-        items.sort(key=lambda item: (groups[item.nodeid] or item.nodeid) not in first)
+        rank = {module: i for i, module in enumerate(_LONGEST)}
+
+        def order(item) -> tuple[int, int]:
+            module = item.nodeid.split("::")[0]
+            return (0, rank[module]) if module in rank else (1 if module in first else 2, 0)
+
+        items.sort(key=order)
