@@ -7,8 +7,9 @@ never set them (no ``pytestmark``, decorators or ``pytest.param(marks=...)`` of 
 
 Workers. ``pyproject.toml`` runs pytest-xdist (``-n auto --dist loadfile``): a run of directories (the
 whole suite, a package) gets one worker per CPU; a run that names files or tests runs in this process
-(:func:`pytest_xdist_auto_num_workers`); ``-n 0`` always runs in-process (for ``--pdb``, debugging),
-``-n N`` forces N workers. With several workers:
+(:func:`pytest_xdist_auto_num_workers`); ``-n 0`` always runs in-process (for ``--pdb``, debugging;
+``-p no:xdist`` cannot be used, the addopts name xdist's options), ``-n N`` forces N workers. With
+several workers:
 
 * each worker's ONNX Runtime sessions and torch get ``CPUs // workers`` threads
   (``ONNXBLOCKS_ORT_THREADS``, ``OMP_NUM_THREADS``; either set by hand wins), so two workers on two cores
