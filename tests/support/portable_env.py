@@ -40,17 +40,26 @@ class PortableEnvError(RuntimeError):
     """The Python 3.13 environment with stock onnxruntime cannot be had."""
 
 
+#: Why each rejected candidate was rejected, for the error of :func:`find_python313`.
+_REJECTED: dict[str, str] = {}
+
+
 def _version(python: str | os.PathLike) -> tuple[int, int] | None:
     try:
-        out = subprocess.run(
+        done = subprocess.run(
             [os.fspath(python), "-c", "import sys; print(*sys.version_info[:2])"],
             capture_output=True,
             text=True,
-            timeout=60,
-            check=True,
-        ).stdout.split()
+            timeout=120,
+            check=False,
+        )
+        out = done.stdout.split()
+        if done.returncode != 0 or len(out) != 2:
+            _REJECTED[os.fspath(python)] = f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+            return None
         return int(out[0]), int(out[1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        _REJECTED[os.fspath(python)] = f"{type(exc).__name__}: {exc}"
         return None
 
 
@@ -83,7 +92,10 @@ def find_python313() -> Path:
     for candidate in candidates:
         if candidate.exists() and _version(candidate) == WANTED:
             return candidate
+    tried = "; ".join(f"{path}: {why}" for path, why in _REJECTED.items()) or "none"
     raise PortableEnvError(
+        f"(candidates {[os.fspath(c) for c in candidates]}, rejected: {tried}; "
+        f"PATH={os.environ.get('PATH')!r}, HOME={os.environ.get('HOME')!r}) "
         "The portable-runtime tests need CPython 3.13 (stock onnxruntime, no onnxruntime-training wheel), and none "
         f"was found (looked at $ONNXBLOCKS_PYTHON313, {pyenv_root}/versions/3.13*, `pyenv which python3.13`, "
         "python3.13 on PATH). Install one with `pyenv install 3.13.0`, or point $ONNXBLOCKS_PYTHON313 at it."
