@@ -130,6 +130,19 @@ def pytest_xdist_auto_num_workers(config):
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_configure(config):
+    """The controller finds CPython 3.13 once and hands its path to the workers
+    (``ONNXBLOCKS_PYTHON313``), so a worker never searches PATH and pyenv on its own."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("ONNXBLOCKS_PYTHON313"):
+        return
+    from support.portable_env import PortableEnvError, find_python313
+
+    try:
+        os.environ["ONNXBLOCKS_PYTHON313"] = os.fspath(find_python313())
+    except PortableEnvError:
+        pass  # the tests that need it fail with the search's own error
+
+
 def pytest_collection_modifyitems(config, items):
     """Set the selection markers of ``support/markers.py``; order the modules for the workers."""
     table = MarkTable()

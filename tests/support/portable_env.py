@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import tomllib
@@ -89,9 +90,13 @@ def find_python313() -> Path:
         pass
     if shutil.which("python3.13"):
         candidates.append(Path(shutil.which("python3.13")))  # type: ignore[arg-type]
-    for candidate in candidates:
-        if candidate.exists() and _version(candidate) == WANTED:
-            return candidate
+    # two rounds: a probe can fail for a moment on a machine short of memory or processes
+    for attempt in range(2):
+        for candidate in candidates:
+            if candidate.exists() and _version(candidate) == WANTED:
+                return candidate
+        if attempt == 0:
+            time.sleep(2)
     tried = "; ".join(f"{path}: {why}" for path, why in _REJECTED.items()) or "none"
     raise PortableEnvError(
         f"(candidates {[os.fspath(c) for c in candidates]}, rejected: {tried}; "
