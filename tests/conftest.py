@@ -138,7 +138,8 @@ def pytest_configure(config):
     from support.portable_env import PortableEnvError, find_python313
 
     try:
-        os.environ["ONNXBLOCKS_PYTHON313"] = os.fspath(find_python313())
+        found = os.fspath(find_python313())
+        os.environ["ONNXBLOCKS_PYTHON313"] = os.environ["ONNXBLOCKS_PYTHON313_PROBED"] = found
     except PortableEnvError:
         pass  # the tests that need it fail with the search's own error
 

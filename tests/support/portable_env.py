@@ -70,6 +70,10 @@ def find_python313() -> Path:
     Raises:
         PortableEnvError: when none is found, with how to install one.
     """
+    # found and probed by the pytest-xdist controller before the workers started (tests/conftest.py)
+    handed = os.environ.get("ONNXBLOCKS_PYTHON313_PROBED")
+    if handed and handed == os.environ.get("ONNXBLOCKS_PYTHON313") and Path(handed).exists():
+        return Path(handed)
     candidates: list[Path] = []
     if os.environ.get("ONNXBLOCKS_PYTHON313"):
         candidates.append(Path(os.environ["ONNXBLOCKS_PYTHON313"]))
