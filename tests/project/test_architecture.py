@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from support.imports import module_imports, package_modules
 
 PACKAGE = Path(__file__).resolve().parents[2] / "onnxblocks"
 
@@ -48,17 +49,7 @@ LARGE_MODULES: dict[str, str] = {
 MAX_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
-    return out
-
-
-MODULES = _modules()
+MODULES = package_modules(PACKAGE)
 
 
 def _package(module: str) -> str:
@@ -71,40 +62,7 @@ def _package(module: str) -> str:
 
 def _imports(module: str, path: Path) -> list[tuple[str, int, bool]]:
     """``(target module, line, in_type_checking)`` for every onnxblocks module that ``module`` imports."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    is_package = path.name == "__init__.py"
-    type_checking_lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                type_checking_lines.update(
-                    range(child.lineno, (child.end_lineno or child.lineno) + 1)
-                )
-    found = []
-    for node in ast.walk(tree):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            # `from pkg import sub` imports the submodule when there is one, else a name of pkg itself
-            subs = [
-                f"{source}.{alias.name}"
-                for alias in node.names
-                if f"{source}.{alias.name}" in MODULES
-            ]
-            targets = subs if len(subs) == len(node.names) else [source, *subs]
-        for target in targets:
-            while target and target not in MODULES and target.startswith("onnxblocks"):
-                target = target.rpartition(".")[0]
-            if target in MODULES and target != module:
-                found.append((target, node.lineno, node.lineno in type_checking_lines))
-    return found
+    return [(i.target, i.line, i.type_checking) for i in module_imports(module, path, MODULES)]
 
 
 @functools.cache

@@ -13,60 +13,23 @@ each import.
 
 from __future__ import annotations
 
-import ast
 import itertools
 from pathlib import Path
+
+from support.imports import module_imports, package_modules
 
 PACKAGE = Path(__file__).resolve().parents[2] / "onnxblocks"
 
 
-def _modules(root: Path) -> dict[str, Path]:
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
-    return out
-
-
-def _statements(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements of ``body`` and of the blocks in it, not of functions or classes."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
-            blocks += [h.body for h in getattr(node, "handlers", [])]
-            for block in blocks:
-                found += _statements(block)
-    return found
-
-
 def import_graph(root: Path) -> dict[str, dict[str, int]]:
     """``{module: {imported module: line}}`` over the module-level imports of package ``root``."""
-    modules = _modules(root)
+    modules = package_modules(root)
     graph: dict[str, dict[str, int]] = {}
     for module, path in modules.items():
         edges: dict[str, int] = {}
-        is_package = path.name == "__init__.py"
-        for node in _statements(ast.parse(path.read_text(encoding="utf-8")).body):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                source = node.module or ""
-                if node.level:
-                    base = module.split(".") if is_package else module.split(".")[:-1]
-                    base = base[: len(base) - (node.level - 1)]
-                    source = ".".join(base + ([node.module] if node.module else []))
-                subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in modules]
-                targets = subs if len(subs) == len(node.names) else [source, *subs]
-            for target in targets:
-                while target and target not in modules and "." in target:
-                    target = target.rpartition(".")[0]
-                if target in modules and target != module:
-                    edges.setdefault(target, node.lineno)
+        for found in module_imports(module, path, modules):
+            if found.module_level:
+                edges.setdefault(found.target, found.line)
         graph[module] = edges
     return graph
 
