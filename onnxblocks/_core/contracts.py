@@ -185,6 +185,9 @@ NOMINAL_CHECKPOINT = "nominal_checkpoint"
 BASE_WEIGHTS = "base_weights.bin"
 #: Model metadata key naming the element type the frozen base is stored in (absent: as exported).
 BASE_DTYPE_METADATA = "onnxblocks.base_dtype"
+#: The record of where an artifact set made by ``onnxblocks.hub.from_hub`` came from
+#: (``hub/record.py`` writes it beside the artifacts; ``export_hub`` reads it).
+HUB_RECORD = "hub.json"
 #: Suffix of ONNX models, of ORT-format models, and of external data files.
 ONNX_SUFFIX, ORT_SUFFIX, DATA_SUFFIX = ".onnx", ".ort", ".data"
 #: The models of a set of artifacts, in display order.

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("blocks",),
     ("losses", "optim", "peft"),
     ("artifacts",),
-    ("display",),
+    ("display", "hub"),
     ("runtime",),
     ("demo",),
     ("web", "federated"),

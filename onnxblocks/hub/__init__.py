@@ -1,0 +1,11 @@
+"""From a Hugging Face hub folder (Optimum / Transformers.js layout) to training artifacts and back.
+
+docs/hub.md describes the road: :func:`from_hub` generates artifacts from a hub folder, the
+:class:`HubRecord` (``hub.json``) remembers where they came from.
+"""
+
+from __future__ import annotations
+
+from onnxblocks.hub.record import TASKS, HubRecord, has_record, read_record, write_record
+
+__all__ = ["TASKS", "HubRecord", "has_record", "read_record", "write_record"]

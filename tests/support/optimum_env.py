@@ -1,0 +1,179 @@
+"""Hugging Face Optimum exports of tiny random-init models, made by the tests in a venv of their own.
+
+optimum-onnx 0.1.0 needs ``optimum~=2.1.0`` and ``transformers<4.58``, while the main environment
+has transformers 5, so the exporter lives in a cached venv (``~/.cache/onnxblocks-test/optimum-<hash>``,
+the hash of what it installs and of the interpreter), built once under
+:func:`support.cache_lock.cache_lock` in a staging directory renamed into place. torch is the
+project's pin (``pyproject.toml``'s ``torch`` extra); pip takes the CPU wheel from its configured
+find-links or index (``pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu``
+where it would take a CUDA one).
+
+:func:`optimum_export` writes a Transformers.js hub folder (``config.json``, tokenizer files,
+``generation_config.json`` for language models, ``model.safetensors``, ``onnx/model.onnx``) for one
+(family, with_past, task), cached the same way. Nothing is downloaded (``HF_HUB_OFFLINE=1``). A
+failure raises :class:`OptimumEnvError` with the command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+from support.cache_lock import cache_dir, cache_lock
+
+SUPPORT = Path(__file__).resolve().parent
+ROOT = SUPPORT.parent.parent
+WORKER = SUPPORT / "optimum_worker.py"
+
+#: The families and tasks :func:`optimum_export` makes.
+FAMILIES = ("llama", "qwen2", "gpt2", "bert")
+TASKS = ("causal-lm", "sequence-classification", "token-classification", "masked-lm")
+
+
+class OptimumEnvError(RuntimeError):
+    """The optimum venv or an export cannot be made; the message says how to reproduce it."""
+
+
+def _torch_requirement() -> str:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["torch"]
+    return next(r for r in extra if r.replace(" ", "").startswith("torch=="))
+
+
+def requirements() -> list[str]:
+    """What the optimum venv installs: the exporter, its pinned companions and the project's torch."""
+    return [
+        "optimum-onnx==0.1.0",
+        "optimum~=2.1.0",
+        "transformers<4.58",
+        _torch_requirement(),
+        "onnx>=1.16",
+        "tokenizers",
+    ]
+
+
+def _key(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _run(cmd: list[str], what: str, *, stdin: str | None = None, timeout: int = 1800) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    try:
+        done = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise OptimumEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
+    if done.returncode != 0:
+        raise OptimumEnvError(
+            f"{what} failed (exit {done.returncode}). Reproduce with:\n  {' '.join(cmd)}"
+            + (f"  <<< '{stdin}'" if stdin else "")
+            + f"\n{done.stderr[-4000:]}"
+        )
+    return done.stdout
+
+
+def _base_python() -> str:
+    """The interpreter the venv is made from: this one's base (a venv's own python makes a venv too)."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def ensure_optimum_python() -> Path:
+    """The Python of the cached optimum venv, built on first use (minutes: torch and transformers).
+
+    Raises:
+        OptimumEnvError: when the venv cannot be built; the message has the pip command.
+    """
+    wanted = requirements()
+    interpreter = _base_python()
+    key = _key(json.dumps(wanted).encode(), interpreter.encode(), sys.version.encode())
+    venv = cache_dir() / f"optimum-{key}"
+    python = venv / "bin" / "python"
+    if (venv / "ready").exists() and python.exists():
+        return python
+    with cache_lock(f"optimum-{key}"):
+        if not ((venv / "ready").exists() and python.exists()):
+            _build(interpreter, venv, wanted)
+    return python
+
+
+def _build(interpreter: str, venv: Path, wanted: list[str]) -> None:
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    staging = cache_dir() / f".building-{venv.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _run([interpreter, "-m", "venv", os.fspath(staging)], "Creating the optimum venv")
+        pip = [os.fspath(staging / "bin" / "python"), "-m", "pip", "install", "-q"]
+        _run([*pip, *wanted], "Installing optimum into its venv (to build it by hand: "
+             f"python -m venv {venv} && {venv}/bin/python -m pip install "
+             + " ".join(repr(w) for w in wanted) + f" && touch {venv}/ready)")  # fmt: skip
+        probe = "import optimum.exporters.onnx, transformers, torch, tokenizers"
+        _run([os.fspath(staging / "bin" / "python"), "-c", probe], "Checking the optimum venv")
+        (staging / "ready").write_text(json.dumps({"requirements": wanted}))
+        try:
+            staging.rename(venv)
+        except OSError:  # another session finished first: use its venv
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def optimum_export(family: str, *, with_past: bool = False, task: str = "causal-lm") -> Path:
+    """A Transformers.js hub folder of a tiny random-init ``family`` model exported for ``task``.
+
+    ``family`` is one of :data:`FAMILIES`, ``task`` one of :data:`TASKS` (BERT has no causal LM,
+    and only causal LMs have a past). The folder is cached; callers must copy it before writing.
+
+    Raises:
+        OptimumEnvError: when the venv or the export fails, with the command to reproduce it.
+        ValueError: for an unknown family or task, or a combination optimum cannot export.
+    """
+    if family not in FAMILIES or task not in TASKS:
+        raise ValueError(f"optimum_export({family!r}, task={task!r}): use {FAMILIES} and {TASKS}")
+    if with_past and task != "causal-lm":
+        raise ValueError(f"only causal-lm exports have a past, not {task!r}")
+    if (family == "bert" and task == "causal-lm") or (family != "bert" and task == "masked-lm"):
+        raise ValueError(f"{family} cannot be exported for {task!r}")
+    python = ensure_optimum_python()
+    request = {"family": family, "task": task, "with_past": with_past}
+    key = _key(
+        json.dumps(request, sort_keys=True).encode(), WORKER.read_bytes(), str(python).encode()
+    )
+    name = f"{family}-{task}-{'past' if with_past else 'nopast'}-{key}"
+    folder = cache_dir() / "optimum-exports" / name
+    if (folder / "ready").exists():
+        return folder / "hub"
+    with cache_lock(f"optimum-export-{name}"):
+        if not (folder / "ready").exists():
+            staging = folder.parent / f".building-{name}-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            try:
+                payload = json.dumps({**request, "out": os.fspath(staging / "hub")})
+                _run([os.fspath(python), os.fspath(WORKER)], f"Exporting {name}", stdin=payload)
+                (staging / "ready").write_text(payload)
+                shutil.rmtree(folder, ignore_errors=True)
+                staging.rename(folder)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+    return folder / "hub"
+
+
+if __name__ == "__main__":
+    print(ensure_optimum_python())
+    for family, past, task in [("llama", False, "causal-lm"), ("llama", True, "causal-lm")]:
+        print(optimum_export(family, with_past=past, task=task))
+    sys.exit(0)
