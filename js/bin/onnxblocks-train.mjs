@@ -3,7 +3,7 @@
 //
 //   onnxblocks-train ARTIFACTS --plan plan.safetensors [--steps N] [--lr 0.01] [--state FILE]
 //                    [--save trained.safetensors] [--eval-outputs eval.safetensors] [--threads 1]
-//                    [--save-adapters DIR]
+//                    [--save-adapters DIR] [--ep webgpu] [--placement]
 //
 // The plan is a safetensors file: tensors `train/<i>/<input>` (batch i of the step model's
 // user inputs) and optionally `eval/<i>/<input>` (eval batches, run after training); its
@@ -11,6 +11,9 @@
 // Steps cycle through the training batches. The report (one JSON line on stdout):
 // {"losses": [...], "evalLosses": [...], "step": n, "seconds": s, "onnxruntime": version}.
 // --save-adapters writes the LoRA adapters of adapter artifacts as a PEFT directory (docs/lora.md).
+// --ep picks onnxruntime-node's execution provider (cpu, the default, or webgpu; the CPU takes what the
+// provider lacks); the report then holds "executionProviders", and with --placement "placement": how many
+// nodes of the step model run on each provider, and which op types (docs/web.md, "On the GPU").
 //
 //   onnxblocks-train --federate URL --data local.npz [--threads 1]
 //
@@ -27,7 +30,7 @@ import { loadTrainer, ort, parseSafetensors, saveAdapters, serializeSafetensors,
 import { federate } from '../src/federate.mjs';
 import { parseNpz } from '../src/npz.mjs';
 
-const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR]\n       onnxblocks-train --federate URL --data FILE.npz [--threads N]';
+const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR] [--ep cpu|webgpu] [--placement]\n       onnxblocks-train --federate URL --data FILE.npz [--threads N]';
 
 /** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
 
@@ -63,6 +66,8 @@ async function main() {
       'save-adapters': { type: 'string' },
       'eval-outputs': { type: 'string' },
       threads: { type: 'string', default: '1' },
+      ep: { type: 'string', default: 'cpu' },
+      placement: { type: 'boolean' },
       federate: { type: 'string' },
       data: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -90,8 +95,10 @@ async function main() {
   const trainer = await loadTrainer(positionals[0], {
     state: values.state,
     evaluate: evaluation.length > 0,
-    sessionOptions: { executionProviders: ['cpu'], intraOpNumThreads: threads, interOpNumThreads: 1 },
+    sessionOptions: { intraOpNumThreads: threads, interOpNumThreads: 1 },
+    executionProviders: values.ep === 'cpu' ? ['cpu'] : [values.ep, 'cpu'],
   });
+  const placement = values.placement ? await trainer.placement() : undefined;
   const started = performance.now();
   const losses = [];
   for (let i = 0; i < steps; i++) {
@@ -114,7 +121,8 @@ async function main() {
   if (values['save-adapters']) await saveAdapters(trainer, values['save-adapters']);
   if (values['eval-outputs']) await writeFile(values['eval-outputs'], serializeSafetensors(evalOutputs));
   await trainer.release();
-  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, onnxruntime: ort.env.versions?.node ?? null }));
+  const onnxruntime = ort.env.versions?.node ?? null;
+  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, onnxruntime, executionProviders: trainer.executionProviders, placement }));
   return 0;
 }
 

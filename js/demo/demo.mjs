@@ -12,11 +12,13 @@
 //
 // Query parameters: ?steps=N stops after N steps (the parity test uses it); ?grid=N sets the
 // decision-region resolution; ?epochs=N and ?lr=X (the form) train N epochs with the plan's
-// schedule stretched to them and scaled to peak X (the defaults replay the plan exactly).
+// schedule stretched to them and scaled to peak X (the defaults replay the plan exactly);
+// ?ep=webgpu (&bundle=webgpu) trains on WebGPU (runtime.js), ?threads=N sets the WASM threads.
 // `window.onnxblocksDemo` reports progress to tests.
 
 import { downloadBytes, downloadState, fetchBytes, fetchInferenceTemplate, fillInferenceModel, loadTrainer, ort, parseSafetensors, serializeState } from '../src/browser.mjs';
 import { drawLoss, drawRegions, gridPoints, schedule, softmaxRows, stepsPerSecond } from './plot.mjs';
+import { configureWasm, providerSelector, runtime, runtimeLine, runtimeName } from './providers.mjs';
 
 const query = new URLSearchParams(location.search);
 const maxSteps = query.has('steps') ? Number(query.get('steps')) : Infinity;
@@ -29,7 +31,8 @@ const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.get
  * What the page reports (read by the browser test through `window.onnxblocksDemo`).
  * @type {{status: string, steps: number, losses: number[], valAccuracy: number[], error: string | null,
  *   onnxruntime: string | undefined, stepsPerSecond: number | null, epochs: number, peakLearningRate: number,
- *   shown: string[], exportState: () => Promise<string>}}
+ *   shown: string[], exportState: () => Promise<string>, ep: string, bundle: string, crossOriginIsolated: boolean,
+ *   threads: number, placement: import('../src/placement.mjs').Placement | null, runtimeShown: string}}
  */
 const report = {
   status: 'loading',
@@ -43,6 +46,12 @@ const report = {
   peakLearningRate: 0,
   shown: [],
   exportState: async () => '',
+  ep: runtime.ep,
+  bundle: runtime.bundle,
+  crossOriginIsolated,
+  threads: 1,
+  placement: null,
+  runtimeShown: '',
 };
 Object.assign(window, { onnxblocksDemo: report });
 
@@ -55,8 +64,8 @@ function fail(error) {
 }
 
 async function main() {
-  ort.env.wasm.numThreads = 1; // one thread: no cross-origin isolation needed, deterministic sums
-  ort.env.wasm.wasmPaths = new URL('../ort/', location.href).href;
+  report.threads = configureWasm(query);
+  providerSelector(/** @type {HTMLSelectElement} */ ($('ep')));
 
   const plan = parseSafetensors(await fetchBytes('../spirals.safetensors'), 'spirals.safetensors');
   const get = (/** @type {string} */ name) => {
@@ -95,7 +104,18 @@ async function main() {
     location.search = next.toString();
   };
 
-  const [{ trainer }, inference] = await Promise.all([loadTrainer('../artifacts/'), fetchInferenceTemplate('../artifacts/')]);
+  const [{ trainer }, inference] = await Promise.all([
+    // errors only: placement() shows what ONNX Runtime warns about (nodes it keeps on the CPU)
+    loadTrainer('../artifacts/', { executionProviders: runtime.providers, sessionOptions: { logSeverityLevel: 3 } }),
+    fetchInferenceTemplate('../artifacts/'),
+  ]);
+  report.runtimeShown = $('runtime').textContent = runtimeLine(report.threads, null);
+  // the placement is shown, not needed: a log ONNX Runtime words differently leaves the page training
+  report.placement = await trainer.placement().catch((error) => {
+    console.warn(`no placement: ${error instanceof Error ? error.message : error}`);
+    return null;
+  });
+  report.runtimeShown = $('runtime').textContent = runtimeLine(report.threads, report.placement);
   for (const element of document.querySelectorAll('#usage .input')) element.textContent = inference.layout.inputs[0];
   const [featureName, labelName] = trainer.inputNames;
   const grid = { features: gridPoints(gridSize, extent), labels: new BigInt64Array(gridSize * gridSize) };
@@ -141,7 +161,7 @@ async function main() {
     const accuracy = report.valAccuracy.length ? report.valAccuracy[report.valAccuracy.length - 1].toFixed(3) : '—';
     const loss = report.losses.length ? report.losses[report.losses.length - 1].toFixed(4) : '—';
     const speed = report.stepsPerSecond === null ? '—' : report.stepsPerSecond.toFixed(0);
-    const text = `onnxruntime-web ${report.onnxruntime} (wasm)   epoch ${epoch}/${Math.ceil(totalSteps / perEpoch)}   step ${report.steps}/${totalSteps}   loss ${loss}   validation accuracy ${accuracy}   ${speed} steps/s   ${report.status}`;
+    const text = `${runtimeName()}   epoch ${epoch}/${Math.ceil(totalSteps / perEpoch)}   step ${report.steps}/${totalSteps}   loss ${loss}   validation accuracy ${accuracy}   ${speed} steps/s   ${report.status}`;
     $('status').textContent = text;
     report.shown.push(text);
     if (report.shown.length > 50) report.shown.splice(0, report.shown.length - 50);

@@ -11,6 +11,7 @@ import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
 import { externalDataFiles } from './onnx_proto.mjs';
+import { parsePlacement } from './placement.mjs';
 
 export { Trainer, LEARNING_RATE, STEP, frozenBaseOptions } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
@@ -18,6 +19,7 @@ export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
 export { ADAPTER_FILES, LORA_METADATA, loraRecord, peftAdapterFiles } from './adapters.mjs';
 export { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
+export { parsePlacement, describePlacement } from './placement.mjs';
 export { ort };
 
 /** @typedef {import('./inference.mjs').TemplateLayout} TemplateLayout */
@@ -43,9 +45,15 @@ export async function fetchBytes(url) {
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
  * @param {string} [options.baseWeights]  the frozen base the models share (default `base_weights.bin`), fetched when they
  *   name it; every external data file the models name is fetched once (read from their initializers)
+ * @param {string[]} [options.executionProviders]  providers in order of preference, e.g. `['webgpu', 'wasm']` (overrides
+ *   `sessionOptions.executionProviders`; default `['wasm']`); `webgpu` needs a bundle with it (the import map)
  * @returns {Promise<{trainer: Trainer, state: TrainingState}>}  the trainer and the state it started from
  */
-export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin' } = {}) {
+export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin', executionProviders } = {}) {
+  if (executionProviders !== undefined && (!Array.isArray(executionProviders) || !executionProviders.length || executionProviders.some((p) => typeof p !== 'string'))) {
+    throw new TypeError(`executionProviders must be a non-empty list of provider names such as ['webgpu', 'wasm'], got ${JSON.stringify(executionProviders)}`);
+  }
+  hookConsole(); // before onnxruntime-web's WASM starts: it keeps the console functions it finds
   const at = (/** @type {string} */ name) => new URL(name, new URL(base, globalThis.location?.href)).href;
   const [stepModel, evalModel, stateBytes] = await Promise.all([
     fetchBytes(at('step_model.onnx')),
@@ -59,10 +67,52 @@ export async function loadTrainer(base, { evaluate = true, sessionOptions = { ex
   names.sort((a, b) => Number(b === baseWeights) - Number(a === baseWeights));
   const datas = await Promise.all(names.map((name) => fetchBytes(at(name))));
   const externalData = names.length ? names.map((path, i) => ({ path, data: datas[i] })) : undefined;
-  const options = names.includes(baseWeights) ? frozenBaseOptions(sessionOptions) : sessionOptions;
+  const chosen = executionProviders ? { ...sessionOptions, executionProviders } : sessionOptions;
+  const options = names.includes(baseWeights) ? frozenBaseOptions(chosen) : { ...chosen };
   const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions: options, externalData });
   trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
+  trainer.executionProviders = (options.executionProviders ?? ['wasm']).map((p) => (typeof p === 'string' ? p : p.name));
+  trainer.placementProbe = () => logPlacement(stepModel, externalData ? { ...options, externalData } : options);
   return { trainer, state };
+}
+
+/** @type {string[] | null}  ONNX Runtime's log lines while a placement probe runs */
+let captured = null;
+let hooked = false;
+
+/**
+ * Route the console through a hook that can collect ONNX Runtime's log: onnxruntime-web's WASM prints it through the
+ * console functions it found when it started, so the hook goes in before the first session.
+ */
+function hookConsole() {
+  if (hooked) return;
+  hooked = true;
+  for (const level of /** @type {const} */ (['log', 'info', 'warn', 'error', 'debug'])) {
+    const original = console[level];
+    console[level] = (...args) => {
+      const text = args.map(String).join(' ');
+      if (captured && text.includes('onnxruntime')) captured.push(text);
+      else original.apply(console, args);
+    };
+  }
+}
+
+/**
+ * The step model's placement, from ONNX Runtime's log of a throwaway session opened with `logSeverityLevel: 0`.
+ * @param {Uint8Array} model
+ * @param {import('onnxruntime-common').InferenceSession.SessionOptions} options
+ * @returns {Promise<import('./placement.mjs').Placement>}
+ */
+async function logPlacement(model, options) {
+  captured = [];
+  const lines = captured;
+  try {
+    const session = await ort.InferenceSession.create(model, { ...options, logSeverityLevel: 0, logVerbosityLevel: 0 });
+    await session.release();
+  } finally {
+    captured = null;
+  }
+  return parsePlacement(lines.flatMap((line) => line.split('\n')));
 }
 
 /**

@@ -1,5 +1,6 @@
 // Node entry point: the Trainer on onnxruntime-node, with file helpers.
 
+import { execFile } from 'node:child_process';
 import { access, mkdir, readFile, writeFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
@@ -9,6 +10,7 @@ import { externalDataFiles } from './onnx_proto.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
+import { parsePlacement } from './placement.mjs';
 
 export { Trainer, LEARNING_RATE, STEP, frozenBaseOptions } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
@@ -16,6 +18,7 @@ export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
 export { ADAPTER_FILES, LORA_METADATA, loraRecord, peftAdapterFiles } from './adapters.mjs';
 export { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
+export { parsePlacement, describePlacement } from './placement.mjs';
 export { ort };
 
 /** @typedef {import('./state.mjs').TrainingState} TrainingState */
@@ -58,9 +61,12 @@ export async function writeState(path, state) {
  * @param {string} [options.state]  another state file (default `<directory>/params.safetensors`)
  * @param {boolean} [options.evaluate]  open the eval model (default: true)
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
+ * @param {string[]} [options.executionProviders]  onnxruntime-node's providers in order of preference, e.g.
+ *   `['webgpu', 'cpu']` (overrides `sessionOptions.executionProviders`; default `['cpu']`)
  * @returns {Promise<Trainer>}
  */
-export async function loadTrainer(directory, { state, evaluate = true, sessionOptions } = {}) {
+export async function loadTrainer(directory, { state, evaluate = true, sessionOptions, executionProviders } = {}) {
+  if (executionProviders !== undefined) checkProviders(executionProviders, ort.listSupportedBackends?.().map((b) => b.name));
   const stepModel = join(directory, FILES.stepModel);
   try {
     await access(stepModel);
@@ -79,14 +85,62 @@ export async function loadTrainer(directory, { state, evaluate = true, sessionOp
   }
   const stepBytes = await readFile(stepModel);
   const frozenBase = externalDataFiles(stepBytes).includes(FILES.baseWeights);
+  const chosen = executionProviders ? { ...sessionOptions, executionProviders } : sessionOptions;
+  const options = frozenBase ? frozenBaseOptions(chosen) : { ...chosen };
   const trainer = await Trainer.create(/** @type {any} */ (ort), {
     stepModel,
     evalModel: evaluate ? join(directory, FILES.evalModel) : undefined,
     state: loaded,
-    sessionOptions: frozenBase ? frozenBaseOptions(sessionOptions) : sessionOptions,
+    sessionOptions: options,
+  }).catch((error) => {
+    if (!/WebGPU adapter/.test(error.message)) throw error;
+    throw new Error(`onnxruntime-node's webgpu provider found no GPU adapter. It needs a Vulkan driver: without a GPU, Debian's chromium package ships SwiftShader (LD_LIBRARY_PATH=/usr/lib/chromium VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json), or install mesa-vulkan-drivers and libvulkan1. (${error.message})`);
   });
   trainer.lora = loraRecord(stepBytes, stepModel);
+  trainer.executionProviders = providerNames(options.executionProviders ?? ['cpu']);
+  trainer.placementProbe = () => logPlacement(stepModel, options);
   return trainer;
+}
+
+/**
+ * @param {unknown} providers
+ * @param {string[] | undefined} known  the providers this onnxruntime-node has
+ */
+function checkProviders(providers, known) {
+  if (!Array.isArray(providers) || !providers.length || providers.some((p) => typeof p !== 'string')) {
+    throw new TypeError(`executionProviders must be a non-empty list of provider names such as ['webgpu', 'cpu'], got ${JSON.stringify(providers)}`);
+  }
+  const unknown = known ? providers.filter((p) => !known.includes(p)) : [];
+  if (unknown.length) throw new RangeError(`execution provider(s) ${unknown.join(', ')} are not in this onnxruntime-node (${known?.join(', ')})`);
+}
+
+/**
+ * @param {readonly (string | {name: string})[]} providers
+ * @returns {string[]}
+ */
+function providerNames(providers) {
+  return providers.map((p) => (typeof p === 'string' ? p : p.name));
+}
+
+/**
+ * The step model's placement, from ONNX Runtime's log of a session opened in a child Node process (the native log
+ * goes to the process's own stdout, out of reach of this one); the child inherits the environment (e.g. the Vulkan
+ * driver of the webgpu provider).
+ * @param {string} model
+ * @param {import('onnxruntime-common').InferenceSession.SessionOptions} options
+ * @returns {Promise<import('./placement.mjs').Placement>}
+ */
+async function logPlacement(model, options) {
+  const code = 'const [url, model, options] = process.argv.slice(1); const ort = (await import(url)).default;'
+    + ' await ort.InferenceSession.create(model, { ...JSON.parse(options), logSeverityLevel: 0, logVerbosityLevel: 0 });';
+  const args = ['--input-type=module', '-e', code, import.meta.resolve('onnxruntime-node'), model, JSON.stringify(options)];
+  const output = await new Promise((resolve, reject) => {
+    execFile(process.execPath, args, { maxBuffer: 1 << 30 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`the placement probe of '${model}' failed: ${String(stderr).slice(-2000)}`));
+      else resolve(`${stdout}\n${stderr}`);
+    });
+  });
+  return parsePlacement(/** @type {string} */ (output).split('\n'));
 }
 
 /**

@@ -105,6 +105,14 @@ export class Trainer {
      * @type {import('./adapters.mjs').LoraRecord | null}
      */
     this.lora = null;
+    /**
+     * Where ONNX Runtime runs the step model's nodes, found by the entry point (`loadTrainer`, which sets it):
+     * read `placement()`.
+     * @type {(() => Promise<import('./placement.mjs').Placement>) | null}
+     */
+    this.placementProbe = null;
+    /** The execution providers asked for, in order (set by `loadTrainer`). @type {string[]} */
+    this.executionProviders = [];
 
     const inputs = new Set(stepSession.inputNames);
     const outputs = new Set(stepSession.outputNames);
@@ -222,6 +230,17 @@ export class Trainer {
   }
 
   /** Release the ORT sessions. */
+  /**
+   * How many nodes of the step model (after ONNX Runtime's optimizations) run on each execution provider, and of
+   * which op types: from ONNX Runtime's own log of a throwaway session of the step model (src/placement.mjs).
+   * @returns {Promise<import('./placement.mjs').Placement>}
+   * @throws {Error} for a Trainer made with `Trainer.create` directly (no entry point to open the probe session)
+   */
+  async placement() {
+    if (!this.placementProbe) throw new Error('placement() needs a trainer from loadTrainer (browser or Node), which knows how to read ONNX Runtime\'s log');
+    return this.placementProbe();
+  }
+
   async release() {
     await this.stepSession.release();
     if (this.evalSession) await this.evalSession.release();

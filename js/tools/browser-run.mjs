@@ -29,6 +29,8 @@ export const CHROMIUM_FLAGS = [
   '--disable-component-update',
   '--disable-sync',
   '--disable-quic',
+  // a WebGPU adapter without a GPU: Chromium's SwiftShader (Vulkan on the CPU), for ?ep=webgpu
+  '--enable-unsafe-webgpu',
 ];
 
 async function main() {

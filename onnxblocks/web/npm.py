@@ -191,7 +191,9 @@ def onnxruntime_web_dist(timeout: float = 900) -> Path:
         )
         dist = modules / "onnxruntime-web" / "dist"
         where = "the npm install"
-    missing = [name for name in WASM_RUNTIME_FILES if not (dist / name).is_file()]
+    missing = [
+        name for name in (*WASM_RUNTIME_FILES, *WEBGPU_RUNTIME_FILES) if not (dist / name).is_file()
+    ]
     if missing:
         raise NpmError(
             f"{where} ({dist}) lacks {', '.join(missing)}: point it at onnxruntime-web's dist/ "
@@ -205,4 +207,16 @@ WASM_RUNTIME_FILES = (
     "ort.wasm.min.mjs",
     "ort-wasm-simd-threaded.mjs",
     "ort-wasm-simd-threaded.wasm",
+)
+
+#: The two bundles with a WebGPU backend and the WASM build each loads: the default one
+#: (``onnxruntime-web``, JavaScript WebGPU kernels) and ``onnxruntime-web/webgpu`` (the native
+#: WebGPU provider). The pages pick one with ``?ep=webgpu`` and ``&bundle=`` (docs/web.md).
+WEBGPU_RUNTIME_FILES = (
+    "ort.min.mjs",
+    "ort-wasm-simd-threaded.jsep.mjs",
+    "ort-wasm-simd-threaded.jsep.wasm",
+    "ort.webgpu.min.mjs",
+    "ort-wasm-simd-threaded.asyncify.mjs",
+    "ort-wasm-simd-threaded.asyncify.wasm",
 )

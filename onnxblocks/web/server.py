@@ -26,14 +26,25 @@ MIME_TYPES = {
     ".map": "application/json",
 }
 
+#: Headers that make the page ``crossOriginIsolated`` (the page then has ``SharedArrayBuffer`` and
+#: onnxruntime-web's WASM backend can use ``ort.env.wasm.numThreads`` > 1). Every file is served
+#: from this one origin, so ``require-corp`` blocks nothing the pages load.
+ISOLATION_HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}  # noqa: RUF012 - never mutated
 
     def end_headers(self) -> None:
-        self.send_header(
-            "Cache-Control", "no-store"
-        )  # a rebuilt site is never mixed with a cached one
+        # a rebuilt site is never mixed with a cached one
+        self.send_header("Cache-Control", "no-store")
+        # cross-origin isolation: SharedArrayBuffer, so onnxruntime-web's WASM runs on threads
+        for name, value in ISOLATION_HEADERS.items():
+            self.send_header(name, value)
         super().end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints the URL

@@ -37,7 +37,12 @@ import numpy as np
 
 from onnxblocks._core.errors import InvalidIndexError, InvalidValueError
 from onnxblocks.web.inference import write_inference_template
-from onnxblocks.web.npm import WASM_RUNTIME_FILES, js_dir, onnxruntime_web_dist
+from onnxblocks.web.npm import (
+    WASM_RUNTIME_FILES,
+    WEBGPU_RUNTIME_FILES,
+    js_dir,
+    onnxruntime_web_dist,
+)
 from onnxblocks.web.safetensors import write_safetensors
 from onnxblocks.web.state import write_state
 
@@ -189,7 +194,7 @@ def copy_client(site: Path, start: str, ort_web_dist: str | os.PathLike | None =
     )
     (site / "index.html").write_text(redirect, encoding="utf-8")
     (site / "ort").mkdir(exist_ok=True)
-    for name in WASM_RUNTIME_FILES:
+    for name in (*WASM_RUNTIME_FILES, *WEBGPU_RUNTIME_FILES):
         shutil.copyfile(dist / name, site / "ort" / name)
 
 

@@ -397,6 +397,8 @@ MARKS: dict[str, str] = {
     "tests/web/test_state_files.py::test_any_state_written_is_read_back_exactly_also_as_a_checkpoint": "slow",
     "tests/web/test_state_files.py::test_javascript_client_gives_the_same_verdicts_on_the_corpus": "node",
     "tests/web/test_web_browser.py": "browser",
+    "tests/web/test_webgpu_browser.py": "browser",
+    "tests/web/test_webgpu_node.py": "node",
     "tests/web/test_web_state.py::test_load_state_sets_a_sessions_parameters_and_checks_them": "slow",
     "tests/web/test_web_state.py::test_state_back_to_a_checkpoint_resumes_exactly": "slow",
     "tests/web/test_web_state.py::test_the_server_serves_modules_and_wasm_with_their_types": "slow",

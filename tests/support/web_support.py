@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -78,8 +79,27 @@ def chromium() -> Path:
         raise WebEnvError(str(exc)) from None
 
 
-def run_node(js: Path, script: str, *args: str, timeout: float = 300) -> dict:
-    """Run ``node js/<script> args`` and return the JSON line it prints.
+def swiftshader_env() -> dict[str, str]:
+    """The environment that gives onnxruntime-node's webgpu provider a Vulkan adapter without a GPU.
+
+    Debian's Chromium ships SwiftShader (Vulkan on the CPU) and a Vulkan loader in its library
+    folder; the variables point the loader of onnxruntime-node's Dawn at them.
+    """
+    chromium()  # installed when missing
+    for folder in (Path("/usr/lib/chromium"), Path("/usr/lib64/chromium")):
+        icd = folder / "vk_swiftshader_icd.json"
+        if icd.is_file() and (folder / "libvk_swiftshader.so").is_file():
+            return {**os.environ, "LD_LIBRARY_PATH": str(folder), "VK_ICD_FILENAMES": str(icd)}
+    raise WebEnvError(
+        "no vk_swiftshader_icd.json in /usr/lib/chromium: the webgpu tests need Debian's chromium "
+        "package (apt-get install -y chromium), or a Vulkan driver (mesa-vulkan-drivers, libvulkan1)"
+    )
+
+
+def run_node(
+    js: Path, script: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> dict:
+    """Run ``node js/<script> args`` (in ``env``, default this one) and return the JSON line it prints.
 
     Raises:
         AssertionError: when it fails, with its error output.
@@ -91,6 +111,7 @@ def run_node(js: Path, script: str, *args: str, timeout: float = 300) -> dict:
         timeout=timeout,
         cwd=js,
         check=False,
+        env=env,
     )
     if done.returncode != 0:
         raise AssertionError(
