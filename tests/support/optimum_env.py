@@ -55,6 +55,8 @@ def requirements() -> list[str]:
         "transformers<4.58",
         _torch_requirement(),
         "onnx>=1.16",
+        # the exporter checks its dynamic axes with stock onnxruntime
+        "onnxruntime>=1.20",
         "tokenizers",
     ]
 
