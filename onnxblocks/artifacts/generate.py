@@ -97,6 +97,7 @@ def generate_artifacts(
     quant_block_size: int = 32,
     lora: LoraConfig | None = None,
     untie: bool = False,
+    recompute: str | Sequence[str] = "none",
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -145,6 +146,10 @@ def generate_artifacts(
         trained (or
             frozen) with it (docs/training.md, "Weights the exporter tied"); without it, training
             one warns.
+        recompute: ``"none"``, ``"layers"`` (each repeated block's forward is recomputed in the
+            backward, keeping only the blocks' inputs: ``model.layers.N``, ``encoder.layer.N``,
+            ``h.N``...) or a list of module paths, each recomputed as one segment
+            (docs/training.md, "Recomputation").
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -188,6 +193,7 @@ def generate_artifacts(
         quant_block_size=quant_block_size,
         lora=lora,
         untie=untie,
+        recompute=recompute,
     )
 
 
@@ -212,6 +218,7 @@ def _generate(
     quant_block_size: int = 32,
     lora: LoraConfig | None = None,
     untie: bool = False,
+    recompute: str | Sequence[str] = "none",
     loss_blocks: Callable[[LossType], Block] = loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = optimizer_block,
 ) -> Artifacts:
@@ -250,6 +257,7 @@ def _generate(
             "Remove each from one of the two lists."
         )
     block = _ArtifactsBlock(loss_block, loss_inputs, additional)
+    block.recompute(recompute)
     for name in requires:
         block.requires_grad(name)
     for name in frozen:

@@ -9,6 +9,7 @@ checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -83,6 +84,21 @@ class TrainingBlock(Block):
             trainable.pop(argument_name, None)
             frozen[argument_name] = None
 
+    def recompute(self, policy: str | Sequence[str]) -> None:
+        """Say which forward segments the backward recomputes instead of keeping their activations.
+
+        ``"none"`` (the default), ``"layers"`` (every repeated block: ``model.layers.N``,
+        ``encoder.layer.N``, ``h.N``...) or a list of module paths (docs/training.md,
+        "Recomputation"). Checked here; the segments are found when the block is built.
+
+        Raises:
+            TypeError: for a policy that is neither a str nor a list of str.
+            ValueError: for another string or an empty list.
+        """
+        from onnxblocks.gradient.recompute import check_recompute
+
+        self._recompute_policy = check_recompute(policy)
+
     # ------------------------------------------------------------- building
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build the loss, then the training and eval models; returns what ``build`` returned."""
@@ -105,6 +121,13 @@ class TrainingBlock(Block):
             outputs=names,
             custom_op_libraries=acc.custom_op_libraries,
         )
+        policy = getattr(self, "_recompute_policy", "none")
+        if policy != "none":  # on the finished gradient graph: any execution order holds it
+            from onnxblocks.gradient import recompute
+
+            graphs.training = recompute.recompute_training_model(
+                graphs.training, policy, graphs.user_outputs, recompute.module_scopes(working)
+            )
         self._sources = _parameter_sources(working, acc.weights, graphs.partition.parameters)
         self._graphs = graphs
         self._checked = False
