@@ -7,20 +7,27 @@ with the batches and learning rates of the demo's plan (``onnxblocks.web.spiral_
 * **Python**: ``TrainingSession.step`` (portable backend, this venv's onnxruntime);
 * **Node**: ``js/bin/onnxblocks-train.mjs`` on onnxruntime-node (one intra-op thread),
   the loop's own time (session creation excluded);
-* **browser**: the demo page in headless Chromium (onnxruntime-web WASM, one thread),
-  steps per second of the whole page, i.e. including the validation and the
-  decision-region evaluation after each epoch and the drawing.
+* **browser**: the demo page in headless Chromium, the page's own steps per second (the
+  training steps' time; evaluation and drawing excluded), on onnxruntime-web's WASM with one
+  thread (``?threads=1``) and with every core (the server's COOP/COEP headers make the page
+  cross-origin isolated), and on WebGPU (``?ep=webgpu``, default and ``/webgpu`` bundles;
+  SwiftShader without a GPU) for ``--gpu-steps`` steps;
+* **Node on webgpu**: ``onnxblocks-train --ep webgpu`` (Vulkan SwiftShader from Debian's chromium
+  without a GPU), ``--gpu-steps`` steps.
 
 and the largest relative difference of the first 20 losses against Python's.
 Needs Node, npm and Chromium (set up as the tests do, tests/support/web_support.py).
 
-    python benchmarks/bench_web.py [--steps 900] [--rounds 3]
+    python benchmarks/bench_web.py [--steps 900] [--gpu-steps 60] [--rounds 3]
+
+The load average is printed before and after: the figures mean little on a loaded machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -49,7 +56,7 @@ def python_run(artifacts: Path, plan, steps: int) -> tuple[list[float], float]:
 
 
 def node_run(
-    js: Path, artifacts: Path, plan, steps: int, scratch: Path
+    js: Path, artifacts: Path, plan, steps: int, scratch: Path, ep: str = "cpu"
 ) -> tuple[list[float], float]:
     tensors = {}
     for step in range(steps):
@@ -57,10 +64,25 @@ def node_run(
         tensors[f"train/{step}/features"], tensors[f"train/{step}/labels"] = features, labels
     rates = json.dumps(plan.learning_rates[:steps].tolist())
     write_safetensors(scratch / "plan.safetensors", tensors, {"learning_rates": rates})
+    env = web_support.swiftshader_env() if ep == "webgpu" else None
     report = web_support.run_node(
-        js, "bin/onnxblocks-train.mjs", str(artifacts), "--plan", str(scratch / "plan.safetensors")
-    )
+        js, "bin/onnxblocks-train.mjs", str(artifacts), "--plan", str(scratch / "plan.safetensors"),
+        "--ep", ep, env=env, timeout=900,
+    )  # fmt: skip
     return report["losses"], report["seconds"] / steps
+
+
+#: the browser rows: label, query
+PAGES = (
+    ("WASM, 1 thread", "threads=1"),
+    ("WASM, every core", ""),
+    ("WebGPU, default bundle", "ep=webgpu"),
+    ("WebGPU, /webgpu bundle", "ep=webgpu&bundle=webgpu"),
+)
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -73,6 +95,9 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="runs of each; the median is reported"
     )
+    parser.add_argument(
+        "--gpu-steps", type=int, default=60, help="steps of the WebGPU rows (default: 60)"
+    )
     args = parser.parse_args()
     plan = spiral_plan()
     steps = min(args.steps, plan.steps)
@@ -82,48 +107,69 @@ def main() -> None:
         dist = web_support.node_modules() / "onnxruntime-web" / "dist"
         site = build_site(scratch / "site", ort_web_dist=dist)
         artifacts = site / "artifacts"
-        py, node, page = [], [], []
+        gpu_steps = min(args.gpu_steps, steps)
+        before = load()
+        py, node, node_gpu = [], [], []
+        pages: dict[str, list[float]] = {label: [] for label, _ in PAGES}
+        reports: dict[str, dict] = {}
         for _ in range(args.rounds):
             py_losses, seconds = python_run(artifacts, plan, steps)
             py.append(seconds)
             node_losses, seconds = node_run(js, artifacts, plan, steps, scratch)
             node.append(seconds)
+            gpu_losses, seconds = node_run(js, artifacts, plan, gpu_steps, scratch, "webgpu")
+            node_gpu.append(seconds)
             with serving(site) as url:
-                report = web_support.run_node(
-                    js,
-                    "tools/browser-run.mjs",
-                    f"{url}demo/?steps={steps}",
-                    "--chromium",
-                    str(chromium),
-                    timeout=900,
-                )
-            page.append(1 / report["stepsPerSecond"])
+                for label, query in PAGES:
+                    n = gpu_steps if "ep=webgpu" in query else steps
+                    report = web_support.run_node(
+                        js, "tools/browser-run.mjs", f"{url}demo/?steps={n}&{query}",
+                        "--chromium", str(chromium), timeout=900,
+                    )  # fmt: skip
+                    if report["status"] != "done":
+                        raise RuntimeError(f"the page on {label} failed: {report['error']}")
+                    pages[label].append(1 / report["stepsPerSecond"])
+                    reports[label] = report
         first = np.array(py_losses[:20])
-        node_diff = float(np.max(np.abs(np.array(node_losses[:20]) - first) / np.abs(first)))
-        page_diff = float(np.max(np.abs(np.array(report["losses"][:20]) - first) / np.abs(first)))
+
+        def diff(losses: list[float]) -> str:
+            return f"{float(np.max(np.abs(np.array(losses[:20]) - first) / np.abs(first))):.1e}"
+
+    python_step = statistics.median(py)
     print(
-        f"spiral classifier 2-64-64-3, batch 32, AdamW, {steps} steps, median of {args.rounds} runs"
+        f"spiral classifier 2-64-64-3, batch 32, AdamW, {steps} steps ({gpu_steps} on WebGPU), "
+        f"median of {args.rounds} runs; {os.cpu_count()} cores, load average {before} before, "
+        f"{load()} after"
     )
-    print(f"{'runtime':<44} {'ms/step':>8} {'steps/s':>8} {'max rel diff, 20 losses':>24}")
+    print(
+        f"{'runtime':<52} {'ms/step':>8} {'steps/s':>8} {'x Python':>8} "
+        f"{'max rel diff, 20 losses':>24}"
+    )
+    web = next(iter(reports.values()))
     rows = [
-        ("Python, TrainingSession (portable backend)", statistics.median(py), "reference"),
-        (
-            f"Node, onnxruntime-node {report['onnxruntime']}",
-            statistics.median(node),
-            f"{node_diff:.1e}",
-        ),
-        (
-            f"browser page, onnxruntime-web {report['onnxruntime']} WASM*",
-            statistics.median(page),
-            f"{page_diff:.1e}",
-        ),
-    ]
-    for name, seconds, diff in rows:
-        print(f"{name:<44} {seconds * 1e3:>8.3f} {1 / seconds:>8.0f} {diff:>24}")
+        ("Python, TrainingSession (portable backend)", python_step, "reference"),
+        (f"Node, onnxruntime-node {web_support_version(js)} cpu", statistics.median(node),
+         diff(node_losses)),
+        ("Node, webgpu (SwiftShader)", statistics.median(node_gpu), diff(gpu_losses)),
+    ]  # fmt: skip
+    for label, _ in PAGES:
+        report = reports[label]
+        name = f"browser, onnxruntime-web {report['onnxruntime']} {label} ({report['threads']} thr)"
+        rows.append((name, statistics.median(pages[label]), diff(report["losses"])))
+    for name, seconds, difference in rows:
+        print(
+            f"{name:<52} {seconds * 1e3:>8.3f} {1 / seconds:>8.0f} {seconds / python_step:>8.2f} "
+            f"{difference:>24}"
+        )
     print(
-        f"* Chromium {report['chromium']}, whole page: includes the evaluation after each epoch "
-        "and the drawing"
+        f"Chromium {web['chromium']}, crossOriginIsolated {web['crossOriginIsolated']}; "
+        "the page's steps/s counts its training steps only"
     )
+
+
+def web_support_version(js: Path) -> str:
+    package = js / "node_modules" / "onnxruntime-node" / "package.json"
+    return json.loads(package.read_text())["version"]
 
 
 if __name__ == "__main__":

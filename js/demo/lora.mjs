@@ -8,10 +8,12 @@
 //   lora_plan.safetensors  train/<i>/<input> batches (counting by two), held_out/<input>, prompts ([rows, 3]);
 //                    metadata learning_rate, steps
 //
-// Query parameter ?steps=N stops after N steps. `window.onnxblocksDemo` reports progress to tests.
+// Query parameters: ?steps=N stops after N steps; ?ep=webgpu (&bundle=webgpu) trains on WebGPU (runtime.js);
+// ?threads=N sets the WASM threads; ?placement=1 shows where the step's nodes run. `window.onnxblocksDemo` reports progress to tests.
 
 import { downloadAdapters, fetchBytes, loadTrainer, ort, parseSafetensors } from '../src/browser.mjs';
 import { drawLoss } from './plot.mjs';
+import { configureWasm, providerSelector, runtime, runtimeLine, runtimeName } from './providers.mjs';
 
 const query = new URLSearchParams(location.search);
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
@@ -19,7 +21,9 @@ const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.get
 /**
  * What the page reports (read by the browser test through `window.onnxblocksDemo`).
  * @type {{status: string, steps: number, losses: number[], lossBefore: number | null, lossAfter: number | null,
- *   before: number[][], after: number[][], prompts: number[][], error: string | null, onnxruntime: string | undefined}}
+ *   before: number[][], after: number[][], prompts: number[][], error: string | null, onnxruntime: string | undefined,
+ *   ep: string, bundle: string, crossOriginIsolated: boolean, threads: number, stepSeconds: number[], runtimeShown: string,
+ *   placement: import('../src/placement.mjs').Placement | null}}
  */
 const report = {
   status: 'loading',
@@ -32,6 +36,13 @@ const report = {
   prompts: [],
   error: null,
   onnxruntime: ort.env.versions?.web,
+  ep: runtime.ep,
+  bundle: runtime.bundle,
+  crossOriginIsolated,
+  threads: 1,
+  stepSeconds: [],
+  runtimeShown: '',
+  placement: null,
 };
 Object.assign(window, { onnxblocksDemo: report });
 
@@ -44,10 +55,16 @@ function fail(error) {
 }
 
 async function main() {
-  ort.env.wasm.numThreads = 1;
-  ort.env.wasm.wasmPaths = new URL('../ort/', location.href).href;
+  report.threads = configureWasm(query);
+  providerSelector(/** @type {HTMLSelectElement} */ ($('ep')));
   const plan = parseSafetensors(await fetchBytes('../lora_plan.safetensors'), 'lora_plan.safetensors');
-  const { trainer } = await loadTrainer('../lora/');
+  const { trainer } = await loadTrainer('../lora/', { executionProviders: runtime.providers, sessionOptions: { logSeverityLevel: 3 } });
+  report.runtimeShown = $('runtime').textContent = runtimeLine(report.threads, null);
+  if (query.has('placement')) {
+    // opt-in: a second session of the step model, as large as the first, opened and closed to read the log
+    report.placement = await trainer.placement();
+    report.runtimeShown = $('runtime').textContent = runtimeLine(report.threads, report.placement);
+  }
   const [idsName, labelsName] = trainer.inputNames;
   const get = (/** @type {string} */ name) => {
     const tensor = plan.tensors.get(name);
@@ -89,14 +106,16 @@ async function main() {
   };
   const show = () => {
     drawLoss(/** @type {HTMLCanvasElement} */ ($('loss')), report.losses, total);
-    $('status').textContent = `step ${report.steps}/${total}  loss ${report.losses.at(-1)?.toFixed(4) ?? '-'}  held-out loss ${report.lossBefore?.toFixed(3)} -> ${report.lossAfter?.toFixed(3) ?? '…'}`;
+    $('status').textContent = `${runtimeName()}  step ${report.steps}/${total}  loss ${report.losses.at(-1)?.toFixed(4) ?? '-'}  held-out loss ${report.lossBefore?.toFixed(3)} -> ${report.lossAfter?.toFixed(3) ?? '…'}`;
   };
 
   report.lossBefore = (await trainer.evalStep(heldOut)).loss;
   report.before = await generate();
   report.status = 'training';
   for (let step = 0; step < total; step++) {
+    const before = performance.now();
     const { loss } = await trainer.trainStep(batches[step % batches.length], lr);
+    report.stepSeconds.push((performance.now() - before) / 1000);
     report.losses.push(loss);
     report.steps = step + 1;
     if (step % 5 === 4 || step === total - 1) {
