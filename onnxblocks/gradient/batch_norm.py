@@ -19,10 +19,9 @@ gradient builder) keeps the training-mode ``BatchNormInternal`` from overwriting
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
@@ -30,7 +29,6 @@ from onnxblocks._core.errors import GradientError
 from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.writer import Writer
 
 __all__ = [
@@ -107,7 +105,13 @@ def _elementary(node: ir.Node, ctx: RewriteContext) -> list[ir.Node]:
     return w.nodes
 
 
-def private_running_statistics(model: onnx.ModelProto) -> int:
+def _is_constant(value: ir.Value, held: Collection[str]) -> bool:
+    if value.name in held:
+        return True
+    return value.is_initializer() and not value.is_graph_input()
+
+
+def private_running_statistics(model: ir.Model, held: Collection[str] = ()) -> int:
     """Give each training-mode ``BatchNormInternal`` running statistics of its own to write into;
     return how many.
 
@@ -123,13 +127,14 @@ def private_running_statistics(model: onnx.ModelProto) -> int:
 
     Args:
         model: The training model ONNX Runtime built (changed in place).
+        held: Constants that are graph inputs only while ONNX Runtime builds (held weights,
+            lifted constants): statistics among them are constants too.
     """
-    if not any(n.op_type == "BatchNormInternal" for n in model.graph.node):
+    graph = model.graph
+    if not any(n.op_type == "BatchNormInternal" for n in graph):
         return 0
-    ir_model = from_proto(model)
-    graph = ir_model.graph
     names = graph_names(graph)
-    opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
+    opset = model.opset_imports.get("", _limits.DEFAULT_ONNX_OPSET)
     count = 0
     for node in list(graph):
         stats = node.inputs[3:5]
@@ -139,7 +144,7 @@ def private_running_statistics(model: onnx.ModelProto) -> int:
             or len(stats) < 2
         ):
             continue
-        if not any(v is not None and v.is_initializer() and not v.is_graph_input() for v in stats):
+        if not any(v is not None and _is_constant(v, held) for v in stats):
             continue
         w = Writer(names, opset, f"{node.name or 'batch_norm'}.running")
         first = w.const(np.array(0, dtype=np.int64), suffix="first")
@@ -157,6 +162,4 @@ def private_running_statistics(model: onnx.ModelProto) -> int:
             if value is not None and value.name and not value.uses() and value.is_initializer():
                 graph.initializers.pop(value.name)
         count += 1
-    if count:
-        model.CopyFrom(to_proto(ir_model))
     return count

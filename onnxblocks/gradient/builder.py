@@ -54,7 +54,11 @@ from onnxblocks.gradient import (
     signature,
 )
 from onnxblocks.gradient.batch_norm import private_running_statistics
-from onnxblocks.gradient.frozen_reads import alias_frozen_reads, restore_frozen_reads
+from onnxblocks.gradient.frozen_reads import (
+    FrozenReads,
+    alias_frozen_reads,
+    restore_frozen_reads,
+)
 from onnxblocks.gradient.intake import check_ranks, fit_model
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
 from onnxblocks.gradient.parameters import (
@@ -64,7 +68,7 @@ from onnxblocks.gradient.parameters import (
 )
 from onnxblocks.gradient.power import PowExponentAsExpLog
 from onnxblocks.gradient.rewrites import normalize
-from onnxblocks.gradient.stop_gradient import cut_stopped, restore_stopped
+from onnxblocks.gradient.stop_gradient import StoppedGradients, cut_stopped, restore_stopped
 from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model
 from onnxblocks.ir.rewrite import run_pass
@@ -164,11 +168,9 @@ def build_training_graphs(
         forward = to_proto(ir_forward)
     held = signature.held_constants_to_inputs(forward, also=norm_constants | frozen_reads.lifted)
     training = ort_bridge.differentiate(forward, partition, user_outputs[0], custom_op_libraries)
-    restore_frozen_reads(training, frozen_reads)
-    restore_stopped(training, stopped)
+    training = _restore_on_ir(training, frozen_reads, stopped, {t.name for t in held})
     pooling.check_pool_shapes(forward, training)
     signature.restore_held_constants(training, held)
-    private_running_statistics(training)
     signature.order_inputs_and_outputs(
         training, forward_inputs, user_inputs, partition, user_outputs
     )
@@ -179,6 +181,28 @@ def build_training_graphs(
     _limits.stamp_versions(training)
     kernels.check_kernels(training, forward, custom_op_libraries)
     return TrainingGraphs(training, evaluation, partition, user_outputs, user_inputs, rewrites)
+
+
+def _restore_on_ir(
+    training: onnx.ModelProto,
+    frozen_reads: FrozenReads,
+    stopped: StoppedGradients,
+    held: set[str],
+) -> onnx.ModelProto:
+    """ONNX Runtime's result with the aliases read as their values again and private batch-norm
+    statistics, edited on one IR: converted once, and only when there is something to do.
+
+    ``held`` names the constants that are graph inputs while ONNX Runtime builds (restored
+    afterwards by :func:`~onnxblocks.gradient.signature.restore_held_constants`).
+    """
+    batch_norms = any(n.op_type == "BatchNormInternal" for n in training.graph.node)
+    if not (frozen_reads.aliases or stopped or batch_norms):
+        return training
+    ir_training = from_proto(training)
+    restore_frozen_reads(ir_training.graph, frozen_reads)
+    restore_stopped(ir_training.graph, stopped)
+    private_running_statistics(ir_training, held)
+    return to_proto(ir_training)
 
 
 #: Models below this ai.onnx opset are converted to :data:`UPGRADE_OPSET` first: ONNX Runtime's

@@ -36,15 +36,13 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import onnx
 import onnx_ir as ir
 
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.walk import Read, reads_through_identity
 
-__all__ = ["FrozenReads", "alias_frozen_reads", "alias_frozen_reads_proto", "restore_frozen_reads"]
+__all__ = ["FrozenReads", "alias_frozen_reads", "restore_frozen_reads"]
 
 
 @dataclass(frozen=True)
@@ -162,27 +160,12 @@ def _remove_bypassed_identities(graph: ir.Graph, reads: list[Read]) -> None:
                 removed.add(node)
 
 
-def alias_frozen_reads_proto(
-    model: onnx.ModelProto, trained: Iterable[str], untrained_inputs: Iterable[str]
-) -> FrozenReads:
-    """:func:`alias_frozen_reads` on a protobuf model, in place (rewritten only when something
-    changed).
-    """
-    ir_model = from_proto(model)
-    done = alias_frozen_reads(ir_model.graph, trained, untrained_inputs)
-    if done.aliases:
-        model.CopyFrom(to_proto(ir_model))
-    return done
-
-
-def restore_frozen_reads(model: onnx.ModelProto, done: FrozenReads) -> None:
+def restore_frozen_reads(graph: ir.Graph, done: FrozenReads) -> bool:
     """On ONNX Runtime's result, read each alias as its value again and drop the alias inputs (in
-    place).
+    place); True when the graph changed.
     """
     if not done.aliases:
-        return
-    ir_model = from_proto(model)
-    graph = ir_model.graph
+        return False
     values = values_by_name(graph)
     for alias_name, source_name in done.aliases.items():
         alias = values.get(alias_name)
@@ -197,4 +180,4 @@ def restore_frozen_reads(model: onnx.ModelProto, done: FrozenReads) -> None:
             values[source_name] = alias
             continue
         ir.convenience.replace_all_uses_with(alias, source)
-    model.CopyFrom(to_proto(ir_model))
+    return True

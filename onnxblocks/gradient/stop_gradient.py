@@ -19,14 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.contracts import STOP_GRADIENT_NODE
 from onnxblocks._core.errors import GradientError, preview
 from onnxblocks.ir.edit import remove_unused_nodes, values_by_name
 from onnxblocks.ir.names import graph_names
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import has_type, infer_types, type_proto
 from onnxblocks.ir.walk import reads
 
@@ -135,17 +133,15 @@ def cut_stopped(model: ir.Model, requires_grad: Iterable[str]) -> StoppedGradien
     return StoppedGradients(aliases, tuple(kept))
 
 
-def restore_stopped(model: onnx.ModelProto, done: StoppedGradients) -> None:
+def restore_stopped(graph: ir.Graph, done: StoppedGradients) -> bool:
     """On ONNX Runtime's result, read each alias as its value again and drop the kept outputs (in
-    place).
+    place); True when the graph changed.
 
     Raises:
         GradientError: when ONNX Runtime dropped a stopped value.
     """
     if not done:
-        return
-    ir_model = from_proto(model)
-    graph = ir_model.graph
+        return False
     values = values_by_name(graph)
     for alias_name, source_name in done.aliases.items():
         alias, source = values.get(alias_name), values.get(source_name)
@@ -163,4 +159,4 @@ def restore_stopped(model: onnx.ModelProto, done: StoppedGradients) -> None:
         if value is not None and value in graph.outputs:
             graph.outputs.remove(value)
     graph.sort()  # ONNX Runtime ordered the stopped values' producers after their readers
-    model.CopyFrom(to_proto(ir_model))
+    return True

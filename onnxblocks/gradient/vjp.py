@@ -47,8 +47,8 @@ from onnxblocks.gradient import kernels, ort_bridge, pooling, signature
 from onnxblocks.gradient.batch_norm import BatchNormInferenceAsElementary
 from onnxblocks.gradient.builder import upgrade_old_opset
 from onnxblocks.gradient.dependencies import upstream_values
-from onnxblocks.gradient.frozen_reads import alias_frozen_reads_proto, restore_frozen_reads
-from onnxblocks.gradient.layer_norm import unshare_layer_norm_constants
+from onnxblocks.gradient.frozen_reads import alias_frozen_reads, restore_frozen_reads
+from onnxblocks.gradient.layer_norm import unshare_norm_constants
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition, partition_parameters
 from onnxblocks.gradient.rewrites import default_passes, normalize
 from onnxblocks.ir.attributes import int_attribute
@@ -167,10 +167,11 @@ def build_vjp_graph(
     while (
         True
     ):  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
-        attempt = copy_model(forward)
-        norm_constants = unshare_layer_norm_constants(attempt)
+        ir_attempt = from_proto(forward)  # one IR for both steps before ONNX Runtime builds
+        norm_constants, unshared = unshare_norm_constants(ir_attempt.graph)
         untrained = [p for p in partition.parameters if p not in gradients]
-        reads = alias_frozen_reads_proto(attempt, gradients, untrained)
+        reads = alias_frozen_reads(ir_attempt.graph, gradients, untrained)
+        attempt = to_proto(ir_attempt) if unshared or reads.aliases else copy_model(forward)
         held = signature.held_constants_to_inputs(attempt, also=norm_constants | reads.lifted)
         try:
             vjp = _differentiate(attempt, gradients, differentiable, custom_op_libraries)
@@ -182,7 +183,10 @@ def build_vjp_graph(
                 _limits.stamp_versions(forward)
                 return VjpGraph(forward, user_inputs, partition, user_outputs, (), (), (), rewrites)
     pooling.check_pool_shapes(attempt, vjp)
-    restore_frozen_reads(vjp, reads)
+    if reads.aliases:
+        ir_vjp = from_proto(vjp)
+        restore_frozen_reads(ir_vjp.graph, reads)
+        vjp = to_proto(ir_vjp)
     signature.restore_held_constants(vjp, held)
     output_grads = tuple(gradient_name(o) for o in differentiable)
     _order_signature(

@@ -12,7 +12,6 @@ models run on stock ``onnxruntime`` (any Python, ``onnxruntime-web``, ``-node``)
 * :class:`AccumulateGradients`, :func:`optimizer_model`, :class:`FuseStep`: the contract
   rewrites (accumulated gradients out; updated parameters and moments out, one tensor
   each; one fused step), passes on :mod:`onnxblocks.ir`'s contract;
-  :func:`portable_accumulation`, :func:`step_model` run them on a ``ModelProto``;
   :func:`portable_optimizer_model` writes the optimizer with the training build's
   sequence inputs.
 * :func:`non_portable_ops` / :func:`is_portable_op`: the check of a portable mode:

@@ -23,7 +23,7 @@ from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
-from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.serde import from_proto
 
 ACCUMULATOR = "InPlaceAccumulatorV2"
 
@@ -149,16 +149,3 @@ class AccumulateGradients(Pass):
 def _like(value: ir.Value, param: ir.Value) -> None:
     value.type = param.type
     value.shape = ir.Shape(param.shape) if param.shape is not None else None
-
-
-def portable_accumulation(model: onnx.ModelProto) -> list[str]:
-    """Rewrite the accumulators of ``model``, in place, with :class:`AccumulateGradients`.
-
-    Returns:
-        The trainable parameters, in the order of the accumulators.
-    """
-    ir_model = from_proto(model)
-    rewrite = AccumulateGradients()
-    rewrite(ir_model)
-    model.CopyFrom(to_proto(ir_model))
-    return rewrite.trainable

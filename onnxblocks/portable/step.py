@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
@@ -33,7 +32,6 @@ from onnxblocks._core.contracts import (
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import _parameters, accumulators
 from onnxblocks.portable.updates import OptimizerSpec, OptimizerWriter, clip, update_parameters
 
@@ -136,25 +134,3 @@ def _frozen_by_position(
     last = max(order.index(p) for p in params)
     first_buffer = min((order.index(b) for b in buffers if b is not None), default=len(order))
     return [v for v in order[last + 1 : first_buffer] if v.name != LAZY_RESET_GRAD]
-
-
-def step_model(
-    lowered: onnx.ModelProto, spec: OptimizerSpec, frozen: Sequence[str] | None = None
-) -> onnx.ModelProto:
-    """The fused step model of a lowered training model (its accumulators not yet rewritten; see
-    :class:`FuseStep`).
-
-    Args:
-        lowered: The training model after :func:`~onnxblocks.portable.lower.lower_training_ops` (not
-        changed).
-        spec: The optimizer (:func:`~onnxblocks.portable.optimizer.read_optimizer`).
-        frozen: The frozen parameters; default: read from the input order.
-
-    Raises:
-        PortabilityError: if the model has no accumulators (nothing is trained).
-    """
-    model = from_proto(lowered)
-    FuseStep(spec, frozen)(model)
-    result = to_proto(model)
-    _limits.stamp_versions(result)
-    return result
