@@ -17,7 +17,14 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 #: What the wheel carries from js/: (folder, pattern).
-JS_FILES = (("", "package.json"), ("", "README.md"), ("src", "*.mjs"), ("demo", "*.mjs"), ("demo", "*.html"))
+JS_FILES = (
+    ("", "package.json"),
+    ("", "README.md"),
+    ("src", "*.mjs"),
+    ("demo", "*.mjs"),
+    ("demo", "*.js"),
+    ("demo", "*.html"),
+)
 
 
 class BuildPyWithJs(build_py):
