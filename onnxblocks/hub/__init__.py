@@ -6,6 +6,16 @@ docs/hub.md describes the road: :func:`from_hub` generates artifacts from a hub 
 
 from __future__ import annotations
 
+from onnxblocks.hub.generate import from_hub
+from onnxblocks.hub.losses import ShiftedCrossEntropyLoss
 from onnxblocks.hub.record import TASKS, HubRecord, has_record, read_record, write_record
 
-__all__ = ["TASKS", "HubRecord", "has_record", "read_record", "write_record"]
+__all__ = [
+    "TASKS",
+    "HubRecord",
+    "ShiftedCrossEntropyLoss",
+    "from_hub",
+    "has_record",
+    "read_record",
+    "write_record",
+]

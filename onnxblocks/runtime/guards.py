@@ -155,6 +155,7 @@ class BatchGuard:
         Raises:
             ValueError: naming the input, the offending value and its position, and the valid range.
         """
+        shapes: list[tuple[InputSpec, tuple[int, ...]]] = []
         for spec, array in zip(self.specs, arrays, strict=False):
             shape = getattr(array, "shape", None)
             if shape is None:
@@ -162,8 +163,12 @@ class BatchGuard:
                     shape = np.shape(array)  # a list: as ONNX Runtime will see it
                 except ValueError:
                     continue  # ragged: the dtype and shape check says what is wrong
+            shapes.append((spec, tuple(shape)))
+        # an empty KV cache (past length 0) beside inputs with rows is a batch, not an empty one
+        rows = any(0 not in shape for _, shape in shapes)
+        for spec, shape in shapes:
             if 0 in shape:
-                _refuse_empty(spec, tuple(shape), what)
+                _refuse_empty(spec, shape, what, rows)
         for index, rules in self.rules.items() if values else ():
             if index < len(arrays):
                 _check_values(rules, arrays[index], what)
@@ -205,9 +210,15 @@ _UNSIGNED |= {np.dtype(f"uint{b}"): np.dtype(f"uint{b}") for b in (8, 16, 32, 64
 _MAXIMUM = np.maximum.reduce
 
 
-def _refuse_empty(spec: InputSpec, shape: tuple[int, ...], what: str) -> None:
+def _refuse_empty(spec: InputSpec, shape: tuple[int, ...], what: str, rows: bool) -> None:
+    """Refuse a zero dimension, unless declared 0, or (when another input has rows) a symbolic
+    dimension after the first: a past key-value input's ``past_sequence_length`` starts at 0.
+    """
     declared = spec.shape if spec.shape is not None and len(spec.shape) == len(shape) else None
     for axis, size in enumerate(shape):
+        symbolic = declared is None or not isinstance(declared[axis], int)
+        if rows and axis > 0 and symbolic:
+            continue
         if size == 0 and not (declared is not None and declared[axis] == 0):
             name = (
                 f" ('{declared[axis]}')"
