@@ -27,6 +27,9 @@ from onnxblocks.federated import FederatedHistory, make_client_app, make_server_
 from onnxblocks.federated import simulate as simulate_with_flwr_run
 from onnxblocks.runtime import TrainingSession
 
+#: the in-process simulations share one Ray instance (tests/federated/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_ray")
+
 SIZES = (20, 30, 40)
 LOCAL = {"local_steps": 3, "batch_size": 6, "shuffle": False, "lr": 0.1}
 
