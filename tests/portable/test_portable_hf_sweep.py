@@ -35,13 +35,26 @@ LR = 1e-3
 CELLS = [(f, e) for f in hf_families.FAMILIES for e in hf_families.EXPORTERS]
 
 
-def _cell(name: str, exporter: str, directory) -> tuple[list[np.ndarray], tuple, list[str]]:
+def _cell(
+    name: str, exporter: str, directory, torch_runs: dict
+) -> tuple[list[np.ndarray], tuple, list[str]]:
     """Generate the cell's portable artifacts; return its batch, torch's losses (float32, float64) and what is
-    wrong with the files."""
-    family = hf_families.make(name)
+    wrong with the files.
+
+    ``torch_runs`` holds the torch side of each family already run (its family, and per set of parameters
+    with their gradient kept and their losses): torch's model is the same whichever exporter wrote the ONNX
+    file, so the two exporters of a family share it whenever their exports keep the same parameters.
+    """
+    if name not in torch_runs:
+        torch_runs[name] = {"family": hf_families.make(name)}
+    runs = torch_runs[name]
+    family = runs["family"]
     model = hf_families.export(family, exporter)
     every = hf_families.trainable(family, model)
-    params = hf_families.with_gradient(family, every)
+    kept_key = ("kept", tuple(every))
+    if kept_key not in runs:
+        runs[kept_key] = set(hf_families.with_gradient(family, every))
+    params = {n: o for n, o in every.items() if n in runs[kept_key]}
     frozen = [o for n, o in every.items() if n not in params]
     generate_artifacts(
         model,
@@ -64,20 +77,24 @@ def _cell(name: str, exporter: str, directory) -> tuple[list[np.ndarray], tuple,
             problems.append(f"{file}: {contrib or found}")
         if {p.key: p.value for p in proto.metadata_props}.get(PORTABLE_MODE_METADATA) != "standard":
             problems.append(f"{file}: mode metadata {proto.metadata_props}")
-    losses = np.float32(hf_families.torch_losses(family, list(params), STEPS, LR))
-    losses64 = hf_families.torch_losses(family64(family), list(params), STEPS, LR)
-    return [*family.inputs.values(), family.target], (losses, losses64), problems
+    losses_key = ("losses", tuple(params))
+    if losses_key not in runs:
+        runs[losses_key] = (
+            np.float32(hf_families.torch_losses(family, list(params), STEPS, LR)),
+            hf_families.torch_losses(family64(family), list(params), STEPS, LR),
+        )
+    return [*family.inputs.values(), family.target], runs[losses_key], problems
 
 
 def test_every_family_and_exporter_trains_on_stock_onnxruntime_in_standard_ops(
     portable_python, tmp_path
 ):
-    tasks, expected, failures = [], {}, []
+    tasks, expected, failures, torch_runs = [], {}, [], {}
     for name, exporter in CELLS:
         label = f"{name}-{exporter}"
         directory = tmp_path / label
         try:
-            batch, losses, problems = _cell(name, exporter, directory)
+            batch, losses, problems = _cell(name, exporter, directory, torch_runs)
         except Exception as exc:  # one cell's failure must not hide the others'
             failures.append(f"{label}: generation: {type(exc).__name__}: {str(exc)[:400]}")
             continue

@@ -62,10 +62,25 @@ def _embedding_model(directory: Path, vocab: int) -> Path:
     return path
 
 
+def _linked_model(source: Path, directory: Path) -> Path:
+    """``source``'s model and data files hard-linked into ``directory`` (copied across file systems): each
+    test deletes its own model folder, and the shared one stays whole."""
+    directory.mkdir(parents=True)
+    for path in source.parent.iterdir():
+        try:
+            os.link(path, directory / path.name)
+        except OSError:
+            shutil.copyfile(path, directory / path.name)
+    return directory / source.name
+
+
 def _train_export_and_run(
-    tmp_path: Path, vocab: int, backend: str
+    tmp_path: Path, vocab: int, backend: str, source: Path | None = None
 ) -> tuple[Path, np.ndarray, np.ndarray]:
-    model = _embedding_model(tmp_path / "model", vocab)
+    if source is None:
+        model = _embedding_model(tmp_path / "model", vocab)
+    else:
+        model = _linked_model(source, tmp_path / "model")
     artifacts = tmp_path / "artifacts"
     generate_artifacts(
         os.fspath(model),
@@ -116,10 +131,24 @@ def test_export_after_partial_fine_tuning(tmp_path, backend, size_mb):
     )
 
 
+#: rows of the table of the over-2-GiB cases: 2 GiB + 4 MiB of frozen float32
+VOCAB_OVER_2GB = (2 * 1024 * MB) // (DIM * 4) + 4096
+
+
+@pytest.fixture(scope="module")
+def model_over_2gb(tmp_path_factory):
+    """The over-2-GiB source model, written once for both backends (drawing its table is most of a case's
+    time); removed when the module is done."""
+    directory = tmp_path_factory.mktemp("over-2gb") / "model"
+    path = _embedding_model(directory, VOCAB_OVER_2GB)
+    yield path
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.mark.parametrize("backend", ["training", "portable"])
-def test_export_over_2gb(tmp_path, backend):
-    vocab = (2 * 1024 * MB) // (DIM * 4) + 4096  # 2 GiB + 4 MiB of frozen table
-    exported, got, expected = _train_export_and_run(tmp_path, vocab, backend)
+def test_export_over_2gb(tmp_path, backend, model_over_2gb):
+    vocab = VOCAB_OVER_2GB
+    exported, got, expected = _train_export_and_run(tmp_path, vocab, backend, model_over_2gb)
     assert_close(got, expected, rtol=1e-5, name="the export's y")
     assert sorted(p.name for p in exported.parent.iterdir()) == [
         "classifier.onnx",
