@@ -10,6 +10,8 @@
 * ``portable_linear``: a portable artifact directory written by hand; ``adamw_oracle``: torch AdamW on it.
 * ``portable_env`` / ``portable_worker``: the cached Python 3.13 venv with stock onnxruntime, and its worker script.
 * ``web_support`` / ``system_tools``: Node, npm and Chromium for the JavaScript client tests.
+* ``imports``: the one reader of a package's imports (module level, in functions, under ``TYPE_CHECKING``), for
+  ``tests/project/test_architecture.py`` and ``test_import_cycles.py``.
 * ``numerics``: the one rule for comparing numbers with a reference; ``reference64``: torch models, Hugging Face
   families and inputs in float64, and the sum of |terms| of each parameter gradient (the floor's scale).
 """
