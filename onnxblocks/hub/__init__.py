@@ -9,13 +9,16 @@ from __future__ import annotations
 from onnxblocks.hub.generate import from_hub
 from onnxblocks.hub.losses import ShiftedCrossEntropyLoss
 from onnxblocks.hub.record import TASKS, HubRecord, has_record, read_record, write_record
+from onnxblocks.hub.text import TextBatches, load_tokenizer
 
 __all__ = [
     "TASKS",
     "HubRecord",
     "ShiftedCrossEntropyLoss",
+    "TextBatches",
     "from_hub",
     "has_record",
+    "load_tokenizer",
     "read_record",
     "write_record",
 ]
