@@ -153,9 +153,7 @@ def build_vjp_graph(
         and proto_elem_type(types, o) in FLOAT_TYPES
         and sources.get(o, set()) & set(partition.requires_grad)
     )
-    reached = (
-        set().union(*(sources.get(o, set()) for o in differentiable)) if differentiable else set()
-    )
+    reached = set().union(*(sources.get(o, set()) for o in differentiable))
     gradients = tuple(n for n in partition.requires_grad if n in reached)
     if not gradients:
         _limits.stamp_versions(forward)
@@ -164,9 +162,7 @@ def build_vjp_graph(
     if _give_outputs_their_own_writer(ir_forward.graph, differentiable):
         forward.CopyFrom(to_proto(ir_forward))
     signature_inputs = {vi.name: vi for vi in forward.graph.input}
-    while (
-        True
-    ):  # a value ONNX Runtime finds no differentiable path from gets no gradient (as in torch)
+    while True:  # a value with no differentiable path to an output gets no gradient (as in torch)
         ir_attempt = from_proto(forward)  # one IR for both steps before ONNX Runtime builds
         norm_constants, unshared = unshare_norm_constants(ir_attempt.graph)
         untrained = [p for p in partition.parameters if p not in gradients]
