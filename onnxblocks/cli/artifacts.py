@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.hub_options import add_artifacts_options, cross_entropy_block, run_hub_artifacts
 from onnxblocks.cli.lora_spec import LORA_KEYS as LORA_KEYS
 from onnxblocks.cli.lora_spec import lora_config
 from onnxblocks.cli.parameter_choice import FLOAT_TYPES, match_all, select_parameters
@@ -50,6 +51,11 @@ examples:
   # LoRA adapters on the attention's q and v projections (docs/lora.md): only the adapters train
   onnxblocks artifacts llama.onnx --loss crossentropy --lora r=8,alpha=16,targets=q_proj,v_proj \\
       -o artifacts
+  # a Hugging Face hub folder (config.json, onnx/model.onnx): its task's loss, LoRA adapters
+  onnxblocks artifacts ./SmolLM2-135M --task causal-lm --lora r=8,alpha=16,targets=q_proj,v_proj \\
+      -o artifacts
+  # next-token cross entropy on a plain export: logits [b, t, vocab], labels = input ids
+  onnxblocks artifacts lm.onnx --loss crossentropy --shift-labels --all-params -o artifacts
 
 Parameter patterns are shell-style globs matched against initializer names ('fc1.*', '*.bias').
 Run 'onnxblocks inspect model.onnx' to list the initializers."""
@@ -66,13 +72,15 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", metavar="MODEL.onnx", help="the forward model")
+    parser.add_argument(
+        "model", metavar="MODEL.onnx", help="the forward model, or a hub folder (docs/hub.md)"
+    )
     parser.add_argument(
         "-o", "--output-dir", required=True, metavar="DIR", help="where to write the artifacts"
     )
     parser.add_argument(
         "--loss",
-        required=True,
+        default=None,
         choices=list(LOSSES),
         help="loss added after the model's outputs ('none': the model's first output is the loss)",
     )
@@ -196,6 +204,7 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "listed by "
         "'onnxblocks inspect') its own copy, named after the module and trained or frozen with it",
     )
+    add_artifacts_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -245,6 +254,15 @@ def run(args: argparse.Namespace) -> int:
     from onnxblocks import artifacts
     from onnxblocks.io import load_model
 
+    if os.path.isdir(args.model):
+        output_dir(args.output_dir, "--output-dir")
+        return run_hub_artifacts(args, optimizer_block(args))
+    if args.loss is None:
+        raise CliError(
+            "--loss is required with a model file (a hub folder has its task's loss).", EXIT_USAGE
+        )
+    if args.task is not None or args.file is not None:
+        raise CliError("--task and --file take a hub folder as MODEL, not a file.", EXIT_USAGE)
     if not os.path.isfile(args.model):
         problem = (
             "is not a regular file (a directory?)"
@@ -271,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
                 "no parameter left to train: every selected parameter is also --frozen.", EXIT_USAGE
             )
     loss_name = LOSSES[args.loss]
-    loss = artifacts.LossType[loss_name] if loss_name else None
+    loss = cross_entropy_block(args) or (artifacts.LossType[loss_name] if loss_name else None)
     optimizer = optimizer_block(args)
     result = artifacts.generate_artifacts(
         args.model,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.hub_options import add_train_options
 from onnxblocks.cli.preflight import check_data, check_export, check_options
 
 EXAMPLES = """\
@@ -56,8 +57,9 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     data = parser.add_argument_group("data")
     data.add_argument(
-        "--data", required=True, metavar="FILE.npz", help="training arrays, one per model input"
+        "--data", default=None, metavar="FILE.npz", help="training arrays, one per model input"
     )
+    add_train_options(data)
     data.add_argument(
         "--inputs",
         nargs="+",
@@ -190,12 +192,10 @@ def run(args: argparse.Namespace) -> int:
     """Train, then save, export and plot as asked."""
     from onnxblocks.runtime import (
         Accuracy,
-        ArrayBatches,
         FitRun,
         SaveCheckpoint,
         TrainingSession,
         fit,
-        load_npz,
         make_schedule,
         plot_history,
         resume,
@@ -215,35 +215,23 @@ def run(args: argparse.Namespace) -> int:
             "drop --eval-data/--val-fraction or regenerate them.",
             EXIT_INPUT,
         )
-    train_arrays = map_arrays(load_npz(args.data), session.input_names, args.inputs, args.data)
-    eval_arrays = None
-    if args.eval_data:
-        eval_arrays = map_arrays(
-            load_npz(args.eval_data), session.eval_input_names, args.inputs, args.eval_data
-        )
-    elif args.val_fraction is not None:
-        rows = len(train_arrays[0])
-        cut = rows - round(rows * args.val_fraction)
-        if not 0 < cut < rows:
+    if args.text is not None:
+        from onnxblocks.cli.hub_options import text_batches
+
+        if args.data or args.eval_data or args.val_fraction is not None:
             raise CliError(
-                f"--val-fraction {args.val_fraction} leaves an empty part of {rows} rows.",
+                "--text trains on text alone: drop --data, --eval-data and --val-fraction.",
                 EXIT_USAGE,
             )
-        eval_arrays = tuple(a[cut:] for a in train_arrays)
-        train_arrays = tuple(a[:cut] for a in train_arrays)
-    check_data(session, train_arrays, eval_arrays, args)  # all of it, before training on any of it
-    check_export(session, args)
-    try:
-        train = ArrayBatches(
-            train_arrays, args.batch_size, shuffle=not args.no_shuffle, seed=args.seed
+        check_export(session, args)
+        train, evaluation = text_batches(args), None
+    elif args.data is None:
+        raise CliError(
+            "pass --data FILE.npz, or --text FILE.txt with --tokenizer HUB_DIR and --seq-len N.",
+            EXIT_USAGE,
         )
-        evaluation = (
-            ArrayBatches(eval_arrays, max(args.batch_size, 256), shuffle=False)
-            if eval_arrays
-            else None
-        )
-    except ValueError as exc:
-        raise CliError(f"{args.data}: {exc}", EXIT_INPUT) from None
+    else:
+        train, evaluation = _array_batches(args, session)
     if args.resume:
         resume(session, args.resume, train)
     if args.lr is not None:
@@ -313,6 +301,42 @@ def run(args: argparse.Namespace) -> int:
             temp.write_text(json.dumps(history.to_dict(), indent=1))
         out.write(f"history: {args.history}\n")
     return EXIT_OK
+
+
+def _array_batches(args: argparse.Namespace, session: Any) -> tuple[Any, Any]:
+    """The train and eval batches of ``--data`` (and ``--eval-data`` / ``--val-fraction``)."""
+    from onnxblocks.runtime import ArrayBatches, load_npz
+
+    train_arrays = map_arrays(load_npz(args.data), session.input_names, args.inputs, args.data)
+    eval_arrays = None
+    if args.eval_data:
+        eval_arrays = map_arrays(
+            load_npz(args.eval_data), session.eval_input_names, args.inputs, args.eval_data
+        )
+    elif args.val_fraction is not None:
+        rows = len(train_arrays[0])
+        cut = rows - round(rows * args.val_fraction)
+        if not 0 < cut < rows:
+            raise CliError(
+                f"--val-fraction {args.val_fraction} leaves an empty part of {rows} rows.",
+                EXIT_USAGE,
+            )
+        eval_arrays = tuple(a[cut:] for a in train_arrays)
+        train_arrays = tuple(a[:cut] for a in train_arrays)
+    check_data(session, train_arrays, eval_arrays, args)  # all of it, before training on any of it
+    check_export(session, args)
+    try:
+        train = ArrayBatches(
+            train_arrays, args.batch_size, shuffle=not args.no_shuffle, seed=args.seed
+        )
+        evaluation = (
+            ArrayBatches(eval_arrays, max(args.batch_size, 256), shuffle=False)
+            if eval_arrays
+            else None
+        )
+    except ValueError as exc:
+        raise CliError(f"{args.data}: {exc}", EXIT_INPUT) from None
+    return train, evaluation
 
 
 def _parent(path: str) -> None:

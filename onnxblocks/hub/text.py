@@ -141,6 +141,11 @@ class TextBatches:
         self.shuffle, self.seed, self._epoch = shuffle, seed, 0
         self._artifacts = artifacts
 
+    @property
+    def epoch(self) -> int:
+        """Epochs iterated so far."""
+        return self._epoch
+
     def __len__(self) -> int:
         return -(-len(self.tokens) // self.batch_size)
 

@@ -126,7 +126,7 @@ def test_artifacts_all_params_minus_frozen(files, tmp_path, capsys):
             EXIT_USAGE,
             ["argument --loss: invalid choice: 'nope'", "see 'onnxblocks artifacts --help'"],
         ),
-        (["--all-params"], EXIT_USAGE, ["the following arguments are required: --loss"]),
+        (["--all-params"], EXIT_USAGE, ["--loss is required with a model file"]),
     ],
 )
 def test_artifacts_errors(files, tmp_path, capsys, argv, code, fragments):
@@ -318,7 +318,7 @@ def test_train_maps_renamed_arrays(files, artifacts_dir, capsys):
             EXIT_INPUT,
             ["missing-ckpt' does not exist"],
         ),
-        (["--epochs", "2"], EXIT_USAGE, ["required: --data"]),
+        (["--epochs", "2"], EXIT_USAGE, ["pass --data FILE.npz", "--text FILE.txt"]),
     ],
 )
 def test_train_errors(files, artifacts_dir, capsys, monkeypatch, extra, code, fragments):

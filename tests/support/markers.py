@@ -162,6 +162,7 @@ MARKS: dict[str, str] = {
     # hub (issue 35 A: optimum exports made in their own venv, torch references)
     "tests/hub/test_from_hub.py": "slow",
     "tests/hub/test_text.py": "slow",
+    "tests/hub/test_cli.py": "slow",
     # gradient
     # the tie sweeps keep their float16 cells (ties are most common there) in the fast subset
     "tests/gradient/test_extrema_ties.py::test_reductions_share_ties_evenly_as_torch_amax[*-bfloat16-*]": "slow",
