@@ -42,7 +42,7 @@ from onnxblocks.artifacts.choices import (
 from onnxblocks.artifacts.files import OWNER_FILE, staging, to_ort_format
 from onnxblocks.artifacts.written import Artifacts
 from onnxblocks.blocks.block import Block
-from onnxblocks.blocks.context import base, custom_op_library, empty_base
+from onnxblocks.blocks.opening import base, custom_op_library, empty_base
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.gradient import ort_bridge, worker
 

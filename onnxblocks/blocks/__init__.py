@@ -2,14 +2,6 @@
 
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, ForwardBlock
-from onnxblocks.blocks.context import (
-    active,
-    base,
-    current,
-    custom_op_libraries,
-    custom_op_library,
-    empty_base,
-)
 from onnxblocks.blocks.elementwise import (
     Abs,
     Add,
@@ -25,6 +17,14 @@ from onnxblocks.blocks.elementwise import (
     Sigmoid,
     Sqrt,
     Sub,
+)
+from onnxblocks.blocks.opening import (
+    active,
+    base,
+    current,
+    custom_op_libraries,
+    custom_op_library,
+    empty_base,
 )
 from onnxblocks.blocks.reductions import ReduceAllL2, ReduceMean, ReduceSum
 from onnxblocks.blocks.script import ScriptBlock, from_onnxscript

@@ -3,7 +3,7 @@
 :class:`ModelAccessor` adds nodes (:meth:`ModelAccessor.op`), graph inputs,
 constants and outputs on top of the :class:`~onnxblocks.blocks.value_index.ValueIndex`
 of the working model, and finishes the model once the build ends. Opening a
-build (``base`` / ``empty_base``) lives in :mod:`onnxblocks.blocks.context`.
+build (``base`` / ``empty_base``) lives in :mod:`onnxblocks.blocks.opening`.
 
 Validation model: each node added through :meth:`ModelAccessor.op` is checked on
 its own (:func:`onnxblocks.blocks.checking.check_node`). The whole model is
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxblocks._core import context as _context
+from onnxblocks._core import active_build as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.errors import InvalidValueError, StateError, UnknownNameError, did_you_mean

@@ -12,7 +12,7 @@ import onnx
 from onnxblocks._core.errors import InvalidTypeError, NotBuiltError, preview
 from onnxblocks._core.html import HtmlDisplay
 from onnxblocks.blocks.accessor import ModelAccessor
-from onnxblocks.blocks.context import current
+from onnxblocks.blocks.opening import current
 from onnxblocks.blocks.value import as_values
 
 _T = TypeVar("_T")

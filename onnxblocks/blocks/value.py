@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxblocks._core.context import current
+from onnxblocks._core.active_build import current
 from onnxblocks._core.errors import ValueOperandError
 from onnxblocks.blocks import promotion
 

@@ -46,8 +46,8 @@ from onnxblocks import optim as _optim
 from onnxblocks._core.errors import StateError
 from onnxblocks.artifacts import generate as _artifacts
 from onnxblocks.blocks.block import Block, ForwardBlock
-from onnxblocks.blocks.context import base, empty_base
-from onnxblocks.blocks.context import custom_op_library as _custom_op_library
+from onnxblocks.blocks.opening import base, empty_base
+from onnxblocks.blocks.opening import custom_op_library as _custom_op_library
 from onnxblocks.blocks.training import TrainingBlock
 from onnxblocks.optim._reference import AdamWOptimizer, ReferenceAdamW, ReferenceSGD, SGDOptimizer
 

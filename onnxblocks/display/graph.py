@@ -23,7 +23,7 @@ import onnx
 
 from onnxblocks._core.contracts import buffer_name, gradient_name, is_accumulation_value
 from onnxblocks._core.contracts import is_gradient_value as _is_grad
-from onnxblocks._core.contrib import CONTRIB_OPS, IN_PLACE_ACCUMULATOR_V2
+from onnxblocks._core.contrib_ops import CONTRIB_OPS, IN_PLACE_ACCUMULATOR_V2
 from onnxblocks._core.errors import UnknownNameError
 from onnxblocks.display.entries import NodeInfo, TensorInfo, type_shape
 from onnxblocks.display.entries import dtype_name as dtype_name

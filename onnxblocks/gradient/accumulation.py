@@ -21,7 +21,7 @@ from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
-from onnxblocks._core.contrib import IN_PLACE_ACCUMULATOR_V2
+from onnxblocks._core.contrib_ops import IN_PLACE_ACCUMULATOR_V2
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.ir.names import proto_graph_names
 

@@ -28,7 +28,7 @@ from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks.optim import contrib
+from onnxblocks.optim import contrib_ops as contrib
 from onnxblocks.optim.base import FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS, Optimizer, spec_type
 from onnxblocks.optim.clip import ClipGradNorm
 from onnxblocks.optim.standard import StandardOptimizer

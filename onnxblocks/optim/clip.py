@@ -7,7 +7,7 @@ import math
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks.optim import contrib
+from onnxblocks.optim import contrib_ops as contrib
 
 
 def check_max_norm(max_norm: float) -> float:

@@ -1,23 +1,24 @@
-"""The contrib ops the optimizers emit (declared once in :mod:`onnxblocks._core.contrib`)."""
+"""The import path ``onnxblocks.optim.contrib``, kept for one release: the declarations live in
+:mod:`onnxblocks.optim.contrib_ops`, and each name read here warns with a DeprecationWarning naming
+that import.
+"""
 
-from onnxblocks._core.contrib import (
-    ADAMW_OPTIMIZER,
-    CONTRIB_OPS,
-    IN_PLACE_ACCUMULATOR_V2,
-    INPLACE_CLIP_GRAD_NORM,
-    SGD_OPTIMIZER_V2,
-    Attribute,
-    ContribOp,
-    Output,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ADAMW_OPTIMIZER",
-    "CONTRIB_OPS",
-    "INPLACE_CLIP_GRAD_NORM",
-    "IN_PLACE_ACCUMULATOR_V2",
-    "SGD_OPTIMIZER_V2",
-    "Attribute",
-    "ContribOp",
-    "Output",
-]
+import warnings
+from typing import Any
+
+from onnxblocks.optim import contrib_ops as _contrib_ops
+
+_NAMES = frozenset(_contrib_ops.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} is deprecated: import it from onnxblocks.optim.contrib_ops.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(_contrib_ops, name)

@@ -14,7 +14,7 @@ import numpy as np
 
 from onnxblocks.blocks.block import Block
 from onnxblocks.blocks.value import Value
-from onnxblocks.optim import contrib
+from onnxblocks.optim import contrib_ops as contrib
 from onnxblocks.optim.base import Optimizer, spec_type
 from onnxblocks.optim.clip import ClipGradNorm
 from onnxblocks.optim.standard import StandardOptimizer

@@ -6,7 +6,7 @@ models run on stock ``onnxruntime`` (any Python, ``onnxruntime-web``, ``-node``)
 
 * :func:`make_portable`: the entry point, from the training build's models.
 * :data:`LOWERINGS`: one small named function per training-only or contrib op (families in
-  ``activations``, ``broadcast``, ``matmul``, ``contrib``, ``softmax``, ``layer_norm``,
+  ``activations``, ``broadcast``, ``matmul``, ``fused_ops``, ``softmax``, ``layer_norm``,
   ``indexing``, ``conv``, ``recurrent``), applied by the :class:`LowerTrainingOps` pass
   (:func:`lower_training_ops` on a ``ModelProto``).
 * :class:`AccumulateGradients`, :func:`optimizer_model`, :class:`FuseStep`: the contract

@@ -29,8 +29,8 @@ from onnxblocks.ir.walk import all_nodes
 from onnxblocks.portable import (
     activations,
     broadcast,
-    contrib,
     conv,
+    fused_ops,
     indexing,
     layer_norm,
     lstm,
@@ -50,7 +50,7 @@ LOWERINGS: dict[str, Lowering] = {
     **activations.LOWERINGS,
     **broadcast.LOWERINGS,
     **matmul.LOWERINGS,
-    **contrib.LOWERINGS,
+    **fused_ops.LOWERINGS,
     **softmax.LOWERINGS,
     **layer_norm.LOWERINGS,
     **indexing.LOWERINGS,

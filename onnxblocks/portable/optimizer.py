@@ -34,7 +34,7 @@ from onnxblocks._core.contracts import (
     state_names,
     updated_name,
 )
-from onnxblocks._core.contrib import (
+from onnxblocks._core.contrib_ops import (
     ADAMW_OPTIMIZER,
     INPLACE_CLIP_GRAD_NORM,
     SGD_OPTIMIZER_V2,

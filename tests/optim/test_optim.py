@@ -33,7 +33,8 @@ from support.optim_oracle import (
 
 import onnxblocks
 from onnxblocks.compat import AdamWOptimizer, ReferenceAdamW, SGDOptimizer
-from onnxblocks.optim import SGD, AdamW, ClipGradNorm, contrib
+from onnxblocks.optim import SGD, AdamW, ClipGradNorm
+from onnxblocks.optim import contrib_ops as contrib
 
 # --------------------------------------------------------------------------- numeric equivalence
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxblocks._core.contrib import ADAMW_OPTIMIZER
+from onnxblocks._core.contrib_ops import ADAMW_OPTIMIZER
 from onnxblocks.portable.bias_correction import bias_corrections
 from onnxblocks.portable.lowering_context import Writer
 from onnxblocks.portable.rules.base import Hyper, Rule, Scalars

@@ -1,6 +1,6 @@
 """Opening a build: ``base(model)`` and ``empty_base()``, and finding the active one.
 
-The active accessor sits in the context-scoped slot of :mod:`onnxblocks._core.context`,
+The active accessor sits in the context-scoped slot of :mod:`onnxblocks._core.active_build`,
 so builds in two threads (or two asyncio tasks) never see each other, and a nested
 build restores the outer one when it ends.
 
@@ -20,10 +20,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxblocks._core import context as _context
+from onnxblocks._core import active_build as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
-from onnxblocks._core.context import custom_op_libraries, custom_op_library
+from onnxblocks._core.active_build import custom_op_libraries, custom_op_library
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks._core.proto import copy_fields
 from onnxblocks.blocks.accessor import ModelAccessor

@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from onnxblocks._core import limits as _limits
-from onnxblocks._core.context import Builder, current
+from onnxblocks._core.active_build import Builder, current
 from onnxblocks._core.errors import InvalidTypeError, did_you_mean
 
 _ATTRIBUTE_KINDS: dict[int, str] = {
