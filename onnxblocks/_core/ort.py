@@ -147,6 +147,14 @@ def capi() -> ModuleType:
     return _pybind_state
 
 
+def quantization() -> ModuleType:
+    """Import and return ``onnxruntime.quantization`` (``quantize_dynamic``: the hub's int8 file)."""
+    onnxruntime()
+    import onnxruntime.quantization as quantization
+
+    return quantization
+
+
 #: The C bindings only the training build has: gradient builder, training module, optimizer,
 #: checkpoints.
 _TRAINING_BINDINGS = ("GradientGraphBuilder", "Module", "Optimizer", "load_checkpoint")

@@ -58,7 +58,16 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The full ``onnxblocks`` parser with its subcommands."""
     from onnxblocks._core.version import __version__
-    from onnxblocks.cli import artifacts, clean, demo, doctor, federate, inspection, train
+    from onnxblocks.cli import (
+        artifacts,
+        clean,
+        demo,
+        doctor,
+        export_hub,
+        federate,
+        inspection,
+        train,
+    )
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -79,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (artifacts, inspection, train, clean, demo, doctor, federate):
+    for module in (artifacts, inspection, train, clean, demo, doctor, federate, export_hub):
         module.add_parser(commands, [common])
     return parser
 

@@ -134,6 +134,41 @@ class InferenceExport(ParameterAccess):
                 merge,
             )
 
+    def export_hub(
+        self,
+        out_dir: str | os.PathLike,
+        *,
+        quantize: Sequence[str] = ("q8",),
+        safetensors: bool = True,
+        merge_adapters: bool = True,
+        into: str | os.PathLike | None = None,
+        source: str | os.PathLike | None = None,
+    ) -> Path:
+        """Write the trained model as a hub folder that Transformers.js and transformers load.
+
+        ``config.json``, ``generation_config.json`` and the tokenizer files are copied from the
+        hub folder the artifacts came from (``hub.json``, or ``source``); ``onnx/model.onnx`` is
+        that folder's ONNX file (its signature, past inputs and ``present.*`` outputs kept) with
+        the trained weights; ``quantize`` adds ``onnx/model_quantized.onnx`` (``"q8"``) and
+        ``onnx/model_q4.onnx`` (``"q4"``); ``model.safetensors`` holds the state dict under
+        Hugging Face's names. ``into`` writes the weights into another export of the same model
+        (no-cache <-> with-past). See :func:`onnxblocks.hub.export.export_hub` and docs/hub.md.
+
+        Returns:
+            ``out_dir``.
+        """
+        from onnxblocks.hub.export import export_hub
+
+        return export_hub(
+            self,
+            out_dir,
+            quantize=quantize,
+            safetensors=safetensors,
+            merge_adapters=merge_adapters,
+            into=into,
+            source=source,
+        )
+
     @property
     def lora(self) -> LoraInfo | None:
         """The artifacts' LoRA adapters (:class:`onnxblocks.peft.LoraInfo`), or None without
