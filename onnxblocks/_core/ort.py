@@ -148,7 +148,7 @@ def capi() -> ModuleType:
 
 
 def quantization() -> ModuleType:
-    """Import and return ``onnxruntime.quantization`` (``quantize_dynamic``: the hub's int8 file)."""
+    """Import and return ``onnxruntime.quantization`` (``quantize_dynamic``: a hub's int8 file)."""
     onnxruntime()
     import onnxruntime.quantization as quantization
 

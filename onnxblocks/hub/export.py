@@ -146,7 +146,7 @@ def _trained_state(
     if info is not None and not merge:
         return {}, set()
     with tempfile.TemporaryDirectory(prefix="onnxblocks-hub-") as tmp:
-        # the source's first output (logits) reads every weight; the rest may not be in the eval model
+        # the source's first output (logits) reads every weight; present.* may not be eval outputs
         first = onnx.load(os.fspath(source), load_external_data=False).graph.output[0].name
         path = session.export_inference_model(
             Path(tmp) / "trained.onnx", [first], merge_adapters=merge and info is not None
