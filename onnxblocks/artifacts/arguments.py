@@ -257,6 +257,12 @@ def with_lora(model: onnx.ModelProto, config: Any) -> tuple[onnx.ModelProto, tup
     if config is not None:
         model = apply_lora(model, config)
     info = lora_info(model)
+    quantized_ops = {"MatMulNBits", "MatMulInteger", "DequantizeLinear"}
+    if info is None and any(n.op_type in quantized_ops for n in model.graph.node):
+        # full fine-tuning of a quantized file: its weights cannot train (loaded on first use)
+        from onnxblocks.peft.quantized import refuse_full_fine_tuning
+
+        refuse_full_fine_tuning(model)
     return model, info.adapter_names if info is not None else ()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx_ir as ir
 
 from onnxblocks._core.naming import NameAuthority
@@ -24,18 +25,26 @@ def delayed_dequantize(
     node: Callable[..., ir.Node],
     names: NameAuthority,
     hint: str,
+    zero_point: ir.Value | None = None,
+    axis: int = -1,
 ) -> list[ir.Node]:
-    """``DequantizeLinear(value, scale)`` once ``trigger`` is ready: the scale is read through a
+    """``DequantizeLinear(value, scale[, zero_point])`` once ``trigger`` is ready: the scale is read
+    through a
     ``Reshape`` computed from the trigger (ONNX Runtime 1.19 has no int4 ``Reshape`` for the
     weight itself), and the result goes through a ``Reshape`` too (no copy): ONNX Runtime 1.19's
     transpose optimizer would move a ``Transpose`` of it through the blocked dequantization
     with a wrong scale layout.
+
+    ``decode`` is ``(scale, block_size)``: blocks along ``axis``, or, with a block size of 0,
+    one scale per tensor (a scalar) or per element of ``axis`` (a vector; opset 13).
     """
     scale, block = decode
+    blocked = {"axis": axis, "block_size": block} if block else {"axis": axis}
+    extra = [zero_point] if zero_point is not None else []
     shape = value.shape
     static = shape is not None and all(isinstance(d, int) for d in shape)
     if trigger is None or not static or scale.shape is None:
-        dq = node("DequantizeLinear", [value, scale], axis=-1, block_size=block)
+        dq = node("DequantizeLinear", [value, scale, *extra], **blocked)
         dq.outputs[0].dtype, dq.outputs[0].shape = to, shape
         return [dq]
     assert shape is not None
@@ -44,7 +53,8 @@ def delayed_dequantize(
 
     def reshaped(x: ir.Value, dims: ir.Shape) -> ir.Value:
         constant = ir.Value(
-            name=names.fresh(f"{hint}.dims"), const_value=ir.tensor(list(dims.numpy()), name="")
+            name=names.fresh(f"{hint}.dims"),
+            const_value=ir.tensor(np.asarray(dims.numpy(), np.int64), name=""),
         )
         constant.const_value.name = constant.name  # type: ignore[union-attr]
         graph.register_initializer(constant)
@@ -54,7 +64,7 @@ def delayed_dequantize(
         return out.outputs[0]
 
     read_scale = reshaped(scale, scale.shape)
-    dq = node("DequantizeLinear", [value, read_scale], axis=-1, block_size=block)
+    dq = node("DequantizeLinear", [value, read_scale, *extra], **blocked)
     dq.outputs[0].dtype, dq.outputs[0].shape = to, shape
     nodes.append(dq)
     result = reshaped(dq.outputs[0], shape)

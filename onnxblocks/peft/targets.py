@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -70,6 +71,8 @@ class LinearSite:
         out]``.
         in_features: The layer's input width.
         out_features: The layer's output width.
+        quantized: The weight is stored quantized and dequantized in the graph
+            (:mod:`onnxblocks.peft.quantized`).
     """
 
     module: str
@@ -78,6 +81,7 @@ class LinearSite:
     layout: str
     in_features: int
     out_features: int
+    quantized: bool = False
 
 
 def matches(config: LoraConfig, module: str) -> bool:
@@ -187,8 +191,12 @@ def _site(node: ir.Node, module: str, graph: ir.Graph) -> tuple[LinearSite | Non
     return site, ""
 
 
-def linear_sites(graph: ir.Graph) -> tuple[list[LinearSite], dict[str, list[str]]]:
+def linear_sites(
+    graph: ir.Graph, known: Mapping[ir.Node, LinearSite] | None = None
+) -> tuple[list[LinearSite], dict[str, list[str]]]:
     """Every Linear-like node of ``graph`` (top level), and what each module's own nodes are.
+
+    ``known``: sites found otherwise (a quantized layer's float MatMul), taken as they are.
 
     Returns:
         ``(sites, module_ops)``: the sites in graph order; for every module path seen (ancestors
@@ -199,7 +207,10 @@ def linear_sites(graph: ir.Graph) -> tuple[list[LinearSite], dict[str, list[str]
     module_ops: dict[str, list[str]] = {}
     for node in graph:
         module = node_module(node)
-        if node.op_type in _LINEAR_OPS and node.domain in ("", "ai.onnx"):
+        if known and node in known:
+            sites.append(known[node])
+            module = known[node].module
+        elif node.op_type in _LINEAR_OPS and node.domain in ("", "ai.onnx"):
             site, why = _site(node, module or "", graph)
             if (
                 site is not None and module is None
@@ -250,7 +261,9 @@ def _feeds_output(node: ir.Node, outputs: set[ir.Value]) -> bool:
     )
 
 
-def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
+def resolve_all_linear(
+    graph: ir.Graph, config: LoraConfig, known: Mapping[ir.Node, LinearSite] | None = None
+) -> LoraConfig:
     """``config`` with ``target_modules="all-linear"`` replaced by the module paths it stands for
     (PEFT's way).
 
@@ -266,7 +279,7 @@ def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
     """
     if not _is_all_linear(config.target_modules):
         return config
-    sites, _ = linear_sites(graph)
+    sites, _ = linear_sites(graph, known)
     outputs = set(graph.outputs)
     heads = {s.module for s in sites if _feeds_output(s.node, outputs)}
     modules = [
@@ -282,7 +295,9 @@ def resolve_all_linear(graph: ir.Graph, config: LoraConfig) -> LoraConfig:
     return dataclasses.replace(config, target_modules=tuple(dict.fromkeys(modules)))
 
 
-def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
+def find_targets(
+    graph: ir.Graph, config: LoraConfig, known: Mapping[ir.Node, LinearSite] | None = None
+) -> list[LinearSite]:
     """The Linear sites ``config.target_modules`` selects, in graph order.
 
     Raises:
@@ -292,8 +307,8 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
             node
             (each message names the module and what was found).
     """
-    config = resolve_all_linear(graph, config)
-    sites, module_ops = linear_sites(graph)
+    config = resolve_all_linear(graph, config, known)
+    sites, module_ops = linear_sites(graph, known)
     linear = sorted({s.module for s in sites})
     if config.target_modules is None:
         raise InvalidValueError(
@@ -343,7 +358,7 @@ def find_targets(graph: ir.Graph, config: LoraConfig) -> list[LinearSite]:
             )
         site = found[0]
         dtype = site.weight.dtype
-        if dtype != ir.DataType.FLOAT:
+        if dtype != ir.DataType.FLOAT and not site.quantized:
             raise InvalidValueError(
                 f"LoRA target module {module!r}: weight {site.weight.name!r} is {dtype}; "
                 "onnxblocks applies LoRA "

@@ -116,14 +116,16 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
     from onnxblocks.ir import serde
     from onnxblocks.ir.names import graph_names
     from onnxblocks.ir.writer import Writer
+    from onnxblocks.peft.dequantize import rewrite_quantized, to_quant_opset
     from onnxblocks.peft.targets import find_targets, resolve_all_linear
 
+    model = to_quant_opset(model)  # a quantized hub file: opset 21 for its dequantization
     working = serde.from_proto(model)
     graph = working.graph
-    config = resolve_all_linear(
-        graph, config
-    )  # the record names the modules, as PEFT's saved config does
-    sites = find_targets(graph, config)
+    known = rewrite_quantized(graph)  # quantized layers: a dequantized weight, a float MatMul
+    # the record names the modules, as PEFT's saved config does
+    config = resolve_all_linear(graph, config, known)
+    sites = find_targets(graph, config, known)
     opset = _limits.onnx_opset(model) or _limits.DEFAULT_ONNX_OPSET
     if config.lora_dropout > 0 and opset < _DROPOUT_INPUTS_SINCE:
         raise InvalidValueError(
