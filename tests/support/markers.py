@@ -177,6 +177,7 @@ MARKS: dict[str, str] = {
     "tests/gradient/test_extrema_ties.py::test_elementwise_extrema_give_half_to_each_tied_input[*-float32-*]": "slow",
     "tests/gradient/test_extrema_ties.py::test_elementwise_extrema_give_half_to_each_tied_input[*-float64-*]": "slow",
     "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[fixed-...i,i-symbolic]": "slow",
+    "tests/gradient/test_recompute.py": "slow",
     "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[fixed-...ij,...jk->...ik-symbolic]": "slow",
     "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[fixed-...j,...j->j-symbolic]": "slow",
     "tests/gradient/test_einsum_matmul.py::test_einsum_gradients_match_torch[fixed-ab,bc,cd->-symbolic]": "slow",
