@@ -56,12 +56,51 @@ class OptimizerWriter(Writer):
 #: (a ``Concat`` of each input, a ``Split`` of each output) would only add passes over memory.
 FLAT_LIMIT = 1 << 18
 
+#: The most tensors one ``Concat`` joins (one ``Split`` writes) into the flat buffers; more are
+#: joined as a tree. WebGPU binds each input and output of a kernel as a storage buffer, and its
+#: default limit is 8 per shader stage: onnxruntime-web's WebGPU ``Concat`` of 16 adapters fails
+#: validation and the step silently writes zeros. Joining moves data only: the update is unchanged.
+MAX_PIECES = 7
+
 
 def _numel(value: ir.Value) -> int | None:
     """The element count of ``value`` when its shape is static, else None."""
     if value.shape is None or not value.shape.is_static():
         return None
     return math.prod(value.shape.numpy())
+
+
+def _concat(w: Writer, parts: list[ir.Value]) -> ir.Value:
+    """``parts`` joined along axis 0, at most :data:`MAX_PIECES` per ``Concat``."""
+    while len(parts) > MAX_PIECES:
+        chunks = [parts[i : i + MAX_PIECES] for i in range(0, len(parts), MAX_PIECES)]
+        parts = [w.concat(c, 0) if len(c) > 1 else c[0] for c in chunks]
+    return w.concat(parts, 0)
+
+
+def _split(
+    w: Writer, value: ir.Value, sizes: list[int], outs: Sequence[str | ir.Value]
+) -> list[ir.Value]:
+    """``value`` split along axis 0 into ``sizes`` named ``outs``, at most :data:`MAX_PIECES` per
+    ``Split``.
+    """
+    if len(sizes) <= MAX_PIECES:
+        return w.split(value, sizes, 0, outs)
+    per = math.ceil(len(sizes) / MAX_PIECES)
+    starts = range(0, len(sizes), per)
+    chunks = w.split(
+        value,
+        [sum(sizes[b : b + per]) for b in starts],
+        0,
+        [outs[b] if len(sizes[b : b + per]) == 1 else w.fresh("chunk") for b in starts],
+    )
+    pieces: list[ir.Value] = []
+    for b, chunk in zip(starts, chunks, strict=True):
+        if len(sizes[b : b + per]) == 1:
+            pieces.append(chunk)
+        else:
+            pieces.extend(_split(w, chunk, sizes[b : b + per], outs[b : b + per]))
+    return pieces
 
 
 def _static_shape(value: ir.Value) -> tuple[int, ...]:
@@ -148,7 +187,7 @@ def update_parameters(
         arity = 1 + spec.updated_states
 
         def joined(tensors: Sequence[ir.Value], members: list[int] = members) -> ir.Value:
-            return w.concat([_flat(w, tensors[i]) for i in members], 0)
+            return _concat(w, [_flat(w, tensors[i]) for i in members])
 
         flat_moments = [joined([moments[i][k] for i in range(count)]) for k in range(arity - 1)]
         new = update(
@@ -161,10 +200,10 @@ def update_parameters(
         sizes = [int(_numel(params[i]) or 0) for i in members]
         for k, value in enumerate(new):
             shapes = [list(_static_shape(params[i])) for i in members]
-            pieces = w.split(
+            pieces = _split(
+                w,
                 value,
                 sizes,
-                0,
                 [
                     outs[i][k] if len(shape) == 1 else w.fresh("piece")
                     for i, shape in zip(members, shapes, strict=True)
