@@ -188,6 +188,14 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="with --base-dtype int8/int4: elements of a row sharing one scale (default 32)",
     )
     parser.add_argument(
+        "--recompute",
+        default="none",
+        metavar="POLICY",
+        help="none (default), layers (recompute each repeated block's forward in the backward, "
+        "keeping only the blocks' inputs), or comma-separated module paths, each one segment "
+        "(docs/training.md, Recomputation)",
+    )
+    parser.add_argument(
         "--lora",
         default=None,
         metavar="SPEC",
@@ -309,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         quant_block_size=args.quant_block_size,
         lora=lora,
         untie=args.untie,
+        recompute=_recompute_policy(args.recompute),
     )
     sizes = {i.name: _nbytes(i) for i in model.graph.initializer}
     if lora is not None:
@@ -349,3 +358,10 @@ def _nbytes(tensor: Any) -> int:
     from onnxblocks._core.weights import tensor_nbytes
 
     return tensor_nbytes(tensor)
+
+
+def _recompute_policy(text: str) -> str | list[str]:
+    """``--recompute``: a policy name, or module paths separated by commas."""
+    if text in ("none", "layers"):
+        return text
+    return [p.strip() for p in text.split(",") if p.strip()] or text

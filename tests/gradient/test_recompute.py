@@ -196,3 +196,21 @@ def test_a_model_without_repeated_blocks_needs_module_paths(tmp_path) -> None:
     )  # fmt: skip
     training = onnx.load(artifacts.training_model, load_external_data=False)
     assert any("_recompute" in n.name for n in training.graph.node)
+
+
+def test_the_cli_takes_module_paths_or_a_policy(tmp_path, capsys) -> None:
+    from onnxblocks.cli import EXIT_INPUT, EXIT_OK, main
+
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.SiLU())
+    model = torch.nn.Sequential(inner, torch.nn.Linear(8, 3))
+    onnx.save(
+        export_onnx(model, {"x": np.ones((2, 4), np.float32)}, dynamo=False, opset=17),
+        tmp_path / "m.onnx",
+    )
+    common = ["artifacts", str(tmp_path / "m.onnx"), "--loss", "mse", "--all-params"]
+    assert main([*common, "--recompute", "0", "-o", str(tmp_path / "a")]) == EXIT_OK
+    training = onnx.load(tmp_path / "a" / "training_model.onnx", load_external_data=False)
+    assert any("_recompute" in n.name for n in training.graph.node)
+    capsys.readouterr()
+    assert main([*common, "--recompute", "layers", "-o", str(tmp_path / "b")]) == EXIT_INPUT
+    assert "no repeated block" in capsys.readouterr().err
