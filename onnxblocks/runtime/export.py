@@ -198,14 +198,15 @@ def export_inference(
             stub = next(t for t in cut.graph.initializer if t.name == target.weight)
             specs[target.weight] = (stub.data_type, tuple(stub.dims))
     total = sum(_weights.tensor_nbytes(t) for t in cut.graph.initializer)
-    stored_outside = any(
-        t.data_location == TensorProto.EXTERNAL and not _weights.is_stub(t)
-        for t in cut.graph.initializer
-    )
-    external = total >= EXTERNAL_DATA_FROM or stored_outside
+    # a frozen base in base_weights.bin is inlined too below the limit: Transformers.js in the
+    # browser cannot load a model's external data file
+    external = total >= EXTERNAL_DATA_FROM
     sources: dict[str, _weights.TensorSource] = {}
     for index, init in enumerate(cut.graph.initializer):
         if not _weights.is_stub(init):
+            if not external and init.data_location == TensorProto.EXTERNAL:
+                array = numpy_helper.to_array(init, base_dir=os.fspath(eval_model.parent))
+                cut.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, init.name))
             continue
         if external:
             data_type, dims = specs[init.name]

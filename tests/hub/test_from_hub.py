@@ -144,3 +144,23 @@ def test_a_task_that_cannot_be_told_asks_for_task(llama_hubs, tmp_path):
         from_hub(hub, tmp_path / "art")
     from_hub(hub, tmp_path / "art", task="causal-lm")
     assert read_record(tmp_path / "art").task == "causal-lm"
+
+
+@pytest.mark.parametrize("base_dtype", [None, "float16"])
+def test_a_small_frozen_base_exports_as_one_file(llama_hubs, tmp_path, base_dtype):
+    """Transformers.js in the browser cannot load ``model.onnx.data``: below 1 GiB, weights inline."""
+    ort = pytest.importorskip("onnxruntime")
+    hub = llama_hubs[False]
+    config = json.loads((hub / "config.json").read_text())
+    lora = LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)
+    from_hub(hub, tmp_path / "art", lora=lora, base_dtype=base_dtype)
+    assert (tmp_path / "art" / "base_weights.bin").is_file()
+    session = TrainingSession(tmp_path / "art")
+    batch = _batch(config)
+    expected = session.eval_step(*_feeds(session, batch, config, session.eval_input_names))[1]
+    exported = session.export_inference_model(tmp_path / "out" / "model.onnx", ["logits"])
+    assert sorted(p.name for p in exported.parent.iterdir()) == ["model.onnx"]
+    inference = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    names = [i.name for i in inference.get_inputs()]
+    (got,) = inference.run(["logits"], {n: batch[n] for n in names})
+    assert_close(got, expected, rtol=1e-5, name="exported logits")  # ours against ours

@@ -143,6 +143,17 @@ PUBLIC: dict[str, list[str]] = {
         "no_decay_norm_bias",
     ],
     "onnxblocks.artifacts": ["Artifacts", "LossType", "OptimType", "generate_artifacts"],
+    "onnxblocks.hub": [
+        "HubRecord",
+        "ShiftedCrossEntropyLoss",
+        "TASKS",
+        "TextBatches",
+        "from_hub",
+        "has_record",
+        "load_tokenizer",
+        "read_record",
+        "write_record",
+    ],
     "onnxblocks.peft": [
         "LoraConfig",
         "LoraInfo",
