@@ -1,0 +1,101 @@
+"""Transformers.js (npm ``@huggingface/transformers``) for the hub tests, installed once into the cache.
+
+``transformers_js()`` gives a folder whose ``node_modules`` holds the pinned release, installed with
+``npm install`` into ``~/.cache/onnxblocks-test/transformersjs-<hash>`` under
+:func:`support.cache_lock.cache_lock` (staging folder renamed into place). The install runs with
+``ONNXRUNTIME_NODE_INSTALL=skip`` and ``--ignore-scripts``: onnxruntime-node's post-install fetches
+GPU binaries where it can, and its CPU binary ships in the package itself (checked here).
+``run_generate`` runs ``tests/hub/tjs_generate.mjs`` in Node and returns its JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from support.cache_lock import cache_dir, cache_lock
+
+#: The release the tests load models with (Transformers.js 4.3.x).
+PACKAGE = "@huggingface/transformers@4.3.2"
+SCRIPT = Path(__file__).resolve().parent.parent / "hub" / "tjs_generate.mjs"
+
+
+class TransformersJsError(RuntimeError):
+    """Node, npm or the package cannot be had; the message says what to run."""
+
+
+def transformers_js() -> Path:
+    """The folder with ``node_modules/@huggingface/transformers`` (installed on first use)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise TransformersJsError(
+            "Node.js 20+ with npm is needed for the Transformers.js tests (apt-get install nodejs npm)."
+        )
+    key = hashlib.sha256(PACKAGE.encode()).hexdigest()[:16]
+    folder = cache_dir() / f"transformersjs-{key}"
+    if (folder / "ready").exists():
+        return folder
+    with cache_lock(f"transformersjs-{key}"):
+        if not (folder / "ready").exists():
+            _install(folder)
+    return folder
+
+
+def _install(folder: Path) -> None:
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    staging = folder.parent / f".building-{folder.name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        (staging / "package.json").write_text(
+            json.dumps({"name": "onnxblocks-tjs-tests", "private": True, "type": "module"})
+        )
+        command = ["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", PACKAGE]
+        env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
+        done = subprocess.run(
+            command, cwd=staging, env=env, capture_output=True, text=True, timeout=900, check=False
+        )
+        if done.returncode != 0:
+            raise TransformersJsError(
+                f"npm could not install {PACKAGE} (exit {done.returncode}); by hand: cd {folder} && "
+                f"ONNXRUNTIME_NODE_INSTALL=skip {' '.join(command)}\n{done.stderr[-3000:]}"
+            )
+        binding = list(
+            (staging / "node_modules" / "onnxruntime-node" / "bin").glob(
+                "napi-v*/linux/x64/onnxruntime_binding.node"
+            )
+        )
+        if not binding:
+            raise TransformersJsError(
+                f"onnxruntime-node in {staging} has no CPU binary for linux/x64; install it by hand "
+                "(npm install onnxruntime-node@1.30.0 without ONNXRUNTIME_NODE_INSTALL=skip)."
+            )
+        (staging / "ready").write_text(PACKAGE)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def run_generate(root: Path, model: str, dtype: str, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens Transformers.js in Node generates from ``root/model`` (local files only)."""
+    folder = transformers_js()
+    request = json.dumps(
+        {"root": os.fspath(root), "model": model, "dtype": dtype, "prompt": prompt, "steps": steps}
+    )
+    env = {**os.environ, "NODE_PATH": os.fspath(folder / "node_modules")}
+    done = subprocess.run(
+        ["node", os.fspath(SCRIPT), request],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise AssertionError(
+            f"node tjs_generate.mjs failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
+            f"{done.stderr[-4000:]}"
+        )
+    return json.loads(lines[-1])["tokens"]
