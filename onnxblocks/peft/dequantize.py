@@ -138,7 +138,7 @@ def _delayed(
     from onnxblocks.ir.dequantize import delayed_dequantize
 
     def node(op: str, inputs: list[ir.Value], **attributes: int) -> ir.Node:
-        w.op(op, inputs, **attributes)
+        w.ops(op, inputs, [w.fresh(op.lower())], "", **attributes)
         return w.nodes[-1]
 
     nodes = delayed_dequantize(
@@ -266,10 +266,11 @@ def _delay_qdq(graph: ir.Graph, w: Writer, match: Match) -> ir.Node:
     """
     node = match.node
     dq = node.inputs[1].producer() if node.inputs[1] is not None else None
-    if dq is None or dq.op_type != "DequantizeLinear" or not dq.inputs[1].is_initializer():
+    scale = dq.inputs[1] if dq is not None and dq.op_type == "DequantizeLinear" else None
+    if dq is None or scale is None or not scale.is_initializer():
         return node  # already read through moves (a model this module rewrote)
     zp = dq.inputs[2] if len(dq.inputs) > 2 else None
-    decode = (dq.inputs[1], int_attribute(dq, "block_size", 0))
+    decode = (scale, int_attribute(dq, "block_size", 0))
     axis = int_attribute(dq, "axis", 1)
     value = _delayed(w, graph, match.weight, match.x, decode, zp, axis=axis)
     value.shape = dq.outputs[0].shape or match.weight.shape

@@ -200,7 +200,7 @@ def _dequantized(graph: ir.Graph, node: ir.Node) -> tuple[Match | None, str]:
         return None, f"MatMul {node.name!r} carries no module path"
     k, n = dims
     block = int_attribute(producer, "block_size", 0)
-    bits = _BITS[weight.dtype]  # type: ignore[index]
+    bits = _BITS[weight.dtype]
     record = QuantizedLinear(
         module, "DequantizeLinear", node.name or "", weight.name or "", bits, block, k, n
     )

@@ -83,7 +83,9 @@ def apply_lora(model: onnx.ModelProto, config: LoraConfig, *, seed: int = 0) -> 
         'model.layers.0.self_attn.q_proj.lora_B.weight')
 
     Args:
-        model: A float32 model exported from torch (either exporter; see docs/lora.md).
+        model: A float32 model exported from torch (either exporter; see docs/lora.md), or a
+            quantized hub file (MatMulNBits, MatMulInteger, QDQ): its quantized layers become
+            standard-op dequantizations (:mod:`onnxblocks.peft.dequantize`, opset 21).
         config: The LoRA config.
         seed: Seed of the initial ``lora_A`` (and ``lora_B`` with ``init_lora_weights=False``)
         values.
