@@ -4,9 +4,10 @@ Two-layer models of three families (a LLaMA with LoRA on q/v, GPT-2 and BERT ful
 torch's TorchScript and dynamo exporters, on the training build and on portable artifacts (this
 venv's onnxruntime, fused step): three AdamW steps with ``recompute="layers"`` give bit-identical
 losses and parameters to ``recompute="none"`` (the clones run the same kernels on the same
-inputs). The graphs hold a clone of each layer's forward, no clone of a random op (BERT's
-TorchScript export keeps its ``Dropout`` nodes, whose outputs and masks the clones read from the
-forward), and the dependency that delays the clones survives ONNX Runtime's optimizations.
+inputs). The graphs hold a clone of each layer's forward; a ``Dropout`` inside a layer is not
+cloned (its output and mask are kept from the forward, so the clones see the forward's mask: a
+structural check, the masks of two sessions are not comparable); the dependency that delays the
+clones survives ONNX Runtime's optimizations.
 Bad policies are refused, naming what to pass.
 """
 
@@ -214,3 +215,47 @@ def test_the_cli_takes_module_paths_or_a_policy(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main([*common, "--recompute", "layers", "-o", str(tmp_path / "b")]) == EXIT_INPUT
     assert "no repeated block" in capsys.readouterr().err
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return x + torch.nn.functional.silu(self.drop(torch.tanh(self.fc(x))))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(), _Layer()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_dropout_inside_a_layer_is_kept_not_recomputed(tmp_path) -> None:
+    torch.manual_seed(0)
+    exported = export_onnx(
+        _Stack().train(), {"x": np.ones((2, 8), np.float32)}, dynamo=False, opset=17
+    )
+    params = [i.name for i in exported.graph.initializer]
+    artifacts = generate_artifacts(
+        exported, requires_grad=params, loss=LossType.MSELoss, artifact_directory=tmp_path,
+        recompute="layers",
+    )  # fmt: skip
+    training = onnx.load(artifacts.training_model, load_external_data=False)
+    nodes = training.graph.node
+    dropouts = [n for n in nodes if n.op_type == "Dropout"]
+    assert len(dropouts) == 2, [n.op_type for n in nodes]
+    clones = [n for n in nodes if "_recompute" in n.name]
+    assert clones and not [n for n in clones if n.op_type == "Dropout"]
+    kept = {o for n in dropouts for o in n.output if o}
+    read = {i for n in clones for i in n.input} | {
+        i for n in nodes if n.op_type.endswith("Grad") for i in n.input
+    }
+    assert kept & read, "neither the clones nor the backward read the forward's dropout"
