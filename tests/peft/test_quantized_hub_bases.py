@@ -34,7 +34,7 @@ from support.reference64 import family64
 
 from onnxblocks.artifacts import OptimType, generate_artifacts
 from onnxblocks.errors import InvalidValueError
-from onnxblocks.peft import LoraConfig, lora_info
+from onnxblocks.peft import LoraConfig, apply_lora, lora_info
 from onnxblocks.peft.dequantize import dequantize_linears
 from onnxblocks.peft.quantized import find_quantized_linears
 from onnxblocks.runtime import TrainingSession
@@ -189,3 +189,15 @@ def test_full_fine_tuning_of_a_quantized_file_is_refused(hub, form, tmp_path) ->
             artifact_directory=tmp_path,
         )
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_all_linear_adapts_every_quantized_layer_but_the_head(hub, form) -> None:
+    quantized = onnx.load(hub[form])
+    adapted = apply_lora(quantized, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
+    info = lora_info(adapted)
+    assert info is not None and sorted(info.targets) == sorted(MODULES[:-1])
+    assert all(
+        t.weight in {q.weight for q in find_quantized_linears(quantized)}
+        for t in info.targets.values()
+    )
