@@ -29,6 +29,9 @@ Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is 
   artifacts of
   its own (with ``logits``), step time from the wall times of two visits (its peak RSS is not
   measured);
+* ``*-rc``: the same artifacts with ``recompute="layers"`` (each layer's forward recomputed in the
+  backward, docs/training.md); ``torch-peft-gc``: torch + PEFT with
+  ``model.gradient_checkpointing_enable()``;
 * ``--lean-loss N``: every configuration with ``CrossEntropyLoss(chunk_size=N, head_weight=...)``
   (the tied head inside the loss, docs/lora.md);
 * the sizes of ``base_weights.bin``, the checkpoint and the web state file (``params.safetensors``).
@@ -64,7 +67,8 @@ SHAPE = {
 BATCH, SEQ, R, ALPHA, TARGETS, LR = 4, 128, 8, 16, ["q_proj", "v_proj"], 1e-3
 #: The tied LM head's weight in the export (``--lean-loss``).
 HEAD = "model.model.embed_tokens.weight"
-#: Step configurations: name -> (kind, portable, base dtype).
+#: Step configurations: name -> (kind, portable, base dtype); ``-rc`` rows: ``recompute="layers"``
+#: (``torch-peft-gc``: ``model.gradient_checkpointing_enable()``).
 STEPS = {
     "training-fp32": ("session", False, None),
     "training-fp16": ("session", False, "float16"),
@@ -79,6 +83,12 @@ STEPS = {
     "node-fp32": ("node", True, None),
     "browser-fp32": ("browser", True, None),
     "torch-peft": ("torch", False, None),
+    "training-fp32-rc": ("session", False, None),
+    "portable-fp32-rc": ("session", True, None),
+    "training-int8-rc": ("session", False, "int8"),
+    "training-int4-rc": ("session", False, "int4"),
+    "portable-int4-rc": ("session", True, "int4"),
+    "torch-peft-gc": ("torch", False, None),
 }
 
 
@@ -170,7 +180,12 @@ def child_export(layers: int, target: Path) -> dict:
 
 
 def child_generate(
-    model: Path, directory: Path, portable: bool, base_dtype: str | None, chunk: int = 0
+    model: Path,
+    directory: Path,
+    portable: bool,
+    base_dtype: str | None,
+    chunk: int = 0,
+    recompute: str = "none",
 ) -> dict:
     import onnxblocks
     from onnxblocks import losses
@@ -186,6 +201,7 @@ def child_generate(
         lora=LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS),
         portable=portable,
         base_dtype=base_dtype,
+        recompute=recompute,
     )
     seconds = time.perf_counter() - start
     linked = art.base_weights is not None and art.base_weights.stat().st_nlink > 1
@@ -222,12 +238,15 @@ def child_session(directory: Path, steps: int) -> dict:
     }
 
 
-def child_torch(layers: int, steps: int) -> dict:
+def child_torch(layers: int, steps: int, checkpointing: bool = False) -> dict:
     import peft
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = torch_model(layers)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()  # PEFT's rule: checkpointed blocks need an input grad
     opened = rss_mib()
     config = peft.LoraConfig(r=R, lora_alpha=ALPHA, target_modules=TARGETS, lora_dropout=0.0)
     lora = peft.get_peft_model(model, config).train()
@@ -426,10 +445,15 @@ def main() -> None:
         result = {
             "export": lambda: child_export(int(rest[0]), Path(rest[1])),
             "generate": lambda: child_generate(
-                Path(rest[0]), Path(rest[1]), rest[2] == "1", rest[3] or None, int(rest[4])
+                Path(rest[0]),
+                Path(rest[1]),
+                rest[2] == "1",
+                rest[3] or None,
+                int(rest[4]),
+                rest[5],
             ),
             "session": lambda: child_session(Path(rest[0]), int(rest[1])),
-            "torch": lambda: child_torch(int(rest[0]), int(rest[1])),
+            "torch": lambda: child_torch(int(rest[0]), int(rest[1]), rest[2:] == ["gc"]),
             "node": lambda: child_node(Path(rest[0]), int(rest[1])),
             "browser": lambda: child_browser(Path(rest[0]), Path(rest[1]), int(rest[2])),
         }[kind]()
@@ -451,12 +475,13 @@ def main() -> None:
     chosen = [n for n in STEPS if not wanted or n in wanted]
     stock = stock_python() if any(STEPS[n][0] == "stock" for n in chosen) else None
     rows: list[tuple[str, dict]] = []
-    made: dict[tuple[bool, str | None], Path] = {}
+    made: dict[tuple[bool, str | None, str], Path] = {}
     with tempfile.TemporaryDirectory(prefix="bench-lora-", dir=CACHE) as tmp:
         for name in chosen:
             kind, portable, dtype = STEPS[name]
             if kind == "torch":
-                rows.append((name, run_child(["torch", str(args.layers), str(args.steps)])))
+                gc = ["gc"] if name.endswith("-gc") else []
+                rows.append((name, run_child(["torch", str(args.layers), str(args.steps), *gc])))
                 print(name, rows[-1][1], flush=True)
                 continue
             if kind == "browser":  # its own artifacts (with logits, for the page)
@@ -470,10 +495,12 @@ def main() -> None:
                 )
                 print(name, rows[-1][1], flush=True)
                 continue
-            key = (portable, dtype)
+            recompute = "layers" if name.endswith("-rc") else "none"
+            key = (portable, dtype, recompute)
             if key not in made:
+                rc = "-rc" if recompute != "none" else ""
                 directory = (
-                    Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}"
+                    Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}{rc}"
                 )
                 gen = run_child(
                     [
@@ -483,6 +510,7 @@ def main() -> None:
                         "1" if portable else "0",
                         dtype or "",
                         str(args.lean_loss),
+                        recompute,
                     ]
                 )
                 rows.append((f"generate-{directory.name}", gen))
