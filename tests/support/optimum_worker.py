@@ -93,7 +93,8 @@ def main() -> None:
     if with_past:
         optimum_task += "-with-past"
     torch.manual_seed(request.get("seed", 0))
-    model = getattr(tf, prefix + suffix)(config).eval()
+    name = "GPT2LMHeadModel" if (family, task) == ("gpt2", "causal-lm") else prefix + suffix
+    model = getattr(tf, name)(config).eval()
     with tempfile.TemporaryDirectory() as tmp:
         pretrained, exported = Path(tmp) / "pretrained", Path(tmp) / "exported"
         model.save_pretrained(pretrained, safe_serialization=True)
