@@ -1,4 +1,4 @@
-"""Transformers.js loads what ``export_hub`` writes and generates like torch on the same weights.
+"""Transformers.js loads what ``export_hub`` writes and generates like torch on the same weights, in Node and in Chromium.
 
 The road of issue 35: an Optimum export of a tiny LLaMA without past (``support.optimum_env``,
 its own venv) is fine-tuned by onnxblocks (every weight, or LoRA merged), and ``export_hub(into=)``
@@ -10,7 +10,10 @@ greedily:
 * ``dtype: "fp32"``: token for token like transformers (torch) on the folder's
   ``model.safetensors``;
 * ``dtype: "q8"`` (``model_quantized.onnx``): token for token like onnxruntime in Python running
-  the same with-past file the way Transformers.js does (an empty cache, then one token a step).
+  the same with-past file the way Transformers.js does (an empty cache, then one token a step);
+
+and the same two in headless Chromium (Debian's, driven by playwright-core; the folder, the
+library and onnxruntime-web's wasm served on 127.0.0.1, nothing fetched from elsewhere).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _fine_tune(nopast: Path, directory: Path, lora: LoraConfig | None) -> Traini
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
-def test_transformers_js_in_node_generates_like_torch(exports, tmp_path, kind):
+def test_transformers_js_in_node_and_chromium_generates_like_torch(exports, tmp_path, kind):
     nopast, past = exports
     lora = (
         LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -101,3 +104,6 @@ def test_transformers_js_in_node_generates_like_torch(exports, tmp_path, kind):
     assert greedy_onnx_past(out / "onnx" / "model.onnx", PROMPT, STEPS) == torch_tokens
     q8 = greedy_onnx_past(out / "onnx" / "model_quantized.onnx", PROMPT, STEPS)
     assert run_generate(tmp_path / "models", "tiny", "q8", PROMPT, STEPS) == q8
+    for dtype, reference in (("fp32", torch_tokens), ("q8", q8)):
+        tokens = run_generate(tmp_path / "models", "tiny", dtype, PROMPT, STEPS, browser=True)
+        assert tokens == reference, f"headless Chromium, {dtype}"

@@ -170,7 +170,7 @@ MARKS: dict[str, str] = {
     "tests/hub/test_families.py": "slow",
     # hub (issue 35 C: export_hub; a hand-made LLaMA hub folder, torch and transformers references)
     "tests/hub/test_export_hub.py": "slow",
-    "tests/hub/test_transformers_js.py": "slow node",
+    "tests/hub/test_transformers_js.py": "slow node browser",
     # gradient
     # the tie sweeps keep their float16 cells (ties are most common there) in the fast subset
     "tests/gradient/test_extrema_ties.py::test_reductions_share_ties_evenly_as_torch_amax[*-bfloat16-*]": "slow",

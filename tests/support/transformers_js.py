@@ -5,7 +5,8 @@
 :func:`support.cache_lock.cache_lock` (staging folder renamed into place). The install runs with
 ``ONNXRUNTIME_NODE_INSTALL=skip`` and ``--ignore-scripts``: onnxruntime-node's post-install fetches
 GPU binaries where it can, and its CPU binary ships in the package itself (checked here).
-``run_generate`` runs ``tests/hub/tjs_generate.mjs`` in Node and returns its JSON.
+``run_generate`` runs ``tests/hub/tjs_generate.mjs`` in Node (or ``tjs_browser.mjs`` in headless
+Chromium) and returns the generated tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from support.cache_lock import cache_dir, cache_lock
 #: The release the tests load models with (Transformers.js 4.3.x).
 PACKAGE = "@huggingface/transformers@4.3.2"
 SCRIPT = Path(__file__).resolve().parent.parent / "hub" / "tjs_generate.mjs"
+BROWSER_SCRIPT = SCRIPT.with_name("tjs_browser.mjs")
 
 
 class TransformersJsError(RuntimeError):
@@ -81,21 +83,40 @@ def _install(folder: Path) -> None:
         raise
 
 
-def run_generate(root: Path, model: str, dtype: str, prompt: list[int], steps: int) -> list[int]:
-    """Greedy tokens Transformers.js in Node generates from ``root/model`` (local files only)."""
+def run_generate(
+    root: Path, model: str, dtype: str, prompt: list[int], steps: int, *, browser: bool = False
+) -> list[int]:
+    """Greedy tokens Transformers.js generates from ``root/model`` (local files only): in Node, or
+    with ``browser`` in headless Chromium (``tests/hub/tjs_browser.mjs``: the folder served on
+    127.0.0.1, driven by the client's playwright-core, every request off the page's origin
+    aborted).
+    """
     folder = transformers_js()
     request = json.dumps(
         {"root": os.fspath(root), "model": model, "dtype": dtype, "prompt": prompt, "steps": steps}
     )
     env = {**os.environ, "NODE_PATH": os.fspath(folder / "node_modules")}
+    if browser:
+        from support import web_support
+
+        command = [
+            "node", os.fspath(BROWSER_SCRIPT), request, os.fspath(folder / "node_modules"),
+            os.fspath(web_support.node_modules()), os.fspath(web_support.chromium()),
+        ]  # fmt: skip
+    else:
+        command = ["node", os.fspath(SCRIPT), request]
     done = subprocess.run(
-        ["node", os.fspath(SCRIPT), request],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        command, cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise AssertionError(
-            f"node tjs_generate.mjs failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
+            f"{' '.join(command[:2])} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
             f"{done.stderr[-4000:]}"
         )
-    return json.loads(lines[-1])["tokens"]
+    result = json.loads(lines[-1])
+    assert "tokens" in result, (
+        f"Transformers.js failed: {result.get('error')} {result.get('console')}"
+    )
+    assert not result.get("offOrigin"), f"the page reached off its origin: {result['offOrigin']}"
+    return result["tokens"]
