@@ -159,11 +159,12 @@ def _delayed(
 
 def _retyped(graph: ir.Graph, value: ir.Value, dtype: ir.DataType, dims: list[int]) -> ir.Value:
     """The initializer ``value`` read as ``dtype`` of shape ``dims`` (the same bytes, not read)."""
+    name = value.name or ""
+    value = graph.initializers.get(name, value)  # a weight two layers share: retyped once
     if dtype == value.dtype and list(dims) == dims_of(value):
         return value
     tensor = value.const_value
     assert tensor is not None
-    name = value.name or ""
     new: ir.TensorProtocol
     if isinstance(tensor, ir.ExternalTensor):
         new = ir.ExternalTensor(

@@ -292,6 +292,7 @@ MARKS: dict[str, str] = {
     "tests/peft/test_qlora_parity.py": "slow",
     # quantized hub files: the 4-bit variants come from stock onnxruntime in the 3.13 venv
     "tests/peft/test_quantized_hub_bases.py": "py313 slow",
+    "tests/peft/test_quantized_forms.py": "slow",
     "tests/peft/test_transform.py::test_targets_from_each_exporter_and_the_adapted_output[dynamo]": "slow",
     "tests/peft/test_transform_artifacts.py::test_adapters_train_alone_and_every_model_records_them[True]": "slow",
     "tests/peft/test_transform_artifacts.py::test_cli_lora_spec": "slow",
