@@ -14,30 +14,22 @@ import importlib
 import warnings
 from typing import Any
 
-from onnxblocks import blocks, errors, losses, optim
+from onnxblocks import errors
 from onnxblocks._core import html as _html
 from onnxblocks._core.version import __version__
-from onnxblocks.blocks import (
-    Block,
-    ForwardBlock,
-    ModelAccessor,
-    ScriptBlock,
-    TrainingBlock,
-    Value,
-    base,
-    custom_op_library,
-    empty_base,
-    from_onnxscript,
-    value,
-)
 from onnxblocks.errors import OnnxBlocksError
 
 # Rich displays: the display layer registers its renderers when a notebook first asks for one.
 _html.set_loader(lambda: importlib.import_module("onnxblocks.display"))
 
 # Loaded on first attribute access, to keep `import onnxblocks` fast.
+# The blocks, losses and optimizers too (they import onnx): a federated client's process, started
+# for every message, trains with the runtime and never builds a graph.
 _LAZY_MODULES = {
     "artifacts",
+    "blocks",
+    "losses",
+    "optim",
     "checkpoint",
     "compat",
     "datasets",
@@ -48,6 +40,22 @@ _LAZY_MODULES = {
     "runtime",
 }
 _LAZY_NAMES = {
+    **{
+        name: "onnxblocks.blocks"
+        for name in (
+            "Block",
+            "ForwardBlock",
+            "ModelAccessor",
+            "ScriptBlock",
+            "TrainingBlock",
+            "Value",
+            "base",
+            "custom_op_library",
+            "empty_base",
+            "from_onnxscript",
+            "value",
+        )
+    },
     "generate_artifacts": "onnxblocks.artifacts",
     "Artifacts": "onnxblocks.artifacts",
     "LossType": "onnxblocks.artifacts",

@@ -9,6 +9,9 @@ Where a ClientApp finds its inputs (the factory's arguments win over the configs
   ``data-path-<partition-id>`` (simulation: the node config holds ``partition-id``);
 * the evaluation data: node config ``eval-data-path``, else run config
   ``eval-data-path-<partition-id>``, else the training data;
+* where the node keeps what its messages would otherwise find again (the index rules of the
+  artifacts' models, by content): node config ``cache-dir``, else ``onnxblocks-<user>/node-cache``
+  in the temporary directory. Flower starts a fresh ClientApp process for every message;
 * whether the node keeps its optimizer state between rounds: run config ``keep-optimizer-state``
   (default false). When true, each node keeps its state in Flower's per-node ``Context.state`` (an
   ``ArrayRecord`` ``optimizer-state`` of ``optimizer/<param>/<slot>`` moments and a ``ConfigRecord``
@@ -19,10 +22,13 @@ The ``.npz`` files use ``onnxblocks train``'s format (docs/cli.md).
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +48,17 @@ STATE_ARRAYS, STATE_SCALARS = "optimizer-state", "optimizer-scalars"
 
 def _key(name: str) -> str:
     return name.replace("_", "-")
+
+
+def node_cache_dir(context: Any) -> Path:
+    """Where this node keeps what its messages would otherwise find again: node config
+    ``cache-dir``, else ``onnxblocks-<user>/node-cache`` in the temporary directory.
+    """
+    given = dict(context.node_config).get("cache-dir")
+    if given:
+        return Path(str(given))
+    user = str(os.getuid()) if hasattr(os, "getuid") else getpass.getuser()
+    return Path(tempfile.gettempdir()) / f"onnxblocks-{user}" / "node-cache"
 
 
 def keeps_optimizer_state(given: bool | None, run_config: Mapping[str, Any]) -> bool:
@@ -226,18 +243,20 @@ def make_client_app(
         if is_bridge(context):  # a browser's or Node's SuperNode: relayed, not trained here
             return relay_message(message, context, "train")
         from onnxblocks.federated.local import train_client
+        from onnxblocks.runtime.rules_cache import keep_rules_in
 
         path, local, backend_name = sources.resolve(context)
         keep = keeps_optimizer_state(keep_optimizer_state, dict(context.run_config))
-        update = train_client(
-            path,
-            local,
-            _global(message),
-            _config(message),
-            backend=backend_name,
-            optimizer_state=kept_state(context) if keep else None,
-            keep_optimizer_state=keep,
-        )
+        with keep_rules_in(node_cache_dir(context)):
+            update = train_client(
+                path,
+                local,
+                _global(message),
+                _config(message),
+                backend=backend_name,
+                optimizer_state=kept_state(context) if keep else None,
+                keep_optimizer_state=keep,
+            )
         if update.optimizer_state is not None:
             keep_state(context, update.optimizer_state)
         reply = RecordDict(
@@ -254,12 +273,14 @@ def make_client_app(
         if is_bridge(context):
             return relay_message(message, context, "evaluate")
         from onnxblocks.federated.local import evaluate_client
+        from onnxblocks.runtime.rules_cache import keep_rules_in
 
         path, local, backend_name = sources.resolve(context, evaluation=True)
         batch = int(_config(message).get("batch-size", 256))
-        metrics = evaluate_client(
-            path, local, _global(message), batch_size=max(batch, 1), backend=backend_name
-        )
+        with keep_rules_in(node_cache_dir(context)):
+            metrics = evaluate_client(
+                path, local, _global(message), batch_size=max(batch, 1), backend=backend_name
+            )
         reply = RecordDict(
             {
                 "metrics": MetricRecord(dict[str, Any](metrics)),

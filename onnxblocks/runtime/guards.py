@@ -40,9 +40,10 @@ from onnxblocks._core.paths import as_path, check_output_file
 from onnxblocks.checkpoint.storage import replacing
 from onnxblocks.io import load_model
 from onnxblocks.runtime.artifact_set import ArtifactSet
-from onnxblocks.runtime.index_rules import IndexRule, index_rules
+from onnxblocks.runtime.index_rules import IndexRule
 from onnxblocks.runtime.inputs import InputSpec
 from onnxblocks.runtime.layout import ArtifactFiles
+from onnxblocks.runtime.rules_cache import cached_index_rules
 
 __all__ = ["BatchGuard", "IndexRule", "checkpoint_output", "session_guards"]
 
@@ -132,7 +133,7 @@ class BatchGuard:
             model = load_model(path) if path.suffix == ".onnx" else None
         if model is not None:
             names = [s.name for s in self.specs]
-            for rule in index_rules(model, names):
+            for rule in cached_index_rules(model, names):
                 self.rules.setdefault(names.index(rule.input), []).append(rule)
         self._fast: dict[
             int, tuple[int, np.dtype]
