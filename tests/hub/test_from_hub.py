@@ -164,3 +164,21 @@ def test_a_small_frozen_base_exports_as_one_file(llama_hubs, tmp_path, base_dtyp
     names = [i.name for i in inference.get_inputs()]
     (got,) = inference.run(["logits"], {n: batch[n] for n in names})
     assert_close(got, expected, rtol=1e-5, name="exported logits")  # ours against ours
+
+
+def test_portable_artifacts_train_with_an_empty_cache_on_the_portable_backend(llama_hubs, tmp_path):
+    """Stock onnxruntime's road: LoRA (B = 0 at first, so the base's loss) on a with-past export."""
+    hub = llama_hubs[True]
+    config = json.loads((hub / "config.json").read_text())
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    from_hub(hub, tmp_path / "art", lora=lora, portable=True)
+    session = TrainingSession(tmp_path / "art", backend="portable")
+    session.learning_rate = 0.05
+    batch = _batch(config)
+    expected, expected64 = _torch_loss(hub, batch)
+    losses = []
+    for _ in range(3):
+        losses.append(session.train_step(*_feeds(session, batch, config))[0])
+        session.optimizer_step()
+    assert_close(np.float32(losses[0]), np.float32(expected), np.float64(expected64), rtol=1e-5)
+    assert losses[-1] < losses[0], losses
