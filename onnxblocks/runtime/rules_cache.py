@@ -36,10 +36,11 @@ def keep_rules_in(directory: str | os.PathLike) -> Iterator[Path | None]:
     Yields:
         The directory, or None when it is not used.
     """
-    path: Path | None = Path(directory)
+    wanted = Path(directory)
+    path: Path | None = wanted
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if hasattr(os, "getuid") and path.stat().st_uid != os.getuid():
+        wanted.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if hasattr(os, "getuid") and wanted.stat().st_uid != os.getuid():
             path = None
     except OSError:
         path = None  # nothing kept: every session finds its rules anew
