@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from onnxblocks._core.errors import InvalidTypeError
+from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
 from onnxblocks._core.weights import load_structure
 from onnxblocks.artifacts import Artifacts, OptimType, generate_artifacts
 from onnxblocks.hub.layout import read_hub
@@ -23,6 +23,8 @@ PEFT_TASK_TYPES = {
     "masked-lm": "FEATURE_EXTRACTION",
 }
 _FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
+#: generate_artifacts arguments from_hub sets itself.
+_DECIDED = {"loss", "loss_input_names", "additional_output_names", "model_path"}
 
 
 def from_hub(
@@ -72,6 +74,12 @@ def from_hub(
         InvalidValueError: for a task that cannot be told or served.
         InvalidTypeError: for a ``lora`` that is not a LoraConfig.
     """
+    taken = sorted(_DECIDED & generate_kwargs.keys())
+    if taken:
+        raise InvalidValueError(
+            f"from_hub decides {', '.join(taken)} from the task; drop them, or call "
+            "generate_artifacts on the hub file for a loss of your own."
+        )
     hub = read_hub(hub_dir, file, task)
     if lora is not None and not isinstance(lora, LoraConfig):
         raise InvalidTypeError(

@@ -144,6 +144,8 @@ def test_a_task_that_cannot_be_told_asks_for_task(llama_hubs, tmp_path):
         from_hub(hub, tmp_path / "art")
     from_hub(hub, tmp_path / "art", task="causal-lm")
     assert read_record(tmp_path / "art").task == "causal-lm"
+    with pytest.raises(InvalidValueError, match="from_hub decides loss from the task"):
+        from_hub(hub, tmp_path / "art2", loss=None)
 
 
 @pytest.mark.parametrize("base_dtype", [None, "float16"])
