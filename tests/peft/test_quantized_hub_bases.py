@@ -20,8 +20,9 @@ import onnxruntime as ort
 import pytest
 import torch
 from support import hf_families
-from support.numerics import check_close
+from support.numerics import assert_close, check_close
 from support.peft_parity import peft_steps
+from support.portable_env import run_worker
 from support.quantized_hub import (
     dequantized_weights,
     export_folded,
@@ -201,3 +202,28 @@ def test_all_linear_adapts_every_quantized_layer_but_the_head(hub, form) -> None
         t.weight in {q.weight for q in find_quantized_linears(quantized)}
         for t in info.targets.values()
     )
+
+
+def test_stock_onnxruntime_trains_a_q4_files_portable_artifacts_as_this_venv_does(
+    hub, portable_python, tmp_path
+) -> None:
+    """The uint4 blocked ``DequantizeLinear`` of portable artifacts on stock onnxruntime (3.13)."""
+    family = llama_family()
+    generate_artifacts(
+        str(hub["q4"]),
+        loss=hf_families.onnxblocks_loss(family),
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "art",
+        lora=CONFIG,
+        portable=True,
+    )
+    data = tmp_path / "batch.npz"
+    np.savez(data, x0_0=family.inputs["input_ids"], x0_1=family.target)
+    task = {"task": "train", "directory": str(tmp_path / "art"), "data": str(data)}
+    (result,) = run_worker(portable_python, {"tasks": [{**task, "steps": 5, "lr": LR}]})["results"]
+    assert "error" not in result, result.get("trace")
+    session = TrainingSession(tmp_path / "art")
+    session.learning_rate = LR
+    batch = [*family.inputs.values(), family.target]
+    here = [float(np.asarray(session.train_and_update(*batch)[0])) for _ in range(5)]
+    assert_close(np.float32(result["losses"]), np.float32(here), rtol=RTOL, name="3.13 vs 3.11")
