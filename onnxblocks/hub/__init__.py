@@ -9,13 +9,14 @@ from __future__ import annotations
 from onnxblocks.hub.generate import from_hub
 from onnxblocks.hub.losses import ShiftedCrossEntropyLoss
 from onnxblocks.hub.record import TASKS, HubRecord, has_record, read_record, write_record
-from onnxblocks.hub.text import TextBatches, load_tokenizer
+from onnxblocks.hub.text import TextBatches, empty_past, load_tokenizer
 
 __all__ = [
     "TASKS",
     "HubRecord",
     "ShiftedCrossEntropyLoss",
     "TextBatches",
+    "empty_past",
     "from_hub",
     "has_record",
     "load_tokenizer",

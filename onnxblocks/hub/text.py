@@ -56,8 +56,15 @@ def _eos(hub_dir: Path) -> int | None:
     return eos if isinstance(eos, int) and not isinstance(eos, bool) else None
 
 
-def _empty_past(artifacts: str | os.PathLike | None, batch: int) -> dict[str, np.ndarray]:
-    """Zero-length caches for the past inputs of the artifacts' hub file (none without past)."""
+def empty_past(artifacts: str | os.PathLike | None, batch: int) -> dict[str, np.ndarray]:
+    """An empty cache (past length 0) for each past input of a with-past artifact set, by name.
+
+    ``{}`` for a set without past inputs or without ``hub.json``. Each array is
+    ``[batch, heads, 0, head_dim]`` float32, shaped from the hub file's declared inputs.
+
+    Raises:
+        InvalidValueError: for a past input without fixed heads and head size.
+    """
     if artifacts is None or not has_record(artifacts):
         return {}
     record = read_record(artifacts)
@@ -162,7 +169,7 @@ class TextBatches:
                 "attention_mask": np.ones_like(ids),
                 "position_ids": np.tile(np.arange(self.seq_len, dtype=np.int64), (rows, 1)),
                 "labels": ids.copy(),
-                **_empty_past(self._artifacts, rows),
+                **empty_past(self._artifacts, rows),
             }
 
     def __repr__(self) -> str:

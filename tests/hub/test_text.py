@@ -10,7 +10,7 @@ import pytest
 from support.optimum_env import optimum_export
 
 from onnxblocks.errors import FileMissingError, InvalidValueError
-from onnxblocks.hub import TextBatches, from_hub, load_tokenizer
+from onnxblocks.hub import TextBatches, empty_past, from_hub, load_tokenizer
 from onnxblocks.runtime import TrainingSession, fit
 
 TEXT = "the cat sat on the mat\n\nthe dog ran to the cat and it was\n\nshe ran in the mat " * 6
@@ -41,6 +41,9 @@ def test_fit_trains_a_with_past_export_on_text_with_an_empty_cache(hub, tmp_path
     batches = TextBatches(TEXT, hub, seq_len=8, batch_size=4, artifacts=tmp_path / "art")
     first = next(iter(batches))
     assert first["past_key_values.0.key"].shape == (4, 2, 0, 8)
+    assert sorted(empty_past(tmp_path / "art", 3)) == [
+        f"past_key_values.{i}.{kv}" for i in (0, 1) for kv in ("key", "value")
+    ]
     session = TrainingSession(tmp_path / "art")
     session.learning_rate = 0.01
     history = fit(session, batches, epochs=3, progress=False)

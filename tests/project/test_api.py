@@ -148,6 +148,7 @@ PUBLIC: dict[str, list[str]] = {
         "ShiftedCrossEntropyLoss",
         "TASKS",
         "TextBatches",
+        "empty_past",
         "from_hub",
         "has_record",
         "load_tokenizer",
