@@ -11,6 +11,7 @@ greedily:
   ``model.safetensors``;
 * ``dtype: "q8"`` (``model_quantized.onnx``): token for token like onnxruntime in Python running
   the same with-past file the way Transformers.js does (an empty cache, then one token a step);
+* ``dtype: "q4"`` (``model_q4.onnx``, MatMulNBits; the full fine-tune): the same, on that file;
 
 and the same two in headless Chromium (Debian's, driven by playwright-core; the folder, the
 library and onnxruntime-web's wasm served on 127.0.0.1, nothing fetched from elsewhere).
@@ -97,13 +98,16 @@ def test_transformers_js_in_node_and_chromium_generates_like_torch(exports, tmp_
         else None
     )
     session = _fine_tune(nopast, tmp_path / "artifacts", lora)
-    out = session.export_hub(tmp_path / "models" / "tiny", quantize=("q8",), into=past)
+    dtypes = ("fp32", "q8", "q4") if kind == "full" else ("fp32", "q8")
+    out = session.export_hub(tmp_path / "models" / "tiny", quantize=dtypes[1:], into=past)
     torch_tokens = greedy_torch(out, PROMPT, STEPS)
-    js = run_generate(tmp_path / "models", "tiny", "fp32", PROMPT, STEPS)
-    assert js == torch_tokens
     assert greedy_onnx_past(out / "onnx" / "model.onnx", PROMPT, STEPS) == torch_tokens
-    q8 = greedy_onnx_past(out / "onnx" / "model_quantized.onnx", PROMPT, STEPS)
-    assert run_generate(tmp_path / "models", "tiny", "q8", PROMPT, STEPS) == q8
-    for dtype, reference in (("fp32", torch_tokens), ("q8", q8)):
+    files = {"q8": "model_quantized.onnx", "q4": "model_q4.onnx"}
+    references = {"fp32": torch_tokens}
+    for dtype in dtypes[1:]:
+        references[dtype] = greedy_onnx_past(out / "onnx" / files[dtype], PROMPT, STEPS)
+    for dtype, reference in references.items():
+        node = run_generate(tmp_path / "models", "tiny", dtype, PROMPT, STEPS)
+        assert node == reference, f"Node, {dtype}"
         tokens = run_generate(tmp_path / "models", "tiny", dtype, PROMPT, STEPS, browser=True)
         assert tokens == reference, f"headless Chromium, {dtype}"
