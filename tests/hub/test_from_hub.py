@@ -184,3 +184,23 @@ def test_portable_artifacts_train_with_an_empty_cache_on_the_portable_backend(ll
         session.optimizer_step()
     assert_close(np.float32(losses[0]), np.float32(expected), np.float64(expected64), rtol=1e-5)
     assert losses[-1] < losses[0], losses
+
+
+def test_training_with_an_empty_cache_follows_the_no_cache_export(llama_hubs, tmp_path):
+    """Same weights, same batch: three SGD steps give the same losses with and without past inputs."""
+    from onnxblocks.artifacts import OptimType
+
+    config = json.loads((llama_hubs[False] / "config.json").read_text())
+    batch = _batch(config)
+    runs = []
+    for past in (False, True):
+        from_hub(llama_hubs[past], tmp_path / str(past), optimizer=OptimType.SGD)
+        session = TrainingSession(tmp_path / str(past))
+        session.learning_rate = 0.5
+        losses = []
+        for _ in range(3):
+            losses.append(session.train_step(*_feeds(session, batch, config))[0])
+            session.optimizer_step()
+        runs.append(np.array(losses, np.float32))
+    assert runs[0][-1] < runs[0][0]
+    assert_close(runs[1], runs[0], rtol=1e-5, name="with-past losses")  # ours against ours
