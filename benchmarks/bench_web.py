@@ -131,6 +131,7 @@ def main() -> None:
                     pages[label].append(1 / report["stepsPerSecond"])
                     reports[label] = report
         first = np.array(py_losses[:20])
+        node_version = web_support_version(js)
 
         def diff(losses: list[float]) -> str:
             return f"{float(np.max(np.abs(np.array(losses[:20]) - first) / np.abs(first))):.1e}"
@@ -148,7 +149,7 @@ def main() -> None:
     web = next(iter(reports.values()))
     rows = [
         ("Python, TrainingSession (portable backend)", python_step, "reference"),
-        (f"Node, onnxruntime-node {web_support_version(js)} cpu", statistics.median(node),
+        (f"Node, onnxruntime-node {node_version} cpu", statistics.median(node),
          diff(node_losses)),
         ("Node, webgpu (SwiftShader)", statistics.median(node_gpu), diff(gpu_losses)),
     ]  # fmt: skip
