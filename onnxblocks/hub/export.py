@@ -302,7 +302,7 @@ def export_hub(
         external = _save_onnx(model, written)
         _copy_hub_files(target, staging, external)
         if "q8" in chosen:
-            quantize_q8(written, staging / "onnx" / QUANTIZED_FILES["q8"])
+            quantize_q8(written, staging / "onnx" / QUANTIZED_FILES["q8"], external)
         if "q4" in chosen:
             _save_onnx(quantize_q4(model), staging / "onnx" / QUANTIZED_FILES["q4"])
         if safetensors:

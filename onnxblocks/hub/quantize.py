@@ -34,14 +34,17 @@ Q4_BLOCK = 32
 _MS = "com.microsoft"
 
 
-def quantize_q8(source: Path, target: Path) -> Path:
-    """Write the dynamic int8 form of the model ``source`` to ``target`` (an inline model)."""
+def quantize_q8(source: Path, target: Path, external: bool = False) -> Path:
+    """Write the dynamic int8 form of the model ``source`` to ``target`` (with ``external``: its
+    weights in external data beside it, for a model over protobuf's 2 GiB).
+    """
     quantization = _ort.quantization()
     quantization.quantize_dynamic(
         os.fspath(source),
         os.fspath(target),
         op_types_to_quantize=["MatMul"],
         weight_type=quantization.QuantType.QUInt8,
+        use_external_data_format=external,
     )
     return target
 
@@ -85,7 +88,7 @@ def quantize_q4(model: onnx.ModelProto, block: int = Q4_BLOCK) -> onnx.ModelProt
         ):
             continue
         if name not in done:
-            k, n = (int(d) for d in weight.const_value.shape)
+            k, n = weight.const_value.shape.numpy()
             packed, scales = q4_weight(weight.const_value.numpy(), block)
             b = add_initializer(graph, graph_names(graph).fresh(f"{name}_Q4"), packed)
             s = add_initializer(graph, graph_names(graph).fresh(f"{name}_scales"), scales)

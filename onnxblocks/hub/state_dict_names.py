@@ -92,8 +92,9 @@ def state_dict_names(
         if reference is not None:
             wanted = reference.get(state.name)
             value = graph.initializers[name]
-            shape = tuple(int(d) for d in value.shape) if value.shape is not None else None
-            if wanted is None or shape is None:
+            dims = list(value.shape) if value.shape is not None else None
+            shape = tuple(d for d in dims if isinstance(d, int)) if dims is not None else None
+            if wanted is None or shape is None or dims is None or len(shape) != len(dims):
                 continue
             transposed = _fits(shape, tuple(wanted), state.transposed)
             if transposed is None:

@@ -236,3 +236,21 @@ def test_cli_export_hub_reads_the_record(full, hubs, tmp_path):
     for key, value in ref.items():
         assert_equal(state[key], value, name=key)
     assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_weights_over_the_inline_limit_go_where_transformers_js_looks(
+    full, hubs, tmp_path, monkeypatch
+):
+    import onnxblocks.hub.export as hub_export
+
+    session, out = full
+    monkeypatch.setattr(hub_export, "INLINE_LIMIT", 1024)  # stands in for protobuf's 2 GiB
+    big = session.export_hub(tmp_path / "big", quantize=("q8",), safetensors=False, source=hubs[0])
+    assert (big / "onnx" / "model.onnx_data").is_file()
+    assert (big / "onnx" / "model.onnx").stat().st_size < 100_000
+    config = json.loads((big / "config.json").read_text())
+    assert config["transformers.js_config"]["use_external_data_format"] == {"model.onnx": True}
+    ids = RNG.integers(4, 64, (2, 5)).astype(np.int64)
+    expected = _ort_logits(out / "onnx" / "model.onnx", ids)
+    assert_equal(_ort_logits(big / "onnx" / "model.onnx", ids), expected, name="logits")
+    _ort_logits(big / "onnx" / "model_quantized.onnx", ids)  # loads and runs
