@@ -28,9 +28,7 @@ paths takes the nodes under each path as one segment.
 
 from __future__ import annotations
 
-import ast
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,8 +36,8 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.contracts import gradient_name
-from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, preview
 from onnxblocks._core.naming import NameAuthority
+from onnxblocks.gradient.segments import check_found, check_recompute, module_scopes, segment_of
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.serde import from_proto, to_proto
 
@@ -53,10 +51,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The dynamo exporter's metadata key listing the module scopes a node ran in.
-_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-#: A repeated block's module path: ``...layers.3``, ``...encoder.layer.3``, ``...h.3``.
-_REPEATED = re.compile(r"^(.*?(?:^|\.)(?:layers|layer|h|blocks|block)\.\d+)(?:\.|$)")
 #: Ops whose outputs differ from run to run: kept from the forward, never cloned.
 _RANDOM = frozenset(
     {
@@ -74,37 +68,6 @@ _RANDOM = frozenset(
 _SUFFIX = "_recompute"
 
 
-def check_recompute(recompute: object) -> str | tuple[str, ...]:
-    """``recompute`` as the pass takes it: ``"none"``, ``"layers"`` or a tuple of module paths.
-
-    Raises:
-        InvalidTypeError: for a value that is neither a str nor a list of str.
-        InvalidValueError: for another string, or an empty list or path.
-    """
-    if recompute is None:
-        return "none"
-    if isinstance(recompute, str):
-        if recompute in ("none", "layers"):
-            return recompute
-        raise InvalidValueError(
-            f"recompute={recompute!r} is not a policy: pass 'none', 'layers' (every repeated "
-            "block: model.layers.N, encoder.layer.N, h.N...) or a list of module paths "
-            "(['model.layers.0', 'model.layers.1'])."
-        )
-    if isinstance(recompute, (list, tuple)) and all(isinstance(p, str) for p in recompute):
-        paths = tuple(p.strip(".") for p in recompute)
-        if not paths or not all(paths):
-            raise InvalidValueError(
-                f"recompute={list(recompute)!r} names no module path: list the module paths "
-                "whose forward is recomputed, e.g. ['model.layers.0'], or pass 'layers'."
-            )
-        return paths
-    raise InvalidTypeError(
-        f"recompute must be 'none', 'layers' or a list of module paths, not "
-        f"{type(recompute).__name__}: {recompute!r}."
-    )
-
-
 @dataclass
 class RecomputeReport:
     """What :func:`recompute_segments` did.
@@ -118,61 +81,6 @@ class RecomputeReport:
     segments: list[str] = field(default_factory=list)
     cloned: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
-
-
-def module_scopes(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name -> module path, from the dynamo exporter's metadata of ``model``'s nodes.
-
-    ONNX Runtime's gradient builder drops node metadata but keeps node names, so the forward
-    model's scopes are read before it runs.
-    """
-    scopes: dict[str, str] = {}
-    for node in model.graph.node:
-        for prop in node.metadata_props:
-            if prop.key == _NAME_SCOPES and node.name:
-                path = _innermost(prop.value)
-                if path:
-                    scopes[node.name] = path
-    return scopes
-
-
-def _innermost(text: str) -> str | None:
-    try:
-        listed = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return None
-    dotted = [s for s in listed if isinstance(s, str) and s] if isinstance(listed, list) else []
-    return max(dotted, key=len) if dotted else None
-
-
-def _paths(node: ir.Node, scopes: Mapping[str, str]) -> Iterable[str]:
-    """Dotted module paths ``node`` may carry, the most reliable first."""
-    if node.name and node.name in scopes:
-        yield scopes[node.name]
-    text = node.metadata_props.get(_NAME_SCOPES)
-    inner = _innermost(text) if text else None
-    if inner:
-        yield inner
-    if node.name and "/" in node.name:
-        yield node.name.strip("/").replace("/", ".")
-    for out in node.outputs:
-        if out.name:
-            yield out.name.strip("/").replace("/", ".")
-
-
-def _segment_of(
-    node: ir.Node, policy: str | tuple[str, ...], scopes: Mapping[str, str]
-) -> str | None:
-    for path in _paths(node, scopes):
-        if policy == "layers":
-            match = _REPEATED.match(path)
-            if match:
-                return match.group(1)
-            continue
-        for prefix in policy:
-            if path == prefix or path.startswith(prefix + "."):
-                return prefix
-    return None
 
 
 def _ancestors(outputs: Sequence[ir.Value]) -> set[ir.Node]:
@@ -273,10 +181,10 @@ def recompute_segments(
     groups: dict[str, list[ir.Node]] = {}
     for node in graph:
         if node in forward:
-            key = _segment_of(node, policy, scopes or {})
+            key = segment_of(node, policy, scopes or {})
             if key is not None:
                 groups.setdefault(key, []).append(node)
-    _check_found(policy, groups)
+    check_found(policy, groups)
     names = graph_names(graph)
     values = {out.name: out for node in graph for out in node.outputs if out.name}
     for path, nodes in groups.items():
@@ -314,23 +222,6 @@ def recompute_training_model(
         report.skipped or "none",
     )
     return to_proto(ir_model)
-
-
-def _check_found(policy: str | tuple[str, ...], groups: dict[str, list[ir.Node]]) -> None:
-    if policy == "layers":
-        if not groups:
-            raise InvalidValueError(
-                "recompute='layers' found no repeated block in the model (module paths such as "
-                "model.layers.N, encoder.layer.N, h.N in node names or exporter metadata): name "
-                "the blocks with recompute=['<module path>', ...], or pass recompute='none'."
-            )
-        return
-    missing = [p for p in policy if p not in groups]
-    if missing:
-        raise UnknownNameError(
-            f"recompute names module paths no forward node of the model belongs to: "
-            f"{preview(missing)}. Name modules as torch does (model.layers.0), or pass 'layers'."
-        )
 
 
 def _recompute_one(
