@@ -166,7 +166,7 @@ MARKS: dict[str, str] = {
     "tests/hub/test_from_hub.py": "slow",
     "tests/hub/test_from_hub_quantized.py": "py313 slow",  # issue 35 B: q4 from stock onnxruntime
     "tests/hub/test_text.py": "slow",
-    "tests/hub/test_cli.py": "slow",
+    "tests/hub/test_hub_cli.py": "slow",
     "tests/hub/test_families.py": "slow",
     # hub (issue 35 C: export_hub; a hand-made LLaMA hub folder, torch and transformers references)
     "tests/hub/test_export_hub.py": "slow",

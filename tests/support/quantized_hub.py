@@ -119,7 +119,9 @@ def quantize_4bit(source: Path, q4: Path, qdq: Path) -> tuple[Path, Path]:
     from support.portable_env import ensure_python313
 
     python = ensure_python313()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
+    # the 3.13 interpreter must not see this run's module paths (a 3.11 stdlib on PYTHONPATH
+    # breaks its own imports)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
     done = subprocess.run(
         [os.fspath(python), "-c", _QUANTIZE_4BIT, os.fspath(source), os.fspath(q4), os.fspath(qdq)],
         capture_output=True,
