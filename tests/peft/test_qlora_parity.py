@@ -23,6 +23,7 @@ from onnx import TensorProto
 from support import hf_families
 from support.numerics import check_close
 from support.peft_parity import peft_steps
+from support.quantized_hub import llama_family
 from support.reference64 import family64
 from support.torch_export import export_onnx
 
@@ -37,30 +38,6 @@ STEPS, LR, RTOL, BLOCK = 10, 1e-2, 1e-5, 32
 #: and 2.1e-5 (portable) off after 10 steps; the fp32 and int8 bases hold 1e-5 everywhere.
 ADAPTER_RTOL = {None: 1e-5, "int8": 1e-5, "int4": 3e-5}
 CONFIG = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-
-
-def _family() -> hf_families.Family:
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=16,
-        use_cache=False,
-        tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    model.set_attn_implementation("eager")
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 128, (2, 8)).astype(np.int64)
-    inputs = {"input_ids": tokens}
-    wrapped = hf_families.Logits(model, list(inputs), {"attention_mask": "input_ids"}).train()
-    return hf_families.Family("llama", wrapped, inputs, rng.integers(0, 128, (2, 8)), "ce_last")
 
 
 def _stored(directory, init: onnx.TensorProto) -> np.ndarray:
@@ -98,7 +75,7 @@ def _dequantized(directory) -> dict[str, np.ndarray]:
     ids=["fp32-training", "int8-training", "int4-training", "int4-portable"],
 )
 def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -> None:
-    family = _family()
+    family = llama_family()
     exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
     artifacts = generate_artifacts(
         exported,
@@ -152,7 +129,7 @@ def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -
     [({"base_dtype": "int3"}, "int8"), ({"base_dtype": "int4", "quant_block_size": 48}, "32")],
 )
 def test_quantization_options_are_checked(options, match, tmp_path) -> None:
-    family = _family()
+    family = llama_family()
     exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
     with pytest.raises(InvalidValueError, match=match):
         generate_artifacts(
@@ -166,7 +143,7 @@ def test_quantization_options_are_checked(options, match, tmp_path) -> None:
 
 
 def test_exports_keep_the_base_quantized_and_refuse_to_merge_into_it(tmp_path) -> None:
-    family = _family()
+    family = llama_family()
     exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
     generate_artifacts(
         exported,
@@ -194,7 +171,7 @@ def test_a_torchscript_export_converts_to_opset_21_with_onnx_runtimes_fusions(tm
     conversion; the int4 artifacts train (a finite loss, not the float32 base's: the weights are
     rounded).
     """
-    family = _family()
+    family = llama_family()
     exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=False, opset=17)
     losses = {}
     for dtype in (None, "int4"):
