@@ -20,6 +20,7 @@ from onnxblocks._core.errors import InvalidTypeError, PortabilityError, preview
 from onnxblocks.ir.passes import run_passes
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.portable.accumulation import AccumulateGradients
+from onnxblocks.portable.float64 import FoldFloat64Constants
 from onnxblocks.portable.lower import LowerTrainingOps
 from onnxblocks.portable.ops import PortableMode, non_portable_ops, portable_mode
 from onnxblocks.portable.optimizer import optimizer_model as per_tensor_optimizer_model
@@ -106,7 +107,7 @@ def make_portable(
         training_model
     )  # not changed: the IR shares its tensors, and the passes edit the IR
     lowering = LowerTrainingOps(checked)
-    counts = dict(run_passes(training, [lowering])[lowering.name])
+    counts = dict(run_passes(training, [lowering, FoldFloat64Constants()])[lowering.name])
     step = None
     if spec is not None and fused_step:
         fused = training.clone()
@@ -133,7 +134,9 @@ def portable_eval_model(
     marked.
 
     ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
-    ``FusedMatMul``...); ``eval_model`` is not changed.
+    ``FusedMatMul``...), and exporters float64 arithmetic of constants, which builds without
+    float64 kernels cannot place (:mod:`onnxblocks.portable.float64`); ``eval_model`` is not
+    changed.
 
     Raises:
         PortabilityError: for an op without a standard-op lowering.
@@ -141,7 +144,7 @@ def portable_eval_model(
     """
     checked = portable_mode(mode, "mode")
     model = from_proto(eval_model)
-    run_passes(model, [LowerTrainingOps(checked)])
+    run_passes(model, [LowerTrainingOps(checked), FoldFloat64Constants()])
     return _finish(model, "eval", checked, stamp=False)
 
 

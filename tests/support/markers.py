@@ -300,6 +300,7 @@ MARKS: dict[str, str] = {
     "tests/portable/test_bias_correction.py::test_default_portable_step_and_optimizer_graphs_hold_no_float64[AdamW-amsgrad-float32]": "slow",
     "tests/portable/test_bias_correction.py::test_default_portable_step_and_optimizer_graphs_hold_no_float64[groups-float32]": "slow",
     "tests/portable/test_bias_correction.py::test_the_scan_sees_the_float64_of_torch_exact_rounding": "slow",
+    "tests/portable/test_float64_constants.py::test_the_float64_scale_becomes_its_float32_constant_with_the_same_outputs": "slow",
     "tests/portable/test_flat_pieces.py": "slow",
     "tests/portable/test_portable_artifacts.py::test_a_batch_of_another_size_gives_the_training_builds_gradients": "slow",
     "tests/portable/test_portable_artifacts.py::test_cli_portable_flag": "slow",

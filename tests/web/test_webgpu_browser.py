@@ -7,8 +7,9 @@ adapter, no GPU needed). On ``?ep=webgpu``, with onnxruntime-web's default bundl
 its first 10 losses within 1e-5 relative of the same page on WASM, every ``Gemm`` of the step
 model on the WebGPU provider, its status line naming the provider. The server sends COOP and COEP,
 so the page is ``crossOriginIsolated`` and its WASM runs on every core. The LoRA page on WebGPU
-(default bundle; a small LLaMA, 16 adapter tensors) takes 5 steps within 1e-4 relative of Python's
-portable backend, every ``MatMul`` and ``Gemm`` on the GPU.
+(both bundles; a small LLaMA, 16 adapter tensors) takes 5 steps within 1e-4 relative of Python's
+portable backend, every ``MatMul`` and ``Gemm`` on the GPU; on ``/webgpu`` this needs the eval
+model free of float64 (``onnxblocks.portable.float64``).
 
 Fails, never skips, without Node, npm or Chromium (tests/support/web_support.py says how to get them).
 """
@@ -104,7 +105,8 @@ def test_every_gemm_of_the_step_runs_on_the_gpu(webgpu):
     assert sum(gpu["ops"].values()) == gpu["nodes"] > cpu["nodes"] == sum(cpu["ops"].values())
 
 
-def test_the_lora_page_on_webgpu_fine_tunes_as_python_does(site, tmp_path):
+@pytest.mark.parametrize("bundle", ["default", "webgpu"])
+def test_the_lora_page_on_webgpu_fine_tunes_as_python_does(site, tmp_path, bundle):
     from onnxblocks.torch import lora_web  # the test extra (torch): fails, never skips, without it
 
     js, chromium, _ = site
@@ -112,7 +114,8 @@ def test_the_lora_page_on_webgpu_fine_tunes_as_python_does(site, tmp_path):
     root = lora_web.build_lora_site(tmp_path / "lora", steps=steps, pretrain_steps=5)
     with serving(root) as url:
         page = web_support.run_node(
-            js, "tools/browser-run.mjs", f"{url}demo/lora.html?ep=webgpu&placement=1",
+            js, "tools/browser-run.mjs",
+            f"{url}demo/lora.html?ep=webgpu&bundle={bundle}&placement=1",
             "--chromium", str(chromium), "--timeout", "400", timeout=600,
         )  # fmt: skip
     assert page["status"] == "done", page["error"]
@@ -127,7 +130,11 @@ def test_the_lora_page_on_webgpu_fine_tunes_as_python_does(site, tmp_path):
     ]
     # two float32 clients of ours: no float64 truth, the floor from the losses' size
     assert_close(
-        np.float32(page["losses"]), np.float32(python), rtol=1e-4, name="LoRA losses on webgpu"
+        np.float32(page["losses"]),
+        np.float32(python),
+        rtol=1e-4,
+        name=f"LoRA losses on webgpu ({bundle} bundle)",
     )
-    gpu, cpu = page["placement"]["JsExecutionProvider"], page["placement"]["CPUExecutionProvider"]
+    placement = page["placement"]
+    gpu, cpu = placement[GPU_PROVIDER[bundle]], placement["CPUExecutionProvider"]
     assert gpu["ops"]["MatMul"] > 0 and "MatMul" not in cpu["ops"] and "Gemm" not in cpu["ops"]
