@@ -18,7 +18,10 @@ with the batches and learning rates of the demo's plan (``onnxblocks.web.spiral_
 and the largest relative difference of the first 20 losses against Python's.
 Needs Node, npm and Chromium (set up as the tests do, tests/support/web_support.py).
 
-    python benchmarks/bench_web.py [--steps 900] [--gpu-steps 60] [--rounds 3]
+    python benchmarks/bench_web.py [--steps 900] [--gpu-steps 60] [--rounds 3] [--peers tfjs]
+
+``--peers tfjs`` adds TensorFlow.js 4.22 rows on the same model, weights, batches and optimizer
+(``benchmarks/web_tfjs.py``): Node ``cpu`` and ``wasm``; Chromium ``wasm``, ``webgl``, ``webgpu``.
 
 The load average is printed before and after: the figures mean little on a loaded machine.
 """
@@ -39,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import web_tfjs  # noqa: E402
 from support import web_support  # noqa: E402
 
 from onnxblocks.runtime import TrainingSession  # noqa: E402
@@ -98,6 +102,13 @@ def main() -> None:
     parser.add_argument(
         "--gpu-steps", type=int, default=60, help="steps of the WebGPU rows (default: 60)"
     )
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        default=[],
+        choices=["tfjs"],
+        help="also train with TensorFlow.js 4.22 (benchmarks/web_tfjs.py), rows beside these",
+    )
     args = parser.parse_args()
     plan = spiral_plan()
     steps = min(args.steps, plan.steps)
@@ -136,6 +147,13 @@ def main() -> None:
         def diff(losses: list[float]) -> str:
             return f"{float(np.max(np.abs(np.array(losses[:20]) - first) / np.abs(first))):.1e}"
 
+        peers = []
+        if "tfjs" in args.peers:
+            for name, seconds, losses in web_tfjs.peer_rows(
+                js, chromium, site, plan, steps, gpu_steps, args.rounds, scratch
+            ):
+                peers.append((name, seconds, diff(losses)))
+
     python_step = statistics.median(py)
     print(
         f"spiral classifier 2-64-64-3, batch 32, AdamW, {steps} steps ({gpu_steps} on WebGPU), "
@@ -157,6 +175,7 @@ def main() -> None:
         report = reports[label]
         name = f"browser, onnxruntime-web {report['onnxruntime']} {label} ({report['threads']} thr)"
         rows.append((name, statistics.median(pages[label]), diff(report["losses"])))
+    rows += peers
     for name, seconds, difference in rows:
         print(
             f"{name:<52} {seconds * 1e3:>8.3f} {1 / seconds:>8.0f} {seconds / python_step:>8.2f} "
