@@ -414,6 +414,7 @@ MARKS: dict[str, str] = {
     "tests/web/test_state_files.py::test_a_mutated_state_file_is_read_back_exactly_or_refused_naming_it": "slow",
     "tests/web/test_state_files.py::test_any_state_written_is_read_back_exactly_also_as_a_checkpoint": "slow",
     "tests/web/test_state_files.py::test_javascript_client_gives_the_same_verdicts_on_the_corpus": "node",
+    "tests/web/test_tfjs_peer.py": "node browser slow",
     "tests/web/test_web_browser.py": "browser",
     "tests/web/test_webgpu_browser.py": "browser",
     "tests/web/test_webgpu_node.py": "node",
