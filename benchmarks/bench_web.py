@@ -147,8 +147,11 @@ def main() -> None:
         def diff(losses: list[float]) -> str:
             return f"{float(np.max(np.abs(np.array(losses[:20]) - first) / np.abs(first))):.1e}"
 
-        peers = []
+        peers, cnn_lines = [], []
         if "tfjs" in args.peers:
+            cnn_lines = web_tfjs.cnn_table(
+                js, chromium, site, steps, gpu_steps, args.rounds, scratch, python_run, node_run
+            )
             for name, seconds, losses in web_tfjs.peer_rows(
                 js, chromium, site, plan, steps, gpu_steps, args.rounds, scratch
             ):
@@ -185,6 +188,11 @@ def main() -> None:
         f"Chromium {web['chromium']}, crossOriginIsolated {web['crossOriginIsolated']}; "
         "the page's steps/s counts its training steps only"
     )
+    if cnn_lines:
+        print(f"\n{cnn_lines[0]}")
+        print(f"{'runtime':<52} {'ms/step':>8} {'steps/s':>8} {'x Python':>8} {'rel diff':>10} "
+              f"{'loss fall':>16}")  # fmt: skip
+        print("\n".join(cnn_lines[1:]))
 
 
 def web_support_version(js: Path) -> str:

@@ -1,5 +1,6 @@
-// The TensorFlow.js peer of the demo classifier's training (benchmarks/bench_web.py --peers tfjs):
-// the same MLP (2-64-64-3, Gemm + Relu), the same initial weights, batches and learning rates
+// The TensorFlow.js peer of onnxblocks' training (benchmarks/bench_web.py --peers tfjs): the demo
+// classifier's MLP (2-64-64-3, Gemm + Relu) or the CNN of benchmarks/web_cnn.py (`model: "cnn"`,
+// cross entropy alone), the same initial weights, batches and learning rates
 // (the plan benchmarks/web_tfjs.py writes), the same loss (cross entropy with label smoothing 0.05
 // plus 1e-4 times the sum of the squared weights) and the same optimizer (AdamW with weight decay 0,
 // which is Adam: betas 0.9/0.999, eps 1e-8 outside the square root, as torch and onnxblocks).
@@ -7,11 +8,32 @@
 
 /**
  * @typedef {{
- *   layers: {weight: number[], bias: number[], in: number, out: number}[],
- *   features: number[][], labels: number[][], learningRates: number[],
- *   classes: number, l2: number, labelSmoothing: number, betas: number[], eps: number,
+ *   model: 'mlp' | 'cnn', params: Record<string, {shape: number[], values: number[]}>,
+ *   features: number[][], featureShape: number[], labels: number[][], learningRates: number[],
+ *   classes: number, l2: number, l2Weights: string[], labelSmoothing: number,
+ *   betas: number[], eps: number, bnEps: number,
  * }} Plan
  */
+
+/** The logits of the demo's MLP: `fc1 .. fcN` (Gemm), Relu between. */
+function mlp(/** @type {any} */ tf, /** @type {Record<string, any>} */ p, /** @type {any} */ x) {
+  const layers = Object.keys(p).filter((name) => name.endsWith('.weight')).length;
+  let h = x;
+  for (let i = 1; i <= layers; i++) {
+    h = tf.add(tf.matMul(h, p[`fc${i}.weight`]), p[`fc${i}.bias`]);
+    if (i < layers) h = tf.relu(h);
+  }
+  return h;
+}
+
+/** The logits of benchmarks/web_cnn.py's CNN in NHWC: conv, batch-statistics BatchNorm, Relu, pool, Gemm. */
+function cnn(/** @type {any} */ tf, /** @type {Record<string, any>} */ p, /** @type {any} */ x, /** @type {number} */ bnEps) {
+  const c = tf.add(tf.conv2d(x, p['conv.weight'], 1, 'same'), p['conv.bias']);
+  const { mean, variance } = tf.moments(c, [0, 1, 2]);
+  const n = tf.batchNorm(c, mean, variance, p['bn.bias'], p['bn.scale'], bnEps);
+  const pooled = tf.maxPool(tf.relu(n), 2, 2, 'valid');
+  return tf.add(tf.matMul(tf.reshape(pooled, [pooled.shape[0], -1]), p['fc.weight']), p['fc.bias']);
+}
 
 /**
  * Train `steps` steps of `plan` on the current backend; the losses and the training loop's time.
@@ -20,30 +42,29 @@
  * @param {number} steps
  */
 export async function train(tf, plan, steps) {
-  const params = plan.layers.map((layer, i) => ({
-    weight: tf.variable(tf.tensor2d(layer.weight, [layer.in, layer.out]), true, `fc${i + 1}.weight`),
-    bias: tf.variable(tf.tensor1d(layer.bias), true, `fc${i + 1}.bias`),
-  }));
-  const variables = params.flatMap((p) => [p.weight, p.bias]);
+  /** @type {Record<string, any>} */
+  const params = {};
+  for (const [name, { shape, values }] of Object.entries(plan.params)) {
+    params[name] = tf.variable(tf.tensor(values, shape), true, name);
+  }
+  const variables = Object.values(params);
   const optimizer = tf.train.adam(plan.learningRates[0], plan.betas[0], plan.betas[1], plan.eps);
   const batches = [];
   for (let step = 0; step < steps; step++) {
-    const x = plan.features[step];
     const y = plan.labels[step];
-    batches.push([tf.tensor2d(x, [y.length, x.length / y.length]), tf.oneHot(tf.tensor1d(y, 'int32'), plan.classes)]);
+    batches.push([
+      tf.tensor(plan.features[step], [y.length, ...plan.featureShape]),
+      tf.oneHot(tf.tensor1d(y, 'int32'), plan.classes),
+    ]);
   }
   const loss = (/** @type {any} */ x, /** @type {any} */ onehot) => {
-    let h = x;
-    params.forEach((p, i) => {
-      h = tf.add(tf.matMul(h, p.weight), p.bias);
-      if (i < params.length - 1) h = tf.relu(h);
-    });
-    const ce = tf.losses.softmaxCrossEntropy(onehot, h, undefined, plan.labelSmoothing);
-    const squares = params.map((p) => tf.sum(tf.square(p.weight)));
+    const logits = plan.model === 'cnn' ? cnn(tf, params, x, plan.bnEps) : mlp(tf, params, x);
+    const ce = tf.losses.softmaxCrossEntropy(onehot, logits, undefined, plan.labelSmoothing);
+    if (!plan.l2Weights.length) return ce;
+    const squares = plan.l2Weights.map((name) => tf.sum(tf.square(params[name])));
     return tf.add(ce, tf.mul(plan.l2, tf.addN(squares)));
   };
-  // one step outside the timing would change the run; the first step's kernel compilation is
-  // timed, as onnxblocks' rows time theirs
+  // the first step's kernel compilation is timed, as onnxblocks' rows time their first step
   const losses = [];
   const started = performance.now();
   for (let step = 0; step < steps; step++) {
@@ -57,5 +78,5 @@ export async function train(tf, plan, steps) {
   for (const [x, onehot] of batches) tf.dispose([x, onehot]);
   tf.dispose(variables);
   optimizer.dispose();
-  return { losses, seconds, steps, backend: tf.getBackend(), version: tf.version.tfjs };
+  return { losses, seconds, steps, model: plan.model, backend: tf.getBackend(), version: tf.version.tfjs };
 }
