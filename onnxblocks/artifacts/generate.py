@@ -97,7 +97,7 @@ def generate_artifacts(
     quant_block_size: int = 32,
     lora: LoraConfig | None = None,
     untie: bool = False,
-    recompute: str | Sequence[str] = "none",
+    recompute: str | int | Sequence[str] = "none",
 ) -> Artifacts:
     """Write the training, eval, checkpoint and optimizer artifacts for ONNX Runtime's training API.
 
@@ -148,8 +148,10 @@ def generate_artifacts(
             one warns.
         recompute: ``"none"``, ``"layers"`` (each repeated block's forward is recomputed in the
             backward, keeping only the blocks' inputs: ``model.layers.N``, ``encoder.layer.N``,
-            ``h.N``...) or a list of module paths, each recomputed as one segment
-            (docs/training.md, "Recomputation").
+            ``h.N``...), ``"auto"`` or a byte budget (an int: the fewest blocks whose
+            recomputation fits the statically estimated activations the backward keeps in it;
+            ``"auto"``: a third of the weights' bytes), or a list of module paths, each
+            recomputed as one segment (docs/training.md, "Recomputation").
 
     Returns:
         The :class:`Artifacts`: paths of the files and the parameter names.
@@ -218,7 +220,7 @@ def _generate(
     quant_block_size: int = 32,
     lora: LoraConfig | None = None,
     untie: bool = False,
-    recompute: str | Sequence[str] = "none",
+    recompute: str | int | Sequence[str] = "none",
     loss_blocks: Callable[[LossType], Block] = loss_block,
     optimizer_blocks: Callable[[OptimType], Block] = optimizer_block,
 ) -> Artifacts:

@@ -84,16 +84,18 @@ class TrainingBlock(Block):
             trainable.pop(argument_name, None)
             frozen[argument_name] = None
 
-    def recompute(self, policy: str | Sequence[str]) -> None:
+    def recompute(self, policy: str | int | Sequence[str]) -> None:
         """Say which forward segments the backward recomputes instead of keeping their activations.
 
         ``"none"`` (the default), ``"layers"`` (every repeated block: ``model.layers.N``,
-        ``encoder.layer.N``, ``h.N``...) or a list of module paths (docs/training.md,
-        "Recomputation"). Checked here; the segments are found when the block is built.
+        ``encoder.layer.N``, ``h.N``...), ``"auto"`` or a byte budget (the fewest blocks whose
+        recomputation fits the estimated activations in the budget; ``"auto"``: a third of the
+        weights' bytes) or a list of module paths (docs/training.md, "Recomputation"). Checked
+        here; the segments are found when the block is built.
 
         Raises:
-            TypeError: for a policy that is neither a str nor a list of str.
-            ValueError: for another string or an empty list.
+            TypeError: for a policy that is neither a str, an int nor a list of str.
+            ValueError: for another string, a budget below 1 or an empty list.
         """
         from onnxblocks.gradient.recompute import check_recompute
 

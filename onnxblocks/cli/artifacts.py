@@ -192,8 +192,10 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         default="none",
         metavar="POLICY",
         help="none (default), layers (recompute each repeated block's forward in the backward, "
-        "keeping only the blocks' inputs), or comma-separated module paths, each one segment "
-        "(docs/training.md, Recomputation)",
+        "keeping only the blocks' inputs), auto or BYTES (the fewest blocks that fit the "
+        "estimated activations in a byte budget; auto: a third of the weights' bytes), or "
+        "comma-separated module paths, each one segment (a path of digits alone ends with a comma: "
+        "0,) (docs/training.md, Recomputation)",
     )
     parser.add_argument(
         "--lora",
@@ -360,8 +362,13 @@ def _nbytes(tensor: Any) -> int:
     return tensor_nbytes(tensor)
 
 
-def _recompute_policy(text: str) -> str | list[str]:
-    """``--recompute``: a policy name, or module paths separated by commas."""
-    if text in ("none", "layers"):
+def _recompute_policy(text: str) -> str | int | list[str]:
+    """``--recompute``: a policy name, a byte budget (an integer), or module paths separated by
+    commas (a module path of digits alone, as ``torch.nn.Sequential``'s ``0``, with a comma:
+    ``0,``).
+    """
+    if text in ("none", "layers", "auto"):
         return text
+    if text.lstrip("-").isdigit():
+        return int(text)
     return [p.strip() for p in text.split(",") if p.strip()] or text

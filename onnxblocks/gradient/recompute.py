@@ -37,9 +37,11 @@ import onnx_ir as ir
 
 from onnxblocks._core.contracts import gradient_name
 from onnxblocks._core.naming import NameAuthority
+from onnxblocks.gradient.recompute_plan import RecomputePlan, auto_budget, plan
 from onnxblocks.gradient.segments import check_found, check_recompute, module_scopes, segment_of
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import infer_types
 
 __all__ = [
     "RecomputeReport",
@@ -76,11 +78,31 @@ class RecomputeReport:
         segments: The module path of each recomputed segment, in graph order.
         cloned: How many forward nodes were cloned, in all.
         skipped: Segments left as they were, with the reason.
+        plan: For ``"auto"`` or a byte budget, the blocks chosen and the estimates behind them.
     """
 
     segments: list[str] = field(default_factory=list)
     cloned: int = 0
     skipped: dict[str, str] = field(default_factory=dict)
+    plan: RecomputePlan | None = None
+
+
+def _plan(
+    model: ir.Model, policy: str | int, segments: dict[str, _Segment], forward: set[ir.Node]
+) -> RecomputePlan:
+    """The blocks ``"auto"`` or a byte budget recomputes, from the static estimate."""
+    infer_types(model)
+    saved = {v for s in segments.values() for v in s.saved}
+    fixed = [
+        out
+        for node in forward
+        for out in node.outputs
+        if out not in saved and any(use.node not in forward for use in out.uses())
+    ]
+    blocks = {path: s.saved for path, s in segments.items()}
+    if isinstance(policy, int):
+        return plan(blocks, fixed, policy, strict=True)
+    return plan(blocks, fixed, auto_budget(model.graph), strict=False)
 
 
 def _ancestors(outputs: Sequence[ir.Value]) -> set[ir.Node]:
@@ -153,7 +175,7 @@ class _Segment:
 
 def recompute_segments(
     model: ir.Model,
-    policy: str | tuple[str, ...],
+    policy: str | int | tuple[str, ...],
     forward_outputs: Sequence[str],
     scopes: Mapping[str, str] | None = None,
 ) -> RecomputeReport:
@@ -161,7 +183,8 @@ def recompute_segments(
 
     Args:
         model: The training model (forward, loss and gradient graph).
-        policy: ``"layers"`` or module paths, as :func:`check_recompute` returns them.
+        policy: ``"layers"``, ``"auto"``, a byte budget or module paths, as
+            :func:`check_recompute` returns them.
         forward_outputs: The forward graph's outputs (the loss first): what the forward computes.
         scopes: Node name -> module path, read from the forward model (:func:`module_scopes`).
 
@@ -170,7 +193,8 @@ def recompute_segments(
 
     Raises:
         UnknownNameError: for a module path that names no node of the graph.
-        InvalidValueError: for ``"layers"`` on a graph without repeated blocks.
+        InvalidValueError: for ``"layers"``, ``"auto"`` or a budget on a graph without repeated
+            blocks, or a budget no choice of blocks meets.
     """
     report = RecomputeReport()
     if policy == "none":
@@ -185,10 +209,14 @@ def recompute_segments(
             if key is not None:
                 groups.setdefault(key, []).append(node)
     check_found(policy, groups)
+    segments = {path: _Segment(path, nodes, forward) for path, nodes in groups.items()}
+    if policy == "auto" or isinstance(policy, int):
+        report.plan = _plan(model, policy, segments, forward)
+        segments = {p: segments[p] for p in segments if p in set(report.plan.chosen)}
     names = graph_names(graph)
     values = {out.name: out for node in graph for out in node.outputs if out.name}
-    for path, nodes in groups.items():
-        done = _recompute_one(graph, _Segment(path, nodes, forward), values, names, forward)
+    for path, segment in segments.items():
+        done = _recompute_one(graph, segment, values, names, forward)
         if isinstance(done, str):
             report.skipped[path] = done
             logger.debug("recompute: segment %s left as it is: %s", path, done)
@@ -202,7 +230,7 @@ def recompute_segments(
 
 def recompute_training_model(
     model: onnx.ModelProto,
-    policy: str | tuple[str, ...],
+    policy: str | int | tuple[str, ...],
     forward_outputs: Sequence[str],
     scopes: Mapping[str, str] | None = None,
 ) -> onnx.ModelProto:
@@ -215,6 +243,13 @@ def recompute_training_model(
         return model
     ir_model = from_proto(model)
     report = recompute_segments(ir_model, policy, forward_outputs, scopes)
+    if report.plan is not None:
+        logger.info(
+            "recompute: budget %d bytes, estimate %d bytes kept (%d without recomputation)",
+            report.plan.budget,
+            report.plan.estimate,
+            report.plan.without,
+        )
     logger.info(
         "recompute: %d segments, %d forward nodes cloned; left alone: %s",
         len(report.segments),

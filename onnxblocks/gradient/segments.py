@@ -5,7 +5,8 @@ A node's module path is read from the dynamo exporter's ``pkg.torch.onnx.name_sc
 from the TorchScript exporter's node name (``/model/layers.3/self_attn/MatMul``), else from its
 output names (LoRA's ``model.layers.3.self_attn.q_proj.lora.matmul_0``). ``"layers"`` groups the
 nodes of each repeated block (``layers.N``, ``layer.N``, ``h.N``, ``blocks.N``, ``block.N``); a
-list of module paths groups the nodes under each path.
+list of module paths groups the nodes under each path; ``"auto"`` and a byte budget choose among
+the blocks ``"layers"`` finds (``recompute_plan.py``).
 """
 
 from __future__ import annotations
@@ -27,23 +28,31 @@ _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 _REPEATED = re.compile(r"^(.*?(?:^|\.)(?:layers|layer|h|blocks|block)\.\d+)(?:\.|$)")
 
 
-def check_recompute(recompute: object) -> str | tuple[str, ...]:
-    """``recompute`` as the pass takes it: ``"none"``, ``"layers"`` or a tuple of module paths.
+def check_recompute(recompute: object) -> str | int | tuple[str, ...]:
+    """``recompute`` as the pass takes it: ``"none"``, ``"layers"``, ``"auto"``, a byte budget
+    (a positive int) or a tuple of module paths.
 
     Raises:
-        InvalidTypeError: for a value that is neither a str nor a list of str.
-        InvalidValueError: for another string, or an empty list or path.
+        InvalidTypeError: for a value that is neither a str, an int nor a list of str.
+        InvalidValueError: for another string, a budget below 1 byte, or an empty list or path.
     """
     if recompute is None:
         return "none"
     if isinstance(recompute, str):
-        if recompute in ("none", "layers"):
+        if recompute in ("none", "layers", "auto"):
             return recompute
         raise InvalidValueError(
             f"recompute={recompute!r} is not a policy: pass 'none', 'layers' (every repeated "
-            "block: model.layers.N, encoder.layer.N, h.N...) or a list of module paths "
-            "(['model.layers.0', 'model.layers.1'])."
+            "block: model.layers.N, encoder.layer.N, h.N...), 'auto', a byte budget (an int) "
+            "or a list of module paths (['model.layers.0', 'model.layers.1'])."
         )
+    if isinstance(recompute, int) and not isinstance(recompute, bool):
+        if recompute < 1:
+            raise InvalidValueError(
+                f"recompute={recompute} is not a byte budget: pass the bytes of activations the "
+                "backward may keep (a positive int, e.g. 64 * 2**20), or 'auto'."
+            )
+        return recompute
     if isinstance(recompute, (list, tuple)) and all(isinstance(p, str) for p in recompute):
         paths = tuple(p.strip(".") for p in recompute)
         if not paths or not all(paths):
@@ -53,8 +62,8 @@ def check_recompute(recompute: object) -> str | tuple[str, ...]:
             )
         return paths
     raise InvalidTypeError(
-        f"recompute must be 'none', 'layers' or a list of module paths, not "
-        f"{type(recompute).__name__}: {recompute!r}."
+        f"recompute must be 'none', 'layers', 'auto', a byte budget (int) or a list of module "
+        f"paths, not {type(recompute).__name__}: {recompute!r}."
     )
 
 
@@ -99,13 +108,13 @@ def _paths(node: ir.Node, scopes: Mapping[str, str]) -> Iterable[str]:
 
 
 def segment_of(
-    node: ir.Node, policy: str | tuple[str, ...], scopes: Mapping[str, str]
+    node: ir.Node, policy: str | int | tuple[str, ...], scopes: Mapping[str, str]
 ) -> str | None:
     """The segment ``node`` belongs to under ``policy`` (a block's or a named module path), or
-    None.
+    None. ``"auto"`` and byte budgets take the blocks ``"layers"`` takes, as candidates.
     """
     for path in _paths(node, scopes):
-        if policy == "layers":
+        if not isinstance(policy, tuple):
             match = _REPEATED.match(path)
             if match:
                 return match.group(1)
@@ -116,17 +125,17 @@ def segment_of(
     return None
 
 
-def check_found(policy: str | tuple[str, ...], groups: dict[str, list[ir.Node]]) -> None:
+def check_found(policy: str | int | tuple[str, ...], groups: dict[str, list[ir.Node]]) -> None:
     """Refuse a policy that found nothing: ``"layers"`` without blocks, or unknown module paths.
 
     Raises:
         InvalidValueError: for ``"layers"`` on a model without repeated blocks.
         UnknownNameError: for module paths no forward node belongs to.
     """
-    if policy == "layers":
+    if not isinstance(policy, tuple):
         if not groups:
             raise InvalidValueError(
-                "recompute='layers' found no repeated block in the model (module paths such as "
+                f"recompute={policy!r} found no repeated block in the model (module paths such as "
                 "model.layers.N, encoder.layer.N, h.N in node names or exporter metadata): name "
                 "the blocks with recompute=['<module path>', ...], or pass recompute='none'."
             )

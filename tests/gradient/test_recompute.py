@@ -162,7 +162,7 @@ def test_the_clones_wait_for_the_gradient_after_onnx_runtimes_optimizations(tmp_
     ("recompute", "error", "match"),
     [
         ("everything", InvalidValueError, "'layers'"),
-        (3, InvalidTypeError, "list of module paths"),
+        (3.0, InvalidTypeError, "list of module paths"),
         ([], InvalidValueError, "names no module path"),
         (["model.nowhere"], UnknownNameError, "model.nowhere"),
     ],
@@ -209,7 +209,7 @@ def test_the_cli_takes_module_paths_or_a_policy(tmp_path, capsys) -> None:
         tmp_path / "m.onnx",
     )
     common = ["artifacts", str(tmp_path / "m.onnx"), "--loss", "mse", "--all-params"]
-    assert main([*common, "--recompute", "0", "-o", str(tmp_path / "a")]) == EXIT_OK
+    assert main([*common, "--recompute", "0,", "-o", str(tmp_path / "a")]) == EXIT_OK
     training = onnx.load(tmp_path / "a" / "training_model.onnx", load_external_data=False)
     assert any("_recompute" in n.name for n in training.graph.node)
     capsys.readouterr()
