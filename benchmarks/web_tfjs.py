@@ -100,6 +100,7 @@ def write_plan(path: Path, artifacts: Path, plan, steps: int, model: str = "mlp"
             for name, v in params.items()
         },
         "features": [np.asarray(f, np.float32).reshape(-1).tolist() for f, _ in batches],
+        "onnxShape": list(np.shape(batches[0][0])[1:]),
         "featureShape": list(
             web_cnn.TFJS_FEATURES if model == "cnn" else np.shape(batches[0][0])[1:]
         ),
@@ -124,7 +125,7 @@ def stage_page(site: Path, tfjs: Path, plan_file: Path) -> Path:
     """
     page = site / "tfjs"
     page.mkdir(parents=True, exist_ok=True)
-    for name in ("index.html", "train.mjs"):
+    for name in ("index.html", "train.mjs", "onnxblocks.html"):
         shutil.copyfile(tfjs / name, page / name)
     shutil.copyfile(plan_file, page / "plan.json")
     shutil.copyfile(plan_file, page / plan_file.name)
@@ -155,6 +156,7 @@ def _failure(error: Exception) -> str:
     """Why ``error`` failed: from TensorFlow.js's first ``Error:``, else its first line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     said = [line[line.index("Error:") :] for line in lines if "Error:" in line]
+    said += [line for line in lines if line.startswith("onnxblocks-train:")]
     return (said or lines or ["failed"])[0]
 
 
@@ -221,26 +223,83 @@ def peer_rows(
     return rows  # type: ignore[return-value]
 
 
+#: onnxblocks' browser rows of the CNN: label, query (the demo page's, docs/web.md)
+ONNXBLOCKS_PAGES = (
+    ("WASM, 1 thread", "threads=1"),
+    ("WASM, every core", ""),
+    ("WebGPU, default bundle (SwiftShader)", "ep=webgpu"),
+    ("WebGPU, /webgpu bundle (SwiftShader)", "ep=webgpu&bundle=webgpu"),
+)
+
+
+def _onnxblocks_pages(
+    js: Path, chromium: Path, site: Path, plan_file: Path, steps: int, gpu_steps: int,
+    rounds: int,
+) -> list[tuple[str, float | None, list[float] | str]]:  # fmt: skip
+    """onnxblocks in Chromium (``onnxblocks.html``: js/src/browser.mjs) on the artifacts in
+    ``site/cnn`` and the plan :func:`stage_page` staged; rows as :func:`_tfjs_rows`'.
+    """
+    from onnxblocks.web.server import serving
+
+    times: dict[str, list[float]] = {}
+    losses: dict[str, list[float] | str] = {}
+    for _ in range(rounds):
+        with serving(site) as url:
+            for label, query in ONNXBLOCKS_PAGES:
+                n = gpu_steps if "webgpu" in query else steps
+                address = f"{url}tfjs/onnxblocks.html?plan={plan_file.name}&steps={n}&{query}"
+                name = f"browser, onnxruntime-web 1.30.0 {label}"
+                times.setdefault(name, [])
+                try:
+                    report = web_support.run_node(
+                        js, "tools/browser-run.mjs", address, "--chromium", str(chromium),
+                        "--timeout", "800", timeout=900,
+                    )  # fmt: skip
+                except AssertionError as exc:
+                    losses[name] = _failure(exc)
+                    continue
+                if report.get("status") != "done":
+                    losses[name] = _failure(RuntimeError(str(report.get("error"))))
+                    continue
+                times[name].append(report["seconds"] / n)
+                losses[name] = report["losses"]
+    return [(k, float(np.median(t)) if t else None, losses[k]) for k, t in times.items()]
+
+
 def cnn_table(
     js: Path, chromium: Path, site: Path, steps: int, gpu_steps: int, rounds: int,
     scratch: Path, python_run, node_run_onnxblocks,
 ) -> list[str]:  # fmt: skip
-    """The CNN's table (``web_cnn``): onnxblocks in Python and in Node (onnxruntime-node cpu,
-    ``node_run_onnxblocks``), TensorFlow.js as in :func:`peer_rows`; printable lines.
+    """The CNN's table (``web_cnn``): onnxblocks in Python and in Node (onnxruntime-node cpu and
+    webgpu, ``node_run_onnxblocks``), TensorFlow.js as in :func:`peer_rows`; printable lines.
     """
     artifacts = web_cnn.write_artifacts(scratch / "cnn")
+    shutil.copytree(artifacts, site / "cnn", dirs_exist_ok=True)
     plan = web_cnn.CnnPlan(steps)
     tfjs = workspace(scratch)
     plan_file = write_plan(scratch / "tfjs-cnn.json", artifacts, plan, steps, "cnn")
-    py, node = [], []
+    py, node, node_gpu = [], [], []
+    gpu_losses: list[float] | str = []
     for _ in range(rounds):
         python, seconds = python_run(artifacts, plan, steps)
         py.append(seconds)
         node_losses, seconds = node_run_onnxblocks(js, artifacts, plan, steps, scratch)
         node.append(seconds)
+        try:
+            gpu_losses, seconds = node_run_onnxblocks(
+                js, artifacts, plan, gpu_steps, scratch, "webgpu"
+            )
+            node_gpu.append(seconds)
+        except AssertionError as exc:
+            gpu_losses = _failure(exc)
     rows = [
         ("Python, TrainingSession (portable backend)", float(np.median(py)), python),
         ("Node, onnxruntime-node cpu", float(np.median(node)), node_losses),
+        (
+            "Node, onnxruntime-node webgpu (SwiftShader)",
+            float(np.median(node_gpu)) if node_gpu else None,
+            gpu_losses,
+        ),
         *_tfjs_rows(js, chromium, site, tfjs, plan_file, steps, gpu_steps, rounds),
     ]
     first, python_step = np.array(python[:20]), float(np.median(py))
