@@ -72,7 +72,7 @@ class FoldFloat64Constants(Pass):
                     continue
                 writer.nodes = []
                 news = [
-                    writer.named_const(out.name, np.asarray(r))
+                    writer.named_const(out.name or writer.fresh("folded"), np.asarray(r))
                     for out, r in zip(user.outputs, results, strict=True)
                 ]
                 replace_node(user, writer.nodes, news)
