@@ -21,10 +21,8 @@ import pytest
 import torch
 from onnx import TensorProto
 from support import hf_families
-from support.numerics import check_close
-from support.peft_parity import peft_steps
+from support.peft_parity import assert_steps_match_peft
 from support.quantized_hub import llama_family
-from support.reference64 import family64
 from support.torch_export import export_onnx
 
 from onnxblocks.artifacts import OptimType, generate_artifacts
@@ -105,23 +103,9 @@ def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -
             named[by_initializer[name]].copy_(torch.from_numpy(value))
     info = lora_info(artifacts.training_model)
     assert info is not None
-    session = TrainingSession(tmp_path)
-    session.learning_rate = LR
-    initial = session.parameters()
-    batch = [*family.inputs.values(), family.target]
-    losses = [float(np.asarray(session.train_and_update(*batch)[0])) for _ in range(STEPS)]
-    (want, adapters32), (want64, adapters64) = (
-        peft_steps(family, info, initial, STEPS, LR),
-        peft_steps(family64(family), info, initial, STEPS, LR),
+    assert_steps_match_peft(
+        family, tmp_path, info, steps=STEPS, lr=LR, rtol=RTOL, adapter_rtol=ADAPTER_RTOL[dtype]
     )
-    assert want[-1] < want[0]
-    reports = [check_close(np.float32(losses), np.float32(want), want64, rtol=RTOL, name="losses")]
-    final = session.parameters()
-    for name, value in adapters32.items():
-        bound = ADAPTER_RTOL[dtype]
-        reports.append(check_close(final[name], value, adapters64[name], rtol=bound, name=name))
-    problems = [r for r in reports if r is not None]
-    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ import pytest
 import torch
 from support import hf_families
 from support.numerics import assert_close, check_close
-from support.peft_parity import peft_steps
+from support.peft_parity import assert_steps_match_peft
 from support.portable_env import run_worker
 from support.quantized_hub import (
     dequantized_weights,
@@ -161,22 +161,7 @@ def test_qlora_on_a_quantized_file_matches_peft(hub, form, portable, tmp_path) -
     load_weights(family, dequantized_weights(hub[form]))
     info = lora_info(artifacts.training_model)
     assert info is not None and sorted(info.targets) == [MODULES[0], MODULES[2]]
-    session = TrainingSession(tmp_path)
-    session.learning_rate = LR
-    initial = session.parameters()
-    batch = [*family.inputs.values(), family.target]
-    losses = [float(np.asarray(session.train_and_update(*batch)[0])) for _ in range(STEPS)]
-    (want, adapters32), (want64, adapters64) = (
-        peft_steps(family, info, initial, STEPS, LR),
-        peft_steps(family64(family), info, initial, STEPS, LR),
-    )
-    assert want[-1] < want[0]
-    reports = [check_close(np.float32(losses), np.float32(want), want64, rtol=RTOL, name="losses")]
-    final = session.parameters()
-    for name, value in adapters32.items():
-        reports.append(check_close(final[name], value, adapters64[name], rtol=RTOL, name=name))
-    problems = [r for r in reports if r is not None]
-    assert not problems, "\n".join(problems)
+    assert_steps_match_peft(family, tmp_path, info, steps=STEPS, lr=LR, rtol=RTOL)
 
 
 @pytest.mark.parametrize("form", ["q8", "q4"])

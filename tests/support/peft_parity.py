@@ -4,7 +4,8 @@
 torch model (the module paths are the exported graph's, ``model.model.layers.0.self_attn.q_proj``
 under ``hf_families.Logits``) and copies onnxblocks' initial adapters into them;
 ``peft_steps`` trains the adapters with ``torch.optim.AdamW`` and returns the losses and the final
-adapters, by onnxblocks' initializer names.
+adapters, by onnxblocks' initializer names; ``assert_steps_match_peft`` trains an artifact
+directory's session the same steps and compares both with PEFT's float32 and float64 runs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import numpy as np
 import torch
 
 from onnxblocks.peft import LoraConfig, LoraInfo
+from onnxblocks.runtime import TrainingSession
 from support import hf_families
+from support.numerics import check_close
+from support.reference64 import family64
 
 
 def peft_config(config: LoraConfig):
@@ -89,3 +93,36 @@ def peft_steps(
         final[target.lora_A] = layer.lora_A["default"].weight.detach().numpy().copy()
         final[target.lora_B] = layer.lora_B["default"].weight.detach().numpy().copy()
     return losses, final
+
+
+def assert_steps_match_peft(
+    family: hf_families.Family,
+    directory,
+    info: LoraInfo,
+    *,
+    steps: int,
+    lr: float,
+    rtol: float,
+    adapter_rtol: float | None = None,
+) -> None:
+    """``steps`` AdamW steps of the session at ``directory`` on ``family``'s batch: PEFT's loss
+    falls, and the losses (``rtol``) and the final adapters (``adapter_rtol``, else ``rtol``)
+    match torch + PEFT from the session's initial adapters, or PEFT's float32-vs-float64 distance.
+    """
+    session = TrainingSession(directory)
+    session.learning_rate = lr
+    initial = session.parameters()
+    batch = [*family.inputs.values(), family.target]
+    losses = [float(np.asarray(session.train_and_update(*batch)[0])) for _ in range(steps)]
+    (want, adapters32), (want64, adapters64) = (
+        peft_steps(family, info, initial, steps, lr),
+        peft_steps(family64(family), info, initial, steps, lr),
+    )
+    assert want[-1] < want[0]
+    reports = [check_close(np.float32(losses), np.float32(want), want64, rtol=rtol, name="losses")]
+    final = session.parameters()
+    bound = rtol if adapter_rtol is None else adapter_rtol
+    for name, value in adapters32.items():
+        reports.append(check_close(final[name], value, adapters64[name], rtol=bound, name=name))
+    problems = [r for r in reports if r is not None]
+    assert not problems, "\n".join(problems)
