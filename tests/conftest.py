@@ -21,7 +21,7 @@ several workers:
   tests, are handed out first and the quick ones fill the end, so no worker is left running a long
   module alone at the end (``--no-loadscope-reorder`` keeps this order);
 * the caches the tests build on first use (3.13 venvs, npm packages, apt-get installs) are built by one
-  process while the others wait (``support/cache_lock.py``).
+  process while the others wait (``support/cache_lock.py``), in the one shape of ``support/venvs.py``.
 """
 
 from __future__ import annotations

@@ -19,14 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import tomllib
 
-from support.cache_lock import cache_dir, cache_lock
+from support import venvs
+from support.cache_lock import cache_dir
 
 SUPPORT = Path(__file__).resolve().parent
 ROOT = SUPPORT.parent.parent
@@ -39,6 +38,9 @@ TASKS = ("causal-lm", "sequence-classification", "token-classification", "masked
 
 class OptimumEnvError(RuntimeError):
     """The optimum venv or an export cannot be made; the message says how to reproduce it."""
+
+
+_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def _torch_requirement() -> str:
@@ -69,21 +71,7 @@ def _key(*parts: bytes) -> str:
 
 
 def _run(cmd: list[str], what: str, *, stdin: str | None = None, timeout: int = 1800) -> str:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
-    try:
-        done = subprocess.run(
-            cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise OptimumEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
-    if done.returncode != 0:
-        raise OptimumEnvError(
-            f"{what} failed (exit {done.returncode}). Reproduce with:\n  {' '.join(cmd)}"
-            + (f"  <<< '{stdin}'" if stdin else "")
-            + f"\n{done.stderr[-4000:]}"
-        )
-    return done.stdout
+    return venvs.run(cmd, what, OptimumEnvError, stdin=stdin, timeout=timeout, env=_OFFLINE)
 
 
 def _base_python() -> str:
@@ -101,35 +89,20 @@ def ensure_optimum_python() -> Path:
     interpreter = _base_python()
     key = _key(json.dumps(wanted).encode(), interpreter.encode(), sys.version.encode())
     venv = cache_dir() / f"optimum-{key}"
-    python = venv / "bin" / "python"
-    if (venv / "ready").exists() and python.exists():
-        return python
-    with cache_lock(f"optimum-{key}"):
-        if not ((venv / "ready").exists() and python.exists()):
-            _build(interpreter, venv, wanted)
-    return python
-
-
-def _build(interpreter: str, venv: Path, wanted: list[str]) -> None:
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    staging = cache_dir() / f".building-{venv.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        _run([interpreter, "-m", "venv", os.fspath(staging)], "Creating the optimum venv")
-        pip = [os.fspath(staging / "bin" / "python"), "-m", "pip", "install", "-q"]
-        _run([*pip, *wanted], "Installing optimum into its venv (to build it by hand: "
-             f"python -m venv {venv} && {venv}/bin/python -m pip install "
-             + " ".join(repr(w) for w in wanted) + f" && touch {venv}/ready)")  # fmt: skip
-        probe = "import optimum.exporters.onnx, transformers, torch, tokenizers"
-        _run([os.fspath(staging / "bin" / "python"), "-c", probe], "Checking the optimum venv")
-        (staging / "ready").write_text(json.dumps({"requirements": wanted}))
-        try:
-            staging.rename(venv)
-        except OSError:  # another session finished first: use its venv
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    by_hand = (
+        f"to build it by hand: python -m venv {venv} && {venv}/bin/python -m pip install "
+        + " ".join(repr(w) for w in wanted)
+        + f" && touch {venv}/ready"
+    )
+    return venvs.cached_venv(
+        venv,
+        interpreter,
+        wanted,
+        "import optimum.exporters.onnx, transformers, torch, tokenizers",
+        what=f"optimum ({by_hand})",
+        error=OptimumEnvError,
+        marker={"requirements": wanted},
+    )
 
 
 def optimum_export(family: str, *, with_past: bool = False, task: str = "causal-lm") -> Path:
@@ -154,24 +127,14 @@ def optimum_export(family: str, *, with_past: bool = False, task: str = "causal-
         json.dumps(request, sort_keys=True).encode(), WORKER.read_bytes(), str(python).encode()
     )
     name = f"{family}-{task}-{'past' if with_past else 'nopast'}-{key}"
+
+    def export(staging: Path) -> str:
+        payload = json.dumps({**request, "out": os.fspath(staging / "hub")})
+        _run([os.fspath(python), os.fspath(WORKER)], f"Exporting {name}", stdin=payload)
+        return payload
+
     folder = cache_dir() / "optimum-exports" / name
-    if (folder / "ready").exists():
-        return folder / "hub"
-    with cache_lock(f"optimum-export-{name}"):
-        if not (folder / "ready").exists():
-            staging = folder.parent / f".building-{name}-{os.getpid()}"
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            try:
-                payload = json.dumps({**request, "out": os.fspath(staging / "hub")})
-                _run([os.fspath(python), os.fspath(WORKER)], f"Exporting {name}", stdin=payload)
-                (staging / "ready").write_text(payload)
-                shutil.rmtree(folder, ignore_errors=True)
-                staging.rename(folder)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-    return folder / "hub"
+    return venvs.cached_dir(folder, export, lock=f"optimum-export-{name}") / "hub"
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import tomllib
 
-from support.cache_lock import cache_dir, cache_lock
+from support import venvs
+from support.cache_lock import cache_dir
 
 SUPPORT = Path(__file__).resolve().parent
 TESTS = SUPPORT.parent
@@ -117,18 +118,6 @@ def requirements() -> list[str]:
         return list(tomllib.load(f)["project"]["dependencies"])
 
 
-def _run(cmd: list[str], what: str, timeout: int = 900) -> str:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise PortableEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
-    if done.returncode != 0:
-        raise PortableEnvError(
-            f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}"
-        )
-    return done.stdout
-
-
 def ensure_python313() -> Path:
     """The Python of the cached 3.13 environment with stock onnxruntime, built on first use.
 
@@ -148,10 +137,8 @@ def ensure_python313() -> Path:
 def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: str) -> Path:
     """The Python of a cached 3.13 venv with ``wanted`` installed, built on first use.
 
-    The venv is ``<cache>/<prefix>-<hash>``, the hash of ``wanted``, the interpreter and ``salt``.
-    One process builds it while the others wait (:func:`support.cache_lock.cache_lock`), in a staging
-    directory, checked with ``probe`` (Python code), marked ready and renamed into place, so a
-    concurrent session or pytest-xdist worker never sees half an environment nor builds a second one.
+    The venv is ``<cache>/<prefix>-<hash>``, the hash of ``wanted``, the interpreter and ``salt``,
+    built once and checked with ``probe`` (Python code) by :func:`support.venvs.cached_venv`.
 
     Raises:
         PortableEnvError: when the interpreter is missing or the environment cannot be built.
@@ -161,51 +148,15 @@ def cached_venv(prefix: str, salt: bytes, wanted: list[str], probe: str, what: s
     key = hashlib.sha256(
         json.dumps(wanted).encode() + os.fspath(interpreter).encode() + salt
     ).hexdigest()[:16]
-    venv = cache_dir() / f"{prefix}-{key}"
-    python = venv / "bin" / "python"
-    if (venv / "ready").exists() and python.exists():
-        return python
-    # a concurrent builder's venv is waited for, not built twice
-    with cache_lock(f"{prefix}-{key}"):
-        if not ((venv / "ready").exists() and python.exists()):
-            _build_venv(interpreter, venv, prefix, key, wanted, probe, what)
-    # a venv's scripts name its staging path; python -m works from anywhere, so only the interpreter is used
-    return python
-
-
-def _build_venv(
-    interpreter: Path, venv: Path, prefix: str, key: str, wanted: list[str], probe: str, what: str
-) -> None:
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    staging = cache_dir() / f".building-{prefix}-{key}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        _run(
-            [os.fspath(interpreter), "-m", "venv", os.fspath(staging)],
-            f"Creating the Python 3.13 venv {prefix}",
-        )
-        pip = [
-            os.fspath(staging / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-        ]
-        _run([*pip, *wanted], f"Installing {what} into the 3.13 venv", timeout=1800)
-        _run(
-            [os.fspath(staging / "bin" / "python"), "-c", probe], f"Checking the 3.13 venv {prefix}"
-        )
-        (staging / "ready").write_text(
-            json.dumps({"interpreter": os.fspath(interpreter), "requirements": wanted})
-        )
-        try:
-            staging.rename(venv)
-        except OSError:  # another session finished first: use its environment
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    return venvs.cached_venv(
+        cache_dir() / f"{prefix}-{key}",
+        interpreter,
+        wanted,
+        probe,
+        what=what,
+        error=PortableEnvError,
+        marker={"interpreter": os.fspath(interpreter), "requirements": wanted},
+    )
 
 
 def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:

@@ -18,7 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from support.cache_lock import cache_dir, cache_lock
+from support import venvs
+from support.cache_lock import cache_dir
 
 #: The release the tests load models with (Transformers.js 4.3.x).
 PACKAGE = "@huggingface/transformers@4.3.2"
@@ -38,49 +39,28 @@ def transformers_js() -> Path:
         )
     key = hashlib.sha256(PACKAGE.encode()).hexdigest()[:16]
     folder = cache_dir() / f"transformersjs-{key}"
-    if (folder / "ready").exists():
-        return folder
-    with cache_lock(f"transformersjs-{key}"):
-        if not (folder / "ready").exists():
-            _install(folder)
-    return folder
+    return venvs.cached_dir(folder, _install)
 
 
-def _install(folder: Path) -> None:
-    cache_dir().mkdir(parents=True, exist_ok=True)
-    staging = folder.parent / f".building-{folder.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        (staging / "package.json").write_text(
-            json.dumps({"name": "onnxblocks-tjs-tests", "private": True, "type": "module"})
+def _install(staging: Path) -> str:
+    (staging / "package.json").write_text(
+        json.dumps({"name": "onnxblocks-tjs-tests", "private": True, "type": "module"})
+    )
+    command = ["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", PACKAGE]
+    what = f"npm installing {PACKAGE} (by hand: ONNXRUNTIME_NODE_INSTALL=skip, in {staging.parent})"
+    env = {"ONNXRUNTIME_NODE_INSTALL": "skip"}
+    venvs.run(command, what, TransformersJsError, cwd=staging, env=env)
+    binding = list(
+        (staging / "node_modules" / "onnxruntime-node" / "bin").glob(
+            "napi-v*/linux/x64/onnxruntime_binding.node"
         )
-        command = ["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", PACKAGE]
-        env = {**os.environ, "ONNXRUNTIME_NODE_INSTALL": "skip"}
-        done = subprocess.run(
-            command, cwd=staging, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    if not binding:
+        raise TransformersJsError(
+            f"onnxruntime-node in {staging} has no CPU binary for linux/x64; install it by hand "
+            "(npm install onnxruntime-node@1.30.0 without ONNXRUNTIME_NODE_INSTALL=skip)."
         )
-        if done.returncode != 0:
-            raise TransformersJsError(
-                f"npm could not install {PACKAGE} (exit {done.returncode}); by hand: cd {folder} && "
-                f"ONNXRUNTIME_NODE_INSTALL=skip {' '.join(command)}\n{done.stderr[-3000:]}"
-            )
-        binding = list(
-            (staging / "node_modules" / "onnxruntime-node" / "bin").glob(
-                "napi-v*/linux/x64/onnxruntime_binding.node"
-            )
-        )
-        if not binding:
-            raise TransformersJsError(
-                f"onnxruntime-node in {staging} has no CPU binary for linux/x64; install it by hand "
-                "(npm install onnxruntime-node@1.30.0 without ONNXRUNTIME_NODE_INSTALL=skip)."
-            )
-        (staging / "ready").write_text(PACKAGE)
-        shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    return PACKAGE
 
 
 def run_generate(

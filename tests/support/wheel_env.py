@@ -10,11 +10,11 @@ package is imported from ``site-packages``, never from the checkout.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from support import venvs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,18 +24,7 @@ class WheelEnvError(RuntimeError):
 
 
 def _run(cmd: list[str], what: str, cwd: Path | None = None, timeout: int = 900) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    try:
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise WheelEnvError(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
-    if done.returncode != 0:
-        raise WheelEnvError(
-            f"{what} failed (exit {done.returncode}): {' '.join(cmd)}\n{done.stderr[-4000:]}"
-        )
-    return done.stdout
+    return venvs.run(cmd, what, WheelEnvError, cwd=cwd, timeout=timeout)
 
 
 def source_files() -> list[str]:
@@ -83,8 +72,5 @@ def fresh_venv(directory: Path, wheel: Path) -> Path:
     """A new venv in ``directory`` with ``wheel`` and its dependencies installed; its Python."""
     _run([sys.executable, "-m", "venv", str(directory)], "Creating the venv")
     python = directory / "bin" / "python"
-    _run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-        "pip install wheel",
-    )
+    venvs.pip_install(python, [str(wheel)], "pip install wheel", WheelEnvError)
     return python
