@@ -5,62 +5,40 @@
 by ``save_pretrained``, and ``onnx/model.onnx``: TorchScript with constant folding, eval mode, so
 Linear weights are stored transposed as ``onnx::MatMul_N`` as in Optimum's files), without the
 optimum venv. ``variant="positions"`` exports another graph of the same model (a ``position_ids``
-input too), whose folded names differ: the target of ``export_hub(into=...)``.
+input too), whose folded names differ: the target of ``export_hub(into=...)``. The model and
+the tokenizer are :mod:`support.optimum_worker`'s, with four special tokens.
 """
 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
 
+from support.optimum_worker import model_config, write_tokenizer
 from support.torch_export import quiet
 
-VOCAB, HIDDEN = 64, 32
-WORDS = "the a cat dog sat on mat and ran to of in is it was he she they we you".split()
 SPECIALS = ["[PAD]", "[UNK]", "<s>", "</s>"]
 
 
 def tiny_llama(seed: int = 0):
-    """A random-init 2-layer LLaMA (untied head, eager attention), in eval mode."""
+    """The optimum worker's random-init 2-layer LLaMA (untied head, eager attention), with this
+    folder's special tokens, in eval mode.
+    """
     import transformers as tf
 
     tf.logging.set_verbosity_error()
     torch.manual_seed(seed)
-    config = tf.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        tie_word_embeddings=False, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-        attn_implementation="eager",
-    )  # fmt: skip
+    _, config = model_config("llama", SPECIALS, attn_implementation="eager")
     model = tf.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norms away from one, so no two norm weights are equal
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     return model
-
-
-def _tokenizer(directory: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {token: i for i, token in enumerate([*SPECIALS, *WORDS])}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    settings = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 128,
-        "unk_token": "[UNK]",
-        "pad_token": "[PAD]",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
 
 
 def export_llama(model, variant: str = "default") -> onnx.ModelProto:
@@ -105,7 +83,7 @@ def make_hub(directory: Path, *, variant: str = "default", seed: int = 0) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     model.generation_config.save_pretrained(directory)
-    _tokenizer(directory)
+    write_tokenizer(directory, SPECIALS)
     (directory / "onnx").mkdir(exist_ok=True)
     onnx.save(export_llama(model, variant), directory / "onnx" / "model.onnx")
     return directory

@@ -7,6 +7,9 @@ Run as ``python optimum_worker.py`` with a JSON request on stdin: ``{"family", "
 ``generation_config.json`` for language models, tokenizer files, ``model.safetensors`` and
 ``onnx/model.onnx``). This script runs in its own venv (optimum needs ``transformers<4.58``), so
 it imports nothing of onnxblocks or of the tests.
+
+It is also the tests' one builder of these models and tokenizers: :func:`model_config` and
+:func:`write_tokenizer` serve :mod:`support.hub_models` (the hand-made hub folder, main venv) too.
 """
 
 from __future__ import annotations
@@ -18,12 +21,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
 #: Words of the tokenizer after its special tokens; ids stay below the models' vocabulary of 64.
 WORDS = "the a cat dog sat on mat and ran to of in is it was he she they we you".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "<s>", "</s>"]
+#: Each special token's role in ``tokenizer_config.json`` (and the config's token ids).
+ROLES = {
+    "unk": "[UNK]",
+    "pad": "[PAD]",
+    "cls": "[CLS]",
+    "sep": "[SEP]",
+    "mask": "[MASK]",
+    "bos": "<s>",
+    "eos": "</s>",
+}
 VOCAB = 64
 
 #: Our task names -> (optimum's task, the transformers class suffix).
@@ -35,10 +45,14 @@ TASKS = {
 }
 
 
-def _config(family: str):
+def model_config(family: str, specials: list[str] = SPECIALS, **extra):
+    """The class prefix and the config of a tiny ``family`` model (hidden 32, two layers, vocabulary
+    64) whose pad, bos and eos ids are ``specials``' positions; ``extra`` goes into the config.
+    """
     import transformers as tf
 
-    common = {"vocab_size": VOCAB, "pad_token_id": 0, "bos_token_id": 5, "eos_token_id": 6}
+    ids = {"pad": "pad_token_id", "bos": "bos_token_id", "eos": "eos_token_id"}
+    common = {"vocab_size": VOCAB, **{ids[r]: specials.index(ROLES[r]) for r in ids}, **extra}
     if family == "llama":
         return "Llama", tf.LlamaConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -59,28 +73,22 @@ def _config(family: str):
     raise SystemExit(f"unknown family {family!r}: use llama, qwen2, gpt2 or bert")
 
 
-def _tokenizer(directory: Path) -> None:
+def write_tokenizer(directory: Path, specials: list[str] = SPECIALS) -> None:
+    """A word-level ``tokenizer.json`` (``specials``, then :data:`WORDS`) and its config."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {token: i for i, token in enumerate([*SPECIALS, *WORDS])}
+    vocab = {token: i for i, token in enumerate([*specials, *WORDS])}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    settings = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 128,
-        "unk_token": "[UNK]",
-        "pad_token": "[PAD]",
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "mask_token": "[MASK]",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-    }
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 128}
+    settings |= {f"{role}_token": t for role, t in ROLES.items() if t in specials}
     (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
 
 
 def main() -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
     request = json.load(sys.stdin)
     family, task, with_past = request["family"], request["task"], request["with_past"]
     out = Path(request["out"])
@@ -88,7 +96,7 @@ def main() -> None:
     import transformers as tf
     from optimum.exporters.onnx import main_export
 
-    prefix, config = _config(family)
+    prefix, config = model_config(family)
     optimum_task, suffix = TASKS[task]
     if with_past:
         optimum_task += "-with-past"
@@ -98,7 +106,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pretrained, exported = Path(tmp) / "pretrained", Path(tmp) / "exported"
         model.save_pretrained(pretrained, safe_serialization=True)
-        _tokenizer(pretrained)
+        write_tokenizer(pretrained)
         main_export(
             model_name_or_path=str(pretrained),
             output=str(exported),
