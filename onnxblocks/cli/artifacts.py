@@ -13,6 +13,7 @@ from onnxblocks.cli.lora_spec import LORA_KEYS as LORA_KEYS
 from onnxblocks.cli.lora_spec import lora_config
 from onnxblocks.cli.parameter_choice import FLOAT_TYPES, match_all, select_parameters
 from onnxblocks.cli.paths import output_dir
+from onnxblocks.cli.subcommand import subcommand
 from onnxblocks.cli.tables import format_bytes
 
 #: ``--loss`` choices and the LossType member each selects (None: the model's first output is the
@@ -63,14 +64,14 @@ Run 'onnxblocks inspect model.onnx' to list the initializers."""
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``artifacts`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "artifacts",
-        parents=parents,
         help="generate training artifacts (training/eval/optimizer models, checkpoint)",
         description="Generate the ONNX Runtime training artifacts of a model: training_model.onnx, "
         "eval_model.onnx, optimizer_model.onnx and checkpoint.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument(
         "model", metavar="MODEL.onnx", help="the forward model, or a hub folder (docs/hub.md)"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, CliError
+from onnxblocks.cli.subcommand import subcommand
 from onnxblocks.cli.tables import format_bytes
 
 EXAMPLES = """\
@@ -26,15 +27,15 @@ command does it on demand."""
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``clean`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "clean",
-        parents=parents,
         help="remove the staging folders killed runs left in or beside an artifact directory",
         description="Remove the staging folders that killed generate_artifacts runs left in or "
         "beside DIR "
         "(rolling back a replacement they cut short), and list those kept.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument("directory", metavar="DIR", help="artifact directory")
     parser.set_defaults(handler=run)

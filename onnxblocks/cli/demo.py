@@ -7,6 +7,7 @@ from typing import Any
 
 from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_OK, CliError
 from onnxblocks.cli.paths import output_dir, require
+from onnxblocks.cli.subcommand import subcommand
 
 EXAMPLES = """\
 examples:
@@ -22,9 +23,10 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``demo`` subcommand."""
     from onnxblocks.demo import DEFAULT_OUTPUT_DIR, TARGET_ACCURACY
 
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "demo",
-        parents=parents,
         help="train a small classifier end to end (no torch, no downloads)",
         description="Build a small MLP with onnx.helper, compose a custom loss from blocks, "
         "generate artifacts, "
@@ -32,8 +34,7 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "PNG, "
         f"export the inference model and check it with onnxruntime (target accuracy "
         f">= {TARGET_ACCURACY}). Takes seconds on a laptop CPU.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument(
         "--output-dir",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_OK
+from onnxblocks.cli.subcommand import subcommand
 
 #: The Python versions looked for besides the running one.
 VERSIONS = ((3, 14), (3, 13), (3, 12), (3, 11), (3, 10))
@@ -30,9 +31,10 @@ VERSIONS = ((3, 14), (3, 13), (3, 12), (3, 11), (3, 10))
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``doctor`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "doctor",
-        parents=parents,
         help="report which backend and gradient builder each Python on this machine would use",
         description="For this Python and each Python 3.10-3.14 found (pyenv, uv, PATH): the "
         "onnxruntime build "

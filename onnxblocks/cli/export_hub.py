@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from onnxblocks.cli.errors import EXIT_OK, EXIT_USAGE, CliError
+from onnxblocks.cli.subcommand import subcommand
 
 EXAMPLES = """\
 examples:
@@ -24,15 +25,15 @@ _CHOICES = ("q8", "q4")
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``export-hub`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "export-hub",
-        parents=parents,
         help="write trained artifacts as a hub folder (Transformers.js, transformers)",
         description="Write the trained model of ARTIFACTS as a hub folder: config and tokenizer "
         "files of the source folder, onnx/model.onnx with the trained weights, quantized files, "
         "and model.safetensors under Hugging Face's names.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument("artifacts", metavar="ARTIFACTS", help="artifact directory")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="the hub folder to write (new or empty)")

@@ -24,6 +24,7 @@ from onnxblocks._core.interrupts import stop_on_signals
 from onnxblocks.cli import federate_js
 from onnxblocks.cli.errors import EXIT_FAILURE, EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.paths import output_dir, output_file, require
+from onnxblocks.cli.subcommand import subcommand
 
 STRATEGIES = ("fedavg", "fedprox", "fedadam", "fedyogi")
 
@@ -47,9 +48,10 @@ after a run that succeeded and named in the error of one that failed)."""
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``federate`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "federate",
-        parents=parents,
         help="federated training on Flower's deployment engine on localhost",
         description="Train the artifacts of ARTIFACTS federatedly: a Flower SuperLink and one "
         "SuperNode per "
@@ -58,8 +60,7 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "(also on Ctrl-C). The server starts from the artifacts' checkpoint and aggregates with "
         "one of Flower's "
         'strategies. Needs Flower: pip install "onnxblocks[flower]".',
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument(
         "directory", metavar="ARTIFACTS", help="artifact directory (the server's global model)"

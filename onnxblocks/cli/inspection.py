@@ -17,6 +17,7 @@ from typing import Any
 
 from onnxblocks._core.contracts import ArtifactNames, is_accumulation_value
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, CliError
+from onnxblocks.cli.subcommand import subcommand
 from onnxblocks.cli.tables import format_bytes, format_table
 
 EXAMPLES = """\
@@ -29,15 +30,15 @@ examples:
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``inspect`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "inspect",
-        parents=parents,
         help="show inputs, outputs and parameters of a model or artifact directory",
         description="Print a table of the inputs, outputs and parameters (shape, dtype, "
         "trainable/frozen, "
         "bytes, totals) of an ONNX model file or of a training artifact directory.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument(
         "path",

@@ -14,6 +14,7 @@ import numpy as np
 from onnxblocks.cli.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 from onnxblocks.cli.hub_options import add_train_options
 from onnxblocks.cli.preflight import check_data, check_export, check_options
+from onnxblocks.cli.subcommand import subcommand
 
 EXAMPLES = """\
 examples:
@@ -35,15 +36,15 @@ schedule, so --resume continues bit for bit."""
 
 def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Register the ``train`` subcommand."""
-    parser = commands.add_parser(
+    parser = subcommand(
+        commands,
+        parents,
         "train",
-        parents=parents,
         help="train artifacts on an .npz dataset",
         description="Train the artifacts of DIR with ONNX Runtime on arrays from an .npz file, "
         "with a progress "
         "bar, optional evaluation, learning-rate schedule, checkpoints and export.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        examples=EXAMPLES,
     )
     parser.add_argument("directory", metavar="DIR", help="artifact directory")
     parser.add_argument("--prefix", default="", help="file-name prefix of the artifacts")
