@@ -192,16 +192,6 @@ class AdamW(Optimizer):
         attributes = self.step_block.attributes()
         return spec_type().kernel("adamw", attributes, self.max_norm, elem_type, names)
 
-    def build(self, parameters: Any) -> Any:
-        """ONNX Runtime's ``AdamWOptimizer`` model, or the standard-op one with amsgrad, maximize
-        or groups.
-        """
-        if self.standard is not None:
-            out = self.standard.build(parameters)
-            self._spec_inputs = self.standard._spec_inputs
-            return out
-        return super().build(parameters)
-
     def update(
         self,
         learning_rate: Value,

@@ -176,6 +176,9 @@ class Optimizer(ForwardBlock):
 
     #: Sequence inputs after ``params`` and ``gradients`` (optimizer state).
     state_inputs: tuple[str, ...] = (FIRST_ORDER_MOMENTS,)
+    #: The standard-op optimizer that builds this block's model where ONNX Runtime's kernel
+    #: cannot (e.g. AdamW with amsgrad or parameter groups), else None.
+    standard: Optimizer | None = None
 
     def __init__(self, clip_grad: ClipGradNorm | float | None = None) -> None:
         super().__init__()
@@ -210,6 +213,10 @@ class Optimizer(ForwardBlock):
             parameters: ``(trainable, frozen)``: sequences of ``onnx.TensorProto`` or
                 TensorSource; the trainable ones share one float element type.
         """
+        if self.standard is not None:
+            out = self.standard.build(parameters)
+            self._spec_inputs = self.standard._spec_inputs
+            return out
         acc = self.accessor
         elem_type = parameter_elem_type(parameters)
         self._spec_inputs = (tuple(parameters[0]), elem_type)

@@ -97,14 +97,6 @@ class SGD(Optimizer):
         names = [p.name for p in trainable]
         return spec_type().kernel("sgd", {}, self.max_norm, elem_type, names)
 
-    def build(self, parameters: Any) -> Any:
-        """The plain SGD model, or the standard-op one (see the class docs)."""
-        if self.standard is not None:
-            out = self.standard.build(parameters)
-            self._spec_inputs = self.standard._spec_inputs
-            return out
-        return super().build(parameters)
-
     def update(
         self,
         learning_rate: Value,
