@@ -5,9 +5,7 @@ DeprecationWarning naming that import.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
+from onnxblocks._core.moved import moved_names
 from onnxblocks.runtime import schedules as _schedules
 from onnxblocks.runtime.schedules import warmup as _warmup
 
@@ -26,13 +24,9 @@ _NAMES = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is deprecated: import it from onnxblocks.runtime.schedules.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    home = _warmup if name in _schedules.WARMUP_ALIASES else _schedules
-    return getattr(home, name)
+__getattr__ = moved_names(
+    __name__,
+    _NAMES,
+    "onnxblocks.runtime.schedules",
+    lambda name: getattr(_warmup if name in _schedules.WARMUP_ALIASES else _schedules, name),
+)
