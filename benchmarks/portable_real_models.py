@@ -16,11 +16,8 @@ pinned torch: ``pip install torch==2.13.0 transformers``.
 
 from __future__ import annotations
 
-import contextlib
 import io
-import logging
 import os
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -200,35 +197,19 @@ REAL_MODELS: dict[str, Callable] = {
 STATIC: set[str] = set()
 
 
-@contextlib.contextmanager
-def _quiet():
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    with (
-        warnings.catch_warnings(),
-        open(os.devnull, "w") as devnull,
-        contextlib.redirect_stdout(devnull),
-    ):
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logger.setLevel(level)
-
-
 def export_model(name: str):
     """``(onnx model, trainable initializer names, [*inputs, labels])`` of the real model
     ``name``.
     """
     import onnx
+    from support.torch_export import quiet  # tests/ is on the path (bench_portable.py)
 
     torch = _torch()
     torch.manual_seed(0)
     module, inputs, labels = REAL_MODELS[name]()
     module.train()
     f = io.BytesIO()
-    with _quiet():
+    with quiet():
         torch.onnx.export(
             module,
             tuple(torch.from_numpy(a) for a in inputs),
