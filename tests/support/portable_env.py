@@ -30,6 +30,7 @@ import tomllib
 
 from support import venvs
 from support.cache_lock import cache_dir
+from support.json_child import json_answer
 
 SUPPORT = Path(__file__).resolve().parent
 TESTS = SUPPORT.parent
@@ -167,25 +168,10 @@ def run_worker(python: Path, payload: dict, timeout: int = 900) -> dict:
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.fspath(ROOT), os.fspath(TESTS)])}
     env.pop("PYTHONHOME", None)
-    done = subprocess.run(
-        [os.fspath(python), os.fspath(SUPPORT / "portable_worker.py")],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        check=False,
+    worker = [os.fspath(python), os.fspath(SUPPORT / "portable_worker.py")]
+    return json_answer(
+        worker, "the Python 3.13 worker", stdin=json.dumps(payload), env=env, timeout=timeout
     )
-    if done.returncode != 0:
-        raise AssertionError(
-            f"the Python 3.13 worker failed (exit {done.returncode}):\n{done.stderr[-6000:]}"
-        )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise AssertionError(
-            f"the Python 3.13 worker printed no JSON answer:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        )
-    return json.loads(lines[-1])
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from support import venvs
 from support.cache_lock import cache_dir
+from support.json_child import json_answer
 
 #: The release the tests load models with (Transformers.js 4.3.x).
 PACKAGE = "@huggingface/transformers@4.3.2"
@@ -85,16 +85,7 @@ def run_generate(
         ]  # fmt: skip
     else:
         command = ["node", os.fspath(SCRIPT), request]
-    done = subprocess.run(
-        command, cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise AssertionError(
-            f"{' '.join(command[:2])} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
-            f"{done.stderr[-4000:]}"
-        )
-    result = json.loads(lines[-1])
+    result = json_answer(command, " ".join(command[:2]), cwd=folder, env=env, timeout=600)
     assert "tokens" in result, (
         f"Transformers.js failed: {result.get('error')} {result.get('console')}"
     )

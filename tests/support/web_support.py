@@ -17,14 +17,13 @@ checkout's ``js/`` is never written to.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from onnxblocks.web.npm import NpmError, install_js_dependencies, js_dir
 from support.cache_lock import cache_dir, cache_lock
+from support.json_child import json_answer
 from support.system_tools import SystemToolError, debian_tool
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
@@ -104,22 +103,5 @@ def run_node(
     Raises:
         AssertionError: when it fails, with its error output.
     """
-    done = subprocess.run(
-        ["node", str(js / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=js,
-        check=False,
-        env=env,
-    )
-    if done.returncode != 0:
-        raise AssertionError(
-            f"node {script} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
-        )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise AssertionError(
-            f"node {script} printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-        )
-    return json.loads(lines[-1])
+    cmd = ["node", str(js / script), *args]
+    return json_answer(cmd, f"node {script}", cwd=js, env=env, timeout=timeout)
