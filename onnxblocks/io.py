@@ -17,6 +17,7 @@ from pathlib import Path
 
 import onnx
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import tensor_bytes as _tensor_bytes
 from onnxblocks._core import weights as _weights
@@ -108,14 +109,7 @@ def save_model(
         raise InvalidTypeError(
             f"save_model() takes an onnx.ModelProto, not {type(model).__name__}."
         )
-    if (
-        isinstance(external_data_threshold, bool)
-        or not isinstance(external_data_threshold, int)
-        or external_data_threshold < 0
-    ):
-        raise InvalidValueError(
-            f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}."
-        )
+    _hyper.count(external_data_threshold, "external_data_threshold")
     target = as_path(path, "path")
     data_location = _check_location(location if location is not None else target.name + ".data")
     data_path = target.parent / data_location

@@ -11,7 +11,9 @@ value one path refuses cannot come in through another:
 * :func:`beta`, :func:`eps`, :func:`weight_decay`: ``torch.optim``'s ranges
   (``0 <= beta < 1``, ``eps >= 0``, ``weight_decay >= 0``), finite;
 * :func:`step`: an int (not a bool) in ``[0, MAX_STEP]``, so that the next step
-  still fits in int64 and in a JavaScript number.
+  still fits in int64 and in a JavaScript number;
+* :func:`count`: an int (not a bool) at least some bound (steps of a schedule, batch sizes,
+  byte thresholds).
 
 Each error names ``what`` (the argument, option or file field) and the valid range.
 """
@@ -111,3 +113,14 @@ def step(value: object, what: str = "step") -> int:
             f"{what} must be an int in [0, {MAX_STEP}] (2**53 - 1), got {number}."
         )
     return number
+
+
+def count(value: object, what: str, least: int = 0) -> int:
+    """``value`` as a count: an int (not a bool) ``>= least``.
+
+    Raises:
+        InvalidValueError: for anything else, naming ``what`` and ``least``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InvalidValueError(f"{what} must be an int >= {least}, got {value!r}.")
+    return value

@@ -222,14 +222,7 @@ def save_checkpoint(
             "TensorSource, "
             f"not {type(parameters).__name__}. Pass e.g. ([w, b], [])."
         )
-    if (
-        isinstance(external_data_threshold, bool)
-        or not isinstance(external_data_threshold, int)
-        or external_data_threshold < 0
-    ):
-        raise InvalidValueError(
-            f"external_data_threshold must be an int >= 0, got {external_data_threshold!r}."
-        )
+    _hyper.count(external_data_threshold, "external_data_threshold")
     groups = []
     params: Any
     for role, params in zip(("Trainable", "Frozen"), parameters, strict=True):

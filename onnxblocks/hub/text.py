@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from onnxblocks._core.errors import FileMissingError, InvalidValueError, MissingDependencyError
+from onnxblocks._core.hyperparams import count
 from onnxblocks._core.weights import load_structure
 from onnxblocks.hub.record import has_record, read_record
 
@@ -124,8 +125,7 @@ class TextBatches:
         seed: int = 0,
     ) -> None:
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidValueError(f"TextBatches: {name} must be an int >= 1, not {value!r}.")
+            count(value, f"TextBatches: {name}", 1)
         text = _read_text(text)
         eos = None
         if isinstance(tokenizer, (str, os.PathLike)):

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError
 from onnxblocks.runtime.callbacks import Callback
 from onnxblocks.runtime.data import ArrayBatches, as_batch, batch_rows, batches_left, is_iterable
@@ -88,12 +89,8 @@ def fit(
     """
     import time
 
-    if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-        raise InvalidValueError(
-            f"accumulation_steps must be an int >= 1, got {accumulation_steps!r}."
-        )
-    if not isinstance(epochs, int) or epochs < 0:
-        raise InvalidValueError(f"epochs must be an int >= 0, got {epochs!r}.")
+    _hyper.count(accumulation_steps, "accumulation_steps", 1)
+    _hyper.count(epochs, "epochs")
     if max_steps is not None and max_steps < 1:
         raise InvalidValueError(f"max_steps must be >= 1 or None, got {max_steps!r}.")
     session._require_optimizer()  # the clear "no optimizer model" error, before any work

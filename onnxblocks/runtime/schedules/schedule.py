@@ -89,16 +89,11 @@ def schedule_from_dict(state: dict[str, Any]) -> Schedule:
 
 
 def _count(owner: str, name: str, value: Any, least: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise InvalidValueError(f"{owner}: {name} must be an int >= {least}, got {value!r}.")
-    return value
+    return _hyper.count(value, f"{owner}: {name}", least)
 
 
 def _check_count(owner: object, name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidValueError(
-            f"{type(owner).__name__}: {name} must be an int >= 0, got {value!r}."
-        )
+    _hyper.count(value, f"{type(owner).__name__}: {name}")
 
 
 def _check_total(owner: object, total_steps: Any, warmup_steps: int) -> None:
