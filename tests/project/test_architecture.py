@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support.imports import module_imports, package_modules
+from support.imports import module_imports, package_modules, strongly_connected
 
 PACKAGE = Path(__file__).resolve().parents[2] / "onnxblocks"
 
@@ -100,47 +100,7 @@ def test_no_import_cycles():
         for target, _, type_only in imports:
             if not type_only:
                 edges[module].add(target)
-    # Tarjan's strongly connected components, iteratively
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-    counter = 0
-    for root in MODULES:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(edges[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    top = stack.pop()
-                    on_stack.discard(top)
-                    component.append(top)
-                    if top == node:
-                        break
-                if len(component) > 1:
-                    cycles.append(sorted(component))
+    cycles = [sorted(group) for group in strongly_connected(edges)]
     # a package __init__ that re-exports its submodules is not a cycle unless a submodule imports it back
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from support.imports import module_imports, package_modules
+from support.imports import module_imports, package_modules, strongly_connected
 
 PACKAGE = Path(__file__).resolve().parents[2] / "onnxblocks"
 
@@ -36,44 +36,7 @@ def import_graph(root: Path) -> dict[str, dict[str, int]]:
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     """One cycle through each strongly connected group of modules, as a closed path."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    groups: list[set[str]] = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(sorted(graph[root])))]
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                group = set()
-                while True:
-                    top = stack.pop()
-                    on_stack.discard(top)
-                    group.add(top)
-                    if top == node:
-                        break
-                if len(group) > 1:
-                    groups.append(group)
-    return [_path_through(graph, group) for group in groups]
+    return [_path_through(graph, group) for group in strongly_connected(graph)]
 
 
 def _path_through(graph: dict[str, dict[str, int]], group: set[str]) -> list[str]:

@@ -4,13 +4,14 @@ tests (layers, the ORT door) and the import-cycle test.
 Each import statement is resolved to the package's modules it loads (relative imports included;
 ``from pkg import sub`` names the submodule when there is one, else ``pkg`` itself) and tagged with
 where it sits: at module level (also inside ``if``/``try``/``with`` blocks there) or inside a function
-or class body, and whether it is under ``if TYPE_CHECKING``.
+or class body, and whether it is under ``if TYPE_CHECKING``. :func:`strongly_connected` finds the
+groups of modules that import each other (Tarjan's algorithm) in a graph built from them.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +84,48 @@ def module_imports(module: str, path: Path, modules: Mapping[str, Path]) -> list
             if target in modules and target != module:
                 found.append(Import(target, node.lineno, module_level, type_checking))
     return found
+
+
+def strongly_connected(graph: Mapping[str, Iterable[str]]) -> list[set[str]]:
+    """The groups of two or more nodes of ``graph`` (node -> the nodes it points to) that reach
+    each other (Tarjan's strongly connected components, iteratively, in sorted order).
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> tuple[str, Iterator[str]]:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        return node, iter(sorted(graph.get(node, ())))
+
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [visit(root)]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    work.append(visit(child))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    group.add(top)
+                    if top == node:
+                        break
+                if len(group) > 1:
+                    groups.append(group)
+    return groups
