@@ -9,6 +9,7 @@ directory (:mod:`onnxblocks.peft.files`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,22 +109,13 @@ class InferenceExport(ParameterAccess):
         )  # export_inference refuses an empty `names`, saying what to pass
         backend = self._backend
         specs = {n: backend.parameter_spec(n) for n in self.parameter_names()}
-        if not use_ema:
-            return export_inference(
-                self.files.eval_model,
-                Path(path),
-                names,
-                specs,
-                backend.get_parameter,
-                self.eval_output_names,
-                merge,
-            )
-        if self.weight_ema is None or self.weight_ema.average is None:
+        if use_ema and (self.weight_ema is None or self.weight_ema.average is None):
             raise StateError(
                 "export_inference_model(use_ema=True): the session holds no weight EMA. Train with "
                 "fit(..., callbacks=[WeightEMA(decay)]) or load a checkpoint saved from such a run."
             )
-        with self.weight_ema.applied(self):
+        ema = self.weight_ema if use_ema else None
+        with ema.applied(self) if ema is not None else contextlib.nullcontext():
             return export_inference(
                 self.files.eval_model,
                 Path(path),
