@@ -125,6 +125,20 @@ class LSTMNet(torch.nn.Module):
         return self.fc(out[:, -1])
 
 
+class TwoHeads(torch.nn.Module):
+    """A tanh trunk and two heads (3 and 2 outputs); the torch tests' loss reads the first only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = torch.nn.Linear(4, 8)
+        self.a = torch.nn.Linear(8, 3)
+        self.b = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.trunk(x))
+        return self.a(h), self.b(h)
+
+
 @dataclass
 class Case:
     """A torch model, one batch of inputs and targets, and its ONNX export."""

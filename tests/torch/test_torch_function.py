@@ -30,20 +30,6 @@ RTOL = 1e-5
 EXPORTERS = ("torchscript", "dynamo")
 
 
-class TwoHeads(torch.nn.Module):
-    """A trunk and two heads; the tests' loss reads the first head only."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.trunk = torch.nn.Linear(4, 8)
-        self.a = torch.nn.Linear(8, 3)
-        self.b = torch.nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = torch.tanh(self.trunk(x))
-        return self.a(h), self.b(h)
-
-
 @functools.cache
 def _case(
     name: str, exporter: str
@@ -61,7 +47,7 @@ def _case(
         model.drop.p = 0.5
     else:
         torch.manual_seed(0)
-        model = TwoHeads()
+        model = models.TwoHeads()
         inputs = {"x": np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)}
     model.eval()
     return model, inputs, models.export(model, inputs, exporter, train_mode=False)

@@ -28,22 +28,10 @@ RTOL = 1e-5
 EXPORTERS = ("torchscript", "dynamo")
 
 
-class TwoHeads(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.trunk = torch.nn.Linear(4, 8)
-        self.a = torch.nn.Linear(8, 3)
-        self.b = torch.nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = torch.tanh(self.trunk(x))
-        return self.a(h), self.b(h)
-
-
 def _family(name: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     if name == "two_heads":
         torch.manual_seed(0)
-        return TwoHeads(), [torch.randn(5, 4)]
+        return models.TwoHeads(), [torch.randn(5, 4)]
     model, inputs, _, _ = models.family(name)
     if name == "cnn":
         model.drop.p = 0.5
