@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from onnxblocks._core.moved import moved_names
 from onnxblocks.runtime import schedules as _schedules
-from onnxblocks.runtime.schedules import warmup as _warmup
 
 _NAMES = frozenset(
     (
@@ -28,5 +27,5 @@ __getattr__ = moved_names(
     __name__,
     _NAMES,
     "onnxblocks.runtime.schedules",
-    lambda name: getattr(_warmup if name in _schedules.WARMUP_ALIASES else _schedules, name),
+    lambda name: getattr(_schedules, name),
 )

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from support.cache_lock import cache_lock
+from support.json_child import finished
 
 READY = "ready"
 PIP_INSTALL = ("-m", "pip", "install", "-q", "--disable-pip-version-check")
@@ -43,16 +44,7 @@ def run(
     child = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     child.update(env or {})
     try:
-        done = subprocess.run(
-            cmd,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=cwd,
-            env=child,
-            check=False,
-        )
+        done = finished(cmd, stdin=stdin, cwd=cwd, env=child, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise error(f"{what} did not finish in {timeout} s: {' '.join(cmd)}") from None
     if done.returncode != 0:
