@@ -98,26 +98,29 @@ def _transformers():
     return transformers
 
 
-def _decoder_lm(kind: str) -> nn.Module:
+def decoder_lm(kind: str, **sizes: int) -> nn.Module:
+    """A random-init one-layer ``kind`` (llama, qwen2, mistral) causal LM, small unless ``sizes``
+    (config fields: ``hidden_size``, ``vocab_size``...) say otherwise.
+    """
     t = _transformers()
     config_class, model_class = {
         "llama": (t.LlamaConfig, t.LlamaForCausalLM),
         "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
         "mistral": (t.MistralConfig, t.MistralForCausalLM),
     }[kind]
-    config = config_class(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=16,
-        use_cache=False,
-        attention_dropout=0.0,
-        tie_word_embeddings=False,
-    )
-    return model_class(config)
+    small = {
+        "vocab_size": VOCAB,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 16,
+        "use_cache": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+    }
+    return model_class(config_class(**(small | sizes)))
 
 
 def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
@@ -128,7 +131,7 @@ def _builders() -> dict[str, Callable[[np.random.Generator], Family]]:
 
     def lm(kind):
         return lambda rng: Family(
-            kind, _decoder_lm(kind), {"input_ids": tokens(rng)}, tokens(rng), "ce_last"
+            kind, decoder_lm(kind), {"input_ids": tokens(rng)}, tokens(rng), "ce_last"
         )
 
     def t5(rng):

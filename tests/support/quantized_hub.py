@@ -49,21 +49,8 @@ for fmt, out in ((QuantFormat.QOperator, q4), (QuantFormat.QDQ, qdq)):
 
 def llama_family() -> hf_families.Family:
     """A tiny LLaMA (hidden 64, intermediate 128, vocabulary 128: rows of two blocks of 32)."""
-    import transformers
-
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=16,
-        use_cache=False,
-        tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(config)
+    model = hf_families.decoder_lm("llama", vocab_size=128, hidden_size=64, intermediate_size=128)
     model.set_attn_implementation("eager")
     rng = np.random.default_rng(0)
     inputs = {"input_ids": rng.integers(0, 128, (2, 8)).astype(np.int64)}
