@@ -11,7 +11,6 @@ the tokenizer are :mod:`support.optimum_worker`'s, with four special tokens.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import onnx
 import torch
 
 from support.optimum_worker import model_config, write_tokenizer
-from support.torch_export import quiet
+from support.torch_export import export_onnx
 
 SPECIALS = ["[PAD]", "[UNK]", "<s>", "</s>"]
 
@@ -48,12 +47,11 @@ def export_llama(model, variant: str = "default") -> onnx.ModelProto:
     would prefix every parameter name); ``variant="positions"`` adds a ``position_ids`` input,
     which renumbers the folded weights.
     """
-    ids = torch.tensor([[2, 5, 6, 7, 8]], dtype=torch.int64)
-    args: tuple = (ids, torch.ones_like(ids))
-    names = ["input_ids", "attention_mask"]
+    ids = np.array([[2, 5, 6, 7, 8]], dtype=np.int64)
+    inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     if variant == "positions":
-        args, names = (*args, torch.arange(5).unsqueeze(0)), [*names, "position_ids"]
-    axes = {n: {0: "batch", 1: "sequence"} for n in [*names, "logits"]}
+        inputs["position_ids"] = np.arange(5, dtype=np.int64)[None]
+    axes = {n: {0: "batch", 1: "sequence"} for n in [*inputs, "logits"]}
     own = type(model)
 
     class Exported(own):  # type: ignore[misc, valid-type]
@@ -64,17 +62,15 @@ def export_llama(model, variant: str = "default") -> onnx.ModelProto:
             )  # fmt: skip
             return out.logits
 
-    f = io.BytesIO()
     model.__class__ = Exported
     try:
-        with quiet(), torch.no_grad():
-            torch.onnx.export(
-                model, args, f, input_names=names, output_names=["logits"], dynamic_axes=axes,
-                opset_version=17, dynamo=False, do_constant_folding=True,
+        with torch.no_grad():
+            return export_onnx(
+                model, inputs, dynamo=False, opset=17, outputs=["logits"], dynamic_axes=axes,
+                training=False, fold=True,
             )  # fmt: skip
     finally:
         model.__class__ = own
-    return onnx.load_from_string(f.getvalue())
 
 
 def make_hub(directory: Path, *, variant: str = "default", seed: int = 0) -> Path:

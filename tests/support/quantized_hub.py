@@ -16,7 +16,6 @@ contrib op's and the ONNX spec's definitions): module path -> the float ``[out, 
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import subprocess
@@ -28,7 +27,7 @@ import torch
 from onnx import numpy_helper
 
 from support import hf_families
-from support.torch_export import quiet
+from support.torch_export import export_onnx
 
 _QUANTIZE_4BIT = """
 import sys, onnx
@@ -69,21 +68,10 @@ def load_weights(family: hf_families.Family, weights: dict[str, np.ndarray]) -> 
 
 def export_folded(family: hf_families.Family, path: Path) -> Path:
     """``family``'s model exported as Optimum does (TorchScript, constant folding, opset 17)."""
-    args = tuple(torch.from_numpy(v) for v in family.inputs.values())
-    buffer = io.BytesIO()
-    with quiet():
-        torch.onnx.export(
-            family.model,
-            args,
-            buffer,
-            input_names=list(family.inputs),
-            output_names=["output"],
-            dynamo=False,
-            do_constant_folding=True,
-            opset_version=17,
-            training=torch.onnx.TrainingMode.EVAL,
-        )
-    onnx.save(onnx.load_from_string(buffer.getvalue()), path)
+    model = export_onnx(
+        family.model, family.inputs, dynamo=False, opset=17, training=False, fold=True
+    )
+    onnx.save(model, path)
     return path
 
 

@@ -51,11 +51,13 @@ def export_onnx(
     outputs: Sequence[str] = ("output",),
     dynamic_axes: dict[str, dict[int, str]] | None = None,
     training: bool = True,
+    fold: bool = False,
 ) -> onnx.ModelProto:
     """``model`` exported on ``inputs`` (by name, in order); ``model`` itself is traced.
 
-    ``opset`` None: the exporter's default. ``dynamic_axes`` and ``training`` apply to TorchScript
-    (dynamo exports in the module's own mode, with static shapes here).
+    ``opset`` None: the exporter's default. ``dynamic_axes``, ``training`` and ``fold`` (constant
+    folding, as Optimum exports) apply to TorchScript (dynamo exports in the module's own mode,
+    with static shapes here).
     """
     args = tuple(torch.from_numpy(v) for v in inputs.values())
     names = list(inputs)
@@ -69,7 +71,7 @@ def export_onnx(
                 input_names=names,
                 output_names=list(outputs),
                 dynamo=False,
-                do_constant_folding=False,
+                do_constant_folding=fold,
                 opset_version=opset,
                 training=torch.onnx.TrainingMode.TRAINING
                 if training
