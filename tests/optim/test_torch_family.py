@@ -62,6 +62,29 @@ def _model(block) -> onnx.ModelProto:
     return block.to_model_proto()
 
 
+def _ours_run(model: onnx.ModelProto) -> tuple:
+    """The optimizer model's spec, and its parameters and states after each of the steps, fed as
+    the session feeds it (``lr_at``, the step count, ``gradients``) from :func:`initial`."""
+    spec = read_optimizer(model)
+    session = onnxruntime().InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = list(SHAPES)
+    params = [initial()[n] for n in names]
+    states = [[np.zeros_like(p) for p in params] for _ in spec.states]
+    history = []
+    for step in range(STEPS):
+        feeds = {
+            "learning_rate": np.array([lr_at(step)], np.float32),
+            "step": np.array([step + 1], np.int64),
+        }
+        feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
+        feeds |= dict(zip(spec.state_inputs, states, strict=True))
+        params, *states = session.run(None, feeds)
+        history.append((params, states))
+    return spec, history
+
+
 def _torch_run(cls, options: dict, dtype: torch.dtype = torch.float32):
     """torch's parameters and states after each step, run in ``dtype`` from the same float32 inputs."""
     params = {
@@ -95,26 +118,12 @@ def _torch_run(cls, options: dict, dtype: torch.dtype = torch.float32):
     ("ours", "theirs", "options"), CASES, ids=lambda c: getattr(c, "__name__", None) or str(c)
 )
 def test_matches_torch_over_twenty_steps_with_two_groups(ours, theirs, options) -> None:
-    model = _model(_ours(ours, options))
-    spec = read_optimizer(model)
-    session = onnxruntime().InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    spec, history = _ours_run(_model(_ours(ours, options)))
     names = list(SHAPES)
-    params = [initial()[n] for n in names]
-    states = [[np.zeros_like(p) for p in params] for _ in spec.states]
     expected = _torch_run(theirs, options)
     expected64 = _torch_run(theirs, options, torch.float64)
     scales = _scales(expected64)
-    for step in range(STEPS):
-        feeds = {
-            "learning_rate": np.array([lr_at(step)], np.float32),
-            "step": np.array([step + 1], np.int64),
-        }
-        feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
-        feeds |= dict(zip(spec.state_inputs, states, strict=True))
-        out = session.run(None, feeds)
-        params, states = out[0], out[1:]
+    for step, (params, states) in enumerate(history):
         (want_params, want_states), (want64, want_states64) = expected[step], expected64[step]
         for i, n in enumerate(names):
             assert_close(
@@ -257,23 +266,12 @@ def test_float32_ops_stay_within_an_ulp_per_step_of_torch(ours, theirs, options)
         for n in model.graph.node
         if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.DOUBLE
     ][3:]
-    session = onnxruntime().InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
-    spec, names = read_optimizer(model), list(SHAPES)
-    params = [initial()[n] for n in names]
-    states = [[np.zeros_like(p) for p in params] for _ in spec.states]
+    _, history = _ours_run(model)
+    names = list(SHAPES)
     expected = _torch_run(theirs, options)
     expected64 = _torch_run(theirs, options, torch.float64)
     scales = _scales(expected64)
-    for step in range(STEPS):
-        feeds = {
-            "learning_rate": np.array([lr_at(step)], np.float32),
-            "step": np.array([step + 1], np.int64),
-        }
-        feeds |= {"params": params, "gradients": [gradients(step)[n] for n in names]}
-        feeds |= dict(zip(spec.state_inputs, states, strict=True))
-        params, *states = session.run(None, feeds)
+    for step, (params, _) in enumerate(history):
         for i, n in enumerate(names):
             assert_close(
                 params[i],
