@@ -86,17 +86,7 @@ def _run_training_build(
     history = []
     for step in range(STEPS):
         # the kernels update their inputs in place, and numpy inputs are not copied: feed copies
-        feeds = {
-            "learning_rate": np.array([LRS[step]], np.float32),
-            "step": np.array([step + 1], np.int64),
-        }
-        feeds |= {
-            "params": _copies(params),
-            "gradients": _gradients(step, grad_scale),
-            "first_order_moments": _copies(m1),
-        }
-        if adamw:
-            feeds["second_order_moments"] = _copies(m2)
+        feeds = _feeds(step, _copies(params), _copies(m1), _copies(m2), adamw, grad_scale)
         outputs = session.run(None, feeds)
         params = _copies(outputs[1])
         if adamw:
@@ -107,6 +97,20 @@ def _run_training_build(
 
 def _copies(arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [a.copy() for a in arrays]
+
+
+def _feeds(step: int, params: list, m1: list, m2: list, adamw: bool, grad_scale: float) -> dict:
+    """The optimizer model's inputs at ``step`` (the second moments for AdamW only)."""
+    feeds = {
+        "learning_rate": np.array([LRS[step]], np.float32),
+        "step": np.array([step + 1], np.int64),
+        "params": params,
+        "gradients": _gradients(step, grad_scale),
+        "first_order_moments": m1,
+    }
+    if adamw:
+        feeds["second_order_moments"] = m2
+    return feeds
 
 
 def _run_portable(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> list[list[np.ndarray]]:
@@ -127,18 +131,7 @@ def _run_portable(model: onnx.ModelProto, adamw: bool, grad_scale: float) -> lis
     m2 = [np.zeros_like(p) for p in params]
     history = []
     for step in range(STEPS):
-        feeds = {
-            "learning_rate": np.array([LRS[step]], np.float32),
-            "step": np.array([step + 1], np.int64),
-        }
-        feeds |= {
-            "params": params,
-            "gradients": _gradients(step, grad_scale),
-            "first_order_moments": m1,
-        }
-        if adamw:
-            feeds["second_order_moments"] = m2
-        outputs = session.run(None, feeds)
+        outputs = session.run(None, _feeds(step, params, m1, m2, adamw, grad_scale))
         params = outputs[0]
         if adamw:
             m1, m2 = outputs[1], outputs[2]
