@@ -56,7 +56,7 @@ def _adam_scalars(
     return scalars
 
 
-def _adam_update(
+def adam_update(
     w: Writer,
     hyper: Hyper,
     s: Scalars,
@@ -64,26 +64,42 @@ def _adam_update(
     grad: ir.Value,
     states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
+    """The Adam update, for torch's rule and the training build's ``AdamWOptimizer`` kernel alike.
+
+    The scalars choose the form: ``decay`` scales the parameter first (decoupled decay) and
+    ``decay_last`` scales the result (Hugging Face's order); ``beta1`` writes the first moment as
+    the kernel does (``beta1 * m1 + (1 - beta1) * g``; without it, torch's ``lerp``); ``bc2_sqrt``
+    divides the root of the second moment (without it, the bias correction is folded into
+    ``step_size`` and ``eps``).
+    """
     if "decay" in s:
         param = w.op("Mul", [param, s["decay"]])
     g = signed_grad(w, hyper, s, param, grad)
     m1, m2 = states["exp_avg"], states["exp_avg_sq"]
+    if "beta1" in s:
+        exp_avg = w.op("Add", [w.op("Mul", [m1, s["beta1"]]), w.op("Mul", [g, s["beta1c"]])])
+    else:  # lerp(m1, g, 1 - beta1)
+        exp_avg = fma(w, w.op("Sub", [g, m1]), s["beta1c"], m1, hyper["dtype"])
     new = {
-        "exp_avg": fma(
-            w, w.op("Sub", [g, m1]), s["beta1c"], m1, hyper["dtype"]
-        ),  # lerp(m1, g, 1 - beta1)
+        "exp_avg": exp_avg,
         "exp_avg_sq": fma(
             w, w.op("Mul", [g, s["beta2c"]]), g, w.op("Mul", [m2, s["beta2"]]), hyper["dtype"]
         ),
     }
     second = new["exp_avg_sq"]
-    if hyper["amsgrad"]:
+    if hyper.get("amsgrad"):
         second = new["max_exp_avg_sq"] = w.op("Max", [states["max_exp_avg_sq"], second])
-    denom = w.op("Add", [w.op("Div", [sqrt(w, second, hyper["dtype"]), s["bc2_sqrt"]]), s["eps"]])
+    root = sqrt(w, second, hyper["dtype"])
+    if "bc2_sqrt" in s:
+        root = w.op("Div", [root, s["bc2_sqrt"]])
+    denom = w.op("Add", [root, s["eps"]])
     update = w.op(
         "Div", [w.op("Mul", [new["exp_avg"], s["step_size"]]), denom]
     )  # addcdiv: (value * m1) / denom
-    return w.op("Sub", [param, update]), new
+    new_param = w.op("Sub", [param, update])
+    if "decay_last" in s:
+        new_param = w.op("Mul", [new_param, s["decay_last"]])
+    return new_param, new
 
 
 _ADAM_DEFAULTS = {
@@ -102,7 +118,7 @@ ADAM = Rule(
     ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
     _adam_needs,
     _adam_scalars(False),
-    _adam_update,
+    adam_update,
 )
 
 #: The rule of ``adamw``.
@@ -112,7 +128,7 @@ ADAMW = Rule(
     ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
     _adam_needs,
     _adam_scalars(True),
-    _adam_update,
+    adam_update,
 )
 
-__all__ = ["ADAM", "ADAMW"]
+__all__ = ["ADAM", "ADAMW", "adam_update"]

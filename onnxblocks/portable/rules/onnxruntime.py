@@ -2,7 +2,9 @@
 and ``SGDOptimizerV2``, with their rounding.
 
 What an optimizer of :mod:`onnxblocks.optim` that emits these ops does, written in standard ops
-for portable artifacts (matched to the kernels at rtol 1e-6). A group's hyperparameters are the
+for portable artifacts (matched to the kernels at rtol 1e-6). The update is the one of the
+torch rules (:func:`~onnxblocks.portable.rules.adam.adam_update`, SGD's); this module maps the
+kernels' attributes to its per-step scalars. A group's hyperparameters are the
 ``AdamWOptimizer`` attributes (``alpha``, ``beta``, ``epsilon``, ``weight_decay``,
 ``correct_bias``, ``adam_mode``); the kernel holds them as float32. The moments as the CPU kernel
 writes them (``beta * m + (1 - beta) * g``, ``((1 - beta) * g) * g``); the decay and the bias
@@ -22,7 +24,9 @@ import onnx_ir as ir
 from onnxblocks._core.contrib_ops import ADAMW_OPTIMIZER
 from onnxblocks.portable.bias_correction import bias_corrections
 from onnxblocks.portable.lowering_context import Writer
+from onnxblocks.portable.rules.adam import adam_update
 from onnxblocks.portable.rules.base import Hyper, Rule, Scalars
+from onnxblocks.portable.rules.sgd import SGD
 
 #: The ``AdamWOptimizer`` attributes' declared defaults.
 ADAMW_ATTRIBUTES = {a.name: a.default for a in ADAMW_OPTIMIZER.attributes}
@@ -39,65 +43,31 @@ def _adamw_scalars(
     f32 = np.float32
     alpha, beta = _f32(float(hyper["alpha"])), _f32(float(hyper["beta"]))
     s: Scalars = {
-        "alpha": w.scalar(alpha, f32),
-        "alpha_rest": w.scalar(_f32(1.0 - alpha), f32),
-        "beta": w.scalar(beta, f32),
-        "beta_rest": w.scalar(_f32(1.0 - beta), f32),
+        "beta1": w.scalar(alpha, f32),
+        "beta1c": w.scalar(_f32(1.0 - alpha), f32),
+        "beta2": w.scalar(beta, f32),
+        "beta2c": w.scalar(_f32(1.0 - beta), f32),
     }
     eps = w.scalar(float(hyper["epsilon"]), f32)
+    torch_mode = int(hyper["adam_mode"]) == 0
     decay_rate = float(hyper["weight_decay"])
-    if decay_rate:
+    if decay_rate:  # torch: decay first; Hugging Face: decay last
         decay_step = w.op("Mul", [lr, w.scalar(decay_rate, f32)])
-        s["decay"] = w.op("Sub", [w.scalar(1.0, f32), decay_step])
+        s["decay" if torch_mode else "decay_last"] = w.op("Sub", [w.scalar(1.0, f32), decay_step])
     if not int(hyper["correct_bias"]):
-        s["step_size"], s["epsilon"] = lr, eps
+        s["step_size"], s["eps"] = lr, eps
         return s
     # the kernel rounds its attributes to float32, then takes the power
     alpha_c, beta_c = bias_corrections(w, [alpha, beta], step)
     root_beta_c = w.op("Sqrt", [beta_c])
     s["step_size"] = w.op("Mul", [lr, w.op("Div", [root_beta_c, alpha_c])])
     # torch mode: sqrt(m2 / c2) + eps, scaled by sqrt(c2); Hugging Face mode: eps outside
-    s["epsilon"] = w.op("Mul", [eps, root_beta_c]) if int(hyper["adam_mode"]) == 0 else eps
+    s["eps"] = w.op("Mul", [eps, root_beta_c]) if torch_mode else eps
     return s
-
-
-def _adamw_update(
-    w: Writer,
-    hyper: Hyper,
-    s: Scalars,
-    param: ir.Value,
-    grad: ir.Value,
-    states: dict[str, ir.Value],
-) -> tuple[ir.Value, Scalars]:
-    m1, m2 = states["exp_avg"], states["exp_avg_sq"]
-    new_m1 = w.op("Add", [w.op("Mul", [m1, s["alpha"]]), w.op("Mul", [grad, s["alpha_rest"]])])
-    scaled_g = w.op("Mul", [grad, s["beta_rest"]])
-    new_m2 = w.op("Add", [w.op("Mul", [m2, s["beta"]]), w.op("Mul", [scaled_g, grad])])
-    denom = w.op("Add", [w.op("Sqrt", [new_m2]), s["epsilon"]])
-    update = w.op("Div", [w.op("Mul", [new_m1, s["step_size"]]), denom])
-    if int(hyper["adam_mode"]) == 0:  # torch: decay first
-        weight = w.op("Mul", [param, s["decay"]]) if "decay" in s else param
-        new_p = w.op("Sub", [weight, update])
-    elif "decay" in s:  # Hugging Face: decay last
-        new_p = w.op("Mul", [w.op("Sub", [param, update]), s["decay"]])
-    else:
-        new_p = w.op("Sub", [param, update])
-    return new_p, {"exp_avg": new_m1, "exp_avg_sq": new_m2}
 
 
 def _sgd_scalars(w: Writer, hyper: Hyper, lr: ir.Value, step: ir.Value, dtype: np.dtype) -> Scalars:
     return {"lr": lr}
-
-
-def _sgd_update(
-    w: Writer,
-    hyper: Hyper,
-    s: Scalars,
-    param: ir.Value,
-    grad: ir.Value,
-    states: dict[str, ir.Value],
-) -> tuple[ir.Value, Scalars]:
-    return w.op("Sub", [param, w.op("Mul", [s["lr"], grad])]), {}
 
 
 #: ``AdamWOptimizer``: two moments per parameter.
@@ -107,11 +77,11 @@ ORT_ADAMW = Rule(
     ("exp_avg", "exp_avg_sq"),
     lambda hyper: ("exp_avg", "exp_avg_sq"),
     _adamw_scalars,
-    _adamw_update,
+    adam_update,
 )
 
 #: ``SGDOptimizerV2``: no state is read or written, but ONNX Runtime's training API keeps one
 #: moment of zeros per parameter (``first_order_moments``).
-ORT_SGD = Rule("sgd", {}, (), lambda hyper: (), _sgd_scalars, _sgd_update, state_inputs=1)
+ORT_SGD = Rule("sgd", {}, (), lambda hyper: (), _sgd_scalars, SGD.update, state_inputs=1)
 
 __all__ = ["ADAMW_ATTRIBUTES", "ORT_ADAMW", "ORT_SGD"]

@@ -41,6 +41,10 @@ def _sgd_update(
     grad: ir.Value,
     states: dict[str, ir.Value],
 ) -> tuple[ir.Value, Scalars]:
+    """The SGD update, for torch's rule and the training build's ``SGDOptimizerV2`` kernel alike:
+    the kernel's scalars give ``lr`` (``p - lr * g``), torch's ``neg_lr`` (``p + g * -lr``, one
+    rounding with ``exact``).
+    """
     d_p = signed_grad(w, hyper, s, param, grad)
     new: Scalars = {}
     if "momentum" in s:
@@ -53,6 +57,8 @@ def _sgd_update(
         )
         buf = new["momentum_buffer"] = w.op("Where", [s["first"], d_p, later])
         d_p = fma(w, buf, s["momentum"], d_p, hyper["dtype"]) if hyper["nesterov"] else buf
+    if "lr" in s:  # the training build's SGDOptimizerV2: p - lr * g
+        return w.op("Sub", [param, w.op("Mul", [s["lr"], d_p])]), new
     return fma(w, d_p, s["neg_lr"], param, hyper["dtype"]), new
 
 
