@@ -82,6 +82,16 @@ def work(tmp_path_factory):
     return root
 
 
+def _artifacts(work: Path, name: str, *options: str) -> Path:
+    """``work/name``: the linear model's artifacts (MSE, every parameter, ``options``), written
+    here when the test that writes them did not run first (-m, -k, another worker)."""
+    out = work / name
+    if not out.exists():
+        args = ["artifacts", str(work / "m.onnx"), "--loss", "mse", "--all-params", *options]
+        assert main([*args, "-o", str(out)]) == 0
+    return out
+
+
 def test_generation_and_a_portable_training_run_print_nothing_to_stderr(work):
     for extra, directory in ((["--portable"], "portable"), (["--optimizer", "sgd"], "sgd")):
         done = _cli(
@@ -109,20 +119,7 @@ def test_generation_and_a_portable_training_run_print_nothing_to_stderr(work):
 
 
 def test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3(work):
-    if not (work / "portable").exists():
-        assert (
-            _cli(
-                "artifacts",
-                work / "m.onnx",
-                "--loss",
-                "mse",
-                "--all-params",
-                "-o",
-                work / "portable",
-                "--portable",
-            ).returncode
-            == 0
-        )
+    _artifacts(work, "portable", "--portable")
     raw = (work / "d.npz").read_bytes()
     cases = {
         "truncated.npz": raw[: len(raw) // 2],
@@ -151,21 +148,7 @@ def test_bad_data_file_on_portable_artifacts_is_one_line_and_exit_3(work):
 
 
 def test_the_log_level_can_be_raised_by_environment(work):
-    if not (work / "sgd").exists():
-        assert (
-            _cli(
-                "artifacts",
-                work / "m.onnx",
-                "--loss",
-                "mse",
-                "--all-params",
-                "-o",
-                work / "sgd",
-                "--optimizer",
-                "sgd",
-            ).returncode
-            == 0
-        )
+    _artifacts(work, "sgd", "--optimizer", "sgd")
     done = _cli(
         "train",
         work / "sgd",
@@ -180,9 +163,7 @@ def test_the_log_level_can_be_raised_by_environment(work):
 
 
 def test_missing_output_directories_are_created(work, capsys):
-    if not (work / "portable").exists():  # the generation test did not run first (-m, -k, a worker)
-        args = ["artifacts", str(work / "m.onnx"), "--loss", "mse", "--all-params", "--portable"]
-        assert main([*args, "-o", str(work / "portable")]) == 0, capsys.readouterr().err
+    _artifacts(work, "portable", "--portable")
     out = work / "new" / "deeper"
     code = main(
         [
