@@ -24,6 +24,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from support import hf_families
+from support.export_cache import shared_export
 from support.numerics import assert_close
 from support.peft_parity import peft_model
 from support.user_exports import EXPORTS, export, initializers
@@ -96,7 +97,7 @@ def test_language_models_with_frozen_norms_and_embeddings_train_like_torch(
     name, how, mode, tmp_path
 ):
     family = hf_families.make(name)
-    model = export(family.model, family.inputs, how)
+    model = shared_export((__name__, name, how), lambda: export(family.model, family.inputs, how))
     batch = [*family.inputs.values(), family.target]
     loss = lambda out: hf_families.torch_loss(family, out)  # noqa: E731
     if mode == "lora":
@@ -174,7 +175,10 @@ def test_batch_norms_with_a_frozen_bias_or_scale_train_like_torch(how, frozen, l
     rng = np.random.default_rng(0)
     inputs = {"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}
     target = rng.integers(0, 3, (2,)).astype(np.int64)
-    model = export(net, inputs, how, training=True)
+    # the same seeded net in every cell: one export per exporter
+    model = shared_export(
+        (__name__, "convnet", how), lambda: export(net, inputs, how, training=True)
+    )
     params = {i.name for i in model.graph.initializer}
     kept = [
         n for n, _ in net.named_parameters() if not (n.startswith("norms.") and n.endswith(frozen))

@@ -20,6 +20,7 @@ import onnx
 import pytest
 import torch
 from support import hf_families
+from support.export_cache import shared_export
 from support.numerics import assert_equal
 from support.torch_export import export_onnx
 
@@ -67,6 +68,18 @@ def _family(kind: str) -> hf_families.Family:
     return hf_families.Family(kind, wrapped, {"input_ids": tokens}, target, "ce_last")
 
 
+def _export(family: hf_families.Family, exporter: str) -> onnx.ModelProto:
+    """The family's export (``"ts"`` or ``"dynamo"``), once per module: ``_family`` builds the same
+    weights every time."""
+
+    def build() -> onnx.ModelProto:
+        dynamo = exporter == "dynamo"
+        model = copy.deepcopy(family.model)
+        return export_onnx(model, family.inputs, dynamo=dynamo, opset=18 if dynamo else 17)
+
+    return shared_export((__name__, family.name, exporter), build)
+
+
 def _train(family, exported, directory, *, portable, lora, recompute):
     requires = [] if lora else list(hf_families.trainable(family, exported).values())
     artifacts = generate_artifacts(
@@ -108,10 +121,7 @@ CASES = [
 )
 def test_recompute_layers_matches_no_recompute(kind, exporter, portable, lora, tmp_path) -> None:
     family = _family(kind)
-    if exporter == "ts":
-        exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=False, opset=17)
-    else:
-        exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    exported = _export(family, exporter)
     options = {"portable": portable, "lora": lora}
     losses, params, _ = _train(family, exported, tmp_path / "none", recompute="none", **options)
     got_losses, got_params, graph = _train(
@@ -135,7 +145,7 @@ def test_the_clones_wait_for_the_gradient_after_onnx_runtimes_optimizations(tmp_
     import onnxruntime as ort
 
     family = _family("llama")
-    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=False, opset=17)
+    exported = _export(family, "ts")
     artifacts = generate_artifacts(
         exported,
         loss=hf_families.onnxblocks_loss(family),
@@ -169,7 +179,7 @@ def test_the_clones_wait_for_the_gradient_after_onnx_runtimes_optimizations(tmp_
 )
 def test_bad_policies_are_refused(recompute, error, match, tmp_path) -> None:
     family = _family("llama")
-    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=False, opset=17)
+    exported = _export(family, "ts")
     with pytest.raises(error, match=match):
         generate_artifacts(
             exported,
