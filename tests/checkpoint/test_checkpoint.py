@@ -24,6 +24,7 @@ from support.optim_oracle import (
     run_torch,
     tiny_forward,
 )
+from support.streaming import RecordingSource
 
 import onnxblocks
 from onnxblocks._core.weights import TensorSource
@@ -169,21 +170,6 @@ def test_threshold_chooses_inline_or_external(tmp_path):
     save_checkpoint(parameters, tmp_path / "below")
     assert not (tmp_path / "below.data").exists()
     assert_state_bitwise(C().load_checkpoint(os.fspath(tmp_path / "below")), parameters)
-
-
-@dataclass(frozen=True)
-class RecordingSource(TensorSource):
-    """A TensorSource that records how it was read."""
-
-    log: list | None = None
-
-    def chunks(self, chunk_bytes=16 * 1024 * 1024):
-        for piece in super().chunks(chunk_bytes):
-            self.log.append(len(piece))
-            yield piece
-
-    def read(self):
-        raise AssertionError("the checkpoint writer must stream, not read() whole tensors")
 
 
 def _model_with_external_weights(

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from support.onnx_models import run_model
+from support.streaming import RecordingSource
 
 import onnxblocks
 from onnxblocks._core.weights import TensorSource, is_stub
@@ -145,26 +146,13 @@ def test_threshold_for_inline_initializers(tmp_path, threshold, external):
     np.testing.assert_array_equal(run_file(tmp_path / "m.onnx", {"x": X})[0], run_reference(mlp()))
 
 
-@dataclass(frozen=True)
-class ChunkLog(TensorSource):
-    log: list | None = None
-
-    def chunks(self, chunk_bytes=16 * 1024 * 1024):
-        for piece in super().chunks(chunk_bytes):
-            self.log.append(len(piece))
-            yield piece
-
-    def read(self):
-        raise AssertionError("save_model must stream, not read() whole tensors")
-
-
 def test_weights_mapping_and_streaming(tmp_path):
     acc = build_scaled(mlp())
     log: list[int] = []
     weights = {}
     for name in acc.weights:
         s = acc.weights.source(name)
-        weights[name] = ChunkLog(s.name, s.data_type, s.dims, tensor=s.tensor, log=log)
+        weights[name] = RecordingSource(s.name, s.data_type, s.dims, tensor=s.tensor, log=log)
     save_model(acc.working_model, tmp_path / "m.onnx", weights)
     assert sum(log) == sum(w.nbytes for w in weights.values())
     np.testing.assert_array_equal(
