@@ -19,6 +19,11 @@ and the largest relative difference of the first 20 losses against Python's.
 Needs Node, npm and Chromium (set up as the tests do, tests/support/web_support.py).
 
     python benchmarks/bench_web.py [--steps 900] [--gpu-steps 60] [--rounds 3] [--peers tfjs]
+    python benchmarks/bench_web.py --wasm mlp cnn lora [--wasm-steps N]
+
+``--wasm`` prints only the WASM speed table (``benchmarks/web_wasm.py``): each model in Python,
+onnxruntime-node and Chromium's WASM (1 thread, every core) through the client's plan page,
+the mean step and the step after Chromium has optimized onnxruntime-web's WASM.
 
 ``--peers tfjs`` adds TensorFlow.js 4.22 rows on the same model, weights, batches and optimizer
 (``benchmarks/web_tfjs.py``): Node ``cpu`` and ``wasm``; Chromium ``wasm``, ``webgl``, ``webgpu``.
@@ -43,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import web_tfjs  # noqa: E402
+import web_wasm  # noqa: E402
 from support import web_support  # noqa: E402
 
 from onnxblocks.runtime import TrainingSession  # noqa: E402
@@ -109,7 +115,26 @@ def main() -> None:
         choices=["tfjs"],
         help="also train with TensorFlow.js 4.22 (benchmarks/web_tfjs.py), rows beside these",
     )
+    parser.add_argument(
+        "--wasm",
+        nargs="+",
+        choices=web_wasm.MODELS,
+        help="print only the WASM speed table of these models (benchmarks/web_wasm.py)",
+    )
+    parser.add_argument(
+        "--wasm-steps",
+        type=int,
+        help="steps of each --wasm model (default: mlp 3000, cnn 1500, lora 5)",
+    )
     args = parser.parse_args()
+    if args.wasm:
+        with tempfile.TemporaryDirectory() as tmp:
+            js, chromium = web_support.workspace(Path(tmp)), web_support.chromium()
+            dist = web_support.node_modules() / "onnxruntime-web" / "dist"
+            site = build_site(Path(tmp) / "site", ort_web_dist=dist)
+            print(f"{os.cpu_count()} cores, Chromium {chromium}", flush=True)
+            web_wasm.table(js, chromium, site, args.wasm, args.wasm_steps)
+        return
     plan = spiral_plan()
     steps = min(args.steps, plan.steps)
     with tempfile.TemporaryDirectory() as tmp:

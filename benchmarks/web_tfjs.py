@@ -125,7 +125,7 @@ def stage_page(site: Path, tfjs: Path, plan_file: Path) -> Path:
     """
     page = site / "tfjs"
     page.mkdir(parents=True, exist_ok=True)
-    for name in ("index.html", "train.mjs", "onnxblocks.html"):
+    for name in ("index.html", "train.mjs"):
         shutil.copyfile(tfjs / name, page / name)
     shutil.copyfile(plan_file, page / "plan.json")
     shutil.copyfile(plan_file, page / plan_file.name)
@@ -223,55 +223,13 @@ def peer_rows(
     return rows  # type: ignore[return-value]
 
 
-#: onnxblocks' browser rows of the CNN: label, query (the demo page's, docs/web.md)
-ONNXBLOCKS_PAGES = (
-    ("WASM, 1 thread", "threads=1"),
-    ("WASM, every core", ""),
-    ("WebGPU, default bundle (SwiftShader)", "ep=webgpu"),
-    ("WebGPU, /webgpu bundle (SwiftShader)", "ep=webgpu&bundle=webgpu"),
-)
-
-
-def _onnxblocks_pages(
-    js: Path, chromium: Path, site: Path, plan_file: Path, steps: int, gpu_steps: int,
-    rounds: int,
-) -> list[tuple[str, float | None, list[float] | str]]:  # fmt: skip
-    """onnxblocks in Chromium (``onnxblocks.html``: js/src/browser.mjs) on the artifacts in
-    ``site/cnn`` and the plan :func:`stage_page` staged; rows as :func:`_tfjs_rows`'.
-    """
-    from onnxblocks.web.server import serving
-
-    times: dict[str, list[float]] = {}
-    losses: dict[str, list[float] | str] = {}
-    for _ in range(rounds):
-        with serving(site) as url:
-            for label, query in ONNXBLOCKS_PAGES:
-                n = gpu_steps if "webgpu" in query else steps
-                address = f"{url}tfjs/onnxblocks.html?plan={plan_file.name}&steps={n}&{query}"
-                name = f"browser, onnxruntime-web 1.30.0 {label}"
-                times.setdefault(name, [])
-                try:
-                    report = web_support.run_node(
-                        js, "tools/browser-run.mjs", address, "--chromium", str(chromium),
-                        "--timeout", "800", timeout=900,
-                    )  # fmt: skip
-                except AssertionError as exc:
-                    losses[name] = _failure(exc)
-                    continue
-                if report.get("status") != "done":
-                    losses[name] = _failure(RuntimeError(str(report.get("error"))))
-                    continue
-                times[name].append(report["seconds"] / n)
-                losses[name] = report["losses"]
-    return [(k, float(np.median(t)) if t else None, losses[k]) for k, t in times.items()]
-
-
 def cnn_table(
     js: Path, chromium: Path, site: Path, steps: int, gpu_steps: int, rounds: int,
     scratch: Path, python_run, node_run_onnxblocks,
 ) -> list[str]:  # fmt: skip
     """The CNN's table (``web_cnn``): onnxblocks in Python and in Node (onnxruntime-node cpu and
     webgpu, ``node_run_onnxblocks``), TensorFlow.js as in :func:`peer_rows`; printable lines.
+    onnxblocks' browser rows of the CNN are in ``bench_web.py --wasm cnn`` (``web_wasm``).
     """
     artifacts = web_cnn.write_artifacts(scratch / "cnn")
     shutil.copytree(artifacts, site / "cnn", dirs_exist_ok=True)

@@ -9,7 +9,7 @@
 // user inputs) and optionally `eval/<i>/<input>` (eval batches, run after training); its
 // __metadata__ may hold `learning_rates`, a JSON list with one rate per step (else --lr).
 // Steps cycle through the training batches. The report (one JSON line on stdout):
-// {"losses": [...], "evalLosses": [...], "step": n, "seconds": s, "onnxruntime": version}.
+// {"losses": [...], "evalLosses": [...], "step": n, "seconds": s, "stepSeconds": [each step's s], "onnxruntime": version}.
 // --save-adapters writes the LoRA adapters of adapter artifacts as a PEFT directory (docs/lora.md).
 // --ep picks onnxruntime-node's execution provider (cpu, the default, or webgpu; the CPU takes what the
 // provider lacks); the report then holds "executionProviders", and with --placement "placement": how many
@@ -29,30 +29,11 @@ import { inflateRawSync } from 'node:zlib';
 import { loadTrainer, ort, parseSafetensors, saveAdapters, serializeSafetensors, writeState } from '../src/node.mjs';
 import { federate } from '../src/federate.mjs';
 import { parseNpz } from '../src/npz.mjs';
+import { planBatches, planRates } from '../src/plan.mjs';
 
 const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR] [--ep cpu|webgpu] [--placement]\n       onnxblocks-train --federate URL --data FILE.npz [--threads N]';
 
 /** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
-
-/**
- * Group a plan's tensors `<split>/<i>/<input>` into batches.
- * @param {Map<string, NamedTensor>} tensors
- * @param {string} split
- * @returns {Record<string, NamedTensor>[]}
- */
-function batches(tensors, split) {
-  /** @type {Record<string, NamedTensor>[]} */
-  const out = [];
-  for (const [key, tensor] of tensors) {
-    const [head, index, ...rest] = key.split('/');
-    if (head !== split || rest.length === 0) continue;
-    const i = Number(index);
-    if (!Number.isSafeInteger(i) || i < 0) throw new RangeError(`plan tensor '${key}': '${index}' is not a batch index`);
-    (out[i] ??= {})[rest.join('/')] = tensor;
-  }
-  for (let i = 0; i < out.length; i++) if (!out[i]) throw new RangeError(`plan: ${split} batch ${i} is missing`);
-  return out;
-}
 
 async function main() {
   const { values, positionals } = parseArgs({
@@ -80,9 +61,9 @@ async function main() {
   if (values.federate !== undefined) return joinFederation(values.federate, values.data, Number(values.threads));
   if (positionals.length !== 1 || !values.plan) throw new TypeError(USAGE);
   const plan = parseSafetensors(await readFile(values.plan), values.plan);
-  const train = batches(plan.tensors, 'train');
-  const evaluation = batches(plan.tensors, 'eval');
-  const rates = plan.metadata.learning_rates ? JSON.parse(plan.metadata.learning_rates) : null;
+  const train = planBatches(plan.tensors, 'train');
+  const evaluation = planBatches(plan.tensors, 'eval');
+  const rates = planRates(plan.metadata);
   const steps = values.steps !== undefined ? Number(values.steps) : rates ? rates.length : train.length;
   if (!Number.isSafeInteger(steps) || steps < 0) throw new RangeError(`--steps must be a non-negative integer, got ${values.steps}`);
   if (steps > 0 && !train.length) throw new RangeError(`plan '${values.plan}' has no train/<i>/<input> tensors`);
@@ -101,8 +82,11 @@ async function main() {
   const placement = values.placement ? await trainer.placement() : undefined;
   const started = performance.now();
   const losses = [];
+  const stepSeconds = [];
   for (let i = 0; i < steps; i++) {
+    const before = performance.now();
     const { loss } = await trainer.trainStep(train[i % train.length], rates ? rates[i] : /** @type {number} */ (lr));
+    stepSeconds.push((performance.now() - before) / 1000);
     losses.push(loss);
   }
   const seconds = (performance.now() - started) / 1000;
@@ -122,7 +106,7 @@ async function main() {
   if (values['eval-outputs']) await writeFile(values['eval-outputs'], serializeSafetensors(evalOutputs));
   await trainer.release();
   const onnxruntime = ort.env.versions?.node ?? null;
-  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, onnxruntime, executionProviders: trainer.executionProviders, placement }));
+  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, stepSeconds, onnxruntime, executionProviders: trainer.executionProviders, placement }));
   return 0;
 }
 

@@ -36,12 +36,22 @@ ISOLATION_HEADERS = {
 }
 
 
+#: The folder of onnxruntime-web's runtime files in a site (``site.copy_client``).
+RUNTIME_FOLDER = "/ort/"
+
+
 class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}  # noqa: RUF012 - never mutated
 
     def end_headers(self) -> None:
-        # a rebuilt site is never mixed with a cached one
-        self.send_header("Cache-Control", "no-store")
+        if self.path.startswith(RUNTIME_FOLDER):
+            # kept and revalidated (Last-Modified, 304): Chromium then keeps the optimized code it
+            # compiled from onnxruntime-web's WASM with the file, and a later visit trains at full
+            # speed from the first step instead of after about a thousand steps on baseline code
+            self.send_header("Cache-Control", "no-cache")
+        else:
+            # a rebuilt site is never mixed with a cached one
+            self.send_header("Cache-Control", "no-store")
         # cross-origin isolation: SharedArrayBuffer, so onnxruntime-web's WASM runs on threads
         for name, value in ISOLATION_HEADERS.items():
             self.send_header(name, value)

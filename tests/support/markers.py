@@ -294,6 +294,7 @@ MARKS: dict[str, str] = {
     "tests/peft/test_parity_peft.py::test_portable_artifacts_match_peft_on_stock_onnxruntime": "py313 slow",
     "tests/peft/test_parity_peft.py::test_training_build_matches_peft": "slow",
     "tests/peft/test_qlora_parity.py": "slow",
+    "tests/peft/test_quantized_table_rows.py": "slow",
     # quantized hub files: the 4-bit variants come from stock onnxruntime in the 3.13 venv
     "tests/peft/test_quantized_hub_bases.py": "py313 slow",
     "tests/peft/test_quantized_forms.py": "slow",
@@ -415,6 +416,8 @@ MARKS: dict[str, str] = {
     "tests/web/test_lora_node.py": "node",
     "tests/web/test_npm_package.py": "node",
     "tests/web/test_safetensors_offenders.py::test_javascript_names_the_same_offenders": "node",
+    # the module server's shutdown waits for its half-second poll
+    "tests/web/test_server_caching.py::test_an_unchanged_runtime_file_answers_not_modified": "slow",
     "tests/web/test_state_files.py::test_a_mutated_state_file_is_read_back_exactly_or_refused_naming_it": "slow",
     "tests/web/test_state_files.py::test_any_state_written_is_read_back_exactly_also_as_a_checkpoint": "slow",
     "tests/web/test_state_files.py::test_javascript_client_gives_the_same_verdicts_on_the_corpus": "node",
