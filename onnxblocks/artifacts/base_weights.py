@@ -258,7 +258,13 @@ def cast_base(
     store: _weights.WeightStore,
     dtype: int | None,
     block_size: int = 32,
-) -> tuple[onnx.ModelProto, onnx.ModelProto, onnx.ModelProto | None, _weights.WeightStore]:
+) -> tuple[
+    onnx.ModelProto,
+    onnx.ModelProto,
+    onnx.ModelProto | None,
+    _weights.WeightStore,
+    dict[str, tuple[str, int, int, int, int]],
+]:
     """The models with their float32 base weights stored as ``dtype``, each cast back to float32
     where it is read.
 
@@ -274,9 +280,14 @@ def cast_base(
     ``<name>.scale`` (stored in the base file too), and the models import opset 21. Other
     base weights stay float32.
 
+    A large quantized table read by rows (a tied embedding and LM head) is read a chunk of rows
+    at a time through views of its bytes (:mod:`onnxblocks.ir.dequantize_rows`).
+
     Returns:
-        The training, eval and step models (the step model None if it was) and a store
-        holding the converted weights.
+        The training, eval and step models (the step model None if it was), a store
+        holding the converted weights, and the views: ``chunk -> (table, byte offset,
+        length, rows)`` (``onnxblocks.ir.dequantize_rows.place_views`` places them in the
+        base file; a view of a table too small for the base file is in the store).
     """
     names = [
         n
@@ -285,11 +296,13 @@ def cast_base(
     ]
     if dtype in QUANTIZED:
         names = [n for n in names if _quantizable(store.source(n), block_size)]
+    views: dict[str, tuple[str, int, int, int, int]] = {}
     if dtype is None or not names:
-        return training, evaluation, step, store
+        return training, evaluation, step, store, views
     import onnx_ir as ir
 
     from onnxblocks.ir import edit, serde  # a lower layer, loaded on first use (it imports onnx-ir)
+    from onnxblocks.ir.dequantize_rows import views_in_store
     from onnxblocks.ir.opset import convert_opset
 
     converted = _weights.WeightStore()
@@ -323,11 +336,14 @@ def cast_base(
         if scales and (_limits.onnx_opset(model) or 0) < QUANT_OPSET:
             model = convert_opset(model, QUANT_OPSET, "an artifact model with a quantized base")
         graph_ir = serde.from_proto(model)
-        edit.cast_initializers(graph_ir.graph, stubs, scales)
+        edit.cast_initializers(graph_ir.graph, stubs, scales, views)
         graph_ir.metadata_props[BASE_DTYPE_METADATA] = onnx.TensorProto.DataType.Name(dtype).lower()
         return serde.to_proto(graph_ir)
 
-    return cast(training), cast(evaluation), cast(step) if step is not None else None, converted
+    cast_step = cast(step) if step is not None else None
+    models = cast(training), cast(evaluation), cast_step
+    views_in_store(views, converted, BASE_THRESHOLD)
+    return *models, converted, views
 
 
 def _part(quant: Callable[[], tuple[np.ndarray, np.ndarray]], index: int) -> np.ndarray:

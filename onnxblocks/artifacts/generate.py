@@ -304,16 +304,18 @@ def _generate(
         )  # ORT's fusions may have written contrib ops there too
 
     cast = _base.cast_base(training_model, eval_model, step_model, store, *stored_as)
-    training_model, eval_model, step_model, store = cast
+    training_model, eval_model, step_model, store, views = cast
     # lower layers, loaded on first use to keep `import onnxblocks.artifacts` light
     from onnxblocks import checkpoint
     from onnxblocks.io import save_model
+    from onnxblocks.ir.dequantize_rows import place_views
 
     names = ArtifactNames(prefix)
     with staging(directory, prefix) as stage:
         shared = _base.store_base(
             stage / names.base_weights, (training_model, eval_model, step_model), store
         )
+        shared = place_views(views, shared)
         save_model(training_model, stage / names.training_model, weights=store, references=shared)
         save_model(eval_model, stage / names.eval_model, weights=store, references=shared)
         if step_model is not None:

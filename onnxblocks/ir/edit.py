@@ -14,6 +14,7 @@ import onnx_ir as ir
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks._core.naming import NameAuthority
 from onnxblocks.ir.dequantize import delayed_dequantize
+from onnxblocks.ir.dequantize_rows import View, read_in_row_chunks
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.walk import all_nodes, reads
 
@@ -129,6 +130,7 @@ def cast_initializers(
     graph: ir.Graph,
     stored: Mapping[str, ir.TensorProtocol],
     scales: Mapping[str, tuple[ir.TensorProtocol, int]] | None = None,
+    views: dict[str, View] | None = None,
 ) -> list[str]:
     """Store initializers in another element type and cast them back where they are read; return
     those changed.
@@ -153,7 +155,10 @@ def cast_initializers(
     ``scales`` names the initializers stored quantized (int8, int4): ``name -> (scale,
     block_size)``. Each is read through ``DequantizeLinear(q, scale, axis=-1, block_size)``
     instead of a ``Cast`` (symmetric: no zero point), and the scale becomes an initializer
-    ``<name>.scale`` of the graph (opset 21 is the caller's).
+    ``<name>.scale`` of the graph (opset 21 is the caller's). With ``views`` (a dict to fill), a
+    large quantized table read by rows (an embedding's ``Gather``, an LM head) is dequantized a
+    chunk of rows at a time (:mod:`onnxblocks.ir.dequantize_rows`): ``views`` receives the
+    chunk initializers, views of the table's bytes the caller stores.
     """
     names = graph_names(graph)
     order = {
@@ -177,6 +182,8 @@ def cast_initializers(
             scale.dtype, scale.shape = scale_tensor.dtype, ir.Shape(scale_tensor.shape.numpy())
             graph.register_initializer(scale)
             decode = (scale, block)
+            if views is not None:
+                read_in_row_chunks(graph, value, tensor.dtype, scale, block, names, views)
         readers: dict[ir.Node, list[int]] = {}
         for user, index in list(value.uses()):
             readers.setdefault(user, []).append(index)
