@@ -137,6 +137,13 @@ def add_parser(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "round",
     )
     training.add_argument(
+        "--straggler-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a round still waits for missing replies once its first reply came",
+    )
+    training.add_argument(
         "--min-clients",
         type=int,
         default=None,
@@ -199,7 +206,7 @@ def _check(args: argparse.Namespace) -> None:
         )
     for option in ("rounds", "local_epochs", "batch_size", "local_steps", "min_clients"):
         require(getattr(args, option), f"--{option.replace('_', '-')}", minimum=1)
-    for option in ("lr", "round_timeout", "timeout", "server_lr"):
+    for option in ("lr", "round_timeout", "straggler_timeout", "timeout", "server_lr"):
         require(getattr(args, option), f"--{option.replace('_', '-')}", above=0)
     require(args.proximal_mu, "--proximal-mu", minimum=0)
     require(args.seed, "--seed", minimum=0)
@@ -278,6 +285,7 @@ def run_config(args: argparse.Namespace) -> dict[str, Any]:
         "proximal-mu": args.proximal_mu,
         "server-lr": args.server_lr,
         "round-timeout": args.round_timeout,
+        "straggler-timeout": args.straggler_timeout,
         "fraction-evaluate": args.fraction_evaluate,
         "eval-data": os.path.abspath(args.eval_data) if args.eval_data else None,
         "export": os.path.abspath(args.export) if args.export else None,

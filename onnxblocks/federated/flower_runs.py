@@ -1,13 +1,15 @@
 """Runs on a local deployment: ``flwr run`` submitted to its SuperLink and followed to the end.
 
 :class:`FlowerRuns` is the part of :class:`~onnxblocks.federated.deployment.LocalDeployment` that
-talks to a started SuperLink through Flower's ``flwr`` command (submit, poll, stop, fetch the log);
-starting and stopping the processes stays in the deployment module.
+talks to a started SuperLink through Flower's ``flwr`` command (submit, stop); starting and
+stopping the processes stays in the deployment module. A run's status and its log are read in this
+process, through the SuperLink's Control API (what ``flwr ls`` and ``flwr log`` ask): a ``flwr``
+command is a Python start-up of about 1.7 s of CPU, which polling every half second would pay again
+and again.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -15,6 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from onnxblocks._core.errors import StateError
 from onnxblocks._core.interrupts import raise_if_stopping
@@ -23,6 +26,10 @@ from onnxblocks.federated.project import ConfigValue, config_arg
 
 #: The name of the SuperLink connection in the run directory's Flower config.
 CONNECTION = "onnxblocks"
+#: Seconds between two polls of a run's status.
+POLL_S = 0.2
+#: Seconds a Control API request may take (short: a stop signal is looked at between requests).
+CONTROL_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,9 @@ class FlowerRuns:
 
     superlink: Process | None
     supernodes: list[Process]
+    port: int | None
+    #: The Control API client of the run being followed (one connection for its polls).
+    _client: Any = None
     logs: Path
     _runs: int
 
@@ -117,12 +127,26 @@ class FlowerRuns:
                 f"{(submitted.stdout + submitted.stderr)[-3000:]}"
             )
         deadline = started + timeout
-        status, details = "pending", ""
+        self._client = self._control()
+        try:
+            status, details = self._follow(run_id, deadline, timeout)
+            seconds = time.monotonic() - started
+            server_log = self._server_log(run_id)
+        finally:
+            self._client.close()
+            self._client = None
+        with log.open("a", encoding="utf-8") as f:
+            f.write(server_log)
+        return RunOutcome(run_id=run_id, status=status, details=details, seconds=seconds, log=log)
+
+    def _follow(self, run_id: str, deadline: float, timeout: float) -> tuple[str, str]:
+        """Poll run ``run_id`` until it finished: its ``(status, details)``."""
+        assert self.superlink is not None
         while True:
             raise_if_stopping()
             status, details = self.status(run_id)
             if status.startswith("finished"):
-                break
+                return status, details
             if time.monotonic() > deadline:
                 self.flwr("stop", run_id, CONNECTION, timeout=60)
                 raise DeploymentError(
@@ -136,27 +160,59 @@ class FlowerRuns:
                         f"The SuperLink exited (code {process.popen.returncode}) during run "
                         f"{run_id}:\n{process.tail()}"
                     )
-            time.sleep(0.5)
-        seconds = time.monotonic() - started
-        logs = self.flwr("log", run_id, CONNECTION, "--show", timeout=60)
-        with log.open("a", encoding="utf-8") as f:
-            f.write(logs.stdout + logs.stderr)
-        return RunOutcome(run_id=run_id, status=status, details=details, seconds=seconds, log=log)
+            time.sleep(POLL_S)
+
+    def _server_log(self, run_id: str) -> str:
+        """The run's log as ``flwr log --show`` prints it (the ServerApp's output)."""
+        from flwr.proto.control_pb2 import StreamLogsRequest
+
+        request = StreamLogsRequest(run_id=int(run_id), after_timestamp=0.0)
+        try:
+            for answer in self._client.StreamLogs(request):
+                return f"{answer.log_output}\n"  # the first answer holds the whole log
+        except Exception:  # Flower raises its own and httpx's errors: the command says why
+            pass
+        shown = self.flwr("log", run_id, CONNECTION, "--show", timeout=60)
+        return shown.stdout + shown.stderr
+
+    def _control(self) -> Any:
+        """A client of the SuperLink's Control API (what the ``flwr`` command talks to)."""
+        from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
+        from flwr.supercore.control import ControlHttpClient
+        from flwr.supercore.interceptors.http.runtime_version import (
+            RuntimeVersionHttpInterceptor,
+        )
+
+        return ControlHttpClient(
+            f"http://127.0.0.1:{self.port}",
+            interceptors=[
+                CliClientHttpInterceptor(),
+                RuntimeVersionHttpInterceptor(component_name="flwr CLI"),
+            ],
+            timeout=CONTROL_TIMEOUT_S,
+        )
 
     def status(self, run_id: str) -> tuple[str, str]:
-        """Flower's ``(status, status details)`` of run ``run_id`` (``flwr ls --run-id``)."""
-        listed = self.flwr(
-            "ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60
-        )
+        """Flower's ``(status, details)`` of run ``run_id``, as ``flwr ls --run-id`` shows."""
+        from flwr.proto.control_pb2 import ListRunsRequest
+
+        client = self._client or self._control()
         try:
-            runs = json.loads(listed.stdout)["runs"]
-            row = next(r for r in runs if str(r["run-id"]) == str(run_id))
-        except (ValueError, KeyError, TypeError, StopIteration):
+            runs = client.ListRuns(ListRunsRequest(run_id=int(run_id))).run_dict
+        except Exception as exc:  # Flower raises its own and httpx's errors
             raise DeploymentError(
-                f"'flwr ls --run-id {run_id}' gave no "
-                f"status:\n{(listed.stdout + listed.stderr)[-2000:]}"
-            ) from None
-        return str(row.get("status", "")), str(row.get("status-details", ""))
+                f"The SuperLink gave no status of run {run_id} ({type(exc).__name__}: {exc})."
+            ) from exc
+        finally:
+            if client is not self._client:
+                client.close()
+        row = next((r for r in runs.values() if str(r.run_id) == str(run_id)), None)
+        if row is None:
+            raise DeploymentError(f"The SuperLink lists no run {run_id}.")
+        status = row.status.status
+        if row.status.sub_status:
+            status = f"{status}:{row.status.sub_status}"
+        return status, str(row.status.details)
 
 
 def _run_id(stdout: str) -> str | None:

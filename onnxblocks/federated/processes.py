@@ -27,6 +27,9 @@ from onnxblocks._core.interrupts import deferred, raise_if_stopping, shielded
 
 #: Seconds a process gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
+#: Flower's setting of the seconds between a SuperExec's looks for an app to start (1 s by
+#: default), and the value deployments and simulations give it unless the environment sets it.
+SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.25"
 
 
 class DeploymentError(StateError):

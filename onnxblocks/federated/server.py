@@ -14,7 +14,8 @@ is a field of :class:`ServerSettings` with ``-`` for ``_``, and ``num-server-rou
 ``rounds``:
 ``artifacts``, ``backend``, ``num-server-rounds``, ``strategy``, ``local-epochs``, ``lr``,
 ``batch-size``, ``shuffle``, ``seed``, ``local-steps``, ``proximal-mu``, ``server-lr``,
-``min-nodes``, ``fraction-train``, ``fraction-evaluate``, ``round-timeout``, ``eval-data``,
+``min-nodes``, ``fraction-train``, ``fraction-evaluate``, ``round-timeout``,
+``straggler-timeout``, ``eval-data``,
 ``save``, ``export``, ``history``, ``plot``, ``dp-clipping-norm``, ``dp-noise-multiplier``,
 ``keep-optimizer-state`` (read by the ClientApp: each node keeps its optimizer state between
 rounds).
@@ -37,6 +38,7 @@ from onnxblocks._core.errors import (
     UnknownNameError,
     did_you_mean,
 )
+from onnxblocks.federated.grid import PromptGrid
 from onnxblocks.federated.history import FederatedHistory
 from onnxblocks.federated.local import LocalConfig, has_classes, pick_arrays
 from onnxblocks.federated.records import from_record, to_record
@@ -72,6 +74,9 @@ class ServerSettings:
         fraction_evaluate: Fraction of the nodes sampled for evaluation (0: no client evaluation).
         round_timeout: Seconds to wait for the replies of a round; a client later than that is
         dropped.
+        straggler_timeout: Seconds a round still waits for the missing replies once its first reply
+            came (None: until every reply came or ``round_timeout`` passed); a node that hangs then
+            costs this much, not the whole round timeout.
         eval_data: A held-out ``.npz`` the server evaluates the global model on after each round.
         save: Where to write the final checkpoint.
         export: Where to write the final inference model (``.onnx``).
@@ -103,6 +108,7 @@ class ServerSettings:
     fraction_train: float = 1.0
     fraction_evaluate: float = 1.0
     round_timeout: float = 3600.0
+    straggler_timeout: float | None = None
     eval_data: str | None = None
     save: str | None = None
     export: str | None = None
@@ -120,6 +126,11 @@ class ServerSettings:
         if not (isinstance(self.round_timeout, (int, float)) and self.round_timeout > 0):
             raise InvalidValueError(
                 f"ServerSettings: round-timeout must be > 0 seconds, got {self.round_timeout!r}."
+            )
+        late = self.straggler_timeout
+        if late is not None and not (isinstance(late, (int, float)) and late > 0):
+            raise InvalidValueError(
+                f"ServerSettings: straggler-timeout must be > 0 seconds, got {late!r}."
             )
         self.local_config()  # the client settings, checked here rather than on every client
 
@@ -232,8 +243,13 @@ def run_server(grid: Any, settings: ServerSettings, strategy: Any = None) -> Fed
     initial = session.parameters(trainable_only=True)
     history = FederatedHistory()
     chosen = strategy or build_server_strategy(settings)
+    late = settings.straggler_timeout
     wrapped = ValidatingStrategy(
-        chosen, specs_of(initial), history, timeout=float(settings.round_timeout)
+        chosen,
+        specs_of(initial),
+        history,
+        timeout=float(settings.round_timeout),
+        straggler_timeout=None if late is None else float(late),
     )
     evaluate_fn = None
     if settings.eval_data is not None:
@@ -246,7 +262,7 @@ def run_server(grid: Any, settings: ServerSettings, strategy: Any = None) -> Fed
             return MetricRecord(metrics)
 
     result = wrapped.start(
-        grid=grid,
+        grid=PromptGrid(grid, wrapped.straggler_timeout),
         initial_arrays=to_record(initial),
         num_rounds=settings.rounds,
         timeout=float(settings.round_timeout),

@@ -33,7 +33,7 @@ from onnxblocks._core.errors import (
     UnknownNameError,
 )
 from onnxblocks.federated.history import FederatedHistory
-from onnxblocks.federated.processes import free_port
+from onnxblocks.federated.processes import SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S, free_port
 from onnxblocks.federated.server import ServerSettings
 
 #: Seconds to wait for the SuperLink's health endpoint.
@@ -146,6 +146,7 @@ def _simulate(
         encoding="utf-8",
     )
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    env.setdefault(SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S)  # the apps start sooner
     # the SuperLink starts flower-superexec and flwr-serverapp by name: those beside this Python
     # come first,
     # so a venv that is not activated (python -m, a notebook kernel) still finds its own

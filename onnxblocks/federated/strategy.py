@@ -111,6 +111,8 @@ class ValidatingStrategy(Strategy):
         history: Where to record per-client metrics and dropped replies.
         timeout: The round timeout in seconds, named in the reason recorded for a node that sent no
         reply.
+        straggler_timeout: Seconds a round waited for missing replies once its first came (see
+            :class:`~onnxblocks.federated.grid.PromptGrid`), named in that reason too.
     """
 
     def __init__(
@@ -119,11 +121,13 @@ class ValidatingStrategy(Strategy):
         reference: Specs,
         history: FederatedHistory,
         timeout: float | None = None,
+        straggler_timeout: float | None = None,
     ) -> None:
         self.strategy = strategy
         self.reference = dict(reference)
         self.history = history
         self.timeout = timeout
+        self.straggler_timeout = straggler_timeout
         self._global: dict[str, np.ndarray] = {}
         self._started = time.perf_counter()
         self._asked: dict[str, list[int]] = {"train": [], "evaluate": []}
@@ -245,6 +249,9 @@ class ValidatingStrategy(Strategy):
         within = (
             f" within the round timeout ({self.timeout:g} s)" if self.timeout is not None else ""
         )
+        if self.straggler_timeout is not None:
+            within += f" or {self.straggler_timeout:g} s after the round's first reply"
+
         for node in self._asked[phase]:
             if node not in answered:
                 reason = f"no reply{within}"

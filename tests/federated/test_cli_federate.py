@@ -144,7 +144,10 @@ def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_see
         return any(name == "flower-superlink" for name, _ in commands)
     if window == "round":  # a ClientApp lives for one message only: one seen is a round that runs
         return clientapp_seen
-    return any(name == "flwr" and args[:1] == ["ls"] for name, args in commands)
+    # the status poll: the run is submitted (no `flwr run` left) and its ServerApp lives, so the
+    # command polls the SuperLink for the run's status
+    submitting = any(name == "flwr" and args[:1] == ["run"] for name, args in commands)
+    return not submitting and any(name == "flwr-serverapp" for name, _ in commands)
 
 
 @pytest.mark.parametrize(
@@ -152,9 +155,9 @@ def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_see
     [
         ("start-up", signal.SIGTERM, "default"),
         ("round", signal.SIGINT, "SIGINT ignored"),
-        ("flwr ls poll", signal.SIGINT, "default"),
+        ("status poll", signal.SIGINT, "default"),
     ],
-    ids=["start-up-SIGTERM", "round-SIGINT-inherited-ignored", "flwr-ls-poll-SIGINT"],
+    ids=["start-up-SIGTERM", "round-SIGINT-inherited-ignored", "status-poll-SIGINT"],
 )
 def test_a_stop_signal_stops_every_flower_process_and_exits_130(
     setup, busy_cores, window, signum, inherited
@@ -162,7 +165,7 @@ def test_a_stop_signal_stops_every_flower_process_and_exits_130(
     """SIGINT or SIGTERM to the CLI with both cores busy: exit 130 within 10 s, and no Flower process is left.
 
     The signal comes while the SuperLink starts (the process is not yet the deployment's SuperLink), while a
-    ClientApp trains, or while the command waits for a ``flwr ls`` poll; and once to a command started with
+    ClientApp trains, or while the command polls the run's status; and once to a command started with
     SIGINT ignored, as a non-interactive shell's background job is (it slept in that poll before).
     """
     art, files, root = setup

@@ -105,13 +105,24 @@ def test_every_gemm_of_the_step_runs_on_the_gpu(webgpu):
     assert sum(gpu["ops"].values()) == gpu["nodes"] > cpu["nodes"] == sum(cpu["ops"].values())
 
 
-@pytest.mark.parametrize("bundle", ["default", "webgpu"])
-def test_the_lora_page_on_webgpu_fine_tunes_as_python_does(site, tmp_path, bundle):
+LORA_STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def lora_site(tmp_path_factory):
+    """The LoRA page's site, built once for both bundles (the bundle is a query parameter)."""
     from onnxblocks.torch import lora_web  # the test extra (torch): fails, never skips, without it
 
+    root = tmp_path_factory.mktemp("lora") / "lora"
+    return lora_web.build_lora_site(root, steps=LORA_STEPS, pretrain_steps=5)
+
+
+@pytest.mark.parametrize("bundle", ["default", "webgpu"])
+def test_the_lora_page_on_webgpu_fine_tunes_as_python_does(site, lora_site, bundle):
+    from onnxblocks.torch import lora_web
+
     js, chromium, _ = site
-    steps = 5
-    root = lora_web.build_lora_site(tmp_path / "lora", steps=steps, pretrain_steps=5)
+    steps, root = LORA_STEPS, lora_site
     with serving(root) as url:
         page = web_support.run_node(
             js, "tools/browser-run.mjs",
