@@ -256,9 +256,7 @@ def test_float32_ops_stay_within_an_ulp_per_step_of_torch(ours, theirs, options)
     """``exact=False`` writes the fused multiply-adds and square roots in float32: rtol 1e-5 of torch, or torch's
     own float32 rounding against its float64 run (float32 ops round about as much as torch's float32 kernels)."""
     block = _ours(ours, options)
-    (
-        block.standard if hasattr(block, "standard") and block.standard is not None else block
-    ).exact = False
+    (block.standard or block).exact = False
     model = _model(block)
     assert '"exact": false' in next(p.value for p in model.metadata_props)
     assert not [

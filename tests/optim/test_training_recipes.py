@@ -74,14 +74,14 @@ def _groups(lr: float) -> list[dict]:
     return [{"params": BIASES, "lr": 2 * lr, "weight_decay": 0.0}]
 
 
-def _artifacts(directory: Path, ours, options: dict) -> Path:
+def _artifacts(directory: Path, ours, options: dict, portable: bool = True) -> Path:
     artifacts.generate_artifacts(
         mlp_model(d_in=3, hidden=8),
         requires_grad=PARAMS,
         loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options),
         artifact_directory=directory,
-        portable=True,
+        portable=portable,
     )
     return directory
 
@@ -185,20 +185,9 @@ def test_portable_training_matches_torch_and_resumes_bit_exact(case: str, tmp_pa
 
 def optim_states(ours, options: dict) -> tuple[str, ...]:
     block = ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options)
-    standard = getattr(block, "standard", block)
+    standard = block.standard or block  # AdamW and SGD with groups build their standard form
     trainable = [onnx.numpy_helper.from_array(np.zeros(2, np.float32), n) for n in PARAMS]
     return standard.spec(trainable, onnx.TensorProto.FLOAT).states
-
-
-def _training_artifacts(directory: Path, ours, options: dict) -> Path:
-    artifacts.generate_artifacts(
-        mlp_model(d_in=3, hidden=8),
-        requires_grad=PARAMS,
-        loss=artifacts.LossType.CrossEntropyLoss,
-        optimizer=ours(lr=BASE_LR, param_groups=_groups(BASE_LR), **options),
-        artifact_directory=directory,
-    )
-    return directory
 
 
 @pytest.mark.parametrize("case", ["sgd-nesterov", "adamw-amsgrad", "rmsprop"])
@@ -206,7 +195,7 @@ def test_training_build_drives_the_standard_optimizer_and_moves_between_backends
     case: str, tmp_path: Path
 ) -> None:
     ours, theirs, options = CASES[case]
-    training = _training_artifacts(tmp_path / "training", ours, options)
+    training = _artifacts(tmp_path / "training", ours, options, portable=False)
     portable = _artifacts(tmp_path / "portable", ours, options)
     expected, expected64 = _torch(theirs, options), _torch(theirs, options, torch.float64)
     session = TrainingSession(training, backend="training")
