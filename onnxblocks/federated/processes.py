@@ -270,8 +270,28 @@ COMMANDS = (
     "flwr",
 )
 
+#: Seconds a SuperNode waits before it asks the SuperLink for a message again after finding none.
+SUPERNODE_POLL_S = 0.5
+
+#: Flower's SuperNode sleeps 3 s after each pull that finds no message, so every message of a
+#: round waits up to 3 s before its ClientApp starts; the SuperNode's shim caps the sleeps of its
+#: pull loop at SUPERNODE_POLL_S (a Flower without that module is left as it is).
+_SUPERNODE_PRELUDE = f"""
+try:
+    import time
+    import flwr.supernode.start_client_internal as node_loop
+except ImportError:
+    node_loop = None
+class CappedSleep:
+    def __getattr__(self, attr):
+        return getattr(time, attr)
+    def sleep(self, seconds):
+        time.sleep(min(seconds, {SUPERNODE_POLL_S}))
+if getattr(node_loop, "time", None) is time:
+    node_loop.time = CappedSleep()"""
+
 _SHIM = """#!/bin/sh
-exec {python} -c 'import sys
+exec {python} -c 'import sys{prelude}
 from importlib.metadata import entry_points
 (ep,) = entry_points(group="console_scripts", name="{name}")
 sys.argv[0] = "{name}"
@@ -293,7 +313,12 @@ def write_shims(folder: Path, interpreter: str) -> Path:
         for name in COMMANDS:
             script = folder / name
             script.write_text(
-                _SHIM.format(python=shlex.quote(interpreter), name=name), encoding="utf-8"
+                _SHIM.format(
+                    python=shlex.quote(interpreter),
+                    name=name,
+                    prelude=_SUPERNODE_PRELUDE if name == "flower-supernode" else "",
+                ),
+                encoding="utf-8",
             )
             script.chmod(0o755)
     return folder
