@@ -81,8 +81,9 @@ class _Chunks:
         self.main, self.value, self.scale, self.block = main, value, scale, block
         self.kind = kind
         self.names, self.views, self.to = names, views, to
-        rows, width = value.shape  # type: ignore[misc]
-        self.rows, self.width, self.spans = int(rows), int(width), _spans(int(rows), int(width))
+        assert value.shape is not None
+        rows, width = (int(d) for d in value.shape.numpy())  # static: checked by _eligible
+        self.rows, self.width, self.spans = rows, width, _spans(rows, width)
         self.made: dict[tuple[int, int], tuple[ir.Value, ir.Value]] = {}
         self.nodes: list[ir.Node] = []
         self.graph = main
@@ -109,7 +110,8 @@ class _Chunks:
 
     def _view(self, of: ir.Value, kind: ir.DataType, span: tuple[int, int]) -> ir.Value:
         a, b = span
-        tail = tuple(int(d) for d in of.shape[1:])  # type: ignore[index]
+        assert of.shape is not None
+        tail = tuple(int(d) for d in of.shape.numpy()[1:])
         name = f"{of.name}.rows{a}_{b}"
         per_row = int(np.prod(tail)) * _BITS.get(kind, 32) // 8
         assert of.name is not None

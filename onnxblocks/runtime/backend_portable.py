@@ -92,13 +92,15 @@ class PortableBackend(BufferBindings):
         accumulated = set(map(accumulated_name, self._trainable))
         self.train_inputs = [n for n in self._train.inputs if n not in special]
         self.train_outputs = [n for n in self._train.outputs if n not in accumulated]
-        self._eval = (
-            PortableModel(os.fspath(files.eval_model), options, providers, "eval model")
-            if files.eval_model
-            else None
-        )
-        self.eval_inputs = [n for n in self._eval.inputs if n not in special] if self._eval else []
-        self.eval_outputs = list(self._eval.outputs) if self._eval else []
+        # the eval model's session opens on the first eval step: a training step never runs it
+        self._eval: PortableModel | None = None
+        self._eval_source = (os.fspath(files.eval_model or ""), options, providers, "eval model")
+        signature = artifacts.eval.signature if artifacts.eval is not None else None
+        if files.eval_model and signature is None:  # an .ort file: its session tells
+            self._eval = PortableModel(*self._eval_source)
+        names = self._eval or signature
+        self.eval_inputs = [n for n in names.inputs if n not in special] if names else []
+        self.eval_outputs = list(names.outputs) if names else []
         self._fused = (
             PortableModel(os.fspath(files.step_model), options, providers, "step model")
             if files.step_model
@@ -230,7 +232,8 @@ class PortableBackend(BufferBindings):
         return out
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        assert self._eval is not None
+        if self._eval is None:
+            self._eval = PortableModel(*self._eval_source)
         return self._run(
             self._eval, self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs
         )
