@@ -261,8 +261,10 @@ def run_server(grid: Any, settings: ServerSettings, strategy: Any = None) -> Fed
             logger.info("round %d: server evaluation %s", server_round, metrics)
             return MetricRecord(metrics)
 
+    # Flower's strategies call only send_and_receive and what PromptGrid hands on to ``grid``
+    prompt: Any = PromptGrid(grid, wrapped.straggler_timeout)
     result = wrapped.start(
-        grid=PromptGrid(grid, wrapped.straggler_timeout),
+        grid=prompt,
         initial_arrays=to_record(initial),
         num_rounds=settings.rounds,
         timeout=float(settings.round_timeout),

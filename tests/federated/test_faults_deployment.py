@@ -30,7 +30,8 @@ STEPS, BATCH, LR = 2, 6, 0.1
 #: Seconds a round waits for replies: well above a healthy client's round on a loaded 2-core machine.
 ROUND_TIMEOUT = 60.0
 #: Seconds the round still waits once its first reply came: the healthy clients start together, so
-#: their replies come within seconds of each other; the two silent ones are dropped at its end.
+#: their replies come within seconds of each other (20 s leaves room for a loaded machine); the two
+#: silent ones are dropped at its end.
 STRAGGLER_TIMEOUT = 20.0
 
 
