@@ -23,8 +23,7 @@ from onnxblocks.portable.accumulation import AccumulateGradients
 from onnxblocks.portable.float64 import FoldFloat64Constants
 from onnxblocks.portable.lower import LowerTrainingOps
 from onnxblocks.portable.ops import PortableMode, non_portable_ops, portable_mode
-from onnxblocks.portable.optimizer import optimizer_model as per_tensor_optimizer_model
-from onnxblocks.portable.optimizer import read_optimizer
+from onnxblocks.portable.optimizer import optimizer_ir, read_optimizer
 from onnxblocks.portable.optimizer_spec import OptimizerSpec
 from onnxblocks.portable.step import FuseStep
 
@@ -120,9 +119,8 @@ def make_portable(
     if optimizer_model is not None and spec is not None:
         by_name = {v.name: v for v in training.graph.inputs}
         opset = max(_limits.onnx_opset(optimizer_model) or _limits.DEFAULT_ONNX_OPSET, 13)
-        optimizer = per_tensor_optimizer_model(spec, [by_name[p] for p in trainable], opset)
-        check_portable(optimizer, "the portable optimizer model", checked)
-        mark_portable(optimizer, checked)
+        written = optimizer_ir(spec, [by_name[p] for p in trainable], opset)
+        optimizer = _finish(written, "optimizer", checked)
     lowered = _finish(training, "training", checked, stamp=False)
     return PortableModels(lowered, optimizer, step, tuple(trainable), counts, checked)
 

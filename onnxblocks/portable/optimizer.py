@@ -120,11 +120,15 @@ def _scalar_input(name: str, elem: int) -> ir.Value:
     return ir.Value(name=name, type=ir.TensorType(ir.DataType(elem)), shape=ir.Shape([1]))
 
 
-def _finish(
+def _model(
     inputs: list[ir.Value], outputs: list[ir.Value], w: Writer, opset: int, name: str
-) -> onnx.ModelProto:
+) -> ir.Model:
     graph = ir.Graph(inputs, outputs, nodes=w.nodes, opset_imports={"": opset}, name=name)
-    result = to_proto(ir.Model(graph, ir_version=8, producer_name="onnxblocks"))
+    return ir.Model(graph, ir_version=8, producer_name="onnxblocks")
+
+
+def _finish(model: ir.Model) -> onnx.ModelProto:
+    result = to_proto(model)
     _limits.stamp_versions(result)
     return result
 
@@ -141,6 +145,19 @@ def optimizer_model(
     params: Sequence[ir.Value],
     opset: int | None = None,
 ) -> onnx.ModelProto:
+    """The portable optimizer model (:func:`optimizer_ir`) as a ModelProto, its versions stamped.
+
+    Raises:
+        PortabilityError: for an optimizer model of another form.
+    """
+    return _finish(optimizer_ir(optimizer, params, opset))
+
+
+def optimizer_ir(
+    optimizer: onnx.ModelProto | OptimizerSpec,
+    params: Sequence[ir.Value],
+    opset: int | None = None,
+) -> ir.Model:
     """The portable optimizer model: one tensor input and output per parameter, gradient and moment.
 
     Its signature (docs/portable.md)::
@@ -211,7 +228,7 @@ def optimizer_model(
         for out, old in zip(new, (value, *moments), strict=False):
             out.type, out.shape = old.type, old.shape
             outputs.append(out)
-    return _finish(inputs, outputs, w, opset, "portable_optimizer")
+    return _model(inputs, outputs, w, opset, "portable_optimizer")
 
 
 def portable_optimizer_model(
@@ -273,7 +290,7 @@ def portable_optimizer_model(
         out = w.op("SequenceConstruct", [values[n] for n in outs[s]], updated_name(s))
         out.type = sequence
         outputs.append(out)
-    return _finish(inputs, outputs, w, opset, "portable_optimizer")
+    return _finish(_model(inputs, outputs, w, opset, "portable_optimizer"))
 
 
-__all__ = ["optimizer_model", "portable_optimizer_model", "read_optimizer"]
+__all__ = ["optimizer_ir", "optimizer_model", "portable_optimizer_model", "read_optimizer"]
