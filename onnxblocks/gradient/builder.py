@@ -167,8 +167,11 @@ def build_training_graphs(
     if pow_changes or unshared or frozen_reads or stopped:
         forward = to_proto(ir_forward)
     held = signature.held_constants_to_inputs(forward, also=norm_constants | frozen_reads.lifted)
-    training = ort_bridge.differentiate(forward, partition, user_outputs[0], custom_op_libraries)
-    training = _restore_on_ir(training, frozen_reads, stopped, {t.name for t in held})
+    training, seed = ort_bridge.differentiate(
+        forward, partition, user_outputs[0], custom_op_libraries
+    )
+    seeded = seed if seed != user_outputs[0] else None
+    training = _restore_on_ir(training, frozen_reads, stopped, {t.name for t in held}, seeded)
     pooling.check_pool_shapes(forward, training)
     signature.restore_held_constants(training, held)
     signature.order_inputs_and_outputs(
@@ -188,17 +191,21 @@ def _restore_on_ir(
     frozen_reads: FrozenReads,
     stopped: StoppedGradients,
     held: set[str],
+    seed: str | None = None,
 ) -> onnx.ModelProto:
-    """ONNX Runtime's result with the aliases read as their values again and private batch-norm
-    statistics, edited on one IR: converted once, and only when there is something to do.
+    """ONNX Runtime's result without the float32 seed output ``seed``, with the aliases read as
+    their values again and private batch-norm statistics, edited on one IR: converted once, and
+    only when there is something to do.
 
     ``held`` names the constants that are graph inputs while ONNX Runtime builds (restored
     afterwards by :func:`~onnxblocks.gradient.signature.restore_held_constants`).
     """
     batch_norms = any(n.op_type == "BatchNormInternal" for n in training.graph.node)
-    if not (frozen_reads.aliases or stopped or batch_norms):
+    if not (seed or frozen_reads.aliases or stopped or batch_norms):
         return training
     ir_training = from_proto(training)
+    if seed:
+        signature.drop_float_seed(ir_training.graph, seed)
     restore_frozen_reads(ir_training.graph, frozen_reads)
     restore_stopped(ir_training.graph, stopped)
     private_running_statistics(ir_training, held)

@@ -31,7 +31,7 @@ from onnxblocks._core import ort_errors
 from onnxblocks._core.errors import DataFileError, GradientError, preview
 from onnxblocks.gradient import worker
 from onnxblocks.gradient.parameters import ParameterPartition
-from onnxblocks.gradient.signature import drop_float_seed, float_seed
+from onnxblocks.gradient.signature import float_seed
 from onnxblocks.ir.proto import copy_model
 
 #: What onnxblocks does about some ops without a gradient builder, and what is left to the user.
@@ -162,7 +162,7 @@ def differentiate(
     partition: ParameterPartition,
     loss: str,
     custom_op_libraries: Sequence[str],
-) -> onnx.ModelProto:
+) -> tuple[onnx.ModelProto, str]:
     """Run ONNX Runtime's pre-training optimizer and gradient builder on ``forward`` (no held stubs
     in it).
 
@@ -173,7 +173,9 @@ def differentiate(
         custom_op_libraries: Shared libraries with custom ops.
 
     Returns:
-        The model ONNX Runtime built: forward and gradient graph, in ONNX Runtime's order.
+        The model ONNX Runtime built (forward and gradient graph, in ONNX Runtime's order), and
+        the value it seeded: ``loss``, or the temporary float32 output the caller removes with
+        :func:`~onnxblocks.gradient.signature.drop_float_seed`.
 
     Raises:
         GradientError: when ONNX Runtime cannot optimize or differentiate the model.
@@ -189,9 +191,7 @@ def differentiate(
         raise explain_gradient_failure(
             failure.message, forward, failure.optimized, partition, loss
         ) from None
-    if seed != loss:
-        drop_float_seed(training, seed)
-    return training
+    return training, seed
 
 
 def optimize_for_gradient(C: Any, model: bytes, requires_grad: set[str], options: Any) -> bytes:

@@ -250,10 +250,10 @@ def float_seed(model: onnx.ModelProto, loss: str) -> str:
     return seed.name or ""
 
 
-def drop_float_seed(model: onnx.ModelProto, seed: str) -> None:
-    """Remove the temporary float32 loss output (and its Cast when nothing else reads it)."""
-    ir_model = from_proto(model)
-    graph = ir_model.graph
+def drop_float_seed(graph: ir.Graph, seed: str) -> None:
+    """Remove the temporary float32 loss output (and its Cast when nothing else reads it), on the
+    IR of the model ONNX Runtime built (the builder's other restorations edit the same IR).
+    """
     found = [v for v in graph.outputs if v.name == seed]
     for output in found:
         graph.outputs.remove(output)
@@ -262,7 +262,6 @@ def drop_float_seed(model: onnx.ModelProto, seed: str) -> None:
     if value is not None and producer is not None and producer.graph is graph:
         if not value.uses() and not value.is_graph_output():
             graph.remove(producer, safe=True)
-    model.CopyFrom(to_proto(ir_model))
 
 
 # ------------------------------------------------------------------ the training model

@@ -163,7 +163,7 @@ def build_vjp_graph(
         forward.CopyFrom(to_proto(ir_forward))
     signature_inputs = {vi.name: vi for vi in forward.graph.input}
     while True:  # a value with no differentiable path to an output gets no gradient (as in torch)
-        ir_attempt = from_proto(forward)  # one IR for both steps before ONNX Runtime builds
+        ir_attempt = ir_forward.clone()  # the attempt's edits leave the forward IR as it is
         norm_constants, unshared = unshare_norm_constants(ir_attempt.graph)
         untrained = [p for p in partition.parameters if p not in gradients]
         reads = alias_frozen_reads(ir_attempt.graph, gradients, untrained)
