@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support import hf_families
+from support.export_cache import shared_export
 from support.numerics import check_close
 from support.peft_parity import peft_steps
 from support.portable_env import run_worker
@@ -39,7 +40,8 @@ def _artifacts(
     name: str, exporter: str, directory, portable: bool = False, config: LoraConfig | None = None
 ):
     family = hf_families.make(name)
-    model = hf_families.export(family, exporter)
+    # the training build's and the portable cells train the same export
+    model = shared_export((__name__, name, exporter), lambda: hf_families.export(family, exporter))
     artifacts = generate_artifacts(
         model,
         loss=hf_families.onnxblocks_loss(family),

@@ -21,6 +21,7 @@ import pytest
 import torch
 from onnx import TensorProto
 from support import hf_families
+from support.export_cache import shared_export
 from support.peft_parity import assert_steps_match_peft
 from support.quantized_hub import llama_family
 from support.torch_export import export_onnx
@@ -67,6 +68,14 @@ def _dequantized(directory) -> dict[str, np.ndarray]:
     return out
 
 
+def _dynamo_export(family: hf_families.Family) -> onnx.ModelProto:
+    """``llama_family()``'s dynamo export, once per module (the family has the same weights each time)."""
+    return shared_export(
+        (__name__, "llama"),
+        lambda: export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18),
+    )
+
+
 @pytest.mark.parametrize(
     ("dtype", "portable"),
     [(None, False), ("int8", False), ("int4", False), ("int4", True)],
@@ -74,7 +83,7 @@ def _dequantized(directory) -> dict[str, np.ndarray]:
 )
 def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -> None:
     family = llama_family()
-    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    exported = _dynamo_export(family)
     artifacts = generate_artifacts(
         exported,
         loss=hf_families.onnxblocks_loss(family),
@@ -114,7 +123,7 @@ def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -
 )
 def test_quantization_options_are_checked(options, match, tmp_path) -> None:
     family = llama_family()
-    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    exported = _dynamo_export(family)
     with pytest.raises(InvalidValueError, match=match):
         generate_artifacts(
             exported,
@@ -128,7 +137,7 @@ def test_quantization_options_are_checked(options, match, tmp_path) -> None:
 
 def test_exports_keep_the_base_quantized_and_refuse_to_merge_into_it(tmp_path) -> None:
     family = llama_family()
-    exported = export_onnx(copy.deepcopy(family.model), family.inputs, dynamo=True, opset=18)
+    exported = _dynamo_export(family)
     generate_artifacts(
         exported,
         loss=hf_families.onnxblocks_loss(family),
