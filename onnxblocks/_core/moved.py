@@ -17,7 +17,7 @@ def moved_names(
     """
     known = frozenset(names)
 
-    def moved(name: str) -> Any:
+    def __getattr__(name: str) -> Any:  # noqa: N807 - it is the module's __getattr__
         if name not in known:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         warnings.warn(
@@ -27,4 +27,4 @@ def moved_names(
         )
         return find(name)
 
-    return moved
+    return __getattr__
