@@ -20,6 +20,7 @@ import onnx
 import pytest
 import torch
 from support import hf_families
+from support.export_cache import shared_export
 from support.numerics import assert_close, is_close
 from support.user_exports import EXPORTS, export, initializers
 from torch import nn
@@ -39,8 +40,11 @@ LLAMA_NORMS = (
 
 
 def _exported(name: str, how: str):
+    """The family (the same weights every call) and its export ``how``, exported once per module."""
     family = hf_families.make(name)
-    return family, export(family.model, family.inputs, how)
+    return family, shared_export(
+        (__name__, name, how), lambda: export(family.model, family.inputs, how)
+    )
 
 
 @pytest.mark.parametrize("how", EXPORTS)
