@@ -48,6 +48,7 @@ from onnxblocks.ir.names import graph_names
 from onnxblocks.torch._outputs import CONSTANT_TYPES, OutputSlot, output_plan, register_dataclasses
 from onnxblocks.torch.batch_norm import fit_batch_norms
 from onnxblocks.torch.exported import BatchNormUpdate, Exported
+from onnxblocks.torch.torchlib import shared_registry
 
 __all__ = [
     "BatchNormUpdate",
@@ -202,15 +203,16 @@ def _export(
                 }
                 for t in tensors
             )
-            program = torch.onnx.export(
-                holder,
-                tensors,
-                dynamo=True,
-                optimize=False,
-                input_names=names,
-                dynamic_shapes=(dims,),
-                opset_version=opset,
-            )
+            with shared_registry():
+                program = torch.onnx.export(
+                    holder,
+                    tensors,
+                    dynamo=True,
+                    optimize=False,
+                    input_names=names,
+                    dynamic_shapes=(dims,),
+                    opset_version=opset,
+                )
             if (
                 program is None
             ):  # pragma: no cover - torch returns the program when no file is given

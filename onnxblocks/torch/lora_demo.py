@@ -40,6 +40,8 @@ from typing import IO
 import numpy as np
 import torch
 
+from onnxblocks.torch.torchlib import shared_registry
+
 #: Tokens of the synthetic language (the numbers 0 .. VOCAB-1, counted modulo VOCAB).
 VOCAB = 16
 #: Tokens per training sequence (the model reads SEQ and predicts each next one).
@@ -167,15 +169,16 @@ def export_lm(
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
-                program = torch.onnx.export(
-                    model,
-                    (ids,),
-                    dynamo=True,
-                    optimize=False,
-                    input_names=["input_ids"],
-                    output_names=["logits"],
-                    opset_version=18,
-                )
+                with shared_registry():
+                    program = torch.onnx.export(
+                        model,
+                        (ids,),
+                        dynamo=True,
+                        optimize=False,
+                        input_names=["input_ids"],
+                        output_names=["logits"],
+                        opset_version=18,
+                    )
                 assert program is not None  # torch returns the program when no file is given
                 program.save(os.fspath(path))
             else:

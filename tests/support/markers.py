@@ -404,6 +404,7 @@ MARKS: dict[str, str] = {
     "tests/torch/test_torch_module.py": "slow",
     "tests/torch/test_torch_module_api.py": "slow",
     "tests/torch/test_torch_upsample.py": "slow",
+    "tests/torch/test_torchlib_registry.py": "slow",
     # web
     "tests/web/test_inference_template.py": "slow",
     "tests/web/test_js_node.py::test_javascript_sources_type_check": "node",

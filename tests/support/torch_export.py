@@ -23,6 +23,8 @@ import onnx
 import torch
 from torch import nn
 
+from onnxblocks.torch.torchlib import shared_registry
+
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
@@ -80,15 +82,16 @@ def export_onnx(
             )
             return onnx.load_from_string(f.getvalue())
         options = {} if opset is None else {"opset_version": opset}
-        program = torch.onnx.export(
-            model,
-            args,
-            dynamo=True,
-            optimize=False,
-            input_names=names,
-            output_names=list(outputs),
-            **options,
-        )
+        with shared_registry():  # torchlib's table built once per process, not per export
+            program = torch.onnx.export(
+                model,
+                args,
+                dynamo=True,
+                optimize=False,
+                input_names=names,
+                output_names=list(outputs),
+                **options,
+            )
         return program.model_proto
 
 
