@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from support import models, sweep
+from support import hf_families, models, sweep
 from support.numerics import check_close
 from support.portable_env import run_worker
 from support.reference64 import to64
@@ -100,6 +100,7 @@ def _tensor(value: np.ndarray, dtype) -> torch.Tensor:
     return t.to(dtype) if t.is_floating_point() else t
 
 
+@hf_families.one_torch_thread()
 def _torch_losses(model, trained, loss_fn) -> tuple[np.ndarray, list[float]]:
     """torch AdamW's losses over STEPS on the ``trained`` parameters: in float32, then in float64."""
     runs = []

@@ -13,9 +13,10 @@ MobileNetV2 for MobileNet, EfficientNet, ConvNeXt, Swin).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -323,6 +324,21 @@ def trainable(family: Family, model: onnx.ModelProto) -> dict[str, str]:
 CHAOTIC = frozenset({"mobilenet"})
 
 
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1 for the block: these models are tiny, and with the other
+    xdist worker on the second core torch's OpenMP threads wait on each other (EfficientNet's five
+    steps: 7 s of CPU in float32 and 20 s in float64 with 2 threads under load, 0.2 and 0.3 s with
+    1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@one_torch_thread()
 def with_gradient(
     family: Family, params: dict[str, str], threshold: float = 1e-5
 ) -> dict[str, str]:
@@ -360,6 +376,7 @@ def torch_loss(family: Family, output: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(output, target)
 
 
+@one_torch_thread()
 def torch_losses(family: Family, params: list[str], steps: int, lr: float) -> list[float]:
     """The losses of ``steps`` steps of torch's AdamW (defaults but ``lr``) on ``params``, from the family's weights."""
     model = copy.deepcopy(family.model).train()
