@@ -27,7 +27,7 @@ def _registry_class() -> Any:
         from torch.onnx._internal.exporter import _registration
     except ImportError:  # pragma: no cover - a torch without the dynamo exporter
         return None
-    registry = getattr(_registration, "ONNXRegistry", None)
+    registry: Any = getattr(_registration, "ONNXRegistry", None)
     built = None if registry is None else registry.__dict__.get("from_torchlib")
     if not isinstance(built, classmethod) or not hasattr(registry(), "functions"):
         return None  # pragma: no cover - another torch: its exporter builds its own table
