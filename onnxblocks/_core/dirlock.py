@@ -144,6 +144,20 @@ def directory_lock(directory: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Itera
         os.close(fd)
 
 
+def reading_lock(
+    directory: Path | None, timeout: float = DEFAULT_TIMEOUT_S
+) -> contextlib.AbstractContextManager[None]:
+    """The lock of ``directory`` while a reader takes files of its artifact set (none for ``None``).
+
+    A writer moves the old set aside before it moves the new one in; a reader holding the lock
+    sees one whole set. A directory this process cannot write into gets no lock (creating the
+    lock file would fail there): its reader takes the files as they are.
+    """
+    if directory is None or not os.access(directory, os.W_OK):
+        return contextlib.nullcontext()
+    return directory_lock(directory, timeout)
+
+
 def files_lock(
     paths: Sequence[Path], timeout: float = DEFAULT_TIMEOUT_S
 ) -> contextlib.AbstractContextManager[None]:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxblocks._core import dirlock as _dirlock
 from onnxblocks._core import hyperparams as _hyper
 from onnxblocks._core.contracts import (
     DEFAULT_LEARNING_RATE,
@@ -146,13 +147,16 @@ def write_state(
         state = source if isinstance(source, WebState) else WebState.from_checkpoint(source)
     else:
         checkpoint = _checkpoint_path(source)
-        if not checkpoint.exists():
-            raise FileMissingError(
-                f"No checkpoint at '{checkpoint}'. Pass an artifact directory or a checkpoint "
-                "written by "
-                "generate_artifacts or TrainingSession.save_checkpoint."
-            )
-        state = WebState.from_checkpoint(load_checkpoint(checkpoint))
+        # a generate_artifacts call replacing the set moves the old checkpoint aside first
+        directory = checkpoint.parent if Path(os.fspath(source)).is_dir() else None
+        with _dirlock.reading_lock(directory):
+            if not checkpoint.exists():
+                raise FileMissingError(
+                    f"No checkpoint at '{checkpoint}'. Pass an artifact directory or a checkpoint "
+                    "written by generate_artifacts or TrainingSession.save_checkpoint."
+                )
+            loaded = load_checkpoint(checkpoint)
+        state = WebState.from_checkpoint(loaded)
         path = checkpoint.with_name(STATE_FILE) if path is None else path
     state = copy.copy(state)
     check_state(state, "write_state")  # never write a file read_state would refuse

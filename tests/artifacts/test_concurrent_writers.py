@@ -359,6 +359,50 @@ def test_web_state_written_while_the_set_is_replaced_is_one_checkpoints(tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_web_state_of_a_set_caught_between_old_and_new_waits_for_the_new_one(
+    tmp_path, model_path, monkeypatch
+):
+    """The writer is held after moving the old set aside and before moving the new one in: a
+    ``write_state`` of the directory then waits for the new set instead of finding no checkpoint."""
+    generate_artifacts(model_path, artifact_directory=tmp_path, **CONFIGS["old"])
+    aside, resume = threading.Event(), threading.Event()
+
+    def held_swap(directory, stage, new, old):
+        (stage / ".old").mkdir()
+        for name in old:
+            os.replace(directory / name, stage / ".old" / name)
+        aside.set()
+        resume.wait()
+        for name in new:
+            os.replace(stage / name, directory / name)
+
+    monkeypatch.setattr(files, "_swap", held_swap)
+    errors: list[BaseException] = []
+
+    def run(call) -> None:
+        try:
+            call()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    writer = threading.Thread(
+        target=run,
+        args=(
+            lambda: generate_artifacts(model_path, artifact_directory=tmp_path, **CONFIGS["new"]),
+        ),
+    )
+    writer.start()
+    assert aside.wait(timeout=600)
+    reader = threading.Thread(target=run, args=(lambda: write_state(tmp_path),))
+    reader.start()
+    reader.join(timeout=1.0)  # without the lock it fails at once; with it, it waits for `resume`
+    resume.set()
+    writer.join()
+    reader.join()
+    assert errors == []
+    assert sorted(read_state(tmp_path / "params.safetensors").trainable) == ["W", "b"]
+
+
 def _lora(r: int) -> tuple[LoraInfo, dict[str, np.ndarray]]:
     target = LoraTarget(
         module="fc",

@@ -21,6 +21,7 @@ import pytest
 import torch
 from onnx import TensorProto
 from support import hf_families
+from support.base_file import dequantized_base
 from support.export_cache import shared_export
 from support.peft_parity import assert_steps_match_peft
 from support.quantized_hub import llama_family
@@ -37,35 +38,6 @@ STEPS, LR, RTOL, BLOCK = 10, 1e-2, 1e-5, 32
 #: and 2.1e-5 (portable) off after 10 steps; the fp32 and int8 bases hold 1e-5 everywhere.
 ADAPTER_RTOL = {None: 1e-5, "int8": 1e-5, "int4": 3e-5}
 CONFIG = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-
-
-def _stored(directory, init: onnx.TensorProto) -> np.ndarray:
-    """An initializer's values as written in the artifacts' base file (int4 unpacked here)."""
-    info = {e.key: e.value for e in init.external_data}
-    raw = np.fromfile(
-        directory / info["location"], np.uint8, int(info["length"]), offset=int(info["offset"])
-    )
-    count = int(np.prod(init.dims))
-    if init.data_type == TensorProto.INT4:
-        nibbles = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(-1)[:count].astype(np.int8)
-        return np.where(nibbles > 7, nibbles - 16, nibbles).reshape(init.dims)
-    dtype = {TensorProto.INT8: np.int8, TensorProto.FLOAT: np.float32}[init.data_type]
-    return raw.view(dtype).reshape(init.dims)
-
-
-def _dequantized(directory) -> dict[str, np.ndarray]:
-    """Each quantized base weight as the models compute it: ``q * scale`` per block of a row."""
-    model = onnx.load(directory / "training_model.onnx", load_external_data=False)
-    inits = {i.name: i for i in model.graph.initializer}
-    quantized = [i for i in inits.values() if i.data_type in (TensorProto.INT8, TensorProto.INT4)]
-    out = {}
-    for init in quantized:
-        q = _stored(directory, init).astype(np.float32)
-        scale = _stored(directory, inits[f"{init.name}.scale"])
-        rows, cols = q.shape
-        blocks = q.reshape(rows, cols // BLOCK, BLOCK) * scale[..., None]
-        out[init.name] = blocks.reshape(rows, cols)
-    return out
 
 
 def _dynamo_export(family: hf_families.Family) -> onnx.ModelProto:
@@ -94,7 +66,7 @@ def test_qlora_matches_peft_on_the_dequantized_base(dtype, portable, tmp_path) -
         base_dtype=dtype,
         quant_block_size=BLOCK,
     )
-    weights = _dequantized(tmp_path) if dtype else {}
+    weights = dequantized_base(tmp_path, BLOCK) if dtype else {}
     if dtype:  # the control (fp32 base) shows the float32 noise of the 10 steps
         training = onnx.load(artifacts.training_model, load_external_data=False)
         assert {o.version for o in training.opset_import if o.domain in ("", "ai.onnx")} == {21}

@@ -38,6 +38,7 @@ MARKS: dict[str, str] = {
     "tests/artifacts/test_concurrent_writers.py::test_processes_write_complete_sets_and_leave_nothing": "slow",
     "tests/artifacts/test_concurrent_writers.py::test_threads_write_complete_sets_and_leave_nothing": "slow",
     "tests/artifacts/test_concurrent_writers.py::test_web_state_written_while_the_set_is_replaced_is_one_checkpoints": "slow",
+    "tests/artifacts/test_concurrent_writers.py::test_web_state_of_a_set_caught_between_old_and_new_waits_for_the_new_one": "slow",
     "tests/artifacts/test_exporter_ties.py": "slow",
     "tests/artifacts/test_generate_any_python.py": "py313",
     "tests/artifacts/test_kill_safe_generation.py::test_generation_killed_at_random_points_leaves_the_old_set_or_nothing": "slow",
@@ -406,6 +407,8 @@ MARKS: dict[str, str] = {
     "tests/torch/test_torch_upsample.py": "slow",
     "tests/torch/test_torchlib_registry.py": "slow",
     # web
+    "tests/web/test_flat_step.py": "slow",
+    "tests/web/test_flat_step.py::test_node_trains_the_flat_step_model_as_the_step_model": "node slow",
     "tests/web/test_inference_template.py": "slow",
     "tests/web/test_js_node.py::test_javascript_sources_type_check": "node",
     "tests/web/test_js_node.py::test_node_errors_say_what_to_do": "node",
