@@ -9,6 +9,10 @@ Each model trains on one plan (``train/<i>/<input>`` batches and ``learning_rate
   onnxruntime-web's WASM, the site served by ``onnxblocks.web.serving`` with its cross-origin
   isolation headers), with one thread and with every core.
 
+Node and Chromium each train both step models, taking turns: ``step_model.onnx`` (one tensor per
+parameter and moment each way) and ``flat_step_model.onnx`` (``onnxblocks.web.write_flat_step``:
+one flat state tensor each way, the JS client's default on the CPU providers).
+
 Models: ``mlp`` (the demo classifier, 2-64-64-3, batch 32), ``cnn`` (``web_cnn``: Conv,
 BatchNorm, MaxPool, Gemm, batch 32) and ``lora`` (``bench_lora``'s SmolLM2-135M shape, 30
 layers, LoRA r=8 on q and v, batch 4 x 128; its export must be cached: run ``bench_lora.py``
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import web_support  # noqa: E402
 
 from onnxblocks.runtime import TrainingSession  # noqa: E402
-from onnxblocks.web import write_safetensors  # noqa: E402
+from onnxblocks.web import write_flat_step, write_safetensors  # noqa: E402
 
 MODELS = ("mlp", "cnn", "lora")
 #: steps per model when ``--wasm-steps`` is not given
@@ -68,6 +72,7 @@ def mlp_case(site: Path, steps: int) -> Case:
     plan = spiral_plan()
     batches = [plan.batch(i) for i in range(min(steps, plan.steps))]
     rates = [float(plan.learning_rates[i % plan.steps]) for i in range(steps)]
+    write_flat_step(site / "artifacts")  # build_site writes it too: a site built before it did
     return Case(
         "artifacts", "MLP 2-64-64-3 (the demo), batch 32", site / "artifacts", batches, rates
     )
@@ -77,6 +82,7 @@ def cnn_case(site: Path, steps: int) -> Case:
     import web_cnn
 
     artifacts = web_cnn.write_artifacts(site / "cnn")
+    write_flat_step(artifacts)
     plan = web_cnn.CnnPlan(min(steps, 300))
     batches = [plan.batch(i) for i in range(plan.steps)]
     title = f"CNN with BatchNorm (benchmarks/web_cnn.py), batch {web_cnn.BATCH}"
@@ -109,6 +115,7 @@ def lora_case(site: Path, steps: int) -> Case:
         portable=True,
     )
     write_state(artifacts)
+    write_flat_step(artifacts)
     title = "LoRA on SmolLM2-135M's shape (30 layers, r=8 on q and v), batch 4 x 128"
     return Case("lora", title, artifacts, [bench_lora.batch()], [bench_lora.LR] * steps)
 
@@ -154,18 +161,23 @@ def python_steps(case: Case) -> tuple[list[float], list[float]]:
     return losses, seconds
 
 
-def node_steps(js: Path, case: Case, plan: Path) -> tuple[list[float], list[float]]:
+def node_steps(
+    js: Path, case: Case, plan: Path, flat: bool = True
+) -> tuple[list[float], list[float]]:
     report = web_support.run_node(
         js, "bin/onnxblocks-train.mjs", str(case.artifacts), "--plan", str(plan),
-        "--threads", str(os.cpu_count() or 1), timeout=1800,
+        "--threads", str(os.cpu_count() or 1), *([] if flat else ["--no-flat"]), timeout=1800,
     )  # fmt: skip
     return report["losses"], report["stepSeconds"]
 
 
 def browser_steps(
-    js: Path, chromium: Path, url: str, case: Case, plan: Path, threads: int
+    js: Path, chromium: Path, url: str, case: Case, plan: Path, threads: int, flat: bool = True
 ) -> tuple[list[float], list[float], dict]:
-    address = f"{url}demo/plan.html?artifacts=../{case.name}/&plan=../{plan.name}&threads={threads}"
+    address = (
+        f"{url}demo/plan.html?artifacts=../{case.name}/&plan=../{plan.name}&threads={threads}"
+        f"&flat={int(flat)}"
+    )
     report = web_support.run_node(
         js, "tools/browser-run.mjs", address, "--chromium", str(chromium), "--timeout", "1700",
         timeout=1800,
@@ -201,21 +213,25 @@ def model_table(js: Path, chromium: Path, site: Path, case: Case) -> list[str]:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     reference, py = python_steps(case)
     rows = [("Python, TrainingSession (portable backend)", py, reference)]
-    losses, node = node_steps(js, case, plan)
-    rows.append((f"Node, onnxruntime-node cpu, {cores} threads", node, losses))
+    for flat in (False, True):
+        losses, node = node_steps(js, case, plan, flat)
+        form = "flat" if flat else "step"
+        rows.append((f"Node, onnxruntime-node cpu, {cores} threads, {form}", node, losses))
     with serving(site) as url:
         for threads in (1, cores):
-            losses, page, report = browser_steps(js, chromium, url, case, plan, threads)
-            name = (
-                f"browser, onnxruntime-web {report['onnxruntime']} WASM, "
-                f"{report['threads']} thread{'s' if report['threads'] > 1 else ''}"
-            )
-            rows.append((name, page, losses))
+            for flat in (False, True):
+                losses, page, report = browser_steps(js, chromium, url, case, plan, threads, flat)
+                name = (
+                    f"browser, onnxruntime-web {report['onnxruntime']} WASM, "
+                    f"{report['threads']} thread{'s' if report['threads'] > 1 else ''}, "
+                    f"{'flat' if report.get('stepModel', '').startswith('flat') else 'step'}"
+                )
+                rows.append((name, page, losses))
     after = " ".join(f"{x:.1f}" for x in os.getloadavg())
     py_mean, py_steady = figures(py)
     lines = [
         f"{case.title}, AdamW, {case.steps} steps; load average {load} before, {after} after",
-        f"{'runtime':<52} {'mean ms':>9} {'x Py':>6} {'2nd half ms':>12} {'x Py':>6} "
+        f"{'runtime':<60} {'mean ms':>9} {'x Py':>6} {'2nd half ms':>12} {'x Py':>6} "
         f"{'max rel diff':>13}",
     ]
     first = np.array(reference[:20])
@@ -223,7 +239,7 @@ def model_table(js: Path, chromium: Path, site: Path, case: Case) -> list[str]:
         mean, steady = figures(seconds)
         gap = float(np.max(np.abs(np.array(losses[:20]) - first) / np.abs(first)))
         lines.append(
-            f"{name:<52} {mean * 1e3:>9.2f} {mean / py_mean:>6.2f} {steady * 1e3:>12.2f} "
+            f"{name:<60} {mean * 1e3:>9.2f} {mean / py_mean:>6.2f} {steady * 1e3:>12.2f} "
             f"{steady / py_steady:>6.2f} {gap:>13.1e}"
         )
     return [*lines, ""]

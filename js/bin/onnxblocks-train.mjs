@@ -3,7 +3,7 @@
 //
 //   onnxblocks-train ARTIFACTS --plan plan.safetensors [--steps N] [--lr 0.01] [--state FILE]
 //                    [--save trained.safetensors] [--eval-outputs eval.safetensors] [--threads 1]
-//                    [--save-adapters DIR] [--ep webgpu] [--placement]
+//                    [--save-adapters DIR] [--ep webgpu] [--placement] [--no-flat]
 //
 // The plan is a safetensors file: tensors `train/<i>/<input>` (batch i of the step model's
 // user inputs) and optionally `eval/<i>/<input>` (eval batches, run after training); its
@@ -14,6 +14,9 @@
 // --ep picks onnxruntime-node's execution provider (cpu, the default, or webgpu; the CPU takes what the
 // provider lacks); the report then holds "executionProviders", and with --placement "placement": how many
 // nodes of the step model run on each provider, and which op types (docs/web.md, "On the GPU").
+// On the CPU the flat step model `flat_step_model.onnx` is trained when the artifacts have it (one state
+// tensor each way, same numbers; docs/web.md, "WASM speed"); --no-flat trains step_model.onnx. The report's
+// "stepModel" names the file trained.
 //
 //   onnxblocks-train --federate URL --data local.npz [--threads 1]
 //
@@ -31,7 +34,7 @@ import { federate } from '../src/federate.mjs';
 import { parseNpz } from '../src/npz.mjs';
 import { planBatches, planRates } from '../src/plan.mjs';
 
-const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR] [--ep cpu|webgpu] [--placement]\n       onnxblocks-train --federate URL --data FILE.npz [--threads N]';
+const USAGE = 'usage: onnxblocks-train ARTIFACTS --plan FILE [--steps N] [--lr X] [--state FILE] [--save FILE] [--eval-outputs FILE] [--threads N] [--save-adapters DIR] [--ep cpu|webgpu] [--placement] [--no-flat]\n       onnxblocks-train --federate URL --data FILE.npz [--threads N]';
 
 /** @typedef {import('../src/safetensors.mjs').NamedTensor} NamedTensor */
 
@@ -49,6 +52,7 @@ async function main() {
       threads: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'cpu' },
       placement: { type: 'boolean' },
+      'no-flat': { type: 'boolean' },
       federate: { type: 'string' },
       data: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -78,6 +82,7 @@ async function main() {
     evaluate: evaluation.length > 0,
     sessionOptions: { intraOpNumThreads: threads, interOpNumThreads: 1 },
     executionProviders: values.ep === 'cpu' ? ['cpu'] : [values.ep, 'cpu'],
+    flat: !values['no-flat'],
   });
   const placement = values.placement ? await trainer.placement() : undefined;
   const started = performance.now();
@@ -106,7 +111,7 @@ async function main() {
   if (values['eval-outputs']) await writeFile(values['eval-outputs'], serializeSafetensors(evalOutputs));
   await trainer.release();
   const onnxruntime = ort.env.versions?.node ?? null;
-  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, stepSeconds, onnxruntime, executionProviders: trainer.executionProviders, placement }));
+  console.log(JSON.stringify({ losses, evalLosses, step: trainer.step, seconds, stepSeconds, onnxruntime, executionProviders: trainer.executionProviders, placement, stepModel: trainer.flatLayout ? 'flat_step_model.onnx' : 'step_model.onnx' }));
   return 0;
 }
 

@@ -1,16 +1,16 @@
 // Train any portable artifacts on a plan file in the browser and time each step: what `onnxblocks-train --plan`
 // does in Node (src/plan.mjs reads the same file), for benchmarks and for models without a page of their own.
 //
-//   plan.html?artifacts=../cnn/&plan=../cnn_plan.safetensors[&steps=N][&lr=X][&threads=N][&ep=webgpu[&bundle=webgpu]]
+//   plan.html?artifacts=../cnn/&plan=../cnn_plan.safetensors[&steps=N][&lr=X][&threads=N][&flat=0][&ep=webgpu[&bundle=webgpu]]
 //
 // `artifacts` is the folder of step_model.onnx and params.safetensors (and base_weights.bin); `plan` holds
 // `train/<i>/<input>` batches (steps cycle through them) and may hold `learning_rates` (else ?lr=). Only the
-// step model is opened. `window.onnxblocksDemo` reports the losses and each step's seconds (the first steps
+// step model is opened (on WASM the flat step model when served; &flat=0: step_model.onnx). `window.onnxblocksDemo` reports the losses and each step's seconds (the first steps
 // run while the browser is still compiling onnxruntime-web's WASM to optimized code: read both ends).
 
 import { fetchBytes, loadTrainer, ort, parseSafetensors } from '../src/browser.mjs';
 import { planBatches, planRates } from '../src/plan.mjs';
-import { configureWasm, runtime, runtimeLine, runtimeName } from './providers.mjs';
+import { configureWasm, runtime, runtimeLine, runtimeName, weightBytes } from './providers.mjs';
 
 const query = new URLSearchParams(location.search);
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
@@ -19,7 +19,7 @@ const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.get
  * What the page reports (read by js/tools/browser-run.mjs through `window.onnxblocksDemo`).
  * @type {{status: string, steps: number, losses: number[], stepSeconds: number[], seconds: number,
  *   stepsPerSecond: number | null, error: string | null, onnxruntime: string | undefined, ep: string, bundle: string,
- *   crossOriginIsolated: boolean, threads: number, loadSeconds: number}}
+ *   crossOriginIsolated: boolean, threads: number, loadSeconds: number, stepModel: string}}
  */
 const report = {
   status: 'loading',
@@ -35,20 +35,22 @@ const report = {
   crossOriginIsolated,
   threads: 1,
   loadSeconds: 0,
+  stepModel: '',
 };
 Object.assign(window, { onnxblocksDemo: report });
 
 async function main() {
-  report.threads = configureWasm(query);
   const artifacts = query.get('artifacts');
   const planUrl = query.get('plan');
   if (!artifacts || !planUrl) throw new TypeError('plan.html needs ?artifacts=FOLDER/&plan=FILE.safetensors');
+  report.threads = configureWasm(query, await weightBytes(artifacts.endsWith('/') ? artifacts : `${artifacts}/`));
   const started = performance.now();
   const [plan, { trainer }] = await Promise.all([
     fetchBytes(planUrl).then((bytes) => parseSafetensors(bytes, planUrl)),
-    loadTrainer(artifacts.endsWith('/') ? artifacts : `${artifacts}/`, { evaluate: false, executionProviders: runtime.providers, sessionOptions: { logSeverityLevel: 3 } }),
+    loadTrainer(artifacts.endsWith('/') ? artifacts : `${artifacts}/`, { evaluate: false, executionProviders: runtime.providers, sessionOptions: { logSeverityLevel: 3 }, flat: query.get('flat') !== '0' }),
   ]);
   report.loadSeconds = (performance.now() - started) / 1000;
+  report.stepModel = trainer.flatLayout ? 'flat_step_model.onnx' : 'step_model.onnx';
   $('runtime').textContent = runtimeLine(report.threads, null);
   const batches = planBatches(plan.tensors, 'train');
   if (!batches.length) throw new RangeError(`plan '${planUrl}' has no train/<i>/<input> tensors`);

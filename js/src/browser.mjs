@@ -6,14 +6,14 @@
 
 import * as ort from 'onnxruntime-web/wasm';
 
-import { Trainer, frozenBaseOptions } from './trainer.mjs';
+import { Trainer, flatLayout, frozenBaseOptions } from './trainer.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
-import { externalDataFiles } from './onnx_proto.mjs';
+import { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
 import { parsePlacement } from './placement.mjs';
 
-export { Trainer, LEARNING_RATE, STEP, frozenBaseOptions } from './trainer.mjs';
+export { Trainer, LEARNING_RATE, STEP, FLAT_STATE, flatLayout, frozenBaseOptions } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
@@ -38,6 +38,21 @@ export async function fetchBytes(url) {
 }
 
 /**
+ * A URL's bytes, or null when the server has no such file (HTTP 404).
+ * @param {string | URL} url
+ * @returns {Promise<Uint8Array | null>}
+ */
+async function fetchIfServed(url) {
+  const response = await fetch(url);
+  if (response.status === 404) return null;
+  if (!response.ok) throw new Error(`GET ${url}: HTTP ${response.status}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+/** The flat step model's file (onnxblocks.web.write_flat_step), used on the CPU provider when served. */
+export const FLAT_STEP_MODEL = 'flat_step_model.onnx';
+
+/**
  * A Trainer over portable artifacts served at `base` (`step_model.onnx`, `eval_model.onnx`, `params.safetensors`).
  * @param {string | URL} base  the directory URL (ends with `/`)
  * @param {object} [options]
@@ -47,16 +62,21 @@ export async function fetchBytes(url) {
  *   name it; every external data file the models name is fetched once (read from their initializers)
  * @param {string[]} [options.executionProviders]  providers in order of preference, e.g. `['webgpu', 'wasm']` (overrides
  *   `sessionOptions.executionProviders`; default `['wasm']`); `webgpu` needs a bundle with it (the import map)
+ * @param {boolean} [options.flat]  on WASM alone, train the flat step model `flat_step_model.onnx` when it is served
+ *   (default: true; one state tensor each way instead of one per parameter and moment, same numbers)
  * @returns {Promise<{trainer: Trainer, state: TrainingState}>}  the trainer and the state it started from
  */
-export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin', executionProviders } = {}) {
+export async function loadTrainer(base, { evaluate = true, sessionOptions = { executionProviders: ['wasm'] }, baseWeights = 'base_weights.bin', executionProviders, flat = true } = {}) {
   if (executionProviders !== undefined && (!Array.isArray(executionProviders) || !executionProviders.length || executionProviders.some((p) => typeof p !== 'string'))) {
     throw new TypeError(`executionProviders must be a non-empty list of provider names such as ['webgpu', 'wasm'], got ${JSON.stringify(executionProviders)}`);
   }
   hookConsole(); // before onnxruntime-web's WASM starts: it keeps the console functions it finds
   const at = (/** @type {string} */ name) => new URL(name, new URL(base, globalThis.location?.href)).href;
+  const chosen = executionProviders ? { ...sessionOptions, executionProviders } : sessionOptions;
+  const providers = (chosen.executionProviders ?? ['wasm']).map((p) => (typeof p === 'string' ? p : p.name));
+  const flatFirst = flat && providers.every((p) => p === 'wasm' || p === 'cpu');
   const [stepModel, evalModel, stateBytes] = await Promise.all([
-    fetchBytes(at('step_model.onnx')),
+    (flatFirst ? fetchIfServed(at(FLAT_STEP_MODEL)) : Promise.resolve(null)).then((bytes) => bytes ?? fetchBytes(at('step_model.onnx'))),
     evaluate ? fetchBytes(at('eval_model.onnx')) : Promise.resolve(undefined),
     fetchBytes(at('params.safetensors')),
   ]);
@@ -67,11 +87,11 @@ export async function loadTrainer(base, { evaluate = true, sessionOptions = { ex
   names.sort((a, b) => Number(b === baseWeights) - Number(a === baseWeights));
   const datas = await Promise.all(names.map((name) => fetchBytes(at(name))));
   const externalData = names.length ? names.map((path, i) => ({ path, data: datas[i] })) : undefined;
-  const chosen = executionProviders ? { ...sessionOptions, executionProviders } : sessionOptions;
   const options = names.includes(baseWeights) ? frozenBaseOptions(chosen) : { ...chosen };
-  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions: options, externalData });
+  const layout = flatLayout(modelMetadata(stepModel)) ?? undefined;
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel, evalModel, state, sessionOptions: options, externalData, flatLayout: layout });
   trainer.lora = loraRecord(stepModel, at('step_model.onnx'));
-  trainer.executionProviders = (options.executionProviders ?? ['wasm']).map((p) => (typeof p === 'string' ? p : p.name));
+  trainer.executionProviders = providers;
   trainer.placementProbe = () => logPlacement(stepModel, externalData ? { ...options, externalData } : options);
   return { trainer, state };
 }

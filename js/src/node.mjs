@@ -5,14 +5,14 @@ import { access, mkdir, readFile, writeFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
 
-import { Trainer, frozenBaseOptions } from './trainer.mjs';
-import { externalDataFiles } from './onnx_proto.mjs';
+import { Trainer, flatLayout, frozenBaseOptions } from './trainer.mjs';
+import { externalDataFiles, modelMetadata } from './onnx_proto.mjs';
 import { parseState, serializeState } from './state.mjs';
 import { fillInferenceModel, parseLayout } from './inference.mjs';
 import { ADAPTER_FILES, loraRecord, peftAdapterFiles } from './adapters.mjs';
 import { parsePlacement } from './placement.mjs';
 
-export { Trainer, LEARNING_RATE, STEP, frozenBaseOptions } from './trainer.mjs';
+export { Trainer, LEARNING_RATE, STEP, FLAT_STATE, flatLayout, frozenBaseOptions } from './trainer.mjs';
 export { parseState, serializeState, momentNames, stateNames, STATE_FORMAT } from './state.mjs';
 export { parseSafetensors, serializeSafetensors } from './safetensors.mjs';
 export { fillInferenceModel, parseLayout, TEMPLATE_FORMAT } from './inference.mjs';
@@ -26,6 +26,7 @@ export { ort };
 /** File names inside a portable artifact directory (onnxblocks `ArtifactNames`, docs/web.md). */
 export const FILES = Object.freeze({
   stepModel: 'step_model.onnx',
+  flatStepModel: 'flat_step_model.onnx',
   evalModel: 'eval_model.onnx',
   state: 'params.safetensors',
   inferenceModel: 'inference_model.onnx',
@@ -63,9 +64,11 @@ export async function writeState(path, state) {
  * @param {import('onnxruntime-common').InferenceSession.SessionOptions} [options.sessionOptions]
  * @param {string[]} [options.executionProviders]  onnxruntime-node's providers in order of preference, e.g.
  *   `['webgpu', 'cpu']` (overrides `sessionOptions.executionProviders`; default `['cpu']`)
+ * @param {boolean} [options.flat]  on the CPU provider alone, train the flat step model `flat_step_model.onnx` when
+ *   the directory has it (default: true; one state tensor each way instead of one per parameter and moment)
  * @returns {Promise<Trainer>}
  */
-export async function loadTrainer(directory, { state, evaluate = true, sessionOptions, executionProviders } = {}) {
+export async function loadTrainer(directory, { state, evaluate = true, sessionOptions, executionProviders, flat = true } = {}) {
   if (executionProviders !== undefined) checkProviders(executionProviders, ort.listSupportedBackends?.().map((b) => b.name));
   const stepModel = join(directory, FILES.stepModel);
   try {
@@ -83,12 +86,17 @@ export async function loadTrainer(directory, { state, evaluate = true, sessionOp
     }
     throw error;
   }
-  const stepBytes = await readFile(stepModel);
-  const frozenBase = externalDataFiles(stepBytes).includes(FILES.baseWeights);
   const chosen = executionProviders ? { ...sessionOptions, executionProviders } : sessionOptions;
+  const flatModel = join(directory, FILES.flatStepModel);
+  const cpuOnly = providerNames(chosen?.executionProviders ?? ['cpu']).every((p) => p === 'cpu');
+  const useFlat = flat && cpuOnly && (await access(flatModel).then(() => true, () => false));
+  const model = useFlat ? flatModel : stepModel;
+  const stepBytes = await readFile(model);
+  const frozenBase = externalDataFiles(stepBytes).includes(FILES.baseWeights);
   const options = frozenBase ? frozenBaseOptions(chosen) : { ...chosen };
   const trainer = await Trainer.create(/** @type {any} */ (ort), {
-    stepModel,
+    stepModel: model,
+    flatLayout: flatLayout(modelMetadata(stepBytes)) ?? undefined,
     evalModel: evaluate ? join(directory, FILES.evalModel) : undefined,
     state: loaded,
     sessionOptions: options,
@@ -96,9 +104,9 @@ export async function loadTrainer(directory, { state, evaluate = true, sessionOp
     if (!/WebGPU adapter/.test(error.message)) throw error;
     throw new Error(`onnxruntime-node's webgpu provider found no GPU adapter. It needs a Vulkan driver: without a GPU, Debian's chromium package ships SwiftShader (LD_LIBRARY_PATH=/usr/lib/chromium VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json), or install mesa-vulkan-drivers and libvulkan1. (${error.message})`);
   });
-  trainer.lora = loraRecord(stepBytes, stepModel);
+  trainer.lora = loraRecord(stepBytes, model);
   trainer.executionProviders = providerNames(options.executionProviders ?? ['cpu']);
-  trainer.placementProbe = () => logPlacement(stepModel, options);
+  trainer.placementProbe = () => logPlacement(model, options);
   return trainer;
 }
 

@@ -9,6 +9,11 @@
 //
 // The Trainer keeps the parameters and moments as ORT tensors and feeds each step's
 // outputs to the next step. This module imports nothing: the ORT package is passed in.
+//
+// The flat step model (`flat_step_model.onnx`, onnxblocks `web/flat_step.py`) takes the trainable parameters and
+// their state as one float32 input `onnxblocks.flat_state` and returns them as `onnxblocks.flat_state.out`, its
+// layout in the metadata: ONNX Runtime's JS APIs copy each tensor of a run on its own, so two tensors cost less
+// than dozens. The Trainer then feeds one tensor and cuts the named tensors from it only when they are read.
 
 import { elementCount, zeros } from './safetensors.mjs';
 import { stateNames, MAX_STATES } from './state.mjs';
@@ -35,6 +40,10 @@ import { stateNames, MAX_STATES } from './state.mjs';
 export const LEARNING_RATE = 'learning_rate';
 export const STEP = 'step';
 export const UPDATED_SUFFIX = '.out';
+/** The flat step model's state input, and the metadata key of its layout (`[[name, offset, shape], ...]`). */
+export const FLAT_STATE = 'onnxblocks.flat_state';
+
+/** @typedef {[string, number, number[]][]} FlatLayout  each carried tensor's name, offset and shape */
 
 /**
  * Session options for models that read a frozen base (`base_weights.bin`), as onnxblocks' Python runtime sets them:
@@ -71,14 +80,16 @@ export class Trainer {
    * @param {ExternalData} [options.externalData]  the external data files the models reference, for models given
    *   as bytes: the frozen base `base_weights.bin` the artifacts share (`[{path: 'base_weights.bin', data}]`), loaded
    *   once and handed to both sessions (a model given as a path finds it beside itself)
+   * @param {FlatLayout} [options.flatLayout]  the layout of a flat step model (its metadata `onnxblocks.flat_state`,
+   *   see `flatLayout()`); required for one, ignored for the step model
    * @returns {Promise<Trainer>}
    * @throws {TypeError | RangeError} when the models and the state do not fit each other
    */
-  static async create(ort, { stepModel, evalModel, state, sessionOptions = {}, externalData }) {
+  static async create(ort, { stepModel, evalModel, state, sessionOptions = {}, externalData, flatLayout }) {
     const options = externalData?.length ? { ...sessionOptions, externalData } : sessionOptions;
     const step = await openSession(ort, stepModel, 'step model', options);
     const evaluation = evalModel === undefined ? null : await openSession(ort, evalModel, 'eval model', options);
-    return new Trainer(ort, step, evaluation, state);
+    return new Trainer(ort, step, evaluation, state, flatLayout);
   }
 
   /**
@@ -87,8 +98,9 @@ export class Trainer {
    * @param {Session} stepSession
    * @param {Session | null} evalSession
    * @param {TrainingState} state
+   * @param {FlatLayout} [flatLayout]  for a flat step model
    */
-  constructor(ort, stepSession, evalSession, state) {
+  constructor(ort, stepSession, evalSession, state, flatLayout) {
     this.ort = ort;
     this.stepSession = stepSession;
     this.evalSession = evalSession;
@@ -116,6 +128,18 @@ export class Trainer {
 
     const inputs = new Set(stepSession.inputNames);
     const outputs = new Set(stepSession.outputNames);
+    /** The flat step model's layout, or null for the step model. @type {FlatLayout | null} */
+    this.flatLayout = null;
+    if (inputs.has(FLAT_STATE)) {
+      if (!flatLayout) throw new TypeError(`the step model takes '${FLAT_STATE}' (a flat step model): pass its layout, flatLayout(modelBytes), as flatLayout`);
+      checkLayout(flatLayout);
+      this.flatLayout = flatLayout;
+      // the carried tensors count as the model's inputs and outputs for the checks below
+      for (const [name] of flatLayout) {
+        inputs.add(name);
+        outputs.add(name + UPDATED_SUFFIX);
+      }
+    }
     for (const name of [LEARNING_RATE, STEP]) {
       if (!inputs.has(name)) throw new TypeError(`the step model has no '${name}' input; is it the step_model.onnx of portable artifacts (generate_artifacts(..., portable=True))?`);
     }
@@ -153,12 +177,17 @@ export class Trainer {
         this.values.set(name, toOrt(ort, value));
       }
     }
-    /** The held tensors the step model reads (a frozen parameter only the eval model reads is held, not fed). */
-    this.stepFeeds = [...this.values.keys()].filter((n) => inputs.has(n));
-    const own = new Set([LEARNING_RATE, STEP, ...this.values.keys()]);
+    const carried = new Set((this.flatLayout ?? []).map(([name]) => name));
+    /** The held tensors the step model reads on their own (a frozen parameter only the eval model reads is held, not fed). */
+    this.stepFeeds = [...this.values.keys()].filter((n) => inputs.has(n) && !carried.has(n));
+    /** The flat state fed to the next step (a flat step model only). @type {Tensor | null} */
+    this.flatState = this.flatLayout ? this.packState(this.flatLayout) : null;
+    /** Whether `values` lags behind `flatState` (cut from it when read). */
+    this.unpacked = true;
+    const own = new Set([LEARNING_RATE, STEP, FLAT_STATE, ...this.values.keys()]);
     /** The step model's user inputs (data and labels), in order. */
     this.inputNames = stepSession.inputNames.filter((n) => !own.has(n));
-    const updatedOutputs = new Set(this.updated.map((n) => n + UPDATED_SUFFIX));
+    const updatedOutputs = new Set([...this.updated, FLAT_STATE].map((n) => n + UPDATED_SUFFIX));
     /** The step model's loss and additional outputs, in order. */
     this.outputNames = stepSession.outputNames.filter((n) => !updatedOutputs.has(n));
     /** The eval model's user inputs, in order (empty without an eval model). */
@@ -183,8 +212,14 @@ export class Trainer {
     for (const name of this.stepFeeds) feeds[name] = /** @type {Tensor} */ (this.values.get(name));
     feeds[LEARNING_RATE] = new ort.Tensor('float32', Float32Array.of(learningRate), [1]);
     feeds[STEP] = new ort.Tensor('int64', BigInt64Array.of(BigInt(this.step + 1)), [1]);
+    if (this.flatState) feeds[FLAT_STATE] = this.flatState;
     const results = await this.stepSession.run(feeds);
-    for (const name of this.updated) this.values.set(name, /** @type {Tensor} */ (results[name + UPDATED_SUFFIX]));
+    if (this.flatState) {
+      this.flatState = /** @type {Tensor} */ (results[FLAT_STATE + UPDATED_SUFFIX]);
+      this.unpacked = false;
+    } else {
+      for (const name of this.updated) this.values.set(name, /** @type {Tensor} */ (results[name + UPDATED_SUFFIX]));
+    }
     this.step += 1;
     this.learningRate = learningRate;
     return result(results, this.outputNames);
@@ -198,6 +233,7 @@ export class Trainer {
   async evalStep(inputs) {
     if (!this.evalSession) throw new TypeError('this Trainer has no eval model; pass evalModel to Trainer.create');
     const feeds = this.feeds(inputs, this.evalInputNames, 'evalStep');
+    this.unpack();
     for (const name of this.evalSession.inputNames) {
       const value = this.values.get(name);
       if (value) feeds[name] = value;
@@ -212,6 +248,7 @@ export class Trainer {
    */
   parameters(trainableOnly = false) {
     const names = trainableOnly ? this.trainable : [...this.trainable, ...this.frozen];
+    this.unpack();
     return new Map(names.filter((n) => this.values.has(n)).map((n) => [n, /** @type {Tensor} */ (this.values.get(n))]));
   }
 
@@ -222,6 +259,7 @@ export class Trainer {
   async state() {
     /** @type {Map<string, NamedTensor>} */
     const tensors = new Map();
+    this.unpack();
     for (const name of [...this.trainable, ...this.frozen, ...this.updated]) {
       if (!tensors.has(name)) tensors.set(name, await fromOrt(name, /** @type {Tensor} */ (this.values.get(name))));
     }
@@ -239,6 +277,36 @@ export class Trainer {
   async placement() {
     if (!this.placementProbe) throw new Error('placement() needs a trainer from loadTrainer (browser or Node), which knows how to read ONNX Runtime\'s log');
     return this.placementProbe();
+  }
+
+  /**
+   * The carried tensors joined into one flat float32 tensor, in the layout's order.
+   * @param {FlatLayout} layout
+   * @returns {Tensor}
+   */
+  packState(layout) {
+    const sizes = layout.map(([, , shape]) => elementCount(shape));
+    const flat = new Float32Array(sizes.reduce((a, b) => a + b, 0));
+    layout.forEach(([name, offset, shape], i) => {
+      const value = this.values.get(name);
+      if (!value || value.type !== 'float32' || String(value.dims) !== String(shape)) {
+        throw new RangeError(`the flat step model carries '${name}' as float32 [${shape}]; the state has ${value ? `${value.type} [${value.dims}]` : 'no such tensor'}`);
+      }
+      flat.set(/** @type {Float32Array} */ (value.data).subarray(0, sizes[i]), offset);
+    });
+    // @ts-ignore -- the (type, data, dims) constructor is overloaded per type
+    return new this.ort.Tensor('float32', flat, [flat.length]);
+  }
+
+  /** Cut the named tensors from the flat state after steps (a copy each: the flat state is replaced next step). */
+  unpack() {
+    if (this.unpacked || !this.flatState || !this.flatLayout) return;
+    const flat = /** @type {Float32Array} */ (this.flatState.data);
+    for (const [name, offset, shape] of this.flatLayout) {
+      // @ts-ignore -- the (type, data, dims) constructor is overloaded per type
+      this.values.set(name, new this.ort.Tensor('float32', flat.slice(offset, offset + elementCount(shape)), shape));
+    }
+    this.unpacked = true;
   }
 
   async release() {
@@ -289,6 +357,36 @@ async function openSession(ort, source, what, options) {
       throw new TypeError(`ONNX Runtime cannot load the ${what}${shown}: ${message}. Its frozen base weights are in the artifacts' base_weights.bin: keep it beside the model (or pass it as externalData), complete, from the same generate_artifacts run.`);
     }
     throw new TypeError(`ONNX Runtime cannot load the ${what}${shown}: ${message}. Portable artifacts (generate_artifacts(..., portable=True)) use standard ops only.`);
+  }
+}
+
+/**
+ * The layout of a flat step model from its metadata value (`onnxblocks.flat_state`), or null for a step model.
+ * @param {Record<string, string>} metadata  the model's metadata (`modelMetadata(bytes)`)
+ * @returns {FlatLayout | null}
+ * @throws {TypeError} for a layout that is not `[[name, offset, shape], ...]`
+ */
+export function flatLayout(metadata) {
+  const text = metadata[FLAT_STATE];
+  if (text === undefined) return null;
+  const layout = JSON.parse(text);
+  checkLayout(layout);
+  return layout;
+}
+
+/**
+ * @param {unknown} layout
+ * @returns {asserts layout is FlatLayout}
+ */
+function checkLayout(layout) {
+  const entry = (/** @type {any} */ e) => Array.isArray(e) && e.length === 3 && typeof e[0] === 'string' && Number.isSafeInteger(e[1]) && e[1] >= 0 && Array.isArray(e[2]) && e[2].every((d) => Number.isSafeInteger(d) && d >= 0);
+  if (!Array.isArray(layout) || !layout.length || !layout.every(entry)) {
+    throw new TypeError(`the flat step model's '${FLAT_STATE}' metadata must be a list of [name, offset, shape]; regenerate it with onnxblocks.web.write_flat_step`);
+  }
+  let end = 0;
+  for (const [name, offset, shape] of layout) {
+    if (offset !== end) throw new TypeError(`the flat step model's layout puts '${name}' at ${offset}, not ${end}; regenerate it with onnxblocks.web.write_flat_step`);
+    end += elementCount(shape);
   }
 }
 

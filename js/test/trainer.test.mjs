@@ -1,8 +1,9 @@
-// node --test: the Trainer's bookkeeping over a fake ONNX Runtime (step counter, feeds, moments, state, refusals).
+// node --test: the Trainer's bookkeeping over a fake ONNX Runtime (step counter, feeds, moments, state, refusals;
+// the flat step model's one state tensor).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Trainer, frozenBaseOptions } from '../src/trainer.mjs';
+import { FLAT_STATE, Trainer, flatLayout, frozenBaseOptions } from '../src/trainer.mjs';
 
 class Tensor {
   /** @param {string} type @param {any} data @param {number[]} dims */
@@ -101,4 +102,70 @@ test('frozenBaseOptions turns off folding, pre-packing and the memory pattern, a
       optimization: { disable_specified_optimizers: 'NoneOfThem' },
     },
   });
+});
+
+/**
+ * The fake step model's flat form: the state `[w, w.exp_avg, w.exp_avg_sq]` as one tensor `onnxblocks.flat_state`,
+ * the same arithmetic.
+ */
+function fakeFlatOrt() {
+  const { ort, runs: inner } = fakeOrt();
+  /** @type {Record<string, any>[]} */
+  const runs = [];
+  const names = ['w', 'w.exp_avg', 'w.exp_avg_sq'];
+  const step = {
+    inputNames: ['x', 'learning_rate', 'step', FLAT_STATE],
+    outputNames: ['loss', `${FLAT_STATE}.out`],
+    inputMetadata: [],
+    /** @param {Record<string, any>} feeds */
+    async run(feeds) {
+      runs.push(feeds);
+      const flat = feeds[FLAT_STATE].data;
+      /** @type {Record<string, any>} */
+      const split = Object.fromEntries(names.map((n, i) => [n, new Tensor('float32', flat.slice(2 * i, 2 * i + 2), [2])]));
+      const out = /** @type {Record<string, any>} */ (await (await ort.InferenceSession.create()).run({ ...feeds, ...split }));
+      const joined = new Float32Array(6);
+      names.forEach((n, i) => joined.set(out[`${n}.out`].data, 2 * i));
+      return { loss: out.loss, [`${FLAT_STATE}.out`]: new Tensor('float32', joined, [6]) };
+    },
+    async release() {},
+  };
+  return { ort: { Tensor, InferenceSession: { create: async () => step } }, runs, inner };
+}
+
+/** @type {import('../src/trainer.mjs').FlatLayout} */
+const LAYOUT = [['w', 0, [2]], ['w.exp_avg', 2, [2]], ['w.exp_avg_sq', 4, [2]]];
+
+test('a flat step model gets one state tensor per run, and the state is cut from it when read', async () => {
+  const x = { dtype: /** @type {const} */ ('float32'), shape: [2], data: Float32Array.of(1, 1) };
+  const { ort: plainOrt } = fakeOrt();
+  const plain = await Trainer.create(/** @type {any} */ (plainOrt), { stepModel: 'step.onnx', state: initial() });
+  const { ort, runs } = fakeFlatOrt();
+  const trainer = await Trainer.create(/** @type {any} */ (ort), { stepModel: 'flat.onnx', state: initial(), flatLayout: LAYOUT });
+  assert.deepEqual(trainer.inputNames, ['x']);
+  assert.deepEqual(trainer.outputNames, ['loss']);
+  assert.equal(trainer.momentsPerParameter, 2);
+  for (const [i, rate] of [0.5, 0.25, 0.125].entries()) {
+    assert.equal((await trainer.trainStep([x], rate)).loss, (await plain.trainStep([x], rate)).loss, `step ${i}`);
+  }
+  assert.deepEqual(Object.keys(runs[1]).sort(), ['learning_rate', FLAT_STATE, 'step', 'x'], 'the parameters travel in the flat state only');
+  assert.deepEqual([...runs[0][FLAT_STATE].data], [1, 2, 0, 0, 0, 0], 'packed in the layout order, missing moments zero');
+  assert.deepEqual([...(/** @type {any} */ (trainer.parameters().get('w'))).data], [...(/** @type {any} */ (plain.parameters().get('w'))).data]);
+  const [mine, theirs] = [await trainer.state(), await plain.state()];
+  assert.equal(mine.step, theirs.step);
+  for (const name of LAYOUT.map(([n]) => n)) {
+    assert.deepEqual(mine.tensors.get(name), theirs.tensors.get(name), name);
+  }
+});
+
+test('a flat step model without its layout, or with a layout that does not tile the state, is refused', async () => {
+  const { ort } = fakeFlatOrt();
+  await assert.rejects(Trainer.create(/** @type {any} */ (ort), { stepModel: 'flat.onnx', state: initial() }), /pass its layout/);
+  const gap = /** @type {any} */ ([['w', 0, [2]], ['w.exp_avg', 3, [2]], ['w.exp_avg_sq', 5, [2]]]);
+  await assert.rejects(Trainer.create(/** @type {any} */ (ort), { stepModel: 'flat.onnx', state: initial(), flatLayout: gap }), /puts 'w.exp_avg' at 3, not 2/);
+  const shape = /** @type {any} */ ([['w', 0, [3]], ['w.exp_avg', 3, [2]], ['w.exp_avg_sq', 5, [2]]]);
+  await assert.rejects(Trainer.create(/** @type {any} */ (ort), { stepModel: 'flat.onnx', state: initial(), flatLayout: shape }), /carries 'w' as float32 \[3\]; the state has float32 \[2\]/);
+  assert.equal(flatLayout({}), null);
+  assert.deepEqual(flatLayout({ [FLAT_STATE]: JSON.stringify(LAYOUT) }), LAYOUT);
+  assert.throws(() => flatLayout({ [FLAT_STATE]: '[["w", -1, [2]]]' }), /list of \[name, offset, shape\]/);
 });

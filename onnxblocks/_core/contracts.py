@@ -178,6 +178,12 @@ OPTIMIZER_MODEL = "optimizer_model"
 #: The fused training step of portable artifacts (forward, backward and optimizer update in one
 #: graph).
 STEP_MODEL = "step_model"
+#: The step model with its trainable parameters and optimizer state as one flat float32 tensor
+#: each way (``onnxblocks.web.write_flat_step``; the JavaScript client's fast path).
+FLAT_STEP_MODEL = "flat_step_model"
+#: The flat step model's state input (its output is ``FLAT_STATE + UPDATED_SUFFIX``) and the
+#: metadata key of its layout (JSON ``[[name, offset, shape], ...]``).
+FLAT_STATE = "onnxblocks.flat_state"
 CHECKPOINT = "checkpoint"
 NOMINAL_CHECKPOINT = "nominal_checkpoint"
 #: The frozen base weights every model of a set references as external data, stored once

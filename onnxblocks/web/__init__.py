@@ -4,6 +4,8 @@
 * :mod:`~onnxblocks.web.state`: ``params.safetensors``, the state file both sides read and write
   (:func:`write_state` from a checkpoint, :func:`read_state`, :func:`state_to_checkpoint`,
   :func:`load_state` into a ``TrainingSession``);
+* :mod:`~onnxblocks.web.flat_step`: ``flat_step_model.onnx``, the step model with one flat state
+  tensor each way (:func:`write_flat_step`), the client's fast path on WASM and Node's CPU;
 * :mod:`~onnxblocks.web.safetensors`: the file format, in numpy;
 * :mod:`~onnxblocks.web.site`: the browser demo (``onnxblocks demo --web``),
   :mod:`~onnxblocks.web.server`
@@ -13,6 +15,7 @@
 * :mod:`~onnxblocks.web.npm`: the client's npm packages, installed once into a cache.
 """
 
+from onnxblocks.web.flat_step import write_flat_step
 from onnxblocks.web.inference import write_inference_template
 from onnxblocks.web.npm import NpmError, install_js_dependencies
 from onnxblocks.web.safetensors import read_safetensors, write_safetensors
@@ -34,6 +37,7 @@ __all__ = [
     "spiral_artifacts",
     "spiral_plan",
     "state_to_checkpoint",
+    "write_flat_step",
     "write_inference_template",
     "write_safetensors",
     "write_state",

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxblocks._core.errors import InvalidIndexError, InvalidValueError
+from onnxblocks.web.flat_step import write_flat_step
 from onnxblocks.web.inference import write_inference_template
 from onnxblocks.web.npm import (
     WASM_RUNTIME_FILES,
@@ -170,6 +171,7 @@ def spiral_artifacts(directory: str | os.PathLike, seed: int = 0) -> Path:
         portable=True,
     )
     write_state(target)
+    write_flat_step(target)  # the client's WASM step: one state tensor each way (docs/web.md)
     write_inference_template(target, ["logits"])
     return target
 

@@ -283,6 +283,7 @@ PUBLIC: dict[str, list[str]] = {
         "spiral_artifacts",
         "spiral_plan",
         "state_to_checkpoint",
+        "write_flat_step",
         "write_inference_template",
         "write_safetensors",
         "write_state",
