@@ -78,6 +78,14 @@ class TrainingBuildBackend:
         )
         self._state: Any = None
         self.has_fused_step = False
+        # the eval model's session opens on the first eval step (a training step never runs it),
+        # over the parameters of the checkpoint state, as ONNX Runtime's Module feeds them; an
+        # .ort eval model has no signature to read before a session opens, so Module opens it
+        self._eval_signature = artifacts.eval.signature if artifacts.eval is not None else None
+        self._eager_eval = files.eval_model is not None and self._eval_signature is None
+        self._eval: Any = None
+        self._eval_parameters: list[str] = []
+        self._providers = _ort.providers(device)
         self.load(artifacts.checkpoint)
 
     # ------------------------------------------------------------- loading
@@ -102,7 +110,7 @@ class TrainingBuildBackend:
                     "the session has "
                     f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
                 )
-        eval_path = os.fspath(self.files.eval_model) if self.files.eval_model else None
+        eval_path = os.fspath(self.files.eval_model) if self._eager_eval else None
         try:
             module = C.Module(
                 os.fspath(self.files.training_model), state, eval_path, self._device, self._options
@@ -138,8 +146,14 @@ class TrainingBuildBackend:
         self._state, self._module, self._optimizer = state, module, optimizer
         self.train_inputs = list(module.input_names(True))
         self.train_outputs = list(module.output_names(True))
-        self.eval_inputs = list(module.input_names(False)) if eval_path else []
-        self.eval_outputs = list(module.output_names(False)) if eval_path else []
+        if eval_path is not None:
+            self.eval_inputs = list(module.input_names(False))
+            self.eval_outputs = list(module.output_names(False))
+        else:  # Module's split: an input the state holds is a parameter, the rest the user's
+            names = list(self._eval_signature.inputs) if self._eval_signature else []
+            self._eval_parameters = [n for n in names if state.has_parameter(n)]
+            self.eval_inputs = [n for n in names if not state.has_parameter(n)]
+            self.eval_outputs = list(self._eval_signature.outputs) if self._eval_signature else []
         self.has_optimizer = optimizer is not None
         # bound methods: the hot path calls them without attribute lookups
         self._train = module.train_step
@@ -161,14 +175,52 @@ class TrainingBuildBackend:
         return tuple(f.numpy() for f in fetches)
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        fetches = self._vector()
+        if self._eager_eval:
+            fetches = self._vector()
+            try:
+                self._module.eval_step(arrays, fetches)
+            except Exception as exc:
+                if not _ort_failure(exc):
+                    raise
+                raise _ort.run_error(exc, "the eval model") from None
+            return tuple(f.numpy() for f in fetches)
+        session = self._eval_session()
+        cpu, value = _ort.make_device("cpu"), self._C.OrtValue.ortvalue_from_numpy
+        kept = [np.ascontiguousarray(a) for a in arrays]  # alive while the run reads them
+        feeds = {n: value(a, cpu) for n, a in zip(self.eval_inputs, kept, strict=True)}
+        for name in self._eval_parameters:  # the state's own buffers: no copy
+            feeds[name] = self._state.get_parameter(name).data
         try:
-            self._module.eval_step(arrays, fetches)
+            fetches = session._sess.run_with_ort_values(
+                feeds, self.eval_outputs, _ort.run_options()
+            )
         except Exception as exc:
             if not _ort_failure(exc):
                 raise
             raise _ort.run_error(exc, "the eval model") from None
         return tuple(f.numpy() for f in fetches)
+
+    def _eval_session(self) -> Any:
+        """The eval model's session, opened on first use with the training model's options."""
+        if self._eval is None:
+            assert self.files.eval_model is not None  # the session checked there is one
+            ort, path = _ort.onnxruntime(), os.fspath(self.files.eval_model)
+            try:  # Module turns pre-packing off in the options it is given; as its eval session
+                self._options.get_session_config_entry(_ort.NO_PREPACKING[0])
+            except RuntimeError:
+                self._options.add_session_config_entry(*_ort.NO_PREPACKING)
+            try:
+                opened = ort.InferenceSession(
+                    path, sess_options=self._options, providers=self._providers
+                )
+            except Exception as exc:
+                raise InvalidValueError(
+                    f"ONNX Runtime cannot load the eval model '{path}': "
+                    f"{_ort.clean_message(exc)}. Regenerate the artifacts (generate_artifacts "
+                    "writes eval_model.onnx with the training model)."
+                ) from None
+            self._eval = opened
+        return self._eval
 
     def optimizer_step(self) -> None:
         assert self._update is not None

@@ -387,6 +387,7 @@ MARKS: dict[str, str] = {
     "tests/runtime/test_runtime_guards.py::test_ignore_index_is_still_accepted_after_the_batch_signature_passed[ce_ignore--100]": "slow",
     "tests/runtime/test_runtime_guards.py::test_labels_out_of_range_are_refused_after_the_batch_signature_passed[1000000000]": "slow",
     "tests/runtime/test_runtime_guards.py::test_two_dimensional_labels_after_the_batch_signature_passed": "slow",
+    "tests/runtime/test_training_eval_lazy.py": "slow",
     # torch
     "tests/torch/test_einsum_memory.py": "slow",
     "tests/torch/test_torch_differential.py": "slow",
