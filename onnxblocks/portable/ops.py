@@ -20,7 +20,7 @@ import onnx_ir as ir
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.ir.serde import from_proto
-from onnxblocks.ir.walk import all_nodes
+from onnxblocks.ir.walk import all_nodes, proto_nodes
 
 #: A portable mode: ``"standard"`` (standard ONNX ops only) or ``"onnxruntime"`` (stock ONNX
 #: Runtime's contrib ops too).
@@ -117,8 +117,17 @@ def non_portable_ops(
         InvalidValueError: for an unknown ``mode``.
     """
     checked = portable_mode(mode, "mode")
-    ir_model = from_proto(model) if isinstance(model, onnx.ModelProto) else model
-    graph = ir_model.graph
+    if isinstance(model, onnx.ModelProto):
+        # A portable model (the usual answer) is seen on the protobuf without building its IR;
+        # the IR, whose nodes are returned, is built only when there is something to report.
+        imports = {o.domain: o.version for o in model.opset_import}
+        at = imports.get("", imports.get("ai.onnx"))
+        if all(
+            is_portable_op(n.op_type, n.domain or "", at, checked) for n in proto_nodes(model.graph)
+        ):
+            return []
+        model = from_proto(model)
+    graph = model.graph
     opset = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx"))
     return [
         (n, n.op_type, n.domain or "ai.onnx")
