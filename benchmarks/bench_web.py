@@ -85,7 +85,8 @@ def node_run(
 #: the browser rows: label, query
 PAGES = (
     ("WASM, 1 thread", "threads=1"),
-    ("WASM, every core", ""),
+    # the page's own default is one thread for a model this small (docs/web.md): ask for every core
+    ("WASM, every core", f"threads={os.cpu_count() or 1}"),
     ("WebGPU, default bundle", "ep=webgpu"),
     ("WebGPU, /webgpu bundle", "ep=webgpu&bundle=webgpu"),
 )

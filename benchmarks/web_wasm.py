@@ -213,13 +213,15 @@ def model_table(js: Path, chromium: Path, site: Path, case: Case) -> list[str]:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     reference, py = python_steps(case)
     rows = [("Python, TrainingSession (portable backend)", py, reference)]
-    for flat in (False, True):
+    # a LoRA step takes seconds, its 360 carried tensors' copies milliseconds: the flat form alone
+    forms = (True,) if case.name == "lora" else (False, True)
+    for flat in forms:
         losses, node = node_steps(js, case, plan, flat)
         form = "flat" if flat else "step"
         rows.append((f"Node, onnxruntime-node cpu, {cores} threads, {form}", node, losses))
     with serving(site) as url:
         for threads in (1, cores):
-            for flat in (False, True):
+            for flat in forms:
                 losses, page, report = browser_steps(js, chromium, url, case, plan, threads, flat)
                 name = (
                     f"browser, onnxruntime-web {report['onnxruntime']} WASM, "

@@ -18,7 +18,7 @@
 
 import { downloadBytes, downloadState, fetchBytes, fetchInferenceTemplate, fillInferenceModel, loadTrainer, ort, parseSafetensors, serializeState } from '../src/browser.mjs';
 import { drawLoss, drawRegions, gridPoints, schedule, softmaxRows, stepsPerSecond } from './plot.mjs';
-import { configureWasm, providerSelector, runtime, runtimeLine, runtimeName } from './providers.mjs';
+import { configureWasm, providerSelector, runtime, runtimeLine, runtimeName, weightBytes } from './providers.mjs';
 
 const query = new URLSearchParams(location.search);
 const maxSteps = query.has('steps') ? Number(query.get('steps')) : Infinity;
@@ -64,7 +64,7 @@ function fail(error) {
 }
 
 async function main() {
-  report.threads = configureWasm(query);
+  report.threads = configureWasm(query, await weightBytes('../artifacts/'));
   providerSelector(/** @type {HTMLSelectElement} */ ($('ep')));
 
   const plan = parseSafetensors(await fetchBytes('../spirals.safetensors'), 'spirals.safetensors');

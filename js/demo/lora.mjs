@@ -13,7 +13,7 @@
 
 import { downloadAdapters, fetchBytes, loadTrainer, ort, parseSafetensors } from '../src/browser.mjs';
 import { drawLoss } from './plot.mjs';
-import { configureWasm, providerSelector, runtime, runtimeLine, runtimeName } from './providers.mjs';
+import { configureWasm, providerSelector, runtime, runtimeLine, runtimeName, weightBytes } from './providers.mjs';
 
 const query = new URLSearchParams(location.search);
 const $ = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id));
@@ -55,7 +55,7 @@ function fail(error) {
 }
 
 async function main() {
-  report.threads = configureWasm(query);
+  report.threads = configureWasm(query, await weightBytes('../lora/'));
   providerSelector(/** @type {HTMLSelectElement} */ ($('ep')));
   const plan = parseSafetensors(await fetchBytes('../lora_plan.safetensors'), 'lora_plan.safetensors');
   const { trainer } = await loadTrainer('../lora/', { executionProviders: runtime.providers, sessionOptions: { logSeverityLevel: 3 } });

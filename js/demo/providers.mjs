@@ -9,14 +9,48 @@ import { describePlacement, ort } from '../src/browser.mjs';
 export const runtime = /** @type {Runtime} */ (/** @type {any} */ (window).onnxblocksRuntime ?? { ep: 'wasm', bundle: 'wasm', providers: ['wasm'] });
 
 /**
- * Set up onnxruntime-web's WASM: every core when the page is cross-origin isolated (the server's COOP and COEP
- * headers give it SharedArrayBuffer), else one thread; `?threads=N` sets it.
+ * Below this many bytes of weights the pages run WASM on one thread: a small model's ops are shorter than handing
+ * them to another thread costs (the demo MLP and the CNN: one thread was faster than two; docs/web.md, "WASM speed").
+ */
+export const ONE_THREAD_BELOW = 16 * 2 ** 20;
+
+/**
+ * The bytes of weights of the artifacts at `base`: `params.safetensors` and `base_weights.bin` when served, by their
+ * Content-Length (HEAD requests; a file not served counts 0).
+ * @param {string} base  the artifacts' folder URL (ends with `/`)
+ * @returns {Promise<number>}
+ */
+export async function weightBytes(base) {
+  const sizes = await Promise.all(['params.safetensors', 'base_weights.bin'].map(async (name) => {
+    const response = await fetch(new URL(name, new URL(base, location.href)), { method: 'HEAD' });
+    return response.ok ? Number(response.headers.get('content-length')) || 0 : 0;
+  }));
+  return sizes[0] + sizes[1];
+}
+
+/**
+ * The WASM thread count a page uses unless `?threads=N` says: one for weights under `ONE_THREAD_BELOW` bytes, else
+ * every core.
+ * @param {number} cores
+ * @param {number} bytes  the model's weights (`weightBytes`)
+ * @returns {number}
+ */
+export function defaultThreads(cores, bytes) {
+  return bytes < ONE_THREAD_BELOW ? 1 : Math.max(1, cores);
+}
+
+/**
+ * Set up onnxruntime-web's WASM: when the page is cross-origin isolated (the server's COOP and COEP headers give it
+ * SharedArrayBuffer), `defaultThreads` (every core for a large model, one for a small one), else one thread;
+ * `?threads=N` sets it.
  * @param {URLSearchParams} query
+ * @param {number} [bytes]  the model's weights (`weightBytes`); unknown: every core
  * @returns {number} the thread count
  */
-export function configureWasm(query) {
+export function configureWasm(query, bytes = Number.POSITIVE_INFINITY) {
   const asked = Number(query.get('threads'));
-  const threads = crossOriginIsolated ? (Number.isInteger(asked) && asked > 0 ? asked : navigator.hardwareConcurrency || 1) : 1;
+  const fallback = defaultThreads(navigator.hardwareConcurrency || 1, bytes);
+  const threads = crossOriginIsolated ? (Number.isInteger(asked) && asked > 0 ? asked : fallback) : 1;
   ort.env.wasm.numThreads = threads;
   ort.env.wasm.simd = true;
   ort.env.wasm.wasmPaths = new URL('../ort/', location.href).href;
