@@ -205,6 +205,7 @@ def test_non_iid_spirals_converge_with_fedavg(tmp_path, monkeypatch):
         art,
         files,
         workdir=tmp_path / "flower",
+        num_cpus=1,  # one Ray actor: a second's start-up (imports) costs more than its clients
         rounds=10,
         local_epochs=2,
         lr=0.01,
