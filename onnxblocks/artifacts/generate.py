@@ -290,7 +290,7 @@ def _generate(
         from onnxblocks.portable.make import portable_eval_model
 
         made = _portable.make_portable(
-            training_model,
+            graphs.training_ir if graphs.training_ir is not None else training_model,
             optimizer_model,
             fused_step=fused_step,
             frozen_params=graphs.partition.frozen,

@@ -104,9 +104,9 @@ class TrainingBlock(Block):
     # ------------------------------------------------------------- building
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Build the loss, then the training and eval models; returns what ``build`` returned."""
-        from onnxblocks.gradient import (
-            build_training_graphs,
-        )  # a lower layer, loaded on first build (import time)
+        # a lower layer, loaded on first build (import time)
+        from onnxblocks.gradient import build_training_graphs
+        from onnxblocks.gradient.segments import module_scopes
 
         out = super().__call__(*args, **kwargs)
         names = [
@@ -116,20 +116,16 @@ class TrainingBlock(Block):
         acc.set_outputs(names)
         working = acc.working_model
         trainable, frozen = self._sets()
+        policy = getattr(self, "_recompute_policy", "none")
         graphs = build_training_graphs(
             working,
             list(trainable),
             list(frozen),
             outputs=names,
             custom_op_libraries=acc.custom_op_libraries,
+            recompute=policy,
+            scopes=module_scopes(working) if policy != "none" else None,
         )
-        policy = getattr(self, "_recompute_policy", "none")
-        if policy != "none":  # on the finished gradient graph: any execution order holds it
-            from onnxblocks.gradient import recompute
-
-            graphs.training = recompute.recompute_training_model(
-                graphs.training, policy, graphs.user_outputs, recompute.module_scopes(working)
-            )
         self._sources = _parameter_sources(working, acc.weights, graphs.partition.parameters)
         self._graphs = graphs
         self._checked = False

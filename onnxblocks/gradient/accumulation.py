@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name, buffer_name, gradient_name
 from onnxblocks._core.contrib_ops import IN_PLACE_ACCUMULATOR_V2
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError
-from onnxblocks.ir.names import proto_graph_names
+from onnxblocks.ir.names import graph_names
+from onnxblocks.ir.serde import from_proto, to_proto
 
 __all__ = [
     "ACCUMULATOR_TYPES",
@@ -65,7 +66,7 @@ def check_accumulable(params: Sequence[tuple[str, int]]) -> None:
 
 
 def add_gradient_accumulation(
-    model: onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]]
+    model: ir.Model | onnx.ModelProto, params: Sequence[tuple[str, int, Sequence[int]]]
 ) -> None:
     """Accumulate the gradient of each parameter in a buffer, in place.
 
@@ -74,15 +75,22 @@ def add_gradient_accumulation(
     ``params``, then ``lazy_reset_grad``.
 
     Args:
-        model: A training model whose outputs include ``<param>_grad`` for each parameter.
+        model: A training model whose outputs include ``<param>_grad`` for each parameter: the
+            IR the gradient builder's model became, or a ModelProto (converted in and out).
         params: ``(name, element type, dims)`` of each trainable parameter, in input order.
 
     Raises:
         ValueError: if a parameter's gradient is not a graph output.
     """
+    if isinstance(model, onnx.ModelProto):
+        working = from_proto(model)
+        add_gradient_accumulation(working, params)
+        model.CopyFrom(to_proto(working))
+        return
     graph = model.graph
-    outputs = {o.name: i for i, o in enumerate(graph.output)}
-    names = proto_graph_names(graph)
+    outputs = {o.name: i for i, o in enumerate(graph.outputs)}
+    names = graph_names(graph)
+    reset = _tensor_value(LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [1])
     for name, elem_type, dims in params:
         grad = gradient_name(name)
         if grad not in outputs:
@@ -90,16 +98,25 @@ def add_gradient_accumulation(
                 f"The training model has no gradient output '{grad}' for trainable parameter "
                 f"'{name}'."
             )
-        graph.input.append(helper.make_tensor_value_info(buffer_name(name), elem_type, list(dims)))
-        graph.node.append(
-            IN_PLACE_ACCUMULATOR_V2.node(
-                [buffer_name(name), grad, LAZY_RESET_GRAD],
-                [accumulated_name(name)],
-                names.fresh("GradientAccumulator"),
-            )
+        buffer = _tensor_value(buffer_name(name), elem_type, dims)
+        graph.inputs.append(buffer)
+        gradient = graph.outputs[outputs[grad]]
+        node = ir.Node(
+            IN_PLACE_ACCUMULATOR_V2.domain,
+            IN_PLACE_ACCUMULATOR_V2.op_type,
+            [buffer, gradient, reset],
+            outputs=[_tensor_value(accumulated_name(name), onnx.TensorProto.BOOL, [1])],
+            name=names.fresh("GradientAccumulator"),
         )
-        graph.output[outputs[grad]].CopyFrom(
-            helper.make_tensor_value_info(accumulated_name(name), onnx.TensorProto.BOOL, [1])
-        )
-    graph.input.append(helper.make_tensor_value_info(LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [1]))
-    _limits.ensure_opset(model, IN_PLACE_ACCUMULATOR_V2.domain, _limits.MS_OPSET)
+        graph.append(node)
+        graph.outputs[outputs[grad]] = node.outputs[0]
+        # its declaration went with the output, as ONNX Runtime's training API has it
+        gradient.type, gradient.shape = None, None
+    graph.inputs.append(reset)
+    model.opset_imports.setdefault(IN_PLACE_ACCUMULATOR_V2.domain, _limits.MS_OPSET)
+
+
+def _tensor_value(name: str, elem_type: int, dims: Sequence[int]) -> ir.Value:
+    return ir.Value(
+        name=name, type=ir.TensorType(ir.DataType(elem_type)), shape=ir.Shape(list(dims))
+    )

@@ -15,7 +15,7 @@ into the models ONNX Runtime's training API runs:
 4. The eval model is this forward graph with training-mode ops switched off
    (:mod:`onnxblocks.gradient.eval_model`).
 5. LayerNormalization scales and biases are lifted
-   (:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants`), values without a
+   (:func:`~onnxblocks.gradient.layer_norm.unshare_norm_constants`), values without a
    gradient that several nodes read get an input per reader
    (:mod:`onnxblocks.gradient.frozen_reads`), and held
    (large) initializers that are *not* parameters, whose bytes onnxblocks never
@@ -27,9 +27,11 @@ into the models ONNX Runtime's training API runs:
    Runtime differentiates it (:mod:`onnxblocks.gradient.power`), and what its
    gradient builder would abort on or misreport (control flow over parameters, a
    constant loss) is refused (:mod:`onnxblocks.gradient.dependencies`).
-7. Inputs and outputs are put in the documented order, the gradients are
-   accumulated (:mod:`onnxblocks.gradient.accumulation`) and a CPU session checks
-   that every node of the training model has a kernel.
+7. ONNX Runtime's result becomes one ``ir.Model``: the aliases and the held constants are
+   restored, inputs and outputs put in the documented order, the gradients accumulated
+   (:mod:`onnxblocks.gradient.accumulation`) and the chosen segments recomputed
+   (:mod:`onnxblocks.gradient.recompute`) on it; it goes back to protobuf once, and a CPU
+   session checks that every node of the training model has a kernel.
 
 No weight bytes are serialized on the way: parameters are inputs and held
 constants are inputs while ONNX Runtime works.
@@ -37,10 +39,11 @@ constants are inputs while ONNX Runtime works.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core.validation import check_skeleton
@@ -67,6 +70,7 @@ from onnxblocks.gradient.parameters import (
     partition_parameters,
 )
 from onnxblocks.gradient.power import PowExponentAsExpLog
+from onnxblocks.gradient.recompute import recompute_training_model
 from onnxblocks.gradient.rewrites import normalize
 from onnxblocks.gradient.stop_gradient import StoppedGradients, cut_stopped, restore_stopped
 from onnxblocks.ir.opset import convert_opset
@@ -99,6 +103,9 @@ class TrainingGraphs:
         user_outputs: The outputs of the forward graph (loss first), in order.
         user_inputs: The inputs of the forward graph, in order.
         rewrites: How many nodes each normalisation pass rewrote.
+        training_ir: The IR ``training`` was serialized from, for the pass that edits the training
+            model next (it clones this rather than convert ``training`` back); None when
+            ``training`` came otherwise.
     """
 
     training: onnx.ModelProto
@@ -107,6 +114,7 @@ class TrainingGraphs:
     user_outputs: tuple[str, ...]
     user_inputs: tuple[str, ...]
     rewrites: dict[str, int] = field(default_factory=dict)
+    training_ir: ir.Model | None = field(default=None, repr=False, compare=False)
 
 
 def build_training_graphs(
@@ -115,6 +123,9 @@ def build_training_graphs(
     frozen_params: Iterable[str] = (),
     outputs: Sequence[str] | None = None,
     custom_op_libraries: Sequence[str] = (),
+    *,
+    recompute: str | int | tuple[str, ...] = "none",
+    scopes: Mapping[str, str] | None = None,
 ) -> TrainingGraphs:
     """Build the training and eval models of a forward model whose first output is the loss.
 
@@ -124,6 +135,10 @@ def build_training_graphs(
         frozen_params: Parameters fed from the checkpoint without a gradient.
         outputs: The user outputs, loss first; defaults to the model's graph outputs.
         custom_op_libraries: Shared libraries with custom ops, registered with ONNX Runtime.
+        recompute: A checked recomputation policy
+            (:func:`~onnxblocks.gradient.recompute.recompute_training_model`), applied to the
+            training model before it is checked.
+        scopes: The forward nodes' module paths, for ``recompute``.
 
     Returns:
         The training and eval models and the parameter partition.
@@ -170,46 +185,47 @@ def build_training_graphs(
     training, seed = ort_bridge.differentiate(
         forward, partition, user_outputs[0], custom_op_libraries
     )
-    seeded = seed if seed != user_outputs[0] else None
-    training = _restore_on_ir(training, frozen_reads, stopped, {t.name for t in held}, seeded)
     pooling.check_pool_shapes(forward, training)
-    signature.restore_held_constants(training, held)
+    # ONNX Runtime's result becomes one IR, edited until it goes back to protobuf once below
+    ir_training = from_proto(training)
+    seeded = seed if seed != user_outputs[0] else None
+    _restore(ir_training, frozen_reads, stopped, {t.name for t in held}, seeded)
+    signature.restore_held_constants(ir_training.graph, held)
     signature.order_inputs_and_outputs(
-        training, forward_inputs, user_inputs, partition, user_outputs
+        ir_training.graph, forward_inputs, user_inputs, partition, user_outputs
     )
     dims = {p.name: p for p in model.graph.initializer}
     accumulation.add_gradient_accumulation(
-        training, [(p, dims[p].data_type, list(dims[p].dims)) for p in partition.trainable]
+        ir_training, [(p, dims[p].data_type, list(dims[p].dims)) for p in partition.trainable]
     )
-    _limits.stamp_versions(training)
+    # on the finished gradient graph: any execution order holds it
+    recompute_training_model(ir_training, recompute, user_outputs, scopes)
+    training = _limits.stamp_versions(to_proto(ir_training))
+    ir_training.ir_version = training.ir_version  # the IR stays the model written
     kernels.check_kernels(training, forward, custom_op_libraries)
-    return TrainingGraphs(training, evaluation, partition, user_outputs, user_inputs, rewrites)
+    return TrainingGraphs(
+        training, evaluation, partition, user_outputs, user_inputs, rewrites, ir_training
+    )
 
 
-def _restore_on_ir(
-    training: onnx.ModelProto,
+def _restore(
+    training: ir.Model,
     frozen_reads: FrozenReads,
     stopped: StoppedGradients,
     held: set[str],
     seed: str | None = None,
-) -> onnx.ModelProto:
+) -> None:
     """ONNX Runtime's result without the float32 seed output ``seed``, with the aliases read as
-    their values again and private batch-norm statistics, edited on one IR: converted once, and
-    only when there is something to do.
+    their values again and private batch-norm statistics, on its IR.
 
     ``held`` names the constants that are graph inputs while ONNX Runtime builds (restored
     afterwards by :func:`~onnxblocks.gradient.signature.restore_held_constants`).
     """
-    batch_norms = any(n.op_type == "BatchNormInternal" for n in training.graph.node)
-    if not (seed or frozen_reads.aliases or stopped or batch_norms):
-        return training
-    ir_training = from_proto(training)
     if seed:
-        signature.drop_float_seed(ir_training.graph, seed)
-    restore_frozen_reads(ir_training.graph, frozen_reads)
-    restore_stopped(ir_training.graph, stopped)
-    private_running_statistics(ir_training, held)
-    return to_proto(ir_training)
+        signature.drop_float_seed(training.graph, seed)
+    restore_frozen_reads(training.graph, frozen_reads)
+    restore_stopped(training.graph, stopped)
+    private_running_statistics(training, held)
 
 
 #: Models below this ai.onnx opset are converted to :data:`UPGRADE_OPSET` first: ONNX Runtime's

@@ -32,7 +32,6 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.contracts import gradient_name
@@ -40,7 +39,6 @@ from onnxblocks._core.naming import NameAuthority
 from onnxblocks.gradient.recompute_plan import RecomputePlan, auto_budget, plan
 from onnxblocks.gradient.segments import check_found, check_recompute, module_scopes, segment_of
 from onnxblocks.ir.names import graph_names
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import infer_types
 
 __all__ = [
@@ -229,20 +227,19 @@ def recompute_segments(
 
 
 def recompute_training_model(
-    model: onnx.ModelProto,
+    model: ir.Model,
     policy: str | int | tuple[str, ...],
     forward_outputs: Sequence[str],
     scopes: Mapping[str, str] | None = None,
-) -> onnx.ModelProto:
-    """:func:`recompute_segments` on a protobuf training model: a new model (``model`` is kept).
+) -> None:
+    """:func:`recompute_segments` on the training model's IR (in place), with its report logged.
 
     Raises:
         UnknownNameError, InvalidValueError: as :func:`recompute_segments`.
     """
     if policy == "none":
-        return model
-    ir_model = from_proto(model)
-    report = recompute_segments(ir_model, policy, forward_outputs, scopes)
+        return
+    report = recompute_segments(model, policy, forward_outputs, scopes)
     if report.plan is not None:
         logger.info(
             "recompute: budget %d bytes, estimate %d bytes kept (%d without recomputation)",
@@ -256,7 +253,6 @@ def recompute_training_model(
         report.cloned,
         report.skipped or "none",
     )
-    return to_proto(ir_model)
 
 
 def _recompute_one(

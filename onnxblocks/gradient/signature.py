@@ -41,7 +41,7 @@ from onnxblocks._core.errors import (
 from onnxblocks.gradient.parameters import FLOAT_TYPES, ParameterPartition
 from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
-from onnxblocks.ir.proto import readers, replace_field
+from onnxblocks.ir.proto import replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import infer_proto_types, proto_elem_type, proto_shape
 
@@ -200,18 +200,38 @@ def held_constants_to_inputs(
     return stubs
 
 
-def restore_held_constants(model: onnx.ModelProto, stubs: Sequence[onnx.TensorProto]) -> None:
-    """Undo :func:`held_constants_to_inputs` on ONNX Runtime's output (dropping constants no node
-    reads).
+def restore_held_constants(graph: ir.Graph, stubs: Sequence[onnx.TensorProto]) -> None:
+    """Undo :func:`held_constants_to_inputs` on the IR of ONNX Runtime's output (dropping
+    constants no node reads): each input becomes an initializer again, held stubs staying stubs.
     """
     if not stubs:
         return
-    graph = model.graph
     names = {s.name for s in stubs}
-    inputs = [vi for vi in graph.input if vi.name not in names]
-    replace_field(graph.input, inputs)
-    read = readers(graph)
-    graph.initializer.extend(s for s in stubs if s.name in read)
+    lifted = {v.name: v for v in graph.inputs if v.name in names}
+    for value in lifted.values():
+        graph.inputs.remove(value)
+    for stub in stubs:
+        value = lifted.get(stub.name)
+        if value is not None and value.uses():
+            value.const_value = ir.serde.deserialize_tensor(stub)
+            graph.register_initializer(value)
+
+
+def declare_output_gradients(
+    model: onnx.ModelProto, types: dict[str, onnx.TypeProto], outputs: Sequence[str]
+) -> None:
+    """Declare ``<y>_grad`` of each of ``outputs`` as a graph input of ``y``'s type, in place.
+
+    ONNX Runtime's vector-Jacobian graph reads them without declaring them; declared, its IR
+    reads them as the inputs they are.
+    """
+    declared = {vi.name: vi for vi in model.graph.input}
+    for name in outputs:
+        info = helper.make_value_info(gradient_name(name), types[name])
+        if info.name in declared:
+            declared[info.name].CopyFrom(info)
+        else:
+            model.graph.input.append(info)
 
 
 # ------------------------------------------------------------------ the loss seed
@@ -266,7 +286,7 @@ def drop_float_seed(graph: ir.Graph, seed: str) -> None:
 
 # ------------------------------------------------------------------ the training model
 def order_inputs_and_outputs(
-    model: onnx.ModelProto,
+    graph: ir.Graph,
     signature: dict[str, onnx.ValueInfoProto],
     user_inputs: Sequence[str],
     partition: ParameterPartition,
@@ -276,27 +296,25 @@ def order_inputs_and_outputs(
     gradients.
 
     Args:
-        model: The training model ONNX Runtime built (changed in place).
+        graph: The IR of the training model ONNX Runtime built (changed in place).
         signature: The forward model's graph inputs by name, for inputs ONNX Runtime dropped.
         user_inputs: The user inputs, in order.
         partition: The parameters (inputs after the user inputs) and the values with a gradient
-        output.
+            output.
         user_outputs: The user outputs, loss first.
 
     Raises:
         GradientError: when ONNX Runtime added inputs or left out outputs.
     """
-    graph = model.graph
-    inputs = {vi.name: vi for vi in graph.input}
+    inputs = {v.name: v for v in graph.inputs}
     wanted_inputs = [*user_inputs, *partition.parameters]
-    missing = [n for n in wanted_inputs if n not in inputs]
     extra = [n for n in inputs if n not in set(wanted_inputs)]
-    for (
-        name
-    ) in missing:  # ONNX Runtime dropped an input nothing reads; keep the documented signature
-        inputs[name] = signature[name]
+    for name in wanted_inputs:  # ONNX Runtime dropped an input nothing reads: keep the signature
+        if name not in inputs:
+            inputs[name] = ir.serde.deserialize_value_info_proto(signature[name], None)
     refuse_extra_inputs(extra)
-    replace_field(graph.input, [inputs[n] for n in wanted_inputs])
+    graph.inputs.clear()
+    graph.inputs.extend(inputs[n] for n in wanted_inputs)
     order_outputs(graph, [*user_outputs, *(gradient_name(n) for n in partition.requires_grad)])
 
 
@@ -313,19 +331,23 @@ def refuse_extra_inputs(extra: Sequence[str]) -> None:
         )
 
 
-def order_outputs(graph: onnx.GraphProto, wanted: Sequence[str]) -> None:
+def order_outputs(graph: ir.Graph, wanted: Sequence[str]) -> None:
     """Make ``wanted`` the graph's outputs, in that order (ONNX Runtime's builder orders them its
     own way).
 
     Raises:
         GradientError: when the builder produced no output for a wanted name.
     """
-    produced = {vo.name: vo for vo in graph.output}
+    produced = {v.name: v for v in graph.outputs}
     absent = [n for n in wanted if n not in produced]
     if absent:
         raise GradientError(
             f"ONNX Runtime's gradient builder produced no output for {preview(absent)}. "
             "Please report this with the model."
         )
-    ordered = [produced[n] for n in wanted]
-    replace_field(graph.output, ordered)
+    dropped = [v for v in graph.outputs if v.name not in set(wanted)]
+    graph.outputs.clear()
+    graph.outputs.extend(produced[n] for n in wanted)
+    for value in dropped:  # a dropped output's declaration goes with it
+        if not value.is_graph_output():
+            value.type, value.shape = None, None

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx import helper
 
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import ort_errors
@@ -54,7 +53,7 @@ from onnxblocks.gradient.rewrites import default_passes, normalize
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
-from onnxblocks.ir.proto import copy_model, replace_field
+from onnxblocks.ir.proto import copy_model
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import infer_proto_types, proto_elem_type
 from onnxblocks.ir.walk import reads
@@ -179,23 +178,21 @@ def build_vjp_graph(
                 _limits.stamp_versions(forward)
                 return VjpGraph(forward, user_inputs, partition, user_outputs, (), (), (), rewrites)
     pooling.check_pool_shapes(attempt, vjp)
-    if reads.aliases:
-        ir_vjp = from_proto(vjp)
-        restore_frozen_reads(ir_vjp.graph, reads)
-        vjp = to_proto(ir_vjp)
-    signature.restore_held_constants(vjp, held)
+    signature.declare_output_gradients(vjp, types, differentiable)
+    ir_vjp = from_proto(vjp)  # ONNX Runtime's result, edited on one IR
+    restore_frozen_reads(ir_vjp.graph, reads)
+    signature.restore_held_constants(ir_vjp.graph, held)
     output_grads = tuple(gradient_name(o) for o in differentiable)
     _order_signature(
-        vjp,
+        ir_vjp.graph,
         signature_inputs,
         user_inputs,
         partition,
-        types,
         differentiable,
         user_outputs,
         gradients,
     )
-    _limits.stamp_versions(vjp)
+    vjp = _limits.stamp_versions(to_proto(ir_vjp))
     kernels.check_kernels(vjp, attempt, custom_op_libraries)
     return VjpGraph(
         vjp, user_inputs, partition, user_outputs, differentiable, output_grads, gradients, rewrites
@@ -376,24 +373,22 @@ def _differentiate(
 
 
 def _order_signature(
-    vjp: onnx.ModelProto,
+    graph: ir.Graph,
     signature_inputs: dict[str, onnx.ValueInfoProto],
     user_inputs: Sequence[str],
     partition: ParameterPartition,
-    types: dict[str, onnx.TypeProto],
     differentiable: Sequence[str],
     user_outputs: Sequence[str],
     gradients: Sequence[str],
 ) -> None:
     """Inputs: user inputs, parameters, output gradients. Outputs: user outputs, then gradients."""
-    graph = vjp.graph
-    present = {vi.name: vi for vi in graph.input}
-    inputs = [present.get(n) or signature_inputs[n] for n in (*user_inputs, *partition.parameters)]
-    for name in differentiable:
-        grad = helper.make_value_info(gradient_name(name), types[name])
-        inputs.append(grad)
-    wanted = {vi.name for vi in inputs}
-    extra = [n for n in present if n not in wanted]
-    signature.refuse_extra_inputs(extra)
-    replace_field(graph.input, inputs)
+    present = {v.name: v for v in graph.inputs}
+    inputs = [
+        present.get(n) or ir.serde.deserialize_value_info_proto(signature_inputs[n], None)
+        for n in (*user_inputs, *partition.parameters)
+    ]
+    inputs += [present[gradient_name(n)] for n in differentiable]  # declared with y's type
+    signature.refuse_extra_inputs([n for n in present if n not in {v.name for v in inputs}])
+    graph.inputs.clear()
+    graph.inputs.extend(inputs)
     signature.order_outputs(graph, [*user_outputs, *(gradient_name(n) for n in gradients)])

@@ -51,7 +51,7 @@ class PortableModels:
 
 
 def make_portable(
-    training_model: onnx.ModelProto,
+    training_model: onnx.ModelProto | ir.Model,
     optimizer_model: onnx.ModelProto | None = None,
     *,
     fused_step: bool = True,
@@ -68,7 +68,8 @@ def make_portable(
 
     Args:
         training_model: A training model from :func:`onnxblocks.generate_artifacts` (its
-            large initializers may be held stubs; they are kept as they are).
+            large initializers may be held stubs; they are kept as they are), or its IR (the
+            gradient builder's ``TrainingGraphs.training_ir``: cloned, not converted).
         optimizer_model: Its optimizer model (:mod:`onnxblocks.optim`), or None.
         fused_step: Also build the fused step model (needs ``optimizer_model``).
         frozen_params: The frozen parameters (the step model's last inputs); default:
@@ -89,9 +90,10 @@ def make_portable(
             or an optimizer model of another form than onnxblocks' own.
         InvalidValueError: for an unknown ``mode``.
     """
-    if not isinstance(training_model, onnx.ModelProto):
+    if not isinstance(training_model, (onnx.ModelProto, ir.Model)):
         raise InvalidTypeError(
-            f"training_model must be an onnx.ModelProto, not {type(training_model).__name__}."
+            "training_model must be an onnx.ModelProto or an onnx_ir.Model, not "
+            f"{type(training_model).__name__}."
         )
     if optimizer_model is not None and not isinstance(optimizer_model, onnx.ModelProto):
         raise InvalidTypeError(
@@ -102,9 +104,12 @@ def make_portable(
     spec = optimizer_spec
     if spec is None and optimizer_model is not None:  # a model from disk or another tool
         spec = read_optimizer(optimizer_model)
-    training = from_proto(
-        training_model
-    )  # not changed: the IR shares its tensors, and the passes edit the IR
+    # not changed: the IR shares its tensors, and the passes edit the IR (or its clone)
+    training = (
+        training_model.clone()
+        if isinstance(training_model, ir.Model)
+        else from_proto(training_model)
+    )
     lowering = LowerTrainingOps(checked)
     counts = dict(run_passes(training, [lowering, FoldFloat64Constants()])[lowering.name])
     step = None
@@ -186,21 +191,3 @@ def check_portable(
             "rewrite that part of "
             "the model."
         )
-
-
-def mark_portable(
-    model: onnx.ModelProto, mode: PortableMode | bool = "standard"
-) -> onnx.ModelProto:
-    """Record ``onnxblocks.portable = "1"`` and ``onnxblocks.portable.mode`` in ``model``'s
-    metadata, in place.
-
-    Returns:
-        ``model``.
-    """
-    marks = {PORTABLE_METADATA: "1", PORTABLE_MODE_METADATA: portable_mode(mode, "mode")}
-    for prop in model.metadata_props:
-        if prop.key in marks:
-            prop.value = marks.pop(prop.key)
-    for key, value in marks.items():
-        model.metadata_props.add(key=key, value=value)
-    return model
