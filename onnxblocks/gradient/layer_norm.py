@@ -8,7 +8,7 @@ out, and always writes the gradients of its scale and bias:
   an explicit zero bias;
 * ``expose_layer_norm_statistics`` (a normalisation pass) gives it the
   ``Mean`` / ``InvStdDev`` outputs its gradient reads;
-* :func:`unshare_layer_norm_constants` (a step of
+* :func:`unshare_norm_constants` (a step of
   :func:`~onnxblocks.gradient.builder.build_training_graphs`, not a pass: see its
   docstring) makes their constant scales and biases initializers to lift; a scale or
   bias two nodes share gets an input per reader from
@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core import limits as _limits
@@ -30,7 +29,6 @@ from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
 from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext
-from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import ValueTypes, static_dims
 
 #: Normalisation ops whose gradient reads extra outputs and writes the gradients of its scale and
@@ -41,7 +39,7 @@ NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization")
 _NORM_OUTPUTS = {"LayerNormalization": 3, "SimplifiedLayerNormalization": 2}
 
 
-def _is_norm(node: ir.Node | onnx.NodeProto) -> bool:
+def _is_norm(node: ir.Node) -> bool:
     return node.op_type in NORM_OPS and node.domain in ("", "ai.onnx", _limits.MS_DOMAIN)
 
 
@@ -130,7 +128,7 @@ def _normalized_shape(node: ir.Node, types: ValueTypes) -> list[int] | None:
     return static_dims(types.shape(node.inputs[1]))
 
 
-def unshare_layer_norm_constants(model: onnx.ModelProto) -> set[str]:
+def unshare_norm_constants(graph: ir.Graph) -> tuple[set[str], bool]:
     """Make the constant scales and biases of normalisation nodes initializers; return them, to
     lift.
 
@@ -153,26 +151,12 @@ def unshare_layer_norm_constants(model: onnx.ModelProto) -> set[str]:
     the training copy only (the eval model keeps its constants).
 
     Args:
-        model: The training copy of the forward model, parameters already graph inputs.
+        graph: The training copy of the forward model's graph, parameters already graph
+            inputs (edited in place).
 
     Returns:
-        The names of the constant (initializer) scales and biases of normalisation nodes.
-    """
-    if not any(_is_norm(node) for node in model.graph.node):
-        return set()
-    ir_model = from_proto(model)
-    lifted, changed = unshare_norm_constants(ir_model.graph)
-    if changed:
-        model.CopyFrom(to_proto(ir_model))
-    return lifted
-
-
-def unshare_norm_constants(graph: ir.Graph) -> tuple[set[str], bool]:
-    """:func:`unshare_layer_norm_constants` on the IR, in place.
-
-    Returns:
-        The names of the constant scales and biases of normalisation nodes, and whether the graph
-        changed.
+        The names of the constant (initializer) scales and biases of normalisation nodes, and
+        whether the graph changed.
     """
     changed = False
     wanted = {v for node in graph if _is_norm(node) for v in node.inputs[1:3] if v is not None}

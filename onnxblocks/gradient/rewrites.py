@@ -52,7 +52,7 @@ kernel, log_prob.
 23-24. Module ``float64``: float64 LayerNormalization and ReduceMean, whose gradients ORT rounds to
 float32.
 
-:func:`~onnxblocks.gradient.layer_norm.unshare_layer_norm_constants` and
+:func:`~onnxblocks.gradient.layer_norm.unshare_norm_constants` and
 :mod:`~onnxblocks.gradient.frozen_reads`
 are not passes: they run later, on the training copy, with the trainable set (see their docstrings).
 """

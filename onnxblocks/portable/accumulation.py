@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.contracts import LAZY_RESET_GRAD, accumulated_name
 from onnxblocks._core.errors import PortabilityError
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
-from onnxblocks.ir.serde import from_proto
 
 ACCUMULATOR = "InPlaceAccumulatorV2"
 
@@ -31,17 +29,6 @@ ACCUMULATOR = "InPlaceAccumulatorV2"
 def accumulators(graph: ir.Graph) -> list[ir.Node]:
     """The ``InPlaceAccumulatorV2`` nodes of a training graph, in graph order."""
     return [n for n in graph if n.op_type == ACCUMULATOR]
-
-
-def trainable_parameters(model: ir.Model | onnx.ModelProto) -> list[str]:
-    """Names of the trainable parameters of a training model: those whose gradient it accumulates.
-
-    Raises:
-        PortabilityError: if an accumulator's output is not named ``<p>_grad.accumulation.out``
-            for a parameter ``p`` among the graph inputs.
-    """
-    graph = (from_proto(model) if isinstance(model, onnx.ModelProto) else model).graph
-    return [p.name for p in _parameters(graph) if p.name is not None]
 
 
 def _parameters(graph: ir.Graph) -> list[ir.Value]:

@@ -11,10 +11,22 @@ from support.numerics import assert_equal
 from onnxblocks.gradient.layer_norm import (
     ExposeLayerNormStatistics,
     LayerNormZeroBias,
-    unshare_layer_norm_constants,
+    unshare_norm_constants,
 )
+from onnxblocks.ir.serde import from_proto, to_proto
 
 RNG = np.random.default_rng(3)
+
+
+def unshare_layer_norm_constants(model: onnx.ModelProto) -> set[str]:
+    """The builder's step on the IR, run on a ModelProto in place (written back only when changed)."""
+    ir_model = from_proto(model)
+    lifted, changed = unshare_norm_constants(ir_model.graph)
+    if changed:
+        model.CopyFrom(to_proto(ir_model))
+    return lifted
+
+
 X = RNG.standard_normal((2, 3, 4)).astype(np.float32)
 
 
