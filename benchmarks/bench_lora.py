@@ -5,13 +5,16 @@
     python benchmarks/bench_lora.py --layers 4       # a shallow copy of the shape, to try the
     script
     python benchmarks/bench_lora.py --only torch-peft portable-fp16
+    python benchmarks/bench_lora.py --shape 360m --only training-int4-rc --lean-loss 64
 
 The model is ``transformers.LlamaForCausalLM`` with SmolLM2-135M's shape (hidden 576,
-30 layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings),
-random weights (seed 0, no download), exported once by torch's TorchScript exporter
-(batch and sequence dynamic) to ``~/.cache/onnxblocks-bench/smollm2-135m-L<layers>-v1``
-with its weights in ``model.onnx.data``. LoRA r=8, alpha=16 on ``q_proj`` and ``v_proj``;
-AdamW; cross entropy over 4 x 128 tokens.
+30 layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings), batch
+4 x 128, or with ``--shape 360m`` SmolLM2-360M's (hidden 960, 32 layers, 15 heads, 5 KV heads,
+intermediate 2560, the same vocabulary, tied), batch 1 x 256; random weights (seed 0, no
+download), exported once by torch's TorchScript exporter without its weights (batch and sequence
+dynamic), the weights then written one at a time to ``model.onnx.data``, in
+``~/.cache/onnxblocks-bench/smollm2-<shape>-L<layers>-v1``. LoRA r=8, alpha=16 on ``q_proj`` and
+``v_proj``; AdamW; cross entropy over the batch's tokens.
 
 Every configuration runs in its own subprocess, so each peak RSS (``VmHWM``) is its own:
 
@@ -54,17 +57,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "onnxblocks-bench"
-SHAPE = {
-    "hidden_size": 576,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "intermediate_size": 1536,
-    "vocab_size": 49152,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
+#: ``--shape``: name -> (LLaMA config, batch, sequence length).
+SHAPES = {
+    "135m": (
+        {
+            "hidden_size": 576,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "intermediate_size": 1536,
+            "vocab_size": 49152,
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+        },
+        4,
+        128,
+    ),
+    "360m": (
+        {
+            "hidden_size": 960,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 15,
+            "num_key_value_heads": 5,
+            "intermediate_size": 2560,
+            "vocab_size": 49152,
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+        },
+        1,
+        256,
+    ),
 }
-BATCH, SEQ, R, ALPHA, TARGETS, LR = 4, 128, 8, 16, ["q_proj", "v_proj"], 1e-3
+SHAPE_NAME = "135m"
+SHAPE, BATCH, SEQ = SHAPES[SHAPE_NAME]
+R, ALPHA, TARGETS, LR = 8, 16, ["q_proj", "v_proj"], 1e-3
 #: The tied LM head's weight in the export (``--lean-loss``).
 HEAD = "model.model.embed_tokens.weight"
 #: Step configurations: name -> (kind, portable, base dtype); ``-rc`` rows: ``recompute="layers"``
@@ -90,6 +116,13 @@ STEPS = {
     "portable-int4-rc": ("session", True, "int4"),
     "torch-peft-gc": ("torch", False, None),
 }
+
+
+def select_shape(name: str) -> None:
+    """Make ``name``'s shape, batch and sequence length the ones every function here uses."""
+    global SHAPE_NAME, SHAPE, BATCH, SEQ
+    SHAPE_NAME = name
+    SHAPE, BATCH, SEQ = SHAPES[name]
 
 
 def peak_mib() -> float:
@@ -145,14 +178,19 @@ def batch() -> tuple:
 
 
 def child_export(layers: int, target: Path) -> dict:
+    """The TorchScript export without its weights, then each weight written to ``model.onnx.data``
+    one tensor at a time: the process never holds a second copy of the weights (the 360M shape's
+    are 1.4 GiB)."""
+    import numpy as np
     import onnx
     import torch
+    from onnx import TensorProto, numpy_helper
 
-    model = logits_module(torch_model(layers)).train()
+    module = logits_module(torch_model(layers)).train()
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
     start = time.perf_counter()
     torch.onnx.export(
-        model,
+        module,
         (torch.from_numpy(batch()[0]),),
         tmp / "raw.onnx",
         input_names=["input_ids"],
@@ -160,17 +198,39 @@ def child_export(layers: int, target: Path) -> dict:
         dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
         dynamo=False,
         do_constant_folding=False,
+        export_params=False,
         opset_version=17,
         training=torch.onnx.TrainingMode.TRAINING,
     )
     proto = onnx.load(tmp / "raw.onnx")
-    onnx.save(
-        proto,
-        tmp / "model.onnx",
-        save_as_external_data=True,
-        location="model.onnx.data",
-        size_threshold=1024,
-    )
+    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    inputs = [i for i in proto.graph.input if i.name not in tensors]
+    with open(tmp / "model.onnx.data", "wb") as data:
+        for value in proto.graph.input:
+            if value.name not in tensors:
+                continue
+            array = np.ascontiguousarray(tensors[value.name].detach().numpy())
+            if array.nbytes < 1024:
+                proto.graph.initializer.append(numpy_helper.from_array(array, value.name))
+                continue
+            data.seek(-data.tell() % 4096, os.SEEK_CUR)  # page-aligned: mapped, not read
+            init = numpy_helper.from_array(np.zeros(0, array.dtype), value.name)
+            init.dims[:] = array.shape
+            init.ClearField("raw_data")
+            init.data_location = TensorProto.EXTERNAL
+            for key, val in (
+                ("location", "model.onnx.data"),
+                ("offset", str(data.tell())),
+                ("length", str(array.nbytes)),
+            ):
+                init.external_data.add(key=key, value=val)
+            data.write(array.tobytes())
+            proto.graph.initializer.append(init)
+    del proto.graph.input[:]
+    proto.graph.input.extend(inputs)
+    if [i.name for i in inputs] != ["input_ids"]:
+        raise RuntimeError(f"inputs left that are not weights: {[i.name for i in inputs]}")
+    onnx.save(proto, tmp / "model.onnx")
     (tmp / "raw.onnx").unlink()
     for leftover in tmp.iterdir():
         if leftover.name not in ("model.onnx", "model.onnx.data"):
@@ -396,7 +456,7 @@ def child_browser(model: Path, site: Path, steps: int) -> dict:
 def run_child(args: list[str], python: str = sys.executable) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")])}
     out = subprocess.run(
-        [python, __file__, "--child", *args],
+        [python, __file__, "--shape", SHAPE_NAME, "--child", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -428,7 +488,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="135m",
+        help="SmolLM2-135M's shape, batch 4 x 128 (default), or SmolLM2-360M's, batch 1 x 256",
+    )
+    parser.add_argument("--layers", type=int, help="layers of the shape (default: all)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     parser.add_argument("--only", nargs="*", help="configurations to run (names of the table)")
     parser.add_argument(
@@ -438,8 +504,18 @@ def main() -> None:
         metavar="N",
         help="the chunked loss with the tied head inside it (chunk_size=N) in every configuration",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="generate the artifacts into DIR (named after the configuration) and keep them; "
+        "artifacts already there are reused (benchmarks/bench_open_memory.py reads them)",
+    )
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    select_shape(args.shape)
+    if args.layers is None:
+        args.layers = SHAPE["num_hidden_layers"]
     if args.child is not None:
         kind, *rest = args.child
         result = {
@@ -460,7 +536,7 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    cache = CACHE / f"smollm2-135m-L{args.layers}-v1"
+    cache = CACHE / f"smollm2-{SHAPE_NAME}-L{args.layers}-v1"
     if not (cache / "model.onnx").exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         print(f"exporting the model to {cache} ...", flush=True)
@@ -468,8 +544,8 @@ def main() -> None:
     model = cache / "model.onnx"
     base = (cache / "model.onnx.data").stat().st_size
     print(
-        f"model: LLaMA {args.layers} layers (SmolLM2-135M's shape), weights {base / 2**20:.0f} "
-        "MiB fp32"
+        f"model: LLaMA {args.layers} layers (SmolLM2-{SHAPE_NAME.upper()}'s shape), batch "
+        f"{BATCH} x {SEQ}, weights {base / 2**20:.0f} MiB fp32"
     )
     wanted = set(args.only or [])
     chosen = [n for n in STEPS if not wanted or n in wanted]
@@ -477,6 +553,9 @@ def main() -> None:
     rows: list[tuple[str, dict]] = []
     made: dict[tuple[bool, str | None, str], Path] = {}
     with tempfile.TemporaryDirectory(prefix="bench-lora-", dir=CACHE) as tmp:
+        if args.keep is not None:  # the artifacts stay (and are reused) there
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.keep)
         for name in chosen:
             kind, portable, dtype = STEPS[name]
             if kind == "torch":
@@ -502,16 +581,21 @@ def main() -> None:
                 directory = (
                     Path(tmp) / f"{'portable' if portable else 'training'}-{dtype or 'fp32'}{rc}"
                 )
-                gen = run_child(
-                    [
-                        "generate",
-                        str(model),
-                        str(directory),
-                        "1" if portable else "0",
-                        dtype or "",
-                        str(args.lean_loss),
-                        recompute,
-                    ]
+                reuse = args.keep is not None and (directory / "checkpoint").exists()
+                gen = (
+                    {"reused": str(directory)}
+                    if reuse
+                    else run_child(
+                        [
+                            "generate",
+                            str(model),
+                            str(directory),
+                            "1" if portable else "0",
+                            dtype or "",
+                            str(args.lean_loss),
+                            recompute,
+                        ]
+                    )
                 )
                 rows.append((f"generate-{directory.name}", gen))
                 print(rows[-1][0], gen, flush=True)
