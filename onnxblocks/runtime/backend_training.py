@@ -110,7 +110,8 @@ class TrainingBuildBackend:
                     "the session has "
                     f"{preview(sorted(before))}. Load a checkpoint saved from these artifacts."
                 )
-        eval_path = os.fspath(self.files.eval_model) if self._eager_eval else None
+        eval_model = self.files.eval_model if self._eager_eval else None
+        eval_path = os.fspath(eval_model) if eval_model is not None else None
         try:
             module = C.Module(
                 os.fspath(self.files.training_model), state, eval_path, self._device, self._options
