@@ -289,14 +289,17 @@ def _generate(
         from onnxblocks import portable as _portable
         from onnxblocks.portable.make import portable_eval_model
 
+        # the builder's IR of the training model, given up: lowered in place, not cloned
+        source, graphs.training_ir = graphs.training_ir, None
         made = _portable.make_portable(
-            graphs.training_ir if graphs.training_ir is not None else training_model,
+            source if source is not None else training_model,
             optimizer_model,
             fused_step=fused_step,
             frozen_params=graphs.partition.frozen,
             mode=mode,
             # what the optimizer block built, handed over (a custom block without one: read)
             optimizer_spec=getattr(optim_block, "optimizer_spec", None),
+            edit_in_place=True,
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
         eval_model = portable_eval_model(

@@ -211,10 +211,10 @@ def restore_held_constants(graph: ir.Graph, stubs: Sequence[onnx.TensorProto]) -
     for value in lifted.values():
         graph.inputs.remove(value)
     for stub in stubs:
-        value = lifted.get(stub.name)
-        if value is not None and value.uses():
-            value.const_value = ir.serde.deserialize_tensor(stub)
-            graph.register_initializer(value)
+        restored = lifted.get(stub.name)
+        if restored is not None and restored.uses():
+            restored.const_value = ir.serde.deserialize_tensor(stub)
+            graph.register_initializer(restored)
 
 
 def declare_output_gradients(
@@ -306,7 +306,7 @@ def order_inputs_and_outputs(
     Raises:
         GradientError: when ONNX Runtime added inputs or left out outputs.
     """
-    inputs = {v.name: v for v in graph.inputs}
+    inputs = {str(v.name): v for v in graph.inputs}
     wanted_inputs = [*user_inputs, *partition.parameters]
     extra = [n for n in inputs if n not in set(wanted_inputs)]
     for name in wanted_inputs:  # ONNX Runtime dropped an input nothing reads: keep the signature

@@ -382,7 +382,7 @@ def _order_signature(
     gradients: Sequence[str],
 ) -> None:
     """Inputs: user inputs, parameters, output gradients. Outputs: user outputs, then gradients."""
-    present = {v.name: v for v in graph.inputs}
+    present = {str(v.name): v for v in graph.inputs}
     inputs = [
         present.get(n) or ir.serde.deserialize_value_info_proto(signature_inputs[n], None)
         for n in (*user_inputs, *partition.parameters)

@@ -58,6 +58,7 @@ def make_portable(
     frozen_params: Sequence[str] | None = None,
     mode: PortableMode | bool = "standard",
     optimizer_spec: OptimizerSpec | None = None,
+    edit_in_place: bool = False,
 ) -> PortableModels:
     """Rewrite a training model (and its optimizer model) into models stock ONNX Runtime trains.
 
@@ -80,6 +81,8 @@ def make_portable(
         optimizer_spec: What ``optimizer_model`` does, as its optimizer block produced it
             (``block.optimizer_spec``); default: read back from ``optimizer_model``
             (:func:`~onnxblocks.portable.optimizer.read_optimizer`).
+        edit_in_place: With an IR ``training_model``: lower that IR itself instead of a clone
+            (a caller that gives the IR up, as ``generate_artifacts`` does, saves the clone).
 
     Returns:
         The :class:`PortableModels`, each with ``onnxblocks.portable = "1"`` and
@@ -104,12 +107,11 @@ def make_portable(
     spec = optimizer_spec
     if spec is None and optimizer_model is not None:  # a model from disk or another tool
         spec = read_optimizer(optimizer_model)
-    # not changed: the IR shares its tensors, and the passes edit the IR (or its clone)
-    training = (
-        training_model.clone()
-        if isinstance(training_model, ir.Model)
-        else from_proto(training_model)
-    )
+    # not changed (unless edit_in_place): the IR shares its tensors, and the passes edit the IR
+    if isinstance(training_model, onnx.ModelProto):
+        training = from_proto(training_model)
+    else:
+        training = training_model if edit_in_place else training_model.clone()
     lowering = LowerTrainingOps(checked)
     counts = dict(run_passes(training, [lowering, FoldFloat64Constants()])[lowering.name])
     step = None
