@@ -64,7 +64,7 @@ function fail(error) {
 }
 
 async function main() {
-  report.threads = configureWasm(query, await weightBytes('../artifacts/'));
+  report.threads = configureWasm(query, await weightBytes('../artifacts/', ['params.safetensors']));
   providerSelector(/** @type {HTMLSelectElement} */ ($('ep')));
 
   const plan = parseSafetensors(await fetchBytes('../spirals.safetensors'), 'spirals.safetensors');

@@ -55,7 +55,7 @@ function fail(error) {
 }
 
 async function main() {
-  report.threads = configureWasm(query, await weightBytes('../lora/'));
+  report.threads = configureWasm(query, await weightBytes('../lora/', ['params.safetensors', 'base_weights.bin']));
   providerSelector(/** @type {HTMLSelectElement} */ ($('ep')));
   const plan = parseSafetensors(await fetchBytes('../lora_plan.safetensors'), 'lora_plan.safetensors');
   const { trainer } = await loadTrainer('../lora/', { executionProviders: runtime.providers, sessionOptions: { logSeverityLevel: 3 } });

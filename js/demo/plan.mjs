@@ -43,7 +43,7 @@ async function main() {
   const artifacts = query.get('artifacts');
   const planUrl = query.get('plan');
   if (!artifacts || !planUrl) throw new TypeError('plan.html needs ?artifacts=FOLDER/&plan=FILE.safetensors');
-  report.threads = configureWasm(query, await weightBytes(artifacts.endsWith('/') ? artifacts : `${artifacts}/`));
+  report.threads = configureWasm(query, await weightBytes(artifacts.endsWith('/') ? artifacts : `${artifacts}/`, ['params.safetensors', 'base_weights.bin']));
   const started = performance.now();
   const [plan, { trainer }] = await Promise.all([
     fetchBytes(planUrl).then((bytes) => parseSafetensors(bytes, planUrl)),

@@ -15,17 +15,18 @@ export const runtime = /** @type {Runtime} */ (/** @type {any} */ (window).onnxb
 export const ONE_THREAD_BELOW = 16 * 2 ** 20;
 
 /**
- * The bytes of weights of the artifacts at `base`: `params.safetensors` and `base_weights.bin` when served, by their
- * Content-Length (HEAD requests; a file not served counts 0).
+ * The bytes of weights of the artifacts at `base`: the Content-Length of each of `files` (HEAD requests). Name only
+ * files the site serves: a browser logs every 404 as a console error, so a page never probes for an optional file.
  * @param {string} base  the artifacts' folder URL (ends with `/`)
+ * @param {string[]} files  the weight files the page's artifacts have (`params.safetensors`, `base_weights.bin`)
  * @returns {Promise<number>}
  */
-export async function weightBytes(base) {
-  const sizes = await Promise.all(['params.safetensors', 'base_weights.bin'].map(async (name) => {
+export async function weightBytes(base, files) {
+  const sizes = await Promise.all(files.map(async (name) => {
     const response = await fetch(new URL(name, new URL(base, location.href)), { method: 'HEAD' });
     return response.ok ? Number(response.headers.get('content-length')) || 0 : 0;
   }));
-  return sizes[0] + sizes[1];
+  return sizes.reduce((a, b) => a + b, 0);
 }
 
 /**
