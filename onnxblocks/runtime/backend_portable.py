@@ -48,7 +48,7 @@ from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateEr
 from onnxblocks.checkpoint import Checkpoint, OptimizerState, save_checkpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
-from onnxblocks.runtime.artifact_set import ArtifactSet, CheckpointRead
+from onnxblocks.runtime.artifact_set import ArtifactSet, CheckpointRead, ModelFile
 from onnxblocks.runtime.backend import BackendName
 from onnxblocks.runtime.layout import ArtifactFiles
 from onnxblocks.runtime.portable_bindings import BufferBindings, PortableModel
@@ -92,32 +92,32 @@ class PortableBackend(BufferBindings):
         accumulated = set(map(accumulated_name, self._trainable))
         self.train_inputs = [n for n in self._train.inputs if n not in special]
         self.train_outputs = [n for n in self._train.outputs if n not in accumulated]
-        # the eval model's session opens on the first eval step: a training step never runs it
+        # the eval, optimizer and step models' sessions open on their first run (a training loop
+        # runs the optimizer or the step model, never both); their inputs and outputs are known
+        # from the files the artifact set read (an .ort file's from its session, opened now)
         self._eval: PortableModel | None = None
-        self._eval_source = (os.fspath(files.eval_model or ""), options, providers, "eval model")
-        signature = artifacts.eval.signature if artifacts.eval is not None else None
-        if files.eval_model and signature is None:  # an .ort file: its session tells
-            self._eval = PortableModel(*self._eval_source)
-        names = self._eval or signature
-        self.eval_inputs = [n for n in names.inputs if n not in special] if names else []
-        self.eval_outputs = list(names.outputs) if names else []
-        self._fused = (
-            PortableModel(os.fspath(files.step_model), options, providers, "step model")
-            if files.step_model
-            else None
-        )
-        self.has_fused_step = self._fused is not None
-        self._optimizer = (
-            PortableModel(os.fspath(files.optimizer_model), options, providers, "optimizer model")
-            if files.optimizer_model is not None
-            else None
-        )
-        if self._optimizer is not None:
-            _refuse_sequences(self._optimizer, files)
+        self._optimizer: PortableModel | None = None
+        self._fused: PortableModel | None = None
+        self._sources = {
+            kind: (os.fspath(path), options, providers, what)
+            for kind, path, what in (
+                ("eval", files.eval_model, "eval model"),
+                ("optimizer", files.optimizer_model, "optimizer model"),
+                ("step", files.step_model, "step model"),
+            )
+            if path is not None
+        }
+        eval_io = self._io("eval", artifacts.eval)
+        self.eval_inputs = [n for n in eval_io[0] if n not in special] if eval_io else []
+        self.eval_outputs = list(eval_io[1]) if eval_io else []
+        self.has_fused_step = files.step_model is not None
+        optimizer_io = self._io("optimizer", artifacts.optimizer)
+        optimizer_inputs = optimizer_io[0] if optimizer_io else None
+        if optimizer_inputs is not None:
             bound = {LEARNING_RATE, STEP, *self._frozen}
             for name in self._trainable:
                 bound.update((name, gradient_name(name), *state_names(name)))
-            unknown = [n for n in self._optimizer.inputs if n not in bound]
+            unknown = [n for n in optimizer_inputs if n not in bound]
             if unknown:
                 raise InvalidValueError(
                     f"The optimizer model '{files.optimizer_model}' takes {preview(unknown)}, "
@@ -128,11 +128,12 @@ class PortableBackend(BufferBindings):
                 )
         # the state inputs the models take for each parameter (SGD's optimizer model takes one it
         # never reads)
-        stateful = self._optimizer or self._fused
+        step_io = self._io("step", artifacts.step)
+        stateful = optimizer_inputs or (step_io[0] if step_io else None)
         moments = 0
         if stateful is not None and self._trainable:
-            moments = sum(name in stateful.inputs for name in state_names(self._trainable[0]))
-        self.has_optimizer = self._optimizer is not None or self._fused is not None
+            moments = sum(name in stateful for name in state_names(self._trainable[0]))
+        self.has_optimizer = self.has_fused_step or optimizer_inputs is not None
         self._moments = moments
         self._lr = np.array([DEFAULT_LEARNING_RATE], np.float32)
         self._step = np.zeros(1, np.int64)
@@ -162,6 +163,43 @@ class PortableBackend(BufferBindings):
         self._opt_step = 0
         self._initial_lr = DEFAULT_LEARNING_RATE
         self._apply(ck, checkpoint, first=True)
+
+    def _model(self, kind: str) -> PortableModel:
+        """The session of model ``kind`` (``"eval"``, ``"optimizer"``, ``"step"``), opened on first
+        use.
+        """
+        attribute = {"eval": "_eval", "optimizer": "_optimizer", "step": "_fused"}[kind]
+        model = getattr(self, attribute)
+        if model is None:
+            model = PortableModel(*self._sources[kind])
+            if kind == "optimizer":
+                _refuse_sequences(
+                    [i.name for i in model.session.get_inputs() if i.type.startswith("seq(")],
+                    self.files,
+                )
+            setattr(self, attribute, model)
+        return model
+
+    def _io(self, kind: str, file: ModelFile | None) -> tuple[list[str], list[str]] | None:
+        """The input and output names of model ``kind``, or None when the set has none.
+
+        Read from the file's structure; an ``.ort`` file, which onnx cannot read, is opened now.
+        """
+        if kind not in self._sources:
+            return None
+        if file is None or file.model is None:
+            model = self._model(kind)
+            return model.inputs, model.outputs
+        graph = file.model.graph
+        if kind == "optimizer":
+            kinds = {i.name: i.type.WhichOneof("value") for i in graph.input}
+            _refuse_sequences([n for n, k in kinds.items() if k == "sequence_type"], self.files)
+        signature = file.signature
+        assert signature is not None
+        # as ONNX Runtime lists them: an input with an initializer is not one the run feeds
+        constant = {i.name for i in graph.initializer}
+        inputs = [n for n in signature.inputs if n not in constant]
+        return inputs, list(signature.outputs)
 
     # ------------------------------------------------------------- loading
     def load(self, checkpoint: CheckpointRead) -> None:
@@ -232,14 +270,12 @@ class PortableBackend(BufferBindings):
         return out
 
     def eval_step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        if self._eval is None:
-            self._eval = PortableModel(*self._eval_source)
         return self._run(
-            self._eval, self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs
+            self._model("eval"), self._binding("eval"), self.eval_inputs, arrays, self.eval_outputs
         )
 
     def optimizer_step(self) -> None:
-        if self._optimizer is None:
+        if "optimizer" not in self._sources:
             raise StateError(
                 f"The artifacts in '{self.files.directory}' have a fused step model but no "
                 "optimizer model, so "
@@ -247,7 +283,7 @@ class PortableBackend(BufferBindings):
                 "for each batch."
             )
         self._step[0] = self._opt_step + 1  # the step being taken, as ONNX Runtime's AdamW counts
-        self._run(self._optimizer, self._binding("optimizer"), (), (), ())
+        self._run(self._model("optimizer"), self._binding("optimizer"), (), (), ())
         self._pp ^= 1
         self._opt_step += 1
 
@@ -255,14 +291,15 @@ class PortableBackend(BufferBindings):
         self._reset[0] = True
 
     def step(self, arrays: Sequence[Any]) -> tuple[np.ndarray, ...]:
-        fused = self._fused
-        if fused is None:
+        if not self.has_fused_step:
             out = self.train_step(arrays)
             self.optimizer_step()
             self.lazy_reset_grad()
             return out
         self._step[0] = self._opt_step + 1
-        out = self._run(fused, self._binding("step"), self.train_inputs, arrays, self.train_outputs)
+        out = self._run(
+            self._model("step"), self._binding("step"), self.train_inputs, arrays, self.train_outputs
+        )
         self._pp ^= 1
         self._opt_step += 1
         self._reset[0] = True  # the accumulation buffers hold no gradient of this step
@@ -334,14 +371,13 @@ class PortableBackend(BufferBindings):
         )
 
 
-def _refuse_sequences(model: PortableModel, files: ArtifactFiles) -> None:
-    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs), saying how
-    to regenerate.
+def _refuse_sequences(sequences: list[str], files: ArtifactFiles) -> None:
+    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs
+    ``sequences``), saying how to regenerate.
 
     Raises:
-        PortabilityError: if the model takes tensor sequences.
+        PortabilityError: if it takes tensor sequences.
     """
-    sequences = [i.name for i in model.session.get_inputs() if i.type.startswith("seq(")]
     if sequences:
         raise PortabilityError(
             f"The optimizer model '{files.optimizer_model}' takes tensor sequences "

@@ -68,9 +68,6 @@ class BufferBindings:
     _run_options: Any
     _keep: list[np.ndarray]
     _train: PortableModel
-    _eval: PortableModel | None
-    _optimizer: PortableModel | None
-    _fused: PortableModel | None
     _trainable: list[str]
     _moments: int
     _scalars: dict[str, Any]
@@ -93,6 +90,10 @@ class BufferBindings:
             np.array(initial, copy=True, order="C")
         )
 
+    def _model(self, kind: str) -> PortableModel:
+        """The session of model ``kind`` other than the training model, opened on first use."""
+        raise NotImplementedError
+
     def _binding(self, kind: str) -> Any:
         """The binding of model ``kind`` for the current buffer parities, made on first use."""
         key = (kind, self._pp, self._gp if kind in ("train", "optimizer") else 0)
@@ -102,13 +103,7 @@ class BufferBindings:
         return binding
 
     def _bind(self, kind: str, pp: int, gp: int) -> Any:
-        model = {
-            "train": self._train,
-            "eval": self._eval,
-            "optimizer": self._optimizer,
-            "step": self._fused,
-        }[kind]
-        assert model is not None
+        model = self._train if kind == "train" else self._model(kind)
         binding = model.binding()
         user_outputs = {
             "train": self.train_outputs,
