@@ -108,14 +108,43 @@ _SIGINT_IGNORED = [
 ]
 
 
+class BusyCores:
+    """Two busy loops (one per core of a 2-core machine), started stopped and let go by :meth:`go`.
+
+    The loops load the machine from just before the stop signal until the command has exited, which is
+    what the limit is about; the federation starts up without them, so they burn no CPU beside the
+    suite's other tests while it does.
+    """
+
+    def __init__(self) -> None:
+        self.loops = []
+        for _ in range(2):
+            loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            loop.send_signal(signal.SIGSTOP)
+            self.loops.append(loop)
+
+    def go(self) -> None:
+        for loop in self.loops:
+            loop.send_signal(signal.SIGCONT)
+        time.sleep(0.2)  # both loops running (their interpreters started long before)
+        for loop in self.loops:
+            state = Path(f"/proc/{loop.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state == "R", f"a busy loop is not running (state {state})"
+
+    def stop(self) -> None:
+        for loop in self.loops:
+            loop.kill()
+            loop.wait()
+
+
 @pytest.fixture
 def busy_cores():
-    """Two busy loops beside the test for its whole duration (one per core of a 2-core machine)."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    yield
-    for loop in loops:
-        loop.kill()
-        loop.wait()
+    """:class:`BusyCores` for the test, killed after it."""
+    busy = BusyCores()
+    try:
+        yield busy
+    finally:
+        busy.stop()
 
 
 def _flower_commands(run_dir: Path) -> list[tuple[str, list[str]]]:
@@ -162,7 +191,8 @@ def _in_window(window: str, commands: list[tuple[str, list[str]]], clientapp_see
 def test_a_stop_signal_stops_every_flower_process_and_exits_130(
     setup, busy_cores, window, signum, inherited
 ):
-    """SIGINT or SIGTERM to the CLI with both cores busy: exit 130 within 10 s, and no Flower process is left.
+    """SIGINT or SIGTERM to the CLI with both cores busy (the loops run from just before the signal until
+    the command exited): exit 130 within 10 s, and no Flower process is left.
 
     The signal comes while the SuperLink starts (the process is not yet the deployment's SuperLink), while a
     ClientApp trains, or while the command polls the run's status; and once to a command started with
@@ -201,6 +231,7 @@ def test_a_stop_signal_stops_every_flower_process_and_exits_130(
             time.sleep(0.05)
         assert process.poll() is None, process.communicate()
         assert reached, f"the federation did not reach its {window} within 300 s"
+        busy_cores.go()
         process.send_signal(signum)
         try:
             _, err = process.communicate(timeout=STOP_LIMIT_S)
