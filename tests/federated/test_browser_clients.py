@@ -2,7 +2,8 @@
 
 Headless Chromium opens the page the relay serves in three tabs: each claims a slot, draws its
 own non-IID spiral points (80% of one class) and trains the demo's spiral MLP with onnxruntime-web.
-Two tabs train all 10 FedAvg rounds and the server's held-out accuracy reaches 0.9; the third holds
+Two tabs train all 5 FedAvg rounds and the server's held-out accuracy reaches 0.9 (0.95 in a run of
+this machine, 0.88 after round 3); the third holds
 its round-2 result and is closed mid-round: the relay misses its beats and the server drops it with
 that reason in round 2 (and every later round: its slot stays empty), the run completes, and no
 global parameter is non-finite.
@@ -29,7 +30,7 @@ from onnxblocks.federated.processes import free_port
 from onnxblocks.runtime import TrainingSession
 from onnxblocks.web import write_state
 
-ROUNDS = 10
+ROUNDS = 5
 
 
 def test_two_tabs_reach_the_accuracy_and_a_tab_closed_mid_round_is_dropped(tmp_path):
