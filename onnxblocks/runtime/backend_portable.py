@@ -44,13 +44,12 @@ from onnxblocks._core.contracts import (
     gradient_name,
     state_names,
 )
-from onnxblocks._core.errors import InvalidValueError, PortabilityError, StateError, preview
+from onnxblocks._core.errors import InvalidValueError, StateError, preview
 from onnxblocks.checkpoint import Checkpoint, OptimizerState, save_checkpoint
 from onnxblocks.checkpoint.save import EXTRA_PREFIX
 from onnxblocks.runtime import _ort
-from onnxblocks.runtime.artifact_set import ArtifactSet, CheckpointRead, ModelFile
+from onnxblocks.runtime.artifact_set import ArtifactSet, CheckpointRead
 from onnxblocks.runtime.backend import BackendName
-from onnxblocks.runtime.layout import ArtifactFiles
 from onnxblocks.runtime.portable_bindings import BufferBindings, PortableModel
 
 
@@ -164,43 +163,6 @@ class PortableBackend(BufferBindings):
         self._initial_lr = DEFAULT_LEARNING_RATE
         self._apply(ck, checkpoint, first=True)
 
-    def _model(self, kind: str) -> PortableModel:
-        """The session of model ``kind`` (``"eval"``, ``"optimizer"``, ``"step"``), opened on first
-        use.
-        """
-        attribute = {"eval": "_eval", "optimizer": "_optimizer", "step": "_fused"}[kind]
-        model = getattr(self, attribute)
-        if model is None:
-            model = PortableModel(*self._sources[kind])
-            if kind == "optimizer":
-                _refuse_sequences(
-                    [i.name for i in model.session.get_inputs() if i.type.startswith("seq(")],
-                    self.files,
-                )
-            setattr(self, attribute, model)
-        return model
-
-    def _io(self, kind: str, file: ModelFile | None) -> tuple[list[str], list[str]] | None:
-        """The input and output names of model ``kind``, or None when the set has none.
-
-        Read from the file's structure; an ``.ort`` file, which onnx cannot read, is opened now.
-        """
-        if kind not in self._sources:
-            return None
-        if file is None or file.model is None:
-            model = self._model(kind)
-            return model.inputs, model.outputs
-        graph = file.model.graph
-        if kind == "optimizer":
-            kinds = {i.name: i.type.WhichOneof("value") for i in graph.input}
-            _refuse_sequences([n for n, k in kinds.items() if k == "sequence_type"], self.files)
-        signature = file.signature
-        assert signature is not None
-        # as ONNX Runtime lists them: an input with an initializer is not one the run feeds
-        constant = {i.name for i in graph.initializer}
-        inputs = [n for n in signature.inputs if n not in constant]
-        return inputs, list(signature.outputs)
-
     # ------------------------------------------------------------- loading
     def load(self, checkpoint: CheckpointRead) -> None:
         self._apply(_values(checkpoint), checkpoint.path, first=False)
@@ -297,9 +259,8 @@ class PortableBackend(BufferBindings):
             self.lazy_reset_grad()
             return out
         self._step[0] = self._opt_step + 1
-        out = self._run(
-            self._model("step"), self._binding("step"), self.train_inputs, arrays, self.train_outputs
-        )
+        model, binding = self._model("step"), self._binding("step")
+        out = self._run(model, binding, self.train_inputs, arrays, self.train_outputs)
         self._pp ^= 1
         self._opt_step += 1
         self._reset[0] = True  # the accumulation buffers hold no gradient of this step
@@ -368,24 +329,6 @@ class PortableBackend(BufferBindings):
             path,
             optimizer_state=state,
             properties=self._props,
-        )
-
-
-def _refuse_sequences(sequences: list[str], files: ArtifactFiles) -> None:
-    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs
-    ``sequences``), saying how to regenerate.
-
-    Raises:
-        PortabilityError: if it takes tensor sequences.
-    """
-    if sequences:
-        raise PortabilityError(
-            f"The optimizer model '{files.optimizer_model}' takes tensor sequences "
-            f"{preview(sequences)}; the portable runtime runs artifacts as they are written, with "
-            "one tensor per parameter, gradient and moment (docs/portable.md), so it cannot feed "
-            "them. Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... "
-            "--portable`, or "
-            "onnxblocks.generate_artifacts(..., portable=True)."
         )
 
 

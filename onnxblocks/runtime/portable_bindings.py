@@ -8,14 +8,15 @@ through numpy. The learning rate, step and ``lazy_reset_grad`` inputs are one-el
 arrays whose memory the bound ``OrtValue`` shares, updated in place.
 
 :class:`BufferBindings` is the part of
-:class:`~onnxblocks.runtime.backend_portable.PortableBackend` that makes and runs the
+:class:`~onnxblocks.runtime.backend_portable.PortableBackend` that opens the models' sessions
+(the training model's with the backend, each other's on its first run) and makes and runs the
 bindings; the backend owns the buffers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,8 +27,13 @@ from onnxblocks._core.contracts import (
     state_names,
     updated_name,
 )
+from onnxblocks._core.errors import PortabilityError, preview
 from onnxblocks.runtime import _ort
+from onnxblocks.runtime.layout import ArtifactFiles
 from onnxblocks.runtime.load_errors import load_error
+
+if TYPE_CHECKING:
+    from onnxblocks.runtime.artifact_set import ModelFile
 
 
 class PortableModel:
@@ -60,8 +66,13 @@ class BufferBindings:
     docstring).
     """
 
+    files: ArtifactFiles
     train_outputs: list[str]
     eval_outputs: list[str]
+    _eval: PortableModel | None
+    _optimizer: PortableModel | None
+    _fused: PortableModel | None
+    _sources: dict[str, tuple[str, Any, list[str], str]]
     _C: Any
     _device: Any
     _cpu: Any
@@ -91,8 +102,41 @@ class BufferBindings:
         )
 
     def _model(self, kind: str) -> PortableModel:
-        """The session of model ``kind`` other than the training model, opened on first use."""
-        raise NotImplementedError
+        """The session of model ``kind`` (``"eval"``, ``"optimizer"``, ``"step"``), opened on first
+        use.
+        """
+        attribute = {"eval": "_eval", "optimizer": "_optimizer", "step": "_fused"}[kind]
+        model = getattr(self, attribute)
+        if model is None:
+            model = PortableModel(*self._sources[kind])
+            if kind == "optimizer":
+                _refuse_sequences(
+                    [i.name for i in model.session.get_inputs() if i.type.startswith("seq(")],
+                    self.files,
+                )
+            setattr(self, attribute, model)
+        return model
+
+    def _io(self, kind: str, file: ModelFile | None) -> tuple[list[str], list[str]] | None:
+        """The input and output names of model ``kind``, or None when the set has none.
+
+        Read from the file's structure; an ``.ort`` file, which onnx cannot read, is opened now.
+        """
+        if kind not in self._sources:
+            return None
+        if file is None or file.model is None:
+            model = self._model(kind)
+            return model.inputs, model.outputs
+        graph = file.model.graph
+        if kind == "optimizer":
+            kinds = {i.name: i.type.WhichOneof("value") for i in graph.input}
+            _refuse_sequences([n for n, k in kinds.items() if k == "sequence_type"], self.files)
+        signature = file.signature
+        assert signature is not None
+        # as ONNX Runtime lists them: an input with an initializer is not one the run feeds
+        constant = {i.name for i in graph.initializer}
+        inputs = [n for n in signature.inputs if n not in constant]
+        return inputs, list(signature.outputs)
 
     def _binding(self, kind: str) -> Any:
         """The binding of model ``kind`` for the current buffer parities, made on first use."""
@@ -169,3 +213,21 @@ class BufferBindings:
         # copies: the binding keeps its output tensors and the next run with it writes into them
         # again
         return tuple(np.array(outputs[i].numpy()) for i in range(count))
+
+
+def _refuse_sequences(sequences: list[str], files: ArtifactFiles) -> None:
+    """Refuse an optimizer model of the first portable layout (tensor-sequence inputs
+    ``sequences``), saying how to regenerate.
+
+    Raises:
+        PortabilityError: if it takes tensor sequences.
+    """
+    if sequences:
+        raise PortabilityError(
+            f"The optimizer model '{files.optimizer_model}' takes tensor sequences "
+            f"{preview(sequences)}; the portable runtime runs artifacts as they are written, with "
+            "one tensor per parameter, gradient and moment (docs/portable.md), so it cannot feed "
+            "them. Regenerate the artifacts: `onnxblocks artifacts MODEL.onnx ... "
+            "--portable`, or "
+            "onnxblocks.generate_artifacts(..., portable=True)."
+        )

@@ -5,7 +5,6 @@ session reports and computes does not depend on when a session opened."""
 
 from __future__ import annotations
 
-import numpy as np
 import onnxruntime
 from support.numerics import assert_equal
 from support.runtime_support import classification_data, mlp_model

@@ -372,6 +372,7 @@ MARKS: dict[str, str] = {
     "tests/runtime/test_export.py::test_export_over_2gb": "slow",
     "tests/runtime/test_export.py::test_export_replaces_an_earlier_export_without_leaving_its_data[portable]": "slow",
     "tests/runtime/test_ort_errors.py::test_run_failures_are_translated_once_on_both_backends[portable]": "slow",
+    "tests/runtime/test_portable_lazy_sessions.py": "slow",
     "tests/runtime/test_runtime.py::test_accumulated_half_batches_equal_full_batch_with_half_mean_loss": "slow",
     "tests/runtime/test_runtime.py::test_accumulated_half_batches_equal_full_batch_with_sum_loss": "slow",
     "tests/runtime/test_runtime.py::test_checkpoint_round_trip_properties_and_optimizer_state": "slow",
