@@ -12,7 +12,8 @@ that failed before the normalisation passes were added and work now. For each
 
 Exporters: ``ts`` is ``torch.onnx.export(dynamo=False, do_constant_folding=False,
 opset_version=17)``; ``dyn18`` / ``dyn21`` are ``dynamo=True, optimize=False`` at
-opset 18 / 21. Models with random dropout only check the eval model and training.
+opset 18 / 21. Models with random dropout only check the eval model and training, and that training
+lowers the eval model's loss (dropout off), not the noisy training loss.
 """
 
 from __future__ import annotations
@@ -83,11 +84,19 @@ def test_exported_model_trains_like_torch(built, name, exporter):
             )
     trainer.module.lazy_reset_grad()
     trainer.optimizer.set_learning_rate(1e-2)
+    batch = (*case.inputs.values(), case.target)
+    # dropout draws a new mask at every step, so its training losses are noisy (a run's sixth loss
+    # was above its first: 0.997 against 0.943); the eval model's loss (no dropout) is not
+    before = float(trainer.eval_step(*batch)[0]) if case.random else None
     losses = []
     for _ in range(6):
-        losses.append(float(trainer.train_step(*case.inputs.values(), case.target)[0]))
+        losses.append(float(trainer.train_step(*batch)[0]))
         trainer.step()
-    assert losses[-1] < losses[0]
+    if before is not None:
+        after = float(trainer.eval_step(*batch)[0])
+        assert after < before, f"the eval loss went from {before} to {after} in 6 steps"
+    else:
+        assert losses[-1] < losses[0]
 
 
 @pytest.mark.parametrize(
