@@ -147,12 +147,18 @@ def slice_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """``SliceGrad(dY, shape, starts, ends[, axes][, steps])``: ``dY`` written where the slice read,
     zeros elsewhere.
 
-    The same ``Slice`` applied to the flat positions ``0..size-1`` (in ``shape``)
-    gives the position of every element of ``dY``.
+    With unit steps and known axes this is ``Pad(dY)`` by the slice's margins (constants where
+    the dims and bounds are, computed otherwise). Otherwise the same ``Slice`` applied to the
+    flat positions ``0..size-1`` (in ``shape``) gives the position of every element of ``dY``;
+    those int64 positions are twice a float32 input, so that form is kept for the rest.
     """
-    ctx.require_opset(node, 11, "ScatterND")
     dy, shape, starts, ends, axes, steps = inputs(node, 6)
     w = ctx.writer(node)
+    pads = _slice_margins(w, ctx, dy, shape, starts, ends, axes, steps)
+    if pads is not None:
+        w.op("Pad", [dy, pads], outputs(node, 1)[0])
+        return w.nodes
+    ctx.require_opset(node, 11, "ScatterND")
     size = w.reduce("ReduceProd", shape, None, keepdims=0)
     positions = w.reshape(w.op("Range", [w.const(np.int64(0)), size, w.const(np.int64(1))]), shape)
     read = w.op(
@@ -163,6 +169,88 @@ def slice_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     scattered = w.op("ScatterND", [flat, w.reshape(read, [-1, 1]), w.reshape(dy, [-1])])
     w.reshape(scattered, shape, outputs(node, 1)[0])
     return w.nodes
+
+
+#: Element types whose ``Pad`` every runtime the portable artifacts target has a kernel for.
+_PADDABLE = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def _slice_margins(
+    w: Writer,
+    ctx: LoweringContext,
+    dy: ir.Value,
+    shape: ir.Value,
+    starts: ir.Value,
+    ends: ir.Value,
+    axes: ir.Value | None,
+    steps: ir.Value | None,
+) -> ir.Value | None:
+    """``Pad``'s int64 pads putting a unit-step slice's gradient back in place, or None when the
+    slice is not one (steps other than 1, axes or rank unknown, opset below 12, a dtype ``Pad``
+    may lack).
+
+    Per sliced axis of size ``d``, as ``Slice`` reads its bounds: ``s`` and ``e`` with ``d``
+    added when negative, clamped to ``[0, d]``; ``s`` zeros before, ``d - s - max(e - s, 0)``
+    after. Each is a Python int when its inputs are constants, an int64 ``[1]`` otherwise.
+    """
+    rank = ctx.rank(dy)
+    count = ctx.shape(starts)
+    step_values = ctx.constant(steps) if steps is not None else None
+    if (
+        rank is None
+        or ctx.opset < 12
+        or ctx.float_type(dy) not in _PADDABLE
+        or count is None
+        or len(count) != 1
+        or count[0] is None
+        or (steps is not None and (step_values is None or np.any(step_values != 1)))
+    ):
+        return None
+    axis_values = ctx.constant(axes) if axes is not None else np.arange(count[0])
+    if axis_values is None:
+        return None
+    sliced = [int(a) + rank if a < 0 else int(a) for a in axis_values.reshape(-1)]
+    source = ctx.shape_source(shape)
+    dims = ctx.shape(source) if source is not None else None
+    known = ctx.constant(shape)
+    if known is not None:
+        dims = [int(d) for d in known.reshape(-1)]
+    starts_c, ends_c = ctx.constant(starts), ctx.constant(ends)
+    before: list[int | ir.Value] = [0] * rank
+    after: list[int | ir.Value] = [0] * rank
+    for i, axis in enumerate(sliced):
+        dim = dims[axis] if dims is not None and dims[axis] is not None else None
+        bounds = [int(c.reshape(-1)[i]) if c is not None else None for c in (starts_c, ends_c)]
+        if dim is not None and None not in bounds:
+            s, e = (min(max(b + dim if b < 0 else b, 0), dim) for b in bounds)  # type: ignore[operator]
+            before[axis], after[axis] = s, dim - s - max(e - s, 0)
+            continue
+        d = w.ints([dim]) if dim is not None else w.op("Gather", [shape, w.ints([axis])], axis=0)
+        s, e = (
+            w.ints([b]) if b is not None else _bound(w, v, i)
+            for b, v in zip(bounds, (starts, ends), strict=True)
+        )
+        s, e = _clamped(w, s, d), _clamped(w, e, d)
+        before[axis] = s
+        after[axis] = w.op(
+            "Sub", [w.op("Sub", [d, s]), w.op("Max", [w.op("Sub", [e, s]), w.ints([0])])]
+        )
+    pads = [*before, *after]
+    if all(isinstance(p, int) for p in pads):
+        return w.ints(pads)  # type: ignore[arg-type]
+    return w.concat([p if isinstance(p, ir.Value) else w.ints([p]) for p in pads])
+
+
+def _bound(w: Writer, bounds: ir.Value, i: int) -> ir.Value:
+    """Entry ``i`` of a ``Slice`` bound input, int64 ``[1]``."""
+    return w.op("Gather", [w.cast(bounds, onnx.TensorProto.INT64), w.ints([i])], axis=0)
+
+
+def _clamped(w: Writer, bound: ir.Value, dim: ir.Value) -> ir.Value:
+    """``bound`` (+ ``dim`` when negative) within ``[0, dim]``, as ``Slice`` reads it."""
+    zero = w.ints([0])
+    wrapped = w.op("Where", [w.op("Less", [bound, zero]), w.op("Add", [bound, dim]), bound])
+    return w.op("Min", [w.op("Max", [wrapped, zero]), dim])
 
 
 def concat_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:

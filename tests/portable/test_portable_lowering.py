@@ -519,6 +519,55 @@ def test_slice_grad(data, starts, ends, axes, steps):
     check(Case("SliceGrad", inputs, ["dX"]))
 
 
+BIG = np.iinfo(np.int64).max
+
+
+@pytest.mark.parametrize(
+    ("data", "starts", "ends", "axes", "steps", "symbolic", "padded"),
+    [
+        ((2, 3, 4, 8), [0], [4], [-1], None, False, True),  # rotate_half's first half
+        ((2, 3, 4, 8), [4], [BIG], [-1], [1], True, True),  # and its second
+        ((2, 5, 6), [0], [-1], [1], None, True, True),  # a shift along a dynamic axis
+        ((2, 5, 6), [1, -100], [100, 3], [1, 2], [1, 1], False, True),  # bounds clamped
+        ((3, 4), [2], [2], [0], None, False, True),  # an empty slice
+        ((6, 4), [5], [-100], [0], [-2], False, False),  # a negative step: positions
+    ],
+    ids=str,
+)
+def test_slice_grad_of_a_unit_step_slice_is_a_pad(
+    data, starts, ends, axes, steps, symbolic, padded
+):
+    """With constant axes and unit steps, ``SliceGrad`` becomes ``Pad`` (no int64 positions of the
+    whole input), equal to the kernel; its margins are constants where the dims are static.
+    """
+    x = f32(*data)
+    index = [slice(None)] * len(data)
+    for i, axis in enumerate(axes):
+        index[axis] = slice(starts[i], ends[i], steps[i] if steps else 1)
+    dy = f32(*x[tuple(index)].shape)
+    consts = {"starts": i64(*starts), "ends": i64(*ends), "axes": i64(*axes)}
+    if steps is not None:
+        consts["steps"] = i64(*steps)
+    before = [helper.make_node("Shape", ["x"], ["shape"])] + [
+        helper.make_node("Constant", [], [n], value=onnx.numpy_helper.from_array(v, n))
+        for n, v in consts.items()
+    ]
+    case = Case(
+        "SliceGrad",
+        {"dY": dy, "x": x},
+        ["dX"],
+        before=before,
+        node_inputs=["dY", "shape", *consts],
+    )
+    check(case, symbolic)
+    lowered = _model(case, symbolic)
+    lower_training_ops(lowered)
+    ops = {n.op_type for n in lowered.graph.node}
+    assert ("Pad" in ops, "ScatterND" in ops, "Range" in ops) == (padded, not padded, not padded)
+    if padded and not symbolic:  # the margins are one constant
+        assert not ops & {"Where", "Min", "Max", "Gather"}
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_concat_training(axis):
     shapes = {0: [(1, 3), (2, 3)], 1: [(2, 1), (2, 4)], -1: [(2, 2), (2, 3)]}[axis]
