@@ -219,26 +219,28 @@ def _slice_margins(
     before: list[int | ir.Value] = [0] * rank
     after: list[int | ir.Value] = [0] * rank
     for i, axis in enumerate(sliced):
-        dim = dims[axis] if dims is not None and dims[axis] is not None else None
-        bounds = [int(c.reshape(-1)[i]) if c is not None else None for c in (starts_c, ends_c)]
-        if dim is not None and None not in bounds:
-            s, e = (min(max(b + dim if b < 0 else b, 0), dim) for b in bounds)  # type: ignore[operator]
+        dim = dims[axis] if dims is not None else None
+        start, end = (int(c.reshape(-1)[i]) if c is not None else None for c in (starts_c, ends_c))
+        if dim is not None and start is not None and end is not None:
+            s, e = _clamp(start, dim), _clamp(end, dim)
             before[axis], after[axis] = s, dim - s - max(e - s, 0)
             continue
         d = w.ints([dim]) if dim is not None else w.op("Gather", [shape, w.ints([axis])], axis=0)
-        s, e = (
-            w.ints([b]) if b is not None else _bound(w, v, i)
-            for b, v in zip(bounds, (starts, ends), strict=True)
-        )
-        s, e = _clamped(w, s, d), _clamped(w, e, d)
-        before[axis] = s
-        after[axis] = w.op(
-            "Sub", [w.op("Sub", [d, s]), w.op("Max", [w.op("Sub", [e, s]), w.ints([0])])]
-        )
+        first = _clamped(w, w.ints([start]) if start is not None else _bound(w, starts, i), d)
+        last = _clamped(w, w.ints([end]) if end is not None else _bound(w, ends, i), d)
+        before[axis] = first
+        taken = w.op("Max", [w.op("Sub", [last, first]), w.ints([0])])
+        after[axis] = w.op("Sub", [w.op("Sub", [d, first]), taken])
     pads = [*before, *after]
-    if all(isinstance(p, int) for p in pads):
-        return w.ints(pads)  # type: ignore[arg-type]
+    static = [p for p in pads if isinstance(p, int)]
+    if len(static) == len(pads):
+        return w.ints(static)
     return w.concat([p if isinstance(p, ir.Value) else w.ints([p]) for p in pads])
+
+
+def _clamp(bound: int, dim: int) -> int:
+    """``bound`` (+ ``dim`` when negative) within ``[0, dim]``, as ``Slice`` reads it."""
+    return min(max(bound + dim if bound < 0 else bound, 0), dim)
 
 
 def _bound(w: Writer, bounds: ir.Value, i: int) -> ir.Value:

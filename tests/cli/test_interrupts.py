@@ -130,3 +130,26 @@ def test_a_command_past_its_timeout_is_killed():
     with pytest.raises(subprocess.TimeoutExpired):
         run_captured(_sleeper(marker), os.environ, timeout=0.5)
     assert _running(marker) == []
+
+
+def test_python_m_exits_with_the_commands_code_after_an_interrupt_caught_inside_exec(tmp_path):
+    """A stop signal that lands while a string is exec'd (a dataclass or namedtuple being made) and is
+    caught by the command still ends ``python -m onnxblocks`` with the command's 130, not by SIGINT
+    (CPython's record of that interrupt outlives the ``except``; ``onnxblocks federate`` under load hit it).
+    """
+    (tmp_path / "sitecustomize.py").write_text(
+        "import onnxblocks.cli.app as app\n"
+        "def main():\n"
+        "    try:\n"
+        "        exec('raise KeyboardInterrupt')\n"
+        "    except KeyboardInterrupt:\n"
+        "        return 130\n"
+        "app.main = main\n",
+        encoding="utf-8",
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxblocks"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 130, done.stderr
