@@ -108,6 +108,17 @@ _SIGINT_IGNORED = [
 ]
 
 
+#: A busy loop that dies with the test process (Linux's parent-death signal), so that a test run killed
+#: mid-test leaves no loop burning a core.
+_BUSY_LOOP = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit()\n"
+    "print(flush=True)\n"
+    "while True: pass"
+)
+
+
 class BusyCores:
     """Two busy loops (one per core of a 2-core machine), started stopped and let go by :meth:`go`.
 
@@ -119,7 +130,10 @@ class BusyCores:
     def __init__(self) -> None:
         self.loops = []
         for _ in range(2):
-            loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            loop = subprocess.Popen(
+                [sys.executable, "-c", _BUSY_LOOP, str(os.getpid())], stdout=subprocess.PIPE
+            )
+            loop.stdout.readline()  # its parent-death signal is set
             loop.send_signal(signal.SIGSTOP)
             self.loops.append(loop)
 
@@ -135,6 +149,7 @@ class BusyCores:
         for loop in self.loops:
             loop.kill()
             loop.wait()
+            loop.stdout.close()
 
 
 @pytest.fixture
