@@ -186,7 +186,7 @@ def _slice_margins(
     steps: ir.Value | None,
 ) -> ir.Value | None:
     """``Pad``'s int64 pads putting a unit-step slice's gradient back in place, or None when the
-    slice is not one (steps other than 1, axes or rank unknown, opset below 12, a dtype ``Pad``
+    slice is not one (steps other than 1, axes or rank unknown, opset below 11, a dtype ``Pad``
     may lack).
 
     Per sliced axis of size ``d``, as ``Slice`` reads its bounds: ``s`` and ``e`` with ``d``
@@ -198,7 +198,7 @@ def _slice_margins(
     step_values = ctx.constant(steps) if steps is not None else None
     if (
         rank is None
-        or ctx.opset < 12
+        or ctx.opset < 11
         or ctx.float_type(dy) not in _PADDABLE
         or count is None
         or len(count) != 1
@@ -226,10 +226,14 @@ def _slice_margins(
             before[axis], after[axis] = s, dim - s - max(e - s, 0)
             continue
         d = w.ints([dim]) if dim is not None else w.op("Gather", [shape, w.ints([axis])], axis=0)
-        first = _clamped(w, w.ints([start]) if start is not None else _bound(w, starts, i), d)
-        last = _clamped(w, w.ints([end]) if end is not None else _bound(w, ends, i), d)
+        first = _placed(w, start, starts, i, d)
+        placed = _placed(w, end, ends, i, d)
+        last = placed if isinstance(placed, ir.Value) else w.ints([placed])
         before[axis] = first
-        taken = w.op("Max", [w.op("Sub", [last, first]), w.ints([0])])
+        if isinstance(first, int):  # 0: the slice's length is its end
+            after[axis] = w.op("Sub", [d, last])
+            continue
+        taken = _at_least_zero(w, w.op("Sub", [last, first]))
         after[axis] = w.op("Sub", [w.op("Sub", [d, first]), taken])
     pads = [*before, *after]
     static = [p for p in pads if isinstance(p, int)]
@@ -243,16 +247,34 @@ def _clamp(bound: int, dim: int) -> int:
     return min(max(bound + dim if bound < 0 else bound, 0), dim)
 
 
-def _bound(w: Writer, bounds: ir.Value, i: int) -> ir.Value:
-    """Entry ``i`` of a ``Slice`` bound input, int64 ``[1]``."""
-    return w.op("Gather", [w.cast(bounds, onnx.TensorProto.INT64), w.ints([i])], axis=0)
+def _placed(
+    w: Writer, bound: int | None, bounds: ir.Value, i: int, dim: ir.Value
+) -> ir.Value | int:
+    """Entry ``i`` of a ``Slice`` bound input (``bound`` when a constant) on an axis of run-time
+    size ``dim``, as ``Slice`` reads it: an int64 ``[1]``, or 0 for a start of 0.
+
+    A constant costs a node or three; a run-time bound is read, wrapped and clamped (``Where``
+    rather than ``Min``/``Max``: no broadcast arithmetic, the same on every runtime).
+    """
+    if bound == 0:
+        return 0
+    if bound is not None and bound >= INT64_MAX // 2:  # "to the end"
+        return dim
+    if bound is not None and bound > 0:
+        limit = w.ints([bound])
+        return w.op("Where", [w.op("Less", [dim, limit]), dim, limit])
+    if bound is not None:
+        return _at_least_zero(w, w.op("Add", [dim, w.ints([bound])]))
+    read = w.op("Gather", [w.cast(bounds, onnx.TensorProto.INT64), w.ints([i])], axis=0)
+    wrapped = w.op("Where", [w.op("Less", [read, w.ints([0])]), w.op("Add", [read, dim]), read])
+    low = _at_least_zero(w, wrapped)
+    return w.op("Where", [w.op("Less", [dim, low]), dim, low])
 
 
-def _clamped(w: Writer, bound: ir.Value, dim: ir.Value) -> ir.Value:
-    """``bound`` (+ ``dim`` when negative) within ``[0, dim]``, as ``Slice`` reads it."""
+def _at_least_zero(w: Writer, x: ir.Value) -> ir.Value:
+    """``max(x, 0)`` of an int64 ``[1]``."""
     zero = w.ints([0])
-    wrapped = w.op("Where", [w.op("Less", [bound, zero]), w.op("Add", [bound, dim]), bound])
-    return w.op("Min", [w.op("Max", [wrapped, zero]), dim])
+    return w.op("Where", [w.op("Less", [x, zero]), zero, x])
 
 
 def concat_training(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:

@@ -528,6 +528,8 @@ BIG = np.iinfo(np.int64).max
         ((2, 3, 4, 8), [0], [4], [-1], None, False, True),  # rotate_half's first half
         ((2, 3, 4, 8), [4], [BIG], [-1], [1], True, True),  # and its second
         ((2, 5, 6), [0], [-1], [1], None, True, True),  # a shift along a dynamic axis
+        ((2, 5, 6), [-3], [0], [1], None, True, True),  # empty, from the end, dynamic
+        ((2, 5, 6), [-100], [4], [1], None, True, True),  # a start clamped, dynamic
         ((2, 5, 6), [1, -100], [100, 3], [1, 2], [1, 1], False, True),  # bounds clamped
         ((3, 4), [2], [2], [0], None, False, True),  # an empty slice
         ((6, 4), [5], [-100], [0], [-2], False, False),  # a negative step: positions
