@@ -155,6 +155,9 @@ def slice_grad(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     dy, shape, starts, ends, axes, steps = inputs(node, 6)
     w = ctx.writer(node)
     pads = _slice_margins(w, ctx, dy, shape, starts, ends, axes, steps)
+    if isinstance(pads, list):
+        w.pad(dy, pads, outputs(node, 1)[0])
+        return w.nodes
     if pads is not None:
         w.op("Pad", [dy, pads], outputs(node, 1)[0])
         return w.nodes
@@ -184,10 +187,10 @@ def _slice_margins(
     ends: ir.Value,
     axes: ir.Value | None,
     steps: ir.Value | None,
-) -> ir.Value | None:
-    """``Pad``'s int64 pads putting a unit-step slice's gradient back in place, or None when the
-    slice is not one (steps other than 1, axes or rank unknown, opset below 11, a dtype ``Pad``
-    may lack).
+) -> list[int] | ir.Value | None:
+    """``Pad``'s pads putting a unit-step slice's gradient back in place (a list when all are
+    static, an int64 value otherwise), or None when the slice is not one (steps other than 1,
+    axes or rank unknown or out of range, opset below 11, a dtype ``Pad`` may lack).
 
     Per sliced axis of size ``d``, as ``Slice`` reads its bounds: ``s`` and ``e`` with ``d``
     added when negative, clamped to ``[0, d]``; ``s`` zeros before, ``d - s - max(e - s, 0)``
@@ -210,6 +213,10 @@ def _slice_margins(
     if axis_values is None:
         return None
     sliced = [int(a) + rank if a < 0 else int(a) for a in axis_values.reshape(-1)]
+    if any(
+        not 0 <= a < rank for a in sliced
+    ):  # an invalid slice: ONNX Runtime says why at run time
+        return None
     source = ctx.shape_source(shape)
     dims = ctx.shape(source) if source is not None else None
     known = ctx.constant(shape)
@@ -238,7 +245,7 @@ def _slice_margins(
     pads = [*before, *after]
     static = [p for p in pads if isinstance(p, int)]
     if len(static) == len(pads):
-        return w.ints(static)
+        return static
     return w.concat([p if isinstance(p, ir.Value) else w.ints([p]) for p in pads])
 
 
