@@ -25,7 +25,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxblocks.ir.attributes import float_attribute
-from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
+from onnxblocks.ir.rewrite import NodeRewrite, NoMatch, RewriteContext, fail, is_default_domain
 from onnxblocks.ir.writer import Writer
 
 # (writer, node, x, y, numpy dtype) -> None; writes nodes whose last output is named y
@@ -149,11 +149,11 @@ class ActivationsAsElementary(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type in REWRITES and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         x, y = node.inputs[0], node.outputs[0].name or ""
         dtype = ctx.dtype(x)
         if x is None or dtype is None:
-            return None
+            return fail("the input is missing or its element type is not known")
         writer = ctx.writer(y)
         REWRITES[node.op_type](writer, node, x, y, dtype)
         return writer.nodes
@@ -179,11 +179,11 @@ class SoftplusAsElementary(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Softplus" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         x, y = node.inputs[0], node.outputs[0].name or ""
         dtype = ctx.dtype(x)
         if x is None or dtype is None:
-            return None
+            return fail("the input is missing or its element type is not known")
         w = ctx.writer(y)
         limit, one = w.const(SOFTPLUS_THRESHOLD, dtype, "threshold"), w.const(1, dtype, "one")
         log = w.op("Log", [w.op("Add", [w.op("Exp", [w.op("Min", [x, limit])]), one])])

@@ -66,7 +66,7 @@ class BatchNormInferenceAsElementary(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return is_inference_batch_norm(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node]:
         return _elementary(node, ctx)
 
 

@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from onnxblocks.gradient.contraction import Term, contract, diagonals, to_output
 from onnxblocks.ir.attributes import string_attribute
-from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
+from onnxblocks.ir.rewrite import NodeRewrite, NoMatch, RewriteContext, fail, is_default_domain
 
 __all__ = ["EinsumAsMatMul", "parse_equation"]
 
@@ -52,20 +52,26 @@ def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str
         equation: The Einsum equation.
         ranks: Each operand's rank (None when unknown: then it may not use ``...``).
     """
+    parsed = _parse(equation, ranks)
+    return None if isinstance(parsed, NoMatch) else parsed
+
+
+def _parse(equation: str, ranks: Sequence[int | None]) -> tuple[list[str], str] | NoMatch:
+    """:func:`parse_equation`'s result, or :func:`fail` saying why the equation does not parse."""
     text = equation.replace(" ", "")
     inputs_text, arrow, output_text = text.partition("->")
     operands = inputs_text.split(",")
     if len(operands) != len(ranks):
-        return None
+        return fail("the equation has not one term per input")
     spare = [c for c in _SPARE if c not in text]
     width = 0
     for term, rank in zip(operands, ranks, strict=True):
         if "..." in term:
             if rank is None:
-                return None
+                return fail("an operand with '...' is of unknown rank")
             width = max(width, rank - (len(term) - 3))
     if width > len(spare):
-        return None
+        return fail("'...' spans more axes than there are spare letters")
     ellipsis = "".join(spare[:width])
     letters: list[str] = []
     for term, rank in zip(operands, ranks, strict=True):
@@ -74,17 +80,17 @@ def parse_equation(equation: str, ranks: Sequence[int | None]) -> tuple[list[str
             own = rank - (len(term) - 3)
             term = term.replace("...", ellipsis[width - own :] if own else "")
         if not (term.isalpha() or term == "") or (rank is not None and len(term) != rank):
-            return None
+            return fail("an operand's letters do not match its rank")
         letters.append(term)
     if arrow:
         output = output_text.replace("...", ellipsis)
         if not (output.isalpha() or output == "") or len(set(output)) != len(output):
-            return None
+            return fail("the output is not distinct letters")
     else:  # implicit: the ellipsis, then the letters that occur once, in alphabetical order
         counts = {c: sum(t.count(c) for t in operands) for c in set(inputs_text) if c.isalpha()}
         output = ellipsis + "".join(sorted(c for c, n in counts.items() if n == 1))
     if any(c not in "".join(letters) for c in output):
-        return None
+        return fail("an output letter is in no operand")
     return letters, output
 
 
@@ -99,21 +105,22 @@ class EinsumAsMatMul(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Einsum" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         operands = [v for v in node.inputs if v is not None]
         if not operands or len(operands) != len(node.inputs):
-            return None
+            return fail("no operand, or one is missing")
         if any(ctx.types.elem(v) not in _FLOATS for v in operands):
-            return None
+            return fail("an operand is not of a known floating-point type")
         shapes = [ctx.types.shape(v) for v in operands]
-        parsed = parse_equation(
+        parsed = _parse(
             string_attribute(node, "equation", ""), [None if s is None else len(s) for s in shapes]
         )
-        if parsed is None:
-            return None
+        if isinstance(parsed, NoMatch):
+            return parsed
         letters, output = parsed
         if ctx.opset < 14 and any(0 in s for s in shapes if s is not None):
-            return None  # Reshape reads a 0 as "keep the input's dim" before opset 14's allowzero
+            # Reshape reads a 0 as "keep the input's dim" before opset 14's allowzero
+            return fail("an operand has a 0 dim and the opset is below 14")
         y = node.outputs[0].name or "einsum"
         w = ctx.writer(y)
         terms = [

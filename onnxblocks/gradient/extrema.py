@@ -40,7 +40,9 @@ import onnx_ir as ir
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.rewrite import (
     NodeRewrite,
+    NoMatch,
     RewriteContext,
+    fail,
     is_default_domain,
     optional_input,
 )
@@ -78,16 +80,16 @@ class ExtremaWithTorchTies(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type in self.op_types and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         if node.op_type not in _LARGEST:
             return _in_float32(node, ctx)
         x = node.inputs[0]
         if x is None or ctx.types.elem(x) not in _WIDE:
-            return None  # integer reductions carry no gradient
+            return fail("the input is not floating-point: integer reductions carry no gradient")
         axes = ctx.reduction_axes(node)
         if not axes and int_attribute(node, "noop_with_empty_axes", 0):
             if axes is None:
-                return None  # run-time axes that may be empty: the node is the identity then
+                return fail("run-time axes and noop_with_empty_axes: the identity when empty")
             w = ctx.writer(node.outputs[0].name or "reduce")
             w.op("Identity", [x], out=node.outputs[0].name)
             return w.nodes
@@ -185,12 +187,12 @@ def _first_index(node: ir.Node, axes: list[int], ctx: RewriteContext) -> list[ir
     return w.nodes
 
 
-def _in_float32(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _in_float32(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     """A bfloat16 ``Max``, ``Min``, ``ArgMax`` or ``ArgMin`` between casts to float32 (exact) and
     back.
     """
     if not node.inputs or any(v is None or ctx.types.elem(v) != _F.BFLOAT16 for v in node.inputs):
-        return None
+        return fail("not every input is bfloat16")
     y = node.outputs[0].name or node.op_type.lower()
     w = ctx.writer(y)
     inputs = [w.cast(v, _F.FLOAT) for v in node.inputs if v is not None]

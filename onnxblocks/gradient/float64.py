@@ -34,7 +34,9 @@ from onnxblocks._core import limits as _limits
 from onnxblocks.ir.attributes import float_attribute, int_attribute
 from onnxblocks.ir.rewrite import (
     NodeRewrite,
+    NoMatch,
     RewriteContext,
+    fail,
     is_default_domain,
     optional_input,
 )
@@ -104,17 +106,17 @@ class Float64ReduceMeanAsSumDiv(_Float64Rewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "ReduceMean" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         x = node.inputs[0]
         if x is None or ctx.types.elem(x) != _DOUBLE:
-            return None
+            return fail("the input is missing or not float64")
         y = node.outputs[0].name or "mean"
         keepdims = int_attribute(node, "keepdims", 1)
         noop = int_attribute(node, "noop_with_empty_axes", 0)
         axes = ctx.reduction_axes(node)
         shape = ctx.types.shape(x)
         if axes and shape is not None and not all(-len(shape) <= a < len(shape) for a in axes):
-            return None  # an axis the input lacks: left for ONNX Runtime to name
+            return fail("an axis is out of the input's rank: left for ONNX Runtime to name")
         w = ctx.writer(y)
         if axes == [] and noop:  # nothing reduced
             w.op("Identity", [x], out=y)
@@ -171,18 +173,18 @@ class Float64LayerNormAsElementary(_Float64Rewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "LayerNormalization" and node.domain in _NORM_DOMAINS
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         x, scale = node.inputs[0], optional_input(node, 1)
         bias = optional_input(node, 2)
         if x is None or scale is None or ctx.types.elem(x) != _DOUBLE:
-            return None
+            return fail("the input or the scale is missing, or the input is not float64")
         axis = int_attribute(node, "axis", -1)
         if axis < 0:
             axes = list(range(axis, 0))
         else:
             shape = ctx.types.shape(x)
             if shape is None:
-                return None
+                return fail("axis is non-negative and the input's rank is not known")
             axes = list(range(axis, len(shape)))
         # a float attribute: its default is the float32 1e-5 too, as the op and its kernel read it
         epsilon = float(np.float32(float_attribute(node, "epsilon", 1e-5)))

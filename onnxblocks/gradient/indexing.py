@@ -24,7 +24,9 @@ import onnx_ir as ir
 from onnxblocks.ir.attributes import int_attribute, string_attribute
 from onnxblocks.ir.rewrite import (
     NodeRewrite,
+    NoMatch,
     RewriteContext,
+    fail,
     is_default_domain,
     optional_input,
 )
@@ -53,27 +55,31 @@ class NegativeStepSliceAsGather(NodeRewrite):
             and optional_input(node, 4) is not None
         )
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _negative_step_slice(node, ctx)
 
 
-def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _negative_step_slice(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     step_values = ctx.plain_constants.folded(
         node.inputs[4]
     )  # without shapes first: most steps are plain constants
     if step_values is not None and not (step_values < 0).any():
-        return None
+        return fail("no step is negative")
     types, table = ctx.types, ctx.constants
     args = [table.folded(value) for value in node.inputs[1:5]]
     known = [a for a in args if a is not None]
     x = node.inputs[0]
-    if x is None or len(known) < len(args) or not (known[3] < 0).any():
-        return None
+    if x is None:
+        return fail("the input is missing")
+    if len(known) < len(args):
+        return fail("starts, ends, axes or steps is not a constant")
+    if not (known[3] < 0).any():
+        return fail("no step is negative")
     shape = types.shape(x)
     starts, ends, axes, steps = ([int(v) for v in a.reshape(-1)] for a in known)
     if any(a < 0 for a in axes):
         if shape is None:
-            return None
+            return fail("an axis is negative and the input's rank is not known")
         axes = [a + len(shape) if a < 0 else a for a in axes]
     y = node.outputs[0].name or "slice"
     w = ctx.writer(y)
@@ -127,32 +133,36 @@ class BorderPadAsGather(NodeRewrite):
             and _mode(node) in ("reflect", "edge", "wrap")
         )
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _border_pad(node, ctx)
 
 
-def _border_pad(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _border_pad(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     types, constants = ctx.types, ctx.constants
     pads = constants.folded(optional_input(node, 1))
     axes_input = optional_input(node, 3)
     axes = constants.folded(axes_input)
     x = node.inputs[0]
-    if x is None or pads is None or (axes_input is not None and axes is None):
-        return None
+    if x is None:
+        return fail("the input is missing")
+    if pads is None or (axes_input is not None and axes is None):
+        return fail("pads or axes is not a constant")
     shape = types.shape(x)
     rank = (
         len(shape) if shape is not None else (len(pads.reshape(-1)) // 2 if axes is None else None)
     )
     if rank is None:
-        return None
+        return fail("axes are given and the input's rank is not known")
     pad_list = [int(p) for p in pads.reshape(-1)]
     axis_list = (
         [int(a) + rank if int(a) < 0 else int(a) for a in axes.reshape(-1)]
         if axes is not None
         else list(range(rank))
     )
-    if any(p < 0 for p in pad_list) or len(pad_list) != 2 * len(axis_list):
-        return None
+    if any(p < 0 for p in pad_list):
+        return fail("a pad is negative (a crop)")
+    if len(pad_list) != 2 * len(axis_list):
+        return fail("pads do not hold two entries per axis")
     y = node.outputs[0].name or "pad"
     w = ctx.writer(y)
     current = x
@@ -228,30 +238,30 @@ class DepthToSpaceAsReshape(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type in ("DepthToSpace", "SpaceToDepth") and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _depth_to_space(node, ctx)
 
 
-def _depth_to_space(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _depth_to_space(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     x = node.inputs[0]
     shape = ctx.types.shape(x)
     chw = static_dims(shape[1:]) if shape is not None and len(shape) == 4 else None
     if x is None or chw is None:
-        return None
+        return fail("the input is not 4-D with static C, H and W")
     c, h, wd = chw
     b = int_attribute(node, "blocksize")
     y = node.outputs[0].name or "depth_to_space"
     w = ctx.writer(y)
     if node.op_type == "DepthToSpace":
         if c % (b * b):
-            return None
+            return fail("the channel count is not divisible by blocksize squared")
         crd = _mode_of(node) == "CRD"
         split = [0, c // (b * b), b, b, h, wd] if crd else [0, b, b, c // (b * b), h, wd]
         perm = [0, 1, 4, 2, 5, 3] if crd else [0, 3, 4, 1, 5, 2]
         final = [0, c // (b * b), h * b, wd * b]
     else:
         if h % b or wd % b:
-            return None
+            return fail("H or W is not divisible by blocksize")
         split, perm, final = (
             [0, c, h // b, b, wd // b, b],
             [0, 3, 5, 1, 2, 4],

@@ -28,7 +28,7 @@ from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.passes import Pass
-from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext
+from onnxblocks.ir.rewrite import NodeRewrite, NoMatch, RewriteContext, fail
 from onnxblocks.ir.types import ValueTypes, static_dims
 
 #: Normalisation ops whose gradient reads extra outputs and writes the gradients of its scale and
@@ -98,11 +98,11 @@ class LayerNormZeroBias(NodeRewrite):
             and (len(node.inputs) < 3 or node.inputs[2] is None)
         )
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         scale = node.inputs[1]
         dtype = ctx.dtype(scale)
         if scale is None or dtype is None:
-            return None
+            return fail("the scale is missing or its element type is not known")
         writer = ctx.writer(f"{node.outputs[0].name}.bias")
         shape = _normalized_shape(node, ctx.types)
         if shape is not None:

@@ -26,15 +26,15 @@ import onnx_ir as ir
 
 from onnxblocks._core.errors import GradientError
 from onnxblocks.ir.attributes import int_attribute, ints_attribute, string_attribute
-from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
+from onnxblocks.ir.rewrite import NodeRewrite, NoMatch, RewriteContext, fail, is_default_domain
 from onnxblocks.ir.types import infer_proto_types, static_dims
 
 
 def _window_counts(
     size: int, out: int, kernel: int, stride: int, begin: int, end: int, include_pad: bool
-) -> np.ndarray | None:
-    """How many elements each output position of one axis averages, or None where ONNX Runtime
-    differs.
+) -> np.ndarray | NoMatch:
+    """How many elements each output position of one axis averages, or :func:`fail` where ONNX
+    Runtime differs.
 
     With ``count_include_pad`` the divisor is the window size. A window that
     reaches past the padded input (``ceil_mode``) or that holds no input element is
@@ -45,9 +45,9 @@ def _window_counts(
     for o in range(out):
         start = o * stride - begin
         if start + kernel > size + end and include_pad:
-            return None
+            return fail("a window reaches past the padded input: ONNX Runtime's divisor differs")
         counts[o] = kernel if include_pad else max(0, min(start + kernel, size) - max(start, 0))
-    return counts if counts.all() else None
+    return counts if counts.all() else fail("a window holds no input element")
 
 
 class AveragePoolAsConv(NodeRewrite):
@@ -70,24 +70,28 @@ class AveragePoolAsConv(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "AveragePool" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _average_pool(node, ctx)
 
 
-def _average_pool(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _average_pool(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     types = ctx.types
     x, y = node.inputs[0], node.outputs[0].name or "pool"
     shape, elem = types.shape(x), types.elem(x)
-    if x is None or shape is None or elem is None or len(shape) < 3 or shape[1] is None:
-        return None
+    if x is None or shape is None or elem is None:
+        return fail("the input's shape or element type is not known")
+    if len(shape) < 3 or shape[1] is None:
+        return fail("the input has no spatial dims or its channel count is not static")
     if all(d is not None for d in shape) and elem == onnx.TensorProto.FLOAT:
-        return None  # AveragePoolGrad handles it
+        return fail("the input is static and float32: AveragePoolGrad handles it")
     kernel = ints_attribute(node, "kernel_shape", [])
     n = len(kernel)
     auto_pad = string_attribute(node, "auto_pad", "NOTSET")
     dilated = any(d != 1 for d in ints_attribute(node, "dilations", [1] * n))
-    if n != len(shape) - 2 or auto_pad not in ("NOTSET", "VALID") or dilated:
-        return None
+    if n != len(shape) - 2:
+        return fail("kernel_shape does not match the input's spatial dims")
+    if auto_pad not in ("NOTSET", "VALID") or dilated:
+        return fail("auto_pad is SAME_* or the pooling is dilated")
     strides = ints_attribute(node, "strides", [1] * n)
     pads = [0] * (2 * n) if auto_pad == "VALID" else ints_attribute(node, "pads", [0] * (2 * n))
     ceil_mode = int_attribute(node, "ceil_mode", 0)
@@ -100,14 +104,14 @@ def _average_pool(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
         spatial = static_dims(shape[2:])
         out_spatial = static_dims(out_shape[2:] if out_shape is not None else None)
         if spatial is None or out_spatial is None:
-            return None
+            return fail("the divisor varies and the spatial dims are not static")
         counts = []
         for axis in range(n):
             size, out = spatial[axis], out_spatial[axis]
             begin, end = pads[axis], pads[n + axis]
             count = _window_counts(size, out, kernel[axis], strides[axis], begin, end, include_pad)
-            if count is None:
-                return None
+            if isinstance(count, NoMatch):
+                return count
             counts.append(count)
             # ceil_mode: pad the end so that Conv's floor gives the same number of windows
             needed = (out - 1) * strides[axis] + kernel[axis] - (size + begin + end)

@@ -29,7 +29,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks.ir import attributes
-from onnxblocks.ir.rewrite import NodeRewrite, RewriteContext, is_default_domain
+from onnxblocks.ir.rewrite import NodeRewrite, NoMatch, RewriteContext, fail, is_default_domain
 from onnxblocks.ir.writer import Writer
 
 #: op type -> (gates, activations per direction)
@@ -86,7 +86,7 @@ class RecurrentDirectionsAsForward(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return _supported(node) and _direction(node) != "forward"
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         w = ctx.writer(_hint(node))
         shape = ctx.types.shape(node.inputs[0])
         _split_directions(w, node, shape[0] if shape else None)
@@ -169,23 +169,25 @@ class RecurrentAsElementary(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return _supported(node) and _direction(node) == "forward"
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _unroll(node, ctx)
 
 
-def _unroll(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _unroll(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     x = node.inputs[0]
     elem, shape = ctx.types.elem(x), ctx.types.shape(x)
-    if x is None or elem is None or shape is None or len(shape) != 3 or shape[0] is None:
-        return None
+    if x is None or elem is None or shape is None:
+        return fail("the input's shape or element type is not known")
+    if len(shape) != 3 or shape[0] is None:
+        return fail("the input is not 3-D or its sequence length is not static")
     if node.op_type != "RNN" and elem == onnx.TensorProto.FLOAT:
-        return None  # ONNX Runtime's GRUTraining / LSTMTraining handle it
+        return fail(f"the input is float32: ONNX Runtime's {node.op_type}Training handles it")
     activations = [a.lower() for a in (_activations(node) or _DEFAULT_ACTIVATIONS[node.op_type])]
     if node.op_type == "RNN":
         if len(activations) != 1 or activations[0] not in _RNN_ACTIVATIONS:
-            return None
+            return fail(f"the activation is not one of {', '.join(_RNN_ACTIVATIONS.values())}")
     elif activations != _DEFAULT_ACTIVATIONS[node.op_type]:
-        return None
+        return fail("the activations are not the default ones")
     w = ctx.writer(_hint(node))
     _Unroller(w, node, shape[0], attributes.int_attribute(node, "hidden_size"), activations).write()
     return w.nodes

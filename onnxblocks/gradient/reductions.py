@@ -14,7 +14,9 @@ import onnx_ir as ir
 from onnxblocks.ir.attributes import int_attribute
 from onnxblocks.ir.rewrite import (
     NodeRewrite,
+    NoMatch,
     RewriteContext,
+    fail,
     is_default_domain,
     optional_input,
 )
@@ -37,23 +39,27 @@ class CumSumAsMatMul(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "CumSum" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _cumsum(node, ctx)
 
 
-def _cumsum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _cumsum(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     types, constants = ctx.types, ctx.constants
     x, y = node.inputs[0], node.outputs[0].name or "cumsum"
     elem, shape = types.elem(x), types.shape(x)
     axis_value = constants.folded(optional_input(node, 1))
-    if x is None or elem not in _FLOATS or shape is None or axis_value is None:
-        return None
+    if x is None or elem not in _FLOATS:
+        return fail("the input is not float32, float64 or float16")
+    if shape is None:
+        return fail("the input's rank is not known")
+    if axis_value is None:
+        return fail("the axis is not a constant")
     rank = len(shape)
     axis = int(axis_value.reshape(-1)[0])
     axis = axis + rank if axis < 0 else axis
     length = shape[axis]
     if length is None:
-        return None
+        return fail("the summed axis is not static")
     k, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
     exclusive = int_attribute(node, "exclusive", 0)
     reverse = int_attribute(node, "reverse", 0)

@@ -36,7 +36,9 @@ from onnxblocks.ir import attributes
 from onnxblocks.ir.folding import ConstantTable
 from onnxblocks.ir.rewrite import (
     NodeRewrite,
+    NoMatch,
     RewriteContext,
+    fail,
     is_default_domain,
     optional_input,
 )
@@ -76,7 +78,7 @@ class ResizeAsMatMul(NodeRewrite):
     def select(self, node: ir.Node) -> bool:
         return node.op_type == "Resize" and is_default_domain(node)
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | None:
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
         return _rewrite(node, ctx)
 
 
@@ -93,14 +95,14 @@ def _argument(
     return True, value if value.size else None
 
 
-def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
+def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | NoMatch:
     types, constants, opset = ctx.types, ctx.constants, ctx.opset
     x, y = node.inputs[0], node.outputs[0].name or "resize"
     in_shape, elem = types.shape(x), types.elem(x)
     if x is None or in_shape is None or elem is None:
-        return None
+        return fail("the input's shape or element type is not known")
     if attributes.string_attribute(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
-        return None
+        return fail("keep_aspect_ratio_policy is not stretch")
     known = [_argument(node, constants, i) for i in (1, 2, 3)]
     rank = len(in_shape)
     listed = attributes.ints_attribute(node, "axes", None)
@@ -110,13 +112,14 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
     if known[0][0] and known[1][0] and not known[2][0] and scales is None:
         # sizes computed at run time (the dynamo exporter's Concat(Shape(x)[:2], size) for a dynamic
         # batch)
-        sizes = _sizes_from_shapes(types, x, node.outputs[0], axes)
-        if sizes is None:
-            return None
+        computed = _sizes_from_shapes(types, x, node.outputs[0], axes)
+        if isinstance(computed, NoMatch):
+            return computed
+        sizes = computed
     elif not all(k for k, _ in known):
-        return None
+        return fail("roi, scales or sizes is not a constant")
     if scales is None and sizes is None:
-        return None
+        return fail("neither scales nor sizes is given")
     factors = _torch_nearest_factors(node, rank)
     # (input, output) length of each resized axis: floor(in * scale), or the size (ONNX's
     # definition)
@@ -133,12 +136,12 @@ def _rewrite(node: ir.Node, ctx: RewriteContext) -> list[ir.Node] | None:
             if float(scales[position]) == 1.0:
                 continue
             if size is None:
-                return None
+                return fail(f"axis {axis} is resized and its input length is not static")
             # torch's own factor where known: the float32 scale can floor one lower (25 * 0.12)
             factor = (factors or {}).get(axis) or float(scales[position])
             out = int(np.floor(size * factor))
         if size is None:
-            return None
+            return fail(f"axis {axis} is resized and its input length is not static")
         resized[axis] = (size, out)
     attrs = {k: attributes.value(node, k) for k in node.attributes if k in _SEPARABLE_ATTRIBUTES}
     dtype = helper.tensor_dtype_to_np_dtype(elem)
@@ -219,16 +222,16 @@ def _torch_nearest_matrix(size: int, out: int, factor: float | None) -> np.ndarr
 
 def _sizes_from_shapes(
     types: ValueTypes, x: ir.Value, y: ir.Value, axes: list[int]
-) -> list[int | None] | None:
+) -> list[int | None] | NoMatch:
     """The output length of each axis of ``axes`` from the inferred shapes (None: the input's), or
-    None.
+    :func:`fail` when they do not give it.
 
     An axis whose input and output dims are one symbol keeps its length; the others
     need both lengths static.
     """
     before, after = types.dims(x), types.dims(y)
     if before is None or after is None or len(before) != len(after):
-        return None
+        return fail("sizes are computed at run time and the input's or output's rank is not known")
     sizes: list[int | None] = []
     for axis in axes:
         old, new = before[axis], after[axis]
@@ -237,7 +240,7 @@ def _sizes_from_shapes(
         elif isinstance(old, int) and isinstance(new, int):
             sizes.append(new)
         else:
-            return None
+            return fail(f"sizes are computed at run time and axis {axis}'s lengths are not static")
     return sizes
 
 

@@ -58,6 +58,14 @@ def fail(reason: str) -> NoMatch:
     return NoMatch(reason)
 
 
+def note_miss(misses: list[tuple[str, str]], pass_name: str, node: ir.Node, reason: str) -> None:
+    """Keep in ``misses`` why the pass ``pass_name`` left ``node`` as it is, and log it at debug
+    level (for :class:`NodeRewrite` and the portable lowering alike).
+    """
+    misses.append((node.name or "", reason))
+    logger.debug("%s left %s %r: %s", pass_name, node.op_type, node.name, reason)
+
+
 def opset_of(model: ir.Model) -> int:
     """The model's default-domain opset (the library's default when it imports none)."""
     for domain in ("", "ai.onnx"):
@@ -162,9 +170,9 @@ class NodeRewrite(Pass):
     #: Why the last run left selected nodes as they were: (node name, reason).
     misses: list[tuple[str, str]]
 
-    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch | None:
-        """The nodes replacing ``node`` (outputs named as ``node``'s), or :func:`fail` (or None)
-        to keep it.
+    def rewrite(self, node: ir.Node, ctx: RewriteContext) -> Sequence[ir.Node] | NoMatch:
+        """The nodes replacing ``node`` (outputs named as ``node``'s), or :func:`fail` saying why
+        it keeps the node (a bare None keeps it too, kept in :attr:`misses` as "no reason given").
 
         The returned list may hold ``node`` itself (edited in place): the others are
         then inserted before it and nothing is replaced.
@@ -188,8 +196,7 @@ class NodeRewrite(Pass):
         for node, new_nodes in planned:
             if new_nodes is None or isinstance(new_nodes, NoMatch):
                 reason = new_nodes.reason if new_nodes is not None else "no reason given"
-                self.misses.append((node.name or "", reason))
-                logger.debug("%s left %s %r: %s", self.name, node.op_type, node.name, reason)
+                note_miss(self.misses, self.name, node, reason)
                 continue
             changes[node.op_type] = changes.get(node.op_type, 0) + 1
             apply_rewrite(node, new_nodes)

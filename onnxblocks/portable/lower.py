@@ -23,6 +23,7 @@ from onnxblocks._core import limits as _limits
 from onnxblocks._core.errors import PortabilityError, preview
 from onnxblocks.ir.edit import remove_unused_nodes, replace_node, values_by_name
 from onnxblocks.ir.passes import Pass
+from onnxblocks.ir.rewrite import NoMatch, note_miss
 from onnxblocks.ir.serde import from_proto, to_proto
 from onnxblocks.ir.types import copy_type, infer_types
 from onnxblocks.ir.walk import all_nodes
@@ -41,8 +42,9 @@ from onnxblocks.portable import (
 from onnxblocks.portable.lowering_context import LoweringContext, describe
 from onnxblocks.portable.ops import PortableMode, is_portable_op, portable_mode
 
-#: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs (by name) with standard ops.
-Lowering = Callable[[ir.Node, LoweringContext], list[ir.Node]]
+#: A lowering: ``(node, ctx) -> nodes`` writing the node's outputs (by name) with standard ops, or
+#: :func:`~onnxblocks.ir.rewrite.fail` saying why the node stays as it is.
+Lowering = Callable[[ir.Node, LoweringContext], list[ir.Node] | NoMatch]
 
 #: Every lowering, by op type (``com.microsoft`` ops and ONNX Runtime's default-domain gradient
 #: ops).
@@ -84,6 +86,8 @@ class LowerTrainingOps(Pass):
 
     def __init__(self, mode: PortableMode | bool = "standard") -> None:
         self.mode: PortableMode = portable_mode(mode, "mode")
+        #: Why the last lowering left nodes as they were: (node name, reason).
+        self.misses: list[tuple[str, str]] = []
 
     def apply(self, model: ir.Model) -> Mapping[str, int]:
         """Raises: PortabilityError: as :func:`lower_training_ops` says.
@@ -107,6 +111,7 @@ class LowerTrainingOps(Pass):
     def _lower(self, model: ir.Model, hints: dict[str, ir.Value] | None) -> LoweringContext:
         graph = model.graph
         ctx = LoweringContext(model, self.mode, hints)
+        self.misses = []  # those of the lowering whose graph is kept: the second, when it runs
         opset = ctx.opset
 
         def to_lower(node: ir.Node) -> bool:
@@ -131,7 +136,8 @@ class LowerTrainingOps(Pass):
                 ctx.record([node])
                 continue
             replacement = LOWERINGS[node.op_type](node, ctx)
-            if replacement == [node]:  # kept as it is (e.g. contrib Trilu below opset 14)
+            if isinstance(replacement, NoMatch):
+                note_miss(self.misses, self.name, node, replacement.reason)
                 ctx.record([node])
                 continue
             produced = {v.name: v for n in replacement for v in n.outputs if v.name}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnxblocks.ir.rewrite import NoMatch, fail
 from onnxblocks.portable.lowering_context import (
     LoweringContext,
     Writer,
@@ -57,7 +58,7 @@ def fused_matmul(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     return w.nodes
 
 
-def contrib_trilu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
+def contrib_trilu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node] | NoMatch:
     """``com.microsoft:Trilu`` as the standard ``Trilu`` (opset 14); kept on older opsets in
     ``"onnxruntime"`` mode.
 
@@ -66,7 +67,7 @@ def contrib_trilu(node: ir.Node, ctx: LoweringContext) -> list[ir.Node]:
     """
     if ctx.opset < 14:
         if ctx.mode == "onnxruntime":
-            return [node]
+            return fail("the opset is below 14: kept for ONNX Runtime, which runs it")
         ctx.require_opset(node, 14, "Trilu")
     w = ctx.writer(node)
     w.ops("Trilu", list(node.inputs), outputs(node, len(node.outputs)), **attributes(node))
