@@ -40,7 +40,7 @@ from onnxblocks.federated.validation import WEIGHT_KEY
 
 if TYPE_CHECKING:  # training imports ONNX Runtime: a bridge node's ClientApp never pays for it
     from onnxblocks.federated.local import DataSource
-    from onnxblocks.federated.optimizer_state import OptimizerState
+    from onnxblocks.federated.optimizer_state import KeptOptimizerState
 
 #: The ``Context.state`` records where a node keeps its optimizer state between rounds.
 STATE_ARRAYS, STATE_SCALARS = "optimizer-state", "optimizer-scalars"
@@ -78,17 +78,17 @@ def keeps_optimizer_state(given: bool | None, run_config: Mapping[str, Any]) -> 
     return value
 
 
-def kept_state(context: Any) -> OptimizerState | None:
+def kept_state(context: Any) -> KeptOptimizerState | None:
     """The optimizer state this node kept in ``context.state`` last round (None: none yet)."""
     if STATE_ARRAYS not in context.state or STATE_SCALARS not in context.state:
         return None
-    from onnxblocks.federated.optimizer_state import OptimizerState
+    from onnxblocks.federated.optimizer_state import KeptOptimizerState
 
     arrays = from_record(context.state[STATE_ARRAYS])
-    return OptimizerState.from_parts(arrays, dict(context.state[STATE_SCALARS]))
+    return KeptOptimizerState.from_parts(arrays, dict(context.state[STATE_SCALARS]))
 
 
-def keep_state(context: Any, state: OptimizerState) -> None:
+def keep_state(context: Any, state: KeptOptimizerState) -> None:
     """Keep ``state`` in ``context.state`` for this node's next round."""
     from flwr.app import ConfigRecord
 

@@ -37,7 +37,7 @@ from onnxblocks._core.errors import (
     preview,
 )
 from onnxblocks.federated.optimizer_state import (
-    OptimizerState,
+    KeptOptimizerState,
     read_optimizer_state,
     write_optimizer_state,
 )
@@ -133,7 +133,7 @@ class ClientUpdate:
     num_examples: int
     metrics: dict[str, float] = field(default_factory=dict)
     backend: str = ""
-    optimizer_state: OptimizerState | None = None
+    optimizer_state: KeptOptimizerState | None = None
 
 
 def open_session(artifacts: str | os.PathLike, backend: str = "auto") -> TrainingSession:
@@ -239,7 +239,7 @@ def train_client(
     config: LocalConfig | Mapping[str, Any] = LocalConfig(),
     *,
     backend: str = "auto",
-    optimizer_state: OptimizerState | None = None,
+    optimizer_state: KeptOptimizerState | None = None,
     keep_optimizer_state: bool = False,
 ) -> ClientUpdate:
     """One client's local training in one round.

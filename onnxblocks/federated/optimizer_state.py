@@ -6,6 +6,12 @@ counts between rounds instead of starting fresh. :func:`read_optimizer_state` ta
 session and :func:`write_optimizer_state` puts them back, both through the session's checkpoint API
 (``save_checkpoint(include_optimizer_state=True)``, ``load_checkpoint``), so either backend works.
 The moments are named ``optimizer/<param>/<slot>`` (:data:`MOMENT_KEY`).
+
+:class:`KeptOptimizerState` is a flat record (moments by key, scalars by name) because that is what
+Flower's ``Context.state`` holds; the checkpoint's typed value of the same state is
+:class:`onnxblocks.checkpoint.OptimizerState`, which this module reads and writes through.
+``OptimizerState`` is a deprecated alias of :class:`KeptOptimizerState`, importable from here for
+one release with a DeprecationWarning naming ``KeptOptimizerState``.
 """
 
 from __future__ import annotations
@@ -21,25 +27,25 @@ import numpy as np
 from onnxblocks import checkpoint as _ckpt
 from onnxblocks._core.contracts import OPTIMIZER_GROUP, STEP_PROPERTY, checkpoint_moment_slot
 from onnxblocks._core.errors import InvalidValueError, preview
+from onnxblocks._core.moved import moved_names
 from onnxblocks.runtime import TrainingSession
 
-#: The name of a moment under which :class:`OptimizerState` keeps it: ``optimizer/<param>/<slot>``.
+#: The name under which :class:`KeptOptimizerState` keeps a moment: ``optimizer/<param>/<slot>``.
 MOMENT_KEY = "optimizer/{}/{}"
 
 
 @dataclass
-class OptimizerState:
+class KeptOptimizerState:
     """A session's optimizer state, as a client keeps it between rounds.
 
     Attributes:
-        moments: The optimizer's moments by ``optimizer/<param>/<slot>`` (AdamW: slots ``momentum0``
-        and
-            ``momentum1`` of each trainable parameter; SGD: none), in the parameters' dtypes and
-            shapes.
+        moments: The optimizer's moments by ``optimizer/<param>/<slot>`` (AdamW: slots
+            ``momentum0`` and ``momentum1`` of each trainable parameter; SGD: none), in the
+            parameters' dtypes and shapes.
         step: The optimizer's own step count (AdamW's bias correction counts it).
         initial_learning_rate: The optimizer group's initial learning rate.
         session_step: :attr:`TrainingSession.step <onnxblocks.runtime.TrainingSession.step>`
-        (schedulers count it).
+            (schedulers count it).
         group: The optimizer group's name in the checkpoint.
     """
 
@@ -61,7 +67,7 @@ class OptimizerState:
     @classmethod
     def from_parts(
         cls, moments: Mapping[str, np.ndarray], scalars: Mapping[str, Any]
-    ) -> OptimizerState:
+    ) -> KeptOptimizerState:
         """The state from its moments and :meth:`scalars`.
 
         Raises:
@@ -89,11 +95,11 @@ def _whole(value: Any, name: str) -> int:
     return int(value)
 
 
-def read_optimizer_state(session: TrainingSession) -> OptimizerState:
+def read_optimizer_state(session: TrainingSession) -> KeptOptimizerState:
     """The optimizer state of ``session`` (either backend), read from a checkpoint it saves.
 
     Returns:
-        The :class:`OptimizerState` (arrays are copies).
+        The :class:`KeptOptimizerState` (arrays are copies).
     """
     with tempfile.TemporaryDirectory(prefix="onnxblocks-optimizer-") as temp:
         saved = _ckpt.load_checkpoint(
@@ -105,7 +111,7 @@ def read_optimizer_state(session: TrainingSession) -> OptimizerState:
             for param, arrays in group.moments.items()
             for name, array in zip(group.slot_names(param), arrays, strict=True)
         }
-        return OptimizerState(
+        return KeptOptimizerState(
             moments,
             step=group.step,
             initial_learning_rate=group.initial_learning_rate,
@@ -114,7 +120,7 @@ def read_optimizer_state(session: TrainingSession) -> OptimizerState:
         )
 
 
-def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> None:
+def write_optimizer_state(session: TrainingSession, state: KeptOptimizerState) -> None:
     """Restore ``state`` into ``session``, keeping its parameters (either backend).
 
     The session saves a checkpoint, the optimizer group and step counter in it are replaced with
@@ -169,3 +175,14 @@ def write_optimizer_state(session: TrainingSession, state: OptimizerState) -> No
             properties=properties,
         )
         session.load_checkpoint(path)
+
+
+#: ``OptimizerState``: the deprecated alias of :class:`KeptOptimizerState`, for one release; reading
+#: it warns, because the name belongs to the checkpoint's typed state
+#: (:class:`onnxblocks.checkpoint.OptimizerState`), another concept.
+__getattr__ = moved_names(
+    __name__,
+    ("OptimizerState",),
+    f"{__name__} under its name KeptOptimizerState",
+    lambda name: KeptOptimizerState,
+)

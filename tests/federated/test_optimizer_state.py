@@ -16,12 +16,10 @@ from support.numerics import assert_close, is_close
 
 from onnxblocks.errors import InvalidTypeError, InvalidValueError
 from onnxblocks.federated import make_client_app, make_server_app, train_client
+from onnxblocks.federated import optimizer_state as kept_module
 from onnxblocks.federated.client import STATE_ARRAYS, STATE_SCALARS, keeps_optimizer_state
-from onnxblocks.federated.optimizer_state import (
-    OptimizerState,
-    read_optimizer_state,
-    write_optimizer_state,
-)
+from onnxblocks.federated.optimizer_state import KeptOptimizerState as OptimizerState
+from onnxblocks.federated.optimizer_state import read_optimizer_state, write_optimizer_state
 from onnxblocks.federated.records import from_record, to_record
 from onnxblocks.runtime import TrainingSession
 
@@ -144,6 +142,15 @@ def test_kept_state_is_checked_against_the_artifacts(setup):
     assert keeps_optimizer_state(None, {}) is False
     with pytest.raises(InvalidTypeError, match="keep-optimizer-state"):
         keeps_optimizer_state(None, {"keep-optimizer-state": 1})
+
+
+def test_the_old_class_name_is_an_alias_that_warns():
+    """``OptimizerState`` is the checkpoint's typed state; here it is a deprecated alias."""
+    with pytest.warns(DeprecationWarning, match="KeptOptimizerState"):
+        old = kept_module.OptimizerState
+    assert old is kept_module.KeptOptimizerState
+    with pytest.raises(AttributeError, match="OptimizerStat"):
+        kept_module.OptimizerStat  # noqa: B018 - the read is the test
 
 
 def test_simulated_rounds_keep_the_optimizer_state(setup):
