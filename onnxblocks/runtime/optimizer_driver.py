@@ -14,7 +14,6 @@ layout the portable backend reads and writes, so a run moves between backends.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from onnxblocks._core.contracts import (
     PARAMS,
     STEP,
 )
-from onnxblocks._core.errors import InvalidValueError, preview
+from onnxblocks._core.errors import InvalidValueError, PortabilityError, preview
 from onnxblocks.checkpoint import OptimizerState, load_checkpoint, save_checkpoint
 from onnxblocks.runtime import _ort
 
@@ -38,6 +37,11 @@ from onnxblocks.runtime import _ort
 def standard_optimizer_order(path: Path, model: onnx.ModelProto | None = None) -> list[str] | None:
     """The parameter order of an optimizer model in standard ops, or None for ONNX Runtime's own
     optimizer models.
+
+    The order is the ``params`` of the model's
+    :class:`~onnxblocks.portable.optimizer_spec.OptimizerSpec`, as
+    :func:`onnxblocks.portable.optimizer.read_optimizer` (the one reader of optimizer models on
+    disk) reads it from the ``onnxblocks.optimizer`` metadata.
 
     Raises:
         InvalidValueError: for an unreadable model or metadata.
@@ -47,17 +51,20 @@ def standard_optimizer_order(path: Path, model: onnx.ModelProto | None = None) -
             model = onnx.load(os.fspath(path), load_external_data=False)
         except Exception as exc:
             raise InvalidValueError(f"Cannot read the optimizer model '{path}': {exc}") from None
-    meta = next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA), None)
-    if meta is None:
-        return None
+    if not any(p.key == OPTIMIZER_METADATA for p in model.metadata_props):
+        return None  # ONNX Runtime's own optimizer ops: its Optimizer runs them
+    # Imported here: the portable package loads onnx-ir, which sessions of ONNX Runtime's own
+    # optimizer models never need.
+    from onnxblocks.portable.optimizer import read_optimizer
+
     try:
-        return [str(name) for name, _ in json.loads(meta)["params"]]
-    except (ValueError, KeyError, TypeError) as exc:
+        spec = read_optimizer(model)
+    except PortabilityError as exc:
         raise InvalidValueError(
             f"The optimizer model '{path}' has unreadable '{OPTIMIZER_METADATA}' metadata "
-            f"({exc}). Regenerate the "
-            "artifacts."
+            f"({exc}). Regenerate the artifacts."
         ) from None
+    return [name for name, _ in spec.params]
 
 
 class StandardOptimizerDriver:
