@@ -1,7 +1,7 @@
 """The exceptions onnxblocks raises on purpose (public home of :mod:`onnxblocks._core.errors`).
 
-Every one is an :class:`OnnxBlocksError` and also the builtin that matches its meaning, so existing
-``except ValueError`` (``TypeError``, ``KeyError``, ``FileNotFoundError``...) code keeps working.
+Every one is an :class:`OnnxBlocksError` and also the builtin that matches its meaning, so code that
+catches ``ValueError`` (``TypeError``, ``KeyError``, ``FileNotFoundError``...) catches it too.
 """
 
 from onnxblocks._core.errors import (

@@ -1,5 +1,5 @@
-"""Import paths kept for one release: the ``__getattr__`` of a module whose names now live
-elsewhere, each read warning with a DeprecationWarning that names the import to use.
+"""Import paths kept for one release: the ``__getattr__`` of a module whose names live elsewhere,
+each read warning with a DeprecationWarning that names the import to use.
 """
 
 from __future__ import annotations

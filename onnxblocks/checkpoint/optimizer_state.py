@@ -11,11 +11,10 @@ writer hands one to :func:`~onnxblocks.checkpoint.save_checkpoint`.
 ONNX Runtime writes a single group, ``group0``. Which group a session resumes
 from is decided here only (:attr:`OptimizerState.primary`).
 
-Compatibility: ``Checkpoint.optimizer_state`` was a ``{group: {"step",
-"initial_learning_rate", "moments"}}`` dict. :class:`OptimizerState` still reads
-as a mapping of groups by name, a group still answers ``group["step"]``,
-``group["initial_learning_rate"]`` and ``group["moments"]``, and
-``save_checkpoint`` still takes such a dict (:meth:`OptimizerState.of`).
+The dict form ``{group: {"step", "initial_learning_rate", "moments"}}`` works too, for code that
+handles plain dicts: :class:`OptimizerState` reads as a mapping of groups by name, a group answers
+``group["step"]``, ``group["initial_learning_rate"]`` and ``group["moments"]``, and
+``save_checkpoint`` takes such a dict (:meth:`OptimizerState.of`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from onnxblocks.display.summary import ModelSummary, Totals, format_bytes, summa
 from onnxblocks.display.training import render_artifacts_dir
 from onnxblocks.display.views import VIEWS, Selection, select
 
-register_html()  # the core classes' _repr_html_ now finds these renderers
+register_html()  # the core classes' _repr_html_ asks the registry, which these renderers answer
 
 __all__ = [
     "MAX_NODES",

@@ -35,7 +35,7 @@ __all__ = [
     "no_decay_norm_bias",
 ]
 
-#: Names that moved, for one release: name -> (module, new home for the message).
+#: Names importable here for one release, each read warning: name -> (module, home for the message).
 _MOVED = {
     "ReferenceAdamW": ("onnxblocks.optim._reference", "onnxblocks.compat.ReferenceAdamW"),
     "ReferenceSGD": ("onnxblocks.optim._reference", "onnxblocks.compat.ReferenceSGD"),

@@ -1,4 +1,4 @@
-"""Deprecated: the reference's optimizer classes moved to :mod:`onnxblocks.compat`.
+"""Deprecated: the reference's optimizer classes live in :mod:`onnxblocks.compat`.
 
 Import ``ReferenceAdamW``, ``ReferenceSGD``, ``AdamWOptimizer`` and ``SGDOptimizer``
 from ``onnxblocks.compat`` instead. This module goes away in the next release.

@@ -3,9 +3,9 @@ r"""Schedules with a warmup from 0, kept for one release beside the torch-named 
 ``ConstantSchedule``, ``LinearSchedule``, ``CosineSchedule`` and ``StepSchedule`` ramp linearly
 from 0 over ``warmup_steps`` (the convention of ONNX Runtime's ``LinearLRScheduler`` and of Hugging
 Face's schedules: with ``warmup_steps = W > 0`` the first update uses ``lr = 0``). The torch
-names (:mod:`onnxblocks.runtime.schedules.decay`) are the one family of the public API; these stay
-so that code and checkpoints naming them (kinds ``constant``, ``linear``, ``cosine``, ``step``)
-keep working, and :func:`make_schedule` builds them by the CLI's names.
+names (:mod:`onnxblocks.runtime.schedules.decay`) are the one family of the public API; these serve
+code and checkpoints that name them (kinds ``constant``, ``linear``, ``cosine``, ``step``), and
+:func:`make_schedule` builds them by the CLI's names.
 
 Formulas (``b`` = ``base_lr``, ``W`` = ``warmup_steps``, ``T`` = ``total_steps``):
 
