@@ -16,7 +16,9 @@ puts ``eps`` outside the bias correction and decays after the update::
     w  = w - step_size * m1 / (sqrt(m2) + eps)
     w  = w - lr * weight_decay * w                      # decay, last
 
-Both run ONNX Runtime's ``AdamWOptimizer`` op (``adam_mode`` 0 and 1).
+Both are ONNX Runtime's ``AdamWOptimizer`` op (``adam_mode`` 0 and 1). torch's options that op
+lacks (``amsgrad``, ``maximize``, parameter groups) make :class:`AdamW` write torch's AdamW in
+standard ops instead; its class docs say which form the artifacts get and why.
 """
 
 from __future__ import annotations
@@ -130,18 +132,43 @@ class AdamW(Optimizer):
             optimizer((trainable_params, frozen_params))
         optimizer_model = optimizer.to_model_proto()
 
+    Which form the artifacts get, and why:
+
+    * Without ``amsgrad``, ``maximize`` or ``param_groups``, the optimizer model is one
+      ``AdamWOptimizer`` node (after the clipping node, if any), which ONNX Runtime's ``Optimizer``
+      runs on the training build; :attr:`optimizer_spec` has ``form="onnxruntime"`` and the
+      kernel's float32 arithmetic (``exact=False``; the ``exact`` argument does not apply), and
+      portable artifacts write that kernel's arithmetic in standard ops.
+    * With any of them, the model is torch's AdamW in standard ops (:attr:`standard`, a
+      :class:`~onnxblocks.optim.standard.StandardOptimizer`), because the kernel has no amsgrad or
+      maximize and applies one set of attributes to every parameter, so it cannot express them.
+      :attr:`optimizer_spec` has ``form="standard"`` and torch's rounding (``exact``); the model
+      carries its spec as metadata, and on the training build the runtime drives it itself
+      (:mod:`onnxblocks.runtime.optimizer_driver`) rather than ONNX Runtime's ``Optimizer``. Its
+      moments take the checkpoint's ``momentum0`` and ``momentum1`` slots as the kernel's do
+      (amsgrad adds ``momentum2``); its numbers follow torch's rounding rather than the kernel's,
+      and its cost per step differs (docs/optim.md measures both). ``mode="hf"`` has no such form
+      and raises.
+
     Args:
         bias_correction: Correct the moments' bias (torch mode always does).
         betas: ``(beta1, beta2)``.
         eps: Denominator term for numerical stability.
         weight_decay: Decoupled weight decay coefficient.
-        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or
-        None.
+        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm,
+            or None.
         mode: ``"torch"`` (``adam_mode=0``, torch.optim.AdamW) or ``"hf"`` (``adam_mode=1``,
             Hugging Face AdamW, which is what ``onnxruntime.training.onnxblock.optim.AdamW`` emits).
+        lr: The default group's learning rate, to which groups' absolute ``lr`` are relative (the
+            session's learning rate replaces it at run time).
+        amsgrad, maximize: As ``torch.optim.AdamW``'s; either selects the standard-op form.
+        param_groups: Parameter groups (see :mod:`onnxblocks.optim.standard`); they select the
+            standard-op form.
+        exact: In the standard-op form, round as torch's CPU kernels do; False writes float32 ops.
 
     Raises:
-        ValueError: for bad hyperparameters, see :class:`AdamWUpdate`.
+        ValueError: for bad hyperparameters, see :class:`AdamWUpdate`, and for ``amsgrad``,
+            ``maximize`` or ``param_groups`` with ``mode="hf"``.
     """
 
     state_inputs = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)
@@ -183,8 +210,9 @@ class AdamW(Optimizer):
             )
 
     def spec(self, trainable: Sequence[Any], elem_type: int) -> OptimizerSpec:
-        """ONNX Runtime's ``AdamWOptimizer`` with this block's attributes, or the standard-op
-        AdamW with amsgrad, maximize or groups.
+        """The spec of the form this block builds (see the class docs): ONNX Runtime's
+        ``AdamWOptimizer`` with this block's attributes (``form="onnxruntime"``), or, with
+        amsgrad, maximize or groups, torch's AdamW in standard ops (``form="standard"``).
         """
         if self.standard is not None:
             return self.standard.spec(trainable, elem_type)

@@ -47,12 +47,15 @@ class SGD(Optimizer):
     Plain SGD (the defaults, no groups) is ONNX Runtime's ``SGDOptimizerV2``: the
     model declares every input ONNX Runtime's training API requires (``learning_rate``,
     ``step``, ``params``, ``gradients``, ``first_order_moments``) although SGD reads
-    only three of them. Any other option writes the update in standard ops
-    (:class:`~onnxblocks.optim.standard.StandardOptimizer`).
+    only three of them; :attr:`optimizer_spec` has ``form="onnxruntime"``. Any other option writes
+    the update in standard ops (:class:`~onnxblocks.optim.standard.StandardOptimizer`,
+    ``form="standard"``), because the kernel computes ``w -= lr * g`` alone, with one learning rate
+    for every parameter; the training build's runtime then drives that model itself
+    (:mod:`onnxblocks.runtime.optimizer_driver`).
 
     Args:
-        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm, or
-        None.
+        clip_grad: Clip the gradients' global L2 norm first: a :class:`ClipGradNorm`, a max norm,
+            or None.
         lr: The default group's learning rate (the session's learning rate replaces it at run time;
             groups' absolute ``lr`` keep their ratio to it).
         momentum, dampening, weight_decay, nesterov, maximize: As ``torch.optim.SGD``'s.
