@@ -76,7 +76,11 @@ class Block(HtmlDisplay, ABC):
 
     @property
     def base(self) -> onnx.ModelProto:
-        """The ModelProto being built (for code that edits the proto directly)."""
+        """The ModelProto being built (for code that edits the proto directly).
+
+        A view of the build's model: edits reach the build, and nodes the build adds later
+        show in it (:mod:`onnxblocks.blocks.proto_view`).
+        """
         return current().working_model
 
     @base.setter
@@ -89,8 +93,7 @@ class Block(HtmlDisplay, ABC):
         """Build this block into the active model and return its output Value(s)."""
         acc = current()
         self._check_arity(acc, args, kwargs)
-        graph = acc.working_model.graph
-        start = len(graph.node)
+        start = acc.node_count()
         acc.block_stack.append(self)
         args = tuple(as_values(a) if isinstance(a, str) else a for a in args)
         kwargs = {k: as_values(v) if isinstance(v, str) else v for k, v in kwargs.items()}
@@ -98,7 +101,7 @@ class Block(HtmlDisplay, ABC):
             out = self.build(*args, **kwargs)
         finally:
             acc.block_stack.pop()
-        self._nodes = [n.name or f"#{start + i}" for i, n in enumerate(graph.node[start:])]
+        self._nodes = [n.name or f"#{start + i}" for i, n in enumerate(acc.nodes_since(start))]
         self._accessor = acc
         return as_values(out)
 
@@ -123,7 +126,7 @@ class Block(HtmlDisplay, ABC):
                 count = f"{len(params)}"
             else:
                 count = f"{len(required)} to {len(params)}"
-            outputs = [o.name for o in acc.working_model.graph.output]
+            outputs = acc.output_names()
             raise InvalidTypeError(
                 f"{type(self).__name__}.build takes {count} input(s) ({names}) but was called with "
                 f"{len(args)} positional and {len(kwargs)} keyword argument(s) ({exc}). "
@@ -139,7 +142,7 @@ class Block(HtmlDisplay, ABC):
             for value in given if param.kind is param.VAR_POSITIONAL else (given,):
                 if isinstance(value, str):
                     continue
-                outputs = [o.name for o in acc.working_model.graph.output]
+                outputs = acc.output_names()
                 raise InvalidTypeError(
                     f"{type(self).__name__}: {name} must be the name of a value of the model (a "
                     "str or Value), "

@@ -331,10 +331,7 @@ class _Inliner:
                 f"'{proto.name}', written for "
                 f"opsets {versions})"
             ) from None
-        added = acc.working_model.graph.node[-1]
-        added.attribute.extend(a for a in attributes if _is_empty_list(a))
-        if node.doc_string:
-            added.doc_string = node.doc_string
+        acc.annotate_last_node([a for a in attributes if _is_empty_list(a)], node.doc_string)
 
 
 def _is_empty_list(attr: AttributeProto) -> bool:

@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnxblocks._core.errors import InvalidValueError, UnknownNameError, did_you_mean, preview
 from onnxblocks.blocks.block import Block
@@ -68,10 +67,8 @@ class InputLike(Block):
     def build(self, input_name: str | None = None) -> Value:
         """Add the input as ``input_name`` (a fresh name when None) and return it."""
         acc = self.accessor
-        g = acc.working_model.graph
-        source = next((vi for vi in list(g.input) + list(g.output) if vi.name == self._like), None)
-        if source is None:
-            known = [vi.name for vi in list(g.input) + list(g.output)]
+        known = acc.input_names() + acc.output_names()
+        if self._like not in known:
             raise UnknownNameError(
                 f"InputLike: '{self._like}' is not a graph input or "
                 f"output.{did_you_mean(self._like, known)} "
@@ -80,11 +77,11 @@ class InputLike(Block):
         name = input_name or acc.names.fresh("input")
         if acc.has_value(name):
             return acc.add_input(name, 0, None)  # reuses an existing input or raises
-        clone = onnx.ValueInfoProto()
-        clone.CopyFrom(source)
-        clone.name = name
-        g.input.append(clone)
-        return Value(name)
+        clone = onnx.ValueInfoProto(name=name)
+        declared = acc.declared_type(self._like)
+        if declared is not None:
+            clone.type.CopyFrom(declared)
+        return acc.add_typed_input(clone)
 
 
 class LabelEncoder(Block):
@@ -189,16 +186,15 @@ class Linear(Block):
         acc.require(linear_input_name)
         rng = np.random.default_rng(self._seed) if self._seed is not None else np.random
         bound = 1.0 / np.sqrt(self._in_features)
-        g = acc.working_model.graph
         weight_name = acc.names.fresh("linear.weight")
         weight = rng.uniform(-bound, bound, (self._in_features, self._out_features)).astype(
             np.float32
         )
-        g.initializer.append(numpy_helper.from_array(weight, weight_name))
+        acc.add_initializer(weight_name, weight)
         inputs = [linear_input_name, weight_name]
         if self._bias:
             bias_name = acc.names.fresh("linear.bias")
             bias = rng.uniform(-bound, bound, (self._out_features,)).astype(np.float32)
-            g.initializer.append(numpy_helper.from_array(bias, bias_name))
+            acc.add_initializer(bias_name, bias)
             inputs.append(bias_name)
         return acc.op("Gemm", inputs, alpha=self._alpha, beta=self._beta)

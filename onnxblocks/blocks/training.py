@@ -114,7 +114,7 @@ class TrainingBlock(Block):
         ]
         acc: ModelAccessor = self._accessor
         acc.set_outputs(names)
-        working = acc.working_model
+        working = acc.proto()  # ONNX Runtime's gradient builder takes protobuf
         trainable, frozen = self._sets()
         policy = getattr(self, "_recompute_policy", "none")
         graphs = build_training_graphs(

@@ -1,99 +1,96 @@
-"""The value index of a model being built: which names it defines, and their types.
+"""The value index of a model being built: its values by name, and their types.
 
-The index follows the graph incrementally: each call visits only the entries
-appended since the last one (also by code that edits the proto directly), so a
-block that adds k nodes to an N-node graph costs O(k), not O(N). Types missing
-from the graph are inferred once, for the whole graph, on first demand.
+A build holds one ``ir.Model``. The index maps each name the graph defines (graph
+inputs, initializers, node outputs) to its ``ir.Value``; types live on those values,
+read through :mod:`onnxblocks.ir.types` (declared on the value, or inferred and kept in
+its ``meta``). Each write of the accessor indexes only what it added, so a block that
+adds k nodes to an N-node graph costs O(k), not O(N). Types nobody declared or inferred
+are inferred once, for the whole graph, on first demand.
 """
 
 from __future__ import annotations
 
 import onnx
-from onnx import helper
+import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidTypeError, UnknownNameError, did_you_mean, preview
 from onnxblocks._core.naming import NameAuthority
-
-_FIELDS = ("input", "initializer", "node", "value_info", "output")
+from onnxblocks.ir import types as _types
 
 
 class ValueIndex:
-    """Names, definitions and types of the values of one graph, kept in step with it.
+    """Names, values and types of one graph, kept in step with it.
 
     Attributes:
         names: The graph's :class:`~onnxblocks._core.naming.NameAuthority`.
     """
 
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self._model = model
-        self._types: dict[str, onnx.TypeProto] = {}
-        self._defined: set[str] = set()
-        self._seen = dict.fromkeys(_FIELDS, 0)
+    def __init__(self, model: ir.Model) -> None:
+        self._ir = model
+        self._values: dict[str, ir.Value] = {}
         self._inferred_all = False
         self.names = NameAuthority()
-        self._sync()
+        self._index_all()
 
     def where(self) -> str:
         """A prefix naming what is being built, for error messages (none here)."""
         return ""
 
     def _sync(self) -> None:
-        """Index graph entries appended since the last call."""
-        g = self._model.graph
-        fields = {
-            "input": g.input,
-            "initializer": g.initializer,
-            "node": g.node,
-            "value_info": g.value_info,
-            "output": g.output,
-        }
-        if any(len(fields[k]) < self._seen[k] for k in fields):
-            self._reset()
-        for vi in g.input[self._seen["input"] :]:
-            self._defined.add(vi.name)
-            self.names.reserve(vi.name)
-            if vi.type.WhichOneof("value"):
-                self._types[vi.name] = vi.type
-        for init in g.initializer[self._seen["initializer"] :]:
-            self._defined.add(init.name)
-            self.names.reserve(init.name)
-            self._types.setdefault(
-                init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims))
-            )
-        for node in g.node[self._seen["node"] :]:
-            if node.name:
-                self.names.reserve(node.name)
-            for out in node.output:
-                if out:
-                    self._defined.add(out)
-                    self.names.reserve(out)
-        for vi in g.value_info[self._seen["value_info"] :] + g.output[self._seen["output"] :]:
-            self.names.reserve(vi.name)
-            kind = vi.type.WhichOneof("value")
-            if kind and (
-                kind != "tensor_type" or vi.type.tensor_type.HasField("shape")
-            ):  # else: left to inference
-                self._types.setdefault(vi.name, vi.type)
-        self._seen = {k: len(v) for k, v in fields.items()}
+        """Bring the index up to date before a read or write (the accessor reads edits back)."""
 
-    def _reset(self) -> None:
-        """Forget everything indexed (the graph was replaced or shrunk); the next sync re-reads
-        it.
-        """
-        self._types.clear()
-        self._defined.clear()
-        self._seen = dict.fromkeys(_FIELDS, 0)
+    def _index_all(self) -> None:
+        """Index every value and name of the graph (a new or replaced model)."""
+        graph = self._ir.graph
+        self._values.clear()
         self._inferred_all = False
+        for value in [*graph.inputs, *graph.initializers.values()]:
+            self._index_value(value)
+        for node in graph:
+            self._index_node(node)
+        for value in graph.outputs:
+            if value.name:
+                self.names.reserve(value.name)
+
+    def _index_value(self, value: ir.Value) -> None:
+        if value.name:
+            self._values[value.name] = value
+            self.names.reserve(value.name)
+
+    def _index_node(self, node: ir.Node) -> None:
+        if node.name:
+            self.names.reserve(node.name)
+        for out in node.outputs:
+            self._index_value(out)
+
+    def value(self, name: str) -> ir.Value:
+        """The ``ir.Value`` of ``name``.
+
+        Raises:
+            UnknownNameError: if ``name`` is not a value of the model.
+        """
+        self.require(name)
+        return self._values[name]
 
     def has_value(self, name: str) -> bool:
         """True when ``name`` is a graph input, initializer or node output."""
         self._sync()
-        return name in self._defined
+        return name in self._values
 
     def value_names(self) -> set[str]:
         """Every value name defined in the graph."""
         self._sync()
-        return set(self._defined)
+        return set(self._values)
+
+    def input_names(self) -> list[str]:
+        """The graph inputs' names, in order."""
+        self._sync()
+        return [v.name or "" for v in self._ir.graph.inputs]
+
+    def output_names(self) -> list[str]:
+        """The graph outputs' names, in order."""
+        self._sync()
+        return [v.name or "" for v in self._ir.graph.outputs]
 
     def require(self, name: str, role: str = "input") -> None:
         """Raise a clear error when ``name`` is not a value of the model.
@@ -110,12 +107,11 @@ class ValueIndex:
             )
         if self.has_value(name):
             return
-        g = self._model.graph
         raise UnknownNameError(
             f"{self.where()}{role} '{name}' is not a value of the "
-            f"model.{did_you_mean(name, self._defined)} "
-            f"Graph inputs: {preview(i.name for i in g.input)}; graph outputs: "
-            f"{preview(o.name for o in g.output)}. "
+            f"model.{did_you_mean(name, self._values)} "
+            f"Graph inputs: {preview(self.input_names())}; graph outputs: "
+            f"{preview(self.output_names())}. "
             "Pass the name of an existing value, or create an input first (e.g. "
             "onnxblocks.blocks.InputLike)."
         )
@@ -123,25 +119,18 @@ class ValueIndex:
     def type_of(self, name: str) -> onnx.TypeProto | None:
         """The TypeProto of a value, inferring types once for the whole graph if needed."""
         self._sync()
-        if name in self._types:
-            return self._types[name]
-        if not self._inferred_all:
-            self._infer_all()
-            return self._types.get(name)
-        return None
-
-    def _infer_all(self) -> None:
-        """Run onnx shape inference once over the skeleton and record every type it finds."""
-        self._inferred_all = True
-        try:
-            inferred = onnx.shape_inference.infer_shapes(
-                self._model, strict_mode=False, data_prop=True
-            )
-        except Exception:  # inference is best effort: unknown types stay unknown
-            return
-        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-            if vi.type.WhichOneof("value"):
-                self._types.setdefault(vi.name, vi.type)
+        value = self._values.get(name)
+        if value is None:
+            return None
+        found = _types.type_proto(value)
+        if (found is None or _rank_unknown(found)) and not self._inferred_all:
+            self._inferred_all = True
+            try:
+                _types.infer_types(self._ir)
+            except Exception:  # inference is best effort: unknown types stay unknown
+                return found
+            found = _types.type_proto(value)
+        return found
 
     def elem_type(self, name: str) -> int | None:
         """The tensor element type of a value (``onnx.TensorProto.FLOAT`` ...), or None if
@@ -165,11 +154,7 @@ class ValueIndex:
         unknown rank.
         """
         t = self.type_of(name)
-        if (
-            t is None
-            or t.WhichOneof("value") != "tensor_type"
-            or not t.tensor_type.HasField("shape")
-        ):
+        if t is None or _rank_unknown(t) or t.WhichOneof("value") != "tensor_type":
             return None
         dims: list[int | str | None] = []
         for d in t.tensor_type.shape.dim:
@@ -179,6 +164,24 @@ class ValueIndex:
             )
         return dims
 
+    def declared_type(self, name: str) -> onnx.TypeProto | None:
+        """The type value ``name`` declares (as a graph input, output or in ``value_info``), not
+        what inference found; None when it declares none.
+        """
+        self._sync()
+        value = self._values.get(name)
+        if value is None or value.type is None:
+            return None
+        return ir.serde.serialize_value(value).type
+
     def set_type(self, name: str, type_proto: onnx.TypeProto) -> None:
         """Record the type of a value (used for ops whose schema onnx does not know)."""
-        self._types[name] = type_proto
+        self._sync()
+        value = self._values.get(name)
+        if value is not None:
+            _types.put_type(value, type_proto)
+
+
+def _rank_unknown(t: onnx.TypeProto) -> bool:
+    """True for a tensor type without a shape (inference may know more)."""
+    return t.WhichOneof("value") == "tensor_type" and not t.tensor_type.HasField("shape")

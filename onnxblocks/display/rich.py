@@ -267,7 +267,7 @@ def show_model(model: onnx.ModelProto | GraphIndex, title: str = "", **view: Any
 
 @render.register(ModelAccessor)
 def _show_accessor(accessor: ModelAccessor, **view: Any) -> Display:
-    model = accessor.working_model
+    model = accessor.proto()
     state = "being built" if getattr(accessor, "_open", False) else "built"
     held = len(accessor.weights)
     extra = f" · {held:,} initializer(s) held aside (not copied)" if held else ""
@@ -289,7 +289,7 @@ def _show_block(block: Block, *, is_loss: bool = False, **view: Any) -> Display:
     accessor = getattr(block, "_accessor", None)
     if accessor is None:
         return not_built(name, "", "to add its nodes")
-    index = GraphIndex(accessor.working_model, loss_nodes=added_nodes(block) if is_loss else ())
+    index = GraphIndex(accessor.proto(), loss_nodes=added_nodes(block) if is_loss else ())
     names = [n for n in added_nodes(block) if n in index.by_name or n.startswith("#")]
     rows = []
     for n in names:

@@ -101,6 +101,16 @@ def set_type(value: ir.Value, type_proto: onnx.TypeProto) -> bool:
     return True
 
 
+def put_type(value: ir.Value, type_proto: onnx.TypeProto) -> None:
+    """Give ``value`` the type and shape of ``type_proto`` as its inferred type, whatever it knew
+    (a type the caller knows better than inference, e.g. of an op onnx has no schema for).
+    """
+    value.meta[INFERRED] = (
+        ir.serde.deserialize_type_proto_for_type(type_proto),
+        ir.serde.deserialize_type_proto_for_shape(type_proto),
+    )
+
+
 def copy_type(value: ir.Value, like: ir.Value) -> None:
     """Give ``value`` the type and shape of ``like`` where they say more than its own."""
     if _score(_typed(like)) > known_dims(value):

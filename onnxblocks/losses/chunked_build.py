@@ -5,6 +5,7 @@ prepared for :func:`onnxblocks.losses.chunked.chunked_cross_entropy`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -77,27 +78,30 @@ def _head_input(loss: ClassLoss, scores: str, weight: str) -> tuple[str, bool] |
     """The input of the head node computing ``scores`` from ``weight``, and whether the weight
     is read ``[in, out]``; None when no head node reading ``weight`` writes ``scores``.
     """
-    nodes = list(loss.accessor.working_model.graph.node)
-    producers = {out: n for n in nodes for out in n.output}
-    node = producers.get(scores)
+    producer = loss.accessor.producer
+    node = producer(scores)
     if node is None or node.op_type not in ("MatMul", "Gemm"):
         return None
     transposes = 0
     if node.op_type == "Gemm":
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("transA", 0) or (len(node.input) > 2 and node.input[2]):
+        if node.attributes.get_int("transA", 0) or (len(node.inputs) > 2 and node.inputs[2]):
             return None
-        transposes = attrs.get("transB", 0)
-    source = node.input[1]
+        transposes = node.attributes.get_int("transB", 0)
+    source = _name(node.inputs[1])
     for _ in range(8):  # a weight reaches its head through a short chain of moves
-        step = producers.get(source)
+        step = producer(source)
         if source == weight or step is None or step.op_type not in ("Transpose", "Identity"):
             break
         transposes += step.op_type == "Transpose"
-        source = step.input[0]
+        source = _name(step.inputs[0])
     if source != weight:
         return None
-    return node.input[0], transposes % 2 == 0
+    return _name(node.inputs[0]), transposes % 2 == 0
+
+
+def _name(value: Any) -> str:
+    """The name of an input value (empty for an omitted one)."""
+    return "" if value is None else value.name or ""
 
 
 def build_chunked(

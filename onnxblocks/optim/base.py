@@ -146,8 +146,8 @@ def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
         ValueError: if ``name`` is already a value that is not such a graph input.
     """
     if acc.has_value(name):
-        existing = next((i for i in acc.working_model.graph.input if i.name == name), None)
-        if existing is not None and existing.type.WhichOneof("value") == "sequence_type":
+        existing = acc.type_of(name) if name in acc.input_names() else None
+        if existing is not None and existing.WhichOneof("value") == "sequence_type":
             return Value(name)
         raise InvalidValueError(
             f"{acc.where()}the optimizer needs a graph input '{name}' (a sequence of tensors), "
@@ -155,10 +155,7 @@ def sequence_input(acc: ModelAccessor, name: str, elem_type: int) -> Value:
             "already has a different value of that name. Build optimizers with "
             "onnxblocks.empty_base()."
         )
-    acc.working_model.graph.input.append(
-        onnx.helper.make_tensor_sequence_value_info(name, elem_type, None)
-    )
-    return Value(name)
+    return acc.add_typed_input(onnx.helper.make_tensor_sequence_value_info(name, elem_type, None))
 
 
 class Optimizer(ForwardBlock):

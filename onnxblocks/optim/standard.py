@@ -197,13 +197,11 @@ class StandardOptimizer(Optimizer):
         acc.add_input(STEP, onnx.TensorProto.INT64, [1])
         for name in (PARAMS, GRADIENTS, *spec.state_inputs):
             sequence_input(acc, name, elem_type)
-        working = acc.working_model
-        meta = {p.key: p.value for p in working.metadata_props}
+        meta = acc.metadata_props
         meta[OPTIMIZER_METADATA] = spec.to_json()
-        onnx.helper.set_model_props(working, meta)
         from onnxblocks.portable.optimizer import portable_optimizer_model
 
-        opset = _limits.onnx_opset(working) or _limits.DEFAULT_ONNX_OPSET
+        opset = acc.domain_version("") or _limits.DEFAULT_ONNX_OPSET
         model = portable_optimizer_model(spec, len(trainable), opset)
         onnx.helper.set_model_props(model, meta)
         acc.replace_model(model)

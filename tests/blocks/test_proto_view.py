@@ -1,0 +1,105 @@
+"""The build holds one ir.Model; Block.base is a protobuf view of it, read back when edited."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxblocks
+from onnxblocks import losses
+from onnxblocks.blocks import Block
+from onnxblocks.ir import serde
+
+
+def _model() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4) / 10, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model: onnx.ModelProto, **feeds: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def test_a_build_of_library_blocks_converts_once_in_and_once_out(monkeypatch):
+    calls = {"from_proto": 0, "to_proto": 0}
+    for name in calls:
+        original = getattr(serde, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(serde, name, counted)
+    with onnxblocks.base(_model()) as acc:
+        loss = losses.MSELoss()("y")
+        mid = dict(calls)
+        block = losses.L1Loss()
+        block("y")
+        assert acc.node_count() > 1
+    assert mid == {"from_proto": 1, "to_proto": 0}
+    finished = acc.finish()
+    assert calls == {"from_proto": 1, "to_proto": 1}
+    assert acc._view.proto is None  # nobody asked for the protobuf view
+    assert loss in {n for node in finished.graph.node for n in node.output}
+
+
+def test_edits_to_base_are_read_back_and_later_nodes_show_in_the_same_view():
+    class EditsBase(Block):
+        def build(self, name):
+            base = self.base
+            base.graph.node.append(helper.make_node("Relu", [name], ["relu_y"], name="r"))
+            doubled = self.accessor.op("Add", ["relu_y", "relu_y"])
+            assert base is self.base  # one view: the same object
+            assert base.graph.node[-1].output[0] == doubled  # the build's write shows in it
+            return doubled
+
+    with onnxblocks.base(_model()) as acc:
+        out = EditsBase()("y")
+        assert acc.shape_of(out) == ["N", 4]  # the node read back is typed like the others
+        acc.set_outputs([out])
+    x = np.ones((2, 3), np.float32)
+    (got,) = _run(acc.finish(), x=x)
+    w = np.arange(12, dtype=np.float64).reshape(3, 4) / 10
+    np.testing.assert_array_equal(got, (2 * np.maximum(x @ w, 0)).astype(np.float32))
+
+
+def test_an_edit_in_place_of_the_view_reaches_the_finished_model():
+    with onnxblocks.base(_model()) as acc:
+        view = acc.working_model
+        view.graph.node[0].op_type = "Sub"  # an edit that adds nothing: found by its bytes
+        view.graph.node[0].input[1] = "x"
+        acc.set_outputs(["y"])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (got,) = _run(acc.finish(), x=x)
+    np.testing.assert_array_equal(got, np.zeros((2, 3), np.float32))
+
+
+def test_the_callers_model_is_not_changed_and_a_view_edit_is_not_shared():
+    model = _model()
+    before = model.SerializeToString()
+    with onnxblocks.base(model) as acc:
+        acc.working_model.graph.node.append(helper.make_node("Relu", ["y"], ["r"]))
+        losses.MSELoss()("r")
+        copy = acc.proto()
+        copy.graph.node.pop()  # a copy: the build keeps its nodes
+        assert acc.has_value("r")
+    assert model.SerializeToString() == before
+    assert len(acc.finish().graph.node) > len(copy.graph.node)
+
+
+def test_a_name_defined_twice_through_the_view_is_refused_by_name():
+    with onnxblocks.base(_model()) as acc:
+        acc.working_model.graph.node.append(helper.make_node("Relu", ["x"], ["y"]))
+        with pytest.raises(onnxblocks.OnnxBlocksError, match="'y'"):
+            acc.op("Relu", ["y"])
