@@ -52,14 +52,7 @@ class GraphWriter(ValueIndex):
     def proto(self) -> onnx.ModelProto:
         """A new ``ModelProto`` of the working model; edits to it do not reach the build."""
         self._sync()
-        model = _serde.to_proto(self._ir)
-        # onnx-ir declares each initializer's type in value_info; its tensor already says it
-        initializers = {i.name for i in model.graph.initializer}
-        if any(vi.name in initializers for vi in model.graph.value_info):
-            kept = [vi for vi in model.graph.value_info if vi.name not in initializers]
-            del model.graph.value_info[:]
-            model.graph.value_info.extend(kept)
-        return model
+        return _serde.to_proto(self._ir, initializer_types=False)
 
     @property
     def metadata_props(self) -> dict[str, str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import onnx
 
 from onnxblocks._core import limits as _limits
+from onnxblocks.ir.proto import replace_field
 
 
 class ProtoView:
@@ -85,8 +86,7 @@ class ProtoView:
     def set_outputs(self, infos: Sequence[onnx.ValueInfoProto]) -> None:
         """Mirror the graph outputs replaced."""
         if self.proto is not None:
-            del self.proto.graph.output[:]
-            self.proto.graph.output.extend(infos)
+            replace_field(self.proto.graph.output, infos)
             self._seal()
 
     def ensure_opset(self, domain: str, version: int) -> None:

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import onnx
+import onnx_ir as ir
 
+import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.errors import InvalidTypeError, NotBuiltError
 from onnxblocks.blocks.accessor import ModelAccessor
@@ -114,7 +116,7 @@ class TrainingBlock(Block):
         ]
         acc: ModelAccessor = self._accessor
         acc.set_outputs(names)
-        working = acc.proto()  # ONNX Runtime's gradient builder takes protobuf
+        working = acc.ir_model  # cloned by the builder, which converts it at ONNX Runtime's door
         trainable, frozen = self._sets()
         policy = getattr(self, "_recompute_policy", "none")
         graphs = build_training_graphs(
@@ -232,23 +234,22 @@ class TrainingBlock(Block):
 
 
 def _parameter_sources(
-    model: onnx.ModelProto, store: _weights.WeightStore, names: tuple[str, ...]
+    model: ir.Model, store: _weights.WeightStore, names: tuple[str, ...]
 ) -> dict[str, _weights.TensorSource]:
     """Where each parameter's bytes are: the held source, or a copy of a small inline
     initializer.
     """
-    wanted = set(names)
     sources: dict[str, _weights.TensorSource] = {}
-    for init in model.graph.initializer:
-        if init.name not in wanted:
-            continue
-        if _weights.is_stub(init):
-            sources[init.name] = store.source(init.name)
+    for name in names:
+        value = model.graph.initializers[name]
+        held = getattr(value.const_value, "location", "")  # a stub is an external tensor
+        if str(held).startswith(_weights.HELD_LOCATION_PREFIX):
+            sources[name] = store.source(name)
         else:
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(init)
-            sources[init.name] = _weights.TensorSource(
-                init.name, init.data_type, tuple(init.dims), tensor=tensor
+            assert value.const_value is not None
+            tensor = ir.serde.serialize_tensor(value.const_value)
+            sources[name] = _weights.TensorSource(
+                name, tensor.data_type, tuple(tensor.dims), tensor=tensor
             )
     return sources
 

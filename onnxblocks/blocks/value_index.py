@@ -123,7 +123,10 @@ class ValueIndex:
         if value is None:
             return None
         found = _types.type_proto(value)
-        if (found is None or _rank_unknown(found)) and not self._inferred_all:
+        # a node's checked type and a graph input's are final; a declared output or value_info
+        # without a shape is left to inference, as is a value nobody typed
+        final = _types.INFERRED in value.meta or value.is_graph_input()
+        if (found is None or (_rank_unknown(found) and not final)) and not self._inferred_all:
             self._inferred_all = True
             try:
                 _types.infer_types(self._ir)

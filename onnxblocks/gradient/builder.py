@@ -62,7 +62,7 @@ from onnxblocks.gradient.frozen_reads import (
     alias_frozen_reads,
     restore_frozen_reads,
 )
-from onnxblocks.gradient.intake import check_ranks, fit_model
+from onnxblocks.gradient.intake import check_ranks, fit_model, graph_is_sorted
 from onnxblocks.gradient.layer_norm import unshare_norm_constants
 from onnxblocks.gradient.parameters import (
     ParameterPartition,
@@ -77,6 +77,7 @@ from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model
 from onnxblocks.ir.rewrite import run_pass
 from onnxblocks.ir.serde import from_proto, to_proto
+from onnxblocks.ir.types import elem_type, forget_inferred, shape
 
 __all__ = [
     "MIN_GRADIENT_OPSET",
@@ -118,7 +119,7 @@ class TrainingGraphs:
 
 
 def build_training_graphs(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | ir.Model,
     requires_grad: Iterable[str],
     frozen_params: Iterable[str] = (),
     outputs: Sequence[str] | None = None,
@@ -130,7 +131,8 @@ def build_training_graphs(
     """Build the training and eval models of a forward model whose first output is the loss.
 
     Args:
-        model: The forward model (not mutated). Its large initializers may be held stubs.
+        model: The forward model (not mutated): a build's ``ir.Model`` (cloned, not converted)
+            or a ``ModelProto`` (converted once). Its large initializers may be held stubs.
         requires_grad: Parameters to train and graph inputs whose gradient is wanted.
         frozen_params: Parameters fed from the checkpoint without a gradient.
         outputs: The user outputs, loss first; defaults to the model's graph outputs.
@@ -149,38 +151,39 @@ def build_training_graphs(
         TypeError: for a non-float trainable parameter or loss.
         GradientError: when ONNX Runtime cannot differentiate the graph.
     """
-    forward = fit_model(copy_model(model), "the model")
-    forward = upgrade_old_opset(forward)
-    graph = forward.graph
+    ir_forward = forward_ir(model)
+    graph = ir_forward.graph
     user_outputs = signature.select_outputs(graph, outputs)
     partition = partition_parameters(graph, requires_grad, frozen_params)
-    elem_types = {init.name: init.data_type for init in graph.initializer}
-    accumulation.check_accumulable([(p, elem_types[p]) for p in partition.trainable])
-    rewrites = normalize(forward)
-    signature.check_loss(forward, user_outputs[0])
+    param_types = {
+        name: (elem_type(v) or 0, [int(d or 0) for d in shape(v) or ()])
+        for name, v in graph.initializers.items()
+    }
+    accumulation.check_accumulable([(p, param_types[p][0]) for p in partition.trainable])
+    rewrites = normalize(ir_forward)
+    signature.check_loss(ir_forward, user_outputs[0])
 
     signature.keep_only_outputs(graph, user_outputs)
     check_requires_grad_read(graph, partition)
-    signature.parameters_to_inputs(forward, partition.parameters)
-    user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
+    signature.parameters_to_inputs(graph, partition.parameters)
+    user_inputs = tuple(
+        v.name or "" for v in graph.inputs if v.name not in set(partition.parameters)
+    )
     signature.warn_gradient_like_names(user_inputs, user_outputs)
 
-    evaluation = copy_model(forward)
-    normalize(evaluation, [eval_model.DisableTrainingMode()])
-    _limits.stamp_versions(evaluation)
+    ir_evaluation = ir_forward.clone()
+    normalize(ir_evaluation, [eval_model.DisableTrainingMode()])
+    evaluation = _limits.stamp_versions(to_proto(ir_evaluation, initializer_types=False))
 
-    forward_inputs = {vi.name: vi for vi in forward.graph.input}
-    # the training copy's last edits, on one IR: the Pow rewrite, the checks, unshared norm
-    # constants
-    ir_forward = from_proto(forward)
+    forward_inputs = {v.name or "": ir.serde.serialize_value(v) for v in graph.inputs}
+    # the training copy's last edits: the Pow rewrite, the checks, unshared norm constants
     pow_changes = run_pass(PowExponentAsExpLog(partition.requires_grad), ir_forward)
     rewrites[PowExponentAsExpLog.name] = sum(pow_changes.values())
     stopped = cut_stopped(ir_forward, partition.requires_grad)
     dependencies.check_differentiable(ir_forward.graph, partition.requires_grad, user_outputs[0])
-    norm_constants, unshared = unshare_norm_constants(ir_forward.graph)
+    norm_constants, _ = unshare_norm_constants(ir_forward.graph)
     frozen_reads = alias_frozen_reads(ir_forward.graph, partition.requires_grad, partition.frozen)
-    if pow_changes or unshared or frozen_reads or stopped:
-        forward = to_proto(ir_forward)
+    forward = to_proto(ir_forward, initializer_types=False)  # ONNX Runtime's builder's door
     held = signature.held_constants_to_inputs(forward, also=norm_constants | frozen_reads.lifted)
     training, seed = ort_bridge.differentiate(
         forward, partition, user_outputs[0], custom_op_libraries
@@ -194,9 +197,8 @@ def build_training_graphs(
     signature.order_inputs_and_outputs(
         ir_training.graph, forward_inputs, user_inputs, partition, user_outputs
     )
-    dims = {p.name: p for p in model.graph.initializer}
     accumulation.add_gradient_accumulation(
-        ir_training, [(p, dims[p].data_type, list(dims[p].dims)) for p in partition.trainable]
+        ir_training, [(p, *param_types[p]) for p in partition.trainable]
     )
     # on the finished gradient graph: any execution order holds it
     recompute_training_model(ir_training, recompute, user_outputs, scopes)
@@ -233,6 +235,24 @@ def _restore(
 #: builders emit ops in forms that need it (a Gemm without C, opset 11).
 MIN_GRADIENT_OPSET = 11
 UPGRADE_OPSET = 13
+
+
+def forward_ir(model: onnx.ModelProto | ir.Model) -> ir.Model:
+    """The working IR of a forward model: a clone of a build's IR that needs no fitting, else the
+    model fitted (:func:`~onnxblocks.gradient.intake.fit_model`, :func:`upgrade_old_opset`) and
+    converted once.
+    """
+    if isinstance(model, ir.Model):
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        fits = opset is not None and MIN_GRADIENT_OPSET <= opset <= _limits.MAX_ONNX_OPSET
+        if fits and graph_is_sorted(model.graph):
+            clone = model.clone()
+            forget_inferred(clone)  # the build's per-node types are not the graph's declarations
+            return clone
+        model = to_proto(model)
+    else:
+        model = copy_model(model)
+    return from_proto(upgrade_old_opset(fit_model(model, "the model")))
 
 
 def upgrade_old_opset(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -19,6 +19,7 @@ import heapq
 import itertools
 
 import onnx
+import onnx_ir as ir
 from onnx_ir.serde import serialize_graph
 
 from onnxblocks._core.errors import InvalidValueError, preview
@@ -59,16 +60,8 @@ def is_sorted(graph: onnx.GraphProto) -> bool:
     """True when every node comes after the producers of the values it reads (subgraph reads
     included).
     """
-    if any(
-        _has_subgraph(node) for node in graph.node
-    ):  # what subgraphs read: from the IR's def-use chains
-        nodes = list(graph_from_proto(graph))
-        position = {node: i for i, node in enumerate(nodes)}
-        return all(
-            position.get(v.producer(), -1) < i  # type: ignore[arg-type]
-            for i, node in enumerate(nodes)
-            for v in walk.reads(node)
-        )
+    if any(_has_subgraph(node) for node in graph.node):  # what subgraphs read: from the IR
+        return graph_is_sorted(graph_from_proto(graph))
     produced = {out for node in graph.node for out in node.output if out}
     seen: set[str] = set()
     for node in graph.node:
@@ -76,6 +69,18 @@ def is_sorted(graph: onnx.GraphProto) -> bool:
             return False
         seen.update(node.output)
     return True
+
+
+def graph_is_sorted(graph: ir.Graph) -> bool:
+    """True when every node of ``graph`` comes after the producers of the values it reads
+    (subgraph reads included).
+    """
+    position = {node: i for i, node in enumerate(graph)}
+    return all(
+        position.get(v.producer(), -1) < i  # type: ignore[arg-type]
+        for i, node in enumerate(graph)
+        for v in walk.reads(node)
+    )
 
 
 def sort_topologically(graph: onnx.GraphProto, what: str = "the base model") -> int:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
+import onnx_ir as ir
 
 from onnxblocks._core.errors import (
     GradientError,
@@ -26,7 +27,7 @@ from onnxblocks._core.errors import (
     did_you_mean,
     preview,
 )
-from onnxblocks.ir.proto import readers
+from onnxblocks.ir.types import elem_type
 
 #: Element types a trainable parameter (or an input that requires a gradient) may have.
 FLOAT_TYPES = frozenset(
@@ -74,8 +75,27 @@ def _elem_name(elem_type: int) -> str:
     return onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
+def _element_types(graph: onnx.GraphProto | ir.Graph) -> tuple[dict[str, int], dict[str, int]]:
+    """The element types of ``graph``'s initializers and of its other inputs, by name, in order
+    (0 for an input that is not a tensor).
+    """
+    if isinstance(graph, onnx.GraphProto):
+        initializers = {init.name: init.data_type for init in graph.initializer}
+        inputs = {
+            vi.name: (
+                vi.type.tensor_type.elem_type if vi.type.WhichOneof("value") == "tensor_type" else 0
+            )
+            for vi in graph.input
+            if vi.name not in initializers
+        }
+        return initializers, inputs
+    initializers = {name: elem_type(v) or 0 for name, v in graph.initializers.items()}
+    inputs = {v.name or "": elem_type(v) or 0 for v in graph.inputs if v.name not in initializers}
+    return initializers, inputs
+
+
 def partition_parameters(
-    graph: onnx.GraphProto, requires_grad: Iterable[str], frozen: Iterable[str]
+    graph: onnx.GraphProto | ir.Graph, requires_grad: Iterable[str], frozen: Iterable[str]
 ) -> ParameterPartition:
     """Check the names of ``requires_grad`` and ``frozen`` against ``graph`` and split them by role.
 
@@ -102,8 +122,7 @@ def partition_parameters(
             f"{preview(both)} cannot be both trainable (requires_grad) and frozen (frozen_params). "
             "Remove each from one of the two lists."
         )
-    initializers = {init.name: init for init in graph.initializer}
-    inputs = {vi.name: vi for vi in graph.input if vi.name not in initializers}
+    initializers, inputs = _element_types(graph)
     for role, names in (("requires_grad", requires_grad), ("frozen_params", frozen)):
         for name in names:
             if not isinstance(name, str):
@@ -125,13 +144,8 @@ def partition_parameters(
                 "several modules (tied weights) is exported once, under one of its names."
             )
     for name in requires_grad:
-        if name in initializers:
-            elem = initializers[name].data_type
-            kind = "parameter"
-        else:
-            t = inputs[name].type
-            elem = t.tensor_type.elem_type if t.WhichOneof("value") == "tensor_type" else 0
-            kind = "graph input"
+        kind = "parameter" if name in initializers else "graph input"
+        elem = initializers[name] if name in initializers else inputs[name]
         if elem not in FLOAT_TYPES:
             raise InvalidTypeError(
                 f"{kind} '{name}' has element type {_elem_name(elem)}, but only floating-point "
@@ -148,14 +162,14 @@ def partition_parameters(
     return ParameterPartition(trainable, frozen_params, ordered, input_grads)
 
 
-def check_requires_grad_read(graph: onnx.GraphProto, partition: ParameterPartition) -> None:
-    """Raise when a value that requires a gradient is read by no node at all.
+def check_requires_grad_read(graph: ir.Graph, partition: ParameterPartition) -> None:
+    """Raise when a value that requires a gradient is read by no node at all (subgraphs included).
 
     Raises:
         GradientError: naming the values, suggesting to freeze them.
     """
-    read = readers(graph)
-    unread = [n for n in partition.requires_grad if n not in read]
+    values = {v.name: v for v in [*graph.inputs, *graph.initializers.values()]}
+    unread = [n for n in partition.requires_grad if n not in values or not values[n].uses()]
     if unread:
         raise GradientError(
             f"{preview(unread)} require a gradient but no node of the model reads them, so the "

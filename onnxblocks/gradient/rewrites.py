@@ -344,11 +344,14 @@ def default_passes() -> list[Pass]:
     ]
 
 
-def normalize(model: onnx.ModelProto, passes: Sequence[Pass] | None = None) -> dict[str, int]:
-    """Run the normalisation passes on ``model`` in place.
+def normalize(
+    model: onnx.ModelProto | ir.Model, passes: Sequence[Pass] | None = None
+) -> dict[str, int]:
+    """Run the normalisation passes on ``model`` in place, each on the same IR in turn.
 
-    The model is converted to the IR once, every pass edits that IR in turn, and
-    the result is written back into ``model`` once (only when a pass changed it).
+    A ``ModelProto`` is converted to the IR once and written back once (only when a pass
+    changed it); an ``ir.Model`` is edited as it is. When no pass's op types (``op_types``)
+    are top-level ops of the model, no pass runs.
 
     Args:
         model: The model to normalise (edited in place).
@@ -358,12 +361,10 @@ def normalize(model: onnx.ModelProto, passes: Sequence[Pass] | None = None) -> d
         How many nodes each pass rewrote, by pass name.
     """
     passes = default_passes() if passes is None else passes
-    if not may_apply(passes, model):  # nothing to rewrite: the IR is not built
+    if not may_apply(passes, model):  # nothing to rewrite: no pass runs (nor builds the IR)
         return {p.name or type(p).__name__: 0 for p in passes}
-    ir_model = from_proto(model)
-    report: dict[str, int] = {}
-    for p in passes:
-        report[p.name or type(p).__name__] = changed(run_pass(p, ir_model))
-    if any(report.values()):
+    ir_model = model if isinstance(model, ir.Model) else from_proto(model)
+    report = {p.name or type(p).__name__: changed(run_pass(p, ir_model)) for p in passes}
+    if isinstance(model, onnx.ModelProto) and any(report.values()):
         model.CopyFrom(to_proto(ir_model))
     return report

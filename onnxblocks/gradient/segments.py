@@ -15,7 +15,6 @@ import ast
 import re
 from collections.abc import Iterable, Mapping
 
-import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidTypeError, InvalidValueError, UnknownNameError, preview
@@ -67,19 +66,18 @@ def check_recompute(recompute: object) -> str | int | tuple[str, ...]:
     )
 
 
-def module_scopes(model: onnx.ModelProto) -> dict[str, str]:
+def module_scopes(model: ir.Model) -> dict[str, str]:
     """Node name -> module path, from the dynamo exporter's metadata of ``model``'s nodes.
 
     ONNX Runtime's gradient builder drops node metadata but keeps node names, so the forward
     model's scopes are read before it runs.
     """
     scopes: dict[str, str] = {}
-    for node in model.graph.node:
-        for prop in node.metadata_props:
-            if prop.key == _NAME_SCOPES and node.name:
-                path = _innermost(prop.value)
-                if path:
-                    scopes[node.name] = path
+    for node in model.graph:
+        text = node.metadata_props.get(_NAME_SCOPES)
+        path = _innermost(text) if text and node.name else None
+        if path and node.name:
+            scopes[node.name] = path
     return scopes
 
 

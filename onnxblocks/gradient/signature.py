@@ -43,7 +43,11 @@ from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.proto import replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
-from onnxblocks.ir.types import infer_proto_types, proto_elem_type, proto_shape
+from onnxblocks.ir.types import (
+    infer_proto_types,
+    proto_elem_type,
+    proto_shape,
+)
 
 #: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
 GRADIENT_ENDINGS = (
@@ -54,14 +58,17 @@ GRADIENT_ENDINGS = (
 
 
 # ------------------------------------------------------------------ outputs
-def select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tuple[str, ...]:
+def select_outputs(
+    graph: ir.Graph | onnx.GraphProto, outputs: Sequence[str] | None
+) -> tuple[str, ...]:
     """The user outputs, loss first: ``outputs``, or the graph's outputs when None.
 
     Raises:
         ValueError: when there is no output at all.
         UnknownNameError: for a name that is not a graph output.
     """
-    existing = [o.name for o in graph.output]
+    declared = graph.output if isinstance(graph, onnx.GraphProto) else graph.outputs
+    existing = [o.name or "" for o in declared]
     if outputs is None:
         if not existing:
             raise InvalidValueError(
@@ -80,14 +87,16 @@ def select_outputs(graph: onnx.GraphProto, outputs: Sequence[str] | None) -> tup
     return names
 
 
-def check_loss(model: onnx.ModelProto, loss: str) -> None:
+def check_loss(model: ir.Model, loss: str) -> None:
     """Raise when the loss is known not to be a floating-point scalar (shape [] or all-ones dims).
 
     Raises:
         TypeError: for a loss whose element type is not floating point.
         ValueError: for a loss with a known dimension other than 1.
     """
-    types = infer_proto_types(model)
+    # inferred on a serialized copy: the types stay off the values, whose declared types the
+    # later steps copy into the graph ONNX Runtime differentiates
+    types = infer_proto_types(to_proto(model, initializer_types=False))
     elem = proto_elem_type(types, loss)
     if elem is not None and elem not in FLOAT_TYPES:
         raise InvalidTypeError(
@@ -99,13 +108,13 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
     t = types.get(loss)
     if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
         return
-    dims = [
+    shown = [
         d.dim_value if d.WhichOneof("value") == "dim_value" else (d.dim_param or "?")
         for d in t.tensor_type.shape.dim
     ]
-    if any(d != 1 for d in dims):
+    if any(d != 1 for d in shown):
         raise InvalidValueError(
-            f"The loss output '{loss}' has shape {dims}, but the loss must be a scalar (shape [] "
+            f"The loss output '{loss}' has shape {shown}, but the loss must be a scalar (shape [] "
             "or [1]): "
             "gradients start from it. Reduce it (e.g. a loss with reduction='mean' or 'sum', or "
             "onnxblocks.blocks.ReduceMean(keepdims=False)), and pass other outputs as additional "
@@ -113,11 +122,12 @@ def check_loss(model: onnx.ModelProto, loss: str) -> None:
         )
 
 
-def keep_only_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
+def keep_only_outputs(graph: ir.Graph, names: Sequence[str]) -> None:
     """Make ``names`` the graph outputs, in order."""
-    existing = {o.name: o for o in graph.output}
+    existing = {o.name: o for o in graph.outputs}
     outputs = [existing[n] for n in names]
-    replace_field(graph.output, outputs)
+    graph.outputs.clear()
+    graph.outputs.extend(outputs)
 
 
 def warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[str]) -> None:
@@ -147,7 +157,7 @@ def warn_gradient_like_names(user_inputs: Sequence[str], user_outputs: Sequence[
 
 
 # ------------------------------------------------------------------ inputs
-def parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> None:
+def parameters_to_inputs(graph: ir.Graph, parameters: Sequence[str]) -> None:
     """Move the parameter initializers to graph inputs placed after the user inputs, in
     ``parameters`` order.
 
@@ -156,18 +166,19 @@ def parameters_to_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> N
     and are not parameters become plain constants: the training API would otherwise ask the user to
     feed them.
     """
-    graph = model.graph
     wanted = set(parameters)
-    found = {init.name: init for init in graph.initializer if init.name in wanted}
-    kept = [init for init in graph.initializer if init.name not in wanted]
-    constants = {init.name for init in kept}
-    user_inputs = [vi for vi in graph.input if vi.name not in wanted and vi.name not in constants]
-    param_inputs = [
-        helper.make_tensor_value_info(n, found[n].data_type, list(found[n].dims))
-        for n in parameters
-    ]
-    replace_field(graph.initializer, kept)
-    replace_field(graph.input, user_inputs + param_inputs)
+    param_inputs = []
+    for name in parameters:  # an input of the tensor's type; its bytes go to the checkpoint
+        value = graph.initializers.pop(name)
+        tensor = value.const_value
+        if tensor is not None:
+            value.type, value.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape.numpy())
+        value.const_value = None
+        param_inputs.append(value)
+    constants = set(graph.initializers)
+    user_inputs = [v for v in graph.inputs if v.name not in wanted and v.name not in constants]
+    graph.inputs.clear()
+    graph.inputs.extend(user_inputs + param_inputs)
 
 
 def held_constants_to_inputs(

@@ -122,9 +122,9 @@ def build_vjp_graph(
     """
     forward = copy_model(model)
     _limits.check_opset_supported(forward, "the model")
-    forward = upgrade_old_opset(forward)
-    graph = forward.graph
-    if not graph.output and outputs is None:
+    ir_forward = from_proto(upgrade_old_opset(forward))
+    graph = ir_forward.graph
+    if not graph.outputs and outputs is None:
         raise InvalidValueError("The model has no graph output: there is nothing to differentiate.")
     user_outputs = signature.select_outputs(graph, outputs)
     silent = tuple(dict.fromkeys(no_grad_outputs))
@@ -136,14 +136,16 @@ def build_vjp_graph(
                 f"Outputs: {preview(user_outputs)}."
             )
     partition = partition_parameters(graph, requires_grad, frozen_params)
-    rewrites = normalize(forward, [*default_passes(), BatchNormInferenceAsElementary()])
+    rewrites = normalize(ir_forward, [*default_passes(), BatchNormInferenceAsElementary()])
     signature.keep_only_outputs(graph, user_outputs)
-    signature.parameters_to_inputs(forward, partition.parameters)
-    rewrites.update(normalize(forward, [CopyInputsWrittenInPlace()]))
-    user_inputs = tuple(i.name for i in graph.input if i.name not in set(partition.parameters))
+    signature.parameters_to_inputs(graph, partition.parameters)
+    rewrites.update(normalize(ir_forward, [CopyInputsWrittenInPlace()]))
+    user_inputs = tuple(
+        v.name or "" for v in graph.inputs if v.name not in set(partition.parameters)
+    )
 
+    forward = to_proto(ir_forward)
     types = infer_proto_types(forward)
-    ir_forward = from_proto(forward)
     sources = _sources(ir_forward.graph)
     differentiable = tuple(
         o

@@ -218,7 +218,7 @@ def apply_rewrite(node: ir.Node, new_nodes: Sequence[ir.Node]) -> None:
     replace_node(node, new_nodes, [produced.get(v.name) if v.name else None for v in node.outputs])
 
 
-def may_apply(passes: Sequence[Pass], model: onnx.ModelProto) -> bool:
+def may_apply(passes: Sequence[Pass], model: onnx.ModelProto | ir.Model) -> bool:
     """False when no pass of ``passes`` can change ``model``, so the IR need not be built at all.
 
     That is when every pass declares the op types it rewrites (``op_types``) and none
@@ -229,7 +229,9 @@ def may_apply(passes: Sequence[Pass], model: onnx.ModelProto) -> bool:
         op_types = getattr(p, "op_types", None)
         if op_types is None:
             return True
-        present = present if present is not None else {n.op_type for n in model.graph.node}
+        if present is None:
+            nodes = model.graph.node if isinstance(model, onnx.ModelProto) else model.graph
+            present = {n.op_type for n in nodes}
         if op_types & present:
             return True
     return False

@@ -16,6 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxblocks.ir import wellformed
+from onnxblocks.ir.proto import replace_field
 
 
 def from_proto(model: onnx.ModelProto, source: str | os.PathLike | None = None) -> ir.Model:
@@ -35,11 +36,22 @@ def from_proto(model: onnx.ModelProto, source: str | os.PathLike | None = None) 
         raise wellformed.unreadable(model, exc, source) from exc
 
 
-def to_proto(model: ir.Model) -> onnx.ModelProto:
+def to_proto(model: ir.Model, initializer_types: bool = True) -> onnx.ModelProto:
     """``model`` as a ModelProto (inline tensors are serialized; external ones keep their
     locations).
+
+    Args:
+        model: The model.
+        initializer_types: False to leave out the ``value_info`` entries onnx-ir writes for
+            initializers (their tensors say their types), as a model read from a file had them.
     """
-    return ir.serde.serialize_model(model)
+    proto = ir.serde.serialize_model(model)
+    if not initializer_types:
+        graph = proto.graph
+        names = {init.name for init in graph.initializer}
+        if any(vi.name in names for vi in graph.value_info):
+            replace_field(graph.value_info, [vi for vi in graph.value_info if vi.name not in names])
+    return proto
 
 
 def graph_from_proto(graph: onnx.GraphProto) -> ir.Graph:

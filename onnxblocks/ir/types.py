@@ -111,6 +111,18 @@ def put_type(value: ir.Value, type_proto: onnx.TypeProto) -> None:
     )
 
 
+def forget_inferred(model: ir.Model) -> None:
+    """Drop what inference wrote onto the values of ``model``'s top-level graph (declared types
+    stay): a copy handed on starts from what its graph declares, as one read from a file would.
+    """
+    graph = model.graph
+    for value in [*graph.inputs, *graph.initializers.values()]:
+        value.meta.pop(INFERRED, None)
+    for node in graph:
+        for value in node.outputs:
+            value.meta.pop(INFERRED, None)
+
+
 def copy_type(value: ir.Value, like: ir.Value) -> None:
     """Give ``value`` the type and shape of ``like`` where they say more than its own."""
     if _score(_typed(like)) > known_dims(value):
