@@ -78,8 +78,7 @@ class ModelAccessor(GraphWriter, HtmlDisplay):
         One view of the build, open or closed: edits made to it reach the build, and the
         accessor's later writes show in it (see :mod:`onnxblocks.blocks.proto_view`).
         """
-        self._sync()
-        return self._view.open(self.proto)
+        return self._view.open(self.proto)  # proto() reads an edited view back first
 
     @property
     def path(self) -> str:

@@ -101,6 +101,22 @@ def check_node(
     return {k: v for k, v in inferred.items() if v.WhichOneof("value")}
 
 
+def newer_opset_needed(op_type: str, version: int | None, newer: int) -> bool:
+    """True when ai.onnx's ``op_type`` does not exist at ``version`` but does at ``newer``."""
+    if version is None or version >= newer or not onnx.defs.has(op_type):
+        return False
+    try:
+        onnx.defs.get_schema(op_type, version, "")
+        return False
+    except onnx.defs.SchemaError:
+        pass
+    try:
+        onnx.defs.get_schema(op_type, newer, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
 def describe_type(t: onnx.TypeProto) -> str:
     """A short text for a type: ``float[2, 'N']``."""
     if t.WhichOneof("value") == "tensor_type":

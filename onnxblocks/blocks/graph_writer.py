@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 
 import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core.errors import InvalidValueError
-from onnxblocks.blocks.checking import DEFAULT_DOMAIN_VERSIONS, check_node
+from onnxblocks.blocks.checking import DEFAULT_DOMAIN_VERSIONS, check_node, newer_opset_needed
 from onnxblocks.blocks.proto_view import ProtoView
 from onnxblocks.blocks.value import Value
 from onnxblocks.blocks.value_index import ValueIndex
@@ -41,6 +41,7 @@ class GraphWriter(ValueIndex):
         self.block_stack: list[Any] = []
         self._const_data: dict[str, onnx.TensorProto] = {}
         self._view = ProtoView()
+        self._pending: onnx.ModelProto | None = None  # a replacement not converted yet
         super().__init__(model if isinstance(model, ir.Model) else _serde.from_proto(model))
 
     @property
@@ -51,6 +52,11 @@ class GraphWriter(ValueIndex):
 
     def proto(self) -> onnx.ModelProto:
         """A new ``ModelProto`` of the working model; edits to it do not reach the build."""
+        self._read_view()
+        if self._pending is not None:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(self._pending)
+            return copy
         self._sync()
         return _serde.to_proto(self._ir, initializer_types=False)
 
@@ -83,8 +89,16 @@ class GraphWriter(ValueIndex):
         return None if value is None else value.producer()
 
     def _sync(self) -> None:
+        self._read_view()
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._set_model(_serde.from_proto(pending))
+
+    def _read_view(self) -> None:
+        """Read the protobuf view back when code edited it (it replaces a pending model)."""
         edited = self._view.edited()
         if edited is not None:
+            self._pending = None
             self._set_model(_serde.from_proto(edited))
 
     def _set_model(self, model: ir.Model) -> None:
@@ -98,9 +112,13 @@ class GraphWriter(ValueIndex):
         The view (``self.base``) stays the same object and shows the new model.
         """
         self._sync()
-        self._set_model(model if isinstance(model, ir.Model) else _serde.from_proto(model))
         self._const_data.clear()
-        self._view.replace(self.proto)
+        if isinstance(model, ir.Model):
+            self._set_model(model)
+            self._view.replace(self.proto)
+        else:  # converted when the build is read or written again (often never)
+            self._pending = model
+            self._view.replace(lambda: model)
 
     def where(self) -> str:
         """A prefix naming the block being built, for error messages."""
@@ -183,8 +201,8 @@ class GraphWriter(ValueIndex):
             **{k: v for k, v in attributes.items() if v is not None},
         )
         self.ensure_domain(domain)
-        if not domain:
-            self._upgrade_for(op_type)
+        if not domain and self._upgrade_for(op_type):
+            self._sync()
         types = check_node(node, self._opsets(), self.type_of, self._const_data, self.where())
         if output_types is not None:
             types.update(
@@ -255,17 +273,7 @@ class GraphWriter(ValueIndex):
         """
         from onnxblocks.gradient.builder import UPGRADE_OPSET  # a lower layer, loaded on first use
 
-        version = self.domain_version("")
-        if version is None or version >= UPGRADE_OPSET or not onnx.defs.has(op_type):
-            return False
-        try:
-            onnx.defs.get_schema(op_type, version, "")
-            return False
-        except onnx.defs.SchemaError:
-            pass
-        try:
-            onnx.defs.get_schema(op_type, UPGRADE_OPSET, "")
-        except onnx.defs.SchemaError:
+        if not newer_opset_needed(op_type, self.domain_version(""), UPGRADE_OPSET):
             return False
         from onnxblocks.ir.opset import convert_opset  # converting walks subgraphs (the IR layer)
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper
 
+import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core import active_build as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights
@@ -174,7 +176,13 @@ def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
     )
     _limits.check_opset_supported(model, f"opset_version={version}")
     _limits.stamp_versions(model)
-    with _activate(ModelAccessor(model)) as accessor:
+    empty = ir.Model(
+        ir.Graph([], [], nodes=[], opset_imports={o.domain: o.version for o in model.opset_import}),
+        ir_version=model.ir_version,
+        producer_name=model.producer_name,
+    )
+    empty.graph.name = model.graph.name
+    with _activate(ModelAccessor(empty)) as accessor:
         yield accessor
 
 

@@ -77,7 +77,7 @@ from onnxblocks.ir.opset import convert_opset
 from onnxblocks.ir.proto import copy_model
 from onnxblocks.ir.rewrite import run_pass
 from onnxblocks.ir.serde import from_proto, to_proto
-from onnxblocks.ir.types import elem_type, forget_inferred, shape
+from onnxblocks.ir.types import elem_type, forget_inferred, infer_proto_types, shape, type_proto
 
 __all__ = [
     "MIN_GRADIENT_OPSET",
@@ -107,6 +107,7 @@ class TrainingGraphs:
         training_ir: The IR ``training`` was serialized from, for the pass that edits the training
             model next (it clones this rather than convert ``training`` back); None when
             ``training`` came otherwise.
+        eval_ir: The IR ``eval`` was serialized from, likewise.
     """
 
     training: onnx.ModelProto
@@ -116,6 +117,7 @@ class TrainingGraphs:
     user_inputs: tuple[str, ...]
     rewrites: dict[str, int] = field(default_factory=dict)
     training_ir: ir.Model | None = field(default=None, repr=False, compare=False)
+    eval_ir: ir.Model | None = field(default=None, repr=False, compare=False)
 
 
 def build_training_graphs(
@@ -161,7 +163,7 @@ def build_training_graphs(
     }
     accumulation.check_accumulable([(p, param_types[p][0]) for p in partition.trainable])
     rewrites = normalize(ir_forward)
-    signature.check_loss(ir_forward, user_outputs[0])
+    signature.check_loss(_loss_types(model, user_outputs[0]), user_outputs[0])
 
     signature.keep_only_outputs(graph, user_outputs)
     check_requires_grad_read(graph, partition)
@@ -174,6 +176,7 @@ def build_training_graphs(
     ir_evaluation = ir_forward.clone()
     normalize(ir_evaluation, [eval_model.DisableTrainingMode()])
     evaluation = _limits.stamp_versions(to_proto(ir_evaluation, initializer_types=False))
+    ir_evaluation.ir_version = evaluation.ir_version
 
     forward_inputs = {v.name or "": ir.serde.serialize_value(v) for v in graph.inputs}
     # the training copy's last edits: the Pow rewrite, the checks, unshared norm constants
@@ -206,7 +209,14 @@ def build_training_graphs(
     ir_training.ir_version = training.ir_version  # the IR stays the model written
     kernels.check_kernels(training, forward, custom_op_libraries)
     return TrainingGraphs(
-        training, evaluation, partition, user_outputs, user_inputs, rewrites, ir_training
+        training,
+        evaluation,
+        partition,
+        user_outputs,
+        user_inputs,
+        rewrites,
+        ir_training,
+        ir_evaluation,
     )
 
 
@@ -235,6 +245,19 @@ def _restore(
 #: builders emit ops in forms that need it (a Gemm without C, opset 11).
 MIN_GRADIENT_OPSET = 11
 UPGRADE_OPSET = 13
+
+
+def _loss_types(model: onnx.ModelProto | ir.Model, loss: str) -> dict[str, onnx.TypeProto]:
+    """The loss's type: as the build typed it (its node checked on its own), else inferred over
+    the model (onnx's inference takes protobuf).
+    """
+    if isinstance(model, ir.Model):
+        value = next((v for v in model.graph.outputs if v.name == loss), None)
+        known = None if value is None else type_proto(value)
+        if known is not None and known.tensor_type.HasField("shape"):
+            return {loss: known}
+        model = to_proto(model, initializer_types=False)
+    return infer_proto_types(model)
 
 
 def forward_ir(model: onnx.ModelProto | ir.Model) -> ir.Model:

@@ -87,16 +87,17 @@ def select_outputs(
     return names
 
 
-def check_loss(model: ir.Model, loss: str) -> None:
+def check_loss(types: dict[str, onnx.TypeProto], loss: str) -> None:
     """Raise when the loss is known not to be a floating-point scalar (shape [] or all-ones dims).
+
+    Args:
+        types: What is known of the model's types, by value name (the loss's at least).
+        loss: The loss's name.
 
     Raises:
         TypeError: for a loss whose element type is not floating point.
         ValueError: for a loss with a known dimension other than 1.
     """
-    # inferred on a serialized copy: the types stay off the values, whose declared types the
-    # later steps copy into the graph ONNX Runtime differentiates
-    types = infer_proto_types(to_proto(model, initializer_types=False))
     elem = proto_elem_type(types, loss)
     if elem is not None and elem not in FLOAT_TYPES:
         raise InvalidTypeError(

@@ -133,22 +133,22 @@ def make_portable(
 
 
 def portable_eval_model(
-    eval_model: onnx.ModelProto, mode: PortableMode | bool = "standard"
+    eval_model: onnx.ModelProto | ir.Model, mode: PortableMode | bool = "standard"
 ) -> onnx.ModelProto:
     """The eval model with the ops a portable model of ``mode`` may not hold lowered, checked and
     marked.
 
     ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
     ``FusedMatMul``...), and exporters float64 arithmetic of constants, which builds without
-    float64 kernels cannot place (:mod:`onnxblocks.portable.float64`); ``eval_model`` is not
-    changed.
+    float64 kernels cannot place (:mod:`onnxblocks.portable.float64`). A ``ModelProto`` is
+    not changed; an ``ir.Model`` (the builder's, handed over) is lowered in place.
 
     Raises:
         PortabilityError: for an op without a standard-op lowering.
         InvalidValueError: for an unknown ``mode``.
     """
     checked = portable_mode(mode, "mode")
-    model = from_proto(eval_model)
+    model = eval_model if isinstance(eval_model, ir.Model) else from_proto(eval_model)
     run_passes(model, [LowerTrainingOps(checked), FoldFloat64Constants()])
     return _finish(model, "eval", checked, stamp=False)
 

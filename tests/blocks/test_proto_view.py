@@ -103,3 +103,40 @@ def test_a_name_defined_twice_through_the_view_is_refused_by_name():
         acc.working_model.graph.node.append(helper.make_node("Relu", ["x"], ["y"]))
         with pytest.raises(onnxblocks.OnnxBlocksError, match="'y'"):
             acc.op("Relu", ["y"])
+
+
+def test_a_training_block_converts_only_at_onnx_runtimes_door_and_for_the_files(monkeypatch):
+    import onnx_ir as ir
+
+    calls: list[str] = []
+    for name in ("serialize_model", "deserialize_model"):
+        original = getattr(ir.serde, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(ir.serde, name, counted)
+
+    class Training(onnxblocks.TrainingBlock):
+        def __init__(self):
+            super().__init__()
+            self.loss = losses.MSELoss()
+
+        def build(self, output):
+            return self.loss(output)
+
+    block = Training()
+    with onnxblocks.base(_model()) as acc:
+        block.requires_grad("w")
+        block("y")
+    # in: the base; then the eval model and the forward out to ONNX Runtime's builder, and
+    # its result in and out once (the training model)
+    serialized, read = "serialize_model", "deserialize_model"
+    assert calls == [read, serialized, serialized, read, serialized]
+    calls.clear()
+    view = acc.working_model  # the training model, left in the build as the reference does
+    assert calls == []  # the build kept the training model's protobuf: nothing to convert
+    assert {o.name for o in view.graph.output} == {
+        o.name for o in block.graphs.training.graph.output
+    }
