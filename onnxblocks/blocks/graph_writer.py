@@ -27,6 +27,7 @@ from onnxblocks.blocks.value import Value
 from onnxblocks.blocks.value_index import ValueIndex
 from onnxblocks.ir import serde as _serde
 from onnxblocks.ir import types as _types
+from onnxblocks.ir.writer import node_from_proto
 
 
 class GraphWriter(ValueIndex):
@@ -226,14 +227,7 @@ class GraphWriter(ValueIndex):
             for name, t in types.items():
                 self.set_type(name, t)
             return
-        written = ir.Node(
-            node.domain,
-            node.op_type,
-            [self._values[i] if i else None for i in node.input],
-            attributes=[ir.serde.deserialize_attribute(a) for a in node.attribute],
-            outputs=[ir.Value(name=o) for o in node.output],
-            name=node.name,
-        )
+        written = node_from_proto(node, self._values)
         self._ir.graph.append(written)
         self._index_node(written)
         for value in written.outputs:

@@ -4,11 +4,12 @@ once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 import onnx_ir as ir
 
 from onnxblocks._core.errors import InvalidValueError
@@ -16,6 +17,21 @@ from onnxblocks._core.naming import NameAuthority
 
 #: Largest int64: an open end for ``Slice``.
 INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def node_from_proto(node: onnx.NodeProto, values: Mapping[str, ir.Value]) -> ir.Node:
+    """The IR node of a ``NodeProto`` built and checked outside the IR (the DSL checks each node
+    with onnx's checker, which takes protobuf): its inputs are ``values`` by name, its
+    attributes as onnx encoded them, its outputs new values of the proto's output names.
+    """
+    return ir.Node(
+        node.domain,
+        node.op_type,
+        [values[name] if name else None for name in node.input],
+        attributes=[ir.serde.deserialize_attribute(a) for a in node.attribute],
+        outputs=[ir.Value(name=name) for name in node.output],
+        name=node.name,
+    )
 
 
 class Writer:
