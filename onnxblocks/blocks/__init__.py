@@ -1,5 +1,6 @@
 """Blocks: the model accessor, Block/ForwardBlock, and op blocks."""
 
+import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks.blocks.accessor import ModelAccessor
 from onnxblocks.blocks.block import Block, ForwardBlock
 from onnxblocks.blocks.elementwise import (

@@ -27,7 +27,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core import active_build as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights

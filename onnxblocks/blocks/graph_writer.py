@@ -19,7 +19,6 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
-import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.blocks.checking import DEFAULT_DOMAIN_VERSIONS, check_node, newer_opset_needed
 from onnxblocks.blocks.proto_view import ProtoView

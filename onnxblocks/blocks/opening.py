@@ -21,7 +21,6 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core import active_build as _context
 from onnxblocks._core import limits as _limits
 from onnxblocks._core import weights as _weights

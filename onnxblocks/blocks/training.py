@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_ir as ir
 
-import onnxblocks.ir.lazy  # noqa: F401  # first: onnx-ir's sympy loads only if computed with
 from onnxblocks._core import weights as _weights
 from onnxblocks._core.errors import InvalidTypeError, NotBuiltError
 from onnxblocks.blocks.accessor import ModelAccessor

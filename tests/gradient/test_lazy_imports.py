@@ -20,3 +20,18 @@ def test_sympy_loads_on_first_use_only():
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["False", "2*N", "True"]
+
+
+def test_no_entry_point_of_the_graph_packages_loads_sympy():
+    probe = (
+        "import sys, importlib\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "print(type(sys.modules.get('sympy')).__name__)\n"
+    )
+    entries = ["onnxblocks.artifacts", "onnxblocks.blocks.value_index", "onnxblocks.losses"]
+    for entry in entries:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, entry], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert out != "module", f"importing {entry} loaded sympy"
