@@ -302,9 +302,8 @@ def _generate(
             edit_in_place=True,
         )
         training_model, optimizer_model, step_model = made.training, made.optimizer, made.step
-        # ORT's fusions may have written contrib ops there too; the builder's IR, lowered in place
-        source_eval, graphs.eval_ir = graphs.eval_ir, None
-        eval_model = portable_eval_model(source_eval or eval_model, mode)
+        # ORT's fusions may have written contrib ops there too
+        eval_model = portable_eval_model(eval_model, mode)
 
     cast = _base.cast_base(training_model, eval_model, step_model, store, *stored_as)
     training_model, eval_model, step_model, store, views = cast

@@ -118,6 +118,7 @@ class GraphWriter(ValueIndex):
             self._view.replace(self.proto)
         else:  # converted when the build is read or written again (often never)
             self._pending = model
+            self._set_model(ir.Model(ir.Graph([], [], nodes=[]), ir_version=model.ir_version))
             self._view.replace(lambda: model)
 
     def where(self) -> str:

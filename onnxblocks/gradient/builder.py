@@ -107,7 +107,6 @@ class TrainingGraphs:
         training_ir: The IR ``training`` was serialized from, for the pass that edits the training
             model next (it clones this rather than convert ``training`` back); None when
             ``training`` came otherwise.
-        eval_ir: The IR ``eval`` was serialized from, likewise.
     """
 
     training: onnx.ModelProto
@@ -117,7 +116,6 @@ class TrainingGraphs:
     user_inputs: tuple[str, ...]
     rewrites: dict[str, int] = field(default_factory=dict)
     training_ir: ir.Model | None = field(default=None, repr=False, compare=False)
-    eval_ir: ir.Model | None = field(default=None, repr=False, compare=False)
 
 
 def build_training_graphs(
@@ -173,10 +171,7 @@ def build_training_graphs(
     )
     signature.warn_gradient_like_names(user_inputs, user_outputs)
 
-    ir_evaluation = ir_forward.clone()
-    normalize(ir_evaluation, [eval_model.DisableTrainingMode()])
-    evaluation = _limits.stamp_versions(to_proto(ir_evaluation, initializer_types=False))
-    ir_evaluation.ir_version = evaluation.ir_version
+    evaluation = _eval_model(ir_forward)
 
     forward_inputs = {v.name or "": ir.serde.serialize_value(v) for v in graph.inputs}
     # the training copy's last edits: the Pow rewrite, the checks, unshared norm constants
@@ -187,6 +182,7 @@ def build_training_graphs(
     norm_constants, _ = unshare_norm_constants(ir_forward.graph)
     frozen_reads = alias_frozen_reads(ir_forward.graph, partition.requires_grad, partition.frozen)
     forward = to_proto(ir_forward, initializer_types=False)  # ONNX Runtime's builder's door
+    del ir_forward, graph  # freed before ONNX Runtime's builder, the step that needs memory
     held = signature.held_constants_to_inputs(forward, also=norm_constants | frozen_reads.lifted)
     training, seed = ort_bridge.differentiate(
         forward, partition, user_outputs[0], custom_op_libraries
@@ -216,7 +212,6 @@ def build_training_graphs(
         user_inputs,
         rewrites,
         ir_training,
-        ir_evaluation,
     )
 
 
@@ -245,6 +240,13 @@ def _restore(
 #: builders emit ops in forms that need it (a Gemm without C, opset 11).
 MIN_GRADIENT_OPSET = 11
 UPGRADE_OPSET = 13
+
+
+def _eval_model(forward: ir.Model) -> onnx.ModelProto:
+    """The eval model: ``forward`` with training-mode ops off, on a clone dropped once written."""
+    evaluation = forward.clone()
+    normalize(evaluation, [eval_model.DisableTrainingMode()])
+    return _limits.stamp_versions(to_proto(evaluation, initializer_types=False))
 
 
 def _loss_types(model: onnx.ModelProto | ir.Model, loss: str) -> dict[str, onnx.TypeProto]:

@@ -141,7 +141,7 @@ def portable_eval_model(
     ONNX Runtime's fusions may have written contrib ops into the forward graph (``Gelu``,
     ``FusedMatMul``...), and exporters float64 arithmetic of constants, which builds without
     float64 kernels cannot place (:mod:`onnxblocks.portable.float64`). A ``ModelProto`` is
-    not changed; an ``ir.Model`` (the builder's, handed over) is lowered in place.
+    not changed; an ``ir.Model`` is lowered in place.
 
     Raises:
         PortabilityError: for an op without a standard-op lowering.
