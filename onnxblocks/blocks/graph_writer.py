@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 
 from onnxblocks._core.errors import InvalidValueError
 from onnxblocks.blocks.checking import DEFAULT_DOMAIN_VERSIONS, check_node, newer_opset_needed
-from onnxblocks.blocks.proto_view import ProtoView
+from onnxblocks.blocks.proto_view import ProtoView, one_view_check
 from onnxblocks.blocks.value import Value
 from onnxblocks.blocks.value_index import ValueIndex
 from onnxblocks.ir import serde as _serde
@@ -42,6 +42,7 @@ class GraphWriter(ValueIndex):
         self._const_data: dict[str, onnx.TensorProto] = {}
         self._view = ProtoView()
         self._pending: onnx.ModelProto | None = None  # a replacement not converted yet
+        self._view_checked = False  # inside a call that checked the view already
         super().__init__(model if isinstance(model, ir.Model) else _serde.from_proto(model))
 
     @property
@@ -89,7 +90,8 @@ class GraphWriter(ValueIndex):
         return None if value is None else value.producer()
 
     def _sync(self) -> None:
-        self._read_view()
+        if not self._view_checked:
+            self._read_view()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._set_model(_serde.from_proto(pending))
@@ -147,6 +149,7 @@ class GraphWriter(ValueIndex):
     def _opsets(self) -> dict[str, int]:
         return {("" if d == "ai.onnx" else d): v for d, v in self._ir.opset_imports.items()}
 
+    @one_view_check
     def op(
         self,
         op_type: str,
@@ -354,6 +357,7 @@ class GraphWriter(ValueIndex):
         self._const_data[out] = tensor
         return out
 
+    @one_view_check
     def set_outputs(self, names: Sequence[str]) -> None:
         """Make ``names`` the graph outputs, in order, with their inferred types.
 
