@@ -15,14 +15,15 @@ from onnxblocks.blocks import Block
 from onnxblocks.ir import serde
 
 
-def _model() -> onnx.ModelProto:
-    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4) / 10, "w")
+def _model(w: np.ndarray | None = None) -> onnx.ModelProto:
+    """``y = x @ w``; ``w`` defaults to a 3x4 ramp."""
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 10 if w is None else w
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-        [w],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", w.shape[1]])],
+        [numpy_helper.from_array(w, "w")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -192,15 +193,7 @@ def test_a_view_replaced_wholesale_becomes_the_build():
 def test_held_weights_stay_held_through_a_view_round_trip():
     rng = np.random.default_rng(0)
     big = rng.standard_normal((256, 300)).astype(np.float32)  # held aside: above the threshold
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 300])],
-        [numpy_helper.from_array(big, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    with onnxblocks.base(model) as acc:
+    with onnxblocks.base(_model(big)) as acc:
         assert "w" in acc.weights
         acc.working_model.graph.node.append(helper.make_node("Relu", ["y"], ["r"]))
         acc.op("Neg", ["r"], outputs=["out"])
