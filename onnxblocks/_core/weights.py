@@ -63,11 +63,18 @@ def external_info(tensor: onnx.TensorProto) -> dict[str, str]:
     return {entry.key: entry.value for entry in tensor.external_data}
 
 
+def is_held_location(location: object) -> bool:
+    """True for the external location of a stub standing in for a held tensor (a TensorProto's
+    ``location`` entry, or an IR external tensor's ``location``).
+    """
+    return str(location).startswith(HELD_LOCATION_PREFIX)
+
+
 def is_stub(tensor: onnx.TensorProto) -> bool:
     """True for a stub standing in for a held tensor."""
-    return tensor.data_location == onnx.TensorProto.EXTERNAL and external_info(tensor).get(
-        "location", ""
-    ).startswith(HELD_LOCATION_PREFIX)
+    return tensor.data_location == onnx.TensorProto.EXTERNAL and is_held_location(
+        external_info(tensor).get("location", "")
+    )
 
 
 def _little_endian(values: np.ndarray, source: TensorSource) -> np.ndarray:
@@ -222,7 +229,7 @@ class WeightStore:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = external_info(tensor)
             location = info.get("location", "")
-            if location.startswith(HELD_LOCATION_PREFIX):
+            if is_held_location(location):
                 raise InvalidValueError(
                     f"Initializer '{tensor.name}' is an onnxblocks stub, not real data. Pass the "
                     "model "

@@ -14,8 +14,8 @@ that holds no weight bytes.
 The protobuf view: code written for the reference API edits ``Block.base`` (a
 ``ModelProto``) in place. :attr:`ModelAccessor.working_model` hands out one view of
 the build, made on first use and kept in step with every write the accessor makes
-after it; an edit made to the view is read back (its bytes differ from the view's
-last known bytes) before the accessor's next read or write. A build whose blocks
+after it; an edit made to the view (found by comparing it with a shadow copy) is read
+back before the accessor's next read or write. A build whose blocks
 never touch the view converts nothing until it is finished.
 """
 
@@ -122,14 +122,17 @@ class ModelAccessor(GraphWriter, HtmlDisplay):
         its data.
         """
         if model is None:
-            out = self.proto()
-        else:
-            out = onnx.ModelProto()
-            out.CopyFrom(model)
-        for init in out.graph.initializer:
+            return self._fill_stubs(self.proto())
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        return self._fill_stubs(out)
+
+    def _fill_stubs(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """``model`` with each held stub replaced by its data, in place."""
+        for init in model.graph.initializer:
             if _weights.is_stub(init) and init.name in self.weights:
                 init.CopyFrom(self.weights.source(init.name).to_tensor_proto())
-        return out
+        return model
 
     def finish(self, materialize: bool = True) -> onnx.ModelProto:
         """Check the finished model once and return a copy ready to save or run.
@@ -143,10 +146,10 @@ class ModelAccessor(GraphWriter, HtmlDisplay):
         """
         from onnxblocks.gradient.intake import check_ranks  # a lower layer, loaded on first use
 
-        model = self.proto()
+        model = self.proto()  # a copy already: filled in place
         check_ranks(model, "the model")
         check_skeleton(model)
-        return _limits.stamp_versions(self.materialize(model) if materialize else model)
+        return _limits.stamp_versions(self._fill_stubs(model) if materialize else model)
 
     def close(self) -> None:
         """Mark the build as ended (``.model`` then returns the complete model)."""

@@ -140,13 +140,10 @@ class GraphWriter(ValueIndex):
     def domain_version(self, domain: str) -> int | None:
         """The opset version the model imports for ``domain``."""
         self._sync()
-        domain = "" if domain == "ai.onnx" else domain
-        for name, version in self._ir.opset_imports.items():
-            if ("" if name == "ai.onnx" else name) == domain:
-                return version
-        return None
+        return self._opsets().get("" if domain == "ai.onnx" else domain)
 
     def _opsets(self) -> dict[str, int]:
+        """The opset imports by domain, ai.onnx as ``""``."""
         return {("" if d == "ai.onnx" else d): v for d, v in self._ir.opset_imports.items()}
 
     @one_view_check
@@ -313,8 +310,7 @@ class GraphWriter(ValueIndex):
             )
         value = ir.Value(name=info.name)
         if info.type.WhichOneof("value"):
-            value.type = ir.serde.deserialize_type_proto_for_type(info.type)
-            value.shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            _types.declare_type(value, info.type)
         self._ir.graph.inputs.append(value)
         self._index_value(value)
         self._view.add_input(info)
@@ -381,8 +377,7 @@ class GraphWriter(ValueIndex):
                 continue
             t = self.type_of(n)  # inferred; also for a declared output whose rank is unknown
             if t is not None and (n not in declared or t.tensor_type.HasField("shape")):
-                value.type = ir.serde.deserialize_type_proto_for_type(t)
-                value.shape = ir.serde.deserialize_type_proto_for_shape(t)
+                _types.declare_type(value, t)
         kept = {id(v) for v in outs}
         defined = {id(v) for v in [*graph.inputs, *graph.initializers.values()]}
         for value in before:  # a former output keeps its type as inferred, not declared

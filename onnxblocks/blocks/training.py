@@ -241,8 +241,8 @@ def _parameter_sources(
     sources: dict[str, _weights.TensorSource] = {}
     for name in names:
         value = model.graph.initializers[name]
-        held = getattr(value.const_value, "location", "")  # a stub is an external tensor
-        if str(held).startswith(_weights.HELD_LOCATION_PREFIX):
+        # a held stub is an external tensor of the IR
+        if _weights.is_held_location(getattr(value.const_value, "location", "")):
             sources[name] = store.source(name)
         else:
             assert value.const_value is not None

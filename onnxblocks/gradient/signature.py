@@ -43,11 +43,7 @@ from onnxblocks.ir.edit import values_by_name
 from onnxblocks.ir.names import graph_names
 from onnxblocks.ir.proto import replace_field
 from onnxblocks.ir.serde import from_proto, to_proto
-from onnxblocks.ir.types import (
-    infer_proto_types,
-    proto_elem_type,
-    proto_shape,
-)
+from onnxblocks.ir.types import infer_proto_types, proto_elem_type, proto_shape
 
 #: Name endings by which ONNX Runtime's training API ``Module`` recognises gradients.
 GRADIENT_ENDINGS = (

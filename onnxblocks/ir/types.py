@@ -91,10 +91,7 @@ def set_type(value: ir.Value, type_proto: onnx.TypeProto) -> bool:
     """
     if type_proto.WhichOneof("value") is None:
         return False
-    candidate = (
-        ir.serde.deserialize_type_proto_for_type(type_proto),
-        ir.serde.deserialize_type_proto_for_shape(type_proto),
-    )
+    candidate = _of_proto(type_proto)
     if _score(candidate) <= known_dims(value):
         return False
     value.meta[INFERRED] = candidate
@@ -105,7 +102,16 @@ def put_type(value: ir.Value, type_proto: onnx.TypeProto) -> None:
     """Give ``value`` the type and shape of ``type_proto`` as its inferred type, whatever it knew
     (a type the caller knows better than inference, e.g. of an op onnx has no schema for).
     """
-    value.meta[INFERRED] = (
+    value.meta[INFERRED] = _of_proto(type_proto)
+
+
+def declare_type(value: ir.Value, type_proto: onnx.TypeProto) -> None:
+    """Make ``type_proto`` the type and shape ``value`` declares (what a file would say of it)."""
+    value.type, value.shape = _of_proto(type_proto)
+
+
+def _of_proto(type_proto: onnx.TypeProto) -> _Typed:
+    return (
         ir.serde.deserialize_type_proto_for_type(type_proto),
         ir.serde.deserialize_type_proto_for_shape(type_proto),
     )
